@@ -1,0 +1,3 @@
+//! # relaycc-collectives: the safe collectives API (being built; see issue 4)
+
+#![deny(missing_docs)]

@@ -1,0 +1,856 @@
+//! The topology graph: nodes (GPUs, CPU sockets, switches, NICs), directed links, and the
+//! builder that checks the model's rules.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+
+use petgraph::graph::{DiGraph, EdgeIndex, NodeIndex};
+use petgraph::visit::EdgeRef;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TopoError};
+use crate::mask::Mask;
+use crate::rates::{self, CpuFamily, Fabric, NvLinkGen};
+
+/// A node of the topology graph.
+pub type NodeId = NodeIndex<u32>;
+/// A directed link (edge) of the topology graph.
+pub type LinkId = EdgeIndex<u32>;
+
+/// A GPU's compute capability (`7.0` for V100).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ComputeCapability {
+    /// Major version (7 for V100).
+    pub major: u32,
+    /// Minor version (0 for V100).
+    pub minor: u32,
+}
+
+impl ComputeCapability {
+    /// From NCCL's `sm` number (70 -> 7.0, 86 -> 8.6).
+    pub fn from_sm(sm: u32) -> Self {
+        ComputeCapability {
+            major: sm / 10,
+            minor: sm % 10,
+        }
+    }
+    /// NCCL's `sm` number (7.0 -> 70).
+    pub fn sm(self) -> u32 {
+        self.major * 10 + self.minor
+    }
+}
+
+impl fmt::Display for ComputeCapability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// What is known of a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// The GPU's index (CUDA device order on its host; global across a cluster).
+    pub index: u32,
+    /// Product name, e.g. `Tesla V100-SXM2-32GB`; empty when unknown.
+    pub name: String,
+    /// Compute capability, when known.
+    pub compute_capability: Option<ComputeCapability>,
+    /// PCI bus id, e.g. `0000:06:00.0`, when known.
+    pub pci_bus_id: Option<String>,
+    /// NUMA node of the GPU's host memory affinity, when known.
+    pub numa: Option<u32>,
+    /// Device memory in bytes, when known.
+    pub memory_bytes: Option<u64>,
+}
+
+impl GpuInfo {
+    /// A GPU with only its index known.
+    pub fn new(index: u32) -> Self {
+        GpuInfo {
+            index,
+            name: String::new(),
+            compute_capability: None,
+            pci_bus_id: None,
+            numa: None,
+            memory_bytes: None,
+        }
+    }
+}
+
+/// A CPU socket (NUMA node) and its memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    /// NUMA node id (as the OS numbers it on its host).
+    pub numa: u32,
+    /// CPU family; decides inter-socket and memory rates.
+    pub family: CpuFamily,
+    /// Host memory bandwidth of this socket, GB/s (staging through host memory costs it).
+    pub host_mem_gbps: f64,
+    /// CPU affinity as the source printed it (`0-19,40-59`), when known.
+    pub affinity: Option<String>,
+}
+
+/// A network interface.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NicInfo {
+    /// Device name, e.g. `mlx5_0`.
+    pub name: String,
+    /// NUMA node, when known.
+    pub numa: Option<u32>,
+    /// Port rate, GB/s per direction, when known (0 when not).
+    pub gbps: f64,
+    /// PCI bus id, when known.
+    pub pci_bus_id: Option<String>,
+}
+
+/// What a node is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum NodeKind {
+    /// A GPU.
+    Gpu(GpuInfo),
+    /// A CPU socket with its memory (one NUMA node).
+    Cpu(CpuInfo),
+    /// A PCIe switch (or bridge).
+    PcieSwitch,
+    /// A PCIe host bridge (root complex) inside a socket.
+    HostBridge,
+    /// An NVSwitch chip.
+    NvSwitch,
+    /// A network interface.
+    Nic(NicInfo),
+    /// A network switch of a cluster fabric.
+    NetSwitch,
+}
+
+/// A node: its unique name, the host (machine) it sits in, and what it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// Unique name: `GPU<i>`, `CPU<n>`, `PCIe<n>`, `HostBridge<n>`, `NVSwitch<n>`, the NIC's
+    /// name, `NetSwitch<n>`; in clusters non-GPU names carry a `node<h>/` prefix.
+    pub name: String,
+    /// The host (machine) index, 0 on a single machine.
+    pub host: u32,
+    /// What the node is.
+    #[serde(flatten)]
+    pub kind: NodeKind,
+}
+
+impl Node {
+    /// The GPU info, if this node is a GPU.
+    pub fn gpu(&self) -> Option<&GpuInfo> {
+        match &self.kind {
+            NodeKind::Gpu(g) => Some(g),
+            _ => None,
+        }
+    }
+    /// The CPU info, if this node is a CPU socket.
+    pub fn cpu(&self) -> Option<&CpuInfo> {
+        match &self.kind {
+            NodeKind::Cpu(c) => Some(c),
+            _ => None,
+        }
+    }
+    /// The NIC info, if this node is a NIC.
+    pub fn nic(&self) -> Option<&NicInfo> {
+        match &self.kind {
+            NodeKind::Nic(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LinkKind {
+    /// NVLink of a generation, `lanes` links bonded (NV# in nvidia-smi).
+    Nvlink {
+        /// NVLink generation.
+        generation: NvLinkGen,
+        /// Number of bonded links.
+        lanes: u32,
+    },
+    /// PCIe of a generation and width.
+    Pcie {
+        /// PCIe generation (3 = 8 GT/s).
+        generation: u8,
+        /// Lane count (16 for x16).
+        width: u32,
+    },
+    /// The link between two CPU sockets (QPI/UPI, X-Bus, Infinity Fabric).
+    InterSocket {
+        /// CPU family that decides the rate.
+        family: CpuFamily,
+    },
+    /// NVLink-C2C between a Grace CPU and a Hopper GPU.
+    C2c,
+    /// A network link between a NIC and a network switch.
+    Network {
+        /// The fabric.
+        fabric: Fabric,
+    },
+}
+
+impl LinkKind {
+    /// Nominal rate of this kind from the rates table, GB/s per direction.
+    pub fn default_gbps(&self) -> f64 {
+        match *self {
+            LinkKind::Nvlink { generation, lanes } => generation.lane_gbps() * f64::from(lanes),
+            LinkKind::Pcie { generation, width } => rates::pcie_gbps(generation, width),
+            LinkKind::InterSocket { family } => family.inter_socket_gbps(),
+            LinkKind::C2c => rates::NVLINK_C2C_GBPS,
+            LinkKind::Network { fabric } => fabric.gbps(),
+        }
+    }
+    /// Latency of one traversal of this kind from the rates table, microseconds.
+    pub fn default_latency_us(&self) -> f64 {
+        match self {
+            LinkKind::Nvlink { .. } => rates::NVLINK_LATENCY_US,
+            LinkKind::Pcie { .. } => rates::PCIE_HOP_LATENCY_US,
+            LinkKind::InterSocket { .. } => rates::INTER_SOCKET_LATENCY_US,
+            LinkKind::C2c => rates::C2C_LATENCY_US,
+            LinkKind::Network { .. } => rates::NETWORK_HOP_LATENCY_US,
+        }
+    }
+    /// A short label: `NVLink2 x2`, `PCIe3 x16`, `QPI`, `X-Bus`, `C2C`, `ib-edr`.
+    pub fn label(&self) -> String {
+        match *self {
+            LinkKind::Nvlink { generation, lanes } => {
+                format!("NVLink{} x{}", generation as u8, lanes)
+            }
+            LinkKind::Pcie { generation, width } => format!("PCIe{generation} x{width}"),
+            LinkKind::InterSocket { family } => match family {
+                CpuFamily::IntelBroadwell => "QPI".to_string(),
+                CpuFamily::Power9 => "X-Bus".to_string(),
+                CpuFamily::Amd => "xGMI".to_string(),
+                CpuFamily::Grace => "C2C-socket".to_string(),
+                _ => "UPI".to_string(),
+            },
+            LinkKind::C2c => "C2C".to_string(),
+            LinkKind::Network { fabric } => fabric.name().to_string(),
+        }
+    }
+    /// True for NVLink.
+    pub fn is_nvlink(&self) -> bool {
+        matches!(self, LinkKind::Nvlink { .. })
+    }
+}
+
+/// One directed link: its kind, capacity and latency.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// What the link is.
+    #[serde(flatten)]
+    pub kind: LinkKind,
+    /// Capacity in this direction, GB/s.
+    pub gbps: f64,
+    /// Latency of one traversal, microseconds.
+    pub latency_us: f64,
+}
+
+/// The machine (or cluster) as a directed graph, with a mask of busy/absent GPUs and down links.
+///
+/// Built with [`TopologyBuilder`], from a preset ([`crate::preset`]), or by an importer
+/// ([`crate::load`]). Every full-duplex link is two directed edges.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    name: String,
+    graph: DiGraph<Node, Link>,
+    gpus: Vec<NodeId>,
+    by_name: BTreeMap<String, NodeId>,
+    pcie_parent: Vec<Option<NodeId>>,
+    nvswitch_fabric: Vec<Option<usize>>,
+    mask: Mask,
+}
+
+impl Topology {
+    /// The topology's name (preset name or file name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The underlying petgraph graph. Edges that the mask takes down are still in it; use
+    /// [`Topology::link_usable`] to filter.
+    pub fn graph(&self) -> &DiGraph<Node, Link> {
+        &self.graph
+    }
+    /// Number of GPUs (masked ones included).
+    pub fn gpu_count(&self) -> u32 {
+        self.gpus.len() as u32
+    }
+    /// The node of GPU `index`.
+    pub fn gpu(&self, index: u32) -> Result<NodeId> {
+        self.gpus
+            .get(index as usize)
+            .copied()
+            .ok_or(TopoError::UnknownGpu {
+                index,
+                count: self.gpu_count(),
+            })
+    }
+    /// The info of GPU `index`.
+    pub fn gpu_info(&self, index: u32) -> Result<&GpuInfo> {
+        let id = self.gpu(index)?;
+        self.graph[id].gpu().ok_or(TopoError::UnknownGpu {
+            index,
+            count: self.gpu_count(),
+        })
+    }
+    /// All GPU nodes in index order.
+    pub fn gpu_nodes(&self) -> &[NodeId] {
+        &self.gpus
+    }
+    /// The GPU index of a node, if it is a GPU.
+    pub fn gpu_index(&self, id: NodeId) -> Option<u32> {
+        self.graph.node_weight(id)?.gpu().map(|g| g.index)
+    }
+    /// A node.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.graph[id]
+    }
+    /// All nodes with their ids.
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
+        self.graph
+            .node_indices()
+            .map(move |id| (id, &self.graph[id]))
+    }
+    /// The node with this name (`GPU3`, `CPU0`, `mlx5_1`, `NVSwitch2`).
+    pub fn node_by_name(&self, name: &str) -> Result<NodeId> {
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| TopoError::UnknownNode {
+                name: name.to_string(),
+            })
+    }
+    /// A link.
+    pub fn link(&self, id: LinkId) -> &Link {
+        &self.graph[id]
+    }
+    /// The endpoints of a link.
+    pub fn link_ends(&self, id: LinkId) -> (NodeId, NodeId) {
+        // Edge ids come from this graph, which never removes edges, so they stay valid.
+        self.graph
+            .edge_endpoints(id)
+            .unwrap_or((NodeId::end(), NodeId::end()))
+    }
+    /// All directed links: (id, from, to, link).
+    pub fn links(&self) -> impl Iterator<Item = (LinkId, NodeId, NodeId, &Link)> {
+        self.graph
+            .edge_references()
+            .map(|e| (e.id(), e.source(), e.target(), e.weight()))
+    }
+    /// Outgoing links of a node: (id, to, link).
+    pub fn links_from(&self, id: NodeId) -> impl Iterator<Item = (LinkId, NodeId, &Link)> {
+        self.graph
+            .edges(id)
+            .map(|e| (e.id(), e.target(), e.weight()))
+    }
+    /// The directed link from `a` to `b` (the fastest, if several).
+    pub fn link_between(&self, a: NodeId, b: NodeId) -> Option<LinkId> {
+        self.graph
+            .edges_connecting(a, b)
+            .max_by(|x, y| x.weight().gbps.total_cmp(&y.weight().gbps))
+            .map(|e| e.id())
+    }
+    /// CPU socket nodes.
+    pub fn cpus(&self) -> impl Iterator<Item = (NodeId, &CpuInfo)> {
+        self.nodes().filter_map(|(id, n)| n.cpu().map(|c| (id, c)))
+    }
+    /// NIC nodes.
+    pub fn nics(&self) -> impl Iterator<Item = (NodeId, &NicInfo)> {
+        self.nodes().filter_map(|(id, n)| n.nic().map(|c| (id, c)))
+    }
+    /// Number of hosts (machines).
+    pub fn host_count(&self) -> u32 {
+        self.graph
+            .node_weights()
+            .map(|n| n.host + 1)
+            .max()
+            .unwrap_or(1)
+    }
+    /// The PCIe parent of a node (switch, host bridge or CPU), if it hangs in a PCIe tree.
+    pub fn pcie_parent(&self, id: NodeId) -> Option<NodeId> {
+        self.pcie_parent.get(id.index()).copied().flatten()
+    }
+    /// The CPU socket a device attaches to: the root of its PCIe tree, else a CPU it links to
+    /// directly (NVLink on POWER9, C2C on Grace).
+    pub fn attached_cpu(&self, id: NodeId) -> Option<NodeId> {
+        if self.graph[id].cpu().is_some() {
+            return Some(id);
+        }
+        let mut cur = id;
+        while let Some(p) = self.pcie_parent(cur) {
+            if self.graph[p].cpu().is_some() {
+                return Some(p);
+            }
+            cur = p;
+        }
+        self.graph
+            .edges(id)
+            .filter(|e| self.graph[e.target()].cpu().is_some())
+            .max_by(|x, y| x.weight().gbps.total_cmp(&y.weight().gbps))
+            .map(|e| e.target())
+    }
+    /// The NUMA node of a GPU: its own record, else that of the CPU it attaches to.
+    pub fn gpu_numa(&self, index: u32) -> Result<Option<u32>> {
+        let info = self.gpu_info(index)?;
+        if info.numa.is_some() {
+            return Ok(info.numa);
+        }
+        let id = self.gpu(index)?;
+        Ok(self
+            .attached_cpu(id)
+            .and_then(|c| self.graph[c].cpu().map(|c| c.numa)))
+    }
+    /// NVLink lanes joining two GPUs: a direct bond, or through an NVSwitch fabric (the smaller
+    /// of the two GPUs' lane counts into it). 0 when none.
+    pub fn nvlink_lanes(&self, a: NodeId, b: NodeId) -> u32 {
+        if a == b {
+            return 0;
+        }
+        let direct: u32 = self
+            .graph
+            .edges_connecting(a, b)
+            .filter_map(|e| match e.weight().kind {
+                LinkKind::Nvlink { lanes, .. } => Some(lanes),
+                _ => None,
+            })
+            .sum();
+        if direct > 0 {
+            return direct;
+        }
+        let fabric_lanes = |g: NodeId| -> BTreeMap<usize, u32> {
+            let mut m = BTreeMap::new();
+            for e in self.graph.edges(g) {
+                if let (LinkKind::Nvlink { lanes, .. }, Some(f)) = (
+                    e.weight().kind,
+                    self.nvswitch_fabric
+                        .get(e.target().index())
+                        .copied()
+                        .flatten(),
+                ) {
+                    *m.entry(f).or_insert(0) += lanes;
+                }
+            }
+            m
+        };
+        let la = fabric_lanes(a);
+        let lb = fabric_lanes(b);
+        la.iter()
+            .filter_map(|(f, x)| lb.get(f).map(|y| (*x).min(*y)))
+            .max()
+            .unwrap_or(0)
+    }
+    /// True when the GPU connects to an NVSwitch.
+    pub fn behind_nvswitch(&self, gpu: NodeId) -> bool {
+        self.graph.edges(gpu).any(|e| {
+            matches!(self.graph[e.target()].kind, NodeKind::NvSwitch) && e.weight().kind.is_nvlink()
+        })
+    }
+    /// The mask in force.
+    pub fn mask(&self) -> &Mask {
+        &self.mask
+    }
+    /// This topology seen through `mask` (replacing any mask it had). Fails when the mask names
+    /// GPUs or nodes the topology does not have.
+    pub fn with_mask(&self, mask: Mask) -> Result<Topology> {
+        mask.validate(self)?;
+        let mut t = self.clone();
+        t.mask = mask;
+        Ok(t)
+    }
+    /// True unless the mask marks the GPU absent.
+    pub fn gpu_present(&self, index: u32) -> bool {
+        !self.mask.absent_gpus.contains(&index) && index < self.gpu_count()
+    }
+    /// True when the GPU is present and not busy: it may join a job or relay for one.
+    pub fn gpu_free(&self, index: u32) -> bool {
+        self.gpu_present(index) && !self.mask.busy_gpus.contains(&index)
+    }
+    /// True when the mask leaves a link usable: not down, and neither end an absent GPU.
+    pub fn link_usable(&self, id: LinkId) -> bool {
+        let (a, b) = self.link_ends(id);
+        let absent = |n: NodeId| {
+            self.graph[n]
+                .gpu()
+                .is_some_and(|g| self.mask.absent_gpus.contains(&g.index))
+        };
+        if absent(a) || absent(b) {
+            return false;
+        }
+        !self
+            .mask
+            .is_link_down(&self.graph[a].name, &self.graph[b].name)
+    }
+    /// Set the rate and latency of one directed link (calibration).
+    pub(crate) fn set_link_rate(&mut self, id: LinkId, gbps: f64, latency_us: f64) {
+        if let Some(l) = self.graph.edge_weight_mut(id) {
+            l.gbps = gbps;
+            l.latency_us = latency_us;
+        }
+    }
+    /// Rename the topology.
+    pub fn set_name(&mut self, name: impl Into<String>) {
+        self.name = name.into();
+    }
+}
+
+/// Builds a [`Topology`], naming nodes by the model's conventions and checking its rules.
+///
+/// # Example
+/// ```
+/// use relaycc_topo::{TopologyBuilder, GpuInfo, rates::{CpuFamily, NvLinkGen}};
+/// let mut b = TopologyBuilder::new("two-gpus");
+/// let cpu = b.add_cpu(0, CpuFamily::IntelSkylake);
+/// let sw = b.add_pcie_switch();
+/// b.pcie(cpu, sw, 3, 16);
+/// let g0 = b.add_gpu(GpuInfo::new(0));
+/// let g1 = b.add_gpu(GpuInfo::new(1));
+/// b.pcie(sw, g0, 3, 16);
+/// b.pcie(sw, g1, 3, 16);
+/// b.nvlink(g0, g1, NvLinkGen::V2, 2);
+/// let topo = b.build().unwrap();
+/// assert_eq!(topo.gpu_count(), 2);
+/// assert_eq!(topo.nvlink_lanes(topo.gpu(0).unwrap(), topo.gpu(1).unwrap()), 2);
+/// ```
+#[derive(Debug)]
+pub struct TopologyBuilder {
+    name: String,
+    graph: DiGraph<Node, Link>,
+    host: u32,
+    prefix: String,
+    counters: BTreeMap<&'static str, u32>,
+}
+
+impl TopologyBuilder {
+    /// A builder for a topology called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        TopologyBuilder {
+            name: name.into(),
+            graph: DiGraph::new(),
+            host: 0,
+            prefix: String::new(),
+            counters: BTreeMap::new(),
+        }
+    }
+    /// Start adding the nodes of host `host` of a cluster: later non-GPU names get the prefix
+    /// `node<host>/`, and per-host counters (switch numbers) restart.
+    pub fn begin_host(&mut self, host: u32) {
+        self.host = host;
+        self.prefix = format!("node{host}/");
+        self.counters.clear();
+    }
+    /// The host that nodes are being added to.
+    pub fn current_host(&self) -> u32 {
+        self.host
+    }
+    fn next(&mut self, key: &'static str) -> u32 {
+        let c = self.counters.entry(key).or_insert(0);
+        let v = *c;
+        *c += 1;
+        v
+    }
+    /// Add a node with an explicit name and kind (importers use this).
+    pub fn add_node(&mut self, name: String, kind: NodeKind) -> NodeId {
+        self.graph.add_node(Node {
+            name,
+            host: self.host,
+            kind,
+        })
+    }
+    /// Add GPU `info.index`, named `GPU<index>`.
+    pub fn add_gpu(&mut self, info: GpuInfo) -> NodeId {
+        let name = format!("GPU{}", info.index);
+        self.add_node(name, NodeKind::Gpu(info))
+    }
+    /// Add the socket of NUMA node `numa`, named `CPU<numa>`, with its family's memory rate.
+    pub fn add_cpu(&mut self, numa: u32, family: CpuFamily) -> NodeId {
+        let name = format!("{}CPU{numa}", self.prefix);
+        self.add_node(
+            name,
+            NodeKind::Cpu(CpuInfo {
+                numa,
+                family,
+                host_mem_gbps: family.host_mem_gbps(),
+                affinity: None,
+            }),
+        )
+    }
+    /// Add a PCIe switch, named `PCIe<n>`.
+    pub fn add_pcie_switch(&mut self) -> NodeId {
+        let n = self.next("pcie");
+        let name = format!("{}PCIe{n}", self.prefix);
+        self.add_node(name, NodeKind::PcieSwitch)
+    }
+    /// Add a PCIe host bridge (root complex), named `HostBridge<n>`.
+    pub fn add_host_bridge(&mut self) -> NodeId {
+        let n = self.next("hostbridge");
+        let name = format!("{}HostBridge{n}", self.prefix);
+        self.add_node(name, NodeKind::HostBridge)
+    }
+    /// Add an NVSwitch, named `NVSwitch<n>`.
+    pub fn add_nvswitch(&mut self) -> NodeId {
+        let n = self.next("nvswitch");
+        let name = format!("{}NVSwitch{n}", self.prefix);
+        self.add_node(name, NodeKind::NvSwitch)
+    }
+    /// Add a network switch of a cluster fabric, named `NetSwitch<n>` (never host-prefixed).
+    pub fn add_net_switch(&mut self) -> NodeId {
+        let n = self.next("netswitch");
+        self.add_node(format!("NetSwitch{n}"), NodeKind::NetSwitch)
+    }
+    /// Add a NIC, named after `info.name` (host-prefixed in clusters).
+    pub fn add_nic(&mut self, mut info: NicInfo) -> NodeId {
+        let name = format!("{}{}", self.prefix, info.name);
+        info.name = name.clone();
+        self.add_node(name, NodeKind::Nic(info))
+    }
+    /// Mutable access to a node added earlier (importers fill in details late).
+    pub fn node_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.graph.node_weight_mut(id)
+    }
+    /// Read access to the nodes added so far.
+    pub fn graph(&self) -> &DiGraph<Node, Link> {
+        &self.graph
+    }
+    /// Join `a` and `b` with a full-duplex link of `kind` at its table rate and latency.
+    pub fn connect(&mut self, a: NodeId, b: NodeId, kind: LinkKind) -> (LinkId, LinkId) {
+        self.connect_with(a, b, kind, kind.default_gbps(), kind.default_latency_us())
+    }
+    /// Join `a` and `b` with a full-duplex link of `kind`, `gbps` each way and `latency_us`.
+    pub fn connect_with(
+        &mut self,
+        a: NodeId,
+        b: NodeId,
+        kind: LinkKind,
+        gbps: f64,
+        latency_us: f64,
+    ) -> (LinkId, LinkId) {
+        let link = Link {
+            kind,
+            gbps,
+            latency_us,
+        };
+        (
+            self.graph.add_edge(a, b, link),
+            self.graph.add_edge(b, a, link),
+        )
+    }
+    /// Add one directed link (importers of relaycc JSON use this; links may be asymmetric).
+    pub fn add_directed(&mut self, from: NodeId, to: NodeId, link: Link) -> LinkId {
+        self.graph.add_edge(from, to, link)
+    }
+    /// NVLink bond of `lanes` links of generation `generation` between `a` and `b`.
+    pub fn nvlink(&mut self, a: NodeId, b: NodeId, generation: NvLinkGen, lanes: u32) {
+        self.connect(a, b, LinkKind::Nvlink { generation, lanes });
+    }
+    /// PCIe link from `parent` (switch, host bridge or CPU) down to `child`.
+    pub fn pcie(&mut self, parent: NodeId, child: NodeId, generation: u8, width: u32) {
+        self.connect(parent, child, LinkKind::Pcie { generation, width });
+    }
+    /// Inter-socket link between two CPU nodes.
+    pub fn inter_socket(&mut self, a: NodeId, b: NodeId, family: CpuFamily) {
+        self.connect(a, b, LinkKind::InterSocket { family });
+    }
+    /// Network link between a NIC and a network switch.
+    pub fn network(&mut self, nic: NodeId, switch: NodeId, fabric: Fabric, gbps: f64) {
+        let kind = LinkKind::Network { fabric };
+        self.connect_with(nic, switch, kind, gbps, kind.default_latency_us());
+    }
+
+    /// Check the model's rules and build the topology.
+    ///
+    /// Rules: node names are unique and not empty; GPU indices are exactly 0..n; no link joins a
+    /// node to itself; every rate is finite and positive and every latency finite and >= 0.
+    pub fn build(self) -> Result<Topology> {
+        let invalid = |message: String| TopoError::Invalid {
+            topology: self.name.clone(),
+            message,
+        };
+        let mut by_name = BTreeMap::new();
+        let mut gpus: Vec<Option<NodeId>> = Vec::new();
+        for id in self.graph.node_indices() {
+            let node = &self.graph[id];
+            if node.name.is_empty() {
+                return Err(invalid(format!("node {} has an empty name", id.index())));
+            }
+            if by_name.insert(node.name.clone(), id).is_some() {
+                return Err(invalid(format!("two nodes are named {:?}", node.name)));
+            }
+            if let Some(g) = node.gpu() {
+                let i = g.index as usize;
+                if i >= 1 << 20 {
+                    return Err(invalid(format!("GPU index {i} is out of range")));
+                }
+                if gpus.len() <= i {
+                    gpus.resize(i + 1, None);
+                }
+                if gpus[i].replace(id).is_some() {
+                    return Err(invalid(format!("two GPUs have index {i}")));
+                }
+            }
+        }
+        let gpus = gpus
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| g.ok_or_else(|| invalid(format!("GPU indices skip {i}"))))
+            .collect::<Result<Vec<_>>>()?;
+        for e in self.graph.edge_references() {
+            let (a, b) = (&self.graph[e.source()].name, &self.graph[e.target()].name);
+            if e.source() == e.target() {
+                return Err(invalid(format!("a link joins {a} to itself")));
+            }
+            let l = e.weight();
+            if !(l.gbps.is_finite() && l.gbps > 0.0) {
+                return Err(invalid(format!("link {a} -> {b} has rate {} GB/s", l.gbps)));
+            }
+            if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
+                return Err(invalid(format!(
+                    "link {a} -> {b} has latency {} us",
+                    l.latency_us
+                )));
+            }
+        }
+        let pcie_parent = pcie_tree(&self.graph);
+        let nvswitch_fabric = nvswitch_components(&self.graph);
+        Ok(Topology {
+            name: self.name,
+            graph: self.graph,
+            gpus,
+            by_name,
+            pcie_parent,
+            nvswitch_fabric,
+            mask: Mask::default(),
+        })
+    }
+}
+
+/// Parents in the PCIe tree: breadth-first from each CPU over PCIe links, expanding only
+/// through switches and host bridges (devices are leaves).
+fn pcie_tree(graph: &DiGraph<Node, Link>) -> Vec<Option<NodeId>> {
+    let mut parent = vec![None; graph.node_count()];
+    let mut seen = vec![false; graph.node_count()];
+    let mut queue = VecDeque::new();
+    for id in graph.node_indices() {
+        if graph[id].cpu().is_some() {
+            seen[id.index()] = true;
+            queue.push_back(id);
+        }
+    }
+    while let Some(n) = queue.pop_front() {
+        let expands = matches!(
+            graph[n].kind,
+            NodeKind::Cpu(_) | NodeKind::PcieSwitch | NodeKind::HostBridge
+        );
+        if !expands {
+            continue;
+        }
+        for e in graph.edges(n) {
+            let t = e.target();
+            if matches!(e.weight().kind, LinkKind::Pcie { .. }) && !seen[t.index()] {
+                seen[t.index()] = true;
+                parent[t.index()] = Some(n);
+                queue.push_back(t);
+            }
+        }
+    }
+    parent
+}
+
+/// Connected components of NVSwitch chips (one per NVLink fabric): two switches share a fabric
+/// when an NVLink joins them or a GPU has NVLinks to both (DGX-2's six switches per board
+/// are joined only through the GPUs).
+fn nvswitch_components(graph: &DiGraph<Node, Link>) -> Vec<Option<usize>> {
+    let mut comp = vec![None; graph.node_count()];
+    let mut next = 0;
+    for start in graph.node_indices() {
+        if !matches!(graph[start].kind, NodeKind::NvSwitch) || comp[start.index()].is_some() {
+            continue;
+        }
+        let mut stack = vec![start];
+        comp[start.index()] = Some(next);
+        while let Some(n) = stack.pop() {
+            for e in graph.edges(n) {
+                let t = e.target();
+                if !e.weight().kind.is_nvlink() {
+                    continue;
+                }
+                let hop = |x: NodeId| -> Vec<NodeId> {
+                    if matches!(graph[x].kind, NodeKind::NvSwitch) {
+                        vec![x]
+                    } else if graph[x].gpu().is_some() {
+                        graph
+                            .edges(x)
+                            .filter(|f| {
+                                f.weight().kind.is_nvlink()
+                                    && matches!(graph[f.target()].kind, NodeKind::NvSwitch)
+                            })
+                            .map(|f| f.target())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    }
+                };
+                for s in hop(t) {
+                    if comp[s.index()].is_none() {
+                        comp[s.index()] = Some(next);
+                        stack.push(s);
+                    }
+                }
+            }
+        }
+        next += 1;
+    }
+    comp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_gpus() -> TopologyBuilder {
+        let mut b = TopologyBuilder::new("t");
+        let cpu = b.add_cpu(0, CpuFamily::IntelSkylake);
+        let g0 = b.add_gpu(GpuInfo::new(0));
+        let g1 = b.add_gpu(GpuInfo::new(1));
+        b.pcie(cpu, g0, 3, 16);
+        b.pcie(cpu, g1, 3, 16);
+        b
+    }
+
+    #[test]
+    fn builder_rejects_duplicate_gpu_index() {
+        let mut b = two_gpus();
+        b.add_node("GPUx".into(), NodeKind::Gpu(GpuInfo::new(1)));
+        let err = b.build().unwrap_err().to_string();
+        assert!(err.contains("two GPUs have index 1"), "{err}");
+    }
+
+    #[test]
+    fn builder_rejects_gaps_self_links_and_bad_rates() {
+        let mut b = TopologyBuilder::new("t");
+        b.add_gpu(GpuInfo::new(1));
+        assert!(b.build().unwrap_err().to_string().contains("skip 0"));
+
+        let mut b = two_gpus();
+        let g = NodeId::new(1);
+        b.connect(g, g, LinkKind::C2c);
+        assert!(b.build().unwrap_err().to_string().contains("itself"));
+
+        let mut b = two_gpus();
+        b.connect_with(NodeId::new(1), NodeId::new(2), LinkKind::C2c, f64::NAN, 0.0);
+        assert!(b.build().unwrap_err().to_string().contains("rate"));
+    }
+
+    #[test]
+    fn pcie_parents_and_attached_cpu() {
+        let t = two_gpus().build().unwrap();
+        let g0 = t.gpu(0).unwrap();
+        let cpu = t.node_by_name("CPU0").unwrap();
+        assert_eq!(t.pcie_parent(g0), Some(cpu));
+        assert_eq!(t.attached_cpu(g0), Some(cpu));
+        assert_eq!(t.gpu_numa(0).unwrap(), Some(0));
+        assert!(t.gpu(2).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! Embedded presets: real machines wired as their vendors document them, and clusters built
+//! from a node preset and a fabric.
+//!
+//! | name | machine |
+//! |---|---|
+//! | `dgx1-p100` | NVIDIA DGX-1, 8x P100, hybrid cube-mesh of NVLink 1 (4 links per GPU) |
+//! | `dgx1-v100` | NVIDIA DGX-1, 8x V100, hybrid cube-mesh NV1/NV2 (6 links per GPU), 4 EDR NICs |
+//! | `dgx2` | NVIDIA DGX-2, 16x V100, 12 NVSwitches on two baseboards, 8 EDR NICs |
+//! | `dgx-a100` | NVIDIA DGX A100, 8x A100, 6 NVSwitches, 12 links per GPU, 8 HDR NICs |
+//! | `dgx-h100` | NVIDIA DGX H100, 8x H100, 4 NVSwitches, 18 links per GPU, 8 NDR NICs |
+//! | `ac922` | IBM Power System AC922, 4x V100 on two POWER9 sockets, NVLink to the CPUs |
+//! | `summit-node` | ORNL Summit node, 6x V100, 3 per POWER9 socket, 2-brick links |
+//! | `pcie-4gpu` | one socket, 4 PCIe GPUs in pairs under two PCIe switches, no NVLink |
+//! | `pcie-8gpu` | two sockets, 8 PCIe GPUs under nested PCIe switches, no NVLink |
+//!
+//! Clusters: `cluster:<N>x<node preset>:<fabric>`, e.g. `cluster:4xdgx1-v100:ib-edr`. Every
+//! NIC of every node joins one non-blocking network switch at the fabric's port rate. Fabrics:
+//! `ib-edr` (12.5 GB/s), `ib-hdr` (25), `ib-ndr` (50), `roce-100g` (12.5), `eth-25g` (3.125),
+//! each with [`crate::rates::NETWORK_HOP_LATENCY_US`] per hop. GPU indices run on across nodes
+//! (node 1 of a DGX-1 cluster holds GPUs 8..15); other node names get a `node<h>/` prefix.
+
+mod dgx;
+pub use dgx::DGX1_V100_NVLINKS;
+mod pcie;
+mod power;
+
+use crate::error::{Result, TopoError};
+use crate::graph::{ComputeCapability, GpuInfo, NodeId, Topology, TopologyBuilder};
+use crate::rates::Fabric;
+
+/// Adds one machine's nodes and links to a builder; GPU indices start at the second argument.
+/// Returns the machine's NICs so that clusters can wire them to a fabric.
+type NodeBuilder = fn(&mut TopologyBuilder, u32) -> Vec<NodeId>;
+
+/// A named preset.
+struct Preset {
+    name: &'static str,
+    description: &'static str,
+    build: NodeBuilder,
+}
+
+const PRESETS: &[Preset] = &[
+    Preset {
+        name: "dgx1-p100",
+        description: "NVIDIA DGX-1: 8x P100, hybrid cube-mesh NVLink 1, 2 Broadwell sockets, 4 EDR NICs",
+        build: dgx::dgx1_p100,
+    },
+    Preset {
+        name: "dgx1-v100",
+        description: "NVIDIA DGX-1: 8x V100, hybrid cube-mesh NV1/NV2, 2 Broadwell sockets, 4 EDR NICs",
+        build: dgx::dgx1_v100,
+    },
+    Preset {
+        name: "dgx2",
+        description: "NVIDIA DGX-2: 16x V100, 12 NVSwitches on two baseboards, 8 EDR NICs",
+        build: dgx::dgx2,
+    },
+    Preset {
+        name: "dgx-a100",
+        description: "NVIDIA DGX A100: 8x A100, 6 NVSwitches (12 links per GPU), 8 HDR NICs",
+        build: dgx::dgx_a100,
+    },
+    Preset {
+        name: "dgx-h100",
+        description: "NVIDIA DGX H100: 8x H100, 4 NVSwitches (18 links per GPU), 8 NDR NICs",
+        build: dgx::dgx_h100,
+    },
+    Preset {
+        name: "ac922",
+        description: "IBM AC922: 4x V100 on 2 POWER9 sockets, NV3 GPU-GPU and GPU-CPU, X-Bus",
+        build: power::ac922,
+    },
+    Preset {
+        name: "summit-node",
+        description: "ORNL Summit node: 6x V100, 3 per POWER9 socket, 2-brick NVLink, X-Bus",
+        build: power::summit_node,
+    },
+    Preset {
+        name: "pcie-4gpu",
+        description: "PCIe box: 1 socket, 4 V100-PCIe in pairs under 2 PCIe Gen3 switches, no NVLink",
+        build: pcie::pcie_4gpu,
+    },
+    Preset {
+        name: "pcie-8gpu",
+        description: "PCIe box: 2 sockets, 8 V100-PCIe under nested PCIe Gen3 switches, no NVLink",
+        build: pcie::pcie_8gpu,
+    },
+];
+
+/// Names and one-line descriptions of every preset, plus the cluster form.
+pub fn list() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = PRESETS
+        .iter()
+        .map(|p| (p.name.to_string(), p.description.to_string()))
+        .collect();
+    let fabrics: Vec<&str> = Fabric::ALL.iter().map(|(n, _)| *n).collect();
+    v.push((
+        "cluster:<N>x<preset>:<fabric>".to_string(),
+        format!(
+            "N machines of a preset, NICs on one switch; fabrics: {}",
+            fabrics.join(", ")
+        ),
+    ));
+    v
+}
+
+fn known_names() -> String {
+    let mut names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+    names.push("cluster:<N>x<preset>:<fabric>");
+    names.join(", ")
+}
+
+/// True when `name` is a preset or a well-formed cluster spec.
+pub fn is_preset(name: &str) -> bool {
+    preset(name).is_ok()
+}
+
+/// Build the preset (or cluster) called `name`.
+pub fn preset(name: &str) -> Result<Topology> {
+    if let Some(spec) = name.strip_prefix("cluster:") {
+        return cluster(name, spec);
+    }
+    let p = find(name)?;
+    let mut b = TopologyBuilder::new(name);
+    (p.build)(&mut b, 0);
+    b.build()
+}
+
+fn find(name: &str) -> Result<&'static Preset> {
+    PRESETS
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| TopoError::UnknownPreset {
+            name: name.to_string(),
+            known: known_names(),
+        })
+}
+
+/// Maximum machines in a cluster spec; keeps a typo from allocating millions of nodes.
+const MAX_CLUSTER_NODES: u32 = 1024;
+
+fn cluster(full: &str, spec: &str) -> Result<Topology> {
+    let bad = |why: &str| TopoError::UnknownPreset {
+        name: full.to_string(),
+        known: format!(
+            "{why}; expected cluster:<N>x<preset>:<fabric>, e.g. cluster:4xdgx1-v100:ib-edr"
+        ),
+    };
+    let (count_and_node, fabric) = spec.rsplit_once(':').ok_or_else(|| bad("no fabric"))?;
+    let fabric = Fabric::from_name(fabric).ok_or_else(|| {
+        let names: Vec<&str> = Fabric::ALL.iter().map(|(n, _)| *n).collect();
+        bad(&format!(
+            "unknown fabric {fabric:?} (known: {})",
+            names.join(", ")
+        ))
+    })?;
+    let (count, node) = count_and_node
+        .split_once('x')
+        .ok_or_else(|| bad("no node count"))?;
+    let count: u32 = count
+        .parse()
+        .map_err(|_| bad(&format!("node count {count:?} is not a number")))?;
+    if count == 0 || count > MAX_CLUSTER_NODES {
+        return Err(bad(&format!("node count must be 1..={MAX_CLUSTER_NODES}")));
+    }
+    let p = find(node)?;
+    let mut b = TopologyBuilder::new(full);
+    let mut base = 0;
+    let mut nics = Vec::new();
+    for h in 0..count {
+        b.begin_host(h);
+        nics.extend((p.build)(&mut b, base));
+        base = b
+            .graph()
+            .node_weights()
+            .filter_map(|n| n.gpu().map(|g| g.index + 1))
+            .max()
+            .unwrap_or(0);
+    }
+    let switch = b.add_net_switch();
+    for nic in nics {
+        if let Some(n) = b.node_mut(nic) {
+            if let crate::graph::NodeKind::Nic(info) = &mut n.kind {
+                info.gbps = fabric.gbps();
+            }
+        }
+        b.network(nic, switch, fabric, fabric.gbps());
+    }
+    b.build()
+}
+
+/// A GPU record for presets.
+fn gpu_info(index: u32, name: &str, sm: u32, bus: &str, numa: u32, memory_gib: u64) -> GpuInfo {
+    GpuInfo {
+        index,
+        name: name.to_string(),
+        compute_capability: Some(ComputeCapability::from_sm(sm)),
+        pci_bus_id: Some(bus.to_string()),
+        numa: Some(numa),
+        memory_bytes: Some(memory_gib << 30),
+    }
+}
+
+#[cfg(test)]
+mod tests;

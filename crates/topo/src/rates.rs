@@ -1,0 +1,351 @@
+//! The one table of link rates and latencies.
+//!
+//! Every figure relaycc predicts starts here. Each constant has its unit in its name and its
+//! source beside it. Rates are GB/s (10^9 bytes per second) **per direction**: a full-duplex
+//! link is two directed edges of this rate. Where a measured effective rate is published the
+//! table uses it, because the simulator predicts what a copy achieves, not what a datasheet
+//! promises; nominal values stay beside them for reference. A calibration file
+//! ([`crate::Calibration`]) overrides any of these with rates measured on the machine at hand.
+
+use serde::{Deserialize, Serialize};
+
+/// NVLink 1 (P100, sm60), effective GB/s per link and direction.
+/// Source: REFERENCE.md, "measured ~18.4 per link" (nominal 20).
+pub const NVLINK1_LANE_GBPS: f64 = 18.4;
+/// NVLink 2 (V100, sm70), effective GB/s per link and direction.
+/// Source: REFERENCE.md, "measured ~24.2 per link (48.5 bi NV1, 96.9 bi NV2 on DGX-1V)" (nominal 25).
+pub const NVLINK2_LANE_GBPS: f64 = 24.2;
+/// NVLink 3 (A100, sm80), GB/s per link and direction. Source: REFERENCE.md nominal "12 links = 300".
+pub const NVLINK3_LANE_GBPS: f64 = 25.0;
+/// NVLink 4 (H100/H200, sm90), GB/s per link and direction. Source: REFERENCE.md nominal "18 links = 450".
+pub const NVLINK4_LANE_GBPS: f64 = 25.0;
+/// NVLink 5 (B200, sm100), GB/s per link and direction. Source: REFERENCE.md nominal "18 links = 900".
+pub const NVLINK5_LANE_GBPS: f64 = 50.0;
+/// NCCL's own model value for one sm70 NVLink, GB/s (NCCL src/graph/topo.h `SM70_NVLINK_BW`).
+/// Kept for comparison with NCCL's tuner; not used for prediction.
+pub const NCCL_SM70_NVLINK_MODEL_GBPS: f64 = 20.0;
+
+/// PCIe Gen3 x16, effective GB/s per direction for GPU-to-GPU traffic.
+/// Source: REFERENCE.md, "measured GPU-GPU across a switch or the CPU: ~9-11" (nominal 15.75);
+/// the middle of that range.
+pub const PCIE_GEN3_X16_GBPS: f64 = 10.0;
+/// PCIe Gen4 x16, effective GB/s per direction. Source: REFERENCE.md, "measured host-to-GPU ~26"
+/// (nominal 31.5).
+pub const PCIE_GEN4_X16_GBPS: f64 = 26.0;
+/// PCIe Gen5 x16, effective GB/s per direction. Source: REFERENCE.md, "measured host-to-GPU ~51-52"
+/// (nominal 63).
+pub const PCIE_GEN5_X16_GBPS: f64 = 51.5;
+/// PCIe Gen3 x16 nominal GB/s per direction (8 GT/s, 128b/130b). Source: REFERENCE.md.
+pub const PCIE_GEN3_X16_NOMINAL_GBPS: f64 = 15.75;
+
+/// Intel Broadwell-EP inter-socket link (two QPI links at 9.6 GT/s, 2 bytes per transfer
+/// each), GB/s per direction. Source: Intel Xeon E5-2600 v4 datasheet. NCCL models it as 6
+/// (REFERENCE.md), a tuning value rather than a measurement.
+pub const QPI_BROADWELL_GBPS: f64 = 38.4;
+/// Intel Skylake-SP inter-socket link (two UPI links at 10.4 GT/s), GB/s per direction.
+/// Source: Intel Xeon Scalable datasheet; NCCL's model value is 10 (REFERENCE.md).
+pub const UPI_SKYLAKE_GBPS: f64 = 41.6;
+/// Intel Sapphire Rapids inter-socket link, GB/s per direction: NCCL's model value
+/// (REFERENCE.md, NCCL src/graph/topo.h).
+pub const UPI_SAPPHIRE_RAPIDS_GBPS: f64 = 22.0;
+/// Intel Emerald Rapids inter-socket link, GB/s per direction: NCCL's model value (REFERENCE.md).
+pub const UPI_EMERALD_RAPIDS_GBPS: f64 = 40.0;
+/// AMD inter-socket Infinity Fabric, GB/s per direction: NCCL's model value (REFERENCE.md).
+pub const AMD_INFINITY_FABRIC_GBPS: f64 = 16.0;
+/// IBM POWER9 X-Bus between sockets, GB/s per direction. Source: REFERENCE.md "32 (64 bi)".
+pub const POWER9_XBUS_GBPS: f64 = 32.0;
+/// Inter-socket link of an unidentified CPU, GB/s per direction: the smallest model value NCCL
+/// uses for a current CPU (Skylake, 10; REFERENCE.md), so an unknown machine is not flattered.
+pub const UNKNOWN_INTER_SOCKET_GBPS: f64 = 10.0;
+/// NVLink-C2C between a Grace CPU and a Hopper GPU, GB/s per direction (900 bi). Source: NVIDIA
+/// Grace Hopper superchip datasheet.
+pub const NVLINK_C2C_GBPS: f64 = 450.0;
+
+/// Host memory bandwidth of one Broadwell-EP socket (4 channels DDR4-2400), GB/s. Source: Intel
+/// E5-2698 v4 datasheet.
+pub const HOST_MEM_BROADWELL_GBPS: f64 = 76.8;
+/// Host memory bandwidth of one POWER9 socket (8 channels DDR4-2666), GB/s. Source: IBM AC922
+/// redbook (170 GB/s per socket).
+pub const HOST_MEM_POWER9_GBPS: f64 = 170.0;
+/// Host memory bandwidth of one Skylake/Cascade Lake socket (6 channels DDR4-2933), GB/s.
+/// Source: Intel Xeon Scalable datasheet.
+pub const HOST_MEM_SKYLAKE_GBPS: f64 = 140.0;
+/// Host memory bandwidth of one AMD Rome/Milan socket (8 channels DDR4-3200), GB/s. Source: AMD
+/// EPYC 7002/7003 datasheet.
+pub const HOST_MEM_AMD_GBPS: f64 = 204.8;
+/// Host memory bandwidth of one Sapphire/Emerald Rapids socket (8 channels DDR5-4800), GB/s.
+/// Source: Intel Xeon 4th gen datasheet.
+pub const HOST_MEM_SAPPHIRE_RAPIDS_GBPS: f64 = 307.2;
+/// Host memory bandwidth assumed for an unidentified socket, GB/s: the smallest of the values
+/// above (Broadwell), so staging through an unknown host is not flattered.
+pub const HOST_MEM_UNKNOWN_GBPS: f64 = 76.8;
+
+/// InfiniBand EDR (100 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
+pub const IB_EDR_GBPS: f64 = 12.5;
+/// InfiniBand HDR (200 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
+pub const IB_HDR_GBPS: f64 = 25.0;
+/// InfiniBand NDR (400 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
+pub const IB_NDR_GBPS: f64 = 50.0;
+/// 100 Gb/s Ethernet (RoCE), GB/s per direction. Source: IEEE 802.3bj.
+pub const ETH_100G_GBPS: f64 = 12.5;
+/// 25 Gb/s Ethernet, GB/s per direction. Source: IEEE 802.3by.
+pub const ETH_25G_GBPS: f64 = 3.125;
+
+/// One NVLink hop, microseconds. Source: NCCL src/graph/tuning.cc `hwLat` NVLink (LL protocol).
+pub const NVLINK_LATENCY_US: f64 = 0.6;
+/// One PCIe hop (device to switch, switch to root), microseconds. Source: NCCL
+/// src/graph/tuning.cc `hwLat` PCI (LL protocol, 1.0 for a whole PCI path), split over the two
+/// hops a path has at least.
+pub const PCIE_HOP_LATENCY_US: f64 = 0.5;
+/// Crossing the inter-socket link, microseconds. Source: NCCL tuning.cc charges a host-memory
+/// path roughly twice a PCI path; the difference, 1.0, is charged here.
+pub const INTER_SOCKET_LATENCY_US: f64 = 1.0;
+/// NVLink-C2C hop, microseconds: the NVLink value (same protocol family).
+pub const C2C_LATENCY_US: f64 = 0.6;
+/// A network hop (NIC to switch or switch to NIC), microseconds. Source: NCCL tuning.cc `hwLat`
+/// NET (LL protocol, 5.0 for a whole network path) split over its two hops.
+pub const NETWORK_HOP_LATENCY_US: f64 = 2.5;
+/// Inside a switch chip (PCIe or NVSwitch), microseconds: counted in the hop latencies above.
+pub const SWITCH_LATENCY_US: f64 = 0.0;
+
+/// NVLink generation, ordered oldest to newest; serialized as its number (1..=5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(into = "u32", try_from = "u32")]
+pub enum NvLinkGen {
+    /// NVLink 1: P100 (sm60).
+    V1 = 1,
+    /// NVLink 2: V100 (sm70), POWER9 CPU links.
+    V2 = 2,
+    /// NVLink 3: A100 (sm80).
+    V3 = 3,
+    /// NVLink 4: H100, H200 (sm90).
+    V4 = 4,
+    /// NVLink 5: B200 (sm100).
+    V5 = 5,
+}
+
+impl From<NvLinkGen> for u32 {
+    fn from(g: NvLinkGen) -> u32 {
+        g as u32
+    }
+}
+
+impl TryFrom<u32> for NvLinkGen {
+    type Error = String;
+    fn try_from(n: u32) -> Result<Self, String> {
+        NvLinkGen::from_number(n).ok_or_else(|| format!("NVLink generation {n} is not 1..=5"))
+    }
+}
+
+impl NvLinkGen {
+    /// The generation a GPU of compute capability `sm` (e.g. 70) speaks; None before NVLink.
+    pub fn for_sm(sm: u32) -> Option<NvLinkGen> {
+        match sm {
+            60..=69 => Some(NvLinkGen::V1),
+            70..=79 => Some(NvLinkGen::V2),
+            80..=89 => Some(NvLinkGen::V3),
+            90..=99 => Some(NvLinkGen::V4),
+            100.. => Some(NvLinkGen::V5),
+            _ => None,
+        }
+    }
+    /// From the generation number 1..=5.
+    pub fn from_number(n: u32) -> Option<NvLinkGen> {
+        match n {
+            1 => Some(NvLinkGen::V1),
+            2 => Some(NvLinkGen::V2),
+            3 => Some(NvLinkGen::V3),
+            4 => Some(NvLinkGen::V4),
+            5 => Some(NvLinkGen::V5),
+            _ => None,
+        }
+    }
+    /// GB/s of one link (lane) per direction.
+    pub fn lane_gbps(self) -> f64 {
+        match self {
+            NvLinkGen::V1 => NVLINK1_LANE_GBPS,
+            NvLinkGen::V2 => NVLINK2_LANE_GBPS,
+            NvLinkGen::V3 => NVLINK3_LANE_GBPS,
+            NvLinkGen::V4 => NVLINK4_LANE_GBPS,
+            NvLinkGen::V5 => NVLINK5_LANE_GBPS,
+        }
+    }
+}
+
+/// GB/s per direction of a PCIe link of generation `gen` (1..=6) and `width` lanes.
+///
+/// Gen3-5 x16 use the effective values above and scale linearly with width; gen1/2 halve gen3
+/// per step and gen6 doubles gen5 (each generation doubles the per-lane transfer rate).
+pub fn pcie_gbps(generation: u8, width: u32) -> f64 {
+    let x16 = match generation {
+        0 | 1 => PCIE_GEN3_X16_GBPS / 4.0,
+        2 => PCIE_GEN3_X16_GBPS / 2.0,
+        3 => PCIE_GEN3_X16_GBPS,
+        4 => PCIE_GEN4_X16_GBPS,
+        5 => PCIE_GEN5_X16_GBPS,
+        _ => PCIE_GEN5_X16_GBPS * 2.0,
+    };
+    x16 * f64::from(width.max(1)) / 16.0
+}
+
+/// The PCIe generation whose per-lane transfer rate is `gt_per_s` (2.5, 5, 8, 16, 32, 64 GT/s).
+pub fn pcie_gen_for_gts(gt_per_s: f64) -> u8 {
+    match gt_per_s {
+        x if x < 4.0 => 1,
+        x if x < 7.0 => 2,
+        x if x < 12.0 => 3,
+        x if x < 24.0 => 4,
+        x if x < 48.0 => 5,
+        _ => 6,
+    }
+}
+
+/// CPU family: decides the inter-socket link and the host-memory bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuFamily {
+    /// Intel Broadwell-EP (DGX-1), QPI.
+    IntelBroadwell,
+    /// Intel Skylake/Cascade Lake-SP, UPI.
+    IntelSkylake,
+    /// Intel Sapphire Rapids, UPI 2.0.
+    IntelSapphireRapids,
+    /// Intel Emerald Rapids, UPI 2.0.
+    IntelEmeraldRapids,
+    /// AMD EPYC (Rome, Milan, Genoa), Infinity Fabric.
+    Amd,
+    /// IBM POWER9, X-Bus; NVLink to the GPUs.
+    Power9,
+    /// NVIDIA Grace (Arm), NVLink-C2C to the GPU.
+    Grace,
+    /// Not identified; conservative rates.
+    Unknown,
+}
+
+impl CpuFamily {
+    /// GB/s per direction of the link between two sockets of this family.
+    pub fn inter_socket_gbps(self) -> f64 {
+        match self {
+            CpuFamily::IntelBroadwell => QPI_BROADWELL_GBPS,
+            CpuFamily::IntelSkylake => UPI_SKYLAKE_GBPS,
+            CpuFamily::IntelSapphireRapids => UPI_SAPPHIRE_RAPIDS_GBPS,
+            CpuFamily::IntelEmeraldRapids => UPI_EMERALD_RAPIDS_GBPS,
+            CpuFamily::Amd => AMD_INFINITY_FABRIC_GBPS,
+            CpuFamily::Power9 => POWER9_XBUS_GBPS,
+            CpuFamily::Grace | CpuFamily::Unknown => UNKNOWN_INTER_SOCKET_GBPS,
+        }
+    }
+    /// Host-memory bandwidth of one socket of this family, GB/s.
+    pub fn host_mem_gbps(self) -> f64 {
+        match self {
+            CpuFamily::IntelBroadwell => HOST_MEM_BROADWELL_GBPS,
+            CpuFamily::IntelSkylake => HOST_MEM_SKYLAKE_GBPS,
+            CpuFamily::IntelSapphireRapids | CpuFamily::IntelEmeraldRapids => {
+                HOST_MEM_SAPPHIRE_RAPIDS_GBPS
+            }
+            CpuFamily::Amd => HOST_MEM_AMD_GBPS,
+            CpuFamily::Power9 => HOST_MEM_POWER9_GBPS,
+            CpuFamily::Grace | CpuFamily::Unknown => HOST_MEM_UNKNOWN_GBPS,
+        }
+    }
+    /// The family of an x86 CPU from its vendor string and family/model numbers (as NCCL's XML
+    /// writes them: `vendor="GenuineIntel" familyid="6" modelid="85"`).
+    pub fn from_x86(vendor: &str, family: u32, model: u32) -> CpuFamily {
+        if vendor.contains("AMD") {
+            return CpuFamily::Amd;
+        }
+        if vendor.contains("Intel") && family == 6 {
+            // Model numbers from Intel's SDM, as NCCL's topo.h groups them.
+            return match model {
+                79 | 86 => CpuFamily::IntelBroadwell,
+                85 | 106 | 108 => CpuFamily::IntelSkylake,
+                143 => CpuFamily::IntelSapphireRapids,
+                207 => CpuFamily::IntelEmeraldRapids,
+                _ => CpuFamily::Unknown,
+            };
+        }
+        CpuFamily::Unknown
+    }
+}
+
+/// Network fabric of a cluster: one NIC port's rate and the hop latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fabric {
+    /// InfiniBand EDR, 100 Gb/s (`ib-edr`).
+    IbEdr,
+    /// InfiniBand HDR, 200 Gb/s (`ib-hdr`).
+    IbHdr,
+    /// InfiniBand NDR, 400 Gb/s (`ib-ndr`).
+    IbNdr,
+    /// RoCE over 100 Gb/s Ethernet (`roce-100g`).
+    Roce100g,
+    /// 25 Gb/s Ethernet, TCP (`eth-25g`).
+    Eth25g,
+}
+
+impl Fabric {
+    /// All fabrics, with the names that `cluster:` specs accept.
+    pub const ALL: [(&'static str, Fabric); 5] = [
+        ("ib-edr", Fabric::IbEdr),
+        ("ib-hdr", Fabric::IbHdr),
+        ("ib-ndr", Fabric::IbNdr),
+        ("roce-100g", Fabric::Roce100g),
+        ("eth-25g", Fabric::Eth25g),
+    ];
+    /// GB/s per direction of one port.
+    pub fn gbps(self) -> f64 {
+        match self {
+            Fabric::IbEdr => IB_EDR_GBPS,
+            Fabric::IbHdr => IB_HDR_GBPS,
+            Fabric::IbNdr => IB_NDR_GBPS,
+            Fabric::Roce100g => ETH_100G_GBPS,
+            Fabric::Eth25g => ETH_25G_GBPS,
+        }
+    }
+    /// The spec name (`ib-edr`, ...).
+    pub fn name(self) -> &'static str {
+        Fabric::ALL
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("unknown")
+    }
+    /// Parse a spec name.
+    pub fn from_name(name: &str) -> Option<Fabric> {
+        Fabric::ALL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, f)| *f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pcie_scales_with_width_and_generation() {
+        assert_eq!(pcie_gbps(3, 16), PCIE_GEN3_X16_GBPS);
+        assert_eq!(pcie_gbps(3, 8), PCIE_GEN3_X16_GBPS / 2.0);
+        assert!(pcie_gbps(4, 16) > pcie_gbps(3, 16));
+        assert_eq!(pcie_gen_for_gts(8.0), 3);
+        assert_eq!(pcie_gen_for_gts(16.0), 4);
+        assert_eq!(pcie_gen_for_gts(32.0), 5);
+    }
+
+    #[test]
+    fn nvlink_generation_follows_sm() {
+        assert_eq!(NvLinkGen::for_sm(70), Some(NvLinkGen::V2));
+        assert_eq!(NvLinkGen::for_sm(90), Some(NvLinkGen::V4));
+        assert_eq!(NvLinkGen::for_sm(52), None);
+    }
+
+    #[test]
+    fn fabric_names_round_trip() {
+        for (name, f) in Fabric::ALL {
+            assert_eq!(Fabric::from_name(name), Some(f));
+            assert_eq!(f.name(), name);
+        }
+    }
+}
