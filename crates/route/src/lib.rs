@@ -1,3 +1,19 @@
-//! # relaycc-route: plans, simulation, routing (being built; see issue 3)
+//! # relaycc-route: plans, routes, simulation
+//!
+//! Given a (masked) topology, the GPUs of a job, the GPUs allowed to relay and a [`Request`],
+//! relaycc-route produces the fastest [`Plan`] it can find and says how fast it is, beside the
+//! NCCL-like baseline and the bound.
+//!
+//! Invariant: this crate knows nothing of how bytes move; it never calls a backend.
 
 #![deny(missing_docs)]
+
+mod dtype;
+mod error;
+mod plan;
+mod request;
+
+pub use dtype::{DType, ReduceOp};
+pub use error::{Result, RouteError};
+pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
+pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};

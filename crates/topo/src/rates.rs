@@ -80,6 +80,32 @@ pub const HOST_MEM_SAPPHIRE_RAPIDS_GBPS: f64 = 307.2;
 /// above (Broadwell), so staging through an unknown host is not flattered.
 pub const HOST_MEM_UNKNOWN_GBPS: f64 = 76.8;
 
+/// P100 HBM2 device memory bandwidth, GB/s. Source: NVIDIA Tesla P100 datasheet (732).
+pub const HBM_P100_GBPS: f64 = 732.0;
+/// V100 HBM2 device memory bandwidth, GB/s. Source: NVIDIA Tesla V100 datasheet (900).
+pub const HBM_V100_GBPS: f64 = 900.0;
+/// A100 80GB HBM2e device memory bandwidth, GB/s. Source: NVIDIA A100 datasheet (2039).
+pub const HBM_A100_GBPS: f64 = 2039.0;
+/// H100 SXM HBM3 device memory bandwidth, GB/s. Source: NVIDIA H100 datasheet (3350).
+pub const HBM_H100_GBPS: f64 = 3350.0;
+/// B200 HBM3e device memory bandwidth, GB/s. Source: NVIDIA B200 datasheet (8000).
+pub const HBM_B200_GBPS: f64 = 8000.0;
+/// Device memory bandwidth assumed for a GPU of unknown generation, GB/s: a mid-range GDDR6
+/// card (RTX A6000 datasheet, 768).
+pub const GPU_MEM_UNKNOWN_GBPS: f64 = 768.0;
+
+/// Device memory bandwidth of a GPU of compute capability `sm` (70 for V100), GB/s.
+pub fn gpu_mem_gbps(sm: Option<u32>) -> f64 {
+    match sm {
+        Some(60) => HBM_P100_GBPS,
+        Some(70) => HBM_V100_GBPS,
+        Some(80) => HBM_A100_GBPS,
+        Some(90) => HBM_H100_GBPS,
+        Some(100) => HBM_B200_GBPS,
+        _ => GPU_MEM_UNKNOWN_GBPS,
+    }
+}
+
 /// InfiniBand EDR (100 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
 pub const IB_EDR_GBPS: f64 = 12.5;
 /// InfiniBand HDR (200 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.

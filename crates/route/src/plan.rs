@@ -1,0 +1,246 @@
+//! The Plan IR: a DAG of single-hop copies and local reductions on regions of device or pinned
+//! host memory. Plans are plain data: the simulator times them, the host backend executes them
+//! to prove them correct, the CUDA and MPI backends run them.
+//!
+//! Conventions, so that anyone can recompute a plan's figures from its JSON and the topology
+//! JSON (`relaycc topo show --format json`):
+//! - a [`Location::Gpu`] names a GPU index; a [`Location::Host`] names a CPU socket by its index
+//!   in the topology JSON's `nodes` array (the petgraph node index);
+//! - an op's `edges` are indices into the topology JSON's `links` array (petgraph edge indices),
+//!   in path order;
+//! - regions count elements of the plan's `dtype`, not bytes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::request::Request;
+
+/// Where a buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Location {
+    /// Device memory of a GPU (by GPU index).
+    Gpu(u32),
+    /// Pinned host memory of a CPU socket (by topology node index).
+    Host(u32),
+}
+
+/// A buffer a plan reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferRef {
+    /// The user's input buffer of a rank (on the rank's GPU).
+    Input(u32),
+    /// The user's output buffer of a rank (on the rank's GPU).
+    Output(u32),
+    /// A staging buffer the plan allocates (`Plan::scratch[i]`).
+    Scratch(u32),
+}
+
+/// A contiguous range of elements of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Region {
+    /// The buffer.
+    pub buffer: BufferRef,
+    /// First element.
+    pub offset: u64,
+    /// Number of elements.
+    pub len: u64,
+}
+
+impl Region {
+    /// `len` elements of `buffer` from `offset`.
+    pub const fn new(buffer: BufferRef, offset: u64, len: u64) -> Self {
+        Region {
+            buffer,
+            offset,
+            len,
+        }
+    }
+    /// One past the last element.
+    pub const fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// A staging buffer: where it lives and how many elements it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scratch {
+    /// Where the buffer is allocated.
+    pub location: Location,
+    /// Elements.
+    pub len: u64,
+}
+
+/// What an op does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OpKind {
+    /// Copy `src` to `dst` (same length) over the op's `edges`; one hop between two memories
+    /// that the hardware connects, through switches but never through another memory.
+    Copy {
+        /// Source region.
+        src: Region,
+        /// Destination region.
+        dst: Region,
+    },
+    /// `dst = op(srcs...)` elementwise with the plan's reduce op, on the device holding `dst`;
+    /// every source lives in that same memory (reductions are local; remote data is copied in
+    /// first). With `finalize` and the `Avg` op, the result is divided by the number of ranks.
+    Reduce {
+        /// Source regions, all of `dst`'s length (one or more; `dst` may be one of them).
+        srcs: Vec<Region>,
+        /// Destination region.
+        dst: Region,
+        /// Apply the `Avg` division here (ignored for other ops).
+        #[serde(default)]
+        finalize: bool,
+    },
+}
+
+/// One operation of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    /// What it does.
+    #[serde(flatten)]
+    pub kind: OpKind,
+    /// The lane (stream) that runs it; ops of one lane run in order.
+    pub lane: u32,
+    /// Ops (indices) that must finish first, besides earlier ops of the same lane.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deps: Vec<u32>,
+    /// Directed topology links a copy occupies, in path order (empty for reductions and for
+    /// copies inside one memory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edges: Vec<u32>,
+}
+
+impl Op {
+    /// Elements the op moves or produces.
+    pub fn len(&self) -> u64 {
+        match &self.kind {
+            OpKind::Copy { dst, .. } | OpKind::Reduce { dst, .. } => dst.len,
+        }
+    }
+    /// True when the op moves nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A lane: an in-order queue of ops run by one device (a CUDA stream, a host thread).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lane {
+    /// The device that drives the lane (the copy engine's or kernel's owner).
+    pub location: Location,
+    /// A label for traces (`GPU0 ch1 send`).
+    pub label: String,
+}
+
+/// A complete plan for one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The request the plan serves.
+    pub request: Request,
+    /// Which algorithm made it (`direct`, `relay via GPU3`, `ring x2 + relay`, ...).
+    pub algorithm: String,
+    /// Element type (the request's).
+    pub dtype: DType,
+    /// Staging buffers.
+    #[serde(default)]
+    pub scratch: Vec<Scratch>,
+    /// Lanes.
+    pub lanes: Vec<Lane>,
+    /// Operations; an op's index is its id.
+    pub ops: Vec<Op>,
+}
+
+impl Plan {
+    /// An empty plan for `request`.
+    pub fn new(request: Request, algorithm: impl Into<String>) -> Self {
+        let dtype = request.dtype;
+        Plan {
+            request,
+            algorithm: algorithm.into(),
+            dtype,
+            scratch: Vec::new(),
+            lanes: Vec::new(),
+            ops: Vec::new(),
+        }
+    }
+    /// Where a buffer lives.
+    pub fn location(&self, b: BufferRef) -> Option<Location> {
+        match b {
+            BufferRef::Input(r) | BufferRef::Output(r) => {
+                self.request.gpus.get(r as usize).map(|g| Location::Gpu(*g))
+            }
+            BufferRef::Scratch(i) => self.scratch.get(i as usize).map(|s| s.location),
+        }
+    }
+    /// Add a staging buffer; returns its reference.
+    pub fn add_scratch(&mut self, location: Location, len: u64) -> BufferRef {
+        self.scratch.push(Scratch { location, len });
+        BufferRef::Scratch(self.scratch.len() as u32 - 1)
+    }
+    /// Add a lane; returns its index.
+    pub fn add_lane(&mut self, location: Location, label: impl Into<String>) -> u32 {
+        self.lanes.push(Lane {
+            location,
+            label: label.into(),
+        });
+        self.lanes.len() as u32 - 1
+    }
+    /// Add a copy; returns its op id.
+    pub fn copy(
+        &mut self,
+        lane: u32,
+        src: Region,
+        dst: Region,
+        edges: Vec<u32>,
+        deps: Vec<u32>,
+    ) -> u32 {
+        self.ops.push(Op {
+            kind: OpKind::Copy { src, dst },
+            lane,
+            deps,
+            edges,
+        });
+        self.ops.len() as u32 - 1
+    }
+    /// Add a local reduction; returns its op id.
+    pub fn reduce(
+        &mut self,
+        lane: u32,
+        srcs: Vec<Region>,
+        dst: Region,
+        finalize: bool,
+        deps: Vec<u32>,
+    ) -> u32 {
+        self.ops.push(Op {
+            kind: OpKind::Reduce {
+                srcs,
+                dst,
+                finalize,
+            },
+            lane,
+            deps,
+            edges: Vec::new(),
+        });
+        self.ops.len() as u32 - 1
+    }
+    /// Bytes of staging memory the plan allocates.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch
+            .iter()
+            .map(|s| s.len.saturating_mul(self.dtype.size()))
+            .fold(0u64, u64::saturating_add)
+    }
+    /// The plan as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+    /// Read a plan from JSON.
+    pub fn from_json(text: &str) -> crate::Result<Plan> {
+        serde_json::from_str(text).map_err(|e| crate::RouteError::PlanJson(e.to_string()))
+    }
+}
