@@ -8,11 +8,13 @@
 
 #![deny(missing_docs)]
 
+mod check;
 mod dtype;
 mod error;
 mod plan;
 mod request;
 
+pub use check::{CheckOptions, check, check_routes, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
