@@ -154,8 +154,8 @@ pub(super) fn dgx2(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
             }
         }
     }
-    for k in 0..6 {
-        b.nvlink(switches[0][k], switches[1][k], NvLinkGen::V2, 8);
+    for (s0, s1) in switches[0].iter().zip(&switches[1]) {
+        b.nvlink(*s0, *s1, NvLinkGen::V2, 8);
     }
     nics
 }
