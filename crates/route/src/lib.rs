@@ -11,6 +11,7 @@
 mod check;
 mod dtype;
 mod error;
+pub mod lower;
 pub mod path;
 mod plan;
 mod request;
