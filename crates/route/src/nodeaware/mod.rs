@@ -15,10 +15,13 @@
 //! The models read an exchange as a [`Pattern`] on a [`ClusterShape`]; the plan generators
 //! read a [`crate::Request`] on a cluster [`relaycc_topo::Topology`].
 
+mod generate;
+mod lowering;
 mod model;
 mod params;
 mod strategy;
 
+pub use generate::{node_aware_candidates, node_aware_plan};
 pub use model::{CostModel, PatternStats, choose_strategy, model_time, model_time_with};
 pub use params::{
     LASSEN_COPY_ALPHA_S, LASSEN_COPY_BETA_S_PER_BYTE, LASSEN_CPU_ALPHA_S,
@@ -31,3 +34,5 @@ pub use strategy::{ClusterShape, Message, Pattern, Staging, Strategy};
 
 #[cfg(test)]
 mod findings;
+#[cfg(test)]
+mod tests;
