@@ -12,6 +12,7 @@ mod check;
 mod dtype;
 mod error;
 pub mod lower;
+pub mod p2p;
 pub mod path;
 mod plan;
 mod request;
