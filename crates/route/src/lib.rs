@@ -13,6 +13,7 @@ mod dtype;
 mod error;
 pub mod lower;
 pub mod nodeaware;
+pub mod p2p;
 pub mod path;
 mod plan;
 mod request;

@@ -51,7 +51,9 @@ impl fmt::Display for ComputeCapability {
 pub struct GpuInfo {
     /// The GPU's index (CUDA device order on its host; global across a cluster).
     pub index: u32,
-    /// Product name, e.g. `Tesla V100-SXM2-32GB`; empty when unknown.
+    /// Product name, e.g. `Tesla V100-SXM2-32GB`; empty when unknown (`product` in JSON, where
+    /// `name` is the node's).
+    #[serde(rename = "product")]
     pub name: String,
     /// Compute capability, when known.
     pub compute_capability: Option<ComputeCapability>,
@@ -93,7 +95,8 @@ pub struct CpuInfo {
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NicInfo {
-    /// Device name, e.g. `mlx5_0`.
+    /// Device name, e.g. `mlx5_0` (`device` in JSON, where `name` is the node's).
+    #[serde(rename = "device")]
     pub name: String,
     /// NUMA node, when known.
     pub numa: Option<u32>,

@@ -55,3 +55,8 @@ pub use graph::{
 pub use import::load;
 pub use mask::Mask;
 pub use preset::{DGX1_V100_NVLINKS, is_preset, list as list_presets, preset};
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

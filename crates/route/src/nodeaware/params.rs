@@ -69,15 +69,15 @@ pub const LASSEN_COPY_BETA_S_PER_BYTE: [[f64; 2]; 2] = [[1.85e-11, 1.96e-11], [5
 /// table heads the column `[bytes/sec]` but prints 4.19e-11, which is only meaningful as
 /// seconds per byte (R_N = 23.9 GB/s); we read it so. Source: seed Table 4.
 pub const LASSEN_CPU_INJECTION_S_PER_BYTE: f64 = 4.19e-11;
-/// Largest message (bytes) sent with the short protocol. The stored seed text lost the value;
-/// 512 bytes is Spectrum MPI's envelope on Lassen as used in the seed's BenchPress fits
-/// (assumed, calibratable through [`ModelParams`]).
+/// Largest message (bytes) sent with the short protocol. Source: none stored; the seed's text
+/// (§3) names the protocol but its copy here lost the cutoff, so 512 bytes is assumed (a common
+/// MPI envelope size); calibratable through [`ModelParams`].
 pub const LASSEN_SHORT_MAX_BYTES: u64 = 512;
-/// Largest message (bytes) sent eagerly; above it rendezvous is used. The stored seed text lost
-/// the value; 8192 bytes is Spectrum MPI's eager limit on Lassen (assumed, calibratable).
+/// Largest message (bytes) sent eagerly; above it rendezvous is used. Source: none stored; the
+/// seed's copy here lost the cutoff, so 8192 bytes is assumed; calibratable.
 pub const LASSEN_EAGER_MAX_BYTES: u64 = 8192;
-/// Split strategies' message cap, bytes: "the message cap used for switching to the rendezvous
-/// protocol on Lassen" (seed §4.6, after its reference [16]).
+/// Split strategies' message cap, bytes. Source: seed §4.6, "the message cap used for switching
+/// to the rendezvous protocol on Lassen" (after its reference [16]), i.e. the eager limit.
 pub const LASSEN_SPLIT_MESSAGE_CAP_BYTES: u64 = LASSEN_EAGER_MAX_BYTES;
 /// GPUs per Lassen node (two per POWER9 socket). Source: seed §2.1.
 pub const LASSEN_GPUS_PER_NODE: u32 = 4;

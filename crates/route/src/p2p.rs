@@ -1,0 +1,305 @@
+//! Point-to-point candidates: direct, relayed through GPUs, staged through host memory, and the
+//! multi-path split over every route of a max-flow decomposition at once.
+//!
+//! Each candidate is a complete [`Plan`]; the orchestrator ([`crate::plan`]) times them with the
+//! simulator and keeps the fastest, so small messages go direct and large ones split.
+
+use relaycc_topo::Topology;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, RouteError};
+use crate::lower::{LaneMap, emit_transfer, split_shares};
+use crate::path::{
+    RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, relay_routes,
+};
+use crate::plan::{BufferRef, Plan, Region};
+use crate::request::{Collective, Request};
+
+/// Which kinds of point-to-point route the planner may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Every kind; the simulator picks. The default.
+    #[default]
+    Auto,
+    /// The direct hop only.
+    Direct,
+    /// One route relayed through a GPU.
+    Relay,
+    /// One route staged through host memory.
+    Host,
+    /// The max-flow split over several routes at once.
+    Multipath,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "auto" => Strategy::Auto,
+            "direct" => Strategy::Direct,
+            "relay" => Strategy::Relay,
+            "host" => Strategy::Host,
+            "multipath" => Strategy::Multipath,
+            _ => {
+                return Err(format!(
+                    "unknown strategy {s:?} (auto, direct, relay, host, multipath)"
+                ));
+            }
+        })
+    }
+}
+
+/// A route with the elements it carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteShare {
+    /// The route.
+    pub route: Route,
+    /// Elements it carries.
+    pub elements: u64,
+}
+
+/// One point-to-point candidate: its plan and, per transfer, the routes and shares it uses.
+#[derive(Debug, Clone)]
+pub struct P2pCandidate {
+    /// The plan.
+    pub plan: Plan,
+    /// Routes of the first transfer (what `relaycc route` prints).
+    pub routes: Vec<RouteShare>,
+}
+
+/// Chunk sizes tried for pipelined routes, bytes: NCCL's step (512 KiB) and its neighbours.
+pub const P2P_CHUNK_BYTES: [u64; 3] = [256 << 10, 1 << 20, 4 << 20];
+/// Relay routes tried one at a time (the best few by bottleneck rate): a named search budget.
+pub const MAX_SINGLE_RELAYS: usize = 3;
+
+/// Shares (elements) that make pipelined routes finish together: route i with rate r_i,
+/// latency l_i, h_i hops and chunk c gets s_i = r_i (T - l_i) - (h_i - 1) c, with T chosen so
+/// the shares sum to `len`; routes whose share would be negative are dropped and T solved
+/// again. Rates in elements per microsecond.
+pub fn balanced_shares(len: u64, routes: &[Route], elem_bytes: u64, chunk: u64) -> Vec<u64> {
+    let n = routes.len();
+    let rate: Vec<f64> = routes
+        .iter()
+        .map(|r| r.gbps() * 1e3 / elem_bytes as f64)
+        .collect();
+    let lat: Vec<f64> = routes.iter().map(|r| r.latency_us()).collect();
+    let fill: Vec<f64> = routes
+        .iter()
+        .map(|r| (r.hops.len().saturating_sub(1) as u64 * chunk) as f64)
+        .collect();
+    let mut on = vec![true; n];
+    loop {
+        let sum_r: f64 = (0..n).filter(|i| on[*i]).map(|i| rate[i]).sum();
+        if sum_r <= 0.0 {
+            return split_shares(len, &vec![1.0; n.max(1)]);
+        }
+        let t = (len as f64
+            + (0..n)
+                .filter(|i| on[*i])
+                .map(|i| rate[i] * lat[i] + fill[i])
+                .sum::<f64>())
+            / sum_r;
+        let w: Vec<f64> = (0..n)
+            .map(|i| {
+                if on[i] {
+                    rate[i] * (t - lat[i]) - fill[i]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        match (0..n)
+            .filter(|i| on[*i] && w[*i] <= 0.0)
+            .min_by(|a, b| w[*a].total_cmp(&w[*b]))
+        {
+            Some(worst) => on[worst] = false,
+            None => return split_shares(len, &w),
+        }
+    }
+}
+
+fn single_transfer(req: &Request) -> Result<(u32, u32, u64)> {
+    if req.collective != Collective::SendRecv || req.transfers.len() != 1 {
+        return Err(RouteError::BadRequest(
+            "point-to-point planning takes one send_recv transfer".into(),
+        ));
+    }
+    let t = req.transfers[0];
+    let (a, b) = (req.gpus[t.src as usize], req.gpus[t.dst as usize]);
+    Ok((a, b, t.count))
+}
+
+/// Build the plan of one transfer over `routes` with `shares` and `chunk` elements.
+fn build(
+    req: &Request,
+    name: String,
+    routes: Vec<Route>,
+    shares: Vec<u64>,
+    chunk: u64,
+) -> P2pCandidate {
+    let t = req.transfers[0];
+    let mut plan = Plan::new(req.clone(), name);
+    let mut lanes = LaneMap::default();
+    emit_transfer(
+        &mut plan,
+        &mut lanes,
+        Region::new(BufferRef::Input(t.src), 0, t.count),
+        Region::new(BufferRef::Output(t.dst), 0, t.count),
+        &routes,
+        &shares,
+        chunk,
+        0,
+        &[],
+    );
+    let routes = routes
+        .into_iter()
+        .zip(shares)
+        .filter(|(_, s)| *s > 0 || t.count == 0)
+        .map(|(route, elements)| RouteShare { route, elements })
+        .collect();
+    P2pCandidate { plan, routes }
+}
+
+/// Candidate plans for a one-transfer send_recv request.
+///
+/// Arguments: the masked topology; the request (one transfer); which GPUs may relay; which
+/// kinds of route to consider. Returns every candidate (at least one, else an error saying
+/// why no route exists). Complexity: one max-flow (Dinic's) and a few widest-path searches on
+/// the topology, plus lowering each candidate (ops = chunks x hops).
+/// Source: the re-routing seed (relays through idle GPUs) and the multi-path seed (split a copy
+/// over NVLink and host-staged paths at once).
+pub fn p2p_candidates(
+    topo: &Topology,
+    req: &Request,
+    relay: &RelayPolicy,
+    strategy: Strategy,
+) -> Result<Vec<P2pCandidate>> {
+    req.validate()?;
+    let (a, b, count) = single_transfer(req)?;
+    let esize = req.dtype.size();
+    let allowed = |g: u32| relay.allows(topo, &req.gpus, g) && g != a && g != b;
+    let chunks: Vec<u64> = P2P_CHUNK_BYTES.iter().map(|c| (c / esize).max(1)).collect();
+    let mut out = Vec::new();
+    let want = |s: Strategy| strategy == Strategy::Auto || strategy == s;
+    let direct = direct_route(topo, a, b);
+    if want(Strategy::Direct) {
+        if let Some(r) = &direct {
+            out.push(build(
+                req,
+                "direct".into(),
+                vec![r.clone()],
+                vec![count],
+                count.max(1),
+            ));
+        }
+    }
+    if want(Strategy::Host) {
+        for r in host_staged_routes(topo, a, b) {
+            let name = format!("host-staged via {}", r.names(topo)[1]);
+            for &c in &chunks {
+                out.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
+            }
+        }
+    }
+    if want(Strategy::Relay) {
+        for r in relay_routes(topo, a, b, &allowed)
+            .into_iter()
+            .take(MAX_SINGLE_RELAYS)
+        {
+            let name = format!("relay via {}", r.names(topo)[1]);
+            for &c in &chunks {
+                out.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
+            }
+        }
+    }
+    if want(Strategy::Multipath) {
+        let (_, flows) = max_flow_routes(topo, a, b, &allowed)?;
+        let routes: Vec<Route> = flows.into_iter().map(|(r, _)| r).collect();
+        if routes.len() > 1 {
+            for &c in &chunks {
+                let shares = balanced_shares(count, &routes, esize, c);
+                out.push(build(
+                    req,
+                    format!("multipath x{}", routes.len()),
+                    routes.clone(),
+                    shares,
+                    c,
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(RouteError::NoRoute {
+            what: format!("GPU{a} -> GPU{b}"),
+            why: format!("no {strategy:?} route over usable links with relay policy {relay:?}"),
+        });
+    }
+    Ok(out)
+}
+
+/// The point-to-point bound: the max-flow from `a` to `b` over usable links through GPUs the
+/// relay policy admits, GB/s (the same directed links and rates `topo show --format json`
+/// prints).
+pub fn p2p_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy) -> Result<f64> {
+    let (a, b, _) = single_transfer(req)?;
+    let allowed = |g: u32| relay.allows(topo, &req.gpus, g) && g != a && g != b;
+    Ok(max_flow_routes(topo, a, b, &allowed)?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{check, check_routes};
+
+    #[test]
+    fn every_candidate_is_correct() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        for (a, b) in [(0, 7), (0, 1), (2, 5)] {
+            for bytes in [0u64, 1, 4096, 10_007, 3 << 20] {
+                let req = Request::point_to_point(a, b, bytes);
+                let cands = p2p_candidates(&topo, &req, &RelayPolicy::Any, Strategy::Auto).unwrap();
+                assert!(cands.len() >= 3);
+                for c in &cands {
+                    check(&c.plan).unwrap_or_else(|e| panic!("{}: {e}", c.plan.algorithm));
+                    check_routes(&c.plan, &topo).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn balanced_shares_favour_fast_short_routes() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let all = |_| true;
+        let (_, flows) = max_flow_routes(&topo, 0, 7, &all).unwrap();
+        let routes: Vec<Route> = flows.into_iter().map(|f| f.0).collect();
+        let s = balanced_shares(256 << 20, &routes, 1, 1 << 20);
+        assert_eq!(s.iter().sum::<u64>(), 256 << 20);
+        let (fast, slow) = (
+            s[0] as f64 / routes[0].gbps(),
+            s[s.len() - 1] as f64 / routes[routes.len() - 1].gbps(),
+        );
+        assert!(fast > 0.0 && slow >= 0.0);
+    }
+
+    #[test]
+    fn strategies_filter_and_fail_clearly() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::point_to_point(0, 7, 1 << 20);
+        let err = p2p_candidates(&topo, &req, &RelayPolicy::Any, Strategy::Direct)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("GPU0 -> GPU7"), "{err}");
+        let relays = p2p_candidates(&topo, &req, &RelayPolicy::Any, Strategy::Relay).unwrap();
+        assert!(
+            relays
+                .iter()
+                .all(|c| c.plan.algorithm.starts_with("relay via"))
+        );
+        assert!(p2p_candidates(&topo, &req, &RelayPolicy::None, Strategy::Relay).is_err());
+        let bound = p2p_bound_gbps(&topo, &req, &RelayPolicy::Members).unwrap();
+        assert!((bound - 10.0).abs() < 1e-6);
+    }
+}
