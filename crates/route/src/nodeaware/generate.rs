@@ -35,6 +35,18 @@ use crate::request::{Collective, Request};
 /// O(p log p + p * h) for p pieces and h = the cost of one hop search (O(E log V)); split
 /// strategies add O(c * (V^2 + E)) for c distinct (socket, NIC, NIC, socket) routes.
 ///
+/// # Example
+/// ```
+/// use relaycc_route::nodeaware::{Staging, Strategy, node_aware_plan};
+/// use relaycc_route::{Request, check, check_routes};
+///
+/// let topo = relaycc_topo::preset("cluster:2xdgx1-v100:ib-edr").unwrap();
+/// let req = Request::point_to_point(0, 8, 1 << 20); // GPU0 on node 0 to GPU8 on node 1
+/// let plan = node_aware_plan(&topo, &req, Strategy::SplitMd, Staging::Host).unwrap();
+/// check(&plan).unwrap();
+/// check_routes(&plan, &topo).unwrap();
+/// ```
+///
 /// Source: seed §2.3 (strategies), §3 (staging), §4.2 (split across a node's processes).
 pub fn node_aware_plan(
     topo: &Topology,
@@ -138,7 +150,9 @@ pub fn node_aware_plan(
 /// [`Strategy::combinations`] order.
 ///
 /// # Arguments
-/// As [`node_aware_plan`]. # Returns
+/// As [`node_aware_plan`].
+///
+/// # Returns
 /// (strategy, staging, plan) triples; the first error stops it.
 ///
 /// # Complexity

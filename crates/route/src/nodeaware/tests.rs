@@ -129,6 +129,29 @@ fn collectives_and_errors() {
     assert!(node_aware_plan(&topo, &missing, Strategy::Standard, Staging::Host).is_err());
 }
 
+#[test]
+fn models_read_requests() {
+    let topo = relaycc_topo::preset("cluster:4xpcie-4gpu:ib-hdr").unwrap();
+    let shape = ClusterShape::of(&topo);
+    assert_eq!(
+        (shape.nodes, shape.gpus_per_node, shape.sockets_per_node),
+        (4, 4, 1)
+    );
+    let req = send_recv(
+        vec![0, 1, 4, 9],
+        &[(0, 2, 1000), (1, 3, 0), (0, 1, 5)],
+        DType::F32,
+    );
+    let p = Pattern::from_request(&req).unwrap();
+    assert_eq!(p.messages.len(), 2, "empty messages are dropped");
+    for (s, st) in Strategy::combinations() {
+        let t = model_time(s, st, &p, &shape, CostModel::MaxRate);
+        assert!(t.is_finite() && t > 0.0, "{s} {st}");
+    }
+    let ar = Request::new(Collective::AllReduce, vec![0, 4], 8, DType::F32);
+    assert!(Pattern::from_request(&ar).is_err());
+}
+
 /// A random sparse exchange: a subset of a preset's GPUs, a few transfers (some empty), some
 /// ranks with no neighbours; as send_recv, all_gather_v or all_to_all_v.
 fn exchange() -> impl Gen<Value = (usize, Request)> {
