@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -35,7 +37,11 @@ fn all_files() -> Vec<PathBuf> {
 fn every_file_opens_with_a_doc_line() {
     let bad: Vec<_> = all_files()
         .into_iter()
-        .filter(|p| !std::fs::read_to_string(p).unwrap_or_default().starts_with("//!"))
+        .filter(|p| {
+            !std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .starts_with("//!")
+        })
         .collect();
     assert!(bad.is_empty(), "files without a leading //! line: {bad:?}");
 }
@@ -45,9 +51,16 @@ fn no_should_panic() {
     let needle = ["#[should", "_panic"].concat();
     let bad: Vec<_> = all_files()
         .into_iter()
-        .filter(|p| std::fs::read_to_string(p).unwrap_or_default().contains(&needle))
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .unwrap_or_default()
+                .contains(&needle)
+        })
         .collect();
-    assert!(bad.is_empty(), "assert the Err instead of panicking: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "assert the Err instead of panicking: {bad:?}"
+    );
 }
 
 #[test]
@@ -72,7 +85,9 @@ fn every_rate_has_a_unit_and_a_source() {
     let lines: Vec<&str> = text.lines().collect();
     let mut count = 0;
     for (i, line) in lines.iter().enumerate() {
-        let Some(rest) = line.trim_start().strip_prefix("pub const ") else { continue };
+        let Some(rest) = line.trim_start().strip_prefix("pub const ") else {
+            continue;
+        };
         let name = rest.split(':').next().unwrap_or("").trim();
         if !rest.contains("f64") {
             continue;
@@ -90,8 +105,20 @@ fn every_rate_has_a_unit_and_a_source() {
                 None => break,
             }
         }
-        let cites = ["Source", "REFERENCE", "NCCL", "datasheet", "the smallest", "the NVLink value", "counted in"];
-        assert!(cites.iter().any(|c| doc.contains(c)), "rates.rs:{}: {name} cites no source: {doc:?}", i + 1);
+        let cites = [
+            "Source",
+            "REFERENCE",
+            "NCCL",
+            "datasheet",
+            "the smallest",
+            "the NVLink value",
+            "counted in",
+        ];
+        assert!(
+            cites.iter().any(|c| doc.contains(c)),
+            "rates.rs:{}: {name} cites no source: {doc:?}",
+            i + 1
+        );
     }
     assert!(count > 20, "only {count} rates found");
 }
