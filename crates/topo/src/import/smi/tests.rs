@@ -380,3 +380,150 @@ fn refuses_bad_affinity_and_nic_legends() {
         "two NICs are named mlx5_0",
     );
 }
+
+mod any_tree {
+    //! Every machine the graph model can express comes back from its own matrix: random PCIe
+    //! trees with random NVLink bonds, exported with `to_smi`, parse to a graph that gives the
+    //! same cell for every pair of devices.
+
+    use proptest::prelude::*;
+
+    use super::parse;
+    use crate::graph::{GpuInfo, NicInfo, NodeId, NodeKind, TopologyBuilder};
+    use crate::rates::{CpuFamily, NvLinkGen};
+
+    /// Build a random machine: `sockets` CPUs, then one node per step (kind, parent pick), then
+    /// NVLink bonds (GPU pick, GPU pick, lanes).
+    fn machine(
+        sockets: u32,
+        steps: &[(u8, usize)],
+        bonds: &[(usize, usize, u32)],
+    ) -> crate::graph::Topology {
+        let mut b = TopologyBuilder::new("random");
+        let cpus: Vec<NodeId> = (0..sockets)
+            .map(|s| b.add_cpu(s, CpuFamily::Unknown))
+            .collect();
+        for (i, &x) in cpus.iter().enumerate() {
+            for &y in &cpus[..i] {
+                b.inter_socket(x, y, CpuFamily::Unknown);
+            }
+        }
+        let mut inner: Vec<NodeId> = cpus.clone();
+        let mut gpus = vec![b.add_gpu(GpuInfo::new(0))];
+        b.pcie(cpus[0], gpus[0], 3, 16);
+        let mut nics = 0;
+        for &(kind, pick) in steps {
+            let parent = inner[pick % inner.len()];
+            let under_cpu = matches!(b.graph()[parent].kind, NodeKind::Cpu(_));
+            let child = match kind % 4 {
+                0 if under_cpu => {
+                    let hb = b.add_host_bridge();
+                    inner.push(hb);
+                    hb
+                }
+                0 | 1 => {
+                    let sw = b.add_pcie_switch();
+                    inner.push(sw);
+                    sw
+                }
+                2 => {
+                    let g = b.add_gpu(GpuInfo::new(gpus.len() as u32));
+                    gpus.push(g);
+                    g
+                }
+                _ => {
+                    nics += 1;
+                    b.add_nic(NicInfo {
+                        name: format!("nic{nics}"),
+                        numa: None,
+                        gbps: 0.0,
+                        pci_bus_id: None,
+                    })
+                }
+            };
+            b.pcie(parent, child, 3, 16);
+        }
+        for &(x, y, lanes) in bonds {
+            let (x, y) = (gpus[x % gpus.len()], gpus[y % gpus.len()]);
+            if x != y {
+                b.nvlink(x, y, NvLinkGen::V2, lanes);
+            }
+        }
+        b.build().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_trees_come_back_cell_for_cell(
+            sockets in 1u32..4,
+            steps in proptest::collection::vec((0u8..4, 0usize..64), 0..14),
+            bonds in proptest::collection::vec((0usize..16, 0usize..16, 1u32..4), 0..6),
+        ) {
+            let t = machine(sockets, &steps, &bonds);
+            let text = crate::export::to_smi(&t);
+            let back = parse(&text, "random").map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+            let devices: Vec<String> = t
+                .nodes()
+                .filter(|(_, n)| n.gpu().is_some() || n.nic().is_some())
+                .map(|(_, n)| n.name.clone())
+                .collect();
+            for a in &devices {
+                for c in &devices {
+                    let want = t.classify(t.node_by_name(a).unwrap(), t.node_by_name(c).unwrap());
+                    let got = back.classify(back.node_by_name(a).unwrap(), back.node_by_name(c).unwrap());
+                    prop_assert_eq!(want, got, "cell ({}, {})\n{}", a, c, text);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Random symmetric matrices: most are refused, but any that parse must come back
+        /// exactly (never a silently wrong graph).
+        #[test]
+        fn random_matrices_are_refused_or_reproduced(
+            kinds in proptest::collection::vec(any::<bool>(), 2..7),
+            picks in proptest::collection::vec(0usize..9, 21),
+        ) {
+            const CELLS: [&str; 9] = ["NV1", "NV2", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "SYS"];
+            let n = kinds.len();
+            let label = |i: usize| {
+                if i == 0 || kinds[i] {
+                    format!("GPU{}", (0..i).filter(|&j| j == 0 || kinds[j]).count())
+                } else {
+                    format!("mlx5_{i}")
+                }
+            };
+            let mut cells = vec![vec![String::from("X"); n]; n];
+            let pairs: Vec<(usize, usize)> =
+                (0..n).flat_map(|a| ((a + 1)..n).map(move |c| (a, c))).collect();
+            for (k, (a, c)) in pairs.into_iter().enumerate() {
+                let mut cell = CELLS[picks[k % picks.len()]];
+                if cell.starts_with("NV")
+                    && !(label(a).starts_with("GPU") && label(c).starts_with("GPU"))
+                {
+                    cell = "SYS";
+                }
+                cells[a][c] = cell.to_string();
+                cells[c][a] = cell.to_string();
+            }
+            let mut text: String = (0..n).map(|i| format!("\t{}", label(i))).collect();
+            text.push('\n');
+            for (a, row) in cells.iter().enumerate() {
+                text.push_str(&label(a));
+                for cell in row {
+                    text.push('\t');
+                    text.push_str(cell);
+                }
+                text.push('\n');
+            }
+            if parse(&text, "random").is_ok() {
+                super::check(&text);
+            }
+        }
+    }
+}
