@@ -196,3 +196,15 @@ fn savio_space_aligned_pcie() {
     let (g2, g3) = (t.gpu(2).unwrap(), t.gpu(3).unwrap());
     assert_eq!(t.classify(g2, g3), PathClass::Pix);
 }
+
+#[test]
+fn load_detects_the_format_and_names_the_topology_after_the_file() {
+    let path =
+        PathBuf::from(DATA).join("berkeley-savio4-8x-a5000-pcie-pxb-2nic.nvidia-smi-topo.txt");
+    let t = relaycc_topo::load(path.to_str().unwrap()).unwrap();
+    assert_eq!(
+        t.name(),
+        "berkeley-savio4-8x-a5000-pcie-pxb-2nic.nvidia-smi-topo.txt"
+    );
+    assert_eq!(t.gpu_count(), 8);
+}

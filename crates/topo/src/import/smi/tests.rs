@@ -89,6 +89,16 @@ fn glued_header_labels() {
 }
 
 #[test]
+fn row_label_glued_to_its_first_cell() {
+    let t = check(
+        "GPU0 mlx5_10\n\
+         GPU0    X   PIX\n\
+         mlx5_10PIX   X\n",
+    );
+    assert!(t.node_by_name("mlx5_10").is_ok());
+}
+
+#[test]
 fn old_soc_cells_read_as_sys() {
     let t = check(
         "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\n\
