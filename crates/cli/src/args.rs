@@ -19,6 +19,8 @@ pub enum Command {
     /// Topology views: presets, the graph of a machine, its link matrix.
     #[command(subcommand)]
     Topo(TopoCommand),
+    /// Time a collective on a backend, in nccl-tests' columns.
+    Bench(BenchArgs),
 }
 
 /// `relaycc topo ...`
@@ -70,4 +72,68 @@ pub struct ShowArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ShowFormat::Table)]
     pub format: ShowFormat,
+}
+
+/// Backends `relaycc bench` can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Logical devices in this host's memory, lanes on threads.
+    Host,
+    /// CUDA GPUs (not built yet).
+    Cuda,
+}
+
+/// Output formats of `bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchFormat {
+    /// nccl-tests' table.
+    Table,
+    /// JSON: `memcpy_gbps` and `results`.
+    Json,
+}
+
+/// `relaycc bench`
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The collective (`all_reduce`, `all_gather`, `broadcast`, ...).
+    pub collective: String,
+    /// The backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Host)]
+    pub backend: BackendKind,
+    /// Number of ranks (devices 0..N).
+    #[arg(long, conflicts_with = "gpus")]
+    pub ranks: Option<u32>,
+    /// Devices, comma separated, in rank order.
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Vec<u32>,
+    /// Smallest size (bytes; 1K, 64M, 1GiB ...).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M")]
+    pub min_bytes: String,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
+    pub max_bytes: String,
+    /// Multiply the size by this between steps.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub factor: u64,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub iters: u32,
+    /// Untimed warmup iterations per size.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    pub warmup: u32,
+    /// Check every output element against the expected result (`#wrong`).
+    #[arg(long)]
+    pub check: bool,
+    /// Element type (`float`, `half`, `int32`, ... or `f32`, `f16`, `i32`, ...).
+    #[arg(long = "dtype", short = 'd', default_value = "float")]
+    pub dtype: String,
+    /// Reduce op.
+    #[arg(long = "op", short = 'o', default_value = "sum")]
+    pub op: String,
+    /// Root rank of rooted collectives.
+    #[arg(long, short = 'r', default_value_t = 0)]
+    pub root: u32,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = BenchFormat::Table)]
+    pub format: BenchFormat,
 }

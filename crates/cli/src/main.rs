@@ -5,6 +5,7 @@
 //! line on stderr. A closed pipe (`relaycc ... | head`) counts as success.
 
 mod args;
+mod bench_cmd;
 mod topo_cmd;
 
 use std::io::Write;
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
     let mut out = Vec::new();
     let result = match &cli.command {
         Command::Topo(cmd) => topo_cmd::run(cmd, &mut out),
+        Command::Bench(args) => bench_cmd::run(args, &mut out),
     };
     match result {
         Ok(()) => {

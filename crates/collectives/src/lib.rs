@@ -1,4 +1,73 @@
-//! # relaycc-collectives: the safe collectives API (being built; see issue 4)
-
+//! # relaycc-collectives: the safe collectives API
+//!
+//! Users hold typed buffers in the memory of each rank's device and call collectives on a
+//! [`Communicator`]; every call is checked, planned once per request shape by the planner,
+//! proved correct by the plan checker, and executed by one executor on a [`Backend`].
+//!
+//! Main types: [`Communicator`] (ranks, topology, backend, plan cache), [`DeviceBuffer`] and
+//! [`BufferView`] (typed memory of one rank), [`Element`] (the ten element types),
+//! [`ReduceOp`], [`Group`] and [`Pending`], [`Backend`] with [`HostBackend`].
+//!
+//! | NCCL | MPI | relaycc |
+//! |---|---|---|
+//! | `ncclCommInitAll` | `MPI_Comm_split` | [`Communicator::new`], [`Communicator::host`] |
+//! | `cudaMalloc` + `cudaMemcpy` | `MPI_Alloc_mem` | [`Communicator::alloc`], [`Communicator::from_slice`], [`DeviceBuffer::to_vec`] |
+//! | `ncclAllReduce` | `MPI_Allreduce` | [`Communicator::all_reduce`] |
+//! | `ncclReduce` | `MPI_Reduce` | [`Communicator::reduce`] |
+//! | `ncclBroadcast` | `MPI_Bcast` | [`Communicator::broadcast`] |
+//! | `ncclAllGather` | `MPI_Allgather` | [`Communicator::all_gather`] |
+//! | (none: a series of `ncclBroadcast`) | `MPI_Allgatherv` | [`Communicator::all_gather_v`] |
+//! | `ncclReduceScatter` | `MPI_Reduce_scatter_block` | [`Communicator::reduce_scatter`] |
+//! | grouped `ncclSend`/`ncclRecv` | `MPI_Alltoall` | [`Communicator::all_to_all`] |
+//! | grouped `ncclSend`/`ncclRecv` | `MPI_Alltoallv` | [`Communicator::all_to_all_v`] |
+//! | grouped `ncclSend`/`ncclRecv` | `MPI_Gather` | [`Communicator::gather`] |
+//! | grouped `ncclSend`/`ncclRecv` | `MPI_Scatter` | [`Communicator::scatter`] |
+//! | `ncclSend` / `ncclRecv` | `MPI_Isend` / `MPI_Irecv` | [`Group::send`] / [`Group::recv`] |
+//! | `ncclGroupStart` / `ncclGroupEnd` | (none) | [`Communicator::group`] / [`Group::launch`] |
+//! | `cudaStreamSynchronize` | `MPI_Wait` | [`Pending::wait`] |
+//! | `ncclRedOp_t` | `MPI_Op` | [`ReduceOp`] |
+//! | `ncclDataType_t` | `MPI_Datatype` | [`Element`] (`f32`, `f64`, `f16`, `bf16`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`) |
+//!
+//! Calls are in place, as in NCCL, when a rank's input and output are the same memory (for
+//! all_gather: the input is the rank's block of the output; for reduce_scatter: the output
+//! is the rank's block of the input). Any other overlap is an error.
+//!
+//! Mixing element types does not compile:
+//!
+//! ```compile_fail
+//! use relaycc_collectives::{Communicator, ReduceOp};
+//! let comm = Communicator::host(2).unwrap();
+//! let a = [comm.alloc::<f32>(0, 4).unwrap(), comm.alloc::<f32>(1, 4).unwrap()];
+//! let b = [comm.alloc::<i32>(0, 4).unwrap(), comm.alloc::<i32>(1, 4).unwrap()];
+//! comm.all_reduce(&a, &b, ReduceOp::Sum);
+//! ```
+//!
+//! Planning goes through one function (`planning::make_plan`), served for now by
+//! [`fallback_planner`] until `relaycc_route::plan` lands. `unsafe` code lives in
+//! `backend/host.rs` (arenas, copies) and `backend/kernels.rs` (reduction loops) only.
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+
+pub mod backend;
+mod buffer;
+mod checks;
+mod communicator;
 pub mod cuda;
+mod element;
+mod error;
+pub mod exec;
+pub mod fallback_planner;
+mod group;
+mod host_topology;
+mod planning;
+
+pub use backend::host::HostBackend;
+pub use backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot};
+pub use buffer::{AsView, BufferView, DeviceBuffer};
+pub use communicator::Communicator;
+pub use element::Element;
+pub use error::{CollectivesError, Result};
+pub use group::{Group, Pending};
+pub use half::{bf16, f16};
+pub use host_topology::host_topology;
+pub use relaycc_route::ReduceOp;

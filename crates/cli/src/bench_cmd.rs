@@ -1,0 +1,410 @@
+//! `relaycc bench`: time collectives on a backend in nccl-tests' format.
+//!
+//! With `--backend host` the ranks are logical devices of this host's memory
+//! ([`relaycc_collectives::host_topology`]), and every size is also timed as a plain copy of
+//! `ranks x size` bytes (one `size`-byte copy per rank, on the same lane threads, through the
+//! same executor): an all_reduce must read every input and write every output at least once,
+//! the same memory traffic, so `efficiency = algbw x ranks / memcpy_gbps` says how close the
+//! collective comes to the machine's limit.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use relaycc_collectives::{BufferView, Communicator, DeviceBuffer, Element, bf16, f16};
+use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
+use serde::Serialize;
+
+use crate::args::{BackendKind, BenchArgs, BenchFormat};
+
+/// Parse a size as nccl-tests does: a number with an optional binary suffix (`1K`, `64M`,
+/// `1G`, also `KB`/`KiB`, `MB`/`MiB`, `GB`/`GiB`; all powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    let mult: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => bail!("bad size suffix {other:?} in {s:?} (use K, M or G)"),
+    };
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} overflows"))
+}
+
+/// One row of results.
+#[derive(Debug, Serialize)]
+struct Row {
+    size: u64,
+    count: u64,
+    time_us: f64,
+    algbw_gbps: f64,
+    busbw_gbps: f64,
+    wrong: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memcpy_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    efficiency: Option<f64>,
+}
+
+/// The JSON document.
+#[derive(Debug, Serialize)]
+struct Report {
+    collective: String,
+    backend: String,
+    ranks: usize,
+    dtype: String,
+    op: String,
+    root: u32,
+    iters: u32,
+    warmup: u32,
+    /// The plain-copy rate at the largest size (host backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memcpy_gbps: Option<f64>,
+    results: Vec<Row>,
+}
+
+/// Values the bench fills buffers with and checks: small integers, exact in every type.
+trait BenchElem: Element {
+    fn from_i64(v: i64) -> Self;
+    fn to_f64(self) -> f64;
+}
+macro_rules! bench_int {
+    ($($t:ty),*) => {$(impl BenchElem for $t {
+        // `as` wraps, matching the wrap-around integer arithmetic of reductions.
+        fn from_i64(v: i64) -> Self { v as $t }
+        fn to_f64(self) -> f64 { self as f64 }
+    })*};
+}
+bench_int!(i8, u8, i32, u32, i64, u64);
+impl BenchElem for f32 {
+    fn from_i64(v: i64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+impl BenchElem for f64 {
+    fn from_i64(v: i64) -> Self {
+        v as f64
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+impl BenchElem for f16 {
+    fn from_i64(v: i64) -> Self {
+        f16::from_f64(v as f64)
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+impl BenchElem for bf16 {
+    fn from_i64(v: i64) -> Self {
+        bf16::from_f64(v as f64)
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+/// The input value of element `i` of rank `r`: in -3..=3.
+fn value(r: u32, i: u64) -> i64 {
+    ((u64::from(r) * 3 + i) % 7) as i64 - 3
+}
+
+/// Run `relaycc bench`.
+pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
+    if args.backend == BackendKind::Cuda {
+        bail!("the CUDA backend is not built yet (use --backend host)");
+    }
+    let collective: Collective = args.collective.parse().map_err(anyhow::Error::msg)?;
+    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
+    let op: ReduceOp = args.op.parse().map_err(anyhow::Error::msg)?;
+    let devices: Vec<u32> = match (&args.gpus, args.ranks) {
+        (g, _) if !g.is_empty() => g.clone(),
+        (_, Some(n)) if n > 0 => (0..n).collect(),
+        _ => bail!("give --ranks N or --gpus LIST"),
+    };
+    let arenas = devices.iter().max().map_or(0, |m| m + 1);
+    let topo = relaycc_collectives::host_topology(arenas)?;
+    let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
+    let comm = Communicator::new(topo, &devices, &[], backend)?;
+    let (min, max) = (parse_size(&args.min_bytes)?, parse_size(&args.max_bytes)?);
+    if args.factor < 2 {
+        bail!("-f must be at least 2");
+    }
+    let mut sizes = Vec::new();
+    let mut s = min;
+    while s <= max {
+        sizes.push(s);
+        s = match s.checked_mul(args.factor) {
+            Some(v) if s > 0 => v,
+            _ => break,
+        };
+    }
+    let mut rows = Vec::new();
+    for size in sizes {
+        let row = match dtype {
+            DType::F32 => size_row::<f32>(&comm, args, collective, op, size)?,
+            DType::F64 => size_row::<f64>(&comm, args, collective, op, size)?,
+            DType::F16 => size_row::<f16>(&comm, args, collective, op, size)?,
+            DType::Bf16 => size_row::<bf16>(&comm, args, collective, op, size)?,
+            DType::I8 => size_row::<i8>(&comm, args, collective, op, size)?,
+            DType::U8 => size_row::<u8>(&comm, args, collective, op, size)?,
+            DType::I32 => size_row::<i32>(&comm, args, collective, op, size)?,
+            DType::U32 => size_row::<u32>(&comm, args, collective, op, size)?,
+            DType::I64 => size_row::<i64>(&comm, args, collective, op, size)?,
+            DType::U64 => size_row::<u64>(&comm, args, collective, op, size)?,
+        };
+        rows.push(row);
+    }
+    let report = Report {
+        collective: collective.name().into(),
+        backend: "host".into(),
+        ranks: devices.len(),
+        dtype: dtype.nccl_name().into(),
+        op: op.name().into(),
+        root: args.root,
+        iters: args.iters,
+        warmup: args.warmup,
+        memcpy_gbps: rows.last().and_then(|r| r.memcpy_gbps),
+        results: rows,
+    };
+    match args.format {
+        BenchFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, &report)?;
+            writeln!(out)?;
+        }
+        BenchFormat::Table => table(&report, out)?,
+    }
+    Ok(())
+}
+
+fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
+    writeln!(
+        out,
+        "# relaycc bench {} on {} ranks, backend {}, {} iters after {} warmup",
+        r.collective, r.ranks, r.backend, r.iters, r.warmup
+    )?;
+    writeln!(
+        out,
+        "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>8} {:>10}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "memcpy",
+        "efficiency"
+    )?;
+    writeln!(
+        out,
+        "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>8} {:>10}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(GB/s)", ""
+    )?;
+    for row in &r.results {
+        writeln!(
+            out,
+            "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>8.2} {:>8.2} {:>7} {:>8.2} {:>10.3}",
+            row.size,
+            row.count,
+            r.dtype,
+            r.op,
+            r.root,
+            row.time_us,
+            row.algbw_gbps,
+            row.busbw_gbps,
+            row.wrong,
+            row.memcpy_gbps.unwrap_or(f64::NAN),
+            row.efficiency.unwrap_or(f64::NAN)
+        )?;
+    }
+    if let Some(m) = r.memcpy_gbps {
+        writeln!(
+            out,
+            "# memcpy_gbps = {m:.2} (ranks x size bytes copied on the same lane threads); \
+             efficiency = algbw x ranks / memcpy_gbps"
+        )?;
+    }
+    Ok(())
+}
+
+/// The request for `size` bytes, sized as nccl-tests sizes it.
+fn request(
+    comm: &Communicator,
+    c: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    root: u32,
+    size: u64,
+) -> Request {
+    let n = comm.ranks() as u64;
+    let per = size / dtype.size();
+    let count = match c {
+        Collective::AllGather
+        | Collective::AllGatherV
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::AllToAllV
+        | Collective::Gather
+        | Collective::Scatter => per / n,
+        _ => per,
+    };
+    let mut r = Request::new(c, comm.devices().to_vec(), count, dtype)
+        .with_op(op)
+        .with_root(root);
+    let nr = n as usize;
+    r.counts = if c == Collective::AllGatherV {
+        vec![count; nr]
+    } else {
+        Vec::new()
+    };
+    r.matrix = if c == Collective::AllToAllV {
+        vec![vec![count; nr]; nr]
+    } else {
+        Vec::new()
+    };
+    if c == Collective::SendRecv {
+        r.transfers = (0..n as u32)
+            .map(|s| Transfer {
+                src: s,
+                dst: (s + 1) % n as u32,
+                count,
+            })
+            .collect();
+    }
+    r
+}
+
+fn buffers<T: BenchElem>(
+    comm: &Communicator,
+    req: &Request,
+    input: bool,
+) -> Result<Vec<DeviceBuffer<T>>> {
+    (0..comm.ranks() as u32)
+        .map(|r| {
+            let len = if input {
+                req.input_len(r)?
+            } else {
+                req.output_len(r)?
+            };
+            let data: Vec<T> = (0..len)
+                .map(|i| T::from_i64(if input { value(r, i) } else { 0 }))
+                .collect();
+            Ok(comm.from_slice(r as usize, &data)?)
+        })
+        .collect()
+}
+
+fn views<T: Element>(bufs: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>> {
+    bufs.iter()
+        .map(|b| (!b.is_empty()).then(|| b.view()))
+        .collect()
+}
+
+fn size_row<T: BenchElem>(
+    comm: &Communicator,
+    args: &BenchArgs,
+    c: Collective,
+    op: ReduceOp,
+    size: u64,
+) -> Result<Row> {
+    let req = request(comm, c, T::DTYPE, op, args.root, size);
+    let ins = buffers::<T>(comm, &req, true)?;
+    let outs = buffers::<T>(comm, &req, false)?;
+    let (iv, ov) = (views(&ins), views(&outs));
+    let bytes = req.size_bytes();
+    let n = comm.ranks();
+    // The same bytes per rank, copied within each rank's arena on the same lane threads.
+    // Collective and copy iterations alternate, so that drift in the machine's speed (other
+    // tenants, frequency) hits both figures alike.
+    let copy_len = if bytes > 0 { bytes as usize } else { 0 };
+    let src: Vec<DeviceBuffer<u8>> = (0..n)
+        .map(|r| comm.alloc(r, copy_len))
+        .collect::<Result<_, _>>()?;
+    let dst: Vec<DeviceBuffer<u8>> = (0..n)
+        .map(|r| comm.alloc(r, copy_len))
+        .collect::<Result<_, _>>()?;
+    let collective = || -> Result<()> { Ok(comm.launch_request(&req, &iv, &ov)?.wait()?) };
+    let memcpy = || -> Result<()> {
+        let mut g = comm.group();
+        for r in 0..n {
+            g.send(&src[r], r, r)?;
+            g.recv(&dst[r], r, r)?;
+        }
+        Ok(g.launch()?.wait()?)
+    };
+    for _ in 0..args.warmup {
+        collective()?;
+        memcpy()?;
+    }
+    let (mut t_coll, mut t_copy) = (0.0, 0.0);
+    let iters = args.iters.max(1);
+    for _ in 0..iters {
+        let t = Instant::now();
+        collective()?;
+        t_coll += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        memcpy()?;
+        t_copy += t.elapsed().as_secs_f64();
+    }
+    let secs = t_coll / f64::from(iters);
+    let copy_secs = t_copy / f64::from(iters);
+    let algbw = bytes as f64 / secs / 1e9;
+    let wrong = if args.check {
+        count_wrong(&req, &outs)?
+    } else {
+        0
+    };
+    let memcpy_gbps = (bytes > 0).then(|| (n as u64 * bytes) as f64 / copy_secs / 1e9);
+    Ok(Row {
+        size: bytes,
+        count: req.count,
+        time_us: secs * 1e6,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * c.busbw_factor(n),
+        wrong,
+        memcpy_gbps,
+        efficiency: memcpy_gbps.map(|m| algbw * n as f64 / m),
+    })
+}
+
+/// Output elements that differ from the request's expected result.
+fn count_wrong<T: BenchElem>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
+    let outs: Vec<Vec<T>> = outs.iter().map(|b| b.to_vec()).collect::<Result<_, _>>()?;
+    let n = req.nranks() as i64;
+    let mut wrong = 0;
+    for p in req.expected()? {
+        for i in 0..p.len {
+            let vals: Vec<i64> = p.terms.iter().map(|(r, off)| value(*r, off + i)).collect();
+            let exact = match req.op {
+                _ if !req.collective.reduces() => vals[0],
+                ReduceOp::Sum | ReduceOp::Avg => vals.iter().fold(0i64, |a, b| a.wrapping_add(*b)),
+                ReduceOp::Prod => vals.iter().fold(1i64, |a, b| a.wrapping_mul(*b)),
+                ReduceOp::Min => vals.iter().copied().min().unwrap_or(0),
+                ReduceOp::Max => vals.iter().copied().max().unwrap_or(0),
+            };
+            let got = outs[p.rank as usize][(p.out_offset + i) as usize];
+            let ok = if req.collective.reduces() && req.op == ReduceOp::Avg {
+                let want = exact as f64 / n as f64;
+                (got.to_f64() - want).abs() <= 1e-2 * want.abs().max(1.0)
+            } else {
+                got == T::from_i64(exact)
+            };
+            if !ok {
+                wrong += 1;
+            }
+        }
+    }
+    Ok(wrong)
+}

@@ -1,0 +1,517 @@
+//! The host backend: every logical device is an arena of host memory, every lane a worker
+//! thread, every copy a real `memcpy`, every reduction real arithmetic.
+//!
+//! It is the correctness oracle of relaycc (plans run here byte for byte) and a CPU fallback.
+//!
+//! - Memory: each allocation is a 64-byte aligned, zeroed block from the system allocator,
+//!   accounted to its [`Location`]'s arena ([`HostBackend::bytes_in_use`]).
+//! - Lanes: a pool of worker threads, one per lane of the largest launch so far, kept between
+//!   launches. A thread per lane (rather than a few threads sharing lanes) is what makes
+//!   blocking `Wait`s safe: a waiting lane never holds a thread another lane needs.
+//! - Events: one flag per event of a launch, set with release ordering after the lane's
+//!   earlier commands; a waiting lane parks on the launch's condition variable.
+//! - Launches run one after another: [`Backend::submit`] first waits for the previous launch.
+//!
+//! `unsafe` in this crate lives here (raw arenas, pointer copies) and in the reduction kernels.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use relaycc_route::{DType, Location, ReduceOp};
+
+use super::kernels;
+use super::{Backend, ByteRegion, Command, DeviceMem, Launch, Slot};
+use crate::error::{CollectivesError, Result};
+
+/// Alignment of every arena block: a cache line, enough for every element type and for
+/// vector loads.
+const ARENA_ALIGN: usize = 64;
+
+fn err(message: impl Into<String>) -> CollectivesError {
+    CollectivesError::Backend {
+        backend: "host",
+        message: message.into(),
+    }
+}
+
+/// Lock a mutex, ignoring poisoning: the data behind every lock here stays consistent even if
+/// a holder panicked (each critical section is a single update).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One arena block.
+#[derive(Debug)]
+struct Block {
+    /// Address of the first byte (kept as an integer so the table is `Send`).
+    addr: usize,
+    layout: Option<Layout>,
+    location: Location,
+    bytes: u64,
+}
+
+/// One resolved command of a lane.
+#[derive(Debug, Clone, Copy)]
+enum Task {
+    Copy {
+        src: usize,
+        dst: usize,
+        bytes: usize,
+    },
+    Reduce {
+        /// Source addresses: `LaunchState::srcs[first..first + count]`.
+        first: usize,
+        count: usize,
+        dst: usize,
+        len: usize,
+        dtype: DType,
+        op: ReduceOp,
+        divisor: Option<u32>,
+    },
+    Record(usize),
+    Wait(usize),
+}
+
+/// A launch in flight, shared by its lane threads.
+#[derive(Debug)]
+struct LaunchState {
+    lanes: Vec<Vec<Task>>,
+    srcs: Vec<usize>,
+    events: Vec<AtomicBool>,
+    failed: AtomicBool,
+    /// Lanes still running, and the first error.
+    status: Mutex<(usize, Option<String>)>,
+    cv: Condvar,
+}
+
+impl LaunchState {
+    fn notify(&self) {
+        let _g = lock(&self.status);
+        self.cv.notify_all();
+    }
+    /// Block until `event` is set; false if the launch failed meanwhile.
+    fn wait_event(&self, event: usize) -> bool {
+        let mut g = lock(&self.status);
+        loop {
+            if self.events[event].load(Ordering::Acquire) {
+                return true;
+            }
+            if self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+    fn run_lane(&self, lane: usize) {
+        for task in &self.lanes[lane] {
+            if self.failed.load(Ordering::Acquire) {
+                return;
+            }
+            match *task {
+                Task::Copy { src, dst, bytes } => {
+                    // SAFETY: `submit` checked both ranges lie inside live blocks, which `free`
+                    // cannot release before this launch ends; the plan checker proved no other
+                    // lane touches them concurrently. `copy` allows overlap.
+                    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+                }
+                Task::Reduce {
+                    first,
+                    count,
+                    dst,
+                    len,
+                    dtype,
+                    op,
+                    divisor,
+                } => {
+                    let srcs = &self.srcs[first..first + count];
+                    // SAFETY: `usize` and `*const u8` have the same layout; the addresses
+                    // were produced from pointers into live blocks.
+                    let ptrs: &[*const u8] = unsafe {
+                        std::slice::from_raw_parts(srcs.as_ptr() as *const *const u8, srcs.len())
+                    };
+                    // SAFETY: `submit` checked every range is inside a live block, aligned for
+                    // `dtype`, and that `dst` equals or avoids each source; the plan checker
+                    // proved no concurrent writer.
+                    unsafe { kernels::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor) };
+                }
+                Task::Record(e) => {
+                    self.events[e].store(true, Ordering::Release);
+                    self.notify();
+                }
+                Task::Wait(e) => {
+                    if !self.wait_event(e) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    fn finish_lane(&self, panic: Option<String>) {
+        let mut g = lock(&self.status);
+        if let Some(p) = panic {
+            self.failed.store(true, Ordering::Release);
+            g.1.get_or_insert(p);
+        }
+        g.0 = g.0.saturating_sub(1);
+        self.cv.notify_all();
+    }
+}
+
+/// One job for a worker: run lane `lane` of a launch.
+type Job = (Arc<LaunchState>, usize);
+
+/// A worker thread: its job queue and its handle (taken when joined).
+type Worker = (Sender<Job>, Option<JoinHandle<()>>);
+
+/// The host backend (see the module docs).
+#[derive(Debug)]
+pub struct HostBackend {
+    blocks: Mutex<HashMap<u64, Block>>,
+    arenas: Mutex<BTreeMap<Location, u64>>,
+    next_id: AtomicU64,
+    workers: Mutex<Vec<Worker>>,
+    inflight: Mutex<Option<Arc<LaunchState>>>,
+    /// An error met where it could not be returned (a failed launch, `free`).
+    pending: Mutex<Option<String>>,
+}
+
+impl Default for HostBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostBackend {
+    /// A host backend with no memory and no threads yet.
+    pub fn new() -> Self {
+        HostBackend {
+            blocks: Mutex::new(HashMap::new()),
+            arenas: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+            workers: Mutex::new(Vec::new()),
+            inflight: Mutex::new(None),
+            pending: Mutex::new(None),
+        }
+    }
+
+    /// Bytes allocated in `location`'s arena.
+    pub fn bytes_in_use(&self, location: Location) -> u64 {
+        lock(&self.arenas).get(&location).copied().unwrap_or(0)
+    }
+
+    /// Worker threads kept (one per lane of the largest launch so far).
+    pub fn worker_count(&self) -> usize {
+        lock(&self.workers).len()
+    }
+
+    /// Wait for the launch in flight; keep its error for the next `synchronize`.
+    fn wait_idle(&self) {
+        let state = lock(&self.inflight).take();
+        if let Some(state) = state {
+            let mut g = lock(&state.status);
+            while g.0 > 0 {
+                g = state.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+            if let Some(e) = g.1.take() {
+                lock(&self.pending).get_or_insert(e);
+            }
+        }
+    }
+
+    fn ensure_workers(&self, n: usize) -> Result<()> {
+        let mut w = lock(&self.workers);
+        while w.len() < n {
+            let (tx, rx) = channel::<Job>();
+            let handle = std::thread::Builder::new()
+                .name(format!("relaycc-lane-{}", w.len()))
+                .spawn(move || {
+                    while let Ok((state, lane)) = rx.recv() {
+                        let r = catch_unwind(AssertUnwindSafe(|| state.run_lane(lane)));
+                        state.finish_lane(r.err().map(|_| format!("lane {lane} panicked")));
+                    }
+                })
+                .map_err(|e| err(format!("cannot start a lane thread: {e}")))?;
+            w.push((tx, Some(handle)));
+        }
+        Ok(())
+    }
+
+    /// Resolve a region of a block to an address, checking bounds.
+    fn resolve_region(blocks: &HashMap<u64, Block>, r: &ByteRegion) -> Result<usize> {
+        let b = blocks
+            .get(&r.mem.id)
+            .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id)))?;
+        let end = r.offset.checked_add(r.bytes);
+        if end.is_none_or(|e| e > b.bytes) {
+            return Err(err(format!(
+                "region {}+{} lies outside allocation {} of {} bytes",
+                r.offset, r.bytes, r.mem.id, b.bytes
+            )));
+        }
+        Ok(b.addr + r.offset as usize)
+    }
+}
+
+/// Resolve a slot against resolved bindings; checks bounds and element alignment.
+fn slot_addr(bindings: &[(usize, u64)], s: &Slot, align: usize) -> Result<usize> {
+    let (base, len) = *bindings
+        .get(s.binding as usize)
+        .ok_or_else(|| err(format!("binding {} is not bound", s.binding)))?;
+    if s.offset.checked_add(s.bytes).is_none_or(|e| e > len) {
+        return Err(err(format!(
+            "slot {}+{} lies outside binding {} of {len} bytes",
+            s.offset, s.bytes, s.binding
+        )));
+    }
+    let addr = base + s.offset as usize;
+    if addr % align != 0 {
+        return Err(err(format!("slot of binding {} is misaligned", s.binding)));
+    }
+    Ok(addr)
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
+        let size = usize::try_from(bytes).map_err(|_| err(format!("{bytes} bytes do not fit")))?;
+        let (addr, layout) = if size == 0 {
+            // A zero-byte block owns no memory; any aligned address serves.
+            (ARENA_ALIGN, None)
+        } else {
+            let layout = Layout::from_size_align(size, ARENA_ALIGN)
+                .map_err(|e| err(format!("cannot allocate {bytes} bytes: {e}")))?;
+            // SAFETY: the layout has a non-zero size.
+            let p = unsafe { alloc_zeroed(layout) };
+            if p.is_null() {
+                return Err(err(format!("out of host memory allocating {bytes} bytes")));
+            }
+            (p as usize, Some(layout))
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.blocks).insert(
+            id,
+            Block {
+                addr,
+                layout,
+                location,
+                bytes,
+            },
+        );
+        *lock(&self.arenas).entry(location).or_insert(0) += bytes;
+        Ok(DeviceMem {
+            id,
+            location,
+            bytes,
+        })
+    }
+
+    fn free(&self, mem: DeviceMem) {
+        self.wait_idle();
+        let Some(b) = lock(&self.blocks).remove(&mem.id) else {
+            lock(&self.pending).get_or_insert(format!("free of unknown allocation {}", mem.id));
+            return;
+        };
+        if let Some(a) = lock(&self.arenas).get_mut(&b.location) {
+            *a = a.saturating_sub(b.bytes);
+        }
+        if let Some(layout) = b.layout {
+            // SAFETY: the block came from `alloc_zeroed` with this layout, was removed from the
+            // table (so freed once), and no launch is in flight to use it.
+            unsafe { dealloc(b.addr as *mut u8, layout) };
+        }
+    }
+
+    fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()> {
+        if src.len() as u64 != dst.bytes {
+            return Err(err("upload length differs from the region's"));
+        }
+        self.wait_idle();
+        let blocks = lock(&self.blocks);
+        let addr = Self::resolve_region(&blocks, &dst)?;
+        // SAFETY: the region lies inside a live block (checked), no launch runs, and the
+        // table lock keeps `free` out; `src` is a distinct host slice.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()> {
+        if dst.len() as u64 != src.bytes {
+            return Err(err("download length differs from the region's"));
+        }
+        self.wait_idle();
+        let blocks = lock(&self.blocks);
+        let addr = Self::resolve_region(&blocks, &src)?;
+        // SAFETY: as in `upload`, in the other direction.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
+        self.wait_idle();
+        let mut lanes: Vec<Vec<Task>> = Vec::new();
+        let mut srcs: Vec<usize> = Vec::new();
+        let mut events = 0usize;
+        {
+            let blocks = lock(&self.blocks);
+            for l in launches {
+                let p = l.program;
+                if l.bindings.len() != p.bindings as usize {
+                    return Err(err(format!(
+                        "program needs {} bindings, launch gives {}",
+                        p.bindings,
+                        l.bindings.len()
+                    )));
+                }
+                let bound = l
+                    .bindings
+                    .iter()
+                    .map(|r| Self::resolve_region(&blocks, r).map(|a| (a, r.bytes)))
+                    .collect::<Result<Vec<_>>>()?;
+                let (lane0, event0) = (lanes.len(), events);
+                lanes.resize_with(lane0 + p.lanes.len(), Vec::new);
+                events += p.events as usize;
+                let align = p.dtype.size() as usize;
+                let lane_of = |lane: u32| -> Result<usize> {
+                    if (lane as usize) < p.lanes.len() {
+                        Ok(lane0 + lane as usize)
+                    } else {
+                        Err(err(format!("lane {lane} does not exist")))
+                    }
+                };
+                let event_of = |e: u32| -> Result<usize> {
+                    if e < p.events {
+                        Ok(event0 + e as usize)
+                    } else {
+                        Err(err(format!("event {e} does not exist")))
+                    }
+                };
+                for c in &p.commands {
+                    match c {
+                        Command::Copy { lane, src, dst } => {
+                            if src.bytes != dst.bytes {
+                                return Err(err("copy between slots of different sizes"));
+                            }
+                            let t = Task::Copy {
+                                src: slot_addr(&bound, src, 1)?,
+                                dst: slot_addr(&bound, dst, 1)?,
+                                bytes: src.bytes as usize,
+                            };
+                            lanes[lane_of(*lane)?].push(t);
+                        }
+                        Command::Reduce {
+                            lane,
+                            first,
+                            count,
+                            dst,
+                            divide,
+                        } => {
+                            let range = *first as usize..(*first as usize + *count as usize);
+                            let slots = p
+                                .srcs
+                                .get(range)
+                                .ok_or_else(|| err("reduce sources out of range"))?;
+                            let d = slot_addr(&bound, dst, align)?;
+                            let start = srcs.len();
+                            for s in slots {
+                                if s.bytes != dst.bytes {
+                                    return Err(err("reduce source and destination sizes differ"));
+                                }
+                                let a = slot_addr(&bound, s, align)?;
+                                let n = dst.bytes as usize;
+                                if a != d && a < d + n && d < a + n {
+                                    return Err(err("reduce destination partly overlaps a source"));
+                                }
+                                srcs.push(a);
+                            }
+                            let t = Task::Reduce {
+                                first: start,
+                                count: slots.len(),
+                                dst: d,
+                                len: (dst.bytes / p.dtype.size()) as usize,
+                                dtype: p.dtype,
+                                op: p.op,
+                                divisor: (*divide && p.op == ReduceOp::Avg).then_some(p.divisor),
+                            };
+                            lanes[lane_of(*lane)?].push(t);
+                        }
+                        Command::Record { lane, event } => {
+                            let e = event_of(*event)?;
+                            lanes[lane_of(*lane)?].push(Task::Record(e));
+                        }
+                        Command::Wait { lane, event } => {
+                            let e = event_of(*event)?;
+                            lanes[lane_of(*lane)?].push(Task::Wait(e));
+                        }
+                    }
+                }
+            }
+        }
+        let busy: Vec<usize> = (0..lanes.len()).filter(|l| !lanes[*l].is_empty()).collect();
+        if busy.is_empty() {
+            return Ok(());
+        }
+        self.ensure_workers(lanes.len())?;
+        let state = Arc::new(LaunchState {
+            lanes,
+            srcs,
+            events: (0..events).map(|_| AtomicBool::new(false)).collect(),
+            failed: AtomicBool::new(false),
+            status: Mutex::new((busy.len(), None)),
+            cv: Condvar::new(),
+        });
+        *lock(&self.inflight) = Some(state.clone());
+        let workers = lock(&self.workers);
+        for &l in &busy {
+            let sent = workers
+                .get(l)
+                .map(|(tx, _)| tx.send((state.clone(), l)).is_ok())
+                .unwrap_or(false);
+            if !sent {
+                // The lane will never run: fail the launch so no other lane waits for it.
+                state.finish_lane(Some(format!("lane thread {l} is gone")));
+                state.notify();
+            }
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.wait_idle();
+        match lock(&self.pending).take() {
+            Some(e) => Err(err(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for HostBackend {
+    fn drop(&mut self) {
+        self.wait_idle();
+        let workers: Vec<_> = std::mem::take(&mut *lock(&self.workers));
+        let mut handles = Vec::new();
+        for (tx, h) in workers {
+            // Closing the channel ends the worker's loop.
+            drop(tx);
+            handles.extend(h);
+        }
+        for h in handles {
+            // A worker that panicked outside a lane has nothing left to report.
+            let _ = h.join();
+        }
+        for (_, b) in lock(&self.blocks).drain() {
+            if let Some(layout) = b.layout {
+                // SAFETY: every block still in the table came from `alloc_zeroed` with this
+                // layout and was not freed; no launch runs any more.
+                unsafe { dealloc(b.addr as *mut u8, layout) };
+            }
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Host reduction kernels: `dst = op(srcs...)` over raw element pointers.
+//!
+//! One monomorphised loop per (element type, op): the type and op are matched once per
+//! command, never per element. Elements are combined block by block in a small accumulator on
+//! the stack (L1-resident), one source at a time, so every inner loop is a straight
+//! elementwise loop over two slices that the compiler vectorises. Semantics per type:
+//!
+//! - `f32`, `f64`: IEEE arithmetic in the type itself; `min`/`max` ignore a NaN operand (as
+//!   `f32::min` does);
+//! - `f16`, `bf16`: each element is widened to `f32`, combined and (for `Avg`) divided in
+//!   `f32`, and rounded to the storage type once per reduce command;
+//! - integers: `Sum` and `Prod` wrap around on overflow (two's complement, as CUDA's integer
+//!   arithmetic and NCCL do); `Avg` is refused before a plan runs, so it never reaches here.
+
+use std::slice;
+
+use half::{bf16, f16};
+use relaycc_route::{DType, ReduceOp};
+
+/// Elements combined per step: 4 KiB of `f32` accumulator, well inside L1.
+const BLOCK: usize = 1024;
+
+/// Arithmetic of an accumulator type.
+trait Arith: Copy + Default {
+    fn add(self, b: Self) -> Self;
+    fn mul(self, b: Self) -> Self;
+    fn min(self, b: Self) -> Self;
+    fn max(self, b: Self) -> Self;
+    fn div(self, n: u32) -> Self;
+}
+
+macro_rules! float_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            #[inline(always)]
+            fn add(self, b: Self) -> Self {
+                self + b
+            }
+            #[inline(always)]
+            fn mul(self, b: Self) -> Self {
+                self * b
+            }
+            #[inline(always)]
+            fn min(self, b: Self) -> Self {
+                <$t>::min(self, b)
+            }
+            #[inline(always)]
+            fn max(self, b: Self) -> Self {
+                <$t>::max(self, b)
+            }
+            #[inline(always)]
+            fn div(self, n: u32) -> Self {
+                self / (n as $t)
+            }
+        }
+    };
+}
+
+macro_rules! int_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            #[inline(always)]
+            fn add(self, b: Self) -> Self {
+                self.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn mul(self, b: Self) -> Self {
+                self.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn min(self, b: Self) -> Self {
+                Ord::min(self, b)
+            }
+            #[inline(always)]
+            fn max(self, b: Self) -> Self {
+                Ord::max(self, b)
+            }
+            #[inline(always)]
+            fn div(self, _n: u32) -> Self {
+                // Avg on integers is refused when the call is checked; never divide here.
+                self
+            }
+        }
+    };
+}
+
+float_arith!(f32);
+float_arith!(f64);
+int_arith!(i8);
+int_arith!(u8);
+int_arith!(i32);
+int_arith!(u32);
+int_arith!(i64);
+int_arith!(u64);
+
+/// A stored element type and the type it is combined in.
+trait Elem: Copy {
+    type Acc: Arith;
+    fn load(self) -> Self::Acc;
+    fn store(a: Self::Acc) -> Self;
+}
+
+macro_rules! same_elem {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn load(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn store(a: $t) -> $t {
+                a
+            }
+        }
+    )*};
+}
+same_elem!(f32, f64, i8, u8, i32, u32, i64, u64);
+
+impl Elem for f16 {
+    type Acc = f32;
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(a: f32) -> f16 {
+        f16::from_f32(a)
+    }
+}
+
+impl Elem for bf16 {
+    type Acc = f32;
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(a: f32) -> bf16 {
+        bf16::from_f32(a)
+    }
+}
+
+/// A reduce op as a type, so that it is resolved at compile time inside the loops.
+trait BinOp {
+    fn apply<A: Arith>(a: A, b: A) -> A;
+}
+struct Sum;
+struct Prod;
+struct Min;
+struct Max;
+impl BinOp for Sum {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.add(b)
+    }
+}
+impl BinOp for Prod {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.mul(b)
+    }
+}
+impl BinOp for Min {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.min(b)
+    }
+}
+impl BinOp for Max {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.max(b)
+    }
+}
+
+/// The typed loop.
+///
+/// # Safety
+/// As [`reduce`], with `E` the element type the pointers point to.
+unsafe fn run<E: Elem, O: BinOp>(
+    srcs: &[*const u8],
+    dst: *mut u8,
+    len: usize,
+    divisor: Option<u32>,
+) {
+    let Some((&first, rest)) = srcs.split_first() else {
+        return;
+    };
+    let mut acc = [E::Acc::default(); BLOCK];
+    let mut start = 0;
+    while start < len {
+        let n = BLOCK.min(len - start);
+        let acc = &mut acc[..n];
+        // SAFETY: the caller guarantees `len` valid, aligned elements at each source and no
+        // concurrent writer; `start + n <= len`. The shared slice ends before `dst` is
+        // borrowed mutably below, so an aliasing destination is never borrowed twice.
+        let s0 = unsafe { slice::from_raw_parts((first as *const E).add(start), n) };
+        for (a, s) in acc.iter_mut().zip(s0) {
+            *a = s.load();
+        }
+        for &p in rest {
+            // SAFETY: as above, for another source.
+            let s = unsafe { slice::from_raw_parts((p as *const E).add(start), n) };
+            for (a, s) in acc.iter_mut().zip(s) {
+                *a = O::apply(*a, s.load());
+            }
+        }
+        if let Some(d) = divisor {
+            for a in acc.iter_mut() {
+                *a = a.div(d);
+            }
+        }
+        // SAFETY: the caller guarantees `len` valid, aligned elements at `dst` that no other
+        // thread touches; every source slice of this block is dead by now.
+        let d = unsafe { slice::from_raw_parts_mut((dst as *mut E).add(start), n) };
+        for (d, a) in d.iter_mut().zip(acc.iter()) {
+            *d = E::store(*a);
+        }
+        start += n;
+    }
+}
+
+/// `dst = op(srcs...)` over `len` elements of `dtype`; with `divisor`, divide the result.
+///
+/// # Safety
+/// Every pointer is aligned for `dtype` and points to `len` elements inside one live
+/// allocation; no other thread writes those elements during the call; `dst` either equals a
+/// source pointer or overlaps none of them.
+pub(crate) unsafe fn reduce(
+    dtype: DType,
+    op: ReduceOp,
+    srcs: &[*const u8],
+    dst: *mut u8,
+    len: usize,
+    divisor: Option<u32>,
+) {
+    macro_rules! by_op {
+        ($t:ty) => {
+            // SAFETY: forwarded from this function's contract, with the matching type.
+            unsafe {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => run::<$t, Sum>(srcs, dst, len, divisor),
+                    ReduceOp::Prod => run::<$t, Prod>(srcs, dst, len, divisor),
+                    ReduceOp::Min => run::<$t, Min>(srcs, dst, len, divisor),
+                    ReduceOp::Max => run::<$t, Max>(srcs, dst, len, divisor),
+                }
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => by_op!(f32),
+        DType::F64 => by_op!(f64),
+        DType::F16 => by_op!(f16),
+        DType::Bf16 => by_op!(bf16),
+        DType::I8 => by_op!(i8),
+        DType::U8 => by_op!(u8),
+        DType::I32 => by_op!(i32),
+        DType::U32 => by_op!(u32),
+        DType::I64 => by_op!(i64),
+        DType::U64 => by_op!(u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reduce_vec<T: Copy + Default>(
+        dtype: DType,
+        op: ReduceOp,
+        srcs: &[Vec<T>],
+        div: Option<u32>,
+    ) -> Vec<T> {
+        let len = srcs[0].len();
+        let mut out = vec![T::default(); len];
+        let ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr() as *const u8).collect();
+        // SAFETY: every vector holds `len` elements of the right type and lives to the end.
+        unsafe { reduce(dtype, op, &ptrs, out.as_mut_ptr() as *mut u8, len, div) };
+        out
+    }
+
+    #[test]
+    fn integer_sum_wraps() {
+        let out = reduce_vec(
+            DType::U8,
+            ReduceOp::Sum,
+            &[vec![200u8; 3000], vec![100u8; 3000]],
+            None,
+        );
+        assert!(out.iter().all(|v| *v == 44));
+        let out = reduce_vec(
+            DType::I32,
+            ReduceOp::Prod,
+            &[vec![i32::MAX; 5], vec![2; 5]],
+            None,
+        );
+        assert!(out.iter().all(|v| *v == -2));
+    }
+
+    #[test]
+    fn half_types_accumulate_in_f32() {
+        // 2048 + 1 + 1 is not representable step by step in f16 (2049 rounds to 2048), but is
+        // exact when accumulated in f32 and rounded once (2050).
+        let a = vec![f16::from_f32(2048.0); 7];
+        let b = vec![f16::from_f32(1.0); 7];
+        let out = reduce_vec(DType::F16, ReduceOp::Sum, &[a, b.clone(), b], None);
+        assert!(out.iter().all(|v| v.to_f32() == 2050.0));
+        let out = reduce_vec(
+            DType::Bf16,
+            ReduceOp::Avg,
+            &[vec![bf16::from_f32(3.0); 2], vec![bf16::from_f32(6.0); 2]],
+            Some(2),
+        );
+        assert!(out.iter().all(|v| v.to_f32() == 4.5));
+    }
+
+    #[test]
+    fn min_max_and_in_place() {
+        let mut a = vec![1.0f64, 5.0, -3.0];
+        let b = [2.0f64, 4.0, -4.0];
+        let pa = a.as_mut_ptr() as *mut u8;
+        let ptrs = [pa as *const u8, b.as_ptr() as *const u8];
+        // SAFETY: both hold 3 f64; the destination is the first source exactly.
+        unsafe { reduce(DType::F64, ReduceOp::Max, &ptrs, pa, 3, None) };
+        assert_eq!(a, vec![2.0, 5.0, -3.0]);
+        let out = reduce_vec(
+            DType::I64,
+            ReduceOp::Min,
+            &[vec![3i64, -9], vec![-1, 7]],
+            None,
+        );
+        assert_eq!(out, vec![-1, -9]);
+    }
+}

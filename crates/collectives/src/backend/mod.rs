@@ -1,0 +1,173 @@
+//! The one seam between the executor and the machines that move bytes.
+//!
+//! # Protocol
+//!
+//! A backend owns memory and lanes. Memory is allocated per [`Location`] (a device's memory or
+//! pinned memory of a host socket) and named by a [`DeviceMem`] handle; the executor never sees
+//! an address. Work arrives as a [`Program`]: a list of [`Command`]s, each on a lane (an
+//! in-order queue: a CUDA stream, a host worker thread, an MPI progress queue):
+//!
+//! - `Copy` and `Reduce` move or combine bytes of [`Slot`]s, which are byte ranges of the
+//!   buffers bound to the launch (`bindings[slot.binding]`);
+//! - `Record(e)` marks event `e` done when every earlier command of its lane is done (a CUDA
+//!   event record);
+//! - `Wait(e)` holds every later command of its lane until `e` is done (`cuStreamWaitEvent`).
+//!
+//! The executor emits commands in an order where every `Wait(e)` follows its `Record(e)`, so a
+//! backend may enqueue them one by one in that order (CUDA needs the record enqueued before the
+//! wait). [`Backend::submit`] enqueues several programs as one launch (a group call); their
+//! lanes are distinct and run concurrently. Launches on one backend run one after another, as
+//! operations on one NCCL communicator do; [`Backend::synchronize`] waits for all of them.
+//!
+//! Host access ([`Backend::upload`], [`Backend::download`]) and [`Backend::free`] wait for the
+//! launches in flight first, so that no host access ever races a lane; this is what keeps the
+//! safe API sound although buffers are shared handles.
+//!
+//! A backend validates every slot against its allocations before it runs a command, so a wrong
+//! binding is an error, never a stray write.
+
+pub mod host;
+mod kernels;
+
+use std::fmt;
+
+use relaycc_route::{DType, Location, ReduceOp};
+
+use crate::error::Result;
+
+/// An allocation made by a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceMem {
+    /// The backend's id of the allocation (unique for the backend's lifetime).
+    pub id: u64,
+    /// Where it lives.
+    pub location: Location,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// A byte range of an allocation: what a launch binds to a buffer of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ByteRegion {
+    /// The allocation.
+    pub mem: DeviceMem,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+impl ByteRegion {
+    /// True when the two ranges share at least one byte of one allocation.
+    pub fn overlaps(&self, other: &ByteRegion) -> bool {
+        self.mem.id == other.mem.id
+            && self.bytes > 0
+            && other.bytes > 0
+            && self.offset < other.offset.saturating_add(other.bytes)
+            && other.offset < self.offset.saturating_add(self.bytes)
+    }
+}
+
+/// A byte range of the buffer bound at `binding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// Index into the launch's bindings.
+    pub binding: u32,
+    /// First byte inside the bound region.
+    pub offset: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// One command of a [`Program`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Copy `src` to `dst` (same length; they may overlap).
+    Copy {
+        /// The lane.
+        lane: u32,
+        /// Source.
+        src: Slot,
+        /// Destination.
+        dst: Slot,
+    },
+    /// `dst = op(srcs...)` elementwise in the program's type and op; `dst` may be one of the
+    /// sources but may not overlap one partially. With `divide` (the `Avg` op), the result
+    /// is divided by the program's `divisor`.
+    Reduce {
+        /// The lane.
+        lane: u32,
+        /// Sources: `Program::srcs[first..first + count]`.
+        first: u32,
+        /// Number of sources.
+        count: u32,
+        /// Destination.
+        dst: Slot,
+        /// Divide by `divisor` (for `Avg`).
+        divide: bool,
+    },
+    /// Mark event `event` done once every earlier command of `lane` is done.
+    Record {
+        /// The lane.
+        lane: u32,
+        /// The event (`0..Program::events`).
+        event: u32,
+    },
+    /// Hold later commands of `lane` until `event` is done.
+    Wait {
+        /// The lane.
+        lane: u32,
+        /// The event.
+        event: u32,
+    },
+}
+
+/// Work for a backend: lanes, events and commands (see the module docs for the protocol).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    /// The device that drives each lane.
+    pub lanes: Vec<Location>,
+    /// Number of events.
+    pub events: u32,
+    /// Element type of every reduction.
+    pub dtype: DType,
+    /// Reduce op of every reduction.
+    pub op: ReduceOp,
+    /// Divisor of `Avg` (the number of ranks).
+    pub divisor: u32,
+    /// Number of bindings a launch must give.
+    pub bindings: u32,
+    /// Commands, every `Wait` after its `Record`.
+    pub commands: Vec<Command>,
+    /// Sources of the reductions.
+    pub srcs: Vec<Slot>,
+}
+
+/// One program and the buffers bound to it.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    /// The program.
+    pub program: &'a Program,
+    /// `bindings[i]` is the region of binding `i`.
+    pub bindings: &'a [ByteRegion],
+}
+
+/// A machine that allocates memory and runs [`Program`]s (host threads, CUDA, MPI).
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// A short name for messages (`host`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Allocate `bytes` bytes (zeroed) at `location`.
+    fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem>;
+    /// Release an allocation once the launches in flight are done. Never fails: an error is
+    /// kept and returned by the next [`Backend::synchronize`].
+    fn free(&self, mem: DeviceMem);
+    /// Copy host bytes into `dst` (after the launches in flight).
+    fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()>;
+    /// Copy `src` into host bytes (after the launches in flight).
+    fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()>;
+    /// Enqueue programs as one launch; returns once enqueued. Errors found before any command
+    /// runs (a slot outside its binding, an unknown allocation) leave every buffer unchanged.
+    fn submit(&self, launches: &[Launch<'_>]) -> Result<()>;
+    /// Wait for every launch; returns the first error any of them met since the last call.
+    fn synchronize(&self) -> Result<()>;
+}

@@ -1,0 +1,188 @@
+//! The checks every operation passes before any byte moves: rank counts, ownership, element
+//! counts and their overflow, reduce ops per type, and the overlap of input and output.
+
+use relaycc_route::{Collective, MAX_ELEMENTS, ReduceOp, Request, RouteError};
+
+use crate::backend::ByteRegion;
+use crate::buffer::RawView;
+use crate::communicator::{Communicator, has_in_place};
+use crate::error::{CollectivesError, Result};
+use crate::group::Checked;
+
+/// Check `request` and its per-rank buffers. `ranks[r]` is the communicator rank of request
+/// rank `r` (identity when `None`; point-to-point requests cover two ranks).
+pub(crate) fn check(
+    comm: &Communicator,
+    call: &'static str,
+    request: Request,
+    inputs: Vec<Option<RawView>>,
+    outputs: Vec<Option<RawView>>,
+    ranks: Option<&[usize]>,
+) -> Result<Checked> {
+    let n = request.nranks();
+    for (side, got) in [("input", inputs.len()), ("output", outputs.len())] {
+        if got != n {
+            return Err(CollectivesError::RankCount {
+                call,
+                side,
+                expected: n,
+                got,
+            });
+        }
+    }
+    let coll = request.collective;
+    if coll.reduces() && request.op == ReduceOp::Avg && !request.dtype.is_float() {
+        return Err(CollectivesError::UnsupportedOp {
+            call,
+            op: request.op,
+            dtype: request.dtype,
+        });
+    }
+    if coll == Collective::AllToAllV
+        && (request.matrix.len() != n || request.matrix.iter().any(|r| r.len() != n))
+    {
+        return Err(CollectivesError::RankCount {
+            call,
+            side: "count matrix",
+            expected: n,
+            got: request.matrix.len(),
+        });
+    }
+    let mut lens = Vec::with_capacity(n);
+    for r in 0..n as u32 {
+        let overflow = |e: RouteError| CollectivesError::Overflow {
+            call,
+            what: e.to_string(),
+        };
+        let i = request.input_len(r).map_err(overflow)?;
+        let o = request.output_len(r).map_err(overflow)?;
+        if i > MAX_ELEMENTS || o > MAX_ELEMENTS {
+            return Err(CollectivesError::Overflow {
+                call,
+                what: format!("rank {r} needs more than {MAX_ELEMENTS} elements"),
+            });
+        }
+        lens.push((i, o));
+    }
+    request
+        .validate()
+        .map_err(|source| CollectivesError::Plan { call, source })?;
+    for r in 0..n {
+        let rank = ranks.and_then(|m| m.get(r).copied()).unwrap_or(r);
+        for (side, view, needs) in [
+            ("input", &inputs[r], lens[r].0),
+            ("output", &outputs[r], lens[r].1),
+        ] {
+            match view {
+                Some(v) => {
+                    comm.owns(call, rank, side, v)?;
+                    if v.len != needs {
+                        return Err(CollectivesError::CountMismatch {
+                            call,
+                            rank,
+                            side,
+                            got: v.len,
+                            needs,
+                        });
+                    }
+                }
+                None if needs > 0 => {
+                    return Err(CollectivesError::CountMismatch {
+                        call,
+                        rank,
+                        side,
+                        got: 0,
+                        needs,
+                    });
+                }
+                None => {}
+            }
+        }
+    }
+    let in_place = in_place_mode(call, &request, &inputs, &outputs)?;
+    Ok(Checked {
+        call,
+        request,
+        in_place,
+        inputs,
+        outputs,
+    })
+}
+
+/// Where rank `r`'s input must sit for an in-place call, given its output (or the output,
+/// given the input, for the collectives whose output lies inside the input). `None` when the
+/// rank has no in-place form.
+fn in_place_input(
+    req: &Request,
+    r: u32,
+    input: &ByteRegion,
+    output: &ByteRegion,
+) -> Option<ByteRegion> {
+    let esize = req.dtype.size();
+    let c = req.count.checked_mul(esize)?;
+    let at = |base: &ByteRegion, off: u64, bytes: u64| ByteRegion {
+        mem: base.mem,
+        offset: base.offset + off,
+        bytes,
+    };
+    match req.collective {
+        Collective::AllReduce => Some(*output),
+        Collective::Broadcast | Collective::Reduce if r == req.root => Some(*output),
+        Collective::AllGather => Some(at(output, c * u64::from(r), c)),
+        Collective::Gather if r == req.root => Some(at(output, c * u64::from(r), c)),
+        Collective::AllGatherV => {
+            let displ: u64 = req.counts[..r as usize].iter().sum::<u64>() * esize;
+            Some(at(output, displ, req.counts[r as usize] * esize))
+        }
+        // The output lies inside the input: compare the other way round.
+        Collective::ReduceScatter => (at(input, c * u64::from(r), c) == *output).then_some(*input),
+        Collective::Scatter if r == req.root => {
+            (at(input, c * u64::from(r), c) == *output).then_some(*input)
+        }
+        _ => None,
+    }
+}
+
+/// Decide whether the call is in place: every rank whose input and output share memory must
+/// have them exactly in the in-place layout, and either all such ranks are in place or none.
+fn in_place_mode(
+    call: &'static str,
+    req: &Request,
+    inputs: &[Option<RawView>],
+    outputs: &[Option<RawView>],
+) -> Result<bool> {
+    let (mut inplace, mut apart) = (0usize, 0usize);
+    for (r, (i, o)) in inputs.iter().zip(outputs).enumerate() {
+        let (Some(i), Some(o)) = (i, o) else { continue };
+        if i.region.bytes == 0 || o.region.bytes == 0 {
+            continue;
+        }
+        if !i.region.overlaps(&o.region) {
+            apart += 1;
+            continue;
+        }
+        let exact = has_in_place(req.collective)
+            && in_place_input(req, r as u32, &i.region, &o.region) == Some(i.region);
+        if !exact {
+            return Err(CollectivesError::Overlap {
+                call,
+                what: format!(
+                    "input and output of rank {r} overlap{}",
+                    if has_in_place(req.collective) {
+                        " but are not in the in-place layout"
+                    } else {
+                        " and the call has no in-place form"
+                    }
+                ),
+            });
+        }
+        inplace += 1;
+    }
+    if inplace > 0 && apart > 0 {
+        return Err(CollectivesError::Overlap {
+            call,
+            what: "some ranks are in place and others not".into(),
+        });
+    }
+    Ok(inplace > 0)
+}

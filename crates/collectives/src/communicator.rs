@@ -1,0 +1,403 @@
+//! The communicator: a set of ranks on devices of a topology, a backend, and a plan cache.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use relaycc_route::{Collective, Location, MAX_ELEMENTS, ReduceOp, Request, RouteError};
+use relaycc_topo::Topology;
+
+use crate::backend::host::HostBackend;
+use crate::backend::{Backend, ByteRegion, DeviceMem};
+use crate::buffer::{AsView, BufferView, DeviceBuffer, RawView};
+use crate::element::Element;
+use crate::error::{CollectivesError, Result};
+use crate::group::{Checked, Group, Pending};
+use crate::host_topology::host_topology;
+use crate::planning::{Cached, PlanCache};
+
+/// Ids that tell communicators apart, so a buffer of one is refused by another.
+static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
+
+/// Ranks on devices of a topology, the devices it may relay through, and a backend (NCCL's
+/// `ncclComm_t`, MPI's communicator). Rank `r` runs on `devices()[r]`.
+///
+/// Every operation checks its buffers before any byte moves, gets its plan from a cache keyed
+/// by the request shape (planned, checked and lowered on the first call only) and returns a
+/// [`Pending`] handle. Operations on one communicator run in the order they are issued.
+#[derive(Debug)]
+pub struct Communicator {
+    id: u64,
+    topo: Topology,
+    devices: Vec<u32>,
+    relays: Vec<u32>,
+    backend: Arc<dyn Backend>,
+    cache: PlanCache,
+    /// A zero-byte allocation bound to buffers a rank does not have (a non-root's input).
+    null: DeviceMem,
+}
+
+impl Communicator {
+    /// A communicator over `devices` (GPU indices of `topo`, in rank order) that may relay
+    /// through `relays`, running on `backend`.
+    pub fn new(
+        topo: Topology,
+        devices: &[u32],
+        relays: &[u32],
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        let setup = |m: String| Err(CollectivesError::Setup(m));
+        if devices.is_empty() {
+            return setup("no devices given".into());
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].contains(d) {
+                return setup(format!("device {d} is listed twice"));
+            }
+            topo.gpu(*d)?;
+            if !topo.gpu_present(*d) || !topo.gpu_free(*d) {
+                return setup(format!("device {d} is masked busy or absent"));
+            }
+        }
+        for r in relays {
+            topo.gpu(*r)?;
+            if devices.contains(r) {
+                return setup(format!("relay {r} is also a member"));
+            }
+        }
+        let null = backend.allocate(Location::Gpu(devices[0]), 0)?;
+        Ok(Communicator {
+            id: NEXT_COMM.fetch_add(1, Ordering::Relaxed),
+            topo,
+            devices: devices.to_vec(),
+            relays: relays.to_vec(),
+            backend,
+            cache: PlanCache::default(),
+            null,
+        })
+    }
+
+    /// As [`Communicator::new`], with the topology given as `--topology` takes it (a preset,
+    /// a file, `auto`), through [`relaycc_topo::load`].
+    pub fn from_spec(
+        spec: &str,
+        devices: &[u32],
+        relays: &[u32],
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        Self::new(relaycc_topo::load(spec)?, devices, relays, backend)
+    }
+
+    /// `n` ranks on `n` logical devices of one host ([`host_topology`]) on a new
+    /// [`HostBackend`].
+    pub fn host(n: u32) -> Result<Self> {
+        let devices: Vec<u32> = (0..n).collect();
+        Self::new(
+            host_topology(n)?,
+            &devices,
+            &[],
+            Arc::new(HostBackend::new()),
+        )
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.devices.len()
+    }
+    /// The device of each rank.
+    pub fn devices(&self) -> &[u32] {
+        &self.devices
+    }
+    /// The devices plans may relay through.
+    pub fn relays(&self) -> &[u32] {
+        &self.relays
+    }
+    /// The topology.
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+    /// The backend.
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+    /// Number of request shapes planned so far.
+    pub fn cached_plans(&self) -> usize {
+        self.cache.len()
+    }
+    /// The checked plan this communicator runs for `request` (planning it on a miss), for
+    /// printing and simulation.
+    pub fn plan(&self, request: &Request, in_place: bool) -> Result<relaycc_route::Plan> {
+        Ok(self.plan_for("plan", request, in_place)?.exec.plan.clone())
+    }
+
+    /// `len` zeroed elements on rank `rank`'s device.
+    pub fn alloc<T: Element>(&self, rank: usize, len: usize) -> Result<DeviceBuffer<T>> {
+        let dev = *self.devices.get(rank).ok_or(CollectivesError::BadRank {
+            call: "alloc",
+            rank,
+            ranks: self.ranks(),
+        })?;
+        let bytes = (len as u64)
+            .checked_mul(T::DTYPE.size())
+            .filter(|_| len as u64 <= MAX_ELEMENTS)
+            .ok_or_else(|| CollectivesError::Overflow {
+                call: "alloc",
+                what: format!("{len} elements"),
+            })?;
+        let mem = self.backend.allocate(Location::Gpu(dev), bytes)?;
+        Ok(DeviceBuffer::new(
+            self.backend.clone(),
+            self.id,
+            rank,
+            mem,
+            len,
+        ))
+    }
+
+    /// A buffer on rank `rank`'s device holding a copy of `data`.
+    pub fn from_slice<T: Element>(&self, rank: usize, data: &[T]) -> Result<DeviceBuffer<T>> {
+        let b = self.alloc(rank, data.len())?;
+        b.copy_from(data)?;
+        Ok(b)
+    }
+
+    /// Start a group: operations added to it run as one launch.
+    pub fn group(&self) -> Group<'_> {
+        Group::new(self)
+    }
+
+    /// `outputs[r] = op(inputs[0..n])` on every rank (`ncclAllReduce`, `MPI_Allreduce`).
+    /// In place when `inputs[r]` and `outputs[r]` are the same memory.
+    pub fn all_reduce<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &[O],
+        op: ReduceOp,
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.all_reduce(inputs, outputs, op)?;
+        g.launch()
+    }
+
+    /// `output = op(inputs[0..n])` on rank `root` (`ncclReduce`, `MPI_Reduce`).
+    pub fn reduce<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        output: &O,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.reduce(inputs, output, root, op)?;
+        g.launch()
+    }
+
+    /// Rank `root`'s `input` to every rank's output (`ncclBroadcast`, `MPI_Bcast`).
+    pub fn broadcast<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        input: &I,
+        outputs: &[O],
+        root: usize,
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.broadcast(input, outputs, root)?;
+        g.launch()
+    }
+
+    /// Every rank's input, concatenated in rank order, to every rank (`ncclAllGather`,
+    /// `MPI_Allgather`). In place when `inputs[r]` is block `r` of `outputs[r]`.
+    pub fn all_gather<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &[O],
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.all_gather(inputs, outputs)?;
+        g.launch()
+    }
+
+    /// As all_gather with per-rank counts, taken from the inputs' lengths (`MPI_Allgatherv`;
+    /// NCCL has none).
+    pub fn all_gather_v<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &[O],
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.all_gather_v(inputs, outputs)?;
+        g.launch()
+    }
+
+    /// Block `r` of the reduction to rank `r` (`ncclReduceScatter`,
+    /// `MPI_Reduce_scatter_block`). In place when `outputs[r]` is block `r` of `inputs[r]`.
+    pub fn reduce_scatter<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &[O],
+        op: ReduceOp,
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.reduce_scatter(inputs, outputs, op)?;
+        g.launch()
+    }
+
+    /// Block `d` of rank `s`'s input to block `s` of rank `d`'s output (`MPI_Alltoall`; NCCL
+    /// users write it as grouped send/recv). Out of place only.
+    pub fn all_to_all<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &[O],
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.all_to_all(inputs, outputs)?;
+        g.launch()
+    }
+
+    /// As all_to_all with `matrix[s][d]` elements from rank `s` to rank `d` (`MPI_Alltoallv`).
+    pub fn all_to_all_v<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &[O],
+        matrix: &[Vec<u64>],
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.all_to_all_v(inputs, outputs, matrix)?;
+        g.launch()
+    }
+
+    /// Every rank's input, concatenated in rank order, to `output` on rank `root`
+    /// (`MPI_Gather`). In place when `inputs[root]` is block `root` of `output`.
+    pub fn gather<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        inputs: &[I],
+        output: &O,
+        root: usize,
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.gather(inputs, output, root)?;
+        g.launch()
+    }
+
+    /// Block `r` of `input` on rank `root` to rank `r` (`MPI_Scatter`). In place when
+    /// `outputs[root]` is block `root` of `input`.
+    pub fn scatter<T: Element, I: AsView<T>, O: AsView<T>>(
+        &self,
+        input: &I,
+        outputs: &[O],
+        root: usize,
+    ) -> Result<Pending<'_>> {
+        let mut g = self.group();
+        g.scatter(input, outputs, root)?;
+        g.launch()
+    }
+
+    /// Run a [`Request`] as given, with one optional buffer per rank and side (`None` where
+    /// the request gives the rank no buffer). The typed calls above build their request and
+    /// come here; tools that sweep collectives (`relaycc bench`) use it directly.
+    pub fn launch_request<T: Element>(
+        &self,
+        request: &Request,
+        inputs: &[Option<BufferView<'_, T>>],
+        outputs: &[Option<BufferView<'_, T>>],
+    ) -> Result<Pending<'_>> {
+        if request.dtype != T::DTYPE {
+            return Err(CollectivesError::TypeMismatch {
+                call: "launch_request",
+                a: request.dtype,
+                b: T::DTYPE,
+            });
+        }
+        if request.gpus != self.devices {
+            return Err(CollectivesError::Plan {
+                call: "launch_request",
+                source: RouteError::BadRequest(
+                    "the request's GPUs are not the ranks' devices".into(),
+                ),
+            });
+        }
+        let raw = |v: &[Option<BufferView<'_, T>>]| v.iter().map(|x| x.map(|x| x.raw())).collect();
+        let checked = self.check(
+            "launch_request",
+            request.clone(),
+            raw(inputs),
+            raw(outputs),
+            None,
+        )?;
+        let mut g = self.group();
+        g.push_checked(checked);
+        g.launch()
+    }
+
+    pub(crate) fn null_region(&self) -> ByteRegion {
+        ByteRegion {
+            mem: self.null,
+            offset: 0,
+            bytes: 0,
+        }
+    }
+
+    pub(crate) fn plan_for(
+        &self,
+        call: &'static str,
+        request: &Request,
+        in_place: bool,
+    ) -> Result<Arc<Cached>> {
+        self.cache.get(
+            call,
+            &self.topo,
+            &self.relays,
+            self.backend.as_ref(),
+            request,
+            in_place,
+        )
+    }
+
+    /// Check that `view` is a buffer of this communicator on rank `rank`'s device.
+    pub(crate) fn owns(
+        &self,
+        call: &'static str,
+        rank: usize,
+        side: &'static str,
+        view: &RawView,
+    ) -> Result<()> {
+        if view.comm != self.id {
+            return Err(CollectivesError::ForeignBuffer { call, rank, side });
+        }
+        if view.rank != rank {
+            return Err(CollectivesError::WrongRank {
+                call,
+                rank,
+                side,
+                owner: view.rank,
+            });
+        }
+        Ok(())
+    }
+
+    /// Check one operation's request and buffers (see `checks.rs`).
+    pub(crate) fn check(
+        &self,
+        call: &'static str,
+        request: Request,
+        inputs: Vec<Option<RawView>>,
+        outputs: Vec<Option<RawView>>,
+        ranks: Option<&[usize]>,
+    ) -> Result<Checked> {
+        crate::checks::check(self, call, request, inputs, outputs, ranks)
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Frees wait for launches in flight; errors stay with the backend.
+        self.cache.clear(self.backend.as_ref());
+        self.backend.free(self.null);
+    }
+}
+
+/// True when the collective has an in-place form.
+pub(crate) fn has_in_place(c: Collective) -> bool {
+    !matches!(
+        c,
+        Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv
+    )
+}

@@ -1,0 +1,145 @@
+//! The one error type of relaycc-collectives.
+
+use relaycc_route::{DType, RouteError};
+use relaycc_topo::TopoError;
+
+/// What can go wrong while building a communicator, checking a call, planning or executing.
+///
+/// Every variant that comes from a call names the call (`all_reduce`, `group`, ...) so that a
+/// message read in a log says which step failed. When a call returns one of the argument
+/// errors, no byte of any buffer has changed.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectivesError {
+    /// The communicator cannot be built (no devices, a device listed twice, a missing GPU).
+    #[error("cannot build communicator: {0}")]
+    Setup(String),
+    /// A call got a number of per-rank buffers other than the number of ranks.
+    #[error("{call}: expected {expected} {side} buffers (one per rank), got {got}")]
+    RankCount {
+        /// The call.
+        call: &'static str,
+        /// `input` or `output`.
+        side: &'static str,
+        /// The number of ranks.
+        expected: usize,
+        /// The number of buffers given.
+        got: usize,
+    },
+    /// A buffer holds a number of elements other than the call needs.
+    #[error("{call}: rank {rank} {side} buffer holds {got} elements, the call needs {needs}")]
+    CountMismatch {
+        /// The call.
+        call: &'static str,
+        /// The rank whose buffer is wrong.
+        rank: usize,
+        /// `input` or `output`.
+        side: &'static str,
+        /// Elements in the buffer.
+        got: u64,
+        /// Elements the call needs there.
+        needs: u64,
+    },
+    /// Buffers or matched send/recv pairs of one call disagree on the element type.
+    #[error("{call}: element types differ ({a} and {b})")]
+    TypeMismatch {
+        /// The call.
+        call: &'static str,
+        /// One type.
+        a: DType,
+        /// The other type.
+        b: DType,
+    },
+    /// A root or peer rank outside the communicator.
+    #[error("{call}: rank {rank} is not a rank of this communicator (0..{ranks})")]
+    BadRank {
+        /// The call.
+        call: &'static str,
+        /// The rank given.
+        rank: usize,
+        /// The number of ranks.
+        ranks: usize,
+    },
+    /// A buffer was allocated by another communicator.
+    #[error("{call}: rank {rank} {side} buffer belongs to another communicator")]
+    ForeignBuffer {
+        /// The call.
+        call: &'static str,
+        /// The rank position it was passed at.
+        rank: usize,
+        /// `input` or `output`.
+        side: &'static str,
+    },
+    /// A buffer of one rank was passed at another rank's position.
+    #[error("{call}: the {side} buffer at rank {rank} lives on rank {owner}'s device")]
+    WrongRank {
+        /// The call.
+        call: &'static str,
+        /// The position it was passed at.
+        rank: usize,
+        /// `input` or `output`.
+        side: &'static str,
+        /// The rank whose device holds it.
+        owner: usize,
+    },
+    /// Buffers overlap where the call forbids it (out-of-place input and output, outputs of
+    /// two ranks, two operations of one group writing the same memory).
+    #[error("{call}: {what}")]
+    Overlap {
+        /// The call.
+        call: &'static str,
+        /// Which buffers overlap.
+        what: String,
+    },
+    /// Counts whose sum or product does not fit.
+    #[error("{call}: element counts overflow ({what})")]
+    Overflow {
+        /// The call.
+        call: &'static str,
+        /// Which count.
+        what: String,
+    },
+    /// A reduce op the element type does not support (avg on integers).
+    #[error("{call}: {op} is not defined for {dtype}")]
+    UnsupportedOp {
+        /// The call.
+        call: &'static str,
+        /// The op.
+        op: relaycc_route::ReduceOp,
+        /// The element type.
+        dtype: DType,
+    },
+    /// Sends and receives of a group that do not pair up.
+    #[error("group: {0}")]
+    Unmatched(String),
+    /// The request is malformed or the planner cannot serve it.
+    #[error("{call}: {source}")]
+    Plan {
+        /// The call.
+        call: &'static str,
+        /// What the planner or the plan checker said.
+        #[source]
+        source: RouteError,
+    },
+    /// The executor refused a plan before moving a byte.
+    #[error("plan rejected by the executor at op {op}: {message}")]
+    InvalidPlan {
+        /// The op index (`usize::MAX` for whole-plan problems).
+        op: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The backend failed (allocation, an unknown region, a failed lane).
+    #[error("backend {backend}: {message}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// What failed.
+        message: String,
+    },
+    /// A topology could not be loaded.
+    #[error(transparent)]
+    Topo(#[from] TopoError),
+}
+
+/// The result type of relaycc-collectives.
+pub type Result<T, E = CollectivesError> = std::result::Result<T, E>;

@@ -1,0 +1,457 @@
+//! Group calls: several operations checked together and run as one launch; send/recv pairs.
+//!
+//! Every operation of a communicator goes through here (a single call is a group of one):
+//! each operation's buffers are checked when it is added, the group's cross-operation rules
+//! (send/recv pairing, no two operations writing the same memory) when it is launched, and
+//! only then are plans fetched and the launch submitted. An error at any step leaves every
+//! buffer unchanged.
+
+use std::sync::Arc;
+
+use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
+
+use crate::backend::ByteRegion;
+use crate::buffer::{AsView, RawView};
+use crate::communicator::Communicator;
+use crate::element::Element;
+use crate::error::{CollectivesError, Result};
+use crate::exec;
+use crate::planning::Cached;
+
+/// One checked operation of a group: its request and its per-rank buffers.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub call: &'static str,
+    pub request: Request,
+    pub in_place: bool,
+    pub inputs: Vec<Option<RawView>>,
+    pub outputs: Vec<Option<RawView>>,
+}
+
+/// A posted send or receive, waiting for its partner.
+#[derive(Debug)]
+struct P2p {
+    /// Sending rank, receiving rank.
+    src: usize,
+    dst: usize,
+    view: RawView,
+    dtype: DType,
+}
+
+/// Operations collected to run as one launch (NCCL's `ncclGroupStart`/`ncclGroupEnd`).
+///
+/// Add operations with the same methods as [`Communicator`]'s (each returns an error at once
+/// if its own buffers are wrong), post sends and receives, then [`Group::launch`]. Sends and
+/// receives pair in posting order per (sender, receiver), as NCCL pairs them. The operations
+/// of a group run concurrently, so none may write memory another one touches.
+#[derive(Debug)]
+#[must_use = "a group does nothing until launched"]
+pub struct Group<'c> {
+    comm: &'c Communicator,
+    ops: Vec<Checked>,
+    sends: Vec<P2p>,
+    recvs: Vec<P2p>,
+}
+
+/// A launched operation or group; [`Pending::wait`] blocks until it is done.
+///
+/// Dropping it without waiting is safe: later host access to any buffer waits first, and an
+/// error is reported by the next `wait` on the communicator's backend.
+#[derive(Debug)]
+#[must_use = "call wait() to learn whether the operation succeeded"]
+pub struct Pending<'c> {
+    comm: &'c Communicator,
+}
+
+impl Pending<'_> {
+    /// Wait for the operation and return its error, if any.
+    pub fn wait(self) -> Result<()> {
+        self.comm.backend().synchronize()
+    }
+}
+
+fn raw_all<T: Element, V: AsView<T>>(views: &[V]) -> Vec<Option<RawView>> {
+    views.iter().map(|v| Some(v.as_view().raw())).collect()
+}
+
+fn one_at<T: Element, V: AsView<T>>(n: usize, at: usize, view: &V) -> Vec<Option<RawView>> {
+    let mut v = vec![None; n];
+    if let Some(slot) = v.get_mut(at) {
+        *slot = Some(view.as_view().raw());
+    }
+    v
+}
+
+impl<'c> Group<'c> {
+    pub(crate) fn new(comm: &'c Communicator) -> Self {
+        Group {
+            comm,
+            ops: Vec::new(),
+            sends: Vec::new(),
+            recvs: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push_checked(&mut self, c: Checked) {
+        self.ops.push(c);
+    }
+
+    fn n(&self) -> usize {
+        self.comm.ranks()
+    }
+
+    fn rank_ok(&self, call: &'static str, rank: usize) -> Result<u32> {
+        if rank < self.n() {
+            Ok(rank as u32)
+        } else {
+            Err(CollectivesError::BadRank {
+                call,
+                rank,
+                ranks: self.n(),
+            })
+        }
+    }
+
+    fn count_of(call: &'static str, len: Option<usize>) -> u64 {
+        let _ = call;
+        len.unwrap_or(0) as u64
+    }
+
+    /// A request of this communicator's ranks.
+    fn request<T: Element>(
+        &self,
+        collective: Collective,
+        count: u64,
+        op: ReduceOp,
+        root: u32,
+    ) -> Request {
+        Request::new(collective, self.comm.devices().to_vec(), count, T::DTYPE)
+            .with_op(op)
+            .with_root(root)
+    }
+
+    fn push(
+        &mut self,
+        call: &'static str,
+        mut request: Request,
+        inputs: Vec<Option<RawView>>,
+        outputs: Vec<Option<RawView>>,
+    ) -> Result<&mut Self> {
+        let collective = request.collective;
+        if collective == Collective::AllGatherV {
+            request.counts = inputs.iter().map(|v| v.map_or(0, |v| v.len)).collect();
+        }
+        let checked = self.comm.check(call, request, inputs, outputs, None)?;
+        self.ops.push(checked);
+        Ok(self)
+    }
+
+    /// Add [`Communicator::all_reduce`].
+    pub fn all_reduce<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        let c = Self::count_of("all_reduce", inputs.first().map(|v| v.as_view().len()));
+        let req = self.request::<T>(Collective::AllReduce, c, op, 0);
+        self.push("all_reduce", req, raw_all(inputs), raw_all(outputs))
+    }
+
+    /// Add [`Communicator::reduce`].
+    pub fn reduce<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        output: &O,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        let r = self.rank_ok("reduce", root)?;
+        let c = Self::count_of("reduce", inputs.first().map(|v| v.as_view().len()));
+        let outs = one_at(self.n(), root, output);
+        let req = self.request::<T>(Collective::Reduce, c, op, r);
+        self.push("reduce", req, raw_all(inputs), outs)
+    }
+
+    /// Add [`Communicator::broadcast`].
+    pub fn broadcast<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        input: &I,
+        outputs: &[O],
+        root: usize,
+    ) -> Result<&mut Self> {
+        let r = self.rank_ok("broadcast", root)?;
+        let c = input.as_view().len() as u64;
+        let ins = one_at(self.n(), root, input);
+        let req = self.request::<T>(Collective::Broadcast, c, ReduceOp::Sum, r);
+        self.push("broadcast", req, ins, raw_all(outputs))
+    }
+
+    /// Add [`Communicator::all_gather`].
+    pub fn all_gather<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+    ) -> Result<&mut Self> {
+        let c = Self::count_of("all_gather", inputs.first().map(|v| v.as_view().len()));
+        let req = self.request::<T>(Collective::AllGather, c, ReduceOp::Sum, 0);
+        self.push("all_gather", req, raw_all(inputs), raw_all(outputs))
+    }
+
+    /// Add [`Communicator::all_gather_v`].
+    pub fn all_gather_v<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+    ) -> Result<&mut Self> {
+        let req = self.request::<T>(Collective::AllGatherV, 0, ReduceOp::Sum, 0);
+        self.push("all_gather_v", req, raw_all(inputs), raw_all(outputs))
+    }
+
+    /// Add [`Communicator::reduce_scatter`].
+    pub fn reduce_scatter<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        let c = Self::count_of("reduce_scatter", outputs.first().map(|v| v.as_view().len()));
+        let req = self.request::<T>(Collective::ReduceScatter, c, op, 0);
+        self.push("reduce_scatter", req, raw_all(inputs), raw_all(outputs))
+    }
+
+    /// Add [`Communicator::all_to_all`].
+    pub fn all_to_all<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+    ) -> Result<&mut Self> {
+        let total = inputs.first().map_or(0, |v| v.as_view().len());
+        let c = (total / self.n().max(1)) as u64;
+        let req = self.request::<T>(Collective::AllToAll, c, ReduceOp::Sum, 0);
+        self.push("all_to_all", req, raw_all(inputs), raw_all(outputs))
+    }
+
+    /// Add [`Communicator::all_to_all_v`].
+    pub fn all_to_all_v<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+        matrix: &[Vec<u64>],
+    ) -> Result<&mut Self> {
+        let mut request = Request::new(
+            Collective::AllToAllV,
+            self.comm.devices().to_vec(),
+            0,
+            T::DTYPE,
+        );
+        request.matrix = matrix.to_vec();
+        let checked = self.comm.check(
+            "all_to_all_v",
+            request,
+            raw_all(inputs),
+            raw_all(outputs),
+            None,
+        )?;
+        self.ops.push(checked);
+        Ok(self)
+    }
+
+    /// Add [`Communicator::gather`].
+    pub fn gather<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        output: &O,
+        root: usize,
+    ) -> Result<&mut Self> {
+        let r = self.rank_ok("gather", root)?;
+        let c = Self::count_of("gather", inputs.first().map(|v| v.as_view().len()));
+        let outs = one_at(self.n(), root, output);
+        let req = self.request::<T>(Collective::Gather, c, ReduceOp::Sum, r);
+        self.push("gather", req, raw_all(inputs), outs)
+    }
+
+    /// Add [`Communicator::scatter`].
+    pub fn scatter<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        input: &I,
+        outputs: &[O],
+        root: usize,
+    ) -> Result<&mut Self> {
+        let r = self.rank_ok("scatter", root)?;
+        let c = Self::count_of("scatter", outputs.first().map(|v| v.as_view().len()));
+        let ins = one_at(self.n(), root, input);
+        let req = self.request::<T>(Collective::Scatter, c, ReduceOp::Sum, r);
+        self.push("scatter", req, ins, raw_all(outputs))
+    }
+
+    /// Post a send of `buf` (on rank `from`'s device) to rank `to` (`ncclSend` on `from`).
+    pub fn send<T: Element, V: AsView<T>>(
+        &mut self,
+        buf: &V,
+        from: usize,
+        to: usize,
+    ) -> Result<&mut Self> {
+        self.rank_ok("send", from)?;
+        self.rank_ok("send", to)?;
+        let view = buf.as_view().raw();
+        self.comm.owns("send", from, "input", &view)?;
+        self.sends.push(P2p {
+            src: from,
+            dst: to,
+            view,
+            dtype: T::DTYPE,
+        });
+        Ok(self)
+    }
+
+    /// Post a receive into `buf` (on rank `at`'s device) from rank `from` (`ncclRecv` on `at`).
+    pub fn recv<T: Element, V: AsView<T>>(
+        &mut self,
+        buf: &V,
+        at: usize,
+        from: usize,
+    ) -> Result<&mut Self> {
+        self.rank_ok("recv", at)?;
+        self.rank_ok("recv", from)?;
+        let view = buf.as_view().raw();
+        self.comm.owns("recv", at, "output", &view)?;
+        self.recvs.push(P2p {
+            src: from,
+            dst: at,
+            view,
+            dtype: T::DTYPE,
+        });
+        Ok(self)
+    }
+
+    /// Pair sends with receives: one point-to-point operation per pair.
+    fn pair(&mut self) -> Result<()> {
+        let mut recvs: Vec<Option<P2p>> = std::mem::take(&mut self.recvs)
+            .into_iter()
+            .map(Some)
+            .collect();
+        for s in std::mem::take(&mut self.sends) {
+            let found = recvs
+                .iter_mut()
+                .find(|r| r.as_ref().is_some_and(|r| r.src == s.src && r.dst == s.dst))
+                .and_then(Option::take);
+            let Some(r) = found else {
+                return Err(CollectivesError::Unmatched(format!(
+                    "send from rank {} to rank {} has no matching recv",
+                    s.src, s.dst
+                )));
+            };
+            if s.dtype != r.dtype {
+                return Err(CollectivesError::TypeMismatch {
+                    call: "send/recv",
+                    a: s.dtype,
+                    b: r.dtype,
+                });
+            }
+            if s.view.len != r.view.len {
+                return Err(CollectivesError::CountMismatch {
+                    call: "send/recv",
+                    rank: r.dst,
+                    side: "recv",
+                    got: r.view.len,
+                    needs: s.view.len,
+                });
+            }
+            let devs = self.comm.devices();
+            let (gpus, ins, outs, dst) = if s.src == s.dst {
+                (vec![devs[s.src]], vec![Some(s.view)], vec![Some(r.view)], 0)
+            } else {
+                (
+                    vec![devs[s.src], devs[s.dst]],
+                    vec![Some(s.view), None],
+                    vec![None, Some(r.view)],
+                    1,
+                )
+            };
+            let mut request = Request::new(Collective::SendRecv, gpus, s.view.len, s.dtype);
+            request.transfers = vec![Transfer {
+                src: 0,
+                dst,
+                count: s.view.len,
+            }];
+            let ranks = [s.src, s.dst];
+            let checked = self
+                .comm
+                .check("send/recv", request, ins, outs, Some(&ranks))?;
+            self.ops.push(checked);
+        }
+        if let Some(r) = recvs.into_iter().flatten().next() {
+            return Err(CollectivesError::Unmatched(format!(
+                "recv at rank {} from rank {} has no matching send",
+                r.dst, r.src
+            )));
+        }
+        Ok(())
+    }
+
+    /// Check the group as a whole, plan every operation (cached) and launch them together.
+    pub fn launch(mut self) -> Result<Pending<'c>> {
+        self.pair()?;
+        // Operations of one group run concurrently: none may write what another touches.
+        let touched: Vec<(usize, ByteRegion, bool)> = self
+            .ops
+            .iter()
+            .enumerate()
+            .flat_map(|(i, op)| {
+                let ins = op
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .map(move |v| (i, v.region, false));
+                let outs = op
+                    .outputs
+                    .iter()
+                    .flatten()
+                    .map(move |v| (i, v.region, true));
+                ins.chain(outs)
+            })
+            .collect();
+        for (k, a) in touched.iter().enumerate() {
+            for b in &touched[k + 1..] {
+                if a.0 != b.0 && (a.2 || b.2) && a.1.overlaps(&b.1) {
+                    return Err(CollectivesError::Overlap {
+                        call: "group",
+                        what: format!(
+                            "operations {} ({}) and {} ({}) touch the same memory and one writes it",
+                            a.0, self.ops[a.0].call, b.0, self.ops[b.0].call
+                        ),
+                    });
+                }
+            }
+        }
+        let mut plans: Vec<Arc<Cached>> = Vec::with_capacity(self.ops.len());
+        let mut bindings: Vec<Vec<ByteRegion>> = Vec::with_capacity(self.ops.len());
+        for op in &self.ops {
+            let cached = self.comm.plan_for(op.call, &op.request, op.in_place)?;
+            let null = self.comm.null_region();
+            let mut b: Vec<ByteRegion> = op
+                .inputs
+                .iter()
+                .chain(&op.outputs)
+                .map(|v| v.map_or(null, |v| v.region))
+                .collect();
+            b.extend(cached.scratch.iter().map(|m| ByteRegion {
+                mem: *m,
+                offset: 0,
+                bytes: m.bytes,
+            }));
+            plans.push(cached);
+            bindings.push(b);
+        }
+        let work: Vec<(&exec::Executable, &[ByteRegion])> = plans
+            .iter()
+            .zip(&bindings)
+            .map(|(p, b)| (&p.exec, b.as_slice()))
+            .collect();
+        if !work.is_empty() {
+            exec::launch(self.comm.backend(), &work)?;
+        }
+        Ok(Pending { comm: self.comm })
+    }
+}

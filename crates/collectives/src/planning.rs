@@ -1,0 +1,97 @@
+//! The one place that asks for a plan, and the cache of checked, lowered plans.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use relaycc_route::{Plan, Request};
+use relaycc_topo::Topology;
+
+use crate::backend::{Backend, DeviceMem};
+use crate::error::{CollectivesError, Result};
+use crate::exec::{self, Executable};
+use crate::fallback_planner;
+
+/// Plan `request` over `topo`, allowed to relay through `relays`.
+///
+/// The single seam to the planner: when `relaycc_route::plan(topo, request, &PlanOptions)`
+/// lands, this body becomes that call (with `relays` and `in_place` in the options) and
+/// [`fallback_planner`] goes away.
+pub(crate) fn make_plan(
+    topo: &Topology,
+    request: &Request,
+    relays: &[u32],
+    in_place: bool,
+) -> relaycc_route::Result<Plan> {
+    // The fallback planner routes direct hops only; relays matter once the real one lands.
+    let _ = relays;
+    fallback_planner::plan(topo, request, in_place)
+}
+
+/// A cached plan: checked and lowered once, with its scratch memory kept for reuse. Launches
+/// on a backend run one after another, so reusing scratch between calls is race-free.
+#[derive(Debug)]
+pub(crate) struct Cached {
+    pub exec: Executable,
+    pub scratch: Vec<DeviceMem>,
+}
+
+/// Plans per request shape (the request plus in-place).
+#[derive(Debug, Default)]
+pub(crate) struct PlanCache {
+    map: Mutex<HashMap<(Request, bool), Arc<Cached>>>,
+}
+
+impl PlanCache {
+    /// The cached plan for `request`, planning, checking, lowering and allocating on a miss.
+    pub fn get(
+        &self,
+        call: &'static str,
+        topo: &Topology,
+        relays: &[u32],
+        backend: &dyn Backend,
+        request: &Request,
+        in_place: bool,
+    ) -> Result<Arc<Cached>> {
+        let key = (request.clone(), in_place);
+        if let Some(c) = self.lock().get(&key) {
+            return Ok(c.clone());
+        }
+        let plan = make_plan(topo, request, relays, in_place)
+            .map_err(|source| CollectivesError::Plan { call, source })?;
+        let exec = exec::compile(plan, in_place)?;
+        let mut scratch = Vec::with_capacity(exec.scratch.len());
+        for &(loc, bytes) in &exec.scratch {
+            match backend.allocate(loc, bytes) {
+                Ok(m) => scratch.push(m),
+                Err(e) => {
+                    for m in scratch {
+                        backend.free(m);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let cached = Arc::new(Cached { exec, scratch });
+        self.lock().insert(key, cached.clone());
+        Ok(cached)
+    }
+
+    /// Number of cached plans.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Release every cached plan's scratch memory.
+    pub fn clear(&self, backend: &dyn Backend) {
+        let drained: Vec<Arc<Cached>> = self.lock().drain().map(|(_, v)| v).collect();
+        for c in drained {
+            for m in &c.scratch {
+                backend.free(*m);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Request, bool), Arc<Cached>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,12 @@
+//! Integration tests of relaycc-collectives.
+//!
+//! - `props`: every collective, in place and out of place, over random presets, masks, GPU
+//!   subsets, sizes, element types and ops, against a naive reference;
+//! - `bad_inputs`: one test per class of bad argument, each checking nothing changed;
+//! - `topology_files`: real topology files from `shared/data/topo` end to end.
+
+mod common;
+
+mod bad_inputs;
+mod props;
+mod topology_files;
