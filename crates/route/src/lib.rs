@@ -15,6 +15,7 @@ pub mod lower;
 pub mod p2p;
 pub mod path;
 mod plan;
+pub mod planner;
 mod request;
 
 pub use check::{CheckOptions, check, check_routes, check_with};
