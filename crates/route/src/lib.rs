@@ -12,6 +12,7 @@ mod check;
 mod dtype;
 mod error;
 pub mod lower;
+pub mod nodeaware;
 pub mod p2p;
 pub mod path;
 mod plan;

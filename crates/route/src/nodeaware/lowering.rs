@@ -1,0 +1,406 @@
+//! The building blocks of the node-aware plan generators: where each rank lives, its staging
+//! buffers in host memory, and moves between memories (local copies, single hops, host-staged
+//! fallbacks, and network hops pinned to a chosen NIC pair).
+
+use std::collections::BTreeMap;
+
+use relaycc_topo::{NodeId, Topology};
+
+use crate::error::{Result, RouteError};
+use crate::lower::{LaneMap, emit_transfer};
+use crate::path::{Hop, Route, hop, host_staged_routes, location_node, nearest_host};
+use crate::plan::{BufferRef, Location, Plan, Region};
+
+/// One piece of data to deliver: `len` elements of rank `src`'s input at `src_off` to rank
+/// `dst`'s output at `dst_off` (from [`crate::Request::expected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Piece {
+    pub src: u32,
+    pub src_off: u64,
+    pub dst: u32,
+    pub dst_off: u64,
+    pub len: u64,
+}
+
+/// Where a region sits and which ops must finish before it may be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Side {
+    pub loc: Location,
+    pub region: Region,
+    pub deps: Vec<u32>,
+}
+
+/// Per-rank staging in host memory: which input runs were copied out, which output runs were
+/// filled and by which ops.
+#[derive(Debug, Default)]
+struct Stage {
+    send: Option<BufferRef>,
+    send_runs: Vec<(u64, u64, Vec<u32>)>,
+    recv: Option<BufferRef>,
+    recv_parts: Vec<(u64, u64, Vec<u32>)>,
+}
+
+/// A plan under construction with the cluster facts every generator needs.
+pub(super) struct Builder<'a> {
+    pub topo: &'a Topology,
+    pub plan: Plan,
+    pub lanes: LaneMap,
+    /// Node (host) of each rank.
+    pub node: Vec<u32>,
+    /// Host memory of each rank's GPU (its socket).
+    pub host: Vec<Location>,
+    /// NICs of each node, by node index.
+    pub nics: BTreeMap<u32, Vec<NodeId>>,
+    stages: Vec<Stage>,
+    nic_routes: BTreeMap<(Location, NodeId, NodeId, Location), Route>,
+}
+
+impl<'a> Builder<'a> {
+    /// A builder for `plan` on `topo`; fails when a rank's GPU is missing or has no host.
+    pub fn new(topo: &'a Topology, plan: Plan) -> Result<Self> {
+        let mut node = Vec::new();
+        let mut host = Vec::new();
+        for &g in &plan.request.gpus {
+            node.push(topo.node(topo.gpu(g)?).host);
+            host.push(nearest_host(topo, g).ok_or_else(|| RouteError::NoRoute {
+                what: format!("GPU{g}"),
+                why: "it attaches to no CPU socket, so it cannot stage through host".into(),
+            })?);
+        }
+        let mut nics: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
+        for (id, _) in topo.nics() {
+            nics.entry(topo.node(id).host).or_default().push(id);
+        }
+        let stages = (0..node.len()).map(|_| Stage::default()).collect();
+        Ok(Builder {
+            topo,
+            plan,
+            lanes: LaneMap::default(),
+            node,
+            host,
+            nics,
+            stages,
+            nic_routes: BTreeMap::new(),
+        })
+    }
+
+    /// The GPU memory of rank `r`.
+    pub fn gpu(&self, r: u32) -> Location {
+        Location::Gpu(self.plan.request.gpus[r as usize])
+    }
+
+    /// Move `src` (in `from`) to `dst` (in `to`) after `deps`: a local copy when both are the
+    /// same memory, else one hop, else (GPU to GPU) through host memory. Returns the ops whose
+    /// completion makes `dst` readable (`deps` when there is nothing to move).
+    pub fn mv(
+        &mut self,
+        from: Location,
+        src: Region,
+        to: Location,
+        dst: Region,
+        deps: &[u32],
+        channel: u32,
+    ) -> Result<Vec<u32>> {
+        if src.len == 0 {
+            return Ok(deps.to_vec());
+        }
+        if from == to {
+            let lane = self.lanes.local(&mut self.plan, from, channel);
+            return Ok(vec![self.plan.copy(
+                lane,
+                src,
+                dst,
+                Vec::new(),
+                deps.to_vec(),
+            )]);
+        }
+        let route = self.route(from, to)?;
+        Ok(self.send(&route, src, dst, deps, channel))
+    }
+
+    /// One message over `route` (a single chunk per hop, as MPI sends one message).
+    pub fn send(
+        &mut self,
+        route: &Route,
+        src: Region,
+        dst: Region,
+        deps: &[u32],
+        channel: u32,
+    ) -> Vec<u32> {
+        let len = src.len;
+        let arrivals = emit_transfer(
+            &mut self.plan,
+            &mut self.lanes,
+            src,
+            dst,
+            std::slice::from_ref(route),
+            &[len],
+            len.max(1),
+            channel,
+            deps,
+        );
+        arrivals.iter().map(|a| a.op).collect()
+    }
+
+    /// A route between two memories: one hop, or for two GPUs without one, through host.
+    fn route(&self, from: Location, to: Location) -> Result<Route> {
+        if let Some(h) = hop(self.topo, from, to) {
+            return Ok(Route { hops: vec![h] });
+        }
+        if let (Location::Gpu(a), Location::Gpu(b)) = (from, to) {
+            if let Some(r) = host_staged_routes(self.topo, a, b).into_iter().next() {
+                return Ok(r);
+            }
+        }
+        Err(RouteError::NoRoute {
+            what: format!("{from:?} -> {to:?}"),
+            why: "no hop and no host-staged route joins them".into(),
+        })
+    }
+
+    /// A network hop from host memory `from` out of NIC `nic_a`, into NIC `nic_b`, to host
+    /// memory `to` (the split strategies spread their messages over the nodes' NICs).
+    pub fn nic_route(
+        &mut self,
+        from: Location,
+        nic_a: NodeId,
+        nic_b: NodeId,
+        to: Location,
+    ) -> Result<Route> {
+        let key = (from, nic_a, nic_b, to);
+        if let Some(r) = self.nic_routes.get(&key) {
+            return Ok(r.clone());
+        }
+        let no = || RouteError::NoRoute {
+            what: format!("{from:?} -> {to:?}"),
+            why: "no path through the chosen NICs".into(),
+        };
+        let (a, b) = (
+            location_node(self.topo, from)?,
+            location_node(self.topo, to)?,
+        );
+        let mut edges = Vec::new();
+        for (x, y) in [(a, nic_a), (nic_a, nic_b), (nic_b, b)] {
+            edges.extend(widest_edges(self.topo, x, y).ok_or_else(no)?);
+        }
+        let links = edges
+            .iter()
+            .map(|e| self.topo.link(relaycc_topo::LinkId::new(*e as usize)));
+        let (gbps, latency_us) = links.fold((f64::INFINITY, 0.0), |(g, l), k| {
+            (g.min(k.gbps), l + k.latency_us)
+        });
+        let route = Route {
+            hops: vec![Hop {
+                from,
+                to,
+                edges,
+                gbps,
+                latency_us,
+            }],
+        };
+        self.nic_routes.insert(key, route.clone());
+        Ok(route)
+    }
+
+    /// Copy the input runs of rank `r` that `needed` lists (offset, len) to its host staging
+    /// buffer (one device-to-host copy per merged run, seed Eq. 4.5's initial copy).
+    pub fn stage_out(&mut self, r: u32, needed: &[(u64, u64)]) -> Result<()> {
+        let runs = merge(needed);
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let len = self.plan.request.input_len(r)?;
+        let buf = self.plan.add_scratch(self.host[r as usize], len);
+        self.stages[r as usize].send = Some(buf);
+        for (off, n) in runs {
+            let (g, h) = (self.gpu(r), self.host[r as usize]);
+            let ops = self.mv(
+                g,
+                Region::new(BufferRef::Input(r), off, n),
+                h,
+                Region::new(buf, off, n),
+                &[],
+                0,
+            )?;
+            self.stages[r as usize].send_runs.push((off, n, ops));
+        }
+        Ok(())
+    }
+
+    /// The host-staged copy of `len` input elements of rank `r` from `off` (after
+    /// [`Builder::stage_out`] covered them), or the GPU input itself when none was staged.
+    pub fn send_side(&self, r: u32, off: u64, len: u64) -> Side {
+        let st = &self.stages[r as usize];
+        match st.send {
+            Some(buf) => Side {
+                loc: self.host[r as usize],
+                region: Region::new(buf, off, len),
+                deps: overlapping(&st.send_runs, off, len),
+            },
+            None => Side {
+                loc: self.gpu(r),
+                region: Region::new(BufferRef::Input(r), off, len),
+                deps: Vec::new(),
+            },
+        }
+    }
+
+    /// Where `len` output elements of rank `d` from `off` are received: its host staging buffer
+    /// (allocated on first use) when `staged`, else the GPU output.
+    pub fn recv_side(&mut self, d: u32, off: u64, len: u64, staged: bool) -> Result<Side> {
+        if !staged {
+            return Ok(Side {
+                loc: self.gpu(d),
+                region: Region::new(BufferRef::Output(d), off, len),
+                deps: Vec::new(),
+            });
+        }
+        let buf = match self.stages[d as usize].recv {
+            Some(b) => b,
+            None => {
+                let n = self.plan.request.output_len(d)?;
+                let b = self.plan.add_scratch(self.host[d as usize], n);
+                self.stages[d as usize].recv = Some(b);
+                b
+            }
+        };
+        Ok(Side {
+            loc: self.host[d as usize],
+            region: Region::new(buf, off, len),
+            deps: Vec::new(),
+        })
+    }
+
+    /// Record that ops `ops` filled `len` elements of rank `d`'s host receive staging at `off`.
+    pub fn received(&mut self, d: u32, off: u64, len: u64, ops: Vec<u32>) {
+        if len > 0 {
+            self.stages[d as usize].recv_parts.push((off, len, ops));
+        }
+    }
+
+    /// Copy every filled run of every host receive staging buffer to its GPU output (one
+    /// host-to-device copy per merged run, seed Eq. 4.5's final copy); returns the plan.
+    pub fn finish(mut self) -> Result<Plan> {
+        for d in 0..self.stages.len() as u32 {
+            let Some(buf) = self.stages[d as usize].recv else {
+                continue;
+            };
+            let parts = std::mem::take(&mut self.stages[d as usize].recv_parts);
+            let spans: Vec<(u64, u64)> = parts.iter().map(|p| (p.0, p.1)).collect();
+            for (off, n) in merge(&spans) {
+                let deps = overlapping(&parts, off, n);
+                let (h, g) = (self.host[d as usize], self.gpu(d));
+                self.mv(
+                    h,
+                    Region::new(buf, off, n),
+                    g,
+                    Region::new(BufferRef::Output(d), off, n),
+                    &deps,
+                    0,
+                )?;
+            }
+        }
+        Ok(self.plan)
+    }
+}
+
+/// Merge (offset, len) spans into sorted, disjoint, non-adjacent runs; drops empty spans.
+fn merge(spans: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = spans.iter().copied().filter(|s| s.1 > 0).collect();
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (off, len) in v {
+        match out.last_mut() {
+            Some(last) if off <= last.0 + last.1 => {
+                last.1 = last.1.max(off + len - last.0);
+            }
+            _ => out.push((off, len)),
+        }
+    }
+    out
+}
+
+/// The ops of the parts that overlap `[off, off + len)`.
+fn overlapping(parts: &[(u64, u64, Vec<u32>)], off: u64, len: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = parts
+        .iter()
+        .filter(|p| p.0 < off + len && off < p.0 + p.1)
+        .flat_map(|p| p.2.iter().copied())
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The widest path of usable links from `a` to `b` passing no GPU (ties: fewest links), as
+/// topology edge indices. Complexity: O(V^2 + E) (dense Dijkstra on the bottleneck rate).
+fn widest_edges(topo: &Topology, a: NodeId, b: NodeId) -> Option<Vec<u32>> {
+    let n = topo.graph().node_count();
+    let mut best = vec![(0.0f64, usize::MAX); n];
+    let mut prev: Vec<Option<relaycc_topo::LinkId>> = vec![None; n];
+    let mut done = vec![false; n];
+    best[a.index()] = (f64::INFINITY, 0);
+    loop {
+        let pick = (0..n)
+            .filter(|i| !done[*i] && best[*i].0 > 0.0)
+            .max_by(|x, y| {
+                best[*x]
+                    .0
+                    .total_cmp(&best[*y].0)
+                    .then(best[*y].1.cmp(&best[*x].1))
+            })?;
+        done[pick] = true;
+        let node = NodeId::new(pick);
+        if node == b {
+            break;
+        }
+        if node != a && topo.node(node).gpu().is_some() {
+            continue;
+        }
+        for (eid, t, link) in topo.links_from(node) {
+            if !topo.link_usable(eid) || done[t.index()] {
+                continue;
+            }
+            let cand = (best[pick].0.min(link.gbps), best[pick].1 + 1);
+            let cur = best[t.index()];
+            if cand.0 > cur.0 || (cand.0 == cur.0 && cand.1 < cur.1) {
+                best[t.index()] = cand;
+                prev[t.index()] = Some(eid);
+            }
+        }
+    }
+    let mut edges = Vec::new();
+    let mut at = b;
+    while at != a {
+        let e = prev[at.index()]?;
+        edges.push(e.index() as u32);
+        at = topo.link_ends(e).0;
+        if edges.len() > n {
+            return None;
+        }
+    }
+    edges.reverse();
+    Some(edges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_and_overlap() {
+        assert_eq!(merge(&[(5, 2), (0, 3), (3, 2), (9, 0)]), vec![(0, 7)]);
+        assert_eq!(merge(&[(0, 2), (4, 2), (1, 1)]), vec![(0, 2), (4, 2)]);
+        let parts = vec![(0, 4, vec![1]), (4, 4, vec![2, 1])];
+        assert_eq!(overlapping(&parts, 3, 2), vec![1, 2]);
+        assert_eq!(overlapping(&parts, 8, 2), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn widest_path_crosses_the_network() {
+        let t = relaycc_topo::preset("cluster:2xpcie-4gpu:ib-hdr").unwrap();
+        let nics: Vec<NodeId> = t.nics().map(|(id, _)| id).collect();
+        let e = widest_edges(&t, nics[0], nics[1]).unwrap();
+        assert_eq!(e.len(), 2, "NIC -> switch -> NIC");
+    }
+}

@@ -1,0 +1,151 @@
+//! The orchestrator: generate candidates, time each with the simulator, keep the fastest, and
+//! report it beside the NCCL-like baseline and the bound. [`Planner`] caches results per
+//! request shape for one topology.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use relaycc_topo::Topology;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::p2p::{RouteShare, Strategy, p2p_bound_gbps, p2p_candidates};
+use crate::path::RelayPolicy;
+use crate::plan::Plan;
+use crate::request::{Collective, Request};
+use crate::sim::{Perf, SimConfig, simulate};
+
+/// How to plan.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlanOptions {
+    /// Which GPUs may relay. Default: any free GPU.
+    pub relay: RelayPolicy,
+    /// Which point-to-point route kinds to consider. Default: all.
+    pub strategy: Strategy,
+    /// Simulator settings used to rank candidates.
+    pub sim: SimConfig,
+}
+
+/// One candidate's simulated time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateTime {
+    /// The candidate's algorithm name.
+    pub algorithm: String,
+    /// Its simulated time, microseconds.
+    pub time_us: f64,
+}
+
+/// The chosen plan and the figures to judge it by.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// The fastest plan found.
+    pub plan: Plan,
+    /// Its simulated performance.
+    pub predicted: Perf,
+    /// The NCCL-like baseline's plan.
+    pub baseline_plan: Plan,
+    /// The baseline's simulated performance.
+    pub baseline: Perf,
+    /// The bound (max-flow for point-to-point and broadcast, ingress/egress otherwise).
+    pub bound: Perf,
+    /// Every candidate tried, fastest first.
+    pub candidates: Vec<CandidateTime>,
+    /// Point-to-point requests: the chosen routes and their shares.
+    pub routes: Vec<RouteShare>,
+}
+
+fn is_p2p(req: &Request) -> bool {
+    req.collective == Collective::SendRecv && req.transfers.len() == 1 && req.transfers[0].src != req.transfers[0].dst
+}
+
+/// Plan `req` on `topo`: the fastest candidate by simulation, the baseline and the bound.
+///
+/// The baseline plan is itself among the candidates, so relaycc is never predicted slower
+/// than the NCCL-like planner. Ties go to the earlier candidate, which keeps planning
+/// deterministic.
+pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
+    req.validate()?;
+    let baseline_plan = crate::planner::baseline_plan(topo, req)?;
+    let baseline_sim = simulate(topo, &baseline_plan, &opts.sim)?;
+    let baseline = baseline_sim.perf(req);
+    let mut best: Option<(f64, Plan, Vec<RouteShare>)> = None;
+    let mut candidates = Vec::new();
+    let mut consider = |plan: Plan, routes: Vec<RouteShare>, t: f64| {
+        candidates.push(CandidateTime { algorithm: plan.algorithm.clone(), time_us: t });
+        if best.as_ref().is_none_or(|(bt, _, _)| t < *bt) {
+            best = Some((t, plan, routes));
+        }
+    };
+    let bound_gbps;
+    if is_p2p(req) {
+        bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
+        match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
+            Ok(cands) => {
+                for c in cands {
+                    let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
+                    consider(c.plan, c.routes, t);
+                }
+            }
+            // A forced strategy with no route falls through to the baseline only when Auto.
+            Err(e) if opts.strategy != Strategy::Auto => return Err(e),
+            Err(_) => {}
+        }
+    } else {
+        bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
+        for c in crate::planner::collective_candidates(topo, req, &opts.relay)? {
+            let t = simulate(topo, &c, &opts.sim)?.time_us;
+            consider(c, Vec::new(), t);
+        }
+    }
+    if opts.strategy == Strategy::Auto || !is_p2p(req) {
+        consider(baseline_plan.clone(), Vec::new(), baseline_sim.time_us);
+    }
+    let Some((time, plan, routes)) = best else {
+        return Err(crate::RouteError::NoRoute {
+            what: req.collective.to_string(),
+            why: "no candidate plan".into(),
+        });
+    };
+    candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
+    let predicted = Perf::from_time(req, time);
+    let bound = Perf::from_algbw(req, bound_gbps);
+    Ok(Planned { plan, predicted, baseline_plan, baseline, bound, candidates, routes })
+}
+
+/// A planner bound to one topology, caching results per request and options.
+#[derive(Debug)]
+pub struct Planner {
+    topo: Topology,
+    cache: Mutex<HashMap<(Request, RelayPolicy, Strategy), Arc<Planned>>>,
+}
+
+impl Planner {
+    /// A planner for `topo` (the mask in force is part of it).
+    pub fn new(topo: Topology) -> Self {
+        Planner { topo, cache: Mutex::new(HashMap::new()) }
+    }
+    /// The topology.
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+    /// Plan `req`, from the cache when the same request and options were planned before.
+    pub fn plan(&self, req: &Request, opts: &PlanOptions) -> Result<Arc<Planned>> {
+        let key = (req.clone(), opts.relay.clone(), opts.strategy);
+        if opts.sim == SimConfig::default() {
+            if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+                return Ok(hit);
+            }
+        }
+        let planned = Arc::new(plan(&self.topo, req, opts)?);
+        if opts.sim == SimConfig::default() {
+            if let Ok(mut c) = self.cache.lock() {
+                c.insert(key, planned.clone());
+            }
+        }
+        Ok(planned)
+    }
+    /// Number of cached plans.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}
