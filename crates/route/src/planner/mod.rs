@@ -31,6 +31,7 @@ pub mod hierarchical;
 pub mod ring;
 pub mod tree;
 
+pub use crate::bound::collective_bound_gbps as bound_gbps;
 pub use baseline::baseline_plan;
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
