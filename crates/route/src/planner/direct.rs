@@ -108,6 +108,45 @@ mod tests {
     use crate::request::Collective;
 
     #[test]
+    fn one_rank_and_irregular_counts() {
+        let topo = relaycc_topo::preset("pcie-4gpu").unwrap();
+        let cache = ConnCache::new(&topo, &[2], &RelayPolicy::None);
+        let ctx = Ctx {
+            cache: &cache,
+            mode: LinkMode::Single,
+            chunk_elems: 4,
+            channels: 1,
+        };
+        // One rank: Avg divides by one, in a single local reduction per chunk.
+        let req =
+            Request::new(Collective::AllReduce, vec![2], 9, DType::F32).with_op(ReduceOp::Avg);
+        let p = plan(&topo, &req, &ctx).unwrap();
+        check(&p).unwrap();
+        assert!(p.ops.iter().all(|o| o.edges.is_empty()));
+        // all_to_all_v with empty rows and columns moves only what the matrix asks.
+        let gpus = vec![0, 1, 3];
+        let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::None);
+        let ctx = Ctx {
+            cache: &cache,
+            mode: LinkMode::Single,
+            chunk_elems: 4,
+            channels: 1,
+        };
+        let mut req = Request::new(Collective::AllToAllV, gpus, 0, DType::U8);
+        req.matrix = vec![vec![0, 5, 0], vec![0, 0, 0], vec![2, 0, 1]];
+        let p = plan(&topo, &req, &ctx).unwrap();
+        check(&p).unwrap();
+        check_routes(&p, &topo).unwrap();
+        let moved: u64 = p
+            .ops
+            .iter()
+            .filter(|o| !o.edges.is_empty())
+            .map(|o| o.len())
+            .sum();
+        assert!(moved >= 7);
+    }
+
+    #[test]
     fn every_collective_directly() {
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();
         let gpus = vec![0, 2, 5, 7];

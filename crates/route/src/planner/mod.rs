@@ -3,15 +3,15 @@
 //!
 //! | collective | candidates |
 //! |---|---|
-//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] |
-//! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels), [`direct::plan`] |
-//! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels), [`direct::plan`] |
-//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] |
+//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
+//! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels), [`direct::plan`] (small requests) |
+//! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels), [`direct::plan`] (small requests) |
+//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
 //! Every candidate is built in each [`LinkMode`] relaycc may use ([`LinkMode::Single`],
 //! [`LinkMode::Multipath`]) and each chunk size asked for; the orchestrator simulates them and
-//! keeps the fastest. Plans are built through one builder that derives all dependencies, so
+//! keeps the fastest (direct only up to [`DIRECT_SMALL_BYTES`] where other candidates exist). Plans are built through one builder that derives all dependencies, so
 //! every plan is race-free for the out-of-place call; [`supports_in_place`] says whether it also
 //! serves the in-place call.
 
@@ -91,13 +91,20 @@ pub(crate) fn name(algo: &str, ctx: &Ctx) -> String {
     format!("{algo} x{} {mode} chunk {}", ctx.channels, ctx.chunk_elems)
 }
 
-/// The candidates tried for a collective: (planner, channels).
-fn specs(c: Collective, n: usize) -> Vec<(Planner, u32)> {
+/// Largest request (nccl-tests size, bytes) for which the one-step direct plan is tried for
+/// collectives that other candidates serve bandwidth-optimally (all_reduce, all_gather(_v),
+/// reduce_scatter, broadcast, reduce): beyond it direct moves (n-1) x S into each rank and only
+/// costs planning and simulation time. Two ranks always try it (there it is a ring).
+pub const DIRECT_SMALL_BYTES: u64 = 4 << 20;
+
+/// The candidates tried for a request: (planner, channels).
+fn specs(req: &Request) -> Vec<(Planner, u32)> {
+    let (c, n) = (req.collective, req.nranks());
     let d: (Planner, u32) = (direct::plan, 1);
     if n <= 1 {
         return vec![d];
     }
-    match c {
+    let mut v: Vec<(Planner, u32)> = match c {
         Collective::AllReduce => vec![
             (ring::all_reduce, 1),
             (ring::all_reduce, 2),
@@ -116,8 +123,12 @@ fn specs(c: Collective, n: usize) -> Vec<(Planner, u32)> {
             d,
         ],
         Collective::Reduce => vec![(ring::reduce, 1), (ring::reduce, 2), (tree::reduce, 1), d],
-        _ => vec![d],
+        _ => return vec![d],
+    };
+    if n > 2 && req.size_bytes() > DIRECT_SMALL_BYTES {
+        v.pop();
     }
+    v
 }
 
 /// Every candidate plan for a collective request.
@@ -160,7 +171,7 @@ pub fn collective_candidates(
     let mut first_err: Option<RouteError> = None;
     for &chunk in &sizes {
         for mode in [LinkMode::Single, LinkMode::Multipath] {
-            for (planner, channels) in specs(req.collective, req.nranks()) {
+            for (planner, channels) in specs(req) {
                 let ctx = Ctx {
                     cache: &cache,
                     mode,

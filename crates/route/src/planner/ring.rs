@@ -2,7 +2,7 @@
 //! pipelined chains of broadcast and reduce along the ring, over several rings at once.
 //!
 //! The ring order maximises the slowest ring connection (then the sum of their rates), where a
-//! connection is whatever [`super::connect`] gives the pair: a direct hop, a relay through
+//! connection is whatever [`super::connect()`] gives the pair: a direct hop, a relay through
 //! another GPU, host staging, or a multi-path split, so a ring link the machine lacks is
 //! relayed. Channel c carries the c-th share of the data; odd channels run the ring backwards,
 //! so a ring and its reverse use both directions of every link (DGX-1 {0,2,5,7}). Steps are
@@ -372,6 +372,45 @@ pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The slowest connection of a ring order, GB/s (both directions when `both`).
+    fn slowest(ctx: &Ctx, req: &Request, ord: &[u32], both: bool) -> f64 {
+        let g = |p: usize| req.gpus[ord[p % ord.len()] as usize];
+        (0..ord.len())
+            .map(|p| {
+                let f = ctx.cache.gbps(ctx.mode, g(p), g(p + 1));
+                let b = ctx.cache.gbps(ctx.mode, g(p + 1), g(p));
+                if both { f.min(b) } else { f }
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    fn dgx1_subset_rings_relay_where_nccl_goes_through_host() {
+        use crate::dtype::DType;
+        use crate::path::RelayPolicy;
+        use crate::planner::{ConnCache, LinkMode};
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        for gpus in [vec![0, 7], vec![0, 2, 5, 7], vec![1, 2, 4, 7]] {
+            let req = Request::new(Collective::AllReduce, gpus.clone(), 1, DType::F32);
+            let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
+            let rate = |mode| {
+                let ctx = Ctx {
+                    cache: &cache,
+                    mode,
+                    chunk_elems: 1,
+                    channels: 2,
+                };
+                let ord = ring_order(&ctx, &req, true);
+                slowest(&ctx, &req, &ord, true)
+            };
+            let (nccl, single) = (rate(LinkMode::Nccl), rate(LinkMode::Single));
+            // NCCL's ring crosses the sockets through host memory (PCIe, 10 GB/s); relaycc
+            // relays the missing links over NVLink (at least one NV1 lane, 24.2 GB/s).
+            assert!((nccl - 10.0).abs() < 1e-9, "{gpus:?} nccl {nccl}");
+            assert!(single >= 24.2 - 1e-9, "{gpus:?} single {single}");
+        }
+    }
 
     #[test]
     fn permutations_are_lexicographic() {
