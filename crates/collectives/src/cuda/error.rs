@@ -1,0 +1,94 @@
+//! The error type of the CUDA layer: every failure names the step and its context.
+
+use std::path::PathBuf;
+
+/// Why a CUDA call of relaycc failed. No CUDA entry point panics: a missing driver, a missing
+/// NVRTC, a compile error or a stale precompiled PTX file all come back as one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// The CUDA driver library (libcuda) could not be loaded: no NVIDIA driver on this machine,
+    /// or it is not on the loader's path.
+    #[error("no CUDA driver: could not load any of {searched:?} (is the NVIDIA driver installed?)")]
+    NoDriver {
+        /// The library names and paths tried, in order.
+        searched: Vec<String>,
+    },
+    /// NVRTC (libnvrtc) could not be loaded, so kernels cannot be compiled at run time.
+    #[error(
+        "no NVRTC: could not load any of {searched:?} (set RELAYCC_NVRTC_LIB to libnvrtc.so.12 or \
+         its directory, e.g. a pip nvidia-cuda-nvrtc-cu12 wheel's nvidia/cuda_nvrtc/lib, or set \
+         RELAYCC_PTX_DIR to precompiled kernels)"
+    )]
+    NoNvrtc {
+        /// The library names and paths tried, in order.
+        searched: Vec<String>,
+    },
+    /// A library was found but lacks a function relaycc calls (too old, or not the real one).
+    #[error("{library} lacks the symbol {symbol} (too old a version?)")]
+    MissingSymbol {
+        /// The library file or name that was loaded.
+        library: String,
+        /// The missing function.
+        symbol: String,
+    },
+    /// A CUDA driver call returned an error status.
+    #[error("cuda driver call {call} failed: {status}")]
+    Driver {
+        /// The driver function, e.g. `cuDeviceGetCount`.
+        call: &'static str,
+        /// The status the driver returned.
+        status: String,
+    },
+    /// An NVRTC call other than the compilation itself returned an error status.
+    #[error("nvrtc call {call} failed: {status}")]
+    Nvrtc {
+        /// The NVRTC function, e.g. `nvrtcCreateProgram`.
+        call: &'static str,
+        /// The status NVRTC returned.
+        status: String,
+    },
+    /// NVRTC rejected the kernel sources.
+    #[error("nvrtc could not compile the kernels for {arch}: {status}\n{log}")]
+    Compile {
+        /// The virtual architecture, e.g. `compute_80`.
+        arch: String,
+        /// The status NVRTC returned.
+        status: String,
+        /// NVRTC's compile log.
+        log: String,
+    },
+    /// A compute capability relaycc has no kernels for (below 7.0, the oldest it targets).
+    #[error("unsupported compute capability {major}.{minor} (relaycc kernels need 7.0 or newer)")]
+    UnsupportedArch {
+        /// Major version.
+        major: u32,
+        /// Minor version.
+        minor: u32,
+    },
+    /// PTX (compiled, cached or precompiled) lacks entry points the library expects.
+    #[error("PTX from {origin} for {arch} lacks {} entry point(s): {missing:?}", missing.len())]
+    MissingEntryPoints {
+        /// Where the PTX came from (NVRTC, a cache file, a precompiled file).
+        origin: String,
+        /// The virtual architecture, e.g. `compute_80`.
+        arch: String,
+        /// The expected entry points that are absent.
+        missing: Vec<String>,
+    },
+    /// A precompiled or cached PTX file could not be read or written.
+    #[error("PTX file {}: {message}", path.display())]
+    PtxFile {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// No kernel exists for this element type and operator (avg on an integer type).
+    #[error("no reduce kernel for {op} on {dtype} (avg is defined for floating types only)")]
+    NoKernel {
+        /// The element type.
+        dtype: relaycc_route::DType,
+        /// The reduce operator.
+        op: relaycc_route::ReduceOp,
+    },
+}

@@ -1,0 +1,36 @@
+//! The CUDA layer: kernels compiled at run time with NVRTC, and the driver probed before use.
+//!
+//! | need | here |
+//! | --- | --- |
+//! | which GPUs exist, their architecture, who can reach whom | [`devices`], [`DeviceInfo`] |
+//! | is a driver / NVRTC present at all | [`driver`], [`nvrtc()`] |
+//! | the kernels' PTX for a GPU (cached in memory and on disk, or precompiled) | [`KernelCache`] |
+//! | the entry point for a type and operator | [`reduce_entry`], [`FORWARD_ENTRY`] |
+//! | compile once, no cache (what `scripts/check-kernels` checks) | [`compile_ptx`] |
+//!
+//! Invariant: nothing here panics or aborts when CUDA is absent. Every entry point probes the
+//! library it needs first (cudarc itself panics without libcuda / libnvrtc) and returns
+//! [`CudaError::NoDriver`] or [`CudaError::NoNvrtc`]. Unsafe code lives in `libs` (dlopen),
+//! `driver` and `nvrtc` (FFI through cudarc), each block with its reason.
+//!
+//! See `README.md` beside this file for how kernels are built and found, the environment
+//! variables, and how to run the GPU tests.
+
+mod cache;
+mod driver;
+mod error;
+mod kernels;
+mod libs;
+mod nvrtc;
+
+#[cfg(test)]
+mod gpu_tests;
+
+pub use cache::{CacheConfig, KernelCache, KernelPtx, PtxOrigin, ptx_file_name};
+pub use driver::{DeviceInfo, DriverInfo, devices, driver};
+pub use error::CudaError;
+pub use kernels::{
+    FORWARD_ENTRY, ITEMS_PER_THREAD, LaunchShape, REDUCE_COPY_ENTRIES, REDUCE_ENTRIES, SOURCES,
+    THREADS_PER_BLOCK, expected_entries, kernel_source, missing_entries, ptx_entries, reduce_entry,
+};
+pub use nvrtc::{Arch, COMPILE_OPTIONS, NvrtcInfo, check_entries, compile_ptx, nvrtc};
