@@ -8,6 +8,7 @@
 
 #![deny(missing_docs)]
 
+mod bound;
 mod check;
 mod dtype;
 mod error;
@@ -16,8 +17,10 @@ pub mod nodeaware;
 pub mod p2p;
 pub mod path;
 mod plan;
+pub mod planner;
 mod request;
 
+pub use bound::collective_bound_gbps;
 pub use check::{CheckOptions, check, check_routes, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};

@@ -1,0 +1,158 @@
+//! The in-model NCCL-like baseline: what NCCL would do on the same masked machine, so every
+//! relaycc figure has a peer computed under the same model.
+//!
+//! Rules (REFERENCE.md, "How NCCL behaves"): only member GPUs take part; a pair connects by
+//! direct NVLink, else NVLink through one *member* GPU (NVB), else PCIe peer-to-peer inside a
+//! socket, else host memory of the sender's socket ([`LinkMode::Nccl`]); never more than one
+//! route (no multi-path). One ring over the members, ordered to maximise its slowest link
+//! under those rules; broadcast and reduce are pipelined chains along it (within a node NCCL's
+//! "tree" is a chain); chunks of 512 KiB (the Simple protocol's step). What NCCL lacks is done
+//! as its users do it: all_to_all(_v), gather, scatter and send/recv as grouped send/recv (all
+//! pairs at once), all_gather_v as a series of broadcasts, one after another.
+
+use relaycc_topo::Topology;
+
+use crate::error::Result;
+use crate::path::RelayPolicy;
+use crate::plan::{BufferRef, Plan, Region};
+use crate::request::{Collective, Request};
+
+use super::builder::Builder;
+use super::ring::{self, ring_order};
+use super::{ConnCache, Ctx, LinkMode, chunks, direct};
+
+/// NCCL's chunk: the Simple protocol's step size, bytes (`NCCL_STEPS` slices of a 4 MiB buffer,
+/// 512 KiB each, in NCCL 2.x `src/include/collectives.h`).
+pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
+
+/// The NCCL-like plan of a request.
+///
+/// # Arguments
+/// - `topo`: the masked topology;
+/// - `req`: any collective of [`Collective::ALL`] (send_recv as NCCL's p2p).
+///
+/// # Returns
+/// One plan named `nccl-like ...`, or an error when the request is malformed or a pair of
+/// members has no route even through host memory.
+///
+/// # Complexity
+/// n^2 connections (no max-flow), a ring search bounded by [`ring::RING_SEARCH_BUDGET`], and
+/// O(steps x chunks) ops.
+///
+/// Source: REFERENCE.md ("How NCCL behaves"); NCCL's ring search and p2p path types
+/// (`src/graph/search.cc`, `src/graph/paths.cc`); the tensor-factorization seed for the series
+/// of broadcasts that replaces all_gather_v.
+pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
+    req.validate()?;
+    for &g in &req.gpus {
+        topo.gpu(g)?;
+    }
+    let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
+    let ctx = Ctx {
+        cache: &cache,
+        mode: LinkMode::Nccl,
+        chunk_elems: (NCCL_CHUNK_BYTES / req.dtype.size()).max(1),
+        channels: 1,
+    };
+    let mut plan = match req.collective {
+        _ if req.nranks() < 2 => direct::plan(topo, req, &ctx),
+        Collective::AllReduce => ring::all_reduce(topo, req, &ctx),
+        Collective::AllGather => ring::all_gather(topo, req, &ctx),
+        Collective::ReduceScatter => ring::reduce_scatter(topo, req, &ctx),
+        Collective::Broadcast => ring::broadcast(topo, req, &ctx),
+        Collective::Reduce => ring::reduce(topo, req, &ctx),
+        Collective::AllGatherV => broadcasts(req, &ctx),
+        Collective::AllToAll
+        | Collective::AllToAllV
+        | Collective::Gather
+        | Collective::Scatter
+        | Collective::SendRecv => direct::plan(topo, req, &ctx),
+    }?;
+    let algo = match req.collective {
+        Collective::AllGatherV => "broadcast series".to_string(),
+        Collective::AllToAll
+        | Collective::AllToAllV
+        | Collective::Gather
+        | Collective::Scatter
+        | Collective::SendRecv => "grouped send/recv".to_string(),
+        _ => plan.algorithm.clone(),
+    };
+    plan.algorithm = format!("nccl-like {algo}");
+    Ok(plan)
+}
+
+/// all_gather_v as NCCL users write it: for each rank in turn, a ring broadcast (a pipelined
+/// chain from that rank) of its block, each broadcast starting when the previous one ended.
+fn broadcasts(req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let order = ring_order(ctx, req, false);
+    let n = order.len();
+    let mut b = Builder::new(req, ctx, "broadcast series");
+    let mut displ = 0u64;
+    for k in 0..n as u32 {
+        let len = req.counts.get(k as usize).copied().unwrap_or(0);
+        let at = order.iter().position(|r| *r == k).unwrap_or(0);
+        let chain: Vec<u32> = (0..n).map(|i| order[(at + i) % n]).collect();
+        b.send(
+            Region::new(BufferRef::Input(k), 0, len),
+            Region::new(BufferRef::Output(k), displ, len),
+            0,
+        )?;
+        for (rel, l) in chunks(len, ctx.chunk_elems) {
+            for i in 1..n {
+                let src = if i == 1 {
+                    Region::new(BufferRef::Input(k), rel, l)
+                } else {
+                    Region::new(BufferRef::Output(chain[i - 1]), displ + rel, l)
+                };
+                b.send(
+                    src,
+                    Region::new(BufferRef::Output(chain[i]), displ + rel, l),
+                    0,
+                )?;
+            }
+        }
+        b.fence();
+        displ += len;
+    }
+    Ok(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{check, check_routes};
+    use crate::dtype::DType;
+
+    #[test]
+    fn dgx1_0_7_goes_through_host_memory() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::new(Collective::AllReduce, vec![0, 7], 1 << 20, DType::F32);
+        let p = baseline_plan(&topo, &req).unwrap();
+        check(&p).unwrap();
+        check_routes(&p, &topo).unwrap();
+        assert!(
+            p.scratch
+                .iter()
+                .any(|s| matches!(s.location, crate::Location::Host(_)))
+        );
+        assert!(p.scratch.iter().all(|s| match s.location {
+            crate::Location::Gpu(g) => g == 0 || g == 7,
+            crate::Location::Host(_) => true,
+        }));
+    }
+
+    #[test]
+    fn all_gather_v_broadcasts_run_in_series() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let mut req = Request::new(Collective::AllGatherV, vec![0, 1, 2], 0, DType::U8);
+        req.counts = vec![5, 0, 3];
+        let p = baseline_plan(&topo, &req).unwrap();
+        check(&p).unwrap();
+        // Rank 2's first copy waits for the end of rank 0's broadcast.
+        let late = p.ops.iter().position(|o| {
+            matches!(&o.kind,
+            crate::OpKind::Copy { src, .. } if src.buffer == BufferRef::Input(2))
+        });
+        assert!(late.is_some_and(|i| !p.ops[i].deps.is_empty()));
+    }
+}

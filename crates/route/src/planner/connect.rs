@@ -1,0 +1,219 @@
+//! Rank-to-rank connections: for an ordered GPU pair, the set of routes a planner sends over and
+//! the weight (GB/s) each route gets, under one of three link rules (NCCL's, relaycc's best
+//! single route, relaycc's max-flow split). Connections are cached per pair inside one planning
+//! call, so a ring search and the lowering that follows it ask the topology once per pair.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use relaycc_topo::{LinkId, Topology};
+
+use crate::error::{Result, RouteError};
+use crate::lower::split_shares;
+use crate::path::{
+    RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, nearest_host,
+    relay_routes,
+};
+
+/// Which routes a connection may use, from most restricted to least.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LinkMode {
+    /// NCCL's rules (REFERENCE.md, "How NCCL behaves"): direct NVLink; else NVLink through one
+    /// member GPU (NVB); else PCIe peer-to-peer inside a socket; else host memory of the
+    /// sender's socket. One route, never a split.
+    Nccl,
+    /// relaycc's best single route: the widest of the direct hop, a relay through one GPU the
+    /// relay policy admits, and the host-staged routes.
+    Single,
+    /// relaycc's max-rate connection: the max-flow split over every route at once (shares in
+    /// proportion to each route's flow), unless one single route is at least as fast.
+    Multipath,
+}
+
+/// The routes one ordered GPU pair uses, with their weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
+    /// Routes, heaviest first.
+    pub routes: Vec<Route>,
+    /// Weight of each route (its rate, GB/s); shares are split in proportion.
+    pub weights: Vec<f64>,
+}
+
+impl Connection {
+    /// The connection's rate: the sum of route weights, GB/s.
+    pub fn gbps(&self) -> f64 {
+        self.weights.iter().sum()
+    }
+    /// Elements each route carries when the connection moves `len` elements.
+    pub fn shares(&self, len: u64) -> Vec<u64> {
+        split_shares(len, &self.weights)
+    }
+    fn single(r: Route) -> Self {
+        let w = r.gbps();
+        Connection {
+            routes: vec![r],
+            weights: vec![w],
+        }
+    }
+}
+
+fn all_nvlink(topo: &Topology, r: &Route) -> bool {
+    r.hops.iter().all(|h| {
+        h.edges
+            .iter()
+            .all(|e| topo.link(LinkId::new(*e as usize)).kind.is_nvlink())
+    })
+}
+
+/// Better single route: higher rate, then fewer hops, then lower latency (first wins ties).
+fn better(a: &Route, b: &Route) -> bool {
+    a.gbps() > b.gbps()
+        || (a.gbps() == b.gbps()
+            && (a.hops.len() < b.hops.len()
+                || (a.hops.len() == b.hops.len() && a.latency_us() < b.latency_us())))
+}
+
+/// The connection from GPU `a` to GPU `b` of a job over `members`.
+///
+/// # Arguments
+/// - `topo`: the masked topology;
+/// - `members`: the job's GPUs (NVB relays and member relays come from them);
+/// - `relay`: which GPUs may relay ([`LinkMode::Single`] and [`LinkMode::Multipath`] only);
+/// - `mode`: the link rule;
+/// - `a`, `b`: source and destination GPU (distinct).
+///
+/// # Returns
+/// The routes and their weights, or [`RouteError::NoRoute`] when no route exists.
+///
+/// # Complexity
+/// A few widest-path searches, O(G E log V) for G GPUs; Dinic's max-flow, O(V^2 E), in
+/// [`LinkMode::Multipath`].
+///
+/// Source: the re-routing seed (relays through idle GPUs) and the multi-path seed (split over
+/// NVLink and host-staged paths at once); NCCL's rules from REFERENCE.md.
+pub fn connect(
+    topo: &Topology,
+    members: &[u32],
+    relay: &RelayPolicy,
+    mode: LinkMode,
+    a: u32,
+    b: u32,
+) -> Result<Connection> {
+    let none = || RouteError::NoRoute {
+        what: format!("GPU{a} -> GPU{b}"),
+        why: format!("no route under {mode:?} links with relay policy {relay:?}"),
+    };
+    let direct = direct_route(topo, a, b);
+    if mode == LinkMode::Nccl {
+        let nvlink = direct.as_ref().filter(|r| all_nvlink(topo, r));
+        if let Some(r) = nvlink {
+            return Ok(Connection::single(r.clone()));
+        }
+        let member = |g: u32| members.contains(&g);
+        if let Some(r) = relay_routes(topo, a, b, &member)
+            .into_iter()
+            .find(|r| all_nvlink(topo, r))
+        {
+            return Ok(Connection::single(r));
+        }
+        if let Some(r) = direct {
+            return Ok(Connection::single(r));
+        }
+        let home = nearest_host(topo, a);
+        let staged = host_staged_routes(topo, a, b);
+        let pick = staged
+            .iter()
+            .find(|r| r.hops.first().map(|h| h.to) == home)
+            .or(staged.first());
+        return pick.cloned().map(Connection::single).ok_or_else(none);
+    }
+    let allowed = |g: u32| g != a && g != b && relay.allows(topo, members, g);
+    let mut best: Option<Route> = direct;
+    let more = relay_routes(topo, a, b, &allowed)
+        .into_iter()
+        .take(1)
+        .chain(host_staged_routes(topo, a, b));
+    for r in more {
+        if best.as_ref().is_none_or(|x| better(&r, x)) {
+            best = Some(r);
+        }
+    }
+    if mode == LinkMode::Multipath {
+        let (total, flows) = max_flow_routes(topo, a, b, &allowed)?;
+        let single = best.as_ref().map_or(0.0, Route::gbps);
+        if flows.len() > 1 && total > single {
+            let (routes, weights) = flows.into_iter().unzip();
+            return Ok(Connection { routes, weights });
+        }
+    }
+    best.map(Connection::single).ok_or_else(none)
+}
+
+/// Connections of one planning call, cached per (mode, source, destination).
+#[derive(Debug)]
+pub struct ConnCache<'t> {
+    topo: &'t Topology,
+    members: Vec<u32>,
+    relay: RelayPolicy,
+    map: RefCell<BTreeMap<(LinkMode, u32, u32), Rc<Connection>>>,
+}
+
+impl<'t> ConnCache<'t> {
+    /// An empty cache for a job over `members` with relay policy `relay`.
+    pub fn new(topo: &'t Topology, members: &[u32], relay: &RelayPolicy) -> Self {
+        ConnCache {
+            topo,
+            members: members.to_vec(),
+            relay: relay.clone(),
+            map: RefCell::new(BTreeMap::new()),
+        }
+    }
+    /// The topology the cache plans on.
+    pub fn topo(&self) -> &'t Topology {
+        self.topo
+    }
+    /// The connection `a -> b` under `mode` ([`connect`]), computed once.
+    pub fn get(&self, mode: LinkMode, a: u32, b: u32) -> Result<Rc<Connection>> {
+        if let Some(c) = self.map.borrow().get(&(mode, a, b)) {
+            return Ok(Rc::clone(c));
+        }
+        let c = Rc::new(connect(self.topo, &self.members, &self.relay, mode, a, b)?);
+        self.map.borrow_mut().insert((mode, a, b), Rc::clone(&c));
+        Ok(c)
+    }
+    /// The rate `a -> b` under `mode`, GB/s; 0 when no route exists.
+    pub fn gbps(&self, mode: LinkMode, a: u32, b: u32) -> f64 {
+        self.get(mode, a, b).map_or(0.0, |c| c.gbps())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_uses_host_memory_where_relaycc_relays() {
+        let t = relaycc_topo::preset("dgx1-v100").unwrap();
+        let m = [0, 7];
+        let nccl = connect(&t, &m, &RelayPolicy::Any, LinkMode::Nccl, 0, 7).unwrap();
+        assert_eq!(nccl.routes.len(), 1);
+        assert_eq!(nccl.routes[0].names(&t)[1], "CPU0");
+        let single = connect(&t, &m, &RelayPolicy::Any, LinkMode::Single, 0, 7).unwrap();
+        assert!(single.gbps() > 40.0, "{}", single.gbps());
+        let multi = connect(&t, &m, &RelayPolicy::Any, LinkMode::Multipath, 0, 7).unwrap();
+        assert!(multi.routes.len() > 1 && multi.gbps() > 150.0);
+        let cache = ConnCache::new(&t, &m, &RelayPolicy::None);
+        assert!((cache.gbps(LinkMode::Single, 0, 7) - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn nccl_uses_nvb_through_members_only() {
+        let t = relaycc_topo::preset("dgx1-v100").unwrap();
+        // 0 and 5 share no NVLink; 1 and 4 bridge them.
+        let c = connect(&t, &[0, 1, 5], &RelayPolicy::None, LinkMode::Nccl, 0, 5).unwrap();
+        assert_eq!(c.routes[0].names(&t), ["GPU0", "GPU1", "GPU5"]);
+        let c = connect(&t, &[0, 5], &RelayPolicy::Any, LinkMode::Nccl, 0, 5).unwrap();
+        assert!(!all_nvlink(&t, &c.routes[0]));
+    }
+}

@@ -1,0 +1,220 @@
+//! Collective planners: one algorithm per file, each a `fn(&Topology, &Request, &Ctx) ->
+//! Result<Plan>` producing a complete [`Plan`], plus the NCCL-like baseline.
+//!
+//! | collective | candidates |
+//! |---|---|
+//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
+//! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels), [`direct::plan`] (small requests) |
+//! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels), [`direct::plan`] (small requests) |
+//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
+//! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
+//!
+//! Every candidate is built in each [`LinkMode`] relaycc may use ([`LinkMode::Single`],
+//! [`LinkMode::Multipath`]) and each chunk size asked for; the orchestrator simulates them and
+//! keeps the fastest (direct only up to [`DIRECT_SMALL_BYTES`] where other candidates exist). Plans are built through one builder that derives all dependencies, so
+//! every plan is race-free for the out-of-place call; [`supports_in_place`] says whether it also
+//! serves the in-place call.
+
+use relaycc_topo::Topology;
+
+use crate::check::{CheckOptions, check_with};
+use crate::error::{Result, RouteError};
+use crate::path::RelayPolicy;
+use crate::plan::Plan;
+use crate::request::{Collective, Request};
+
+pub mod baseline;
+mod builder;
+pub mod connect;
+pub mod direct;
+pub mod hierarchical;
+pub mod ring;
+pub mod tree;
+
+pub use crate::bound::collective_bound_gbps as bound_gbps;
+pub use baseline::baseline_plan;
+pub use builder::CH_STRIDE;
+pub use connect::{ConnCache, Connection, LinkMode, connect};
+
+/// Chunk size used when the caller gives none, bytes (NCCL Simple protocol's step, 512 KiB).
+pub const DEFAULT_CHUNK_BYTES: u64 = 512 << 10;
+
+/// Staging slots per receive ring: chunks that may be in flight into one receiver before the
+/// first is consumed (write-after-read dependencies make reuse safe).
+pub const RECV_SLOTS: u64 = 4;
+
+/// What a candidate planner needs besides the topology and the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'c> {
+    /// Connections of this planning call (carries the topology, members and relay policy).
+    pub cache: &'c ConnCache<'c>,
+    /// Which routes connections use.
+    pub mode: LinkMode,
+    /// Pipelining chunk, elements (at least 1).
+    pub chunk_elems: u64,
+    /// Channels (rings or trees at once, each carrying a share of the data; the odd ones run
+    /// in the reverse order). At least 1.
+    pub channels: u32,
+}
+
+/// A candidate planner.
+pub type Planner = fn(&Topology, &Request, &Ctx) -> Result<Plan>;
+
+/// `len` elements in chunks of `chunk`: `(offset, len)` pairs.
+pub(crate) fn chunks(len: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
+    let chunk = chunk.max(1);
+    (0..len.div_ceil(chunk)).map(move |k| (k * chunk, chunk.min(len - k * chunk)))
+}
+
+/// `len` split into `parts` contiguous `(offset, len)` pieces, the first ones one larger.
+pub(crate) fn split_even(len: u64, parts: u64) -> Vec<(u64, u64)> {
+    let parts = parts.max(1);
+    let (q, r) = (len / parts, len % parts);
+    let mut off = 0;
+    (0..parts)
+        .map(|i| {
+            let l = q + u64::from(i < r);
+            let p = (off, l);
+            off += l;
+            p
+        })
+        .collect()
+}
+
+/// A display name: `ring x2 multipath chunk 131072`.
+pub(crate) fn name(algo: &str, ctx: &Ctx) -> String {
+    let mode = match ctx.mode {
+        LinkMode::Nccl => "nccl-links",
+        LinkMode::Single => "single",
+        LinkMode::Multipath => "multipath",
+    };
+    format!("{algo} x{} {mode} chunk {}", ctx.channels, ctx.chunk_elems)
+}
+
+/// Largest request (nccl-tests size, bytes) for which the one-step direct plan is tried for
+/// collectives that other candidates serve bandwidth-optimally (all_reduce, all_gather(_v),
+/// reduce_scatter, broadcast, reduce): beyond it direct moves (n-1) x S into each rank and only
+/// costs planning and simulation time. Two ranks always try it (there it is a ring).
+pub const DIRECT_SMALL_BYTES: u64 = 4 << 20;
+
+/// The candidates tried for a request: (planner, channels).
+fn specs(req: &Request) -> Vec<(Planner, u32)> {
+    let (c, n) = (req.collective, req.nranks());
+    let d: (Planner, u32) = (direct::plan, 1);
+    if n <= 1 {
+        return vec![d];
+    }
+    let mut v: Vec<(Planner, u32)> = match c {
+        Collective::AllReduce => vec![
+            (ring::all_reduce, 1),
+            (ring::all_reduce, 2),
+            (tree::all_reduce, 1),
+            (hierarchical::all_reduce, 1),
+            d,
+        ],
+        Collective::AllGather | Collective::AllGatherV => {
+            vec![(ring::all_gather, 1), (ring::all_gather, 2), d]
+        }
+        Collective::ReduceScatter => vec![(ring::reduce_scatter, 1), (ring::reduce_scatter, 2), d],
+        Collective::Broadcast => vec![
+            (ring::broadcast, 1),
+            (ring::broadcast, 2),
+            (tree::broadcast, 1),
+            d,
+        ],
+        Collective::Reduce => vec![(ring::reduce, 1), (ring::reduce, 2), (tree::reduce, 1), d],
+        _ => return vec![d],
+    };
+    if n > 2 && req.size_bytes() > DIRECT_SMALL_BYTES {
+        v.pop();
+    }
+    v
+}
+
+/// Every candidate plan for a collective request.
+///
+/// # Arguments
+/// - `topo`: the masked topology;
+/// - `req`: the request (any collective of [`Collective::ALL`]);
+/// - `relay`: which GPUs may relay;
+/// - `chunk_elems`: pipelining chunk sizes to try, elements (empty: [`DEFAULT_CHUNK_BYTES`]).
+///
+/// # Returns
+/// The candidates (rings, trees, hierarchical, direct, each with [`LinkMode::Single`] and
+/// [`LinkMode::Multipath`] connections and each chunk size), in a deterministic order; an
+/// error when the request is malformed or no candidate finds routes.
+///
+/// # Complexity
+/// Connections are computed once per rank pair and mode (a max-flow each); each plan has
+/// O(steps x chunks x routes x hops) ops; the ring order search is bounded by
+/// [`ring::RING_SEARCH_BUDGET`].
+///
+/// Source: the multi-path seed (hierarchical all_reduce, multi-path copies), the re-routing
+/// seed (relays through idle GPUs), NCCL's rings and trees.
+pub fn collective_candidates(
+    topo: &Topology,
+    req: &Request,
+    relay: &RelayPolicy,
+    chunk_elems: &[u64],
+) -> Result<Vec<Plan>> {
+    req.validate()?;
+    for &g in &req.gpus {
+        topo.gpu(g)?;
+    }
+    let cache = ConnCache::new(topo, &req.gpus, relay);
+    let mut sizes: Vec<u64> = chunk_elems.iter().map(|c| (*c).max(1)).collect();
+    sizes.dedup();
+    if sizes.is_empty() {
+        sizes.push((DEFAULT_CHUNK_BYTES / req.dtype.size()).max(1));
+    }
+    let mut out = Vec::new();
+    let mut first_err: Option<RouteError> = None;
+    for &chunk in &sizes {
+        for mode in [LinkMode::Single, LinkMode::Multipath] {
+            for (planner, channels) in specs(req) {
+                let ctx = Ctx {
+                    cache: &cache,
+                    mode,
+                    chunk_elems: chunk,
+                    channels,
+                };
+                match planner(topo, req, &ctx) {
+                    Ok(p) => out.push(p),
+                    Err(e @ RouteError::NoRoute { .. }) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if req.nranks() <= 1 {
+                break;
+            }
+        }
+    }
+    match (out.is_empty(), first_err) {
+        (true, Some(e)) => Err(e),
+        _ => Ok(out),
+    }
+}
+
+/// True when `plan` also serves the in-place call (input and output sharing memory as NCCL
+/// defines it): the plan checks under [`CheckOptions::in_place`].
+///
+/// Complexity: one symbolic check of the plan.
+pub fn supports_in_place(plan: &Plan) -> bool {
+    check_with(plan, CheckOptions { in_place: true }).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitting_helpers() {
+        assert_eq!(split_even(7, 3), vec![(0, 3), (3, 2), (5, 2)]);
+        assert_eq!(split_even(0, 2), vec![(0, 0), (0, 0)]);
+        let c: Vec<_> = chunks(10, 4).collect();
+        assert_eq!(c, vec![(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(chunks(0, 4).count(), 0);
+    }
+}

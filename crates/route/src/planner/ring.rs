@@ -1,0 +1,425 @@
+//! Rings: all_reduce (reduce-scatter then all-gather), all_gather(_v), reduce_scatter, and the
+//! pipelined chains of broadcast and reduce along the ring, over several rings at once.
+//!
+//! The ring order maximises the slowest ring connection (then the sum of their rates), where a
+//! connection is whatever [`super::connect()`] gives the pair: a direct hop, a relay through
+//! another GPU, host staging, or a multi-path split, so a ring link the machine lacks is
+//! relayed. Channel c carries the c-th share of the data; odd channels run the ring backwards,
+//! so a ring and its reverse use both directions of every link (DGX-1 {0,2,5,7}). Steps are
+//! emitted step by step, each block in chunks, so chunk k of step s+1 leaves as soon as chunk k
+//! of step s arrived and was reduced: the ring pipelines.
+
+use relaycc_topo::Topology;
+
+use crate::error::Result;
+use crate::plan::{BufferRef, Plan, Region};
+use crate::request::{Collective, Request};
+
+use super::builder::Builder;
+use super::{Ctx, chunks, direct, name, split_even, tree};
+
+/// Ring orders evaluated exhaustively at most (7! = every order of 8 ranks with rank 0 fixed);
+/// larger rings, or rings whose order count exceeds it, are built greedily.
+pub const RING_SEARCH_BUDGET: u64 = 5040;
+
+/// The ring order (rank positions) maximising the slowest connection, then the sum.
+///
+/// # Arguments
+/// - `ctx`: connections and link mode;
+/// - `req`: the request (its GPUs);
+/// - `both`: also score the reverse direction of every ring link (for two channels).
+///
+/// # Returns
+/// Ranks in ring order, starting with rank 0.
+///
+/// # Complexity
+/// n^2 connections, then (n-1)! orders (at most [`RING_SEARCH_BUDGET`]) x n, or greedy
+/// O(n^2).
+///
+/// Source: NCCL's ring search (`src/graph/search.cc`) maximises the ring's bandwidth the same
+/// way, over its own link rules.
+pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
+    let n = req.nranks();
+    let g = &req.gpus;
+    let rate: Vec<Vec<f64>> = (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    if i == j {
+                        0.0
+                    } else {
+                        ctx.cache.gbps(ctx.mode, g[i], g[j])
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let link = |a: usize, b: usize| {
+        if both {
+            rate[a][b].min(rate[b][a])
+        } else {
+            rate[a][b]
+        }
+    };
+    let score = |o: &[usize]| {
+        let mut min = f64::INFINITY;
+        let mut sum = 0.0;
+        for i in 0..o.len() {
+            let r = link(o[i], o[(i + 1) % o.len()]);
+            min = min.min(r);
+            sum += r;
+        }
+        (min, sum)
+    };
+    let orders: u64 = (1..n as u64).product();
+    let mut best: Vec<usize> = (0..n).collect();
+    if n <= 3 {
+        // Every order is the same ring or its reverse.
+    } else if n <= 8 && orders <= RING_SEARCH_BUDGET {
+        let mut cur = best.clone();
+        let mut top = score(&best);
+        while next_permutation(&mut cur[1..]) {
+            let s = score(&cur);
+            if s.0 > top.0 || (s.0 == top.0 && s.1 > top.1) {
+                top = s;
+                best.clone_from(&cur);
+            }
+        }
+    } else {
+        best = vec![0];
+        let mut left: Vec<usize> = (1..n).collect();
+        while !left.is_empty() {
+            let at = best[best.len() - 1];
+            let (i, _) = left
+                .iter()
+                .enumerate()
+                .fold((0, f64::NEG_INFINITY), |acc, (i, &c)| {
+                    let r = link(at, c);
+                    if r > acc.1 { (i, r) } else { acc }
+                });
+            best.push(left.remove(i));
+        }
+    }
+    best.into_iter().map(|r| r as u32).collect()
+}
+
+/// Lexicographic next permutation; false when `v` was the last.
+fn next_permutation(v: &mut [usize]) -> bool {
+    let Some(i) = (1..v.len()).rev().find(|&i| v[i - 1] < v[i]) else {
+        return false;
+    };
+    let j = (i..v.len()).rev().find(|&j| v[j] > v[i - 1]).unwrap_or(i);
+    v.swap(i - 1, j);
+    v[i..].reverse();
+    true
+}
+
+/// The order of channel `c`: odd channels run backwards.
+fn channel_order(order: &[u32], c: u32) -> Vec<u32> {
+    let mut o = order.to_vec();
+    if c % 2 == 1 {
+        o[1..].reverse();
+    }
+    o
+}
+
+/// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
+type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
+
+/// Reduce-scatter pass: at step s position p sends its partial of block p-s-1 to p+1, which
+/// adds its input; after n-1 steps position q holds block q complete in `fin` (finalized).
+/// Partials live in `acc` when given, else in a two-step scratch ring per position.
+#[allow(clippy::too_many_arguments)]
+fn reduce_scatter_pass(
+    b: &mut Builder,
+    ord: &[u32],
+    ch: u32,
+    lens: &[u64],
+    chunk: u64,
+    input: At,
+    acc: Option<At>,
+    fin: At,
+) -> Result<()> {
+    let n = ord.len();
+    let most = lens.iter().copied().max().unwrap_or(0);
+    if n < 2 || most == 0 {
+        return Ok(());
+    }
+    let recv: Vec<BufferRef> = ord.iter().map(|&r| b.scratch(r, 2 * most)).collect();
+    let own: Vec<BufferRef> = match acc {
+        Some(_) => Vec::new(),
+        None => ord.iter().map(|&r| b.scratch(r, 2 * most)).collect(),
+    };
+    let partial = |p: usize, q: usize, s: usize, rel: u64, l: u64| match acc {
+        Some(f) => f(p, q, rel, l),
+        None => Region::new(own[p], (s as u64 % 2) * most + rel, l),
+    };
+    for s in 0..n - 1 {
+        let last = s == n - 2;
+        for p in 0..n {
+            let q = (p + 2 * n - s - 1) % n;
+            let d = (p + 1) % n;
+            for (rel, l) in chunks(lens[q], chunk) {
+                let src = if s == 0 {
+                    input(p, q, rel, l)
+                } else {
+                    partial(p, q, s - 1, rel, l)
+                };
+                let rv = Region::new(recv[d], (s as u64 % 2) * most + rel, l);
+                b.send(src, rv, ch)?;
+                let dst = if last {
+                    fin(d, q, rel, l)
+                } else {
+                    partial(d, q, s, rel, l)
+                };
+                b.reduce(vec![input(d, q, rel, l), rv], dst, last, ch)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// All-gather pass: position q starts with block q in `out` (or sends it from `first`); at
+/// step t position p forwards block p-t to p+1.
+fn all_gather_pass(
+    b: &mut Builder,
+    ord: &[u32],
+    ch: u32,
+    lens: &[u64],
+    chunk: u64,
+    first: Option<At>,
+    out: At,
+) -> Result<()> {
+    let n = ord.len();
+    for t in 0..n.saturating_sub(1) {
+        for p in 0..n {
+            let q = (p + n - t) % n;
+            for (rel, l) in chunks(lens[q], chunk) {
+                let src = match first {
+                    Some(f) if t == 0 => f(p, q, rel, l),
+                    _ => out(p, q, rel, l),
+                };
+                b.send(src, out((p + 1) % n, q, rel, l), ch)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn prepare(req: &Request, ctx: &Ctx) -> (Vec<u32>, u32, u64) {
+    let channels = ctx.channels.max(1);
+    (
+        ring_order(ctx, req, channels > 1),
+        channels,
+        ctx.chunk_elems.max(1),
+    )
+}
+
+/// Ring all_reduce: reduce-scatter then all-gather, pipelined in chunks, over `ctx.channels`
+/// rings. Arguments, returns and complexity as [`direct::plan`]; 2(n-1) steps, each moving
+/// S/n per rank. Source: NCCL's ring all_reduce; relayed ring links from the re-routing seed.
+pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let n = req.nranks();
+    if n < 2 {
+        return direct::plan(topo, req, ctx);
+    }
+    let (order, channels, chunk) = prepare(req, ctx);
+    let mut b = Builder::new(req, ctx, name("ring", ctx));
+    for (c, (lo, len)) in split_even(req.count, u64::from(channels))
+        .into_iter()
+        .enumerate()
+    {
+        let ord = channel_order(&order, c as u32);
+        let blocks = split_even(len, n as u64);
+        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+        let at = |out: bool| {
+            let (ord, blocks) = (&ord, &blocks);
+            move |p: usize, q: usize, rel: u64, l: u64| {
+                let r = ord[p];
+                let buf = if out {
+                    BufferRef::Output(r)
+                } else {
+                    BufferRef::Input(r)
+                };
+                Region::new(buf, lo + blocks[q].0 + rel, l)
+            }
+        };
+        let (inp, outp) = (at(false), at(true));
+        reduce_scatter_pass(
+            &mut b,
+            &ord,
+            c as u32,
+            &lens,
+            chunk,
+            &inp,
+            Some(&outp),
+            &outp,
+        )?;
+        all_gather_pass(&mut b, &ord, c as u32, &lens, chunk, None, &outp)?;
+    }
+    Ok(b.finish())
+}
+
+/// Ring all_gather and all_gather_v (irregular counts, zeros included): each rank copies its
+/// input into its output block and the blocks travel n-1 steps around the rings.
+/// Source: NCCL's ring all_gather; all_gather_v as the tensor-factorization seed asks.
+pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let n = req.nranks();
+    if n < 2
+        || !matches!(
+            req.collective,
+            Collective::AllGather | Collective::AllGatherV
+        )
+    {
+        return direct::plan(topo, req, ctx);
+    }
+    let (order, channels, chunk) = prepare(req, ctx);
+    let counts: Vec<u64> = match req.collective {
+        Collective::AllGatherV => req.counts.clone(),
+        _ => vec![req.count; n],
+    };
+    let displ: Vec<u64> = counts
+        .iter()
+        .scan(0u64, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect();
+    let mut b = Builder::new(req, ctx, name("ring", ctx));
+    for r in 0..n as u32 {
+        let c = counts[r as usize];
+        b.send(
+            Region::new(BufferRef::Input(r), 0, c),
+            Region::new(BufferRef::Output(r), displ[r as usize], c),
+            CH_LOCAL,
+        )?;
+    }
+    let parts: Vec<Vec<(u64, u64)>> = counts
+        .iter()
+        .map(|c| split_even(*c, u64::from(channels)))
+        .collect();
+    for c in 0..channels as usize {
+        let ord = channel_order(&order, c as u32);
+        let lens: Vec<u64> = ord.iter().map(|r| parts[*r as usize][c].1).collect();
+        let (ord, parts, displ) = (&ord, &parts, &displ);
+        let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
+            let r = ord[p];
+            Region::new(BufferRef::Input(r), parts[r as usize][c].0 + rel, l)
+        };
+        let out = move |p: usize, q: usize, rel: u64, l: u64| {
+            let k = ord[q] as usize;
+            Region::new(BufferRef::Output(ord[p]), displ[k] + parts[k][c].0 + rel, l)
+        };
+        all_gather_pass(&mut b, ord, c as u32, &lens, chunk, Some(&inp), &out)?;
+    }
+    Ok(b.finish())
+}
+
+/// Lane channel of the initial local copies, apart from every ring channel.
+const CH_LOCAL: u32 = 1 << 16;
+
+/// Ring reduce_scatter: n-1 reduce steps around the rings; block r completes at rank r.
+/// Source: NCCL's ring reduce_scatter.
+pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let n = req.nranks();
+    if n < 2 || req.collective != Collective::ReduceScatter {
+        return direct::plan(topo, req, ctx);
+    }
+    let (order, channels, chunk) = prepare(req, ctx);
+    let count = req.count;
+    let mut b = Builder::new(req, ctx, name("ring", ctx));
+    for (c, (lo, len)) in split_even(count, u64::from(channels))
+        .into_iter()
+        .enumerate()
+    {
+        let ord = channel_order(&order, c as u32);
+        let lens = vec![len; n];
+        let ord = &ord;
+        let inp = move |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(
+                BufferRef::Input(ord[p]),
+                u64::from(ord[q]) * count + lo + rel,
+                l,
+            )
+        };
+        let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Output(ord[p]), lo + rel, l)
+        };
+        reduce_scatter_pass(&mut b, ord, c as u32, &lens, chunk, &inp, None, &fin)?;
+    }
+    Ok(b.finish())
+}
+
+/// The ring order rotated to start at the root.
+fn rooted(order: &[u32], root: u32) -> Vec<u32> {
+    let at = order.iter().position(|r| *r == root).unwrap_or(0);
+    order[at..].iter().chain(&order[..at]).copied().collect()
+}
+
+/// Broadcast as a pipelined chain along the ring from the root (NCCL's ring broadcast).
+pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let (order, _, _) = prepare(req, ctx);
+    tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
+}
+
+/// Reduce as a pipelined chain along the ring into the root (NCCL's ring reduce).
+pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let (order, _, _) = prepare(req, ctx);
+    tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slowest connection of a ring order, GB/s (both directions when `both`).
+    fn slowest(ctx: &Ctx, req: &Request, ord: &[u32], both: bool) -> f64 {
+        let g = |p: usize| req.gpus[ord[p % ord.len()] as usize];
+        (0..ord.len())
+            .map(|p| {
+                let f = ctx.cache.gbps(ctx.mode, g(p), g(p + 1));
+                let b = ctx.cache.gbps(ctx.mode, g(p + 1), g(p));
+                if both { f.min(b) } else { f }
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    fn dgx1_subset_rings_relay_where_nccl_goes_through_host() {
+        use crate::dtype::DType;
+        use crate::path::RelayPolicy;
+        use crate::planner::{ConnCache, LinkMode};
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        for gpus in [vec![0, 7], vec![0, 2, 5, 7], vec![1, 2, 4, 7]] {
+            let req = Request::new(Collective::AllReduce, gpus.clone(), 1, DType::F32);
+            let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
+            let rate = |mode| {
+                let ctx = Ctx {
+                    cache: &cache,
+                    mode,
+                    chunk_elems: 1,
+                    channels: 2,
+                };
+                let ord = ring_order(&ctx, &req, true);
+                slowest(&ctx, &req, &ord, true)
+            };
+            let (nccl, single) = (rate(LinkMode::Nccl), rate(LinkMode::Single));
+            // NCCL's ring crosses the sockets through host memory (PCIe, 10 GB/s); relaycc
+            // relays the missing links over NVLink (at least one NV1 lane, 24.2 GB/s).
+            assert!((nccl - 10.0).abs() < 1e-9, "{gpus:?} nccl {nccl}");
+            assert!(single >= 24.2 - 1e-9, "{gpus:?} single {single}");
+        }
+    }
+
+    #[test]
+    fn permutations_are_lexicographic() {
+        let mut v = vec![0, 1, 2];
+        let mut seen = vec![v.clone()];
+        while next_permutation(&mut v) {
+            seen.push(v.clone());
+        }
+        assert_eq!(seen.len(), 6);
+        assert_eq!(seen[1], vec![0, 2, 1]);
+    }
+}
