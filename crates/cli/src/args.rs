@@ -21,6 +21,164 @@ pub enum Command {
     Topo(TopoCommand),
     /// Time a collective on a backend, in nccl-tests' columns.
     Bench(BenchArgs),
+    /// Plan a point-to-point copy: the routes, their shares, the prediction, baseline and bound.
+    Route(RouteArgs),
+    /// Plan one collective and show (or save) the plan.
+    Plan(PlanArgs),
+    /// Simulate a collective over a range of sizes, nccl-tests style, beside baseline and bound.
+    Simulate(SimulateArgs),
+    /// Advise which free GPUs to give a k-GPU job.
+    Advise(AdviseArgs),
+}
+
+/// Which GPUs may relay: `none`, `members`, `any` or a GPU list.
+fn parse_relay(s: &str) -> Result<relaycc_route::path::RelayPolicy, String> {
+    relaycc_route::path::RelayPolicy::parse(s)
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    crate::size::parse_size(s)
+}
+
+/// Output formats of `route`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RouteFormat {
+    /// Human-readable table.
+    Table,
+    /// JSON.
+    Json,
+    /// Graphviz DOT of the topology with the route drawn on it.
+    Dot,
+}
+
+/// Output formats of `plan`, `simulate`, `advise`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TableFormat {
+    /// Human-readable table.
+    Table,
+    /// JSON.
+    Json,
+}
+
+/// `relaycc route`
+#[derive(Debug, Args)]
+pub struct RouteArgs {
+    /// The topology.
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+    /// Source GPU.
+    #[arg(long)]
+    pub from: u32,
+    /// Destination GPU.
+    #[arg(long)]
+    pub to: u32,
+    /// Bytes to copy (`256MiB`, `4K`, `1000`).
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Which GPUs may relay: none, members, any, or a list such as 3,4.
+    #[arg(long, value_parser = parse_relay, default_value = "any")]
+    pub relay: relaycc_route::path::RelayPolicy,
+    /// Route kinds to consider.
+    #[arg(long, default_value = "auto")]
+    pub strategy: relaycc_route::p2p::Strategy,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = RouteFormat::Table)]
+    pub format: RouteFormat,
+}
+
+/// A collective request from the command line.
+#[derive(Debug, Clone, Args)]
+pub struct CollectiveArgs {
+    /// The collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all,
+    /// gather, scatter, all_gather_v, all_to_all_v.
+    pub collective: relaycc_route::Collective,
+    /// The topology.
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+    /// The job's GPUs in rank order, comma separated (default: every GPU).
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Vec<u32>,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    pub dtype: relaycc_route::DType,
+    /// Reduce op.
+    #[arg(long, default_value = "sum")]
+    pub op: relaycc_route::ReduceOp,
+    /// Root rank of rooted collectives.
+    #[arg(long, default_value_t = 0)]
+    pub root: u32,
+    /// Which GPUs may relay: none, members, any, or a list such as 3,4.
+    #[arg(long, value_parser = parse_relay, default_value = "any")]
+    pub relay: relaycc_route::path::RelayPolicy,
+}
+
+/// `relaycc plan`
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The request.
+    #[command(flatten)]
+    pub request: CollectiveArgs,
+    /// Operation size in bytes, as nccl-tests counts it (`256MiB`).
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = TableFormat::Table)]
+    pub format: TableFormat,
+    /// Write the simulated timeline as Chrome trace JSON (open in Perfetto).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write the plan as JSON.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+}
+
+/// `relaycc simulate`
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// The request.
+    #[command(flatten)]
+    pub request: CollectiveArgs,
+    /// Smallest size.
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size, default_value = "32M")]
+    pub min_bytes: u64,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size, default_value = "32M")]
+    pub max_bytes: u64,
+    /// Multiplication factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub step_factor: u64,
+    /// Write a bandwidth-vs-size plot (SVG).
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = TableFormat::Table)]
+    pub format: TableFormat,
+}
+
+/// `relaycc advise`
+#[derive(Debug, Args)]
+pub struct AdviseArgs {
+    /// The topology.
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+    /// GPUs already busy, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub busy: Vec<u32>,
+    /// How many GPUs the job needs.
+    #[arg(long)]
+    pub gpus: u32,
+    /// The collective the job leans on.
+    #[arg(long, default_value = "all_reduce")]
+    pub collective: relaycc_route::Collective,
+    /// Its typical size.
+    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    pub size: u64,
+    /// Which GPUs may relay.
+    #[arg(long, value_parser = parse_relay, default_value = "any")]
+    pub relay: relaycc_route::path::RelayPolicy,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = TableFormat::Table)]
+    pub format: TableFormat,
 }
 
 /// `relaycc topo ...`

@@ -4,8 +4,15 @@
 //! Exit status: 0 on success, 2 for usage errors (clap), 1 for any other error, reported as one
 //! line on stderr. A closed pipe (`relaycc ... | head`) counts as success.
 
+mod advise_cmd;
 mod args;
 mod bench_cmd;
+mod plan_cmd;
+mod plot;
+mod report;
+mod route_cmd;
+mod simulate_cmd;
+mod size;
 mod topo_cmd;
 
 use std::io::Write;
@@ -21,6 +28,12 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Topo(cmd) => topo_cmd::run(cmd, &mut out),
         Command::Bench(args) => bench_cmd::run(args, &mut out),
+        Command::Route(args) => route_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes())),
+        Command::Plan(args) => plan_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes())),
+        Command::Simulate(args) => {
+            simulate_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes()))
+        }
+        Command::Advise(args) => advise_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes())),
     };
     match result {
         Ok(()) => {

@@ -1,0 +1,105 @@
+//! `relaycc plan`: plan one collective.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+use relaycc_route::{PlanOptions, plan, sim};
+use serde_json::json;
+
+use crate::args::{PlanArgs, TableFormat};
+use crate::report::{job_gpus, perf_json, ratio, request};
+use crate::size::format_size;
+use crate::topo_cmd::load_topology;
+
+/// Run `relaycc plan`.
+pub fn run(args: &PlanArgs) -> Result<String> {
+    let topo = load_topology(&args.request.topology)?;
+    let gpus = job_gpus(&args.request, &topo);
+    let req = request(&args.request, &gpus, args.size)?;
+    let opts = PlanOptions {
+        relay: args.request.relay.clone(),
+        ..PlanOptions::default()
+    };
+    let p = plan(&topo, &req, &opts)?;
+    if let Some(path) = &args.save {
+        std::fs::write(path, p.plan.to_json() + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.trace {
+        let result = sim::simulate(&topo, &p.plan, &opts.sim)?;
+        std::fs::write(path, sim::chrome_trace(&topo, &p.plan, &result))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(match args.format {
+        TableFormat::Json => {
+            let doc = json!({
+                "topology": topo.name(),
+                "collective": req.collective.name(),
+                "gpus": gpus,
+                "bytes": req.size_bytes(),
+                "count": req.count,
+                "dtype": req.dtype.name(),
+                "op": req.op.name(),
+                "root": req.root,
+                "algorithm": p.plan.algorithm,
+                "ops": p.plan.ops.len(),
+                "lanes": p.plan.lanes.len(),
+                "scratch_bytes": p.plan.scratch_bytes(),
+                "predicted": perf_json(&p.predicted),
+                "baseline": perf_json(&p.baseline),
+                "baseline_algorithm": p.baseline_plan.algorithm,
+                "bound": perf_json(&p.bound),
+                "candidates": p.candidates,
+            });
+            serde_json::to_string_pretty(&doc)? + "\n"
+        }
+        TableFormat::Table => {
+            let mut s = String::new();
+            let _ = writeln!(
+                s,
+                "{} of {} {} on {} GPUs {:?} of {} (relays: {:?})",
+                req.collective,
+                format_size(req.size_bytes()),
+                req.dtype,
+                gpus.len(),
+                gpus,
+                topo.name(),
+                args.request.relay
+            );
+            let _ = writeln!(
+                s,
+                "chosen: {} ({} ops on {} lanes, {} staging)",
+                p.plan.algorithm,
+                p.plan.ops.len(),
+                p.plan.lanes.len(),
+                format_size(p.plan.scratch_bytes())
+            );
+            let _ = writeln!(
+                s,
+                "\n  {:<10} {:>12} {:>12} {:>12} {:>9}",
+                "", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
+            );
+            for (name, perf) in [
+                ("relaycc", &p.predicted),
+                ("baseline", &p.baseline),
+                ("bound", &p.bound),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "  {:<10} {:>12.2} {:>12.2} {:>12.2} {:>8.2}x",
+                    name,
+                    perf.time_us,
+                    perf.algbw_gbps,
+                    perf.busbw_gbps,
+                    ratio(perf.busbw_gbps, p.baseline.busbw_gbps)
+                );
+            }
+            let _ = writeln!(s, "\n  baseline: {}", p.baseline_plan.algorithm);
+            let _ = writeln!(s, "\n  candidates (fastest first):");
+            for c in p.candidates.iter().take(12) {
+                let _ = writeln!(s, "    {:>12.2} us  {}", c.time_us, c.algorithm);
+            }
+            s
+        }
+    })
+}

@@ -1,0 +1,65 @@
+//! Bandwidth-vs-size plots (SVG, plotters), like the seed papers' figures.
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+use crate::simulate_cmd::Row;
+
+/// Write busbw against size for relaycc, the baseline and the bound.
+pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("plot: {e}"))?;
+    let xmin = rows.iter().map(|r| r.bytes.max(1)).min().unwrap_or(1) as f64;
+    let xmax = rows.iter().map(|r| r.bytes.max(1)).max().unwrap_or(2) as f64;
+    let ymax = rows
+        .iter()
+        .map(|r| r.bound.busbw_gbps.max(r.predicted.busbw_gbps))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d((xmin..xmax.max(xmin * 2.0)).log_scale(), 0.0..ymax)
+        .map_err(|e| anyhow!("plot: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("size (bytes)")
+        .y_desc("busbw (GB/s)")
+        .draw()
+        .map_err(|e| anyhow!("plot: {e}"))?;
+    let series: [(&str, RGBColor, fn(&Row) -> f64); 3] = [
+        ("relaycc", RGBColor(211, 47, 47), |r| r.predicted.busbw_gbps),
+        ("NCCL-like baseline", RGBColor(25, 118, 210), |r| {
+            r.baseline.busbw_gbps
+        }),
+        ("bound", RGBColor(120, 120, 120), |r| r.bound.busbw_gbps),
+    ];
+    for (name, color, f) in series {
+        chart
+            .draw_series(LineSeries::new(
+                rows.iter().map(|r| (r.bytes.max(1) as f64, f(r))),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| anyhow!("plot: {e}"))?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| anyhow!("plot: {e}"))?;
+    root.present()
+        .map_err(|e| anyhow!("plot {}: {e}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `relaycc route`: plan a point-to-point copy.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use relaycc_route::{PlanOptions, Request, plan};
+use serde_json::json;
+
+use crate::args::{RouteArgs, RouteFormat};
+use crate::report::{perf_json, ratio};
+use crate::size::format_size;
+use crate::topo_cmd::load_topology;
+
+/// Run `relaycc route`.
+pub fn run(args: &RouteArgs) -> Result<String> {
+    let topo = load_topology(&args.topology)?;
+    let req = Request::point_to_point(args.from, args.to, args.size);
+    let opts = PlanOptions {
+        relay: args.relay.clone(),
+        strategy: args.strategy,
+        ..PlanOptions::default()
+    };
+    let p = plan(&topo, &req, &opts)?;
+    let paths: Vec<serde_json::Value> = p
+        .routes
+        .iter()
+        .map(|r| {
+            json!({
+                "hops": r.route.names(&topo),
+                "share": ratio(r.elements as f64, args.size as f64),
+                "bytes": r.elements,
+                "gbps": r.route.gbps(),
+                "edges": r.route.hops.iter().map(|h| h.edges.clone()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(match args.format {
+        RouteFormat::Json => {
+            let doc = json!({
+                "topology": topo.name(),
+                "from": args.from, "to": args.to, "bytes": args.size,
+                "algorithm": p.plan.algorithm,
+                "predicted": perf_json(&p.predicted),
+                "baseline": perf_json(&p.baseline),
+                "baseline_algorithm": p.baseline_plan.algorithm,
+                "bound": perf_json(&p.bound),
+                "paths": paths,
+                "candidates": p.candidates,
+            });
+            serde_json::to_string_pretty(&doc)? + "\n"
+        }
+        RouteFormat::Dot => route_dot(&topo, &p),
+        RouteFormat::Table => {
+            let mut s = String::new();
+            let _ = writeln!(
+                s,
+                "route GPU{} -> GPU{}, {} on {} (relays: {:?})",
+                args.from,
+                args.to,
+                format_size(args.size),
+                topo.name(),
+                args.relay
+            );
+            let _ = writeln!(s, "chosen: {}\n", p.plan.algorithm);
+            let _ = writeln!(s, "  {:<40} {:>7} {:>9}", "path", "share", "GB/s");
+            if p.routes.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "  (the baseline's own route: {})",
+                    p.baseline_plan.algorithm
+                );
+            }
+            for r in &p.routes {
+                let _ = writeln!(
+                    s,
+                    "  {:<40} {:>6.1}% {:>9.1}",
+                    r.route.names(&topo).join(" -> "),
+                    100.0 * ratio(r.elements as f64, args.size as f64),
+                    r.route.gbps()
+                );
+            }
+            let _ = writeln!(
+                s,
+                "\n  {:<10} {:>12} {:>12} {:>10}  algorithm",
+                "", "time(us)", "algbw(GB/s)", "vs base"
+            );
+            let _ = writeln!(
+                s,
+                "  {:<10} {:>12.2} {:>12.2} {:>9.2}x  {}",
+                "relaycc",
+                p.predicted.time_us,
+                p.predicted.algbw_gbps,
+                ratio(p.predicted.algbw_gbps, p.baseline.algbw_gbps),
+                p.plan.algorithm
+            );
+            let _ = writeln!(
+                s,
+                "  {:<10} {:>12.2} {:>12.2} {:>9.2}x  {}",
+                "baseline",
+                p.baseline.time_us,
+                p.baseline.algbw_gbps,
+                1.0,
+                p.baseline_plan.algorithm
+            );
+            let _ = writeln!(
+                s,
+                "  {:<10} {:>12.2} {:>12.2} {:>9.2}x  max-flow over allowed GPUs",
+                "bound",
+                p.bound.time_us,
+                p.bound.algbw_gbps,
+                ratio(p.bound.algbw_gbps, p.baseline.algbw_gbps)
+            );
+            let _ = writeln!(
+                s,
+                "\n  relaycc reaches {:.1}% of the bound",
+                100.0 * ratio(p.predicted.algbw_gbps, p.bound.algbw_gbps)
+            );
+            s
+        }
+    })
+}
+
+/// The topology's DOT with the chosen routes drawn over it in red, labelled with their shares.
+fn route_dot(topo: &relaycc_topo::Topology, p: &relaycc_route::Planned) -> String {
+    let base = relaycc_topo::export::to_dot(topo);
+    let body = base.trim_end().trim_end_matches('}');
+    let mut s = body.to_string();
+    let total: u64 = p.routes.iter().map(|r| r.elements).sum::<u64>().max(1);
+    for (i, r) in p.routes.iter().enumerate() {
+        let share = 100.0 * r.elements as f64 / total as f64;
+        for h in &r.route.hops {
+            for e in &h.edges {
+                let (a, b) = topo.link_ends(relaycc_topo::LinkId::new(*e as usize));
+                let _ = writeln!(
+                    s,
+                    "  n{} -- n{} [color=\"#d32f2f\", penwidth=3, dir=forward, constraint=false, label=\"path {} {:.0}%\", fontcolor=\"#d32f2f\"];",
+                    a.index(),
+                    b.index(),
+                    i,
+                    share
+                );
+            }
+        }
+    }
+    s.push_str("}\n");
+    s
+}

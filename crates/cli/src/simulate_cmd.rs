@@ -1,0 +1,179 @@
+//! `relaycc simulate`: nccl-tests-style table of predicted performance over a size range.
+
+use std::fmt::Write as _;
+
+use anyhow::{Result, bail};
+use relaycc_route::{PlanOptions, Planner};
+use serde_json::json;
+
+use crate::args::{SimulateArgs, TableFormat};
+use crate::report::{job_gpus, perf_json, ratio, request};
+use crate::topo_cmd::load_topology;
+
+/// One size's figures.
+pub struct Row {
+    /// Request size, bytes.
+    pub bytes: u64,
+    /// Elements per rank.
+    pub count: u64,
+    /// relaycc's prediction.
+    pub predicted: relaycc_route::sim::Perf,
+    /// The baseline's.
+    pub baseline: relaycc_route::sim::Perf,
+    /// The bound.
+    pub bound: relaycc_route::sim::Perf,
+    /// The chosen algorithm.
+    pub algorithm: String,
+}
+
+/// Sizes from `min` to `max` multiplying by `factor`, as nccl-tests steps them.
+pub fn sizes(min: u64, max: u64, factor: u64) -> Result<Vec<u64>> {
+    if min > max {
+        bail!("-b {min} is larger than -e {max}");
+    }
+    if factor < 2 && min != max {
+        bail!("-f must be at least 2");
+    }
+    let mut v = vec![min.max(1)];
+    while let Some(&last) = v.last() {
+        match last.checked_mul(factor) {
+            Some(next) if next <= max && next > last => v.push(next),
+            _ => break,
+        }
+        if v.len() > 64 {
+            break;
+        }
+    }
+    Ok(v)
+}
+
+/// Run `relaycc simulate`.
+pub fn run(args: &SimulateArgs) -> Result<String> {
+    let topo = load_topology(&args.request.topology)?;
+    let gpus = job_gpus(&args.request, &topo);
+    let planner = Planner::new(topo.clone());
+    let opts = PlanOptions {
+        relay: args.request.relay.clone(),
+        ..PlanOptions::default()
+    };
+    let mut rows = Vec::new();
+    for bytes in sizes(args.min_bytes, args.max_bytes, args.step_factor)? {
+        let req = request(&args.request, &gpus, bytes)?;
+        let p = planner.plan(&req, &opts)?;
+        rows.push(Row {
+            bytes: req.size_bytes(),
+            count: req.count,
+            predicted: p.predicted.clone(),
+            baseline: p.baseline.clone(),
+            bound: p.bound.clone(),
+            algorithm: p.plan.algorithm.clone(),
+        });
+    }
+    if let Some(path) = &args.svg {
+        crate::plot::write_svg(
+            path,
+            &rows,
+            &format!(
+                "{} on {} GPUs {:?} of {}",
+                args.request.collective,
+                gpus.len(),
+                gpus,
+                topo.name()
+            ),
+        )?;
+    }
+    let c = &args.request;
+    let root = if c.collective.rooted() {
+        c.root.to_string()
+    } else {
+        "-1".to_string()
+    };
+    let redop = if c.collective.reduces() {
+        c.op.name()
+    } else {
+        "none"
+    };
+    Ok(match args.format {
+        TableFormat::Json => {
+            let results: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    json!({"size": r.bytes, "count": r.count, "type": c.dtype.nccl_name(), "redop": redop, "root": root,
+                        "predicted": perf_json(&r.predicted), "baseline": perf_json(&r.baseline), "bound": perf_json(&r.bound),
+                        "algorithm": r.algorithm})
+                })
+                .collect();
+            serde_json::to_string_pretty(
+                &json!({"topology": topo.name(), "collective": c.collective.name(), "gpus": gpus, "results": results}),
+            )? + "\n"
+        }
+        TableFormat::Table => {
+            let mut s = String::new();
+            let _ = writeln!(
+                s,
+                "# relaycc simulate {} on {} GPUs {:?} of {} (relays: {:?}); predictions of the flow simulator",
+                c.collective,
+                gpus.len(),
+                gpus,
+                topo.name(),
+                c.relay
+            );
+            let _ = writeln!(s, "#");
+            let _ = writeln!(
+                s,
+                "# {:>12} {:>12} {:>9} {:>6} {:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>8} | {:>7}  algorithm",
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "base time",
+                "algbw",
+                "busbw",
+                "bound",
+                "speedup"
+            );
+            let _ = writeln!(
+                s,
+                "# {:>12} {:>12} {:>9} {:>6} {:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>8} | {:>7}",
+                "(B)",
+                "(elements)",
+                "",
+                "",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "busbw",
+                "(x)"
+            );
+            for r in &rows {
+                let _ = writeln!(
+                    s,
+                    "  {:>12} {:>12} {:>9} {:>6} {:>5} | {:>10.2} {:>8.2} {:>8.2} | {:>10.2} {:>8.2} {:>8.2} | {:>8.2} | {:>7.2}  {}",
+                    r.bytes,
+                    r.count,
+                    c.dtype.nccl_name(),
+                    redop,
+                    root,
+                    r.predicted.time_us,
+                    r.predicted.algbw_gbps,
+                    r.predicted.busbw_gbps,
+                    r.baseline.time_us,
+                    r.baseline.algbw_gbps,
+                    r.baseline.busbw_gbps,
+                    r.bound.busbw_gbps,
+                    ratio(r.predicted.algbw_gbps, r.baseline.algbw_gbps),
+                    r.algorithm
+                );
+            }
+            s
+        }
+    })
+}
