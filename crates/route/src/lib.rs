@@ -12,8 +12,13 @@ mod dtype;
 mod error;
 mod plan;
 mod request;
+mod sim;
 
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
+pub use sim::{
+    DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
+    simulate,
+};
