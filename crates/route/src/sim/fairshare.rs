@@ -16,6 +16,9 @@ use super::model::Uses;
 pub(super) struct FairShare {
     /// The active flows crossing each resource.
     res_flows: Vec<Vec<u32>>,
+    /// Sum of the coefficients of the active flows on each resource, kept up to date so a
+    /// solve need not add them up again (integer sums, exact in f64).
+    res_weight: Vec<f64>,
     /// Resources whose flow set changed since the last solve.
     dirty: Vec<u32>,
     /// Solve epoch; a stamp equal to it means "visited in this solve".
@@ -45,6 +48,7 @@ impl FairShare {
     pub(super) fn new(n_res: usize, n_flows: usize) -> Self {
         FairShare {
             res_flows: vec![Vec::new(); n_res],
+            res_weight: vec![0.0; n_res],
             dirty: Vec::new(),
             epoch: 0,
             res_seen: vec![0; n_res],
@@ -58,20 +62,22 @@ impl FairShare {
         }
     }
 
-    /// Flow `f` starts on resources `res`.
-    pub(super) fn add(&mut self, f: u32, res: &[u32]) {
-        for &r in res {
+    /// Flow `f` starts on resources `res` with coefficients `coef`.
+    pub(super) fn add(&mut self, f: u32, (res, coef): (&[u32], &[f64])) {
+        for (&r, &c) in res.iter().zip(coef) {
             self.res_flows[r as usize].push(f);
+            self.res_weight[r as usize] += c;
             self.dirty.push(r);
         }
     }
 
-    /// Flow `f` ends; it was on resources `res`.
-    pub(super) fn remove(&mut self, f: u32, res: &[u32]) {
-        for &r in res {
+    /// Flow `f` ends; it was on resources `res` with coefficients `coef`.
+    pub(super) fn remove(&mut self, f: u32, (res, coef): (&[u32], &[f64])) {
+        for (&r, &c) in res.iter().zip(coef) {
             let list = &mut self.res_flows[r as usize];
             if let Some(k) = list.iter().position(|&x| x == f) {
                 list.swap_remove(k);
+                self.res_weight[r as usize] -= c;
             }
             self.dirty.push(r);
         }
@@ -141,13 +147,7 @@ impl FairShare {
         let epoch = self.epoch;
         for &r in &self.comp_res {
             self.rem[r as usize] = caps[r as usize];
-            self.weight[r as usize] = 0.0;
-        }
-        for &f in &self.comp_flows {
-            let (res, coef) = uses.of(f);
-            for (&r, &c) in res.iter().zip(coef) {
-                self.weight[r as usize] += c;
-            }
+            self.weight[r as usize] = self.res_weight[r as usize];
         }
         let mut left = self.comp_flows.len();
         while left > 0 {
@@ -202,7 +202,7 @@ mod tests {
         let uses = Uses::from_rows(rows);
         let mut fs = FairShare::new(caps.len(), rows.len());
         for f in 0..rows.len() as u32 {
-            fs.add(f, uses.of(f).0);
+            fs.add(f, uses.of(f));
         }
         let mut out = vec![f64::NAN; rows.len()];
         fs.solve(&uses, caps, |f, r| out[f as usize] = r);
@@ -245,13 +245,13 @@ mod tests {
         let caps = [10.0, 10.0];
         let mut fs = FairShare::new(2, 3);
         for f in 0..3 {
-            fs.add(f, uses.of(f).0);
+            fs.add(f, uses.of(f));
         }
         let mut seen = Vec::new();
         fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
         assert_eq!(seen.len(), 3);
         // Flow 2 ends: only flow 1 shares anything with it, so only flow 1 is rerated.
-        fs.remove(2, uses.of(2).0);
+        fs.remove(2, uses.of(2));
         seen.clear();
         fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
         assert_eq!(seen, vec![(1, 10.0)]);
