@@ -19,6 +19,7 @@ pub mod path;
 mod plan;
 pub mod planner;
 mod request;
+mod sim;
 
 pub use bound::collective_bound_gbps;
 pub use check::{CheckOptions, check, check_routes, check_with};
@@ -26,3 +27,7 @@ pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
+pub use sim::{
+    DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
+    simulate,
+};

@@ -1,0 +1,264 @@
+//! Max-min fair sharing of resources among fluid flows (progressive filling), recomputed
+//! incrementally: only the connected components (flows linked by shared resources) that a
+//! change touched are refilled, because max-min fair rates of one component do not depend on
+//! any other.
+//!
+//! A flow `f` loads resource `r` with `c(f, r)` bytes per byte it moves (1 for an edge, 2 for a
+//! copy inside one memory, `srcs + 1` for a reduction). Rates `x(f)` are max-min fair under
+//! `sum_f c(f, r) x(f) <= cap(r)`: every flow is raised at the same pace until some resource
+//! fills; the flows crossing it freeze at that level; the rest go on.
+
+use super::model::Uses;
+
+/// Buffers and per-resource flow lists for repeated max-min fair solves. Nothing here
+/// allocates once the vectors have grown to the plan's peak concurrency.
+#[derive(Debug)]
+pub(super) struct FairShare {
+    /// The active flows crossing each resource.
+    res_flows: Vec<Vec<u32>>,
+    /// Sum of the coefficients of the active flows on each resource, kept up to date so a
+    /// solve need not add them up again (integer sums, exact in f64).
+    res_weight: Vec<f64>,
+    /// Resources whose flow set changed since the last solve.
+    dirty: Vec<u32>,
+    /// Solve epoch; a stamp equal to it means "visited in this solve".
+    epoch: u32,
+    res_seen: Vec<u32>,
+    flow_seen: Vec<u32>,
+    flow_frozen: Vec<u32>,
+    /// Capacity not yet taken by frozen flows, per resource.
+    rem: Vec<f64>,
+    /// Sum of the coefficients of unfrozen flows, per resource.
+    weight: Vec<f64>,
+    stack: Vec<u32>,
+    comp_res: Vec<u32>,
+    comp_flows: Vec<u32>,
+}
+
+/// A resource's pending weight is a sum of small integers, exact in f64; anything under a half
+/// is zero.
+const MIN_WEIGHT: f64 = 0.5;
+
+/// Resources within this relative distance of the lowest fill level saturate together; it
+/// merges ties that rounding split, so equal links freeze in one round.
+const LEVEL_TIE: f64 = 1e-12;
+
+impl FairShare {
+    /// Empty lists for `n_res` resources and `n_flows` possible flows.
+    pub(super) fn new(n_res: usize, n_flows: usize) -> Self {
+        FairShare {
+            res_flows: vec![Vec::new(); n_res],
+            res_weight: vec![0.0; n_res],
+            dirty: Vec::new(),
+            epoch: 0,
+            res_seen: vec![0; n_res],
+            flow_seen: vec![0; n_flows],
+            flow_frozen: vec![0; n_flows],
+            rem: vec![0.0; n_res],
+            weight: vec![0.0; n_res],
+            stack: Vec::new(),
+            comp_res: Vec::new(),
+            comp_flows: Vec::new(),
+        }
+    }
+
+    /// Flow `f` starts on resources `res` with coefficients `coef`.
+    pub(super) fn add(&mut self, f: u32, (res, coef): (&[u32], &[f64])) {
+        for (&r, &c) in res.iter().zip(coef) {
+            self.res_flows[r as usize].push(f);
+            self.res_weight[r as usize] += c;
+            self.dirty.push(r);
+        }
+    }
+
+    /// Flow `f` ends; it was on resources `res` with coefficients `coef`.
+    pub(super) fn remove(&mut self, f: u32, (res, coef): (&[u32], &[f64])) {
+        for (&r, &c) in res.iter().zip(coef) {
+            let list = &mut self.res_flows[r as usize];
+            if let Some(k) = list.iter().position(|&x| x == f) {
+                list.swap_remove(k);
+                self.res_weight[r as usize] -= c;
+            }
+            self.dirty.push(r);
+        }
+    }
+
+    /// Number of active flows on resource `r`.
+    pub(super) fn load(&self, r: u32) -> usize {
+        self.res_flows[r as usize].len()
+    }
+
+    fn next_epoch(&mut self) {
+        if self.epoch == u32::MAX {
+            self.res_seen.fill(0);
+            self.flow_seen.fill(0);
+            self.flow_frozen.fill(0);
+            self.epoch = 0;
+        }
+        self.epoch += 1;
+    }
+
+    /// Recompute fair rates of every component touched since the last solve, calling
+    /// `set_rate(flow, bytes_per_us)` once for each of their flows.
+    pub(super) fn solve(&mut self, uses: &Uses, caps: &[f64], mut set_rate: impl FnMut(u32, f64)) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        self.next_epoch();
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &r in &dirty {
+            if self.res_seen[r as usize] != self.epoch && !self.res_flows[r as usize].is_empty() {
+                self.collect_component(r, uses);
+                self.fill(uses, caps, &mut set_rate);
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+    }
+
+    /// Gather the component of resource `start` into `comp_res` and `comp_flows`.
+    fn collect_component(&mut self, start: u32, uses: &Uses) {
+        let epoch = self.epoch;
+        self.comp_res.clear();
+        self.comp_flows.clear();
+        self.stack.clear();
+        self.res_seen[start as usize] = epoch;
+        self.stack.push(start);
+        while let Some(r) = self.stack.pop() {
+            self.comp_res.push(r);
+            for &f in &self.res_flows[r as usize] {
+                if self.flow_seen[f as usize] == epoch {
+                    continue;
+                }
+                self.flow_seen[f as usize] = epoch;
+                self.comp_flows.push(f);
+                for &r2 in uses.of(f).0 {
+                    if self.res_seen[r2 as usize] != epoch {
+                        self.res_seen[r2 as usize] = epoch;
+                        self.stack.push(r2);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Progressive filling of the collected component.
+    fn fill(&mut self, uses: &Uses, caps: &[f64], set_rate: &mut impl FnMut(u32, f64)) {
+        let epoch = self.epoch;
+        for &r in &self.comp_res {
+            self.rem[r as usize] = caps[r as usize];
+            self.weight[r as usize] = self.res_weight[r as usize];
+        }
+        let mut left = self.comp_flows.len();
+        while left > 0 {
+            let mut level = f64::INFINITY;
+            for &r in &self.comp_res {
+                let w = self.weight[r as usize];
+                if w > MIN_WEIGHT {
+                    level = level.min(self.rem[r as usize].max(0.0) / w);
+                }
+            }
+            if !level.is_finite() {
+                // Unreachable: every unfrozen flow loads some resource of its component.
+                break;
+            }
+            let before = left;
+            let cut = level * (1.0 + LEVEL_TIE);
+            for k in 0..self.comp_res.len() {
+                let r = self.comp_res[k] as usize;
+                let w = self.weight[r];
+                if w <= MIN_WEIGHT || self.rem[r].max(0.0) / w > cut {
+                    continue;
+                }
+                for j in 0..self.res_flows[r].len() {
+                    let f = self.res_flows[r][j];
+                    if self.flow_frozen[f as usize] == epoch {
+                        continue;
+                    }
+                    self.flow_frozen[f as usize] = epoch;
+                    left -= 1;
+                    set_rate(f, level);
+                    let (res, coef) = uses.of(f);
+                    for (&r2, &c) in res.iter().zip(coef) {
+                        self.rem[r2 as usize] -= c * level;
+                        self.weight[r2 as usize] -= c;
+                    }
+                }
+            }
+            if left == before {
+                // Unreachable as well (the lowest resource has unfrozen flows); never spin.
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fair rates of flows `rows` (each a list of (resource, coefficient)) on `caps`.
+    fn rates(rows: &[&[(u32, f64)]], caps: &[f64]) -> Vec<f64> {
+        let uses = Uses::from_rows(rows);
+        let mut fs = FairShare::new(caps.len(), rows.len());
+        for f in 0..rows.len() as u32 {
+            fs.add(f, uses.of(f));
+        }
+        let mut out = vec![f64::NAN; rows.len()];
+        fs.solve(&uses, caps, |f, r| out[f as usize] = r);
+        out
+    }
+
+    fn close(a: &[f64], b: &[f64]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-9 * y.abs().max(1.0), "{a:?} != {b:?}");
+        }
+    }
+
+    #[test]
+    fn one_link_splits_evenly() {
+        close(&rates(&[&[(0, 1.0)], &[(0, 1.0)]], &[10.0]), &[5.0, 5.0]);
+    }
+
+    #[test]
+    fn classic_three_flow_water_filling() {
+        // A on r0, B on r0 and r1, C on r1: r0 (10) binds A and B at 5; C takes the rest of r1.
+        let got = rates(
+            &[&[(0, 1.0)], &[(0, 1.0), (1, 1.0)], &[(1, 1.0)]],
+            &[10.0, 30.0],
+        );
+        close(&got, &[5.0, 5.0, 25.0]);
+    }
+
+    #[test]
+    fn coefficients_weigh_the_share() {
+        // A reduction of two sources loads memory 3x per byte; a plain flow once.
+        close(&rates(&[&[(0, 3.0)], &[(0, 1.0)]], &[8.0]), &[2.0, 2.0]);
+        // Alone, it gets a third of the memory.
+        close(&rates(&[&[(0, 3.0)]], &[9.0]), &[3.0]);
+    }
+
+    #[test]
+    fn components_are_refilled_alone() {
+        let uses = Uses::from_rows(&[&[(0, 1.0)], &[(1, 1.0)], &[(1, 1.0)]]);
+        let caps = [10.0, 10.0];
+        let mut fs = FairShare::new(2, 3);
+        for f in 0..3 {
+            fs.add(f, uses.of(f));
+        }
+        let mut seen = Vec::new();
+        fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
+        assert_eq!(seen.len(), 3);
+        // Flow 2 ends: only flow 1 shares anything with it, so only flow 1 is rerated.
+        fs.remove(2, uses.of(2));
+        seen.clear();
+        fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
+        assert_eq!(seen, vec![(1, 10.0)]);
+        assert_eq!(fs.load(1), 1);
+        // Nothing changed: nothing to do.
+        seen.clear();
+        fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
+        assert!(seen.is_empty());
+    }
+}

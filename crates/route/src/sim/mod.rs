@@ -1,0 +1,44 @@
+//! The fluid flow simulator: what a plan costs on a topology.
+//!
+//! The model, so that every figure can be recomputed by hand from the plan and topology JSON:
+//!
+//! - **Readiness.** An op is ready when all its `deps` and every earlier op of its lane have
+//!   finished (a lane is an in-order stream, like a CUDA stream).
+//! - **Latency.** A ready op first waits a fixed time: [`SimConfig::op_overhead_us`] (default
+//!   1 us, the launch or DMA setup cost) plus the `latency_us` of each edge it names.
+//! - **Flow.** Then its bytes (elements x dtype size) flow as a fluid. Zero-byte ops end when
+//!   their latency does.
+//! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s
+//!   = 1e3 bytes/us); so is each memory: a GPU's device memory at
+//!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, a CPU socket's host
+//!   memory at its `host_mem_gbps`.
+//! - **Loads.** A copy loads each of its edges once per byte, plus the host memory of each end
+//!   that lies in host memory (device memory outruns every link, so GPU ends are not charged);
+//!   a copy inside one memory (no edges) loads that memory twice per byte (read and write). A
+//!   reduction loads its destination's memory `srcs + 1` times per byte (read every source,
+//!   write the result); edges named by a reduction (a result written onward) load once.
+//! - **Sharing.** Concurrent flows share every resource max-min fairly (progressive filling):
+//!   a flow's rate is the largest it can have without lowering a flow that is no faster. Rates
+//!   are recomputed whenever a flow starts or ends, only for the flows that share resources
+//!   with it, directly or through others.
+//!
+//! Not modelled: protocol overheads beyond the fixed latency, per-chunk pipelining inside one
+//! op, contention for copy engines or SMs, and device memory traffic of copies over links.
+//!
+//! | item | what |
+//! |---|---|
+//! | [`simulate`] | time a plan: makespan, op spans, edge and memory loads |
+//! | [`SimConfig`] | settings (per-op overhead) |
+//! | [`SimResult`], [`OpSpan`], [`EdgeUse`], [`MemUse`] | what a simulation reports |
+//! | [`Perf`], [`SimResult::perf`] | nccl-tests' algbw and busbw |
+//! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
+
+mod engine;
+mod fairshare;
+mod model;
+mod result;
+mod trace;
+
+pub use engine::{DEFAULT_OP_OVERHEAD_US, SimConfig, simulate};
+pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
+pub use trace::chrome_trace;

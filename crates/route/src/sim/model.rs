@@ -1,0 +1,483 @@
+//! Lowering a plan onto the simulator's resources: which directed edges and memories each op
+//! loads (and how many times its bytes cross each), its fixed latency, and the dependency
+//! graph (explicit deps plus lane order). Every check a plan or topology can fail happens here,
+//! once, so the event loop never meets a bad index.
+
+use relaycc_topo::{NodeId, Topology, rates};
+
+use crate::error::{Result, RouteError};
+use crate::plan::{BufferRef, Location, OpKind, Plan};
+
+use super::engine::SimConfig;
+
+/// GB/s to bytes per microsecond: 1 GB/s = 1e9 B / 1e6 us = 1e3 B/us.
+pub(super) const BYTES_PER_US_PER_GBPS: f64 = 1e3;
+
+/// Marks "no op" in index vectors (no lane predecessor).
+pub(super) const NONE: u32 = u32::MAX;
+
+/// The resources an op's flow loads, as a compressed-row table over ops.
+#[derive(Debug, Default)]
+pub(super) struct Uses {
+    start: Vec<u32>,
+    res: Vec<u32>,
+    coef: Vec<f64>,
+}
+
+impl Uses {
+    /// Resources of op `op` and the bytes each carries per byte of the op.
+    pub(super) fn of(&self, op: u32) -> (&[u32], &[f64]) {
+        let (a, b) = (
+            self.start[op as usize] as usize,
+            self.start[op as usize + 1] as usize,
+        );
+        (&self.res[a..b], &self.coef[a..b])
+    }
+
+    /// A table from explicit rows of `(resource, coefficient)`, for tests.
+    #[cfg(test)]
+    pub(super) fn from_rows(rows: &[&[(u32, f64)]]) -> Uses {
+        let mut u = Uses::default();
+        u.start.push(0);
+        for row in rows {
+            for &(r, c) in *row {
+                u.res.push(r);
+                u.coef.push(c);
+            }
+            u.start.push(u.res.len() as u32);
+        }
+        u
+    }
+}
+
+/// A plan lowered for simulation.
+#[derive(Debug)]
+pub(super) struct Model {
+    /// Capacity of each resource in bytes per microsecond: edges first (by edge index), then
+    /// memories (see `mem_loc`).
+    pub caps: Vec<f64>,
+    /// Number of edge resources; resource `n_edges + k` is memory `mem_loc[k]`.
+    pub n_edges: usize,
+    /// The location of each memory resource.
+    pub mem_loc: Vec<Location>,
+    /// Fixed latency of each op (overhead plus its edges' latencies), microseconds.
+    pub latency_us: Vec<f64>,
+    /// Bytes of each op's flow.
+    pub bytes: Vec<f64>,
+    /// Resources of each op.
+    pub uses: Uses,
+    /// Ops that wait for each op, compressed-row (`succ_start` has one entry per op plus one).
+    pub succ_start: Vec<u32>,
+    /// See `succ_start`.
+    pub succ: Vec<u32>,
+    /// How many finishes each op waits for (deps, counted with repeats, plus its lane
+    /// predecessor).
+    pub pending: Vec<u32>,
+    /// The previous op of each op's lane, or [`NONE`].
+    pub lane_prev: Vec<u32>,
+}
+
+/// An error at op `op`.
+fn check(op: usize, message: String) -> RouteError {
+    RouteError::PlanCheck { op, message }
+}
+
+/// Maps plan locations to memory resources.
+struct Memories {
+    n_edges: usize,
+    n_gpus: usize,
+    /// The memory resource (offset from the first memory) of each topology node that is a CPU.
+    host: Vec<Option<u32>>,
+}
+
+impl Memories {
+    fn resource(&self, op: usize, loc: Location) -> Result<u32> {
+        let k = match loc {
+            Location::Gpu(g) if (g as usize) < self.n_gpus => g as usize,
+            Location::Gpu(g) => {
+                return Err(check(
+                    op,
+                    format!(
+                        "names GPU{g}, which the topology lacks ({} GPUs)",
+                        self.n_gpus
+                    ),
+                ));
+            }
+            Location::Host(n) => match self.host.get(n as usize).copied().flatten() {
+                Some(k) => k as usize,
+                None => {
+                    return Err(check(
+                        op,
+                        format!("names host memory of node {n}, which is not a CPU socket"),
+                    ));
+                }
+            },
+        };
+        Ok((self.n_edges + k) as u32)
+    }
+}
+
+impl Model {
+    /// Check `plan` against `topo` and lower it.
+    pub(super) fn build(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Model> {
+        let overhead = cfg.op_overhead_us;
+        if !(overhead.is_finite() && overhead >= 0.0) {
+            return Err(check(
+                usize::MAX,
+                format!("simulator op overhead must be finite and >= 0 us, not {overhead}"),
+            ));
+        }
+        let g = topo.graph();
+        let n_edges = g.edge_count();
+        let n_gpus = topo.gpu_count() as usize;
+        // Mask lookups compare node names; do them once per edge, not once per op.
+        let usable: Vec<bool> = (0..n_edges)
+            .map(|e| topo.link_usable(relaycc_topo::LinkId::new(e)))
+            .collect();
+        let mut caps: Vec<f64> = g
+            .edge_weights()
+            .map(|l| l.gbps * BYTES_PER_US_PER_GBPS)
+            .collect();
+        let mut mem_loc = Vec::with_capacity(n_gpus + 2);
+        for i in 0..n_gpus as u32 {
+            let sm = topo
+                .gpu_info(i)
+                .ok()
+                .and_then(|info| info.compute_capability)
+                .map(|cc| cc.sm());
+            caps.push(rates::gpu_mem_gbps(sm) * BYTES_PER_US_PER_GBPS);
+            mem_loc.push(Location::Gpu(i));
+        }
+        let mut host = vec![None; g.node_count()];
+        for (id, cpu) in topo.cpus() {
+            host[id.index()] = Some(mem_loc.len() as u32);
+            caps.push(cpu.host_mem_gbps * BYTES_PER_US_PER_GBPS);
+            mem_loc.push(Location::Host(id.index() as u32));
+        }
+        let mems = Memories {
+            n_edges,
+            n_gpus,
+            host,
+        };
+
+        let n = plan.ops.len();
+        let mut m = Model {
+            caps,
+            n_edges,
+            mem_loc,
+            latency_us: Vec::with_capacity(n),
+            bytes: Vec::with_capacity(n),
+            uses: Uses::default(),
+            succ_start: Vec::new(),
+            succ: Vec::new(),
+            pending: vec![0; n],
+            lane_prev: vec![NONE; n],
+        };
+        m.uses.start.reserve(n + 1);
+        m.uses.start.push(0);
+        let elem = plan.dtype.size() as f64;
+        let location = |op: usize, b: BufferRef| {
+            plan.location(b)
+                .ok_or_else(|| check(op, format!("names buffer {b:?}, which the plan lacks")))
+        };
+        let mut last_of_lane = vec![NONE; plan.lanes.len()];
+        for (i, op) in plan.ops.iter().enumerate() {
+            let lane = op.lane as usize;
+            if lane >= plan.lanes.len() {
+                return Err(check(
+                    i,
+                    format!("runs on lane {lane}; the plan has {}", plan.lanes.len()),
+                ));
+            }
+            m.lane_prev[i] = last_of_lane[lane];
+            last_of_lane[lane] = i as u32;
+            for &d in &op.deps {
+                if d as usize >= n {
+                    return Err(check(i, format!("depends on op {d}; the plan has {n} ops")));
+                }
+            }
+            let mut latency = overhead;
+            let row = m.uses.res.len();
+            for &e in &op.edges {
+                let Some(link) = g.edge_weight(relaycc_topo::LinkId::new(e as usize)) else {
+                    return Err(check(
+                        i,
+                        format!("uses edge {e}; the topology has {n_edges}"),
+                    ));
+                };
+                if !usable[e as usize] {
+                    let (a, b) = topo.link_ends(relaycc_topo::LinkId::new(e as usize));
+                    return Err(check(
+                        i,
+                        format!(
+                            "uses edge {e} ({} -> {}), which is masked",
+                            name(topo, a),
+                            name(topo, b)
+                        ),
+                    ));
+                }
+                latency += link.latency_us;
+                m.push_use(row, e, 1.0);
+            }
+            match &op.kind {
+                OpKind::Copy { src, dst } => {
+                    let (ls, ld) = (location(i, src.buffer)?, location(i, dst.buffer)?);
+                    let (rs, rd) = (mems.resource(i, ls)?, mems.resource(i, ld)?);
+                    if op.edges.is_empty() {
+                        if ls != ld {
+                            return Err(check(i, format!("copies {ls:?} -> {ld:?} over no edges")));
+                        }
+                        // A copy inside one memory reads and writes it.
+                        m.push_use(row, rs, 2.0);
+                    } else {
+                        // Device memory outruns every link, so only host memory is charged for
+                        // copies that cross links.
+                        if matches!(ls, Location::Host(_)) {
+                            m.push_use(row, rs, 1.0);
+                        }
+                        if matches!(ld, Location::Host(_)) {
+                            m.push_use(row, rd, 1.0);
+                        }
+                    }
+                }
+                OpKind::Reduce { srcs, dst, .. } => {
+                    let r = mems.resource(i, location(i, dst.buffer)?)?;
+                    // Read every source once and write the result once.
+                    m.push_use(row, r, srcs.len() as f64 + 1.0);
+                }
+            }
+            for (&r, _) in m.uses.res[row..].iter().zip(&m.uses.coef[row..]) {
+                let cap = m.caps[r as usize];
+                if !(cap.is_finite() && cap > 0.0) {
+                    return Err(check(
+                        i,
+                        format!("loads {} of capacity {cap} B/us", m.resource_name(topo, r)),
+                    ));
+                }
+            }
+            m.uses.start.push(m.uses.res.len() as u32);
+            m.latency_us.push(latency);
+            m.bytes.push(op.len() as f64 * elem);
+        }
+        m.link_successors(plan);
+        Ok(m)
+    }
+
+    /// Add `coef` bytes per op byte on resource `r` to the row that starts at `row`, merging
+    /// repeats (a path naming an edge twice loads it twice).
+    fn push_use(&mut self, row: usize, r: u32, coef: f64) {
+        if let Some(k) = self.uses.res[row..].iter().position(|&x| x == r) {
+            self.uses.coef[row + k] += coef;
+        } else {
+            self.uses.res.push(r);
+            self.uses.coef.push(coef);
+        }
+    }
+
+    /// Fill `succ`, `succ_start` and `pending` from deps and lane order.
+    fn link_successors(&mut self, plan: &Plan) {
+        let n = plan.ops.len();
+        let mut count = vec![0u32; n + 1];
+        for (i, op) in plan.ops.iter().enumerate() {
+            for &d in &op.deps {
+                count[d as usize] += 1;
+            }
+            if self.lane_prev[i] != NONE {
+                count[self.lane_prev[i] as usize] += 1;
+            }
+            self.pending[i] = op.deps.len() as u32 + u32::from(self.lane_prev[i] != NONE);
+        }
+        let mut start = Vec::with_capacity(n + 1);
+        let mut acc = 0u32;
+        for c in &count[..n] {
+            start.push(acc);
+            acc += c;
+        }
+        start.push(acc);
+        let mut fill = start.clone();
+        let mut succ = vec![0u32; acc as usize];
+        for (i, op) in plan.ops.iter().enumerate() {
+            let prev = self.lane_prev[i];
+            for &d in op.deps.iter().chain((prev != NONE).then_some(&prev)) {
+                succ[fill[d as usize] as usize] = i as u32;
+                fill[d as usize] += 1;
+            }
+        }
+        self.succ_start = start;
+        self.succ = succ;
+    }
+
+    /// Ops that wait for op `op`.
+    pub(super) fn successors(&self, op: u32) -> &[u32] {
+        let (a, b) = (
+            self.succ_start[op as usize] as usize,
+            self.succ_start[op as usize + 1] as usize,
+        );
+        &self.succ[a..b]
+    }
+
+    /// A resource's name for messages: `edge 5 (GPU0 -> GPU1)`, `GPU0 memory`.
+    pub(super) fn resource_name(&self, topo: &Topology, r: u32) -> String {
+        let r = r as usize;
+        if r < self.n_edges {
+            let (a, b) = topo.link_ends(relaycc_topo::LinkId::new(r));
+            format!("edge {r} ({} -> {})", name(topo, a), name(topo, b))
+        } else {
+            match self.mem_loc.get(r - self.n_edges) {
+                Some(&loc) => format!("{} memory", location_name(topo, loc)),
+                None => format!("resource {r}"),
+            }
+        }
+    }
+}
+
+/// A node's name, or its index when the id is not in the graph.
+fn name(topo: &Topology, id: NodeId) -> String {
+    topo.graph()
+        .node_weight(id)
+        .map_or_else(|| format!("node {}", id.index()), |n| n.name.clone())
+}
+
+/// A location's name: `GPU3`, or the CPU node's name (`CPU1`).
+pub(super) fn location_name(topo: &Topology, loc: Location) -> String {
+    match loc {
+        Location::Gpu(g) => format!("GPU{g}"),
+        Location::Host(n) => name(topo, NodeId::new(n as usize)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use relaycc_topo::{Mask, Topology};
+
+    use super::*;
+    use crate::plan::{Location::Gpu, Region};
+    use crate::request::Request;
+
+    fn dgx1() -> Topology {
+        relaycc_topo::preset("dgx1-v100").unwrap()
+    }
+
+    /// Two 1 MiB copies GPU0 -> GPU1 on two lanes; the caller breaks one.
+    fn two(topo: &Topology) -> Plan {
+        let (g0, g1) = (topo.gpu(0).unwrap(), topo.gpu(1).unwrap());
+        let e = topo.link_between(g0, g1).unwrap().index() as u32;
+        let mut p = Plan::new(Request::point_to_point(0, 1, 1 << 20), "test");
+        for l in 0..2 {
+            let lane = p.add_lane(Gpu(0), "l");
+            let src = Region::new(p.add_scratch(Gpu(0), 1 << 20), 0, 1 << 20);
+            let dst = Region::new(p.add_scratch(Gpu(1), 1 << 20), 0, 1 << 20);
+            assert_eq!(p.copy(lane, src, dst, vec![e], vec![]), l);
+        }
+        p
+    }
+
+    /// Building (and simulating) `p` fails at op `op` with a message holding `words`.
+    fn check(topo: &Topology, p: &Plan, op: usize, words: &str) {
+        match crate::simulate(topo, p, &SimConfig::default()) {
+            Err(RouteError::PlanCheck { op: got, message }) => {
+                assert_eq!(got, op, "{message}");
+                assert!(message.contains(words), "{message:?} lacks {words:?}");
+            }
+            other => panic!("expected a plan check error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lowering_counts_loads_latency_and_waits() {
+        let topo = dgx1();
+        let mut p = two(&topo);
+        p.ops[1].lane = 0;
+        p.ops[1].deps = vec![0, 0];
+        let m = Model::build(&topo, &p, &SimConfig::default()).unwrap();
+        assert_eq!(m.pending, vec![0, 3]);
+        assert_eq!(m.successors(0), &[1, 1, 1]);
+        assert_eq!(m.lane_prev, vec![NONE, 0]);
+        assert_eq!(m.latency_us, vec![1.6, 1.6]);
+        assert_eq!(m.bytes, vec![1048576.0, 1048576.0]);
+        assert_eq!(m.uses.of(0).1, &[1.0]);
+        assert_eq!(m.caps[m.n_edges], 900e3, "GPU0 is a V100");
+        assert_eq!(m.resource_name(&topo, m.uses.of(0).0[0]), {
+            let e = m.uses.of(0).0[0];
+            format!("edge {e} (GPU0 -> GPU1)")
+        });
+    }
+
+    #[test]
+    fn a_dependency_cycle() {
+        let topo = dgx1();
+        let mut p = two(&topo);
+        (p.ops[0].deps, p.ops[1].deps) = (vec![1], vec![0]);
+        check(&topo, &p, 0, "cycle");
+        // A dep on a later op of the same lane is a cycle through lane order.
+        let mut p = two(&topo);
+        (p.ops[1].lane, p.ops[0].deps) = (0, vec![1]);
+        check(&topo, &p, 0, "cycle");
+        let mut p = two(&topo);
+        p.ops[1].deps = vec![1];
+        check(&topo, &p, 1, "cycle");
+    }
+
+    #[test]
+    fn a_missing_dependency_or_lane() {
+        let topo = dgx1();
+        let mut p = two(&topo);
+        p.ops[1].deps = vec![7];
+        check(&topo, &p, 1, "op 7");
+        let mut p = two(&topo);
+        p.ops[1].lane = 9;
+        check(&topo, &p, 1, "lane 9");
+    }
+
+    #[test]
+    fn a_missing_or_masked_edge() {
+        let topo = dgx1();
+        let mut p = two(&topo);
+        p.ops[0].edges = vec![u32::MAX];
+        check(&topo, &p, 0, "edge");
+        let mut mask = Mask::default();
+        mask.link_down("GPU0", "GPU1");
+        check(&topo.with_mask(mask).unwrap(), &two(&topo), 0, "masked");
+        let mut mask = Mask::default();
+        mask.absent_gpus.insert(1);
+        check(&topo.with_mask(mask).unwrap(), &two(&topo), 0, "masked");
+    }
+
+    #[test]
+    fn missing_buffers_locations_and_edges() {
+        let topo = dgx1();
+        let set = |p: &mut Plan, f: &dyn Fn(&mut Region, &mut Region)| {
+            if let OpKind::Copy { src, dst } = &mut p.ops[1].kind {
+                f(src, dst);
+            }
+        };
+        let mut p = two(&topo);
+        set(&mut p, &|src, _| src.buffer = BufferRef::Scratch(99));
+        check(&topo, &p, 1, "buffer");
+        let mut p = two(&topo);
+        let far = p.add_scratch(Gpu(9), 1 << 20);
+        set(&mut p, &|_, dst| dst.buffer = far);
+        check(&topo, &p, 1, "GPU9");
+        let mut p = two(&topo);
+        let not_cpu = topo.gpu(1).unwrap().index() as u32;
+        let host = p.add_scratch(Location::Host(not_cpu), 1 << 20);
+        set(&mut p, &|_, dst| dst.buffer = host);
+        check(&topo, &p, 1, "not a CPU");
+        let mut p = two(&topo);
+        p.ops[1].edges.clear();
+        check(&topo, &p, 1, "no edges");
+    }
+
+    #[test]
+    fn a_bad_overhead() {
+        let topo = dgx1();
+        let cfg = SimConfig {
+            op_overhead_us: f64::NAN,
+        };
+        let r = Model::build(&topo, &two(&topo), &cfg);
+        assert!(matches!(
+            r,
+            Err(RouteError::PlanCheck { op: usize::MAX, .. })
+        ));
+    }
+}

@@ -1,0 +1,167 @@
+//! What a simulation reports: the makespan, each op's timeline, the load on each edge and
+//! memory, and the nccl-tests bandwidth figures derived from the makespan.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Location;
+use crate::request::Request;
+
+use super::model::BYTES_PER_US_PER_GBPS;
+
+/// When one op ran.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OpSpan {
+    /// When the op became ready and began its fixed latency, us.
+    pub start_us: f64,
+    /// When its latency was over and its bytes began to flow, us.
+    pub flow_start_us: f64,
+    /// When its last byte arrived, us.
+    pub end_us: f64,
+}
+
+impl OpSpan {
+    /// Time from start to end, us.
+    pub fn duration_us(&self) -> f64 {
+        self.end_us - self.start_us
+    }
+}
+
+/// The load one directed topology edge carried.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EdgeUse {
+    /// The edge (petgraph edge index, as ops name it).
+    pub edge: u32,
+    /// Bytes it carried.
+    pub bytes: f64,
+    /// Time during which at least one flow crossed it, us.
+    pub busy_us: f64,
+    /// `bytes / (capacity x makespan)`: 1 means full for the whole plan.
+    pub utilisation: f64,
+}
+
+/// The load one memory (a GPU's device memory, a socket's host memory) carried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemUse {
+    /// The memory.
+    pub location: Location,
+    /// Its name for reports: `GPU0`, `CPU1`.
+    pub name: String,
+    /// Bytes read and written: a copy inside the memory counts its bytes twice, a reduction
+    /// `srcs + 1` times, a copy crossing links once per end in this memory.
+    pub bytes: f64,
+    /// Time during which at least one flow used it, us.
+    pub busy_us: f64,
+    /// `bytes / (bandwidth x makespan)`.
+    pub utilisation: f64,
+}
+
+/// The outcome of [`simulate`](crate::simulate).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimResult {
+    /// Makespan: when the last op ended, us (0 for an empty plan).
+    pub time_us: f64,
+    /// One span per op, by op id.
+    pub ops: Vec<OpSpan>,
+    /// Edges that carried bytes, by edge index.
+    pub edges: Vec<EdgeUse>,
+    /// Memories that carried bytes, GPUs first, then host memories.
+    pub memories: Vec<MemUse>,
+}
+
+/// Bandwidth figures as nccl-tests prints them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Perf {
+    /// Makespan, us.
+    pub time_us: f64,
+    /// Algorithm bandwidth: the request's size (nccl-tests' `size`) over the time, GB/s.
+    pub algbw_gbps: f64,
+    /// Bus bandwidth: `algbw` times the collective's factor (all_reduce `2(n-1)/n`), GB/s.
+    pub busbw_gbps: f64,
+}
+
+impl SimResult {
+    /// nccl-tests' figures for `request` at this makespan: `algbw = size / time`,
+    /// `busbw = algbw x factor(n)` ([`Request::size_bytes`],
+    /// [`Collective::busbw_factor`](crate::Collective::busbw_factor)). Both are 0 when the
+    /// time is 0, rather than infinite.
+    pub fn perf(&self, request: &Request) -> Perf {
+        let algbw_gbps = if self.time_us > 0.0 {
+            request.size_bytes() as f64 / self.time_us / BYTES_PER_US_PER_GBPS
+        } else {
+            0.0
+        };
+        Perf {
+            time_us: self.time_us,
+            algbw_gbps,
+            busbw_gbps: algbw_gbps * request.collective.busbw_factor(request.nranks()),
+        }
+    }
+
+    /// The use of edge `edge`, if it carried bytes.
+    pub fn edge(&self, edge: u32) -> Option<&EdgeUse> {
+        self.edges
+            .binary_search_by_key(&edge, |e| e.edge)
+            .ok()
+            .map(|k| &self.edges[k])
+    }
+
+    /// The use of memory `location`, if it carried bytes.
+    pub fn memory(&self, location: Location) -> Option<&MemUse> {
+        self.memories.iter().find(|m| m.location == location)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Collective, DType};
+
+    #[test]
+    fn perf_follows_nccl_tests() {
+        let req = Request::new(Collective::AllGather, vec![0, 1, 2, 3], 1 << 20, DType::F32);
+        let r = SimResult {
+            time_us: 1000.0,
+            ops: Vec::new(),
+            edges: Vec::new(),
+            memories: Vec::new(),
+        };
+        let p = r.perf(&req);
+        // all_gather size is n x count x 4 bytes = 16 MiB; over 1 ms that is 16.777 GB/s.
+        let algbw = (4u64 << 22) as f64 / 1000.0 / 1e3;
+        assert!((p.algbw_gbps - algbw).abs() < 1e-12);
+        assert!((p.busbw_gbps - algbw * 0.75).abs() < 1e-12);
+        let zero = SimResult { time_us: 0.0, ..r };
+        assert_eq!(zero.perf(&req).algbw_gbps, 0.0);
+    }
+
+    #[test]
+    fn lookups_find_used_resources() {
+        let r = SimResult {
+            time_us: 1.0,
+            ops: vec![OpSpan {
+                start_us: 0.0,
+                flow_start_us: 0.25,
+                end_us: 1.0,
+            }],
+            edges: vec![
+                EdgeUse {
+                    edge: 2,
+                    bytes: 1.0,
+                    busy_us: 1.0,
+                    utilisation: 0.5,
+                },
+                EdgeUse {
+                    edge: 7,
+                    bytes: 1.0,
+                    busy_us: 1.0,
+                    utilisation: 0.5,
+                },
+            ],
+            memories: Vec::new(),
+        };
+        assert_eq!(r.edge(7).map(|e| e.edge), Some(7));
+        assert!(r.edge(3).is_none());
+        assert!(r.memory(Location::Gpu(0)).is_none());
+        assert_eq!(r.ops[0].duration_us(), 1.0);
+    }
+}
