@@ -69,7 +69,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             request(&cargs, set, args.size)?
         };
         let p = planner.plan(&req, &opts)?;
-        scored.push((set.clone(), p.predicted.clone(), p.baseline.clone()));
+        scored.push((set.clone(), p.predicted, p.baseline));
     }
     if scored.is_empty() {
         bail!("a 1-GPU job needs no communication; any free GPU will do: {free:?}");

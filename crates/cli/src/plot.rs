@@ -34,7 +34,8 @@ pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<()> {
         .y_desc("busbw (GB/s)")
         .draw()
         .map_err(|e| anyhow!("plot: {e}"))?;
-    let series: [(&str, RGBColor, fn(&Row) -> f64); 3] = [
+    type Series = (&'static str, RGBColor, fn(&Row) -> f64);
+    let series: [Series; 3] = [
         ("relaycc", RGBColor(211, 47, 47), |r| r.predicted.busbw_gbps),
         ("NCCL-like baseline", RGBColor(25, 118, 210), |r| {
             r.baseline.busbw_gbps

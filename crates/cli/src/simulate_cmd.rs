@@ -63,9 +63,9 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
         rows.push(Row {
             bytes: req.size_bytes(),
             count: req.count,
-            predicted: p.predicted.clone(),
-            baseline: p.baseline.clone(),
-            bound: p.bound.clone(),
+            predicted: p.predicted,
+            baseline: p.baseline,
+            bound: p.bound,
             algorithm: p.plan.algorithm.clone(),
         });
     }

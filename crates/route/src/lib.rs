@@ -19,7 +19,8 @@ pub mod path;
 mod plan;
 pub mod planner;
 mod request;
-mod sim;
+mod select;
+pub mod sim;
 
 pub use bound::collective_bound_gbps;
 pub use check::{CheckOptions, check, check_routes, check_with};
@@ -27,6 +28,7 @@ pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
+pub use select::{CandidateTime, PlanOptions, Planned, Planner, plan};
 pub use sim::{
     DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
     simulate,

@@ -12,21 +12,41 @@ use crate::plan::{BufferRef, Location, Plan, Region};
 /// leaving, two in flight for jitter) without holding a whole share in relay memory.
 pub const STAGING_SLOTS: u64 = 4;
 
-/// Lanes of a plan by (sending memory, receiving memory, channel), created on first use, so
-/// each directed hop of each channel is one in-order queue, like a DMA engine's.
+/// Queues per hop and channel that chunks alternate between. One: with two, fair sharing makes
+/// both queues finish their chunks together and pay their start costs together, so nothing is
+/// hidden (measured on the DGX-1 0 -> 7 split: 89.2% of the bound either way), while the first
+/// chunk reaches the relay later.
+pub const QUEUES_PER_HOP: u32 = 1;
+
+/// Lanes of a plan by (sending memory, receiving memory, channel, queue), created on first use,
+/// so each directed hop of each channel has [`QUEUES_PER_HOP`] in-order queues, like DMA engines.
 #[derive(Debug, Default, Clone)]
 pub struct LaneMap {
-    lanes: BTreeMap<(Location, Location, u32), u32>,
+    lanes: BTreeMap<(Location, Location, u32, u32), u32>,
     local: BTreeMap<(Location, u32), u32>,
 }
 
 impl LaneMap {
-    /// The lane for copies `from -> to` on `channel`.
+    /// The lane for copies `from -> to` on `channel` (its first queue).
     pub fn hop(&mut self, plan: &mut Plan, from: Location, to: Location, channel: u32) -> u32 {
-        *self.lanes.entry((from, to, channel)).or_insert_with(|| {
-            let label = format!("{} -> {} ch{channel}", short(from), short(to));
-            plan.add_lane(from, label)
-        })
+        self.hop_queue(plan, from, to, channel, 0)
+    }
+    /// The lane of queue `queue` for copies `from -> to` on `channel`.
+    pub fn hop_queue(
+        &mut self,
+        plan: &mut Plan,
+        from: Location,
+        to: Location,
+        channel: u32,
+        queue: u32,
+    ) -> u32 {
+        *self
+            .lanes
+            .entry((from, to, channel, queue))
+            .or_insert_with(|| {
+                let label = format!("{} -> {} ch{channel} q{queue}", short(from), short(to));
+                plan.add_lane(from, label)
+            })
     }
     /// The lane for local work (reductions, local copies) on `at`, `channel`.
     pub fn local(&mut self, plan: &mut Plan, at: Location, channel: u32) -> u32 {
@@ -105,7 +125,25 @@ pub fn emit_transfer(
     channel: u32,
     deps: &[u32],
 ) -> Vec<Arrival> {
-    let chunk = chunk.max(1);
+    let chunks = vec![chunk; routes.len()];
+    emit_transfer_chunked(
+        plan, lanes, src, dst, routes, shares, &chunks, channel, deps,
+    )
+}
+
+/// As [`emit_transfer`], with its own chunk size (elements) for each route.
+#[allow(clippy::too_many_arguments)]
+pub fn emit_transfer_chunked(
+    plan: &mut Plan,
+    lanes: &mut LaneMap,
+    src: Region,
+    dst: Region,
+    routes: &[Route],
+    shares: &[u64],
+    chunks: &[u64],
+    channel: u32,
+    deps: &[u32],
+) -> Vec<Arrival> {
     let mut arrivals = Vec::new();
     let mut offset = 0u64;
     for (ri, (route, &share)) in routes.iter().zip(shares).enumerate() {
@@ -113,6 +151,7 @@ pub fn emit_transfer(
             continue;
         }
         let ch = channel + ri as u32;
+        let chunk = chunks.get(ri).copied().unwrap_or(share).max(1);
         let nchunks = share.div_ceil(chunk);
         let hops = route.hops.len();
         // Staging rings at relays (one per intermediate waypoint).
@@ -121,10 +160,14 @@ pub fn emit_transfer(
             .iter()
             .map(|h| plan.add_scratch(h.to, slot * STAGING_SLOTS.min(nchunks)))
             .collect();
-        let hop_lanes: Vec<u32> = route
+        let hop_lanes: Vec<Vec<u32>> = route
             .hops
             .iter()
-            .map(|h| lanes.hop(plan, h.from, h.to, ch))
+            .map(|h| {
+                (0..QUEUES_PER_HOP)
+                    .map(|q| lanes.hop_queue(plan, h.from, h.to, ch, q))
+                    .collect()
+            })
             .collect();
         // ops[k][j]: the copy of chunk k over hop j.
         let mut ops: Vec<Vec<u32>> = Vec::with_capacity(nchunks as usize);
@@ -153,7 +196,8 @@ pub fn emit_transfer(
                 if j + 1 < hops && k >= STAGING_SLOTS {
                     d.push(ops[(k - STAGING_SLOTS) as usize][j + 1]);
                 }
-                let id = plan.copy(hop_lanes[j], from, to, route.hops[j].edges.clone(), d);
+                let lane = hop_lanes[j][(k % u64::from(QUEUES_PER_HOP)) as usize];
+                let id = plan.copy(lane, from, to, route.hops[j].edges.clone(), d);
                 row.push(id);
             }
             if let Some(&last) = row.last() {

@@ -8,7 +8,7 @@ use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer, split_shares};
+use crate::lower::{LaneMap, emit_transfer_chunked, split_shares};
 use crate::path::{
     RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, relay_routes,
 };
@@ -119,6 +119,94 @@ pub fn balanced_shares(len: u64, routes: &[Route], elem_bytes: u64, chunk: u64) 
     }
 }
 
+/// Shares and per-route chunk sizes (elements) that make pipelined routes finish together,
+/// counting each copy's fixed start cost `op_us` (launch overhead plus hop latency).
+///
+/// A route of rate r and h hops moving s bytes in chunks of c takes about
+/// `s / r + (s / c) o + (h - 1)(c / r + o)`: small chunks pay the start cost often, large ones
+/// fill the pipeline slowly. The best chunk is `sqrt(s o r / (h - 1))` (one chunk for a single
+/// hop). Shares and chunks are refined together a few times from shares proportional to rate.
+pub fn tuned_shares(
+    len: u64,
+    routes: &[Route],
+    elem_bytes: u64,
+    op_us: f64,
+) -> (Vec<u64>, Vec<u64>) {
+    let n = routes.len();
+    let eb = elem_bytes.max(1) as f64;
+    let rate: Vec<f64> = routes.iter().map(|r| r.gbps() * 1e3).collect(); // bytes per us
+    let hops: Vec<f64> = routes.iter().map(|r| r.hops.len() as f64).collect();
+    let lat: Vec<f64> = routes.iter().map(|r| r.latency_us()).collect();
+    let total = len as f64 * eb;
+    let sum_r: f64 = rate.iter().sum();
+    let mut share: Vec<f64> = rate
+        .iter()
+        .map(|r| {
+            if sum_r > 0.0 {
+                total * r / sum_r
+            } else {
+                total / n.max(1) as f64
+            }
+        })
+        .collect();
+    let mut chunk = vec![0.0f64; n];
+    for _ in 0..TUNING_ROUNDS {
+        for i in 0..n {
+            let per_hop_op = op_us + lat[i] / hops[i].max(1.0);
+            chunk[i] = if hops[i] <= 1.0 {
+                share[i].max(1.0)
+            } else {
+                (share[i] * per_hop_op * rate[i] / (hops[i] - 1.0))
+                    .sqrt()
+                    .clamp(MIN_TUNED_CHUNK_BYTES, share[i].max(MIN_TUNED_CHUNK_BYTES))
+            };
+        }
+        let eff: Vec<f64> = (0..n)
+            .map(|i| rate[i] / (1.0 + (op_us + lat[i] / hops[i].max(1.0)) * rate[i] / chunk[i]))
+            .collect();
+        let fill: Vec<f64> = (0..n)
+            .map(|i| op_us + lat[i] + (hops[i] - 1.0) * (chunk[i] / rate[i] + op_us))
+            .collect();
+        let mut on = vec![true; n];
+        loop {
+            let sr: f64 = (0..n).filter(|i| on[*i]).map(|i| eff[i]).sum();
+            if sr <= 0.0 {
+                break;
+            }
+            let t = (total
+                + (0..n)
+                    .filter(|i| on[*i])
+                    .map(|i| eff[i] * fill[i])
+                    .sum::<f64>())
+                / sr;
+            let w: Vec<f64> = (0..n)
+                .map(|i| if on[i] { eff[i] * (t - fill[i]) } else { 0.0 })
+                .collect();
+            match (0..n)
+                .filter(|i| on[*i] && w[*i] <= 0.0)
+                .min_by(|a, b| w[*a].total_cmp(&w[*b]))
+            {
+                Some(worst) => on[worst] = false,
+                None => {
+                    share = w;
+                    break;
+                }
+            }
+        }
+    }
+    let shares = split_shares(len, &share);
+    let chunks = chunk
+        .iter()
+        .map(|c| ((c / eb).round() as u64).max(1))
+        .collect();
+    (shares, chunks)
+}
+
+/// Refinement rounds of [`tuned_shares`]: shares settle in two or three.
+const TUNING_ROUNDS: usize = 4;
+/// Smallest chunk [`tuned_shares`] picks, bytes: below this a copy is mostly start cost.
+const MIN_TUNED_CHUNK_BYTES: f64 = 64.0 * 1024.0;
+
 fn single_transfer(req: &Request) -> Result<(u32, u32, u64)> {
     if req.collective != Collective::SendRecv || req.transfers.len() != 1 {
         return Err(RouteError::BadRequest(
@@ -138,17 +226,29 @@ fn build(
     shares: Vec<u64>,
     chunk: u64,
 ) -> P2pCandidate {
+    let chunks = vec![chunk; routes.len()];
+    build_chunked(req, name, routes, shares, chunks)
+}
+
+/// Build the plan of one transfer with a chunk size per route.
+fn build_chunked(
+    req: &Request,
+    name: String,
+    routes: Vec<Route>,
+    shares: Vec<u64>,
+    chunks: Vec<u64>,
+) -> P2pCandidate {
     let t = req.transfers[0];
     let mut plan = Plan::new(req.clone(), name);
     let mut lanes = LaneMap::default();
-    emit_transfer(
+    emit_transfer_chunked(
         &mut plan,
         &mut lanes,
         Region::new(BufferRef::Input(t.src), 0, t.count),
         Region::new(BufferRef::Output(t.dst), 0, t.count),
         &routes,
         &shares,
-        chunk,
+        &chunks,
         0,
         &[],
     );
@@ -217,6 +317,15 @@ pub fn p2p_candidates(
         let (_, flows) = max_flow_routes(topo, a, b, &allowed)?;
         let routes: Vec<Route> = flows.into_iter().map(|(r, _)| r).collect();
         if routes.len() > 1 {
+            let (shares, per_route) =
+                tuned_shares(count, &routes, esize, crate::sim::DEFAULT_OP_OVERHEAD_US);
+            out.push(build_chunked(
+                req,
+                format!("multipath x{} (tuned chunks)", routes.len()),
+                routes.clone(),
+                shares,
+                per_route,
+            ));
             for &c in &chunks {
                 let shares = balanced_shares(count, &routes, esize, c);
                 out.push(build(

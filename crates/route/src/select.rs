@@ -55,7 +55,9 @@ pub struct Planned {
 }
 
 fn is_p2p(req: &Request) -> bool {
-    req.collective == Collective::SendRecv && req.transfers.len() == 1 && req.transfers[0].src != req.transfers[0].dst
+    req.collective == Collective::SendRecv
+        && req.transfers.len() == 1
+        && req.transfers[0].src != req.transfers[0].dst
 }
 
 /// Plan `req` on `topo`: the fastest candidate by simulation, the baseline and the bound.
@@ -71,7 +73,10 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let mut best: Option<(f64, Plan, Vec<RouteShare>)> = None;
     let mut candidates = Vec::new();
     let mut consider = |plan: Plan, routes: Vec<RouteShare>, t: f64| {
-        candidates.push(CandidateTime { algorithm: plan.algorithm.clone(), time_us: t });
+        candidates.push(CandidateTime {
+            algorithm: plan.algorithm.clone(),
+            time_us: t,
+        });
         if best.as_ref().is_none_or(|(bt, _, _)| t < *bt) {
             best = Some((t, plan, routes));
         }
@@ -92,7 +97,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        for c in crate::planner::collective_candidates(topo, req, &opts.relay)? {
+        for c in crate::planner::collective_candidates(topo, req, &opts.relay, &[])? {
             let t = simulate(topo, &c, &opts.sim)?.time_us;
             consider(c, Vec::new(), t);
         }
@@ -107,9 +112,38 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         });
     };
     candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
-    let predicted = Perf::from_time(req, time);
-    let bound = Perf::from_algbw(req, bound_gbps);
-    Ok(Planned { plan, predicted, baseline_plan, baseline, bound, candidates, routes })
+    let predicted = perf_from_time(req, time);
+    let bound = perf_from_time(
+        req,
+        if bound_gbps > 0.0 {
+            req.size_bytes() as f64 / (bound_gbps * 1e3)
+        } else {
+            f64::INFINITY
+        },
+    );
+    Ok(Planned {
+        plan,
+        predicted,
+        baseline_plan,
+        baseline,
+        bound,
+        candidates,
+        routes,
+    })
+}
+
+/// nccl-tests figures for `req` taking `time_us`: algbw = size / time, busbw = algbw x factor.
+fn perf_from_time(req: &Request, time_us: f64) -> Perf {
+    let algbw_gbps = if time_us > 0.0 && time_us.is_finite() {
+        req.size_bytes() as f64 / (time_us * 1e3)
+    } else {
+        0.0
+    };
+    Perf {
+        time_us,
+        algbw_gbps,
+        busbw_gbps: algbw_gbps * req.collective.busbw_factor(req.nranks()),
+    }
 }
 
 /// A planner bound to one topology, caching results per request and options.
@@ -122,7 +156,10 @@ pub struct Planner {
 impl Planner {
     /// A planner for `topo` (the mask in force is part of it).
     pub fn new(topo: Topology) -> Self {
-        Planner { topo, cache: Mutex::new(HashMap::new()) }
+        Planner {
+            topo,
+            cache: Mutex::new(HashMap::new()),
+        }
     }
     /// The topology.
     pub fn topology(&self) -> &Topology {
