@@ -223,7 +223,7 @@ pub fn hop(topo: &Topology, from: Location, to: Location) -> Option<Hop> {
             if matches!(link.kind, LinkKind::InterSocket { .. }) && !host_end {
                 continue;
             }
-            let bw = gbps.min(link.gbps);
+            let bw = gbps.min(topo.striped_gbps(eid));
             let lat = latency_us + link.latency_us;
             let ti = t.index();
             if bw > best_bw[ti] || (bw == best_bw[ti] && lat < best_lat[ti]) {
@@ -435,7 +435,7 @@ pub fn route_from_links(topo: &Topology, links: &[LinkId]) -> Option<Route> {
         edges: cur.iter().map(|e| e.index() as u32).collect(),
         gbps: cur
             .iter()
-            .map(|e| topo.link(*e).gbps)
+            .map(|e| topo.striped_gbps(*e))
             .fold(f64::INFINITY, f64::min),
         latency_us: cur.iter().map(|e| topo.link(*e).latency_us).sum(),
     };

@@ -97,7 +97,12 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        for c in crate::planner::collective_candidates(topo, req, &opts.relay, &[])? {
+        for c in crate::planner::collective_candidates(
+            topo,
+            req,
+            &opts.relay,
+            &[crate::planner::pipeline_chunk_elems(req).max(1)],
+        )? {
             let t = simulate(topo, &c, &opts.sim)?.time_us;
             consider(c, Vec::new(), t);
         }

@@ -445,6 +445,49 @@ impl Topology {
             .max()
             .unwrap_or(0)
     }
+    /// The NVSwitch port a link belongs to: `(gpu, outbound)` for an NVLink between a GPU and
+    /// an NVSwitch chip. A GPU stripes its traffic over every switch plane it is wired to, so
+    /// all such links of one GPU in one direction act as one port whose rate is their sum
+    /// (DGX A100: 6 planes x 2 links = one 300 GB/s port each way).
+    pub fn nvswitch_port(&self, id: LinkId) -> Option<(NodeId, bool)> {
+        let link = self.graph.edge_weight(id)?;
+        if !link.kind.is_nvlink() {
+            return None;
+        }
+        let (a, b) = self.graph.edge_endpoints(id)?;
+        let (ka, kb) = (&self.graph[a].kind, &self.graph[b].kind);
+        match (ka, kb) {
+            (NodeKind::Gpu(_), NodeKind::NvSwitch) => Some((a, true)),
+            (NodeKind::NvSwitch, NodeKind::Gpu(_)) => Some((b, false)),
+            _ => None,
+        }
+    }
+    /// The rate a link carries for routing: its own, or for an NVSwitch port link the whole
+    /// port's (the sum over the GPU's usable links to switch planes in that direction).
+    pub fn striped_gbps(&self, id: LinkId) -> f64 {
+        let own = self.graph.edge_weight(id).map(|l| l.gbps).unwrap_or(0.0);
+        let Some((gpu, out)) = self.nvswitch_port(id) else {
+            return own;
+        };
+        let port = |e: petgraph::graph::EdgeReference<'_, Link>| {
+            self.link_usable(e.id())
+                && matches!(
+                    self.graph[if out { e.target() } else { e.source() }].kind,
+                    NodeKind::NvSwitch
+                )
+                && e.weight().kind.is_nvlink()
+        };
+        let dir = if out {
+            petgraph::Direction::Outgoing
+        } else {
+            petgraph::Direction::Incoming
+        };
+        self.graph
+            .edges_directed(gpu, dir)
+            .filter(|e| port(*e))
+            .map(|e| e.weight().gbps)
+            .sum()
+    }
     /// True when the GPU connects to an NVSwitch.
     pub fn behind_nvswitch(&self, gpu: NodeId) -> bool {
         self.graph.edges(gpu).any(|e| {

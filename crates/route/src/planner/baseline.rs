@@ -21,7 +21,8 @@ use super::builder::Builder;
 use super::ring::{self, ring_order};
 use super::{ConnCache, Ctx, LinkMode, chunks, direct};
 
-/// NCCL's chunk: the Simple protocol's step size, bytes (`NCCL_STEPS` slices of a 4 MiB buffer,
+/// NCCL's chunk: the Simple protocol's step size, bytes (the floor of
+/// [`super::pipeline_chunk_elems`], which the baseline pipelines with) (`NCCL_STEPS` slices of a 4 MiB buffer,
 /// 512 KiB each, in NCCL 2.x `src/include/collectives.h`).
 pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 
@@ -51,7 +52,7 @@ pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
     let ctx = Ctx {
         cache: &cache,
         mode: LinkMode::Nccl,
-        chunk_elems: (NCCL_CHUNK_BYTES / req.dtype.size()).max(1),
+        chunk_elems: super::pipeline_chunk_elems(req).max(1),
         channels: 1,
     };
     let mut plan = match req.collective {

@@ -129,11 +129,28 @@ pub fn connect(
         return pick.cloned().map(Connection::single).ok_or_else(none);
     }
     let allowed = |g: u32| g != a && g != b && relay.allows(topo, members, g);
+    // No single route is faster than the widest link leaving `a`; a direct hop that fast (an
+    // NVSwitch port, say) needs no search for relays or host staging.
+    let widest_out = topo
+        .gpu(a)
+        .map(|ga| {
+            topo.links_from(ga)
+                .filter(|(e, _, _)| topo.link_usable(*e))
+                .map(|(e, _, _)| topo.striped_gbps(e))
+                .fold(0.0, f64::max)
+        })
+        .unwrap_or(0.0);
+    let saturated = direct.as_ref().is_some_and(|d| d.gbps() >= widest_out);
     let mut best: Option<Route> = direct;
-    let more = relay_routes(topo, a, b, &allowed)
-        .into_iter()
-        .take(1)
-        .chain(host_staged_routes(topo, a, b));
+    let more: Vec<Route> = if saturated {
+        Vec::new()
+    } else {
+        relay_routes(topo, a, b, &allowed)
+            .into_iter()
+            .take(1)
+            .chain(host_staged_routes(topo, a, b))
+            .collect()
+    };
     for r in more {
         if best.as_ref().is_none_or(|x| better(&r, x)) {
             best = Some(r);

@@ -131,6 +131,25 @@ fn specs(req: &Request) -> Vec<(Planner, u32)> {
     v
 }
 
+/// Chunks per rank's block that pipelined plans split it into: enough to overlap the steps of
+/// a ring or tree, few enough that a plan's op count (and so planning time) does not grow with
+/// the message size.
+pub const CHUNKS_PER_BLOCK: u64 = 4;
+
+/// The pipelining chunk (elements) for `req`: one rank's block split into [`CHUNKS_PER_BLOCK`],
+/// never below NCCL's 512 KiB step. The baseline uses the same chunk as relaycc's candidates,
+/// so comparisons measure routes and algorithms rather than the per-op cost (NCCL's persistent
+/// kernels do not pay a launch per step, which a fixed 512 KiB chunk would charge them).
+pub fn pipeline_chunk_elems(req: &Request) -> u64 {
+    let esize = req.dtype.size().max(1);
+    let block = req.size_bytes() / (req.nranks().max(1) as u64);
+    (block / CHUNKS_PER_BLOCK).max(DEFAULT_CHUNK_BYTES) / esize
+}
+
+/// Multi-path candidates are built only when some member pair's max-flow split beats its best
+/// single route by this factor (a saturated NVSwitch port gains only the PCIe path, ~7%).
+pub const MULTIPATH_MIN_GAIN: f64 = 1.1;
+
 /// Every candidate plan for a collective request.
 ///
 /// # Arguments
@@ -169,8 +188,23 @@ pub fn collective_candidates(
     }
     let mut out = Vec::new();
     let mut first_err: Option<RouteError> = None;
+    // Multi-path plans are several times larger; build them only where splitting pays.
+    let n = req.gpus.len() as u32;
+    let split_pays = (0..n).any(|a| {
+        (0..n).any(|b| {
+            let (x, y) = (req.gpus[a as usize], req.gpus[b as usize]);
+            a != b
+                && cache.gbps(LinkMode::Multipath, x, y)
+                    > MULTIPATH_MIN_GAIN * cache.gbps(LinkMode::Single, x, y)
+        })
+    });
+    let modes: &[LinkMode] = if split_pays {
+        &[LinkMode::Single, LinkMode::Multipath]
+    } else {
+        &[LinkMode::Single]
+    };
     for &chunk in &sizes {
-        for mode in [LinkMode::Single, LinkMode::Multipath] {
+        for &mode in modes {
             for (planner, channels) in specs(req) {
                 let ctx = Ctx {
                     cache: &cache,

@@ -138,6 +138,21 @@ impl Model {
             .edge_weights()
             .map(|l| l.gbps * BYTES_PER_US_PER_GBPS)
             .collect();
+        // A GPU stripes its NVSwitch traffic over every switch plane, so the links of one
+        // NVSwitch port share one resource (the first link's) with the port's whole rate.
+        let mut edge_res: Vec<u32> = (0..n_edges as u32).collect();
+        let mut port_rep: std::collections::HashMap<(relaycc_topo::NodeId, bool), u32> =
+            std::collections::HashMap::new();
+        for e in 0..n_edges {
+            let id = relaycc_topo::LinkId::new(e);
+            if let Some(port) = topo.nvswitch_port(id) {
+                let rep = *port_rep.entry(port).or_insert(e as u32);
+                edge_res[e] = rep;
+                if rep as usize == e {
+                    caps[e] = topo.striped_gbps(id) * BYTES_PER_US_PER_GBPS;
+                }
+            }
+        }
         let mut mem_loc = Vec::with_capacity(n_gpus + 2);
         for i in 0..n_gpus as u32 {
             let sm = topo
@@ -217,7 +232,7 @@ impl Model {
                     ));
                 }
                 latency += link.latency_us;
-                m.push_use(row, e, 1.0);
+                m.push_use(row, edge_res[e as usize], 1.0);
             }
             match &op.kind {
                 OpKind::Copy { src, dst } => {
