@@ -134,7 +134,8 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     let arenas = devices.iter().max().map_or(0, |m| m + 1);
     let topo = relaycc_collectives::host_topology(arenas)?;
     let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
-    let comm = Communicator::new(topo, &devices, &[], backend)?;
+    // The ranks share this host's memory: plan for shared memory, not a GPU ring.
+    let comm = Communicator::new(topo, &devices, &[], backend)?.with_shared_memory(true);
     let (min, max) = (parse_size(&args.min_bytes)?, parse_size(&args.max_bytes)?);
     if args.factor < 2 {
         bail!("-f must be at least 2");

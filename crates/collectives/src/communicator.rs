@@ -32,6 +32,8 @@ pub struct Communicator {
     relays: Vec<u32>,
     backend: Arc<dyn Backend>,
     cache: PlanCache,
+    /// The ranks share one host memory: plan with the shared-memory planner.
+    shared_memory: bool,
     /// A zero-byte allocation bound to buffers a rank does not have (a non-root's input).
     null: DeviceMem,
 }
@@ -72,6 +74,7 @@ impl Communicator {
             relays: relays.to_vec(),
             backend,
             cache: PlanCache::default(),
+            shared_memory: false,
             null,
         })
     }
@@ -91,12 +94,21 @@ impl Communicator {
     /// [`HostBackend`].
     pub fn host(n: u32) -> Result<Self> {
         let devices: Vec<u32> = (0..n).collect();
-        Self::new(
+        Ok(Self::new(
             host_topology(n)?,
             &devices,
             &[],
             Arc::new(HostBackend::new()),
-        )
+        )?
+        .with_shared_memory(true))
+    }
+
+    /// Declare that the ranks are arenas of one host memory (true for [`Communicator::host`]),
+    /// so plans come from the shared-memory planner rather than the link-level simulator's
+    /// pick; see [`relaycc_route::PlanOptions::shared_memory`]. Default: false.
+    pub fn with_shared_memory(mut self, shared: bool) -> Self {
+        self.shared_memory = shared;
+        self
     }
 
     /// Number of ranks.
@@ -348,6 +360,7 @@ impl Communicator {
             self.backend.as_ref(),
             request,
             in_place,
+            self.shared_memory,
         )
     }
 

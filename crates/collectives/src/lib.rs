@@ -42,8 +42,10 @@
 //! comm.all_reduce(&a, &b, ReduceOp::Sum);
 //! ```
 //!
-//! Planning goes through one function (`planning::make_plan`), served for now by
-//! [`fallback_planner`] until `relaycc_route::plan` lands. `unsafe` code lives in
+//! Planning goes through one function (`planning::make_plan`): `relaycc_route::plan`, which
+//! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
+//! share one host memory ([`Communicator::host`]), relaycc-route's shared-memory planner.
+//! `unsafe` code lives in
 //! `backend/host.rs` (arenas, copies) and `backend/kernels.rs` (reduction loops) only.
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
@@ -56,7 +58,6 @@ pub mod cuda;
 mod element;
 mod error;
 pub mod exec;
-pub mod fallback_planner;
 mod group;
 mod host_topology;
 mod planning;

@@ -3,28 +3,31 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use relaycc_route::{Plan, Request};
+use relaycc_route::path::RelayPolicy;
+use relaycc_route::{Plan, PlanOptions, Request};
 use relaycc_topo::Topology;
 
 use crate::backend::{Backend, DeviceMem};
 use crate::error::{CollectivesError, Result};
 use crate::exec::{self, Executable};
-use crate::fallback_planner;
 
-/// Plan `request` over `topo`, allowed to relay through `relays`.
+/// Plan `request` over `topo`, allowed to relay through `relays` (besides the members).
 ///
-/// The single seam to the planner: when `relaycc_route::plan(topo, request, &PlanOptions)`
-/// lands, this body becomes that call (with `relays` and `in_place` in the options) and
-/// [`fallback_planner`] goes away.
+/// The single seam to the planner: relaycc-route generates candidates, times each with its
+/// flow simulator and returns the fastest. Its candidates all serve in-place calls too; the
+/// executor checks the plan under the call's in-place aliasing before a byte moves.
 pub(crate) fn make_plan(
     topo: &Topology,
     request: &Request,
     relays: &[u32],
-    in_place: bool,
+    shared_memory: bool,
 ) -> relaycc_route::Result<Plan> {
-    // The fallback planner routes direct hops only; relays matter once the real one lands.
-    let _ = relays;
-    fallback_planner::plan(topo, request, in_place)
+    let options = PlanOptions {
+        relay: RelayPolicy::List(relays.to_vec()),
+        shared_memory,
+        ..PlanOptions::default()
+    };
+    Ok(relaycc_route::plan(topo, request, &options)?.plan)
 }
 
 /// A cached plan: checked and lowered once, with its scratch memory kept for reuse. Launches
@@ -51,12 +54,13 @@ impl PlanCache {
         backend: &dyn Backend,
         request: &Request,
         in_place: bool,
+        shared_memory: bool,
     ) -> Result<Arc<Cached>> {
         let key = (request.clone(), in_place);
         if let Some(c) = self.lock().get(&key) {
             return Ok(c.clone());
         }
-        let plan = make_plan(topo, request, relays, in_place)
+        let plan = make_plan(topo, request, relays, shared_memory)
             .map_err(|source| CollectivesError::Plan { call, source })?;
         let exec = exec::compile(plan, in_place)?;
         let mut scratch = Vec::with_capacity(exec.scratch.len());

@@ -24,6 +24,11 @@ pub struct PlanOptions {
     pub strategy: Strategy,
     /// Simulator settings used to rank candidates.
     pub sim: SimConfig,
+    /// The ranks are arenas of one host's memory (the host backend's `host-N` topology). The
+    /// simulator models links, not one shared memory and its caches, so it cannot rank
+    /// algorithms there: the shared-memory planner ([`crate::planner::shared_memory`]) is used
+    /// directly, and still reported beside the baseline and the bound. Default: false.
+    pub shared_memory: bool,
 }
 
 /// One candidate's simulated time.
@@ -82,7 +87,16 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     };
     let bound_gbps;
-    if is_p2p(req) {
+    if opts.shared_memory {
+        bound_gbps = if is_p2p(req) {
+            p2p_bound_gbps(topo, req, &opts.relay)?
+        } else {
+            crate::planner::bound_gbps(topo, req, &opts.relay)?
+        };
+        let p = crate::planner::shared_memory::plan(topo, req, false)?;
+        let t = simulate(topo, &p, &opts.sim)?.time_us;
+        consider(p, Vec::new(), t);
+    } else if is_p2p(req) {
         bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
         match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
             Ok(cands) => {
@@ -107,7 +121,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             consider(c, Vec::new(), t);
         }
     }
-    if opts.strategy == Strategy::Auto || !is_p2p(req) {
+    if !opts.shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
         consider(baseline_plan.clone(), Vec::new(), baseline_sim.time_us);
     }
     let Some((time, plan, routes)) = best else {
@@ -151,11 +165,14 @@ fn perf_from_time(req: &Request, time_us: f64) -> Perf {
     }
 }
 
+/// What a cached plan is keyed by: the request and the options that change the plan.
+type CacheKey = (Request, RelayPolicy, Strategy, bool);
+
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]
 pub struct Planner {
     topo: Topology,
-    cache: Mutex<HashMap<(Request, RelayPolicy, Strategy), Arc<Planned>>>,
+    cache: Mutex<HashMap<CacheKey, Arc<Planned>>>,
 }
 
 impl Planner {
@@ -172,7 +189,12 @@ impl Planner {
     }
     /// Plan `req`, from the cache when the same request and options were planned before.
     pub fn plan(&self, req: &Request, opts: &PlanOptions) -> Result<Arc<Planned>> {
-        let key = (req.clone(), opts.relay.clone(), opts.strategy);
+        let key = (
+            req.clone(),
+            opts.relay.clone(),
+            opts.strategy,
+            opts.shared_memory,
+        );
         if opts.sim == SimConfig::default() {
             if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
                 return Ok(hit);

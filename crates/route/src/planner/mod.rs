@@ -29,6 +29,7 @@ pub mod connect;
 pub mod direct;
 pub mod hierarchical;
 pub mod ring;
+pub mod shared_memory;
 pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;

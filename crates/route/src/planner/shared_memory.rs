@@ -1,6 +1,7 @@
-//! A simple, correct planner that stands in for `relaycc_route::plan` until it lands.
-//!
-//! Replace it by changing [`crate::planning::make_plan`]; nothing else calls it.
+//! The shared-memory planner: for ranks that are arenas of one host's memory (the host
+//! backend's `host-N` topology), where every copy moves through the same memory and caches,
+//! not over separate links. The flow simulator models links, so it cannot rank algorithms for
+//! this case; [`crate::PlanOptions::shared_memory`] selects this planner directly.
 //!
 //! Algorithms (one lane per rank, on the rank's device; every copy is one hop whose edges are
 //! found by a breadth-first search over usable links through non-GPU nodes, so plans also pass
@@ -23,7 +24,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use relaycc_route::{BufferRef, Collective, Location, Plan, Region, Request, Result, RouteError};
+use crate::{BufferRef, Collective, Location, Plan, Region, Request, Result, RouteError};
 use relaycc_topo::{NodeId, Topology};
 
 /// Bytes per chunk of a reduction: small enough that a chunk of every rank (8 x 64 KiB)
@@ -318,7 +319,7 @@ impl<'a> Builder<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relaycc_route::{CheckOptions, DType, ReduceOp};
+    use crate::{CheckOptions, DType, ReduceOp};
 
     #[test]
     fn plans_pass_the_checker_on_presets() {
@@ -332,12 +333,12 @@ mod tests {
                 r.counts = vec![3, 0, 70_000, 5];
                 r.matrix = vec![vec![1, 2, 3, 4]; 4];
                 r.transfers = vec![
-                    relaycc_route::Transfer {
+                    crate::Transfer {
                         src: 0,
                         dst: 3,
                         count: 9,
                     },
-                    relaycc_route::Transfer {
+                    crate::Transfer {
                         src: 2,
                         dst: 2,
                         count: 4,
@@ -345,9 +346,9 @@ mod tests {
                 ];
                 for in_place in [false, true] {
                     let p = plan(&topo, &r, in_place).unwrap();
-                    relaycc_route::check_with(&p, CheckOptions { in_place })
+                    crate::check_with(&p, CheckOptions { in_place })
                         .unwrap_or_else(|e| panic!("{preset} {coll} {in_place}: {e}"));
-                    relaycc_route::check_routes(&p, &topo).unwrap();
+                    crate::check_routes(&p, &topo).unwrap();
                 }
             }
         }
