@@ -13,7 +13,7 @@ use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::group::{Checked, Group, Pending};
 use crate::host_topology::host_topology;
-use crate::planning::{Cached, PlanCache};
+use crate::planning::{Cached, PlanCache, PlanSource};
 
 /// Ids that tell communicators apart, so a buffer of one is refused by another.
 static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
@@ -355,12 +355,14 @@ impl Communicator {
     ) -> Result<Arc<Cached>> {
         self.cache.get(
             call,
-            &self.topo,
-            &self.relays,
+            PlanSource {
+                topo: &self.topo,
+                relays: &self.relays,
+                shared_memory: self.shared_memory,
+            },
             self.backend.as_ref(),
             request,
             in_place,
-            self.shared_memory,
         )
     }
 

@@ -38,6 +38,15 @@ pub(crate) struct Cached {
     pub scratch: Vec<DeviceMem>,
 }
 
+/// Where a communicator's plans come from: its topology, the GPUs it may relay through, and
+/// whether its ranks share one host memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanSource<'a> {
+    pub topo: &'a Topology,
+    pub relays: &'a [u32],
+    pub shared_memory: bool,
+}
+
 /// Plans per request shape (the request plus in-place).
 #[derive(Debug, Default)]
 pub(crate) struct PlanCache {
@@ -49,19 +58,17 @@ impl PlanCache {
     pub fn get(
         &self,
         call: &'static str,
-        topo: &Topology,
-        relays: &[u32],
+        source: PlanSource<'_>,
         backend: &dyn Backend,
         request: &Request,
         in_place: bool,
-        shared_memory: bool,
     ) -> Result<Arc<Cached>> {
         let key = (request.clone(), in_place);
         if let Some(c) = self.lock().get(&key) {
             return Ok(c.clone());
         }
-        let plan = make_plan(topo, request, relays, shared_memory)
-            .map_err(|source| CollectivesError::Plan { call, source })?;
+        let plan = make_plan(source.topo, request, source.relays, source.shared_memory)
+            .map_err(|e| CollectivesError::Plan { call, source: e })?;
         let exec = exec::compile(plan, in_place)?;
         let mut scratch = Vec::with_capacity(exec.scratch.len());
         for &(loc, bytes) in &exec.scratch {
