@@ -111,13 +111,26 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        for c in crate::planner::collective_candidates(
+        let cands = crate::planner::collective_candidates(
             topo,
             req,
             &opts.relay,
             &[crate::planner::pipeline_chunk_elems(req).max(1)],
-        )? {
+        )?;
+        // Simulate the most promising first and skip those whose lower bound already loses to
+        // the baseline or the best so far: they cannot win, and simulation is most of the cost.
+        let mut ranked: Vec<(f64, Plan)> = cands
+            .into_iter()
+            .map(|c| Ok((crate::sim::lower_bound_us(topo, &c, &opts.sim)?, c)))
+            .collect::<Result<_>>()?;
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut best_t = baseline_sim.time_us;
+        for (lb, c) in ranked {
+            if lb >= best_t {
+                continue;
+            }
             let t = simulate(topo, &c, &opts.sim)?.time_us;
+            best_t = best_t.min(t);
             consider(c, Vec::new(), t);
         }
     }

@@ -39,6 +39,6 @@ mod model;
 mod result;
 mod trace;
 
-pub use engine::{DEFAULT_OP_OVERHEAD_US, SimConfig, simulate};
+pub use engine::{DEFAULT_OP_OVERHEAD_US, SimConfig, lower_bound_us, simulate};
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;
