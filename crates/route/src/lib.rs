@@ -4,6 +4,19 @@
 //! relaycc-route produces the fastest [`Plan`] it can find and says how fast it is, beside the
 //! NCCL-like baseline and the bound.
 //!
+//! | what | where |
+//! |---|---|
+//! | the request and its buffer layouts | [`Request`], [`Collective`], [`DType`], [`ReduceOp`] |
+//! | the Plan IR (plain data, serde JSON) | [`Plan`], [`Op`], [`OpKind`], [`Region`], [`Location`] |
+//! | proof that a plan delivers its request | [`check`], [`check_with`], [`check_routes`] |
+//! | hops, relays, host staging, max-flow split | [`path`] |
+//! | chunked, pipelined lowering of routes | [`lower`] |
+//! | point-to-point candidates | [`p2p`] |
+//! | collective candidates and the NCCL-like baseline | [`planner`] |
+//! | node-aware inter-node strategies and models | [`nodeaware`] |
+//! | the fluid flow simulator | [`simulate`], [`SimResult`], [`Perf`], [`chrome_trace`] |
+//! | choose the fastest, report it beside baseline and bound | [`plan()`], [`Planner`] (cached) |
+//!
 //! Invariant: this crate knows nothing of how bytes move; it never calls a backend.
 
 #![deny(missing_docs)]
@@ -33,3 +46,9 @@ pub use sim::{
     DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
     simulate,
 };
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
