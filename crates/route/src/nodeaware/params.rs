@@ -77,7 +77,7 @@ pub const LASSEN_SHORT_MAX_BYTES: u64 = 512;
 /// seed's copy here lost the cutoff, so 8192 bytes is assumed; calibratable.
 pub const LASSEN_EAGER_MAX_BYTES: u64 = 8192;
 /// Split strategies' message cap, bytes. Source: seed §4.6, "the message cap used for switching
-/// to the rendezvous protocol on Lassen" (after its reference [16]), i.e. the eager limit.
+/// to the rendezvous protocol on Lassen" (after its reference \[16\]), i.e. the eager limit.
 pub const LASSEN_SPLIT_MESSAGE_CAP_BYTES: u64 = LASSEN_EAGER_MAX_BYTES;
 /// GPUs per Lassen node (two per POWER9 socket). Source: seed §2.1.
 pub const LASSEN_GPUS_PER_NODE: u32 = 4;
