@@ -8,7 +8,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A type that collectives can move and reduce: one of `f32`, `f64`, [`f16`], [`bf16`], `i8`,
+/// A type that collectives can move and reduce: one of `f32`, `f64`, [`f16`](struct@half::f16), [`bf16`], `i8`,
 /// `u8`, `i32`, `u32`, `i64`, `u64`.
 ///
 /// The trait is sealed: its set of types is the set of [`DType`]s the planner and the backends

@@ -70,9 +70,9 @@ pub struct LinkView {
 /// The whole document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopologyJson {
-    /// Always [`FORMAT`].
+    /// Always `relaycc-topology`.
     pub format: String,
-    /// Always [`VERSION`].
+    /// Always 1 (this format version).
     pub version: u32,
     /// Topology name.
     pub name: String,
