@@ -220,7 +220,19 @@ fn errors_exit_one_with_one_line_and_usage_errors_exit_two() {
 
 #[test]
 fn route_json_reports_prediction_baseline_bound_and_paths() {
-    let v = json(&["route", "--topology", "dgx1-v100", "--from", "0", "--to", "7", "--size", "256MiB", "--format", "json"]);
+    let v = json(&[
+        "route",
+        "--topology",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "256MiB",
+        "--format",
+        "json",
+    ]);
     for k in ["predicted", "baseline", "bound"] {
         for f in ["time_us", "algbw_gbps", "busbw_gbps"] {
             assert!(v[k][f].as_f64().is_some_and(|x| x > 0.0), "{k}.{f}: {v}");
@@ -235,7 +247,10 @@ fn route_json_reports_prediction_baseline_bound_and_paths() {
         assert_eq!(hops.first().unwrap(), "GPU0");
         assert_eq!(hops.last().unwrap(), "GPU7");
     }
-    assert!(v["predicted"]["algbw_gbps"].as_f64().unwrap() >= 2.0 * v["baseline"]["algbw_gbps"].as_f64().unwrap());
+    assert!(
+        v["predicted"]["algbw_gbps"].as_f64().unwrap()
+            >= 2.0 * v["baseline"]["algbw_gbps"].as_f64().unwrap()
+    );
     // The bound is recomputable: no more than every NVLink and PCIe link out of GPU0.
     let topo = json(&["topo", "show", "-t", "dgx1-v100", "--format", "json"]);
     let out_of_gpu0: f64 = topo["links"]
@@ -250,18 +265,80 @@ fn route_json_reports_prediction_baseline_bound_and_paths() {
 
 #[test]
 fn route_options_and_formats() {
-    let o = relaycc(&["route", "-t", "dgx1-v100", "--from", "0", "--to", "7", "--size", "1MiB", "--relay", "none", "--strategy", "host"]);
+    let o = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "1MiB",
+        "--relay",
+        "none",
+        "--strategy",
+        "host",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("CPU"), "{}", stdout(&o));
-    let dot = relaycc(&["route", "-t", "dgx1-v100", "--from", "0", "--to", "7", "--size", "1MiB", "--format", "dot"]);
+    let dot = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "1MiB",
+        "--format",
+        "dot",
+    ]);
     assert!(stdout(&dot).contains("path 0"));
-    let bad = relaycc(&["route", "-t", "dgx1-v100", "--from", "0", "--to", "9", "--size", "1MiB"]);
+    let bad = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "9",
+        "--size",
+        "1MiB",
+    ]);
     assert_eq!(bad.status.code(), Some(1));
-    let bad = relaycc(&["route", "-t", "dgx1-v100", "--from", "0", "--to", "7", "--size", "1QB"]);
+    let bad = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "1QB",
+    ]);
     assert_eq!(bad.status.code(), Some(2));
-    let forced = relaycc(&["route", "-t", "dgx1-v100", "--from", "0", "--to", "7", "--size", "1MiB", "--strategy", "direct"]);
+    let forced = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "1MiB",
+        "--strategy",
+        "direct",
+    ]);
     assert_eq!(forced.status.code(), Some(1));
-    assert!(stderr(&forced).contains("GPU0 -> GPU7"), "{}", stderr(&forced));
+    assert!(
+        stderr(&forced).contains("GPU0 -> GPU7"),
+        "{}",
+        stderr(&forced)
+    );
 }
 
 #[test]
@@ -270,13 +347,29 @@ fn plan_saves_a_checkable_plan_and_a_trace() {
     std::fs::create_dir_all(&dir).unwrap();
     let (plan, trace) = (dir.join("plan.json"), dir.join("trace.json"));
     let v = json(&[
-        "plan", "all_reduce", "-t", "dgx1-v100", "--gpus", "0,2,5,7", "--size", "8MiB", "--format", "json",
-        "--save", plan.to_str().unwrap(), "--trace", trace.to_str().unwrap(),
+        "plan",
+        "all_reduce",
+        "-t",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "--size",
+        "8MiB",
+        "--format",
+        "json",
+        "--save",
+        plan.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
     ]);
-    assert!(v["predicted"]["busbw_gbps"].as_f64().unwrap() >= v["baseline"]["busbw_gbps"].as_f64().unwrap());
+    assert!(
+        v["predicted"]["busbw_gbps"].as_f64().unwrap()
+            >= v["baseline"]["busbw_gbps"].as_f64().unwrap()
+    );
     let saved = relaycc_route::Plan::from_json(&std::fs::read_to_string(&plan).unwrap()).unwrap();
     relaycc_route::check(&saved).unwrap();
-    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     assert!(!t["traceEvents"].as_array().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -284,22 +377,73 @@ fn plan_saves_a_checkable_plan_and_a_trace() {
 #[test]
 fn simulate_prints_nccl_tests_rows_and_an_svg() {
     let svg = std::env::temp_dir().join(format!("relaycc-sim-{}.svg", std::process::id()));
-    let o = relaycc(&["simulate", "all_reduce", "-t", "dgx1-v100", "--gpus", "0,2,5,7", "-b", "1KiB", "-e", "16MiB", "-f", "4", "--svg", svg.to_str().unwrap()]);
+    let o = relaycc(&[
+        "simulate",
+        "all_reduce",
+        "-t",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "-b",
+        "1KiB",
+        "-e",
+        "16MiB",
+        "-f",
+        "4",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let rows: Vec<String> = stdout(&o).lines().filter(|l| !l.starts_with('#')).map(String::from).collect();
+    let rows: Vec<String> = stdout(&o)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(String::from)
+        .collect();
     assert_eq!(rows.len(), 8, "{rows:?}");
     assert!(rows[0].split_whitespace().next() == Some("1024"));
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     let _ = std::fs::remove_file(&svg);
-    let v = json(&["simulate", "all_gather_v", "-t", "ac922", "-b", "1MiB", "-e", "1MiB", "--format", "json"]);
+    let v = json(&[
+        "simulate",
+        "all_gather_v",
+        "-t",
+        "ac922",
+        "-b",
+        "1MiB",
+        "-e",
+        "1MiB",
+        "--format",
+        "json",
+    ]);
     assert_eq!(v["results"].as_array().unwrap().len(), 1);
 }
 
 #[test]
 fn advise_prefers_nvlinked_gpus() {
-    let v = json(&["advise", "-t", "dgx1-v100", "--busy", "1,2,3,5,6", "--gpus", "2", "--format", "json"]);
+    let v = json(&[
+        "advise",
+        "-t",
+        "dgx1-v100",
+        "--busy",
+        "1,2,3,5,6",
+        "--gpus",
+        "2",
+        "--format",
+        "json",
+    ]);
     let best = &v["best"][0];
-    assert!(best["predicted"]["busbw_gbps"].as_f64().unwrap() >= v["naive"]["predicted"]["busbw_gbps"].as_f64().unwrap());
-    let o = relaycc(&["advise", "-t", "dgx1-v100", "--busy", "0,1,2,3,4,5,6", "--gpus", "2"]);
+    assert!(
+        best["predicted"]["busbw_gbps"].as_f64().unwrap()
+            >= v["naive"]["predicted"]["busbw_gbps"].as_f64().unwrap()
+    );
+    let o = relaycc(&[
+        "advise",
+        "-t",
+        "dgx1-v100",
+        "--busy",
+        "0,1,2,3,4,5,6",
+        "--gpus",
+        "2",
+    ]);
     assert_eq!(o.status.code(), Some(1));
 }

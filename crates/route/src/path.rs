@@ -183,10 +183,32 @@ pub fn hop(topo: &Topology, from: Location, to: Location) -> Option<Hop> {
         location_node(topo, from).ok()?,
         location_node(topo, to).ok()?,
     );
+    let host_end = matches!(from, Location::Host(_)) || matches!(to, Location::Host(_));
+    let (edges, gbps, latency_us) = widest_links(topo, a, b, host_end)?;
+    Some(Hop {
+        from,
+        to,
+        edges,
+        gbps,
+        latency_us,
+    })
+}
+
+/// The widest path of usable links from node `a` to node `b` that passes no GPU (ties: lowest
+/// latency), crossing the inter-socket link only when `cross_sockets`: its topology edge
+/// indices, bottleneck rate (NVSwitch ports counted whole) and summed latency.
+///
+/// Complexity: O(E log V) (Dijkstra on the bottleneck rate).
+pub fn widest_links(
+    topo: &Topology,
+    a: NodeId,
+    b: NodeId,
+    cross_sockets: bool,
+) -> Option<(Vec<u32>, f64, f64)> {
     if a == b {
         return None;
     }
-    let host_end = matches!(from, Location::Host(_)) || matches!(to, Location::Host(_));
+    let host_end = cross_sockets;
     let n = topo.graph().node_count();
     let mut best_bw = vec![0.0f64; n];
     let mut best_lat = vec![f64::INFINITY; n];
@@ -250,13 +272,7 @@ pub fn hop(topo: &Topology, from: Location, to: Location) -> Option<Hop> {
         }
     }
     edges.reverse();
-    Some(Hop {
-        from,
-        to,
-        edges,
-        gbps: best_bw[b.index()],
-        latency_us: best_lat[b.index()],
-    })
+    Some((edges, best_bw[b.index()], best_lat[b.index()]))
 }
 
 /// Nodes a hop may pass through: everything but memories, except that a CPU's root complex

@@ -332,55 +332,10 @@ fn overlapping(parts: &[(u64, u64, Vec<u32>)], off: u64, len: u64) -> Vec<u32> {
     v
 }
 
-/// The widest path of usable links from `a` to `b` passing no GPU (ties: fewest links), as
-/// topology edge indices. Complexity: O(V^2 + E) (dense Dijkstra on the bottleneck rate).
+/// The widest path of usable links from `a` to `b` passing no GPU, as topology edge indices
+/// (network paths between NICs may cross sockets).
 fn widest_edges(topo: &Topology, a: NodeId, b: NodeId) -> Option<Vec<u32>> {
-    let n = topo.graph().node_count();
-    let mut best = vec![(0.0f64, usize::MAX); n];
-    let mut prev: Vec<Option<relaycc_topo::LinkId>> = vec![None; n];
-    let mut done = vec![false; n];
-    best[a.index()] = (f64::INFINITY, 0);
-    loop {
-        let pick = (0..n)
-            .filter(|i| !done[*i] && best[*i].0 > 0.0)
-            .max_by(|x, y| {
-                best[*x]
-                    .0
-                    .total_cmp(&best[*y].0)
-                    .then(best[*y].1.cmp(&best[*x].1))
-            })?;
-        done[pick] = true;
-        let node = NodeId::new(pick);
-        if node == b {
-            break;
-        }
-        if node != a && topo.node(node).gpu().is_some() {
-            continue;
-        }
-        for (eid, t, link) in topo.links_from(node) {
-            if !topo.link_usable(eid) || done[t.index()] {
-                continue;
-            }
-            let cand = (best[pick].0.min(link.gbps), best[pick].1 + 1);
-            let cur = best[t.index()];
-            if cand.0 > cur.0 || (cand.0 == cur.0 && cand.1 < cur.1) {
-                best[t.index()] = cand;
-                prev[t.index()] = Some(eid);
-            }
-        }
-    }
-    let mut edges = Vec::new();
-    let mut at = b;
-    while at != a {
-        let e = prev[at.index()]?;
-        edges.push(e.index() as u32);
-        at = topo.link_ends(e).0;
-        if edges.len() > n {
-            return None;
-        }
-    }
-    edges.reverse();
-    Some(edges)
+    crate::path::widest_links(topo, a, b, true).map(|(edges, _, _)| edges)
 }
 
 #[cfg(test)]
