@@ -172,6 +172,11 @@ fn dot_output_renders_with_graphviz_when_present() {
     let dot = stdout(&o);
     assert!(dot.starts_with("graph "));
     assert!(dot.contains("NVLink2 x2"));
+    // A node label breaks its line with DOT's escape, not a literal backslash-n.
+    assert!(
+        dot.contains(r#"label="GPU0\nTesla V100-SXM2-32GB""#),
+        "{dot}"
+    );
     let Ok(mut child) = Command::new("dot")
         .arg("-Tsvg")
         .stdin(std::process::Stdio::piped())

@@ -25,8 +25,12 @@ fn color(kind: &LinkKind) -> &'static str {
     }
 }
 
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
 fn quote(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    format!("\"{}\"", escape(s))
 }
 
 /// The topology as a Graphviz graph. NVLink edges are green and thicker with more lanes; masked
@@ -51,12 +55,13 @@ pub fn to_dot(topo: &Topology) -> String {
                 continue;
             }
             let (shape, fill) = shape(&node.kind);
-            let mut label = node.name.clone();
+            // Escape each part, then join with DOT's line break so it stays a line break.
+            let mut label = escape(&node.name);
             let mut style = "filled";
             let mut fill = fill;
             if let Some(g) = node.gpu() {
                 if !g.name.is_empty() {
-                    label = format!("{}\\n{}", node.name, g.name);
+                    label = format!("{}\\n{}", escape(&node.name), escape(&g.name));
                 }
                 if !topo.gpu_free(g.index) {
                     fill = "#9e9e9e";
@@ -65,9 +70,8 @@ pub fn to_dot(topo: &Topology) -> String {
             }
             let _ = writeln!(
                 out,
-                "    n{} [label={}, shape={shape}, fillcolor=\"{fill}\", style=\"{style}\"];",
+                "    n{} [label=\"{label}\", shape={shape}, fillcolor=\"{fill}\", style=\"{style}\"];",
                 id.index(),
-                quote(&label)
             );
         }
         if multi {
