@@ -237,7 +237,8 @@ pub struct ShowArgs {
 pub enum BackendKind {
     /// Logical devices in this host's memory, lanes on threads.
     Host,
-    /// CUDA GPUs (not built yet).
+    /// CUDA GPUs through cudarc (`--gpus` lists CUDA devices; `--ranks N` spreads N ranks
+    /// over the visible GPUs round-robin).
     Cuda,
 }
 
@@ -282,6 +283,9 @@ pub struct BenchArgs {
     /// Check every output element against the expected result (`#wrong`).
     #[arg(long)]
     pub check: bool,
+    /// Also time NCCL on the same sizes (CUDA backend; says why when unavailable).
+    #[arg(long)]
+    pub vs_nccl: bool,
     /// Element type (`float`, `half`, `int32`, ... or `f32`, `f16`, `i32`, ...).
     #[arg(long = "dtype", short = 'd', default_value = "float")]
     pub dtype: String,
