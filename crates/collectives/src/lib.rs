@@ -61,7 +61,7 @@ mod group;
 mod host_topology;
 mod planning;
 
-pub use backend::cuda::CudaBackend;
+pub use backend::cuda::{CudaBackend, Rejected};
 pub use backend::host::HostBackend;
 pub use backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot};
 pub use buffer::{AsView, BufferView, DeviceBuffer};
