@@ -29,6 +29,29 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Advise which free GPUs to give a k-GPU job.
     Advise(AdviseArgs),
+    /// Measure GPU pairs' peer bandwidth and latency and each GPU's host link; write a
+    /// calibration file for `--calibration`.
+    Calibrate(CalibrateArgs),
+}
+
+/// `relaycc calibrate`
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// CUDA devices to measure, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub gpus: Vec<u32>,
+    /// Write the calibration JSON here (default: stdout).
+    #[arg(short = 'o', long)]
+    pub output: Option<PathBuf>,
+    /// The topology whose node names the file uses (preset, file, `auto`).
+    #[arg(long, default_value = "auto")]
+    pub topology: String,
+    /// Bytes per bandwidth copy.
+    #[arg(long, default_value = "256M")]
+    pub bytes: String,
+    /// Timed copies per figure.
+    #[arg(long, default_value_t = 5)]
+    pub reps: u32,
 }
 
 /// Which GPUs may relay: `none`, `members`, `any` or a GPU list.

@@ -1055,7 +1055,9 @@ mod tests {
     fn into_cuda_slice_needs_the_cuda_backend() {
         let comm = crate::Communicator::host(2).expect("host communicator");
         let b = comm.from_slice(0, &[1f32, 2.0]).expect("buffer");
-        let e = b.into_cuda_slice().expect_err("host memory is no CudaSlice");
+        let e = b
+            .into_cuda_slice()
+            .expect_err("host memory is no CudaSlice");
         assert!(e.to_string().contains("needs the CUDA backend"), "{e}");
         // The buffer was dropped normally: nothing is pending on the backend.
         assert!(comm.backend().synchronize().is_ok());
