@@ -44,7 +44,8 @@
 //!
 //! Planning goes through one function (`planning::make_plan`), served for now by
 //! [`fallback_planner`] until `relaycc_route::plan` lands. `unsafe` code lives in
-//! `backend/host.rs` (arenas, copies) and `backend/kernels.rs` (reduction loops) only.
+//! `backend/host.rs` (arenas, copies), `backend/kernels.rs` (reduction loops),
+//! `backend/cuda.rs` (driver calls, kernel launches) and the `cuda` module (FFI).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
