@@ -29,6 +29,29 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Advise which free GPUs to give a k-GPU job.
     Advise(AdviseArgs),
+    /// Measure GPU pairs' peer bandwidth and latency and each GPU's host link; write a
+    /// calibration file for `--calibration`.
+    Calibrate(CalibrateArgs),
+}
+
+/// `relaycc calibrate`
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// CUDA devices to measure, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub gpus: Vec<u32>,
+    /// Write the calibration JSON here (default: stdout).
+    #[arg(short = 'o', long)]
+    pub output: Option<PathBuf>,
+    /// The topology whose node names the file uses (preset, file, `auto`).
+    #[arg(long, default_value = "auto")]
+    pub topology: String,
+    /// Bytes per bandwidth copy.
+    #[arg(long, default_value = "256M")]
+    pub bytes: String,
+    /// Timed copies per figure.
+    #[arg(long, default_value_t = 5)]
+    pub reps: u32,
 }
 
 /// Which GPUs may relay: `none`, `members`, `any` or a GPU list.
@@ -237,7 +260,8 @@ pub struct ShowArgs {
 pub enum BackendKind {
     /// Logical devices in this host's memory, lanes on threads.
     Host,
-    /// CUDA GPUs (not built yet).
+    /// CUDA GPUs through cudarc (`--gpus` lists CUDA devices; `--ranks N` spreads N ranks
+    /// over the visible GPUs round-robin).
     Cuda,
 }
 
@@ -282,6 +306,9 @@ pub struct BenchArgs {
     /// Check every output element against the expected result (`#wrong`).
     #[arg(long)]
     pub check: bool,
+    /// Also time NCCL on the same sizes (CUDA backend; says why when unavailable).
+    #[arg(long)]
+    pub vs_nccl: bool,
     /// Element type (`float`, `half`, `int32`, ... or `f32`, `f16`, `i32`, ...).
     #[arg(long = "dtype", short = 'd', default_value = "float")]
     pub dtype: String,

@@ -118,24 +118,62 @@ fn value(r: u32, i: u64) -> i64 {
     ((u64::from(r) * 3 + i) % 7) as i64 - 3
 }
 
+/// A communicator on CUDA GPUs: `--gpus LIST` puts rank `i` on CUDA device `LIST[i]` (a
+/// device may be listed more than once: several logical ranks on one GPU); `--ranks N` puts
+/// rank `i` on visible device `i mod visible`. Without a driver: one clear error.
+fn cuda_communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>)> {
+    let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
+    if visible.is_empty() {
+        bail!("--backend cuda: the CUDA driver reports no GPU");
+    }
+    let map: Vec<usize> = match (&args.gpus, args.ranks) {
+        (g, _) if !g.is_empty() => g.iter().map(|&d| d as usize).collect(),
+        (_, Some(n)) if n > 0 => (0..n as usize).map(|i| i % visible.len()).collect(),
+        _ => bail!("give --ranks N or --gpus LIST"),
+    };
+    if let Some(bad) = map.iter().find(|&&d| d >= visible.len()) {
+        bail!(
+            "--gpus: CUDA device {bad} does not exist ({} visible)",
+            visible.len()
+        );
+    }
+    let n = u32::try_from(map.len()).context("too many ranks")?;
+    let devices: Vec<u32> = (0..n).collect();
+    let topo = relaycc_collectives::host_topology(n)?;
+    let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map)?);
+    Ok((Communicator::new(topo, &devices, &[], backend)?, devices))
+}
+
 /// Run `relaycc bench`.
 pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
-    if args.backend == BackendKind::Cuda {
-        bail!("the CUDA backend is not built yet (use --backend host)");
-    }
     let collective: Collective = args.collective.parse().map_err(anyhow::Error::msg)?;
     let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
     let op: ReduceOp = args.op.parse().map_err(anyhow::Error::msg)?;
-    let devices: Vec<u32> = match (&args.gpus, args.ranks) {
-        (g, _) if !g.is_empty() => g.clone(),
-        (_, Some(n)) if n > 0 => (0..n).collect(),
-        _ => bail!("give --ranks N or --gpus LIST"),
+    let (comm, devices) = match args.backend {
+        BackendKind::Host => {
+            let devices: Vec<u32> = match (&args.gpus, args.ranks) {
+                (g, _) if !g.is_empty() => g.clone(),
+                (_, Some(n)) if n > 0 => (0..n).collect(),
+                _ => bail!("give --ranks N or --gpus LIST"),
+            };
+            let arenas = devices.iter().max().map_or(0, |m| m + 1);
+            let topo = relaycc_collectives::host_topology(arenas)?;
+            let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
+            // The ranks share this host's memory: plan for shared memory, not a GPU ring.
+            let comm = Communicator::new(topo, &devices, &[], backend)?.with_shared_memory(true);
+            (comm, devices)
+        }
+        BackendKind::Cuda => cuda_communicator(args)?,
     };
-    let arenas = devices.iter().max().map_or(0, |m| m + 1);
-    let topo = relaycc_collectives::host_topology(arenas)?;
-    let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
-    // The ranks share this host's memory: plan for shared memory, not a GPU ring.
-    let comm = Communicator::new(topo, &devices, &[], backend)?.with_shared_memory(true);
+    if args.vs_nccl {
+        // NCCL through cudarc's `nccl` feature is not wired up: relaycc would need a libnccl
+        // probe (cudarc panics without the library) and a multi-device communicator setup.
+        writeln!(
+            out,
+            "# NCCL comparison unavailable: relaycc is built without cudarc's nccl feature \
+             (not wired up yet); run nccl-tests' all_reduce_perf beside it"
+        )?;
+    }
     let (min, max) = (parse_size(&args.min_bytes)?, parse_size(&args.max_bytes)?);
     if args.factor < 2 {
         bail!("-f must be at least 2");
@@ -167,7 +205,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     }
     let report = Report {
         collective: collective.name().into(),
-        backend: "host".into(),
+        backend: comm.backend().name().into(),
         ranks: devices.len(),
         dtype: dtype.nccl_name().into(),
         op: op.name().into(),

@@ -7,6 +7,7 @@
 mod advise_cmd;
 mod args;
 mod bench_cmd;
+mod calibrate_cmd;
 mod plan_cmd;
 mod plot;
 mod report;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
             simulate_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes()))
         }
         Command::Advise(args) => advise_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes())),
+        Command::Calibrate(args) => calibrate_cmd::run(args, &mut out),
     };
     match result {
         Ok(()) => {

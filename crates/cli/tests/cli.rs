@@ -452,3 +452,46 @@ fn advise_prefers_nvlinked_gpus() {
     ]);
     assert_eq!(o.status.code(), Some(1));
 }
+
+/// Without a CUDA driver (CI), the CUDA commands exit 1 with one line naming the cause; with
+/// one, they run.
+#[test]
+fn cuda_commands_without_a_driver_exit_one_with_one_line() {
+    for args in [
+        &[
+            "bench",
+            "all_reduce",
+            "--backend",
+            "cuda",
+            "--ranks",
+            "4",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ][..],
+        &[
+            "bench",
+            "all_reduce",
+            "--backend",
+            "cuda",
+            "--gpus",
+            "0,0",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ][..],
+        &["calibrate", "--gpus", "0"][..],
+    ] {
+        let o = relaycc(args);
+        if o.status.success() {
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = stderr(&o);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.starts_with("relaycc: "), "{err}");
+        assert!(err.contains("CUDA") || err.contains("cuda"), "{err}");
+    }
+}

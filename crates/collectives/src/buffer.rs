@@ -23,6 +23,9 @@ pub struct DeviceBuffer<T: Element> {
     rank: usize,
     mem: DeviceMem,
     len: usize,
+    /// Set once the memory was handed out ([`DeviceBuffer::into_cuda_slice`]): drop frees
+    /// nothing then.
+    released: bool,
     _t: PhantomData<T>,
 }
 
@@ -40,6 +43,7 @@ impl<T: Element> DeviceBuffer<T> {
             rank,
             mem,
             len,
+            released: false,
             _t: PhantomData,
         }
     }
@@ -77,8 +81,35 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+impl<T: Element> DeviceBuffer<T> {
+    /// The memory as a cudarc `CudaSlice<T>`, without copying, after the collectives in flight
+    /// (CUDA backend only). A buffer made by
+    /// [`Communicator::wrap_cuda_slice`](crate::Communicator::wrap_cuda_slice) gives back the
+    /// very slice it was given; one allocated by the communicator becomes a slice on the
+    /// backend's stream of that GPU, freed when the slice drops.
+    ///
+    /// On error (another backend, a zero-length buffer) the buffer is kept alive and dropped
+    /// normally.
+    pub fn into_cuda_slice(mut self) -> Result<cudarc::driver::CudaSlice<T>> {
+        let cuda = self
+            .backend
+            .as_any()
+            .and_then(|a| a.downcast_ref::<crate::backend::cuda::CudaBackend>())
+            .ok_or_else(|| CollectivesError::Backend {
+                backend: self.backend.name(),
+                message: "into_cuda_slice needs the CUDA backend".into(),
+            })?;
+        let slice = cuda.release::<T>(self.mem, self.len)?;
+        self.released = true;
+        Ok(slice)
+    }
+}
+
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         // Never fails: a backend keeps a free error for its next synchronize.
         self.backend.free(self.mem);
     }

@@ -172,6 +172,88 @@ impl Communicator {
         Ok(b)
     }
 
+    /// Take a cudarc `CudaSlice<T>` that lives on rank `rank`'s GPU as that rank's buffer,
+    /// without copying, so cudarc-based engines (candle and others) pass their tensors' storage
+    /// straight to collectives. [`DeviceBuffer::into_cuda_slice`] gives the slice back.
+    ///
+    /// Needs the CUDA backend ([`crate::CudaBackend`]), and the slice on the CUDA device that
+    /// the rank's logical GPU maps to. The slice's own stream is synchronized first; work on
+    /// other streams that writes it must be finished by the caller. On error the slice comes
+    /// back untouched inside [`Rejected`](crate::backend::cuda::Rejected).
+    ///
+    /// ```no_run
+    /// # // no_run: needs a CUDA GPU and driver.
+    /// use std::sync::Arc;
+    /// use relaycc_collectives::{Communicator, CudaBackend, ReduceOp, host_topology};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Two ranks; both on GPU 0 here (a device map), on GPUs 0 and 1 with `vec![0, 1]`.
+    /// let backend = Arc::new(CudaBackend::new(vec![0, 0])?);
+    /// let comm = Communicator::new(host_topology(2)?, &[0, 1], &[], backend)?;
+    ///
+    /// // Storage that a cudarc-based engine owns (e.g. candle's `CudaStorage` slice).
+    /// let stream = cudarc::driver::CudaContext::new(0)?.default_stream();
+    /// let grads: Vec<_> = (0..2)
+    ///     .map(|r| stream.clone_htod(&vec![r as f32; 1024]))
+    ///     .collect::<Result<_, _>>()?;
+    ///
+    /// let bufs: Vec<_> = grads
+    ///     .into_iter()
+    ///     .enumerate()
+    ///     .map(|(r, s)| comm.wrap_cuda_slice(r, s).map_err(|rej| rej.error))
+    ///     .collect::<Result<_, _>>()?;
+    /// comm.all_reduce(&bufs, &bufs, ReduceOp::Avg)?.wait()?; // in place
+    /// let back: Vec<cudarc::driver::CudaSlice<f32>> = bufs
+    ///     .into_iter()
+    ///     .map(|b| b.into_cuda_slice())
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(stream.clone_dtoh(&back[1])?[0], 0.5);
+    /// # Ok(()) }
+    /// ```
+    pub fn wrap_cuda_slice<T: Element>(
+        &self,
+        rank: usize,
+        slice: cudarc::driver::CudaSlice<T>,
+    ) -> std::result::Result<DeviceBuffer<T>, Box<crate::backend::cuda::Rejected<T>>> {
+        use crate::backend::cuda::{CudaBackend, Rejected};
+        let reject = |error, slice| Box::new(Rejected { error, slice });
+        let Some(&dev) = self.devices.get(rank) else {
+            let e = CollectivesError::BadRank {
+                call: "wrap_cuda_slice",
+                rank,
+                ranks: self.ranks(),
+            };
+            return Err(reject(e, slice));
+        };
+        let Some(cuda) = self
+            .backend
+            .as_any()
+            .and_then(|a| a.downcast_ref::<CudaBackend>())
+        else {
+            let e = CollectivesError::Backend {
+                backend: self.backend.name(),
+                message: "wrap_cuda_slice needs the CUDA backend".into(),
+            };
+            return Err(reject(e, slice));
+        };
+        let len = slice.len();
+        if len as u64 > MAX_ELEMENTS {
+            let e = CollectivesError::Overflow {
+                call: "wrap_cuda_slice",
+                what: format!("{len} elements"),
+            };
+            return Err(reject(e, slice));
+        }
+        let mem = cuda.adopt(dev, slice)?;
+        Ok(DeviceBuffer::new(
+            self.backend.clone(),
+            self.id,
+            rank,
+            mem,
+            len,
+        ))
+    }
+
     /// Start a group: operations added to it run as one launch.
     pub fn group(&self) -> Group<'_> {
         Group::new(self)

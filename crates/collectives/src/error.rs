@@ -136,6 +136,10 @@ pub enum CollectivesError {
         /// What failed.
         message: String,
     },
+    /// A CUDA call failed, or CUDA is absent ([`crate::cuda::CudaError::NoDriver`] on a
+    /// machine without an NVIDIA driver).
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
     /// A topology could not be loaded.
     #[error(transparent)]
     Topo(#[from] TopoError),

@@ -45,8 +45,8 @@
 //! Planning goes through one function (`planning::make_plan`): `relaycc_route::plan`, which
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory ([`Communicator::host`]), relaycc-route's shared-memory planner.
-//! `unsafe` code lives in
-//! `backend/host.rs` (arenas, copies) and `backend/kernels.rs` (reduction loops) only.
+//! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/kernels.rs` (reduction
+//! loops), `backend/cuda.rs` (driver calls, kernel launches) and the `cuda` module (FFI).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
@@ -62,6 +62,7 @@ mod group;
 mod host_topology;
 mod planning;
 
+pub use backend::cuda::{CudaBackend, Rejected};
 pub use backend::host::HostBackend;
 pub use backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot};
 pub use buffer::{AsView, BufferView, DeviceBuffer};

@@ -26,6 +26,7 @@
 //! A backend validates every slot against its allocations before it runs a command, so a wrong
 //! binding is an error, never a stray write.
 
+pub mod cuda;
 pub mod host;
 mod kernels;
 
@@ -170,4 +171,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn submit(&self, launches: &[Launch<'_>]) -> Result<()>;
     /// Wait for every launch; returns the first error any of them met since the last call.
     fn synchronize(&self) -> Result<()>;
+    /// The backend as `Any`, for backend-specific features reached through a `dyn Backend`
+    /// (the CUDA backend's zero-copy `CudaSlice` interop). `None` by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }

@@ -21,6 +21,7 @@ mod driver;
 mod error;
 mod kernels;
 mod libs;
+pub mod measure;
 mod nvrtc;
 
 #[cfg(test)]

@@ -1,0 +1,61 @@
+//! CUDA backend all_reduce: 64 MiB of f32, in place, over 2, 4 and 8 logical ranks spread
+//! round-robin over the visible GPUs (several ranks per GPU on a small machine). Without a
+//! CUDA driver or GPU it prints a skip note and returns.
+
+use std::sync::Arc;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use relaycc_collectives::{Communicator, CudaBackend, ReduceOp, cuda, host_topology};
+
+const BYTES: usize = 64 << 20;
+
+fn cuda_allreduce(c: &mut Criterion) {
+    let visible = match cuda::devices() {
+        Ok(d) if !d.is_empty() => d.len(),
+        Ok(_) => {
+            eprintln!("cuda_allreduce: skipped, the CUDA driver reports no GPU");
+            return;
+        }
+        Err(e) => {
+            eprintln!("cuda_allreduce: skipped, {e}");
+            return;
+        }
+    };
+    let mut g = c.benchmark_group("cuda_allreduce_64MiB_f32");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(BYTES as u64));
+    for ranks in [2u32, 4, 8] {
+        let map: Vec<usize> = (0..ranks as usize).map(|i| i % visible).collect();
+        let devices: Vec<u32> = (0..ranks).collect();
+        let comm = CudaBackend::new(map)
+            .and_then(|b| Communicator::new(host_topology(ranks)?, &devices, &[], Arc::new(b)));
+        let comm = match comm {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cuda_allreduce: {ranks} ranks skipped: {e}");
+                continue;
+            }
+        };
+        let Ok(bufs) = (0..ranks as usize)
+            .map(|r| comm.from_slice(r, &vec![1.0f32; BYTES / 4]))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            eprintln!("cuda_allreduce: cannot allocate {ranks} x 64 MiB");
+            continue;
+        };
+        g.bench_function(format!("{ranks}_ranks_on_{visible}_gpus"), |b| {
+            b.iter(|| {
+                if let Err(e) = comm
+                    .all_reduce(&bufs, &bufs, ReduceOp::Max)
+                    .and_then(|p| p.wait())
+                {
+                    eprintln!("all_reduce failed: {e}");
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, cuda_allreduce);
+criterion_main!(benches);

@@ -1,0 +1,1065 @@
+//! The CUDA backend: plans run on NVIDIA GPUs through cudarc.
+//!
+//! | protocol | CUDA |
+//! | --- | --- |
+//! | a logical device `Location::Gpu(i)` | physical device `device_map[i]`; several logical devices may share one GPU |
+//! | a physical device | its primary context (shared with cudarc-based engines such as candle), peer access enabled both ways wherever `cuDeviceCanAccessPeer` allows |
+//! | `Location::Host(_)` | pinned host memory (`cuMemHostAlloc`, portable, *not* write-combined: the host reads it back) |
+//! | a lane | a stream of the lane's physical device, from a pool kept between launches (`Location::Host` lanes run on the first mapped device) |
+//! | `Record` / `Wait` | `cuEventRecord` / `cuStreamWaitEvent` |
+//! | `Copy` | `cuMemcpyPeerAsync` between two GPUs (copy engines), `cuMemcpyAsync` on one GPU or with host memory |
+//! | `Reduce` | the `relaycc_reduce_<type>_<op>` kernels of [`crate::cuda::KernelCache`], on the lane's stream |
+//!
+//! Launches run one after another, as the protocol asks, without a host round trip: every
+//! stream of a launch first waits for the events recorded at the end of the previous launch.
+//! Host access (`upload`, `download`, `free`) synchronizes the streams in use first.
+//!
+//! Without a driver [`CudaBackend::new`] returns [`CudaError::NoDriver`] (as
+//! [`CollectivesError::Cuda`]); the driver is probed ([`crate::cuda::driver`]) before any cudarc
+//! call, since cudarc panics when libcuda is absent. Kernels are loaded on the first reduction
+//! per device, so copy-only collectives need no NVRTC.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys;
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use relaycc_route::{DType, Location, ReduceOp};
+
+use super::{Backend, ByteRegion, Command, DeviceMem, Launch, Slot};
+use crate::cuda::{self, CudaError, KernelCache, LaunchShape};
+use crate::element::Element;
+use crate::error::{CollectivesError, Result};
+
+/// Most chunks a partially overlapping copy is split into (see `Task::Copy`).
+const MAX_OVERLAP_CHUNKS: u64 = 64;
+
+fn err(message: impl Into<String>) -> CollectivesError {
+    CollectivesError::Backend {
+        backend: "cuda",
+        message: message.into(),
+    }
+}
+
+fn drv(call: &'static str) -> impl Fn(DriverError) -> CollectivesError {
+    move |e| {
+        CollectivesError::Cuda(CudaError::Driver {
+            call,
+            status: format!("{e:?}"),
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One physical GPU in use.
+#[derive(Debug)]
+struct Device {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    arch: cuda::Arch,
+    sms: u32,
+    /// The stream that allocates, zeroes and copies to and from the host.
+    io: Arc<CudaStream>,
+    /// The kernels, loaded on the first reduction.
+    module: Option<Arc<CudaModule>>,
+    /// Lane streams, reused between launches; `tails[k]` is recorded on `streams[k]` at the end
+    /// of every launch that used it.
+    streams: Vec<Arc<CudaStream>>,
+    tails: Vec<CudaEvent>,
+    /// Events for `Record` commands, reused between launches (a wait binds to the record
+    /// enqueued before it, so re-recording later is harmless).
+    events: Vec<CudaEvent>,
+}
+
+/// What backs an allocation.
+#[derive(Debug)]
+enum Storage {
+    /// Zero bytes: no memory.
+    Empty,
+    /// Device memory allocated here.
+    Device(CudaSlice<u8>),
+    /// Pinned host memory from `cuMemHostAlloc` (freed with `cuMemFreeHost`).
+    Pinned,
+    /// A caller's `CudaSlice<T>` ([`CudaBackend::adopt`]), kept whole so it can be given back.
+    Foreign(Box<dyn Any + Send + Sync>),
+}
+
+#[derive(Debug)]
+struct Alloc {
+    /// Device (or, for pinned memory, unified host) address of the first byte.
+    ptr: u64,
+    bytes: u64,
+    /// Index into `State::devices`; `None` for host memory.
+    dev: Option<usize>,
+    storage: Storage,
+}
+
+#[derive(Debug)]
+struct State {
+    devices: Vec<Device>,
+    allocs: HashMap<u64, Alloc>,
+    /// Streams (device index, stream index) the previous launch used, whose tail events the
+    /// next launch waits for.
+    last: Vec<(usize, usize)>,
+    /// Streams used since the last host synchronization.
+    dirty: Vec<(usize, usize)>,
+}
+
+/// The CUDA backend (see the module docs).
+#[derive(Debug)]
+pub struct CudaBackend {
+    /// Logical GPU index -> index into `State::devices`.
+    map: Vec<usize>,
+    /// Physical ordinal of each entry of `State::devices`.
+    ordinals: Vec<usize>,
+    kernels: KernelCache,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    /// An error met where it could not be returned (`free`, `Drop`, an asynchronous failure).
+    pending: Mutex<Option<String>>,
+}
+
+/// A `CudaSlice` that could not be adopted, given back with the reason.
+#[derive(Debug)]
+pub struct Rejected<T> {
+    /// Why.
+    pub error: CollectivesError,
+    /// The caller's slice, untouched.
+    pub slice: CudaSlice<T>,
+}
+
+/// One resolved command.
+#[derive(Debug, Clone, Copy)]
+enum Task {
+    Copy {
+        stream: (usize, usize),
+        src: u64,
+        src_dev: Option<usize>,
+        dst: u64,
+        dst_dev: Option<usize>,
+        bytes: u64,
+    },
+    Reduce {
+        stream: (usize, usize),
+        /// Sources: `srcs[first..first + count]`.
+        first: usize,
+        count: usize,
+        dst: u64,
+        len: u64,
+        divisor: Option<u32>,
+    },
+    Record {
+        stream: (usize, usize),
+        event: (usize, usize),
+    },
+    Wait {
+        stream: (usize, usize),
+        event: (usize, usize),
+    },
+}
+
+impl CudaBackend {
+    /// A backend where logical GPU `i` (`Location::Gpu(i)`) runs on CUDA device
+    /// `device_map[i]` (an ordinal after `CUDA_VISIBLE_DEVICES`). Several logical GPUs may map
+    /// to one device, so every plan can run on a one-GPU machine.
+    ///
+    /// Errors: [`CudaError::NoDriver`] without a driver (nothing panics), an empty map, an
+    /// ordinal the driver does not have, a GPU older than compute capability 7.0.
+    pub fn new(device_map: Vec<usize>) -> Result<CudaBackend> {
+        let infos = cuda::devices()?;
+        if device_map.is_empty() {
+            return Err(CollectivesError::Setup("empty CUDA device map".into()));
+        }
+        let mut ordinals: Vec<usize> = Vec::new();
+        let mut map = Vec::with_capacity(device_map.len());
+        for &o in &device_map {
+            if o >= infos.len() {
+                return Err(CollectivesError::Setup(format!(
+                    "CUDA device {o} does not exist ({} visible)",
+                    infos.len()
+                )));
+            }
+            let idx = match ordinals.iter().position(|&x| x == o) {
+                Some(i) => i,
+                None => {
+                    ordinals.push(o);
+                    ordinals.len() - 1
+                }
+            };
+            map.push(idx);
+        }
+        let mut devices = Vec::with_capacity(ordinals.len());
+        for &o in &ordinals {
+            let info = &infos[o];
+            let ctx = CudaContext::new(o).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+            // SAFETY: this backend orders every use of its memory with its own events and
+            // synchronizations (see the module docs), so cudarc's per-slice tracking is not
+            // needed; it only affects slices created through this `CudaContext` handle.
+            unsafe { ctx.disable_event_tracking() };
+            let io = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+            devices.push(Device {
+                ordinal: o,
+                arch: info.arch()?,
+                sms: info.multiprocessor_count,
+                ctx,
+                io,
+                module: None,
+                streams: Vec::new(),
+                tails: Vec::new(),
+                events: Vec::new(),
+            });
+        }
+        // Peer access both ways wherever the hardware allows: kernels may then read a peer's
+        // memory and peer copies take the direct path.
+        for a in &devices {
+            for b in &devices {
+                if a.ordinal == b.ordinal || !infos[a.ordinal].can_access_peer[b.ordinal] {
+                    continue;
+                }
+                a.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                // SAFETY: both contexts are live primary contexts; `a`'s is current.
+                let r = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
+                match r {
+                    sys::CUresult::CUDA_SUCCESS
+                    | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+                    other => {
+                        return Err(drv("cuCtxEnablePeerAccess")(DriverError(other)));
+                    }
+                }
+            }
+        }
+        Ok(CudaBackend {
+            map,
+            ordinals,
+            kernels: KernelCache::from_env(),
+            state: Mutex::new(State {
+                devices,
+                allocs: HashMap::new(),
+                last: Vec::new(),
+                dirty: Vec::new(),
+            }),
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(None),
+        })
+    }
+
+    /// One logical GPU per visible CUDA device (`Location::Gpu(i)` on device `i`).
+    pub fn identity() -> Result<CudaBackend> {
+        let n = cuda::devices()?.len();
+        if n == 0 {
+            return Err(CollectivesError::Setup(
+                "the CUDA driver reports no device".into(),
+            ));
+        }
+        Self::new((0..n).collect())
+    }
+
+    /// The physical device (CUDA ordinal) of logical GPU `gpu`.
+    pub fn physical_device(&self, gpu: u32) -> Option<usize> {
+        self.map.get(gpu as usize).map(|&i| self.ordinals[i])
+    }
+
+    /// The logical-to-physical device map.
+    pub fn device_map(&self) -> Vec<usize> {
+        self.map.iter().map(|&i| self.ordinals[i]).collect()
+    }
+
+    fn dev_of(&self, location: Location) -> Result<Option<usize>> {
+        match location {
+            Location::Host(_) => Ok(None),
+            Location::Gpu(g) => self.map.get(g as usize).copied().map(Some).ok_or_else(|| {
+                err(format!(
+                    "logical GPU {g} has no CUDA device in the device map ({} entries)",
+                    self.map.len()
+                ))
+            }),
+        }
+    }
+
+    /// The device that drives a lane (host lanes run on the first mapped device).
+    fn lane_dev(&self, location: Location) -> Result<usize> {
+        Ok(self.dev_of(location)?.unwrap_or(self.map[0]))
+    }
+
+    fn keep(&self, e: impl std::fmt::Display) {
+        lock(&self.pending).get_or_insert(e.to_string());
+    }
+
+    /// Synchronize every stream used since the last call; errors are kept for `synchronize`.
+    fn wait_idle(&self, st: &mut State) {
+        for (d, s) in std::mem::take(&mut st.dirty) {
+            if let Err(e) = st.devices[d].streams[s].synchronize() {
+                self.keep(format!(
+                    "a launch failed on CUDA device {}: {e:?}",
+                    st.devices[d].ordinal
+                ));
+            }
+        }
+    }
+
+    /// Take a `CudaSlice<T>` on logical GPU `gpu` as an allocation, without copying.
+    ///
+    /// The slice's own stream is synchronized first, so its pending writes are visible;
+    /// work the caller queued on other streams must be finished by the caller. On error the
+    /// slice comes back.
+    pub fn adopt<T: Element>(
+        &self,
+        gpu: u32,
+        slice: CudaSlice<T>,
+    ) -> std::result::Result<DeviceMem, Box<Rejected<T>>> {
+        let reject = |error, slice| Box::new(Rejected { error, slice });
+        let dev = match self.dev_of(Location::Gpu(gpu)) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Err(reject(err("not a GPU"), slice)),
+            Err(e) => return Err(reject(e, slice)),
+        };
+        if slice.ordinal() != self.ordinals[dev] {
+            let e = err(format!(
+                "the slice lives on CUDA device {}, logical GPU {gpu} runs on device {}",
+                slice.ordinal(),
+                self.ordinals[dev]
+            ));
+            return Err(reject(e, slice));
+        }
+        if let Err(e) = slice.stream().synchronize() {
+            return Err(reject(drv("cuStreamSynchronize")(e), slice));
+        }
+        let ptr = {
+            let (p, _sync) = slice.device_ptr(slice.stream());
+            p
+        };
+        let bytes = slice.num_bytes() as u64;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.state).allocs.insert(
+            id,
+            Alloc {
+                ptr,
+                bytes,
+                dev: Some(dev),
+                storage: Storage::Foreign(Box::new(slice)),
+            },
+        );
+        Ok(DeviceMem {
+            id,
+            location: Location::Gpu(gpu),
+            bytes,
+        })
+    }
+
+    /// Give an allocation back as a `CudaSlice<T>` of `len` elements, without copying, after
+    /// the launches in flight. An adopted slice comes back as it was given; memory this
+    /// backend allocated comes back as a slice on the backend's stream of that device.
+    pub fn release<T: Element>(&self, mem: DeviceMem, len: usize) -> Result<CudaSlice<T>> {
+        let mut st = lock(&self.state);
+        self.wait_idle(&mut st);
+        let Some(a) = st.allocs.get(&mem.id) else {
+            return Err(err(format!("allocation {} is unknown or freed", mem.id)));
+        };
+        if len as u64 * std::mem::size_of::<T>() as u64 != a.bytes {
+            return Err(err("element count does not match the allocation"));
+        }
+        match &a.storage {
+            Storage::Foreign(b) if !b.is::<CudaSlice<T>>() => {
+                return Err(err("the adopted slice has another element type"));
+            }
+            Storage::Pinned => return Err(err("host memory is not a CudaSlice")),
+            Storage::Empty => {
+                return Err(err(
+                    "an empty allocation owns no device memory to give back",
+                ));
+            }
+            _ => {}
+        }
+        let a = st
+            .allocs
+            .remove(&mem.id)
+            .ok_or_else(|| err("allocation vanished"))?;
+        match a.storage {
+            Storage::Foreign(b) => b
+                .downcast::<CudaSlice<T>>()
+                .map(|b| *b)
+                .map_err(|_| err("the adopted slice has another element type")),
+            Storage::Device(s) => {
+                let dev = a.dev.ok_or_else(|| err("device memory without a device"))?;
+                let stream = st.devices[dev].io.clone();
+                let ptr = s.leak();
+                // SAFETY: `ptr` is a live allocation of `a.bytes == len * size_of::<T>()`
+                // bytes made by cudarc on this device's `io` stream (so freeing it on that
+                // stream is how it was meant to be freed), aligned to 256 bytes, and every
+                // bit pattern is a valid `T` (`Element: Pod`). It left the table, so it is
+                // owned once.
+                Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, len) })
+            }
+            Storage::Pinned | Storage::Empty => Err(err("not device memory")),
+        }
+    }
+
+    /// The kernels of device `d`, loaded on first use.
+    fn module(&self, st: &mut State, d: usize) -> Result<Arc<CudaModule>> {
+        if let Some(m) = &st.devices[d].module {
+            return Ok(m.clone());
+        }
+        let ptx = self.kernels.ptx(st.devices[d].arch)?;
+        let m = st.devices[d]
+            .ctx
+            .load_module(Ptx::from_src(ptx.ptx.clone()))
+            .map_err(drv("cuModuleLoadData"))?;
+        st.devices[d].module = Some(m.clone());
+        Ok(m)
+    }
+
+    fn stream(st: &mut State, d: usize, k: usize) -> Result<()> {
+        let dev = &mut st.devices[d];
+        while dev.streams.len() <= k {
+            dev.streams
+                .push(dev.ctx.new_stream().map_err(drv("cuStreamCreate"))?);
+            dev.tails
+                .push(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+        }
+        Ok(())
+    }
+}
+
+fn resolve(allocs: &HashMap<u64, Alloc>, r: &ByteRegion) -> Result<(u64, Option<usize>)> {
+    let a = allocs
+        .get(&r.mem.id)
+        .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id)))?;
+    if r.offset.checked_add(r.bytes).is_none_or(|e| e > a.bytes) {
+        return Err(err(format!(
+            "region {}+{} lies outside allocation {} of {} bytes",
+            r.offset, r.bytes, r.mem.id, a.bytes
+        )));
+    }
+    Ok((a.ptr + r.offset, a.dev))
+}
+
+/// A slot's address and device; checks bounds and element alignment.
+fn slot_addr(
+    bound: &[(u64, u64, Option<usize>)],
+    s: &Slot,
+    align: u64,
+) -> Result<(u64, Option<usize>)> {
+    let (base, len, dev) = *bound
+        .get(s.binding as usize)
+        .ok_or_else(|| err(format!("binding {} is not bound", s.binding)))?;
+    if s.offset.checked_add(s.bytes).is_none_or(|e| e > len) {
+        return Err(err(format!(
+            "slot {}+{} lies outside binding {} of {len} bytes",
+            s.offset, s.bytes, s.binding
+        )));
+    }
+    let addr = base + s.offset;
+    if addr % align != 0 {
+        return Err(err(format!("slot of binding {} is misaligned", s.binding)));
+    }
+    Ok((addr, dev))
+}
+
+/// The kernels a launch needs, resolved before anything is enqueued.
+struct Funcs {
+    reduce: CudaFunction,
+}
+
+impl CudaBackend {
+    fn enqueue(
+        &self,
+        st: &mut State,
+        tasks: &[Task],
+        srcs: &[u64],
+        dtype: &[(DType, ReduceOp)],
+        funcs: &HashMap<(usize, usize), Funcs>,
+        task_prog: &[usize],
+    ) -> Result<()> {
+        for (i, t) in tasks.iter().enumerate() {
+            match *t {
+                Task::Copy {
+                    stream: (d, k),
+                    src,
+                    src_dev,
+                    dst,
+                    dst_dev,
+                    bytes,
+                } => {
+                    if bytes == 0 || src == dst {
+                        continue;
+                    }
+                    let dev = &st.devices[d];
+                    let s = dev.streams[k].cu_stream();
+                    dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                    // Partly overlapping ranges (legal in the protocol, undefined for
+                    // cuMemcpy) are copied in chunks of the distance between them, in the
+                    // direction that never overwrites unread bytes; the stream runs them in
+                    // order.
+                    let dist = src.abs_diff(dst);
+                    let chunks: Vec<(u64, u64, u64)> = if dist >= bytes {
+                        vec![(src, dst, bytes)]
+                    } else {
+                        let n = bytes.div_ceil(dist);
+                        let mut v: Vec<(u64, u64, u64)> = (0..n)
+                            .map(|c| {
+                                let off = c * dist;
+                                (src + off, dst + off, dist.min(bytes - off))
+                            })
+                            .collect();
+                        if dst > src {
+                            v.reverse();
+                        }
+                        v
+                    };
+                    for (cs, cd, cb) in chunks {
+                        let r = match (src_dev, dst_dev) {
+                            (Some(a), Some(b)) if a != b => {
+                                // SAFETY: both ranges were checked inside live allocations of
+                                // these devices, which `free` cannot release before this
+                                // launch ends; the plan checker proved no concurrent writer.
+                                unsafe {
+                                    sys::cuMemcpyPeerAsync(
+                                        cd,
+                                        st.devices[b].ctx.cu_ctx(),
+                                        cs,
+                                        st.devices[a].ctx.cu_ctx(),
+                                        cb as usize,
+                                        s,
+                                    )
+                                }
+                            }
+                            // SAFETY: as above; unified addressing lets one call serve
+                            // device-to-device on one GPU and any copy with pinned host memory.
+                            _ => unsafe { sys::cuMemcpyAsync(cd, cs, cb as usize, s) },
+                        };
+                        r.result().map_err(drv("cuMemcpyAsync"))?;
+                    }
+                }
+                Task::Reduce {
+                    stream: (d, k),
+                    first,
+                    count,
+                    dst,
+                    len,
+                    divisor,
+                } => {
+                    if len == 0 {
+                        continue;
+                    }
+                    let (dt, op) = dtype[task_prog[i]];
+                    let f = &funcs
+                        .get(&(d, task_prog[i]))
+                        .ok_or_else(|| err("kernel not loaded"))?
+                        .reduce;
+                    let dev = &st.devices[d];
+                    let stream = &dev.streams[k];
+                    let shape = LaunchShape::for_items(len, dev.sms.saturating_mul(4));
+                    let cfg = LaunchConfig {
+                        grid_dim: (shape.blocks, 1, 1),
+                        block_dim: (shape.threads_per_block, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let s = &srcs[first..first + count];
+                    // Binary kernels: start from the destination when it is a source (so it
+                    // is read before it is overwritten), then fold the others in.
+                    let mut order: Vec<u64> = Vec::with_capacity(count + 1);
+                    if let Some(j) = s.iter().position(|&a| a == dst) {
+                        order.push(s[j]);
+                        order.extend(
+                            s.iter()
+                                .enumerate()
+                                .filter(|(i, _)| *i != j)
+                                .map(|(_, &a)| a),
+                        );
+                    } else {
+                        order.extend_from_slice(s);
+                    }
+                    // One source: combine it with itself at half scale (avg), or copy it.
+                    let steps: Vec<(u64, u64)> = if order.len() == 1 {
+                        if divisor.is_none() {
+                            if order[0] != dst {
+                                dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                                // SAFETY: both ranges were checked inside live allocations.
+                                unsafe {
+                                    sys::cuMemcpyAsync(
+                                        dst,
+                                        order[0],
+                                        (len * dt.size()) as usize,
+                                        stream.cu_stream(),
+                                    )
+                                }
+                                .result()
+                                .map_err(drv("cuMemcpyAsync"))?;
+                            }
+                            continue;
+                        }
+                        vec![(order[0], order[0])]
+                    } else {
+                        let mut v = vec![(order[0], order[1])];
+                        v.extend(order[2..].iter().map(|&b| (dst, b)));
+                        v
+                    };
+                    let nsteps = steps.len();
+                    for (si, (a, b)) in steps.into_iter().enumerate() {
+                        let last = si + 1 == nsteps;
+                        let mut scale = 1.0f64;
+                        if last && let Some(n) = divisor {
+                            scale = 1.0 / f64::from(n.max(1));
+                        }
+                        if order.len() == 1 {
+                            scale *= 0.5;
+                        }
+                        let mut builder = stream.launch_builder(f);
+                        builder.arg(&dst).arg(&a).arg(&b).arg(&len);
+                        if op == ReduceOp::Avg {
+                            builder.arg(&scale);
+                        }
+                        // SAFETY: the kernel's signature is (dst, a, b, n[, scale]) with
+                        // device pointers as 64-bit values; every range holds `len` elements
+                        // of the program's type inside live allocations (checked), and `dst`
+                        // equals or avoids each source (checked).
+                        unsafe { builder.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
+                    }
+                }
+                Task::Record {
+                    stream: (d, k),
+                    event: (ed, ek),
+                } => {
+                    let s = st.devices[d].streams[k].clone();
+                    st.devices[ed].events[ek]
+                        .record(&s)
+                        .map_err(drv("cuEventRecord"))?;
+                }
+                Task::Wait {
+                    stream: (d, k),
+                    event: (ed, ek),
+                } => {
+                    let s = st.devices[d].streams[k].clone();
+                    s.wait(&st.devices[ed].events[ek])
+                        .map_err(drv("cuStreamWaitEvent"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
+
+    fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
+        let dev = self.dev_of(location)?;
+        let size = usize::try_from(bytes).map_err(|_| err(format!("{bytes} bytes do not fit")))?;
+        let st = lock(&self.state);
+        let alloc = if size == 0 {
+            Alloc {
+                ptr: 0,
+                bytes,
+                dev,
+                storage: Storage::Empty,
+            }
+        } else if let Some(d) = dev {
+            let io = &st.devices[d].io;
+            let s = io.alloc_zeros::<u8>(size).map_err(drv("cuMemAlloc"))?;
+            // The zeroing runs on `io`; lanes must not see the memory before it is done.
+            io.synchronize().map_err(drv("cuStreamSynchronize"))?;
+            let ptr = {
+                let (p, _sync) = s.device_ptr(io);
+                p
+            };
+            Alloc {
+                ptr,
+                bytes,
+                dev,
+                storage: Storage::Device(s),
+            }
+        } else {
+            let ctx = &st.devices[self.map[0]].ctx;
+            ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+            // Portable: every context sees it as pinned. Not write-combined: the host reads it.
+            // SAFETY: a plain allocation call; the result is checked before use.
+            let p =
+                unsafe { cudarc::driver::result::malloc_host(size, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                    .map_err(drv("cuMemHostAlloc"))?;
+            // SAFETY: `p` points at `size` freshly allocated bytes.
+            unsafe { std::ptr::write_bytes(p as *mut u8, 0, size) };
+            Alloc {
+                ptr: p as u64,
+                bytes,
+                dev: None,
+                storage: Storage::Pinned,
+            }
+        };
+        drop(st);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.state).allocs.insert(id, alloc);
+        Ok(DeviceMem {
+            id,
+            location,
+            bytes,
+        })
+    }
+
+    fn free(&self, mem: DeviceMem) {
+        let mut st = lock(&self.state);
+        self.wait_idle(&mut st);
+        let Some(a) = st.allocs.remove(&mem.id) else {
+            self.keep(format!("free of unknown allocation {}", mem.id));
+            return;
+        };
+        drop(st);
+        if let Storage::Pinned = a.storage {
+            // SAFETY: the pointer came from cuMemHostAlloc, left the table (freed once), and
+            // no launch is in flight.
+            if let Err(e) = unsafe { cudarc::driver::result::free_host(a.ptr as *mut _) } {
+                self.keep(format!("cuMemFreeHost: {e:?}"));
+            }
+        }
+        // Device memory and adopted slices are freed by their `CudaSlice`'s drop, which keeps
+        // its errors in the context (cudarc never panics there).
+    }
+
+    fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()> {
+        if src.len() as u64 != dst.bytes {
+            return Err(err("upload length differs from the region's"));
+        }
+        let mut st = lock(&self.state);
+        self.wait_idle(&mut st);
+        let (addr, dev) = resolve(&st.allocs, &dst)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        match dev {
+            None => {
+                // SAFETY: the region lies inside live pinned memory (checked), no launch runs
+                // and the state lock keeps `free` out.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+            }
+            Some(d) => {
+                st.devices[d]
+                    .ctx
+                    .bind_to_thread()
+                    .map_err(drv("cuCtxSetCurrent"))?;
+                // SAFETY: as above, for device memory; the call is synchronous.
+                unsafe { cudarc::driver::result::memcpy_htod_sync(addr, src) }
+                    .map_err(drv("cuMemcpyHtoD"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()> {
+        if dst.len() as u64 != src.bytes {
+            return Err(err("download length differs from the region's"));
+        }
+        let mut st = lock(&self.state);
+        self.wait_idle(&mut st);
+        let (addr, dev) = resolve(&st.allocs, &src)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        match dev {
+            None => {
+                // SAFETY: as in `upload`, in the other direction.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
+                };
+            }
+            Some(d) => {
+                st.devices[d]
+                    .ctx
+                    .bind_to_thread()
+                    .map_err(drv("cuCtxSetCurrent"))?;
+                // SAFETY: as in `upload`, in the other direction.
+                unsafe { cudarc::driver::result::memcpy_dtoh_sync(dst, addr) }
+                    .map_err(drv("cuMemcpyDtoH"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        // Pass 1: resolve and check everything; nothing is enqueued until it all passes.
+        let mut tasks: Vec<Task> = Vec::new();
+        let mut task_prog: Vec<usize> = Vec::new();
+        let mut srcs: Vec<u64> = Vec::new();
+        let mut kinds: Vec<(DType, ReduceOp)> = Vec::new();
+        let mut lane_count = vec![0usize; st.devices.len()];
+        let mut event_count = vec![0usize; st.devices.len()];
+        let mut used: Vec<(usize, usize)> = Vec::new();
+        let mut need_kernels: Vec<(usize, usize)> = Vec::new();
+        for (pi, l) in launches.iter().enumerate() {
+            let p = l.program;
+            kinds.push((p.dtype, p.op));
+            if l.bindings.len() != p.bindings as usize {
+                return Err(err(format!(
+                    "program needs {} bindings, launch gives {}",
+                    p.bindings,
+                    l.bindings.len()
+                )));
+            }
+            let bound = l
+                .bindings
+                .iter()
+                .map(|r| resolve(&st.allocs, r).map(|(a, d)| (a, r.bytes, d)))
+                .collect::<Result<Vec<_>>>()?;
+            let mut lanes = Vec::with_capacity(p.lanes.len());
+            for loc in &p.lanes {
+                let d = self.lane_dev(*loc)?;
+                lanes.push((d, lane_count[d]));
+                lane_count[d] += 1;
+            }
+            // Each event lives on the device of the lane that records it.
+            let mut events: Vec<Option<(usize, usize)>> = vec![None; p.events as usize];
+            for c in &p.commands {
+                if let Command::Record { lane, event } = c {
+                    let (d, _) = *lanes
+                        .get(*lane as usize)
+                        .ok_or_else(|| err(format!("lane {lane} does not exist")))?;
+                    let slot = events
+                        .get_mut(*event as usize)
+                        .ok_or_else(|| err(format!("event {event} does not exist")))?;
+                    if slot.is_none() {
+                        *slot = Some((d, event_count[d]));
+                        event_count[d] += 1;
+                    }
+                }
+            }
+            let lane_of = |lane: u32| -> Result<(usize, usize)> {
+                lanes
+                    .get(lane as usize)
+                    .copied()
+                    .ok_or_else(|| err(format!("lane {lane} does not exist")))
+            };
+            let event_of = |e: u32| -> Result<(usize, usize)> {
+                events
+                    .get(e as usize)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| err(format!("event {e} is never recorded")))
+            };
+            let align = p.dtype.size();
+            for c in &p.commands {
+                let t = match c {
+                    Command::Copy { lane, src, dst } => {
+                        if src.bytes != dst.bytes {
+                            return Err(err("copy between slots of different sizes"));
+                        }
+                        let (s, sd) = slot_addr(&bound, src, 1)?;
+                        let (d, dd) = slot_addr(&bound, dst, 1)?;
+                        let dist = s.abs_diff(d);
+                        if dist != 0
+                            && dist < src.bytes
+                            && src.bytes.div_ceil(dist) > MAX_OVERLAP_CHUNKS
+                        {
+                            return Err(err("copy between ranges that overlap almost entirely"));
+                        }
+                        Task::Copy {
+                            stream: lane_of(*lane)?,
+                            src: s,
+                            src_dev: sd,
+                            dst: d,
+                            dst_dev: dd,
+                            bytes: src.bytes,
+                        }
+                    }
+                    Command::Reduce {
+                        lane,
+                        first,
+                        count,
+                        dst,
+                        divide,
+                    } => {
+                        let range = *first as usize..(*first as usize + *count as usize);
+                        let slots = p
+                            .srcs
+                            .get(range)
+                            .ok_or_else(|| err("reduce sources out of range"))?;
+                        if slots.is_empty() {
+                            return Err(err("reduce without sources"));
+                        }
+                        let (d, _) = slot_addr(&bound, dst, align)?;
+                        let start = srcs.len();
+                        for s in slots {
+                            if s.bytes != dst.bytes {
+                                return Err(err("reduce source and destination sizes differ"));
+                            }
+                            let (a, _) = slot_addr(&bound, s, align)?;
+                            let n = dst.bytes;
+                            if a != d && a < d + n && d < a + n {
+                                return Err(err("reduce destination partly overlaps a source"));
+                            }
+                            srcs.push(a);
+                        }
+                        let stream = lane_of(*lane)?;
+                        let divisor = (*divide && p.op == ReduceOp::Avg).then_some(p.divisor);
+                        if dst.bytes > 0 && (slots.len() > 1 || divisor.is_some()) {
+                            need_kernels.push((stream.0, pi));
+                        }
+                        Task::Reduce {
+                            stream,
+                            first: start,
+                            count: slots.len(),
+                            dst: d,
+                            len: dst.bytes / p.dtype.size(),
+                            divisor,
+                        }
+                    }
+                    Command::Record { lane, event } => Task::Record {
+                        stream: lane_of(*lane)?,
+                        event: event_of(*event)?,
+                    },
+                    Command::Wait { lane, event } => Task::Wait {
+                        stream: lane_of(*lane)?,
+                        event: event_of(*event)?,
+                    },
+                };
+                let s = match t {
+                    Task::Copy { stream, .. }
+                    | Task::Reduce { stream, .. }
+                    | Task::Record { stream, .. }
+                    | Task::Wait { stream, .. } => stream,
+                };
+                if !used.contains(&s) {
+                    used.push(s);
+                }
+                tasks.push(t);
+                task_prog.push(pi);
+            }
+        }
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        // Kernels (NVRTC or precompiled PTX) before anything is enqueued.
+        let mut funcs: HashMap<(usize, usize), Funcs> = HashMap::new();
+        for (d, pi) in need_kernels {
+            if funcs.contains_key(&(d, pi)) {
+                continue;
+            }
+            let (dt, op) = kinds[pi];
+            let name = cuda::reduce_entry(dt, op, false)?;
+            let m = self.module(st, d)?;
+            let reduce = m.load_function(name).map_err(drv("cuModuleGetFunction"))?;
+            funcs.insert((d, pi), Funcs { reduce });
+        }
+        for (d, &n) in lane_count.iter().enumerate() {
+            if n > 0 {
+                Self::stream(st, d, n - 1)?;
+            }
+        }
+        for (d, &n) in event_count.iter().enumerate() {
+            let dev = &mut st.devices[d];
+            while dev.events.len() < n {
+                dev.events
+                    .push(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+            }
+        }
+        // Pass 2: order after the previous launch, enqueue, and mark the end.
+        let last = std::mem::take(&mut st.last);
+        for &(d, k) in &used {
+            let s = st.devices[d].streams[k].clone();
+            for &(ld, lk) in &last {
+                if (ld, lk) != (d, k) {
+                    s.wait(&st.devices[ld].tails[lk])
+                        .map_err(drv("cuStreamWaitEvent"))?;
+                }
+            }
+        }
+        let r = self.enqueue(st, &tasks, &srcs, &kinds, &funcs, &task_prog);
+        // Even after a failed enqueue, record the tails so the next launch stays ordered.
+        for &(d, k) in &used {
+            let s = st.devices[d].streams[k].clone();
+            st.devices[d].tails[k]
+                .record(&s)
+                .map_err(drv("cuEventRecord"))?;
+            if !st.dirty.contains(&(d, k)) {
+                st.dirty.push((d, k));
+            }
+        }
+        st.last = used;
+        r
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        self.wait_idle(&mut st);
+        drop(st);
+        match lock(&self.pending).take() {
+            Some(e) => Err(err(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let mut st = lock(&self.state);
+        self.wait_idle(&mut st);
+        for (_, a) in st.allocs.drain() {
+            if let Storage::Pinned = a.storage {
+                // SAFETY: from cuMemHostAlloc, still in the table (not freed), nothing runs.
+                // An error here has nowhere to go; dropping never panics.
+                let _ = unsafe { cudarc::driver::result::free_host(a.ptr as *mut _) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a driver (CI) every constructor returns NoDriver through the crate's error type,
+    /// with a message that says so; nothing panics. With one, they agree with the probe.
+    #[test]
+    fn constructors_without_a_driver_give_no_driver() {
+        match cuda::driver() {
+            Err(probe) => {
+                for r in [
+                    CudaBackend::new(vec![0]),
+                    CudaBackend::new(vec![0, 0, 0, 0]),
+                    CudaBackend::identity(),
+                ] {
+                    let e = r.expect_err("no driver, no backend");
+                    assert!(
+                        matches!(&e, CollectivesError::Cuda(c) if *c == probe),
+                        "{e}"
+                    );
+                    assert!(e.to_string().starts_with("no CUDA driver"), "{e}");
+                }
+            }
+            Ok(_) => {
+                let n = cuda::devices().map(|d| d.len()).unwrap_or(0);
+                // An ordinal past the last device is a setup error, not a panic.
+                assert!(CudaBackend::new(vec![n]).is_err());
+                assert!(CudaBackend::new(Vec::new()).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn into_cuda_slice_needs_the_cuda_backend() {
+        let comm = crate::Communicator::host(2).expect("host communicator");
+        let b = comm.from_slice(0, &[1f32, 2.0]).expect("buffer");
+        let e = b
+            .into_cuda_slice()
+            .expect_err("host memory is no CudaSlice");
+        assert!(e.to_string().contains("needs the CUDA backend"), "{e}");
+        // The buffer was dropped normally: nothing is pending on the backend.
+        assert!(comm.backend().synchronize().is_ok());
+    }
+}

@@ -1,0 +1,163 @@
+//! Link measurements for `relaycc calibrate`: peer copy bandwidth and latency between two
+//! GPUs, and pinned host-to-device / device-to-host rates, timed with CUDA events.
+
+use std::sync::Arc;
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+use super::{CudaError, devices};
+
+/// A measured direction of a link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkRate {
+    /// Bandwidth of large copies, GB/s (1e9 bytes per second).
+    pub gbps: f64,
+    /// Mean time of one small (8-byte) copy, microseconds.
+    pub latency_us: f64,
+}
+
+fn drv(call: &'static str) -> impl Fn(DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        status: format!("{e:?}"),
+    }
+}
+
+/// Copies made for the latency figure.
+const LATENCY_REPS: u32 = 100;
+
+fn context(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+    let n = devices()?.len();
+    if ordinal >= n {
+        return Err(CudaError::Driver {
+            call: "cuDeviceGet",
+            status: format!("CUDA device {ordinal} does not exist ({n} visible)"),
+        });
+    }
+    CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))
+}
+
+/// Time `reps` runs of `enqueue` on `stream`, in milliseconds per run.
+fn time(
+    stream: &Arc<CudaStream>,
+    reps: u32,
+    mut enqueue: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let ctx = stream.context();
+    let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, end): (CudaEvent, CudaEvent) = (
+        ctx.new_event(timed).map_err(drv("cuEventCreate"))?,
+        ctx.new_event(timed).map_err(drv("cuEventCreate"))?,
+    );
+    // One untimed run first: the first copy of a pair sets up mappings.
+    enqueue()?;
+    start.record(stream).map_err(drv("cuEventRecord"))?;
+    for _ in 0..reps.max(1) {
+        enqueue()?;
+    }
+    end.record(stream).map_err(drv("cuEventRecord"))?;
+    end.synchronize().map_err(drv("cuEventSynchronize"))?;
+    let ms = start.elapsed_ms(&end).map_err(drv("cuEventElapsedTime"))?;
+    Ok(f64::from(ms) / f64::from(reps.max(1)))
+}
+
+/// Peer copies from GPU `src` to GPU `dst` (CUDA ordinals, distinct): `bytes`-byte copies
+/// `reps` times for bandwidth, 8-byte copies for latency, on a stream of `src`, with peer
+/// access enabled where the hardware allows (staged through the host otherwise, as CUDA does).
+pub fn measure_p2p(src: usize, dst: usize, bytes: usize, reps: u32) -> Result<LinkRate, CudaError> {
+    let (a, b) = (context(src)?, context(dst)?);
+    a.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: two live primary contexts; `a`'s is current. "Not supported" and "already
+    // enabled" both leave a working (if slower) copy path, so the status is ignored.
+    let _ = unsafe { sys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
+    let stream = a.new_stream().map_err(drv("cuStreamCreate"))?;
+    let s = stream
+        .alloc_zeros::<u8>(bytes.max(8))
+        .map_err(drv("cuMemAlloc"))?;
+    let d = b
+        .new_stream()
+        .and_then(|t| t.alloc_zeros::<u8>(bytes.max(8)))
+        .map_err(drv("cuMemAlloc"))?;
+    b.synchronize().map_err(drv("cuCtxSynchronize"))?;
+    let (sp, _g1) = cudarc::driver::DevicePtr::device_ptr(&s, &stream);
+    let (dp, _g2) = cudarc::driver::DevicePtr::device_ptr(&d, &stream);
+    let copy = |n: usize| {
+        // SAFETY: both allocations hold at least `n` bytes and live until the stream is
+        // synchronized inside `time`.
+        unsafe { result::memcpy_peer_async(b.cu_ctx(), dp, a.cu_ctx(), sp, n, stream.cu_stream()) }
+            .map_err(drv("cuMemcpyPeerAsync"))
+    };
+    let ms = time(&stream, reps, || copy(bytes))?;
+    let lat_ms = time(&stream, LATENCY_REPS, || copy(8))?;
+    Ok(LinkRate {
+        gbps: bytes as f64 / (ms * 1e-3) / 1e9,
+        latency_us: lat_ms * 1e3,
+    })
+}
+
+/// GPU `dev`'s host link: (host-to-device, device-to-host) copies of `bytes` bytes from and to
+/// pinned (not write-combined) host memory.
+pub fn measure_host(
+    dev: usize,
+    bytes: usize,
+    reps: u32,
+) -> Result<(LinkRate, LinkRate), CudaError> {
+    let ctx = context(dev)?;
+    let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+    let dmem = stream
+        .alloc_zeros::<u8>(bytes.max(8))
+        .map_err(drv("cuMemAlloc"))?;
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: a plain allocation; freed below after the stream is idle.
+    let host = unsafe { result::malloc_host(bytes.max(8), sys::CU_MEMHOSTALLOC_PORTABLE) }
+        .map_err(drv("cuMemHostAlloc"))? as u64;
+    let (dp, _g) = cudarc::driver::DevicePtr::device_ptr(&dmem, &stream);
+    let run = || -> Result<(LinkRate, LinkRate), CudaError> {
+        let h2d = |n: usize| {
+            // SAFETY: both buffers hold at least `n` bytes and outlive the timed runs.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dp, host as *const _, n, stream.cu_stream()) }
+                .result()
+                .map_err(drv("cuMemcpyHtoDAsync"))
+        };
+        let d2h = |n: usize| {
+            // SAFETY: as above.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dp, n, stream.cu_stream()) }
+                .result()
+                .map_err(drv("cuMemcpyDtoHAsync"))
+        };
+        let rate = |ms: f64, lat: f64| LinkRate {
+            gbps: bytes as f64 / (ms * 1e-3) / 1e9,
+            latency_us: lat * 1e3,
+        };
+        let up = rate(
+            time(&stream, reps, || h2d(bytes))?,
+            time(&stream, LATENCY_REPS, || h2d(8))?,
+        );
+        let down = rate(
+            time(&stream, reps, || d2h(bytes))?,
+            time(&stream, LATENCY_REPS, || d2h(8))?,
+        );
+        Ok((up, down))
+    };
+    let out = run();
+    // Whatever happened, wait for the stream before freeing the host memory.
+    let _ = stream.synchronize();
+    // SAFETY: from cuMemHostAlloc above, freed once, the stream is idle.
+    let _ = unsafe { result::free_host(host as *mut _) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_measurements_give_no_driver() {
+        if let Err(probe) = super::super::driver() {
+            assert_eq!(measure_p2p(0, 1, 1 << 20, 2), Err(probe.clone()));
+            assert_eq!(measure_host(0, 1 << 20, 2).map(|_| ()), Err(probe));
+        }
+    }
+}

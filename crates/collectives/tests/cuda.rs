@@ -1,0 +1,269 @@
+//! CUDA backend tests: every collective for every element type run on [`CudaBackend`] and on
+//! the host backend (the oracle), results compared. Ignored by default; on a GPU machine:
+//! `cargo test -p relaycc-collectives --test cuda -- --ignored`.
+//!
+//! Several logical ranks share one GPU (device map `[0, 0, 0, 0]`), so a one-GPU machine runs
+//! them all; `RELAYCC_TEST_GPUS=0,1,2,3` spreads them over real GPUs instead.
+
+use std::sync::Arc;
+
+use relaycc_collectives::{
+    Backend, BufferView, Communicator, CudaBackend, DeviceBuffer, Element, HostBackend, bf16, f16,
+    host_topology,
+};
+use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
+use relaycc_topo::Topology;
+
+/// The device map: `RELAYCC_TEST_GPUS` (comma separated), else every logical GPU on device 0.
+fn device_map(n: usize) -> Vec<usize> {
+    match std::env::var("RELAYCC_TEST_GPUS") {
+        Ok(list) if !list.is_empty() => {
+            let gpus: Vec<usize> = list
+                .split(',')
+                .map(|g| g.trim().parse().expect("RELAYCC_TEST_GPUS: numbers"))
+                .collect();
+            (0..n).map(|i| gpus[i % gpus.len()]).collect()
+        }
+        _ => vec![0; n],
+    }
+}
+
+fn cuda(n: usize) -> Arc<dyn Backend> {
+    Arc::new(CudaBackend::new(device_map(n)).unwrap_or_else(|e| panic!("{e}")))
+}
+
+trait TestElem: Element {
+    fn from_i64(v: i64) -> Self;
+    fn to_f64(self) -> f64;
+}
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(impl TestElem for $t {
+        fn from_i64(v: i64) -> Self { v as $t }
+        fn to_f64(self) -> f64 { self as f64 }
+    })*};
+}
+int_elem!(i8, u8, i32, u32, i64, u64, f32, f64);
+impl TestElem for f16 {
+    fn from_i64(v: i64) -> Self {
+        f16::from_f64(v as f64)
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+impl TestElem for bf16 {
+    fn from_i64(v: i64) -> Self {
+        bf16::from_f64(v as f64)
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+fn request(c: Collective, gpus: Vec<u32>, count: u64, dtype: DType, op: ReduceOp) -> Request {
+    let n = gpus.len();
+    let mut r = Request::new(c, gpus, count, dtype)
+        .with_op(op)
+        .with_root(1 % n as u32);
+    if c == Collective::AllGatherV {
+        r.counts = (0..n as u64).map(|i| count + i).collect();
+    }
+    if c == Collective::AllToAllV {
+        r.matrix = (0..n as u64)
+            .map(|i| (0..n as u64).map(|j| (i + 2 * j) % 5).collect())
+            .collect();
+    }
+    if c == Collective::SendRecv {
+        r.transfers = (0..n as u32)
+            .map(|s| Transfer {
+                src: s,
+                dst: (s + 1) % n as u32,
+                count,
+            })
+            .collect();
+    }
+    r
+}
+
+fn views<T: Element>(b: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>> {
+    b.iter()
+        .map(|b| (!b.is_empty()).then(|| b.view()))
+        .collect()
+}
+
+/// Run `req` on `comm`; the outputs on the host.
+fn run<T: TestElem>(comm: &Communicator, req: &Request) -> Vec<Vec<T>> {
+    let n = comm.ranks() as u32;
+    let bufs = |input: bool| -> Vec<DeviceBuffer<T>> {
+        (0..n)
+            .map(|r| {
+                let len = if input {
+                    req.input_len(r)
+                } else {
+                    req.output_len(r)
+                };
+                let len = len.unwrap_or_else(|e| panic!("{e}"));
+                let data: Vec<T> = (0..len)
+                    .map(|i| {
+                        T::from_i64(if input {
+                            ((r as u64 * 5 + i) % 7) as i64 - 3
+                        } else {
+                            0
+                        })
+                    })
+                    .collect();
+                comm.from_slice(r as usize, &data)
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect()
+    };
+    let (ins, outs) = (bufs(true), bufs(false));
+    let (iv, ov) = (views(&ins), views(&outs));
+    comm.launch_request(req, &iv, &ov)
+        .and_then(|p| p.wait())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", req.collective.name(), T::DTYPE));
+    outs.iter()
+        .map(|b| b.to_vec().unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+fn compare<T: TestElem>(req: &Request, got: &[Vec<T>], want: &[Vec<T>]) {
+    assert_eq!(got.len(), want.len());
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len());
+        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            // Avg multiplies by 1/n on the GPU and divides by n on the host.
+            let ok = if req.op == ReduceOp::Avg {
+                (a.to_f64() - b.to_f64()).abs() <= 1e-2 * b.to_f64().abs().max(1.0)
+            } else {
+                a == b
+            };
+            assert!(
+                ok,
+                "{} {} {}: rank {r} element {i}: cuda {a:?}, host {b:?}",
+                req.collective.name(),
+                T::DTYPE,
+                req.op
+            );
+        }
+    }
+}
+
+fn every_collective<T: TestElem>(topo: &Topology, gpus: &[u32], relays: &[u32], count: u64) {
+    let n_logical = topo.gpu_count() as usize;
+    let host = Communicator::new(topo.clone(), gpus, relays, Arc::new(HostBackend::new()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gpu = Communicator::new(topo.clone(), gpus, relays, cuda(n_logical))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for c in Collective::ALL {
+        let ops: Vec<ReduceOp> = if c.reduces() {
+            ReduceOp::ALL
+                .into_iter()
+                .filter(|op| *op != ReduceOp::Avg || T::DTYPE.is_float())
+                .collect()
+        } else {
+            vec![ReduceOp::Sum]
+        };
+        for op in ops {
+            let req = request(c, gpus.to_vec(), count, T::DTYPE, op);
+            let want = run::<T>(&host, &req);
+            let got = run::<T>(&gpu, &req);
+            compare(&req, &got, &want);
+        }
+    }
+}
+
+fn all_types(topo: &Topology, gpus: &[u32], relays: &[u32], count: u64) {
+    every_collective::<f32>(topo, gpus, relays, count);
+    every_collective::<f64>(topo, gpus, relays, count);
+    every_collective::<f16>(topo, gpus, relays, count);
+    every_collective::<bf16>(topo, gpus, relays, count);
+    every_collective::<i8>(topo, gpus, relays, count);
+    every_collective::<u8>(topo, gpus, relays, count);
+    every_collective::<i32>(topo, gpus, relays, count);
+    every_collective::<u32>(topo, gpus, relays, count);
+    every_collective::<i64>(topo, gpus, relays, count);
+    every_collective::<u64>(topo, gpus, relays, count);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_collective_and_type_matches_the_host_backend_four_ranks_on_one_gpu() {
+    let topo = host_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    // An odd count exercises ragged blocks; a larger one several chunks per lane.
+    for count in [1001, 1 << 18] {
+        all_types(&topo, &[0, 1, 2, 3], &[], count);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn relay_and_multipath_plans_on_a_dgx1_map_match_the_host_backend() {
+    // DGX-1: GPUs 0 and 5 share no NVLink, so plans relay through others; large requests
+    // split over several paths. All eight logical GPUs run on the mapped device(s).
+    let topo = relaycc_topo::load("dgx1-v100").unwrap_or_else(|e| panic!("{e}"));
+    let relays = [1, 2, 3, 4, 6, 7];
+    for count in [4099, 1 << 20] {
+        every_collective::<f32>(&topo, &[0, 5], &relays, count);
+        every_collective::<bf16>(&topo, &[0, 5], &relays, count);
+        every_collective::<i64>(&topo, &[0, 5], &relays, count);
+    }
+    let plan = Communicator::new(topo.clone(), &[0, 5], &relays, cuda(8))
+        .and_then(|c| {
+            c.plan(
+                &request(
+                    Collective::AllReduce,
+                    vec![0, 5],
+                    1 << 24,
+                    DType::F32,
+                    ReduceOp::Sum,
+                ),
+                false,
+            )
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "dgx1 0<->5 all_reduce plan: {} ({} lanes)",
+        plan.algorithm,
+        plan.lanes.len()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_slices_round_trip_without_copying() {
+    let backend = Arc::new(CudaBackend::new(device_map(2)).unwrap_or_else(|e| panic!("{e}")));
+    let comm = Communicator::new(host_topology(2).unwrap(), &[0, 1], &[], backend.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ordinal = backend.physical_device(0).unwrap();
+    let stream = cudarc::driver::CudaContext::new(ordinal)
+        .unwrap()
+        .default_stream();
+    let s = stream.clone_htod(&[1.0f32, 2.0, 3.0]).unwrap();
+    let ptr = {
+        let (p, _g) = cudarc::driver::DevicePtr::device_ptr(&s, &stream);
+        p
+    };
+    let a = comm
+        .wrap_cuda_slice(0, s)
+        .unwrap_or_else(|r| panic!("{}", r.error));
+    let b = comm.from_slice(1, &[10.0f32, 20.0, 30.0]).unwrap();
+    comm.all_reduce(&[&a, &b], &[&a, &b], relaycc_collectives::ReduceOp::Sum)
+        .and_then(|p| p.wait())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let back = a.into_cuda_slice().unwrap_or_else(|e| panic!("{e}"));
+    let (p2, _g) = cudarc::driver::DevicePtr::device_ptr(&back, &stream);
+    assert_eq!(p2, ptr, "the same memory came back");
+    assert_eq!(stream.clone_dtoh(&back).unwrap(), vec![11.0, 22.0, 33.0]);
+    let own = b.into_cuda_slice().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(own.len(), 3);
+}
+
+/// Runs everywhere: without a driver the backend says so and nothing panics.
+#[test]
+fn without_a_driver_the_backend_is_a_clear_error() {
+    if relaycc_collectives::cuda::driver().is_err() {
+        let e = CudaBackend::new(vec![0, 0, 0, 0]).expect_err("no driver");
+        assert!(e.to_string().contains("no CUDA driver"), "{e}");
+    }
+}
