@@ -57,9 +57,13 @@ mod element;
 mod error;
 pub mod exec;
 pub mod fallback_planner;
+pub mod rank_plan;
 mod group;
 mod host_topology;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod planning;
+pub mod rank_plan;
 
 pub use backend::host::HostBackend;
 pub use backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot};
