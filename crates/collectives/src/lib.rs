@@ -57,7 +57,6 @@ mod element;
 mod error;
 pub mod exec;
 pub mod fallback_planner;
-pub mod rank_plan;
 mod group;
 mod host_topology;
 #[cfg(feature = "mpi")]
