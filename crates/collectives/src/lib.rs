@@ -60,7 +60,10 @@ mod error;
 pub mod exec;
 mod group;
 mod host_topology;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod planning;
+pub mod rank_plan;
 
 pub use backend::cuda::{CudaBackend, Rejected};
 pub use backend::host::HostBackend;

@@ -1,0 +1,298 @@
+//! The persistent node-aware irregular exchange: built once from every rank's counts (a sparse
+//! matrix's halo), run many times with one of the seed's strategies.
+
+use std::time::Duration;
+
+use ::mpi::collective::SystemOperation;
+use ::mpi::topology::SimpleCommunicator;
+use ::mpi::traits::*;
+use relaycc_route::nodeaware::{
+    ClusterShape, CostModel, Message, Pattern, Staging, Strategy, model_time,
+};
+use relaycc_route::{Collective, DType, Location, Request};
+
+use super::schedule::Schedule;
+use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
+use crate::rank_plan::{default_split_cap, rank_space_plan};
+
+/// How an exchange picks its strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// The fastest by the seed's max-rate model with Lassen's parameters.
+    Model,
+    /// This one (Standard, 3-Step, 2-Step or Split+MD).
+    Forced(Strategy),
+}
+
+/// The strategies an exchange between processes can run (Split+DD shares device pointers
+/// between processes of one GPU, which host processes cannot).
+pub const STRATEGIES: [Strategy; 4] = [
+    Strategy::Standard,
+    Strategy::ThreeStep,
+    Strategy::TwoStep,
+    Strategy::SplitMd,
+];
+
+/// A persistent irregular exchange: the plan, this rank's schedule, its scratch buffers and a
+/// private communicator, built once; [`NeighborExchange::run`] many times.
+pub struct NeighborExchange {
+    comm: SimpleCommunicator,
+    schedule: Schedule,
+    scratch: Vec<Vec<u8>>,
+    strategy: Strategy,
+    modelled: Vec<(Strategy, f64)>,
+    elem: usize,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for NeighborExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NeighborExchange")
+            .field("strategy", &self.strategy)
+            .field("messages", &self.schedule.messages())
+            .finish()
+    }
+}
+
+/// Collective agreement on a local failure: every rank learns whether any rank failed and
+/// the lowest such rank, so a local error becomes an error on all ranks, not a hang.
+fn agree(comm: &MpiCommunicator, local: Option<String>) -> MpiResult<()> {
+    let me = comm.rank() as i32;
+    let mine = if local.is_some() { me } else { i32::MAX };
+    let mut first = i32::MAX;
+    comm.comm()
+        .all_reduce_into(&mine, &mut first, SystemOperation::min());
+    match (local, first) {
+        (Some(why), _) => Err(MpiError::CountMismatch(why)),
+        (None, i32::MAX) => Ok(()),
+        (None, r) => Err(MpiError::CountMismatch(format!(
+            "rank {r} reported mismatched counts"
+        ))),
+    }
+}
+
+impl NeighborExchange {
+    /// An all_to_all_v (`MPI_Alltoallv` with packed displacements): this rank sends
+    /// `send_counts[d]` elements to rank d (its input is their concatenation in rank order)
+    /// and receives `recv_counts[s]` from rank s (likewise). Zero counts mean no message; a
+    /// rank may have no neighbours at all.
+    ///
+    /// Collective. Every rank checks that what each peer sends it is what it expects; a
+    /// mismatch anywhere is an error on every rank. Counts are all-gathered (O(n^2) memory,
+    /// fine up to thousands of ranks).
+    ///
+    /// # Arguments
+    /// `elem_size`: bytes per element; `choice`: the strategy, or the model's.
+    pub fn all_to_all_v(
+        comm: &MpiCommunicator,
+        send_counts: &[u64],
+        recv_counts: &[u64],
+        elem_size: usize,
+        choice: Choice,
+    ) -> MpiResult<Self> {
+        let n = comm.size() as usize;
+        let mut local = None;
+        if send_counts.len() != n || recv_counts.len() != n {
+            local = Some(format!(
+                "rank {}: {} send and {} receive counts for {n} ranks",
+                comm.rank(),
+                send_counts.len(),
+                recv_counts.len()
+            ));
+        }
+        let mut mine = vec![0u64; n];
+        if local.is_none() {
+            mine.copy_from_slice(send_counts);
+        }
+        let mut incoming = vec![0u64; n];
+        comm.comm().all_to_all_into(&mine[..], &mut incoming[..]);
+        if local.is_none() {
+            if let Some(s) = (0..n).find(|s| incoming[*s] != recv_counts[*s]) {
+                local = Some(format!(
+                    "rank {} expects {} elements from rank {s}, which sends {}",
+                    comm.rank(),
+                    recv_counts[s],
+                    incoming[s]
+                ));
+            }
+        }
+        agree(comm, local)?;
+        let mut all = vec![0u64; n * n];
+        comm.comm().all_gather_into(&mine[..], &mut all[..]);
+        let e = elem_size as u64;
+        let mut req = Request::new(Collective::AllToAllV, (0..n as u32).collect(), 0, DType::U8);
+        req.matrix = all
+            .chunks(n)
+            .map(|row| row.iter().map(|c| c.saturating_mul(e)).collect())
+            .collect();
+        Self::build(comm, req, elem_size, choice)
+    }
+
+    /// An all_gather_v (`MPI_Allgatherv` with packed displacements): this rank contributes
+    /// `count` elements; every rank receives all contributions in rank order.
+    pub fn all_gather_v(
+        comm: &MpiCommunicator,
+        count: u64,
+        elem_size: usize,
+        choice: Choice,
+    ) -> MpiResult<Self> {
+        let n = comm.size() as usize;
+        let mut counts = vec![0u64; n];
+        comm.comm().all_gather_into(&count, &mut counts[..]);
+        let mut req = Request::new(
+            Collective::AllGatherV,
+            (0..n as u32).collect(),
+            0,
+            DType::U8,
+        );
+        req.counts = counts
+            .iter()
+            .map(|c| c.saturating_mul(elem_size as u64))
+            .collect();
+        Self::build(comm, req, elem_size, choice)
+    }
+
+    /// Model, plan, check and schedule `req` (bytes over ranks `0..n`).
+    fn build(
+        comm: &MpiCommunicator,
+        req: Request,
+        elem_size: usize,
+        choice: Choice,
+    ) -> MpiResult<Self> {
+        req.validate()?;
+        let modelled = model_strategies(comm, &req)?;
+        let strategy = match choice {
+            Choice::Forced(s) if STRATEGIES.contains(&s) => s,
+            Choice::Forced(s) => {
+                return Err(MpiError::Unsupported(format!(
+                    "{s} is not available between processes (use one of Standard, 3-Step, \
+                     2-Step, Split+MD)"
+                )));
+            }
+            Choice::Model => modelled
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or(Strategy::Standard, |m| m.0),
+        };
+        let plan = rank_space_plan(&req, comm.node_of(), strategy, default_split_cap())?;
+        // Proves every output byte gets exactly its input byte before a message moves;
+        // deterministic, so every rank reaches the same verdict.
+        relaycc_route::check(&plan)?;
+        let schedule = Schedule::new(&plan, comm.rank(), &|l| match l {
+            Location::Gpu(r) => Some(r),
+            Location::Host(_) => None,
+        })?;
+        let scratch = schedule.scratch.iter().map(|n| vec![0u8; *n]).collect();
+        Ok(NeighborExchange {
+            comm: private_dup(comm.comm()),
+            schedule,
+            scratch,
+            strategy,
+            modelled,
+            elem: elem_size.max(1),
+            timeout: comm.timeout(),
+        })
+    }
+
+    /// Run the exchange: `send` is this rank's input (elements), `recv` its output.
+    ///
+    /// Collective over the exchange's ranks. Errors: wrong buffer sizes (before any message),
+    /// an MPI error, or [`MpiError::Timeout`] when peers do not answer in time (after which
+    /// the caller should abort the job).
+    pub fn run<T: bytemuck::Pod>(&mut self, send: &[T], recv: &mut [T]) -> MpiResult<()> {
+        let input: &[u8] = bytemuck::cast_slice(send);
+        let output: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        if std::mem::size_of::<T>() != self.elem {
+            return Err(MpiError::Unsupported(format!(
+                "built for {}-byte elements, run with {}-byte ones",
+                self.elem,
+                std::mem::size_of::<T>()
+            )));
+        }
+        self.schedule.run(
+            self.comm.as_raw(),
+            input,
+            output,
+            &mut self.scratch,
+            self.timeout,
+        )
+    }
+
+    /// The strategy it runs.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+    /// The model's time (seconds, Lassen parameters) of every available strategy.
+    pub fn modelled(&self) -> &[(Strategy, f64)] {
+        &self.modelled
+    }
+    /// The model's time of the strategy it runs.
+    pub fn predicted_seconds(&self) -> f64 {
+        self.modelled
+            .iter()
+            .find(|m| m.0 == self.strategy)
+            .map_or(f64::NAN, |m| m.1)
+    }
+    /// Messages this rank sends and receives per run.
+    pub fn messages(&self) -> (usize, usize) {
+        self.schedule.messages()
+    }
+    /// Dependency levels this rank takes part in.
+    pub fn levels(&self) -> usize {
+        self.schedule.depth()
+    }
+    /// Change the timeout.
+    pub fn set_timeout(&mut self, t: Duration) {
+        self.timeout = t;
+    }
+}
+
+/// The model's time of each available strategy for `req` on the communicator's nodes: ranks
+/// are renumbered node-major (`node * ranks_per_node + local index`) as the models expect,
+/// processes per node are the node's ranks, staging is through host unless CUDA-aware MPI
+/// is on (then the better of the two for the strategies that have both).
+fn model_strategies(comm: &MpiCommunicator, req: &Request) -> MpiResult<Vec<(Strategy, f64)>> {
+    let node_of = comm.node_of();
+    let nodes = comm.nodes().max(1);
+    let mut per_node = vec![0u32; nodes as usize];
+    let mut pos = vec![0u32; node_of.len()];
+    for (r, nd) in node_of.iter().enumerate() {
+        pos[r] = per_node[*nd as usize];
+        per_node[*nd as usize] += 1;
+    }
+    let gpn = per_node.iter().copied().max().unwrap_or(1).max(1);
+    let id = |r: u32| node_of[r as usize] * gpn + pos[r as usize];
+    let pattern = Pattern::from_request(req)?;
+    let pattern = Pattern {
+        messages: pattern
+            .messages
+            .iter()
+            .map(|m| Message {
+                src: id(m.src),
+                dst: id(m.dst),
+                bytes: m.bytes,
+            })
+            .collect(),
+    };
+    let shape = ClusterShape {
+        nodes,
+        gpus_per_node: gpn,
+        sockets_per_node: 1,
+        procs_per_node: gpn,
+    };
+    let stagings: &[Staging] = if comm.cuda_aware() {
+        &[Staging::Host, Staging::DeviceAware]
+    } else {
+        &[Staging::Host]
+    };
+    Ok(STRATEGIES
+        .iter()
+        .map(|s| {
+            let t = stagings
+                .iter()
+                .map(|st| model_time(*s, *st, &pattern, &shape, CostModel::MaxRate))
+                .fold(f64::INFINITY, f64::min);
+            (*s, t)
+        })
+        .collect())
+}

@@ -1,0 +1,447 @@
+//! One process's part of a plan, and its execution over MPI (see README.md beside this file).
+//!
+//! A [`Schedule`] is built once per plan and rank: ops are put on dependency levels, and each
+//! level lists the receives, sends and local copies this rank takes part in. [`Schedule::run`]
+//! executes it: per level, post every receive, then every send (nonblocking, tag = op id), run
+//! the local copies, then poll `MPI_Testall` until the level completes or the deadline passes.
+
+use std::ffi::c_void;
+use std::os::raw::c_int;
+use std::time::{Duration, Instant};
+
+use ::mpi::ffi;
+use relaycc_route::{BufferRef, Location, OpKind, Plan};
+
+use super::MpiError;
+
+/// MPI guarantees tags up to 32767 (MPI 4.0 §3.2.3); op ids are folded into that range. Two
+/// messages of one level between the same pair with the same folded tag still match
+/// correctly, because both sides post them in op id order and MPI does not let messages
+/// overtake each other.
+const TAG_RANGE: u32 = 32768;
+
+/// A buffer of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Buf {
+    Input,
+    Output,
+    Scratch(usize),
+}
+
+/// A byte range of a buffer of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loc {
+    buf: Buf,
+    off: usize,
+    len: usize,
+}
+
+/// What one rank does on one dependency level.
+#[derive(Debug, Default, Clone)]
+struct Level {
+    /// (peer, tag, destination).
+    recvs: Vec<(c_int, c_int, Loc)>,
+    /// (peer, tag, source).
+    sends: Vec<(c_int, c_int, Loc)>,
+    /// (source, destination), both here.
+    locals: Vec<(Loc, Loc)>,
+}
+
+/// One rank's part of a plan, by dependency level.
+#[derive(Debug, Clone)]
+pub(crate) struct Schedule {
+    rank: u32,
+    levels: Vec<Level>,
+    /// Bytes of each scratch buffer this rank owns.
+    pub(crate) scratch: Vec<usize>,
+    /// Bytes of this rank's input and output.
+    pub(crate) input_len: usize,
+    pub(crate) output_len: usize,
+}
+
+impl Schedule {
+    /// The part of `plan` that rank `me` runs; `owner` maps a memory to the rank that holds it.
+    ///
+    /// A copy whose source and destination this rank owns is a local copy; one it sends from
+    /// is an `MPI_Isend`, one it receives into an `MPI_Irecv`; others are not its business.
+    /// Levels: an op's level is one more than that of its deps and of the previous op of its
+    /// lane (lanes run in order). Every rank computes the same levels from the same plan.
+    ///
+    /// Errors: Reduce ops (not executed over MPI yet), a dependency cycle, a memory no rank
+    /// owns, a region outside its buffer, or a message over `i32::MAX` bytes.
+    ///
+    /// Complexity: O(ops + deps).
+    pub(crate) fn new(
+        plan: &Plan,
+        me: u32,
+        owner: &dyn Fn(Location) -> Option<u32>,
+    ) -> Result<Self, MpiError> {
+        let size = plan.dtype.size() as usize;
+        let n = plan.ops.len();
+        let level = levels(plan)?;
+        let own = |b: BufferRef| -> Result<u32, MpiError> {
+            plan.location(b).and_then(owner).ok_or_else(|| {
+                MpiError::Unsupported(format!("no rank holds {b:?} of plan {}", plan.algorithm))
+            })
+        };
+        // This rank's request rank: the one whose input lives here (one per process).
+        let mut mine = None;
+        for r in 0..plan.request.nranks() as u32 {
+            if own(BufferRef::Input(r))? == me {
+                if mine.is_some() {
+                    return Err(MpiError::Unsupported(
+                        "one process serves one rank of a plan".into(),
+                    ));
+                }
+                mine = Some(r);
+            }
+        }
+        let (input_len, output_len) = match mine {
+            Some(r) => (
+                plan.request.input_len(r)? as usize * size,
+                plan.request.output_len(r)? as usize * size,
+            ),
+            None => (0, 0),
+        };
+        let mut scratch_ix = vec![None; plan.scratch.len()];
+        let mut scratch = Vec::new();
+        for (i, s) in plan.scratch.iter().enumerate() {
+            if owner(s.location) == Some(me) {
+                scratch_ix[i] = Some(scratch.len());
+                scratch.push(s.len as usize * size);
+            }
+        }
+        let loc = |r: relaycc_route::Region| -> Result<Loc, MpiError> {
+            let (buf, cap) = match r.buffer {
+                BufferRef::Input(x) if Some(x) == mine => (Buf::Input, input_len),
+                BufferRef::Output(x) if Some(x) == mine => (Buf::Output, output_len),
+                BufferRef::Scratch(i) => match scratch_ix.get(i as usize).copied().flatten() {
+                    Some(j) => (Buf::Scratch(j), scratch[j]),
+                    None => return Err(MpiError::Unsupported(format!("{r:?} is not here"))),
+                },
+                _ => return Err(MpiError::Unsupported(format!("{r:?} is not here"))),
+            };
+            let (off, len) = (r.offset as usize * size, r.len as usize * size);
+            if off.checked_add(len).is_none_or(|e| e > cap) {
+                return Err(MpiError::Unsupported(format!(
+                    "{r:?} lies outside its {cap}-byte buffer"
+                )));
+            }
+            Ok(Loc { buf, off, len })
+        };
+        let depth = level.iter().copied().max().map_or(0, |d| d + 1);
+        let mut levels = vec![Level::default(); depth];
+        for (id, op) in plan.ops.iter().enumerate() {
+            let (src, dst) = match &op.kind {
+                OpKind::Copy { src, dst } => (*src, *dst),
+                OpKind::Reduce { .. } => {
+                    return Err(MpiError::Unsupported(
+                        "Reduce ops are not executed over MPI yet".into(),
+                    ));
+                }
+            };
+            if dst.len == 0 {
+                continue;
+            }
+            let (a, b) = (own(src.buffer)?, own(dst.buffer)?);
+            let tag = (id as u32 % TAG_RANGE) as c_int;
+            let lv = &mut levels[level[id]];
+            let msg = |l: Loc| -> Result<Loc, MpiError> {
+                if l.len > i32::MAX as usize {
+                    return Err(MpiError::Unsupported(format!(
+                        "op {id} moves {} bytes, over MPI's int count",
+                        l.len
+                    )));
+                }
+                Ok(l)
+            };
+            match (a == me, b == me) {
+                (true, true) => lv.locals.push((loc(src)?, loc(dst)?)),
+                (true, false) => lv.sends.push((b as c_int, tag, msg(loc(src)?)?)),
+                (false, true) => lv.recvs.push((a as c_int, tag, msg(loc(dst)?)?)),
+                (false, false) => {}
+            }
+        }
+        let _ = n;
+        levels.retain(|l| !(l.recvs.is_empty() && l.sends.is_empty() && l.locals.is_empty()));
+        Ok(Schedule {
+            rank: me,
+            levels,
+            scratch,
+            input_len,
+            output_len,
+        })
+    }
+
+    /// Messages this rank sends and receives per run.
+    pub(crate) fn messages(&self) -> (usize, usize) {
+        self.levels
+            .iter()
+            .fold((0, 0), |(s, r), l| (s + l.sends.len(), r + l.recvs.len()))
+    }
+
+    /// Levels this rank takes part in.
+    pub(crate) fn depth(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Run this rank's part on `comm` with `input`, `output` and the schedule's scratch
+    /// buffers (`scratch[i]` of `self.scratch[i]` bytes), within `timeout`.
+    ///
+    /// On a timeout or an MPI error, every pending request is cancelled; when all of them
+    /// complete (cancelled) within a grace second the error is returned, otherwise MPI still
+    /// holds the caller's buffers and returning would let it write into freed memory, so the
+    /// job is aborted (`MPI_Abort`) after printing the error.
+    pub(crate) fn run(
+        &self,
+        comm: ffi::MPI_Comm,
+        input: &[u8],
+        output: &mut [u8],
+        scratch: &mut [Vec<u8>],
+        timeout: Duration,
+    ) -> Result<(), MpiError> {
+        let bad =
+            |side: &'static str, got: usize, needs: usize| MpiError::Buffer { side, got, needs };
+        if input.len() != self.input_len {
+            return Err(bad("input", input.len(), self.input_len));
+        }
+        if output.len() != self.output_len {
+            return Err(bad("output", output.len(), self.output_len));
+        }
+        if scratch.len() != self.scratch.len()
+            || scratch
+                .iter()
+                .zip(&self.scratch)
+                .any(|(v, n)| v.len() != *n)
+        {
+            return Err(MpiError::Unsupported("scratch buffers do not match".into()));
+        }
+        // Raw base pointers, taken once: pending receives write through them while local
+        // copies write other (disjoint, checked by the plan checker) ranges of the same
+        // buffers, so no `&mut` to those buffers may be formed until the run ends.
+        let in_ptr = input.as_ptr();
+        let out_ptr = output.as_mut_ptr();
+        let scr: Vec<*mut u8> = scratch.iter_mut().map(|v| v.as_mut_ptr()).collect();
+        let at = |l: &Loc| -> *mut u8 {
+            let base = match l.buf {
+                Buf::Input => in_ptr.cast_mut(),
+                Buf::Output => out_ptr,
+                Buf::Scratch(i) => scr[i],
+            };
+            // SAFETY: `Schedule::new` checked `off + len <= ` the buffer's length, and the
+            // lengths were checked above, so the pointer stays inside the allocation.
+            unsafe { base.add(l.off) }
+        };
+        let deadline = Instant::now() + timeout;
+        let mut reqs: Vec<ffi::MPI_Request> = Vec::new();
+        for (li, level) in self.levels.iter().enumerate() {
+            reqs.clear();
+            for (peer, tag, l) in &level.recvs {
+                // SAFETY: reading an MPI constant initialised by the library.
+                let mut r = unsafe { ffi::RSMPI_REQUEST_NULL };
+                // SAFETY: the destination range is inside a live buffer (see `at`), is not
+                // touched by anything else until the request completes (the plan checker
+                // proves no unordered op touches it), and stays alive until then: this
+                // function waits for completion or cancellation, or aborts.
+                let rc = unsafe {
+                    ffi::MPI_Irecv(
+                        at(l).cast::<c_void>(),
+                        l.len as c_int,
+                        ffi::RSMPI_UINT8_T,
+                        *peer,
+                        *tag,
+                        comm,
+                        &mut r,
+                    )
+                };
+                reqs.push(r);
+                self.check(rc, "MPI_Irecv", comm, &mut reqs)?;
+            }
+            for (peer, tag, l) in &level.sends {
+                // SAFETY: reading an MPI constant initialised by the library.
+                let mut r = unsafe { ffi::RSMPI_REQUEST_NULL };
+                // SAFETY: as for the receives; the source is only read.
+                let rc = unsafe {
+                    ffi::MPI_Isend(
+                        at(l).cast_const().cast::<c_void>(),
+                        l.len as c_int,
+                        ffi::RSMPI_UINT8_T,
+                        *peer,
+                        *tag,
+                        comm,
+                        &mut r,
+                    )
+                };
+                reqs.push(r);
+                self.check(rc, "MPI_Isend", comm, &mut reqs)?;
+            }
+            for (s, d) in &level.locals {
+                // SAFETY: both ranges are inside live buffers (see `at`) and of equal length
+                // (the plan checker proves copies are length-preserving and `Schedule::new`
+                // took both lengths from the plan). `ptr::copy` allows overlap; ranges
+                // written by pending receives are disjoint from these (plan checker).
+                unsafe { std::ptr::copy(at(s).cast_const(), at(d), s.len.min(d.len)) };
+            }
+            self.wait(li, comm, &mut reqs, deadline, timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Poll `MPI_Testall` until the level's requests complete or the deadline passes.
+    fn wait(
+        &self,
+        level: usize,
+        comm: ffi::MPI_Comm,
+        reqs: &mut [ffi::MPI_Request],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), MpiError> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let mut spins = 0u32;
+        loop {
+            let mut flag: c_int = 0;
+            // SAFETY: `reqs` holds requests returned by MPI_Irecv/MPI_Isend (or null); the
+            // statuses are ignored.
+            let rc = unsafe {
+                ffi::MPI_Testall(
+                    reqs.len() as c_int,
+                    reqs.as_mut_ptr(),
+                    &mut flag,
+                    ffi::RSMPI_STATUSES_IGNORE,
+                )
+            };
+            self.check(rc, "MPI_Testall", comm, reqs)?;
+            if flag != 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let pending = pending(reqs);
+                let err = MpiError::Timeout {
+                    rank: self.rank,
+                    level,
+                    pending,
+                    after: timeout,
+                };
+                return Err(cancel_or_abort(comm, reqs, err));
+            }
+            // Oversubscribed runs (more ranks than cores) need the core back.
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Turn an MPI return code into an error (cancelling what is pending).
+    fn check(
+        &self,
+        rc: c_int,
+        call: &'static str,
+        comm: ffi::MPI_Comm,
+        reqs: &mut [ffi::MPI_Request],
+    ) -> Result<(), MpiError> {
+        if rc == ffi::MPI_SUCCESS as c_int {
+            return Ok(());
+        }
+        let err = MpiError::Mpi {
+            rank: self.rank,
+            call,
+            code: rc,
+        };
+        Err(cancel_or_abort(comm, reqs, err))
+    }
+}
+
+/// Requests not yet complete.
+fn pending(reqs: &[ffi::MPI_Request]) -> usize {
+    // SAFETY: reading an MPI constant initialised by the library.
+    let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+    reqs.iter().filter(|r| **r != null).count()
+}
+
+/// Cancel every pending request and give them a second to complete; return `err` when they
+/// did, else print it and abort the job (MPI would keep writing into the caller's buffers).
+fn cancel_or_abort(comm: ffi::MPI_Comm, reqs: &mut [ffi::MPI_Request], err: MpiError) -> MpiError {
+    // SAFETY: reading an MPI constant initialised by the library.
+    let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+    for r in reqs.iter_mut().filter(|r| **r != null) {
+        // SAFETY: `r` is a live request from MPI_Irecv/MPI_Isend.
+        unsafe { ffi::MPI_Cancel(r) };
+    }
+    let grace = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < grace {
+        let mut flag: c_int = 0;
+        // SAFETY: as in `Schedule::wait`.
+        let rc = unsafe {
+            ffi::MPI_Testall(
+                reqs.len() as c_int,
+                reqs.as_mut_ptr(),
+                &mut flag,
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+        if flag != 0 && rc == ffi::MPI_SUCCESS as c_int {
+            return err;
+        }
+        std::thread::yield_now();
+    }
+    eprintln!(
+        "relaycc mpi: {err}; {} requests could not be cancelled, aborting",
+        pending(reqs)
+    );
+    // SAFETY: MPI_Abort on a valid communicator; it does not return in practice.
+    unsafe { ffi::MPI_Abort(comm, 124) };
+    std::process::abort()
+}
+
+/// Dependency level of every op: 0 without predecessors, else one more than the deepest of
+/// its deps and of the previous op of its lane. Errors on a cycle or a dangling dep.
+fn levels(plan: &Plan) -> Result<Vec<usize>, MpiError> {
+    let n = plan.ops.len();
+    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut last: Vec<Option<usize>> = vec![None; plan.lanes.len()];
+    for (i, op) in plan.ops.iter().enumerate() {
+        for &d in &op.deps {
+            if d as usize >= n {
+                return Err(MpiError::Unsupported(format!(
+                    "op {i} depends on missing op {d}"
+                )));
+            }
+            preds[i].push(d as usize);
+        }
+        if let Some(slot) = last.get_mut(op.lane as usize) {
+            if let Some(p) = slot.replace(i) {
+                preds[i].push(p);
+            }
+        }
+    }
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut indeg = vec![0usize; n];
+    for (i, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succ[p].push(i);
+            indeg[i] += 1;
+        }
+    }
+    let mut level = vec![0usize; n];
+    let mut ready: Vec<usize> = (0..n).filter(|i| indeg[*i] == 0).collect();
+    let mut seen = 0;
+    while let Some(i) = ready.pop() {
+        seen += 1;
+        for &s in &succ[i] {
+            level[s] = level[s].max(level[i] + 1);
+            indeg[s] -= 1;
+            if indeg[s] == 0 {
+                ready.push(s);
+            }
+        }
+    }
+    if seen != n {
+        return Err(MpiError::Unsupported(
+            "the plan has a dependency cycle".into(),
+        ));
+    }
+    Ok(level)
+}

@@ -1,0 +1,405 @@
+//! Node-aware plans in *rank space*: the strategies of the node-aware seed (Standard, 3-Step,
+//! 2-Step, Split+MD; `relaycc_route::nodeaware`) planned for processes rather than for a
+//! hardware topology.
+//!
+//! Every rank `r` is one process whose memory is `Location::Gpu(r)` (the request's `gpus` are
+//! `0..n`); `node_of[r]` says which (possibly virtual) node the rank sits on. Plans use the
+//! `U8` element type, so regions count bytes. Each op gets a lane of its own: ordering comes
+//! only from `deps`, so every phase of a strategy (gather, inter-node, redistribute) is one
+//! dependency level, which is what the MPI executor posts at once.
+//!
+//! The plans are plain [`Plan`]s, so `relaycc_route::check` proves them correct (every output
+//! byte receives exactly the input byte the request asks for) without running MPI; the unit
+//! tests below do that for every strategy on random sparse patterns.
+
+use std::collections::BTreeMap;
+
+use relaycc_route::nodeaware::{ModelParams, Strategy};
+use relaycc_route::{BufferRef, Location, Plan, Region, Request, Result, RouteError};
+
+/// One piece of data: `len` bytes of rank `src`'s input at `src_off` to rank `dst`'s output
+/// at `dst_off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    src: u32,
+    src_off: u64,
+    dst: u32,
+    dst_off: u64,
+    len: u64,
+}
+
+/// The plan under construction, with the node layout.
+struct Gen<'a> {
+    plan: Plan,
+    node_of: &'a [u32],
+    ranks_of: BTreeMap<u32, Vec<u32>>,
+}
+
+impl Gen<'_> {
+    /// A copy on a lane of its own (so that only `deps` order it).
+    fn copy(&mut self, from: u32, src: Region, dst: Region, deps: Vec<u32>) -> u32 {
+        let lane = self
+            .plan
+            .add_lane(Location::Gpu(from), format!("rank{from}"));
+        self.plan.copy(lane, src, dst, Vec::new(), deps)
+    }
+
+    /// The `k`-th rank of `node`, round robin (every rank of a node stays busy, seed §2.3.1).
+    fn pick(&self, node: u32, k: usize) -> u32 {
+        self.ranks_of
+            .get(&node)
+            .filter(|v| !v.is_empty())
+            .map(|v| v[k % v.len()])
+            .unwrap_or(0)
+    }
+
+    /// Ranks of `node`.
+    fn count(&self, node: u32) -> usize {
+        self.ranks_of.get(&node).map_or(1, |v| v.len().max(1))
+    }
+
+    /// One inter-node message from `sender` to `receiver` carrying `parts` in order: packed at
+    /// the sender unless the parts already lie contiguously in its input, unpacked at the
+    /// receiver unless they go contiguously to its output. Adjacent parts of one source (one
+    /// destination) become one gather (one redistribution) copy.
+    fn bundle(&mut self, parts: &[Piece], sender: u32, receiver: u32) {
+        let total: u64 = parts.iter().map(|p| p.len).sum();
+        let Some(first) = parts.first().copied() else {
+            return;
+        };
+        if total == 0 {
+            return;
+        }
+        let contiguous = |f: &dyn Fn(&Piece) -> (u32, u64)| {
+            parts.windows(2).all(|w| {
+                let (a, b) = (f(&w[0]), f(&w[1]));
+                a.0 == b.0 && a.1 + w[0].len == b.1
+            })
+        };
+        let send_direct = first.src == sender && contiguous(&|p| (p.src, p.src_off));
+        let recv_direct = first.dst == receiver && contiguous(&|p| (p.dst, p.dst_off));
+        let (src, deps) = if send_direct {
+            (
+                Region::new(BufferRef::Input(sender), first.src_off, total),
+                Vec::new(),
+            )
+        } else {
+            let g = self.plan.add_scratch(Location::Gpu(sender), total);
+            let mut deps = Vec::new();
+            for (off, run) in runs(parts, |p| (p.src, p.src_off)) {
+                let n: u64 = run.iter().map(|p| p.len).sum();
+                let s = Region::new(BufferRef::Input(run[0].src), run[0].src_off, n);
+                deps.push(self.copy(run[0].src, s, Region::new(g, off, n), Vec::new()));
+            }
+            (Region::new(g, 0, total), deps)
+        };
+        if recv_direct {
+            let dst = Region::new(BufferRef::Output(receiver), first.dst_off, total);
+            self.copy(sender, src, dst, deps);
+            return;
+        }
+        let rbuf = self.plan.add_scratch(Location::Gpu(receiver), total);
+        let arrived = self.copy(sender, src, Region::new(rbuf, 0, total), deps);
+        for (off, run) in runs(parts, |p| (p.dst, p.dst_off)) {
+            let n: u64 = run.iter().map(|p| p.len).sum();
+            let d = Region::new(BufferRef::Output(run[0].dst), run[0].dst_off, n);
+            self.copy(receiver, Region::new(rbuf, off, n), d, vec![arrived]);
+        }
+    }
+}
+
+/// Maximal runs of consecutive parts whose `key` continues contiguously (same rank, next
+/// offset), with each run's offset in the concatenated stream.
+fn runs(parts: &[Piece], key: impl Fn(&Piece) -> (u32, u64)) -> Vec<(u64, &[Piece])> {
+    let mut out = Vec::new();
+    let (mut start, mut off, mut run_off) = (0usize, 0u64, 0u64);
+    for i in 0..parts.len() {
+        let breaks = i + 1 == parts.len() || {
+            let (a, b) = (key(&parts[i]), key(&parts[i + 1]));
+            !(a.0 == b.0 && a.1 + parts[i].len == b.1)
+        };
+        off += parts[i].len;
+        if breaks {
+            out.push((run_off, &parts[start..=i]));
+            start = i + 1;
+            run_off = off;
+        }
+    }
+    out
+}
+
+/// The byte pieces of `req` (every piece moves one input range to one output range).
+fn pieces(req: &Request) -> Result<Vec<Piece>> {
+    Ok(req
+        .expected()?
+        .into_iter()
+        .filter(|p| p.len > 0)
+        .map(|p| {
+            let (src, src_off) = p.terms.first().copied().unwrap_or((p.rank, 0));
+            Piece {
+                src,
+                src_off,
+                dst: p.rank,
+                dst_off: p.out_offset,
+                len: p.len,
+            }
+        })
+        .collect())
+}
+
+/// The plan of `strategy` for `req` with ranks on nodes `node_of`.
+///
+/// # Arguments
+/// - `req`: a send_recv, all_gather_v or all_to_all_v request of `U8` elements (bytes) whose
+///   `gpus` are `0..n` (rank r = process r = `Location::Gpu(r)`).
+/// - `node_of`: the node of every rank (`n` entries).
+/// - `strategy`: Standard, 3-Step, 2-Step or Split+MD; Split+DD (duplicate device pointers)
+///   has no meaning between processes and is refused.
+/// - `split_cap`: Split+MD's message cap in bytes (seed Algorithm 1's `message_cap`).
+///
+/// # Returns
+/// A plan that passes `relaycc_route::check`; an error for other collectives or a bad layout.
+///
+/// # Complexity
+/// O(p log p) for p pieces, plus O(p) per split chunk.
+///
+/// Source: seed §2.3 (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the pairing of
+/// `relaycc_route::nodeaware::node_aware_plan`.
+pub fn rank_space_plan(
+    req: &Request,
+    node_of: &[u32],
+    strategy: Strategy,
+    split_cap: u64,
+) -> Result<Plan> {
+    let n = req.nranks();
+    if node_of.len() != n || req.gpus.iter().enumerate().any(|(i, g)| *g as usize != i) {
+        return Err(RouteError::BadRequest(format!(
+            "rank-space plans need gpus 0..{n} and a node for each rank ({} given)",
+            node_of.len()
+        )));
+    }
+    if strategy == Strategy::SplitDd {
+        return Err(RouteError::BadRequest(
+            "Split+DD shares device pointers inside a node; between processes use Split+MD".into(),
+        ));
+    }
+    let all = pieces(req)?;
+    let mut ranks_of: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (r, nd) in node_of.iter().enumerate() {
+        ranks_of.entry(*nd).or_default().push(r as u32);
+    }
+    let name = format!("rank-space {strategy}");
+    let mut g = Gen {
+        plan: Plan::new(req.clone(), name),
+        node_of,
+        ranks_of,
+    };
+    let node = |r: u32| node_of[r as usize];
+    let mut remote = Vec::new();
+    for p in &all {
+        if node(p.src) == node(p.dst) || strategy == Strategy::Standard {
+            let s = Region::new(BufferRef::Input(p.src), p.src_off, p.len);
+            let d = Region::new(BufferRef::Output(p.dst), p.dst_off, p.len);
+            g.copy(p.src, s, d, Vec::new());
+        } else {
+            remote.push(*p);
+        }
+    }
+    // Sources in rank order, so that one source's parts are adjacent (one gather copy each).
+    remote.sort_by_key(|p| (p.src, p.src_off));
+    match strategy {
+        Strategy::Standard | Strategy::SplitDd => {}
+        Strategy::ThreeStep => {
+            for ((na, nb), group) in group_by(&remote, |p| (node(p.src), node(p.dst))) {
+                let sender = g.pick(na, nb as usize);
+                let receiver = g.pick(nb, na as usize);
+                g.bundle(&group, sender, receiver);
+            }
+        }
+        Strategy::TwoStep => {
+            for ((src, nb), group) in group_by(&remote, |p| (p.src, node(p.dst))) {
+                let local = g
+                    .ranks_of
+                    .get(&node(src))
+                    .and_then(|v| v.iter().position(|r| *r == src))
+                    .unwrap_or(0);
+                let receiver = g.pick(nb, local);
+                g.bundle(&group, src, receiver);
+            }
+        }
+        Strategy::SplitMd => split(&mut g, &remote, split_cap.max(1)),
+    }
+    let _ = g.node_of;
+    Ok(g.plan)
+}
+
+/// Split+MD (seed Algorithm 1): each node pair's bytes are cut into messages of at most the
+/// cap (raised to volume / ranks-per-node when more messages than ranks would result); sends
+/// are dealt to the node's ranks from the last local rank down, receives from local rank 0
+/// up, so that every rank of a node takes part.
+fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
+    let node = |r: u32| g.node_of[r as usize];
+    let mut volume: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in remote {
+        *volume.entry(node(p.src)).or_default() += p.len;
+    }
+    let mut sends: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut recvs: BTreeMap<u32, usize> = BTreeMap::new();
+    for ((na, nb), group) in group_by(remote, |p| (node(p.src), node(p.dst))) {
+        let total: u64 = group.iter().map(|p| p.len).sum();
+        let ppn = g.count(na) as u64;
+        let vol = volume.get(&na).copied().unwrap_or(total);
+        let msg_cap = if vol.div_ceil(cap) > ppn {
+            vol.div_ceil(ppn)
+        } else {
+            cap
+        };
+        let k = total.div_ceil(msg_cap).clamp(1, ppn);
+        let chunk = total.div_ceil(k).max(1);
+        let mut lo = 0;
+        while lo < total {
+            let hi = (lo + chunk).min(total);
+            let mut parts = Vec::new();
+            let mut start = 0;
+            for p in &group {
+                let (a, z) = (start.max(lo), (start + p.len).min(hi));
+                if a < z {
+                    let within = a - start;
+                    parts.push(Piece {
+                        src_off: p.src_off + within,
+                        dst_off: p.dst_off + within,
+                        len: z - a,
+                        ..*p
+                    });
+                }
+                start += p.len;
+            }
+            let s = sends.entry(na).or_default();
+            let sender_idx = g.count(na) - 1 - (*s % g.count(na));
+            *s += 1;
+            let r = recvs.entry(nb).or_default();
+            let receiver_idx = *r;
+            *r += 1;
+            let sender = g.pick(na, sender_idx);
+            let receiver = g.pick(nb, receiver_idx);
+            g.bundle(&parts, sender, receiver);
+            lo = hi;
+        }
+    }
+}
+
+/// Pieces grouped by `key`, groups in key order, pieces in their order.
+fn group_by<K: Ord>(pieces: &[Piece], key: impl Fn(&Piece) -> K) -> BTreeMap<K, Vec<Piece>> {
+    let mut m: BTreeMap<K, Vec<Piece>> = BTreeMap::new();
+    for p in pieces {
+        m.entry(key(p)).or_default().push(*p);
+    }
+    m
+}
+
+/// Split+MD's message cap in bytes: Lassen's (the seed's rendezvous threshold), unless
+/// `RELAYCC_SPLIT_CAP_BYTES` gives one.
+pub fn default_split_cap() -> u64 {
+    std::env::var("RELAYCC_SPLIT_CAP_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ModelParams::LASSEN.split_cap_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relaycc_route::{Collective, DType, check};
+
+    /// A small deterministic generator (xorshift), so the tests need no dependency.
+    fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    fn sparse(n: usize, seed: u64) -> Request {
+        let mut next = rng(seed);
+        let mut m = vec![vec![0u64; n]; n];
+        for (s, row) in m.iter_mut().enumerate() {
+            if s == n - 1 {
+                continue; // a rank with no neighbours
+            }
+            for v in row.iter_mut() {
+                if next() % 3 == 0 {
+                    *v = next() % 40; // includes empty messages
+                }
+            }
+        }
+        let mut r = Request::new(Collective::AllToAllV, (0..n as u32).collect(), 0, DType::U8);
+        r.matrix = m;
+        r
+    }
+
+    #[test]
+    fn every_strategy_is_correct_on_sparse_patterns() {
+        let strategies = [
+            Strategy::Standard,
+            Strategy::ThreeStep,
+            Strategy::TwoStep,
+            Strategy::SplitMd,
+        ];
+        for (n, k) in [(4usize, 1u32), (4, 2), (8, 2), (8, 4), (6, 4)] {
+            let node_of: Vec<u32> = (0..n as u32).map(|r| r / k).collect();
+            for seed in 0..5 {
+                let req = sparse(n, seed);
+                for s in strategies {
+                    for cap in [7, 1 << 20] {
+                        let p = rank_space_plan(&req, &node_of, s, cap).unwrap();
+                        check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_gather_v_plans_are_correct() {
+        let mut r = Request::new(Collective::AllGatherV, (0..8).collect(), 0, DType::U8);
+        r.counts = vec![3, 0, 5, 1, 0, 9, 2, 4];
+        let node_of: Vec<u32> = (0..8).map(|r| r / 4).collect();
+        for s in [Strategy::ThreeStep, Strategy::TwoStep, Strategy::SplitMd] {
+            check(&rank_space_plan(&r, &node_of, s, 4).unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn three_step_sends_one_message_per_node_pair() {
+        // Every rank of node 0 sends to every rank of node 1: 16 pieces, one inter-node message.
+        let mut r = Request::new(Collective::AllToAllV, (0..8).collect(), 0, DType::U8);
+        r.matrix = (0..8)
+            .map(|s| (0..8).map(|d| u64::from(s < 4 && d >= 4)).collect())
+            .collect();
+        let node_of: Vec<u32> = (0..8).map(|r| r / 4).collect();
+        let p = rank_space_plan(&r, &node_of, Strategy::ThreeStep, 1 << 20).unwrap();
+        let inter = p
+            .ops
+            .iter()
+            .filter(|o| match &o.kind {
+                relaycc_route::OpKind::Copy { src, dst } => {
+                    let owner = |b: BufferRef| match b {
+                        BufferRef::Input(r) | BufferRef::Output(r) => Some(r),
+                        BufferRef::Scratch(i) => match p.scratch[i as usize].location {
+                            Location::Gpu(r) => Some(r),
+                            Location::Host(_) => None,
+                        },
+                    };
+                    let (a, b) = (owner(src.buffer), owner(dst.buffer));
+                    a.zip(b).is_some_and(|(a, b)| a / 4 != b / 4)
+                }
+                _ => false,
+            })
+            .count();
+        assert_eq!(inter, 1);
+        assert!(rank_space_plan(&r, &node_of, Strategy::SplitDd, 1).is_err());
+    }
+}
