@@ -17,22 +17,9 @@ use serde::Serialize;
 
 use crate::args::{BackendKind, BenchArgs, BenchFormat};
 
-/// Parse a size as nccl-tests does: a number with an optional binary suffix (`1K`, `64M`,
-/// `1G`, also `KB`/`KiB`, `MB`/`MiB`, `GB`/`GiB`; all powers of 1024).
+/// Parse a size as nccl-tests does (see [`crate::size::parse_size`]).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(split);
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    let mult: u64 = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        other => bail!("bad size suffix {other:?} in {s:?} (use K, M or G)"),
-    };
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} overflows"))
+    crate::size::parse_size(s).map_err(anyhow::Error::msg)
 }
 
 /// One row of results.
