@@ -7,6 +7,9 @@
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
 //!   result on random sparse patterns (fixed seeds, empty messages, a rank with no
 //!   neighbours), run twice per build (persistence); all_gather_v equals `MPI_Allgatherv`.
+//! - `correctness` also runs plans from relaycc's planner (`relaycc_route::plan`, members
+//!   and host memory only) for every copy-only collective on a cluster preset through
+//!   `MpiCommunicator::execute`, and compares every output with the request's layout.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1; every rank must get an
 //!   error from the build.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -210,6 +213,85 @@ fn fault_exit(comm: &mut MpiCommunicator, strategy: Strategy) -> bool {
     false
 }
 
+/// Planner plans of the copy-only collectives, run across processes by `execute`.
+fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let n = world.size() as u32;
+    let me = world.rank() as u32;
+    let hosts = n.div_ceil(4).max(1);
+    let topo = match relaycc_topo::preset(&format!("cluster:{hosts}xpcie-4gpu:ib-edr")) {
+        Ok(t) => t,
+        Err(e) => {
+            rep.check(&format!("planner plans: topology: {e}"), false);
+            return;
+        }
+    };
+    let comm = match MpiCommunicator::from_mpi(world, me, Some(topo.clone())) {
+        Ok(c) => c,
+        Err(e) => {
+            rep.check(&format!("planner plans: setup: {e}"), false);
+            return;
+        }
+    };
+    let gpus: Vec<u32> = (0..n).collect();
+    let opts = PlanOptions {
+        relay: RelayPolicy::Members,
+        ..PlanOptions::default()
+    };
+    for coll in [
+        Collective::AllGather,
+        Collective::AllToAll,
+        Collective::Broadcast,
+        Collective::Gather,
+        Collective::Scatter,
+        Collective::AllGatherV,
+    ] {
+        let mut req = Request::new(coll, gpus.clone(), 1000, DType::U32).with_root(n - 1);
+        req.counts = (0..n as u64).map(|r| (r * 37) % 11).collect();
+        let planned = match relaycc_route::plan(&topo, &req, &opts) {
+            Ok(p) => p,
+            Err(e) => {
+                rep.check(&format!("planner plan {coll}: {e}"), false);
+                continue;
+            }
+        };
+        let value = |rank: u32, i: u64| (rank << 24) | (i as u32 & 0x00ff_ffff);
+        let input: Vec<u8> = (0..req.input_len(me).unwrap_or(0))
+            .flat_map(|i| value(me, i).to_le_bytes())
+            .collect();
+        let out_len = req.output_len(me).unwrap_or(0) as usize;
+        let mut output = vec![0u8; out_len * 4];
+        let ran = comm.execute(&planned.plan, &input, &mut output);
+        let mut ok = ran.is_ok();
+        if let Err(e) = &ran {
+            println!("rank {me}: {coll} ({}): {e}", planned.plan.algorithm);
+        }
+        for piece in req.expected().unwrap_or_default() {
+            if piece.rank != me || !ok {
+                continue;
+            }
+            let (src, off) = piece.terms[0];
+            for i in 0..piece.len {
+                let at = ((piece.out_offset + i) * 4) as usize;
+                let got = u32::from_le_bytes([
+                    output[at],
+                    output[at + 1],
+                    output[at + 2],
+                    output[at + 3],
+                ]);
+                if got != value(src, off + i) {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        rep.check(
+            &format!("planner plan {coll} ({})", planned.plan.algorithm),
+            ok,
+        );
+    }
+}
+
 fn main() {
     let Some(universe) = rsmpi::initialize() else {
         eprintln!("MPI could not be initialised");
@@ -242,7 +324,10 @@ fn main() {
         failed: 0,
     };
     match mode.as_str() {
-        "correctness" => correctness(&comm, &mut rep),
+        "correctness" => {
+            correctness(&comm, &mut rep);
+            planner_plans(&world, &mut rep);
+        }
         "fault-counts" => fault_counts(&comm, &mut rep),
         other => {
             eprintln!("unknown mode {other}");
