@@ -8,7 +8,7 @@
 //!   result on random sparse patterns (fixed seeds, empty messages, a rank with no
 //!   neighbours), run twice per build (persistence); all_gather_v equals `MPI_Allgatherv`.
 //! - `correctness` also runs plans from relaycc's planner (`relaycc_route::plan`, members
-//!   and host memory only) for every copy-only collective on a cluster preset through
+//!   and host memory only) for nine collectives, reductions included, on a cluster preset through
 //!   `MpiCommunicator::execute`, and compares every output with the request's layout.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1; every rank must get an
 //!   error from the build.
@@ -213,7 +213,8 @@ fn fault_exit(comm: &mut MpiCommunicator, strategy: Strategy) -> bool {
     false
 }
 
-/// Planner plans of the copy-only collectives, run across processes by `execute`.
+/// Planner plans of every collective (sums for the reducing ones), run across processes by
+/// `execute`.
 fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
     let n = world.size() as u32;
@@ -245,6 +246,9 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
         Collective::Gather,
         Collective::Scatter,
         Collective::AllGatherV,
+        Collective::AllReduce,
+        Collective::Reduce,
+        Collective::ReduceScatter,
     ] {
         let mut req = Request::new(coll, gpus.clone(), 1000, DType::U32).with_root(n - 1);
         req.counts = (0..n as u64).map(|r| (r * 37) % 11).collect();
@@ -270,7 +274,6 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
             if piece.rank != me || !ok {
                 continue;
             }
-            let (src, off) = piece.terms[0];
             for i in 0..piece.len {
                 let at = ((piece.out_offset + i) * 4) as usize;
                 let got = u32::from_le_bytes([
@@ -279,7 +282,15 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
                     output[at + 2],
                     output[at + 3],
                 ]);
-                if got != value(src, off + i) {
+                // Sums wrap, as the u32 reduction does.
+                let want = piece.terms.iter().fold(0u32, |acc, (src, off)| {
+                    acc.wrapping_add(value(*src, off + i))
+                });
+                if got != want {
+                    println!(
+                        "rank {me}: {coll} element {}: {got:#x} != {want:#x}",
+                        piece.out_offset + i
+                    );
                     ok = false;
                     break;
                 }

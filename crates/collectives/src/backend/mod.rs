@@ -28,7 +28,7 @@
 
 pub mod cuda;
 pub mod host;
-mod kernels;
+pub(crate) mod kernels;
 
 use std::fmt;
 

@@ -256,7 +256,8 @@ impl MpiCommunicator {
 
     /// Run this rank's part of `plan` (collective: every rank of the plan calls it with the
     /// same plan). `input` and `output` are this rank's buffers in bytes; scratch is
-    /// allocated per call. Plans with Reduce ops are refused for now.
+    /// allocated per call. Reductions run on the rank holding their destination, through the
+    /// host backend's kernels.
     ///
     /// Complexity: O(ops) to schedule plus the messages.
     pub fn execute(&self, plan: &Plan, input: &[u8], output: &mut [u8]) -> MpiResult<()> {

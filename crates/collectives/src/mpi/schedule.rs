@@ -10,9 +10,10 @@ use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
-use relaycc_route::{BufferRef, Location, OpKind, Plan};
+use relaycc_route::{BufferRef, DType, Location, OpKind, Plan, ReduceOp};
 
 use super::MpiError;
+use crate::backend::kernels;
 
 /// MPI guarantees tags up to 32767 (MPI 4.0 §3.2.3); op ids are folded into that range. Two
 /// messages of one level between the same pair with the same folded tag still match
@@ -45,6 +46,8 @@ struct Level {
     sends: Vec<(c_int, c_int, Loc)>,
     /// (source, destination), both here.
     locals: Vec<(Loc, Loc)>,
+    /// (sources, destination, finalize): local reductions (the plan IR keeps them local).
+    reduces: Vec<(Vec<Loc>, Loc, bool)>,
 }
 
 /// One rank's part of a plan, by dependency level.
@@ -52,6 +55,10 @@ struct Level {
 pub(crate) struct Schedule {
     rank: u32,
     levels: Vec<Level>,
+    /// Element type, reduce op and rank count of the plan (for reductions).
+    dtype: DType,
+    op: ReduceOp,
+    nranks: u32,
     /// Bytes of each scratch buffer this rank owns.
     pub(crate) scratch: Vec<usize>,
     /// Bytes of this rank's input and output.
@@ -67,8 +74,11 @@ impl Schedule {
     /// Levels: an op's level is one more than that of its deps and of the previous op of its
     /// lane (lanes run in order). Every rank computes the same levels from the same plan.
     ///
-    /// Errors: Reduce ops (not executed over MPI yet), a dependency cycle, a memory no rank
-    /// owns, a region outside its buffer, or a message over `i32::MAX` bytes.
+    /// A reduction runs on the rank that holds its destination (its sources are in the same
+    /// memory: the plan IR keeps reductions local).
+    ///
+    /// Errors: a dependency cycle, a memory no rank owns, a region outside its buffer, or a
+    /// message over `i32::MAX` bytes.
     ///
     /// Complexity: O(ops + deps).
     pub(crate) fn new(
@@ -134,10 +144,21 @@ impl Schedule {
         for (id, op) in plan.ops.iter().enumerate() {
             let (src, dst) = match &op.kind {
                 OpKind::Copy { src, dst } => (*src, *dst),
-                OpKind::Reduce { .. } => {
-                    return Err(MpiError::Unsupported(
-                        "Reduce ops are not executed over MPI yet".into(),
-                    ));
+                OpKind::Reduce {
+                    srcs,
+                    dst,
+                    finalize,
+                } => {
+                    if dst.len > 0 && own(dst.buffer)? == me {
+                        let from = srcs
+                            .iter()
+                            .map(|s| loc(*s))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        levels[level[id]]
+                            .reduces
+                            .push((from, loc(*dst)?, *finalize));
+                    }
+                    continue;
                 }
             };
             if dst.len == 0 {
@@ -163,10 +184,18 @@ impl Schedule {
             }
         }
         let _ = n;
-        levels.retain(|l| !(l.recvs.is_empty() && l.sends.is_empty() && l.locals.is_empty()));
+        levels.retain(|l| {
+            !(l.recvs.is_empty()
+                && l.sends.is_empty()
+                && l.locals.is_empty()
+                && l.reduces.is_empty())
+        });
         Ok(Schedule {
             rank: me,
             levels,
+            dtype: plan.dtype,
+            op: plan.request.op,
+            nranks: plan.request.nranks() as u32,
             scratch,
             input_len,
             output_len,
@@ -282,9 +311,63 @@ impl Schedule {
                 // written by pending receives are disjoint from these (plan checker).
                 unsafe { std::ptr::copy(at(s).cast_const(), at(d), s.len.min(d.len)) };
             }
+            for (srcs, d, finalize) in &level.reduces {
+                self.reduce(srcs, d, *finalize, &at);
+            }
             self.wait(li, comm, &mut reqs, deadline, timeout)?;
         }
         Ok(())
+    }
+
+    /// Run one local reduction `d = op(srcs...)` through the host backend's typed kernels,
+    /// dividing by the rank count where an `Avg` result is finalized. Buffers here are bytes
+    /// with no alignment promise, so misaligned or partly overlapping operands go through
+    /// aligned temporaries.
+    fn reduce(&self, srcs: &[Loc], d: &Loc, finalize: bool, at: &dyn Fn(&Loc) -> *mut u8) {
+        let esize = self.dtype.size() as usize;
+        let len = d.len / esize;
+        let divisor = (finalize && self.op == ReduceOp::Avg).then_some(self.nranks);
+        let dst = at(d);
+        let ptrs: Vec<*const u8> = srcs.iter().map(|s| at(s).cast_const()).collect();
+        let aligned = |p: *const u8| (p as usize) % esize == 0;
+        let overlaps = |p: *const u8| {
+            let (a, b) = (p as usize, dst as usize);
+            a != b && a < b + d.len && b < a + d.len
+        };
+        if ptrs.iter().all(|p| aligned(*p) && !overlaps(*p)) && aligned(dst.cast_const()) {
+            // SAFETY: every operand is `len` elements inside a live buffer (checked lengths
+            // and offsets, see `at`), aligned for the type (just checked), and no pending
+            // receive touches them (the plan checker proves unordered ops disjoint); the
+            // destination equals a source or overlaps none (just checked).
+            unsafe { kernels::reduce(self.dtype, self.op, &ptrs, dst, len, divisor) };
+            return;
+        }
+        let words = d.len.div_ceil(8);
+        let copies: Vec<Vec<u64>> = ptrs
+            .iter()
+            .map(|p| {
+                let mut v = vec![0u64; words];
+                // SAFETY: `p` points to `d.len` readable bytes (as above); `v` has room.
+                unsafe { std::ptr::copy_nonoverlapping(*p, v.as_mut_ptr().cast::<u8>(), d.len) };
+                v
+            })
+            .collect();
+        let mut out = vec![0u64; words];
+        let tmp: Vec<*const u8> = copies.iter().map(|v| v.as_ptr().cast::<u8>()).collect();
+        // SAFETY: the temporaries are u64-aligned (enough for every element type), hold `len`
+        // elements, and are private to this call.
+        unsafe {
+            kernels::reduce(
+                self.dtype,
+                self.op,
+                &tmp,
+                out.as_mut_ptr().cast::<u8>(),
+                len,
+                divisor,
+            )
+        };
+        // SAFETY: `dst` has `d.len` writable bytes that nothing else touches now (as above).
+        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), dst, d.len) };
     }
 
     /// Poll `MPI_Testall` until the level's requests complete or the deadline passes.
