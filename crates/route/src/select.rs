@@ -144,8 +144,8 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         });
     };
     candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
-    let predicted = perf_from_time(req, time);
-    let bound = perf_from_time(
+    let predicted = Perf::from_time(req, time);
+    let bound = Perf::from_time(
         req,
         if bound_gbps > 0.0 {
             req.size_bytes() as f64 / (bound_gbps * 1e3)
@@ -162,20 +162,6 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         candidates,
         routes,
     })
-}
-
-/// nccl-tests figures for `req` taking `time_us`: algbw = size / time, busbw = algbw x factor.
-fn perf_from_time(req: &Request, time_us: f64) -> Perf {
-    let algbw_gbps = if time_us > 0.0 && time_us.is_finite() {
-        req.size_bytes() as f64 / (time_us * 1e3)
-    } else {
-        0.0
-    };
-    Perf {
-        time_us,
-        algbw_gbps,
-        busbw_gbps: algbw_gbps * req.collective.busbw_factor(req.nranks()),
-    }
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.

@@ -79,22 +79,30 @@ pub struct Perf {
     pub busbw_gbps: f64,
 }
 
+impl Perf {
+    /// nccl-tests' figures for `request` taking `time_us`: `algbw = size / time`,
+    /// `busbw = algbw x factor(n)`; both 0 when the time is 0 or not finite.
+    pub fn from_time(request: &Request, time_us: f64) -> Perf {
+        let algbw_gbps = if time_us > 0.0 && time_us.is_finite() {
+            request.size_bytes() as f64 / time_us / BYTES_PER_US_PER_GBPS
+        } else {
+            0.0
+        };
+        Perf {
+            time_us,
+            algbw_gbps,
+            busbw_gbps: algbw_gbps * request.collective.busbw_factor(request.nranks()),
+        }
+    }
+}
+
 impl SimResult {
     /// nccl-tests' figures for `request` at this makespan: `algbw = size / time`,
     /// `busbw = algbw x factor(n)` ([`Request::size_bytes`],
     /// [`Collective::busbw_factor`](crate::Collective::busbw_factor)). Both are 0 when the
     /// time is 0, rather than infinite.
     pub fn perf(&self, request: &Request) -> Perf {
-        let algbw_gbps = if self.time_us > 0.0 {
-            request.size_bytes() as f64 / self.time_us / BYTES_PER_US_PER_GBPS
-        } else {
-            0.0
-        };
-        Perf {
-            time_us: self.time_us,
-            algbw_gbps,
-            busbw_gbps: algbw_gbps * request.collective.busbw_factor(request.nranks()),
-        }
+        Perf::from_time(request, self.time_us)
     }
 
     /// The use of edge `edge`, if it carried bytes.
