@@ -160,22 +160,21 @@ pub fn emit_transfer_chunked(
             .iter()
             .map(|h| plan.add_scratch(h.to, slot * STAGING_SLOTS.min(nchunks)))
             .collect();
-        let hop_lanes: Vec<Vec<u32>> = route
-            .hops
-            .iter()
-            .map(|h| {
-                (0..QUEUES_PER_HOP)
-                    .map(|q| lanes.hop_queue(plan, h.from, h.to, ch, q))
-                    .collect()
-            })
-            .collect();
-        // ops[k][j]: the copy of chunk k over hop j.
-        let mut ops: Vec<Vec<u32>> = Vec::with_capacity(nchunks as usize);
+        // hop_lanes[j * Q + q]: queue q of hop j.
+        let q_per_hop = QUEUES_PER_HOP as usize;
+        let mut hop_lanes = Vec::with_capacity(hops * q_per_hop);
+        for h in &route.hops {
+            for q in 0..QUEUES_PER_HOP {
+                hop_lanes.push(lanes.hop_queue(plan, h.from, h.to, ch, q));
+            }
+        }
+        // ops[k * hops + j]: the copy of chunk k over hop j.
+        let mut ops: Vec<u32> = Vec::with_capacity(nchunks as usize * hops);
         for k in 0..nchunks {
             let start = k * chunk;
             let len = chunk.min(share - start);
             let slot_off = (k % STAGING_SLOTS) * slot;
-            let mut row = Vec::with_capacity(hops);
+            let row = ops.len();
             for j in 0..hops {
                 let from = if j == 0 {
                     Region::new(src.buffer, src.offset + offset + start, len)
@@ -190,23 +189,24 @@ pub fn emit_transfer_chunked(
                 let mut d: Vec<u32> = if j == 0 {
                     deps.to_vec()
                 } else {
-                    vec![row[j - 1]]
+                    let mut d = Vec::with_capacity(2);
+                    d.push(ops[row + j - 1]);
+                    d
                 };
                 // The slot this chunk lands in is free once chunk k - SLOTS left it.
                 if j + 1 < hops && k >= STAGING_SLOTS {
-                    d.push(ops[(k - STAGING_SLOTS) as usize][j + 1]);
+                    d.push(ops[(k - STAGING_SLOTS) as usize * hops + j + 1]);
                 }
-                let lane = hop_lanes[j][(k % u64::from(QUEUES_PER_HOP)) as usize];
+                let lane = hop_lanes[j * q_per_hop + (k % u64::from(QUEUES_PER_HOP)) as usize];
                 let id = plan.copy(lane, from, to, route.hops[j].edges.clone(), d);
-                row.push(id);
+                ops.push(id);
             }
-            if let Some(&last) = row.last() {
+            if let Some(&last) = ops.last().filter(|_| hops > 0) {
                 arrivals.push(Arrival {
                     dst: Region::new(dst.buffer, dst.offset + offset + start, len),
                     op: last,
                 });
             }
-            ops.push(row);
         }
         offset += share;
     }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use rayon::prelude::*;
 use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +14,7 @@ use crate::p2p::{RouteShare, Strategy, p2p_bound_gbps, p2p_candidates};
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
-use crate::sim::{Perf, SimConfig, simulate};
+use crate::sim::{Perf, Prepared, SimConfig, simulate};
 
 /// How to plan.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -111,27 +112,8 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        let cands = crate::planner::collective_candidates(
-            topo,
-            req,
-            &opts.relay,
-            &[crate::planner::pipeline_chunk_elems(req).max(1)],
-        )?;
-        // Simulate the most promising first and skip those whose lower bound already loses to
-        // the baseline or the best so far: they cannot win, and simulation is most of the cost.
-        let mut ranked: Vec<(f64, Plan)> = cands
-            .into_iter()
-            .map(|c| Ok((crate::sim::lower_bound_us(topo, &c, &opts.sim)?, c)))
-            .collect::<Result<_>>()?;
-        ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut best_t = baseline_sim.time_us;
-        for (lb, c) in ranked {
-            if lb >= best_t {
-                continue;
-            }
-            let t = simulate(topo, &c, &opts.sim)?.time_us;
-            best_t = best_t.min(t);
-            consider(c, Vec::new(), t);
+        for (plan, time_us) in fastest_collectives(topo, req, opts, baseline_sim.time_us)? {
+            consider(plan, Vec::new(), time_us);
         }
     }
     if !opts.shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
@@ -162,6 +144,80 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         candidates,
         routes,
     })
+}
+
+/// A candidate built and lowered for the simulator.
+type Built = (Plan, Prepared);
+
+/// The collective candidates worth simulating, each with its simulated time, in the order
+/// they were simulated; `to_beat_us` is the time they must beat (the baseline's).
+///
+/// Two stages keep planning cheap without changing the winner. First every candidate is built
+/// with whole blocks as chunks ([`crate::planner::whole_block_chunk_elems`]): the same bytes
+/// cross the same resources as in the finely chunked plan, so its busiest resource bounds the
+/// fine plan's time, at a quarter of the ops or less. Candidates whose bound cannot beat
+/// `to_beat_us` are dropped; the rest are built at the pipelining chunk
+/// ([`crate::planner::pipeline_chunk_elems`]), most promising first, and simulated unless
+/// their full lower bound (busiest resource, longest op) already loses to the best so far. A
+/// candidate is skipped only when it cannot be faster than one that was simulated, so the
+/// fastest candidate is always found. Both builds run in parallel.
+fn fastest_collectives(
+    topo: &Topology,
+    req: &Request,
+    opts: &PlanOptions,
+    to_beat_us: f64,
+) -> Result<Vec<(Plan, f64)>> {
+    let set = crate::planner::Candidates::new(topo, req, &opts.relay)?;
+    let fine = crate::planner::pipeline_chunk_elems(req).max(1);
+    let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
+    let prepare = |i: usize, chunk: u64| -> Result<(usize, Plan, Prepared)> {
+        let plan = set.build(req, i, chunk)?;
+        let prepared = Prepared::new(topo, &plan, &opts.sim)?;
+        Ok((i, plan, prepared))
+    };
+    let mut first: Vec<(f64, usize, Option<Built>)> = crate::planner::keep_routable(
+        (0..set.len())
+            .into_par_iter()
+            .map(|i| prepare(i, coarse))
+            .collect(),
+    )?
+    .into_iter()
+    .map(|(i, plan, prepared)| {
+        let load = prepared.load_bound_us();
+        // Where whole blocks are the pipelining chunk, the first build is the final one.
+        (load, i, (coarse == fine).then_some((plan, prepared)))
+    })
+    .filter(|(load, _, _)| *load < to_beat_us)
+    .collect();
+    first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut fine_plans: Vec<Option<Built>> = first
+        .into_par_iter()
+        .map(|(_, i, built)| match built {
+            Some(pp) => Ok(Some(pp)),
+            None => prepare(i, fine).map(|(_, p, pr)| Some((p, pr))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // The most promising first, so the best time found early prunes the rest.
+    let mut ranked: Vec<(f64, usize)> = fine_plans
+        .iter()
+        .enumerate()
+        .filter_map(|(k, pp)| pp.as_ref().map(|(_, pr)| (pr.lower_bound_us(), k)))
+        .collect();
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut best_t = to_beat_us;
+    let mut timed = Vec::new();
+    for (lb, k) in ranked {
+        if lb >= best_t {
+            continue;
+        }
+        let Some((plan, prepared)) = fine_plans[k].take() else {
+            continue;
+        };
+        let t = prepared.simulate(topo)?.time_us;
+        best_t = best_t.min(t);
+        timed.push((plan, t));
+    }
+    Ok(timed)
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.

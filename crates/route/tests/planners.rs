@@ -222,3 +222,77 @@ mod random {
         }
     }
 }
+
+/// The orchestrator prunes candidates with bounds from cheaply built plans; it must still find
+/// the fastest candidate that simulating every one (and the baseline) finds.
+#[test]
+fn pruned_selection_finds_the_fastest_candidate() {
+    use relaycc_route::planner::pipeline_chunk_elems;
+    use relaycc_route::{PlanOptions, SimConfig, plan, simulate};
+    let cases: [(&str, Collective, Vec<u32>, u64); 9] = [
+        (
+            "dgx1-v100",
+            Collective::AllReduce,
+            vec![0, 2, 5, 7],
+            64 << 20,
+        ),
+        (
+            "dgx1-v100",
+            Collective::AllReduce,
+            vec![1, 2, 4, 7],
+            1 << 20,
+        ),
+        (
+            "dgx1-v100",
+            Collective::AllReduce,
+            (0..8).collect(),
+            64 << 20,
+        ),
+        ("dgx1-v100", Collective::AllGather, vec![0, 3, 5], 4 << 20),
+        ("dgx1-v100", Collective::Broadcast, vec![0, 7, 2], 16 << 20),
+        (
+            "dgx1-v100",
+            Collective::ReduceScatter,
+            vec![0, 1, 6, 7],
+            8 << 20,
+        ),
+        ("ac922", Collective::Reduce, vec![0, 1, 2, 3], 32 << 20),
+        (
+            "dgx-a100",
+            Collective::AllReduce,
+            (0..8).collect(),
+            16 << 20,
+        ),
+        (
+            "pcie-8gpu",
+            Collective::AllReduce,
+            vec![0, 1, 4, 5],
+            8 << 20,
+        ),
+    ];
+    let sim = SimConfig::default();
+    for (preset, c, gpus, count) in cases {
+        let topo = relaycc_topo::preset(preset).unwrap();
+        let req = Request::new(c, gpus.clone(), count, DType::F32);
+        let chosen = plan(&topo, &req, &PlanOptions::default()).unwrap();
+        let baseline = simulate(&topo, &baseline_plan(&topo, &req).unwrap(), &sim)
+            .unwrap()
+            .time_us;
+        let fastest = collective_candidates(
+            &topo,
+            &req,
+            &RelayPolicy::Any,
+            &[pipeline_chunk_elems(&req)],
+        )
+        .unwrap()
+        .iter()
+        .map(|p| simulate(&topo, p, &sim).unwrap().time_us)
+        .fold(baseline, f64::min);
+        assert!(
+            (chosen.predicted.time_us - fastest).abs() <= 1e-9 * fastest,
+            "{preset} {c} {gpus:?}: chose {} us ({}), fastest is {fastest} us",
+            chosen.predicted.time_us,
+            chosen.plan.algorithm
+        );
+    }
+}

@@ -9,7 +9,7 @@
 //! calls (the layout [`crate::CheckOptions::in_place`] describes), so a plan built here is
 //! ordered for both the in-place and the out-of-place call.
 
-use std::collections::{BTreeMap, BTreeSet};
+use super::access::AccessTrack;
 
 use crate::error::{Result, RouteError};
 use crate::lower::{LaneMap, emit_transfer};
@@ -17,6 +17,9 @@ use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::Ctx;
+
+/// Marks a lane with no op since the last fence.
+const NO_OP: u32 = u32::MAX;
 
 /// Lane channels reserved per planner channel: each route of a split connection gets its own
 /// lanes (`channel * CH_STRIDE + route`), more than [`crate::path::MAX_FLOW_PATHS`] routes.
@@ -57,89 +60,27 @@ fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
     }
 }
 
-/// One run of elements: who wrote it last and who read it since.
-#[derive(Debug, Clone, Default)]
-struct Run {
-    end: u64,
-    writer: Option<u32>,
-    readers: Vec<u32>,
-}
-
-/// Runs of one memory, keyed by start; gaps are elements never touched.
+/// Access tracks of every memory a plan touches, indexed directly (plans have thousands of
+/// scratch buffers, so a map lookup per access shows up in planning time).
 #[derive(Debug, Default)]
-struct Track {
-    runs: BTreeMap<u64, Run>,
+struct Mems {
+    rank: Vec<AccessTrack>,
+    rank_out: Vec<AccessTrack>,
+    scratch: Vec<AccessTrack>,
 }
 
-impl Track {
-    fn split(&mut self, at: u64) {
-        let hit = self
-            .runs
-            .range(..at)
-            .next_back()
-            .filter(|(_, r)| r.end > at)
-            .map(|(s, r)| (*s, r.clone()));
-        if let Some((s, r)) = hit {
-            if let Some(first) = self.runs.get_mut(&s) {
-                first.end = at;
-            }
-            self.runs.insert(at, r);
+impl Mems {
+    fn track(&mut self, m: Mem) -> &mut AccessTrack {
+        let (v, i) = match m {
+            Mem::Rank(i) => (&mut self.rank, i),
+            Mem::RankOut(i) => (&mut self.rank_out, i),
+            Mem::Scratch(i) => (&mut self.scratch, i),
+        };
+        let i = i as usize;
+        if v.len() <= i {
+            v.resize_with(i + 1, AccessTrack::default);
         }
-    }
-    /// Ops a reader (`write == false`) or writer of `[a, b)` must wait for.
-    fn deps(&mut self, a: u64, b: u64, write: bool, out: &mut Vec<u32>) {
-        self.split(a);
-        self.split(b);
-        for r in self.runs.range(a..b).map(|(_, r)| r) {
-            out.extend(r.writer);
-            if write {
-                out.extend(r.readers.iter().copied());
-            }
-        }
-    }
-    fn read(&mut self, a: u64, b: u64, op: u32) {
-        self.split(a);
-        self.split(b);
-        let mut pos = a;
-        let mut gaps = Vec::new();
-        for (s, r) in self.runs.range_mut(a..b) {
-            if *s > pos {
-                gaps.push((pos, *s));
-            }
-            if r.readers.last() != Some(&op) {
-                r.readers.push(op);
-            }
-            pos = r.end;
-        }
-        if pos < b {
-            gaps.push((pos, b));
-        }
-        for (s, e) in gaps {
-            self.runs.insert(
-                s,
-                Run {
-                    end: e,
-                    writer: None,
-                    readers: vec![op],
-                },
-            );
-        }
-    }
-    fn write(&mut self, a: u64, b: u64, op: u32) {
-        self.split(a);
-        self.split(b);
-        let keys: Vec<u64> = self.runs.range(a..b).map(|(s, _)| *s).collect();
-        for k in keys {
-            self.runs.remove(&k);
-        }
-        self.runs.insert(
-            a,
-            Run {
-                end: b,
-                writer: Some(op),
-                readers: Vec::new(),
-            },
-        );
+        &mut v[i]
     }
 }
 
@@ -149,11 +90,13 @@ pub(crate) struct Builder<'a, 't> {
     pub plan: Plan,
     ctx: &'a Ctx<'t>,
     lanes: LaneMap,
-    mems: BTreeMap<Mem, Track>,
+    mems: Mems,
     /// Ops every lane's first op after the last fence waits for.
     fence: Vec<u32>,
-    fenced: BTreeSet<u32>,
-    lane_last: BTreeMap<u32, u32>,
+    /// Per lane: whether its first op since the last fence has been given the fence.
+    fenced: Vec<bool>,
+    /// Per lane: its last op since the last fence, or `NO_OP`.
+    lane_last: Vec<u32>,
 }
 
 impl<'a, 't> Builder<'a, 't> {
@@ -163,10 +106,10 @@ impl<'a, 't> Builder<'a, 't> {
             plan: Plan::new(req.clone(), algorithm),
             ctx,
             lanes: LaneMap::default(),
-            mems: BTreeMap::new(),
+            mems: Mems::default(),
             fence: Vec::new(),
-            fenced: BTreeSet::new(),
-            lane_last: BTreeMap::new(),
+            fenced: Vec::new(),
+            lane_last: Vec::new(),
         }
     }
     /// The GPU of rank `r`.
@@ -192,10 +135,7 @@ impl<'a, 't> Builder<'a, 't> {
         {
             let (m, base) = mem_of(&self.plan.request, r.buffer);
             let a = base + r.offset;
-            self.mems
-                .entry(m)
-                .or_default()
-                .deps(a, a + r.len, w, &mut d);
+            self.mems.track(m).deps(a, a + r.len, w, &mut d);
         }
         d.sort_unstable();
         d.dedup();
@@ -204,7 +144,7 @@ impl<'a, 't> Builder<'a, 't> {
     fn record(&mut self, r: Region, op: u32, write: bool) {
         let (m, base) = mem_of(&self.plan.request, r.buffer);
         let a = base + r.offset;
-        let t = self.mems.entry(m).or_default();
+        let t = self.mems.track(m);
         if write {
             t.write(a, a + r.len, op);
         } else {
@@ -213,24 +153,34 @@ impl<'a, 't> Builder<'a, 't> {
     }
     /// Apply the fence to new ops `from..` and note each lane's last op.
     fn settle(&mut self, from: usize) {
+        let lanes = self.plan.lanes.len();
+        if self.lane_last.len() < lanes {
+            self.lane_last.resize(lanes, NO_OP);
+            self.fenced.resize(lanes, false);
+        }
         for id in from..self.plan.ops.len() {
-            let lane = self.plan.ops[id].lane;
-            if !self.fence.is_empty() && self.fenced.insert(lane) {
-                let f = self.fence.clone();
-                self.plan.ops[id].deps.extend(f);
+            let lane = self.plan.ops[id].lane as usize;
+            if !self.fence.is_empty() && !self.fenced[lane] {
+                self.fenced[lane] = true;
+                self.plan.ops[id].deps.extend_from_slice(&self.fence);
             }
-            self.lane_last.insert(lane, id as u32);
+            self.lane_last[lane] = id as u32;
         }
     }
     /// Order everything emitted after this call after everything emitted before it (one
     /// collective call after another on one stream).
     pub fn fence(&mut self) {
-        if self.lane_last.is_empty() {
+        if self.lane_last.iter().all(|&op| op == NO_OP) {
             return;
         }
-        self.fence = self.lane_last.values().copied().collect();
-        self.lane_last.clear();
-        self.fenced.clear();
+        self.fence = self
+            .lane_last
+            .iter()
+            .copied()
+            .filter(|&op| op != NO_OP)
+            .collect();
+        self.lane_last.fill(NO_OP);
+        self.fenced.fill(false);
     }
     /// Move `src` to `dst` (same length): a local copy, or chunks over the connection between
     /// the two GPUs, on planner channel `ch`.

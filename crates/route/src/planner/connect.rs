@@ -3,9 +3,8 @@
 //! single route, relaycc's max-flow split). Connections are cached per pair inside one planning
 //! call, so a ring search and the lowering that follows it ask the topology once per pair.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use relaycc_topo::{LinkId, Topology};
 
@@ -167,13 +166,24 @@ pub fn connect(
     best.map(Connection::single).ok_or_else(none)
 }
 
-/// Connections of one planning call, cached per (mode, source, destination).
+/// The map behind `m`; a panic elsewhere while it was held cannot leave a half-written entry
+/// (entries are inserted whole), so a poisoned lock is still good to read.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Connections of one planning call, cached per (mode, source, destination). Shared by the
+/// candidates of one call, which are built in parallel.
 #[derive(Debug)]
 pub struct ConnCache<'t> {
     topo: &'t Topology,
     members: Vec<u32>,
     relay: RelayPolicy,
-    map: RefCell<BTreeMap<(LinkMode, u32, u32), Rc<Connection>>>,
+    map: Mutex<BTreeMap<(LinkMode, u32, u32), Arc<Connection>>>,
+    /// Ring orders of the members by (mode, both directions scored): every ring, tree and
+    /// baseline candidate of one call asks for the same few, and each is a search over up to
+    /// 7! orders.
+    ring_orders: Mutex<BTreeMap<(LinkMode, bool), Vec<u32>>>,
 }
 
 impl<'t> ConnCache<'t> {
@@ -183,7 +193,8 @@ impl<'t> ConnCache<'t> {
             topo,
             members: members.to_vec(),
             relay: relay.clone(),
-            map: RefCell::new(BTreeMap::new()),
+            map: Mutex::new(BTreeMap::new()),
+            ring_orders: Mutex::new(BTreeMap::new()),
         }
     }
     /// The topology the cache plans on.
@@ -191,13 +202,37 @@ impl<'t> ConnCache<'t> {
         self.topo
     }
     /// The connection `a -> b` under `mode` ([`connect`]), computed once.
-    pub fn get(&self, mode: LinkMode, a: u32, b: u32) -> Result<Rc<Connection>> {
-        if let Some(c) = self.map.borrow().get(&(mode, a, b)) {
-            return Ok(Rc::clone(c));
+    pub fn get(&self, mode: LinkMode, a: u32, b: u32) -> Result<Arc<Connection>> {
+        if let Some(c) = locked(&self.map).get(&(mode, a, b)) {
+            return Ok(Arc::clone(c));
         }
-        let c = Rc::new(connect(self.topo, &self.members, &self.relay, mode, a, b)?);
-        self.map.borrow_mut().insert((mode, a, b), Rc::clone(&c));
-        Ok(c)
+        // Computed outside the lock (a max-flow each), so candidates built in parallel do not
+        // wait on each other; a pair computed twice gives the same connection.
+        let c = Arc::new(connect(self.topo, &self.members, &self.relay, mode, a, b)?);
+        Ok(Arc::clone(
+            locked(&self.map).entry((mode, a, b)).or_insert(c),
+        ))
+    }
+    /// The members of the job, in rank order.
+    pub fn members(&self) -> &[u32] {
+        &self.members
+    }
+    /// The ring order of the members under `mode` (scoring both directions when `both`),
+    /// computed by `search` the first time it is asked for.
+    pub fn ring_order(
+        &self,
+        mode: LinkMode,
+        both: bool,
+        search: impl FnOnce() -> Vec<u32>,
+    ) -> Vec<u32> {
+        if let Some(o) = locked(&self.ring_orders).get(&(mode, both)) {
+            return o.clone();
+        }
+        // Searched outside the lock: two candidates asking at once both search and find the
+        // same order, which is cheaper than serialising every other lookup behind one search.
+        let o = search();
+        locked(&self.ring_orders).insert((mode, both), o.clone());
+        o
     }
     /// The rate `a -> b` under `mode`, GB/s; 0 when no route exists.
     pub fn gbps(&self, mode: LinkMode, a: u32, b: u32) -> f64 {

@@ -15,6 +15,7 @@
 //! every plan is race-free for the out-of-place call; [`supports_in_place`] says whether it also
 //! serves the in-place call.
 
+use rayon::prelude::*;
 use relaycc_topo::Topology;
 
 use crate::check::{CheckOptions, check_with};
@@ -23,6 +24,7 @@ use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
 
+mod access;
 pub mod baseline;
 mod builder;
 pub mod connect;
@@ -151,6 +153,88 @@ pub fn pipeline_chunk_elems(req: &Request) -> u64 {
 /// single route by this factor (a saturated NVSwitch port gains only the PCIe path, ~7%).
 pub const MULTIPATH_MIN_GAIN: f64 = 1.1;
 
+/// The candidate algorithms of one collective request (planner, link mode, channels), sharing
+/// one connection cache, each buildable at any chunk size. [`collective_candidates`] builds
+/// them all; the orchestrator builds them first with [`whole_block_chunk_elems`] to bound each
+/// one's time cheaply, and at full detail only those that can still win.
+pub struct Candidates<'t> {
+    cache: ConnCache<'t>,
+    jobs: Vec<(LinkMode, Planner, u32)>,
+}
+
+impl<'t> Candidates<'t> {
+    /// The candidates for `req` on `topo` with relay policy `relay`: rings, trees,
+    /// hierarchical, direct (see the module table), in [`LinkMode::Single`] and, where some
+    /// member pair's split beats its best single route by [`MULTIPATH_MIN_GAIN`], also
+    /// [`LinkMode::Multipath`]. An error when the request is malformed or names a GPU the
+    /// topology lacks.
+    ///
+    /// Complexity: one max-flow per member pair and mode (connections are cached for
+    /// [`Candidates::build`]).
+    pub fn new(topo: &'t Topology, req: &Request, relay: &RelayPolicy) -> Result<Self> {
+        req.validate()?;
+        for &g in &req.gpus {
+            topo.gpu(g)?;
+        }
+        let cache = ConnCache::new(topo, &req.gpus, relay);
+        // Multi-path plans are several times larger; build them only where splitting pays.
+        let n = req.gpus.len();
+        let split_pays = (0..n).any(|a| {
+            (0..n).any(|b| {
+                let (x, y) = (req.gpus[a], req.gpus[b]);
+                a != b
+                    && cache.gbps(LinkMode::Multipath, x, y)
+                        > MULTIPATH_MIN_GAIN * cache.gbps(LinkMode::Single, x, y)
+            })
+        });
+        let modes: &[LinkMode] = if split_pays && n > 1 {
+            &[LinkMode::Single, LinkMode::Multipath]
+        } else {
+            &[LinkMode::Single]
+        };
+        let jobs = modes
+            .iter()
+            .flat_map(|&mode| specs(req).into_iter().map(move |(p, ch)| (mode, p, ch)))
+            .collect();
+        Ok(Candidates { cache, jobs })
+    }
+    /// Number of candidates.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+    /// Build candidate `i` (< [`Candidates::len`]) for `req` (the request the set was made
+    /// for) with pipelining chunks of `chunk_elems` elements. A [`RouteError::NoRoute`] when
+    /// the candidate finds no routes; [`RouteError::BadRequest`] for an index out of range.
+    pub fn build(&self, req: &Request, i: usize, chunk_elems: u64) -> Result<Plan> {
+        let &(mode, planner, channels) = self.jobs.get(i).ok_or_else(|| {
+            RouteError::BadRequest(format!("candidate {i} of {}", self.jobs.len()))
+        })?;
+        let ctx = Ctx {
+            cache: &self.cache,
+            mode,
+            chunk_elems: chunk_elems.max(1),
+            channels,
+        };
+        planner(self.cache.topo(), req, &ctx)
+    }
+}
+
+/// A chunk (elements) no block of `req` exceeds: plans built with it move the same bytes over
+/// the same links and memories as with any smaller chunk, in the fewest ops, so their resource
+/// loads bound the finely chunked plans' times at a fraction of the building cost.
+pub fn whole_block_chunk_elems(req: &Request) -> u64 {
+    req.counts
+        .iter()
+        .copied()
+        .fold(req.count, u64::max)
+        .saturating_mul(req.nranks().max(1) as u64)
+        .max(1)
+}
+
 /// Every candidate plan for a collective request.
 ///
 /// # Arguments
@@ -165,7 +249,8 @@ pub const MULTIPATH_MIN_GAIN: f64 = 1.1;
 /// error when the request is malformed or no candidate finds routes.
 ///
 /// # Complexity
-/// Connections are computed once per rank pair and mode (a max-flow each); each plan has
+/// Connections are computed once per rank pair and mode (a max-flow each), shared by the
+/// candidates, which are built in parallel (rayon's pool); each plan has
 /// O(steps x chunks x routes x hops) ops; the ring order search is bounded by
 /// [`ring::RING_SEARCH_BUDGET`].
 ///
@@ -177,53 +262,36 @@ pub fn collective_candidates(
     relay: &RelayPolicy,
     chunk_elems: &[u64],
 ) -> Result<Vec<Plan>> {
-    req.validate()?;
-    for &g in &req.gpus {
-        topo.gpu(g)?;
-    }
-    let cache = ConnCache::new(topo, &req.gpus, relay);
+    let set = Candidates::new(topo, req, relay)?;
     let mut sizes: Vec<u64> = chunk_elems.iter().map(|c| (*c).max(1)).collect();
     sizes.dedup();
     if sizes.is_empty() {
         sizes.push((DEFAULT_CHUNK_BYTES / req.dtype.size()).max(1));
     }
-    let mut out = Vec::new();
+    let jobs: Vec<(u64, usize)> = sizes
+        .iter()
+        .flat_map(|&chunk| (0..set.len()).map(move |i| (chunk, i)))
+        .collect();
+    // Candidates are independent: build them in parallel, keeping the job order.
+    let built: Vec<Result<Plan>> = jobs
+        .into_par_iter()
+        .map(|(chunk, i)| set.build(req, i, chunk))
+        .collect();
+    keep_routable(built)
+}
+
+/// The plans of `built`, in order, skipping candidates that found no route; the first such
+/// error when none did, and any other error at once.
+pub(crate) fn keep_routable<T>(built: Vec<Result<T>>) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(built.len());
     let mut first_err: Option<RouteError> = None;
-    // Multi-path plans are several times larger; build them only where splitting pays.
-    let n = req.gpus.len() as u32;
-    let split_pays = (0..n).any(|a| {
-        (0..n).any(|b| {
-            let (x, y) = (req.gpus[a as usize], req.gpus[b as usize]);
-            a != b
-                && cache.gbps(LinkMode::Multipath, x, y)
-                    > MULTIPATH_MIN_GAIN * cache.gbps(LinkMode::Single, x, y)
-        })
-    });
-    let modes: &[LinkMode] = if split_pays {
-        &[LinkMode::Single, LinkMode::Multipath]
-    } else {
-        &[LinkMode::Single]
-    };
-    for &chunk in &sizes {
-        for &mode in modes {
-            for (planner, channels) in specs(req) {
-                let ctx = Ctx {
-                    cache: &cache,
-                    mode,
-                    chunk_elems: chunk,
-                    channels,
-                };
-                match planner(topo, req, &ctx) {
-                    Ok(p) => out.push(p),
-                    Err(e @ RouteError::NoRoute { .. }) => {
-                        first_err.get_or_insert(e);
-                    }
-                    Err(e) => return Err(e),
-                }
+    for b in built {
+        match b {
+            Ok(p) => out.push(p),
+            Err(e @ RouteError::NoRoute { .. }) => {
+                first_err.get_or_insert(e);
             }
-            if req.nranks() <= 1 {
-                break;
-            }
+            Err(e) => return Err(e),
         }
     }
     match (out.is_empty(), first_err) {

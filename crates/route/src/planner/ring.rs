@@ -34,11 +34,21 @@ pub const RING_SEARCH_BUDGET: u64 = 5040;
 ///
 /// # Complexity
 /// n^2 connections, then (n-1)! orders (at most [`RING_SEARCH_BUDGET`]) x n, or greedy
-/// O(n^2).
+/// O(n^2); once per planning call and (mode, `both`) when `req`'s GPUs are the connection
+/// cache's members (the search is remembered there).
 ///
 /// Source: NCCL's ring search (`src/graph/search.cc`) maximises the ring's bandwidth the same
 /// way, over its own link rules.
 pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
+    if req.gpus == ctx.cache.members() {
+        ctx.cache
+            .ring_order(ctx.mode, both, || search_ring_order(ctx, req, both))
+    } else {
+        search_ring_order(ctx, req, both)
+    }
+}
+
+fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
     let n = req.nranks();
     let g = &req.gpus;
     let rate: Vec<Vec<f64>> = (0..n)
@@ -54,39 +64,25 @@ pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
                 .collect()
         })
         .collect();
-    let link = |a: usize, b: usize| {
-        if both {
-            rate[a][b].min(rate[b][a])
-        } else {
-            rate[a][b]
-        }
-    };
-    let score = |o: &[usize]| {
-        let mut min = f64::INFINITY;
-        let mut sum = 0.0;
-        for i in 0..o.len() {
-            let r = link(o[i], o[(i + 1) % o.len()]);
-            min = min.min(r);
-            sum += r;
-        }
-        (min, sum)
-    };
-    let orders: u64 = (1..n as u64).product();
-    let mut best: Vec<usize> = (0..n).collect();
-    if n <= 3 {
-        // Every order is the same ring or its reverse.
-    } else if n <= 8 && orders <= RING_SEARCH_BUDGET {
-        let mut cur = best.clone();
-        let mut top = score(&best);
-        while next_permutation(&mut cur[1..]) {
-            let s = score(&cur);
-            if s.0 > top.0 || (s.0 == top.0 && s.1 > top.1) {
-                top = s;
-                best.clone_from(&cur);
+    // Flat, with both directions already folded in: the search reads it (n-1)! times.
+    let link: Vec<f64> = (0..n * n)
+        .map(|k| {
+            let (a, b) = (k / n, k % n);
+            if both {
+                rate[a][b].min(rate[b][a])
+            } else {
+                rate[a][b]
             }
-        }
+        })
+        .collect();
+    let orders: u64 = (1..n as u64).product();
+    let best: Vec<usize> = if n <= 3 {
+        // Every order is the same ring or its reverse.
+        (0..n).collect()
+    } else if n <= 8 && orders <= RING_SEARCH_BUDGET {
+        best_ring(&link, n)
     } else {
-        best = vec![0];
+        let mut best = vec![0];
         let mut left: Vec<usize> = (1..n).collect();
         while !left.is_empty() {
             let at = best[best.len() - 1];
@@ -94,24 +90,98 @@ pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
                 .iter()
                 .enumerate()
                 .fold((0, f64::NEG_INFINITY), |acc, (i, &c)| {
-                    let r = link(at, c);
+                    let r = link[at * n + c];
                     if r > acc.1 { (i, r) } else { acc }
                 });
             best.push(left.remove(i));
         }
-    }
+        best
+    };
     best.into_iter().map(|r| r as u32).collect()
 }
 
-/// Lexicographic next permutation; false when `v` was the last.
-fn next_permutation(v: &mut [usize]) -> bool {
-    let Some(i) = (1..v.len()).rev().find(|&i| v[i - 1] < v[i]) else {
-        return false;
+/// (slowest link, sum of links) of the closed ring `order` under the flat `link` matrix.
+fn ring_score(link: &[f64], n: usize, order: &[usize]) -> (f64, f64) {
+    let mut min = f64::INFINITY;
+    let mut sum = 0.0;
+    for i in 0..order.len() {
+        let r = link[order[i] * n + order[(i + 1) % order.len()]];
+        min = min.min(r);
+        sum += r;
+    }
+    (min, sum)
+}
+
+/// The lexicographically first ring order starting at 0 with the greatest (slowest link, sum
+/// of links), by depth-first search in lexicographic order that abandons a partial ring once
+/// its slowest link is below the best complete ring's: such a ring can neither beat nor tie
+/// it. Exact; far fewer than (n-1)! rings are completed on real topologies.
+fn best_ring(link: &[f64], n: usize) -> Vec<usize> {
+    struct Search<'l> {
+        link: &'l [f64],
+        n: usize,
+        /// Each rank's fastest outgoing link: a bound on the link the ring leaves it by.
+        widest_out: Vec<f64>,
+        /// Sum of `widest_out` over the ranks not yet in the partial ring.
+        unused_out: f64,
+        cur: Vec<usize>,
+        used: Vec<bool>,
+        best: Vec<usize>,
+        top: (f64, f64),
+    }
+    impl Search<'_> {
+        fn extend(&mut self, min: f64, sum: f64) {
+            let n = self.n;
+            let at = self.cur[self.cur.len() - 1];
+            if self.cur.len() == n {
+                let r = self.link[at * n + self.cur[0]];
+                let (m, s) = (min.min(r), sum + r);
+                if m > self.top.0 || (m == self.top.0 && s > self.top.1) {
+                    self.top = (m, s);
+                    self.best.clone_from(&self.cur);
+                }
+                return;
+            }
+            for c in 1..n {
+                if self.used[c] {
+                    continue;
+                }
+                let r = self.link[at * n + c];
+                let m = min.min(r);
+                // Every rank not yet left (c and the unused ones) adds one outgoing link.
+                let most = sum + r + self.unused_out;
+                // The slack keeps rounding in `most` from cutting a ring that ties or wins.
+                if m < self.top.0
+                    || (m == self.top.0 && most < self.top.1 - 1e-9 * self.top.1.abs())
+                {
+                    continue;
+                }
+                self.used[c] = true;
+                self.unused_out -= self.widest_out[c];
+                self.cur.push(c);
+                self.extend(m, sum + r);
+                self.cur.pop();
+                self.unused_out += self.widest_out[c];
+                self.used[c] = false;
+            }
+        }
+    }
+    let identity: Vec<usize> = (0..n).collect();
+    let widest_out: Vec<f64> = (0..n)
+        .map(|a| link[a * n..(a + 1) * n].iter().copied().fold(0.0, f64::max))
+        .collect();
+    let mut search = Search {
+        link,
+        n,
+        widest_out: widest_out.clone(),
+        unused_out: widest_out[1..].iter().sum(),
+        cur: vec![0],
+        used: (0..n).map(|c| c == 0).collect(),
+        top: ring_score(link, n, &identity),
+        best: identity,
     };
-    let j = (i..v.len()).rev().find(|&j| v[j] > v[i - 1]).unwrap_or(i);
-    v.swap(i - 1, j);
-    v[i..].reverse();
-    true
+    search.extend(f64::INFINITY, 0.0);
+    search.best
 }
 
 /// The order of channel `c`: odd channels run backwards.
@@ -409,6 +479,48 @@ mod tests {
             // relays the missing links over NVLink (at least one NV1 lane, 24.2 GB/s).
             assert!((nccl - 10.0).abs() < 1e-9, "{gpus:?} nccl {nccl}");
             assert!(single >= 24.2 - 1e-9, "{gpus:?} single {single}");
+        }
+    }
+
+    /// Lexicographic next permutation; false when `v` was the last.
+    fn next_permutation(v: &mut [usize]) -> bool {
+        let Some(i) = (1..v.len()).rev().find(|&i| v[i - 1] < v[i]) else {
+            return false;
+        };
+        let j = (i..v.len()).rev().find(|&j| v[j] > v[i - 1]).unwrap_or(i);
+        v.swap(i - 1, j);
+        v[i..].reverse();
+        true
+    }
+
+    /// The exhaustive search the branch-and-bound one replaced: every order in lexicographic
+    /// order, keeping strict improvements.
+    fn exhaustive_ring(link: &[f64], n: usize) -> Vec<usize> {
+        let mut cur: Vec<usize> = (0..n).collect();
+        let mut best = cur.clone();
+        let mut top = ring_score(link, n, &cur);
+        while next_permutation(&mut cur[1..]) {
+            let s = ring_score(link, n, &cur);
+            if s.0 > top.0 || (s.0 == top.0 && s.1 > top.1) {
+                top = s;
+                best.clone_from(&cur);
+            }
+        }
+        best
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        #[test]
+        fn branch_and_bound_ring_equals_exhaustive(
+            n in 4usize..=8,
+            // Few distinct rates, so ties on the slowest link (and on sums) are common.
+            rates in proptest::collection::vec(0u8..4, 64),
+        ) {
+            let link: Vec<f64> = (0..n * n)
+                .map(|k| if k / n == k % n { 0.0 } else { f64::from(rates[k % 64]) * 12.1 })
+                .collect();
+            proptest::prop_assert_eq!(best_ring(&link, n), exhaustive_ring(&link, n));
         }
     }
 

@@ -136,25 +136,62 @@ pub fn simulate(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<SimResu
 ///
 /// Complexity: O(ops x resources per op) after building the model.
 pub fn lower_bound_us(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<f64> {
-    let model = Model::build(topo, plan, cfg)?;
-    let mut load = vec![0.0f64; model.caps.len()];
-    let mut longest = 0.0f64;
-    for op in 0..model.bytes.len() {
-        let (res, coef) = model.uses.of(op as u32);
-        let mut t = model.latency_us[op];
-        for (&r, &c) in res.iter().zip(coef) {
-            let bytes = model.bytes[op] * c;
-            load[r as usize] += bytes;
-            t = t.max(model.latency_us[op] + bytes / model.caps[r as usize]);
-        }
-        longest = longest.max(t);
+    Ok(Prepared::new(topo, plan, cfg)?.lower_bound_us())
+}
+
+/// A plan checked against a topology and lowered for the simulator once, so that its lower
+/// bound and then, if the bound is promising, its simulation share the work (the orchestrator
+/// does both for most candidates).
+#[derive(Debug)]
+pub struct Prepared {
+    model: Model,
+}
+
+impl Prepared {
+    /// Check `plan` against `topo` and lower it; the errors are [`simulate`]'s.
+    pub fn new(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Prepared> {
+        Ok(Prepared {
+            model: Model::build(topo, plan, cfg)?,
+        })
     }
-    let busiest = load
-        .iter()
-        .zip(&model.caps)
-        .map(|(l, c)| l / c)
-        .fold(0.0f64, f64::max);
-    Ok(busiest.max(longest))
+    /// As [`lower_bound_us`].
+    pub fn lower_bound_us(&self) -> f64 {
+        let (busiest, longest) = self.bounds();
+        busiest.max(longest)
+    }
+    /// The busiest resource's bytes over its capacity, microseconds: a lower bound on the
+    /// makespan that depends only on how many bytes cross each resource, so it is the same for
+    /// every chunking of one algorithm (unlike the longest-op term of
+    /// [`Prepared::lower_bound_us`]).
+    pub fn load_bound_us(&self) -> f64 {
+        self.bounds().0
+    }
+    /// (busiest resource, longest op), microseconds.
+    fn bounds(&self) -> (f64, f64) {
+        let model = &self.model;
+        let mut load = vec![0.0f64; model.caps.len()];
+        let mut longest = 0.0f64;
+        for op in 0..model.bytes.len() {
+            let (res, coef) = model.uses.of(op as u32);
+            let mut t = model.latency_us[op];
+            for (&r, &c) in res.iter().zip(coef) {
+                let bytes = model.bytes[op] * c;
+                load[r as usize] += bytes;
+                t = t.max(model.latency_us[op] + bytes / model.caps[r as usize]);
+            }
+            longest = longest.max(t);
+        }
+        let busiest = load
+            .iter()
+            .zip(&model.caps)
+            .map(|(l, c)| l / c)
+            .fold(0.0f64, f64::max);
+        (busiest, longest)
+    }
+    /// As [`simulate`], for the plan and topology this was prepared from.
+    pub fn simulate(&self, topo: &Topology) -> Result<SimResult> {
+        simulate_model(topo, &self.model)
+    }
 }
 
 fn simulate_model(topo: &Topology, model: &Model) -> Result<SimResult> {

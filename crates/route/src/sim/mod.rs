@@ -29,6 +29,7 @@
 //! |---|---|
 //! | [`simulate`] | time a plan: makespan, op spans, edge and memory loads |
 //! | [`SimConfig`] | settings (per-op overhead) |
+//! | [`Prepared`], [`lower_bound_us`] | a plan lowered once for a cheap lower bound, then its simulation |
 //! | [`SimResult`], [`OpSpan`], [`EdgeUse`], [`MemUse`] | what a simulation reports |
 //! | [`Perf`], [`SimResult::perf`] | nccl-tests' algbw and busbw |
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
@@ -39,6 +40,6 @@ mod model;
 mod result;
 mod trace;
 
-pub use engine::{DEFAULT_OP_OVERHEAD_US, SimConfig, lower_bound_us, simulate};
+pub use engine::{DEFAULT_OP_OVERHEAD_US, Prepared, SimConfig, lower_bound_us, simulate};
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;
