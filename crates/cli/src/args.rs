@@ -306,9 +306,18 @@ pub struct BenchArgs {
     /// Check every output element against the expected result (`#wrong`).
     #[arg(long)]
     pub check: bool,
-    /// Also time NCCL on the same sizes (CUDA backend; says why when unavailable).
+    /// Also time NCCL on the same GPUs and sizes, in the same run, and print its figures and
+    /// relaycc's busbw ratio to it (CUDA backend, one rank per GPU, libnccl.so present; says
+    /// why when unavailable).
     #[arg(long)]
     pub vs_nccl: bool,
+    /// CUDA backend: plan on this topology (a preset, a file, or `auto` for NVML) instead of
+    /// one flat link per rank. `--gpus` then names the topology's GPUs, the other free GPUs may
+    /// relay, and topology GPU `g` runs on CUDA device `g mod visible` (so a one-GPU machine
+    /// runs any topology's plans). With `auto`, set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA
+    /// numbers GPUs as NVML does.
+    #[arg(long)]
+    pub topology: Option<String>,
     /// Element type (`float`, `half`, `int32`, ... or `f32`, `f16`, `i32`, ...).
     #[arg(long = "dtype", short = 'd', default_value = "float")]
     pub dtype: String,

@@ -35,6 +35,15 @@ struct Row {
     memcpy_gbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     efficiency: Option<f64>,
+    /// NCCL's time for the same collective and size (`--vs-nccl`), microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_time_us: Option<f64>,
+    /// NCCL's busbw, GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_busbw_gbps: Option<f64>,
+    /// relaycc's busbw over NCCL's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_nccl: Option<f64>,
 }
 
 /// The JSON document.
@@ -51,6 +60,12 @@ struct Report {
     /// The plain-copy rate at the largest size (host backend).
     #[serde(skip_serializing_if = "Option::is_none")]
     memcpy_gbps: Option<f64>,
+    /// The NCCL timed beside relaycc (`--vs-nccl`): library and version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl: Option<String>,
+    /// Why `--vs-nccl` could not time NCCL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_unavailable: Option<String>,
     results: Vec<Row>,
 }
 
@@ -105,13 +120,47 @@ fn value(r: u32, i: u64) -> i64 {
     ((u64::from(r) * 3 + i) % 7) as i64 - 3
 }
 
-/// A communicator on CUDA GPUs: `--gpus LIST` puts rank `i` on CUDA device `LIST[i]` (a
-/// device may be listed more than once: several logical ranks on one GPU); `--ranks N` puts
-/// rank `i` on visible device `i mod visible`. Without a driver: one clear error.
-fn cuda_communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>)> {
+/// A communicator on CUDA GPUs, its ranks' devices, and each rank's CUDA device.
+///
+/// Without `--topology`: `--gpus LIST` puts rank `i` on CUDA device `LIST[i]` (a device may be
+/// listed more than once: several logical ranks on one GPU) and `--ranks N` puts rank `i` on
+/// visible device `i mod visible`; plans see one flat link per rank. With `--topology T`: the
+/// ranks are GPUs of T (`--gpus`, or `--ranks N` for GPUs 0..N), every other free GPU of T may
+/// relay, and GPU `g` of T runs on CUDA device `g mod visible`. Without a driver: one clear
+/// error.
+fn cuda_communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, Vec<usize>)> {
     let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
     if visible.is_empty() {
         bail!("--backend cuda: the CUDA driver reports no GPU");
+    }
+    if let Some(t) = &args.topology {
+        let topo = crate::topo_cmd::load_topology(&crate::args::TopologyArgs {
+            topology: t.clone(),
+            mask_gpus: Vec::new(),
+            links_down: Vec::new(),
+            calibration: None,
+        })?;
+        let ranks: Vec<u32> = match (&args.gpus, args.ranks) {
+            (g, _) if !g.is_empty() => g.clone(),
+            (_, Some(n)) if n > 0 => (0..n).collect(),
+            _ => bail!("give --ranks N or --gpus LIST"),
+        };
+        let gpus = topo.gpu_count();
+        let map: Vec<usize> = (0..gpus).map(|g| g as usize % visible.len()).collect();
+        let relays: Vec<u32> = (0..gpus)
+            .filter(|g| !ranks.contains(g) && topo.gpu_present(*g) && topo.gpu_free(*g))
+            .collect();
+        let ordinals = ranks
+            .iter()
+            .map(|&g| {
+                map.get(g as usize)
+                    .copied()
+                    .with_context(|| format!("--gpus: topology {t} has no GPU {g} ({gpus} GPUs)"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map)?);
+        let comm = Communicator::new(topo, &ranks, &relays, backend)?;
+        return Ok((comm, ranks, ordinals));
     }
     let map: Vec<usize> = match (&args.gpus, args.ranks) {
         (g, _) if !g.is_empty() => g.iter().map(|&d| d as usize).collect(),
@@ -127,8 +176,43 @@ fn cuda_communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>)> {
     let n = u32::try_from(map.len()).context("too many ranks")?;
     let devices: Vec<u32> = (0..n).collect();
     let topo = relaycc_collectives::host_topology(n)?;
-    let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map)?);
-    Ok((Communicator::new(topo, &devices, &[], backend)?, devices))
+    let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map.clone())?);
+    Ok((
+        Communicator::new(topo, &devices, &[], backend)?,
+        devices,
+        map,
+    ))
+}
+
+/// NCCL on the ranks' CUDA devices, with buffers for the largest size, or why not.
+fn nccl_baseline(
+    ordinals: &[usize],
+    c: Collective,
+    dtype: DType,
+    max_bytes: u64,
+) -> std::result::Result<relaycc_collectives::cuda::nccl::NcclComms, String> {
+    use relaycc_collectives::cuda::nccl::{NcclComms, nccl_buffer_elems};
+    let n = ordinals.len() as u64;
+    let count = nccl_count(c, dtype, max_bytes, n);
+    let (ins, outs) = nccl_buffer_elems(c, count, n);
+    let capacity = ins.max(outs).saturating_mul(dtype.size());
+    NcclComms::new(ordinals, capacity).map_err(|e| e.to_string())
+}
+
+/// The element count of a `size`-byte request on `n` ranks, as nccl-tests counts it: the whole
+/// buffer, or one rank's block for the gathers, scatters and all-to-alls.
+fn nccl_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
+    let per = size / dtype.size();
+    match c {
+        Collective::AllGather
+        | Collective::AllGatherV
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::AllToAllV
+        | Collective::Gather
+        | Collective::Scatter => per / n.max(1),
+        _ => per,
+    }
 }
 
 /// Run `relaycc bench`.
@@ -136,7 +220,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     let collective: Collective = args.collective.parse().map_err(anyhow::Error::msg)?;
     let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
     let op: ReduceOp = args.op.parse().map_err(anyhow::Error::msg)?;
-    let (comm, devices) = match args.backend {
+    let (comm, devices, ordinals) = match args.backend {
         BackendKind::Host => {
             let devices: Vec<u32> = match (&args.gpus, args.ranks) {
                 (g, _) if !g.is_empty() => g.clone(),
@@ -148,19 +232,10 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
             // The ranks share this host's memory: plan for shared memory, not a GPU ring.
             let comm = Communicator::new(topo, &devices, &[], backend)?.with_shared_memory(true);
-            (comm, devices)
+            (comm, devices, Vec::new())
         }
         BackendKind::Cuda => cuda_communicator(args)?,
     };
-    if args.vs_nccl {
-        // NCCL through cudarc's `nccl` feature is not wired up: relaycc would need a libnccl
-        // probe (cudarc panics without the library) and a multi-device communicator setup.
-        writeln!(
-            out,
-            "# NCCL comparison unavailable: relaycc is built without cudarc's nccl feature \
-             (not wired up yet); run nccl-tests' all_reduce_perf beside it"
-        )?;
-    }
     let (min, max) = (parse_size(&args.min_bytes)?, parse_size(&args.max_bytes)?);
     if args.factor < 2 {
         bail!("-f must be at least 2");
@@ -174,6 +249,21 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             _ => break,
         };
     }
+    let mut nccl_note = None;
+    let nccl = match (args.vs_nccl, args.backend) {
+        (false, _) => None,
+        (true, BackendKind::Host) => {
+            nccl_note = Some("NCCL runs on GPUs: use --backend cuda".to_owned());
+            None
+        }
+        (true, BackendKind::Cuda) => match nccl_baseline(&ordinals, collective, dtype, max) {
+            Ok(n) => Some(n),
+            Err(why) => {
+                nccl_note = Some(why);
+                None
+            }
+        },
+    };
     let mut rows = Vec::new();
     for size in sizes {
         let row = match dtype {
@@ -188,6 +278,10 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             DType::I64 => size_row::<i64>(&comm, args, collective, op, size)?,
             DType::U64 => size_row::<u64>(&comm, args, collective, op, size)?,
         };
+        let row = match &nccl {
+            Some(nc) => with_nccl(row, nc, args, collective, dtype, op, devices.len())?,
+            None => row,
+        };
         rows.push(row);
     }
     let report = Report {
@@ -200,6 +294,16 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
         iters: args.iters,
         warmup: args.warmup,
         memcpy_gbps: rows.last().and_then(|r| r.memcpy_gbps),
+        nccl: nccl
+            .as_ref()
+            .and_then(|_| relaycc_collectives::cuda::nccl::nccl().ok())
+            .map(|i| {
+                format!(
+                    "{} {}.{}.{}",
+                    i.library, i.version.0, i.version.1, i.version.2
+                )
+            }),
+        nccl_unavailable: nccl_note,
         results: rows,
     };
     match args.format {
@@ -262,6 +366,36 @@ fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
              efficiency = algbw x ranks / memcpy_gbps"
         )?;
     }
+    if let Some(why) = &r.nccl_unavailable {
+        writeln!(out, "# NCCL comparison unavailable: {why}")?;
+    }
+    if let Some(lib) = &r.nccl {
+        writeln!(
+            out,
+            "# NCCL ({lib}) on the same GPUs and sizes, timed alike (launch + wait per iteration)"
+        )?;
+        writeln!(
+            out,
+            "#{:>11} {:>10} {:>8} {:>10} {:>8}",
+            "size", "relaycc", "nccl", "nccl", "relaycc/"
+        )?;
+        writeln!(
+            out,
+            "#{:>11} {:>10} {:>8} {:>10} {:>8}",
+            "(B)", "busbw", "(us)", "busbw", "nccl"
+        )?;
+        for row in &r.results {
+            writeln!(
+                out,
+                "{:>12} {:>10.2} {:>8.1} {:>10.2} {:>8.2}",
+                row.size,
+                row.busbw_gbps,
+                row.nccl_time_us.unwrap_or(f64::NAN),
+                row.nccl_busbw_gbps.unwrap_or(f64::NAN),
+                row.vs_nccl.unwrap_or(f64::NAN)
+            )?;
+        }
+    }
     Ok(())
 }
 
@@ -275,17 +409,7 @@ fn request(
     size: u64,
 ) -> Request {
     let n = comm.ranks() as u64;
-    let per = size / dtype.size();
-    let count = match c {
-        Collective::AllGather
-        | Collective::AllGatherV
-        | Collective::ReduceScatter
-        | Collective::AllToAll
-        | Collective::AllToAllV
-        | Collective::Gather
-        | Collective::Scatter => per / n,
-        _ => per,
-    };
+    let count = nccl_count(c, dtype, size, n);
     let mut r = Request::new(c, comm.devices().to_vec(), count, dtype)
         .with_op(op)
         .with_root(root);
@@ -402,7 +526,31 @@ fn size_row<T: BenchElem>(
         wrong,
         memcpy_gbps,
         efficiency: memcpy_gbps.map(|m| algbw * n as f64 / m),
+        nccl_time_us: None,
+        nccl_busbw_gbps: None,
+        vs_nccl: None,
     })
+}
+
+/// `row` with NCCL's figures for the same collective and size, timed right after relaycc's.
+fn with_nccl(
+    mut row: Row,
+    nc: &relaycc_collectives::cuda::nccl::NcclComms,
+    args: &BenchArgs,
+    c: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    ranks: usize,
+) -> Result<Row> {
+    let count = nccl_count(c, dtype, row.size, ranks as u64);
+    let us = nc
+        .time_us(c, count, dtype, op, args.root, args.warmup, args.iters)
+        .context("timing NCCL")?;
+    let busbw = row.size as f64 / (us * 1e3) * c.busbw_factor(ranks);
+    row.nccl_time_us = Some(us);
+    row.nccl_busbw_gbps = Some(busbw);
+    row.vs_nccl = (busbw > 0.0).then(|| row.busbw_gbps / busbw);
+    Ok(row)
 }
 
 /// Output elements that differ from the request's expected result.

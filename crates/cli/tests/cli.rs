@@ -482,6 +482,21 @@ fn cuda_commands_without_a_driver_exit_one_with_one_line() {
             "-e",
             "1K",
         ][..],
+        &[
+            "bench",
+            "all_reduce",
+            "--backend",
+            "cuda",
+            "--topology",
+            "dgx1-v100",
+            "--gpus",
+            "0,7",
+            "--vs-nccl",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ][..],
         &["calibrate", "--gpus", "0"][..],
     ] {
         let o = relaycc(args);
@@ -494,4 +509,44 @@ fn cuda_commands_without_a_driver_exit_one_with_one_line() {
         assert!(err.starts_with("relaycc: "), "{err}");
         assert!(err.contains("CUDA") || err.contains("cuda"), "{err}");
     }
+}
+
+/// `--vs-nccl` on the host backend runs the host figures and says in one comment line why no
+/// NCCL figures follow; in JSON the reason is a field.
+#[test]
+fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
+    let args = [
+        "bench",
+        "all_gather",
+        "--backend",
+        "host",
+        "--ranks",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--vs-nccl",
+    ];
+    let o = relaycc(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.lines()
+            .any(|l| l == "# NCCL comparison unavailable: NCCL runs on GPUs: use --backend cuda"),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.extend(["--format", "json"]);
+    let o = relaycc(&json_args);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        v["nccl_unavailable"],
+        "NCCL runs on GPUs: use --backend cuda"
+    );
+    assert!(v["results"][0].get("nccl_busbw_gbps").is_none());
 }

@@ -267,3 +267,31 @@ fn without_a_driver_the_backend_is_a_clear_error() {
         assert!(e.to_string().contains("no CUDA driver"), "{e}");
     }
 }
+
+/// NCCL through cudarc on the first GPU (one rank: NCCL runs one rank per GPU), timing every
+/// collective relaycc benchmarks against it: each call completes and takes a positive time.
+#[test]
+#[ignore = "needs a CUDA GPU and libnccl.so"]
+fn nccl_times_every_collective_on_one_gpu() {
+    use relaycc_collectives::cuda::nccl::NcclComms;
+    let comms = NcclComms::new(&[0], 1 << 22).unwrap_or_else(|e| panic!("{e}"));
+    for c in Collective::ALL {
+        let us = comms
+            .time_us(c, 1 << 16, DType::F32, ReduceOp::Sum, 0, 1, 3)
+            .unwrap_or_else(|e| panic!("{c}: {e}"));
+        assert!(us > 0.0 && us.is_finite(), "{c}: {us}");
+    }
+    assert!(
+        comms
+            .time_us(
+                Collective::AllReduce,
+                1 << 30,
+                DType::F32,
+                ReduceOp::Sum,
+                0,
+                0,
+                1
+            )
+            .is_err()
+    );
+}

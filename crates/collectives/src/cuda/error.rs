@@ -23,6 +23,26 @@ pub enum CudaError {
         /// The library names and paths tried, in order.
         searched: Vec<String>,
     },
+    /// NCCL (libnccl) could not be loaded, so relaycc cannot be compared with it.
+    #[error(
+        "no NCCL: could not load any of {searched:?} (install libnccl2, or put the directory \
+         holding libnccl.so.2 on LD_LIBRARY_PATH)"
+    )]
+    NoNccl {
+        /// The library names and paths tried, in order.
+        searched: Vec<String>,
+    },
+    /// An NCCL call returned an error status.
+    #[error("nccl call {call} failed: {status}")]
+    Nccl {
+        /// The NCCL function, e.g. `ncclCommInitAll`.
+        call: &'static str,
+        /// The status NCCL returned.
+        status: String,
+    },
+    /// A request NCCL cannot serve as asked (one GPU shared by several ranks, say).
+    #[error("nccl: {0}")]
+    NcclUnsupported(String),
     /// A library was found but lacks a function relaycc calls (too old, or not the real one).
     #[error("{library} lacks the symbol {symbol} (too old a version?)")]
     MissingSymbol {

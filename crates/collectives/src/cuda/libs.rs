@@ -27,6 +27,8 @@ pub(crate) enum LibKind {
     Driver,
     /// The run-time compiler, `libnvrtc`.
     Nvrtc,
+    /// NVIDIA's collective library, `libnccl` (only for comparisons with it).
+    Nccl,
 }
 
 /// What to look for and where, besides the loader's own path.
@@ -105,9 +107,14 @@ pub(crate) fn cudarc_candidates(stem: &str) -> Vec<String> {
 /// Loads one library by name or path; `None` when the loader refuses it.
 fn try_load(name: &std::ffi::OsStr) -> Option<Library> {
     // SAFETY: loading a shared library runs its initialisers. The names tried are those of
-    // NVIDIA's driver and NVRTC libraries (or a path the user chose for NVRTC), whose
+    // NVIDIA's driver, NVRTC and NCCL libraries (or a path the user chose for NVRTC), whose
     // initialisers only set up their own state; cudarc would load the very same libraries.
     unsafe { Library::new(name) }.ok()
+}
+
+/// True when the loader finds a library by `name` (it stays loaded only while checked).
+pub(crate) fn loads(name: &str) -> bool {
+    try_load(OsString::from(name).as_os_str()).is_some()
 }
 
 /// Finds the first of cudarc's bare names that loads and checks its symbols.
@@ -193,6 +200,7 @@ pub(crate) fn probe(spec: &LibSpec) -> Result<Found, CudaError> {
     Err(match spec.kind {
         LibKind::Driver => CudaError::NoDriver { searched },
         LibKind::Nvrtc => CudaError::NoNvrtc { searched },
+        LibKind::Nccl => CudaError::NoNccl { searched },
     })
 }
 

@@ -7,10 +7,11 @@
 //! | the kernels' PTX for a GPU (cached in memory and on disk, or precompiled) | [`KernelCache`] |
 //! | the entry point for a type and operator | [`reduce_entry`], [`FORWARD_ENTRY`] |
 //! | compile once, no cache (what `scripts/check-kernels` checks) | [`compile_ptx`] |
+//! | NCCL on the same GPUs, for comparisons (`relaycc bench --vs-nccl`) | [`nccl::NcclComms`], [`nccl::nccl`] |
 //!
 //! Invariant: nothing here panics or aborts when CUDA is absent. Every entry point probes the
 //! library it needs first (cudarc itself panics without libcuda / libnvrtc) and returns
-//! [`CudaError::NoDriver`] or [`CudaError::NoNvrtc`]. Unsafe code lives in `libs` (dlopen),
+//! [`CudaError::NoDriver`], [`CudaError::NoNvrtc`] or [`CudaError::NoNccl`]. Unsafe code lives in `libs` (dlopen),
 //! `driver` and `nvrtc` (FFI through cudarc), each block with its reason.
 //!
 //! See `README.md` beside this file for how kernels are built and found, the environment
@@ -22,6 +23,7 @@ mod error;
 mod kernels;
 mod libs;
 pub mod measure;
+pub mod nccl;
 mod nvrtc;
 
 #[cfg(test)]
