@@ -14,8 +14,10 @@ use super::CudaError;
 use super::libs::{self, LibKind, LibSpec};
 use super::nvrtc::Arch;
 
-/// The driver functions relaycc calls through cudarc (directly or inside cudarc's error
-/// formatting); the probe checks each one resolves, since cudarc panics on a missing symbol.
+/// The driver functions relaycc calls through cudarc, directly or inside cudarc's safe types
+/// (contexts, streams, events, allocations, modules, launches, copies, error formatting); the
+/// probe checks each one resolves, since cudarc panics on a missing symbol. Every one exists
+/// in any driver new enough for CUDA 12 (`cuMemAllocAsync` since 11.2).
 const DRIVER_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuDriverGetVersion",
@@ -27,6 +29,36 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuDeviceGetAttribute",
     "cuDeviceTotalMem_v2",
     "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuCtxEnablePeerAccess",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventDestroy_v2",
+    "cuMemAlloc_v2",
+    "cuMemAllocAsync",
+    "cuMemFree_v2",
+    "cuMemFreeAsync",
+    "cuMemsetD8Async",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyAsync",
+    "cuMemcpyPeerAsync",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
 ];
 
 /// The loaded CUDA driver.
