@@ -132,3 +132,34 @@ fn dgx1_all_reduce_subsets_beat_the_baseline() {
         assert!(x >= 1.3, "{gpus:?}: {x}");
     }
 }
+
+/// A whole DGX-1 V100: NCCL runs several rings at once (its channels), so the in-model
+/// baseline must too, or every full-machine comparison flatters relaycc. Six NVLink lanes per
+/// GPU each way carry two NV2 and two NV1 rings: busbw near the 6 x 24.2 = 145 GB/s the links
+/// allow (nccl-tests reports about 130 GB/s on this machine), not one ring's 48.
+#[test]
+fn full_dgx1_all_reduce_runs_packed_rings_on_both_sides() {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+    let req = Request::new(
+        Collective::AllReduce,
+        (0..8).collect(),
+        64 * MIB,
+        DType::F32,
+    );
+    let p = plan(&topo, &req, &opts(RelayPolicy::Any, Strategy::Auto)).unwrap();
+    println!(
+        "8 GPUs: relaycc {:.1} ({}), baseline {:.1} ({}), bound {:.1} GB/s busbw",
+        p.predicted.busbw_gbps,
+        p.plan.algorithm,
+        p.baseline.busbw_gbps,
+        p.baseline_plan.algorithm,
+        p.bound.busbw_gbps
+    );
+    assert!(
+        p.baseline_plan.algorithm.contains("x4 packed"),
+        "{}",
+        p.baseline_plan.algorithm
+    );
+    assert!(p.baseline.busbw_gbps > 0.8 * p.bound.busbw_gbps);
+    assert!(p.predicted.busbw_gbps >= p.baseline.busbw_gbps);
+}

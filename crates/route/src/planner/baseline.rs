@@ -4,9 +4,11 @@
 //! Rules (REFERENCE.md, "How NCCL behaves"): only member GPUs take part; a pair connects by
 //! direct NVLink, else NVLink through one *member* GPU (NVB), else PCIe peer-to-peer inside a
 //! socket, else host memory of the sender's socket ([`LinkMode::Nccl`]); never more than one
-//! route (no multi-path). One ring over the members, ordered to maximise its slowest link
-//! under those rules; broadcast and reduce are pipelined chains along it (within a node NCCL's
-//! "tree" is a chain); chunks of 512 KiB (the Simple protocol's step). What NCCL lacks is done
+//! route (no multi-path). all_reduce, all_gather and reduce_scatter run on packed rings over
+//! the members (NCCL's channels: each ring searched to maximise its slowest link over what the
+//! rings before it left, [`super::ring_pack`]); broadcast and reduce are pipelined chains along
+//! the best ring (within a node NCCL's "tree" is a chain); chunks of 512 KiB (the Simple
+//! protocol's step) or larger. What NCCL lacks is done
 //! as its users do it: all_to_all(_v), gather, scatter and send/recv as grouped send/recv (all
 //! pairs at once), all_gather_v as a series of broadcasts, one after another.
 
@@ -55,11 +57,16 @@ pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
         chunk_elems: super::pipeline_chunk_elems(req).max(1),
         channels: 1,
     };
+    // NCCL runs its rings as channels, each found over what the others left of the links.
+    let packed = Ctx {
+        channels: super::PACKED_RINGS,
+        ..ctx
+    };
     let mut plan = match req.collective {
         _ if req.nranks() < 2 => direct::plan(topo, req, &ctx),
-        Collective::AllReduce => ring::all_reduce(topo, req, &ctx),
-        Collective::AllGather => ring::all_gather(topo, req, &ctx),
-        Collective::ReduceScatter => ring::reduce_scatter(topo, req, &ctx),
+        Collective::AllReduce => ring::all_reduce(topo, req, &packed),
+        Collective::AllGather => ring::all_gather(topo, req, &packed),
+        Collective::ReduceScatter => ring::reduce_scatter(topo, req, &packed),
         Collective::Broadcast => ring::broadcast(topo, req, &ctx),
         Collective::Reduce => ring::reduce(topo, req, &ctx),
         Collective::AllGatherV => broadcasts(req, &ctx),

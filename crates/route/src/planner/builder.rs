@@ -9,7 +9,11 @@
 //! calls (the layout [`crate::CheckOptions::in_place`] describes), so a plan built here is
 //! ordered for both the in-place and the out-of-place call.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use super::access::AccessTrack;
+use super::connect::Connection;
 
 use crate::error::{Result, RouteError};
 use crate::lower::{LaneMap, emit_transfer};
@@ -97,6 +101,9 @@ pub(crate) struct Builder<'a, 't> {
     fenced: Vec<bool>,
     /// Per lane: its last op since the last fence, or `NO_OP`.
     lane_last: Vec<u32>,
+    /// Connections chosen by the planner for (channel, from GPU, to GPU), used instead of the
+    /// cache's (packed rings pick their own per ring).
+    pinned: BTreeMap<(u32, u32, u32), Arc<Connection>>,
 }
 
 impl<'a, 't> Builder<'a, 't> {
@@ -110,6 +117,7 @@ impl<'a, 't> Builder<'a, 't> {
             fence: Vec::new(),
             fenced: Vec::new(),
             lane_last: Vec::new(),
+            pinned: BTreeMap::new(),
         }
     }
     /// The GPU of rank `r`.
@@ -182,6 +190,11 @@ impl<'a, 't> Builder<'a, 't> {
         self.lane_last.fill(NO_OP);
         self.fenced.fill(false);
     }
+    /// Send from GPU `from` to GPU `to` on channel `ch` over `conn` from now on, instead of
+    /// the cache's connection.
+    pub fn pin(&mut self, ch: u32, from: u32, to: u32, conn: Arc<Connection>) {
+        self.pinned.insert((ch, from, to), conn);
+    }
     /// Move `src` to `dst` (same length): a local copy, or chunks over the connection between
     /// the two GPUs, on planner channel `ch`.
     pub fn send(&mut self, src: Region, dst: Region, ch: u32) -> Result<()> {
@@ -210,7 +223,10 @@ impl<'a, 't> Builder<'a, 't> {
                 "planners send between GPU buffers only".into(),
             ));
         };
-        let conn = self.ctx.cache.get(self.ctx.mode, a, b)?;
+        let conn = match self.pinned.get(&(ch, a, b)) {
+            Some(c) => Arc::clone(c),
+            None => self.ctx.cache.get(self.ctx.mode, a, b)?,
+        };
         let shares = conn.shares(src.len);
         let arrivals = emit_transfer(
             &mut self.plan,

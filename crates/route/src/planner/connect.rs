@@ -48,7 +48,8 @@ impl Connection {
     pub fn shares(&self, len: u64) -> Vec<u64> {
         split_shares(len, &self.weights)
     }
-    fn single(r: Route) -> Self {
+    /// A connection over one route.
+    pub(crate) fn single(r: Route) -> Self {
         let w = r.gbps();
         Connection {
             routes: vec![r],

@@ -3,9 +3,9 @@
 //!
 //! | collective | candidates |
 //! |---|---|
-//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
-//! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels), [`direct::plan`] (small requests) |
-//! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels), [`direct::plan`] (small requests) |
+//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels, or packed rings: [`ring_pack`]), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
+//! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
+//! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
 //! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
@@ -31,6 +31,7 @@ pub mod connect;
 pub mod direct;
 pub mod hierarchical;
 pub mod ring;
+pub mod ring_pack;
 pub mod shared_memory;
 pub mod tree;
 
@@ -56,9 +57,13 @@ pub struct Ctx<'c> {
     /// Pipelining chunk, elements (at least 1).
     pub chunk_elems: u64,
     /// Channels (rings or trees at once, each carrying a share of the data; the odd ones run
-    /// in the reverse order). At least 1.
+    /// in the reverse order), at least 1; or [`PACKED_RINGS`] for ring planners: as many rings
+    /// as [`ring_pack::packed_rings`] finds room for.
     pub channels: u32,
 }
+
+/// `Ctx::channels` asking ring planners for packed rings ([`ring_pack`]).
+pub const PACKED_RINGS: u32 = 0;
 
 /// A candidate planner.
 pub type Planner = fn(&Topology, &Request, &Ctx) -> Result<Plan>;
@@ -86,12 +91,17 @@ pub(crate) fn split_even(len: u64, parts: u64) -> Vec<(u64, u64)> {
 
 /// A display name: `ring x2 multipath chunk 131072`.
 pub(crate) fn name(algo: &str, ctx: &Ctx) -> String {
+    format!("{algo} x{} {}", ctx.channels, links_and_chunk(ctx))
+}
+
+/// The link mode and chunk part of a display name: `multipath chunk 131072`.
+pub(crate) fn links_and_chunk(ctx: &Ctx) -> String {
     let mode = match ctx.mode {
         LinkMode::Nccl => "nccl-links",
         LinkMode::Single => "single",
         LinkMode::Multipath => "multipath",
     };
-    format!("{algo} x{} {mode} chunk {}", ctx.channels, ctx.chunk_elems)
+    format!("{mode} chunk {}", ctx.chunk_elems)
 }
 
 /// Largest request (nccl-tests size, bytes) for which the one-step direct plan is tried for
@@ -111,14 +121,25 @@ fn specs(req: &Request) -> Vec<(Planner, u32)> {
         Collective::AllReduce => vec![
             (ring::all_reduce, 1),
             (ring::all_reduce, 2),
+            (ring::all_reduce, PACKED_RINGS),
             (tree::all_reduce, 1),
             (hierarchical::all_reduce, 1),
             d,
         ],
         Collective::AllGather | Collective::AllGatherV => {
-            vec![(ring::all_gather, 1), (ring::all_gather, 2), d]
+            vec![
+                (ring::all_gather, 1),
+                (ring::all_gather, 2),
+                (ring::all_gather, PACKED_RINGS),
+                d,
+            ]
         }
-        Collective::ReduceScatter => vec![(ring::reduce_scatter, 1), (ring::reduce_scatter, 2), d],
+        Collective::ReduceScatter => vec![
+            (ring::reduce_scatter, 1),
+            (ring::reduce_scatter, 2),
+            (ring::reduce_scatter, PACKED_RINGS),
+            d,
+        ],
         Collective::Broadcast => vec![
             (ring::broadcast, 1),
             (ring::broadcast, 2),
@@ -194,7 +215,12 @@ impl<'t> Candidates<'t> {
         };
         let jobs = modes
             .iter()
-            .flat_map(|&mode| specs(req).into_iter().map(move |(p, ch)| (mode, p, ch)))
+            .flat_map(|&mode| {
+                specs(req)
+                    .into_iter()
+                    .filter(move |(_, ch)| *ch != PACKED_RINGS || ring_pack::packs(mode))
+                    .map(move |(p, ch)| (mode, p, ch))
+            })
             .collect();
         Ok(Candidates { cache, jobs })
     }

@@ -16,7 +16,14 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::builder::Builder;
-use super::{Ctx, chunks, direct, name, split_even, tree};
+use std::sync::Arc;
+
+use crate::lower::split_shares;
+
+use super::connect::Connection;
+use super::{
+    Ctx, PACKED_RINGS, chunks, direct, links_and_chunk, name, ring_pack, split_even, tree,
+};
 
 /// Ring orders evaluated exhaustively at most (7! = every order of 8 ranks with rank 0 fixed);
 /// larger rings, or rings whose order count exceeds it, are built greedily.
@@ -75,12 +82,19 @@ fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
             }
         })
         .collect();
+    best_order(&link, n).into_iter().map(|r| r as u32).collect()
+}
+
+/// The ring order (positions `0..n`, starting at 0) maximising the slowest link, then the sum
+/// of links, under the flat `n x n` matrix `link` (`link[a * n + b]`, GB/s): exact up to 8
+/// ranks within [`RING_SEARCH_BUDGET`], greedy (fastest next link) beyond.
+pub(super) fn best_order(link: &[f64], n: usize) -> Vec<usize> {
     let orders: u64 = (1..n as u64).product();
-    let best: Vec<usize> = if n <= 3 {
+    if n <= 3 {
         // Every order is the same ring or its reverse.
         (0..n).collect()
     } else if n <= 8 && orders <= RING_SEARCH_BUDGET {
-        best_ring(&link, n)
+        best_ring(link, n)
     } else {
         let mut best = vec![0];
         let mut left: Vec<usize> = (1..n).collect();
@@ -96,8 +110,7 @@ fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
             best.push(left.remove(i));
         }
         best
-    };
-    best.into_iter().map(|r| r as u32).collect()
+    }
 }
 
 /// (slowest link, sum of links) of the closed ring `order` under the flat `link` matrix.
@@ -285,6 +298,72 @@ fn prepare(req: &Request, ctx: &Ctx) -> (Vec<u32>, u32, u64) {
     )
 }
 
+/// One ring of a ring plan: its order (rank positions) and, for packed rings, its weight and
+/// the connections its hops use.
+struct Channel {
+    order: Vec<u32>,
+    weight: f64,
+    pinned: Option<Vec<Arc<Connection>>>,
+}
+
+/// The rings of a ring plan: `ctx.channels` copies of the best ring (odd ones reversed), equal
+/// shares; or with [`PACKED_RINGS`], the packed set ([`ring_pack::packed_rings`]), shares in
+/// proportion to each ring's bandwidth. Also the plan's name.
+fn channels(req: &Request, ctx: &Ctx, algo: &str) -> (Vec<Channel>, String) {
+    if ctx.channels == PACKED_RINGS {
+        let rings = ring_pack::packed_rings(ctx, req);
+        let label = format!("{algo} x{} packed {}", rings.len(), links_and_chunk(ctx));
+        let chans = rings
+            .into_iter()
+            .map(|r| Channel {
+                order: r.order,
+                weight: r.gbps,
+                pinned: Some(r.hops),
+            })
+            .collect();
+        return (chans, label);
+    }
+    let (order, k, _) = prepare(req, ctx);
+    let chans = (0..k)
+        .map(|c| Channel {
+            order: channel_order(&order, c),
+            weight: 1.0,
+            pinned: None,
+        })
+        .collect();
+    (chans, name(algo, ctx))
+}
+
+/// `len` elements split over `chans` by weight, contiguous: `(offset, len)` per channel
+/// (equal weights split as [`split_even`] does).
+fn split_channels(len: u64, chans: &[Channel]) -> Vec<(u64, u64)> {
+    if chans.iter().all(|c| c.weight == chans[0].weight) {
+        return split_even(len, chans.len() as u64);
+    }
+    let weights: Vec<f64> = chans.iter().map(|c| c.weight).collect();
+    let mut off = 0;
+    split_shares(len, &weights)
+        .into_iter()
+        .map(|l| {
+            let p = (off, l);
+            off += l;
+            p
+        })
+        .collect()
+}
+
+/// Pin channel `c`'s hop connections in the builder (packed rings choose their own).
+fn pin(b: &mut Builder, req: &Request, c: u32, chan: &Channel) {
+    if let Some(hops) = &chan.pinned {
+        let n = chan.order.len();
+        for (i, conn) in hops.iter().enumerate() {
+            let from = req.gpus[chan.order[i] as usize];
+            let to = req.gpus[chan.order[(i + 1) % n] as usize];
+            b.pin(c, from, to, Arc::clone(conn));
+        }
+    }
+}
+
 /// Ring all_reduce: reduce-scatter then all-gather, pipelined in chunks, over `ctx.channels`
 /// rings. Arguments, returns and complexity as [`direct::plan`]; 2(n-1) steps, each moving
 /// S/n per rank. Source: NCCL's ring all_reduce; relayed ring links from the re-routing seed.
@@ -293,13 +372,12 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     if n < 2 {
         return direct::plan(topo, req, ctx);
     }
-    let (order, channels, chunk) = prepare(req, ctx);
-    let mut b = Builder::new(req, ctx, name("ring", ctx));
-    for (c, (lo, len)) in split_even(req.count, u64::from(channels))
-        .into_iter()
-        .enumerate()
-    {
-        let ord = channel_order(&order, c as u32);
+    let chunk = ctx.chunk_elems.max(1);
+    let (chans, label) = channels(req, ctx, "ring");
+    let mut b = Builder::new(req, ctx, label);
+    for (c, (lo, len)) in split_channels(req.count, &chans).into_iter().enumerate() {
+        pin(&mut b, req, c as u32, &chans[c]);
+        let ord = chans[c].order.clone();
         let blocks = split_even(len, n as u64);
         let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
         let at = |out: bool| {
@@ -343,7 +421,8 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     {
         return direct::plan(topo, req, ctx);
     }
-    let (order, channels, chunk) = prepare(req, ctx);
+    let chunk = ctx.chunk_elems.max(1);
+    let (chans, label) = channels(req, ctx, "ring");
     let counts: Vec<u64> = match req.collective {
         Collective::AllGatherV => req.counts.clone(),
         _ => vec![req.count; n],
@@ -356,7 +435,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             Some(d)
         })
         .collect();
-    let mut b = Builder::new(req, ctx, name("ring", ctx));
+    let mut b = Builder::new(req, ctx, label);
     for r in 0..n as u32 {
         let c = counts[r as usize];
         b.send(
@@ -365,12 +444,10 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             CH_LOCAL,
         )?;
     }
-    let parts: Vec<Vec<(u64, u64)>> = counts
-        .iter()
-        .map(|c| split_even(*c, u64::from(channels)))
-        .collect();
-    for c in 0..channels as usize {
-        let ord = channel_order(&order, c as u32);
+    let parts: Vec<Vec<(u64, u64)>> = counts.iter().map(|c| split_channels(*c, &chans)).collect();
+    for c in 0..chans.len() {
+        pin(&mut b, req, c as u32, &chans[c]);
+        let ord = chans[c].order.clone();
         let lens: Vec<u64> = ord.iter().map(|r| parts[*r as usize][c].1).collect();
         let (ord, parts, displ) = (&ord, &parts, &displ);
         let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
@@ -396,14 +473,13 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     if n < 2 || req.collective != Collective::ReduceScatter {
         return direct::plan(topo, req, ctx);
     }
-    let (order, channels, chunk) = prepare(req, ctx);
+    let chunk = ctx.chunk_elems.max(1);
+    let (chans, label) = channels(req, ctx, "ring");
     let count = req.count;
-    let mut b = Builder::new(req, ctx, name("ring", ctx));
-    for (c, (lo, len)) in split_even(count, u64::from(channels))
-        .into_iter()
-        .enumerate()
-    {
-        let ord = channel_order(&order, c as u32);
+    let mut b = Builder::new(req, ctx, label);
+    for (c, (lo, len)) in split_channels(count, &chans).into_iter().enumerate() {
+        pin(&mut b, req, c as u32, &chans[c]);
+        let ord = chans[c].order.clone();
         let lens = vec![len; n];
         let ord = &ord;
         let inp = move |p: usize, q: usize, rel: u64, l: u64| {
