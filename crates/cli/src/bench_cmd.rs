@@ -543,8 +543,15 @@ fn with_nccl(
     ranks: usize,
 ) -> Result<Row> {
     let count = nccl_count(c, dtype, row.size, ranks as u64);
+    let call = relaycc_collectives::cuda::nccl::NcclCall {
+        collective: c,
+        count,
+        dtype,
+        op,
+        root: args.root,
+    };
     let us = nc
-        .time_us(c, count, dtype, op, args.root, args.warmup, args.iters)
+        .time_us(&call, args.warmup, args.iters)
         .context("timing NCCL")?;
     let busbw = row.size as f64 / (us * 1e3) * c.busbw_factor(ranks);
     row.nccl_time_us = Some(us);

@@ -273,25 +273,24 @@ fn without_a_driver_the_backend_is_a_clear_error() {
 #[test]
 #[ignore = "needs a CUDA GPU and libnccl.so"]
 fn nccl_times_every_collective_on_one_gpu() {
-    use relaycc_collectives::cuda::nccl::NcclComms;
+    use relaycc_collectives::cuda::nccl::{NcclCall, NcclComms};
     let comms = NcclComms::new(&[0], 1 << 22).unwrap_or_else(|e| panic!("{e}"));
+    let call = |collective, count| NcclCall {
+        collective,
+        count,
+        dtype: DType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+    };
     for c in Collective::ALL {
         let us = comms
-            .time_us(c, 1 << 16, DType::F32, ReduceOp::Sum, 0, 1, 3)
+            .time_us(&call(c, 1 << 16), 1, 3)
             .unwrap_or_else(|e| panic!("{c}: {e}"));
         assert!(us > 0.0 && us.is_finite(), "{c}: {us}");
     }
     assert!(
         comms
-            .time_us(
-                Collective::AllReduce,
-                1 << 30,
-                DType::F32,
-                ReduceOp::Sum,
-                0,
-                0,
-                1
-            )
+            .time_us(&call(Collective::AllReduce, 1 << 30), 0, 1)
             .is_err()
     );
 }

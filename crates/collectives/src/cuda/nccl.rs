@@ -153,6 +153,21 @@ pub fn nccl_buffer_elems(collective: Collective, count: u64, n: u64) -> (u64, u6
     }
 }
 
+/// One collective as NCCL is asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NcclCall {
+    /// The collective.
+    pub collective: Collective,
+    /// Elements, counted as nccl-tests counts them ([`nccl_buffer_elems`]).
+    pub count: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction (ignored by collectives that do not reduce).
+    pub op: ReduceOp,
+    /// Root rank of rooted collectives.
+    pub root: u32,
+}
+
 /// One rank of an NCCL job: its communicator, stream and buffers.
 struct Rank {
     comm: ns::ncclComm_t,
@@ -269,9 +284,7 @@ impl NcclComms {
         self.ranks.len()
     }
 
-    /// Average wall time of one `collective` of `count` elements of `dtype` (nccl-tests'
-    /// count convention, [`nccl_buffer_elems`]) with `op` and `root`, over `iters` iterations
-    /// after `warmup`, microseconds. Each iteration is one NCCL group over every rank followed
+    /// Average wall time of one `call`, over `iters` iterations after `warmup`, microseconds. Each iteration is one NCCL group over every rank followed
     /// by a wait on every stream.
     ///
     /// NCCL has no all_gather_v or all_to_all_v: all_gather_v runs as one broadcast per rank
@@ -280,17 +293,14 @@ impl NcclComms {
     ///
     /// Errors: buffers larger than the capacity given to [`NcclComms::new`], a root out of
     /// range, an NCCL or driver status.
-    #[allow(clippy::too_many_arguments)]
-    pub fn time_us(
-        &self,
-        collective: Collective,
-        count: u64,
-        dtype: DType,
-        op: ReduceOp,
-        root: u32,
-        warmup: u32,
-        iters: u32,
-    ) -> Result<f64, CudaError> {
+    pub fn time_us(&self, call: &NcclCall, warmup: u32, iters: u32) -> Result<f64, CudaError> {
+        let NcclCall {
+            collective,
+            count,
+            dtype,
+            root,
+            ..
+        } = *call;
         let n = self.ranks.len() as u64;
         let (ins, outs) = nccl_buffer_elems(collective, count, n);
         let esize = dtype.size();
@@ -307,29 +317,22 @@ impl NcclComms {
             )));
         }
         for _ in 0..warmup {
-            self.launch(collective, count, dtype, op, root)?;
+            self.launch(call)?;
         }
         let iters = iters.max(1);
         let start = Instant::now();
         for _ in 0..iters {
-            self.launch(collective, count, dtype, op, root)?;
+            self.launch(call)?;
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(iters))
     }
 
     /// One group over every rank, then a wait on every stream.
-    fn launch(
-        &self,
-        collective: Collective,
-        count: u64,
-        dtype: DType,
-        op: ReduceOp,
-        root: u32,
-    ) -> Result<(), CudaError> {
+    fn launch(&self, call: &NcclCall) -> Result<(), CudaError> {
         nc::group_start().map_err(nccl_error("ncclGroupStart"))?;
         let mut issued = Ok(());
         for r in 0..self.ranks.len() {
-            issued = self.issue(r, collective, count, dtype, op, root);
+            issued = self.issue(r, call);
             if issued.is_err() {
                 break;
             }
@@ -347,15 +350,14 @@ impl NcclComms {
     }
 
     /// Enqueue rank `r`'s part of the collective (inside an open group).
-    fn issue(
-        &self,
-        r: usize,
-        collective: Collective,
-        count: u64,
-        dtype: DType,
-        op: ReduceOp,
-        root: u32,
-    ) -> Result<(), CudaError> {
+    fn issue(&self, r: usize, call: &NcclCall) -> Result<(), CudaError> {
+        let NcclCall {
+            collective,
+            count,
+            dtype,
+            op,
+            root,
+        } = *call;
         let me = &self.ranks[r];
         let n = self.ranks.len();
         let (dt, rop) = (nccl_dtype(dtype), nccl_op(op));
