@@ -67,7 +67,9 @@ pub mod rank_plan;
 
 pub use backend::cuda::{CudaBackend, Rejected};
 pub use backend::host::HostBackend;
-pub use backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot};
+pub use backend::{
+    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
+};
 pub use buffer::{AsView, BufferView, DeviceBuffer};
 pub use communicator::Communicator;
 pub use element::Element;
