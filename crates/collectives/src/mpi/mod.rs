@@ -14,6 +14,7 @@
 //!   it fails (see [`MpiError::Timeout`]).
 
 mod exchange;
+mod requests;
 mod schedule;
 
 use std::time::Duration;
