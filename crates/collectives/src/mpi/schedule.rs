@@ -61,6 +61,8 @@ pub(crate) struct Schedule {
     pub(super) nranks: u32,
     /// Bytes of each scratch buffer this rank owns.
     pub(crate) scratch: Vec<usize>,
+    /// Where the plan puts each of those scratch buffers.
+    pub(crate) scratch_at: Vec<Location>,
     /// Bytes of this rank's input and output.
     pub(crate) input_len: usize,
     pub(crate) output_len: usize,
@@ -115,10 +117,12 @@ impl Schedule {
         };
         let mut scratch_ix = vec![None; plan.scratch.len()];
         let mut scratch = Vec::new();
+        let mut scratch_at = Vec::new();
         for (i, s) in plan.scratch.iter().enumerate() {
             if owner(s.location) == Some(me) {
                 scratch_ix[i] = Some(scratch.len());
                 scratch.push(s.len as usize * size);
+                scratch_at.push(s.location);
             }
         }
         let loc = |r: relaycc_route::Region| -> Result<Loc, MpiError> {
@@ -197,6 +201,7 @@ impl Schedule {
             op: plan.request.op,
             nranks: plan.request.nranks() as u32,
             scratch,
+            scratch_at,
             input_len,
             output_len,
         })
