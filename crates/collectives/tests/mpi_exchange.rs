@@ -166,6 +166,89 @@ fn correctness(comm: &MpiCommunicator, rep: &mut Report) {
     }
 }
 
+/// Index-list exchanges (`NeighborExchange::from_indices`) against `MPI_Alltoallv` of the
+/// hand-packed buffers, for every strategy: random sparse patterns with empty lists and
+/// repeated indices, and a last rank with no neighbours at all (it sends and receives
+/// nothing); packed and with a random placement; two runs per build.
+fn index_lists(comm: &MpiCommunicator, rep: &mut Report) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let world = comm.comm();
+    let k = comm.node_ranks().len();
+    for seed in 0..3u64 {
+        let mut next = rng(seed * 7919 + me as u64 + 11);
+        let len = 40 + (me * 13) % 17;
+        let x: Vec<u64> = (0..len as u64)
+            .map(|i| ((me as u64) << 40) | (seed << 32) | i)
+            .collect();
+        let lists: Vec<Vec<usize>> = (0..n)
+            .map(|d| {
+                if me == n - 1 || d == n - 1 || next() % 3 != 0 {
+                    return Vec::new();
+                }
+                // Drawn with replacement (repeats), sometimes empty; plus one sure repeat.
+                let mut l: Vec<usize> = (0..next() % 20).map(|_| (next() as usize) % len).collect();
+                if let Some(&first) = l.first() {
+                    l.push(first);
+                }
+                l
+            })
+            .collect();
+        let packed: Vec<u64> = lists.iter().flatten().map(|i| x[*i]).collect();
+        let sc: Vec<i32> = lists.iter().map(|l| l.len() as i32).collect();
+        let mut rc = vec![0i32; n];
+        world.all_to_all_into(&sc[..], &mut rc[..]);
+        let total = rc.iter().sum::<i32>() as usize;
+        let mut expect = vec![0u64; total];
+        {
+            let (sd, rd) = (displs(&sc), displs(&rc));
+            let sp = Partition::new(&packed[..], &sc[..], &sd[..]);
+            let mut rp = PartitionMut::new(&mut expect[..], &rc[..], &rd[..]);
+            world.all_to_all_varcount_into(&sp, &mut rp);
+        }
+        // A placement: a random permutation of 0..total + 3, cut per source.
+        let mut perm: Vec<usize> = (0..total + 3).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, (next() as usize) % (i + 1));
+        }
+        let mut places: Vec<Vec<usize>> = Vec::with_capacity(n);
+        let mut at = 0;
+        for c in &rc {
+            places.push(perm[at..at + *c as usize].to_vec());
+            at += *c as usize;
+        }
+        let mut placed = vec![u64::MAX; total + 3];
+        for (p, v) in places.iter().flatten().zip(&expect) {
+            placed[*p] = *v;
+        }
+        for (name, choice) in choices() {
+            let label = format!("indexed n={n} k={k} seed={seed} {name}");
+            let ok = match NeighborExchange::from_indices(comm, &lists, None, 8, choice) {
+                Ok(mut ex) => (0..2).all(|_| {
+                    let mut out = vec![u64::MAX; ex.received()];
+                    ex.run(&x, &mut out).is_ok() && out == expect
+                }),
+                Err(e) => {
+                    eprintln!("rank {me}: {label}: {e}");
+                    false
+                }
+            };
+            rep.check(&label, ok);
+            let label = format!("indexed+placed n={n} k={k} seed={seed} {name}");
+            let ok = match NeighborExchange::from_indices(comm, &lists, Some(&places), 8, choice) {
+                Ok(mut ex) => (0..2).all(|_| {
+                    let mut out = vec![u64::MAX; total + 3];
+                    ex.run(&x, &mut out).is_ok() && out == placed
+                }),
+                Err(e) => {
+                    eprintln!("rank {me}: {label}: {e}");
+                    false
+                }
+            };
+            rep.check(&label, ok);
+        }
+    }
+}
+
 fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 3).collect();
@@ -180,6 +263,22 @@ fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
         println!("rank {me}: error after {:?}: {e}", t.elapsed());
     }
     rep.check(&format!("fault-counts n={n}"), ok);
+    // Index lists: rank 0 places one element more than rank 1 sends it.
+    let lists: Vec<Vec<usize>> = (0..n).map(|d| vec![0; usize::from(d != me) * 3]).collect();
+    let mut places: Vec<Vec<usize>> = (0..n)
+        .map(|s| (0..usize::from(s != me) * 3).map(|i| s * 3 + i).collect())
+        .collect();
+    if me == 0 {
+        places[1].push(n * 3);
+    }
+    let r = NeighborExchange::from_indices(comm, &lists, Some(&places), 8, Choice::Model);
+    if let Err(e) = &r {
+        println!("rank {me}: placement error: {e}");
+    }
+    rep.check(
+        &format!("fault-places n={n}"),
+        matches!(r, Err(MpiError::CountMismatch(_))),
+    );
 }
 
 /// Returns true when this rank left early (and must not take part in anything else).
@@ -636,6 +735,7 @@ fn main() {
         "correctness" => {
             use relaycc_route::Collective;
             correctness(&comm, &mut rep);
+            index_lists(&comm, &mut rep);
             let every = [
                 Collective::AllGather,
                 Collective::AllToAll,

@@ -16,6 +16,7 @@
 
 mod device;
 mod exchange;
+mod indexed;
 mod requests;
 mod schedule;
 
