@@ -1,17 +1,29 @@
 //! MPI tests of the node-aware exchange; run under mpirun by `scripts/test-mpi`:
 //!
 //! ```text
-//! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange [correctness|fault-counts|fault-exit]
+//! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange \
+//!     [correctness|fault-counts|fault-exit|fault-exit-3step|fault-backend]
 //! ```
 //!
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
 //!   result on random sparse patterns (fixed seeds, empty messages, a rank with no
 //!   neighbours), run twice per build (persistence); all_gather_v equals `MPI_Allgatherv`.
+//! - `correctness` also checks index-list exchanges (`NeighborExchange::from_indices`: random
+//!   sparse lists with empty lists, repeated indices and a rank with no neighbours, packed and
+//!   with a random placement) against `MPI_Alltoallv` of the hand-packed buffers, for every
+//!   strategy.
 //! - `correctness` also runs plans from relaycc's planner (`relaycc_route::plan`, members
-//!   and host memory only) for nine collectives, reductions included, on a cluster preset through
-//!   `MpiCommunicator::execute`, and compares every output with the request's layout.
-//! - `fault-counts`: rank 0 expects one element too many from rank 1; every rank must get an
-//!   error from the build.
+//!   and host memory only) for ten collectives, reductions included, on a cluster preset
+//!   through `MpiCommunicator::execute`, and compares every output with the request's layout;
+//!   then all_reduce, all_gather, all_to_all_v, broadcast and reduce_scatter at 1000 elements
+//!   (direct plans) and 100000 (rings) through the backend path (`prepare`/`DevicePlan::run`
+//!   on a counting host backend), staged, direct, and direct on a backend that gives no
+//!   addresses, against the `execute` output and MPI's own collective; staged runs must make
+//!   one download per send and one upload per receive and never ask for a buffer's address.
+//! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
+//!   places one too many); every rank must get an error from the build.
+//! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
+//!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
 //!   timeout error within the bound.
 //!
