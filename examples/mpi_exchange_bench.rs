@@ -10,11 +10,18 @@
 //! (64 B, 4 KiB, 64 KiB). Prints per strategy the time (max over ranks of the mean of
 //! `iters` runs), its ratio to `MPI_Alltoallv`, the model's prediction (Lassen parameters),
 //! and whether the model's choice was the measured best.
+//!
+//! Then planner plans (all_reduce, all_to_all on a `cluster:Nxpcie-4gpu:ib-edr` preset) run
+//! three ways: `MpiCommunicator::execute` on host slices, and `DevicePlan::run` on the host
+//! backend staged (download, send; receive, upload) and direct (MPI on the backend's
+//! addresses); prints the times and the staged/direct ratio, i.e. what staging costs when
+//! the "device" is host memory (a lower bound of its cost on a GPU).
 
 use std::time::Instant;
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, NeighborExchange};
+use relaycc_collectives::mpi::{Choice, MpiCommunicator, NeighborExchange, TransferMode};
+use relaycc_collectives::{Backend, ByteRegion, HostBackend};
 use relaycc_route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
@@ -156,6 +163,108 @@ fn main() {
     if me == 0 {
         println!("\nmodel choice matched the measured best in {matched} of {cases} cases");
     }
+    backend_paths(&world, iters);
     drop(comm);
     drop(universe);
+}
+
+/// Planner plans through `execute` (host slices) and `DevicePlan::run` on the host backend,
+/// staged and direct; times are the max over ranks of the mean of `iters` runs.
+fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let (me, n) = (world.rank() as u32, world.size() as u32);
+    let Ok(topo) = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
+    else {
+        eprintln!("no cluster preset");
+        return;
+    };
+    let Ok(mut comm) = MpiCommunicator::from_mpi(world, me, Some(topo.clone())) else {
+        eprintln!("setup failed");
+        return;
+    };
+    let opts = PlanOptions {
+        relay: RelayPolicy::Members,
+        ..PlanOptions::default()
+    };
+    if me == 0 {
+        println!("\nbackend path (host backend), {n} ranks:");
+    }
+    for (coll, count) in [
+        (Collective::AllReduce, 16_384u64),
+        (Collective::AllReduce, 1 << 20),
+        (Collective::AllToAll, 16_384 / n as u64),
+        (Collective::AllToAll, (1 << 20) / n as u64),
+    ] {
+        let req = Request::new(coll, (0..n).collect(), count, DType::F32);
+        let Ok(planned) = relaycc_route::plan(&topo, &req, &opts) else {
+            eprintln!("rank {me}: cannot plan {coll}");
+            return;
+        };
+        let plan = &planned.plan;
+        let in_len = req.input_len(me).unwrap_or(0) as usize * 4;
+        let out_len = req.output_len(me).unwrap_or(0) as usize * 4;
+        let input: Vec<u8> = (0..in_len / 4)
+            .flat_map(|i| ((i % 97) as f32 + me as f32).to_le_bytes())
+            .collect();
+        let mut host_out = vec![0u8; out_len];
+        let time = |f: &mut dyn FnMut() -> bool| -> Option<f64> {
+            world.barrier();
+            let t = Instant::now();
+            for _ in 0..iters {
+                if !f() {
+                    return None;
+                }
+            }
+            let mut m = 0.0f64;
+            let mine = t.elapsed().as_secs_f64() / iters as f64;
+            world.all_reduce_into(&mine, &mut m, SystemOperation::max());
+            Some(m)
+        };
+        let Some(slices) = time(&mut || comm.execute(plan, &input, &mut host_out).is_ok()) else {
+            eprintln!("rank {me}: execute failed");
+            return;
+        };
+        let backend = HostBackend::new();
+        let here = relaycc_route::Location::Gpu(me);
+        let region = |bytes: usize| {
+            backend.allocate(here, bytes as u64).map(|mem| ByteRegion {
+                mem,
+                offset: 0,
+                bytes: bytes as u64,
+            })
+        };
+        let (Ok(inp), Ok(out)) = (region(in_len), region(out_len)) else {
+            eprintln!("rank {me}: allocation failed");
+            return;
+        };
+        let _ = backend.upload(inp, &input);
+        let mut times = Vec::new();
+        let mut same = true;
+        for mode in [TransferMode::Staged, TransferMode::Direct] {
+            comm.set_transfer(mode);
+            let Ok(mut dp) = comm.prepare(&backend, plan) else {
+                eprintln!("rank {me}: prepare failed");
+                return;
+            };
+            let t = time(&mut || dp.run(inp, out).is_ok());
+            let mut got = vec![0u8; out_len];
+            same &= backend.download(out, &mut got).is_ok() && got == host_out;
+            times.push(t.unwrap_or(f64::NAN));
+        }
+        let mut all_same = 0i32;
+        world.all_reduce_into(&i32::from(same), &mut all_same, SystemOperation::min());
+        if me == 0 {
+            println!(
+                "  {coll} {:>8} B/rank ({}): slices {:>9.1} us  staged {:>9.1} us  direct {:>9.1} \
+                 us  staged/direct {:.2}  {}",
+                in_len,
+                plan.algorithm,
+                slices * 1e6,
+                times[0] * 1e6,
+                times[1] * 1e6,
+                times[0] / times[1],
+                if all_same == 1 { "" } else { "WRONG RESULT" }
+            );
+        }
+    }
 }

@@ -7,11 +7,13 @@
 //!
 //! Matrices: a 2D 5-point Poisson matrix, a 3D 7-point Poisson matrix and a random power-law
 //! matrix (hub columns make the halo irregular), rows in contiguous blocks per rank. The halo
-//! (the x entries of other ranks that a rank's rows touch) is set up once from index lists;
-//! then, for each strategy, a `NeighborExchange` is built and y = A x computed with it and
-//! checked against a serial product of the same rows; the exchange is timed (max over ranks
-//! of the mean of `iters` runs) beside the model's prediction and plain `MPI_Alltoallv` on
-//! the same pattern.
+//! (the x entries of other ranks that a rank's rows touch) is an index list: each owner
+//! learns once which of its entries each neighbour needs. Then, for each strategy, a
+//! `NeighborExchange` is built from those lists (`NeighborExchange::from_indices`: it gathers
+//! the entries into its own pack buffer, so a run takes the local x as it is) and y = A x
+//! computed with it and checked against a serial product of the same rows; the exchange
+//! (packing included) is timed (max over ranks of the mean of `iters` runs) beside the
+//! model's prediction and plain `MPI_Alltoallv` on the same pattern (packed by hand).
 
 use std::time::Instant;
 
@@ -162,12 +164,23 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
         world.all_to_all_varcount_into(&p, &mut q);
     }
     let x_local: Vec<f64> = (first..last).map(x_of).collect();
+    // What each neighbour needs, as indices into the local x.
+    let send_lists: Vec<Vec<usize>> = displs(&sc)
+        .iter()
+        .zip(&sc)
+        .map(|(d, c)| {
+            send_idx[*d as usize..(*d + *c) as usize]
+                .iter()
+                .map(|col| *col as usize - first)
+                .collect()
+        })
+        .collect();
+    // Alltoallv needs the entries packed by hand.
     let pack = |buf: &mut Vec<f64>| {
         buf.clear();
-        buf.extend(send_idx.iter().map(|c| x_local[*c as usize - first]));
+        buf.extend(send_lists.iter().flatten().map(|i| x_local[*i]));
     };
     let send_counts: Vec<u64> = sc.iter().map(|c| *c as u64).collect();
-    let recv_counts: Vec<u64> = rc.iter().map(|c| *c as u64).collect();
     let halo_len = flat_need.len();
     let halo_pos: std::collections::HashMap<usize, usize> = flat_need
         .iter()
@@ -220,18 +233,17 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
     ];
     let mut best = (f64::INFINITY, Strategy::Standard);
     for choice in strategies {
-        let mut ex =
-            match NeighborExchange::all_to_all_v(comm, &send_counts, &recv_counts, 8, choice) {
-                Ok(ex) => ex,
-                Err(e) => {
-                    eprintln!("rank {me}: {e}");
-                    return false;
-                }
-            };
+        // The halo arrives contiguous per owner, owners in rank order, each owner's entries
+        // in the order this rank asked for them: `flat_need`'s order.
+        let mut ex = match NeighborExchange::from_indices(comm, &send_lists, None, 8, choice) {
+            Ok(ex) => ex,
+            Err(e) => {
+                eprintln!("rank {me}: {e}");
+                return false;
+            }
+        };
         let mut halo = vec![0.0f64; halo_len];
-        let mut sendbuf = Vec::new();
-        pack(&mut sendbuf);
-        let ok_run = ex.run(&sendbuf, &mut halo).is_ok();
+        let ok_run = ex.received() == halo_len && ex.run(&x_local, &mut halo).is_ok();
         // y = A x with the exchanged halo, against the serial product.
         let y: Vec<f64> = my_rows
             .iter()
@@ -255,8 +267,7 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
         world.barrier();
         let t = Instant::now();
         for _ in 0..iters {
-            pack(&mut sendbuf);
-            if ex.run(&sendbuf, &mut halo).is_err() {
+            if ex.run(&x_local, &mut halo).is_err() {
                 all_ok = false;
                 break;
             }

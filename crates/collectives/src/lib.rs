@@ -46,7 +46,9 @@
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory ([`Communicator::host`]), relaycc-route's shared-memory planner.
 //! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/kernels.rs` (reduction
-//! loops), `backend/cuda.rs` (driver calls, kernel launches) and the `cuda` module (FFI).
+//! loops), `backend/cuda.rs` (driver calls, kernel launches), the `cuda` module (FFI) and,
+//! with feature `mpi`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls
+//! on raw buffers).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
@@ -67,7 +69,9 @@ pub mod rank_plan;
 
 pub use backend::cuda::{CudaBackend, Rejected};
 pub use backend::host::HostBackend;
-pub use backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot};
+pub use backend::{
+    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
+};
 pub use buffer::{AsView, BufferView, DeviceBuffer};
 pub use communicator::Communicator;
 pub use element::Element;

@@ -1,26 +1,43 @@
 //! MPI tests of the node-aware exchange; run under mpirun by `scripts/test-mpi`:
 //!
 //! ```text
-//! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange [correctness|fault-counts|fault-exit]
+//! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange \
+//!     [correctness|fault-counts|fault-exit|fault-exit-3step|fault-backend]
 //! ```
 //!
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
 //!   result on random sparse patterns (fixed seeds, empty messages, a rank with no
 //!   neighbours), run twice per build (persistence); all_gather_v equals `MPI_Allgatherv`.
+//! - `correctness` also checks index-list exchanges (`NeighborExchange::from_indices`: random
+//!   sparse lists with empty lists, repeated indices and a rank with no neighbours, packed and
+//!   with a random placement) against `MPI_Alltoallv` of the hand-packed buffers, for every
+//!   strategy.
 //! - `correctness` also runs plans from relaycc's planner (`relaycc_route::plan`, members
-//!   and host memory only) for nine collectives, reductions included, on a cluster preset through
-//!   `MpiCommunicator::execute`, and compares every output with the request's layout.
-//! - `fault-counts`: rank 0 expects one element too many from rank 1; every rank must get an
-//!   error from the build.
+//!   and host memory only) for ten collectives, reductions included, on a cluster preset
+//!   through `MpiCommunicator::execute`, and compares every output with the request's layout;
+//!   then all_reduce, all_gather, all_to_all_v, broadcast and reduce_scatter at 1000 elements
+//!   (direct plans) and 100000 (rings) through the backend path (`prepare`/`DevicePlan::run`
+//!   on a counting host backend), staged, direct, and direct on a backend that gives no
+//!   addresses, against the `execute` output and MPI's own collective; staged runs must make
+//!   one download per send and one upload per receive and never ask for a buffer's address.
+//! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
+//!   places one too many); every rank must get an error from the build.
+//! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
+//!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
 //!   timeout error within the bound.
 //!
 //! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange};
+use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode};
+use relaycc_collectives::{
+    Backend, ByteRegion, DeviceMem, HostBackend, Launch, RawRegion, Result as CResult,
+};
+use relaycc_route::Location;
 use relaycc_route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
@@ -161,6 +178,89 @@ fn correctness(comm: &MpiCommunicator, rep: &mut Report) {
     }
 }
 
+/// Index-list exchanges (`NeighborExchange::from_indices`) against `MPI_Alltoallv` of the
+/// hand-packed buffers, for every strategy: random sparse patterns with empty lists and
+/// repeated indices, and a last rank with no neighbours at all (it sends and receives
+/// nothing); packed and with a random placement; two runs per build.
+fn index_lists(comm: &MpiCommunicator, rep: &mut Report) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let world = comm.comm();
+    let k = comm.node_ranks().len();
+    for seed in 0..3u64 {
+        let mut next = rng(seed * 7919 + me as u64 + 11);
+        let len = 40 + (me * 13) % 17;
+        let x: Vec<u64> = (0..len as u64)
+            .map(|i| ((me as u64) << 40) | (seed << 32) | i)
+            .collect();
+        let lists: Vec<Vec<usize>> = (0..n)
+            .map(|d| {
+                if me == n - 1 || d == n - 1 || next() % 3 != 0 {
+                    return Vec::new();
+                }
+                // Drawn with replacement (repeats), sometimes empty; plus one sure repeat.
+                let mut l: Vec<usize> = (0..next() % 20).map(|_| (next() as usize) % len).collect();
+                if let Some(&first) = l.first() {
+                    l.push(first);
+                }
+                l
+            })
+            .collect();
+        let packed: Vec<u64> = lists.iter().flatten().map(|i| x[*i]).collect();
+        let sc: Vec<i32> = lists.iter().map(|l| l.len() as i32).collect();
+        let mut rc = vec![0i32; n];
+        world.all_to_all_into(&sc[..], &mut rc[..]);
+        let total = rc.iter().sum::<i32>() as usize;
+        let mut expect = vec![0u64; total];
+        {
+            let (sd, rd) = (displs(&sc), displs(&rc));
+            let sp = Partition::new(&packed[..], &sc[..], &sd[..]);
+            let mut rp = PartitionMut::new(&mut expect[..], &rc[..], &rd[..]);
+            world.all_to_all_varcount_into(&sp, &mut rp);
+        }
+        // A placement: a random permutation of 0..total + 3, cut per source.
+        let mut perm: Vec<usize> = (0..total + 3).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, (next() as usize) % (i + 1));
+        }
+        let mut places: Vec<Vec<usize>> = Vec::with_capacity(n);
+        let mut at = 0;
+        for c in &rc {
+            places.push(perm[at..at + *c as usize].to_vec());
+            at += *c as usize;
+        }
+        let mut placed = vec![u64::MAX; total + 3];
+        for (p, v) in places.iter().flatten().zip(&expect) {
+            placed[*p] = *v;
+        }
+        for (name, choice) in choices() {
+            let label = format!("indexed n={n} k={k} seed={seed} {name}");
+            let ok = match NeighborExchange::from_indices(comm, &lists, None, 8, choice) {
+                Ok(mut ex) => (0..2).all(|_| {
+                    let mut out = vec![u64::MAX; ex.received()];
+                    ex.run(&x, &mut out).is_ok() && out == expect
+                }),
+                Err(e) => {
+                    eprintln!("rank {me}: {label}: {e}");
+                    false
+                }
+            };
+            rep.check(&label, ok);
+            let label = format!("indexed+placed n={n} k={k} seed={seed} {name}");
+            let ok = match NeighborExchange::from_indices(comm, &lists, Some(&places), 8, choice) {
+                Ok(mut ex) => (0..2).all(|_| {
+                    let mut out = vec![u64::MAX; total + 3];
+                    ex.run(&x, &mut out).is_ok() && out == placed
+                }),
+                Err(e) => {
+                    eprintln!("rank {me}: {label}: {e}");
+                    false
+                }
+            };
+            rep.check(&label, ok);
+        }
+    }
+}
+
 fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 3).collect();
@@ -175,6 +275,22 @@ fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
         println!("rank {me}: error after {:?}: {e}", t.elapsed());
     }
     rep.check(&format!("fault-counts n={n}"), ok);
+    // Index lists: rank 0 places one element more than rank 1 sends it.
+    let lists: Vec<Vec<usize>> = (0..n).map(|d| vec![0; usize::from(d != me) * 3]).collect();
+    let mut places: Vec<Vec<usize>> = (0..n)
+        .map(|s| (0..usize::from(s != me) * 3).map(|i| s * 3 + i).collect())
+        .collect();
+    if me == 0 {
+        places[1].push(n * 3);
+    }
+    let r = NeighborExchange::from_indices(comm, &lists, Some(&places), 8, Choice::Model);
+    if let Err(e) = &r {
+        println!("rank {me}: placement error: {e}");
+    }
+    rep.check(
+        &format!("fault-places n={n}"),
+        matches!(r, Err(MpiError::CountMismatch(_))),
+    );
 }
 
 /// Returns true when this rank left early (and must not take part in anything else).
@@ -213,9 +329,25 @@ fn fault_exit(comm: &mut MpiCommunicator, strategy: Strategy) -> bool {
     false
 }
 
-/// Planner plans of every collective (sums for the reducing ones), run across processes by
-/// `execute`.
-fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
+/// Collectives the backend path is tested with.
+const BACKEND_COLLECTIVES: [relaycc_route::Collective; 5] = [
+    relaycc_route::Collective::AllReduce,
+    relaycc_route::Collective::AllGather,
+    relaycc_route::Collective::AllToAllV,
+    relaycc_route::Collective::Broadcast,
+    relaycc_route::Collective::ReduceScatter,
+];
+
+/// Planner plans of `collectives` with `count` elements per rank (sums for the reducing
+/// ones), run across processes by `execute` (host slices); then those of
+/// `BACKEND_COLLECTIVES` through the backend path (`backend_plans`). Small counts give
+/// direct plans, large ones rings (several levels, reductions between messages).
+fn planner_plans(
+    world: &rsmpi::topology::SimpleCommunicator,
+    rep: &mut Report,
+    count: u64,
+    collectives: &[relaycc_route::Collective],
+) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
     let n = world.size() as u32;
     let me = world.rank() as u32;
@@ -227,7 +359,7 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
             return;
         }
     };
-    let comm = match MpiCommunicator::from_mpi(world, me, Some(topo.clone())) {
+    let mut comm = match MpiCommunicator::from_mpi(world, me, Some(topo.clone())) {
         Ok(c) => c,
         Err(e) => {
             rep.check(&format!("planner plans: setup: {e}"), false);
@@ -239,19 +371,20 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
         relay: RelayPolicy::Members,
         ..PlanOptions::default()
     };
-    for coll in [
-        Collective::AllGather,
-        Collective::AllToAll,
-        Collective::Broadcast,
-        Collective::Gather,
-        Collective::Scatter,
-        Collective::AllGatherV,
-        Collective::AllReduce,
-        Collective::Reduce,
-        Collective::ReduceScatter,
-    ] {
-        let mut req = Request::new(coll, gpus.clone(), 1000, DType::U32).with_root(n - 1);
+    let mut for_backend = Vec::new();
+    for &coll in collectives {
+        let mut req = Request::new(coll, gpus.clone(), count, DType::U32).with_root(n - 1);
         req.counts = (0..n as u64).map(|r| (r * 37) % 11).collect();
+        if coll == Collective::AllToAllV {
+            // Some pairs exchange nothing.
+            req.matrix = (0..n as u64)
+                .map(|s| {
+                    (0..n as u64)
+                        .map(|d| (s * 7 + d * 3) % 5 * count / 25)
+                        .collect()
+                })
+                .collect();
+        }
         let planned = match relaycc_route::plan(&topo, &req, &opts) {
             Ok(p) => p,
             Err(e) => {
@@ -259,7 +392,6 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
                 continue;
             }
         };
-        let value = |rank: u32, i: u64| (rank << 24) | (i as u32 & 0x00ff_ffff);
         let input: Vec<u8> = (0..req.input_len(me).unwrap_or(0))
             .flat_map(|i| value(me, i).to_le_bytes())
             .collect();
@@ -270,36 +402,309 @@ fn planner_plans(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) 
         if let Err(e) = &ran {
             println!("rank {me}: {coll} ({}): {e}", planned.plan.algorithm);
         }
-        for piece in req.expected().unwrap_or_default() {
-            if piece.rank != me || !ok {
-                continue;
-            }
-            for i in 0..piece.len {
-                let at = ((piece.out_offset + i) * 4) as usize;
-                let got = u32::from_le_bytes([
-                    output[at],
-                    output[at + 1],
-                    output[at + 2],
-                    output[at + 3],
-                ]);
-                // Sums wrap, as the u32 reduction does.
-                let want = piece.terms.iter().fold(0u32, |acc, (src, off)| {
-                    acc.wrapping_add(value(*src, off + i))
-                });
-                if got != want {
-                    println!(
-                        "rank {me}: {coll} element {}: {got:#x} != {want:#x}",
-                        piece.out_offset + i
-                    );
-                    ok = false;
-                    break;
-                }
-            }
-        }
+        ok = ok && matches_request(&req, me, &output);
         rep.check(
-            &format!("planner plan {coll} ({})", planned.plan.algorithm),
+            &format!("planner plan {coll} x{count} ({})", planned.plan.algorithm),
             ok,
         );
+        if BACKEND_COLLECTIVES.contains(&coll) {
+            for_backend.push((req, planned.plan, input, output));
+        }
+    }
+    backend_plans(&mut comm, rep, &for_backend);
+}
+
+/// The value of element `i` of rank `rank`'s input.
+fn value(rank: u32, i: u64) -> u32 {
+    (rank << 24) | (i as u32 & 0x00ff_ffff)
+}
+
+/// True when `output` (little-endian u32) holds what `req` asks of rank `me`, sums wrapping as
+/// the u32 reduction does.
+fn matches_request(req: &relaycc_route::Request, me: u32, output: &[u8]) -> bool {
+    for piece in req.expected().unwrap_or_default() {
+        if piece.rank != me {
+            continue;
+        }
+        for i in 0..piece.len {
+            let at = ((piece.out_offset + i) * 4) as usize;
+            let Some(b) = output.get(at..at + 4) else {
+                return false;
+            };
+            let got = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let want = piece.terms.iter().fold(0u32, |acc, (src, off)| {
+                acc.wrapping_add(value(*src, off + i))
+            });
+            if got != want {
+                println!(
+                    "rank {me}: {} element {}: {got:#x} != {want:#x}",
+                    req.collective,
+                    piece.out_offset + i
+                );
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// A host backend that counts the downloads and uploads the MPI layer makes and the raw
+/// addresses it asks for, and that can refuse every raw address (a backend whose memory MPI
+/// cannot use). Staged runs must download every message they send and upload every one they
+/// receive, and never ask for the address of a buffer: a run that skipped staging fails.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: HostBackend,
+    refuse: bool,
+    /// Every download fails (a driver error).
+    fail: bool,
+    downloads: AtomicUsize,
+    uploads: AtomicUsize,
+    /// raw_region calls on memory that is not host staging memory (`Location::Gpu`).
+    raw_device: AtomicUsize,
+}
+
+impl Counting {
+    fn reset(&self) {
+        for c in [&self.downloads, &self.uploads, &self.raw_device] {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+    fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.downloads.load(Ordering::SeqCst),
+            self.uploads.load(Ordering::SeqCst),
+            self.raw_device.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Backend for Counting {
+    fn name(&self) -> &'static str {
+        "counting-host"
+    }
+    fn allocate(&self, location: Location, bytes: u64) -> CResult<DeviceMem> {
+        self.inner.allocate(location, bytes)
+    }
+    fn free(&self, mem: DeviceMem) {
+        self.inner.free(mem)
+    }
+    fn upload(&self, dst: ByteRegion, src: &[u8]) -> CResult<()> {
+        self.uploads.fetch_add(1, Ordering::SeqCst);
+        self.inner.upload(dst, src)
+    }
+    fn download(&self, src: ByteRegion, dst: &mut [u8]) -> CResult<()> {
+        self.downloads.fetch_add(1, Ordering::SeqCst);
+        if self.fail {
+            return Err(relaycc_collectives::CollectivesError::Backend {
+                backend: "counting-host",
+                message: "download failed (injected)".into(),
+            });
+        }
+        self.inner.download(src, dst)
+    }
+    fn submit(&self, launches: &[Launch<'_>]) -> CResult<()> {
+        self.inner.submit(launches)
+    }
+    fn synchronize(&self) -> CResult<()> {
+        self.inner.synchronize()
+    }
+    fn raw_region(&self, region: ByteRegion) -> CResult<Option<RawRegion>> {
+        if matches!(region.mem.location, Location::Gpu(_)) {
+            self.raw_device.fetch_add(1, Ordering::SeqCst);
+        }
+        if self.refuse {
+            return Ok(None);
+        }
+        self.inner.raw_region(region)
+    }
+}
+
+/// Planner plans through `MpiCommunicator::prepare`/`DevicePlan::run` on the host backend
+/// (wrapped in `Counting`), staged, direct, and direct on a backend that gives no addresses
+/// (which must fall back to staging); each output must equal the host-slice `execute` output
+/// and, for all_reduce, all_gather and all_to_all_v, MPI's own collective; each run is
+/// repeated (staging buffers reused).
+fn backend_plans(
+    comm: &mut MpiCommunicator,
+    rep: &mut Report,
+    plans: &[(
+        relaycc_route::Request,
+        relaycc_route::Plan,
+        Vec<u8>,
+        Vec<u8>,
+    )],
+) {
+    use relaycc_route::Collective;
+    let me = comm.rank();
+    let n = comm.size() as usize;
+    for (req, plan, input, host_out) in plans {
+        let coll = req.collective;
+        // MPI's own collective on the same input, where MPI has one.
+        let words: Vec<u32> = input
+            .chunks(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut reference = vec![0u32; host_out.len() / 4];
+        let has_reference = match coll {
+            Collective::AllReduce => {
+                comm.comm()
+                    .all_reduce_into(&words[..], &mut reference[..], SystemOperation::sum());
+                true
+            }
+            Collective::AllGather => {
+                comm.comm().all_gather_into(&words[..], &mut reference[..]);
+                true
+            }
+            Collective::AllToAllV => {
+                let sc: Vec<i32> = req.matrix[me as usize].iter().map(|c| *c as i32).collect();
+                let rc: Vec<i32> = (0..n).map(|s| req.matrix[s][me as usize] as i32).collect();
+                let (sd, rd) = (displs(&sc), displs(&rc));
+                let sp = Partition::new(&words[..], &sc[..], &sd[..]);
+                let mut rp = PartitionMut::new(&mut reference[..], &rc[..], &rd[..]);
+                comm.comm().all_to_all_varcount_into(&sp, &mut rp);
+                true
+            }
+            _ => false,
+        };
+        let reference: Vec<u8> = reference.iter().flat_map(|w| w.to_le_bytes()).collect();
+        if has_reference {
+            rep.check(
+                &format!("mpi reference {coll} x{}", req.count),
+                reference == *host_out,
+            );
+        }
+        for (label, mode, refuse) in [
+            ("staged", TransferMode::Staged, false),
+            ("direct", TransferMode::Direct, false),
+            ("direct, no addresses", TransferMode::Direct, true),
+        ] {
+            comm.set_transfer(mode);
+            let backend = Counting {
+                refuse,
+                ..Counting::default()
+            };
+            let r = run_on_backend(comm, &backend, plan, input, host_out.len());
+            let mine = r.as_ref().map_or(0, |(_, (s, _), _)| *s as u64);
+            let (ok, why) = match r {
+                Ok((out, (sends, recvs), (down, up, raw))) => {
+                    // Two runs each.
+                    let staging_ok = match (mode, refuse) {
+                        (TransferMode::Staged, _) | (_, true) => {
+                            down == 2 * sends && up == 2 * recvs && (refuse || raw == 0)
+                        }
+                        (TransferMode::Direct, false) => down == 0 && up == 0,
+                    };
+                    let same = out == *host_out && (!has_reference || out == reference);
+                    let why = format!(
+                        "sends {sends} recvs {recvs} downloads {down} uploads {up} raw {raw} \
+                         same output {same}"
+                    );
+                    (same && staging_ok, why)
+                }
+                Err(e) => (false, e.to_string()),
+            };
+            if !ok {
+                println!("rank {me}: backend {coll} {label}: {why}");
+            }
+            // Not vacuous: some rank sends something.
+            let mut msgs = 0u64;
+            comm.comm()
+                .all_reduce_into(&mine, &mut msgs, SystemOperation::sum());
+            rep.check(
+                &format!(
+                    "backend plan {coll} x{} {label} ({} algorithm, {msgs} messages)",
+                    req.count, plan.algorithm
+                ),
+                ok && msgs > 0,
+            );
+        }
+    }
+    comm.set_transfer(TransferMode::Staged);
+}
+
+/// Upload `input`, prepare `plan` on `backend`, run it twice, download the output. Returns
+/// the output, the messages this rank sends and receives per run, and the backend's counts
+/// (downloads, uploads, raw addresses of device memory) over the two runs.
+#[allow(clippy::type_complexity)]
+fn run_on_backend(
+    comm: &MpiCommunicator,
+    backend: &Counting,
+    plan: &relaycc_route::Plan,
+    input: &[u8],
+    out_bytes: usize,
+) -> Result<(Vec<u8>, (usize, usize), (usize, usize, usize)), MpiError> {
+    let here = Location::Gpu(comm.device());
+    let alloc = |bytes: usize| -> Result<ByteRegion, MpiError> {
+        let mem = backend.allocate(here, bytes as u64)?;
+        Ok(ByteRegion {
+            mem,
+            offset: 0,
+            bytes: bytes as u64,
+        })
+    };
+    let (inp, out) = (alloc(input.len())?, alloc(out_bytes)?);
+    backend.upload(inp, input)?;
+    let mut dp = comm.prepare(backend, plan)?;
+    backend.reset();
+    dp.run(inp, out)?;
+    dp.run(inp, out)?;
+    let counts = backend.counts();
+    let messages = dp.messages();
+    drop(dp);
+    let mut got = vec![0u8; out_bytes];
+    backend.download(out, &mut got)?;
+    backend.free(inp.mem);
+    backend.free(out.mem);
+    Ok((got, messages, counts))
+}
+
+/// Rank 1's backend fails every download while a staged all_reduce runs: rank 1 must return
+/// the backend's error, every other rank an error (a timeout: rank 1's messages never come)
+/// within the bound; nobody hangs or panics.
+fn fault_backend(world: &rsmpi::topology::SimpleCommunicator) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let (me, n) = (world.rank() as u32, world.size() as u32);
+    let setup = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let req = Request::new(Collective::AllReduce, (0..n).collect(), 1000, DType::U32);
+            let opts = PlanOptions {
+                relay: RelayPolicy::Members,
+                ..PlanOptions::default()
+            };
+            let plan = relaycc_route::plan(&topo, &req, &opts).map_err(|e| e.to_string())?;
+            let comm =
+                MpiCommunicator::from_mpi(world, me, Some(topo)).map_err(|e| e.to_string())?;
+            Ok((comm, plan.plan))
+        });
+    let (mut comm, plan) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            println!("rank {me}: FAULT-UNEXPECTED setup failed: {e}");
+            return;
+        }
+    };
+    comm.set_timeout(Duration::from_secs(3));
+    comm.set_transfer(TransferMode::Staged);
+    let backend = Counting {
+        fail: me == 1,
+        ..Counting::default()
+    };
+    let input: Vec<u8> = (0..1000u64)
+        .flat_map(|i| value(me, i).to_le_bytes())
+        .collect();
+    let t = Instant::now();
+    let r = run_on_backend(&comm, &backend, &plan, &input, 4000);
+    match (me, r) {
+        (1, Err(e @ MpiError::Backend(_))) => {
+            println!("rank {me}: FAULT-SOURCE after {:?}: {e}", t.elapsed())
+        }
+        (_, Err(e)) if me != 1 => {
+            println!("rank {me}: FAULT-DETECTED after {:?}: {e}", t.elapsed())
+        }
+        (_, Err(e)) => println!("rank {me}: FAULT-MISSED: other error {e}"),
+        (_, Ok(_)) => println!("rank {me}: FAULT-MISSED: run succeeded"),
     }
 }
 
@@ -319,6 +724,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if mode == "fault-backend" {
+        fault_backend(&world);
+        return;
+    }
     if mode == "fault-exit" || mode == "fault-exit-3step" {
         let s = if mode == "fault-exit" {
             Strategy::Standard
@@ -336,8 +745,23 @@ fn main() {
     };
     match mode.as_str() {
         "correctness" => {
+            use relaycc_route::Collective;
             correctness(&comm, &mut rep);
-            planner_plans(&world, &mut rep);
+            index_lists(&comm, &mut rep);
+            let every = [
+                Collective::AllGather,
+                Collective::AllToAll,
+                Collective::Broadcast,
+                Collective::Gather,
+                Collective::Scatter,
+                Collective::AllGatherV,
+                Collective::AllToAllV,
+                Collective::AllReduce,
+                Collective::Reduce,
+                Collective::ReduceScatter,
+            ];
+            planner_plans(&world, &mut rep, 1000, &every);
+            planner_plans(&world, &mut rep, 100_000, &BACKEND_COLLECTIVES);
         }
         "fault-counts" => fault_counts(&comm, &mut rep),
         other => {

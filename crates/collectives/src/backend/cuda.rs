@@ -33,7 +33,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use relaycc_route::{DType, Location, ReduceOp};
 
-use super::{Backend, ByteRegion, Command, DeviceMem, Launch, Slot};
+use super::{AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot};
 use crate::cuda::{self, CudaError, KernelCache, LaunchShape};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
@@ -788,6 +788,25 @@ impl Backend for CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// Device memory comes back as a device pointer (usable by CUDA-aware MPI only), pinned
+    /// memory as a host pointer; whether device pointers may go to MPI is the caller's call
+    /// (`RELAYCC_MPI_CUDA_AWARE`), not the backend's.
+    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
+        let st = lock(&self.state);
+        let (addr, dev) = resolve(&st.allocs, &region)?;
+        let addr =
+            usize::try_from(addr).map_err(|_| err(format!("address {addr:#x} does not fit")))?;
+        Ok(Some(RawRegion {
+            addr,
+            bytes: region.bytes,
+            space: if dev.is_some() {
+                AddressSpace::Device
+            } else {
+                AddressSpace::Host
+            },
+        }))
     }
 
     fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {

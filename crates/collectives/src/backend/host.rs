@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use relaycc_route::{DType, Location, ReduceOp};
 
 use super::kernels;
-use super::{Backend, ByteRegion, Command, DeviceMem, Launch, Slot};
+use super::{AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot};
 use crate::error::{CollectivesError, Result};
 
 /// Alignment of every arena block: a cache line, enough for every element type and for
@@ -354,6 +354,16 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
+        let blocks = lock(&self.blocks);
+        let addr = Self::resolve_region(&blocks, &region)?;
+        Ok(Some(RawRegion {
+            addr,
+            bytes: region.bytes,
+            space: AddressSpace::Host,
+        }))
+    }
+
     fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
         self.wait_idle();
         let mut lanes: Vec<Vec<Task>> = Vec::new();
@@ -513,5 +523,42 @@ impl Drop for HostBackend {
                 unsafe { dealloc(b.addr as *mut u8, layout) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The raw address is the region's first byte: what `upload` wrote is there, and what is
+    /// written there `download` reads; unknown allocations and regions past the end are errors.
+    #[test]
+    fn raw_region_is_the_memory_upload_and_download_see() {
+        let b = HostBackend::new();
+        let mem = b.allocate(Location::Gpu(0), 16).expect("allocate");
+        let r = ByteRegion {
+            mem,
+            offset: 4,
+            bytes: 8,
+        };
+        b.upload(r, &[1, 2, 3, 4, 5, 6, 7, 8]).expect("upload");
+        let raw = b
+            .raw_region(r)
+            .expect("known")
+            .expect("host memory has an address");
+        assert_eq!(raw.space, AddressSpace::Host);
+        assert_eq!(raw.bytes, 8);
+        // SAFETY: the region is 8 live bytes of `mem`; no launch is in flight.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(raw.addr as *mut u8, 8) };
+        assert_eq!(bytes, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        bytes[0] = 9;
+        let mut back = [0u8; 8];
+        b.download(r, &mut back).expect("download");
+        assert_eq!(back[0], 9);
+        let past = ByteRegion { offset: 12, ..r };
+        assert!(b.raw_region(past).is_err());
+        b.free(mem);
+        assert!(b.raw_region(r).is_err());
+        assert!(b.synchronize().is_ok());
     }
 }

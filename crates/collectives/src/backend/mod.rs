@@ -69,6 +69,28 @@ impl ByteRegion {
     }
 }
 
+/// Which memory a [`RawRegion`]'s address points into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AddressSpace {
+    /// Host memory (the host backend's arenas, CUDA's pinned memory): the CPU and any MPI
+    /// library may read and write it.
+    Host,
+    /// Device memory: only a device-aware library (CUDA-aware MPI) may use the address.
+    Device,
+}
+
+/// The raw address of a region, for a library that moves bytes outside the backend's launches
+/// (MPI); see [`Backend::raw_region`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawRegion {
+    /// Address of the region's first byte (a host pointer, or a device pointer).
+    pub addr: usize,
+    /// Bytes.
+    pub bytes: u64,
+    /// Host or device memory.
+    pub space: AddressSpace,
+}
+
 /// A byte range of the buffer bound at `binding`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Slot {
@@ -171,6 +193,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn submit(&self, launches: &[Launch<'_>]) -> Result<()>;
     /// Wait for every launch; returns the first error any of them met since the last call.
     fn synchronize(&self) -> Result<()>;
+    /// The raw address of `region` for a library that moves bytes outside launches (MPI), or
+    /// `None` where the backend keeps its addresses to itself (the default). Host memory comes
+    /// back as [`AddressSpace::Host`], device memory as [`AddressSpace::Device`].
+    ///
+    /// The address stays valid until the allocation is freed. It carries no ordering: the
+    /// caller must [`Backend::synchronize`] before it reads bytes a launch wrote, and must not
+    /// submit a launch that touches bytes the library is still using.
+    ///
+    /// Errors: an unknown allocation, or a region outside it.
+    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
+        let _ = region;
+        Ok(None)
+    }
     /// The backend as `Any`, for backend-specific features reached through a `dyn Backend`
     /// (the CUDA backend's zero-copy `CudaSlice` interop). `None` by default.
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -11,6 +11,7 @@ use relaycc_route::nodeaware::{
 };
 use relaycc_route::{Collective, DType, Location, Request};
 
+use super::indexed::Indexed;
 use super::schedule::Schedule;
 use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
 use crate::rank_plan::{default_split_cap, rank_space_plan};
@@ -36,13 +37,17 @@ pub const STRATEGIES: [Strategy; 4] = [
 /// A persistent irregular exchange: the plan, this rank's schedule, its scratch buffers and a
 /// private communicator, built once; [`NeighborExchange::run`] many times.
 pub struct NeighborExchange {
-    comm: SimpleCommunicator,
-    schedule: Schedule,
-    scratch: Vec<Vec<u8>>,
+    pub(super) comm: SimpleCommunicator,
+    pub(super) schedule: Schedule,
+    pub(super) scratch: Vec<Vec<u8>>,
     strategy: Strategy,
     modelled: Vec<(Strategy, f64)>,
-    elem: usize,
-    timeout: Duration,
+    pub(super) elem: usize,
+    pub(super) timeout: Duration,
+    /// Elements this rank receives per run.
+    pub(super) received: usize,
+    /// Index lists and pack buffers ([`NeighborExchange::from_indices`]).
+    pub(super) indexed: Option<Indexed>,
 }
 
 impl std::fmt::Debug for NeighborExchange {
@@ -56,7 +61,7 @@ impl std::fmt::Debug for NeighborExchange {
 
 /// Collective agreement on a local failure: every rank learns whether any rank failed and
 /// the lowest such rank, so a local error becomes an error on all ranks, not a hang.
-fn agree(comm: &MpiCommunicator, local: Option<String>) -> MpiResult<()> {
+pub(super) fn agree(comm: &MpiCommunicator, local: Option<String>) -> MpiResult<()> {
     let me = comm.rank() as i32;
     let mine = if local.is_some() { me } else { i32::MAX };
     let mut first = i32::MAX;
@@ -183,6 +188,7 @@ impl NeighborExchange {
             Location::Host(_) => None,
         })?;
         let scratch = schedule.scratch.iter().map(|n| vec![0u8; *n]).collect();
+        let received = schedule.output_len / elem_size.max(1);
         Ok(NeighborExchange {
             comm: private_dup(comm.comm()),
             schedule,
@@ -191,17 +197,23 @@ impl NeighborExchange {
             modelled,
             elem: elem_size.max(1),
             timeout: comm.timeout(),
+            received,
+            indexed: None,
         })
     }
 
-    /// Run the exchange: `send` is this rank's input (elements), `recv` its output.
+    /// Run the exchange.
     ///
-    /// Collective over the exchange's ranks. Errors: wrong buffer sizes (before any message),
-    /// an MPI error, or [`MpiError::Timeout`] when peers do not answer in time (after which
-    /// the caller should abort the job).
+    /// Built from counts: `send` is this rank's packed input (elements for rank 0, then rank
+    /// 1, ...), `recv` its packed output (elements from rank 0, then rank 1, ...). Built from
+    /// index lists ([`NeighborExchange::from_indices`]): `send` is the local vector the send
+    /// indices point into, gathered into the exchange's pack buffer first; `recv` receives as
+    /// above, or, with a placement, is the vector the placement points into.
+    ///
+    /// Collective over the exchange's ranks. Errors: wrong buffer sizes or element size
+    /// (before any message), an MPI error, or [`MpiError::Timeout`] when peers do not answer
+    /// in time (after which the caller should abort the job).
     pub fn run<T: bytemuck::Pod>(&mut self, send: &[T], recv: &mut [T]) -> MpiResult<()> {
-        let input: &[u8] = bytemuck::cast_slice(send);
-        let output: &mut [u8] = bytemuck::cast_slice_mut(recv);
         if std::mem::size_of::<T>() != self.elem {
             return Err(MpiError::Unsupported(format!(
                 "built for {}-byte elements, run with {}-byte ones",
@@ -209,6 +221,16 @@ impl NeighborExchange {
                 std::mem::size_of::<T>()
             )));
         }
+        if self.indexed.is_some() {
+            return self.run_indexed(send, recv);
+        }
+        let input: &[u8] = bytemuck::cast_slice(send);
+        let output: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        self.run_packed(input, output)
+    }
+
+    /// Run the plan on packed bytes.
+    fn run_packed(&mut self, input: &[u8], output: &mut [u8]) -> MpiResult<()> {
         self.schedule.run(
             self.comm.as_raw(),
             input,
@@ -236,6 +258,10 @@ impl NeighborExchange {
     /// Messages this rank sends and receives per run.
     pub fn messages(&self) -> (usize, usize) {
         self.schedule.messages()
+    }
+    /// Elements this rank receives per run (the length of a packed `recv`).
+    pub fn received(&self) -> usize {
+        self.received
     }
     /// Dependency levels this rank takes part in.
     pub fn levels(&self) -> usize {

@@ -7,13 +7,17 @@
 //! - `RELAYCC_RANKS_PER_NODE=k`: group the ranks of one host into virtual nodes of `k`
 //!   consecutive local ranks, so that node-aware strategies run real inter- and intra-node
 //!   phases on one machine;
-//! - `RELAYCC_MPI_CUDA_AWARE=1`: device buffers may go to MPI directly (the models then also
-//!   consider device-aware staging); otherwise they are staged through host memory. This
-//!   backend only runs host memory today, so both paths hand host pointers to MPI;
+//! - `RELAYCC_MPI_CUDA_AWARE=1`: device buffers go to MPI directly
+//!   ([`TransferMode::Direct`] for [`MpiCommunicator::execute_on`], and the models also
+//!   consider device-aware staging); otherwise they are staged through the backend's host
+//!   memory ([`TransferMode::Staged`]). [`MpiCommunicator::set_transfer`] overrides it;
 //! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long a run may wait for its peers before
 //!   it fails (see [`MpiError::Timeout`]).
 
+mod device;
 mod exchange;
+mod indexed;
+mod requests;
 mod schedule;
 
 use std::time::Duration;
@@ -26,7 +30,11 @@ use relaycc_route::{Location, Plan, RouteError};
 use relaycc_topo::Topology;
 
 pub use ::mpi as rsmpi;
+pub use device::{DevicePlan, TransferMode};
 pub use exchange::{Choice, NeighborExchange};
+
+use crate::backend::{Backend, ByteRegion};
+use crate::error::CollectivesError;
 
 /// What can go wrong in the MPI backend.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +86,17 @@ pub enum MpiError {
     /// The plan or request is not supported by this backend.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The node's backend failed (allocation, download, upload, a launch).
+    #[error("backend: {0}")]
+    Backend(#[from] CollectivesError),
+    /// Another rank failed a collective step, so this rank stopped too.
+    #[error("rank {rank} failed to {step}")]
+    Peer {
+        /// The lowest failing rank.
+        rank: u32,
+        /// The step (`prepare a plan`).
+        step: &'static str,
+    },
 }
 
 /// Result of the MPI backend.
@@ -92,6 +111,7 @@ pub struct MpiCommunicator {
     node_of: Vec<u32>,
     device: u32,
     cuda_aware: bool,
+    transfer: TransferMode,
     timeout: Duration,
     topology: Option<Topology>,
 }
@@ -170,13 +190,19 @@ impl MpiCommunicator {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(Duration::from_secs(60), Duration::from_millis);
+        let cuda_aware = std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1");
         Ok(MpiCommunicator {
             comm,
             rank: rank as u32,
             size: size as u32,
             node_of,
             device,
-            cuda_aware: std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1"),
+            cuda_aware,
+            transfer: if cuda_aware {
+                TransferMode::Direct
+            } else {
+                TransferMode::Staged
+            },
             timeout,
             topology,
         })
@@ -212,6 +238,17 @@ impl MpiCommunicator {
     /// True when `RELAYCC_MPI_CUDA_AWARE=1`.
     pub fn cuda_aware(&self) -> bool {
         self.cuda_aware
+    }
+    /// How [`Self::execute_on`] and [`Self::prepare`] move messages of backend memory
+    /// (default: [`TransferMode::Direct`] with `RELAYCC_MPI_CUDA_AWARE=1`, else
+    /// [`TransferMode::Staged`]).
+    pub fn transfer(&self) -> TransferMode {
+        self.transfer
+    }
+    /// Change the transfer mode of later [`Self::prepare`] calls. `Direct` hands device
+    /// addresses to MPI: only sound with a CUDA-aware MPI (host memory is fine either way).
+    pub fn set_transfer(&mut self, mode: TransferMode) {
+        self.transfer = mode;
     }
     /// How long a run waits for its peers.
     pub fn timeout(&self) -> Duration {
@@ -272,8 +309,61 @@ impl MpiCommunicator {
         )
     }
 
+    /// Bind this rank's part of `plan` to `backend` for repeated runs: check the plan
+    /// (`relaycc_route::check`), schedule it, allocate its scratch on the backend at the
+    /// plan's locations (`Location::Gpu(_)` of this rank becomes this process's device
+    /// `Location::Gpu(device)`, `Location::Host(h)` stays), and build one program of local
+    /// copies and reductions per level. Staging buffers are allocated on the first run that
+    /// needs them and reused. The transfer mode is the communicator's now.
+    ///
+    /// Collective: a failure on any rank is an error on every rank ([`MpiError::Peer`] on
+    /// the others), before any message moves.
+    pub fn prepare<'a>(
+        &'a self,
+        backend: &'a dyn Backend,
+        plan: &Plan,
+    ) -> MpiResult<DevicePlan<'a>> {
+        let local = DevicePlan::new(self, backend, plan);
+        agree(self.comm(), self.rank, local, "prepare a plan")
+    }
+
+    /// Run this rank's part of `plan` on `backend`'s memory: [`Self::prepare`], then
+    /// [`DevicePlan::run`] once. `input` and `output` are regions of this backend's memory
+    /// (zero-byte regions where the rank has none). Collective.
+    pub fn execute_on(
+        &self,
+        backend: &dyn Backend,
+        plan: &Plan,
+        input: ByteRegion,
+        output: ByteRegion,
+    ) -> MpiResult<()> {
+        self.prepare(backend, plan)?.run(input, output)
+    }
+
     /// Abort the whole job (after a [`MpiError::Timeout`], MPI's state is unknown).
     pub fn abort(&self, code: i32) -> ! {
         self.comm.abort(code)
+    }
+}
+
+/// Collective agreement on a local result: every rank learns whether any rank failed, so a
+/// local error becomes an error on every rank, not a hang. A rank that failed returns its
+/// own error; the others return [`MpiError::Peer`] naming the lowest failing rank.
+fn agree<T>(
+    comm: &SimpleCommunicator,
+    me: u32,
+    local: MpiResult<T>,
+    step: &'static str,
+) -> MpiResult<T> {
+    let mine = if local.is_err() { me as i32 } else { i32::MAX };
+    let mut first = i32::MAX;
+    comm.all_reduce_into(&mine, &mut first, SystemOperation::min());
+    match (local, first) {
+        (Err(e), _) => Err(e),
+        (Ok(v), i32::MAX) => Ok(v),
+        (Ok(_), r) => Err(MpiError::Peer {
+            rank: r as u32,
+            step,
+        }),
     }
 }

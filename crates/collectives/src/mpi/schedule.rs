@@ -5,7 +5,6 @@
 //! executes it: per level, post every receive, then every send (nonblocking, tag = op id), run
 //! the local copies, then poll `MPI_Testall` until the level completes or the deadline passes.
 
-use std::ffi::c_void;
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use ::mpi::ffi;
 use relaycc_route::{BufferRef, DType, Location, OpKind, Plan, ReduceOp};
 
 use super::MpiError;
+use super::requests::Requests;
 use crate::backend::kernels;
 
 /// MPI guarantees tags up to 32767 (MPI 4.0 §3.2.3); op ids are folded into that range. Two
@@ -23,7 +23,7 @@ const TAG_RANGE: u32 = 32768;
 
 /// A buffer of this rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Buf {
+pub(super) enum Buf {
     Input,
     Output,
     Scratch(usize),
@@ -31,36 +31,38 @@ enum Buf {
 
 /// A byte range of a buffer of this rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Loc {
-    buf: Buf,
-    off: usize,
-    len: usize,
+pub(super) struct Loc {
+    pub(super) buf: Buf,
+    pub(super) off: usize,
+    pub(super) len: usize,
 }
 
 /// What one rank does on one dependency level.
 #[derive(Debug, Default, Clone)]
-struct Level {
+pub(super) struct Level {
     /// (peer, tag, destination).
-    recvs: Vec<(c_int, c_int, Loc)>,
+    pub(super) recvs: Vec<(c_int, c_int, Loc)>,
     /// (peer, tag, source).
-    sends: Vec<(c_int, c_int, Loc)>,
+    pub(super) sends: Vec<(c_int, c_int, Loc)>,
     /// (source, destination), both here.
-    locals: Vec<(Loc, Loc)>,
+    pub(super) locals: Vec<(Loc, Loc)>,
     /// (sources, destination, finalize): local reductions (the plan IR keeps them local).
-    reduces: Vec<(Vec<Loc>, Loc, bool)>,
+    pub(super) reduces: Vec<(Vec<Loc>, Loc, bool)>,
 }
 
 /// One rank's part of a plan, by dependency level.
 #[derive(Debug, Clone)]
 pub(crate) struct Schedule {
     rank: u32,
-    levels: Vec<Level>,
+    pub(super) levels: Vec<Level>,
     /// Element type, reduce op and rank count of the plan (for reductions).
-    dtype: DType,
-    op: ReduceOp,
-    nranks: u32,
+    pub(super) dtype: DType,
+    pub(super) op: ReduceOp,
+    pub(super) nranks: u32,
     /// Bytes of each scratch buffer this rank owns.
     pub(crate) scratch: Vec<usize>,
+    /// Where the plan puts each of those scratch buffers.
+    pub(crate) scratch_at: Vec<Location>,
     /// Bytes of this rank's input and output.
     pub(crate) input_len: usize,
     pub(crate) output_len: usize,
@@ -115,10 +117,12 @@ impl Schedule {
         };
         let mut scratch_ix = vec![None; plan.scratch.len()];
         let mut scratch = Vec::new();
+        let mut scratch_at = Vec::new();
         for (i, s) in plan.scratch.iter().enumerate() {
             if owner(s.location) == Some(me) {
                 scratch_ix[i] = Some(scratch.len());
                 scratch.push(s.len as usize * size);
+                scratch_at.push(s.location);
             }
         }
         let loc = |r: relaycc_route::Region| -> Result<Loc, MpiError> {
@@ -197,6 +201,7 @@ impl Schedule {
             op: plan.request.op,
             nranks: plan.request.nranks() as u32,
             scratch,
+            scratch_at,
             input_len,
             output_len,
         })
@@ -262,47 +267,19 @@ impl Schedule {
             unsafe { base.add(l.off) }
         };
         let deadline = Instant::now() + timeout;
-        let mut reqs: Vec<ffi::MPI_Request> = Vec::new();
+        let mut reqs = Requests::new(comm, self.rank);
         for (li, level) in self.levels.iter().enumerate() {
             reqs.clear();
             for (peer, tag, l) in &level.recvs {
-                // SAFETY: reading an MPI constant initialised by the library.
-                let mut r = unsafe { ffi::RSMPI_REQUEST_NULL };
                 // SAFETY: the destination range is inside a live buffer (see `at`), is not
                 // touched by anything else until the request completes (the plan checker
                 // proves no unordered op touches it), and stays alive until then: this
                 // function waits for completion or cancellation, or aborts.
-                let rc = unsafe {
-                    ffi::MPI_Irecv(
-                        at(l).cast::<c_void>(),
-                        l.len as c_int,
-                        ffi::RSMPI_UINT8_T,
-                        *peer,
-                        *tag,
-                        comm,
-                        &mut r,
-                    )
-                };
-                reqs.push(r);
-                self.check(rc, "MPI_Irecv", comm, &mut reqs)?;
+                unsafe { reqs.irecv(at(l), l.len, *peer, *tag)? };
             }
             for (peer, tag, l) in &level.sends {
-                // SAFETY: reading an MPI constant initialised by the library.
-                let mut r = unsafe { ffi::RSMPI_REQUEST_NULL };
                 // SAFETY: as for the receives; the source is only read.
-                let rc = unsafe {
-                    ffi::MPI_Isend(
-                        at(l).cast_const().cast::<c_void>(),
-                        l.len as c_int,
-                        ffi::RSMPI_UINT8_T,
-                        *peer,
-                        *tag,
-                        comm,
-                        &mut r,
-                    )
-                };
-                reqs.push(r);
-                self.check(rc, "MPI_Isend", comm, &mut reqs)?;
+                unsafe { reqs.isend(at(l).cast_const(), l.len, *peer, *tag)? };
             }
             for (s, d) in &level.locals {
                 // SAFETY: both ranges are inside live buffers (see `at`) and of equal length
@@ -314,7 +291,7 @@ impl Schedule {
             for (srcs, d, finalize) in &level.reduces {
                 self.reduce(srcs, d, *finalize, &at);
             }
-            self.wait(li, comm, &mut reqs, deadline, timeout)?;
+            reqs.wait(li, deadline, timeout)?;
         }
         Ok(())
     }
@@ -369,114 +346,6 @@ impl Schedule {
         // SAFETY: `dst` has `d.len` writable bytes that nothing else touches now (as above).
         unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), dst, d.len) };
     }
-
-    /// Poll `MPI_Testall` until the level's requests complete or the deadline passes.
-    fn wait(
-        &self,
-        level: usize,
-        comm: ffi::MPI_Comm,
-        reqs: &mut [ffi::MPI_Request],
-        deadline: Instant,
-        timeout: Duration,
-    ) -> Result<(), MpiError> {
-        if reqs.is_empty() {
-            return Ok(());
-        }
-        let mut spins = 0u32;
-        loop {
-            let mut flag: c_int = 0;
-            // SAFETY: `reqs` holds requests returned by MPI_Irecv/MPI_Isend (or null); the
-            // statuses are ignored.
-            let rc = unsafe {
-                ffi::MPI_Testall(
-                    reqs.len() as c_int,
-                    reqs.as_mut_ptr(),
-                    &mut flag,
-                    ffi::RSMPI_STATUSES_IGNORE,
-                )
-            };
-            self.check(rc, "MPI_Testall", comm, reqs)?;
-            if flag != 0 {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let pending = pending(reqs);
-                let err = MpiError::Timeout {
-                    rank: self.rank,
-                    level,
-                    pending,
-                    after: timeout,
-                };
-                return Err(cancel_or_abort(comm, reqs, err));
-            }
-            // Oversubscribed runs (more ranks than cores) need the core back.
-            spins += 1;
-            if spins > 64 {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    /// Turn an MPI return code into an error (cancelling what is pending).
-    fn check(
-        &self,
-        rc: c_int,
-        call: &'static str,
-        comm: ffi::MPI_Comm,
-        reqs: &mut [ffi::MPI_Request],
-    ) -> Result<(), MpiError> {
-        if rc == ffi::MPI_SUCCESS as c_int {
-            return Ok(());
-        }
-        let err = MpiError::Mpi {
-            rank: self.rank,
-            call,
-            code: rc,
-        };
-        Err(cancel_or_abort(comm, reqs, err))
-    }
-}
-
-/// Requests not yet complete.
-fn pending(reqs: &[ffi::MPI_Request]) -> usize {
-    // SAFETY: reading an MPI constant initialised by the library.
-    let null = unsafe { ffi::RSMPI_REQUEST_NULL };
-    reqs.iter().filter(|r| **r != null).count()
-}
-
-/// Cancel every pending request and give them a second to complete; return `err` when they
-/// did, else print it and abort the job (MPI would keep writing into the caller's buffers).
-fn cancel_or_abort(comm: ffi::MPI_Comm, reqs: &mut [ffi::MPI_Request], err: MpiError) -> MpiError {
-    // SAFETY: reading an MPI constant initialised by the library.
-    let null = unsafe { ffi::RSMPI_REQUEST_NULL };
-    for r in reqs.iter_mut().filter(|r| **r != null) {
-        // SAFETY: `r` is a live request from MPI_Irecv/MPI_Isend.
-        unsafe { ffi::MPI_Cancel(r) };
-    }
-    let grace = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < grace {
-        let mut flag: c_int = 0;
-        // SAFETY: as in `Schedule::wait`.
-        let rc = unsafe {
-            ffi::MPI_Testall(
-                reqs.len() as c_int,
-                reqs.as_mut_ptr(),
-                &mut flag,
-                ffi::RSMPI_STATUSES_IGNORE,
-            )
-        };
-        if flag != 0 && rc == ffi::MPI_SUCCESS as c_int {
-            return err;
-        }
-        std::thread::yield_now();
-    }
-    eprintln!(
-        "relaycc mpi: {err}; {} requests could not be cancelled, aborting",
-        pending(reqs)
-    );
-    // SAFETY: MPI_Abort on a valid communicator; it does not return in practice.
-    unsafe { ffi::MPI_Abort(comm, 124) };
-    std::process::abort()
 }
 
 /// Dependency level of every op: 0 without predecessors, else one more than the deepest of

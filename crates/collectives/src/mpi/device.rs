@@ -1,0 +1,417 @@
+//! Plans over a [`Backend`]'s memory: one rank's part of a plan with its buffers in device (or
+//! host backend) memory. Local copies and reductions are backend launches; messages between
+//! processes either hand MPI the backend's raw addresses ([`TransferMode::Direct`], what
+//! CUDA-aware MPI allows) or go through host staging buffers ([`TransferMode::Staged`]):
+//! download, `MPI_Isend`; `MPI_Irecv`, upload. Protocol and deadlock argument: `README.md`.
+
+use std::os::raw::c_int;
+use std::time::Instant;
+
+use ::mpi::traits::AsRaw;
+use relaycc_route::{Location, Plan};
+
+use super::requests::Requests;
+use super::schedule::{Buf, Loc, Schedule};
+use super::{MpiCommunicator, MpiError, MpiResult};
+use crate::backend::{
+    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot,
+};
+
+/// How messages between processes reach device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransferMode {
+    /// Every message goes through host staging memory: the sender downloads the region into
+    /// a staging buffer and sends that; the receiver receives into a staging buffer and
+    /// uploads it once the level's messages are complete. Staging memory comes from the
+    /// backend's host memory (pinned on CUDA) where the backend gives its address, else from
+    /// a plain vector. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
+    Staged,
+    /// MPI reads and writes the backend's memory through the addresses the backend gives
+    /// ([`Backend::raw_region`]); device addresses are only sound with a CUDA-aware MPI.
+    /// Buffers the backend gives no address for are staged as above. The default with
+    /// `RELAYCC_MPI_CUDA_AWARE=1`.
+    Direct,
+}
+
+/// Host memory for the messages of one level, allocated on first need and reused by every
+/// level and run.
+#[derive(Debug)]
+enum HostBuf {
+    /// Not allocated yet.
+    None,
+    /// The backend's host memory (pinned on CUDA) at this address.
+    Backend { mem: DeviceMem, addr: usize },
+    /// A plain vector, for backends that give no address of their host memory.
+    Owned(Vec<u8>),
+}
+
+impl HostBuf {
+    /// Make sure `bytes` are there; returns the base address.
+    fn ensure(&mut self, backend: &dyn Backend, at: Location, bytes: usize) -> MpiResult<*mut u8> {
+        if let HostBuf::None = self {
+            let mem = backend.allocate(at, bytes as u64)?;
+            let whole = ByteRegion {
+                mem,
+                offset: 0,
+                bytes: mem.bytes,
+            };
+            match backend.raw_region(whole) {
+                Ok(Some(r)) if r.space == AddressSpace::Host => {
+                    *self = HostBuf::Backend { mem, addr: r.addr }
+                }
+                _ => {
+                    backend.free(mem);
+                    *self = HostBuf::Owned(vec![0u8; bytes]);
+                }
+            }
+        }
+        Ok(match self {
+            HostBuf::Backend { addr, .. } => *addr as *mut u8,
+            HostBuf::Owned(v) => v.as_mut_ptr(),
+            HostBuf::None => std::ptr::null_mut(),
+        })
+    }
+}
+
+/// One rank's part of a plan bound to a backend: scratch allocated at the plan's locations,
+/// one program of local copies and reductions per level, staging buffers; built once by
+/// [`MpiCommunicator::prepare`], run many times. Dropping it frees its allocations.
+pub struct DevicePlan<'a> {
+    comm: &'a MpiCommunicator,
+    backend: &'a dyn Backend,
+    schedule: Schedule,
+    mode: TransferMode,
+    scratch: Vec<DeviceMem>,
+    /// Per level of the schedule, its local work (`None` when it has none).
+    programs: Vec<Option<Program>>,
+    /// Where staging memory is allocated.
+    staging_at: Location,
+    /// Bytes the sends (receives) of the busiest level need when all are staged.
+    send_bytes: usize,
+    recv_bytes: usize,
+    send_stage: HostBuf,
+    recv_stage: HostBuf,
+    /// Bindings of the current run: input, output, then scratch (kept to avoid allocating).
+    bindings: Vec<ByteRegion>,
+    /// Per binding, MPI's address of its first byte, or `None` when its messages are staged.
+    direct: Vec<Option<usize>>,
+}
+
+impl std::fmt::Debug for DevicePlan<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePlan")
+            .field("backend", &self.backend.name())
+            .field("mode", &self.mode)
+            .field("messages", &self.schedule.messages())
+            .field("levels", &self.schedule.depth())
+            .finish()
+    }
+}
+
+/// Binding index of a buffer: input, output, then scratch.
+fn binding(b: Buf) -> usize {
+    match b {
+        Buf::Input => 0,
+        Buf::Output => 1,
+        Buf::Scratch(i) => 2 + i,
+    }
+}
+
+fn slot(l: &Loc) -> Slot {
+    Slot {
+        binding: binding(l.buf) as u32,
+        offset: l.off as u64,
+        bytes: l.len as u64,
+    }
+}
+
+impl<'a> DevicePlan<'a> {
+    /// See [`MpiCommunicator::prepare`].
+    pub(super) fn new(
+        comm: &'a MpiCommunicator,
+        backend: &'a dyn Backend,
+        plan: &Plan,
+    ) -> MpiResult<Self> {
+        // Raw addresses go to MPI while launches run: only the checker's proof that unordered
+        // ops touch disjoint bytes makes that sound, so unchecked plans are refused.
+        relaycc_route::check(plan)?;
+        let schedule = Schedule::new(plan, comm.rank(), &|l| comm.owner(plan, l))?;
+        let device = Location::Gpu(comm.device());
+        // The plan names memories by the topology's GPUs; this process's backend knows its
+        // own device only.
+        let local = |l: Location| match l {
+            Location::Gpu(_) => device,
+            host => host,
+        };
+        let staging_at = schedule
+            .scratch_at
+            .iter()
+            .copied()
+            .find(|l| matches!(l, Location::Host(_)))
+            .unwrap_or(Location::Host(0));
+        let programs = schedule
+            .levels
+            .iter()
+            .map(|lv| {
+                if lv.locals.is_empty() && lv.reduces.is_empty() {
+                    return None;
+                }
+                let mut commands = Vec::with_capacity(lv.locals.len() + lv.reduces.len());
+                let mut srcs = Vec::new();
+                // One lane per level: ops of one level are unordered, so the checker proved
+                // them disjoint, and any order on one lane is correct.
+                for (s, d) in &lv.locals {
+                    commands.push(Command::Copy {
+                        lane: 0,
+                        src: slot(s),
+                        dst: slot(d),
+                    });
+                }
+                for (from, d, finalize) in &lv.reduces {
+                    let first = srcs.len() as u32;
+                    srcs.extend(from.iter().map(slot));
+                    commands.push(Command::Reduce {
+                        lane: 0,
+                        first,
+                        count: from.len() as u32,
+                        dst: slot(d),
+                        divide: *finalize,
+                    });
+                }
+                Some(Program {
+                    lanes: vec![device],
+                    events: 0,
+                    dtype: schedule.dtype,
+                    op: schedule.op,
+                    divisor: schedule.nranks,
+                    bindings: 2 + schedule.scratch.len() as u32,
+                    commands,
+                    srcs,
+                })
+            })
+            .collect();
+        let level_bytes = |f: fn(&super::schedule::Level) -> usize| {
+            schedule.levels.iter().map(f).max().unwrap_or(0)
+        };
+        let send_bytes = level_bytes(|l| l.sends.iter().map(|m| m.2.len).sum());
+        let recv_bytes = level_bytes(|l| l.recvs.iter().map(|m| m.2.len).sum());
+        let mut dp = DevicePlan {
+            comm,
+            backend,
+            mode: comm.transfer(),
+            scratch: Vec::with_capacity(schedule.scratch.len()),
+            programs,
+            staging_at,
+            send_bytes,
+            recv_bytes,
+            send_stage: HostBuf::None,
+            recv_stage: HostBuf::None,
+            bindings: Vec::with_capacity(2 + schedule.scratch.len()),
+            direct: Vec::with_capacity(2 + schedule.scratch.len()),
+            schedule,
+        };
+        // On an error here `dp`'s drop frees what was allocated so far.
+        for (bytes, at) in dp.schedule.scratch.iter().zip(&dp.schedule.scratch_at) {
+            let mem = backend.allocate(local(*at), *bytes as u64)?;
+            dp.scratch.push(mem);
+        }
+        Ok(dp)
+    }
+
+    /// Bytes of this rank's input region.
+    pub fn input_bytes(&self) -> u64 {
+        self.schedule.input_len as u64
+    }
+    /// Bytes of this rank's output region.
+    pub fn output_bytes(&self) -> u64 {
+        self.schedule.output_len as u64
+    }
+    /// Messages this rank sends and receives per run (zero-byte ones are never sent).
+    pub fn messages(&self) -> (usize, usize) {
+        self.schedule.messages()
+    }
+    /// Dependency levels this rank takes part in.
+    pub fn levels(&self) -> usize {
+        self.schedule.depth()
+    }
+    /// How messages reach the backend's memory (the communicator's mode when prepared).
+    pub fn mode(&self) -> TransferMode {
+        self.mode
+    }
+
+    /// Run this rank's part with `input` and `output` (regions of this backend's memory of
+    /// [`Self::input_bytes`] and [`Self::output_bytes`]; a zero-byte region where the rank has
+    /// none). Collective over the plan's ranks. Per level: post receives, post sends
+    /// (downloading staged ones first), launch the level's local work, wait for the messages
+    /// and the launch, upload staged receives.
+    ///
+    /// Errors: wrong or overlapping regions (before any message), a backend failure (this
+    /// rank then finishes the level's posted messages and returns it; its peers time out on
+    /// later levels), an MPI error or [`MpiError::Timeout`] (as [`MpiCommunicator::execute`]).
+    pub fn run(&mut self, input: ByteRegion, output: ByteRegion) -> MpiResult<()> {
+        let bad = |side: &'static str, got: u64, needs: usize| MpiError::Buffer {
+            side,
+            got: got as usize,
+            needs,
+        };
+        if input.bytes != self.schedule.input_len as u64 {
+            return Err(bad("input", input.bytes, self.schedule.input_len));
+        }
+        if output.bytes != self.schedule.output_len as u64 {
+            return Err(bad("output", output.bytes, self.schedule.output_len));
+        }
+        if input.overlaps(&output) {
+            return Err(MpiError::Unsupported(
+                "input and output overlap (in-place runs are not supported here)".into(),
+            ));
+        }
+        self.bindings.clear();
+        self.bindings.extend([input, output]);
+        self.bindings
+            .extend(self.scratch.iter().map(|m| ByteRegion {
+                mem: *m,
+                offset: 0,
+                bytes: m.bytes,
+            }));
+        self.direct.clear();
+        for r in &self.bindings {
+            let addr = match self.mode {
+                TransferMode::Staged => None,
+                // Direct means MPI may use device addresses too (CUDA-aware); only a backend
+                // that gives no address at all forces staging.
+                TransferMode::Direct => self.backend.raw_region(*r)?.map(|raw| raw.addr),
+            };
+            self.direct.push(addr);
+        }
+        let staged = |l: &Loc, direct: &[Option<usize>]| direct[binding(l.buf)].is_none();
+        let any_send = self
+            .schedule
+            .levels
+            .iter()
+            .any(|lv| lv.sends.iter().any(|(_, _, l)| staged(l, &self.direct)));
+        let any_recv = self
+            .schedule
+            .levels
+            .iter()
+            .any(|lv| lv.recvs.iter().any(|(_, _, l)| staged(l, &self.direct)));
+        let send_stage = if any_send {
+            self.send_stage
+                .ensure(self.backend, self.staging_at, self.send_bytes)?
+        } else {
+            std::ptr::null_mut()
+        };
+        let recv_stage = if any_recv {
+            self.recv_stage
+                .ensure(self.backend, self.staging_at, self.recv_bytes)?
+        } else {
+            std::ptr::null_mut()
+        };
+        let region = |l: &Loc| {
+            let b = self.bindings[binding(l.buf)];
+            ByteRegion {
+                mem: b.mem,
+                offset: b.offset + l.off as u64,
+                bytes: l.len as u64,
+            }
+        };
+        let timeout = self.comm.timeout();
+        let deadline = Instant::now() + timeout;
+        let mut reqs = Requests::new(self.comm.comm().as_raw(), self.comm.rank());
+        for (li, level) in self.schedule.levels.iter().enumerate() {
+            reqs.clear();
+            let mut local: Option<MpiError> = None;
+            let mut off = 0usize;
+            for (peer, tag, l) in &level.recvs {
+                let ptr = match self.direct[binding(l.buf)] {
+                    Some(base) => (base + l.off) as *mut u8,
+                    None => {
+                        // SAFETY: the level's staged receives take consecutive ranges of the
+                        // receive staging buffer, which holds the busiest level's total.
+                        let p = unsafe { recv_stage.add(off) };
+                        off += l.len;
+                        p
+                    }
+                };
+                // SAFETY: `ptr` is `l.len` bytes of a live allocation: the backend region
+                // (`Schedule::new` bounded `l` by the buffer, whose size was checked above) or
+                // a private staging range. No launch touches it until the request completes:
+                // the level's launch writes only ranges the checker proved disjoint, and the
+                // next launch waits for `reqs.wait`. It stays allocated: the backend and the
+                // staging buffers outlive this call, which waits, cancels or aborts.
+                unsafe { reqs.irecv(ptr, l.len, *peer as c_int, *tag)? };
+            }
+            let mut off = 0usize;
+            for (peer, tag, l) in &level.sends {
+                let ptr = match self.direct[binding(l.buf)] {
+                    Some(base) => (base + l.off) as *const u8,
+                    None => {
+                        // SAFETY: as for receives, in the send staging buffer.
+                        let p = unsafe { send_stage.add(off) };
+                        off += l.len;
+                        // SAFETY: `p..p + len` is a private staging range no pending request
+                        // uses (earlier sends of the level use earlier ranges).
+                        let dst = unsafe { std::slice::from_raw_parts_mut(p, l.len) };
+                        // No launch of this level is in flight yet, so the download does not
+                        // wait for one.
+                        if let Err(e) = self.backend.download(region(l), dst) {
+                            // The peer never gets this message and times out; this rank
+                            // completes what it posted, then reports the backend's error.
+                            local = Some(e.into());
+                            break;
+                        }
+                        p
+                    }
+                };
+                // SAFETY: as for receives; the source is only read. A direct source was
+                // written by an earlier level's launch, which `synchronize` finished.
+                unsafe { reqs.isend(ptr, l.len, *peer as c_int, *tag)? };
+            }
+            if local.is_none() {
+                if let Some(program) = &self.programs[li] {
+                    let launch = Launch {
+                        program,
+                        bindings: &self.bindings,
+                    };
+                    if let Err(e) = self.backend.submit(&[launch]) {
+                        local = Some(e.into());
+                    }
+                }
+            }
+            let waited = reqs.wait(li, deadline, timeout);
+            // The launch may still read or write; its bytes must be settled before anything
+            // else touches them, and its errors are reported here.
+            if let Err(e) = self.backend.synchronize() {
+                local.get_or_insert(e.into());
+            }
+            if let Some(e) = local {
+                return Err(e);
+            }
+            waited?;
+            let mut off = 0usize;
+            for (_, _, l) in &level.recvs {
+                if self.direct[binding(l.buf)].is_some() {
+                    continue;
+                }
+                // SAFETY: the receive into this staging range completed (`wait`), and
+                // nothing else writes staging memory.
+                let src = unsafe { std::slice::from_raw_parts(recv_stage.add(off), l.len) };
+                off += l.len;
+                self.backend.upload(region(l), src)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DevicePlan<'_> {
+    fn drop(&mut self) {
+        for m in self.scratch.drain(..) {
+            self.backend.free(m);
+        }
+        for s in [&mut self.send_stage, &mut self.recv_stage] {
+            if let HostBuf::Backend { mem, .. } = std::mem::replace(s, HostBuf::None) {
+                self.backend.free(mem);
+            }
+        }
+    }
+}
