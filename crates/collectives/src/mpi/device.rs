@@ -46,8 +46,18 @@ enum HostBuf {
 }
 
 impl HostBuf {
-    /// Make sure `bytes` are there; returns the base address.
+    /// Make sure `bytes` are there (a smaller buffer is replaced); returns the base address.
     fn ensure(&mut self, backend: &dyn Backend, at: Location, bytes: usize) -> MpiResult<*mut u8> {
+        let held = match self {
+            HostBuf::None => None,
+            HostBuf::Backend { mem, .. } => Some(mem.bytes),
+            HostBuf::Owned(v) => Some(v.len() as u64),
+        };
+        if held.is_some_and(|h| h < bytes as u64) {
+            if let HostBuf::Backend { mem, .. } = std::mem::replace(self, HostBuf::None) {
+                backend.free(mem);
+            }
+        }
         if let HostBuf::None = self {
             let mem = backend.allocate(at, bytes as u64)?;
             let whole = ByteRegion {
