@@ -193,7 +193,7 @@ fn nccl_baseline(
 ) -> std::result::Result<relaycc_collectives::cuda::nccl::NcclComms, String> {
     use relaycc_collectives::cuda::nccl::{NcclComms, nccl_buffer_elems};
     let n = ordinals.len() as u64;
-    let count = nccl_count(c, dtype, max_bytes, n);
+    let count = element_count(c, dtype, max_bytes, n);
     let (ins, outs) = nccl_buffer_elems(c, count, n);
     let capacity = ins.max(outs).saturating_mul(dtype.size());
     NcclComms::new(ordinals, capacity).map_err(|e| e.to_string())
@@ -201,7 +201,7 @@ fn nccl_baseline(
 
 /// The element count of a `size`-byte request on `n` ranks, as nccl-tests counts it: the whole
 /// buffer, or one rank's block for the gathers, scatters and all-to-alls.
-fn nccl_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
+fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
     let per = size / dtype.size();
     match c {
         Collective::AllGather
@@ -409,7 +409,7 @@ fn request(
     size: u64,
 ) -> Request {
     let n = comm.ranks() as u64;
-    let count = nccl_count(c, dtype, size, n);
+    let count = element_count(c, dtype, size, n);
     let mut r = Request::new(c, comm.devices().to_vec(), count, dtype)
         .with_op(op)
         .with_root(root);
@@ -542,10 +542,9 @@ fn with_nccl(
     op: ReduceOp,
     ranks: usize,
 ) -> Result<Row> {
-    let count = nccl_count(c, dtype, row.size, ranks as u64);
     let call = relaycc_collectives::cuda::nccl::NcclCall {
         collective: c,
-        count,
+        count: row.count,
         dtype,
         op,
         root: args.root,

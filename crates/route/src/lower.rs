@@ -201,7 +201,7 @@ pub fn emit_transfer_chunked(
                 let id = plan.copy(lane, from, to, route.hops[j].edges.clone(), d);
                 ops.push(id);
             }
-            if let Some(&last) = ops.last().filter(|_| hops > 0) {
+            if let Some(&last) = ops.last() {
                 arrivals.push(Arrival {
                     dst: Region::new(dst.buffer, dst.offset + offset + start, len),
                     op: last,

@@ -171,7 +171,7 @@ fn fastest_collectives(
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
     let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
     let prepare = |i: usize, chunk: u64| -> Result<(usize, Plan, Prepared)> {
-        let plan = set.build(req, i, chunk)?;
+        let plan = set.build(i, chunk)?;
         let prepared = Prepared::new(topo, &plan, &opts.sim)?;
         Ok((i, plan, prepared))
     };

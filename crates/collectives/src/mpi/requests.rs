@@ -48,24 +48,22 @@ impl Requests {
         peer: c_int,
         tag: c_int,
     ) -> Result<(), MpiError> {
-        let count = self.count(len, "MPI_Irecv")?;
-        // SAFETY: reading an MPI constant initialised by the library.
-        let mut r = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: the caller keeps `buf` valid and untouched until the request completes or is
-        // cancelled; `count` bytes fit in it.
-        let rc = unsafe {
-            ffi::MPI_Irecv(
-                buf.cast::<c_void>(),
-                count,
-                ffi::RSMPI_UINT8_T,
-                peer,
-                tag,
-                self.comm,
-                &mut r,
-            )
-        };
-        self.reqs.push(r);
-        self.check(rc, "MPI_Irecv")
+        let comm = self.comm;
+        self.post("MPI_Irecv", len, |count, r| {
+            // SAFETY: the caller keeps `buf` valid and untouched until the request completes
+            // or is cancelled; `count` bytes fit in it.
+            unsafe {
+                ffi::MPI_Irecv(
+                    buf.cast::<c_void>(),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    peer,
+                    tag,
+                    comm,
+                    r,
+                )
+            }
+        })
     }
 
     /// Post `MPI_Isend` of `len` bytes at `buf` to `peer` with `tag`.
@@ -79,23 +77,37 @@ impl Requests {
         peer: c_int,
         tag: c_int,
     ) -> Result<(), MpiError> {
-        let count = self.count(len, "MPI_Isend")?;
+        let comm = self.comm;
+        self.post("MPI_Isend", len, |count, r| {
+            // SAFETY: as in `irecv`; the buffer is only read.
+            unsafe {
+                ffi::MPI_Isend(
+                    buf.cast::<c_void>(),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    peer,
+                    tag,
+                    comm,
+                    r,
+                )
+            }
+        })
+    }
+
+    /// Post one request with `call` (given the count and the request to fill), keep it, and
+    /// turn its return code into an error.
+    fn post(
+        &mut self,
+        name: &'static str,
+        len: usize,
+        call: impl FnOnce(c_int, &mut ffi::MPI_Request) -> c_int,
+    ) -> Result<(), MpiError> {
+        let count = self.count(len, name)?;
         // SAFETY: reading an MPI constant initialised by the library.
         let mut r = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as in `irecv`; the buffer is only read.
-        let rc = unsafe {
-            ffi::MPI_Isend(
-                buf.cast::<c_void>(),
-                count,
-                ffi::RSMPI_UINT8_T,
-                peer,
-                tag,
-                self.comm,
-                &mut r,
-            )
-        };
+        let rc = call(count, &mut r);
         self.reqs.push(r);
-        self.check(rc, "MPI_Isend")
+        self.check(rc, name)
     }
 
     /// Poll `MPI_Testall` until every request completes, or the deadline passes (then

@@ -179,6 +179,7 @@ pub const MULTIPATH_MIN_GAIN: f64 = 1.1;
 /// them all; the orchestrator builds them first with [`whole_block_chunk_elems`] to bound each
 /// one's time cheaply, and at full detail only those that can still win.
 pub struct Candidates<'t> {
+    req: Request,
     cache: ConnCache<'t>,
     jobs: Vec<(LinkMode, Planner, u32)>,
 }
@@ -222,7 +223,11 @@ impl<'t> Candidates<'t> {
                     .map(move |(p, ch)| (mode, p, ch))
             })
             .collect();
-        Ok(Candidates { cache, jobs })
+        Ok(Candidates {
+            req: req.clone(),
+            cache,
+            jobs,
+        })
     }
     /// Number of candidates.
     pub fn len(&self) -> usize {
@@ -232,10 +237,10 @@ impl<'t> Candidates<'t> {
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()
     }
-    /// Build candidate `i` (< [`Candidates::len`]) for `req` (the request the set was made
-    /// for) with pipelining chunks of `chunk_elems` elements. A [`RouteError::NoRoute`] when
-    /// the candidate finds no routes; [`RouteError::BadRequest`] for an index out of range.
-    pub fn build(&self, req: &Request, i: usize, chunk_elems: u64) -> Result<Plan> {
+    /// Build candidate `i` (< [`Candidates::len`]) with pipelining chunks of `chunk_elems`
+    /// elements. A [`RouteError::NoRoute`] when the candidate finds no routes;
+    /// [`RouteError::BadRequest`] for an index out of range.
+    pub fn build(&self, i: usize, chunk_elems: u64) -> Result<Plan> {
         let &(mode, planner, channels) = self.jobs.get(i).ok_or_else(|| {
             RouteError::BadRequest(format!("candidate {i} of {}", self.jobs.len()))
         })?;
@@ -245,7 +250,7 @@ impl<'t> Candidates<'t> {
             chunk_elems: chunk_elems.max(1),
             channels,
         };
-        planner(self.cache.topo(), req, &ctx)
+        planner(self.cache.topo(), &self.req, &ctx)
     }
 }
 
@@ -301,7 +306,7 @@ pub fn collective_candidates(
     // Candidates are independent: build them in parallel, keeping the job order.
     let built: Vec<Result<Plan>> = jobs
         .into_par_iter()
-        .map(|(chunk, i)| set.build(req, i, chunk))
+        .map(|(chunk, i)| set.build(i, chunk))
         .collect();
     keep_routable(built)
 }

@@ -58,27 +58,15 @@ pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
 fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
     let n = req.nranks();
     let g = &req.gpus;
-    let rate: Vec<Vec<f64>> = (0..n)
-        .map(|i| {
-            (0..n)
-                .map(|j| {
-                    if i == j {
-                        0.0
-                    } else {
-                        ctx.cache.gbps(ctx.mode, g[i], g[j])
-                    }
-                })
-                .collect()
-        })
-        .collect();
+    let rate = |a: usize, b: usize| ctx.cache.gbps(ctx.mode, g[a], g[b]);
     // Flat, with both directions already folded in: the search reads it (n-1)! times.
     let link: Vec<f64> = (0..n * n)
         .map(|k| {
             let (a, b) = (k / n, k % n);
-            if both {
-                rate[a][b].min(rate[b][a])
-            } else {
-                rate[a][b]
+            match (a == b, both) {
+                (true, _) => 0.0,
+                (false, true) => rate(a, b).min(rate(b, a)),
+                (false, false) => rate(a, b),
             }
         })
         .collect();

@@ -73,9 +73,22 @@ fn connection_load(topo: &Topology, conn: &Connection) -> Vec<(Resource, f64, f6
     load.into_iter().map(|(r, (u, cap))| (r, u, cap)).collect()
 }
 
-/// A member pair's connection, its load per GB/s on each resource (with the resource's
-/// capacity), and its own rate.
-type Pair = (Arc<Connection>, Vec<(Resource, f64, f64)>, f64);
+/// A member pair's connection and its load per GB/s on each resource (with the resource's
+/// capacity).
+type Pair = (Arc<Connection>, Vec<(Resource, f64, f64)>);
+
+/// What a connection or a whole ring can still carry, GB/s: `own` (its rate), capped by what
+/// is left of each resource it loads (`load`: resource, GB/s per GB/s carried).
+fn carry(
+    remaining: &BTreeMap<Resource, f64>,
+    load: impl Iterator<Item = (Resource, f64)>,
+    own: f64,
+) -> f64 {
+    load.filter(|(_, u)| *u > 0.0)
+        .map(|(r, u)| remaining.get(&r).copied().unwrap_or(0.0) / u)
+        .fold(own, f64::min)
+        .max(0.0)
+}
 
 /// One ring of a packed set.
 #[derive(Debug, Clone)]
@@ -132,9 +145,10 @@ pub fn packed_rings(ctx: &Ctx, req: &Request) -> Vec<PackedRing> {
                 continue;
             }
             // A pair joined by a link uses it, as NCCL's rings do: a relayed route that suits
-            // one ring takes its relay's links from every later ring.
+            // one ring takes its relay's links from every later ring. (NCCL-like connections
+            // already follow NCCL's own preference order.)
             let c = match direct_route(topo, g[a], g[b]) {
-                Some(d) if ctx.mode != LinkMode::Multipath => Arc::new(Connection::single(d)),
+                Some(d) if ctx.mode == LinkMode::Single => Arc::new(Connection::single(d)),
                 _ => match conn(a, b) {
                     Some(c) => c,
                     None => continue,
@@ -144,27 +158,16 @@ pub fn packed_rings(ctx: &Ctx, req: &Request) -> Vec<PackedRing> {
             for &(r, _, cap) in &load {
                 remaining.entry(r).or_insert(cap);
             }
-            let own = c.gbps();
-            pairs[a * n + b] = Some((c, load, own));
+            pairs[a * n + b] = Some((c, load));
         }
     }
-    // What a pair (or a whole ring's load) can still carry: its rate, capped by what is left
-    // of each resource it loads.
-    let carry = |remaining: &BTreeMap<Resource, f64>,
-                 load: &mut dyn Iterator<Item = (Resource, f64)>,
-                 own: f64| {
-        load.filter(|(_, u)| *u > 0.0)
-            .map(|(r, u)| remaining.get(&r).copied().unwrap_or(0.0) / u)
-            .fold(own, f64::min)
-            .max(0.0)
-    };
     let mut rings: Vec<PackedRing> = Vec::new();
     for _ in 0..MAX_PACKED_RINGS {
         let link: Vec<f64> = pairs
             .iter()
             .map(|p| {
-                p.as_ref().map_or(0.0, |(_, load, own)| {
-                    carry(&remaining, &mut load.iter().map(|x| (x.0, x.1)), *own)
+                p.as_ref().map_or(0.0, |(c, load)| {
+                    carry(&remaining, load.iter().map(|x| (x.0, x.1)), c.gbps())
                 })
             })
             .collect();
@@ -174,19 +177,20 @@ pub fn packed_rings(ctx: &Ctx, req: &Request) -> Vec<PackedRing> {
         let mut own = f64::INFINITY;
         let mut hops = Vec::with_capacity(n);
         for i in 0..n {
-            let Some((c, load, gbps)) = &pairs[order[i] * n + order[(i + 1) % n]] else {
+            let Some((c, load)) = &pairs[order[i] * n + order[(i + 1) % n]] else {
                 own = 0.0;
                 break;
             };
-            own = own.min(*gbps);
+            own = own.min(c.gbps());
             for &(r, u, _) in load {
                 *used.entry(r).or_default() += u;
             }
             hops.push(Arc::clone(c));
         }
-        let bw = carry(&remaining, &mut used.iter().map(|(r, u)| (*r, *u)), own);
+        // A ring over a pair with no connection has `own` 0, so it ends the search here.
+        let bw = carry(&remaining, used.iter().map(|(r, u)| (*r, *u)), own);
         let first = rings.first().map_or(bw, |r| r.gbps);
-        if !(bw > 0.0 && bw.is_finite()) || bw < MIN_RING_FRACTION * first || hops.len() < n {
+        if !(bw > 0.0 && bw.is_finite()) || bw < MIN_RING_FRACTION * first {
             break;
         }
         for (r, u) in &used {
