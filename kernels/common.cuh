@@ -1,7 +1,7 @@
 // relaycc kernels: shared definitions (element types, conversions, reduce operators).
 //
 // NVRTC compiles these sources with no system headers at all: the Rust side
-// (crates/collectives/src/cuda/kernels.rs) embeds every file and expands
+// (crates/collectives/src/cuda/kernel_sources.rs) embeds every file and expands
 // `#include "common.cuh"` itself, so this header must stay free of <...>
 // includes. That is also why f16 and bf16 are handled here with inline PTX and
 // bit operations instead of cuda_fp16.h / cuda_bf16.h: those headers live in

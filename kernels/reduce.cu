@@ -14,7 +14,7 @@
 //
 // dst may be a or b (an in-place reduction), so no pointer is __restrict__;
 // each thread reads an element before writing the same element.
-// The Rust list of these names (crates/collectives/src/cuda/kernels.rs) is
+// The Rust list of these names (crates/collectives/src/cuda/kernel_sources.rs) is
 // checked against the compiled PTX, so the two cannot drift apart silently.
 #include "common.cuh"
 

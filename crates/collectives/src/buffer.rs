@@ -94,7 +94,7 @@ impl<T: Element> DeviceBuffer<T> {
         let cuda = self
             .backend
             .as_any()
-            .and_then(|a| a.downcast_ref::<crate::backend::cuda::CudaBackend>())
+            .and_then(|a| a.downcast_ref::<crate::cuda::CudaBackend>())
             .ok_or_else(|| CollectivesError::Backend {
                 backend: self.backend.name(),
                 message: "into_cuda_slice needs the CUDA backend".into(),

@@ -13,7 +13,7 @@ use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::group::{Checked, Group, Pending};
 use crate::host_topology::host_topology;
-use crate::planning::{Cached, PlanCache, PlanSource};
+use crate::plan_cache::{Cached, PlanCache, PlanSource};
 
 /// Ids that tell communicators apart, so a buffer of one is refused by another.
 static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
@@ -179,7 +179,7 @@ impl Communicator {
     /// Needs the CUDA backend ([`crate::CudaBackend`]), and the slice on the CUDA device that
     /// the rank's logical GPU maps to. The slice's own stream is synchronized first; work on
     /// other streams that writes it must be finished by the caller. On error the slice comes
-    /// back untouched inside [`Rejected`](crate::backend::cuda::Rejected).
+    /// back untouched inside [`Rejected`](crate::cuda::Rejected).
     ///
     /// ```no_run
     /// # // no_run: needs a CUDA GPU and driver.
@@ -214,8 +214,8 @@ impl Communicator {
         &self,
         rank: usize,
         slice: cudarc::driver::CudaSlice<T>,
-    ) -> std::result::Result<DeviceBuffer<T>, Box<crate::backend::cuda::Rejected<T>>> {
-        use crate::backend::cuda::{CudaBackend, Rejected};
+    ) -> std::result::Result<DeviceBuffer<T>, Box<crate::cuda::Rejected<T>>> {
+        use crate::cuda::{CudaBackend, Rejected};
         let reject = |error, slice| Box::new(Rejected { error, slice });
         let Some(&dev) = self.devices.get(rank) else {
             let e = CollectivesError::BadRank {
@@ -470,7 +470,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// Check one operation's request and buffers (see `checks.rs`).
+    /// Check one operation's request and buffers (see `call_checks.rs`).
     pub(crate) fn check(
         &self,
         call: &'static str,
@@ -479,7 +479,7 @@ impl Communicator {
         outputs: Vec<Option<RawView>>,
         ranks: Option<&[usize]>,
     ) -> Result<Checked> {
-        crate::checks::check(self, call, request, inputs, outputs, ranks)
+        crate::call_checks::check(self, call, request, inputs, outputs, ranks)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::communicator::Communicator;
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::exec;
-use crate::planning::Cached;
+use crate::plan_cache::Cached;
 
 /// One checked operation of a group: its request and its per-rank buffers.
 #[derive(Debug)]

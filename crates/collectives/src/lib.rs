@@ -42,11 +42,11 @@
 //! comm.all_reduce(&a, &b, ReduceOp::Sum);
 //! ```
 //!
-//! Planning goes through one function (`planning::make_plan`): `relaycc_route::plan`, which
+//! Planning goes through one function (`plan_cache::make_plan`): `relaycc_route::plan`, which
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory ([`Communicator::host`]), relaycc-route's shared-memory planner.
-//! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/kernels.rs` (reduction
-//! loops), `backend/cuda.rs` (driver calls, kernel launches), the `cuda` module (FFI) and,
+//! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/host_reduce.rs` (reduction
+//! loops), `cuda/backend.rs` (driver calls, kernel launches), the rest of the `cuda` module (FFI) and,
 //! with feature `mpi`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls
 //! on raw buffers).
 #![doc = include_str!("../README.md")]
@@ -54,7 +54,7 @@
 
 pub mod backend;
 mod buffer;
-mod checks;
+mod call_checks;
 mod communicator;
 pub mod cuda;
 mod element;
@@ -64,16 +64,16 @@ mod group;
 mod host_topology;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-mod planning;
+mod plan_cache;
 pub mod rank_plan;
 
-pub use backend::cuda::{CudaBackend, Rejected};
 pub use backend::host::HostBackend;
 pub use backend::{
     AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
 };
 pub use buffer::{AsView, BufferView, DeviceBuffer};
 pub use communicator::Communicator;
+pub use cuda::{CudaBackend, Rejected};
 pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};

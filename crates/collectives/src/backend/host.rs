@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 
 use relaycc_route::{DType, Location, ReduceOp};
 
-use super::kernels;
+use super::host_reduce;
 use super::{AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot};
 use crate::error::{CollectivesError, Result};
 
@@ -137,7 +137,7 @@ impl LaunchState {
                     // SAFETY: `submit` checked every range is inside a live block, aligned for
                     // `dtype`, and that `dst` equals or avoids each source; the plan checker
                     // proved no concurrent writer.
-                    unsafe { kernels::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor) };
+                    unsafe { host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor) };
                 }
                 Task::Record(e) => {
                     self.events[e].store(true, Ordering::Release);

@@ -26,9 +26,8 @@
 //! A backend validates every slot against its allocations before it runs a command, so a wrong
 //! binding is an error, never a stray write.
 
-pub mod cuda;
 pub mod host;
-pub(crate) mod kernels;
+pub(crate) mod host_reduce;
 
 use std::fmt;
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::CudaError;
-use super::kernels::kernel_source;
+use super::kernel_sources::kernel_source;
 use super::nvrtc::{Arch, COMPILE_OPTIONS, check_entries, compile_ptx, nvrtc};
 
 /// The file name of the PTX for one architecture, in `RELAYCC_PTX_DIR` and as the
@@ -246,7 +246,7 @@ mod tests {
     use std::ffi::OsString;
 
     use super::*;
-    use crate::cuda::kernels::expected_entries;
+    use crate::cuda::kernel_sources::expected_entries;
 
     fn fake_ptx() -> String {
         expected_entries()

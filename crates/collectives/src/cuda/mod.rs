@@ -17,10 +17,11 @@
 //! See `README.md` beside this file for how kernels are built and found, the environment
 //! variables, and how to run the GPU tests.
 
+mod backend;
 mod cache;
 mod driver;
 mod error;
-mod kernels;
+mod kernel_sources;
 mod libs;
 pub mod measure;
 pub mod nccl;
@@ -29,10 +30,11 @@ mod nvrtc;
 #[cfg(test)]
 mod gpu_tests;
 
+pub use backend::{CudaBackend, Rejected};
 pub use cache::{CacheConfig, KernelCache, KernelPtx, PtxOrigin, ptx_file_name};
 pub use driver::{DeviceInfo, DriverInfo, devices, driver};
 pub use error::CudaError;
-pub use kernels::{
+pub use kernel_sources::{
     FORWARD_ENTRY, ITEMS_PER_THREAD, LaunchShape, REDUCE_COPY_ENTRIES, REDUCE_ENTRIES, SOURCES,
     THREADS_PER_BLOCK, expected_entries, kernel_source, missing_entries, ptx_entries, reduce_entry,
 };

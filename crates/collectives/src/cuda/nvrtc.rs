@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use cudarc::nvrtc::{result, sys};
 
 use super::CudaError;
-use super::kernels::{kernel_source, missing_entries};
+use super::kernel_sources::{kernel_source, missing_entries};
 use super::libs::{self, Found, LibKind, LibSpec};
 
 /// The NVRTC functions relaycc calls through cudarc; the probe checks each one resolves, since

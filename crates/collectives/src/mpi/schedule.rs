@@ -13,7 +13,7 @@ use relaycc_route::{BufferRef, DType, Location, OpKind, Plan, ReduceOp};
 
 use super::MpiError;
 use super::requests::Requests;
-use crate::backend::kernels;
+use crate::backend::host_reduce;
 
 /// MPI guarantees tags up to 32767 (MPI 4.0 §3.2.3); op ids are folded into that range. Two
 /// messages of one level between the same pair with the same folded tag still match
@@ -316,7 +316,7 @@ impl Schedule {
             // and offsets, see `at`), aligned for the type (just checked), and no pending
             // receive touches them (the plan checker proves unordered ops disjoint); the
             // destination equals a source or overlaps none (just checked).
-            unsafe { kernels::reduce(self.dtype, self.op, &ptrs, dst, len, divisor) };
+            unsafe { host_reduce::reduce(self.dtype, self.op, &ptrs, dst, len, divisor) };
             return;
         }
         let words = d.len.div_ceil(8);
@@ -334,7 +334,7 @@ impl Schedule {
         // SAFETY: the temporaries are u64-aligned (enough for every element type), hold `len`
         // elements, and are private to this call.
         unsafe {
-            kernels::reduce(
+            host_reduce::reduce(
                 self.dtype,
                 self.op,
                 &tmp,

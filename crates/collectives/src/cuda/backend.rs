@@ -33,7 +33,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use relaycc_route::{DType, Location, ReduceOp};
 
-use super::{AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot};
+use crate::backend::{
+    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot,
+};
 use crate::cuda::{self, CudaError, KernelCache, LaunchShape};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
