@@ -11,15 +11,41 @@
 //! ```
 //! Kind entries apply first (`kind` is `nvlink`, `pcie`, `inter_socket`, `c2c` or `network`;
 //! `generation` narrows NVLink/PCIe entries; NVLink rates scale with lanes, PCIe with width).
-//! Link entries then set one directed link each and must name two adjacent nodes.
+//! Link entries then set one directed link each and must name two adjacent nodes. `notes` holds
+//! figures for people (what `relaycc calibrate` measured on multi-link paths) and changes no
+//! rate. Any other key is an error, as is a rate or latency outside the physical ranges below.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TopoError};
 use crate::graph::{LinkKind, Topology};
+use crate::rates;
+
+/// NVLink lanes (links) one GPU has at most: 18 on H100, H200 and B200 (REFERENCE.md nominal
+/// "18 links = 450" for NVLink 4, "18 links = 900" for NVLink 5).
+pub const MAX_NVLINK_LANES: u32 = 18;
+/// The fastest one NVLink lane carries, GB/s per direction: NVLink 5's nominal rate, the fastest
+/// generation ([`rates::NVLINK5_LANE_GBPS`]). A measurement above it is a measuring error.
+pub const MAX_NVLINK_LANE_GBPS: f64 = rates::NVLINK5_LANE_GBPS;
+/// The fastest PCIe x16 link, GB/s per direction: PCIe 6.0 signals 64 GT/s per lane, 16 lanes
+/// carry 128 GB/s before FLIT overhead (PCI-SIG, PCI Express Base Specification 6.0).
+pub const MAX_PCIE_X16_GBPS: f64 = 128.0;
+/// The fastest single directed link of any kind, GB/s: a GPU's whole NVLink 5 bond, 18 lanes of
+/// [`MAX_NVLINK_LANE_GBPS`] (900 GB/s per direction on B200), above NVLink-C2C's
+/// [`rates::NVLINK_C2C_GBPS`], any inter-socket link and any NIC.
+pub const MAX_LINK_GBPS: f64 = MAX_NVLINK_LANES as f64 * MAX_NVLINK_LANE_GBPS;
+/// The slowest rate accepted, GB/s: below PCIe 1.0 x1 (2.5 GT/s with 8b/10b, 0.25 GB/s per
+/// direction), the narrowest, oldest link a GPU or NIC attaches by. Slower figures are a unit
+/// mistake (Gb/s for GB/s) or a failed measurement.
+pub const MIN_LINK_GBPS: f64 = 0.25;
+/// The longest latency accepted for one link traversal, microseconds. Modelled hops take 0.5 to
+/// 2.5 us ([`rates::NETWORK_HOP_LATENCY_US`] is the longest); 1 ms leaves room for software
+/// overhead in a measurement while refusing figures off by the factor of a unit (ms for us).
+pub const MAX_LATENCY_US: f64 = 1000.0;
 
 /// A calibration override for every link of one kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KindRate {
     /// `nvlink`, `pcie`, `inter_socket`, `c2c` or `network`.
     pub kind: String,
@@ -42,6 +68,7 @@ pub struct KindRate {
 
 /// A calibration override for one directed link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LinkRate {
     /// Source node name.
     pub from: String,
@@ -56,6 +83,7 @@ pub struct LinkRate {
 
 /// Measured rates for a machine.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Calibration {
     /// Where the figures come from.
     #[serde(default)]
@@ -66,6 +94,9 @@ pub struct Calibration {
     /// Per-link overrides.
     #[serde(default)]
     pub links: Vec<LinkRate>,
+    /// Free-form figures for people, such as measurements of multi-link paths; never applied.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub notes: serde_json::Value,
 }
 
 fn kind_name(k: &LinkKind) -> (&'static str, Option<u32>) {
@@ -87,10 +118,7 @@ impl Calibration {
 
     /// Read and parse a calibration file.
     pub fn from_path(path: &std::path::Path) -> Result<Calibration> {
-        let text = std::fs::read_to_string(path).map_err(|source| TopoError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::import::read_input(path)?;
         Calibration::parse(&text, &path.display().to_string())
     }
 
@@ -104,11 +132,22 @@ impl Calibration {
             },
             message,
         };
-        let positive = |what: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
+        let in_range = |what: &str, v: f64, max: f64| {
+            if (MIN_LINK_GBPS..=max).contains(&v) {
                 Ok(v)
             } else {
-                Err(err(format!("{what} must be a positive number, got {v}")))
+                Err(err(format!(
+                    "{what} must be a positive number from {MIN_LINK_GBPS} to {max} GB/s, got {v}"
+                )))
+            }
+        };
+        let latency = |what: &str, v: f64| {
+            if (0.0..=MAX_LATENCY_US).contains(&v) {
+                Ok(v)
+            } else {
+                Err(err(format!(
+                    "{what}: latency_us must be from 0 to {MAX_LATENCY_US}, got {v}"
+                )))
             }
         };
         let mut out = topo.clone();
@@ -117,9 +156,7 @@ impl Calibration {
                 return Err(err(format!("kinds[{i}]: unknown kind {:?}", k.kind)));
             }
             if let Some(l) = k.latency_us {
-                if !(l.is_finite() && l >= 0.0) {
-                    return Err(err(format!("kinds[{i}]: latency_us must be >= 0, got {l}")));
-                }
+                latency(&format!("kinds[{i}]"), l)?;
             }
             let updates: Vec<_> = topo
                 .links()
@@ -135,18 +172,20 @@ impl Calibration {
                         let per = k.gbps_per_lane.ok_or_else(|| {
                             err(format!("kinds[{i}]: nvlink needs gbps_per_lane"))
                         })?;
-                        positive("gbps_per_lane", per)? * f64::from(lanes)
+                        in_range("gbps_per_lane", per, MAX_NVLINK_LANE_GBPS)? * f64::from(lanes)
                     }
                     LinkKind::Pcie { width, .. } => {
                         let per = k
                             .gbps_per_x16
                             .ok_or_else(|| err(format!("kinds[{i}]: pcie needs gbps_per_x16")))?;
-                        positive("gbps_per_x16", per)? * f64::from(width.max(1)) / 16.0
+                        in_range("gbps_per_x16", per, MAX_PCIE_X16_GBPS)? * f64::from(width.max(1))
+                            / 16.0
                     }
-                    _ => positive(
+                    _ => in_range(
                         "gbps",
                         k.gbps
                             .ok_or_else(|| err(format!("kinds[{i}]: {} needs gbps", k.kind)))?,
+                        MAX_LINK_GBPS,
                     )?,
                 };
                 out.set_link_rate(id, gbps, k.latency_us.unwrap_or(link.latency_us));
@@ -162,15 +201,12 @@ impl Calibration {
             let id = topo
                 .link_between(a, b)
                 .ok_or_else(|| err(format!("links[{i}]: no link joins {} to {}", l.from, l.to)))?;
-            let gbps = positive("gbps", l.gbps)?;
-            let latency = match l.latency_us {
-                Some(x) if x.is_finite() && x >= 0.0 => x,
-                Some(x) => {
-                    return Err(err(format!("links[{i}]: latency_us must be >= 0, got {x}")));
-                }
+            let gbps = in_range("gbps", l.gbps, MAX_LINK_GBPS)?;
+            let latency_us = match l.latency_us {
+                Some(x) => latency(&format!("links[{i}]"), x)?,
                 None => out.link(id).latency_us,
             };
-            out.set_link_rate(id, gbps, latency);
+            out.set_link_rate(id, gbps, latency_us);
         }
         Ok(out)
     }
@@ -216,6 +252,26 @@ mod tests {
                 r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":-1}]}"#,
                 "positive",
             ),
+            (
+                r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":1e300}]}"#,
+                "to 900 GB/s",
+            ),
+            (
+                r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":1e-9}]}"#,
+                "from 0.25",
+            ),
+            (
+                r#"{"kinds":[{"kind":"nvlink","gbps_per_lane":51}]}"#,
+                "to 50 GB/s",
+            ),
+            (
+                r#"{"kinds":[{"kind":"pcie","gbps_per_x16":200}]}"#,
+                "to 128 GB/s",
+            ),
+            (
+                r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":20,"latency_us":1e9}]}"#,
+                "latency_us must be from 0 to 1000",
+            ),
         ] {
             let err = Calibration::parse(json, "t")
                 .unwrap()
@@ -225,5 +281,19 @@ mod tests {
             assert!(err.contains(needle), "{json}: {err}");
         }
         assert!(Calibration::parse("{", "t").is_err());
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_and_notes_are_kept() {
+        for json in [
+            r#"{"link":[]}"#,
+            r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":20,"latency":1}]}"#,
+            r#"{"kinds":[{"kind":"nvlink","gbps_per_link":20}]}"#,
+        ] {
+            let err = Calibration::parse(json, "t").unwrap_err().to_string();
+            assert!(err.contains("unknown field"), "{json}: {err}");
+        }
+        let cal = Calibration::parse(r#"{"notes":[{"from":"host","gbps":9}]}"#, "t").unwrap();
+        assert_eq!(cal.notes[0]["gbps"], 9);
     }
 }

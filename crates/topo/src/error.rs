@@ -26,7 +26,7 @@ pub enum TopoError {
         source: std::io::Error,
     },
     /// A preset or cluster name is not known.
-    #[error("unknown topology {name:?}; presets: {known}")]
+    #[error("unknown topology {name:?}: no such file, and not a preset; presets: {known}")]
     UnknownPreset {
         /// The name that was asked for.
         name: String,
