@@ -8,7 +8,7 @@ use relaycc_topo::Mask;
 use serde_json::json;
 
 use crate::args::{AdviseArgs, CollectiveArgs, TableFormat};
-use crate::report::{perf_json, request};
+use crate::report::{check_relays, perf_json, request};
 use crate::topo_cmd::load_topology;
 
 /// Subsets examined at most (C(16, 8) = 12870 would take too long to plan): a search budget.
@@ -41,9 +41,13 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
     let free: Vec<u32> = (0..topo.gpu_count())
         .filter(|g| topo.gpu_free(*g))
         .collect();
-    let k = args.gpus as usize;
+    check_relays(&args.relay, &topo, &targs.mask_gpus)?;
+    let k = args.count as usize;
     if k == 0 || k > free.len() {
-        bail!("cannot place {k} GPUs: {} are free ({free:?})", free.len());
+        bail!(
+            "--count {k}: cannot place {k} GPUs: {} are free ({free:?})",
+            free.len()
+        );
     }
     let mut sets = Vec::new();
     subsets(&free, k, &mut sets, &mut Vec::new(), 0);
@@ -51,8 +55,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         collective: args.collective,
         topology: args.topology.clone(),
         gpus: Vec::new(),
-        dtype: relaycc_route::DType::F32,
-        op: relaycc_route::ReduceOp::Sum,
+        element: args.element.clone(),
         root: 0,
         relay: args.relay.clone(),
     };
@@ -88,7 +91,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             let mut s = String::new();
             let _ = writeln!(
                 s,
-                "{} GPUs for {} of {} bytes on {} (free: {:?}; {} placements examined)",
+                "{} GPUs for {} of {} bytes on {} (free: {:?}; {} placements examined; predicted figures)",
                 k,
                 args.collective,
                 args.size,

@@ -4,6 +4,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The most ranks `bench` runs, and one past the highest device index it takes: more than any
+/// one node has GPUs, and enough for host runs of many logical devices; the limit keeps a typo
+/// such as `--ranks 4294967295` from building billions of devices before anything runs.
+pub const MAX_RANKS: u32 = 1024;
+
 /// relaycc: topology-aware collective communication for GPUs.
 #[derive(Debug, Parser)]
 #[command(name = "relaycc", version, about, propagate_version = true)]
@@ -47,8 +52,8 @@ pub struct CalibrateArgs {
     #[arg(long, default_value = "auto")]
     pub topology: String,
     /// Bytes per bandwidth copy.
-    #[arg(long, default_value = "256M")]
-    pub bytes: String,
+    #[arg(long, value_parser = parse_size, default_value = "256MiB")]
+    pub bytes: u64,
     /// Timed copies per figure.
     #[arg(long, default_value_t = 5)]
     pub reps: u32,
@@ -61,6 +66,18 @@ fn parse_relay(s: &str) -> Result<relaycc_route::path::RelayPolicy, String> {
 
 fn parse_size(s: &str) -> Result<u64, String> {
     crate::size::parse_size(s)
+}
+
+/// The element type and reduce operator, spelled alike in every subcommand that takes them.
+#[derive(Debug, Clone, Args)]
+pub struct ElementArgs {
+    /// Element type: f32, f64, f16, bf16, i8, u8, i32, u32, i64, u64 (nccl-tests' names such
+    /// as float, half, int32 work too).
+    #[arg(long, short = 'd', default_value = "f32")]
+    pub dtype: relaycc_route::DType,
+    /// Reduce operator: sum, prod, min, max, avg.
+    #[arg(long, default_value = "sum")]
+    pub op: relaycc_route::ReduceOp,
 }
 
 /// Output formats of `route`.
@@ -121,14 +138,11 @@ pub struct CollectiveArgs {
     /// The job's GPUs in rank order, comma separated (default: every GPU).
     #[arg(long, value_delimiter = ',')]
     pub gpus: Vec<u32>,
-    /// Element type.
-    #[arg(long, default_value = "f32")]
-    pub dtype: relaycc_route::DType,
-    /// Reduce op.
-    #[arg(long, default_value = "sum")]
-    pub op: relaycc_route::ReduceOp,
+    /// Element type and reduce operator.
+    #[command(flatten)]
+    pub element: ElementArgs,
     /// Root rank of rooted collectives.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, short = 'r', default_value_t = 0)]
     pub root: u32,
     /// Which GPUs may relay: none, members, any, or a list such as 3,4.
     #[arg(long, value_parser = parse_relay, default_value = "any")]
@@ -184,15 +198,18 @@ pub struct AdviseArgs {
     /// The topology.
     #[command(flatten)]
     pub topology: TopologyArgs,
-    /// GPUs already busy, comma separated.
+    /// GPUs already busy, comma separated (added to `--mask-gpus`).
     #[arg(long, value_delimiter = ',')]
     pub busy: Vec<u32>,
     /// How many GPUs the job needs.
     #[arg(long)]
-    pub gpus: u32,
+    pub count: u32,
     /// The collective the job leans on.
     #[arg(long, default_value = "all_reduce")]
     pub collective: relaycc_route::Collective,
+    /// Element type and reduce operator.
+    #[command(flatten)]
+    pub element: ElementArgs,
     /// Its typical size.
     #[arg(long, value_parser = parse_size, default_value = "256MiB")]
     pub size: u64,
@@ -278,22 +295,22 @@ pub enum BenchFormat {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// The collective (`all_reduce`, `all_gather`, `broadcast`, ...).
-    pub collective: String,
+    pub collective: relaycc_route::Collective,
     /// The backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Host)]
     pub backend: BackendKind,
-    /// Number of ranks (devices 0..N).
-    #[arg(long, conflicts_with = "gpus")]
+    /// Number of ranks (devices 0..N), 1 to 1024.
+    #[arg(long, conflicts_with = "gpus", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RANKS)))]
     pub ranks: Option<u32>,
-    /// Devices, comma separated, in rank order.
-    #[arg(long, value_delimiter = ',')]
+    /// Devices, comma separated, in rank order (each below 1024).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..i64::from(MAX_RANKS)))]
     pub gpus: Vec<u32>,
     /// Smallest size (bytes; 1K, 64M, 1GiB ...).
-    #[arg(short = 'b', long = "minbytes", default_value = "32M")]
-    pub min_bytes: String,
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size, default_value = "32M")]
+    pub min_bytes: u64,
     /// Largest size.
-    #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
-    pub max_bytes: String,
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size, default_value = "32M")]
+    pub max_bytes: u64,
     /// Multiply the size by this between steps.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
     pub factor: u64,
@@ -318,16 +335,32 @@ pub struct BenchArgs {
     /// numbers GPUs as NVML does.
     #[arg(long)]
     pub topology: Option<String>,
-    /// Element type (`float`, `half`, `int32`, ... or `f32`, `f16`, `i32`, ...).
-    #[arg(long = "dtype", short = 'd', default_value = "float")]
-    pub dtype: String,
-    /// Reduce op.
-    #[arg(long = "op", short = 'o', default_value = "sum")]
-    pub op: String,
+    /// Element type and reduce operator.
+    #[command(flatten)]
+    pub element: ElementArgs,
     /// Root rank of rooted collectives.
     #[arg(long, short = 'r', default_value_t = 0)]
     pub root: u32,
     /// Output format.
     #[arg(long, value_enum, default_value_t = BenchFormat::Table)]
     pub format: BenchFormat,
+}
+
+/// An argument the parser accepts but the command cannot honour (`-b` above `-e`, a size that
+/// is not a whole number of elements, a GPU that is both a member and masked): reported like
+/// clap's own usage errors, with exit status 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A usage error saying `message`, as an [`anyhow::Error`] that `main` maps to exit status 2.
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    UsageError(message.into()).into()
 }

@@ -15,12 +15,8 @@ use relaycc_collectives::{BufferView, Communicator, DeviceBuffer, Element, bf16,
 use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 use serde::Serialize;
 
-use crate::args::{BackendKind, BenchArgs, BenchFormat};
-
-/// Parse a size as nccl-tests does (see [`crate::size::parse_size`]).
-pub fn parse_size(s: &str) -> Result<u64> {
-    crate::size::parse_size(s).map_err(anyhow::Error::msg)
-}
+use crate::args::{BackendKind, BenchArgs, BenchFormat, usage};
+use crate::size::format_size;
 
 /// One row of results.
 #[derive(Debug, Serialize)]
@@ -30,7 +26,8 @@ struct Row {
     time_us: f64,
     algbw_gbps: f64,
     busbw_gbps: f64,
-    wrong: u64,
+    /// Output elements that differ from the expected result; `None` (N/A) without `--check`.
+    wrong: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     memcpy_gbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -215,11 +212,99 @@ fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
     }
 }
 
+/// The sizes to time, `-b` to `-e` multiplying by `-f`; arguments that cannot give such a
+/// series, or sizes that are no whole number of elements, are usage errors.
+fn bench_sizes(args: &BenchArgs) -> Result<Vec<u64>> {
+    let (min, max) = (args.min_bytes, args.max_bytes);
+    if min > max {
+        return Err(usage(format!("-b {min} is larger than -e {max}")));
+    }
+    if args.factor < 2 {
+        return Err(usage("-f must be at least 2"));
+    }
+    let mut sizes = Vec::new();
+    let mut s = min;
+    while s <= max {
+        crate::report::whole_elements(s, args.element.dtype)?;
+        sizes.push(s);
+        s = match s.checked_mul(args.factor) {
+            Some(v) if s > 0 => v,
+            _ => break,
+        };
+    }
+    Ok(sizes)
+}
+
+/// Refuses a largest size whose buffers do not fit: on the host, in the memory this process
+/// may still take ([`crate::resources::host_available_bytes`]); on CUDA, in each device's
+/// memory. Counted: every rank's input and output, the two copy buffers of the memcpy
+/// reference, and (host) the staging vector that fills one buffer.
+fn check_memory(
+    comm: &Communicator,
+    args: &BenchArgs,
+    ordinals: &[usize],
+    c: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    max: u64,
+) -> Result<()> {
+    let req = request(comm, c, dtype, op, args.root, max);
+    let copy = req.size_bytes().saturating_mul(2);
+    let mut per_rank = Vec::with_capacity(comm.ranks());
+    let mut largest = 0u64;
+    for r in 0..comm.ranks() as u32 {
+        let (i, o) = (req.input_len(r)?, req.output_len(r)?);
+        largest = largest.max(i.max(o).saturating_mul(dtype.size()));
+        per_rank.push(
+            i.saturating_add(o)
+                .saturating_mul(dtype.size())
+                .saturating_add(copy),
+        );
+    }
+    let what = |need: u64, place: &str, have: u64| {
+        anyhow::anyhow!(
+            "-e {} on {} rank(s) needs {} of {place} for inputs, outputs and copy buffers; {} is available",
+            format_size(max),
+            comm.ranks(),
+            format_size(need),
+            format_size(have)
+        )
+    };
+    match args.backend {
+        BackendKind::Host => {
+            let need = per_rank.iter().fold(largest, |a, &b| a.saturating_add(b));
+            if let Some(have) = crate::resources::host_available_bytes() {
+                if need > have {
+                    return Err(what(need, "host memory", have));
+                }
+            }
+        }
+        BackendKind::Cuda => {
+            let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
+            for (d, info) in visible.iter().enumerate() {
+                let need = ordinals
+                    .iter()
+                    .zip(&per_rank)
+                    .filter(|(o, _)| **o == d)
+                    .fold(0u64, |a, (_, &b)| a.saturating_add(b));
+                if need > info.total_memory_bytes {
+                    return Err(what(
+                        need,
+                        &format!("CUDA device {d} memory"),
+                        info.total_memory_bytes,
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Run `relaycc bench`.
 pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
-    let collective: Collective = args.collective.parse().map_err(anyhow::Error::msg)?;
-    let dtype: DType = args.dtype.parse().map_err(anyhow::Error::msg)?;
-    let op: ReduceOp = args.op.parse().map_err(anyhow::Error::msg)?;
+    let collective = args.collective;
+    let (dtype, op) = (args.element.dtype, args.element.op);
+    let sizes = bench_sizes(args)?;
     let (comm, devices, ordinals) = match args.backend {
         BackendKind::Host => {
             let devices: Vec<u32> = match (&args.gpus, args.ranks) {
@@ -236,19 +321,8 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
         }
         BackendKind::Cuda => cuda_communicator(args)?,
     };
-    let (min, max) = (parse_size(&args.min_bytes)?, parse_size(&args.max_bytes)?);
-    if args.factor < 2 {
-        bail!("-f must be at least 2");
-    }
-    let mut sizes = Vec::new();
-    let mut s = min;
-    while s <= max {
-        sizes.push(s);
-        s = match s.checked_mul(args.factor) {
-            Some(v) if s > 0 => v,
-            _ => break,
-        };
-    }
+    let max = sizes.last().copied().unwrap_or(0);
+    check_memory(&comm, args, &ordinals, collective, dtype, op, max)?;
     let mut nccl_note = None;
     let nccl = match (args.vs_nccl, args.backend) {
         (false, _) => None,
@@ -354,7 +428,8 @@ fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
             row.time_us,
             row.algbw_gbps,
             row.busbw_gbps,
-            row.wrong,
+            row.wrong
+                .map_or_else(|| "N/A".to_owned(), |w| w.to_string()),
             row.memcpy_gbps.unwrap_or(f64::NAN),
             row.efficiency.unwrap_or(f64::NAN)
         )?;
@@ -448,9 +523,17 @@ fn buffers<T: BenchElem>(
             } else {
                 req.output_len(r)?
             };
-            let data: Vec<T> = (0..len)
-                .map(|i| T::from_i64(if input { value(r, i) } else { 0 }))
-                .collect();
+            let len_usize = usize::try_from(len)
+                .with_context(|| format!("rank {r}: {len} elements do not fit in memory"))?;
+            let mut data: Vec<T> = Vec::new();
+            data.try_reserve_exact(len_usize).map_err(|_| {
+                anyhow::anyhow!(
+                    "rank {r}: out of host memory for {} of {} data",
+                    format_size(len.saturating_mul(T::DTYPE.size())),
+                    if input { "input" } else { "output" }
+                )
+            })?;
+            data.extend((0..len).map(|i| T::from_i64(if input { value(r, i) } else { 0 })));
             Ok(comm.from_slice(r as usize, &data)?)
         })
         .collect()
@@ -512,9 +595,9 @@ fn size_row<T: BenchElem>(
     let copy_secs = t_copy / f64::from(iters);
     let algbw = bytes as f64 / secs / 1e9;
     let wrong = if args.check {
-        count_wrong(&req, &outs)?
+        Some(count_wrong(&req, &outs)?)
     } else {
-        0
+        None
     };
     let memcpy_gbps = (bytes > 0).then(|| (n as u64 * bytes) as f64 / copy_secs / 1e9);
     Ok(Row {

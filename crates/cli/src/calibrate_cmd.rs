@@ -72,7 +72,7 @@ fn topo_gpu(topo: &Topology, info: &cuda::DeviceInfo) -> Result<u32> {
 /// Run `relaycc calibrate`.
 pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
     let visible = cuda::devices().context("calibrate needs a CUDA driver")?;
-    let bytes = usize::try_from(crate::bench_cmd::parse_size(&args.bytes)?)?;
+    let bytes = usize::try_from(args.bytes)?;
     let mut infos = Vec::new();
     for &g in &args.gpus {
         let Some(info) = visible.get(g as usize) else {

@@ -1,8 +1,9 @@
 //! `relaycc`: topology views, routing plans, simulations in nccl-tests format, benchmarks and
 //! placement advice.
 //!
-//! Exit status: 0 on success, 2 for usage errors (clap), 1 for any other error, reported as one
-//! line on stderr. A closed pipe (`relaycc ... | head`) counts as success.
+//! Exit status: 0 on success, 2 for usage errors (what clap refuses, and arguments a command
+//! cannot honour), 1 for any other error; either way one line on stderr. A closed pipe
+//! (`relaycc ... | head`) counts as success.
 
 mod advise_cmd;
 mod args;
@@ -11,6 +12,7 @@ mod calibrate_cmd;
 mod plan_cmd;
 mod plot;
 mod report;
+mod resources;
 mod route_cmd;
 mod simulate_cmd;
 mod size;
@@ -21,10 +23,38 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, UsageError};
+
+/// Clap's error as one line: its message lines joined, without the `error:` prefix, the usage
+/// block and the pointer to `--help`.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut parts = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if !line.is_empty() {
+            parts.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    parts.join(" ")
+}
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e)
+            if e.use_stderr()
+                && e.kind() != clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            eprintln!("relaycc: {}", one_line(&e));
+            return ExitCode::from(2);
+        }
+        // --help and --version: clap prints them on stdout and exits 0.
+        Err(e) => e.exit(),
+    };
     let mut out = Vec::new();
     let result = match &cli.command {
         Command::Topo(cmd) => topo_cmd::run(cmd, &mut out),
@@ -50,9 +80,23 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("relaycc: {}", chain.join(": "));
-            ExitCode::from(1)
+            // Errors that print their source (`cannot read X: <io error>`) also return it as
+            // `source()`: a cause already at the end of the line is not repeated.
+            let mut line = String::new();
+            for cause in e.chain().map(|c| c.to_string()) {
+                if !line.ends_with(&cause) {
+                    if !line.is_empty() {
+                        line.push_str(": ");
+                    }
+                    line.push_str(&cause);
+                }
+            }
+            eprintln!("relaycc: {}", line.replace('\n', " "));
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }

@@ -7,14 +7,17 @@ use relaycc_route::{PlanOptions, plan, sim};
 use serde_json::json;
 
 use crate::args::{PlanArgs, TableFormat};
-use crate::report::{job_gpus, perf_json, ratio, request};
+use crate::report::{
+    PREDICTION_NOTE, check_relays, job_gpus, perf_json, ratio, request, staging_bytes, staging_text,
+};
 use crate::size::format_size;
 use crate::topo_cmd::load_topology;
 
 /// Run `relaycc plan`.
 pub fn run(args: &PlanArgs) -> Result<String> {
     let topo = load_topology(&args.request.topology)?;
-    let gpus = job_gpus(&args.request, &topo);
+    let gpus = job_gpus(&args.request, &topo)?;
+    check_relays(&args.request.relay, &topo, &args.request.topology.mask_gpus)?;
     let req = request(&args.request, &gpus, args.size)?;
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
@@ -30,6 +33,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
         std::fs::write(path, sim::chrome_trace(&topo, &p.plan, &result))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let staging = staging_bytes(&topo, &p.plan);
     Ok(match args.format {
         TableFormat::Json => {
             let doc = json!({
@@ -45,6 +49,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "ops": p.plan.ops.len(),
                 "lanes": p.plan.lanes.len(),
                 "scratch_bytes": p.plan.scratch_bytes(),
+                "staging_bytes": crate::report::staging_json(&staging),
                 "predicted": perf_json(&p.predicted),
                 "baseline": perf_json(&p.baseline),
                 "baseline_algorithm": p.baseline_plan.algorithm,
@@ -68,16 +73,22 @@ pub fn run(args: &PlanArgs) -> Result<String> {
             );
             let _ = writeln!(
                 s,
-                "chosen: {} ({} ops on {} lanes, {} staging)",
+                "chosen: {} ({} ops on {} lanes)",
                 p.plan.algorithm,
                 p.plan.ops.len(),
                 p.plan.lanes.len(),
-                format_size(p.plan.scratch_bytes())
             );
             let _ = writeln!(
                 s,
+                "staging: {} in all: {}",
+                format_size(p.plan.scratch_bytes()),
+                staging_text(&staging)
+            );
+            let _ = writeln!(s, "{PREDICTION_NOTE}");
+            let _ = writeln!(
+                s,
                 "\n  {:<10} {:>12} {:>12} {:>12} {:>9}",
-                "", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
+                "predicted", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
             );
             for (name, perf) in [
                 ("relaycc", &p.predicted),
@@ -95,7 +106,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 );
             }
             let _ = writeln!(s, "\n  baseline: {}", p.baseline_plan.algorithm);
-            let _ = writeln!(s, "\n  candidates (fastest first):");
+            let _ = writeln!(s, "\n  candidates (fastest predicted first):");
             for c in p.candidates.iter().take(12) {
                 let _ = writeln!(s, "    {:>12.2} us  {}", c.time_us, c.algorithm);
             }

@@ -1,10 +1,12 @@
 //! Shared pieces of the planning commands: building requests, printing figures.
 
 use anyhow::{Result, bail};
-use relaycc_route::{Collective, Request, sim::Perf};
+use relaycc_route::path::RelayPolicy;
+use relaycc_route::{Collective, DType, Request, sim::Perf};
+use relaycc_topo::Topology;
 use serde_json::{Value, json};
 
-use crate::args::CollectiveArgs;
+use crate::args::{CollectiveArgs, usage};
 
 /// A `{time_us, algbw_gbps, busbw_gbps}` object.
 pub fn perf_json(p: &Perf) -> Value {
@@ -18,8 +20,8 @@ pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<R
     if n == 0 {
         bail!("no GPUs given");
     }
-    let esize = args.request_dtype().size();
-    let elems = size_bytes / esize;
+    let dtype = args.element.dtype;
+    let elems = whole_elements(size_bytes, dtype)?;
     // nccl-tests sizes all_gather/all_to_all/gather by the whole output, others by one buffer.
     let count = match args.collective {
         Collective::AllGather
@@ -29,8 +31,8 @@ pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<R
         | Collective::ReduceScatter => elems / n,
         _ => elems,
     };
-    let mut r = Request::new(args.collective, gpus.to_vec(), count, args.dtype)
-        .with_op(args.op)
+    let mut r = Request::new(args.collective, gpus.to_vec(), count, dtype)
+        .with_op(args.element.op)
         .with_root(args.root);
     match args.collective {
         Collective::AllGatherV => {
@@ -51,25 +53,154 @@ pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<R
     Ok(r)
 }
 
-impl CollectiveArgs {
-    /// The element type.
-    pub fn request_dtype(&self) -> relaycc_route::DType {
-        self.dtype
+/// Elements of `dtype` in `size_bytes`; a size that is no whole number of elements is a usage
+/// error rather than silently rounded down.
+pub fn whole_elements(size_bytes: u64, dtype: DType) -> Result<u64> {
+    let esize = dtype.size();
+    if size_bytes % esize != 0 {
+        return Err(usage(format!(
+            "size {size_bytes} bytes is not a whole number of {dtype} elements ({esize} bytes each)"
+        )));
     }
+    Ok(size_bytes / esize)
 }
 
-/// The job's GPUs: as given, or every GPU the mask leaves free.
-pub fn job_gpus(args: &CollectiveArgs, topo: &relaycc_topo::Topology) -> Vec<u32> {
+/// The job's GPUs: as given, or every GPU the mask leaves free. A listed GPU that the topology
+/// lacks, or that is masked busy, is an error naming `--gpus`.
+pub fn job_gpus(args: &CollectiveArgs, topo: &Topology) -> Result<Vec<u32>> {
     if args.gpus.is_empty() {
-        (0..topo.gpu_count())
+        return Ok((0..topo.gpu_count())
             .filter(|g| topo.gpu_free(*g))
-            .collect()
-    } else {
-        args.gpus.clone()
+            .collect());
     }
+    for &g in &args.gpus {
+        if g >= topo.gpu_count() || !topo.gpu_present(g) {
+            bail!(
+                "--gpus: GPU {g} does not exist in {} ({} GPUs)",
+                topo.name(),
+                topo.gpu_count()
+            );
+        }
+        if args.topology.mask_gpus.contains(&g) {
+            return Err(usage(format!(
+                "--gpus {g} is also in --mask-gpus: a busy GPU cannot be a member"
+            )));
+        }
+        if !topo.gpu_free(g) {
+            bail!("--gpus: GPU {g} is busy in the topology's mask");
+        }
+    }
+    Ok(args.gpus.clone())
+}
+
+/// Checks a `--relay` GPU list against the topology: every GPU exists and is not masked busy.
+pub fn check_relays(relay: &RelayPolicy, topo: &Topology, masked: &[u32]) -> Result<()> {
+    let RelayPolicy::List(list) = relay else {
+        return Ok(());
+    };
+    for &g in list {
+        if g >= topo.gpu_count() || !topo.gpu_present(g) {
+            bail!(
+                "--relay: GPU {g} does not exist in {} ({} GPUs)",
+                topo.name(),
+                topo.gpu_count()
+            );
+        }
+        if masked.contains(&g) {
+            return Err(usage(format!(
+                "--relay {g} is also in --mask-gpus: a busy GPU cannot relay"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Ratio `a / b`, or 0 when `b` is 0.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
+}
+
+/// The kind of link a hop crosses, as people name it: `NVLink2 x2` for a direct bond,
+/// `NVSwitch`, `C2C`, `PCIe switch` (through switches only), `PCIe host bridge` (through a
+/// CPU's root complex), `host memory` (staged in pinned host memory), `network`.
+pub fn hop_kind(topo: &Topology, hop: &relaycc_route::path::Hop) -> String {
+    use relaycc_route::Location;
+    use relaycc_topo::{LinkId, LinkKind, NodeKind};
+    if matches!(hop.from, Location::Host(_)) || matches!(hop.to, Location::Host(_)) {
+        return "host memory".into();
+    }
+    let links: Vec<LinkId> = hop.edges.iter().map(|&e| LinkId::new(e as usize)).collect();
+    let kinds: Vec<LinkKind> = links.iter().map(|&l| topo.link(l).kind).collect();
+    // The nodes a hop passes between its two memories.
+    let inner: Vec<&NodeKind> = links
+        .iter()
+        .skip(1)
+        .map(|&l| &topo.node(topo.link_ends(l).0).kind)
+        .collect();
+    if kinds.iter().any(|k| matches!(k, LinkKind::Network { .. })) {
+        "network".into()
+    } else if inner.iter().any(|k| matches!(k, NodeKind::NvSwitch)) {
+        "NVSwitch".into()
+    } else if let [k @ LinkKind::Nvlink { .. }] = kinds.as_slice() {
+        k.label()
+    } else if kinds.iter().any(|k| matches!(k, LinkKind::C2c)) {
+        "C2C".into()
+    } else if inner
+        .iter()
+        .any(|k| matches!(k, NodeKind::Cpu(_) | NodeKind::HostBridge))
+    {
+        "PCIe host bridge".into()
+    } else if kinds.iter().all(|k| matches!(k, LinkKind::Pcie { .. })) {
+        "PCIe switch".into()
+    } else {
+        kinds
+            .iter()
+            .map(|k| k.label())
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+}
+
+/// A route as `GPU0 -[NVLink2 x1]-> GPU4 -[NVLink2 x2]-> GPU7`.
+pub fn route_text(topo: &Topology, route: &relaycc_route::path::Route) -> String {
+    let names = route.names(topo);
+    let mut s = names.first().cloned().unwrap_or_default();
+    for (hop, to) in route.hops.iter().zip(names.iter().skip(1)) {
+        s.push_str(&format!(" -[{}]-> {to}", hop_kind(topo, hop)));
+    }
+    s
+}
+
+/// Staging (scratch) bytes a plan allocates, per memory (`GPU3`, `CPU0`), in plan order.
+pub fn staging_bytes(topo: &Topology, plan: &relaycc_route::Plan) -> Vec<(String, u64)> {
+    let mut per: Vec<(String, u64)> = Vec::new();
+    for s in &plan.scratch {
+        let name = relaycc_route::path::location_name(topo, s.location);
+        let bytes = s.len.saturating_mul(plan.dtype.size());
+        match per.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, b)) => *b = b.saturating_add(bytes),
+            None => per.push((name, bytes)),
+        }
+    }
+    per
+}
+
+/// Staging per memory as one line: `GPU3 64 MiB, GPU5 64 MiB`, or `none`.
+pub fn staging_text(per: &[(String, u64)]) -> String {
+    if per.is_empty() {
+        return "none".into();
+    }
+    per.iter()
+        .map(|(n, b)| format!("{n} {}", crate::size::format_size(*b)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The note printed under every predicted figure.
+pub const PREDICTION_NOTE: &str = "figures are predictions of the flow simulator on the \
+    topology's rates (a calibration file replaces them with measured ones), not measurements";
+
+/// Staging per memory as a JSON object of bytes: `{"GPU3": 67108864}`.
+pub fn staging_json(per: &[(String, u64)]) -> Value {
+    Value::Object(per.iter().map(|(n, b)| (n.clone(), json!(b))).collect())
 }

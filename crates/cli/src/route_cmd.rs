@@ -7,13 +7,17 @@ use relaycc_route::{PlanOptions, Request, plan};
 use serde_json::json;
 
 use crate::args::{RouteArgs, RouteFormat};
-use crate::report::{perf_json, ratio};
+use crate::report::{
+    PREDICTION_NOTE, check_relays, hop_kind, perf_json, ratio, route_text, staging_bytes,
+    staging_text,
+};
 use crate::size::format_size;
 use crate::topo_cmd::load_topology;
 
 /// Run `relaycc route`.
 pub fn run(args: &RouteArgs) -> Result<String> {
     let topo = load_topology(&args.topology)?;
+    check_relays(&args.relay, &topo, &args.topology.mask_gpus)?;
     let req = Request::point_to_point(args.from, args.to, args.size);
     let opts = PlanOptions {
         relay: args.relay.clone(),
@@ -27,6 +31,7 @@ pub fn run(args: &RouteArgs) -> Result<String> {
         .map(|r| {
             json!({
                 "hops": r.route.names(&topo),
+                "hop_kinds": r.route.hops.iter().map(|h| hop_kind(&topo, h)).collect::<Vec<_>>(),
                 "share": ratio(r.elements as f64, args.size as f64),
                 "bytes": r.elements,
                 "gbps": r.route.gbps(),
@@ -34,12 +39,14 @@ pub fn run(args: &RouteArgs) -> Result<String> {
             })
         })
         .collect();
+    let staging = staging_bytes(&topo, &p.plan);
     Ok(match args.format {
         RouteFormat::Json => {
             let doc = json!({
                 "topology": topo.name(),
                 "from": args.from, "to": args.to, "bytes": args.size,
                 "algorithm": p.plan.algorithm,
+                "staging_bytes": crate::report::staging_json(&staging),
                 "predicted": perf_json(&p.predicted),
                 "baseline": perf_json(&p.baseline),
                 "baseline_algorithm": p.baseline_plan.algorithm,
@@ -61,8 +68,18 @@ pub fn run(args: &RouteArgs) -> Result<String> {
                 topo.name(),
                 args.relay
             );
-            let _ = writeln!(s, "chosen: {}\n", p.plan.algorithm);
-            let _ = writeln!(s, "  {:<40} {:>7} {:>9}", "path", "share", "GB/s");
+            let _ = writeln!(s, "chosen: {}", p.plan.algorithm);
+            let _ = writeln!(s, "staging: {}", staging_text(&staging));
+            let _ = writeln!(s, "{PREDICTION_NOTE}\n");
+            let texts: Vec<String> = p
+                .routes
+                .iter()
+                .map(|r| route_text(&topo, &r.route))
+                .collect();
+            // The path column is as wide as the longest path, so long relay chains stay aligned.
+            const HEADER: &str = "path (link kind per hop)";
+            let width = texts.iter().map(String::len).fold(HEADER.len(), usize::max);
+            let _ = writeln!(s, "  {HEADER:<width$} {:>7} {:>9}", "share", "GB/s");
             if p.routes.is_empty() {
                 let _ = writeln!(
                     s,
@@ -70,11 +87,11 @@ pub fn run(args: &RouteArgs) -> Result<String> {
                     p.baseline_plan.algorithm
                 );
             }
-            for r in &p.routes {
+            for (r, text) in p.routes.iter().zip(&texts) {
                 let _ = writeln!(
                     s,
-                    "  {:<40} {:>6.1}% {:>9.1}",
-                    r.route.names(&topo).join(" -> "),
+                    "  {:<width$} {:>6.1}% {:>9.1}",
+                    text,
                     100.0 * ratio(r.elements as f64, args.size as f64),
                     r.route.gbps()
                 );
@@ -82,7 +99,7 @@ pub fn run(args: &RouteArgs) -> Result<String> {
             let _ = writeln!(
                 s,
                 "\n  {:<10} {:>12} {:>12} {:>10}  algorithm",
-                "", "time(us)", "algbw(GB/s)", "vs base"
+                "predicted", "time(us)", "algbw(GB/s)", "vs base"
             );
             let _ = writeln!(
                 s,

@@ -2,12 +2,12 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use relaycc_route::{PlanOptions, Planner};
 use serde_json::json;
 
-use crate::args::{SimulateArgs, TableFormat};
-use crate::report::{job_gpus, perf_json, ratio, request};
+use crate::args::{SimulateArgs, TableFormat, usage};
+use crate::report::{check_relays, job_gpus, perf_json, ratio, request};
 use crate::topo_cmd::load_topology;
 
 /// One size's figures.
@@ -29,10 +29,10 @@ pub struct Row {
 /// Sizes from `min` to `max` multiplying by `factor`, as nccl-tests steps them.
 pub fn sizes(min: u64, max: u64, factor: u64) -> Result<Vec<u64>> {
     if min > max {
-        bail!("-b {min} is larger than -e {max}");
+        return Err(usage(format!("-b {min} is larger than -e {max}")));
     }
     if factor < 2 && min != max {
-        bail!("-f must be at least 2");
+        return Err(usage("-f must be at least 2"));
     }
     let mut v = vec![min.max(1)];
     while let Some(&last) = v.last() {
@@ -50,7 +50,8 @@ pub fn sizes(min: u64, max: u64, factor: u64) -> Result<Vec<u64>> {
 /// Run `relaycc simulate`.
 pub fn run(args: &SimulateArgs) -> Result<String> {
     let topo = load_topology(&args.request.topology)?;
-    let gpus = job_gpus(&args.request, &topo);
+    let gpus = job_gpus(&args.request, &topo)?;
+    check_relays(&args.request.relay, &topo, &args.request.topology.mask_gpus)?;
     let planner = Planner::new(topo.clone());
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
@@ -89,7 +90,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
         "-1".to_string()
     };
     let redop = if c.collective.reduces() {
-        c.op.name()
+        c.element.op.name()
     } else {
         "none"
     };
@@ -98,7 +99,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
             let results: Vec<_> = rows
                 .iter()
                 .map(|r| {
-                    json!({"size": r.bytes, "count": r.count, "type": c.dtype.nccl_name(), "redop": redop, "root": root,
+                    json!({"size": r.bytes, "count": r.count, "type": c.element.dtype.nccl_name(), "redop": redop, "root": root,
                         "predicted": perf_json(&r.predicted), "baseline": perf_json(&r.baseline), "bound": perf_json(&r.bound),
                         "algorithm": r.algorithm})
                 })
@@ -159,7 +160,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
                     "  {:>12} {:>12} {:>9} {:>6} {:>5} | {:>10.2} {:>8.2} {:>8.2} | {:>10.2} {:>8.2} {:>8.2} | {:>8.2} | {:>7.2}  {}",
                     r.bytes,
                     r.count,
-                    c.dtype.nccl_name(),
+                    c.element.dtype.nccl_name(),
                     redop,
                     root,
                     r.predicted.time_us,

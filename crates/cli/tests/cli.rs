@@ -431,7 +431,7 @@ fn advise_prefers_nvlinked_gpus() {
         "dgx1-v100",
         "--busy",
         "1,2,3,5,6",
-        "--gpus",
+        "--count",
         "2",
         "--format",
         "json",
@@ -447,67 +447,88 @@ fn advise_prefers_nvlinked_gpus() {
         "dgx1-v100",
         "--busy",
         "0,1,2,3,4,5,6",
-        "--gpus",
+        "--count",
         "2",
     ]);
     assert_eq!(o.status.code(), Some(1));
 }
 
-/// Without a CUDA driver (CI), the CUDA commands exit 1 with one line naming the cause; with
-/// one, they run.
+/// Without a CUDA driver (CI), the CUDA commands exit 1 with one line naming the cause. With
+/// one, they run and print what was asked: bench's JSON has one checked row per size with no
+/// wrong element on the requested ranks, and calibrate prints a calibration file.
 #[test]
-fn cuda_commands_without_a_driver_exit_one_with_one_line() {
-    for args in [
-        &[
+fn cuda_commands_fail_cleanly_without_a_driver_and_report_with_one() {
+    let bench = |extra: &[&'static str], ranks: usize| {
+        let mut args = vec![
             "bench",
             "all_reduce",
             "--backend",
             "cuda",
-            "--ranks",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-f",
             "4",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ][..],
-        &[
-            "bench",
-            "all_reduce",
-            "--backend",
-            "cuda",
-            "--gpus",
-            "0,0",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ][..],
-        &[
-            "bench",
-            "all_reduce",
-            "--backend",
-            "cuda",
-            "--topology",
-            "dgx1-v100",
-            "--gpus",
-            "0,7",
-            "--vs-nccl",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ][..],
-        &["calibrate", "--gpus", "0"][..],
-    ] {
-        let o = relaycc(args);
-        if o.status.success() {
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--check",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        (args, Some(ranks))
+    };
+    let cases = [
+        bench(&["--ranks", "4"], 4),
+        bench(&["--gpus", "0,0"], 2),
+        bench(
+            &["--topology", "dgx1-v100", "--gpus", "0,7", "--vs-nccl"],
+            2,
+        ),
+        (
+            vec!["calibrate", "--gpus", "0", "--bytes", "1MiB", "--reps", "1"],
+            None,
+        ),
+    ];
+    for (args, ranks) in cases {
+        let o = relaycc(&args);
+        if !o.status.success() {
+            assert_eq!(o.status.code(), Some(1), "{args:?}");
+            let err = stderr(&o);
+            assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+            assert!(err.starts_with("relaycc: "), "{err}");
+            assert!(err.contains("CUDA") || err.contains("cuda"), "{err}");
             continue;
         }
-        assert_eq!(o.status.code(), Some(1), "{args:?}");
-        let err = stderr(&o);
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-        assert!(err.starts_with("relaycc: "), "{err}");
-        assert!(err.contains("CUDA") || err.contains("cuda"), "{err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", stdout(&o)));
+        match ranks {
+            Some(n) => {
+                assert_eq!(v["backend"], "cuda", "{v}");
+                assert_eq!(v["ranks"], n, "{v}");
+                let rows = v["results"].as_array().expect("results");
+                let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+                assert_eq!(sizes, [1024, 4096], "{v}");
+                for r in rows {
+                    assert_eq!(r["wrong"], 0, "{args:?}: {r}");
+                    assert!(r["busbw_gbps"].as_f64().is_some_and(|b| b > 0.0), "{r}");
+                }
+                if args.contains(&"--vs-nccl") {
+                    assert!(
+                        v["nccl"].is_string() || v["nccl_unavailable"].is_string(),
+                        "{v}"
+                    );
+                }
+            }
+            None => {
+                let cal = relaycc_topo::Calibration::parse(&stdout(&o), "calibrate output")
+                    .expect("calibrate prints a calibration file");
+                assert!(cal.source.contains("relaycc calibrate"), "{}", cal.source);
+            }
+        }
     }
 }
 
@@ -549,4 +570,197 @@ fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
         "NCCL runs on GPUs: use --backend cuda"
     );
     assert!(v["results"][0].get("nccl_busbw_gbps").is_none());
+}
+
+/// route and plan tables say their figures are predictions, name every hop's link kind, keep
+/// the share column aligned however long a path is, and give staging memory per GPU.
+#[test]
+fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
+    let o = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "256MiB",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("predictions"), "{text}");
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("  GPU0 ")).collect();
+    assert!(rows.len() >= 2, "{text}");
+    // Every hop carries its kind: one `-[...]->` per hop, as many as waypoints minus one.
+    for r in &rows {
+        let hops = r.matches("-[").count();
+        let gpus = r.matches("GPU").count() + r.matches("CPU").count();
+        assert_eq!(hops + 1, gpus, "{r}");
+        assert!(r.contains("NVLink2") || r.contains("host memory"), "{r}");
+    }
+    let share_col: Vec<usize> = rows.iter().map(|r| r.find('%').unwrap()).collect();
+    assert!(share_col.iter().all(|&c| c == share_col[0]), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("staging: GPU")),
+        "{text}"
+    );
+
+    let v = json(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "256MiB",
+        "--format",
+        "json",
+    ]);
+    for p in v["paths"].as_array().unwrap() {
+        assert_eq!(
+            p["hop_kinds"].as_array().unwrap().len() + 1,
+            p["hops"].as_array().unwrap().len(),
+            "{p}"
+        );
+    }
+    let pcie = json(&[
+        "route",
+        "-t",
+        "pcie-4gpu",
+        "--from",
+        "0",
+        "--to",
+        "1",
+        "--size",
+        "1MiB",
+        "--format",
+        "json",
+        "--strategy",
+        "direct",
+    ]);
+    let kinds = &pcie["paths"][0]["hop_kinds"];
+    assert!(
+        kinds[0].as_str().is_some_and(|k| k.starts_with("PCIe")),
+        "{pcie}"
+    );
+
+    let v = json(&[
+        "plan",
+        "all_reduce",
+        "-t",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "--size",
+        "256MiB",
+        "--format",
+        "json",
+    ]);
+    let per: u64 = v["staging_bytes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(per, v["scratch_bytes"].as_u64().unwrap(), "{v}");
+    let table = stdout(&relaycc(&[
+        "plan",
+        "all_reduce",
+        "-t",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "--size",
+        "256MiB",
+    ]));
+    assert!(table.contains("predictions"), "{table}");
+    assert!(
+        table.contains("staging: ") && table.contains("GPU0 "),
+        "{table}"
+    );
+}
+
+/// `--dtype` and `--op` are spelled and defaulted alike in plan, simulate, advise and bench.
+#[test]
+fn dtype_and_op_mean_the_same_everywhere() {
+    let plan = json(&[
+        "plan",
+        "all_reduce",
+        "--gpus",
+        "0,1",
+        "--size",
+        "1MiB",
+        "--dtype",
+        "bf16",
+        "--op",
+        "max",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        (plan["dtype"].as_str(), plan["op"].as_str()),
+        (Some("bf16"), Some("max"))
+    );
+    let sim = json(&[
+        "simulate",
+        "all_reduce",
+        "-b",
+        "1MiB",
+        "-e",
+        "1MiB",
+        "-d",
+        "bf16",
+        "--op",
+        "max",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(sim["results"][0]["type"], "bfloat16");
+    let advise = relaycc(&["advise", "--count", "2", "--dtype", "bf16", "--op", "max"]);
+    assert!(advise.status.success(), "{}", stderr(&advise));
+    let bench = json(&[
+        "bench",
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "-d",
+        "bf16",
+        "--op",
+        "max",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        (bench["dtype"].as_str(), bench["op"].as_str()),
+        (Some("bfloat16"), Some("max"))
+    );
+    let default = json(&[
+        "bench",
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(default["dtype"], "float");
+    assert_eq!(default["results"][0]["count"], 1024);
 }

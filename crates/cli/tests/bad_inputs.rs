@@ -1,0 +1,315 @@
+//! Every class of bad input gives exit status 1 or 2 and one line on stderr naming what is
+//! wrong; the resource cases (huge sizes, rank counts, endless or blocking files) finish
+//! without allocating, also under a small address-space limit.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const RELAYCC: &str = env!("CARGO_BIN_EXE_relaycc");
+
+/// Waits for `cmd`; a run past a minute is a hang (a FIFO read, an endless file) and fails
+/// the test instead of blocking the suite.
+fn finish(mut cmd: Command, what: &str) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the relaycc binary runs");
+    let start = Instant::now();
+    while child.try_wait().expect("waiting on relaycc").is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{what}: still running after a minute");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("relaycc output")
+}
+
+fn relaycc(args: &[&str]) -> Output {
+    let mut cmd = Command::new(RELAYCC);
+    cmd.args(args);
+    finish(cmd, &format!("{args:?}"))
+}
+
+/// `relaycc args` under a 1 GiB address-space limit (`ulimit -v`), so a command that tried to
+/// allocate a huge buffer or read an endless file fails instead of taking the machine.
+fn relaycc_limited(args: &[&str]) -> Output {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+        .arg(RELAYCC)
+        .args(args);
+    finish(cmd, &format!("{args:?} under ulimit -v"))
+}
+
+/// Asserts a refusal: exit `code`, one stderr line that starts `relaycc: ` and contains `needle`.
+fn refused(o: &Output, code: i32, needle: &str, what: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{what}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err}");
+    assert!(err.starts_with("relaycc: "), "{what}: {err}");
+    assert!(err.contains(needle), "{what}: {needle:?} not in {err}");
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("relaycc-bad-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn malformed_sizes_are_usage_errors() {
+    for (size, needle) in [
+        ("256MiBB", "unknown unit"),
+        ("1.5", "whole number of bytes"),
+        ("0.1K", "whole number of bytes"),
+        ("1e3", "unknown unit"),
+        ("99999999999T", "too large"),
+    ] {
+        let o = relaycc(&["route", "--from", "0", "--to", "7", "--size", size]);
+        refused(&o, 2, needle, size);
+    }
+    let o = relaycc(&["bench", "all_reduce", "--ranks", "2", "-b", "1GiBB"]);
+    refused(&o, 2, "unknown unit", "bench -b 1GiBB");
+}
+
+#[test]
+fn sizes_that_are_no_whole_number_of_elements_are_usage_errors() {
+    let o = relaycc(&["plan", "all_reduce", "--gpus", "0,1", "--size", "3"]);
+    refused(&o, 2, "not a whole number of f32 elements", "plan --size 3");
+    let o = relaycc(&[
+        "simulate",
+        "all_reduce",
+        "--dtype",
+        "f64",
+        "-b",
+        "4",
+        "-e",
+        "64",
+    ]);
+    refused(&o, 2, "f64 elements", "simulate f64 -b 4");
+    let o = relaycc(&["bench", "all_reduce", "--ranks", "2", "-b", "6", "-e", "6"]);
+    refused(&o, 2, "f32 elements", "bench -b 6");
+}
+
+#[test]
+fn rank_counts_and_size_ranges_are_usage_errors() {
+    for (args, needle) in [
+        (&["--ranks", "0"][..], "--ranks"),
+        (&["--ranks", "4294967295"][..], "--ranks"),
+        (&["--gpus", "0,10000000"][..], "--gpus"),
+        (
+            &["--ranks", "2", "-b", "1M", "-e", "1K"][..],
+            "-b 1048576 is larger than -e 1024",
+        ),
+        (&["--ranks", "2", "-f", "1"][..], "-f must be at least 2"),
+    ] {
+        let mut all = vec!["bench", "all_reduce", "--backend", "host"];
+        all.extend_from_slice(args);
+        refused(&relaycc_limited(&all), 2, needle, &format!("{args:?}"));
+    }
+    let o = relaycc(&["simulate", "all_reduce", "-b", "1M", "-e", "1K"]);
+    refused(&o, 2, "larger than -e", "simulate -b > -e");
+}
+
+#[test]
+fn relays_and_masks_that_contradict_the_job_are_errors() {
+    let o = relaycc(&[
+        "route", "--from", "0", "--to", "7", "--size", "1M", "--relay", "99",
+    ]);
+    refused(&o, 1, "--relay: GPU 99 does not exist", "--relay 99");
+    let o = relaycc(&[
+        "plan",
+        "all_reduce",
+        "--gpus",
+        "0,1",
+        "--size",
+        "1M",
+        "--relay",
+        "3,99",
+    ]);
+    refused(&o, 1, "--relay: GPU 99", "plan --relay 3,99");
+    let o = relaycc(&[
+        "plan",
+        "all_reduce",
+        "--gpus",
+        "0,1",
+        "--mask-gpus",
+        "0,1,2,3,4,5,6,7",
+        "--size",
+        "1M",
+    ]);
+    refused(
+        &o,
+        2,
+        "--gpus 0 is also in --mask-gpus",
+        "plan on masked GPUs",
+    );
+    let o = relaycc(&[
+        "route",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "1M",
+        "--relay",
+        "3",
+        "--mask-gpus",
+        "3",
+    ]);
+    refused(
+        &o,
+        2,
+        "--relay 3 is also in --mask-gpus",
+        "relay through a masked GPU",
+    );
+    let o = relaycc(&["plan", "all_reduce", "--gpus", "0,9", "--size", "1M"]);
+    refused(&o, 1, "--gpus: GPU 9 does not exist", "plan --gpus 0,9");
+}
+
+#[test]
+fn calibration_files_with_unknown_keys_or_impossible_rates_are_errors() {
+    let dir = temp_dir("cal");
+    for (name, text, needle) in [
+        (
+            "key.json",
+            r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":20,"latency":1}]}"#,
+            "unknown field `latency`",
+        ),
+        (
+            "huge.json",
+            r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":1e300}]}"#,
+            "to 900 GB/s",
+        ),
+        (
+            "slow.json",
+            r#"{"kinds":[{"kind":"pcie","gbps_per_x16":0.001}]}"#,
+            "from 0.25",
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let o = relaycc(&["topo", "show", "--calibration", path.to_str().unwrap()]);
+        refused(&o, 1, needle, name);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn missing_topology_files_say_so() {
+    for spec in ["my-node.txt", "./nope", "no/such/dir/topo.xml"] {
+        let o = relaycc(&["topo", "show", "-t", spec]);
+        refused(&o, 1, "No such file", spec);
+    }
+    let o = relaycc(&["topo", "show", "--calibration", "missing.cal.json"]);
+    refused(&o, 1, "No such file", "missing calibration");
+    let o = relaycc(&["topo", "show", "-t", "no-such-machine"]);
+    refused(&o, 1, "not a preset", "unknown preset");
+}
+
+#[test]
+fn huge_buffers_are_refused_before_allocating() {
+    for (args, needle) in [
+        (
+            &["--ranks", "1", "-b", "64GiB", "-e", "64GiB"][..],
+            "of host memory",
+        ),
+        (
+            &["--ranks", "1024", "-b", "1GiB", "-e", "1GiB"][..],
+            "of host memory",
+        ),
+        (
+            &["--gpus", "0,1023", "-b", "16T", "-e", "16T"][..],
+            "of host memory",
+        ),
+    ] {
+        let mut all = vec![
+            "bench",
+            "all_reduce",
+            "--backend",
+            "host",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ];
+        all.extend_from_slice(args);
+        refused(&relaycc_limited(&all), 1, needle, &format!("{args:?}"));
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn endless_blocking_and_oversized_inputs_are_refused_without_reading() {
+    let dir = temp_dir("files");
+    let fifo = dir.join("topo.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo is needed");
+    let big = dir.join("big.nvidia-smi-topo.txt");
+    // 200 MB without writing it: a sparse file.
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(200_000_000)
+        .unwrap();
+    let (fifo, big) = (fifo.to_str().unwrap(), big.to_str().unwrap());
+    for (args, needle) in [
+        (
+            &["topo", "show", "-t", "/dev/zero"][..],
+            "not a regular file",
+        ),
+        (&["topo", "show", "-t", fifo][..], "not a regular file"),
+        (
+            &["topo", "show", "--calibration", fifo][..],
+            "not a regular file",
+        ),
+        (
+            &["topo", "show", "--calibration", "/dev/zero"][..],
+            "not a regular file",
+        ),
+        (&["topo", "show", "-t", big][..], "larger than the 16 MiB"),
+    ] {
+        refused(&relaycc_limited(args), 1, needle, &format!("{args:?}"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_prints_na_for_unchecked_results_and_counts_when_checked() {
+    let run = |check: bool| {
+        let mut args = vec![
+            "bench",
+            "all_reduce",
+            "--ranks",
+            "2",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ];
+        if check {
+            args.push("--check");
+        }
+        let o = relaycc(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let row = text
+            .lines()
+            .find(|l| !l.starts_with('#'))
+            .expect("a result row")
+            .to_owned();
+        // Columns: size count type redop root time algbw busbw #wrong ...
+        row.split_whitespace()
+            .nth(8)
+            .expect("#wrong column")
+            .to_owned()
+    };
+    assert_eq!(run(false), "N/A");
+    assert_eq!(run(true), "0");
+}
