@@ -45,7 +45,10 @@ mod mask;
 mod preset;
 pub mod rates;
 
-pub use calibration::{Calibration, KindRate, LinkRate};
+pub use calibration::{
+    Calibration, KindRate, LinkRate, MAX_LATENCY_US, MAX_LINK_GBPS, MAX_NVLINK_LANE_GBPS,
+    MAX_NVLINK_LANES, MAX_PCIE_X16_GBPS, MIN_LINK_GBPS,
+};
 pub use classify::PathClass;
 pub use error::{Result, TopoError};
 pub use graph::{

@@ -1,11 +1,14 @@
 //! Import relaycc's own JSON (see [`crate::export::TopologyJson`]).
 
+use crate::calibration::{MAX_LATENCY_US, MAX_LINK_GBPS, MIN_LINK_GBPS};
 use crate::error::{Result, TopoError};
 use crate::export::json::{FORMAT, TopologyJson, VERSION};
 use crate::graph::{Topology, TopologyBuilder};
 
 /// Parse relaycc JSON. The derived views (`gpus`, `nics`, `nvlinks`) are ignored: `nodes`,
-/// `links` and `mask` are the source of truth.
+/// `links` and `mask` are the source of truth. Link rates and latencies outside the physical
+/// ranges calibration files respect ([`crate::MIN_LINK_GBPS`] to [`crate::MAX_LINK_GBPS`],
+/// at most [`crate::MAX_LATENCY_US`]) are errors.
 pub fn parse(text: &str, source_name: &str) -> Result<Topology> {
     let doc: TopologyJson = serde_json::from_str(text)
         .map_err(|e| TopoError::parse(source_name, e.line(), e.to_string()))?;
@@ -48,10 +51,56 @@ pub fn parse(text: &str, source_name: &str) -> Result<Topology> {
             })
         };
         let (from, to) = (find(&l.from)?, find(&l.to)?);
+        // The same physical ranges a calibration file must respect.
+        let (gbps, latency_us) = (l.link.gbps, l.link.latency_us);
+        if !(MIN_LINK_GBPS..=MAX_LINK_GBPS).contains(&gbps) {
+            return Err(TopoError::parse(
+                source_name,
+                0,
+                format!(
+                    "links[{i}] ({} -> {}): gbps must be from {MIN_LINK_GBPS} to {MAX_LINK_GBPS}, got {gbps}",
+                    l.from, l.to
+                ),
+            ));
+        }
+        if !(0.0..=MAX_LATENCY_US).contains(&latency_us) {
+            return Err(TopoError::parse(
+                source_name,
+                0,
+                format!(
+                    "links[{i}] ({} -> {}): latency_us must be from 0 to {MAX_LATENCY_US}, got {latency_us}",
+                    l.from, l.to
+                ),
+            ));
+        }
         b.add_directed(from, to, l.link);
     }
     let topo = b
         .build()
         .map_err(|e| TopoError::parse(source_name, 0, e.to_string()))?;
     topo.with_mask(doc.mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn impossible_link_rates_are_refused() {
+        let topo = crate::preset("dgx1-v100").unwrap();
+        let mut doc: serde_json::Value =
+            serde_json::from_str(&crate::export::to_json(&topo)).unwrap();
+        for (field, value, needle) in [
+            ("gbps", 1e300, "gbps must be from 0.25 to 900"),
+            ("gbps", 0.0, "gbps must be from"),
+            ("latency_us", 1e9, "latency_us must be from 0 to 1000"),
+        ] {
+            let mut bad = doc.clone();
+            bad["links"][3][field] = serde_json::json!(value);
+            let err = parse(&bad.to_string(), "t").unwrap_err().to_string();
+            assert!(err.contains(needle), "{field}={value}: {err}");
+        }
+        doc["links"][3]["gbps"] = serde_json::json!(MAX_LINK_GBPS);
+        assert!(parse(&doc.to_string(), "t").is_ok());
+    }
 }
