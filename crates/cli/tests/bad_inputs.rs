@@ -313,3 +313,23 @@ fn bench_prints_na_for_unchecked_results_and_counts_when_checked() {
     assert_eq!(run(false), "N/A");
     assert_eq!(run(true), "0");
 }
+
+#[test]
+fn parser_errors_are_one_line_with_exit_two() {
+    for (args, needle) in [
+        (&["topo", "show", "--format", "pdf"][..], "possible values"),
+        (&["bench", "all_reduce", "--rank", "3"][..], "--ranks"),
+        (
+            &["plan", "all_reduce", "--size", "1M", "--gpus", "0,x"][..],
+            "--gpus",
+        ),
+        (&["route", "--from", "0"][..], "--to"),
+        (
+            &["bench", "all_reduce", "--dtype", "float7"][..],
+            "unknown element type",
+        ),
+        (&["advise", "--gpus", "2"][..], "--gpus"),
+    ] {
+        refused(&relaycc(args), 2, needle, &format!("{args:?}"));
+    }
+}
