@@ -10,9 +10,9 @@
 //! is a path over several links (PCIe switches, host bridges, the inter-socket link), so its
 //! rate cannot be pinned on one link without guessing which one limits it; the same holds for
 //! host links, whose path also crosses switches. Those figures go into the file's `notes`
-//! object (ignored by the parser), so nothing false enters the model and nothing measured is
-//! lost. No kind override is written: one measured path says nothing certain about every link
-//! of its kind.
+//! object (kept by the parser, never applied), so nothing false enters the model and nothing
+//! measured is lost. No kind override is written: one measured path says nothing certain about
+//! every link of its kind.
 
 use std::io::Write;
 
