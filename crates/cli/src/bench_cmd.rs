@@ -238,7 +238,9 @@ fn bench_sizes(args: &BenchArgs) -> Result<Vec<u64>> {
 /// Refuses a largest size whose buffers do not fit: on the host, in the memory this process
 /// may still take ([`crate::resources::host_available_bytes`]); on CUDA, in each device's
 /// memory. Counted: every rank's input and output, the two copy buffers of the memcpy
-/// reference, and (host) the staging vector that fills one buffer.
+/// reference, and in host memory the vector that fills one buffer and, with `--check`, the
+/// copies of every output read back. Plan staging is not known yet; if it does not fit, its
+/// allocation fails with an error.
 fn check_memory(
     comm: &Communicator,
     args: &BenchArgs,
@@ -252,9 +254,14 @@ fn check_memory(
     let copy = req.size_bytes().saturating_mul(2);
     let mut per_rank = Vec::with_capacity(comm.ranks());
     let mut largest = 0u64;
+    let mut read_back = 0u64;
     for r in 0..comm.ranks() as u32 {
         let (i, o) = (req.input_len(r)?, req.output_len(r)?);
         largest = largest.max(i.max(o).saturating_mul(dtype.size()));
+        if args.check {
+            // `--check` copies every output back into host memory at once.
+            read_back = read_back.saturating_add(o.saturating_mul(dtype.size()));
+        }
         per_rank.push(
             i.saturating_add(o)
                 .saturating_mul(dtype.size())
@@ -270,30 +277,31 @@ fn check_memory(
             format_size(have)
         )
     };
-    match args.backend {
-        BackendKind::Host => {
-            let need = per_rank.iter().fold(largest, |a, &b| a.saturating_add(b));
-            if let Some(have) = crate::resources::host_available_bytes() {
-                if need > have {
-                    return Err(what(need, "host memory", have));
-                }
-            }
+    // Host memory holds the fill vector and read-back copies on every backend, and the buffers
+    // themselves on the host backend.
+    let mut host_need = largest.saturating_add(read_back);
+    if args.backend == BackendKind::Host {
+        host_need = per_rank.iter().fold(host_need, |a, &b| a.saturating_add(b));
+    }
+    if let Some(have) = crate::resources::host_available_bytes() {
+        if host_need > have {
+            return Err(what(host_need, "host memory", have));
         }
-        BackendKind::Cuda => {
-            let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
-            for (d, info) in visible.iter().enumerate() {
-                let need = ordinals
-                    .iter()
-                    .zip(&per_rank)
-                    .filter(|(o, _)| **o == d)
-                    .fold(0u64, |a, (_, &b)| a.saturating_add(b));
-                if need > info.total_memory_bytes {
-                    return Err(what(
-                        need,
-                        &format!("CUDA device {d} memory"),
-                        info.total_memory_bytes,
-                    ));
-                }
+    }
+    if args.backend == BackendKind::Cuda {
+        let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
+        for (d, info) in visible.iter().enumerate() {
+            let need = ordinals
+                .iter()
+                .zip(&per_rank)
+                .filter(|(o, _)| **o == d)
+                .fold(0u64, |a, (_, &b)| a.saturating_add(b));
+            if need > info.total_memory_bytes {
+                return Err(what(
+                    need,
+                    &format!("CUDA device {d} memory"),
+                    info.total_memory_bytes,
+                ));
             }
         }
     }
