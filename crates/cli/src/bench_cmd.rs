@@ -15,7 +15,7 @@ use relaycc_collectives::{BufferView, Communicator, DeviceBuffer, Element, bf16,
 use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 use serde::Serialize;
 
-use crate::args::{BackendKind, BenchArgs, BenchFormat, usage};
+use crate::args::{BackendKind, BenchArgs, BenchFormat};
 use crate::size::format_size;
 
 /// One row of results.
@@ -212,107 +212,11 @@ fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
     }
 }
 
-/// The sizes to time, `-b` to `-e` multiplying by `-f`; arguments that cannot give such a
-/// series, or sizes that are no whole number of elements, are usage errors.
-fn bench_sizes(args: &BenchArgs) -> Result<Vec<u64>> {
-    let (min, max) = (args.min_bytes, args.max_bytes);
-    if min > max {
-        return Err(usage(format!("-b {min} is larger than -e {max}")));
-    }
-    if args.factor < 2 {
-        return Err(usage("-f must be at least 2"));
-    }
-    let mut sizes = Vec::new();
-    let mut s = min;
-    while s <= max {
-        crate::report::whole_elements(s, args.element.dtype)?;
-        sizes.push(s);
-        s = match s.checked_mul(args.factor) {
-            Some(v) if s > 0 => v,
-            _ => break,
-        };
-    }
-    Ok(sizes)
-}
-
-/// Refuses a largest size whose buffers do not fit: on the host, in the memory this process
-/// may still take ([`crate::resources::host_available_bytes`]); on CUDA, in each device's
-/// memory. Counted: every rank's input and output, the two copy buffers of the memcpy
-/// reference, and in host memory the vector that fills one buffer and, with `--check`, the
-/// copies of every output read back. Plan staging is not known yet; if it does not fit, its
-/// allocation fails with an error.
-fn check_memory(
-    comm: &Communicator,
-    args: &BenchArgs,
-    ordinals: &[usize],
-    c: Collective,
-    dtype: DType,
-    op: ReduceOp,
-    max: u64,
-) -> Result<()> {
-    let req = request(comm, c, dtype, op, args.root, max);
-    let copy = req.size_bytes().saturating_mul(2);
-    let mut per_rank = Vec::with_capacity(comm.ranks());
-    let mut largest = 0u64;
-    let mut read_back = 0u64;
-    for r in 0..comm.ranks() as u32 {
-        let (i, o) = (req.input_len(r)?, req.output_len(r)?);
-        largest = largest.max(i.max(o).saturating_mul(dtype.size()));
-        if args.check {
-            // `--check` copies every output back into host memory at once.
-            read_back = read_back.saturating_add(o.saturating_mul(dtype.size()));
-        }
-        per_rank.push(
-            i.saturating_add(o)
-                .saturating_mul(dtype.size())
-                .saturating_add(copy),
-        );
-    }
-    let what = |need: u64, place: &str, have: u64| {
-        anyhow::anyhow!(
-            "-e {} on {} rank(s) needs {} of {place} for inputs, outputs and copy buffers; {} is available",
-            format_size(max),
-            comm.ranks(),
-            format_size(need),
-            format_size(have)
-        )
-    };
-    // Host memory holds the fill vector and read-back copies on every backend, and the buffers
-    // themselves on the host backend.
-    let mut host_need = largest.saturating_add(read_back);
-    if args.backend == BackendKind::Host {
-        host_need = per_rank.iter().fold(host_need, |a, &b| a.saturating_add(b));
-    }
-    if let Some(have) = crate::resources::host_available_bytes() {
-        if host_need > have {
-            return Err(what(host_need, "host memory", have));
-        }
-    }
-    if args.backend == BackendKind::Cuda {
-        let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
-        for (d, info) in visible.iter().enumerate() {
-            let need = ordinals
-                .iter()
-                .zip(&per_rank)
-                .filter(|(o, _)| **o == d)
-                .fold(0u64, |a, (_, &b)| a.saturating_add(b));
-            if need > info.total_memory_bytes {
-                return Err(what(
-                    need,
-                    &format!("CUDA device {d} memory"),
-                    info.total_memory_bytes,
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Run `relaycc bench`.
 pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     let collective = args.collective;
     let (dtype, op) = (args.element.dtype, args.element.op);
-    let sizes = bench_sizes(args)?;
+    let sizes = crate::bench_checks::bench_sizes(args)?;
     let (comm, devices, ordinals) = match args.backend {
         BackendKind::Host => {
             let devices: Vec<u32> = match (&args.gpus, args.ranks) {
@@ -330,7 +234,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
         BackendKind::Cuda => cuda_communicator(args)?,
     };
     let max = sizes.last().copied().unwrap_or(0);
-    check_memory(&comm, args, &ordinals, collective, dtype, op, max)?;
+    crate::bench_checks::check_memory(&comm, args, &ordinals, collective, dtype, op, max)?;
     let mut nccl_note = None;
     let nccl = match (args.vs_nccl, args.backend) {
         (false, _) => None,
@@ -483,7 +387,7 @@ fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
 }
 
 /// The request for `size` bytes, sized as nccl-tests sizes it.
-fn request(
+pub(crate) fn request(
     comm: &Communicator,
     c: Collective,
     dtype: DType,

@@ -7,6 +7,7 @@
 
 mod advise_cmd;
 mod args;
+mod bench_checks;
 mod bench_cmd;
 mod calibrate_cmd;
 mod plan_cmd;

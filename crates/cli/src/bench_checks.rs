@@ -1,0 +1,106 @@
+//! `relaycc bench`'s checks before anything is allocated: the size series, and whether its
+//! largest size fits in host and device memory.
+
+use anyhow::{Context, Result};
+use relaycc_collectives::Communicator;
+use relaycc_route::{Collective, DType, ReduceOp};
+
+use crate::args::{BackendKind, BenchArgs, usage};
+use crate::bench_cmd::request;
+use crate::size::format_size;
+
+/// The sizes to time, `-b` to `-e` multiplying by `-f`; arguments that cannot give such a
+/// series, or sizes that are no whole number of elements, are usage errors.
+pub fn bench_sizes(args: &BenchArgs) -> Result<Vec<u64>> {
+    let (min, max) = (args.min_bytes, args.max_bytes);
+    if min > max {
+        return Err(usage(format!("-b {min} is larger than -e {max}")));
+    }
+    if args.factor < 2 {
+        return Err(usage("-f must be at least 2"));
+    }
+    let mut sizes = Vec::new();
+    let mut s = min;
+    while s <= max {
+        crate::report::whole_elements(s, args.element.dtype)?;
+        sizes.push(s);
+        s = match s.checked_mul(args.factor) {
+            Some(v) if s > 0 => v,
+            _ => break,
+        };
+    }
+    Ok(sizes)
+}
+
+/// Refuses a largest size whose buffers do not fit: on the host, in the memory this process
+/// may still take ([`crate::resources::host_available_bytes`]); on CUDA, in each device's
+/// memory. Counted: every rank's input and output, the two copy buffers of the memcpy
+/// reference, and in host memory the vector that fills one buffer and, with `--check`, the
+/// copies of every output read back. Plan staging is not known yet; if it does not fit, its
+/// allocation fails with an error.
+pub fn check_memory(
+    comm: &Communicator,
+    args: &BenchArgs,
+    ordinals: &[usize],
+    c: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    max: u64,
+) -> Result<()> {
+    let req = request(comm, c, dtype, op, args.root, max);
+    let copy = req.size_bytes().saturating_mul(2);
+    let mut per_rank = Vec::with_capacity(comm.ranks());
+    let mut largest = 0u64;
+    let mut read_back = 0u64;
+    for r in 0..comm.ranks() as u32 {
+        let (i, o) = (req.input_len(r)?, req.output_len(r)?);
+        largest = largest.max(i.max(o).saturating_mul(dtype.size()));
+        if args.check {
+            // `--check` copies every output back into host memory at once.
+            read_back = read_back.saturating_add(o.saturating_mul(dtype.size()));
+        }
+        per_rank.push(
+            i.saturating_add(o)
+                .saturating_mul(dtype.size())
+                .saturating_add(copy),
+        );
+    }
+    let what = |need: u64, place: &str, have: u64| {
+        anyhow::anyhow!(
+            "-e {} on {} rank(s) needs {} of {place} for inputs, outputs and copy buffers; {} is available",
+            format_size(max),
+            comm.ranks(),
+            format_size(need),
+            format_size(have)
+        )
+    };
+    // Host memory holds the fill vector and read-back copies on every backend, and the buffers
+    // themselves on the host backend.
+    let mut host_need = largest.saturating_add(read_back);
+    if args.backend == BackendKind::Host {
+        host_need = per_rank.iter().fold(host_need, |a, &b| a.saturating_add(b));
+    }
+    if let Some(have) = crate::resources::host_available_bytes() {
+        if host_need > have {
+            return Err(what(host_need, "host memory", have));
+        }
+    }
+    if args.backend == BackendKind::Cuda {
+        let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
+        for (d, info) in visible.iter().enumerate() {
+            let need = ordinals
+                .iter()
+                .zip(&per_rank)
+                .filter(|(o, _)| **o == d)
+                .fold(0u64, |a, (_, &b)| a.saturating_add(b));
+            if need > info.total_memory_bytes {
+                return Err(what(
+                    need,
+                    &format!("CUDA device {d} memory"),
+                    info.total_memory_bytes,
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! What the planning and bench commands print: link kinds, staging per memory, the shared
+//! `--dtype`/`--op` options.
+
+use std::process::{Command, Output};
+
+fn relaycc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_relaycc"))
+        .args(args)
+        .output()
+        .expect("the relaycc binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let o = relaycc(args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("valid JSON")
+}
+
+/// route and plan tables say their figures are predictions, name every hop's link kind, keep
+/// the share column aligned however long a path is, and give staging memory per GPU.
+#[test]
+fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
+    let o = relaycc(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "256MiB",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("predictions"), "{text}");
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("  GPU0 ")).collect();
+    assert!(rows.len() >= 2, "{text}");
+    // Every hop carries its kind: one `-[...]->` per hop, as many as waypoints minus one.
+    for r in &rows {
+        let hops = r.matches("-[").count();
+        let gpus = r.matches("GPU").count() + r.matches("CPU").count();
+        assert_eq!(hops + 1, gpus, "{r}");
+        assert!(r.contains("NVLink2") || r.contains("host memory"), "{r}");
+    }
+    let share_col: Vec<usize> = rows.iter().map(|r| r.find('%').unwrap()).collect();
+    assert!(share_col.iter().all(|&c| c == share_col[0]), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("staging: GPU")),
+        "{text}"
+    );
+
+    let v = json(&[
+        "route",
+        "-t",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "256MiB",
+        "--format",
+        "json",
+    ]);
+    for p in v["paths"].as_array().unwrap() {
+        assert_eq!(
+            p["hop_kinds"].as_array().unwrap().len() + 1,
+            p["hops"].as_array().unwrap().len(),
+            "{p}"
+        );
+    }
+    let pcie = json(&[
+        "route",
+        "-t",
+        "pcie-4gpu",
+        "--from",
+        "0",
+        "--to",
+        "1",
+        "--size",
+        "1MiB",
+        "--format",
+        "json",
+        "--strategy",
+        "direct",
+    ]);
+    let kinds = &pcie["paths"][0]["hop_kinds"];
+    assert!(
+        kinds[0].as_str().is_some_and(|k| k.starts_with("PCIe")),
+        "{pcie}"
+    );
+
+    let v = json(&[
+        "plan",
+        "all_reduce",
+        "-t",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "--size",
+        "256MiB",
+        "--format",
+        "json",
+    ]);
+    let per: u64 = v["staging_bytes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(per, v["scratch_bytes"].as_u64().unwrap(), "{v}");
+    let table = stdout(&relaycc(&[
+        "plan",
+        "all_reduce",
+        "-t",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "--size",
+        "256MiB",
+    ]));
+    assert!(table.contains("predictions"), "{table}");
+    assert!(
+        table.contains("staging: ") && table.contains("GPU0 "),
+        "{table}"
+    );
+}
+
+/// `--dtype` and `--op` are spelled and defaulted alike in plan, simulate, advise and bench.
+#[test]
+fn dtype_and_op_mean_the_same_everywhere() {
+    let plan = json(&[
+        "plan",
+        "all_reduce",
+        "--gpus",
+        "0,1",
+        "--size",
+        "1MiB",
+        "--dtype",
+        "bf16",
+        "--op",
+        "max",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        (plan["dtype"].as_str(), plan["op"].as_str()),
+        (Some("bf16"), Some("max"))
+    );
+    let sim = json(&[
+        "simulate",
+        "all_reduce",
+        "-b",
+        "1MiB",
+        "-e",
+        "1MiB",
+        "-d",
+        "bf16",
+        "--op",
+        "max",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(sim["results"][0]["type"], "bfloat16");
+    let advise = relaycc(&["advise", "--count", "2", "--dtype", "bf16", "--op", "max"]);
+    assert!(advise.status.success(), "{}", stderr(&advise));
+    let bench = json(&[
+        "bench",
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "-d",
+        "bf16",
+        "--op",
+        "max",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        (bench["dtype"].as_str(), bench["op"].as_str()),
+        (Some("bfloat16"), Some("max"))
+    );
+    let default = json(&[
+        "bench",
+        "all_reduce",
+        "--ranks",
+        "2",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(default["dtype"], "float");
+    assert_eq!(default["results"][0]["count"], 1024);
+}
