@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange \
-//!     [correctness|fault-counts|fault-exit|fault-exit-3step|fault-backend]
+//!     [correctness|fault-counts|fault-elem|fault-exit|fault-exit-3step|fault-stop|fault-backend]
 //! ```
 //!
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
@@ -22,6 +22,14 @@
 //!   one download per send and one upload per receive and never ask for a buffer's address.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
 //!   places one too many); every rank must get an error from the build.
+//! - `fault-elem`: rank 0 builds with 4-byte elements, the others with 8 (all_to_all_v,
+//!   all_gather_v, index lists), and runs a plan of another element type or another count
+//!   through `execute`; every rank must get `ElementMismatch` / `PlanMismatch`, and a correct
+//!   exchange must still run afterwards (a disagreement fails nothing).
+//! - `fault-stop`: the last rank stops (sleeps past the others' timeout) before a Standard
+//!   exchange of 64 KiB messages (rendezvous sends, which Open MPI cannot cancel); every
+//!   other rank must get `Timeout` within the timeout plus the grace second, then `Failed` at
+//!   once from a second run and from a new build, and the job must not abort.
 //! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
 //!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -291,6 +299,151 @@ fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
         &format!("fault-places n={n}"),
         matches!(r, Err(MpiError::CountMismatch(_))),
     );
+}
+
+/// Rank 0 disagrees on the element size of three builds and on the element type and count of
+/// two plans; every rank must get the mismatch error, and the communicator must stay usable.
+fn fault_elem(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let comm = rep.comm;
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let elem = if me == 0 { 4 } else { 8 };
+    let mismatch = |r: Result<NeighborExchange, MpiError>, what: &str| {
+        if let Err(e) = &r {
+            println!("rank {me}: {what}: {e}");
+        }
+        matches!(r, Err(MpiError::ElementMismatch(_)))
+    };
+    let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 3).collect();
+    let r = NeighborExchange::all_to_all_v(comm, &send, &send, elem, Choice::Model);
+    rep.check(
+        &format!("fault-elem all_to_all_v n={n}"),
+        mismatch(r, "all_to_all_v"),
+    );
+    let r = NeighborExchange::all_gather_v(comm, 3, elem, Choice::Model);
+    rep.check(
+        &format!("fault-elem all_gather_v n={n}"),
+        mismatch(r, "all_gather_v"),
+    );
+    let lists: Vec<Vec<usize>> = (0..n).map(|d| vec![0; usize::from(d != me) * 3]).collect();
+    let r = NeighborExchange::from_indices(comm, &lists, None, elem, Choice::Model);
+    rep.check(
+        &format!("fault-elem from_indices n={n}"),
+        mismatch(r, "from_indices"),
+    );
+    // execute: rank 0's plan has f32 elements (same size as the others' u32), then one more
+    // element per rank.
+    let nr = n as u32;
+    let setup = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", nr.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let c = MpiCommunicator::from_mpi(world, me as u32, Some(topo.clone()))
+                .map_err(|e| e.to_string())?;
+            Ok((topo, c))
+        });
+    let (topo, pcomm) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            rep.check(&format!("fault-elem setup: {e}"), false);
+            return;
+        }
+    };
+    let opts = PlanOptions {
+        relay: RelayPolicy::Members,
+        ..PlanOptions::default()
+    };
+    for (label, dtype, count) in [
+        (
+            "element type",
+            if me == 0 { DType::F32 } else { DType::U32 },
+            1000,
+        ),
+        ("count", DType::U32, if me == 0 { 1001 } else { 1000 }),
+    ] {
+        let req = Request::new(Collective::AllGather, (0..nr).collect(), count, DType::U32);
+        let req = Request { dtype, ..req };
+        let ok = match relaycc_route::plan(&topo, &req, &opts) {
+            Ok(p) => {
+                let input = vec![0u8; req.input_len(me as u32).unwrap_or(0) as usize * 4];
+                let mut out = vec![0u8; req.output_len(me as u32).unwrap_or(0) as usize * 4];
+                let r = pcomm.execute(&p.plan, &input, &mut out);
+                if let Err(e) = &r {
+                    println!("rank {me}: execute with another {label}: {e}");
+                }
+                match label {
+                    "count" => matches!(r, Err(MpiError::PlanMismatch(_))),
+                    _ => matches!(r, Err(MpiError::ElementMismatch(_))),
+                }
+            }
+            Err(e) => {
+                println!("rank {me}: plan: {e}");
+                false
+            }
+        };
+        rep.check(&format!("fault-elem execute, another {label} n={n}"), ok);
+    }
+    // A disagreement fails nothing: a correct exchange still runs.
+    let ok =
+        NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Model).is_ok_and(|mut ex| {
+            let input: Vec<u64> = (0..3 * (n as u64 - 1)).collect();
+            let mut out = vec![0u64; 3 * (n - 1)];
+            ex.run(&input, &mut out).is_ok()
+        });
+    rep.check(&format!("fault-elem then a correct exchange n={n}"), ok);
+}
+
+/// The last rank stops (sleeps, making no MPI call) for the others' timeout and more, before
+/// a Standard exchange of 64 KiB messages: rendezvous sends to it stay pending after
+/// `MPI_Cancel`. Every other rank must get `Timeout` within the timeout plus the grace
+/// second, and then `Failed` at once from a second run and from a new build.
+fn fault_stop(comm: &mut MpiCommunicator) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let timeout = Duration::from_secs(3);
+    comm.set_timeout(timeout);
+    let elems = 8192u64; // 64 KiB of u64 per peer
+    let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * elems).collect();
+    let ex =
+        NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Forced(Strategy::Standard));
+    let mut ex = match ex {
+        Ok(ex) => ex,
+        Err(e) => {
+            println!("rank {me}: FAULT-UNEXPECTED build failed: {e}");
+            return;
+        }
+    };
+    let total = elems as usize * (n - 1);
+    if me == n - 1 {
+        println!("rank {me}: stopping");
+        std::thread::sleep(timeout + Duration::from_secs(4));
+        return;
+    }
+    let input = vec![me as u64; total];
+    let mut out = vec![0u64; total];
+    let t = Instant::now();
+    let r = ex.run(&input, &mut out);
+    let took = t.elapsed();
+    // The timeout, the grace second for cancellation, and slack for an oversubscribed host.
+    let bound = timeout + Duration::from_secs(2);
+    let t2 = Instant::now();
+    let again = ex.run(&input, &mut out);
+    let rebuild = NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Model);
+    let quick = t2.elapsed() < Duration::from_millis(500);
+    match r {
+        Err(e @ MpiError::Timeout { .. })
+            if took <= bound
+                && quick
+                && matches!(again, Err(MpiError::Failed(_)))
+                && matches!(rebuild, Err(MpiError::Failed(_))) =>
+        {
+            println!("rank {me}: FAULT-DETECTED after {took:?}: {e}");
+        }
+        other => println!(
+            "rank {me}: FAULT-MISSED: {other:?} after {took:?} (bound {bound:?}); second run \
+             {again:?}, rebuild {:?}, in {:?}",
+            rebuild.err(),
+            t2.elapsed()
+        ),
+    }
 }
 
 /// Returns true when this rank left early (and must not take part in anything else).
@@ -724,6 +877,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if mode == "fault-stop" {
+        fault_stop(&mut comm);
+        return;
+    }
     if mode == "fault-backend" {
         fault_backend(&world);
         return;
@@ -764,6 +921,7 @@ fn main() {
             planner_plans(&world, &mut rep, 100_000, &BACKEND_COLLECTIVES);
         }
         "fault-counts" => fault_counts(&comm, &mut rep),
+        "fault-elem" => fault_elem(&world, &mut rep),
         other => {
             eprintln!("unknown mode {other}");
             std::process::exit(2);
