@@ -25,7 +25,8 @@
 //! - `fault-elem`: rank 0 builds with 4-byte elements, the others with 8 (all_to_all_v,
 //!   all_gather_v, index lists), and runs a plan of another element type or another count
 //!   through `execute`; every rank must get `ElementMismatch` / `PlanMismatch`, and a correct
-//!   exchange must still run afterwards (a disagreement fails nothing).
+//!   exchange must still run afterwards (a disagreement fails nothing); MPI error codes are
+//!   named by MPI (`error_name`).
 //! - `fault-stop`: the last rank stops (sleeps past the others' timeout) before a Standard
 //!   exchange of 64 KiB messages (rendezvous sends, which Open MPI cannot cancel); every
 //!   other rank must get `Timeout` within the timeout plus the grace second, then `Failed` at
@@ -382,6 +383,12 @@ fn fault_elem(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
         };
         rep.check(&format!("fault-elem execute, another {label} n={n}"), ok);
     }
+    // MPI errors are reported by MPI's name for them.
+    let name = relaycc_collectives::mpi::error_name(rsmpi::ffi::MPI_ERR_TRUNCATE as i32);
+    if me == 0 {
+        println!("MPI_ERR_TRUNCATE reads {name:?}");
+    }
+    rep.check("fault-elem error names", name.contains("TRUNCATE"));
     // A disagreement fails nothing: a correct exchange still runs.
     let ok =
         NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Model).is_ok_and(|mut ex| {

@@ -298,11 +298,15 @@ impl<'a> DevicePlan<'a> {
     /// [`Self::input_bytes`] and [`Self::output_bytes`]; a zero-byte region where the rank has
     /// none). Collective over the plan's ranks. Per level: post receives, post sends
     /// (downloading staged ones first), launch the level's local work, wait for the messages
-    /// and the launch, upload staged receives.
+    /// and the launch, upload staged receives. In `Direct` mode the input is first copied
+    /// into this plan's mirror of it, and the output mirror copied out at the end, so MPI is
+    /// never handed the caller's regions.
     ///
-    /// Errors: wrong or overlapping regions (before any message), a backend failure (this
-    /// rank then finishes the level's posted messages and returns it; its peers time out on
-    /// later levels), an MPI error or [`MpiError::Timeout`] (as [`MpiCommunicator::execute`]).
+    /// Errors: [`MpiError::Failed`] when a run on the communicator failed before; wrong or
+    /// overlapping regions (before any message), a backend failure (this rank then finishes
+    /// the level's posted messages and returns it; its peers time out on later levels), an
+    /// MPI error or [`MpiError::Timeout`] (as [`MpiCommunicator::execute`]). Any error fails
+    /// the communicator.
     pub fn run(&mut self, input: ByteRegion, output: ByteRegion) -> MpiResult<()> {
         self.comm.check_health()?;
         let mut reqs = Requests::new(self.comm.comm().as_raw(), self.comm.rank());

@@ -33,6 +33,7 @@ use relaycc_topo::Topology;
 pub use ::mpi as rsmpi;
 pub use device::{DevicePlan, TransferMode};
 pub use exchange::{Choice, NeighborExchange};
+pub use requests::error_name;
 use requests::{Health, Requests};
 use schedule::RunBuffers;
 

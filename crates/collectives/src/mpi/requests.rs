@@ -242,8 +242,9 @@ impl Requests {
 }
 
 /// MPI's text for an error code (`MPI_Error_string`), with its class's text when the class
-/// differs (`MPI_Error_class`), e.g. `MPI_ERR_TRUNCATE: message truncated`.
-pub(crate) fn error_name(code: c_int) -> String {
+/// differs (`MPI_Error_class`), e.g. `MPI_ERR_TRUNCATE: message truncated` in Open MPI.
+/// [`MpiError::Mpi`] carries it.
+pub fn error_name(code: c_int) -> String {
     let text = |c: c_int| -> Option<String> {
         let mut buf = vec![0 as c_char; ffi::MPI_MAX_ERROR_STRING as usize + 1];
         let mut len: c_int = 0;
