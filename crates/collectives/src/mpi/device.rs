@@ -438,8 +438,10 @@ impl<'a> DevicePlan<'a> {
                 // (`Schedule::new` bounded `l` by the buffer, whose size was checked above) or
                 // a private staging range. No launch touches it until the request completes:
                 // the level's launch writes only ranges the checker proved disjoint, and the
-                // next launch waits for `reqs.wait`. It stays allocated: the backend and the
-                // staging buffers outlive this call, which waits, cancels or aborts.
+                // next launch waits for `reqs.wait`. It stays allocated: this call returns
+                // after completion or cancellation, and after a failure that leaves requests
+                // with MPI, `run` never frees or reuses this plan's memory (`buried`); a
+                // direct range is never the caller's region (the mirrors stand in for it).
                 unsafe { reqs.irecv(ptr, l.len, *peer as c_int, *tag)? };
             }
             let mut off = 0usize;
