@@ -27,10 +27,11 @@
 //!   through `execute`; every rank must get `ElementMismatch` / `PlanMismatch`, and a correct
 //!   exchange must still run afterwards (a disagreement fails nothing); MPI error codes are
 //!   named by MPI (`error_name`).
-//! - `fault-stop`: the last rank stops (sleeps past the others' timeout) before a Standard
-//!   exchange of 64 KiB messages (rendezvous sends, which Open MPI cannot cancel); every
-//!   other rank must get `Timeout` within the timeout plus the grace second, then `Failed` at
-//!   once from a second run and from a new build, and the job must not abort.
+//! - `fault-stop`: the last rank stops (sleeps past the others' timeouts) before a Standard
+//!   exchange of 64 KiB messages and a direct `DevicePlan` of 16 KiB messages (rendezvous
+//!   sends, which Open MPI cannot cancel); every other rank must get `Timeout` from each
+//!   within the timeout plus the grace second, then `Failed` at once from a second run and
+//!   from a new build, and the job must not abort.
 //! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
 //!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -399,11 +400,13 @@ fn fault_elem(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
     rep.check(&format!("fault-elem then a correct exchange n={n}"), ok);
 }
 
-/// The last rank stops (sleeps, making no MPI call) for the others' timeout and more, before
-/// a Standard exchange of 64 KiB messages: rendezvous sends to it stay pending after
-/// `MPI_Cancel`. Every other rank must get `Timeout` within the timeout plus the grace
-/// second, and then `Failed` at once from a second run and from a new build.
-fn fault_stop(comm: &mut MpiCommunicator) {
+/// The last rank stops (sleeps, making no MPI call) for the others' timeouts and more, before
+/// a Standard exchange of 64 KiB messages and a direct all_to_all plan of 16 KiB messages on
+/// the host backend: rendezvous sends to it stay pending after `MPI_Cancel`. Every other rank
+/// must get `Timeout` from each within the timeout plus the grace second, and then `Failed`
+/// at once from a second run and from a new build.
+fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommunicator) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let timeout = Duration::from_secs(3);
     comm.set_timeout(timeout);
@@ -411,45 +414,110 @@ fn fault_stop(comm: &mut MpiCommunicator) {
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * elems).collect();
     let ex =
         NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Forced(Strategy::Standard));
-    let mut ex = match ex {
-        Ok(ex) => ex,
-        Err(e) => {
+    // The backend lives until the process ends: after the failure MPI may still hold requests
+    // into its memory (see the MPI README, Faults).
+    let backend: &'static HostBackend = Box::leak(Box::new(HostBackend::new()));
+    let nr = n as u32;
+    let device = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", nr.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let req = Request::new(Collective::AllToAll, (0..nr).collect(), 4096, DType::U32);
+            let opts = PlanOptions {
+                relay: RelayPolicy::Members,
+                ..PlanOptions::default()
+            };
+            let plan = relaycc_route::plan(&topo, &req, &opts).map_err(|e| e.to_string())?;
+            let mut c = MpiCommunicator::from_mpi(world, me as u32, Some(topo))
+                .map_err(|e| e.to_string())?;
+            c.set_timeout(timeout);
+            c.set_transfer(TransferMode::Direct);
+            Ok((c, plan.plan, req))
+        });
+    let (mut ex, (dcomm, plan, req)) = match (ex, device) {
+        (Ok(ex), Ok(d)) => (ex, d),
+        (Err(e), _) => {
             println!("rank {me}: FAULT-UNEXPECTED build failed: {e}");
+            return;
+        }
+        (_, Err(e)) => {
+            println!("rank {me}: FAULT-UNEXPECTED plan setup failed: {e}");
+            return;
+        }
+    };
+    let mut dp = match dcomm.prepare(backend, &plan) {
+        Ok(dp) => dp,
+        Err(e) => {
+            println!("rank {me}: FAULT-UNEXPECTED prepare failed: {e}");
             return;
         }
     };
     let total = elems as usize * (n - 1);
     if me == n - 1 {
         println!("rank {me}: stopping");
-        std::thread::sleep(timeout + Duration::from_secs(4));
+        std::thread::sleep(2 * (timeout + Duration::from_secs(1)) + Duration::from_secs(3));
         return;
     }
+    // The timeout, the grace second for cancellation, and slack for an oversubscribed host.
+    let bound = timeout + Duration::from_secs(2);
+    let mut why = Vec::new();
     let input = vec![me as u64; total];
     let mut out = vec![0u64; total];
     let t = Instant::now();
     let r = ex.run(&input, &mut out);
     let took = t.elapsed();
-    // The timeout, the grace second for cancellation, and slack for an oversubscribed host.
-    let bound = timeout + Duration::from_secs(2);
-    let t2 = Instant::now();
+    if !matches!(r, Err(MpiError::Timeout { .. })) || took > bound {
+        why.push(format!("exchange: {r:?} after {took:?} (bound {bound:?})"));
+    }
+    let t = Instant::now();
     let again = ex.run(&input, &mut out);
     let rebuild = NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Model);
-    let quick = t2.elapsed() < Duration::from_millis(500);
-    match r {
-        Err(e @ MpiError::Timeout { .. })
-            if took <= bound
-                && quick
-                && matches!(again, Err(MpiError::Failed(_)))
-                && matches!(rebuild, Err(MpiError::Failed(_))) =>
-        {
-            println!("rank {me}: FAULT-DETECTED after {took:?}: {e}");
-        }
-        other => println!(
-            "rank {me}: FAULT-MISSED: {other:?} after {took:?} (bound {bound:?}); second run \
-             {again:?}, rebuild {:?}, in {:?}",
+    if !matches!(again, Err(MpiError::Failed(_)))
+        || !matches!(rebuild, Err(MpiError::Failed(_)))
+        || t.elapsed() > Duration::from_millis(500)
+    {
+        why.push(format!(
+            "after the timeout: run {again:?}, build {:?}, in {:?}",
             rebuild.err(),
-            t2.elapsed()
-        ),
+            t.elapsed()
+        ));
+    }
+    // The device plan (direct: MPI works in the plan's mirrors and scratch).
+    let region = |bytes: u64| {
+        backend
+            .allocate(Location::Gpu(me as u32), bytes)
+            .map(|mem| ByteRegion {
+                mem,
+                offset: 0,
+                bytes,
+            })
+    };
+    let bytes = |len: Result<u64, _>| len.unwrap_or(0) * 4;
+    let me32 = me as u32;
+    match (
+        region(bytes(req.input_len(me32))),
+        region(bytes(req.output_len(me32))),
+    ) {
+        (Ok(inp), Ok(outp)) => {
+            let t = Instant::now();
+            let r = dp.run(inp, outp);
+            let took_dp = t.elapsed();
+            println!("rank {me}: device plan returned after {took_dp:?}");
+            if !matches!(r, Err(MpiError::Timeout { .. })) || took_dp > bound {
+                why.push(format!(
+                    "device plan: {r:?} after {took_dp:?} (bound {bound:?})"
+                ));
+            }
+            let again = dp.run(inp, outp);
+            if !matches!(again, Err(MpiError::Failed(_))) {
+                why.push(format!("device plan after the timeout: {again:?}"));
+            }
+        }
+        (a, b) => why.push(format!("allocation: {:?} {:?}", a.err(), b.err())),
+    }
+    if why.is_empty() {
+        println!("rank {me}: FAULT-DETECTED: exchange timed out in {took:?}, then the device plan");
+    } else {
+        println!("rank {me}: FAULT-MISSED: {}", why.join("; "));
     }
 }
 
@@ -885,7 +953,7 @@ fn main() {
         }
     };
     if mode == "fault-stop" {
-        fault_stop(&mut comm);
+        fault_stop(&world, &mut comm);
         return;
     }
     if mode == "fault-backend" {
