@@ -16,11 +16,17 @@
 //! backend staged (download, send; receive, upload) and direct (MPI on the backend's
 //! addresses); prints the times and the staged/direct ratio, i.e. what staging costs when
 //! the "device" is host memory (a lower bound of its cost on a GPU).
+//!
+//! Any error (a failed build or run, a timeout) is printed and ends the job at once through
+//! `MpiCommunicator::abort`: after a failed run the peers may be gone, so nothing waits in
+//! another collective. A wrong result makes the exit status 1.
 
+use std::error::Error;
+use std::process::ExitCode;
 use std::time::Instant;
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, NeighborExchange, TransferMode};
+use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode};
 use relaycc_collectives::{Backend, ByteRegion, HostBackend};
 use relaycc_route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
@@ -44,10 +50,13 @@ fn max_all(comm: &MpiCommunicator, t: f64) -> f64 {
     m
 }
 
-fn main() {
+/// The bench's result: `Ok(false)` when some run gave a wrong result.
+type BenchResult = Result<bool, Box<dyn Error>>;
+
+fn main() -> ExitCode {
     let Some(universe) = rsmpi::initialize() else {
         eprintln!("MPI could not be initialised");
-        std::process::exit(2);
+        return ExitCode::from(2);
     };
     let world = universe.world();
     let iters: usize = std::env::args()
@@ -58,9 +67,29 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("setup: {e}");
-            std::process::exit(2);
+            return ExitCode::from(2);
         }
     };
+    let correct = match exchanges(&comm, iters).and_then(|a| Ok(a & backend_paths(&world, iters)?))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rank {}: {e}; aborting the job", comm.rank());
+            comm.abort(1)
+        }
+    };
+    drop(comm);
+    drop(universe);
+    if correct {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// Each strategy and the model's choice against `MPI_Alltoallv` on three patterns.
+fn exchanges(comm: &MpiCommunicator, iters: usize) -> BenchResult {
+    let mut correct = true;
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let w = comm.comm();
     let degree = (n / 2).max(1);
@@ -104,7 +133,7 @@ fn main() {
         for _ in 0..iters {
             alltoallv(&mut out);
         }
-        let base = max_all(&comm, t.elapsed().as_secs_f64() / iters as f64);
+        let base = max_all(comm, t.elapsed().as_secs_f64() / iters as f64);
         if me == 0 {
             println!(
                 "\n{n} ranks, {} per node, {degree} peers per rank, {bytes} B messages: \
@@ -121,18 +150,16 @@ fn main() {
             Choice::Forced(Strategy::SplitMd),
             Choice::Model,
         ] {
-            let Ok(mut ex) = NeighborExchange::all_to_all_v(&comm, &send, &recv, 8, choice) else {
-                eprintln!("rank {me}: build failed");
-                std::process::exit(1);
-            };
-            let _ = ex.run(&input, &mut out);
-            let ok = out == reference;
+            let mut ex = NeighborExchange::all_to_all_v(comm, &send, &recv, 8, choice)?;
+            ex.run(&input, &mut out)?;
+            let ok = agreed(comm, out == reference);
+            correct &= ok;
             w.barrier();
             let t = Instant::now();
             for _ in 0..iters {
-                let _ = ex.run(&input, &mut out);
+                ex.run(&input, &mut out)?;
             }
-            let took = max_all(&comm, t.elapsed().as_secs_f64() / iters as f64);
+            let took = max_all(comm, t.elapsed().as_secs_f64() / iters as f64);
             if let Choice::Forced(s) = choice {
                 if took < best.0 {
                     best = (took, s);
@@ -163,25 +190,24 @@ fn main() {
     if me == 0 {
         println!("\nmodel choice matched the measured best in {matched} of {cases} cases");
     }
-    backend_paths(&world, iters);
-    drop(comm);
-    drop(universe);
+    Ok(correct)
+}
+
+/// True on every rank when `ok` holds on every rank.
+fn agreed(comm: &MpiCommunicator, ok: bool) -> bool {
+    let mut all = 0i32;
+    comm.comm()
+        .all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
+    all == 1
 }
 
 /// Planner plans through `execute` (host slices) and `DevicePlan::run` on the host backend,
 /// staged and direct; times are the max over ranks of the mean of `iters` runs.
-fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
+fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) -> BenchResult {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
     let (me, n) = (world.rank() as u32, world.size() as u32);
-    let Ok(topo) = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
-    else {
-        eprintln!("no cluster preset");
-        return;
-    };
-    let Ok(mut comm) = MpiCommunicator::from_mpi(world, me, Some(topo.clone())) else {
-        eprintln!("setup failed");
-        return;
-    };
+    let topo = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))?;
+    let mut comm = MpiCommunicator::from_mpi(world, me, Some(topo.clone()))?;
     let opts = PlanOptions {
         relay: RelayPolicy::Members,
         ..PlanOptions::default()
@@ -189,6 +215,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
     if me == 0 {
         println!("\nbackend path (host backend), {n} ranks:");
     }
+    let mut correct = true;
     for (coll, count) in [
         (Collective::AllReduce, 16_384u64),
         (Collective::AllReduce, 1 << 20),
@@ -196,34 +223,27 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
         (Collective::AllToAll, (1 << 20) / n as u64),
     ] {
         let req = Request::new(coll, (0..n).collect(), count, DType::F32);
-        let Ok(planned) = relaycc_route::plan(&topo, &req, &opts) else {
-            eprintln!("rank {me}: cannot plan {coll}");
-            return;
-        };
+        let planned = relaycc_route::plan(&topo, &req, &opts)?;
         let plan = &planned.plan;
-        let in_len = req.input_len(me).unwrap_or(0) as usize * 4;
-        let out_len = req.output_len(me).unwrap_or(0) as usize * 4;
+        let in_len = req.input_len(me)? as usize * 4;
+        let out_len = req.output_len(me)? as usize * 4;
         let input: Vec<u8> = (0..in_len / 4)
             .flat_map(|i| ((i % 97) as f32 + me as f32).to_le_bytes())
             .collect();
         let mut host_out = vec![0u8; out_len];
-        let time = |f: &mut dyn FnMut() -> bool| -> Option<f64> {
+        // Mean time of `iters` calls of `f`, max over ranks; the first error ends the timing.
+        let time = |f: &mut dyn FnMut() -> Result<(), MpiError>| -> Result<f64, MpiError> {
             world.barrier();
             let t = Instant::now();
             for _ in 0..iters {
-                if !f() {
-                    return None;
-                }
+                f()?;
             }
             let mut m = 0.0f64;
             let mine = t.elapsed().as_secs_f64() / iters as f64;
             world.all_reduce_into(&mine, &mut m, SystemOperation::max());
-            Some(m)
+            Ok(m)
         };
-        let Some(slices) = time(&mut || comm.execute(plan, &input, &mut host_out).is_ok()) else {
-            eprintln!("rank {me}: execute failed");
-            return;
-        };
+        let slices = time(&mut || comm.execute(plan, &input, &mut host_out))?;
         let backend = HostBackend::new();
         let here = relaycc_route::Location::Gpu(me);
         let region = |bytes: usize| {
@@ -233,26 +253,21 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
                 bytes: bytes as u64,
             })
         };
-        let (Ok(inp), Ok(out)) = (region(in_len), region(out_len)) else {
-            eprintln!("rank {me}: allocation failed");
-            return;
-        };
-        let _ = backend.upload(inp, &input);
+        let (inp, out) = (region(in_len)?, region(out_len)?);
+        backend.upload(inp, &input)?;
         let mut times = Vec::new();
         let mut same = true;
         for mode in [TransferMode::Staged, TransferMode::Direct] {
             comm.set_transfer(mode);
-            let Ok(mut dp) = comm.prepare(&backend, plan) else {
-                eprintln!("rank {me}: prepare failed");
-                return;
-            };
-            let t = time(&mut || dp.run(inp, out).is_ok());
+            let mut dp = comm.prepare(&backend, plan)?;
+            times.push(time(&mut || dp.run(inp, out))?);
             let mut got = vec![0u8; out_len];
-            same &= backend.download(out, &mut got).is_ok() && got == host_out;
-            times.push(t.unwrap_or(f64::NAN));
+            backend.download(out, &mut got)?;
+            same &= got == host_out;
         }
         let mut all_same = 0i32;
         world.all_reduce_into(&i32::from(same), &mut all_same, SystemOperation::min());
+        correct &= all_same == 1;
         if me == 0 {
             println!(
                 "  {coll} {:>8} B/rank ({}): slices {:>9.1} us  staged {:>9.1} us  direct {:>9.1} \
@@ -267,4 +282,5 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
             );
         }
     }
+    Ok(correct)
 }

@@ -14,11 +14,16 @@
 //! computed with it and checked against a serial product of the same rows; the exchange
 //! (packing included) is timed (max over ranks of the mean of `iters` runs) beside the
 //! model's prediction and plain `MPI_Alltoallv` on the same pattern (packed by hand).
+//!
+//! Any error (a failed build or run, a timeout) is printed and ends the job at once through
+//! `MpiCommunicator::abort`: after a failed run the peers may be gone, so nothing waits in
+//! another collective. A wrong product makes the exit status 1.
 
+use std::process::ExitCode;
 use std::time::Instant;
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, NeighborExchange};
+use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange};
 use relaycc_route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
@@ -130,7 +135,8 @@ fn max_all(comm: &MpiCommunicator, t: f64) -> f64 {
     m
 }
 
-fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
+/// Every strategy's halo exchange on `a`; `Ok(false)` when some product was wrong.
+fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> Result<bool, MpiError> {
     let world = comm.comm();
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let rows = a.rows();
@@ -235,15 +241,9 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
     for choice in strategies {
         // The halo arrives contiguous per owner, owners in rank order, each owner's entries
         // in the order this rank asked for them: `flat_need`'s order.
-        let mut ex = match NeighborExchange::from_indices(comm, &send_lists, None, 8, choice) {
-            Ok(ex) => ex,
-            Err(e) => {
-                eprintln!("rank {me}: {e}");
-                return false;
-            }
-        };
+        let mut ex = NeighborExchange::from_indices(comm, &send_lists, None, 8, choice)?;
         let mut halo = vec![0.0f64; halo_len];
-        let ok_run = ex.received() == halo_len && ex.run(&x_local, &mut halo).is_ok();
+        ex.run(&x_local, &mut halo)?;
         // y = A x with the exchanged halo, against the serial product.
         let y: Vec<f64> = my_rows
             .iter()
@@ -260,17 +260,14 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
                     .sum()
             })
             .collect();
-        let ok = ok_run && y.iter().zip(&serial).all(|(a, b)| a == b);
+        let ok = y.iter().zip(&serial).all(|(a, b)| a == b);
         let mut all = 0i32;
         world.all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
         all_ok &= all == 1;
         world.barrier();
         let t = Instant::now();
         for _ in 0..iters {
-            if ex.run(&x_local, &mut halo).is_err() {
-                all_ok = false;
-                break;
-            }
+            ex.run(&x_local, &mut halo)?;
         }
         let took = max_all(comm, t.elapsed().as_secs_f64() / iters as f64);
         if matches!(choice, Choice::Forced(_)) && took < best.0 {
@@ -305,13 +302,13 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> bool {
             }
         }
     }
-    all_ok
+    Ok(all_ok)
 }
 
-fn main() {
+fn main() -> ExitCode {
     let Some(universe) = rsmpi::initialize() else {
         eprintln!("MPI could not be initialised");
-        std::process::exit(2);
+        return ExitCode::from(2);
     };
     let world = universe.world();
     let iters: usize = std::env::args()
@@ -322,7 +319,7 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("setup: {e}");
-            std::process::exit(2);
+            return ExitCode::from(2);
         }
     };
     let mut ok = true;
@@ -331,7 +328,13 @@ fn main() {
         Matrix::Poisson3d(32),
         Matrix::PowerLaw(20_000),
     ] {
-        ok &= run(&comm, a, iters);
+        match run(&comm, a, iters) {
+            Ok(correct) => ok &= correct,
+            Err(e) => {
+                eprintln!("rank {}: {}: {e}; aborting the job", comm.rank(), a.name());
+                comm.abort(1)
+            }
+        }
     }
     if comm.rank() == 0 {
         println!(
@@ -341,7 +344,9 @@ fn main() {
     }
     drop(comm);
     drop(universe);
-    if !ok {
-        std::process::exit(1);
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange \
-//!     [correctness|fault-counts|fault-exit|fault-exit-3step|fault-backend]
+//!     [correctness|fault-counts|fault-elem|fault-exit|fault-exit-3step|fault-stop|fault-backend]
 //! ```
 //!
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
@@ -22,6 +22,16 @@
 //!   one download per send and one upload per receive and never ask for a buffer's address.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
 //!   places one too many); every rank must get an error from the build.
+//! - `fault-elem`: rank 0 builds with 4-byte elements, the others with 8 (all_to_all_v,
+//!   all_gather_v, index lists), and runs a plan of another element type or another count
+//!   through `execute`; every rank must get `ElementMismatch` / `PlanMismatch`, and a correct
+//!   exchange must still run afterwards (a disagreement fails nothing); MPI error codes are
+//!   named by MPI (`error_name`).
+//! - `fault-stop`: the last rank stops (sleeps past the others' timeouts) before a Standard
+//!   exchange of 64 KiB messages and a direct `DevicePlan` of 16 KiB messages (rendezvous
+//!   sends, which Open MPI cannot cancel); every other rank must get `Timeout` from each
+//!   within the timeout plus the grace second, then `Failed` at once from a second run and
+//!   from a new build, and the job must not abort.
 //! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
 //!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -291,6 +301,224 @@ fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
         &format!("fault-places n={n}"),
         matches!(r, Err(MpiError::CountMismatch(_))),
     );
+}
+
+/// Rank 0 disagrees on the element size of three builds and on the element type and count of
+/// two plans; every rank must get the mismatch error, and the communicator must stay usable.
+fn fault_elem(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let comm = rep.comm;
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let elem = if me == 0 { 4 } else { 8 };
+    let mismatch = |r: Result<NeighborExchange, MpiError>, what: &str| {
+        if let Err(e) = &r {
+            println!("rank {me}: {what}: {e}");
+        }
+        matches!(r, Err(MpiError::ElementMismatch(_)))
+    };
+    let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 3).collect();
+    let r = NeighborExchange::all_to_all_v(comm, &send, &send, elem, Choice::Model);
+    rep.check(
+        &format!("fault-elem all_to_all_v n={n}"),
+        mismatch(r, "all_to_all_v"),
+    );
+    let r = NeighborExchange::all_gather_v(comm, 3, elem, Choice::Model);
+    rep.check(
+        &format!("fault-elem all_gather_v n={n}"),
+        mismatch(r, "all_gather_v"),
+    );
+    let lists: Vec<Vec<usize>> = (0..n).map(|d| vec![0; usize::from(d != me) * 3]).collect();
+    let r = NeighborExchange::from_indices(comm, &lists, None, elem, Choice::Model);
+    rep.check(
+        &format!("fault-elem from_indices n={n}"),
+        mismatch(r, "from_indices"),
+    );
+    // execute: rank 0's plan has f32 elements (same size as the others' u32), then one more
+    // element per rank.
+    let nr = n as u32;
+    let setup = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", nr.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let c = MpiCommunicator::from_mpi(world, me as u32, Some(topo.clone()))
+                .map_err(|e| e.to_string())?;
+            Ok((topo, c))
+        });
+    let (topo, pcomm) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            rep.check(&format!("fault-elem setup: {e}"), false);
+            return;
+        }
+    };
+    let opts = PlanOptions {
+        relay: RelayPolicy::Members,
+        ..PlanOptions::default()
+    };
+    for (label, dtype, count) in [
+        (
+            "element type",
+            if me == 0 { DType::F32 } else { DType::U32 },
+            1000,
+        ),
+        ("count", DType::U32, if me == 0 { 1001 } else { 1000 }),
+    ] {
+        let req = Request::new(Collective::AllGather, (0..nr).collect(), count, DType::U32);
+        let req = Request { dtype, ..req };
+        let ok = match relaycc_route::plan(&topo, &req, &opts) {
+            Ok(p) => {
+                let input = vec![0u8; req.input_len(me as u32).unwrap_or(0) as usize * 4];
+                let mut out = vec![0u8; req.output_len(me as u32).unwrap_or(0) as usize * 4];
+                let r = pcomm.execute(&p.plan, &input, &mut out);
+                if let Err(e) = &r {
+                    println!("rank {me}: execute with another {label}: {e}");
+                }
+                match label {
+                    "count" => matches!(r, Err(MpiError::PlanMismatch(_))),
+                    _ => matches!(r, Err(MpiError::ElementMismatch(_))),
+                }
+            }
+            Err(e) => {
+                println!("rank {me}: plan: {e}");
+                false
+            }
+        };
+        rep.check(&format!("fault-elem execute, another {label} n={n}"), ok);
+    }
+    // MPI errors are reported by MPI's name for them.
+    let name = relaycc_collectives::mpi::error_name(rsmpi::ffi::MPI_ERR_TRUNCATE as i32);
+    if me == 0 {
+        println!("MPI_ERR_TRUNCATE reads {name:?}");
+    }
+    rep.check("fault-elem error names", name.contains("TRUNCATE"));
+    // A disagreement fails nothing: a correct exchange still runs.
+    let ok =
+        NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Model).is_ok_and(|mut ex| {
+            let input: Vec<u64> = (0..3 * (n as u64 - 1)).collect();
+            let mut out = vec![0u64; 3 * (n - 1)];
+            ex.run(&input, &mut out).is_ok()
+        });
+    rep.check(&format!("fault-elem then a correct exchange n={n}"), ok);
+}
+
+/// The last rank stops (sleeps, making no MPI call) for the others' timeouts and more, before
+/// a Standard exchange of 64 KiB messages and a direct all_to_all plan of 16 KiB messages on
+/// the host backend: rendezvous sends to it stay pending after `MPI_Cancel`. Every other rank
+/// must get `Timeout` from each within the timeout plus the grace second, and then `Failed`
+/// at once from a second run and from a new build.
+fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommunicator) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let timeout = Duration::from_secs(3);
+    comm.set_timeout(timeout);
+    let elems = 8192u64; // 64 KiB of u64 per peer
+    let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * elems).collect();
+    let ex =
+        NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Forced(Strategy::Standard));
+    // The backend lives until the process ends: after the failure MPI may still hold requests
+    // into its memory (see the MPI README, Faults).
+    let backend: &'static HostBackend = Box::leak(Box::new(HostBackend::new()));
+    let nr = n as u32;
+    let device = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", nr.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let req = Request::new(Collective::AllToAll, (0..nr).collect(), 4096, DType::U32);
+            let opts = PlanOptions {
+                relay: RelayPolicy::Members,
+                ..PlanOptions::default()
+            };
+            let plan = relaycc_route::plan(&topo, &req, &opts).map_err(|e| e.to_string())?;
+            let mut c = MpiCommunicator::from_mpi(world, me as u32, Some(topo))
+                .map_err(|e| e.to_string())?;
+            c.set_timeout(timeout);
+            c.set_transfer(TransferMode::Direct);
+            Ok((c, plan.plan, req))
+        });
+    let (mut ex, (dcomm, plan, req)) = match (ex, device) {
+        (Ok(ex), Ok(d)) => (ex, d),
+        (Err(e), _) => {
+            println!("rank {me}: FAULT-UNEXPECTED build failed: {e}");
+            return;
+        }
+        (_, Err(e)) => {
+            println!("rank {me}: FAULT-UNEXPECTED plan setup failed: {e}");
+            return;
+        }
+    };
+    let mut dp = match dcomm.prepare(backend, &plan) {
+        Ok(dp) => dp,
+        Err(e) => {
+            println!("rank {me}: FAULT-UNEXPECTED prepare failed: {e}");
+            return;
+        }
+    };
+    let total = elems as usize * (n - 1);
+    if me == n - 1 {
+        println!("rank {me}: stopping");
+        std::thread::sleep(2 * (timeout + Duration::from_secs(1)) + Duration::from_secs(3));
+        return;
+    }
+    // The timeout, the grace second for cancellation, and slack for an oversubscribed host.
+    let bound = timeout + Duration::from_secs(2);
+    let mut why = Vec::new();
+    let input = vec![me as u64; total];
+    let mut out = vec![0u64; total];
+    let t = Instant::now();
+    let r = ex.run(&input, &mut out);
+    let took = t.elapsed();
+    if !matches!(r, Err(MpiError::Timeout { .. })) || took > bound {
+        why.push(format!("exchange: {r:?} after {took:?} (bound {bound:?})"));
+    }
+    let t = Instant::now();
+    let again = ex.run(&input, &mut out);
+    let rebuild = NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Model);
+    if !matches!(again, Err(MpiError::Failed(_)))
+        || !matches!(rebuild, Err(MpiError::Failed(_)))
+        || t.elapsed() > Duration::from_millis(500)
+    {
+        why.push(format!(
+            "after the timeout: run {again:?}, build {:?}, in {:?}",
+            rebuild.err(),
+            t.elapsed()
+        ));
+    }
+    // The device plan (direct: MPI works in the plan's mirrors and scratch).
+    let region = |bytes: u64| {
+        backend
+            .allocate(Location::Gpu(me as u32), bytes)
+            .map(|mem| ByteRegion {
+                mem,
+                offset: 0,
+                bytes,
+            })
+    };
+    let bytes = |len: Result<u64, _>| len.unwrap_or(0) * 4;
+    let me32 = me as u32;
+    match (
+        region(bytes(req.input_len(me32))),
+        region(bytes(req.output_len(me32))),
+    ) {
+        (Ok(inp), Ok(outp)) => {
+            let t = Instant::now();
+            let r = dp.run(inp, outp);
+            let took_dp = t.elapsed();
+            println!("rank {me}: device plan returned after {took_dp:?}");
+            if !matches!(r, Err(MpiError::Timeout { .. })) || took_dp > bound {
+                why.push(format!(
+                    "device plan: {r:?} after {took_dp:?} (bound {bound:?})"
+                ));
+            }
+            let again = dp.run(inp, outp);
+            if !matches!(again, Err(MpiError::Failed(_))) {
+                why.push(format!("device plan after the timeout: {again:?}"));
+            }
+        }
+        (a, b) => why.push(format!("allocation: {:?} {:?}", a.err(), b.err())),
+    }
+    if why.is_empty() {
+        println!("rank {me}: FAULT-DETECTED: exchange timed out in {took:?}, then the device plan");
+    } else {
+        println!("rank {me}: FAULT-MISSED: {}", why.join("; "));
+    }
 }
 
 /// Returns true when this rank left early (and must not take part in anything else).
@@ -724,6 +952,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if mode == "fault-stop" {
+        fault_stop(&world, &mut comm);
+        return;
+    }
     if mode == "fault-backend" {
         fault_backend(&world);
         return;
@@ -764,6 +996,7 @@ fn main() {
             planner_plans(&world, &mut rep, 100_000, &BACKEND_COLLECTIVES);
         }
         "fault-counts" => fault_counts(&comm, &mut rep),
+        "fault-elem" => fault_elem(&world, &mut rep),
         other => {
             eprintln!("unknown mode {other}");
             std::process::exit(2);

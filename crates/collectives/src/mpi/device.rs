@@ -101,6 +101,16 @@ pub struct DevicePlan<'a> {
     recv_bytes: usize,
     send_stage: HostBuf,
     recv_stage: HostBuf,
+    /// Direct mode: backend memory of this plan standing in for the caller's input and
+    /// output (copied in before the first level, out after the last), so that no request MPI
+    /// keeps after a failure points into the caller's regions. `None` when staged or empty.
+    mirrors: [Option<DeviceMem>; 2],
+    /// Programs copying the caller's input into its mirror, and the output mirror out.
+    copy_in: Program,
+    copy_out: Program,
+    /// A failed run left requests MPI kept: the scratch, mirrors and staging buffers are
+    /// never freed (MPI may still use them).
+    buried: bool,
     /// Bindings of the current run: input, output, then scratch (kept to avoid allocating).
     bindings: Vec<ByteRegion>,
     /// Per binding, MPI's address of its first byte, or `None` when its messages are staged.
@@ -203,6 +213,29 @@ impl<'a> DevicePlan<'a> {
         let level_bytes = |f: fn(&super::schedule::Level) -> usize| {
             schedule.levels.iter().map(f).max().unwrap_or(0)
         };
+        let copy = |bytes: usize| Program {
+            lanes: vec![device],
+            events: 0,
+            dtype: schedule.dtype,
+            op: schedule.op,
+            divisor: schedule.nranks,
+            bindings: 2,
+            commands: vec![Command::Copy {
+                lane: 0,
+                src: Slot {
+                    binding: 0,
+                    offset: 0,
+                    bytes: bytes as u64,
+                },
+                dst: Slot {
+                    binding: 1,
+                    offset: 0,
+                    bytes: bytes as u64,
+                },
+            }],
+            srcs: Vec::new(),
+        };
+        let (copy_in, copy_out) = (copy(schedule.input_len), copy(schedule.output_len));
         let send_bytes = level_bytes(|l| l.sends.iter().map(|m| m.2.len).sum());
         let recv_bytes = level_bytes(|l| l.recvs.iter().map(|m| m.2.len).sum());
         let mut dp = DevicePlan {
@@ -216,6 +249,10 @@ impl<'a> DevicePlan<'a> {
             recv_bytes,
             send_stage: HostBuf::None,
             recv_stage: HostBuf::None,
+            mirrors: [None, None],
+            copy_in,
+            copy_out,
+            buried: false,
             bindings: Vec::with_capacity(2 + schedule.scratch.len()),
             direct: Vec::with_capacity(2 + schedule.scratch.len()),
             schedule,
@@ -224,6 +261,14 @@ impl<'a> DevicePlan<'a> {
         for (bytes, at) in dp.schedule.scratch.iter().zip(&dp.schedule.scratch_at) {
             let mem = backend.allocate(local(*at), *bytes as u64)?;
             dp.scratch.push(mem);
+        }
+        if dp.mode == TransferMode::Direct {
+            let lens = [dp.schedule.input_len, dp.schedule.output_len];
+            for (m, len) in dp.mirrors.iter_mut().zip(lens) {
+                if len > 0 {
+                    *m = Some(backend.allocate(device, len as u64)?);
+                }
+            }
         }
         Ok(dp)
     }
@@ -253,12 +298,44 @@ impl<'a> DevicePlan<'a> {
     /// [`Self::input_bytes`] and [`Self::output_bytes`]; a zero-byte region where the rank has
     /// none). Collective over the plan's ranks. Per level: post receives, post sends
     /// (downloading staged ones first), launch the level's local work, wait for the messages
-    /// and the launch, upload staged receives.
+    /// and the launch, upload staged receives. In `Direct` mode the input is first copied
+    /// into this plan's mirror of it, and the output mirror copied out at the end, so MPI is
+    /// never handed the caller's regions.
     ///
-    /// Errors: wrong or overlapping regions (before any message), a backend failure (this
-    /// rank then finishes the level's posted messages and returns it; its peers time out on
-    /// later levels), an MPI error or [`MpiError::Timeout`] (as [`MpiCommunicator::execute`]).
+    /// Errors: [`MpiError::Failed`] when a run on the communicator failed before; wrong or
+    /// overlapping regions (before any message), a backend failure (this rank then finishes
+    /// the level's posted messages and returns it; its peers time out on later levels), an
+    /// MPI error or [`MpiError::Timeout`] (as [`MpiCommunicator::execute`]). Any error fails
+    /// the communicator.
     pub fn run(&mut self, input: ByteRegion, output: ByteRegion) -> MpiResult<()> {
+        self.comm.check_health()?;
+        let mut reqs = Requests::new(self.comm.comm().as_raw(), self.comm.rank());
+        let ran = self.run_levels(&mut reqs, input, output);
+        if let Err(e) = &ran {
+            // Peers went ahead (or wait for this rank): the communicator is failed.
+            let health = self.comm.health();
+            health.fail(e);
+            if let Some(stuck) = reqs.take_stuck() {
+                // MPI may still read or write the staging buffers, the scratch and the
+                // mirrors (never the caller's regions): keep them all.
+                let stages = [
+                    std::mem::replace(&mut self.send_stage, HostBuf::None),
+                    std::mem::replace(&mut self.recv_stage, HostBuf::None),
+                ];
+                health.bury(stuck, Box::new(stages));
+                self.buried = true;
+            }
+        }
+        ran
+    }
+
+    /// The body of [`Self::run`], posting on `reqs`.
+    fn run_levels(
+        &mut self,
+        reqs: &mut Requests,
+        input: ByteRegion,
+        output: ByteRegion,
+    ) -> MpiResult<()> {
         let bad = |side: &'static str, got: u64, needs: usize| MpiError::Buffer {
             side,
             got: got as usize,
@@ -275,8 +352,21 @@ impl<'a> DevicePlan<'a> {
                 "input and output overlap (in-place runs are not supported here)".into(),
             ));
         }
+        let whole = |m: DeviceMem| ByteRegion {
+            mem: m,
+            offset: 0,
+            bytes: m.bytes,
+        };
+        let mirror = |i: usize, caller: ByteRegion| match self.mirrors[i] {
+            Some(m) => ByteRegion {
+                bytes: caller.bytes,
+                ..whole(m)
+            },
+            None => caller,
+        };
+        let (in_at, out_at) = (mirror(0, input), mirror(1, output));
         self.bindings.clear();
-        self.bindings.extend([input, output]);
+        self.bindings.extend([in_at, out_at]);
         self.bindings
             .extend(self.scratch.iter().map(|m| ByteRegion {
                 mem: *m,
@@ -324,9 +414,11 @@ impl<'a> DevicePlan<'a> {
                 bytes: l.len as u64,
             }
         };
+        if in_at != input {
+            self.copy_between(&self.copy_in, input, in_at)?;
+        }
         let timeout = self.comm.timeout();
         let deadline = Instant::now() + timeout;
-        let mut reqs = Requests::new(self.comm.comm().as_raw(), self.comm.rank());
         for (li, level) in self.schedule.levels.iter().enumerate() {
             reqs.clear();
             let mut local: Option<MpiError> = None;
@@ -346,8 +438,10 @@ impl<'a> DevicePlan<'a> {
                 // (`Schedule::new` bounded `l` by the buffer, whose size was checked above) or
                 // a private staging range. No launch touches it until the request completes:
                 // the level's launch writes only ranges the checker proved disjoint, and the
-                // next launch waits for `reqs.wait`. It stays allocated: the backend and the
-                // staging buffers outlive this call, which waits, cancels or aborts.
+                // next launch waits for `reqs.wait`. It stays allocated: this call returns
+                // after completion or cancellation, and after a failure that leaves requests
+                // with MPI, `run` never frees or reuses this plan's memory (`buried`); a
+                // direct range is never the caller's region (the mirrors stand in for it).
                 unsafe { reqs.irecv(ptr, l.len, *peer as c_int, *tag)? };
             }
             let mut off = 0usize;
@@ -409,13 +503,35 @@ impl<'a> DevicePlan<'a> {
                 self.backend.upload(region(l), src)?;
             }
         }
+        if out_at != output {
+            self.copy_between(&self.copy_out, out_at, output)?;
+        }
+        Ok(())
+    }
+
+    /// Run a one-copy `program` from `src` to `dst` and wait for it.
+    fn copy_between(&self, program: &Program, src: ByteRegion, dst: ByteRegion) -> MpiResult<()> {
+        let bindings = [src, dst];
+        self.backend.submit(&[Launch {
+            program,
+            bindings: &bindings,
+        }])?;
+        self.backend.synchronize()?;
         Ok(())
     }
 }
 
 impl Drop for DevicePlan<'_> {
     fn drop(&mut self) {
-        for m in self.scratch.drain(..) {
+        if self.buried {
+            // MPI may still use this memory: it is leaked, never freed.
+            return;
+        }
+        for m in self
+            .scratch
+            .drain(..)
+            .chain(self.mirrors.iter_mut().filter_map(Option::take))
+        {
             self.backend.free(m);
         }
         for s in [&mut self.send_stage, &mut self.recv_stage] {

@@ -1,6 +1,7 @@
 //! The persistent node-aware irregular exchange: built once from every rank's counts (a sparse
 //! matrix's halo), run many times with one of the seed's strategies.
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use ::mpi::collective::SystemOperation;
@@ -12,7 +13,8 @@ use relaycc_route::nodeaware::{
 use relaycc_route::{Collective, DType, Location, Request};
 
 use super::indexed::Indexed;
-use super::schedule::Schedule;
+use super::requests::{Health, Requests};
+use super::schedule::{RunBuffers, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
 use crate::rank_plan::{default_split_cap, rank_space_plan};
 
@@ -34,12 +36,21 @@ pub const STRATEGIES: [Strategy; 4] = [
     Strategy::SplitMd,
 ];
 
-/// A persistent irregular exchange: the plan, this rank's schedule, its scratch buffers and a
-/// private communicator, built once; [`NeighborExchange::run`] many times.
+/// A persistent irregular exchange: the plan, this rank's schedule, its message buffers and
+/// a private communicator, built once; [`NeighborExchange::run`] many times.
+///
+/// A failed run (a timeout, an MPI error, a wrong buffer) fails the exchange and the
+/// communicator it was built from: later runs and builds return [`MpiError::Failed`] at once.
 pub struct NeighborExchange {
-    pub(super) comm: SimpleCommunicator,
+    /// The private communicator the requests are posted on, owned so that it lives as long
+    /// as the exchange.
+    _comm: SimpleCommunicator,
     pub(super) schedule: Schedule,
-    pub(super) scratch: Vec<Vec<u8>>,
+    /// Input, output and scratch of the plan: every message reads or writes these, never
+    /// the caller's slices, so requests MPI keeps after a failure hold no caller memory.
+    pub(super) bufs: RunBuffers,
+    pub(super) reqs: Requests,
+    pub(super) health: Rc<Health>,
     strategy: Strategy,
     modelled: Vec<(Strategy, f64)>,
     pub(super) elem: usize,
@@ -59,21 +70,39 @@ impl std::fmt::Debug for NeighborExchange {
     }
 }
 
-/// Collective agreement on a local failure: every rank learns whether any rank failed and
-/// the lowest such rank, so a local error becomes an error on all ranks, not a hang.
-pub(super) fn agree(comm: &MpiCommunicator, local: Option<String>) -> MpiResult<()> {
-    let me = comm.rank() as i32;
-    let mine = if local.is_some() { me } else { i32::MAX };
-    let mut first = i32::MAX;
+/// Collective agreement on a local failure and on the element size: every rank learns
+/// whether any rank failed (and the lowest such rank) and the smallest and largest element
+/// size, in one `MPI_Allreduce`, so a local error or a rank with another element size becomes
+/// an error on all ranks, not a hang or wrong data.
+pub(super) fn agree(
+    comm: &MpiCommunicator,
+    local: Option<String>,
+    elem_size: usize,
+) -> MpiResult<()> {
+    let me = comm.rank() as i64;
+    let mine = if local.is_some() { me } else { i64::MAX };
+    let e = i64::try_from(elem_size).unwrap_or(i64::MAX);
+    let send = [mine, e, -e];
+    let mut got = [0i64; 3];
     comm.comm()
-        .all_reduce_into(&mine, &mut first, SystemOperation::min());
-    match (local, first) {
-        (Some(why), _) => Err(MpiError::CountMismatch(why)),
-        (None, i32::MAX) => Ok(()),
-        (None, r) => Err(MpiError::CountMismatch(format!(
-            "rank {r} reported mismatched counts"
-        ))),
+        .all_reduce_into(&send[..], &mut got[..], SystemOperation::min());
+    match (local, got[0]) {
+        (Some(why), _) => return Err(MpiError::CountMismatch(why)),
+        (None, i64::MAX) => {}
+        (None, r) => {
+            return Err(MpiError::CountMismatch(format!(
+                "rank {r} reported mismatched counts"
+            )));
+        }
     }
+    let (least, most) = (got[1], -got[2]);
+    if least != most {
+        return Err(MpiError::ElementMismatch(format!(
+            "rank {me} builds with {elem_size}-byte elements, but element sizes range from \
+             {least} to {most} bytes over the ranks"
+        )));
+    }
+    Ok(())
 }
 
 impl NeighborExchange {
@@ -95,6 +124,7 @@ impl NeighborExchange {
         elem_size: usize,
         choice: Choice,
     ) -> MpiResult<Self> {
+        comm.check_health()?;
         let n = comm.size() as usize;
         let mut local = None;
         if send_counts.len() != n || recv_counts.len() != n {
@@ -121,7 +151,7 @@ impl NeighborExchange {
                 ));
             }
         }
-        agree(comm, local)?;
+        agree(comm, local, elem_size)?;
         let mut all = vec![0u64; n * n];
         comm.comm().all_gather_into(&mine[..], &mut all[..]);
         let e = elem_size as u64;
@@ -141,7 +171,9 @@ impl NeighborExchange {
         elem_size: usize,
         choice: Choice,
     ) -> MpiResult<Self> {
+        comm.check_health()?;
         let n = comm.size() as usize;
+        agree(comm, None, elem_size)?;
         let mut counts = vec![0u64; n];
         comm.comm().all_gather_into(&count, &mut counts[..]);
         let mut req = Request::new(
@@ -187,12 +219,16 @@ impl NeighborExchange {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
-        let scratch = schedule.scratch.iter().map(|n| vec![0u8; *n]).collect();
+        let bufs = RunBuffers::new(&schedule);
         let received = schedule.output_len / elem_size.max(1);
+        let own = private_dup(comm.comm());
+        let reqs = Requests::new(own.as_raw(), comm.rank());
         Ok(NeighborExchange {
-            comm: private_dup(comm.comm()),
+            _comm: own,
             schedule,
-            scratch,
+            bufs,
+            reqs,
+            health: Rc::clone(comm.health()),
             strategy,
             modelled,
             elem: elem_size.max(1),
@@ -207,37 +243,35 @@ impl NeighborExchange {
     /// Built from counts: `send` is this rank's packed input (elements for rank 0, then rank
     /// 1, ...), `recv` its packed output (elements from rank 0, then rank 1, ...). Built from
     /// index lists ([`NeighborExchange::from_indices`]): `send` is the local vector the send
-    /// indices point into, gathered into the exchange's pack buffer first; `recv` receives as
-    /// above, or, with a placement, is the vector the placement points into.
+    /// indices point into, gathered into the exchange's input buffer first; `recv` receives
+    /// as above, or, with a placement, is the vector the placement points into. Messages use
+    /// the exchange's own buffers; `send` is copied in before and `recv` written after.
     ///
     /// Collective over the exchange's ranks. Errors: wrong buffer sizes or element size
-    /// (before any message), an MPI error, or [`MpiError::Timeout`] when peers do not answer
-    /// in time (after which the caller should abort the job).
+    /// (before any message), an MPI error (named by MPI), or [`MpiError::Timeout`] when peers
+    /// do not answer in time; each fails the exchange and its communicator
+    /// ([`MpiError::Failed`] from then on).
     pub fn run<T: bytemuck::Pod>(&mut self, send: &[T], recv: &mut [T]) -> MpiResult<()> {
-        if std::mem::size_of::<T>() != self.elem {
-            return Err(MpiError::Unsupported(format!(
+        self.health.check()?;
+        let ran = if std::mem::size_of::<T>() != self.elem {
+            Err(MpiError::Unsupported(format!(
                 "built for {}-byte elements, run with {}-byte ones",
                 self.elem,
                 std::mem::size_of::<T>()
-            )));
-        }
-        if self.indexed.is_some() {
-            return self.run_indexed(send, recv);
-        }
-        let input: &[u8] = bytemuck::cast_slice(send);
-        let output: &mut [u8] = bytemuck::cast_slice_mut(recv);
-        self.run_packed(input, output)
-    }
-
-    /// Run the plan on packed bytes.
-    fn run_packed(&mut self, input: &[u8], output: &mut [u8]) -> MpiResult<()> {
-        self.schedule.run(
-            self.comm.as_raw(),
-            input,
-            output,
-            &mut self.scratch,
-            self.timeout,
-        )
+            )))
+        } else if self.indexed.is_some() {
+            self.run_indexed(send, recv)
+        } else {
+            let input: &[u8] = bytemuck::cast_slice(send);
+            let output: &mut [u8] = bytemuck::cast_slice_mut(recv);
+            self.schedule
+                .run(&mut self.reqs, input, output, &mut self.bufs, self.timeout)
+        };
+        // Even an error found before any message fails the exchange: the peers went ahead
+        // and will time out waiting for this rank.
+        let bufs = &mut self.bufs;
+        self.health
+            .settle(ran, &mut self.reqs, || Box::new(std::mem::take(bufs)))
     }
 
     /// The strategy it runs.

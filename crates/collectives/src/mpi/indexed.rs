@@ -1,6 +1,6 @@
 //! Index lists for [`NeighborExchange`]: a halo given as the indices of the local vector each
 //! rank sends to each neighbour (gather) and, optionally, where each received element goes
-//! (scatter). Packing happens in buffers the exchange holds, so runs allocate nothing.
+//! (scatter). Packing happens in the exchange's run buffers, so runs allocate nothing.
 //!
 //! Layout without a placement: the received elements are contiguous per source, sources in
 //! rank order, each source's elements in the order it listed their indices for this rank
@@ -11,7 +11,7 @@ use ::mpi::traits::*;
 use super::exchange::agree;
 use super::{Choice, MpiCommunicator, MpiError, MpiResult, NeighborExchange};
 
-/// The gather and scatter lists of an exchange, and its pack buffers.
+/// The gather and scatter lists of an exchange.
 #[derive(Debug)]
 pub(super) struct Indexed {
     /// Send indices, destination after destination (the plan's input order).
@@ -22,10 +22,6 @@ pub(super) struct Indexed {
     scatter: Option<Vec<usize>>,
     /// Length a receive vector needs for every position (largest + 1, or 0).
     scatter_len: usize,
-    /// Packed send and receive elements. `u128` words so that the bytes are aligned for every
-    /// element type up to 16-byte alignment.
-    packed_in: Vec<u128>,
-    packed_out: Vec<u128>,
 }
 
 /// Largest index + 1 (0 for none).
@@ -54,6 +50,7 @@ impl NeighborExchange {
         elem_size: usize,
         choice: Choice,
     ) -> MpiResult<Self> {
+        comm.check_health()?;
         let n = comm.size() as usize;
         let me = comm.rank();
         let mut local = None;
@@ -88,17 +85,14 @@ impl NeighborExchange {
                 ));
             }
         }
-        agree(comm, local)?;
+        agree(comm, local, elem_size)?;
         let mut ex = Self::all_to_all_v(comm, &send_counts, &recv_counts, elem_size, choice)?;
-        let words = |bytes: usize| vec![0u128; bytes.div_ceil(16)];
         let scatter: Option<Vec<usize>> = recv_places.map(|p| p.concat());
         ex.indexed = Some(Indexed {
             gather_len: needed_len(send_indices.iter().flatten()),
             gather: send_indices.concat(),
             scatter_len: scatter.as_ref().map_or(0, |s| needed_len(s.iter())),
             scatter,
-            packed_in: words(ex.schedule.input_len),
-            packed_out: words(ex.schedule.output_len),
         });
         Ok(ex)
     }
@@ -109,7 +103,7 @@ impl NeighborExchange {
         send: &[T],
         recv: &mut [T],
     ) -> MpiResult<()> {
-        let Some(ix) = self.indexed.as_mut() else {
+        let Some(ix) = self.indexed.as_ref() else {
             return Err(MpiError::Unsupported(
                 "the exchange was not built from index lists".into(),
             ));
@@ -138,49 +132,34 @@ impl NeighborExchange {
                 needs: needs * e,
             });
         }
-        let (in_len, out_len) = (self.schedule.input_len, self.schedule.output_len);
         let align = |_| {
             MpiError::Unsupported(format!(
-                "{}-byte alignment is over the pack buffers' 16",
+                "{}-byte alignment is over the run buffers' 16",
                 std::mem::align_of::<T>()
             ))
         };
-        let input: &[u8] = {
-            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut ix.packed_in[..]);
-            let packed: &mut [T] =
-                bytemuck::try_cast_slice_mut(&mut bytes[..in_len]).map_err(align)?;
+        {
+            let bytes = self.bufs.input_bytes(&self.schedule)?;
+            let packed: &mut [T] = bytemuck::try_cast_slice_mut(bytes).map_err(align)?;
             // Every index is below `gather_len <= send.len()` (checked), so indexing is in
             // bounds.
             for (p, &i) in packed.iter_mut().zip(&ix.gather) {
                 *p = send[i];
             }
-            &bytemuck::cast_slice(&ix.packed_in[..])[..in_len]
-        };
+        }
+        self.schedule
+            .run_in(&mut self.reqs, &mut self.bufs, self.timeout)?;
+        let out = self.bufs.output_bytes(&self.schedule)?;
+        let got: &[T] = bytemuck::try_cast_slice(&out[..]).map_err(align)?;
         match &ix.scatter {
-            None => self.schedule.run(
-                self.comm.as_raw(),
-                input,
-                bytemuck::cast_slice_mut(recv),
-                &mut self.scratch,
-                self.timeout,
-            ),
+            None => recv.copy_from_slice(got),
+            // Every position is below `scatter_len <= recv.len()` (checked).
             Some(places) => {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut ix.packed_out[..]);
-                let output = &mut bytes[..out_len];
-                self.schedule.run(
-                    self.comm.as_raw(),
-                    input,
-                    output,
-                    &mut self.scratch,
-                    self.timeout,
-                )?;
-                let got: &[T] = bytemuck::try_cast_slice(&output[..]).map_err(align)?;
-                // Every position is below `scatter_len <= recv.len()` (checked).
                 for (&p, v) in places.iter().zip(got) {
                     recv[p] = *v;
                 }
-                Ok(())
             }
         }
+        Ok(())
     }
 }

@@ -20,6 +20,7 @@ mod indexed;
 mod requests;
 mod schedule;
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use ::mpi::collective::SystemOperation;
@@ -32,6 +33,9 @@ use relaycc_topo::Topology;
 pub use ::mpi as rsmpi;
 pub use device::{DevicePlan, TransferMode};
 pub use exchange::{Choice, NeighborExchange};
+pub use requests::error_name;
+use requests::{Health, Requests};
+use schedule::RunBuffers;
 
 use crate::backend::{Backend, ByteRegion};
 use crate::error::CollectivesError;
@@ -55,8 +59,9 @@ pub enum MpiError {
         /// Bytes needed.
         needs: usize,
     },
-    /// Peers did not complete their messages in time (a rank exited or hangs); the pending
-    /// requests were cancelled. MPI's state is then unknown: the caller should abort.
+    /// Peers did not complete their messages in time (a rank exited, hangs or stopped); the
+    /// pending requests were cancelled, and those MPI kept hold the run's buffers until they
+    /// complete. The communicator is failed from then on ([`MpiError::Failed`]).
     #[error(
         "rank {rank}: the {pending} requests of level {level} not all complete after {after:?}"
     )]
@@ -71,7 +76,7 @@ pub enum MpiError {
         after: Duration,
     },
     /// An MPI call returned an error code.
-    #[error("rank {rank}: {call} failed with MPI error {code}")]
+    #[error("rank {rank}: {call} failed: {name} (MPI error {code})")]
     Mpi {
         /// This rank.
         rank: u32,
@@ -79,7 +84,20 @@ pub enum MpiError {
         call: &'static str,
         /// The MPI error code.
         code: i32,
+        /// MPI's text for the code (`MPI_Error_string`), with its class's.
+        name: String,
     },
+    /// Ranks disagree on the element size or type of an exchange or plan.
+    #[error("mismatched elements: {0}")]
+    ElementMismatch(String),
+    /// Ranks run different plans in one collective call.
+    #[error("mismatched plans: {0}")]
+    PlanMismatch(String),
+    /// An earlier run on this communicator (or an exchange built from it) failed, so peers
+    /// may be gone and MPI's state is unknown; collective calls stop at once instead of
+    /// waiting for them. Abort the job ([`MpiCommunicator::abort`]) or finalize.
+    #[error("an earlier run failed ({0}); abort the job or finalize")]
+    Failed(String),
     /// Planning failed.
     #[error("plan: {0}")]
     Plan(#[from] RouteError),
@@ -114,6 +132,8 @@ pub struct MpiCommunicator {
     transfer: TransferMode,
     timeout: Duration,
     topology: Option<Topology>,
+    /// Failure record and graveyard, shared with the exchanges built from this communicator.
+    health: Rc<Health>,
 }
 
 impl std::fmt::Debug for MpiCommunicator {
@@ -205,6 +225,7 @@ impl MpiCommunicator {
             },
             timeout,
             topology,
+            health: Rc::default(),
         })
     }
 
@@ -292,21 +313,40 @@ impl MpiCommunicator {
     }
 
     /// Run this rank's part of `plan` (collective: every rank of the plan calls it with the
-    /// same plan). `input` and `output` are this rank's buffers in bytes; scratch is
-    /// allocated per call. Reductions run on the rank holding their destination, through the
-    /// host backend's kernels.
+    /// same plan). `input` and `output` are this rank's buffers in bytes. The plan is checked
+    /// (`relaycc_route::check`) and its element type and contents agreed across ranks (one
+    /// `MPI_Allreduce`) before any message; messages use buffers this call allocates, copied
+    /// from `input` before and into `output` after the run, so that no request MPI keeps
+    /// after a failure points into the caller's memory. Reductions run on the rank holding
+    /// their destination, through the host backend's kernels.
     ///
-    /// Complexity: O(ops) to schedule plus the messages.
+    /// Errors: a plan that fails the check or cannot be scheduled here (on this rank; the
+    /// others return [`MpiError::Peer`]), [`MpiError::ElementMismatch`] or
+    /// [`MpiError::PlanMismatch`] on every rank when ranks pass different plans, buffer sizes,
+    /// an MPI error or [`MpiError::Timeout`] (after which the communicator is failed).
+    ///
+    /// Complexity: O(ops) to check and schedule plus the messages.
     pub fn execute(&self, plan: &Plan, input: &[u8], output: &mut [u8]) -> MpiResult<()> {
-        let sched = schedule::Schedule::new(plan, self.rank, &|l| self.owner(plan, l))?;
-        let mut scratch: Vec<Vec<u8>> = sched.scratch.iter().map(|n| vec![0u8; *n]).collect();
-        sched.run(
-            self.comm.as_raw(),
-            input,
-            output,
-            &mut scratch,
-            self.timeout,
-        )
+        self.health.check()?;
+        let local = relaycc_route::check(plan)
+            .map_err(MpiError::from)
+            .and_then(|()| schedule::Schedule::new(plan, self.rank, &|l| self.owner(plan, l)));
+        let sched = agree(self, local, "execute a plan", Some(plan))?;
+        let mut bufs = RunBuffers::new(&sched);
+        let mut reqs = Requests::new(self.comm.as_raw(), self.rank);
+        let ran = sched.run(&mut reqs, input, output, &mut bufs, self.timeout);
+        self.health.settle(ran, &mut reqs, move || Box::new(bufs))
+    }
+
+    /// The failure record and graveyard shared with exchanges built from this communicator.
+    pub(crate) fn health(&self) -> &Rc<Health> {
+        &self.health
+    }
+
+    /// `Err(MpiError::Failed)` when a run on this communicator, or on an exchange built from
+    /// it, failed before; collective calls check this first.
+    pub fn check_health(&self) -> MpiResult<()> {
+        self.health.check()
     }
 
     /// Bind this rank's part of `plan` to `backend` for repeated runs: check the plan
@@ -323,8 +363,9 @@ impl MpiCommunicator {
         backend: &'a dyn Backend,
         plan: &Plan,
     ) -> MpiResult<DevicePlan<'a>> {
+        self.health.check()?;
         let local = DevicePlan::new(self, backend, plan);
-        agree(self.comm(), self.rank, local, "prepare a plan")
+        agree(self, local, "prepare a plan", Some(plan))
     }
 
     /// Run this rank's part of `plan` on `backend`'s memory: [`Self::prepare`], then
@@ -340,30 +381,68 @@ impl MpiCommunicator {
         self.prepare(backend, plan)?.run(input, output)
     }
 
-    /// Abort the whole job (after a [`MpiError::Timeout`], MPI's state is unknown).
+    /// Abort the whole job (`MPI_Abort`): what a caller does after a [`MpiError::Timeout`]
+    /// or [`MpiError::Failed`] when the job cannot go on. Nothing else here aborts.
     pub fn abort(&self, code: i32) -> ! {
         self.comm.abort(code)
     }
 }
 
-/// Collective agreement on a local result: every rank learns whether any rank failed, so a
-/// local error becomes an error on every rank, not a hang. A rank that failed returns its
-/// own error; the others return [`MpiError::Peer`] naming the lowest failing rank.
+/// Collective agreement on a local result and, with `plan`, on the plan every rank passed
+/// (its element type, and a hash of the whole plan): one `MPI_Allreduce`. A rank that failed
+/// returns its own error; the others return [`MpiError::Peer`] naming the lowest failing
+/// rank. When all succeeded but the plans differ, every rank returns
+/// [`MpiError::ElementMismatch`] (element types differ) or [`MpiError::PlanMismatch`].
 fn agree<T>(
-    comm: &SimpleCommunicator,
-    me: u32,
+    comm: &MpiCommunicator,
     local: MpiResult<T>,
     step: &'static str,
+    plan: Option<&Plan>,
 ) -> MpiResult<T> {
-    let mine = if local.is_err() { me as i32 } else { i32::MAX };
-    let mut first = i32::MAX;
-    comm.all_reduce_into(&mine, &mut first, SystemOperation::min());
-    match (local, first) {
-        (Err(e), _) => Err(e),
-        (Ok(v), i32::MAX) => Ok(v),
-        (Ok(_), r) => Err(MpiError::Peer {
-            rank: r as u32,
-            step,
-        }),
+    let me = comm.rank;
+    let mine = if local.is_err() { me as i64 } else { i64::MAX };
+    // Each value is sent as itself and negated, so one MIN gives its minimum and maximum.
+    let (dtype, hash) = plan.map_or((0, 0), |p| (p.dtype as i64, plan_hash(p)));
+    let send = [mine, dtype, -dtype, hash, -hash];
+    let mut got = [0i64; 5];
+    comm.comm
+        .all_reduce_into(&send[..], &mut got[..], SystemOperation::min());
+    let v = match (local, got[0]) {
+        (Err(e), _) => return Err(e),
+        (Ok(v), i64::MAX) => v,
+        (Ok(_), r) => {
+            return Err(MpiError::Peer {
+                rank: r as u32,
+                step,
+            });
+        }
+    };
+    if let Some(p) = plan {
+        if got[1] != -got[2] {
+            return Err(MpiError::ElementMismatch(format!(
+                "rank {me} runs a plan of {:?} elements ({} bytes); another rank's plan has \
+                 another element type",
+                p.dtype,
+                p.dtype.size()
+            )));
+        }
+        if got[3] != -got[4] {
+            return Err(MpiError::PlanMismatch(format!(
+                "rank {me} runs plan {:?} of {} ops; another rank passed a different plan",
+                p.algorithm,
+                p.ops.len()
+            )));
+        }
     }
+    Ok(v)
+}
+
+/// A 62-bit FNV-1a hash of the plan's debug text: equal plans hash equally on every rank
+/// (the text has no addresses or unordered maps), and the value negates without overflow.
+fn plan_hash(plan: &Plan) -> i64 {
+    let text = format!("{plan:?}");
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (h >> 2) as i64
 }

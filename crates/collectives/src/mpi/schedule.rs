@@ -8,7 +8,6 @@
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
-use ::mpi::ffi;
 use relaycc_route::{BufferRef, DType, Location, OpKind, Plan, ReduceOp};
 
 use super::MpiError;
@@ -20,6 +19,64 @@ use crate::backend::host_reduce;
 /// correctly, because both sides post them in op id order and MPI does not let messages
 /// overtake each other.
 const TAG_RANGE: u32 = 32768;
+
+/// The memory one run of a [`Schedule`] works in: this rank's input, output and scratch,
+/// owned here so that a failed run can hand it over to the graveyard while MPI still holds
+/// requests into it. `u128` words align the bytes for every element type.
+#[derive(Debug, Default)]
+pub(crate) struct RunBuffers {
+    input: Vec<u128>,
+    output: Vec<u128>,
+    scratch: Vec<Vec<u128>>,
+}
+
+/// Words holding `bytes`.
+fn words(bytes: usize) -> Vec<u128> {
+    vec![0u128; bytes.div_ceil(16)]
+}
+
+impl RunBuffers {
+    /// Zeroed buffers of the sizes `s` needs.
+    pub(crate) fn new(s: &Schedule) -> Self {
+        RunBuffers {
+            input: words(s.input_len),
+            output: words(s.output_len),
+            scratch: s.scratch.iter().map(|n| words(*n)).collect(),
+        }
+    }
+
+    /// Errors unless these buffers hold what `s` needs.
+    fn fits(&self, s: &Schedule) -> Result<(), MpiError> {
+        let holds = |v: &Vec<u128>, n: usize| v.len() * 16 >= n;
+        if holds(&self.input, s.input_len)
+            && holds(&self.output, s.output_len)
+            && self.scratch.len() == s.scratch.len()
+            && self
+                .scratch
+                .iter()
+                .zip(&s.scratch)
+                .all(|(v, n)| holds(v, *n))
+        {
+            Ok(())
+        } else {
+            Err(MpiError::Unsupported(
+                "run buffers do not match the schedule (a failed run gave them up)".into(),
+            ))
+        }
+    }
+
+    /// This rank's input bytes (`s.input_len`).
+    pub(crate) fn input_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
+        self.fits(s)?;
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.input[..])[..s.input_len])
+    }
+
+    /// This rank's output bytes (`s.output_len`).
+    pub(crate) fn output_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
+        self.fits(s)?;
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.output[..])[..s.output_len])
+    }
+}
 
 /// A buffer of this rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +110,6 @@ pub(super) struct Level {
 /// One rank's part of a plan, by dependency level.
 #[derive(Debug, Clone)]
 pub(crate) struct Schedule {
-    rank: u32,
     pub(super) levels: Vec<Level>,
     /// Element type, reduce op and rank count of the plan (for reductions).
     pub(super) dtype: DType,
@@ -195,7 +251,6 @@ impl Schedule {
                 && l.reduces.is_empty())
         });
         Ok(Schedule {
-            rank: me,
             levels,
             dtype: plan.dtype,
             op: plan.request.op,
@@ -219,19 +274,15 @@ impl Schedule {
         self.levels.len()
     }
 
-    /// Run this rank's part on `comm` with `input`, `output` and the schedule's scratch
-    /// buffers (`scratch[i]` of `self.scratch[i]` bytes), within `timeout`.
-    ///
-    /// On a timeout or an MPI error, every pending request is cancelled; when all of them
-    /// complete (cancelled) within a grace second the error is returned, otherwise MPI still
-    /// holds the caller's buffers and returning would let it write into freed memory, so the
-    /// job is aborted (`MPI_Abort`) after printing the error.
+    /// Run this rank's part with `input` and `output`, through `bufs` (see
+    /// [`Schedule::run_in`]): `input` is copied into `bufs` first, and the output copied out
+    /// after a successful run.
     pub(crate) fn run(
         &self,
-        comm: ffi::MPI_Comm,
+        reqs: &mut Requests,
         input: &[u8],
         output: &mut [u8],
-        scratch: &mut [Vec<u8>],
+        bufs: &mut RunBuffers,
         timeout: Duration,
     ) -> Result<(), MpiError> {
         let bad =
@@ -242,39 +293,56 @@ impl Schedule {
         if output.len() != self.output_len {
             return Err(bad("output", output.len(), self.output_len));
         }
-        if scratch.len() != self.scratch.len()
-            || scratch
-                .iter()
-                .zip(&self.scratch)
-                .any(|(v, n)| v.len() != *n)
-        {
-            return Err(MpiError::Unsupported("scratch buffers do not match".into()));
-        }
+        bufs.input_bytes(self)?.copy_from_slice(input);
+        self.run_in(reqs, bufs, timeout)?;
+        output.copy_from_slice(bufs.output_bytes(self)?);
+        Ok(())
+    }
+
+    /// Run this rank's part on `reqs`' communicator in the memory of `bufs` (made by
+    /// [`RunBuffers::new`] for this schedule), within `timeout`.
+    ///
+    /// Every message reads or writes `bufs`, never a caller's memory: on a timeout or an MPI
+    /// error the pending requests are cancelled, and those MPI keeps
+    /// ([`Requests::take_stuck`]) still point into `bufs`, which the caller then keeps alive
+    /// and untouched ([`super::requests::Health::bury`]).
+    pub(crate) fn run_in(
+        &self,
+        reqs: &mut Requests,
+        bufs: &mut RunBuffers,
+        timeout: Duration,
+    ) -> Result<(), MpiError> {
+        bufs.fits(self)?;
         // Raw base pointers, taken once: pending receives write through them while local
         // copies write other (disjoint, checked by the plan checker) ranges of the same
         // buffers, so no `&mut` to those buffers may be formed until the run ends.
-        let in_ptr = input.as_ptr();
-        let out_ptr = output.as_mut_ptr();
-        let scr: Vec<*mut u8> = scratch.iter_mut().map(|v| v.as_mut_ptr()).collect();
+        let in_ptr = bufs.input.as_mut_ptr().cast::<u8>();
+        let out_ptr = bufs.output.as_mut_ptr().cast::<u8>();
+        let scr: Vec<*mut u8> = bufs
+            .scratch
+            .iter_mut()
+            .map(|v| v.as_mut_ptr().cast::<u8>())
+            .collect();
         let at = |l: &Loc| -> *mut u8 {
             let base = match l.buf {
-                Buf::Input => in_ptr.cast_mut(),
+                Buf::Input => in_ptr,
                 Buf::Output => out_ptr,
                 Buf::Scratch(i) => scr[i],
             };
-            // SAFETY: `Schedule::new` checked `off + len <= ` the buffer's length, and the
-            // lengths were checked above, so the pointer stays inside the allocation.
+            // SAFETY: `Schedule::new` checked `off + len <= ` the buffer's length, and
+            // `bufs.fits` checked that each buffer holds that length, so the pointer stays
+            // inside the allocation.
             unsafe { base.add(l.off) }
         };
         let deadline = Instant::now() + timeout;
-        let mut reqs = Requests::new(comm, self.rank);
         for (li, level) in self.levels.iter().enumerate() {
             reqs.clear();
             for (peer, tag, l) in &level.recvs {
-                // SAFETY: the destination range is inside a live buffer (see `at`), is not
-                // touched by anything else until the request completes (the plan checker
-                // proves no unordered op touches it), and stays alive until then: this
-                // function waits for completion or cancellation, or aborts.
+                // SAFETY: the destination range is inside a buffer of `bufs` (see `at`), is
+                // not touched by anything else until the request completes (the plan checker
+                // proves no unordered op touches it), and stays allocated until then: this
+                // function returns after completion or cancellation, and requests MPI keeps
+                // are buried with `bufs` by the caller.
                 unsafe { reqs.irecv(at(l), l.len, *peer, *tag)? };
             }
             for (peer, tag, l) in &level.sends {
