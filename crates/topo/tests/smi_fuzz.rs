@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use relaycc_topo::{TopoError, export, import};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 /// Tokens that mutations insert: cells, labels, affinity values, separators, legend lines.
 const VOCABULARY: &[&str] = &[
@@ -154,7 +154,7 @@ fn apply(text: &str, m: &Mutation) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_samples_never_panic(

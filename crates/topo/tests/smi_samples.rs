@@ -1,4 +1,4 @@
-//! The real `nvidia-smi topo -m` samples in shared/data/topo: what each one holds, that the
+//! The real `nvidia-smi topo -m` samples in tests/data: what each one holds, that the
 //! imported graph gives back every cell of the file, and that export then import changes
 //! nothing.
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use relaycc_topo::{NodeId, PathClass, Topology, export, import};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 fn sample_paths() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(DATA)

@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use relaycc_topo::import::nccl_xml;
 
-const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 const FILES: [&str; 2] = [
     "azure-ndv2-v100.nccl-topo.xml",
     "hgx-a100-80gb-nvswitch-5bondnic.nccl-topo-dump.xml",

@@ -1,9 +1,9 @@
-//! The NCCL topology XML samples in shared/data/topo, read end to end.
+//! The NCCL topology XML samples in tests/data, read end to end.
 
 use relaycc_topo::import::nccl_xml;
 use relaycc_topo::{PathClass, Topology};
 
-const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 fn load(file: &str) -> Topology {
     let path = format!("{SAMPLES}/{file}");
