@@ -57,7 +57,7 @@ fn topology_files_end_to_end() {
         all_reduce_on(&name, &comm);
         ran += 1;
     }
-    assert_eq!(ran, 7, "every sample in {DIR} runs end to end");
+    assert_eq!(ran, 10, "every sample in {DIR} runs end to end");
 }
 
 #[test]
