@@ -149,7 +149,8 @@ fn text_files() -> Vec<PathBuf> {
                 let text_ext = ["rs", "md", "toml", "sh", "cu", "cuh", "yml", "yaml"];
                 let is_script = p
                     .parent()
-                    .is_some_and(|d| d.ends_with(".ci") || d.ends_with("scripts"));
+                    .and_then(|d| d.file_name())
+                    .is_some_and(|d| d == ".ci" || d == "scripts");
                 if ext.as_deref().is_some_and(|x| text_ext.contains(&x)) || is_script {
                     out.push(p);
                 }
@@ -291,7 +292,7 @@ fn every_citation_key_is_defined_once() {
     for (i, k) in defined.iter().enumerate() {
         assert_eq!(
             citation_keys(&format!("[{k}]")),
-            [k.clone()],
+            std::slice::from_ref(k),
             "malformed key {k}"
         );
         assert!(!defined[..i].contains(k), "[{k}] is defined twice");
