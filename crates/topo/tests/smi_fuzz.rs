@@ -42,13 +42,18 @@ const VOCABULARY: &[&str] = &[
     "Legend:",
     "NIC Legend:",
     "NIC0: mlx5_0",
+    "\u{1b}[4m",
+    "\u{1b}[0m",
+    "[4m",
+    "[0m",
+    "\u{1b}",
 ];
 
 fn samples() -> Vec<String> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(DATA)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".nvidia-smi-topo.txt"))
+        .filter(|p| p.to_string_lossy().contains(".nvidia-smi-topo"))
         .collect();
     paths.sort();
     paths
@@ -158,7 +163,7 @@ proptest! {
 
     #[test]
     fn mutated_samples_never_panic(
-        sample in 0usize..5,
+        sample in 0usize..7,
         mutations in proptest::collection::vec(mutation(), 1..4),
     ) {
         let all = samples();
