@@ -38,9 +38,9 @@ fn fail(message: String) -> TopoError {
 /// distinct remote bus id; CPU links go to the GPU's socket. Links to a GPU that NVML did not
 /// list (hidden by a container) are left out: that GPU is not part of this topology.
 ///
-/// The passes: [`Levels::check`] (the ancestor matrix is a tree), [`socket_numas`], then
-/// [`Rebuild::socket`] per socket (CPU, host bridges, switches, GPUs), the inter-socket
-/// links, and [`Rebuild::nvlinks`].
+/// The passes: `Levels::check` (the ancestor matrix is a tree), `socket_numas`, then
+/// `Rebuild::socket` per socket (CPU, host bridges, switches, GPUs), the inter-socket links,
+/// and `Rebuild::nvlinks`.
 ///
 /// # Errors
 /// [`TopoError::Nvml`] at step `topology reconstruction` when the ancestor matrix is not
