@@ -370,6 +370,11 @@ fn docs_are_in_the_present_tense() {
         "earlier design",
         "previous design",
         "used to be",
+        "previously",
+        "formerly",
+        "originally",
+        "is now ",
+        "are now ",
         ["TO", "DO"].concat().leak(),
         ["FIX", "ME"].concat().leak(),
     ];
