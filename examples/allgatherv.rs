@@ -1,10 +1,10 @@
-//! The tensor-factorization exchange of the refacto seed (CP-ALS on multi-GPU systems, NCCL
+//! The tensor-factorization exchange of [Rolinger-2017] (CP-ALS on multi-GPU systems, NCCL
 //! vs MPI): after each mode update, every rank owns a contiguous, irregular block of factor
 //! matrix rows and every rank needs the whole matrix. MPI does it with one `MPI_Allgatherv`;
 //! NCCL has no allgatherv, so NCCL users issue one broadcast per rank (the "broadcast series"
 //! workaround). This example times both on the host backend.
 //!
-//! Message sizes come from the seed's dataset table (average per-rank message size on
+//! Message sizes come from the dataset table of [Rolinger-2017] (average per-rank message size on
 //! 8 GPUs, with its min/max): NELL-2 0.28 MB (0.1-0.5), CELLAR 3.02 MB (0.6-6.3),
 //! DELICIOUS 32.23 MB (0.006-152), FLICKR 95.62 MB (0.02-214). Row blocks are drawn between
 //! the min and the max so that they average the table's figure; sizes are scaled by
@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use relaycc_collectives::{Communicator, DeviceBuffer, Group};
 
-/// (dataset, average MB per rank, min MB, max MB) on 8 GPUs, from the seed's table.
+/// (dataset, average MB per rank, min MB, max MB) on 8 GPUs, from the table of [Rolinger-2017].
 const DATASETS: [(&str, f64, f64, f64); 4] = [
     ("NELL-2", 0.28, 0.1, 0.5),
     ("CELLAR", 3.02, 0.6, 6.3),
@@ -26,7 +26,7 @@ const DATASETS: [(&str, f64, f64, f64); 4] = [
 
 /// Per-rank block sizes (f32 elements) between `min` and `max` MB averaging `avg` MB.
 fn blocks(ranks: usize, avg: f64, min: f64, max: f64, scale: f64) -> Vec<usize> {
-    // A fixed skewed profile: most blocks small, a few large, as the seed's min/max show.
+    // A fixed skewed profile: most blocks small, a few large, as the table's min/max show.
     let w: Vec<f64> = (0..ranks).map(|r| ((r * 5 + 3) % 8) as f64 / 7.0).collect();
     let raw: Vec<f64> = w.iter().map(|x| min + (max - min) * x * x).collect();
     let mean = raw.iter().sum::<f64>() / ranks as f64;

@@ -1,4 +1,5 @@
-//! Bandwidth-vs-size plots (SVG, plotters), like the seed papers' figures.
+//! Bandwidth-vs-size plots (SVG, plotters), like the figures of [Ranganath-2019] and
+//! [Temucin-2021].
 
 use std::path::Path;
 

@@ -29,6 +29,9 @@ fn list() -> String {
 pub fn load_topology(args: &TopologyArgs) -> Result<Topology> {
     let mut topo = relaycc_topo::load(&args.topology)
         .with_context(|| format!("loading topology {:?}", args.topology))?;
+    for w in topo.warnings() {
+        eprintln!("warning: {w}");
+    }
     if let Some(path) = &args.calibration {
         topo = Calibration::from_path(path)?.apply(&topo)?;
     }

@@ -14,7 +14,7 @@ mod sealed {
 /// The trait is sealed: its set of types is the set of [`DType`]s the planner and the backends
 /// know. It builds on [`bytemuck::Pod`] (any bit pattern is a value, no padding), which is
 /// what lets a backend move elements as bytes; every one of these types also implements
-/// cudarc's `DeviceRepr`, the bound the CUDA backend will add.
+/// cudarc's `DeviceRepr`, so a typed cudarc buffer can hold them.
 pub trait Element:
     sealed::Sealed + bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + 'static
 {

@@ -1,4 +1,4 @@
-//! Node-aware plans in *rank space*: the strategies of the node-aware seed (Standard, 3-Step,
+//! Node-aware plans in *rank space*: the strategies of [Lockhart-2023] (Standard, 3-Step,
 //! 2-Step, Split+MD; `relaycc_route::nodeaware`) planned for processes rather than for a
 //! hardware topology.
 //!
@@ -44,7 +44,8 @@ impl Gen<'_> {
         self.plan.copy(lane, src, dst, Vec::new(), deps)
     }
 
-    /// The `k`-th rank of `node`, round robin (every rank of a node stays busy, seed §2.3.1).
+    /// The `k`-th rank of `node`, round robin (every rank of a node stays busy,
+    /// [Lockhart-2023 §2.3.1]).
     fn pick(&self, node: u32, k: usize) -> u32 {
         self.ranks_of
             .get(&node)
@@ -155,7 +156,8 @@ fn pieces(req: &Request) -> Result<Vec<Piece>> {
 /// - `node_of`: the node of every rank (`n` entries).
 /// - `strategy`: Standard, 3-Step, 2-Step or Split+MD; Split+DD (duplicate device pointers)
 ///   has no meaning between processes and is refused.
-/// - `split_cap`: Split+MD's message cap in bytes (seed Algorithm 1's `message_cap`).
+/// - `split_cap`: Split+MD's message cap in bytes (`message_cap` of
+///   [Lockhart-2023, Algorithm 1]).
 ///
 /// # Returns
 /// A plan that passes `relaycc_route::check`; an error for other collectives or a bad layout.
@@ -163,8 +165,8 @@ fn pieces(req: &Request) -> Result<Vec<Piece>> {
 /// # Complexity
 /// O(p log p) for p pieces, plus O(p) per split chunk.
 ///
-/// Source: seed §2.3 (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the pairing of
-/// `relaycc_route::nodeaware::node_aware_plan`.
+/// Source: [Lockhart-2023 §2.3] (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the
+/// pairing of `relaycc_route::nodeaware::node_aware_plan`.
 pub fn rank_space_plan(
     req: &Request,
     node_of: &[u32],
@@ -233,8 +235,8 @@ pub fn rank_space_plan(
     Ok(g.plan)
 }
 
-/// Split+MD (seed Algorithm 1): each node pair's bytes are cut into messages of at most the
-/// cap (raised to volume / ranks-per-node when more messages than ranks would result); sends
+/// Split+MD ([Lockhart-2023, Algorithm 1]): each node pair's bytes are cut into messages of at most
+/// the cap (raised to volume / ranks-per-node when more messages than ranks would result); sends
 /// are dealt to the node's ranks from the last local rank down, receives from local rank 0
 /// up, so that every rank of a node takes part.
 fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
@@ -297,7 +299,7 @@ fn group_by<K: Ord>(pieces: &[Piece], key: impl Fn(&Piece) -> K) -> BTreeMap<K, 
     m
 }
 
-/// Split+MD's message cap in bytes: Lassen's (the seed's rendezvous threshold), unless
+/// Split+MD's message cap in bytes: Lassen's ([Lockhart-2023]'s rendezvous threshold), unless
 /// `RELAYCC_SPLIT_CAP_BYTES` gives one.
 pub fn default_split_cap() -> u64 {
     std::env::var("RELAYCC_SPLIT_CAP_BYTES")

@@ -267,7 +267,7 @@ fn build_chunked(
 /// kinds of route to consider. Returns every candidate (at least one, else an error saying
 /// why no route exists). Complexity: one max-flow (Dinic's) and a few widest-path searches on
 /// the topology, plus lowering each candidate (ops = chunks x hops).
-/// Source: the re-routing seed (relays through idle GPUs) and the multi-path seed (split a copy
+/// Source: [Ranganath-2019] (relays through idle GPUs) and [Temucin-2021] (split a copy
 /// over NVLink and host-staged paths at once).
 pub fn p2p_candidates(
     topo: &Topology,

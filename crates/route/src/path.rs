@@ -25,7 +25,7 @@ pub enum RelayPolicy {
     None,
     /// Only the job's own GPUs (NCCL's NVB rule).
     Members,
-    /// Any present, free GPU, inside the job or not (the re-routing seed's idea). The default.
+    /// Any present, free GPU, inside the job or not (the idea of [Ranganath-2019]). The default.
     #[default]
     Any,
     /// The job's GPUs plus these.
@@ -342,7 +342,7 @@ pub const MAX_FLOW_PATHS: usize = 32;
 ///
 /// Arguments: the masked topology, source and destination GPU, the relay rule.
 /// Returns: (max-flow GB/s, routes with rates). Complexity: Dinic's, O(V^2 E), on the topology.
-/// Source: the multi-path seed (split a copy over every path at once).
+/// Source: [Temucin-2021] (split a copy over every path at once).
 pub fn max_flow_routes(
     topo: &Topology,
     a: u32,

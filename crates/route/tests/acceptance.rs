@@ -1,5 +1,5 @@
-//! Issue 3's acceptance figures, as simulated predictions on the presets (ratios in one run).
-//! Seed figures: REFERENCE.md ("Headline results of the seed papers").
+//! Acceptance figures, as simulated predictions on the presets (ratios in one run), beside the
+//! figures the papers measured (`docs/REFERENCES.md`, "Figures the acceptance tests reproduce").
 
 use relaycc_route::p2p::Strategy;
 use relaycc_route::path::RelayPolicy;
@@ -53,7 +53,7 @@ fn seed_route_through_gpu3_and_direct_copies_match_the_seed() {
     println!("relay via GPU3: {r:.2} GB/s ({})", relay.plan.algorithm);
     assert!(relay.plan.algorithm.contains("GPU3"));
     assert!((18.0..=nv1).contains(&r), "{r}");
-    // Direct NVLink: the seed measured a little over 22 GB/s; PCIe 9 GB/s. Within 15%.
+    // Direct NVLink: [Ranganath-2019] measured a little over 22 GB/s; PCIe 9 GB/s. Within 15%.
     let direct = plan(
         &topo,
         &Request::point_to_point(0, 1, 256 * MIB),
@@ -82,7 +82,7 @@ fn ac922_multipath_beats_direct_nvlink() {
     let direct = plan(&topo, &req, &opts(RelayPolicy::Any, Strategy::Direct)).unwrap();
     let x = multi.predicted.algbw_gbps / direct.predicted.algbw_gbps;
     println!(
-        "AC922 0->1: {} {:.1} GB/s vs direct {:.1} GB/s = {x:.2}x (seed measured 1.84x)",
+        "AC922 0->1: {} {:.1} GB/s vs direct {:.1} GB/s = {x:.2}x (Temucin-2021 measured 1.84x)",
         multi.plan.algorithm, multi.predicted.algbw_gbps, direct.predicted.algbw_gbps
     );
     assert!(x >= 1.6, "{x}");

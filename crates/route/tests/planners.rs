@@ -171,7 +171,7 @@ mod random {
     ];
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 120, failure_persistence: None, ..ProptestConfig::default() })]
         #[test]
         fn candidates_and_baseline_check(
             preset in 0..PRESETS.len(),

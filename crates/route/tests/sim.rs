@@ -499,7 +499,7 @@ mod properties {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn random_copy_dags_stay_within_bounds(spec in specs()) {

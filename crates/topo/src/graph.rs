@@ -265,6 +265,7 @@ pub struct Topology {
     pcie_parent: Vec<Option<NodeId>>,
     nvswitch_fabric: Vec<Option<usize>>,
     mask: Mask,
+    warnings: Vec<String>,
 }
 
 impl Topology {
@@ -540,6 +541,15 @@ impl Topology {
     pub fn set_name(&mut self, name: impl Into<String>) {
         self.name = name.into();
     }
+    /// What an importer accepted but did not take as written (a self link it ignored, for
+    /// instance), one sentence each, in the order met. Empty for presets and clean files.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+    /// Record an import warning (see [`Topology::warnings`]).
+    pub fn add_warning(&mut self, warning: impl Into<String>) {
+        self.warnings.push(warning.into());
+    }
 }
 
 /// Builds a [`Topology`], naming nodes by the model's conventions and checking its rules.
@@ -768,6 +778,7 @@ impl TopologyBuilder {
             pcie_parent,
             nvswitch_fabric,
             mask: Mask::default(),
+            warnings: Vec::new(),
         })
     }
 }

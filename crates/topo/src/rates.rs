@@ -10,88 +10,93 @@
 use serde::{Deserialize, Serialize};
 
 /// NVLink 1 (P100, sm60), effective GB/s per link and direction.
-/// Source: REFERENCE.md, "measured ~18.4 per link" (nominal 20).
+/// Source: [Measured-Rates], about 18.4 per link (nominal 20, [NVIDIA-P100]).
 pub const NVLINK1_LANE_GBPS: f64 = 18.4;
 /// NVLink 2 (V100, sm70), effective GB/s per link and direction.
-/// Source: REFERENCE.md, "measured ~24.2 per link (48.5 bi NV1, 96.9 bi NV2 on DGX-1V)" (nominal 25).
+/// Source: [Measured-Rates], about 24.2 per link (48.5 both ways over NV1, 96.9 over NV2 on a
+/// DGX-1 V100; nominal 25, [NVIDIA-V100]).
 pub const NVLINK2_LANE_GBPS: f64 = 24.2;
-/// NVLink 3 (A100, sm80), GB/s per link and direction. Source: REFERENCE.md nominal "12 links = 300".
+/// NVLink 3 (A100, sm80), GB/s per link and direction. Source: [NVIDIA-A100], nominal, 12 links
+/// = 300.
 pub const NVLINK3_LANE_GBPS: f64 = 25.0;
-/// NVLink 4 (H100/H200, sm90), GB/s per link and direction. Source: REFERENCE.md nominal "18 links = 450".
+/// NVLink 4 (H100/H200, sm90), GB/s per link and direction. Source: [NVIDIA-H100], nominal, 18
+/// links = 450.
 pub const NVLINK4_LANE_GBPS: f64 = 25.0;
-/// NVLink 5 (B200, sm100), GB/s per link and direction. Source: REFERENCE.md nominal "18 links = 900".
+/// NVLink 5 (B200, sm100), GB/s per link and direction. Source: [NVIDIA-B200], nominal, 18
+/// links = 900.
 pub const NVLINK5_LANE_GBPS: f64 = 50.0;
-/// NCCL's own model value for one sm70 NVLink, GB/s (NCCL src/graph/topo.h `SM70_NVLINK_BW`).
+/// NCCL's own model value for one sm70 NVLink, GB/s ([NCCL-src], src/graph/topo.h
+/// `SM70_NVLINK_BW`).
 /// Kept for comparison with NCCL's tuner; not used for prediction.
 pub const NCCL_SM70_NVLINK_MODEL_GBPS: f64 = 20.0;
 
 /// PCIe Gen3 x16, effective GB/s per direction for GPU-to-GPU traffic.
-/// Source: REFERENCE.md, "measured GPU-GPU across a switch or the CPU: ~9-11" (nominal 15.75);
-/// the middle of that range.
+/// Source: [Measured-Rates], GPU to GPU across a switch or the CPU 9-11 (nominal 15.75,
+/// [PCIe-Base]); the middle of that range.
 pub const PCIE_GEN3_X16_GBPS: f64 = 10.0;
-/// PCIe Gen4 x16, effective GB/s per direction. Source: REFERENCE.md, "measured host-to-GPU ~26"
-/// (nominal 31.5).
+/// PCIe Gen4 x16, effective GB/s per direction. Source: [Measured-Rates], host to GPU about 26
+/// (nominal 31.5, [PCIe-Base]).
 pub const PCIE_GEN4_X16_GBPS: f64 = 26.0;
-/// PCIe Gen5 x16, effective GB/s per direction. Source: REFERENCE.md, "measured host-to-GPU ~51-52"
-/// (nominal 63).
+/// PCIe Gen5 x16, effective GB/s per direction. Source: [Measured-Rates], host to GPU 51-52
+/// (nominal 63, [PCIe-Base]).
 pub const PCIE_GEN5_X16_GBPS: f64 = 51.5;
-/// PCIe Gen3 x16 nominal GB/s per direction (8 GT/s, 128b/130b). Source: REFERENCE.md.
+/// PCIe Gen3 x16 nominal GB/s per direction (8 GT/s, 128b/130b). Source: [PCIe-Base].
 pub const PCIE_GEN3_X16_NOMINAL_GBPS: f64 = 15.75;
 
 /// Intel Broadwell-EP inter-socket link (two QPI links at 9.6 GT/s, 2 bytes per transfer
-/// each), GB/s per direction. Source: Intel Xeon E5-2600 v4 datasheet. NCCL models it as 6
-/// (REFERENCE.md), a tuning value rather than a measurement.
+/// each), GB/s per direction. Source: [Intel-E5v4]. NCCL models it as 6 ([NCCL-src]), a tuning
+/// value rather than a measurement.
 pub const QPI_BROADWELL_GBPS: f64 = 38.4;
 /// Intel Skylake-SP inter-socket link (two UPI links at 10.4 GT/s), GB/s per direction.
-/// Source: Intel Xeon Scalable datasheet; NCCL's model value is 10 (REFERENCE.md).
+/// Source: [Intel-Xeon]; NCCL's model value is 10 ([NCCL-src]).
 pub const UPI_SKYLAKE_GBPS: f64 = 41.6;
 /// Intel Sapphire Rapids inter-socket link, GB/s per direction: NCCL's model value
-/// (REFERENCE.md, NCCL src/graph/topo.h).
+/// ([NCCL-src], src/graph/topo.h).
 pub const UPI_SAPPHIRE_RAPIDS_GBPS: f64 = 22.0;
-/// Intel Emerald Rapids inter-socket link, GB/s per direction: NCCL's model value (REFERENCE.md).
+/// Intel Emerald Rapids inter-socket link, GB/s per direction: NCCL's model value ([NCCL-src]).
 pub const UPI_EMERALD_RAPIDS_GBPS: f64 = 40.0;
-/// AMD inter-socket Infinity Fabric, GB/s per direction: NCCL's model value (REFERENCE.md).
+/// AMD inter-socket Infinity Fabric, GB/s per direction: NCCL's model value ([NCCL-src]).
 pub const AMD_INFINITY_FABRIC_GBPS: f64 = 16.0;
-/// IBM POWER9 X-Bus between sockets, GB/s per direction. Source: REFERENCE.md "32 (64 bi)".
+/// IBM POWER9 X-Bus between sockets, GB/s per direction (64 both ways). Source: [IBM-AC922].
 pub const POWER9_XBUS_GBPS: f64 = 32.0;
 /// Inter-socket link of an unidentified CPU, GB/s per direction: the smallest model value NCCL
-/// uses for a current CPU (Skylake, 10; REFERENCE.md), so an unknown machine is not flattered.
+/// uses for a current CPU (Skylake, 10; [NCCL-src]), so an unknown machine is not flattered.
 pub const UNKNOWN_INTER_SOCKET_GBPS: f64 = 10.0;
-/// NVLink-C2C between a Grace CPU and a Hopper GPU, GB/s per direction (900 bi). Source: NVIDIA
-/// Grace Hopper superchip datasheet.
+/// NVLink-C2C between a Grace CPU and a Hopper GPU, GB/s per direction (900 both ways). Source:
+/// [NVIDIA-GH200].
 pub const NVLINK_C2C_GBPS: f64 = 450.0;
 
-/// Host memory bandwidth of one Broadwell-EP socket (4 channels DDR4-2400), GB/s. Source: Intel
-/// E5-2698 v4 datasheet.
+/// Host memory bandwidth of one Broadwell-EP socket (4 channels DDR4-2400), GB/s. Source:
+/// [Intel-E5v4].
 pub const HOST_MEM_BROADWELL_GBPS: f64 = 76.8;
-/// Host memory bandwidth of one POWER9 socket (8 channels DDR4-2666), GB/s. Source: IBM AC922
-/// redbook (170 GB/s per socket).
+/// Host memory bandwidth of one POWER9 socket (8 channels DDR4-2666), GB/s. Source: [IBM-AC922]
+/// (170 GB/s per socket).
 pub const HOST_MEM_POWER9_GBPS: f64 = 170.0;
 /// Host memory bandwidth of one Skylake/Cascade Lake socket (6 channels DDR4-2933), GB/s.
-/// Source: Intel Xeon Scalable datasheet.
+/// Source: [Intel-Xeon].
 pub const HOST_MEM_SKYLAKE_GBPS: f64 = 140.0;
-/// Host memory bandwidth of one AMD Rome/Milan socket (8 channels DDR4-3200), GB/s. Source: AMD
-/// EPYC 7002/7003 datasheet.
+/// Host memory bandwidth of one AMD Rome/Milan socket (8 channels DDR4-3200), GB/s. Source:
+/// [AMD-EPYC].
 pub const HOST_MEM_AMD_GBPS: f64 = 204.8;
 /// Host memory bandwidth of one Sapphire/Emerald Rapids socket (8 channels DDR5-4800), GB/s.
-/// Source: Intel Xeon 4th gen datasheet.
+/// Source: [Intel-Xeon4].
 pub const HOST_MEM_SAPPHIRE_RAPIDS_GBPS: f64 = 307.2;
 /// Host memory bandwidth assumed for an unidentified socket, GB/s: the smallest of the values
 /// above (Broadwell), so staging through an unknown host is not flattered.
 pub const HOST_MEM_UNKNOWN_GBPS: f64 = 76.8;
 
-/// P100 HBM2 device memory bandwidth, GB/s. Source: NVIDIA Tesla P100 datasheet (732).
+/// P100 HBM2 device memory bandwidth, GB/s. Source: [NVIDIA-P100] (732).
 pub const HBM_P100_GBPS: f64 = 732.0;
-/// V100 HBM2 device memory bandwidth, GB/s. Source: NVIDIA Tesla V100 datasheet (900).
+/// V100 HBM2 device memory bandwidth, GB/s. Source: [NVIDIA-V100] (900).
 pub const HBM_V100_GBPS: f64 = 900.0;
-/// A100 80GB HBM2e device memory bandwidth, GB/s. Source: NVIDIA A100 datasheet (2039).
+/// A100 80GB HBM2e device memory bandwidth, GB/s. Source: [NVIDIA-A100] (2039).
 pub const HBM_A100_GBPS: f64 = 2039.0;
-/// H100 SXM HBM3 device memory bandwidth, GB/s. Source: NVIDIA H100 datasheet (3350).
+/// H100 SXM HBM3 device memory bandwidth, GB/s. Source: [NVIDIA-H100] (3350).
 pub const HBM_H100_GBPS: f64 = 3350.0;
-/// B200 HBM3e device memory bandwidth, GB/s. Source: NVIDIA B200 datasheet (8000).
+/// B200 HBM3e device memory bandwidth, GB/s. Source: [NVIDIA-B200] (8000).
 pub const HBM_B200_GBPS: f64 = 8000.0;
 /// Device memory bandwidth assumed for a GPU of unknown generation, GB/s: a mid-range GDDR6
-/// card (RTX A6000 datasheet, 768).
+/// card ([NVIDIA-RTXA6000], 768).
 pub const GPU_MEM_UNKNOWN_GBPS: f64 = 768.0;
 
 /// Device memory bandwidth of a GPU of compute capability `sm` (70 for V100), GB/s.
@@ -106,29 +111,31 @@ pub fn gpu_mem_gbps(sm: Option<u32>) -> f64 {
     }
 }
 
-/// InfiniBand EDR (100 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
+/// InfiniBand EDR (100 Gb/s), GB/s per direction. Source: [IBTA-Roadmap].
 pub const IB_EDR_GBPS: f64 = 12.5;
-/// InfiniBand HDR (200 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
+/// InfiniBand HDR (200 Gb/s), GB/s per direction. Source: [IBTA-Roadmap].
 pub const IB_HDR_GBPS: f64 = 25.0;
-/// InfiniBand NDR (400 Gb/s), GB/s per direction. Source: InfiniBand Trade Association roadmap.
+/// InfiniBand NDR (400 Gb/s), GB/s per direction. Source: [IBTA-Roadmap].
 pub const IB_NDR_GBPS: f64 = 50.0;
-/// 100 Gb/s Ethernet (RoCE), GB/s per direction. Source: IEEE 802.3bj.
+/// 100 Gb/s Ethernet (RoCE), GB/s per direction. Source: [IEEE-8023bj].
 pub const ETH_100G_GBPS: f64 = 12.5;
-/// 25 Gb/s Ethernet, GB/s per direction. Source: IEEE 802.3by.
+/// 25 Gb/s Ethernet, GB/s per direction. Source: [IEEE-8023by].
 pub const ETH_25G_GBPS: f64 = 3.125;
 
-/// One NVLink hop, microseconds. Source: NCCL src/graph/tuning.cc `hwLat` NVLink (LL protocol).
+/// One NVLink hop, microseconds. Source: [NCCL-src], src/graph/tuning.cc `hwLat` NVLink (LL
+/// protocol).
 pub const NVLINK_LATENCY_US: f64 = 0.6;
-/// One PCIe hop (device to switch, switch to root), microseconds. Source: NCCL
+/// One PCIe hop (device to switch, switch to root), microseconds. Source: [NCCL-src],
 /// src/graph/tuning.cc `hwLat` PCI (LL protocol, 1.0 for a whole PCI path), split over the two
 /// hops a path has at least.
 pub const PCIE_HOP_LATENCY_US: f64 = 0.5;
-/// Crossing the inter-socket link, microseconds. Source: NCCL tuning.cc charges a host-memory
-/// path roughly twice a PCI path; the difference, 1.0, is charged here.
+/// Crossing the inter-socket link, microseconds. Source: [NCCL-src], tuning.cc charges a
+/// host-memory path roughly twice a PCI path; the difference, 1.0, is charged here.
 pub const INTER_SOCKET_LATENCY_US: f64 = 1.0;
-/// NVLink-C2C hop, microseconds: the NVLink value (same protocol family).
+/// NVLink-C2C hop, microseconds: the NVLink value (same protocol family, [NCCL-src]).
 pub const C2C_LATENCY_US: f64 = 0.6;
-/// A network hop (NIC to switch or switch to NIC), microseconds. Source: NCCL tuning.cc `hwLat`
+/// A network hop (NIC to switch or switch to NIC), microseconds. Source: [NCCL-src], tuning.cc
+/// `hwLat`
 /// NET (LL protocol, 5.0 for a whole network path) split over its two hops.
 pub const NETWORK_HOP_LATENCY_US: f64 = 2.5;
 /// Inside a switch chip (PCIe or NVSwitch), microseconds: counted in the hop latencies above.

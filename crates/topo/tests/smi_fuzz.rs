@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use relaycc_topo::{TopoError, export, import};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 /// Tokens that mutations insert: cells, labels, affinity values, separators, legend lines.
 const VOCABULARY: &[&str] = &[
@@ -42,13 +42,18 @@ const VOCABULARY: &[&str] = &[
     "Legend:",
     "NIC Legend:",
     "NIC0: mlx5_0",
+    "\u{1b}[4m",
+    "\u{1b}[0m",
+    "[4m",
+    "[0m",
+    "\u{1b}",
 ];
 
 fn samples() -> Vec<String> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(DATA)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".nvidia-smi-topo.txt"))
+        .filter(|p| p.to_string_lossy().contains(".nvidia-smi-topo"))
         .collect();
     paths.sort();
     paths
@@ -154,11 +159,11 @@ fn apply(text: &str, m: &Mutation) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn mutated_samples_never_panic(
-        sample in 0usize..5,
+        sample in 0usize..7,
         mutations in proptest::collection::vec(mutation(), 1..4),
     ) {
         let all = samples();

@@ -1,4 +1,4 @@
-//! The real `nvidia-smi topo -m` samples in shared/data/topo: what each one holds, that the
+//! The real `nvidia-smi topo -m` samples in tests/data: what each one holds, that the
 //! imported graph gives back every cell of the file, and that export then import changes
 //! nothing.
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use relaycc_topo::{NodeId, PathClass, Topology, export, import};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 fn sample_paths() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(DATA)
@@ -207,4 +207,30 @@ fn load_detects_the_format_and_names_the_topology_after_the_file() {
         "berkeley-savio4-8x-a5000-pcie-pxb-2nic.nvidia-smi-topo.txt"
     );
     assert_eq!(t.gpu_count(), 8);
+}
+
+/// Text copied from a terminal: the header underlined with escape sequences
+/// (`ESC[4m` ... `ESC[0m`), or with their remnants once the escape byte is lost. Each imports
+/// to the same graph as the clean sample it came from.
+#[test]
+fn terminal_escapes_around_the_header_are_accepted() {
+    for (tty, clean) in [
+        (
+            "dgx1-v100-4nic-microway.ansi-escapes.nvidia-smi-topo-tty.txt",
+            "dgx1-v100-4nic-microway.nvidia-smi-topo.txt",
+        ),
+        (
+            "hgx-h200-12nic.escape-remnants.nvidia-smi-topo-tty.txt",
+            "hgx-h200-12nic.nvidia-smi-topo.txt",
+        ),
+    ] {
+        let (text, got) = load(tty);
+        assert!(
+            text.lines().next().is_some_and(|h| h.contains("[4m")),
+            "{tty} holds no escape sequence"
+        );
+        let (_, want) = load(clean);
+        assert_eq!(export::to_smi(&got), export::to_smi(&want), "{tty}");
+        assert_eq!(export::to_json(&got), export::to_json(&want), "{tty}");
+    }
 }

@@ -1,15 +1,16 @@
 //! Property test: mutated NCCL XML samples never make the importer panic.
 //!
-//! Each case takes one of the two samples and applies a few mutations (delete, insert or
+//! Each case takes one of the samples and applies a few mutations (delete, insert or
 //! replace a token, truncate, swap two lines, splice in random bytes); the importer must return
 //! `Ok` or `Err`, and an `Ok` topology must hold together (every GPU index answers).
 
 use proptest::prelude::*;
 use relaycc_topo::import::nccl_xml;
 
-const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
-const FILES: [&str; 2] = [
+const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+const FILES: [&str; 3] = [
     "azure-ndv2-v100.nccl-topo.xml",
+    "azure-ndv2-v100.nvlink-self-link.nccl-topo.xml",
     "hgx-a100-80gb-nvswitch-5bondnic.nccl-topo-dump.xml",
 ];
 

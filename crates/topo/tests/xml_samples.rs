@@ -1,9 +1,9 @@
-//! The NCCL topology XML samples in shared/data/topo, read end to end.
+//! The NCCL topology XML samples in tests/data, read end to end.
 
 use relaycc_topo::import::nccl_xml;
 use relaycc_topo::{PathClass, Topology};
 
-const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/topo");
+const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
 
 fn load(file: &str) -> Topology {
     let path = format!("{SAMPLES}/{file}");
@@ -118,4 +118,45 @@ fn hgx_a100_nvswitch_dump() {
     }
     assert_eq!(depth, 4);
     assert_eq!(t.node(cur).name, "CPU0");
+}
+
+/// A topology file of the kind cloud VM images ship, whose GPU0 lists an `<nvlink>` to its own
+/// bus id. NCCL loads it; so does relaycc, without the self link and with a warning naming
+/// the line. The other NVLinks are the DGX-1 (V100) hybrid cube-mesh.
+#[test]
+fn nvlink_to_the_gpus_own_bus_id_is_ignored_with_a_warning() {
+    let t = load("azure-ndv2-v100.nvlink-self-link.nccl-topo.xml");
+    assert_eq!(t.gpu_count(), 8);
+    assert_eq!(t.warnings().len(), 1, "{:?}", t.warnings());
+    let w = &t.warnings()[0];
+    assert!(
+        w.contains("azure-ndv2-v100.nvlink-self-link.nccl-topo.xml:5:")
+            && w.contains("GPU0")
+            && w.contains("own bus id 0001:00:00.0")
+            && w.contains("ignored"),
+        "{w}"
+    );
+    let dgx1 = relaycc_topo::preset("dgx1-v100").unwrap();
+    for a in 0..8 {
+        for b in 0..8 {
+            let (x, y) = (t.gpu(a).unwrap(), t.gpu(b).unwrap());
+            let (p, q) = (dgx1.gpu(a).unwrap(), dgx1.gpu(b).unwrap());
+            assert_eq!(
+                t.nvlink_lanes(x, y),
+                if a == b { 0 } else { dgx1.nvlink_lanes(p, q) },
+                "GPU{a}-GPU{b}"
+            );
+        }
+    }
+    // GPU0's lanes: 6, the V100's count, with nothing added for the self link.
+    let g0 = t.gpu(0).unwrap();
+    let lanes: u32 = (1..8).map(|b| t.nvlink_lanes(g0, t.gpu(b).unwrap())).sum();
+    assert_eq!(lanes, 6);
+    // The samples without such a link carry no warning.
+    assert!(load("azure-ndv2-v100.nccl-topo.xml").warnings().is_empty());
+    assert!(
+        load("hgx-a100-80gb-nvswitch-5bondnic.nccl-topo-dump.xml")
+            .warnings()
+            .is_empty()
+    );
 }

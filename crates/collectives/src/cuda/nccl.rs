@@ -284,11 +284,11 @@ impl NcclComms {
         self.ranks.len()
     }
 
-    /// Average wall time of one `call`, over `iters` iterations after `warmup`, microseconds. Each iteration is one NCCL group over every rank followed
-    /// by a wait on every stream.
+    /// Average wall time of one `call`, over `iters` iterations after `warmup`, microseconds. Each
+    /// iteration is one NCCL group over every rank followed by a wait on every stream.
     ///
     /// NCCL has no all_gather_v or all_to_all_v: all_gather_v runs as one broadcast per rank
-    /// (what the tensor-factorization seed reports NCCL users do) and all_to_all(_v), gather
+    /// (what [Rolinger-2017] reports NCCL users do) and all_to_all(_v), gather
     /// and scatter as grouped send/recv, as NCCL's documentation shows.
     ///
     /// Errors: buffers larger than the capacity given to [`NcclComms::new`], a root out of

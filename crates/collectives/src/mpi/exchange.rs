@@ -1,5 +1,5 @@
 //! The persistent node-aware irregular exchange: built once from every rank's counts (a sparse
-//! matrix's halo), run many times with one of the seed's strategies.
+//! matrix's halo), run many times with one of [Lockhart-2023]'s strategies.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use crate::rank_plan::{default_split_cap, rank_space_plan};
 /// How an exchange picks its strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
-    /// The fastest by the seed's max-rate model with Lassen's parameters.
+    /// The fastest by [Lockhart-2023]'s max-rate model with Lassen's parameters.
     Model,
     /// This one (Standard, 3-Step, 2-Step or Split+MD).
     Forced(Strategy),

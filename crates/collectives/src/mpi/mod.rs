@@ -354,7 +354,7 @@ impl MpiCommunicator {
     /// plan's locations (`Location::Gpu(_)` of this rank becomes this process's device
     /// `Location::Gpu(device)`, `Location::Host(h)` stays), and build one program of local
     /// copies and reductions per level. Staging buffers are allocated on the first run that
-    /// needs them and reused. The transfer mode is the communicator's now.
+    /// needs them and reused. The transfer mode is the communicator's.
     ///
     /// Collective: a failure on any rank is an error on every rank ([`MpiError::Peer`] on
     /// the others), before any message moves.

@@ -3,7 +3,7 @@
 //! - `props`: every collective, in place and out of place, over random presets, masks, GPU
 //!   subsets, sizes, element types and ops, against a naive reference;
 //! - `bad_inputs`: one test per class of bad argument, each checking nothing changed;
-//! - `topology_files`: real topology files from `shared/data/topo` end to end.
+//! - `topology_files`: real topology files from `crates/topo/tests/data` end to end.
 
 mod common;
 

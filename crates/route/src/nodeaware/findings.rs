@@ -1,10 +1,10 @@
-//! Reproduces the node-aware seed's modelled findings (§4.6, Figure 4.3): which strategy the
+//! Reproduces [Lockhart-2023]'s modelled findings (§4.6, Figure 4.3): which strategy the
 //! models choose for 32 vs 256 inter-node messages, sent to 4 vs 16 destination nodes, across
 //! message sizes, on Lassen (4 GPUs, 2 sockets, 40 processes per node).
 //!
-//! The seed's figure is not in its stored text, only its prose; each test quotes the sentence
-//! it checks. Where the reconstruction of the lost equations departs from the prose, the test
-//! says so and asserts what the prose supports.
+//! The figure is not in the text of the paper used here, only its prose; each test quotes the
+//! sentence it checks. Where the reconstruction of the lost equations departs from the prose, the
+//! test says so and asserts what the prose supports.
 
 use super::*;
 
@@ -38,7 +38,7 @@ fn winners(messages: u32, nodes: u32) -> Vec<(u64, Strategy, Staging)> {
         .collect()
 }
 
-/// Prints the modelled times beside the choice, as the seed's Figure 4.3 plots them.
+/// Prints the modelled times beside the choice, as Figure 4.3 of [Lockhart-2023] plots them.
 #[test]
 fn print_modelled_times() {
     for (m, d) in [(32, 4), (32, 16), (256, 4), (256, 16)] {
@@ -95,8 +95,8 @@ fn split_md_wins_for_sixteen_nodes() {
 
 /// "When communicating with a small number of nodes (Figure 3(a)), 3-Step and 2-Step
 /// communication are often predicted to be the most performant". Our reconstruction also picks
-/// Split+MD for the smallest messages to 4 nodes (the seed's Eq. 4.2 text is lost; see the
-/// module docs of `model`), so this asserts that 2-Step or 3-Step wins some of the sizes the
+/// Split+MD for the smallest messages to 4 nodes (the text of [Lockhart-2023, Eq. 4.2] is lost; see
+/// the module docs of `model`), so this asserts that 2-Step or 3-Step wins some of the sizes the
 /// staged strategies win, and that Split+MD is not chosen there once messages reach 16 KiB.
 #[test]
 fn multistep_wins_some_sizes_for_four_nodes() {

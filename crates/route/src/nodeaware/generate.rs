@@ -1,11 +1,12 @@
 //! Plan generators for the node-aware strategies: an irregular exchange (send_recv,
 //! all_gather_v, all_to_all_v) on a cluster topology, planned as Standard, 3-Step, 2-Step,
-//! Split+MD or Split+DD, staged through host or device-aware (seed §2.3, §3, §4, Table 5).
+//! Split+MD or Split+DD, staged through host or device-aware ([Lockhart-2023 §2.3, §3, §4,
+//! Table 5]).
 //!
 //! Common to all: a rank's data to itself is a local copy; data between ranks of one node moves
 //! directly (device-aware) or through the ranks' host staging buffers (staged); only the
 //! inter-node data follows the strategy. Staged plans copy each rank's outgoing input to pinned
-//! memory of its socket first and its incoming output back last (seed Eq. 4.5).
+//! memory of its socket first and its incoming output back last ([Lockhart-2023, Eq. 4.5]).
 
 use std::collections::BTreeMap;
 
@@ -24,7 +25,7 @@ use crate::request::{Collective, Request};
 /// - `topo`: a cluster topology (`cluster:<N>x<preset>:<fabric>`), possibly masked; a single
 ///   machine works too (every piece is then on-node).
 /// - `req`: a send_recv, all_gather_v or all_to_all_v request; ranks sit on their GPUs' hosts.
-/// - `strategy`, `staging`: one of the seed's Table 5 pairs.
+/// - `strategy`, `staging`: one of the pairs of [Lockhart-2023, Table 5].
 ///
 /// # Returns
 /// A plan that passes [`crate::check`] and [`crate::check_routes`]; an error for other
@@ -47,7 +48,8 @@ use crate::request::{Collective, Request};
 /// check_routes(&plan, &topo).unwrap();
 /// ```
 ///
-/// Source: seed §2.3 (strategies), §3 (staging), §4.2 (split across a node's processes).
+/// Source: [Lockhart-2023 §2.3] (strategies), §3 (staging), §4.2 (split across a node's
+/// processes).
 pub fn node_aware_plan(
     topo: &Topology,
     req: &Request,
@@ -65,7 +67,7 @@ pub fn node_aware_plan(
     }
     if !strategy.supports(staging) {
         return Err(RouteError::BadRequest(format!(
-            "{strategy} is defined staged through host only (seed Table 5), not {staging}"
+            "{strategy} is defined staged through host only ([Lockhart-2023, Table 5]), not {staging}"
         )));
     }
     let pieces: Vec<Piece> = req
@@ -146,7 +148,7 @@ pub fn node_aware_plan(
     b.finish()
 }
 
-/// Every plan the seed's Table 5 defines for `req` on `topo` (eight), in
+/// Every plan Table 5 of [Lockhart-2023] defines for `req` on `topo` (eight), in
 /// [`Strategy::combinations`] order.
 ///
 /// # Arguments
@@ -158,7 +160,7 @@ pub fn node_aware_plan(
 /// # Complexity
 /// Eight times [`node_aware_plan`].
 ///
-/// Source: seed Table 5.
+/// Source: [Lockhart-2023, Table 5].
 pub fn node_aware_candidates(
     topo: &Topology,
     req: &Request,
@@ -201,7 +203,7 @@ fn ranks_by_node(b: &Builder) -> BTreeMap<u32, Vec<u32>> {
 }
 
 /// The rank of node `node` paired with index `k` (round-robin over the node's ranks), so that
-/// every rank of a node stays busy (seed §2.3.1's pairing).
+/// every rank of a node stays busy ([Lockhart-2023 §2.3.1]'s pairing).
 fn pick(ranks: &BTreeMap<u32, Vec<u32>>, node: u32, k: u32) -> u32 {
     ranks
         .get(&node)
@@ -287,8 +289,8 @@ fn aggregate(
     Ok(())
 }
 
-/// Split+MD / Split+DD (seed §2.3.3, Algorithm 1; §4.2): each node pair's data is cut into
-/// messages of at most the message cap (raised to volume / processes when that many messages
+/// Split+MD / Split+DD ([Lockhart-2023 §2.3.3], Algorithm 1; §4.2): each node pair's data is cut
+/// into messages of at most the message cap (raised to volume / processes when that many messages
 /// would outnumber the node's processes), spread over the node's NICs and the sockets that
 /// own them. MD gathers each message from the ranks' host staging (extra on-node messages);
 /// DD copies it straight from the GPUs (duplicate device pointers) and back to them.

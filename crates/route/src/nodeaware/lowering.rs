@@ -203,7 +203,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Copy the input runs of rank `r` that `needed` lists (offset, len) to its host staging
-    /// buffer (one device-to-host copy per merged run, seed Eq. 4.5's initial copy).
+    /// buffer (one device-to-host copy per merged run, [Lockhart-2023, Eq. 4.5]'s initial copy).
     pub fn stage_out(&mut self, r: u32, needed: &[(u64, u64)]) -> Result<()> {
         let runs = merge(needed);
         if runs.is_empty() {
@@ -279,7 +279,8 @@ impl<'a> Builder<'a> {
     }
 
     /// Copy every filled run of every host receive staging buffer to its GPU output (one
-    /// host-to-device copy per merged run, seed Eq. 4.5's final copy); returns the plan.
+    /// host-to-device copy per merged run, [Lockhart-2023, Eq. 4.5]'s final copy); returns the
+    /// plan.
     pub fn finish(mut self) -> Result<Plan> {
         for d in 0..self.stages.len() as u32 {
             let Some(buf) = self.stages[d as usize].recv else {

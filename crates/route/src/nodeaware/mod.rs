@@ -1,8 +1,7 @@
-//! Node-aware inter-node strategies and their cost models, after the node-aware seed (Lockhart,
-//! Bienz, Gropp, Olson, "Characterizing the performance of node-aware strategies for irregular
-//! point-to-point communication on heterogeneous architectures", 2023).
+//! Node-aware inter-node strategies and their cost models, after [Lockhart-2023] (the
+//! bibliography is `docs/REFERENCES.md`).
 //!
-//! | seed | here |
+//! | [Lockhart-2023] | here |
 //! |---|---|
 //! | Standard, 3-Step, 2-Step, Split+MD, Split+DD (§2.3, Table 5) | [`Strategy`] |
 //! | staged-through-host, device-aware (§3) | [`Staging`] |

@@ -1,10 +1,10 @@
-//! The seed's performance models of the node-aware strategies (§2.2, §4, Table 6), with Lassen's
-//! parameters ([`super::params`]).
+//! [Lockhart-2023]'s performance models of the node-aware strategies (§2.2, §4, Table 6), with
+//! Lassen's parameters ([`super::params`]).
 //!
-//! The stored copy of the seed lost its typeset equations; each formula below is rebuilt from
-//! the seed's prose around the equation it names, and says so. The models cover the
+//! The text of [Lockhart-2023] used here lost its typeset equations; each formula below is rebuilt
+//! from [Lockhart-2023]'s prose around the equation it names, and says so. The models cover the
 //! inter-node part of an exchange (on-node messages cost the same under every strategy) and,
-//! like the seed's, take the worst node and the worst process (Table 7's maxima).
+//! like [Lockhart-2023]'s, take the worst node and the worst process (Table 7's maxima).
 
 use serde::{Deserialize, Serialize};
 
@@ -15,16 +15,17 @@ use super::strategy::{ClusterShape, Pattern, Staging, Strategy};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CostModel {
-    /// The postal model, `alpha + beta * s` per message (seed Eq. 2.1), everywhere.
+    /// The postal model, `alpha + beta * s` per message ([Lockhart-2023, Eq. 2.1]), everywhere.
     Postal,
-    /// The max-rate model (seed Eq. 2.2): adds the NIC injection limit to the off-node step of
-    /// staged-through-host strategies (seed §4.3, Table 6). Device-aware steps stay postal, as
-    /// in the seed (GPU injection limits are not reached with 4 GPUs per node, §3).
+    /// The max-rate model ([Lockhart-2023, Eq. 2.2]): adds the NIC injection limit to the off-node
+    /// step of staged-through-host strategies ([Lockhart-2023 §4.3], Table 6). Device-aware steps
+    /// stay postal, as in [Lockhart-2023] (GPU injection limits are not reached with 4 GPUs per
+    /// node, §3).
     MaxRate,
 }
 
-/// The seed's Table 7 parameters of a pattern (plus the split bookkeeping of its Algorithm 1),
-/// over inter-node messages only.
+/// [Lockhart-2023]'s Table 7 parameters of a pattern (plus the split bookkeeping of its Algorithm
+/// 1), over inter-node messages only.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct PatternStats {
     /// Max inter-node bytes sent by a single GPU (Table 7 `s_proc`).
@@ -47,7 +48,8 @@ pub struct PatternStats {
     pub n_dest_nodes_per_gpu: f64,
     /// Max messages between any two nodes (Table 7 `m_node->node`).
     pub m_pair: f64,
-    /// Max inter-node messages a node sends after splitting (seed Algorithm 1, lines 12-18).
+    /// Max inter-node messages a node sends after splitting ([Lockhart-2023, Algorithm 1, lines
+    /// 12-18]).
     pub n_split: f64,
     /// Largest split message, bytes.
     pub split_msg_bytes: f64,
@@ -128,13 +130,14 @@ impl PatternStats {
     }
 }
 
-/// Seed Eq. 2.1, the postal model: `alpha + beta * s` seconds for one message of `s` bytes.
+/// [Lockhart-2023, Eq. 2.1], the postal model: `alpha + beta * s` seconds for one message of `s`
+/// bytes.
 fn postal((alpha_s, beta_s_per_byte): (f64, f64), bytes: f64) -> f64 {
     alpha_s + beta_s_per_byte * bytes
 }
 
-/// Seed Eq. 4.3 (staged, max-rate, from Eq. 2.2) and Eq. 4.4 (device-aware, postal): the
-/// off-node step, `n * alpha + max(s_node / R_N, s * beta)` for `n` messages of at most `msg`
+/// [Lockhart-2023, Eq. 4.3] (staged, max-rate, from Eq. 2.2) and Eq. 4.4 (device-aware, postal):
+/// the off-node step, `n * alpha + max(s_node / R_N, s * beta)` for `n` messages of at most `msg`
 /// bytes, `s` bytes from the busiest process and `s_node` from the busiest node. The injection
 /// term only applies to staged messages under [`CostModel::MaxRate`].
 fn off_node(
@@ -161,10 +164,10 @@ fn off_node(
     }
 }
 
-/// Seed Eq. 4.1, the on-node step of 3-Step and 2-Step (gather, or redistribution): in the
-/// worst case a GPU exchanges `s` bytes with every other GPU of its node, `gps - 1` on its
-/// socket and `gpn - gps` on the other sockets (the seed writes `gps` for the latter, equal on
-/// its two-socket nodes).
+/// [Lockhart-2023, Eq. 4.1], the on-node step of 3-Step and 2-Step (gather, or redistribution): in
+/// the worst case a GPU exchanges `s` bytes with every other GPU of its node, `gps - 1` on its
+/// socket and `gpn - gps` on the other sockets ([Lockhart-2023] writes `gps` for the latter, equal
+/// on its two-socket nodes).
 fn on_node_multistep(p: &ModelParams, staging: Staging, shape: &ClusterShape, s: f64) -> f64 {
     if s <= 0.0 {
         return 0.0;
@@ -178,8 +181,8 @@ fn on_node_multistep(p: &ModelParams, staging: Staging, shape: &ClusterShape, s:
     (gps - 1.0) * postal(on_socket, s) + off * postal(on_node, s)
 }
 
-/// Seed Eq. 4.2, the on-node step of the split strategies: `v` bytes of one GPU spread over
-/// `q` processes in messages of `v / q` bytes. One process sends them; `ppg` processes already
+/// [Lockhart-2023, Eq. 4.2], the on-node step of the split strategies: `v` bytes of one GPU spread
+/// over `q` processes in messages of `v / q` bytes. One process sends them; `ppg` processes already
 /// hold their share through duplicate device pointers, so it sends `q - ppg` messages, the first
 /// `pps - ppg` on its socket and the rest off socket (with 40 processes and one per GPU: 19
 /// on-socket and 20 on-node messages, as §4.2 counts; Split+DD saves `ppg - 1` of them).
@@ -194,9 +197,9 @@ fn on_node_split(p: &ModelParams, shape: &ClusterShape, v: f64, q: f64, ppg: f64
     on * postal(p.cpu(Placement::OnSocket, m), m) + off * postal(p.cpu(Placement::OnNode, m), m)
 }
 
-/// Seed Eq. 4.5, the staging copies: device-to-host of the `initial` bytes, host-to-device of
-/// the `final` bytes, by one process (`procs = 0`) or four at once with duplicate device
-/// pointers (`procs = 1`), Table 3's rows fitted against the bytes moved.
+/// [Lockhart-2023, Eq. 4.5], the staging copies: device-to-host of the `initial` bytes,
+/// host-to-device of the `final` bytes, by one process (`procs = 0`) or four at once with duplicate
+/// device pointers (`procs = 1`), Table 3's rows fitted against the bytes moved.
 fn copies(p: &ModelParams, procs: usize, initial: f64, final_: f64) -> f64 {
     let (h2d, d2h) = (0, 1);
     let one = |dir: usize, s: f64| {
@@ -211,13 +214,13 @@ fn copies(p: &ModelParams, procs: usize, initial: f64, final_: f64) -> f64 {
 
 /// Modelled time, seconds, of one node-aware strategy on an irregular exchange.
 ///
-/// The seed's Table 6 models: the staging copies (Eq. 4.5, staged only), the on-node gather
+/// [Lockhart-2023]'s Table 6 models: the staging copies (Eq. 4.5, staged only), the on-node gather
 /// (Eq. 4.1 for 3-Step, Eq. 4.2 for the split strategies; none for Standard and 2-Step), the
 /// off-node exchange (Eq. 4.3 / 4.4), and the on-node redistribution (Eq. 4.1 / 4.2).
 ///
 /// # Arguments
-/// - `strategy`, `staging`: the strategy; pairs outside the seed's Table 5 (split strategies
-///   device-aware) have no model and return `f64::INFINITY`.
+/// - `strategy`, `staging`: the strategy; pairs outside Table 5 of [Lockhart-2023] (split
+///   strategies device-aware) have no model and return `f64::INFINITY`.
 /// - `pattern`: the exchange; ranks sit on nodes as `rank / shape.gpus_per_node`.
 /// - `shape`: the cluster.
 /// - `model`: postal or max-rate for the staged off-node step.
@@ -228,7 +231,7 @@ fn copies(p: &ModelParams, procs: usize, initial: f64, final_: f64) -> f64 {
 /// # Complexity
 /// O(m log m) for m messages (computing [`PatternStats`]).
 ///
-/// Source: seed §4.1-§4.4, Tables 5-7, with Lassen's parameters (Tables 2-4).
+/// Source: [Lockhart-2023 §4.1-§4.4, Tables 5-7], with Lassen's parameters (Tables 2-4).
 pub fn model_time(
     strategy: Strategy,
     staging: Staging,
@@ -248,7 +251,7 @@ pub fn model_time(
 
 /// [`model_time`] with other parameters (a calibration of another machine).
 ///
-/// Complexity: O(m log m) for m messages. Source: seed §4, Table 6.
+/// Complexity: O(m log m) for m messages. Source: [Lockhart-2023 §4], Table 6.
 pub fn model_time_with(
     p: &ModelParams,
     strategy: Strategy,
@@ -330,13 +333,13 @@ pub fn model_time_with(
 /// `pattern`, `shape`, `model` as for [`model_time`].
 ///
 /// # Returns
-/// The fastest of the seed's eight Table 5 pairs; ties go to the earlier pair in
+/// The fastest of [Lockhart-2023]'s eight Table 5 pairs; ties go to the earlier pair in
 /// [`Strategy::combinations`] order (Standard first, staged before device-aware).
 ///
 /// # Complexity
 /// O(m log m) for m messages, times eight.
 ///
-/// Source: seed §4.6 (the circled minima of its Figure 4.3).
+/// Source: [Lockhart-2023 §4.6] (the circled minima of its Figure 4.3).
 pub fn choose_strategy(
     pattern: &Pattern,
     shape: &ClusterShape,

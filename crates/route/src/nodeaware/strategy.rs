@@ -1,6 +1,6 @@
-//! The node-aware strategies (seed §2.3, Table 5), how data leaves the GPU (staged through host
-//! or device-aware, seed §3), and the two inputs of the models: the cluster's shape and the
-//! irregular exchange's pattern.
+//! The node-aware strategies ([Lockhart-2023 §2.3], Table 5), how data leaves the GPU (staged
+//! through host or device-aware, [Lockhart-2023 §3]), and the two inputs of the models: the
+//! cluster's shape and the irregular exchange's pattern.
 
 use std::fmt;
 
@@ -11,23 +11,24 @@ use super::params::{LASSEN_GPUS_PER_NODE, LASSEN_PROCS_PER_NODE, LASSEN_SOCKETS_
 use crate::error::{Result, RouteError};
 use crate::request::{Collective, Request};
 
-/// An inter-node communication strategy (seed §2.3).
+/// An inter-node communication strategy ([Lockhart-2023 §2.3]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
     /// Every message goes directly from its sender to its receiver.
     Standard,
     /// Gather a node's data for each destination node on one rank, send one message per node
-    /// pair to the paired rank there, which redistributes (seed §2.3.1).
+    /// pair to the paired rank there, which redistributes ([Lockhart-2023 §2.3.1]).
     ThreeStep,
     /// Each rank sends one message per destination node to its paired rank there, which
-    /// redistributes (seed §2.3.2).
+    /// redistributes ([Lockhart-2023 §2.3.2]).
     TwoStep,
     /// Split each node pair's data into capped messages spread over the node's processes (and
-    /// NICs); data reaches those processes by extra on-node messages (seed §2.3.3, §4.2).
+    /// NICs); data reaches those processes by extra on-node messages ([Lockhart-2023 §2.3.3],
+    /// §4.2).
     SplitMd,
     /// As [`Strategy::SplitMd`], but several host processes copy from the GPU with duplicate
-    /// device pointers instead of on-node messages (seed §4.2, §4.4).
+    /// device pointers instead of on-node messages ([Lockhart-2023 §4.2], §4.4).
     SplitDd,
 }
 
@@ -40,7 +41,7 @@ impl Strategy {
         Strategy::SplitMd,
         Strategy::SplitDd,
     ];
-    /// The seed's name (`3-Step`, `Split+MD`).
+    /// [Lockhart-2023]'s name (`3-Step`, `Split+MD`).
     pub const fn name(self) -> &'static str {
         match self {
             Strategy::Standard => "Standard",
@@ -50,7 +51,7 @@ impl Strategy {
             Strategy::SplitDd => "Split+DD",
         }
     }
-    /// True when the seed defines the strategy with this staging (Table 5: split strategies
+    /// True when [Lockhart-2023] defines the strategy with this staging (Table 5: split strategies
     /// are staged through host only).
     pub const fn supports(self, staging: Staging) -> bool {
         !matches!(
@@ -58,7 +59,7 @@ impl Strategy {
             (Strategy::SplitMd | Strategy::SplitDd, Staging::DeviceAware)
         )
     }
-    /// Every (strategy, staging) pair of the seed's Table 5 (eight).
+    /// Every (strategy, staging) pair of Table 5 of [Lockhart-2023] (eight).
     pub fn combinations() -> Vec<(Strategy, Staging)> {
         let mut v = Vec::new();
         for s in Strategy::ALL {
@@ -78,7 +79,7 @@ impl fmt::Display for Strategy {
     }
 }
 
-/// How inter-node data leaves and enters GPU memory (seed §3).
+/// How inter-node data leaves and enters GPU memory ([Lockhart-2023 §3]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Staging {
@@ -111,7 +112,7 @@ pub struct ClusterShape {
 }
 
 impl ClusterShape {
-    /// `nodes` Lassen nodes: 4 GPUs, 2 sockets, 40 processes (seed §2.1, §4.2).
+    /// `nodes` Lassen nodes: 4 GPUs, 2 sockets, 40 processes ([Lockhart-2023 §2.1], §4.2).
     pub const fn lassen(nodes: u32) -> Self {
         ClusterShape {
             nodes,
@@ -164,8 +165,8 @@ pub struct Pattern {
 }
 
 impl Pattern {
-    /// The seed's §4.6 scenario: node 0 sends `messages` inter-node messages of `bytes` each,
-    /// "distributed evenly across on-node GPUs", to `dest_nodes` destination nodes (nodes
+    /// [Lockhart-2023]'s §4.6 scenario: node 0 sends `messages` inter-node messages of `bytes`
+    /// each, "distributed evenly across on-node GPUs", to `dest_nodes` destination nodes (nodes
     /// 1..=dest_nodes), evenly.
     pub fn seed_scenario(shape: &ClusterShape, messages: u32, dest_nodes: u32, bytes: u64) -> Self {
         let gpn = shape.gpus_per_node.max(1);

@@ -194,7 +194,7 @@ fn exchange() -> impl Gen<Value = (usize, Request)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn every_plan_checks((preset, req) in exchange()) {

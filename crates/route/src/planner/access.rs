@@ -265,7 +265,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
+        #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
         #[test]
         fn matches_a_per_element_reference(
             accesses in proptest::collection::vec((0u64..64, 0u64..16, 0u8..3), 1..80)

@@ -1,10 +1,10 @@
 //! The in-model NCCL-like baseline: what NCCL would do on the same masked machine, so every
 //! relaycc figure has a peer computed under the same model.
 //!
-//! Rules (REFERENCE.md, "How NCCL behaves"): only member GPUs take part; a pair connects by
-//! direct NVLink, else NVLink through one *member* GPU (NVB), else PCIe peer-to-peer inside a
-//! socket, else host memory of the sender's socket ([`LinkMode::Nccl`]); never more than one
-//! route (no multi-path). all_reduce, all_gather and reduce_scatter run on packed rings over
+//! Rules ([NCCL-src], as `docs/REFERENCES.md` sums them up): only member GPUs take part; a pair
+//! connects by direct NVLink, else NVLink through one *member* GPU (NVB), else PCIe peer-to-peer
+//! inside a socket, else host memory of the sender's socket ([`LinkMode::Nccl`]); never more than
+//! one route (no multi-path). all_reduce, all_gather and reduce_scatter run on packed rings over
 //! the members (NCCL's channels: each ring searched to maximise its slowest link over what the
 //! rings before it left, [`super::ring_pack`]); broadcast and reduce are pipelined chains along
 //! the best ring (within a node NCCL's "tree" is a chain); chunks of 512 KiB (the Simple
@@ -24,8 +24,8 @@ use super::ring::{self, ring_order};
 use super::{ConnCache, Ctx, LinkMode, chunks, direct};
 
 /// NCCL's chunk: the Simple protocol's step size, bytes (the floor of
-/// [`super::pipeline_chunk_elems`], which the baseline pipelines with) (`NCCL_STEPS` slices of a 4 MiB buffer,
-/// 512 KiB each, in NCCL 2.x `src/include/collectives.h`).
+/// [`super::pipeline_chunk_elems`], which the baseline pipelines with) (`NCCL_STEPS` slices of a 4
+/// MiB buffer, 512 KiB each, in NCCL 2.x `src/include/collectives.h`).
 pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 
 /// The NCCL-like plan of a request.
@@ -42,8 +42,8 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// n^2 connections (no max-flow), a ring search bounded by [`ring::RING_SEARCH_BUDGET`], and
 /// O(steps x chunks) ops.
 ///
-/// Source: REFERENCE.md ("How NCCL behaves"); NCCL's ring search and p2p path types
-/// (`src/graph/search.cc`, `src/graph/paths.cc`); the tensor-factorization seed for the series
+/// Source: [NCCL-src], its ring search and p2p path types (`src/graph/search.cc`,
+/// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
     req.validate()?;

@@ -18,7 +18,7 @@ use crate::path::{
 /// Which routes a connection may use, from most restricted to least.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LinkMode {
-    /// NCCL's rules (REFERENCE.md, "How NCCL behaves"): direct NVLink; else NVLink through one
+    /// NCCL's rules ([NCCL-src]): direct NVLink; else NVLink through one
     /// member GPU (NVB); else PCIe peer-to-peer inside a socket; else host memory of the
     /// sender's socket. One route, never a split.
     Nccl,
@@ -90,8 +90,8 @@ fn better(a: &Route, b: &Route) -> bool {
 /// A few widest-path searches, O(G E log V) for G GPUs; Dinic's max-flow, O(V^2 E), in
 /// [`LinkMode::Multipath`].
 ///
-/// Source: the re-routing seed (relays through idle GPUs) and the multi-path seed (split over
-/// NVLink and host-staged paths at once); NCCL's rules from REFERENCE.md.
+/// Source: [Ranganath-2019] (relays through idle GPUs) and [Temucin-2021] (split over NVLink
+/// and host-staged paths at once); NCCL's rules from [NCCL-src].
 pub fn connect(
     topo: &Topology,
     members: &[u32],

@@ -1,9 +1,9 @@
-//! The multi-path seed's hierarchical all_reduce: group the ranks by CPU socket, reduce inside
+//! The hierarchical all_reduce of [Temucin-2021]: group the ranks by CPU socket, reduce inside
 //! each socket to a leader, let the leaders exchange and reduce their partials, broadcast the
 //! result back inside each socket; the three steps are pipelined chunk by chunk.
 //!
 //! With [`super::LinkMode::Multipath`] connections the intra-socket steps split each copy over
-//! NVLink and host-staged paths at once, as the seed does with several streams. Each step has
+//! NVLink and host-staged paths at once, as [Temucin-2021] does with several streams. Each step has
 //! its own lanes, so a leader's reduction of chunk k+1 never waits behind the exchange of chunk
 //! k. The leader's final reduction is the last one of every element (it finalizes Avg); the
 //! broadcast copies finalized data only.
@@ -55,7 +55,7 @@ pub fn socket_groups(topo: &Topology, req: &Request) -> Result<Vec<Vec<u32>>> {
 /// Per chunk: (n - groups) intra copies, groups x (groups - 1) leader copies, (n - groups)
 /// broadcast copies, each lowered to routes x hops ops; 2 x groups reductions.
 ///
-/// Source: the multi-path seed, "Hierarchical Allreduce with Multi-Path Copy": 1. intra-socket
+/// Source: [Temucin-2021], "Hierarchical Allreduce with Multi-Path Copy": 1. intra-socket
 /// multi-path reduce, 2. inter-socket leaders exchange and reduce, 3. intra-socket multi-path
 /// broadcast; steps 1-3 pipelined.
 pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {

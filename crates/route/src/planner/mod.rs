@@ -285,8 +285,8 @@ pub fn whole_block_chunk_elems(req: &Request) -> u64 {
 /// O(steps x chunks x routes x hops) ops; the ring order search is bounded by
 /// [`ring::RING_SEARCH_BUDGET`].
 ///
-/// Source: the multi-path seed (hierarchical all_reduce, multi-path copies), the re-routing
-/// seed (relays through idle GPUs), NCCL's rings and trees.
+/// Source: [Temucin-2021] (hierarchical all_reduce, multi-path copies), [Ranganath-2019]
+/// (relays through idle GPUs), NCCL's rings and trees ([NCCL-src]).
 pub fn collective_candidates(
     topo: &Topology,
     req: &Request,

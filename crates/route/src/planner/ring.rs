@@ -354,7 +354,7 @@ fn pin(b: &mut Builder, req: &Request, c: u32, chan: &Channel) {
 
 /// Ring all_reduce: reduce-scatter then all-gather, pipelined in chunks, over `ctx.channels`
 /// rings. Arguments, returns and complexity as [`direct::plan`]; 2(n-1) steps, each moving
-/// S/n per rank. Source: NCCL's ring all_reduce; relayed ring links from the re-routing seed.
+/// S/n per rank. Source: NCCL's ring all_reduce; relayed ring links from [Ranganath-2019].
 pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let n = req.nranks();
     if n < 2 {
@@ -398,7 +398,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 
 /// Ring all_gather and all_gather_v (irregular counts, zeros included): each rank copies its
 /// input into its output block and the blocks travel n-1 steps around the rings.
-/// Source: NCCL's ring all_gather; all_gather_v as the tensor-factorization seed asks.
+/// Source: NCCL's ring all_gather; all_gather_v as [Rolinger-2017] asks.
 pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let n = req.nranks();
     if n < 2
@@ -574,7 +574,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, failure_persistence: None, ..proptest::prelude::ProptestConfig::default() })]
         #[test]
         fn branch_and_bound_ring_equals_exhaustive(
             n in 4usize..=8,

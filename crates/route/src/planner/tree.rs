@@ -213,7 +213,8 @@ fn binary(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 /// # Complexity
 /// (n-1) x chunks transfers, each lowered to routes x hops copies.
 ///
-/// Source: NCCL's pipelined trees; relayed and split tree edges from the two seeds.
+/// Source: NCCL's pipelined trees; relayed and split tree edges from [Ranganath-2019] and
+/// [Temucin-2021].
 pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     binary(topo, req, ctx)
 }

@@ -1,4 +1,4 @@
-//! Presets against the wiring facts of REFERENCE.md.
+//! Presets against the wiring facts of [NVIDIA-DGX1], [IBM-AC922] and the vendors' documents.
 
 use super::*;
 use crate::PathClass;

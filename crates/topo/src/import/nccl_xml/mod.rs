@@ -35,6 +35,9 @@
 //!   into one node; separate chips keep each GPU's lanes per chip, and
 //!   [`crate::Topology::nvlink_lanes`] still joins them into one fabric). Without `tclass` a
 //!   target that is a GPU of the file is a GPU, any other is refused.
+//! - An `nvlink` whose target is the GPU's own bus id (topology files shipped with some cloud VM
+//!   images hold one) is ignored, as NCCL loads such files; [`crate::Topology::warnings`]
+//!   names its line.
 //! - A GPU pair usually lists its bond on both sides; the two counts are the same bond, not two.
 //!   Counts that disagree are refused.
 //! - NVLink generation from the GPUs' `sm` (the older of the pair); NVLink 2 where `sm` is unknown.
@@ -57,20 +60,17 @@
 //! NVLinks to a bus id that is no GPU of the file yet claims to be one, a file without GPUs.
 
 mod attr;
+mod build;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use attr::BusId;
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use roxmltree::{Document, Node, ParsingOptions};
 
 use crate::error::{Result, TopoError};
-use crate::graph::{
-    ComputeCapability, GpuInfo, LinkKind, NicInfo, NodeId, Topology, TopologyBuilder,
-};
-use crate::rates::{CpuFamily, NvLinkGen};
+use crate::graph::Topology;
+use crate::rates::NvLinkGen;
 
 /// Deepest `pci` nesting accepted (NCCL's own XML reader stops at 256 levels of elements,
 /// `NCCL_TOPO_XML_DEPTH_MAX`; real trees are under 10). Bounds the recursion on hostile input.
@@ -135,7 +135,7 @@ pub fn parse(text: &str, source_name: &str) -> Result<Topology> {
         source_name,
         file: File::default(),
     };
-    reader.read()?.build(source_name)
+    build::build(&reader.read()?, source_name)
 }
 
 /// Where a device hangs: a socket or a switch (indices into [`File`]'s lists).
@@ -530,331 +530,5 @@ impl<'a, 'input> Reader<'a, 'input> {
             }
         }
         Ok(())
-    }
-}
-
-impl File {
-    fn build(self, source_name: &str) -> Result<Topology> {
-        let perr = |line: usize, message: String| TopoError::parse(source_name, line, message);
-        let name = std::path::Path::new(source_name)
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_else(|| source_name.to_string());
-        let mut b = TopologyBuilder::new(name);
-
-        // Sockets: given NUMA ids first, then the lowest free ids for the others.
-        let mut taken: BTreeMap<u32, usize> = BTreeMap::new();
-        for c in &self.cpus {
-            if let Some(n) = c.numa {
-                if let Some(first) = taken.insert(n, c.line) {
-                    return Err(perr(
-                        c.line,
-                        format!(
-                            "two <cpu> elements have numaid {n} (lines {first} and {}); multi-host files are not supported",
-                            c.line
-                        ),
-                    ));
-                }
-            }
-        }
-        let mut next_free = 0u32;
-        let mut cpu_nodes = Vec::with_capacity(self.cpus.len());
-        let mut families = Vec::with_capacity(self.cpus.len());
-        let mut numas = Vec::with_capacity(self.cpus.len());
-        for c in &self.cpus {
-            let numa = match c.numa {
-                Some(n) => n,
-                None => {
-                    while taken.contains_key(&next_free) {
-                        next_free += 1;
-                    }
-                    taken.insert(next_free, c.line);
-                    next_free
-                }
-            };
-            let family = cpu_family(c);
-            let id = b.add_cpu(numa, family);
-            if let (
-                Some(a),
-                Some(crate::graph::Node {
-                    kind: crate::graph::NodeKind::Cpu(info),
-                    ..
-                }),
-            ) = (&c.affinity, b.node_mut(id))
-            {
-                info.affinity = Some(a.clone());
-            }
-            cpu_nodes.push(id);
-            families.push(family);
-            numas.push(numa);
-        }
-        for i in 0..cpu_nodes.len() {
-            for j in (i + 1)..cpu_nodes.len() {
-                let family = if families[i] == families[j] {
-                    families[i]
-                } else {
-                    CpuFamily::Unknown
-                };
-                b.inter_socket(cpu_nodes[i], cpu_nodes[j], family);
-            }
-        }
-
-        // Switches: a parent always comes before its children in document order.
-        let mut switch_nodes: Vec<NodeId> = Vec::with_capacity(self.switches.len());
-        let parent_node = |p: Parent, switch_nodes: &[NodeId]| -> Option<NodeId> {
-            match p {
-                Parent::Cpu(i) => cpu_nodes.get(i).copied(),
-                Parent::Switch(i) => switch_nodes.get(i).copied(),
-            }
-        };
-        for up in &self.switches {
-            let id = b.add_pcie_switch();
-            if let Some(p) = parent_node(up.parent, &switch_nodes) {
-                b.pcie(p, id, up.generation, up.width);
-            }
-            switch_nodes.push(id);
-        }
-
-        // GPU indices: `dev` where given, the lowest free indices in document order elsewhere.
-        let count = self.gpus.len();
-        let mut index_line: BTreeMap<u32, usize> = BTreeMap::new();
-        for g in &self.gpus {
-            if let Some(d) = g.dev {
-                if let Some(first) = index_line.insert(d, g.line) {
-                    return Err(perr(
-                        g.line,
-                        format!("two GPUs have dev {d} (lines {first} and {})", g.line),
-                    ));
-                }
-                if d as usize >= count {
-                    return Err(perr(
-                        g.line,
-                        format!(
-                            "GPU dev {d} leaves a gap: the file has {count} GPUs, so devs must be 0..{count}"
-                        ),
-                    ));
-                }
-            }
-        }
-        let mut free = (0..count as u32).filter(|i| !index_line.contains_key(i));
-        let mut indices = Vec::with_capacity(count);
-        for g in &self.gpus {
-            match g.dev.or_else(|| free.next()) {
-                Some(i) => indices.push(i),
-                // Unreachable: `count` GPUs and `count` indices; kept as an error, not a panic.
-                None => return Err(perr(g.line, "no GPU index left for this GPU".into())),
-            }
-        }
-        let mut by_bus: BTreeMap<BusId, usize> = BTreeMap::new();
-        let mut gpu_nodes = Vec::with_capacity(count);
-        for (k, g) in self.gpus.iter().enumerate() {
-            if let Some(bus) = g.bus {
-                if let Some(first) = by_bus.insert(bus, k) {
-                    return Err(perr(
-                        g.line,
-                        format!(
-                            "two GPUs have bus id {} (lines {} and {})",
-                            g.bus_text.as_deref().unwrap_or(""),
-                            self.gpus[first].line,
-                            g.line
-                        ),
-                    ));
-                }
-            }
-            let mut info = GpuInfo::new(indices[k]);
-            info.compute_capability = g.sm.map(ComputeCapability::from_sm);
-            info.pci_bus_id = g.bus_text.clone();
-            info.numa = numas.get(g.cpu).copied();
-            let id = b.add_gpu(info);
-            if let Some(p) = parent_node(g.up.parent, &switch_nodes) {
-                b.pcie(p, id, g.up.generation, g.up.width);
-            }
-            gpu_nodes.push(id);
-        }
-
-        // NICs: the `net` elements, else the network-class `pci` elements.
-        let (nics, named) = if self.nets.is_empty() {
-            (&self.class_nics, false)
-        } else {
-            (&self.nets, true)
-        };
-        let mut nic_names: BTreeMap<String, usize> = BTreeMap::new();
-        for (k, n) in nics.iter().enumerate() {
-            let nic_name = match (&n.name, named) {
-                (Some(s), _) => s.clone(),
-                _ => format!("nic{k}"),
-            };
-            let reserved = ["GPU", "CPU", "PCIe", "NVSwitch", "HostBridge", "NetSwitch"]
-                .iter()
-                .any(|p| {
-                    nic_name.strip_prefix(p).is_some_and(|rest| {
-                        !rest.is_empty() && rest.bytes().all(|c| c.is_ascii_digit())
-                    })
-                });
-            if reserved {
-                return Err(perr(
-                    n.line,
-                    format!("NIC name {nic_name:?} clashes with relaycc's node names"),
-                ));
-            }
-            if let Some(first) = nic_names.insert(nic_name.clone(), n.line) {
-                return Err(perr(
-                    n.line,
-                    format!(
-                        "two NICs are named {nic_name:?} (lines {first} and {})",
-                        n.line
-                    ),
-                ));
-            }
-            let id = b.add_nic(NicInfo {
-                name: nic_name,
-                numa: numas.get(n.cpu).copied(),
-                gbps: n.gbps,
-                pci_bus_id: n.bus_text.clone(),
-            });
-            if let Some(p) = parent_node(n.up.parent, &switch_nodes) {
-                b.pcie(p, id, n.up.generation, n.up.width);
-            }
-        }
-
-        // NVLinks.
-        let generation_of = |k: usize| {
-            self.gpus[k]
-                .sm
-                .and_then(NvLinkGen::for_sm)
-                .unwrap_or(DEFAULT_NVLINK_GEN)
-        };
-        let mut pair: BTreeMap<(usize, usize), (u32, usize)> = BTreeMap::new();
-        let mut to_switch: BTreeMap<(usize, BusId), u32> = BTreeMap::new();
-        let mut switch_order: Vec<BusId> = Vec::new();
-        let mut to_cpu: BTreeMap<usize, u32> = BTreeMap::new();
-        let add = |sum: &mut u32, n: u32, line: usize| -> Result<()> {
-            *sum = sum
-                .checked_add(n)
-                .filter(|s| *s <= MAX_NVLINK_LANES)
-                .ok_or_else(|| {
-                    perr(
-                        line,
-                        format!("more than {MAX_NVLINK_LANES} NVLink lanes to one target"),
-                    )
-                })?;
-            Ok(())
-        };
-        for (k, g) in self.gpus.iter().enumerate() {
-            for l in &g.nvlinks {
-                let known = by_bus.get(&l.target).copied();
-                let class_major = l.tclass.map(|c| c >> 16);
-                match (l.tclass, class_major, known) {
-                    (_, Some(0x03), None) | (None, _, None) => {
-                        return Err(perr(
-                            l.line,
-                            format!(
-                                "<nvlink> target {} is not a GPU of this file{}",
-                                l.target_text,
-                                if l.tclass.is_none() {
-                                    " and has no tclass to say what it is"
-                                } else {
-                                    ""
-                                }
-                            ),
-                        ));
-                    }
-                    (_, Some(0x03), Some(t)) | (None, _, Some(t)) => {
-                        if t == k {
-                            return Err(perr(
-                                l.line,
-                                format!("<nvlink> from a GPU to itself ({})", l.target_text),
-                            ));
-                        }
-                        add(
-                            &mut pair.entry((k, t)).or_insert((0, l.line)).0,
-                            l.count,
-                            l.line,
-                        )?;
-                    }
-                    (Some(c), _, Some(_)) => {
-                        return Err(perr(
-                            l.line,
-                            format!(
-                                "<nvlink> target {} is a GPU of this file but tclass {c:#08x} is not a GPU class",
-                                l.target_text
-                            ),
-                        ));
-                    }
-                    (Some(CLASS_NVLINK_CPU), _, None) => {
-                        add(to_cpu.entry(k).or_insert(0), l.count, l.line)?;
-                    }
-                    (Some(_), _, None) => {
-                        if !switch_order.contains(&l.target) {
-                            switch_order.push(l.target);
-                        }
-                        add(to_switch.entry((k, l.target)).or_insert(0), l.count, l.line)?;
-                    }
-                }
-            }
-        }
-        let mut seen_pairs = BTreeSet::new();
-        for (&(a, c), &(lanes, line)) in &pair {
-            let key = (a.min(c), a.max(c));
-            if !seen_pairs.insert(key) {
-                continue;
-            }
-            // Both GPUs usually list the bond; it is one bond, so the counts must agree.
-            if let Some(&(back, back_line)) = pair.get(&(c, a)) {
-                if back != lanes {
-                    return Err(perr(
-                        back_line.max(line),
-                        format!(
-                            "NVLink counts disagree: GPU{} lists {lanes} lanes to GPU{} (line {line}), GPU{} lists {back} back (line {back_line})",
-                            indices[a], indices[c], indices[c]
-                        ),
-                    ));
-                }
-            }
-            let generation = generation_of(a).min(generation_of(c));
-            b.nvlink(gpu_nodes[a], gpu_nodes[c], generation, lanes);
-        }
-        let switch_nodes: BTreeMap<BusId, NodeId> = switch_order
-            .iter()
-            .map(|bus| (*bus, b.add_nvswitch()))
-            .collect();
-        for (&(k, bus), &lanes) in &to_switch {
-            if let Some(&sw) = switch_nodes.get(&bus) {
-                b.nvlink(gpu_nodes[k], sw, generation_of(k), lanes);
-            }
-        }
-        for (&k, &lanes) in &to_cpu {
-            if let Some(&cpu) = cpu_nodes.get(self.gpus[k].cpu) {
-                b.nvlink(gpu_nodes[k], cpu, generation_of(k), lanes);
-            }
-        }
-        for (k, g) in self.gpus.iter().enumerate() {
-            let Some(&cpu) = cpu_nodes.get(g.cpu) else {
-                continue;
-            };
-            for c in &g.c2c {
-                // NCCL: bandwidth = bw (MB/s) x count / 1000 GB/s; the table value where unknown.
-                let gbps = f64::from(c.bw_mbps) * f64::from(c.count) / 1000.0;
-                let kind = LinkKind::C2c;
-                let gbps = if gbps > 0.0 {
-                    gbps
-                } else {
-                    kind.default_gbps()
-                };
-                b.connect_with(gpu_nodes[k], cpu, kind, gbps, kind.default_latency_us());
-            }
-        }
-        b.build()
-    }
-}
-
-/// The CPU family of a `cpu` element (see the module docs).
-fn cpu_family(c: &XCpu) -> CpuFamily {
-    match c.arch.as_str() {
-        "ppc64" | "ppc64le" => CpuFamily::Power9,
-        "arm64" | "aarch64" if c.grace_hint => CpuFamily::Grace,
-        "arm64" | "aarch64" => CpuFamily::Unknown,
-        // x86_64, or no arch with a vendor string that names one.
-        _ => CpuFamily::from_x86(&c.vendor, c.family_id, c.model_id),
     }
 }

@@ -546,11 +546,6 @@ fn nvlink_problems_name_their_line() {
         4,
         "is a GPU of this file but tclass",
     );
-    check_err(
-        &gpu("<nvlink target=\"0000:01:00.0\" count=\"2\"/>"),
-        4,
-        "to itself",
-    );
     check_err(&gpu("<nvlink count=\"2\"/>"), 4, "no target");
     check_err(
         &gpu("<nvlink target=\"nvswitch\" count=\"2\"/>"),
@@ -593,4 +588,25 @@ fn deep_nesting_is_bounded() {
     let (line, m) = err(&xml);
     assert!(m.contains("nested deeper"), "{m}");
     assert_eq!(line, 3 + super::MAX_PCI_DEPTH);
+}
+
+#[test]
+fn self_links_are_ignored_with_a_warning() {
+    // A GPU listing its own bus id, with or without a tclass, beside a real bond to GPU1.
+    for tclass in ["", " tclass=\"0x030200\"", " tclass=\"0x068000\""] {
+        let t = ok(&cpu(&format!(
+            "<pci busid=\"0000:01:00.0\" class=\"0x030200\"><gpu dev=\"0\" sm=\"70\">\n<nvlink target=\"0000:01:00.0\" count=\"6\"{tclass}/>\n<nvlink target=\"0000:02:00.0\" count=\"2\"/>\n</gpu></pci>\n<pci busid=\"0000:02:00.0\" class=\"0x030200\"><gpu dev=\"1\" sm=\"70\"/></pci>"
+        )));
+        assert_eq!(t.nvlink_lanes(t.gpu(0).unwrap(), t.gpu(1).unwrap()), 2);
+        let switch = |(_, n): &(_, &crate::graph::Node)| matches!(n.kind, NodeKind::NvSwitch);
+        assert_eq!(t.nodes().filter(switch).count(), 0, "{tclass}");
+        let [w] = t.warnings() else {
+            panic!("{tclass}: {:?}", t.warnings())
+        };
+        assert!(
+            w.contains(":4:") && w.contains("GPU0 targets its own bus id 0000:01:00.0"),
+            "{w}"
+        );
+    }
+    assert!(ok(&cpu(GPU_PCI)).warnings().is_empty());
 }

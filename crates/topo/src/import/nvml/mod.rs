@@ -26,8 +26,10 @@
 //! release becomes a [`TopoError::Nvml`] instead of unwinding into the caller.
 
 mod facts;
+mod rebuild;
 
-pub use facts::{CommonAncestor, GpuFacts, MachineFacts, NvLinkFact, NvLinkRemote, reconstruct};
+pub use facts::{CommonAncestor, GpuFacts, MachineFacts, NvLinkFact, NvLinkRemote};
+pub use rebuild::reconstruct;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

@@ -14,6 +14,9 @@
 //! - Tab-separated or space-aligned columns, header labels glued together when columns are
 //!   narrow (`GPU0GPU1`, `mlx5_0mlx5_1CPU Affinity`), blocks indented as a whole, CRLF line
 //!   ends, a UTF-8 BOM, blank lines, and the `Legend:` text after the matrix (ignored).
+//! - Terminal escape sequences copied with the text (nvidia-smi underlines the header with
+//!   `ESC[4m` ... `ESC[0m`), and their remnants when the escape byte is lost (`[4m` ... `[0m`):
+//!   removed before the matrix is read.
 //!
 //! # What is built, and what is guessed
 //! - CPU sockets: devices joined by a cell other than SYS and NV# share a socket; groups only
@@ -39,6 +42,7 @@
 //! affinity cells that are not CPU lists or NUMA ids, a malformed NIC Legend, and PCIe cells that
 //! no tree can produce (for instance A PIX to B and C but B PXB to C).
 
+mod escapes;
 mod matrix;
 mod tree;
 
@@ -58,6 +62,7 @@ use crate::graph::Topology;
 /// assert_eq!(topo.nvlink_lanes(g0, g1), 2);
 /// ```
 pub fn parse(text: &str, source_name: &str) -> Result<Topology> {
-    let m = matrix::read(text, source_name)?;
+    let text = escapes::strip(text);
+    let m = matrix::read(&text, source_name)?;
     tree::build(&m, source_name)
 }

@@ -463,7 +463,7 @@ mod any_tree {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn random_trees_come_back_cell_for_cell(
@@ -490,7 +490,7 @@ mod any_tree {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
 
         /// Random symmetric matrices: most are refused, but any that parse must come back
         /// exactly (never a silently wrong graph).

@@ -29,7 +29,7 @@ const SYS: u8 = 5;
 /// A cell the matrix does not give (NV# hides the PCIe relation).
 const UNKNOWN: u8 = u8::MAX;
 
-/// NVLink ports of the largest GPUs (H100, H200, B200: 18; REFERENCE.md "18 links = 450"). A GPU
+/// NVLink ports of the largest GPUs (H100, H200, B200: 18; [NVIDIA-H100], [NVIDIA-B200]). A GPU
 /// whose NV# cells add up to more than this cannot have direct links to all its peers, so it
 /// sits behind an NVSwitch.
 pub(super) const MAX_NVLINKS_PER_GPU: u32 = 18;
