@@ -15,12 +15,29 @@ pub enum RouteError {
         why: String,
     },
     /// A plan breaks a rule of the IR or does not deliver its request.
-    #[error("plan check failed at op {op}: {message}")]
+    #[error("plan check failed{}: {message}", at_op(*op))]
     PlanCheck {
-        /// The op index where the problem shows (`usize::MAX` for whole-plan problems).
+        /// The op index where the problem shows; `usize::MAX` for whole-plan problems, which
+        /// the message leaves out.
         op: usize,
         /// What is wrong.
         message: String,
+    },
+    /// A plan's predicted bandwidth exceeds the bound for its request: the simulation or the
+    /// plan is wrong, so the figure is not reported as a result.
+    #[error(
+        "{algorithm} is predicted at {predicted_gbps:.3} GB/s algbw, above the bound of \
+         {bound_gbps:.3} GB/s for {request}"
+    )]
+    AboveBound {
+        /// The plan's algorithm name.
+        algorithm: String,
+        /// What the request is, e.g. `all_reduce of 64 MiB on GPU0,GPU1`.
+        request: String,
+        /// The predicted algorithm bandwidth, GB/s.
+        predicted_gbps: f64,
+        /// The bound's algorithm bandwidth, GB/s.
+        bound_gbps: f64,
     },
     /// A plan's JSON could not be read.
     #[error("cannot read plan: {0}")]
@@ -28,6 +45,15 @@ pub enum RouteError {
     /// A topology error surfaced while planning.
     #[error(transparent)]
     Topo(#[from] relaycc_topo::TopoError),
+}
+
+/// ` at op N`, or nothing for the whole-plan sentinel `usize::MAX`.
+fn at_op(op: usize) -> String {
+    if op == usize::MAX {
+        String::new()
+    } else {
+        format!(" at op {op}")
+    }
 }
 
 /// The result type of relaycc-route.

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Result, RouteError};
 use crate::p2p::{RouteShare, Strategy, p2p_bound_gbps, p2p_candidates};
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
@@ -70,23 +70,25 @@ fn is_p2p(req: &Request) -> bool {
 ///
 /// The baseline plan is itself among the candidates, so relaycc is never predicted slower
 /// than the NCCL-like planner. Ties go to the earlier candidate, which keeps planning
-/// deterministic.
+/// deterministic. No plan wins unproved: the checker ([`crate::check()`] and
+/// [`crate::check_routes`]) passes the winner and the baseline, and every candidate whose time
+/// others must beat, so a plan that does not deliver its request is never returned; a plan
+/// that fails is dropped from the candidates.
+///
+/// # Errors
+/// - those of [`crate::require_reachable`]: a malformed request, an unknown relay GPU, a
+///   masked member, a member pair no path joins;
+/// - [`RouteError::NoRoute`] when no candidate finds routes;
+/// - [`RouteError::PlanCheck`] when no candidate passes the checker (a planner bug);
+/// - [`RouteError::AboveBound`] when the winner is predicted faster than the bound allows.
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
-    req.validate()?;
+    crate::reach::require_reachable(topo, req, &opts.relay)?;
     let baseline_plan = crate::planner::baseline_plan(topo, req)?;
+    prove(topo, req, &baseline_plan)?;
     let baseline_sim = simulate(topo, &baseline_plan, &opts.sim)?;
     let baseline = baseline_sim.perf(req);
-    let mut best: Option<(f64, Plan, Vec<RouteShare>)> = None;
-    let mut candidates = Vec::new();
-    let mut consider = |plan: Plan, routes: Vec<RouteShare>, t: f64| {
-        candidates.push(CandidateTime {
-            algorithm: plan.algorithm.clone(),
-            time_us: t,
-        });
-        if best.as_ref().is_none_or(|(bt, _, _)| t < *bt) {
-            best = Some((t, plan, routes));
-        }
-    };
+    // (plan, routes, simulated time, proved already), in the order they were considered.
+    let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
     let bound_gbps;
     if opts.shared_memory {
         bound_gbps = if is_p2p(req) {
@@ -96,14 +98,14 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         };
         let p = crate::planner::shared_memory::plan(topo, req, false)?;
         let t = simulate(topo, &p, &opts.sim)?.time_us;
-        consider(p, Vec::new(), t);
+        found.push((p, Vec::new(), t, false));
     } else if is_p2p(req) {
         bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
         match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
             Ok(cands) => {
                 for c in cands {
                     let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
-                    consider(c.plan, c.routes, t);
+                    found.push((c.plan, c.routes, t, false));
                 }
             }
             // A forced strategy with no route falls through to the baseline only when Auto.
@@ -112,20 +114,47 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        for (plan, time_us) in fastest_collectives(topo, req, opts, baseline_sim.time_us)? {
-            consider(plan, Vec::new(), time_us);
+        for (plan, time_us, proved) in fastest_collectives(topo, req, opts, baseline_sim.time_us)? {
+            found.push((plan, Vec::new(), time_us, proved));
         }
     }
     if !opts.shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
-        consider(baseline_plan.clone(), Vec::new(), baseline_sim.time_us);
+        found.push((
+            baseline_plan.clone(),
+            Vec::new(),
+            baseline_sim.time_us,
+            true,
+        ));
     }
-    let Some((time, plan, routes)) = best else {
-        return Err(crate::RouteError::NoRoute {
+    // Fastest first; the stable sort keeps ties in the order they were considered.
+    found.sort_by(|a, b| a.2.total_cmp(&b.2));
+    let mut first_failure = None;
+    let mut winner = None;
+    let mut candidates = Vec::with_capacity(found.len());
+    for (plan, routes, time_us, proved) in found {
+        let proof = if proved || winner.is_some() {
+            Ok(())
+        } else {
+            prove(topo, req, &plan)
+        };
+        if let Err(e) = proof {
+            first_failure.get_or_insert(e);
+            continue;
+        }
+        candidates.push(CandidateTime {
+            algorithm: plan.algorithm.clone(),
+            time_us,
+        });
+        if winner.is_none() {
+            winner = Some((time_us, plan, routes));
+        }
+    }
+    let Some((time, plan, routes)) = winner else {
+        return Err(first_failure.unwrap_or_else(|| RouteError::NoRoute {
             what: req.collective.to_string(),
             why: "no candidate plan".into(),
-        });
+        }));
     };
-    candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
     let predicted = Perf::from_time(req, time);
     let bound = Perf::from_time(
         req,
@@ -135,6 +164,20 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             f64::INFINITY
         },
     );
+    // Relative slack for rounding in the simulator's sums; anything beyond is a wrong figure.
+    if predicted.algbw_gbps > bound.algbw_gbps * (1.0 + 1e-9) {
+        return Err(RouteError::AboveBound {
+            algorithm: plan.algorithm,
+            request: format!(
+                "{} of {} bytes on {} GPUs",
+                req.collective,
+                req.size_bytes(),
+                req.nranks()
+            ),
+            predicted_gbps: predicted.algbw_gbps,
+            bound_gbps: bound.algbw_gbps,
+        });
+    }
     Ok(Planned {
         plan,
         predicted,
@@ -146,11 +189,37 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     })
 }
 
+/// Prove that `plan` delivers `req` on `topo`: it is a plan of this request, every output
+/// element holds exactly its inputs without a race ([`crate::check()`]), and every copy follows
+/// usable links through GPUs the job may use ([`crate::check_routes`]).
+fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
+    if plan.request != *req {
+        return Err(RouteError::PlanCheck {
+            op: usize::MAX,
+            message: format!(
+                "{} plans another request than the one asked",
+                plan.algorithm
+            ),
+        });
+    }
+    let named = |e: RouteError| match e {
+        RouteError::PlanCheck { op, message } => RouteError::PlanCheck {
+            op,
+            message: format!("{}: {message}", plan.algorithm),
+        },
+        other => other,
+    };
+    crate::check::check(plan).map_err(named)?;
+    crate::check::check_routes(plan, topo).map_err(named)
+}
+
 /// A candidate built and lowered for the simulator.
 type Built = (Plan, Prepared);
 
-/// The collective candidates worth simulating, each with its simulated time, in the order
-/// they were simulated; `to_beat_us` is the time they must beat (the baseline's).
+/// The collective candidates worth simulating, each with its simulated time and whether the
+/// checker proved it, in the order they were simulated; `to_beat_us` is the time they must
+/// beat (the baseline's). Every candidate that beat the best time so far is proved before its
+/// time prunes others; one that fails the checker is left out.
 ///
 /// Two stages keep planning cheap without changing the winner. First every candidate is built
 /// with whole blocks as chunks ([`crate::planner::whole_block_chunk_elems`]): the same bytes
@@ -159,14 +228,14 @@ type Built = (Plan, Prepared);
 /// `to_beat_us` are dropped; the rest are built at the pipelining chunk
 /// ([`crate::planner::pipeline_chunk_elems`]), most promising first, and simulated unless
 /// their full lower bound (busiest resource, longest op) already loses to the best so far. A
-/// candidate is skipped only when it cannot be faster than one that was simulated, so the
-/// fastest candidate is always found. Both builds run in parallel.
+/// candidate is skipped only when it cannot be faster than one that was simulated and proved,
+/// so the fastest correct candidate is always found. Both builds run in parallel.
 fn fastest_collectives(
     topo: &Topology,
     req: &Request,
     opts: &PlanOptions,
     to_beat_us: f64,
-) -> Result<Vec<(Plan, f64)>> {
+) -> Result<Vec<(Plan, f64, bool)>> {
     let set = crate::planner::Candidates::new(topo, req, &opts.relay)?;
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
     let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
@@ -214,8 +283,17 @@ fn fastest_collectives(
             continue;
         };
         let t = prepared.simulate(topo)?.time_us;
-        best_t = best_t.min(t);
-        timed.push((plan, t));
+        if t < best_t {
+            // It would set the time the rest must beat: prove it first, so an unproved plan
+            // never prunes a correct one. A plan that fails is left out.
+            if prove(topo, req, &plan).is_err() {
+                continue;
+            }
+            best_t = t;
+            timed.push((plan, t, true));
+        } else {
+            timed.push((plan, t, false));
+        }
     }
     Ok(timed)
 }
