@@ -28,6 +28,7 @@ use crate::request::Request;
 /// pass over the request's expected pieces, O(n^2) for the dense collectives.
 pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) -> Result<()> {
     req.validate()?;
+    require_relays_exist(topo, relay)?;
     let what = || format!("{} on {}", req.collective, gpu_list(&req.gpus));
     for &g in &req.gpus {
         topo.gpu(g)?;
@@ -44,7 +45,6 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
             });
         }
     }
-    require_relays_exist(topo, relay)?;
     let mut pairs = BTreeSet::new();
     for piece in req.expected()? {
         for &(src, _) in &piece.terms {

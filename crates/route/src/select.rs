@@ -165,7 +165,8 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         },
     );
     // Relative slack for rounding in the simulator's sums; anything beyond is a wrong figure.
-    if predicted.algbw_gbps > bound.algbw_gbps * (1.0 + 1e-9) {
+    // (`bound_gbps` is infinite when nothing has to move, which `bound` shows as 0.)
+    if predicted.algbw_gbps > bound_gbps * (1.0 + 1e-9) {
         return Err(RouteError::AboveBound {
             algorithm: plan.algorithm,
             request: format!(
@@ -175,7 +176,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
                 req.nranks()
             ),
             predicted_gbps: predicted.algbw_gbps,
-            bound_gbps: bound.algbw_gbps,
+            bound_gbps,
         });
     }
     Ok(Planned {
