@@ -84,8 +84,13 @@ fn is_p2p(req: &Request) -> bool {
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let baseline_plan = crate::planner::baseline_plan(topo, req)?;
-    prove(topo, req, &baseline_plan)?;
-    let baseline_sim = simulate(topo, &baseline_plan, &opts.sim)?;
+    // The baseline is proved while the candidates are built and simulated.
+    let (baseline_proof, baseline_sim) = rayon::join(
+        || prove(topo, req, &baseline_plan),
+        || simulate(topo, &baseline_plan, &opts.sim),
+    );
+    baseline_proof?;
+    let baseline_sim = baseline_sim?;
     let baseline = baseline_sim.perf(req);
     // (plan, routes, simulated time, proved already), in the order they were considered.
     let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
@@ -219,8 +224,8 @@ type Built = (Plan, Prepared);
 
 /// The collective candidates worth simulating, each with its simulated time and whether the
 /// checker proved it, in the order they were simulated; `to_beat_us` is the time they must
-/// beat (the baseline's). Every candidate that beat the best time so far is proved before its
-/// time prunes others; one that fails the checker is left out.
+/// beat (the baseline's). The fastest is proved (and flagged); one that fails the checker is
+/// left out and the selection run again without it.
 ///
 /// Two stages keep planning cheap without changing the winner. First every candidate is built
 /// with whole blocks as chunks ([`crate::planner::whole_block_chunk_elems`]): the same bytes
@@ -274,29 +279,55 @@ fn fastest_collectives(
         .filter_map(|(k, pp)| pp.as_ref().map(|(_, pr)| (pr.lower_bound_us(), k)))
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut best_t = to_beat_us;
-    let mut timed = Vec::new();
-    for (lb, k) in ranked {
-        if lb >= best_t {
-            continue;
-        }
-        let Some((plan, prepared)) = fine_plans[k].take() else {
-            continue;
-        };
-        let t = prepared.simulate(topo)?.time_us;
-        if t < best_t {
-            // It would set the time the rest must beat: prove it first, so an unproved plan
-            // never prunes a correct one. A plan that fails is left out.
-            if prove(topo, req, &plan).is_err() {
+    let mut times: Vec<Option<f64>> = vec![None; fine_plans.len()];
+    let mut rejected = vec![false; fine_plans.len()];
+    loop {
+        let mut best_t = to_beat_us;
+        // (candidate, time) in the order simulated; the first of the least time wins.
+        let mut order: Vec<(usize, f64)> = Vec::new();
+        for &(lb, k) in &ranked {
+            let Some((_, prepared)) = fine_plans[k].as_ref() else {
+                continue;
+            };
+            if rejected[k] || lb >= best_t {
                 continue;
             }
-            best_t = t;
-            timed.push((plan, t, true));
-        } else {
-            timed.push((plan, t, false));
+            let t = match times[k] {
+                Some(t) => t,
+                None => prepared.simulate(topo)?.time_us,
+            };
+            times[k] = Some(t);
+            best_t = best_t.min(t);
+            order.push((k, t));
         }
+        let winner = order
+            .iter()
+            .fold(None, |w: Option<(usize, f64)>, &(k, t)| match w {
+                Some((_, wt)) if wt <= t => w,
+                _ => Some((k, t)),
+            })
+            // The baseline wins ties only when it comes first; it comes last.
+            .filter(|&(_, t)| t <= to_beat_us);
+        // The winner is proved; one that fails is left out and the pruning run again
+        // without it, since its time may have pruned a correct candidate.
+        let proved = match winner {
+            Some((k, _)) => match fine_plans[k].as_ref() {
+                Some((plan, _)) if prove(topo, req, plan).is_err() => {
+                    rejected[k] = true;
+                    continue;
+                }
+                _ => Some(k),
+            },
+            None => None,
+        };
+        return Ok(order
+            .into_iter()
+            .filter_map(|(k, t)| {
+                let (plan, _) = fine_plans[k].take()?;
+                Some((plan, t, proved == Some(k)))
+            })
+            .collect());
     }
-    Ok(timed)
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
