@@ -279,24 +279,64 @@ fn fastest_collectives(
         .filter_map(|(k, pp)| pp.as_ref().map(|(_, pr)| (pr.lower_bound_us(), k)))
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut times: Vec<Option<f64>> = vec![None; fine_plans.len()];
-    let mut rejected = vec![false; fine_plans.len()];
+    let (order, proved) = prune_and_prove(
+        &ranked,
+        to_beat_us,
+        |k| match fine_plans[k].as_ref() {
+            Some((_, prepared)) => Ok(Some(prepared.simulate(topo)?.time_us)),
+            None => Ok(None),
+        },
+        |k| {
+            fine_plans[k]
+                .as_ref()
+                .is_some_and(|(plan, _)| prove(topo, req, plan).is_ok())
+        },
+    )?;
+    Ok(order
+        .into_iter()
+        .filter_map(|(k, t)| {
+            let (plan, _) = fine_plans[k].take()?;
+            Some((plan, t, proved == Some(k)))
+        })
+        .collect())
+}
+
+/// Simulated `(candidate index, time)` in the order simulated, and the proved winner's index.
+type Pruned = (Vec<(usize, f64)>, Option<usize>);
+
+/// The pruned simulation of [`fastest_collectives`] over candidates `ranked` (lower bound,
+/// index), most promising first: each is simulated (`simulate`, `None` for a missing one)
+/// unless its lower bound already loses to the best time so far (starting at `to_beat_us`).
+/// The fastest, when it is not slower than `to_beat_us`, must pass `prove`; one that fails is
+/// left out and the pruning run again without it, since its time may have pruned a correct
+/// candidate (times already simulated are reused).
+///
+/// Returns the simulated `(index, time)` in the order simulated and the proved winner's index
+/// (the first of the least time), if any.
+fn prune_and_prove(
+    ranked: &[(f64, usize)],
+    to_beat_us: f64,
+    mut simulate: impl FnMut(usize) -> Result<Option<f64>>,
+    mut prove: impl FnMut(usize) -> bool,
+) -> Result<Pruned> {
+    let mut times: std::collections::BTreeMap<usize, Option<f64>> = Default::default();
+    let mut rejected = std::collections::BTreeSet::new();
     loop {
         let mut best_t = to_beat_us;
-        // (candidate, time) in the order simulated; the first of the least time wins.
         let mut order: Vec<(usize, f64)> = Vec::new();
-        for &(lb, k) in &ranked {
-            let Some((_, prepared)) = fine_plans[k].as_ref() else {
-                continue;
-            };
-            if rejected[k] || lb >= best_t {
+        for &(lb, k) in ranked {
+            if rejected.contains(&k) || lb >= best_t {
                 continue;
             }
-            let t = match times[k] {
-                Some(t) => t,
-                None => prepared.simulate(topo)?.time_us,
+            let t = match times.get(&k) {
+                Some(t) => *t,
+                None => {
+                    let t = simulate(k)?;
+                    times.insert(k, t);
+                    t
+                }
             };
-            times[k] = Some(t);
+            let Some(t) = t else { continue };
             best_t = best_t.min(t);
             order.push((k, t));
         }
@@ -306,27 +346,15 @@ fn fastest_collectives(
                 Some((_, wt)) if wt <= t => w,
                 _ => Some((k, t)),
             })
-            // The baseline wins ties only when it comes first; it comes last.
-            .filter(|&(_, t)| t <= to_beat_us);
-        // The winner is proved; one that fails is left out and the pruning run again
-        // without it, since its time may have pruned a correct candidate.
-        let proved = match winner {
-            Some((k, _)) => match fine_plans[k].as_ref() {
-                Some((plan, _)) if prove(topo, req, plan).is_err() => {
-                    rejected[k] = true;
-                    continue;
-                }
-                _ => Some(k),
-            },
-            None => None,
-        };
-        return Ok(order
-            .into_iter()
-            .filter_map(|(k, t)| {
-                let (plan, _) = fine_plans[k].take()?;
-                Some((plan, t, proved == Some(k)))
-            })
-            .collect());
+            // The baseline, considered after these, wins only when strictly faster.
+            .filter(|&(_, t)| t <= to_beat_us)
+            .map(|(k, _)| k);
+        match winner {
+            Some(k) if !prove(k) => {
+                rejected.insert(k);
+            }
+            _ => return Ok((order, winner)),
+        }
     }
 }
 
@@ -376,5 +404,59 @@ impl Planner {
     /// Number of cached plans.
     pub fn cached(&self) -> usize {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Candidates 0..4 with lower bounds 1..4 and times 2, 5, 3, 4 (us); 10 us to beat.
+    fn run(reject: &[usize]) -> (Vec<(usize, f64)>, Option<usize>, Vec<usize>) {
+        let ranked = [(1.0, 0), (2.0, 1), (3.0, 2), (4.0, 3)];
+        let times = [2.0, 5.0, 3.0, 4.0];
+        let mut simulated = Vec::new();
+        let (order, winner) = prune_and_prove(
+            &ranked,
+            10.0,
+            |k| {
+                simulated.push(k);
+                Ok(Some(times[k]))
+            },
+            |k| !reject.contains(&k),
+        )
+        .unwrap();
+        (order, winner, simulated)
+    }
+
+    #[test]
+    fn the_fastest_is_proved_and_prunes_the_rest() {
+        let (order, winner, simulated) = run(&[]);
+        assert_eq!(winner, Some(0));
+        // Candidate 0's 2 us prunes every lower bound from 2 us on.
+        assert_eq!(order, vec![(0, 2.0)]);
+        assert_eq!(simulated, vec![0]);
+    }
+
+    #[test]
+    fn a_fastest_that_fails_the_proof_is_dropped_and_the_pruned_are_simulated() {
+        let (order, winner, simulated) = run(&[0]);
+        // Without candidate 0, candidate 1 (5 us) no longer prunes 2 (3 us), which wins.
+        assert_eq!(winner, Some(2));
+        assert_eq!(order, vec![(1, 5.0), (2, 3.0)]);
+        // Each candidate is simulated once.
+        assert_eq!(simulated, vec![0, 1, 2]);
+        let (order, winner, _) = run(&[0, 2]);
+        assert_eq!(winner, Some(3));
+        assert_eq!(order, vec![(1, 5.0), (3, 4.0)]);
+    }
+
+    #[test]
+    fn nothing_wins_when_every_candidate_fails_or_loses_to_the_baseline() {
+        let (_, winner, _) = run(&[0, 1, 2, 3]);
+        assert_eq!(winner, None);
+        let (order, winner) =
+            prune_and_prove(&[(1.0, 0)], 1.5, |_| Ok(Some(2.0)), |_| true).unwrap();
+        assert_eq!((order, winner), (vec![(0, 2.0)], None));
     }
 }
