@@ -84,7 +84,7 @@ fn is_p2p(req: &Request) -> bool {
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let baseline_plan = crate::planner::baseline_plan(topo, req)?;
-    // The baseline is proved while the candidates are built and simulated.
+    // The baseline is proved while it is simulated.
     let (baseline_proof, baseline_sim) = rayon::join(
         || prove(topo, req, &baseline_plan),
         || simulate(topo, &baseline_plan, &opts.sim),
