@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::planner::{
     ConnCache, Ctx, LinkMode, PACKED_RINGS, Planner, baseline_plan, direct, hierarchical, ring,
-    tree,
+    shared_memory, tree,
 };
 use relaycc_route::{
     Collective, DType, Plan, PlanOptions, Request, RouteError, Transfer, check, check_routes, plan,
@@ -227,6 +227,10 @@ proptest! {
                     }
                 }
             }
+            match shared_memory::plan(&topo, &req, false) {
+                Ok(p) => proved(&p, &req, &topo, &format!("{what} shared memory"))?,
+                Err(e) => clear(&e, &what)?,
+            }
             match baseline_plan(&topo, &req) {
                 Ok(p) => proved(&p, &req, &topo, &what)?,
                 Err(e) => clear(&e, &what)?,
@@ -255,8 +259,8 @@ fn split_pcie_box_names_the_pair_across_the_cut() {
     }
 }
 
-/// A machine with no links at all: every multi-GPU request is an error, a one-GPU request
-/// plans a local copy.
+/// A machine with no links at all, every link masked down or a JSON topology that lists none:
+/// every multi-GPU request is an error, a one-GPU request plans a local copy.
 #[test]
 fn a_machine_without_links_plans_only_single_gpus() {
     let base = relaycc_topo::preset("pcie-4gpu").unwrap();
@@ -264,15 +268,26 @@ fn a_machine_without_links_plans_only_single_gpus() {
     for (a, b) in link_pairs(&base) {
         mask.link_down(&a, &b);
     }
-    let topo = base.with_mask(mask).unwrap();
+    let mut json: serde_json::Value =
+        serde_json::from_str(&relaycc_topo::export::to_json(&base)).unwrap();
+    json["links"] = serde_json::json!([]);
+    json["nvlinks"] = serde_json::json!([]);
+    let unlinked = relaycc_topo::import::parse_str(&json.to_string(), "no-links.json").unwrap();
+    assert_eq!(unlinked.links().count(), 0);
+    for topo in [base.with_mask(mask).unwrap(), unlinked] {
+        unlinked_machine_plans_only_single_gpus(&topo);
+    }
+}
+
+fn unlinked_machine_plans_only_single_gpus(topo: &Topology) {
     for c in Collective::ALL {
         let req = request(c, vec![1, 3], 1000, 1);
-        let e = plan(&topo, &req, &PlanOptions::default()).unwrap_err();
+        let e = plan(topo, &req, &PlanOptions::default()).unwrap_err();
         assert!(e.to_string().contains("cannot reach"), "{c}: {e}");
         let one = request(c, vec![2], 1000, 0);
-        let p = plan(&topo, &one, &PlanOptions::default()).unwrap();
+        let p = plan(topo, &one, &PlanOptions::default()).unwrap();
         check(&p.plan).unwrap();
-        check_routes(&p.plan, &topo).unwrap();
+        check_routes(&p.plan, topo).unwrap();
     }
 }
 
