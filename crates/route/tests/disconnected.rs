@@ -1,5 +1,5 @@
-//! Disconnected and degenerate machines: random presets with random links down and GPUs
-//! masked, every collective. Planning gives an error or a plan the checker proves, never a
+//! Disconnected and degenerate machines: random presets (and a two-node cluster) with random
+//! links down and GPUs masked, every collective. Planning gives an error or a plan the checker proves, never a
 //! panic; the prediction never exceeds the bound; no error prints an internal sentinel. Each
 //! planner, called directly (without the up-front reachability check), does the same.
 
@@ -15,8 +15,9 @@ use relaycc_route::{
 };
 use relaycc_topo::{Mask, Topology};
 
-const PRESETS: [&str; 7] = [
+const PRESETS: [&str; 8] = [
     "pcie-4gpu",
+    "cluster:2xpcie-4gpu:ib-edr",
     "pcie-8gpu",
     "dgx1-v100",
     "dgx-a100",
@@ -142,7 +143,7 @@ proptest! {
         policy in 0..5usize,
         mask_members in any::<bool>(),
     ) {
-        let base = relaycc_topo::preset(PRESETS[preset]).unwrap();
+        let base = relaycc_topo::load(PRESETS[preset]).unwrap();
         let g = base.gpu_count();
         let mut next = stream(seed);
         let mut all: Vec<u32> = (0..g).collect();
