@@ -1,7 +1,8 @@
 //! Disconnected and degenerate machines: random presets (and a two-node cluster) with random
-//! links down and GPUs masked, every collective. Planning gives an error or a plan the checker proves, never a
-//! panic; the prediction never exceeds the bound; no error prints an internal sentinel. Each
-//! planner, called directly (without the up-front reachability check), does the same.
+//! links down and GPUs masked, every collective. Planning gives an error or a plan the checker
+//! proves, never a panic; the prediction never exceeds the bound; no error prints an internal
+//! sentinel. Each planner, called directly (without the up-front reachability check), does the
+//! same.
 
 use proptest::prelude::*;
 use relaycc_route::path::RelayPolicy;
