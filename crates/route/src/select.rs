@@ -70,10 +70,10 @@ fn is_p2p(req: &Request) -> bool {
 ///
 /// The baseline plan is itself among the candidates, so relaycc is never predicted slower
 /// than the NCCL-like planner. Ties go to the earlier candidate, which keeps planning
-/// deterministic. No plan wins unproved: the checker ([`crate::check()`] and
-/// [`crate::check_routes`]) passes the winner and the baseline, and every candidate whose time
-/// others must beat, so a plan that does not deliver its request is never returned; a plan
-/// that fails is dropped from the candidates.
+/// deterministic. No plan is returned unproved: the checker ([`crate::check()`] and
+/// [`crate::check_routes`]) passes the winner and the baseline before they are returned. A
+/// candidate that fails is dropped, and the next fastest is proved in its place (for
+/// collectives the pruned selection runs again without it).
 ///
 /// # Errors
 /// - those of [`crate::require_reachable`]: a malformed request, an unknown relay GPU, a
