@@ -58,3 +58,41 @@ fn at_op(op: usize) -> String {
 
 /// The result type of relaycc-route.
 pub type Result<T, E = RouteError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_plan_failures_print_no_op_index() {
+        let whole = RouteError::PlanCheck {
+            op: usize::MAX,
+            message: "output buffer missing".into(),
+        };
+        assert_eq!(
+            whole.to_string(),
+            "plan check failed: output buffer missing"
+        );
+        let one = RouteError::PlanCheck {
+            op: 17,
+            message: "buffer missing".into(),
+        };
+        assert_eq!(
+            one.to_string(),
+            "plan check failed at op 17: buffer missing"
+        );
+    }
+
+    #[test]
+    fn above_bound_names_both_figures() {
+        let e = RouteError::AboveBound {
+            algorithm: "ring x0".into(),
+            request: "all_gather of 4 bytes on 4 GPUs".into(),
+            predicted_gbps: 1753.0,
+            bound_gbps: 13.0,
+        };
+        let m = e.to_string();
+        assert!(m.contains("1753.000") && m.contains("13.000"), "{m}");
+        assert!(m.starts_with("ring x0 is predicted"), "{m}");
+    }
+}
