@@ -15,12 +15,29 @@ pub enum RouteError {
         why: String,
     },
     /// A plan breaks a rule of the IR or does not deliver its request.
-    #[error("plan check failed at op {op}: {message}")]
+    #[error("plan check failed{}: {message}", at_op(*op))]
     PlanCheck {
-        /// The op index where the problem shows (`usize::MAX` for whole-plan problems).
+        /// The op index where the problem shows; `usize::MAX` for whole-plan problems, which
+        /// the message leaves out.
         op: usize,
         /// What is wrong.
         message: String,
+    },
+    /// A plan's predicted bandwidth exceeds the bound for its request: the simulation or the
+    /// plan is wrong, so the figure is not reported as a result.
+    #[error(
+        "{algorithm} is predicted at {predicted_gbps:.3} GB/s algbw, above the bound of \
+         {bound_gbps:.3} GB/s for {request}"
+    )]
+    AboveBound {
+        /// The plan's algorithm name.
+        algorithm: String,
+        /// What the request is, e.g. `all_reduce of 64 MiB on GPU0,GPU1`.
+        request: String,
+        /// The predicted algorithm bandwidth, GB/s.
+        predicted_gbps: f64,
+        /// The bound's algorithm bandwidth, GB/s.
+        bound_gbps: f64,
     },
     /// A plan's JSON could not be read.
     #[error("cannot read plan: {0}")]
@@ -30,5 +47,52 @@ pub enum RouteError {
     Topo(#[from] relaycc_topo::TopoError),
 }
 
+/// ` at op N`, or nothing for the whole-plan sentinel `usize::MAX`.
+fn at_op(op: usize) -> String {
+    if op == usize::MAX {
+        String::new()
+    } else {
+        format!(" at op {op}")
+    }
+}
+
 /// The result type of relaycc-route.
 pub type Result<T, E = RouteError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_plan_failures_print_no_op_index() {
+        let whole = RouteError::PlanCheck {
+            op: usize::MAX,
+            message: "output buffer missing".into(),
+        };
+        assert_eq!(
+            whole.to_string(),
+            "plan check failed: output buffer missing"
+        );
+        let one = RouteError::PlanCheck {
+            op: 17,
+            message: "buffer missing".into(),
+        };
+        assert_eq!(
+            one.to_string(),
+            "plan check failed at op 17: buffer missing"
+        );
+    }
+
+    #[test]
+    fn above_bound_names_both_figures() {
+        let e = RouteError::AboveBound {
+            algorithm: "ring x0".into(),
+            request: "all_gather of 4 bytes on 4 GPUs".into(),
+            predicted_gbps: 1753.0,
+            bound_gbps: 13.0,
+        };
+        let m = e.to_string();
+        assert!(m.contains("1753.000") && m.contains("13.000"), "{m}");
+        assert!(m.starts_with("ring x0 is predicted"), "{m}");
+    }
+}

@@ -9,6 +9,7 @@
 //! | the request and its buffer layouts | [`Request`], [`Collective`], [`DType`], [`ReduceOp`] |
 //! | the Plan IR (plain data, serde JSON) | [`Plan`], [`Op`], [`OpKind`], [`Region`], [`Location`] |
 //! | proof that a plan delivers its request | [`check`], [`check_with`], [`check_routes`] |
+//! | whether a masked machine can carry a request at all | [`require_reachable`] |
 //! | hops, relays, host staging, max-flow split | [`path`] |
 //! | chunked, pipelined lowering of routes | [`lower`] |
 //! | point-to-point candidates | [`p2p`] |
@@ -31,6 +32,7 @@ pub mod p2p;
 pub mod path;
 mod plan;
 pub mod planner;
+mod reach;
 mod request;
 mod select;
 pub mod sim;
@@ -40,6 +42,7 @@ pub use check::{CheckOptions, check, check_routes, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
+pub use reach::{require_reachable, require_relays_exist};
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{CandidateTime, PlanOptions, Planned, Planner, plan};
 pub use sim::{

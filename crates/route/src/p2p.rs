@@ -275,7 +275,7 @@ pub fn p2p_candidates(
     relay: &RelayPolicy,
     strategy: Strategy,
 ) -> Result<Vec<P2pCandidate>> {
-    req.validate()?;
+    crate::reach::require_reachable(topo, req, relay)?;
     let (a, b, count) = single_transfer(req)?;
     let esize = req.dtype.size();
     let allowed = |g: u32| relay.allows(topo, &req.gpus, g) && g != a && g != b;

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Result, RouteError};
 use crate::p2p::{RouteShare, Strategy, p2p_bound_gbps, p2p_candidates};
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
@@ -70,23 +70,30 @@ fn is_p2p(req: &Request) -> bool {
 ///
 /// The baseline plan is itself among the candidates, so relaycc is never predicted slower
 /// than the NCCL-like planner. Ties go to the earlier candidate, which keeps planning
-/// deterministic.
+/// deterministic. No plan is returned unproved: the checker ([`crate::check()`] and
+/// [`crate::check_routes`]) passes the winner and the baseline before they are returned. A
+/// candidate that fails is dropped, and the next fastest is proved in its place (for
+/// collectives the pruned selection runs again without it).
+///
+/// # Errors
+/// - those of [`crate::require_reachable`]: a malformed request, an unknown relay GPU, a
+///   masked member, a member pair no path joins;
+/// - [`RouteError::NoRoute`] when no candidate finds routes;
+/// - [`RouteError::PlanCheck`] when no candidate passes the checker (a planner bug);
+/// - [`RouteError::AboveBound`] when the winner is predicted faster than the bound allows.
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
-    req.validate()?;
+    crate::reach::require_reachable(topo, req, &opts.relay)?;
     let baseline_plan = crate::planner::baseline_plan(topo, req)?;
-    let baseline_sim = simulate(topo, &baseline_plan, &opts.sim)?;
+    // The baseline is proved while it is simulated.
+    let (baseline_proof, baseline_sim) = rayon::join(
+        || prove(topo, req, &baseline_plan),
+        || simulate(topo, &baseline_plan, &opts.sim),
+    );
+    baseline_proof?;
+    let baseline_sim = baseline_sim?;
     let baseline = baseline_sim.perf(req);
-    let mut best: Option<(f64, Plan, Vec<RouteShare>)> = None;
-    let mut candidates = Vec::new();
-    let mut consider = |plan: Plan, routes: Vec<RouteShare>, t: f64| {
-        candidates.push(CandidateTime {
-            algorithm: plan.algorithm.clone(),
-            time_us: t,
-        });
-        if best.as_ref().is_none_or(|(bt, _, _)| t < *bt) {
-            best = Some((t, plan, routes));
-        }
-    };
+    // (plan, routes, simulated time, proved already), in the order they were considered.
+    let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
     let bound_gbps;
     if opts.shared_memory {
         bound_gbps = if is_p2p(req) {
@@ -96,14 +103,14 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         };
         let p = crate::planner::shared_memory::plan(topo, req, false)?;
         let t = simulate(topo, &p, &opts.sim)?.time_us;
-        consider(p, Vec::new(), t);
+        found.push((p, Vec::new(), t, false));
     } else if is_p2p(req) {
         bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
         match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
             Ok(cands) => {
                 for c in cands {
                     let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
-                    consider(c.plan, c.routes, t);
+                    found.push((c.plan, c.routes, t, false));
                 }
             }
             // A forced strategy with no route falls through to the baseline only when Auto.
@@ -112,20 +119,47 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        for (plan, time_us) in fastest_collectives(topo, req, opts, baseline_sim.time_us)? {
-            consider(plan, Vec::new(), time_us);
+        for (plan, time_us, proved) in fastest_collectives(topo, req, opts, baseline_sim.time_us)? {
+            found.push((plan, Vec::new(), time_us, proved));
         }
     }
     if !opts.shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
-        consider(baseline_plan.clone(), Vec::new(), baseline_sim.time_us);
+        found.push((
+            baseline_plan.clone(),
+            Vec::new(),
+            baseline_sim.time_us,
+            true,
+        ));
     }
-    let Some((time, plan, routes)) = best else {
-        return Err(crate::RouteError::NoRoute {
+    // Fastest first; the stable sort keeps ties in the order they were considered.
+    found.sort_by(|a, b| a.2.total_cmp(&b.2));
+    let mut first_failure = None;
+    let mut winner = None;
+    let mut candidates = Vec::with_capacity(found.len());
+    for (plan, routes, time_us, proved) in found {
+        let proof = if proved || winner.is_some() {
+            Ok(())
+        } else {
+            prove(topo, req, &plan)
+        };
+        if let Err(e) = proof {
+            first_failure.get_or_insert(e);
+            continue;
+        }
+        candidates.push(CandidateTime {
+            algorithm: plan.algorithm.clone(),
+            time_us,
+        });
+        if winner.is_none() {
+            winner = Some((time_us, plan, routes));
+        }
+    }
+    let Some((time, plan, routes)) = winner else {
+        return Err(first_failure.unwrap_or_else(|| RouteError::NoRoute {
             what: req.collective.to_string(),
             why: "no candidate plan".into(),
-        });
+        }));
     };
-    candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
     let predicted = Perf::from_time(req, time);
     let bound = Perf::from_time(
         req,
@@ -135,6 +169,21 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             f64::INFINITY
         },
     );
+    // Relative slack for rounding in the simulator's sums; anything beyond is a wrong figure.
+    // (`bound_gbps` is infinite when nothing has to move, which `bound` shows as 0.)
+    if predicted.algbw_gbps > bound_gbps * (1.0 + 1e-9) {
+        return Err(RouteError::AboveBound {
+            algorithm: plan.algorithm,
+            request: format!(
+                "{} of {} bytes on {} GPUs",
+                req.collective,
+                req.size_bytes(),
+                req.nranks()
+            ),
+            predicted_gbps: predicted.algbw_gbps,
+            bound_gbps,
+        });
+    }
     Ok(Planned {
         plan,
         predicted,
@@ -146,11 +195,37 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     })
 }
 
+/// Prove that `plan` delivers `req` on `topo`: it is a plan of this request, every output
+/// element holds exactly its inputs without a race ([`crate::check()`]), and every copy follows
+/// usable links through GPUs the job may use ([`crate::check_routes`]).
+fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
+    if plan.request != *req {
+        return Err(RouteError::PlanCheck {
+            op: usize::MAX,
+            message: format!(
+                "{} plans another request than the one asked",
+                plan.algorithm
+            ),
+        });
+    }
+    let named = |e: RouteError| match e {
+        RouteError::PlanCheck { op, message } => RouteError::PlanCheck {
+            op,
+            message: format!("{}: {message}", plan.algorithm),
+        },
+        other => other,
+    };
+    crate::check::check(plan).map_err(named)?;
+    crate::check::check_routes(plan, topo).map_err(named)
+}
+
 /// A candidate built and lowered for the simulator.
 type Built = (Plan, Prepared);
 
-/// The collective candidates worth simulating, each with its simulated time, in the order
-/// they were simulated; `to_beat_us` is the time they must beat (the baseline's).
+/// The collective candidates worth simulating, each with its simulated time and whether the
+/// checker proved it, in the order they were simulated; `to_beat_us` is the time they must
+/// beat (the baseline's). The fastest is proved (and flagged); one that fails the checker is
+/// left out and the selection run again without it.
 ///
 /// Two stages keep planning cheap without changing the winner. First every candidate is built
 /// with whole blocks as chunks ([`crate::planner::whole_block_chunk_elems`]): the same bytes
@@ -159,14 +234,14 @@ type Built = (Plan, Prepared);
 /// `to_beat_us` are dropped; the rest are built at the pipelining chunk
 /// ([`crate::planner::pipeline_chunk_elems`]), most promising first, and simulated unless
 /// their full lower bound (busiest resource, longest op) already loses to the best so far. A
-/// candidate is skipped only when it cannot be faster than one that was simulated, so the
-/// fastest candidate is always found. Both builds run in parallel.
+/// candidate is skipped only when it cannot be faster than one that was simulated and proved,
+/// so the fastest correct candidate is always found. Both builds run in parallel.
 fn fastest_collectives(
     topo: &Topology,
     req: &Request,
     opts: &PlanOptions,
     to_beat_us: f64,
-) -> Result<Vec<(Plan, f64)>> {
+) -> Result<Vec<(Plan, f64, bool)>> {
     let set = crate::planner::Candidates::new(topo, req, &opts.relay)?;
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
     let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
@@ -204,20 +279,83 @@ fn fastest_collectives(
         .filter_map(|(k, pp)| pp.as_ref().map(|(_, pr)| (pr.lower_bound_us(), k)))
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut best_t = to_beat_us;
-    let mut timed = Vec::new();
-    for (lb, k) in ranked {
-        if lb >= best_t {
-            continue;
+    let (order, proved) = prune_and_prove(
+        &ranked,
+        to_beat_us,
+        |k| match fine_plans[k].as_ref() {
+            Some((_, prepared)) => Ok(Some(prepared.simulate(topo)?.time_us)),
+            None => Ok(None),
+        },
+        |k| {
+            fine_plans[k]
+                .as_ref()
+                .is_some_and(|(plan, _)| prove(topo, req, plan).is_ok())
+        },
+    )?;
+    Ok(order
+        .into_iter()
+        .filter_map(|(k, t)| {
+            let (plan, _) = fine_plans[k].take()?;
+            Some((plan, t, proved == Some(k)))
+        })
+        .collect())
+}
+
+/// Simulated `(candidate index, time)` in the order simulated, and the proved winner's index.
+type Pruned = (Vec<(usize, f64)>, Option<usize>);
+
+/// The pruned simulation of [`fastest_collectives`] over candidates `ranked` (lower bound,
+/// index), most promising first: each is simulated (`simulate`, `None` for a missing one)
+/// unless its lower bound already loses to the best time so far (starting at `to_beat_us`).
+/// The fastest, when it is not slower than `to_beat_us`, must pass `prove`; one that fails is
+/// left out and the pruning run again without it, since its time may have pruned a correct
+/// candidate (times already simulated are reused).
+///
+/// Returns the simulated `(index, time)` in the order simulated and the proved winner's index
+/// (the first of the least time), if any.
+fn prune_and_prove(
+    ranked: &[(f64, usize)],
+    to_beat_us: f64,
+    mut simulate: impl FnMut(usize) -> Result<Option<f64>>,
+    mut prove: impl FnMut(usize) -> bool,
+) -> Result<Pruned> {
+    let mut times: std::collections::BTreeMap<usize, Option<f64>> = Default::default();
+    let mut rejected = std::collections::BTreeSet::new();
+    loop {
+        let mut best_t = to_beat_us;
+        let mut order: Vec<(usize, f64)> = Vec::new();
+        for &(lb, k) in ranked {
+            if rejected.contains(&k) || lb >= best_t {
+                continue;
+            }
+            let t = match times.get(&k) {
+                Some(t) => *t,
+                None => {
+                    let t = simulate(k)?;
+                    times.insert(k, t);
+                    t
+                }
+            };
+            let Some(t) = t else { continue };
+            best_t = best_t.min(t);
+            order.push((k, t));
         }
-        let Some((plan, prepared)) = fine_plans[k].take() else {
-            continue;
-        };
-        let t = prepared.simulate(topo)?.time_us;
-        best_t = best_t.min(t);
-        timed.push((plan, t));
+        let winner = order
+            .iter()
+            .fold(None, |w: Option<(usize, f64)>, &(k, t)| match w {
+                Some((_, wt)) if wt <= t => w,
+                _ => Some((k, t)),
+            })
+            // The baseline, considered after these, wins only when strictly faster.
+            .filter(|&(_, t)| t <= to_beat_us)
+            .map(|(k, _)| k);
+        match winner {
+            Some(k) if !prove(k) => {
+                rejected.insert(k);
+            }
+            _ => return Ok((order, winner)),
+        }
     }
-    Ok(timed)
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
@@ -266,5 +404,59 @@ impl Planner {
     /// Number of cached plans.
     pub fn cached(&self) -> usize {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Candidates 0..4 with lower bounds 1..4 and times 2, 5, 3, 4 (us); 10 us to beat.
+    fn run(reject: &[usize]) -> (Vec<(usize, f64)>, Option<usize>, Vec<usize>) {
+        let ranked = [(1.0, 0), (2.0, 1), (3.0, 2), (4.0, 3)];
+        let times = [2.0, 5.0, 3.0, 4.0];
+        let mut simulated = Vec::new();
+        let (order, winner) = prune_and_prove(
+            &ranked,
+            10.0,
+            |k| {
+                simulated.push(k);
+                Ok(Some(times[k]))
+            },
+            |k| !reject.contains(&k),
+        )
+        .unwrap();
+        (order, winner, simulated)
+    }
+
+    #[test]
+    fn the_fastest_is_proved_and_prunes_the_rest() {
+        let (order, winner, simulated) = run(&[]);
+        assert_eq!(winner, Some(0));
+        // Candidate 0's 2 us prunes every lower bound from 2 us on.
+        assert_eq!(order, vec![(0, 2.0)]);
+        assert_eq!(simulated, vec![0]);
+    }
+
+    #[test]
+    fn a_fastest_that_fails_the_proof_is_dropped_and_the_pruned_are_simulated() {
+        let (order, winner, simulated) = run(&[0]);
+        // Without candidate 0, candidate 1 (5 us) no longer prunes 2 (3 us), which wins.
+        assert_eq!(winner, Some(2));
+        assert_eq!(order, vec![(1, 5.0), (2, 3.0)]);
+        // Each candidate is simulated once.
+        assert_eq!(simulated, vec![0, 1, 2]);
+        let (order, winner, _) = run(&[0, 2]);
+        assert_eq!(winner, Some(3));
+        assert_eq!(order, vec![(1, 5.0), (3, 4.0)]);
+    }
+
+    #[test]
+    fn nothing_wins_when_every_candidate_fails_or_loses_to_the_baseline() {
+        let (_, winner, _) = run(&[0, 1, 2, 3]);
+        assert_eq!(winner, None);
+        let (order, winner) =
+            prune_and_prove(&[(1.0, 0)], 1.5, |_| Ok(Some(2.0)), |_| true).unwrap();
+        assert_eq!((order, winner), (vec![(0, 2.0)], None));
     }
 }

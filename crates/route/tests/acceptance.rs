@@ -39,8 +39,12 @@ fn dgx1_gpu0_to_gpu7_beats_baseline_twice_and_nears_the_bound() {
     assert!(vs_bound >= 0.9, "{vs_bound}");
 }
 
+/// The relay through GPU 3 and the host-staged copy of [Ranganath-2019]: both cross two hops, which the
+/// plan pipelines in chunks, so each runs at nearly its slowest hop's rate (a plan that let
+/// one hop wait for the other would run at half). A direct copy is one op over one link, so
+/// its prediction is the link's table rate and is not a finding; it is not asserted here.
 #[test]
-fn seed_route_through_gpu3_and_direct_copies_match_the_seed() {
+fn seed_relay_through_gpu3_and_host_staging_pipeline_their_hops() {
     let topo = relaycc_topo::preset("dgx1-v100").unwrap();
     let nv1 = relaycc_topo::rates::NVLINK2_LANE_GBPS;
     let relay = plan(
@@ -50,19 +54,15 @@ fn seed_route_through_gpu3_and_direct_copies_match_the_seed() {
     )
     .unwrap();
     let r = relay.predicted.algbw_gbps;
-    println!("relay via GPU3: {r:.2} GB/s ({})", relay.plan.algorithm);
     assert!(relay.plan.algorithm.contains("GPU3"));
-    assert!((18.0..=nv1).contains(&r), "{r}");
-    // Direct NVLink: [Ranganath-2019] measured a little over 22 GB/s; PCIe 9 GB/s. Within 15%.
-    let direct = plan(
-        &topo,
-        &Request::point_to_point(0, 1, 256 * MIB),
-        &opts(RelayPolicy::None, Strategy::Direct),
-    )
-    .unwrap();
-    let d = direct.predicted.algbw_gbps;
-    println!("direct NV1 0->1: {d:.2} GB/s");
-    assert!((d / 22.0 - 1.0).abs() <= 0.15, "{d}");
+    assert_eq!(relay.routes.len(), 1, "{}", relay.plan.algorithm);
+    assert_eq!(relay.routes[0].route.hops.len(), 2);
+    let slowest = relay.routes[0].route.gbps();
+    assert!((slowest - nv1).abs() < 1e-9, "{slowest}");
+    assert!(
+        (0.9 * slowest..=slowest).contains(&r),
+        "relay {r} vs {slowest}"
+    );
     let pcie = plan(
         &topo,
         &Request::point_to_point(0, 7, 256 * MIB),
@@ -70,8 +70,13 @@ fn seed_route_through_gpu3_and_direct_copies_match_the_seed() {
     )
     .unwrap();
     let h = pcie.predicted.algbw_gbps;
-    println!("PCIe (host-staged) 0->7: {h:.2} GB/s");
-    assert!((h / 9.0 - 1.0).abs() <= 0.15, "{h}");
+    assert_eq!(pcie.routes.len(), 1, "{}", pcie.plan.algorithm);
+    assert_eq!(pcie.routes[0].route.hops.len(), 2);
+    let slowest = pcie.routes[0].route.gbps();
+    assert!(
+        (0.9 * slowest..=slowest).contains(&h),
+        "host-staged {h} vs {slowest}"
+    );
 }
 
 #[test]

@@ -35,8 +35,8 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// - `req`: any collective of [`Collective::ALL`] (send_recv as NCCL's p2p).
 ///
 /// # Returns
-/// One plan named `nccl-like ...`, or an error when the request is malformed or a pair of
-/// members has no route even through host memory.
+/// One plan named `nccl-like ...`, or an error when the request is malformed, a member is
+/// masked, or a pair of members has no route even through host memory.
 ///
 /// # Complexity
 /// n^2 connections (no max-flow), a ring search bounded by [`ring::RING_SEARCH_BUDGET`], and
@@ -46,10 +46,7 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
-    req.validate()?;
-    for &g in &req.gpus {
-        topo.gpu(g)?;
-    }
+    crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {
         cache: &cache,

@@ -188,16 +188,14 @@ impl<'t> Candidates<'t> {
     /// The candidates for `req` on `topo` with relay policy `relay`: rings, trees,
     /// hierarchical, direct (see the module table), in [`LinkMode::Single`] and, where some
     /// member pair's split beats its best single route by [`MULTIPATH_MIN_GAIN`], also
-    /// [`LinkMode::Multipath`]. An error when the request is malformed or names a GPU the
-    /// topology lacks.
+    /// [`LinkMode::Multipath`]. An error when the request is malformed, names a GPU the
+    /// topology lacks or one masked, or moves data between members no path joins
+    /// ([`crate::require_reachable`]).
     ///
     /// Complexity: one max-flow per member pair and mode (connections are cached for
     /// [`Candidates::build`]).
     pub fn new(topo: &'t Topology, req: &Request, relay: &RelayPolicy) -> Result<Self> {
-        req.validate()?;
-        for &g in &req.gpus {
-            topo.gpu(g)?;
-        }
+        crate::reach::require_reachable(topo, req, relay)?;
         let cache = ConnCache::new(topo, &req.gpus, relay);
         // Multi-path plans are several times larger; build them only where splitting pays.
         let n = req.gpus.len();

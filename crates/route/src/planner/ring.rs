@@ -297,9 +297,9 @@ struct Channel {
 /// The rings of a ring plan: `ctx.channels` copies of the best ring (odd ones reversed), equal
 /// shares; or with [`PACKED_RINGS`], the packed set ([`ring_pack::packed_rings`]), shares in
 /// proportion to each ring's bandwidth. Also the plan's name.
-fn channels(req: &Request, ctx: &Ctx, algo: &str) -> (Vec<Channel>, String) {
+fn channels(req: &Request, ctx: &Ctx, algo: &str) -> Result<(Vec<Channel>, String)> {
     if ctx.channels == PACKED_RINGS {
-        let rings = ring_pack::packed_rings(ctx, req);
+        let rings = ring_pack::packed_rings(ctx, req)?;
         let label = format!("{algo} x{} packed {}", rings.len(), links_and_chunk(ctx));
         let chans = rings
             .into_iter()
@@ -309,7 +309,7 @@ fn channels(req: &Request, ctx: &Ctx, algo: &str) -> (Vec<Channel>, String) {
                 pinned: Some(r.hops),
             })
             .collect();
-        return (chans, label);
+        return Ok((chans, label));
     }
     let (order, k, _) = prepare(req, ctx);
     let chans = (0..k)
@@ -319,7 +319,7 @@ fn channels(req: &Request, ctx: &Ctx, algo: &str) -> (Vec<Channel>, String) {
             pinned: None,
         })
         .collect();
-    (chans, name(algo, ctx))
+    Ok((chans, name(algo, ctx)))
 }
 
 /// `len` elements split over `chans` by weight, contiguous: `(offset, len)` per channel
@@ -361,7 +361,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     }
     let chunk = ctx.chunk_elems.max(1);
-    let (chans, label) = channels(req, ctx, "ring");
+    let (chans, label) = channels(req, ctx, "ring")?;
     let mut b = Builder::new(req, ctx, label);
     for (c, (lo, len)) in split_channels(req.count, &chans).into_iter().enumerate() {
         pin(&mut b, req, c as u32, &chans[c]);
@@ -410,7 +410,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     }
     let chunk = ctx.chunk_elems.max(1);
-    let (chans, label) = channels(req, ctx, "ring");
+    let (chans, label) = channels(req, ctx, "ring")?;
     let counts: Vec<u64> = match req.collective {
         Collective::AllGatherV => req.counts.clone(),
         _ => vec![req.count; n],
@@ -462,7 +462,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
         return direct::plan(topo, req, ctx);
     }
     let chunk = ctx.chunk_elems.max(1);
-    let (chans, label) = channels(req, ctx, "ring");
+    let (chans, label) = channels(req, ctx, "ring")?;
     let count = req.count;
     let mut b = Builder::new(req, ctx, label);
     for (c, (lo, len)) in split_channels(count, &chans).into_iter().enumerate() {

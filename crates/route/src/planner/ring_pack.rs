@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use relaycc_topo::{LinkId, NodeId, Topology};
 
+use crate::error::{Result, RouteError};
 use crate::request::Request;
 
 use crate::path::direct_route;
@@ -101,7 +102,9 @@ pub struct PackedRing {
     pub hops: Vec<Arc<Connection>>,
 }
 
-/// The packed ring set for `req` under `ctx`'s connections: at least one ring.
+/// The packed ring set for `req` under `ctx`'s connections: at least one ring, or
+/// [`RouteError::NoRoute`] naming a hop of the best ring that has no connection (a
+/// [`RouteError::BadRequest`] for fewer than two ranks).
 ///
 /// A member pair joined by a link uses it; other pairs use `ctx`'s connection
 /// ([`super::ConnCache::get`]: a relay, host staging). Relaying a linked pair through a faster
@@ -115,24 +118,31 @@ pub struct PackedRing {
 ///
 /// Source: NCCL's channel search (`src/graph/search.cc`, `ncclTopoCompute`), which subtracts
 /// each ring's bandwidth from the links it uses before searching the next.
-pub fn packed_rings(ctx: &Ctx, req: &Request) -> Vec<PackedRing> {
+pub fn packed_rings(ctx: &Ctx, req: &Request) -> Result<Vec<PackedRing>> {
     let n = req.nranks();
     let topo = ctx.cache.topo();
     let g = &req.gpus;
     let conn = |a: usize, b: usize| ctx.cache.get(ctx.mode, g[a], g[b]).ok();
-    let single = || {
+    // The best single ring, or the error of its first hop without a connection.
+    let single = || -> Result<Vec<PackedRing>> {
         let order = super::ring::ring_order(ctx, req, false);
-        let hops: Option<Vec<Arc<Connection>>> = (0..order.len())
-            .map(|i| conn(order[i] as usize, order[(i + 1) % order.len()] as usize))
-            .collect();
-        hops.map(|hops| PackedRing {
+        let hops = (0..order.len())
+            .map(|i| {
+                let (a, b) = (order[i] as usize, order[(i + 1) % order.len()] as usize);
+                ctx.cache.get(ctx.mode, g[a], g[b])
+            })
+            .collect::<Result<Vec<Arc<Connection>>>>()?;
+        Ok(vec![PackedRing {
             order,
             gbps: 1.0,
             hops,
-        })
-        .into_iter()
-        .collect()
+        }])
     };
+    if n < 2 {
+        return Err(RouteError::BadRequest(format!(
+            "a ring needs two ranks or more, {n} given"
+        )));
+    }
     if n < 3 {
         return single();
     }
@@ -204,7 +214,11 @@ pub fn packed_rings(ctx: &Ctx, req: &Request) -> Vec<PackedRing> {
             hops,
         });
     }
-    if rings.is_empty() { single() } else { rings }
+    if rings.is_empty() {
+        single()
+    } else {
+        Ok(rings)
+    }
 }
 
 /// True when packed rings are a candidate in `mode`: relaycc's single-route connections and the
@@ -235,7 +249,7 @@ mod tests {
             chunk_elems: 1,
             channels: 1,
         };
-        packed_rings(&ctx, &req)
+        packed_rings(&ctx, &req).unwrap()
     }
 
     #[test]
@@ -268,7 +282,7 @@ mod tests {
             };
             let req = Request::new(Collective::AllReduce, gpus.clone(), 8, DType::F32);
             let mut carried: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();
-            for ring in packed_rings(&ctx, &req) {
+            for ring in packed_rings(&ctx, &req).unwrap() {
                 for conn in &ring.hops {
                     let bw = ring.gbps;
                     for (r, u, cap) in connection_load(&topo, conn) {
