@@ -15,7 +15,7 @@ pub enum RouteError {
         why: String,
     },
     /// A plan breaks a rule of the IR or does not deliver its request.
-    #[error("plan check failed at op {op}: {message}")]
+    #[error("plan check failed{}: {message}", at_op(*.op))]
     PlanCheck {
         /// The op index where the problem shows (`usize::MAX` for whole-plan problems).
         op: usize,
@@ -32,3 +32,12 @@ pub enum RouteError {
 
 /// The result type of relaycc-route.
 pub type Result<T, E = RouteError> = std::result::Result<T, E>;
+
+/// Where a check failure shows: ` at op N`, or nothing for a whole-plan problem (`usize::MAX`).
+fn at_op(op: usize) -> String {
+    if op == usize::MAX {
+        String::new()
+    } else {
+        format!(" at op {op}")
+    }
+}

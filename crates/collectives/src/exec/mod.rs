@@ -5,23 +5,46 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use relaycc_route::{BufferRef, CheckOptions, Location, OpKind, Plan, Region, RouteError};
+use relaycc_route::{
+    BufferRef, CheckOptions, CheckedPlan, Location, OpKind, Plan, Region, RouteError,
+};
 
 use crate::backend::{Backend, ByteRegion, Command, Launch, Program, Slot};
 use crate::error::{CollectivesError, Result};
 
 /// A plan proved correct and lowered to a [`Program`]; built once per request shape and
-/// cached, so the checker's cost is paid once, not per call.
+/// cached, so the checker's cost is paid once, not per call. Only [`compile`] makes one, from
+/// a [`CheckedPlan`], so its program carries the checker's proof:
+///
+/// ```compile_fail,E0308
+/// fn unchecked(plan: relaycc_route::Plan) {
+///     let _ = relaycc_collectives::exec::compile(plan);
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Executable {
+    plan: CheckedPlan,
+    program: Program,
+    scratch: Vec<(Location, u64)>,
+}
+
+impl Executable {
     /// The plan.
-    pub plan: Plan,
+    pub fn plan(&self) -> &Plan {
+        self.plan.plan()
+    }
     /// Whether the plan was checked as an in-place call.
-    pub in_place: bool,
+    pub fn in_place(&self) -> bool {
+        self.plan.in_place()
+    }
     /// The lowered program.
-    pub program: Program,
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
     /// Location and bytes of each scratch buffer, in the plan's order.
-    pub scratch: Vec<(Location, u64)>,
+    pub fn scratch(&self) -> &[(Location, u64)] {
+        &self.scratch
+    }
 }
 
 /// Binding index of a plan buffer: inputs first, then outputs, then scratch buffers.
@@ -33,21 +56,28 @@ pub fn binding_of(b: BufferRef, ranks: u32) -> u32 {
     }
 }
 
-fn invalid(op: usize, message: impl Into<String>) -> CollectivesError {
+fn invalid(op: Option<usize>, message: impl Into<String>) -> CollectivesError {
     CollectivesError::InvalidPlan {
         op,
         message: message.into(),
     }
 }
 
-/// Check `plan` (structure, data and ordering, with `relaycc_route::check_with`) and lower it.
+/// Check `plan` (structure, data and ordering: [`CheckedPlan::new`]) as an in-place call or
+/// not, with the checker's complaint as [`CollectivesError::InvalidPlan`] naming the op.
+pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
+    CheckedPlan::new(plan, CheckOptions { in_place }).map_err(|e| match e {
+        RouteError::PlanCheck { op, message } => invalid((op != usize::MAX).then_some(op), message),
+        other => invalid(None, other.to_string()),
+    })
+}
+
+/// Lower a checked plan (see [`check`]) to a program.
 ///
-/// Returns an error naming the op when the plan is wrong; nothing has run then.
-pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
-    relaycc_route::check_with(&plan, CheckOptions { in_place }).map_err(|e| match e {
-        RouteError::PlanCheck { op, message } => invalid(op, message),
-        other => invalid(usize::MAX, other.to_string()),
-    })?;
+/// Errors: a region or scratch buffer whose size in bytes overflows, naming the op or the
+/// scratch buffer; nothing has run then.
+pub fn compile(checked: CheckedPlan) -> Result<Executable> {
+    let plan = checked.plan();
     let ranks = plan.request.gpus.len() as u32;
     let esize = plan.dtype.size();
     let nops = plan.ops.len();
@@ -99,7 +129,7 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
     let mut waited = vec![0u32; nlanes * nlanes];
     let mut commands = Vec::with_capacity(nops + events as usize * 2);
     let mut srcs = Vec::new();
-    let slot = |r: &Region| -> Result<Slot> {
+    let slot = |id: usize, r: &Region| -> Result<Slot> {
         let offset = r.offset.checked_mul(esize);
         let bytes = r.len.checked_mul(esize);
         match (offset, bytes) {
@@ -108,7 +138,13 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
                 offset,
                 bytes,
             }),
-            _ => Err(invalid(usize::MAX, "a region's byte offset overflows")),
+            _ => Err(invalid(
+                Some(id),
+                format!(
+                    "region {}+{} of {:?} overflows in bytes",
+                    r.offset, r.len, r.buffer
+                ),
+            )),
         }
     };
     let mut emitted = 0usize;
@@ -136,8 +172,8 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
             match &op.kind {
                 OpKind::Copy { src, dst } => commands.push(Command::Copy {
                     lane,
-                    src: slot(src)?,
-                    dst: slot(dst)?,
+                    src: slot(id, src)?,
+                    dst: slot(id, dst)?,
                 }),
                 OpKind::Reduce {
                     srcs: s,
@@ -146,13 +182,13 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
                 } => {
                     let first = srcs.len() as u32;
                     for r in s {
-                        srcs.push(slot(r)?);
+                        srcs.push(slot(id, r)?);
                     }
                     commands.push(Command::Reduce {
                         lane,
                         first,
                         count: s.len() as u32,
-                        dst: slot(dst)?,
+                        dst: slot(id, dst)?,
                         divide: *finalize,
                     });
                 }
@@ -173,16 +209,31 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
     }
     if emitted != nops {
         // The checker rejects cycles; this guards the lowering if that ever changes.
-        return Err(invalid(usize::MAX, "dependency cycle"));
+        return Err(invalid(
+            None,
+            format!(
+                "dependency cycle: {} of {nops} ops are never ready",
+                nops - emitted
+            ),
+        ));
     }
     let scratch = plan
         .scratch
         .iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
             s.len
                 .checked_mul(esize)
                 .map(|b| (s.location, b))
-                .ok_or_else(|| invalid(usize::MAX, "scratch size overflows"))
+                .ok_or_else(|| {
+                    invalid(
+                        None,
+                        format!(
+                            "scratch buffer {i} of {} elements overflows in bytes",
+                            s.len
+                        ),
+                    )
+                })
         })
         .collect::<Result<Vec<_>>>()?;
     let program = Program {
@@ -196,15 +247,28 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
         srcs,
     };
     Ok(Executable {
-        plan,
-        in_place,
+        plan: checked,
         program,
         scratch,
     })
 }
 
 /// Run executables with their bindings as one launch (see [`Backend::submit`]).
-pub fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> Result<()> {
+///
+/// Errors: a binding count that differs from a program's, and whatever the backend refuses;
+/// nothing has run then.
+///
+/// # Safety
+///
+/// `work[i].1[b]` is the region of buffer `b` of executable `i` (inputs, outputs, scratch:
+/// [`binding_of`]), of the size that buffer has in the plan. The regions of one executable
+/// are disjoint, except that input and output of a rank may share memory exactly as
+/// [`relaycc_route::CheckOptions::in_place`] describes when the plan was checked in place;
+/// regions of different executables are disjoint where either writes (scratch included); and
+/// no library touches them through raw addresses while the launch runs. With these, the
+/// checker's proof that unordered ops touch disjoint elements is the race freedom
+/// [`Backend::submit`] asks for.
+pub unsafe fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> Result<()> {
     let launches: Vec<Launch<'_>> = work
         .iter()
         .map(|(e, b)| Launch {
@@ -215,17 +279,18 @@ pub fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> R
     for (l, (e, _)) in launches.iter().zip(work) {
         if l.bindings.len() != l.program.bindings as usize {
             return Err(invalid(
-                usize::MAX,
+                None,
                 format!(
                     "plan `{}` needs {} buffers, got {}",
-                    e.plan.algorithm,
+                    e.plan().algorithm,
                     l.program.bindings,
                     l.bindings.len()
                 ),
             ));
         }
     }
-    backend.submit(&launches)
+    // SAFETY: the caller's contract above, with the checker's proof carried by `CheckedPlan`.
+    unsafe { backend.submit(&launches) }
 }
 
 #[cfg(test)]

@@ -298,6 +298,8 @@ impl MpiCommunicator {
     ///
     /// Complexity: O(ops) to schedule plus the messages.
     pub fn execute(&self, plan: &Plan, input: &[u8], output: &mut [u8]) -> MpiResult<()> {
+        // The schedule's raw copies and messages are race-free only for a checked plan.
+        relaycc_route::check(plan)?;
         let sched = schedule::Schedule::new(plan, self.rank, &|l| self.owner(plan, l))?;
         let mut scratch: Vec<Vec<u8>> = sched.scratch.iter().map(|n| vec![0u8; *n]).collect();
         sched.run(
