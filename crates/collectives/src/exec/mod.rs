@@ -79,94 +79,144 @@ pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
 pub fn compile(checked: CheckedPlan) -> Result<Executable> {
     let plan = checked.plan();
     let ranks = plan.request.gpus.len() as u32;
-    let esize = plan.dtype.size();
-    let nops = plan.ops.len();
-    let nlanes = plan.lanes.len();
-    // Lane order: each op's predecessor on its lane and its 1-based position there.
-    let mut pos = vec![0u32; nops];
-    let mut lane_len = vec![0u32; nlanes];
-    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    let mut lane_last = vec![u32::MAX; nlanes];
-    let mut needs_event = vec![false; nops];
-    for (id, op) in plan.ops.iter().enumerate() {
-        let l = op.lane as usize;
-        lane_len[l] += 1;
-        pos[id] = lane_len[l];
-        if lane_last[l] != u32::MAX {
-            preds[id].push(lane_last[l]);
-        }
-        lane_last[l] = id as u32;
-        for &d in &op.deps {
-            preds[id].push(d);
-            if plan.ops[d as usize].lane != op.lane {
-                needs_event[d as usize] = true;
+    let graph = LaneGraph::new(plan);
+    let order = graph.topological_order()?;
+    let (commands, srcs) = emit(plan, &graph, &order)?;
+    let scratch = scratch_bytes(plan)?;
+    let program = Program {
+        lanes: plan.lanes.iter().map(|l| l.location).collect(),
+        events: graph.events,
+        dtype: plan.dtype,
+        op: plan.request.op,
+        divisor: ranks,
+        bindings: 2 * ranks + plan.scratch.len() as u32,
+        commands,
+        srcs,
+    };
+    Ok(Executable {
+        plan: checked,
+        program,
+        scratch,
+    })
+}
+
+/// The graph "deps plus lane order" of a plan, and the events its cross-lane deps need.
+struct LaneGraph {
+    /// Each op's 1-based position on its lane.
+    pos: Vec<u32>,
+    /// Each op's predecessors: the previous op of its lane, then its deps.
+    preds: Vec<Vec<u32>>,
+    /// The event of each op that an op of another lane depends on.
+    event_of: Vec<Option<u32>>,
+    events: u32,
+}
+
+impl LaneGraph {
+    fn new(plan: &Plan) -> LaneGraph {
+        let nops = plan.ops.len();
+        let nlanes = plan.lanes.len();
+        let mut pos = vec![0u32; nops];
+        let mut lane_len = vec![0u32; nlanes];
+        let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
+        let mut lane_last: Vec<Option<u32>> = vec![None; nlanes];
+        let mut needs_event = vec![false; nops];
+        for (id, op) in plan.ops.iter().enumerate() {
+            let l = op.lane as usize;
+            lane_len[l] += 1;
+            pos[id] = lane_len[l];
+            preds[id].extend(lane_last[l]);
+            lane_last[l] = Some(id as u32);
+            for &d in &op.deps {
+                preds[id].push(d);
+                if plan.ops[d as usize].lane != op.lane {
+                    needs_event[d as usize] = true;
+                }
             }
         }
-    }
-    // Event ids for the ops other lanes wait on.
-    let mut event_of = vec![u32::MAX; nops];
-    let mut events = 0u32;
-    for (id, e) in event_of.iter_mut().enumerate() {
-        if needs_event[id] {
-            *e = events;
-            events += 1;
+        let mut events = 0u32;
+        let event_of = needs_event
+            .iter()
+            .map(|&needs| {
+                needs.then(|| {
+                    events += 1;
+                    events - 1
+                })
+            })
+            .collect();
+        LaneGraph {
+            pos,
+            preds,
+            event_of,
+            events,
         }
     }
-    // Topological order (lowest id first): every record is emitted before any wait on it.
-    let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
-    let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    for (id, p) in preds.iter().enumerate() {
-        for &q in p {
-            succs[q as usize].push(id as u32);
+
+    /// The ops in topological order, lowest ready id first, so that every record comes
+    /// before any wait on it.
+    fn topological_order(&self) -> Result<Vec<u32>> {
+        let nops = self.preds.len();
+        let mut indeg: Vec<usize> = self.preds.iter().map(Vec::len).collect();
+        let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
+        for (id, p) in self.preds.iter().enumerate() {
+            for &q in p {
+                succs[q as usize].push(id as u32);
+            }
         }
+        let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
+            .filter(|i| indeg[*i as usize] == 0)
+            .map(Reverse)
+            .collect();
+        let mut order = Vec::with_capacity(nops);
+        while let Some(Reverse(i)) = ready.pop() {
+            order.push(i);
+            for &s in &succs[i as usize] {
+                indeg[s as usize] -= 1;
+                if indeg[s as usize] == 0 {
+                    ready.push(Reverse(s));
+                }
+            }
+        }
+        if order.len() != nops {
+            // The checker rejects cycles; this guards the lowering if that ever changes.
+            return Err(invalid(
+                None,
+                format!(
+                    "dependency cycle: {} of {nops} ops are never ready",
+                    nops - order.len()
+                ),
+            ));
+        }
+        Ok(order)
     }
-    let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
-        .filter(|i| indeg[*i as usize] == 0)
-        .map(Reverse)
-        .collect();
+}
+
+/// The commands of the ops in `order`: before each op, a wait per cross-lane dep not already
+/// implied; the op's copy or reduction; after it, a record if another lane waits for it.
+fn emit(plan: &Plan, graph: &LaneGraph, order: &[u32]) -> Result<(Vec<Command>, Vec<Slot>)> {
+    let ranks = plan.request.gpus.len() as u32;
+    let esize = plan.dtype.size();
+    let nlanes = plan.lanes.len();
     // waited[l * nlanes + m]: the furthest position of lane m that lane l already waited for;
     // a wait for an earlier position of m is implied and left out.
     let mut waited = vec![0u32; nlanes * nlanes];
-    let mut commands = Vec::with_capacity(nops + events as usize * 2);
+    let mut commands = Vec::with_capacity(order.len() + graph.events as usize * 2);
     let mut srcs = Vec::new();
-    let slot = |id: usize, r: &Region| -> Result<Slot> {
-        let offset = r.offset.checked_mul(esize);
-        let bytes = r.len.checked_mul(esize);
-        match (offset, bytes) {
-            (Some(offset), Some(bytes)) => Ok(Slot {
-                binding: binding_of(r.buffer, ranks),
-                offset,
-                bytes,
-            }),
-            _ => Err(invalid(
-                Some(id),
-                format!(
-                    "region {}+{} of {:?} overflows in bytes",
-                    r.offset, r.len, r.buffer
-                ),
-            )),
-        }
-    };
-    let mut emitted = 0usize;
-    while let Some(Reverse(i)) = ready.pop() {
-        emitted += 1;
+    let slot = |id: usize, r: &Region| slot_of(id, r, ranks, esize);
+    for &i in order {
         let id = i as usize;
         let op = &plan.ops[id];
         let lane = op.lane;
         for &d in &op.deps {
             let dl = plan.ops[d as usize].lane;
-            if dl == lane {
+            let (Some(event), false) = (graph.event_of[d as usize], dl == lane) else {
                 continue;
-            }
+            };
             let w = &mut waited[lane as usize * nlanes + dl as usize];
-            if *w >= pos[d as usize] {
+            if *w >= graph.pos[d as usize] {
                 continue;
             }
-            *w = pos[d as usize];
-            commands.push(Command::Wait {
-                lane,
-                event: event_of[d as usize],
-            });
+            *w = graph.pos[d as usize];
+            commands.push(Command::Wait { lane, event });
         }
         if !op.is_empty() {
             match &op.kind {
@@ -194,31 +244,35 @@ pub fn compile(checked: CheckedPlan) -> Result<Executable> {
                 }
             }
         }
-        if needs_event[id] {
-            commands.push(Command::Record {
-                lane,
-                event: event_of[id],
-            });
-        }
-        for &s in &succs[id] {
-            indeg[s as usize] -= 1;
-            if indeg[s as usize] == 0 {
-                ready.push(Reverse(s));
-            }
+        if let Some(event) = graph.event_of[id] {
+            commands.push(Command::Record { lane, event });
         }
     }
-    if emitted != nops {
-        // The checker rejects cycles; this guards the lowering if that ever changes.
-        return Err(invalid(
-            None,
+    Ok((commands, srcs))
+}
+
+/// The byte slot of region `r` of op `id`.
+fn slot_of(id: usize, r: &Region, ranks: u32, esize: u64) -> Result<Slot> {
+    match (r.offset.checked_mul(esize), r.len.checked_mul(esize)) {
+        (Some(offset), Some(bytes)) => Ok(Slot {
+            binding: binding_of(r.buffer, ranks),
+            offset,
+            bytes,
+        }),
+        _ => Err(invalid(
+            Some(id),
             format!(
-                "dependency cycle: {} of {nops} ops are never ready",
-                nops - emitted
+                "region {}+{} of {:?} overflows in bytes",
+                r.offset, r.len, r.buffer
             ),
-        ));
+        )),
     }
-    let scratch = plan
-        .scratch
+}
+
+/// Location and bytes of each scratch buffer.
+fn scratch_bytes(plan: &Plan) -> Result<Vec<(Location, u64)>> {
+    let esize = plan.dtype.size();
+    plan.scratch
         .iter()
         .enumerate()
         .map(|(i, s)| {
@@ -235,22 +289,7 @@ pub fn compile(checked: CheckedPlan) -> Result<Executable> {
                     )
                 })
         })
-        .collect::<Result<Vec<_>>>()?;
-    let program = Program {
-        lanes: plan.lanes.iter().map(|l| l.location).collect(),
-        events,
-        dtype: plan.dtype,
-        op: plan.request.op,
-        divisor: ranks,
-        bindings: 2 * ranks + plan.scratch.len() as u32,
-        commands,
-        srcs,
-    };
-    Ok(Executable {
-        plan: checked,
-        program,
-        scratch,
-    })
+        .collect()
 }
 
 /// Run executables with their bindings as one launch (see [`Backend::submit`]).
