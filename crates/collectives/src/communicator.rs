@@ -138,7 +138,11 @@ impl Communicator {
     /// The checked plan this communicator runs for `request` (planning it on a miss), for
     /// printing and simulation.
     pub fn plan(&self, request: &Request, in_place: bool) -> Result<relaycc_route::Plan> {
-        Ok(self.plan_for("plan", request, in_place)?.exec.plan.clone())
+        Ok(self
+            .plan_for("plan", request, in_place)?
+            .exec
+            .plan()
+            .clone())
     }
 
     /// `len` zeroed elements on rank `rank`'s device.

@@ -121,10 +121,10 @@ pub enum CollectivesError {
         source: RouteError,
     },
     /// The executor refused a plan before moving a byte.
-    #[error("plan rejected by the executor at op {op}: {message}")]
+    #[error("plan rejected by the executor{}: {message}", at_op(*.op))]
     InvalidPlan {
-        /// The op index (`usize::MAX` for whole-plan problems).
-        op: usize,
+        /// The op index, `None` for whole-plan problems.
+        op: Option<usize>,
         /// What is wrong.
         message: String,
     },
@@ -143,6 +143,11 @@ pub enum CollectivesError {
     /// A topology could not be loaded.
     #[error(transparent)]
     Topo(#[from] TopoError),
+}
+
+/// Where the executor's complaint shows: ` at op N`, or nothing for the whole plan.
+fn at_op(op: Option<usize>) -> String {
+    op.map(|o| format!(" at op {o}")).unwrap_or_default()
 }
 
 /// The result type of relaycc-collectives.

@@ -429,6 +429,10 @@ impl<'c> Group<'c> {
         let mut bindings: Vec<Vec<ByteRegion>> = Vec::with_capacity(self.ops.len());
         for op in &self.ops {
             let cached = self.comm.plan_for(op.call, &op.request, op.in_place)?;
+            // Operations of one shape in one group run concurrently: each binds its own
+            // scratch set.
+            let use_index = plans.iter().filter(|p| Arc::ptr_eq(p, &cached)).count();
+            let scratch = cached.scratch_set(use_index, self.comm.backend())?;
             let null = self.comm.null_region();
             let mut b: Vec<ByteRegion> = op
                 .inputs
@@ -436,7 +440,7 @@ impl<'c> Group<'c> {
                 .chain(&op.outputs)
                 .map(|v| v.map_or(null, |v| v.region))
                 .collect();
-            b.extend(cached.scratch.iter().map(|m| ByteRegion {
+            b.extend(scratch.iter().map(|m| ByteRegion {
                 mem: *m,
                 offset: 0,
                 bytes: m.bytes,
@@ -450,7 +454,13 @@ impl<'c> Group<'c> {
             .map(|(p, b)| (&p.exec, b.as_slice()))
             .collect();
         if !work.is_empty() {
-            exec::launch(self.comm.backend(), &work)?;
+            // SAFETY: every plan passed the checker as the call it serves (`Checked::in_place`
+            // is what `CheckedPlan` was checked with); `call_checks` proved each operation's
+            // inputs and outputs are its ranks' own buffers of the plan's sizes, disjoint
+            // except in the in-place layout; the loop above proved operations of the group
+            // disjoint where one writes; scratch sets are private to one use in the launch;
+            // and the safe API hands out no raw addresses.
+            unsafe { exec::launch(self.comm.backend(), &work)? };
         }
         Ok(Pending { comm: self.comm })
     }

@@ -46,7 +46,7 @@
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory ([`Communicator::host`]), relaycc-route's shared-memory planner.
 //! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/host_reduce.rs` (reduction
-//! loops), `cuda/backend.rs` (driver calls, kernel launches), the rest of the `cuda` module (FFI) and,
+//! loops), `cuda/backend.rs` and `cuda/launch.rs` (driver calls, kernel launches), the rest of the `cuda` module (FFI) and,
 //! with feature `mpi`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls
 //! on raw buffers).
 #![doc = include_str!("../README.md")]

@@ -30,12 +30,51 @@ pub(crate) fn make_plan(
     Ok(relaycc_route::plan(topo, request, &options)?.plan)
 }
 
-/// A cached plan: checked and lowered once, with its scratch memory kept for reuse. Launches
-/// on a backend run one after another, so reusing scratch between calls is race-free.
+/// A cached plan: checked and lowered once, with its scratch memory kept for reuse.
+///
+/// Scratch belongs to one running program at a time. Launches on a backend run one after
+/// another, so successive launches (from any thread) reuse the same memory without a race;
+/// within one launch, the `k`-th use of the plan (a group with two operations of one shape)
+/// binds scratch set `k`, so concurrent programs never share scratch.
 #[derive(Debug)]
 pub(crate) struct Cached {
     pub exec: Executable,
-    pub scratch: Vec<DeviceMem>,
+    sets: Mutex<Vec<Vec<DeviceMem>>>,
+}
+
+impl Cached {
+    /// The scratch buffers of use `k` of this plan within one launch, allocated on first need.
+    pub fn scratch_set(&self, k: usize, backend: &dyn Backend) -> Result<Vec<DeviceMem>> {
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        while sets.len() <= k {
+            sets.push(allocate_set(&self.exec, backend)?);
+        }
+        Ok(sets[k].clone())
+    }
+
+    fn free(&self, backend: &dyn Backend) {
+        let sets = std::mem::take(&mut *self.sets.lock().unwrap_or_else(|p| p.into_inner()));
+        for m in sets.into_iter().flatten() {
+            backend.free(m);
+        }
+    }
+}
+
+/// One set of scratch buffers for `exec`; nothing stays allocated on error.
+fn allocate_set(exec: &Executable, backend: &dyn Backend) -> Result<Vec<DeviceMem>> {
+    let mut set = Vec::with_capacity(exec.scratch().len());
+    for &(loc, bytes) in exec.scratch() {
+        match backend.allocate(loc, bytes) {
+            Ok(m) => set.push(m),
+            Err(e) => {
+                for m in set {
+                    backend.free(m);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(set)
 }
 
 /// Where a communicator's plans come from: its topology, the GPUs it may relay through, and
@@ -69,22 +108,23 @@ impl PlanCache {
         }
         let plan = make_plan(source.topo, request, source.relays, source.shared_memory)
             .map_err(|e| CollectivesError::Plan { call, source: e })?;
-        let exec = exec::compile(plan, in_place)?;
-        let mut scratch = Vec::with_capacity(exec.scratch.len());
-        for &(loc, bytes) in &exec.scratch {
-            match backend.allocate(loc, bytes) {
-                Ok(m) => scratch.push(m),
-                Err(e) => {
-                    for m in scratch {
-                        backend.free(m);
-                    }
-                    return Err(e);
-                }
-            }
+        let exec = exec::compile(exec::check(plan, in_place)?)?;
+        // The first set now, so that a plan whose scratch does not fit fails here.
+        let first = allocate_set(&exec, backend)?;
+        let cached = Arc::new(Cached {
+            exec,
+            sets: Mutex::new(vec![first]),
+        });
+        // Another thread may have planned the same shape meanwhile: keep one, free the other.
+        let kept = self
+            .lock()
+            .entry(key)
+            .or_insert_with(|| cached.clone())
+            .clone();
+        if !Arc::ptr_eq(&kept, &cached) {
+            cached.free(backend);
         }
-        let cached = Arc::new(Cached { exec, scratch });
-        self.lock().insert(key, cached.clone());
-        Ok(cached)
+        Ok(kept)
     }
 
     /// Number of cached plans.
@@ -96,9 +136,7 @@ impl PlanCache {
     pub fn clear(&self, backend: &dyn Backend) {
         let drained: Vec<Arc<Cached>> = self.lock().drain().map(|(_, v)| v).collect();
         for c in drained {
-            for m in &c.scratch {
-                backend.free(*m);
-            }
+            c.free(backend);
         }
     }
 

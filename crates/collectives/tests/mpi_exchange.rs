@@ -731,8 +731,9 @@ impl Backend for Counting {
         }
         self.inner.download(src, dst)
     }
-    fn submit(&self, launches: &[Launch<'_>]) -> CResult<()> {
-        self.inner.submit(launches)
+    unsafe fn submit(&self, launches: &[Launch<'_>]) -> CResult<()> {
+        // SAFETY: forwarded with the caller's promise unchanged.
+        unsafe { self.inner.submit(launches) }
     }
     fn synchronize(&self) -> CResult<()> {
         self.inner.synchronize()

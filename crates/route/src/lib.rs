@@ -8,7 +8,7 @@
 //! |---|---|
 //! | the request and its buffer layouts | [`Request`], [`Collective`], [`DType`], [`ReduceOp`] |
 //! | the Plan IR (plain data, serde JSON) | [`Plan`], [`Op`], [`OpKind`], [`Region`], [`Location`] |
-//! | proof that a plan delivers its request | [`check`], [`check_with`], [`check_routes`] |
+//! | proof that a plan delivers its request | [`check`], [`check_with`], [`check_routes`], [`CheckedPlan`] |
 //! | whether a masked machine can carry a request at all | [`require_reachable`] |
 //! | hops, relays, host staging, max-flow split | [`path`] |
 //! | chunked, pipelined lowering of routes | [`lower`] |
@@ -38,7 +38,7 @@ mod select;
 pub mod sim;
 
 pub use bound::collective_bound_gbps;
-pub use check::{CheckOptions, check, check_routes, check_with};
+pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};

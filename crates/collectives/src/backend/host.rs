@@ -10,7 +10,9 @@
 //!   blocking `Wait`s safe: a waiting lane never holds a thread another lane needs.
 //! - Events: one flag per event of a launch, set with release ordering after the lane's
 //!   earlier commands; a waiting lane parks on the launch's condition variable.
-//! - Launches run one after another: [`Backend::submit`] first waits for the previous launch.
+//! - Launches run one after another: one lock (the gate) is held while [`Backend::submit`]
+//!   waits for the previous launch and starts the next, and while `free`, `upload` and
+//!   `download` wait and then touch memory, so none of them can come between.
 //!
 //! `unsafe` in this crate lives here (raw arenas, pointer copies) and in the reduction kernels.
 
@@ -25,7 +27,8 @@ use std::thread::JoinHandle;
 use relaycc_route::{DType, Location, ReduceOp};
 
 use super::host_reduce;
-use super::{AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot};
+use super::validate::{self, Bound, Resolved};
+use super::{AddressSpace, Backend, ByteRegion, DeviceMem, Launch, RawRegion};
 use crate::error::{CollectivesError, Result};
 
 /// Alignment of every arena block: a cache line, enough for every element type and for
@@ -115,8 +118,8 @@ impl LaunchState {
             match *task {
                 Task::Copy { src, dst, bytes } => {
                     // SAFETY: `submit` checked both ranges lie inside live blocks, which `free`
-                    // cannot release before this launch ends; the plan checker proved no other
-                    // lane touches them concurrently. `copy` allows overlap.
+                    // cannot release before this launch ends; the caller of `submit` promised no
+                    // other lane touches them concurrently. `copy` allows overlap.
                     unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
                 }
                 Task::Reduce {
@@ -135,8 +138,8 @@ impl LaunchState {
                         std::slice::from_raw_parts(srcs.as_ptr() as *const *const u8, srcs.len())
                     };
                     // SAFETY: `submit` checked every range is inside a live block, aligned for
-                    // `dtype`, and that `dst` equals or avoids each source; the plan checker
-                    // proved no concurrent writer.
+                    // `dtype`, and that `dst` equals or avoids each source; the caller of
+                    // `submit` promised no concurrent writer.
                     unsafe { host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor) };
                 }
                 Task::Record(e) => {
@@ -175,6 +178,7 @@ pub struct HostBackend {
     arenas: Mutex<BTreeMap<Location, u64>>,
     next_id: AtomicU64,
     workers: Mutex<Vec<Worker>>,
+    /// The gate: the launch in flight, locked by every step that must not overlap one.
     inflight: Mutex<Option<Arc<LaunchState>>>,
     /// An error met where it could not be returned (a failed launch, `free`).
     pending: Mutex<Option<String>>,
@@ -209,10 +213,14 @@ impl HostBackend {
         lock(&self.workers).len()
     }
 
-    /// Wait for the launch in flight; keep its error for the next `synchronize`.
-    fn wait_idle(&self) {
-        let state = lock(&self.inflight).take();
-        if let Some(state) = state {
+    /// Take the gate and wait for the launch in flight; keep its error for the next
+    /// `synchronize`. Whoever holds the returned guard has the arenas to itself: the launch
+    /// in flight has ended and no new one starts until the guard drops. The wait ends:
+    /// `submit` refuses programs whose waits could block forever, and a failed lane releases
+    /// every waiting one.
+    fn quiesce(&self) -> MutexGuard<'_, Option<Arc<LaunchState>>> {
+        let mut gate = lock(&self.inflight);
+        if let Some(state) = gate.take() {
             let mut g = lock(&state.status);
             while g.0 > 0 {
                 g = state.cv.wait(g).unwrap_or_else(|p| p.into_inner());
@@ -221,6 +229,7 @@ impl HostBackend {
                 lock(&self.pending).get_or_insert(e);
             }
         }
+        gate
     }
 
     fn ensure_workers(&self, n: usize) -> Result<()> {
@@ -255,24 +264,6 @@ impl HostBackend {
         }
         Ok(b.addr + r.offset as usize)
     }
-}
-
-/// Resolve a slot against resolved bindings; checks bounds and element alignment.
-fn slot_addr(bindings: &[(usize, u64)], s: &Slot, align: usize) -> Result<usize> {
-    let (base, len) = *bindings
-        .get(s.binding as usize)
-        .ok_or_else(|| err(format!("binding {} is not bound", s.binding)))?;
-    if s.offset.checked_add(s.bytes).is_none_or(|e| e > len) {
-        return Err(err(format!(
-            "slot {}+{} lies outside binding {} of {len} bytes",
-            s.offset, s.bytes, s.binding
-        )));
-    }
-    let addr = base + s.offset as usize;
-    if addr % align != 0 {
-        return Err(err(format!("slot of binding {} is misaligned", s.binding)));
-    }
-    Ok(addr)
 }
 
 impl Backend for HostBackend {
@@ -314,7 +305,7 @@ impl Backend for HostBackend {
     }
 
     fn free(&self, mem: DeviceMem) {
-        self.wait_idle();
+        let _gate = self.quiesce();
         let Some(b) = lock(&self.blocks).remove(&mem.id) else {
             lock(&self.pending).get_or_insert(format!("free of unknown allocation {}", mem.id));
             return;
@@ -333,7 +324,7 @@ impl Backend for HostBackend {
         if src.len() as u64 != dst.bytes {
             return Err(err("upload length differs from the region's"));
         }
-        self.wait_idle();
+        let _gate = self.quiesce();
         let blocks = lock(&self.blocks);
         let addr = Self::resolve_region(&blocks, &dst)?;
         // SAFETY: the region lies inside a live block (checked), no launch runs, and the
@@ -346,7 +337,7 @@ impl Backend for HostBackend {
         if dst.len() as u64 != src.bytes {
             return Err(err("download length differs from the region's"));
         }
-        self.wait_idle();
+        let _gate = self.quiesce();
         let blocks = lock(&self.blocks);
         let addr = Self::resolve_region(&blocks, &src)?;
         // SAFETY: as in `upload`, in the other direction.
@@ -364,103 +355,72 @@ impl Backend for HostBackend {
         }))
     }
 
-    fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
-        self.wait_idle();
+    unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
+        // One step under the gate: wait for the previous launch, resolve, start this one.
+        // Nothing else that touches memory (another submit, `free`, host access) can come
+        // between, so launches never overlap and no block leaves while a launch uses it.
+        let mut gate = self.quiesce();
         let mut lanes: Vec<Vec<Task>> = Vec::new();
         let mut srcs: Vec<usize> = Vec::new();
         let mut events = 0usize;
         {
             let blocks = lock(&self.blocks);
-            for l in launches {
-                let p = l.program;
-                if l.bindings.len() != p.bindings as usize {
-                    return Err(err(format!(
-                        "program needs {} bindings, launch gives {}",
-                        p.bindings,
-                        l.bindings.len()
-                    )));
-                }
+            for (pi, l) in launches.iter().enumerate() {
                 let bound = l
                     .bindings
                     .iter()
-                    .map(|r| Self::resolve_region(&blocks, r).map(|a| (a, r.bytes)))
+                    .map(|r| {
+                        Self::resolve_region(&blocks, r).map(|a| Bound {
+                            addr: a as u64,
+                            bytes: r.bytes,
+                        })
+                    })
                     .collect::<Result<Vec<_>>>()?;
-                let (lane0, event0) = (lanes.len(), events);
+                let resolved = validate::resolve("host", pi, l, &bound)?;
+                let p = l.program;
+                let (lane0, event0, src0) = (lanes.len(), events, srcs.len());
                 lanes.resize_with(lane0 + p.lanes.len(), Vec::new);
                 events += p.events as usize;
-                let align = p.dtype.size() as usize;
-                let lane_of = |lane: u32| -> Result<usize> {
-                    if (lane as usize) < p.lanes.len() {
-                        Ok(lane0 + lane as usize)
-                    } else {
-                        Err(err(format!("lane {lane} does not exist")))
-                    }
-                };
-                let event_of = |e: u32| -> Result<usize> {
-                    if e < p.events {
-                        Ok(event0 + e as usize)
-                    } else {
-                        Err(err(format!("event {e} does not exist")))
-                    }
-                };
-                for c in &p.commands {
-                    match c {
-                        Command::Copy { lane, src, dst } => {
-                            if src.bytes != dst.bytes {
-                                return Err(err("copy between slots of different sizes"));
-                            }
-                            let t = Task::Copy {
-                                src: slot_addr(&bound, src, 1)?,
-                                dst: slot_addr(&bound, dst, 1)?,
-                                bytes: src.bytes as usize,
-                            };
-                            lanes[lane_of(*lane)?].push(t);
-                        }
-                        Command::Reduce {
+                srcs.extend(resolved.srcs.iter().map(|&a| a as usize));
+                for c in resolved.commands {
+                    let (lane, task) = match c {
+                        Resolved::Copy {
+                            lane,
+                            src,
+                            dst,
+                            bytes,
+                            ..
+                        } => (
+                            lane,
+                            Task::Copy {
+                                src: src as usize,
+                                dst: dst as usize,
+                                bytes: bytes as usize,
+                            },
+                        ),
+                        Resolved::Reduce {
                             lane,
                             first,
                             count,
                             dst,
-                            divide,
-                        } => {
-                            let range = *first as usize..(*first as usize + *count as usize);
-                            let slots = p
-                                .srcs
-                                .get(range)
-                                .ok_or_else(|| err("reduce sources out of range"))?;
-                            let d = slot_addr(&bound, dst, align)?;
-                            let start = srcs.len();
-                            for s in slots {
-                                if s.bytes != dst.bytes {
-                                    return Err(err("reduce source and destination sizes differ"));
-                                }
-                                let a = slot_addr(&bound, s, align)?;
-                                let n = dst.bytes as usize;
-                                if a != d && a < d + n && d < a + n {
-                                    return Err(err("reduce destination partly overlaps a source"));
-                                }
-                                srcs.push(a);
-                            }
-                            let t = Task::Reduce {
-                                first: start,
-                                count: slots.len(),
-                                dst: d,
-                                len: (dst.bytes / p.dtype.size()) as usize,
+                            len,
+                            divisor,
+                        } => (
+                            lane,
+                            Task::Reduce {
+                                first: src0 + first,
+                                count,
+                                dst: dst as usize,
+                                len: len as usize,
                                 dtype: p.dtype,
                                 op: p.op,
-                                divisor: (*divide && p.op == ReduceOp::Avg).then_some(p.divisor),
-                            };
-                            lanes[lane_of(*lane)?].push(t);
-                        }
-                        Command::Record { lane, event } => {
-                            let e = event_of(*event)?;
-                            lanes[lane_of(*lane)?].push(Task::Record(e));
-                        }
-                        Command::Wait { lane, event } => {
-                            let e = event_of(*event)?;
-                            lanes[lane_of(*lane)?].push(Task::Wait(e));
-                        }
-                    }
+                                divisor,
+                            },
+                        ),
+                        Resolved::Record { lane, event } => (lane, Task::Record(event0 + event)),
+                        Resolved::Wait { lane, event } => (lane, Task::Wait(event0 + event)),
+                    };
+                    lanes[lane0 + lane].push(task);
                 }
             }
         }
@@ -477,7 +437,7 @@ impl Backend for HostBackend {
             status: Mutex::new((busy.len(), None)),
             cv: Condvar::new(),
         });
-        *lock(&self.inflight) = Some(state.clone());
+        *gate = Some(state.clone());
         let workers = lock(&self.workers);
         for &l in &busy {
             let sent = workers
@@ -494,7 +454,7 @@ impl Backend for HostBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.wait_idle();
+        drop(self.quiesce());
         match lock(&self.pending).take() {
             Some(e) => Err(err(e)),
             None => Ok(()),
@@ -504,7 +464,7 @@ impl Backend for HostBackend {
 
 impl Drop for HostBackend {
     fn drop(&mut self) {
-        self.wait_idle();
+        drop(self.quiesce());
         let workers: Vec<_> = std::mem::take(&mut *lock(&self.workers));
         let mut handles = Vec::new();
         for (tx, h) in workers {

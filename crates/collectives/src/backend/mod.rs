@@ -20,14 +20,19 @@
 //! operations on one NCCL communicator do; [`Backend::synchronize`] waits for all of them.
 //!
 //! Host access ([`Backend::upload`], [`Backend::download`]) and [`Backend::free`] wait for the
-//! launches in flight first, so that no host access ever races a lane; this is what keeps the
-//! safe API sound although buffers are shared handles.
+//! launches in flight first, and no launch starts until they are done, so that no host access
+//! ever races a lane and no memory leaves while a launch uses it; this is what keeps the safe
+//! API sound although buffers are shared handles used from several threads.
 //!
-//! A backend validates every slot against its allocations before it runs a command, so a wrong
-//! binding is an error, never a stray write.
+//! A backend checks every launch against the protocol and its allocations before it enqueues
+//! a command (`validate.rs`, shared by every backend): a wrong binding, slot, lane or event is
+//! an error, never a stray write, and a `Wait` with no earlier `Record` is an error, never a
+//! hang. That launches are free of data races is the caller's promise ([`Backend::submit`] is
+//! `unsafe`); the executor keeps it for programs compiled from a checked plan.
 
 pub mod host;
 pub(crate) mod host_reduce;
+pub(crate) mod validate;
 
 use std::fmt;
 
@@ -159,7 +164,7 @@ pub struct Program {
     pub divisor: u32,
     /// Number of bindings a launch must give.
     pub bindings: u32,
-    /// Commands, every `Wait` after its `Record`.
+    /// Commands, every `Wait` after a `Record` of its event (checked at submission).
     pub commands: Vec<Command>,
     /// Sources of the reductions.
     pub srcs: Vec<Slot>,
@@ -187,9 +192,34 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()>;
     /// Copy `src` into host bytes (after the launches in flight).
     fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()>;
-    /// Enqueue programs as one launch; returns once enqueued. Errors found before any command
-    /// runs (a slot outside its binding, an unknown allocation) leave every buffer unchanged.
-    fn submit(&self, launches: &[Launch<'_>]) -> Result<()>;
+    /// Enqueue programs as one launch; returns once enqueued, after the previous launch in the
+    /// backend's order. Errors found before any command runs leave every buffer unchanged:
+    /// an unknown allocation, a region outside it, and every protocol rule the shared
+    /// validation checks (bindings, lanes, events, slot bounds and alignment, copy and
+    /// reduction sizes, each `Wait` after a `Record` of its event).
+    ///
+    /// Implementations run launches one after another (a launch touches memory only after the
+    /// previous one is done with it) and finish every launch they accept.
+    ///
+    /// # Safety
+    ///
+    /// The launch must be free of data races, which the backend cannot check in one pass:
+    /// when two commands of the launch run on different lanes (of one program or of two) and
+    /// touch a common byte of the bound memory, one of them writing it, they belong to one
+    /// program and a chain of `Record`/`Wait` orders one before the other. Bindings that
+    /// alias count: the rule is about bytes, not binding indices. And no library touches
+    /// the bound memory through a [`RawRegion`] address while the launch runs.
+    ///
+    /// [`crate::exec::launch`] keeps this for programs compiled from a
+    /// [`relaycc_route::CheckedPlan`]. Calling without `unsafe` does not compile:
+    ///
+    /// ```compile_fail,E0133
+    /// use relaycc_collectives::{Backend, HostBackend, Launch};
+    /// fn go(backend: &HostBackend, launches: &[Launch<'_>]) {
+    ///     let _ = backend.submit(launches);
+    /// }
+    /// ```
+    unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()>;
     /// Wait for every launch; returns the first error any of them met since the last call.
     fn synchronize(&self) -> Result<()>;
     /// The raw address of `region` for a library that moves bytes outside launches (MPI), or

@@ -26,31 +26,23 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
-use relaycc_route::{DType, Location, ReduceOp};
+use relaycc_route::Location;
 
-use crate::backend::{
-    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, RawRegion, Slot,
-};
-use crate::cuda::{self, CudaError, KernelCache, LaunchShape};
+use crate::backend::{AddressSpace, Backend, ByteRegion, DeviceMem, Launch, RawRegion};
+use crate::cuda::{self, CudaError, KernelCache};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 
-/// Most chunks a partially overlapping copy is split into (see `Task::Copy`).
-const MAX_OVERLAP_CHUNKS: u64 = 64;
-
-fn err(message: impl Into<String>) -> CollectivesError {
+pub(super) fn err(message: impl Into<String>) -> CollectivesError {
     CollectivesError::Backend {
         backend: "cuda",
         message: message.into(),
     }
 }
 
-fn drv(call: &'static str) -> impl Fn(DriverError) -> CollectivesError {
+pub(super) fn drv(call: &'static str) -> impl Fn(DriverError) -> CollectivesError {
     move |e| {
         CollectivesError::Cuda(CudaError::Driver {
             call,
@@ -66,22 +58,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// One physical GPU in use.
 #[derive(Debug)]
-struct Device {
+pub(super) struct Device {
     ordinal: usize,
-    ctx: Arc<CudaContext>,
+    pub(super) ctx: Arc<CudaContext>,
     arch: cuda::Arch,
-    sms: u32,
+    pub(super) sms: u32,
     /// The stream that allocates, zeroes and copies to and from the host.
     io: Arc<CudaStream>,
     /// The kernels, loaded on the first reduction.
     module: Option<Arc<CudaModule>>,
     /// Lane streams, reused between launches; `tails[k]` is recorded on `streams[k]` at the end
     /// of every launch that used it.
-    streams: Vec<Arc<CudaStream>>,
-    tails: Vec<CudaEvent>,
+    pub(super) streams: Vec<Arc<CudaStream>>,
+    pub(super) tails: Vec<CudaEvent>,
     /// Events for `Record` commands, reused between launches (a wait binds to the record
     /// enqueued before it, so re-recording later is harmless).
-    events: Vec<CudaEvent>,
+    pub(super) events: Vec<CudaEvent>,
 }
 
 /// What backs an allocation.
@@ -98,7 +90,7 @@ enum Storage {
 }
 
 #[derive(Debug)]
-struct Alloc {
+pub(super) struct Alloc {
     /// Device (or, for pinned memory, unified host) address of the first byte.
     ptr: u64,
     bytes: u64,
@@ -108,14 +100,14 @@ struct Alloc {
 }
 
 #[derive(Debug)]
-struct State {
-    devices: Vec<Device>,
-    allocs: HashMap<u64, Alloc>,
+pub(super) struct State {
+    pub(super) devices: Vec<Device>,
+    pub(super) allocs: HashMap<u64, Alloc>,
     /// Streams (device index, stream index) the previous launch used, whose tail events the
     /// next launch waits for.
-    last: Vec<(usize, usize)>,
+    pub(super) last: Vec<(usize, usize)>,
     /// Streams used since the last host synchronization.
-    dirty: Vec<(usize, usize)>,
+    pub(super) dirty: Vec<(usize, usize)>,
 }
 
 /// The CUDA backend (see the module docs).
@@ -139,36 +131,6 @@ pub struct Rejected<T> {
     pub error: CollectivesError,
     /// The caller's slice, untouched.
     pub slice: CudaSlice<T>,
-}
-
-/// One resolved command.
-#[derive(Debug, Clone, Copy)]
-enum Task {
-    Copy {
-        stream: (usize, usize),
-        src: u64,
-        src_dev: Option<usize>,
-        dst: u64,
-        dst_dev: Option<usize>,
-        bytes: u64,
-    },
-    Reduce {
-        stream: (usize, usize),
-        /// Sources: `srcs[first..first + count]`.
-        first: usize,
-        count: usize,
-        dst: u64,
-        len: u64,
-        divisor: Option<u32>,
-    },
-    Record {
-        stream: (usize, usize),
-        event: (usize, usize),
-    },
-    Wait {
-        stream: (usize, usize),
-        event: (usize, usize),
-    },
 }
 
 impl CudaBackend {
@@ -290,7 +252,7 @@ impl CudaBackend {
     }
 
     /// The device that drives a lane (host lanes run on the first mapped device).
-    fn lane_dev(&self, location: Location) -> Result<usize> {
+    pub(super) fn lane_dev(&self, location: Location) -> Result<usize> {
         Ok(self.dev_of(location)?.unwrap_or(self.map[0]))
     }
 
@@ -299,7 +261,7 @@ impl CudaBackend {
     }
 
     /// Synchronize every stream used since the last call; errors are kept for `synchronize`.
-    fn wait_idle(&self, st: &mut State) {
+    pub(super) fn wait_idle(&self, st: &mut State) {
         for (d, s) in std::mem::take(&mut st.dirty) {
             if let Err(e) = st.devices[d].streams[s].synchronize() {
                 self.keep(format!(
@@ -408,7 +370,7 @@ impl CudaBackend {
     }
 
     /// The kernels of device `d`, loaded on first use.
-    fn module(&self, st: &mut State, d: usize) -> Result<Arc<CudaModule>> {
+    pub(super) fn module(&self, st: &mut State, d: usize) -> Result<Arc<CudaModule>> {
         if let Some(m) = &st.devices[d].module {
             return Ok(m.clone());
         }
@@ -421,7 +383,7 @@ impl CudaBackend {
         Ok(m)
     }
 
-    fn stream(st: &mut State, d: usize, k: usize) -> Result<()> {
+    pub(super) fn stream(st: &mut State, d: usize, k: usize) -> Result<()> {
         let dev = &mut st.devices[d];
         while dev.streams.len() <= k {
             dev.streams
@@ -433,7 +395,10 @@ impl CudaBackend {
     }
 }
 
-fn resolve(allocs: &HashMap<u64, Alloc>, r: &ByteRegion) -> Result<(u64, Option<usize>)> {
+pub(super) fn resolve(
+    allocs: &HashMap<u64, Alloc>,
+    r: &ByteRegion,
+) -> Result<(u64, Option<usize>)> {
     let a = allocs
         .get(&r.mem.id)
         .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id)))?;
@@ -444,212 +409,6 @@ fn resolve(allocs: &HashMap<u64, Alloc>, r: &ByteRegion) -> Result<(u64, Option<
         )));
     }
     Ok((a.ptr + r.offset, a.dev))
-}
-
-/// A slot's address and device; checks bounds and element alignment.
-fn slot_addr(
-    bound: &[(u64, u64, Option<usize>)],
-    s: &Slot,
-    align: u64,
-) -> Result<(u64, Option<usize>)> {
-    let (base, len, dev) = *bound
-        .get(s.binding as usize)
-        .ok_or_else(|| err(format!("binding {} is not bound", s.binding)))?;
-    if s.offset.checked_add(s.bytes).is_none_or(|e| e > len) {
-        return Err(err(format!(
-            "slot {}+{} lies outside binding {} of {len} bytes",
-            s.offset, s.bytes, s.binding
-        )));
-    }
-    let addr = base + s.offset;
-    if addr % align != 0 {
-        return Err(err(format!("slot of binding {} is misaligned", s.binding)));
-    }
-    Ok((addr, dev))
-}
-
-/// The kernels a launch needs, resolved before anything is enqueued.
-struct Funcs {
-    reduce: CudaFunction,
-}
-
-impl CudaBackend {
-    fn enqueue(
-        &self,
-        st: &mut State,
-        tasks: &[Task],
-        srcs: &[u64],
-        dtype: &[(DType, ReduceOp)],
-        funcs: &HashMap<(usize, usize), Funcs>,
-        task_prog: &[usize],
-    ) -> Result<()> {
-        for (i, t) in tasks.iter().enumerate() {
-            match *t {
-                Task::Copy {
-                    stream: (d, k),
-                    src,
-                    src_dev,
-                    dst,
-                    dst_dev,
-                    bytes,
-                } => {
-                    if bytes == 0 || src == dst {
-                        continue;
-                    }
-                    let dev = &st.devices[d];
-                    let s = dev.streams[k].cu_stream();
-                    dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-                    // Partly overlapping ranges (legal in the protocol, undefined for
-                    // cuMemcpy) are copied in chunks of the distance between them, in the
-                    // direction that never overwrites unread bytes; the stream runs them in
-                    // order.
-                    let dist = src.abs_diff(dst);
-                    let chunks: Vec<(u64, u64, u64)> = if dist >= bytes {
-                        vec![(src, dst, bytes)]
-                    } else {
-                        let n = bytes.div_ceil(dist);
-                        let mut v: Vec<(u64, u64, u64)> = (0..n)
-                            .map(|c| {
-                                let off = c * dist;
-                                (src + off, dst + off, dist.min(bytes - off))
-                            })
-                            .collect();
-                        if dst > src {
-                            v.reverse();
-                        }
-                        v
-                    };
-                    for (cs, cd, cb) in chunks {
-                        let r = match (src_dev, dst_dev) {
-                            (Some(a), Some(b)) if a != b => {
-                                // SAFETY: both ranges were checked inside live allocations of
-                                // these devices, which `free` cannot release before this
-                                // launch ends; the plan checker proved no concurrent writer.
-                                unsafe {
-                                    sys::cuMemcpyPeerAsync(
-                                        cd,
-                                        st.devices[b].ctx.cu_ctx(),
-                                        cs,
-                                        st.devices[a].ctx.cu_ctx(),
-                                        cb as usize,
-                                        s,
-                                    )
-                                }
-                            }
-                            // SAFETY: as above; unified addressing lets one call serve
-                            // device-to-device on one GPU and any copy with pinned host memory.
-                            _ => unsafe { sys::cuMemcpyAsync(cd, cs, cb as usize, s) },
-                        };
-                        r.result().map_err(drv("cuMemcpyAsync"))?;
-                    }
-                }
-                Task::Reduce {
-                    stream: (d, k),
-                    first,
-                    count,
-                    dst,
-                    len,
-                    divisor,
-                } => {
-                    if len == 0 {
-                        continue;
-                    }
-                    let (dt, op) = dtype[task_prog[i]];
-                    let f = &funcs
-                        .get(&(d, task_prog[i]))
-                        .ok_or_else(|| err("kernel not loaded"))?
-                        .reduce;
-                    let dev = &st.devices[d];
-                    let stream = &dev.streams[k];
-                    let shape = LaunchShape::for_items(len, dev.sms.saturating_mul(4));
-                    let cfg = LaunchConfig {
-                        grid_dim: (shape.blocks, 1, 1),
-                        block_dim: (shape.threads_per_block, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    let s = &srcs[first..first + count];
-                    // Binary kernels: start from the destination when it is a source (so it
-                    // is read before it is overwritten), then fold the others in.
-                    let mut order: Vec<u64> = Vec::with_capacity(count + 1);
-                    if let Some(j) = s.iter().position(|&a| a == dst) {
-                        order.push(s[j]);
-                        order.extend(
-                            s.iter()
-                                .enumerate()
-                                .filter(|(i, _)| *i != j)
-                                .map(|(_, &a)| a),
-                        );
-                    } else {
-                        order.extend_from_slice(s);
-                    }
-                    // One source: combine it with itself at half scale (avg), or copy it.
-                    let steps: Vec<(u64, u64)> = if order.len() == 1 {
-                        if divisor.is_none() {
-                            if order[0] != dst {
-                                dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-                                // SAFETY: both ranges were checked inside live allocations.
-                                unsafe {
-                                    sys::cuMemcpyAsync(
-                                        dst,
-                                        order[0],
-                                        (len * dt.size()) as usize,
-                                        stream.cu_stream(),
-                                    )
-                                }
-                                .result()
-                                .map_err(drv("cuMemcpyAsync"))?;
-                            }
-                            continue;
-                        }
-                        vec![(order[0], order[0])]
-                    } else {
-                        let mut v = vec![(order[0], order[1])];
-                        v.extend(order[2..].iter().map(|&b| (dst, b)));
-                        v
-                    };
-                    let nsteps = steps.len();
-                    for (si, (a, b)) in steps.into_iter().enumerate() {
-                        let last = si + 1 == nsteps;
-                        let mut scale = 1.0f64;
-                        if last && let Some(n) = divisor {
-                            scale = 1.0 / f64::from(n.max(1));
-                        }
-                        if order.len() == 1 {
-                            scale *= 0.5;
-                        }
-                        let mut builder = stream.launch_builder(f);
-                        builder.arg(&dst).arg(&a).arg(&b).arg(&len);
-                        if op == ReduceOp::Avg {
-                            builder.arg(&scale);
-                        }
-                        // SAFETY: the kernel's signature is (dst, a, b, n[, scale]) with
-                        // device pointers as 64-bit values; every range holds `len` elements
-                        // of the program's type inside live allocations (checked), and `dst`
-                        // equals or avoids each source (checked).
-                        unsafe { builder.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
-                    }
-                }
-                Task::Record {
-                    stream: (d, k),
-                    event: (ed, ek),
-                } => {
-                    let s = st.devices[d].streams[k].clone();
-                    st.devices[ed].events[ek]
-                        .record(&s)
-                        .map_err(drv("cuEventRecord"))?;
-                }
-                Task::Wait {
-                    stream: (d, k),
-                    event: (ed, ek),
-                } => {
-                    let s = st.devices[d].streams[k].clone();
-                    s.wait(&st.devices[ed].events[ek])
-                        .map_err(drv("cuStreamWaitEvent"))?;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Backend for CudaBackend {
@@ -811,208 +570,12 @@ impl Backend for CudaBackend {
         }))
     }
 
-    fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
-        let mut guard = lock(&self.state);
-        let st = &mut *guard;
-        // Pass 1: resolve and check everything; nothing is enqueued until it all passes.
-        let mut tasks: Vec<Task> = Vec::new();
-        let mut task_prog: Vec<usize> = Vec::new();
-        let mut srcs: Vec<u64> = Vec::new();
-        let mut kinds: Vec<(DType, ReduceOp)> = Vec::new();
-        let mut lane_count = vec![0usize; st.devices.len()];
-        let mut event_count = vec![0usize; st.devices.len()];
-        let mut used: Vec<(usize, usize)> = Vec::new();
-        let mut need_kernels: Vec<(usize, usize)> = Vec::new();
-        for (pi, l) in launches.iter().enumerate() {
-            let p = l.program;
-            kinds.push((p.dtype, p.op));
-            if l.bindings.len() != p.bindings as usize {
-                return Err(err(format!(
-                    "program needs {} bindings, launch gives {}",
-                    p.bindings,
-                    l.bindings.len()
-                )));
-            }
-            let bound = l
-                .bindings
-                .iter()
-                .map(|r| resolve(&st.allocs, r).map(|(a, d)| (a, r.bytes, d)))
-                .collect::<Result<Vec<_>>>()?;
-            let mut lanes = Vec::with_capacity(p.lanes.len());
-            for loc in &p.lanes {
-                let d = self.lane_dev(*loc)?;
-                lanes.push((d, lane_count[d]));
-                lane_count[d] += 1;
-            }
-            // Each event lives on the device of the lane that records it.
-            let mut events: Vec<Option<(usize, usize)>> = vec![None; p.events as usize];
-            for c in &p.commands {
-                if let Command::Record { lane, event } = c {
-                    let (d, _) = *lanes
-                        .get(*lane as usize)
-                        .ok_or_else(|| err(format!("lane {lane} does not exist")))?;
-                    let slot = events
-                        .get_mut(*event as usize)
-                        .ok_or_else(|| err(format!("event {event} does not exist")))?;
-                    if slot.is_none() {
-                        *slot = Some((d, event_count[d]));
-                        event_count[d] += 1;
-                    }
-                }
-            }
-            let lane_of = |lane: u32| -> Result<(usize, usize)> {
-                lanes
-                    .get(lane as usize)
-                    .copied()
-                    .ok_or_else(|| err(format!("lane {lane} does not exist")))
-            };
-            let event_of = |e: u32| -> Result<(usize, usize)> {
-                events
-                    .get(e as usize)
-                    .copied()
-                    .flatten()
-                    .ok_or_else(|| err(format!("event {e} is never recorded")))
-            };
-            let align = p.dtype.size();
-            for c in &p.commands {
-                let t = match c {
-                    Command::Copy { lane, src, dst } => {
-                        if src.bytes != dst.bytes {
-                            return Err(err("copy between slots of different sizes"));
-                        }
-                        let (s, sd) = slot_addr(&bound, src, 1)?;
-                        let (d, dd) = slot_addr(&bound, dst, 1)?;
-                        let dist = s.abs_diff(d);
-                        if dist != 0
-                            && dist < src.bytes
-                            && src.bytes.div_ceil(dist) > MAX_OVERLAP_CHUNKS
-                        {
-                            return Err(err("copy between ranges that overlap almost entirely"));
-                        }
-                        Task::Copy {
-                            stream: lane_of(*lane)?,
-                            src: s,
-                            src_dev: sd,
-                            dst: d,
-                            dst_dev: dd,
-                            bytes: src.bytes,
-                        }
-                    }
-                    Command::Reduce {
-                        lane,
-                        first,
-                        count,
-                        dst,
-                        divide,
-                    } => {
-                        let range = *first as usize..(*first as usize + *count as usize);
-                        let slots = p
-                            .srcs
-                            .get(range)
-                            .ok_or_else(|| err("reduce sources out of range"))?;
-                        if slots.is_empty() {
-                            return Err(err("reduce without sources"));
-                        }
-                        let (d, _) = slot_addr(&bound, dst, align)?;
-                        let start = srcs.len();
-                        for s in slots {
-                            if s.bytes != dst.bytes {
-                                return Err(err("reduce source and destination sizes differ"));
-                            }
-                            let (a, _) = slot_addr(&bound, s, align)?;
-                            let n = dst.bytes;
-                            if a != d && a < d + n && d < a + n {
-                                return Err(err("reduce destination partly overlaps a source"));
-                            }
-                            srcs.push(a);
-                        }
-                        let stream = lane_of(*lane)?;
-                        let divisor = (*divide && p.op == ReduceOp::Avg).then_some(p.divisor);
-                        if dst.bytes > 0 && (slots.len() > 1 || divisor.is_some()) {
-                            need_kernels.push((stream.0, pi));
-                        }
-                        Task::Reduce {
-                            stream,
-                            first: start,
-                            count: slots.len(),
-                            dst: d,
-                            len: dst.bytes / p.dtype.size(),
-                            divisor,
-                        }
-                    }
-                    Command::Record { lane, event } => Task::Record {
-                        stream: lane_of(*lane)?,
-                        event: event_of(*event)?,
-                    },
-                    Command::Wait { lane, event } => Task::Wait {
-                        stream: lane_of(*lane)?,
-                        event: event_of(*event)?,
-                    },
-                };
-                let s = match t {
-                    Task::Copy { stream, .. }
-                    | Task::Reduce { stream, .. }
-                    | Task::Record { stream, .. }
-                    | Task::Wait { stream, .. } => stream,
-                };
-                if !used.contains(&s) {
-                    used.push(s);
-                }
-                tasks.push(t);
-                task_prog.push(pi);
-            }
-        }
-        if tasks.is_empty() {
-            return Ok(());
-        }
-        // Kernels (NVRTC or precompiled PTX) before anything is enqueued.
-        let mut funcs: HashMap<(usize, usize), Funcs> = HashMap::new();
-        for (d, pi) in need_kernels {
-            if funcs.contains_key(&(d, pi)) {
-                continue;
-            }
-            let (dt, op) = kinds[pi];
-            let name = cuda::reduce_entry(dt, op, false)?;
-            let m = self.module(st, d)?;
-            let reduce = m.load_function(name).map_err(drv("cuModuleGetFunction"))?;
-            funcs.insert((d, pi), Funcs { reduce });
-        }
-        for (d, &n) in lane_count.iter().enumerate() {
-            if n > 0 {
-                Self::stream(st, d, n - 1)?;
-            }
-        }
-        for (d, &n) in event_count.iter().enumerate() {
-            let dev = &mut st.devices[d];
-            while dev.events.len() < n {
-                dev.events
-                    .push(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
-            }
-        }
-        // Pass 2: order after the previous launch, enqueue, and mark the end.
-        let last = std::mem::take(&mut st.last);
-        for &(d, k) in &used {
-            let s = st.devices[d].streams[k].clone();
-            for &(ld, lk) in &last {
-                if (ld, lk) != (d, k) {
-                    s.wait(&st.devices[ld].tails[lk])
-                        .map_err(drv("cuStreamWaitEvent"))?;
-                }
-            }
-        }
-        let r = self.enqueue(st, &tasks, &srcs, &kinds, &funcs, &task_prog);
-        // Even after a failed enqueue, record the tails so the next launch stays ordered.
-        for &(d, k) in &used {
-            let s = st.devices[d].streams[k].clone();
-            st.devices[d].tails[k]
-                .record(&s)
-                .map_err(drv("cuEventRecord"))?;
-            if !st.dirty.contains(&(d, k)) {
-                st.dirty.push((d, k));
-            }
-        }
-        st.last = used;
-        r
+    unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
+        // One step under the state lock: nothing else that touches memory can come between
+        // ordering after the previous launch and enqueuing this one.
+        let mut st = lock(&self.state);
+        let prepared = self.prepare(&st, launches)?;
+        self.launch_prepared(&mut st, &prepared)
     }
 
     fn synchronize(&self) -> Result<()> {

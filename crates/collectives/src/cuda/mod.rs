@@ -22,6 +22,7 @@ mod cache;
 mod driver;
 mod error;
 mod kernel_sources;
+mod launch;
 mod libs;
 pub mod measure;
 pub mod nccl;

@@ -5,23 +5,46 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use relaycc_route::{BufferRef, CheckOptions, Location, OpKind, Plan, Region, RouteError};
+use relaycc_route::{
+    BufferRef, CheckOptions, CheckedPlan, Location, OpKind, Plan, Region, RouteError,
+};
 
 use crate::backend::{Backend, ByteRegion, Command, Launch, Program, Slot};
 use crate::error::{CollectivesError, Result};
 
 /// A plan proved correct and lowered to a [`Program`]; built once per request shape and
-/// cached, so the checker's cost is paid once, not per call.
+/// cached, so the checker's cost is paid once, not per call. Only [`compile`] makes one, from
+/// a [`CheckedPlan`], so its program carries the checker's proof:
+///
+/// ```compile_fail,E0308
+/// fn unchecked(plan: relaycc_route::Plan) {
+///     let _ = relaycc_collectives::exec::compile(plan);
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Executable {
+    plan: CheckedPlan,
+    program: Program,
+    scratch: Vec<(Location, u64)>,
+}
+
+impl Executable {
     /// The plan.
-    pub plan: Plan,
+    pub fn plan(&self) -> &Plan {
+        self.plan.plan()
+    }
     /// Whether the plan was checked as an in-place call.
-    pub in_place: bool,
+    pub fn in_place(&self) -> bool {
+        self.plan.in_place()
+    }
     /// The lowered program.
-    pub program: Program,
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
     /// Location and bytes of each scratch buffer, in the plan's order.
-    pub scratch: Vec<(Location, u64)>,
+    pub fn scratch(&self) -> &[(Location, u64)] {
+        &self.scratch
+    }
 }
 
 /// Binding index of a plan buffer: inputs first, then outputs, then scratch buffers.
@@ -33,161 +56,36 @@ pub fn binding_of(b: BufferRef, ranks: u32) -> u32 {
     }
 }
 
-fn invalid(op: usize, message: impl Into<String>) -> CollectivesError {
+fn invalid(op: Option<usize>, message: impl Into<String>) -> CollectivesError {
     CollectivesError::InvalidPlan {
         op,
         message: message.into(),
     }
 }
 
-/// Check `plan` (structure, data and ordering, with `relaycc_route::check_with`) and lower it.
+/// Check `plan` (structure, data and ordering: [`CheckedPlan::new`]) as an in-place call or
+/// not, with the checker's complaint as [`CollectivesError::InvalidPlan`] naming the op.
+pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
+    CheckedPlan::new(plan, CheckOptions { in_place }).map_err(|e| match e {
+        RouteError::PlanCheck { op, message } => invalid((op != usize::MAX).then_some(op), message),
+        other => invalid(None, other.to_string()),
+    })
+}
+
+/// Lower a checked plan (see [`check`]) to a program.
 ///
-/// Returns an error naming the op when the plan is wrong; nothing has run then.
-pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
-    relaycc_route::check_with(&plan, CheckOptions { in_place }).map_err(|e| match e {
-        RouteError::PlanCheck { op, message } => invalid(op, message),
-        other => invalid(usize::MAX, other.to_string()),
-    })?;
+/// Errors: a region or scratch buffer whose size in bytes overflows, naming the op or the
+/// scratch buffer; nothing has run then.
+pub fn compile(checked: CheckedPlan) -> Result<Executable> {
+    let plan = checked.plan();
     let ranks = plan.request.gpus.len() as u32;
-    let esize = plan.dtype.size();
-    let nops = plan.ops.len();
-    let nlanes = plan.lanes.len();
-    // Lane order: each op's predecessor on its lane and its 1-based position there.
-    let mut pos = vec![0u32; nops];
-    let mut lane_len = vec![0u32; nlanes];
-    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    let mut lane_last = vec![u32::MAX; nlanes];
-    let mut needs_event = vec![false; nops];
-    for (id, op) in plan.ops.iter().enumerate() {
-        let l = op.lane as usize;
-        lane_len[l] += 1;
-        pos[id] = lane_len[l];
-        if lane_last[l] != u32::MAX {
-            preds[id].push(lane_last[l]);
-        }
-        lane_last[l] = id as u32;
-        for &d in &op.deps {
-            preds[id].push(d);
-            if plan.ops[d as usize].lane != op.lane {
-                needs_event[d as usize] = true;
-            }
-        }
-    }
-    // Event ids for the ops other lanes wait on.
-    let mut event_of = vec![u32::MAX; nops];
-    let mut events = 0u32;
-    for (id, e) in event_of.iter_mut().enumerate() {
-        if needs_event[id] {
-            *e = events;
-            events += 1;
-        }
-    }
-    // Topological order (lowest id first): every record is emitted before any wait on it.
-    let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
-    let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    for (id, p) in preds.iter().enumerate() {
-        for &q in p {
-            succs[q as usize].push(id as u32);
-        }
-    }
-    let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
-        .filter(|i| indeg[*i as usize] == 0)
-        .map(Reverse)
-        .collect();
-    // waited[l * nlanes + m]: the furthest position of lane m that lane l already waited for;
-    // a wait for an earlier position of m is implied and left out.
-    let mut waited = vec![0u32; nlanes * nlanes];
-    let mut commands = Vec::with_capacity(nops + events as usize * 2);
-    let mut srcs = Vec::new();
-    let slot = |r: &Region| -> Result<Slot> {
-        let offset = r.offset.checked_mul(esize);
-        let bytes = r.len.checked_mul(esize);
-        match (offset, bytes) {
-            (Some(offset), Some(bytes)) => Ok(Slot {
-                binding: binding_of(r.buffer, ranks),
-                offset,
-                bytes,
-            }),
-            _ => Err(invalid(usize::MAX, "a region's byte offset overflows")),
-        }
-    };
-    let mut emitted = 0usize;
-    while let Some(Reverse(i)) = ready.pop() {
-        emitted += 1;
-        let id = i as usize;
-        let op = &plan.ops[id];
-        let lane = op.lane;
-        for &d in &op.deps {
-            let dl = plan.ops[d as usize].lane;
-            if dl == lane {
-                continue;
-            }
-            let w = &mut waited[lane as usize * nlanes + dl as usize];
-            if *w >= pos[d as usize] {
-                continue;
-            }
-            *w = pos[d as usize];
-            commands.push(Command::Wait {
-                lane,
-                event: event_of[d as usize],
-            });
-        }
-        if !op.is_empty() {
-            match &op.kind {
-                OpKind::Copy { src, dst } => commands.push(Command::Copy {
-                    lane,
-                    src: slot(src)?,
-                    dst: slot(dst)?,
-                }),
-                OpKind::Reduce {
-                    srcs: s,
-                    dst,
-                    finalize,
-                } => {
-                    let first = srcs.len() as u32;
-                    for r in s {
-                        srcs.push(slot(r)?);
-                    }
-                    commands.push(Command::Reduce {
-                        lane,
-                        first,
-                        count: s.len() as u32,
-                        dst: slot(dst)?,
-                        divide: *finalize,
-                    });
-                }
-            }
-        }
-        if needs_event[id] {
-            commands.push(Command::Record {
-                lane,
-                event: event_of[id],
-            });
-        }
-        for &s in &succs[id] {
-            indeg[s as usize] -= 1;
-            if indeg[s as usize] == 0 {
-                ready.push(Reverse(s));
-            }
-        }
-    }
-    if emitted != nops {
-        // The checker rejects cycles; this guards the lowering if that ever changes.
-        return Err(invalid(usize::MAX, "dependency cycle"));
-    }
-    let scratch = plan
-        .scratch
-        .iter()
-        .map(|s| {
-            s.len
-                .checked_mul(esize)
-                .map(|b| (s.location, b))
-                .ok_or_else(|| invalid(usize::MAX, "scratch size overflows"))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let graph = LaneGraph::new(plan);
+    let order = graph.topological_order()?;
+    let (commands, srcs) = emit(plan, &graph, &order)?;
+    let scratch = scratch_bytes(plan)?;
     let program = Program {
         lanes: plan.lanes.iter().map(|l| l.location).collect(),
-        events,
+        events: graph.events,
         dtype: plan.dtype,
         op: plan.request.op,
         divisor: ranks,
@@ -196,15 +94,220 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
         srcs,
     };
     Ok(Executable {
-        plan,
-        in_place,
+        plan: checked,
         program,
         scratch,
     })
 }
 
+/// The graph "deps plus lane order" of a plan, and the events its cross-lane deps need.
+struct LaneGraph {
+    /// Each op's 1-based position on its lane.
+    pos: Vec<u32>,
+    /// Each op's predecessors: the previous op of its lane, then its deps.
+    preds: Vec<Vec<u32>>,
+    /// The event of each op that an op of another lane depends on.
+    event_of: Vec<Option<u32>>,
+    events: u32,
+}
+
+impl LaneGraph {
+    fn new(plan: &Plan) -> LaneGraph {
+        let nops = plan.ops.len();
+        let nlanes = plan.lanes.len();
+        let mut pos = vec![0u32; nops];
+        let mut lane_len = vec![0u32; nlanes];
+        let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
+        let mut lane_last: Vec<Option<u32>> = vec![None; nlanes];
+        let mut needs_event = vec![false; nops];
+        for (id, op) in plan.ops.iter().enumerate() {
+            let l = op.lane as usize;
+            lane_len[l] += 1;
+            pos[id] = lane_len[l];
+            preds[id].extend(lane_last[l]);
+            lane_last[l] = Some(id as u32);
+            for &d in &op.deps {
+                preds[id].push(d);
+                if plan.ops[d as usize].lane != op.lane {
+                    needs_event[d as usize] = true;
+                }
+            }
+        }
+        let mut events = 0u32;
+        let event_of = needs_event
+            .iter()
+            .map(|&needs| {
+                needs.then(|| {
+                    events += 1;
+                    events - 1
+                })
+            })
+            .collect();
+        LaneGraph {
+            pos,
+            preds,
+            event_of,
+            events,
+        }
+    }
+
+    /// The ops in topological order, lowest ready id first, so that every record comes
+    /// before any wait on it.
+    fn topological_order(&self) -> Result<Vec<u32>> {
+        let nops = self.preds.len();
+        let mut indeg: Vec<usize> = self.preds.iter().map(Vec::len).collect();
+        let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
+        for (id, p) in self.preds.iter().enumerate() {
+            for &q in p {
+                succs[q as usize].push(id as u32);
+            }
+        }
+        let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
+            .filter(|i| indeg[*i as usize] == 0)
+            .map(Reverse)
+            .collect();
+        let mut order = Vec::with_capacity(nops);
+        while let Some(Reverse(i)) = ready.pop() {
+            order.push(i);
+            for &s in &succs[i as usize] {
+                indeg[s as usize] -= 1;
+                if indeg[s as usize] == 0 {
+                    ready.push(Reverse(s));
+                }
+            }
+        }
+        if order.len() != nops {
+            // The checker rejects cycles; this guards the lowering if that ever changes.
+            return Err(invalid(
+                None,
+                format!(
+                    "dependency cycle: {} of {nops} ops are never ready",
+                    nops - order.len()
+                ),
+            ));
+        }
+        Ok(order)
+    }
+}
+
+/// The commands of the ops in `order`: before each op, a wait per cross-lane dep not already
+/// implied; the op's copy or reduction; after it, a record if another lane waits for it.
+fn emit(plan: &Plan, graph: &LaneGraph, order: &[u32]) -> Result<(Vec<Command>, Vec<Slot>)> {
+    let ranks = plan.request.gpus.len() as u32;
+    let esize = plan.dtype.size();
+    let nlanes = plan.lanes.len();
+    // waited[l * nlanes + m]: the furthest position of lane m that lane l already waited for;
+    // a wait for an earlier position of m is implied and left out.
+    let mut waited = vec![0u32; nlanes * nlanes];
+    let mut commands = Vec::with_capacity(order.len() + graph.events as usize * 2);
+    let mut srcs = Vec::new();
+    let slot = |id: usize, r: &Region| slot_of(id, r, ranks, esize);
+    for &i in order {
+        let id = i as usize;
+        let op = &plan.ops[id];
+        let lane = op.lane;
+        for &d in &op.deps {
+            let dl = plan.ops[d as usize].lane;
+            let (Some(event), false) = (graph.event_of[d as usize], dl == lane) else {
+                continue;
+            };
+            let w = &mut waited[lane as usize * nlanes + dl as usize];
+            if *w >= graph.pos[d as usize] {
+                continue;
+            }
+            *w = graph.pos[d as usize];
+            commands.push(Command::Wait { lane, event });
+        }
+        if !op.is_empty() {
+            match &op.kind {
+                OpKind::Copy { src, dst } => commands.push(Command::Copy {
+                    lane,
+                    src: slot(id, src)?,
+                    dst: slot(id, dst)?,
+                }),
+                OpKind::Reduce {
+                    srcs: s,
+                    dst,
+                    finalize,
+                } => {
+                    let first = srcs.len() as u32;
+                    for r in s {
+                        srcs.push(slot(id, r)?);
+                    }
+                    commands.push(Command::Reduce {
+                        lane,
+                        first,
+                        count: s.len() as u32,
+                        dst: slot(id, dst)?,
+                        divide: *finalize,
+                    });
+                }
+            }
+        }
+        if let Some(event) = graph.event_of[id] {
+            commands.push(Command::Record { lane, event });
+        }
+    }
+    Ok((commands, srcs))
+}
+
+/// The byte slot of region `r` of op `id`.
+fn slot_of(id: usize, r: &Region, ranks: u32, esize: u64) -> Result<Slot> {
+    match (r.offset.checked_mul(esize), r.len.checked_mul(esize)) {
+        (Some(offset), Some(bytes)) => Ok(Slot {
+            binding: binding_of(r.buffer, ranks),
+            offset,
+            bytes,
+        }),
+        _ => Err(invalid(
+            Some(id),
+            format!(
+                "region {}+{} of {:?} overflows in bytes",
+                r.offset, r.len, r.buffer
+            ),
+        )),
+    }
+}
+
+/// Location and bytes of each scratch buffer.
+fn scratch_bytes(plan: &Plan) -> Result<Vec<(Location, u64)>> {
+    let esize = plan.dtype.size();
+    plan.scratch
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.len
+                .checked_mul(esize)
+                .map(|b| (s.location, b))
+                .ok_or_else(|| {
+                    invalid(
+                        None,
+                        format!(
+                            "scratch buffer {i} of {} elements overflows in bytes",
+                            s.len
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
 /// Run executables with their bindings as one launch (see [`Backend::submit`]).
-pub fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> Result<()> {
+///
+/// Errors: a binding count that differs from a program's, and whatever the backend refuses;
+/// nothing has run then.
+///
+/// # Safety
+///
+/// `work[i].1[b]` is the region of buffer `b` of executable `i` (inputs, outputs, scratch:
+/// [`binding_of`]), of the size that buffer has in the plan. The regions of one executable
+/// are disjoint, except that input and output of a rank may share memory exactly as
+/// [`relaycc_route::CheckOptions::in_place`] describes when the plan was checked in place;
+/// regions of different executables are disjoint where either writes (scratch included); and
+/// no library touches them through raw addresses while the launch runs. With these, the
+/// checker's proof that unordered ops touch disjoint elements is the race freedom
+/// [`Backend::submit`] asks for.
+pub unsafe fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> Result<()> {
     let launches: Vec<Launch<'_>> = work
         .iter()
         .map(|(e, b)| Launch {
@@ -215,17 +318,18 @@ pub fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> R
     for (l, (e, _)) in launches.iter().zip(work) {
         if l.bindings.len() != l.program.bindings as usize {
             return Err(invalid(
-                usize::MAX,
+                None,
                 format!(
                     "plan `{}` needs {} buffers, got {}",
-                    e.plan.algorithm,
+                    e.plan().algorithm,
                     l.program.bindings,
                     l.bindings.len()
                 ),
             ));
         }
     }
-    backend.submit(&launches)
+    // SAFETY: the caller's contract above, with the checker's proof carried by `CheckedPlan`.
+    unsafe { backend.submit(&launches) }
 }
 
 #[cfg(test)]

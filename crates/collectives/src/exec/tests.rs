@@ -36,8 +36,8 @@ fn two_rank_broadcast() -> Plan {
 
 #[test]
 fn cross_lane_deps_become_record_then_wait() {
-    let e = compile(two_rank_broadcast(), false).unwrap();
-    let c = &e.program.commands;
+    let e = compile(check(two_rank_broadcast(), false).unwrap()).unwrap();
+    let c = &e.program().commands;
     let rec = c
         .iter()
         .position(|c| matches!(c, Command::Record { lane: 0, .. }))
@@ -53,8 +53,8 @@ fn cross_lane_deps_become_record_then_wait() {
         .filter(|c| matches!(c, Command::Wait { .. }))
         .count();
     assert_eq!(waits, 1);
-    assert_eq!(e.program.bindings, 2 * 2 + 1);
-    assert_eq!(e.scratch, vec![(Location::Gpu(1), 32)]);
+    assert_eq!(e.program().bindings, 2 * 2 + 1);
+    assert_eq!(e.scratch(), &[(Location::Gpu(1), 32)]);
 }
 
 #[test]
@@ -62,10 +62,24 @@ fn wrong_plans_are_refused_before_running() {
     // A missing dependency is a race: the checker names the op.
     let mut p = two_rank_broadcast();
     p.ops[2].deps.clear();
-    let err = compile(p, false).unwrap_err().to_string();
-    assert!(err.contains("op 2"), "{err}");
+    let err = check(p, false).unwrap_err();
+    assert!(
+        matches!(err, CollectivesError::InvalidPlan { op: Some(2), .. }),
+        "{err}"
+    );
     // A plan that leaves an output unwritten.
     let mut p = two_rank_broadcast();
     p.ops.truncate(2);
-    assert!(compile(p, false).is_err());
+    let err = check(p, false).unwrap_err();
+    assert!(matches!(err, CollectivesError::InvalidPlan { .. }), "{err}");
+    // A whole-plan problem names no op, and the message says so rather than printing a
+    // sentinel index.
+    let mut p = two_rank_broadcast();
+    p.dtype = DType::F64;
+    let err = check(p, false).unwrap_err();
+    assert!(
+        matches!(err, CollectivesError::InvalidPlan { op: None, .. }),
+        "{err}"
+    );
+    assert!(!err.to_string().contains(&usize::MAX.to_string()), "{err}");
 }

@@ -25,6 +25,9 @@ use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, OpKind, Plan, Region};
 use crate::request::Collective;
 
+mod checked;
+pub use checked::CheckedPlan;
+
 /// Options of [`check_with`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CheckOptions {

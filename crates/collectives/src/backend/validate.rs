@@ -1,0 +1,237 @@
+//! The protocol checks of a launch, in one place for every backend.
+//!
+//! A backend resolves each binding of a [`Launch`] to an address and a size ([`Bound`]) and
+//! hands the launch here; what comes back is every command resolved to addresses, or the
+//! first broken rule, named by program and command, before anything is enqueued:
+//!
+//! - the launch gives as many bindings as the program asks, and lanes and events exist;
+//! - every slot lies inside its binding, copies keep lengths, reduction slots are whole
+//!   elements aligned for the type, a reduction has sources and its destination equals or
+//!   avoids each of them, `Avg` has a divisor;
+//! - every `Wait(e)` comes after a `Record(e)` of the same program in command order. Lanes run
+//!   their commands in that order, so no lane waits for a record that is never enqueued and
+//!   waits form no cycle: of the lanes blocked at a wait, the one blocked earliest in command
+//!   order waits for a record placed before it, on a lane that is not blocked before that
+//!   record. A launch therefore always ends.
+//!
+//! What costs more than a pass over the commands, that lanes which touch one byte are ordered
+//! (a data race otherwise), is the caller's promise to [`Backend::submit`](super::Backend).
+
+use relaycc_route::ReduceOp;
+
+use super::{Command, Launch, Slot};
+use crate::error::{CollectivesError, Result};
+
+/// A binding as a backend resolved it: the address of its first byte and its size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bound {
+    /// Address of the first byte (host or device, the backend's own).
+    pub addr: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// One command, checked and resolved. Lanes and events are the program's own indices.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Resolved {
+    /// Copy `bytes` bytes from `src` (of binding `src_binding`) to `dst`.
+    Copy {
+        lane: usize,
+        src: u64,
+        src_binding: usize,
+        dst: u64,
+        dst_binding: usize,
+        bytes: u64,
+    },
+    /// Reduce `ResolvedProgram::srcs[first..first + count]` into `dst`, `len` elements.
+    Reduce {
+        lane: usize,
+        first: usize,
+        count: usize,
+        dst: u64,
+        len: u64,
+        divisor: Option<u32>,
+    },
+    /// Record `event` on `lane`.
+    Record { lane: usize, event: usize },
+    /// Hold `lane` until `event` is recorded.
+    Wait { lane: usize, event: usize },
+}
+
+/// A program's commands resolved to addresses, in command order.
+#[derive(Debug, Default)]
+pub(crate) struct ResolvedProgram {
+    pub commands: Vec<Resolved>,
+    /// Source addresses of the reductions.
+    pub srcs: Vec<u64>,
+}
+
+/// Check program `index` of a launch against the protocol and its resolved `bound`ings, and
+/// resolve its commands. Errors name `backend`, the program and the command.
+pub(crate) fn resolve(
+    backend: &'static str,
+    index: usize,
+    launch: &Launch<'_>,
+    bound: &[Bound],
+) -> Result<ResolvedProgram> {
+    let p = launch.program;
+    let fail = |at: Option<usize>, message: String| CollectivesError::Backend {
+        backend,
+        message: match at {
+            Some(c) => format!("program {index}, command {c}: {message}"),
+            None => format!("program {index}: {message}"),
+        },
+    };
+    if bound.len() != p.bindings as usize {
+        return Err(fail(
+            None,
+            format!(
+                "needs {} bindings, the launch gives {}",
+                p.bindings,
+                bound.len()
+            ),
+        ));
+    }
+    let esize = p.dtype.size();
+    let mut recorded = vec![false; p.events as usize];
+    let mut out = ResolvedProgram {
+        commands: Vec::with_capacity(p.commands.len()),
+        srcs: Vec::with_capacity(p.srcs.len()),
+    };
+    for (ci, c) in p.commands.iter().enumerate() {
+        let fail = |m: String| fail(Some(ci), m);
+        let lane_of = |lane: u32| -> Result<usize> {
+            if (lane as usize) < p.lanes.len() {
+                Ok(lane as usize)
+            } else {
+                Err(fail(format!(
+                    "lane {lane} does not exist ({} lanes)",
+                    p.lanes.len()
+                )))
+            }
+        };
+        let event_of = |e: u32| -> Result<usize> {
+            if e < p.events {
+                Ok(e as usize)
+            } else {
+                Err(fail(format!(
+                    "event {e} does not exist ({} events)",
+                    p.events
+                )))
+            }
+        };
+        let slot = |s: &Slot, align: u64| -> Result<u64> {
+            let b = bound.get(s.binding as usize).ok_or_else(|| {
+                fail(format!(
+                    "binding {} does not exist ({} bindings)",
+                    s.binding, p.bindings
+                ))
+            })?;
+            if s.offset.checked_add(s.bytes).is_none_or(|e| e > b.bytes) {
+                return Err(fail(format!(
+                    "slot {}+{} lies outside binding {} of {} bytes",
+                    s.offset, s.bytes, s.binding, b.bytes
+                )));
+            }
+            let addr = b.addr + s.offset;
+            if addr % align != 0 || s.bytes % align != 0 {
+                return Err(fail(format!(
+                    "slot {}+{} of binding {} is not whole {align}-byte elements at an aligned address",
+                    s.offset, s.bytes, s.binding
+                )));
+            }
+            Ok(addr)
+        };
+        let r = match c {
+            Command::Copy { lane, src, dst } => {
+                if src.bytes != dst.bytes {
+                    return Err(fail(format!(
+                        "copy of {} bytes into a slot of {}",
+                        src.bytes, dst.bytes
+                    )));
+                }
+                Resolved::Copy {
+                    lane: lane_of(*lane)?,
+                    src: slot(src, 1)?,
+                    src_binding: src.binding as usize,
+                    dst: slot(dst, 1)?,
+                    dst_binding: dst.binding as usize,
+                    bytes: src.bytes,
+                }
+            }
+            Command::Reduce {
+                lane,
+                first,
+                count,
+                dst,
+                divide,
+            } => {
+                let slots = (*first as usize)
+                    .checked_add(*count as usize)
+                    .and_then(|end| p.srcs.get(*first as usize..end))
+                    .ok_or_else(|| {
+                        fail(format!(
+                            "sources {first}..{first}+{count} lie outside the program's {} sources",
+                            p.srcs.len()
+                        ))
+                    })?;
+                if slots.is_empty() {
+                    return Err(fail("a reduction without sources".into()));
+                }
+                let d = slot(dst, esize)?;
+                let start = out.srcs.len();
+                for s in slots {
+                    if s.bytes != dst.bytes {
+                        return Err(fail(format!(
+                            "a source of {} bytes for a destination of {}",
+                            s.bytes, dst.bytes
+                        )));
+                    }
+                    let a = slot(s, esize)?;
+                    let n = dst.bytes;
+                    if a != d && a < d + n && d < a + n {
+                        return Err(fail(
+                            "the destination partly overlaps a source (it must equal or avoid each)"
+                                .into(),
+                        ));
+                    }
+                    out.srcs.push(a);
+                }
+                let divisor = (*divide && p.op == ReduceOp::Avg).then_some(p.divisor);
+                if divisor == Some(0) {
+                    return Err(fail("an average divided by zero ranks".into()));
+                }
+                Resolved::Reduce {
+                    lane: lane_of(*lane)?,
+                    first: start,
+                    count: slots.len(),
+                    dst: d,
+                    len: dst.bytes / esize,
+                    divisor,
+                }
+            }
+            Command::Record { lane, event } => {
+                let event = event_of(*event)?;
+                recorded[event] = true;
+                Resolved::Record {
+                    lane: lane_of(*lane)?,
+                    event,
+                }
+            }
+            Command::Wait { lane, event } => {
+                let event = event_of(*event)?;
+                if !recorded[event] {
+                    return Err(fail(format!(
+                        "waits for event {event} before any command records it"
+                    )));
+                }
+                Resolved::Wait {
+                    lane: lane_of(*lane)?,
+                    event,
+                }
+            }
+        };
+        out.commands.push(r);
+    }
+    Ok(out)
+}
