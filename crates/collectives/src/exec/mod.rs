@@ -2,9 +2,6 @@
 //! any [`Backend`] as often as asked. See `README.md` beside this file for the protocol
 //! (lanes, events, why it cannot deadlock).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use relaycc_route::{BufferRef, CheckOptions, Location, OpKind, Plan, Region, RouteError};
 
 use crate::backend::{Backend, ByteRegion, Command, Launch, Program, Slot};
@@ -40,40 +37,35 @@ fn invalid(op: usize, message: impl Into<String>) -> CollectivesError {
     }
 }
 
+/// A checker or dependency-order error as an invalid plan at the same op.
+fn from_route(e: RouteError) -> CollectivesError {
+    match e {
+        RouteError::PlanCheck { op, message } => invalid(op, message),
+        other => invalid(usize::MAX, other.to_string()),
+    }
+}
+
 /// Check `plan` (structure, data and ordering, with `relaycc_route::check_with`) and lower it.
 ///
 /// Returns an error naming the op when the plan is wrong; nothing has run then.
 pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
-    relaycc_route::check_with(&plan, CheckOptions { in_place }).map_err(|e| match e {
-        RouteError::PlanCheck { op, message } => invalid(op, message),
-        other => invalid(usize::MAX, other.to_string()),
-    })?;
+    relaycc_route::check_with(&plan, CheckOptions { in_place }).map_err(from_route)?;
     let ranks = plan.request.gpus.len() as u32;
     let esize = plan.dtype.size();
     let nops = plan.ops.len();
     let nlanes = plan.lanes.len();
-    // Lane order: each op's predecessor on its lane and its 1-based position there.
-    let mut pos = vec![0u32; nops];
-    let mut lane_len = vec![0u32; nlanes];
-    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    let mut lane_last = vec![u32::MAX; nlanes];
+    let deps = plan.dependency_graph().map_err(from_route)?;
+    // Every record is emitted before any wait on it: ops go in dependency order.
+    let order = deps.topological_order().map_err(from_route)?;
+    // Event ids for the ops other lanes wait on.
     let mut needs_event = vec![false; nops];
-    for (id, op) in plan.ops.iter().enumerate() {
-        let l = op.lane as usize;
-        lane_len[l] += 1;
-        pos[id] = lane_len[l];
-        if lane_last[l] != u32::MAX {
-            preds[id].push(lane_last[l]);
-        }
-        lane_last[l] = id as u32;
+    for op in &plan.ops {
         for &d in &op.deps {
-            preds[id].push(d);
             if plan.ops[d as usize].lane != op.lane {
                 needs_event[d as usize] = true;
             }
         }
     }
-    // Event ids for the ops other lanes wait on.
     let mut event_of = vec![u32::MAX; nops];
     let mut events = 0u32;
     for (id, e) in event_of.iter_mut().enumerate() {
@@ -82,18 +74,6 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
             events += 1;
         }
     }
-    // Topological order (lowest id first): every record is emitted before any wait on it.
-    let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
-    let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    for (id, p) in preds.iter().enumerate() {
-        for &q in p {
-            succs[q as usize].push(id as u32);
-        }
-    }
-    let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
-        .filter(|i| indeg[*i as usize] == 0)
-        .map(Reverse)
-        .collect();
     // waited[l * nlanes + m]: the furthest position of lane m that lane l already waited for;
     // a wait for an earlier position of m is implied and left out.
     let mut waited = vec![0u32; nlanes * nlanes];
@@ -111,9 +91,7 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
             _ => Err(invalid(usize::MAX, "a region's byte offset overflows")),
         }
     };
-    let mut emitted = 0usize;
-    while let Some(Reverse(i)) = ready.pop() {
-        emitted += 1;
+    for &i in &order {
         let id = i as usize;
         let op = &plan.ops[id];
         let lane = op.lane;
@@ -123,10 +101,11 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
                 continue;
             }
             let w = &mut waited[lane as usize * nlanes + dl as usize];
-            if *w >= pos[d as usize] {
+            let pos = deps.lane_position(d);
+            if *w >= pos {
                 continue;
             }
-            *w = pos[d as usize];
+            *w = pos;
             commands.push(Command::Wait {
                 lane,
                 event: event_of[d as usize],
@@ -164,16 +143,6 @@ pub fn compile(plan: Plan, in_place: bool) -> Result<Executable> {
                 event: event_of[id],
             });
         }
-        for &s in &succs[id] {
-            indeg[s as usize] -= 1;
-            if indeg[s as usize] == 0 {
-                ready.push(Reverse(s));
-            }
-        }
-    }
-    if emitted != nops {
-        // The checker rejects cycles; this guards the lowering if that ever changes.
-        return Err(invalid(usize::MAX, "dependency cycle"));
     }
     let scratch = plan
         .scratch
