@@ -69,52 +69,6 @@ struct Report {
     results: Vec<Row>,
 }
 
-/// Values the bench fills buffers with and checks: small integers, exact in every type.
-trait BenchElem: Element {
-    fn from_i64(v: i64) -> Self;
-    fn to_f64(self) -> f64;
-}
-macro_rules! bench_int {
-    ($($t:ty),*) => {$(impl BenchElem for $t {
-        // `as` wraps, matching the wrap-around integer arithmetic of reductions.
-        fn from_i64(v: i64) -> Self { v as $t }
-        fn to_f64(self) -> f64 { self as f64 }
-    })*};
-}
-bench_int!(i8, u8, i32, u32, i64, u64);
-impl BenchElem for f32 {
-    fn from_i64(v: i64) -> Self {
-        v as f32
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl BenchElem for f64 {
-    fn from_i64(v: i64) -> Self {
-        v as f64
-    }
-    fn to_f64(self) -> f64 {
-        self
-    }
-}
-impl BenchElem for f16 {
-    fn from_i64(v: i64) -> Self {
-        f16::from_f64(v as f64)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl BenchElem for bf16 {
-    fn from_i64(v: i64) -> Self {
-        bf16::from_f64(v as f64)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-
 /// The input value of element `i` of rank `r`: in -3..=3.
 fn value(r: u32, i: u64) -> i64 {
     ((u64::from(r) * 3 + i) % 7) as i64 - 3
@@ -436,7 +390,7 @@ fn request(
     r
 }
 
-fn buffers<T: BenchElem>(
+fn buffers<T: Element>(
     comm: &Communicator,
     req: &Request,
     input: bool,
@@ -462,7 +416,7 @@ fn views<T: Element>(bufs: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>>
         .collect()
 }
 
-fn size_row<T: BenchElem>(
+fn size_row<T: Element>(
     comm: &Communicator,
     args: &BenchArgs,
     c: Collective,
@@ -560,7 +514,7 @@ fn with_nccl(
 }
 
 /// Output elements that differ from the request's expected result.
-fn count_wrong<T: BenchElem>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
+fn count_wrong<T: Element>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
     let outs: Vec<Vec<T>> = outs.iter().map(|b| b.to_vec()).collect::<Result<_, _>>()?;
     let n = req.nranks() as i64;
     let mut wrong = 0;
