@@ -65,7 +65,6 @@ mod host_topology;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod plan_cache;
-pub mod rank_plan;
 
 pub use backend::host::HostBackend;
 pub use backend::{

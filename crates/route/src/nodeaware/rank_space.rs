@@ -1,6 +1,6 @@
-//! Node-aware plans in *rank space*: the strategies of the node-aware seed (Standard, 3-Step,
-//! 2-Step, Split+MD; `relaycc_route::nodeaware`) planned for processes rather than for a
-//! hardware topology.
+//! Node-aware plans in *rank space*: the strategies of [`node_aware_plan`](super::node_aware_plan)
+//! (Standard, 3-Step, 2-Step, Split+MD) planned for processes rather than for a hardware
+//! topology.
 //!
 //! Every rank `r` is one process whose memory is `Location::Gpu(r)` (the request's `gpus` are
 //! `0..n`); `node_of[r]` says which (possibly virtual) node the rank sits on. Plans use the
@@ -8,25 +8,18 @@
 //! only from `deps`, so every phase of a strategy (gather, inter-node, redistribute) is one
 //! dependency level, which is what the MPI executor posts at once.
 //!
-//! The plans are plain [`Plan`]s, so `relaycc_route::check` proves them correct (every output
-//! byte receives exactly the input byte the request asks for) without running MPI; the unit
-//! tests below do that for every strategy on random sparse patterns.
+//! The plans are plain [`Plan`]s, so [`crate::check`] proves them correct (every output byte
+//! receives exactly the input byte the request asks for) without running MPI; the unit tests
+//! below do that for every strategy on random sparse patterns.
 
 use std::collections::BTreeMap;
 
-use relaycc_route::nodeaware::{ModelParams, Strategy};
-use relaycc_route::{BufferRef, Location, Plan, Region, Request, Result, RouteError};
-
-/// One piece of data: `len` bytes of rank `src`'s input at `src_off` to rank `dst`'s output
-/// at `dst_off`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Piece {
-    src: u32,
-    src_off: u64,
-    dst: u32,
-    dst_off: u64,
-    len: u64,
-}
+use super::generate::{group_by, pick, ranks_of_nodes, split_chunk};
+use super::lowering::{Piece, pieces};
+use super::strategy::Strategy;
+use crate::error::{Result, RouteError};
+use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::request::Request;
 
 /// The plan under construction, with the node layout.
 struct Gen<'a> {
@@ -46,11 +39,7 @@ impl Gen<'_> {
 
     /// The `k`-th rank of `node`, round robin (every rank of a node stays busy, seed §2.3.1).
     fn pick(&self, node: u32, k: usize) -> u32 {
-        self.ranks_of
-            .get(&node)
-            .filter(|v| !v.is_empty())
-            .map(|v| v[k % v.len()])
-            .unwrap_or(0)
+        pick(&self.ranks_of, node, k as u32)
     }
 
     /// Ranks of `node`.
@@ -128,25 +117,6 @@ fn runs(parts: &[Piece], key: impl Fn(&Piece) -> (u32, u64)) -> Vec<(u64, &[Piec
     out
 }
 
-/// The byte pieces of `req` (every piece moves one input range to one output range).
-fn pieces(req: &Request) -> Result<Vec<Piece>> {
-    Ok(req
-        .expected()?
-        .into_iter()
-        .filter(|p| p.len > 0)
-        .map(|p| {
-            let (src, src_off) = p.terms.first().copied().unwrap_or((p.rank, 0));
-            Piece {
-                src,
-                src_off,
-                dst: p.rank,
-                dst_off: p.out_offset,
-                len: p.len,
-            }
-        })
-        .collect())
-}
-
 /// The plan of `strategy` for `req` with ranks on nodes `node_of`.
 ///
 /// # Arguments
@@ -158,13 +128,13 @@ fn pieces(req: &Request) -> Result<Vec<Piece>> {
 /// - `split_cap`: Split+MD's message cap in bytes (seed Algorithm 1's `message_cap`).
 ///
 /// # Returns
-/// A plan that passes `relaycc_route::check`; an error for other collectives or a bad layout.
+/// A plan that passes [`crate::check`]; an error for other collectives or a bad layout.
 ///
 /// # Complexity
 /// O(p log p) for p pieces, plus O(p) per split chunk.
 ///
 /// Source: seed §2.3 (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the pairing of
-/// `relaycc_route::nodeaware::node_aware_plan`.
+/// [`node_aware_plan`](super::node_aware_plan).
 pub fn rank_space_plan(
     req: &Request,
     node_of: &[u32],
@@ -183,11 +153,8 @@ pub fn rank_space_plan(
             "Split+DD shares device pointers inside a node; between processes use Split+MD".into(),
         ));
     }
-    let all = pieces(req)?;
-    let mut ranks_of: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (r, nd) in node_of.iter().enumerate() {
-        ranks_of.entry(*nd).or_default().push(r as u32);
-    }
+    let all: Vec<Piece> = pieces(req)?.into_iter().filter(|p| p.len > 0).collect();
+    let ranks_of = ranks_of_nodes(node_of);
     let name = format!("rank-space {strategy}");
     let mut g = Gen {
         plan: Plan::new(req.clone(), name),
@@ -249,13 +216,7 @@ fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
         let total: u64 = group.iter().map(|p| p.len).sum();
         let ppn = g.count(na) as u64;
         let vol = volume.get(&na).copied().unwrap_or(total);
-        let msg_cap = if vol.div_ceil(cap) > ppn {
-            vol.div_ceil(ppn)
-        } else {
-            cap
-        };
-        let k = total.div_ceil(msg_cap).clamp(1, ppn);
-        let chunk = total.div_ceil(k).max(1);
+        let chunk = split_chunk(total, vol, cap, ppn);
         let mut lo = 0;
         while lo < total {
             let hi = (lo + chunk).min(total);
@@ -288,28 +249,10 @@ fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
     }
 }
 
-/// Pieces grouped by `key`, groups in key order, pieces in their order.
-fn group_by<K: Ord>(pieces: &[Piece], key: impl Fn(&Piece) -> K) -> BTreeMap<K, Vec<Piece>> {
-    let mut m: BTreeMap<K, Vec<Piece>> = BTreeMap::new();
-    for p in pieces {
-        m.entry(key(p)).or_default().push(*p);
-    }
-    m
-}
-
-/// Split+MD's message cap in bytes: Lassen's (the seed's rendezvous threshold), unless
-/// `RELAYCC_SPLIT_CAP_BYTES` gives one.
-pub fn default_split_cap() -> u64 {
-    std::env::var("RELAYCC_SPLIT_CAP_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ModelParams::LASSEN.split_cap_bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relaycc_route::{Collective, DType, check};
+    use crate::{Collective, DType, check};
 
     /// A small deterministic generator (xorshift), so the tests need no dependency.
     fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -385,7 +328,7 @@ mod tests {
             .ops
             .iter()
             .filter(|o| match &o.kind {
-                relaycc_route::OpKind::Copy { src, dst } => {
+                crate::OpKind::Copy { src, dst } => {
                     let owner = |b: BufferRef| match b {
                         BufferRef::Input(r) | BufferRef::Output(r) => Some(r),
                         BufferRef::Scratch(i) => match p.scratch[i as usize].location {
