@@ -184,8 +184,8 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             let arenas = devices.iter().max().map_or(0, |m| m + 1);
             let topo = relaycc_collectives::host_topology(arenas)?;
             let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
-            // The ranks share this host's memory: plan for shared memory, not a GPU ring.
-            let comm = Communicator::new(topo, &devices, &[], backend)?.with_shared_memory(true);
+            // `host-N` tells the planner the ranks share this host's memory.
+            let comm = Communicator::new(topo, &devices, &[], backend)?;
             (comm, devices, Vec::new())
         }
         BackendKind::Cuda => cuda_communicator(args)?,
