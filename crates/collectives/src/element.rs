@@ -30,30 +30,19 @@ pub trait Element:
 
 macro_rules! element {
     ($t:ty, $d:expr) => {
-        impl sealed::Sealed for $t {}
-        impl Element for $t {
-            const DTYPE: DType = $d;
-            fn from_i64(v: i64) -> Self {
-                v as $t
-            }
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-        }
+        element!($t, $d, v => v as $t, x => x as f64);
     };
-}
-
-/// The half-precision types convert through `f64` (`half` has no `as`).
-macro_rules! half_element {
-    ($t:ty, $d:expr) => {
+    // The half-precision types convert through `f64` (`half` has no `as`).
+    ($t:ty, $d:expr, $v:ident => $from:expr, $x:ident => $to:expr) => {
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = $d;
-            fn from_i64(v: i64) -> Self {
-                <$t>::from_f64(v as f64)
+            fn from_i64($v: i64) -> Self {
+                $from
             }
             fn to_f64(self) -> f64 {
-                f64::from(self)
+                let $x = self;
+                $to
             }
         }
     };
@@ -61,8 +50,8 @@ macro_rules! half_element {
 
 element!(f32, DType::F32);
 element!(f64, DType::F64);
-half_element!(f16, DType::F16);
-half_element!(bf16, DType::Bf16);
+element!(f16, DType::F16, v => f16::from_f64(v as f64), x => f64::from(x));
+element!(bf16, DType::Bf16, v => bf16::from_f64(v as f64), x => f64::from(x));
 element!(i8, DType::I8);
 element!(u8, DType::U8);
 element!(i32, DType::I32);

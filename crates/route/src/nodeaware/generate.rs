@@ -13,10 +13,10 @@ use relaycc_topo::Topology;
 
 use super::lowering::{Builder, Piece, Side, pieces};
 use super::params::ModelParams;
-use super::strategy::{ClusterShape, Staging, Strategy};
+use super::strategy::{ClusterShape, Staging, Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{Location, Plan, Region};
-use crate::request::{Collective, Request};
+use crate::request::Request;
 
 /// The plan of one node-aware strategy for an irregular exchange across nodes.
 ///
@@ -54,15 +54,7 @@ pub fn node_aware_plan(
     strategy: Strategy,
     staging: Staging,
 ) -> Result<Plan> {
-    if !matches!(
-        req.collective,
-        Collective::SendRecv | Collective::AllGatherV | Collective::AllToAllV
-    ) {
-        return Err(RouteError::BadRequest(format!(
-            "node-aware strategies serve send_recv, all_gather_v and all_to_all_v, not {}",
-            req.collective
-        )));
-    }
+    exchange_only(req)?;
     if !strategy.supports(staging) {
         return Err(RouteError::BadRequest(format!(
             "{strategy} is defined staged through host only (seed Table 5), not {staging}"

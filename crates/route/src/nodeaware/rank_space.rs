@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use super::generate::{group_by, pick, ranks_of_nodes, split_chunk};
 use super::lowering::{Piece, pieces};
-use super::strategy::Strategy;
+use super::strategy::{Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::Request;
@@ -141,6 +141,7 @@ pub fn rank_space_plan(
     strategy: Strategy,
     split_cap: u64,
 ) -> Result<Plan> {
+    exchange_only(req)?;
     let n = req.nranks();
     if node_of.len() != n || req.gpus.iter().enumerate().any(|(i, g)| *g as usize != i) {
         return Err(RouteError::BadRequest(format!(
@@ -344,5 +345,8 @@ mod tests {
             .count();
         assert_eq!(inter, 1);
         assert!(rank_space_plan(&r, &node_of, Strategy::SplitDd, 1).is_err());
+        let all_reduce = Request::new(Collective::AllReduce, (0..8).collect(), 4, DType::U8);
+        let e = rank_space_plan(&all_reduce, &node_of, Strategy::ThreeStep, 1).unwrap_err();
+        assert!(e.to_string().contains("all_to_all_v"), "{e}");
     }
 }
