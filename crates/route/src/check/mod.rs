@@ -15,12 +15,10 @@
 //! Happens-before is tracked with one vector clock per op over the plan's lanes (ops x lanes
 //! words), so plans of 100k ops check in a few hundred megabytes at most.
 
-use relaycc_topo::{NodeKind, Topology};
-
 use crate::dtype::ReduceOp;
 use crate::error::{Result, RouteError};
 use crate::order::DepGraph;
-use crate::plan::{BufferRef, Location, OpKind, Plan, Region};
+use crate::plan::{BufferRef, OpKind, Plan, Region};
 use crate::request::Collective;
 
 /// Options of [`check_with`].
@@ -574,121 +572,8 @@ fn combine(id: usize, inputs: &[Vec<Seg>], len: u64, finalize: bool) -> Result<V
     Ok(out)
 }
 
-/// Check that every copy of `plan` follows real links of `topo`: its edges form a path from
-/// the source memory to the destination memory, through switches and sockets but no other
-/// GPU, every edge usable under the mask; and that every GPU the plan touches is present and
-/// not busy, unless it is a member.
-pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
-    let node_of = |loc: Location, id: usize| -> Result<relaycc_topo::NodeId> {
-        match loc {
-            Location::Gpu(g) => topo.gpu(g).map_err(|e| fail(id, e.to_string())),
-            Location::Host(n) => {
-                let node = relaycc_topo::NodeId::new(n as usize);
-                match topo.graph().node_weight(node) {
-                    Some(w) if matches!(w.kind, NodeKind::Cpu(_)) => Ok(node),
-                    _ => Err(fail(id, format!("host location {n} is not a CPU node"))),
-                }
-            }
-        }
-    };
-    let members: Vec<u32> = plan.request.gpus.clone();
-    let usable_gpu = |g: u32, id: usize| -> Result<()> {
-        if !topo.gpu_present(g) {
-            return Err(fail(id, format!("GPU{g} is absent")));
-        }
-        if !members.contains(&g) && !topo.gpu_free(g) {
-            return Err(fail(id, format!("GPU{g} is busy and may not relay")));
-        }
-        Ok(())
-    };
-    for &g in &members {
-        if !topo.gpu_present(g) {
-            return Err(fail(usize::MAX, format!("member GPU{g} is absent")));
-        }
-    }
-    for (i, s) in plan.scratch.iter().enumerate() {
-        if let Location::Gpu(g) = s.location {
-            usable_gpu(g, usize::MAX).map_err(|_| {
-                fail(
-                    usize::MAX,
-                    format!("scratch {i} sits on GPU{g}, which may not be used"),
-                )
-            })?;
-        }
-    }
-    let nedges = topo.graph().edge_count();
-    for (id, op) in plan.ops.iter().enumerate() {
-        let OpKind::Copy { src, dst } = &op.kind else {
-            continue;
-        };
-        let (Some(from), Some(to)) = (plan.location(src.buffer), plan.location(dst.buffer)) else {
-            return Err(fail(id, "copy names a missing buffer"));
-        };
-        let (a, b) = (node_of(from, id)?, node_of(to, id)?);
-        if a == b {
-            if !op.edges.is_empty() {
-                return Err(fail(id, "a copy inside one memory occupies links"));
-            }
-            continue;
-        }
-        if op.edges.is_empty() {
-            return Err(fail(
-                id,
-                format!("copy {from:?} -> {to:?} occupies no link"),
-            ));
-        }
-        let mut at = a;
-        for (k, &e) in op.edges.iter().enumerate() {
-            if e as usize >= nedges {
-                return Err(fail(id, format!("edge {e} does not exist")));
-            }
-            let eid = relaycc_topo::LinkId::new(e as usize);
-            let (x, y) = topo.link_ends(eid);
-            if x != at {
-                return Err(fail(
-                    id,
-                    format!(
-                        "edge {e} does not continue the path at {}",
-                        topo.node(at).name
-                    ),
-                ));
-            }
-            if !topo.link_usable(eid) {
-                return Err(fail(
-                    id,
-                    format!(
-                        "edge {e} ({} -> {}) is down",
-                        topo.node(x).name,
-                        topo.node(y).name
-                    ),
-                ));
-            }
-            let last = k + 1 == op.edges.len();
-            if !last && topo.node(y).gpu().is_some() {
-                return Err(fail(
-                    id,
-                    format!("path passes through {} without staging", topo.node(y).name),
-                ));
-            }
-            at = y;
-        }
-        if at != b {
-            return Err(fail(
-                id,
-                format!(
-                    "path ends at {}, not at the destination",
-                    topo.node(at).name
-                ),
-            ));
-        }
-        for loc in [from, to] {
-            if let Location::Gpu(g) = loc {
-                usable_gpu(g, id)?;
-            }
-        }
-    }
-    Ok(())
-}
+mod routes;
+pub use routes::check_routes;
 
 #[cfg(test)]
 mod tests;
