@@ -10,7 +10,7 @@
 //!
 //! The plans are plain [`Plan`]s, so [`crate::check`] proves them correct (every output byte
 //! receives exactly the input byte the request asks for) without running MPI; the unit tests
-//! below do that for every strategy on random sparse patterns.
+//! below do that for every strategy on random sparse patterns (proptest).
 
 use std::collections::BTreeMap;
 
@@ -255,52 +255,40 @@ mod tests {
     use super::*;
     use crate::{Collective, DType, check};
 
-    /// A small deterministic generator (xorshift), so the tests need no dependency.
-    fn rng(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
-
-    fn sparse(n: usize, seed: u64) -> Request {
-        let mut next = rng(seed);
-        let mut m = vec![vec![0u64; n]; n];
-        for (s, row) in m.iter_mut().enumerate() {
-            if s == n - 1 {
-                continue; // a rank with no neighbours
-            }
-            for v in row.iter_mut() {
-                if next() % 3 == 0 {
-                    *v = next() % 40; // includes empty messages
-                }
-            }
-        }
+    /// An all_to_all_v over `n` ranks whose matrix comes from `cells` (row-major, one per
+    /// pair); the last rank sends nothing.
+    fn sparse(n: usize, cells: &[u64]) -> Request {
+        let mut m: Vec<Vec<u64>> = cells.chunks(n).take(n).map(<[u64]>::to_vec).collect();
+        m[n - 1].fill(0); // a rank with no neighbours
         let mut r = Request::new(Collective::AllToAllV, (0..n as u32).collect(), 0, DType::U8);
         r.matrix = m;
         r
     }
 
-    #[test]
-    fn every_strategy_is_correct_on_sparse_patterns() {
-        let strategies = [
-            Strategy::Standard,
-            Strategy::ThreeStep,
-            Strategy::TwoStep,
-            Strategy::SplitMd,
-        ];
-        for (n, k) in [(4usize, 1u32), (4, 2), (8, 2), (8, 4), (6, 4)] {
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(100))]
+
+        #[test]
+        fn every_strategy_is_correct_on_sparse_patterns(
+            (n, k) in proptest::prop_oneof![
+                proptest::strategy::Just((4usize, 1u32)),
+                proptest::strategy::Just((4, 2)),
+                proptest::strategy::Just((8, 2)),
+                proptest::strategy::Just((8, 4)),
+                proptest::strategy::Just((6, 4)),
+            ],
+            // Two in three pairs exchange nothing; others up to 39 bytes, empty ones included.
+            cells in proptest::collection::vec(
+                proptest::prop_oneof![2 => proptest::strategy::Just(0u64), 1 => 0u64..40],
+                64,
+            ),
+        ) {
             let node_of: Vec<u32> = (0..n as u32).map(|r| r / k).collect();
-            for seed in 0..5 {
-                let req = sparse(n, seed);
-                for s in strategies {
-                    for cap in [7, 1 << 20] {
-                        let p = rank_space_plan(&req, &node_of, s, cap).unwrap();
-                        check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
-                    }
+            let req = sparse(n, &cells);
+            for s in [Strategy::Standard, Strategy::ThreeStep, Strategy::TwoStep, Strategy::SplitMd] {
+                for cap in [7, 1 << 20] {
+                    let p = rank_space_plan(&req, &node_of, s, cap).unwrap();
+                    check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
                 }
             }
         }
