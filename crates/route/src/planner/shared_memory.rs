@@ -1,7 +1,8 @@
-//! The shared-memory planner: for ranks that are arenas of one host's memory (the host
-//! backend's `host-N` topology), where every copy moves through the same memory and caches,
-//! not over separate links. The flow simulator models links, so it cannot rank algorithms for
-//! this case; [`crate::PlanOptions::shared_memory`] selects this planner directly.
+//! The shared-memory planner: for ranks that are arenas of one host's memory (the `host-N`
+//! preset), where every copy moves through the same memory and caches, not over separate
+//! links. The flow simulator models links, so it cannot rank algorithms for this case;
+//! [`crate::plan()`] uses this planner directly when the topology says the ranks share one
+//! memory (`Topology::shares_host_memory`).
 //!
 //! Algorithms (one lane per rank, on the rank's device; every copy is one hop whose edges are
 //! found by a breadth-first search over usable links through non-GPU nodes, so plans also pass

@@ -1,7 +1,8 @@
 //! Lowering a plan onto the simulator's resources: which directed edges and memories each op
-//! loads (and how many times its bytes cross each), its fixed latency, and the dependency
-//! graph (explicit deps plus lane order). Every check a plan or topology can fail happens here,
-//! once, so the event loop never meets a bad index.
+//! loads (and how many times its bytes cross each), its fixed latency, and the plan's
+//! dependency graph ([`Plan::dependency_graph`]). Every check a plan or topology can fail
+//! happens here, once, so the event loop never meets a bad index; a dependency cycle shows as
+//! ops that never run, named by [`crate::DepGraph::cycle_error`].
 
 use relaycc_topo::{NodeId, Topology, rates};
 
