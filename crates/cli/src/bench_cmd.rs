@@ -66,52 +66,6 @@ struct Report {
     results: Vec<Row>,
 }
 
-/// Values the bench fills buffers with and checks: small integers, exact in every type.
-trait BenchElem: Element {
-    fn from_i64(v: i64) -> Self;
-    fn to_f64(self) -> f64;
-}
-macro_rules! bench_int {
-    ($($t:ty),*) => {$(impl BenchElem for $t {
-        // `as` wraps, matching the wrap-around integer arithmetic of reductions.
-        fn from_i64(v: i64) -> Self { v as $t }
-        fn to_f64(self) -> f64 { self as f64 }
-    })*};
-}
-bench_int!(i8, u8, i32, u32, i64, u64);
-impl BenchElem for f32 {
-    fn from_i64(v: i64) -> Self {
-        v as f32
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl BenchElem for f64 {
-    fn from_i64(v: i64) -> Self {
-        v as f64
-    }
-    fn to_f64(self) -> f64 {
-        self
-    }
-}
-impl BenchElem for f16 {
-    fn from_i64(v: i64) -> Self {
-        f16::from_f64(v as f64)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl BenchElem for bf16 {
-    fn from_i64(v: i64) -> Self {
-        bf16::from_f64(v as f64)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-
 /// The input value of element `i` of rank `r`: in -3..=3.
 fn value(r: u32, i: u64) -> i64 {
     ((u64::from(r) * 3 + i) % 7) as i64 - 3
@@ -227,8 +181,8 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             let arenas = devices.iter().max().map_or(0, |m| m + 1);
             let topo = relaycc_collectives::host_topology(arenas)?;
             let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
-            // The ranks share this host's memory: plan for shared memory, not a GPU ring.
-            let comm = Communicator::new(topo, &devices, &[], backend)?.with_shared_memory(true);
+            // `host-N` tells the planner the ranks share this host's memory.
+            let comm = Communicator::new(topo, &devices, &[], backend)?;
             (comm, devices, Vec::new())
         }
         BackendKind::Cuda => cuda_communicator(args)?,
@@ -423,7 +377,7 @@ pub(crate) fn request(
     r
 }
 
-fn buffers<T: BenchElem>(
+fn buffers<T: Element>(
     comm: &Communicator,
     req: &Request,
     input: bool,
@@ -457,7 +411,7 @@ fn views<T: Element>(bufs: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>>
         .collect()
 }
 
-fn size_row<T: BenchElem>(
+fn size_row<T: Element>(
     comm: &Communicator,
     args: &BenchArgs,
     c: Collective,
@@ -555,7 +509,7 @@ fn with_nccl(
 }
 
 /// Output elements that differ from the request's expected result.
-fn count_wrong<T: BenchElem>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
+fn count_wrong<T: Element>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
     let outs: Vec<Vec<T>> = outs.iter().map(|b| b.to_vec()).collect::<Result<_, _>>()?;
     let n = req.nranks() as i64;
     let mut wrong = 0;

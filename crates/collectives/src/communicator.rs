@@ -12,8 +12,8 @@ use crate::buffer::{AsView, BufferView, DeviceBuffer, RawView};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::group::{Checked, Group, Pending};
-use crate::host_topology::host_topology;
 use crate::plan_cache::{Cached, PlanCache, PlanSource};
+use relaycc_topo::host_topology;
 
 /// Ids that tell communicators apart, so a buffer of one is refused by another.
 static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
@@ -33,7 +33,6 @@ pub struct Communicator {
     backend: Arc<dyn Backend>,
     cache: PlanCache,
     /// The ranks share one host memory: plan with the shared-memory planner.
-    shared_memory: bool,
     /// A zero-byte allocation bound to buffers a rank does not have (a non-root's input).
     null: DeviceMem,
 }
@@ -74,7 +73,6 @@ impl Communicator {
             relays: relays.to_vec(),
             backend,
             cache: PlanCache::default(),
-            shared_memory: false,
             null,
         })
     }
@@ -90,25 +88,17 @@ impl Communicator {
         Self::new(relaycc_topo::load(spec)?, devices, relays, backend)
     }
 
-    /// `n` ranks on `n` logical devices of one host ([`host_topology`]) on a new
-    /// [`HostBackend`].
+    /// `n` ranks on `n` logical devices of one host (the `host-N` preset,
+    /// [`host_topology`]) on a new [`HostBackend`]. The topology says the ranks share one
+    /// memory, so plans come from relaycc-route's shared-memory planner.
     pub fn host(n: u32) -> Result<Self> {
         let devices: Vec<u32> = (0..n).collect();
-        Ok(Self::new(
+        Self::new(
             host_topology(n)?,
             &devices,
             &[],
             Arc::new(HostBackend::new()),
-        )?
-        .with_shared_memory(true))
-    }
-
-    /// Declare that the ranks are arenas of one host memory (true for [`Communicator::host`]),
-    /// so plans come from the shared-memory planner rather than the link-level simulator's
-    /// pick; see [`relaycc_route::PlanOptions::shared_memory`]. Default: false.
-    pub fn with_shared_memory(mut self, shared: bool) -> Self {
-        self.shared_memory = shared;
-        self
+        )
     }
 
     /// Number of ranks.
@@ -444,7 +434,6 @@ impl Communicator {
             PlanSource {
                 topo: &self.topo,
                 relays: &self.relays,
-                shared_memory: self.shared_memory,
             },
             self.backend.as_ref(),
             request,

@@ -44,7 +44,8 @@
 //!
 //! Planning goes through one function (`plan_cache::make_plan`): `relaycc_route::plan`, which
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
-//! share one host memory ([`Communicator::host`]), relaycc-route's shared-memory planner.
+//! share one host memory (the `host-N` topology of [`Communicator::host`]), relaycc-route's
+//! shared-memory planner.
 //! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/host_reduce.rs` (reduction
 //! loops), `cuda/backend.rs` and `cuda/launch.rs` (driver calls, kernel launches), the rest of the `cuda` module (FFI) and,
 //! with feature `mpi`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls
@@ -61,11 +62,9 @@ mod element;
 mod error;
 pub mod exec;
 mod group;
-mod host_topology;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod plan_cache;
-pub mod rank_plan;
 
 pub use backend::host::HostBackend;
 pub use backend::{
@@ -78,5 +77,6 @@ pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};
 pub use half::{bf16, f16};
-pub use host_topology::host_topology;
 pub use relaycc_route::ReduceOp;
+/// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
+pub use relaycc_topo::host_topology;

@@ -14,17 +14,16 @@ use crate::exec::{self, Executable};
 /// Plan `request` over `topo`, allowed to relay through `relays` (besides the members).
 ///
 /// The single seam to the planner: relaycc-route generates candidates, times each with its
-/// flow simulator and returns the fastest. Its candidates all serve in-place calls too; the
+/// flow simulator and returns the fastest (or, on ranks that share one host memory, the
+/// `host-N` preset, its shared-memory plan). Its candidates all serve in-place calls too; the
 /// executor checks the plan under the call's in-place aliasing before a byte moves.
 pub(crate) fn make_plan(
     topo: &Topology,
     request: &Request,
     relays: &[u32],
-    shared_memory: bool,
 ) -> relaycc_route::Result<Plan> {
     let options = PlanOptions {
         relay: RelayPolicy::List(relays.to_vec()),
-        shared_memory,
         ..PlanOptions::default()
     };
     Ok(relaycc_route::plan(topo, request, &options)?.plan)
@@ -77,13 +76,11 @@ fn allocate_set(exec: &Executable, backend: &dyn Backend) -> Result<Vec<DeviceMe
     Ok(set)
 }
 
-/// Where a communicator's plans come from: its topology, the GPUs it may relay through, and
-/// whether its ranks share one host memory.
+/// Where a communicator's plans come from: its topology and the GPUs it may relay through.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PlanSource<'a> {
     pub topo: &'a Topology,
     pub relays: &'a [u32],
-    pub shared_memory: bool,
 }
 
 /// Plans per request shape (the request plus in-place).
@@ -106,7 +103,7 @@ impl PlanCache {
         if let Some(c) = self.lock().get(&key) {
             return Ok(c.clone());
         }
-        let plan = make_plan(source.topo, request, source.relays, source.shared_memory)
+        let plan = make_plan(source.topo, request, source.relays)
             .map_err(|e| CollectivesError::Plan { call, source: e })?;
         let exec = exec::compile(exec::check(plan, in_place)?)?;
         // The first set now, so that a plan whose scratch does not fit fails here.

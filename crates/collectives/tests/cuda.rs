@@ -32,34 +32,6 @@ fn cuda(n: usize) -> Arc<dyn Backend> {
     Arc::new(CudaBackend::new(device_map(n)).unwrap_or_else(|e| panic!("{e}")))
 }
 
-trait TestElem: Element {
-    fn from_i64(v: i64) -> Self;
-    fn to_f64(self) -> f64;
-}
-macro_rules! int_elem {
-    ($($t:ty),*) => {$(impl TestElem for $t {
-        fn from_i64(v: i64) -> Self { v as $t }
-        fn to_f64(self) -> f64 { self as f64 }
-    })*};
-}
-int_elem!(i8, u8, i32, u32, i64, u64, f32, f64);
-impl TestElem for f16 {
-    fn from_i64(v: i64) -> Self {
-        f16::from_f64(v as f64)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl TestElem for bf16 {
-    fn from_i64(v: i64) -> Self {
-        bf16::from_f64(v as f64)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-
 fn request(c: Collective, gpus: Vec<u32>, count: u64, dtype: DType, op: ReduceOp) -> Request {
     let n = gpus.len();
     let mut r = Request::new(c, gpus, count, dtype)
@@ -92,7 +64,7 @@ fn views<T: Element>(b: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>> {
 }
 
 /// Run `req` on `comm`; the outputs on the host.
-fn run<T: TestElem>(comm: &Communicator, req: &Request) -> Vec<Vec<T>> {
+fn run<T: Element>(comm: &Communicator, req: &Request) -> Vec<Vec<T>> {
     let n = comm.ranks() as u32;
     let bufs = |input: bool| -> Vec<DeviceBuffer<T>> {
         (0..n)
@@ -127,7 +99,7 @@ fn run<T: TestElem>(comm: &Communicator, req: &Request) -> Vec<Vec<T>> {
         .collect()
 }
 
-fn compare<T: TestElem>(req: &Request, got: &[Vec<T>], want: &[Vec<T>]) {
+fn compare<T: Element>(req: &Request, got: &[Vec<T>], want: &[Vec<T>]) {
     assert_eq!(got.len(), want.len());
     for (r, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g.len(), w.len());
@@ -149,7 +121,7 @@ fn compare<T: TestElem>(req: &Request, got: &[Vec<T>], want: &[Vec<T>]) {
     }
 }
 
-fn every_collective<T: TestElem>(topo: &Topology, gpus: &[u32], relays: &[u32], count: u64) {
+fn every_collective<T: Element>(topo: &Topology, gpus: &[u32], relays: &[u32], count: u64) {
     let n_logical = topo.gpu_count() as usize;
     let host = Communicator::new(topo.clone(), gpus, relays, Arc::new(HostBackend::new()))
         .unwrap_or_else(|e| panic!("{e}"));

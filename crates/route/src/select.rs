@@ -25,11 +25,6 @@ pub struct PlanOptions {
     pub strategy: Strategy,
     /// Simulator settings used to rank candidates.
     pub sim: SimConfig,
-    /// The ranks are arenas of one host's memory (the host backend's `host-N` topology). The
-    /// simulator models links, not one shared memory and its caches, so it cannot rank
-    /// algorithms there: the shared-memory planner ([`crate::planner::shared_memory`]) is used
-    /// directly, and still reported beside the baseline and the bound. Default: false.
-    pub shared_memory: bool,
 }
 
 /// One candidate's simulated time.
@@ -70,7 +65,9 @@ fn is_p2p(req: &Request) -> bool {
 ///
 /// The baseline plan is itself among the candidates, so relaycc is never predicted slower
 /// than the NCCL-like planner. Ties go to the earlier candidate, which keeps planning
-/// deterministic. No plan is returned unproved: the checker ([`crate::check()`] and
+/// deterministic. When every rank is an arena of one host memory
+/// ([`Topology::shares_host_memory`], the `host-N` preset), the plan is the shared-memory
+/// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker ([`crate::check()`] and
 /// [`crate::check_routes`]) passes the winner and the baseline before they are returned. A
 /// candidate that fails is dropped, and the next fastest is proved in its place (for
 /// collectives the pruned selection runs again without it).
@@ -94,8 +91,12 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let baseline = baseline_sim.perf(req);
     // (plan, routes, simulated time, proved already), in the order they were considered.
     let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
+    // Ranks that are arenas of one host's memory (the `host-N` preset): the simulator models
+    // links, not one shared memory and its caches, so it cannot rank algorithms there; the
+    // shared-memory planner is used directly, and still reported beside baseline and bound.
+    let shared_memory = topo.shares_host_memory(&req.gpus);
     let bound_gbps;
-    if opts.shared_memory {
+    if shared_memory {
         bound_gbps = if is_p2p(req) {
             p2p_bound_gbps(topo, req, &opts.relay)?
         } else {
@@ -123,7 +124,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             found.push((plan, Vec::new(), time_us, proved));
         }
     }
-    if !opts.shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
+    if !shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
         found.push((
             baseline_plan.clone(),
             Vec::new(),
@@ -359,7 +360,7 @@ fn prune_and_prove(
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
-type CacheKey = (Request, RelayPolicy, Strategy, bool);
+type CacheKey = (Request, RelayPolicy, Strategy);
 
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]
@@ -382,12 +383,7 @@ impl Planner {
     }
     /// Plan `req`, from the cache when the same request and options were planned before.
     pub fn plan(&self, req: &Request, opts: &PlanOptions) -> Result<Arc<Planned>> {
-        let key = (
-            req.clone(),
-            opts.relay.clone(),
-            opts.strategy,
-            opts.shared_memory,
-        );
+        let key = (req.clone(), opts.relay.clone(), opts.strategy);
         if opts.sim == SimConfig::default() {
             if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
                 return Ok(hit);

@@ -63,6 +63,11 @@ pub struct GpuInfo {
     pub numa: Option<u32>,
     /// Device memory in bytes, when known.
     pub memory_bytes: Option<u64>,
+    /// The device is an arena of its socket's host memory (a logical device of the `host-N`
+    /// preset), not a GPU: ranks on such devices share one memory and its caches, which the
+    /// link model does not describe, so planners use their shared-memory algorithms for them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_arena: bool,
 }
 
 impl GpuInfo {
@@ -75,6 +80,7 @@ impl GpuInfo {
             pci_bus_id: None,
             numa: None,
             memory_bytes: None,
+            host_arena: false,
         }
     }
 }
@@ -291,6 +297,14 @@ impl Topology {
                 index,
                 count: self.gpu_count(),
             })
+    }
+    /// True when `gpus` is not empty and every one of them is an arena of host memory
+    /// ([`GpuInfo::host_arena`]), as on the `host-N` preset: ranks on them share one memory.
+    pub fn shares_host_memory(&self, gpus: &[u32]) -> bool {
+        !gpus.is_empty()
+            && gpus
+                .iter()
+                .all(|&g| self.gpu_info(g).is_ok_and(|info| info.host_arena))
     }
     /// The info of GPU `index`.
     pub fn gpu_info(&self, index: u32) -> Result<&GpuInfo> {

@@ -8,7 +8,7 @@
 //!
 //! | where a topology comes from | call |
 //! |---|---|
-//! | an embedded preset (`dgx1-v100`, `ac922`, `cluster:4xdgx1-v100:ib-edr`, ...) | [`preset()`] |
+//! | an embedded preset (`dgx1-v100`, `ac922`, `host-4`, `cluster:4xdgx1-v100:ib-edr`, ...) | [`preset()`] |
 //! | `nvidia-smi topo -m` output | [`import::smi::parse`] |
 //! | NCCL topology XML (`NCCL_TOPO_FILE`, `NCCL_TOPO_DUMP_FILE`) | [`import::nccl_xml::parse`] |
 //! | the live machine, through NVML | [`import::nvml::discover`] |
@@ -57,7 +57,9 @@ pub use graph::{
 };
 pub use import::load;
 pub use mask::Mask;
-pub use preset::{DGX1_V100_NVLINKS, is_preset, list as list_presets, preset};
+pub use preset::{
+    DGX1_V100_NVLINKS, MAX_HOST_ARENAS, host_topology, is_preset, list as list_presets, preset,
+};
 
 /// The README's example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

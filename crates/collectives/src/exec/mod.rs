@@ -2,11 +2,8 @@
 //! any [`Backend`] as often as asked. See `README.md` beside this file for the protocol
 //! (lanes, events, why it cannot deadlock).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use relaycc_route::{
-    BufferRef, CheckOptions, CheckedPlan, Location, OpKind, Plan, Region, RouteError,
+    BufferRef, CheckOptions, CheckedPlan, DepGraph, Location, OpKind, Plan, Region, RouteError,
 };
 
 use crate::backend::{Backend, ByteRegion, Command, Launch, Program, Slot};
@@ -66,10 +63,7 @@ fn invalid(op: Option<usize>, message: impl Into<String>) -> CollectivesError {
 /// Check `plan` (structure, data and ordering: [`CheckedPlan::new`]) as an in-place call or
 /// not, with the checker's complaint as [`CollectivesError::InvalidPlan`] naming the op.
 pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
-    CheckedPlan::new(plan, CheckOptions { in_place }).map_err(|e| match e {
-        RouteError::PlanCheck { op, message } => invalid((op != usize::MAX).then_some(op), message),
-        other => invalid(None, other.to_string()),
-    })
+    CheckedPlan::new(plan, CheckOptions { in_place }).map_err(from_route)
 }
 
 /// Lower a checked plan (see [`check`]) to a program.
@@ -79,8 +73,8 @@ pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
 pub fn compile(checked: CheckedPlan) -> Result<Executable> {
     let plan = checked.plan();
     let ranks = plan.request.gpus.len() as u32;
-    let graph = LaneGraph::new(plan);
-    let order = graph.topological_order()?;
+    let graph = LaneGraph::new(plan)?;
+    let order = graph.deps.topological_order().map_err(from_route)?;
     let (commands, srcs) = emit(plan, &graph, &order)?;
     let scratch = scratch_bytes(plan)?;
     let program = Program {
@@ -100,34 +94,29 @@ pub fn compile(checked: CheckedPlan) -> Result<Executable> {
     })
 }
 
-/// The graph "deps plus lane order" of a plan, and the events its cross-lane deps need.
+/// A checker or dependency-order error as an invalid plan at the same op.
+fn from_route(e: RouteError) -> CollectivesError {
+    match e {
+        RouteError::PlanCheck { op, message } => invalid((op != usize::MAX).then_some(op), message),
+        other => invalid(None, other.to_string()),
+    }
+}
+
+/// A plan's dependency graph ([`Plan::dependency_graph`]: deps plus lane order) and the events
+/// its cross-lane deps need.
 struct LaneGraph {
-    /// Each op's 1-based position on its lane.
-    pos: Vec<u32>,
-    /// Each op's predecessors: the previous op of its lane, then its deps.
-    preds: Vec<Vec<u32>>,
+    deps: DepGraph,
     /// The event of each op that an op of another lane depends on.
     event_of: Vec<Option<u32>>,
     events: u32,
 }
 
 impl LaneGraph {
-    fn new(plan: &Plan) -> LaneGraph {
-        let nops = plan.ops.len();
-        let nlanes = plan.lanes.len();
-        let mut pos = vec![0u32; nops];
-        let mut lane_len = vec![0u32; nlanes];
-        let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
-        let mut lane_last: Vec<Option<u32>> = vec![None; nlanes];
-        let mut needs_event = vec![false; nops];
-        for (id, op) in plan.ops.iter().enumerate() {
-            let l = op.lane as usize;
-            lane_len[l] += 1;
-            pos[id] = lane_len[l];
-            preds[id].extend(lane_last[l]);
-            lane_last[l] = Some(id as u32);
+    fn new(plan: &Plan) -> Result<LaneGraph> {
+        let deps = plan.dependency_graph().map_err(from_route)?;
+        let mut needs_event = vec![false; plan.ops.len()];
+        for op in &plan.ops {
             for &d in &op.deps {
-                preds[id].push(d);
                 if plan.ops[d as usize].lane != op.lane {
                     needs_event[d as usize] = true;
                 }
@@ -143,50 +132,11 @@ impl LaneGraph {
                 })
             })
             .collect();
-        LaneGraph {
-            pos,
-            preds,
+        Ok(LaneGraph {
+            deps,
             event_of,
             events,
-        }
-    }
-
-    /// The ops in topological order, lowest ready id first, so that every record comes
-    /// before any wait on it.
-    fn topological_order(&self) -> Result<Vec<u32>> {
-        let nops = self.preds.len();
-        let mut indeg: Vec<usize> = self.preds.iter().map(Vec::len).collect();
-        let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
-        for (id, p) in self.preds.iter().enumerate() {
-            for &q in p {
-                succs[q as usize].push(id as u32);
-            }
-        }
-        let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
-            .filter(|i| indeg[*i as usize] == 0)
-            .map(Reverse)
-            .collect();
-        let mut order = Vec::with_capacity(nops);
-        while let Some(Reverse(i)) = ready.pop() {
-            order.push(i);
-            for &s in &succs[i as usize] {
-                indeg[s as usize] -= 1;
-                if indeg[s as usize] == 0 {
-                    ready.push(Reverse(s));
-                }
-            }
-        }
-        if order.len() != nops {
-            // The checker rejects cycles; this guards the lowering if that ever changes.
-            return Err(invalid(
-                None,
-                format!(
-                    "dependency cycle: {} of {nops} ops are never ready",
-                    nops - order.len()
-                ),
-            ));
-        }
-        Ok(order)
+        })
     }
 }
 
@@ -212,10 +162,11 @@ fn emit(plan: &Plan, graph: &LaneGraph, order: &[u32]) -> Result<(Vec<Command>, 
                 continue;
             };
             let w = &mut waited[lane as usize * nlanes + dl as usize];
-            if *w >= graph.pos[d as usize] {
+            let pos = graph.deps.lane_position(d);
+            if *w >= pos {
                 continue;
             }
-            *w = graph.pos[d as usize];
+            *w = pos;
             commands.push(Command::Wait { lane, event });
         }
         if !op.is_empty() {

@@ -8,7 +8,8 @@ use ::mpi::collective::SystemOperation;
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::*;
 use relaycc_route::nodeaware::{
-    ClusterShape, CostModel, Message, Pattern, Staging, Strategy, model_time,
+    ClusterShape, CostModel, Message, ModelParams, Pattern, Staging, Strategy, model_time,
+    rank_space_plan,
 };
 use relaycc_route::{Collective, DType, Location, Request};
 
@@ -16,7 +17,15 @@ use super::indexed::Indexed;
 use super::requests::{Health, Requests};
 use super::schedule::{RunBuffers, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
-use crate::rank_plan::{default_split_cap, rank_space_plan};
+
+/// Split+MD's message cap in bytes: Lassen's (the seed's rendezvous threshold), unless
+/// `RELAYCC_SPLIT_CAP_BYTES` gives one.
+fn default_split_cap() -> u64 {
+    std::env::var("RELAYCC_SPLIT_CAP_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ModelParams::LASSEN.split_cap_bytes)
+}
 
 /// How an exchange picks its strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -130,7 +130,8 @@ impl Schedule {
     /// A copy whose source and destination this rank owns is a local copy; one it sends from
     /// is an `MPI_Isend`, one it receives into an `MPI_Irecv`; others are not its business.
     /// Levels: an op's level is one more than that of its deps and of the previous op of its
-    /// lane (lanes run in order). Every rank computes the same levels from the same plan.
+    /// lane (lanes run in order; [`Plan::dependency_levels`]). Every rank computes the same
+    /// levels from the same plan.
     ///
     /// A reduction runs on the rank that holds its destination (its sources are in the same
     /// memory: the plan IR keeps reductions local).
@@ -145,8 +146,7 @@ impl Schedule {
         owner: &dyn Fn(Location) -> Option<u32>,
     ) -> Result<Self, MpiError> {
         let size = plan.dtype.size() as usize;
-        let n = plan.ops.len();
-        let level = levels(plan)?;
+        let level = plan.dependency_levels()?;
         let own = |b: BufferRef| -> Result<u32, MpiError> {
             plan.location(b).and_then(owner).ok_or_else(|| {
                 MpiError::Unsupported(format!("no rank holds {b:?} of plan {}", plan.algorithm))
@@ -199,7 +199,7 @@ impl Schedule {
             }
             Ok(Loc { buf, off, len })
         };
-        let depth = level.iter().copied().max().map_or(0, |d| d + 1);
+        let depth = level.iter().copied().max().map_or(0, |d| d as usize + 1);
         let mut levels = vec![Level::default(); depth];
         for (id, op) in plan.ops.iter().enumerate() {
             let (src, dst) = match &op.kind {
@@ -214,7 +214,7 @@ impl Schedule {
                             .iter()
                             .map(|s| loc(*s))
                             .collect::<Result<Vec<_>, _>>()?;
-                        levels[level[id]]
+                        levels[level[id] as usize]
                             .reduces
                             .push((from, loc(*dst)?, *finalize));
                     }
@@ -226,7 +226,7 @@ impl Schedule {
             }
             let (a, b) = (own(src.buffer)?, own(dst.buffer)?);
             let tag = (id as u32 % TAG_RANGE) as c_int;
-            let lv = &mut levels[level[id]];
+            let lv = &mut levels[level[id] as usize];
             let msg = |l: Loc| -> Result<Loc, MpiError> {
                 if l.len > i32::MAX as usize {
                     return Err(MpiError::Unsupported(format!(
@@ -243,7 +243,6 @@ impl Schedule {
                 (false, false) => {}
             }
         }
-        let _ = n;
         levels.retain(|l| {
             !(l.recvs.is_empty()
                 && l.sends.is_empty()
@@ -414,54 +413,4 @@ impl Schedule {
         // SAFETY: `dst` has `d.len` writable bytes that nothing else touches now (as above).
         unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), dst, d.len) };
     }
-}
-
-/// Dependency level of every op: 0 without predecessors, else one more than the deepest of
-/// its deps and of the previous op of its lane. Errors on a cycle or a dangling dep.
-fn levels(plan: &Plan) -> Result<Vec<usize>, MpiError> {
-    let n = plan.ops.len();
-    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut last: Vec<Option<usize>> = vec![None; plan.lanes.len()];
-    for (i, op) in plan.ops.iter().enumerate() {
-        for &d in &op.deps {
-            if d as usize >= n {
-                return Err(MpiError::Unsupported(format!(
-                    "op {i} depends on missing op {d}"
-                )));
-            }
-            preds[i].push(d as usize);
-        }
-        if let Some(slot) = last.get_mut(op.lane as usize) {
-            if let Some(p) = slot.replace(i) {
-                preds[i].push(p);
-            }
-        }
-    }
-    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut indeg = vec![0usize; n];
-    for (i, ps) in preds.iter().enumerate() {
-        for &p in ps {
-            succ[p].push(i);
-            indeg[i] += 1;
-        }
-    }
-    let mut level = vec![0usize; n];
-    let mut ready: Vec<usize> = (0..n).filter(|i| indeg[*i] == 0).collect();
-    let mut seen = 0;
-    while let Some(i) = ready.pop() {
-        seen += 1;
-        for &s in &succ[i] {
-            level[s] = level[s].max(level[i] + 1);
-            indeg[s] -= 1;
-            if indeg[s] == 0 {
-                ready.push(s);
-            }
-        }
-    }
-    if seen != n {
-        return Err(MpiError::Unsupported(
-            "the plan has a dependency cycle".into(),
-        ));
-    }
-    Ok(level)
 }

@@ -5,12 +5,9 @@
 use relaycc_collectives::{Element, ReduceOp, bf16, f16};
 use relaycc_route::Request;
 
-/// What tests need of an element type beyond [`Element`].
+/// What tests need of an element type beyond [`Element`] (whose `from_i64` and `to_f64`
+/// make inputs and compare results).
 pub trait TestElem: Element + PartialOrd {
-    /// The value `v` (wrapping for integers, exact for the small values floats get).
-    fn from_i64(v: i64) -> Self;
-    /// The value as f64 (exact for the values used here).
-    fn to_f64(self) -> f64;
     /// `sum / n` computed as the host backend does (in f32 for f32/f16/bf16, f64 for f64).
     fn avg(sum: i64, n: usize) -> Self;
     /// True for floating types.
@@ -19,8 +16,6 @@ pub trait TestElem: Element + PartialOrd {
 
 macro_rules! int_elem {
     ($($t:ty),*) => {$(impl TestElem for $t {
-        fn from_i64(v: i64) -> Self { v as $t }
-        fn to_f64(self) -> f64 { self as f64 }
         fn avg(sum: i64, _n: usize) -> Self { sum as $t }
         const FLOAT: bool = false;
     })*};
@@ -28,48 +23,24 @@ macro_rules! int_elem {
 int_elem!(i8, u8, i32, u32, i64, u64);
 
 impl TestElem for f32 {
-    fn from_i64(v: i64) -> Self {
-        v as f32
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
     fn avg(sum: i64, n: usize) -> Self {
         sum as f32 / n as f32
     }
     const FLOAT: bool = true;
 }
 impl TestElem for f64 {
-    fn from_i64(v: i64) -> Self {
-        v as f64
-    }
-    fn to_f64(self) -> f64 {
-        self
-    }
     fn avg(sum: i64, n: usize) -> Self {
         sum as f64 / n as f64
     }
     const FLOAT: bool = true;
 }
 impl TestElem for f16 {
-    fn from_i64(v: i64) -> Self {
-        f16::from_f32(v as f32)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
     fn avg(sum: i64, n: usize) -> Self {
         f16::from_f32(sum as f32 / n as f32)
     }
     const FLOAT: bool = true;
 }
 impl TestElem for bf16 {
-    fn from_i64(v: i64) -> Self {
-        bf16::from_f32(v as f32)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
     fn avg(sum: i64, n: usize) -> Self {
         bf16::from_f32(sum as f32 / n as f32)
     }

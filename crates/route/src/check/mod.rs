@@ -15,14 +15,10 @@
 //! Happens-before is tracked with one vector clock per op over the plan's lanes (ops x lanes
 //! words), so plans of 100k ops check in a few hundred megabytes at most.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
-use relaycc_topo::{NodeKind, Topology};
-
 use crate::dtype::ReduceOp;
 use crate::error::{Result, RouteError};
-use crate::plan::{BufferRef, Location, OpKind, Plan, Region};
+use crate::order::DepGraph;
+use crate::plan::{BufferRef, OpKind, Plan, Region};
 use crate::request::Collective;
 
 mod checked;
@@ -118,14 +114,17 @@ impl Memory {
     }
 }
 
+/// The symbolic execution's state.
 struct Checker<'a> {
     plan: &'a Plan,
     mems: Vec<Memory>,
-    /// For each op: its 1-based position in its lane.
-    pos: Vec<u32>,
-    /// Vector clocks, ops x lanes, flattened.
+    /// The plan's dependency order (lane positions for [`Checker::hb`]).
+    deps: DepGraph,
+    /// Vector clocks, ops x lanes, flattened (see [`happens_before`]).
     clocks: Vec<u32>,
     lanes: usize,
+    /// Whether inputs and outputs share memory (see [`CheckOptions::in_place`]).
+    in_place: bool,
 }
 
 fn fail(op: usize, message: impl Into<String>) -> RouteError {
@@ -142,7 +141,7 @@ impl Checker<'_> {
             return true;
         }
         let lane = self.plan.ops[a as usize].lane as usize;
-        self.clocks[b as usize * self.lanes + lane] >= self.pos[a as usize]
+        self.clocks[b as usize * self.lanes + lane] >= self.deps.lane_position(a)
     }
 }
 
@@ -182,43 +181,68 @@ fn memory_of(plan: &Plan, b: BufferRef, in_place: bool) -> Option<(usize, u64)> 
 }
 
 /// Check `plan` with options (see [`CheckOptions`]).
+///
+/// The passes, in order: `check_header` (request and dtype), the plan's dependency graph
+/// (lanes and deps exist), `check_structure` (lengths, local reductions, regions inside
+/// their buffers), `happens_before` (dependency order and vector clocks), `load_inputs` and
+/// `execute` (symbolic execution: reads, writes, races) and `check_outputs` (every output
+/// holds its expected inputs).
 pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
-    let req = &plan.request;
-    req.validate()?;
-    if plan.dtype != req.dtype {
-        return Err(fail(usize::MAX, "plan dtype differs from the request's"));
-    }
-    let n = req.gpus.len();
+    check_header(plan)?;
     let in_place = opts.in_place
         && !matches!(
-            req.collective,
+            plan.request.collective,
             Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv
         );
-    let len_of = |b: BufferRef| -> Result<u64> {
-        match b {
-            BufferRef::Input(r) if (r as usize) < n => req.input_len(r),
-            BufferRef::Output(r) if (r as usize) < n => req.output_len(r),
-            BufferRef::Scratch(i) => plan
-                .scratch
-                .get(i as usize)
-                .map(|s| s.len)
-                .ok_or_else(|| fail(usize::MAX, format!("scratch {i} does not exist"))),
-            _ => Err(fail(
-                usize::MAX,
-                format!("{b:?} names a rank outside 0..{n}"),
-            )),
-        }
+    let deps = plan.dependency_graph()?;
+    check_structure(plan)?;
+    let (order, clocks) = happens_before(plan, &deps)?;
+    let mut ck = Checker {
+        plan,
+        mems: Vec::new(),
+        deps,
+        clocks,
+        lanes: plan.lanes.len().max(1),
+        in_place,
     };
-    // Structure.
+    ck.load_inputs()?;
+    ck.execute(&order)?;
+    ck.check_outputs()
+}
+
+/// Pass 1: the request is valid and the plan's element type is the request's.
+fn check_header(plan: &Plan) -> Result<()> {
+    plan.request.validate()?;
+    if plan.dtype != plan.request.dtype {
+        return Err(fail(usize::MAX, "plan dtype differs from the request's"));
+    }
+    Ok(())
+}
+
+/// Elements of buffer `b` of `plan`, or an error naming what is missing.
+fn buffer_len(plan: &Plan, b: BufferRef) -> Result<u64> {
+    let req = &plan.request;
+    let n = req.gpus.len();
+    match b {
+        BufferRef::Input(r) if (r as usize) < n => req.input_len(r),
+        BufferRef::Output(r) if (r as usize) < n => req.output_len(r),
+        BufferRef::Scratch(i) => plan
+            .scratch
+            .get(i as usize)
+            .map(|s| s.len)
+            .ok_or_else(|| fail(usize::MAX, format!("scratch {i} does not exist"))),
+        _ => Err(fail(
+            usize::MAX,
+            format!("{b:?} names a rank outside 0..{n}"),
+        )),
+    }
+}
+
+/// Pass 2: copies keep lengths, reductions have sources of their destination's length in
+/// its memory, and every region lies inside its buffer. (Lanes and deps exist: the
+/// dependency graph checked them.)
+fn check_structure(plan: &Plan) -> Result<()> {
     for (id, op) in plan.ops.iter().enumerate() {
-        if op.lane as usize >= plan.lanes.len() {
-            return Err(fail(id, format!("lane {} does not exist", op.lane)));
-        }
-        for d in &op.deps {
-            if *d as usize >= plan.ops.len() {
-                return Err(fail(id, format!("depends on op {d}, which does not exist")));
-            }
-        }
         let regions: Vec<&Region> = match &op.kind {
             OpKind::Copy { src, dst } => {
                 if src.len != dst.len {
@@ -249,7 +273,7 @@ pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
             }
         };
         for r in regions {
-            let cap = len_of(r.buffer).map_err(|e| fail(id, e.to_string()))?;
+            let cap = buffer_len(plan, r.buffer).map_err(|e| fail(id, e.to_string()))?;
             if r.offset.checked_add(r.len).is_none_or(|end| end > cap) {
                 return Err(fail(
                     id,
@@ -261,157 +285,141 @@ pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
             }
         }
     }
-    // Topological order over deps and lane order; lowest id first for determinism.
-    let nops = plan.ops.len();
+    Ok(())
+}
+
+/// Pass 3: the ops in dependency order (lowest id first among ready ones) and one vector
+/// clock per op over the plan's lanes (ops x lanes, flattened): entry `l` of op `i`'s clock
+/// is the furthest position of lane `l` that happens before or at `i`.
+fn happens_before(plan: &Plan, deps: &DepGraph) -> Result<(Vec<u32>, Vec<u32>)> {
+    let order = deps.topological_order()?;
     let lanes = plan.lanes.len().max(1);
-    let mut pos = vec![0u32; nops];
-    let mut lane_prev = vec![u32::MAX; plan.lanes.len()];
-    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    let mut lane_count = vec![0u32; plan.lanes.len()];
-    for (id, op) in plan.ops.iter().enumerate() {
-        let l = op.lane as usize;
-        lane_count[l] += 1;
-        pos[id] = lane_count[l];
-        preds[id].extend(op.deps.iter().copied());
-        if lane_prev[l] != u32::MAX {
-            preds[id].push(lane_prev[l]);
-        }
-        lane_prev[l] = id as u32;
-    }
-    let mut indeg: Vec<usize> = preds.iter().map(|p| p.len()).collect();
-    let mut succs: Vec<Vec<u32>> = vec![Vec::new(); nops];
-    for (id, p) in preds.iter().enumerate() {
-        for &q in p {
-            succs[q as usize].push(id as u32);
-        }
-    }
-    let mut ready: BinaryHeap<Reverse<u32>> = (0..nops as u32)
-        .filter(|i| indeg[*i as usize] == 0)
-        .map(Reverse)
-        .collect();
-    let mut order = Vec::with_capacity(nops);
-    while let Some(Reverse(i)) = ready.pop() {
-        order.push(i);
-        for &s in &succs[i as usize] {
-            indeg[s as usize] -= 1;
-            if indeg[s as usize] == 0 {
-                ready.push(Reverse(s));
-            }
-        }
-    }
-    if order.len() != nops {
-        let stuck = (0..nops).find(|i| indeg[*i] > 0).unwrap_or(0);
-        return Err(fail(stuck, "dependency cycle (deps plus lane order)"));
-    }
-    let mut clocks = vec![0u32; nops * lanes];
+    let mut clocks = vec![0u32; plan.ops.len() * lanes];
     let mut mine = vec![0u32; lanes];
     for &i in &order {
-        let i = i as usize;
+        let op = &plan.ops[i as usize];
         mine.fill(0);
-        for &p in &preds[i] {
+        for &p in op.deps.iter().chain(deps.lane_predecessor(i).as_ref()) {
             let theirs = &clocks[p as usize * lanes..(p as usize + 1) * lanes];
             for (m, t) in mine.iter_mut().zip(theirs) {
                 *m = (*m).max(*t);
             }
         }
-        mine[plan.ops[i].lane as usize] = pos[i];
+        mine[op.lane as usize] = deps.lane_position(i);
+        let i = i as usize;
         clocks[i * lanes..(i + 1) * lanes].copy_from_slice(&mine);
     }
-    let mut ck = Checker {
-        plan,
-        mems: Vec::new(),
-        pos,
-        clocks,
-        lanes,
-    };
-    ck.mems
-        .resize_with(2 * n + plan.scratch.len(), Memory::default);
-    for r in 0..n as u32 {
-        let len = req.input_len(r)?;
-        if let Some((m, base)) = memory_of(plan, BufferRef::Input(r), in_place) {
-            if len > 0 {
-                ck.mems[m].segs.push(Seg {
-                    start: base,
-                    end: base + len,
-                    terms: vec![(r, 0)],
-                    finalized: false,
-                    writer: NONE,
-                    readers: Vec::new(),
-                });
-            }
-        }
-    }
-    let avg = req.op == ReduceOp::Avg && req.collective.reduces();
-    for &id in &order {
-        let id = id as usize;
-        let op = &plan.ops[id];
-        match &op.kind {
-            OpKind::Copy { src, dst } => {
-                let pieces = read(&mut ck, id, src, in_place)?;
-                write(&mut ck, id, dst, pieces, in_place)?;
-            }
-            OpKind::Reduce {
-                srcs,
-                dst,
-                finalize,
-            } => {
-                let mut inputs = Vec::with_capacity(srcs.len());
-                for s in srcs {
-                    inputs.push(read(&mut ck, id, s, in_place)?);
+    Ok((order, clocks))
+}
+
+impl Checker<'_> {
+    /// Pass 4a: every rank's input holds its own elements, written by no op.
+    fn load_inputs(&mut self) -> Result<()> {
+        let (plan, n) = (self.plan, self.plan.request.gpus.len());
+        self.mems
+            .resize_with(2 * n + plan.scratch.len(), Memory::default);
+        for r in 0..n as u32 {
+            let len = plan.request.input_len(r)?;
+            if let Some((m, base)) = memory_of(plan, BufferRef::Input(r), self.in_place) {
+                if len > 0 {
+                    self.mems[m].segs.push(Seg {
+                        start: base,
+                        end: base + len,
+                        terms: vec![(r, 0)],
+                        finalized: false,
+                        writer: NONE,
+                        readers: Vec::new(),
+                    });
                 }
-                let combined = combine(id, &inputs, dst.len, avg && *finalize)?;
-                write(&mut ck, id, dst, combined, in_place)?;
             }
         }
+        Ok(())
     }
-    // Results.
-    for piece in req.expected()? {
-        let (m, base) = memory_of(plan, BufferRef::Output(piece.rank), in_place)
-            .ok_or_else(|| fail(usize::MAX, "output buffer missing"))?;
-        let a = base + piece.out_offset;
-        let b = a + piece.len;
-        let range = ck.mems[m].range(a, b).map_err(|at| {
-            fail(
-                usize::MAX,
-                format!(
-                    "rank {} output element {} is never written",
-                    piece.rank,
-                    at - base
-                ),
-            )
-        })?;
-        let mut want: Vec<(u32, u64)> = piece.terms.clone();
-        want.sort_unstable();
-        for s in &ck.mems[m].segs[range] {
-            let shift = s.start - a;
-            let want_here: Vec<(u32, u64)> = want.iter().map(|(r, i)| (*r, i + shift)).collect();
-            if s.terms != want_here {
-                return Err(fail(
-                    usize::MAX,
-                    format!(
-                        "rank {} output elements {}..{} hold {} instead of {}",
-                        piece.rank,
-                        s.start - base,
-                        s.end - base,
-                        describe(&s.terms),
-                        describe(&want_here)
-                    ),
-                ));
-            }
-            if avg && !s.finalized {
-                return Err(fail(
-                    usize::MAX,
-                    format!(
-                        "rank {} output elements {}..{} are summed but never divided for avg",
-                        piece.rank,
-                        s.start - base,
-                        s.end - base
-                    ),
-                ));
+
+    /// Pass 4b: run the ops symbolically in `order`; reads see written data written before
+    /// them, writes race with nothing, reductions count each input once.
+    fn execute(&mut self, order: &[u32]) -> Result<()> {
+        let req = &self.plan.request;
+        let avg = req.op == ReduceOp::Avg && req.collective.reduces();
+        for &id in order {
+            let id = id as usize;
+            match &self.plan.ops[id].kind {
+                OpKind::Copy { src, dst } => {
+                    let pieces = read(self, id, src)?;
+                    write(self, id, dst, pieces)?;
+                }
+                OpKind::Reduce {
+                    srcs,
+                    dst,
+                    finalize,
+                } => {
+                    let mut inputs = Vec::with_capacity(srcs.len());
+                    for s in srcs {
+                        inputs.push(read(self, id, s)?);
+                    }
+                    let combined = combine(id, &inputs, dst.len, avg && *finalize)?;
+                    write(self, id, dst, combined)?;
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// Pass 5: every output element holds exactly its expected inputs, and for `Avg` was
+    /// divided once.
+    fn check_outputs(&mut self) -> Result<()> {
+        let (plan, in_place) = (self.plan, self.in_place);
+        let req = &plan.request;
+        let avg = req.op == ReduceOp::Avg && req.collective.reduces();
+        for piece in req.expected()? {
+            let (m, base) = memory_of(plan, BufferRef::Output(piece.rank), in_place)
+                .ok_or_else(|| fail(usize::MAX, "output buffer missing"))?;
+            let a = base + piece.out_offset;
+            let b = a + piece.len;
+            let range = self.mems[m].range(a, b).map_err(|at| {
+                fail(
+                    usize::MAX,
+                    format!(
+                        "rank {} output element {} is never written",
+                        piece.rank,
+                        at - base
+                    ),
+                )
+            })?;
+            let mut want: Vec<(u32, u64)> = piece.terms.clone();
+            want.sort_unstable();
+            for s in &self.mems[m].segs[range] {
+                let shift = s.start - a;
+                let want_here: Vec<(u32, u64)> =
+                    want.iter().map(|(r, i)| (*r, i + shift)).collect();
+                if s.terms != want_here {
+                    return Err(fail(
+                        usize::MAX,
+                        format!(
+                            "rank {} output elements {}..{} hold {} instead of {}",
+                            piece.rank,
+                            s.start - base,
+                            s.end - base,
+                            describe(&s.terms),
+                            describe(&want_here)
+                        ),
+                    ));
+                }
+                if avg && !s.finalized {
+                    return Err(fail(
+                        usize::MAX,
+                        format!(
+                            "rank {} output elements {}..{} are summed but never divided for avg",
+                            piece.rank,
+                            s.start - base,
+                            s.end - base
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn describe(terms: &[(u32, u64)]) -> String {
@@ -430,12 +438,12 @@ fn describe(terms: &[(u32, u64)]) -> String {
 
 /// Read a region: its runs relative to the region's start; records the reader and checks that
 /// each run's writer happens before the reader.
-fn read(ck: &mut Checker, id: usize, r: &Region, in_place: bool) -> Result<Vec<Seg>> {
+fn read(ck: &mut Checker, id: usize, r: &Region) -> Result<Vec<Seg>> {
     if r.len == 0 {
         return Ok(Vec::new());
     }
     let (m, base) =
-        memory_of(ck.plan, r.buffer, in_place).ok_or_else(|| fail(id, "buffer missing"))?;
+        memory_of(ck.plan, r.buffer, ck.in_place).ok_or_else(|| fail(id, "buffer missing"))?;
     let a = base + r.offset;
     let range = ck.mems[m].range(a, a + r.len).map_err(|at| {
         fail(
@@ -471,12 +479,12 @@ fn read(ck: &mut Checker, id: usize, r: &Region, in_place: bool) -> Result<Vec<S
 }
 
 /// Write relative runs into a region; checks the previous writer and readers happen before.
-fn write(ck: &mut Checker, id: usize, r: &Region, pieces: Vec<Seg>, in_place: bool) -> Result<()> {
+fn write(ck: &mut Checker, id: usize, r: &Region, pieces: Vec<Seg>) -> Result<()> {
     if r.len == 0 {
         return Ok(());
     }
     let (m, base) =
-        memory_of(ck.plan, r.buffer, in_place).ok_or_else(|| fail(id, "buffer missing"))?;
+        memory_of(ck.plan, r.buffer, ck.in_place).ok_or_else(|| fail(id, "buffer missing"))?;
     let a = base + r.offset;
     let new: Vec<Seg> = pieces
         .into_iter()
@@ -567,121 +575,8 @@ fn combine(id: usize, inputs: &[Vec<Seg>], len: u64, finalize: bool) -> Result<V
     Ok(out)
 }
 
-/// Check that every copy of `plan` follows real links of `topo`: its edges form a path from
-/// the source memory to the destination memory, through switches and sockets but no other
-/// GPU, every edge usable under the mask; and that every GPU the plan touches is present and
-/// not busy, unless it is a member.
-pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
-    let node_of = |loc: Location, id: usize| -> Result<relaycc_topo::NodeId> {
-        match loc {
-            Location::Gpu(g) => topo.gpu(g).map_err(|e| fail(id, e.to_string())),
-            Location::Host(n) => {
-                let node = relaycc_topo::NodeId::new(n as usize);
-                match topo.graph().node_weight(node) {
-                    Some(w) if matches!(w.kind, NodeKind::Cpu(_)) => Ok(node),
-                    _ => Err(fail(id, format!("host location {n} is not a CPU node"))),
-                }
-            }
-        }
-    };
-    let members: Vec<u32> = plan.request.gpus.clone();
-    let usable_gpu = |g: u32, id: usize| -> Result<()> {
-        if !topo.gpu_present(g) {
-            return Err(fail(id, format!("GPU{g} is absent")));
-        }
-        if !members.contains(&g) && !topo.gpu_free(g) {
-            return Err(fail(id, format!("GPU{g} is busy and may not relay")));
-        }
-        Ok(())
-    };
-    for &g in &members {
-        if !topo.gpu_present(g) {
-            return Err(fail(usize::MAX, format!("member GPU{g} is absent")));
-        }
-    }
-    for (i, s) in plan.scratch.iter().enumerate() {
-        if let Location::Gpu(g) = s.location {
-            usable_gpu(g, usize::MAX).map_err(|_| {
-                fail(
-                    usize::MAX,
-                    format!("scratch {i} sits on GPU{g}, which may not be used"),
-                )
-            })?;
-        }
-    }
-    let nedges = topo.graph().edge_count();
-    for (id, op) in plan.ops.iter().enumerate() {
-        let OpKind::Copy { src, dst } = &op.kind else {
-            continue;
-        };
-        let (Some(from), Some(to)) = (plan.location(src.buffer), plan.location(dst.buffer)) else {
-            return Err(fail(id, "copy names a missing buffer"));
-        };
-        let (a, b) = (node_of(from, id)?, node_of(to, id)?);
-        if a == b {
-            if !op.edges.is_empty() {
-                return Err(fail(id, "a copy inside one memory occupies links"));
-            }
-            continue;
-        }
-        if op.edges.is_empty() {
-            return Err(fail(
-                id,
-                format!("copy {from:?} -> {to:?} occupies no link"),
-            ));
-        }
-        let mut at = a;
-        for (k, &e) in op.edges.iter().enumerate() {
-            if e as usize >= nedges {
-                return Err(fail(id, format!("edge {e} does not exist")));
-            }
-            let eid = relaycc_topo::LinkId::new(e as usize);
-            let (x, y) = topo.link_ends(eid);
-            if x != at {
-                return Err(fail(
-                    id,
-                    format!(
-                        "edge {e} does not continue the path at {}",
-                        topo.node(at).name
-                    ),
-                ));
-            }
-            if !topo.link_usable(eid) {
-                return Err(fail(
-                    id,
-                    format!(
-                        "edge {e} ({} -> {}) is down",
-                        topo.node(x).name,
-                        topo.node(y).name
-                    ),
-                ));
-            }
-            let last = k + 1 == op.edges.len();
-            if !last && topo.node(y).gpu().is_some() {
-                return Err(fail(
-                    id,
-                    format!("path passes through {} without staging", topo.node(y).name),
-                ));
-            }
-            at = y;
-        }
-        if at != b {
-            return Err(fail(
-                id,
-                format!(
-                    "path ends at {}, not at the destination",
-                    topo.node(at).name
-                ),
-            ));
-        }
-        for loc in [from, to] {
-            if let Location::Gpu(g) = loc {
-                usable_gpu(g, id)?;
-            }
-        }
-    }
-    Ok(())
-}
+mod routes;
+pub use routes::check_routes;
 
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@
 use super::*;
 use crate::dtype::DType;
 use crate::plan::BufferRef::{Input, Output};
+use crate::plan::Location;
 use crate::request::Request;
 
 fn reg(b: BufferRef, off: u64, len: u64) -> Region {

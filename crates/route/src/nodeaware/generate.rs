@@ -12,12 +12,12 @@ use std::collections::BTreeMap;
 
 use relaycc_topo::Topology;
 
-use super::lowering::{Builder, Piece, Side};
+use super::lowering::{Builder, Piece, Side, pieces};
 use super::params::ModelParams;
-use super::strategy::{ClusterShape, Staging, Strategy};
+use super::strategy::{ClusterShape, Staging, Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{Location, Plan, Region};
-use crate::request::{Collective, Request};
+use crate::request::Request;
 
 /// The plan of one node-aware strategy for an irregular exchange across nodes.
 ///
@@ -56,34 +56,13 @@ pub fn node_aware_plan(
     strategy: Strategy,
     staging: Staging,
 ) -> Result<Plan> {
-    if !matches!(
-        req.collective,
-        Collective::SendRecv | Collective::AllGatherV | Collective::AllToAllV
-    ) {
-        return Err(RouteError::BadRequest(format!(
-            "node-aware strategies serve send_recv, all_gather_v and all_to_all_v, not {}",
-            req.collective
-        )));
-    }
+    exchange_only(req)?;
     if !strategy.supports(staging) {
         return Err(RouteError::BadRequest(format!(
             "{strategy} is defined staged through host only ([Lockhart-2023, Table 5]), not {staging}"
         )));
     }
-    let pieces: Vec<Piece> = req
-        .expected()?
-        .into_iter()
-        .map(|p| {
-            let (src, src_off) = p.terms.first().copied().unwrap_or((p.rank, 0));
-            Piece {
-                src,
-                src_off,
-                dst: p.rank,
-                dst_off: p.out_offset,
-                len: p.len,
-            }
-        })
-        .collect();
+    let pieces = pieces(req)?;
     let name = format!("node-aware {strategy} {staging}");
     let mut b = Builder::new(topo, Plan::new(req.clone(), name))?;
     let staged = staging == Staging::Host;
@@ -195,8 +174,13 @@ fn deliver(b: &mut Builder, p: &Piece, s: Side, r: Side, channel: u32) -> Result
 
 /// The request's ranks on each node, in rank order.
 fn ranks_by_node(b: &Builder) -> BTreeMap<u32, Vec<u32>> {
+    ranks_of_nodes(&b.node)
+}
+
+/// The ranks on each node, in rank order, for ranks on nodes `node_of`.
+pub(super) fn ranks_of_nodes(node_of: &[u32]) -> BTreeMap<u32, Vec<u32>> {
     let mut m: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (r, n) in b.node.iter().enumerate() {
+    for (r, n) in node_of.iter().enumerate() {
         m.entry(*n).or_default().push(r as u32);
     }
     m
@@ -204,7 +188,7 @@ fn ranks_by_node(b: &Builder) -> BTreeMap<u32, Vec<u32>> {
 
 /// The rank of node `node` paired with index `k` (round-robin over the node's ranks), so that
 /// every rank of a node stays busy ([Lockhart-2023 §2.3.1]'s pairing).
-fn pick(ranks: &BTreeMap<u32, Vec<u32>>, node: u32, k: u32) -> u32 {
+pub(super) fn pick(ranks: &BTreeMap<u32, Vec<u32>>, node: u32, k: u32) -> u32 {
     ranks
         .get(&node)
         .filter(|v| !v.is_empty())
@@ -213,7 +197,10 @@ fn pick(ranks: &BTreeMap<u32, Vec<u32>>, node: u32, k: u32) -> u32 {
 }
 
 /// Pieces grouped by `key`, groups in key order, pieces in request order.
-fn group_by<K: Ord>(pieces: &[Piece], key: impl Fn(&Piece) -> K) -> BTreeMap<K, Vec<Piece>> {
+pub(super) fn group_by<K: Ord>(
+    pieces: &[Piece],
+    key: impl Fn(&Piece) -> K,
+) -> BTreeMap<K, Vec<Piece>> {
     let mut m: BTreeMap<K, Vec<Piece>> = BTreeMap::new();
     for p in pieces {
         m.entry(key(p)).or_default().push(*p);
@@ -289,8 +276,22 @@ fn aggregate(
     Ok(())
 }
 
-/// Split+MD / Split+DD ([Lockhart-2023 §2.3.3], Algorithm 1; §4.2): each node pair's data is cut
-/// into messages of at most the message cap (raised to volume / processes when that many messages
+/// Split+MD's message size for `total` elements between one node pair ([Lockhart-2023], Algorithm 1):
+/// at most `cap`, raised to the sending node's volume `vol` / its `ppn` processes when that
+/// many messages would outnumber them; at most `ppn` messages, at least one element each.
+pub(super) fn split_chunk(total: u64, vol: u64, cap: u64, ppn: u64) -> u64 {
+    let ppn = ppn.max(1);
+    let msg_cap = if vol.div_ceil(cap.max(1)) > ppn {
+        vol.div_ceil(ppn)
+    } else {
+        cap.max(1)
+    };
+    let k = total.div_ceil(msg_cap.max(1)).clamp(1, ppn);
+    total.div_ceil(k).max(1)
+}
+
+/// Split+MD / Split+DD ([Lockhart-2023 §2.3.3], Algorithm 1; §4.2): each node pair's data is cut into
+/// messages of at most the message cap (raised to volume / processes when that many messages
 /// would outnumber the node's processes), spread over the node's NICs and the sockets that
 /// own them. MD gathers each message from the ranks' host staging (extra on-node messages);
 /// DD copies it straight from the GPUs (duplicate device pointers) and back to them.
@@ -309,13 +310,7 @@ fn split(b: &mut Builder, remote: &[Piece], md: bool) -> Result<()> {
             continue;
         }
         let vol = node_volume.get(&na).copied().unwrap_or(total);
-        let msg_cap = if vol.div_ceil(cap) > ppn {
-            vol.div_ceil(ppn)
-        } else {
-            cap
-        };
-        let k = total.div_ceil(msg_cap).clamp(1, ppn);
-        let chunk = total.div_ceil(k);
+        let chunk = split_chunk(total, vol, cap, ppn);
         let (nics_a, nics_b) = match (b.nics.get(&na).cloned(), b.nics.get(&nb).cloned()) {
             (Some(x), Some(y)) if !x.is_empty() && !y.is_empty() => (x, y),
             _ => {

@@ -22,6 +22,24 @@ pub(super) struct Piece {
     pub len: u64,
 }
 
+/// The pieces of `req`, one per expected output range (each moves one input range).
+pub(super) fn pieces(req: &crate::Request) -> Result<Vec<Piece>> {
+    Ok(req
+        .expected()?
+        .into_iter()
+        .map(|p| {
+            let (src, src_off) = p.terms.first().copied().unwrap_or((p.rank, 0));
+            Piece {
+                src,
+                src_off,
+                dst: p.rank,
+                dst_off: p.out_offset,
+                len: p.len,
+            }
+        })
+        .collect())
+}
+
 /// Where a region sits and which ops must finish before it may be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Side {

@@ -12,12 +12,15 @@
 //! | circled minima of Figure 4.3 | [`choose_strategy`] |
 //!
 //! The models read an exchange as a [`Pattern`] on a [`ClusterShape`]; the plan generators
-//! read a [`crate::Request`] on a cluster [`relaycc_topo::Topology`].
+//! read a [`crate::Request`] on a cluster [`relaycc_topo::Topology`] ([`node_aware_plan`]) or
+//! on ranks grouped into nodes, one process per rank ([`rank_space_plan`], what the MPI
+//! backend runs).
 
 mod generate;
 mod lowering;
 mod model;
 mod params;
+mod rank_space;
 mod strategy;
 
 pub use generate::{node_aware_candidates, node_aware_plan};
@@ -29,6 +32,7 @@ pub use params::{
     LASSEN_PROCS_PER_NODE, LASSEN_SHORT_MAX_BYTES, LASSEN_SOCKETS_PER_NODE,
     LASSEN_SPLIT_MESSAGE_CAP_BYTES, ModelParams, Placement, Protocol,
 };
+pub use rank_space::rank_space_plan;
 pub use strategy::{ClusterShape, Message, Pattern, Staging, Strategy};
 
 #[cfg(test)]

@@ -190,15 +190,7 @@ impl Pattern {
     /// The pattern of a send_recv, all_gather_v or all_to_all_v request, in bytes; ranks are
     /// renumbered by GPU index so that `rank / gpus_per_node` is the node on a cluster preset.
     pub fn from_request(req: &Request) -> Result<Self> {
-        if !matches!(
-            req.collective,
-            Collective::SendRecv | Collective::AllGatherV | Collective::AllToAllV
-        ) {
-            return Err(RouteError::BadRequest(format!(
-                "node-aware strategies serve send_recv, all_gather_v and all_to_all_v, not {}",
-                req.collective
-            )));
-        }
+        exchange_only(req)?;
         let size = req.dtype.size();
         let mut messages = Vec::new();
         for p in req.expected()? {
@@ -215,4 +207,19 @@ impl Pattern {
         }
         Ok(Pattern { messages })
     }
+}
+
+/// Refuses collectives other than the irregular exchanges (send_recv, all_gather_v,
+/// all_to_all_v), the only ones the node-aware strategies define.
+pub(super) fn exchange_only(req: &Request) -> Result<()> {
+    if !matches!(
+        req.collective,
+        Collective::SendRecv | Collective::AllGatherV | Collective::AllToAllV
+    ) {
+        return Err(RouteError::BadRequest(format!(
+            "node-aware strategies serve send_recv, all_gather_v and all_to_all_v, not {}",
+            req.collective
+        )));
+    }
+    Ok(())
 }

@@ -1,7 +1,8 @@
-//! The shared-memory planner: for ranks that are arenas of one host's memory (the host
-//! backend's `host-N` topology), where every copy moves through the same memory and caches,
-//! not over separate links. The flow simulator models links, so it cannot rank algorithms for
-//! this case; [`crate::PlanOptions::shared_memory`] selects this planner directly.
+//! The shared-memory planner: for ranks that are arenas of one host's memory (the `host-N`
+//! preset), where every copy moves through the same memory and caches, not over separate
+//! links. The flow simulator models links, so it cannot rank algorithms for this case;
+//! [`crate::plan()`] uses this planner directly when the topology says the ranks share one
+//! memory (`Topology::shares_host_memory`).
 //!
 //! Algorithms (one lane per rank, on the rank's device; every copy is one hop whose edges are
 //! found by a breadth-first search over usable links through non-GPU nodes, so plans also pass
@@ -323,7 +324,7 @@ mod tests {
 
     #[test]
     fn plans_pass_the_checker_on_presets() {
-        for preset in ["dgx1-v100", "pcie-4gpu", "ac922", "dgx-a100"] {
+        for preset in ["host-4", "dgx1-v100", "pcie-4gpu", "ac922", "dgx-a100"] {
             let topo = relaycc_topo::preset(preset).unwrap();
             let gpus: Vec<u32> = (0..topo.gpu_count().min(4)).rev().collect();
             for coll in Collective::ALL {
@@ -352,5 +353,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_planner_picks_shared_memory_plans_from_the_topology() {
+        let req = Request::new(Collective::AllReduce, vec![0, 1, 2, 3], 1 << 16, DType::F32);
+        let host = relaycc_topo::preset("host-4").unwrap();
+        let chosen = crate::plan(&host, &req, &crate::PlanOptions::default()).unwrap();
+        assert_eq!(chosen.plan, plan(&host, &req, false).unwrap());
+        assert_eq!(chosen.candidates.len(), 1);
+        // GPUs that only share a socket are not arenas of its memory.
+        let pcie = relaycc_topo::preset("pcie-4gpu").unwrap();
+        let chosen = crate::plan(&pcie, &req, &crate::PlanOptions::default()).unwrap();
+        assert!(chosen.candidates.len() > 1);
     }
 }

@@ -244,7 +244,7 @@ impl<'m> Engine<'m> {
                 };
                 n
             ],
-            pending: m.pending.clone(),
+            pending: m.deps.in_degrees().to_vec(),
             done: 0,
             now_us: 0.0,
             res_bytes: vec![0.0; r],
@@ -368,7 +368,7 @@ impl<'m> Engine<'m> {
         self.spans[op as usize].end_us = self.now_us;
         self.done += 1;
         let m = self.m;
-        for &s in m.successors(op) {
+        for &s in m.deps.successors(op) {
             let p = &mut self.pending[s as usize];
             *p -= 1;
             if *p == 0 {
@@ -444,39 +444,8 @@ impl<'m> Engine<'m> {
         })
     }
 
-    /// Name an op on a dependency cycle: walk back from an op that never ran through
-    /// predecessors that never ran; after `n` steps the walk is inside a cycle.
+    /// Name an op on a dependency cycle among the ops that never ran.
     fn stuck_error(&self) -> RouteError {
-        let n = self.spans.len();
-        let unfinished = |i: usize| self.spans[i].end_us.is_nan();
-        let Some(mut op) = (0..n).find(|&i| unfinished(i)) else {
-            return RouteError::PlanCheck {
-                op: usize::MAX,
-                message: "simulation stopped early".to_string(),
-            };
-        };
-        // Predecessors are the ops whose successor lists name `op`; rebuild them lazily from
-        // the lane links and successor lists only on this error path.
-        let mut preds: Vec<Vec<u32>> = vec![Vec::new(); n];
-        for i in 0..n as u32 {
-            for &s in self.m.successors(i) {
-                preds[s as usize].push(i);
-            }
-        }
-        for _ in 0..n {
-            match preds[op].iter().find(|&&p| unfinished(p as usize)) {
-                Some(&p) => op = p as usize,
-                None => break,
-            }
-        }
-        let lane_note = if self.m.lane_prev[op] != NONE {
-            " (with lane order)"
-        } else {
-            ""
-        };
-        RouteError::PlanCheck {
-            op,
-            message: format!("never runs: it lies on a dependency cycle{lane_note}"),
-        }
+        self.m.deps.cycle_error(|i| self.spans[i].end_us.is_nan())
     }
 }

@@ -1,11 +1,13 @@
 //! Lowering a plan onto the simulator's resources: which directed edges and memories each op
-//! loads (and how many times its bytes cross each), its fixed latency, and the dependency
-//! graph (explicit deps plus lane order). Every check a plan or topology can fail happens here,
-//! once, so the event loop never meets a bad index.
+//! loads (and how many times its bytes cross each), its fixed latency, and the plan's
+//! dependency graph ([`Plan::dependency_graph`]). Every check a plan or topology can fail
+//! happens here, once, so the event loop never meets a bad index; a dependency cycle shows as
+//! ops that never run, named by [`crate::DepGraph::cycle_error`].
 
 use relaycc_topo::{NodeId, Topology, rates};
 
 use crate::error::{Result, RouteError};
+use crate::order::DepGraph;
 use crate::plan::{BufferRef, Location, OpKind, Plan};
 
 use super::engine::SimConfig;
@@ -13,7 +15,7 @@ use super::engine::SimConfig;
 /// GB/s to bytes per microsecond: 1 GB/s = 1e9 B / 1e6 us = 1e3 B/us.
 pub(super) const BYTES_PER_US_PER_GBPS: f64 = 1e3;
 
-/// Marks "no op" in index vectors (no lane predecessor).
+/// Marks "no op" in index vectors (an op with no active flow).
 pub(super) const NONE: u32 = u32::MAX;
 
 /// The resources an op's flow loads, as a compressed-row table over ops.
@@ -66,15 +68,9 @@ pub(super) struct Model {
     pub bytes: Vec<f64>,
     /// Resources of each op.
     pub uses: Uses,
-    /// Ops that wait for each op, compressed-row (`succ_start` has one entry per op plus one).
-    pub succ_start: Vec<u32>,
-    /// See `succ_start`.
-    pub succ: Vec<u32>,
-    /// How many finishes each op waits for (deps, counted with repeats, plus its lane
-    /// predecessor).
-    pub pending: Vec<u32>,
-    /// The previous op of each op's lane, or [`NONE`].
-    pub lane_prev: Vec<u32>,
+    /// The plan's dependency order: which ops wait for each op, and how many finishes each
+    /// op waits for.
+    pub deps: DepGraph,
 }
 
 /// An error at op `op`.
@@ -176,6 +172,7 @@ impl Model {
         };
 
         let n = plan.ops.len();
+        let deps = plan.dependency_graph()?;
         let mut m = Model {
             caps,
             n_edges,
@@ -183,10 +180,7 @@ impl Model {
             latency_us: Vec::with_capacity(n),
             bytes: Vec::with_capacity(n),
             uses: Uses::default(),
-            succ_start: Vec::new(),
-            succ: Vec::new(),
-            pending: vec![0; n],
-            lane_prev: vec![NONE; n],
+            deps,
         };
         m.uses.start.reserve(n + 1);
         m.uses.start.push(0);
@@ -195,22 +189,7 @@ impl Model {
             plan.location(b)
                 .ok_or_else(|| check(op, format!("names buffer {b:?}, which the plan lacks")))
         };
-        let mut last_of_lane = vec![NONE; plan.lanes.len()];
         for (i, op) in plan.ops.iter().enumerate() {
-            let lane = op.lane as usize;
-            if lane >= plan.lanes.len() {
-                return Err(check(
-                    i,
-                    format!("runs on lane {lane}; the plan has {}", plan.lanes.len()),
-                ));
-            }
-            m.lane_prev[i] = last_of_lane[lane];
-            last_of_lane[lane] = i as u32;
-            for &d in &op.deps {
-                if d as usize >= n {
-                    return Err(check(i, format!("depends on op {d}; the plan has {n} ops")));
-                }
-            }
             let mut latency = overhead;
             let row = m.uses.res.len();
             for &e in &op.edges {
@@ -274,7 +253,6 @@ impl Model {
             m.latency_us.push(latency);
             m.bytes.push(op.len() as f64 * elem);
         }
-        m.link_successors(plan);
         Ok(m)
     }
 
@@ -287,48 +265,6 @@ impl Model {
             self.uses.res.push(r);
             self.uses.coef.push(coef);
         }
-    }
-
-    /// Fill `succ`, `succ_start` and `pending` from deps and lane order.
-    fn link_successors(&mut self, plan: &Plan) {
-        let n = plan.ops.len();
-        let mut count = vec![0u32; n + 1];
-        for (i, op) in plan.ops.iter().enumerate() {
-            for &d in &op.deps {
-                count[d as usize] += 1;
-            }
-            if self.lane_prev[i] != NONE {
-                count[self.lane_prev[i] as usize] += 1;
-            }
-            self.pending[i] = op.deps.len() as u32 + u32::from(self.lane_prev[i] != NONE);
-        }
-        let mut start = Vec::with_capacity(n + 1);
-        let mut acc = 0u32;
-        for c in &count[..n] {
-            start.push(acc);
-            acc += c;
-        }
-        start.push(acc);
-        let mut fill = start.clone();
-        let mut succ = vec![0u32; acc as usize];
-        for (i, op) in plan.ops.iter().enumerate() {
-            let prev = self.lane_prev[i];
-            for &d in op.deps.iter().chain((prev != NONE).then_some(&prev)) {
-                succ[fill[d as usize] as usize] = i as u32;
-                fill[d as usize] += 1;
-            }
-        }
-        self.succ_start = start;
-        self.succ = succ;
-    }
-
-    /// Ops that wait for op `op`.
-    pub(super) fn successors(&self, op: u32) -> &[u32] {
-        let (a, b) = (
-            self.succ_start[op as usize] as usize,
-            self.succ_start[op as usize + 1] as usize,
-        );
-        &self.succ[a..b]
     }
 
     /// A resource's name for messages: `edge 5 (GPU0 -> GPU1)`, `GPU0 memory`.
@@ -405,9 +341,9 @@ mod tests {
         p.ops[1].lane = 0;
         p.ops[1].deps = vec![0, 0];
         let m = Model::build(&topo, &p, &SimConfig::default()).unwrap();
-        assert_eq!(m.pending, vec![0, 3]);
-        assert_eq!(m.successors(0), &[1, 1, 1]);
-        assert_eq!(m.lane_prev, vec![NONE, 0]);
+        assert_eq!(m.deps.in_degrees(), &[0, 3]);
+        assert_eq!(m.deps.successors(0), &[1, 1, 1]);
+        assert_eq!(m.deps.lane_predecessor(1), Some(0));
         assert_eq!(m.latency_us, vec![1.6, 1.6]);
         assert_eq!(m.bytes, vec![1048576.0, 1048576.0]);
         assert_eq!(m.uses.of(0).1, &[1.0]);

@@ -12,6 +12,7 @@
 //! | `summit-node` | ORNL Summit node, 6x V100, 3 per POWER9 socket, 2-brick links |
 //! | `pcie-4gpu` | one socket, 4 PCIe GPUs in pairs under two PCIe switches, no NVLink |
 //! | `pcie-8gpu` | two sockets, 8 PCIe GPUs under nested PCIe switches, no NVLink |
+//! | `host-<N>` | one socket and N logical devices, each an arena of its memory ([`host_topology`]) |
 //!
 //! Clusters: `cluster:<N>x<node preset>:<fabric>`, e.g. `cluster:4xdgx1-v100:ib-edr`. Every
 //! NIC of every node joins one non-blocking network switch at the fabric's port rate. Fabrics:
@@ -21,6 +22,8 @@
 
 mod dgx;
 pub use dgx::DGX1_V100_NVLINKS;
+mod host;
+pub use host::{MAX_HOST_ARENAS, host_topology};
 mod pcie;
 mod power;
 
@@ -93,6 +96,12 @@ pub fn list() -> Vec<(String, String)> {
         .iter()
         .map(|p| (p.name.to_string(), p.description.to_string()))
         .collect();
+    v.push((
+        "host-<N>".to_string(),
+        format!(
+            "N logical devices (1..={MAX_HOST_ARENAS}) in one socket's memory: the host backend's ranks"
+        ),
+    ));
     let fabrics: Vec<&str> = Fabric::ALL.iter().map(|(n, _)| *n).collect();
     v.push((
         "cluster:<N>x<preset>:<fabric>".to_string(),
@@ -106,6 +115,7 @@ pub fn list() -> Vec<(String, String)> {
 
 fn known_names() -> String {
     let mut names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+    names.push("host-<N>");
     names.push("cluster:<N>x<preset>:<fabric>");
     names.join(", ")
 }
@@ -119,6 +129,9 @@ pub fn is_preset(name: &str) -> bool {
 pub fn preset(name: &str) -> Result<Topology> {
     if let Some(spec) = name.strip_prefix("cluster:") {
         return cluster(name, spec);
+    }
+    if let Some(n) = name.strip_prefix("host-") {
+        return host::parse(name, n);
     }
     let p = find(name)?;
     let mut b = TopologyBuilder::new(name);
@@ -198,6 +211,7 @@ fn gpu_info(index: u32, name: &str, sm: u32, bus: &str, numa: u32, memory_gib: u
         pci_bus_id: Some(bus.to_string()),
         numa: Some(numa),
         memory_bytes: Some(memory_gib << 30),
+        host_arena: false,
     }
 }
 

@@ -170,3 +170,33 @@ fn bad_cluster_specs_are_errors() {
         assert!(preset(spec).is_err(), "{spec}");
     }
 }
+
+#[test]
+fn host_presets_are_arenas_of_one_socket() {
+    let t = preset("host-3").unwrap();
+    assert_eq!(t.name(), "host-3");
+    assert_eq!(t.gpu_count(), 3);
+    assert_eq!(t.cpus().count(), 1);
+    assert!(t.shares_host_memory(&[0, 1, 2]));
+    assert!(t.shares_host_memory(&[2]));
+    assert!(!t.shares_host_memory(&[]));
+    assert!(!t.shares_host_memory(&[0, 3]), "GPU3 does not exist");
+    assert!(!preset("dgx1-v100").unwrap().shares_host_memory(&[0, 1]));
+    // The flag survives the JSON round trip; other GPUs' JSON does not name it.
+    let back = crate::import::json::parse(&crate::export::to_json(&t), "t").unwrap();
+    assert!(back.shares_host_memory(&[0, 1, 2]));
+    assert!(!crate::export::to_json(&preset("pcie-4gpu").unwrap()).contains("host_arena"));
+    for bad in [
+        "host-0",
+        "host-",
+        "host-x",
+        "host-+2",
+        "host-02",
+        "host-1025",
+    ] {
+        let e = preset(bad).unwrap_err().to_string();
+        assert!(e.contains("host-<N>"), "{bad}: {e}");
+    }
+    assert!(is_preset("host-1024"));
+    assert!(list().iter().any(|(name, _)| name == "host-<N>"));
+}

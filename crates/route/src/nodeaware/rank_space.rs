@@ -1,6 +1,6 @@
-//! Node-aware plans in *rank space*: the strategies of [Lockhart-2023] (Standard, 3-Step,
-//! 2-Step, Split+MD; `relaycc_route::nodeaware`) planned for processes rather than for a
-//! hardware topology.
+//! Node-aware plans in *rank space*: the strategies of [`node_aware_plan`](super::node_aware_plan)
+//! (Standard, 3-Step, 2-Step, Split+MD) planned for processes rather than for a hardware
+//! topology.
 //!
 //! Every rank `r` is one process whose memory is `Location::Gpu(r)` (the request's `gpus` are
 //! `0..n`); `node_of[r]` says which (possibly virtual) node the rank sits on. Plans use the
@@ -8,25 +8,18 @@
 //! only from `deps`, so every phase of a strategy (gather, inter-node, redistribute) is one
 //! dependency level, which is what the MPI executor posts at once.
 //!
-//! The plans are plain [`Plan`]s, so `relaycc_route::check` proves them correct (every output
-//! byte receives exactly the input byte the request asks for) without running MPI; the unit
-//! tests below do that for every strategy on random sparse patterns.
+//! The plans are plain [`Plan`]s, so [`crate::check`] proves them correct (every output byte
+//! receives exactly the input byte the request asks for) without running MPI; the unit tests
+//! below do that for every strategy on random sparse patterns (proptest).
 
 use std::collections::BTreeMap;
 
-use relaycc_route::nodeaware::{ModelParams, Strategy};
-use relaycc_route::{BufferRef, Location, Plan, Region, Request, Result, RouteError};
-
-/// One piece of data: `len` bytes of rank `src`'s input at `src_off` to rank `dst`'s output
-/// at `dst_off`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Piece {
-    src: u32,
-    src_off: u64,
-    dst: u32,
-    dst_off: u64,
-    len: u64,
-}
+use super::generate::{group_by, pick, ranks_of_nodes, split_chunk};
+use super::lowering::{Piece, pieces};
+use super::strategy::{Strategy, exchange_only};
+use crate::error::{Result, RouteError};
+use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::request::Request;
 
 /// The plan under construction, with the node layout.
 struct Gen<'a> {
@@ -47,11 +40,7 @@ impl Gen<'_> {
     /// The `k`-th rank of `node`, round robin (every rank of a node stays busy,
     /// [Lockhart-2023 §2.3.1]).
     fn pick(&self, node: u32, k: usize) -> u32 {
-        self.ranks_of
-            .get(&node)
-            .filter(|v| !v.is_empty())
-            .map(|v| v[k % v.len()])
-            .unwrap_or(0)
+        pick(&self.ranks_of, node, k as u32)
     }
 
     /// Ranks of `node`.
@@ -129,25 +118,6 @@ fn runs(parts: &[Piece], key: impl Fn(&Piece) -> (u32, u64)) -> Vec<(u64, &[Piec
     out
 }
 
-/// The byte pieces of `req` (every piece moves one input range to one output range).
-fn pieces(req: &Request) -> Result<Vec<Piece>> {
-    Ok(req
-        .expected()?
-        .into_iter()
-        .filter(|p| p.len > 0)
-        .map(|p| {
-            let (src, src_off) = p.terms.first().copied().unwrap_or((p.rank, 0));
-            Piece {
-                src,
-                src_off,
-                dst: p.rank,
-                dst_off: p.out_offset,
-                len: p.len,
-            }
-        })
-        .collect())
-}
-
 /// The plan of `strategy` for `req` with ranks on nodes `node_of`.
 ///
 /// # Arguments
@@ -160,19 +130,20 @@ fn pieces(req: &Request) -> Result<Vec<Piece>> {
 ///   [Lockhart-2023, Algorithm 1]).
 ///
 /// # Returns
-/// A plan that passes `relaycc_route::check`; an error for other collectives or a bad layout.
+/// A plan that passes [`crate::check`]; an error for other collectives or a bad layout.
 ///
 /// # Complexity
 /// O(p log p) for p pieces, plus O(p) per split chunk.
 ///
-/// Source: [Lockhart-2023 §2.3] (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the
-/// pairing of `relaycc_route::nodeaware::node_aware_plan`.
+/// Source: [Lockhart-2023 §2.3] (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the pairing of
+/// [`node_aware_plan`](super::node_aware_plan).
 pub fn rank_space_plan(
     req: &Request,
     node_of: &[u32],
     strategy: Strategy,
     split_cap: u64,
 ) -> Result<Plan> {
+    exchange_only(req)?;
     let n = req.nranks();
     if node_of.len() != n || req.gpus.iter().enumerate().any(|(i, g)| *g as usize != i) {
         return Err(RouteError::BadRequest(format!(
@@ -185,11 +156,8 @@ pub fn rank_space_plan(
             "Split+DD shares device pointers inside a node; between processes use Split+MD".into(),
         ));
     }
-    let all = pieces(req)?;
-    let mut ranks_of: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (r, nd) in node_of.iter().enumerate() {
-        ranks_of.entry(*nd).or_default().push(r as u32);
-    }
+    let all: Vec<Piece> = pieces(req)?.into_iter().filter(|p| p.len > 0).collect();
+    let ranks_of = ranks_of_nodes(node_of);
     let name = format!("rank-space {strategy}");
     let mut g = Gen {
         plan: Plan::new(req.clone(), name),
@@ -251,13 +219,7 @@ fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
         let total: u64 = group.iter().map(|p| p.len).sum();
         let ppn = g.count(na) as u64;
         let vol = volume.get(&na).copied().unwrap_or(total);
-        let msg_cap = if vol.div_ceil(cap) > ppn {
-            vol.div_ceil(ppn)
-        } else {
-            cap
-        };
-        let k = total.div_ceil(msg_cap).clamp(1, ppn);
-        let chunk = total.div_ceil(k).max(1);
+        let chunk = split_chunk(total, vol, cap, ppn);
         let mut lo = 0;
         while lo < total {
             let hi = (lo + chunk).min(total);
@@ -290,75 +252,45 @@ fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
     }
 }
 
-/// Pieces grouped by `key`, groups in key order, pieces in their order.
-fn group_by<K: Ord>(pieces: &[Piece], key: impl Fn(&Piece) -> K) -> BTreeMap<K, Vec<Piece>> {
-    let mut m: BTreeMap<K, Vec<Piece>> = BTreeMap::new();
-    for p in pieces {
-        m.entry(key(p)).or_default().push(*p);
-    }
-    m
-}
-
-/// Split+MD's message cap in bytes: Lassen's ([Lockhart-2023]'s rendezvous threshold), unless
-/// `RELAYCC_SPLIT_CAP_BYTES` gives one.
-pub fn default_split_cap() -> u64 {
-    std::env::var("RELAYCC_SPLIT_CAP_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ModelParams::LASSEN.split_cap_bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relaycc_route::{Collective, DType, check};
+    use crate::{Collective, DType, check};
 
-    /// A small deterministic generator (xorshift), so the tests need no dependency.
-    fn rng(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
-
-    fn sparse(n: usize, seed: u64) -> Request {
-        let mut next = rng(seed);
-        let mut m = vec![vec![0u64; n]; n];
-        for (s, row) in m.iter_mut().enumerate() {
-            if s == n - 1 {
-                continue; // a rank with no neighbours
-            }
-            for v in row.iter_mut() {
-                if next() % 3 == 0 {
-                    *v = next() % 40; // includes empty messages
-                }
-            }
-        }
+    /// An all_to_all_v over `n` ranks whose matrix comes from `cells` (row-major, one per
+    /// pair); the last rank sends nothing.
+    fn sparse(n: usize, cells: &[u64]) -> Request {
+        let mut m: Vec<Vec<u64>> = cells.chunks(n).take(n).map(<[u64]>::to_vec).collect();
+        m[n - 1].fill(0); // a rank with no neighbours
         let mut r = Request::new(Collective::AllToAllV, (0..n as u32).collect(), 0, DType::U8);
         r.matrix = m;
         r
     }
 
-    #[test]
-    fn every_strategy_is_correct_on_sparse_patterns() {
-        let strategies = [
-            Strategy::Standard,
-            Strategy::ThreeStep,
-            Strategy::TwoStep,
-            Strategy::SplitMd,
-        ];
-        for (n, k) in [(4usize, 1u32), (4, 2), (8, 2), (8, 4), (6, 4)] {
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(100))]
+
+        #[test]
+        fn every_strategy_is_correct_on_sparse_patterns(
+            (n, k) in proptest::prop_oneof![
+                proptest::strategy::Just((4usize, 1u32)),
+                proptest::strategy::Just((4, 2)),
+                proptest::strategy::Just((8, 2)),
+                proptest::strategy::Just((8, 4)),
+                proptest::strategy::Just((6, 4)),
+            ],
+            // Two in three pairs exchange nothing; others up to 39 bytes, empty ones included.
+            cells in proptest::collection::vec(
+                proptest::prop_oneof![2 => proptest::strategy::Just(0u64), 1 => 0u64..40],
+                64,
+            ),
+        ) {
             let node_of: Vec<u32> = (0..n as u32).map(|r| r / k).collect();
-            for seed in 0..5 {
-                let req = sparse(n, seed);
-                for s in strategies {
-                    for cap in [7, 1 << 20] {
-                        let p = rank_space_plan(&req, &node_of, s, cap).unwrap();
-                        check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
-                    }
+            let req = sparse(n, &cells);
+            for s in [Strategy::Standard, Strategy::ThreeStep, Strategy::TwoStep, Strategy::SplitMd] {
+                for cap in [7, 1 << 20] {
+                    let p = rank_space_plan(&req, &node_of, s, cap).unwrap();
+                    check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
                 }
             }
         }
@@ -387,7 +319,7 @@ mod tests {
             .ops
             .iter()
             .filter(|o| match &o.kind {
-                relaycc_route::OpKind::Copy { src, dst } => {
+                crate::OpKind::Copy { src, dst } => {
                     let owner = |b: BufferRef| match b {
                         BufferRef::Input(r) | BufferRef::Output(r) => Some(r),
                         BufferRef::Scratch(i) => match p.scratch[i as usize].location {
@@ -403,5 +335,8 @@ mod tests {
             .count();
         assert_eq!(inter, 1);
         assert!(rank_space_plan(&r, &node_of, Strategy::SplitDd, 1).is_err());
+        let all_reduce = Request::new(Collective::AllReduce, (0..8).collect(), 4, DType::U8);
+        let e = rank_space_plan(&all_reduce, &node_of, Strategy::ThreeStep, 1).unwrap_err();
+        assert!(e.to_string().contains("all_to_all_v"), "{e}");
     }
 }

@@ -1,0 +1,155 @@
+//! The route checker: a plan's copies against the topology's links and mask.
+
+use relaycc_topo::{LinkId, NodeId, NodeKind, Topology};
+
+use super::fail;
+use crate::error::Result;
+use crate::plan::{Location, Op, OpKind, Plan};
+
+/// Check that every copy of `plan` follows real links of `topo`: its edges form a path from
+/// the source memory to the destination memory, through switches and sockets but no other
+/// GPU, every edge usable under the mask; and that every GPU the plan touches is present and
+/// not busy, unless it is a member.
+///
+/// Two passes: `check_placement` (members present, scratch on usable GPUs), then
+/// `check_path` for every copy.
+pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
+    let gpus = Gpus {
+        topo,
+        members: &plan.request.gpus,
+    };
+    check_placement(plan, &gpus)?;
+    for (id, op) in plan.ops.iter().enumerate() {
+        if let OpKind::Copy { src, dst } = &op.kind {
+            let (Some(from), Some(to)) = (plan.location(src.buffer), plan.location(dst.buffer))
+            else {
+                return Err(fail(id, "copy names a missing buffer"));
+            };
+            check_path(topo, id, op, from, to)?;
+            for loc in [from, to] {
+                if let Location::Gpu(g) = loc {
+                    gpus.usable(g, id)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which GPUs a plan may touch: present ones, and among those the free ones or members.
+struct Gpus<'a> {
+    topo: &'a Topology,
+    members: &'a [u32],
+}
+
+impl Gpus<'_> {
+    fn usable(&self, g: u32, id: usize) -> Result<()> {
+        if !self.topo.gpu_present(g) {
+            return Err(fail(id, format!("GPU{g} is absent")));
+        }
+        if !self.members.contains(&g) && !self.topo.gpu_free(g) {
+            return Err(fail(id, format!("GPU{g} is busy and may not relay")));
+        }
+        Ok(())
+    }
+}
+
+/// Pass 1: every member GPU is present, and every scratch buffer on a GPU sits on one the
+/// plan may use.
+fn check_placement(plan: &Plan, gpus: &Gpus) -> Result<()> {
+    for &g in gpus.members {
+        if !gpus.topo.gpu_present(g) {
+            return Err(fail(usize::MAX, format!("member GPU{g} is absent")));
+        }
+    }
+    for (i, s) in plan.scratch.iter().enumerate() {
+        if let Location::Gpu(g) = s.location {
+            gpus.usable(g, usize::MAX).map_err(|_| {
+                fail(
+                    usize::MAX,
+                    format!("scratch {i} sits on GPU{g}, which may not be used"),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The topology node of a plan location (a GPU, or a CPU socket's node for host memory).
+fn node_of(topo: &Topology, loc: Location, id: usize) -> Result<NodeId> {
+    match loc {
+        Location::Gpu(g) => topo.gpu(g).map_err(|e| fail(id, e.to_string())),
+        Location::Host(n) => {
+            let node = NodeId::new(n as usize);
+            match topo.graph().node_weight(node) {
+                Some(w) if matches!(w.kind, NodeKind::Cpu(_)) => Ok(node),
+                _ => Err(fail(id, format!("host location {n} is not a CPU node"))),
+            }
+        }
+    }
+}
+
+/// Pass 2, per copy: op `id` (a copy `from -> to`) occupies a path of usable links from the
+/// source memory to the destination memory that passes through no other GPU; a copy inside
+/// one memory occupies no link.
+fn check_path(topo: &Topology, id: usize, op: &Op, from: Location, to: Location) -> Result<()> {
+    let (a, b) = (node_of(topo, from, id)?, node_of(topo, to, id)?);
+    if a == b {
+        if !op.edges.is_empty() {
+            return Err(fail(id, "a copy inside one memory occupies links"));
+        }
+        return Ok(());
+    }
+    if op.edges.is_empty() {
+        return Err(fail(
+            id,
+            format!("copy {from:?} -> {to:?} occupies no link"),
+        ));
+    }
+    let nedges = topo.graph().edge_count();
+    let mut at = a;
+    for (k, &e) in op.edges.iter().enumerate() {
+        if e as usize >= nedges {
+            return Err(fail(id, format!("edge {e} does not exist")));
+        }
+        let eid = LinkId::new(e as usize);
+        let (x, y) = topo.link_ends(eid);
+        if x != at {
+            return Err(fail(
+                id,
+                format!(
+                    "edge {e} does not continue the path at {}",
+                    topo.node(at).name
+                ),
+            ));
+        }
+        if !topo.link_usable(eid) {
+            return Err(fail(
+                id,
+                format!(
+                    "edge {e} ({} -> {}) is down",
+                    topo.node(x).name,
+                    topo.node(y).name
+                ),
+            ));
+        }
+        let last = k + 1 == op.edges.len();
+        if !last && topo.node(y).gpu().is_some() {
+            return Err(fail(
+                id,
+                format!("path passes through {} without staging", topo.node(y).name),
+            ));
+        }
+        at = y;
+    }
+    if at != b {
+        return Err(fail(
+            id,
+            format!(
+                "path ends at {}, not at the destination",
+                topo.node(at).name
+            ),
+        ));
+    }
+    Ok(())
+}
