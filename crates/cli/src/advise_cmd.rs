@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use anyhow::{Result, bail};
-use relaycc_route::{PlanOptions, Planner};
+use relaycc_route::{PlanOptions, Planner, RouteError};
 use relaycc_topo::Mask;
 use serde_json::json;
 
@@ -65,14 +65,25 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         ..PlanOptions::default()
     };
     let mut scored = Vec::new();
+    // A placement the masked machine cannot connect is not advice; it is skipped, and its
+    // error is reported only when no placement can be planned.
+    let mut unroutable = None;
     for set in &sets {
         let req = if k == 1 {
             continue;
         } else {
             request(&cargs, set, args.size)?
         };
-        let p = planner.plan(&req, &opts)?;
-        scored.push((set.clone(), p.predicted, p.baseline));
+        match planner.plan(&req, &opts) {
+            Ok(p) => scored.push((set.clone(), p.predicted, p.baseline)),
+            Err(e @ RouteError::NoRoute { .. }) => {
+                unroutable.get_or_insert(e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let (true, Some(e)) = (scored.is_empty(), unroutable) {
+        bail!("no placement of {k} free GPUs can be planned: {e}");
     }
     if scored.is_empty() {
         bail!("a 1-GPU job needs no communication; any free GPU will do: {free:?}");

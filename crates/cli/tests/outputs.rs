@@ -216,3 +216,50 @@ fn dtype_and_op_mean_the_same_everywhere() {
     assert_eq!(default["dtype"], "float");
     assert_eq!(default["results"][0]["count"], 1024);
 }
+
+/// On a machine split in two by a link that is down, advise places the job inside one half
+/// instead of failing on the first placement that spans the cut.
+#[test]
+fn advise_skips_placements_a_split_machine_cannot_connect() {
+    let v = json(&[
+        "advise",
+        "all_reduce",
+        "-t",
+        "pcie-4gpu",
+        "--links-down",
+        "CPU0-PCIe1",
+        "--count",
+        "2",
+        "--size",
+        "64MiB",
+        "--format",
+        "json",
+    ]);
+    let best = v["best"].as_array().expect("best placements");
+    assert!(!best.is_empty(), "{v}");
+    for b in best {
+        let gpus: Vec<u64> = b["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .map(|g| g.as_u64().expect("gpu index"))
+            .collect();
+        assert!(gpus == [0, 1] || gpus == [2, 3], "{gpus:?} spans the cut");
+    }
+    let o = relaycc(&[
+        "advise",
+        "all_reduce",
+        "-t",
+        "pcie-4gpu",
+        "--links-down",
+        "CPU0-PCIe1",
+        "--count",
+        "3",
+        "--size",
+        "64MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("no placement of 3 free GPUs"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

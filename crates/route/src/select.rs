@@ -437,7 +437,7 @@ mod tests {
     #[test]
     fn a_fastest_that_fails_the_proof_is_dropped_and_the_pruned_are_simulated() {
         let (order, winner, simulated) = run(&[0]);
-        // Without candidate 0, candidate 1 (5 us) no longer prunes 2 (3 us), which wins.
+        // Without candidate 0, candidate 1 (5 us) does not prune 2 (3 us), which wins.
         assert_eq!(winner, Some(2));
         assert_eq!(order, vec![(1, 5.0), (2, 3.0)]);
         // Each candidate is simulated once.

@@ -21,8 +21,8 @@ use crate::error::{Result, TopoError};
 use crate::graph::{LinkKind, Topology};
 use crate::rates;
 
-/// NVLink lanes (links) one GPU has at most: 18 on H100, H200 and B200 (REFERENCE.md nominal
-/// "18 links = 450" for NVLink 4, "18 links = 900" for NVLink 5).
+/// NVLink lanes (links) one GPU has at most: 18 on H100, H200 and B200 ([NVIDIA-H100]: 18
+/// links = 450 GB/s for NVLink 4; [NVIDIA-B200]: 18 links = 900 GB/s for NVLink 5).
 pub const MAX_NVLINK_LANES: u32 = 18;
 /// The fastest one NVLink lane carries, GB/s per direction: NVLink 5's nominal rate, the fastest
 /// generation ([`rates::NVLINK5_LANE_GBPS`]). A measurement above it is a measuring error.

@@ -18,7 +18,7 @@ use super::requests::{Health, Requests};
 use super::schedule::{RunBuffers, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
 
-/// Split+MD's message cap in bytes: Lassen's (the seed's rendezvous threshold), unless
+/// Split+MD's message cap in bytes: Lassen's rendezvous threshold ([Lockhart-2023, Table 2]), unless
 /// `RELAYCC_SPLIT_CAP_BYTES` gives one.
 fn default_split_cap() -> u64 {
     std::env::var("RELAYCC_SPLIT_CAP_BYTES")

@@ -268,7 +268,11 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(100))]
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 100,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
 
         #[test]
         fn every_strategy_is_correct_on_sparse_patterns(
