@@ -98,14 +98,9 @@ pub fn check_relays(relay: &RelayPolicy, topo: &Topology, masked: &[u32]) -> Res
     let RelayPolicy::List(list) = relay else {
         return Ok(());
     };
+    relaycc_route::require_relays_exist(topo, relay)
+        .map_err(|e| anyhow::anyhow!("--relay: {e}"))?;
     for &g in list {
-        if g >= topo.gpu_count() || !topo.gpu_present(g) {
-            bail!(
-                "--relay: GPU {g} does not exist in {} ({} GPUs)",
-                topo.name(),
-                topo.gpu_count()
-            );
-        }
         if masked.contains(&g) {
             return Err(usage(format!(
                 "--relay {g} is also in --mask-gpus: a busy GPU cannot relay"

@@ -119,7 +119,12 @@ fn relays_and_masks_that_contradict_the_job_are_errors() {
     let o = relaycc(&[
         "route", "--from", "0", "--to", "7", "--size", "1M", "--relay", "99",
     ]);
-    refused(&o, 1, "--relay: GPU 99 does not exist", "--relay 99");
+    refused(
+        &o,
+        1,
+        "--relay: bad request: relay GPU 99 does not exist",
+        "--relay 99",
+    );
     let o = relaycc(&[
         "plan",
         "all_reduce",
@@ -130,7 +135,12 @@ fn relays_and_masks_that_contradict_the_job_are_errors() {
         "--relay",
         "3,99",
     ]);
-    refused(&o, 1, "--relay: GPU 99", "plan --relay 3,99");
+    refused(
+        &o,
+        1,
+        "--relay: bad request: relay GPU 99",
+        "plan --relay 3,99",
+    );
     let o = relaycc(&[
         "plan",
         "all_reduce",

@@ -223,6 +223,7 @@ fn dtype_and_op_mean_the_same_everywhere() {
 fn advise_skips_placements_a_split_machine_cannot_connect() {
     let v = json(&[
         "advise",
+        "--collective",
         "all_reduce",
         "-t",
         "pcie-4gpu",
@@ -248,6 +249,7 @@ fn advise_skips_placements_a_split_machine_cannot_connect() {
     }
     let o = relaycc(&[
         "advise",
+        "--collective",
         "all_reduce",
         "-t",
         "pcie-4gpu",

@@ -136,6 +136,23 @@ fn a_wait_cycle_is_refused() {
     refused(p, "command 0", "before any command records it");
 }
 
+/// Two records of one event would leave a wait free to pair with either; the host backend and
+/// CUDA would order it differently, so the second record is refused.
+#[test]
+fn an_event_recorded_twice_is_refused() {
+    let p = program(
+        2,
+        1,
+        vec![
+            Command::Record { lane: 0, event: 0 },
+            Command::Record { lane: 1, event: 0 },
+            Command::Wait { lane: 1, event: 0 },
+            copy(1, slot(0, 0, 8), slot(1, 0, 8)),
+        ],
+    );
+    refused(p, "command 1", "records event 0 a second time");
+}
+
 #[test]
 fn slots_lanes_events_and_bindings_are_checked() {
     refused(

@@ -75,13 +75,13 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
     Ok(())
 }
 
-/// An error when `relay` lists a GPU that `topo` does not have.
+/// An error when `relay` lists a GPU that `topo` does not have, or one its mask marks absent.
 pub fn require_relays_exist(topo: &Topology, relay: &RelayPolicy) -> Result<()> {
     if let RelayPolicy::List(list) = relay {
         for &g in list {
-            if g >= topo.gpu_count() {
+            if g >= topo.gpu_count() || !topo.gpu_present(g) {
                 return Err(RouteError::BadRequest(format!(
-                    "relay GPU{g} is not in topology {}, which has {} GPUs",
+                    "relay GPU {g} does not exist in topology {} ({} GPUs)",
                     topo.name(),
                     topo.gpu_count()
                 )));
@@ -196,6 +196,6 @@ mod tests {
         assert!(e.to_string().contains("GPU1 is masked busy"), "{e}");
         let e = require_reachable(&t, &req, &RelayPolicy::List(vec![99])).unwrap_err();
         assert!(matches!(e, RouteError::BadRequest(_)), "{e}");
-        assert!(e.to_string().contains("GPU99"), "{e}");
+        assert!(e.to_string().contains("relay GPU 99 does not exist"), "{e}");
     }
 }

@@ -307,8 +307,8 @@ fn busy_members_and_unknown_relays_are_refused() {
     };
     let e = plan(&base, &req, &opts).unwrap_err();
     assert!(matches!(e, RouteError::BadRequest(_)), "{e}");
-    assert!(e.to_string().contains("GPU99"), "{e}");
+    assert!(e.to_string().contains("relay GPU 99"), "{e}");
     let p2p = Request::point_to_point(0, 7, 1 << 20);
     let e = plan(&base, &p2p, &opts).unwrap_err();
-    assert!(e.to_string().contains("GPU99"), "{e}");
+    assert!(e.to_string().contains("relay GPU 99"), "{e}");
 }

@@ -207,8 +207,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// when two commands of the launch run on different lanes (of one program or of two) and
     /// touch a common byte of the bound memory, one of them writing it, they belong to one
     /// program and a chain of `Record`/`Wait` orders one before the other. Bindings that
-    /// alias count: the rule is about bytes, not binding indices. And no library touches
-    /// the bound memory through a [`RawRegion`] address while the launch runs.
+    /// alias count: the rule is about bytes, not binding indices. And no byte a command of
+    /// the launch touches, where either side writes it, is touched through a [`RawRegion`]
+    /// address (by MPI, say) while the launch runs; bytes no command touches may be.
     ///
     /// [`crate::exec::launch`] keeps this for programs compiled from a
     /// [`relaycc_route::CheckedPlan`]. Calling without `unsafe` does not compile:

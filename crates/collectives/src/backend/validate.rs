@@ -8,11 +8,11 @@
 //! - every slot lies inside its binding, copies keep lengths, reduction slots are whole
 //!   elements aligned for the type, a reduction has sources and its destination equals or
 //!   avoids each of them, `Avg` has a divisor;
-//! - every `Wait(e)` comes after a `Record(e)` of the same program in command order. Lanes run
-//!   their commands in that order, so no lane waits for a record that is never enqueued and
-//!   waits form no cycle: of the lanes blocked at a wait, the one blocked earliest in command
-//!   order waits for a record placed before it, on a lane that is not blocked before that
-//!   record. A launch therefore always ends.
+//! - every event is recorded once, and every `Wait(e)` comes after the `Record(e)` of the same
+//!   program in command order. Lanes run their commands in that order, so no lane waits for a
+//!   record that is never enqueued and waits form no cycle: of the lanes blocked at a wait, the
+//!   one blocked earliest in command order waits for a record placed before it, on a lane that
+//!   is not blocked before that record. A launch therefore always ends.
 //!
 //! What costs more than a pass over the commands, that lanes which touch one byte are ordered
 //! (a data race otherwise), is the caller's promise to [`Backend::submit`](super::Backend).
@@ -212,6 +212,11 @@ pub(crate) fn resolve(
             }
             Command::Record { lane, event } => {
                 let event = event_of(*event)?;
+                // One record per event: with two, a wait could be released by either, and
+                // backends would disagree about which one it orders after.
+                if recorded[event] {
+                    return Err(fail(format!("records event {event} a second time")));
+                }
                 recorded[event] = true;
                 Resolved::Record {
                     lane: lane_of(*lane)?,
