@@ -566,8 +566,9 @@ fn combine(id: usize, inputs: &[Vec<Seg>], len: u64, finalize: bool) -> Result<V
 
 /// Check that every copy of `plan` follows real links of `topo`: its edges form a path from
 /// the source memory to the destination memory, through switches and sockets but no other
-/// GPU, every edge usable under the mask; and that every GPU the plan touches is present and
-/// not busy, unless it is a member.
+/// GPU, every edge usable under the mask, and over PCIe only between GPUs the driver grants
+/// peer-to-peer access ([`Topology::pcie_peer_ok`]); and that every GPU the plan touches is
+/// present and not busy, unless it is a member.
 pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
     let node_of = |loc: Location, id: usize| -> Result<relaycc_topo::NodeId> {
         match loc {
@@ -668,6 +669,21 @@ pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
                 format!(
                     "path ends at {}, not at the destination",
                     topo.node(at).name
+                ),
+            ));
+        }
+        let over_pcie = op.edges.iter().any(|&e| {
+            let eid = relaycc_topo::LinkId::new(e as usize);
+            matches!(topo.link(eid).kind, relaycc_topo::LinkKind::Pcie { .. })
+        });
+        if over_pcie && !topo.pcie_peer_ok(a, b) {
+            return Err(fail(
+                id,
+                format!(
+                    "copy {} -> {} crosses PCIe, but the driver refuses them peer-to-peer \
+                     access; stage it through host memory",
+                    topo.node(a).name,
+                    topo.node(b).name
                 ),
             ));
         }
