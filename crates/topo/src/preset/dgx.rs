@@ -272,7 +272,7 @@ pub(super) fn dgx_b200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 
 /// HGX H200 in its DGX H200 form: the DGX H100 wiring (4 NVSwitch chips taking 5, 4, 4 and 5
 /// NVLink 4 links from every GPU, NV18; two Sapphire Rapids sockets; PCIe Gen5; 8 NDR NICs)
-/// with H200 141 GB GPUs. Source: [NVIDIA-H200-2024], [NVIDIA-DGX-H100-2023].
+/// with H200 141 GB GPUs. Source: [NVIDIA-H200-2024], [NVIDIA-H100].
 pub(super) fn hgx_h200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     let (gpus, nics) = dgx_nvswitch_pcie(
         b,

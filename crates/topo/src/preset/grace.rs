@@ -78,7 +78,7 @@ pub(super) fn gb200_nvl72(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 /// GPU on its own Grace by NVLink-C2C (900 GB/s bidirectional); every pair of GPUs joined by six
 /// NVLink 4 links (150 GB/s per direction); every pair of Graces by coherent NVLink at 100 GB/s
 /// per direction; one InfiniBand NDR200 NIC on each Grace's PCIe Gen5.
-/// Source: [JSC-JUPITER-2025], [NVIDIA-GH200-2023].
+/// Source: [JSC-JUPITER-2025], [NVIDIA-GH200].
 pub(super) fn gh200_quad(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     const SUPERCHIPS: u32 = 4;
     const GPU_PAIR_LANES: u32 = 6;

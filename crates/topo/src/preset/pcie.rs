@@ -101,7 +101,8 @@ struct GeForce {
 }
 
 /// Eight GeForce cards on two AMD EPYC sockets, four on CPU root ports of each (x16 each, no
-/// PCIe switch), one 100 GbE NIC per socket. The GeForce driver refuses PCIe peer-to-peer, so
+/// PCIe switch), one 100 GbE NIC per socket: a representative consumer 8-GPU server, not one
+/// vendor's product. The GeForce driver refuses PCIe peer-to-peer, so
 /// every GPU records `pcie_p2p: false` and all GPU-to-GPU traffic crosses host memory.
 fn geforce_8gpu(b: &mut TopologyBuilder, base: u32, card: &GeForce) -> Vec<NodeId> {
     let cpus = [b.add_cpu(0, CpuFamily::Amd), b.add_cpu(1, CpuFamily::Amd)];
