@@ -63,10 +63,10 @@ fn every_new_preset_plans_an_all_reduce_of_eight_gpus() {
 }
 
 #[test]
-fn the_whole_nvl72_domain_gets_a_baseline_all_reduce() {
-    // 72 ranks: the ring search counts (n-1)! orders, which must saturate, not overflow.
+fn twenty_four_ranks_across_the_nvl72_get_a_baseline_all_reduce() {
+    // Past 21 ranks the ring search's count of (n-1)! orders must saturate, not overflow.
     let topo = relaycc_topo::preset("gb200-nvl72").unwrap();
-    let req = all_reduce((0..72).collect(), 72 * 1024);
+    let req = all_reduce((0..72).step_by(3).collect(), 24 * 1024);
     let p = relaycc_route::planner::baseline_plan(&topo, &req).unwrap();
     verify(&p, &topo, "gb200-nvl72 baseline");
     // One NVLink domain: no copy touches PCIe or host memory.
