@@ -38,6 +38,13 @@ fn topo_list_names_every_preset() {
         "summit-node",
         "pcie-4gpu",
         "pcie-8gpu",
+        "dgx-b200",
+        "hgx-h200",
+        "gb200-nvl72",
+        "gh200-quad",
+        "l40s-8gpu",
+        "rtx4090-8gpu",
+        "rtx5090-8gpu",
         "cluster:",
     ] {
         assert!(out.contains(p), "{p} missing from:\n{out}");
@@ -266,6 +273,38 @@ fn route_json_reports_prediction_baseline_bound_and_paths() {
         .map(|l| l["gbps"].as_f64().unwrap())
         .sum();
     assert!(v["bound"]["algbw_gbps"].as_f64().unwrap() <= out_of_gpu0 + 1e-9);
+}
+
+#[test]
+fn geforce_routes_cross_host_memory() {
+    let v = json(&[
+        "route",
+        "-t",
+        "rtx4090-8gpu",
+        "--from",
+        "0",
+        "--to",
+        "1",
+        "--size",
+        "256MiB",
+        "--format",
+        "json",
+    ]);
+    let paths = v["paths"].as_array().unwrap();
+    assert!(!paths.is_empty(), "{v}");
+    for p in paths {
+        let hops: Vec<&str> = p["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap())
+            .collect();
+        assert_eq!(hops.len(), 3, "{hops:?}");
+        assert!(
+            hops[1].starts_with("CPU"),
+            "GPU0 -> GPU1 skips host memory: {hops:?}"
+        );
+    }
 }
 
 #[test]

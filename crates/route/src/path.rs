@@ -5,7 +5,10 @@
 //! hardware connects: its links may pass PCIe switches, host bridges, NVSwitches, NICs, network
 //! switches and a CPU's root complex, but never another GPU, and cross the inter-socket link
 //! only when one end is host memory (GPU peer-to-peer across sockets is not used; NCCL does not
-//! either). A *route* is a chain of hops; intermediate memories are relays that stage chunks.
+//! either). A hop between two GPUs uses PCIe only where the driver grants both PCIe
+//! peer-to-peer ([`Topology::pcie_peer_ok`]; GeForce cards are refused it), so on such machines
+//! GPU-to-GPU traffic is staged through host memory. A *route* is a chain of hops; intermediate
+//! memories are relays that stage chunks.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -195,8 +198,9 @@ pub fn hop(topo: &Topology, from: Location, to: Location) -> Option<Hop> {
 }
 
 /// The widest path of usable links from node `a` to node `b` that passes no GPU (ties: lowest
-/// latency), crossing the inter-socket link only when `cross_sockets`: its topology edge
-/// indices, bottleneck rate (NVSwitch ports counted whole) and summed latency.
+/// latency), crossing the inter-socket link only when `cross_sockets` and PCIe only when
+/// [`Topology::pcie_peer_ok`] admits the two ends: its topology edge indices, bottleneck rate
+/// (NVSwitch ports counted whole) and summed latency.
 ///
 /// Complexity: O(E log V) (Dijkstra on the bottleneck rate).
 pub fn widest_links(
@@ -209,6 +213,7 @@ pub fn widest_links(
         return None;
     }
     let host_end = cross_sockets;
+    let pcie_ok = topo.pcie_peer_ok(a, b);
     let n = topo.graph().node_count();
     let mut best_bw = vec![0.0f64; n];
     let mut best_lat = vec![f64::INFINITY; n];
@@ -243,6 +248,9 @@ pub fn widest_links(
                 continue;
             }
             if matches!(link.kind, LinkKind::InterSocket { .. }) && !host_end {
+                continue;
+            }
+            if matches!(link.kind, LinkKind::Pcie { .. }) && !pcie_ok {
                 continue;
             }
             let bw = gbps.min(topo.striped_gbps(eid));
@@ -438,8 +446,11 @@ fn out_edges(g: &DiGraph<(), u64>, flow: &[u64], node: usize) -> Vec<usize> {
     v
 }
 
-/// Cut a physical path into hops: at every GPU it passes (a relay), and before the
-/// inter-socket link when it joins two GPUs (staging in the sending socket's memory).
+/// Cut a physical path into hops: at every GPU it passes (a relay), before the inter-socket
+/// link when it joins two GPUs (staging in the sending socket's memory), and at a CPU it passes
+/// between two GPUs that may not use PCIe peer-to-peer (staging in that socket's memory).
+/// None when the path does not end at a memory, or joins two such GPUs over PCIe without
+/// passing a CPU.
 pub fn route_from_links(topo: &Topology, links: &[LinkId]) -> Option<Route> {
     let mut hops = Vec::new();
     let (first, _) = topo.link_ends(*links.first()?);
@@ -455,7 +466,21 @@ pub fn route_from_links(topo: &Topology, links: &[LinkId]) -> Option<Route> {
             .fold(f64::INFINITY, f64::min),
         latency_us: cur.iter().map(|e| topo.link(*e).latency_us).sum(),
     };
-    for &e in links {
+    // The GPU each link leads towards: where the hop it belongs to ends, unless staged sooner.
+    let mut next_gpu: Vec<Option<NodeId>> = vec![None; links.len()];
+    let mut ahead = None;
+    for (i, &e) in links.iter().enumerate().rev() {
+        let y = topo.link_ends(e).1;
+        if topo.node(y).gpu().is_some() {
+            ahead = Some(y);
+        }
+        next_gpu[i] = ahead;
+    }
+    let gpu_node = |loc: Location| match loc {
+        Location::Gpu(g) => topo.gpu(g).ok(),
+        Location::Host(_) => None,
+    };
+    for (i, &e) in links.iter().enumerate() {
         let (x, y) = topo.link_ends(e);
         let crosses = matches!(topo.link(e).kind, LinkKind::InterSocket { .. });
         if crosses && matches!(from, Location::Gpu(_)) && !cur.is_empty() {
@@ -466,7 +491,24 @@ pub fn route_from_links(topo: &Topology, links: &[LinkId]) -> Option<Route> {
             from = here;
         }
         cur.push(e);
+        let peers_refused = |a: Option<NodeId>, b: Option<NodeId>| match (a, b) {
+            (Some(a), Some(b)) => !topo.pcie_peer_ok(a, b),
+            _ => false,
+        };
+        if topo.node(y).cpu().is_some() && peers_refused(gpu_node(from), next_gpu[i]) {
+            let here = node_location(topo, y)?;
+            hops.push(finish(from, here, &cur));
+            cur.clear();
+            from = here;
+            continue;
+        }
         if let Some(loc @ Location::Gpu(_)) = node_location(topo, y) {
+            let over_pcie = cur
+                .iter()
+                .any(|l| matches!(topo.link(*l).kind, LinkKind::Pcie { .. }));
+            if over_pcie && peers_refused(gpu_node(from), Some(y)) {
+                return None;
+            }
             hops.push(finish(from, loc, &cur));
             cur.clear();
             from = loc;

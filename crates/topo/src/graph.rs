@@ -68,6 +68,20 @@ pub struct GpuInfo {
     /// link model does not describe, so planners use their shared-memory algorithms for them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub host_arena: bool,
+    /// True when the driver grants this GPU peer-to-peer access over PCIe (another GPU, or a NIC
+    /// carrying a remote GPU's data, reads and writes its memory without host memory). GeForce
+    /// drivers refuse it, so every transfer between such a GPU and another GPU that PCIe carries
+    /// is staged through host memory; NVLink peers are unaffected. In JSON only when false.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub pcie_p2p: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl GpuInfo {
@@ -81,6 +95,7 @@ impl GpuInfo {
             numa: None,
             memory_bytes: None,
             host_arena: false,
+            pcie_p2p: true,
         }
     }
 }
@@ -502,6 +517,15 @@ impl Topology {
             .filter(|e| port(*e))
             .map(|e| e.weight().gbps)
             .sum()
+    }
+    /// True unless `a` and `b` are both GPUs and the driver refuses one of them PCIe
+    /// peer-to-peer access ([`GpuInfo::pcie_p2p`]): then a transfer between them that PCIe
+    /// carries is staged through host memory.
+    pub fn pcie_peer_ok(&self, a: NodeId, b: NodeId) -> bool {
+        match (self.graph[a].gpu(), self.graph[b].gpu()) {
+            (Some(x), Some(y)) => x.pcie_p2p && y.pcie_p2p,
+            _ => true,
+        }
     }
     /// True when the GPU connects to an NVSwitch.
     pub fn behind_nvswitch(&self, gpu: NodeId) -> bool {

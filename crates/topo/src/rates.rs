@@ -65,6 +65,14 @@ pub const UNKNOWN_INTER_SOCKET_GBPS: f64 = 10.0;
 /// NVLink-C2C between a Grace CPU and a Hopper GPU, GB/s per direction (900 both ways). Source:
 /// [NVIDIA-GH200].
 pub const NVLINK_C2C_GBPS: f64 = 450.0;
+/// NVLink-C2C share of one Blackwell GPU of a GB200 superchip, GB/s per direction: the Grace
+/// CPU's one 900 GB/s (bidirectional) C2C link serves both of its GPUs, so each gets half of
+/// 450. Source: NVIDIA GB200 NVL72 datasheet [NVIDIA-GB200-NVL72-2024].
+pub const NVLINK_C2C_GB200_PER_GPU_GBPS: f64 = 225.0;
+/// Grace-to-Grace coherent NVLink (cNVLink) between the superchips of a 4x GH200 node, GB/s per
+/// direction. Source: JSC JUPITER Booster node design [JSC-JUPITER-2025], "pairs connected with
+/// 100 GB/s per direction".
+pub const GRACE_CNVLINK_GBPS: f64 = 100.0;
 
 /// Host memory bandwidth of one Broadwell-EP socket (4 channels DDR4-2400), GB/s. Source:
 /// [Intel-E5v4].
@@ -81,6 +89,9 @@ pub const HOST_MEM_AMD_GBPS: f64 = 204.8;
 /// Host memory bandwidth of one Sapphire/Emerald Rapids socket (8 channels DDR5-4800), GB/s.
 /// Source: [Intel-Xeon4].
 pub const HOST_MEM_SAPPHIRE_RAPIDS_GBPS: f64 = 307.2;
+/// Host memory bandwidth of one Grace CPU (LPDDR5X-8532), GB/s. Source: JSC JUPITER Booster
+/// node design [JSC-JUPITER-2025], "120 GB LPDDR5X memory at 512 GB/s".
+pub const HOST_MEM_GRACE_GBPS: f64 = 512.0;
 /// Host memory bandwidth assumed for an unidentified socket, GB/s: the smallest of the values
 /// above (Broadwell), so staging through an unknown host is not flattered.
 pub const HOST_MEM_UNKNOWN_GBPS: f64 = 76.8;
@@ -117,6 +128,9 @@ pub const IB_EDR_GBPS: f64 = 12.5;
 pub const IB_HDR_GBPS: f64 = 25.0;
 /// InfiniBand NDR (400 Gb/s), GB/s per direction. Source: [IBTA-Roadmap].
 pub const IB_NDR_GBPS: f64 = 50.0;
+/// InfiniBand NDR200 (one 200 Gb/s port of an NDR card), GB/s per direction. Source: JSC
+/// JUPITER Booster node design [JSC-JUPITER-2025], "4x InfiniBand NDR200 (ConnectX-7)".
+pub const IB_NDR200_GBPS: f64 = 25.0;
 /// 100 Gb/s Ethernet (RoCE), GB/s per direction. Source: [IEEE-8023bj].
 pub const ETH_100G_GBPS: f64 = 12.5;
 /// 25 Gb/s Ethernet, GB/s per direction. Source: [IEEE-8023by].
@@ -249,7 +263,7 @@ pub enum CpuFamily {
     Amd,
     /// IBM POWER9, X-Bus; NVLink to the GPUs.
     Power9,
-    /// NVIDIA Grace (Arm), NVLink-C2C to the GPU.
+    /// NVIDIA Grace (Arm), NVLink-C2C to the GPU, coherent NVLink to other Graces.
     Grace,
     /// Not identified; conservative rates.
     Unknown,
@@ -265,7 +279,8 @@ impl CpuFamily {
             CpuFamily::IntelEmeraldRapids => UPI_EMERALD_RAPIDS_GBPS,
             CpuFamily::Amd => AMD_INFINITY_FABRIC_GBPS,
             CpuFamily::Power9 => POWER9_XBUS_GBPS,
-            CpuFamily::Grace | CpuFamily::Unknown => UNKNOWN_INTER_SOCKET_GBPS,
+            CpuFamily::Grace => GRACE_CNVLINK_GBPS,
+            CpuFamily::Unknown => UNKNOWN_INTER_SOCKET_GBPS,
         }
     }
     /// Host-memory bandwidth of one socket of this family, GB/s.
@@ -278,7 +293,8 @@ impl CpuFamily {
             }
             CpuFamily::Amd => HOST_MEM_AMD_GBPS,
             CpuFamily::Power9 => HOST_MEM_POWER9_GBPS,
-            CpuFamily::Grace | CpuFamily::Unknown => HOST_MEM_UNKNOWN_GBPS,
+            CpuFamily::Grace => HOST_MEM_GRACE_GBPS,
+            CpuFamily::Unknown => HOST_MEM_UNKNOWN_GBPS,
         }
     }
     /// The family of an x86 CPU from its vendor string and family/model numbers (as NCCL's XML

@@ -8,8 +8,9 @@ use crate::plan::{Location, Op, OpKind, Plan};
 
 /// Check that every copy of `plan` follows real links of `topo`: its edges form a path from
 /// the source memory to the destination memory, through switches and sockets but no other
-/// GPU, every edge usable under the mask; and that every GPU the plan touches is present and
-/// not busy, unless it is a member.
+/// GPU, every edge usable under the mask, and over PCIe only between GPUs the driver grants
+/// peer-to-peer access ([`Topology::pcie_peer_ok`]); and that every GPU the plan touches is
+/// present and not busy, unless it is a member.
 ///
 /// Two passes: `check_placement` (members present, scratch on usable GPUs), then
 /// `check_path` for every copy.
@@ -148,6 +149,23 @@ fn check_path(topo: &Topology, id: usize, op: &Op, from: Location, to: Location)
             format!(
                 "path ends at {}, not at the destination",
                 topo.node(at).name
+            ),
+        ));
+    }
+    let over_pcie = op.edges.iter().any(|&e| {
+        matches!(
+            topo.link(LinkId::new(e as usize)).kind,
+            relaycc_topo::LinkKind::Pcie { .. }
+        )
+    });
+    if over_pcie && !topo.pcie_peer_ok(a, b) {
+        return Err(fail(
+            id,
+            format!(
+                "copy {} -> {} crosses PCIe, but the driver refuses them peer-to-peer \
+                 access; stage it through host memory",
+                topo.node(a).name,
+                topo.node(b).name
             ),
         ));
     }

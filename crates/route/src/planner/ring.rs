@@ -77,7 +77,9 @@ fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
 /// of links, under the flat `n x n` matrix `link` (`link[a * n + b]`, GB/s): exact up to 8
 /// ranks within [`RING_SEARCH_BUDGET`], greedy (fastest next link) beyond.
 pub(super) fn best_order(link: &[f64], n: usize) -> Vec<usize> {
-    let orders: u64 = (1..n as u64).product();
+    // (n-1)! overflows u64 from 22 ranks (a GB200 NVL72 rack has 72); saturate instead.
+    let orders = (1..n as u64).try_fold(1u64, |acc, k| acc.checked_mul(k));
+    let orders = orders.unwrap_or(u64::MAX);
     if n <= 3 {
         // Every order is the same ring or its reverse.
         (0..n).collect()

@@ -12,6 +12,13 @@
 //! | `summit-node` | ORNL Summit node, 6x V100, 3 per POWER9 socket, 2-brick links |
 //! | `pcie-4gpu` | one socket, 4 PCIe GPUs in pairs under two PCIe switches, no NVLink |
 //! | `pcie-8gpu` | two sockets, 8 PCIe GPUs under nested PCIe switches, no NVLink |
+//! | `dgx-b200` | NVIDIA DGX B200, 8x B200, 2 NVSwitches, 18 NVLink 5 links per GPU, 8 NDR NICs |
+//! | `hgx-h200` | HGX H200 as in DGX H200, 8x H200, 4 NVSwitches, 18 links per GPU, 8 NDR NICs |
+//! | `gb200-nvl72` | GB200 NVL72 rack, 72 B200 on 36 Grace (C2C), 18 NVSwitch chips, 72 NICs |
+//! | `gh200-quad` | 4 GH200 superchips: GPUs all-to-all NV6, C2C to each Grace, 4 NDR200 NICs |
+//! | `l40s-8gpu` | 8x L40S, PCIe Gen4, 2 GPUs and a NIC per PCIe switch, no NVLink |
+//! | `rtx4090-8gpu` | 8x RTX 4090 on CPU root ports, no NVLink, no PCIe peer-to-peer |
+//! | `rtx5090-8gpu` | 8x RTX 5090 on CPU root ports (Gen5), no NVLink, no PCIe peer-to-peer |
 //! | `host-<N>` | one socket and N logical devices, each an arena of its memory ([`host_topology`]) |
 //!
 //! Clusters: `cluster:<N>x<node preset>:<fabric>`, e.g. `cluster:4xdgx1-v100:ib-edr`. Every
@@ -24,6 +31,7 @@ mod dgx;
 pub use dgx::DGX1_V100_NVLINKS;
 mod host;
 pub use host::{MAX_HOST_ARENAS, host_topology};
+mod grace;
 mod pcie;
 mod power;
 
@@ -87,6 +95,41 @@ const PRESETS: &[Preset] = &[
         name: "pcie-8gpu",
         description: "PCIe box: 2 sockets, 8 V100-PCIe under nested PCIe Gen3 switches, no NVLink",
         build: pcie::pcie_8gpu,
+    },
+    Preset {
+        name: "dgx-b200",
+        description: "NVIDIA DGX B200: 8x B200, 2 NVSwitches (18 NVLink 5 links per GPU), 8 NDR NICs",
+        build: dgx::dgx_b200,
+    },
+    Preset {
+        name: "hgx-h200",
+        description: "NVIDIA HGX H200 (DGX H200): 8x H200, 4 NVSwitches (18 links per GPU), 8 NDR NICs",
+        build: dgx::hgx_h200,
+    },
+    Preset {
+        name: "gb200-nvl72",
+        description: "NVIDIA GB200 NVL72: 72 B200 and 36 Grace (C2C), 18 NVSwitch chips, 72 NDR NICs",
+        build: grace::gb200_nvl72,
+    },
+    Preset {
+        name: "gh200-quad",
+        description: "4x GH200: GPUs all-to-all NVLink 4 (NV6), C2C to each Grace, 4 NDR200 NICs",
+        build: grace::gh200_quad,
+    },
+    Preset {
+        name: "l40s-8gpu",
+        description: "PCIe box: 2 sockets, 8x L40S, 2 GPUs and a NIC per PCIe switch, no NVLink",
+        build: pcie::l40s_8gpu,
+    },
+    Preset {
+        name: "rtx4090-8gpu",
+        description: "GeForce box: 2 sockets, 8x RTX 4090 on root ports, no peer-to-peer (host-staged)",
+        build: pcie::rtx4090_8gpu,
+    },
+    Preset {
+        name: "rtx5090-8gpu",
+        description: "GeForce box: 2 sockets, 8x RTX 5090 on Gen5 root ports, no peer-to-peer (host-staged)",
+        build: pcie::rtx5090_8gpu,
     },
 ];
 
@@ -212,6 +255,7 @@ fn gpu_info(index: u32, name: &str, sm: u32, bus: &str, numa: u32, memory_gib: u
         numa: Some(numa),
         memory_bytes: Some(memory_gib << 30),
         host_arena: false,
+        pcie_p2p: true,
     }
 }
 

@@ -200,3 +200,168 @@ fn host_presets_are_arenas_of_one_socket() {
     assert!(is_preset("host-1024"));
     assert!(list().iter().any(|(name, _)| name == "host-<N>"));
 }
+
+/// (preset, GPUs, NVLink lanes per GPU, NVSwitch chips, NICs, CPU sockets), each from the
+/// preset's sources: [NVIDIA-DGX-B200-2024], [NVIDIA-H200-2024], [NVIDIA-GB200-NVL72-2024],
+/// [JSC-JUPITER-2025], [NVIDIA-ENTERPRISE-RA-2025], [NCCL-1127-2024].
+const CURRENT: [(&str, u32, u32, usize, usize, usize); 7] = [
+    ("dgx-b200", 8, 18, 2, 8, 2),
+    ("hgx-h200", 8, 18, 4, 8, 2),
+    ("gb200-nvl72", 72, 18, 18, 72, 36),
+    ("gh200-quad", 4, 18, 0, 4, 4),
+    ("l40s-8gpu", 8, 0, 0, 4, 2),
+    ("rtx4090-8gpu", 8, 0, 0, 2, 2),
+    ("rtx5090-8gpu", 8, 0, 0, 2, 2),
+];
+
+/// NVLink lanes leaving a GPU, to peers and to switch chips alike.
+fn gpu_nvlink_lanes(t: &Topology, g: u32) -> u32 {
+    t.links_from(t.gpu(g).unwrap())
+        .map(|(_, _, l)| match l.kind {
+            crate::LinkKind::Nvlink { lanes, .. } => lanes,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn nvswitches(t: &Topology) -> usize {
+    t.nodes()
+        .filter(|(_, n)| matches!(n.kind, NodeKind::NvSwitch))
+        .count()
+}
+
+#[test]
+fn current_presets_match_their_sources() {
+    for (name, gpus, lanes, switches, nics, cpus) in CURRENT {
+        let t = preset(name).unwrap();
+        assert_eq!(t.gpu_count(), gpus, "{name} GPUs");
+        for g in 0..gpus {
+            assert_eq!(gpu_nvlink_lanes(&t, g), lanes, "{name} GPU{g} NVLink lanes");
+        }
+        assert_eq!(nvswitches(&t), switches, "{name} NVSwitch chips");
+        assert_eq!(t.nics().count(), nics, "{name} NICs");
+        assert_eq!(t.cpus().count(), cpus, "{name} CPU sockets");
+    }
+}
+
+#[test]
+fn nvlink5_machines_give_every_pair_18_links_of_50_gbps() {
+    for name in ["dgx-b200", "gb200-nvl72"] {
+        let t = preset(name).unwrap();
+        let n = t.gpu_count();
+        for (a, b) in [(0, 1), (0, n - 1), (n / 2, 3)] {
+            assert_eq!(class(&t, a, b), "NV18", "{name} {a}-{b}");
+        }
+        let g0 = t.gpu(0).unwrap();
+        let port: f64 = t
+            .links_from(g0)
+            .filter(|(_, _, l)| l.kind.is_nvlink())
+            .map(|(_, _, l)| l.gbps)
+            .sum();
+        // 18 links x 50 GB/s = 900 GB/s per direction, 1.8 TB/s bidirectional.
+        assert!((port - 18.0 * crate::rates::NVLINK5_LANE_GBPS).abs() < 1e-9);
+        assert!((port - 900.0).abs() < 1e-9, "{name}: {port}");
+    }
+}
+
+#[test]
+fn grace_machines_join_gpus_to_grace_by_c2c() {
+    let t = preset("gb200-nvl72").unwrap();
+    // Two GPUs per Grace, each with half the superchip's C2C.
+    let g0 = t.gpu(0).unwrap();
+    let g1 = t.gpu(1).unwrap();
+    let cpu = t.attached_cpu(g0).unwrap();
+    assert_eq!(t.attached_cpu(g1), Some(cpu));
+    assert_ne!(t.attached_cpu(t.gpu(2).unwrap()), Some(cpu));
+    let c2c = t.link(t.link_between(g0, cpu).unwrap());
+    assert_eq!(c2c.kind, crate::LinkKind::C2c);
+    assert_eq!(c2c.gbps, crate::rates::NVLINK_C2C_GB200_PER_GPU_GBPS);
+    assert_eq!(t.classify(g0, t.gpu(71).unwrap()).to_string(), "NV18");
+
+    let t = preset("gh200-quad").unwrap();
+    for a in 0..4 {
+        let ga = t.gpu(a).unwrap();
+        let grace = t.attached_cpu(ga).unwrap();
+        let l = t.link(t.link_between(ga, grace).unwrap());
+        assert_eq!(l.kind, crate::LinkKind::C2c);
+        assert_eq!(l.gbps, crate::rates::NVLINK_C2C_GBPS);
+        for b in 0..4 {
+            if a != b {
+                assert_eq!(class(&t, a, b), "NV6", "{a}-{b}");
+                let other = t.attached_cpu(t.gpu(b).unwrap()).unwrap();
+                let x = t.link(t.link_between(grace, other).unwrap());
+                assert_eq!(x.gbps, crate::rates::GRACE_CNVLINK_GBPS);
+            }
+        }
+    }
+}
+
+#[test]
+fn geforce_boxes_refuse_peer_to_peer_and_l40s_grants_it() {
+    for name in ["rtx4090-8gpu", "rtx5090-8gpu"] {
+        let t = preset(name).unwrap();
+        assert!(t.links().all(|(_, _, _, l)| !l.kind.is_nvlink()), "{name}");
+        for a in 0..8 {
+            assert!(!t.gpu_info(a).unwrap().pcie_p2p, "{name} GPU{a}");
+            let ga = t.gpu(a).unwrap();
+            assert!(!t.pcie_peer_ok(ga, t.gpu((a + 1) % 8).unwrap()));
+            // Host memory is still reachable: staging goes through it.
+            assert!(t.pcie_peer_ok(ga, t.attached_cpu(ga).unwrap()));
+        }
+        assert_eq!(class(&t, 0, 1), "PHB", "{name}");
+        assert_eq!(class(&t, 0, 4), "SYS", "{name}");
+    }
+    let uplink = |name: &str| {
+        let t = preset(name).unwrap();
+        let g0 = t.gpu(0).unwrap();
+        let up = t.link(t.link_between(g0, t.pcie_parent(g0).unwrap()).unwrap());
+        match up.kind {
+            crate::LinkKind::Pcie { generation, width } => (generation, width),
+            other => panic!("{name}: GPU0 uplink is {other:?}"),
+        }
+    };
+    assert_eq!(uplink("rtx4090-8gpu"), (4, 16));
+    assert_eq!(uplink("rtx5090-8gpu"), (5, 16));
+    assert_eq!(uplink("l40s-8gpu"), (4, 16));
+    let t = preset("l40s-8gpu").unwrap();
+    assert!(
+        t.gpu_nodes()
+            .iter()
+            .all(|g| t.node(*g).gpu().unwrap().pcie_p2p)
+    );
+    assert_eq!(class(&t, 0, 1), "PIX");
+    assert_eq!(class(&t, 0, 2), "PHB");
+    assert_eq!(class(&t, 0, 4), "SYS");
+}
+
+#[test]
+fn current_presets_form_two_node_clusters() {
+    for (name, gpus, _, switches, nics, _) in CURRENT {
+        let spec = format!("cluster:2x{name}:ib-ndr");
+        let t = preset(&spec).unwrap();
+        assert_eq!(t.gpu_count(), 2 * gpus, "{spec}");
+        assert_eq!(t.host_count(), 2, "{spec}");
+        assert_eq!(t.nics().count(), 2 * nics, "{spec}");
+        assert_eq!(nvswitches(&t), 2 * switches, "{spec}");
+        assert_eq!(t.node(t.gpu(gpus).unwrap()).host, 1, "{spec}");
+    }
+}
+
+#[test]
+fn pcie_p2p_survives_json_and_defaults_to_granted() {
+    let t = preset("rtx4090-8gpu").unwrap();
+    let json = crate::export::to_json(&t);
+    assert!(
+        json.contains("\"pcie_p2p\": false"),
+        "refusal is written out"
+    );
+    let back = crate::import::json::parse(&json, "rtx").unwrap();
+    assert!(!back.gpu_info(3).unwrap().pcie_p2p);
+    let json = crate::export::to_json(&preset("dgx-h100").unwrap());
+    assert!(
+        !json.contains("pcie_p2p"),
+        "granted is the default and not written"
+    );
+    let back = crate::import::json::parse(&json, "dgx").unwrap();
+    assert!(back.gpu_info(0).unwrap().pcie_p2p);
+}
