@@ -76,7 +76,7 @@ pub struct ElementArgs {
     #[arg(long, short = 'd', default_value = "f32")]
     pub dtype: relaycc_route::DType,
     /// Reduce operator: sum, prod, min, max, avg.
-    #[arg(long, default_value = "sum")]
+    #[arg(long, short = 'o', default_value = "sum")]
     pub op: relaycc_route::ReduceOp,
 }
 

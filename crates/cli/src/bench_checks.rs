@@ -5,29 +5,16 @@ use anyhow::{Context, Result};
 use relaycc_collectives::Communicator;
 use relaycc_route::{Collective, DType, ReduceOp};
 
-use crate::args::{BackendKind, BenchArgs, usage};
+use crate::args::{BackendKind, BenchArgs};
 use crate::bench_cmd::request;
 use crate::size::format_size;
 
 /// The sizes to time, `-b` to `-e` multiplying by `-f`; arguments that cannot give such a
 /// series, or sizes that are no whole number of elements, are usage errors.
 pub fn bench_sizes(args: &BenchArgs) -> Result<Vec<u64>> {
-    let (min, max) = (args.min_bytes, args.max_bytes);
-    if min > max {
-        return Err(usage(format!("-b {min} is larger than -e {max}")));
-    }
-    if args.factor < 2 {
-        return Err(usage("-f must be at least 2"));
-    }
-    let mut sizes = Vec::new();
-    let mut s = min;
-    while s <= max {
+    let sizes = crate::size::size_series(args.min_bytes, args.max_bytes, args.factor)?;
+    for &s in &sizes {
         crate::report::whole_elements(s, args.element.dtype)?;
-        sizes.push(s);
-        s = match s.checked_mul(args.factor) {
-            Some(v) if s > 0 => v,
-            _ => break,
-        };
     }
     Ok(sizes)
 }

@@ -6,8 +6,9 @@ use anyhow::Result;
 use relaycc_route::{PlanOptions, Planner};
 use serde_json::json;
 
-use crate::args::{SimulateArgs, TableFormat, usage};
+use crate::args::{SimulateArgs, TableFormat};
 use crate::report::{check_relays, job_gpus, perf_json, ratio, request};
+use crate::size::size_series;
 use crate::topo_cmd::load_topology;
 
 /// One size's figures.
@@ -26,27 +27,6 @@ pub struct Row {
     pub algorithm: String,
 }
 
-/// Sizes from `min` to `max` multiplying by `factor`, as nccl-tests steps them.
-pub fn sizes(min: u64, max: u64, factor: u64) -> Result<Vec<u64>> {
-    if min > max {
-        return Err(usage(format!("-b {min} is larger than -e {max}")));
-    }
-    if factor < 2 && min != max {
-        return Err(usage("-f must be at least 2"));
-    }
-    let mut v = vec![min.max(1)];
-    while let Some(&last) = v.last() {
-        match last.checked_mul(factor) {
-            Some(next) if next <= max && next > last => v.push(next),
-            _ => break,
-        }
-        if v.len() > 64 {
-            break;
-        }
-    }
-    Ok(v)
-}
-
 /// Run `relaycc simulate`.
 pub fn run(args: &SimulateArgs) -> Result<String> {
     let topo = load_topology(&args.request.topology)?;
@@ -58,7 +38,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
         ..PlanOptions::default()
     };
     let mut rows = Vec::new();
-    for bytes in sizes(args.min_bytes, args.max_bytes, args.step_factor)? {
+    for bytes in size_series(args.min_bytes, args.max_bytes, args.step_factor)? {
         let req = request(&args.request, &gpus, bytes)?;
         let p = planner.plan(&req, &opts)?;
         rows.push(Row {

@@ -46,10 +46,13 @@
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory (the `host-N` topology of [`Communicator::host`]), relaycc-route's
 //! shared-memory planner.
-//! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/host_reduce.rs` (reduction
-//! loops), `cuda/backend.rs` and `cuda/launch.rs` (driver calls, kernel launches), the rest of the `cuda` module (FFI) and,
-//! with feature `mpi`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls
-//! on raw buffers).
+//! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/host_reduce.rs`
+//! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`
+//! and `exec::launch`), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
+//! the checker's proof to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver
+//! calls, kernel launches), the rest of the `cuda` module (FFI) and, with feature `mpi`,
+//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls on raw
+//! buffers).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 

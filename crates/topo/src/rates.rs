@@ -67,10 +67,10 @@ pub const UNKNOWN_INTER_SOCKET_GBPS: f64 = 10.0;
 pub const NVLINK_C2C_GBPS: f64 = 450.0;
 /// NVLink-C2C share of one Blackwell GPU of a GB200 superchip, GB/s per direction: the Grace
 /// CPU's one 900 GB/s (bidirectional) C2C link serves both of its GPUs, so each gets half of
-/// 450. Source: NVIDIA GB200 NVL72 datasheet [NVIDIA-GB200-NVL72-2024].
+/// 450. Source: NVIDIA GB200 NVL72 datasheet [NVIDIA-GB200NVL72].
 pub const NVLINK_C2C_GB200_PER_GPU_GBPS: f64 = 225.0;
 /// Grace-to-Grace coherent NVLink (cNVLink) between the superchips of a 4x GH200 node, GB/s per
-/// direction. Source: JSC JUPITER Booster node design [JSC-JUPITER-2025], "pairs connected with
+/// direction. Source: JSC JUPITER Booster node design [JSC-Jupiter], "pairs connected with
 /// 100 GB/s per direction".
 pub const GRACE_CNVLINK_GBPS: f64 = 100.0;
 
@@ -90,7 +90,7 @@ pub const HOST_MEM_AMD_GBPS: f64 = 204.8;
 /// Source: [Intel-Xeon4].
 pub const HOST_MEM_SAPPHIRE_RAPIDS_GBPS: f64 = 307.2;
 /// Host memory bandwidth of one Grace CPU (LPDDR5X-8532), GB/s. Source: JSC JUPITER Booster
-/// node design [JSC-JUPITER-2025], "120 GB LPDDR5X memory at 512 GB/s".
+/// node design [JSC-Jupiter], "120 GB LPDDR5X memory at 512 GB/s".
 pub const HOST_MEM_GRACE_GBPS: f64 = 512.0;
 /// Host memory bandwidth assumed for an unidentified socket, GB/s: the smallest of the values
 /// above (Broadwell), so staging through an unknown host is not flattered.
@@ -129,7 +129,7 @@ pub const IB_HDR_GBPS: f64 = 25.0;
 /// InfiniBand NDR (400 Gb/s), GB/s per direction. Source: [IBTA-Roadmap].
 pub const IB_NDR_GBPS: f64 = 50.0;
 /// InfiniBand NDR200 (one 200 Gb/s port of an NDR card), GB/s per direction. Source: JSC
-/// JUPITER Booster node design [JSC-JUPITER-2025], "4x InfiniBand NDR200 (ConnectX-7)".
+/// JUPITER Booster node design [JSC-Jupiter], "4x InfiniBand NDR200 (ConnectX-7)".
 pub const IB_NDR200_GBPS: f64 = 25.0;
 /// 100 Gb/s Ethernet (RoCE), GB/s per direction. Source: [IEEE-8023bj].
 pub const ETH_100G_GBPS: f64 = 12.5;

@@ -14,7 +14,8 @@
 //!   waits for the previous launch and starts the next, and while `free`, `upload` and
 //!   `download` wait and then touch memory, so none of them can come between.
 //!
-//! `unsafe` in this crate lives here (raw arenas, pointer copies) and in the reduction kernels.
+//! The host backend's `unsafe` (raw arenas, pointer copies, calls into the reduction loops of
+//! `host_reduce.rs`) lives in this file; the crate docs list every other module with `unsafe`.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::{BTreeMap, HashMap};

@@ -249,7 +249,7 @@ pub(super) fn dgx_h100(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 /// DGX B200: 8 B200 (180 GB each); 2 NVSwitch chips taking 9 NVLink 5 links from every GPU
 /// (NV18, 1.8 TB/s per GPU bidirectional); two Xeon 8570 (Emerald Rapids) sockets; PCIe Gen5;
 /// 8 ConnectX-7 NICs at 400 Gb/s. The two BlueField-3 DPUs serve storage and management, not
-/// the compute fabric, and are left out. Source: [NVIDIA-DGX-B200-2024].
+/// the compute fabric, and are left out. Source: [NVIDIA-DGXB200].
 pub(super) fn dgx_b200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     let (gpus, nics) = dgx_nvswitch_pcie(
         b,
@@ -272,7 +272,7 @@ pub(super) fn dgx_b200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 
 /// HGX H200 in its DGX H200 form: the DGX H100 wiring (4 NVSwitch chips taking 5, 4, 4 and 5
 /// NVLink 4 links from every GPU, NV18; two Sapphire Rapids sockets; PCIe Gen5; 8 NDR NICs)
-/// with H200 141 GB GPUs. Source: [NVIDIA-H200-2024], [NVIDIA-H100].
+/// with H200 141 GB GPUs. Source: [NVIDIA-H200], [NVIDIA-H100].
 pub(super) fn hgx_h200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     let (gpus, nics) = dgx_nvswitch_pcie(
         b,

@@ -31,7 +31,7 @@ fn root_port_nic(
 /// NVSwitch chips each; every GPU sends one of its 18 NVLink 5 links to each of the 18 chips,
 /// so all 72 GPUs are one NVLink domain at NV18. The sources name no link between Graces, and
 /// the trays' BlueField-3 DPUs (front-end network) are left out.
-/// Source: [NVIDIA-GB200-NVL72-2024], [NVIDIA-GB200-TUNING-2025].
+/// Source: [NVIDIA-GB200NVL72], [NVIDIA-GB200Tuning].
 pub(super) fn gb200_nvl72(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     const TRAYS: u32 = 18;
     const NVSWITCH_CHIPS: u32 = 18;
@@ -78,7 +78,7 @@ pub(super) fn gb200_nvl72(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 /// GPU on its own Grace by NVLink-C2C (900 GB/s bidirectional); every pair of GPUs joined by six
 /// NVLink 4 links (150 GB/s per direction); every pair of Graces by coherent NVLink at 100 GB/s
 /// per direction; one InfiniBand NDR200 NIC on each Grace's PCIe Gen5.
-/// Source: [JSC-JUPITER-2025], [NVIDIA-GH200].
+/// Source: [JSC-Jupiter], [NVIDIA-GH200].
 pub(super) fn gh200_quad(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     const SUPERCHIPS: u32 = 4;
     const GPU_PAIR_LANES: u32 = 6;

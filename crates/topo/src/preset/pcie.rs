@@ -69,7 +69,7 @@ fn add_nic(b: &mut TopologyBuilder, name: String, numa: u32, gbps: f64) -> NodeI
 /// 8x L40S in NVIDIA's "PCIe Optimized 2-8-5" reference layout: two Sapphire Rapids sockets,
 /// each with two PCIe Gen5 switches holding two L40S (PCIe Gen4 x16, no NVLink) and one
 /// ConnectX-7 400 Gb/s NIC; the fifth, north-south adapter is left out. The data-center driver
-/// grants PCIe peer-to-peer. Source: [NVIDIA-ENTERPRISE-RA-2025], [NVIDIA-L40S-2023].
+/// grants PCIe peer-to-peer. Source: [NVIDIA-EnterpriseRA], [NVIDIA-L40S].
 pub(super) fn l40s_8gpu(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     let family = CpuFamily::IntelSapphireRapids;
     let cpus = [b.add_cpu(0, family), b.add_cpu(1, family)];
@@ -133,7 +133,7 @@ fn geforce_8gpu(b: &mut TopologyBuilder, base: u32, card: &GeForce) -> Vec<NodeI
 }
 
 /// 8x GeForce RTX 4090 (Ada, 24 GB, PCIe Gen4 x16, no NVLink, no peer-to-peer).
-/// Source: [NVIDIA-RTX4090-2022], [NCCL-1127-2024], [TINYGRAD-P2P-2024].
+/// Source: [NVIDIA-RTX4090], [NCCL-Issue1127], [Tinygrad-P2P].
 pub(super) fn rtx4090_8gpu(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     let card = GeForce {
         name: "NVIDIA GeForce RTX 4090",
@@ -145,7 +145,7 @@ pub(super) fn rtx4090_8gpu(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 }
 
 /// 8x GeForce RTX 5090 (Blackwell, 32 GB, PCIe Gen5 x16, no NVLink, no peer-to-peer).
-/// Source: [NVIDIA-RTX5090-2025], [TINYGRAD-P2P-2024].
+/// Source: [NVIDIA-RTX5090], [Tinygrad-P2P].
 pub(super) fn rtx5090_8gpu(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     let card = GeForce {
         name: "NVIDIA GeForce RTX 5090",

@@ -202,8 +202,8 @@ fn host_presets_are_arenas_of_one_socket() {
 }
 
 /// (preset, GPUs, NVLink lanes per GPU, NVSwitch chips, NICs, CPU sockets), each from the
-/// preset's sources: [NVIDIA-DGX-B200-2024], [NVIDIA-H200-2024], [NVIDIA-GB200-NVL72-2024],
-/// [JSC-JUPITER-2025], [NVIDIA-ENTERPRISE-RA-2025], [NCCL-1127-2024].
+/// preset's sources: [NVIDIA-DGXB200], [NVIDIA-H200], [NVIDIA-GB200NVL72],
+/// [JSC-Jupiter], [NVIDIA-EnterpriseRA], [NCCL-Issue1127].
 const CURRENT: [(&str, u32, u32, usize, usize, usize); 7] = [
     ("dgx-b200", 8, 18, 2, 8, 2),
     ("hgx-h200", 8, 18, 4, 8, 2),
