@@ -19,10 +19,11 @@
 
 use std::time::Instant;
 
-use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, NeighborExchange, TransferMode};
-use relaycc_collectives::{Backend, ByteRegion, HostBackend};
-use relaycc_route::nodeaware::Strategy;
+use relaycc::collectives::ByteRegion;
+use relaycc::collectives::mpi::rsmpi;
+use relaycc::collectives::mpi::{Choice, MpiCommunicator, NeighborExchange, TransferMode};
+use relaycc::route::nodeaware::Strategy;
+use relaycc::{Backend, HostBackend};
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;
@@ -171,10 +172,10 @@ fn main() {
 /// Planner plans through `execute` (host slices) and `DevicePlan::run` on the host backend,
 /// staged and direct; times are the max over ranks of the mean of `iters` runs.
 fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
-    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    use relaycc::route::path::RelayPolicy;
+    use relaycc::{Collective, DType, PlanOptions, Request};
     let (me, n) = (world.rank() as u32, world.size() as u32);
-    let Ok(topo) = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
-    else {
+    let Ok(topo) = relaycc::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4))) else {
         eprintln!("no cluster preset");
         return;
     };
@@ -196,7 +197,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
         (Collective::AllToAll, (1 << 20) / n as u64),
     ] {
         let req = Request::new(coll, (0..n).collect(), count, DType::F32);
-        let Ok(planned) = relaycc_route::plan(&topo, &req, &opts) else {
+        let Ok(planned) = relaycc::plan(&topo, &req, &opts) else {
             eprintln!("rank {me}: cannot plan {coll}");
             return;
         };
@@ -225,7 +226,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) {
             return;
         };
         let backend = HostBackend::new();
-        let here = relaycc_route::Location::Gpu(me);
+        let here = relaycc::route::Location::Gpu(me);
         let region = |bytes: usize| {
             backend.allocate(here, bytes as u64).map(|mem| ByteRegion {
                 mem,

@@ -17,9 +17,9 @@
 
 use std::time::Instant;
 
-use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, NeighborExchange};
-use relaycc_route::nodeaware::Strategy;
+use relaycc::collectives::mpi::rsmpi;
+use relaycc::collectives::mpi::{Choice, MpiCommunicator, NeighborExchange};
+use relaycc::route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;
