@@ -15,7 +15,7 @@ use crate::args::BenchArgs;
 
 /// What a CUDA-less build says when CUDA is asked for.
 #[cfg(not(feature = "cuda"))]
-const NO_CUDA: &str = "this relaycc is built without the `cuda` feature (cargo install relaycc-cli with default features)";
+pub(crate) const NO_CUDA: &str = "this relaycc is built without the `cuda` feature (cargo install relaycc-cli with default features)";
 
 /// NCCL communicators on the ranks' devices.
 #[cfg(feature = "cuda")]
@@ -183,4 +183,48 @@ pub(crate) fn nccl_time_us(
     _args: &BenchArgs,
 ) -> Result<f64> {
     match *nc {}
+}
+
+#[cfg(all(test, not(feature = "cuda")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_cuda_every_entry_point_says_so() {
+        use clap::Parser;
+        let cli = crate::args::Cli::try_parse_from([
+            "relaycc",
+            "bench",
+            "all_reduce",
+            "--backend",
+            "cuda",
+            "--ranks",
+            "2",
+        ]);
+        let Ok(crate::args::Cli {
+            command: crate::args::Command::Bench(args),
+        }) = cli
+        else {
+            panic!("bench arguments parse");
+        };
+        let err = communicator(&args).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("without the `cuda` feature")),
+            "{err:?}"
+        );
+        let err = device_memory_bytes().err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("without the `cuda` feature")),
+            "{err:?}"
+        );
+        assert_eq!(
+            nccl_baseline(&[0, 1], 1024, Collective::AllReduce, DType::F32)
+                .err()
+                .as_deref(),
+            Some(NO_CUDA)
+        );
+        assert_eq!(nccl_library(), None);
+    }
 }

@@ -71,9 +71,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "cuda")]
         Command::Calibrate(args) => calibrate_cmd::run(args, &mut out),
         #[cfg(not(feature = "cuda"))]
-        Command::Calibrate(_) => Err(anyhow::anyhow!(
-            "calibrate: this relaycc is built without the `cuda` feature (cargo install relaycc-cli with default features)"
-        )),
+        Command::Calibrate(_) => Err(anyhow::anyhow!("calibrate: {}", bench_cuda::NO_CUDA)),
     };
     match result {
         Ok(()) => {
