@@ -19,7 +19,7 @@
 //! | [`TopoError`], [`RouteError`], [`CollectivesError`] | errors, one per crate |
 //!
 //! Feature `cuda` (on by default) adds the CUDA backend, `cudarc` (the version the backend
-//! is built on, for [`Communicator::wrap_cuda_slice`]) and NVML discovery. Without it nothing
+//! is built on, for `Communicator::wrap_cuda_slice`) and NVML discovery. Without it nothing
 //! CUDA or NVML is compiled, for programs that only plan, simulate or use the host backend:
 //!
 //! ```
