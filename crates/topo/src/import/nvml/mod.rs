@@ -6,7 +6,7 @@
 //!
 //! | NVML call | fact |
 //! |---|---|
-//! | `nvmlDeviceGetIndex`, `GetName`, `GetCudaComputeCapability`, `GetPciInfo`, `GetMemoryInfo` | [`GpuInfo`](crate::GpuInfo) |
+//! | `nvmlDeviceGetIndex`, `GetName`, `GetCudaComputeCapability`, `GetPciInfo`, `GetMemoryInfo` | [`crate::GpuInfo`] |
 //! | sysfs `/sys/bus/pci/devices/<bus id>/numa_node` (NVML 0.11 has no NUMA call) | GPU NUMA node |
 //! | `GetMaxPcieLinkGeneration`, `GetMaxPcieLinkWidth` | the GPU's PCIe link |
 //! | `GetNvLinkState`, `GetNvLinkRemotePciInfo` per link | [`NvLinkFact`] |
