@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use relaycc_collectives::{Communicator, CudaBackend, ReduceOp, cuda, host_topology};
+use relaycc::collectives::cuda;
+use relaycc::{Communicator, CudaBackend, ReduceOp, host_topology};
 
 const BYTES: usize = 64 << 20;
 

@@ -2,7 +2,7 @@
 //! after the plan is cached (the first call plans, checks and lowers it).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use relaycc_collectives::{Communicator, ReduceOp};
+use relaycc::{Communicator, ReduceOp};
 
 const BYTES: usize = 64 << 20;
 

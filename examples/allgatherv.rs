@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use relaycc_collectives::{Communicator, DeviceBuffer, Group};
+use relaycc::{Communicator, DeviceBuffer, Group};
 
 /// (dataset, average MB per rank, min MB, max MB) on 8 GPUs, from the table of [Rolinger-2017].
 const DATASETS: [(&str, f64, f64, f64); 4] = [

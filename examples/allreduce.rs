@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use relaycc_collectives::{Communicator, ReduceOp};
+use relaycc::{Communicator, ReduceOp};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>());

@@ -25,10 +25,12 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode};
-use relaycc_collectives::{Backend, ByteRegion, HostBackend};
-use relaycc_route::nodeaware::Strategy;
+use relaycc::collectives::mpi::rsmpi;
+use relaycc::collectives::mpi::{
+    Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode,
+};
+use relaycc::collectives::{Backend, ByteRegion, HostBackend};
+use relaycc::route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;
@@ -204,9 +206,9 @@ fn agreed(comm: &MpiCommunicator, ok: bool) -> bool {
 /// Planner plans through `execute` (host slices) and `DevicePlan::run` on the host backend,
 /// staged and direct; times are the max over ranks of the mean of `iters` runs.
 fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) -> BenchResult {
-    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    use relaycc::route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
     let (me, n) = (world.rank() as u32, world.size() as u32);
-    let topo = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))?;
+    let topo = relaycc::topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))?;
     let mut comm = MpiCommunicator::from_mpi(world, me, Some(topo.clone()))?;
     let opts = PlanOptions {
         relay: RelayPolicy::Members,
@@ -223,7 +225,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) -> B
         (Collective::AllToAll, (1 << 20) / n as u64),
     ] {
         let req = Request::new(coll, (0..n).collect(), count, DType::F32);
-        let planned = relaycc_route::plan(&topo, &req, &opts)?;
+        let planned = relaycc::route::plan(&topo, &req, &opts)?;
         let plan = &planned.plan;
         let in_len = req.input_len(me)? as usize * 4;
         let out_len = req.output_len(me)? as usize * 4;
@@ -245,7 +247,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) -> B
         };
         let slices = time(&mut || comm.execute(plan, &input, &mut host_out))?;
         let backend = HostBackend::new();
-        let here = relaycc_route::Location::Gpu(me);
+        let here = relaycc::route::Location::Gpu(me);
         let region = |bytes: usize| {
             backend.allocate(here, bytes as u64).map(|mem| ByteRegion {
                 mem,

@@ -22,9 +22,9 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange};
-use relaycc_route::nodeaware::Strategy;
+use relaycc::collectives::mpi::rsmpi;
+use relaycc::collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange};
+use relaycc::route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;

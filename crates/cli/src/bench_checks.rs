@@ -1,7 +1,7 @@
 //! `relaycc bench`'s checks before anything is allocated: the size series, and whether its
 //! largest size fits in host and device memory.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use relaycc_collectives::Communicator;
 use relaycc_route::{Collective, DType, ReduceOp};
 
@@ -73,19 +73,15 @@ pub fn check_memory(
         }
     }
     if args.backend == BackendKind::Cuda {
-        let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
-        for (d, info) in visible.iter().enumerate() {
+        let visible = crate::bench_cuda::device_memory_bytes()?;
+        for (d, &total) in visible.iter().enumerate() {
             let need = ordinals
                 .iter()
                 .zip(&per_rank)
                 .filter(|(o, _)| **o == d)
                 .fold(0u64, |a, (_, &b)| a.saturating_add(b));
-            if need > info.total_memory_bytes {
-                return Err(what(
-                    need,
-                    &format!("CUDA device {d} memory"),
-                    info.total_memory_bytes,
-                ));
+            if need > total {
+                return Err(what(need, &format!("CUDA device {d} memory"), total));
             }
         }
     }

@@ -71,85 +71,6 @@ fn value(r: u32, i: u64) -> i64 {
     ((u64::from(r) * 3 + i) % 7) as i64 - 3
 }
 
-/// A communicator on CUDA GPUs, its ranks' devices, and each rank's CUDA device.
-///
-/// Without `--topology`: `--gpus LIST` puts rank `i` on CUDA device `LIST[i]` (a device may be
-/// listed more than once: several logical ranks on one GPU) and `--ranks N` puts rank `i` on
-/// visible device `i mod visible`; plans see one flat link per rank. With `--topology T`: the
-/// ranks are GPUs of T (`--gpus`, or `--ranks N` for GPUs 0..N), every other free GPU of T may
-/// relay, and GPU `g` of T runs on CUDA device `g mod visible`. Without a driver: one clear
-/// error.
-fn cuda_communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, Vec<usize>)> {
-    let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
-    if visible.is_empty() {
-        bail!("--backend cuda: the CUDA driver reports no GPU");
-    }
-    if let Some(t) = &args.topology {
-        let topo = crate::topo_cmd::load_topology(&crate::args::TopologyArgs {
-            topology: t.clone(),
-            mask_gpus: Vec::new(),
-            links_down: Vec::new(),
-            calibration: None,
-        })?;
-        let ranks: Vec<u32> = match (&args.gpus, args.ranks) {
-            (g, _) if !g.is_empty() => g.clone(),
-            (_, Some(n)) if n > 0 => (0..n).collect(),
-            _ => bail!("give --ranks N or --gpus LIST"),
-        };
-        let gpus = topo.gpu_count();
-        let map: Vec<usize> = (0..gpus).map(|g| g as usize % visible.len()).collect();
-        let relays: Vec<u32> = (0..gpus)
-            .filter(|g| !ranks.contains(g) && topo.gpu_present(*g) && topo.gpu_free(*g))
-            .collect();
-        let ordinals = ranks
-            .iter()
-            .map(|&g| {
-                map.get(g as usize)
-                    .copied()
-                    .with_context(|| format!("--gpus: topology {t} has no GPU {g} ({gpus} GPUs)"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map)?);
-        let comm = Communicator::new(topo, &ranks, &relays, backend)?;
-        return Ok((comm, ranks, ordinals));
-    }
-    let map: Vec<usize> = match (&args.gpus, args.ranks) {
-        (g, _) if !g.is_empty() => g.iter().map(|&d| d as usize).collect(),
-        (_, Some(n)) if n > 0 => (0..n as usize).map(|i| i % visible.len()).collect(),
-        _ => bail!("give --ranks N or --gpus LIST"),
-    };
-    if let Some(bad) = map.iter().find(|&&d| d >= visible.len()) {
-        bail!(
-            "--gpus: CUDA device {bad} does not exist ({} visible)",
-            visible.len()
-        );
-    }
-    let n = u32::try_from(map.len()).context("too many ranks")?;
-    let devices: Vec<u32> = (0..n).collect();
-    let topo = relaycc_collectives::host_topology(n)?;
-    let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map.clone())?);
-    Ok((
-        Communicator::new(topo, &devices, &[], backend)?,
-        devices,
-        map,
-    ))
-}
-
-/// NCCL on the ranks' CUDA devices, with buffers for the largest size, or why not.
-fn nccl_baseline(
-    ordinals: &[usize],
-    c: Collective,
-    dtype: DType,
-    max_bytes: u64,
-) -> std::result::Result<relaycc_collectives::cuda::nccl::NcclComms, String> {
-    use relaycc_collectives::cuda::nccl::{NcclComms, nccl_buffer_elems};
-    let n = ordinals.len() as u64;
-    let count = element_count(c, dtype, max_bytes, n);
-    let (ins, outs) = nccl_buffer_elems(c, count, n);
-    let capacity = ins.max(outs).saturating_mul(dtype.size());
-    NcclComms::new(ordinals, capacity).map_err(|e| e.to_string())
-}
-
 /// The element count of a `size`-byte request on `n` ranks, as nccl-tests counts it: the whole
 /// buffer, or one rank's block for the gathers, scatters and all-to-alls.
 fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
@@ -185,7 +106,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             let comm = Communicator::new(topo, &devices, &[], backend)?;
             (comm, devices, Vec::new())
         }
-        BackendKind::Cuda => cuda_communicator(args)?,
+        BackendKind::Cuda => crate::bench_cuda::communicator(args)?,
     };
     let max = sizes.last().copied().unwrap_or(0);
     crate::bench_checks::check_memory(&comm, args, &ordinals, collective, dtype, op, max)?;
@@ -196,7 +117,12 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             nccl_note = Some("NCCL runs on GPUs: use --backend cuda".to_owned());
             None
         }
-        (true, BackendKind::Cuda) => match nccl_baseline(&ordinals, collective, dtype, max) {
+        (true, BackendKind::Cuda) => match crate::bench_cuda::nccl_baseline(
+            &ordinals,
+            element_count(collective, dtype, max, ordinals.len() as u64),
+            collective,
+            dtype,
+        ) {
             Ok(n) => Some(n),
             Err(why) => {
                 nccl_note = Some(why);
@@ -236,13 +162,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
         memcpy_gbps: rows.last().and_then(|r| r.memcpy_gbps),
         nccl: nccl
             .as_ref()
-            .and_then(|_| relaycc_collectives::cuda::nccl::nccl().ok())
-            .map(|i| {
-                format!(
-                    "{} {}.{}.{}",
-                    i.library, i.version.0, i.version.1, i.version.2
-                )
-            }),
+            .and_then(|_| crate::bench_cuda::nccl_library()),
         nccl_unavailable: nccl_note,
         results: rows,
     };
@@ -484,23 +404,14 @@ fn size_row<T: Element>(
 /// `row` with NCCL's figures for the same collective and size, timed right after relaycc's.
 fn with_nccl(
     mut row: Row,
-    nc: &relaycc_collectives::cuda::nccl::NcclComms,
+    nc: &crate::bench_cuda::Nccl,
     args: &BenchArgs,
     c: Collective,
     dtype: DType,
     op: ReduceOp,
     ranks: usize,
 ) -> Result<Row> {
-    let call = relaycc_collectives::cuda::nccl::NcclCall {
-        collective: c,
-        count: row.count,
-        dtype,
-        op,
-        root: args.root,
-    };
-    let us = nc
-        .time_us(&call, args.warmup, args.iters)
-        .context("timing NCCL")?;
+    let us = crate::bench_cuda::nccl_time_us(nc, c, row.count, dtype, op, args)?;
     let busbw = row.size as f64 / (us * 1e3) * c.busbw_factor(ranks);
     row.nccl_time_us = Some(us);
     row.nccl_busbw_gbps = Some(busbw);

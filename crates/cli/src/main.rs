@@ -9,6 +9,8 @@ mod advise_cmd;
 mod args;
 mod bench_checks;
 mod bench_cmd;
+mod bench_cuda;
+#[cfg(feature = "cuda")]
 mod calibrate_cmd;
 mod plan_cmd;
 mod plot;
@@ -66,7 +68,10 @@ fn main() -> ExitCode {
             simulate_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes()))
         }
         Command::Advise(args) => advise_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes())),
+        #[cfg(feature = "cuda")]
         Command::Calibrate(args) => calibrate_cmd::run(args, &mut out),
+        #[cfg(not(feature = "cuda"))]
+        Command::Calibrate(_) => Err(anyhow::anyhow!("calibrate: {}", bench_cuda::NO_CUDA)),
     };
     match result {
         Ok(()) => {

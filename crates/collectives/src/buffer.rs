@@ -81,6 +81,7 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl<T: Element> DeviceBuffer<T> {
     /// The memory as a cudarc `CudaSlice<T>`, without copying, after the collectives in flight
     /// (CUDA backend only). A buffer made by

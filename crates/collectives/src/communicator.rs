@@ -204,6 +204,7 @@ impl Communicator {
     /// assert_eq!(stream.clone_dtoh(&back[1])?[0], 0.5);
     /// # Ok(()) }
     /// ```
+    #[cfg(feature = "cuda")]
     pub fn wrap_cuda_slice<T: Element>(
         &self,
         rank: usize,

@@ -138,6 +138,7 @@ pub enum CollectivesError {
     },
     /// A CUDA call failed, or CUDA is absent ([`crate::cuda::CudaError::NoDriver`] on a
     /// machine without an NVIDIA driver).
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
     /// A topology could not be loaded.

@@ -60,6 +60,7 @@ pub mod backend;
 mod buffer;
 mod call_checks;
 mod communicator;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 mod element;
 mod error;
@@ -75,7 +76,12 @@ pub use backend::{
 };
 pub use buffer::{AsView, BufferView, DeviceBuffer};
 pub use communicator::Communicator;
+#[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, Rejected};
+/// cudarc, the CUDA bindings [`CudaBackend`] is built on, at the version this crate uses, so
+/// buffers passed to [`Communicator::wrap_cuda_slice`] come from the same cudarc.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};

@@ -1,24 +1,17 @@
-//! The kernel sources (embedded from `kernels/`), the list of entry points they define, and
-//! how to read entry points back out of PTX.
+//! The kernel sources (the relaycc-kernels crate, which embeds `kernels/`), the list of entry
+//! points they define, and how to read entry points back out of PTX.
 //!
-//! NVRTC reads no files, so every source is embedded here with `include_str!`, and
+//! NVRTC reads no files, so relaycc-kernels embeds every source with `include_str!`, and
 //! [`kernel_source`] builds the one translation unit NVRTC compiles by expanding
 //! `#include "NAME"` lines against [`SOURCES`] (each file at most once, as `#pragma once` asks).
 //! Nothing else is preprocessed by hand.
 
+use relaycc_kernels::UNITS;
 use relaycc_route::{DType, ReduceOp};
 
 use super::CudaError;
 
-/// The embedded kernel files, by the name `#include` uses for them.
-pub const SOURCES: &[(&str, &str)] = &[
-    ("common.cuh", include_str!("../../../../kernels/common.cuh")),
-    ("forward.cu", include_str!("../../../../kernels/forward.cu")),
-    ("reduce.cu", include_str!("../../../../kernels/reduce.cu")),
-];
-
-/// The files that make up the translation unit, in order (headers come in through `#include`).
-const UNITS: &[&str] = &["forward.cu", "reduce.cu"];
+pub use relaycc_kernels::SOURCES;
 
 /// The forward (peer copy) kernel: `relaycc_forward(void* dst, const void* src, u64 bytes)`.
 pub const FORWARD_ENTRY: &str = "relaycc_forward";
@@ -91,19 +84,14 @@ pub fn kernel_source() -> String {
     out
 }
 
-fn lookup(name: &str) -> Option<&'static str> {
-    SOURCES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, text)| *text)
-}
-
 fn expand<'a>(name: &'a str, included: &mut Vec<&'a str>, out: &mut String) {
     if included.contains(&name) {
         return;
     }
     included.push(name);
-    let Some(text) = lookup(name) else { return };
+    let Some(text) = relaycc_kernels::source(name) else {
+        return;
+    };
     out.push_str(&format!("// ---- {name} ----\n"));
     for line in text.lines() {
         let trimmed = line.trim();

@@ -114,7 +114,7 @@ pub struct PackedRing {
 /// [`MAX_PACKED_RINGS`].
 ///
 /// # Complexity
-/// n^2 connections; per ring, one ring search ([`best_order`]) and O(n^2 x route links).
+/// n^2 connections; per ring, one ring search (`best_order`) and O(n^2 x route links).
 ///
 /// Source: NCCL's channel search (`src/graph/search.cc`, `ncclTopoCompute`), which subtracts
 /// each ring's bandwidth from the links it uses before searching the next.

@@ -45,6 +45,7 @@ impl BusId {
         (id.device < 32 && id.function < 8).then_some(id)
     }
     /// The sysfs spelling, `0000:13:00.0` (NVML's 32-bit domain cut to the 16 bits Linux uses).
+    #[cfg(any(feature = "nvml", test))]
     pub(crate) fn sysfs(self) -> String {
         format!(
             "{:04x}:{:02x}:{:02x}.{:x}",

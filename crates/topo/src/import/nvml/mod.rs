@@ -6,7 +6,7 @@
 //!
 //! | NVML call | fact |
 //! |---|---|
-//! | `nvmlDeviceGetIndex`, `GetName`, `GetCudaComputeCapability`, `GetPciInfo`, `GetMemoryInfo` | [`GpuInfo`] |
+//! | `nvmlDeviceGetIndex`, `GetName`, `GetCudaComputeCapability`, `GetPciInfo`, `GetMemoryInfo` | [`crate::GpuInfo`] |
 //! | sysfs `/sys/bus/pci/devices/<bus id>/numa_node` (NVML 0.11 has no NUMA call) | GPU NUMA node |
 //! | `GetMaxPcieLinkGeneration`, `GetMaxPcieLinkWidth` | the GPU's PCIe link |
 //! | `GetNvLinkState`, `GetNvLinkRemotePciInfo` per link | [`NvLinkFact`] |
@@ -31,20 +31,30 @@ mod rebuild;
 pub use facts::{CommonAncestor, GpuFacts, MachineFacts, NvLinkFact, NvLinkRemote};
 pub use rebuild::reconstruct;
 
+#[cfg(feature = "nvml")]
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+#[cfg(feature = "nvml")]
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+#[cfg(feature = "nvml")]
 use nvml_wrapper::error::NvmlError;
+#[cfg(feature = "nvml")]
 use nvml_wrapper::{Device, Nvml};
 
 use crate::error::{Result, TopoError};
-use crate::graph::{ComputeCapability, GpuInfo, Topology};
+use crate::graph::Topology;
+#[cfg(feature = "nvml")]
+use crate::graph::{ComputeCapability, GpuInfo};
+#[cfg(any(feature = "nvml", test))]
 use crate::import::nccl_xml::BusId;
+#[cfg(any(feature = "nvml", test))]
 use crate::rates::CpuFamily;
 
 /// Links per GPU that NVML can report (`NVML_NVLINK_MAX_LINKS` in nvml.h of CUDA 12: 18).
+#[cfg(feature = "nvml")]
 const NVML_NVLINK_MAX_LINKS: u32 = 18;
 /// PCI vendor id of IBM: the far end of a POWER9 GPU's NVLink to its CPU.
+#[cfg(any(feature = "nvml", test))]
 const PCI_VENDOR_IBM: u32 = 0x1014;
 
 /// Discover this machine through NVML.
@@ -53,6 +63,7 @@ const PCI_VENDOR_IBM: u32 = 0x1014;
 /// [`TopoError::Nvml`] naming the step: `init` when the driver or `libnvidia-ml.so.1` is
 /// missing, `device 3 name` and so on when a query fails, `topology reconstruction` when the
 /// answers do not form a tree. Never panics.
+#[cfg(feature = "nvml")]
 pub fn discover() -> Result<Topology> {
     match catch_unwind(AssertUnwindSafe(gather)) {
         Ok(facts) => reconstruct(&facts?),
@@ -63,6 +74,22 @@ pub fn discover() -> Result<Topology> {
     }
 }
 
+/// Discover this machine through NVML: this build has no NVML support.
+///
+/// # Errors
+/// Always [`TopoError::Nvml`] at step `init`: relaycc-topo is built without its `nvml`
+/// feature, so nvml-wrapper is not compiled in. Topology files and presets still load.
+#[cfg(not(feature = "nvml"))]
+pub fn discover() -> Result<Topology> {
+    Err(TopoError::Nvml {
+        step: "init".into(),
+        message: "relaycc-topo is built without its `nvml` feature (enable it, or the \
+                  `cuda` feature of relaycc, relaycc-collectives or relaycc-cli)"
+            .into(),
+    })
+}
+
+#[cfg(feature = "nvml")]
 fn nvml_err(step: impl Into<String>) -> impl FnOnce(NvmlError) -> TopoError {
     let step = step.into();
     move |e| TopoError::Nvml {
@@ -72,6 +99,7 @@ fn nvml_err(step: impl Into<String>) -> impl FnOnce(NvmlError) -> TopoError {
 }
 
 /// Ask NVML for everything [`reconstruct`] needs.
+#[cfg(feature = "nvml")]
 fn gather() -> Result<MachineFacts> {
     let nvml = Nvml::init().map_err(nvml_err("init"))?;
     let count = nvml.device_count().map_err(nvml_err("device count"))?;
@@ -167,6 +195,7 @@ fn gather() -> Result<MachineFacts> {
 }
 
 /// NVML's level as a [`CommonAncestor`].
+#[cfg(feature = "nvml")]
 fn ancestor(level: TopologyLevel) -> CommonAncestor {
     match level {
         TopologyLevel::Internal => CommonAncestor::Internal,
@@ -179,6 +208,7 @@ fn ancestor(level: TopologyLevel) -> CommonAncestor {
 }
 
 /// What the far end of an NVLink is, from its bus id and PCI ids (see the module docs).
+#[cfg(any(feature = "nvml", test))]
 fn remote_kind(bus: &str, pci_device_id: u32, gpus: &[BusId]) -> NvLinkRemote {
     if BusId::parse(bus).is_some_and(|b| gpus.contains(&b)) {
         NvLinkRemote::Gpu
@@ -190,12 +220,14 @@ fn remote_kind(bus: &str, pci_device_id: u32, gpus: &[BusId]) -> NvLinkRemote {
 }
 
 /// The NUMA node sysfs gives a PCI device; `None` for -1 (no NUMA information) or no file.
+#[cfg(feature = "nvml")]
 fn sysfs_numa(bus: BusId) -> Option<u32> {
     let path = format!("/sys/bus/pci/devices/{}/numa_node", bus.sysfs());
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// The CPU family from `/proc/cpuinfo` text (first processor's fields).
+#[cfg(any(feature = "nvml", test))]
 fn cpu_family(cpuinfo: &str) -> CpuFamily {
     let field = |name: &str| {
         cpuinfo.lines().find_map(|l| {
