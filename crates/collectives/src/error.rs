@@ -9,6 +9,8 @@ use relaycc_topo::TopoError;
 /// message read in a log says which step failed. When a call returns one of the argument
 /// errors, no byte of any buffer has changed.
 #[derive(Debug, thiserror::Error)]
+// Variants depend on features (`Cuda` exists only with `cuda`), so matches need a wildcard.
+#[non_exhaustive]
 pub enum CollectivesError {
     /// The communicator cannot be built (no devices, a device listed twice, a missing GPU).
     #[error("cannot build communicator: {0}")]
