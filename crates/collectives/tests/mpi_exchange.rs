@@ -39,6 +39,7 @@
 //!
 //! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -414,9 +415,10 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * elems).collect();
     let ex =
         NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Forced(Strategy::Standard));
-    // The backend lives until the process ends: after the failure MPI may still hold requests
-    // into its memory (see the MPI README, Faults).
-    let backend: &'static HostBackend = Box::leak(Box::new(HostBackend::new()));
+    // After the failure MPI may still hold requests into the plan's memory; the plan's share
+    // of the backend, moved to the graveyard, keeps it allocated (see the MPI README, Faults),
+    // even though this function drops its own share and the plan right after the failure.
+    let backend = Arc::new(HostBackend::new());
     let nr = n as u32;
     let device = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", nr.div_ceil(4)))
         .map_err(|e| e.to_string())
@@ -444,7 +446,7 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
             return;
         }
     };
-    let mut dp = match dcomm.prepare(backend, &plan) {
+    let mut dp = match dcomm.prepare(backend.clone(), &plan) {
         Ok(dp) => dp,
         Err(e) => {
             println!("rank {me}: FAULT-UNEXPECTED prepare failed: {e}");
@@ -511,9 +513,15 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
             if !matches!(again, Err(MpiError::Failed(_))) {
                 why.push(format!("device plan after the timeout: {again:?}"));
             }
+            backend.free(inp.mem);
+            backend.free(outp.mem);
         }
         (a, b) => why.push(format!("allocation: {:?} {:?}", a.err(), b.err())),
     }
+    // Safe code may drop the plan and the backend while MPI holds requests into the plan's
+    // memory; the graveyard's share of the backend keeps that memory allocated.
+    drop(dp);
+    drop(backend);
     if why.is_empty() {
         println!("rank {me}: FAULT-DETECTED: exchange timed out in {took:?}, then the device plan");
     } else {
@@ -809,10 +817,10 @@ fn backend_plans(
             ("direct, no addresses", TransferMode::Direct, true),
         ] {
             comm.set_transfer(mode);
-            let backend = Counting {
+            let backend = Arc::new(Counting {
                 refuse,
                 ..Counting::default()
-            };
+            });
             let r = run_on_backend(comm, &backend, plan, input, host_out.len());
             let mine = r.as_ref().map_or(0, |(_, (s, _), _)| *s as u64);
             let (ok, why) = match r {
@@ -858,7 +866,7 @@ fn backend_plans(
 #[allow(clippy::type_complexity)]
 fn run_on_backend(
     comm: &MpiCommunicator,
-    backend: &Counting,
+    backend: &Arc<Counting>,
     plan: &relaycc_route::Plan,
     input: &[u8],
     out_bytes: usize,
@@ -874,7 +882,7 @@ fn run_on_backend(
     };
     let (inp, out) = (alloc(input.len())?, alloc(out_bytes)?);
     backend.upload(inp, input)?;
-    let mut dp = comm.prepare(backend, plan)?;
+    let mut dp = comm.prepare(backend.clone(), plan)?;
     backend.reset();
     dp.run(inp, out)?;
     dp.run(inp, out)?;
@@ -916,10 +924,10 @@ fn fault_backend(world: &rsmpi::topology::SimpleCommunicator) {
     };
     comm.set_timeout(Duration::from_secs(3));
     comm.set_transfer(TransferMode::Staged);
-    let backend = Counting {
+    let backend = Arc::new(Counting {
         fail: me == 1,
         ..Counting::default()
-    };
+    });
     let input: Vec<u8> = (0..1000u64)
         .flat_map(|i| value(me, i).to_le_bytes())
         .collect();

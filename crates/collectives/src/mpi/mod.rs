@@ -21,6 +21,7 @@ mod requests;
 mod schedule;
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::mpi::collective::SystemOperation;
@@ -356,13 +357,14 @@ impl MpiCommunicator {
     /// copies and reductions per level. Staging buffers are allocated on the first run that
     /// needs them and reused. The transfer mode is the communicator's.
     ///
+    /// The plan keeps a share of `backend` (an `Arc<HostBackend>` or `Arc<CudaBackend>`
+    /// converts at the call): MPI may hold requests into its memory after a failed run, so
+    /// the backend must outlive them, which the plan, and then the communicator's
+    /// graveyard, guarantee.
+    ///
     /// Collective: a failure on any rank is an error on every rank ([`MpiError::Peer`] on
     /// the others), before any message moves.
-    pub fn prepare<'a>(
-        &'a self,
-        backend: &'a dyn Backend,
-        plan: &Plan,
-    ) -> MpiResult<DevicePlan<'a>> {
+    pub fn prepare(&self, backend: Arc<dyn Backend>, plan: &Plan) -> MpiResult<DevicePlan<'_>> {
         self.health.check()?;
         let local = DevicePlan::new(self, backend, plan);
         agree(self, local, "prepare a plan", Some(plan))
@@ -373,7 +375,7 @@ impl MpiCommunicator {
     /// (zero-byte regions where the rank has none). Collective.
     pub fn execute_on(
         &self,
-        backend: &dyn Backend,
+        backend: Arc<dyn Backend>,
         plan: &Plan,
         input: ByteRegion,
         output: ByteRegion,
