@@ -17,9 +17,10 @@
 //!   through `MpiCommunicator::execute`, and compares every output with the request's layout;
 //!   then all_reduce, all_gather, all_to_all_v, broadcast and reduce_scatter at 1000 elements
 //!   (direct plans) and 100000 (rings) through the backend path (`prepare`/`DevicePlan::run`
-//!   on a counting host backend), staged, direct, and direct on a backend that gives no
-//!   addresses, against the `execute` output and MPI's own collective; staged runs must make
-//!   one download per send and one upload per receive and never ask for a buffer's address.
+//!   on a counting host backend), staged, direct, and direct on a backend from outside the
+//!   crate, against the `execute` output and MPI's own collective; staged runs (the foreign
+//!   backend's included) must make one download per send and one upload per receive, and
+//!   the foreign backend's own `raw_region` must never be called.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
 //!   places one too many); every rank must get an error from the build.
 //! - `fault-elem`: rank 0 builds with 4-byte elements, the others with 8 (all_to_all_v,
@@ -685,18 +686,20 @@ fn matches_request(req: &relaycc_route::Request, me: u32, output: &[u8]) -> bool
 }
 
 /// A host backend that counts the downloads and uploads the MPI layer makes and the raw
-/// addresses it asks for, and that can refuse every raw address (a backend whose memory MPI
-/// cannot use). Staged runs must download every message they send and upload every one they
-/// receive, and never ask for the address of a buffer: a run that skipped staging fails.
+/// addresses it asks it for. Unless `foreign`, it shows the MPI layer its inner
+/// `HostBackend` (`as_any`), whose addresses that layer trusts; `foreign`, it is a backend
+/// from outside the crate, whose `raw_region` (which still gives the inner backend's
+/// addresses) the MPI layer must never call. Staged runs must download every message they
+/// send and upload every one they receive: a run that skipped staging fails.
 #[derive(Debug, Default)]
 struct Counting {
     inner: HostBackend,
-    refuse: bool,
+    foreign: bool,
     /// Every download fails (a driver error).
     fail: bool,
     downloads: AtomicUsize,
     uploads: AtomicUsize,
-    /// raw_region calls on memory that is not host staging memory (`Location::Gpu`).
+    /// Calls of this backend's own `raw_region`.
     raw_device: AtomicUsize,
 }
 
@@ -747,19 +750,20 @@ impl Backend for Counting {
         self.inner.synchronize()
     }
     fn raw_region(&self, region: ByteRegion) -> CResult<Option<RawRegion>> {
-        if matches!(region.mem.location, Location::Gpu(_)) {
-            self.raw_device.fetch_add(1, Ordering::SeqCst);
-        }
-        if self.refuse {
-            return Ok(None);
-        }
+        self.raw_device.fetch_add(1, Ordering::SeqCst);
         self.inner.raw_region(region)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        if self.foreign {
+            return None;
+        }
+        Some(&self.inner)
     }
 }
 
 /// Planner plans through `MpiCommunicator::prepare`/`DevicePlan::run` on the host backend
-/// (wrapped in `Counting`), staged, direct, and direct on a backend that gives no addresses
-/// (which must fall back to staging); each output must equal the host-slice `execute` output
+/// (wrapped in `Counting`), staged, direct, and direct on a backend from outside the crate
+/// (which must fall back to staging without asking it for an address); each output must equal the host-slice `execute` output
 /// and, for all_reduce, all_gather and all_to_all_v, MPI's own collective; each run is
 /// repeated (staging buffers reused).
 fn backend_plans(
@@ -811,14 +815,14 @@ fn backend_plans(
                 reference == *host_out,
             );
         }
-        for (label, mode, refuse) in [
+        for (label, mode, foreign) in [
             ("staged", TransferMode::Staged, false),
             ("direct", TransferMode::Direct, false),
-            ("direct, no addresses", TransferMode::Direct, true),
+            ("direct, foreign backend", TransferMode::Direct, true),
         ] {
             comm.set_transfer(mode);
             let backend = Arc::new(Counting {
-                refuse,
+                foreign,
                 ..Counting::default()
             });
             let r = run_on_backend(comm, &backend, plan, input, host_out.len());
@@ -826,9 +830,9 @@ fn backend_plans(
             let (ok, why) = match r {
                 Ok((out, (sends, recvs), (down, up, raw))) => {
                     // Two runs each.
-                    let staging_ok = match (mode, refuse) {
+                    let staging_ok = match (mode, foreign) {
                         (TransferMode::Staged, _) | (_, true) => {
-                            down == 2 * sends && up == 2 * recvs && (refuse || raw == 0)
+                            down == 2 * sends && up == 2 * recvs && raw == 0
                         }
                         (TransferMode::Direct, false) => down == 0 && up == 0,
                     };

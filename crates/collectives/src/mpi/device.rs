@@ -15,8 +15,9 @@ use super::requests::Requests;
 use super::schedule::{Buf, Loc, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::{
-    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot,
+    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
 };
+use crate::{CudaBackend, HostBackend};
 
 /// How messages between processes reach device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,13 +25,14 @@ pub enum TransferMode {
     /// Every message goes through host staging memory: the sender downloads the region into
     /// a staging buffer and sends that; the receiver receives into a staging buffer and
     /// uploads it once the level's messages are complete. Staging memory comes from the
-    /// backend's host memory (pinned on CUDA) where the backend gives its address, else from
-    /// a plain vector. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
+    /// backend's host memory (pinned on CUDA) where one of this crate's backends gives its
+    /// address, else from a plain vector the plan owns. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
     Staged,
     /// MPI reads and writes the backend's memory through the addresses the backend gives
     /// ([`Backend::raw_region`]); device addresses are only sound with a CUDA-aware MPI.
-    /// Buffers the backend gives no address for are staged as above. The default with
-    /// `RELAYCC_MPI_CUDA_AWARE=1`.
+    /// Only this crate's backends ([`HostBackend`], [`CudaBackend`]) are asked for addresses;
+    /// the buffers of any other backend, and those a backend gives no address for, are
+    /// staged as above. The default with `RELAYCC_MPI_CUDA_AWARE=1`.
     Direct,
 }
 
@@ -47,41 +49,57 @@ enum HostBuf {
 }
 
 impl HostBuf {
-    /// Make sure `bytes` are there (a smaller buffer is replaced); returns the base address.
+    /// Make sure `bytes` are there (a smaller buffer of either kind is replaced); returns the
+    /// base address.
     fn ensure(&mut self, backend: &dyn Backend, at: Location, bytes: usize) -> MpiResult<*mut u8> {
-        let held = match self {
-            HostBuf::None => None,
-            HostBuf::Backend { mem, .. } => Some(mem.bytes),
-            HostBuf::Owned(v) => Some(v.len() as u64),
+        match self {
+            HostBuf::Backend { mem, addr } if mem.bytes >= bytes as u64 => {
+                return Ok(*addr as *mut u8);
+            }
+            HostBuf::Owned(v) if v.len() >= bytes => return Ok(v.as_mut_ptr()),
+            _ => {}
+        }
+        if let HostBuf::Backend { mem, .. } = std::mem::replace(self, HostBuf::None) {
+            backend.free(mem);
+        }
+        let mem = backend.allocate(at, bytes as u64)?;
+        let whole = ByteRegion {
+            mem,
+            offset: 0,
+            bytes: mem.bytes,
         };
-        if held.is_some_and(|h| h < bytes as u64) {
-            if let HostBuf::Backend { mem, .. } = std::mem::replace(self, HostBuf::None) {
+        Ok(match trusted_raw_region(backend, whole) {
+            Ok(Some(r)) if r.space == AddressSpace::Host => {
+                *self = HostBuf::Backend { mem, addr: r.addr };
+                r.addr as *mut u8
+            }
+            _ => {
                 backend.free(mem);
+                let mut v = vec![0u8; bytes];
+                let p = v.as_mut_ptr();
+                *self = HostBuf::Owned(v);
+                p
             }
-        }
-        if let HostBuf::None = self {
-            let mem = backend.allocate(at, bytes as u64)?;
-            let whole = ByteRegion {
-                mem,
-                offset: 0,
-                bytes: mem.bytes,
-            };
-            match backend.raw_region(whole) {
-                Ok(Some(r)) if r.space == AddressSpace::Host => {
-                    *self = HostBuf::Backend { mem, addr: r.addr }
-                }
-                _ => {
-                    backend.free(mem);
-                    *self = HostBuf::Owned(vec![0u8; bytes]);
-                }
-            }
-        }
-        Ok(match self {
-            HostBuf::Backend { addr, .. } => *addr as *mut u8,
-            HostBuf::Owned(v) => v.as_mut_ptr(),
-            HostBuf::None => std::ptr::null_mut(),
         })
     }
+}
+
+/// The raw address of `region` when `backend` is one of this crate's backends
+/// ([`HostBackend`], [`CudaBackend`]), whose addresses are known to be right; `None` for any
+/// other backend. [`Backend::raw_region`] is a safe method any backend may implement, and
+/// MPI writes through the address, so an address from a backend outside this crate is never
+/// used: its messages are staged through memory the plan owns.
+fn trusted_raw_region(backend: &dyn Backend, region: ByteRegion) -> MpiResult<Option<RawRegion>> {
+    let Some(any) = backend.as_any() else {
+        return Ok(None);
+    };
+    if let Some(host) = any.downcast_ref::<HostBackend>() {
+        return Ok(host.raw_region(region)?);
+    }
+    if let Some(cuda) = any.downcast_ref::<CudaBackend>() {
+        return Ok(cuda.raw_region(region)?);
+    }
+    Ok(None)
 }
 
 /// The backend memory MPI may read or write during a run: scratch, mirrors and staging,
@@ -411,9 +429,11 @@ impl<'a> DevicePlan<'a> {
         for r in &self.bindings {
             let addr = match self.mode {
                 TransferMode::Staged => None,
-                // Direct means MPI may use device addresses too (CUDA-aware); only a backend
-                // that gives no address at all forces staging.
-                TransferMode::Direct => self.mem.backend.raw_region(*r)?.map(|raw| raw.addr),
+                // Direct means MPI may use device addresses too (CUDA-aware); a backend
+                // outside this crate, or one that gives no address, forces staging.
+                TransferMode::Direct => {
+                    trusted_raw_region(&*self.mem.backend, *r)?.map(|raw| raw.addr)
+                }
             };
             self.direct.push(addr);
         }
