@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange \
-//!     [correctness|fault-counts|fault-elem|fault-exit|fault-exit-3step|fault-stop|fault-backend]
+//!     [correctness|fault-counts|fault-elem|fault-exit|fault-exit-3step|fault-stop|fault-stop-early|
+//!      fault-backend]
 //! ```
 //!
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
@@ -33,6 +34,9 @@
 //!   sends, which Open MPI cannot cancel); every other rank must get `Timeout` from each
 //!   within the timeout plus the grace second, then `Failed` at once from a second run and
 //!   from a new build, and the job must not abort.
+//! - `fault-stop-early`: the last rank stops before an exchange build, an `execute` and a
+//!   `prepare` (each on its own communicator); every other rank must get `Timeout` from the
+//!   collective step of each within the timeout and slack, and the job must not abort.
 //! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
 //!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -530,6 +534,95 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
     }
 }
 
+/// The last rank stops (sleeps, making no MPI call) before an exchange build, an `execute`
+/// and a `prepare`, each on a communicator of its own: every other rank must get `Timeout`
+/// from each collective step within the timeout and slack, then `Failed` at once from a
+/// second build. The stopper then joins the three steps late, so that the collectives the
+/// others left pending complete, and every rank meets in a barrier before finalizing.
+fn fault_stop_early(world: &rsmpi::topology::SimpleCommunicator) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let (me, n) = (world.rank() as u32, world.size() as u32);
+    let timeout = Duration::from_secs(2);
+    let setup = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let req = Request::new(Collective::AllReduce, (0..n).collect(), 256, DType::U32);
+            let opts = PlanOptions {
+                relay: RelayPolicy::Members,
+                ..PlanOptions::default()
+            };
+            let plan = relaycc_route::plan(&topo, &req, &opts).map_err(|e| e.to_string())?;
+            let mut comms = Vec::new();
+            for _ in 0..3 {
+                let mut c = MpiCommunicator::from_mpi(world, me, Some(topo.clone()))
+                    .map_err(|e| e.to_string())?;
+                c.set_timeout(timeout);
+                comms.push(c);
+            }
+            Ok((comms, plan.plan))
+        });
+    let (comms, plan) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            println!("rank {me}: FAULT-UNEXPECTED setup failed: {e}");
+            return;
+        }
+    };
+    let [ex_comm, exec_comm, prep_comm] = &comms[..] else {
+        println!("rank {me}: FAULT-UNEXPECTED {} communicators", comms.len());
+        return;
+    };
+    let counts: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 4).collect();
+    let input: Vec<u8> = (0..256u32)
+        .flat_map(|i| value(me, u64::from(i)).to_le_bytes())
+        .collect();
+    let mut output = vec![0u8; input.len()];
+    let backend = Arc::new(HostBackend::new());
+    let build = || NeighborExchange::all_to_all_v(ex_comm, &counts, &counts, 8, Choice::Model);
+    if me == n - 1 {
+        println!("rank {me}: stopping");
+        std::thread::sleep(3 * timeout + Duration::from_secs(2));
+        // Late: completes the collectives the others left pending; the results do not matter.
+        let _ = build();
+        let _ = exec_comm.execute(&plan, &input, &mut output);
+        let _ = prep_comm.prepare(backend.clone(), &plan);
+        world.barrier();
+        return;
+    }
+    let bound = timeout + Duration::from_millis(1500);
+    let mut why = Vec::new();
+    let mut timed = |what: &str, r: Result<(), MpiError>, step: &str, took: Duration| {
+        let ok = matches!(&r, Err(MpiError::Timeout { step: s, .. }) if *s == step);
+        if !ok || took > bound {
+            why.push(format!("{what}: {r:?} after {took:?} (bound {bound:?})"));
+        }
+    };
+    let t = Instant::now();
+    let r = build().map(drop);
+    timed("exchange build", r, "build an exchange", t.elapsed());
+    let t = Instant::now();
+    let r = exec_comm.execute(&plan, &input, &mut output);
+    timed("execute", r, "execute a plan", t.elapsed());
+    let t = Instant::now();
+    let r = prep_comm.prepare(backend.clone(), &plan).map(drop);
+    timed("prepare", r, "prepare a plan", t.elapsed());
+    let t = Instant::now();
+    let again = build();
+    if !matches!(again, Err(MpiError::Failed(_))) || t.elapsed() > Duration::from_millis(500) {
+        why.push(format!(
+            "build after the timeout: {:?} in {:?}",
+            again.err(),
+            t.elapsed()
+        ));
+    }
+    if why.is_empty() {
+        println!("rank {me}: FAULT-DETECTED: build, execute and prepare timed out");
+    } else {
+        println!("rank {me}: FAULT-MISSED: {}", why.join("; "));
+    }
+    world.barrier();
+}
+
 /// Returns true when this rank left early (and must not take part in anything else).
 fn fault_exit(comm: &mut MpiCommunicator, strategy: Strategy) -> bool {
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
@@ -967,6 +1060,10 @@ fn main() {
     };
     if mode == "fault-stop" {
         fault_stop(&world, &mut comm);
+        return;
+    }
+    if mode == "fault-stop-early" {
+        fault_stop_early(&world);
         return;
     }
     if mode == "fault-backend" {
