@@ -66,7 +66,7 @@ pub struct NeighborExchange {
     pub(super) timeout: Duration,
     /// Elements this rank receives per run.
     pub(super) received: usize,
-    /// Index lists and pack buffers ([`NeighborExchange::from_indices`]).
+    /// Index lists ([`NeighborExchange::from_indices`]); they pack into `bufs`.
     pub(super) indexed: Option<Indexed>,
 }
 
