@@ -23,6 +23,7 @@
 
 use std::error::Error;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use relaycc::collectives::mpi::rsmpi;
@@ -246,7 +247,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) -> B
             Ok(m)
         };
         let slices = time(&mut || comm.execute(plan, &input, &mut host_out))?;
-        let backend = HostBackend::new();
+        let backend = Arc::new(HostBackend::new());
         let here = relaycc::route::Location::Gpu(me);
         let region = |bytes: usize| {
             backend.allocate(here, bytes as u64).map(|mem| ByteRegion {
@@ -261,7 +262,7 @@ fn backend_paths(world: &rsmpi::topology::SimpleCommunicator, iters: usize) -> B
         let mut same = true;
         for mode in [TransferMode::Staged, TransferMode::Direct] {
             comm.set_transfer(mode);
-            let mut dp = comm.prepare(&backend, plan)?;
+            let mut dp = comm.prepare(backend.clone(), plan)?;
             times.push(time(&mut || dp.run(inp, out))?);
             let mut got = vec![0u8; out_len];
             backend.download(out, &mut got)?;

@@ -10,7 +10,7 @@
 //! (the x entries of other ranks that a rank's rows touch) is an index list: each owner
 //! learns once which of its entries each neighbour needs. Then, for each strategy, a
 //! `NeighborExchange` is built from those lists (`NeighborExchange::from_indices`: it gathers
-//! the entries into its own pack buffer, so a run takes the local x as it is) and y = A x
+//! the entries into its run buffers, so a run takes the local x as it is) and y = A x
 //! computed with it and checked against a serial product of the same rows; the exchange
 //! (packing included) is timed (max over ranks of the mean of `iters` runs) beside the
 //! model's prediction and plain `MPI_Alltoallv` on the same pattern (packed by hand).

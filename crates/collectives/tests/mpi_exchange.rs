@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_exchange \
-//!     [correctness|fault-counts|fault-elem|fault-exit|fault-exit-3step|fault-stop|fault-backend]
+//!     [correctness|fault-counts|fault-elem|fault-exit|fault-exit-3step|fault-stop|fault-stop-early|
+//!      fault-backend]
 //! ```
 //!
 //! - `correctness`: every strategy (and the model's choice) gives exactly `MPI_Alltoallv`'s
@@ -17,9 +18,10 @@
 //!   through `MpiCommunicator::execute`, and compares every output with the request's layout;
 //!   then all_reduce, all_gather, all_to_all_v, broadcast and reduce_scatter at 1000 elements
 //!   (direct plans) and 100000 (rings) through the backend path (`prepare`/`DevicePlan::run`
-//!   on a counting host backend), staged, direct, and direct on a backend that gives no
-//!   addresses, against the `execute` output and MPI's own collective; staged runs must make
-//!   one download per send and one upload per receive and never ask for a buffer's address.
+//!   on a counting host backend), staged, direct, and direct on a backend from outside the
+//!   crate, against the `execute` output and MPI's own collective; staged runs (the foreign
+//!   backend's included) must make one download per send and one upload per receive, and
+//!   the foreign backend's own `raw_region` must never be called.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
 //!   places one too many); every rank must get an error from the build.
 //! - `fault-elem`: rank 0 builds with 4-byte elements, the others with 8 (all_to_all_v,
@@ -32,6 +34,9 @@
 //!   sends, which Open MPI cannot cancel); every other rank must get `Timeout` from each
 //!   within the timeout plus the grace second, then `Failed` at once from a second run and
 //!   from a new build, and the job must not abort.
+//! - `fault-stop-early`: the last rank stops before an exchange build, an `execute` and a
+//!   `prepare` (each on its own communicator); every other rank must get `Timeout` from the
+//!   collective step of each within the timeout and slack, and the job must not abort.
 //! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
 //!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -39,6 +44,7 @@
 //!
 //! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -414,9 +420,10 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * elems).collect();
     let ex =
         NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Forced(Strategy::Standard));
-    // The backend lives until the process ends: after the failure MPI may still hold requests
-    // into its memory (see the MPI README, Faults).
-    let backend: &'static HostBackend = Box::leak(Box::new(HostBackend::new()));
+    // After the failure MPI may still hold requests into the plan's memory; the plan's share
+    // of the backend, moved to the graveyard, keeps it allocated (see the MPI README, Faults),
+    // even though this function drops its own share and the plan right after the failure.
+    let backend = Arc::new(HostBackend::new());
     let nr = n as u32;
     let device = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", nr.div_ceil(4)))
         .map_err(|e| e.to_string())
@@ -444,7 +451,7 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
             return;
         }
     };
-    let mut dp = match dcomm.prepare(backend, &plan) {
+    let mut dp = match dcomm.prepare(backend.clone(), &plan) {
         Ok(dp) => dp,
         Err(e) => {
             println!("rank {me}: FAULT-UNEXPECTED prepare failed: {e}");
@@ -511,14 +518,109 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
             if !matches!(again, Err(MpiError::Failed(_))) {
                 why.push(format!("device plan after the timeout: {again:?}"));
             }
+            backend.free(inp.mem);
+            backend.free(outp.mem);
         }
         (a, b) => why.push(format!("allocation: {:?} {:?}", a.err(), b.err())),
     }
+    // Safe code may drop the plan and the backend while MPI holds requests into the plan's
+    // memory; the graveyard's share of the backend keeps that memory allocated.
+    drop(dp);
+    drop(backend);
     if why.is_empty() {
         println!("rank {me}: FAULT-DETECTED: exchange timed out in {took:?}, then the device plan");
     } else {
         println!("rank {me}: FAULT-MISSED: {}", why.join("; "));
     }
+}
+
+/// The last rank stops (sleeps, making no MPI call) before an exchange build, an `execute`
+/// and a `prepare`, each on a communicator of its own: every other rank must get `Timeout`
+/// from each collective step within the timeout and slack, then `Failed` at once from a
+/// second build. The stopper then joins the three steps late, so that the collectives the
+/// others left pending complete, and every rank meets in a barrier before finalizing.
+fn fault_stop_early(world: &rsmpi::topology::SimpleCommunicator) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let (me, n) = (world.rank() as u32, world.size() as u32);
+    let timeout = Duration::from_secs(2);
+    let setup = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
+        .map_err(|e| e.to_string())
+        .and_then(|topo| {
+            let req = Request::new(Collective::AllReduce, (0..n).collect(), 256, DType::U32);
+            let opts = PlanOptions {
+                relay: RelayPolicy::Members,
+                ..PlanOptions::default()
+            };
+            let plan = relaycc_route::plan(&topo, &req, &opts).map_err(|e| e.to_string())?;
+            let mut comms = Vec::new();
+            for _ in 0..3 {
+                let mut c = MpiCommunicator::from_mpi(world, me, Some(topo.clone()))
+                    .map_err(|e| e.to_string())?;
+                c.set_timeout(timeout);
+                comms.push(c);
+            }
+            Ok((comms, plan.plan))
+        });
+    let (comms, plan) = match setup {
+        Ok(x) => x,
+        Err(e) => {
+            println!("rank {me}: FAULT-UNEXPECTED setup failed: {e}");
+            return;
+        }
+    };
+    let [ex_comm, exec_comm, prep_comm] = &comms[..] else {
+        println!("rank {me}: FAULT-UNEXPECTED {} communicators", comms.len());
+        return;
+    };
+    let counts: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 4).collect();
+    let input: Vec<u8> = (0..256u32)
+        .flat_map(|i| value(me, u64::from(i)).to_le_bytes())
+        .collect();
+    let mut output = vec![0u8; input.len()];
+    let backend = Arc::new(HostBackend::new());
+    let build = || NeighborExchange::all_to_all_v(ex_comm, &counts, &counts, 8, Choice::Model);
+    if me == n - 1 {
+        println!("rank {me}: stopping");
+        std::thread::sleep(3 * timeout + Duration::from_secs(2));
+        // Late: completes the collectives the others left pending; the results do not matter.
+        let _ = build();
+        let _ = exec_comm.execute(&plan, &input, &mut output);
+        let _ = prep_comm.prepare(backend.clone(), &plan);
+        world.barrier();
+        return;
+    }
+    let bound = timeout + Duration::from_millis(1500);
+    let mut why = Vec::new();
+    let mut timed = |what: &str, r: Result<(), MpiError>, step: &str, took: Duration| {
+        let ok = matches!(&r, Err(MpiError::Timeout { step: s, .. }) if *s == step);
+        if !ok || took > bound {
+            why.push(format!("{what}: {r:?} after {took:?} (bound {bound:?})"));
+        }
+    };
+    let t = Instant::now();
+    let r = build().map(drop);
+    timed("exchange build", r, "build an exchange", t.elapsed());
+    let t = Instant::now();
+    let r = exec_comm.execute(&plan, &input, &mut output);
+    timed("execute", r, "execute a plan", t.elapsed());
+    let t = Instant::now();
+    let r = prep_comm.prepare(backend.clone(), &plan).map(drop);
+    timed("prepare", r, "prepare a plan", t.elapsed());
+    let t = Instant::now();
+    let again = build();
+    if !matches!(again, Err(MpiError::Failed(_))) || t.elapsed() > Duration::from_millis(500) {
+        why.push(format!(
+            "build after the timeout: {:?} in {:?}",
+            again.err(),
+            t.elapsed()
+        ));
+    }
+    if why.is_empty() {
+        println!("rank {me}: FAULT-DETECTED: build, execute and prepare timed out");
+    } else {
+        println!("rank {me}: FAULT-MISSED: {}", why.join("; "));
+    }
+    world.barrier();
 }
 
 /// Returns true when this rank left early (and must not take part in anything else).
@@ -677,18 +779,20 @@ fn matches_request(req: &relaycc_route::Request, me: u32, output: &[u8]) -> bool
 }
 
 /// A host backend that counts the downloads and uploads the MPI layer makes and the raw
-/// addresses it asks for, and that can refuse every raw address (a backend whose memory MPI
-/// cannot use). Staged runs must download every message they send and upload every one they
-/// receive, and never ask for the address of a buffer: a run that skipped staging fails.
+/// addresses it asks it for. Unless `foreign`, it shows the MPI layer its inner
+/// `HostBackend` (`as_any`), whose addresses that layer trusts; `foreign`, it is a backend
+/// from outside the crate, whose `raw_region` (which still gives the inner backend's
+/// addresses) the MPI layer must never call. Staged runs must download every message they
+/// send and upload every one they receive: a run that skipped staging fails.
 #[derive(Debug, Default)]
 struct Counting {
     inner: HostBackend,
-    refuse: bool,
+    foreign: bool,
     /// Every download fails (a driver error).
     fail: bool,
     downloads: AtomicUsize,
     uploads: AtomicUsize,
-    /// raw_region calls on memory that is not host staging memory (`Location::Gpu`).
+    /// Calls of this backend's own `raw_region`.
     raw_device: AtomicUsize,
 }
 
@@ -739,19 +843,20 @@ impl Backend for Counting {
         self.inner.synchronize()
     }
     fn raw_region(&self, region: ByteRegion) -> CResult<Option<RawRegion>> {
-        if matches!(region.mem.location, Location::Gpu(_)) {
-            self.raw_device.fetch_add(1, Ordering::SeqCst);
-        }
-        if self.refuse {
-            return Ok(None);
-        }
+        self.raw_device.fetch_add(1, Ordering::SeqCst);
         self.inner.raw_region(region)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        if self.foreign {
+            return None;
+        }
+        Some(&self.inner)
     }
 }
 
 /// Planner plans through `MpiCommunicator::prepare`/`DevicePlan::run` on the host backend
-/// (wrapped in `Counting`), staged, direct, and direct on a backend that gives no addresses
-/// (which must fall back to staging); each output must equal the host-slice `execute` output
+/// (wrapped in `Counting`), staged, direct, and direct on a backend from outside the crate
+/// (which must fall back to staging without asking it for an address); each output must equal the host-slice `execute` output
 /// and, for all_reduce, all_gather and all_to_all_v, MPI's own collective; each run is
 /// repeated (staging buffers reused).
 fn backend_plans(
@@ -803,24 +908,24 @@ fn backend_plans(
                 reference == *host_out,
             );
         }
-        for (label, mode, refuse) in [
+        for (label, mode, foreign) in [
             ("staged", TransferMode::Staged, false),
             ("direct", TransferMode::Direct, false),
-            ("direct, no addresses", TransferMode::Direct, true),
+            ("direct, foreign backend", TransferMode::Direct, true),
         ] {
             comm.set_transfer(mode);
-            let backend = Counting {
-                refuse,
+            let backend = Arc::new(Counting {
+                foreign,
                 ..Counting::default()
-            };
+            });
             let r = run_on_backend(comm, &backend, plan, input, host_out.len());
             let mine = r.as_ref().map_or(0, |(_, (s, _), _)| *s as u64);
             let (ok, why) = match r {
                 Ok((out, (sends, recvs), (down, up, raw))) => {
                     // Two runs each.
-                    let staging_ok = match (mode, refuse) {
+                    let staging_ok = match (mode, foreign) {
                         (TransferMode::Staged, _) | (_, true) => {
-                            down == 2 * sends && up == 2 * recvs && (refuse || raw == 0)
+                            down == 2 * sends && up == 2 * recvs && raw == 0
                         }
                         (TransferMode::Direct, false) => down == 0 && up == 0,
                     };
@@ -858,7 +963,7 @@ fn backend_plans(
 #[allow(clippy::type_complexity)]
 fn run_on_backend(
     comm: &MpiCommunicator,
-    backend: &Counting,
+    backend: &Arc<Counting>,
     plan: &relaycc_route::Plan,
     input: &[u8],
     out_bytes: usize,
@@ -874,7 +979,7 @@ fn run_on_backend(
     };
     let (inp, out) = (alloc(input.len())?, alloc(out_bytes)?);
     backend.upload(inp, input)?;
-    let mut dp = comm.prepare(backend, plan)?;
+    let mut dp = comm.prepare(backend.clone(), plan)?;
     backend.reset();
     dp.run(inp, out)?;
     dp.run(inp, out)?;
@@ -916,10 +1021,10 @@ fn fault_backend(world: &rsmpi::topology::SimpleCommunicator) {
     };
     comm.set_timeout(Duration::from_secs(3));
     comm.set_transfer(TransferMode::Staged);
-    let backend = Counting {
+    let backend = Arc::new(Counting {
         fail: me == 1,
         ..Counting::default()
-    };
+    });
     let input: Vec<u8> = (0..1000u64)
         .flat_map(|i| value(me, i).to_le_bytes())
         .collect();
@@ -955,6 +1060,10 @@ fn main() {
     };
     if mode == "fault-stop" {
         fault_stop(&world, &mut comm);
+        return;
+    }
+    if mode == "fault-stop-early" {
+        fault_stop_early(&world);
         return;
     }
     if mode == "fault-backend" {

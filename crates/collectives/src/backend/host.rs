@@ -272,6 +272,10 @@ impl Backend for HostBackend {
         "host"
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
         let size = usize::try_from(bytes).map_err(|_| err(format!("{bytes} bytes do not fit")))?;
         let (addr, layout) = if size == 0 {

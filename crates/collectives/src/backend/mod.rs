@@ -231,6 +231,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// caller must [`Backend::synchronize`] before it reads bytes a launch wrote, and must not
     /// submit a launch that touches bytes the library is still using.
     ///
+    /// This is a safe method any backend may implement, so nothing vouches for the address it
+    /// returns: code that hands it to a library writing through it must trust the backend.
+    /// The MPI layer (feature `mpi`) uses only the addresses of this crate's backends
+    /// ([`crate::HostBackend`], `CudaBackend`, recognised through
+    /// [`Backend::as_any`]) and stages the messages of any other backend through memory it
+    /// owns.
+    ///
     /// Errors: an unknown allocation, or a region outside it.
     fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
         let _ = region;

@@ -5,6 +5,7 @@
 //! download, `MPI_Isend`; `MPI_Irecv`, upload. Protocol and deadlock argument: `README.md`.
 
 use std::os::raw::c_int;
+use std::sync::Arc;
 use std::time::Instant;
 
 use ::mpi::traits::AsRaw;
@@ -13,8 +14,11 @@ use relaycc_route::{Location, Plan};
 use super::requests::Requests;
 use super::schedule::{Buf, Loc, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult};
+#[cfg(feature = "cuda")]
+use crate::CudaBackend;
+use crate::HostBackend;
 use crate::backend::{
-    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, Slot,
+    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
 };
 
 /// How messages between processes reach device memory.
@@ -23,13 +27,14 @@ pub enum TransferMode {
     /// Every message goes through host staging memory: the sender downloads the region into
     /// a staging buffer and sends that; the receiver receives into a staging buffer and
     /// uploads it once the level's messages are complete. Staging memory comes from the
-    /// backend's host memory (pinned on CUDA) where the backend gives its address, else from
-    /// a plain vector. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
+    /// backend's host memory (pinned on CUDA) where one of this crate's backends gives its
+    /// address, else from a plain vector the plan owns. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
     Staged,
     /// MPI reads and writes the backend's memory through the addresses the backend gives
     /// ([`Backend::raw_region`]); device addresses are only sound with a CUDA-aware MPI.
-    /// Buffers the backend gives no address for are staged as above. The default with
-    /// `RELAYCC_MPI_CUDA_AWARE=1`.
+    /// Only this crate's backends ([`HostBackend`], `CudaBackend`) are asked for addresses;
+    /// the buffers of any other backend, and those a backend gives no address for, are
+    /// staged as above. The default with `RELAYCC_MPI_CUDA_AWARE=1`.
     Direct,
 }
 
@@ -46,52 +51,116 @@ enum HostBuf {
 }
 
 impl HostBuf {
-    /// Make sure `bytes` are there (a smaller buffer is replaced); returns the base address.
+    /// Make sure `bytes` are there (a smaller buffer of either kind is replaced); returns the
+    /// base address.
     fn ensure(&mut self, backend: &dyn Backend, at: Location, bytes: usize) -> MpiResult<*mut u8> {
-        let held = match self {
-            HostBuf::None => None,
-            HostBuf::Backend { mem, .. } => Some(mem.bytes),
-            HostBuf::Owned(v) => Some(v.len() as u64),
+        match self {
+            HostBuf::Backend { mem, addr } if mem.bytes >= bytes as u64 => {
+                return Ok(*addr as *mut u8);
+            }
+            HostBuf::Owned(v) if v.len() >= bytes => return Ok(v.as_mut_ptr()),
+            _ => {}
+        }
+        if let HostBuf::Backend { mem, .. } = std::mem::replace(self, HostBuf::None) {
+            backend.free(mem);
+        }
+        let mem = backend.allocate(at, bytes as u64)?;
+        let whole = ByteRegion {
+            mem,
+            offset: 0,
+            bytes: mem.bytes,
         };
-        if held.is_some_and(|h| h < bytes as u64) {
-            if let HostBuf::Backend { mem, .. } = std::mem::replace(self, HostBuf::None) {
+        Ok(match trusted_raw_region(backend, whole) {
+            Ok(Some(r)) if r.space == AddressSpace::Host => {
+                *self = HostBuf::Backend { mem, addr: r.addr };
+                r.addr as *mut u8
+            }
+            _ => {
                 backend.free(mem);
+                let mut v = vec![0u8; bytes];
+                let p = v.as_mut_ptr();
+                *self = HostBuf::Owned(v);
+                p
             }
-        }
-        if let HostBuf::None = self {
-            let mem = backend.allocate(at, bytes as u64)?;
-            let whole = ByteRegion {
-                mem,
-                offset: 0,
-                bytes: mem.bytes,
-            };
-            match backend.raw_region(whole) {
-                Ok(Some(r)) if r.space == AddressSpace::Host => {
-                    *self = HostBuf::Backend { mem, addr: r.addr }
-                }
-                _ => {
-                    backend.free(mem);
-                    *self = HostBuf::Owned(vec![0u8; bytes]);
-                }
-            }
-        }
-        Ok(match self {
-            HostBuf::Backend { addr, .. } => *addr as *mut u8,
-            HostBuf::Owned(v) => v.as_mut_ptr(),
-            HostBuf::None => std::ptr::null_mut(),
         })
+    }
+}
+
+/// The raw address of `region` when `backend` is one of this crate's backends
+/// ([`HostBackend`], `CudaBackend`), whose addresses are known to be right; `None` for any
+/// other backend. [`Backend::raw_region`] is a safe method any backend may implement, and
+/// MPI writes through the address, so an address from a backend outside this crate is never
+/// used: its messages are staged through memory the plan owns.
+fn trusted_raw_region(backend: &dyn Backend, region: ByteRegion) -> MpiResult<Option<RawRegion>> {
+    let Some(any) = backend.as_any() else {
+        return Ok(None);
+    };
+    if let Some(host) = any.downcast_ref::<HostBackend>() {
+        return Ok(host.raw_region(region)?);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = any.downcast_ref::<CudaBackend>() {
+        return Ok(cuda.raw_region(region)?);
+    }
+    Ok(None)
+}
+
+/// The backend memory MPI may read or write during a run: scratch, mirrors and staging,
+/// with a share of the backend that owns it. Dropping it frees the allocations; after a
+/// failure that left requests with MPI it moves to the communicator's graveyard, whose
+/// share of the backend keeps the memory allocated for as long as MPI may use it.
+#[derive(Debug)]
+struct PlanMemory {
+    backend: Arc<dyn Backend>,
+    scratch: Vec<DeviceMem>,
+    /// Direct mode: backend memory of this plan standing in for the caller's input and
+    /// output (copied in before the first level, out after the last), so that no request MPI
+    /// keeps after a failure points into the caller's regions. `None` when staged or empty.
+    mirrors: [Option<DeviceMem>; 2],
+    send_stage: HostBuf,
+    recv_stage: HostBuf,
+}
+
+impl PlanMemory {
+    fn new(backend: Arc<dyn Backend>) -> Self {
+        PlanMemory {
+            backend,
+            scratch: Vec::new(),
+            mirrors: [None, None],
+            send_stage: HostBuf::None,
+            recv_stage: HostBuf::None,
+        }
+    }
+}
+
+impl Drop for PlanMemory {
+    fn drop(&mut self) {
+        for m in self
+            .scratch
+            .drain(..)
+            .chain(self.mirrors.iter_mut().filter_map(Option::take))
+        {
+            self.backend.free(m);
+        }
+        for s in [&mut self.send_stage, &mut self.recv_stage] {
+            if let HostBuf::Backend { mem, .. } = std::mem::replace(s, HostBuf::None) {
+                self.backend.free(mem);
+            }
+        }
     }
 }
 
 /// One rank's part of a plan bound to a backend: scratch allocated at the plan's locations,
 /// one program of local copies and reductions per level, staging buffers; built once by
-/// [`MpiCommunicator::prepare`], run many times. Dropping it frees its allocations.
+/// [`MpiCommunicator::prepare`], run many times. It holds a share of the backend, so the
+/// backend outlives its memory; dropping the plan frees its allocations, except after a
+/// failed run that left requests with MPI (then the communicator's graveyard keeps them,
+/// and the backend, until MPI is done with them).
 pub struct DevicePlan<'a> {
     comm: &'a MpiCommunicator,
-    backend: &'a dyn Backend,
     schedule: Schedule,
     mode: TransferMode,
-    scratch: Vec<DeviceMem>,
+    mem: PlanMemory,
     /// Per level of the schedule, its local work (`None` when it has none).
     programs: Vec<Option<Program>>,
     /// Where staging memory is allocated.
@@ -99,18 +168,9 @@ pub struct DevicePlan<'a> {
     /// Bytes the sends (receives) of the busiest level need when all are staged.
     send_bytes: usize,
     recv_bytes: usize,
-    send_stage: HostBuf,
-    recv_stage: HostBuf,
-    /// Direct mode: backend memory of this plan standing in for the caller's input and
-    /// output (copied in before the first level, out after the last), so that no request MPI
-    /// keeps after a failure points into the caller's regions. `None` when staged or empty.
-    mirrors: [Option<DeviceMem>; 2],
     /// Programs copying the caller's input into its mirror, and the output mirror out.
     copy_in: Program,
     copy_out: Program,
-    /// A failed run left requests MPI kept: the scratch, mirrors and staging buffers are
-    /// never freed (MPI may still use them).
-    buried: bool,
     /// Bindings of the current run: input, output, then scratch (kept to avoid allocating).
     bindings: Vec<ByteRegion>,
     /// Per binding, MPI's address of its first byte, or `None` when its messages are staged.
@@ -120,7 +180,7 @@ pub struct DevicePlan<'a> {
 impl std::fmt::Debug for DevicePlan<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DevicePlan")
-            .field("backend", &self.backend.name())
+            .field("backend", &self.mem.backend.name())
             .field("mode", &self.mode)
             .field("messages", &self.schedule.messages())
             .field("levels", &self.schedule.depth())
@@ -149,7 +209,7 @@ impl<'a> DevicePlan<'a> {
     /// See [`MpiCommunicator::prepare`].
     pub(super) fn new(
         comm: &'a MpiCommunicator,
-        backend: &'a dyn Backend,
+        backend: Arc<dyn Backend>,
         plan: &Plan,
     ) -> MpiResult<Self> {
         // Raw addresses go to MPI while launches run: only the checker's proof that unordered
@@ -240,33 +300,29 @@ impl<'a> DevicePlan<'a> {
         let recv_bytes = level_bytes(|l| l.recvs.iter().map(|m| m.2.len).sum());
         let mut dp = DevicePlan {
             comm,
-            backend,
             mode: comm.transfer(),
-            scratch: Vec::with_capacity(schedule.scratch.len()),
+            mem: PlanMemory::new(backend),
             programs,
             staging_at,
             send_bytes,
             recv_bytes,
-            send_stage: HostBuf::None,
-            recv_stage: HostBuf::None,
-            mirrors: [None, None],
             copy_in,
             copy_out,
-            buried: false,
             bindings: Vec::with_capacity(2 + schedule.scratch.len()),
             direct: Vec::with_capacity(2 + schedule.scratch.len()),
             schedule,
         };
-        // On an error here `dp`'s drop frees what was allocated so far.
+        // On an error here `dp.mem`'s drop frees what was allocated so far.
+        let mem = &mut dp.mem;
         for (bytes, at) in dp.schedule.scratch.iter().zip(&dp.schedule.scratch_at) {
-            let mem = backend.allocate(local(*at), *bytes as u64)?;
-            dp.scratch.push(mem);
+            let m = mem.backend.allocate(local(*at), *bytes as u64)?;
+            mem.scratch.push(m);
         }
         if dp.mode == TransferMode::Direct {
             let lens = [dp.schedule.input_len, dp.schedule.output_len];
-            for (m, len) in dp.mirrors.iter_mut().zip(lens) {
+            for (m, len) in mem.mirrors.iter_mut().zip(lens) {
                 if len > 0 {
-                    *m = Some(backend.allocate(device, len as u64)?);
+                    *m = Some(mem.backend.allocate(device, len as u64)?);
                 }
             }
         }
@@ -317,13 +373,12 @@ impl<'a> DevicePlan<'a> {
             health.fail(e);
             if let Some(stuck) = reqs.take_stuck() {
                 // MPI may still read or write the staging buffers, the scratch and the
-                // mirrors (never the caller's regions): keep them all.
-                let stages = [
-                    std::mem::replace(&mut self.send_stage, HostBuf::None),
-                    std::mem::replace(&mut self.recv_stage, HostBuf::None),
-                ];
-                health.bury(stuck, Box::new(stages));
-                self.buried = true;
+                // mirrors (never the caller's regions): the graveyard keeps them all with a
+                // share of the backend, so neither is freed while MPI may use them. The plan
+                // keeps empty memory; it never runs again (the communicator is failed).
+                let backend = Arc::clone(&self.mem.backend);
+                let kept = std::mem::replace(&mut self.mem, PlanMemory::new(backend));
+                health.bury(stuck, Box::new(kept));
             }
         }
         ran
@@ -357,7 +412,7 @@ impl<'a> DevicePlan<'a> {
             offset: 0,
             bytes: m.bytes,
         };
-        let mirror = |i: usize, caller: ByteRegion| match self.mirrors[i] {
+        let mirror = |i: usize, caller: ByteRegion| match self.mem.mirrors[i] {
             Some(m) => ByteRegion {
                 bytes: caller.bytes,
                 ..whole(m)
@@ -368,7 +423,7 @@ impl<'a> DevicePlan<'a> {
         self.bindings.clear();
         self.bindings.extend([in_at, out_at]);
         self.bindings
-            .extend(self.scratch.iter().map(|m| ByteRegion {
+            .extend(self.mem.scratch.iter().map(|m| ByteRegion {
                 mem: *m,
                 offset: 0,
                 bytes: m.bytes,
@@ -377,9 +432,11 @@ impl<'a> DevicePlan<'a> {
         for r in &self.bindings {
             let addr = match self.mode {
                 TransferMode::Staged => None,
-                // Direct means MPI may use device addresses too (CUDA-aware); only a backend
-                // that gives no address at all forces staging.
-                TransferMode::Direct => self.backend.raw_region(*r)?.map(|raw| raw.addr),
+                // Direct means MPI may use device addresses too (CUDA-aware); a backend
+                // outside this crate, or one that gives no address, forces staging.
+                TransferMode::Direct => {
+                    trusted_raw_region(&*self.mem.backend, *r)?.map(|raw| raw.addr)
+                }
             };
             self.direct.push(addr);
         }
@@ -395,14 +452,16 @@ impl<'a> DevicePlan<'a> {
             .iter()
             .any(|lv| lv.recvs.iter().any(|(_, _, l)| staged(l, &self.direct)));
         let send_stage = if any_send {
-            self.send_stage
-                .ensure(self.backend, self.staging_at, self.send_bytes)?
+            self.mem
+                .send_stage
+                .ensure(&*self.mem.backend, self.staging_at, self.send_bytes)?
         } else {
             std::ptr::null_mut()
         };
         let recv_stage = if any_recv {
-            self.recv_stage
-                .ensure(self.backend, self.staging_at, self.recv_bytes)?
+            self.mem
+                .recv_stage
+                .ensure(&*self.mem.backend, self.staging_at, self.recv_bytes)?
         } else {
             std::ptr::null_mut()
         };
@@ -440,7 +499,8 @@ impl<'a> DevicePlan<'a> {
                 // the level's launch writes only ranges the checker proved disjoint, and the
                 // next launch waits for `reqs.wait`. It stays allocated: this call returns
                 // after completion or cancellation, and after a failure that leaves requests
-                // with MPI, `run` never frees or reuses this plan's memory (`buried`); a
+                // with MPI, `run` moves this plan's memory, with a share of the backend, to the
+                // graveyard, which frees it only once MPI reports the requests complete; a
                 // direct range is never the caller's region (the mirrors stand in for it).
                 unsafe { reqs.irecv(ptr, l.len, *peer as c_int, *tag)? };
             }
@@ -457,7 +517,7 @@ impl<'a> DevicePlan<'a> {
                         let dst = unsafe { std::slice::from_raw_parts_mut(p, l.len) };
                         // No launch of this level is in flight yet, so the download does not
                         // wait for one.
-                        if let Err(e) = self.backend.download(region(l), dst) {
+                        if let Err(e) = self.mem.backend.download(region(l), dst) {
                             // The peer never gets this message and times out; this rank
                             // completes what it posted, then reports the backend's error.
                             local = Some(e.into());
@@ -480,7 +540,7 @@ impl<'a> DevicePlan<'a> {
                     // its bindings are disjoint (`run` refuses overlapping input and output,
                     // scratch is this plan's own); the level's MPI requests use ranges the
                     // checker proved disjoint from the level's local ops (see the receives).
-                    if let Err(e) = unsafe { self.backend.submit(&[launch]) } {
+                    if let Err(e) = unsafe { self.mem.backend.submit(&[launch]) } {
                         local = Some(e.into());
                     }
                 }
@@ -488,7 +548,7 @@ impl<'a> DevicePlan<'a> {
             let waited = reqs.wait(li, deadline, timeout);
             // The launch may still read or write; its bytes must be settled before anything
             // else touches them, and its errors are reported here.
-            if let Err(e) = self.backend.synchronize() {
+            if let Err(e) = self.mem.backend.synchronize() {
                 local.get_or_insert(e.into());
             }
             if let Some(e) = local {
@@ -504,7 +564,7 @@ impl<'a> DevicePlan<'a> {
                 // nothing else writes staging memory.
                 let src = unsafe { std::slice::from_raw_parts(recv_stage.add(off), l.len) };
                 off += l.len;
-                self.backend.upload(region(l), src)?;
+                self.mem.backend.upload(region(l), src)?;
             }
         }
         if out_at != output {
@@ -521,33 +581,12 @@ impl<'a> DevicePlan<'a> {
         // before the first level posts a message or after the last level's requests completed,
         // so MPI holds no raw address into either region meanwhile; `synchronize` below waits.
         unsafe {
-            self.backend.submit(&[Launch {
+            self.mem.backend.submit(&[Launch {
                 program,
                 bindings: &bindings,
             }])?;
         }
-        self.backend.synchronize()?;
+        self.mem.backend.synchronize()?;
         Ok(())
-    }
-}
-
-impl Drop for DevicePlan<'_> {
-    fn drop(&mut self) {
-        if self.buried {
-            // MPI may still use this memory: it is leaked, never freed.
-            return;
-        }
-        for m in self
-            .scratch
-            .drain(..)
-            .chain(self.mirrors.iter_mut().filter_map(Option::take))
-        {
-            self.backend.free(m);
-        }
-        for s in [&mut self.send_stage, &mut self.recv_stage] {
-            if let HostBuf::Backend { mem, .. } = std::mem::replace(s, HostBuf::None) {
-                self.backend.free(mem);
-            }
-        }
     }
 }

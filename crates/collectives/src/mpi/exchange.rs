@@ -4,7 +4,6 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use ::mpi::collective::SystemOperation;
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::*;
 use relaycc_route::nodeaware::{
@@ -13,6 +12,7 @@ use relaycc_route::nodeaware::{
 };
 use relaycc_route::{Collective, DType, Location, Request};
 
+use super::agree::{self, Op};
 use super::indexed::Indexed;
 use super::requests::{Health, Requests};
 use super::schedule::{RunBuffers, Schedule};
@@ -66,7 +66,7 @@ pub struct NeighborExchange {
     pub(super) timeout: Duration,
     /// Elements this rank receives per run.
     pub(super) received: usize,
-    /// Index lists and pack buffers ([`NeighborExchange::from_indices`]).
+    /// Index lists ([`NeighborExchange::from_indices`]); they pack into `bufs`.
     pub(super) indexed: Option<Indexed>,
 }
 
@@ -79,39 +79,50 @@ impl std::fmt::Debug for NeighborExchange {
     }
 }
 
-/// Collective agreement on a local failure and on the element size: every rank learns
-/// whether any rank failed (and the lowest such rank) and the smallest and largest element
-/// size, in one `MPI_Allreduce`, so a local error or a rank with another element size becomes
-/// an error on all ranks, not a hang or wrong data.
+/// The collective step of an exchange build, in errors.
+pub(super) const BUILD: &str = "build an exchange";
+
+/// Collective agreement on a local failure and on the element size ([`agree::agree`]): every
+/// rank learns whether any rank failed (and the lowest such rank) and the smallest and
+/// largest element size, so a local error or a rank with another element size becomes an
+/// error on all ranks, not a hang or wrong data; a peer that does not take part in time
+/// gives [`MpiError::Timeout`].
 pub(super) fn agree(
     comm: &MpiCommunicator,
     local: Option<String>,
     elem_size: usize,
 ) -> MpiResult<()> {
-    let me = comm.rank() as i64;
-    let mine = if local.is_some() { me } else { i64::MAX };
     let e = i64::try_from(elem_size).unwrap_or(i64::MAX);
-    let send = [mine, e, -e];
-    let mut got = [0i64; 3];
-    comm.comm()
-        .all_reduce_into(&send[..], &mut got[..], SystemOperation::min());
-    match (local, got[0]) {
+    let got = agree::agree(comm, BUILD, local.is_some(), &[e])?;
+    match (local, got.failed) {
         (Some(why), _) => return Err(MpiError::CountMismatch(why)),
-        (None, i64::MAX) => {}
-        (None, r) => {
+        (None, None) => {}
+        (None, Some(r)) => {
             return Err(MpiError::CountMismatch(format!(
                 "rank {r} reported mismatched counts"
             )));
         }
     }
-    let (least, most) = (got[1], -got[2]);
-    if least != most {
-        return Err(MpiError::ElementMismatch(format!(
-            "rank {me} builds with {elem_size}-byte elements, but element sizes range from \
-             {least} to {most} bytes over the ranks"
-        )));
+    if let [(least, most)] = got.ranges.as_slice() {
+        if least != most {
+            return Err(MpiError::ElementMismatch(format!(
+                "rank {} builds with {elem_size}-byte elements, but element sizes range from \
+                 {least} to {most} bytes over the ranks",
+                comm.rank()
+            )));
+        }
     }
     Ok(())
+}
+
+/// Counts as the words [`agree::collective`] moves (bit patterns, so every `u64` survives).
+pub(super) fn words(counts: &[u64]) -> Vec<i64> {
+    counts.iter().map(|c| *c as i64).collect()
+}
+
+/// The counts [`words`] sent.
+pub(super) fn counts(words: &[i64]) -> Vec<u64> {
+    words.iter().map(|w| *w as u64).collect()
 }
 
 impl NeighborExchange {
@@ -148,8 +159,7 @@ impl NeighborExchange {
         if local.is_none() {
             mine.copy_from_slice(send_counts);
         }
-        let mut incoming = vec![0u64; n];
-        comm.comm().all_to_all_into(&mine[..], &mut incoming[..]);
+        let incoming = counts(&agree::collective(comm, BUILD, Op::AllToAll, words(&mine))?);
         if local.is_none() {
             if let Some(s) = (0..n).find(|s| incoming[*s] != recv_counts[*s]) {
                 local = Some(format!(
@@ -161,8 +171,12 @@ impl NeighborExchange {
             }
         }
         agree(comm, local, elem_size)?;
-        let mut all = vec![0u64; n * n];
-        comm.comm().all_gather_into(&mine[..], &mut all[..]);
+        let all = counts(&agree::collective(
+            comm,
+            BUILD,
+            Op::AllGather,
+            words(&mine),
+        )?);
         let e = elem_size as u64;
         let mut req = Request::new(Collective::AllToAllV, (0..n as u32).collect(), 0, DType::U8);
         req.matrix = all
@@ -183,8 +197,12 @@ impl NeighborExchange {
         comm.check_health()?;
         let n = comm.size() as usize;
         agree(comm, None, elem_size)?;
-        let mut counts = vec![0u64; n];
-        comm.comm().all_gather_into(&count, &mut counts[..]);
+        let counts = counts(&agree::collective(
+            comm,
+            BUILD,
+            Op::AllGather,
+            words(&[count]),
+        )?);
         let mut req = Request::new(
             Collective::AllGatherV,
             (0..n as u32).collect(),

@@ -6,9 +6,8 @@
 //! rank order, each source's elements in the order it listed their indices for this rank
 //! (`MPI_Alltoallv`'s packed layout); [`NeighborExchange::received`] elements in all.
 
-use ::mpi::traits::*;
-
-use super::exchange::agree;
+use super::agree::{self, Op};
+use super::exchange::{BUILD, agree, counts, words};
 use super::{Choice, MpiCommunicator, MpiError, MpiResult, NeighborExchange};
 
 /// The gather and scatter lists of an exchange.
@@ -32,8 +31,8 @@ fn needed_len<'a>(lists: impl Iterator<Item = &'a usize>) -> usize {
 impl NeighborExchange {
     /// An exchange from index lists (a sparse matrix's halo): this rank sends
     /// `x[send_indices[d][k]]` for `k = 0..` to rank d (an empty list: no message; indices may
-    /// repeat). What each rank receives follows from the others' lists (one `MPI_Alltoall` of
-    /// counts). With `recv_places`, element k received from rank s lands at
+    /// repeat). What each rank receives follows from the others' lists (one nonblocking
+    /// `MPI_Ialltoall` of counts). With `recv_places`, element k received from rank s lands at
     /// `recv[recv_places[s][k]]` (sources in rank order, later ones overwriting earlier ones
     /// at a repeated position); without, `recv` is packed as the module docs describe.
     ///
@@ -73,9 +72,12 @@ impl NeighborExchange {
         } else {
             vec![0; n]
         };
-        let mut recv_counts = vec![0u64; n];
-        comm.comm()
-            .all_to_all_into(&send_counts[..], &mut recv_counts[..]);
+        let recv_counts = counts(&agree::collective(
+            comm,
+            BUILD,
+            Op::AllToAll,
+            words(&send_counts),
+        )?);
         if let (None, Some(p)) = (&local, recv_places) {
             if let Some(s) = (0..n).find(|s| p[*s].len() as u64 != recv_counts[*s]) {
                 local = Some(format!(

@@ -14,6 +14,7 @@
 //! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long a run may wait for its peers before
 //!   it fails (see [`MpiError::Timeout`]).
 
+mod agree;
 mod device;
 mod exchange;
 mod indexed;
@@ -21,6 +22,7 @@ mod requests;
 mod schedule;
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::mpi::collective::SystemOperation;
@@ -59,16 +61,22 @@ pub enum MpiError {
         /// Bytes needed.
         needs: usize,
     },
-    /// Peers did not complete their messages in time (a rank exited, hangs or stopped); the
-    /// pending requests were cancelled, and those MPI kept hold the run's buffers until they
-    /// complete. The communicator is failed from then on ([`MpiError::Failed`]).
+    /// Peers did not complete their messages, or did not join the collective step before a
+    /// run or a build, in time (a rank exited, hangs or stopped); pending messages were
+    /// cancelled, and requests MPI kept (a collective one cannot be cancelled) hold their
+    /// buffers until they complete. The communicator is failed from then on
+    /// ([`MpiError::Failed`]).
     #[error(
-        "rank {rank}: the {pending} requests of level {level} not all complete after {after:?}"
+        "rank {rank}: {step}: the {pending} requests of level {level} not all complete after \
+         {after:?}"
     )]
     Timeout {
         /// This rank.
         rank: u32,
-        /// The dependency level that did not complete.
+        /// What waited: `run` (a run's messages), or the collective step before a run or a
+        /// build (`execute a plan`, `prepare a plan`, `build an exchange`).
+        step: &'static str,
+        /// The dependency level that did not complete (0 for a step before a run).
         level: usize,
         /// Requests still pending.
         pending: usize,
@@ -315,7 +323,7 @@ impl MpiCommunicator {
     /// Run this rank's part of `plan` (collective: every rank of the plan calls it with the
     /// same plan). `input` and `output` are this rank's buffers in bytes. The plan is checked
     /// (`relaycc_route::check`) and its element type and contents agreed across ranks (one
-    /// `MPI_Allreduce`) before any message; messages use buffers this call allocates, copied
+    /// nonblocking `MPI_Iallreduce`, bounded by the timeout) before any message; messages use buffers this call allocates, copied
     /// from `input` before and into `output` after the run, so that no request MPI keeps
     /// after a failure points into the caller's memory. Reductions run on the rank holding
     /// their destination, through the host backend's kernels.
@@ -356,13 +364,14 @@ impl MpiCommunicator {
     /// copies and reductions per level. Staging buffers are allocated on the first run that
     /// needs them and reused. The transfer mode is the communicator's.
     ///
+    /// The plan keeps a share of `backend` (an `Arc<HostBackend>` or `Arc<CudaBackend>`
+    /// converts at the call): MPI may hold requests into its memory after a failed run, so
+    /// the backend must outlive them, which the plan, and then the communicator's
+    /// graveyard, guarantee.
+    ///
     /// Collective: a failure on any rank is an error on every rank ([`MpiError::Peer`] on
     /// the others), before any message moves.
-    pub fn prepare<'a>(
-        &'a self,
-        backend: &'a dyn Backend,
-        plan: &Plan,
-    ) -> MpiResult<DevicePlan<'a>> {
+    pub fn prepare(&self, backend: Arc<dyn Backend>, plan: &Plan) -> MpiResult<DevicePlan<'_>> {
         self.health.check()?;
         let local = DevicePlan::new(self, backend, plan);
         agree(self, local, "prepare a plan", Some(plan))
@@ -373,7 +382,7 @@ impl MpiCommunicator {
     /// (zero-byte regions where the rank has none). Collective.
     pub fn execute_on(
         &self,
-        backend: &dyn Backend,
+        backend: Arc<dyn Backend>,
         plan: &Plan,
         input: ByteRegion,
         output: ByteRegion,
@@ -389,10 +398,11 @@ impl MpiCommunicator {
 }
 
 /// Collective agreement on a local result and, with `plan`, on the plan every rank passed
-/// (its element type, and a hash of the whole plan): one `MPI_Allreduce`. A rank that failed
-/// returns its own error; the others return [`MpiError::Peer`] naming the lowest failing
-/// rank. When all succeeded but the plans differ, every rank returns
-/// [`MpiError::ElementMismatch`] (element types differ) or [`MpiError::PlanMismatch`].
+/// (its element type, and a hash of the whole plan): one nonblocking `MPI_Iallreduce`
+/// ([`agree::agree`]). A rank that failed returns its own error; the others return
+/// [`MpiError::Peer`] naming the lowest failing rank. When all succeeded but the plans differ,
+/// every rank returns [`MpiError::ElementMismatch`] (element types differ) or
+/// [`MpiError::PlanMismatch`]. Peers that do not take part in time: [`MpiError::Timeout`].
 fn agree<T>(
     comm: &MpiCommunicator,
     local: MpiResult<T>,
@@ -400,25 +410,15 @@ fn agree<T>(
     plan: Option<&Plan>,
 ) -> MpiResult<T> {
     let me = comm.rank;
-    let mine = if local.is_err() { me as i64 } else { i64::MAX };
-    // Each value is sent as itself and negated, so one MIN gives its minimum and maximum.
-    let (dtype, hash) = plan.map_or((0, 0), |p| (p.dtype as i64, plan_hash(p)));
-    let send = [mine, dtype, -dtype, hash, -hash];
-    let mut got = [0i64; 5];
-    comm.comm
-        .all_reduce_into(&send[..], &mut got[..], SystemOperation::min());
-    let v = match (local, got[0]) {
+    let values = plan.map_or(Vec::new(), |p| vec![p.dtype as i64, plan_hash(p)]);
+    let got = agree::agree(comm, step, local.is_err(), &values)?;
+    let v = match (local, got.failed) {
         (Err(e), _) => return Err(e),
-        (Ok(v), i64::MAX) => v,
-        (Ok(_), r) => {
-            return Err(MpiError::Peer {
-                rank: r as u32,
-                step,
-            });
-        }
+        (Ok(v), None) => v,
+        (Ok(_), Some(rank)) => return Err(MpiError::Peer { rank, step }),
     };
-    if let Some(p) = plan {
-        if got[1] != -got[2] {
+    if let (Some(p), [dtypes, hashes]) = (plan, got.ranges.as_slice()) {
+        if dtypes.0 != dtypes.1 {
             return Err(MpiError::ElementMismatch(format!(
                 "rank {me} runs a plan of {:?} elements ({} bytes); another rank's plan has \
                  another element type",
@@ -426,7 +426,7 @@ fn agree<T>(
                 p.dtype.size()
             )));
         }
-        if got[3] != -got[4] {
+        if hashes.0 != hashes.1 {
             return Err(MpiError::PlanMismatch(format!(
                 "rank {me} runs plan {:?} of {} ops; another rank passed a different plan",
                 p.algorithm,

@@ -174,6 +174,7 @@ impl Requests {
             if Instant::now() > deadline {
                 let err = MpiError::Timeout {
                     rank: self.rank,
+                    step: "run",
                     level,
                     pending: pending(&self.reqs),
                     after: timeout,

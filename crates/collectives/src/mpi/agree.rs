@@ -1,0 +1,189 @@
+//! The collective steps before a run or a build: agreement on every rank's local result and
+//! on values that must be equal on all ranks (element size, element type, a plan's hash), and
+//! the exchanges of counts. Each is one nonblocking MPI collective polled against the
+//! communicator's timeout, so a peer that stopped or hangs before the step makes it fail with
+//! [`MpiError::Timeout`] instead of hanging. A collective request cannot be cancelled: on a
+//! timeout it goes, with its buffers, to the communicator's graveyard, and the communicator
+//! is failed.
+
+use std::os::raw::c_int;
+use std::time::Instant;
+
+use ::mpi::ffi;
+use ::mpi::traits::AsRaw;
+
+use super::{MpiCommunicator, MpiError, MpiResult};
+
+/// The nonblocking collective of [`collective`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Op {
+    /// `MPI_Iallreduce` with `MPI_MIN`: elementwise minimum over the ranks.
+    Min,
+    /// `MPI_Ialltoall`: `send` holds one equal block per rank; block s of the result is rank
+    /// s's block for this rank.
+    AllToAll,
+    /// `MPI_Iallgather`: the result is every rank's `send`, in rank order.
+    AllGather,
+}
+
+impl Op {
+    fn call(self) -> &'static str {
+        match self {
+            Op::Min => "MPI_Iallreduce",
+            Op::AllToAll => "MPI_Ialltoall",
+            Op::AllGather => "MPI_Iallgather",
+        }
+    }
+}
+
+/// Run `op` over the communicator's ranks with this rank's `send` (signed 64-bit words;
+/// unsigned counts travel as their bit patterns) and wait for it until the communicator's
+/// timeout. `step` names what the collective is for, in errors.
+///
+/// Errors: [`MpiError::Timeout`] when the peers do not all take part in time, an MPI error,
+/// or a `send` MPI cannot count; the first two fail the communicator (peers may be stuck in
+/// the collective), and a request still pending is buried with its buffers.
+pub(super) fn collective(
+    comm: &MpiCommunicator,
+    step: &'static str,
+    op: Op,
+    send: Vec<i64>,
+) -> MpiResult<Vec<i64>> {
+    let n = comm.size() as usize;
+    let (count, recv_len) = match op {
+        Op::Min => (send.len(), send.len()),
+        Op::AllToAll if send.len() % n.max(1) == 0 => (send.len() / n.max(1), send.len()),
+        Op::AllToAll => {
+            return Err(MpiError::Unsupported(format!(
+                "{step}: {} words do not split into {n} equal blocks",
+                send.len()
+            )));
+        }
+        Op::AllGather => (send.len(), send.len().saturating_mul(n)),
+    };
+    let count = c_int::try_from(count).map_err(|_| {
+        MpiError::Unsupported(format!("{step}: {count} words, over MPI's int count"))
+    })?;
+    let mut recv = vec![0i64; recv_len];
+    let raw = comm.comm().as_raw();
+    // SAFETY: reading MPI constants initialised by the library.
+    let (mut req, word, min) =
+        unsafe { (ffi::RSMPI_REQUEST_NULL, ffi::RSMPI_INT64_T, ffi::RSMPI_MIN) };
+    let (sp, rp) = (send.as_ptr().cast(), recv.as_mut_ptr().cast());
+    // SAFETY: `send` holds `count` words (per rank for all-to-all) and `recv` the result's
+    // `recv_len`, both on the heap, so they stay put when the vectors move. Neither is read or
+    // written by this rank until the request completes: `wait` returns `Ok` only then, and
+    // otherwise a pending request is buried with both vectors, which are then never freed
+    // while MPI may use them.
+    let rc = unsafe {
+        match op {
+            Op::Min => ffi::MPI_Iallreduce(sp, rp, count, word, min, raw, &mut req),
+            Op::AllToAll => ffi::MPI_Ialltoall(sp, count, word, rp, count, word, raw, &mut req),
+            Op::AllGather => ffi::MPI_Iallgather(sp, count, word, rp, count, word, raw, &mut req),
+        }
+    };
+    match wait(comm, step, op.call(), rc, &mut req) {
+        Ok(()) => Ok(recv),
+        Err(e) => {
+            let health = comm.health();
+            health.fail(&e);
+            // SAFETY: reading an MPI constant initialised by the library.
+            if req != unsafe { ffi::RSMPI_REQUEST_NULL } {
+                health.bury(vec![req], Box::new((send, recv)));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Check the return code `rc` of the call posting `req`, then poll `MPI_Test` until it
+/// completes (MPI then nulls it) or the communicator's timeout passes.
+fn wait(
+    comm: &MpiCommunicator,
+    step: &'static str,
+    call: &'static str,
+    rc: c_int,
+    req: &mut ffi::MPI_Request,
+) -> MpiResult<()> {
+    let mpi_err = |call: &'static str, code: c_int| MpiError::Mpi {
+        rank: comm.rank(),
+        call,
+        code,
+        name: super::error_name(code),
+    };
+    if rc != ffi::MPI_SUCCESS as c_int {
+        return Err(mpi_err(call, rc));
+    }
+    let timeout = comm.timeout();
+    let deadline = Instant::now() + timeout;
+    let mut spins = 0u32;
+    loop {
+        let mut flag: c_int = 0;
+        // SAFETY: `req` is the live request the call above returned; the status is ignored.
+        let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        if rc != ffi::MPI_SUCCESS as c_int {
+            return Err(mpi_err("MPI_Test", rc));
+        }
+        if flag != 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(MpiError::Timeout {
+                rank: comm.rank(),
+                step,
+                level: 0,
+                pending: 1,
+                after: timeout,
+            });
+        }
+        // Oversubscribed runs (more ranks than cores) need the core back.
+        spins += 1;
+        if spins > 64 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// What [`agree`] learned from all ranks.
+#[derive(Debug)]
+pub(super) struct Agreed {
+    /// The lowest rank whose local step failed, if any.
+    pub(super) failed: Option<u32>,
+    /// Per value passed, its smallest and largest value over the ranks.
+    pub(super) ranges: Vec<(i64, i64)>,
+}
+
+/// Collective agreement, in one nonblocking `MPI_Iallreduce`, on whether any rank failed its
+/// local step (and the lowest such rank) and on the range of each of `values` over the
+/// ranks: each value is sent as itself and negated, so one `MIN` gives its minimum and
+/// maximum. Errors as [`collective`].
+pub(super) fn agree(
+    comm: &MpiCommunicator,
+    step: &'static str,
+    failed: bool,
+    values: &[i64],
+) -> MpiResult<Agreed> {
+    let mut send = Vec::with_capacity(1 + 2 * values.len());
+    send.push(if failed {
+        i64::from(comm.rank())
+    } else {
+        i64::MAX
+    });
+    for v in values {
+        // `i64::MIN` has no negation; it is never an agreed value here (sizes, type codes and
+        // 62-bit hashes are small), and saturating keeps the reduction well defined anyway.
+        send.extend([*v, v.saturating_neg()]);
+    }
+    let got = collective(comm, step, Op::Min, send)?;
+    let failed = match got.first() {
+        Some(&r) if r != i64::MAX => Some(r as u32),
+        _ => None,
+    };
+    let ranges = got
+        .get(1..)
+        .unwrap_or(&[])
+        .chunks(2)
+        .map(|c| (c[0], c[1].saturating_neg()))
+        .collect();
+    Ok(Agreed { failed, ranges })
+}
