@@ -104,7 +104,14 @@ fn rank_counts_and_size_ranges_are_usage_errors() {
             &["--ranks", "2", "-b", "1M", "-e", "1K"][..],
             "-b 1048576 is larger than -e 1024",
         ),
-        (&["--ranks", "2", "-f", "1"][..], "-f must be at least 2"),
+        (
+            &["--ranks", "2", "-b", "1K", "-e", "4K", "-f", "1"][..],
+            "-f must be at least 2",
+        ),
+        (
+            &["--ranks", "2", "-b", "0", "-e", "4K"][..],
+            "-b must be at least 1 byte",
+        ),
     ] {
         let mut all = vec!["bench", "all_reduce", "--backend", "host"];
         all.extend_from_slice(args);
@@ -112,6 +119,9 @@ fn rank_counts_and_size_ranges_are_usage_errors() {
     }
     let o = relaycc(&["simulate", "all_reduce", "-b", "1M", "-e", "1K"]);
     refused(&o, 2, "larger than -e", "simulate -b > -e");
+    // bench and simulate step sizes alike: one size needs no factor, a range does.
+    let o = relaycc(&["simulate", "all_reduce", "-b", "1K", "-e", "4K", "-f", "1"]);
+    refused(&o, 2, "-f must be at least 2", "simulate -f 1");
 }
 
 #[test]
