@@ -163,10 +163,10 @@ fn exchanges(comm: &MpiCommunicator, iters: usize) -> BenchResult {
                 ex.run(&input, &mut out)?;
             }
             let took = max_all(comm, t.elapsed().as_secs_f64() / iters as f64);
-            if let Choice::Forced(s) = choice {
-                if took < best.0 {
-                    best = (took, s);
-                }
+            if let Choice::Forced(s) = choice
+                && took < best.0
+            {
+                best = (took, s);
             }
             if me == 0 {
                 let label = match choice {

@@ -67,10 +67,10 @@ pub fn check_memory(
     if args.backend == BackendKind::Host {
         host_need = per_rank.iter().fold(host_need, |a, &b| a.saturating_add(b));
     }
-    if let Some(have) = crate::resources::host_available_bytes() {
-        if host_need > have {
-            return Err(what(host_need, "host memory", have));
-        }
+    if let Some(have) = crate::resources::host_available_bytes()
+        && host_need > have
+    {
+        return Err(what(host_need, "host memory", have));
     }
     if args.backend == BackendKind::Cuda {
         let visible = crate::bench_cuda::device_memory_bytes()?;

@@ -57,7 +57,7 @@ pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<R
 /// error rather than silently rounded down.
 pub fn whole_elements(size_bytes: u64, dtype: DType) -> Result<u64> {
     let esize = dtype.size();
-    if size_bytes % esize != 0 {
+    if !size_bytes.is_multiple_of(esize) {
         return Err(usage(format!(
             "size {size_bytes} bytes is not a whole number of {dtype} elements ({esize} bytes each)"
         )));

@@ -97,7 +97,7 @@ pub fn format_size(bytes: u64) -> String {
     ];
     for (name, v) in UNITS {
         if bytes >= v {
-            return if bytes % v == 0 {
+            return if bytes.is_multiple_of(v) {
                 format!("{} {name}", bytes / v)
             } else {
                 format!("{:.2} {name}", bytes as f64 / v as f64)

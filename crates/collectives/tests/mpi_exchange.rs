@@ -128,7 +128,7 @@ fn correctness(comm: &MpiCommunicator, rep: &mut Report) {
         let mut next = rng(seed * 1000 + me as u64 + 1);
         let send: Vec<u64> = (0..n)
             .map(|_| {
-                if me == n - 1 || next() % 3 != 0 {
+                if me == n - 1 || !next().is_multiple_of(3) {
                     0
                 } else {
                     next() % 60
@@ -210,7 +210,7 @@ fn index_lists(comm: &MpiCommunicator, rep: &mut Report) {
             .collect();
         let lists: Vec<Vec<usize>> = (0..n)
             .map(|d| {
-                if me == n - 1 || d == n - 1 || next() % 3 != 0 {
+                if me == n - 1 || d == n - 1 || !next().is_multiple_of(3) {
                     return Vec::new();
                 }
                 // Drawn with replacement (repeats), sometimes empty; plus one sure repeat.

@@ -283,16 +283,16 @@ pub fn p2p_candidates(
     let mut out = Vec::new();
     let want = |s: Strategy| strategy == Strategy::Auto || strategy == s;
     let direct = direct_route(topo, a, b);
-    if want(Strategy::Direct) {
-        if let Some(r) = &direct {
-            out.push(build(
-                req,
-                "direct".into(),
-                vec![r.clone()],
-                vec![count],
-                count.max(1),
-            ));
-        }
+    if want(Strategy::Direct)
+        && let Some(r) = &direct
+    {
+        out.push(build(
+            req,
+            "direct".into(),
+            vec![r.clone()],
+            vec![count],
+            count.max(1),
+        ));
     }
     if want(Strategy::Host) {
         for r in host_staged_routes(topo, a, b) {

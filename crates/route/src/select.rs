@@ -384,16 +384,16 @@ impl Planner {
     /// Plan `req`, from the cache when the same request and options were planned before.
     pub fn plan(&self, req: &Request, opts: &PlanOptions) -> Result<Arc<Planned>> {
         let key = (req.clone(), opts.relay.clone(), opts.strategy);
-        if opts.sim == SimConfig::default() {
-            if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
-                return Ok(hit);
-            }
+        if opts.sim == SimConfig::default()
+            && let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())
+        {
+            return Ok(hit);
         }
         let planned = Arc::new(plan(&self.topo, req, opts)?);
-        if opts.sim == SimConfig::default() {
-            if let Ok(mut c) = self.cache.lock() {
-                c.insert(key, planned.clone());
-            }
+        if opts.sim == SimConfig::default()
+            && let Ok(mut c) = self.cache.lock()
+        {
+            c.insert(key, planned.clone());
         }
         Ok(planned)
     }

@@ -173,7 +173,7 @@ proptest! {
             0 => RelayPolicy::None,
             1 => RelayPolicy::Members,
             2 => RelayPolicy::Any,
-            3 => RelayPolicy::List(all[k..].iter().copied().filter(|_| next() % 2 == 0).collect()),
+            3 => RelayPolicy::List(all[k..].iter().copied().filter(|_| next().is_multiple_of(2)).collect()),
             // A relay the machine lacks.
             _ => RelayPolicy::List(vec![g + 3]),
         };

@@ -136,7 +136,7 @@ pub(crate) fn resolve(
                 )));
             }
             let addr = b.addr + s.offset;
-            if addr % align != 0 || s.bytes % align != 0 {
+            if !addr.is_multiple_of(align) || !s.bytes.is_multiple_of(align) {
                 return Err(fail(format!(
                     "slot {}+{} of binding {} is not whole {align}-byte elements at an aligned address",
                     s.offset, s.bytes, s.binding

@@ -52,7 +52,7 @@ pub(super) fn collective(
     let n = comm.size() as usize;
     let (count, recv_len) = match op {
         Op::Min => (send.len(), send.len()),
-        Op::AllToAll if send.len() % n.max(1) == 0 => (send.len() / n.max(1), send.len()),
+        Op::AllToAll if send.len().is_multiple_of(n.max(1)) => (send.len() / n.max(1), send.len()),
         Op::AllToAll => {
             return Err(MpiError::Unsupported(format!(
                 "{step}: {} words do not split into {n} equal blocks",

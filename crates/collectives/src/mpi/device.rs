@@ -530,19 +530,19 @@ impl<'a> DevicePlan<'a> {
                 // written by an earlier level's launch, which `synchronize` finished.
                 unsafe { reqs.isend(ptr, l.len, *peer as c_int, *tag)? };
             }
-            if local.is_none() {
-                if let Some(program) = &self.programs[li] {
-                    let launch = Launch {
-                        program,
-                        bindings: &self.bindings,
-                    };
-                    // SAFETY: the program has one lane, so its commands never race each other;
-                    // its bindings are disjoint (`run` refuses overlapping input and output,
-                    // scratch is this plan's own); the level's MPI requests use ranges the
-                    // checker proved disjoint from the level's local ops (see the receives).
-                    if let Err(e) = unsafe { self.mem.backend.submit(&[launch]) } {
-                        local = Some(e.into());
-                    }
+            if local.is_none()
+                && let Some(program) = &self.programs[li]
+            {
+                let launch = Launch {
+                    program,
+                    bindings: &self.bindings,
+                };
+                // SAFETY: the program has one lane, so its commands never race each other;
+                // its bindings are disjoint (`run` refuses overlapping input and output,
+                // scratch is this plan's own); the level's MPI requests use ranges the
+                // checker proved disjoint from the level's local ops (see the receives).
+                if let Err(e) = unsafe { self.mem.backend.submit(&[launch]) } {
+                    local = Some(e.into());
                 }
             }
             let waited = reqs.wait(li, deadline, timeout);

@@ -103,14 +103,14 @@ pub(super) fn agree(
             )));
         }
     }
-    if let [(least, most)] = got.ranges.as_slice() {
-        if least != most {
-            return Err(MpiError::ElementMismatch(format!(
-                "rank {} builds with {elem_size}-byte elements, but element sizes range from \
+    if let [(least, most)] = got.ranges.as_slice()
+        && least != most
+    {
+        return Err(MpiError::ElementMismatch(format!(
+            "rank {} builds with {elem_size}-byte elements, but element sizes range from \
                  {least} to {most} bytes over the ranks",
-                comm.rank()
-            )));
-        }
+            comm.rank()
+        )));
     }
     Ok(())
 }
@@ -160,15 +160,15 @@ impl NeighborExchange {
             mine.copy_from_slice(send_counts);
         }
         let incoming = counts(&agree::collective(comm, BUILD, Op::AllToAll, words(&mine))?);
-        if local.is_none() {
-            if let Some(s) = (0..n).find(|s| incoming[*s] != recv_counts[*s]) {
-                local = Some(format!(
-                    "rank {} expects {} elements from rank {s}, which sends {}",
-                    comm.rank(),
-                    recv_counts[s],
-                    incoming[s]
-                ));
-            }
+        if local.is_none()
+            && let Some(s) = (0..n).find(|s| incoming[*s] != recv_counts[*s])
+        {
+            local = Some(format!(
+                "rank {} expects {} elements from rank {s}, which sends {}",
+                comm.rank(),
+                recv_counts[s],
+                incoming[s]
+            ));
         }
         agree(comm, local, elem_size)?;
         let all = counts(&agree::collective(

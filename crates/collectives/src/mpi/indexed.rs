@@ -59,13 +59,13 @@ impl NeighborExchange {
                 send_indices.len()
             ));
         }
-        if let Some(p) = recv_places {
-            if p.len() != n {
-                local.get_or_insert(format!(
-                    "rank {me}: {} placement lists for {n} ranks",
-                    p.len()
-                ));
-            }
+        if let Some(p) = recv_places
+            && p.len() != n
+        {
+            local.get_or_insert(format!(
+                "rank {me}: {} placement lists for {n} ranks",
+                p.len()
+            ));
         }
         let send_counts: Vec<u64> = if local.is_none() {
             send_indices.iter().map(|l| l.len() as u64).collect()
@@ -78,14 +78,14 @@ impl NeighborExchange {
             Op::AllToAll,
             words(&send_counts),
         )?);
-        if let (None, Some(p)) = (&local, recv_places) {
-            if let Some(s) = (0..n).find(|s| p[*s].len() as u64 != recv_counts[*s]) {
-                local = Some(format!(
-                    "rank {me} places {} elements from rank {s}, which sends {}",
-                    p[s].len(),
-                    recv_counts[s]
-                ));
-            }
+        if let (None, Some(p)) = (&local, recv_places)
+            && let Some(s) = (0..n).find(|s| p[*s].len() as u64 != recv_counts[*s])
+        {
+            local = Some(format!(
+                "rank {me} places {} elements from rank {s}, which sends {}",
+                p[s].len(),
+                recv_counts[s]
+            ));
         }
         agree(comm, local, elem_size)?;
         let mut ex = Self::all_to_all_v(comm, &send_counts, &recv_counts, elem_size, choice)?;

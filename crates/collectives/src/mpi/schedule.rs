@@ -373,7 +373,7 @@ impl Schedule {
         let divisor = (finalize && self.op == ReduceOp::Avg).then_some(self.nranks);
         let dst = at(d);
         let ptrs: Vec<*const u8> = srcs.iter().map(|s| at(s).cast_const()).collect();
-        let aligned = |p: *const u8| (p as usize) % esize == 0;
+        let aligned = |p: *const u8| (p as usize).is_multiple_of(esize);
         let overlaps = |p: *const u8| {
             let (a, b) = (p as usize, dst as usize);
             a != b && a < b + d.len && b < a + d.len

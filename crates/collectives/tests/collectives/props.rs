@@ -91,12 +91,12 @@ fn case() -> impl Strategy<Value = Case> {
 fn comm_for(c: &Case) -> Communicator {
     let mut topo = relaycc_topo::preset(PRESETS[c.preset]).unwrap_or_else(|e| panic!("{e}"));
     // Mark one GPU outside the job busy: plans must work on the masked view.
-    if c.mask_other {
-        if let Some(g) = (0..topo.gpu_count()).find(|g| !c.gpus.contains(g)) {
-            topo = topo
-                .with_mask(Mask::busy([g]))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
+    if c.mask_other
+        && let Some(g) = (0..topo.gpu_count()).find(|g| !c.gpus.contains(g))
+    {
+        topo = topo
+            .with_mask(Mask::busy([g]))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     Communicator::new(topo, &c.gpus, &[], Arc::new(HostBackend::new()))
         .unwrap_or_else(|e| panic!("{e}"))

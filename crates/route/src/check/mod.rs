@@ -320,17 +320,17 @@ impl Checker<'_> {
             .resize_with(2 * n + plan.scratch.len(), Memory::default);
         for r in 0..n as u32 {
             let len = plan.request.input_len(r)?;
-            if let Some((m, base)) = memory_of(plan, BufferRef::Input(r), self.in_place) {
-                if len > 0 {
-                    self.mems[m].segs.push(Seg {
-                        start: base,
-                        end: base + len,
-                        terms: vec![(r, 0)],
-                        finalized: false,
-                        writer: NONE,
-                        readers: Vec::new(),
-                    });
-                }
+            if let Some((m, base)) = memory_of(plan, BufferRef::Input(r), self.in_place)
+                && len > 0
+            {
+                self.mems[m].segs.push(Seg {
+                    start: base,
+                    end: base + len,
+                    terms: vec![(r, 0)],
+                    finalized: false,
+                    writer: NONE,
+                    readers: Vec::new(),
+                });
             }
         }
         Ok(())

@@ -165,10 +165,10 @@ impl<'a> Builder<'a> {
         if let Some(h) = hop(self.topo, from, to) {
             return Ok(Route { hops: vec![h] });
         }
-        if let (Location::Gpu(a), Location::Gpu(b)) = (from, to) {
-            if let Some(r) = host_staged_routes(self.topo, a, b).into_iter().next() {
-                return Ok(r);
-            }
+        if let (Location::Gpu(a), Location::Gpu(b)) = (from, to)
+            && let Some(r) = host_staged_routes(self.topo, a, b).into_iter().next()
+        {
+            return Ok(r);
         }
         Err(RouteError::NoRoute {
             what: format!("{from:?} -> {to:?}"),

@@ -235,10 +235,10 @@ fn cluster(full: &str, spec: &str) -> Result<Topology> {
     }
     let switch = b.add_net_switch();
     for nic in nics {
-        if let Some(n) = b.node_mut(nic) {
-            if let crate::graph::NodeKind::Nic(info) = &mut n.kind {
-                info.gbps = fabric.gbps();
-            }
+        if let Some(n) = b.node_mut(nic)
+            && let crate::graph::NodeKind::Nic(info) = &mut n.kind
+        {
+            info.gbps = fabric.gbps();
         }
         b.network(nic, switch, fabric, fabric.gbps());
     }

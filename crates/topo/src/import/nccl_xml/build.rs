@@ -83,16 +83,16 @@ impl Build<'_> {
     fn sockets(&mut self) -> Result<()> {
         let mut taken: BTreeMap<u32, usize> = BTreeMap::new();
         for c in &self.file.cpus {
-            if let Some(n) = c.numa {
-                if let Some(first) = taken.insert(n, c.line) {
-                    return Err(self.err(
+            if let Some(n) = c.numa
+                && let Some(first) = taken.insert(n, c.line)
+            {
+                return Err(self.err(
                         c.line,
                         format!(
                             "two <cpu> elements have numaid {n} (lines {first} and {}); multi-host files are not supported",
                             c.line
                         ),
                     ));
-                }
             }
         }
         let mut next_free = 0u32;
@@ -186,18 +186,18 @@ impl Build<'_> {
     /// GPU nodes (bus ids unique), each linked to its PCIe parent.
     fn gpus(&mut self) -> Result<()> {
         for (k, g) in self.file.gpus.iter().enumerate() {
-            if let Some(bus) = g.bus {
-                if let Some(first) = self.by_bus.insert(bus, k) {
-                    return Err(self.err(
-                        g.line,
-                        format!(
-                            "two GPUs have bus id {} (lines {} and {})",
-                            g.bus_text.as_deref().unwrap_or(""),
-                            self.file.gpus[first].line,
-                            g.line
-                        ),
-                    ));
-                }
+            if let Some(bus) = g.bus
+                && let Some(first) = self.by_bus.insert(bus, k)
+            {
+                return Err(self.err(
+                    g.line,
+                    format!(
+                        "two GPUs have bus id {} (lines {} and {})",
+                        g.bus_text.as_deref().unwrap_or(""),
+                        self.file.gpus[first].line,
+                        g.line
+                    ),
+                ));
             }
             let mut info = GpuInfo::new(self.indices[k]);
             info.compute_capability = g.sm.map(ComputeCapability::from_sm);
@@ -372,16 +372,16 @@ impl Build<'_> {
             if !seen_pairs.insert((a.min(c), a.max(c))) {
                 continue;
             }
-            if let Some(&(back, back_line)) = pair.get(&(c, a)) {
-                if back != lanes {
-                    let (ia, ic) = (self.indices[a], self.indices[c]);
-                    return Err(self.err(
+            if let Some(&(back, back_line)) = pair.get(&(c, a))
+                && back != lanes
+            {
+                let (ia, ic) = (self.indices[a], self.indices[c]);
+                return Err(self.err(
                         back_line.max(line),
                         format!(
                             "NVLink counts disagree: GPU{ia} lists {lanes} lanes to GPU{ic} (line {line}), GPU{ic} lists {back} back (line {back_line})"
                         ),
                     ));
-                }
             }
             let generation = self.generation_of(a).min(self.generation_of(c));
             self.b

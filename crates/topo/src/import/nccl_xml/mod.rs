@@ -359,13 +359,13 @@ impl<'a, 'input> Reader<'a, 'input> {
         let class_major = class.map(|c| c >> 16);
         let is_gpu = !gpus.is_empty() || class_major == Some(0x03);
         let is_nic = !nics.is_empty() || class_major == Some(0x02);
-        if is_gpu || is_nic {
-            if let Some(inner) = named("pci").next() {
-                return Err(self.err(
-                    *inner,
-                    "<pci> inside the <pci> of a GPU or NIC (only bridges hold devices)",
-                ));
-            }
+        if (is_gpu || is_nic)
+            && let Some(inner) = named("pci").next()
+        {
+            return Err(self.err(
+                *inner,
+                "<pci> inside the <pci> of a GPU or NIC (only bridges hold devices)",
+            ));
         }
         if is_gpu {
             if gpus.len() > 1 {
@@ -486,10 +486,10 @@ impl<'a, 'input> Reader<'a, 'input> {
                 }
             }
         }
-        if !x.c2c.is_empty() || x.sm.is_some_and(|sm| sm >= 90) {
-            if let Some(c) = self.file.cpus.get_mut(cpu) {
-                c.grace_hint = true;
-            }
+        if (!x.c2c.is_empty() || x.sm.is_some_and(|sm| sm >= 90))
+            && let Some(c) = self.file.cpus.get_mut(cpu)
+        {
+            c.grace_hint = true;
         }
         self.file.gpus.push(x);
         Ok(())

@@ -520,13 +520,13 @@ fn check_cells(
                     da.label, db.label
                 )));
             }
-            if let PathClass::NvLink(_) = c {
-                if da.gpu.is_none() || db.gpu.is_none() {
-                    return Err(at(format!(
-                        "cell ({}, {}) is {c}, but NVLink joins only GPUs",
-                        da.label, db.label
-                    )));
-                }
+            if let PathClass::NvLink(_) = c
+                && (da.gpu.is_none() || db.gpu.is_none())
+            {
+                return Err(at(format!(
+                    "cell ({}, {}) is {c}, but NVLink joins only GPUs",
+                    da.label, db.label
+                )));
             }
             if b < a && cells[b][a] != c {
                 return Err(at(format!(
