@@ -1,27 +1,9 @@
 //! End-to-end tests of the `relaycc` binary: output formats, exit codes, error lines.
 
-use std::process::{Command, Output};
+mod common;
 
-fn relaycc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_relaycc"))
-        .args(args)
-        .output()
-        .expect("the relaycc binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let o = relaycc(args);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).expect("valid JSON")
-}
+use common::{json, relaycc, stderr, stdout};
+use std::process::Command;
 
 #[test]
 fn topo_list_names_every_preset() {

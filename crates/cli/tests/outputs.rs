@@ -1,28 +1,9 @@
 //! What the planning and bench commands print: link kinds, staging per memory, the shared
 //! `--dtype`/`--op` options.
 
-use std::process::{Command, Output};
+mod common;
 
-fn relaycc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_relaycc"))
-        .args(args)
-        .output()
-        .expect("the relaycc binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let o = relaycc(args);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).expect("valid JSON")
-}
+use common::{json, relaycc, stderr, stdout};
 
 /// route and plan tables say their figures are predictions, name every hop's link kind, keep
 /// the share column aligned however long a path is, and give staging memory per GPU.

@@ -4,6 +4,8 @@
 //! sentinel. Each planner, called directly (without the up-front reachability check), does the
 //! same.
 
+mod common;
+
 use proptest::prelude::*;
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::planner::{
@@ -11,7 +13,7 @@ use relaycc_route::planner::{
     shared_memory, tree,
 };
 use relaycc_route::{
-    Collective, DType, Plan, PlanOptions, Request, RouteError, Transfer, check, check_routes, plan,
+    Collective, DType, Plan, PlanOptions, ReduceOp, Request, RouteError, check, check_routes, plan,
     require_reachable,
 };
 use relaycc_topo::{Mask, Topology};
@@ -28,30 +30,9 @@ const PRESETS: [&str; 8] = [
 ];
 const COUNTS: [u64; 6] = [0, 1, 7, 64, 1031, 40_000];
 
-/// A request of collective `c` over `gpus` with `count` elements; the irregular layouts
-/// (counts, matrix, transfers) derived from `count` with some zeros.
+/// A request of collective `c` over `gpus` with `count` `f32` elements (sums where it reduces).
 fn request(c: Collective, gpus: Vec<u32>, count: u64, root: u32) -> Request {
-    let n = gpus.len();
-    let mut r = Request::new(c, gpus, count, DType::F32).with_root(root);
-    let mix = |i: usize, j: usize| (count + (i * 7 + j * 3) as u64) % (count + 3);
-    r.counts = (0..n)
-        .map(|i| if i % 3 == 1 { 0 } else { mix(i, 0) })
-        .collect();
-    r.matrix = (0..n)
-        .map(|i| {
-            (0..n)
-                .map(|j| if (i + j) % 4 == 3 { 0 } else { mix(i, j) })
-                .collect()
-        })
-        .collect();
-    r.transfers = (0..n)
-        .map(|i| Transfer {
-            src: i as u32,
-            dst: ((i + 1) % n) as u32,
-            count: mix(i, 1),
-        })
-        .collect();
-    r
+    common::request(c, gpus, count, DType::F32, ReduceOp::Sum, root)
 }
 
 /// The undirected links of `topo` as node-name pairs, each once.
