@@ -443,7 +443,7 @@ impl<'c> Group<'c> {
             b.extend(scratch.iter().map(|m| ByteRegion {
                 mem: *m,
                 offset: 0,
-                bytes: m.bytes,
+                bytes: m.bytes(),
             }));
             plans.push(cached);
             bindings.push(b);

@@ -254,13 +254,16 @@ impl HostBackend {
     /// Resolve a region of a block to an address, checking bounds.
     fn resolve_region(blocks: &HashMap<u64, Block>, r: &ByteRegion) -> Result<usize> {
         let b = blocks
-            .get(&r.mem.id)
-            .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id)))?;
+            .get(&r.mem.id())
+            .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id())))?;
         let end = r.offset.checked_add(r.bytes);
         if end.is_none_or(|e| e > b.bytes) {
             return Err(err(format!(
                 "region {}+{} lies outside allocation {} of {} bytes",
-                r.offset, r.bytes, r.mem.id, b.bytes
+                r.offset,
+                r.bytes,
+                r.mem.id(),
+                b.bytes
             )));
         }
         Ok(b.addr + r.offset as usize)
@@ -302,17 +305,14 @@ impl Backend for HostBackend {
             },
         );
         *lock(&self.arenas).entry(location).or_insert(0) += bytes;
-        Ok(DeviceMem {
-            id,
-            location,
-            bytes,
-        })
+        // SAFETY: the block was just made under this fresh id, at `location`, of `bytes`.
+        Ok(unsafe { DeviceMem::from_raw_parts(id, location, bytes) })
     }
 
     fn free(&self, mem: DeviceMem) {
         let _gate = self.quiesce();
-        let Some(b) = lock(&self.blocks).remove(&mem.id) else {
-            lock(&self.pending).get_or_insert(format!("free of unknown allocation {}", mem.id));
+        let Some(b) = lock(&self.blocks).remove(&mem.id()) else {
+            lock(&self.pending).get_or_insert(format!("free of unknown allocation {}", mem.id()));
             return;
         };
         if let Some(a) = lock(&self.arenas).get_mut(&b.location) {

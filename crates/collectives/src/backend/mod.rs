@@ -40,15 +40,59 @@ use relaycc_route::{DType, Location, ReduceOp};
 
 use crate::error::Result;
 
-/// An allocation made by a backend.
+/// An allocation made by a backend: the handle `free`, `upload`, `download` and launches name
+/// it by.
+///
+/// Safe code gets a handle only from the backend that made the allocation (or from whoever it
+/// was handed to), never by writing one: memory that this crate lends to a library by address
+/// (MPI's requests in `mpi::DevicePlan`) is reachable through no handle safe code holds, so
+/// nothing safe can free or write it while that library may use it. Writing a handle does not
+/// compile:
+///
+/// ```compile_fail,E0451
+/// use relaycc_collectives::DeviceMem;
+/// use relaycc_route::Location;
+/// let forged = DeviceMem { id: 7, location: Location::Gpu(0), bytes: 64 };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeviceMem {
+    id: u64,
+    location: Location,
+    bytes: u64,
+}
+
+impl DeviceMem {
+    /// The handle of allocation `id` of `bytes` bytes at `location`, for a backend that has
+    /// just made it.
+    ///
+    /// # Safety
+    ///
+    /// Only a backend may call this, for an allocation it made, with the id it gives that
+    /// allocation (unique for the backend's lifetime) and its true location and size. A handle
+    /// made up for another allocation would let safe code free or write memory that a library
+    /// may be using by address.
+    pub unsafe fn from_raw_parts(id: u64, location: Location, bytes: u64) -> DeviceMem {
+        DeviceMem {
+            id,
+            location,
+            bytes,
+        }
+    }
+
     /// The backend's id of the allocation (unique for the backend's lifetime).
-    pub id: u64,
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Where it lives.
-    pub location: Location,
+    pub fn location(&self) -> Location {
+        self.location
+    }
+
     /// Its size in bytes.
-    pub bytes: u64,
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 /// A byte range of an allocation: what a launch binds to a buffer of a plan.
@@ -65,7 +109,7 @@ pub struct ByteRegion {
 impl ByteRegion {
     /// True when the two ranges share at least one byte of one allocation.
     pub fn overlaps(&self, other: &ByteRegion) -> bool {
-        self.mem.id == other.mem.id
+        self.mem.id() == other.mem.id()
             && self.bytes > 0
             && other.bytes > 0
             && self.offset < other.offset.saturating_add(other.bytes)

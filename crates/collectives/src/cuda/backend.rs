@@ -314,11 +314,8 @@ impl CudaBackend {
                 storage: Storage::Foreign(Box::new(slice)),
             },
         );
-        Ok(DeviceMem {
-            id,
-            location: Location::Gpu(gpu),
-            bytes,
-        })
+        // SAFETY: the slice was just recorded under this fresh id, on GPU `gpu`, of `bytes`.
+        Ok(unsafe { DeviceMem::from_raw_parts(id, Location::Gpu(gpu), bytes) })
     }
 
     /// Give an allocation back as a `CudaSlice<T>` of `len` elements, without copying, after
@@ -327,8 +324,8 @@ impl CudaBackend {
     pub fn release<T: Element>(&self, mem: DeviceMem, len: usize) -> Result<CudaSlice<T>> {
         let mut st = lock(&self.state);
         self.wait_idle(&mut st);
-        let Some(a) = st.allocs.get(&mem.id) else {
-            return Err(err(format!("allocation {} is unknown or freed", mem.id)));
+        let Some(a) = st.allocs.get(&mem.id()) else {
+            return Err(err(format!("allocation {} is unknown or freed", mem.id())));
         };
         if len as u64 * std::mem::size_of::<T>() as u64 != a.bytes {
             return Err(err("element count does not match the allocation"));
@@ -347,7 +344,7 @@ impl CudaBackend {
         }
         let a = st
             .allocs
-            .remove(&mem.id)
+            .remove(&mem.id())
             .ok_or_else(|| err("allocation vanished"))?;
         match a.storage {
             Storage::Foreign(b) => b
@@ -400,12 +397,15 @@ pub(super) fn resolve(
     r: &ByteRegion,
 ) -> Result<(u64, Option<usize>)> {
     let a = allocs
-        .get(&r.mem.id)
-        .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id)))?;
+        .get(&r.mem.id())
+        .ok_or_else(|| err(format!("allocation {} is unknown or freed", r.mem.id())))?;
     if r.offset.checked_add(r.bytes).is_none_or(|e| e > a.bytes) {
         return Err(err(format!(
             "region {}+{} lies outside allocation {} of {} bytes",
-            r.offset, r.bytes, r.mem.id, a.bytes
+            r.offset,
+            r.bytes,
+            r.mem.id(),
+            a.bytes
         )));
     }
     Ok((a.ptr + r.offset, a.dev))
@@ -466,18 +466,16 @@ impl Backend for CudaBackend {
         drop(st);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.state).allocs.insert(id, alloc);
-        Ok(DeviceMem {
-            id,
-            location,
-            bytes,
-        })
+        // SAFETY: the allocation was just recorded under this fresh id, at `location`, of
+        // `bytes`.
+        Ok(unsafe { DeviceMem::from_raw_parts(id, location, bytes) })
     }
 
     fn free(&self, mem: DeviceMem) {
         let mut st = lock(&self.state);
         self.wait_idle(&mut st);
-        let Some(a) = st.allocs.remove(&mem.id) else {
-            self.keep(format!("free of unknown allocation {}", mem.id));
+        let Some(a) = st.allocs.remove(&mem.id()) else {
+            self.keep(format!("free of unknown allocation {}", mem.id()));
             return;
         };
         drop(st);

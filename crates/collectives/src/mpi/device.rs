@@ -55,7 +55,7 @@ impl HostBuf {
     /// base address.
     fn ensure(&mut self, backend: &dyn Backend, at: Location, bytes: usize) -> MpiResult<*mut u8> {
         match self {
-            HostBuf::Backend { mem, addr } if mem.bytes >= bytes as u64 => {
+            HostBuf::Backend { mem, addr } if mem.bytes() >= bytes as u64 => {
                 return Ok(*addr as *mut u8);
             }
             HostBuf::Owned(v) if v.len() >= bytes => return Ok(v.as_mut_ptr()),
@@ -68,7 +68,7 @@ impl HostBuf {
         let whole = ByteRegion {
             mem,
             offset: 0,
-            bytes: mem.bytes,
+            bytes: mem.bytes(),
         };
         Ok(match trusted_raw_region(backend, whole) {
             Ok(Some(r)) if r.space == AddressSpace::Host => {
@@ -410,7 +410,7 @@ impl<'a> DevicePlan<'a> {
         let whole = |m: DeviceMem| ByteRegion {
             mem: m,
             offset: 0,
-            bytes: m.bytes,
+            bytes: m.bytes(),
         };
         let mirror = |i: usize, caller: ByteRegion| match self.mem.mirrors[i] {
             Some(m) => ByteRegion {
@@ -426,7 +426,7 @@ impl<'a> DevicePlan<'a> {
             .extend(self.mem.scratch.iter().map(|m| ByteRegion {
                 mem: *m,
                 offset: 0,
-                bytes: m.bytes,
+                bytes: m.bytes(),
             }));
         self.direct.clear();
         for r in &self.bindings {
