@@ -160,20 +160,25 @@ pub(super) fn dgx2(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
     nics
 }
 
-/// Shared layout of DGX A100 and H100: two sockets with four GPUs each; per GPU pair a host
-/// bridge and an upper PCIe switch; under it each GPU and each NIC on a lower switch of its own
-/// (so GPU-to-its-NIC is PXB, other devices of the socket NODE). Returns (GPUs, NICs).
-#[allow(clippy::too_many_arguments)]
-fn dgx_nvswitch_pcie(
-    b: &mut TopologyBuilder,
-    base: u32,
+/// An 8-GPU NVSwitch board as its vendor documents it: what [`nvswitch_board`] builds.
+struct NvSwitchBoard {
     family: CpuFamily,
     pcie_gen: u8,
-    gpu_name: &str,
+    gpu_name: &'static str,
     sm: u32,
     mem_gib: u64,
     nic_gbps: f64,
-) -> (Vec<NodeId>, Vec<NodeId>) {
+    nvlink: NvLinkGen,
+    /// NVLink lanes from every GPU to each NVSwitch chip, one entry per chip.
+    lanes_per_switch: &'static [u32],
+}
+
+/// The layout DGX A100, H100, H200 and B200 share: two sockets with four GPUs each; per GPU
+/// pair a host bridge and an upper PCIe switch; under it each GPU and each NIC on a lower switch
+/// of its own (so GPU-to-its-NIC is PXB, other devices of the socket NODE); every GPU joined to
+/// every NVSwitch chip by `lanes_per_switch` links. Returns the NICs.
+fn nvswitch_board(b: &mut TopologyBuilder, base: u32, spec: &NvSwitchBoard) -> Vec<NodeId> {
+    let (family, pcie_gen) = (spec.family, spec.pcie_gen);
     let cpus = [b.add_cpu(0, family), b.add_cpu(1, family)];
     b.inter_socket(cpus[0], cpus[1], family);
     let mut gpus = Vec::new();
@@ -189,61 +194,67 @@ fn dgx_nvswitch_pcie(
             let lower = b.add_pcie_switch();
             b.pcie(upper, lower, pcie_gen, 16);
             let bus = format!("0000:{:02X}:00.0", 0x07 + local * 0x20);
-            let g = b.add_gpu(gpu_info(base + local, gpu_name, sm, &bus, socket, mem_gib));
+            let info = gpu_info(
+                base + local,
+                spec.gpu_name,
+                spec.sm,
+                &bus,
+                socket,
+                spec.mem_gib,
+            );
+            let g = b.add_gpu(info);
             b.pcie(lower, g, pcie_gen, 16);
             gpus.push(g);
             let nic_sw = b.add_pcie_switch();
             b.pcie(upper, nic_sw, pcie_gen, 16);
-            let n = nic(b, format!("mlx5_{local}"), socket, nic_gbps);
+            let n = nic(b, format!("mlx5_{local}"), socket, spec.nic_gbps);
             b.pcie(nic_sw, n, pcie_gen, 16);
             nics.push(n);
         }
     }
-    (gpus, nics)
+    for &lanes in spec.lanes_per_switch {
+        let s = b.add_nvswitch();
+        for g in &gpus {
+            b.nvlink(*g, s, spec.nvlink, lanes);
+        }
+    }
+    nics
 }
 
 /// DGX A100: 8 A100-SXM4-80GB; 6 NVSwitches, 2 NVLink 3 links from every GPU to each (NV12);
 /// two AMD Rome sockets; PCIe Gen4; 8 HDR NICs.
 pub(super) fn dgx_a100(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
-    let (gpus, nics) = dgx_nvswitch_pcie(
-        b,
-        base,
-        CpuFamily::Amd,
-        4,
-        "NVIDIA A100-SXM4-80GB",
-        80,
-        80,
-        IB_HDR_GBPS,
-    );
-    for _ in 0..6 {
-        let s = b.add_nvswitch();
-        for g in &gpus {
-            b.nvlink(*g, s, NvLinkGen::V3, 2);
-        }
-    }
-    nics
+    let spec = NvSwitchBoard {
+        family: CpuFamily::Amd,
+        pcie_gen: 4,
+        gpu_name: "NVIDIA A100-SXM4-80GB",
+        sm: 80,
+        mem_gib: 80,
+        nic_gbps: IB_HDR_GBPS,
+        nvlink: NvLinkGen::V3,
+        lanes_per_switch: &[2; 6],
+    };
+    nvswitch_board(b, base, &spec)
 }
 
 /// DGX H100: 8 H100-SXM5-80GB; 4 NVSwitches taking 5, 4, 4 and 5 NVLink 4 links from every
 /// GPU (NV18); two Sapphire Rapids sockets; PCIe Gen5; 8 NDR NICs.
 pub(super) fn dgx_h100(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
-    let (gpus, nics) = dgx_nvswitch_pcie(
-        b,
-        base,
-        CpuFamily::IntelSapphireRapids,
-        5,
-        "NVIDIA H100 80GB HBM3",
-        90,
-        80,
-        IB_NDR_GBPS,
-    );
-    for lanes in [5u32, 4, 4, 5] {
-        let s = b.add_nvswitch();
-        for g in &gpus {
-            b.nvlink(*g, s, NvLinkGen::V4, lanes);
-        }
+    nvswitch_board(b, base, &h100_board("NVIDIA H100 80GB HBM3", 80))
+}
+
+/// The DGX H100 board with `gpu_name` GPUs of `mem_gib` GiB (H100 or H200).
+fn h100_board(gpu_name: &'static str, mem_gib: u64) -> NvSwitchBoard {
+    NvSwitchBoard {
+        family: CpuFamily::IntelSapphireRapids,
+        pcie_gen: 5,
+        gpu_name,
+        sm: 90,
+        mem_gib,
+        nic_gbps: IB_NDR_GBPS,
+        nvlink: NvLinkGen::V4,
+        lanes_per_switch: &[5, 4, 4, 5],
     }
-    nics
 }
 
 /// DGX B200: 8 B200 (180 GB each); 2 NVSwitch chips taking 9 NVLink 5 links from every GPU
@@ -251,44 +262,22 @@ pub(super) fn dgx_h100(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
 /// 8 ConnectX-7 NICs at 400 Gb/s. The two BlueField-3 DPUs serve storage and management, not
 /// the compute fabric, and are left out. Source: [NVIDIA-DGXB200].
 pub(super) fn dgx_b200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
-    let (gpus, nics) = dgx_nvswitch_pcie(
-        b,
-        base,
-        CpuFamily::IntelEmeraldRapids,
-        5,
-        "NVIDIA B200",
-        100,
-        180,
-        IB_NDR_GBPS,
-    );
-    for _ in 0..2 {
-        let s = b.add_nvswitch();
-        for g in &gpus {
-            b.nvlink(*g, s, NvLinkGen::V5, 9);
-        }
-    }
-    nics
+    let spec = NvSwitchBoard {
+        family: CpuFamily::IntelEmeraldRapids,
+        pcie_gen: 5,
+        gpu_name: "NVIDIA B200",
+        sm: 100,
+        mem_gib: 180,
+        nic_gbps: IB_NDR_GBPS,
+        nvlink: NvLinkGen::V5,
+        lanes_per_switch: &[9, 9],
+    };
+    nvswitch_board(b, base, &spec)
 }
 
 /// HGX H200 in its DGX H200 form: the DGX H100 wiring (4 NVSwitch chips taking 5, 4, 4 and 5
 /// NVLink 4 links from every GPU, NV18; two Sapphire Rapids sockets; PCIe Gen5; 8 NDR NICs)
 /// with H200 141 GB GPUs. Source: [NVIDIA-H200], [NVIDIA-H100].
 pub(super) fn hgx_h200(b: &mut TopologyBuilder, base: u32) -> Vec<NodeId> {
-    let (gpus, nics) = dgx_nvswitch_pcie(
-        b,
-        base,
-        CpuFamily::IntelSapphireRapids,
-        5,
-        "NVIDIA H200",
-        90,
-        141,
-        IB_NDR_GBPS,
-    );
-    for lanes in [5u32, 4, 4, 5] {
-        let s = b.add_nvswitch();
-        for g in &gpus {
-            b.nvlink(*g, s, NvLinkGen::V4, lanes);
-        }
-    }
-    nics
+    nvswitch_board(b, base, &h100_board("NVIDIA H200", 141))
 }
