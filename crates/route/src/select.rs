@@ -67,10 +67,10 @@ fn is_p2p(req: &Request) -> bool {
 /// than the NCCL-like planner. Ties go to the earlier candidate, which keeps planning
 /// deterministic. When every rank is an arena of one host memory
 /// ([`Topology::shares_host_memory`], the `host-N` preset), the plan is the shared-memory
-/// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker ([`crate::check()`] and
-/// [`crate::check_routes`]) passes the winner and the baseline before they are returned. A
-/// candidate that fails is dropped, and the next fastest is proved in its place (for
-/// collectives the pruned selection runs again without it).
+/// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker
+/// ([`crate::check()`] and [`crate::check_routes`]) passes the winner and the baseline before
+/// they are returned. A candidate that fails is dropped, and the next fastest is proved in its
+/// place (for collectives the pruned selection runs again without it).
 ///
 /// # Errors
 /// - those of [`crate::require_reachable`]: a malformed request, an unknown relay GPU, a

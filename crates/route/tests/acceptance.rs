@@ -39,10 +39,11 @@ fn dgx1_gpu0_to_gpu7_beats_baseline_twice_and_nears_the_bound() {
     assert!(vs_bound >= 0.9, "{vs_bound}");
 }
 
-/// The relay through GPU 3 and the host-staged copy of [Ranganath-2019]: both cross two hops, which the
-/// plan pipelines in chunks, so each runs at nearly its slowest hop's rate (a plan that let
-/// one hop wait for the other would run at half). A direct copy is one op over one link, so
-/// its prediction is the link's table rate and is not a finding; it is not asserted here.
+/// The relay through GPU 3 and the host-staged copy of [Ranganath-2019]: both cross two hops,
+/// which the plan pipelines in chunks, so each runs at nearly its slowest hop's rate (a plan
+/// that let one hop wait for the other would run at half). A direct copy is one op over one
+/// link, so its prediction is the link's table rate and is not a finding; it is not asserted
+/// here.
 #[test]
 fn seed_relay_through_gpu3_and_host_staging_pipeline_their_hops() {
     let topo = relaycc_topo::preset("dgx1-v100").unwrap();

@@ -9,8 +9,7 @@ mod common;
 use proptest::prelude::*;
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::planner::{
-    ConnCache, Ctx, LinkMode, PACKED_RINGS, Planner, baseline_plan, direct, hierarchical, ring,
-    shared_memory, tree,
+    ConnCache, Ctx, LinkMode, baseline_plan, planners_for, shared_memory,
 };
 use relaycc_route::{
     Collective, DType, Plan, PlanOptions, ReduceOp, Request, RouteError, check, check_routes, plan,
@@ -79,32 +78,6 @@ fn clear(e: &RouteError, what: &str) -> Result<(), TestCaseError> {
         m
     );
     Ok(())
-}
-
-/// Every collective planner, called directly, with the channel counts the orchestrator uses.
-fn planners(c: Collective) -> Vec<(Planner, u32)> {
-    let d: (Planner, u32) = (direct::plan, 1);
-    match c {
-        Collective::AllReduce => vec![
-            (ring::all_reduce, 1),
-            (ring::all_reduce, 2),
-            (ring::all_reduce, PACKED_RINGS),
-            (tree::all_reduce, 1),
-            (hierarchical::all_reduce, 1),
-            d,
-        ],
-        Collective::AllGather | Collective::AllGatherV => {
-            vec![(ring::all_gather, 1), (ring::all_gather, PACKED_RINGS), d]
-        }
-        Collective::ReduceScatter => vec![
-            (ring::reduce_scatter, 2),
-            (ring::reduce_scatter, PACKED_RINGS),
-            d,
-        ],
-        Collective::Broadcast => vec![(ring::broadcast, 1), (tree::broadcast, 1), d],
-        Collective::Reduce => vec![(ring::reduce, 2), (tree::reduce, 1), d],
-        _ => vec![d],
-    }
 }
 
 proptest! {
@@ -202,7 +175,7 @@ proptest! {
                 (LinkMode::Multipath, relay.clone()),
             ] {
                 let cache = ConnCache::new(&topo, &gpus, &cache_relay);
-                for (planner, channels) in planners(c) {
+                for (planner, channels) in planners_for(c, gpus.len()) {
                     let ctx = Ctx { cache: &cache, mode, chunk_elems: 500, channels };
                     match planner(&topo, &req, &ctx) {
                         Ok(p) => proved(&p, &req, &topo, &format!("{what} {mode:?}"))?,

@@ -110,14 +110,25 @@ pub(crate) fn links_and_chunk(ctx: &Ctx) -> String {
 /// costs planning and simulation time. Two ranks always try it (there it is a ring).
 pub const DIRECT_SMALL_BYTES: u64 = 4 << 20;
 
-/// The candidates tried for a request: (planner, channels).
+/// The candidates tried for a request: [`planners_for`] its collective and rank count, less
+/// the direct plan above [`DIRECT_SMALL_BYTES`] on more than two ranks.
 fn specs(req: &Request) -> Vec<(Planner, u32)> {
-    let (c, n) = (req.collective, req.nranks());
+    let n = req.nranks();
+    let mut v = planners_for(req.collective, n);
+    if n > 2 && req.size_bytes() > DIRECT_SMALL_BYTES && v.len() > 1 {
+        v.pop();
+    }
+    v
+}
+
+/// Every collective planner the orchestrator may try for collective `c` on `n` ranks, with its
+/// channel count: (planner, channels), the direct plan last.
+pub fn planners_for(c: Collective, n: usize) -> Vec<(Planner, u32)> {
     let d: (Planner, u32) = (direct::plan, 1);
     if n <= 1 {
         return vec![d];
     }
-    let mut v: Vec<(Planner, u32)> = match c {
+    match c {
         Collective::AllReduce => vec![
             (ring::all_reduce, 1),
             (ring::all_reduce, 2),
@@ -147,12 +158,8 @@ fn specs(req: &Request) -> Vec<(Planner, u32)> {
             d,
         ],
         Collective::Reduce => vec![(ring::reduce, 1), (ring::reduce, 2), (tree::reduce, 1), d],
-        _ => return vec![d],
-    };
-    if n > 2 && req.size_bytes() > DIRECT_SMALL_BYTES {
-        v.pop();
+        _ => vec![d],
     }
-    v
 }
 
 /// Chunks per rank's block that pipelined plans split it into: enough to overlap the steps of
