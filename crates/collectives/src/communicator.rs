@@ -416,6 +416,11 @@ impl Communicator {
         g.launch()
     }
 
+    /// The id that buffers of this communicator carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     pub(crate) fn null_region(&self) -> ByteRegion {
         ByteRegion {
             mem: self.null,

@@ -325,6 +325,40 @@ impl<'c> Group<'c> {
         Ok(self)
     }
 
+    /// Post a send or a receive of memory the caller checked belongs to rank `at` (the
+    /// per-rank API's lent slices): `send` from `at` to `peer`, or a receive at `at` from
+    /// `peer`.
+    pub(crate) fn post_raw(
+        &mut self,
+        send: bool,
+        view: RawView,
+        dtype: DType,
+        at: usize,
+        peer: usize,
+    ) -> Result<()> {
+        let call = if send { "send" } else { "recv" };
+        self.rank_ok(call, at)?;
+        self.rank_ok(call, peer)?;
+        self.comm
+            .owns(call, at, if send { "input" } else { "output" }, &view)?;
+        if send {
+            self.sends.push(P2p {
+                src: at,
+                dst: peer,
+                view,
+                dtype,
+            });
+        } else {
+            self.recvs.push(P2p {
+                src: peer,
+                dst: at,
+                view,
+                dtype,
+            });
+        }
+        Ok(())
+    }
+
     /// Pair sends with receives: one point-to-point operation per pair.
     fn pair(&mut self) -> Result<()> {
         let mut recvs: Vec<Option<P2p>> = std::mem::take(&mut self.recvs)

@@ -69,6 +69,7 @@ mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod plan_cache;
+mod rank;
 
 pub use backend::host::HostBackend;
 pub use backend::{
@@ -86,6 +87,7 @@ pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};
 pub use half::{bf16, f16};
+pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup};
 pub use relaycc_route::ReduceOp;
 /// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
 pub use relaycc_topo::host_topology;

@@ -1,0 +1,280 @@
+//! The run of one meeting, on the thread of the last rank to arrive: compare the ranks'
+//! descriptors, lend their slices to the backend, build one checked group on the
+//! communicator (the same checks, plan cache and executor as the all-ranks API), launch it,
+//! wait, and give the slices back.
+
+use std::sync::Arc;
+
+use relaycc_route::{Collective, Location, Request};
+
+use crate::backend::host::HostBackend;
+use crate::backend::{Backend, ByteRegion, DeviceMem};
+use crate::buffer::RawView;
+use crate::communicator::Communicator;
+use crate::error::{CollectivesError, Result};
+
+use super::Shared;
+use super::op::{Arrival, Desc, Failure, Op, Outcome, Payload, View};
+
+/// Lent slices, given back (removed from the backend's table, after the launches in flight)
+/// when dropped, also while unwinding: no rank returns while its memory is in use.
+struct Lent<'a> {
+    host: &'a HostBackend,
+    /// Per arrival, the handles of its blocks.
+    mems: Vec<Vec<DeviceMem>>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        for m in self.mems.iter().flatten() {
+            self.host.free(*m);
+        }
+    }
+}
+
+fn failed(e: CollectivesError) -> Failure {
+    Failure::Failed(Arc::new(e))
+}
+
+/// Run the ranks' operations (a collective, a group, a point-to-point pair or a split).
+pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
+    // A rank whose own checks failed fails the call everywhere.
+    for a in &mut arrivals {
+        if let Err(e) = &mut a.ops {
+            let e = std::mem::replace(e, CollectivesError::Unmatched(String::new()));
+            return Err(failed(e));
+        }
+    }
+    let ops: Vec<&[Op]> = arrivals
+        .iter()
+        .map(|a| a.ops.as_deref().unwrap_or(&[]))
+        .collect();
+    let splits = ops
+        .iter()
+        .filter(|o| matches!(o, [Op::Split { .. }]))
+        .count();
+    if splits == arrivals.len() {
+        return super::split::run(shared, &arrivals);
+    }
+    if splits > 0 {
+        let (a, b) = (
+            arrivals
+                .iter()
+                .position(|a| matches!(a.ops.as_deref(), Ok([Op::Split { .. }]))),
+            arrivals
+                .iter()
+                .position(|a| !matches!(a.ops.as_deref(), Ok([Op::Split { .. }]))),
+        );
+        return Err(Failure::Mismatch(format!(
+            "call differs: rank {} calls split, rank {} does not",
+            a.map_or(0, |i| arrivals[i].rank),
+            b.map_or(0, |i| arrivals[i].rank)
+        )));
+    }
+    let descs: Vec<Vec<&Desc>> = ops
+        .iter()
+        .map(|o| {
+            o.iter()
+                .filter_map(|op| match op {
+                    Op::Coll { desc, .. } => Some(desc),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    agree(&arrivals, &descs)?;
+    execute(shared, &arrivals, &descs).map(|()| Payload::Done)
+}
+
+/// Every rank calls the same collectives in the same order with matching descriptors.
+fn agree(arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
+    let (Some(first), Some(d0)) = (arrivals.first(), descs.first()) else {
+        return Ok(());
+    };
+    for (a, d) in arrivals.iter().zip(descs).skip(1) {
+        for (k, (x, y)) in d0.iter().zip(d).enumerate() {
+            if let Some(why) = x.differs(first.rank, y, a.rank) {
+                let at = if d0.len() > 1 || d.len() > 1 {
+                    format!(" (operation {k} of the group)")
+                } else {
+                    String::new()
+                };
+                return Err(Failure::Mismatch(format!("{why}{at}")));
+            }
+        }
+        if d0.len() != d.len() {
+            return Err(Failure::Mismatch(format!(
+                "call differs: rank {} issues {} collectives ({}), rank {} issues {} ({})",
+                first.rank,
+                d0.len(),
+                names(d0),
+                a.rank,
+                d.len(),
+                names(d)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn names(d: &[&Desc]) -> String {
+    let v: Vec<&str> = d.iter().map(|d| d.call).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// The all_to_all_v matrix from every rank's send counts, checked against every rank's
+/// receive counts.
+fn matrix(arrivals: &[Arrival], descs: &[Vec<&Desc>], k: usize) -> Result<Vec<Vec<u64>>, Failure> {
+    let m: Vec<Vec<u64>> = descs.iter().map(|d| d[k].counts.clone()).collect();
+    for (a, d) in arrivals.iter().zip(descs) {
+        let col: Vec<u64> = m
+            .iter()
+            .map(|row| row.get(a.rank).copied().unwrap_or(0))
+            .collect();
+        if d[k].recv_counts != col {
+            return Err(Failure::Mismatch(format!(
+                "counts differ: rank {} expects to receive {:?}, the ranks send it {:?}",
+                a.rank, d[k].recv_counts, col
+            )));
+        }
+    }
+    Ok(m)
+}
+
+fn request(comm: &Communicator, d: &Desc, matrix: Vec<Vec<u64>>) -> Request {
+    let mut r = Request::new(d.collective, comm.devices().to_vec(), d.count, d.dtype)
+        .with_op(d.op)
+        .with_root(u32::try_from(d.root).unwrap_or(u32::MAX));
+    match d.collective {
+        Collective::AllGatherV => {
+            r.count = 0;
+            r.counts = d.counts.clone();
+        }
+        Collective::AllToAllV => {
+            r.count = 0;
+            r.matrix = matrix;
+        }
+        _ => {}
+    }
+    r
+}
+
+fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
+    let comm = &shared.comm;
+    let Some(host) = comm
+        .backend()
+        .as_any()
+        .and_then(|a| a.downcast_ref::<HostBackend>())
+    else {
+        return Err(failed(CollectivesError::Backend {
+            backend: comm.backend().name(),
+            message: "per-rank calls on borrowed slices need the host backend".into(),
+        }));
+    };
+    let mut lent = Lent {
+        host,
+        mems: Vec::with_capacity(arrivals.len()),
+    };
+    for a in arrivals {
+        let loc = Location::Gpu(comm.devices()[a.rank]);
+        // SAFETY: each span is a slice the rank borrowed for its call (`&[T]` or `&mut [T]`,
+        // so nothing else writes it, and nothing else reads a `&mut` one), and the rank does
+        // not return before this meeting's outcome, which is set after `lent` is dropped and
+        // `free` has waited for every launch. Shared slices are only ever inputs or sources
+        // of sends, which no op of a checked plan writes.
+        let mems = a
+            .blocks
+            .iter()
+            .map(|s| unsafe { host.lend(loc, s.addr, s.bytes) })
+            .collect();
+        lent.mems.push(mems);
+    }
+    let raw = |i: usize, v: View, esize: u64| -> Result<RawView> {
+        let mem = lent.mems[i]
+            .get(v.block)
+            .copied()
+            .ok_or_else(|| CollectivesError::Backend {
+                backend: "ranks",
+                message: format!("rank {} names a block it did not lend", arrivals[i].rank),
+            })?;
+        Ok(RawView {
+            comm: comm.id(),
+            rank: arrivals[i].rank,
+            region: ByteRegion {
+                mem,
+                offset: v.offset * esize,
+                bytes: v.len * esize,
+            },
+            len: v.len,
+        })
+    };
+    let n = comm.ranks();
+    let mut group = comm.group();
+    let ncoll = descs.first().map_or(0, Vec::len);
+    for k in 0..ncoll {
+        let d = descs[0][k];
+        if d.root >= n {
+            return Err(failed(CollectivesError::BadRank {
+                call: d.call,
+                rank: d.root,
+                ranks: n,
+            }));
+        }
+        let m = if d.collective == Collective::AllToAllV {
+            matrix(arrivals, descs, k)?
+        } else {
+            Vec::new()
+        };
+        let req = request(comm, d, m);
+        let esize = d.dtype.size();
+        let (mut ins, mut outs) = (vec![None; n], vec![None; n]);
+        for (i, a) in arrivals.iter().enumerate() {
+            let Some((input, output)) = a
+                .ops
+                .as_deref()
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Coll { input, output, .. } => Some((*input, *output)),
+                    _ => None,
+                })
+                .nth(k)
+            else {
+                continue;
+            };
+            ins[a.rank] = input
+                .map(|v| raw(i, v, esize))
+                .transpose()
+                .map_err(failed)?;
+            outs[a.rank] = output
+                .map(|v| raw(i, v, esize))
+                .transpose()
+                .map_err(failed)?;
+        }
+        let checked = comm.check(d.call, req, ins, outs, None).map_err(failed)?;
+        group.push_checked(checked);
+    }
+    for (i, a) in arrivals.iter().enumerate() {
+        for op in a.ops.as_deref().unwrap_or(&[]) {
+            if let Op::P2p {
+                send,
+                peer,
+                view,
+                dtype,
+            } = *op
+            {
+                let v = raw(i, view, dtype.size()).map_err(failed)?;
+                group
+                    .post_raw(send, v, dtype, a.rank, peer)
+                    .map_err(failed)?;
+            }
+        }
+    }
+    group.launch().and_then(|p| p.wait()).map_err(failed)?;
+    drop(lent);
+    Ok(())
+}
