@@ -64,7 +64,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         secs = secs.max(s);
     }
     // Averaged gradients keep the replicas identical.
-    assert!(sums.windows(2).all(|w| w[0] == w[1]), "replicas diverged: {sums:?}");
+    assert!(
+        sums.windows(2).all(|w| w[0] == w[1]),
+        "replicas diverged: {sums:?}"
+    );
     let bytes = (params * 4 * steps) as f64;
     println!(
         "{ranks} ranks, {params} parameters, {steps} steps: replicas agree (checksum {:.3}); \

@@ -659,3 +659,19 @@ fn split_into_overlapping_groups_used_in_alternation() {
         assert_eq!(got, want, "rank {r}");
     }
 }
+
+/// The all-ranks API gets the in-place plan for an in-place broadcast on `host-N` (the
+/// out-of-place plan copies the root's input onto its own output, a race in place).
+#[test]
+fn all_ranks_in_place_broadcast_on_the_host() {
+    let comm = relaycc_collectives::Communicator::host(3).expect("host communicator");
+    let bufs: Vec<_> = (0..3)
+        .map(|r| comm.from_slice(r, &[r as i32 + 1; 6]).expect("buffer"))
+        .collect();
+    comm.broadcast(&bufs[1], &bufs, 1)
+        .and_then(|p| p.wait())
+        .expect("in-place broadcast");
+    for b in &bufs {
+        assert_eq!(b.to_vec().expect("read back"), vec![2; 6]);
+    }
+}
