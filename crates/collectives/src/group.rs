@@ -425,7 +425,30 @@ impl<'c> Group<'c> {
     }
 
     /// Check the group as a whole, plan every operation (cached) and launch them together.
-    pub fn launch(mut self) -> Result<Pending<'c>> {
+    pub fn launch(self) -> Result<Pending<'c>> {
+        let comm = self.comm;
+        // SAFETY: `Backend::submit` is the submit `exec::launch_via` asks for.
+        self.launch_via(|l| unsafe { comm.backend().submit(l) })?;
+        Ok(Pending { comm })
+    }
+
+    /// As [`Group::launch`], enqueued on the CUDA backend `cuda` ordered within the
+    /// `callers`' streams ([`crate::CudaBackend`]'s `submit_on`), without host
+    /// synchronization.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn launch_on_streams(
+        self,
+        cuda: &crate::cuda::CudaBackend,
+        callers: &[&cudarc::driver::CudaStream],
+    ) -> Result<()> {
+        // SAFETY: `submit_on` has `Backend::submit`'s contract and guarantees.
+        self.launch_via(|l| unsafe { cuda.submit_on(l, callers) })
+    }
+
+    fn launch_via(
+        mut self,
+        submit: impl FnOnce(&[crate::backend::Launch<'_>]) -> Result<()>,
+    ) -> Result<()> {
         self.pair()?;
         // Operations of one group run concurrently: none may write what another touches.
         let touched: Vec<(usize, ByteRegion, bool)> = self
@@ -494,8 +517,8 @@ impl<'c> Group<'c> {
             // except in the in-place layout; the loop above proved operations of the group
             // disjoint where one writes; scratch sets are private to one use in the launch;
             // and the safe API hands out no raw addresses.
-            unsafe { exec::launch(self.comm.backend(), &work)? };
+            unsafe { exec::launch_via(&work, submit)? };
         }
-        Ok(Pending { comm: self.comm })
+        Ok(())
     }
 }

@@ -93,7 +93,9 @@ pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};
 pub use half::{bf16, f16};
-pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup};
+#[cfg(feature = "cuda")]
+pub use rank::OnStream;
+pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
 pub use relaycc_route::ReduceOp;
 /// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
 pub use relaycc_topo::host_topology;

@@ -6,6 +6,11 @@
 //! the call on every rank instead of leaving the others to time out.
 
 use std::marker::PhantomData;
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
+
+#[cfg(feature = "cuda")]
+use cudarc::driver::CudaStream;
 
 use relaycc_route::{Collective, DType, ReduceOp};
 
@@ -26,10 +31,194 @@ use super::op::{Desc, Op, Span, View};
 #[must_use = "a group does nothing until launched"]
 pub struct RankGroup<'r, 'b> {
     comm: &'r mut RankComm,
-    blocks: Vec<Span>,
+    lender: Lender<'b>,
     ops: Vec<Op>,
-    error: Option<CollectivesError>,
     _borrows: PhantomData<&'b mut [u8]>,
+}
+
+/// What a rank's buffers lend to its call: their spans, the caller's stream for device
+/// buffers, and the cudarc guards that record the buffers' events when the call ends.
+#[derive(Debug, Default)]
+pub struct Lender<'b> {
+    blocks: Vec<Span>,
+    error: Option<CollectivesError>,
+    #[cfg(feature = "cuda")]
+    stream: Option<&'b Arc<CudaStream>>,
+    #[cfg(feature = "cuda")]
+    guards: Vec<cudarc::driver::SyncOnDrop<'b>>,
+    #[cfg(not(feature = "cuda"))]
+    _b: PhantomData<&'b ()>,
+}
+
+impl Lender<'_> {
+    fn push(&mut self, span: Span, len: usize) -> View {
+        self.blocks.push(span);
+        View {
+            block: self.blocks.len() - 1,
+            offset: 0,
+            len: len as u64,
+        }
+    }
+}
+
+mod sealed {
+    use super::{Lender, View};
+
+    /// How a buffer lends itself for reading.
+    pub trait Lend<T> {
+        /// Lend for one call; the view of the whole buffer.
+        fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View;
+        /// Elements.
+        fn elems(&self) -> usize;
+    }
+    /// How a buffer lends itself for writing.
+    pub trait LendMut<T> {
+        /// Lend for one call; the view of the whole buffer.
+        fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View;
+        /// Elements.
+        fn elems(&self) -> usize;
+    }
+}
+
+/// A buffer a per-rank call reads: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
+/// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaView`, `CudaViewMut`, which a call
+/// takes on the caller's stream: [`RankComm::on`]).
+pub trait SendBuf<T: Element>: sealed::Lend<T> {
+    /// Elements in the buffer.
+    fn elems(&self) -> usize {
+        sealed::Lend::elems(self)
+    }
+}
+/// A buffer a per-rank call writes: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
+/// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaViewMut`).
+pub trait RecvBuf<T: Element>: sealed::LendMut<T> {
+    /// Elements in the buffer.
+    fn elems(&self) -> usize {
+        sealed::LendMut::elems(self)
+    }
+}
+
+fn host_span<T>(addr: usize, s: &[T]) -> Span {
+    Span {
+        addr,
+        bytes: std::mem::size_of_val(s) as u64,
+        device: None,
+    }
+}
+
+impl<T: Element> sealed::Lend<T> for [T] {
+    fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+        l.push(host_span(self.as_ptr() as usize, self), self.len())
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+}
+impl<T: Element> sealed::LendMut<T> for [T] {
+    fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+        // The address comes from the unique borrow: the backend writes through it.
+        let span = host_span(self.as_mut_ptr() as usize, self);
+        l.push(span, self.len())
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+}
+impl<T: Element> SendBuf<T> for [T] {}
+impl<T: Element> RecvBuf<T> for [T] {}
+
+macro_rules! host_container {
+    ([$($gen:tt)*] $ty:ty) => {
+        impl<T: Element $($gen)*> sealed::Lend<T> for $ty {
+            fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+                self[..].lend(l)
+            }
+            fn elems(&self) -> usize {
+                self.len()
+            }
+        }
+        impl<T: Element $($gen)*> sealed::LendMut<T> for $ty {
+            fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+                self[..].lend_mut(l)
+            }
+            fn elems(&self) -> usize {
+                self.len()
+            }
+        }
+        impl<T: Element $($gen)*> SendBuf<T> for $ty {}
+        impl<T: Element $($gen)*> RecvBuf<T> for $ty {}
+    };
+}
+host_container!([] Vec<T>);
+host_container!([, const N: usize] [T; N]);
+
+#[cfg(feature = "cuda")]
+mod device {
+    use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+
+    use super::{Element, Lender, RecvBuf, SendBuf, Span, View, sealed};
+    use crate::error::CollectivesError;
+
+    fn no_stream(l: &mut Lender<'_>) -> View {
+        l.error.get_or_insert(CollectivesError::Backend {
+            backend: "ranks",
+            message: "a CUDA buffer is taken on the caller's stream: call through RankComm::on(&stream) or RankComm::group_on".into(),
+        });
+        View {
+            block: 0,
+            offset: 0,
+            len: 0,
+        }
+    }
+
+    macro_rules! device_send {
+        ($($ty:tt)*) => {
+            impl<T: Element> sealed::Lend<T> for $($ty)* {
+                fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+                    let Some(stream) = l.stream else { return no_stream(l) };
+                    let (ptr, guard) = self.device_ptr(stream);
+                    l.guards.push(guard);
+                    let span = Span {
+                        addr: ptr as usize,
+                        bytes: self.num_bytes() as u64,
+                        device: Some(stream.context().ordinal()),
+                    };
+                    l.push(span, self.len())
+                }
+                fn elems(&self) -> usize {
+                    self.len()
+                }
+            }
+            impl<T: Element> SendBuf<T> for $($ty)* {}
+        };
+    }
+    macro_rules! device_recv {
+        ($($ty:tt)*) => {
+            impl<T: Element> sealed::LendMut<T> for $($ty)* {
+                fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+                    let Some(stream) = l.stream else { return no_stream(l) };
+                    let (len, bytes) = (self.len(), self.num_bytes() as u64);
+                    let (ptr, guard) = self.device_ptr_mut(stream);
+                    l.guards.push(guard);
+                    let span = Span {
+                        addr: ptr as usize,
+                        bytes,
+                        device: Some(stream.context().ordinal()),
+                    };
+                    l.push(span, len)
+                }
+                fn elems(&self) -> usize {
+                    self.len()
+                }
+            }
+            impl<T: Element> RecvBuf<T> for $($ty)* {}
+        };
+    }
+    device_send!(CudaSlice<T>);
+    device_send!(CudaView<'_, T>);
+    device_send!(CudaViewMut<'_, T>);
+    device_recv!(CudaSlice<T>);
+    device_recv!(CudaViewMut<'_, T>);
 }
 
 fn counts_u64(c: &[usize]) -> Vec<u64> {
@@ -44,33 +233,16 @@ impl<'b> RankGroup<'_, 'b> {
         self.comm.ranks()
     }
 
-    fn lend<T: Element>(&mut self, s: &'b [T]) -> View {
-        self.blocks.push(Span {
-            addr: s.as_ptr() as usize,
-            bytes: std::mem::size_of_val(s) as u64,
-        });
-        View {
-            block: self.blocks.len() - 1,
-            offset: 0,
-            len: s.len() as u64,
-        }
+    fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, s: &'b S) -> View {
+        s.lend(&mut self.lender)
     }
 
-    fn lend_mut<T: Element>(&mut self, s: &'b mut [T]) -> View {
-        // The address comes from the unique borrow: the backend writes through it.
-        self.blocks.push(Span {
-            addr: s.as_mut_ptr() as usize,
-            bytes: std::mem::size_of_val(s) as u64,
-        });
-        View {
-            block: self.blocks.len() - 1,
-            offset: 0,
-            len: s.len() as u64,
-        }
+    fn lend_mut<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, s: &'b mut R) -> View {
+        s.lend_mut(&mut self.lender)
     }
 
     fn fail(&mut self, e: CollectivesError) -> &mut Self {
-        self.error.get_or_insert(e);
+        self.lender.error.get_or_insert(e);
         self
     }
 
@@ -120,14 +292,14 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_reduce`].
-    pub fn all_reduce<T: Element>(
+    pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: &'b [T],
-        recv: &'b mut [T],
+        send: &'b S,
+        recv: &'b mut R,
         op: ReduceOp,
     ) -> &mut Self {
         let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let c = send.len();
+        let c = SendBuf::<T>::elems(send);
         self.coll(
             "all_reduce",
             Collective::AllReduce,
@@ -141,8 +313,12 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_reduce_in_place`].
-    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &'b mut [T], op: ReduceOp) -> &mut Self {
-        let c = buf.len();
+    pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(buf);
         let v = self.lend_mut(buf);
         self.coll(
             "all_reduce",
@@ -157,14 +333,14 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::reduce`].
-    pub fn reduce<T: Element>(
+    pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: &'b [T],
-        recv: Option<&'b mut [T]>,
+        send: &'b S,
+        recv: Option<&'b mut R>,
         root: usize,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = send.len();
+        let c = SendBuf::<T>::elems(send);
         let i = self.lend(send);
         let o = match recv {
             Some(r) if self.me() == root => Some(self.lend_mut(r)),
@@ -183,13 +359,13 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::reduce_in_place`].
-    pub fn reduce_in_place<T: Element>(
+    pub fn reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        buf: &'b mut [T],
+        buf: &'b mut R,
         root: usize,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = buf.len();
+        let c = RecvBuf::<T>::elems(buf);
         let v = self.lend_mut(buf);
         let o = (self.me() == root).then_some(v);
         self.coll(
@@ -205,13 +381,13 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::broadcast`].
-    pub fn broadcast<T: Element>(
+    pub fn broadcast<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: Option<&'b [T]>,
-        recv: &'b mut [T],
+        send: Option<&'b S>,
+        recv: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let c = recv.len();
+        let c = RecvBuf::<T>::elems(recv);
         let i = match send {
             Some(s) if self.me() == root => Some(self.lend(s)),
             _ => None,
@@ -231,8 +407,12 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::broadcast_in_place`].
-    pub fn broadcast_in_place<T: Element>(&mut self, buf: &'b mut [T], root: usize) -> &mut Self {
-        let c = buf.len();
+    pub fn broadcast_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(buf);
         let v = self.lend_mut(buf);
         let i = (self.me() == root).then_some(v);
         let sum = ReduceOp::Sum;
@@ -249,8 +429,12 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_gather`].
-    pub fn all_gather<T: Element>(&mut self, send: &'b [T], recv: &'b mut [T]) -> &mut Self {
-        let c = send.len();
+    pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send);
         let (i, o) = (self.lend(send), self.lend_mut(recv));
         let sum = ReduceOp::Sum;
         self.coll(
@@ -266,8 +450,11 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_gather_in_place`].
-    pub fn all_gather_in_place<T: Element>(&mut self, buf: &'b mut [T]) -> &mut Self {
-        let c = match self.block_of("all_gather", buf.len()) {
+    pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+    ) -> &mut Self {
+        let c = match self.block_of("all_gather", RecvBuf::<T>::elems(buf)) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };
@@ -313,10 +500,10 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_gather_v`].
-    pub fn all_gather_v<T: Element>(
+    pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: &'b [T],
-        recv: &'b mut [T],
+        send: &'b S,
+        recv: &'b mut R,
         counts: &[usize],
     ) -> &mut Self {
         let (i, o) = (self.lend(send), self.lend_mut(recv));
@@ -330,9 +517,9 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_gather_v_in_place`].
-    pub fn all_gather_v_in_place<T: Element>(
+    pub fn all_gather_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        buf: &'b mut [T],
+        buf: &'b mut R,
         counts: &[usize],
     ) -> &mut Self {
         let me = self.me();
@@ -361,25 +548,25 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::reduce_scatter`].
-    pub fn reduce_scatter<T: Element>(
+    pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: &'b [T],
-        recv: &'b mut [T],
+        send: &'b S,
+        recv: &'b mut R,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = recv.len();
+        let c = RecvBuf::<T>::elems(recv);
         let (i, o) = (self.lend(send), self.lend_mut(recv));
         let rs = Collective::ReduceScatter;
         self.coll("reduce_scatter", rs, T::DTYPE, c, op, 0, Some(i), Some(o))
     }
 
     /// Add [`RankComm::reduce_scatter_in_place`].
-    pub fn reduce_scatter_in_place<T: Element>(
+    pub fn reduce_scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        buf: &'b mut [T],
+        buf: &'b mut R,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = match self.block_of("reduce_scatter", buf.len()) {
+        let c = match self.block_of("reduce_scatter", RecvBuf::<T>::elems(buf)) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };
@@ -394,8 +581,12 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_to_all`].
-    pub fn all_to_all<T: Element>(&mut self, send: &'b [T], recv: &'b mut [T]) -> &mut Self {
-        let c = send.len() / self.n();
+    pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send) / self.n();
         let (i, o) = (self.lend(send), self.lend_mut(recv));
         let sum = ReduceOp::Sum;
         self.coll(
@@ -411,11 +602,11 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::all_to_all_v`].
-    pub fn all_to_all_v<T: Element>(
+    pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: &'b [T],
+        send: &'b S,
         send_counts: &[usize],
-        recv: &'b mut [T],
+        recv: &'b mut R,
         recv_counts: &[usize],
     ) -> &mut Self {
         let (i, o) = (self.lend(send), self.lend_mut(recv));
@@ -430,13 +621,13 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::gather`].
-    pub fn gather<T: Element>(
+    pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: &'b [T],
-        recv: Option<&'b mut [T]>,
+        send: &'b S,
+        recv: Option<&'b mut R>,
         root: usize,
     ) -> &mut Self {
-        let c = send.len();
+        let c = SendBuf::<T>::elems(send);
         let i = self.lend(send);
         let o = match recv {
             Some(r) if self.me() == root => Some(self.lend_mut(r)),
@@ -456,11 +647,15 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::gather_in_place`].
-    pub fn gather_in_place<T: Element>(&mut self, buf: &'b mut [T], root: usize) -> &mut Self {
+    pub fn gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
         let sum = ReduceOp::Sum;
         if self.me() != root {
-            let c = buf.len();
-            let i = self.lend(buf);
+            let c = RecvBuf::<T>::elems(buf);
+            let i = self.lend_mut(buf);
             return self.coll(
                 "gather",
                 Collective::Gather,
@@ -472,7 +667,7 @@ impl<'b> RankGroup<'_, 'b> {
                 None,
             );
         }
-        let c = match self.block_of("gather", buf.len()) {
+        let c = match self.block_of("gather", RecvBuf::<T>::elems(buf)) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };
@@ -495,13 +690,13 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::scatter`].
-    pub fn scatter<T: Element>(
+    pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
-        send: Option<&'b [T]>,
-        recv: &'b mut [T],
+        send: Option<&'b S>,
+        recv: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let c = recv.len();
+        let c = RecvBuf::<T>::elems(recv);
         let i = match send {
             Some(s) if self.me() == root => Some(self.lend(s)),
             _ => None,
@@ -521,10 +716,14 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Add [`RankComm::scatter_in_place`].
-    pub fn scatter_in_place<T: Element>(&mut self, buf: &'b mut [T], root: usize) -> &mut Self {
+    pub fn scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
         let sum = ReduceOp::Sum;
         if self.me() != root {
-            let c = buf.len();
+            let c = RecvBuf::<T>::elems(buf);
             let o = self.lend_mut(buf);
             return self.coll(
                 "scatter",
@@ -537,7 +736,7 @@ impl<'b> RankGroup<'_, 'b> {
                 Some(o),
             );
         }
-        let c = match self.block_of("scatter", buf.len()) {
+        let c = match self.block_of("scatter", RecvBuf::<T>::elems(buf)) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };
@@ -560,7 +759,11 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Post a send of `buf` to rank `peer` (`ncclSend`).
-    pub fn send<T: Element>(&mut self, buf: &'b [T], peer: usize) -> &mut Self {
+    pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b S,
+        peer: usize,
+    ) -> &mut Self {
         let view = self.lend(buf);
         self.ops.push(Op::P2p {
             send: true,
@@ -572,7 +775,11 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     /// Post a receive into `buf` from rank `peer` (`ncclRecv`).
-    pub fn recv<T: Element>(&mut self, buf: &'b mut [T], peer: usize) -> &mut Self {
+    pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        peer: usize,
+    ) -> &mut Self {
         let view = self.lend_mut(buf);
         self.ops.push(Op::P2p {
             send: false,
@@ -584,11 +791,29 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     fn finish(self, call: &'static str) -> Result<()> {
-        let ops = match self.error {
+        let Lender {
+            blocks,
+            error,
+            #[cfg(feature = "cuda")]
+            stream,
+            #[cfg(feature = "cuda")]
+            guards,
+            ..
+        } = self.lender;
+        let ops = match error {
             Some(e) => Err(e),
             None => Ok(self.ops),
         };
-        self.comm.meet(call, self.blocks, ops).map(|_| ())
+        #[cfg(feature = "cuda")]
+        let r = self.comm.meet(call, blocks, ops, stream.cloned());
+        #[cfg(not(feature = "cuda"))]
+        let r = self.comm.meet(call, blocks, ops);
+        // The buffers' cudarc events are recorded on the caller's stream now, after the
+        // operation was enqueued there, so later users of a buffer (its free included) wait
+        // for the operation.
+        #[cfg(feature = "cuda")]
+        drop(guards);
+        r.map(|_| ())
     }
 
     /// Run the group with the other ranks' groups; returns when it is done on every rank.
@@ -597,229 +822,373 @@ impl<'b> RankGroup<'_, 'b> {
     }
 }
 
-/// One call of [`RankComm`]: a group of one operation.
-macro_rules! one {
-    ($self:ident, $call:literal, |$g:ident| $add:expr) => {{
-        let mut $g = $self.group();
-        $add;
-        $g.finish($call)
-    }};
+/// The single calls: each a group of one operation. Expanded for [`RankComm`] (host slices)
+/// and [`OnStream`] (the same calls on the caller's CUDA stream).
+macro_rules! single_calls {
+    () => {
+        /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
+        pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_reduce(send, recv, op);
+            g.finish("all_reduce")
+        }
+
+        /// `buf = op(every rank's buf)`, in place.
+        pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_reduce_in_place(buf, op);
+            g.finish("all_reduce")
+        }
+
+        /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv`
+        /// is used only on the root, which must give it.
+        pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: Option<&mut R>,
+            root: usize,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce(send, recv, root, op);
+            g.finish("reduce")
+        }
+
+        /// As `reduce`, in place: the root's `buf` is its input and the result; the others'
+        /// `buf` is their input.
+        pub fn reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce_in_place(buf, root, op);
+            g.finish("reduce")
+        }
+
+        /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is
+        /// used only on the root, which must give it.
+        pub fn broadcast<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: Option<&S>,
+            recv: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.broadcast(send, recv, root);
+            g.finish("broadcast")
+        }
+
+        /// The root's `buf` to every rank's `buf`, in place.
+        pub fn broadcast_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.broadcast_in_place(buf, root);
+            g.finish("broadcast")
+        }
+
+        /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
+        /// `MPI_Allgather`).
+        pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather(send, recv);
+            g.finish("all_gather")
+        }
+
+        /// As `all_gather`, in place: this rank's input is block `rank` of `buf` (its length a
+        /// multiple of the rank count).
+        pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather_in_place(buf);
+            g.finish("all_gather")
+        }
+
+        /// As `all_gather` with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`); every
+        /// rank gives the same `counts`.
+        pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+            counts: &[usize],
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather_v(send, recv, counts);
+            g.finish("all_gather_v")
+        }
+
+        /// As `all_gather_v`, in place: this rank's input is its block of `buf`.
+        pub fn all_gather_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            counts: &[usize],
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather_v_in_place(buf, counts);
+            g.finish("all_gather_v")
+        }
+
+        /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
+        /// `MPI_Reduce_scatter_block`).
+        pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce_scatter(send, recv, op);
+            g.finish("reduce_scatter")
+        }
+
+        /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
+        pub fn reduce_scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce_scatter_in_place(buf, op);
+            g.finish("reduce_scatter")
+        }
+
+        /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
+        pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_to_all(send, recv);
+            g.finish("all_to_all")
+        }
+
+        /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
+        /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
+        pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            send_counts: &[usize],
+            recv: &mut R,
+            recv_counts: &[usize],
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_to_all_v(send, send_counts, recv, recv_counts);
+            g.finish("all_to_all_v")
+        }
+
+        /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
+        /// (`MPI_Gather`); `recv` is used only on the root, which must give it.
+        pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: Option<&mut R>,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.gather(send, recv, root);
+            g.finish("gather")
+        }
+
+        /// As `gather`, in place: the root's `buf` is the whole output with its own input as
+        /// block `root`; the others' `buf` is their input.
+        pub fn gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.gather_in_place(buf, root);
+            g.finish("gather")
+        }
+
+        /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used only
+        /// on the root, which must give it.
+        pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: Option<&S>,
+            recv: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.scatter(send, recv, root);
+            g.finish("scatter")
+        }
+
+        /// As `scatter`, in place: the root's `buf` is the whole input and keeps block `root`
+        /// as its output; the others' `buf` is their output.
+        pub fn scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.scatter_in_place(buf, root);
+            g.finish("scatter")
+        }
+
+        /// Send `buf` to rank `peer` (`ncclSend`), meeting its `recv`; only the two ranks take
+        /// part.
+        pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
+            &mut self,
+            buf: &S,
+            peer: usize,
+        ) -> Result<()> {
+            let mut l = self.lender();
+            let view = buf.lend(&mut l);
+            self.comm().p2p("send", true, peer, l, view, T::DTYPE)
+        }
+
+        /// Receive into `buf` from rank `peer` (`ncclRecv`), meeting its `send`.
+        pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            peer: usize,
+        ) -> Result<()> {
+            let mut l = self.lender();
+            let view = buf.lend_mut(&mut l);
+            self.comm().p2p("recv", false, peer, l, view, T::DTYPE)
+        }
+    };
 }
 
 impl RankComm {
-    /// Start a group of this rank's calls ([`RankGroup`]).
+    /// Start a group of this rank's calls on host slices ([`RankGroup`]).
     pub fn group<'b>(&mut self) -> RankGroup<'_, 'b> {
         RankGroup {
             comm: self,
-            blocks: Vec::new(),
+            lender: Lender::default(),
             ops: Vec::new(),
-            error: None,
             _borrows: PhantomData,
         }
     }
 
-    /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
-    pub fn all_reduce<T: Element>(
+    fn start<'b>(&mut self) -> RankGroup<'_, 'b> {
+        self.group()
+    }
+
+    fn lender<'b>(&self) -> Lender<'b> {
+        Lender::default()
+    }
+
+    fn comm(&mut self) -> &mut RankComm {
+        self
+    }
+
+    /// Run a point-to-point call with what `lender` holds.
+    fn p2p(
         &mut self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
+        call: &'static str,
+        send: bool,
+        peer: usize,
+        lender: Lender<'_>,
+        view: View,
+        dtype: DType,
     ) -> Result<()> {
-        one!(self, "all_reduce", |g| g.all_reduce(send, recv, op))
-    }
-
-    /// `buf = op(every rank's buf)`, in place.
-    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        one!(self, "all_reduce", |g| g.all_reduce_in_place(buf, op))
-    }
-
-    /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv` is
-    /// read only on the root, which must give it.
-    pub fn reduce<T: Element>(
-        &mut self,
-        send: &[T],
-        recv: Option<&mut [T]>,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
-        one!(self, "reduce", |g| g.reduce(send, recv, root, op))
-    }
-
-    /// As [`RankComm::reduce`], in place: the root's `buf` is its input and the result; the
-    /// others' `buf` is their input.
-    pub fn reduce_in_place<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
-        one!(self, "reduce", |g| g.reduce_in_place(buf, root, op))
-    }
-
-    /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is read
-    /// only on the root, which must give it.
-    pub fn broadcast<T: Element>(
-        &mut self,
-        send: Option<&[T]>,
-        recv: &mut [T],
-        root: usize,
-    ) -> Result<()> {
-        one!(self, "broadcast", |g| g.broadcast(send, recv, root))
-    }
-
-    /// The root's `buf` to every rank's `buf`, in place.
-    pub fn broadcast_in_place<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
-        one!(self, "broadcast", |g| g.broadcast_in_place(buf, root))
-    }
-
-    /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
-    /// `MPI_Allgather`).
-    pub fn all_gather<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
-        one!(self, "all_gather", |g| g.all_gather(send, recv))
-    }
-
-    /// As [`RankComm::all_gather`], in place: this rank's input is block `rank` of `buf`
-    /// (`buf.len()` a multiple of the rank count).
-    pub fn all_gather_in_place<T: Element>(&mut self, buf: &mut [T]) -> Result<()> {
-        one!(self, "all_gather", |g| g.all_gather_in_place(buf))
-    }
-
-    /// As [`RankComm::all_gather`] with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`);
-    /// every rank gives the same `counts`.
-    pub fn all_gather_v<T: Element>(
-        &mut self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[usize],
-    ) -> Result<()> {
-        one!(self, "all_gather_v", |g| g.all_gather_v(send, recv, counts))
-    }
-
-    /// As [`RankComm::all_gather_v`], in place: this rank's input is its block of `buf`.
-    pub fn all_gather_v_in_place<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        counts: &[usize],
-    ) -> Result<()> {
-        one!(self, "all_gather_v", |g| g
-            .all_gather_v_in_place(buf, counts))
-    }
-
-    /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
-    /// `MPI_Reduce_scatter_block`).
-    pub fn reduce_scatter<T: Element>(
-        &mut self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-    ) -> Result<()> {
-        one!(self, "reduce_scatter", |g| g.reduce_scatter(send, recv, op))
-    }
-
-    /// As [`RankComm::reduce_scatter`], in place: the result lands in block `rank` of `buf`.
-    pub fn reduce_scatter_in_place<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        op: ReduceOp,
-    ) -> Result<()> {
-        one!(self, "reduce_scatter", |g| g
-            .reduce_scatter_in_place(buf, op))
-    }
-
-    /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
-    pub fn all_to_all<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
-        one!(self, "all_to_all", |g| g.all_to_all(send, recv))
-    }
-
-    /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
-    /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
-    pub fn all_to_all_v<T: Element>(
-        &mut self,
-        send: &[T],
-        send_counts: &[usize],
-        recv: &mut [T],
-        recv_counts: &[usize],
-    ) -> Result<()> {
-        one!(self, "all_to_all_v", |g| g.all_to_all_v(
-            send,
-            send_counts,
-            recv,
-            recv_counts
-        ))
-    }
-
-    /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
-    /// (`MPI_Gather`); `recv` is read only on the root, which must give it.
-    pub fn gather<T: Element>(
-        &mut self,
-        send: &[T],
-        recv: Option<&mut [T]>,
-        root: usize,
-    ) -> Result<()> {
-        one!(self, "gather", |g| g.gather(send, recv, root))
-    }
-
-    /// As [`RankComm::gather`], in place: the root's `buf` is the whole output with its own
-    /// input as block `root`; the others' `buf` is their input.
-    pub fn gather_in_place<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
-        one!(self, "gather", |g| g.gather_in_place(buf, root))
-    }
-
-    /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is read only on
-    /// the root, which must give it.
-    pub fn scatter<T: Element>(
-        &mut self,
-        send: Option<&[T]>,
-        recv: &mut [T],
-        root: usize,
-    ) -> Result<()> {
-        one!(self, "scatter", |g| g.scatter(send, recv, root))
-    }
-
-    /// As [`RankComm::scatter`], in place: the root's `buf` is the whole input and keeps
-    /// block `root` as its output; the others' `buf` is their output.
-    pub fn scatter_in_place<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
-        one!(self, "scatter", |g| g.scatter_in_place(buf, root))
-    }
-
-    /// Send `buf` to rank `peer` (`ncclSend`), meeting its [`RankComm::recv`]; only the two
-    /// ranks take part.
-    pub fn send<T: Element>(&mut self, buf: &[T], peer: usize) -> Result<()> {
-        let span = Span {
-            addr: buf.as_ptr() as usize,
-            bytes: std::mem::size_of_val(buf) as u64,
+        let Lender {
+            blocks,
+            error,
+            #[cfg(feature = "cuda")]
+            stream,
+            #[cfg(feature = "cuda")]
+            guards,
+            ..
+        } = lender;
+        let ops = match error {
+            Some(e) => Err(e),
+            None => Ok(vec![Op::P2p {
+                send,
+                peer,
+                view,
+                dtype,
+            }]),
         };
-        let view = View {
-            block: 0,
-            offset: 0,
-            len: buf.len() as u64,
-        };
-        let op = Op::P2p {
-            send: true,
-            peer,
-            view,
-            dtype: T::DTYPE,
-        };
-        self.meet_pair("send", peer, vec![span], Ok(vec![op]))
+        #[cfg(feature = "cuda")]
+        let r = self.meet_pair(call, peer, blocks, ops, stream.cloned());
+        #[cfg(not(feature = "cuda"))]
+        let r = self.meet_pair(call, peer, blocks, ops);
+        #[cfg(feature = "cuda")]
+        drop(guards);
+        r
     }
 
-    /// Receive into `buf` from rank `peer` (`ncclRecv`), meeting its [`RankComm::send`].
-    pub fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize) -> Result<()> {
-        let view = View {
-            block: 0,
-            offset: 0,
-            len: buf.len() as u64,
-        };
-        let span = Span {
-            addr: buf.as_mut_ptr() as usize,
-            bytes: std::mem::size_of_val(buf) as u64,
-        };
-        let op = Op::P2p {
-            send: false,
-            peer,
-            view,
-            dtype: T::DTYPE,
-        };
-        self.meet_pair("recv", peer, vec![span], Ok(vec![op]))
+    single_calls!();
+}
+
+/// A rank's handle with the caller's CUDA stream ([`RankComm::on`]): the same calls as
+/// [`RankComm`]'s, on cudarc device buffers (`CudaSlice<T>`, `CudaView`, `CudaViewMut`),
+/// enqueued on the stream without host synchronization. The plan's streams wait for an event
+/// recorded on each rank's stream, and each rank's stream waits for the plan's end, so a
+/// kernel enqueued on the stream after the call sees the result, and synchronizing the stream
+/// waits for this call only. The call returns once every rank's part is enqueued.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub struct OnStream<'s> {
+    comm: &'s mut RankComm,
+    stream: &'s Arc<CudaStream>,
+}
+
+#[cfg(feature = "cuda")]
+impl<'s> OnStream<'s> {
+    fn start<'b>(&mut self) -> RankGroup<'_, 'b>
+    where
+        's: 'b,
+    {
+        let stream = self.stream;
+        let mut g = self.comm.group();
+        g.lender.stream = Some(stream);
+        g
+    }
+
+    fn lender<'b>(&self) -> Lender<'b>
+    where
+        's: 'b,
+    {
+        Lender {
+            stream: Some(self.stream),
+            ..Lender::default()
+        }
+    }
+
+    fn comm(&mut self) -> &mut RankComm {
+        self.comm
+    }
+
+    single_calls!();
+}
+
+#[cfg(feature = "cuda")]
+impl RankComm {
+    /// This rank's calls on the caller's CUDA stream `stream` (`ncclAllReduce(..., comm,
+    /// stream)`): see [`OnStream`]. Needs a communicator on the CUDA backend; elsewhere every
+    /// call returns an error.
+    pub fn on<'s>(&'s mut self, stream: &'s Arc<CudaStream>) -> OnStream<'s> {
+        OnStream { comm: self, stream }
+    }
+
+    /// Start a group of this rank's calls on the caller's CUDA stream `stream`.
+    pub fn group_on<'b>(&mut self, stream: &'b Arc<CudaStream>) -> RankGroup<'_, 'b> {
+        let mut g = self.group();
+        g.lender.stream = Some(stream);
+        g
     }
 }

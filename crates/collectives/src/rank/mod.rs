@@ -32,7 +32,9 @@ use std::time::Duration;
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
 
-pub use calls::RankGroup;
+#[cfg(feature = "cuda")]
+pub use calls::OnStream;
+pub use calls::{RankGroup, RecvBuf, SendBuf};
 use meeting::Meeting;
 use op::{Arrival, Failure, Op, Payload, Span};
 
@@ -196,6 +198,7 @@ impl RankComm {
         call: &'static str,
         blocks: Vec<Span>,
         ops: Result<Vec<Op>>,
+        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
     ) -> Result<Payload> {
         let seq = self.seq;
         self.seq += 1;
@@ -203,6 +206,8 @@ impl RankComm {
             rank: self.rank,
             blocks,
             ops,
+            #[cfg(feature = "cuda")]
+            stream,
         };
         let shared = self.shared.clone();
         let outcome = self
@@ -221,6 +226,7 @@ impl RankComm {
         peer: usize,
         blocks: Vec<Span>,
         ops: Result<Vec<Op>>,
+        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
     ) -> Result<()> {
         if peer >= self.ranks() || peer == self.rank {
             return Err(CollectivesError::BadRank {
@@ -238,6 +244,8 @@ impl RankComm {
             rank: self.rank,
             blocks,
             ops,
+            #[cfg(feature = "cuda")]
+            stream,
         };
         let shared = self.shared.clone();
         let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
@@ -257,9 +265,12 @@ impl RankComm {
     /// by their rank here. A rank that gives `None` opts out and gets `None`. The new
     /// handles inherit this handle's timeout.
     pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<RankComm>> {
-        let Payload::Split(v) =
-            self.meet("split", Vec::new(), Ok(vec![Op::Split { color, key }]))?
-        else {
+        let ops = Ok(vec![Op::Split { color, key }]);
+        #[cfg(feature = "cuda")]
+        let payload = self.meet("split", Vec::new(), ops, None)?;
+        #[cfg(not(feature = "cuda"))]
+        let payload = self.meet("split", Vec::new(), ops)?;
+        let Payload::Split(v) = payload else {
             return Err(Failure::Internal("split ran as another call".into()).to_error("split"));
         };
         Ok(v.get(self.rank)

@@ -87,19 +87,21 @@ impl Desc {
     }
 }
 
-/// A slice a rank lends for the duration of its call: its address and size.
+/// A slice a rank lends for the duration of its call: its address and size, and for device
+/// memory the CUDA device it lives on.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Span {
     pub addr: usize,
     pub bytes: u64,
+    pub device: Option<usize>,
 }
 
 /// Elements `offset..offset + len` (in elements of the call's type) of lent block `block`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct View {
-    pub block: usize,
-    pub offset: u64,
-    pub len: u64,
+pub struct View {
+    pub(crate) block: usize,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
 }
 
 /// One operation of a rank's call.
@@ -129,6 +131,9 @@ pub(crate) struct Arrival {
     pub rank: usize,
     pub blocks: Vec<Span>,
     pub ops: Result<Vec<Op>, CollectivesError>,
+    /// The caller's stream, for calls on device memory.
+    #[cfg(feature = "cuda")]
+    pub stream: Option<std::sync::Arc<cudarc::driver::CudaStream>>,
 }
 
 /// What a meeting gives back to every rank.

@@ -12,14 +12,17 @@ use crate::backend::{Backend, ByteRegion, DeviceMem};
 use crate::buffer::RawView;
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
+use crate::group::Group;
 
 use super::Shared;
 use super::op::{Arrival, Desc, Failure, Op, Outcome, Payload, View};
 
-/// Lent slices, given back (removed from the backend's table, after the launches in flight)
-/// when dropped, also while unwinding: no rank returns while its memory is in use.
+/// Lent slices, given back (taken out of the backend's table) when dropped, also while
+/// unwinding. The host backend's `free` waits for the launches in flight, so no rank returns
+/// while its memory is in use; the CUDA backend's `unlend` does not wait, since each rank's
+/// stream orders its memory's reuse after the launch.
 struct Lent<'a> {
-    host: &'a HostBackend,
+    give_back: &'a dyn Fn(DeviceMem),
     /// Per arrival, the handles of its blocks.
     mems: Vec<Vec<DeviceMem>>,
 }
@@ -27,7 +30,7 @@ struct Lent<'a> {
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
         for m in self.mems.iter().flatten() {
-            self.host.free(*m);
+            (self.give_back)(*m);
         }
     }
 }
@@ -163,38 +166,115 @@ fn request(comm: &Communicator, d: &Desc, matrix: Vec<Vec<u64>>) -> Request {
     r
 }
 
+fn backend_error(comm: &Communicator, message: String) -> Failure {
+    failed(CollectivesError::Backend {
+        backend: comm.backend().name(),
+        message,
+    })
+}
+
 fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
     let comm = &shared.comm;
-    let Some(host) = comm
-        .backend()
-        .as_any()
-        .and_then(|a| a.downcast_ref::<HostBackend>())
-    else {
-        return Err(failed(CollectivesError::Backend {
-            backend: comm.backend().name(),
-            message: "per-rank calls on borrowed slices need the host backend".into(),
-        }));
-    };
-    let mut lent = Lent {
-        host,
-        mems: Vec::with_capacity(arrivals.len()),
-    };
-    for a in arrivals {
-        let loc = Location::Gpu(comm.devices()[a.rank]);
-        // SAFETY: each span is a slice the rank borrowed for its call (`&[T]` or `&mut [T]`,
-        // so nothing else writes it, and nothing else reads a `&mut` one), and the rank does
-        // not return before this meeting's outcome, which is set after `lent` is dropped and
-        // `free` has waited for every launch. Shared slices are only ever inputs or sources
-        // of sends, which no op of a checked plan writes.
-        let mems = a
-            .blocks
+    let any = comm.backend().as_any();
+    if let Some(host) = any.and_then(|a| a.downcast_ref::<HostBackend>()) {
+        if let Some(a) = arrivals
             .iter()
-            .map(|s| unsafe { host.lend(loc, s.addr, s.bytes) })
-            .collect();
-        lent.mems.push(mems);
+            .find(|a| a.blocks.iter().any(|b| b.device.is_some()))
+        {
+            let m = format!(
+                "rank {} passes CUDA memory to a communicator on the host backend",
+                a.rank
+            );
+            return Err(backend_error(comm, m));
+        }
+        let give_back = |m: DeviceMem| host.free(m);
+        let mut lent = Lent {
+            give_back: &give_back,
+            mems: Vec::with_capacity(arrivals.len()),
+        };
+        for a in arrivals {
+            let loc = Location::Gpu(comm.devices()[a.rank]);
+            // SAFETY: each span is a slice the rank borrowed for its call (`&[T]` or
+            // `&mut [T]`, so nothing else writes it, and nothing else reads a `&mut` one), and
+            // the rank does not return before this meeting's outcome, which is set after
+            // `lent` is dropped and `free` has waited for every launch. Shared slices are only
+            // ever inputs or sources of sends, which no op of a checked plan writes.
+            let mems = a
+                .blocks
+                .iter()
+                .map(|s| unsafe { host.lend(loc, s.addr, s.bytes) })
+                .collect();
+            lent.mems.push(mems);
+        }
+        let group = build(comm, arrivals, descs, &lent.mems)?;
+        group.launch().and_then(|p| p.wait()).map_err(failed)?;
+        drop(lent);
+        return Ok(());
     }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = any.and_then(|a| a.downcast_ref::<crate::cuda::CudaBackend>()) {
+        let mut streams = Vec::with_capacity(arrivals.len());
+        for a in arrivals {
+            let Some(s) = a.stream.as_deref() else {
+                let m = format!(
+                    "rank {} calls without a CUDA stream on a communicator on the CUDA \
+                     backend: call through RankComm::on(&stream)",
+                    a.rank
+                );
+                return Err(backend_error(comm, m));
+            };
+            streams.push(s);
+        }
+        let give_back = |m: DeviceMem| cuda.unlend(m);
+        let mut lent = Lent {
+            give_back: &give_back,
+            mems: Vec::with_capacity(arrivals.len()),
+        };
+        for a in arrivals {
+            let gpu = comm.devices()[a.rank];
+            let mut mems = Vec::with_capacity(a.blocks.len());
+            for s in &a.blocks {
+                let Some(ordinal) = s.device else {
+                    let m = format!(
+                        "rank {} passes host memory to a communicator on the CUDA backend",
+                        a.rank
+                    );
+                    return Err(backend_error(comm, m));
+                };
+                // SAFETY: the span is a cudarc buffer the rank borrowed for its call, taken
+                // with `device_ptr`/`device_ptr_mut` on the rank's stream; the rank keeps
+                // cudarc's guard until the launch is enqueued and its stream waits for the
+                // launch's end, so the buffer's later users and its free (ordered by cudarc's
+                // events) come after the launch. Shared buffers are only ever inputs or
+                // sources of sends, which no op of a checked plan writes.
+                mems.push(
+                    unsafe { cuda.lend_device(gpu, s.addr as u64, s.bytes, ordinal) }
+                        .map_err(failed)?,
+                );
+            }
+            lent.mems.push(mems);
+        }
+        let group = build(comm, arrivals, descs, &lent.mems)?;
+        group.launch_on_streams(cuda, &streams).map_err(failed)?;
+        drop(lent);
+        return Ok(());
+    }
+    Err(backend_error(
+        comm,
+        "per-rank calls need the host or the CUDA backend".into(),
+    ))
+}
+
+/// One checked group on the communicator: every collective of the ranks (in order) and
+/// every send and receive, on the lent handles `mems`.
+fn build<'c>(
+    comm: &'c Communicator,
+    arrivals: &[Arrival],
+    descs: &[Vec<&Desc>],
+    mems: &[Vec<DeviceMem>],
+) -> Result<Group<'c>, Failure> {
     let raw = |i: usize, v: View, esize: u64| -> Result<RawView> {
-        let mem = lent.mems[i]
+        let mem = mems[i]
             .get(v.block)
             .copied()
             .ok_or_else(|| CollectivesError::Backend {
@@ -274,7 +354,5 @@ fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Resul
             }
         }
     }
-    group.launch().and_then(|p| p.wait()).map_err(failed)?;
-    drop(lent);
-    Ok(())
+    Ok(group)
 }
