@@ -462,14 +462,22 @@ impl CudaBackend {
                     .map_err(drv("cuStreamWaitEvent"))?;
             }
         }
-        self.launch_prepared(&mut st, &prepared)?;
+        let mut joined = self.launch_prepared(&mut st, &prepared);
         for &(d, k) in &used {
             for s in callers {
-                s.wait(&st.devices[d].tails[k])
-                    .map_err(drv("cuStreamWaitEvent"))?;
+                if joined.is_ok() {
+                    joined = s
+                        .wait(&st.devices[d].tails[k])
+                        .map_err(drv("cuStreamWaitEvent"));
+                }
             }
         }
-        Ok(())
+        if joined.is_err() {
+            // Part of the launch may be enqueued without the callers' streams waiting for it:
+            // finish it here, so a caller that sees the error may reuse its memory.
+            self.wait_idle(&mut st);
+        }
+        joined
     }
 
     /// The kernels of device `d`, loaded on first use.

@@ -14,8 +14,12 @@
 //! an output a `&mut [T]`, and an in-place call takes one `&mut [T]`, so the borrow checker
 //! rules out aliasing.
 //!
-//! Layout: `mod.rs` (the handle, creation, timeouts), `calls.rs` (the typed calls and
-//! [`RankGroup`]), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the
+//! On the CUDA backend the calls take cudarc buffers on the caller's stream instead
+//! (`RankComm::on`): the run lends their device pointers and enqueues the group ordered
+//! within every rank's stream (`CudaBackend::submit_on`), without host synchronization.
+//!
+//! Layout: `mod.rs` (the handle, creation, timeouts), `calls.rs` (the typed calls, the
+//! buffer traits, [`RankGroup`] and, with feature `cuda`, `OnStream`), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the
 //! rendezvous), `run.rs` (the run), `split.rs` (`split`).
 
 mod calls;
@@ -143,9 +147,9 @@ pub struct RankComm {
 
 impl Communicator {
     /// One handle per rank of this communicator, in rank order (`ncclCommInitAll`), for
-    /// per-rank calls from one thread per rank. The calls take the ranks' slices in place
-    /// of buffers, which needs the host backend ([`crate::HostBackend`]): on another backend
-    /// every call returns an error.
+    /// per-rank calls from one thread per rank. On the host backend ([`crate::HostBackend`])
+    /// the calls take host slices; on the CUDA backend, cudarc buffers on the caller's
+    /// stream (`RankComm::on`, feature `cuda`). Other backends refuse every call.
     pub fn into_ranks(self) -> Vec<RankComm> {
         let n = self.ranks();
         let shared = Arc::new(Shared::new(self));

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use crate::backend::host::HostBackend;
 use crate::communicator::Communicator;
-use crate::error::CollectivesError;
 
 use super::Shared;
 use super::op::{Arrival, Failure, Op, Outcome, Payload};
@@ -28,30 +27,25 @@ pub(crate) fn run(parent: &Shared, arrivals: &[Arrival]) -> Outcome {
         }
     }
     let comm = &parent.comm;
-    if comm
+    let host = comm
         .backend()
         .as_any()
-        .and_then(|a| a.downcast_ref::<HostBackend>())
-        .is_none()
-    {
-        return Err(Failure::Failed(Arc::new(CollectivesError::Backend {
-            backend: comm.backend().name(),
-            message: "split of per-rank communicators needs the host backend".into(),
-        })));
-    }
+        .is_some_and(|a| a.is::<HostBackend>());
     let mut out: Vec<Option<(Arc<Shared>, usize)>> = vec![None; comm.ranks()];
     for members in colors.values_mut() {
         members.sort_unstable();
         let devices: Vec<u32> = members.iter().map(|&(_, r)| comm.devices()[r]).collect();
-        // Slices are lent per call, so the new communicator needs no memory of the parent's
-        // backend: a backend of its own keeps its launches and waits apart from the parent's.
-        let child = Communicator::new(
-            comm.topology().clone(),
-            &devices,
-            comm.relays(),
-            Arc::new(HostBackend::new()),
-        )
-        .map_err(|e| Failure::Failed(Arc::new(e)))?;
+        // Host slices are lent per call, so a host communicator needs no memory of the
+        // parent's backend: a backend of its own keeps its launches and waits apart from the
+        // parent's. Device communicators share the parent's backend (its contexts and
+        // streams); their calls are ordered by the callers' streams, not by host waits.
+        let backend: Arc<dyn crate::backend::Backend> = if host {
+            Arc::new(HostBackend::new())
+        } else {
+            comm.backend_arc()
+        };
+        let child = Communicator::new(comm.topology().clone(), &devices, comm.relays(), backend)
+            .map_err(|e| Failure::Failed(Arc::new(e)))?;
         let shared = Arc::new(Shared::new(child));
         for (i, &(_, r)) in members.iter().enumerate() {
             out[r] = Some((shared.clone(), i));
