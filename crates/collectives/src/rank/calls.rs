@@ -82,7 +82,7 @@ mod sealed {
 
 /// A buffer a per-rank call reads: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
 /// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaView`, `CudaViewMut`, which a call
-/// takes on the caller's stream: [`RankComm::on`]).
+/// takes on the caller's stream: `RankComm::on`).
 pub trait SendBuf<T: Element>: sealed::Lend<T> {
     /// Elements in the buffer.
     fn elems(&self) -> usize {
@@ -822,8 +822,8 @@ impl<'b> RankGroup<'_, 'b> {
     }
 }
 
-/// The single calls: each a group of one operation. Expanded for [`RankComm`] (host slices)
-/// and [`OnStream`] (the same calls on the caller's CUDA stream).
+// The single calls: each a group of one operation. Expanded for `RankComm` (host slices)
+// and `OnStream` (the same calls on the caller's CUDA stream).
 macro_rules! single_calls {
     () => {
         /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
