@@ -16,6 +16,7 @@
 //! | `ncclCommInitAll`, one `ncclComm_t` per thread | (one rank per thread) | [`Communicator::into_ranks`], [`RankComm::host`] |
 //! | `ncclCommSplit` | `MPI_Comm_split` | [`RankComm::split`] |
 //! | `ncclAllReduce(send, recv, ..., comm)` on one rank | `MPI_Allreduce` on one rank | [`RankComm::all_reduce`] and the other [`RankComm`] calls |
+//! | `ncclAllReduce(..., comm, stream)` on device buffers | (none) | `RankComm::on(&stream).all_reduce(..)` (feature `cuda`) |
 //! | `cudaMalloc` + `cudaMemcpy` | `MPI_Alloc_mem` | [`Communicator::alloc`], [`Communicator::from_slice`], [`DeviceBuffer::to_vec`] |
 //! | `ncclAllReduce` | `MPI_Allreduce` | [`Communicator::all_reduce`] |
 //! | `ncclReduce` | `MPI_Reduce` | [`Communicator::reduce`] |
