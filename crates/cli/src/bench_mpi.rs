@@ -10,13 +10,9 @@
 //! Timing: each iteration starts after a barrier; a rank's time is the sum over iterations of
 //! barrier exit to call return, and the reported time is the largest over the ranks.
 
-use anyhow::Result;
-
-use crate::args::BenchArgs;
-
 /// Run `relaycc bench --backend mpi`.
 #[cfg(not(feature = "mpi"))]
-pub fn run(_args: &BenchArgs, _out: &mut Vec<u8>) -> Result<()> {
+pub fn run(_args: &crate::args::BenchArgs, _out: &mut Vec<u8>) -> anyhow::Result<()> {
     anyhow::bail!(
         "--backend mpi: this relaycc is built without MPI (build relaycc-cli with --features \
          mpi: Open MPI and libclang)"

@@ -432,7 +432,7 @@ impl MpiCommunicator {
         }
         let desc = descriptor(&call, seq, local.is_err());
         let all = agree::collective(self, AGREE, Op::AllGather, desc.to_vec())?;
-        let key = verdict(self, &all, local)?;
+        let key = verdict(&all, local)?;
         self.run_cached(&call, key, &all, input, output)
     }
 
@@ -758,7 +758,7 @@ fn descriptor(call: &Call, seq: u64, failed: bool) -> [i64; WORDS] {
 /// The verdict on every rank's descriptor, the same on every rank: this rank's local error,
 /// [`MpiError::Peer`] for another rank's, or the first field that differs between ranks.
 /// Returns the cache key: the descriptors without the failure flag and sequence numbers.
-fn verdict(comm: &MpiCommunicator, all: &[i64], local: MpiResult<()>) -> MpiResult<Vec<i64>> {
+fn verdict(all: &[i64], local: MpiResult<()>) -> MpiResult<Vec<i64>> {
     let rows: Vec<&[i64]> = all.chunks(WORDS).collect();
     local?;
     if let Some(r) = rows.iter().position(|d| d[FAILED] != 0) {
@@ -850,7 +850,6 @@ fn verdict(comm: &MpiCommunicator, all: &[i64], local: MpiResult<()>) -> MpiResu
             rows[r][COUNT], first[COUNT], first[SEQ]
         )));
     }
-    let _ = comm;
     Ok(rows
         .iter()
         .flat_map(|d| d[COLL..].iter().copied())
