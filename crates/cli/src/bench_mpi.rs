@@ -77,6 +77,9 @@ mod imp {
         algorithm: Option<String>,
         /// The MPI library (`MPI_Get_library_version`, first line).
         mpi_library: String,
+        /// Whether relaycc ran in the caller's buffers (`RELAYCC_MPI_ZERO_COPY=1`) or in
+        /// its own, copying the input in and the output out.
+        zero_copy: bool,
         results: Vec<Row>,
     }
 
@@ -137,11 +140,14 @@ mod imp {
         if me != 0 {
             return Ok(());
         }
-        let library = rsmpi::environment::library_version()
+        let library: String = rsmpi::environment::library_version()
             .unwrap_or_default()
             .lines()
             .next()
             .unwrap_or("")
+            .chars()
+            .filter(|c| !c.is_control())
+            .collect::<String>()
             .trim()
             .to_owned();
         let report = Report {
@@ -156,6 +162,7 @@ mod imp {
             warmup: args.warmup,
             algorithm: comm.last_algorithm(),
             mpi_library: library,
+            zero_copy: comm.zero_copy(),
             results: rows,
         };
         match args.format {
@@ -172,12 +179,17 @@ mod imp {
         writeln!(
             out,
             "# relaycc bench {} on {} ranks ({} processes, {} node(s)), backend mpi, plan {}, \
-             {} iters after {} warmup",
+             {}, {} iters after {} warmup",
             r.collective,
             r.ranks,
             r.ranks,
             r.nodes,
             r.algorithm.as_deref().unwrap_or("-"),
+            if r.zero_copy {
+                "zero copy"
+            } else {
+                "own buffers"
+            },
             r.iters,
             r.warmup
         )?;

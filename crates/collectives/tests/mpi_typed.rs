@@ -10,8 +10,9 @@
 //!   type MPI has (f32, f64, i8, u8, i32, u32, i64, u64), out of place and, where there is an
 //!   in-place form, in place, with every reduce op (avg on floating types), at a small and a
 //!   larger count; each output must equal, byte for byte, what the MPI library's own
-//!   collective gives for the same inputs (avg: MPI's sum divided by the rank count). A
-//!   second call of each shape reuses its plan (the plan cache must not grow).
+//!   collective gives for the same inputs (avg: MPI's sum divided by the rank count); the
+//!   same in zero-copy mode for three types. A second call of each shape reuses its plan
+//!   (the plan cache must not grow).
 //! - `typed-faults`: one rank passes another count, element type, op, root, or calls the
 //!   collectives in another order, or expects another all_to_all_v count: every rank must get
 //!   the matching error within the timeout, and a correct call must then still run; a
@@ -304,6 +305,21 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
         typed::<u32>(comm, rep, "u32", c);
         typed::<i64>(comm, rep, "i64", c);
         typed::<u64>(comm, rep, "u64", c);
+    }
+    // Zero copy (messages in the caller's buffers) on a communicator split off this one.
+    match comm.split(Some(0), comm.rank() as i32) {
+        Ok(Some(mut zc)) => {
+            zc.set_zero_copy(true);
+            for c in [37usize, 3000] {
+                typed::<f32>(&zc, rep, "f32 zero copy", c);
+                typed::<u8>(&zc, rep, "u8 zero copy", c);
+                typed::<i64>(&zc, rep, "i64 zero copy", c);
+            }
+        }
+        other => {
+            println!("rank {}: split: {other:?}", comm.rank());
+            rep.check("zero-copy communicator", false);
+        }
     }
     let before = comm.cached_calls();
     typed::<f32>(comm, rep, "f32 again", 37);

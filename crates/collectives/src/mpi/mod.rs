@@ -12,7 +12,9 @@
 //!   consider device-aware staging); otherwise they are staged through the backend's host
 //!   memory ([`TransferMode::Staged`]). [`MpiCommunicator::set_transfer`] overrides it;
 //! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long a run may wait for its peers before
-//!   it fails (see [`MpiError::Timeout`]).
+//!   it fails (see [`MpiError::Timeout`]);
+//! - `RELAYCC_MPI_ZERO_COPY=1`: the typed collectives hand the caller's buffers to MPI
+//!   ([`MpiCommunicator::set_zero_copy`]).
 
 mod agree;
 mod device;
@@ -163,6 +165,8 @@ pub struct MpiCommunicator {
     p2p_seq: RefCell<HashMap<(u32, bool), u64>>,
     /// The algorithm of the last typed collective's plan.
     last_algorithm: RefCell<String>,
+    /// Typed collectives run in the caller's buffers ([`MpiCommunicator::set_zero_copy`]).
+    zero_copy: bool,
 }
 
 impl std::fmt::Debug for MpiCommunicator {
@@ -260,6 +264,7 @@ impl MpiCommunicator {
             p2p_plans: RefCell::default(),
             p2p_seq: RefCell::default(),
             last_algorithm: RefCell::default(),
+            zero_copy: std::env::var("RELAYCC_MPI_ZERO_COPY").is_ok_and(|v| v.trim() == "1"),
         }
     }
 
@@ -298,6 +303,7 @@ impl MpiCommunicator {
         let mut out = Self::assemble(sub, node_of, self.device, self.topology.clone());
         out.timeout = self.timeout;
         out.transfer = self.transfer;
+        out.zero_copy = self.zero_copy;
         Ok(Some(out))
     }
 
@@ -342,6 +348,23 @@ impl MpiCommunicator {
     /// addresses to MPI: only sound with a CUDA-aware MPI (host memory is fine either way).
     pub fn set_transfer(&mut self, mode: TransferMode) {
         self.transfer = mode;
+    }
+    /// True when the typed collectives run in the caller's buffers
+    /// ([`Self::set_zero_copy`]).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+    /// Let the typed collectives hand the caller's buffers to MPI (`true`), or run them in
+    /// buffers the communicator owns, with the input copied in and the output copied out
+    /// (`false`, the default unless `RELAYCC_MPI_ZERO_COPY=1`). Zero copy saves two copies of
+    /// the data per call; its price is in the failure path: when a run fails and MPI keeps
+    /// requests it cannot cancel (a peer stopped in the middle of a message), those requests
+    /// may still read or write the caller's buffers, which the call cannot keep alive, so
+    /// the process aborts the job (`MPI_Abort`) instead of returning. With owned buffers the
+    /// call returns [`MpiError::Timeout`] and buries its buffers instead. In-place calls
+    /// copy their input either way.
+    pub fn set_zero_copy(&mut self, on: bool) {
+        self.zero_copy = on;
     }
     /// How long a run waits for its peers.
     pub fn timeout(&self) -> Duration {

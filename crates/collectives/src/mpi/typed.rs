@@ -462,18 +462,17 @@ impl MpiCommunicator {
         }
         let out: &mut [u8] = bytemuck::cast_slice_mut(output);
         let esize = std::mem::size_of::<T>();
+        let borrowed = self.zero_copy && !p.schedule.writes_input();
+        let timeout = self.timeout;
         let ran = (|| {
-            let inb = p.bufs.input_bytes(&p.schedule)?;
-            match &input {
-                Input::Slice(s) => {
-                    let s: &[u8] = bytemuck::cast_slice(s);
-                    if s.len() != inb.len() {
-                        return Err(self.buffer("input", s.len(), inb.len()));
-                    }
-                    inb.copy_from_slice(s);
-                }
+            if out.len() != p.schedule.output_len {
+                return Err(self.buffer("output", out.len(), p.schedule.output_len));
+            }
+            let src: &[u8] = match &input {
+                Input::Slice(s) => bytemuck::cast_slice(s),
                 Input::InOutput(r) => {
                     let bytes = r.start * esize..r.end * esize;
+                    let inb = p.bufs.input_bytes(&p.schedule)?;
                     let src = out.get(bytes).ok_or(MpiError::Buffer {
                         side: "input",
                         got: out.len(),
@@ -482,17 +481,53 @@ impl MpiCommunicator {
                     if src.len() != inb.len() {
                         return Err(self.buffer("input", src.len(), inb.len()));
                     }
+                    // In place: the input is copied first, as the output overwrites it.
                     inb.copy_from_slice(src);
+                    &[]
                 }
+            };
+            let in_place = matches!(input, Input::InOutput(_));
+            if !in_place && src.len() != p.schedule.input_len {
+                return Err(self.buffer("input", src.len(), p.schedule.input_len));
             }
-            p.schedule.run_in(&mut p.reqs, &mut p.bufs, self.timeout)?;
-            let outb = p.bufs.output_bytes(&p.schedule)?;
-            if outb.len() != out.len() {
-                return Err(self.buffer("output", out.len(), outb.len()));
+            if !borrowed {
+                if !in_place {
+                    p.bufs.input_bytes(&p.schedule)?.copy_from_slice(src);
+                }
+                p.schedule.run_in(&mut p.reqs, &mut p.bufs, timeout)?;
+                out.copy_from_slice(p.bufs.output_bytes(&p.schedule)?);
+                return Ok(());
             }
-            out.copy_from_slice(outb);
-            Ok(())
+            // Zero copy: messages read the caller's input and write its output.
+            let in_ptr = if in_place {
+                p.bufs.input_bytes(&p.schedule)?.as_mut_ptr()
+            } else {
+                src.as_ptr().cast_mut()
+            };
+            // SAFETY: `in_ptr` holds `input_len` bytes (checked above, or the run buffer
+            // `input_bytes` sized for the schedule), only read (`borrowed` excludes schedules
+            // that write their input); `out` holds `output_len` bytes (checked above) and is
+            // borrowed mutably for the call, so nothing else touches it; an input slice and
+            // `out` cannot overlap (a shared and a mutable borrow), and neither overlaps the
+            // run buffers. If the run fails with requests MPI keeps, the process ends below
+            // before this function returns, so MPI never touches them after the borrows end.
+            unsafe {
+                p.schedule
+                    .run_at(&mut p.reqs, in_ptr, out.as_mut_ptr(), &mut p.bufs, timeout)
+            }
         })();
+        if let Err(e) = &ran
+            && borrowed
+            && let Some(stuck) = p.reqs.take_stuck()
+        {
+            eprintln!(
+                "relaycc: rank {}: {e}; MPI keeps {} requests into this call's buffers (zero \
+                 copy), which cannot outlive the call: aborting the job",
+                self.rank(),
+                stuck.len()
+            );
+            self.abort(70)
+        }
         let bufs = &mut p.bufs;
         self.health
             .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
