@@ -51,8 +51,8 @@
 //! and `exec::launch`), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
 //! the checker's proof to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver
 //! calls, kernel launches), the rest of the `cuda` module (FFI) and, with feature `mpi`,
-//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls on raw
-//! buffers).
+//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/schedule.rs`, `mpi/device.rs` and `mpi/typed.rs`
+//! (MPI calls on raw buffers).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 

@@ -331,12 +331,12 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
 
 /// True when `r` is the error `want` names, within `bound` of `t`.
 fn expect(r: Result<(), MpiError>, want: &str, t: Instant, bound: Duration, me: u32) -> bool {
-    let ok = match (&r, want) {
-        (Err(MpiError::CountMismatch(_)), "count") => true,
-        (Err(MpiError::ElementMismatch(_)), "element") => true,
-        (Err(MpiError::CallMismatch(_)), "call") => true,
-        _ => false,
-    };
+    let ok = matches!(
+        (&r, want),
+        (Err(MpiError::CountMismatch(_)), "count")
+            | (Err(MpiError::ElementMismatch(_)), "element")
+            | (Err(MpiError::CallMismatch(_)), "call")
+    );
     let fast = t.elapsed() <= bound;
     if !ok || !fast {
         println!(

@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 use relaycc_route::nodeaware::{Strategy, rank_space_plan};
 use relaycc_route::{BufferRef, Collective, DType, Location, Plan, Region, Request, RouteError};
 
+/// The terms of a reduction: (rank, input offset) per contributor.
+type Terms = Vec<(u32, u64)>;
+
 /// The direct plan of a request over ranks `0..n` (ranks are processes).
 ///
 /// - A piece with one term (data movement) is one copy from the source rank's input to the
@@ -43,7 +46,7 @@ pub(super) fn direct_plan(req: &Request) -> Result<Plan, RouteError> {
         plan.copy(lane, src, dst, Vec::new(), deps)
     };
     // Reductions grouped by (terms, length): destinations (rank, output offset) in order.
-    let mut reductions: BTreeMap<(Vec<(u32, u64)>, u64), Vec<(u32, u64)>> = BTreeMap::new();
+    let mut reductions: BTreeMap<(Terms, u64), Vec<(u32, u64)>> = BTreeMap::new();
     for p in req.expected()? {
         match p.terms.as_slice() {
             [(s, soff)] if !req.collective.reduces() => {

@@ -17,15 +17,17 @@
 //!    built in rank space (ranks `0..n` are the processes), planned ([`super::plans`]),
 //!    proved by `relaycc_route::check`, and cut into this rank's [`Schedule`] with its run
 //!    buffers; all ranks miss together, since they hold the same keys.
-//! 4. **Run** through the one per-rank executor ([`Schedule::run_in`]): the input is copied
-//!    into the cached run buffers, cross-rank copies are MPI messages, local copies and
-//!    reductions run here, and the output is copied out. A failed run fails the
-//!    communicator, as `execute` does.
+//! 4. **Run** through the one per-rank executor ([`Schedule::run_at`]): cross-rank copies are
+//!    MPI messages, local copies and reductions run here. With owned buffers (the default)
+//!    the input is copied into the cached run buffers and the output copied out; zero copy
+//!    ([`MpiCommunicator::set_zero_copy`]) runs in the caller's slices. A failed run fails
+//!    the communicator, as `execute` does.
 //!
 //! Point to point (`send`, `recv`) agrees pairwise instead: the sender's descriptor (count,
 //! element type, sequence number of the pair) goes to the receiver, which answers whether it
 //! matches, on a communicator of their own, before the data message.
 
+use std::collections::hash_map::Entry;
 use std::ops::Range;
 use std::os::raw::c_int;
 use std::time::Instant;
@@ -446,13 +448,12 @@ impl MpiCommunicator {
         output: &mut [T],
     ) -> MpiResult<()> {
         let mut cache = self.calls.borrow_mut();
-        if !cache.contains_key(&key) {
-            let req = self.request(call, all)?;
-            let prepared = self.prepare_request(&req, self.comm.as_raw())?;
-            cache.insert(key.clone(), prepared);
-        }
-        let Some(p) = cache.get_mut(&key) else {
-            return Err(MpiError::Unsupported("the plan cache lost a plan".into()));
+        let p = match cache.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let req = self.request(call, all)?;
+                v.insert(self.prepare_request(&req, self.comm.as_raw())?)
+            }
         };
         {
             let mut last = self.last_algorithm.borrow_mut();
@@ -690,15 +691,14 @@ impl MpiCommunicator {
         let (src, dst) = if sending { (me, peer) } else { (peer, me) };
         let key = (src, dst, count, T::DTYPE);
         let mut plans = self.p2p_plans.borrow_mut();
-        if !plans.contains_key(&key) {
-            let n = self.size();
-            let mut req = Request::new(Collective::SendRecv, (0..n).collect(), count, T::DTYPE);
-            req.transfers = vec![Transfer { src, dst, count }];
-            let p = self.prepare_request(&req, self.p2p.as_raw())?;
-            plans.insert(key, p);
-        }
-        let Some(p) = plans.get_mut(&key) else {
-            return Err(MpiError::Unsupported("the plan cache lost a plan".into()));
+        let p = match plans.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let n = self.size();
+                let mut req = Request::new(Collective::SendRecv, (0..n).collect(), count, T::DTYPE);
+                req.transfers = vec![Transfer { src, dst, count }];
+                v.insert(self.prepare_request(&req, self.p2p.as_raw())?)
+            }
         };
         let ran = p
             .schedule
