@@ -89,8 +89,10 @@ fn run(comm: &MpiCommunicator, params: usize, steps: usize) -> Result<(), MpiErr
     let (Some(tp), Some(dp)) = (tp, dp) else {
         return Err(MpiError::Unsupported("every rank passes a color".into()));
     };
+    // This rank's half of the layer's columns.
     let half = params / 2;
-    let columns = &weights[..half.min(weights.len())];
+    let start = (tp.rank() as usize * half).min(weights.len());
+    let columns = &weights[start..(start + half).min(weights.len())];
     let mut activations = vec![0.0f32; half * tp.size() as usize];
     let mut shard_grad = vec![0.0f32; half];
     for step in 0..steps {
