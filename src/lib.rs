@@ -18,6 +18,7 @@
 //! | [`RankComm`], [`RankGroup`], [`SendBuf`], [`RecvBuf`], `OnStream` (feature `cuda`) | running collectives from one thread per rank, on each rank's own buffers |
 //! | [`Backend`], [`HostBackend`], `CudaBackend` (feature `cuda`), [`host_topology`] | where buffers live |
 //! | [`TopoError`], [`RouteError`], [`CollectivesError`] | errors, one per crate |
+//! | `MpiCommunicator`, `MpiError`, `rsmpi` (feature `mpi`) | one rank per process: typed per-rank collectives, `split` |
 //!
 //! Feature `cuda` (on by default) adds the CUDA backend, `cudarc` (the version the backend
 //! is built on, for `Communicator::wrap_cuda_slice`) and NVML discovery. Without it nothing
@@ -40,6 +41,10 @@ pub use relaycc_collectives as collectives;
 pub use relaycc_route as route;
 pub use relaycc_topo as topo;
 
+/// One rank per process over MPI (feature `mpi`): typed per-rank collectives on host slices
+/// (`all_reduce`, `all_gather_v`, ...), `split`, and rsmpi at the version they are built on.
+#[cfg(feature = "mpi")]
+pub use relaycc_collectives::mpi::{MpiCommunicator, MpiError, rsmpi};
 pub use relaycc_collectives::{
     Backend, BufferView, CollectivesError, Communicator, DeviceBuffer, Element, Group, HostBackend,
     Pending, RankComm, RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, host_topology,

@@ -280,6 +280,9 @@ pub enum BackendKind {
     /// CUDA GPUs through cudarc (`--gpus` lists CUDA devices; `--ranks N` spreads N ranks
     /// over the visible GPUs round-robin).
     Cuda,
+    /// One rank per process under `mpirun -np N`, on host memory (a binary built with feature
+    /// `mpi`); rank 0 prints.
+    Mpi,
 }
 
 /// Output formats of `bench`.
@@ -328,6 +331,10 @@ pub struct BenchArgs {
     /// why when unavailable).
     #[arg(long)]
     pub vs_nccl: bool,
+    /// `--backend mpi`: also time the MPI library's own collective on the same buffers, in
+    /// the same run, and print its time and the ratio per size.
+    #[arg(long)]
+    pub vs_mpi: bool,
     /// CUDA backend: plan on this topology (a preset, a file, or `auto` for NVML) instead of
     /// one flat link per rank. `--gpus` then names the topology's GPUs, the other free GPUs may
     /// relay, and topology GPU `g` runs on CUDA device `g mod visible` (so a one-GPU machine

@@ -90,6 +90,9 @@ fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
 
 /// Run `relaycc bench`.
 pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
+    if args.vs_mpi && args.backend != BackendKind::Mpi {
+        return Err(crate::args::usage("--vs-mpi needs --backend mpi"));
+    }
     let collective = args.collective;
     let (dtype, op) = (args.element.dtype, args.element.op);
     let sizes = crate::bench_checks::bench_sizes(args)?;
@@ -108,13 +111,14 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             (comm, devices, Vec::new())
         }
         BackendKind::Cuda => crate::bench_cuda::communicator(args)?,
+        BackendKind::Mpi => return crate::bench_mpi::run(args, out),
     };
     let max = sizes.last().copied().unwrap_or(0);
     crate::bench_checks::check_memory(&comm, args, &ordinals, collective, dtype, op, max)?;
     let mut nccl_note = None;
     let nccl = match (args.vs_nccl, args.backend) {
         (false, _) => None,
-        (true, BackendKind::Host) => {
+        (true, BackendKind::Host | BackendKind::Mpi) => {
             nccl_note = Some("NCCL runs on GPUs: use --backend cuda".to_owned());
             None
         }

@@ -592,3 +592,43 @@ fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
     );
     assert!(v["results"][0].get("nccl_busbw_gbps").is_none());
 }
+
+/// `--vs-mpi` belongs to `--backend mpi` (a usage error elsewhere), and a binary built without
+/// feature `mpi` says how to get `--backend mpi` instead of failing obscurely.
+#[test]
+fn mpi_backend_and_vs_mpi_fail_cleanly() {
+    let base = [
+        "bench",
+        "all_reduce",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "1",
+        "-w",
+        "0",
+    ];
+    let mut host = base.to_vec();
+    host.extend(["--backend", "host", "--ranks", "2", "--vs-mpi"]);
+    let o = relaycc(&host);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--vs-mpi needs --backend mpi"),
+        "{}",
+        stderr(&o)
+    );
+    if cfg!(feature = "mpi") {
+        return;
+    }
+    let mut mpi = base.to_vec();
+    mpi.extend(["--backend", "mpi"]);
+    let o = relaycc(&mpi);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("built without MPI") && err.contains("--features mpi"),
+        "{err}"
+    );
+}

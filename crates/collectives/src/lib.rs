@@ -33,6 +33,8 @@
 //! | `cudaStreamSynchronize` | `MPI_Wait` | [`Pending::wait`] |
 //! | `ncclRedOp_t` | `MPI_Op` | [`ReduceOp`] |
 //! | `ncclDataType_t` | `MPI_Datatype` | [`Element`] (`f32`, `f64`, `f16`, `bf16`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`) |
+//! | `ncclCommInitRank` (bootstrapped by MPI) | one process per rank | `mpi::MpiCommunicator::from_mpi` (feature `mpi`), then per-rank `all_reduce(&[T], &mut [T], op)` and the other collectives on each process's own slices |
+//! | `ncclCommSplit` | `MPI_Comm_split` | `mpi::MpiCommunicator::split` (feature `mpi`) |
 //!
 //! Calls are in place, as in NCCL, when a rank's input and output are the same memory (for
 //! all_gather: the input is the rank's block of the output; for reduce_scatter: the output
@@ -58,8 +60,8 @@
 //! and `exec::launch`), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
 //! the checker's proof to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver
 //! calls, kernel launches), the rest of the `cuda` module (FFI) and, with feature `mpi`,
-//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/schedule.rs` and `mpi/device.rs` (MPI calls on raw
-//! buffers).
+//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/schedule.rs`, `mpi/device.rs` and `mpi/typed.rs`
+//! (MPI calls on raw buffers).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 

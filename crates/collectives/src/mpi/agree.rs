@@ -12,6 +12,7 @@ use std::time::Instant;
 use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
 
+use super::requests::SPINS_BEFORE_YIELD;
 use super::{MpiCommunicator, MpiError, MpiResult};
 
 /// The nonblocking collective of [`collective`].
@@ -136,9 +137,10 @@ fn wait(
                 after: timeout,
             });
         }
-        // Oversubscribed runs (more ranks than cores) need the core back.
+        // Oversubscribed runs (more ranks than cores) need the core back: with CMA the
+        // receiving process copies, so a rank spinning here delays its peers' copies.
         spins += 1;
-        if spins > 64 {
+        if spins > SPINS_BEFORE_YIELD {
             std::thread::yield_now();
         }
     }

@@ -20,7 +20,7 @@ use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
 
 /// Split+MD's message cap in bytes: Lassen's rendezvous threshold ([Lockhart-2023, Table 2]), unless
 /// `RELAYCC_SPLIT_CAP_BYTES` gives one.
-fn default_split_cap() -> u64 {
+pub(super) fn default_split_cap() -> u64 {
     std::env::var("RELAYCC_SPLIT_CAP_BYTES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -338,7 +338,10 @@ impl NeighborExchange {
 /// are renumbered node-major (`node * ranks_per_node + local index`) as the models expect,
 /// processes per node are the node's ranks, staging is through host unless CUDA-aware MPI
 /// is on (then the better of the two for the strategies that have both).
-fn model_strategies(comm: &MpiCommunicator, req: &Request) -> MpiResult<Vec<(Strategy, f64)>> {
+pub(super) fn model_strategies(
+    comm: &MpiCommunicator,
+    req: &Request,
+) -> MpiResult<Vec<(Strategy, f64)>> {
     let node_of = comm.node_of();
     let nodes = comm.nodes().max(1);
     let mut per_node = vec![0u32; nodes as usize];

@@ -12,15 +12,21 @@
 //!   consider device-aware staging); otherwise they are staged through the backend's host
 //!   memory ([`TransferMode::Staged`]). [`MpiCommunicator::set_transfer`] overrides it;
 //! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long a run may wait for its peers before
-//!   it fails (see [`MpiError::Timeout`]).
+//!   it fails (see [`MpiError::Timeout`]);
+//! - `RELAYCC_MPI_ZERO_COPY=1`: the typed collectives hand the caller's buffers to MPI
+//!   ([`MpiCommunicator::set_zero_copy`]).
 
 mod agree;
 mod device;
 mod exchange;
 mod indexed;
+mod plans;
 mod requests;
 mod schedule;
+mod typed;
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,6 +107,10 @@ pub enum MpiError {
     /// Ranks run different plans in one collective call.
     #[error("mismatched plans: {0}")]
     PlanMismatch(String),
+    /// Ranks make different collective calls at one point: another collective, reduce op
+    /// or root, or calls in another order.
+    #[error("mismatched calls: {0}")]
+    CallMismatch(String),
     /// An earlier run on this communicator (or an exchange built from it) failed, so peers
     /// may be gone and MPI's state is unknown; collective calls stop at once instead of
     /// waiting for them. Abort the job ([`MpiCommunicator::abort`]) or finalize.
@@ -142,6 +152,21 @@ pub struct MpiCommunicator {
     topology: Option<Topology>,
     /// Failure record and graveyard, shared with the exchanges built from this communicator.
     health: Rc<Health>,
+    /// A second private duplicate for send/recv pairs, so point-to-point messages never
+    /// match a collective's.
+    p2p: SimpleCommunicator,
+    /// Typed collective calls made so far (the sequence number agreed with every call).
+    seq: Cell<u64>,
+    /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]).
+    calls: RefCell<HashMap<Vec<i64>, typed::Prepared>>,
+    /// Per (source, destination, count, element type), the send/recv schedule.
+    p2p_plans: RefCell<HashMap<(u32, u32, u64, relaycc_route::DType), typed::Prepared>>,
+    /// Per (peer, sending), send/recv calls made so far with that peer.
+    p2p_seq: RefCell<HashMap<(u32, bool), u64>>,
+    /// The algorithm of the last typed collective's plan.
+    last_algorithm: RefCell<String>,
+    /// Typed collectives run in the caller's buffers ([`MpiCommunicator::set_zero_copy`]).
+    zero_copy: bool,
 }
 
 impl std::fmt::Debug for MpiCommunicator {
@@ -193,33 +218,32 @@ impl MpiCommunicator {
             Err(_) => None,
         };
         let comm = private_dup(world);
-        let (rank, size) = (comm.rank(), comm.size());
+        let rank = comm.rank();
         let shared = comm.split_shared(rank);
         let mut leader = 0i32;
         shared.all_reduce_into(&rank, &mut leader, SystemOperation::min());
         let local = shared.rank();
         let vnode = k.map_or(0, |k| local / k);
         let key = [leader, vnode];
-        let mut all = vec![0i32; 2 * size as usize];
-        comm.all_gather_into(&key[..], &mut all[..]);
-        let mut ids: Vec<(i32, i32)> = Vec::new();
-        let node_of = all
-            .chunks(2)
-            .map(|c| {
-                let key = (c[0], c[1]);
-                let id = ids.iter().position(|x| *x == key).unwrap_or_else(|| {
-                    ids.push(key);
-                    ids.len() - 1
-                });
-                id as u32
-            })
-            .collect();
+        let node_of = node_ids(&comm, &key);
+        Ok(Self::assemble(comm, node_of, device, topology))
+    }
+
+    /// A communicator over `comm` (already private, errors returned) with the given nodes.
+    fn assemble(
+        comm: SimpleCommunicator,
+        node_of: Vec<u32>,
+        device: u32,
+        topology: Option<Topology>,
+    ) -> Self {
+        let (rank, size) = (comm.rank(), comm.size());
         let timeout = std::env::var("RELAYCC_MPI_TIMEOUT_MS")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map_or(Duration::from_secs(60), Duration::from_millis);
         let cuda_aware = std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1");
-        Ok(MpiCommunicator {
+        let p2p = private_dup(&comm);
+        MpiCommunicator {
             comm,
             rank: rank as u32,
             size: size as u32,
@@ -234,7 +258,53 @@ impl MpiCommunicator {
             timeout,
             topology,
             health: Rc::default(),
-        })
+            p2p,
+            seq: Cell::new(0),
+            calls: RefCell::default(),
+            p2p_plans: RefCell::default(),
+            p2p_seq: RefCell::default(),
+            last_algorithm: RefCell::default(),
+            zero_copy: std::env::var("RELAYCC_MPI_ZERO_COPY").is_ok_and(|v| v.trim() == "1"),
+        }
+    }
+
+    /// Split into sub-communicators (`MPI_Comm_split`, rsmpi's `split_by_color_with_key`):
+    /// ranks passing the same `color` form one, numbered by `key` (ties by rank here); a
+    /// rank passing `None` joins none and gets `None`. Each sub-communicator keeps its
+    /// members' (virtual) nodes, renumbered by lowest new rank, this process's device, the
+    /// topology, transfer mode and timeout; its calls, plans and failure record are its own.
+    ///
+    /// Collective over this communicator: the ranks first agree (one nonblocking
+    /// `MPI_Iallreduce` within the timeout) that everyone is there and healthy, then split
+    /// (blocking, as `MPI_Comm_split` is).
+    ///
+    /// Errors: [`MpiError::Failed`], [`MpiError::Timeout`], or an MPI error.
+    pub fn split(&self, color: Option<u32>, key: i32) -> MpiResult<Option<MpiCommunicator>> {
+        use ::mpi::topology::Color;
+        self.health.check()?;
+        let local = match color {
+            Some(c) if c > i32::MAX as u32 => Err(MpiError::Unsupported(format!(
+                "rank {}: color {c} is over MPI's int range",
+                self.rank
+            ))),
+            _ => Ok(()),
+        };
+        agree(self, local, "split a communicator", None)?;
+        let c = color.map_or_else(Color::undefined, |c| Color::with_value(c as i32));
+        let Some(sub) = self.comm.split_by_color_with_key(c, key) else {
+            return Ok(None);
+        };
+        // SAFETY: `sub` is a valid communicator and the error handler a predefined constant.
+        unsafe { ffi::MPI_Comm_set_errhandler(sub.as_raw(), ffi::RSMPI_ERRORS_RETURN) };
+        // Each member's node in this communicator, so the sub-communicator groups its
+        // members as the parent does.
+        let mine = self.node_of[self.rank as usize] as i32;
+        let node_of = node_ids(&sub, &[mine, 0]);
+        let mut out = Self::assemble(sub, node_of, self.device, self.topology.clone());
+        out.timeout = self.timeout;
+        out.transfer = self.transfer;
+        out.zero_copy = self.zero_copy;
+        Ok(Some(out))
     }
 
     /// This process's rank.
@@ -278,6 +348,23 @@ impl MpiCommunicator {
     /// addresses to MPI: only sound with a CUDA-aware MPI (host memory is fine either way).
     pub fn set_transfer(&mut self, mode: TransferMode) {
         self.transfer = mode;
+    }
+    /// True when the typed collectives run in the caller's buffers
+    /// ([`Self::set_zero_copy`]).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+    /// Let the typed collectives hand the caller's buffers to MPI (`true`), or run them in
+    /// buffers the communicator owns, with the input copied in and the output copied out
+    /// (`false`, the default unless `RELAYCC_MPI_ZERO_COPY=1`). Zero copy saves two copies of
+    /// the data per call; its price is in the failure path: when a run fails and MPI keeps
+    /// requests it cannot cancel (a peer stopped in the middle of a message), those requests
+    /// may still read or write the caller's buffers, which the call cannot keep alive, so
+    /// the process aborts the job (`MPI_Abort`) instead of returning. With owned buffers the
+    /// call returns [`MpiError::Timeout`] and buries its buffers instead. In-place calls
+    /// copy their input either way.
+    pub fn set_zero_copy(&mut self, on: bool) {
+        self.zero_copy = on;
     }
     /// How long a run waits for its peers.
     pub fn timeout(&self) -> Duration {
@@ -435,6 +522,25 @@ fn agree<T>(
         }
     }
     Ok(v)
+}
+
+/// Number the nodes of `comm`'s ranks by each rank's `key` (equal keys, one node), in the
+/// order of their lowest rank (blocking `MPI_Allgather`, as at setup).
+fn node_ids(comm: &SimpleCommunicator, key: &[i32; 2]) -> Vec<u32> {
+    let size = comm.size() as usize;
+    let mut all = vec![0i32; 2 * size];
+    comm.all_gather_into(&key[..], &mut all[..]);
+    let mut ids: Vec<(i32, i32)> = Vec::new();
+    all.chunks(2)
+        .map(|c| {
+            let key = (c[0], c[1]);
+            let id = ids.iter().position(|x| *x == key).unwrap_or_else(|| {
+                ids.push(key);
+                ids.len() - 1
+            });
+            id as u32
+        })
+        .collect()
 }
 
 /// A 62-bit FNV-1a hash of the plan's debug text: equal plans hash equally on every rank

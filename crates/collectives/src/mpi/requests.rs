@@ -18,6 +18,10 @@ use ::mpi::ffi;
 
 use super::MpiError;
 
+/// Polls of a pending request before each further poll yields the core (`yield_now` returns
+/// at once when no other thread waits for it, so idle cores lose nothing).
+pub(super) const SPINS_BEFORE_YIELD: u32 = 4;
+
 /// How long cancelled requests get to complete before they count as stuck.
 const GRACE: Duration = Duration::from_secs(1);
 
@@ -181,9 +185,10 @@ impl Requests {
                 };
                 return Err(self.fail(err));
             }
-            // Oversubscribed runs (more ranks than cores) need the core back.
+            // Oversubscribed runs (more ranks than cores) need the core back: with CMA the
+            // receiving process copies, so a rank spinning here delays its peers' copies.
             spins += 1;
-            if spins > 64 {
+            if spins > SPINS_BEFORE_YIELD {
                 std::thread::yield_now();
             }
         }

@@ -243,6 +243,18 @@ impl Schedule {
                 (false, false) => {}
             }
         }
+        // Each rank posts its messages starting with its next neighbour (receives: with its
+        // previous one), so that at every moment the ranks talk to different peers instead of
+        // all to rank 0 first. The sort is stable, so one pair's messages keep their op-id
+        // order, which tag matching relies on.
+        let n = i64::from(plan.request.nranks().max(1) as u32);
+        let me_i = i64::from(me);
+        for l in &mut levels {
+            l.sends
+                .sort_by_key(|(peer, _, _)| (i64::from(*peer) - me_i).rem_euclid(n));
+            l.recvs
+                .sort_by_key(|(peer, _, _)| (me_i - i64::from(*peer)).rem_euclid(n));
+        }
         levels.retain(|l| {
             !(l.recvs.is_empty()
                 && l.sends.is_empty()
@@ -317,6 +329,40 @@ impl Schedule {
         // buffers, so no `&mut` to those buffers may be formed until the run ends.
         let in_ptr = bufs.input.as_mut_ptr().cast::<u8>();
         let out_ptr = bufs.output.as_mut_ptr().cast::<u8>();
+        // SAFETY: both point to buffers of `bufs` holding the schedule's lengths (`fits`),
+        // which live, untouched by anything else, for the whole call.
+        unsafe { self.run_at(reqs, in_ptr, out_ptr, bufs, timeout) }
+    }
+
+    /// True when some op of this rank writes its input buffer (a plan may use it as
+    /// scratch); the caller's input then cannot serve as the run's input.
+    pub(crate) fn writes_input(&self) -> bool {
+        self.levels.iter().any(|l| {
+            l.recvs.iter().any(|(_, _, d)| d.buf == Buf::Input)
+                || l.locals.iter().any(|(_, d)| d.buf == Buf::Input)
+                || l.reduces.iter().any(|(_, d, _)| d.buf == Buf::Input)
+        })
+    }
+
+    /// Run this rank's part with its input at `in_ptr` and its output at `out_ptr` (the
+    /// caller's memory, or buffers of `bufs`), and scratch from `bufs`.
+    ///
+    /// # Safety
+    /// `in_ptr` must point to `self.input_len` readable bytes (written only when
+    /// [`Schedule::writes_input`]) and `out_ptr` to `self.output_len` writable bytes, not
+    /// overlapping each other or `bufs`, that nothing else touches until this returns. When it
+    /// returns an error and [`Requests::take_stuck`] then gives requests, MPI may still read
+    /// or write both ranges until those requests complete: the caller must keep them
+    /// allocated and untouched until then, or end the process.
+    pub(crate) unsafe fn run_at(
+        &self,
+        reqs: &mut Requests,
+        in_ptr: *mut u8,
+        out_ptr: *mut u8,
+        bufs: &mut RunBuffers,
+        timeout: Duration,
+    ) -> Result<(), MpiError> {
+        bufs.fits(self)?;
         let scr: Vec<*mut u8> = bufs
             .scratch
             .iter_mut()
@@ -328,9 +374,9 @@ impl Schedule {
                 Buf::Output => out_ptr,
                 Buf::Scratch(i) => scr[i],
             };
-            // SAFETY: `Schedule::new` checked `off + len <= ` the buffer's length, and
-            // `bufs.fits` checked that each buffer holds that length, so the pointer stays
-            // inside the allocation.
+            // SAFETY: `Schedule::new` checked `off + len <= ` the buffer's length; `bufs.fits`
+            // checked that each scratch buffer holds that length, and the caller that the
+            // input and output ranges do, so the pointer stays inside the allocation.
             unsafe { base.add(l.off) }
         };
         let deadline = Instant::now() + timeout;

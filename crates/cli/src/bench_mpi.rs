@@ -1,0 +1,503 @@
+//! `relaycc bench <collective> --backend mpi`: run under `mpirun -np N`, one rank per
+//! process on host memory, through the typed per-rank collectives of
+//! `relaycc_collectives::mpi::MpiCommunicator`. Rank 0 prints the nccl-tests table (or
+//! JSON). With `--vs-mpi` every size is also timed with the MPI library's own collective
+//! (`MPI_Allreduce`, `MPI_Allgather(v)`, `MPI_Reduce_scatter_block`, `MPI_Bcast`,
+//! `MPI_Alltoall(v)`, `MPI_Reduce`, `MPI_Gather`, `MPI_Scatter`) on the same buffers, the two
+//! alternating iteration by iteration; `--check` compares relaycc's output with that
+//! collective's element for element on every rank.
+//!
+//! relaycc runs in zero-copy mode (`MpiCommunicator::set_zero_copy`: messages read and write
+//! the benchmark's buffers) unless `RELAYCC_MPI_ZERO_COPY=0` asks for the communicator's own
+//! buffers (input copied in, output copied out); the header and the JSON say which.
+//!
+//! Timing: each iteration starts after a barrier; a rank's time is the sum over iterations of
+//! barrier exit to call return, and the reported time is the largest over the ranks.
+
+/// Run `relaycc bench --backend mpi`.
+#[cfg(not(feature = "mpi"))]
+pub fn run(_args: &crate::args::BenchArgs, _out: &mut Vec<u8>) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "--backend mpi: this relaycc is built without MPI (build relaycc-cli with --features \
+         mpi: Open MPI and libclang)"
+    )
+}
+
+#[cfg(feature = "mpi")]
+pub use imp::run;
+
+#[cfg(feature = "mpi")]
+mod imp {
+    use std::io::Write;
+    use std::time::Instant;
+
+    use anyhow::{Context, Result, bail};
+    use relaycc_collectives::Element;
+    use relaycc_collectives::mpi::MpiCommunicator;
+    use relaycc_collectives::mpi::rsmpi;
+    use relaycc_route::{Collective, DType, ReduceOp, Request};
+    use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+    use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
+    use rsmpi::topology::{Communicator, SimpleCommunicator};
+    use serde::Serialize;
+
+    use crate::args::{BenchArgs, BenchFormat, usage};
+
+    /// One row of results.
+    #[derive(Debug, Serialize)]
+    struct Row {
+        size: u64,
+        count: u64,
+        time_us: f64,
+        algbw_gbps: f64,
+        busbw_gbps: f64,
+        /// Elements (over all ranks) where relaycc's output differs from the MPI
+        /// collective's; `None` (N/A) without `--check`.
+        wrong: Option<u64>,
+        /// The MPI collective's time on the same buffers (`--vs-mpi`), microseconds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mpi_time_us: Option<f64>,
+        /// The MPI collective's busbw, GB/s.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mpi_busbw_gbps: Option<f64>,
+        /// MPI's time over relaycc's (above 1: relaycc is faster).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        vs_mpi: Option<f64>,
+    }
+
+    /// The JSON document.
+    #[derive(Debug, Serialize)]
+    struct Report {
+        collective: String,
+        backend: String,
+        ranks: u32,
+        nodes: u32,
+        dtype: String,
+        op: String,
+        root: u32,
+        iters: u32,
+        warmup: u32,
+        /// The algorithm of relaycc's plan at the largest size.
+        algorithm: Option<String>,
+        /// The MPI library (`MPI_Get_library_version`, first line).
+        mpi_library: String,
+        /// Whether relaycc ran in the caller's buffers (`RELAYCC_MPI_ZERO_COPY=1`) or in
+        /// its own, copying the input in and the output out.
+        zero_copy: bool,
+        results: Vec<Row>,
+    }
+
+    /// The input value of element `i` of rank `r`: in -3..=3, exact in every type.
+    fn value(r: u32, i: u64) -> i64 {
+        ((u64::from(r) * 3 + i) % 7) as i64 - 3
+    }
+
+    /// Run `relaycc bench --backend mpi` (collective over the processes of `mpirun`).
+    pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
+        if !args.gpus.is_empty() {
+            return Err(usage(
+                "--backend mpi runs one rank per process on host memory; --gpus is not \
+                 available with it",
+            ));
+        }
+        if args.collective == Collective::SendRecv {
+            return Err(usage(
+                "--backend mpi times collectives; send_recv is not among them",
+            ));
+        }
+        let sizes = crate::bench_checks::bench_sizes(args)?;
+        let universe = rsmpi::initialize().context("MPI cannot be initialized")?;
+        let world = universe.world();
+        let n = world.size() as u32;
+        if let Some(r) = args.ranks
+            && r != n
+        {
+            return Err(usage(format!(
+                "--ranks {r}, but mpirun started {n} processes"
+            )));
+        }
+        if args.root >= n {
+            return Err(usage(format!("root {} is not a rank (0..{n})", args.root)));
+        }
+        let me = world.rank() as u32;
+        let mut comm = MpiCommunicator::from_mpi(&world, me, None)?;
+        // The benchmark times the fast path an engine uses: the caller's buffers handed to
+        // MPI. `RELAYCC_MPI_ZERO_COPY=0` times the communicator's own buffers instead.
+        comm.set_zero_copy(
+            std::env::var("RELAYCC_MPI_ZERO_COPY").map_or(true, |v| v.trim() != "0"),
+        );
+        let mut rows = Vec::new();
+        for size in sizes {
+            let row = match args.element.dtype {
+                DType::F32 => size_row::<f32>(&comm, &world, args, size)?,
+                DType::F64 => size_row::<f64>(&comm, &world, args, size)?,
+                DType::I8 => size_row::<i8>(&comm, &world, args, size)?,
+                DType::U8 => size_row::<u8>(&comm, &world, args, size)?,
+                DType::I32 => size_row::<i32>(&comm, &world, args, size)?,
+                DType::U32 => size_row::<u32>(&comm, &world, args, size)?,
+                DType::I64 => size_row::<i64>(&comm, &world, args, size)?,
+                DType::U64 => size_row::<u64>(&comm, &world, args, size)?,
+                DType::F16 | DType::Bf16 => {
+                    return Err(usage(
+                        "--backend mpi times types MPI has (f32, f64, i8, u8, i32, u32, i64, \
+                         u64); MPI has no half-precision type",
+                    ));
+                }
+            };
+            rows.push(row);
+        }
+        if me != 0 {
+            return Ok(());
+        }
+        let library: String = rsmpi::environment::library_version()
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(|c| !c.is_control())
+            .collect::<String>()
+            .trim()
+            .to_owned();
+        let report = Report {
+            collective: args.collective.name().into(),
+            backend: "mpi".into(),
+            ranks: n,
+            nodes: comm.nodes(),
+            dtype: args.element.dtype.nccl_name().into(),
+            op: args.element.op.name().into(),
+            root: args.root,
+            iters: args.iters,
+            warmup: args.warmup,
+            algorithm: comm.last_algorithm(),
+            mpi_library: library,
+            zero_copy: comm.zero_copy(),
+            results: rows,
+        };
+        match args.format {
+            BenchFormat::Json => {
+                serde_json::to_writer_pretty(&mut *out, &report)?;
+                writeln!(out)?;
+            }
+            BenchFormat::Table => table(&report, out)?,
+        }
+        Ok(())
+    }
+
+    fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
+        writeln!(
+            out,
+            "# relaycc bench {} on {} ranks ({} processes, {} node(s)), backend mpi, plan {}, \
+             {}, {} iters after {} warmup",
+            r.collective,
+            r.ranks,
+            r.ranks,
+            r.nodes,
+            r.algorithm.as_deref().unwrap_or("-"),
+            if r.zero_copy {
+                "zero copy"
+            } else {
+                "own buffers"
+            },
+            r.iters,
+            r.warmup
+        )?;
+        writeln!(out, "# MPI: {}", r.mpi_library)?;
+        writeln!(
+            out,
+            "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "mpi time",
+            "mpi bus",
+            "vs mpi"
+        )?;
+        writeln!(
+            out,
+            "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(x)"
+        )?;
+        let na =
+            |v: Option<f64>, p: usize| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.p$}"));
+        for row in &r.results {
+            writeln!(
+                out,
+                "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>8.2} {:>8.2} {:>7} {:>10} {:>8} {:>7}",
+                row.size,
+                row.count,
+                r.dtype,
+                r.op,
+                r.root,
+                row.time_us,
+                row.algbw_gbps,
+                row.busbw_gbps,
+                row.wrong
+                    .map_or_else(|| "N/A".to_owned(), |w| w.to_string()),
+                na(row.mpi_time_us, 1),
+                na(row.mpi_busbw_gbps, 2),
+                na(row.vs_mpi, 2),
+            )?;
+        }
+        if r.results.iter().any(|row| row.vs_mpi.is_some()) {
+            writeln!(
+                out,
+                "# vs mpi = MPI's time / relaycc's time on the same buffers (above 1: relaycc \
+                 is faster)"
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The element count of a `size`-byte request, as nccl-tests counts it.
+    fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
+        let per = size / dtype.size();
+        match c {
+            Collective::AllGather
+            | Collective::AllGatherV
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::AllToAllV
+            | Collective::Gather
+            | Collective::Scatter => per / n.max(1),
+            _ => per,
+        }
+    }
+
+    /// This rank's buffers and counts for one size.
+    struct Bufs<T> {
+        input: Vec<T>,
+        output: Vec<T>,
+        /// Per-rank counts (all equal) of the `v` collectives, as MPI takes them.
+        counts: Vec<usize>,
+        displs: Vec<i32>,
+        req: Request,
+    }
+
+    fn buffers<T: Element>(args: &BenchArgs, n: u32, me: u32, size: u64) -> Result<Bufs<T>> {
+        let c = args.collective;
+        let dtype = T::DTYPE;
+        let count = element_count(c, dtype, size, u64::from(n));
+        let mut req = Request::new(c, (0..n).collect(), count, dtype)
+            .with_op(args.element.op)
+            .with_root(args.root);
+        let nr = n as usize;
+        if c == Collective::AllGatherV {
+            req.counts = vec![count; nr];
+        }
+        if c == Collective::AllToAllV {
+            req.matrix = vec![vec![count; nr]; nr];
+        }
+        let in_len = usize::try_from(req.input_len(me)?)?;
+        let mut out_len = usize::try_from(req.output_len(me)?)?;
+        if c == Collective::Broadcast {
+            // In place, as MPI_Bcast: every rank's buffer holds the count.
+            out_len = count as usize;
+        }
+        let mut input: Vec<T> = Vec::new();
+        input
+            .try_reserve_exact(in_len)
+            .map_err(|_| anyhow::anyhow!("rank {me}: out of host memory for the input"))?;
+        input.extend((0..in_len as u64).map(|i| T::from_i64(value(me, i))));
+        let mut output: Vec<T> = Vec::new();
+        output
+            .try_reserve_exact(out_len)
+            .map_err(|_| anyhow::anyhow!("rank {me}: out of host memory for the output"))?;
+        output.resize(out_len, T::from_i64(0));
+        let cu = count as usize;
+        let counts = vec![cu; nr];
+        let displs = (0..nr)
+            .map(|r| i32::try_from(r * cu))
+            .collect::<Result<Vec<_>, _>>()
+            .context("displacements over MPI's int range")?;
+        Ok(Bufs {
+            input,
+            output,
+            counts,
+            displs,
+            req,
+        })
+    }
+
+    /// One call of relaycc's collective on `b`.
+    fn relaycc_call<T: Element>(
+        comm: &MpiCommunicator,
+        args: &BenchArgs,
+        b: &mut Bufs<T>,
+    ) -> Result<()> {
+        let op = args.element.op;
+        let root = args.root;
+        let (i, o) = (&b.input[..], &mut b.output[..]);
+        match args.collective {
+            Collective::AllReduce => comm.all_reduce(i, o, op)?,
+            Collective::Reduce => comm.reduce(i, o, root, op)?,
+            Collective::Broadcast => {
+                if comm.rank() == root {
+                    o.copy_from_slice(i);
+                }
+                comm.broadcast(o, root)?
+            }
+            Collective::AllGather => comm.all_gather(i, o)?,
+            Collective::AllGatherV => comm.all_gather_v(i, o, &b.counts)?,
+            Collective::ReduceScatter => comm.reduce_scatter(i, o, op)?,
+            Collective::AllToAll => comm.all_to_all(i, o)?,
+            Collective::AllToAllV => comm.all_to_all_v(i, &b.counts, o, &b.counts)?,
+            Collective::Gather => comm.gather(i, o, root)?,
+            Collective::Scatter => comm.scatter(i, o, root)?,
+            Collective::SendRecv => bail!("send_recv is not timed over MPI"),
+        }
+        Ok(())
+    }
+
+    fn system_op(op: ReduceOp) -> SystemOperation {
+        match op {
+            // MPI has no average: its sum is timed, and `--check` divides it.
+            ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
+            ReduceOp::Prod => SystemOperation::product(),
+            ReduceOp::Min => SystemOperation::min(),
+            ReduceOp::Max => SystemOperation::max(),
+        }
+    }
+
+    /// One call of the MPI library's collective on `b`'s input, into `out`.
+    fn mpi_call<T: Element + Equivalence>(
+        world: &SimpleCommunicator,
+        args: &BenchArgs,
+        b: &Bufs<T>,
+        out: &mut [T],
+    ) {
+        let op = system_op(args.element.op);
+        let root = world.process_at_rank(args.root as i32);
+        let is_root = world.rank() as u32 == args.root;
+        let i = &b.input[..];
+        let counts: Vec<i32> = b.counts.iter().map(|c| *c as i32).collect();
+        match args.collective {
+            Collective::AllReduce => world.all_reduce_into(i, out, op),
+            Collective::Reduce if is_root => root.reduce_into_root(i, out, op),
+            Collective::Reduce => root.reduce_into(i, op),
+            Collective::Broadcast => {
+                if is_root {
+                    out.copy_from_slice(i);
+                }
+                root.broadcast_into(out)
+            }
+            Collective::AllGather => world.all_gather_into(i, out),
+            Collective::AllGatherV => {
+                let mut part = PartitionMut::new(out, &counts[..], &b.displs[..]);
+                world.all_gather_varcount_into(i, &mut part)
+            }
+            Collective::ReduceScatter => world.reduce_scatter_block_into(i, out, op),
+            Collective::AllToAll => world.all_to_all_into(i, out),
+            Collective::AllToAllV => {
+                let send = Partition::new(i, &counts[..], &b.displs[..]);
+                let mut recv = PartitionMut::new(out, &counts[..], &b.displs[..]);
+                world.all_to_all_varcount_into(&send, &mut recv)
+            }
+            Collective::Gather if is_root => root.gather_into_root(i, out),
+            Collective::Gather => root.gather_into(i),
+            Collective::Scatter if is_root => root.scatter_into_root(i, out),
+            Collective::Scatter => root.scatter_into(out),
+            Collective::SendRecv => {}
+        }
+    }
+
+    /// Time relaycc (and with `--vs-mpi` the MPI collective) at one size; `--check`
+    /// compares the two outputs.
+    fn size_row<T: Element + Equivalence>(
+        comm: &MpiCommunicator,
+        world: &SimpleCommunicator,
+        args: &BenchArgs,
+        size: u64,
+    ) -> Result<Row> {
+        let n = world.size() as u32;
+        let me = world.rank() as u32;
+        let mut b = buffers::<T>(args, n, me, size)?;
+        let mut mpi_out = vec![T::from_i64(0); b.output.len()];
+        let with_mpi = args.vs_mpi;
+        for _ in 0..args.warmup {
+            relaycc_call(comm, args, &mut b)?;
+            if with_mpi {
+                mpi_call(world, args, &b, &mut mpi_out);
+            }
+        }
+        let (mut t_relay, mut t_mpi) = (0.0f64, 0.0f64);
+        let iters = args.iters.max(1);
+        for _ in 0..iters {
+            world.barrier();
+            let t = Instant::now();
+            relaycc_call(comm, args, &mut b)?;
+            t_relay += t.elapsed().as_secs_f64();
+            if with_mpi {
+                world.barrier();
+                let t = Instant::now();
+                mpi_call(world, args, &b, &mut mpi_out);
+                t_mpi += t.elapsed().as_secs_f64();
+            }
+        }
+        let wrong = if args.check {
+            b.output.fill(T::from_i64(0));
+            mpi_out.fill(T::from_i64(0));
+            relaycc_call(comm, args, &mut b)?;
+            mpi_call(world, args, &b, &mut mpi_out);
+            let n_f = f64::from(n);
+            let avg = args.collective.reduces() && args.element.op == ReduceOp::Avg;
+            let bad = b
+                .output
+                .iter()
+                .zip(&mpi_out)
+                .filter(|(a, m)| {
+                    if avg {
+                        let want = m.to_f64() / n_f;
+                        (a.to_f64() - want).abs() > 1e-6 * want.abs().max(1.0)
+                    } else {
+                        a != m
+                    }
+                })
+                .count() as u64;
+            let mut total = 0u64;
+            world.all_reduce_into(&bad, &mut total, SystemOperation::sum());
+            Some(total)
+        } else {
+            None
+        };
+        let mut worst = [0.0f64; 2];
+        world.all_reduce_into(
+            &[t_relay, t_mpi][..],
+            &mut worst[..],
+            SystemOperation::max(),
+        );
+        let bytes = b.req.size_bytes();
+        let secs = worst[0] / f64::from(iters);
+        let algbw = bytes as f64 / secs / 1e9;
+        let factor = args.collective.busbw_factor(n as usize);
+        let mpi_secs = with_mpi.then(|| worst[1] / f64::from(iters));
+        Ok(Row {
+            size: bytes,
+            count: b.req.count,
+            time_us: secs * 1e6,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * factor,
+            wrong,
+            mpi_time_us: mpi_secs.map(|s| s * 1e6),
+            mpi_busbw_gbps: mpi_secs.map(|s| bytes as f64 / s / 1e9 * factor),
+            vs_mpi: mpi_secs.map(|s| s / secs),
+        })
+    }
+}

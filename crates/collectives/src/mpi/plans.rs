@@ -1,0 +1,191 @@
+//! Plans in rank space for the typed per-rank collectives ([`super::typed`]): rank `r` is
+//! process `r`, its memory `Location::Gpu(r)`, and every op has a lane of its own, so only
+//! real dependencies order ops and each phase is one dependency level of the MPI schedule
+//! (every message of a level is posted at once).
+//!
+//! - all_gather_v, all_to_all_v and send_recv: [Lockhart-2023]'s strategies through
+//!   `relaycc_route::nodeaware::rank_space_plan`, the strategy picked by the max-rate model
+//!   over the communicator's (virtual) nodes, as [`super::NeighborExchange`] picks it; the
+//!   plan counts bytes.
+//! - every other collective: the direct plan of [`direct_plan`], built from the request's
+//!   expected pieces ([`Request::expected`]), typed.
+//!
+//! Both are plain [`Plan`]s; the caller proves them with `relaycc_route::check` before a
+//! message moves.
+
+use std::collections::BTreeMap;
+
+use relaycc_route::nodeaware::{Strategy, rank_space_plan};
+use relaycc_route::{BufferRef, Collective, DType, Location, Plan, Region, Request, RouteError};
+
+/// The terms of a reduction: (rank, input offset) per contributor.
+type Terms = Vec<(u32, u64)>;
+
+/// The direct plan of a request over ranks `0..n` (ranks are processes).
+///
+/// - A piece with one term (data movement) is one copy from the source rank's input to the
+///   destination rank's output: one message, or a local copy when both are one rank.
+/// - Pieces with several terms (reductions) that share their terms and length are one
+///   reduction, split into `n` slices, slice `o` reduced on rank `o`: every other rank sends
+///   its part of the slice to a scratch buffer on `o` (level 0), `o` reduces them with its own
+///   part into its output when it needs the result, else into scratch (level 1), then sends
+///   the result to every other rank that needs it (level 2). This is a direct reduce-scatter
+///   followed by a direct all-gather: each rank moves `2 (n-1)/n` of the data, as a ring
+///   does, in three levels instead of `2 (n-1)` steps. A reduction with one destination
+///   among several (reduce_scatter's blocks) is reduced whole on its destination, so the
+///   blocks spread the work over the ranks.
+///
+/// Errors: a request that does not validate.
+///
+/// Complexity: O(n^2) ops for n ranks.
+pub(super) fn direct_plan(req: &Request) -> Result<Plan, RouteError> {
+    let n = req.nranks() as u32;
+    let mut plan = Plan::new(req.clone(), "rank-space direct");
+    let copy = |plan: &mut Plan, from: u32, src: Region, dst: Region, deps: Vec<u32>| {
+        let lane = plan.add_lane(Location::Gpu(from), format!("rank{from}"));
+        plan.copy(lane, src, dst, Vec::new(), deps)
+    };
+    // Reductions grouped by (terms, length): destinations (rank, output offset) in order.
+    let mut reductions: BTreeMap<(Terms, u64), Vec<(u32, u64)>> = BTreeMap::new();
+    for p in req.expected()? {
+        match p.terms.as_slice() {
+            [(s, soff)] if !req.collective.reduces() => {
+                let src = Region::new(BufferRef::Input(*s), *soff, p.len);
+                let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
+                copy(&mut plan, *s, src, dst, Vec::new());
+            }
+            _ => reductions
+                .entry((p.terms.clone(), p.len))
+                .or_default()
+                .push((p.rank, p.out_offset)),
+        }
+    }
+    let groups = reductions.len();
+    for ((terms, len), dests) in reductions {
+        let slices: Vec<(u32, u64, u64)> = match dests.as_slice() {
+            [(d, _)] if groups > 1 => vec![(*d, 0, len)],
+            _ => (0..n)
+                .map(|o| {
+                    let (lo, hi) = slice(len, n, o);
+                    (o, lo, hi - lo)
+                })
+                .collect(),
+        };
+        for (o, lo, m) in slices {
+            if m == 0 {
+                continue;
+            }
+            let mut srcs = Vec::with_capacity(terms.len());
+            let mut deps = Vec::new();
+            for &(k, off) in &terms {
+                let part = Region::new(BufferRef::Input(k), off + lo, m);
+                if k == o {
+                    srcs.push(part);
+                } else {
+                    let s = plan.add_scratch(Location::Gpu(o), m);
+                    let into = Region::new(s, 0, m);
+                    deps.push(copy(&mut plan, k, part, into, Vec::new()));
+                    srcs.push(into);
+                }
+            }
+            let result = match dests.iter().find(|(d, _)| *d == o) {
+                Some(&(_, out)) => Region::new(BufferRef::Output(o), out + lo, m),
+                None => Region::new(plan.add_scratch(Location::Gpu(o), m), 0, m),
+            };
+            let lane = plan.add_lane(Location::Gpu(o), format!("rank{o} reduce"));
+            let red = plan.reduce(lane, srcs, result, true, deps);
+            for &(d, out) in dests.iter().filter(|(d, _)| *d != o) {
+                let dst = Region::new(BufferRef::Output(d), out + lo, m);
+                copy(&mut plan, o, result, dst, vec![red]);
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Slice `o` of `n` of `len` elements: `[lo, hi)`, sizes differing by at most one.
+fn slice(len: u64, n: u32, o: u32) -> (u64, u64) {
+    let n = u64::from(n.max(1));
+    let at = |k: u64| len / n * k + (len % n).min(k);
+    (at(u64::from(o)), at(u64::from(o) + 1))
+}
+
+/// The byte request of an exchange collective (all_gather_v, all_to_all_v, send_recv) with
+/// `esize`-byte elements: the same layout in `U8` elements, as `rank_space_plan` plans it.
+pub(super) fn byte_request(req: &Request, esize: u64) -> Request {
+    let mut b = req.clone();
+    b.dtype = DType::U8;
+    b.count = req.count.saturating_mul(esize);
+    b.counts = req.counts.iter().map(|c| c.saturating_mul(esize)).collect();
+    b.matrix = req
+        .matrix
+        .iter()
+        .map(|row| row.iter().map(|c| c.saturating_mul(esize)).collect())
+        .collect();
+    for t in &mut b.transfers {
+        t.count = t.count.saturating_mul(esize);
+    }
+    b
+}
+
+/// True for the collectives planned by `rank_space_plan`.
+pub(super) fn exchange(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::AllGatherV | Collective::AllToAllV | Collective::SendRecv
+    )
+}
+
+/// The rank-space plan of an exchange collective's byte request with `strategy`.
+pub(super) fn exchange_plan(
+    bytes: &Request,
+    node_of: &[u32],
+    strategy: Strategy,
+    split_cap: u64,
+) -> Result<Plan, RouteError> {
+    rank_space_plan(bytes, node_of, strategy, split_cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relaycc_route::ReduceOp;
+
+    /// Every collective's direct plan passes the checker, for several rank counts, counts
+    /// that do not divide evenly, and every reduce op.
+    #[test]
+    fn direct_plans_pass_the_checker() {
+        for n in [1u32, 2, 3, 4, 8] {
+            for c in Collective::ALL {
+                if exchange(c) {
+                    continue;
+                }
+                for count in [0u64, 1, 5, 37] {
+                    for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                        let req = Request::new(c, (0..n).collect(), count, DType::F32)
+                            .with_op(op)
+                            .with_root(n - 1);
+                        let plan = direct_plan(&req).expect("plans");
+                        relaycc_route::check(&plan)
+                            .unwrap_or_else(|e| panic!("{c} n={n} count={count} {op:?}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Exchange collectives planned in bytes pass the checker with virtual nodes.
+    #[test]
+    fn exchange_plans_pass_the_checker() {
+        let n = 4u32;
+        let mut req = Request::new(Collective::AllToAllV, (0..n).collect(), 0, DType::F64);
+        req.matrix = (0..n as u64)
+            .map(|s| (0..n as u64).map(|d| (s + 2 * d) % 3).collect())
+            .collect();
+        let bytes = byte_request(&req, 8);
+        for s in [Strategy::Standard, Strategy::ThreeStep, Strategy::TwoStep] {
+            let plan = exchange_plan(&bytes, &[0, 0, 1, 1], s, 64).expect("plans");
+            relaycc_route::check(&plan).expect("checks");
+        }
+    }
+}

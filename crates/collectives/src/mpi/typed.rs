@@ -1,0 +1,892 @@
+//! Typed per-rank collectives on an [`MpiCommunicator`]: each process passes its own host
+//! buffers (`&[T]`, `&mut [T]`; in place is one `&mut [T]`), as with `MPI_Allreduce` or
+//! `ncclAllReduce`.
+//!
+//! A call goes through four steps:
+//! 1. **Local checks**, the single-process API's: buffer lengths against the collective's
+//!    layout, a root that is a rank, `Avg` only on floating types, counts per rank.
+//! 2. **Agreement** before any data moves: every rank's call descriptor (collective, element
+//!    type and size, op, root, count, a hash of its per-rank counts, its sequence number, and
+//!    whether its local checks passed) is all-gathered in one nonblocking `MPI_Iallgather`
+//!    bounded by the communicator's timeout ([`super::agree`]). Every rank then holds the
+//!    same descriptors and reaches the same verdict: a mismatch is the same error on every
+//!    rank, a local failure is that rank's error there and [`MpiError::Peer`] elsewhere, a
+//!    peer that does not take part is [`MpiError::Timeout`]. Mismatches move no data and leave
+//!    the communicator usable.
+//! 3. **Plan once per shape**: the agreed descriptors key a cache. On a miss the request is
+//!    built in rank space (ranks `0..n` are the processes), planned ([`super::plans`]),
+//!    proved by `relaycc_route::check`, and cut into this rank's [`Schedule`] with its run
+//!    buffers; all ranks miss together, since they hold the same keys.
+//! 4. **Run** through the one per-rank executor ([`Schedule::run_at`]): cross-rank copies are
+//!    MPI messages, local copies and reductions run here. With owned buffers (the default)
+//!    the input is copied into the cached run buffers and the output copied out; zero copy
+//!    ([`MpiCommunicator::set_zero_copy`]) runs in the caller's slices. A failed run fails
+//!    the communicator, as `execute` does.
+//!
+//! Point to point (`send`, `recv`) agrees pairwise instead: the sender's descriptor (count,
+//! element type, sequence number of the pair) goes to the receiver, which answers whether it
+//! matches, on a communicator of their own, before the data message.
+
+use std::collections::hash_map::Entry;
+use std::ops::Range;
+use std::os::raw::c_int;
+use std::time::Instant;
+
+use ::mpi::ffi;
+use ::mpi::traits::AsRaw;
+use relaycc_route::nodeaware::Strategy;
+use relaycc_route::{Collective, DType, Location, ReduceOp, Request, Transfer};
+
+use super::agree::{self, Op};
+use super::plans;
+use super::requests::Requests;
+use super::schedule::{RunBuffers, Schedule};
+use super::{MpiCommunicator, MpiError, MpiResult};
+use crate::element::Element;
+
+/// The step name of the agreement, in errors.
+const AGREE: &str = "agree on a collective call";
+/// The step name of the point-to-point handshake, in errors.
+const HANDSHAKE: &str = "agree on a send/recv pair";
+
+/// Words of one rank's call descriptor.
+const WORDS: usize = 9;
+/// Positions in the descriptor.
+const FAILED: usize = 0;
+const SEQ: usize = 1;
+const COLL: usize = 2;
+const DTYPE: usize = 3;
+const ESIZE: usize = 4;
+const OP: usize = 5;
+const ROOT: usize = 6;
+const COUNT: usize = 7;
+const VHASH: usize = 8;
+
+/// Point-to-point tags on the pair communicator: the descriptor and the answer. The data
+/// message is op 0 of its plan, tag 0.
+const TAG_DESC: c_int = 1;
+const TAG_ACK: c_int = 2;
+
+/// One cached shape: this rank's schedule, its run buffers and requests.
+#[derive(Debug)]
+pub(super) struct Prepared {
+    schedule: Schedule,
+    bufs: RunBuffers,
+    reqs: Requests,
+    /// The plan's algorithm, for [`MpiCommunicator::last_algorithm`].
+    algorithm: String,
+}
+
+/// Where a call's input is.
+enum Input<'a, T> {
+    /// A buffer of its own.
+    Slice(&'a [T]),
+    /// Elements of the output buffer (in place).
+    InOutput(Range<usize>),
+}
+
+/// What this rank asks for, before agreement.
+struct Call {
+    collective: Collective,
+    dtype: DType,
+    esize: u64,
+    op: Option<ReduceOp>,
+    root: Option<u32>,
+    count: u64,
+    /// all_gather_v: every rank's count; all_to_all_v: this rank's send counts then its
+    /// receive counts.
+    counts: Vec<u64>,
+}
+
+/// A 62-bit FNV-1a hash of words (non-negative, so it negates and compares as `i64`).
+fn hash(words: &[u64]) -> i64 {
+    let h = words
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    (h >> 2) as i64
+}
+
+impl MpiCommunicator {
+    /// `output = op(input of every rank)` on every rank (`MPI_Allreduce`). `input` and
+    /// `output` hold the same number of elements.
+    ///
+    /// Collective. Errors: see [`MpiCommunicator::all_reduce_in_place`].
+    pub fn all_reduce<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let mut local = Ok(());
+        if input.len() != output.len() {
+            local = Err(self.buffer("output", output.len(), input.len()));
+        }
+        let call = self.call::<T>(Collective::AllReduce, Some(op), None, input.len() as u64);
+        self.collective(call, local, Input::Slice(input), output)
+    }
+
+    /// [`Self::all_reduce`] in place: `buf` is this rank's input and receives the result.
+    ///
+    /// Collective. Errors, on every rank before any data moves: a count, element type, op or
+    /// collective that differs between ranks ([`MpiError::CountMismatch`],
+    /// [`MpiError::ElementMismatch`], [`MpiError::CallMismatch`]), `Avg` on an integer type
+    /// ([`MpiError::Unsupported`] there, [`MpiError::Peer`] elsewhere), a peer that does not
+    /// take part within the timeout ([`MpiError::Timeout`]); during the run, an MPI error or a
+    /// timeout, which fail the communicator.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> MpiResult<()> {
+        let call = self.call::<T>(Collective::AllReduce, Some(op), None, buf.len() as u64);
+        let all = 0..buf.len();
+        self.collective(call, Ok(()), Input::InOutput(all), buf)
+    }
+
+    /// `output = op(input of every rank)` on rank `root` (`MPI_Reduce`). Ranks other than
+    /// the root may pass an empty `output`; theirs is not touched. Collective; errors as
+    /// [`Self::all_reduce_in_place`], and a root that is not a rank.
+    pub fn reduce<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        root: u32,
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let mut local = self.root_ok(root);
+        let is_root = root == self.rank();
+        if local.is_ok() && is_root && output.len() != input.len() {
+            local = Err(self.buffer("output", output.len(), input.len()));
+        }
+        let call = self.call::<T>(Collective::Reduce, Some(op), Some(root), input.len() as u64);
+        let out = if is_root { output } else { &mut [] };
+        self.collective(call, local, Input::Slice(input), out)
+    }
+
+    /// Rank `root`'s `buf` to every rank's `buf` (`MPI_Bcast`, in place). Collective; errors
+    /// as [`Self::all_reduce_in_place`], and a root that is not a rank.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> MpiResult<()> {
+        let local = self.root_ok(root);
+        let call = self.call::<T>(Collective::Broadcast, None, Some(root), buf.len() as u64);
+        let input = if root == self.rank() {
+            0..buf.len()
+        } else {
+            0..0
+        };
+        self.collective(call, local, Input::InOutput(input), buf)
+    }
+
+    /// Every rank's `input`, concatenated in rank order, to every rank's `output`
+    /// (`MPI_Allgather`); `output` holds `ranks x input.len()` elements. Collective; errors
+    /// as [`Self::all_reduce_in_place`].
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
+        let c = input.len();
+        let mut local = Ok(());
+        let needs = c.saturating_mul(self.size() as usize);
+        if output.len() != needs {
+            local = Err(self.buffer("output", output.len(), needs));
+        }
+        let call = self.call::<T>(Collective::AllGather, None, None, c as u64);
+        self.collective(call, local, Input::Slice(input), output)
+    }
+
+    /// [`Self::all_gather`] in place: this rank's contribution is its block (block `rank` of
+    /// `buf.len() / ranks` elements) of `buf`. Collective; a `buf` that does not split into
+    /// equal blocks is an error.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> MpiResult<()> {
+        let (c, local) = self.blocks(buf.len());
+        let me = self.rank() as usize;
+        let call = self.call::<T>(Collective::AllGather, None, None, c as u64);
+        self.collective(call, local, Input::InOutput(me * c..(me + 1) * c), buf)
+    }
+
+    /// As [`Self::all_gather`] with per-rank counts (`MPI_Allgatherv`, packed): `counts[r]`
+    /// elements from rank `r`, the same list on every rank; `input` holds `counts[rank]`
+    /// elements and `output` their sum. Collective; ranks with other lists give
+    /// [`MpiError::CountMismatch`] on every rank.
+    pub fn all_gather_v<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+    ) -> MpiResult<()> {
+        let local = self.v_counts(counts, input.len(), output.len());
+        let mut call = self.call::<T>(Collective::AllGatherV, None, None, input.len() as u64);
+        call.counts = counts.iter().map(|c| *c as u64).collect();
+        self.collective(call, local, Input::Slice(input), output)
+    }
+
+    /// [`Self::all_gather_v`] in place: this rank's contribution sits at its place in `buf`
+    /// (after the counts of lower ranks). Collective.
+    pub fn all_gather_v_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        counts: &[usize],
+    ) -> MpiResult<()> {
+        let me = self.rank() as usize;
+        let mine = counts.get(me).copied().unwrap_or(0);
+        let local = self.v_counts(counts, mine, buf.len());
+        let at: usize = counts.iter().take(me).sum();
+        let range = if local.is_ok() { at..at + mine } else { 0..0 };
+        let mut call = self.call::<T>(Collective::AllGatherV, None, None, mine as u64);
+        call.counts = counts.iter().map(|c| *c as u64).collect();
+        self.collective(call, local, Input::InOutput(range), buf)
+    }
+
+    /// Block `rank` (of `input.len() / ranks` elements) of the reduction of every rank's
+    /// `input` to `output` (`MPI_Reduce_scatter_block`). Collective; errors as
+    /// [`Self::all_reduce_in_place`].
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let c = output.len();
+        let mut local = Ok(());
+        let needs = c.saturating_mul(self.size() as usize);
+        if input.len() != needs {
+            local = Err(self.buffer("input", input.len(), needs));
+        }
+        let call = self.call::<T>(Collective::ReduceScatter, Some(op), None, c as u64);
+        self.collective(call, local, Input::Slice(input), output)
+    }
+
+    /// Block `d` of this rank's `input` to block `rank` of rank `d`'s `output`
+    /// (`MPI_Alltoall`); both hold `ranks` equal blocks. Collective.
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
+        let (c, mut local) = self.blocks(input.len());
+        if local.is_ok() && output.len() != input.len() {
+            local = Err(self.buffer("output", output.len(), input.len()));
+        }
+        let call = self.call::<T>(Collective::AllToAll, None, None, c as u64);
+        self.collective(call, local, Input::Slice(input), output)
+    }
+
+    /// `send_counts[d]` elements of `input` to rank `d`, `recv_counts[s]` elements from
+    /// rank `s` into `output`, both packed in rank order (`MPI_Alltoallv`). Collective; what
+    /// one rank sends that another does not expect is [`MpiError::CountMismatch`] on every
+    /// rank.
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        input: &[T],
+        send_counts: &[usize],
+        output: &mut [T],
+        recv_counts: &[usize],
+    ) -> MpiResult<()> {
+        let n = self.size() as usize;
+        let mut local = Ok(());
+        if send_counts.len() != n || recv_counts.len() != n {
+            local = Err(MpiError::CountMismatch(format!(
+                "rank {}: {} send and {} receive counts for {n} ranks",
+                self.rank(),
+                send_counts.len(),
+                recv_counts.len()
+            )));
+        } else if input.len() != send_counts.iter().sum::<usize>() {
+            local = Err(self.buffer("input", input.len(), send_counts.iter().sum()));
+        } else if output.len() != recv_counts.iter().sum::<usize>() {
+            local = Err(self.buffer("output", output.len(), recv_counts.iter().sum()));
+        }
+        let mut call = self.call::<T>(Collective::AllToAllV, None, None, 0);
+        if local.is_ok() {
+            call.counts = send_counts
+                .iter()
+                .chain(recv_counts)
+                .map(|c| *c as u64)
+                .collect();
+        }
+        self.collective(call, local, Input::Slice(input), output)
+    }
+
+    /// Every rank's `input`, concatenated in rank order, to `output` on rank `root`
+    /// (`MPI_Gather`); other ranks may pass an empty `output`. Collective.
+    pub fn gather<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
+        let c = input.len();
+        let mut local = self.root_ok(root);
+        let is_root = root == self.rank();
+        let needs = c.saturating_mul(self.size() as usize);
+        if local.is_ok() && is_root && output.len() != needs {
+            local = Err(self.buffer("output", output.len(), needs));
+        }
+        let call = self.call::<T>(Collective::Gather, None, Some(root), c as u64);
+        let out = if is_root { output } else { &mut [] };
+        self.collective(call, local, Input::Slice(input), out)
+    }
+
+    /// Block `r` (of `output.len()` elements) of `input` on rank `root` to rank `r`'s
+    /// `output` (`MPI_Scatter`); other ranks may pass an empty `input`. Collective.
+    pub fn scatter<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
+        let c = output.len();
+        let mut local = self.root_ok(root);
+        let is_root = root == self.rank();
+        let needs = c.saturating_mul(self.size() as usize);
+        if local.is_ok() && is_root && input.len() != needs {
+            local = Err(self.buffer("input", input.len(), needs));
+        }
+        let call = self.call::<T>(Collective::Scatter, None, Some(root), c as u64);
+        let inp = if is_root { input } else { &[] };
+        self.collective(call, local, Input::Slice(inp), output)
+    }
+
+    /// The algorithm of the plan the last collective call ran (`rank-space direct`,
+    /// `rank-space Standard`, ...), or `None` before the first.
+    pub fn last_algorithm(&self) -> Option<String> {
+        let last = self.last_algorithm.borrow();
+        (!last.is_empty()).then(|| last.clone())
+    }
+
+    /// Shapes planned so far by the typed collectives.
+    pub fn cached_calls(&self) -> usize {
+        self.calls.borrow().len()
+    }
+
+    fn call<T: Element>(
+        &self,
+        collective: Collective,
+        op: Option<ReduceOp>,
+        root: Option<u32>,
+        count: u64,
+    ) -> Call {
+        Call {
+            collective,
+            dtype: T::DTYPE,
+            esize: T::DTYPE.size(),
+            op,
+            root,
+            count,
+            counts: Vec::new(),
+        }
+    }
+
+    fn buffer(&self, side: &'static str, got: usize, needs: usize) -> MpiError {
+        MpiError::Buffer { side, got, needs }
+    }
+
+    fn root_ok(&self, root: u32) -> MpiResult<()> {
+        if root < self.size() {
+            Ok(())
+        } else {
+            Err(MpiError::Unsupported(format!(
+                "rank {}: root {root} is not a rank (0..{})",
+                self.rank(),
+                self.size()
+            )))
+        }
+    }
+
+    /// The block size of a buffer of `len` elements in `ranks` equal blocks.
+    fn blocks(&self, len: usize) -> (usize, MpiResult<()>) {
+        let n = self.size() as usize;
+        if len.is_multiple_of(n) {
+            (len / n, Ok(()))
+        } else {
+            let e = MpiError::Unsupported(format!(
+                "rank {}: {len} elements do not split into {n} equal blocks",
+                self.rank()
+            ));
+            (0, Err(e))
+        }
+    }
+
+    fn v_counts(&self, counts: &[usize], input: usize, output: usize) -> MpiResult<()> {
+        let n = self.size() as usize;
+        let me = self.rank() as usize;
+        if counts.len() != n {
+            return Err(MpiError::CountMismatch(format!(
+                "rank {me}: {} counts for {n} ranks",
+                counts.len()
+            )));
+        }
+        if input != counts[me] {
+            return Err(self.buffer("input", input, counts[me]));
+        }
+        let total: usize = counts.iter().sum();
+        if output != total {
+            return Err(self.buffer("output", output, total));
+        }
+        Ok(())
+    }
+
+    /// Steps 1 to 4 of the module docs for one call.
+    fn collective<T: Element>(
+        &self,
+        mut call: Call,
+        mut local: MpiResult<()>,
+        input: Input<'_, T>,
+        output: &mut [T],
+    ) -> MpiResult<()> {
+        self.health.check()?;
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        if local.is_ok()
+            && call.collective.reduces()
+            && call.op == Some(ReduceOp::Avg)
+            && !call.dtype.is_float()
+        {
+            local = Err(MpiError::Unsupported(format!(
+                "rank {}: avg is defined for floating types, not {}",
+                self.rank(),
+                call.dtype
+            )));
+        }
+        if local.is_err() {
+            call.counts.clear();
+        }
+        let desc = descriptor(&call, seq, local.is_err());
+        let all = agree::collective(self, AGREE, Op::AllGather, desc.to_vec())?;
+        let key = verdict(&all, local)?;
+        self.run_cached(&call, key, &all, input, output)
+    }
+
+    /// Plan on a miss (all ranks miss together), then run.
+    fn run_cached<T: Element>(
+        &self,
+        call: &Call,
+        key: Vec<i64>,
+        all: &[i64],
+        input: Input<'_, T>,
+        output: &mut [T],
+    ) -> MpiResult<()> {
+        let mut cache = self.calls.borrow_mut();
+        let p = match cache.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let req = self.request(call, all)?;
+                v.insert(self.prepare_request(&req, self.comm.as_raw())?)
+            }
+        };
+        {
+            let mut last = self.last_algorithm.borrow_mut();
+            if *last != p.algorithm {
+                last.clone_from(&p.algorithm);
+            }
+        }
+        let out: &mut [u8] = bytemuck::cast_slice_mut(output);
+        let esize = std::mem::size_of::<T>();
+        let borrowed = self.zero_copy && !p.schedule.writes_input();
+        let timeout = self.timeout;
+        let ran = (|| {
+            if out.len() != p.schedule.output_len {
+                return Err(self.buffer("output", out.len(), p.schedule.output_len));
+            }
+            let src: &[u8] = match &input {
+                Input::Slice(s) => bytemuck::cast_slice(s),
+                Input::InOutput(r) => {
+                    let bytes = r.start * esize..r.end * esize;
+                    let inb = p.bufs.input_bytes(&p.schedule)?;
+                    let src = out.get(bytes).ok_or(MpiError::Buffer {
+                        side: "input",
+                        got: out.len(),
+                        needs: r.end * esize,
+                    })?;
+                    if src.len() != inb.len() {
+                        return Err(self.buffer("input", src.len(), inb.len()));
+                    }
+                    // In place: the input is copied first, as the output overwrites it.
+                    inb.copy_from_slice(src);
+                    &[]
+                }
+            };
+            let in_place = matches!(input, Input::InOutput(_));
+            if !in_place && src.len() != p.schedule.input_len {
+                return Err(self.buffer("input", src.len(), p.schedule.input_len));
+            }
+            if !borrowed {
+                if !in_place {
+                    p.bufs.input_bytes(&p.schedule)?.copy_from_slice(src);
+                }
+                p.schedule.run_in(&mut p.reqs, &mut p.bufs, timeout)?;
+                out.copy_from_slice(p.bufs.output_bytes(&p.schedule)?);
+                return Ok(());
+            }
+            // Zero copy: messages read the caller's input and write its output.
+            let in_ptr = if in_place {
+                p.bufs.input_bytes(&p.schedule)?.as_mut_ptr()
+            } else {
+                src.as_ptr().cast_mut()
+            };
+            // SAFETY: `in_ptr` holds `input_len` bytes (checked above, or the run buffer
+            // `input_bytes` sized for the schedule), only read (`borrowed` excludes schedules
+            // that write their input); `out` holds `output_len` bytes (checked above) and is
+            // borrowed mutably for the call, so nothing else touches it; an input slice and
+            // `out` cannot overlap (a shared and a mutable borrow), and neither overlaps the
+            // run buffers. If the run fails with requests MPI keeps, the process ends below
+            // before this function returns, so MPI never touches them after the borrows end.
+            unsafe {
+                p.schedule
+                    .run_at(&mut p.reqs, in_ptr, out.as_mut_ptr(), &mut p.bufs, timeout)
+            }
+        })();
+        if let Err(e) = &ran
+            && borrowed
+            && let Some(stuck) = p.reqs.take_stuck()
+        {
+            eprintln!(
+                "relaycc: rank {}: {e}; MPI keeps {} requests into this call's buffers (zero \
+                 copy), which cannot outlive the call: aborting the job",
+                self.rank(),
+                stuck.len()
+            );
+            self.abort(70)
+        }
+        let bufs = &mut p.bufs;
+        self.health
+            .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
+    }
+
+    /// The agreed request in rank space: ranks `0..n` are the processes.
+    fn request(&self, call: &Call, all: &[i64]) -> MpiResult<Request> {
+        let n = self.size() as usize;
+        let mut req = Request::new(
+            call.collective,
+            (0..n as u32).collect(),
+            call.count,
+            call.dtype,
+        )
+        .with_op(call.op.unwrap_or(ReduceOp::Sum))
+        .with_root(call.root.unwrap_or(0));
+        match call.collective {
+            Collective::AllGatherV => {
+                req.counts = all.chunks(WORDS).map(|d| d[COUNT] as u64).collect();
+            }
+            Collective::AllToAllV => {
+                // Every rank's send and receive counts: the matrix, checked pair by pair.
+                let words: Vec<i64> = call.counts.iter().map(|c| *c as i64).collect();
+                let got = agree::collective(self, AGREE, Op::AllGather, words)?;
+                let rows: Vec<&[i64]> = got.chunks(2 * n).collect();
+                for (s, row) in rows.iter().enumerate() {
+                    for (d, peer) in rows.iter().enumerate() {
+                        let (sends, expects) = (row[d], peer[n + s]);
+                        if sends != expects {
+                            return Err(MpiError::CountMismatch(format!(
+                                "rank {s} sends {sends} elements to rank {d}, which expects \
+                                 {expects}"
+                            )));
+                        }
+                    }
+                }
+                req.matrix = rows
+                    .iter()
+                    .map(|r| r[..n].iter().map(|c| *c as u64).collect())
+                    .collect();
+            }
+            _ => {}
+        }
+        req.validate()?;
+        Ok(req)
+    }
+
+    /// Plan, check and schedule `req` for this rank, with requests on `comm`.
+    pub(super) fn prepare_request(
+        &self,
+        req: &Request,
+        comm: ffi::MPI_Comm,
+    ) -> MpiResult<Prepared> {
+        let plan = if plans::exchange(req.collective) {
+            let bytes = plans::byte_request(req, req.dtype.size());
+            // A send/recv pair involves its two ranks only: no other rank may relay.
+            let modelled = if req.collective == Collective::SendRecv {
+                Ok(Vec::new())
+            } else {
+                super::exchange::model_strategies(self, &bytes)
+            };
+            let strategy = match modelled {
+                Ok(m) => m
+                    .iter()
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                    .map_or(Strategy::Standard, |m| m.0),
+                Err(_) => Strategy::Standard,
+            };
+            plans::exchange_plan(
+                &bytes,
+                self.node_of(),
+                strategy,
+                super::exchange::default_split_cap(),
+            )?
+        } else {
+            plans::direct_plan(req)?
+        };
+        // Proves every output element gets exactly what the request names before a message
+        // moves; deterministic, so every rank reaches the same verdict.
+        relaycc_route::check(&plan)?;
+        let schedule = Schedule::new(&plan, self.rank(), &|l| match l {
+            Location::Gpu(r) => Some(r),
+            Location::Host(_) => None,
+        })?;
+        let bufs = RunBuffers::new(&schedule);
+        Ok(Prepared {
+            schedule,
+            bufs,
+            reqs: Requests::new(comm, self.rank()),
+            algorithm: plan.algorithm,
+        })
+    }
+
+    /// Send `buf` to rank `dest` (`MPI_Send`), matched by a [`Self::recv`] there of the same
+    /// element type and count. The pair first agrees (the receiver answers whether the
+    /// descriptor matches), then the data moves as a one-op plan.
+    ///
+    /// Errors: `dest` is not another rank; [`MpiError::CountMismatch`] or
+    /// [`MpiError::ElementMismatch`] on both ranks when the receive differs;
+    /// [`MpiError::Timeout`] when the peer does not answer in time (which fails the
+    /// communicator).
+    pub fn send<T: Element>(&self, buf: &[T], dest: u32) -> MpiResult<()> {
+        self.point_to_point::<T>(dest, true, bytemuck::cast_slice(buf), &mut [])
+    }
+
+    /// Receive into `buf` from rank `src` (`MPI_Recv`), matched by a [`Self::send`] there.
+    /// Errors as [`Self::send`].
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: u32) -> MpiResult<()> {
+        let len = buf.len();
+        let out: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        self.point_to_point::<T>(src, false, &[], out)
+            .map_err(|e| match e {
+                MpiError::Buffer { .. } => MpiError::CountMismatch(format!(
+                    "rank {} receives {len} elements from rank {src}, which sends another count",
+                    self.rank()
+                )),
+                e => e,
+            })
+    }
+
+    fn point_to_point<T: Element>(
+        &self,
+        peer: u32,
+        sending: bool,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> MpiResult<()> {
+        self.health.check()?;
+        let me = self.rank();
+        if peer >= self.size() || peer == me {
+            return Err(MpiError::Unsupported(format!(
+                "rank {me}: peer {peer} is not another rank (0..{})",
+                self.size()
+            )));
+        }
+        let esize = std::mem::size_of::<T>() as u64;
+        let count = (input.len().max(output.len()) as u64) / esize.max(1);
+        let seq = {
+            let mut s = self.p2p_seq.borrow_mut();
+            let slot = s.entry((peer, sending)).or_insert(0);
+            *slot += 1;
+            *slot
+        };
+        let mine = [count as i64, T::DTYPE as i64, esize as i64, seq as i64];
+        let verdict = self.handshake(peer, sending, mine)?;
+        if verdict != 0 {
+            let what = match verdict {
+                2 => MpiError::ElementMismatch(format!(
+                    "ranks {me} and {peer} pass different element types to a send/recv pair"
+                )),
+                3 => MpiError::CallMismatch(format!(
+                    "ranks {me} and {peer} are at different send/recv calls of their pair"
+                )),
+                _ => MpiError::CountMismatch(format!(
+                    "ranks {me} and {peer} pass different counts to a send/recv pair"
+                )),
+            };
+            return Err(what);
+        }
+        let (src, dst) = if sending { (me, peer) } else { (peer, me) };
+        let key = (src, dst, count, T::DTYPE);
+        let mut plans = self.p2p_plans.borrow_mut();
+        let p = match plans.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let n = self.size();
+                let mut req = Request::new(Collective::SendRecv, (0..n).collect(), count, T::DTYPE);
+                req.transfers = vec![Transfer { src, dst, count }];
+                v.insert(self.prepare_request(&req, self.p2p.as_raw())?)
+            }
+        };
+        let ran = p
+            .schedule
+            .run(&mut p.reqs, input, output, &mut p.bufs, self.timeout);
+        let bufs = &mut p.bufs;
+        self.health
+            .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
+    }
+
+    /// The pairwise agreement: the sender sends its descriptor and waits for the answer; the
+    /// receiver compares it with its own and answers 0 (match), 1 (count), 2 (element) or 3
+    /// (sequence). Both return the answer. Bounded by the timeout (a timeout fails the
+    /// communicator; requests MPI keeps are buried with their buffers).
+    fn handshake(&self, peer: u32, sending: bool, mine: [i64; 4]) -> MpiResult<i64> {
+        let mut reqs = Requests::new(self.p2p.as_raw(), self.rank());
+        let mut desc = Box::new(mine);
+        let mut ack = Box::new([0i64; 1]);
+        let p = peer as c_int;
+        let posted = (|| {
+            if sending {
+                // SAFETY: both boxes live until the requests complete: on success `wait`
+                // returned, and on failure the boxes are buried with the stuck requests.
+                unsafe {
+                    reqs.irecv(ack.as_mut_ptr().cast(), 8, p, TAG_ACK)?;
+                    reqs.isend(desc.as_ptr().cast(), 32, p, TAG_DESC)?;
+                }
+                reqs.wait(0, Instant::now() + self.timeout, self.timeout)?;
+                Ok(ack[0])
+            } else {
+                // SAFETY: as above.
+                unsafe { reqs.irecv(desc.as_mut_ptr().cast(), 32, p, TAG_DESC)? };
+                reqs.wait(0, Instant::now() + self.timeout, self.timeout)?;
+                ack[0] = if desc[1] != mine[1] || desc[2] != mine[2] {
+                    2
+                } else if desc[0] != mine[0] {
+                    1
+                } else if desc[3] != mine[3] {
+                    3
+                } else {
+                    0
+                };
+                reqs.clear();
+                // SAFETY: as above.
+                unsafe { reqs.isend(ack.as_ptr().cast(), 8, p, TAG_ACK)? };
+                reqs.wait(0, Instant::now() + self.timeout, self.timeout)?;
+                Ok(ack[0])
+            }
+        })();
+        match posted {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let e = match e {
+                    MpiError::Timeout {
+                        rank,
+                        level,
+                        pending,
+                        after,
+                        ..
+                    } => MpiError::Timeout {
+                        rank,
+                        step: HANDSHAKE,
+                        level,
+                        pending,
+                        after,
+                    },
+                    e => e,
+                };
+                let r = self
+                    .health
+                    .settle(Err(e), &mut reqs, || Box::new((desc, ack)));
+                r.map(|()| 0)
+            }
+        }
+    }
+}
+
+/// This rank's descriptor words.
+fn descriptor(call: &Call, seq: u64, failed: bool) -> [i64; WORDS] {
+    let mut d = [0i64; WORDS];
+    d[FAILED] = i64::from(failed);
+    d[SEQ] = seq as i64;
+    d[COLL] = call.collective as i64;
+    d[DTYPE] = call.dtype as i64;
+    d[ESIZE] = call.esize as i64;
+    d[OP] = call.op.map_or(-1, |o| o as i64);
+    d[ROOT] = call.root.map_or(-1, i64::from);
+    d[COUNT] = call.count as i64;
+    d[VHASH] = hash(&call.counts);
+    d
+}
+
+/// The verdict on every rank's descriptor, the same on every rank: this rank's local error,
+/// [`MpiError::Peer`] for another rank's, or the first field that differs between ranks.
+/// Returns the cache key: the descriptors without the failure flag and sequence numbers.
+fn verdict(all: &[i64], local: MpiResult<()>) -> MpiResult<Vec<i64>> {
+    let rows: Vec<&[i64]> = all.chunks(WORDS).collect();
+    local?;
+    if let Some(r) = rows.iter().position(|d| d[FAILED] != 0) {
+        return Err(MpiError::Peer {
+            rank: r as u32,
+            step: "pass its local checks of a collective call",
+        });
+    }
+    let first = rows.first().copied().unwrap_or(&[0; WORDS]);
+    let differs = |f: usize| rows.iter().position(|d| d[f] != first[f]);
+    let name = |c: i64| {
+        Collective::ALL
+            .iter()
+            .find(|x| **x as i64 == c)
+            .map_or("?", |x| x.name())
+    };
+    if let Some(r) = differs(SEQ) {
+        return Err(MpiError::CallMismatch(format!(
+            "rank {r} is at collective call #{} of this communicator, rank 0 at #{}: ranks \
+             call collectives in different orders",
+            rows[r][SEQ], first[SEQ]
+        )));
+    }
+    if let Some(r) = differs(COLL) {
+        return Err(MpiError::CallMismatch(format!(
+            "rank {r} calls {}, rank 0 calls {} (call #{})",
+            name(rows[r][COLL]),
+            name(first[COLL]),
+            first[SEQ]
+        )));
+    }
+    if let Some(r) = differs(ESIZE).or_else(|| differs(DTYPE)) {
+        return Err(MpiError::ElementMismatch(format!(
+            "rank {r} passes {}-byte elements of type code {}, rank 0 {}-byte elements of type \
+             code {} ({} #{})",
+            rows[r][ESIZE],
+            rows[r][DTYPE],
+            first[ESIZE],
+            first[DTYPE],
+            name(first[COLL]),
+            first[SEQ]
+        )));
+    }
+    if let Some(r) = differs(OP) {
+        let op = |v: i64| {
+            [
+                ReduceOp::Sum,
+                ReduceOp::Prod,
+                ReduceOp::Min,
+                ReduceOp::Max,
+                ReduceOp::Avg,
+            ]
+            .into_iter()
+            .find(|o| *o as i64 == v)
+            .map_or("?", |o| o.name())
+        };
+        return Err(MpiError::CallMismatch(format!(
+            "rank {r} reduces with {}, rank 0 with {} ({} #{})",
+            op(rows[r][OP]),
+            op(first[OP]),
+            name(first[COLL]),
+            first[SEQ]
+        )));
+    }
+    if let Some(r) = differs(ROOT) {
+        return Err(MpiError::CallMismatch(format!(
+            "rank {r} names root {}, rank 0 root {} ({} #{})",
+            rows[r][ROOT],
+            first[ROOT],
+            name(first[COLL]),
+            first[SEQ]
+        )));
+    }
+    let coll = name(first[COLL]);
+    if first[COLL] == Collective::AllGatherV as i64 {
+        let counts: Vec<u64> = rows.iter().map(|d| d[COUNT] as u64).collect();
+        if let Some(r) = rows.iter().position(|d| d[VHASH] != hash(&counts)) {
+            return Err(MpiError::CountMismatch(format!(
+                "rank {r} passes counts that are not the ranks' contributions {counts:?} \
+                 ({coll} #{})",
+                first[SEQ]
+            )));
+        }
+    } else if first[COLL] != Collective::AllToAllV as i64
+        && let Some(r) = differs(COUNT)
+    {
+        return Err(MpiError::CountMismatch(format!(
+            "rank {r} passes {} elements, rank 0 {} ({coll} #{})",
+            rows[r][COUNT], first[COUNT], first[SEQ]
+        )));
+    }
+    Ok(rows
+        .iter()
+        .flat_map(|d| d[COLL..].iter().copied())
+        .collect())
+}
