@@ -59,7 +59,7 @@ pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
     if req.collective == Collective::AllReduce
         && super::nvls::nvls_switch(topo, &req.gpus).is_some()
     {
-        let mut p = super::nvls::all_reduce(topo, req, super::pipeline_chunk_elems(req).max(1))?;
+        let mut p = super::nvls::all_reduce(topo, req, super::nvls::nvls_chunk_elems(req))?;
         p.algorithm = "nccl-like nvls".into();
         options.push(p);
     }

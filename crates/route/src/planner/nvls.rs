@@ -25,6 +25,20 @@ use crate::request::{Collective, Request};
 
 use super::{chunks, split_even};
 
+/// The largest pipelining chunk of an NVLS plan, bytes. NCCL moves NVLS data in 128 KiB chunks
+/// (`NCCL_NVLS_CHUNKSIZE`, [NCCL-src]); relaycc caps its chunk at 1 MiB, which keeps a 1 GiB
+/// plan near 16k ops while the pipeline's fill and drain stay within 2% of the makespan
+/// (4 chunks per shard, the collective default, lose 8% on dgx-h100 at 1 GiB).
+pub const NVLS_MAX_CHUNK_BYTES: u64 = 1 << 20;
+
+/// The chunk (elements) the baseline's NVLS plan pipelines with for `req`.
+pub fn nvls_chunk_elems(req: &Request) -> u64 {
+    let esize = req.dtype.size().max(1);
+    super::pipeline_chunk_elems(req)
+        .min(NVLS_MAX_CHUNK_BYTES / esize)
+        .max(1)
+}
+
 /// The NVSwitch chip every member GPU reaches by a usable NVLink, when the members' NVSwitch
 /// can reduce and multicast (every member sm90 or later, [`relaycc_topo::rates::NVLS_MIN_SM`]).
 pub fn nvls_switch(topo: &Topology, gpus: &[u32]) -> Option<NodeId> {
