@@ -13,15 +13,18 @@ use super::fairshare::FairShare;
 use super::model::{Model, NONE};
 use super::result::{EdgeUse, MemUse, OpSpan, SimResult};
 
-/// Launch and DMA setup cost of one op, microseconds: the order of a CUDA kernel launch or
-/// `cudaMemcpyAsync` issue as NCCL's tuner models per-step base latency (a few us on V100).
-pub const DEFAULT_OP_OVERHEAD_US: f64 = 1.0;
+/// Extra fixed cost of every op, microseconds, beyond its mechanism's: 0 by default, since the
+/// topology's cost model ([`relaycc_topo::rates::CostModel`]) charges copy-engine launches,
+/// kernel launches and NCCL's protocol steps; a positive value models extra software
+/// overhead per op.
+pub const DEFAULT_OP_OVERHEAD_US: f64 = 0.0;
 
 /// Simulator settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimConfig {
-    /// Fixed cost every op pays when it starts, before its bytes flow (launch, DMA setup),
-    /// microseconds. Default [`DEFAULT_OP_OVERHEAD_US`] (1.0).
+    /// Fixed cost every op pays when it starts, before its bytes flow, on top of its
+    /// mechanism's cost from the topology's cost model, microseconds. Default
+    /// [`DEFAULT_OP_OVERHEAD_US`] (0).
     pub op_overhead_us: f64,
 }
 
@@ -80,8 +83,11 @@ struct Flow {
 /// and how busy each edge and memory was.
 ///
 /// An op becomes ready when its dependencies and every earlier op of its lane have finished.
-/// It then waits a fixed latency (`cfg.op_overhead_us`, plus the latency of each of its edges)
-/// and becomes a fluid flow of its bytes (elements x dtype size). Flows share every resource
+/// It then waits a fixed latency (its mechanism's cost from the topology's cost model: a
+/// copy-engine launch plus its edges' latencies for relaycc's copies, a kernel launch for its
+/// reductions, a protocol step for an NCCL-like plan's copies; plus `cfg.op_overhead_us`) and
+/// becomes a fluid flow of its bytes (elements x dtype size); an NCCL-like plan starts after
+/// its protocol's launch latency. Flows share every resource
 /// they cross max-min fairly; rates are recomputed whenever the set of flows changes. A copy
 /// loads its edges once per byte and each end in host memory once; a copy inside one memory
 /// loads it twice; a reduction loads its device's memory `srcs + 1` times.
@@ -90,7 +96,7 @@ struct Flow {
 /// * `topo`: the (masked) topology; edge capacities are `link.gbps`, memories come from the GPU
 ///   rates table and each CPU's `host_mem_gbps`.
 /// * `plan`: the plan; op `edges` index the topology's directed links.
-/// * `cfg`: settings; [`SimConfig::default`] charges 1 us per op.
+/// * `cfg`: settings; [`SimConfig::default`] adds nothing to the cost model's per-op costs.
 ///
 /// # Returns
 /// A [`SimResult`]: the makespan, a span per op, and the edges and memories that carried bytes.
@@ -120,7 +126,8 @@ struct Flow {
 /// let dst = Region::new(BufferRef::Output(1), 0, bytes);
 /// plan.copy(lane, src, dst, vec![edge], vec![]);
 /// let sim = simulate(&topo, &plan, &SimConfig::default()).unwrap();
-/// let expected = 1.0 + 0.6 + bytes as f64 / 24.2e3; // overhead + NVLink latency + transfer
+/// let launch = topo.costs().copy_engine_launch_us; // 5 us, [Wu-2026]
+/// let expected = launch + 0.6 + bytes as f64 / 24.2e3; // launch + NVLink latency + transfer
 /// assert!((sim.time_us - expected).abs() < 1e-9 * expected);
 /// ```
 ///
@@ -186,7 +193,7 @@ impl Prepared {
             .zip(&model.caps)
             .map(|(l, c)| l / c)
             .fold(0.0f64, f64::max);
-        (busiest, longest)
+        (model.start_us + busiest, model.start_us + longest)
     }
     /// As [`simulate`], for the plan and topology this was prepared from.
     pub fn simulate(&self, topo: &Topology) -> Result<SimResult> {
@@ -246,7 +253,7 @@ impl<'m> Engine<'m> {
             ],
             pending: m.deps.in_degrees().to_vec(),
             done: 0,
-            now_us: 0.0,
+            now_us: m.start_us,
             res_bytes: vec![0.0; r],
             res_busy_us: vec![0.0; r],
             res_since_us: vec![0.0; r],
