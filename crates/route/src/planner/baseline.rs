@@ -59,6 +59,10 @@ pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
         channels: super::PACKED_RINGS,
         ..ctx
     };
+    // Members on several nodes: NCCL's rail-aligned rings, trees and PXN.
+    if let Some(plan) = super::baseline_net::plan(topo, req, &ctx)? {
+        return Ok(plan);
+    }
     let mut plan = match req.collective {
         _ if req.nranks() < 2 => direct::plan(topo, req, &ctx),
         Collective::AllReduce => ring::all_reduce(topo, req, &packed),

@@ -26,6 +26,7 @@ use crate::request::{Collective, Request};
 
 mod access;
 pub mod baseline;
+pub mod baseline_net;
 mod builder;
 pub mod connect;
 pub mod direct;

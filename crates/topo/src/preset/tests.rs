@@ -402,10 +402,16 @@ fn switch_links(t: &Topology) -> Vec<f64> {
 
 #[test]
 fn default_layout_is_one_switch() {
-    for spec in ["cluster:2xdgx-h100:ib-ndr", "cluster:2xdgx-h100:ib-ndr:switch"] {
+    for spec in [
+        "cluster:2xdgx-h100:ib-ndr",
+        "cluster:2xdgx-h100:ib-ndr:switch",
+    ] {
         let t = preset(spec).unwrap();
         assert_eq!(switches_named(&t, "NetSwitch").len(), 1, "{spec}");
-        assert_eq!(nic_switch(&t, "node1/mlx5_5"), ("NetSwitch0".to_string(), 50.0));
+        assert_eq!(
+            nic_switch(&t, "node1/mlx5_5"),
+            ("NetSwitch0".to_string(), 50.0)
+        );
         assert!(switch_links(&t).is_empty());
     }
 }
@@ -443,7 +449,10 @@ fn oversubscribed_fat_tree_thins_the_up_links() {
     assert_eq!(switches_named(&t, "Spine").len(), 2);
     let up = switch_links(&t);
     assert_eq!(up.len(), 2 * 4 * 2);
-    assert!(up.iter().all(|g| (g - 21.0 * 50.0 / 2.0).abs() < 1e-9), "{up:?}");
+    assert!(
+        up.iter().all(|g| (g - 21.0 * 50.0 / 2.0).abs() < 1e-9),
+        "{up:?}"
+    );
     // NICs fill leaves in node order: node 5's NICs are numbers 40..47, on leaves 0 and 1.
     assert_eq!(nic_switch(&t, "node5/mlx5_1").0, "Leaf0");
     assert_eq!(nic_switch(&t, "node5/mlx5_2").0, "Leaf1");
