@@ -46,6 +46,16 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
+    baseline_plan_algo(topo, req, None)
+}
+
+/// [`baseline_plan`] with the multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`);
+/// `None` is the tuner's choice. Members on one node ignore it.
+pub fn baseline_plan_algo(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {
@@ -60,7 +70,7 @@ pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
         ..ctx
     };
     // Members on several nodes: NCCL's rail-aligned rings, trees and PXN.
-    if let Some(plan) = super::baseline_net::plan(topo, req, &ctx)? {
+    if let Some(plan) = super::baseline_net::plan_algo(topo, req, &ctx, algo)? {
         return Ok(plan);
     }
     let mut plan = match req.collective {

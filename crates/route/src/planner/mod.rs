@@ -37,7 +37,7 @@ pub mod shared_memory;
 pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
-pub use baseline::baseline_plan;
+pub use baseline::{baseline_plan, baseline_plan_algo};
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
 

@@ -50,6 +50,17 @@ pub fn spans_nodes(topo: &Topology, req: &Request) -> bool {
 /// # Complexity
 /// O(nodes x members per node^2) connection look-ups for the rings, O(ops) to build.
 pub fn plan(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Option<Plan>> {
+    plan_algo(topo, req, ctx, None)
+}
+
+/// [`plan`] with the all_reduce algorithm forced (as `NCCL_ALGO` forces it) instead of the
+/// tuner's choice; `None` lets the tuner choose.
+pub fn plan_algo(
+    topo: &Topology,
+    req: &Request,
+    ctx: &Ctx,
+    algo: Option<tuner::Algo>,
+) -> Result<Option<Plan>> {
     if req.nranks() < 2 || !spans_nodes(topo, req) {
         return Ok(None);
     }
@@ -62,7 +73,7 @@ pub fn plan(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Option<Plan>> {
         Collective::AllToAll => pxn::plan(req, ctx, &links)?,
         Collective::AllReduce => {
             let rings = rings::rail_rings(&links)?;
-            match tuner::choose(topo, req, &links, &rings) {
+            match algo.unwrap_or_else(|| tuner::choose(topo, req, &links, &rings)) {
                 tuner::Algo::Ring => rings::all_reduce(req, ctx, &links, &rings)?,
                 tuner::Algo::Tree => tree::all_reduce(req, ctx, &links, &rings)?,
             }
