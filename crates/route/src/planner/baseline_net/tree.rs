@@ -61,16 +61,13 @@ pub fn dtree(n: usize, r: usize, t: usize) -> (Option<usize>, Vec<usize>) {
     if t == 0 {
         return btree(n, r);
     }
-    let (map, unmap): (Box<dyn Fn(usize) -> usize>, Box<dyn Fn(usize) -> usize>) = if n % 2 == 1 {
-        (
-            Box::new(move |x| (x + n - 1) % n),
-            Box::new(move |x| (x + 1) % n),
-        )
-    } else {
-        (Box::new(move |x| n - 1 - x), Box::new(move |x| n - 1 - x))
-    };
-    let (up, kids) = btree(n, map(r));
-    (up.map(&unmap), kids.into_iter().map(&unmap).collect())
+    // Odd counts shift every rank down by one, even counts mirror; both are their own
+    // bookkeeping: `to` maps into the first tree's numbering, `back` maps out of it.
+    let odd = n % 2 == 1;
+    let to = |x: usize| if odd { (x + n - 1) % n } else { n - 1 - x };
+    let back = |x: usize| if odd { (x + 1) % n } else { n - 1 - x };
+    let (up, kids) = btree(n, to(r));
+    (up.map(back), kids.into_iter().map(back).collect())
 }
 
 /// Receive slots per rank and channel: one from the chain, two from child heads.
