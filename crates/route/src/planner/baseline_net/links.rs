@@ -14,7 +14,11 @@
 //!   ([NCCL-src], `src/graph/paths.cc`: a peer GPU on NVLink whose path to the NIC is at most
 //!   PXB, used when the GPU's own path crosses the CPU). Between NICs the path follows the
 //!   fabric: the shared leaf, or leaf, spine, leaf, the spine chosen by a salt so channels
-//!   spread over the spines as ECMP spreads flows.
+//!   spread over the spines as ECMP spreads flows. GPUs the driver refuses PCIe peer-to-peer
+//!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
+//!   staged through host memory. GPUs the driver refuses PCIe peer-to-peer
+//!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
+//!   staged through host memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -218,6 +222,12 @@ impl<'t> NetLinks<'t> {
             what: format!("GPU{ga} -> GPU{gb}"),
             why: format!("rail {rail} has no path between their nodes"),
         };
+        // Without PCIe peer-to-peer the NIC cannot reach GPU memory (no GPU Direct RDMA):
+        // NCCL stages through host memory, as its link rule does.
+        let p2p = |g: u32| self.topo.gpu_info(g).is_ok_and(|i| i.pcie_p2p);
+        if !p2p(ga) || !p2p(gb) {
+            return self.cache.get(LinkMode::Nccl, ga, gb);
+        }
         let (Some(&nic_a), Some(&rail_b)) =
             (self.nodes[ka].nics.get(rail), self.nodes[kb].nics.get(rail))
         else {

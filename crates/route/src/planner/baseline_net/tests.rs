@@ -104,6 +104,7 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
         ("cluster:2xdgx-h100:ib-ndr", vec![0, 3, 9, 14]),
         ("cluster:2xdgx1-v100:ib-edr", (0..16).collect()),
         ("cluster:2xgh200-quad:ib-ndr:rail", (0..8).collect()),
+        ("cluster:2xrtx4090-8gpu:ib-ndr", vec![0, 1, 5, 8, 9, 14]),
     ] {
         let topo = cluster(spec);
         for c in [
