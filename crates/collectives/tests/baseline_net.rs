@@ -117,6 +117,8 @@ fn multi_node_baselines_are_byte_exact_on_the_host() {
             Collective::AllGather,
             Collective::ReduceScatter,
             Collective::AllToAll,
+            Collective::Gather,
+            Collective::Scatter,
         ] {
             for count in [3u64, 4_099] {
                 let req = Request::new(c, gpus.clone(), count, DType::U32);

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | all_reduce | the tuner's choice ([`tuner`]) between rail-aligned rings ([`rings`]) and the double binary tree ([`tree`]) |
 //! | all_gather, reduce_scatter | rail-aligned rings, one channel per rail |
-//! | all_to_all | grouped send/recv, every inter-node send by PXN on the receiver's rail ([`pxn`]) |
+//! | all_to_all(_v), gather, scatter, send/recv | grouped send/recv, every inter-node send by PXN on the receiver's rail ([`pxn`]) |
 //!
 //! The other collectives keep the single-node baseline's plans. Every plan here is built from
 //! each GPU's home NIC and the fabric's switches ([`links`]); no connection is searched
@@ -64,13 +64,13 @@ pub fn plan_algo(
     if req.nranks() < 2 || !spans_nodes(topo, req) {
         return Ok(None);
     }
-    let served = rings::serves(req.collective) || req.collective == Collective::AllToAll;
+    let served = rings::serves(req.collective) || pxn::serves(req.collective);
     if !served {
         return Ok(None);
     }
     let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
     let mut plan = match req.collective {
-        Collective::AllToAll => pxn::plan(req, ctx, &links)?,
+        c if pxn::serves(c) => pxn::plan(req, ctx, &links)?,
         Collective::AllReduce => {
             let rings = rings::rail_rings(&links)?;
             match algo.unwrap_or_else(|| tuner::choose(topo, req, &links, &rings)) {

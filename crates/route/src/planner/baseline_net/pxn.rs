@@ -1,4 +1,4 @@
-//! all_to_all across nodes as NCCL runs it: grouped send/recv where every send to another node
+//! all_to_all (and all_to_all_v, gather, scatter, send/recv) across nodes as NCCL runs it: grouped send/recv where every send to another node
 //! goes by PXN, rail-aligned.
 //!
 //! A send from rank `a` to rank `b` on another node moves over NVLink to the member of `a`'s
@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::planner::Ctx;
 use crate::planner::builder::Builder;
-use crate::request::Request;
+use crate::request::{Collective, Request};
 
 use super::links::NetLinks;
 
@@ -39,4 +39,16 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
         )?;
     }
     Ok(b.finish())
+}
+
+/// True for the collectives NCCL runs as grouped send/recv.
+pub(super) fn serves(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::AllToAll
+            | Collective::AllToAllV
+            | Collective::Gather
+            | Collective::Scatter
+            | Collective::SendRecv
+    )
 }

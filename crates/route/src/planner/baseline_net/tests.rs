@@ -112,6 +112,8 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
             Collective::AllGather,
             Collective::ReduceScatter,
             Collective::AllToAll,
+            Collective::Gather,
+            Collective::Scatter,
         ] {
             for count in [1u64, 1000, 1 << 18] {
                 proved(&topo, c, gpus.clone(), count);
