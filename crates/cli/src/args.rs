@@ -233,7 +233,7 @@ pub enum TopoCommand {
 /// Where the topology comes from, and how it is masked and calibrated.
 #[derive(Debug, Clone, Args)]
 pub struct TopologyArgs {
-    /// A preset (`relaycc topo list`), `cluster:<N>x<preset>:<fabric>`, a file
+    /// A preset (`relaycc topo list`), `cluster:<N>x<preset>:<fabric>[:<layout>]`, a file
     /// (nvidia-smi topo -m text, NCCL topology XML or relaycc JSON), or `auto` (NVML).
     #[arg(long, short = 't', default_value = "dgx1-v100")]
     pub topology: String,

@@ -54,7 +54,17 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
-    let algorithm = algorithm_plan(topo, req)?;
+    baseline_plan_algo(topo, req, None)
+}
+
+/// [`baseline_plan`] with the multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`);
+/// `None` is the tuner's choice. Members on one node ignore it.
+pub fn baseline_plan_algo(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+) -> Result<Plan> {
+    let algorithm = algorithm_plan(topo, req, algo)?;
     let mut options = vec![algorithm];
     if req.collective == Collective::AllReduce
         && super::nvls::nvls_switch(topo, &req.gpus).is_some()
@@ -104,7 +114,11 @@ fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
 }
 
 /// The algorithm NCCL runs for `req`, before a protocol is chosen.
-fn algorithm_plan(topo: &Topology, req: &Request) -> Result<Plan> {
+fn algorithm_plan(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {
@@ -118,6 +132,10 @@ fn algorithm_plan(topo: &Topology, req: &Request) -> Result<Plan> {
         channels: super::PACKED_RINGS,
         ..ctx
     };
+    // Members on several nodes: NCCL's rail-aligned rings, trees and PXN.
+    if let Some(plan) = super::baseline_net::plan_algo(topo, req, &ctx, algo)? {
+        return Ok(plan);
+    }
     let mut plan = match req.collective {
         _ if req.nranks() < 2 => direct::plan(topo, req, &ctx),
         Collective::AllReduce => ring::all_reduce(topo, req, &packed),

@@ -26,6 +26,7 @@ use crate::request::{Collective, Request};
 
 mod access;
 pub mod baseline;
+pub mod baseline_net;
 mod builder;
 pub mod connect;
 pub mod direct;
@@ -37,7 +38,7 @@ pub mod shared_memory;
 pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
-pub use baseline::baseline_plan;
+pub use baseline::{baseline_plan, baseline_plan_algo};
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
 

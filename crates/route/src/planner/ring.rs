@@ -197,13 +197,13 @@ fn channel_order(order: &[u32], c: u32) -> Vec<u32> {
 }
 
 /// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
-type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
+pub(super) type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
 
 /// Reduce-scatter pass: at step s position p sends its partial of block p-s-1 to p+1, which
 /// adds its input; after n-1 steps position q holds block q complete in `fin` (finalized).
 /// Partials live in `acc` when given, else in a two-step scratch ring per position.
 #[allow(clippy::too_many_arguments)]
-fn reduce_scatter_pass(
+pub(super) fn reduce_scatter_pass(
     b: &mut Builder,
     ord: &[u32],
     ch: u32,
@@ -254,7 +254,7 @@ fn reduce_scatter_pass(
 
 /// All-gather pass: position q starts with block q in `out` (or sends it from `first`); at
 /// step t position p forwards block p-t to p+1.
-fn all_gather_pass(
+pub(super) fn all_gather_pass(
     b: &mut Builder,
     ord: &[u32],
     ch: u32,
@@ -454,7 +454,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 }
 
 /// Lane channel of the initial local copies, apart from every ring channel.
-const CH_LOCAL: u32 = 1 << 16;
+pub(super) const CH_LOCAL: u32 = 1 << 16;
 
 /// Ring reduce_scatter: n-1 reduce steps around the rings; block r completes at rank r.
 /// Source: NCCL's ring reduce_scatter.

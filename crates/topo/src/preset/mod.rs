@@ -21,14 +21,19 @@
 //! | `rtx5090-8gpu` | 8x RTX 5090 on CPU root ports (Gen5), no NVLink, no PCIe peer-to-peer |
 //! | `host-<N>` | one socket and N logical devices, each an arena of its memory ([`host_topology`]) |
 //!
-//! Clusters: `cluster:<N>x<node preset>:<fabric>`, e.g. `cluster:4xdgx1-v100:ib-edr`. Every
-//! NIC of every node joins one non-blocking network switch at the fabric's port rate. Fabrics:
+//! Clusters: `cluster:<N>x<node preset>:<fabric>[:<layout>]`, e.g. `cluster:4xdgx1-v100:ib-edr`
+//! or `cluster:128xdgx-h100:ib-ndr:rail`. Fabrics (the link type, the NIC port rate):
 //! `ib-edr` (12.5 GB/s), `ib-hdr` (25), `ib-ndr` (50), `roce-100g` (12.5), `eth-25g` (3.125),
-//! each with [`crate::rates::NETWORK_HOP_LATENCY_US`] per hop. GPU indices run on across nodes
-//! (node 1 of a DGX-1 cluster holds GPUs 8..15); other node names get a `node<h>/` prefix.
+//! each with [`crate::rates::NETWORK_HOP_LATENCY_US`] per hop. Layouts ([`fabric`]): `switch`
+//! (every NIC on one non-blocking switch, the default), `rail[=D:U]` (rail-optimized leaves
+//! under a spine layer), `fat-tree[=D:U]` (two-level fat-tree with the leaves' down:up
+//! oversubscription). A node preset that is itself a rack (`gb200-nvl72`) makes a cluster of
+//! NVLink domains joined by the network. GPU indices run on across nodes (node 1 of a DGX-1
+//! cluster holds GPUs 8..15); other node names get a `node<h>/` prefix.
 
 mod dgx;
 pub use dgx::DGX1_V100_NVLINKS;
+pub mod fabric;
 mod host;
 pub use host::{MAX_HOST_ARENAS, host_topology};
 mod grace;
@@ -147,10 +152,12 @@ pub fn list() -> Vec<(String, String)> {
     ));
     let fabrics: Vec<&str> = Fabric::ALL.iter().map(|(n, _)| *n).collect();
     v.push((
-        "cluster:<N>x<preset>:<fabric>".to_string(),
+        "cluster:<N>x<preset>:<fabric>[:<layout>]".to_string(),
         format!(
-            "N machines of a preset, NICs on one switch; fabrics: {}",
-            fabrics.join(", ")
+            "N machines of a preset on a network; fabrics: {}; layouts: {} \
+             (D:U = leaf down:up bandwidth, e.g. cluster:16xdgx-h100:ib-ndr:fat-tree=2:1)",
+            fabrics.join(", "),
+            fabric::LAYOUTS
         ),
     ));
     v
@@ -159,7 +166,7 @@ pub fn list() -> Vec<(String, String)> {
 fn known_names() -> String {
     let mut names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
     names.push("host-<N>");
-    names.push("cluster:<N>x<preset>:<fabric>");
+    names.push("cluster:<N>x<preset>:<fabric>[:<layout>]");
     names.join(", ")
 }
 
@@ -199,17 +206,13 @@ fn cluster(full: &str, spec: &str) -> Result<Topology> {
     let bad = |why: &str| TopoError::UnknownPreset {
         name: full.to_string(),
         known: format!(
-            "{why}; expected cluster:<N>x<preset>:<fabric>, e.g. cluster:4xdgx1-v100:ib-edr"
+            "{why}; expected cluster:<N>x<preset>:<fabric>[:<layout>], e.g. \
+             cluster:4xdgx1-v100:ib-edr or cluster:16xdgx-h100:ib-ndr:rail (layouts: {})",
+            fabric::LAYOUTS
         ),
     };
-    let (count_and_node, fabric) = spec.rsplit_once(':').ok_or_else(|| bad("no fabric"))?;
-    let fabric = Fabric::from_name(fabric).ok_or_else(|| {
-        let names: Vec<&str> = Fabric::ALL.iter().map(|(n, _)| *n).collect();
-        bad(&format!(
-            "unknown fabric {fabric:?} (known: {})",
-            names.join(", ")
-        ))
-    })?;
+    let (count_and_node, net) = spec.split_once(':').ok_or_else(|| bad("no fabric"))?;
+    let net = fabric::parse(net).map_err(|why| bad(&why))?;
     let (count, node) = count_and_node
         .split_once('x')
         .ok_or_else(|| bad("no node count"))?;
@@ -222,26 +225,28 @@ fn cluster(full: &str, spec: &str) -> Result<Topology> {
     let p = find(node)?;
     let mut b = TopologyBuilder::new(full);
     let mut base = 0;
-    let mut nics = Vec::new();
+    let mut nics = Vec::with_capacity(count as usize);
     for h in 0..count {
         b.begin_host(h);
-        nics.extend((p.build)(&mut b, base));
+        let first = b.graph().node_count();
+        let node_nics = (p.build)(&mut b, base);
+        // Only this node's nodes are scanned, so building N nodes stays linear in N.
         base = b
             .graph()
             .node_weights()
+            .skip(first)
             .filter_map(|n| n.gpu().map(|g| g.index + 1))
-            .max()
-            .unwrap_or(0);
-    }
-    let switch = b.add_net_switch();
-    for nic in nics {
-        if let Some(n) = b.node_mut(nic)
-            && let crate::graph::NodeKind::Nic(info) = &mut n.kind
-        {
-            info.gbps = fabric.gbps();
+            .fold(base, u32::max);
+        for nic in &node_nics {
+            if let Some(n) = b.node_mut(*nic)
+                && let crate::graph::NodeKind::Nic(info) = &mut n.kind
+            {
+                info.gbps = net.link.gbps();
+            }
         }
-        b.network(nic, switch, fabric, fabric.gbps());
+        nics.push(node_nics);
     }
+    fabric::wire(&mut b, &nics, net);
     b.build()
 }
 

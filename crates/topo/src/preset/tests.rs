@@ -166,6 +166,11 @@ fn bad_cluster_specs_are_errors() {
         "cluster:99999xdgx1-v100:ib-edr",
         "cluster:axdgx1-v100:ib-edr",
         "cluster:2xnope:ib-edr",
+        "cluster:2xdgx-h100:ib-ndr:mesh",
+        "cluster:2xdgx-h100:ib-ndr:rail=1:2",
+        "cluster:2xdgx-h100:ib-ndr:fat-tree=0:1",
+        "cluster:2xdgx-h100:ib-ndr:fat-tree=2",
+        "cluster:2xdgx-h100:ib-ndr:fat-tree=99:1",
     ] {
         assert!(preset(spec).is_err(), "{spec}");
     }
@@ -365,4 +370,117 @@ fn pcie_p2p_survives_json_and_defaults_to_granted() {
     );
     let back = crate::import::json::parse(&json, "dgx").unwrap();
     assert!(back.gpu_info(0).unwrap().pcie_p2p);
+}
+
+/// Switches named `prefix<i>`, and the links from NICs to them.
+fn switches_named(t: &Topology, prefix: &str) -> Vec<NodeId> {
+    t.nodes()
+        .filter(|(_, n)| matches!(n.kind, NodeKind::NetSwitch) && n.name.starts_with(prefix))
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// The switch NIC `name` is cabled to, and the link's rate.
+fn nic_switch(t: &Topology, name: &str) -> (String, f64) {
+    let nic = t.node_by_name(name).unwrap();
+    let (_, to, l) = t
+        .links_from(nic)
+        .find(|(_, to, _)| matches!(t.node(*to).kind, NodeKind::NetSwitch))
+        .unwrap();
+    (t.node(to).name.clone(), l.gbps)
+}
+
+/// Links between two switches of the fabric: (count of directed links, their rates).
+fn switch_links(t: &Topology) -> Vec<f64> {
+    t.links()
+        .filter(|(_, a, b, _)| {
+            matches!(t.node(*a).kind, NodeKind::NetSwitch)
+                && matches!(t.node(*b).kind, NodeKind::NetSwitch)
+        })
+        .map(|(_, _, _, l)| l.gbps)
+        .collect()
+}
+
+#[test]
+fn default_layout_is_one_switch() {
+    for spec in [
+        "cluster:2xdgx-h100:ib-ndr",
+        "cluster:2xdgx-h100:ib-ndr:switch",
+    ] {
+        let t = preset(spec).unwrap();
+        assert_eq!(switches_named(&t, "NetSwitch").len(), 1, "{spec}");
+        assert_eq!(
+            nic_switch(&t, "node1/mlx5_5"),
+            ("NetSwitch0".to_string(), 50.0)
+        );
+        assert!(switch_links(&t).is_empty());
+    }
+}
+
+#[test]
+fn rail_fabric_of_four_scalable_units_matches_the_superpod() {
+    // [NVIDIA-SuperPOD]: 4 SUs, 128 DGX nodes: 32 leaves, 16 spines, 1,024 node-leaf and
+    // 1,024 leaf-spine cables.
+    let t = preset("cluster:128xdgx-h100:ib-ndr:rail").unwrap();
+    assert_eq!(t.host_count(), 128);
+    assert_eq!(t.gpu_count(), 1024);
+    assert_eq!(t.nics().count(), 1024);
+    assert_eq!(switches_named(&t, "Leaf").len(), 32);
+    assert_eq!(switches_named(&t, "Spine").len(), 16);
+    // Every leaf reaches every spine over two NDR ports (100 GB/s), both directions.
+    let up = switch_links(&t);
+    assert_eq!(up.len(), 2 * 32 * 16);
+    assert!(up.iter().all(|g| (g - 100.0).abs() < 1e-9), "{up:?}");
+    let cables: f64 = up.iter().sum::<f64>() / 2.0 / 50.0;
+    assert!((cables - 1024.0).abs() < 1e-9);
+    // NIC i of every node of a unit is on the unit's leaf i.
+    assert_eq!(nic_switch(&t, "node0/mlx5_3"), ("Leaf3".to_string(), 50.0));
+    assert_eq!(nic_switch(&t, "node31/mlx5_3").0, "Leaf3");
+    assert_eq!(nic_switch(&t, "node32/mlx5_3").0, "Leaf11");
+    assert_eq!(nic_switch(&t, "node127/mlx5_7").0, "Leaf31");
+    assert!((t.nics().next().unwrap().1.gbps - 50.0).abs() < 1e-9);
+}
+
+#[test]
+fn oversubscribed_fat_tree_thins_the_up_links() {
+    // QM9700, 64 ports; 2:1 leaves take 42 NICs and 21 ports' worth of up-links.
+    let t = preset("cluster:16xdgx-h100:ib-ndr:fat-tree=2:1").unwrap();
+    assert_eq!(t.nics().count(), 128);
+    assert_eq!(switches_named(&t, "Leaf").len(), 4);
+    assert_eq!(switches_named(&t, "Spine").len(), 2);
+    let up = switch_links(&t);
+    assert_eq!(up.len(), 2 * 4 * 2);
+    assert!(
+        up.iter().all(|g| (g - 21.0 * 50.0 / 2.0).abs() < 1e-9),
+        "{up:?}"
+    );
+    // NICs fill leaves in node order: node 5's NICs are numbers 40..47, on leaves 0 and 1.
+    assert_eq!(nic_switch(&t, "node5/mlx5_1").0, "Leaf0");
+    assert_eq!(nic_switch(&t, "node5/mlx5_2").0, "Leaf1");
+    // Non-blocking: 32 NICs a leaf, up-links as wide as down-links.
+    let t = preset("cluster:16xdgx-h100:ib-ndr:fat-tree").unwrap();
+    assert_eq!(switches_named(&t, "Leaf").len(), 4);
+    assert_eq!(switches_named(&t, "Spine").len(), 2);
+    let per_leaf: f64 = switch_links(&t).iter().sum::<f64>() / 2.0 / 4.0;
+    assert!((per_leaf - 32.0 * 50.0).abs() < 1e-9);
+    // HDR leaves have 40 ports; 4:1 gives 32 down and 8 up.
+    let t = preset("cluster:8xdgx-a100:ib-hdr:fat-tree=4:1").unwrap();
+    assert_eq!(switches_named(&t, "Leaf").len(), 2);
+    let per_leaf: f64 = switch_links(&t).iter().sum::<f64>() / 2.0 / 2.0;
+    assert!((per_leaf - 8.0 * 25.0).abs() < 1e-9);
+}
+
+#[test]
+fn racks_of_nvlink_domains_join_by_rails() {
+    let t = preset("cluster:2xgb200-nvl72:ib-ndr:rail").unwrap();
+    assert_eq!(t.gpu_count(), 144);
+    assert_eq!(t.host_count(), 2);
+    assert_eq!(t.nics().count(), 144);
+    // One scalable unit: a leaf per rail (72), half as many spines.
+    assert_eq!(switches_named(&t, "Leaf").len(), 72);
+    assert_eq!(switches_named(&t, "Spine").len(), 36);
+    assert_eq!(nic_switch(&t, "node1/mlx5_70").0, "Leaf70");
+    // The rack stays one NVLink domain; racks meet only over the network.
+    assert_eq!(class(&t, 72, 143), "NV18");
+    assert_eq!(class(&t, 0, 72), "SYS");
 }

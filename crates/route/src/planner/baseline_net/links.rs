@@ -1,0 +1,301 @@
+//! The cluster as NCCL sees it for the baseline: the member GPUs of each node, each GPU's home
+//! NIC (its rail), and the connections NCCL makes between them, built from the rail structure
+//! directly instead of searched pair by pair.
+//!
+//! - A GPU's home NIC is the node's NIC nearest to it in the PCIe tree (fewest steps to a
+//!   common ancestor), ties going to a NIC no other member took yet: on a DGX H100 GPU `i`
+//!   gets `mlx5_i`. Its rail is the NIC's position among the node's NICs.
+//! - Two GPUs of one node behind a common NVSwitch connect through it (one hop, the switch
+//!   ports counted whole); other pairs in a node use NCCL's link rule
+//!   ([`LinkMode::Nccl`], searched once per pair).
+//! - A send to another node leaves by a chosen NIC and enters by a chosen NIC: over the PCIe
+//!   tree to the NIC when the GPU's path to it passes no CPU (NCCL's GPU Direct RDMA, up to
+//!   PXB); otherwise by PXN: over NVLink to the member GPU whose home NIC it is, which posts it
+//!   ([NCCL-src], `src/graph/paths.cc`: a peer GPU on NVLink whose path to the NIC is at most
+//!   PXB, used when the GPU's own path crosses the CPU). Between NICs the path follows the
+//!   fabric: the shared leaf, or leaf, spine, leaf, the spine chosen by a salt so channels
+//!   spread over the spines as ECMP spreads flows. GPUs the driver refuses PCIe peer-to-peer
+//!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
+//!   staged through host memory. GPUs the driver refuses PCIe peer-to-peer
+//!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
+//!   staged through host memory.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use relaycc_topo::{LinkId, LinkKind, NodeId, NodeKind, Topology};
+
+use crate::error::{Result, RouteError};
+use crate::path::{Hop, Route};
+use crate::plan::Location;
+use crate::planner::{ConnCache, Connection, LinkMode};
+
+/// The members of one node.
+#[derive(Debug, Clone)]
+pub(super) struct NodeRanks {
+    /// Ranks on this node, in rank order.
+    pub ranks: Vec<u32>,
+    /// The node's NICs, in rail order.
+    pub nics: Vec<NodeId>,
+}
+
+/// The member layout of a request on a cluster and the connections between members.
+pub(super) struct NetLinks<'t> {
+    pub topo: &'t Topology,
+    /// The request's GPUs, by rank.
+    pub gpus: Vec<u32>,
+    /// Nodes holding members, by host id.
+    pub nodes: Vec<NodeRanks>,
+    /// Per rank: index into `nodes`.
+    pub node_of: Vec<usize>,
+    /// Per rank: the rail of its home NIC (None when its node has no NIC).
+    pub rail: Vec<Option<usize>>,
+    cache: &'t ConnCache<'t>,
+}
+
+/// A node's ancestors of a device in the PCIe tree, the device first, up to its socket (a GPU
+/// without a PCIe parent climbs its C2C link to the CPU it attaches to).
+fn ancestors(topo: &Topology, id: NodeId) -> Vec<NodeId> {
+    let mut v = vec![id];
+    let mut cur = id;
+    while let Some(p) = topo.pcie_parent(cur) {
+        v.push(p);
+        cur = p;
+    }
+    if topo.node(cur).cpu().is_none()
+        && let Some(c) = topo.attached_cpu(cur)
+    {
+        v.push(c);
+    }
+    v
+}
+
+/// The tree path from `a` to `b`: links up from `a` to the lowest common ancestor and down to
+/// `b`, and whether it passes a CPU; None when the two share no ancestor or a link is missing.
+fn tree_path(topo: &Topology, a: NodeId, b: NodeId) -> Option<(Vec<LinkId>, bool)> {
+    let up_a = ancestors(topo, a);
+    let up_b = ancestors(topo, b);
+    let (i, j) = up_a
+        .iter()
+        .enumerate()
+        .find_map(|(i, x)| up_b.iter().position(|y| y == x).map(|j| (i, j)))?;
+    let mut links = Vec::with_capacity(i + j);
+    for w in up_a[..=i].windows(2) {
+        links.push(topo.link_between(w[0], w[1])?);
+    }
+    for w in up_b[..=j].windows(2).rev() {
+        links.push(topo.link_between(w[1], w[0])?);
+    }
+    let via_cpu = topo.node(up_a[i]).cpu().is_some();
+    Some((links, via_cpu))
+}
+
+impl<'t> NetLinks<'t> {
+    /// The layout of `gpus` on `topo`; connections not built from the rail structure come from
+    /// `cache` (NCCL's link rule).
+    pub fn new(topo: &'t Topology, gpus: &[u32], cache: &'t ConnCache<'t>) -> Result<Self> {
+        let mut host_nics: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
+        for (id, n) in topo.nodes() {
+            if n.nic().is_some() {
+                host_nics.entry(n.host).or_default().push(id);
+            }
+        }
+        let mut by_host: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (r, &g) in gpus.iter().enumerate() {
+            let host = topo.node(topo.gpu(g)?).host;
+            by_host.entry(host).or_default().push(r as u32);
+        }
+        let mut nodes = Vec::with_capacity(by_host.len());
+        let mut node_of = vec![0; gpus.len()];
+        let mut rail = vec![None; gpus.len()];
+        for (k, (host, ranks)) in by_host.into_iter().enumerate() {
+            let nics = host_nics.remove(&host).unwrap_or_default();
+            let mut taken = vec![false; nics.len()];
+            for &r in &ranks {
+                node_of[r as usize] = k;
+                let gn = topo.gpu(gpus[r as usize])?;
+                let best = nics
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &nic)| tree_path(topo, gn, nic).map(|(p, _)| (i, p.len())))
+                    .min_by_key(|&(i, steps)| (steps, taken[i], i));
+                if let Some((i, _)) = best {
+                    taken[i] = true;
+                    rail[r as usize] = Some(i);
+                }
+            }
+            nodes.push(NodeRanks { ranks, nics });
+        }
+        Ok(NetLinks {
+            topo,
+            gpus: gpus.to_vec(),
+            nodes,
+            node_of,
+            rail,
+            cache,
+        })
+    }
+
+    /// How rank `r` reaches its node's NIC of `rail`: (passes a CPU, PCIe steps); None when
+    /// the node lacks the rail.
+    pub fn nic_reach(&self, r: u32, rail: usize) -> Option<(bool, usize)> {
+        let nic = *self.nodes[self.node_of[r as usize]].nics.get(rail)?;
+        let g = self.topo.gpu(self.gpus[r as usize]).ok()?;
+        tree_path(self.topo, g, nic).map(|(p, cpu)| (cpu, p.len()))
+    }
+
+    /// The hop of `links` between two memories.
+    fn hop(&self, from: Location, to: Location, links: &[LinkId]) -> Hop {
+        Hop {
+            from,
+            to,
+            edges: links.iter().map(|e| e.index() as u32).collect(),
+            gbps: links
+                .iter()
+                .map(|e| self.topo.striped_gbps(*e))
+                .fold(f64::INFINITY, f64::min),
+            latency_us: links.iter().map(|e| self.topo.link(*e).latency_us).sum(),
+        }
+    }
+
+    /// The connection between ranks `a` and `b` of one node: through a shared NVSwitch, else
+    /// NCCL's link rule.
+    pub fn local(&self, a: u32, b: u32) -> Result<Arc<Connection>> {
+        let (ga, gb) = (self.gpus[a as usize], self.gpus[b as usize]);
+        let (na, nb) = (self.topo.gpu(ga)?, self.topo.gpu(gb)?);
+        let switch = self.topo.links_from(na).find_map(|(e, s, l)| {
+            let to_b = self.topo.link_between(s, nb)?;
+            (l.kind.is_nvlink()
+                && matches!(self.topo.node(s).kind, NodeKind::NvSwitch)
+                && self.topo.link_usable(e)
+                && self.topo.link_usable(to_b))
+            .then_some([e, to_b])
+        });
+        match switch {
+            Some(links) => {
+                let hop = self.hop(Location::Gpu(ga), Location::Gpu(gb), &links);
+                Ok(Arc::new(Connection::single(Route { hops: vec![hop] })))
+            }
+            None => self.cache.get(LinkMode::Nccl, ga, gb),
+        }
+    }
+
+    /// The network links from NIC `x` to NIC `y`: through their shared switch, or leaf, a
+    /// common neighbour switch (picked by `salt`), leaf.
+    fn net_path(&self, x: NodeId, y: NodeId, salt: usize) -> Option<Vec<LinkId>> {
+        let topo = self.topo;
+        let uplink = |nic: NodeId| {
+            topo.links_from(nic).find(|(e, s, l)| {
+                matches!(l.kind, LinkKind::Network { .. })
+                    && matches!(topo.node(*s).kind, NodeKind::NetSwitch)
+                    && topo.link_usable(*e)
+            })
+        };
+        let (ex, sx, _) = uplink(x)?;
+        let (_, sy, _) = uplink(y)?;
+        let down = topo.link_between(sy, y).filter(|e| topo.link_usable(*e))?;
+        if sx == sy {
+            return Some(vec![ex, down]);
+        }
+        let spines: Vec<(LinkId, LinkId)> = topo
+            .links_from(sx)
+            .filter(|(e, s, _)| {
+                matches!(topo.node(*s).kind, NodeKind::NetSwitch) && topo.link_usable(*e)
+            })
+            .filter_map(|(e, s, _)| {
+                let f = topo.link_between(s, sy).filter(|f| topo.link_usable(*f))?;
+                Some((e, f))
+            })
+            .collect();
+        let (up, over) = *spines.get(salt % spines.len().max(1))?;
+        Some(vec![ex, up, over, down])
+    }
+
+    /// The connection from rank `a` to rank `b` on another node over rail `rail`: out through
+    /// the node's NIC of that rail (directly, or by PXN through the member at that NIC), in
+    /// through the other node's NIC of the same rail; `salt` picks the spine. Falls back to the
+    /// widest route when a node lacks the rail.
+    pub fn across(&self, a: u32, b: u32, rail: usize, salt: usize) -> Result<Arc<Connection>> {
+        let (ga, gb) = (self.gpus[a as usize], self.gpus[b as usize]);
+        let (ka, kb) = (self.node_of[a as usize], self.node_of[b as usize]);
+        let none = || RouteError::NoRoute {
+            what: format!("GPU{ga} -> GPU{gb}"),
+            why: format!("rail {rail} has no path between their nodes"),
+        };
+        // Without PCIe peer-to-peer the NIC cannot reach GPU memory (no GPU Direct RDMA):
+        // NCCL stages through host memory, as its link rule does.
+        let p2p = |g: u32| self.topo.gpu_info(g).is_ok_and(|i| i.pcie_p2p);
+        if !p2p(ga) || !p2p(gb) {
+            return self.cache.get(LinkMode::Nccl, ga, gb);
+        }
+        let (Some(&nic_a), Some(&rail_b)) =
+            (self.nodes[ka].nics.get(rail), self.nodes[kb].nics.get(rail))
+        else {
+            return self.cache.get(LinkMode::Nccl, ga, gb);
+        };
+        let topo = self.topo;
+        // The receiver takes the rail's NIC when PCIe reaches it without a CPU, else its own.
+        let nic_b = match tree_path(topo, rail_b, topo.gpu(gb)?) {
+            Some((_, false)) => rail_b,
+            _ => self.rail[b as usize]
+                .and_then(|r| self.nodes[kb].nics.get(r).copied())
+                .unwrap_or(rail_b),
+        };
+        let Some((into, _)) = tree_path(topo, nic_b, topo.gpu(gb)?) else {
+            return self.cache.get(LinkMode::Nccl, ga, gb);
+        };
+        let net = self.net_path(nic_a, nic_b, salt).ok_or_else(none)?;
+        // Over PCIe to the NIC unless that path crosses a CPU (or another socket).
+        let out = tree_path(topo, topo.gpu(ga)?, nic_a);
+        let via_cpu = out.as_ref().is_none_or(|(_, cpu)| *cpu);
+        // PXN: the member whose home NIC this is posts the send, if NVLink reaches it.
+        let proxy = self.nodes[ka]
+            .ranks
+            .iter()
+            .copied()
+            .find(|&p| p != a && self.rail[p as usize] == Some(rail));
+        let pxn = proxy.filter(|&p| via_cpu && self.nvlink_between(a, p));
+        if let Some(p) = pxn {
+            let gp = self.gpus[p as usize];
+            let first = self.local(a, p)?;
+            let (up, _) = tree_path(topo, topo.gpu(gp)?, nic_a).ok_or_else(none)?;
+            let links: Vec<LinkId> = up.into_iter().chain(net).chain(into).collect();
+            let mut hops = first.routes.first().ok_or_else(none)?.hops.clone();
+            hops.push(self.hop(Location::Gpu(gp), Location::Gpu(gb), &links));
+            return Ok(Arc::new(Connection::single(Route { hops })));
+        }
+        let Some((out, _)) = out else {
+            // No PCIe path to the rail's NIC and no proxy: NCCL's own rule decides.
+            return self.cache.get(LinkMode::Nccl, ga, gb);
+        };
+        let links: Vec<LinkId> = out.into_iter().chain(net).chain(into).collect();
+        let hop = self.hop(Location::Gpu(ga), Location::Gpu(gb), &links);
+        Ok(Arc::new(Connection::single(Route { hops: vec![hop] })))
+    }
+
+    /// True when NVLink joins ranks `a` and `b`, directly or through an NVSwitch.
+    fn nvlink_between(&self, a: u32, b: u32) -> bool {
+        let (Ok(na), Ok(nb)) = (
+            self.topo.gpu(self.gpus[a as usize]),
+            self.topo.gpu(self.gpus[b as usize]),
+        ) else {
+            return false;
+        };
+        self.topo.links_from(na).any(|(_, s, l)| {
+            l.kind.is_nvlink()
+                && (s == nb
+                    || matches!(self.topo.node(s).kind, NodeKind::NvSwitch)
+                        && self.topo.link_between(s, nb).is_some())
+        })
+    }
+
+    /// The connection from rank `a` to rank `b`: [`NetLinks::local`] inside a node,
+    /// [`NetLinks::across`] over `rail` between nodes.
+    pub fn connect(&self, a: u32, b: u32, rail: usize, salt: usize) -> Result<Arc<Connection>> {
+        if self.node_of[a as usize] == self.node_of[b as usize] {
+            self.local(a, b)
+        } else {
+            self.across(a, b, rail, salt)
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The NCCL-like baseline across nodes: what NCCL does when a communicator spans several
+//! machines, built from the cluster's rail structure.
+//!
+//! | collective | plan |
+//! |---|---|
+//! | all_reduce | the tuner's choice ([`tuner`]) between rail-aligned rings ([`rings`]) and the double binary tree ([`tree`]) |
+//! | all_gather, reduce_scatter | rail-aligned rings, one channel per rail |
+//! | all_to_all(_v), gather, scatter, send/recv | grouped send/recv, every inter-node send by PXN on the receiver's rail ([`pxn`]) |
+//!
+//! The other collectives keep the single-node baseline's plans. Every plan here is built from
+//! each GPU's home NIC and the fabric's switches ([`links`]); no connection is searched
+//! between nodes except the hops the plan uses, so a 1,024-GPU baseline costs
+//! O(GPUs x members per node) look-ups. NVLink SHARP across nodes (NCCL's NVLS tree) is not
+//! modelled: NCCL enables NVLS across nodes only with CollNet, and the NVLS tree's inter-node
+//! part is the tree here.
+
+mod links;
+mod pxn;
+mod rings;
+mod tree;
+pub mod tuner;
+
+use relaycc_topo::Topology;
+
+use crate::error::Result;
+use crate::plan::Plan;
+use crate::request::{Collective, Request};
+
+use super::Ctx;
+use links::NetLinks;
+
+/// True when the members of `req` sit on more than one node of `topo`.
+pub fn spans_nodes(topo: &Topology, req: &Request) -> bool {
+    let mut hosts = req
+        .gpus
+        .iter()
+        .filter_map(|&g| topo.gpu(g).ok().map(|id| topo.node(id).host));
+    let first = hosts.next();
+    hosts.any(|h| Some(h) != first)
+}
+
+/// The multi-node baseline plan of `req`, or None when its members are on one node or its
+/// collective keeps the single-node baseline.
+///
+/// # Arguments
+/// - `topo`: the masked topology;
+/// - `req`: the request;
+/// - `ctx`: NCCL's link rule, the baseline's chunk, the connection cache of the call.
+///
+/// # Complexity
+/// O(nodes x members per node^2) connection look-ups for the rings, O(ops) to build.
+pub fn plan(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Option<Plan>> {
+    plan_algo(topo, req, ctx, None)
+}
+
+/// [`plan`] with the all_reduce algorithm forced (as `NCCL_ALGO` forces it) instead of the
+/// tuner's choice; `None` lets the tuner choose.
+pub fn plan_algo(
+    topo: &Topology,
+    req: &Request,
+    ctx: &Ctx,
+    algo: Option<tuner::Algo>,
+) -> Result<Option<Plan>> {
+    if req.nranks() < 2 || !spans_nodes(topo, req) {
+        return Ok(None);
+    }
+    let served = rings::serves(req.collective) || pxn::serves(req.collective);
+    if !served {
+        return Ok(None);
+    }
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let mut plan = match req.collective {
+        c if pxn::serves(c) => pxn::plan(req, ctx, &links)?,
+        Collective::AllReduce => {
+            let rings = rings::rail_rings(&links)?;
+            match algo.unwrap_or_else(|| tuner::choose(topo, req, &links, &rings)) {
+                tuner::Algo::Ring => rings::all_reduce(req, ctx, &links, &rings)?,
+                tuner::Algo::Tree => tree::all_reduce(req, ctx, &links, &rings)?,
+            }
+        }
+        Collective::AllGather => {
+            let rings = rings::rail_rings(&links)?;
+            rings::all_gather(req, ctx, &links, &rings)?
+        }
+        _ => {
+            let rings = rings::rail_rings(&links)?;
+            rings::reduce_scatter(req, ctx, &links, &rings)?
+        }
+    };
+    plan.algorithm = format!("nccl-like {}", plan.algorithm);
+    Ok(Some(plan))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,263 @@
+//! NCCL's rail-aligned rings across nodes: one ring per channel, each channel on its own rail.
+//!
+//! Channel `c` takes rail `r` (the `c`-th rail that node 0's members have). In every node the
+//! ring enters at the member whose home NIC is on rail `r`, visits the node's other members
+//! (each step to the fastest unvisited one), and leaves from the member nearest that NIC (on a
+//! DGX H100 the GPU sharing its PCIe switch), whose send crosses the network from the NIC of
+//! rail `r` to the next node's NIC of rail `r` (PXN when the leaving GPU's path to the NIC
+//! crosses the CPU). So every channel uses one NIC per node in both directions, the channels
+//! together use every NIC, and on a rail-optimized fabric the ring's network hops stay on the
+//! rail's leaf within a scalable unit. Built from the rail structure directly: O(nodes x
+//! members^2) connection look-ups per channel, none between nodes but the ring's own.
+//!
+//! Source: [NCCL-src], `src/graph/search.cc` (rings per channel entering and leaving each node
+//! by a NIC, one NIC per channel, `crossNic` off), `src/graph/paths.cc` (PXN), and NCCL's
+//! ring all_reduce, all_gather and reduce_scatter kernels.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::plan::{BufferRef, Plan, Region};
+use crate::planner::builder::Builder;
+use crate::planner::connect::Connection;
+use crate::planner::ring::{CH_LOCAL, all_gather_pass, reduce_scatter_pass};
+use crate::planner::{Ctx, split_even};
+use crate::request::{Collective, Request};
+
+use super::links::NetLinks;
+
+/// One channel's ring: rank positions and the connection of each hop (position `i` to `i+1`).
+pub(super) struct RailRing {
+    /// Ranks in ring order.
+    pub order: Vec<u32>,
+    /// The connection from `order[i]` to `order[i + 1]` (the last closes the ring).
+    pub hops: Vec<Arc<Connection>>,
+}
+
+impl RailRing {
+    /// The ring's bandwidth: its slowest hop, GB/s.
+    pub fn gbps(&self) -> f64 {
+        self.hops
+            .iter()
+            .map(|c| c.gbps())
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// The rails channels run on: those of node 0's members, in rail order (at least one).
+pub(super) fn channel_rails(links: &NetLinks) -> Vec<usize> {
+    let mut rails: Vec<usize> = links.nodes[0]
+        .ranks
+        .iter()
+        .filter_map(|&r| links.rail[r as usize])
+        .collect();
+    rails.sort_unstable();
+    rails.dedup();
+    if rails.is_empty() {
+        rails.push(0);
+    }
+    rails
+}
+
+/// The order of node `k`'s members for a channel on `rail`: enter at the member of that rail,
+/// fastest unvisited member next, leave from the member nearest the rail's NIC.
+pub(super) fn node_chain(links: &NetLinks, k: usize, rail: usize, c: usize) -> Result<Vec<u32>> {
+    let ranks = &links.nodes[k].ranks;
+    let entry = ranks
+        .iter()
+        .copied()
+        .find(|&r| links.rail[r as usize] == Some(rail))
+        .unwrap_or(ranks[c % ranks.len()]);
+    if ranks.len() == 1 {
+        return Ok(vec![entry]);
+    }
+    // The exit: the member nearest the rail's NIC without crossing a CPU (GPU Direct RDMA),
+    // the first such in rank order after the entry.
+    let at = ranks.iter().position(|&r| r == entry).unwrap_or(0);
+    let exit = (1..ranks.len())
+        .map(|i| ranks[(at + i) % ranks.len()])
+        .min_by_key(|&r| links.nic_reach(r, rail).unwrap_or((true, usize::MAX)))
+        .unwrap_or(entry);
+    let mut left: Vec<u32> = ranks
+        .iter()
+        .copied()
+        .filter(|&r| r != entry && r != exit)
+        .collect();
+    let mut chain = vec![entry];
+    while !left.is_empty() {
+        let from = chain[chain.len() - 1];
+        let mut best = (0, f64::NEG_INFINITY);
+        for (i, &r) in left.iter().enumerate() {
+            let g = links.local(from, r)?.gbps();
+            if g > best.1 {
+                best = (i, g);
+            }
+        }
+        chain.push(left.remove(best.0));
+    }
+    chain.push(exit);
+    Ok(chain)
+}
+
+/// The rail-aligned rings of `links`, one per channel rail.
+pub(super) fn rail_rings(links: &NetLinks) -> Result<Vec<RailRing>> {
+    let rails = channel_rails(links);
+    let mut rings = Vec::with_capacity(rails.len());
+    for (c, &rail) in rails.iter().enumerate() {
+        let mut order = Vec::with_capacity(links.gpus.len());
+        for k in 0..links.nodes.len() {
+            order.extend(node_chain(links, k, rail, c)?);
+        }
+        let n = order.len();
+        let mut hops = Vec::with_capacity(n);
+        for i in 0..n {
+            let (a, b) = (order[i], order[(i + 1) % n]);
+            hops.push(links.connect(a, b, rail, c + i)?);
+        }
+        rings.push(RailRing { order, hops });
+    }
+    Ok(rings)
+}
+
+/// Pin ring `c`'s hop connections in the builder.
+fn pin(b: &mut Builder, links: &NetLinks, c: u32, ring: &RailRing) {
+    let n = ring.order.len();
+    for (i, conn) in ring.hops.iter().enumerate() {
+        let from = links.gpus[ring.order[i] as usize];
+        let to = links.gpus[ring.order[(i + 1) % n] as usize];
+        b.pin(c, from, to, Arc::clone(conn));
+    }
+}
+
+/// Ring all_reduce over the rail rings: each channel reduce-scatters then all-gathers its
+/// share of the buffer.
+pub(super) fn all_reduce(
+    req: &Request,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &[RailRing],
+) -> Result<Plan> {
+    let n = req.nranks();
+    let chunk = ctx.chunk_elems.max(1);
+    let mut b = Builder::new(req, ctx, label("ring", rings));
+    for (c, (lo, len)) in split_even(req.count, rings.len() as u64)
+        .into_iter()
+        .enumerate()
+    {
+        pin(&mut b, links, c as u32, &rings[c]);
+        let ord = &rings[c].order;
+        let blocks = split_even(len, n as u64);
+        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+        let at = |out: bool| {
+            let blocks = &blocks;
+            move |p: usize, q: usize, rel: u64, l: u64| {
+                let r = ord[p];
+                let buf = if out {
+                    BufferRef::Output(r)
+                } else {
+                    BufferRef::Input(r)
+                };
+                Region::new(buf, lo + blocks[q].0 + rel, l)
+            }
+        };
+        let (inp, outp) = (at(false), at(true));
+        reduce_scatter_pass(
+            &mut b,
+            ord,
+            c as u32,
+            &lens,
+            chunk,
+            &inp,
+            Some(&outp),
+            &outp,
+        )?;
+        all_gather_pass(&mut b, ord, c as u32, &lens, chunk, None, &outp)?;
+    }
+    Ok(b.finish())
+}
+
+/// Ring all_gather over the rail rings: every block travels n-1 steps around each channel.
+pub(super) fn all_gather(
+    req: &Request,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &[RailRing],
+) -> Result<Plan> {
+    let n = req.nranks();
+    let chunk = ctx.chunk_elems.max(1);
+    let count = req.count;
+    let mut b = Builder::new(req, ctx, label("ring", rings));
+    for r in 0..n as u32 {
+        b.send(
+            Region::new(BufferRef::Input(r), 0, count),
+            Region::new(BufferRef::Output(r), u64::from(r) * count, count),
+            CH_LOCAL,
+        )?;
+    }
+    for (c, (lo, len)) in split_even(count, rings.len() as u64)
+        .into_iter()
+        .enumerate()
+    {
+        pin(&mut b, links, c as u32, &rings[c]);
+        let ord = &rings[c].order;
+        let lens = vec![len; n];
+        let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Input(ord[p]), lo + rel, l)
+        };
+        let out = move |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(
+                BufferRef::Output(ord[p]),
+                u64::from(ord[q]) * count + lo + rel,
+                l,
+            )
+        };
+        all_gather_pass(&mut b, ord, c as u32, &lens, chunk, Some(&inp), &out)?;
+    }
+    Ok(b.finish())
+}
+
+/// Ring reduce_scatter over the rail rings: n-1 reduce steps around each channel.
+pub(super) fn reduce_scatter(
+    req: &Request,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &[RailRing],
+) -> Result<Plan> {
+    let n = req.nranks();
+    let chunk = ctx.chunk_elems.max(1);
+    let count = req.count;
+    let mut b = Builder::new(req, ctx, label("ring", rings));
+    for (c, (lo, len)) in split_even(count, rings.len() as u64)
+        .into_iter()
+        .enumerate()
+    {
+        pin(&mut b, links, c as u32, &rings[c]);
+        let ord = &rings[c].order;
+        let lens = vec![len; n];
+        let inp = move |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(
+                BufferRef::Input(ord[p]),
+                u64::from(ord[q]) * count + lo + rel,
+                l,
+            )
+        };
+        let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Output(ord[p]), lo + rel, l)
+        };
+        reduce_scatter_pass(&mut b, ord, c as u32, &lens, chunk, &inp, None, &fin)?;
+    }
+    Ok(b.finish())
+}
+
+/// `ring x<channels> rail-aligned`.
+fn label(algo: &str, rings: &[RailRing]) -> String {
+    format!("{algo} x{} rail-aligned", rings.len())
+}
+
+/// True for the collectives the rail rings serve.
+pub(super) fn serves(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+    )
+}

@@ -1,0 +1,138 @@
+//! The multi-node baseline on cluster presets: proved by both checkers, every NIC used, the
+//! rail structure followed.
+
+use relaycc_topo::{LinkId, NodeKind, Topology};
+
+use crate::check::{check, check_routes};
+use crate::dtype::DType;
+use crate::plan::{OpKind, Plan};
+use crate::planner::baseline_plan;
+use crate::request::{Collective, Request};
+use crate::sim::{SimConfig, simulate};
+
+fn cluster(spec: &str) -> Topology {
+    relaycc_topo::preset(spec).unwrap()
+}
+
+fn proved(topo: &Topology, c: Collective, gpus: Vec<u32>, count: u64) -> Plan {
+    let req = Request::new(c, gpus, count, DType::F32);
+    let p = baseline_plan(topo, &req).unwrap();
+    check(&p).unwrap_or_else(|e| panic!("{}: {e}", p.algorithm));
+    check_routes(&p, topo).unwrap_or_else(|e| panic!("{}: {e}", p.algorithm));
+    p
+}
+
+/// Names of the NICs the plan's copies leave through.
+fn nics_used(topo: &Topology, p: &Plan) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for op in &p.ops {
+        if let OpKind::Copy { .. } = op.kind {
+            for e in &op.edges {
+                let (a, b) = topo.link_ends(LinkId::new(*e as usize));
+                if topo.node(a).nic().is_some() && matches!(topo.node(b).kind, NodeKind::NetSwitch)
+                {
+                    out.insert(topo.node(a).name.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn busbw(topo: &Topology, p: &Plan) -> f64 {
+    let sim = simulate(topo, p, &SimConfig::default()).unwrap();
+    sim.perf(&p.request).busbw_gbps
+}
+
+#[test]
+fn all_reduce_on_two_dgx_h100_uses_every_nic() {
+    let topo = cluster("cluster:2xdgx-h100:ib-ndr");
+    let gpus: Vec<u32> = (0..16).collect();
+    let p = proved(&topo, Collective::AllReduce, gpus, (1 << 30) / 4);
+    assert!(
+        p.algorithm.contains("ring x8 rail-aligned"),
+        "{}",
+        p.algorithm
+    );
+    assert_eq!(nics_used(&topo, &p).len(), 16);
+    // Every NIC's rail is the same at both ends: NIC i of node 0 sends to NIC i of node 1.
+    let bw = busbw(&topo, &p);
+    assert!(bw >= 0.8 * 8.0 * 50.0, "busbw {bw}");
+}
+
+#[test]
+fn small_all_reduce_takes_the_double_binary_tree() {
+    let topo = cluster("cluster:4xdgx-h100:ib-ndr:rail");
+    let gpus: Vec<u32> = (0..32).collect();
+    let p = proved(&topo, Collective::AllReduce, gpus, 16 << 10);
+    assert!(
+        p.algorithm.contains("double binary tree"),
+        "{}",
+        p.algorithm
+    );
+}
+
+#[test]
+fn gather_scatter_and_all_to_all_are_rail_aligned() {
+    let topo = cluster("cluster:2xdgx-h100:ib-ndr:rail");
+    let gpus: Vec<u32> = (0..16).collect();
+    for c in [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+    ] {
+        let p = proved(&topo, c, gpus.clone(), 1 << 20);
+        assert_eq!(nics_used(&topo, &p).len(), 16, "{}", p.algorithm);
+        // Rail-aligned: no copy climbs from a leaf to a spine.
+        let spine = p.ops.iter().any(|op| {
+            op.edges.iter().any(|e| {
+                let (_, b) = topo.link_ends(LinkId::new(*e as usize));
+                topo.node(b).name.starts_with("Spine")
+            })
+        });
+        assert!(!spine, "{} crosses the spine", p.algorithm);
+    }
+}
+
+#[test]
+fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
+    for (spec, gpus) in [
+        (
+            "cluster:3xdgx-h100:ib-ndr:fat-tree",
+            (0..24).collect::<Vec<u32>>(),
+        ),
+        ("cluster:2xdgx-h100:ib-ndr", vec![0, 3, 9, 14]),
+        ("cluster:2xdgx1-v100:ib-edr", (0..16).collect()),
+        ("cluster:2xgh200-quad:ib-ndr:rail", (0..8).collect()),
+        ("cluster:2xrtx4090-8gpu:ib-ndr", vec![0, 1, 5, 8, 9, 14]),
+    ] {
+        let topo = cluster(spec);
+        for c in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+            Collective::Gather,
+            Collective::Scatter,
+        ] {
+            for count in [1u64, 1000, 1 << 18] {
+                proved(&topo, c, gpus.clone(), count);
+            }
+        }
+        // The tree on every shape, whatever the tuner picks.
+        let req = Request::new(Collective::AllReduce, gpus.clone(), 777, DType::F32);
+        let cache =
+            crate::planner::ConnCache::new(&topo, &req.gpus, &crate::path::RelayPolicy::Members);
+        let ctx = crate::planner::Ctx {
+            cache: &cache,
+            mode: crate::planner::LinkMode::Nccl,
+            chunk_elems: 100,
+            channels: 1,
+        };
+        let links = super::links::NetLinks::new(&topo, &req.gpus, &cache).unwrap();
+        let rings = super::rings::rail_rings(&links).unwrap();
+        let p = super::tree::all_reduce(&req, &ctx, &links, &rings).unwrap();
+        check(&p).unwrap_or_else(|e| panic!("{spec} tree: {e}"));
+        check_routes(&p, &topo).unwrap_or_else(|e| panic!("{spec} tree: {e}"));
+    }
+}
