@@ -14,6 +14,7 @@ mod bench_cuda;
 mod calibrate_cmd;
 mod plan_cmd;
 mod plot;
+mod progress;
 mod report;
 mod resources;
 mod route_cmd;
