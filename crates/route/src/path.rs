@@ -323,11 +323,35 @@ pub fn host_staged_routes(topo: &Topology, a: u32, b: u32) -> Vec<Route> {
 
 /// Routes relayed through exactly one allowed GPU `r` (each hop direct), best first.
 pub fn relay_routes(topo: &Topology, a: u32, b: u32, allowed: &dyn Fn(u32) -> bool) -> Vec<Route> {
+    relay_routes_with(topo, a, b, allowed, &|x, y| {
+        hop(topo, Location::Gpu(x), Location::Gpu(y))
+    })
+}
+
+/// [`relay_routes`] with the direct hop between two GPUs given by `hop_between` (a cache of
+/// [`hop`]: every pair of a job asks for the same hops, one widest-path search each).
+///
+/// Relays sit on the machine of `a` or of `b`: a relay on a third machine crosses the network
+/// twice, where the direct route crosses it once, and would cost a search per GPU of a
+/// cluster for every pair.
+pub fn relay_routes_with(
+    topo: &Topology,
+    a: u32,
+    b: u32,
+    allowed: &dyn Fn(u32) -> bool,
+    hop_between: &dyn Fn(u32, u32) -> Option<Hop>,
+) -> Vec<Route> {
+    let host = |g: u32| topo.gpu(g).ok().map(|id| topo.node(id).host);
+    let (ha, hb) = (host(a), host(b));
     let mut v: Vec<Route> = (0..topo.gpu_count())
         .filter(|r| *r != a && *r != b && allowed(*r))
+        .filter(|&r| {
+            let h = host(r);
+            h == ha || h == hb
+        })
         .filter_map(|r| {
-            let x = hop(topo, Location::Gpu(a), Location::Gpu(r))?;
-            let y = hop(topo, Location::Gpu(r), Location::Gpu(b))?;
+            let x = hop_between(a, r)?;
+            let y = hop_between(r, b)?;
             Some(Route { hops: vec![x, y] })
         })
         .collect();
