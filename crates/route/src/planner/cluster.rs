@@ -20,7 +20,7 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::builder::Builder;
-use super::{Ctx, chunks, direct, links_and_chunk, split_even};
+use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
 
 /// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
 /// and the local copies of all_gather.
@@ -99,6 +99,7 @@ fn reduce_scatter_ring(
     if n < 2 || most == 0 {
         return Ok(());
     }
+    b.set_chunk_elems(chunk);
     let recv: Vec<BufferRef> = ord.iter().map(|&r| b.scratch(r, 2 * most)).collect();
     let own: Vec<BufferRef> = if n > 2 {
         ord.iter().map(|&r| b.scratch(r, 2 * most)).collect()
@@ -142,6 +143,7 @@ fn all_gather_ring(
     out: At,
 ) -> Result<()> {
     let n = ord.len();
+    b.set_chunk_elems(chunk);
     for t in 0..n.saturating_sub(1) {
         for p in 0..n {
             let q = (p + n - t) % n;
@@ -155,6 +157,16 @@ fn all_gather_ring(
         }
     }
     Ok(())
+}
+
+/// The chunk (elements) of a phase whose blocks are at most `most` long: the request's
+/// pipelining chunk, or a [`CHUNKS_PER_BLOCK`]th of the block where that is larger. The
+/// request's chunk is sized for n blocks of a flat ring; intra-node phases move blocks N times
+/// larger, which the request's chunk would cut into N times more ops than pipelining needs.
+fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
+    ctx.chunk_elems
+        .max(most.div_ceil(CHUNKS_PER_BLOCK))
+        .max(1)
 }
 
 /// The plan's display name: `rail-hier multi-node ...`.
@@ -192,10 +204,11 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
-    let chunk = ctx.chunk_elems.max(1);
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
     let blocks = split_even(req.count, g as u64);
     let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
+    let chunk = phase_chunk(ctx, most);
+    let rail_chunk = phase_chunk(ctx, most.div_ceil(nn as u64));
     // Each rank's node partial of its block (the input itself on one-GPU nodes).
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
         .map(|r| (g > 1).then(|| b.scratch(r, most)))
@@ -224,8 +237,8 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         let out = |p: usize, q: usize, rel: u64, l: u64| {
             Region::new(BufferRef::Output(ord[p]), off + subs[q].0 + rel, l)
         };
-        reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, chunk, &inp, &out, true)?;
-        all_gather_ring(&mut b, &ord, CH_RAIL, &lens, chunk, None, &out)?;
+        reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, rail_chunk, &inp, &out, true)?;
+        all_gather_ring(&mut b, &ord, CH_RAIL, &lens, rail_chunk, None, &out)?;
     }
     if g > 1 {
         let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
@@ -253,8 +266,8 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
-    let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
+    let chunk = phase_chunk(ctx, count);
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
     // part[r] holds, at h * count, the node partial of the block rank hosts[h][j] receives.
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
@@ -262,6 +275,9 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
         .collect();
     if g > 1 {
         let lens = vec![count; g];
+        // One ring per destination node: the N rings pipeline one another, so whole blocks
+        // suffice.
+        let chunk = count.max(1);
         for ord in &shape.hosts {
             for (h, dest) in shape.hosts.iter().enumerate() {
                 let inp = |p: usize, q: usize, rel: u64, l: u64| {
@@ -307,8 +323,8 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
-    let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
+    let chunk = phase_chunk(ctx, count);
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
     for r in 0..req.nranks() as u32 {
         b.send(
@@ -330,6 +346,8 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     }
     if g > 1 {
         let lens = vec![count; g];
+        // One ring per source node: the N rings pipeline one another, so whole blocks suffice.
+        let chunk = count.max(1);
         for ord in &shape.hosts {
             for src in &shape.hosts {
                 let out = |p: usize, q: usize, rel: u64, l: u64| {
