@@ -344,11 +344,11 @@ pub fn relay_routes_with(
     let host = |g: u32| topo.gpu(g).ok().map(|id| topo.node(id).host);
     let (ha, hb) = (host(a), host(b));
     let mut v: Vec<Route> = (0..topo.gpu_count())
-        .filter(|r| *r != a && *r != b && allowed(*r))
         .filter(|&r| {
             let h = host(r);
             h == ha || h == hb
         })
+        .filter(|r| *r != a && *r != b && allowed(*r))
         .filter_map(|r| {
             let x = hop_between(a, r)?;
             let y = hop_between(r, b)?;

@@ -126,7 +126,12 @@ fn connect_with(
         if let Some(r) = nvlink {
             return Ok(Connection::single(r.clone()));
         }
-        let member = |g: u32| members.contains(&g);
+        // NVB: a relay that NVLink joins to both ends (a cheap test before any path search).
+        let nvlink = |x: u32, y: u32| match (topo.gpu(x), topo.gpu(y)) {
+            (Ok(p), Ok(q)) => topo.nvlink_lanes(p, q) > 0,
+            _ => false,
+        };
+        let member = |g: u32| nvlink(a, g) && nvlink(g, b) && members.contains(&g);
         if let Some(r) = relay_routes_with(topo, a, b, &member, hop_between)
             .into_iter()
             .find(|r| all_nvlink(topo, r))
