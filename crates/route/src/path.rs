@@ -214,6 +214,7 @@ pub fn widest_links(
     }
     let host_end = cross_sockets;
     let pcie_ok = topo.pcie_peer_ok(a, b);
+    let ends = (topo.node(a).host, topo.node(b).host);
     let n = topo.graph().node_count();
     let mut best_bw = vec![0.0f64; n];
     let mut best_lat = vec![f64::INFINITY; n];
@@ -244,7 +245,7 @@ pub fn widest_links(
             continue;
         }
         for (eid, t, link) in topo.links_from(node) {
-            if !topo.link_usable(eid) {
+            if !topo.link_usable(eid) || !on_the_way(topo, t, ends) {
                 continue;
             }
             if matches!(link.kind, LinkKind::InterSocket { .. }) && !host_end {
@@ -281,6 +282,15 @@ pub fn widest_links(
     }
     edges.reverse();
     Some((edges, best_bw[b.index()], best_lat[b.index()]))
+}
+
+/// Whether a path between machines `ends` may enter `node`: switches of the fabric (network
+/// or NVLink) always, the inside of a machine (GPUs, CPUs, PCIe, NICs) only on the two end
+/// machines. Data between two machines never gains by entering a third one, and on a cluster
+/// this keeps a search to two machines instead of all of them.
+fn on_the_way(topo: &Topology, node: NodeId, ends: (u32, u32)) -> bool {
+    let n = topo.node(node);
+    matches!(n.kind, NodeKind::NetSwitch | NodeKind::NvSwitch) || n.host == ends.0 || n.host == ends.1
 }
 
 /// Nodes a hop may pass through: everything but memories, except that a CPU's root complex
