@@ -9,6 +9,10 @@
 //! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
+//! On several nodes with the same number of ranks each, all_reduce, all_gather and
+//! reduce_scatter also get the rail-hierarchical plans of [`cluster`]; above
+//! [`FLAT_MAX_CLUSTER_RANKS`] ranks of several nodes they replace the flat families.
+//!
 //! Every candidate is built in each [`LinkMode`] relaycc may use ([`LinkMode::Single`],
 //! [`LinkMode::Multipath`]) and each chunk size asked for; the orchestrator simulates them and
 //! keeps the fastest (direct only up to [`DIRECT_SMALL_BYTES`] where other candidates exist). Plans are built through one builder that derives all dependencies, so
