@@ -244,8 +244,20 @@ impl<'t> Candidates<'t> {
         // Flat candidates over many ranks of several nodes cost n^2 connections; where the
         // rail-hierarchical plan exists they are left out, elsewhere only their multi-path
         // form (a max-flow per pair) is.
-        let flat = !(hosts > 1 && n > FLAT_MAX_CLUSTER_RANKS && hier.is_some());
-        if !flat {
+        let many = hosts > 1 && n > FLAT_MAX_CLUSTER_RANKS;
+        let flat = !(many && hier.is_some());
+        // Where relaycc's only candidate is the direct plan, n^2 copies on n^2 lanes, it is the
+        // baseline's plan over other link rules; on many ranks of several nodes the baseline's
+        // stands for it rather than building, simulating and proving a second one.
+        let only_direct = specs(req).len() == 1;
+        if many && only_direct {
+            skipped.push(format!(
+                "direct plan over {n} ranks of {hosts} nodes: n^2 copies on n^2 lanes above \
+                 {FLAT_MAX_CLUSTER_RANKS} ranks (the baseline's direct plan serves it)"
+            ));
+        }
+        let flat = flat && !(many && only_direct);
+        if !flat && !only_direct {
             skipped.push(format!(
                 "flat rings, trees and direct plans over {n} ranks of {hosts} nodes: O(n^2) \
                  connections and ops above {FLAT_MAX_CLUSTER_RANKS} ranks (rail-hierarchical \
