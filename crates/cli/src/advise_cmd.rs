@@ -51,10 +51,7 @@ fn signature(topo: &Topology, set: &[u32]) -> (Vec<u32>, Vec<usize>) {
         .filter_map(|&g| topo.gpu(g).ok().map(|id| topo.node(id).host))
         .collect();
     hosts.sort_unstable();
-    let mut per_host: Vec<usize> = hosts
-        .chunk_by(|a, b| a == b)
-        .map(<[u32]>::len)
-        .collect();
+    let mut per_host: Vec<usize> = hosts.chunk_by(|a, b| a == b).map(<[u32]>::len).collect();
     per_host.sort_unstable();
     (pairs, per_host)
 }

@@ -50,7 +50,11 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
             req.size_bytes(),
             p.predicted.busbw_gbps,
             p.baseline.busbw_gbps,
-            if p.budget_exhausted { " (budget exhausted)" } else { "" },
+            if p.budget_exhausted {
+                " (budget exhausted)"
+            } else {
+                ""
+            },
             p.plan.algorithm
         ));
         rows.push(Row {

@@ -290,7 +290,9 @@ pub fn widest_links(
 /// this keeps a search to two machines instead of all of them.
 fn on_the_way(topo: &Topology, node: NodeId, ends: (u32, u32)) -> bool {
     let n = topo.node(node);
-    matches!(n.kind, NodeKind::NetSwitch | NodeKind::NvSwitch) || n.host == ends.0 || n.host == ends.1
+    matches!(n.kind, NodeKind::NetSwitch | NodeKind::NvSwitch)
+        || n.host == ends.0
+        || n.host == ends.1
 }
 
 /// Nodes a hop may pass through: everything but memories, except that a CPU's root complex

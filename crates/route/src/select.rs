@@ -280,6 +280,9 @@ fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     crate::check::check_routes(plan, topo).map_err(named)
 }
 
+/// A simulated candidate: its plan, time (us) and whether the checker proved it.
+type Simulated = (Plan, f64, bool);
+
 /// A candidate built and lowered for the simulator.
 type Built = (Plan, Prepared);
 
@@ -306,7 +309,7 @@ fn fastest_collectives(
     opts: &PlanOptions,
     to_beat_us: f64,
     deadline: &Deadline,
-) -> Result<(Vec<(Plan, f64, bool)>, Vec<String>)> {
+) -> Result<(Vec<Simulated>, Vec<String>)> {
     let set = crate::planner::Candidates::new(topo, req, &opts.relay)?;
     let skipped = set.skipped().to_vec();
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);

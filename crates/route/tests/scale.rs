@@ -25,9 +25,16 @@ fn four_nodes_plan_rail_hierarchical_above_the_baseline() {
     ] {
         let r = req(c, 32, 64 << 20);
         let p = plan(&topo, &r, &PlanOptions::default()).unwrap();
-        assert!(p.plan.algorithm.starts_with("rail-hier 4x8"), "{c}: {}", p.plan.algorithm);
+        assert!(
+            p.plan.algorithm.starts_with("rail-hier 4x8"),
+            "{c}: {}",
+            p.plan.algorithm
+        );
         assert!(p.predicted.busbw_gbps >= p.baseline.busbw_gbps, "{c}");
-        assert!(p.predicted.busbw_gbps <= p.bound.busbw_gbps * (1.0 + 1e-9), "{c}");
+        assert!(
+            p.predicted.busbw_gbps <= p.bound.busbw_gbps * (1.0 + 1e-9),
+            "{c}"
+        );
         // 32 ranks of 4 nodes: flat rings and multi-path connections are left out, with why.
         assert_eq!(p.skipped.len(), 2, "{c}: {:?}", p.skipped);
         assert!(p.skipped.iter().all(|s| s.contains("32 ranks of 4 nodes")));
@@ -66,7 +73,11 @@ fn uneven_nodes_still_plan_with_flat_candidates() {
     let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
     let r = Request::new(Collective::AllReduce, (0..9).collect(), 1 << 18, DType::F32);
     let p = plan(&topo, &r, &PlanOptions::default()).unwrap();
-    assert!(!p.plan.algorithm.starts_with("rail-hier"), "{}", p.plan.algorithm);
+    assert!(
+        !p.plan.algorithm.starts_with("rail-hier"),
+        "{}",
+        p.plan.algorithm
+    );
     assert!(p.skipped.is_empty());
     check(&p.plan).unwrap();
 }

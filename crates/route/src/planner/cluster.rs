@@ -164,9 +164,7 @@ fn all_gather_ring(
 /// request's chunk is sized for n blocks of a flat ring; intra-node phases move blocks N times
 /// larger, which the request's chunk would cut into N times more ops than pipelining needs.
 fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
-    ctx.chunk_elems
-        .max(most.div_ceil(CHUNKS_PER_BLOCK))
-        .max(1)
+    ctx.chunk_elems.max(most.div_ceil(CHUNKS_PER_BLOCK)).max(1)
 }
 
 /// The plan's display name: `rail-hier multi-node ...`.
@@ -199,7 +197,8 @@ fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
 /// inter-node ring per rail, as NCCL's rings leave every node on the NIC of the GPU they
 /// entered by ([NCCL-src], `src/graph/search.cc`).
 pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let Some(shape) = ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllReduce)
+    let Some(shape) =
+        ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllReduce)
     else {
         return direct::plan(topo, req, ctx);
     };
@@ -302,9 +301,8 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
             Some(buf) => Region::new(buf, q as u64 * count + rel, l),
             None => Region::new(BufferRef::Input(ord[p]), u64::from(ord[q]) * count + rel, l),
         };
-        let fin = |p: usize, _q: usize, rel: u64, l: u64| {
-            Region::new(BufferRef::Output(ord[p]), rel, l)
-        };
+        let fin =
+            |p: usize, _q: usize, rel: u64, l: u64| Region::new(BufferRef::Output(ord[p]), rel, l);
         reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, chunk, &inp, &fin, true)?;
     }
     Ok(b.finish())
@@ -318,7 +316,8 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
 /// # Complexity
 /// N-1 rail steps and N (g-1) intra steps of one block per rank: O(n N g) copies.
 pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let Some(shape) = ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllGather)
+    let Some(shape) =
+        ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllGather)
     else {
         return direct::plan(topo, req, ctx);
     };
@@ -336,11 +335,14 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     for j in 0..g {
         let ord = shape.rail(j);
         let lens = vec![count; nn];
-        let inp = |p: usize, _q: usize, rel: u64, l: u64| {
-            Region::new(BufferRef::Input(ord[p]), rel, l)
-        };
+        let inp =
+            |p: usize, _q: usize, rel: u64, l: u64| Region::new(BufferRef::Input(ord[p]), rel, l);
         let out = |p: usize, q: usize, rel: u64, l: u64| {
-            Region::new(BufferRef::Output(ord[p]), u64::from(ord[q]) * count + rel, l)
+            Region::new(
+                BufferRef::Output(ord[p]),
+                u64::from(ord[q]) * count + rel,
+                l,
+            )
         };
         all_gather_ring(&mut b, &ord, CH_RAIL, &lens, chunk, Some(&inp), &out)?;
     }
@@ -351,7 +353,11 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         for ord in &shape.hosts {
             for src in &shape.hosts {
                 let out = |p: usize, q: usize, rel: u64, l: u64| {
-                    Region::new(BufferRef::Output(ord[p]), u64::from(src[q]) * count + rel, l)
+                    Region::new(
+                        BufferRef::Output(ord[p]),
+                        u64::from(src[q]) * count + rel,
+                        l,
+                    )
                 };
                 all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
             }
@@ -408,7 +414,8 @@ mod tests {
                     let ar = Request::new(Collective::AllReduce, gpus.clone(), count, DType::F32)
                         .with_op(ReduceOp::Avg);
                     prove(&topo, &ar, all_reduce, 7);
-                    let rs = Request::new(Collective::ReduceScatter, gpus.clone(), count, DType::F32);
+                    let rs =
+                        Request::new(Collective::ReduceScatter, gpus.clone(), count, DType::F32);
                     prove(&topo, &rs, reduce_scatter, 7);
                     let ag = Request::new(Collective::AllGather, gpus.clone(), count, DType::F32);
                     prove(&topo, &ag, all_gather, 7);

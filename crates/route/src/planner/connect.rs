@@ -11,8 +11,8 @@ use relaycc_topo::{LinkId, Topology};
 use crate::error::{Result, RouteError};
 use crate::lower::split_shares;
 use crate::path::{
-    Hop, RelayPolicy, Route, direct_route, hop, host_staged_routes, max_flow_routes,
-    nearest_host, relay_routes_with,
+    Hop, RelayPolicy, Route, direct_route, hop, host_staged_routes, max_flow_routes, nearest_host,
+    relay_routes_with,
 };
 use crate::plan::Location;
 
