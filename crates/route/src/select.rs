@@ -468,7 +468,9 @@ impl Planner {
             return Ok(hit);
         }
         let planned = Arc::new(plan(&self.topo, req, opts)?);
+        // A plan cut short by the budget is not kept: a later call may have time for more.
         if opts.sim == SimConfig::default()
+            && !planned.budget_exhausted
             && let Ok(mut c) = self.cache.lock()
         {
             c.insert(key, planned.clone());
