@@ -46,7 +46,7 @@ pub use order::DepGraph;
 pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
 pub use reach::{require_reachable, require_relays_exist};
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
-pub use select::{CandidateTime, PlanOptions, Planned, Planner, plan};
+pub use select::{CandidateTime, DEFAULT_BUDGET, PlanOptions, Planned, Planner, plan};
 pub use sim::{
     DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
     simulate,
