@@ -207,7 +207,14 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let blocks = split_even(req.count, g as u64);
     let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
     let chunk = phase_chunk(ctx, most);
-    let rail_chunk = phase_chunk(ctx, most.div_ceil(nn as u64));
+    // A rail ring over N nodes moves a different sub-block at every step, so from
+    // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
+    let sub = most.div_ceil(nn as u64);
+    let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
+        sub.max(ctx.chunk_elems).max(1)
+    } else {
+        phase_chunk(ctx, sub)
+    };
     // Each rank's node partial of its block (the input itself on one-GPU nodes).
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
         .map(|r| (g > 1).then(|| b.scratch(r, most)))
@@ -404,12 +411,22 @@ mod tests {
 
     #[test]
     fn every_hierarchical_plan_is_proved_on_clusters() {
-        for spec in ["cluster:2xdgx-h100:ib-ndr", "cluster:3xdgx1-v100:ib-edr"] {
+        // Two and three nodes pipeline rail rings in chunks; five nodes in whole sub-blocks.
+        for spec in [
+            "cluster:2xdgx-h100:ib-ndr",
+            "cluster:3xdgx1-v100:ib-edr",
+            "cluster:5xdgx-h100:ib-ndr",
+        ] {
             let topo = relaycc_topo::preset(spec).unwrap();
             let all: Vec<u32> = (0..topo.gpu_count()).collect();
             // Whole nodes, and two GPUs of each node (a rail subset), odd counts included.
             let pairs: Vec<u32> = all.iter().copied().filter(|g| g % 8 < 2).collect();
-            for gpus in [all.clone(), pairs] {
+            let sets = if topo.gpu_count() > 24 {
+                vec![pairs]
+            } else {
+                vec![all.clone(), pairs]
+            };
+            for gpus in sets {
                 for count in [1, 29, 1000] {
                     let ar = Request::new(Collective::AllReduce, gpus.clone(), count, DType::F32)
                         .with_op(ReduceOp::Avg);
