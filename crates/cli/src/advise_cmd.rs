@@ -4,29 +4,111 @@ use std::fmt::Write as _;
 
 use anyhow::{Result, bail};
 use relaycc_route::{PlanOptions, Planner, RouteError};
-use relaycc_topo::Mask;
+use relaycc_topo::{Mask, PathClass, Topology};
 use serde_json::json;
 
 use crate::args::{AdviseArgs, CollectiveArgs, TableFormat};
 use crate::report::{check_relays, perf_json, request};
 use crate::topo_cmd::load_topology;
 
-/// Subsets examined at most (C(16, 8) = 12870 would take too long to plan): a search budget.
+/// Placements examined at most: a search bound beside the time budget.
 pub const MAX_SUBSETS: usize = 256;
 
-fn subsets(free: &[u32], k: usize, out: &mut Vec<Vec<u32>>, cur: &mut Vec<u32>, start: usize) {
-    if out.len() >= MAX_SUBSETS {
-        return;
+/// How well two GPUs connect, higher better: NVLink by lanes, then PCIe classes, then the
+/// inter-socket link, then another node.
+fn affinity(topo: &Topology, a: u32, b: u32) -> u32 {
+    let (Ok(x), Ok(y)) = (topo.gpu(a), topo.gpu(b)) else {
+        return 0;
+    };
+    if topo.node(x).host != topo.node(y).host {
+        return 1;
     }
-    if cur.len() == k {
-        out.push(cur.clone());
-        return;
+    match topo.classify(x, y) {
+        PathClass::SameDevice => 0,
+        PathClass::NvLink(lanes) => 100 + lanes,
+        PathClass::Pix => 50,
+        PathClass::Pxb => 40,
+        PathClass::Phb => 30,
+        PathClass::Node => 20,
+        PathClass::Sys => 10,
     }
-    for i in start..free.len() {
-        cur.push(free[i]);
-        subsets(free, k, out, cur, i + 1);
-        cur.pop();
+}
+
+/// What makes two placements alike for planning, as far as cheap facts tell: the sorted
+/// pairwise connection classes and how many GPUs each node holds. Placements with one
+/// signature are mirror images on the machines relaycc models (DGX boards, like nodes), so
+/// one of each is planned.
+fn signature(topo: &Topology, set: &[u32]) -> (Vec<u32>, Vec<usize>) {
+    let mut pairs = Vec::with_capacity(set.len() * set.len() / 2);
+    for (i, &a) in set.iter().enumerate() {
+        for &b in &set[i + 1..] {
+            pairs.push(affinity(topo, a, b));
+        }
     }
+    pairs.sort_unstable();
+    let mut hosts: Vec<u32> = set
+        .iter()
+        .filter_map(|&g| topo.gpu(g).ok().map(|id| topo.node(id).host))
+        .collect();
+    hosts.sort_unstable();
+    let mut per_host: Vec<usize> = hosts.chunk_by(|a, b| a == b).map(<[u32]>::len).collect();
+    per_host.sort_unstable();
+    (pairs, per_host)
+}
+
+/// The placement grown greedily from `seed`: each step adds the free GPU best connected to
+/// those already chosen (sum of [`affinity`]), the lowest index on ties.
+fn grow(topo: &Topology, free: &[u32], k: usize, seed: u32) -> Vec<u32> {
+    let mut set = vec![seed];
+    while set.len() < k {
+        let next = free
+            .iter()
+            .filter(|g| !set.contains(g))
+            .map(|&g| (set.iter().map(|&m| affinity(topo, g, m)).sum::<u32>(), g))
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        match next {
+            Some((_, g)) => set.push(g),
+            None => break,
+        }
+    }
+    set.sort_unstable();
+    set
+}
+
+/// Placements to plan, most promising first, at most [`MAX_SUBSETS`], one per
+/// [`signature`]: the lowest-index placement (the naive pick, always first, as the reference),
+/// then one grown greedily from every free GPU, then the rest in lexicographic order.
+fn placements(topo: &Topology, free: &[u32], k: usize) -> Vec<Vec<u32>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut offer = |set: Vec<u32>, out: &mut Vec<Vec<u32>>| {
+        if out.len() < MAX_SUBSETS && set.len() == k && seen.insert(signature(topo, &set)) {
+            out.push(set);
+        }
+    };
+    offer(free[..k].to_vec(), &mut out);
+    for &seed in free {
+        offer(grow(topo, free, k, seed), &mut out);
+    }
+    // Lexicographic combinations, stopping once the bound is reached.
+    let mut idx: Vec<usize> = (0..k).collect();
+    let mut examined = 0usize;
+    loop {
+        offer(idx.iter().map(|&i| free[i]).collect(), &mut out);
+        examined += 1;
+        // Signatures repeat heavily on symmetric machines: bound the enumeration itself too.
+        if out.len() >= MAX_SUBSETS || examined >= 64 * MAX_SUBSETS {
+            break;
+        }
+        let Some(i) = (0..k).rev().find(|&i| idx[i] < free.len() - k + i) else {
+            break;
+        };
+        idx[i] += 1;
+        for j in i + 1..k {
+            idx[j] = idx[j - 1] + 1;
+        }
+    }
+    out
 }
 
 /// Run `relaycc advise`.
@@ -49,8 +131,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             free.len()
         );
     }
-    let mut sets = Vec::new();
-    subsets(&free, k, &mut sets, &mut Vec::new(), 0);
+    let sets = placements(&topo, &free, k);
     let cargs = CollectiveArgs {
         collective: args.collective,
         topology: args.topology.clone(),
@@ -58,12 +139,16 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         element: args.element.clone(),
         root: 0,
         relay: args.relay.clone(),
+        budget: args.budget.clone(),
     };
     let planner = Planner::new(topo.clone());
-    let opts = PlanOptions {
+    let start = std::time::Instant::now();
+    let mut opts = PlanOptions {
         relay: args.relay.clone(),
         ..PlanOptions::default()
     };
+    let mut budget_exhausted = false;
+    let pb = crate::progress::bar(sets.len() as u64, "planning placements");
     let mut scored = Vec::new();
     // A placement the masked machine cannot connect is not advice; it is skipped, and its
     // error is reported only when no placement can be planned.
@@ -74,14 +159,32 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         } else {
             request(&cargs, set, args.size)?
         };
+        // The first placement (the naive pick, the reference) is always planned.
+        let left = args.budget.budget.saturating_sub(start.elapsed());
+        if !scored.is_empty() && left.is_zero() {
+            budget_exhausted = true;
+            break;
+        }
+        opts.budget = left;
+        pb.inc(1);
         match planner.plan(&req, &opts) {
-            Ok(p) => scored.push((set.clone(), p.predicted, p.baseline)),
+            Ok(p) => {
+                budget_exhausted |= p.budget_exhausted;
+                pb.println(format!(
+                    "  {:<20} {:>14.2} {:>14.2}",
+                    format!("{set:?}"),
+                    p.predicted.busbw_gbps,
+                    p.baseline.busbw_gbps
+                ));
+                scored.push((set.clone(), p.predicted, p.baseline));
+            }
             Err(e @ RouteError::NoRoute { .. }) => {
                 unroutable.get_or_insert(e);
             }
             Err(e) => return Err(e.into()),
         }
     }
+    pb.finish_and_clear();
     if let (true, Some(e)) = (scored.is_empty(), unroutable) {
         bail!("no placement of {k} free GPUs can be planned: {e}");
     }
@@ -95,6 +198,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             let best: Vec<_> = scored.iter().take(8).map(|(s, p, b)| json!({"gpus": s, "predicted": perf_json(p), "baseline": perf_json(b)})).collect();
             serde_json::to_string_pretty(
                 &json!({"topology": topo.name(), "free": free, "best": best,
+                "examined": scored.len(), "budget_exhausted": budget_exhausted,
                 "naive": {"gpus": naive.0, "predicted": perf_json(&naive.1), "baseline": perf_json(&naive.2)}}),
             )? + "\n"
         }
@@ -110,6 +214,13 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
                 free,
                 scored.len()
             );
+            if budget_exhausted {
+                let _ = writeln!(
+                    s,
+                    "budget exhausted after {:?}: advice among the placements planned so far",
+                    args.budget.budget
+                );
+            }
             let _ = writeln!(
                 s,
                 "\n  {:<20} {:>14} {:>14}",

@@ -68,6 +68,38 @@ fn parse_size(s: &str) -> Result<u64, String> {
     crate::size::parse_size(s)
 }
 
+/// A planning budget as people write it: `5` or `5s` (seconds), `500ms`, `2m`, `1.5s`.
+pub fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(v) = t.strip_suffix("ms") {
+        (v, 1e-3)
+    } else if let Some(v) = t.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = t.strip_suffix('m') {
+        (v, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("budget {s:?} is not a duration (5s, 500ms, 2m)"))?;
+    let secs = v * scale;
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!("budget {s:?} must be between 0 and 24 hours"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// The planning budget flag the planning commands share.
+#[derive(Debug, Clone, Args)]
+pub struct BudgetArgs {
+    /// Planning time allowed per request (`5s`, `500ms`): once spent, the best plan found so
+    /// far is returned and marked as such.
+    #[arg(long, value_parser = parse_budget, default_value = "5s")]
+    pub budget: std::time::Duration,
+}
+
 /// The element type and reduce operator, spelled alike in every subcommand that takes them.
 #[derive(Debug, Clone, Args)]
 pub struct ElementArgs {
@@ -121,6 +153,9 @@ pub struct RouteArgs {
     /// Route kinds to consider.
     #[arg(long, default_value = "auto")]
     pub strategy: relaycc_route::p2p::Strategy,
+    /// Planning budget.
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = RouteFormat::Table)]
     pub format: RouteFormat,
@@ -147,6 +182,9 @@ pub struct CollectiveArgs {
     /// Which GPUs may relay: none, members, any, or a list such as 3,4.
     #[arg(long, value_parser = parse_relay, default_value = "any")]
     pub relay: relaycc_route::path::RelayPolicy,
+    /// Planning budget.
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 /// `relaycc plan`
@@ -216,6 +254,9 @@ pub struct AdviseArgs {
     /// Which GPUs may relay.
     #[arg(long, value_parser = parse_relay, default_value = "any")]
     pub relay: relaycc_route::path::RelayPolicy,
+    /// Planning budget of the whole search (each placement gets what is left).
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = TableFormat::Table)]
     pub format: TableFormat,

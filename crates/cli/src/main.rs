@@ -16,6 +16,7 @@ mod bench_ranks;
 mod calibrate_cmd;
 mod plan_cmd;
 mod plot;
+mod progress;
 mod report;
 mod resources;
 mod route_cmd;

@@ -21,9 +21,18 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     let req = request(&args.request, &gpus, args.size)?;
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
+        budget: args.request.budget.budget,
         ..PlanOptions::default()
     };
-    let p = plan(&topo, &req, &opts)?;
+    let spin = crate::progress::spinner(format!(
+        "planning {} on {} GPUs of {}",
+        req.collective,
+        gpus.len(),
+        topo.name()
+    ));
+    let p = plan(&topo, &req, &opts);
+    spin.finish_and_clear();
+    let p = p?;
     if let Some(path) = &args.save {
         std::fs::write(path, p.plan.to_json() + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
@@ -55,6 +64,8 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "baseline_algorithm": p.baseline_plan.algorithm,
                 "bound": perf_json(&p.bound),
                 "candidates": p.candidates,
+                "budget_exhausted": p.budget_exhausted,
+                "skipped": p.skipped,
             });
             serde_json::to_string_pretty(&doc)? + "\n"
         }
@@ -85,6 +96,16 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 staging_text(&staging)
             );
             let _ = writeln!(s, "{PREDICTION_NOTE}");
+            if p.budget_exhausted {
+                let _ = writeln!(
+                    s,
+                    "budget exhausted after {:?}: the best plan of the candidates simulated so far",
+                    opts.budget
+                );
+            }
+            for why in &p.skipped {
+                let _ = writeln!(s, "skipped: {why}");
+            }
             let _ = writeln!(
                 s,
                 "\n  {:<10} {:>12} {:>12} {:>12} {:>9}",

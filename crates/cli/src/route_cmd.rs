@@ -22,6 +22,7 @@ pub fn run(args: &RouteArgs) -> Result<String> {
     let opts = PlanOptions {
         relay: args.relay.clone(),
         strategy: args.strategy,
+        budget: args.budget.budget,
         ..PlanOptions::default()
     };
     let p = plan(&topo, &req, &opts)?;

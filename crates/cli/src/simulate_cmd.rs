@@ -35,12 +35,28 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
     let planner = Planner::new(topo.clone());
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
+        budget: args.request.budget.budget,
         ..PlanOptions::default()
     };
     let mut rows = Vec::new();
-    for bytes in size_series(args.min_bytes, args.max_bytes, args.step_factor)? {
+    let sizes = size_series(args.min_bytes, args.max_bytes, args.step_factor)?;
+    let pb = crate::progress::bar(sizes.len() as u64, "simulating sizes");
+    for bytes in sizes {
         let req = request(&args.request, &gpus, bytes)?;
         let p = planner.plan(&req, &opts)?;
+        pb.inc(1);
+        pb.println(format!(
+            "{:>12} bytes  {:>10.2} GB/s busbw  baseline {:>10.2}{}  {}",
+            req.size_bytes(),
+            p.predicted.busbw_gbps,
+            p.baseline.busbw_gbps,
+            if p.budget_exhausted {
+                " (budget exhausted)"
+            } else {
+                ""
+            },
+            p.plan.algorithm
+        ));
         rows.push(Row {
             bytes: req.size_bytes(),
             count: req.count,
@@ -50,6 +66,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
             algorithm: p.plan.algorithm.clone(),
         });
     }
+    pb.finish_and_clear();
     if let Some(path) = &args.svg {
         crate::plot::write_svg(
             path,

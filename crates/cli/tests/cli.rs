@@ -632,3 +632,68 @@ fn mpi_backend_and_vs_mpi_fail_cleanly() {
         "{err}"
     );
 }
+
+#[test]
+fn plan_on_a_cluster_reports_skipped_families_and_a_spent_budget() {
+    let args = |nodes: &'static str, budget: &'static str| {
+        [
+            "plan",
+            "all_reduce",
+            "-t",
+            nodes,
+            "--size",
+            "64MiB",
+            "--budget",
+            budget,
+            "--format",
+            "json",
+        ]
+    };
+    // Two nodes (16 ranks) have flat candidates beside the rail-hierarchical one: a zero
+    // budget leaves some out and says so, yet relaycc's plan never loses to the baseline.
+    let v = json(&args("cluster:2xdgx-h100:ib-ndr", "0"));
+    assert_eq!(v["budget_exhausted"], true);
+    assert!(
+        v["predicted"]["busbw_gbps"].as_f64().unwrap()
+            >= v["baseline"]["busbw_gbps"].as_f64().unwrap()
+    );
+    let v = json(&args("cluster:4xdgx-h100:ib-ndr", "10m"));
+    assert_eq!(v["budget_exhausted"], false);
+    assert!(
+        v["algorithm"]
+            .as_str()
+            .unwrap()
+            .starts_with("rail-hier 4x8")
+    );
+    assert_eq!(v["skipped"].as_array().unwrap().len(), 2);
+    for bad in ["soon", "-1s", "25h"] {
+        let o = relaycc(&["plan", "all_reduce", "--size", "1MiB", "--budget", bad]);
+        assert_eq!(o.status.code(), Some(2), "--budget {bad}");
+    }
+}
+
+#[test]
+fn advise_on_a_cluster_plans_placements_within_the_budget() {
+    let v = json(&[
+        "advise",
+        "-t",
+        "cluster:2xdgx-h100:ib-ndr",
+        "--count",
+        "4",
+        "--size",
+        "16MiB",
+        "--budget",
+        "10m",
+        "--format",
+        "json",
+    ]);
+    // One placement per symmetry signature: four GPUs of one node, 3 + 1, 2 + 2 (and the
+    // naive pick among them), not C(16, 4) = 1820.
+    let examined = v["examined"].as_u64().unwrap();
+    assert!((2..=8).contains(&examined), "{examined}");
+    let best = v["best"][0]["gpus"].as_array().unwrap();
+    // The best placement keeps the four GPUs inside one node's NVSwitch.
+    let hosts: std::collections::BTreeSet<u64> =
+        best.iter().map(|g| g.as_u64().unwrap() / 8).collect();
+    assert_eq!(hosts.len(), 1, "{best:?}");
+}

@@ -47,7 +47,7 @@ pub use plan::{BufferRef, Lane, Location, NvlsShare, Op, OpKind, Plan, Region, S
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
-pub use select::{CandidateTime, PlanOptions, Planned, Planner, plan};
+pub use select::{CandidateTime, DEFAULT_BUDGET, PlanOptions, Planned, Planner, plan};
 pub use sim::{
     DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
     simulate,

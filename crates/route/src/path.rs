@@ -214,6 +214,7 @@ pub fn widest_links(
     }
     let host_end = cross_sockets;
     let pcie_ok = topo.pcie_peer_ok(a, b);
+    let ends = (topo.node(a).host, topo.node(b).host);
     let n = topo.graph().node_count();
     let mut best_bw = vec![0.0f64; n];
     let mut best_lat = vec![f64::INFINITY; n];
@@ -244,7 +245,7 @@ pub fn widest_links(
             continue;
         }
         for (eid, t, link) in topo.links_from(node) {
-            if !topo.link_usable(eid) {
+            if !topo.link_usable(eid) || !on_the_way(topo, t, ends) {
                 continue;
             }
             if matches!(link.kind, LinkKind::InterSocket { .. }) && !host_end {
@@ -281,6 +282,17 @@ pub fn widest_links(
     }
     edges.reverse();
     Some((edges, best_bw[b.index()], best_lat[b.index()]))
+}
+
+/// Whether a path between machines `ends` may enter `node`: switches of the fabric (network
+/// or NVLink) always, the inside of a machine (GPUs, CPUs, PCIe, NICs) only on the two end
+/// machines. Data between two machines never gains by entering a third one, and on a cluster
+/// this keeps a search to two machines instead of all of them.
+fn on_the_way(topo: &Topology, node: NodeId, ends: (u32, u32)) -> bool {
+    let n = topo.node(node);
+    matches!(n.kind, NodeKind::NetSwitch | NodeKind::NvSwitch)
+        || n.host == ends.0
+        || n.host == ends.1
 }
 
 /// Nodes a hop may pass through: everything but memories, except that a CPU's root complex
@@ -323,11 +335,35 @@ pub fn host_staged_routes(topo: &Topology, a: u32, b: u32) -> Vec<Route> {
 
 /// Routes relayed through exactly one allowed GPU `r` (each hop direct), best first.
 pub fn relay_routes(topo: &Topology, a: u32, b: u32, allowed: &dyn Fn(u32) -> bool) -> Vec<Route> {
+    relay_routes_with(topo, a, b, allowed, &|x, y| {
+        hop(topo, Location::Gpu(x), Location::Gpu(y))
+    })
+}
+
+/// [`relay_routes`] with the direct hop between two GPUs given by `hop_between` (a cache of
+/// [`hop`]: every pair of a job asks for the same hops, one widest-path search each).
+///
+/// Relays sit on the machine of `a` or of `b`: a relay on a third machine crosses the network
+/// twice, where the direct route crosses it once, and would cost a search per GPU of a
+/// cluster for every pair.
+pub fn relay_routes_with(
+    topo: &Topology,
+    a: u32,
+    b: u32,
+    allowed: &dyn Fn(u32) -> bool,
+    hop_between: &dyn Fn(u32, u32) -> Option<Hop>,
+) -> Vec<Route> {
+    let host = |g: u32| topo.gpu(g).ok().map(|id| topo.node(id).host);
+    let (ha, hb) = (host(a), host(b));
     let mut v: Vec<Route> = (0..topo.gpu_count())
+        .filter(|&r| {
+            let h = host(r);
+            h == ha || h == hb
+        })
         .filter(|r| *r != a && *r != b && allowed(*r))
         .filter_map(|r| {
-            let x = hop(topo, Location::Gpu(a), Location::Gpu(r))?;
-            let y = hop(topo, Location::Gpu(r), Location::Gpu(b))?;
+            let x = hop_between(a, r)?;
+            let y = hop_between(r, b)?;
             Some(Route { hops: vec![x, y] })
         })
         .collect();

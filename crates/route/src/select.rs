@@ -3,7 +3,9 @@
 //! request shape for one topology.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use relaycc_topo::Topology;
@@ -16,8 +18,12 @@ use crate::plan::Plan;
 use crate::request::{Collective, Request};
 use crate::sim::{Perf, Prepared, SimConfig, simulate};
 
+/// Planning time allowed when the caller names none: a few seconds, so an interactive command
+/// answers promptly on any machine while every 8-GPU request plans in full well within it.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
+
 /// How to plan.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PlanOptions {
     /// Which GPUs may relay. Default: any free GPU.
     pub relay: RelayPolicy,
@@ -25,6 +31,48 @@ pub struct PlanOptions {
     pub strategy: Strategy,
     /// Simulator settings used to rank candidates.
     pub sim: SimConfig,
+    /// Planning time allowed ([`DEFAULT_BUDGET`] by default). Once it is spent, candidates not
+    /// yet built or simulated are left out and the best plan found so far is returned, with
+    /// [`Planned::budget_exhausted`] set. The baseline and the most promising candidate are
+    /// always simulated, so a budget of zero still plans.
+    pub budget: Duration,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            relay: RelayPolicy::default(),
+            strategy: Strategy::default(),
+            sim: SimConfig::default(),
+            budget: DEFAULT_BUDGET,
+        }
+    }
+}
+
+/// When planning must stop, and whether it had to.
+struct Deadline {
+    at: Option<Instant>,
+    hit: AtomicBool,
+}
+
+impl Deadline {
+    fn new(budget: Duration) -> Self {
+        Deadline {
+            at: Instant::now().checked_add(budget),
+            hit: AtomicBool::new(false),
+        }
+    }
+    /// True (and remembered) once the budget is spent.
+    fn passed(&self) -> bool {
+        let over = self.at.is_some_and(|at| Instant::now() >= at);
+        if over {
+            self.hit.store(true, Ordering::Relaxed);
+        }
+        over
+    }
+    fn was_hit(&self) -> bool {
+        self.hit.load(Ordering::Relaxed)
+    }
 }
 
 /// One candidate's simulated time.
@@ -53,6 +101,11 @@ pub struct Planned {
     pub candidates: Vec<CandidateTime>,
     /// Point-to-point requests: the chosen routes and their shares.
     pub routes: Vec<RouteShare>,
+    /// True when the planning budget ran out before every candidate was built and simulated:
+    /// the plan is the best of those that were.
+    pub budget_exhausted: bool,
+    /// Candidate families left out for this request's size, each with the reason.
+    pub skipped: Vec<String>,
 }
 
 fn is_p2p(req: &Request) -> bool {
@@ -79,6 +132,8 @@ fn is_p2p(req: &Request) -> bool {
 /// - [`RouteError::PlanCheck`] when no candidate passes the checker (a planner bug);
 /// - [`RouteError::AboveBound`] when the winner is predicted faster than the bound allows.
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
+    let deadline = Deadline::new(opts.budget);
+    let mut skipped = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let baseline_plan = crate::planner::baseline_plan(topo, req)?;
     // The baseline is proved while it is simulated.
@@ -120,7 +175,10 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        for (plan, time_us, proved) in fastest_collectives(topo, req, opts, baseline_sim.time_us)? {
+        let (fastest, left_out) =
+            fastest_collectives(topo, req, opts, baseline_sim.time_us, &deadline)?;
+        skipped = left_out;
+        for (plan, time_us, proved) in fastest {
             found.push((plan, Vec::new(), time_us, proved));
         }
     }
@@ -193,6 +251,8 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         bound,
         candidates,
         routes,
+        budget_exhausted: deadline.was_hit(),
+        skipped,
     })
 }
 
@@ -220,6 +280,9 @@ fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     crate::check::check_routes(plan, topo).map_err(named)
 }
 
+/// A simulated candidate: its plan, time (us) and whether the checker proved it.
+type Simulated = (Plan, f64, bool);
+
 /// A candidate built and lowered for the simulator.
 type Built = (Plan, Prepared);
 
@@ -237,13 +300,18 @@ type Built = (Plan, Prepared);
 /// their full lower bound (busiest resource, longest op) already loses to the best so far. A
 /// candidate is skipped only when it cannot be faster than one that was simulated and proved,
 /// so the fastest correct candidate is always found. Both builds run in parallel.
+///
+/// Within the budget: once `deadline` passes, candidates not yet built are left out and only
+/// the most promising one is still simulated. Also returns the families left out for size.
 fn fastest_collectives(
     topo: &Topology,
     req: &Request,
     opts: &PlanOptions,
     to_beat_us: f64,
-) -> Result<Vec<(Plan, f64, bool)>> {
+    deadline: &Deadline,
+) -> Result<(Vec<Simulated>, Vec<String>)> {
     let set = crate::planner::Candidates::new(topo, req, &opts.relay)?;
+    let skipped = set.skipped().to_vec();
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
     let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
     let prepare = |i: usize, chunk: u64| -> Result<(usize, Plan, Prepared)> {
@@ -251,9 +319,11 @@ fn fastest_collectives(
         let prepared = Prepared::new(topo, &plan, &opts.sim)?;
         Ok((i, plan, prepared))
     };
+    // The first candidate is always built: a spent budget still returns a plan of relaycc's.
     let mut first: Vec<(f64, usize, Option<Built>)> = crate::planner::keep_routable(
         (0..set.len())
             .into_par_iter()
+            .filter(|&i| i == 0 || !deadline.passed())
             .map(|i| prepare(i, coarse))
             .collect(),
     )?
@@ -268,8 +338,10 @@ fn fastest_collectives(
     first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut fine_plans: Vec<Option<Built>> = first
         .into_par_iter()
-        .map(|(_, i, built)| match built {
+        .enumerate()
+        .map(|(k, (_, i, built))| match built {
             Some(pp) => Ok(Some(pp)),
+            None if k > 0 && deadline.passed() => Ok(None),
             None => prepare(i, fine).map(|(_, p, pr)| Some((p, pr))),
         })
         .collect::<Result<Vec<_>>>()?;
@@ -280,11 +352,16 @@ fn fastest_collectives(
         .filter_map(|(k, pp)| pp.as_ref().map(|(_, pr)| (pr.lower_bound_us(), k)))
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut simulated = 0usize;
     let (order, proved) = prune_and_prove(
         &ranked,
         to_beat_us,
         |k| match fine_plans[k].as_ref() {
-            Some((_, prepared)) => Ok(Some(prepared.simulate(topo)?.time_us)),
+            Some(_) if simulated > 0 && deadline.passed() => Ok(None),
+            Some((_, prepared)) => {
+                simulated += 1;
+                Ok(Some(prepared.simulate(topo)?.time_us))
+            }
             None => Ok(None),
         },
         |k| {
@@ -293,13 +370,14 @@ fn fastest_collectives(
                 .is_some_and(|(plan, _)| prove(topo, req, plan).is_ok())
         },
     )?;
-    Ok(order
+    let found = order
         .into_iter()
         .filter_map(|(k, t)| {
             let (plan, _) = fine_plans[k].take()?;
             Some((plan, t, proved == Some(k)))
         })
-        .collect())
+        .collect();
+    Ok((found, skipped))
 }
 
 /// Simulated `(candidate index, time)` in the order simulated, and the proved winner's index.
@@ -390,7 +468,9 @@ impl Planner {
             return Ok(hit);
         }
         let planned = Arc::new(plan(&self.topo, req, opts)?);
+        // A plan cut short by the budget is not kept: a later call may have time for more.
         if opts.sim == SimConfig::default()
+            && !planned.budget_exhausted
             && let Ok(mut c) = self.cache.lock()
         {
             c.insert(key, planned.clone());

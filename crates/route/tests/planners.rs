@@ -242,7 +242,12 @@ fn pruned_selection_finds_the_fastest_candidate() {
     for (preset, c, gpus, count) in cases {
         let topo = relaycc_topo::preset(preset).unwrap();
         let req = Request::new(c, gpus.clone(), count, DType::F32);
-        let chosen = plan(&topo, &req, &PlanOptions::default()).unwrap();
+        // Unbounded: the comparison is with simulating every candidate.
+        let unbounded = PlanOptions {
+            budget: std::time::Duration::from_secs(3600),
+            ..PlanOptions::default()
+        };
+        let chosen = plan(&topo, &req, &unbounded).unwrap();
         let baseline = simulate(&topo, &baseline_plan(&topo, &req).unwrap(), &sim)
             .unwrap()
             .time_us;

@@ -79,7 +79,9 @@ struct Memory {
 impl Memory {
     /// Split runs so that `at` is a boundary.
     fn split_at(&mut self, at: u64) {
-        if let Some(i) = self.segs.iter().position(|s| s.start < at && at < s.end) {
+        // Runs are sorted and disjoint: the first one ending after `at` is the only candidate.
+        let i = self.segs.partition_point(|s| s.end <= at);
+        if self.segs.get(i).is_some_and(|s| s.start < at && at < s.end) {
             let s = self.segs[i].clone();
             self.segs[i] = s.slice(s.start, at);
             self.segs.insert(i + 1, s.slice(at, s.end));

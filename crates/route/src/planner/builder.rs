@@ -104,6 +104,9 @@ pub(crate) struct Builder<'a, 't> {
     /// Connections chosen by the planner for (channel, from GPU, to GPU), used instead of the
     /// cache's (packed rings pick their own per ring).
     pinned: BTreeMap<(u32, u32, u32), Arc<Connection>>,
+    /// Chunk (elements) copies are cut into, where a planner's phase sets its own instead of
+    /// the context's.
+    chunk: Option<u64>,
 }
 
 impl<'a, 't> Builder<'a, 't> {
@@ -118,6 +121,7 @@ impl<'a, 't> Builder<'a, 't> {
             fenced: Vec::new(),
             lane_last: Vec::new(),
             pinned: BTreeMap::new(),
+            chunk: None,
         }
     }
     /// The GPU of rank `r`.
@@ -190,6 +194,11 @@ impl<'a, 't> Builder<'a, 't> {
         self.lane_last.fill(NO_OP);
         self.fenced.fill(false);
     }
+    /// Cut the copies sent from now on into chunks of `elems` elements instead of the
+    /// context's chunk (hierarchical plans pipeline each phase at its own block size).
+    pub fn set_chunk_elems(&mut self, elems: u64) {
+        self.chunk = Some(elems.max(1));
+    }
     /// Send from GPU `from` to GPU `to` on channel `ch` over `conn` from now on, instead of
     /// the cache's connection.
     pub fn pin(&mut self, ch: u32, from: u32, to: u32, conn: Arc<Connection>) {
@@ -235,7 +244,7 @@ impl<'a, 't> Builder<'a, 't> {
             dst,
             &conn.routes,
             &shares,
-            self.ctx.chunk_elems.max(1),
+            self.chunk.unwrap_or(self.ctx.chunk_elems).max(1),
             ch * CH_STRIDE,
             &deps,
         );

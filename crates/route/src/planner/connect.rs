@@ -3,7 +3,7 @@
 //! single route, relaycc's max-flow split). Connections are cached per pair inside one planning
 //! call, so a ring search and the lowering that follows it ask the topology once per pair.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use relaycc_topo::{LinkId, Topology};
@@ -11,9 +11,10 @@ use relaycc_topo::{LinkId, Topology};
 use crate::error::{Result, RouteError};
 use crate::lower::split_shares;
 use crate::path::{
-    RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, nearest_host,
-    relay_routes,
+    Hop, RelayPolicy, Route, direct_route, hop, host_staged_routes, max_flow_routes, nearest_host,
+    relay_routes_with,
 };
+use crate::plan::Location;
 
 /// Which routes a connection may use, from most restricted to least.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -100,6 +101,21 @@ pub fn connect(
     a: u32,
     b: u32,
 ) -> Result<Connection> {
+    connect_with(topo, members, relay, mode, a, b, &|x, y| {
+        hop(topo, Location::Gpu(x), Location::Gpu(y))
+    })
+}
+
+/// [`connect`] with GPU-to-GPU hops from `hop_between` (the connection cache's memo).
+fn connect_with(
+    topo: &Topology,
+    members: &[u32],
+    relay: &RelayPolicy,
+    mode: LinkMode,
+    a: u32,
+    b: u32,
+    hop_between: &dyn Fn(u32, u32) -> Option<Hop>,
+) -> Result<Connection> {
     let none = || RouteError::NoRoute {
         what: format!("GPU{a} -> GPU{b}"),
         why: format!("no route under {mode:?} links with relay policy {relay:?}"),
@@ -110,8 +126,13 @@ pub fn connect(
         if let Some(r) = nvlink {
             return Ok(Connection::single(r.clone()));
         }
-        let member = |g: u32| members.contains(&g);
-        if let Some(r) = relay_routes(topo, a, b, &member)
+        // NVB: a relay that NVLink joins to both ends (a cheap test before any path search).
+        let nvlink = |x: u32, y: u32| match (topo.gpu(x), topo.gpu(y)) {
+            (Ok(p), Ok(q)) => topo.nvlink_lanes(p, q) > 0,
+            _ => false,
+        };
+        let member = |g: u32| nvlink(a, g) && nvlink(g, b) && members.contains(&g);
+        if let Some(r) = relay_routes_with(topo, a, b, &member, hop_between)
             .into_iter()
             .find(|r| all_nvlink(topo, r))
         {
@@ -145,7 +166,7 @@ pub fn connect(
     let more: Vec<Route> = if saturated {
         Vec::new()
     } else {
-        relay_routes(topo, a, b, &allowed)
+        relay_routes_with(topo, a, b, &allowed, hop_between)
             .into_iter()
             .take(1)
             .chain(host_staged_routes(topo, a, b))
@@ -185,6 +206,9 @@ pub struct ConnCache<'t> {
     /// baseline candidate of one call asks for the same few, and each is a search over up to
     /// 7! orders.
     ring_orders: Mutex<BTreeMap<(LinkMode, bool), Vec<u32>>>,
+    /// Direct hops between GPUs: relayed connections of every pair reuse them (a widest-path
+    /// search each), so n^2 pairs cost n^2 searches rather than n^3.
+    hops: Mutex<HashMap<(u32, u32), Option<Hop>>>,
 }
 
 impl<'t> ConnCache<'t> {
@@ -196,6 +220,7 @@ impl<'t> ConnCache<'t> {
             relay: relay.clone(),
             map: Mutex::new(BTreeMap::new()),
             ring_orders: Mutex::new(BTreeMap::new()),
+            hops: Mutex::new(HashMap::new()),
         }
     }
     /// The topology the cache plans on.
@@ -209,10 +234,28 @@ impl<'t> ConnCache<'t> {
         }
         // Computed outside the lock (a max-flow each), so candidates built in parallel do not
         // wait on each other; a pair computed twice gives the same connection.
-        let c = Arc::new(connect(self.topo, &self.members, &self.relay, mode, a, b)?);
+        let hop_between = |x: u32, y: u32| self.hop(x, y);
+        let c = Arc::new(connect_with(
+            self.topo,
+            &self.members,
+            &self.relay,
+            mode,
+            a,
+            b,
+            &hop_between,
+        )?);
         Ok(Arc::clone(
             locked(&self.map).entry((mode, a, b)).or_insert(c),
         ))
+    }
+    /// The direct hop GPU `x` -> GPU `y` ([`hop`]), searched once.
+    fn hop(&self, x: u32, y: u32) -> Option<Hop> {
+        if let Some(h) = locked(&self.hops).get(&(x, y)) {
+            return h.clone();
+        }
+        let h = hop(self.topo, Location::Gpu(x), Location::Gpu(y));
+        locked(&self.hops).insert((x, y), h.clone());
+        h
     }
     /// The members of the job, in rank order.
     pub fn members(&self) -> &[u32] {

@@ -9,6 +9,10 @@
 //! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
+//! On several nodes with the same number of ranks each, all_reduce, all_gather and
+//! reduce_scatter also get the rail-hierarchical plans of [`cluster`]; above
+//! [`FLAT_MAX_CLUSTER_RANKS`] ranks of several nodes they replace the flat families.
+//!
 //! Every candidate is built in each [`LinkMode`] relaycc may use ([`LinkMode::Single`],
 //! [`LinkMode::Multipath`]) and each chunk size asked for; the orchestrator simulates them and
 //! keeps the fastest (direct only up to [`DIRECT_SMALL_BYTES`] where other candidates exist). Plans are built through one builder that derives all dependencies, so
@@ -28,6 +32,7 @@ mod access;
 pub mod baseline;
 pub mod baseline_net;
 mod builder;
+pub mod cluster;
 pub mod connect;
 pub mod direct;
 pub mod hierarchical;
@@ -191,6 +196,24 @@ pub struct Candidates<'t> {
     req: Request,
     cache: ConnCache<'t>,
     jobs: Vec<(LinkMode, Planner, u32)>,
+    skipped: Vec<String>,
+}
+
+/// Largest request (ranks) spanning several nodes for which the flat candidates (rings, packed
+/// rings, trees, per-socket hierarchical over every rank) and multi-path connections are
+/// built. Above it their cost grows as n^2 connections (each a widest-path search, a max-flow
+/// for multi-path) and O(n^2) ops per ring plan, and on like nodes the rail-hierarchical plans
+/// ([`cluster`]) serve the request in O(n (g + N)) ops.
+pub const FLAT_MAX_CLUSTER_RANKS: usize = 16;
+
+/// The hierarchical cluster planner of collective `c`, if it has one.
+fn cluster_planner(c: Collective) -> Option<Planner> {
+    match c {
+        Collective::AllReduce => Some(cluster::all_reduce),
+        Collective::AllGather => Some(cluster::all_gather),
+        Collective::ReduceScatter => Some(cluster::reduce_scatter),
+        _ => None,
+    }
 }
 
 impl<'t> Candidates<'t> {
@@ -206,35 +229,87 @@ impl<'t> Candidates<'t> {
     pub fn new(topo: &'t Topology, req: &Request, relay: &RelayPolicy) -> Result<Self> {
         crate::reach::require_reachable(topo, req, relay)?;
         let cache = ConnCache::new(topo, &req.gpus, relay);
-        // Multi-path plans are several times larger; build them only where splitting pays.
         let n = req.gpus.len();
-        let split_pays = (0..n).any(|a| {
-            (0..n).any(|b| {
-                let (x, y) = (req.gpus[a], req.gpus[b]);
-                a != b
-                    && cache.gbps(LinkMode::Multipath, x, y)
-                        > MULTIPATH_MIN_GAIN * cache.gbps(LinkMode::Single, x, y)
-            })
-        });
+        let mut skipped = Vec::new();
+        let shape = cluster::ClusterShape::of(topo, req)?;
+        let hosts = {
+            let mut h: Vec<u32> = req
+                .gpus
+                .iter()
+                .map(|&g| Ok(topo.node(topo.gpu(g)?).host))
+                .collect::<Result<_>>()?;
+            h.sort_unstable();
+            h.dedup();
+            h.len()
+        };
+        let hier = shape.as_ref().and(cluster_planner(req.collective));
+        // Flat candidates over many ranks of several nodes cost n^2 connections; where the
+        // rail-hierarchical plan exists they are left out, elsewhere only their multi-path
+        // form (a max-flow per pair) is.
+        let many = hosts > 1 && n > FLAT_MAX_CLUSTER_RANKS;
+        let flat = !(many && hier.is_some());
+        // Where relaycc's only candidate is the direct plan, n^2 copies on n^2 lanes, it is the
+        // baseline's plan over other link rules; on many ranks of several nodes the baseline's
+        // stands for it rather than building, simulating and proving a second one.
+        let only_direct = specs(req).len() == 1;
+        if many && only_direct {
+            skipped.push(format!(
+                "direct plan over {n} ranks of {hosts} nodes: n^2 copies on n^2 lanes above \
+                 {FLAT_MAX_CLUSTER_RANKS} ranks (the baseline's direct plan serves it)"
+            ));
+        }
+        let flat = flat && !(many && only_direct);
+        if !flat && !only_direct {
+            skipped.push(format!(
+                "flat rings, trees and direct plans over {n} ranks of {hosts} nodes: O(n^2) \
+                 connections and ops above {FLAT_MAX_CLUSTER_RANKS} ranks (rail-hierarchical \
+                 plans serve it)"
+            ));
+        }
+        let try_multipath = hosts <= 1 || n <= FLAT_MAX_CLUSTER_RANKS;
+        if !try_multipath {
+            skipped.push(format!(
+                "multi-path connections over {n} ranks of {hosts} nodes: a max-flow per rank \
+                 pair above {FLAT_MAX_CLUSTER_RANKS} ranks"
+            ));
+        }
+        // Multi-path plans are several times larger; build them only where splitting pays.
+        let split_pays = try_multipath
+            && (0..n).any(|a| {
+                (0..n).any(|b| {
+                    let (x, y) = (req.gpus[a], req.gpus[b]);
+                    a != b
+                        && cache.gbps(LinkMode::Multipath, x, y)
+                            > MULTIPATH_MIN_GAIN * cache.gbps(LinkMode::Single, x, y)
+                })
+            });
         let modes: &[LinkMode] = if split_pays && n > 1 {
             &[LinkMode::Single, LinkMode::Multipath]
         } else {
             &[LinkMode::Single]
         };
-        let jobs = modes
-            .iter()
-            .flat_map(|&mode| {
+        let mut jobs: Vec<(LinkMode, Planner, u32)> = Vec::new();
+        if let Some(p) = hier {
+            jobs.push((LinkMode::Single, p, 1));
+        }
+        if flat {
+            jobs.extend(modes.iter().flat_map(|&mode| {
                 specs(req)
                     .into_iter()
                     .filter(move |(_, ch)| *ch != PACKED_RINGS || ring_pack::packs(mode))
                     .map(move |(p, ch)| (mode, p, ch))
-            })
-            .collect();
+            }));
+        }
         Ok(Candidates {
             req: req.clone(),
             cache,
             jobs,
+            skipped,
         })
+    }
+    /// The candidate families left out for this request, each with the reason.
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
     }
     /// Number of candidates.
     pub fn len(&self) -> usize {

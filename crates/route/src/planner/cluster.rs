@@ -1,0 +1,458 @@
+//! Hierarchical plans for clusters of like machines: an intra-node phase over NVLink, an
+//! inter-node phase per rail (the GPU at local position j of every node, each behind its own
+//! NIC), and a second intra-node phase. Every phase is a pipelined ring, so each byte crosses
+//! the network once per rail instead of once per GPU, and the planner touches only ring
+//! neighbours: g + N connections per rail instead of the n^2 a flat ring search reads.
+//!
+//! | collective | intra-node | inter-node, rail j | intra-node |
+//! |---|---|---|---|
+//! | all_reduce | reduce-scatter into g node partials | all_reduce of block j | all_gather |
+//! | reduce_scatter | reduce-scatter, per destination node | reduce-scatter of block j | |
+//! | all_gather | | all_gather of rank j's blocks | all_gather, per source node |
+//!
+//! Op counts: all_reduce is O(n (g + N)) copies; reduce_scatter and all_gather move n blocks
+//! into (or out of) every rank, O(n^2 / g + n g) copies.
+
+use relaycc_topo::Topology;
+
+use crate::error::Result;
+use crate::plan::{BufferRef, Plan, Region};
+use crate::request::{Collective, Request};
+
+use super::builder::Builder;
+use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
+
+/// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
+/// and the local copies of all_gather.
+const CH_INTRA: u32 = 0;
+const CH_RAIL: u32 = 1;
+const CH_BACK: u32 = 2;
+const CH_LOCAL: u32 = 3;
+
+/// A request's ranks grouped by the node (host) their GPU sits in: `hosts[h][j]` is the rank at
+/// local position j (GPUs in index order) of the h-th node, nodes in order of their first
+/// rank. Rail j is `hosts[*][j]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterShape {
+    /// Ranks per node, each in GPU index order.
+    pub hosts: Vec<Vec<u32>>,
+}
+
+impl ClusterShape {
+    /// The shape of `req` on `topo` when its ranks span two or more nodes with the same number
+    /// of ranks each; `None` for one node or uneven nodes (a masked cluster), which the flat
+    /// planners serve. An error when a rank names a GPU the topology lacks.
+    pub fn of(topo: &Topology, req: &Request) -> Result<Option<ClusterShape>> {
+        let mut keys: Vec<u32> = Vec::new();
+        let mut hosts: Vec<Vec<u32>> = Vec::new();
+        for (r, &g) in req.gpus.iter().enumerate() {
+            let host = topo.node(topo.gpu(g)?).host;
+            match keys.iter().position(|k| *k == host) {
+                Some(i) => hosts[i].push(r as u32),
+                None => {
+                    keys.push(host);
+                    hosts.push(vec![r as u32]);
+                }
+            }
+        }
+        if hosts.len() < 2 || hosts.iter().any(|h| h.len() != hosts[0].len()) {
+            return Ok(None);
+        }
+        for h in &mut hosts {
+            h.sort_by_key(|&r| req.gpus[r as usize]);
+        }
+        Ok(Some(ClusterShape { hosts }))
+    }
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.hosts.len()
+    }
+    /// Ranks per node.
+    pub fn per_node(&self) -> usize {
+        self.hosts[0].len()
+    }
+    /// The ranks of rail `j`, node by node.
+    pub fn rail(&self, j: usize) -> Vec<u32> {
+        self.hosts.iter().map(|h| h[j]).collect()
+    }
+}
+
+/// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
+type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
+
+/// Ring reduce-scatter over the ranks `ord`: at step s position p sends its partial of block
+/// p-s-1 to p+1, which adds its own `input`; position q ends with block q in `fin`, finalized
+/// when `finalize` (the last reduction of every element). Partials live in two-step scratch.
+#[allow(clippy::too_many_arguments)]
+fn reduce_scatter_ring(
+    b: &mut Builder,
+    ord: &[u32],
+    ch: u32,
+    lens: &[u64],
+    chunk: u64,
+    input: At,
+    fin: At,
+    finalize: bool,
+) -> Result<()> {
+    let n = ord.len();
+    let most = lens.iter().copied().max().unwrap_or(0);
+    if n < 2 || most == 0 {
+        return Ok(());
+    }
+    b.set_chunk_elems(chunk);
+    let recv: Vec<BufferRef> = ord.iter().map(|&r| b.scratch(r, 2 * most)).collect();
+    let own: Vec<BufferRef> = if n > 2 {
+        ord.iter().map(|&r| b.scratch(r, 2 * most)).collect()
+    } else {
+        Vec::new()
+    };
+    for s in 0..n - 1 {
+        let last = s == n - 2;
+        for p in 0..n {
+            let q = (p + 2 * n - s - 1) % n;
+            let d = (p + 1) % n;
+            for (rel, l) in chunks(lens[q], chunk) {
+                let src = if s == 0 {
+                    input(p, q, rel, l)
+                } else {
+                    Region::new(own[p], ((s - 1) as u64 % 2) * most + rel, l)
+                };
+                let rv = Region::new(recv[d], (s as u64 % 2) * most + rel, l);
+                b.send(src, rv, ch)?;
+                let dst = if last {
+                    fin(d, q, rel, l)
+                } else {
+                    Region::new(own[d], (s as u64 % 2) * most + rel, l)
+                };
+                b.reduce(vec![input(d, q, rel, l), rv], dst, last && finalize, ch)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ring all_gather over the ranks `ord`: position q starts with block q in `out` (or sends it
+/// from `first`); at step t position p forwards block p-t to p+1.
+fn all_gather_ring(
+    b: &mut Builder,
+    ord: &[u32],
+    ch: u32,
+    lens: &[u64],
+    chunk: u64,
+    first: Option<At>,
+    out: At,
+) -> Result<()> {
+    let n = ord.len();
+    b.set_chunk_elems(chunk);
+    for t in 0..n.saturating_sub(1) {
+        for p in 0..n {
+            let q = (p + n - t) % n;
+            for (rel, l) in chunks(lens[q], chunk) {
+                let src = match first {
+                    Some(f) if t == 0 => f(p, q, rel, l),
+                    _ => out(p, q, rel, l),
+                };
+                b.send(src, out((p + 1) % n, q, rel, l), ch)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The chunk (elements) of a phase whose blocks are at most `most` long: the request's
+/// pipelining chunk, or a [`CHUNKS_PER_BLOCK`]th of the block where that is larger. The
+/// request's chunk is sized for n blocks of a flat ring; intra-node phases move blocks N times
+/// larger, which the request's chunk would cut into N times more ops than pipelining needs.
+fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
+    ctx.chunk_elems.max(most.div_ceil(CHUNKS_PER_BLOCK)).max(1)
+}
+
+/// The plan's display name: `rail-hier multi-node ...`.
+fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
+    format!(
+        "rail-hier {}x{} {}",
+        shape.nodes(),
+        shape.per_node(),
+        links_and_chunk(ctx)
+    )
+}
+
+/// Hierarchical all_reduce: reduce-scatter inside each node (rank j ends with the node's
+/// partial of block j), ring all_reduce of block j along rail j across the nodes, all_gather
+/// inside each node. Falls back to [`direct::plan`] off a multi-node shape.
+///
+/// # Arguments
+/// - `topo`: the masked topology (nodes come from it);
+/// - `req`: an all_reduce;
+/// - `ctx`: connections, link mode, chunk size (`channels` is ignored).
+///
+/// # Returns
+/// A complete plan, or [`crate::RouteError::NoRoute`] when ring neighbours cannot connect.
+///
+/// # Complexity
+/// 2(g-1) intra steps and 2(N-1) rail steps, each a chunked copy per rank: O(n (g + N))
+/// copies for n = N g ranks.
+///
+/// Source: the hierarchical all_reduce of [Temucin-2021] with nodes for sockets and one
+/// inter-node ring per rail, as NCCL's rings leave every node on the NIC of the GPU they
+/// entered by ([NCCL-src], `src/graph/search.cc`).
+pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let Some(shape) =
+        ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllReduce)
+    else {
+        return direct::plan(topo, req, ctx);
+    };
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    let blocks = split_even(req.count, g as u64);
+    let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
+    let chunk = phase_chunk(ctx, most);
+    // A rail ring over N nodes moves a different sub-block at every step, so from
+    // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
+    let sub = most.div_ceil(nn as u64);
+    let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
+        sub.max(ctx.chunk_elems).max(1)
+    } else {
+        phase_chunk(ctx, sub)
+    };
+    // Each rank's node partial of its block (the input itself on one-GPU nodes).
+    let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
+        .map(|r| (g > 1).then(|| b.scratch(r, most)))
+        .collect();
+    if g > 1 {
+        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+        for ord in &shape.hosts {
+            let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                Region::new(BufferRef::Input(ord[p]), blocks[q].0 + rel, l)
+            };
+            let fin = |p: usize, _q: usize, rel: u64, l: u64| {
+                let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
+                Region::new(buf, rel, l)
+            };
+            reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, &inp, &fin, false)?;
+        }
+    }
+    for (j, &(off, len)) in blocks.iter().enumerate() {
+        let ord = shape.rail(j);
+        let subs = split_even(len, nn as u64);
+        let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
+        let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+            Some(buf) => Region::new(buf, subs[q].0 + rel, l),
+            None => Region::new(BufferRef::Input(ord[p]), off + subs[q].0 + rel, l),
+        };
+        let out = |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Output(ord[p]), off + subs[q].0 + rel, l)
+        };
+        reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, rail_chunk, &inp, &out, true)?;
+        all_gather_ring(&mut b, &ord, CH_RAIL, &lens, rail_chunk, None, &out)?;
+    }
+    if g > 1 {
+        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+        for ord in &shape.hosts {
+            let out = |p: usize, q: usize, rel: u64, l: u64| {
+                Region::new(BufferRef::Output(ord[p]), blocks[q].0 + rel, l)
+            };
+            all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
+        }
+    }
+    Ok(b.finish())
+}
+
+/// Hierarchical reduce_scatter: inside each node, a reduce-scatter per destination node leaves
+/// rank j with the node's partial of every block its rail delivers; rail j then reduce-scatters
+/// those across the nodes, so each byte crosses the network once. Falls back to
+/// [`direct::plan`] off a multi-node shape. Arguments and returns as [`all_reduce`].
+///
+/// # Complexity
+/// N (g-1) intra steps of one block per rank and N-1 rail steps: O(n N g) copies.
+pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let Some(shape) =
+        ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::ReduceScatter)
+    else {
+        return direct::plan(topo, req, ctx);
+    };
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let count = req.count;
+    let chunk = phase_chunk(ctx, count);
+    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    // part[r] holds, at h * count, the node partial of the block rank hosts[h][j] receives.
+    let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
+        .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * count)))
+        .collect();
+    if g > 1 {
+        let lens = vec![count; g];
+        // One ring per destination node: the N rings pipeline one another, so whole blocks
+        // suffice.
+        let chunk = count.max(1);
+        for ord in &shape.hosts {
+            for (h, dest) in shape.hosts.iter().enumerate() {
+                let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(
+                        BufferRef::Input(ord[p]),
+                        u64::from(dest[q]) * count + rel,
+                        l,
+                    )
+                };
+                let fin = |p: usize, _q: usize, rel: u64, l: u64| {
+                    let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
+                    Region::new(buf, h as u64 * count + rel, l)
+                };
+                reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, &inp, &fin, false)?;
+            }
+        }
+    }
+    for j in 0..g {
+        let ord = shape.rail(j);
+        let lens = vec![count; nn];
+        let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+            Some(buf) => Region::new(buf, q as u64 * count + rel, l),
+            None => Region::new(BufferRef::Input(ord[p]), u64::from(ord[q]) * count + rel, l),
+        };
+        let fin =
+            |p: usize, _q: usize, rel: u64, l: u64| Region::new(BufferRef::Output(ord[p]), rel, l);
+        reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, chunk, &inp, &fin, true)?;
+    }
+    Ok(b.finish())
+}
+
+/// Hierarchical all_gather: rail j all-gathers the blocks of its ranks across the nodes, then
+/// inside each node every rank forwards what its rail brought, one ring per source node. Falls
+/// back to [`direct::plan`] off a multi-node shape or for all_gather_v. Arguments and returns
+/// as [`all_reduce`].
+///
+/// # Complexity
+/// N-1 rail steps and N (g-1) intra steps of one block per rank: O(n N g) copies.
+pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let Some(shape) =
+        ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllGather)
+    else {
+        return direct::plan(topo, req, ctx);
+    };
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let count = req.count;
+    let chunk = phase_chunk(ctx, count);
+    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    for r in 0..req.nranks() as u32 {
+        b.send(
+            Region::new(BufferRef::Input(r), 0, count),
+            Region::new(BufferRef::Output(r), u64::from(r) * count, count),
+            CH_LOCAL,
+        )?;
+    }
+    for j in 0..g {
+        let ord = shape.rail(j);
+        let lens = vec![count; nn];
+        let inp =
+            |p: usize, _q: usize, rel: u64, l: u64| Region::new(BufferRef::Input(ord[p]), rel, l);
+        let out = |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(
+                BufferRef::Output(ord[p]),
+                u64::from(ord[q]) * count + rel,
+                l,
+            )
+        };
+        all_gather_ring(&mut b, &ord, CH_RAIL, &lens, chunk, Some(&inp), &out)?;
+    }
+    if g > 1 {
+        let lens = vec![count; g];
+        // One ring per source node: the N rings pipeline one another, so whole blocks suffice.
+        let chunk = count.max(1);
+        for ord in &shape.hosts {
+            for src in &shape.hosts {
+                let out = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(
+                        BufferRef::Output(ord[p]),
+                        u64::from(src[q]) * count + rel,
+                        l,
+                    )
+                };
+                all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
+            }
+        }
+    }
+    Ok(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{check, check_routes};
+    use crate::dtype::{DType, ReduceOp};
+    use crate::path::RelayPolicy;
+    use crate::planner::{ConnCache, LinkMode};
+
+    fn prove(topo: &Topology, req: &Request, planner: super::super::Planner, chunk: u64) -> Plan {
+        let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Any);
+        let ctx = Ctx {
+            cache: &cache,
+            mode: LinkMode::Single,
+            chunk_elems: chunk,
+            channels: 1,
+        };
+        let p = planner(topo, req, &ctx).unwrap();
+        check(&p).unwrap();
+        check_routes(&p, topo).unwrap();
+        p
+    }
+
+    #[test]
+    fn shapes_group_ranks_by_node_and_refuse_uneven_nodes() {
+        let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+        let req = Request::new(Collective::AllReduce, vec![9, 0, 8, 1], 10, DType::F32);
+        let shape = ClusterShape::of(&topo, &req).unwrap().unwrap();
+        // Ranks 0 and 2 sit on node 1 (GPUs 9 and 8), ranks 1 and 3 on node 0 (GPUs 0, 1).
+        assert_eq!(shape.hosts, vec![vec![2, 0], vec![1, 3]]);
+        assert_eq!(shape.rail(1), vec![0, 3]);
+        let uneven = Request::new(Collective::AllReduce, vec![0, 1, 8], 10, DType::F32);
+        assert_eq!(ClusterShape::of(&topo, &uneven).unwrap(), None);
+        let one = Request::new(Collective::AllReduce, vec![0, 1], 10, DType::F32);
+        assert_eq!(ClusterShape::of(&topo, &one).unwrap(), None);
+    }
+
+    #[test]
+    fn every_hierarchical_plan_is_proved_on_clusters() {
+        // Two and three nodes pipeline rail rings in chunks; five nodes in whole sub-blocks.
+        for spec in [
+            "cluster:2xdgx-h100:ib-ndr",
+            "cluster:3xdgx1-v100:ib-edr",
+            "cluster:5xdgx-h100:ib-ndr",
+        ] {
+            let topo = relaycc_topo::preset(spec).unwrap();
+            let all: Vec<u32> = (0..topo.gpu_count()).collect();
+            // Whole nodes, and two GPUs of each node (a rail subset), odd counts included.
+            let pairs: Vec<u32> = all.iter().copied().filter(|g| g % 8 < 2).collect();
+            let sets = if topo.gpu_count() > 24 {
+                vec![pairs]
+            } else {
+                vec![all.clone(), pairs]
+            };
+            for gpus in sets {
+                for count in [1, 29, 1000] {
+                    let ar = Request::new(Collective::AllReduce, gpus.clone(), count, DType::F32)
+                        .with_op(ReduceOp::Avg);
+                    prove(&topo, &ar, all_reduce, 7);
+                    let rs =
+                        Request::new(Collective::ReduceScatter, gpus.clone(), count, DType::F32);
+                    prove(&topo, &rs, reduce_scatter, 7);
+                    let ag = Request::new(Collective::AllGather, gpus.clone(), count, DType::F32);
+                    prove(&topo, &ag, all_gather, 7);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_reduce_copies_grow_with_ranks_times_nodes_plus_node_size() {
+        let topo = relaycc_topo::preset("cluster:4xdgx-h100:ib-ndr").unwrap();
+        let req = Request::new(Collective::AllReduce, (0..32).collect(), 32 * 8, DType::F32);
+        let p = prove(&topo, &req, all_reduce, 1 << 20);
+        // One chunk per block: per rank 2 (g-1) intra copies and 2 (N-1) rail copies; the
+        // rail copies go through the NIC (several ops each), so count the hops' first ops.
+        let copies = p
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, crate::plan::OpKind::Copy { .. }))
+            .count();
+        assert!(copies <= 32 * (2 * 7 + 2 * 3) * 4, "{copies} copies");
+    }
+}

@@ -1,0 +1,83 @@
+//! Planning on clusters: the rail-hierarchical plans win where they should, families that do
+//! not scale are left out with a reason, and the planning budget returns the best plan found
+//! so far, marked as such.
+
+use std::time::Duration;
+
+use relaycc_route::{Collective, DType, PlanOptions, Request, check, plan};
+
+fn req(c: Collective, n: u32, bytes: u64) -> Request {
+    let total = bytes / 4;
+    let count = match c {
+        Collective::AllReduce => total,
+        _ => total / u64::from(n),
+    };
+    Request::new(c, (0..n).collect(), count, DType::F32)
+}
+
+#[test]
+fn four_nodes_plan_rail_hierarchical_above_the_baseline() {
+    let topo = relaycc_topo::preset("cluster:4xdgx-h100:ib-ndr").unwrap();
+    for c in [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+    ] {
+        let r = req(c, 32, 64 << 20);
+        let p = plan(&topo, &r, &PlanOptions::default()).unwrap();
+        assert!(
+            p.plan.algorithm.starts_with("rail-hier 4x8"),
+            "{c}: {}",
+            p.plan.algorithm
+        );
+        assert!(p.predicted.busbw_gbps >= p.baseline.busbw_gbps, "{c}");
+        assert!(
+            p.predicted.busbw_gbps <= p.bound.busbw_gbps * (1.0 + 1e-9),
+            "{c}"
+        );
+        // 32 ranks of 4 nodes: flat rings and multi-path connections are left out, with why.
+        assert_eq!(p.skipped.len(), 2, "{c}: {:?}", p.skipped);
+        assert!(p.skipped.iter().all(|s| s.contains("32 ranks of 4 nodes")));
+        check(&p.plan).unwrap();
+    }
+}
+
+#[test]
+fn a_spent_budget_still_returns_a_proved_plan_and_says_so() {
+    let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+    let r = req(Collective::AllReduce, 16, 64 << 20);
+    let none = PlanOptions {
+        budget: Duration::ZERO,
+        ..PlanOptions::default()
+    };
+    let p = plan(&topo, &r, &none).unwrap();
+    assert!(p.budget_exhausted);
+    // The most promising candidate is still simulated: relaycc's own plan, not only the
+    // baseline, and never slower than it.
+    assert!(p.candidates.len() >= 2, "{:?}", p.candidates);
+    assert!(p.predicted.time_us <= p.baseline.time_us);
+    check(&p.plan).unwrap();
+    // An unlimited budget (debug builds on a loaded machine can take more than the default).
+    let unlimited = PlanOptions {
+        budget: Duration::from_secs(3600),
+        ..PlanOptions::default()
+    };
+    let full = plan(&topo, &r, &unlimited).unwrap();
+    assert!(!full.budget_exhausted);
+    assert!(full.predicted.time_us <= p.predicted.time_us);
+}
+
+#[test]
+fn uneven_nodes_still_plan_with_flat_candidates() {
+    // Nine GPUs of two nodes: no rail shape, so the flat planners serve it.
+    let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+    let r = Request::new(Collective::AllReduce, (0..9).collect(), 1 << 18, DType::F32);
+    let p = plan(&topo, &r, &PlanOptions::default()).unwrap();
+    assert!(
+        !p.plan.algorithm.starts_with("rail-hier"),
+        "{}",
+        p.plan.algorithm
+    );
+    assert!(p.skipped.is_empty());
+    check(&p.plan).unwrap();
+}
