@@ -660,10 +660,17 @@ fn plan_on_a_cluster_reports_skipped_families_and_a_spent_budget() {
     let v = json(&args("cluster:4xdgx-h100:ib-ndr", "10m"));
     assert_eq!(v["budget_exhausted"], false);
     assert!(
-        v["algorithm"]
-            .as_str()
+        v["predicted"]["busbw_gbps"].as_f64().unwrap()
+            >= v["baseline"]["busbw_gbps"].as_f64().unwrap()
+    );
+    assert!(
+        v["candidates"]
+            .as_array()
             .unwrap()
-            .starts_with("rail-hier 4x8")
+            .iter()
+            .any(|c| c["algorithm"].as_str().unwrap().starts_with("rail-hier 4x8")),
+        "{}",
+        v["candidates"]
     );
     assert_eq!(v["skipped"].as_array().unwrap().len(), 2);
     for bad in ["soon", "-1s", "25h"] {

@@ -16,7 +16,7 @@ fn req(c: Collective, n: u32, bytes: u64) -> Request {
 }
 
 #[test]
-fn four_nodes_plan_rail_hierarchical_above_the_baseline() {
+fn four_nodes_rank_rail_hierarchical_and_never_lose_to_the_baseline() {
     let topo = relaycc_topo::preset("cluster:4xdgx-h100:ib-ndr").unwrap();
     for c in [
         Collective::AllReduce,
@@ -25,10 +25,14 @@ fn four_nodes_plan_rail_hierarchical_above_the_baseline() {
     ] {
         let r = req(c, 32, 64 << 20);
         let p = plan(&topo, &r, &PlanOptions::default()).unwrap();
+        // The rail-hierarchical plan is a candidate; NCCL's rail rings and trees may beat it,
+        // and then the selection keeps the baseline's plan.
         assert!(
-            p.plan.algorithm.starts_with("rail-hier 4x8"),
-            "{c}: {}",
-            p.plan.algorithm
+            p.candidates
+                .iter()
+                .any(|t| t.algorithm.starts_with("rail-hier 4x8")),
+            "{c}: {:?}",
+            p.candidates
         );
         assert!(p.predicted.busbw_gbps >= p.baseline.busbw_gbps, "{c}");
         assert!(
