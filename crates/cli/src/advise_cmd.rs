@@ -58,6 +58,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         element: args.element.clone(),
         root: 0,
         relay: args.relay.clone(),
+        staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
     };
     let planner = Planner::new(topo.clone());
     let opts = PlanOptions {

@@ -64,6 +64,14 @@ fn parse_relay(s: &str) -> Result<relaycc_route::path::RelayPolicy, String> {
     relaycc_route::path::RelayPolicy::parse(s)
 }
 
+/// A staging budget per device: a size (`64MiB`) or `unbounded`.
+fn parse_budget(s: &str) -> Result<u64, String> {
+    if s.eq_ignore_ascii_case("unbounded") {
+        return Ok(relaycc_route::staging::UNBOUNDED_STAGING);
+    }
+    crate::size::parse_size(s)
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     crate::size::parse_size(s)
 }
@@ -121,6 +129,11 @@ pub struct RouteArgs {
     /// Route kinds to consider.
     #[arg(long, default_value = "auto")]
     pub strategy: relaycc_route::p2p::Strategy,
+    /// Staging memory a plan may allocate on each device (GPU or host socket): a size such
+    /// as `64MiB`, or `unbounded` (default: 256 MiB, NCCL's 4 MiB buffers for its 32 channels
+    /// with two connections each).
+    #[arg(long, value_parser = parse_budget, default_value = "256MiB")]
+    pub staging_budget: u64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = RouteFormat::Table)]
     pub format: RouteFormat,
@@ -147,6 +160,11 @@ pub struct CollectiveArgs {
     /// Which GPUs may relay: none, members, any, or a list such as 3,4.
     #[arg(long, value_parser = parse_relay, default_value = "any")]
     pub relay: relaycc_route::path::RelayPolicy,
+    /// Staging memory a plan may allocate on each device (GPU or host socket): a size such
+    /// as `64MiB`, or `unbounded` (default: 256 MiB, NCCL's 4 MiB buffers for its 32 channels
+    /// with two connections each).
+    #[arg(long, value_parser = parse_budget, default_value = "256MiB")]
+    pub staging_budget: u64,
 }
 
 /// `relaycc plan`

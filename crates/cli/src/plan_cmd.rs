@@ -21,6 +21,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     let req = request(&args.request, &gpus, args.size)?;
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
+        staging_budget: args.request.staging_budget,
         ..PlanOptions::default()
     };
     let p = plan(&topo, &req, &opts)?;
@@ -50,6 +51,8 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "lanes": p.plan.lanes.len(),
                 "scratch_bytes": p.plan.scratch_bytes(),
                 "staging_bytes": crate::report::staging_json(&staging),
+                "staging_budget_bytes": (opts.staging_budget != relaycc_route::staging::UNBOUNDED_STAGING)
+                    .then_some(opts.staging_budget),
                 "predicted": perf_json(&p.predicted),
                 "baseline": perf_json(&p.baseline),
                 "baseline_algorithm": p.baseline_plan.algorithm,
@@ -80,9 +83,10 @@ pub fn run(args: &PlanArgs) -> Result<String> {
             );
             let _ = writeln!(
                 s,
-                "staging: {} in all: {}",
+                "staging: {} in all: {} (budget {})",
                 format_size(p.plan.scratch_bytes()),
-                staging_text(&staging)
+                staging_text(&staging),
+                crate::report::budget_text(opts.staging_budget)
             );
             let _ = writeln!(s, "{PREDICTION_NOTE}");
             let _ = writeln!(

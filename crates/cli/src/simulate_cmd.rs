@@ -35,6 +35,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
     let planner = Planner::new(topo.clone());
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
+        staging_budget: args.request.staging_budget,
         ..PlanOptions::default()
     };
     let mut rows = Vec::new();

@@ -86,6 +86,7 @@ pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};
 pub use half::{bf16, f16};
+pub use plan_cache::PlanCacheLimits;
 pub use relaycc_route::ReduceOp;
 /// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
 pub use relaycc_topo::host_topology;

@@ -46,12 +46,18 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
+    baseline_plan_chunked(topo, req, super::pipeline_chunk_elems(req).max(1))
+}
+
+/// [`baseline_plan`] pipelined in chunks of `chunk_elems` elements (the staging budget's
+/// hook: [`super::baseline_within`] shrinks it).
+pub fn baseline_plan_chunked(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {
         cache: &cache,
         mode: LinkMode::Nccl,
-        chunk_elems: super::pipeline_chunk_elems(req).max(1),
+        chunk_elems: chunk_elems.max(1),
         channels: 1,
     };
     // NCCL runs its rings as channels, each found over what the others left of the links.
