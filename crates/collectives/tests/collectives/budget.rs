@@ -73,7 +73,7 @@ fn run(
         .collect::<Result<_, _>>()
         .map_err(e)?;
     let outs: Vec<DeviceBuffer<f32>> = (0..n)
-        .map(|r| comm.alloc::<f32>(r, out_len))
+        .map(|r| comm.alloc::<f32>(r, out_len as usize))
         .collect::<Result<_, _>>()
         .map_err(e)?;
     let user = held(&backend, gpu_count);
@@ -123,8 +123,15 @@ fn run(
     for (at, bytes) in plan.staging_per_location() {
         prop_assert_or(bytes <= budget, &format!("{at} holds {bytes} > {budget}"))?;
     }
+    // What the backend holds on GPUs beyond the user's buffers is the plan's GPU staging.
+    let on_gpus: u64 = plan
+        .staging_per_location()
+        .iter()
+        .filter(|(at, _)| matches!(at, Location::Gpu(_)))
+        .map(|(_, b)| *b)
+        .sum();
     prop_assert_or(
-        held(&backend, gpu_count) - user == comm.cached_scratch_bytes(),
+        held(&backend, gpu_count) - user == on_gpus,
         "scratch on the backend differs from the plan's",
     )?;
     // The reference.
