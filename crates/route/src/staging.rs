@@ -2,8 +2,6 @@
 //! candidate is fitted to it by shrinking its pipelining chunk (every planner's staging is a
 //! fixed number of chunk-sized slots per device, so staging falls with the chunk).
 
-use std::collections::BTreeMap;
-
 use crate::error::{Result, RouteError};
 use crate::plan::{Location, Plan};
 use crate::request::Request;
@@ -119,16 +117,4 @@ pub fn describe_bytes(b: u64) -> String {
     } else {
         format!("{b} bytes ({:.1} {u})", b as f64 / d as f64)
     }
-}
-
-/// Staging per device of several plans at once (the most any of them needs per device).
-pub fn most_per_location<'p>(plans: impl IntoIterator<Item = &'p Plan>) -> BTreeMap<Location, u64> {
-    let mut out = BTreeMap::new();
-    for p in plans {
-        for (l, b) in p.staging_per_location() {
-            let e: &mut u64 = out.entry(l).or_default();
-            *e = (*e).max(b);
-        }
-    }
-    out
 }
