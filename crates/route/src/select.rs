@@ -268,6 +268,10 @@ fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
 /// A candidate built and lowered for the simulator.
 type Built = (Plan, Prepared);
 
+/// The collective candidates simulated (plan, time, proved), and the first reason a candidate
+/// was skipped for the staging budget.
+type Fastest = (Vec<(Plan, f64, bool)>, Option<RouteError>);
+
 /// The collective candidates worth simulating, each with its simulated time and whether the
 /// checker proved it, in the order they were simulated; `to_beat_us` is the time they must
 /// beat (the baseline's). The fastest is proved (and flagged); one that fails the checker is
@@ -287,7 +291,7 @@ fn fastest_collectives(
     req: &Request,
     opts: &PlanOptions,
     to_beat_us: f64,
-) -> Result<(Vec<(Plan, f64, bool)>, Option<RouteError>)> {
+) -> Result<Fastest> {
     let set =
         crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
