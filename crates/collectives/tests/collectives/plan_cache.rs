@@ -101,3 +101,22 @@ fn a_budget_too_small_for_any_plan_is_an_error_before_anything_is_allocated() {
     assert_eq!(held(&backend), user);
     assert_eq!(comm.cached_plans(), 0);
 }
+
+#[test]
+fn relays_are_the_listed_gpus_and_idle_ones_nvml_reports() {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap_or_else(|e| panic!("{e}"));
+    let backend = HostBackend::new();
+    let members = [0, 2, 5, 7];
+    let allowed = Communicator::allowed_relays(&topo, &members, &[3], &backend);
+    assert!(allowed.contains(&3), "{allowed:?}");
+    assert!(allowed.iter().all(|g| !members.contains(g)), "{allowed:?}");
+    // Any GPU beyond the listed one is one NVML reports idle; without NVML there is none.
+    let idle = relaycc_topo::import::nvml::idle_gpus().unwrap_or_default();
+    assert!(
+        allowed.iter().all(|g| *g == 3 || idle.contains(g)),
+        "{allowed:?} vs idle {idle:?}"
+    );
+    let comm = Communicator::with_idle_relays(topo, &members, &[3], Arc::new(backend))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(comm.relays(), allowed.as_slice());
+}
