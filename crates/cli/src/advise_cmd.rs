@@ -140,6 +140,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         root: 0,
         relay: args.relay.clone(),
         budget: args.budget.clone(),
+        staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
     };
     let planner = Planner::new(topo.clone());
     let start = std::time::Instant::now();

@@ -64,6 +64,14 @@ fn parse_relay(s: &str) -> Result<relaycc_route::path::RelayPolicy, String> {
     relaycc_route::path::RelayPolicy::parse(s)
 }
 
+/// A staging budget per device: a size (`64MiB`) or `unbounded`.
+fn parse_staging_budget(s: &str) -> Result<u64, String> {
+    if s.eq_ignore_ascii_case("unbounded") {
+        return Ok(relaycc_route::staging::UNBOUNDED_STAGING);
+    }
+    crate::size::parse_size(s)
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     crate::size::parse_size(s)
 }
@@ -156,6 +164,11 @@ pub struct RouteArgs {
     /// Planning budget.
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// Staging memory a plan may allocate on each device (GPU or host socket): a size such
+    /// as `64MiB`, or `unbounded` (default: 256 MiB, NCCL's 4 MiB buffers for its 32 channels
+    /// with two connections each).
+    #[arg(long, value_parser = parse_staging_budget, default_value = "256MiB")]
+    pub staging_budget: u64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = RouteFormat::Table)]
     pub format: RouteFormat,
@@ -185,6 +198,11 @@ pub struct CollectiveArgs {
     /// Planning budget.
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// Staging memory a plan may allocate on each device (GPU or host socket): a size such
+    /// as `64MiB`, or `unbounded` (default: 256 MiB, NCCL's 4 MiB buffers for its 32 channels
+    /// with two connections each).
+    #[arg(long, value_parser = parse_staging_budget, default_value = "256MiB")]
+    pub staging_budget: u64,
 }
 
 /// `relaycc plan`

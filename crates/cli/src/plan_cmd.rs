@@ -22,6 +22,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
         budget: args.request.budget.budget,
+        staging_budget: args.request.staging_budget,
         ..PlanOptions::default()
     };
     let spin = crate::progress::spinner(format!(
@@ -59,6 +60,8 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "lanes": p.plan.lanes.len(),
                 "scratch_bytes": p.plan.scratch_bytes(),
                 "staging_bytes": crate::report::staging_json(&staging),
+                "staging_budget_bytes": (opts.staging_budget != relaycc_route::staging::UNBOUNDED_STAGING)
+                    .then_some(opts.staging_budget),
                 "predicted": perf_json(&p.predicted),
                 "baseline": perf_json(&p.baseline),
                 "baseline_algorithm": p.baseline_plan.algorithm,
@@ -91,9 +94,10 @@ pub fn run(args: &PlanArgs) -> Result<String> {
             );
             let _ = writeln!(
                 s,
-                "staging: {} in all: {}",
+                "staging: {} in all: {} (budget {})",
                 format_size(p.plan.scratch_bytes()),
-                staging_text(&staging)
+                staging_text(&staging),
+                crate::report::budget_text(opts.staging_budget)
             );
             let _ = writeln!(s, "{PREDICTION_NOTE}");
             if p.budget_exhausted {

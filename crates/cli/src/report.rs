@@ -166,18 +166,21 @@ pub fn route_text(topo: &Topology, route: &relaycc_route::path::Route) -> String
     s
 }
 
-/// Staging (scratch) bytes a plan allocates, per memory (`GPU3`, `CPU0`), in plan order.
+/// Staging (scratch) bytes a plan allocates, per memory (`GPU3`, `CPU0`), GPUs first by index.
 pub fn staging_bytes(topo: &Topology, plan: &relaycc_route::Plan) -> Vec<(String, u64)> {
-    let mut per: Vec<(String, u64)> = Vec::new();
-    for s in &plan.scratch {
-        let name = relaycc_route::path::location_name(topo, s.location);
-        let bytes = s.len.saturating_mul(plan.dtype.size());
-        match per.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, b)) => *b = b.saturating_add(bytes),
-            None => per.push((name, bytes)),
-        }
+    plan.staging_per_location()
+        .into_iter()
+        .map(|(at, b)| (relaycc_route::path::location_name(topo, at), b))
+        .collect()
+}
+
+/// A staging budget as people read it: `64 MiB per device`, or `unbounded`.
+pub fn budget_text(budget: u64) -> String {
+    if budget == relaycc_route::staging::UNBOUNDED_STAGING {
+        "unbounded".into()
+    } else {
+        format!("{} per device", crate::size::format_size(budget))
     }
-    per
 }
 
 /// Staging per memory as one line: `GPU3 64 MiB, GPU5 64 MiB`, or `none`.

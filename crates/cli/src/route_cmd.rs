@@ -23,6 +23,7 @@ pub fn run(args: &RouteArgs) -> Result<String> {
         relay: args.relay.clone(),
         strategy: args.strategy,
         budget: args.budget.budget,
+        staging_budget: args.staging_budget,
         ..PlanOptions::default()
     };
     let p = plan(&topo, &req, &opts)?;
@@ -48,6 +49,8 @@ pub fn run(args: &RouteArgs) -> Result<String> {
                 "from": args.from, "to": args.to, "bytes": args.size,
                 "algorithm": p.plan.algorithm,
                 "staging_bytes": crate::report::staging_json(&staging),
+                "staging_budget_bytes": (opts.staging_budget != relaycc_route::staging::UNBOUNDED_STAGING)
+                    .then_some(opts.staging_budget),
                 "predicted": perf_json(&p.predicted),
                 "baseline": perf_json(&p.baseline),
                 "baseline_algorithm": p.baseline_plan.algorithm,
@@ -70,7 +73,12 @@ pub fn run(args: &RouteArgs) -> Result<String> {
                 args.relay
             );
             let _ = writeln!(s, "chosen: {}", p.plan.algorithm);
-            let _ = writeln!(s, "staging: {}", staging_text(&staging));
+            let _ = writeln!(
+                s,
+                "staging: {} (budget {})",
+                staging_text(&staging),
+                crate::report::budget_text(opts.staging_budget)
+            );
             let _ = writeln!(s, "{PREDICTION_NOTE}\n");
             let texts: Vec<String> = p
                 .routes

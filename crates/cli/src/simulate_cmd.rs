@@ -36,6 +36,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
     let opts = PlanOptions {
         relay: args.request.relay.clone(),
         budget: args.request.budget.budget,
+        staging_budget: args.request.staging_budget,
         ..PlanOptions::default()
     };
     let mut rows = Vec::new();

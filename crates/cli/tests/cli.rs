@@ -704,3 +704,93 @@ fn advise_on_a_cluster_plans_placements_within_the_budget() {
         best.iter().map(|g| g.as_u64().unwrap() / 8).collect();
     assert_eq!(hosts.len(), 1, "{best:?}");
 }
+
+#[test]
+fn plan_and_route_print_staging_per_device_within_the_budget() {
+    let args = |budget: &str, fmt: &str| {
+        relaycc(&[
+            "plan",
+            "all_reduce",
+            "--topology",
+            "dgx1-v100",
+            "--gpus",
+            "0,2,5,7",
+            "--size",
+            "256MiB",
+            "--staging-budget",
+            budget,
+            "--format",
+            fmt,
+        ])
+    };
+    let o = args("16MiB", "table");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("(budget 16 MiB per device)"), "{out}");
+    assert!(out.contains("GPU1 ") && out.contains("GPU0 "), "{out}");
+    let o = args("16MiB", "json");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let per = v["staging_bytes"].as_object().unwrap();
+    assert!(per.len() >= 4, "{v}");
+    for (dev, b) in per {
+        assert!(b.as_u64().unwrap() <= 16 << 20, "{dev} holds {b}");
+    }
+    assert_eq!(v["staging_budget_bytes"].as_u64(), Some(16 << 20));
+    // Unbounded, the same request stages more on some device than the budget allowed.
+    let o = args("unbounded", "json");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["staging_budget_bytes"].is_null(), "{v}");
+    let most = v["staging_bytes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|b| b.as_u64())
+        .max()
+        .unwrap_or(0);
+    assert!(most > 16 << 20, "{v}");
+    let o = relaycc(&[
+        "route",
+        "--topology",
+        "dgx1-v100",
+        "--from",
+        "0",
+        "--to",
+        "7",
+        "--size",
+        "256MiB",
+        "--staging-budget",
+        "4MiB",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for (dev, b) in v["staging_bytes"].as_object().unwrap() {
+        assert!(b.as_u64().unwrap() <= 4 << 20, "{dev} holds {b}");
+    }
+}
+
+#[test]
+fn a_budget_too_small_for_any_plan_is_one_clear_error() {
+    let o = relaycc(&[
+        "plan",
+        "all_reduce",
+        "--topology",
+        "dgx1-v100",
+        "--gpus",
+        "0,2,5,7",
+        "--size",
+        "256MiB",
+        "--staging-budget",
+        "1KiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("of staging on GPU"), "{err}");
+    assert!(
+        err.contains("above the staging budget of 1024 bytes"),
+        "{err}"
+    );
+    assert!(err.lines().count() <= 2, "{err}");
+}

@@ -12,7 +12,7 @@ use crate::buffer::{AsView, BufferView, DeviceBuffer, RawView};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::group::{Checked, Group, Pending};
-use crate::plan_cache::{Cached, PlanCache, PlanSource};
+use crate::plan_cache::{Cached, PlanCache, PlanCacheLimits, PlanSource};
 use relaycc_topo::host_topology;
 
 /// Ids that tell communicators apart, so a buffer of one is refused by another.
@@ -32,6 +32,8 @@ pub struct Communicator {
     relays: Vec<u32>,
     backend: Arc<dyn Backend>,
     cache: PlanCache,
+    /// Staging memory a plan may allocate per device, bytes.
+    staging_budget: u64,
     /// The ranks share one host memory: plan with the shared-memory planner.
     /// A zero-byte allocation bound to buffers a rank does not have (a non-root's input).
     null: DeviceMem,
@@ -73,8 +75,56 @@ impl Communicator {
             relays: relays.to_vec(),
             backend,
             cache: PlanCache::default(),
+            staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
             null,
         })
+    }
+
+    /// As [`Communicator::new`], relaying also through the GPUs this process may borrow:
+    /// [`Communicator::allowed_relays`] (the GPUs in `relays`, plus every other GPU that the
+    /// backend can reach and NVML reports idle). Meant for a topology discovered from the live
+    /// machine (`--topology auto`), whose GPU indices are NVML's. Without NVML (no driver, or
+    /// relaycc-topo built without its `nvml` feature) only the GPUs in `relays` relay.
+    pub fn with_idle_relays(
+        topo: Topology,
+        devices: &[u32],
+        relays: &[u32],
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self> {
+        let allowed = Self::allowed_relays(&topo, devices, relays, backend.as_ref());
+        Self::new(topo, devices, &allowed, backend)
+    }
+
+    /// The GPUs a communicator over `devices` may relay through on this machine: every GPU
+    /// listed in `listed`, and every other GPU of `topo` that is not a member, is present and
+    /// not masked, that the process can see (`backend` allocates on it) and on which no other
+    /// process runs (no compute or graphics process, per NVML:
+    /// [`relaycc_topo::import::nvml::idle_gpus`]). Without NVML the list is `listed`, sorted.
+    /// Staging a plan puts on a relay counts against that GPU's staging budget like any other.
+    pub fn allowed_relays(
+        topo: &Topology,
+        devices: &[u32],
+        listed: &[u32],
+        backend: &dyn Backend,
+    ) -> Vec<u32> {
+        let mut out: Vec<u32> = listed.to_vec();
+        let idle = relaycc_topo::import::nvml::idle_gpus().unwrap_or_default();
+        for g in idle {
+            if devices.contains(&g) || out.contains(&g) || topo.gpu(g).is_err() {
+                continue;
+            }
+            if !topo.gpu_present(g) || !topo.gpu_free(g) {
+                continue;
+            }
+            // Visible to this process: the backend can place memory there.
+            if let Ok(m) = backend.allocate(Location::Gpu(g), 0) {
+                backend.free(m);
+                out.push(g);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// As [`Communicator::new`], with the topology given as `--topology` takes it (a preset,
@@ -121,9 +171,39 @@ impl Communicator {
     pub fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }
-    /// Number of request shapes planned so far.
+    /// Number of request shapes whose plans the cache holds.
     pub fn cached_plans(&self) -> usize {
         self.cache.len()
+    }
+    /// Scratch bytes the cached plans hold, over all devices.
+    pub fn cached_scratch_bytes(&self) -> u64 {
+        self.cache.scratch_bytes()
+    }
+    /// The plan cache's limits.
+    pub fn plan_cache_limits(&self) -> PlanCacheLimits {
+        self.cache.limits()
+    }
+    /// Bound the plan cache (count and scratch bytes); plans beyond the new limits leave at
+    /// once, least recently used first, and their scratch is freed on the backend.
+    pub fn set_plan_cache_limits(&self, limits: PlanCacheLimits) {
+        self.cache.set_limits(limits, self.backend.as_ref());
+    }
+    /// Drop every cached plan and free its scratch on the backend (a plan a call holds right
+    /// now is freed once that call has submitted). Later calls plan again.
+    pub fn clear_plan_cache(&self) {
+        self.cache.clear(self.backend.as_ref());
+    }
+    /// The staging budget plans are made within, bytes per device.
+    pub fn staging_budget(&self) -> u64 {
+        self.staging_budget
+    }
+    /// Plan within `bytes` of staging per device from now on (default
+    /// [`relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES`]); cached plans are dropped,
+    /// since they were made within the old budget. A request no plan fits fails with
+    /// [`relaycc_route::RouteError::StagingBudget`] before anything is allocated.
+    pub fn set_staging_budget(&mut self, bytes: u64) {
+        self.staging_budget = bytes;
+        self.cache.clear(self.backend.as_ref());
     }
     /// The checked plan this communicator runs for `request` (planning it on a miss), for
     /// printing and simulation.
@@ -445,6 +525,7 @@ impl Communicator {
             PlanSource {
                 topo: &self.topo,
                 relays: &self.relays,
+                staging_budget: self.staging_budget,
             },
             self.backend.as_ref(),
             request,
@@ -490,7 +571,7 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Frees wait for launches in flight; errors stay with the backend.
-        self.cache.clear(self.backend.as_ref());
+        self.cache.clear_all(self.backend.as_ref());
         self.backend.free(self.null);
     }
 }

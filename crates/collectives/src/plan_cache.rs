@@ -1,4 +1,6 @@
-//! The one place that asks for a plan, and the cache of checked, lowered plans.
+//! The one place that asks for a plan, and the cache of checked, lowered plans: bounded by a
+//! count of plans and by the scratch bytes they hold ([`PlanCacheLimits`]), least recently
+//! used first out, with its scratch freed on the backend.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,12 +26,14 @@ pub(crate) fn make_plan(
     request: &Request,
     relays: &[u32],
     in_place: bool,
+    staging_budget: u64,
 ) -> relaycc_route::Result<Plan> {
     if in_place && topo.shares_host_memory(&request.gpus) {
         return relaycc_route::planner::shared_memory::plan(topo, request, true);
     }
     let options = PlanOptions {
         relay: RelayPolicy::List(relays.to_vec()),
+        staging_budget,
         ..PlanOptions::default()
     };
     Ok(relaycc_route::plan(topo, request, &options)?.plan)
@@ -82,21 +86,89 @@ fn allocate_set(exec: &Executable, backend: &dyn Backend) -> Result<Vec<DeviceMe
     Ok(set)
 }
 
-/// Where a communicator's plans come from: its topology and the GPUs it may relay through.
+impl Cached {
+    /// Scratch bytes one set of this plan's buffers holds.
+    fn set_bytes(&self) -> u64 {
+        self.exec
+            .scratch()
+            .iter()
+            .map(|(_, b)| *b)
+            .fold(0, u64::saturating_add)
+    }
+    /// Scratch bytes this plan holds now (every set allocated so far).
+    fn held_bytes(&self) -> u64 {
+        let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+        self.set_bytes().saturating_mul(sets)
+    }
+}
+
+/// Where a communicator's plans come from: its topology, the GPUs it may relay through, and
+/// the staging budget per device.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PlanSource<'a> {
     pub topo: &'a Topology,
     pub relays: &'a [u32],
+    pub staging_budget: u64,
 }
 
-/// Plans per request shape (the request plus in-place).
+/// How much a communicator's plan cache keeps: at most `max_plans` request shapes and at most
+/// `max_scratch_bytes` of their scratch memory (summed over devices); the least recently used
+/// plan leaves first and its scratch is freed. The plan just made always stays, even alone
+/// above the limit (a call needs its plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanCacheLimits {
+    /// Most request shapes kept (at least 1).
+    pub max_plans: usize,
+    /// Most scratch bytes kept, over all devices.
+    pub max_scratch_bytes: u64,
+}
+
+impl PlanCacheLimits {
+    /// Default count: a training step's distinct collective shapes (bucketed gradients, a
+    /// few parameter gathers) fit many times over.
+    pub const DEFAULT_MAX_PLANS: usize = 64;
+    /// Default scratch bytes: four default staging budgets per device of an 8-GPU node
+    /// ([`relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES`] x 8 x 4).
+    pub const DEFAULT_MAX_SCRATCH_BYTES: u64 =
+        relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES * 8 * 4;
+}
+
+impl Default for PlanCacheLimits {
+    fn default() -> Self {
+        PlanCacheLimits {
+            max_plans: Self::DEFAULT_MAX_PLANS,
+            max_scratch_bytes: Self::DEFAULT_MAX_SCRATCH_BYTES,
+        }
+    }
+}
+
+/// A cached plan and when it was last used (a tick of the cache's clock).
+#[derive(Debug)]
+struct Entry {
+    plan: Arc<Cached>,
+    used: u64,
+}
+
+/// The cache's state behind its lock.
+#[derive(Debug, Default)]
+struct State {
+    map: HashMap<(Request, bool), Entry>,
+    clock: u64,
+    limits: PlanCacheLimits,
+    /// Evicted plans a caller still held when they left: freed once nobody does.
+    retired: Vec<Arc<Cached>>,
+}
+
+/// Plans per request shape (the request plus in-place), bounded by [`PlanCacheLimits`].
 #[derive(Debug, Default)]
 pub(crate) struct PlanCache {
-    map: Mutex<HashMap<(Request, bool), Arc<Cached>>>,
+    state: Mutex<State>,
 }
 
 impl PlanCache {
-    /// The cached plan for `request`, planning, checking, lowering and allocating on a miss.
+    /// The cached plan for `request`, planning, checking, lowering and allocating on a miss;
+    /// a miss may evict the least recently used plans (their scratch freed) to stay within
+    /// the limits.
     pub fn get(
         &self,
         call: &'static str,
@@ -106,12 +178,32 @@ impl PlanCache {
         in_place: bool,
     ) -> Result<Arc<Cached>> {
         let key = (request.clone(), in_place);
-        if let Some(c) = self.lock().get(&key) {
-            return Ok(c.clone());
+        {
+            let mut st = self.lock();
+            st.clock += 1;
+            let now = st.clock;
+            if let Some(e) = st.map.get_mut(&key) {
+                e.used = now;
+                return Ok(e.plan.clone());
+            }
         }
-        let plan = make_plan(source.topo, request, source.relays, in_place)
+        let plan = make_plan(
+            source.topo,
+            request,
+            source.relays,
+            in_place,
+            source.staging_budget,
+        )
             .map_err(|e| CollectivesError::Plan { call, source: e })?;
         let exec = exec::compile(exec::check(plan, in_place)?)?;
+        // Make room before allocating, so the new plan's scratch does not come on top of
+        // plans that would leave anyway.
+        let incoming = exec
+            .scratch()
+            .iter()
+            .map(|(_, b)| *b)
+            .fold(0, u64::saturating_add);
+        self.evict(backend, 1, incoming);
         // The first set now, so that a plan whose scratch does not fit fails here.
         let first = allocate_set(&exec, backend)?;
         let cached = Arc::new(Cached {
@@ -119,31 +211,129 @@ impl PlanCache {
             sets: Mutex::new(vec![first]),
         });
         // Another thread may have planned the same shape meanwhile: keep one, free the other.
-        let kept = self
-            .lock()
-            .entry(key)
-            .or_insert_with(|| cached.clone())
-            .clone();
+        let kept = {
+            let mut st = self.lock();
+            st.clock += 1;
+            let now = st.clock;
+            let e = st.map.entry(key).or_insert_with(|| Entry {
+                plan: cached.clone(),
+                used: now,
+            });
+            e.used = now;
+            e.plan.clone()
+        };
         if !Arc::ptr_eq(&kept, &cached) {
             cached.free(backend);
         }
         Ok(kept)
     }
 
-    /// Number of cached plans.
-    pub fn len(&self) -> usize {
-        self.lock().len()
+    /// Evict least recently used plans until `plans` more plans holding `bytes` more scratch
+    /// fit the limits (or nothing is left to evict), freeing the scratch of those no caller
+    /// holds, and of earlier evicted ones no caller holds any longer.
+    fn evict(&self, backend: &dyn Backend, plans: usize, bytes: u64) {
+        let mut freed = Vec::new();
+        {
+            let mut st = self.lock();
+            loop {
+                let held = st
+                    .map
+                    .values()
+                    .map(|e| e.plan.held_bytes())
+                    .fold(0u64, u64::saturating_add);
+                let over_count = st.map.len() + plans > st.limits.max_plans.max(1);
+                let over_bytes = held.saturating_add(bytes) > st.limits.max_scratch_bytes;
+                if !(over_count || over_bytes) {
+                    break;
+                }
+                let Some(oldest) = st
+                    .map
+                    .iter()
+                    .min_by_key(|(_, e)| e.used)
+                    .map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                if let Some(e) = st.map.remove(&oldest) {
+                    st.retired.push(e.plan);
+                }
+            }
+            // Nobody but the cache holds a retired plan whose count is 1: no launch can be
+            // about to use its scratch.
+            let retired = std::mem::take(&mut st.retired);
+            for c in retired {
+                if Arc::strong_count(&c) == 1 {
+                    freed.push(c);
+                } else {
+                    st.retired.push(c);
+                }
+            }
+        }
+        for c in freed {
+            c.free(backend);
+        }
     }
 
-    /// Release every cached plan's scratch memory.
+    /// Number of cached plans.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Scratch bytes the cached plans hold, over all devices.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.lock()
+            .map
+            .values()
+            .map(|e| e.plan.held_bytes())
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> PlanCacheLimits {
+        self.lock().limits
+    }
+
+    /// New limits; plans beyond them leave at once (least recently used first).
+    pub fn set_limits(&self, limits: PlanCacheLimits, backend: &dyn Backend) {
+        self.lock().limits = limits;
+        self.evict(backend, 0, 0);
+    }
+
+    /// Release every cached plan's scratch memory (plans a caller still holds are freed once
+    /// it lets them go, at the next eviction or clear, or when the cache is dropped).
     pub fn clear(&self, backend: &dyn Backend) {
-        let drained: Vec<Arc<Cached>> = self.lock().drain().map(|(_, v)| v).collect();
+        let drained: Vec<Arc<Cached>> = {
+            let mut st = self.lock();
+            let mut v: Vec<Arc<Cached>> = st.map.drain().map(|(_, e)| e.plan).collect();
+            v.append(&mut st.retired);
+            v
+        };
+        let mut kept = Vec::new();
+        for c in drained {
+            if Arc::strong_count(&c) == 1 {
+                c.free(backend);
+            } else {
+                kept.push(c);
+            }
+        }
+        self.lock().retired.extend(kept);
+    }
+
+    /// Free everything, held or not (the communicator is going away: no call is in flight
+    /// that has not been submitted, and frees wait for submitted launches).
+    pub fn clear_all(&self, backend: &dyn Backend) {
+        let drained: Vec<Arc<Cached>> = {
+            let mut st = self.lock();
+            let mut v: Vec<Arc<Cached>> = st.map.drain().map(|(_, e)| e.plan).collect();
+            v.append(&mut st.retired);
+            v
+        };
         for c in drained {
             c.free(backend);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Request, bool), Arc<Cached>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

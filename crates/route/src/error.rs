@@ -39,6 +39,23 @@ pub enum RouteError {
         /// The bound's algorithm bandwidth, GB/s.
         bound_gbps: f64,
     },
+    /// A plan needs more staging memory on a device than the staging budget allows, even with
+    /// its smallest pipelining chunk.
+    #[error(
+        "{algorithm} needs {} of staging on {device}, above the staging budget of {} per device",
+        crate::staging::describe_bytes(*needed_bytes),
+        crate::staging::describe_bytes(*budget_bytes)
+    )]
+    StagingBudget {
+        /// The plan's algorithm name.
+        algorithm: String,
+        /// The device (`GPU3`, `host12`).
+        device: String,
+        /// Staging bytes the plan needs there.
+        needed_bytes: u64,
+        /// The budget per device, bytes.
+        budget_bytes: u64,
+    },
     /// A plan's JSON could not be read.
     #[error("cannot read plan: {0}")]
     PlanJson(String),

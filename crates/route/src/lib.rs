@@ -15,6 +15,7 @@
 //! | point-to-point candidates | [`p2p`] |
 //! | collective candidates and the NCCL-like baseline | [`planner`] |
 //! | node-aware inter-node strategies and models | [`nodeaware`] |
+//! | staging budgets per device and fitting a plan to one | [`staging`] |
 //! | the fluid flow simulator | [`simulate`], [`SimResult`], [`Perf`], [`chrome_trace`] |
 //! | choose the fastest, report it beside baseline and bound | [`plan()`], [`Planner`] (cached) |
 //!
@@ -37,6 +38,7 @@ mod reach;
 mod request;
 mod select;
 pub mod sim;
+pub mod staging;
 
 pub use bound::collective_bound_gbps;
 pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_with};

@@ -1,16 +1,19 @@
 //! Lowering: turn routes into plan ops. A transfer split over several routes becomes, per
 //! route, a pipeline of chunks; every relay stages chunks in a small ring of slots, so a chunk
 //! moves on while the next arrives, and a slot is reused only after its chunk left (the
-//! write-after-read dependency is explicit).
+//! write-after-read dependency is explicit). The rings belong to the plan's [`LaneMap`], not
+//! to one transfer: every transfer through a relay on a channel reuses the same slots, so
+//! relay staging is [`STAGING_SLOTS`] slots per relay and channel whatever the message size.
 
 use std::collections::BTreeMap;
 
 use crate::path::Route;
 use crate::plan::{BufferRef, Location, Plan, Region};
 
-/// Slots in each relay's staging ring: enough to keep both hops busy (one arriving, one
-/// leaving, two in flight for jitter) without holding a whole share in relay memory.
-pub const STAGING_SLOTS: u64 = 4;
+/// Slots in each relay's staging ring: two keep both hops busy (one chunk arriving while the
+/// one before leaves), as double buffering does; more only add staging (the simulated
+/// DGX-1 {0,2,5,7} all_reduce of 256 MiB is as fast with two as with four).
+pub const STAGING_SLOTS: u64 = 2;
 
 /// Queues per hop and channel that chunks alternate between. One: with two, fair sharing makes
 /// both queues finish their chunks together and pay their start costs together, so nothing is
@@ -19,11 +22,43 @@ pub const STAGING_SLOTS: u64 = 4;
 pub const QUEUES_PER_HOP: u32 = 1;
 
 /// Lanes of a plan by (sending memory, receiving memory, channel, queue), created on first use,
-/// so each directed hop of each channel has [`QUEUES_PER_HOP`] in-order queues, like DMA engines.
+/// so each directed hop of each channel has [`QUEUES_PER_HOP`] in-order queues, like DMA engines;
+/// and the staging rings of the relays those lanes pass through, one per (relay, incoming
+/// memory, outgoing memory, channel), created on first use and reused by every later transfer
+/// through that relay on that channel, so a plan's relay staging does not grow with the bytes
+/// it relays.
 #[derive(Debug, Default, Clone)]
 pub struct LaneMap {
     lanes: BTreeMap<(Location, Location, u32, u32), u32>,
     local: BTreeMap<(Location, u32), u32>,
+    rings: BTreeMap<(Location, Location, Location, u32), SlotRing>,
+}
+
+/// A relay's staging ring: [`STAGING_SLOTS`] slots of `slot` elements in one scratch buffer,
+/// used round robin; each slot remembers the op that last forwarded out of it, which the next
+/// chunk written into the slot waits for (write after read; the forward itself waited for the
+/// write before it, so writes are ordered too).
+#[derive(Debug, Clone)]
+struct SlotRing {
+    buffer: BufferRef,
+    slot: u64,
+    next: u64,
+    forwarded: [Option<u32>; STAGING_SLOTS as usize],
+}
+
+impl SlotRing {
+    /// The next slot: its index and the op its previous occupant was forwarded by.
+    fn take(&mut self, plan: &mut Plan) -> (u64, Option<u32>) {
+        let i = self.next % STAGING_SLOTS;
+        self.next += 1;
+        if let BufferRef::Scratch(s) = self.buffer
+            && let Some(sc) = plan.scratch.get_mut(s as usize)
+        {
+            // The buffer grows to the slots in use (at most STAGING_SLOTS).
+            sc.len = sc.len.max((i + 1) * self.slot);
+        }
+        (i, self.forwarded[i as usize])
+    }
 }
 
 impl LaneMap {
@@ -54,6 +89,26 @@ impl LaneMap {
             let label = format!("{} compute ch{channel}", short(at));
             plan.add_lane(at, label)
         })
+    }
+    /// The staging ring at relay `at` between `from` and `to` on `channel`; a new one has slots
+    /// of `slot` elements.
+    fn ring(
+        &mut self,
+        plan: &mut Plan,
+        at: Location,
+        from: Location,
+        to: Location,
+        channel: u32,
+        slot: u64,
+    ) -> &mut SlotRing {
+        self.rings
+            .entry((at, from, to, channel))
+            .or_insert_with(|| SlotRing {
+                buffer: plan.add_scratch(at, 0),
+                slot: slot.max(1),
+                next: 0,
+                forwarded: [None; STAGING_SLOTS as usize],
+            })
     }
 }
 
@@ -152,14 +207,15 @@ pub fn emit_transfer_chunked(
         }
         let ch = channel + ri as u32;
         let chunk = chunks.get(ri).copied().unwrap_or(share).max(1);
-        let nchunks = share.div_ceil(chunk);
         let hops = route.hops.len();
-        // Staging rings at relays (one per intermediate waypoint).
-        let slot = chunk.min(share);
-        let rings: Vec<BufferRef> = route.hops[..hops.saturating_sub(1)]
-            .iter()
-            .map(|h| plan.add_scratch(h.to, slot * STAGING_SLOTS.min(nchunks)))
+        // The relays' staging rings; a chunk moves in pieces no larger than their slots.
+        let keys: Vec<(Location, Location, Location)> = (0..hops.saturating_sub(1))
+            .map(|j| (route.hops[j].to, route.hops[j].from, route.hops[j + 1].to))
             .collect();
+        let mut piece = chunk;
+        for &(at, from, to) in &keys {
+            piece = piece.min(lanes.ring(plan, at, from, to, ch, chunk).slot);
+        }
         // hop_lanes[j * Q + q]: queue q of hop j.
         let q_per_hop = QUEUES_PER_HOP as usize;
         let mut hop_lanes = Vec::with_capacity(hops * q_per_hop);
@@ -168,40 +224,49 @@ pub fn emit_transfer_chunked(
                 hop_lanes.push(lanes.hop_queue(plan, h.from, h.to, ch, q));
             }
         }
-        // ops[k * hops + j]: the copy of chunk k over hop j.
-        let mut ops: Vec<u32> = Vec::with_capacity(nchunks as usize * hops);
-        for k in 0..nchunks {
-            let start = k * chunk;
-            let len = chunk.min(share - start);
-            let slot_off = (k % STAGING_SLOTS) * slot;
-            let row = ops.len();
+        let npieces = share.div_ceil(piece);
+        // (ring key, slot) each piece landed in at the previous waypoint.
+        let mut taken: Vec<u64> = Vec::with_capacity(hops);
+        for k in 0..npieces {
+            let start = k * piece;
+            let len = piece.min(share - start);
+            let mut prev: Option<u32> = None;
+            taken.clear();
             for j in 0..hops {
                 let from = if j == 0 {
                     Region::new(src.buffer, src.offset + offset + start, len)
                 } else {
-                    Region::new(rings[j - 1], slot_off, len)
+                    let at = taken[j - 1];
+                    let (a, f, t) = keys[j - 1];
+                    let r = lanes.ring(plan, a, f, t, ch, chunk);
+                    Region::new(r.buffer, at * r.slot, len)
+                };
+                let mut d: Vec<u32> = match prev {
+                    None => deps.to_vec(),
+                    Some(p) => vec![p],
                 };
                 let to = if j + 1 == hops {
                     Region::new(dst.buffer, dst.offset + offset + start, len)
                 } else {
-                    Region::new(rings[j], slot_off, len)
+                    let (a, f, t) = keys[j];
+                    let r = lanes.ring(plan, a, f, t, ch, chunk);
+                    let (at, occupant) = r.take(plan);
+                    let to = Region::new(r.buffer, at * r.slot, len);
+                    // The slot is free once its previous chunk was forwarded.
+                    d.extend(occupant);
+                    taken.push(at);
+                    to
                 };
-                let mut d: Vec<u32> = if j == 0 {
-                    deps.to_vec()
-                } else {
-                    let mut d = Vec::with_capacity(2);
-                    d.push(ops[row + j - 1]);
-                    d
-                };
-                // The slot this chunk lands in is free once chunk k - SLOTS left it.
-                if j + 1 < hops && k >= STAGING_SLOTS {
-                    d.push(ops[(k - STAGING_SLOTS) as usize * hops + j + 1]);
-                }
                 let lane = hop_lanes[j * q_per_hop + (k % u64::from(QUEUES_PER_HOP)) as usize];
                 let id = plan.copy(lane, from, to, route.hops[j].edges.clone(), d);
-                ops.push(id);
+                if j > 0 {
+                    let at = taken[j - 1];
+                    let (a, f, t) = keys[j - 1];
+                    lanes.ring(plan, a, f, t, ch, chunk).forwarded[at as usize] = Some(id);
+                }
+                prev = Some(id);
             }
-            if let Some(&last) = ops.last() {
+            if let Some(last) = prev {
                 arrivals.push(Arrival {
                     dst: Region::new(dst.buffer, dst.offset + offset + start, len),
                     op: last,

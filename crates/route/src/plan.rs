@@ -25,6 +25,15 @@ pub enum Location {
     Host(u32),
 }
 
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Gpu(g) => write!(f, "GPU{g}"),
+            Location::Host(n) => write!(f, "host{n}"),
+        }
+    }
+}
+
 /// A buffer a plan reads or writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -281,6 +290,17 @@ impl Plan {
             .iter()
             .map(|s| s.len.saturating_mul(self.dtype.size()))
             .fold(0u64, u64::saturating_add)
+    }
+    /// Bytes of staging memory the plan allocates on each memory (GPU or host socket), in
+    /// [`Location`] order; memories without staging are left out.
+    pub fn staging_per_location(&self) -> std::collections::BTreeMap<Location, u64> {
+        let mut per = std::collections::BTreeMap::new();
+        for s in &self.scratch {
+            let e: &mut u64 = per.entry(s.location).or_default();
+            *e = e.saturating_add(s.len.saturating_mul(self.dtype.size()));
+        }
+        per.retain(|_, b| *b > 0);
+        per
     }
     /// The plan as pretty JSON.
     pub fn to_json(&self) -> String {

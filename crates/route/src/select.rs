@@ -36,6 +36,10 @@ pub struct PlanOptions {
     /// [`Planned::budget_exhausted`] set. The baseline and the most promising candidate are
     /// always simulated, so a budget of zero still plans.
     pub budget: Duration,
+    /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
+    /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
+    /// bounds nothing.
+    pub staging_budget: u64,
 }
 
 impl Default for PlanOptions {
@@ -45,6 +49,7 @@ impl Default for PlanOptions {
             strategy: Strategy::default(),
             sim: SimConfig::default(),
             budget: DEFAULT_BUDGET,
+            staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
         }
     }
 }
@@ -130,12 +135,25 @@ fn is_p2p(req: &Request) -> bool {
 ///   masked member, a member pair no path joins;
 /// - [`RouteError::NoRoute`] when no candidate finds routes;
 /// - [`RouteError::PlanCheck`] when no candidate passes the checker (a planner bug);
-/// - [`RouteError::AboveBound`] when the winner is predicted faster than the bound allows.
+/// - [`RouteError::AboveBound`] when the winner is predicted faster than the bound allows;
+/// - [`RouteError::StagingBudget`] when no candidate fits `opts.staging_budget` (candidates
+///   that do not fit are skipped; the NCCL-like baseline is then still reported, built without
+///   the budget, but never chosen).
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
     let deadline = Deadline::new(opts.budget);
     let mut skipped = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
-    let baseline_plan = crate::planner::baseline_plan(topo, req)?;
+    let budget = opts.staging_budget;
+    // A baseline that cannot fit the budget is still reported, but is no candidate.
+    let mut first_failure = None;
+    let (baseline_plan, baseline_fits) = match crate::planner::baseline_within(topo, req, budget) {
+        Ok(p) => (p, true),
+        Err(e @ RouteError::StagingBudget { .. }) => {
+            first_failure = Some(e);
+            (crate::planner::baseline_plan(topo, req)?, false)
+        }
+        Err(e) => return Err(e),
+    };
     // The baseline is proved while it is simulated.
     let (baseline_proof, baseline_sim) = rayon::join(
         || prove(topo, req, &baseline_plan),
@@ -158,6 +176,9 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             crate::planner::bound_gbps(topo, req, &opts.relay)?
         };
         let p = crate::planner::shared_memory::plan(topo, req, false)?;
+        if let Some((at, needed)) = crate::staging::over_budget(&p, budget) {
+            return Err(crate::staging::budget_error(&p, at, needed, budget));
+        }
         let t = simulate(topo, &p, &opts.sim)?.time_us;
         found.push((p, Vec::new(), t, false));
     } else if is_p2p(req) {
@@ -165,6 +186,12 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
             Ok(cands) => {
                 for c in cands {
+                    if let Some((at, needed)) = crate::staging::over_budget(&c.plan, budget) {
+                        first_failure.get_or_insert(crate::staging::budget_error(
+                            &c.plan, at, needed, budget,
+                        ));
+                        continue;
+                    }
                     let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
                     found.push((c.plan, c.routes, t, false));
                 }
@@ -175,14 +202,21 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        let (fastest, left_out) =
-            fastest_collectives(topo, req, opts, baseline_sim.time_us, &deadline)?;
+        let to_beat = if baseline_fits {
+            baseline_sim.time_us
+        } else {
+            f64::INFINITY
+        };
+        let (fast, left_out, unfit) = fastest_collectives(topo, req, opts, to_beat, &deadline)?;
         skipped = left_out;
-        for (plan, time_us, proved) in fastest {
+        if let Some(e) = unfit {
+            first_failure.get_or_insert(e);
+        }
+        for (plan, time_us, proved) in fast {
             found.push((plan, Vec::new(), time_us, proved));
         }
     }
-    if !shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
+    if baseline_fits && !shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
         found.push((
             baseline_plan.clone(),
             Vec::new(),
@@ -192,7 +226,6 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     }
     // Fastest first; the stable sort keeps ties in the order they were considered.
     found.sort_by(|a, b| a.2.total_cmp(&b.2));
-    let mut first_failure = None;
     let mut winner = None;
     let mut candidates = Vec::with_capacity(found.len());
     for (plan, routes, time_us, proved) in found {
@@ -286,6 +319,10 @@ type Simulated = (Plan, f64, bool);
 /// A candidate built and lowered for the simulator.
 type Built = (Plan, Prepared);
 
+/// The collective candidates simulated (plan, time, proved), and the first reason a candidate
+/// was skipped for the staging budget.
+type Fastest = (Vec<Simulated>, Vec<String>, Option<RouteError>);
+
 /// The collective candidates worth simulating, each with its simulated time and whether the
 /// checker proved it, in the order they were simulated; `to_beat_us` is the time they must
 /// beat (the baseline's). The fastest is proved (and flagged); one that fails the checker is
@@ -309,13 +346,19 @@ fn fastest_collectives(
     opts: &PlanOptions,
     to_beat_us: f64,
     deadline: &Deadline,
-) -> Result<(Vec<Simulated>, Vec<String>)> {
-    let set = crate::planner::Candidates::new(topo, req, &opts.relay)?;
+) -> Result<Fastest> {
+    let set =
+        crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
     let skipped = set.skipped().to_vec();
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
     let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
+    // Coarse builds only bound times, so they ignore the budget, unless they are final.
     let prepare = |i: usize, chunk: u64| -> Result<(usize, Plan, Prepared)> {
-        let plan = set.build(i, chunk)?;
+        let plan = if chunk == fine {
+            set.build(i, chunk)?
+        } else {
+            set.build_unfitted(i, chunk)?
+        };
         let prepared = Prepared::new(topo, &plan, &opts.sim)?;
         Ok((i, plan, prepared))
     };
@@ -336,7 +379,10 @@ fn fastest_collectives(
     .filter(|(load, _, _)| *load < to_beat_us)
     .collect();
     first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut fine_plans: Vec<Option<Built>> = first
+    // A candidate that cannot fit the staging budget is skipped; the first reason is kept.
+    let mut unfit = None;
+    let mut fine_plans: Vec<Option<Built>> = Vec::with_capacity(first.len());
+    let built: Vec<Result<Option<Built>>> = first
         .into_par_iter()
         .enumerate()
         .map(|(k, (_, i, built))| match built {
@@ -344,7 +390,17 @@ fn fastest_collectives(
             None if k > 0 && deadline.passed() => Ok(None),
             None => prepare(i, fine).map(|(_, p, pr)| Some((p, pr))),
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect();
+    for b in built {
+        match b {
+            Ok(pp) => fine_plans.push(pp),
+            Err(e @ RouteError::StagingBudget { .. }) => {
+                unfit.get_or_insert(e);
+                fine_plans.push(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
     // The most promising first, so the best time found early prunes the rest.
     let mut ranked: Vec<(f64, usize)> = fine_plans
         .iter()
@@ -377,7 +433,7 @@ fn fastest_collectives(
             Some((plan, t, proved == Some(k)))
         })
         .collect();
-    Ok((found, skipped))
+    Ok((found, skipped, unfit))
 }
 
 /// Simulated `(candidate index, time)` in the order simulated, and the proved winner's index.
@@ -438,7 +494,7 @@ fn prune_and_prove(
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
-type CacheKey = (Request, RelayPolicy, Strategy);
+type CacheKey = (Request, RelayPolicy, Strategy, u64);
 
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]
@@ -461,7 +517,12 @@ impl Planner {
     }
     /// Plan `req`, from the cache when the same request and options were planned before.
     pub fn plan(&self, req: &Request, opts: &PlanOptions) -> Result<Arc<Planned>> {
-        let key = (req.clone(), opts.relay.clone(), opts.strategy);
+        let key = (
+            req.clone(),
+            opts.relay.clone(),
+            opts.strategy,
+            opts.staging_budget,
+        );
         if opts.sim == SimConfig::default()
             && let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())
         {

@@ -8,5 +8,7 @@
 mod common;
 
 mod bad_inputs;
+mod budget;
+mod plan_cache;
 mod props;
 mod topology_files;

@@ -54,7 +54,13 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
-    baseline_plan_algo(topo, req, None)
+    baseline_plan_chunked(topo, req, super::pipeline_chunk_elems(req).max(1))
+}
+
+/// [`baseline_plan`] pipelined in chunks of `chunk_elems` elements (the staging budget's
+/// hook: [`super::baseline_within`] shrinks it).
+pub fn baseline_plan_chunked(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Plan> {
+    baseline_with(topo, req, None, chunk_elems)
 }
 
 /// [`baseline_plan`] with the multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`);
@@ -64,7 +70,18 @@ pub fn baseline_plan_algo(
     req: &Request,
     algo: Option<super::baseline_net::tuner::Algo>,
 ) -> Result<Plan> {
-    let algorithm = algorithm_plan(topo, req, algo)?;
+    baseline_with(topo, req, algo, super::pipeline_chunk_elems(req).max(1))
+}
+
+/// The baseline with the algorithm forced or not, pipelined in chunks of `chunk_elems`, its
+/// protocol (and NVLS where the switch has it) chosen by the tuner.
+fn baseline_with(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+    chunk_elems: u64,
+) -> Result<Plan> {
+    let algorithm = algorithm_plan(topo, req, algo, chunk_elems)?;
     let mut options = vec![algorithm];
     if req.collective == Collective::AllReduce
         && super::nvls::nvls_switch(topo, &req.gpus).is_some()
@@ -118,13 +135,14 @@ fn algorithm_plan(
     topo: &Topology,
     req: &Request,
     algo: Option<super::baseline_net::tuner::Algo>,
+    chunk_elems: u64,
 ) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {
         cache: &cache,
         mode: LinkMode::Nccl,
-        chunk_elems: super::pipeline_chunk_elems(req).max(1),
+        chunk_elems: chunk_elems.max(1),
         channels: 1,
     };
     // NCCL runs its rings as channels, each found over what the others left of the links.

@@ -43,7 +43,19 @@ pub mod shared_memory;
 pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
-pub use baseline::{baseline_plan, baseline_plan_algo};
+pub use baseline::{baseline_plan, baseline_plan_algo, baseline_plan_chunked};
+
+/// The NCCL-like baseline ([`baseline_plan`]) with its chunk shrunk until every device's
+/// staging is within `budget` bytes ([`crate::staging::fit`]); [`RouteError::StagingBudget`]
+/// when it cannot fit.
+pub fn baseline_within(topo: &Topology, req: &Request, budget: u64) -> Result<Plan> {
+    crate::staging::fit(
+        pipeline_chunk_elems(req).max(1),
+        crate::staging::min_chunk_elems(req),
+        budget,
+        |c| baseline_plan_chunked(topo, req, c),
+    )
+}
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
 
@@ -197,6 +209,7 @@ pub struct Candidates<'t> {
     cache: ConnCache<'t>,
     jobs: Vec<(LinkMode, Planner, u32)>,
     skipped: Vec<String>,
+    budget: u64,
 }
 
 /// Largest request (ranks) spanning several nodes for which the flat candidates (rings, packed
@@ -305,11 +318,18 @@ impl<'t> Candidates<'t> {
             cache,
             jobs,
             skipped,
+            budget: crate::staging::UNBOUNDED_STAGING,
         })
     }
     /// The candidate families left out for this request, each with the reason.
     pub fn skipped(&self) -> &[String] {
         &self.skipped
+    }
+    /// The same candidates, each fitted by [`Candidates::build`] to `budget` bytes of staging
+    /// per device ([`crate::staging::fit`]).
+    pub fn with_budget(mut self, budget: u64) -> Self {
+        self.budget = budget;
+        self
     }
     /// Number of candidates.
     pub fn len(&self) -> usize {
@@ -322,7 +342,21 @@ impl<'t> Candidates<'t> {
     /// Build candidate `i` (< [`Candidates::len`]) with pipelining chunks of `chunk_elems`
     /// elements. A [`RouteError::NoRoute`] when the candidate finds no routes;
     /// [`RouteError::BadRequest`] for an index out of range.
+    ///
+    /// Within a staging budget ([`Candidates::with_budget`]) the chunk shrinks until every
+    /// device's staging fits ([`crate::staging::fit`]); [`RouteError::StagingBudget`] when even
+    /// the smallest chunk ([`crate::staging::min_chunk_elems`]) does not.
     pub fn build(&self, i: usize, chunk_elems: u64) -> Result<Plan> {
+        crate::staging::fit(
+            chunk_elems,
+            crate::staging::min_chunk_elems(&self.req),
+            self.budget,
+            |c| self.build_unfitted(i, c),
+        )
+    }
+    /// Build candidate `i` with chunks of `chunk_elems` whatever its staging (for bounds on
+    /// its time: the same bytes cross the same resources at any chunk).
+    pub fn build_unfitted(&self, i: usize, chunk_elems: u64) -> Result<Plan> {
         let &(mode, planner, channels) = self.jobs.get(i).ok_or_else(|| {
             RouteError::BadRequest(format!("candidate {i} of {}", self.jobs.len()))
         })?;
@@ -393,15 +427,15 @@ pub fn collective_candidates(
     keep_routable(built)
 }
 
-/// The plans of `built`, in order, skipping candidates that found no route; the first such
-/// error when none did, and any other error at once.
+/// The plans of `built`, in order, skipping candidates that found no route or do not fit the
+/// staging budget; the first such error when none did, and any other error at once.
 pub(crate) fn keep_routable<T>(built: Vec<Result<T>>) -> Result<Vec<T>> {
     let mut out = Vec::with_capacity(built.len());
     let mut first_err: Option<RouteError> = None;
     for b in built {
         match b {
             Ok(p) => out.push(p),
-            Err(e @ RouteError::NoRoute { .. }) => {
+            Err(e @ (RouteError::NoRoute { .. } | RouteError::StagingBudget { .. })) => {
                 first_err.get_or_insert(e);
             }
             Err(e) => return Err(e),

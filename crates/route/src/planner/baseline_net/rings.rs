@@ -20,7 +20,9 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::planner::builder::Builder;
 use crate::planner::connect::Connection;
-use crate::planner::ring::{CH_LOCAL, all_gather_pass, reduce_scatter_pass};
+use crate::planner::ring::{
+    CH_LOCAL, LOOP_CHUNKS, RsStaging, all_gather_pass, loops, reduce_scatter_pass,
+};
 use crate::planner::{Ctx, split_even};
 use crate::request::{Collective, Request};
 
@@ -140,38 +142,44 @@ pub(super) fn all_reduce(
     let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
     let mut b = Builder::new(req, ctx, label("ring", rings));
+    let per = (n as u64).saturating_mul(LOOP_CHUNKS.saturating_mul(chunk));
     for (c, (lo, len)) in split_even(req.count, rings.len() as u64)
         .into_iter()
         .enumerate()
     {
         pin(&mut b, links, c as u32, &rings[c]);
         let ord = &rings[c].order;
-        let blocks = split_even(len, n as u64);
-        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
-        let at = |out: bool| {
-            let blocks = &blocks;
-            move |p: usize, q: usize, rel: u64, l: u64| {
-                let r = ord[p];
-                let buf = if out {
-                    BufferRef::Output(r)
-                } else {
-                    BufferRef::Input(r)
-                };
-                Region::new(buf, lo + blocks[q].0 + rel, l)
-            }
-        };
-        let (inp, outp) = (at(false), at(true));
-        reduce_scatter_pass(
-            &mut b,
-            ord,
-            c as u32,
-            &lens,
-            chunk,
-            &inp,
-            Some(&outp),
-            &outp,
-        )?;
-        all_gather_pass(&mut b, ord, c as u32, &lens, chunk, None, &outp)?;
+        let most = len.min(per).div_ceil(n as u64);
+        let st = RsStaging::new(&mut b, ord, most, false);
+        for (base, piece) in loops(len, per) {
+            let blocks = split_even(piece, n as u64);
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            let at = |out: bool| {
+                let blocks = &blocks;
+                move |p: usize, q: usize, rel: u64, l: u64| {
+                    let r = ord[p];
+                    let buf = if out {
+                        BufferRef::Output(r)
+                    } else {
+                        BufferRef::Input(r)
+                    };
+                    Region::new(buf, lo + base + blocks[q].0 + rel, l)
+                }
+            };
+            let (inp, outp) = (at(false), at(true));
+            reduce_scatter_pass(
+                &mut b,
+                ord,
+                c as u32,
+                &lens,
+                chunk,
+                &st,
+                &inp,
+                Some(&outp),
+                &outp,
+            )?;
+            all_gather_pass(&mut b, ord, c as u32, &lens, chunk, None, &outp)?;
+        }
     }
     Ok(b.finish())
 }
@@ -227,24 +235,29 @@ pub(super) fn reduce_scatter(
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
     let mut b = Builder::new(req, ctx, label("ring", rings));
+    let per = LOOP_CHUNKS.saturating_mul(chunk);
     for (c, (lo, len)) in split_even(count, rings.len() as u64)
         .into_iter()
         .enumerate()
     {
         pin(&mut b, links, c as u32, &rings[c]);
         let ord = &rings[c].order;
-        let lens = vec![len; n];
-        let inp = move |p: usize, q: usize, rel: u64, l: u64| {
-            Region::new(
-                BufferRef::Input(ord[p]),
-                u64::from(ord[q]) * count + lo + rel,
-                l,
-            )
-        };
-        let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
-            Region::new(BufferRef::Output(ord[p]), lo + rel, l)
-        };
-        reduce_scatter_pass(&mut b, ord, c as u32, &lens, chunk, &inp, None, &fin)?;
+        let st = RsStaging::new(&mut b, ord, len.min(per), true);
+        for (base, piece) in loops(len, per) {
+            let lens = vec![piece; n];
+            let start = lo + base;
+            let inp = move |p: usize, q: usize, rel: u64, l: u64| {
+                Region::new(
+                    BufferRef::Input(ord[p]),
+                    u64::from(ord[q]) * count + start + rel,
+                    l,
+                )
+            };
+            let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
+                Region::new(BufferRef::Output(ord[p]), start + rel, l)
+            };
+            reduce_scatter_pass(&mut b, ord, c as u32, &lens, chunk, &st, &inp, None, &fin)?;
+        }
     }
     Ok(b.finish())
 }

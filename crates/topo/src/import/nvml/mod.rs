@@ -12,6 +12,7 @@
 //! | `GetNvLinkState`, `GetNvLinkRemotePciInfo` per link | [`NvLinkFact`] |
 //! | `GetTopologyCommonAncestor` per pair | [`CommonAncestor`] |
 //! | `/proc/cpuinfo` | CPU family |
+//! | `GetComputeRunningProcesses`, `GetGraphicsRunningProcesses` | [`idle_gpus`] |
 //!
 //! The far end of an NVLink is a GPU when its bus id is one of the GPUs found, the CPU when its
 //! PCI vendor is IBM (the POWER9 NVLink bridge), else an NVSwitch. nvml-wrapper 0.11 does not
@@ -87,6 +88,50 @@ pub fn discover() -> Result<Topology> {
                   `cuda` feature of relaycc, relaycc-collectives or relaycc-cli)"
             .into(),
     })
+}
+
+/// The GPUs (NVML indices, as [`discover`] numbers them) on which no process runs: NVML lists
+/// no running compute process and no running graphics process. A GPU whose process list NVML
+/// cannot give is not idle. relaycc-collectives relays through such GPUs only when they are
+/// idle, since a relay's copies and staging compete with whatever else runs there.
+///
+/// # Errors
+/// [`TopoError::Nvml`] naming the step (`init` when the driver or `libnvidia-ml.so.1` is
+/// missing). Never panics.
+#[cfg(feature = "nvml")]
+pub fn idle_gpus() -> Result<Vec<u32>> {
+    let ask = || -> Result<Vec<u32>> {
+        let nvml = Nvml::init().map_err(nvml_err("init"))?;
+        let count = nvml.device_count().map_err(nvml_err("device count"))?;
+        let mut idle = Vec::new();
+        for i in 0..count {
+            let Ok(d) = nvml.device_by_index(i) else {
+                continue;
+            };
+            let compute = d.running_compute_processes().map(|p| p.is_empty());
+            let graphics = d.running_graphics_processes().map(|p| p.is_empty());
+            if matches!((compute, graphics), (Ok(true), Ok(true))) {
+                idle.push(i);
+            }
+        }
+        Ok(idle)
+    };
+    match catch_unwind(AssertUnwindSafe(ask)) {
+        Ok(r) => r,
+        Err(_) => Err(TopoError::Nvml {
+            step: "process lists".into(),
+            message: "nvml-wrapper panicked; the panic was caught".into(),
+        }),
+    }
+}
+
+/// Idle GPUs through NVML: this build has no NVML support.
+///
+/// # Errors
+/// Always [`TopoError::Nvml`] at step `init`.
+#[cfg(not(feature = "nvml"))]
+pub fn idle_gpus() -> Result<Vec<u32>> {
+    discover().map(|_| Vec::new())
 }
 
 #[cfg(feature = "nvml")]

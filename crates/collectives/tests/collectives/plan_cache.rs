@@ -1,0 +1,122 @@
+//! The plan cache: bounded by count and by scratch bytes, least recently used out first, and
+//! cleared on request, with its scratch freed on the backend.
+
+use std::sync::Arc;
+
+use relaycc_collectives::{Communicator, HostBackend, PlanCacheLimits, ReduceOp};
+use relaycc_route::Location;
+
+/// Bytes the backend holds on every GPU of the DGX-1.
+fn held(b: &HostBackend) -> u64 {
+    (0..8).map(|g| b.bytes_in_use(Location::Gpu(g))).sum()
+}
+
+#[test]
+fn the_cache_is_bounded_and_clears_its_scratch() {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap_or_else(|e| panic!("{e}"));
+    let backend = Arc::new(HostBackend::new());
+    // Members 0, 2, 5, 7 of the DGX-1 relay through 1, 3, 4 and 6: every plan has scratch.
+    let comm = Communicator::new(topo, &[0, 2, 5, 7], &[1, 3, 4, 6], backend.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    comm.set_plan_cache_limits(PlanCacheLimits {
+        max_plans: 2,
+        max_scratch_bytes: u64::MAX,
+    });
+    let sizes = [1000usize, 2000, 3000, 4000];
+    let bufs: Vec<_> = sizes
+        .iter()
+        .map(|&len| {
+            let ins: Vec<_> = (0..4)
+                .map(|r| comm.from_slice(r, &vec![1.0f32 + r as f32; len]))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let outs: Vec<_> = (0..4)
+                .map(|r| comm.alloc::<f32>(r, len))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            (ins, outs)
+        })
+        .collect();
+    let user = held(&backend);
+    for (ins, outs) in &bufs {
+        comm.all_reduce(ins, outs, ReduceOp::Sum)
+            .and_then(|p| p.wait())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(comm.cached_plans() <= 2, "{}", comm.cached_plans());
+        assert!(
+            outs[3]
+                .to_vec()
+                .unwrap_or_default()
+                .iter()
+                .all(|v| *v == 10.0)
+        );
+    }
+    assert_eq!(comm.cached_plans(), 2);
+    // What the backend holds beyond the user's buffers is the cache's scratch, no more.
+    assert!(comm.cached_scratch_bytes() > 0);
+    assert_eq!(held(&backend) - user, comm.cached_scratch_bytes());
+    // A byte limit below one plan's scratch keeps only the plan just made.
+    comm.set_plan_cache_limits(PlanCacheLimits {
+        max_plans: 8,
+        max_scratch_bytes: 1,
+    });
+    assert_eq!(comm.cached_plans(), 0);
+    let (ins, outs) = &bufs[0];
+    comm.all_reduce(ins, outs, ReduceOp::Sum)
+        .and_then(|p| p.wait())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(comm.cached_plans(), 1);
+    comm.clear_plan_cache();
+    assert_eq!(comm.cached_plans(), 0);
+    assert_eq!(comm.cached_scratch_bytes(), 0);
+    assert_eq!(held(&backend), user);
+}
+
+#[test]
+fn a_budget_too_small_for_any_plan_is_an_error_before_anything_is_allocated() {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap_or_else(|e| panic!("{e}"));
+    let backend = Arc::new(HostBackend::new());
+    let mut comm = Communicator::new(topo, &[0, 2, 5, 7], &[1, 3, 4, 6], backend.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    comm.set_staging_budget(1024);
+    let len = 1 << 20;
+    let ins: Vec<_> = (0..4)
+        .map(|r| comm.from_slice(r, &vec![1.0f32; len]))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let outs: Vec<_> = (0..4)
+        .map(|r| comm.alloc::<f32>(r, len))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let user = held(&backend);
+    let err = comm
+        .all_reduce(&ins, &outs, ReduceOp::Sum)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("staging") && err.contains("GPU") && err.contains("1024 bytes"),
+        "{err}"
+    );
+    assert_eq!(held(&backend), user);
+    assert_eq!(comm.cached_plans(), 0);
+}
+
+#[test]
+fn relays_are_the_listed_gpus_and_idle_ones_nvml_reports() {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap_or_else(|e| panic!("{e}"));
+    let backend = HostBackend::new();
+    let members = [0, 2, 5, 7];
+    let allowed = Communicator::allowed_relays(&topo, &members, &[3], &backend);
+    assert!(allowed.contains(&3), "{allowed:?}");
+    assert!(allowed.iter().all(|g| !members.contains(g)), "{allowed:?}");
+    // Any GPU beyond the listed one is one NVML reports idle; without NVML there is none.
+    let idle = relaycc_topo::import::nvml::idle_gpus().unwrap_or_default();
+    assert!(
+        allowed.iter().all(|g| *g == 3 || idle.contains(g)),
+        "{allowed:?} vs idle {idle:?}"
+    );
+    let comm = Communicator::with_idle_relays(topo, &members, &[3], Arc::new(backend))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(comm.relays(), allowed.as_slice());
+}
