@@ -6,9 +6,13 @@ use std::sync::Arc;
 use relaycc_collectives::{Communicator, HostBackend, PlanCacheLimits, ReduceOp};
 use relaycc_route::Location;
 
-/// Bytes the backend holds on every GPU of the DGX-1.
+/// Bytes the backend holds on every GPU of the DGX-1 and in every host memory (a small
+/// all_reduce's fastest plan may stage through the CPUs: NCCL's LL ring over host memory).
 fn held(b: &HostBackend) -> u64 {
-    (0..8).map(|g| b.bytes_in_use(Location::Gpu(g))).sum()
+    let gpus = (0..8).map(|g| b.bytes_in_use(Location::Gpu(g)));
+    // Host memories are named by topology node index; the DGX-1 has well under 64 nodes.
+    let hosts = (0..64).map(|n| b.bytes_in_use(Location::Host(n)));
+    gpus.chain(hosts).sum()
 }
 
 #[test]
