@@ -668,7 +668,10 @@ fn plan_on_a_cluster_reports_skipped_families_and_a_spent_budget() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|c| c["algorithm"].as_str().unwrap().starts_with("rail-hier 4x8")),
+            .any(|c| c["algorithm"]
+                .as_str()
+                .unwrap()
+                .starts_with("rail-hier 4x8")),
         "{}",
         v["candidates"]
     );

@@ -96,10 +96,10 @@ pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};
 pub use half::{bf16, f16};
+pub use plan_cache::PlanCacheLimits;
 #[cfg(feature = "cuda")]
 pub use rank::OnStream;
 pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
-pub use plan_cache::PlanCacheLimits;
 pub use relaycc_route::ReduceOp;
 /// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
 pub use relaycc_topo::host_topology;

@@ -194,7 +194,7 @@ impl PlanCache {
             in_place,
             source.staging_budget,
         )
-            .map_err(|e| CollectivesError::Plan { call, source: e })?;
+        .map_err(|e| CollectivesError::Plan { call, source: e })?;
         let exec = exec::compile(exec::check(plan, in_place)?)?;
         // Make room before allocating, so the new plan's scratch does not come on top of
         // plans that would leave anyway.
