@@ -86,7 +86,9 @@ fn baseline_with(
     if req.collective == Collective::AllReduce
         && super::nvls::nvls_switch(topo, &req.gpus).is_some()
     {
-        let mut p = super::nvls::all_reduce(topo, req, super::nvls::nvls_chunk_elems(req))?;
+        // Within a staging budget the fitted chunk may be smaller than NVLS's own.
+        let chunk = super::nvls::nvls_chunk_elems(req).min(chunk_elems.max(1));
+        let mut p = super::nvls::all_reduce(topo, req, chunk)?;
         p.algorithm = "nccl-like nvls".into();
         options.push(p);
     }

@@ -31,6 +31,14 @@ use super::{chunks, split_even};
 /// (4 chunks per shard, the collective default, lose 8% on dgx-h100 at 1 GiB).
 pub const NVLS_MAX_CHUNK_BYTES: u64 = 1 << 20;
 
+/// Staging slots per source on each shard's owner: chunk c of a shard lands in slot c mod
+/// `NVLS_STAGING_SLOTS`, after the reduction of chunk c - `NVLS_STAGING_SLOTS` read that slot,
+/// so an owner stages n x slots x chunk bytes whatever the message size (144 MiB on the 72
+/// GPUs of an NVL72 with 1 MiB chunks; double buffering, since the switch reduces as chunks
+/// arrive), where the switch itself
+/// stages nothing: the slots exist so the host backend can run the plan byte for byte.
+pub const NVLS_STAGING_SLOTS: u64 = 2;
+
 /// The chunk (elements) the baseline's NVLS plan pipelines with for `req`.
 pub fn nvls_chunk_elems(req: &Request) -> u64 {
     let esize = req.dtype.size().max(1);
@@ -116,8 +124,19 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
             .map(|j| plan.add_lane(owner, format!("nvls shard {k} to rank {j}")))
             .collect();
         let reduce_lane = plan.add_lane(owner, format!("nvls shard {k} reduce"));
-        let staging: Vec<BufferRef> = (0..n).map(|_| plan.add_scratch(owner, shard_len)).collect();
-        for (rel, len) in chunks(shard_len, chunk_elems) {
+        let chunk = chunk_elems.max(1);
+        let slot_elems = chunk.min(shard_len);
+        let staging: Vec<BufferRef> = (0..n)
+            .map(|_| plan.add_scratch(owner, NVLS_STAGING_SLOTS.saturating_mul(slot_elems)))
+            .collect();
+        // The reduction of each chunk, so that the chunk reusing its slot waits for it.
+        let mut reductions: Vec<u32> = Vec::new();
+        for (c, (rel, len)) in chunks(shard_len, chunk).enumerate() {
+            let slot = (c as u64 % NVLS_STAGING_SLOTS) * slot_elems;
+            let free: Vec<u32> = (c as u64)
+                .checked_sub(NVLS_STAGING_SLOTS)
+                .map(|prev| vec![reductions[prev as usize]])
+                .unwrap_or_default();
             let at = shard_off + rel;
             let red = NvlsShare {
                 group,
@@ -129,15 +148,16 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
                 arrived.push(plan.nvls_copy(
                     in_lanes[j],
                     Region::new(BufferRef::Input(j as u32), at, len),
-                    Region::new(staging[j], rel, len),
+                    Region::new(staging[j], slot, len),
                     vec![up[j], down[k]],
-                    vec![],
+                    free.clone(),
                     red,
                 ));
             }
-            let srcs = staging.iter().map(|&s| Region::new(s, rel, len)).collect();
+            let srcs = staging.iter().map(|&s| Region::new(s, slot, len)).collect();
             let result = Region::new(BufferRef::Output(k as u32), at, len);
             let reduced = plan.reduce(reduce_lane, srcs, result, true, arrived);
+            reductions.push(reduced);
             let cast = NvlsShare {
                 group,
                 shared_edge: up[k],
