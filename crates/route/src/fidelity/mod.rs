@@ -24,4 +24,4 @@ pub use eval::{
     Evaluated, MEDIAN_TOLERANCE, ROW_TOLERANCE, Table, evaluate, evaluate_on, evaluate_rows,
     predict,
 };
-pub use rows::{CopyMethod, Gpus, Measure, ROWS, Row};
+pub use rows::{CopyMethod, Gpus, Measure, NOT_COVERED, ROWS, Row};

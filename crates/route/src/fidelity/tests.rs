@@ -141,3 +141,26 @@ fn a_calibration_moves_the_rows_it_applies_to() {
     assert_eq!(t.median_abs_error, None);
     assert!(!t.passes());
 }
+
+#[test]
+#[ignore = "timing probe"]
+fn probe_row_times() {
+    for r in ROWS {
+        let t0 = std::time::Instant::now();
+        let _ = evaluate_rows(&[*r], None).unwrap();
+        println!("{:<32} {:?}", r.id, t0.elapsed());
+    }
+    let topo = relaycc_topo::preset("gb200-nvl72").unwrap();
+    let req = crate::Request::new(
+        crate::Collective::AllReduce,
+        (0..72).collect(),
+        1 << 31,
+        crate::DType::F32,
+    );
+    let t0 = std::time::Instant::now();
+    let p = crate::planner::baseline_plan(&topo, &req).unwrap();
+    println!("plan {:?} ops {}", t0.elapsed(), p.ops.len());
+    let t0 = std::time::Instant::now();
+    crate::simulate(&topo, &p, &crate::SimConfig::default()).unwrap();
+    println!("sim {:?}", t0.elapsed());
+}
