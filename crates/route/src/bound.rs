@@ -10,7 +10,7 @@
 //!
 //! | collective | T >= |
 //! |---|---|
-//! | all_reduce | 2(n-1)/n x S / min_r in_r |
+//! | all_reduce | 2(n-1)/n x S / min_r in_r; (n-1)/n x S / min_r in_r where the members' NVSwitch reduces (NVLS) |
 //! | all_gather, reduce_scatter | (n-1)/n x S / min_r in_r, and c / min_r out_r |
 //! | all_gather_v | max_r (total - c_r) / in_r, and max_r c_r / out_r |
 //! | broadcast | S / min_{r != root} in_r, S / out_root, S / min_r maxflow(root, r) |
@@ -108,8 +108,13 @@ pub fn collective_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy
     if n > 1 {
         match req.collective {
             Collective::AllReduce => {
+                // Without a reducing switch every rank receives the others' shares of its
+                // shard and the reduced other shards, 2(n-1)/n of the vector. Where the
+                // NVSwitch reduces (NVLS), the sums arrive reduced: (n-1)/n of it.
+                let nvls = crate::planner::nvls::nvls_switch(topo, g).is_some();
+                let share = if nvls { 1.0 } else { 2.0 };
                 for x in &inr {
-                    t = t.max(need(2.0 * (nf - 1.0) / nf * size, *x));
+                    t = t.max(need(share * (nf - 1.0) / nf * size, *x));
                 }
             }
             Collective::AllGather | Collective::ReduceScatter => {

@@ -44,8 +44,9 @@ pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use order::DepGraph;
-pub use plan::{BufferRef, Lane, Location, Op, OpKind, Plan, Region, Scratch};
+pub use plan::{BufferRef, Lane, Location, NvlsShare, Op, OpKind, Plan, Region, Scratch};
 pub use reach::{require_reachable, require_relays_exist};
+pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{CandidateTime, PlanOptions, Planned, Planner, plan};
 pub use sim::{

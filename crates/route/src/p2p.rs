@@ -318,7 +318,7 @@ pub fn p2p_candidates(
         let routes: Vec<Route> = flows.into_iter().map(|(r, _)| r).collect();
         if routes.len() > 1 {
             let (shares, per_route) =
-                tuned_shares(count, &routes, esize, crate::sim::DEFAULT_OP_OVERHEAD_US);
+                tuned_shares(count, &routes, esize, topo.costs().copy_engine_launch_us);
             out.push(build_chunked(
                 req,
                 format!("multipath x{} (tuned chunks)", routes.len()),

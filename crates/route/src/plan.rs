@@ -113,6 +113,30 @@ pub struct Op {
     /// copies inside one memory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub edges: Vec<u32>,
+    /// For a copy that an NVSwitch combines with others (NVLS, NVLink SHARP): its group and
+    /// the edge the group crosses once. Absent for every other op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvls: Option<NvlsShare>,
+}
+
+/// A copy's part in an NVLS group: copies of equal length through one NVSwitch that the switch
+/// combines, so the group crosses one of its edges once instead of once per copy.
+///
+/// - A **multicast** group has one source region: the source GPU sends the bytes to the switch
+///   once (the shared edge is the first) and the switch writes every destination.
+/// - A **reduction** group has one destination GPU: the switch reads every source, reduces, and
+///   sends the destination one result (the shared edge is the last). The plan still delivers
+///   each source to its own staging region and reduces them locally, so that the host backend
+///   runs it byte for byte; the simulator charges the shared edge once.
+///
+/// The checker proves the group's shape ([`crate::check`]) and that the switch can combine
+/// ([`crate::check_routes`]: an NVSwitch whose GPUs are sm90 or later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NvlsShare {
+    /// Group id, unique within the plan.
+    pub group: u32,
+    /// The directed edge (an index into the op's `edges`' topology) the group crosses once.
+    pub shared_edge: u32,
 }
 
 impl Op {
@@ -153,6 +177,12 @@ pub struct Plan {
     pub lanes: Vec<Lane>,
     /// Operations; an op's index is its id.
     pub ops: Vec<Op>,
+    /// The NCCL protocol the plan's steps use, for a plan that models NCCL's kernels (the
+    /// baseline); absent for relaycc's own plans, whose copies run on copy engines and whose
+    /// reductions are kernels. The simulator charges each its costs
+    /// ([`relaycc_topo::rates::CostModel`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<relaycc_topo::rates::Protocol>,
 }
 
 impl Plan {
@@ -166,6 +196,7 @@ impl Plan {
             scratch: Vec::new(),
             lanes: Vec::new(),
             ops: Vec::new(),
+            protocol: None,
         }
     }
     /// Where a buffer lives.
@@ -204,8 +235,23 @@ impl Plan {
             lane,
             deps,
             edges,
+            nvls: None,
         });
         self.ops.len() as u32 - 1
+    }
+    /// Add a copy that is part of NVLS group `share.group`; returns its op id.
+    pub fn nvls_copy(
+        &mut self,
+        lane: u32,
+        src: Region,
+        dst: Region,
+        edges: Vec<u32>,
+        deps: Vec<u32>,
+        share: NvlsShare,
+    ) -> u32 {
+        let id = self.copy(lane, src, dst, edges, deps);
+        self.ops[id as usize].nvls = Some(share);
+        id
     }
     /// Add a local reduction; returns its op id.
     pub fn reduce(
@@ -225,6 +271,7 @@ impl Plan {
             lane,
             deps,
             edges: Vec::new(),
+            nvls: None,
         });
         self.ops.len() as u32 - 1
     }

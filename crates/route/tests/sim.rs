@@ -10,8 +10,25 @@ mod fixtures {
 
     pub const MIB: u64 = 1 << 20;
 
+    /// The DGX-1 V100 with mechanism costs taken out ([`bare`]).
     pub fn dgx1() -> Topology {
-        relaycc_topo::preset("dgx1-v100").unwrap()
+        bare(relaycc_topo::preset("dgx1-v100").unwrap())
+    }
+
+    /// `t` with no copy-engine or kernel launch cost, so that every op pays only the
+    /// settings' overhead ([`cfg`]) and its links' latencies: these tests check the fluid
+    /// engine against hand-worked answers, not the cost model (tested in `tests/costs.rs`).
+    pub fn bare(mut t: Topology) -> Topology {
+        let mut c = *t.costs();
+        c.copy_engine_launch_us = 0.0;
+        c.kernel_launch_us = 0.0;
+        t.set_costs(c);
+        t
+    }
+
+    /// Settings with the 1 us per-op overhead the hand-worked answers assume.
+    pub fn cfg() -> relaycc_route::SimConfig {
+        overhead(1.0)
     }
 
     /// The directed edge between GPUs `a` and `b`.
@@ -78,7 +95,11 @@ mod fixtures {
         let kind = LinkKind::C2c;
         let (e01, _) = b.connect_with(g[0], g[1], kind, g01, 0.0);
         let (e12, _) = b.connect_with(g[1], g[2], kind, g12, 0.0);
-        (b.build().unwrap(), e01.index() as u32, e12.index() as u32)
+        (
+            bare(b.build().unwrap()),
+            e01.index() as u32,
+            e12.index() as u32,
+        )
     }
 
     /// One Broadwell socket whose host memory runs at `host_gbps`, two GPUs under it on PCIe
@@ -97,7 +118,7 @@ mod fixtures {
         {
             c.host_mem_gbps = host_gbps;
         }
-        (b.build().unwrap(), cpu.index() as u32)
+        (bare(b.build().unwrap()), cpu.index() as u32)
     }
 
     /// A chunked ring on the DGX-1 NVLink ring 0-1-2-3-7-6-5-4: `channels` lanes per GPU; each
@@ -164,7 +185,7 @@ mod fixtures {
 mod single {
     use super::fixtures::*;
     use relaycc_route::Location::Gpu;
-    use relaycc_route::{SimConfig, simulate};
+    use relaycc_route::simulate;
 
     #[test]
     fn one_256_mib_copy_over_nv1() {
@@ -175,7 +196,7 @@ mod single {
         let lane = p.add_lane(Gpu(0), "send");
         let bytes = 256 * MIB;
         copy(&mut p, lane, Gpu(0), Gpu(1), bytes, &[e], &[]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         let flow_us = bytes as f64 / 24.2e3;
         close(r.time_us, 1.0 + 0.6 + flow_us);
         close(r.ops[0].flow_start_us, 1.6);
@@ -205,7 +226,7 @@ mod single {
 
     #[test]
     fn empty_plan_takes_no_time() {
-        let r = simulate(&dgx1(), &plan(), &SimConfig::default()).unwrap();
+        let r = simulate(&dgx1(), &plan(), &super::fixtures::cfg()).unwrap();
         assert_eq!(r.time_us, 0.0);
         assert!(r.ops.is_empty());
     }
@@ -215,7 +236,7 @@ mod single {
 mod sharing {
     use super::fixtures::*;
     use relaycc_route::Location::Gpu;
-    use relaycc_route::{SimConfig, simulate};
+    use relaycc_route::simulate;
 
     #[test]
     fn two_copies_on_one_edge_take_twice_as_long() {
@@ -226,7 +247,7 @@ mod sharing {
             let lane = p.add_lane(Gpu(0), format!("send{l}"));
             copy(&mut p, lane, Gpu(0), Gpu(1), 64 * MIB, &[e], &[]);
         }
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         let want = 1.6 + 2.0 * (64 * MIB) as f64 / 24.2e3;
         close(r.ops[0].end_us, want);
         close(r.ops[1].end_us, want);
@@ -243,7 +264,7 @@ mod sharing {
         // Opposite direction of the first edge: full duplex, so no sharing either.
         let c = p.add_lane(Gpu(1), "c");
         gpu_copy(&topo, &mut p, c, 1, 0, 64 * MIB, &[]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         close(r.ops[0].end_us, 1.6 + (64 * MIB) as f64 / 24.2e3);
         close(r.ops[1].end_us, 1.6 + (64 * MIB) as f64 / 48.4e3); // GPU2-GPU3 is NV2
         close(r.ops[2].end_us, r.ops[0].end_us);
@@ -298,7 +319,7 @@ mod sharing {
 mod ordering {
     use super::fixtures::*;
     use relaycc_route::Location::Gpu;
-    use relaycc_route::{SimConfig, simulate};
+    use relaycc_route::simulate;
 
     #[test]
     fn lane_order_serializes() {
@@ -307,7 +328,7 @@ mod ordering {
         let lane = p.add_lane(Gpu(0), "send");
         gpu_copy(&topo, &mut p, lane, 0, 1, 16 * MIB, &[]);
         gpu_copy(&topo, &mut p, lane, 0, 3, 16 * MIB, &[]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         assert_eq!(r.ops[1].start_us, r.ops[0].end_us);
         close(
             r.time_us,
@@ -322,7 +343,7 @@ mod ordering {
         let (a, b) = (p.add_lane(Gpu(0), "a"), p.add_lane(Gpu(2), "b"));
         let first = gpu_copy(&topo, &mut p, a, 0, 1, 16 * MIB, &[]);
         gpu_copy(&topo, &mut p, b, 2, 3, 16 * MIB, &[first]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         assert_eq!(r.ops[1].start_us, r.ops[0].end_us);
     }
 
@@ -337,7 +358,7 @@ mod ordering {
             let h1 = copy(&mut p, a, Gpu(0), Gpu(via), chunk, &[e1], &[]);
             copy(&mut p, b, Gpu(via), Gpu(7), chunk, &[e2], &[h1]);
         }
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         let t1 = 1.6 + chunk as f64 / rate(e1);
         let t2 = 1.6 + chunk as f64 / rate(e2);
         (r.time_us, t1, t2)
@@ -362,7 +383,7 @@ mod ordering {
 mod memory {
     use super::fixtures::*;
     use relaycc_route::Location::{Gpu, Host};
-    use relaycc_route::{SimConfig, simulate};
+    use relaycc_route::simulate;
 
     #[test]
     fn reductions_cost_device_memory_bandwidth() {
@@ -381,7 +402,7 @@ mod memory {
         };
         let l0 = p.add_lane(Gpu(0), "r0");
         reduce(&mut p, l0);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         close(r.time_us, 1.0 + 3.0 * n as f64 / 900e3);
         let mem = r.memory(Gpu(0)).unwrap();
         close(mem.bytes, 3.0 * n as f64);
@@ -391,7 +412,7 @@ mod memory {
         reduce(&mut p, l1);
         let l2 = p.add_lane(Gpu(0), "send");
         gpu_copy(&topo, &mut p, l2, 0, 1, n, &[]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         close(r.ops[0].end_us, 1.0 + 6.0 * n as f64 / 900e3);
         close(r.ops[1].end_us, r.ops[0].end_us);
         close(r.ops[2].end_us, 1.6 + n as f64 / 24.2e3);
@@ -403,7 +424,7 @@ mod memory {
         let mut p = plan();
         let lane = p.add_lane(Gpu(5), "local");
         copy(&mut p, lane, Gpu(5), Gpu(5), 90 * MIB, &[], &[]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         close(r.time_us, 1.0 + 2.0 * (90 * MIB) as f64 / 900e3);
     }
 
@@ -423,7 +444,7 @@ mod memory {
             let mut p = plan();
             let lane = p.add_lane(Gpu(0), "stage");
             copy(&mut p, lane, Gpu(0), Host(cpu), bytes, &[down(0).0], &[]);
-            let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+            let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
             close(r.time_us, 1.5 + bytes as f64 / (rate * 1e3));
             close(r.memory(Host(cpu)).unwrap().bytes, bytes as f64);
         }
@@ -437,7 +458,7 @@ mod memory {
         let (a, b) = (p.add_lane(Gpu(0), "in"), p.add_lane(Gpu(1), "out"));
         copy(&mut p, a, Gpu(0), Host(cpu), bytes, &[up], &[]);
         copy(&mut p, b, Host(cpu), Gpu(1), bytes, &[dn], &[]);
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         close(r.time_us, 1.5 + bytes as f64 / 4e3);
         close(
             r.memory(Host(cpu)).unwrap().utilisation,
@@ -450,7 +471,7 @@ mod memory {
 mod reports {
     use super::fixtures::*;
     use relaycc_route::Location::Gpu;
-    use relaycc_route::{BufferRef, Collective, DType, Plan, Request, SimConfig, simulate};
+    use relaycc_route::{BufferRef, Collective, DType, Plan, Request, simulate};
 
     #[test]
     fn all_reduce_on_four_ranks() {
@@ -467,7 +488,7 @@ mod reports {
             vec![gpu_edge(&topo, 0, 1)],
             vec![],
         );
-        let r = simulate(&topo, &p, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &p, &super::fixtures::cfg()).unwrap();
         let perf = r.perf(&req);
         let algbw = (count * 4) as f64 / (r.time_us * 1e-6) / 1e9;
         close(perf.time_us, r.time_us);
@@ -481,7 +502,7 @@ mod properties {
     use super::fixtures::*;
     use proptest::prelude::*;
     use relaycc_route::Location::Gpu;
-    use relaycc_route::{SimConfig, simulate};
+    use relaycc_route::simulate;
 
     /// (lane, edge pick, bytes, dep picks) for each op.
     type Spec = Vec<(u32, usize, u64, Vec<usize>)>;
@@ -509,7 +530,7 @@ mod properties {
             for l in 0..6 {
                 p.add_lane(Gpu(l), format!("lane{l}"));
             }
-            let cfg = SimConfig::default();
+            let cfg = super::fixtures::cfg();
             let (mut lower, mut serial) = (0.0f64, 0.0f64);
             for (i, (lane, pick, bytes, deps)) in spec.iter().enumerate() {
                 let (e, link) = edges[pick % edges.len()];
@@ -544,7 +565,7 @@ mod properties {
                 copy(&mut p, lane, Gpu(0), Gpu(1), bytes, &[edge], &deps);
             }
             // Any outcome is fine but a panic; an Ok must cover every op.
-            if let Ok(r) = simulate(&topo, &p, &SimConfig::default()) {
+            if let Ok(r) = simulate(&topo, &p, &super::fixtures::cfg()) {
                 prop_assert_eq!(r.ops.len(), p.ops.len());
                 prop_assert!(r.time_us.is_finite());
             }
@@ -559,7 +580,7 @@ mod properties {
         let (channels, steps, chunk) = (2, 20, 256 * 1024);
         let plan = ring_plan(&topo, channels, steps, chunk);
         assert_eq!(plan.ops.len(), (8 * channels * steps * 2) as usize);
-        let r = simulate(&topo, &plan, &SimConfig::default()).unwrap();
+        let r = simulate(&topo, &plan, &super::fixtures::cfg()).unwrap();
         let copy_us = 1.6 + (chunk * 4) as f64 / 12.1e3;
         assert!(r.time_us >= f64::from(steps) * copy_us, "{}", r.time_us);
         assert!(

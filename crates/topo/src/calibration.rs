@@ -13,7 +13,10 @@
 //! `generation` narrows NVLink/PCIe entries; NVLink rates scale with lanes, PCIe with width).
 //! Link entries then set one directed link each and must name two adjacent nodes. `notes` holds
 //! figures for people (what `relaycc calibrate` measured on multi-link paths) and changes no
-//! rate. Any other key is an error, as is a rate or latency outside the physical ranges below.
+//! rate. `costs` replaces entries of the cost model ([`crate::rates::CostModel`]) by name:
+//! NCCL's protocol fractions and step latencies, NVLS, and relaycc's copy and kernel launches
+//! (`{"costs": {"copy_engine_launch_us": 4.2, "ll128_bw_fraction": 0.9}}`). Any other key is an
+//! error, as is a rate or latency outside the physical ranges below.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,8 +28,8 @@ use crate::rates;
 /// links = 450 GB/s for NVLink 4; [NVIDIA-B200]: 18 links = 900 GB/s for NVLink 5).
 pub const MAX_NVLINK_LANES: u32 = 18;
 /// The fastest one NVLink lane carries, GB/s per direction: NVLink 5's nominal rate, the fastest
-/// generation ([`rates::NVLINK5_LANE_GBPS`]). A measurement above it is a measuring error.
-pub const MAX_NVLINK_LANE_GBPS: f64 = rates::NVLINK5_LANE_GBPS;
+/// generation ([`rates::NVLINK5_LANE_NOMINAL_GBPS`]). A measurement above it is a measuring error.
+pub const MAX_NVLINK_LANE_GBPS: f64 = rates::NVLINK5_LANE_NOMINAL_GBPS;
 /// The fastest PCIe x16 link, GB/s per direction: PCIe 6.0 signals 64 GT/s per lane, 16 lanes
 /// carry 128 GB/s before FLIT overhead (PCI-SIG, PCI Express Base Specification 6.0).
 pub const MAX_PCIE_X16_GBPS: f64 = 128.0;
@@ -94,6 +97,10 @@ pub struct Calibration {
     /// Per-link overrides.
     #[serde(default)]
     pub links: Vec<LinkRate>,
+    /// Cost-model entries by name ([`rates::CostModel::names`]): fractions in (0, 1],
+    /// latencies in microseconds.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub costs: std::collections::BTreeMap<String, f64>,
     /// Free-form figures for people, such as measurements of multi-link paths; never applied.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub notes: serde_json::Value,
@@ -208,6 +215,13 @@ impl Calibration {
             };
             out.set_link_rate(id, gbps, latency_us);
         }
+        let mut costs = *out.costs();
+        for (name, &value) in &self.costs {
+            costs
+                .set(name, value, MAX_LATENCY_US)
+                .map_err(|m| err(format!("costs: {m}")))?;
+        }
+        out.set_costs(costs);
         Ok(out)
     }
 }
@@ -281,6 +295,39 @@ mod tests {
             assert!(err.contains(needle), "{json}: {err}");
         }
         assert!(Calibration::parse("{", "t").is_err());
+    }
+
+    #[test]
+    fn costs_replace_the_cost_model_by_name() {
+        let topo = crate::preset("dgx-h100").unwrap();
+        let cal = Calibration::parse(
+            r#"{"costs":{"copy_engine_launch_us":2.5,"ll128_bw_fraction":0.8,
+                "simple_nvlink_step_us":4.0,"nvls_sm90_efficiency":0.7}}"#,
+            "t",
+        )
+        .unwrap();
+        let t = cal.apply(&topo).unwrap();
+        let c = t.costs();
+        assert_eq!(c.copy_engine_launch_us, 2.5);
+        assert_eq!(c.bw_fraction(rates::Protocol::Ll128), 0.8);
+        assert_eq!(
+            c.step_us(rates::Protocol::Simple, rates::StepClass::NvLink),
+            4.0
+        );
+        assert_eq!(c.nvls_efficiency(90), Some(0.7));
+        assert_eq!(topo.costs(), &rates::CostModel::default());
+        for (json, needle) in [
+            (r#"{"costs":{"warp":1}}"#, "unknown cost"),
+            (r#"{"costs":{"ll_bw_fraction":2}}"#, "fraction"),
+            (r#"{"costs":{"kernel_launch_us":-1}}"#, "from 0 to 1000"),
+        ] {
+            let err = Calibration::parse(json, "t")
+                .unwrap()
+                .apply(&topo)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{json}: {err}");
+        }
     }
 
     #[test]

@@ -220,7 +220,10 @@ impl LinkKind {
     /// Nominal rate of this kind from the rates table, GB/s per direction.
     pub fn default_gbps(&self) -> f64 {
         match *self {
-            LinkKind::Nvlink { generation, lanes } => generation.lane_gbps() * f64::from(lanes),
+            // Rounded to 1e-9 GB/s so that 9 x 40.1 reads back as the 360.9 a file holds.
+            LinkKind::Nvlink { generation, lanes } => {
+                (generation.lane_gbps() * f64::from(lanes) * 1e9).round() / 1e9
+            }
             LinkKind::Pcie { generation, width } => rates::pcie_gbps(generation, width),
             LinkKind::InterSocket { family } => family.inter_socket_gbps(),
             LinkKind::C2c => rates::NVLINK_C2C_GBPS,
@@ -287,9 +290,19 @@ pub struct Topology {
     nvswitch_fabric: Vec<Option<usize>>,
     mask: Mask,
     warnings: Vec<String>,
+    costs: crate::rates::CostModel,
 }
 
 impl Topology {
+    /// The costs transfers pay besides link bandwidth (protocols, NVLS, copy and kernel
+    /// launches): the rates table's, or a calibration file's.
+    pub fn costs(&self) -> &crate::rates::CostModel {
+        &self.costs
+    }
+    /// Replace the cost model (a calibration's `costs`).
+    pub fn set_costs(&mut self, costs: crate::rates::CostModel) {
+        self.costs = costs;
+    }
     /// The topology's name (preset name or file name).
     pub fn name(&self) -> &str {
         &self.name
@@ -817,6 +830,7 @@ impl TopologyBuilder {
             nvswitch_fabric,
             mask: Mask::default(),
             warnings: Vec::new(),
+            costs: crate::rates::CostModel::default(),
         })
     }
 }

@@ -16,15 +16,26 @@ pub const NVLINK1_LANE_GBPS: f64 = 18.4;
 /// Source: [Measured-Rates], about 24.2 per link (48.5 both ways over NV1, 96.9 over NV2 on a
 /// DGX-1 V100; nominal 25, [NVIDIA-V100]).
 pub const NVLINK2_LANE_GBPS: f64 = 24.2;
-/// NVLink 3 (A100, sm80), GB/s per link and direction. Source: [NVIDIA-A100], nominal, 12 links
-/// = 300.
-pub const NVLINK3_LANE_GBPS: f64 = 25.0;
-/// NVLink 4 (H100/H200, sm90), GB/s per link and direction. Source: [NVIDIA-H100], nominal, 18
-/// links = 450.
-pub const NVLINK4_LANE_GBPS: f64 = 25.0;
-/// NVLink 5 (B200, sm100), GB/s per link and direction. Source: [NVIDIA-B200], nominal, 18
-/// links = 900.
-pub const NVLINK5_LANE_GBPS: f64 = 50.0;
+/// NVLink 3 (A100, sm80), achievable GB/s per link and direction: NCCL's model value
+/// ([NCCL-src], src/graph/topo.h `SM80_NVLINK_BW`), 80% of the nominal
+/// [`NVLINK3_LANE_NOMINAL_GBPS`]. NCCL's tuner also caps sm80 bus bandwidth at 235 GB/s
+/// (src/graph/tuning.cc), which 12 links of this rate (240) meet; nccl-tests reports about 230
+/// GB/s all_reduce bus bandwidth on a DGX A100 ([NCCL-tests]).
+pub const NVLINK3_LANE_GBPS: f64 = 20.0;
+/// NVLink 3 nominal GB/s per link and direction. Source: [NVIDIA-A100], 12 links = 300.
+pub const NVLINK3_LANE_NOMINAL_GBPS: f64 = 25.0;
+/// NVLink 4 (H100/H200, sm90), achievable GB/s per link and direction: NCCL's model value
+/// ([NCCL-src], src/graph/topo.h `SM90_NVLINK_BW`), 82% of the nominal
+/// [`NVLINK4_LANE_NOMINAL_GBPS`].
+pub const NVLINK4_LANE_GBPS: f64 = 20.6;
+/// NVLink 4 nominal GB/s per link and direction. Source: [NVIDIA-H100], 18 links = 450.
+pub const NVLINK4_LANE_NOMINAL_GBPS: f64 = 25.0;
+/// NVLink 5 (B200, sm100), achievable GB/s per link and direction: NCCL's model value
+/// ([NCCL-src], src/graph/topo.h `SM100_NVLINK_BW`), 80% of the nominal
+/// [`NVLINK5_LANE_NOMINAL_GBPS`].
+pub const NVLINK5_LANE_GBPS: f64 = 40.1;
+/// NVLink 5 nominal GB/s per link and direction. Source: [NVIDIA-B200], 18 links = 900.
+pub const NVLINK5_LANE_NOMINAL_GBPS: f64 = 50.0;
 /// NCCL's own model value for one sm70 NVLink, GB/s ([NCCL-src], src/graph/topo.h
 /// `SM70_NVLINK_BW`).
 /// Kept for comparison with NCCL's tuner; not used for prediction.
@@ -154,6 +165,287 @@ pub const C2C_LATENCY_US: f64 = 0.6;
 pub const NETWORK_HOP_LATENCY_US: f64 = 2.5;
 /// Inside a switch chip (PCIe or NVSwitch), microseconds: counted in the hop latencies above.
 pub const SWITCH_LATENCY_US: f64 = 0.0;
+
+/// An NCCL protocol: how a collective kernel hands a step's data to the next GPU.
+///
+/// - **LL** (low latency): 8-byte stores of 4 data bytes and a 4-byte flag, so a step needs no
+///   separate synchronisation but carries half the link's rate.
+/// - **LL128**: 128-byte lines of 120 data bytes and an 8-byte flag, enabled by NCCL on NVLink.
+/// - **Simple**: whole chunks followed by a memory fence and a flag: full rate, the longest step.
+///
+/// Source: [NCCL-src], src/graph/tuning.cc and src/include/device.h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Low latency: 8-byte flag+data stores.
+    Ll,
+    /// 128-byte lines with a flag per line.
+    Ll128,
+    /// Chunks with a fence and a flag per step.
+    Simple,
+}
+
+impl Protocol {
+    /// All protocols, in NCCL's order.
+    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+    /// NCCL's name (`LL`, `LL128`, `Simple`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+    /// The key that names this protocol in a calibration file's `costs` (`ll`, `ll128`,
+    /// `simple`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Protocol::Ll => "ll",
+            Protocol::Ll128 => "ll128",
+            Protocol::Simple => "simple",
+        }
+    }
+}
+
+/// LL's share of a link's rate that carries data: 4 data bytes per 8-byte store. Source:
+/// [NCCL-src], src/graph/tuning.cc (`busBw * 0.5` for ring LL).
+pub const LL_BW_FRACTION: f64 = 0.5;
+/// LL128's share of a link's rate that carries data: NCCL's tuner uses 0.92 (120 of 128 bytes
+/// is 0.9375, less the flag checks). Source: [NCCL-src], src/graph/tuning.cc.
+pub const LL128_BW_FRACTION: f64 = 0.92;
+/// Simple's share of a link's rate that carries data. Source: [NCCL-src], src/graph/tuning.cc
+/// (no reduction for Simple).
+pub const SIMPLE_BW_FRACTION: f64 = 1.0;
+/// Launch latency of an NCCL ring collective with LL, microseconds: `baseLat` Ring/LL.
+/// Source: [NCCL-src], src/graph/tuning.cc (2.19 and later).
+pub const LL_BASE_LATENCY_US: f64 = 6.6;
+/// Launch latency of an NCCL ring collective with LL128, microseconds: `baseLat` Ring/LL128.
+/// Source: [NCCL-src], src/graph/tuning.cc.
+pub const LL128_BASE_LATENCY_US: f64 = 14.0;
+/// Launch latency of an NCCL ring collective with Simple, microseconds: `baseLat` Ring/Simple.
+/// Source: [NCCL-src], src/graph/tuning.cc.
+pub const SIMPLE_BASE_LATENCY_US: f64 = 8.4;
+/// One LL step over NVLink (or NVLink-C2C), microseconds: `hwLat` NVLink Ring/LL. Source:
+/// [NCCL-src], src/graph/tuning.cc.
+pub const LL_NVLINK_STEP_US: f64 = 0.6;
+/// One LL128 step over NVLink, microseconds: `hwLat` NVLink Ring/LL128. Source: [NCCL-src].
+pub const LL128_NVLINK_STEP_US: f64 = 1.9;
+/// One Simple step over NVLink, microseconds: `hwLat` NVLink Ring/Simple. Source: [NCCL-src].
+pub const SIMPLE_NVLINK_STEP_US: f64 = 3.4;
+/// One LL step over PCIe (or through host memory), microseconds: `hwLat` PCI Ring/LL. Source:
+/// [NCCL-src].
+pub const LL_PCIE_STEP_US: f64 = 1.0;
+/// One LL128 step over PCIe, microseconds: `hwLat` PCI Ring/LL128. Source: [NCCL-src].
+pub const LL128_PCIE_STEP_US: f64 = 2.5;
+/// One Simple step over PCIe, microseconds: `hwLat` PCI Ring/Simple. Source: [NCCL-src].
+pub const SIMPLE_PCIE_STEP_US: f64 = 5.7;
+/// One LL step over the network, microseconds: `hwLat` NET Ring/LL. Source: [NCCL-src].
+pub const LL_NETWORK_STEP_US: f64 = 2.7;
+/// One LL128 step over the network, microseconds: `hwLat` NET Ring/LL128. Source: [NCCL-src].
+pub const LL128_NETWORK_STEP_US: f64 = 4.0;
+/// One Simple step over the network, microseconds: `hwLat` NET Ring/Simple. Source:
+/// [NCCL-src].
+pub const SIMPLE_NETWORK_STEP_US: f64 = 14.0;
+
+/// Latency of an NVLS (NVLink SHARP) collective inside one node, microseconds: `hwLat` NVLink
+/// NVLS/Simple, with a `baseLat` of 0. Source: [NCCL-src], src/graph/tuning.cc.
+pub const NVLS_LATENCY_US: f64 = 25.0;
+/// Share of the NVSwitch port rate that NVLS traffic (multimem loads that the switch reduces,
+/// multimem stores that it multicasts) achieves on Hopper (sm90): NCCL's `nvlsEfficiency`.
+/// Source: [NCCL-src], src/graph/tuning.cc.
+pub const NVLS_SM90_EFFICIENCY: f64 = 0.85;
+/// The same share on Blackwell (sm100): NCCL's `nvlsEfficiency`. Source: [NCCL-src].
+pub const NVLS_SM100_EFFICIENCY: f64 = 0.74;
+/// The first compute capability whose NVSwitch reduces and multicasts (third-generation
+/// NVSwitch with NVLink SHARP, H100). Source: [NVIDIA-H100].
+pub const NVLS_MIN_SM: u32 = 90;
+
+/// Issuing one copy-engine copy (`cudaMemcpyAsync`), microseconds: the fixed cost each of
+/// relaycc's copies pays before its bytes flow. Measured 5-7 us per call for small copies
+/// ([Wu-2026], section 5.2); the low end, since relaycc enqueues a lane's copies ahead.
+pub const COPY_ENGINE_LAUNCH_US: f64 = 5.0;
+/// Launching one kernel (a relaycc reduction or forwarding kernel), microseconds: a null
+/// kernel's launch overhead on current GPUs and drivers, about 3 us ([NVForum-Launch]).
+pub const KERNEL_LAUNCH_US: f64 = 3.0;
+/// Streaming multiprocessors a relay takes from the GPU that hosts it when it forwards with a
+/// kernel: one thread block per channel, as NCCL's forwarding runs ([NCCL-src],
+/// src/enqueue.cc, one block per channel). A copy-engine relay takes none.
+pub const FORWARDING_KERNEL_SMS: u32 = 1;
+
+/// The costs a transfer pays besides link bandwidth: NCCL's protocols, NVLS, and relaycc's own
+/// mechanisms (copy engines, kernels). Defaults are the constants above; a calibration file's
+/// `costs` replaces any of them by name ([`CostModel::set`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Data share of the link rate per protocol (LL, LL128, Simple), 0 < x <= 1.
+    pub bw_fraction: [f64; 3],
+    /// Launch latency per protocol, microseconds.
+    pub base_latency_us: [f64; 3],
+    /// Step latency per protocol over NVLink, microseconds.
+    pub nvlink_step_us: [f64; 3],
+    /// Step latency per protocol over PCIe or host memory, microseconds.
+    pub pcie_step_us: [f64; 3],
+    /// Step latency per protocol over the network, microseconds.
+    pub network_step_us: [f64; 3],
+    /// NVLS latency, microseconds.
+    pub nvls_latency_us: f64,
+    /// NVLS share of the switch port rate on sm90.
+    pub nvls_sm90_efficiency: f64,
+    /// NVLS share of the switch port rate on sm100 and later.
+    pub nvls_sm100_efficiency: f64,
+    /// Copy-engine copy launch, microseconds.
+    pub copy_engine_launch_us: f64,
+    /// Kernel launch, microseconds.
+    pub kernel_launch_us: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            bw_fraction: [LL_BW_FRACTION, LL128_BW_FRACTION, SIMPLE_BW_FRACTION],
+            base_latency_us: [
+                LL_BASE_LATENCY_US,
+                LL128_BASE_LATENCY_US,
+                SIMPLE_BASE_LATENCY_US,
+            ],
+            nvlink_step_us: [
+                LL_NVLINK_STEP_US,
+                LL128_NVLINK_STEP_US,
+                SIMPLE_NVLINK_STEP_US,
+            ],
+            pcie_step_us: [LL_PCIE_STEP_US, LL128_PCIE_STEP_US, SIMPLE_PCIE_STEP_US],
+            network_step_us: [
+                LL_NETWORK_STEP_US,
+                LL128_NETWORK_STEP_US,
+                SIMPLE_NETWORK_STEP_US,
+            ],
+            nvls_latency_us: NVLS_LATENCY_US,
+            nvls_sm90_efficiency: NVLS_SM90_EFFICIENCY,
+            nvls_sm100_efficiency: NVLS_SM100_EFFICIENCY,
+            copy_engine_launch_us: COPY_ENGINE_LAUNCH_US,
+            kernel_launch_us: KERNEL_LAUNCH_US,
+        }
+    }
+}
+
+/// The class of path an NCCL step crosses, for its step latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StepClass {
+    /// NVLink, NVSwitch or NVLink-C2C.
+    NvLink,
+    /// PCIe, the inter-socket link or host memory.
+    Pcie,
+    /// A NIC and the network.
+    Network,
+}
+
+impl CostModel {
+    /// The names [`CostModel::set`] accepts, with the unit each is in.
+    pub fn names() -> Vec<String> {
+        let mut v = Vec::new();
+        for p in Protocol::ALL {
+            let k = p.key();
+            v.push(format!("{k}_bw_fraction"));
+            v.push(format!("{k}_base_latency_us"));
+            v.push(format!("{k}_nvlink_step_us"));
+            v.push(format!("{k}_pcie_step_us"));
+            v.push(format!("{k}_network_step_us"));
+        }
+        for n in [
+            "nvls_latency_us",
+            "nvls_sm90_efficiency",
+            "nvls_sm100_efficiency",
+            "copy_engine_launch_us",
+            "kernel_launch_us",
+        ] {
+            v.push(n.to_string());
+        }
+        v
+    }
+
+    /// Replace the cost `name` (one of [`CostModel::names`]) by `value`.
+    ///
+    /// # Errors
+    /// A message when the name is unknown, a fraction or efficiency is not in (0, 1], or a
+    /// latency is not in [0, `max_latency_us`].
+    pub fn set(&mut self, name: &str, value: f64, max_latency_us: f64) -> Result<(), String> {
+        let fraction = |v: f64| {
+            if v > 0.0 && v <= 1.0 {
+                Ok(v)
+            } else {
+                Err(format!("{name} must be a fraction in (0, 1], got {value}"))
+            }
+        };
+        let latency = |v: f64| {
+            if (0.0..=max_latency_us).contains(&v) {
+                Ok(v)
+            } else {
+                Err(format!(
+                    "{name} must be from 0 to {max_latency_us} us, got {value}"
+                ))
+            }
+        };
+        for (i, p) in Protocol::ALL.iter().enumerate() {
+            let Some(rest) = name.strip_prefix(p.key()).and_then(|r| r.strip_prefix('_')) else {
+                continue;
+            };
+            let slot = match rest {
+                "bw_fraction" => {
+                    self.bw_fraction[i] = fraction(value)?;
+                    return Ok(());
+                }
+                "base_latency_us" => &mut self.base_latency_us[i],
+                "nvlink_step_us" => &mut self.nvlink_step_us[i],
+                "pcie_step_us" => &mut self.pcie_step_us[i],
+                "network_step_us" => &mut self.network_step_us[i],
+                _ => continue,
+            };
+            *slot = latency(value)?;
+            return Ok(());
+        }
+        match name {
+            "nvls_latency_us" => self.nvls_latency_us = latency(value)?,
+            "nvls_sm90_efficiency" => self.nvls_sm90_efficiency = fraction(value)?,
+            "nvls_sm100_efficiency" => self.nvls_sm100_efficiency = fraction(value)?,
+            "copy_engine_launch_us" => self.copy_engine_launch_us = latency(value)?,
+            "kernel_launch_us" => self.kernel_launch_us = latency(value)?,
+            _ => {
+                return Err(format!(
+                    "unknown cost {name:?}; known: {}",
+                    CostModel::names().join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Data share of the link rate that `p` carries.
+    pub fn bw_fraction(&self, p: Protocol) -> f64 {
+        self.bw_fraction[p as usize]
+    }
+    /// Launch latency of a collective with protocol `p`, microseconds.
+    pub fn base_latency_us(&self, p: Protocol) -> f64 {
+        self.base_latency_us[p as usize]
+    }
+    /// Latency of one step of protocol `p` over a path of class `c`, microseconds.
+    pub fn step_us(&self, p: Protocol, c: StepClass) -> f64 {
+        let t = match c {
+            StepClass::NvLink => &self.nvlink_step_us,
+            StepClass::Pcie => &self.pcie_step_us,
+            StepClass::Network => &self.network_step_us,
+        };
+        t[p as usize]
+    }
+    /// NVLS share of the switch port rate for GPUs of compute capability `sm`; None where the
+    /// NVSwitch does not reduce (before sm90).
+    pub fn nvls_efficiency(&self, sm: u32) -> Option<f64> {
+        match sm {
+            s if s < NVLS_MIN_SM => None,
+            90..=99 => Some(self.nvls_sm90_efficiency),
+            _ => Some(self.nvls_sm100_efficiency),
+        }
+    }
+}
 
 /// NVLink generation, ordered oldest to newest; serialized as its number (1..=5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -388,6 +680,41 @@ mod tests {
         assert_eq!(NvLinkGen::for_sm(70), Some(NvLinkGen::V2));
         assert_eq!(NvLinkGen::for_sm(90), Some(NvLinkGen::V4));
         assert_eq!(NvLinkGen::for_sm(52), None);
+    }
+
+    #[test]
+    fn every_cost_name_can_be_set_and_bad_values_are_refused() {
+        let mut c = CostModel::default();
+        for n in CostModel::names() {
+            c.set(&n, 0.5, 1000.0).unwrap();
+        }
+        assert_eq!(c.bw_fraction(Protocol::Ll128), 0.5);
+        assert_eq!(c.step_us(Protocol::Simple, StepClass::Network), 0.5);
+        assert_eq!(c.copy_engine_launch_us, 0.5);
+        assert!(c.set("ll_bw_fraction", 1.5, 1000.0).is_err());
+        assert!(c.set("ll_bw_fraction", 0.0, 1000.0).is_err());
+        assert!(c.set("simple_nvlink_step_us", -1.0, 1000.0).is_err());
+        assert!(c.set("kernel_launch_us", 2000.0, 1000.0).is_err());
+        assert!(
+            c.set("warp_speed", 1.0, 1000.0)
+                .unwrap_err()
+                .contains("unknown cost")
+        );
+    }
+
+    #[test]
+    fn protocols_trade_latency_for_bandwidth() {
+        let c = CostModel::default();
+        let [ll, ll128, simple] = Protocol::ALL;
+        assert!(c.bw_fraction(ll) < c.bw_fraction(ll128));
+        assert!(c.bw_fraction(ll128) < c.bw_fraction(simple));
+        for class in [StepClass::NvLink, StepClass::Pcie, StepClass::Network] {
+            assert!(c.step_us(ll, class) < c.step_us(ll128, class));
+            assert!(c.step_us(ll128, class) <= c.step_us(simple, class));
+        }
+        assert_eq!(c.nvls_efficiency(80), None);
+        assert_eq!(c.nvls_efficiency(90), Some(NVLS_SM90_EFFICIENCY));
+        assert_eq!(c.nvls_efficiency(100), Some(NVLS_SM100_EFFICIENCY));
     }
 
     #[test]

@@ -196,6 +196,7 @@ pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
         );
     let deps = plan.dependency_graph()?;
     check_structure(plan)?;
+    check_nvls(plan)?;
     let (order, clocks) = happens_before(plan, &deps)?;
     let mut ck = Checker {
         plan,
@@ -283,6 +284,85 @@ fn check_structure(plan: &Plan) -> Result<()> {
                     ),
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Pass 2b: every NVLS group ([`crate::NvlsShare`]) is one the switch can combine: copies of
+/// equal length, each crossing the group's shared edge, on distinct lanes with no member
+/// waiting on another (they run side by side); and either one source region for all
+/// (multicast, the shared edge first on each path) or one destination memory for all
+/// (reduction in the switch, the shared edge last).
+fn check_nvls(plan: &Plan) -> Result<()> {
+    let mut groups: std::collections::HashMap<u32, Vec<usize>> = Default::default();
+    for (id, op) in plan.ops.iter().enumerate() {
+        if let Some(share) = op.nvls {
+            groups.entry(share.group).or_default().push(id);
+        }
+    }
+    for (group, ids) in groups {
+        let first = &plan.ops[ids[0]];
+        let Some(share) = first.nvls else { continue };
+        let mut lanes = std::collections::HashSet::new();
+        let (mut same_src, mut same_dst) = (true, true);
+        let copy = |id: usize| match &plan.ops[id].kind {
+            OpKind::Copy { src, dst } => Ok((*src, *dst)),
+            OpKind::Reduce { .. } => Err(fail(id, format!("NVLS group {group} holds a reduction"))),
+        };
+        let (src0, dst0) = copy(ids[0])?;
+        for &id in &ids {
+            let op = &plan.ops[id];
+            let (src, dst) = copy(id)?;
+            if op.nvls.map(|s| s.shared_edge) != Some(share.shared_edge) {
+                return Err(fail(
+                    id,
+                    format!("NVLS group {group} names two shared edges"),
+                ));
+            }
+            if src.len != src0.len {
+                return Err(fail(id, format!("NVLS group {group} mixes copy lengths")));
+            }
+            if !op.edges.contains(&share.shared_edge) {
+                return Err(fail(
+                    id,
+                    format!(
+                        "NVLS group {group}: the copy does not cross shared edge {}",
+                        share.shared_edge
+                    ),
+                ));
+            }
+            if !lanes.insert(op.lane) {
+                return Err(fail(
+                    id,
+                    format!("NVLS group {group} puts two copies on lane {}", op.lane),
+                ));
+            }
+            if op.deps.iter().any(|d| ids.contains(&(*d as usize))) {
+                return Err(fail(
+                    id,
+                    format!("NVLS group {group}: a copy waits for another of its group"),
+                ));
+            }
+            same_src &= src == src0;
+            same_dst &= plan.location(dst.buffer) == plan.location(dst0.buffer);
+        }
+        let multicast = same_src
+            && ids
+                .iter()
+                .all(|&i| plan.ops[i].edges.first() == Some(&share.shared_edge));
+        let reduction = same_dst
+            && ids
+                .iter()
+                .all(|&i| plan.ops[i].edges.last() == Some(&share.shared_edge));
+        if !(multicast || reduction) {
+            return Err(fail(
+                ids[0],
+                format!(
+                    "NVLS group {group} is neither a multicast (one source, shared edge first) \
+                     nor a reduction (one destination, shared edge last)"
+                ),
+            ));
         }
     }
     Ok(())

@@ -55,6 +55,39 @@ impl Gpus<'_> {
     }
 }
 
+/// An NVLS copy's shared edge joins a GPU to an NVSwitch chip, and its source GPU's switch
+/// reduces and multicasts (sm90 or later).
+fn check_nvls_switch(topo: &Topology, id: usize, src: NodeId, edge: u32) -> Result<()> {
+    if edge as usize >= topo.graph().edge_count() {
+        return Err(fail(id, format!("NVLS shared edge {edge} does not exist")));
+    }
+    let (x, y) = topo.link_ends(LinkId::new(edge as usize));
+    let switch = [x, y]
+        .into_iter()
+        .any(|n| matches!(topo.node(n).kind, NodeKind::NvSwitch));
+    if !switch {
+        return Err(fail(
+            id,
+            format!("NVLS shared edge {edge} does not touch an NVSwitch"),
+        ));
+    }
+    let sm = topo
+        .node(src)
+        .gpu()
+        .and_then(|g| g.compute_capability)
+        .map(|c| c.sm());
+    if sm.and_then(|sm| topo.costs().nvls_efficiency(sm)).is_none() {
+        return Err(fail(
+            id,
+            format!(
+                "NVLS copy from {}: its NVSwitch does not reduce or multicast (needs sm90 or later)",
+                topo.node(src).name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Pass 1: every member GPU is present, and every scratch buffer on a GPU sits on one the
 /// plan may use.
 fn check_placement(plan: &Plan, gpus: &Gpus) -> Result<()> {
@@ -95,7 +128,12 @@ fn node_of(topo: &Topology, loc: Location, id: usize) -> Result<NodeId> {
 /// one memory occupies no link.
 fn check_path(topo: &Topology, id: usize, op: &Op, from: Location, to: Location) -> Result<()> {
     let (a, b) = (node_of(topo, from, id)?, node_of(topo, to, id)?);
-    if a == b {
+    if let Some(share) = op.nvls {
+        check_nvls_switch(topo, id, a, share.shared_edge)?;
+    }
+    // An NVLS read of the owner's own data goes to the switch and back (the switch reduces it
+    // with the others); any other copy inside one memory occupies no link.
+    if a == b && !(op.nvls.is_some() && op.edges.len() == 2) {
         if !op.edges.is_empty() {
             return Err(fail(id, "a copy inside one memory occupies links"));
         }

@@ -11,8 +11,16 @@
 //! protocol's step) or larger. What NCCL lacks is done
 //! as its users do it: all_to_all(_v), gather, scatter and send/recv as grouped send/recv (all
 //! pairs at once), all_gather_v as a series of broadcasts, one after another.
+//!
+//! The tuner: like NCCL's (`src/graph/tuning.cc`), the baseline predicts each algorithm with
+//! each protocol it may use (LL, LL128 where every link is NVLink, Simple; NVLS for all_reduce
+//! where the members' NVSwitch reduces, [`super::nvls`]) and keeps the fastest, named in the
+//! plan (`nccl-like ring x2 ... LL128`) and recorded in [`Plan::protocol`]. The simulator
+//! charges each protocol's bandwidth share, launch and per-step latency
+//! ([`relaycc_topo::rates::CostModel`]).
 
 use relaycc_topo::Topology;
+use relaycc_topo::rates::Protocol;
 
 use crate::error::Result;
 use crate::path::RelayPolicy;
@@ -46,6 +54,57 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
+    let algorithm = algorithm_plan(topo, req)?;
+    let mut options = vec![algorithm];
+    if req.collective == Collective::AllReduce
+        && super::nvls::nvls_switch(topo, &req.gpus).is_some()
+    {
+        let mut p = super::nvls::all_reduce(topo, req, super::nvls::nvls_chunk_elems(req))?;
+        p.algorithm = "nccl-like nvls".into();
+        options.push(p);
+    }
+    tune(topo, options)
+}
+
+/// NCCL's tuner over `options` (plans without a protocol yet): each with every protocol it may
+/// use, the fastest kept. NVLS plans use Simple only; LL128 needs NVLink on every link.
+fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
+    let cfg = crate::sim::SimConfig::default();
+    let mut best: Option<(f64, Plan)> = None;
+    for base in options {
+        let nvls = base.ops.iter().any(|o| o.nvls.is_some());
+        let all_nvlink = base.ops.iter().flat_map(|o| &o.edges).all(|&e| {
+            topo.graph()
+                .edge_weight(relaycc_topo::LinkId::new(e as usize))
+                .is_some_and(|l| l.kind.is_nvlink())
+        });
+        // Simple first: at large sizes its time rules out the others by their lower bounds.
+        for p in [Protocol::Simple, Protocol::Ll128, Protocol::Ll] {
+            if (nvls && p != Protocol::Simple) || (p == Protocol::Ll128 && !all_nvlink) {
+                continue;
+            }
+            let mut plan = base.clone();
+            plan.protocol = Some(p);
+            plan.algorithm = format!("{} {}", base.algorithm, p.name());
+            let prepared = crate::sim::Prepared::new(topo, &plan, &cfg)?;
+            if best
+                .as_ref()
+                .is_some_and(|(t, _)| prepared.lower_bound_us() >= *t)
+            {
+                continue;
+            }
+            let t = prepared.simulate(topo)?.time_us;
+            if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+                best = Some((t, plan));
+            }
+        }
+    }
+    best.map(|(_, p)| p)
+        .ok_or_else(|| crate::error::RouteError::BadRequest("no baseline plan".into()))
+}
+
+/// The algorithm NCCL runs for `req`, before a protocol is chosen.
+fn algorithm_plan(topo: &Topology, req: &Request) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {

@@ -30,6 +30,7 @@ mod builder;
 pub mod connect;
 pub mod direct;
 pub mod hierarchical;
+pub mod nvls;
 pub mod ring;
 pub mod ring_pack;
 pub mod shared_memory;

@@ -13,15 +13,18 @@ use super::fairshare::FairShare;
 use super::model::{Model, NONE};
 use super::result::{EdgeUse, MemUse, OpSpan, SimResult};
 
-/// Launch and DMA setup cost of one op, microseconds: the order of a CUDA kernel launch or
-/// `cudaMemcpyAsync` issue as NCCL's tuner models per-step base latency (a few us on V100).
-pub const DEFAULT_OP_OVERHEAD_US: f64 = 1.0;
+/// Extra fixed cost of every op, microseconds, beyond its mechanism's: 0 by default, since the
+/// topology's cost model ([`relaycc_topo::rates::CostModel`]) charges copy-engine launches,
+/// kernel launches and NCCL's protocol steps; a positive value models extra software
+/// overhead per op.
+pub const DEFAULT_OP_OVERHEAD_US: f64 = 0.0;
 
 /// Simulator settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimConfig {
-    /// Fixed cost every op pays when it starts, before its bytes flow (launch, DMA setup),
-    /// microseconds. Default [`DEFAULT_OP_OVERHEAD_US`] (1.0).
+    /// Fixed cost every op pays when it starts, before its bytes flow, on top of its
+    /// mechanism's cost from the topology's cost model, microseconds. Default
+    /// [`DEFAULT_OP_OVERHEAD_US`] (0).
     pub op_overhead_us: f64,
 }
 
@@ -186,7 +189,7 @@ impl Prepared {
             .zip(&model.caps)
             .map(|(l, c)| l / c)
             .fold(0.0f64, f64::max);
-        (busiest, longest)
+        (model.start_us + busiest, model.start_us + longest)
     }
     /// As [`simulate`], for the plan and topology this was prepared from.
     pub fn simulate(&self, topo: &Topology) -> Result<SimResult> {
@@ -246,7 +249,7 @@ impl<'m> Engine<'m> {
             ],
             pending: m.deps.in_degrees().to_vec(),
             done: 0,
-            now_us: 0.0,
+            now_us: m.start_us,
             res_bytes: vec![0.0; r],
             res_busy_us: vec![0.0; r],
             res_since_us: vec![0.0; r],

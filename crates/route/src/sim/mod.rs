@@ -4,14 +4,29 @@
 //!
 //! - **Readiness.** An op is ready when all its `deps` and every earlier op of its lane have
 //!   finished (a lane is an in-order stream, like a CUDA stream).
-//! - **Latency.** A ready op first waits a fixed time: [`SimConfig::op_overhead_us`] (default
-//!   1 us, the launch or DMA setup cost) plus the `latency_us` of each edge it names.
+//! - **Latency.** A ready op first waits a fixed time, its mechanism's cost from the topology's
+//!   cost model ([`relaycc_topo::rates::CostModel`], replaceable by a calibration file), plus
+//!   [`SimConfig::op_overhead_us`] (default 0):
+//!   - relaycc's own plans (no [`crate::Plan::protocol`]): a copy runs on a copy engine and
+//!     pays `copy_engine_launch_us` (5 us) plus the `latency_us` of each edge it names; a
+//!     reduction is a kernel and pays `kernel_launch_us` (3 us). A relay hop is a copy, so
+//!     every hop of every chunk pays a launch; a copy-engine relay takes no SMs from its GPU.
+//!   - a plan with an NCCL protocol (the baseline): the plan starts after the protocol's launch
+//!     latency (`baseLat`; NVLS's 25 us for an NVLS plan), each copy is one step and pays the
+//!     protocol's step latency for the path class it crosses (NVLink, PCIe or host memory,
+//!     network: NCCL's `hwLat`), and reductions are fused into the steps (no latency).
 //! - **Flow.** Then its bytes (elements x dtype size) flow as a fluid. Zero-byte ops end when
 //!   their latency does.
 //! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s
 //!   = 1e3 bytes/us); so is each memory: a GPU's device memory at
 //!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, a CPU socket's host
 //!   memory at its `host_mem_gbps`.
+//! - **Protocol share.** A plan with a protocol loads each edge `1 / bw_fraction` times per
+//!   data byte (LL 2x: half of each 8-byte store is a flag; LL128 1/0.92; Simple 1).
+//! - **NVLS.** A copy in an NVLS group ([`crate::NvlsShare`]) loads its edges `1 / efficiency`
+//!   times per byte (the switch's share of the port rate for multimem traffic: 0.85 on sm90,
+//!   0.74 on sm100) and its group's shared edge `1 / (efficiency x group size)` times: the
+//!   group crosses it once (one upload the switch multicasts, or one reduced result).
 //! - **Loads.** A copy loads each of its edges once per byte, plus the host memory of each end
 //!   that lies in host memory (device memory outruns every link, so GPU ends are not charged);
 //!   a copy inside one memory (no edges) loads that memory twice per byte (read and write). A
@@ -22,8 +37,12 @@
 //!   are recomputed whenever a flow starts or ends, only for the flows that share resources
 //!   with it, directly or through others.
 //!
-//! Not modelled: protocol overheads beyond the fixed latency, per-chunk pipelining inside one
-//! op, contention for copy engines or SMs, and device memory traffic of copies over links.
+//! Host memory is one resource per socket, so several GPUs staging through one socket share its
+//! bandwidth; a PCIe switch's uplink is one directed edge, so GPUs behind one switch share it.
+//!
+//! Not modelled: per-chunk pipelining inside one op, contention for copy engines or SMs, a PCIe
+//! switch's internal crossbar limit beyond its links, and device memory traffic of copies over
+//! links.
 //!
 //! | item | what |
 //! |---|---|

@@ -4,6 +4,7 @@
 //! happens here, once, so the event loop never meets a bad index; a dependency cycle shows as
 //! ops that never run, named by [`crate::DepGraph::cycle_error`].
 
+use relaycc_topo::rates::StepClass;
 use relaycc_topo::{NodeId, Topology, rates};
 
 use crate::error::{Result, RouteError};
@@ -62,8 +63,12 @@ pub(super) struct Model {
     pub n_edges: usize,
     /// The location of each memory resource.
     pub mem_loc: Vec<Location>,
-    /// Fixed latency of each op (overhead plus its edges' latencies), microseconds.
+    /// Fixed latency of each op (its mechanism's launch or step cost, plus for relaycc's copies
+    /// its edges' latencies), microseconds.
     pub latency_us: Vec<f64>,
+    /// When the first ops may start, microseconds: an NCCL-like plan's launch latency (its
+    /// protocol's, or NVLS's); 0 for relaycc's plans, whose ops pay their own launches.
+    pub start_us: f64,
     /// Bytes of each op's flow.
     pub bytes: Vec<f64>,
     /// Resources of each op.
@@ -173,10 +178,20 @@ impl Model {
 
         let n = plan.ops.len();
         let deps = plan.dependency_graph()?;
+        let costs = topo.costs();
+        let nvls_sizes = nvls_group_sizes(plan);
+        let start_us = match plan.protocol {
+            Some(_) if !nvls_sizes.is_empty() => costs.nvls_latency_us,
+            Some(p) => costs.base_latency_us(p),
+            None => 0.0,
+        };
+        // Bytes on the wire per data byte: LL and LL128 spend part of each line on flags.
+        let wire = plan.protocol.map_or(1.0, |p| 1.0 / costs.bw_fraction(p));
         let mut m = Model {
             caps,
             n_edges,
             mem_loc,
+            start_us,
             latency_us: Vec::with_capacity(n),
             bytes: Vec::with_capacity(n),
             uses: Uses::default(),
@@ -192,6 +207,26 @@ impl Model {
         for (i, op) in plan.ops.iter().enumerate() {
             let mut latency = overhead;
             let row = m.uses.res.len();
+            // NVLS copies move at the switch's share of the port rate, and the group crosses
+            // its shared edge once: each of its `size` copies carries 1/size of it.
+            let (mut coef, shared) = match op.nvls {
+                Some(share) => {
+                    let eff = nvls_efficiency(topo, plan, op).ok_or_else(|| {
+                        check(
+                            i,
+                            "is an NVLS copy, but its source GPU's NVSwitch does not reduce or \
+                             multicast (NVLS needs sm90 or later)"
+                                .to_string(),
+                        )
+                    })?;
+                    let size = nvls_sizes.get(&share.group).copied().unwrap_or(1);
+                    (1.0 / eff, Some((share.shared_edge, size as f64)))
+                }
+                None => (1.0, None),
+            };
+            coef *= wire;
+            let mut class = None;
+            let mut link_latency = 0.0;
             for &e in &op.edges {
                 let Some(link) = g.edge_weight(relaycc_topo::LinkId::new(e as usize)) else {
                     return Err(check(
@@ -210,9 +245,25 @@ impl Model {
                         ),
                     ));
                 }
-                latency += link.latency_us;
-                m.push_use(row, edge_res[e as usize], 1.0);
+                link_latency += link.latency_us;
+                class = class.max(Some(step_class(&link.kind)));
+                let c = match shared {
+                    Some((se, size)) if se == e => coef / size,
+                    _ => coef,
+                };
+                m.push_use(row, edge_res[e as usize], c);
             }
+            let is_copy = matches!(op.kind, OpKind::Copy { .. });
+            latency += match (plan.protocol, is_copy) {
+                // NCCL's steps: one step latency per copy (a chunk handed to the next GPU),
+                // reductions fused into the step, NVLS latency paid once at the start.
+                (Some(_), true) if op.nvls.is_some() => 0.0,
+                (Some(p), true) => class.map_or(0.0, |c| costs.step_us(p, c)),
+                (Some(_), false) => 0.0,
+                // relaycc's own: a copy-engine copy crosses its links; a reduction is a kernel.
+                (None, true) => costs.copy_engine_launch_us + link_latency,
+                (None, false) => costs.kernel_launch_us,
+            };
             match &op.kind {
                 OpKind::Copy { src, dst } => {
                     let (ls, ld) = (location(i, src.buffer)?, location(i, dst.buffer)?);
@@ -282,6 +333,38 @@ impl Model {
     }
 }
 
+/// The step class of a link kind for NCCL's step latencies.
+fn step_class(kind: &relaycc_topo::LinkKind) -> StepClass {
+    match kind {
+        relaycc_topo::LinkKind::Nvlink { .. } | relaycc_topo::LinkKind::C2c => StepClass::NvLink,
+        relaycc_topo::LinkKind::Pcie { .. } | relaycc_topo::LinkKind::InterSocket { .. } => {
+            StepClass::Pcie
+        }
+        relaycc_topo::LinkKind::Network { .. } => StepClass::Network,
+    }
+}
+
+/// The number of copies in each NVLS group of `plan`.
+pub(crate) fn nvls_group_sizes(plan: &Plan) -> std::collections::HashMap<u32, u32> {
+    let mut sizes = std::collections::HashMap::new();
+    for share in plan.ops.iter().filter_map(|o| o.nvls) {
+        *sizes.entry(share.group).or_insert(0) += 1;
+    }
+    sizes
+}
+
+/// The NVLS share of the port rate for an op's source GPU; None where it has no NVLS.
+fn nvls_efficiency(topo: &Topology, plan: &Plan, op: &crate::plan::Op) -> Option<f64> {
+    let OpKind::Copy { src, .. } = &op.kind else {
+        return None;
+    };
+    let Some(Location::Gpu(g)) = plan.location(src.buffer) else {
+        return None;
+    };
+    let sm = topo.gpu_info(g).ok()?.compute_capability?.sm();
+    topo.costs().nvls_efficiency(sm)
+}
+
 /// A node's name, or its index when the id is not in the graph.
 fn name(topo: &Topology, id: NodeId) -> String {
     topo.graph()
@@ -344,7 +427,10 @@ mod tests {
         assert_eq!(m.deps.in_degrees(), &[0, 3]);
         assert_eq!(m.deps.successors(0), &[1, 1, 1]);
         assert_eq!(m.deps.lane_predecessor(1), Some(0));
-        assert_eq!(m.latency_us, vec![1.6, 1.6]);
+        // A copy-engine launch and the NVLink's latency; no extra overhead by default.
+        let ce = rates::COPY_ENGINE_LAUNCH_US;
+        assert_eq!(m.latency_us, vec![ce + 0.6, ce + 0.6]);
+        assert_eq!(m.start_us, 0.0);
         assert_eq!(m.bytes, vec![1048576.0, 1048576.0]);
         assert_eq!(m.uses.of(0).1, &[1.0]);
         assert_eq!(m.caps[m.n_edges], 900e3, "GPU0 is a V100");

@@ -1,0 +1,211 @@
+//! NVLS all_reduce: the NVSwitch reduces and multicasts (NVLink SHARP), as NCCL's NVLS
+//! algorithm does on H100 and later.
+//!
+//! Each rank owns one shard of the vector. Per shard and pipelining chunk:
+//! 1. **Reduce in the switch.** Every rank's input chunk crosses to the switch, which reduces
+//!    them and sends the owner one result: an NVLS reduction group (shared edge: switch ->
+//!    owner). The plan delivers each source into its own staging region on the owner and
+//!    reduces them there, so that it runs byte for byte on the host backend; the simulator
+//!    charges the owner's inbound edge once for the whole group.
+//! 2. **Multicast from the switch.** The owner sends the reduced chunk to the switch once and
+//!    the switch writes it to every other rank: an NVLS multicast group (shared edge: owner ->
+//!    switch).
+//!
+//! Per GPU this sends (n+1)/n of the vector and receives as much, where a ring sends and
+//! receives 2(n-1)/n of it; the switch's share of the port rate for NVLS traffic is the cost
+//! model's `nvls_sm90_efficiency` / `nvls_sm100_efficiency`. Source: [NCCL-src], the NVLS
+//! algorithm (`src/device/all_reduce.h`, `multimem.ld_reduce` then `multimem.st`) and its
+//! tuning (`src/graph/tuning.cc`).
+
+use relaycc_topo::{LinkId, NodeId, NodeKind, Topology};
+
+use crate::error::{Result, RouteError};
+use crate::plan::{BufferRef, Location, NvlsShare, Plan, Region};
+use crate::request::{Collective, Request};
+
+use super::{chunks, split_even};
+
+/// The largest pipelining chunk of an NVLS plan, bytes. NCCL moves NVLS data in 128 KiB chunks
+/// (`NCCL_NVLS_CHUNKSIZE`, [NCCL-src]); relaycc caps its chunk at 1 MiB, which keeps a 1 GiB
+/// plan near 16k ops while the pipeline's fill and drain stay within 2% of the makespan
+/// (4 chunks per shard, the collective default, lose 8% on dgx-h100 at 1 GiB).
+pub const NVLS_MAX_CHUNK_BYTES: u64 = 1 << 20;
+
+/// The chunk (elements) the baseline's NVLS plan pipelines with for `req`.
+pub fn nvls_chunk_elems(req: &Request) -> u64 {
+    let esize = req.dtype.size().max(1);
+    super::pipeline_chunk_elems(req)
+        .min(NVLS_MAX_CHUNK_BYTES / esize)
+        .max(1)
+}
+
+/// The NVSwitch chip every member GPU reaches by a usable NVLink, when the members' NVSwitch
+/// can reduce and multicast (every member sm90 or later, [`relaycc_topo::rates::NVLS_MIN_SM`]).
+pub fn nvls_switch(topo: &Topology, gpus: &[u32]) -> Option<NodeId> {
+    if gpus.len() < 2 {
+        return None;
+    }
+    let mut nodes = Vec::with_capacity(gpus.len());
+    for &g in gpus {
+        let sm = topo.gpu_info(g).ok()?.compute_capability?.sm();
+        topo.costs().nvls_efficiency(sm)?;
+        nodes.push(topo.gpu(g).ok()?);
+    }
+    let first = nodes[0];
+    topo.graph()
+        .neighbors(first)
+        .filter(|&s| matches!(topo.node(s).kind, NodeKind::NvSwitch))
+        .find(|&s| {
+            nodes.iter().all(|&g| {
+                let up = topo.link_between(g, s);
+                let down = topo.link_between(s, g);
+                matches!((up, down), (Some(u), Some(d)) if topo.link_usable(u) && topo.link_usable(d))
+            })
+        })
+}
+
+/// The directed edge a -> b as a plan names it.
+fn edge(topo: &Topology, a: NodeId, b: NodeId) -> Result<u32> {
+    topo.link_between(a, b)
+        .map(|l: LinkId| l.index() as u32)
+        .ok_or_else(|| RouteError::BadRequest("NVLS: a member lost its NVSwitch link".into()))
+}
+
+/// The NVLS all_reduce plan of `req`, pipelined in chunks of `chunk_elems`.
+///
+/// # Errors
+/// [`RouteError::BadRequest`] when the request is not an all_reduce or its members share no
+/// NVSwitch that reduces ([`nvls_switch`]).
+pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Plan> {
+    if req.collective != Collective::AllReduce {
+        return Err(RouteError::BadRequest(
+            "NVLS plans serve all_reduce only".into(),
+        ));
+    }
+    let sw = nvls_switch(topo, &req.gpus).ok_or_else(|| {
+        RouteError::BadRequest(
+            "NVLS needs every member on one NVSwitch of sm90 or later GPUs".into(),
+        )
+    })?;
+    let n = req.nranks();
+    let count = req.count;
+    let nodes: Vec<NodeId> = req
+        .gpus
+        .iter()
+        .map(|&g| topo.gpu(g))
+        .collect::<std::result::Result<_, _>>()?;
+    let up: Vec<u32> = nodes
+        .iter()
+        .map(|&g| edge(topo, g, sw))
+        .collect::<Result<_>>()?;
+    let down: Vec<u32> = nodes
+        .iter()
+        .map(|&g| edge(topo, sw, g))
+        .collect::<Result<_>>()?;
+    let mut plan = Plan::new(req.clone(), "nvls");
+    let shards = split_even(count, n as u64);
+    let mut group = 0u32;
+    for (k, &(shard_off, shard_len)) in shards.iter().enumerate() {
+        let owner = Location::Gpu(req.gpus[k]);
+        // One lane per source into the owner and per destination out of it, so that a group's
+        // copies run side by side and chunks follow each other on each lane.
+        let in_lanes: Vec<u32> = (0..n)
+            .map(|j| plan.add_lane(owner, format!("nvls shard {k} from rank {j}")))
+            .collect();
+        let out_lanes: Vec<u32> = (0..n)
+            .map(|j| plan.add_lane(owner, format!("nvls shard {k} to rank {j}")))
+            .collect();
+        let reduce_lane = plan.add_lane(owner, format!("nvls shard {k} reduce"));
+        let staging: Vec<BufferRef> = (0..n).map(|_| plan.add_scratch(owner, shard_len)).collect();
+        for (rel, len) in chunks(shard_len, chunk_elems) {
+            let at = shard_off + rel;
+            let red = NvlsShare {
+                group,
+                shared_edge: down[k],
+            };
+            group += 1;
+            let mut arrived = Vec::with_capacity(n);
+            for j in 0..n {
+                arrived.push(plan.nvls_copy(
+                    in_lanes[j],
+                    Region::new(BufferRef::Input(j as u32), at, len),
+                    Region::new(staging[j], rel, len),
+                    vec![up[j], down[k]],
+                    vec![],
+                    red,
+                ));
+            }
+            let srcs = staging.iter().map(|&s| Region::new(s, rel, len)).collect();
+            let result = Region::new(BufferRef::Output(k as u32), at, len);
+            let reduced = plan.reduce(reduce_lane, srcs, result, true, arrived);
+            let cast = NvlsShare {
+                group,
+                shared_edge: up[k],
+            };
+            group += 1;
+            for j in (0..n).filter(|&j| j != k) {
+                plan.nvls_copy(
+                    out_lanes[j],
+                    result,
+                    Region::new(BufferRef::Output(j as u32), at, len),
+                    vec![up[k], down[j]],
+                    vec![reduced],
+                    cast,
+                );
+            }
+        }
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{check, check_routes};
+    use crate::dtype::DType;
+    use crate::sim::{SimConfig, simulate};
+
+    fn req(n: u32, bytes: u64) -> Request {
+        Request::new(
+            Collective::AllReduce,
+            (0..n).collect(),
+            bytes / 4,
+            DType::F32,
+        )
+    }
+
+    #[test]
+    fn nvls_needs_a_reducing_switch() {
+        for name in ["dgx-h100", "hgx-h200", "dgx-b200", "gb200-nvl72"] {
+            let t = relaycc_topo::preset(name).unwrap();
+            assert!(nvls_switch(&t, &[0, 1, 2, 3]).is_some(), "{name}");
+        }
+        for name in ["dgx-a100", "dgx2", "dgx1-v100", "pcie-8gpu"] {
+            let t = relaycc_topo::preset(name).unwrap();
+            assert!(nvls_switch(&t, &[0, 1]).is_none(), "{name}");
+            assert!(all_reduce(&t, &req(2, 1 << 20), 1 << 16).is_err(), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_plan_is_proved_and_each_gpu_sends_n_plus_1_over_n() {
+        let t = relaycc_topo::preset("dgx-h100").unwrap();
+        let bytes = 64u64 << 20;
+        let p = all_reduce(&t, &req(8, bytes), 1 << 20).unwrap();
+        check(&p).unwrap();
+        check_routes(&p, &t).unwrap();
+        let r = simulate(&t, &p, &SimConfig::default()).unwrap();
+        // GPU0's port to the switch carries its 8 shards to the switch once each and its own
+        // reduced shard once: 9/8 of the vector.
+        let g0 = t.gpu(0).unwrap();
+        let up: f64 = r
+            .edges
+            .iter()
+            .filter(|e| t.nvswitch_port(LinkId::new(e.edge as usize)) == Some((g0, true)))
+            .map(|e| e.bytes)
+            .sum();
+        let eff = t.costs().nvls_efficiency(90).unwrap();
+        let want = bytes as f64 * 9.0 / 8.0 / eff;
+        assert!((up - want).abs() < 1e-6 * want, "{up} vs {want}");
+    }
+}

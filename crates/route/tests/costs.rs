@@ -1,0 +1,170 @@
+//! The cost model: NCCL's protocols in the baseline (latency-bound sizes scale with hops and
+//! protocol, bandwidth-bound sizes with links, predicted time monotone in size), NVLS where
+//! the NVSwitch reduces, relaycc's copy-engine and kernel launches, and calibration files that
+//! replace each cost.
+
+use proptest::prelude::*;
+use relaycc_route::planner::baseline_plan;
+use relaycc_route::{Collective, DType, Plan, Protocol, Request, SimConfig, simulate};
+use relaycc_topo::{Calibration, Topology, preset};
+
+fn all_reduce(gpus: Vec<u32>, bytes: u64) -> Request {
+    Request::new(Collective::AllReduce, gpus, bytes / 4, DType::F32)
+}
+
+fn time_us(topo: &Topology, plan: &Plan) -> f64 {
+    simulate(topo, plan, &SimConfig::default()).unwrap().time_us
+}
+
+/// The baseline's plan and predicted time.
+fn baseline(topo: &Topology, req: &Request) -> (Plan, f64) {
+    let p = baseline_plan(topo, req).unwrap();
+    let t = time_us(topo, &p);
+    (p, t)
+}
+
+fn calibrated(name: &str, json: &str) -> Topology {
+    Calibration::parse(json, "test")
+        .unwrap()
+        .apply(&preset(name).unwrap())
+        .unwrap()
+}
+
+#[test]
+fn small_messages_use_ll_and_large_ones_simple() {
+    for name in ["dgx1-v100", "dgx-a100", "dgx-h100", "pcie-8gpu"] {
+        let topo = preset(name).unwrap();
+        let n = topo.gpu_count();
+        let (small, t_small) = baseline(&topo, &all_reduce((0..n).collect(), 4 << 10));
+        assert_eq!(
+            small.protocol,
+            Some(Protocol::Ll),
+            "{name}: {}",
+            small.algorithm
+        );
+        assert!(small.algorithm.ends_with(" LL"), "{}", small.algorithm);
+        // A ring all_reduce of 2(n-1) LL steps after the launch: microseconds, not zero.
+        assert!(
+            t_small > 6.6 + 2.0 * (n - 1) as f64 * 0.6,
+            "{name}: {t_small}"
+        );
+        let (large, _) = baseline(&topo, &all_reduce((0..n).collect(), 1 << 30));
+        assert_ne!(
+            large.protocol,
+            Some(Protocol::Ll),
+            "{name}: {}",
+            large.algorithm
+        );
+    }
+}
+
+#[test]
+fn latency_bound_time_grows_with_hops() {
+    // A 4 KiB ring all_reduce pays one step per hop: more ranks, more steps.
+    let topo = preset("dgx-a100").unwrap();
+    let mut last = 0.0;
+    for n in 2..=8u32 {
+        let (_, t) = baseline(&topo, &all_reduce((0..n).collect(), 4 << 10));
+        assert!(t > last, "{n} ranks: {t} <= {last}");
+        last = t;
+    }
+}
+
+#[test]
+fn latency_bound_time_follows_the_protocols_step_cost() {
+    // Doubling LL's NVLink step latency lengthens the small all_reduce by 2(n-1) steps' worth
+    // (or less, where another protocol then wins).
+    let base = preset("dgx-h100").unwrap();
+    let req = all_reduce((0..8).collect(), 4 << 10);
+    let (_, t0) = baseline(&base, &req);
+    let slow = calibrated("dgx-h100", r#"{"costs":{"ll_nvlink_step_us":1.2}}"#);
+    let (_, t1) = baseline(&slow, &req);
+    assert!(t1 > t0, "{t1} <= {t0}");
+    assert!(t1 <= t0 + 14.0 * 0.6 + 1e-9, "{t1} vs {t0}");
+}
+
+#[test]
+fn bandwidth_bound_time_follows_the_links() {
+    // At 1 GiB the baseline is paced by its links: halving the NVLink rate nearly doubles the
+    // time (the fixed latencies and the reductions' device-memory traffic do not slow).
+    let req = all_reduce((0..8).collect(), 1 << 30);
+    let (_, t0) = baseline(&preset("dgx1-v100").unwrap(), &req);
+    let half = calibrated(
+        "dgx1-v100",
+        r#"{"kinds":[{"kind":"nvlink","gbps_per_lane":12.1}]}"#,
+    );
+    let (_, t1) = baseline(&half, &req);
+    let ratio = t1 / t0;
+    assert!((1.8..=2.01).contains(&ratio), "{ratio}");
+}
+
+#[test]
+fn nvls_is_the_baseline_where_the_switch_reduces() {
+    let req = all_reduce((0..8).collect(), 1 << 30);
+    for (name, nvls) in [
+        ("dgx-h100", true),
+        ("hgx-h200", true),
+        ("dgx-b200", true),
+        ("dgx-a100", false),
+        ("dgx2", false),
+    ] {
+        let topo = preset(name).unwrap();
+        let (p, _) = baseline(&topo, &req);
+        assert_eq!(
+            p.algorithm.contains("nvls"),
+            nvls,
+            "{name}: {}",
+            p.algorithm
+        );
+        relaycc_route::check(&p).unwrap();
+        relaycc_route::check_routes(&p, &topo).unwrap();
+    }
+    // No NVLS once its efficiency makes it slower than the ring.
+    let poor = calibrated("dgx-h100", r#"{"costs":{"nvls_sm90_efficiency":0.3}}"#);
+    let (p, _) = baseline(&poor, &req);
+    assert!(!p.algorithm.contains("nvls"), "{}", p.algorithm);
+}
+
+#[test]
+fn relaycc_copies_pay_a_copy_engine_launch_and_reductions_a_kernel() {
+    let topo = preset("dgx1-v100").unwrap();
+    let req = Request::point_to_point(0, 1, 4);
+    let (g0, g1) = (topo.gpu(0).unwrap(), topo.gpu(1).unwrap());
+    let e = topo.link_between(g0, g1).unwrap();
+    let mut p = Plan::new(req, "test");
+    let lane = p.add_lane(relaycc_route::Location::Gpu(0), "l");
+    let src = relaycc_route::Region::new(relaycc_route::BufferRef::Input(0), 0, 4);
+    let dst = relaycc_route::Region::new(relaycc_route::BufferRef::Output(1), 0, 4);
+    p.copy(lane, src, dst, vec![e.index() as u32], vec![]);
+    let t0 = time_us(&topo, &p);
+    let link = topo.link(e);
+    let ce = topo.costs().copy_engine_launch_us;
+    assert!((t0 - (ce + link.latency_us + 4.0 / (link.gbps * 1e3))).abs() < 1e-9);
+    let cal = calibrated("dgx1-v100", r#"{"costs":{"copy_engine_launch_us":1.5}}"#);
+    let t1 = time_us(&cal, &p);
+    assert!((t0 - t1 - (ce - 1.5)).abs() < 1e-9, "{t0} {t1}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 12,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// The baseline's predicted time never falls as the message grows.
+    #[test]
+    fn predicted_time_is_monotone_in_size(
+        which in 0usize..4,
+        n in 2u32..=8,
+        kib in 1u64..4096,
+        grow in 1u64..4096,
+    ) {
+        let name = ["dgx1-v100", "dgx-a100", "dgx-h100", "pcie-8gpu"][which];
+        let topo = preset(name).unwrap();
+        let gpus: Vec<u32> = (0..n).collect();
+        let (_, t0) = baseline(&topo, &all_reduce(gpus.clone(), kib << 10));
+        let (_, t1) = baseline(&topo, &all_reduce(gpus, (kib + grow) << 10));
+        prop_assert!(t1 >= t0 * (1.0 - 1e-9), "{name} {n}: {t0} then {t1}");
+    }
+}
