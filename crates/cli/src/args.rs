@@ -50,6 +50,9 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ValidateFormat::Text)]
     pub format: ValidateFormat,
+    /// Evaluate only these rows (ids as the table prints them, comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
 }
 
 /// Output formats of `validate`.

@@ -4,19 +4,40 @@
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use relaycc_route::fidelity::{self, Evaluated, NOT_COVERED, Table};
+use relaycc_route::fidelity::{self, Evaluated, NOT_COVERED, ROWS, Row, Table};
 use relaycc_topo::Calibration;
 use serde_json::json;
 
-use crate::args::{ValidateArgs, ValidateFormat};
+use crate::args::{UsageError, ValidateArgs, ValidateFormat};
+
+/// The rows `ids` names, in the table's order; all rows when `ids` is empty.
+fn selected(ids: &[String]) -> Result<Vec<Row>> {
+    if let Some(bad) = ids
+        .iter()
+        .find(|id| !ROWS.iter().any(|r| r.id == id.as_str()))
+    {
+        let known: Vec<&str> = ROWS.iter().map(|r| r.id).collect();
+        return Err(UsageError(format!(
+            "validate: no row {bad:?} (rows: {})",
+            known.join(", ")
+        ))
+        .into());
+    }
+    Ok(ROWS
+        .iter()
+        .filter(|r| ids.is_empty() || ids.iter().any(|id| id == r.id))
+        .copied()
+        .collect())
+}
 
 /// Run `relaycc validate`.
 pub fn run(args: &ValidateArgs) -> Result<String> {
+    let rows = selected(&args.rows)?;
     let calibration = match &args.calibration {
         Some(path) => Some(Calibration::from_path(path)?),
         None => None,
     };
-    let table = fidelity::evaluate(calibration.as_ref())?;
+    let table = fidelity::evaluate_rows(&rows, calibration.as_ref())?;
     Ok(match args.format {
         ValidateFormat::Text => text(&table),
         ValidateFormat::Markdown => markdown(&table),

@@ -227,9 +227,7 @@ pub const ROWS: &[Row] = &[
         source: "[Azure-Issue7]",
         note: "nvbandwidth GPU-to-GPU copy on GB200 (\"about 770GB/s\"); GPUs 0 and 4 sit \
                in different compute trays of the rack",
-        gap: Some(
-            "the model runs a copy at the NVLink 5 table rate; what copy engines lose to protocol on NVLink 5 is not in the rates table",
-        ),
+        gap: None,
     },
     // --- nccl-tests bus bandwidth ---
     Row {
@@ -244,7 +242,7 @@ pub const ROWS: &[Row] = &[
         source: "[NCCLTests-Issue178]",
         note: "all_reduce_perf on two A100-SXM4 joined by 12 NVLink 3 lanes (NV12)",
         gap: Some(
-            "NCCL's kernels send 128-byte payloads, about 20 of each lane's 25 GB/s [NCCLTests-Issue149]; the model's rings run at the line rate",
+            "measured on a board whose GPUs 0 and 1 are bonded directly by 12 lanes, without NVSwitch, with reduce op avg; the model's two-rank ring runs at NCCL's achievable 20 GB/s per NVLink 3 lane, 240 GB/s, where that board reached 208",
         ),
     },
     Row {
@@ -258,9 +256,7 @@ pub const ROWS: &[Row] = &[
         published: 230.0,
         source: "[NCCLTests-Issue149]",
         note: "NVIDIA's expected all_reduce busbw on 8 A100 (NVSwitch) at 8 GB",
-        gap: Some(
-            "NCCL's kernels send 128-byte payloads, about 20 of each lane's 25 GB/s [NCCLTests-Issue149]; the model's rings run at the line rate",
-        ),
+        gap: None,
     },
     Row {
         id: "h100-8gpu-allreduce-nvls",
@@ -287,9 +283,7 @@ pub const ROWS: &[Row] = &[
         source: "[NCCLTests-Issue212]",
         note: "NVIDIA's effective NVLink 4 bandwidth, the busbw of operations other than \
                all_reduce on 8 H100",
-        gap: Some(
-            "NCCL's protocol overhead (about 20% of the line rate [NCCLTests-Issue212]) is not modelled; the rings run at the line rate",
-        ),
+        gap: None,
     },
     Row {
         id: "h200-8gpu-allreduce",
@@ -315,7 +309,9 @@ pub const ROWS: &[Row] = &[
         published: 834.57,
         source: "[CoreWeave-PR43]",
         note: "all_reduce_perf on a full GB200 NVL72 rack (72 ranks), out-of-place at 8 GiB",
-        gap: None,
+        gap: Some(
+            "the model gives the rack's 18 switch chips the NVLS efficiency of an 8-GPU board; across 18 compute trays the published algbw is 425 GB/s where the model's is 521",
+        ),
     },
     Row {
         id: "rtx5090-8gpu-allreduce",
@@ -358,7 +354,9 @@ pub const ROWS: &[Row] = &[
         published: 6.0,
         source: "[NCCL-Issue1259]",
         note: "all_reduce_perf -g 2 on an HGX H100 with CUDA graphs, 128 B (\"approximately 6us\")",
-        gap: None,
+        gap: Some(
+            "measured with CUDA graphs (all_reduce_perf -G), which hide the kernel launch the model charges every operation",
+        ),
     },
     Row {
         id: "rtx4090-8gpu-allreduce-latency",
@@ -373,7 +371,7 @@ pub const ROWS: &[Row] = &[
         note: "all_reduce_perf -g 8 on 8 RTX 4090 (stock driver: no peer-to-peer), 8 B, \
                out-of-place",
         gap: Some(
-            "the model's per-op cost of host-staged steps is a fixed overhead, not NCCL's shared-memory protocol",
+            "the model prices each host-staged ring step at NCCL's tuning-table latency; this box took 22% longer per operation, and no second published small-message figure without peer-to-peer was found to tell the box from the model",
         ),
     },
     // --- the seed papers' own figures ---
@@ -390,7 +388,7 @@ pub const ROWS: &[Row] = &[
         source: "[Ranganath-2019]",
         note: "the re-routing copy 0 -> 3 -> 7 over NVLink, peak (\"near 18 GB/s\")",
         gap: Some(
-            "the model's relay forwards at the NVLink rate; the forwarding kernel's cost on the relay GPU is not modelled",
+            "the published figure is WOTIR's forwarding kernel (one warp) inside NCCL's ring; the model times relaycc's copy-engine relay at the NVLink 2 rate less per-chunk launches, and the forward kernel's throughput is not in the rates table",
         ),
     },
     Row {

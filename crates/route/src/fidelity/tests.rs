@@ -1,11 +1,19 @@
 //! The fidelity table as a test: every row within its tolerance or with its reason stated, the
 //! median within bound, and a row that drifts past its tolerance fails.
 
+use std::sync::OnceLock;
+
 use super::*;
+
+/// The whole table, evaluated once for the tests that read all of it.
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(|| evaluate(None).unwrap())
+}
 
 #[test]
 fn the_table_meets_its_tolerances() {
-    let t = evaluate(None).unwrap();
+    let t = table();
     for r in &t.rows {
         println!(
             "{:<32} {:>10.2} {:>10.2} {:>+8.1}% {}",
@@ -32,7 +40,7 @@ fn the_table_meets_its_tolerances() {
 /// that passes.
 #[test]
 fn no_row_gives_a_reason_it_does_not_need() {
-    let t = evaluate(None).unwrap();
+    let t = table();
     for r in t.rows.iter().filter(|r| r.gap.is_some()) {
         assert!(
             !r.within(),
@@ -140,27 +148,4 @@ fn a_calibration_moves_the_rows_it_applies_to() {
     }
     assert_eq!(t.median_abs_error, None);
     assert!(!t.passes());
-}
-
-#[test]
-#[ignore = "timing probe"]
-fn probe_row_times() {
-    for r in ROWS {
-        let t0 = std::time::Instant::now();
-        let _ = evaluate_rows(&[*r], None).unwrap();
-        println!("{:<32} {:?}", r.id, t0.elapsed());
-    }
-    let topo = relaycc_topo::preset("gb200-nvl72").unwrap();
-    let req = crate::Request::new(
-        crate::Collective::AllReduce,
-        (0..72).collect(),
-        1 << 31,
-        crate::DType::F32,
-    );
-    let t0 = std::time::Instant::now();
-    let p = crate::planner::baseline_plan(&topo, &req).unwrap();
-    println!("plan {:?} ops {}", t0.elapsed(), p.ops.len());
-    let t0 = std::time::Instant::now();
-    crate::simulate(&topo, &p, &crate::SimConfig::default()).unwrap();
-    println!("sim {:?}", t0.elapsed());
 }
