@@ -131,8 +131,8 @@ fn markdown(t: &Table) -> String {
          This file is the output of `relaycc validate --format markdown` (a test checks that it\n\
          is). Each row is a published measurement of a real machine, with its source in\n\
          [REFERENCES.md](REFERENCES.md), reproduced on the preset of that machine. The prediction\n\
-         is the in-model NCCL-like baseline's (what NCCL does there), or, for the seed papers'\n\
-         own figures, relaycc's plan of the paper's method. The error is\n\
+         is the in-model NCCL-like baseline's (what NCCL does there), or, for the figures of\n\
+         [Ranganath-2019] and [Temucin-2021], relaycc's plan of the paper's method. The error is\n\
          `(predicted - published) / published`. A row passes within the row tolerance; a row\n\
          outside it says why below (`gap`), and one outside it without a reason fails the\n\
          table and its test (`over`). `relaycc validate --calibration FILE` gives the same\n\
@@ -181,7 +181,7 @@ fn markdown(t: &Table) -> String {
     s.push_str(
         "\n## Not covered\n\nNo published figure was found for these, in the sources searched \
          (the nccl-tests and NCCL trackers, NVIDIA's documents and blogs, vendor reports, the \
-         seed papers):\n\n",
+         papers of relaycc's routes):\n\n",
     );
     for (preset, what) in NOT_COVERED {
         let _ = writeln!(s, "- {preset}: {what}.");

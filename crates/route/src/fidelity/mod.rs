@@ -2,10 +2,10 @@
 //! for them, so every relaycc figure can be judged by how far the model is from hardware.
 //!
 //! Each row ([`Row`], in [`ROWS`]) is one published figure with its bibliography key: a
-//! point-to-point copy, an nccl-tests bus bandwidth or small-message time, or a seed paper's
-//! own figure. The prediction is the NCCL-like baseline's (what NCCL does on the preset), or,
-//! for a seed paper's figure, relaycc's plan of the paper's method. [`evaluate`] computes every
-//! row's error; a row passes within [`ROW_TOLERANCE`], the table within [`MEDIAN_TOLERANCE`] of
+//! point-to-point copy, an nccl-tests bus bandwidth or small-message time, or a figure of
+//! [Ranganath-2019] or [Temucin-2021]. The prediction is the NCCL-like baseline's (what NCCL
+//! does on the preset), or, for those two papers, relaycc's plan of the paper's method.
+//! [`evaluate`] computes every row's error; a row passes within [`ROW_TOLERANCE`], the table within [`MEDIAN_TOLERANCE`] of
 //! median error. A row the model cannot meet says why ([`Row::gap`]) instead of leaving the
 //! table. `relaycc validate` prints the table, `docs/FIDELITY.md` is its markdown.
 //!

@@ -69,7 +69,7 @@ pub enum Measure {
         bytes: u64,
     },
     /// relaycc's point-to-point plan (every route kind, max-flow split included) over the direct
-    /// hop alone: a ratio, as a seed paper reports it.
+    /// hop alone: a ratio, as [Temucin-2021] reports it.
     MultipathGain {
         /// Sending GPU.
         from: u32,
@@ -78,7 +78,7 @@ pub enum Measure {
         /// Bytes copied.
         bytes: u64,
     },
-    /// relaycc's collective plan over the NCCL-like baseline, by time: a ratio, as a seed paper
+    /// relaycc's collective plan over the NCCL-like baseline, by time: a ratio, as [Temucin-2021]
     /// reports it.
     SpeedupOverBaseline {
         /// The collective.
@@ -124,7 +124,7 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 /// The table. Order: point-to-point copies, collectives' bus bandwidth, small-message latency,
-/// the seed papers' own figures.
+/// the figures of [Ranganath-2019] and [Temucin-2021].
 pub const ROWS: &[Row] = &[
     // --- point-to-point copies ---
     Row {
@@ -195,7 +195,7 @@ pub const ROWS: &[Row] = &[
             method: CopyMethod::Baseline,
         },
         published: 26.34,
-        source: "[nvbandwidth-Issue50]",
+        source: "[NVBandwidth-Issue50]",
         note: "nvbandwidth device_to_device_memcpy_read_ce between two RTX A6000 under one \
                PCIe Gen4 switch; the L40S box's GPUs 0 and 1 share a Gen4 switch the same way",
         gap: None,
@@ -374,7 +374,7 @@ pub const ROWS: &[Row] = &[
             "the model prices each host-staged ring step at NCCL's tuning-table latency; this box took 22% longer per operation, and no second published small-message figure without peer-to-peer was found to tell the box from the model",
         ),
     },
-    // --- the seed papers' own figures ---
+    // --- the figures of [Ranganath-2019] and [Temucin-2021] ---
     Row {
         id: "dgx1-relay-0to7",
         preset: "dgx1-v100",
@@ -421,7 +421,7 @@ pub const ROWS: &[Row] = &[
 ];
 
 /// Presets, or figures of a preset, for which no published measurement was found in the sources
-/// searched (nccl-tests and NCCL trackers, NVIDIA documents, vendor blogs, the seed papers), with
+/// searched (nccl-tests and NCCL trackers, NVIDIA documents, vendor blogs, [Ranganath-2019] and [Temucin-2021]), with
 /// what is missing. They stay listed so the table's reach is plain.
 pub const NOT_COVERED: &[(&str, &str)] = &[
     ("dgx1-p100", "nccl-tests all_reduce / all_gather busbw"),
