@@ -15,6 +15,7 @@
 //! | [`plan`], [`PlanOptions`], [`Request`], [`Collective`], [`DType`], [`Plan`], [`Planned`], [`check`] | planning a collective |
 //! | [`simulate`], [`SimConfig`], [`SimResult`] | timing a plan on the model |
 //! | [`Communicator`], [`DeviceBuffer`], [`Element`], [`ReduceOp`], [`Group`], [`Pending`] | running collectives |
+//! | [`RankComm`], [`RankGroup`], [`SendBuf`], [`RecvBuf`], `OnStream` (feature `cuda`) | running collectives from one thread per rank, on each rank's own buffers |
 //! | [`Backend`], [`HostBackend`], `CudaBackend` (feature `cuda`), [`host_topology`] | where buffers live |
 //! | [`TopoError`], [`RouteError`], [`CollectivesError`] | errors, one per crate |
 //!
@@ -41,10 +42,10 @@ pub use relaycc_topo as topo;
 
 pub use relaycc_collectives::{
     Backend, BufferView, CollectivesError, Communicator, DeviceBuffer, Element, Group, HostBackend,
-    Pending, ReduceOp, bf16, f16, host_topology,
+    Pending, RankComm, RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, host_topology,
 };
 #[cfg(feature = "cuda")]
-pub use relaycc_collectives::{CudaBackend, cudarc};
+pub use relaycc_collectives::{CudaBackend, OnStream, cudarc};
 pub use relaycc_route::{
     Collective, DType, Plan, PlanOptions, Planned, Request, RouteError, SimConfig, SimResult,
     check, plan, simulate,

@@ -1,7 +1,8 @@
 //! `relaycc bench`: time collectives on a backend in nccl-tests' format.
 //!
 //! With `--backend host` the ranks are logical devices of this host's memory
-//! ([`relaycc_collectives::host_topology`]), and every size is also timed as a plain copy of
+//! ([`relaycc_collectives::host_topology`]), driven through the per-rank API with one thread
+//! per rank (`bench_ranks.rs`), and every size is also timed as a plain copy of
 //! `ranks x size` bytes (one `size`-byte copy per rank, on the same lane threads, through the
 //! same executor): an all_reduce must read every input and write every output at least once,
 //! the same memory traffic, so `efficiency = algbw x ranks / memcpy_gbps` says how close the
@@ -20,27 +21,27 @@ use crate::size::format_size;
 
 /// One row of results.
 #[derive(Debug, Serialize)]
-struct Row {
-    size: u64,
-    count: u64,
-    time_us: f64,
-    algbw_gbps: f64,
-    busbw_gbps: f64,
+pub(crate) struct Row {
+    pub size: u64,
+    pub count: u64,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub busbw_gbps: f64,
     /// Output elements that differ from the expected result; `None` (N/A) without `--check`.
-    wrong: Option<u64>,
+    pub wrong: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    memcpy_gbps: Option<f64>,
+    pub memcpy_gbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    efficiency: Option<f64>,
+    pub efficiency: Option<f64>,
     /// NCCL's time for the same collective and size (`--vs-nccl`), microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
-    nccl_time_us: Option<f64>,
+    pub nccl_time_us: Option<f64>,
     /// NCCL's busbw, GB/s.
     #[serde(skip_serializing_if = "Option::is_none")]
-    nccl_busbw_gbps: Option<f64>,
+    pub nccl_busbw_gbps: Option<f64>,
     /// relaycc's busbw over NCCL's.
     #[serde(skip_serializing_if = "Option::is_none")]
-    vs_nccl: Option<f64>,
+    pub vs_nccl: Option<f64>,
 }
 
 /// The JSON document.
@@ -67,7 +68,7 @@ struct Report {
 }
 
 /// The input value of element `i` of rank `r`: in -3..=3.
-fn value(r: u32, i: u64) -> i64 {
+pub(crate) fn value(r: u32, i: u64) -> i64 {
     ((u64::from(r) * 3 + i) % 7) as i64 - 3
 }
 
@@ -130,19 +131,29 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             }
         },
     };
+    // The host backend runs the per-rank API, one thread per rank (`bench_ranks.rs`).
+    let mut ranks = match args.backend {
+        BackendKind::Host => Some(crate::bench_ranks::ranks(&comm)?),
+        _ => None,
+    };
     let mut rows = Vec::new();
     for size in sizes {
-        let row = match dtype {
-            DType::F32 => size_row::<f32>(&comm, args, collective, op, size)?,
-            DType::F64 => size_row::<f64>(&comm, args, collective, op, size)?,
-            DType::F16 => size_row::<f16>(&comm, args, collective, op, size)?,
-            DType::Bf16 => size_row::<bf16>(&comm, args, collective, op, size)?,
-            DType::I8 => size_row::<i8>(&comm, args, collective, op, size)?,
-            DType::U8 => size_row::<u8>(&comm, args, collective, op, size)?,
-            DType::I32 => size_row::<i32>(&comm, args, collective, op, size)?,
-            DType::U32 => size_row::<u32>(&comm, args, collective, op, size)?,
-            DType::I64 => size_row::<i64>(&comm, args, collective, op, size)?,
-            DType::U64 => size_row::<u64>(&comm, args, collective, op, size)?,
+        let row = match (&mut ranks, dtype) {
+            (Some(ranks), _) => {
+                crate::bench_ranks::row(ranks, &comm, args, collective, dtype, op, size)?
+            }
+            (None, dtype) => match dtype {
+                DType::F32 => size_row::<f32>(&comm, args, collective, op, size)?,
+                DType::F64 => size_row::<f64>(&comm, args, collective, op, size)?,
+                DType::F16 => size_row::<f16>(&comm, args, collective, op, size)?,
+                DType::Bf16 => size_row::<bf16>(&comm, args, collective, op, size)?,
+                DType::I8 => size_row::<i8>(&comm, args, collective, op, size)?,
+                DType::U8 => size_row::<u8>(&comm, args, collective, op, size)?,
+                DType::I32 => size_row::<i32>(&comm, args, collective, op, size)?,
+                DType::U32 => size_row::<u32>(&comm, args, collective, op, size)?,
+                DType::I64 => size_row::<i64>(&comm, args, collective, op, size)?,
+                DType::U64 => size_row::<u64>(&comm, args, collective, op, size)?,
+            },
         };
         let row = match &nccl {
             Some(nc) => with_nccl(row, nc, args, collective, dtype, op, devices.len())?,
@@ -422,6 +433,11 @@ fn with_nccl(
 /// Output elements that differ from the request's expected result.
 fn count_wrong<T: Element>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
     let outs: Vec<Vec<T>> = outs.iter().map(|b| b.to_vec()).collect::<Result<_, _>>()?;
+    count_wrong_in(req, &outs)
+}
+
+/// Output elements of every rank's output `outs[r]` that differ from the expected result.
+pub(crate) fn count_wrong_in<T: Element>(req: &Request, outs: &[Vec<T>]) -> Result<u64> {
     let n = req.nranks() as i64;
     let mut wrong = 0;
     for p in req.expected()? {

@@ -10,6 +10,7 @@ mod args;
 mod bench_checks;
 mod bench_cmd;
 mod bench_cuda;
+mod bench_ranks;
 #[cfg(feature = "cuda")]
 mod calibrate_cmd;
 mod plan_cmd;

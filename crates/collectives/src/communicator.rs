@@ -416,6 +416,16 @@ impl Communicator {
         g.launch()
     }
 
+    /// The backend, shared (a split shares its parent's device backend).
+    pub(crate) fn backend_arc(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+
+    /// The id that buffers of this communicator carry.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     pub(crate) fn null_region(&self) -> ByteRegion {
         ByteRegion {
             mem: self.null,

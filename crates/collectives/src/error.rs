@@ -138,6 +138,43 @@ pub enum CollectivesError {
         /// What failed.
         message: String,
     },
+    /// The ranks of a per-rank call disagree (collective, element type, count, op, root, or
+    /// the order of their calls); every rank of the call gets this error and no byte moved.
+    #[error("{call}: the ranks' calls do not match: {message}")]
+    RankMismatch {
+        /// The call on the rank that reports it.
+        call: &'static str,
+        /// Which ranks differ, and how.
+        message: String,
+    },
+    /// Ranks of a per-rank call did not arrive within the rank's timeout
+    /// ([`crate::RankComm::set_timeout`]), or left (their handle was dropped); nothing ran.
+    #[error(
+        "{call}: rank(s) {missing:?} did not join call {seq} of this communicator within {waited_ms} ms{}",
+        if *.gone { " (their handles were dropped)" } else { "" }
+    )]
+    RankTimeout {
+        /// The call on the rank that reports it.
+        call: &'static str,
+        /// The call's sequence number on this communicator (0 for the first call).
+        seq: u64,
+        /// The ranks that were missing.
+        missing: Vec<usize>,
+        /// How long this rank waited, milliseconds.
+        waited_ms: u64,
+        /// The missing ranks' handles were dropped.
+        gone: bool,
+    },
+    /// A per-rank call failed after the ranks met (a buffer of the wrong length, a plan, the
+    /// backend); every rank of the call gets the same error as its source.
+    #[error("{call}: {source}")]
+    RankFailed {
+        /// The call on the rank that reports it.
+        call: &'static str,
+        /// The error, shared by every rank of the call.
+        #[source]
+        source: std::sync::Arc<CollectivesError>,
+    },
     /// A CUDA call failed, or CUDA is absent ([`crate::cuda::CudaError::NoDriver`] on a
     /// machine without an NVIDIA driver).
     #[cfg(feature = "cuda")]

@@ -325,6 +325,40 @@ impl<'c> Group<'c> {
         Ok(self)
     }
 
+    /// Post a send or a receive of memory the caller checked belongs to rank `at` (the
+    /// per-rank API's lent slices): `send` from `at` to `peer`, or a receive at `at` from
+    /// `peer`.
+    pub(crate) fn post_raw(
+        &mut self,
+        send: bool,
+        view: RawView,
+        dtype: DType,
+        at: usize,
+        peer: usize,
+    ) -> Result<()> {
+        let call = if send { "send" } else { "recv" };
+        self.rank_ok(call, at)?;
+        self.rank_ok(call, peer)?;
+        self.comm
+            .owns(call, at, if send { "input" } else { "output" }, &view)?;
+        if send {
+            self.sends.push(P2p {
+                src: at,
+                dst: peer,
+                view,
+                dtype,
+            });
+        } else {
+            self.recvs.push(P2p {
+                src: peer,
+                dst: at,
+                view,
+                dtype,
+            });
+        }
+        Ok(())
+    }
+
     /// Pair sends with receives: one point-to-point operation per pair.
     fn pair(&mut self) -> Result<()> {
         let mut recvs: Vec<Option<P2p>> = std::mem::take(&mut self.recvs)
@@ -391,7 +425,30 @@ impl<'c> Group<'c> {
     }
 
     /// Check the group as a whole, plan every operation (cached) and launch them together.
-    pub fn launch(mut self) -> Result<Pending<'c>> {
+    pub fn launch(self) -> Result<Pending<'c>> {
+        let comm = self.comm;
+        // SAFETY: `Backend::submit` is the submit `exec::launch_via` asks for.
+        self.launch_via(|l| unsafe { comm.backend().submit(l) })?;
+        Ok(Pending { comm })
+    }
+
+    /// As [`Group::launch`], enqueued on the CUDA backend `cuda` ordered within the
+    /// `callers`' streams ([`crate::CudaBackend`]'s `submit_on`), without host
+    /// synchronization.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn launch_on_streams(
+        self,
+        cuda: &crate::cuda::CudaBackend,
+        callers: &[&cudarc::driver::CudaStream],
+    ) -> Result<()> {
+        // SAFETY: `submit_on` has `Backend::submit`'s contract and guarantees.
+        self.launch_via(|l| unsafe { cuda.submit_on(l, callers) })
+    }
+
+    fn launch_via(
+        mut self,
+        submit: impl FnOnce(&[crate::backend::Launch<'_>]) -> Result<()>,
+    ) -> Result<()> {
         self.pair()?;
         // Operations of one group run concurrently: none may write what another touches.
         let touched: Vec<(usize, ByteRegion, bool)> = self
@@ -460,8 +517,8 @@ impl<'c> Group<'c> {
             // except in the in-place layout; the loop above proved operations of the group
             // disjoint where one writes; scratch sets are private to one use in the launch;
             // and the safe API hands out no raw addresses.
-            unsafe { exec::launch(self.comm.backend(), &work)? };
+            unsafe { exec::launch_via(&work, submit)? };
         }
-        Ok(Pending { comm: self.comm })
+        Ok(())
     }
 }

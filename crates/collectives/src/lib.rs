@@ -6,11 +6,17 @@
 //!
 //! Main types: [`Communicator`] (ranks, topology, backend, plan cache), [`DeviceBuffer`] and
 //! [`BufferView`] (typed memory of one rank), [`Element`] (the ten element types),
-//! [`ReduceOp`], [`Group`] and [`Pending`], [`Backend`] with [`HostBackend`].
+//! [`ReduceOp`], [`Group`] and [`Pending`], [`Backend`] with [`HostBackend`], and the
+//! per-rank handles [`RankComm`] and [`RankGroup`] (one thread per rank, each calling on its
+//! own slices).
 //!
 //! | NCCL | MPI | relaycc |
 //! |---|---|---|
 //! | `ncclCommInitAll` | `MPI_Comm_split` | [`Communicator::new`], [`Communicator::host`] |
+//! | `ncclCommInitAll`, one `ncclComm_t` per thread | (one rank per thread) | [`Communicator::into_ranks`], [`RankComm::host`] |
+//! | `ncclCommSplit` | `MPI_Comm_split` | [`RankComm::split`] |
+//! | `ncclAllReduce(send, recv, ..., comm)` on one rank | `MPI_Allreduce` on one rank | [`RankComm::all_reduce`] and the other [`RankComm`] calls |
+//! | `ncclAllReduce(..., comm, stream)` on device buffers | (none) | `RankComm::on(&stream).all_reduce(..)` (feature `cuda`) |
 //! | `cudaMalloc` + `cudaMemcpy` | `MPI_Alloc_mem` | [`Communicator::alloc`], [`Communicator::from_slice`], [`DeviceBuffer::to_vec`] |
 //! | `ncclAllReduce` | `MPI_Allreduce` | [`Communicator::all_reduce`] |
 //! | `ncclReduce` | `MPI_Reduce` | [`Communicator::reduce`] |
@@ -46,7 +52,8 @@
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory (the `host-N` topology of [`Communicator::host`]), relaycc-route's
 //! shared-memory planner.
-//! `unsafe` code lives in `backend/host.rs` (arenas, copies), `backend/host_reduce.rs`
+//! `unsafe` code lives in `backend/host.rs` (arenas, copies, lent slices), `rank/run.rs` (the
+//! per-rank calls lending their slices to the host backend for one blocking call), `backend/host_reduce.rs`
 //! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`
 //! and `exec::launch`), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
 //! the checker's proof to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver
@@ -69,6 +76,7 @@ mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod plan_cache;
+mod rank;
 
 pub use backend::host::HostBackend;
 pub use backend::{
@@ -86,6 +94,9 @@ pub use element::Element;
 pub use error::{CollectivesError, Result};
 pub use group::{Group, Pending};
 pub use half::{bf16, f16};
+#[cfg(feature = "cuda")]
+pub use rank::OnStream;
+pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
 pub use relaycc_route::ReduceOp;
 /// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
 pub use relaycc_topo::host_topology;

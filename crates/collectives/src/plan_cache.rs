@@ -15,13 +15,19 @@ use crate::exec::{self, Executable};
 ///
 /// The single seam to the planner: relaycc-route generates candidates, times each with its
 /// flow simulator and returns the fastest (or, on ranks that share one host memory, the
-/// `host-N` preset, its shared-memory plan). Its candidates all serve in-place calls too; the
-/// executor checks the plan under the call's in-place aliasing before a byte moves.
+/// `host-N` preset, its shared-memory plan, in the in-place layout for in-place calls: its
+/// out-of-place broadcast copies the root's input onto its output, which races the other
+/// ranks' reads when the two are one buffer). The executor checks the plan under the call's
+/// in-place aliasing before a byte moves.
 pub(crate) fn make_plan(
     topo: &Topology,
     request: &Request,
     relays: &[u32],
+    in_place: bool,
 ) -> relaycc_route::Result<Plan> {
+    if in_place && topo.shares_host_memory(&request.gpus) {
+        return relaycc_route::planner::shared_memory::plan(topo, request, true);
+    }
     let options = PlanOptions {
         relay: RelayPolicy::List(relays.to_vec()),
         ..PlanOptions::default()
@@ -103,7 +109,7 @@ impl PlanCache {
         if let Some(c) = self.lock().get(&key) {
             return Ok(c.clone());
         }
-        let plan = make_plan(source.topo, request, source.relays)
+        let plan = make_plan(source.topo, request, source.relays, in_place)
             .map_err(|e| CollectivesError::Plan { call, source: e })?;
         let exec = exec::compile(exec::check(plan, in_place)?)?;
         // The first set now, so that a plan whose scratch does not fit fails here.

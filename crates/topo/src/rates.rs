@@ -253,9 +253,9 @@ pub const NVLS_LATENCY_US: f64 = 25.0;
 /// Share of the NVSwitch port rate that NVLS traffic (multimem loads that the switch reduces,
 /// multimem stores that it multicasts) achieves on Hopper (sm90): NCCL's `nvlsEfficiency`.
 /// Source: [NCCL-src], src/graph/tuning.cc.
-pub const NVLS_SM90_EFFICIENCY: f64 = 0.85;
+pub const NVLS_SM90_PORT_FRACTION: f64 = 0.85;
 /// The same share on Blackwell (sm100): NCCL's `nvlsEfficiency`. Source: [NCCL-src].
-pub const NVLS_SM100_EFFICIENCY: f64 = 0.74;
+pub const NVLS_SM100_PORT_FRACTION: f64 = 0.74;
 /// The first compute capability whose NVSwitch reduces and multicasts (third-generation
 /// NVSwitch with NVLink SHARP, H100). Source: [NVIDIA-H100].
 pub const NVLS_MIN_SM: u32 = 90;
@@ -320,8 +320,8 @@ impl Default for CostModel {
                 SIMPLE_NETWORK_STEP_US,
             ],
             nvls_latency_us: NVLS_LATENCY_US,
-            nvls_sm90_efficiency: NVLS_SM90_EFFICIENCY,
-            nvls_sm100_efficiency: NVLS_SM100_EFFICIENCY,
+            nvls_sm90_efficiency: NVLS_SM90_PORT_FRACTION,
+            nvls_sm100_efficiency: NVLS_SM100_PORT_FRACTION,
             copy_engine_launch_us: COPY_ENGINE_LAUNCH_US,
             kernel_launch_us: KERNEL_LAUNCH_US,
         }
@@ -713,8 +713,8 @@ mod tests {
             assert!(c.step_us(ll128, class) <= c.step_us(simple, class));
         }
         assert_eq!(c.nvls_efficiency(80), None);
-        assert_eq!(c.nvls_efficiency(90), Some(NVLS_SM90_EFFICIENCY));
-        assert_eq!(c.nvls_efficiency(100), Some(NVLS_SM100_EFFICIENCY));
+        assert_eq!(c.nvls_efficiency(90), Some(NVLS_SM90_PORT_FRACTION));
+        assert_eq!(c.nvls_efficiency(100), Some(NVLS_SM100_PORT_FRACTION));
     }
 
     #[test]

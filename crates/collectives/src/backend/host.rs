@@ -57,6 +57,8 @@ struct Block {
     layout: Option<Layout>,
     location: Location,
     bytes: u64,
+    /// Memory lent by a caller ([`HostBackend::lend`]): not counted in the arena, not freed.
+    lent: bool,
 }
 
 /// One resolved command of a lane.
@@ -251,6 +253,36 @@ impl HostBackend {
         Ok(())
     }
 
+    /// A handle for `bytes` bytes of the caller's memory at `addr`, accounted to `location`,
+    /// so that launches read and write it in place (the per-rank API's borrowed slices).
+    /// [`Backend::free`] of the handle waits for the launches in flight and gives the memory
+    /// back: it leaves the table and is not deallocated.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + bytes` stays valid until `free` of the returned handle returns; nothing
+    /// else writes it meanwhile, and nothing else reads it while a launch may write it. The
+    /// handle goes to launches whose programs read it only where the lender allows only
+    /// reads (a shared slice is a plan's input, which no op writes).
+    pub(crate) unsafe fn lend(&self, location: Location, addr: usize, bytes: u64) -> DeviceMem {
+        // A zero-byte block owns nothing: any aligned address serves (an empty slice's
+        // address may be dangling).
+        let addr = if bytes == 0 { ARENA_ALIGN } else { addr };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.blocks).insert(
+            id,
+            Block {
+                addr,
+                layout: None,
+                location,
+                bytes,
+                lent: true,
+            },
+        );
+        // SAFETY: the block was just entered under this fresh id, at `location`, of `bytes`.
+        unsafe { DeviceMem::from_raw_parts(id, location, bytes) }
+    }
+
     /// Resolve a region of a block to an address, checking bounds.
     fn resolve_region(blocks: &HashMap<u64, Block>, r: &ByteRegion) -> Result<usize> {
         let b = blocks
@@ -302,6 +334,7 @@ impl Backend for HostBackend {
                 layout,
                 location,
                 bytes,
+                lent: false,
             },
         );
         *lock(&self.arenas).entry(location).or_insert(0) += bytes;
@@ -315,6 +348,10 @@ impl Backend for HostBackend {
             lock(&self.pending).get_or_insert(format!("free of unknown allocation {}", mem.id()));
             return;
         };
+        if b.lent {
+            // The lender keeps its memory; the block only leaves the table.
+            return;
+        }
         if let Some(a) = lock(&self.arenas).get_mut(&b.location) {
             *a = a.saturating_sub(b.bytes);
         }

@@ -87,6 +87,9 @@ enum Storage {
     Pinned,
     /// A caller's `CudaSlice<T>` ([`CudaBackend::adopt`]), kept whole so it can be given back.
     Foreign(Box<dyn Any + Send + Sync>),
+    /// Memory a per-rank call lends for one launch (`CudaBackend::lend_device`): the caller's,
+    /// never freed here.
+    Lent,
 }
 
 #[derive(Debug)]
@@ -363,7 +366,118 @@ impl CudaBackend {
                 Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, len) })
             }
             Storage::Pinned | Storage::Empty => Err(err("not device memory")),
+            Storage::Lent => Err(err("lent memory stays its caller's")),
         }
+    }
+
+    /// A handle for `bytes` bytes of a caller's device memory at `ptr` on logical GPU `gpu`,
+    /// which must run on CUDA device `ordinal` (the caller's stream's), for one launch of a
+    /// per-rank call. [`CudaBackend::unlend`] takes it out of the table without waiting.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + bytes` is device memory of device `ordinal` that stays allocated until
+    /// every launch that uses the handle is done on the GPU (a caller orders its free after
+    /// the launch on its stream), and no other work writes it, or reads what the launch
+    /// writes, unless ordered after the launch.
+    pub(crate) unsafe fn lend_device(
+        &self,
+        gpu: u32,
+        ptr: u64,
+        bytes: u64,
+        ordinal: usize,
+    ) -> Result<DeviceMem> {
+        let dev = self
+            .dev_of(Location::Gpu(gpu))?
+            .ok_or_else(|| err(format!("logical GPU {gpu} is not a GPU")))?;
+        if self.ordinals[dev] != ordinal {
+            return Err(err(format!(
+                "the buffer lives on CUDA device {ordinal}, logical GPU {gpu} runs on device {}",
+                self.ordinals[dev]
+            )));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.state).allocs.insert(
+            id,
+            Alloc {
+                ptr,
+                bytes,
+                dev: Some(dev),
+                storage: Storage::Lent,
+            },
+        );
+        // SAFETY: the entry was just made under this fresh id, on GPU `gpu`, of `bytes`.
+        Ok(unsafe { DeviceMem::from_raw_parts(id, Location::Gpu(gpu), bytes) })
+    }
+
+    /// Take a lent handle out of the table. It does not wait: the launches already enqueued
+    /// keep their addresses, and the lender orders its memory's reuse after them on its
+    /// stream.
+    pub(crate) fn unlend(&self, mem: DeviceMem) {
+        let mut st = lock(&self.state);
+        if !matches!(
+            st.allocs.get(&mem.id()),
+            Some(Alloc {
+                storage: Storage::Lent,
+                ..
+            })
+        ) {
+            drop(st);
+            self.keep(format!(
+                "unlend of allocation {} that was not lent",
+                mem.id()
+            ));
+            return;
+        }
+        st.allocs.remove(&mem.id());
+    }
+
+    /// Enqueue a launch ordered within callers' streams, without host synchronization: every
+    /// stream of the launch first waits for an event recorded now on each of `callers`, and
+    /// each of `callers` then waits for the launch's tail events, so work a caller enqueues
+    /// after this call sees the result, and waiting on a caller's stream waits for this
+    /// launch (and what came before it on that stream) only.
+    ///
+    /// # Safety
+    ///
+    /// As [`Backend::submit`].
+    pub(crate) unsafe fn submit_on(
+        &self,
+        launches: &[Launch<'_>],
+        callers: &[&CudaStream],
+    ) -> Result<()> {
+        let mut st = lock(&self.state);
+        let prepared = self.prepare(&st, launches)?;
+        let used = prepared.used().to_vec();
+        let forks = callers
+            .iter()
+            .map(|s| s.record_event(None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(drv("cuEventRecord"))?;
+        for &(d, k) in &used {
+            Self::stream(&mut st, d, k)?;
+            for e in &forks {
+                st.devices[d].streams[k]
+                    .wait(e)
+                    .map_err(drv("cuStreamWaitEvent"))?;
+            }
+        }
+        let mut joined = self.launch_prepared(&mut st, &prepared);
+        for &(d, k) in &used {
+            for s in callers {
+                if joined.is_ok() {
+                    joined = s
+                        .wait(&st.devices[d].tails[k])
+                        .map_err(drv("cuStreamWaitEvent"));
+                }
+            }
+        }
+        if joined.is_err() {
+            // Part of the launch may be enqueued without the callers' streams waiting for it:
+            // finish it here, so a caller that sees the error may reuse its memory.
+            self.wait_idle(&mut st);
+        }
+        joined
     }
 
     /// The kernels of device `d`, loaded on first use.

@@ -85,6 +85,13 @@ pub(super) struct Prepared {
     need_kernels: Vec<(usize, usize)>,
 }
 
+impl Prepared {
+    /// The streams the launch uses, (device index, stream index).
+    pub(super) fn used(&self) -> &[OnDevice] {
+        &self.used
+    }
+}
+
 /// The kernels of one program on one device, loaded before anything is enqueued.
 struct Funcs {
     reduce: CudaFunction,

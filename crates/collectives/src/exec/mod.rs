@@ -259,6 +259,21 @@ fn scratch_bytes(plan: &Plan) -> Result<Vec<(Location, u64)>> {
 /// checker's proof that unordered ops touch disjoint elements is the race freedom
 /// [`Backend::submit`] asks for.
 pub unsafe fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> Result<()> {
+    // SAFETY: the caller's contract, passed on unchanged to `Backend::submit`.
+    unsafe { launch_via(work, |l| backend.submit(l)) }
+}
+
+/// As [`launch`], with the launches handed to `submit` (a backend's own way of enqueuing,
+/// such as the CUDA backend's on callers' streams) after the binding counts are checked.
+///
+/// # Safety
+///
+/// As [`launch`]; `submit` must enqueue what it is given with [`Backend::submit`]'s
+/// guarantees.
+pub(crate) unsafe fn launch_via(
+    work: &[(&Executable, &[ByteRegion])],
+    submit: impl FnOnce(&[Launch<'_>]) -> Result<()>,
+) -> Result<()> {
     let launches: Vec<Launch<'_>> = work
         .iter()
         .map(|(e, b)| Launch {
@@ -279,8 +294,7 @@ pub unsafe fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])
             ));
         }
     }
-    // SAFETY: the caller's contract above, with the checker's proof carried by `CheckedPlan`.
-    unsafe { backend.submit(&launches) }
+    submit(&launches)
 }
 
 #[cfg(test)]

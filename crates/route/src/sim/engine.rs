@@ -83,8 +83,11 @@ struct Flow {
 /// and how busy each edge and memory was.
 ///
 /// An op becomes ready when its dependencies and every earlier op of its lane have finished.
-/// It then waits a fixed latency (`cfg.op_overhead_us`, plus the latency of each of its edges)
-/// and becomes a fluid flow of its bytes (elements x dtype size). Flows share every resource
+/// It then waits a fixed latency (its mechanism's cost from the topology's cost model: a
+/// copy-engine launch plus its edges' latencies for relaycc's copies, a kernel launch for its
+/// reductions, a protocol step for an NCCL-like plan's copies; plus `cfg.op_overhead_us`) and
+/// becomes a fluid flow of its bytes (elements x dtype size); an NCCL-like plan starts after
+/// its protocol's launch latency. Flows share every resource
 /// they cross max-min fairly; rates are recomputed whenever the set of flows changes. A copy
 /// loads its edges once per byte and each end in host memory once; a copy inside one memory
 /// loads it twice; a reduction loads its device's memory `srcs + 1` times.
@@ -93,7 +96,7 @@ struct Flow {
 /// * `topo`: the (masked) topology; edge capacities are `link.gbps`, memories come from the GPU
 ///   rates table and each CPU's `host_mem_gbps`.
 /// * `plan`: the plan; op `edges` index the topology's directed links.
-/// * `cfg`: settings; [`SimConfig::default`] charges 1 us per op.
+/// * `cfg`: settings; [`SimConfig::default`] adds nothing to the cost model's per-op costs.
 ///
 /// # Returns
 /// A [`SimResult`]: the makespan, a span per op, and the edges and memories that carried bytes.
@@ -123,7 +126,8 @@ struct Flow {
 /// let dst = Region::new(BufferRef::Output(1), 0, bytes);
 /// plan.copy(lane, src, dst, vec![edge], vec![]);
 /// let sim = simulate(&topo, &plan, &SimConfig::default()).unwrap();
-/// let expected = 1.0 + 0.6 + bytes as f64 / 24.2e3; // overhead + NVLink latency + transfer
+/// let launch = topo.costs().copy_engine_launch_us; // 5 us, [Wu-2026]
+/// let expected = launch + 0.6 + bytes as f64 / 24.2e3; // launch + NVLink latency + transfer
 /// assert!((sim.time_us - expected).abs() < 1e-9 * expected);
 /// ```
 ///

@@ -1,0 +1,1194 @@
+//! The typed per-rank calls on borrowed host slices, and [`RankGroup`], the calls of one
+//! rank collected to run as one launch.
+//!
+//! A rank's own argument errors (an in-place buffer whose length is not a multiple of the
+//! rank count, a count list too short) travel to the meeting with the call, so they fail
+//! the call on every rank instead of leaving the others to time out.
+
+use std::marker::PhantomData;
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
+
+#[cfg(feature = "cuda")]
+use cudarc::driver::CudaStream;
+
+use relaycc_route::{Collective, DType, ReduceOp};
+
+use crate::element::Element;
+use crate::error::{CollectivesError, Result};
+
+use super::RankComm;
+use super::op::{Desc, Op, Span, View};
+
+/// Calls of one rank collected to run as one launch (`ncclGroupStart` / `ncclGroupEnd`):
+/// collectives, sends and receives, on slices borrowed until [`RankGroup::launch`].
+///
+/// Launching a group is a call every rank makes (an empty group where a rank has nothing to
+/// add): the ranks' collectives must match in order, and sends pair with receives in posting
+/// order per (sender, receiver). The operations of a group run concurrently. Argument errors
+/// found while adding are kept and returned by `launch`, on every rank.
+#[derive(Debug)]
+#[must_use = "a group does nothing until launched"]
+pub struct RankGroup<'r, 'b> {
+    comm: &'r mut RankComm,
+    lender: Lender<'b>,
+    ops: Vec<Op>,
+    _borrows: PhantomData<&'b mut [u8]>,
+}
+
+/// What a rank's buffers lend to its call: their spans, the caller's stream for device
+/// buffers, and the cudarc guards that record the buffers' events when the call ends.
+#[derive(Debug, Default)]
+pub struct Lender<'b> {
+    blocks: Vec<Span>,
+    error: Option<CollectivesError>,
+    #[cfg(feature = "cuda")]
+    stream: Option<&'b Arc<CudaStream>>,
+    #[cfg(feature = "cuda")]
+    guards: Vec<cudarc::driver::SyncOnDrop<'b>>,
+    #[cfg(not(feature = "cuda"))]
+    _b: PhantomData<&'b ()>,
+}
+
+impl Lender<'_> {
+    fn push(&mut self, span: Span, len: usize) -> View {
+        self.blocks.push(span);
+        View {
+            block: self.blocks.len() - 1,
+            offset: 0,
+            len: len as u64,
+        }
+    }
+}
+
+mod sealed {
+    use super::{Lender, View};
+
+    /// How a buffer lends itself for reading.
+    pub trait Lend<T> {
+        /// Lend for one call; the view of the whole buffer.
+        fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View;
+        /// Elements.
+        fn elems(&self) -> usize;
+    }
+    /// How a buffer lends itself for writing.
+    pub trait LendMut<T> {
+        /// Lend for one call; the view of the whole buffer.
+        fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View;
+        /// Elements.
+        fn elems(&self) -> usize;
+    }
+}
+
+/// A buffer a per-rank call reads: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
+/// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaView`, `CudaViewMut`, which a call
+/// takes on the caller's stream: `RankComm::on`).
+pub trait SendBuf<T: Element>: sealed::Lend<T> {
+    /// Elements in the buffer.
+    fn elems(&self) -> usize {
+        sealed::Lend::elems(self)
+    }
+}
+/// A buffer a per-rank call writes: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
+/// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaViewMut`).
+pub trait RecvBuf<T: Element>: sealed::LendMut<T> {
+    /// Elements in the buffer.
+    fn elems(&self) -> usize {
+        sealed::LendMut::elems(self)
+    }
+}
+
+fn host_span<T>(addr: usize, s: &[T]) -> Span {
+    Span {
+        addr,
+        bytes: std::mem::size_of_val(s) as u64,
+        device: None,
+    }
+}
+
+impl<T: Element> sealed::Lend<T> for [T] {
+    fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+        l.push(host_span(self.as_ptr() as usize, self), self.len())
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+}
+impl<T: Element> sealed::LendMut<T> for [T] {
+    fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+        // The address comes from the unique borrow: the backend writes through it.
+        let span = host_span(self.as_mut_ptr() as usize, self);
+        l.push(span, self.len())
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+}
+impl<T: Element> SendBuf<T> for [T] {}
+impl<T: Element> RecvBuf<T> for [T] {}
+
+macro_rules! host_container {
+    ([$($gen:tt)*] $ty:ty) => {
+        impl<T: Element $($gen)*> sealed::Lend<T> for $ty {
+            fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+                self[..].lend(l)
+            }
+            fn elems(&self) -> usize {
+                self.len()
+            }
+        }
+        impl<T: Element $($gen)*> sealed::LendMut<T> for $ty {
+            fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+                self[..].lend_mut(l)
+            }
+            fn elems(&self) -> usize {
+                self.len()
+            }
+        }
+        impl<T: Element $($gen)*> SendBuf<T> for $ty {}
+        impl<T: Element $($gen)*> RecvBuf<T> for $ty {}
+    };
+}
+host_container!([] Vec<T>);
+host_container!([, const N: usize] [T; N]);
+
+#[cfg(feature = "cuda")]
+mod device {
+    use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
+
+    use super::{Element, Lender, RecvBuf, SendBuf, Span, View, sealed};
+    use crate::error::CollectivesError;
+
+    fn no_stream(l: &mut Lender<'_>) -> View {
+        l.error.get_or_insert(CollectivesError::Backend {
+            backend: "ranks",
+            message: "a CUDA buffer is taken on the caller's stream: call through RankComm::on(&stream) or RankComm::group_on".into(),
+        });
+        View {
+            block: 0,
+            offset: 0,
+            len: 0,
+        }
+    }
+
+    macro_rules! device_send {
+        ($($ty:tt)*) => {
+            impl<T: Element> sealed::Lend<T> for $($ty)* {
+                fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+                    let Some(stream) = l.stream else { return no_stream(l) };
+                    let (ptr, guard) = self.device_ptr(stream);
+                    l.guards.push(guard);
+                    let span = Span {
+                        addr: ptr as usize,
+                        bytes: self.num_bytes() as u64,
+                        device: Some(stream.context().ordinal()),
+                    };
+                    l.push(span, self.len())
+                }
+                fn elems(&self) -> usize {
+                    self.len()
+                }
+            }
+            impl<T: Element> SendBuf<T> for $($ty)* {}
+        };
+    }
+    macro_rules! device_recv {
+        ($($ty:tt)*) => {
+            impl<T: Element> sealed::LendMut<T> for $($ty)* {
+                fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+                    let Some(stream) = l.stream else { return no_stream(l) };
+                    let (len, bytes) = (self.len(), self.num_bytes() as u64);
+                    let (ptr, guard) = self.device_ptr_mut(stream);
+                    l.guards.push(guard);
+                    let span = Span {
+                        addr: ptr as usize,
+                        bytes,
+                        device: Some(stream.context().ordinal()),
+                    };
+                    l.push(span, len)
+                }
+                fn elems(&self) -> usize {
+                    self.len()
+                }
+            }
+            impl<T: Element> RecvBuf<T> for $($ty)* {}
+        };
+    }
+    device_send!(CudaSlice<T>);
+    device_send!(CudaView<'_, T>);
+    device_send!(CudaViewMut<'_, T>);
+    device_recv!(CudaSlice<T>);
+    device_recv!(CudaViewMut<'_, T>);
+}
+
+fn counts_u64(c: &[usize]) -> Vec<u64> {
+    c.iter().map(|&x| x as u64).collect()
+}
+
+impl<'b> RankGroup<'_, 'b> {
+    fn me(&self) -> usize {
+        self.comm.rank
+    }
+    fn n(&self) -> usize {
+        self.comm.ranks()
+    }
+
+    fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, s: &'b S) -> View {
+        s.lend(&mut self.lender)
+    }
+
+    fn lend_mut<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, s: &'b mut R) -> View {
+        s.lend_mut(&mut self.lender)
+    }
+
+    fn fail(&mut self, e: CollectivesError) -> &mut Self {
+        self.lender.error.get_or_insert(e);
+        self
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn coll(
+        &mut self,
+        call: &'static str,
+        collective: Collective,
+        dtype: DType,
+        count: usize,
+        op: ReduceOp,
+        root: usize,
+        input: Option<View>,
+        output: Option<View>,
+    ) -> &mut Self {
+        let desc = Desc {
+            call,
+            collective,
+            dtype,
+            op,
+            root,
+            count: count as u64,
+            counts: Vec::new(),
+            recv_counts: Vec::new(),
+        };
+        self.ops.push(Op::Coll {
+            desc,
+            input,
+            output,
+        });
+        self
+    }
+
+    /// `len / n` elements per block, or the error naming this rank's in-place buffer.
+    fn block_of(&self, call: &'static str, len: usize) -> Result<usize> {
+        let n = self.n();
+        if !len.is_multiple_of(n) {
+            return Err(CollectivesError::CountMismatch {
+                call,
+                rank: self.me(),
+                side: "in-place",
+                got: len as u64,
+                needs: (len / n + 1) as u64 * n as u64,
+            });
+        }
+        Ok(len / n)
+    }
+
+    /// Add [`RankComm::all_reduce`].
+    pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let (i, o) = (self.lend(send), self.lend_mut(recv));
+        let c = SendBuf::<T>::elems(send);
+        self.coll(
+            "all_reduce",
+            Collective::AllReduce,
+            T::DTYPE,
+            c,
+            op,
+            0,
+            Some(i),
+            Some(o),
+        )
+    }
+
+    /// Add [`RankComm::all_reduce_in_place`].
+    pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(buf);
+        let v = self.lend_mut(buf);
+        self.coll(
+            "all_reduce",
+            Collective::AllReduce,
+            T::DTYPE,
+            c,
+            op,
+            0,
+            Some(v),
+            Some(v),
+        )
+    }
+
+    /// Add [`RankComm::reduce`].
+    pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: Option<&'b mut R>,
+        root: usize,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send);
+        let i = self.lend(send);
+        let o = match recv {
+            Some(r) if self.me() == root => Some(self.lend_mut(r)),
+            _ => None,
+        };
+        self.coll(
+            "reduce",
+            Collective::Reduce,
+            T::DTYPE,
+            c,
+            op,
+            root,
+            Some(i),
+            o,
+        )
+    }
+
+    /// Add [`RankComm::reduce_in_place`].
+    pub fn reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(buf);
+        let v = self.lend_mut(buf);
+        let o = (self.me() == root).then_some(v);
+        self.coll(
+            "reduce",
+            Collective::Reduce,
+            T::DTYPE,
+            c,
+            op,
+            root,
+            Some(v),
+            o,
+        )
+    }
+
+    /// Add [`RankComm::broadcast`].
+    pub fn broadcast<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: Option<&'b S>,
+        recv: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(recv);
+        let i = match send {
+            Some(s) if self.me() == root => Some(self.lend(s)),
+            _ => None,
+        };
+        let o = self.lend_mut(recv);
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "broadcast",
+            Collective::Broadcast,
+            T::DTYPE,
+            c,
+            sum,
+            root,
+            i,
+            Some(o),
+        )
+    }
+
+    /// Add [`RankComm::broadcast_in_place`].
+    pub fn broadcast_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(buf);
+        let v = self.lend_mut(buf);
+        let i = (self.me() == root).then_some(v);
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "broadcast",
+            Collective::Broadcast,
+            T::DTYPE,
+            c,
+            sum,
+            root,
+            i,
+            Some(v),
+        )
+    }
+
+    /// Add [`RankComm::all_gather`].
+    pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send);
+        let (i, o) = (self.lend(send), self.lend_mut(recv));
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "all_gather",
+            Collective::AllGather,
+            T::DTYPE,
+            c,
+            sum,
+            0,
+            Some(i),
+            Some(o),
+        )
+    }
+
+    /// Add [`RankComm::all_gather_in_place`].
+    pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+    ) -> &mut Self {
+        let c = match self.block_of("all_gather", RecvBuf::<T>::elems(buf)) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        let o = self.lend_mut(buf);
+        let i = View {
+            offset: (c * self.me()) as u64,
+            len: c as u64,
+            ..o
+        };
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "all_gather",
+            Collective::AllGather,
+            T::DTYPE,
+            c,
+            sum,
+            0,
+            Some(i),
+            Some(o),
+        )
+    }
+
+    fn push_v(&mut self, desc: Desc, input: View, output: View) -> &mut Self {
+        self.ops.push(Op::Coll {
+            desc,
+            input: Some(input),
+            output: Some(output),
+        });
+        self
+    }
+
+    fn desc_v(call: &'static str, c: Collective, dtype: DType, counts: Vec<u64>) -> Desc {
+        Desc {
+            call,
+            collective: c,
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+            count: 0,
+            counts,
+            recv_counts: Vec::new(),
+        }
+    }
+
+    /// Add [`RankComm::all_gather_v`].
+    pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        counts: &[usize],
+    ) -> &mut Self {
+        let (i, o) = (self.lend(send), self.lend_mut(recv));
+        let d = Self::desc_v(
+            "all_gather_v",
+            Collective::AllGatherV,
+            T::DTYPE,
+            counts_u64(counts),
+        );
+        self.push_v(d, i, o)
+    }
+
+    /// Add [`RankComm::all_gather_v_in_place`].
+    pub fn all_gather_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        counts: &[usize],
+    ) -> &mut Self {
+        let me = self.me();
+        let Some(&mine) = counts.get(me) else {
+            let e = CollectivesError::RankCount {
+                call: "all_gather_v",
+                side: "count",
+                expected: self.n(),
+                got: counts.len(),
+            };
+            return self.fail(e);
+        };
+        let o = self.lend_mut(buf);
+        let i = View {
+            offset: counts[..me].iter().sum::<usize>() as u64,
+            len: mine as u64,
+            ..o
+        };
+        let d = Self::desc_v(
+            "all_gather_v",
+            Collective::AllGatherV,
+            T::DTYPE,
+            counts_u64(counts),
+        );
+        self.push_v(d, i, o)
+    }
+
+    /// Add [`RankComm::reduce_scatter`].
+    pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(recv);
+        let (i, o) = (self.lend(send), self.lend_mut(recv));
+        let rs = Collective::ReduceScatter;
+        self.coll("reduce_scatter", rs, T::DTYPE, c, op, 0, Some(i), Some(o))
+    }
+
+    /// Add [`RankComm::reduce_scatter_in_place`].
+    pub fn reduce_scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = match self.block_of("reduce_scatter", RecvBuf::<T>::elems(buf)) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        let i = self.lend_mut(buf);
+        let o = View {
+            offset: (c * self.me()) as u64,
+            len: c as u64,
+            ..i
+        };
+        let rs = Collective::ReduceScatter;
+        self.coll("reduce_scatter", rs, T::DTYPE, c, op, 0, Some(i), Some(o))
+    }
+
+    /// Add [`RankComm::all_to_all`].
+    pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send) / self.n();
+        let (i, o) = (self.lend(send), self.lend_mut(recv));
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "all_to_all",
+            Collective::AllToAll,
+            T::DTYPE,
+            c,
+            sum,
+            0,
+            Some(i),
+            Some(o),
+        )
+    }
+
+    /// Add [`RankComm::all_to_all_v`].
+    pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        send_counts: &[usize],
+        recv: &'b mut R,
+        recv_counts: &[usize],
+    ) -> &mut Self {
+        let (i, o) = (self.lend(send), self.lend_mut(recv));
+        let mut d = Self::desc_v(
+            "all_to_all_v",
+            Collective::AllToAllV,
+            T::DTYPE,
+            counts_u64(send_counts),
+        );
+        d.recv_counts = counts_u64(recv_counts);
+        self.push_v(d, i, o)
+    }
+
+    /// Add [`RankComm::gather`].
+    pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: Option<&'b mut R>,
+        root: usize,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send);
+        let i = self.lend(send);
+        let o = match recv {
+            Some(r) if self.me() == root => Some(self.lend_mut(r)),
+            _ => None,
+        };
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "gather",
+            Collective::Gather,
+            T::DTYPE,
+            c,
+            sum,
+            root,
+            Some(i),
+            o,
+        )
+    }
+
+    /// Add [`RankComm::gather_in_place`].
+    pub fn gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let sum = ReduceOp::Sum;
+        if self.me() != root {
+            let c = RecvBuf::<T>::elems(buf);
+            let i = self.lend_mut(buf);
+            return self.coll(
+                "gather",
+                Collective::Gather,
+                T::DTYPE,
+                c,
+                sum,
+                root,
+                Some(i),
+                None,
+            );
+        }
+        let c = match self.block_of("gather", RecvBuf::<T>::elems(buf)) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        let o = self.lend_mut(buf);
+        let i = View {
+            offset: (c * root) as u64,
+            len: c as u64,
+            ..o
+        };
+        self.coll(
+            "gather",
+            Collective::Gather,
+            T::DTYPE,
+            c,
+            sum,
+            root,
+            Some(i),
+            Some(o),
+        )
+    }
+
+    /// Add [`RankComm::scatter`].
+    pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: Option<&'b S>,
+        recv: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(recv);
+        let i = match send {
+            Some(s) if self.me() == root => Some(self.lend(s)),
+            _ => None,
+        };
+        let o = self.lend_mut(recv);
+        let sum = ReduceOp::Sum;
+        self.coll(
+            "scatter",
+            Collective::Scatter,
+            T::DTYPE,
+            c,
+            sum,
+            root,
+            i,
+            Some(o),
+        )
+    }
+
+    /// Add [`RankComm::scatter_in_place`].
+    pub fn scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let sum = ReduceOp::Sum;
+        if self.me() != root {
+            let c = RecvBuf::<T>::elems(buf);
+            let o = self.lend_mut(buf);
+            return self.coll(
+                "scatter",
+                Collective::Scatter,
+                T::DTYPE,
+                c,
+                sum,
+                root,
+                None,
+                Some(o),
+            );
+        }
+        let c = match self.block_of("scatter", RecvBuf::<T>::elems(buf)) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        let i = self.lend_mut(buf);
+        let o = View {
+            offset: (c * root) as u64,
+            len: c as u64,
+            ..i
+        };
+        self.coll(
+            "scatter",
+            Collective::Scatter,
+            T::DTYPE,
+            c,
+            sum,
+            root,
+            Some(i),
+            Some(o),
+        )
+    }
+
+    /// Post a send of `buf` to rank `peer` (`ncclSend`).
+    pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b S,
+        peer: usize,
+    ) -> &mut Self {
+        let view = self.lend(buf);
+        self.ops.push(Op::P2p {
+            send: true,
+            peer,
+            view,
+            dtype: T::DTYPE,
+        });
+        self
+    }
+
+    /// Post a receive into `buf` from rank `peer` (`ncclRecv`).
+    pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        peer: usize,
+    ) -> &mut Self {
+        let view = self.lend_mut(buf);
+        self.ops.push(Op::P2p {
+            send: false,
+            peer,
+            view,
+            dtype: T::DTYPE,
+        });
+        self
+    }
+
+    fn finish(self, call: &'static str) -> Result<()> {
+        let Lender {
+            blocks,
+            error,
+            #[cfg(feature = "cuda")]
+            stream,
+            #[cfg(feature = "cuda")]
+            guards,
+            ..
+        } = self.lender;
+        let ops = match error {
+            Some(e) => Err(e),
+            None => Ok(self.ops),
+        };
+        #[cfg(feature = "cuda")]
+        let r = self.comm.meet(call, blocks, ops, stream.cloned());
+        #[cfg(not(feature = "cuda"))]
+        let r = self.comm.meet(call, blocks, ops);
+        // The buffers' cudarc events are recorded on the caller's stream now, after the
+        // operation was enqueued there, so later users of a buffer (its free included) wait
+        // for the operation.
+        #[cfg(feature = "cuda")]
+        drop(guards);
+        r.map(|_| ())
+    }
+
+    /// Run the group with the other ranks' groups; returns when it is done on every rank.
+    pub fn launch(self) -> Result<()> {
+        self.finish("group")
+    }
+}
+
+// The single calls: each a group of one operation. Expanded for `RankComm` (host slices)
+// and `OnStream` (the same calls on the caller's CUDA stream).
+macro_rules! single_calls {
+    () => {
+        /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
+        pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_reduce(send, recv, op);
+            g.finish("all_reduce")
+        }
+
+        /// `buf = op(every rank's buf)`, in place.
+        pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_reduce_in_place(buf, op);
+            g.finish("all_reduce")
+        }
+
+        /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv`
+        /// is used only on the root, which must give it.
+        pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: Option<&mut R>,
+            root: usize,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce(send, recv, root, op);
+            g.finish("reduce")
+        }
+
+        /// As `reduce`, in place: the root's `buf` is its input and the result; the others'
+        /// `buf` is their input.
+        pub fn reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce_in_place(buf, root, op);
+            g.finish("reduce")
+        }
+
+        /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is
+        /// used only on the root, which must give it.
+        pub fn broadcast<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: Option<&S>,
+            recv: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.broadcast(send, recv, root);
+            g.finish("broadcast")
+        }
+
+        /// The root's `buf` to every rank's `buf`, in place.
+        pub fn broadcast_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.broadcast_in_place(buf, root);
+            g.finish("broadcast")
+        }
+
+        /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
+        /// `MPI_Allgather`).
+        pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather(send, recv);
+            g.finish("all_gather")
+        }
+
+        /// As `all_gather`, in place: this rank's input is block `rank` of `buf` (its length a
+        /// multiple of the rank count).
+        pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather_in_place(buf);
+            g.finish("all_gather")
+        }
+
+        /// As `all_gather` with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`); every
+        /// rank gives the same `counts`.
+        pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+            counts: &[usize],
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather_v(send, recv, counts);
+            g.finish("all_gather_v")
+        }
+
+        /// As `all_gather_v`, in place: this rank's input is its block of `buf`.
+        pub fn all_gather_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            counts: &[usize],
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_gather_v_in_place(buf, counts);
+            g.finish("all_gather_v")
+        }
+
+        /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
+        /// `MPI_Reduce_scatter_block`).
+        pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce_scatter(send, recv, op);
+            g.finish("reduce_scatter")
+        }
+
+        /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
+        pub fn reduce_scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            op: ReduceOp,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.reduce_scatter_in_place(buf, op);
+            g.finish("reduce_scatter")
+        }
+
+        /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
+        pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: &mut R,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_to_all(send, recv);
+            g.finish("all_to_all")
+        }
+
+        /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
+        /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
+        pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            send_counts: &[usize],
+            recv: &mut R,
+            recv_counts: &[usize],
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.all_to_all_v(send, send_counts, recv, recv_counts);
+            g.finish("all_to_all_v")
+        }
+
+        /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
+        /// (`MPI_Gather`); `recv` is used only on the root, which must give it.
+        pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: &S,
+            recv: Option<&mut R>,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.gather(send, recv, root);
+            g.finish("gather")
+        }
+
+        /// As `gather`, in place: the root's `buf` is the whole output with its own input as
+        /// block `root`; the others' `buf` is their input.
+        pub fn gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.gather_in_place(buf, root);
+            g.finish("gather")
+        }
+
+        /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used only
+        /// on the root, which must give it.
+        pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            send: Option<&S>,
+            recv: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.scatter(send, recv, root);
+            g.finish("scatter")
+        }
+
+        /// As `scatter`, in place: the root's `buf` is the whole input and keeps block `root`
+        /// as its output; the others' `buf` is their output.
+        pub fn scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            root: usize,
+        ) -> Result<()> {
+            let mut g = self.start();
+            g.scatter_in_place(buf, root);
+            g.finish("scatter")
+        }
+
+        /// Send `buf` to rank `peer` (`ncclSend`), meeting its `recv`; only the two ranks take
+        /// part.
+        pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
+            &mut self,
+            buf: &S,
+            peer: usize,
+        ) -> Result<()> {
+            let mut l = self.lender();
+            let view = buf.lend(&mut l);
+            self.comm().p2p("send", true, peer, l, view, T::DTYPE)
+        }
+
+        /// Receive into `buf` from rank `peer` (`ncclRecv`), meeting its `send`.
+        pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
+            &mut self,
+            buf: &mut R,
+            peer: usize,
+        ) -> Result<()> {
+            let mut l = self.lender();
+            let view = buf.lend_mut(&mut l);
+            self.comm().p2p("recv", false, peer, l, view, T::DTYPE)
+        }
+    };
+}
+
+impl RankComm {
+    /// Start a group of this rank's calls on host slices ([`RankGroup`]).
+    pub fn group<'b>(&mut self) -> RankGroup<'_, 'b> {
+        RankGroup {
+            comm: self,
+            lender: Lender::default(),
+            ops: Vec::new(),
+            _borrows: PhantomData,
+        }
+    }
+
+    fn start<'b>(&mut self) -> RankGroup<'_, 'b> {
+        self.group()
+    }
+
+    fn lender<'b>(&self) -> Lender<'b> {
+        Lender::default()
+    }
+
+    fn comm(&mut self) -> &mut RankComm {
+        self
+    }
+
+    /// Run a point-to-point call with what `lender` holds.
+    fn p2p(
+        &mut self,
+        call: &'static str,
+        send: bool,
+        peer: usize,
+        lender: Lender<'_>,
+        view: View,
+        dtype: DType,
+    ) -> Result<()> {
+        let Lender {
+            blocks,
+            error,
+            #[cfg(feature = "cuda")]
+            stream,
+            #[cfg(feature = "cuda")]
+            guards,
+            ..
+        } = lender;
+        let ops = match error {
+            Some(e) => Err(e),
+            None => Ok(vec![Op::P2p {
+                send,
+                peer,
+                view,
+                dtype,
+            }]),
+        };
+        #[cfg(feature = "cuda")]
+        let r = self.meet_pair(call, peer, blocks, ops, stream.cloned());
+        #[cfg(not(feature = "cuda"))]
+        let r = self.meet_pair(call, peer, blocks, ops);
+        #[cfg(feature = "cuda")]
+        drop(guards);
+        r
+    }
+
+    single_calls!();
+}
+
+/// A rank's handle with the caller's CUDA stream ([`RankComm::on`]): the same calls as
+/// [`RankComm`]'s, on cudarc device buffers (`CudaSlice<T>`, `CudaView`, `CudaViewMut`),
+/// enqueued on the stream without host synchronization. The plan's streams wait for an event
+/// recorded on each rank's stream, and each rank's stream waits for the plan's end, so a
+/// kernel enqueued on the stream after the call sees the result, and synchronizing the stream
+/// waits for this call only. The call returns once every rank's part is enqueued.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub struct OnStream<'s> {
+    comm: &'s mut RankComm,
+    stream: &'s Arc<CudaStream>,
+}
+
+#[cfg(feature = "cuda")]
+impl<'s> OnStream<'s> {
+    fn start<'b>(&mut self) -> RankGroup<'_, 'b>
+    where
+        's: 'b,
+    {
+        let stream = self.stream;
+        let mut g = self.comm.group();
+        g.lender.stream = Some(stream);
+        g
+    }
+
+    fn lender<'b>(&self) -> Lender<'b>
+    where
+        's: 'b,
+    {
+        Lender {
+            stream: Some(self.stream),
+            ..Lender::default()
+        }
+    }
+
+    fn comm(&mut self) -> &mut RankComm {
+        self.comm
+    }
+
+    single_calls!();
+}
+
+#[cfg(feature = "cuda")]
+impl RankComm {
+    /// This rank's calls on the caller's CUDA stream `stream` (`ncclAllReduce(..., comm,
+    /// stream)`): see [`OnStream`]. Needs a communicator on the CUDA backend; elsewhere every
+    /// call returns an error.
+    pub fn on<'s>(&'s mut self, stream: &'s Arc<CudaStream>) -> OnStream<'s> {
+        OnStream { comm: self, stream }
+    }
+
+    /// Start a group of this rank's calls on the caller's CUDA stream `stream`.
+    pub fn group_on<'b>(&mut self, stream: &'b Arc<CudaStream>) -> RankGroup<'_, 'b> {
+        let mut g = self.group();
+        g.lender.stream = Some(stream);
+        g
+    }
+}

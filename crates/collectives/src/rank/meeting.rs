@@ -1,0 +1,181 @@
+//! The meeting point of per-rank calls: each call of a communicator has a sequence number,
+//! the ranks' arrivals for one number meet here, the last to arrive runs the operation for
+//! all, and the others wait for its outcome or, while someone is missing, for their timeout.
+//!
+//! A rank never leaves while the operation that may touch its memory runs: once every rank
+//! has arrived the round is `Running` and waits have no deadline (the run itself is bounded:
+//! the backend finishes every launch it accepts). Before that, a rank whose deadline passes
+//! closes the round with a timeout, so a late rank finds it closed and nobody runs it.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::op::{Arrival, Failure, Outcome};
+
+/// Lock ignoring poisoning: every critical section here is a single consistent update.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+enum Phase {
+    Gathering,
+    Running,
+    Done(Arc<Outcome>),
+}
+
+struct Round {
+    arrivals: Vec<Option<Arrival>>,
+    arrived: usize,
+    phase: Phase,
+    /// Ranks that have taken the outcome; the round is dropped when all have.
+    collected: usize,
+}
+
+/// Where the calls of `members.len()` ranks meet (a communicator, or one pair of its ranks
+/// for point-to-point calls).
+pub(crate) struct Meeting {
+    /// The communicator rank of each participant.
+    members: Vec<usize>,
+    /// Per communicator rank: its handle was dropped (it never arrives again).
+    gone: Arc<[AtomicBool]>,
+    rounds: Mutex<HashMap<u64, Round>>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Meeting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meeting")
+            .field("members", &self.members)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Meeting {
+    pub fn new(members: Vec<usize>, gone: Arc<[AtomicBool]>) -> Self {
+        Meeting {
+            members,
+            gone,
+            rounds: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Wake waiters so they notice a rank that left.
+    pub fn poke(&self) {
+        let _g = lock(&self.rounds);
+        self.cv.notify_all();
+    }
+
+    fn collect(rounds: &mut HashMap<u64, Round>, seq: u64, n: usize) {
+        if let Some(r) = rounds.get_mut(&seq) {
+            r.collected += 1;
+            if r.collected >= n {
+                rounds.remove(&seq);
+            }
+        }
+    }
+
+    /// Arrive at round `seq` as participant `me` with `arrival`; the last to arrive runs
+    /// `lead` on every participant's arrival (in participant order). Returns the round's
+    /// outcome, or a timeout once `timeout` passed while someone was missing.
+    pub fn meet(
+        &self,
+        me: usize,
+        seq: u64,
+        arrival: Arrival,
+        timeout: Duration,
+        lead: impl FnOnce(Vec<Arrival>) -> Outcome,
+    ) -> Arc<Outcome> {
+        let start = Instant::now();
+        let n = self.members.len();
+        let mut rounds = lock(&self.rounds);
+        let round = rounds.entry(seq).or_insert_with(|| Round {
+            arrivals: (0..n).map(|_| None).collect(),
+            arrived: 0,
+            phase: Phase::Gathering,
+            collected: 0,
+        });
+        if let Phase::Done(o) = &round.phase {
+            // Closed before this rank came (a timeout): it runs nothing.
+            let o = o.clone();
+            Self::collect(&mut rounds, seq, n);
+            return o;
+        }
+        let Some(slot) = round.arrivals.get_mut(me).filter(|s| s.is_none()) else {
+            return Arc::new(Err(Failure::Internal(format!(
+                "participant {me} arrived twice at call {seq}"
+            ))));
+        };
+        *slot = Some(arrival);
+        round.arrived += 1;
+        if round.arrived == n {
+            round.phase = Phase::Running;
+            let arrivals: Vec<Arrival> =
+                round.arrivals.iter_mut().filter_map(Option::take).collect();
+            drop(rounds);
+            // A panic in the run must not leave the others waiting forever; whatever the run
+            // lent is given back by its own guards while unwinding.
+            let outcome = catch_unwind(AssertUnwindSafe(|| lead(arrivals))).unwrap_or_else(|_| {
+                Err(Failure::Internal(format!("the run of call {seq} panicked")))
+            });
+            let outcome = Arc::new(outcome);
+            let mut rounds = lock(&self.rounds);
+            if let Some(r) = rounds.get_mut(&seq) {
+                r.phase = Phase::Done(outcome.clone());
+            }
+            self.cv.notify_all();
+            Self::collect(&mut rounds, seq, n);
+            return outcome;
+        }
+        let deadline = start + timeout;
+        loop {
+            let Some(round) = rounds.get_mut(&seq) else {
+                return Arc::new(Err(Failure::Internal(format!(
+                    "call {seq} vanished while participant {me} waited"
+                ))));
+            };
+            match &round.phase {
+                Phase::Done(o) => {
+                    let o = o.clone();
+                    Self::collect(&mut rounds, seq, n);
+                    return o;
+                }
+                Phase::Running => {
+                    rounds = self.cv.wait(rounds).unwrap_or_else(|p| p.into_inner());
+                }
+                Phase::Gathering => {
+                    let missing: Vec<usize> = (0..n)
+                        .filter(|&i| round.arrivals[i].is_none())
+                        .map(|i| self.members[i])
+                        .collect();
+                    let gone = missing
+                        .iter()
+                        .any(|&r| self.gone.get(r).is_some_and(|g| g.load(Ordering::Acquire)));
+                    let now = Instant::now();
+                    if gone || now >= deadline {
+                        let o = Arc::new(Err(Failure::Timeout {
+                            seq,
+                            missing,
+                            waited_ms: now.duration_since(start).as_millis() as u64,
+                            gone,
+                        }));
+                        round.phase = Phase::Done(o.clone());
+                        // Nobody runs these arrivals: their memory goes back untouched.
+                        round.arrivals.iter_mut().for_each(|a| *a = None);
+                        self.cv.notify_all();
+                        Self::collect(&mut rounds, seq, n);
+                        return o;
+                    }
+                    rounds = self
+                        .cv
+                        .wait_timeout(rounds, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Per-rank handles: one [`RankComm`] per rank, each moved to its own thread, each calling
+//! collectives on its own borrowed slices, as engines call `ncclAllReduce` from one thread
+//! per GPU.
+//!
+//! How a call runs: every call of a handle has a sequence number; the ranks' calls with one
+//! number meet (`meeting.rs`), their descriptors (collective, element type, count or counts,
+//! op, root, order) are compared (`op.rs`), and the last rank to arrive runs the operation
+//! for all (`run.rs`): it lends every rank's slices to the communicator's host backend for
+//! the call, builds one checked group on the all-ranks [`Communicator`] (the same checks,
+//! plan cache, checker and executor), launches it, waits, and gives the slices back. A
+//! mismatch or a failure is an error on every rank; a rank that does not come within the
+//! timeout makes the others fail with [`CollectivesError::RankTimeout`]. Calls block until
+//! the operation is done, so the borrows end when the call returns: an input is a `&[T]`,
+//! an output a `&mut [T]`, and an in-place call takes one `&mut [T]`, so the borrow checker
+//! rules out aliasing.
+//!
+//! On the CUDA backend the calls take cudarc buffers on the caller's stream instead
+//! (`RankComm::on`): the run lends their device pointers and enqueues the group ordered
+//! within every rank's stream (`CudaBackend::submit_on`), without host synchronization.
+//!
+//! Layout: `mod.rs` (the handle, creation, timeouts), `calls.rs` (the typed calls, the
+//! buffer traits, [`RankGroup`] and, with feature `cuda`, `OnStream`), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the
+//! rendezvous), `run.rs` (the run), `split.rs` (`split`).
+
+mod calls;
+mod meeting;
+mod op;
+mod run;
+mod split;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::communicator::Communicator;
+use crate::error::{CollectivesError, Result};
+
+#[cfg(feature = "cuda")]
+pub use calls::OnStream;
+pub use calls::{RankGroup, RecvBuf, SendBuf};
+use meeting::Meeting;
+use op::{Arrival, Failure, Op, Payload, Span};
+
+/// How long a rank waits for the others to join a call before it fails with
+/// [`CollectivesError::RankTimeout`], unless [`RankComm::set_timeout`] says otherwise.
+pub const DEFAULT_RANK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the ranks of one communicator share: the all-ranks communicator that runs their
+/// calls, and where the calls meet.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    comm: Communicator,
+    /// Per rank: its handle was dropped.
+    gone: Arc<[AtomicBool]>,
+    meeting: Meeting,
+    /// Point-to-point meetings, per (lower rank, higher rank).
+    pairs: Mutex<HashMap<(usize, usize), Arc<Meeting>>>,
+}
+
+impl Shared {
+    pub(crate) fn new(comm: Communicator) -> Self {
+        let n = comm.ranks();
+        let gone: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
+        Shared {
+            meeting: Meeting::new((0..n).collect(), gone.clone()),
+            gone,
+            comm,
+            pairs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn pair(&self, a: usize, b: usize) -> Arc<Meeting> {
+        let key = (a.min(b), a.max(b));
+        self.pairs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_insert_with(|| Arc::new(Meeting::new(vec![key.0, key.1], self.gone.clone())))
+            .clone()
+    }
+
+    fn leave(&self, rank: usize) {
+        if let Some(g) = self.gone.get(rank) {
+            g.store(true, Ordering::Release);
+        }
+        self.meeting.poke();
+        let pairs: Vec<Arc<Meeting>> = self
+            .pairs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for p in pairs {
+            p.poke();
+        }
+    }
+}
+
+/// One rank of a communicator, for one thread (NCCL's `ncclComm_t` as `ncclCommInitAll` makes
+/// it, one per device).
+///
+/// Made for every local rank at once by [`Communicator::into_ranks`] or [`RankComm::host`],
+/// or from another handle by [`RankComm::split`]. Each handle is `Send`: move it to the
+/// thread that drives its rank. Every rank calls the same collectives in the same order, each
+/// on its own slices; the call returns when the operation is done on every rank.
+///
+/// Errors are the same on every rank: a call whose ranks disagree (collective, element type,
+/// count, op, root, order) is [`CollectivesError::RankMismatch`]; a buffer of the wrong length
+/// on any rank, a plan or backend failure is [`CollectivesError::RankFailed`] with the error as
+/// its source; a rank missing for longer than the timeout (or whose handle was dropped) is
+/// [`CollectivesError::RankTimeout`]. Nothing runs then, and no slice changes.
+///
+/// Calls are in place when they take one `&mut [T]` (the `_in_place` calls). In place or not
+/// is a per-call choice every rank makes alike.
+///
+/// ```
+/// use relaycc_collectives::{RankComm, ReduceOp};
+///
+/// let ranks = RankComm::host(4)?;
+/// let handles: Vec<_> = ranks
+///     .into_iter()
+///     .map(|mut rank| {
+///         std::thread::spawn(move || {
+///             let mut grads = vec![rank.rank() as f32; 1000];
+///             rank.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
+///             Ok::<_, relaycc_collectives::CollectivesError>(grads[0])
+///         })
+///     })
+///     .collect();
+/// for h in handles {
+///     assert_eq!(h.join().expect("rank thread")?, 1.5);
+/// }
+/// # Ok::<(), relaycc_collectives::CollectivesError>(())
+/// ```
+#[derive(Debug)]
+pub struct RankComm {
+    shared: Arc<Shared>,
+    rank: usize,
+    /// Sequence number of this rank's next collective call.
+    seq: u64,
+    /// Sequence number of this rank's next point-to-point call, per peer.
+    pair_seq: HashMap<usize, u64>,
+    timeout: Duration,
+}
+
+impl Communicator {
+    /// One handle per rank of this communicator, in rank order (`ncclCommInitAll`), for
+    /// per-rank calls from one thread per rank. On the host backend ([`crate::HostBackend`])
+    /// the calls take host slices; on the CUDA backend, cudarc buffers on the caller's
+    /// stream (`RankComm::on`, feature `cuda`). Other backends refuse every call.
+    pub fn into_ranks(self) -> Vec<RankComm> {
+        let n = self.ranks();
+        let shared = Arc::new(Shared::new(self));
+        (0..n)
+            .map(|rank| RankComm {
+                shared: shared.clone(),
+                rank,
+                seq: 0,
+                pair_seq: HashMap::new(),
+                timeout: DEFAULT_RANK_TIMEOUT,
+            })
+            .collect()
+    }
+}
+
+impl RankComm {
+    /// `n` ranks on `n` logical devices of this host's memory ([`Communicator::host`]), one
+    /// handle each.
+    pub fn host(n: u32) -> Result<Vec<RankComm>> {
+        Ok(Communicator::host(n)?.into_ranks())
+    }
+
+    /// This handle's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of ranks of the communicator.
+    pub fn ranks(&self) -> usize {
+        self.shared.comm.ranks()
+    }
+    /// The communicator the ranks' calls run on (its topology, devices, plans).
+    pub fn communicator(&self) -> &Communicator {
+        &self.shared.comm
+    }
+    /// How long this rank waits for the others to join a call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// Wait at most `timeout` for the others to join each call of this rank; past it the call
+    /// fails with [`CollectivesError::RankTimeout`] on every rank that came. Once every rank
+    /// has come, the call runs to its end (the run itself does not time out).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Run this rank's part of a collective call (or group) `call` on the communicator's
+    /// meeting.
+    fn meet(
+        &mut self,
+        call: &'static str,
+        blocks: Vec<Span>,
+        ops: Result<Vec<Op>>,
+        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
+    ) -> Result<Payload> {
+        let seq = self.seq;
+        self.seq += 1;
+        let arrival = Arrival {
+            rank: self.rank,
+            blocks,
+            ops,
+            #[cfg(feature = "cuda")]
+            stream,
+        };
+        let shared = self.shared.clone();
+        let outcome = self
+            .shared
+            .meeting
+            .meet(self.rank, seq, arrival, self.timeout, |a| {
+                run::run(&shared, a)
+            });
+        Self::result(call, outcome)
+    }
+
+    /// Run this rank's part of a point-to-point call with `peer` on their pair's meeting.
+    fn meet_pair(
+        &mut self,
+        call: &'static str,
+        peer: usize,
+        blocks: Vec<Span>,
+        ops: Result<Vec<Op>>,
+        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
+    ) -> Result<()> {
+        if peer >= self.ranks() || peer == self.rank {
+            return Err(CollectivesError::BadRank {
+                call,
+                rank: peer,
+                ranks: self.ranks(),
+            });
+        }
+        let seq = self.pair_seq.entry(peer).or_insert(0);
+        let s = *seq;
+        *seq += 1;
+        let meeting = self.shared.pair(self.rank, peer);
+        let me = usize::from(self.rank > peer);
+        let arrival = Arrival {
+            rank: self.rank,
+            blocks,
+            ops,
+            #[cfg(feature = "cuda")]
+            stream,
+        };
+        let shared = self.shared.clone();
+        let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
+        Self::result(call, outcome).map(|_| ())
+    }
+
+    fn result(call: &'static str, outcome: Arc<op::Outcome>) -> Result<Payload> {
+        match &*outcome {
+            Ok(Payload::Done) => Ok(Payload::Done),
+            Ok(Payload::Split(v)) => Ok(Payload::Split(v.clone())),
+            Err(f) => Err(f.to_error(call)),
+        }
+    }
+
+    /// Split the communicator (`ncclCommSplit`, `MPI_Comm_split`): a call every rank makes;
+    /// the ranks that give the same `color` form a new communicator, ranked by `key` and then
+    /// by their rank here. A rank that gives `None` opts out and gets `None`. The new
+    /// handles inherit this handle's timeout.
+    pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<RankComm>> {
+        let ops = Ok(vec![Op::Split { color, key }]);
+        #[cfg(feature = "cuda")]
+        let payload = self.meet("split", Vec::new(), ops, None)?;
+        #[cfg(not(feature = "cuda"))]
+        let payload = self.meet("split", Vec::new(), ops)?;
+        let Payload::Split(v) = payload else {
+            return Err(Failure::Internal("split ran as another call".into()).to_error("split"));
+        };
+        Ok(v.get(self.rank)
+            .cloned()
+            .flatten()
+            .map(|(shared, rank)| RankComm {
+                shared,
+                rank,
+                seq: 0,
+                pair_seq: HashMap::new(),
+                timeout: self.timeout,
+            }))
+    }
+}
+
+impl Drop for RankComm {
+    fn drop(&mut self) {
+        // The others stop waiting for this rank at once instead of at their timeout.
+        self.shared.leave(self.rank);
+    }
+}
+
+// Handles move to their ranks' threads: this fails to compile if `RankComm` stops being `Send`.
+const _: fn() = || {
+    fn is_send<T: Send>() {}
+    is_send::<RankComm>();
+};

@@ -1,0 +1,358 @@
+//! The run of one meeting, on the thread of the last rank to arrive: compare the ranks'
+//! descriptors, lend their slices to the backend, build one checked group on the
+//! communicator (the same checks, plan cache and executor as the all-ranks API), launch it,
+//! wait, and give the slices back.
+
+use std::sync::Arc;
+
+use relaycc_route::{Collective, Location, Request};
+
+use crate::backend::host::HostBackend;
+use crate::backend::{Backend, ByteRegion, DeviceMem};
+use crate::buffer::RawView;
+use crate::communicator::Communicator;
+use crate::error::{CollectivesError, Result};
+use crate::group::Group;
+
+use super::Shared;
+use super::op::{Arrival, Desc, Failure, Op, Outcome, Payload, View};
+
+/// Lent slices, given back (taken out of the backend's table) when dropped, also while
+/// unwinding. The host backend's `free` waits for the launches in flight, so no rank returns
+/// while its memory is in use; the CUDA backend's `unlend` does not wait, since each rank's
+/// stream orders its memory's reuse after the launch.
+struct Lent<'a> {
+    give_back: &'a dyn Fn(DeviceMem),
+    /// Per arrival, the handles of its blocks.
+    mems: Vec<Vec<DeviceMem>>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        for m in self.mems.iter().flatten() {
+            (self.give_back)(*m);
+        }
+    }
+}
+
+fn failed(e: CollectivesError) -> Failure {
+    Failure::Failed(Arc::new(e))
+}
+
+/// Run the ranks' operations (a collective, a group, a point-to-point pair or a split).
+pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
+    // A rank whose own checks failed fails the call everywhere.
+    for a in &mut arrivals {
+        if let Err(e) = &mut a.ops {
+            let e = std::mem::replace(e, CollectivesError::Unmatched(String::new()));
+            return Err(failed(e));
+        }
+    }
+    let ops: Vec<&[Op]> = arrivals
+        .iter()
+        .map(|a| a.ops.as_deref().unwrap_or(&[]))
+        .collect();
+    let splits = ops
+        .iter()
+        .filter(|o| matches!(o, [Op::Split { .. }]))
+        .count();
+    if splits == arrivals.len() {
+        return super::split::run(shared, &arrivals);
+    }
+    if splits > 0 {
+        let (a, b) = (
+            arrivals
+                .iter()
+                .position(|a| matches!(a.ops.as_deref(), Ok([Op::Split { .. }]))),
+            arrivals
+                .iter()
+                .position(|a| !matches!(a.ops.as_deref(), Ok([Op::Split { .. }]))),
+        );
+        return Err(Failure::Mismatch(format!(
+            "call differs: rank {} calls split, rank {} does not",
+            a.map_or(0, |i| arrivals[i].rank),
+            b.map_or(0, |i| arrivals[i].rank)
+        )));
+    }
+    let descs: Vec<Vec<&Desc>> = ops
+        .iter()
+        .map(|o| {
+            o.iter()
+                .filter_map(|op| match op {
+                    Op::Coll { desc, .. } => Some(desc),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    agree(&arrivals, &descs)?;
+    execute(shared, &arrivals, &descs).map(|()| Payload::Done)
+}
+
+/// Every rank calls the same collectives in the same order with matching descriptors.
+fn agree(arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
+    let (Some(first), Some(d0)) = (arrivals.first(), descs.first()) else {
+        return Ok(());
+    };
+    for (a, d) in arrivals.iter().zip(descs).skip(1) {
+        for (k, (x, y)) in d0.iter().zip(d).enumerate() {
+            if let Some(why) = x.differs(first.rank, y, a.rank) {
+                let at = if d0.len() > 1 || d.len() > 1 {
+                    format!(" (operation {k} of the group)")
+                } else {
+                    String::new()
+                };
+                return Err(Failure::Mismatch(format!("{why}{at}")));
+            }
+        }
+        if d0.len() != d.len() {
+            return Err(Failure::Mismatch(format!(
+                "call differs: rank {} issues {} collectives ({}), rank {} issues {} ({})",
+                first.rank,
+                d0.len(),
+                names(d0),
+                a.rank,
+                d.len(),
+                names(d)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn names(d: &[&Desc]) -> String {
+    let v: Vec<&str> = d.iter().map(|d| d.call).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// The all_to_all_v matrix from every rank's send counts, checked against every rank's
+/// receive counts.
+fn matrix(arrivals: &[Arrival], descs: &[Vec<&Desc>], k: usize) -> Result<Vec<Vec<u64>>, Failure> {
+    let m: Vec<Vec<u64>> = descs.iter().map(|d| d[k].counts.clone()).collect();
+    for (a, d) in arrivals.iter().zip(descs) {
+        let col: Vec<u64> = m
+            .iter()
+            .map(|row| row.get(a.rank).copied().unwrap_or(0))
+            .collect();
+        if d[k].recv_counts != col {
+            return Err(Failure::Mismatch(format!(
+                "counts differ: rank {} expects to receive {:?}, the ranks send it {:?}",
+                a.rank, d[k].recv_counts, col
+            )));
+        }
+    }
+    Ok(m)
+}
+
+fn request(comm: &Communicator, d: &Desc, matrix: Vec<Vec<u64>>) -> Request {
+    let mut r = Request::new(d.collective, comm.devices().to_vec(), d.count, d.dtype)
+        .with_op(d.op)
+        .with_root(u32::try_from(d.root).unwrap_or(u32::MAX));
+    match d.collective {
+        Collective::AllGatherV => {
+            r.count = 0;
+            r.counts = d.counts.clone();
+        }
+        Collective::AllToAllV => {
+            r.count = 0;
+            r.matrix = matrix;
+        }
+        _ => {}
+    }
+    r
+}
+
+fn backend_error(comm: &Communicator, message: String) -> Failure {
+    failed(CollectivesError::Backend {
+        backend: comm.backend().name(),
+        message,
+    })
+}
+
+fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
+    let comm = &shared.comm;
+    let any = comm.backend().as_any();
+    if let Some(host) = any.and_then(|a| a.downcast_ref::<HostBackend>()) {
+        if let Some(a) = arrivals
+            .iter()
+            .find(|a| a.blocks.iter().any(|b| b.device.is_some()))
+        {
+            let m = format!(
+                "rank {} passes CUDA memory to a communicator on the host backend",
+                a.rank
+            );
+            return Err(backend_error(comm, m));
+        }
+        let give_back = |m: DeviceMem| host.free(m);
+        let mut lent = Lent {
+            give_back: &give_back,
+            mems: Vec::with_capacity(arrivals.len()),
+        };
+        for a in arrivals {
+            let loc = Location::Gpu(comm.devices()[a.rank]);
+            // SAFETY: each span is a slice the rank borrowed for its call (`&[T]` or
+            // `&mut [T]`, so nothing else writes it, and nothing else reads a `&mut` one), and
+            // the rank does not return before this meeting's outcome, which is set after
+            // `lent` is dropped and `free` has waited for every launch. Shared slices are only
+            // ever inputs or sources of sends, which no op of a checked plan writes.
+            let mems = a
+                .blocks
+                .iter()
+                .map(|s| unsafe { host.lend(loc, s.addr, s.bytes) })
+                .collect();
+            lent.mems.push(mems);
+        }
+        let group = build(comm, arrivals, descs, &lent.mems)?;
+        group.launch().and_then(|p| p.wait()).map_err(failed)?;
+        drop(lent);
+        return Ok(());
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = any.and_then(|a| a.downcast_ref::<crate::cuda::CudaBackend>()) {
+        let mut streams = Vec::with_capacity(arrivals.len());
+        for a in arrivals {
+            let Some(s) = a.stream.as_deref() else {
+                let m = format!(
+                    "rank {} calls without a CUDA stream on a communicator on the CUDA \
+                     backend: call through RankComm::on(&stream)",
+                    a.rank
+                );
+                return Err(backend_error(comm, m));
+            };
+            streams.push(s);
+        }
+        let give_back = |m: DeviceMem| cuda.unlend(m);
+        let mut lent = Lent {
+            give_back: &give_back,
+            mems: Vec::with_capacity(arrivals.len()),
+        };
+        for a in arrivals {
+            let gpu = comm.devices()[a.rank];
+            let mut mems = Vec::with_capacity(a.blocks.len());
+            for s in &a.blocks {
+                let Some(ordinal) = s.device else {
+                    let m = format!(
+                        "rank {} passes host memory to a communicator on the CUDA backend",
+                        a.rank
+                    );
+                    return Err(backend_error(comm, m));
+                };
+                // SAFETY: the span is a cudarc buffer the rank borrowed for its call, taken
+                // with `device_ptr`/`device_ptr_mut` on the rank's stream; the rank keeps
+                // cudarc's guard until the launch is enqueued and its stream waits for the
+                // launch's end, so the buffer's later users and its free (ordered by cudarc's
+                // events) come after the launch. Shared buffers are only ever inputs or
+                // sources of sends, which no op of a checked plan writes.
+                mems.push(
+                    unsafe { cuda.lend_device(gpu, s.addr as u64, s.bytes, ordinal) }
+                        .map_err(failed)?,
+                );
+            }
+            lent.mems.push(mems);
+        }
+        let group = build(comm, arrivals, descs, &lent.mems)?;
+        group.launch_on_streams(cuda, &streams).map_err(failed)?;
+        drop(lent);
+        return Ok(());
+    }
+    Err(backend_error(
+        comm,
+        "per-rank calls need the host or the CUDA backend".into(),
+    ))
+}
+
+/// One checked group on the communicator: every collective of the ranks (in order) and
+/// every send and receive, on the lent handles `mems`.
+fn build<'c>(
+    comm: &'c Communicator,
+    arrivals: &[Arrival],
+    descs: &[Vec<&Desc>],
+    mems: &[Vec<DeviceMem>],
+) -> Result<Group<'c>, Failure> {
+    let raw = |i: usize, v: View, esize: u64| -> Result<RawView> {
+        let mem = mems[i]
+            .get(v.block)
+            .copied()
+            .ok_or_else(|| CollectivesError::Backend {
+                backend: "ranks",
+                message: format!("rank {} names a block it did not lend", arrivals[i].rank),
+            })?;
+        Ok(RawView {
+            comm: comm.id(),
+            rank: arrivals[i].rank,
+            region: ByteRegion {
+                mem,
+                offset: v.offset * esize,
+                bytes: v.len * esize,
+            },
+            len: v.len,
+        })
+    };
+    let n = comm.ranks();
+    let mut group = comm.group();
+    let ncoll = descs.first().map_or(0, Vec::len);
+    for k in 0..ncoll {
+        let d = descs[0][k];
+        if d.root >= n {
+            return Err(failed(CollectivesError::BadRank {
+                call: d.call,
+                rank: d.root,
+                ranks: n,
+            }));
+        }
+        let m = if d.collective == Collective::AllToAllV {
+            matrix(arrivals, descs, k)?
+        } else {
+            Vec::new()
+        };
+        let req = request(comm, d, m);
+        let esize = d.dtype.size();
+        let (mut ins, mut outs) = (vec![None; n], vec![None; n]);
+        for (i, a) in arrivals.iter().enumerate() {
+            let Some((input, output)) = a
+                .ops
+                .as_deref()
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Coll { input, output, .. } => Some((*input, *output)),
+                    _ => None,
+                })
+                .nth(k)
+            else {
+                continue;
+            };
+            ins[a.rank] = input
+                .map(|v| raw(i, v, esize))
+                .transpose()
+                .map_err(failed)?;
+            outs[a.rank] = output
+                .map(|v| raw(i, v, esize))
+                .transpose()
+                .map_err(failed)?;
+        }
+        let checked = comm.check(d.call, req, ins, outs, None).map_err(failed)?;
+        group.push_checked(checked);
+    }
+    for (i, a) in arrivals.iter().enumerate() {
+        for op in a.ops.as_deref().unwrap_or(&[]) {
+            if let Op::P2p {
+                send,
+                peer,
+                view,
+                dtype,
+            } = *op
+            {
+                let v = raw(i, view, dtype.size()).map_err(failed)?;
+                group
+                    .post_raw(send, v, dtype, a.rank, peer)
+                    .map_err(failed)?;
+            }
+        }
+    }
+    Ok(group)
+}

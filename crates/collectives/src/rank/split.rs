@@ -1,0 +1,55 @@
+//! `split(color, key)` (`ncclCommSplit`, `MPI_Comm_split`): ranks of one color form a new
+//! communicator, ordered by key and then by parent rank; ranks without a color opt out.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::backend::host::HostBackend;
+use crate::communicator::Communicator;
+
+use super::Shared;
+use super::op::{Arrival, Failure, Op, Outcome, Payload};
+
+/// Build the new communicators of a split meeting (every arrival is one `Op::Split`).
+pub(crate) fn run(parent: &Shared, arrivals: &[Arrival]) -> Outcome {
+    let mut colors: BTreeMap<u32, Vec<(i64, usize)>> = BTreeMap::new();
+    for a in arrivals {
+        if let Ok(
+            [
+                Op::Split {
+                    color: Some(c),
+                    key,
+                },
+            ],
+        ) = a.ops.as_deref()
+        {
+            colors.entry(*c).or_default().push((*key, a.rank));
+        }
+    }
+    let comm = &parent.comm;
+    let host = comm
+        .backend()
+        .as_any()
+        .is_some_and(|a| a.is::<HostBackend>());
+    let mut out: Vec<Option<(Arc<Shared>, usize)>> = vec![None; comm.ranks()];
+    for members in colors.values_mut() {
+        members.sort_unstable();
+        let devices: Vec<u32> = members.iter().map(|&(_, r)| comm.devices()[r]).collect();
+        // Host slices are lent per call, so a host communicator needs no memory of the
+        // parent's backend: a backend of its own keeps its launches and waits apart from the
+        // parent's. Device communicators share the parent's backend (its contexts and
+        // streams); their calls are ordered by the callers' streams, not by host waits.
+        let backend: Arc<dyn crate::backend::Backend> = if host {
+            Arc::new(HostBackend::new())
+        } else {
+            comm.backend_arc()
+        };
+        let child = Communicator::new(comm.topology().clone(), &devices, comm.relays(), backend)
+            .map_err(|e| Failure::Failed(Arc::new(e)))?;
+        let shared = Arc::new(Shared::new(child));
+        for (i, &(_, r)) in members.iter().enumerate() {
+            out[r] = Some((shared.clone(), i));
+        }
+    }
+    Ok(Payload::Split(out))
+}

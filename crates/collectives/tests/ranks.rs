@@ -1,0 +1,720 @@
+//! The per-rank API ([`RankComm`]) with one thread per rank on the host backend: every
+//! collective x element type x op x in place or not against a reference written here
+//! (property-tested, exact for integers), send/recv and mixed groups, every kind of mismatch
+//! failing on every rank, a missing rank timing out, and split.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use relaycc_collectives::{CollectivesError, Element, RankComm, ReduceOp, bf16, f16};
+use relaycc_route::{Collective, DType};
+
+/// Run `f` on every rank, one thread each; the results in rank order.
+fn on_ranks<R: Send>(ranks: Vec<RankComm>, f: impl Fn(RankComm) -> R + Sync) -> Vec<R> {
+    thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|r| {
+                let f = &f;
+                s.spawn(move || f(r))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
+/// One collective call as every rank makes it.
+#[derive(Debug, Clone)]
+struct Case {
+    coll: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    in_place: bool,
+    n: usize,
+    count: usize,
+    root: usize,
+    /// all_gather_v counts; all_to_all_v matrix (row = sender).
+    counts: Vec<usize>,
+    matrix: Vec<Vec<usize>>,
+}
+
+fn unsigned(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::U32 | DType::U64)
+}
+
+/// Input element `i` of rank `r`: -3..=3 (0..=6 for unsigned types), so sums and products of
+/// up to five ranks are exact even in bf16, and min/max order the same in i64 and in `T`.
+fn value(c: &Case, r: usize, i: usize) -> i64 {
+    let v = ((r * 3 + i * 5 + 1) % 7) as i64;
+    if unsigned(c.dtype) { v } else { v - 3 }
+}
+
+fn input_len(c: &Case, r: usize) -> usize {
+    let (n, k) = (c.n, c.count);
+    match c.coll {
+        Collective::AllReduce | Collective::Reduce | Collective::AllGather | Collective::Gather => {
+            k
+        }
+        Collective::Broadcast => k,
+        Collective::AllGatherV => c.counts[r],
+        Collective::ReduceScatter | Collective::AllToAll | Collective::Scatter => n * k,
+        Collective::AllToAllV => c.matrix[r].iter().sum(),
+        Collective::SendRecv => k,
+    }
+}
+
+fn output_len(c: &Case, r: usize) -> usize {
+    let (n, k) = (c.n, c.count);
+    match c.coll {
+        Collective::AllReduce | Collective::Reduce | Collective::Broadcast => k,
+        Collective::ReduceScatter | Collective::Scatter => k,
+        Collective::AllGather | Collective::AllToAll | Collective::Gather => n * k,
+        Collective::AllGatherV => c.counts.iter().sum(),
+        Collective::AllToAllV => c.matrix.iter().map(|row| row[r]).sum(),
+        Collective::SendRecv => k,
+    }
+}
+
+/// What an output element must hold: an exact integer (wrapped into `T`) or, for `avg`, a
+/// real number.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    Exact(i64),
+    Real(f64),
+}
+
+fn fold(c: &Case, vals: &[i64]) -> Want {
+    match c.op {
+        ReduceOp::Sum => Want::Exact(vals.iter().fold(0i64, |a, b| a.wrapping_add(*b))),
+        ReduceOp::Prod => Want::Exact(vals.iter().fold(1i64, |a, b| a.wrapping_mul(*b))),
+        ReduceOp::Min => Want::Exact(vals.iter().copied().min().unwrap_or(0)),
+        ReduceOp::Max => Want::Exact(vals.iter().copied().max().unwrap_or(0)),
+        ReduceOp::Avg => Want::Real(vals.iter().sum::<i64>() as f64 / vals.len() as f64),
+    }
+}
+
+/// The reference: what rank `r`'s output must hold (`None`: the rank has no output).
+fn reference(c: &Case, r: usize) -> Option<Vec<Want>> {
+    let (n, k) = (c.n, c.count);
+    let x = |s: usize, i: usize| value(c, s, i);
+    let all = |i: &dyn Fn(usize) -> usize| fold(c, &(0..n).map(|s| x(s, i(s))).collect::<Vec<_>>());
+    let e = Want::Exact;
+    Some(match c.coll {
+        Collective::AllReduce => (0..k).map(|i| all(&|_| i)).collect(),
+        Collective::Reduce if r == c.root => (0..k).map(|i| all(&|_| i)).collect(),
+        Collective::Reduce => return None,
+        Collective::Gather if r == c.root => (0..n * k)
+            .map(|j| e(x(j / k.max(1), j % k.max(1))))
+            .collect(),
+        Collective::Gather => return None,
+        Collective::Broadcast => (0..k).map(|i| e(x(c.root, i))).collect(),
+        Collective::AllGather => (0..n * k)
+            .map(|j| e(x(j / k.max(1), j % k.max(1))))
+            .collect(),
+        Collective::AllGatherV => (0..n)
+            .flat_map(|s| (0..c.counts[s]).map(move |i| (s, i)))
+            .map(|(s, i)| e(x(s, i)))
+            .collect(),
+        Collective::ReduceScatter => (0..k).map(|i| all(&|_| r * k + i)).collect(),
+        Collective::AllToAll => (0..n * k)
+            .map(|j| e(x(j / k.max(1), r * k + j % k.max(1))))
+            .collect(),
+        Collective::AllToAllV => (0..n)
+            .flat_map(|s| {
+                let displ: usize = c.matrix[s][..r].iter().sum();
+                (0..c.matrix[s][r]).map(move |i| (s, displ + i))
+            })
+            .map(|(s, i)| e(x(s, i)))
+            .collect(),
+        Collective::Scatter => (0..k).map(|i| e(x(c.root, r * k + i))).collect(),
+        Collective::SendRecv => (0..k).map(|i| e(x((r + n - 1) % n, i))).collect(),
+    })
+}
+
+const SENTINEL: i64 = 5;
+
+/// Rank `r`'s part of case `c` on `rank`: its output, if any.
+fn rank_call<T: Element>(
+    c: &Case,
+    rank: &mut RankComm,
+) -> Result<Option<Vec<T>>, CollectivesError> {
+    let r = rank.rank();
+    let (n, k) = (c.n, c.count);
+    let input: Vec<T> = (0..input_len(c, r))
+        .map(|i| T::from_i64(value(c, r, i)))
+        .collect();
+    let mut out: Vec<T> = vec![T::from_i64(SENTINEL); output_len(c, r)];
+    let root = r == c.root;
+    let counts = &c.counts;
+    if c.in_place {
+        let mut buf = input.clone();
+        return Ok(match c.coll {
+            Collective::AllReduce => {
+                rank.all_reduce_in_place(&mut buf, c.op)?;
+                Some(buf)
+            }
+            Collective::Reduce => {
+                rank.reduce_in_place(&mut buf, c.root, c.op)?;
+                root.then_some(buf)
+            }
+            Collective::Broadcast => {
+                if !root {
+                    buf = out;
+                }
+                rank.broadcast_in_place(&mut buf, c.root)?;
+                Some(buf)
+            }
+            Collective::AllGather => {
+                out[r * k..(r + 1) * k].copy_from_slice(&input);
+                rank.all_gather_in_place(&mut out)?;
+                Some(out)
+            }
+            Collective::AllGatherV => {
+                let d: usize = counts[..r].iter().sum();
+                out[d..d + counts[r]].copy_from_slice(&input);
+                rank.all_gather_v_in_place(&mut out, counts)?;
+                Some(out)
+            }
+            Collective::ReduceScatter => {
+                rank.reduce_scatter_in_place(&mut buf, c.op)?;
+                Some(buf[r * k..(r + 1) * k].to_vec())
+            }
+            Collective::Gather => {
+                if root {
+                    out[r * k..(r + 1) * k].copy_from_slice(&input);
+                    rank.gather_in_place(&mut out, c.root)?;
+                    Some(out)
+                } else {
+                    rank.gather_in_place(&mut buf, c.root)?;
+                    None
+                }
+            }
+            Collective::Scatter => {
+                if root {
+                    rank.scatter_in_place(&mut buf, c.root)?;
+                    Some(buf[r * k..(r + 1) * k].to_vec())
+                } else {
+                    rank.scatter_in_place(&mut out, c.root)?;
+                    Some(out)
+                }
+            }
+            _ => unreachable!("no in-place form"),
+        });
+    }
+    match c.coll {
+        Collective::AllReduce => rank.all_reduce(&input, &mut out, c.op)?,
+        Collective::Reduce => {
+            rank.reduce(&input, root.then_some(&mut out[..]), c.root, c.op)?;
+            if !root {
+                return Ok(None);
+            }
+        }
+        Collective::Broadcast => rank.broadcast(root.then_some(&input[..]), &mut out, c.root)?,
+        Collective::AllGather => rank.all_gather(&input, &mut out)?,
+        Collective::AllGatherV => rank.all_gather_v(&input, &mut out, counts)?,
+        Collective::ReduceScatter => rank.reduce_scatter(&input, &mut out, c.op)?,
+        Collective::AllToAll => rank.all_to_all(&input, &mut out)?,
+        Collective::AllToAllV => {
+            let col: Vec<usize> = c.matrix.iter().map(|row| row[r]).collect();
+            rank.all_to_all_v(&input, &c.matrix[r], &mut out, &col)?
+        }
+        Collective::Gather => {
+            rank.gather(&input, root.then_some(&mut out[..]), c.root)?;
+            if !root {
+                return Ok(None);
+            }
+        }
+        Collective::Scatter => rank.scatter(root.then_some(&input[..]), &mut out, c.root)?,
+        Collective::SendRecv => {
+            // A ring in one group: send to the next rank, receive from the previous one.
+            let mut g = rank.group();
+            g.send(&input, (r + 1) % n).recv(&mut out, (r + n - 1) % n);
+            g.launch()?;
+        }
+    }
+    Ok(Some(out))
+}
+
+fn compare<T: Element>(c: &Case, r: usize, got: &Option<Vec<T>>) -> Result<(), String> {
+    let want = reference(c, r);
+    match (got, want) {
+        (None, None) => Ok(()),
+        (Some(g), Some(w)) => {
+            if g.len() != w.len() {
+                return Err(format!("rank {r}: {} elements, want {}", g.len(), w.len()));
+            }
+            for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+                let ok = match *w {
+                    Want::Exact(v) => *g == T::from_i64(v),
+                    Want::Real(v) => (g.to_f64() - v).abs() <= 1e-2 * v.abs().max(1.0),
+                };
+                if !ok {
+                    return Err(format!("rank {r} element {i}: got {g:?}, want {w:?}"));
+                }
+            }
+            Ok(())
+        }
+        (g, w) => Err(format!(
+            "rank {r}: output {:?}, reference {:?}",
+            g.is_some(),
+            w.is_some()
+        )),
+    }
+}
+
+/// Run case `c` on fresh ranks, one thread each, and compare every rank's output.
+fn run_typed<T: Element>(c: &Case, ranks: Vec<RankComm>) -> Result<Vec<RankComm>, String> {
+    let results = on_ranks(ranks, |mut rank| {
+        let got = rank_call::<T>(c, &mut rank);
+        (rank, got)
+    });
+    let mut back = Vec::new();
+    for (r, (rank, got)) in results.into_iter().enumerate() {
+        let got = got.map_err(|e| format!("rank {r}: {e}"))?;
+        compare(c, r, &got)?;
+        back.push(rank);
+    }
+    Ok(back)
+}
+
+fn run_case(c: &Case, ranks: Vec<RankComm>) -> Result<Vec<RankComm>, String> {
+    match c.dtype {
+        DType::F32 => run_typed::<f32>(c, ranks),
+        DType::F64 => run_typed::<f64>(c, ranks),
+        DType::F16 => run_typed::<f16>(c, ranks),
+        DType::Bf16 => run_typed::<bf16>(c, ranks),
+        DType::I8 => run_typed::<i8>(c, ranks),
+        DType::U8 => run_typed::<u8>(c, ranks),
+        DType::I32 => run_typed::<i32>(c, ranks),
+        DType::U32 => run_typed::<u32>(c, ranks),
+        DType::I64 => run_typed::<i64>(c, ranks),
+        DType::U64 => run_typed::<u64>(c, ranks),
+    }
+}
+
+const COLLECTIVES: [Collective; 11] = [
+    Collective::AllReduce,
+    Collective::Reduce,
+    Collective::Broadcast,
+    Collective::AllGather,
+    Collective::AllGatherV,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::AllToAllV,
+    Collective::Gather,
+    Collective::Scatter,
+    Collective::SendRecv,
+];
+const DTYPES: [DType; 10] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::Bf16,
+    DType::I8,
+    DType::U8,
+    DType::I32,
+    DType::U32,
+    DType::I64,
+    DType::U64,
+];
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+];
+
+fn has_in_place(c: Collective) -> bool {
+    !matches!(
+        c,
+        Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv
+    )
+}
+
+fn case_strategy() -> impl Strategy<Value = Case> {
+    (
+        0..COLLECTIVES.len(),
+        0..DTYPES.len(),
+        0..OPS.len(),
+        any::<bool>(),
+        1usize..=5,
+        0usize..24,
+        any::<u64>(),
+    )
+        .prop_map(|(ci, di, oi, in_place, n, count, seed)| {
+            let coll = COLLECTIVES[ci];
+            let dtype = DTYPES[di];
+            let mut op = OPS[oi];
+            if op == ReduceOp::Avg && !dtype.is_float() {
+                op = ReduceOp::Sum;
+            }
+            let pick = |i: u64| ((seed >> (i % 60)) % 7) as usize;
+            Case {
+                coll,
+                dtype,
+                op,
+                in_place: in_place && has_in_place(coll),
+                n,
+                count,
+                root: (seed % n as u64) as usize,
+                counts: (0..n as u64).map(pick).collect(),
+                matrix: (0..n as u64)
+                    .map(|s| (0..n as u64).map(|d| pick(s * 5 + d * 3 + 1)).collect())
+                    .collect(),
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Any collective, element type, op, rank count and in-place choice: every rank's output
+    /// equals the reference.
+    #[test]
+    fn per_rank_calls_match_the_reference(c in case_strategy()) {
+        let ranks = RankComm::host(c.n as u32).expect("host ranks");
+        if let Err(e) = run_case(&c, ranks) {
+            prop_assert!(false, "{c:?}: {e}");
+        }
+    }
+}
+
+/// Every collective x element type x op x in place or not, one after another on the same
+/// three ranks (so sequence numbers and cached plans carry across calls).
+#[test]
+fn every_collective_type_and_op_on_one_communicator() {
+    let mut ranks = RankComm::host(3).expect("host ranks");
+    let mut calls = 0;
+    for coll in COLLECTIVES {
+        for dtype in DTYPES {
+            for op in OPS {
+                if !coll.reduces() && op != ReduceOp::Sum {
+                    continue;
+                }
+                if op == ReduceOp::Avg && !dtype.is_float() {
+                    continue;
+                }
+                for in_place in [false, true] {
+                    if in_place && !has_in_place(coll) {
+                        continue;
+                    }
+                    let c = Case {
+                        coll,
+                        dtype,
+                        op,
+                        in_place,
+                        n: 3,
+                        count: 5,
+                        root: 2,
+                        counts: vec![2, 0, 3],
+                        matrix: vec![vec![1, 2, 0], vec![0, 3, 1], vec![2, 2, 2]],
+                    };
+                    ranks = run_case(&c, ranks).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                    calls += 1;
+                }
+            }
+        }
+    }
+    assert!(calls > 300, "{calls} calls");
+}
+
+/// Standalone send/recv: only the two ranks take part, the others stay out.
+#[test]
+fn send_and_recv_between_two_ranks() {
+    let ranks = RankComm::host(3).expect("host ranks");
+    let got = on_ranks(ranks, |mut rank| match rank.rank() {
+        0 => rank.send(&[1u32, 2, 3], 2).map(|()| Vec::new()),
+        2 => {
+            let mut b = [0u32; 3];
+            rank.recv(&mut b, 0).map(|()| b.to_vec())
+        }
+        _ => Ok(Vec::new()),
+    });
+    assert_eq!(got[2].as_ref().expect("recv"), &vec![1, 2, 3]);
+    assert!(got[0].is_ok());
+}
+
+/// Every rank's error from `f` run on every rank of a fresh `n`-rank communicator with
+/// timeout `t`.
+fn errors(
+    n: u32,
+    t: Duration,
+    f: impl Fn(&mut RankComm) -> Result<(), CollectivesError> + Sync,
+) -> Vec<CollectivesError> {
+    let mut ranks = RankComm::host(n).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(t);
+    }
+    on_ranks(ranks, |mut rank| f(&mut rank))
+        .into_iter()
+        .enumerate()
+        .map(|(r, e)| e.err().unwrap_or_else(|| panic!("rank {r} succeeded")))
+        .collect()
+}
+
+fn assert_mismatch(errs: &[CollectivesError], what: &str) {
+    for (r, e) in errs.iter().enumerate() {
+        match e {
+            CollectivesError::RankMismatch { message, .. } => {
+                assert!(message.contains(what), "rank {r}: {message}")
+            }
+            other => panic!("rank {r}: {other}"),
+        }
+    }
+}
+
+#[test]
+fn mismatches_fail_on_every_rank() {
+    let long = Duration::from_secs(30);
+    // count
+    let errs = errors(4, long, |rank| {
+        let n = if rank.rank() == 2 { 7 } else { 8 };
+        let mut b = vec![1.0f32; n];
+        rank.all_reduce_in_place(&mut b, ReduceOp::Sum)
+    });
+    assert_mismatch(&errs, "count differs");
+    // element type
+    let errs = errors(3, long, |rank| {
+        if rank.rank() == 1 {
+            rank.all_reduce_in_place(&mut [1i32; 4], ReduceOp::Sum)
+        } else {
+            rank.all_reduce_in_place(&mut [1u32; 4], ReduceOp::Sum)
+        }
+    });
+    assert_mismatch(&errs, "element type differs");
+    // op
+    let errs = errors(3, long, |rank| {
+        let op = if rank.rank() == 0 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
+        rank.all_reduce_in_place(&mut [1i64; 4], op)
+    });
+    assert_mismatch(&errs, "op differs");
+    // root
+    let errs = errors(3, long, |rank| {
+        let root = if rank.rank() == 2 { 1 } else { 0 };
+        rank.broadcast_in_place(&mut [1u8; 4], root)
+    });
+    assert_mismatch(&errs, "root differs");
+    // collective order: rank 1 calls broadcast first, the others all_reduce first.
+    let errs = errors(3, long, |rank| {
+        let mut b = [1.0f64; 4];
+        if rank.rank() == 1 {
+            rank.broadcast_in_place(&mut b, 0)?;
+            rank.all_reduce_in_place(&mut b, ReduceOp::Sum)
+        } else {
+            rank.all_reduce_in_place(&mut b, ReduceOp::Sum)?;
+            rank.broadcast_in_place(&mut b, 0)
+        }
+    });
+    assert_mismatch(&errs, "call differs");
+    // all_to_all_v counts that do not agree between sender and receiver
+    let errs = errors(2, long, |rank| {
+        let recv_counts = if rank.rank() == 1 { [1, 2] } else { [1, 1] };
+        let mut out = vec![0u32; recv_counts.iter().sum()];
+        rank.all_to_all_v(&[1u32, 2], &[1, 1], &mut out, &recv_counts)
+    });
+    assert_mismatch(&errs, "counts differ");
+}
+
+/// A rank's buffer of the wrong length fails the call on every rank with the same source.
+#[test]
+fn a_wrong_buffer_on_one_rank_fails_every_rank() {
+    let errs = errors(3, Duration::from_secs(30), |rank| {
+        let out_len = if rank.rank() == 1 { 3 } else { 4 };
+        let mut out = vec![0i32; out_len];
+        rank.all_reduce(&[1i32; 4], &mut out, ReduceOp::Sum)
+    });
+    for (r, e) in errs.iter().enumerate() {
+        match e {
+            CollectivesError::RankFailed { source, .. } => assert!(
+                matches!(**source, CollectivesError::CountMismatch { rank: 1, .. }),
+                "rank {r}: {source}"
+            ),
+            other => panic!("rank {r}: {other}"),
+        }
+    }
+    // An in-place all_gather buffer that is no multiple of the rank count, on one rank.
+    let errs = errors(3, Duration::from_secs(30), |rank| {
+        let len = if rank.rank() == 0 { 7 } else { 6 };
+        rank.all_gather_in_place(&mut vec![0u8; len])
+    });
+    assert!(
+        errs.iter()
+            .all(|e| matches!(e, CollectivesError::RankFailed { .. })),
+        "{errs:?}"
+    );
+}
+
+/// A rank that never calls makes the others fail within their timeout, not hang; the
+/// late rank then fails too instead of running alone, and the communicator goes on.
+#[test]
+fn a_missing_rank_times_out() {
+    let mut ranks = RankComm::host(3).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_millis(300));
+    }
+    let started = Instant::now();
+    let res = on_ranks(ranks, |mut rank| {
+        if rank.rank() == 2 {
+            // Late for the first call, by more than the others' timeout.
+            thread::sleep(Duration::from_millis(900));
+        }
+        let first = rank.all_reduce_in_place(&mut [1u64; 16], ReduceOp::Sum);
+        // The second call waits long enough for the late rank.
+        rank.set_timeout(Duration::from_secs(30));
+        let mut b = [rank.rank() as u64; 16];
+        let second = rank
+            .all_reduce_in_place(&mut b, ReduceOp::Sum)
+            .map(|()| b[0]);
+        (first, second)
+    });
+    assert!(started.elapsed() < Duration::from_secs(20));
+    for (r, (first, second)) in res.iter().enumerate() {
+        match first {
+            Err(CollectivesError::RankTimeout {
+                missing, seq: 0, ..
+            }) => {
+                assert_eq!(missing, &vec![2], "rank {r}")
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+        assert_eq!(second.as_ref().expect("second call"), &3, "rank {r}");
+    }
+}
+
+/// A rank whose handle is dropped releases the others at once.
+#[test]
+fn a_dropped_rank_fails_the_others_at_once() {
+    let ranks = RankComm::host(2).expect("host ranks");
+    let started = Instant::now();
+    let res = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(60));
+        if rank.rank() == 1 {
+            drop(rank);
+            return Ok(());
+        }
+        rank.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum)
+    });
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(
+        matches!(
+            res[0],
+            Err(CollectivesError::RankTimeout { gone: true, .. })
+        ),
+        "{:?}",
+        res[0]
+    );
+}
+
+/// Two overlapping sub-communicators of six ranks (even ranks, and ranks 0..4 ordered by a
+/// reversed key), used in alternation, give the right sums; a rank with no color opts out.
+#[test]
+fn split_into_overlapping_groups_used_in_alternation() {
+    let ranks = RankComm::host(6).expect("host ranks");
+    let res = on_ranks(
+        ranks,
+        |mut rank| -> Result<Vec<(u64, usize, usize)>, CollectivesError> {
+            let r = rank.rank();
+            let mut even = rank.split((r % 2 == 0).then_some(0), 0)?;
+            let mut low = rank.split((r < 4).then_some(7), -(r as i64))?;
+            let mut out = Vec::new();
+            for round in 0..4u64 {
+                if let Some(e) = even.as_mut() {
+                    let mut a = [r as u64 + round; 8];
+                    e.all_reduce_in_place(&mut a, ReduceOp::Sum)?;
+                    out.push((a[0], e.rank(), e.ranks()));
+                }
+                if let Some(l) = low.as_mut() {
+                    let mut b = [10 * r as u64 + round; 8];
+                    l.all_reduce_in_place(&mut b, ReduceOp::Sum)?;
+                    out.push((b[0], l.rank(), l.ranks()));
+                }
+            }
+            Ok(out)
+        },
+    );
+    for (r, got) in res.into_iter().enumerate() {
+        let got = got.expect("split rank");
+        let mut want = Vec::new();
+        for round in 0..4u64 {
+            if r % 2 == 0 {
+                want.push(([0u64, 2, 4].iter().map(|s| s + round).sum(), r / 2, 3));
+            }
+            if r < 4 {
+                // Keys -r: rank 3 first.
+                want.push(((0..4u64).map(|s| 10 * s + round).sum(), 3 - r, 4));
+            }
+        }
+        assert_eq!(got, want, "rank {r}");
+    }
+}
+
+/// The all-ranks API gets the in-place plan for an in-place broadcast on `host-N` (the
+/// out-of-place plan copies the root's input onto its own output, a race in place).
+#[test]
+fn all_ranks_in_place_broadcast_on_the_host() {
+    let comm = relaycc_collectives::Communicator::host(3).expect("host communicator");
+    let bufs: Vec<_> = (0..3)
+        .map(|r| comm.from_slice(r, &[r as i32 + 1; 6]).expect("buffer"))
+        .collect();
+    comm.broadcast(&bufs[1], &bufs, 1)
+        .and_then(|p| p.wait())
+        .expect("in-place broadcast");
+    for b in &bufs {
+        assert_eq!(b.to_vec().expect("read back"), vec![2; 6]);
+    }
+}
+
+/// A group mixing a collective and a ring of sends and receives runs as one launch on every
+/// rank; a group whose receive has no matching send fails on every rank.
+#[test]
+fn groups_mix_collectives_and_point_to_point() {
+    let ranks = RankComm::host(4).expect("host ranks");
+    let res = on_ranks(
+        ranks,
+        |mut rank| -> Result<(Vec<i32>, Vec<i32>), CollectivesError> {
+            let (r, n) = (rank.rank(), rank.ranks());
+            let mut sum = vec![r as i32; 10];
+            let send = vec![100 + r as i32; 3];
+            let mut recv = vec![0i32; 3];
+            let mut g = rank.group();
+            g.all_reduce_in_place(&mut sum, ReduceOp::Sum)
+                .send(&send, (r + 1) % n)
+                .recv(&mut recv, (r + n - 1) % n);
+            g.launch()?;
+            Ok((sum, recv))
+        },
+    );
+    for (r, got) in res.into_iter().enumerate() {
+        let (sum, recv) = got.expect("group");
+        assert_eq!(sum, vec![6; 10], "rank {r}");
+        assert_eq!(recv, vec![100 + ((r + 3) % 4) as i32; 3], "rank {r}");
+    }
+    let errs = errors(2, Duration::from_secs(30), |rank| {
+        let mut b = [0u8; 4];
+        let me = rank.rank();
+        let mut g = rank.group();
+        if me == 1 {
+            g.recv(&mut b, 0);
+        }
+        g.launch()
+    });
+    for (r, e) in errs.iter().enumerate() {
+        assert!(
+            matches!(e, CollectivesError::RankFailed { source, .. }
+                if matches!(**source, CollectivesError::Unmatched(_))),
+            "rank {r}: {e}"
+        );
+    }
+}
