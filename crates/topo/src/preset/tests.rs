@@ -470,7 +470,9 @@ fn current_presets_have_their_sources_lanes_per_switch_and_port_rates() {
             "Grace {c}"
         );
     }
-    // Every GH200 pair is joined directly: 6 lanes x 25 GB/s = 150 GB/s per direction.
+    // Every GH200 pair is joined directly by 6 lanes: 150 GB/s per direction nominal
+    // ([JSC-Jupiter]), carried at the table's achievable rate per lane.
+    assert!((6.0 * crate::rates::NVLINK4_LANE_NOMINAL_GBPS - 150.0).abs() < 1e-9);
     let t = preset("gh200-quad").unwrap();
     for a in 0..4 {
         for b in 0..4 {
@@ -479,7 +481,16 @@ fn current_presets_have_their_sources_lanes_per_switch_and_port_rates() {
                     t.link_between(t.gpu(a).unwrap(), t.gpu(b).unwrap())
                         .unwrap(),
                 );
-                assert!((l.gbps - 150.0).abs() < 1e-9, "{a}-{b}: {}", l.gbps);
+                assert!(
+                    matches!(l.kind, crate::LinkKind::Nvlink { lanes: 6, .. }),
+                    "{a}-{b}: {:?}",
+                    l.kind
+                );
+                assert!(
+                    (l.gbps - 6.0 * NVLINK4_LANE_GBPS).abs() < 1e-9,
+                    "{a}-{b}: {}",
+                    l.gbps
+                );
             }
         }
     }
