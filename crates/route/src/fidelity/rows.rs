@@ -326,7 +326,7 @@ pub const ROWS: &[Row] = &[
         note: "8 RTX 5090 without peer-to-peer, all_reduce 1-8 GiB, best busbw; measured with \
                two Xeon 8480+ where the preset has two EPYC sockets",
         gap: Some(
-            "the measured box is a Sapphire Rapids server whose host memory and PCIe switches carry more than the preset's EPYC root ports; the preset stages every step through host memory at its socket's rates",
+            "the measured box is a two-socket Xeon 8480+ server, not the preset's EPYC root ports; it delivered more host-staged bandwidth than the preset's host path (its PCIe layout is not published), and no 8-GPU GeForce figure on an EPYC box was found",
         ),
     },
     Row {
