@@ -37,6 +37,33 @@ pub enum Command {
     /// Measure GPU pairs' peer bandwidth and latency and each GPU's host link; write a
     /// calibration file for `--calibration`.
     Calibrate(CalibrateArgs),
+    /// Compare the model with published measurements (the fidelity table of docs/FIDELITY.md).
+    Validate(ValidateArgs),
+}
+
+/// `relaycc validate`
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Apply this calibration file to every row's preset first (what a real machine measured).
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ValidateFormat::Text)]
+    pub format: ValidateFormat,
+    /// Evaluate only these rows (ids as the table prints them, comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+}
+
+/// Output formats of `validate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ValidateFormat {
+    /// Aligned text.
+    Text,
+    /// JSON.
+    Json,
+    /// Markdown, as docs/FIDELITY.md holds it.
+    Markdown,
 }
 
 /// `relaycc calibrate`

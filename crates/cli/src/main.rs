@@ -23,6 +23,7 @@ mod route_cmd;
 mod simulate_cmd;
 mod size;
 mod topo_cmd;
+mod validate_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -71,6 +72,9 @@ fn main() -> ExitCode {
             simulate_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes()))
         }
         Command::Advise(args) => advise_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes())),
+        Command::Validate(args) => {
+            validate_cmd::run(args).map(|s| out.extend_from_slice(s.as_bytes()))
+        }
         #[cfg(feature = "cuda")]
         Command::Calibrate(args) => calibrate_cmd::run(args, &mut out),
         #[cfg(not(feature = "cuda"))]

@@ -27,6 +27,7 @@ mod bound;
 mod check;
 mod dtype;
 mod error;
+pub mod fidelity;
 pub mod lower;
 pub mod nodeaware;
 mod order;

@@ -484,3 +484,132 @@ fn racks_of_nvlink_domains_join_by_rails() {
     assert_eq!(class(&t, 72, 143), "NV18");
     assert_eq!(class(&t, 0, 72), "SYS");
 }
+
+/// (preset, GPUs, NVLink lanes per GPU, NVSwitch chips, NICs, CPU sockets) for the machines
+/// before the current generation, each from its source: [NVIDIA-DGX1] (4 EDR NICs, two
+/// sockets, no switch), [NVIDIA-A100] (6 NVSwitches, 12 NVLink 3 lanes), [NVIDIA-H100] (4
+/// NVSwitch chips, 18 NVLink 4 lanes), [IBM-AC922] (6 bricks per V100: 3 to the peer GPU, 3
+/// to the CPU; Summit's 6-GPU node 2 + 2 + 2; one dual-port EDR card per socket, two NIC ports
+/// each, as the AC922 sample in [Topo-Samples] prints), and the DGX-2's 12 NVSwitches and 16 GPUs of
+/// two baseboards (the preset's doc).
+const EARLIER: [(&str, u32, u32, usize, usize, usize); 7] = [
+    ("dgx1-p100", 8, 4, 0, 4, 2),
+    ("dgx1-v100", 8, 6, 0, 4, 2),
+    ("dgx2", 16, 6, 12, 8, 2),
+    ("dgx-a100", 8, 12, 6, 8, 2),
+    ("dgx-h100", 8, 18, 4, 8, 2),
+    ("ac922", 4, 6, 0, 4, 2),
+    ("summit-node", 6, 6, 0, 4, 2),
+];
+
+#[test]
+fn earlier_presets_match_their_sources() {
+    for (name, gpus, lanes, switches, nics, cpus) in EARLIER {
+        let t = preset(name).unwrap();
+        assert_eq!(t.gpu_count(), gpus, "{name} GPUs");
+        for g in 0..gpus {
+            assert_eq!(gpu_nvlink_lanes(&t, g), lanes, "{name} GPU{g} NVLink lanes");
+        }
+        assert_eq!(nvswitches(&t), switches, "{name} NVSwitch chips");
+        assert_eq!(t.nics().count(), nics, "{name} NICs");
+        assert_eq!(t.cpus().count(), cpus, "{name} CPU sockets");
+    }
+}
+
+/// Per GPU, the NVLink lanes to each switch chip and the port's rate per direction, and each
+/// NIC's port rate, as the current machines' sources give them: [NVIDIA-DGXB200] (2 chips x 9
+/// lanes of NVLink 5, 900 GB/s; ConnectX-7 at 400 Gb/s), [NVIDIA-H200] (the H100 board: 5, 4,
+/// 4, 5 lanes of NVLink 4, 450 GB/s; NDR), [NVIDIA-GB200NVL72] and [NVIDIA-GB200Tuning] (18
+/// chips x 1 lane of NVLink 5; ConnectX-7 at 400 Gb/s), [JSC-Jupiter] (6 NVLink 4 lanes to
+/// each of 3 peers, 150 GB/s per pair and direction; NDR200), [NVIDIA-EnterpriseRA] (400 Gb/s
+/// east-west NICs), and the GeForce boxes' 100 GbE NIC per socket (their modelling choice in
+/// docs/REFERENCES.md).
+#[test]
+fn current_presets_have_their_sources_lanes_per_switch_and_port_rates() {
+    use crate::rates::{
+        ETH_100G_GBPS, IB_NDR_GBPS, IB_NDR200_GBPS, NVLINK4_LANE_GBPS, NVLINK5_LANE_GBPS,
+    };
+    let cases: [(&str, &[u32], f64, f64); 7] = [
+        ("dgx-b200", &[9, 9], 18.0 * NVLINK5_LANE_GBPS, IB_NDR_GBPS),
+        (
+            "hgx-h200",
+            &[5, 4, 4, 5],
+            18.0 * NVLINK4_LANE_GBPS,
+            IB_NDR_GBPS,
+        ),
+        (
+            "gb200-nvl72",
+            &[1; 18],
+            18.0 * NVLINK5_LANE_GBPS,
+            IB_NDR_GBPS,
+        ),
+        ("gh200-quad", &[], 18.0 * NVLINK4_LANE_GBPS, IB_NDR200_GBPS),
+        ("l40s-8gpu", &[], 0.0, IB_NDR_GBPS),
+        ("rtx4090-8gpu", &[], 0.0, ETH_100G_GBPS),
+        ("rtx5090-8gpu", &[], 0.0, ETH_100G_GBPS),
+    ];
+    for (name, per_switch, port_gbps, nic_gbps) in cases {
+        let t = preset(name).unwrap();
+        for g in 0..t.gpu_count() {
+            let id = t.gpu(g).unwrap();
+            let mut to_switches: Vec<u32> = t
+                .links_from(id)
+                .filter_map(|(_, to, l)| match (l.kind, &t.node(to).kind) {
+                    (crate::LinkKind::Nvlink { lanes, .. }, NodeKind::NvSwitch) => Some(lanes),
+                    _ => None,
+                })
+                .collect();
+            let mut want = per_switch.to_vec();
+            to_switches.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(to_switches, want, "{name} GPU{g} lanes per switch chip");
+            let port: f64 = t
+                .links_from(id)
+                .filter(|(_, _, l)| l.kind.is_nvlink())
+                .map(|(_, _, l)| l.gbps)
+                .sum();
+            assert!(
+                (port - port_gbps).abs() < 1e-9,
+                "{name} GPU{g}: {port} GB/s"
+            );
+        }
+        for (_, nic) in t.nics() {
+            assert_eq!(nic.gbps, nic_gbps, "{name} {}", nic.name);
+        }
+    }
+    // Four GPUs per GB200 compute tray, two per Grace: 36 Graces for 72 GPUs, each Grace with
+    // two GPUs and two of its tray's four NICs ([NVIDIA-GB200Tuning]).
+    let t = preset("gb200-nvl72").unwrap();
+    for c in 0..36 {
+        let a = t.attached_cpu(t.gpu(2 * c).unwrap()).unwrap();
+        assert_eq!(
+            t.attached_cpu(t.gpu(2 * c + 1).unwrap()),
+            Some(a),
+            "Grace {c}"
+        );
+    }
+    // Every GH200 pair is joined directly by 6 lanes: 150 GB/s per direction nominal
+    // ([JSC-Jupiter]), carried at the table's achievable rate per lane.
+    assert!((6.0 * crate::rates::NVLINK4_LANE_NOMINAL_GBPS - 150.0).abs() < 1e-9);
+    let t = preset("gh200-quad").unwrap();
+    for a in 0..4 {
+        for b in 0..4 {
+            if a != b {
+                let l = t.link(
+                    t.link_between(t.gpu(a).unwrap(), t.gpu(b).unwrap())
+                        .unwrap(),
+                );
+                assert!(
+                    matches!(l.kind, crate::LinkKind::Nvlink { lanes: 6, .. }),
+                    "{a}-{b}: {:?}",
+                    l.kind
+                );
+                assert!(
+                    (l.gbps - 6.0 * NVLINK4_LANE_GBPS).abs() < 1e-9,
+                    "{a}-{b}: {}",
+                    l.gbps
+                );
+            }
+        }
+    }
+}
