@@ -363,24 +363,47 @@ fn fastest_collectives(
         Ok((i, plan, prepared))
     };
     // The first candidate is always built: a spent budget still returns a plan of relaycc's.
-    let mut first: Vec<(f64, usize, Option<Built>)> = crate::planner::keep_routable(
-        (0..set.len())
-            .into_par_iter()
-            .filter(|&i| i == 0 || !deadline.passed())
-            .map(|i| prepare(i, coarse))
-            .collect(),
-    )?
-    .into_iter()
-    .map(|(i, plan, prepared)| {
-        let load = prepared.load_bound_us();
-        // Where whole blocks are the pipelining chunk, the first build is the final one.
-        (load, i, (coarse == fine).then_some((plan, prepared)))
-    })
-    .filter(|(load, _, _)| *load < to_beat_us)
-    .collect();
-    first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    // A candidate that cannot fit the staging budget is skipped; the first reason is kept.
+    let coarse_built: Vec<Result<(usize, Plan, Prepared)>> = (0..set.len())
+        .into_par_iter()
+        .filter(|&i| i == 0 || !deadline.passed())
+        .map(|i| prepare(i, coarse))
+        .collect();
+    // A candidate that cannot fit the staging budget is skipped, with its reason listed; the
+    // first such error is kept for when nothing (not even the baseline) fits.
+    let mut skipped = skipped;
     let mut unfit = None;
+    let mut routable = Vec::with_capacity(coarse_built.len());
+    let mut no_route = None;
+    let mut skip_unfit = |e: RouteError, unfit: &mut Option<RouteError>| {
+        skipped.push(format!("over the staging budget: {e}"));
+        unfit.get_or_insert(e);
+    };
+    for b in coarse_built {
+        match b {
+            Ok(x) => routable.push(x),
+            Err(e @ RouteError::StagingBudget { .. }) => skip_unfit(e, &mut unfit),
+            Err(e @ RouteError::NoRoute { .. }) => {
+                no_route.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if routable.is_empty()
+        && unfit.is_none()
+        && let Some(e) = no_route
+    {
+        return Err(e);
+    }
+    let mut first: Vec<(f64, usize, Option<Built>)> = routable
+        .into_iter()
+        .map(|(i, plan, prepared)| {
+            let load = prepared.load_bound_us();
+            // Where whole blocks are the pipelining chunk, the first build is the final one.
+            (load, i, (coarse == fine).then_some((plan, prepared)))
+        })
+        .filter(|(load, _, _)| *load < to_beat_us)
+        .collect();
+    first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut fine_plans: Vec<Option<Built>> = Vec::with_capacity(first.len());
     let built: Vec<Result<Option<Built>>> = first
         .into_par_iter()
@@ -395,7 +418,7 @@ fn fastest_collectives(
         match b {
             Ok(pp) => fine_plans.push(pp),
             Err(e @ RouteError::StagingBudget { .. }) => {
-                unfit.get_or_insert(e);
+                skip_unfit(e, &mut unfit);
                 fine_plans.push(None);
             }
             Err(e) => return Err(e),

@@ -95,6 +95,12 @@ fn run(
                 },
             ..
         }) => {
+            // A few MiB fit every planner at its smallest chunk (64 KiB slots): only the
+            // budgets below that may be refused.
+            prop_assert_or(
+                budget < 4 << 20,
+                &format!("{budget} bytes refused: {needed_bytes} needed on {device}"),
+            )?;
             // Refused before anything was allocated, naming the device and the bytes.
             prop_assert_or(
                 needed_bytes > budget_bytes && budget_bytes == budget,

@@ -83,9 +83,7 @@ fn baseline_with(
 ) -> Result<Plan> {
     let algorithm = algorithm_plan(topo, req, algo, chunk_elems)?;
     let mut options = vec![algorithm];
-    if req.collective == Collective::AllReduce
-        && super::nvls::nvls_switch(topo, &req.gpus).is_some()
-    {
+    if super::nvls::nvls_switch_for(topo, req).is_some() {
         // Within a staging budget the fitted chunk may be smaller than NVLS's own.
         let chunk = super::nvls::nvls_chunk_elems(req).min(chunk_elems.max(1));
         let mut p = super::nvls::all_reduce(topo, req, chunk)?;

@@ -11,7 +11,7 @@
 //!    the switch writes it to every other rank: an NVLS multicast group (shared edge: owner ->
 //!    switch).
 //!
-//! Per GPU this sends (n+1)/n of the vector and receives as much, where a ring sends and
+//! Per GPU this sends (n+1)/n of the vector and receives one vector, where a ring sends and
 //! receives 2(n-1)/n of it; the switch's share of the port rate for NVLS traffic is the cost
 //! model's `nvls_sm90_efficiency` / `nvls_sm100_efficiency`. Source: [NCCL-src], the NVLS
 //! algorithm (`src/device/all_reduce.h`, `multimem.ld_reduce` then `multimem.st`) and its
@@ -19,6 +19,7 @@
 
 use relaycc_topo::{LinkId, NodeId, NodeKind, Topology};
 
+use crate::dtype::{DType, ReduceOp};
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, NvlsShare, Plan, Region};
 use crate::request::{Collective, Request};
@@ -45,6 +46,31 @@ pub fn nvls_chunk_elems(req: &Request) -> u64 {
     super::pipeline_chunk_elems(req)
         .min(NVLS_MAX_CHUNK_BYTES / esize)
         .max(1)
+}
+
+/// True when NVLink SHARP reduces `op` on `dtype`: the switch's `multimem.ld_reduce` adds,
+/// and takes the minimum and maximum of, 16-bit floats and 32- and 64-bit integers, and adds
+/// 32- and 64-bit floats; it does not multiply, average (NCCL's pre-multiplied sum) or
+/// reduce 8-bit types, so NCCL offers no NVLS algorithm for those ([NCCL-src]:
+/// `ncclNvlsSupported` and the NVLS kernels it generates per type and op).
+pub fn nvls_reduces(op: ReduceOp, dtype: DType) -> bool {
+    match dtype {
+        DType::F16 | DType::Bf16 | DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
+            matches!(op, ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max)
+        }
+        DType::F32 | DType::F64 => op == ReduceOp::Sum,
+        DType::I8 | DType::U8 => false,
+    }
+}
+
+/// The reducing NVSwitch of an all_reduce request, when NVLS serves it: every member on one
+/// NVSwitch of sm90 or later ([`nvls_switch`]) and an op and type the switch reduces
+/// ([`nvls_reduces`]).
+pub fn nvls_switch_for(topo: &Topology, req: &Request) -> Option<NodeId> {
+    if req.collective != Collective::AllReduce || !nvls_reduces(req.op, req.dtype) {
+        return None;
+    }
+    nvls_switch(topo, &req.gpus)
 }
 
 /// The NVSwitch chip every member GPU reaches by a usable NVLink, when the members' NVSwitch
@@ -90,10 +116,12 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
             "NVLS plans serve all_reduce only".into(),
         ));
     }
-    let sw = nvls_switch(topo, &req.gpus).ok_or_else(|| {
-        RouteError::BadRequest(
-            "NVLS needs every member on one NVSwitch of sm90 or later GPUs".into(),
-        )
+    let sw = nvls_switch_for(topo, req).ok_or_else(|| {
+        RouteError::BadRequest(format!(
+            "NVLS needs every member on one NVSwitch of sm90 or later GPUs and an op and type \
+             the switch reduces (not {} on {})",
+            req.op, req.dtype
+        ))
     })?;
     let n = req.nranks();
     let count = req.count;
@@ -192,6 +220,38 @@ mod tests {
             bytes / 4,
             DType::F32,
         )
+    }
+
+    #[test]
+    fn nvls_serves_only_the_ops_and_types_the_switch_reduces() {
+        let t = relaycc_topo::preset("dgx-h100").unwrap();
+        let with = |op, dtype| {
+            let mut r = req(8, 64 << 20);
+            r.op = op;
+            r.dtype = dtype;
+            r
+        };
+        assert!(nvls_switch_for(&t, &with(ReduceOp::Sum, DType::F32)).is_some());
+        assert!(nvls_switch_for(&t, &with(ReduceOp::Max, DType::Bf16)).is_some());
+        for (op, dtype) in [
+            (ReduceOp::Prod, DType::F32),
+            (ReduceOp::Avg, DType::F16),
+            (ReduceOp::Max, DType::F32),
+            (ReduceOp::Sum, DType::U8),
+        ] {
+            let r = with(op, dtype);
+            assert!(nvls_switch_for(&t, &r).is_none(), "{op} {dtype}");
+            assert!(all_reduce(&t, &r, 1 << 16).is_err(), "{op} {dtype}");
+            // Neither the baseline nor the bound counts on the switch reducing.
+            let base = crate::planner::baseline_plan(&t, &r).unwrap();
+            assert!(!base.algorithm.contains("nvls"), "{}", base.algorithm);
+        }
+        let bound = |r: &Request| {
+            crate::planner::bound_gbps(&t, r, &crate::path::RelayPolicy::Members).unwrap()
+        };
+        let sum = bound(&with(ReduceOp::Sum, DType::F32));
+        let prod = bound(&with(ReduceOp::Prod, DType::F32));
+        assert!(sum > prod * 1.5, "{sum} vs {prod}");
     }
 
     #[test]
