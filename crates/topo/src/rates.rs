@@ -363,6 +363,44 @@ impl CostModel {
         v
     }
 
+    /// The cost `name` (one of [`CostModel::names`]), or `None` for an unknown name.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        for (i, p) in Protocol::ALL.iter().enumerate() {
+            let Some(rest) = name.strip_prefix(p.key()).and_then(|r| r.strip_prefix('_')) else {
+                continue;
+            };
+            return match rest {
+                "bw_fraction" => Some(self.bw_fraction[i]),
+                "base_latency_us" => Some(self.base_latency_us[i]),
+                "nvlink_step_us" => Some(self.nvlink_step_us[i]),
+                "pcie_step_us" => Some(self.pcie_step_us[i]),
+                "network_step_us" => Some(self.network_step_us[i]),
+                _ => None,
+            };
+        }
+        match name {
+            "nvls_latency_us" => Some(self.nvls_latency_us),
+            "nvls_sm90_efficiency" => Some(self.nvls_sm90_efficiency),
+            "nvls_sm100_efficiency" => Some(self.nvls_sm100_efficiency),
+            "copy_engine_launch_us" => Some(self.copy_engine_launch_us),
+            "kernel_launch_us" => Some(self.kernel_launch_us),
+            _ => None,
+        }
+    }
+
+    /// The entries that differ from the defaults, by name: what a topology's JSON carries so
+    /// that a calibrated cost model survives export and import.
+    pub fn changed(&self) -> std::collections::BTreeMap<String, f64> {
+        let base = CostModel::default();
+        CostModel::names()
+            .into_iter()
+            .filter_map(|n| {
+                let (v, d) = (self.get(&n)?, base.get(&n)?);
+                (v != d).then_some((n, v))
+            })
+            .collect()
+    }
+
     /// Replace the cost `name` (one of [`CostModel::names`]) by `value`.
     ///
     /// # Errors

@@ -92,6 +92,10 @@ pub struct TopologyJson {
     /// The mask in force.
     #[serde(default, skip_serializing_if = "Mask::is_empty")]
     pub mask: Mask,
+    /// The cost model's entries that differ from the defaults (a calibration's `costs`), by
+    /// the names of [`crate::rates::CostModel::names`].
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub costs: std::collections::BTreeMap<String, f64>,
 }
 
 impl TopologyJson {
@@ -158,6 +162,7 @@ impl TopologyJson {
                 })
                 .collect(),
             mask: topo.mask().clone(),
+            costs: topo.costs().changed(),
         }
     }
 }

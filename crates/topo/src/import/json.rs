@@ -75,9 +75,17 @@ pub fn parse(text: &str, source_name: &str) -> Result<Topology> {
         }
         b.add_directed(from, to, l.link);
     }
-    let topo = b
+    let mut topo = b
         .build()
         .map_err(|e| TopoError::parse(source_name, 0, e.to_string()))?;
+    // The same names and ranges as a calibration file's `costs`.
+    let mut costs = *topo.costs();
+    for (name, &value) in &doc.costs {
+        costs
+            .set(name, value, MAX_LATENCY_US)
+            .map_err(|m| TopoError::parse(source_name, 0, format!("costs: {m}")))?;
+    }
+    topo.set_costs(costs);
     topo.with_mask(doc.mask)
 }
 
@@ -102,5 +110,31 @@ mod tests {
         }
         doc["links"][3]["gbps"] = serde_json::json!(MAX_LINK_GBPS);
         assert!(parse(&doc.to_string(), "t").is_ok());
+    }
+
+    #[test]
+    fn a_calibrated_cost_model_survives_export_and_import() {
+        let mut topo = crate::preset("dgx-h100").unwrap();
+        // Presets carry the defaults: their JSON names no costs.
+        assert!(!crate::export::to_json(&topo).contains("\"costs\""));
+        let mut costs = *topo.costs();
+        costs
+            .set("copy_engine_launch_us", 2.5, MAX_LATENCY_US)
+            .unwrap();
+        costs.set("ll128_bw_fraction", 0.8, MAX_LATENCY_US).unwrap();
+        topo.set_costs(costs);
+        let back = parse(&crate::export::to_json(&topo), "t").unwrap();
+        assert_eq!(back.costs(), topo.costs());
+        let mut doc: serde_json::Value =
+            serde_json::from_str(&crate::export::to_json(&topo)).unwrap();
+        doc["costs"]["ll_bw_fraction"] = serde_json::json!(1.5);
+        let err = parse(&doc.to_string(), "t").unwrap_err().to_string();
+        assert!(
+            err.contains("costs: ll_bw_fraction must be a fraction"),
+            "{err}"
+        );
+        doc["costs"] = serde_json::json!({"warp_speed": 1.0});
+        let err = parse(&doc.to_string(), "t").unwrap_err().to_string();
+        assert!(err.contains("unknown cost"), "{err}");
     }
 }
