@@ -86,33 +86,43 @@ pub fn node_aware_plan_within(
     }
     let all = pieces(req)?;
     let longest = all.iter().map(|p| p.len).max().unwrap_or(0).max(1);
-    fit(
-        longest,
-        min_chunk_elems(req),
-        budget,
-        |chunk| {
-            let name = format!("node-aware {strategy} {staging}");
-            let mut b = Builder::new(topo, Plan::new(req.clone(), name))?;
-            let rounds = longest.div_ceil(chunk.max(1));
-            for k in 0..rounds {
-                let lo = k * chunk;
-                let slice: Vec<Piece> = all
-                    .iter()
-                    .filter(|p| p.len > lo)
-                    .map(|p| Piece {
-                        src_off: p.src_off + lo,
-                        dst_off: p.dst_off + lo,
-                        len: (p.len - lo).min(chunk),
-                        ..*p
-                    })
-                    .collect();
-                b.begin_round(k);
-                round(&mut b, &slice, strategy, staging)?;
-                b.end_round()?;
-            }
-            Ok(b.finish())
-        },
-    )
+    fit(longest, min_chunk_elems(req), budget, |chunk| {
+        in_rounds(topo, req, &all, strategy, staging, chunk)
+    })
+}
+
+/// The plan of `strategy` and `staging` for `all` (the pieces of `req`) cut into rounds: round
+/// `k` moves elements `[k * chunk, (k + 1) * chunk)` of every piece, in the slot set of parity
+/// `k % 2` (so staging is two rounds' worth, whatever the message).
+pub(super) fn in_rounds(
+    topo: &Topology,
+    req: &Request,
+    all: &[Piece],
+    strategy: Strategy,
+    staging: Staging,
+    chunk: u64,
+) -> Result<Plan> {
+    let chunk = chunk.max(1);
+    let name = format!("node-aware {strategy} {staging}");
+    let mut b = Builder::new(topo, Plan::new(req.clone(), name))?;
+    let longest = all.iter().map(|p| p.len).max().unwrap_or(0);
+    for k in 0..longest.div_ceil(chunk).max(1) {
+        let lo = k * chunk;
+        let slice: Vec<Piece> = all
+            .iter()
+            .filter(|p| p.len > lo)
+            .map(|p| Piece {
+                src_off: p.src_off + lo,
+                dst_off: p.dst_off + lo,
+                len: (p.len - lo).min(chunk),
+                ..*p
+            })
+            .collect();
+        b.begin_round(k);
+        round(&mut b, &slice, strategy, staging)?;
+        b.end_round()?;
+    }
+    Ok(b.finish())
 }
 
 /// One round of a node-aware plan: every piece of `pieces` (a slice of each of the request's
@@ -406,7 +416,7 @@ fn split(b: &mut Builder, remote: &[Piece], md: bool) -> Result<()> {
                 .zip(&starts)
                 .filter_map(|(p, &s)| {
                     let (a, z) = (s.max(lo), (s + p.len).min(hi));
-                    (a < z).then_some((*p, s, a - s, z - a))
+                    (a < z).then(|| (*p, s, a - s, z - a))
                 })
                 .collect();
             for &(p, start, within, n) in &overlap {
