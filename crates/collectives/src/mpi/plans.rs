@@ -143,7 +143,13 @@ pub(super) fn exchange_plan(
     strategy: Strategy,
     split_cap: u64,
 ) -> Result<Plan, RouteError> {
-    rank_space_plan(bytes, node_of, strategy, split_cap)
+    rank_space_plan(
+        bytes,
+        node_of,
+        strategy,
+        split_cap,
+        relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
+    )
 }
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ struct Stage {
 /// `k` that waits on nothing else waits on the last ops of round `k - 2`, so a slot is
 /// rewritten only after its previous occupant was consumed.
 #[derive(Debug, Default)]
-struct Slots {
+pub(super) struct Slots {
     /// Buffers by (round parity, location), in allocation order within a round.
     pool: BTreeMap<(u32, Location), Vec<BufferRef>>,
     /// Buffers handed out this round, by location.
@@ -126,65 +126,22 @@ impl<'a> Builder<'a> {
 
     /// Start round `k`: fresh per-rank staging, the slot set of parity `k % 2`.
     pub fn begin_round(&mut self, k: u64) {
-        self.slots.parity = (k % 2) as u32;
-        self.slots.used.clear();
-        self.slots.round_start = self.plan.ops.len() as u32;
+        self.slots.begin(&self.plan, k);
         for st in &mut self.stages {
             *st = Stage::default();
         }
     }
 
-    /// A staging slot of at least `len` elements in `loc` for this round: the next unused
-    /// buffer of this round's slot set there (grown to `len`), or a new one.
+    /// A staging slot of at least `len` elements in `loc` for this round ([`Slots::slot`]).
     pub fn slot(&mut self, loc: Location, len: u64) -> BufferRef {
-        let idx = self.slots.used.entry(loc).or_default();
-        let i = *idx;
-        *idx += 1;
-        let set = self.slots.pool.entry((self.slots.parity, loc)).or_default();
-        let buf = match set.get(i) {
-            Some(b) => *b,
-            None => {
-                let b = self.plan.add_scratch(loc, 0);
-                set.push(b);
-                b
-            }
-        };
-        self.grow(buf, len);
-        buf
+        self.slots.slot(&mut self.plan, loc, len)
     }
 
-    /// Grow staging buffer `buf` to at least `len` elements.
-    fn grow(&mut self, buf: BufferRef, len: u64) {
-        if let BufferRef::Scratch(i) = buf
-            && let Some(s) = self.plan.scratch.get_mut(i as usize)
-        {
-            s.len = s.len.max(len);
-        }
-    }
-
-    /// End the round: copy the received staging to the GPU outputs, then order the round's
-    /// first ops after the last ops of the round two before (which used the same slots).
+    /// End the round: copy the received staging to the GPU outputs, then order the round
+    /// after the round two before ([`Slots::end`]).
     pub fn end_round(&mut self) -> Result<()> {
         self.flush_received()?;
-        let start = self.slots.round_start as usize;
-        let p = self.slots.parity as usize;
-        let gate = std::mem::take(&mut self.slots.gates[p]);
-        let end = self.plan.ops.len();
-        let mut has_dependent = vec![false; end - start];
-        for op in &mut self.plan.ops[start..end] {
-            if op.deps.is_empty() {
-                op.deps.clone_from(&gate);
-            }
-            for &d in &op.deps {
-                if let Some(i) = (d as usize).checked_sub(start) {
-                    has_dependent[i] = true;
-                }
-            }
-        }
-        self.slots.gates[p] = (start..end)
-            .filter(|&i| !has_dependent[i - start])
-            .map(|i| i as u32)
-            .collect();
+        self.slots.end(&mut self.plan);
         Ok(())
     }
 
@@ -378,7 +335,7 @@ impl<'a> Builder<'a> {
         let at = st.recv_used;
         st.recv_used += len;
         let used = st.recv_used;
-        self.grow(buf, used);
+        grow(&mut self.plan, buf, used);
         Ok(Side {
             loc: self.host[d as usize],
             region: Region::new(buf, at, len),
@@ -433,6 +390,68 @@ impl<'a> Builder<'a> {
     /// The finished plan (after the last [`Builder::end_round`]).
     pub fn finish(self) -> Plan {
         self.plan
+    }
+}
+
+impl Slots {
+    /// Start round `k` of `plan`: the slot set of parity `k % 2`, none handed out yet.
+    pub fn begin(&mut self, plan: &Plan, k: u64) {
+        self.parity = (k % 2) as u32;
+        self.used.clear();
+        self.round_start = plan.ops.len() as u32;
+    }
+
+    /// A staging slot of at least `len` elements in `loc` for this round: the next unused
+    /// buffer of this round's slot set there (grown to `len`), or a new one.
+    pub fn slot(&mut self, plan: &mut Plan, loc: Location, len: u64) -> BufferRef {
+        let idx = self.used.entry(loc).or_default();
+        let i = *idx;
+        *idx += 1;
+        let set = self.pool.entry((self.parity, loc)).or_default();
+        let buf = match set.get(i) {
+            Some(b) => *b,
+            None => {
+                let b = plan.add_scratch(loc, 0);
+                set.push(b);
+                b
+            }
+        };
+        grow(plan, buf, len);
+        buf
+    }
+
+    /// End the round: every op of it that waits on nothing waits on the last ops of the round
+    /// two before (the previous occupants' readers of this round's slots), so every op of
+    /// this round follows every op of that one.
+    pub fn end(&mut self, plan: &mut Plan) {
+        let start = self.round_start as usize;
+        let p = self.parity as usize;
+        let gate = std::mem::take(&mut self.gates[p]);
+        let end = plan.ops.len();
+        let mut has_dependent = vec![false; end - start];
+        for op in &mut plan.ops[start..end] {
+            if op.deps.is_empty() {
+                op.deps.clone_from(&gate);
+            }
+            for &d in &op.deps {
+                if let Some(i) = (d as usize).checked_sub(start) {
+                    has_dependent[i] = true;
+                }
+            }
+        }
+        self.gates[p] = (start..end)
+            .filter(|&i| !has_dependent[i - start])
+            .map(|i| i as u32)
+            .collect();
+    }
+}
+
+/// Grow staging buffer `buf` of `plan` to at least `len` elements.
+fn grow(plan: &mut Plan, buf: BufferRef, len: u64) {
+    if let BufferRef::Scratch(i) = buf
+        && let Some(s) = plan.scratch.get_mut(i as usize)
+    {
+        s.len = s.len.max(len);
     }
 }
 
