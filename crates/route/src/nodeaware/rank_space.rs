@@ -76,7 +76,9 @@ impl Gen<'_> {
                 Vec::new(),
             )
         } else {
-            let g = self.slots.slot(&mut self.plan, Location::Gpu(sender), total);
+            let g = self
+                .slots
+                .slot(&mut self.plan, Location::Gpu(sender), total);
             let mut deps = Vec::new();
             for (off, run) in runs(parts, |p| (p.src, p.src_off)) {
                 let n: u64 = run.iter().map(|p| p.len).sum();
@@ -366,7 +368,8 @@ mod tests {
         r.counts = vec![3, 0, 5, 1, 0, 9, 2, 4];
         let node_of: Vec<u32> = (0..8).map(|r| r / 4).collect();
         for s in [Strategy::ThreeStep, Strategy::TwoStep, Strategy::SplitMd] {
-            check(&rank_space_plan(&r, &node_of, s, 4, DEFAULT_STAGING_BUDGET_BYTES).unwrap()).unwrap();
+            check(&rank_space_plan(&r, &node_of, s, 4, DEFAULT_STAGING_BUDGET_BYTES).unwrap())
+                .unwrap();
         }
     }
 
@@ -378,7 +381,14 @@ mod tests {
             .map(|s| (0..8).map(|d| u64::from(s < 4 && d >= 4)).collect())
             .collect();
         let node_of: Vec<u32> = (0..8).map(|r| r / 4).collect();
-        let p = rank_space_plan(&r, &node_of, Strategy::ThreeStep, 1 << 20, DEFAULT_STAGING_BUDGET_BYTES).unwrap();
+        let p = rank_space_plan(
+            &r,
+            &node_of,
+            Strategy::ThreeStep,
+            1 << 20,
+            DEFAULT_STAGING_BUDGET_BYTES,
+        )
+        .unwrap();
         let inter = p
             .ops
             .iter()
@@ -398,9 +408,25 @@ mod tests {
             })
             .count();
         assert_eq!(inter, 1);
-        assert!(rank_space_plan(&r, &node_of, Strategy::SplitDd, 1, DEFAULT_STAGING_BUDGET_BYTES).is_err());
+        assert!(
+            rank_space_plan(
+                &r,
+                &node_of,
+                Strategy::SplitDd,
+                1,
+                DEFAULT_STAGING_BUDGET_BYTES
+            )
+            .is_err()
+        );
         let all_reduce = Request::new(Collective::AllReduce, (0..8).collect(), 4, DType::U8);
-        let e = rank_space_plan(&all_reduce, &node_of, Strategy::ThreeStep, 1, DEFAULT_STAGING_BUDGET_BYTES).unwrap_err();
+        let e = rank_space_plan(
+            &all_reduce,
+            &node_of,
+            Strategy::ThreeStep,
+            1,
+            DEFAULT_STAGING_BUDGET_BYTES,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("all_to_all_v"), "{e}");
     }
 }
