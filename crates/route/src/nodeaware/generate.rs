@@ -7,6 +7,9 @@
 //! directly (device-aware) or through the ranks' host staging buffers (staged); only the
 //! inter-node data follows the strategy. Staged plans copy each rank's outgoing input to pinned
 //! memory of its socket first and its incoming output back last ([Lockhart-2023, Eq. 4.5]).
+//!
+//! A message larger than the staging budget is moved in rounds of one chunk of every piece,
+//! each round staging in one of two reused slot sets ([`crate::staging::Slots`]).
 
 use std::collections::BTreeMap;
 
