@@ -3,7 +3,9 @@
 //! fixed number of chunk-sized slots per device, so staging falls with the chunk).
 
 use crate::error::{Result, RouteError};
-use crate::plan::{Location, Plan};
+use std::collections::BTreeMap;
+
+use crate::plan::{BufferRef, Location, Plan};
 use crate::request::Request;
 
 /// NCCL's default buffer per connection and protocol Simple, bytes (`NCCL_BUFFSIZE`, 4 MiB,
@@ -116,5 +118,86 @@ pub fn describe_bytes(b: u64) -> String {
         format!("{b} bytes")
     } else {
         format!("{b} bytes ({:.1} {u})", b as f64 / d as f64)
+    }
+}
+
+/// Staging slots shared by the rounds of a plan that moves its message one chunk per round:
+/// the buffers of round `k` are those of round `k - 2` (two slot sets, so one round's transfers
+/// overlap the next's), and every op of round `k` that waits on nothing else waits on the last
+/// ops of round `k - 2`, so a slot is rewritten only after its previous occupant was consumed
+/// (the checker proves each reuse). Staging is then two rounds' worth, whatever the message.
+#[derive(Debug, Default)]
+pub struct Slots {
+    /// Buffers by (round parity, location), in allocation order within a round.
+    pool: BTreeMap<(u32, Location), Vec<BufferRef>>,
+    /// Buffers handed out this round, by location.
+    used: BTreeMap<Location, usize>,
+    /// Parity of the current round.
+    parity: u32,
+    /// First op of the current round.
+    round_start: u32,
+    /// Ops that end each parity's last round (nothing of that round depends on them).
+    gates: [Vec<u32>; 2],
+}
+
+impl Slots {
+    /// Start round `k` of `plan`: the slot set of parity `k % 2`, none handed out yet.
+    pub fn begin(&mut self, plan: &Plan, k: u64) {
+        self.parity = (k % 2) as u32;
+        self.used.clear();
+        self.round_start = plan.ops.len() as u32;
+    }
+
+    /// A staging slot of at least `len` elements in `loc` for this round: the next unused
+    /// buffer of this round's slot set there (grown to `len`), or a new one.
+    pub fn slot(&mut self, plan: &mut Plan, loc: Location, len: u64) -> BufferRef {
+        let idx = self.used.entry(loc).or_default();
+        let i = *idx;
+        *idx += 1;
+        let set = self.pool.entry((self.parity, loc)).or_default();
+        let buf = match set.get(i) {
+            Some(b) => *b,
+            None => {
+                let b = plan.add_scratch(loc, 0);
+                set.push(b);
+                b
+            }
+        };
+        grow(plan, buf, len);
+        buf
+    }
+
+    /// End the round: every op of it that waits on nothing waits on the last ops of the round
+    /// two before (the previous occupants' readers of this round's slots), so every op of
+    /// this round follows every op of that one.
+    pub fn end(&mut self, plan: &mut Plan) {
+        let start = self.round_start as usize;
+        let p = self.parity as usize;
+        let gate = std::mem::take(&mut self.gates[p]);
+        let end = plan.ops.len();
+        let mut has_dependent = vec![false; end - start];
+        for op in &mut plan.ops[start..end] {
+            if op.deps.is_empty() {
+                op.deps.clone_from(&gate);
+            }
+            for &d in &op.deps {
+                if let Some(i) = (d as usize).checked_sub(start) {
+                    has_dependent[i] = true;
+                }
+            }
+        }
+        self.gates[p] = (start..end)
+            .filter(|&i| !has_dependent[i - start])
+            .map(|i| i as u32)
+            .collect();
+    }
+}
+
+/// Grow staging buffer `buf` of `plan` to at least `len` elements.
+pub fn grow(plan: &mut Plan, buf: BufferRef, len: u64) {
+    if let BufferRef::Scratch(i) = buf
+        && let Some(s) = plan.scratch.get_mut(i as usize)
+    {
+        s.len = s.len.max(len);
     }
 }

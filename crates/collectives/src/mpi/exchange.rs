@@ -238,7 +238,13 @@ impl NeighborExchange {
                 .min_by(|a, b| a.1.total_cmp(&b.1))
                 .map_or(Strategy::Standard, |m| m.0),
         };
-        let plan = rank_space_plan(&req, comm.node_of(), strategy, default_split_cap())?;
+        let plan = rank_space_plan(
+            &req,
+            comm.node_of(),
+            strategy,
+            default_split_cap(),
+            relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
+        )?;
         // Proves every output byte gets exactly its input byte before a message moves;
         // deterministic, so every rank reaches the same verdict.
         relaycc_route::check(&plan)?;

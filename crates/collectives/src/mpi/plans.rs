@@ -16,7 +16,9 @@
 use std::collections::BTreeMap;
 
 use relaycc_route::nodeaware::{Strategy, rank_space_plan};
-use relaycc_route::{BufferRef, Collective, DType, Location, Plan, Region, Request, RouteError};
+use relaycc_route::{
+    BufferRef, Collective, DType, Location, Plan, Region, Request, RouteError, staging,
+};
 
 /// The terms of a reduction: (rank, input offset) per contributor.
 type Terms = Vec<(u32, u64)>;
@@ -35,12 +37,37 @@ type Terms = Vec<(u32, u64)>;
 ///   among several (reduce_scatter's blocks) is reduced whole on its destination, so the
 ///   blocks spread the work over the ranks.
 ///
-/// Errors: a request that does not validate.
+/// Reductions run in rounds of at most one chunk of elements whose staging (the parts sent to
+/// `o` and a result `o` does not keep) lives in two reused slot sets; [`staging::fit`] picks
+/// the chunk so that every process stages at most `budget` bytes (one round when the whole
+/// message fits).
+///
+/// Errors: a request that does not validate; `RouteError::StagingBudget` when even the
+/// smallest chunk exceeds `budget`.
 ///
 /// Complexity: O(n^2) ops for n ranks.
-pub(super) fn direct_plan(req: &Request) -> Result<Plan, RouteError> {
+pub(super) fn direct_plan(req: &Request, budget: u64) -> Result<Plan, RouteError> {
+    let longest = req
+        .expected()?
+        .iter()
+        .filter(|p| p.terms.len() > 1 || req.collective.reduces())
+        .map(|p| p.len)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    staging::fit(longest, staging::min_chunk_elems(req), budget, |chunk| {
+        direct_in_rounds(req, chunk)
+    })
+}
+
+/// [`direct_plan`] with its reductions cut into rounds of at most `chunk` elements: round `k`
+/// reduces elements `[k x chunk, (k + 1) x chunk)` of every reduction, staging in one of two
+/// reused slot sets ([`staging::Slots`]).
+fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan, RouteError> {
+    let chunk = chunk.max(1);
     let n = req.nranks() as u32;
     let mut plan = Plan::new(req.clone(), "rank-space direct");
+    let mut slots = staging::Slots::default();
     let copy = |plan: &mut Plan, from: u32, src: Region, dst: Region, deps: Vec<u32>| {
         let lane = plan.add_lane(Location::Gpu(from), format!("rank{from}"));
         plan.copy(lane, src, dst, Vec::new(), deps)
@@ -61,44 +88,55 @@ pub(super) fn direct_plan(req: &Request) -> Result<Plan, RouteError> {
         }
     }
     let groups = reductions.len();
-    for ((terms, len), dests) in reductions {
-        let slices: Vec<(u32, u64, u64)> = match dests.as_slice() {
-            [(d, _)] if groups > 1 => vec![(*d, 0, len)],
-            _ => (0..n)
-                .map(|o| {
-                    let (lo, hi) = slice(len, n, o);
-                    (o, lo, hi - lo)
-                })
-                .collect(),
-        };
-        for (o, lo, m) in slices {
-            if m == 0 {
+    let longest = reductions.keys().map(|k| k.1).max().unwrap_or(0);
+    for k in 0..longest.div_ceil(chunk) {
+        slots.begin(&plan, k);
+        for ((terms, full), dests) in &reductions {
+            let base = k * chunk;
+            if base >= *full {
                 continue;
             }
-            let mut srcs = Vec::with_capacity(terms.len());
-            let mut deps = Vec::new();
-            for &(k, off) in &terms {
-                let part = Region::new(BufferRef::Input(k), off + lo, m);
-                if k == o {
-                    srcs.push(part);
-                } else {
-                    let s = plan.add_scratch(Location::Gpu(o), m);
-                    let into = Region::new(s, 0, m);
-                    deps.push(copy(&mut plan, k, part, into, Vec::new()));
-                    srcs.push(into);
+            let len = (full - base).min(chunk);
+            let slices: Vec<(u32, u64, u64)> = match dests.as_slice() {
+                [(d, _)] if groups > 1 => vec![(*d, 0, len)],
+                _ => (0..n)
+                    .map(|o| {
+                        let (lo, hi) = slice(len, n, o);
+                        (o, lo, hi - lo)
+                    })
+                    .collect(),
+            };
+            for (o, lo, m) in slices {
+                if m == 0 {
+                    continue;
+                }
+                let lo = base + lo;
+                let mut srcs = Vec::with_capacity(terms.len());
+                let mut deps = Vec::new();
+                for &(k, off) in terms {
+                    let part = Region::new(BufferRef::Input(k), off + lo, m);
+                    if k == o {
+                        srcs.push(part);
+                    } else {
+                        let s = slots.slot(&mut plan, Location::Gpu(o), m);
+                        let into = Region::new(s, 0, m);
+                        deps.push(copy(&mut plan, k, part, into, Vec::new()));
+                        srcs.push(into);
+                    }
+                }
+                let result = match dests.iter().find(|(d, _)| *d == o) {
+                    Some(&(_, out)) => Region::new(BufferRef::Output(o), out + lo, m),
+                    None => Region::new(slots.slot(&mut plan, Location::Gpu(o), m), 0, m),
+                };
+                let lane = plan.add_lane(Location::Gpu(o), format!("rank{o} reduce"));
+                let red = plan.reduce(lane, srcs, result, true, deps);
+                for &(d, out) in dests.iter().filter(|(d, _)| *d != o) {
+                    let dst = Region::new(BufferRef::Output(d), out + lo, m);
+                    copy(&mut plan, o, result, dst, vec![red]);
                 }
             }
-            let result = match dests.iter().find(|(d, _)| *d == o) {
-                Some(&(_, out)) => Region::new(BufferRef::Output(o), out + lo, m),
-                None => Region::new(plan.add_scratch(Location::Gpu(o), m), 0, m),
-            };
-            let lane = plan.add_lane(Location::Gpu(o), format!("rank{o} reduce"));
-            let red = plan.reduce(lane, srcs, result, true, deps);
-            for &(d, out) in dests.iter().filter(|(d, _)| *d != o) {
-                let dst = Region::new(BufferRef::Output(d), out + lo, m);
-                copy(&mut plan, o, result, dst, vec![red]);
-            }
         }
+        slots.end(&mut plan);
     }
     Ok(plan)
 }
@@ -143,7 +181,13 @@ pub(super) fn exchange_plan(
     strategy: Strategy,
     split_cap: u64,
 ) -> Result<Plan, RouteError> {
-    rank_space_plan(bytes, node_of, strategy, split_cap)
+    rank_space_plan(
+        bytes,
+        node_of,
+        strategy,
+        split_cap,
+        relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
+    )
 }
 
 #[cfg(test)]
@@ -165,9 +209,22 @@ mod tests {
                         let req = Request::new(c, (0..n).collect(), count, DType::F32)
                             .with_op(op)
                             .with_root(n - 1);
-                        let plan = direct_plan(&req).expect("plans");
+                        let plan = direct_plan(&req, staging::DEFAULT_STAGING_BUDGET_BYTES)
+                            .expect("plans");
                         relaycc_route::check(&plan)
                             .unwrap_or_else(|e| panic!("{c} n={n} count={count} {op:?}: {e}"));
+                        // Rounds of a few elements reuse two slot sets and still check; each
+                        // process stages two rounds: n - 1 parts and a result per reduction.
+                        for chunk in [1u64, 3, 8] {
+                            let r = direct_in_rounds(&req, chunk).expect("plans");
+                            relaycc_route::check(&r).unwrap_or_else(|e| {
+                                panic!("{c} n={n} count={count} {op:?} chunk={chunk}: {e}")
+                            });
+                            let most = 2 * u64::from(n) * chunk * 4 * u64::from(n);
+                            for (at, b) in r.staging_per_location() {
+                                assert!(b <= most, "{c} n={n} chunk={chunk}: {at} {b}");
+                            }
+                        }
                     }
                 }
             }

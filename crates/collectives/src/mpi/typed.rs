@@ -604,7 +604,7 @@ impl MpiCommunicator {
                 super::exchange::default_split_cap(),
             )?
         } else {
-            plans::direct_plan(req)?
+            plans::direct_plan(req, relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES)?
         };
         // Proves every output element gets exactly what the request names before a message
         // moves; deterministic, so every rank reaches the same verdict.

@@ -7,6 +7,9 @@
 //! directly (device-aware) or through the ranks' host staging buffers (staged); only the
 //! inter-node data follows the strategy. Staged plans copy each rank's outgoing input to pinned
 //! memory of its socket first and its incoming output back last ([Lockhart-2023, Eq. 4.5]).
+//!
+//! A message larger than the staging budget is moved in rounds of one chunk of every piece,
+//! each round staging in one of two reused slot sets ([`crate::staging::Slots`]).
 
 use std::collections::BTreeMap;
 
@@ -18,6 +21,7 @@ use super::strategy::{ClusterShape, Staging, Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{Location, Plan, Region};
 use crate::request::Request;
+use crate::staging::{DEFAULT_STAGING_BUDGET_BYTES, fit, min_chunk_elems};
 
 /// The plan of one node-aware strategy for an irregular exchange across nodes.
 ///
@@ -56,15 +60,77 @@ pub fn node_aware_plan(
     strategy: Strategy,
     staging: Staging,
 ) -> Result<Plan> {
+    node_aware_plan_within(topo, req, strategy, staging, DEFAULT_STAGING_BUDGET_BYTES)
+}
+
+/// [`node_aware_plan`] with its staging fitted to `budget` bytes per device: the request's
+/// pieces are cut into rounds of at most one chunk each, every round stages in one of two
+/// reused slot sets, and [`crate::staging::fit`] shrinks the chunk until every device's slots
+/// fit (a single round when the whole message fits).
+///
+/// # Errors
+/// As [`node_aware_plan`]; [`RouteError::StagingBudget`] when even the smallest chunk
+/// ([`min_chunk_elems`]) does not fit.
+///
+/// # Complexity
+/// A few builds of O(rounds x p) pieces (see [`crate::staging::fit`]).
+pub fn node_aware_plan_within(
+    topo: &Topology,
+    req: &Request,
+    strategy: Strategy,
+    staging: Staging,
+    budget: u64,
+) -> Result<Plan> {
     exchange_only(req)?;
     if !strategy.supports(staging) {
         return Err(RouteError::BadRequest(format!(
             "{strategy} is defined staged through host only ([Lockhart-2023, Table 5]), not {staging}"
         )));
     }
-    let pieces = pieces(req)?;
+    let all = pieces(req)?;
+    let longest = all.iter().map(|p| p.len).max().unwrap_or(0).max(1);
+    fit(longest, min_chunk_elems(req), budget, |chunk| {
+        in_rounds(topo, req, &all, strategy, staging, chunk)
+    })
+}
+
+/// The plan of `strategy` and `staging` for `all` (the pieces of `req`) cut into rounds: round
+/// `k` moves elements `[k * chunk, (k + 1) * chunk)` of every piece, in the slot set of parity
+/// `k % 2` (so staging is two rounds' worth, whatever the message).
+pub(super) fn in_rounds(
+    topo: &Topology,
+    req: &Request,
+    all: &[Piece],
+    strategy: Strategy,
+    staging: Staging,
+    chunk: u64,
+) -> Result<Plan> {
+    let chunk = chunk.max(1);
     let name = format!("node-aware {strategy} {staging}");
     let mut b = Builder::new(topo, Plan::new(req.clone(), name))?;
+    let longest = all.iter().map(|p| p.len).max().unwrap_or(0);
+    for k in 0..longest.div_ceil(chunk).max(1) {
+        let lo = k * chunk;
+        let slice: Vec<Piece> = all
+            .iter()
+            .filter(|p| p.len > lo)
+            .map(|p| Piece {
+                src_off: p.src_off + lo,
+                dst_off: p.dst_off + lo,
+                len: (p.len - lo).min(chunk),
+                ..*p
+            })
+            .collect();
+        b.begin_round(k);
+        round(&mut b, &slice, strategy, staging)?;
+        b.end_round()?;
+    }
+    Ok(b.finish())
+}
+
+/// One round of a node-aware plan: every piece of `pieces` (a slice of each of the request's
+/// pieces) moved by `strategy`, staged in this round's slots.
+fn round(b: &mut Builder, pieces: &[Piece], strategy: Strategy, staging: Staging) -> Result<()> {
     let staged = staging == Staging::Host;
     let inter = |b: &Builder, p: &Piece| b.node[p.src as usize] != b.node[p.dst as usize];
     // Split+DD copies inter-node data between GPU and the sending processes with duplicate
@@ -73,43 +139,43 @@ pub fn node_aware_plan(
         staged && p.src != p.dst && !(strategy == Strategy::SplitDd && inter(b, p))
     };
     let mut needed: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
-    for p in pieces.iter().filter(|p| via_stage(&b, p)) {
+    for p in pieces.iter().filter(|p| via_stage(b, p)) {
         needed.entry(p.src).or_default().push((p.src_off, p.len));
     }
     for (r, spans) in &needed {
         b.stage_out(*r, spans)?;
     }
     let mut remote = Vec::new();
-    for p in &pieces {
-        if inter(&b, p) {
+    for p in pieces {
+        if inter(b, p) {
             remote.push(*p);
             continue;
         }
         // On-node (or to itself): one move from the send side to the receive side.
-        let s = side_of(&b, p, via_stage(&b, p));
-        let r = b.recv_side(p.dst, p.dst_off, p.len, via_stage(&b, p))?;
-        deliver(&mut b, p, s, r, 0)?;
+        let s = side_of(b, p, via_stage(b, p));
+        let r = b.recv_side(p.dst, p.dst_off, p.len, via_stage(b, p))?;
+        deliver(b, p, s, r, 0)?;
     }
     match strategy {
         Strategy::Standard => {
             for p in &remote {
-                let s = side_of(&b, p, staged);
+                let s = side_of(b, p, staged);
                 let r = b.recv_side(p.dst, p.dst_off, p.len, staged)?;
-                deliver(&mut b, p, s, r, 0)?;
+                deliver(b, p, s, r, 0)?;
             }
         }
         Strategy::ThreeStep => {
-            let ranks = ranks_by_node(&b);
+            let ranks = ranks_by_node(b);
             for ((na, nb), group) in group_by(&remote, |p| {
                 (b.node[p.src as usize], b.node[p.dst as usize])
             }) {
                 let sender = pick(&ranks, na, nb);
                 let receiver = pick(&ranks, nb, na);
-                aggregate(&mut b, &group, sender, receiver, staged)?;
+                aggregate(b, &group, sender, receiver, staged)?;
             }
         }
         Strategy::TwoStep => {
-            let ranks = ranks_by_node(&b);
+            let ranks = ranks_by_node(b);
             for ((src, nb), group) in group_by(&remote, |p| (p.src, b.node[p.dst as usize])) {
                 let na = b.node[src as usize];
                 let local = ranks
@@ -117,14 +183,14 @@ pub fn node_aware_plan(
                     .and_then(|v| v.iter().position(|r| *r == src))
                     .unwrap_or(0) as u32;
                 let receiver = pick(&ranks, nb, local);
-                aggregate(&mut b, &group, src, receiver, staged)?;
+                aggregate(b, &group, src, receiver, staged)?;
             }
         }
         Strategy::SplitMd | Strategy::SplitDd => {
-            split(&mut b, &remote, strategy == Strategy::SplitMd)?;
+            split(b, &remote, strategy == Strategy::SplitMd)?;
         }
     }
-    b.finish()
+    Ok(())
 }
 
 /// Every plan Table 5 of [Lockhart-2023] defines for `req` on `topo` (eight), in
@@ -167,7 +233,7 @@ fn side_of(b: &Builder, p: &Piece, staged: bool) -> Side {
 fn deliver(b: &mut Builder, p: &Piece, s: Side, r: Side, channel: u32) -> Result<()> {
     let ops = b.mv(s.loc, s.region, r.loc, r.region, &s.deps, channel)?;
     if matches!(r.loc, Location::Host(_)) {
-        b.received(p.dst, p.dst_off, p.len, ops);
+        b.received(p.dst, p.dst_off, r.region.offset, p.len, ops);
     }
     Ok(())
 }
@@ -227,7 +293,7 @@ fn aggregate(
     let msg_src = match single {
         Some(p) if home(b, p.src) == sloc => side_of(b, &p, staged),
         _ => {
-            let g = b.plan.add_scratch(sloc, total);
+            let g = b.slot(sloc, total);
             let mut deps = Vec::new();
             let mut off = 0;
             for p in group {
@@ -253,7 +319,7 @@ fn aggregate(
         let r = b.recv_side(p.dst, p.dst_off, p.len, staged)?;
         return deliver(b, &p, msg_src, r, 0);
     }
-    let rbuf = b.plan.add_scratch(rloc, total);
+    let rbuf = b.slot(rloc, total);
     let arrived = b.mv(
         msg_src.loc,
         msg_src.region,
@@ -344,8 +410,8 @@ fn split(b: &mut Builder, remote: &[Piece], md: bool) -> Result<()> {
                     why: "a NIC attaches to no CPU socket".into(),
                 });
             };
-            let send_buf = b.plan.add_scratch(ha, hi - lo);
-            let recv_buf = b.plan.add_scratch(hb, hi - lo);
+            let send_buf = b.slot(ha, hi - lo);
+            let recv_buf = b.slot(hb, hi - lo);
             let mut deps = Vec::new();
             // (piece, its stream offset, elements of it before the chunk, elements inside).
             let overlap: Vec<(Piece, u64, u64, u64)> = group
@@ -353,7 +419,7 @@ fn split(b: &mut Builder, remote: &[Piece], md: bool) -> Result<()> {
                 .zip(&starts)
                 .filter_map(|(p, &s)| {
                     let (a, z) = (s.max(lo), (s + p.len).min(hi));
-                    (a < z).then_some((*p, s, a - s, z - a))
+                    (a < z).then(|| (*p, s, a - s, z - a))
                 })
                 .collect();
             for &(p, start, within, n) in &overlap {
@@ -381,7 +447,7 @@ fn split(b: &mut Builder, remote: &[Piece], md: bool) -> Result<()> {
                 let r = b.recv_side(p.dst, p.dst_off + within, n, md)?;
                 let ops = b.mv(from.loc, from.region, r.loc, r.region, &from.deps, j)?;
                 if md {
-                    b.received(p.dst, p.dst_off + within, n, ops);
+                    b.received(p.dst, p.dst_off + within, r.region.offset, n, ops);
                 }
             }
             lo = hi;

@@ -10,6 +10,7 @@ use crate::error::{Result, RouteError};
 use crate::lower::{LaneMap, emit_transfer};
 use crate::path::{Hop, Route, hop, host_staged_routes, location_node, nearest_host};
 use crate::plan::{BufferRef, Location, Plan, Region};
+pub(super) use crate::staging::Slots;
 
 /// One piece of data to deliver: `len` elements of rank `src`'s input at `src_off` to rank
 /// `dst`'s output at `dst_off` (from [`crate::Request::expected`]).
@@ -48,14 +49,16 @@ pub(super) struct Side {
     pub deps: Vec<u32>,
 }
 
-/// Per-rank staging in host memory: which input runs were copied out, which output runs were
-/// filled and by which ops.
+/// Per-rank staging in host memory for one round: which input runs were copied out (input
+/// offset, elements, offset in the send slot, ops), which output runs were filled (output
+/// offset, offset in the receive slot, elements, ops).
 #[derive(Debug, Default)]
 struct Stage {
     send: Option<BufferRef>,
-    send_runs: Vec<(u64, u64, Vec<u32>)>,
+    send_runs: Vec<(u64, u64, u64, Vec<u32>)>,
     recv: Option<BufferRef>,
-    recv_parts: Vec<(u64, u64, Vec<u32>)>,
+    recv_used: u64,
+    recv_parts: Vec<(u64, u64, u64, Vec<u32>)>,
 }
 
 /// A plan under construction with the cluster facts every generator needs.
@@ -71,6 +74,7 @@ pub(super) struct Builder<'a> {
     pub nics: BTreeMap<u32, Vec<NodeId>>,
     stages: Vec<Stage>,
     nic_routes: BTreeMap<(Location, NodeId, NodeId, Location), Route>,
+    slots: Slots,
 }
 
 impl<'a> Builder<'a> {
@@ -99,7 +103,29 @@ impl<'a> Builder<'a> {
             nics,
             stages,
             nic_routes: BTreeMap::new(),
+            slots: Slots::default(),
         })
+    }
+
+    /// Start round `k`: fresh per-rank staging, the slot set of parity `k % 2`.
+    pub fn begin_round(&mut self, k: u64) {
+        self.slots.begin(&self.plan, k);
+        for st in &mut self.stages {
+            *st = Stage::default();
+        }
+    }
+
+    /// A staging slot of at least `len` elements in `loc` for this round ([`Slots::slot`]).
+    pub fn slot(&mut self, loc: Location, len: u64) -> BufferRef {
+        self.slots.slot(&mut self.plan, loc, len)
+    }
+
+    /// End the round: copy the received staging to the GPU outputs, then order the round
+    /// after the round two before ([`Slots::end`]).
+    pub fn end_round(&mut self) -> Result<()> {
+        self.flush_received()?;
+        self.slots.end(&mut self.plan);
+        Ok(())
     }
 
     /// The GPU memory of rank `r`.
@@ -227,20 +253,22 @@ impl<'a> Builder<'a> {
         if runs.is_empty() {
             return Ok(());
         }
-        let len = self.plan.request.input_len(r)?;
-        let buf = self.plan.add_scratch(self.host[r as usize], len);
+        let len = runs.iter().map(|r| r.1).sum();
+        let buf = self.slot(self.host[r as usize], len);
         self.stages[r as usize].send = Some(buf);
+        let mut at = 0;
         for (off, n) in runs {
             let (g, h) = (self.gpu(r), self.host[r as usize]);
             let ops = self.mv(
                 g,
                 Region::new(BufferRef::Input(r), off, n),
                 h,
-                Region::new(buf, off, n),
+                Region::new(buf, at, n),
                 &[],
                 0,
             )?;
-            self.stages[r as usize].send_runs.push((off, n, ops));
+            self.stages[r as usize].send_runs.push((off, n, at, ops));
+            at += n;
         }
         Ok(())
     }
@@ -249,13 +277,17 @@ impl<'a> Builder<'a> {
     /// [`Builder::stage_out`] covered them), or the GPU input itself when none was staged.
     pub fn send_side(&self, r: u32, off: u64, len: u64) -> Side {
         let st = &self.stages[r as usize];
-        match st.send {
-            Some(buf) => Side {
+        let run = st
+            .send_runs
+            .iter()
+            .find(|run| run.0 <= off && off + len <= run.0 + run.1);
+        match (st.send, run) {
+            (Some(buf), Some(run)) => Side {
                 loc: self.host[r as usize],
-                region: Region::new(buf, off, len),
-                deps: overlapping(&st.send_runs, off, len),
+                region: Region::new(buf, run.2 + off - run.0, len),
+                deps: run.3.clone(),
             },
-            None => Side {
+            _ => Side {
                 loc: self.gpu(r),
                 region: Region::new(BufferRef::Input(r), off, len),
                 deps: Vec::new(),
@@ -263,8 +295,9 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Where `len` output elements of rank `d` from `off` are received: its host staging buffer
-    /// (allocated on first use) when `staged`, else the GPU output.
+    /// Where `len` output elements of rank `d` from `off` are received: the next `len` elements
+    /// of its host receive slot (taken on first use in a round) when `staged`, else the GPU
+    /// output.
     pub fn recv_side(&mut self, d: u32, off: u64, len: u64, staged: bool) -> Result<Side> {
         if !staged {
             return Ok(Side {
@@ -276,42 +309,57 @@ impl<'a> Builder<'a> {
         let buf = match self.stages[d as usize].recv {
             Some(b) => b,
             None => {
-                let n = self.plan.request.output_len(d)?;
-                let b = self.plan.add_scratch(self.host[d as usize], n);
+                let b = self.slot(self.host[d as usize], 0);
                 self.stages[d as usize].recv = Some(b);
                 b
             }
         };
+        let st = &mut self.stages[d as usize];
+        let at = st.recv_used;
+        st.recv_used += len;
+        let used = st.recv_used;
+        crate::staging::grow(&mut self.plan, buf, used);
         Ok(Side {
             loc: self.host[d as usize],
-            region: Region::new(buf, off, len),
+            region: Region::new(buf, at, len),
             deps: Vec::new(),
         })
     }
 
-    /// Record that ops `ops` filled `len` elements of rank `d`'s host receive staging at `off`.
-    pub fn received(&mut self, d: u32, off: u64, len: u64, ops: Vec<u32>) {
+    /// Record that ops `ops` filled `len` elements of rank `d`'s host receive staging at
+    /// `at` (from [`Builder::recv_side`]), bound for its output at `off`.
+    pub fn received(&mut self, d: u32, off: u64, at: u64, len: u64, ops: Vec<u32>) {
         if len > 0 {
-            self.stages[d as usize].recv_parts.push((off, len, ops));
+            self.stages[d as usize].recv_parts.push((off, at, len, ops));
         }
     }
 
-    /// Copy every filled run of every host receive staging buffer to its GPU output (one
-    /// host-to-device copy per merged run, [Lockhart-2023, Eq. 4.5]'s final copy); returns the
-    /// plan.
-    pub fn finish(mut self) -> Result<Plan> {
+    /// Copy every filled run of every host receive staging slot to its GPU output (one
+    /// host-to-device copy per run contiguous in both, [Lockhart-2023, Eq. 4.5]'s final copy).
+    fn flush_received(&mut self) -> Result<()> {
         for d in 0..self.stages.len() as u32 {
             let Some(buf) = self.stages[d as usize].recv else {
                 continue;
             };
-            let parts = std::mem::take(&mut self.stages[d as usize].recv_parts);
-            let spans: Vec<(u64, u64)> = parts.iter().map(|p| (p.0, p.1)).collect();
-            for (off, n) in merge(&spans) {
-                let deps = overlapping(&parts, off, n);
+            let mut parts = std::mem::take(&mut self.stages[d as usize].recv_parts);
+            parts.sort_unstable_by_key(|p| p.1);
+            let mut runs: Vec<(u64, u64, u64, Vec<u32>)> = Vec::new();
+            for (off, at, n, ops) in parts {
+                match runs.last_mut() {
+                    Some(l) if l.0 + l.2 == off && l.1 + l.2 == at => {
+                        l.2 += n;
+                        l.3.extend(ops);
+                    }
+                    _ => runs.push((off, at, n, ops)),
+                }
+            }
+            for (off, at, n, mut deps) in runs {
+                deps.sort_unstable();
+                deps.dedup();
                 let (h, g) = (self.host[d as usize], self.gpu(d));
                 self.mv(
                     h,
-                    Region::new(buf, off, n),
+                    Region::new(buf, at, n),
                     g,
                     Region::new(BufferRef::Output(d), off, n),
                     &deps,
@@ -319,7 +367,12 @@ impl<'a> Builder<'a> {
                 )?;
             }
         }
-        Ok(self.plan)
+        Ok(())
+    }
+
+    /// The finished plan (after the last [`Builder::end_round`]).
+    pub fn finish(self) -> Plan {
+        self.plan
     }
 }
 
@@ -339,18 +392,6 @@ fn merge(spans: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
-/// The ops of the parts that overlap `[off, off + len)`.
-fn overlapping(parts: &[(u64, u64, Vec<u32>)], off: u64, len: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = parts
-        .iter()
-        .filter(|p| p.0 < off + len && off < p.0 + p.1)
-        .flat_map(|p| p.2.iter().copied())
-        .collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 /// The widest path of usable links from `a` to `b` passing no GPU, as topology edge indices
 /// (network paths between NICs may cross sockets).
 fn widest_edges(topo: &Topology, a: NodeId, b: NodeId) -> Option<Vec<u32>> {
@@ -362,12 +403,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn runs_merge_and_overlap() {
+    fn runs_merge() {
         assert_eq!(merge(&[(5, 2), (0, 3), (3, 2), (9, 0)]), vec![(0, 7)]);
         assert_eq!(merge(&[(0, 2), (4, 2), (1, 1)]), vec![(0, 2), (4, 2)]);
-        let parts = vec![(0, 4, vec![1]), (4, 4, vec![2, 1])];
-        assert_eq!(overlapping(&parts, 3, 2), vec![1, 2]);
-        assert_eq!(overlapping(&parts, 8, 2), Vec::<u32>::new());
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod params;
 mod rank_space;
 mod strategy;
 
-pub use generate::{node_aware_candidates, node_aware_plan};
+pub use generate::{node_aware_candidates, node_aware_plan, node_aware_plan_within};
 pub use model::{CostModel, PatternStats, choose_strategy, model_time, model_time_with};
 pub use params::{
     LASSEN_COPY_ALPHA_S, LASSEN_COPY_BETA_S_PER_BYTE, LASSEN_CPU_ALPHA_S,

@@ -15,17 +15,19 @@
 use std::collections::BTreeMap;
 
 use super::generate::{group_by, pick, ranks_of_nodes, split_chunk};
-use super::lowering::{Piece, pieces};
+use super::lowering::{Piece, Slots, pieces};
 use super::strategy::{Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::Request;
+use crate::staging::{fit, min_chunk_elems};
 
 /// The plan under construction, with the node layout.
 struct Gen<'a> {
     plan: Plan,
     node_of: &'a [u32],
     ranks_of: BTreeMap<u32, Vec<u32>>,
+    slots: Slots,
 }
 
 impl Gen<'_> {
@@ -74,7 +76,9 @@ impl Gen<'_> {
                 Vec::new(),
             )
         } else {
-            let g = self.plan.add_scratch(Location::Gpu(sender), total);
+            let g = self
+                .slots
+                .slot(&mut self.plan, Location::Gpu(sender), total);
             let mut deps = Vec::new();
             for (off, run) in runs(parts, |p| (p.src, p.src_off)) {
                 let n: u64 = run.iter().map(|p| p.len).sum();
@@ -88,7 +92,9 @@ impl Gen<'_> {
             self.copy(sender, src, dst, deps);
             return;
         }
-        let rbuf = self.plan.add_scratch(Location::Gpu(receiver), total);
+        let rbuf = self
+            .slots
+            .slot(&mut self.plan, Location::Gpu(receiver), total);
         let arrived = self.copy(sender, src, Region::new(rbuf, 0, total), deps);
         for (off, run) in runs(parts, |p| (p.dst, p.dst_off)) {
             let n: u64 = run.iter().map(|p| p.len).sum();
@@ -128,12 +134,17 @@ fn runs(parts: &[Piece], key: impl Fn(&Piece) -> (u32, u64)) -> Vec<(u64, &[Piec
 ///   has no meaning between processes and is refused.
 /// - `split_cap`: Split+MD's message cap in bytes (`message_cap` of
 ///   [Lockhart-2023, Algorithm 1]).
+/// - `budget`: staging bytes each process may allocate
+///   ([`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`] by default): the pieces are cut into
+///   rounds of one chunk each, every round packs and unpacks in one of two reused slot sets,
+///   and [`crate::staging::fit`] shrinks the chunk until every process's slots fit.
 ///
 /// # Returns
-/// A plan that passes [`crate::check`]; an error for other collectives or a bad layout.
+/// A plan that passes [`crate::check`]; an error for other collectives, a bad layout, or
+/// ([`RouteError::StagingBudget`]) a budget that even the smallest chunk exceeds.
 ///
 /// # Complexity
-/// O(p log p) for p pieces, plus O(p) per split chunk.
+/// O(p log p) for p pieces, plus O(p) per split chunk, per round; a few builds.
 ///
 /// Source: [Lockhart-2023 §2.3] (3-Step, 2-Step), §2.3.3 and Algorithm 1 (Split), with the pairing of
 /// [`node_aware_plan`](super::node_aware_plan).
@@ -142,6 +153,7 @@ pub fn rank_space_plan(
     node_of: &[u32],
     strategy: Strategy,
     split_cap: u64,
+    budget: u64,
 ) -> Result<Plan> {
     exchange_only(req)?;
     let n = req.nranks();
@@ -157,16 +169,57 @@ pub fn rank_space_plan(
         ));
     }
     let all: Vec<Piece> = pieces(req)?.into_iter().filter(|p| p.len > 0).collect();
-    let ranks_of = ranks_of_nodes(node_of);
-    let name = format!("rank-space {strategy}");
+    let longest = all.iter().map(|p| p.len).max().unwrap_or(0).max(1);
+    fit(longest, min_chunk_elems(req), budget, |chunk| {
+        Ok(in_rounds(req, node_of, &all, strategy, split_cap, chunk))
+    })
+}
+
+/// The rank-space plan for `all` (the non-empty pieces of `req`) cut into rounds: round `k`
+/// moves elements `[k * chunk, (k + 1) * chunk)` of every piece, in the slot set of parity
+/// `k % 2`.
+fn in_rounds(
+    req: &Request,
+    node_of: &[u32],
+    all: &[Piece],
+    strategy: Strategy,
+    split_cap: u64,
+    chunk: u64,
+) -> Plan {
+    let chunk = chunk.max(1);
     let mut g = Gen {
-        plan: Plan::new(req.clone(), name),
+        plan: Plan::new(req.clone(), format!("rank-space {strategy}")),
         node_of,
-        ranks_of,
+        ranks_of: ranks_of_nodes(node_of),
+        slots: Slots::default(),
     };
+    let longest = all.iter().map(|p| p.len).max().unwrap_or(0);
+    for k in 0..longest.div_ceil(chunk) {
+        let lo = k * chunk;
+        let slice: Vec<Piece> = all
+            .iter()
+            .filter(|p| p.len > lo)
+            .map(|p| Piece {
+                src_off: p.src_off + lo,
+                dst_off: p.dst_off + lo,
+                len: (p.len - lo).min(chunk),
+                ..*p
+            })
+            .collect();
+        g.slots.begin(&g.plan, k);
+        rank_space_round(&mut g, &slice, strategy, split_cap);
+        g.slots.end(&mut g.plan);
+    }
+    g.plan
+}
+
+/// One round of a rank-space plan: every piece of `all` (a slice of each of the request's
+/// pieces) moved by `strategy`, packed and unpacked in this round's slots.
+fn rank_space_round(g: &mut Gen, all: &[Piece], strategy: Strategy, split_cap: u64) {
+    let node_of = g.node_of;
     let node = |r: u32| node_of[r as usize];
     let mut remote = Vec::new();
-    for p in &all {
+    for p in all {
         if node(p.src) == node(p.dst) || strategy == Strategy::Standard {
             let s = Region::new(BufferRef::Input(p.src), p.src_off, p.len);
             let d = Region::new(BufferRef::Output(p.dst), p.dst_off, p.len);
@@ -197,10 +250,8 @@ pub fn rank_space_plan(
                 g.bundle(&group, src, receiver);
             }
         }
-        Strategy::SplitMd => split(&mut g, &remote, split_cap.max(1)),
+        Strategy::SplitMd => split(g, &remote, split_cap.max(1)),
     }
-    let _ = g.node_of;
-    Ok(g.plan)
 }
 
 /// Split+MD ([Lockhart-2023, Algorithm 1]): each node pair's bytes are cut into messages of at most
@@ -255,6 +306,7 @@ fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::staging::DEFAULT_STAGING_BUDGET_BYTES;
     use crate::{Collective, DType, check};
 
     /// An all_to_all_v over `n` ranks whose matrix comes from `cells` (row-major, one per
@@ -288,13 +340,23 @@ mod tests {
                 proptest::prop_oneof![2 => proptest::strategy::Just(0u64), 1 => 0u64..40],
                 64,
             ),
+            chunk in 1u64..8,
         ) {
             let node_of: Vec<u32> = (0..n as u32).map(|r| r / k).collect();
             let req = sparse(n, &cells);
+            let all: Vec<Piece> = pieces(&req).unwrap().into_iter().filter(|p| p.len > 0).collect();
             for s in [Strategy::Standard, Strategy::ThreeStep, Strategy::TwoStep, Strategy::SplitMd] {
                 for cap in [7, 1 << 20] {
-                    let p = rank_space_plan(&req, &node_of, s, cap).unwrap();
+                    let p = rank_space_plan(&req, &node_of, s, cap, DEFAULT_STAGING_BUDGET_BYTES).unwrap();
                     check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
+                    // Rounds of a few bytes reuse two slot sets: still exact, and a process
+                    // stages at most two sets of (pack + unpack) slots of one chunk per piece.
+                    let r = in_rounds(&req, &node_of, &all, s, cap, chunk);
+                    check(&r).unwrap_or_else(|e| panic!("{s} n={n} k={k} chunk={chunk}: {e}"));
+                    let bound = 4 * all.len() as u64 * chunk;
+                    for (loc, b) in r.staging_per_location() {
+                        assert!(b <= bound, "{s} chunk={chunk}: {loc:?} {b} > {bound}");
+                    }
                 }
             }
         }
@@ -306,7 +368,8 @@ mod tests {
         r.counts = vec![3, 0, 5, 1, 0, 9, 2, 4];
         let node_of: Vec<u32> = (0..8).map(|r| r / 4).collect();
         for s in [Strategy::ThreeStep, Strategy::TwoStep, Strategy::SplitMd] {
-            check(&rank_space_plan(&r, &node_of, s, 4).unwrap()).unwrap();
+            check(&rank_space_plan(&r, &node_of, s, 4, DEFAULT_STAGING_BUDGET_BYTES).unwrap())
+                .unwrap();
         }
     }
 
@@ -318,7 +381,14 @@ mod tests {
             .map(|s| (0..8).map(|d| u64::from(s < 4 && d >= 4)).collect())
             .collect();
         let node_of: Vec<u32> = (0..8).map(|r| r / 4).collect();
-        let p = rank_space_plan(&r, &node_of, Strategy::ThreeStep, 1 << 20).unwrap();
+        let p = rank_space_plan(
+            &r,
+            &node_of,
+            Strategy::ThreeStep,
+            1 << 20,
+            DEFAULT_STAGING_BUDGET_BYTES,
+        )
+        .unwrap();
         let inter = p
             .ops
             .iter()
@@ -338,9 +408,25 @@ mod tests {
             })
             .count();
         assert_eq!(inter, 1);
-        assert!(rank_space_plan(&r, &node_of, Strategy::SplitDd, 1).is_err());
+        assert!(
+            rank_space_plan(
+                &r,
+                &node_of,
+                Strategy::SplitDd,
+                1,
+                DEFAULT_STAGING_BUDGET_BYTES
+            )
+            .is_err()
+        );
         let all_reduce = Request::new(Collective::AllReduce, (0..8).collect(), 4, DType::U8);
-        let e = rank_space_plan(&all_reduce, &node_of, Strategy::ThreeStep, 1).unwrap_err();
+        let e = rank_space_plan(
+            &all_reduce,
+            &node_of,
+            Strategy::ThreeStep,
+            1,
+            DEFAULT_STAGING_BUDGET_BYTES,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("all_to_all_v"), "{e}");
     }
 }

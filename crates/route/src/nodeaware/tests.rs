@@ -208,3 +208,51 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Plans cut into rounds of a few elements reuse their slots: every one still checks
+    /// (each output element gets its input, no slot is rewritten before it was read) and
+    /// stages no more than the single-round plan.
+    #[test]
+    fn rounds_reuse_slots((preset, req) in exchange(), chunk in 1u64..6) {
+        let topo = relaycc_topo::preset(PRESETS[preset]).unwrap();
+        let all = super::lowering::pieces(&req).unwrap();
+        for (s, st) in Strategy::combinations() {
+            let fail = |e: crate::RouteError| TestCaseError::fail(format!("{s} {st} chunk {chunk}: {e}"));
+            let plan = super::generate::in_rounds(&topo, &req, &all, s, st, chunk).map_err(fail)?;
+            check(&plan).map_err(fail)?;
+            check_routes(&plan, &topo).map_err(fail)?;
+            let whole = super::generate::in_rounds(&topo, &req, &all, s, st, u64::MAX).map_err(fail)?;
+            let (a, b) = (plan.staging_per_location(), whole.staging_per_location());
+            for (loc, bytes) in &a {
+                let limit = b.get(loc).copied().unwrap_or(0);
+                if *bytes > limit {
+                    return Err(TestCaseError::fail(format!("{s} {st} chunk {chunk}: {loc:?} stages {bytes} > {limit}")));
+                }
+            }
+        }
+    }
+}
+
+/// A 1 GiB all_to_all_v on four DGX-1 nodes: every node-aware plan fits the default staging
+/// budget on every device and still checks.
+#[test]
+fn large_exchange_fits_the_default_budget() {
+    let topo = relaycc_topo::preset("cluster:4xdgx1-v100:ib-edr").unwrap();
+    let n = 32u32;
+    let per = (1u64 << 30) / 4 / u64::from(n * n);
+    let mut req = Request::new(Collective::AllToAllV, (0..n).collect(), 0, DType::F32);
+    req.matrix = vec![vec![per; n as usize]; n as usize];
+    for (s, st) in Strategy::combinations() {
+        let plan = node_aware_plan(&topo, &req, s, st).unwrap();
+        for (loc, bytes) in plan.staging_per_location() {
+            assert!(
+                bytes <= crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+                "{s} {st}: {loc:?} stages {bytes}"
+            );
+        }
+        check(&plan).unwrap_or_else(|e| panic!("{s} {st}: {e}"));
+    }
+}
