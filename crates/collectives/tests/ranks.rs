@@ -718,3 +718,29 @@ fn groups_mix_collectives_and_point_to_point() {
         );
     }
 }
+
+/// A split's communicators plan within the parent's staging budget and keep its plan-cache
+/// limits.
+#[test]
+fn split_children_keep_the_parents_budget_and_cache_limits() {
+    let mut parent = relaycc_collectives::Communicator::host(4).expect("host communicator");
+    let budget = 3 << 20;
+    parent.set_staging_budget(budget);
+    let limits = relaycc_collectives::PlanCacheLimits {
+        max_plans: 5,
+        max_scratch_bytes: 7 << 20,
+    };
+    parent.set_plan_cache_limits(limits);
+    let res = on_ranks(parent.into_ranks(), |mut rank| {
+        let r = rank.rank();
+        let child = rank
+            .split(Some(u32::from(r < 2)), 0)
+            .expect("split")
+            .expect("every rank has a color");
+        let c = child.communicator();
+        (c.ranks(), c.staging_budget(), c.plan_cache_limits())
+    });
+    for got in res {
+        assert_eq!(got, (2, budget, limits));
+    }
+}
