@@ -744,3 +744,17 @@ fn split_children_keep_the_parents_budget_and_cache_limits() {
         assert_eq!(got, (2, budget, limits));
     }
 }
+
+/// all_gather_v counts whose sum does not fit fail the call on every rank (no overflow
+/// panic, no wrapped offset).
+#[test]
+fn all_gather_v_counts_that_overflow_fail_every_rank() {
+    let res = on_ranks(RankComm::host(3).expect("host ranks"), |mut rank| {
+        let mut buf = [0u32; 4];
+        rank.all_gather_v_in_place(&mut buf[..], &[usize::MAX, usize::MAX, 1])
+    });
+    for (r, got) in res.into_iter().enumerate() {
+        let e = got.expect_err("overflowing counts");
+        assert!(e.to_string().contains("overflow"), "rank {r}: {e}");
+    }
+}
