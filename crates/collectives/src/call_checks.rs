@@ -131,8 +131,15 @@ fn in_place_input(
         Collective::AllGather => Some(at(output, c * u64::from(r), c)),
         Collective::Gather if r == req.root => Some(at(output, c * u64::from(r), c)),
         Collective::AllGatherV => {
-            let displ: u64 = req.counts[..r as usize].iter().sum::<u64>() * esize;
-            Some(at(output, displ, req.counts[r as usize] * esize))
+            let before = req.counts[..r as usize]
+                .iter()
+                .try_fold(0u64, |a, &c| a.checked_add(c))?;
+            let displ = before.checked_mul(esize)?;
+            Some(at(
+                output,
+                displ,
+                req.counts[r as usize].checked_mul(esize)?,
+            ))
         }
         // The output lies inside the input: compare the other way round.
         Collective::ReduceScatter => (at(input, c * u64::from(r), c) == *output).then_some(*input),

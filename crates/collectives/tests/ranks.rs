@@ -718,3 +718,43 @@ fn groups_mix_collectives_and_point_to_point() {
         );
     }
 }
+
+/// A split's communicators plan within the parent's staging budget and keep its plan-cache
+/// limits.
+#[test]
+fn split_children_keep_the_parents_budget_and_cache_limits() {
+    let mut parent = relaycc_collectives::Communicator::host(4).expect("host communicator");
+    let budget = 3 << 20;
+    parent.set_staging_budget(budget);
+    let limits = relaycc_collectives::PlanCacheLimits {
+        max_plans: 5,
+        max_scratch_bytes: 7 << 20,
+    };
+    parent.set_plan_cache_limits(limits);
+    let res = on_ranks(parent.into_ranks(), |mut rank| {
+        let r = rank.rank();
+        let child = rank
+            .split(Some(u32::from(r < 2)), 0)
+            .expect("split")
+            .expect("every rank has a color");
+        let c = child.communicator();
+        (c.ranks(), c.staging_budget(), c.plan_cache_limits())
+    });
+    for got in res {
+        assert_eq!(got, (2, budget, limits));
+    }
+}
+
+/// all_gather_v counts whose sum does not fit fail the call on every rank (no overflow
+/// panic, no wrapped offset).
+#[test]
+fn all_gather_v_counts_that_overflow_fail_every_rank() {
+    let res = on_ranks(RankComm::host(3).expect("host ranks"), |mut rank| {
+        let mut buf = [0u32; 4];
+        rank.all_gather_v_in_place(&mut buf[..], &[usize::MAX, usize::MAX, 1])
+    });
+    for (r, got) in res.into_iter().enumerate() {
+        let e = got.expect_err("overflowing counts");
+        assert!(e.to_string().contains("overflow"), "rank {r}: {e}");
+    }
+}

@@ -462,16 +462,29 @@ impl CudaBackend {
                     .map_err(drv("cuStreamWaitEvent"))?;
             }
         }
-        let mut joined = self.launch_prepared(&mut st, &prepared);
-        for &(d, k) in &used {
-            for s in callers {
-                if joined.is_ok() {
-                    joined = s
-                        .wait(&st.devices[d].tails[k])
-                        .map_err(drv("cuStreamWaitEvent"));
+        // A panic from here on may leave part of the launch enqueued on the callers' memory
+        // with no caller stream waiting for it; the callers' frames then unwind and may free
+        // that memory, so the launch is finished before the panic goes on.
+        let launched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut joined = self.launch_prepared(&mut st, &prepared);
+            for &(d, k) in &used {
+                for s in callers {
+                    if joined.is_ok() {
+                        joined = s
+                            .wait(&st.devices[d].tails[k])
+                            .map_err(drv("cuStreamWaitEvent"));
+                    }
                 }
             }
-        }
+            joined
+        }));
+        let joined = match launched {
+            Ok(j) => j,
+            Err(panic) => {
+                self.wait_idle(&mut st);
+                std::panic::resume_unwind(panic)
+            }
+        };
         if joined.is_err() {
             // Part of the launch may be enqueued without the callers' streams waiting for it:
             // finish it here, so a caller that sees the error may reuse its memory.

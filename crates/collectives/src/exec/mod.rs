@@ -62,8 +62,35 @@ fn invalid(op: Option<usize>, message: impl Into<String>) -> CollectivesError {
 
 /// Check `plan` (structure, data and ordering: [`CheckedPlan::new`]) as an in-place call or
 /// not, with the checker's complaint as [`CollectivesError::InvalidPlan`] naming the op.
+///
+/// Inputs are read-only outside the in-place layout: the per-rank API lends them as shared
+/// slices (`&[T]`) that other threads may read meanwhile, so an op that writes a
+/// [`BufferRef::Input`] of a call that is not in place is refused here, before any plan of
+/// it is cached or run ([`input_write`]).
 pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
+    if !in_place && let Some((k, r)) = input_write(&plan) {
+        return Err(invalid(
+            Some(k),
+            format!(
+                "writes rank {r}'s input buffer; inputs are read-only (callers lend them \
+                 shared) except in an in-place call"
+            ),
+        ));
+    }
     CheckedPlan::new(plan, CheckOptions { in_place }).map_err(from_route)
+}
+
+/// The first op of `plan` that writes an input buffer, with that buffer's rank.
+pub fn input_write(plan: &Plan) -> Option<(usize, u32)> {
+    plan.ops.iter().enumerate().find_map(|(k, op)| {
+        let dst = match &op.kind {
+            OpKind::Copy { dst, .. } | OpKind::Reduce { dst, .. } => dst,
+        };
+        match dst.buffer {
+            BufferRef::Input(r) => Some((k, r)),
+            _ => None,
+        }
+    })
 }
 
 /// Lower a checked plan (see [`check`]) to a program.

@@ -83,3 +83,27 @@ fn wrong_plans_are_refused_before_running() {
     );
     assert!(!err.to_string().contains(&usize::MAX.to_string()), "{err}");
 }
+
+#[test]
+fn a_plan_that_writes_an_input_is_refused_unless_in_place() {
+    // Rank 0 uses its own input as scratch: a copy back into `Input(0)` after the broadcast.
+    let mut p = two_rank_broadcast();
+    assert_eq!(input_write(&p), None);
+    let l0 = p.ops[0].lane;
+    let last = p.ops.len() as u32 - 1;
+    p.copy(
+        l0,
+        Region::new(BufferRef::Output(0), 0, 8),
+        Region::new(BufferRef::Input(0), 0, 8),
+        vec![],
+        vec![last],
+    );
+    let k = p.ops.len() - 1;
+    assert_eq!(input_write(&p), Some((k, 0)));
+    let err = check(p, false).unwrap_err();
+    assert!(
+        matches!(&err, CollectivesError::InvalidPlan { op: Some(o), message }
+            if *o == k && message.contains("input")),
+        "{err}"
+    );
+}

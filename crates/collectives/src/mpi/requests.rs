@@ -211,6 +211,12 @@ impl Requests {
         err
     }
 
+    /// Whether some request of this level is not known complete (MPI may still use its
+    /// memory): after a panic in a run, which leaves no chance to cancel them.
+    pub(crate) fn any_pending(&self) -> bool {
+        pending(&self.reqs) > 0
+    }
+
     /// After an error: the requests MPI kept (cancellation did not complete them), or `None`
     /// when MPI holds no memory of this level any more. The memory those requests use must
     /// stay allocated and untouched until they complete ([`Health::bury`]).

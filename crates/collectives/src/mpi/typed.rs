@@ -99,6 +99,11 @@ struct Call {
 }
 
 /// A 62-bit FNV-1a hash of words (non-negative, so it negates and compares as `i64`).
+/// The sum of user counts, `None` past `usize`.
+fn total(counts: &[usize]) -> Option<usize> {
+    counts.iter().try_fold(0usize, |a, &c| a.checked_add(c))
+}
+
 fn hash(words: &[u64]) -> i64 {
     let h = words
         .iter()
@@ -225,8 +230,13 @@ impl MpiCommunicator {
         let me = self.rank() as usize;
         let mine = counts.get(me).copied().unwrap_or(0);
         let local = self.v_counts(counts, mine, buf.len());
-        let at: usize = counts.iter().take(me).sum();
-        let range = if local.is_ok() { at..at + mine } else { 0..0 };
+        // `v_counts` passed: the counts sum to `buf.len()`, so no prefix overflows.
+        let range = if local.is_ok() {
+            let at: usize = counts.iter().take(me).sum();
+            at..at + mine
+        } else {
+            0..0
+        };
         let mut call = self.call::<T>(Collective::AllGatherV, None, None, mine as u64);
         call.counts = counts.iter().map(|c| *c as u64).collect();
         self.collective(call, local, Input::InOutput(range), buf)
@@ -274,19 +284,21 @@ impl MpiCommunicator {
         recv_counts: &[usize],
     ) -> MpiResult<()> {
         let n = self.size() as usize;
-        let mut local = Ok(());
-        if send_counts.len() != n || recv_counts.len() != n {
-            local = Err(MpiError::CountMismatch(format!(
+        let local = if send_counts.len() != n || recv_counts.len() != n {
+            Err(MpiError::CountMismatch(format!(
                 "rank {}: {} send and {} receive counts for {n} ranks",
                 self.rank(),
                 send_counts.len(),
                 recv_counts.len()
-            )));
-        } else if input.len() != send_counts.iter().sum::<usize>() {
-            local = Err(self.buffer("input", input.len(), send_counts.iter().sum()));
-        } else if output.len() != recv_counts.iter().sum::<usize>() {
-            local = Err(self.buffer("output", output.len(), recv_counts.iter().sum()));
-        }
+            )))
+        } else {
+            match (total(send_counts), total(recv_counts)) {
+                (Some(s), _) if s != input.len() => Err(self.buffer("input", input.len(), s)),
+                (_, Some(r)) if r != output.len() => Err(self.buffer("output", output.len(), r)),
+                (Some(_), Some(_)) => Ok(()),
+                _ => Err(self.counts_overflow()),
+            }
+        };
         let mut call = self.call::<T>(Collective::AllToAllV, None, None, 0);
         if local.is_ok() {
             call.counts = send_counts
@@ -400,11 +412,17 @@ impl MpiCommunicator {
         if input != counts[me] {
             return Err(self.buffer("input", input, counts[me]));
         }
-        let total: usize = counts.iter().sum();
+        let Some(total) = total(counts) else {
+            return Err(self.counts_overflow());
+        };
         if output != total {
             return Err(self.buffer("output", output, total));
         }
         Ok(())
+    }
+
+    fn counts_overflow(&self) -> MpiError {
+        MpiError::CountMismatch(format!("rank {}: the counts sum past usize", self.rank()))
     }
 
     /// Steps 1 to 4 of the module docs for one call.
@@ -511,10 +529,26 @@ impl MpiCommunicator {
             // borrowed mutably for the call, so nothing else touches it; an input slice and
             // `out` cannot overlap (a shared and a mutable borrow), and neither overlaps the
             // run buffers. If the run fails with requests MPI keeps, the process ends below
-            // before this function returns, so MPI never touches them after the borrows end.
-            unsafe {
+            // before this function returns, so MPI never touches them after the borrows end;
+            // a panic with requests posted ends the process too (below), since unwinding
+            // would end the borrows while MPI still holds pointers into them.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
                 p.schedule
                     .run_at(&mut p.reqs, in_ptr, out.as_mut_ptr(), &mut p.bufs, timeout)
+            }));
+            match run {
+                Ok(r) => r,
+                Err(panic) => {
+                    if p.reqs.any_pending() {
+                        eprintln!(
+                            "relaycc: rank {}: a zero-copy run panicked with MPI requests \
+                             into this call's buffers pending: aborting the job",
+                            self.rank()
+                        );
+                        self.abort(70)
+                    }
+                    std::panic::resume_unwind(panic)
+                }
             }
         })();
         if let Err(e) = &ran

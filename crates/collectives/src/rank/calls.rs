@@ -171,17 +171,43 @@ mod device {
         }
     }
 
+    /// The device of a buffer, from the context it was allocated in, checked against the
+    /// caller's stream: a buffer of another GPU taken on this stream would be dereferenced as
+    /// memory of the stream's GPU by the plan's copies and kernels.
+    fn buffer_device(
+        l: &mut Lender<'_>,
+        buf: &std::sync::Arc<cudarc::driver::CudaStream>,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Option<usize> {
+        let (own, caller) = (buf.context().ordinal(), stream.context().ordinal());
+        if own == caller {
+            return Some(own);
+        }
+        l.error.get_or_insert(CollectivesError::Backend {
+            backend: "ranks",
+            message: format!(
+                "a CUDA buffer allocated on device {own} is passed on a stream of device \
+                 {caller}: call with a stream of the buffer's device"
+            ),
+        });
+        None
+    }
+
     macro_rules! device_send {
         ($($ty:tt)*) => {
             impl<T: Element> sealed::Lend<T> for $($ty)* {
                 fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
                     let Some(stream) = l.stream else { return no_stream(l) };
+                    let Some(device) = buffer_device(l, DeviceSlice::stream(self), stream)
+                    else {
+                        return no_stream(l);
+                    };
                     let (ptr, guard) = self.device_ptr(stream);
                     l.guards.push(guard);
                     let span = Span {
                         addr: ptr as usize,
                         bytes: self.num_bytes() as u64,
-                        device: Some(stream.context().ordinal()),
+                        device: Some(device),
                     };
                     l.push(span, self.len())
                 }
@@ -197,13 +223,17 @@ mod device {
             impl<T: Element> sealed::LendMut<T> for $($ty)* {
                 fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
                     let Some(stream) = l.stream else { return no_stream(l) };
+                    let Some(device) = buffer_device(l, DeviceSlice::stream(self), stream)
+                    else {
+                        return no_stream(l);
+                    };
                     let (len, bytes) = (self.len(), self.num_bytes() as u64);
                     let (ptr, guard) = self.device_ptr_mut(stream);
                     l.guards.push(guard);
                     let span = Span {
                         addr: ptr as usize,
                         bytes,
-                        device: Some(stream.context().ordinal()),
+                        device: Some(device),
                     };
                     l.push(span, len)
                 }
@@ -532,9 +562,19 @@ impl<'b> RankGroup<'_, 'b> {
             };
             return self.fail(e);
         };
+        let Some(offset) = counts[..me]
+            .iter()
+            .try_fold(0u64, |a, &c| a.checked_add(c as u64))
+        else {
+            let e = CollectivesError::Overflow {
+                call: "all_gather_v",
+                what: format!("the counts of ranks 0..{me} sum past u64"),
+            };
+            return self.fail(e);
+        };
         let o = self.lend_mut(buf);
         let i = View {
-            offset: counts[..me].iter().sum::<usize>() as u64,
+            offset,
             len: mine as u64,
             ..o
         };

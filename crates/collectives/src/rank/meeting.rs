@@ -30,8 +30,10 @@ struct Round {
     arrivals: Vec<Option<Arrival>>,
     arrived: usize,
     phase: Phase,
-    /// Ranks that have taken the outcome; the round is dropped when all have.
-    collected: usize,
+    /// Per participant: it has taken the outcome. A finished round is dropped once every
+    /// participant has taken it or is gone (a gone rank never comes for it), so rounds closed
+    /// by a dropped rank do not pile up.
+    collected: Vec<bool>,
 }
 
 /// Where the calls of `members.len()` ranks meet (a communicator, or one pair of its ranks
@@ -63,16 +65,40 @@ impl Meeting {
         }
     }
 
-    /// Wake waiters so they notice a rank that left.
+    /// Wake waiters so they notice a rank that left, and drop the finished rounds only that
+    /// rank still had to take.
     pub fn poke(&self) {
-        let _g = lock(&self.rounds);
+        let mut rounds = lock(&self.rounds);
+        rounds.retain(|_, r| !self.finished(r));
         self.cv.notify_all();
     }
 
-    fn collect(rounds: &mut HashMap<u64, Round>, seq: u64, n: usize) {
+    /// No round is open or waits to be taken: nothing refers to this meeting's state.
+    pub fn is_idle(&self) -> bool {
+        lock(&self.rounds).is_empty()
+    }
+
+    /// Rounds kept (open, running, or finished and not yet taken by every live participant).
+    #[cfg(test)]
+    pub fn rounds(&self) -> usize {
+        lock(&self.rounds).len()
+    }
+
+    /// `r` is done and every participant has taken it or is gone.
+    fn finished(&self, r: &Round) -> bool {
+        matches!(r.phase, Phase::Done(_))
+            && r.collected
+                .iter()
+                .zip(&self.members)
+                .all(|(&c, &m)| c || self.gone.get(m).is_some_and(|g| g.load(Ordering::Acquire)))
+    }
+
+    fn collect(&self, rounds: &mut HashMap<u64, Round>, seq: u64, me: usize) {
         if let Some(r) = rounds.get_mut(&seq) {
-            r.collected += 1;
-            if r.collected >= n {
+            if let Some(c) = r.collected.get_mut(me) {
+                *c = true;
+            }
+            if self.finished(r) {
                 rounds.remove(&seq);
             }
         }
@@ -96,12 +122,12 @@ impl Meeting {
             arrivals: (0..n).map(|_| None).collect(),
             arrived: 0,
             phase: Phase::Gathering,
-            collected: 0,
+            collected: vec![false; n],
         });
         if let Phase::Done(o) = &round.phase {
             // Closed before this rank came (a timeout): it runs nothing.
             let o = o.clone();
-            Self::collect(&mut rounds, seq, n);
+            self.collect(&mut rounds, seq, me);
             return o;
         }
         let Some(slot) = round.arrivals.get_mut(me).filter(|s| s.is_none()) else {
@@ -127,7 +153,7 @@ impl Meeting {
                 r.phase = Phase::Done(outcome.clone());
             }
             self.cv.notify_all();
-            Self::collect(&mut rounds, seq, n);
+            self.collect(&mut rounds, seq, me);
             return outcome;
         }
         let deadline = start + timeout;
@@ -140,7 +166,7 @@ impl Meeting {
             match &round.phase {
                 Phase::Done(o) => {
                     let o = o.clone();
-                    Self::collect(&mut rounds, seq, n);
+                    self.collect(&mut rounds, seq, me);
                     return o;
                 }
                 Phase::Running => {
@@ -166,7 +192,7 @@ impl Meeting {
                         // Nobody runs these arrivals: their memory goes back untouched.
                         round.arrivals.iter_mut().for_each(|a| *a = None);
                         self.cv.notify_all();
-                        Self::collect(&mut rounds, seq, n);
+                        self.collect(&mut rounds, seq, me);
                         return o;
                     }
                     rounds = self
@@ -177,5 +203,67 @@ impl Meeting {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arrival(rank: usize) -> Arrival {
+        Arrival {
+            rank,
+            blocks: Vec::new(),
+            ops: Ok(Vec::new()),
+            #[cfg(feature = "cuda")]
+            stream: None,
+        }
+    }
+
+    fn is_gone_timeout(o: &Outcome) -> bool {
+        matches!(o, Err(Failure::Timeout { gone: true, .. }))
+    }
+
+    #[test]
+    fn rounds_closed_by_a_dropped_rank_do_not_pile_up() {
+        let gone: Arc<[AtomicBool]> = (0..3).map(|_| AtomicBool::new(false)).collect();
+        let m = Arc::new(Meeting::new(vec![0, 1, 2], gone.clone()));
+        gone[2].store(true, Ordering::Release);
+        let never = |_: Vec<Arrival>| -> Outcome { panic!("a round with a dropped rank ran") };
+        for seq in 0..20 {
+            let other = {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    let o = m.meet(1, seq, arrival(1), Duration::from_secs(30), never);
+                    is_gone_timeout(&o)
+                })
+            };
+            let o = m.meet(0, seq, arrival(0), Duration::from_secs(30), never);
+            assert!(is_gone_timeout(&o));
+            assert!(other.join().expect("rank 1's thread"));
+            assert_eq!(
+                m.rounds(),
+                0,
+                "round {seq} kept after both live ranks took it"
+            );
+        }
+    }
+
+    #[test]
+    fn a_timed_out_round_waits_for_live_ranks_and_leaves_when_they_are_gone() {
+        let gone: Arc<[AtomicBool]> = (0..3).map(|_| AtomicBool::new(false)).collect();
+        let m = Meeting::new(vec![0, 1, 2], gone.clone());
+        let never = |_: Vec<Arrival>| -> Outcome { panic!("a timed-out round ran") };
+        let o = m.meet(0, 0, arrival(0), Duration::from_millis(5), never);
+        assert!(matches!(&*o, Err(Failure::Timeout { gone: false, .. })));
+        // Ranks 1 and 2 may still come for the outcome.
+        assert_eq!(m.rounds(), 1);
+        let o = m.meet(1, 0, arrival(1), Duration::from_millis(5), never);
+        assert!(matches!(&*o, Err(Failure::Timeout { gone: false, .. })));
+        assert_eq!(m.rounds(), 1);
+        gone[2].store(true, Ordering::Release);
+        m.poke();
+        assert_eq!(m.rounds(), 0);
+        assert!(m.is_idle());
     }
 }

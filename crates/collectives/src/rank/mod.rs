@@ -80,6 +80,23 @@ impl Shared {
             .clone()
     }
 
+    /// Drop the pair meetings that no call holds and whose rounds are all taken (a pair
+    /// meeting keeps no state between rounds: sequence numbers live in the handles), so the
+    /// map holds only pairs with a call under way or an outcome waiting to be taken.
+    fn prune_pairs(&self) {
+        self.pairs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            // `pair` clones under this lock, so a count of one means no call holds it.
+            .retain(|_, m| Arc::strong_count(m) > 1 || !m.is_idle());
+    }
+
+    /// Pair meetings kept.
+    #[cfg(test)]
+    pub(crate) fn pair_meetings(&self) -> usize {
+        self.pairs.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     fn leave(&self, rank: usize) {
         if let Some(g) = self.gone.get(rank) {
             g.store(true, Ordering::Release);
@@ -95,6 +112,7 @@ impl Shared {
         for p in pairs {
             p.poke();
         }
+        self.prune_pairs();
     }
 }
 
@@ -110,7 +128,9 @@ impl Shared {
 /// count, op, root, order) is [`CollectivesError::RankMismatch`]; a buffer of the wrong length
 /// on any rank, a plan or backend failure is [`CollectivesError::RankFailed`] with the error as
 /// its source; a rank missing for longer than the timeout (or whose handle was dropped) is
-/// [`CollectivesError::RankTimeout`]. Nothing runs then, and no slice changes.
+/// [`CollectivesError::RankTimeout`]. After a mismatch or a timeout nothing has run and no
+/// slice has changed; after a `RankFailed` from the backend during the run, output slices
+/// may be partly written (shared input slices never are).
 ///
 /// Calls are in place when they take one `&mut [T]` (the `_in_place` calls). In place or not
 /// is a per-call choice every rank makes alike.
@@ -253,6 +273,8 @@ impl RankComm {
         };
         let shared = self.shared.clone();
         let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
+        drop(meeting);
+        self.shared.prune_pairs();
         Self::result(call, outcome).map(|_| ())
     }
 
@@ -267,7 +289,8 @@ impl RankComm {
     /// Split the communicator (`ncclCommSplit`, `MPI_Comm_split`): a call every rank makes;
     /// the ranks that give the same `color` form a new communicator, ranked by `key` and then
     /// by their rank here. A rank that gives `None` opts out and gets `None`. The new
-    /// handles inherit this handle's timeout.
+    /// handles inherit this handle's timeout, and their communicators this communicator's
+    /// relays (idle relays included), staging budget and plan-cache limits.
     pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<RankComm>> {
         let ops = Ok(vec![Op::Split { color, key }]);
         #[cfg(feature = "cuda")]
@@ -302,3 +325,38 @@ const _: fn() = || {
     fn is_send<T: Send>() {}
     is_send::<RankComm>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pair_meetings_leave_once_their_calls_are_taken() {
+        let mut ranks = RankComm::host(3).expect("host ranks");
+        let gone = ranks.pop().expect("rank 2");
+        let (mut a, mut b) = {
+            let b = ranks.pop().expect("rank 1");
+            (ranks.pop().expect("rank 0"), b)
+        };
+        let shared = a.shared.clone();
+        let x = [1.0f32, 2.0];
+        let sender = std::thread::spawn(move || {
+            a.send(&x[..], 1).expect("send");
+            a
+        });
+        let mut y = [0.0f32; 2];
+        b.recv(&mut y[..], 0).expect("recv");
+        let mut a = sender.join().expect("sender");
+        assert_eq!(y, x);
+        assert_eq!(shared.pair_meetings(), 0);
+        // A send to a dropped rank times out at once and leaves nothing behind.
+        drop(gone);
+        for _ in 0..5 {
+            assert!(matches!(
+                a.send(&x[..], 2),
+                Err(CollectivesError::RankTimeout { .. })
+            ));
+        }
+        assert_eq!(shared.pair_meetings(), 0);
+    }
+}

@@ -198,7 +198,8 @@ fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Resul
             // `&mut [T]`, so nothing else writes it, and nothing else reads a `&mut` one), and
             // the rank does not return before this meeting's outcome, which is set after
             // `lent` is dropped and `free` has waited for every launch. Shared slices are only
-            // ever inputs or sources of sends, which no op of a checked plan writes.
+            // ever inputs or sources of sends of calls that are not in place, which no op of
+            // a plan writes: `exec::check` refuses such a plan before it is cached.
             let mems = a
                 .blocks
                 .iter()
@@ -246,7 +247,8 @@ fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Resul
                 // cudarc's guard until the launch is enqueued and its stream waits for the
                 // launch's end, so the buffer's later users and its free (ordered by cudarc's
                 // events) come after the launch. Shared buffers are only ever inputs or
-                // sources of sends, which no op of a checked plan writes.
+                // sources of sends of calls that are not in place, which no op of a plan
+                // writes: `exec::check` refuses such a plan before it is cached.
                 mems.push(
                     unsafe { cuda.lend_device(gpu, s.addr as u64, s.bytes, ordinal) }
                         .map_err(failed)?,

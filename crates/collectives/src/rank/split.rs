@@ -44,8 +44,13 @@ pub(crate) fn run(parent: &Shared, arrivals: &[Arrival]) -> Outcome {
         } else {
             comm.backend_arc()
         };
-        let child = Communicator::new(comm.topology().clone(), &devices, comm.relays(), backend)
-            .map_err(|e| Failure::Failed(Arc::new(e)))?;
+        let mut child =
+            Communicator::new(comm.topology().clone(), &devices, comm.relays(), backend)
+                .map_err(|e| Failure::Failed(Arc::new(e)))?;
+        // The parent's settings carry over: its relays (with the idle GPUs it was given, if
+        // it was made `with_idle_relays`), its staging budget and its plan-cache limits.
+        child.set_staging_budget(comm.staging_budget());
+        child.set_plan_cache_limits(comm.plan_cache_limits());
         let shared = Arc::new(Shared::new(child));
         for (i, &(_, r)) in members.iter().enumerate() {
             out[r] = Some((shared.clone(), i));
