@@ -80,9 +80,39 @@ impl ClusterShape {
 /// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
 type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
 
+/// A ring's reduce-scatter staging: received partials (`recv`) and partials being built
+/// (`own`, rings of three or more), each two steps of `most` elements per position, allocated
+/// once and reused by every loop of the plan (the builder orders each reuse after the reads
+/// of the loop before).
+struct RingScratch {
+    recv: Vec<BufferRef>,
+    own: Vec<BufferRef>,
+    most: u64,
+}
+
+impl RingScratch {
+    fn new(b: &mut Builder, ord: &[u32], most: u64) -> Self {
+        if ord.len() < 2 || most == 0 {
+            return RingScratch {
+                recv: Vec::new(),
+                own: Vec::new(),
+                most,
+            };
+        }
+        let recv = ord.iter().map(|&r| b.scratch(r, 2 * most)).collect();
+        let own = if ord.len() > 2 {
+            ord.iter().map(|&r| b.scratch(r, 2 * most)).collect()
+        } else {
+            Vec::new()
+        };
+        RingScratch { recv, own, most }
+    }
+}
+
 /// Ring reduce-scatter over the ranks `ord`: at step s position p sends its partial of block
 /// p-s-1 to p+1, which adds its own `input`; position q ends with block q in `fin`, finalized
-/// when `finalize` (the last reduction of every element). Partials live in two-step scratch.
+/// when `finalize` (the last reduction of every element). Partials live in `st`, whose
+/// `most` is at least every block's length.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_ring(
     b: &mut Builder,
@@ -90,22 +120,17 @@ fn reduce_scatter_ring(
     ch: u32,
     lens: &[u64],
     chunk: u64,
+    st: &RingScratch,
     input: At,
     fin: At,
     finalize: bool,
 ) -> Result<()> {
     let n = ord.len();
-    let most = lens.iter().copied().max().unwrap_or(0);
-    if n < 2 || most == 0 {
+    let most = st.most;
+    if n < 2 || lens.iter().all(|l| *l == 0) {
         return Ok(());
     }
     b.set_chunk_elems(chunk);
-    let recv: Vec<BufferRef> = ord.iter().map(|&r| b.scratch(r, 2 * most)).collect();
-    let own: Vec<BufferRef> = if n > 2 {
-        ord.iter().map(|&r| b.scratch(r, 2 * most)).collect()
-    } else {
-        Vec::new()
-    };
     for s in 0..n - 1 {
         let last = s == n - 2;
         for p in 0..n {
@@ -115,14 +140,14 @@ fn reduce_scatter_ring(
                 let src = if s == 0 {
                     input(p, q, rel, l)
                 } else {
-                    Region::new(own[p], ((s - 1) as u64 % 2) * most + rel, l)
+                    Region::new(st.own[p], ((s - 1) as u64 % 2) * most + rel, l)
                 };
-                let rv = Region::new(recv[d], (s as u64 % 2) * most + rel, l);
+                let rv = Region::new(st.recv[d], (s as u64 % 2) * most + rel, l);
                 b.send(src, rv, ch)?;
                 let dst = if last {
                     fin(d, q, rel, l)
                 } else {
-                    Region::new(own[d], (s as u64 % 2) * most + rel, l)
+                    Region::new(st.own[d], (s as u64 % 2) * most + rel, l)
                 };
                 b.reduce(vec![input(d, q, rel, l), rv], dst, last && finalize, ch)?;
             }
@@ -167,6 +192,13 @@ fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
     ctx.chunk_elems.max(most.div_ceil(CHUNKS_PER_BLOCK)).max(1)
 }
 
+/// Pipelining chunks per block of one loop: the vector is planned in loops of `g x N x
+/// LOOP_CHUNKS` chunks (all_reduce; `LOOP_CHUNKS` chunks of every block for reduce_scatter),
+/// each loop running the three phases on its piece with the same staging, so staging follows
+/// the chunk (which the staging budget shrinks), not the message, as NCCL's rings loop over
+/// `nranks x chunk` pieces ([NCCL-src]).
+const LOOP_CHUNKS: u64 = 2;
+
 /// The plan's display name: `rail-hier multi-node ...`.
 fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
     format!(
@@ -204,55 +236,81 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
-    let blocks = split_even(req.count, g as u64);
-    let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
-    let chunk = phase_chunk(ctx, most);
-    // A rail ring over N nodes moves a different sub-block at every step, so from
-    // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
-    let sub = most.div_ceil(nn as u64);
-    let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
-        sub.max(ctx.chunk_elems).max(1)
-    } else {
-        phase_chunk(ctx, sub)
-    };
+    let per = (g as u64)
+        .saturating_mul(nn as u64)
+        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)));
+    // The first loop's piece is the largest: it sizes the staging every loop reuses.
+    let most_all = req.count.min(per).div_ceil(g as u64);
+    let sub_all = most_all.div_ceil(nn as u64);
     // Each rank's node partial of its block (the input itself on one-GPU nodes).
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
-        .map(|r| (g > 1).then(|| b.scratch(r, most)))
+        .map(|r| (g > 1).then(|| b.scratch(r, most_all)))
         .collect();
-    if g > 1 {
-        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
-        for ord in &shape.hosts {
-            let inp = |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(BufferRef::Input(ord[p]), blocks[q].0 + rel, l)
-            };
-            let fin = |p: usize, _q: usize, rel: u64, l: u64| {
-                let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
-                Region::new(buf, rel, l)
-            };
-            reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, &inp, &fin, false)?;
+    let intra: Vec<RingScratch> = if g > 1 {
+        shape
+            .hosts
+            .iter()
+            .map(|ord| RingScratch::new(&mut b, ord, most_all))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let rails: Vec<(Vec<u32>, RingScratch)> = (0..g)
+        .map(|j| {
+            let ord = shape.rail(j);
+            let st = RingScratch::new(&mut b, &ord, sub_all);
+            (ord, st)
+        })
+        .collect();
+    for (base, piece) in chunks(req.count, per.max(1)) {
+        let blocks = split_even(piece, g as u64);
+        let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
+        let chunk = phase_chunk(ctx, most);
+        // A rail ring over N nodes moves a different sub-block at every step, so from
+        // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
+        let sub = most.div_ceil(nn as u64);
+        let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
+            sub.max(ctx.chunk_elems).max(1)
+        } else {
+            phase_chunk(ctx, sub)
+        };
+        if g > 1 {
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            for (ord, st) in shape.hosts.iter().zip(&intra) {
+                let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Input(ord[p]), base + blocks[q].0 + rel, l)
+                };
+                let fin = |p: usize, _q: usize, rel: u64, l: u64| {
+                    let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
+                    Region::new(buf, rel, l)
+                };
+                reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, st, &inp, &fin, false)?;
+            }
         }
-    }
-    for (j, &(off, len)) in blocks.iter().enumerate() {
-        let ord = shape.rail(j);
-        let subs = split_even(len, nn as u64);
-        let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
-        let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-            Some(buf) => Region::new(buf, subs[q].0 + rel, l),
-            None => Region::new(BufferRef::Input(ord[p]), off + subs[q].0 + rel, l),
-        };
-        let out = |p: usize, q: usize, rel: u64, l: u64| {
-            Region::new(BufferRef::Output(ord[p]), off + subs[q].0 + rel, l)
-        };
-        reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, rail_chunk, &inp, &out, true)?;
-        all_gather_ring(&mut b, &ord, CH_RAIL, &lens, rail_chunk, None, &out)?;
-    }
-    if g > 1 {
-        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
-        for ord in &shape.hosts {
-            let out = |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(BufferRef::Output(ord[p]), blocks[q].0 + rel, l)
+        for (j, &(off, len)) in blocks.iter().enumerate() {
+            let (ord, st) = &rails[j];
+            let subs = split_even(len, nn as u64);
+            let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
+            let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+                Some(buf) => Region::new(buf, subs[q].0 + rel, l),
+                None => Region::new(BufferRef::Input(ord[p]), base + off + subs[q].0 + rel, l),
             };
-            all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
+            let out = |p: usize, q: usize, rel: u64, l: u64| {
+                Region::new(BufferRef::Output(ord[p]), base + off + subs[q].0 + rel, l)
+            };
+            reduce_scatter_ring(
+                &mut b, ord, CH_RAIL, &lens, rail_chunk, st, &inp, &out, true,
+            )?;
+            all_gather_ring(&mut b, ord, CH_RAIL, &lens, rail_chunk, None, &out)?;
+        }
+        if g > 1 {
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            for ord in &shape.hosts {
+                let out = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Output(ord[p]), base + blocks[q].0 + rel, l)
+                };
+                all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
+            }
         }
     }
     Ok(b.finish())
@@ -273,44 +331,73 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
-    let chunk = phase_chunk(ctx, count);
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
-    // part[r] holds, at h * count, the node partial of the block rank hosts[h][j] receives.
+    let per = LOOP_CHUNKS
+        .saturating_mul(CHUNKS_PER_BLOCK)
+        .saturating_mul(ctx.chunk_elems.max(1));
+    let most = count.min(per);
+    // part[r] holds, at h * most, the node partial of the piece of the block rank hosts[h][j]
+    // receives.
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
-        .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * count)))
+        .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * most)))
         .collect();
-    if g > 1 {
-        let lens = vec![count; g];
-        // One ring per destination node: the N rings pipeline one another, so whole blocks
-        // suffice.
-        let chunk = count.max(1);
-        for ord in &shape.hosts {
-            for (h, dest) in shape.hosts.iter().enumerate() {
-                let inp = |p: usize, q: usize, rel: u64, l: u64| {
-                    Region::new(
-                        BufferRef::Input(ord[p]),
-                        u64::from(dest[q]) * count + rel,
-                        l,
-                    )
-                };
-                let fin = |p: usize, _q: usize, rel: u64, l: u64| {
-                    let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
-                    Region::new(buf, h as u64 * count + rel, l)
-                };
-                reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, &inp, &fin, false)?;
+    let intra: Vec<RingScratch> = if g > 1 {
+        shape
+            .hosts
+            .iter()
+            .map(|ord| RingScratch::new(&mut b, ord, most))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let rails: Vec<(Vec<u32>, RingScratch)> = (0..g)
+        .map(|j| {
+            let ord = shape.rail(j);
+            let st = RingScratch::new(&mut b, &ord, most);
+            (ord, st)
+        })
+        .collect();
+    for (base, piece) in chunks(count, per.max(1)) {
+        let chunk = phase_chunk(ctx, piece);
+        if g > 1 {
+            let lens = vec![piece; g];
+            // One ring per destination node: the N rings pipeline one another, so whole
+            // pieces suffice.
+            let chunk = piece.max(1);
+            for (ord, st) in shape.hosts.iter().zip(&intra) {
+                for (h, dest) in shape.hosts.iter().enumerate() {
+                    let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                        Region::new(
+                            BufferRef::Input(ord[p]),
+                            u64::from(dest[q]) * count + base + rel,
+                            l,
+                        )
+                    };
+                    let fin = |p: usize, _q: usize, rel: u64, l: u64| {
+                        let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
+                        Region::new(buf, h as u64 * most + rel, l)
+                    };
+                    reduce_scatter_ring(
+                        &mut b, ord, CH_INTRA, &lens, chunk, st, &inp, &fin, false,
+                    )?;
+                }
             }
         }
-    }
-    for j in 0..g {
-        let ord = shape.rail(j);
-        let lens = vec![count; nn];
-        let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-            Some(buf) => Region::new(buf, q as u64 * count + rel, l),
-            None => Region::new(BufferRef::Input(ord[p]), u64::from(ord[q]) * count + rel, l),
-        };
-        let fin =
-            |p: usize, _q: usize, rel: u64, l: u64| Region::new(BufferRef::Output(ord[p]), rel, l);
-        reduce_scatter_ring(&mut b, &ord, CH_RAIL, &lens, chunk, &inp, &fin, true)?;
+        for (ord, st) in &rails {
+            let lens = vec![piece; nn];
+            let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+                Some(buf) => Region::new(buf, q as u64 * most + rel, l),
+                None => Region::new(
+                    BufferRef::Input(ord[p]),
+                    u64::from(ord[q]) * count + base + rel,
+                    l,
+                ),
+            };
+            let fin = |p: usize, _q: usize, rel: u64, l: u64| {
+                Region::new(BufferRef::Output(ord[p]), base + rel, l)
+            };
+            reduce_scatter_ring(&mut b, ord, CH_RAIL, &lens, chunk, st, &inp, &fin, true)?;
+        }
     }
     Ok(b.finish())
 }
@@ -438,6 +525,34 @@ mod tests {
                     prove(&topo, &ag, all_gather, 7);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn staging_follows_the_chunk_not_the_message() {
+        // Loops of g x N x LOOP_CHUNKS chunks reuse one set of staging: a message four times
+        // larger than a loop stages exactly what one loop does, and the plans are proved.
+        let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+        let gpus: Vec<u32> = (0..16).collect();
+        let chunk = 64;
+        let per = 8 * 2 * LOOP_CHUNKS * chunk;
+        for (c, planner) in [
+            (Collective::AllReduce, all_reduce as super::super::Planner),
+            (Collective::ReduceScatter, reduce_scatter),
+        ] {
+            let staging = |count: u64| {
+                let req = Request::new(c, gpus.clone(), count, DType::F32);
+                let p = prove(&topo, &req, planner, chunk);
+                p.staging_per_location()
+                    .iter()
+                    .map(|(_, b)| *b)
+                    .max()
+                    .unwrap_or(0)
+            };
+            let one = staging(per);
+            assert!(one > 0, "{c}");
+            assert_eq!(staging(4 * per), one, "{c}");
+            assert_eq!(staging(4 * per + 5), one, "{c}");
         }
     }
 
