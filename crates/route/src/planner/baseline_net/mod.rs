@@ -3,12 +3,12 @@
 //!
 //! | collective | plan |
 //! |---|---|
-//! | all_reduce | the tuner's choice ([`tuner`]) between rail-aligned rings ([`rings`]) and the double binary tree ([`tree`]) |
+//! | all_reduce | the tuner's choice ([`tuner`]) between rail-aligned rings (`rings.rs`) and the double binary tree (`tree.rs`) |
 //! | all_gather, reduce_scatter | rail-aligned rings, one channel per rail |
-//! | all_to_all(_v), gather, scatter, send/recv | grouped send/recv, every inter-node send by PXN on the receiver's rail ([`pxn`]) |
+//! | all_to_all(_v), gather, scatter, send/recv | grouped send/recv, every inter-node send by PXN on the receiver's rail (`pxn.rs`) |
 //!
 //! The other collectives keep the single-node baseline's plans. Every plan here is built from
-//! each GPU's home NIC and the fabric's switches ([`links`]); no connection is searched
+//! each GPU's home NIC and the fabric's switches (`links.rs`); no connection is searched
 //! between nodes except the hops the plan uses, so a 1,024-GPU baseline costs
 //! O(GPUs x members per node) look-ups. NVLink SHARP across nodes (NCCL's NVLS tree) is not
 //! modelled: NCCL enables NVLS across nodes only with CollNet, and the NVLS tree's inter-node
