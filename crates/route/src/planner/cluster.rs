@@ -544,8 +544,8 @@ mod tests {
                 let req = Request::new(c, gpus.clone(), count, DType::F32);
                 let p = prove(&topo, &req, planner, chunk);
                 p.staging_per_location()
-                    .iter()
-                    .map(|(_, b)| *b)
+                    .values()
+                    .copied()
                     .max()
                     .unwrap_or(0)
             };
