@@ -20,6 +20,7 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::builder::Builder;
+use super::ring::{self, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
 
 /// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
@@ -80,39 +81,9 @@ impl ClusterShape {
 /// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
 type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
 
-/// A ring's reduce-scatter staging: received partials (`recv`) and partials being built
-/// (`own`, rings of three or more), each two steps of `most` elements per position, allocated
-/// once and reused by every loop of the plan (the builder orders each reuse after the reads
-/// of the loop before).
-struct RingScratch {
-    recv: Vec<BufferRef>,
-    own: Vec<BufferRef>,
-    most: u64,
-}
-
-impl RingScratch {
-    fn new(b: &mut Builder, ord: &[u32], most: u64) -> Self {
-        if ord.len() < 2 || most == 0 {
-            return RingScratch {
-                recv: Vec::new(),
-                own: Vec::new(),
-                most,
-            };
-        }
-        let recv = ord.iter().map(|&r| b.scratch(r, 2 * most)).collect();
-        let own = if ord.len() > 2 {
-            ord.iter().map(|&r| b.scratch(r, 2 * most)).collect()
-        } else {
-            Vec::new()
-        };
-        RingScratch { recv, own, most }
-    }
-}
-
-/// Ring reduce-scatter over the ranks `ord`: at step s position p sends its partial of block
-/// p-s-1 to p+1, which adds its own `input`; position q ends with block q in `fin`, finalized
-/// when `finalize` (the last reduction of every element). Partials live in `st`, whose
-/// `most` is at least every block's length.
+/// Ring reduce-scatter over the ranks `ord` ([`ring::reduce_scatter_steps`] with partials in
+/// `st`): position q ends with block q in `fin`, finalized when `finalize` (the last reduction
+/// of every element), pipelined in `chunk`s.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_ring(
     b: &mut Builder,
@@ -120,40 +91,39 @@ fn reduce_scatter_ring(
     ch: u32,
     lens: &[u64],
     chunk: u64,
-    st: &RingScratch,
+    st: &RsStaging,
     input: At,
     fin: At,
     finalize: bool,
 ) -> Result<()> {
-    let n = ord.len();
-    let most = st.most;
-    if n < 2 || lens.iter().all(|l| *l == 0) {
-        return Ok(());
-    }
     b.set_chunk_elems(chunk);
-    for s in 0..n - 1 {
-        let last = s == n - 2;
-        for p in 0..n {
-            let q = (p + 2 * n - s - 1) % n;
-            let d = (p + 1) % n;
-            for (rel, l) in chunks(lens[q], chunk) {
-                let src = if s == 0 {
-                    input(p, q, rel, l)
-                } else {
-                    Region::new(st.own[p], ((s - 1) as u64 % 2) * most + rel, l)
-                };
-                let rv = Region::new(st.recv[d], (s as u64 % 2) * most + rel, l);
-                b.send(src, rv, ch)?;
-                let dst = if last {
-                    fin(d, q, rel, l)
-                } else {
-                    Region::new(st.own[d], (s as u64 % 2) * most + rel, l)
-                };
-                b.reduce(vec![input(d, q, rel, l), rv], dst, last && finalize, ch)?;
-            }
-        }
-    }
-    Ok(())
+    ring::reduce_scatter_steps(b, ord, ch, lens, chunk, st, input, None, fin, finalize)
+}
+
+/// Reduce-scatter staging of every node's ring (blocks of at most `intra_most`; none on
+/// one-GPU nodes) and of every rail's ring (at most `rail_most`), allocated once and reused by
+/// every loop of the plan (the builder orders each reuse after the reads of the loop before).
+type Staging = (Vec<RsStaging>, Vec<(Vec<u32>, RsStaging)>);
+
+fn ring_staging(b: &mut Builder, shape: &ClusterShape, intra_most: u64, rail_most: u64) -> Staging {
+    let scratch = |b: &mut Builder, ord: &[u32], most| RsStaging::new(b, ord, most, ord.len() > 2);
+    let intra = if shape.per_node() > 1 {
+        shape
+            .hosts
+            .iter()
+            .map(|ord| scratch(b, ord, intra_most))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let rails = (0..shape.per_node())
+        .map(|j| {
+            let ord = shape.rail(j);
+            let st = scratch(b, &ord, rail_most);
+            (ord, st)
+        })
+        .collect();
+    (intra, rails)
 }
 
 /// Ring all_gather over the ranks `ord`: position q starts with block q in `out` (or sends it
@@ -246,22 +216,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
         .map(|r| (g > 1).then(|| b.scratch(r, most_all)))
         .collect();
-    let intra: Vec<RingScratch> = if g > 1 {
-        shape
-            .hosts
-            .iter()
-            .map(|ord| RingScratch::new(&mut b, ord, most_all))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let rails: Vec<(Vec<u32>, RingScratch)> = (0..g)
-        .map(|j| {
-            let ord = shape.rail(j);
-            let st = RingScratch::new(&mut b, &ord, sub_all);
-            (ord, st)
-        })
-        .collect();
+    let (intra, rails) = ring_staging(&mut b, &shape, most_all, sub_all);
     for (base, piece) in chunks(req.count, per.max(1)) {
         let blocks = split_even(piece, g as u64);
         let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
@@ -341,22 +296,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
         .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * most)))
         .collect();
-    let intra: Vec<RingScratch> = if g > 1 {
-        shape
-            .hosts
-            .iter()
-            .map(|ord| RingScratch::new(&mut b, ord, most))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let rails: Vec<(Vec<u32>, RingScratch)> = (0..g)
-        .map(|j| {
-            let ord = shape.rail(j);
-            let st = RingScratch::new(&mut b, &ord, most);
-            (ord, st)
-        })
-        .collect();
+    let (intra, rails) = ring_staging(&mut b, &shape, most, most);
     for (base, piece) in chunks(count, per.max(1)) {
         let chunk = phase_chunk(ctx, piece);
         if g > 1 {

@@ -258,6 +258,25 @@ pub(super) fn reduce_scatter_pass(
     acc: Option<At>,
     fin: At,
 ) -> Result<()> {
+    reduce_scatter_steps(b, ord, ch, lens, chunk, st, input, acc, fin, true)
+}
+
+/// [`reduce_scatter_pass`] whose last reductions finalize only when `finalize` (false where a
+/// later phase adds more contributions, as the cluster plans' intra-node phase does, so
+/// `Avg` divides once).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reduce_scatter_steps(
+    b: &mut Builder,
+    ord: &[u32],
+    ch: u32,
+    lens: &[u64],
+    chunk: u64,
+    st: &RsStaging,
+    input: At,
+    acc: Option<At>,
+    fin: At,
+    finalize: bool,
+) -> Result<()> {
     let n = ord.len();
     let most = st.most;
     if n < 2 || lens.iter().all(|l| *l == 0) {
@@ -285,7 +304,7 @@ pub(super) fn reduce_scatter_pass(
                 } else {
                     partial(d, q, s, rel, l)
                 };
-                b.reduce(vec![input(d, q, rel, l), rv], dst, last, ch)?;
+                b.reduce(vec![input(d, q, rel, l), rv], dst, last && finalize, ch)?;
             }
         }
     }
