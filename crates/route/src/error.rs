@@ -3,6 +3,10 @@
 /// What can go wrong while planning, checking or simulating.
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
+    /// A plan built for one domain of hosts does not fold into a template: it is not the same
+    /// on every period of hosts, or its window did not settle ([`crate::template`]).
+    #[error("plan does not fold into a template of one domain: {0}")]
+    NotSymmetric(String),
     /// The request is malformed (ranks, root, counts, types).
     #[error("bad request: {0}")]
     BadRequest(String),

@@ -16,6 +16,7 @@
 //! | collective candidates and the NCCL-like baseline | [`planner`] |
 //! | node-aware inter-node strategies and models | [`nodeaware`] |
 //! | staging budgets per device and fitting a plan to one | [`staging`] |
+//! | templates: one domain of a plan on hosts that repeat, folded by their symmetry | [`template`] |
 //! | the fluid flow simulator | [`simulate`], [`SimResult`], [`Perf`], [`chrome_trace`] |
 //! | choose the fastest, report it beside baseline and bound | [`plan()`], [`Planner`] (cached) |
 //!
@@ -40,13 +41,16 @@ mod request;
 mod select;
 pub mod sim;
 pub mod staging;
+pub mod template;
 
 pub use bound::collective_bound_gbps;
 pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use order::DepGraph;
-pub use plan::{BufferRef, Lane, Location, NvlsShare, Op, OpKind, Plan, Region, Scratch};
+pub use plan::{
+    BufferRef, EdgeScale, Lane, Location, NvlsShare, Op, OpKind, Plan, Region, Scratch, Template,
+};
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};

@@ -34,6 +34,30 @@ pub struct LaneMap {
     rings: BTreeMap<(Location, Location, Location, u32), SlotRing>,
 }
 
+/// What a lane of a [`LaneMap`] is for: a hop's queue or a device's local work. Under a shift
+/// of hosts a lane's image is the lane of the shifted key ([`crate::template`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LaneKey {
+    /// Copies `from -> to` on `channel`, queue `queue`.
+    Hop {
+        /// Sending memory.
+        from: Location,
+        /// Receiving memory.
+        to: Location,
+        /// Lane channel.
+        channel: u32,
+        /// Queue of the hop.
+        queue: u32,
+    },
+    /// Local work (reductions, local copies) on `at`.
+    Local {
+        /// The device.
+        at: Location,
+        /// Lane channel.
+        channel: u32,
+    },
+}
+
 /// A relay's staging ring: [`STAGING_SLOTS`] slots of `slot` elements in one scratch buffer,
 /// used round robin; each slot remembers the op that last forwarded out of it, which the next
 /// chunk written into the slot waits for (write after read; the forward itself waited for the
@@ -62,6 +86,27 @@ impl SlotRing {
 }
 
 impl LaneMap {
+    /// The key of each of the plan's `lanes` lanes, by lane index; `None` for a lane this map
+    /// did not make.
+    pub fn keys(&self, lanes: usize) -> Vec<Option<LaneKey>> {
+        let mut keys = vec![None; lanes];
+        for (&(from, to, channel, queue), &l) in &self.lanes {
+            if let Some(k) = keys.get_mut(l as usize) {
+                *k = Some(LaneKey::Hop {
+                    from,
+                    to,
+                    channel,
+                    queue,
+                });
+            }
+        }
+        for (&(at, channel), &l) in &self.local {
+            if let Some(k) = keys.get_mut(l as usize) {
+                *k = Some(LaneKey::Local { at, channel });
+            }
+        }
+        keys
+    }
     /// The lane for copies `from -> to` on `channel` (its first queue).
     pub fn hop(&mut self, plan: &mut Plan, from: Location, to: Location, channel: u32) -> u32 {
         self.hop_queue(plan, from, to, channel, 0)

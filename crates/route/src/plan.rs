@@ -192,6 +192,45 @@ pub struct Plan {
     /// ([`relaycc_topo::rates::CostModel`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<relaycc_topo::rates::Protocol>,
+    /// Present when the plan is a template ([`crate::template`]): the ops of one fundamental
+    /// domain of hosts, standing for the full plan on a topology whose hosts repeat. The
+    /// simulator times the full plan from it; the data-proof checker refuses it and the
+    /// executor never runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Template>,
+}
+
+/// What a template plan stands for: the full plan is the template's ops repeated on every
+/// period of hosts (`periods` shifts of `period` hosts each).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Template {
+    /// Hosts of the topology.
+    pub hosts: u32,
+    /// Hosts per period (the domain is hosts `0..period`).
+    pub period: u32,
+    /// Periods (the full plan is `periods` images of the domain's ops).
+    pub periods: u32,
+    /// Ops of the full plan (the domain's times `periods`).
+    pub full_ops: u64,
+    /// Lanes of the full plan (the domain's times `periods`).
+    pub full_lanes: u64,
+    /// Capacity scale of the representative edges the template's ops name, where it is not 1:
+    /// an edge every shift fixes carries the images' traffic of all periods, so the template's
+    /// share of it is `orbit size / periods` of its rate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity_scale: Vec<EdgeScale>,
+    /// While a windowed build waits for its fold: the key of every lane, by lane index.
+    #[serde(skip)]
+    pub(crate) window_lanes: Vec<Option<crate::lower::LaneKey>>,
+}
+
+/// A representative edge's capacity in a template, as a fraction of its rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EdgeScale {
+    /// The edge (topology link index).
+    pub edge: u32,
+    /// Its capacity's factor (orbit size / periods).
+    pub scale: f64,
 }
 
 impl Plan {
@@ -206,6 +245,7 @@ impl Plan {
             lanes: Vec::new(),
             ops: Vec::new(),
             protocol: None,
+            template: None,
         }
     }
     /// Where a buffer lives.
@@ -305,6 +345,10 @@ impl Plan {
     /// The plan as pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+    /// True when the plan is a template ([`Plan::template`]): it holds one domain's ops only.
+    pub fn is_template(&self) -> bool {
+        self.template.is_some()
     }
     /// Read a plan from JSON.
     pub fn from_json(text: &str) -> crate::Result<Plan> {

@@ -8,6 +8,10 @@
 //! holds by construction. Inputs and outputs are tracked as they alias in NCCL's in-place
 //! calls (the layout [`crate::CheckOptions::in_place`] describes), so a plan built here is
 //! ordered for both the in-place and the out-of-place call.
+//!
+//! Under a window ([`crate::template`]) the builder emits only the ops that touch a window
+//! memory and skips every other `send` and `reduce` before tracking anything: dependencies on
+//! window memories stay complete, and a lane of a window device gets all its ops in order.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,6 +23,7 @@ use crate::error::{Result, RouteError};
 use crate::lower::{LaneMap, emit_transfer};
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::{Collective, Request};
+use crate::template::window::{UserMem, Window};
 
 use super::Ctx;
 
@@ -32,7 +37,7 @@ pub const CH_STRIDE: u32 = 64;
 /// A memory as the in-place call lays it out: a rank's input and output share one memory for
 /// collectives with an in-place form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Mem {
+pub(crate) enum Mem {
     Rank(u32),
     RankOut(u32),
     Scratch(u32),
@@ -40,7 +45,7 @@ enum Mem {
 
 /// Where a buffer sits in the in-place layout (memory and base offset), as the checker's
 /// in-place mode places it.
-fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
+pub(crate) fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
     let c = req.count;
     let (r, out) = match b {
         BufferRef::Scratch(i) => return (Mem::Scratch(i), 0),
@@ -61,6 +66,17 @@ fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
         Collective::Scatter if root => (Mem::Rank(r), if out { own } else { 0 }),
         _ if out => (Mem::RankOut(r), 0),
         _ => (Mem::Rank(r), 0),
+    }
+}
+
+impl Mem {
+    /// The user buffer memory, for a rank's memory (not a staging buffer).
+    pub(crate) fn user(self) -> Option<UserMem> {
+        match self {
+            Mem::Rank(r) => Some(UserMem::Rank(r)),
+            Mem::RankOut(r) => Some(UserMem::RankOut(r)),
+            Mem::Scratch(_) => None,
+        }
     }
 }
 
@@ -107,6 +123,8 @@ pub(crate) struct Builder<'a, 't> {
     /// Chunk (elements) copies are cut into, where a planner's phase sets its own instead of
     /// the context's.
     chunk: Option<u64>,
+    /// The window of a windowed build ([`crate::template`]); `None` emits every op.
+    window: Option<Arc<Window>>,
 }
 
 impl<'a, 't> Builder<'a, 't> {
@@ -122,6 +140,7 @@ impl<'a, 't> Builder<'a, 't> {
             lane_last: Vec::new(),
             pinned: BTreeMap::new(),
             chunk: None,
+            window: crate::template::window::current(),
         }
     }
     /// The GPU of rank `r`.
@@ -204,6 +223,50 @@ impl<'a, 't> Builder<'a, 't> {
     pub fn pin(&mut self, ch: u32, from: u32, to: u32, conn: Arc<Connection>) {
         self.pinned.insert((ch, from, to), conn);
     }
+    /// True when `r` overlaps a window range of a user buffer.
+    fn region_in_window(&self, w: &Window, r: Region) -> bool {
+        let (m, base) = mem_of(&self.plan.request, r.buffer);
+        m.user()
+            .is_some_and(|u| w.overlaps(u, base + r.offset, base + r.offset + r.len))
+    }
+    /// The connection a send from GPU `a` to GPU `b` on channel `ch` takes.
+    fn connection(&self, ch: u32, a: u32, b: u32) -> Result<Arc<Connection>> {
+        match self.pinned.get(&(ch, a, b)) {
+            Some(c) => Ok(Arc::clone(c)),
+            None => self.ctx.cache.get(self.ctx.mode, a, b),
+        }
+    }
+    /// True when a send of `src` (on `from`) to `dst` (on `to`) touches the window: either
+    /// end, a window range, or a relay on a window device (relays sit on the ends' hosts, so
+    /// the connection is looked up only where one of those hosts has a window device).
+    fn send_in_window(
+        &self,
+        w: &Window,
+        src: Region,
+        dst: Region,
+        from: Location,
+        to: Location,
+        ch: u32,
+    ) -> Result<bool> {
+        if w.has(from)
+            || w.has(to)
+            || self.region_in_window(w, src)
+            || self.region_in_window(w, dst)
+        {
+            return Ok(true);
+        }
+        if from == to || !(w.hot(from) || w.hot(to)) {
+            return Ok(false);
+        }
+        let (Location::Gpu(a), Location::Gpu(b)) = (from, to) else {
+            return Ok(false);
+        };
+        let conn = self.connection(ch, a, b)?;
+        Ok(conn
+            .routes
+            .iter()
+            .any(|r| r.hops.iter().any(|h| w.has(h.from) || w.has(h.to))))
+    }
     /// Move `src` to `dst` (same length): a local copy, or chunks over the connection between
     /// the two GPUs, on planner channel `ch`.
     pub fn send(&mut self, src: Region, dst: Region, ch: u32) -> Result<()> {
@@ -217,6 +280,11 @@ impl<'a, 't> Builder<'a, 't> {
             return Ok(());
         }
         let (from, to) = (self.location(src.buffer)?, self.location(dst.buffer)?);
+        if let Some(w) = &self.window
+            && !self.send_in_window(w, src, dst, from, to, ch)?
+        {
+            return Ok(());
+        }
         let deps = self.deps_of(&[src], Some(dst));
         let start = self.plan.ops.len();
         if from == to {
@@ -232,10 +300,7 @@ impl<'a, 't> Builder<'a, 't> {
                 "planners send between GPU buffers only".into(),
             ));
         };
-        let conn = match self.pinned.get(&(ch, a, b)) {
-            Some(c) => Arc::clone(c),
-            None => self.ctx.cache.get(self.ctx.mode, a, b)?,
-        };
+        let conn = self.connection(ch, a, b)?;
         let shares = conn.shares(src.len);
         let arrivals = emit_transfer(
             &mut self.plan,
@@ -273,6 +338,15 @@ impl<'a, 't> Builder<'a, 't> {
             return Ok(());
         }
         let at = self.location(dst.buffer)?;
+        if let Some(w) = &self.window
+            && !w.has(at)
+            && !srcs
+                .iter()
+                .chain([&dst])
+                .any(|r| self.region_in_window(w, *r))
+        {
+            return Ok(());
+        }
         let deps = self.deps_of(&srcs, Some(dst));
         let start = self.plan.ops.len();
         let lane = self.lanes.local(&mut self.plan, at, ch);
@@ -287,6 +361,19 @@ impl<'a, 't> Builder<'a, 't> {
     }
     /// The finished plan.
     pub fn finish(self) -> Plan {
-        self.plan
+        let mut plan = self.plan;
+        if self.window.is_some() {
+            // The fold maps lanes to their images by these keys.
+            plan.template = Some(crate::plan::Template {
+                hosts: 0,
+                period: 0,
+                periods: 0,
+                full_ops: 0,
+                full_lanes: 0,
+                capacity_scale: Vec::new(),
+                window_lanes: self.lanes.keys(plan.lanes.len()),
+            });
+        }
+        plan
     }
 }

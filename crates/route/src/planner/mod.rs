@@ -31,7 +31,7 @@ use crate::request::{Collective, Request};
 mod access;
 pub mod baseline;
 pub mod baseline_net;
-mod builder;
+pub(crate) mod builder;
 pub mod cluster;
 pub mod connect;
 pub mod direct;

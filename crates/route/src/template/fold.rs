@@ -1,0 +1,263 @@
+//! Folding a windowed build into a template: keep the domain's ops, map every dependency on an
+//! op outside the domain to the op's image inside it, every edge to its representative, every
+//! staging buffer outside the domain to its image; or say which devices and ranges the window
+//! lacks, or why the plan is not the same on every period of hosts.
+
+use std::collections::{BTreeMap, HashMap};
+
+use relaycc_topo::Topology;
+
+use crate::error::{Result, RouteError};
+use crate::lower::LaneKey;
+use crate::plan::{BufferRef, EdgeScale, Location, OpKind, Plan, Region, Template};
+use crate::planner::builder::mem_of;
+
+use super::HostShift;
+use super::window::{UserMem, Window};
+
+/// What a fold found.
+pub(super) enum Folded {
+    /// The template.
+    Template(Plan),
+    /// The window lacks devices whose lanes the domain's ops wait on, or user-buffer ranges
+    /// they touch: build again with these added.
+    Grow {
+        devs: Vec<Location>,
+        ranges: Vec<(UserMem, u64, u64)>,
+    },
+}
+
+fn asym(why: String) -> RouteError {
+    RouteError::NotSymmetric(why)
+}
+
+/// `key` moved `k` periods back.
+fn shift_key(shift: &dyn HostShift, key: LaneKey, k: u32) -> Option<LaneKey> {
+    Some(match key {
+        LaneKey::Hop {
+            from,
+            to,
+            channel,
+            queue,
+        } => LaneKey::Hop {
+            from: shift.shift_back(from, k)?,
+            to: shift.shift_back(to, k)?,
+            channel,
+            queue,
+        },
+        LaneKey::Local { at, channel } => LaneKey::Local {
+            at: shift.shift_back(at, k)?,
+            channel,
+        },
+    })
+}
+
+/// Fold the windowed build `plan` (made under `window`) into a template of period 0's hosts.
+pub(super) fn fold(
+    topo: &Topology,
+    mut plan: Plan,
+    shift: &dyn HostShift,
+    window: &Window,
+) -> Result<Folded> {
+    let keys = plan
+        .template
+        .take()
+        .map(|t| t.window_lanes)
+        .ok_or_else(|| asym(format!("{} was not built in a window", plan.algorithm)))?;
+    let nl = plan.lanes.len();
+    let period_of: Vec<Option<u32>> = plan
+        .lanes
+        .iter()
+        .map(|l| shift.period_of(l.location))
+        .collect();
+    let domain_lane: Vec<bool> = period_of.iter().map(|p| *p == Some(0)).collect();
+    // Domain lanes, renumbered in order; each with its ops (new ids) in lane order.
+    let mut lane_new = vec![u32::MAX; nl];
+    let mut lanes = Vec::new();
+    let mut key_to_lane: HashMap<LaneKey, u32> = HashMap::new();
+    for l in 0..nl {
+        if domain_lane[l] {
+            lane_new[l] = lanes.len() as u32;
+            lanes.push(plan.lanes[l].clone());
+            if let Some(Some(k)) = keys.get(l) {
+                key_to_lane.insert(*k, l as u32);
+            }
+        }
+    }
+    let mut pos = vec![0u32; plan.ops.len()];
+    let mut count = vec![0u32; nl];
+    let mut new_id = vec![u32::MAX; plan.ops.len()];
+    let mut lane_ops: Vec<Vec<u32>> = vec![Vec::new(); nl];
+    let mut next = 0u32;
+    for (i, op) in plan.ops.iter().enumerate() {
+        let l = op.lane as usize;
+        let Some(c) = count.get_mut(l) else {
+            return Err(asym(format!("op {i} names lane {l} of {nl}")));
+        };
+        pos[i] = *c;
+        *c += 1;
+        if domain_lane[l] {
+            new_id[i] = next;
+            lane_ops[l].push(next);
+            next += 1;
+        }
+    }
+    // Staging buffers: those of the domain renumbered; one elsewhere maps to its image, the
+    // buffer of the same rank among those of the shifted device.
+    let mut per_loc: BTreeMap<Location, Vec<u32>> = BTreeMap::new();
+    for (i, s) in plan.scratch.iter().enumerate() {
+        per_loc.entry(s.location).or_default().push(i as u32);
+    }
+    let mut scratch_new = vec![u32::MAX; plan.scratch.len()];
+    let mut scratch = Vec::new();
+    for (i, s) in plan.scratch.iter().enumerate() {
+        if shift.period_of(s.location) == Some(0) {
+            scratch_new[i] = scratch.len() as u32;
+            scratch.push(*s);
+        }
+    }
+    let scratch_image = |i: u32| -> Result<u32> {
+        let s = plan.scratch[i as usize];
+        if scratch_new[i as usize] != u32::MAX {
+            return Ok(scratch_new[i as usize]);
+        }
+        let rank = per_loc
+            .get(&s.location)
+            .and_then(|v| v.iter().position(|&x| x == i))
+            .unwrap_or(0);
+        let img = shift
+            .period_of(s.location)
+            .and_then(|k| shift.shift_back(s.location, k))
+            .ok_or_else(|| asym(format!("staging on {} has no image", s.location)))?;
+        let j = per_loc
+            .get(&img)
+            .and_then(|v| v.get(rank))
+            .copied()
+            .ok_or_else(|| {
+                asym(format!(
+                    "staging buffer {rank} of {} has no image on {img}",
+                    s.location
+                ))
+            })?;
+        let t = plan.scratch[j as usize];
+        if t.len != s.len || scratch_new[j as usize] == u32::MAX {
+            return Err(asym(format!(
+                "staging buffer {rank} of {} ({} elements) differs from its image on {img} ({})",
+                s.location, s.len, t.len
+            )));
+        }
+        Ok(scratch_new[j as usize])
+    };
+    let mut grow_devs: Vec<Location> = Vec::new();
+    let mut grow_ranges: Vec<(UserMem, u64, u64)> = Vec::new();
+    let mut ops = Vec::with_capacity(next as usize);
+    let mut scale: BTreeMap<u32, f64> = BTreeMap::new();
+    let periods = shift.periods().max(1);
+    for (i, op) in plan.ops.iter().enumerate() {
+        if new_id[i] == u32::MAX {
+            continue;
+        }
+        let mut o = op.clone();
+        o.lane = lane_new[op.lane as usize];
+        // Regions: window devices, or user ranges the window covers; staging mapped.
+        let mut regions: Vec<&mut Region> = match &mut o.kind {
+            OpKind::Copy { src, dst } => vec![src, dst],
+            OpKind::Reduce { srcs, dst, .. } => srcs.iter_mut().chain([dst]).collect(),
+        };
+        for r in regions.iter_mut() {
+            let loc = plan
+                .location(r.buffer)
+                .ok_or_else(|| asym(format!("op {i} names a missing buffer {:?}", r.buffer)))?;
+            if !window.has(loc) {
+                let (m, base) = mem_of(&plan.request, r.buffer);
+                match m.user() {
+                    Some(u) if window.covers(u, base + r.offset, base + r.end()) => {}
+                    Some(u) => grow_ranges.push((u, base + r.offset, base + r.end())),
+                    None => grow_devs.push(loc),
+                }
+            }
+            if let BufferRef::Scratch(s) = r.buffer {
+                r.buffer = BufferRef::Scratch(scratch_image(s)?);
+            }
+        }
+        let mut deps = Vec::with_capacity(op.deps.len());
+        for &d in &op.deps {
+            let d = d as usize;
+            if new_id.get(d).is_some_and(|&n| n != u32::MAX) {
+                deps.push(new_id[d]);
+                continue;
+            }
+            let dl = plan
+                .ops
+                .get(d)
+                .map(|x| x.lane as usize)
+                .ok_or_else(|| asym(format!("op {i} waits for a missing op {d}")))?;
+            let owner = plan.lanes[dl].location;
+            if !window.has(owner) {
+                grow_devs.push(owner);
+                continue;
+            }
+            let k = period_of[dl]
+                .ok_or_else(|| asym(format!("{owner} lies in no period of hosts")))?;
+            let key = keys
+                .get(dl)
+                .copied()
+                .flatten()
+                .and_then(|key| shift_key(shift, key, k))
+                .ok_or_else(|| asym(format!("lane {} has no image", plan.lanes[dl].label)))?;
+            let img = key_to_lane
+                .get(&key)
+                .and_then(|&l| lane_ops[l as usize].get(pos[d] as usize))
+                .ok_or_else(|| {
+                    asym(format!(
+                        "op {d} (lane {}, position {}) has no image in the domain",
+                        plan.lanes[dl].label, pos[d]
+                    ))
+                })?;
+            deps.push(*img);
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        o.deps = deps;
+        for e in o.edges.iter_mut() {
+            let rep = shift
+                .rep_edge(*e)
+                .ok_or_else(|| asym(format!("edge {e} has no representative")))?;
+            let s = f64::from(shift.edge_orbit(*e)) / f64::from(periods);
+            scale.insert(rep, s);
+            *e = rep;
+        }
+        if let Some(n) = &mut o.nvls {
+            n.shared_edge = shift.rep_edge(n.shared_edge).unwrap_or(n.shared_edge);
+        }
+        ops.push(o);
+    }
+    if !grow_devs.is_empty() || !grow_ranges.is_empty() {
+        grow_devs.sort_unstable();
+        grow_devs.dedup();
+        return Ok(Folded::Grow {
+            devs: grow_devs,
+            ranges: grow_ranges,
+        });
+    }
+    let _ = topo;
+    let n_ops = ops.len() as u64;
+    let n_lanes = lanes.len() as u64;
+    plan.ops = ops;
+    plan.lanes = lanes;
+    plan.scratch = scratch;
+    plan.template = Some(Template {
+        hosts: shift.hosts(),
+        period: shift.period(),
+        periods,
+        full_ops: n_ops * u64::from(periods),
+        full_lanes: n_lanes * u64::from(periods),
+        capacity_scale: scale
+            .into_iter()
+            .filter(|&(_, s)| s != 1.0)
+            .map(|(edge, scale)| EdgeScale { edge, scale })
+            .collect(),
+        window_lanes: Vec::new(),
+    });
+    Ok(Folded::Template(plan))
+}

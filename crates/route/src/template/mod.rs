@@ -1,0 +1,100 @@
+//! Templates: a plan on a topology whose hosts repeat, held as the ops of one fundamental
+//! domain of hosts.
+//!
+//! When the topology and the plan are both invariant under a shift of `period` hosts (every op
+//! of host `h + period` is the image of an op of host `h`), the fluid simulation is invariant
+//! too: an op and its images start and finish together. So the simulator needs only the
+//! domain's ops, with
+//! - each dependency on an op outside the domain replaced by one on its image inside (the op
+//!   at the same position of the image lane);
+//! - each edge replaced by its orbit's representative, whose capacity is scaled by
+//!   `orbit size / periods` (a link of one host keeps its rate; a link every shift fixes, which
+//!   all images share, gets `1 / periods` of it: [`crate::Template::capacity_scale`]);
+//! - each staging buffer outside the domain replaced by its image.
+//!
+//! [`build_template`] builds a candidate in a *window* ([`window`]): the builder emits only the
+//! ops touching the domain's devices, the devices whose lanes the domain's ops wait on, and the
+//! user-buffer ranges the domain's ops touch elsewhere; it skips every other op before any
+//! tracking. Dependencies on window memories are then complete, and a window device's lanes get
+//! all their ops in order, so "(lane, position in lane)" names an op on every period. The fold
+//! ([`fold`]) finds which devices and ranges a window lacks, and the build runs again with them
+//! until the window settles (two to four passes). A plan that is not the same on every period
+//! (an op's image is missing, a staging buffer differs from its image) is an error
+//! ([`crate::RouteError::NotSymmetric`]), never a wrong template.
+//!
+//! A template is no proof of delivery: [`crate::check()`] refuses it and no
+//! [`crate::CheckedPlan`] is ever made of one; [`crate::check_template`] checks its structure.
+
+pub(crate) mod fold;
+pub(crate) mod window;
+
+use std::sync::Arc;
+
+use relaycc_topo::Topology;
+
+use crate::error::{Result, RouteError};
+use crate::plan::{Location, Plan};
+
+/// The shift of hosts a template folds by: what [`build_template`] needs to know of the
+/// topology's host symmetry.
+pub trait HostShift {
+    /// Hosts of the topology.
+    fn hosts(&self) -> u32;
+    /// Hosts per period (the domain is period 0).
+    fn period(&self) -> u32;
+    /// Periods: images of the domain.
+    fn periods(&self) -> u32;
+    /// The period holding memory `loc`, or `None` for a memory outside every host's period.
+    fn period_of(&self, loc: Location) -> Option<u32>;
+    /// The image of memory `loc` shifted `k` periods back (towards period 0).
+    fn shift_back(&self, loc: Location, k: u32) -> Option<Location>;
+    /// The representative of edge `e`'s orbit.
+    fn rep_edge(&self, e: u32) -> Option<u32>;
+    /// The size of edge `e`'s orbit (1 for an edge every shift fixes, `periods` for an edge of
+    /// one host).
+    fn edge_orbit(&self, e: u32) -> u32;
+}
+
+/// Passes of a windowed build before the window must have settled.
+pub const MAX_PASSES: usize = 6;
+
+/// Build a template of the plan `build` makes (a planner that writes through the builder),
+/// folded by `shift`: `build` runs in a window (module docs) until the window settles.
+///
+/// # Errors
+/// [`RouteError::NotSymmetric`] when the plan is not the same on every period of hosts or the
+/// window does not settle within [`MAX_PASSES`]; `build`'s errors.
+pub fn build_template(
+    topo: &Topology,
+    shift: &dyn HostShift,
+    mut build: impl FnMut() -> Result<Plan>,
+) -> Result<Plan> {
+    let mut devs: Vec<Location> = (0..topo.gpu_count())
+        .map(Location::Gpu)
+        .chain(topo.cpus().map(|(id, _)| Location::Host(id.index() as u32)))
+        .filter(|&l| shift.period_of(l) == Some(0))
+        .collect();
+    let mut ranges = Vec::new();
+    for _ in 0..MAX_PASSES {
+        let w = Arc::new(window::Window::new(topo, &devs, &ranges));
+        let plan = window::scoped(Arc::clone(&w), &mut build)?;
+        match fold::fold(topo, plan, shift, &w)? {
+            fold::Folded::Template(t) => return Ok(t),
+            fold::Folded::Grow {
+                devs: d,
+                ranges: r,
+            } => {
+                devs.extend(d);
+                devs.sort_unstable();
+                devs.dedup();
+                ranges.extend(r);
+            }
+        }
+    }
+    Err(RouteError::NotSymmetric(format!(
+        "the window did not settle within {MAX_PASSES} builds"
+    )))
+}
+
+#[cfg(test)]
+mod tests;

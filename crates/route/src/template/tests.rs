@@ -1,0 +1,1 @@
+//! Tests of the fold on cluster topologies: templates time like the plans they stand for.
