@@ -44,7 +44,7 @@ pub mod staging;
 pub mod template;
 
 pub use bound::collective_bound_gbps;
-pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_with};
+pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_template, check_with};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use order::DepGraph;

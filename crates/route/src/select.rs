@@ -18,6 +18,13 @@ use crate::plan::Plan;
 use crate::request::{Collective, Request};
 use crate::sim::{Perf, Prepared, SimConfig, simulate};
 
+/// Largest request (ranks) whose plans are built in full and proved by the checker on a
+/// topology whose hosts repeat. Above it, where the topology's host symmetry folds and the
+/// ranks are the same on every period of hosts, candidates are built as templates of one
+/// domain of hosts ([`crate::template`]), checked by [`crate::check_template`] and
+/// [`crate::check_routes`] and timed by the simulator on the template.
+pub const EXPAND_MAX_RANKS: usize = 64;
+
 /// Planning time allowed when the caller names none: a few seconds, so an interactive command
 /// answers promptly on any machine while every 8-GPU request plans in full well within it.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
@@ -141,12 +148,27 @@ fn is_p2p(req: &Request) -> bool {
 ///   the budget, but never chosen).
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
     let deadline = Deadline::new(opts.budget);
-    let mut skipped = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let budget = opts.staging_budget;
+    let shift = fold_shift(topo, req);
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
-    let (baseline_plan, baseline_fits) = match crate::planner::baseline_within(topo, req, budget) {
+    let folded = match &shift {
+        Some(sym) => match crate::planner::baseline_template_within(topo, req, budget, sym) {
+            Ok(p) => Some(Ok(p)),
+            Err(RouteError::NotSymmetric(why)) => {
+                skipped.push(format!(
+                    "the baseline's template: {why}; the baseline is built in full"
+                ));
+                None
+            }
+            Err(e) => Some(Err(e)),
+        },
+        None => None,
+    };
+    let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
+    let (baseline_plan, baseline_fits) = match built {
         Ok(p) => (p, true),
         Err(e @ RouteError::StagingBudget { .. }) => {
             first_failure = Some(e);
@@ -207,8 +229,11 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         } else {
             f64::INFINITY
         };
-        let (fast, left_out, unfit) = fastest_collectives(topo, req, opts, to_beat, &deadline)?;
-        skipped = left_out;
+        let (fast, left_out, unfit) = match &shift {
+            Some(sym) => fastest_templates(topo, req, opts, sym)?,
+            None => fastest_collectives(topo, req, opts, to_beat, &deadline)?,
+        };
+        skipped.extend(left_out);
         if let Some(e) = unfit {
             first_failure.get_or_insert(e);
         }
@@ -291,7 +316,9 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
 
 /// Prove that `plan` delivers `req` on `topo`: it is a plan of this request, every output
 /// element holds exactly its inputs without a race ([`crate::check()`]), and every copy follows
-/// usable links through GPUs the job may use ([`crate::check_routes`]).
+/// usable links through GPUs the job may use ([`crate::check_routes`]). A template
+/// ([`crate::template`]) passes [`crate::check_template`] instead (its routes were checked on
+/// the windowed build it was folded from).
 fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     if plan.request != *req {
         return Err(RouteError::PlanCheck {
@@ -309,8 +336,70 @@ fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
         },
         other => other,
     };
+    if plan.is_template() {
+        return crate::check::check_template(plan).map_err(named);
+    }
     crate::check::check(plan).map_err(named)?;
     crate::check::check_routes(plan, topo).map_err(named)
+}
+
+/// The host symmetry to fold `req`'s plans by: above [`EXPAND_MAX_RANKS`] ranks, on a
+/// topology whose hosts repeat, with ranks that are the same on every period of hosts.
+fn fold_shift(topo: &Topology, req: &Request) -> Option<relaycc_topo::HostSymmetry> {
+    if req.nranks() <= EXPAND_MAX_RANKS {
+        return None;
+    }
+    let sym = topo.host_symmetry();
+    (!sym.is_trivial() && crate::template::ranks_invariant(&sym, &req.gpus)).then_some(sym)
+}
+
+/// The collective candidates as templates folded by `shift`, each simulated (plan, time, not
+/// yet proved); a candidate that is not the same on every period of hosts is skipped with its
+/// reason, one over the staging budget too.
+fn fastest_templates(
+    topo: &Topology,
+    req: &Request,
+    opts: &PlanOptions,
+    shift: &relaycc_topo::HostSymmetry,
+) -> Result<Fastest> {
+    let set =
+        crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
+    let mut skipped = set.skipped().to_vec();
+    let fine = crate::planner::pipeline_chunk_elems(req).max(1);
+    let built: Vec<Result<(Plan, f64)>> = (0..set.len())
+        .into_par_iter()
+        .map(|i| {
+            let plan = set.build_template(i, fine, shift)?;
+            let t = simulate(topo, &plan, &opts.sim)?.time_us;
+            Ok((plan, t))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut unfit = None;
+    let mut no_route = None;
+    for b in built {
+        match b {
+            Ok((plan, t)) => found.push((plan, t, false)),
+            Err(RouteError::NotSymmetric(why)) => {
+                skipped.push(format!("a candidate that does not fold: {why}"));
+            }
+            Err(e @ RouteError::StagingBudget { .. }) => {
+                skipped.push(format!("over the staging budget: {e}"));
+                unfit.get_or_insert(e);
+            }
+            Err(e @ RouteError::NoRoute { .. }) => {
+                no_route.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if found.is_empty()
+        && unfit.is_none()
+        && let Some(e) = no_route
+    {
+        return Err(e);
+    }
+    Ok((found, skipped, unfit))
 }
 
 /// A simulated candidate: its plan, time (us) and whether the checker proved it.

@@ -190,6 +190,20 @@ fn memory_of(plan: &Plan, b: BufferRef, in_place: bool) -> Option<(usize, u64)> 
 /// `execute` (symbolic execution: reads, writes, races) and `check_outputs` (every output
 /// holds its expected inputs).
 pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
+    if let Some(t) = &plan.template {
+        return Err(fail(
+            usize::MAX,
+            format!(
+                "{} is a template of hosts 0..{} of {} ({} of {} ops): it holds one domain's \
+                 ops, so it cannot prove delivery; check it with check_template",
+                plan.algorithm,
+                t.period,
+                t.hosts,
+                plan.ops.len(),
+                t.full_ops
+            ),
+        ));
+    }
     check_header(plan)?;
     let in_place = opts.in_place
         && !matches!(
@@ -211,6 +225,45 @@ pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
     ck.load_inputs()?;
     ck.execute(&order)?;
     ck.check_outputs()
+}
+
+/// Check a template plan ([`crate::template`]) for what one domain's ops can show: the
+/// request, lanes and dependencies exist, copies keep lengths, reductions are local, regions
+/// lie inside their buffers, NVLS groups are well formed, the dependencies have no cycle, and
+/// its capacity scales lie in (0, 1]. A plan that is no template is refused: [`check`]
+/// proves those.
+pub fn check_template(plan: &Plan) -> Result<()> {
+    let Some(t) = &plan.template else {
+        return Err(fail(
+            usize::MAX,
+            format!("{} is no template; check proves it", plan.algorithm),
+        ));
+    };
+    if t.periods == 0 || t.period.saturating_mul(t.periods) != t.hosts {
+        return Err(fail(
+            usize::MAX,
+            format!(
+                "template of {} periods of {} hosts on {} hosts",
+                t.periods, t.period, t.hosts
+            ),
+        ));
+    }
+    if let Some(s) = t
+        .capacity_scale
+        .iter()
+        .find(|s| !(s.scale > 0.0 && s.scale <= 1.0))
+    {
+        return Err(fail(
+            usize::MAX,
+            format!("template scales edge {} by {}", s.edge, s.scale),
+        ));
+    }
+    check_header(plan)?;
+    let deps = plan.dependency_graph()?;
+    check_structure(plan)?;
+    check_nvls(plan)?;
+    deps.topological_order()?;
+    Ok(())
 }
 
 /// Pass 1: the request is valid and the plan's element type is the request's.

@@ -43,7 +43,9 @@ pub mod shared_memory;
 pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
-pub use baseline::{baseline_plan, baseline_plan_algo, baseline_plan_chunked};
+pub use baseline::{
+    baseline_plan, baseline_plan_algo, baseline_plan_chunked, baseline_template_chunked,
+};
 
 /// The NCCL-like baseline ([`baseline_plan`]) with its chunk shrunk until every device's
 /// staging is within `budget` bytes ([`crate::staging::fit`]); [`RouteError::StagingBudget`]
@@ -54,6 +56,21 @@ pub fn baseline_within(topo: &Topology, req: &Request, budget: u64) -> Result<Pl
         crate::staging::min_chunk_elems(req),
         budget,
         |c| baseline_plan_chunked(topo, req, c),
+    )
+}
+/// [`baseline_within`] as a template of one domain of hosts folded by `shift`
+/// ([`baseline::baseline_template_chunked`]).
+pub fn baseline_template_within(
+    topo: &Topology,
+    req: &Request,
+    budget: u64,
+    shift: &dyn crate::template::HostShift,
+) -> Result<Plan> {
+    crate::staging::fit(
+        pipeline_chunk_elems(req).max(1),
+        crate::staging::min_chunk_elems(req),
+        budget,
+        |c| baseline::baseline_template_chunked(topo, req, c, shift),
     )
 }
 pub use builder::CH_STRIDE;
@@ -352,6 +369,26 @@ impl<'t> Candidates<'t> {
             crate::staging::min_chunk_elems(&self.req),
             self.budget,
             |c| self.build_unfitted(i, c),
+        )
+    }
+    /// [`Candidates::build`] as a template of one domain of hosts folded by `shift`
+    /// ([`crate::template::build_template`]); [`RouteError::NotSymmetric`] when the candidate
+    /// is not the same on every period of hosts.
+    pub fn build_template(
+        &self,
+        i: usize,
+        chunk_elems: u64,
+        shift: &dyn crate::template::HostShift,
+    ) -> Result<Plan> {
+        crate::staging::fit(
+            chunk_elems,
+            crate::staging::min_chunk_elems(&self.req),
+            self.budget,
+            |c| {
+                crate::template::build_template(self.cache.topo(), shift, || {
+                    self.build_unfitted(i, c)
+                })
+            },
         )
     }
     /// Build candidate `i` with chunks of `chunk_elems` whatever its staging (for bounds on

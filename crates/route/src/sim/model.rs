@@ -154,6 +154,28 @@ impl Model {
                 }
             }
         }
+        // A template's representative edges carry their orbit's share of the images' traffic
+        // ([`crate::template`]): each gets that share of its rate.
+        if let Some(t) = &plan.template {
+            let mut scaled = vec![false; n_edges];
+            for s in &t.capacity_scale {
+                let Some(&r) = edge_res.get(s.edge as usize) else {
+                    return Err(check(
+                        usize::MAX,
+                        format!("template scales edge {}; the topology has {n_edges}", s.edge),
+                    ));
+                };
+                if !(s.scale.is_finite() && s.scale > 0.0) {
+                    return Err(check(
+                        usize::MAX,
+                        format!("template scales edge {} by {}", s.edge, s.scale),
+                    ));
+                }
+                if !std::mem::replace(&mut scaled[r as usize], true) {
+                    caps[r as usize] *= s.scale;
+                }
+            }
+        }
         let mut mem_loc = Vec::with_capacity(n_gpus + 2);
         for i in 0..n_gpus as u32 {
             let sm = topo

@@ -79,9 +79,9 @@ pub(super) fn fold(
         if domain_lane[l] {
             lane_new[l] = lanes.len() as u32;
             lanes.push(plan.lanes[l].clone());
-            if let Some(Some(k)) = keys.get(l) {
-                key_to_lane.insert(*k, l as u32);
-            }
+        }
+        if let Some(Some(k)) = keys.get(l) {
+            key_to_lane.insert(*k, l as u32);
         }
     }
     let mut pos = vec![0u32; plan.ops.len()];
@@ -96,9 +96,9 @@ pub(super) fn fold(
         };
         pos[i] = *c;
         *c += 1;
+        lane_ops[l].push(i as u32);
         if domain_lane[l] {
             new_id[i] = next;
-            lane_ops[l].push(next);
             next += 1;
         }
     }
@@ -148,6 +148,109 @@ pub(super) fn fold(
         }
         Ok(scratch_new[j as usize])
     };
+    // The image in the domain of op `d`, on a window device's lane: the op at the same position
+    // of the shifted lane, which must match it (kind, length, hops).
+    let image = |d: usize| -> Result<u32> {
+        let dl = plan.ops[d].lane as usize;
+        let lane = &plan.lanes[dl];
+        let k = period_of[dl]
+            .ok_or_else(|| asym(format!("{} lies in no period of hosts", lane.location)))?;
+        let key = keys
+            .get(dl)
+            .copied()
+            .flatten()
+            .and_then(|key| shift_key(shift, key, k))
+            .ok_or_else(|| asym(format!("lane {} has no image", lane.label)))?;
+        let img = key_to_lane
+            .get(&key)
+            .filter(|&&l| domain_lane[l as usize])
+            .and_then(|&l| lane_ops[l as usize].get(pos[d] as usize))
+            .copied()
+            .ok_or_else(|| {
+                asym(format!(
+                    "op {d} (lane {}, position {}) has no image in the domain",
+                    lane.label, pos[d]
+                ))
+            })?;
+        let (a, b) = (&plan.ops[d], &plan.ops[img as usize]);
+        let reps = |o: &crate::plan::Op| -> Vec<Option<u32>> {
+            o.edges.iter().map(|&e| shift.rep_edge(e)).collect()
+        };
+        let ends = |o: &crate::plan::Op, back: u32| -> Vec<Option<Location>> {
+            let regions: Vec<&Region> = match &o.kind {
+                OpKind::Copy { src, dst } => vec![src, dst],
+                OpKind::Reduce { srcs, dst, .. } => srcs.iter().chain([dst]).collect(),
+            };
+            regions
+                .into_iter()
+                .map(|r| {
+                    plan.location(r.buffer)
+                        .and_then(|l| shift.shift_back(l, back))
+                })
+                .collect()
+        };
+        let same = a.len() == b.len()
+            && std::mem::discriminant(&a.kind) == std::mem::discriminant(&b.kind)
+            && reps(a) == reps(b)
+            && ends(a, k) == ends(b, 0);
+        if !same {
+            return Err(asym(format!(
+                "op {d} (lane {}, {} elements) differs from its image in the domain ({} \
+                 elements): the plan is not the same on every period of hosts",
+                lane.label,
+                a.len(),
+                b.len()
+            )));
+        }
+        Ok(img)
+    };
+    // Every op of a window device outside the domain must be an image of a domain op, and
+    // wait for the images of what its image waits for: each of its dependencies on a window
+    // device's lane has its image among the image's (its other dependencies come from
+    // memories outside the window, whose tracks are partial).
+    for (d, op) in plan.ops.iter().enumerate() {
+        let l = op.lane as usize;
+        if domain_lane[l] || !window.has(plan.lanes[l].location) {
+            continue;
+        }
+        let img = image(d)? as usize;
+        let Some(kd) = period_of[l] else { continue };
+        for &e in &op.deps {
+            let e = e as usize;
+            let Some(el) = plan.ops.get(e).map(|x| x.lane as usize) else {
+                continue;
+            };
+            if !window.has(plan.lanes[el].location) {
+                continue;
+            }
+            // The op that `e`'s image under `d`'s shift is: same position, shifted lane.
+            let Some(il) = keys
+                .get(el)
+                .copied()
+                .flatten()
+                .and_then(|k| shift_key(shift, k, kd))
+                .and_then(|k| key_to_lane.get(&k).copied())
+                .map(|il| il as usize)
+                .filter(|&il| window.has(plan.lanes[il].location))
+            else {
+                continue;
+            };
+            let ie = lane_ops[il].get(pos[e] as usize).copied().ok_or_else(|| {
+                asym(format!(
+                    "op {e} (lane {}) has no image on lane {}",
+                    plan.lanes[el].label, plan.lanes[il].label
+                ))
+            })?;
+            if !plan.ops[img].deps.contains(&ie) {
+                return Err(asym(format!(
+                    "op {d} (lane {}) waits for op {e} (lane {}), but its image in the domain \
+                     does not wait for that op's image: the plan's order differs between \
+                     periods of hosts",
+                    plan.lanes[l].label, plan.lanes[el].label
+                )));
+            }
+        }
+    }
     let mut grow_devs: Vec<Location> = Vec::new();
     let mut grow_ranges: Vec<(UserMem, u64, u64)> = Vec::new();
     let mut ops = Vec::with_capacity(next as usize);
@@ -197,24 +300,7 @@ pub(super) fn fold(
                 grow_devs.push(owner);
                 continue;
             }
-            let k = period_of[dl]
-                .ok_or_else(|| asym(format!("{owner} lies in no period of hosts")))?;
-            let key = keys
-                .get(dl)
-                .copied()
-                .flatten()
-                .and_then(|key| shift_key(shift, key, k))
-                .ok_or_else(|| asym(format!("lane {} has no image", plan.lanes[dl].label)))?;
-            let img = key_to_lane
-                .get(&key)
-                .and_then(|&l| lane_ops[l as usize].get(pos[d] as usize))
-                .ok_or_else(|| {
-                    asym(format!(
-                        "op {d} (lane {}, position {}) has no image in the domain",
-                        plan.lanes[dl].label, pos[d]
-                    ))
-                })?;
-            deps.push(*img);
+            deps.push(new_id[image(d)? as usize]);
         }
         deps.sort_unstable();
         deps.dedup();

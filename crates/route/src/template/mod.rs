@@ -18,7 +18,10 @@
 //! tracking. Dependencies on window memories are then complete, and a window device's lanes get
 //! all their ops in order, so "(lane, position in lane)" names an op on every period. The fold
 //! ([`fold`]) finds which devices and ranges a window lacks, and the build runs again with them
-//! until the window settles (two to four passes). A plan that is not the same on every period
+//! until the window settles (two to four passes). The window always holds the next period's
+//! devices too, so every op of period 1 is built and compared with its image in the domain
+//! (kind, length, representative edges, shifted ends, and the images of its dependencies): a
+//! planner whose order differs between periods is caught there. A plan that is not the same on every period
 //! (an op's image is missing, a staging buffer differs from its image) is an error
 //! ([`crate::RouteError::NotSymmetric`]), never a wrong template.
 //!
@@ -30,14 +33,14 @@ pub(crate) mod window;
 
 use std::sync::Arc;
 
-use relaycc_topo::Topology;
+use relaycc_topo::{HostSymmetry, LinkId, Topology};
 
 use crate::error::{Result, RouteError};
 use crate::plan::{Location, Plan};
 
 /// The shift of hosts a template folds by: what [`build_template`] needs to know of the
 /// topology's host symmetry.
-pub trait HostShift {
+pub trait HostShift: Sync {
     /// Hosts of the topology.
     fn hosts(&self) -> u32;
     /// Hosts per period (the domain is period 0).
@@ -53,6 +56,63 @@ pub trait HostShift {
     /// The size of edge `e`'s orbit (1 for an edge every shift fixes, `periods` for an edge of
     /// one host).
     fn edge_orbit(&self, e: u32) -> u32;
+}
+
+impl HostShift for HostSymmetry {
+    fn hosts(&self) -> u32 {
+        HostSymmetry::hosts(self)
+    }
+    fn period(&self) -> u32 {
+        HostSymmetry::period(self)
+    }
+    fn periods(&self) -> u32 {
+        HostSymmetry::periods(self)
+    }
+    fn period_of(&self, loc: Location) -> Option<u32> {
+        match loc {
+            Location::Gpu(g) => {
+                (self.host_of_gpu(g) < HostSymmetry::hosts(self)).then(|| self.periods_of_gpu(g))
+            }
+            Location::Host(n) => {
+                let id = relaycc_topo::NodeId::new(n as usize);
+                self.host_of(id).map(|_| self.periods_of_node(id))
+            }
+        }
+    }
+    fn shift_back(&self, loc: Location, k: u32) -> Option<Location> {
+        let p = HostSymmetry::periods(self).max(1);
+        let on = (p - k % p) % p;
+        Some(match loc {
+            Location::Gpu(g) => Location::Gpu(self.shift_gpu(g, on)),
+            Location::Host(n) => Location::Host(
+                self.shift_node(relaycc_topo::NodeId::new(n as usize), on)
+                    .index() as u32,
+            ),
+        })
+    }
+    fn rep_edge(&self, e: u32) -> Option<u32> {
+        Some(HostSymmetry::rep_edge(self, LinkId::new(e as usize)).index() as u32)
+    }
+    fn edge_orbit(&self, e: u32) -> u32 {
+        self.edge_orbit_size(LinkId::new(e as usize))
+    }
+}
+
+/// True when `gpus` (ranks in order) map onto themselves under `shift`: the ranks of each
+/// period follow those of the one before, GPU for GPU, so a plan over them can be the same on
+/// every period.
+pub fn ranks_invariant(sym: &HostSymmetry, gpus: &[u32]) -> bool {
+    let p = HostSymmetry::periods(sym) as usize;
+    let n = gpus.len();
+    if p < 2 || n % p != 0 {
+        return false;
+    }
+    let m = n / p;
+    (0..n).all(|r| {
+        sym.host_of_gpu(gpus[r]) < HostSymmetry::hosts(sym)
+            && sym.periods_of_gpu(gpus[r]) as usize == r / m
+            && gpus[(r + m) % n] == sym.shift_gpu(gpus[r], 1)
+    })
 }
 
 /// Passes of a windowed build before the window must have settled.
@@ -72,12 +132,14 @@ pub fn build_template(
     let mut devs: Vec<Location> = (0..topo.gpu_count())
         .map(Location::Gpu)
         .chain(topo.cpus().map(|(id, _)| Location::Host(id.index() as u32)))
-        .filter(|&l| shift.period_of(l) == Some(0))
+        .filter(|&l| matches!(shift.period_of(l), Some(0 | 1)))
         .collect();
     let mut ranges = Vec::new();
     for _ in 0..MAX_PASSES {
         let w = Arc::new(window::Window::new(topo, &devs, &ranges));
         let plan = window::scoped(Arc::clone(&w), &mut build)?;
+        // The domain's copies follow usable links; their images do by the symmetry.
+        crate::check::check_routes(&plan, topo)?;
         match fold::fold(topo, plan, shift, &w)? {
             fold::Folded::Template(t) => return Ok(t),
             fold::Folded::Grow {
