@@ -408,40 +408,40 @@ impl<'a> Prep<'a> {
         let state = g.node_weights().map(|n| gpu_state(topo, n)).collect();
 
         let edges = g.raw_edges();
-        let mut out: Vec<(u32, u32, u32)> = edges
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                (
-                    e.source().index() as u32,
-                    e.target().index() as u32,
-                    i as u32,
-                )
-            })
-            .collect();
-        out.sort_unstable();
+        // Out-links bucketed by source (counting sort), then each bucket sorted by target: linear
+        // but for the switches' large buckets.
         let mut out_start = vec![0u32; nn + 1];
-        for &(s, _, _) in &out {
-            out_start[s as usize + 1] += 1;
+        for e in edges {
+            out_start[e.source().index() + 1] += 1;
         }
         for i in 0..nn {
             out_start[i + 1] += out_start[i];
         }
+        let mut fill = out_start.clone();
+        let mut out = vec![(0u32, 0u32); edges.len()];
+        for (i, e) in edges.iter().enumerate() {
+            let slot = &mut fill[e.source().index()];
+            out[*slot as usize] = (e.target().index() as u32, i as u32);
+            *slot += 1;
+        }
         let mut parallel_pos = vec![0u32; edges.len()];
         let mut parallel_len = vec![0u32; edges.len()];
-        let mut i = 0;
-        while i < out.len() {
-            let j = i + out[i..]
-                .iter()
-                .take_while(|x| (x.0, x.1) == (out[i].0, out[i].1))
-                .count();
-            for (k, x) in out[i..j].iter().enumerate() {
-                parallel_pos[x.2 as usize] = k as u32;
-                parallel_len[x.2 as usize] = (j - i) as u32;
+        for n in 0..nn {
+            let bucket = &mut out[out_start[n] as usize..out_start[n + 1] as usize];
+            bucket.sort_unstable();
+            let mut i = 0;
+            while i < bucket.len() {
+                let j = i + bucket[i..]
+                    .iter()
+                    .take_while(|x| x.0 == bucket[i].0)
+                    .count();
+                for (k, x) in bucket[i..j].iter().enumerate() {
+                    parallel_pos[x.1 as usize] = k as u32;
+                    parallel_len[x.1 as usize] = (j - i) as u32;
+                }
+                i = j;
             }
-            i = j;
         }
-        let out = out.into_iter().map(|(_, t, e)| (t, e)).collect();
         let usable = g.edge_indices().map(|e| topo.link_usable(e)).collect();
 
         // Layers of the fabric: breadth-first from every host node over links either way.
