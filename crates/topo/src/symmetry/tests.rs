@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use proptest::prelude::*;
+
 use super::*;
 use crate::{Mask, preset};
 
@@ -12,7 +14,12 @@ fn check_laws(t: &Topology, s: &HostSymmetry) {
     assert_eq!(s.hosts(), t.host_count(), "{}", t.name());
     assert_eq!(s.hosts() % s.period(), 0, "{}", t.name());
     assert_eq!(s.periods() * s.period(), s.hosts());
-    for k in 0..=s.periods() {
+    // A shift by one period that is a bijection makes every power one; the others are spot
+    // checks of the wrap-around.
+    let mut ks = vec![0, 1, 2, s.periods() - 1, s.periods(), s.periods() + 1];
+    ks.sort_unstable();
+    ks.dedup();
+    for k in ks {
         // Nodes: a bijection that keeps kinds, data and mask verdicts.
         let images: BTreeSet<NodeId> = g.node_indices().map(|n| s.shift_node(n, k)).collect();
         assert_eq!(images.len(), g.node_count(), "{} shift {k}", t.name());
@@ -234,4 +241,73 @@ fn divisors_in_order() {
     assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
     assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
     assert_eq!(divisors(13), vec![1, 13]);
+}
+
+/// The period the fabric's construction implies (`preset/fabric.rs`), for `hosts` machines of
+/// `nics` NICs each: one switch repeats every host; rails every scalable unit, when the units
+/// are whole (a single unit repeats every host); a fat-tree every `lcm(P, nics) / nics` hosts
+/// for leaves of `P` down ports, when the leaves are whole (a single leaf repeats every host).
+fn expected_period(hosts: u32, nics: u32, spec: fabric::NetSpec) -> u32 {
+    let whole = |p: u32| if hosts.is_multiple_of(p) { p } else { hosts };
+    match spec.layout {
+        _ if nics == 0 => 1,
+        fabric::Layout::Switch => 1,
+        fabric::Layout::Rail { down, up } => {
+            let unit = fabric::leaf_down_ports(spec.link, down, up);
+            if hosts <= unit { 1 } else { whole(unit) }
+        }
+        fabric::Layout::FatTree { down, up } => {
+            let ports = fabric::leaf_down_ports(spec.link, down, up);
+            if hosts * nics <= ports {
+                1
+            } else {
+                whole(ports / gcd(ports, nics))
+            }
+        }
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+use crate::preset::fabric;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random clusters and masks: the period is the one the fabric's construction implies,
+    /// made a multiple that leaves the busy GPUs in place, and every law holds.
+    #[test]
+    fn random_clusters_have_the_period_their_fabric_implies(
+        node in prop::sample::select(vec!["dgx-h100", "dgx1-v100", "dgx-a100", "pcie-4gpu", "gh200-quad", "l40s-8gpu"]),
+        hosts in 1u32..40,
+        link in prop::sample::select(vec!["ib-edr", "ib-hdr", "ib-ndr", "roce-100g", "eth-25g"]),
+        layout in prop::sample::select(vec!["switch", "rail", "fat-tree"]),
+        (down, up) in (1u32..5).prop_flat_map(|d| (Just(d), 1..=d)),
+        busy in prop::option::of((1u32..40, 0u32..8)),
+    ) {
+        let net = if layout == "switch" { format!("{link}:switch") } else { format!("{link}:{layout}={down}:{up}") };
+        let spec = format!("cluster:{hosts}x{node}:{net}");
+        let plain = preset(&spec).unwrap();
+        let per_host = plain.gpu_count() / hosts;
+        let nics = (plain.nics().count() as u32) / hosts;
+        let base = expected_period(hosts, nics, fabric::parse(&net).unwrap());
+        let (t, want) = match busy {
+            None => (plain, base),
+            Some((every, gpu)) => {
+                // GPU `gpu` of every `every`-th host is busy: a shift keeps the mask when it
+                // moves those hosts onto each other.
+                let gpu = gpu % per_host;
+                let every = every.min(hosts);
+                let set: BTreeSet<u32> = (0..hosts).step_by(every as usize).map(|h| h * per_host + gpu).collect();
+                let keeps = |p: u32| set.iter().all(|g| set.contains(&((g + p * per_host) % (hosts * per_host))));
+                let want = divisors(hosts).into_iter().find(|&p| p % base == 0 && keeps(p)).unwrap();
+                (plain.with_mask(Mask::busy(set)).unwrap(), want)
+            }
+        };
+        let s = t.host_symmetry();
+        prop_assert_eq!(s.period(), want, "{}", spec);
+        check_laws(&t, &s);
+    }
 }
