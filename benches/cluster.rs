@@ -1,5 +1,5 @@
-//! Clusters: building the fabrics of 128 DGX H100 nodes (1,024 GPUs), and NCCL's multi-node
-//! baseline plan on 2 and 16 nodes.
+//! Clusters: building the fabrics of 128 DGX H100 nodes (1,024 GPUs) and finding their host-shift
+//! symmetry, and NCCL's multi-node baseline plan on 2 and 16 nodes.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use relaycc::route::planner::baseline_plan;
@@ -13,6 +13,10 @@ fn fabrics(c: &mut Criterion) {
         let spec = format!("cluster:128xdgx-h100:ib-ndr:{layout}");
         g.bench_function(format!("build {spec}"), |b| {
             b.iter(|| relaycc::topo::preset(black_box(&spec)).expect("preset"))
+        });
+        let topo = relaycc::topo::preset(&spec).expect("preset");
+        g.bench_function(format!("host_symmetry {spec}"), |b| {
+            b.iter(|| black_box(&topo).host_symmetry())
         });
     }
     for nodes in [2u32, 16] {

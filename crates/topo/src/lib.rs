@@ -44,6 +44,7 @@ pub mod import;
 mod mask;
 mod preset;
 pub mod rates;
+mod symmetry;
 
 pub use calibration::{
     Calibration, KindRate, LinkRate, MAX_LATENCY_US, MAX_LINK_GBPS, MAX_NVLINK_LANE_GBPS,
@@ -60,6 +61,7 @@ pub use mask::Mask;
 pub use preset::{
     DGX1_V100_NVLINKS, MAX_HOST_ARENAS, host_topology, is_preset, list as list_presets, preset,
 };
+pub use symmetry::HostSymmetry;
 
 /// The README's example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]
