@@ -85,17 +85,39 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 topo.name(),
                 args.request.relay
             );
+            match &p.plan.template {
+                Some(t) => {
+                    let _ = writeln!(
+                        s,
+                        "chosen: {} (template of hosts 0..{} of {}: {} ops of {}, {} lanes of {})",
+                        p.plan.algorithm,
+                        t.period,
+                        t.hosts,
+                        p.plan.ops.len(),
+                        t.full_ops,
+                        p.plan.lanes.len(),
+                        t.full_lanes,
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "chosen: {} ({} ops on {} lanes)",
+                        p.plan.algorithm,
+                        p.plan.ops.len(),
+                        p.plan.lanes.len(),
+                    );
+                }
+            }
             let _ = writeln!(
                 s,
-                "chosen: {} ({} ops on {} lanes)",
-                p.plan.algorithm,
-                p.plan.ops.len(),
-                p.plan.lanes.len(),
-            );
-            let _ = writeln!(
-                s,
-                "staging: {} in all: {} (budget {})",
+                "staging: {}{} in all: {} (budget {})",
                 format_size(p.plan.scratch_bytes()),
+                if p.plan.is_template() {
+                    " per period of hosts"
+                } else {
+                    ""
+                },
                 staging_text(&staging),
                 crate::report::budget_text(opts.staging_budget)
             );

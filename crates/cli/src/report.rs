@@ -183,13 +183,34 @@ pub fn budget_text(budget: u64) -> String {
     }
 }
 
-/// Staging per memory as one line: `GPU3 64 MiB, GPU5 64 MiB`, or `none`.
+/// Staging per memory as one line, equal amounts grouped: `64 MiB on each of GPU3, GPU5`,
+/// `16 MiB on each of 128 GPUs` (more than four memories are counted, not named), or `none`.
 pub fn staging_text(per: &[(String, u64)]) -> String {
     if per.is_empty() {
         return "none".into();
     }
-    per.iter()
-        .map(|(n, b)| format!("{n} {}", crate::size::format_size(*b)))
+    // Amounts in order of first appearance, each with its memories.
+    let mut groups: Vec<(u64, Vec<&str>)> = Vec::new();
+    for (n, b) in per {
+        match groups.iter_mut().find(|(x, _)| x == b) {
+            Some((_, names)) => names.push(n),
+            None => groups.push((*b, vec![n])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(b, names)| {
+            let size = crate::size::format_size(*b);
+            match names.len() {
+                1 => format!("{} {size}", names[0]),
+                k if k <= 4 => format!("{size} on each of {}", names.join(", ")),
+                k => {
+                    let gpus = names.iter().all(|n| n.starts_with("GPU"));
+                    let what = if gpus { "GPUs" } else { "memories" };
+                    format!("{size} on each of {k} {what}")
+                }
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
