@@ -155,16 +155,40 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
     let folded = match &shift {
-        Some(sym) => match crate::planner::baseline_template_within(topo, req, budget, sym) {
-            Ok(p) => Some(Ok(p)),
-            Err(RouteError::NotSymmetric(why)) => {
-                skipped.push(format!(
-                    "the baseline's template: {why}; the baseline is built in full"
-                ));
-                None
+        Some(sym) => {
+            let within =
+                |algo| crate::planner::baseline_template_within(topo, req, budget, algo, sym);
+            match within(None) {
+                Ok(p) => Some(Ok(p)),
+                // NCCL's double binary tree differs between hosts: its rings stand for it.
+                Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
+                    match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
+                        Ok(mut p) => {
+                            skipped.push(format!(
+                                "the tuner's baseline as a template: {why}; the baseline is \
+                                 NCCL's rings (NCCL_ALGO=Ring)"
+                            ));
+                            p.algorithm = format!("{} (NCCL_ALGO=Ring)", p.algorithm);
+                            Some(Ok(p))
+                        }
+                        Err(RouteError::NotSymmetric(why)) => {
+                            skipped.push(format!(
+                                "the baseline's template: {why}; the baseline is built in full"
+                            ));
+                            None
+                        }
+                        Err(e) => Some(Err(e)),
+                    }
+                }
+                Err(RouteError::NotSymmetric(why)) => {
+                    skipped.push(format!(
+                        "the baseline's template: {why}; the baseline is built in full"
+                    ));
+                    None
+                }
+                Err(e) => Some(Err(e)),
             }
-            Err(e) => Some(Err(e)),
-        },
+        }
         None => None,
     };
     let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));

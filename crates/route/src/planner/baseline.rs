@@ -64,17 +64,19 @@ pub fn baseline_plan_chunked(topo: &Topology, req: &Request, chunk_elems: u64) -
 }
 
 /// [`baseline_plan_chunked`] as a template of one domain of hosts folded by `shift`
-/// ([`crate::template`]), its protocol chosen by the tuner on the template.
+/// ([`crate::template`]), its all_reduce algorithm forced by `algo` or the tuner's, its protocol
+/// chosen by the tuner on the template.
 /// [`crate::RouteError::NotSymmetric`] when NCCL's plan is not the same on every period of
 /// hosts (the double binary tree, uneven blocks).
 pub fn baseline_template_chunked(
     topo: &Topology,
     req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
     let base = crate::template::build_template(topo, shift, || {
-        algorithm_plan(topo, req, None, chunk_elems)
+        algorithm_plan(topo, req, algo, chunk_elems)
     })?;
     tune(topo, vec![base])
 }

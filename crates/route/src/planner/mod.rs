@@ -64,13 +64,14 @@ pub fn baseline_template_within(
     topo: &Topology,
     req: &Request,
     budget: u64,
+    algo: Option<baseline_net::tuner::Algo>,
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
     crate::staging::fit(
         pipeline_chunk_elems(req).max(1),
         crate::staging::min_chunk_elems(req),
         budget,
-        |c| baseline::baseline_template_chunked(topo, req, c, shift),
+        |c| baseline::baseline_template_chunked(topo, req, algo, c, shift),
     )
 }
 pub use builder::CH_STRIDE;

@@ -162,7 +162,10 @@ impl Model {
                 let Some(&r) = edge_res.get(s.edge as usize) else {
                     return Err(check(
                         usize::MAX,
-                        format!("template scales edge {}; the topology has {n_edges}", s.edge),
+                        format!(
+                            "template scales edge {}; the topology has {n_edges}",
+                            s.edge
+                        ),
                     ));
                 };
                 if !(s.scale.is_finite() && s.scale > 0.0) {

@@ -142,10 +142,7 @@ pub fn build_template(
         crate::check::check_routes(&plan, topo)?;
         match fold::fold(topo, plan, shift, &w)? {
             fold::Folded::Template(t) => return Ok(t),
-            fold::Folded::Grow {
-                devs: d,
-                ranges: r,
-            } => {
+            fold::Folded::Grow { devs: d, ranges: r } => {
                 devs.extend(d);
                 devs.sort_unstable();
                 devs.dedup();

@@ -52,7 +52,11 @@ impl Window {
             .map(|&id| topo.node(id).host)
             .collect();
         let node_host: Vec<u32> = g.node_weights().map(|n| n.host).collect();
-        let hosts = node_host.iter().copied().max().map_or(0, |h| h as usize + 1);
+        let hosts = node_host
+            .iter()
+            .copied()
+            .max()
+            .map_or(0, |h| h as usize + 1);
         let mut w = Window {
             gpu: vec![false; gpu_host.len()],
             node: vec![false; node_host.len()],

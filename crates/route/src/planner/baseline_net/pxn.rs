@@ -23,7 +23,15 @@ use super::links::NetLinks;
 /// every expected piece sent over its rail-aligned connection.
 pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
     let mut b = Builder::new(req, ctx, "grouped send/recv pxn");
-    let pieces = req.expected()?;
+    let mut pieces = req.expected()?;
+    // NCCL schedules a rank's sends by peer distance, `(rank + k) mod n` in round k
+    // ([NCCL-src], `src/enqueue.cc`): every rank's sends go out in the same rotated order, so
+    // the plan is the same from every host ([`crate::template`]).
+    let n = req.nranks().max(1) as u64;
+    pieces.sort_by_key(|p| {
+        let s = u64::from(p.terms.first().map_or(p.rank, |t| t.0));
+        ((u64::from(p.rank) + n - s % n) % n, s)
+    });
     for (i, p) in pieces.iter().enumerate() {
         let (s, off) = p.terms[0];
         if s != p.rank {
