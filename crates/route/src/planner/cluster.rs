@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
+use super::baseline_net::links::NetLinks;
 use super::builder::Builder;
 use super::ring::{self, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
@@ -77,6 +78,52 @@ impl ClusterShape {
         self.hosts.iter().map(|h| h[j]).collect()
     }
 }
+
+/// Pin every rail ring's hops on channel `ch` to rail-aligned connections: out through the
+/// sender's home NIC (its nearest in the PCIe tree, by PXN over NVLink where that path
+/// crosses a CPU), in through the receiver's NIC of the same rail. The connection cache's
+/// widest single routes tie between a node's NICs and may put two rails on one NIC, halving
+/// both; rail-aligned hops give each rail its own NIC in both directions.
+fn pin_rails(
+    b: &mut Builder,
+    topo: &Topology,
+    req: &Request,
+    shape: &ClusterShape,
+    ctx: &Ctx,
+    ch: u32,
+    c: u32,
+) -> Result<()> {
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let nn = shape.nodes();
+    for j in 0..shape.per_node() {
+        let ord = rail_order(shape, j, c);
+        for p in 0..nn {
+            let (a, d) = (ord[p], ord[(p + 1) % nn]);
+            if a == d {
+                continue;
+            }
+            let Some(rail) = links.rail[a as usize] else {
+                continue;
+            };
+            let conn = links.across(a, d, rail, j + p)?;
+            b.pin(ch, req.gpus[a as usize], req.gpus[d as usize], conn);
+        }
+    }
+    Ok(())
+}
+
+/// Rail `j`'s ring order on rail channel `c`: odd channels run backwards, so each NIC sends
+/// to both neighbours and one channel's start costs overlap the other's transfers.
+fn rail_order(shape: &ClusterShape, j: usize, c: u32) -> Vec<u32> {
+    let mut o = shape.rail(j);
+    if c % 2 == 1 {
+        o[1..].reverse();
+    }
+    o
+}
+
+/// Lane channels of an all_reduce's rail rings, one per rail channel.
+const CH_RAILS: [u32; 2] = [CH_RAIL, 4];
 
 /// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
 type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
@@ -169,6 +216,27 @@ fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
 /// `nranks x chunk` pieces ([NCCL-src]).
 const LOOP_CHUNKS: u64 = 2;
 
+/// Fewest loops an all_reduce is cut into (while pieces stay at least a chunk per block): its
+/// phases overlap across loops, so the fill and drain cost about one loop's intra-node phases.
+const PIPELINE_LOOPS: u64 = 8;
+
+/// Smallest message a rail ring's step should move when the vector is cut into more loops,
+/// bytes: each step pays a copy's start and a reduction's launch (about 8 us with the cost
+/// model's launch costs), a sixth of a 1 MiB step's 21 us on a 50 GB/s NIC. Simulated on 16
+/// DGX H100 nodes at 1 GiB: 8,341 us with 1 MiB steps (4 loops), 9,509 us with 0.5 MiB (8).
+const MIN_RAIL_STEP_BYTES: u64 = 1 << 20;
+
+/// Loops an all_reduce is cut into: up to [`PIPELINE_LOOPS`], as many as keep every rail step
+/// at [`MIN_RAIL_STEP_BYTES`] or more.
+fn pipeline_loops(req: &Request, nn: usize, g: usize) -> u64 {
+    let step = (g * nn * CH_RAILS.len()) as u64 * MIN_RAIL_STEP_BYTES;
+    (req.count.saturating_mul(req.dtype.size()) / step.max(1)).clamp(1, PIPELINE_LOOPS)
+}
+
+/// Node-partial slots per rank of an all_reduce: two let the intra-node reduce-scatter of one
+/// loop run while the rail ring of the loop before reads its partials.
+const PART_SLOTS: u64 = 2;
+
 /// The plan's display name: `rail-hier multi-node ...`.
 fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
     format!(
@@ -206,24 +274,42 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    for (c, &ch) in CH_RAILS.iter().enumerate() {
+        pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
+    }
     let per = (g as u64)
         .saturating_mul(nn as u64)
-        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)));
+        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)))
+        .min(req.count.div_ceil(pipeline_loops(req, nn, g)).max(1));
     // The first loop's piece is the largest: it sizes the staging every loop reuses.
     let most_all = req.count.min(per).div_ceil(g as u64);
-    let sub_all = most_all.div_ceil(nn as u64);
-    // Each rank's node partial of its block (the input itself on one-GPU nodes).
+    let sub_all = most_all.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+    // Each rank's node partials of its block (the input itself on one-GPU nodes), one per
+    // loop in flight: loop k+1's intra-node reduce-scatter fills one while loop k's rail ring
+    // reads the other, so NVLink and the NICs work at once.
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
-        .map(|r| (g > 1).then(|| b.scratch(r, most_all)))
+        .map(|r| (g > 1).then(|| b.scratch(r, PART_SLOTS * most_all)))
         .collect();
-    let (intra, rails) = ring_staging(&mut b, &shape, most_all, sub_all);
-    for (base, piece) in chunks(req.count, per.max(1)) {
+    let (intra, _) = ring_staging(&mut b, &shape, most_all, 0);
+    let rails: Vec<Vec<(Vec<u32>, RsStaging)>> = (0..CH_RAILS.len() as u32)
+        .map(|c| {
+            (0..g)
+                .map(|j| {
+                    let ord = rail_order(&shape, j, c);
+                    let st = RsStaging::new(&mut b, &ord, sub_all, nn > 2);
+                    (ord, st)
+                })
+                .collect()
+        })
+        .collect();
+    for (k, (base, piece)) in chunks(req.count, per.max(1)).enumerate() {
+        let slot = (k as u64 % PART_SLOTS) * most_all;
         let blocks = split_even(piece, g as u64);
         let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
         let chunk = phase_chunk(ctx, most);
         // A rail ring over N nodes moves a different sub-block at every step, so from
         // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
-        let sub = most.div_ceil(nn as u64);
+        let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
         let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
             sub.max(ctx.chunk_elems).max(1)
         } else {
@@ -237,26 +323,29 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
                 };
                 let fin = |p: usize, _q: usize, rel: u64, l: u64| {
                     let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
-                    Region::new(buf, rel, l)
+                    Region::new(buf, slot + rel, l)
                 };
                 reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, st, &inp, &fin, false)?;
             }
         }
         for (j, &(off, len)) in blocks.iter().enumerate() {
-            let (ord, st) = &rails[j];
-            let subs = split_even(len, nn as u64);
-            let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
-            let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-                Some(buf) => Region::new(buf, subs[q].0 + rel, l),
-                None => Region::new(BufferRef::Input(ord[p]), base + off + subs[q].0 + rel, l),
-            };
-            let out = |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(BufferRef::Output(ord[p]), base + off + subs[q].0 + rel, l)
-            };
-            reduce_scatter_ring(
-                &mut b, ord, CH_RAIL, &lens, rail_chunk, st, &inp, &out, true,
-            )?;
-            all_gather_ring(&mut b, ord, CH_RAIL, &lens, rail_chunk, None, &out)?;
+            let halves = split_even(len, CH_RAILS.len() as u64);
+            for (c, &(h_off, h_len)) in halves.iter().enumerate() {
+                let (ord, st) = &rails[c][j];
+                let ch = CH_RAILS[c];
+                let at = off + h_off;
+                let subs = split_even(h_len, nn as u64);
+                let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
+                let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+                    Some(buf) => Region::new(buf, slot + h_off + subs[q].0 + rel, l),
+                    None => Region::new(BufferRef::Input(ord[p]), base + at + subs[q].0 + rel, l),
+                };
+                let out = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Output(ord[p]), base + at + subs[q].0 + rel, l)
+                };
+                reduce_scatter_ring(&mut b, ord, ch, &lens, rail_chunk, st, &inp, &out, true)?;
+                all_gather_ring(&mut b, ord, ch, &lens, rail_chunk, None, &out)?;
+            }
         }
         if g > 1 {
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
@@ -287,6 +376,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     let per = LOOP_CHUNKS
         .saturating_mul(CHUNKS_PER_BLOCK)
         .saturating_mul(ctx.chunk_elems.max(1));
@@ -359,6 +449,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let count = req.count;
     let chunk = phase_chunk(ctx, count);
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     for r in 0..req.nranks() as u32 {
         b.send(
             Region::new(BufferRef::Input(r), 0, count),
