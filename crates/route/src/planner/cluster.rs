@@ -216,21 +216,36 @@ fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
 /// `nranks x chunk` pieces ([NCCL-src]).
 const LOOP_CHUNKS: u64 = 2;
 
-/// Fewest loops an all_reduce is cut into (while pieces stay at least a chunk per block): its
-/// phases overlap across loops, so the fill and drain cost about one loop's intra-node phases.
-const PIPELINE_LOOPS: u64 = 8;
+/// Loop counts the orchestrator tries for a cluster all_reduce (each a candidate, passed as
+/// [`Ctx::channels`]): more loops shorten the fill and drain of the overlapped phases (about one
+/// loop's intra-node phases) but cut every rail step smaller, and each step pays a copy's start
+/// and a reduction's launch. Which wins depends on the node count and the message: simulated at
+/// 1 GiB on DGX H100 clusters, 4 loops are fastest on 2 and 16 nodes, 8 on 4 nodes, 16 on 8;
+/// at 64 MiB one loop (which the chunk still cuts into pieces) is.
+pub const PIPELINE_LOOPS: [u32; 4] = [1, 4, 8, 16];
 
-/// Smallest message a rail ring's step should move when the vector is cut into more loops,
-/// bytes: each step pays a copy's start and a reduction's launch (about 8 us with the cost
-/// model's launch costs), a sixth of a 1 MiB step's 21 us on a 50 GB/s NIC. Simulated on 16
-/// DGX H100 nodes at 1 GiB: 8,341 us with 1 MiB steps (4 loops), 9,509 us with 0.5 MiB (8).
-const MIN_RAIL_STEP_BYTES: u64 = 1 << 20;
+/// Smallest message a rail ring's step moves when the vector is cut into more loops, bytes:
+/// below it a step is mostly its start costs (a copy's and a reduction's launch, about 8 us,
+/// against 5 us of transfer at 50 GB/s).
+const MIN_RAIL_STEP_BYTES: u64 = 256 << 10;
 
-/// Loops an all_reduce is cut into: up to [`PIPELINE_LOOPS`], as many as keep every rail step
-/// at [`MIN_RAIL_STEP_BYTES`] or more.
-fn pipeline_loops(req: &Request, nn: usize, g: usize) -> u64 {
+/// Loops an all_reduce is cut into: `asked` ([`Ctx::channels`]), fewer where a rail step would
+/// fall below [`MIN_RAIL_STEP_BYTES`], at least one.
+fn pipeline_loops(req: &Request, nn: usize, g: usize, asked: u32) -> u64 {
     let step = (g * nn * CH_RAILS.len()) as u64 * MIN_RAIL_STEP_BYTES;
-    (req.count.saturating_mul(req.dtype.size()) / step.max(1)).clamp(1, PIPELINE_LOOPS)
+    (req.count.saturating_mul(req.dtype.size()) / step.max(1)).clamp(1, u64::from(asked.max(1)))
+}
+
+/// The distinct loop counts of [`PIPELINE_LOOPS`] that an all_reduce `req` of `shape` is
+/// planned with ([`all_reduce`] cuts fewer where rail steps would be small), one candidate each.
+pub fn all_reduce_loops(req: &Request, shape: &ClusterShape) -> Vec<u32> {
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let mut v: Vec<u32> = PIPELINE_LOOPS
+        .iter()
+        .map(|&l| pipeline_loops(req, nn, g, l) as u32)
+        .collect();
+    v.dedup();
+    v
 }
 
 /// Node-partial slots per rank of an all_reduce: two let the intra-node reduce-scatter of one
@@ -254,7 +269,8 @@ fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
 /// # Arguments
 /// - `topo`: the masked topology (nodes come from it);
 /// - `req`: an all_reduce;
-/// - `ctx`: connections, link mode, chunk size (`channels` is ignored).
+/// - `ctx`: connections, link mode, chunk size; `channels` is the number of loops the vector is
+///   cut into (fewer where a rail step would fall below 256 KiB), whose phases overlap.
 ///
 /// # Returns
 /// A complete plan, or [`crate::RouteError::NoRoute`] when ring neighbours cannot connect.
@@ -273,14 +289,15 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
-    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    let loops = pipeline_loops(req, nn, g, ctx.channels);
+    let mut b = Builder::new(req, ctx, format!("{} x{loops} loops", label(ctx, &shape)));
     for (c, &ch) in CH_RAILS.iter().enumerate() {
         pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
     }
     let per = (g as u64)
         .saturating_mul(nn as u64)
         .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)))
-        .min(req.count.div_ceil(pipeline_loops(req, nn, g)).max(1));
+        .min(req.count.div_ceil(loops).max(1));
     // The first loop's piece is the largest: it sizes the staging every loop reuses.
     let most_all = req.count.min(per).div_ceil(g as u64);
     let sub_all = most_all.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
