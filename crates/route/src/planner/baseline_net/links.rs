@@ -32,7 +32,7 @@ use crate::planner::{ConnCache, Connection, LinkMode};
 
 /// The members of one node.
 #[derive(Debug, Clone)]
-pub(super) struct NodeRanks {
+pub(crate) struct NodeRanks {
     /// Ranks on this node, in rank order.
     pub ranks: Vec<u32>,
     /// The node's NICs, in rail order.
@@ -40,7 +40,7 @@ pub(super) struct NodeRanks {
 }
 
 /// The member layout of a request on a cluster and the connections between members.
-pub(super) struct NetLinks<'t> {
+pub(crate) struct NetLinks<'t> {
     pub topo: &'t Topology,
     /// The request's GPUs, by rank.
     pub gpus: Vec<u32>,
