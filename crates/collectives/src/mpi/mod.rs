@@ -23,6 +23,7 @@ mod indexed;
 mod plans;
 mod requests;
 mod schedule;
+mod transport;
 mod typed;
 
 use std::cell::{Cell, RefCell};
