@@ -11,11 +11,14 @@ use super::run::Transport;
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
 
+/// The messages of one (source, destination, tag), in the order they were sent.
+type Queues = HashMap<(u32, u32, u32), VecDeque<Vec<u8>>>;
+
 /// Messages in flight between the ranks of one process, per (source, destination, tag) in the
 /// order they were sent.
 #[derive(Debug, Default)]
 pub struct Mailboxes {
-    boxes: Mutex<HashMap<(u32, u32, u32), VecDeque<Vec<u8>>>>,
+    boxes: Mutex<Queues>,
     arrived: Condvar,
 }
 
