@@ -362,9 +362,11 @@ impl<'a> DevicePlan<'a> {
 
     /// Run this rank's part with `input` and `output` (regions of this backend's memory of
     /// [`Self::input_bytes`] and [`Self::output_bytes`]; a zero-byte region where the rank has
-    /// none). Collective over the plan's ranks. Per level: post receives, post sends
-    /// (downloading staged ones first), launch the level's local work, wait for the messages
-    /// and the launch, upload staged receives. In `Direct` mode the input is first copied
+    /// none). Collective over the plan's ranks, run by the executor's runner
+    /// ([`crate::exec::run::run`]): per stage, the local work since the previous stage, then
+    /// post receives, post sends (downloading staged ones first), launch the level's local
+    /// work, wait for the messages and the launch, upload staged receives; then the local
+    /// work after the last stage. In `Direct` mode the input is first copied
     /// into this plan's mirror of it, and the output mirror copied out at the end, so MPI is
     /// never handed the caller's regions.
     ///
