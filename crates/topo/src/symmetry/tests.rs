@@ -30,7 +30,10 @@ fn check_laws(t: &Topology, s: &HostSymmetry) {
             match s.host_of(n) {
                 Some(h) => assert_eq!(
                     s.host_of(m),
-                    Some((h + k * s.period()) % s.hosts()),
+                    Some(
+                        ((u64::from(h) + u64::from(k) * u64::from(s.period()))
+                            % u64::from(s.hosts())) as u32
+                    ),
                     "{} {n:?}",
                     t.name()
                 ),
@@ -215,6 +218,23 @@ fn imported_and_uneven_topologies_are_trivial() {
     let s = t.host_symmetry();
     assert!(s.is_trivial());
     check_laws(&t, &s);
+    // A file may number hosts far beyond its nodes: no shift, and no tables sized by them.
+    let mut b = crate::TopologyBuilder::new("far");
+    for (i, h) in [0, 4_000_000_000].into_iter().enumerate() {
+        b.begin_host(h);
+        let cpu = b.add_cpu(0, crate::rates::CpuFamily::IntelSkylake);
+        let gpu = b.add_gpu(GpuInfo::new(i as u32));
+        b.pcie(cpu, gpu, 3, 16);
+    }
+    let t = b.build().unwrap();
+    let s = t.host_symmetry();
+    assert_eq!((s.hosts(), s.period()), (4_000_000_001, 4_000_000_001));
+    check_laws(&t, &s);
+    let mut b = crate::TopologyBuilder::new("last");
+    b.begin_host(u32::MAX);
+    b.add_gpu(GpuInfo::new(0));
+    let t = b.build().unwrap();
+    assert!(t.host_symmetry().is_trivial());
 }
 
 #[test]
