@@ -28,12 +28,15 @@
 //! candidate fail too (the period reported is then larger than the smallest there is, never
 //! wrong). Switches that no path joins to a host stay where they are.
 //!
-//! Measured on the presets (`preset/tests.rs` checks them): one switch, `rail` with all hosts
-//! in one scalable unit, or a `rack` preset on rails: period 1; `rail` with scalable units of
+//! Measured on the presets (the module's tests check them): one switch, `rail` with all hosts
+//! in one scalable unit (`cluster:16xdgx-h100:ib-ndr:rail`, or racks of `gb200-nvl72` as in
+//! `cluster:4xgb200-nvl72:ib-ndr:rail`): period 1; `rail` with scalable units of
 //! `D` hosts (`cluster:128xdgx-h100:ib-ndr:rail`, 32 hosts per leaf): period `D`, since a ring
-//! hop inside a unit stays on its leaf and one across units crosses a spine; `fat-tree` whose
-//! leaves hold a whole number `q` of hosts: period `q`; a mask that sets one host apart: the
-//! trivial symmetry.
+//! hop inside a unit stays on its leaf and one across units crosses a spine; `fat-tree` with
+//! leaves of `P` down ports and `n` NICs a host: the `lcm(P, n) / n` hosts after which the
+//! leaves' pattern repeats (4 for DGX H100 on NDR leaves of 32 down ports, 9 for DGX-1 on EDR
+//! leaves of 18). Hosts that end in a partial unit or leaf, or a mask that sets one host apart,
+//! give the trivial symmetry.
 //!
 //! Computing the symmetry costs about O(V + E) per candidate period, with the adjacency sorted
 //! once; nothing is cached on the topology.
@@ -69,7 +72,7 @@ struct Orbit {
 /// [`HostSymmetry::periods`] elements. Its *fundamental domain* holds the hosts
 /// `0..period` and one representative of every fabric orbit; every node and link is the
 /// image of exactly one domain element (its representative, `rep_*`) under `k` periods
-/// (`periods_of_*`), `k < ` its orbit's size. A host node's orbit has `periods()` elements,
+/// (`periods_of_*`), with `k` below the size of its orbit. A host node's orbit has `periods()` elements,
 /// so `k` is `host / period`; a fabric node's or a fabric-only link's orbit may be smaller
 /// (the single switch of a `switch` fabric is fixed by every shift).
 ///
