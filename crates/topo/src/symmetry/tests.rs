@@ -256,6 +256,38 @@ fn out_of_range_ids_are_fixed_points() {
 }
 
 #[test]
+fn coarser_periods_are_subgroups() {
+    let t = preset("cluster:8xdgx-h100:ib-ndr").unwrap();
+    let s = t.host_symmetry();
+    assert_eq!(s.period(), 1);
+    for (period, ok) in [
+        (0, false),
+        (1, true),
+        (2, true),
+        (3, false),
+        (4, true),
+        (8, true),
+    ] {
+        let c = s.with_period(period);
+        assert_eq!(c.is_some(), ok, "period {period}");
+        if let Some(c) = c {
+            assert_eq!((c.period(), c.periods()), (period, 8 / period));
+            check_laws(&t, &c);
+        }
+    }
+    let c = s.with_period(2).unwrap();
+    // GPU 43 is GPU 3 of host 5: host 1 of the domain, two periods on.
+    assert_eq!((c.rep_gpu(43), c.periods_of_gpu(43)), (11, 2));
+    assert_eq!(c.shift_gpu(11, 3), 8 * 7 + 3);
+    let t = preset("cluster:128xdgx-h100:ib-ndr:rail").unwrap();
+    let s = t.host_symmetry();
+    assert!(s.with_period(16).is_none() && s.with_period(48).is_none());
+    let c = s.with_period(64).unwrap();
+    assert_eq!(c.periods(), 2);
+    check_laws(&t, &c);
+}
+
+#[test]
 fn divisors_in_order() {
     assert_eq!(divisors(1), vec![1]);
     assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
