@@ -94,6 +94,16 @@ pub fn run<M: RankMemory, T: Transport>(
 ) -> std::result::Result<(), T::Error> {
     let staged = |s: &Slot| mem.address(s).is_none_or(|r| !transport.reaches(r.space));
     let (send_bytes, recv_bytes) = program.staged_bytes(staged);
+    if send_bytes + recv_bytes > 0 && !transport.reaches(AddressSpace::Host) {
+        // Staging memory is host memory: a transport that reaches device memory only cannot
+        // carry a message this rank's memory does not give it in place.
+        return Err(CollectivesError::InvalidPlan {
+            op: None,
+            message: "a message's memory is out of the transport's reach, and the transport                       cannot use host staging memory either"
+                .into(),
+        }
+        .into());
+    }
     let (send_stage, recv_stage) = if send_bytes + recv_bytes > 0 {
         mem.staging(send_bytes as usize, recv_bytes as usize)?
     } else {

@@ -365,4 +365,30 @@ mod per_rank {
             }
         }
     }
+
+    #[test]
+    fn a_rank_whose_peer_never_sends_fails_within_the_timeout() {
+        let plan = super::two_rank_broadcast();
+        let prog = lower_rank(&plan, 1, Lanes::Plan);
+        assert_eq!(prog.messages(), (0, 1), "rank 1 receives the relayed copy");
+        let mut ends = InProcess::group(2, Duration::from_millis(50));
+        let mut t = ends.pop().unwrap();
+        let mut bufs: Vec<Vec<u128>> = prog
+            .binding_bytes
+            .iter()
+            .map(|b| vec![0u128; (*b as usize).div_ceil(16)])
+            .collect();
+        let ptrs: Vec<(*mut u8, usize)> = bufs
+            .iter_mut()
+            .zip(&prog.binding_bytes)
+            .map(|(v, b)| (v.as_mut_ptr().cast::<u8>(), *b as usize))
+            .collect();
+        let mut staging = Vec::new();
+        // SAFETY: each pointer is a live vector of its binding's bytes, used here only.
+        let mut mem = unsafe { HostMemory::new(&prog, &ptrs, &mut staging).unwrap() };
+        let start = std::time::Instant::now();
+        let err = run(&prog, &mut mem, &mut t).unwrap_err();
+        assert!(err.to_string().contains("no message from rank 0"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
 }
