@@ -1,6 +1,7 @@
 //! Staging budgets: how much staging memory a plan may allocate on each device, and how a
 //! candidate is fitted to it by shrinking its pipelining chunk (every planner's staging is a
-//! fixed number of chunk-sized slots per device, so staging falls with the chunk).
+//! fixed number of chunk-sized slots per device plus buffers of a fixed size, so staging is
+//! affine in the chunk).
 
 use crate::error::{Result, RouteError};
 use std::collections::BTreeMap;
