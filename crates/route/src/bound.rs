@@ -11,7 +11,8 @@
 //! | collective | T >= |
 //! |---|---|
 //! | all_reduce | 2(n-1)/n x S / min_r in_r; (n-1)/n x S / min_r in_r where the members' NVSwitch reduces (NVLS) |
-//! | all_gather, reduce_scatter | (n-1)/n x S / min_r in_r, and c / min_r out_r |
+//! | all_gather | (n-1)/n x S / min_r in_r, and c / min_r out_r |
+//! | reduce_scatter | (n-1)/n x S / min_r out_r, and c / min_r in_r |
 //! | all_gather_v | max_r (total - c_r) / in_r, and max_r c_r / out_r |
 //! | broadcast | S / min_{r != root} in_r, S / out_root, S / min_r maxflow(root, r) |
 //! | reduce | S / min_{r != root} out_r, S / in_root, S / min_r maxflow(r, root) |
@@ -151,9 +152,17 @@ pub fn collective_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy
                 }
             }
             Collective::AllGather | Collective::ReduceScatter => {
+                // all_gather: the others' blocks in, one's own out. reduce_scatter mirrors it:
+                // one's contributions to the others' shards out, one shard's sum (reduced
+                // anywhere) in.
+                let (much, one) = if req.collective == Collective::AllGather {
+                    (&inr, &outr)
+                } else {
+                    (&outr, &inr)
+                };
                 for r in 0..n {
-                    t = t.max(need((nf - 1.0) / nf * size, inr[r]));
-                    t = t.max(need(c, outr[r]));
+                    t = t.max(need((nf - 1.0) / nf * size, much[r]));
+                    t = t.max(need(c, one[r]));
                 }
             }
             Collective::AllGatherV => {
