@@ -16,8 +16,6 @@
 //!   fabric: the shared leaf, or leaf, spine, leaf, the spine chosen by a salt so channels
 //!   spread over the spines as ECMP spreads flows. GPUs the driver refuses PCIe peer-to-peer
 //!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
-//!   staged through host memory. GPUs the driver refuses PCIe peer-to-peer
-//!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
 //!   staged through host memory.
 
 use std::collections::BTreeMap;
