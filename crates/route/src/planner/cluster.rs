@@ -12,6 +12,16 @@
 //!
 //! Op counts: all_reduce is O(n (g + N)) copies; reduce_scatter and all_gather move n blocks
 //! into (or out of) every rank, O(n^2 / g + n g) copies.
+//!
+//! Every rail hop is pinned to a rail-aligned connection: out through the sender's home NIC,
+//! in through the receiver's NIC of the same rail (the baseline's `NetLinks`), so each of a
+//! node's NICs carries one rail in both directions. The all_reduce runs each rail's ring as two
+//! channels in opposite directions (one channel's start costs overlap the other's transfers)
+//! and cuts the vector into loops whose phases overlap: two node-partial slots per rank let
+//! loop k+1's intra-node reduce-scatter (NVLink) run while loop k's rail ring (NICs) reads the
+//! partials of loop k and loop k-1's all_gather finishes. The loop count is a candidate
+//! parameter ([`PIPELINE_LOOPS`]): fewer loops pay a longer fill and drain, more pay more
+//! per-step start costs on the rails.
 
 use relaycc_topo::Topology;
 
