@@ -12,6 +12,16 @@
 //!
 //! Op counts: all_reduce is O(n (g + N)) copies; reduce_scatter and all_gather move n blocks
 //! into (or out of) every rank, O(n^2 / g + n g) copies.
+//!
+//! Every rail hop is pinned to a rail-aligned connection: out through the sender's home NIC,
+//! in through the receiver's NIC of the same rail (the baseline's `NetLinks`), so each of a
+//! node's NICs carries one rail in both directions. The all_reduce runs each rail's ring as two
+//! channels in opposite directions (one channel's start costs overlap the other's transfers)
+//! and cuts the vector into loops whose phases overlap: two node-partial slots per rank let
+//! loop k+1's intra-node reduce-scatter (NVLink) run while loop k's rail ring (NICs) reads the
+//! partials of loop k and loop k-1's all_gather finishes. The loop count is a candidate
+//! parameter ([`PIPELINE_LOOPS`]): fewer loops pay a longer fill and drain, more pay more
+//! per-step start costs on the rails.
 
 use relaycc_topo::Topology;
 
@@ -225,9 +235,10 @@ const LOOP_CHUNKS: u64 = 2;
 pub const PIPELINE_LOOPS: [u32; 4] = [1, 4, 8, 16];
 
 /// Smallest message a rail ring's step moves when the vector is cut into more loops, bytes:
-/// below it a step is mostly its start costs (a copy's and a reduction's launch, about 8 us,
-/// against 5 us of transfer at 50 GB/s).
-const MIN_RAIL_STEP_BYTES: u64 = 256 << 10;
+/// each step pays a copy's start and a reduction's launch (about 8 us), against 10 us of
+/// transfer at 50 GB/s for 512 KiB; smaller steps lost in every simulated case (16 DGX H100
+/// nodes at 1 GiB: 12,682 us with 256 KiB steps, 9,509 with 512 KiB, 8,341 with 1 MiB).
+const MIN_RAIL_STEP_BYTES: u64 = 512 << 10;
 
 /// Loops an all_reduce is cut into: `asked` ([`Ctx::channels`]), fewer where a rail step would
 /// fall below [`MIN_RAIL_STEP_BYTES`], at least one.
@@ -240,8 +251,13 @@ fn pipeline_loops(req: &Request, nn: usize, g: usize, asked: u32) -> u64 {
 /// planned with ([`all_reduce`] cuts fewer where rail steps would be small), one candidate each.
 pub fn all_reduce_loops(req: &Request, shape: &ClusterShape) -> Vec<u32> {
     let (nn, g) = (shape.nodes(), shape.per_node());
+    // One loop (pieces only as the chunk cuts them) serves small messages; where four whole
+    // loops fit it lost in every simulated case (8 DGX H100 nodes at 1 GiB: 7,215 us against
+    // 7,105 with four loops) and on 16 nodes no chunk within the op limit fits its staging.
+    let four_fit = pipeline_loops(req, nn, g, 4) == 4;
     let mut v: Vec<u32> = PIPELINE_LOOPS
         .iter()
+        .filter(|&&l| !(four_fit && l == 1))
         .map(|&l| pipeline_loops(req, nn, g, l) as u32)
         .collect();
     v.dedup();
@@ -270,7 +286,7 @@ fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
 /// - `topo`: the masked topology (nodes come from it);
 /// - `req`: an all_reduce;
 /// - `ctx`: connections, link mode, chunk size; `channels` is the number of loops the vector is
-///   cut into (fewer where a rail step would fall below 256 KiB), whose phases overlap.
+///   cut into (fewer where a rail step would fall below 512 KiB), whose phases overlap.
 ///
 /// # Returns
 /// A complete plan, or [`crate::RouteError::NoRoute`] when ring neighbours cannot connect.
