@@ -104,7 +104,7 @@ impl HostShift for HostSymmetry {
 pub fn ranks_invariant(sym: &HostSymmetry, gpus: &[u32]) -> bool {
     let p = HostSymmetry::periods(sym) as usize;
     let n = gpus.len();
-    if p < 2 || n % p != 0 {
+    if p < 2 || !n.is_multiple_of(p) {
         return false;
     }
     let m = n / p;
@@ -141,7 +141,7 @@ pub fn build_template(
         // The domain's copies follow usable links; their images do by the symmetry.
         crate::check::check_routes(&plan, topo)?;
         match fold::fold(topo, plan, shift, &w)? {
-            fold::Folded::Template(t) => return Ok(t),
+            fold::Folded::Template(t) => return Ok(*t),
             fold::Folded::Grow { devs: d, ranges: r } => {
                 devs.extend(d);
                 devs.sort_unstable();
