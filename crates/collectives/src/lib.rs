@@ -57,10 +57,12 @@
 //! `unsafe` code lives in `backend/host.rs` (arenas, copies, lent slices), `rank/run.rs` (the
 //! per-rank calls lending their slices to the host backend for one blocking call), `backend/host_reduce.rs`
 //! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`
-//! and `exec::launch`), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
+//! and `exec::launch`), `exec/run.rs` and `exec/transport.rs` (the runner's host memory run
+//! inline, its transports' raw messages), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
 //! the checker's proof to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver
 //! calls, kernel launches), the rest of the `cuda` module (FFI) and, with feature `mpi`,
-//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/schedule.rs`, `mpi/device.rs` and `mpi/typed.rs`
+//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/transport.rs`, `mpi/schedule.rs`, `mpi/device.rs`
+//! and `mpi/typed.rs`
 //! (MPI calls on raw buffers).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]

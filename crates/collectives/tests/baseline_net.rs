@@ -15,7 +15,16 @@ fn input(r: u32, i: u64) -> u32 {
 fn run(spec: &str, req: &Request, algo: Option<Algo>) -> (String, Vec<Vec<u32>>) {
     let topo = relaycc_topo::preset(spec).unwrap();
     let plan = baseline_plan_algo(&topo, req, algo).unwrap();
-    relaycc_route::check_routes(&plan, &topo).unwrap();
+    run_plan(&topo, req, plan)
+}
+
+/// Run `plan` of `req` on the host backend; returns each rank's output.
+fn run_plan(
+    topo: &relaycc_topo::Topology,
+    req: &Request,
+    plan: relaycc_route::Plan,
+) -> (String, Vec<Vec<u32>>) {
+    relaycc_route::check_routes(&plan, topo).unwrap();
     let name = plan.algorithm.clone();
     let exe = exec::compile(exec::check(plan, false).unwrap()).unwrap();
     let backend = HostBackend::new();
@@ -83,6 +92,12 @@ fn run(spec: &str, req: &Request, algo: Option<Algo>) -> (String, Vec<Vec<u32>>)
 /// Every output element holds the (wrapping) sum of the inputs the request names.
 fn verify(spec: &str, req: &Request, algo: Option<Algo>) -> String {
     let (name, outs) = run(spec, req, algo);
+    compare(spec, req, &name, &outs);
+    name
+}
+
+/// Assert that `outs` hold what `req` expects.
+fn compare(spec: &str, req: &Request, name: &str, outs: &[Vec<u32>]) {
     for p in req.expected().unwrap() {
         for i in 0..p.len {
             let want = p
@@ -99,7 +114,6 @@ fn verify(spec: &str, req: &Request, algo: Option<Algo>) -> String {
             );
         }
     }
-    name
 }
 
 #[test]
@@ -129,5 +143,24 @@ fn multi_node_baselines_are_byte_exact_on_the_host() {
         let req = Request::new(Collective::AllReduce, gpus.clone(), 9_001, DType::U32);
         assert!(verify(spec, &req, Some(Algo::Ring)).contains("ring"));
         assert!(verify(spec, &req, Some(Algo::Tree)).contains("tree"));
+    }
+}
+
+#[test]
+fn pxn_rings_shared_by_every_sender_are_byte_exact_on_the_host() {
+    // Chunks of 5 elements through PXN_SLOTS-slot rings that 7 senders share: each proxy's
+    // ring wraps dozens of times.
+    let spec = "cluster:2xdgx-h100:ib-ndr";
+    let topo = relaycc_topo::preset(spec).unwrap();
+    for c in [
+        Collective::AllToAll,
+        Collective::Gather,
+        Collective::Scatter,
+    ] {
+        let req = Request::new(c, (0..16).collect(), 23, DType::U32);
+        let plan = relaycc_route::planner::baseline_plan_chunked(&topo, &req, 5).unwrap();
+        assert!(plan.algorithm.contains("pxn"), "{}", plan.algorithm);
+        let (name, outs) = run_plan(&topo, &req, plan);
+        compare(spec, &req, &name, &outs);
     }
 }

@@ -44,11 +44,14 @@ pub enum RouteError {
         bound_gbps: f64,
     },
     /// A plan needs more staging memory on a device than the staging budget allows, even with
-    /// its smallest pipelining chunk.
+    /// its smallest pipelining chunk: the chunk floor of the budget's fitting, or the chunk
+    /// below which the plan would exceed the op cap (`ops_needed` says which).
     #[error(
-        "{algorithm} needs {} of staging on {device}, above the staging budget of {} per device",
+        "{algorithm} needs {} of staging on {device}, above the staging budget of {} per \
+         device{}",
         crate::staging::describe_bytes(*needed_bytes),
-        crate::staging::describe_bytes(*budget_bytes)
+        crate::staging::describe_bytes(*budget_bytes),
+        crate::staging::describe_op_cap(*ops_needed)
     )]
     StagingBudget {
         /// The plan's algorithm name.
@@ -59,6 +62,10 @@ pub enum RouteError {
         needed_bytes: u64,
         /// The budget per device, bytes.
         budget_bytes: u64,
+        /// None when the chunk reached its floor with the budget still exceeded; the ops the
+        /// plan would need at a chunk that fits when the op cap
+        /// ([`crate::staging::MAX_FITTED_OPS`]) stopped the shrinking first.
+        ops_needed: Option<u64>,
     },
     /// A plan's JSON could not be read.
     #[error("cannot read plan: {0}")]

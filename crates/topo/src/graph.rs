@@ -411,7 +411,7 @@ impl Topology {
     pub fn host_count(&self) -> u32 {
         self.graph
             .node_weights()
-            .map(|n| n.host + 1)
+            .map(|n| n.host.saturating_add(1))
             .max()
             .unwrap_or(1)
     }

@@ -28,12 +28,15 @@
 //! candidate fail too (the period reported is then larger than the smallest there is, never
 //! wrong). Switches that no path joins to a host stay where they are.
 //!
-//! Measured on the presets (`preset/tests.rs` checks them): one switch, `rail` with all hosts
-//! in one scalable unit, or a `rack` preset on rails: period 1; `rail` with scalable units of
+//! Measured on the presets (the module's tests check them): one switch, `rail` with all hosts
+//! in one scalable unit (`cluster:16xdgx-h100:ib-ndr:rail`, or racks of `gb200-nvl72` as in
+//! `cluster:4xgb200-nvl72:ib-ndr:rail`): period 1; `rail` with scalable units of
 //! `D` hosts (`cluster:128xdgx-h100:ib-ndr:rail`, 32 hosts per leaf): period `D`, since a ring
-//! hop inside a unit stays on its leaf and one across units crosses a spine; `fat-tree` whose
-//! leaves hold a whole number `q` of hosts: period `q`; a mask that sets one host apart: the
-//! trivial symmetry.
+//! hop inside a unit stays on its leaf and one across units crosses a spine; `fat-tree` with
+//! leaves of `P` down ports and `n` NICs a host: the `lcm(P, n) / n` hosts after which the
+//! leaves' pattern repeats (4 for DGX H100 on NDR leaves of 32 down ports, 9 for DGX-1 on EDR
+//! leaves of 18). Hosts that end in a partial unit or leaf, or a mask that sets one host apart,
+//! give the trivial symmetry.
 //!
 //! Computing the symmetry costs about O(V + E) per candidate period, with the adjacency sorted
 //! once; nothing is cached on the topology.
@@ -69,7 +72,7 @@ struct Orbit {
 /// [`HostSymmetry::periods`] elements. Its *fundamental domain* holds the hosts
 /// `0..period` and one representative of every fabric orbit; every node and link is the
 /// image of exactly one domain element (its representative, `rep_*`) under `k` periods
-/// (`periods_of_*`), `k < ` its orbit's size. A host node's orbit has `periods()` elements,
+/// (`periods_of_*`), with `k` below the size of its orbit. A host node's orbit has `periods()` elements,
 /// so `k` is `host / period`; a fabric node's or a fabric-only link's orbit may be smaller
 /// (the single switch of a `switch` fabric is fixed by every shift).
 ///
@@ -82,6 +85,9 @@ pub struct HostSymmetry {
     hosts: u32,
     period: u32,
     node_host: Vec<u32>,
+    /// Per link, the host of the end that decides its representative (the source's when it
+    /// is a host node, else the target's; NONE between fabric nodes).
+    edge_host: Vec<u32>,
     node_orbit: Vec<Orbit>,
     node_cycles: Vec<u32>,
     edge_orbit: Vec<Orbit>,
@@ -203,6 +209,34 @@ impl HostSymmetry {
             .map_or(0, |&n| self.periods_of_node(NodeIndex::new(n as usize)))
     }
 
+    /// The symmetry of the shifts by multiples of `period` hosts alone (a subgroup), for a
+    /// caller whose data repeat only every `period` hosts (ranks on some hosts, say): its
+    /// domain is hosts `0..period`, its orbits those of the shift by `period / self.period()`
+    /// of this one's periods. `None` unless `period` is a multiple of [`Self::period`] that
+    /// divides [`Self::hosts`]. Costs O(V + E).
+    pub fn with_period(&self, period: u32) -> Option<HostSymmetry> {
+        if period == 0 || !period.is_multiple_of(self.period) || !self.hosts.is_multiple_of(period)
+        {
+            return None;
+        }
+        let m = period / self.period;
+        let node_map: Vec<u32> = (0..self.node_orbit.len())
+            .map(|i| self.shift_node(NodeIndex::new(i), m).index() as u32)
+            .collect();
+        let edge_map: Vec<u32> = (0..self.edge_orbit.len())
+            .map(|i| self.shift_edge(EdgeIndex::new(i), m).index() as u32)
+            .collect();
+        Some(assemble(
+            self.hosts,
+            period,
+            self.node_host.clone(),
+            self.edge_host.clone(),
+            &node_map,
+            &edge_map,
+            (self.node_gpu.clone(), self.gpu_node.clone()),
+        ))
+    }
+
     fn gpu_map(&self, gpu: u32, f: impl Fn(NodeId) -> NodeId) -> u32 {
         let Some(&n) = self.gpu_node.get(gpu as usize) else {
             return gpu;
@@ -277,13 +311,15 @@ fn trivial(topo: &Topology) -> HostSymmetry {
         pos: 0,
     };
     let (node_gpu, gpu_node) = gpu_tables(topo);
+    let node_host: Vec<u32> = g
+        .node_weights()
+        .map(|n| if is_fabric(n) { NONE } else { n.host })
+        .collect();
     HostSymmetry {
         hosts,
         period: hosts,
-        node_host: g
-            .node_weights()
-            .map(|n| if is_fabric(n) { NONE } else { n.host })
-            .collect(),
+        edge_host: edge_hosts(topo, &node_host),
+        node_host,
         node_orbit: (0..g.node_count()).map(fixed).collect(),
         node_cycles: (0..g.node_count() as u32).collect(),
         edge_orbit: (0..g.edge_count()).map(fixed).collect(),
@@ -383,6 +419,11 @@ impl<'a> Prep<'a> {
             return None;
         }
         let nn = g.node_count();
+        // Every host needs a node for all to hold the same number; a file may name hosts far
+        // beyond its nodes, which must not size the tables below.
+        if hosts as usize > nn {
+            return None;
+        }
         let host: Vec<u32> = g
             .node_weights()
             .map(|n| if is_fabric(n) { NONE } else { n.host })
@@ -589,41 +630,64 @@ impl<'a> Prep<'a> {
 
     /// The symmetry of a verified shift by `period` hosts, its orbits decomposed.
     fn symmetry(&self, period: u32, node_map: &[u32], edge_map: &[u32]) -> HostSymmetry {
-        let g = self.topo.graph();
-        // Host nodes start their cycles in the domain hosts, fabric nodes at their lowest index.
-        let node_starts = (0..node_map.len() as u32).filter(|&i| {
-            let h = self.host[i as usize];
-            h == NONE || h < period
-        });
-        let (node_orbit, node_cycles) = cycles(node_map, node_starts);
-        // A link starts its cycle where its host end (the source when both are host nodes) is
-        // in the domain; links between fabric nodes at their lowest index.
-        let host_end = |e: &petgraph::graph::Edge<Link, u32>| {
-            let s = self.host[e.source().index()];
+        let (node_gpu, gpu_node) = gpu_tables(self.topo);
+        assemble(
+            self.hosts,
+            period,
+            self.host.clone(),
+            edge_hosts(self.topo, &self.host),
+            node_map,
+            edge_map,
+            (node_gpu, gpu_node),
+        )
+    }
+}
+
+/// Per link, the host that decides its representative ([`HostSymmetry::rep_edge`]).
+fn edge_hosts(topo: &Topology, node_host: &[u32]) -> Vec<u32> {
+    topo.graph()
+        .raw_edges()
+        .iter()
+        .map(|e| {
+            let s = node_host[e.source().index()];
             if s != NONE {
                 s
             } else {
-                self.host[e.target().index()]
+                node_host[e.target().index()]
             }
-        };
-        let edges = g.raw_edges();
-        let edge_starts = (0..edges.len() as u32).filter(|&i| {
-            let h = host_end(&edges[i as usize]);
-            h == NONE || h < period
-        });
-        let (edge_orbit, edge_cycles) = cycles(edge_map, edge_starts);
-        let (node_gpu, gpu_node) = gpu_tables(self.topo);
-        HostSymmetry {
-            hosts: self.hosts,
-            period,
-            node_host: self.host.clone(),
-            node_orbit,
-            node_cycles,
-            edge_orbit,
-            edge_cycles,
-            gpu_node,
-            node_gpu,
-        }
+        })
+        .collect()
+}
+
+/// The symmetry whose shift by one period moves node `i` to `node_map[i]` and link `i` to
+/// `edge_map[i]` (a verified automorphism), its orbits decomposed: host nodes start their
+/// cycles in the domain hosts `0..period`, links where their deciding end is there, fabric
+/// nodes and links between them at their lowest index.
+fn assemble(
+    hosts: u32,
+    period: u32,
+    node_host: Vec<u32>,
+    edge_host: Vec<u32>,
+    node_map: &[u32],
+    edge_map: &[u32],
+    (node_gpu, gpu_node): (Vec<u32>, Vec<u32>),
+) -> HostSymmetry {
+    let in_domain = |h: u32| h == NONE || h < period;
+    let node_starts = (0..node_map.len() as u32).filter(|&i| in_domain(node_host[i as usize]));
+    let (node_orbit, node_cycles) = cycles(node_map, node_starts);
+    let edge_starts = (0..edge_map.len() as u32).filter(|&i| in_domain(edge_host[i as usize]));
+    let (edge_orbit, edge_cycles) = cycles(edge_map, edge_starts);
+    HostSymmetry {
+        hosts,
+        period,
+        node_host,
+        edge_host,
+        node_orbit,
+        node_cycles,
+        edge_orbit,
+        edge_cycles,
+        gpu_node,
+        node_gpu,
     }
 }
 

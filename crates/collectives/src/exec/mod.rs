@@ -1,12 +1,17 @@
-//! The executor: turns a checked [`Plan`] into a backend [`Program`] once, then runs it on
-//! any [`Backend`] as often as asked. See `README.md` beside this file for the protocol
-//! (lanes, events, why it cannot deadlock).
+//! The executor: one lowering of a checked [`Plan`] per rank ([`lower`]: backend commands on
+//! the rank's lanes, and sends and receives between ranks) and one runner of it ([`run`]) over
+//! a [`run::Transport`]. In one process the plan lowers on one rank to a single backend
+//! [`Program`], run on any [`Backend`] as often as asked ([`compile`], [`launch`]). See
+//! `README.md` beside this file for the protocol (lanes, events, stages, why it cannot
+//! deadlock).
 
-use relaycc_route::{
-    BufferRef, CheckOptions, CheckedPlan, DepGraph, Location, OpKind, Plan, Region, RouteError,
-};
+pub mod lower;
+pub mod run;
+pub mod transport;
 
-use crate::backend::{Backend, ByteRegion, Command, Launch, Program, Slot};
+use relaycc_route::{BufferRef, CheckOptions, CheckedPlan, Location, OpKind, Plan, RouteError};
+
+use crate::backend::{Backend, ByteRegion, Launch, Program};
 use crate::error::{CollectivesError, Result};
 
 /// A plan proved correct and lowered to a [`Program`]; built once per request shape and
@@ -93,27 +98,19 @@ pub fn input_write(plan: &Plan) -> Option<(usize, u32)> {
     })
 }
 
-/// Lower a checked plan (see [`check`]) to a program.
+/// Lower a checked plan (see [`check`]) to a program: the plan's lowering on one rank
+/// ([`lower::lower_whole`]), which has no cross-rank step, so its one segment is the program.
 ///
 /// Errors: a region or scratch buffer whose size in bytes overflows, naming the op or the
 /// scratch buffer; nothing has run then.
 pub fn compile(checked: CheckedPlan) -> Result<Executable> {
     let plan = checked.plan();
-    let ranks = plan.request.gpus.len() as u32;
-    let graph = LaneGraph::new(plan)?;
-    let order = graph.deps.topological_order().map_err(from_route)?;
-    let (commands, srcs) = emit(plan, &graph, &order)?;
     let scratch = scratch_bytes(plan)?;
-    let program = Program {
-        lanes: plan.lanes.iter().map(|l| l.location).collect(),
-        events: graph.events,
-        dtype: plan.dtype,
-        op: plan.request.op,
-        divisor: ranks,
-        bindings: 2 * ranks + plan.scratch.len() as u32,
-        commands,
-        srcs,
-    };
+    let rank = lower::lower_whole(plan)?;
+    if !rank.stages.is_empty() {
+        return Err(invalid(None, "a plan on one rank lowered to messages"));
+    }
+    let program = rank.tail.program;
     Ok(Executable {
         plan: checked,
         program,
@@ -126,124 +123,6 @@ fn from_route(e: RouteError) -> CollectivesError {
     match e {
         RouteError::PlanCheck { op, message } => invalid((op != usize::MAX).then_some(op), message),
         other => invalid(None, other.to_string()),
-    }
-}
-
-/// A plan's dependency graph ([`Plan::dependency_graph`]: deps plus lane order) and the events
-/// its cross-lane deps need.
-struct LaneGraph {
-    deps: DepGraph,
-    /// The event of each op that an op of another lane depends on.
-    event_of: Vec<Option<u32>>,
-    events: u32,
-}
-
-impl LaneGraph {
-    fn new(plan: &Plan) -> Result<LaneGraph> {
-        let deps = plan.dependency_graph().map_err(from_route)?;
-        let mut needs_event = vec![false; plan.ops.len()];
-        for op in &plan.ops {
-            for &d in &op.deps {
-                if plan.ops[d as usize].lane != op.lane {
-                    needs_event[d as usize] = true;
-                }
-            }
-        }
-        let mut events = 0u32;
-        let event_of = needs_event
-            .iter()
-            .map(|&needs| {
-                needs.then(|| {
-                    events += 1;
-                    events - 1
-                })
-            })
-            .collect();
-        Ok(LaneGraph {
-            deps,
-            event_of,
-            events,
-        })
-    }
-}
-
-/// The commands of the ops in `order`: before each op, a wait per cross-lane dep not already
-/// implied; the op's copy or reduction; after it, a record if another lane waits for it.
-fn emit(plan: &Plan, graph: &LaneGraph, order: &[u32]) -> Result<(Vec<Command>, Vec<Slot>)> {
-    let ranks = plan.request.gpus.len() as u32;
-    let esize = plan.dtype.size();
-    let nlanes = plan.lanes.len();
-    // waited[l * nlanes + m]: the furthest position of lane m that lane l already waited for;
-    // a wait for an earlier position of m is implied and left out.
-    let mut waited = vec![0u32; nlanes * nlanes];
-    let mut commands = Vec::with_capacity(order.len() + graph.events as usize * 2);
-    let mut srcs = Vec::new();
-    let slot = |id: usize, r: &Region| slot_of(id, r, ranks, esize);
-    for &i in order {
-        let id = i as usize;
-        let op = &plan.ops[id];
-        let lane = op.lane;
-        for &d in &op.deps {
-            let dl = plan.ops[d as usize].lane;
-            let (Some(event), false) = (graph.event_of[d as usize], dl == lane) else {
-                continue;
-            };
-            let w = &mut waited[lane as usize * nlanes + dl as usize];
-            let pos = graph.deps.lane_position(d);
-            if *w >= pos {
-                continue;
-            }
-            *w = pos;
-            commands.push(Command::Wait { lane, event });
-        }
-        if !op.is_empty() {
-            match &op.kind {
-                OpKind::Copy { src, dst } => commands.push(Command::Copy {
-                    lane,
-                    src: slot(id, src)?,
-                    dst: slot(id, dst)?,
-                }),
-                OpKind::Reduce {
-                    srcs: s,
-                    dst,
-                    finalize,
-                } => {
-                    let first = srcs.len() as u32;
-                    for r in s {
-                        srcs.push(slot(id, r)?);
-                    }
-                    commands.push(Command::Reduce {
-                        lane,
-                        first,
-                        count: s.len() as u32,
-                        dst: slot(id, dst)?,
-                        divide: *finalize,
-                    });
-                }
-            }
-        }
-        if let Some(event) = graph.event_of[id] {
-            commands.push(Command::Record { lane, event });
-        }
-    }
-    Ok((commands, srcs))
-}
-
-/// The byte slot of region `r` of op `id`.
-fn slot_of(id: usize, r: &Region, ranks: u32, esize: u64) -> Result<Slot> {
-    match (r.offset.checked_mul(esize), r.len.checked_mul(esize)) {
-        (Some(offset), Some(bytes)) => Ok(Slot {
-            binding: binding_of(r.buffer, ranks),
-            offset,
-            bytes,
-        }),
-        _ => Err(invalid(
-            Some(id),
-            format!(
-                "region {}+{} of {:?} overflows in bytes",
-                r.offset, r.len, r.buffer
-            ),
-        )),
     }
 }
 

@@ -3,6 +3,7 @@
 use relaycc_route::{BufferRef, Collective, DType, Location, Plan, Region, Request};
 
 use super::*;
+use crate::backend::Command;
 
 fn two_rank_broadcast() -> Plan {
     let req = Request::new(Collective::Broadcast, vec![0, 1], 8, DType::F32);
@@ -106,4 +107,288 @@ fn a_plan_that_writes_an_input_is_refused_unless_in_place() {
             if *o == k && message.contains("input")),
         "{err}"
     );
+}
+
+mod per_rank {
+    //! Per-rank lowering: every op lands on exactly one rank, messages pair up, and the plan
+    //! run per rank over threads (in-process transport) equals the whole plan on the host
+    //! backend byte for byte.
+
+    use std::time::Duration;
+
+    use relaycc_route::{
+        BufferRef, Collective, DType, Location, OpKind, Plan, PlanOptions, ReduceOp, Request,
+    };
+
+    use super::super::lower::{Lanes, Layout, RankProgram, lower};
+    use super::super::run::{HostMemory, run};
+    use super::super::transport::InProcess;
+    use super::super::{binding_of, check, compile, launch};
+    use crate::backend::host::HostBackend;
+    use crate::backend::{Backend, ByteRegion};
+
+    /// Rank of a memory: a GPU's request rank; host memory belongs to rank 0 (the lowest rank
+    /// of the machine, as across processes).
+    fn owner(plan: &Plan, b: BufferRef) -> Option<u32> {
+        match plan.location(b)? {
+            Location::Gpu(g) => plan
+                .request
+                .gpus
+                .iter()
+                .position(|x| *x == g)
+                .map(|r| r as u32),
+            Location::Host(_) => Some(0),
+        }
+    }
+
+    /// Rank `me`'s lowering: input 0, output 1, then the scratch buffers it holds.
+    fn lower_rank(plan: &Plan, me: u32, lanes: Lanes) -> RankProgram {
+        let esize = plan.dtype.size();
+        let mut scratch = vec![None; plan.scratch.len()];
+        let mut bytes = vec![
+            plan.request.input_len(me).unwrap() * esize,
+            plan.request.output_len(me).unwrap() * esize,
+        ];
+        for (i, s) in plan.scratch.iter().enumerate() {
+            if owner(plan, BufferRef::Scratch(i as u32)) == Some(me) {
+                scratch[i] = Some(bytes.len() as u32);
+                bytes.push(s.len * esize);
+            }
+        }
+        let layout = Layout {
+            me,
+            owner: &|b| owner(plan, b),
+            binding: &|b| match b {
+                BufferRef::Input(r) if r == me => Some(0),
+                BufferRef::Output(r) if r == me => Some(1),
+                BufferRef::Scratch(i) => scratch[i as usize],
+                _ => None,
+            },
+            binding_bytes: bytes,
+            lanes,
+        };
+        lower(plan, &layout).unwrap()
+    }
+
+    /// Plans of route's planners (the winner and the NCCL-like baseline) on small presets.
+    fn plans() -> Vec<Plan> {
+        let mut out = Vec::new();
+        for (preset, n) in [("dgx1-v100", 8u32), ("ac922", 4), ("host-4", 4)] {
+            let topo = relaycc_topo::preset(preset).unwrap();
+            for c in [
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::ReduceScatter,
+                Collective::Broadcast,
+                Collective::Reduce,
+                Collective::AllToAll,
+            ] {
+                let mut req = Request::new(c, (0..n).collect(), 96, DType::F32);
+                req.op = ReduceOp::Sum;
+                let Ok(p) = relaycc_route::plan(&topo, &req, &PlanOptions::default()) else {
+                    continue;
+                };
+                out.push(p.plan);
+                out.push(p.baseline_plan);
+            }
+        }
+        assert!(out.len() >= 20, "only {} plans", out.len());
+        out
+    }
+
+    #[test]
+    fn every_op_lands_on_one_rank_and_messages_pair_up() {
+        for plan in plans() {
+            let n = plan.request.nranks() as u32;
+            let progs: Vec<RankProgram> =
+                (0..n).map(|r| lower_rank(&plan, r, Lanes::Plan)).collect();
+            let mut local = vec![0u32; plan.ops.len()];
+            let mut sends = vec![Vec::new(); plan.ops.len()];
+            let mut recvs = vec![Vec::new(); plan.ops.len()];
+            for (r, p) in progs.iter().enumerate() {
+                for seg in p.segments() {
+                    for &op in &seg.ops {
+                        local[op as usize] += 1;
+                    }
+                }
+                for st in &p.stages {
+                    for m in &st.sends {
+                        sends[m.op as usize].push((r as u32, *m, st.level));
+                    }
+                    for m in &st.recvs {
+                        recvs[m.op as usize].push((r as u32, *m, st.level));
+                    }
+                }
+            }
+            for (id, op) in plan.ops.iter().enumerate() {
+                let cross = match &op.kind {
+                    OpKind::Copy { src, dst } => {
+                        owner(&plan, src.buffer) != owner(&plan, dst.buffer)
+                    }
+                    OpKind::Reduce { .. } => false,
+                };
+                let what = format!("{}: op {id}", plan.algorithm);
+                if !cross {
+                    assert_eq!(local[id], 1, "{what}: local on {} ranks", local[id]);
+                    assert!(sends[id].is_empty() && recvs[id].is_empty(), "{what}");
+                    continue;
+                }
+                assert_eq!(local[id], 0, "{what}");
+                if op.is_empty() {
+                    assert!(sends[id].is_empty() && recvs[id].is_empty(), "{what}");
+                    continue;
+                }
+                let ([(a, s, ls)], [(b, r, lr)]) = (&sends[id][..], &recvs[id][..]) else {
+                    panic!(
+                        "{what}: {} sends, {} receives",
+                        sends[id].len(),
+                        recvs[id].len()
+                    );
+                };
+                assert_eq!((s.peer, r.peer), (*b, *a), "{what}");
+                assert_eq!(s.tag, r.tag, "{what}");
+                assert_eq!(s.slot.bytes, r.slot.bytes, "{what}");
+                assert_eq!(ls, lr, "{what}: both sides post at one level");
+            }
+        }
+    }
+
+    /// Input bytes of rank `r`: small integers as f32, so every sum is exact.
+    fn input(plan: &Plan, r: u32) -> Vec<u8> {
+        let len = plan.request.input_len(r).unwrap() as usize;
+        (0..len)
+            .flat_map(|i| (((i * 7 + r as usize * 13) % 61) as f32).to_le_bytes())
+            .collect()
+    }
+
+    /// The whole plan on the host backend: each rank's output bytes.
+    fn whole(plan: &Plan) -> Vec<Vec<u8>> {
+        let exe = compile(check(plan.clone(), false).unwrap()).unwrap();
+        let backend = HostBackend::new();
+        let n = plan.request.nranks() as u32;
+        let esize = plan.dtype.size();
+        let mut regions = Vec::new();
+        for side in 0..2 {
+            for r in 0..n {
+                let len = if side == 0 {
+                    plan.request.input_len(r).unwrap()
+                } else {
+                    plan.request.output_len(r).unwrap()
+                } * esize;
+                let at = Location::Gpu(plan.request.gpus[r as usize]);
+                let mem = backend.allocate(at, len.max(1)).unwrap();
+                regions.push(ByteRegion {
+                    mem,
+                    offset: 0,
+                    bytes: len,
+                });
+            }
+        }
+        for (loc, bytes) in exe.scratch() {
+            let mem = backend.allocate(*loc, (*bytes).max(1)).unwrap();
+            regions.push(ByteRegion {
+                mem,
+                offset: 0,
+                bytes: *bytes,
+            });
+        }
+        for r in 0..n {
+            backend
+                .upload(regions[r as usize], &input(plan, r))
+                .unwrap();
+        }
+        // SAFETY: every binding is an allocation of its own, of the plan's size.
+        unsafe { launch(&backend, &[(&exe, &regions)]).unwrap() };
+        backend.synchronize().unwrap();
+        (0..n)
+            .map(|r| {
+                let reg = regions[binding_of(BufferRef::Output(r), n) as usize];
+                let mut out = vec![0u8; reg.bytes as usize];
+                backend.download(reg, &mut out).unwrap();
+                out
+            })
+            .collect()
+    }
+
+    /// The plan per rank, one thread each, over the in-process transport.
+    fn per_rank(plan: &Plan, lanes: Lanes) -> Vec<Vec<u8>> {
+        let n = plan.request.nranks() as u32;
+        let ends = InProcess::group(n, Duration::from_secs(30));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ends
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut t)| {
+                    s.spawn(move || {
+                        let prog = lower_rank(plan, r as u32, lanes);
+                        let mut bufs: Vec<Vec<u128>> = prog
+                            .binding_bytes
+                            .iter()
+                            .map(|b| vec![0u128; (*b as usize).div_ceil(16)])
+                            .collect();
+                        let inp = input(plan, r as u32);
+                        bytemuck::cast_slice_mut::<u128, u8>(&mut bufs[0])[..inp.len()]
+                            .copy_from_slice(&inp);
+                        let ptrs: Vec<(*mut u8, usize)> = bufs
+                            .iter_mut()
+                            .zip(&prog.binding_bytes)
+                            .map(|(v, b)| (v.as_mut_ptr().cast::<u8>(), *b as usize))
+                            .collect();
+                        let mut staging = Vec::new();
+                        // SAFETY: each pointer is a live vector of its binding's bytes, used
+                        // by this thread only.
+                        let mut mem =
+                            unsafe { HostMemory::new(&prog, &ptrs, &mut staging).unwrap() };
+                        run(&prog, &mut mem, &mut t).unwrap();
+                        let out = bytemuck::cast_slice::<u128, u8>(&bufs[1]);
+                        out[..prog.binding_bytes[1] as usize].to_vec()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn per_rank_runs_over_threads_equal_the_host_backend() {
+        for plan in plans() {
+            let want = whole(&plan);
+            for lanes in [
+                Lanes::Plan,
+                Lanes::Fold {
+                    count: 1,
+                    at: Location::Host(0),
+                },
+            ] {
+                let got = per_rank(&plan, lanes);
+                assert_eq!(got, want, "{} with {lanes:?}", plan.algorithm);
+            }
+        }
+    }
+
+    #[test]
+    fn a_rank_whose_peer_never_sends_fails_within_the_timeout() {
+        let plan = super::two_rank_broadcast();
+        let prog = lower_rank(&plan, 1, Lanes::Plan);
+        assert_eq!(prog.messages(), (0, 1), "rank 1 receives the relayed copy");
+        let mut ends = InProcess::group(2, Duration::from_millis(50));
+        let mut t = ends.pop().unwrap();
+        let mut bufs: Vec<Vec<u128>> = prog
+            .binding_bytes
+            .iter()
+            .map(|b| vec![0u128; (*b as usize).div_ceil(16)])
+            .collect();
+        let ptrs: Vec<(*mut u8, usize)> = bufs
+            .iter_mut()
+            .zip(&prog.binding_bytes)
+            .map(|(v, b)| (v.as_mut_ptr().cast::<u8>(), *b as usize))
+            .collect();
+        let mut staging = Vec::new();
+        // SAFETY: each pointer is a live vector of its binding's bytes, used here only.
+        let mut mem = unsafe { HostMemory::new(&prog, &ptrs, &mut staging).unwrap() };
+        let start = std::time::Instant::now();
+        let err = run(&prog, &mut mem, &mut t).unwrap_err();
+        assert!(err.to_string().contains("no message from rank 0"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
 }

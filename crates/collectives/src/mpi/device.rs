@@ -4,7 +4,6 @@
 //! CUDA-aware MPI allows) or go through host staging buffers ([`TransferMode::Staged`]):
 //! download, `MPI_Isend`; `MPI_Irecv`, upload. Protocol and deadlock argument: `README.md`.
 
-use std::os::raw::c_int;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +11,8 @@ use ::mpi::traits::AsRaw;
 use relaycc_route::{Location, Plan};
 
 use super::requests::Requests;
-use super::schedule::{Buf, Loc, Schedule};
+use super::schedule::Schedule;
+use super::transport::MpiTransport;
 use super::{MpiCommunicator, MpiError, MpiResult};
 #[cfg(feature = "cuda")]
 use crate::CudaBackend;
@@ -20,6 +20,8 @@ use crate::HostBackend;
 use crate::backend::{
     AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
 };
+use crate::exec::lower::Lanes;
+use crate::exec::run::{self, RankMemory};
 
 /// How messages between processes reach device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,7 +55,15 @@ enum HostBuf {
 impl HostBuf {
     /// Make sure `bytes` are there (a smaller buffer of either kind is replaced); returns the
     /// base address.
-    fn ensure(&mut self, backend: &dyn Backend, at: Location, bytes: usize) -> MpiResult<*mut u8> {
+    fn ensure(
+        &mut self,
+        backend: &dyn Backend,
+        at: Location,
+        bytes: usize,
+    ) -> crate::error::Result<*mut u8> {
+        if bytes == 0 {
+            return Ok(std::ptr::null_mut());
+        }
         match self {
             HostBuf::Backend { mem, addr } if mem.bytes() >= bytes as u64 => {
                 return Ok(*addr as *mut u8);
@@ -151,30 +161,26 @@ impl Drop for PlanMemory {
 }
 
 /// One rank's part of a plan bound to a backend: scratch allocated at the plan's locations,
-/// one program of local copies and reductions per level, staging buffers; built once by
-/// [`MpiCommunicator::prepare`], run many times. It holds a share of the backend, so the
-/// backend outlives its memory; dropping the plan frees its allocations, except after a
-/// failed run that left requests with MPI (then the communicator's graveyard keeps them,
-/// and the backend, until MPI is done with them).
+/// the executor's per-rank lowering of it (local work as backend programs on one lane at this
+/// process's device), staging buffers; built once by [`MpiCommunicator::prepare`], run many
+/// times by the executor's runner. It holds a share of the backend, so the backend outlives
+/// its memory; dropping the plan frees its allocations, except after a failed run that left
+/// requests with MPI (then the communicator's graveyard keeps them, and the backend, until
+/// MPI is done with them).
 pub struct DevicePlan<'a> {
     comm: &'a MpiCommunicator,
     schedule: Schedule,
     mode: TransferMode,
     mem: PlanMemory,
-    /// Per level of the schedule, its local work (`None` when it has none).
-    programs: Vec<Option<Program>>,
     /// Where staging memory is allocated.
     staging_at: Location,
-    /// Bytes the sends (receives) of the busiest level need when all are staged.
-    send_bytes: usize,
-    recv_bytes: usize,
     /// Programs copying the caller's input into its mirror, and the output mirror out.
     copy_in: Program,
     copy_out: Program,
     /// Bindings of the current run: input, output, then scratch (kept to avoid allocating).
     bindings: Vec<ByteRegion>,
     /// Per binding, MPI's address of its first byte, or `None` when its messages are staged.
-    direct: Vec<Option<usize>>,
+    direct: Vec<Option<RawRegion>>,
 }
 
 impl std::fmt::Debug for DevicePlan<'_> {
@@ -183,25 +189,74 @@ impl std::fmt::Debug for DevicePlan<'_> {
             .field("backend", &self.mem.backend.name())
             .field("mode", &self.mode)
             .field("messages", &self.schedule.messages())
-            .field("levels", &self.schedule.depth())
+            .field("stages", &self.schedule.depth())
             .finish()
     }
 }
 
-/// Binding index of a buffer: input, output, then scratch.
-fn binding(b: Buf) -> usize {
-    match b {
-        Buf::Input => 0,
-        Buf::Output => 1,
-        Buf::Scratch(i) => 2 + i,
+/// The executor's view of a [`DevicePlan`]'s memory during one run: its bindings on the
+/// backend, MPI's addresses of those it may use in place, and the staging buffers.
+struct BackendMemory<'m> {
+    backend: &'m dyn Backend,
+    bindings: &'m [ByteRegion],
+    direct: &'m [Option<RawRegion>],
+    send_stage: &'m mut HostBuf,
+    recv_stage: &'m mut HostBuf,
+    staging_at: Location,
+}
+
+impl BackendMemory<'_> {
+    fn region(&self, s: &Slot) -> ByteRegion {
+        let b = self.bindings[s.binding as usize];
+        ByteRegion {
+            mem: b.mem,
+            offset: b.offset + s.offset,
+            bytes: s.bytes,
+        }
     }
 }
 
-fn slot(l: &Loc) -> Slot {
-    Slot {
-        binding: binding(l.buf) as u32,
-        offset: l.off as u64,
-        bytes: l.len as u64,
+impl RankMemory for BackendMemory<'_> {
+    fn address(&self, slot: &Slot) -> Option<RawRegion> {
+        self.direct[slot.binding as usize].map(|r| RawRegion {
+            addr: r.addr + slot.offset as usize,
+            bytes: slot.bytes,
+            space: r.space,
+        })
+    }
+
+    unsafe fn launch(&mut self, program: &Program) -> crate::error::Result<()> {
+        let launch = Launch {
+            program,
+            bindings: self.bindings,
+        };
+        // SAFETY: the program has one lane, so its commands never race each other; its
+        // bindings are disjoint (`run` refuses overlapping input and output, scratch is this
+        // plan's own); pending MPI requests use ranges the checker proved disjoint from the
+        // segment's ops (the runner's contract).
+        unsafe { self.backend.submit(&[launch]) }
+    }
+
+    fn synchronize(&mut self) -> crate::error::Result<()> {
+        self.backend.synchronize()
+    }
+
+    fn download(&mut self, slot: &Slot, dst: &mut [u8]) -> crate::error::Result<()> {
+        self.backend.download(self.region(slot), dst)
+    }
+
+    fn upload(&mut self, slot: &Slot, src: &[u8]) -> crate::error::Result<()> {
+        self.backend.upload(self.region(slot), src)
+    }
+
+    fn staging(&mut self, send: usize, recv: usize) -> crate::error::Result<(*mut u8, *mut u8)> {
+        let s = self
+            .send_stage
+            .ensure(self.backend, self.staging_at, send)?;
+        let r = self
+            .recv_stage
+            .ensure(self.backend, self.staging_at, recv)?;
+        Ok((s, r))
     }
 }
 
@@ -215,10 +270,14 @@ impl<'a> DevicePlan<'a> {
         // Raw addresses go to MPI while launches run: only the checker's proof that unordered
         // ops touch disjoint bytes makes that sound, so unchecked plans are refused.
         relaycc_route::check(plan)?;
-        let schedule = Schedule::new(plan, comm.rank(), &|l| comm.owner(plan, l))?;
         let device = Location::Gpu(comm.device());
-        // The plan names memories by the topology's GPUs; this process's backend knows its
-        // own device only.
+        // One lane at this process's device: the plan names memories by the topology's GPUs,
+        // and this process's backend knows its own device only.
+        let lanes = Lanes::Fold {
+            count: 1,
+            at: device,
+        };
+        let schedule = Schedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
         let local = |l: Location| match l {
             Location::Gpu(_) => device,
             host => host,
@@ -229,56 +288,12 @@ impl<'a> DevicePlan<'a> {
             .copied()
             .find(|l| matches!(l, Location::Host(_)))
             .unwrap_or(Location::Host(0));
-        let programs = schedule
-            .levels
-            .iter()
-            .map(|lv| {
-                if lv.locals.is_empty() && lv.reduces.is_empty() {
-                    return None;
-                }
-                let mut commands = Vec::with_capacity(lv.locals.len() + lv.reduces.len());
-                let mut srcs = Vec::new();
-                // One lane per level: ops of one level are unordered, so the checker proved
-                // them disjoint, and any order on one lane is correct.
-                for (s, d) in &lv.locals {
-                    commands.push(Command::Copy {
-                        lane: 0,
-                        src: slot(s),
-                        dst: slot(d),
-                    });
-                }
-                for (from, d, finalize) in &lv.reduces {
-                    let first = srcs.len() as u32;
-                    srcs.extend(from.iter().map(slot));
-                    commands.push(Command::Reduce {
-                        lane: 0,
-                        first,
-                        count: from.len() as u32,
-                        dst: slot(d),
-                        divide: *finalize,
-                    });
-                }
-                Some(Program {
-                    lanes: vec![device],
-                    events: 0,
-                    dtype: schedule.dtype,
-                    op: schedule.op,
-                    divisor: schedule.nranks,
-                    bindings: 2 + schedule.scratch.len() as u32,
-                    commands,
-                    srcs,
-                })
-            })
-            .collect();
-        let level_bytes = |f: fn(&super::schedule::Level) -> usize| {
-            schedule.levels.iter().map(f).max().unwrap_or(0)
-        };
         let copy = |bytes: usize| Program {
             lanes: vec![device],
             events: 0,
-            dtype: schedule.dtype,
-            op: schedule.op,
-            divisor: schedule.nranks,
+            dtype: plan.dtype,
+            op: plan.request.op,
+            divisor: plan.request.nranks() as u32,
             bindings: 2,
             commands: vec![Command::Copy {
                 lane: 0,
@@ -296,16 +311,11 @@ impl<'a> DevicePlan<'a> {
             srcs: Vec::new(),
         };
         let (copy_in, copy_out) = (copy(schedule.input_len), copy(schedule.output_len));
-        let send_bytes = level_bytes(|l| l.sends.iter().map(|m| m.2.len).sum());
-        let recv_bytes = level_bytes(|l| l.recvs.iter().map(|m| m.2.len).sum());
         let mut dp = DevicePlan {
             comm,
             mode: comm.transfer(),
             mem: PlanMemory::new(backend),
-            programs,
             staging_at,
-            send_bytes,
-            recv_bytes,
             copy_in,
             copy_out,
             bindings: Vec::with_capacity(2 + schedule.scratch.len()),
@@ -341,7 +351,7 @@ impl<'a> DevicePlan<'a> {
     pub fn messages(&self) -> (usize, usize) {
         self.schedule.messages()
     }
-    /// Dependency levels this rank takes part in.
+    /// Stages of this rank: dependency levels at which it sends or receives.
     pub fn levels(&self) -> usize {
         self.schedule.depth()
     }
@@ -352,9 +362,11 @@ impl<'a> DevicePlan<'a> {
 
     /// Run this rank's part with `input` and `output` (regions of this backend's memory of
     /// [`Self::input_bytes`] and [`Self::output_bytes`]; a zero-byte region where the rank has
-    /// none). Collective over the plan's ranks. Per level: post receives, post sends
-    /// (downloading staged ones first), launch the level's local work, wait for the messages
-    /// and the launch, upload staged receives. In `Direct` mode the input is first copied
+    /// none). Collective over the plan's ranks, run by the executor's runner
+    /// ([`crate::exec::run::run`]): per stage, the local work since the previous stage, then
+    /// post receives, post sends (downloading staged ones first), launch the level's local
+    /// work, wait for the messages and the launch, upload staged receives; then the local
+    /// work after the last stage. In `Direct` mode the input is first copied
     /// into this plan's mirror of it, and the output mirror copied out at the end, so MPI is
     /// never handed the caller's regions.
     ///
@@ -423,150 +435,46 @@ impl<'a> DevicePlan<'a> {
         self.bindings.clear();
         self.bindings.extend([in_at, out_at]);
         self.bindings
-            .extend(self.mem.scratch.iter().map(|m| ByteRegion {
-                mem: *m,
-                offset: 0,
-                bytes: m.bytes(),
-            }));
+            .extend(self.mem.scratch.iter().map(|m| whole(*m)));
         self.direct.clear();
         for r in &self.bindings {
-            let addr = match self.mode {
+            let raw = match self.mode {
                 TransferMode::Staged => None,
                 // Direct means MPI may use device addresses too (CUDA-aware); a backend
                 // outside this crate, or one that gives no address, forces staging.
-                TransferMode::Direct => {
-                    trusted_raw_region(&*self.mem.backend, *r)?.map(|raw| raw.addr)
-                }
+                TransferMode::Direct => trusted_raw_region(&*self.mem.backend, *r)?,
             };
-            self.direct.push(addr);
+            self.direct.push(raw);
         }
-        let staged = |l: &Loc, direct: &[Option<usize>]| direct[binding(l.buf)].is_none();
-        let any_send = self
-            .schedule
-            .levels
-            .iter()
-            .any(|lv| lv.sends.iter().any(|(_, _, l)| staged(l, &self.direct)));
-        let any_recv = self
-            .schedule
-            .levels
-            .iter()
-            .any(|lv| lv.recvs.iter().any(|(_, _, l)| staged(l, &self.direct)));
-        let send_stage = if any_send {
-            self.mem
-                .send_stage
-                .ensure(&*self.mem.backend, self.staging_at, self.send_bytes)?
-        } else {
-            std::ptr::null_mut()
-        };
-        let recv_stage = if any_recv {
-            self.mem
-                .recv_stage
-                .ensure(&*self.mem.backend, self.staging_at, self.recv_bytes)?
-        } else {
-            std::ptr::null_mut()
-        };
-        let region = |l: &Loc| {
-            let b = self.bindings[binding(l.buf)];
-            ByteRegion {
-                mem: b.mem,
-                offset: b.offset + l.off as u64,
-                bytes: l.len as u64,
-            }
-        };
         if in_at != input {
             self.copy_between(&self.copy_in, input, in_at)?;
         }
         let timeout = self.comm.timeout();
-        let deadline = Instant::now() + timeout;
-        for (li, level) in self.schedule.levels.iter().enumerate() {
-            reqs.clear();
-            let mut local: Option<MpiError> = None;
-            let mut off = 0usize;
-            for (peer, tag, l) in &level.recvs {
-                let ptr = match self.direct[binding(l.buf)] {
-                    Some(base) => (base + l.off) as *mut u8,
-                    None => {
-                        // SAFETY: the level's staged receives take consecutive ranges of the
-                        // receive staging buffer, which holds the busiest level's total.
-                        let p = unsafe { recv_stage.add(off) };
-                        off += l.len;
-                        p
-                    }
-                };
-                // SAFETY: `ptr` is `l.len` bytes of a live allocation: the backend region
-                // (`Schedule::new` bounded `l` by the buffer, whose size was checked above) or
-                // a private staging range. No launch touches it until the request completes:
-                // the level's launch writes only ranges the checker proved disjoint, and the
-                // next launch waits for `reqs.wait`. It stays allocated: this call returns
-                // after completion or cancellation, and after a failure that leaves requests
-                // with MPI, `run` moves this plan's memory, with a share of the backend, to the
-                // graveyard, which frees it only once MPI reports the requests complete; a
-                // direct range is never the caller's region (the mirrors stand in for it).
-                unsafe { reqs.irecv(ptr, l.len, *peer as c_int, *tag)? };
-            }
-            let mut off = 0usize;
-            for (peer, tag, l) in &level.sends {
-                let ptr = match self.direct[binding(l.buf)] {
-                    Some(base) => (base + l.off) as *const u8,
-                    None => {
-                        // SAFETY: as for receives, in the send staging buffer.
-                        let p = unsafe { send_stage.add(off) };
-                        off += l.len;
-                        // SAFETY: `p..p + len` is a private staging range no pending request
-                        // uses (earlier sends of the level use earlier ranges).
-                        let dst = unsafe { std::slice::from_raw_parts_mut(p, l.len) };
-                        // No launch of this level is in flight yet, so the download does not
-                        // wait for one.
-                        if let Err(e) = self.mem.backend.download(region(l), dst) {
-                            // The peer never gets this message and times out; this rank
-                            // completes what it posted, then reports the backend's error.
-                            local = Some(e.into());
-                            break;
-                        }
-                        p
-                    }
-                };
-                // SAFETY: as for receives; the source is only read. A direct source was
-                // written by an earlier level's launch, which `synchronize` finished.
-                unsafe { reqs.isend(ptr, l.len, *peer as c_int, *tag)? };
-            }
-            if local.is_none()
-                && let Some(program) = &self.programs[li]
-            {
-                let launch = Launch {
-                    program,
-                    bindings: &self.bindings,
-                };
-                // SAFETY: the program has one lane, so its commands never race each other;
-                // its bindings are disjoint (`run` refuses overlapping input and output,
-                // scratch is this plan's own); the level's MPI requests use ranges the
-                // checker proved disjoint from the level's local ops (see the receives).
-                if let Err(e) = unsafe { self.mem.backend.submit(&[launch]) } {
-                    local = Some(e.into());
-                }
-            }
-            let waited = reqs.wait(li, deadline, timeout);
-            // The launch may still read or write; its bytes must be settled before anything
-            // else touches them, and its errors are reported here.
-            if let Err(e) = self.mem.backend.synchronize() {
-                local.get_or_insert(e.into());
-            }
-            if let Some(e) = local {
-                return Err(e);
-            }
-            waited?;
-            let mut off = 0usize;
-            for (_, _, l) in &level.recvs {
-                if self.direct[binding(l.buf)].is_some() {
-                    continue;
-                }
-                // SAFETY: the receive into this staging range completed (`wait`), and
-                // nothing else writes staging memory.
-                let src = unsafe { std::slice::from_raw_parts(recv_stage.add(off), l.len) };
-                off += l.len;
-                self.mem.backend.upload(region(l), src)?;
-            }
-        }
+        let PlanMemory {
+            backend,
+            send_stage,
+            recv_stage,
+            ..
+        } = &mut self.mem;
+        let mut mem = BackendMemory {
+            backend: &**backend,
+            bindings: &self.bindings,
+            direct: &self.direct,
+            send_stage,
+            recv_stage,
+            staging_at: self.staging_at,
+        };
+        // Every address MPI gets is a binding of this plan (scratch, or a mirror of the
+        // caller's region in `Direct` mode) or its staging memory, never the caller's region:
+        // after a failure that leaves requests with MPI, `run` moves all of them, with a
+        // share of the backend, to the graveyard.
+        let mut transport = MpiTransport::new(
+            reqs,
+            Instant::now() + timeout,
+            timeout,
+            self.mode == TransferMode::Direct,
+        );
+        run::run(&self.schedule.program, &mut mem, &mut transport)?;
         if out_at != output {
             self.copy_between(&self.copy_out, out_at, output)?;
         }

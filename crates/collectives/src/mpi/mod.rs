@@ -23,6 +23,7 @@ mod indexed;
 mod plans;
 mod requests;
 mod schedule;
+mod transport;
 mod typed;
 
 use std::cell::{Cell, RefCell};
@@ -82,7 +83,8 @@ pub enum MpiError {
         /// What waited: `run` (a run's messages), or the collective step before a run or a
         /// build (`execute a plan`, `prepare a plan`, `build an exchange`).
         step: &'static str,
-        /// The dependency level that did not complete (0 for a step before a run).
+        /// The stage of the run that did not complete: the rank's n-th dependency level with
+        /// messages, from 0 (0 for a step before a run).
         level: usize,
         /// Requests still pending.
         pending: usize,
@@ -447,8 +449,9 @@ impl MpiCommunicator {
     /// Bind this rank's part of `plan` to `backend` for repeated runs: check the plan
     /// (`relaycc_route::check`), schedule it, allocate its scratch on the backend at the
     /// plan's locations (`Location::Gpu(_)` of this rank becomes this process's device
-    /// `Location::Gpu(device)`, `Location::Host(h)` stays), and build one program of local
-    /// copies and reductions per level. Staging buffers are allocated on the first run that
+    /// `Location::Gpu(device)`, `Location::Host(h)` stays), and lower it for this rank with the
+    /// executor's one lowering (one backend program of local copies and reductions per
+    /// segment, on one lane). Staging buffers are allocated on the first run that
     /// needs them and reused. The transfer mode is the communicator's.
     ///
     /// The plan keeps a share of `backend` (an `Arc<HostBackend>` or `Arc<CudaBackend>`

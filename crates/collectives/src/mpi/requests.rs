@@ -1,6 +1,7 @@
 //! The nonblocking MPI requests of one level: posted, polled against a deadline, and on any
-//! failure cancelled. Both plan runners ([`super::schedule::Schedule::run`] over host memory,
-//! [`super::DevicePlan::run`] over a backend's memory) post through this one type.
+//! failure cancelled. The executor's runner posts through this one type, by way of the MPI
+//! transport ([`super::transport::MpiTransport`]), over host memory
+//! ([`super::schedule::Schedule::run`]) and over a backend's memory ([`super::DevicePlan::run`]).
 //!
 //! A failure never aborts the job. Requests that MPI does not give back after `MPI_Cancel`
 //! (Open MPI cannot cancel a send whose peer never posts the receive) are left in the

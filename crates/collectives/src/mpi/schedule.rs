@@ -1,24 +1,18 @@
-//! One process's part of a plan, and its execution over MPI (see README.md beside this file).
-//!
-//! A [`Schedule`] is built once per plan and rank: ops are put on dependency levels, and each
-//! level lists the receives, sends and local copies this rank takes part in. [`Schedule::run`]
-//! executes it: per level, post every receive, then every send (nonblocking, tag = op id), run
-//! the local copies, then poll `MPI_Testall` until the level completes or the deadline passes.
+//! One process's part of a plan on host memory: the executor's per-rank lowering
+//! ([`crate::exec::lower`]) with this rank's buffers as bindings, run by the executor's one
+//! runner ([`crate::exec::run::run`]) inline on host memory over the MPI transport
+//! ([`super::transport::MpiTransport`]). See README.md beside this file.
 
-use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
-use relaycc_route::{BufferRef, DType, Location, OpKind, Plan, ReduceOp};
+use relaycc_route::{BufferRef, Location, Plan};
 
 use super::MpiError;
 use super::requests::Requests;
-use crate::backend::host_reduce;
-
-/// MPI guarantees tags up to 32767 (MPI 4.0 §3.2.3); op ids are folded into that range. Two
-/// messages of one level between the same pair with the same folded tag still match
-/// correctly, because both sides post them in op id order and MPI does not let messages
-/// overtake each other.
-const TAG_RANGE: u32 = 32768;
+use super::transport::MpiTransport;
+use crate::backend::Command;
+use crate::exec::lower::{self, Lanes, Layout, RankProgram};
+use crate::exec::run::{self, HostMemory};
 
 /// The memory one run of a [`Schedule`] works in: this rank's input, output and scratch,
 /// owned here so that a failed run can hand it over to the graveyard while MPI still holds
@@ -28,6 +22,9 @@ pub(crate) struct RunBuffers {
     input: Vec<u128>,
     output: Vec<u128>,
     scratch: Vec<Vec<u128>>,
+    /// Staging for messages the transport cannot reach in place (none over MPI on host
+    /// memory; kept so that the runner's memory is owned here too).
+    staging: Vec<u128>,
 }
 
 /// Words holding `bytes`.
@@ -42,6 +39,7 @@ impl RunBuffers {
             input: words(s.input_len),
             output: words(s.output_len),
             scratch: s.scratch.iter().map(|n| words(*n)).collect(),
+            staging: Vec::new(),
         }
     }
 
@@ -78,43 +76,11 @@ impl RunBuffers {
     }
 }
 
-/// A buffer of this rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Buf {
-    Input,
-    Output,
-    Scratch(usize),
-}
-
-/// A byte range of a buffer of this rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Loc {
-    pub(super) buf: Buf,
-    pub(super) off: usize,
-    pub(super) len: usize,
-}
-
-/// What one rank does on one dependency level.
-#[derive(Debug, Default, Clone)]
-pub(super) struct Level {
-    /// (peer, tag, destination).
-    pub(super) recvs: Vec<(c_int, c_int, Loc)>,
-    /// (peer, tag, source).
-    pub(super) sends: Vec<(c_int, c_int, Loc)>,
-    /// (source, destination), both here.
-    pub(super) locals: Vec<(Loc, Loc)>,
-    /// (sources, destination, finalize): local reductions (the plan IR keeps them local).
-    pub(super) reduces: Vec<(Vec<Loc>, Loc, bool)>,
-}
-
-/// One rank's part of a plan, by dependency level.
+/// One rank's part of a plan: the executor's lowering for this rank, with its bindings
+/// (input 0, output 1, then the scratch buffers this rank holds).
 #[derive(Debug, Clone)]
 pub(crate) struct Schedule {
-    pub(super) levels: Vec<Level>,
-    /// Element type, reduce op and rank count of the plan (for reductions).
-    pub(super) dtype: DType,
-    pub(super) op: ReduceOp,
-    pub(super) nranks: u32,
+    pub(super) program: RankProgram,
     /// Bytes of each scratch buffer this rank owns.
     pub(crate) scratch: Vec<usize>,
     /// Where the plan puts each of those scratch buffers.
@@ -122,40 +88,53 @@ pub(crate) struct Schedule {
     /// Bytes of this rank's input and output.
     pub(crate) input_len: usize,
     pub(crate) output_len: usize,
+    /// Some op of this rank writes its input (a plan may use it as scratch).
+    writes_input: bool,
 }
 
 impl Schedule {
-    /// The part of `plan` that rank `me` runs; `owner` maps a memory to the rank that holds it.
+    /// The part of `plan` that rank `me` runs; `owner` maps a memory to the rank that holds
+    /// it. Local ops are folded onto one lane (they run inline, see [`Schedule::run_at`]).
     ///
-    /// A copy whose source and destination this rank owns is a local copy; one it sends from
-    /// is an `MPI_Isend`, one it receives into an `MPI_Irecv`; others are not its business.
-    /// Levels: an op's level is one more than that of its deps and of the previous op of its
-    /// lane (lanes run in order; [`Plan::dependency_levels`]). Every rank computes the same
-    /// levels from the same plan.
-    ///
-    /// A reduction runs on the rank that holds its destination (its sources are in the same
-    /// memory: the plan IR keeps reductions local).
-    ///
-    /// Errors: a dependency cycle, a memory no rank owns, a region outside its buffer, or a
-    /// message over `i32::MAX` bytes.
-    ///
-    /// Complexity: O(ops + deps).
+    /// Errors: as [`Schedule::with_lanes`].
     pub(crate) fn new(
         plan: &Plan,
         me: u32,
         owner: &dyn Fn(Location) -> Option<u32>,
     ) -> Result<Self, MpiError> {
-        let size = plan.dtype.size() as usize;
-        let level = plan.dependency_levels()?;
-        let own = |b: BufferRef| -> Result<u32, MpiError> {
-            plan.location(b).and_then(owner).ok_or_else(|| {
-                MpiError::Unsupported(format!("no rank holds {b:?} of plan {}", plan.algorithm))
-            })
+        let lanes = Lanes::Fold {
+            count: 1,
+            at: Location::Host(0),
         };
+        Self::with_lanes(plan, me, owner, lanes)
+    }
+
+    /// The part of `plan` that rank `me` runs, its local ops on `lanes`
+    /// ([`crate::exec::lower::lower`]).
+    ///
+    /// Errors: a dependency cycle, a memory no rank owns, a process that holds two ranks'
+    /// inputs, a region outside its buffer (the lowering's errors, as
+    /// [`MpiError::Backend`]).
+    ///
+    /// Complexity: O(ops + deps).
+    pub(crate) fn with_lanes(
+        plan: &Plan,
+        me: u32,
+        owner: &dyn Fn(Location) -> Option<u32>,
+        lanes: Lanes,
+    ) -> Result<Self, MpiError> {
+        let size = plan.dtype.size() as usize;
+        let own = |b: BufferRef| plan.location(b).and_then(owner);
         // This rank's request rank: the one whose input lives here (one per process).
         let mut mine = None;
         for r in 0..plan.request.nranks() as u32 {
-            if own(BufferRef::Input(r))? == me {
+            let here = own(BufferRef::Input(r)).ok_or_else(|| {
+                MpiError::Unsupported(format!(
+                    "no rank holds input {r} of plan {}",
+                    plan.algorithm
+                ))
+            })?;
+            if here == me {
                 if mine.is_some() {
                     return Err(MpiError::Unsupported(
                         "one process serves one rank of a plan".into(),
@@ -176,113 +155,55 @@ impl Schedule {
         let mut scratch_at = Vec::new();
         for (i, s) in plan.scratch.iter().enumerate() {
             if owner(s.location) == Some(me) {
-                scratch_ix[i] = Some(scratch.len());
+                scratch_ix[i] = Some(2 + scratch.len() as u32);
                 scratch.push(s.len as usize * size);
                 scratch_at.push(s.location);
             }
         }
-        let loc = |r: relaycc_route::Region| -> Result<Loc, MpiError> {
-            let (buf, cap) = match r.buffer {
-                BufferRef::Input(x) if Some(x) == mine => (Buf::Input, input_len),
-                BufferRef::Output(x) if Some(x) == mine => (Buf::Output, output_len),
-                BufferRef::Scratch(i) => match scratch_ix.get(i as usize).copied().flatten() {
-                    Some(j) => (Buf::Scratch(j), scratch[j]),
-                    None => return Err(MpiError::Unsupported(format!("{r:?} is not here"))),
-                },
-                _ => return Err(MpiError::Unsupported(format!("{r:?} is not here"))),
-            };
-            let (off, len) = (r.offset as usize * size, r.len as usize * size);
-            if off.checked_add(len).is_none_or(|e| e > cap) {
-                return Err(MpiError::Unsupported(format!(
-                    "{r:?} lies outside its {cap}-byte buffer"
-                )));
-            }
-            Ok(Loc { buf, off, len })
+        let binding = |b: BufferRef| match b {
+            BufferRef::Input(x) if Some(x) == mine => Some(0),
+            BufferRef::Output(x) if Some(x) == mine => Some(1),
+            BufferRef::Scratch(i) => scratch_ix.get(i as usize).copied().flatten(),
+            _ => None,
         };
-        let depth = level.iter().copied().max().map_or(0, |d| d as usize + 1);
-        let mut levels = vec![Level::default(); depth];
-        for (id, op) in plan.ops.iter().enumerate() {
-            let (src, dst) = match &op.kind {
-                OpKind::Copy { src, dst } => (*src, *dst),
-                OpKind::Reduce {
-                    srcs,
-                    dst,
-                    finalize,
-                } => {
-                    if dst.len > 0 && own(dst.buffer)? == me {
-                        let from = srcs
-                            .iter()
-                            .map(|s| loc(*s))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        levels[level[id] as usize]
-                            .reduces
-                            .push((from, loc(*dst)?, *finalize));
-                    }
-                    continue;
-                }
-            };
-            if dst.len == 0 {
-                continue;
-            }
-            let (a, b) = (own(src.buffer)?, own(dst.buffer)?);
-            let tag = (id as u32 % TAG_RANGE) as c_int;
-            let lv = &mut levels[level[id] as usize];
-            let msg = |l: Loc| -> Result<Loc, MpiError> {
-                if l.len > i32::MAX as usize {
-                    return Err(MpiError::Unsupported(format!(
-                        "op {id} moves {} bytes, over MPI's int count",
-                        l.len
-                    )));
-                }
-                Ok(l)
-            };
-            match (a == me, b == me) {
-                (true, true) => lv.locals.push((loc(src)?, loc(dst)?)),
-                (true, false) => lv.sends.push((b as c_int, tag, msg(loc(src)?)?)),
-                (false, true) => lv.recvs.push((a as c_int, tag, msg(loc(dst)?)?)),
-                (false, false) => {}
-            }
-        }
-        // Each rank posts its messages starting with its next neighbour (receives: with its
-        // previous one), so that at every moment the ranks talk to different peers instead of
-        // all to rank 0 first. The sort is stable, so one pair's messages keep their op-id
-        // order, which tag matching relies on.
-        let n = i64::from(plan.request.nranks().max(1) as u32);
-        let me_i = i64::from(me);
-        for l in &mut levels {
-            l.sends
-                .sort_by_key(|(peer, _, _)| (i64::from(*peer) - me_i).rem_euclid(n));
-            l.recvs
-                .sort_by_key(|(peer, _, _)| (me_i - i64::from(*peer)).rem_euclid(n));
-        }
-        levels.retain(|l| {
-            !(l.recvs.is_empty()
-                && l.sends.is_empty()
-                && l.locals.is_empty()
-                && l.reduces.is_empty())
-        });
+        let mut binding_bytes = vec![input_len as u64, output_len as u64];
+        binding_bytes.extend(scratch.iter().map(|n| *n as u64));
+        let layout = Layout {
+            me,
+            owner: &own,
+            binding: &binding,
+            binding_bytes,
+            lanes,
+        };
+        let program = lower::lower(plan, &layout)?;
+        let writes_input = program
+            .stages
+            .iter()
+            .any(|s| s.recvs.iter().any(|m| m.slot.binding == 0))
+            || program.segments().any(|seg| {
+                seg.program.commands.iter().any(|c| match c {
+                    Command::Copy { dst, .. } | Command::Reduce { dst, .. } => dst.binding == 0,
+                    _ => false,
+                })
+            });
         Ok(Schedule {
-            levels,
-            dtype: plan.dtype,
-            op: plan.request.op,
-            nranks: plan.request.nranks() as u32,
+            program,
             scratch,
             scratch_at,
             input_len,
             output_len,
+            writes_input,
         })
     }
 
     /// Messages this rank sends and receives per run.
     pub(crate) fn messages(&self) -> (usize, usize) {
-        self.levels
-            .iter()
-            .fold((0, 0), |(s, r), l| (s + l.sends.len(), r + l.recvs.len()))
+        self.program.messages()
     }
 
-    /// Levels this rank takes part in.
+    /// Dependency levels at which this rank sends or receives (its stages).
     pub(crate) fn depth(&self) -> usize {
-        self.levels.len()
+        self.program.stages.len()
     }
 
     /// Run this rank's part with `input` and `output`, through `bufs` (see
@@ -337,15 +258,12 @@ impl Schedule {
     /// True when some op of this rank writes its input buffer (a plan may use it as
     /// scratch); the caller's input then cannot serve as the run's input.
     pub(crate) fn writes_input(&self) -> bool {
-        self.levels.iter().any(|l| {
-            l.recvs.iter().any(|(_, _, d)| d.buf == Buf::Input)
-                || l.locals.iter().any(|(_, d)| d.buf == Buf::Input)
-                || l.reduces.iter().any(|(_, d, _)| d.buf == Buf::Input)
-        })
+        self.writes_input
     }
 
     /// Run this rank's part with its input at `in_ptr` and its output at `out_ptr` (the
-    /// caller's memory, or buffers of `bufs`), and scratch from `bufs`.
+    /// caller's memory, or buffers of `bufs`), and scratch from `bufs`: the executor's runner
+    /// with the local segments inline ([`HostMemory`]) and messages over MPI.
     ///
     /// # Safety
     /// `in_ptr` must point to `self.input_len` readable bytes (written only when
@@ -363,100 +281,17 @@ impl Schedule {
         timeout: Duration,
     ) -> Result<(), MpiError> {
         bufs.fits(self)?;
-        let scr: Vec<*mut u8> = bufs
-            .scratch
-            .iter_mut()
-            .map(|v| v.as_mut_ptr().cast::<u8>())
-            .collect();
-        let at = |l: &Loc| -> *mut u8 {
-            let base = match l.buf {
-                Buf::Input => in_ptr,
-                Buf::Output => out_ptr,
-                Buf::Scratch(i) => scr[i],
-            };
-            // SAFETY: `Schedule::new` checked `off + len <= ` the buffer's length; `bufs.fits`
-            // checked that each scratch buffer holds that length, and the caller that the
-            // input and output ranges do, so the pointer stays inside the allocation.
-            unsafe { base.add(l.off) }
-        };
-        let deadline = Instant::now() + timeout;
-        for (li, level) in self.levels.iter().enumerate() {
-            reqs.clear();
-            for (peer, tag, l) in &level.recvs {
-                // SAFETY: the destination range is inside a buffer of `bufs` (see `at`), is
-                // not touched by anything else until the request completes (the plan checker
-                // proves no unordered op touches it), and stays allocated until then: this
-                // function returns after completion or cancellation, and requests MPI keeps
-                // are buried with `bufs` by the caller.
-                unsafe { reqs.irecv(at(l), l.len, *peer, *tag)? };
-            }
-            for (peer, tag, l) in &level.sends {
-                // SAFETY: as for the receives; the source is only read.
-                unsafe { reqs.isend(at(l).cast_const(), l.len, *peer, *tag)? };
-            }
-            for (s, d) in &level.locals {
-                // SAFETY: both ranges are inside live buffers (see `at`) and of equal length
-                // (the plan checker proves copies are length-preserving and `Schedule::new`
-                // took both lengths from the plan). `ptr::copy` allows overlap; ranges
-                // written by pending receives are disjoint from these (plan checker).
-                unsafe { std::ptr::copy(at(s).cast_const(), at(d), s.len.min(d.len)) };
-            }
-            for (srcs, d, finalize) in &level.reduces {
-                self.reduce(srcs, d, *finalize, &at);
-            }
-            reqs.wait(li, deadline, timeout)?;
+        let mut ptrs: Vec<(*mut u8, usize)> = Vec::with_capacity(2 + bufs.scratch.len());
+        ptrs.push((in_ptr, self.input_len));
+        ptrs.push((out_ptr, self.output_len));
+        for (v, n) in bufs.scratch.iter_mut().zip(&self.scratch) {
+            ptrs.push((v.as_mut_ptr().cast::<u8>(), *n));
         }
-        Ok(())
-    }
-
-    /// Run one local reduction `d = op(srcs...)` through the host backend's typed kernels,
-    /// dividing by the rank count where an `Avg` result is finalized. Buffers here are bytes
-    /// with no alignment promise, so misaligned or partly overlapping operands go through
-    /// aligned temporaries.
-    fn reduce(&self, srcs: &[Loc], d: &Loc, finalize: bool, at: &dyn Fn(&Loc) -> *mut u8) {
-        let esize = self.dtype.size() as usize;
-        let len = d.len / esize;
-        let divisor = (finalize && self.op == ReduceOp::Avg).then_some(self.nranks);
-        let dst = at(d);
-        let ptrs: Vec<*const u8> = srcs.iter().map(|s| at(s).cast_const()).collect();
-        let aligned = |p: *const u8| (p as usize).is_multiple_of(esize);
-        let overlaps = |p: *const u8| {
-            let (a, b) = (p as usize, dst as usize);
-            a != b && a < b + d.len && b < a + d.len
-        };
-        if ptrs.iter().all(|p| aligned(*p) && !overlaps(*p)) && aligned(dst.cast_const()) {
-            // SAFETY: every operand is `len` elements inside a live buffer (checked lengths
-            // and offsets, see `at`), aligned for the type (just checked), and no pending
-            // receive touches them (the plan checker proves unordered ops disjoint); the
-            // destination equals a source or overlaps none (just checked).
-            unsafe { host_reduce::reduce(self.dtype, self.op, &ptrs, dst, len, divisor) };
-            return;
-        }
-        let words = d.len.div_ceil(8);
-        let copies: Vec<Vec<u64>> = ptrs
-            .iter()
-            .map(|p| {
-                let mut v = vec![0u64; words];
-                // SAFETY: `p` points to `d.len` readable bytes (as above); `v` has room.
-                unsafe { std::ptr::copy_nonoverlapping(*p, v.as_mut_ptr().cast::<u8>(), d.len) };
-                v
-            })
-            .collect();
-        let mut out = vec![0u64; words];
-        let tmp: Vec<*const u8> = copies.iter().map(|v| v.as_ptr().cast::<u8>()).collect();
-        // SAFETY: the temporaries are u64-aligned (enough for every element type), hold `len`
-        // elements, and are private to this call.
-        unsafe {
-            host_reduce::reduce(
-                self.dtype,
-                self.op,
-                &tmp,
-                out.as_mut_ptr().cast::<u8>(),
-                len,
-                divisor,
-            )
-        };
-        // SAFETY: `dst` has `d.len` writable bytes that nothing else touches now (as above).
-        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr().cast::<u8>(), dst, d.len) };
+        // SAFETY: the input and output ranges are the caller's promise; each scratch buffer
+        // holds its length (`fits`) and lives in `bufs` for the whole call (and, after a
+        // failure that leaves requests, in the graveyard the caller moves `bufs` to).
+        let mut mem = unsafe { HostMemory::new(&self.program, &ptrs, &mut bufs.staging)? };
+        let mut transport = MpiTransport::new(reqs, Instant::now() + timeout, timeout, false);
+        run::run(&self.program, &mut mem, &mut transport)
     }
 }

@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
+use super::baseline_net::links::NetLinks;
 use super::builder::Builder;
 use super::ring::{self, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
@@ -77,6 +78,52 @@ impl ClusterShape {
         self.hosts.iter().map(|h| h[j]).collect()
     }
 }
+
+/// Pin every rail ring's hops on channel `ch` to rail-aligned connections: out through the
+/// sender's home NIC (its nearest in the PCIe tree, by PXN over NVLink where that path
+/// crosses a CPU), in through the receiver's NIC of the same rail. The connection cache's
+/// widest single routes tie between a node's NICs and may put two rails on one NIC, halving
+/// both; rail-aligned hops give each rail its own NIC in both directions.
+fn pin_rails(
+    b: &mut Builder,
+    topo: &Topology,
+    req: &Request,
+    shape: &ClusterShape,
+    ctx: &Ctx,
+    ch: u32,
+    c: u32,
+) -> Result<()> {
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let nn = shape.nodes();
+    for j in 0..shape.per_node() {
+        let ord = rail_order(shape, j, c);
+        for p in 0..nn {
+            let (a, d) = (ord[p], ord[(p + 1) % nn]);
+            if a == d {
+                continue;
+            }
+            let Some(rail) = links.rail[a as usize] else {
+                continue;
+            };
+            let conn = links.across(a, d, rail, j + p)?;
+            b.pin(ch, req.gpus[a as usize], req.gpus[d as usize], conn);
+        }
+    }
+    Ok(())
+}
+
+/// Rail `j`'s ring order on rail channel `c`: odd channels run backwards, so each NIC sends
+/// to both neighbours and one channel's start costs overlap the other's transfers.
+fn rail_order(shape: &ClusterShape, j: usize, c: u32) -> Vec<u32> {
+    let mut o = shape.rail(j);
+    if c % 2 == 1 {
+        o[1..].reverse();
+    }
+    o
+}
+
+/// Lane channels of an all_reduce's rail rings, one per rail channel.
+const CH_RAILS: [u32; 2] = [CH_RAIL, 4];
 
 /// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
 type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
@@ -169,6 +216,42 @@ fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
 /// `nranks x chunk` pieces ([NCCL-src]).
 const LOOP_CHUNKS: u64 = 2;
 
+/// Loop counts the orchestrator tries for a cluster all_reduce (each a candidate, passed as
+/// [`Ctx::channels`]): more loops shorten the fill and drain of the overlapped phases (about one
+/// loop's intra-node phases) but cut every rail step smaller, and each step pays a copy's start
+/// and a reduction's launch. Which wins depends on the node count and the message: simulated at
+/// 1 GiB on DGX H100 clusters, 4 loops are fastest on 2 and 16 nodes, 8 on 4 nodes, 16 on 8;
+/// at 64 MiB one loop (which the chunk still cuts into pieces) is.
+pub const PIPELINE_LOOPS: [u32; 4] = [1, 4, 8, 16];
+
+/// Smallest message a rail ring's step moves when the vector is cut into more loops, bytes:
+/// below it a step is mostly its start costs (a copy's and a reduction's launch, about 8 us,
+/// against 5 us of transfer at 50 GB/s).
+const MIN_RAIL_STEP_BYTES: u64 = 256 << 10;
+
+/// Loops an all_reduce is cut into: `asked` ([`Ctx::channels`]), fewer where a rail step would
+/// fall below [`MIN_RAIL_STEP_BYTES`], at least one.
+fn pipeline_loops(req: &Request, nn: usize, g: usize, asked: u32) -> u64 {
+    let step = (g * nn * CH_RAILS.len()) as u64 * MIN_RAIL_STEP_BYTES;
+    (req.count.saturating_mul(req.dtype.size()) / step.max(1)).clamp(1, u64::from(asked.max(1)))
+}
+
+/// The distinct loop counts of [`PIPELINE_LOOPS`] that an all_reduce `req` of `shape` is
+/// planned with ([`all_reduce`] cuts fewer where rail steps would be small), one candidate each.
+pub fn all_reduce_loops(req: &Request, shape: &ClusterShape) -> Vec<u32> {
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let mut v: Vec<u32> = PIPELINE_LOOPS
+        .iter()
+        .map(|&l| pipeline_loops(req, nn, g, l) as u32)
+        .collect();
+    v.dedup();
+    v
+}
+
+/// Node-partial slots per rank of an all_reduce: two let the intra-node reduce-scatter of one
+/// loop run while the rail ring of the loop before reads its partials.
+const PART_SLOTS: u64 = 2;
+
 /// The plan's display name: `rail-hier multi-node ...`.
 fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
     format!(
@@ -186,7 +269,8 @@ fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
 /// # Arguments
 /// - `topo`: the masked topology (nodes come from it);
 /// - `req`: an all_reduce;
-/// - `ctx`: connections, link mode, chunk size (`channels` is ignored).
+/// - `ctx`: connections, link mode, chunk size; `channels` is the number of loops the vector is
+///   cut into (fewer where a rail step would fall below 256 KiB), whose phases overlap.
 ///
 /// # Returns
 /// A complete plan, or [`crate::RouteError::NoRoute`] when ring neighbours cannot connect.
@@ -205,25 +289,44 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
-    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    let loops = pipeline_loops(req, nn, g, ctx.channels);
+    let mut b = Builder::new(req, ctx, format!("{} x{loops} loops", label(ctx, &shape)));
+    for (c, &ch) in CH_RAILS.iter().enumerate() {
+        pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
+    }
     let per = (g as u64)
         .saturating_mul(nn as u64)
-        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)));
+        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)))
+        .min(req.count.div_ceil(loops).max(1));
     // The first loop's piece is the largest: it sizes the staging every loop reuses.
     let most_all = req.count.min(per).div_ceil(g as u64);
-    let sub_all = most_all.div_ceil(nn as u64);
-    // Each rank's node partial of its block (the input itself on one-GPU nodes).
+    let sub_all = most_all.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+    // Each rank's node partials of its block (the input itself on one-GPU nodes), one per
+    // loop in flight: loop k+1's intra-node reduce-scatter fills one while loop k's rail ring
+    // reads the other, so NVLink and the NICs work at once.
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
-        .map(|r| (g > 1).then(|| b.scratch(r, most_all)))
+        .map(|r| (g > 1).then(|| b.scratch(r, PART_SLOTS * most_all)))
         .collect();
-    let (intra, rails) = ring_staging(&mut b, &shape, most_all, sub_all);
-    for (base, piece) in chunks(req.count, per.max(1)) {
+    let (intra, _) = ring_staging(&mut b, &shape, most_all, 0);
+    let rails: Vec<Vec<(Vec<u32>, RsStaging)>> = (0..CH_RAILS.len() as u32)
+        .map(|c| {
+            (0..g)
+                .map(|j| {
+                    let ord = rail_order(&shape, j, c);
+                    let st = RsStaging::new(&mut b, &ord, sub_all, nn > 2);
+                    (ord, st)
+                })
+                .collect()
+        })
+        .collect();
+    for (k, (base, piece)) in chunks(req.count, per.max(1)).enumerate() {
+        let slot = (k as u64 % PART_SLOTS) * most_all;
         let blocks = split_even(piece, g as u64);
         let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
         let chunk = phase_chunk(ctx, most);
         // A rail ring over N nodes moves a different sub-block at every step, so from
         // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
-        let sub = most.div_ceil(nn as u64);
+        let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
         let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
             sub.max(ctx.chunk_elems).max(1)
         } else {
@@ -237,26 +340,29 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
                 };
                 let fin = |p: usize, _q: usize, rel: u64, l: u64| {
                     let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
-                    Region::new(buf, rel, l)
+                    Region::new(buf, slot + rel, l)
                 };
                 reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, st, &inp, &fin, false)?;
             }
         }
         for (j, &(off, len)) in blocks.iter().enumerate() {
-            let (ord, st) = &rails[j];
-            let subs = split_even(len, nn as u64);
-            let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
-            let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-                Some(buf) => Region::new(buf, subs[q].0 + rel, l),
-                None => Region::new(BufferRef::Input(ord[p]), base + off + subs[q].0 + rel, l),
-            };
-            let out = |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(BufferRef::Output(ord[p]), base + off + subs[q].0 + rel, l)
-            };
-            reduce_scatter_ring(
-                &mut b, ord, CH_RAIL, &lens, rail_chunk, st, &inp, &out, true,
-            )?;
-            all_gather_ring(&mut b, ord, CH_RAIL, &lens, rail_chunk, None, &out)?;
+            let halves = split_even(len, CH_RAILS.len() as u64);
+            for (c, &(h_off, h_len)) in halves.iter().enumerate() {
+                let (ord, st) = &rails[c][j];
+                let ch = CH_RAILS[c];
+                let at = off + h_off;
+                let subs = split_even(h_len, nn as u64);
+                let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
+                let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+                    Some(buf) => Region::new(buf, slot + h_off + subs[q].0 + rel, l),
+                    None => Region::new(BufferRef::Input(ord[p]), base + at + subs[q].0 + rel, l),
+                };
+                let out = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Output(ord[p]), base + at + subs[q].0 + rel, l)
+                };
+                reduce_scatter_ring(&mut b, ord, ch, &lens, rail_chunk, st, &inp, &out, true)?;
+                all_gather_ring(&mut b, ord, ch, &lens, rail_chunk, None, &out)?;
+            }
         }
         if g > 1 {
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
@@ -287,6 +393,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     let per = LOOP_CHUNKS
         .saturating_mul(CHUNKS_PER_BLOCK)
         .saturating_mul(ctx.chunk_elems.max(1));
@@ -359,6 +466,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let count = req.count;
     let chunk = phase_chunk(ctx, count);
     let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     for r in 0..req.nranks() as u32 {
         b.send(
             Region::new(BufferRef::Input(r), 0, count),

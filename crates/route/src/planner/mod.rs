@@ -321,7 +321,14 @@ impl<'t> Candidates<'t> {
         };
         let mut jobs: Vec<(LinkMode, Planner, u32)> = Vec::new();
         if let Some(p) = hier {
-            jobs.push((LinkMode::Single, p, 1));
+            // A cluster all_reduce reads `channels` as its loop count: one candidate each.
+            let loops = match &shape {
+                Some(sh) if req.collective == Collective::AllReduce => {
+                    cluster::all_reduce_loops(req, sh)
+                }
+                _ => vec![1],
+            };
+            jobs.extend(loops.iter().map(|&l| (LinkMode::Single, p, l)));
         }
         if flat {
             jobs.extend(modes.iter().flat_map(|&mode| {

@@ -30,7 +30,10 @@ fn check_laws(t: &Topology, s: &HostSymmetry) {
             match s.host_of(n) {
                 Some(h) => assert_eq!(
                     s.host_of(m),
-                    Some((h + k * s.period()) % s.hosts()),
+                    Some(
+                        ((u64::from(h) + u64::from(k) * u64::from(s.period()))
+                            % u64::from(s.hosts())) as u32
+                    ),
                     "{} {n:?}",
                     t.name()
                 ),
@@ -215,6 +218,23 @@ fn imported_and_uneven_topologies_are_trivial() {
     let s = t.host_symmetry();
     assert!(s.is_trivial());
     check_laws(&t, &s);
+    // A file may number hosts far beyond its nodes: no shift, and no tables sized by them.
+    let mut b = crate::TopologyBuilder::new("far");
+    for (i, h) in [0, 4_000_000_000].into_iter().enumerate() {
+        b.begin_host(h);
+        let cpu = b.add_cpu(0, crate::rates::CpuFamily::IntelSkylake);
+        let gpu = b.add_gpu(GpuInfo::new(i as u32));
+        b.pcie(cpu, gpu, 3, 16);
+    }
+    let t = b.build().unwrap();
+    let s = t.host_symmetry();
+    assert_eq!((s.hosts(), s.period()), (4_000_000_001, 4_000_000_001));
+    check_laws(&t, &s);
+    let mut b = crate::TopologyBuilder::new("last");
+    b.begin_host(u32::MAX);
+    b.add_gpu(GpuInfo::new(0));
+    let t = b.build().unwrap();
+    assert!(t.host_symmetry().is_trivial());
 }
 
 #[test]
@@ -233,6 +253,38 @@ fn out_of_range_ids_are_fixed_points() {
         (s.rep_gpu(99), s.shift_gpu(99, 2), s.host_of_gpu(99)),
         (99, 99, 4)
     );
+}
+
+#[test]
+fn coarser_periods_are_subgroups() {
+    let t = preset("cluster:8xdgx-h100:ib-ndr").unwrap();
+    let s = t.host_symmetry();
+    assert_eq!(s.period(), 1);
+    for (period, ok) in [
+        (0, false),
+        (1, true),
+        (2, true),
+        (3, false),
+        (4, true),
+        (8, true),
+    ] {
+        let c = s.with_period(period);
+        assert_eq!(c.is_some(), ok, "period {period}");
+        if let Some(c) = c {
+            assert_eq!((c.period(), c.periods()), (period, 8 / period));
+            check_laws(&t, &c);
+        }
+    }
+    let c = s.with_period(2).unwrap();
+    // GPU 43 is GPU 3 of host 5: host 1 of the domain, two periods on.
+    assert_eq!((c.rep_gpu(43), c.periods_of_gpu(43)), (11, 2));
+    assert_eq!(c.shift_gpu(11, 3), 8 * 7 + 3);
+    let t = preset("cluster:128xdgx-h100:ib-ndr:rail").unwrap();
+    let s = t.host_symmetry();
+    assert!(s.with_period(16).is_none() && s.with_period(48).is_none());
+    let c = s.with_period(64).unwrap();
+    assert_eq!(c.periods(), 2);
+    check_laws(&t, &c);
 }
 
 #[test]

@@ -16,8 +16,6 @@
 //!   fabric: the shared leaf, or leaf, spine, leaf, the spine chosen by a salt so channels
 //!   spread over the spines as ECMP spreads flows. GPUs the driver refuses PCIe peer-to-peer
 //!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
-//!   staged through host memory. GPUs the driver refuses PCIe peer-to-peer
-//!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
 //!   staged through host memory.
 
 use std::collections::BTreeMap;
@@ -32,7 +30,7 @@ use crate::planner::{ConnCache, Connection, LinkMode};
 
 /// The members of one node.
 #[derive(Debug, Clone)]
-pub(super) struct NodeRanks {
+pub(crate) struct NodeRanks {
     /// Ranks on this node, in rank order.
     pub ranks: Vec<u32>,
     /// The node's NICs, in rail order.
@@ -40,7 +38,7 @@ pub(super) struct NodeRanks {
 }
 
 /// The member layout of a request on a cluster and the connections between members.
-pub(super) struct NetLinks<'t> {
+pub(crate) struct NetLinks<'t> {
     pub topo: &'t Topology,
     /// The request's GPUs, by rank.
     pub gpus: Vec<u32>,

@@ -14,7 +14,7 @@
 //! modelled: NCCL enables NVLS across nodes only with CollNet, and the NVLS tree's inter-node
 //! part is the tree here.
 
-mod links;
+pub(crate) mod links;
 mod pxn;
 mod rings;
 mod tree;

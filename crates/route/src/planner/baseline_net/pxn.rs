@@ -7,46 +7,116 @@
 //! carries exactly the traffic for its rail's GPUs, and on a rail-optimized fabric the
 //! all_to_all crosses the spine only between scalable units. Sends inside a node take NVLink.
 //!
+//! The proxy stages what it forwards in one ring of [`PXN_SLOTS`] chunk-sized slots per NIC it
+//! posts to, shared by every rank that sends through it (NCCL's PXN proxies post from a bounded
+//! buffer per peer NIC, not one per remote rank), so a proxy's staging is [`PXN_SLOTS`] chunks
+//! per rail whatever the number of ranks. Chunks take the ring's slots in turn; a chunk is
+//! written into a slot only after the slot's previous chunk was forwarded (the builder derives
+//! that write-after-read dependency, and the checker proves it). Pieces go in NCCL's grouped
+//! send/recv order, step `i` sending from every rank `r` to rank `r + i`, so at each step every
+//! proxy forwards for one sender and every node receives from a few, not all, nodes at once.
+//!
 //! Source: [NCCL-src], `src/graph/paths.cc` (PXN: a send to a remote rank goes through the
 //! local GPU nearest the NIC the remote rank's rail uses, `NCCL_PXN_DISABLE=0` by default since
-//! NCCL 2.12) and `src/enqueue.cc` (all_to_all as grouped send/recv).
+//! NCCL 2.12), `src/enqueue.cc` (all_to_all as grouped send/recv, peers in the order
+//! `(rank + i) % nranks`) and `src/transport/net.cc` (a proxied send's buffer is `NCCL_STEPS`
+//! slots on the proxy GPU).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::error::Result;
-use crate::plan::{BufferRef, Plan, Region};
-use crate::planner::Ctx;
+use crate::path::Route;
+use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::planner::builder::Builder;
+use crate::planner::{Connection, Ctx, chunks};
 use crate::request::{Collective, Request};
 
 use super::links::NetLinks;
 
+/// Slots in a PXN proxy's staging ring per NIC: chunks one proxy has in flight between its
+/// senders' NVLink copies and its NIC. Four keep the NIC busy while the next chunks arrive
+/// (NCCL's proxied buffer has `NCCL_STEPS` = 8 slots of a smaller step, [NCCL-src]; the chunk
+/// here is the baseline's, at least 512 KiB, so half as many hold as many bytes).
+pub(super) const PXN_SLOTS: u64 = 4;
+
+/// A proxy's staging ring for one NIC: the buffer and the next slot to hand out.
+struct ProxyRing {
+    buffer: BufferRef,
+    next: u64,
+}
+
 /// The PXN all_to_all (or any data-movement collective whose pieces are point to point):
-/// every expected piece sent over its rail-aligned connection.
+/// every expected piece sent over its rail-aligned connection, relayed pieces through their
+/// proxy's shared ring.
 pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
     let mut b = Builder::new(req, ctx, "grouped send/recv pxn");
+    let n = req.nranks() as u32;
     let mut pieces = req.expected()?;
     // NCCL schedules a rank's sends by peer distance, `(rank + k) mod n` in round k
     // ([NCCL-src], `src/enqueue.cc`): every rank's sends go out in the same rotated order, so
     // the plan is the same from every host ([`crate::template`]).
-    let n = req.nranks().max(1) as u64;
     pieces.sort_by_key(|p| {
-        let s = u64::from(p.terms.first().map_or(p.rank, |t| t.0));
-        ((u64::from(p.rank) + n - s % n) % n, s)
+        let s = p.terms[0].0;
+        ((p.rank + n - s) % n.max(1), s, p.rank, p.out_offset)
     });
+    // A slot holds a chunk, or the largest piece where pieces are smaller.
+    let largest = pieces.iter().map(|p| p.len).max().unwrap_or(1);
+    let slot = ctx.chunk_elems.min(largest).max(1);
+    let mut rings: BTreeMap<(u32, usize), ProxyRing> = BTreeMap::new();
     for (i, p) in pieces.iter().enumerate() {
         let (s, off) = p.terms[0];
-        if s != p.rank {
-            let rail = links.rail[p.rank as usize].unwrap_or(0);
-            let conn = links.connect(s, p.rank, rail, i)?;
-            let (gs, gd) = (links.gpus[s as usize], links.gpus[p.rank as usize]);
-            b.pin(0, gs, gd, conn);
+        let src = Region::new(BufferRef::Input(s), off, p.len);
+        let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
+        if s == p.rank {
+            b.send(src, dst, 0)?;
+            continue;
         }
-        b.send(
-            Region::new(BufferRef::Input(s), off, p.len),
-            Region::new(BufferRef::Output(p.rank), p.out_offset, p.len),
-            0,
-        )?;
+        let rail = links.rail[p.rank as usize].unwrap_or(0);
+        let conn = links.connect(s, p.rank, rail, i)?;
+        let (gs, gd) = (links.gpus[s as usize], links.gpus[p.rank as usize]);
+        let across = links.node_of[s as usize] != links.node_of[p.rank as usize];
+        let Some((first, last, gp)) = across.then(|| at_proxy(&conn, gs)).flatten() else {
+            b.pin(0, gs, gd, conn);
+            b.send(src, dst, 0)?;
+            continue;
+        };
+        b.pin(0, gs, gp, first);
+        b.pin(0, gp, gd, last);
+        let ring = rings.entry((gp, rail)).or_insert_with(|| ProxyRing {
+            buffer: b.plan.add_scratch(Location::Gpu(gp), PXN_SLOTS * slot),
+            next: 0,
+        });
+        for (rel, len) in chunks(p.len, slot) {
+            let at = Region::new(ring.buffer, (ring.next % PXN_SLOTS) * slot, len);
+            ring.next += 1;
+            b.send(Region::new(src.buffer, src.offset + rel, len), at, 0)?;
+            b.send(at, Region::new(dst.buffer, dst.offset + rel, len), 0)?;
+        }
     }
     Ok(b.finish())
+}
+
+/// A relayed connection cut at its proxy: the hops up to the proxy GPU, the proxy's hop to
+/// the receiver, and the proxy; None unless it is one route whose last hop leaves a GPU other
+/// than the sender's.
+fn at_proxy(conn: &Connection, from: u32) -> Option<(Arc<Connection>, Arc<Connection>, u32)> {
+    let [route] = conn.routes.as_slice() else {
+        return None;
+    };
+    let (last, first) = route.hops.split_last()?;
+    match last.from {
+        Location::Gpu(gp) if gp != from && !first.is_empty() => Some((
+            Arc::new(Connection::single(Route {
+                hops: first.to_vec(),
+            })),
+            Arc::new(Connection::single(Route {
+                hops: vec![last.clone()],
+            })),
+            gp,
+        )),
+        _ => None,
+    }
 }
 
 /// True for the collectives NCCL runs as grouped send/recv.

@@ -136,3 +136,43 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
         check_routes(&p, &topo).unwrap_or_else(|e| panic!("{spec} tree: {e}"));
     }
 }
+
+#[test]
+fn pxn_staging_is_a_few_slots_per_proxy_at_any_node_count() {
+    // Pieces of 4 chunks relay through rings of PXN_SLOTS slots that every sender of the node
+    // shares, so each ring wraps many times; the checker proves every reuse.
+    let chunk = 1024u64;
+    let slots = super::pxn::PXN_SLOTS * chunk * 4;
+    for nodes in [2u32, 4, 16] {
+        let topo = cluster(&format!("cluster:{nodes}xdgx-h100:ib-ndr"));
+        let gpus: Vec<u32> = (0..8 * nodes).collect();
+        let req = Request::new(Collective::AllToAll, gpus, 4 * chunk, DType::F32);
+        let p = crate::planner::baseline_plan_chunked(&topo, &req, chunk).unwrap();
+        assert!(p.algorithm.contains("pxn"), "{}", p.algorithm);
+        check(&p).unwrap_or_else(|e| panic!("{nodes} nodes: {e}"));
+        check_routes(&p, &topo).unwrap_or_else(|e| panic!("{nodes} nodes: {e}"));
+        // Every GPU proxies for one rail (its own NIC): one ring of its slots, whatever the
+        // number of ranks that send through it.
+        let per = p.staging_per_location();
+        assert_eq!(per.len(), req.gpus.len(), "{nodes} nodes: {per:?}");
+        assert!(per.values().all(|&b| b == slots), "{nodes} nodes: {per:?}");
+    }
+}
+
+#[test]
+fn pxn_all_to_all_of_1_gib_on_16_nodes_fits_the_default_budget() {
+    let topo = cluster("cluster:16xdgx-h100:ib-ndr");
+    let gpus: Vec<u32> = (0..128).collect();
+    let req = Request::new(Collective::AllToAll, gpus, (1 << 30) / 4 / 128, DType::F32);
+    let budget = crate::staging::DEFAULT_STAGING_BUDGET_BYTES;
+    let p = crate::planner::baseline_within(&topo, &req, budget).unwrap();
+    assert!(p.algorithm.contains("pxn"), "{}", p.algorithm);
+    // A proxy's ring of the baseline's chunk, far below the budget (the per-pair rings took
+    // more than all of it).
+    let worst = p.staging_per_location().into_values().max().unwrap_or(0);
+    let ring = super::pxn::PXN_SLOTS * crate::planner::pipeline_chunk_elems(&req) * 4;
+    assert!(
+        worst <= ring && ring <= budget / 16,
+        "{worst} bytes on one GPU"
+    );
+}

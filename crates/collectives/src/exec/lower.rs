@@ -1,0 +1,467 @@
+//! The one lowering: a checked plan cut for one rank into stages of cross-rank messages and
+//! backend programs of local commands. With every memory on one rank it yields no message and
+//! one program with the plan's lanes and events, the in-process [`super::Executable`]. See
+//! `README.md` beside this file for the stages and why running them cannot deadlock.
+
+use std::collections::HashMap;
+
+use relaycc_route::{BufferRef, Location, OpKind, Plan, Region};
+
+use super::{from_route, invalid};
+use crate::backend::{Command, Program, Slot};
+use crate::error::Result;
+
+/// MPI guarantees tags up to 32767 (MPI 4.0 §3.2.3); op ids are folded into that range. Two
+/// messages of one stage between the same pair with the same folded tag still match
+/// correctly, because both sides post them in op id order and neither MPI nor the in-process
+/// transport lets messages of one pair and tag overtake each other.
+pub const TAG_RANGE: u32 = 32768;
+
+/// One cross-rank step of a rank: a send of `slot` to `peer`, or a receive into `slot` from
+/// `peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message {
+    /// The plan's op (a copy between two ranks' memories).
+    pub op: u32,
+    /// The other rank.
+    pub peer: u32,
+    /// The tag both sides use: the op id folded into `0..TAG_RANGE`.
+    pub tag: u32,
+    /// The bytes sent or received, in this rank's bindings.
+    pub slot: Slot,
+}
+
+/// Local commands of one rank that run as one backend launch, with the plan ops they came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    /// The commands (copies, reductions, records, waits) on this rank's lanes.
+    pub program: Program,
+    /// The plan's ops in it, in the order they were emitted.
+    pub ops: Vec<u32>,
+}
+
+impl Segment {
+    /// True when there is no command to launch.
+    pub fn is_empty(&self) -> bool {
+        self.program.commands.is_empty()
+    }
+}
+
+/// One dependency level at which a rank sends or receives: the local work of the levels before
+/// it (after the previous stage), then the level's messages with its local work beside them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    /// The plan's dependency level of the messages.
+    pub level: u32,
+    /// Local ops of the levels between the previous stage and this one: they run, and finish,
+    /// before this stage's sends read their bytes.
+    pub before: Segment,
+    /// Receives, each rank's peers starting with the previous rank.
+    pub recvs: Vec<Message>,
+    /// Sends, each rank's peers starting with the next rank.
+    pub sends: Vec<Message>,
+    /// Local ops of this level: unordered with the level's messages, so the checker proved
+    /// them disjoint from the bytes the messages touch; they run while messages are in flight.
+    pub during: Segment,
+}
+
+/// One rank's part of a plan: stages of messages, then the local work after the last one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankProgram {
+    /// The stages, by increasing level.
+    pub stages: Vec<Stage>,
+    /// Local ops after the last stage (for a plan on one rank: every op).
+    pub tail: Segment,
+    /// Bytes of each binding (this rank's buffers, in binding order).
+    pub binding_bytes: Vec<u64>,
+}
+
+impl RankProgram {
+    /// Messages this rank sends and receives per run.
+    pub fn messages(&self) -> (usize, usize) {
+        self.stages.iter().fold((0, 0), |(s, r), st| {
+            (s + st.sends.len(), r + st.recvs.len())
+        })
+    }
+
+    /// The largest total of bytes one stage sends, and the largest it receives, among the
+    /// messages `staged` picks (the staging memory a run needs).
+    pub fn staged_bytes(&self, staged: impl Fn(&Slot) -> bool) -> (u64, u64) {
+        let total = |ms: &[Message]| -> u64 {
+            ms.iter()
+                .filter(|m| staged(&m.slot))
+                .map(|m| m.slot.bytes)
+                .sum()
+        };
+        self.stages.iter().fold((0, 0), |(s, r), st| {
+            (s.max(total(&st.sends)), r.max(total(&st.recvs)))
+        })
+    }
+
+    /// The segments in the order a run launches them.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.stages
+            .iter()
+            .flat_map(|s| [&s.before, &s.during])
+            .chain(std::iter::once(&self.tail))
+    }
+}
+
+/// How one rank's memories and lanes are laid out for [`lower`].
+pub struct Layout<'a> {
+    /// This rank.
+    pub me: u32,
+    /// The rank that holds each buffer of the plan (`None`: no rank does, an error).
+    pub owner: &'a dyn Fn(BufferRef) -> Option<u32>,
+    /// This rank's binding of each buffer it holds.
+    pub binding: &'a dyn Fn(BufferRef) -> Option<u32>,
+    /// Bytes of each binding, in binding order.
+    pub binding_bytes: Vec<u64>,
+    /// Lanes: the plan's own (with their events), or every local op folded onto this many
+    /// lanes at one location.
+    pub lanes: Lanes,
+}
+
+/// The lanes of a lowered rank's programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lanes {
+    /// The plan's lanes, each at its location (the in-process program).
+    Plan,
+    /// Plan lane `l` becomes lane `l % count` at `at`: a process drives its own device only,
+    /// and rank-space plans give every op a lane of its own, which as host threads or streams
+    /// would cost more than they overlap.
+    Fold {
+        /// Lanes per program (at least one).
+        count: u32,
+        /// Where each lane runs.
+        at: Location,
+    },
+}
+
+/// The binding layout of a whole plan in one process: inputs `0..n`, outputs `n..2n`, scratch
+/// `2n..` ([`super::binding_of`]), with their sizes in bytes.
+pub fn whole_plan_bindings(plan: &Plan) -> Result<Vec<u64>> {
+    let n = plan.request.gpus.len() as u32;
+    let esize = plan.dtype.size();
+    let mut bytes = Vec::with_capacity(2 * n as usize + plan.scratch.len());
+    for side in 0..2 {
+        for r in 0..n {
+            let len = if side == 0 {
+                plan.request.input_len(r)
+            } else {
+                plan.request.output_len(r)
+            }
+            .map_err(from_route)?;
+            bytes.push(len.saturating_mul(esize));
+        }
+    }
+    bytes.extend(plan.scratch.iter().map(|s| s.len.saturating_mul(esize)));
+    Ok(bytes)
+}
+
+/// Which part of a rank's program an op of this rank lands in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Before(usize),
+    During(usize),
+    Tail,
+}
+
+/// Lower `plan` (proved by the checker: [`super::check`]) for rank `layout.me`.
+///
+/// A reduction runs on the rank holding its destination (the IR keeps reductions local); a
+/// copy between two buffers of this rank is local; a copy from this rank to another is a send,
+/// one into this rank a receive (zero-byte copies between ranks move nothing and are left out);
+/// other ops are not this rank's. Every rank computes the same dependency levels from the same
+/// plan ([`Plan::dependency_levels`]: one more than the deepest of an op's deps and of the
+/// previous op of its lane), and a stage is a level where this rank has messages. Local ops go
+/// to the stage of their level (`during`), to the `before` of the next stage, or to the tail.
+/// Inside each segment the commands follow one topological order of "deps plus lane order",
+/// lowest op id first; a dependency on another lane of the same segment is a `Record` after
+/// the op and a `Wait` before the dependent, unless the waiting lane already waited for a later
+/// op of that plan lane; a dependency on another segment needs nothing, since segments run one
+/// after another.
+///
+/// Errors: a dependency cycle, a buffer no rank holds or one this rank holds without a
+/// binding, a region outside its binding, or a region whose size in bytes overflows, naming
+/// the op; nothing has run then.
+///
+/// Complexity: O(ops + deps) plus a hash-map lookup per cross-lane dependency.
+pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
+    let nranks = plan.request.nranks() as u32;
+    let esize = plan.dtype.size();
+    let deps = plan.dependency_graph().map_err(from_route)?;
+    let level = deps.levels().map_err(from_route)?;
+    let order = deps.topological_order().map_err(from_route)?;
+    let owner = |id: usize, b: BufferRef| -> Result<u32> {
+        (layout.owner)(b).ok_or_else(|| invalid(Some(id), format!("no rank holds {b:?}")))
+    };
+    let slot = |id: usize, r: &Region| -> Result<Slot> {
+        let binding = (layout.binding)(r.buffer).ok_or_else(|| {
+            invalid(
+                Some(id),
+                format!("{:?} is not a buffer of rank {}", r.buffer, layout.me),
+            )
+        })?;
+        let (Some(offset), Some(bytes)) = (r.offset.checked_mul(esize), r.len.checked_mul(esize))
+        else {
+            return Err(invalid(
+                Some(id),
+                format!(
+                    "region {}+{} of {:?} overflows in bytes",
+                    r.offset, r.len, r.buffer
+                ),
+            ));
+        };
+        let cap = layout.binding_bytes.get(binding as usize).copied();
+        if cap.is_none_or(|c| offset.checked_add(bytes).is_none_or(|e| e > c)) {
+            return Err(invalid(
+                Some(id),
+                format!(
+                    "{r:?} lies outside its buffer of {} bytes",
+                    cap.unwrap_or(0)
+                ),
+            ));
+        }
+        Ok(Slot {
+            binding,
+            offset,
+            bytes,
+        })
+    };
+
+    // Pass 1: this rank's messages and local ops.
+    let mut local = vec![false; plan.ops.len()];
+    let mut msgs: Vec<(u32, bool, Message)> = Vec::new(); // (level, is_send, message)
+    for (id, op) in plan.ops.iter().enumerate() {
+        match &op.kind {
+            OpKind::Reduce { dst, .. } => local[id] = owner(id, dst.buffer)? == layout.me,
+            OpKind::Copy { src, dst } => {
+                let (a, b) = (owner(id, src.buffer)?, owner(id, dst.buffer)?);
+                let tag = id as u32 % TAG_RANGE;
+                match (a == layout.me, b == layout.me) {
+                    (true, true) => local[id] = true,
+                    _ if dst.len == 0 => {}
+                    (true, false) => msgs.push((
+                        level[id],
+                        true,
+                        Message {
+                            op: id as u32,
+                            peer: b,
+                            tag,
+                            slot: slot(id, src)?,
+                        },
+                    )),
+                    (false, true) => msgs.push((
+                        level[id],
+                        false,
+                        Message {
+                            op: id as u32,
+                            peer: a,
+                            tag,
+                            slot: slot(id, dst)?,
+                        },
+                    )),
+                    (false, false) => {}
+                }
+            }
+        }
+    }
+    let mut levels: Vec<u32> = msgs.iter().map(|m| m.0).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let part = |id: usize| -> Part {
+        let l = level[id];
+        let k = levels.partition_point(|&c| c < l);
+        match levels.get(k) {
+            Some(&c) if c == l => Part::During(k),
+            Some(_) => Part::Before(k),
+            None => Part::Tail,
+        }
+    };
+    let index = |p: Part| match p {
+        Part::Before(k) => 2 * k,
+        Part::During(k) => 2 * k + 1,
+        Part::Tail => 2 * levels.len(),
+    };
+
+    // Pass 2: the segments' commands, in one topological order.
+    let nseg = 2 * levels.len() + 1;
+    let lane_of = |plan_lane: u32| -> u32 {
+        match layout.lanes {
+            Lanes::Plan => plan_lane,
+            Lanes::Fold { count, .. } => plan_lane % count.max(1),
+        }
+    };
+    let seg_of: Vec<Option<usize>> = (0..plan.ops.len())
+        .map(|id| local[id].then(|| index(part(id))))
+        .collect();
+    // An op gets an event when an op of the same segment on another lane depends on it.
+    let mut event_of: Vec<Option<u32>> = vec![None; plan.ops.len()];
+    let mut needs = vec![false; plan.ops.len()];
+    for (id, op) in plan.ops.iter().enumerate() {
+        let Some(s) = seg_of[id] else { continue };
+        for &d in &op.deps {
+            let d = d as usize;
+            if seg_of[d] == Some(s) && lane_of(plan.ops[d].lane) != lane_of(op.lane) {
+                needs[d] = true;
+            }
+        }
+    }
+    let mut events = vec![0u32; nseg];
+    for id in 0..plan.ops.len() {
+        if needs[id]
+            && let Some(s) = seg_of[id]
+        {
+            event_of[id] = Some(events[s]);
+            events[s] += 1;
+        }
+    }
+    let mut builders: Vec<Builder> = (0..nseg).map(|_| Builder::default()).collect();
+    let mut waited: HashMap<(usize, u32, u32), u32> = HashMap::new();
+    for &i in &order {
+        let id = i as usize;
+        let Some(s) = seg_of[id] else { continue };
+        let op = &plan.ops[id];
+        let lane = lane_of(op.lane);
+        let b = &mut builders[s];
+        b.ops.push(i);
+        for &d in &op.deps {
+            let dop = &plan.ops[d as usize];
+            let Some(event) = event_of[d as usize] else {
+                continue;
+            };
+            if seg_of[d as usize] != Some(s) || lane_of(dop.lane) == lane {
+                continue;
+            }
+            // Waiting for op `d` implies every earlier op of its plan lane, which the same
+            // local lane ran before it.
+            let pos = deps.lane_position(d);
+            let w = waited.entry((s, lane, dop.lane)).or_insert(0);
+            if *w >= pos {
+                continue;
+            }
+            *w = pos;
+            b.commands.push(Command::Wait { lane, event });
+        }
+        if !op.is_empty() {
+            match &op.kind {
+                OpKind::Copy { src, dst } => b.commands.push(Command::Copy {
+                    lane,
+                    src: slot(id, src)?,
+                    dst: slot(id, dst)?,
+                }),
+                OpKind::Reduce {
+                    srcs: from,
+                    dst,
+                    finalize,
+                } => {
+                    let first = b.srcs.len() as u32;
+                    for r in from {
+                        let sl = slot(id, r)?;
+                        b.srcs.push(sl);
+                    }
+                    b.commands.push(Command::Reduce {
+                        lane,
+                        first,
+                        count: from.len() as u32,
+                        dst: slot(id, dst)?,
+                        divide: *finalize,
+                    });
+                }
+            }
+        }
+        if let Some(event) = event_of[id] {
+            b.commands.push(Command::Record { lane, event });
+        }
+    }
+    let lanes: Vec<Location> = match layout.lanes {
+        Lanes::Plan => plan.lanes.iter().map(|l| l.location).collect(),
+        Lanes::Fold { count, at } => {
+            let used = plan.lanes.len().min(count.max(1) as usize).max(1);
+            vec![at; used]
+        }
+    };
+    let bindings = layout.binding_bytes.len() as u32;
+    let mut segs = builders.into_iter().zip(events).map(|(b, events)| Segment {
+        program: Program {
+            lanes: lanes.clone(),
+            events,
+            dtype: plan.dtype,
+            op: plan.request.op,
+            divisor: nranks,
+            bindings,
+            commands: b.commands,
+            srcs: b.srcs,
+        },
+        ops: b.ops,
+    });
+    let mut stages = Vec::with_capacity(levels.len());
+    for &l in &levels {
+        let (Some(before), Some(during)) = (segs.next(), segs.next()) else {
+            return Err(invalid(None, "the lowering lost a segment"));
+        };
+        stages.push(Stage {
+            level: l,
+            before,
+            recvs: Vec::new(),
+            sends: Vec::new(),
+            during,
+        });
+    }
+    let Some(tail) = segs.next() else {
+        return Err(invalid(None, "the lowering lost its last segment"));
+    };
+    for (l, is_send, m) in msgs {
+        let k = levels.partition_point(|&c| c < l);
+        let st = &mut stages[k];
+        if is_send {
+            st.sends.push(m);
+        } else {
+            st.recvs.push(m);
+        }
+    }
+    // Each rank posts its messages starting with its next neighbour (receives: with its
+    // previous one), so that at every moment the ranks talk to different peers instead of all
+    // to rank 0 first. The sort is stable, so one pair's messages keep their op-id order, which
+    // tag matching relies on.
+    let n = i64::from(nranks.max(1));
+    let me = i64::from(layout.me);
+    for st in &mut stages {
+        st.sends
+            .sort_by_key(|m| (i64::from(m.peer) - me).rem_euclid(n));
+        st.recvs
+            .sort_by_key(|m| (me - i64::from(m.peer)).rem_euclid(n));
+    }
+    Ok(RankProgram {
+        stages,
+        tail,
+        binding_bytes: layout.binding_bytes.clone(),
+    })
+}
+
+/// The commands of one segment as they are emitted.
+#[derive(Default)]
+struct Builder {
+    commands: Vec<Command>,
+    srcs: Vec<Slot>,
+    ops: Vec<u32>,
+}
+
+/// The whole plan on one rank, with the plan's lanes and the bindings of
+/// [`whole_plan_bindings`]: no messages, one program.
+pub fn lower_whole(plan: &Plan) -> Result<RankProgram> {
+    let ranks = plan.request.gpus.len() as u32;
+    let nbind = 2 * ranks + plan.scratch.len() as u32;
+    let layout = Layout {
+        me: 0,
+        owner: &|_| Some(0),
+        binding: &|b| {
+            let k = super::binding_of(b, ranks);
+            (k < nbind).then_some(k)
+        },
+        binding_bytes: whole_plan_bindings(plan)?,
+        lanes: Lanes::Plan,
+    };
+    lower(plan, &layout)
+}
