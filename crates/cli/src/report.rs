@@ -183,8 +183,8 @@ pub fn budget_text(budget: u64) -> String {
     }
 }
 
-/// Staging per memory as one line, equal amounts grouped: `64 MiB on each of GPU3, GPU5`,
-/// `16 MiB on each of 128 GPUs` (more than four memories are counted, not named), or `none`.
+/// Staging per memory as one line: `GPU3 64 MiB, GPU5 64 MiB`; an amount more than four
+/// memories share is counted, not named (`16 MiB on each of 128 GPUs`); or `none`.
 pub fn staging_text(per: &[(String, u64)]) -> String {
     if per.is_empty() {
         return "none".into();
@@ -199,16 +199,14 @@ pub fn staging_text(per: &[(String, u64)]) -> String {
     }
     groups
         .iter()
-        .map(|(b, names)| {
+        .flat_map(|(b, names)| {
             let size = crate::size::format_size(*b);
-            match names.len() {
-                1 => format!("{} {size}", names[0]),
-                k if k <= 4 => format!("{size} on each of {}", names.join(", ")),
-                k => {
-                    let gpus = names.iter().all(|n| n.starts_with("GPU"));
-                    let what = if gpus { "GPUs" } else { "memories" };
-                    format!("{size} on each of {k} {what}")
-                }
+            if names.len() > 4 {
+                let gpus = names.iter().all(|n| n.starts_with("GPU"));
+                let what = if gpus { "GPUs" } else { "memories" };
+                vec![format!("{size} on each of {} {what}", names.len())]
+            } else {
+                names.iter().map(|n| format!("{n} {size}")).collect()
             }
         })
         .collect::<Vec<_>>()

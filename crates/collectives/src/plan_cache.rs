@@ -34,6 +34,8 @@ pub(crate) fn make_plan(
     let options = PlanOptions {
         relay: RelayPolicy::List(relays.to_vec()),
         staging_budget,
+        // The executor runs only proved plans: never a template.
+        expand: true,
         ..PlanOptions::default()
     };
     Ok(relaycc_route::plan(topo, request, &options)?.plan)

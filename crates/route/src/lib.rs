@@ -54,7 +54,9 @@ pub use plan::{
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
-pub use select::{CandidateTime, DEFAULT_BUDGET, PlanOptions, Planned, Planner, plan};
+pub use select::{
+    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner, plan,
+};
 pub use sim::{
     DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
     simulate,

@@ -47,6 +47,10 @@ pub struct PlanOptions {
     /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
     /// bounds nothing.
     pub staging_budget: u64,
+    /// Build every plan in full, never as a template ([`crate::template`]), whatever the
+    /// ranks: what an executor asks for, since only a full plan can be proved and run.
+    /// Default: false (templates above [`EXPAND_MAX_RANKS`] ranks where the hosts repeat).
+    pub expand: bool,
 }
 
 impl Default for PlanOptions {
@@ -57,6 +61,7 @@ impl Default for PlanOptions {
             sim: SimConfig::default(),
             budget: DEFAULT_BUDGET,
             staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+            expand: false,
         }
     }
 }
@@ -151,7 +156,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let mut skipped: Vec<String> = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let budget = opts.staging_budget;
-    let shift = fold_shift(topo, req);
+    let shift = fold_shift(topo, req).filter(|_| !opts.expand);
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
     let folded = match &shift {
@@ -630,7 +635,7 @@ fn prune_and_prove(
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
-type CacheKey = (Request, RelayPolicy, Strategy, u64);
+type CacheKey = (Request, RelayPolicy, Strategy, u64, bool);
 
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]
@@ -658,6 +663,7 @@ impl Planner {
             opts.relay.clone(),
             opts.strategy,
             opts.staging_budget,
+            opts.expand,
         );
         if opts.sim == SimConfig::default()
             && let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())

@@ -75,8 +75,10 @@ pub fn baseline_template_chunked(
     chunk_elems: u64,
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
+    crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
+    // Reachability holds for every pass of the windowed build: checked once, above.
     let base = crate::template::build_template(topo, shift, || {
-        algorithm_plan(topo, req, algo, chunk_elems)
+        algorithm_plan_reached(topo, req, algo, chunk_elems)
     })?;
     tune(topo, vec![base])
 }
@@ -156,6 +158,16 @@ fn algorithm_plan(
     chunk_elems: u64,
 ) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
+    algorithm_plan_reached(topo, req, algo, chunk_elems)
+}
+
+/// [`algorithm_plan`] once [`crate::require_reachable`] passed.
+fn algorithm_plan_reached(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+    chunk_elems: u64,
+) -> Result<Plan> {
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     let ctx = Ctx {
         cache: &cache,

@@ -18,7 +18,7 @@ use super::window::{UserMem, Window};
 /// What a fold found.
 pub(super) enum Folded {
     /// The template.
-    Template(Plan),
+    Template(Box<Plan>),
     /// The window lacks devices whose lanes the domain's ops wait on, or user-buffer ranges
     /// they touch: build again with these added.
     Grow {
@@ -345,5 +345,5 @@ pub(super) fn fold(
             .collect(),
         window_lanes: Vec::new(),
     });
-    Ok(Folded::Template(plan))
+    Ok(Folded::Template(Box::new(plan)))
 }

@@ -12,12 +12,12 @@
 //!   all images share, gets `1 / periods` of it: [`crate::Template::capacity_scale`]);
 //! - each staging buffer outside the domain replaced by its image.
 //!
-//! [`build_template`] builds a candidate in a *window* ([`window`]): the builder emits only the
+//! [`build_template`] builds a candidate in a *window* (`window.rs`): the builder emits only the
 //! ops touching the domain's devices, the devices whose lanes the domain's ops wait on, and the
 //! user-buffer ranges the domain's ops touch elsewhere; it skips every other op before any
 //! tracking. Dependencies on window memories are then complete, and a window device's lanes get
 //! all their ops in order, so "(lane, position in lane)" names an op on every period. The fold
-//! ([`fold`]) finds which devices and ranges a window lacks, and the build runs again with them
+//! (`fold.rs`) finds which devices and ranges a window lacks, and the build runs again with them
 //! until the window settles (two to four passes). The window always holds the next period's
 //! devices too, so every op of period 1 is built and compared with its image in the domain
 //! (kind, length, representative edges, shifted ends, and the images of its dependencies): a
@@ -104,7 +104,7 @@ impl HostShift for HostSymmetry {
 pub fn ranks_invariant(sym: &HostSymmetry, gpus: &[u32]) -> bool {
     let p = HostSymmetry::periods(sym) as usize;
     let n = gpus.len();
-    if p < 2 || n % p != 0 {
+    if p < 2 || !n.is_multiple_of(p) {
         return false;
     }
     let m = n / p;
@@ -141,7 +141,7 @@ pub fn build_template(
         // The domain's copies follow usable links; their images do by the symmetry.
         crate::check::check_routes(&plan, topo)?;
         match fold::fold(topo, plan, shift, &w)? {
-            fold::Folded::Template(t) => return Ok(t),
+            fold::Folded::Template(t) => return Ok(*t),
             fold::Folded::Grow { devs: d, ranges: r } => {
                 devs.extend(d);
                 devs.sort_unstable();
