@@ -423,13 +423,46 @@ fn check_nvls(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
+/// The most memory the vector clocks of one proof may take (ops x lanes x 4 bytes): above it
+/// the checker refuses with an error instead of letting the allocation abort the process.
+/// Plans that large are proved on their template's structure instead ([`check_template`]).
+pub const MAX_CLOCK_BYTES: usize = 8 << 30;
+
+/// The error for a plan whose vector clocks exceed [`MAX_CLOCK_BYTES`] or this machine's
+/// memory.
+fn too_large(plan: &Plan, lanes: usize) -> RouteError {
+    fail(
+        usize::MAX,
+        format!(
+            "{} is too large to prove: {} ops x {} lanes of vector clocks need {:.1} GiB, above \
+             the checker's limit of {} GiB or this machine's memory (plan fewer ranks, or a \
+             cluster whose hosts repeat, which is planned as a template)",
+            plan.algorithm,
+            plan.ops.len(),
+            lanes,
+            plan.ops.len() as f64 * lanes as f64 * 4.0 / f64::from(1u32 << 30),
+            MAX_CLOCK_BYTES >> 30
+        ),
+    )
+}
+
 /// Pass 3: the ops in dependency order (lowest id first among ready ones) and one vector
 /// clock per op over the plan's lanes (ops x lanes, flattened): entry `l` of op `i`'s clock
 /// is the furthest position of lane `l` that happens before or at `i`.
 fn happens_before(plan: &Plan, deps: &DepGraph) -> Result<(Vec<u32>, Vec<u32>)> {
     let order = deps.topological_order()?;
     let lanes = plan.lanes.len().max(1);
-    let mut clocks = vec![0u32; plan.ops.len() * lanes];
+    let cells = plan
+        .ops
+        .len()
+        .checked_mul(lanes)
+        .filter(|c| c.saturating_mul(4) <= MAX_CLOCK_BYTES)
+        .ok_or_else(|| too_large(plan, lanes))?;
+    let mut clocks = Vec::new();
+    clocks
+        .try_reserve_exact(cells)
+        .map_err(|_| too_large(plan, lanes))?;
+    clocks.resize(cells, 0u32);
     let mut mine = vec![0u32; lanes];
     for &i in &order {
         let op = &plan.ops[i as usize];

@@ -204,3 +204,22 @@ fn routes_follow_links() {
             .contains("down")
     );
 }
+
+#[test]
+fn a_plan_too_large_to_prove_is_an_error_not_an_abort() {
+    // 50,000 copies on 50,000 lanes need 2.5e9 clock entries (9.3 GiB): refused by size.
+    let mut p = Plan::new(Request::point_to_point(0, 1, 1), "huge");
+    for i in 0..50_000u32 {
+        let l = p.add_lane(Location::Gpu(0), "copy");
+        p.copy(
+            l,
+            reg(Input(0), 0, 1),
+            reg(Output(1), 0, 1),
+            vec![],
+            if i > 0 { vec![i - 1] } else { vec![] },
+        );
+    }
+    let err = check(&p).unwrap_err().to_string();
+    assert!(err.contains("too large to prove"), "{err}");
+    assert!(err.contains("50000 ops x 50000 lanes"), "{err}");
+}
