@@ -4,7 +4,7 @@
 //! turns a machine that cannot carry the request into an error naming the GPU or the pair,
 //! instead of a planner finding an empty ring deep inside.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use relaycc_topo::Topology;
 
@@ -45,19 +45,26 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
             });
         }
     }
-    let mut pairs = BTreeSet::new();
+    let mut pairs = Vec::new();
     for piece in req.expected()? {
         for &(src, _) in &piece.terms {
             if src != piece.rank {
-                pairs.insert((src, piece.rank));
+                pairs.push((src, piece.rank));
             }
         }
     }
+    pairs.sort_unstable();
+    pairs.dedup();
+    // Which GPUs data may pass through, by GPU index: members, and the relays the policy
+    // admits (a lookup per visited GPU instead of a scan of the members).
+    let forwards: Vec<bool> = (0..topo.gpu_count())
+        .map(|g| relay.allows(topo, &req.gpus, g) || req.gpus.contains(&g))
+        .collect();
     let mut from: Option<(u32, Vec<bool>)> = None;
     for (src, dst) in pairs {
         let (a, b) = (req.gpus[src as usize], req.gpus[dst as usize]);
         if from.as_ref().is_none_or(|(s, _)| *s != src) {
-            from = Some((src, reachable_from(topo, &req.gpus, relay, a)?));
+            from = Some((src, reachable_from(topo, &forwards, a)?));
         }
         let seen = from.as_ref().map(|(_, s)| s.as_slice()).unwrap_or(&[]);
         let node = topo.gpu(b)?.index();
@@ -101,23 +108,19 @@ fn gpu_list(gpus: &[u32]) -> String {
 
 /// Which topology nodes (by index) data leaving GPU `a` can reach over usable links of
 /// nonzero rate, passing through any node but GPUs that are neither members nor relays.
-fn reachable_from(
-    topo: &Topology,
-    members: &[u32],
-    relay: &RelayPolicy,
-    a: u32,
-) -> Result<Vec<bool>> {
+fn reachable_from(topo: &Topology, forwards: &[bool], a: u32) -> Result<Vec<bool>> {
     let start = topo.gpu(a)?;
     let mut seen = vec![false; topo.graph().node_count()];
     let mut queue = VecDeque::from([start]);
     seen[start.index()] = true;
     while let Some(at) = queue.pop_front() {
         // Data may arrive at a GPU that cannot forward it; it just goes no further.
-        let forwards = at == start
-            || topo.node(at).gpu().is_none_or(|info| {
-                members.contains(&info.index) || relay.allows(topo, members, info.index)
-            });
-        if !forwards {
+        let passes = at == start
+            || topo
+                .node(at)
+                .gpu()
+                .is_none_or(|info| forwards.get(info.index as usize).copied().unwrap_or(false));
+        if !passes {
             continue;
         }
         for (e, to, link) in topo.links_from(at) {

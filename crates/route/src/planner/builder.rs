@@ -223,6 +223,18 @@ impl<'a, 't> Builder<'a, 't> {
     pub fn pin(&mut self, ch: u32, from: u32, to: u32, conn: Arc<Connection>) {
         self.pinned.insert((ch, from, to), conn);
     }
+    /// False only when the build is windowed and every op between the memories of `ranks`
+    /// (their buffers, their GPUs' scratch, relays on their hosts) would be skipped, so a
+    /// planner may leave out the loop iterations that touch nothing else; always true for a
+    /// build without a window.
+    pub fn may_touch(&self, ranks: &[u32]) -> bool {
+        match &self.window {
+            None => true,
+            Some(w) => ranks
+                .iter()
+                .any(|&r| !w.rank_cold(r, Location::Gpu(self.gpu(r)))),
+        }
+    }
     /// True when `r` overlaps a window range of a user buffer.
     fn region_in_window(&self, w: &Window, r: Region) -> bool {
         let (m, base) = mem_of(&self.plan.request, r.buffer);

@@ -286,9 +286,12 @@ pub(super) fn reduce_scatter_steps(
         Some(f) => f(p, q, rel, l),
         None => Region::new(st.own[p], (s as u64 % 2) * most + rel, l),
     };
+    // Under a window only the hops touching it are walked (a pass touches the buffers of a
+    // hop's two ranks and their hosts' relays), so a template's build costs its own ops.
+    let hops = live_hops(b, ord);
     for s in 0..n - 1 {
         let last = s == n - 2;
-        for p in 0..n {
+        for &p in &hops {
             let q = (p + 2 * n - s - 1) % n;
             let d = (p + 1) % n;
             for (rel, l) in chunks(lens[q], chunk) {
@@ -311,6 +314,15 @@ pub(super) fn reduce_scatter_steps(
     Ok(())
 }
 
+/// The ring positions `p` whose hop to `p + 1` may touch the builder's window (every
+/// position without one).
+fn live_hops(b: &Builder, ord: &[u32]) -> Vec<usize> {
+    let n = ord.len();
+    (0..n)
+        .filter(|&p| b.may_touch(&[ord[p], ord[(p + 1) % n]]))
+        .collect()
+}
+
 /// All-gather pass: position q starts with block q in `out` (or sends it from `first`); at
 /// step t position p forwards block p-t to p+1.
 pub(super) fn all_gather_pass(
@@ -323,8 +335,9 @@ pub(super) fn all_gather_pass(
     out: At,
 ) -> Result<()> {
     let n = ord.len();
+    let hops = live_hops(b, ord);
     for t in 0..n.saturating_sub(1) {
-        for p in 0..n {
+        for &p in &hops {
             let q = (p + n - t) % n;
             for (rel, l) in chunks(lens[q], chunk) {
                 let src = match first {

@@ -124,6 +124,15 @@ impl Window {
             .and_then(|h| self.hot_host.get(h as usize).copied())
             .unwrap_or(false)
     }
+    /// True when no op touching only rank `r`'s memory on `loc` (its buffers, its device's
+    /// scratch, a relay on its host) can be in the window: its host holds no window device
+    /// and none of its user buffers has a window range.
+    #[inline]
+    pub(crate) fn rank_cold(&self, r: u32, loc: Location) -> bool {
+        !self.hot(loc)
+            && self.ranges(UserMem::Rank(r)).is_empty()
+            && self.ranges(UserMem::RankOut(r)).is_empty()
+    }
     fn ranges(&self, m: UserMem) -> &[(u64, u64)] {
         let (v, i) = match m {
             UserMem::Rank(i) => (&self.rank, i),

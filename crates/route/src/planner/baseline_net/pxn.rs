@@ -66,6 +66,11 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
     let mut rings: BTreeMap<(u32, usize), ProxyRing> = BTreeMap::new();
     for (i, p) in pieces.iter().enumerate() {
         let (s, off) = p.terms[0];
+        // Under a window, a piece between two cold ranks moves nothing the build keeps (its
+        // proxy sits on the sender's host), so its connection is not even looked up.
+        if !b.may_touch(&[s, p.rank]) {
+            continue;
+        }
         let src = Region::new(BufferRef::Input(s), off, p.len);
         let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
         if s == p.rank {
