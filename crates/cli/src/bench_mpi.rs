@@ -42,6 +42,7 @@ mod imp {
     use serde::Serialize;
 
     use crate::args::{BenchArgs, BenchFormat, usage};
+    use crate::bench_cmd::{Column, table_head, table_row};
 
     /// One row of results.
     #[derive(Debug, Serialize)]
@@ -203,58 +204,29 @@ mod imp {
             r.warmup
         )?;
         writeln!(out, "# MPI: {}", r.mpi_library)?;
-        writeln!(
-            out,
-            "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7}",
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "mpi time",
-            "mpi bus",
-            "vs mpi"
-        )?;
-        writeln!(
-            out,
-            "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7}",
-            "(B)",
-            "(elements)",
-            "",
-            "",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(x)"
-        )?;
+        let extra: [Column; 3] = [
+            ("mpi time", "(us)", 10),
+            ("mpi bus", "(GB/s)", 8),
+            ("vs mpi", "(x)", 7),
+        ];
+        table_head(out, &extra)?;
         let na =
             |v: Option<f64>, p: usize| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.p$}"));
         for row in &r.results {
-            writeln!(
-                out,
-                "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>8.2} {:>8.2} {:>7} {:>10} {:>8} {:>7}",
-                row.size,
-                row.count,
-                r.dtype,
-                r.op,
-                r.root,
-                row.time_us,
-                row.algbw_gbps,
-                row.busbw_gbps,
-                row.wrong
-                    .map_or_else(|| "N/A".to_owned(), |w| w.to_string()),
+            let cells = [
                 na(row.mpi_time_us, 1),
                 na(row.mpi_busbw_gbps, 2),
                 na(row.vs_mpi, 2),
-            )?;
+            ];
+            let lead = (
+                row.size,
+                row.count,
+                row.time_us,
+                row.algbw_gbps,
+                row.busbw_gbps,
+            );
+            let how = (r.dtype.as_str(), r.op.as_str(), r.root);
+            table_row(out, lead, row.wrong, how, &extra, &cells)?;
         }
         if r.results.iter().any(|row| row.vs_mpi.is_some()) {
             writeln!(
