@@ -261,14 +261,24 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
         nccl_unavailable: nccl_note,
         results: rows,
     };
-    match args.format {
+    write_report(&report, args.format, out, table)
+}
+
+/// Write `report` as JSON, or as a table with `table`.
+pub(crate) fn write_report<R: Serialize>(
+    report: &R,
+    format: BenchFormat,
+    out: &mut Vec<u8>,
+    table: impl FnOnce(&R, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    match format {
         BenchFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &report)?;
+            serde_json::to_writer_pretty(&mut *out, report)?;
             writeln!(out)?;
+            Ok(())
         }
-        BenchFormat::Table => table(&report, out)?,
+        BenchFormat::Table => table(report, out),
     }
-    Ok(())
 }
 
 fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {

@@ -41,8 +41,8 @@ mod imp {
     use rsmpi::topology::{Communicator, SimpleCommunicator};
     use serde::Serialize;
 
-    use crate::args::{BenchArgs, BenchFormat, usage};
-    use crate::bench_cmd::{Column, table_head, table_row};
+    use crate::args::{BenchArgs, usage};
+    use crate::bench_cmd::{Column, table_head, table_row, write_report};
 
     /// One row of results.
     #[derive(Debug, Serialize)]
@@ -175,14 +175,7 @@ mod imp {
             zero_copy: comm.zero_copy(),
             results: rows,
         };
-        match args.format {
-            BenchFormat::Json => {
-                serde_json::to_writer_pretty(&mut *out, &report)?;
-                writeln!(out)?;
-            }
-            BenchFormat::Table => table(&report, out)?,
-        }
-        Ok(())
+        write_report(&report, args.format, out, table)
     }
 
     fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
