@@ -44,6 +44,86 @@ pub(crate) struct Row {
     pub vs_nccl: Option<f64>,
 }
 
+impl Row {
+    /// The row of `req` on `n` ranks from the mean seconds of the collective and of the plain
+    /// copy of every rank's `size` bytes (the memcpy reference).
+    pub(crate) fn timed(
+        req: &Request,
+        n: usize,
+        secs: f64,
+        copy_secs: f64,
+        wrong: Option<u64>,
+    ) -> Row {
+        let bytes = req.size_bytes();
+        let algbw = bytes as f64 / secs / 1e9;
+        let memcpy_gbps = (bytes > 0).then(|| (n as u64 * bytes) as f64 / copy_secs / 1e9);
+        Row {
+            size: bytes,
+            count: req.count,
+            time_us: secs * 1e6,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * req.collective.busbw_factor(n),
+            wrong,
+            memcpy_gbps,
+            efficiency: memcpy_gbps.map(|m| algbw * n as f64 / m),
+            nccl_time_us: None,
+            nccl_busbw_gbps: None,
+            vs_nccl: None,
+        }
+    }
+}
+
+/// One column after nccl-tests' leading ones: its name, its unit and its width.
+pub(crate) type Column = (&'static str, &'static str, usize);
+
+/// The two heading lines of an nccl-tests table: the leading columns (size, count, type,
+/// redop, root, time, algbw, busbw, #wrong), then `extra`.
+pub(crate) fn table_head(out: &mut Vec<u8>, extra: &[Column]) -> Result<()> {
+    let lead = [
+        ("size", "(B)", 11),
+        ("count", "(elements)", 12),
+        ("type", "", 8),
+        ("redop", "", 6),
+        ("root", "", 5),
+        ("time", "(us)", 10),
+        ("algbw", "(GB/s)", 8),
+        ("busbw", "(GB/s)", 8),
+        ("#wrong", "", 7),
+    ];
+    for line in [0, 1] {
+        write!(out, "#")?;
+        for (k, &(name, unit, w)) in lead.iter().chain(extra).enumerate() {
+            let sep = if k == 0 { "" } else { " " };
+            write!(out, "{sep}{:>w$}", if line == 0 { name } else { unit })?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// One row of an nccl-tests table: the leading columns of `row` (element type `dtype`, op
+/// `op`, root `root`), then `extra` cells, each right-aligned to its column's width.
+pub(crate) fn table_row(
+    out: &mut Vec<u8>,
+    (size, count, time_us, algbw, busbw): (u64, u64, f64, f64, f64),
+    wrong: Option<u64>,
+    (dtype, op, root): (&str, &str, u32),
+    extra: &[Column],
+    cells: &[String],
+) -> Result<()> {
+    let wrong = wrong.map_or_else(|| "N/A".to_owned(), |w| w.to_string());
+    write!(
+        out,
+        "{size:>12} {count:>12} {dtype:>8} {op:>6} {root:>5} {time_us:>10.1} {algbw:>8.2} \
+         {busbw:>8.2} {wrong:>7}"
+    )?;
+    for (&(_, _, w), cell) in extra.iter().zip(cells) {
+        write!(out, " {cell:>w$}")?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
 /// The JSON document.
 #[derive(Debug, Serialize)]
 struct Report {
@@ -181,14 +261,24 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
         nccl_unavailable: nccl_note,
         results: rows,
     };
-    match args.format {
+    write_report(&report, args.format, out, table)
+}
+
+/// Write `report` as JSON, or as a table with `table`.
+pub(crate) fn write_report<R: Serialize>(
+    report: &R,
+    format: BenchFormat,
+    out: &mut Vec<u8>,
+    table: impl FnOnce(&R, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    match format {
         BenchFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &report)?;
+            serde_json::to_writer_pretty(&mut *out, report)?;
             writeln!(out)?;
+            Ok(())
         }
-        BenchFormat::Table => table(&report, out)?,
+        BenchFormat::Table => table(report, out),
     }
-    Ok(())
 }
 
 fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
@@ -197,43 +287,22 @@ fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
         "# relaycc bench {} on {} ranks, backend {}, {} iters after {} warmup",
         r.collective, r.ranks, r.backend, r.iters, r.warmup
     )?;
-    writeln!(
-        out,
-        "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>8} {:>10}",
-        "size",
-        "count",
-        "type",
-        "redop",
-        "root",
-        "time",
-        "algbw",
-        "busbw",
-        "#wrong",
-        "memcpy",
-        "efficiency"
-    )?;
-    writeln!(
-        out,
-        "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>8} {:>10}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(GB/s)", ""
-    )?;
+    let extra: [Column; 2] = [("memcpy", "(GB/s)", 8), ("efficiency", "", 10)];
+    table_head(out, &extra)?;
     for row in &r.results {
-        writeln!(
-            out,
-            "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>8.2} {:>8.2} {:>7} {:>8.2} {:>10.3}",
+        let cells = [
+            format!("{:.2}", row.memcpy_gbps.unwrap_or(f64::NAN)),
+            format!("{:.3}", row.efficiency.unwrap_or(f64::NAN)),
+        ];
+        let lead = (
             row.size,
             row.count,
-            r.dtype,
-            r.op,
-            r.root,
             row.time_us,
             row.algbw_gbps,
             row.busbw_gbps,
-            row.wrong
-                .map_or_else(|| "N/A".to_owned(), |w| w.to_string()),
-            row.memcpy_gbps.unwrap_or(f64::NAN),
-            row.efficiency.unwrap_or(f64::NAN)
-        )?;
+        );
+        let how = (r.dtype.as_str(), r.op.as_str(), r.root);
+        table_row(out, lead, row.wrong, how, &extra, &cells)?;
     }
     if let Some(m) = r.memcpy_gbps {
         writeln!(
@@ -392,28 +461,13 @@ fn size_row<T: Element>(
         memcpy()?;
         t_copy += t.elapsed().as_secs_f64();
     }
-    let secs = t_coll / f64::from(iters);
-    let copy_secs = t_copy / f64::from(iters);
-    let algbw = bytes as f64 / secs / 1e9;
     let wrong = if args.check {
         Some(count_wrong(&req, &outs)?)
     } else {
         None
     };
-    let memcpy_gbps = (bytes > 0).then(|| (n as u64 * bytes) as f64 / copy_secs / 1e9);
-    Ok(Row {
-        size: bytes,
-        count: req.count,
-        time_us: secs * 1e6,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * c.busbw_factor(n),
-        wrong,
-        memcpy_gbps,
-        efficiency: memcpy_gbps.map(|m| algbw * n as f64 / m),
-        nccl_time_us: None,
-        nccl_busbw_gbps: None,
-        vs_nccl: None,
-    })
+    let per = |t: f64| t / f64::from(iters);
+    Ok(Row::timed(&req, n, per(t_coll), per(t_copy), wrong))
 }
 
 /// `row` with NCCL's figures for the same collective and size, timed right after relaycc's.

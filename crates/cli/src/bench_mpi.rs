@@ -41,7 +41,8 @@ mod imp {
     use rsmpi::topology::{Communicator, SimpleCommunicator};
     use serde::Serialize;
 
-    use crate::args::{BenchArgs, BenchFormat, usage};
+    use crate::args::{BenchArgs, usage};
+    use crate::bench_cmd::{Column, table_head, table_row, write_report};
 
     /// One row of results.
     #[derive(Debug, Serialize)]
@@ -174,14 +175,7 @@ mod imp {
             zero_copy: comm.zero_copy(),
             results: rows,
         };
-        match args.format {
-            BenchFormat::Json => {
-                serde_json::to_writer_pretty(&mut *out, &report)?;
-                writeln!(out)?;
-            }
-            BenchFormat::Table => table(&report, out)?,
-        }
-        Ok(())
+        write_report(&report, args.format, out, table)
     }
 
     fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
@@ -203,58 +197,29 @@ mod imp {
             r.warmup
         )?;
         writeln!(out, "# MPI: {}", r.mpi_library)?;
-        writeln!(
-            out,
-            "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7}",
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "mpi time",
-            "mpi bus",
-            "vs mpi"
-        )?;
-        writeln!(
-            out,
-            "#{:>11} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7}",
-            "(B)",
-            "(elements)",
-            "",
-            "",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(x)"
-        )?;
+        let extra: [Column; 3] = [
+            ("mpi time", "(us)", 10),
+            ("mpi bus", "(GB/s)", 8),
+            ("vs mpi", "(x)", 7),
+        ];
+        table_head(out, &extra)?;
         let na =
             |v: Option<f64>, p: usize| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.p$}"));
         for row in &r.results {
-            writeln!(
-                out,
-                "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>8.2} {:>8.2} {:>7} {:>10} {:>8} {:>7}",
-                row.size,
-                row.count,
-                r.dtype,
-                r.op,
-                r.root,
-                row.time_us,
-                row.algbw_gbps,
-                row.busbw_gbps,
-                row.wrong
-                    .map_or_else(|| "N/A".to_owned(), |w| w.to_string()),
+            let cells = [
                 na(row.mpi_time_us, 1),
                 na(row.mpi_busbw_gbps, 2),
                 na(row.vs_mpi, 2),
-            )?;
+            ];
+            let lead = (
+                row.size,
+                row.count,
+                row.time_us,
+                row.algbw_gbps,
+                row.busbw_gbps,
+            );
+            let how = (r.dtype.as_str(), r.op.as_str(), r.root);
+            table_row(out, lead, row.wrong, how, &extra, &cells)?;
         }
         if r.results.iter().any(|row| row.vs_mpi.is_some()) {
             writeln!(

@@ -224,26 +224,11 @@ fn typed_row<T: Element>(
     if let Some(e) = first_err {
         return Err(e);
     }
-    let secs = t_coll / f64::from(iters);
-    let copy_secs = t_copy / f64::from(iters);
-    let algbw = bytes as f64 / secs / 1e9;
     let wrong = if args.check {
         Some(count_wrong_in(&req, &outs)?)
     } else {
         None
     };
-    let memcpy_gbps = (bytes > 0).then(|| (n as u64 * bytes) as f64 / copy_secs / 1e9);
-    Ok(Row {
-        size: bytes,
-        count: req.count,
-        time_us: secs * 1e6,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * c.busbw_factor(n),
-        wrong,
-        memcpy_gbps,
-        efficiency: memcpy_gbps.map(|m| algbw * n as f64 / m),
-        nccl_time_us: None,
-        nccl_busbw_gbps: None,
-        vs_nccl: None,
-    })
+    let per = |t: f64| t / f64::from(iters);
+    Ok(Row::timed(&req, n, per(t_coll), per(t_copy), wrong))
 }

@@ -141,6 +141,49 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan, RouteError> {
     Ok(plan)
 }
 
+/// The all_to_all_v plan of `req` over ranks `0..n` in pairwise-exchange order: step `k`
+/// (`0..n`) moves rank `s`'s block for rank `(s + k) mod n`, one copy each, straight from the
+/// sender's input to the receiver's output (no staging). Every copy is on a lane of its own,
+/// so the whole exchange is one dependency level; op ids follow the steps, so each rank posts
+/// its sends in the order `s + 1, s + 2, ...` and its receives in the order `d - 1, d - 2,
+/// ...`: at every step each rank sends to one peer and receives from one other, instead of
+/// every rank sending its first block to rank 0 at once ([Thakur-2005]'s pairwise exchange).
+/// Step 0 is the rank's own block, a local copy.
+///
+/// Errors: a request that does not validate or is not all_to_all_v.
+///
+/// Complexity: O(n^2) ops and time for n ranks.
+pub(super) fn pairwise_all_to_all_v(req: &Request) -> Result<Plan, RouteError> {
+    req.validate()?;
+    if req.collective != Collective::AllToAllV {
+        return Err(RouteError::BadRequest(format!(
+            "the pairwise exchange plans all_to_all_v, not {}",
+            req.collective
+        )));
+    }
+    let n = req.nranks();
+    let m = &req.matrix;
+    // Offsets of block (s, d) in s's input and in d's output.
+    let send_off = |s: usize, d: usize| -> u64 { m[s][..d].iter().sum() };
+    let recv_off = |s: usize, d: usize| -> u64 { (0..s).map(|q| m[q][d]).sum() };
+    let mut plan = Plan::new(req.clone(), "rank-space pairwise");
+    for k in 0..n {
+        for (s, row) in m.iter().enumerate() {
+            let d = (s + k) % n;
+            let len = row[d];
+            if len == 0 {
+                continue;
+            }
+            let (s32, d32) = (s as u32, d as u32);
+            let src = Region::new(BufferRef::Input(s32), send_off(s, d), len);
+            let dst = Region::new(BufferRef::Output(d32), recv_off(s, d), len);
+            let lane = plan.add_lane(Location::Gpu(s32), format!("rank{s} to {d}"));
+            plan.copy(lane, src, dst, Vec::new(), Vec::new());
+        }
+    }
+    Ok(plan)
+}
+
 /// Slice `o` of `n` of `len` elements: `[lo, hi)`, sizes differing by at most one.
 fn slice(len: u64, n: u32, o: u32) -> (u64, u64) {
     let n = u64::from(n.max(1));
@@ -229,6 +272,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The pairwise all_to_all_v plan passes the checker for uneven matrices with empty
+    /// blocks, and at step `k` rank `s` sends to `(s + k) mod n`.
+    #[test]
+    fn pairwise_all_to_all_v_checks_and_steps_through_peers() {
+        for n in [1u32, 2, 3, 5, 8] {
+            let mut req = Request::new(Collective::AllToAllV, (0..n).collect(), 0, DType::F32);
+            req.matrix = (0..u64::from(n))
+                .map(|s| (0..u64::from(n)).map(|d| (s * 7 + d * 3) % 5).collect())
+                .collect();
+            let plan = pairwise_all_to_all_v(&req).expect("plans");
+            relaycc_route::check(&plan).unwrap_or_else(|e| panic!("n={n}: {e}"));
+            let mut last_step = vec![0u32; n as usize];
+            for op in &plan.ops {
+                let relaycc_route::OpKind::Copy { src, dst } = &op.kind else {
+                    panic!("n={n}: a pairwise plan only copies");
+                };
+                let (BufferRef::Input(s), BufferRef::Output(d)) = (src.buffer, dst.buffer) else {
+                    panic!("n={n}: copies go from inputs to outputs");
+                };
+                let step = (d + n - s) % n;
+                assert!(step >= last_step[s as usize], "n={n}: rank {s} steps back");
+                last_step[s as usize] = step;
+            }
+        }
+        let req = Request::new(Collective::AllGatherV, vec![0, 1], 0, DType::F32);
+        assert!(pairwise_all_to_all_v(&req).is_err());
     }
 
     /// Exchange collectives planned in bytes pass the checker with virtual nodes.

@@ -631,12 +631,18 @@ impl MpiCommunicator {
                     .map_or(Strategy::Standard, |m| m.0),
                 Err(_) => Strategy::Standard,
             };
-            plans::exchange_plan(
-                &bytes,
-                self.node_of(),
-                strategy,
-                super::exchange::default_split_cap(),
-            )?
+            if strategy == Strategy::Standard && req.collective == Collective::AllToAllV {
+                // Standard moves every block straight to its receiver: the pairwise order
+                // keeps the ranks from all sending to one peer at once.
+                plans::pairwise_all_to_all_v(req)?
+            } else {
+                plans::exchange_plan(
+                    &bytes,
+                    self.node_of(),
+                    strategy,
+                    super::exchange::default_split_cap(),
+                )?
+            }
         } else {
             plans::direct_plan(req, relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES)?
         };

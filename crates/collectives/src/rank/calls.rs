@@ -276,34 +276,85 @@ impl<'b> RankGroup<'_, 'b> {
         self
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn coll(
-        &mut self,
-        call: &'static str,
-        collective: Collective,
-        dtype: DType,
-        count: usize,
-        op: ReduceOp,
-        root: usize,
-        input: Option<View>,
-        output: Option<View>,
-    ) -> &mut Self {
-        let desc = Desc {
-            call,
+    /// The descriptor of a collective (its call named after it) with one count, op and root.
+    fn desc<T: Element>(collective: Collective, count: usize, op: ReduceOp, root: usize) -> Desc {
+        Desc {
+            call: collective.name(),
             collective,
-            dtype,
+            dtype: T::DTYPE,
             op,
             root,
             count: count as u64,
             counts: Vec::new(),
             recv_counts: Vec::new(),
-        };
+        }
+    }
+
+    /// The one path every collective of a group ends in: its descriptor and this rank's
+    /// input and output views (`None` where the rank has none).
+    fn push(&mut self, desc: Desc, input: Option<View>, output: Option<View>) -> &mut Self {
         self.ops.push(Op::Coll {
             desc,
             input,
             output,
         });
         self
+    }
+
+    /// A collective on separate buffers: lend `send` as the input and `recv` as the output
+    /// where given.
+    fn separate<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        desc: Desc,
+        send: Option<&'b S>,
+        recv: Option<&'b mut R>,
+    ) -> &mut Self {
+        let i = send.map(|s| self.lend(s));
+        let o = recv.map(|r| self.lend_mut(r));
+        self.push(desc, i, o)
+    }
+
+    /// An in-place collective whose buffer is wholly the input and/or wholly the output;
+    /// `count` is the buffer's length.
+    fn whole<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        buf: &'b mut R,
+        (op, root): (ReduceOp, usize),
+        (input, output): (bool, bool),
+    ) -> &mut Self {
+        let count = RecvBuf::<T>::elems(buf);
+        let v = self.lend_mut(buf);
+        let d = Self::desc::<T>(c, count, op, root);
+        self.push(d, input.then_some(v), output.then_some(v))
+    }
+
+    /// An in-place collective whose buffer is `n` blocks: block `at` is the input (and the
+    /// whole buffer the output) or the output (and the whole buffer the input); the count is
+    /// one block. A length that is not a multiple of `n` fails the call.
+    fn blocks<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        buf: &'b mut R,
+        (op, root, at): (ReduceOp, usize, usize),
+        block_is_input: bool,
+    ) -> &mut Self {
+        let count = match self.block_of(c.name(), RecvBuf::<T>::elems(buf)) {
+            Ok(count) => count,
+            Err(e) => return self.fail(e),
+        };
+        let whole = self.lend_mut(buf);
+        let block = View {
+            offset: (count * at) as u64,
+            len: count as u64,
+            ..whole
+        };
+        let d = Self::desc::<T>(c, count, op, root);
+        if block_is_input {
+            self.push(d, Some(block), Some(whole))
+        } else {
+            self.push(d, Some(whole), Some(block))
+        }
     }
 
     /// `len / n` elements per block, or the error naming this rank's in-place buffer.
@@ -328,18 +379,8 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
         op: ReduceOp,
     ) -> &mut Self {
-        let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let c = SendBuf::<T>::elems(send);
-        self.coll(
-            "all_reduce",
-            Collective::AllReduce,
-            T::DTYPE,
-            c,
-            op,
-            0,
-            Some(i),
-            Some(o),
-        )
+        let d = Self::desc::<T>(Collective::AllReduce, SendBuf::<T>::elems(send), op, 0);
+        self.separate(d, Some(send), Some(recv))
     }
 
     /// Add [`RankComm::all_reduce_in_place`].
@@ -348,18 +389,7 @@ impl<'b> RankGroup<'_, 'b> {
         buf: &'b mut R,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = RecvBuf::<T>::elems(buf);
-        let v = self.lend_mut(buf);
-        self.coll(
-            "all_reduce",
-            Collective::AllReduce,
-            T::DTYPE,
-            c,
-            op,
-            0,
-            Some(v),
-            Some(v),
-        )
+        self.whole(Collective::AllReduce, buf, (op, 0), (true, true))
     }
 
     /// Add [`RankComm::reduce`].
@@ -370,22 +400,9 @@ impl<'b> RankGroup<'_, 'b> {
         root: usize,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = SendBuf::<T>::elems(send);
-        let i = self.lend(send);
-        let o = match recv {
-            Some(r) if self.me() == root => Some(self.lend_mut(r)),
-            _ => None,
-        };
-        self.coll(
-            "reduce",
-            Collective::Reduce,
-            T::DTYPE,
-            c,
-            op,
-            root,
-            Some(i),
-            o,
-        )
+        let d = Self::desc::<T>(Collective::Reduce, SendBuf::<T>::elems(send), op, root);
+        let is_root = self.me() == root;
+        self.separate(d, Some(send), recv.filter(|_| is_root))
     }
 
     /// Add [`RankComm::reduce_in_place`].
@@ -395,19 +412,8 @@ impl<'b> RankGroup<'_, 'b> {
         root: usize,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = RecvBuf::<T>::elems(buf);
-        let v = self.lend_mut(buf);
-        let o = (self.me() == root).then_some(v);
-        self.coll(
-            "reduce",
-            Collective::Reduce,
-            T::DTYPE,
-            c,
-            op,
-            root,
-            Some(v),
-            o,
-        )
+        let is_root = self.me() == root;
+        self.whole(Collective::Reduce, buf, (op, root), (true, is_root))
     }
 
     /// Add [`RankComm::broadcast`].
@@ -418,22 +424,9 @@ impl<'b> RankGroup<'_, 'b> {
         root: usize,
     ) -> &mut Self {
         let c = RecvBuf::<T>::elems(recv);
-        let i = match send {
-            Some(s) if self.me() == root => Some(self.lend(s)),
-            _ => None,
-        };
-        let o = self.lend_mut(recv);
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "broadcast",
-            Collective::Broadcast,
-            T::DTYPE,
-            c,
-            sum,
-            root,
-            i,
-            Some(o),
-        )
+        let d = Self::desc::<T>(Collective::Broadcast, c, ReduceOp::Sum, root);
+        let is_root = self.me() == root;
+        self.separate(d, send.filter(|_| is_root), Some(recv))
     }
 
     /// Add [`RankComm::broadcast_in_place`].
@@ -442,20 +435,9 @@ impl<'b> RankGroup<'_, 'b> {
         buf: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let c = RecvBuf::<T>::elems(buf);
-        let v = self.lend_mut(buf);
-        let i = (self.me() == root).then_some(v);
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "broadcast",
-            Collective::Broadcast,
-            T::DTYPE,
-            c,
-            sum,
-            root,
-            i,
-            Some(v),
-        )
+        let is_root = self.me() == root;
+        let how = (ReduceOp::Sum, root);
+        self.whole(Collective::Broadcast, buf, how, (is_root, true))
     }
 
     /// Add [`RankComm::all_gather`].
@@ -465,18 +447,8 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
     ) -> &mut Self {
         let c = SendBuf::<T>::elems(send);
-        let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "all_gather",
-            Collective::AllGather,
-            T::DTYPE,
-            c,
-            sum,
-            0,
-            Some(i),
-            Some(o),
-        )
+        let d = Self::desc::<T>(Collective::AllGather, c, ReduceOp::Sum, 0);
+        self.separate(d, Some(send), Some(recv))
     }
 
     /// Add [`RankComm::all_gather_in_place`].
@@ -484,41 +456,13 @@ impl<'b> RankGroup<'_, 'b> {
         &mut self,
         buf: &'b mut R,
     ) -> &mut Self {
-        let c = match self.block_of("all_gather", RecvBuf::<T>::elems(buf)) {
-            Ok(c) => c,
-            Err(e) => return self.fail(e),
-        };
-        let o = self.lend_mut(buf);
-        let i = View {
-            offset: (c * self.me()) as u64,
-            len: c as u64,
-            ..o
-        };
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "all_gather",
-            Collective::AllGather,
-            T::DTYPE,
-            c,
-            sum,
-            0,
-            Some(i),
-            Some(o),
-        )
+        let how = (ReduceOp::Sum, 0, self.me());
+        self.blocks(Collective::AllGather, buf, how, true)
     }
 
-    fn push_v(&mut self, desc: Desc, input: View, output: View) -> &mut Self {
-        self.ops.push(Op::Coll {
-            desc,
-            input: Some(input),
-            output: Some(output),
-        });
-        self
-    }
-
-    fn desc_v(call: &'static str, c: Collective, dtype: DType, counts: Vec<u64>) -> Desc {
+    fn desc_v(c: Collective, dtype: DType, counts: Vec<u64>) -> Desc {
         Desc {
-            call,
+            call: c.name(),
             collective: c,
             dtype,
             op: ReduceOp::Sum,
@@ -536,14 +480,8 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
         counts: &[usize],
     ) -> &mut Self {
-        let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let d = Self::desc_v(
-            "all_gather_v",
-            Collective::AllGatherV,
-            T::DTYPE,
-            counts_u64(counts),
-        );
-        self.push_v(d, i, o)
+        let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
+        self.separate(d, Some(send), Some(recv))
     }
 
     /// Add [`RankComm::all_gather_v_in_place`].
@@ -578,13 +516,8 @@ impl<'b> RankGroup<'_, 'b> {
             len: mine as u64,
             ..o
         };
-        let d = Self::desc_v(
-            "all_gather_v",
-            Collective::AllGatherV,
-            T::DTYPE,
-            counts_u64(counts),
-        );
-        self.push_v(d, i, o)
+        let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
+        self.push(d, Some(i), Some(o))
     }
 
     /// Add [`RankComm::reduce_scatter`].
@@ -595,9 +528,8 @@ impl<'b> RankGroup<'_, 'b> {
         op: ReduceOp,
     ) -> &mut Self {
         let c = RecvBuf::<T>::elems(recv);
-        let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let rs = Collective::ReduceScatter;
-        self.coll("reduce_scatter", rs, T::DTYPE, c, op, 0, Some(i), Some(o))
+        let d = Self::desc::<T>(Collective::ReduceScatter, c, op, 0);
+        self.separate(d, Some(send), Some(recv))
     }
 
     /// Add [`RankComm::reduce_scatter_in_place`].
@@ -606,18 +538,8 @@ impl<'b> RankGroup<'_, 'b> {
         buf: &'b mut R,
         op: ReduceOp,
     ) -> &mut Self {
-        let c = match self.block_of("reduce_scatter", RecvBuf::<T>::elems(buf)) {
-            Ok(c) => c,
-            Err(e) => return self.fail(e),
-        };
-        let i = self.lend_mut(buf);
-        let o = View {
-            offset: (c * self.me()) as u64,
-            len: c as u64,
-            ..i
-        };
-        let rs = Collective::ReduceScatter;
-        self.coll("reduce_scatter", rs, T::DTYPE, c, op, 0, Some(i), Some(o))
+        let how = (op, 0, self.me());
+        self.blocks(Collective::ReduceScatter, buf, how, false)
     }
 
     /// Add [`RankComm::all_to_all`].
@@ -627,18 +549,8 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
     ) -> &mut Self {
         let c = SendBuf::<T>::elems(send) / self.n();
-        let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "all_to_all",
-            Collective::AllToAll,
-            T::DTYPE,
-            c,
-            sum,
-            0,
-            Some(i),
-            Some(o),
-        )
+        let d = Self::desc::<T>(Collective::AllToAll, c, ReduceOp::Sum, 0);
+        self.separate(d, Some(send), Some(recv))
     }
 
     /// Add [`RankComm::all_to_all_v`].
@@ -649,15 +561,9 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
         recv_counts: &[usize],
     ) -> &mut Self {
-        let (i, o) = (self.lend(send), self.lend_mut(recv));
-        let mut d = Self::desc_v(
-            "all_to_all_v",
-            Collective::AllToAllV,
-            T::DTYPE,
-            counts_u64(send_counts),
-        );
+        let mut d = Self::desc_v(Collective::AllToAllV, T::DTYPE, counts_u64(send_counts));
         d.recv_counts = counts_u64(recv_counts);
-        self.push_v(d, i, o)
+        self.separate(d, Some(send), Some(recv))
     }
 
     /// Add [`RankComm::gather`].
@@ -668,22 +574,9 @@ impl<'b> RankGroup<'_, 'b> {
         root: usize,
     ) -> &mut Self {
         let c = SendBuf::<T>::elems(send);
-        let i = self.lend(send);
-        let o = match recv {
-            Some(r) if self.me() == root => Some(self.lend_mut(r)),
-            _ => None,
-        };
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "gather",
-            Collective::Gather,
-            T::DTYPE,
-            c,
-            sum,
-            root,
-            Some(i),
-            o,
-        )
+        let d = Self::desc::<T>(Collective::Gather, c, ReduceOp::Sum, root);
+        let is_root = self.me() == root;
+        self.separate(d, Some(send), recv.filter(|_| is_root))
     }
 
     /// Add [`RankComm::gather_in_place`].
@@ -692,41 +585,11 @@ impl<'b> RankGroup<'_, 'b> {
         buf: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let sum = ReduceOp::Sum;
+        let g = Collective::Gather;
         if self.me() != root {
-            let c = RecvBuf::<T>::elems(buf);
-            let i = self.lend_mut(buf);
-            return self.coll(
-                "gather",
-                Collective::Gather,
-                T::DTYPE,
-                c,
-                sum,
-                root,
-                Some(i),
-                None,
-            );
+            return self.whole(g, buf, (ReduceOp::Sum, root), (true, false));
         }
-        let c = match self.block_of("gather", RecvBuf::<T>::elems(buf)) {
-            Ok(c) => c,
-            Err(e) => return self.fail(e),
-        };
-        let o = self.lend_mut(buf);
-        let i = View {
-            offset: (c * root) as u64,
-            len: c as u64,
-            ..o
-        };
-        self.coll(
-            "gather",
-            Collective::Gather,
-            T::DTYPE,
-            c,
-            sum,
-            root,
-            Some(i),
-            Some(o),
-        )
+        self.blocks(g, buf, (ReduceOp::Sum, root, root), true)
     }
 
     /// Add [`RankComm::scatter`].
@@ -737,22 +600,9 @@ impl<'b> RankGroup<'_, 'b> {
         root: usize,
     ) -> &mut Self {
         let c = RecvBuf::<T>::elems(recv);
-        let i = match send {
-            Some(s) if self.me() == root => Some(self.lend(s)),
-            _ => None,
-        };
-        let o = self.lend_mut(recv);
-        let sum = ReduceOp::Sum;
-        self.coll(
-            "scatter",
-            Collective::Scatter,
-            T::DTYPE,
-            c,
-            sum,
-            root,
-            i,
-            Some(o),
-        )
+        let d = Self::desc::<T>(Collective::Scatter, c, ReduceOp::Sum, root);
+        let is_root = self.me() == root;
+        self.separate(d, send.filter(|_| is_root), Some(recv))
     }
 
     /// Add [`RankComm::scatter_in_place`].
@@ -761,41 +611,11 @@ impl<'b> RankGroup<'_, 'b> {
         buf: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let sum = ReduceOp::Sum;
+        let s = Collective::Scatter;
         if self.me() != root {
-            let c = RecvBuf::<T>::elems(buf);
-            let o = self.lend_mut(buf);
-            return self.coll(
-                "scatter",
-                Collective::Scatter,
-                T::DTYPE,
-                c,
-                sum,
-                root,
-                None,
-                Some(o),
-            );
+            return self.whole(s, buf, (ReduceOp::Sum, root), (false, true));
         }
-        let c = match self.block_of("scatter", RecvBuf::<T>::elems(buf)) {
-            Ok(c) => c,
-            Err(e) => return self.fail(e),
-        };
-        let i = self.lend_mut(buf);
-        let o = View {
-            offset: (c * root) as u64,
-            len: c as u64,
-            ..i
-        };
-        self.coll(
-            "scatter",
-            Collective::Scatter,
-            T::DTYPE,
-            c,
-            sum,
-            root,
-            Some(i),
-            Some(o),
-        )
+        self.blocks(s, buf, (ReduceOp::Sum, root, root), false)
     }
 
     /// Post a send of `buf` to rank `peer` (`ncclSend`).
@@ -862,228 +682,85 @@ impl<'b> RankGroup<'_, 'b> {
     }
 }
 
+/// Single calls, each a group of one operation: `name "call" io (arguments);` makes
+/// `pub fn name<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(&mut self,
+/// arguments) -> Result<()>` (`buf` in place of `io`: only `R: RecvBuf<T> + ?Sized`), which
+/// adds [`RankGroup`]'s `name` with the arguments and runs it as call `call`.
+macro_rules! single {
+    () => {};
+    ($(#[$doc:meta])* $name:ident $call:literal io ($($a:ident: $t:ty),*); $($rest:tt)*) => {
+        single!(@fn [$(#[$doc])*] $name $call [S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized]
+            ($($a: $t),*));
+        single!($($rest)*);
+    };
+    ($(#[$doc:meta])* $name:ident $call:literal buf ($($a:ident: $t:ty),*); $($rest:tt)*) => {
+        single!(@fn [$(#[$doc])*] $name $call [R: RecvBuf<T> + ?Sized] ($($a: $t),*));
+        single!($($rest)*);
+    };
+    (@fn [$($doc:tt)*] $name:ident $call:literal [$($gen:tt)*] ($($a:ident: $t:ty),*)) => {
+        $($doc)*
+        pub fn $name<T: Element, $($gen)*>(&mut self, $($a: $t),*) -> Result<()> {
+            let mut g = self.start();
+            g.$name($($a),*);
+            g.finish($call)
+        }
+    };
+}
+
 // The single calls: each a group of one operation. Expanded for `RankComm` (host slices)
 // and `OnStream` (the same calls on the caller's CUDA stream).
 macro_rules! single_calls {
     () => {
-        /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
-        pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: &mut R,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_reduce(send, recv, op);
-            g.finish("all_reduce")
-        }
-
-        /// `buf = op(every rank's buf)`, in place.
-        pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_reduce_in_place(buf, op);
-            g.finish("all_reduce")
-        }
-
-        /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv`
-        /// is used only on the root, which must give it.
-        pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: Option<&mut R>,
-            root: usize,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.reduce(send, recv, root, op);
-            g.finish("reduce")
-        }
-
-        /// As `reduce`, in place: the root's `buf` is its input and the result; the others'
-        /// `buf` is their input.
-        pub fn reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            root: usize,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.reduce_in_place(buf, root, op);
-            g.finish("reduce")
-        }
-
-        /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is
-        /// used only on the root, which must give it.
-        pub fn broadcast<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: Option<&S>,
-            recv: &mut R,
-            root: usize,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.broadcast(send, recv, root);
-            g.finish("broadcast")
-        }
-
-        /// The root's `buf` to every rank's `buf`, in place.
-        pub fn broadcast_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            root: usize,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.broadcast_in_place(buf, root);
-            g.finish("broadcast")
-        }
-
-        /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
-        /// `MPI_Allgather`).
-        pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: &mut R,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_gather(send, recv);
-            g.finish("all_gather")
-        }
-
-        /// As `all_gather`, in place: this rank's input is block `rank` of `buf` (its length a
-        /// multiple of the rank count).
-        pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_gather_in_place(buf);
-            g.finish("all_gather")
-        }
-
-        /// As `all_gather` with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`); every
-        /// rank gives the same `counts`.
-        pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: &mut R,
-            counts: &[usize],
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_gather_v(send, recv, counts);
-            g.finish("all_gather_v")
-        }
-
-        /// As `all_gather_v`, in place: this rank's input is its block of `buf`.
-        pub fn all_gather_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            counts: &[usize],
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_gather_v_in_place(buf, counts);
-            g.finish("all_gather_v")
-        }
-
-        /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
-        /// `MPI_Reduce_scatter_block`).
-        pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: &mut R,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.reduce_scatter(send, recv, op);
-            g.finish("reduce_scatter")
-        }
-
-        /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
-        pub fn reduce_scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            op: ReduceOp,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.reduce_scatter_in_place(buf, op);
-            g.finish("reduce_scatter")
-        }
-
-        /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
-        pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: &mut R,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_to_all(send, recv);
-            g.finish("all_to_all")
-        }
-
-        /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
-        /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
-        pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            send_counts: &[usize],
-            recv: &mut R,
-            recv_counts: &[usize],
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.all_to_all_v(send, send_counts, recv, recv_counts);
-            g.finish("all_to_all_v")
-        }
-
-        /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
-        /// (`MPI_Gather`); `recv` is used only on the root, which must give it.
-        pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: &S,
-            recv: Option<&mut R>,
-            root: usize,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.gather(send, recv, root);
-            g.finish("gather")
-        }
-
-        /// As `gather`, in place: the root's `buf` is the whole output with its own input as
-        /// block `root`; the others' `buf` is their input.
-        pub fn gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            root: usize,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.gather_in_place(buf, root);
-            g.finish("gather")
-        }
-
-        /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used only
-        /// on the root, which must give it.
-        pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            send: Option<&S>,
-            recv: &mut R,
-            root: usize,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.scatter(send, recv, root);
-            g.finish("scatter")
-        }
-
-        /// As `scatter`, in place: the root's `buf` is the whole input and keeps block `root`
-        /// as its output; the others' `buf` is their output.
-        pub fn scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-            &mut self,
-            buf: &mut R,
-            root: usize,
-        ) -> Result<()> {
-            let mut g = self.start();
-            g.scatter_in_place(buf, root);
-            g.finish("scatter")
+        single! {
+            /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
+            all_reduce "all_reduce" io (send: &S, recv: &mut R, op: ReduceOp);
+            /// `buf = op(every rank's buf)`, in place.
+            all_reduce_in_place "all_reduce" buf (buf: &mut R, op: ReduceOp);
+            /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv`
+            /// is used only on the root, which must give it.
+            reduce "reduce" io (send: &S, recv: Option<&mut R>, root: usize, op: ReduceOp);
+            /// As `reduce`, in place: the root's `buf` is its input and the result; the others'
+            /// `buf` is their input.
+            reduce_in_place "reduce" buf (buf: &mut R, root: usize, op: ReduceOp);
+            /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is
+            /// used only on the root, which must give it.
+            broadcast "broadcast" io (send: Option<&S>, recv: &mut R, root: usize);
+            /// The root's `buf` to every rank's `buf`, in place.
+            broadcast_in_place "broadcast" buf (buf: &mut R, root: usize);
+            /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
+            /// `MPI_Allgather`).
+            all_gather "all_gather" io (send: &S, recv: &mut R);
+            /// As `all_gather`, in place: this rank's input is block `rank` of `buf` (its length a
+            /// multiple of the rank count).
+            all_gather_in_place "all_gather" buf (buf: &mut R);
+            /// As `all_gather` with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`); every
+            /// rank gives the same `counts`.
+            all_gather_v "all_gather_v" io (send: &S, recv: &mut R, counts: &[usize]);
+            /// As `all_gather_v`, in place: this rank's input is its block of `buf`.
+            all_gather_v_in_place "all_gather_v" buf (buf: &mut R, counts: &[usize]);
+            /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
+            /// `MPI_Reduce_scatter_block`).
+            reduce_scatter "reduce_scatter" io (send: &S, recv: &mut R, op: ReduceOp);
+            /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
+            reduce_scatter_in_place "reduce_scatter" buf (buf: &mut R, op: ReduceOp);
+            /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
+            all_to_all "all_to_all" io (send: &S, recv: &mut R);
+            /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
+            /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
+            all_to_all_v "all_to_all_v" io
+                (send: &S, send_counts: &[usize], recv: &mut R, recv_counts: &[usize]);
+            /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
+            /// (`MPI_Gather`); `recv` is used only on the root, which must give it.
+            gather "gather" io (send: &S, recv: Option<&mut R>, root: usize);
+            /// As `gather`, in place: the root's `buf` is the whole output with its own input as
+            /// block `root`; the others' `buf` is their input.
+            gather_in_place "gather" buf (buf: &mut R, root: usize);
+            /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used only
+            /// on the root, which must give it.
+            scatter "scatter" io (send: Option<&S>, recv: &mut R, root: usize);
+            /// As `scatter`, in place: the root's `buf` is the whole input and keeps block `root`
+            /// as its output; the others' `buf` is their output.
+            scatter_in_place "scatter" buf (buf: &mut R, root: usize);
         }
 
         /// Send `buf` to rank `peer` (`ncclSend`), meeting its `recv`; only the two ranks take
