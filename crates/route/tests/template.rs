@@ -131,3 +131,46 @@ fn a_masked_cluster_still_plans() {
     assert!(p.plan.template.is_none());
     check(&p.plan).unwrap();
 }
+
+#[test]
+fn rail_hierarchical_all_reduce_folds_and_times_like_its_expanded_plan() {
+    // Every node's intra-node chunks end where the rail channels' halves end, so node h's rail
+    // step s waits for the same ops (relative to its ring position) as node 0's: the plan's
+    // order is the same on every period of hosts and the template must fold.
+    for nodes in [2u32, 4, 8] {
+        let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
+        let sym = topo.host_symmetry();
+        let req = request(&topo, Collective::AllReduce, 1 << 30);
+        let cfg = SimConfig::default();
+        let chunk = pipeline_chunk_elems(&req).max(1);
+        let set = Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
+        let mut folded = 0;
+        for i in 0..set.len() {
+            let Ok(full) = set.build(i, chunk) else {
+                continue;
+            };
+            if !full.algorithm.starts_with("rail-hier") {
+                continue;
+            }
+            let t = set
+                .build_template(i, chunk, &sym)
+                .unwrap_or_else(|e| panic!("{nodes} nodes {}: {e}", full.algorithm));
+            check_template(&t).unwrap();
+            let (a, b) = (
+                simulate(&topo, &full, &cfg).unwrap().time_us,
+                simulate(&topo, &t, &cfg).unwrap().time_us,
+            );
+            eprintln!(
+                "{nodes} nodes {}: {a:.1} us expanded, {b:.1} us template",
+                full.algorithm
+            );
+            assert!(
+                rel(b, a) < 0.01,
+                "{nodes} nodes {}: {a} against {b}",
+                full.algorithm
+            );
+            folded += 1;
+        }
+        assert!(folded > 0, "{nodes} nodes: no rail-hierarchical candidate");
+    }
+}

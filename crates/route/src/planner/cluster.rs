@@ -339,7 +339,17 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         let slot = (k as u64 % PART_SLOTS) * most_all;
         let blocks = split_even(piece, g as u64);
         let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
-        let chunk = phase_chunk(ctx, most);
+        // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
+        // rail step reads or writes one node sub-block, whose index relative to the node's
+        // ring position is what every node shares. An intra-node chunk covering part of a half
+        // would make node h's rail step s wait for a chunk that depends on h, so the plan's
+        // order would differ between nodes and a template could not fold it.
+        let half_most = most.div_ceil(CH_RAILS.len() as u64).max(1);
+        let chunk = if phase_chunk(ctx, most) >= most {
+            most.max(1)
+        } else {
+            half_most
+        };
         // A rail ring over N nodes moves a different sub-block at every step, so from
         // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
         let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
@@ -362,7 +372,9 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             }
         }
         for (j, &(off, len)) in blocks.iter().enumerate() {
-            let halves = split_even(len, CH_RAILS.len() as u64);
+            // Halves cut where the intra-node chunks cut (chunks of `half_most`).
+            let first = len.min(half_most);
+            let halves = [(0, first), (first, len - first)];
             for (c, &(h_off, h_len)) in halves.iter().enumerate() {
                 let (ord, st) = &rails[c][j];
                 let ch = CH_RAILS[c];
