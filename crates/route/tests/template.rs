@@ -8,6 +8,7 @@ use relaycc_route::path::RelayPolicy;
 use relaycc_route::planner::{
     Candidates, baseline_plan_chunked, baseline_template_chunked, pipeline_chunk_elems,
 };
+use relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES;
 use relaycc_route::{
     Collective, DType, PlanOptions, Request, SimConfig, check, check_template, plan, simulate,
 };
@@ -61,10 +62,15 @@ fn compare(nodes: u32, c: Collective, bytes: u64) -> Vec<(String, f64, f64)> {
         };
         let t = match set.build_template(i, chunk, &sym) {
             Ok(t) => t,
-            // A plan that differs between hosts (flat trees, and rail-hierarchical plans whose
-            // in-place ordering depends on each node's sub-block) must be refused, never folded
-            // into a wrong template; those that fold must time like the expanded plan.
+            // A plan that differs between hosts (flat trees; the rail-hierarchical
+            // reduce_scatter and all_gather, whose rail steps wait on intra-node ops that
+            // depend on the node) must be refused, never folded into a wrong template; those
+            // that fold must time like the expanded plan. The rail-hierarchical all_reduce
+            // (`... x4 loops`) is the same on every node and must fold.
             Err(e @ relaycc_route::RouteError::NotSymmetric(_)) => {
+                let hier_all_reduce =
+                    full.algorithm.starts_with("rail-hier") && full.algorithm.ends_with("loops");
+                assert!(!hier_all_reduce, "{}: {e}", full.algorithm);
                 eprintln!("{} does not fold: {e}", full.algorithm);
                 continue;
             }
@@ -130,4 +136,51 @@ fn a_masked_cluster_still_plans() {
     let p = plan(&masked, &req, &PlanOptions::default()).unwrap();
     assert!(p.plan.template.is_none());
     check(&p.plan).unwrap();
+}
+
+#[test]
+fn rail_hierarchical_all_reduce_folds_and_times_like_its_expanded_plan() {
+    // Every node's intra-node chunks end where the rail channels' halves end, so node h's rail
+    // step s waits for the same ops (relative to its ring position) as node 0's: the plan's
+    // order is the same on every period of hosts and the template must fold. Under the
+    // default staging budget 2 GiB on 4 nodes fits a chunk that cuts the vector into loops that
+    // only equal lengths keep aligned with the slot each reuses.
+    for (nodes, bytes) in [(2u32, 1u64 << 30), (4, 1 << 30), (8, 1 << 30), (4, 2 << 30)] {
+        let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
+        let sym = topo.host_symmetry();
+        let req = request(&topo, Collective::AllReduce, bytes);
+        let cfg = SimConfig::default();
+        let chunk = pipeline_chunk_elems(&req).max(1);
+        let set = Candidates::new(&topo, &req, &RelayPolicy::default())
+            .unwrap()
+            .with_budget(DEFAULT_STAGING_BUDGET_BYTES);
+        let mut folded = 0;
+        for i in 0..set.len() {
+            let Ok(full) = set.build(i, chunk) else {
+                continue;
+            };
+            if !full.algorithm.starts_with("rail-hier") {
+                continue;
+            }
+            let t = set
+                .build_template(i, chunk, &sym)
+                .unwrap_or_else(|e| panic!("{nodes} nodes {}: {e}", full.algorithm));
+            check_template(&t).unwrap();
+            let (a, b) = (
+                simulate(&topo, &full, &cfg).unwrap().time_us,
+                simulate(&topo, &t, &cfg).unwrap().time_us,
+            );
+            eprintln!(
+                "{nodes} nodes {}: {a:.1} us expanded, {b:.1} us template",
+                full.algorithm
+            );
+            assert!(
+                rel(b, a) < 0.01,
+                "{nodes} nodes {}: {a} against {b}",
+                full.algorithm
+            );
+            folded += 1;
+        }
+        assert!(folded > 0, "{nodes} nodes: no rail-hierarchical candidate");
+    }
 }
