@@ -275,7 +275,7 @@ pub fn all_reduce_loops(req: &Request, shape: &ClusterShape) -> Vec<u32> {
 fn even_pieces(count: u64, per: u64) -> Vec<(u64, u64)> {
     let need = count.div_ceil(per.max(1)).max(1);
     let n = (need..=need.saturating_mul(2))
-        .find(|&n| count % n == 0)
+        .find(|&n| count.is_multiple_of(n))
         .unwrap_or(need);
     split_even(count, n)
 }
