@@ -230,7 +230,7 @@ const LOOP_CHUNKS: u64 = 2;
 /// [`Ctx::channels`]): more loops shorten the fill and drain of the overlapped phases (about one
 /// loop's intra-node phases) but cut every rail step smaller, and each step pays a copy's start
 /// and a reduction's launch. Which wins depends on the node count and the message: simulated at
-/// 1 GiB on DGX H100 clusters, 4 loops are fastest on 2 and 16 nodes, 8 on 4 nodes, 16 on 8;
+/// 1 GiB on DGX H100 clusters, 4 loops are fastest on 2 and 16 nodes, 8 on 4 and 8 nodes;
 /// at 64 MiB one loop (which the chunk still cuts into pieces) is.
 pub const PIPELINE_LOOPS: [u32; 4] = [1, 4, 8, 16];
 
@@ -275,7 +275,7 @@ pub fn all_reduce_loops(req: &Request, shape: &ClusterShape) -> Vec<u32> {
 fn even_pieces(count: u64, per: u64) -> Vec<(u64, u64)> {
     let need = count.div_ceil(per.max(1)).max(1);
     let n = (need..=need.saturating_mul(2))
-        .find(|&n| count % n == 0)
+        .find(|&n| count.is_multiple_of(n))
         .unwrap_or(need);
     split_even(count, n)
 }
