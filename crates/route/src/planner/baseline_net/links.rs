@@ -68,6 +68,17 @@ fn ancestors(topo: &Topology, id: NodeId) -> Vec<NodeId> {
     v
 }
 
+/// The fastest directed link from `a` into `b`, found among `b`'s incoming links
+/// ([`Topology::link_between`] walks `a`'s outgoing ones).
+fn link_into(topo: &Topology, a: NodeId, b: NodeId) -> Option<LinkId> {
+    use petgraph::visit::EdgeRef;
+    topo.graph()
+        .edges_directed(b, petgraph::Direction::Incoming)
+        .filter(|e| e.source() == a)
+        .max_by(|x, y| x.weight().gbps.total_cmp(&y.weight().gbps))
+        .map(|e| e.id())
+}
+
 /// The tree path from `a` to `b`: links up from `a` to the lowest common ancestor and down to
 /// `b`, and whether it passes a CPU; None when the two share no ancestor or a link is missing.
 fn tree_path(topo: &Topology, a: NodeId, b: NodeId) -> Option<(Vec<LinkId>, bool)> {
@@ -191,7 +202,8 @@ impl<'t> NetLinks<'t> {
         };
         let (ex, sx, _) = uplink(x)?;
         let (_, sy, _) = uplink(y)?;
-        let down = topo.link_between(sy, y).filter(|e| topo.link_usable(*e))?;
+        // Looked up from the NIC's side: a switch may have a thousand links, a NIC a few.
+        let down = link_into(topo, sy, y).filter(|e| topo.link_usable(*e))?;
         if sx == sy {
             return Some(vec![ex, down]);
         }
