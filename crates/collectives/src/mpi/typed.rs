@@ -35,7 +35,7 @@ use std::time::Instant;
 use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
 use relaycc_route::nodeaware::Strategy;
-use relaycc_route::{Collective, DType, Location, ReduceOp, Request, Transfer};
+use relaycc_route::{Collective, DType, Location, Plan, ReduceOp, Request, Transfer};
 
 use super::agree::{self, Op};
 use super::plans;
@@ -86,7 +86,8 @@ enum Input<'a, T> {
 }
 
 /// What this rank asks for, before agreement.
-struct Call {
+#[derive(Debug)]
+pub(super) struct Call {
     collective: Collective,
     dtype: DType,
     esize: u64,
@@ -114,7 +115,211 @@ fn hash(words: &[u64]) -> i64 {
     (h >> 2) as i64
 }
 
+/// A typed collective with its arguments other than the buffers: what the local checks and
+/// the descriptor need, the same for host slices and device buffers.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Kind<'a> {
+    /// `all_reduce` out of place.
+    AllReduce(ReduceOp),
+    /// `all_reduce` in place.
+    AllReduceInPlace(ReduceOp),
+    /// `reduce` to `root`.
+    Reduce(u32, ReduceOp),
+    /// `broadcast` from `root`, in place.
+    Broadcast(u32),
+    /// `all_gather` out of place.
+    AllGather,
+    /// `all_gather` in place.
+    AllGatherInPlace,
+    /// `all_gather_v` with every rank's count.
+    AllGatherV(&'a [usize]),
+    /// `all_gather_v` in place.
+    AllGatherVInPlace(&'a [usize]),
+    /// `reduce_scatter` (blocks).
+    ReduceScatter(ReduceOp),
+    /// `all_to_all` (equal blocks).
+    AllToAll,
+    /// `all_to_all_v` with this rank's send and receive counts.
+    AllToAllV(&'a [usize], &'a [usize]),
+    /// `gather` to `root`.
+    Gather(u32),
+    /// `scatter` from `root`.
+    Scatter(u32),
+}
+
+/// Where a call's input is, by elements.
+#[derive(Debug, Clone)]
+pub(super) enum InputAt {
+    /// A buffer of its own.
+    Separate,
+    /// These elements of the output buffer (in place).
+    InOutput(Range<usize>),
+}
+
+/// A call after its local checks: the descriptor to agree on, this rank's local verdict,
+/// where its input is, and whether this rank's input and output take part (a non-root's
+/// output of `reduce`/`gather`, a non-root's input of `scatter`, do not).
+#[derive(Debug)]
+pub(super) struct Shape {
+    pub(super) call: Call,
+    pub(super) local: MpiResult<()>,
+    pub(super) input: InputAt,
+    pub(super) input_used: bool,
+    pub(super) output_used: bool,
+}
+
 impl MpiCommunicator {
+    /// The local checks of the single-process API for `kind` on buffers of `input` and
+    /// `output` elements of `T` (in place: both the one buffer's length).
+    pub(super) fn shape<T: Element>(&self, kind: Kind<'_>, input: usize, output: usize) -> Shape {
+        let me = self.rank() as usize;
+        let n = self.size() as usize;
+        let mut shape = Shape {
+            call: self.call::<T>(Collective::AllReduce, None, None, input as u64),
+            local: Ok(()),
+            input: InputAt::Separate,
+            input_used: true,
+            output_used: true,
+        };
+        let (call, local) = (&mut shape.call, &mut shape.local);
+        let mut set = |c: Collective, op: Option<ReduceOp>, root: Option<u32>, count: usize| {
+            call.collective = c;
+            call.op = op;
+            call.root = root;
+            call.count = count as u64;
+        };
+        match kind {
+            Kind::AllReduce(op) => {
+                if input != output {
+                    *local = Err(self.buffer("output", output, input));
+                }
+                set(Collective::AllReduce, Some(op), None, input);
+            }
+            Kind::AllReduceInPlace(op) => {
+                set(Collective::AllReduce, Some(op), None, output);
+                shape.input = InputAt::InOutput(0..output);
+            }
+            Kind::Reduce(root, op) => {
+                *local = self.root_ok(root);
+                let is_root = root as usize == me;
+                if local.is_ok() && is_root && output != input {
+                    *local = Err(self.buffer("output", output, input));
+                }
+                set(Collective::Reduce, Some(op), Some(root), input);
+                shape.output_used = is_root;
+            }
+            Kind::Broadcast(root) => {
+                *local = self.root_ok(root);
+                set(Collective::Broadcast, None, Some(root), output);
+                let mine = if root as usize == me { output } else { 0 };
+                shape.input = InputAt::InOutput(0..mine);
+            }
+            Kind::AllGather => {
+                let needs = input.saturating_mul(n);
+                if output != needs {
+                    *local = Err(self.buffer("output", output, needs));
+                }
+                set(Collective::AllGather, None, None, input);
+            }
+            Kind::AllGatherInPlace => {
+                let (c, l) = self.blocks(output);
+                *local = l;
+                set(Collective::AllGather, None, None, c);
+                shape.input = InputAt::InOutput(me * c..(me + 1) * c);
+            }
+            Kind::AllGatherV(counts) => {
+                *local = self.v_counts(counts, input, output);
+                set(Collective::AllGatherV, None, None, input);
+                call.counts = counts.iter().map(|c| *c as u64).collect();
+            }
+            Kind::AllGatherVInPlace(counts) => {
+                let mine = counts.get(me).copied().unwrap_or(0);
+                *local = self.v_counts(counts, mine, output);
+                // `v_counts` passed: the counts sum to `output`, so no prefix overflows.
+                let range = if local.is_ok() {
+                    let at: usize = counts.iter().take(me).sum();
+                    at..at + mine
+                } else {
+                    0..0
+                };
+                set(Collective::AllGatherV, None, None, mine);
+                call.counts = counts.iter().map(|c| *c as u64).collect();
+                shape.input = InputAt::InOutput(range);
+            }
+            Kind::ReduceScatter(op) => {
+                let needs = output.saturating_mul(n);
+                if input != needs {
+                    *local = Err(self.buffer("input", input, needs));
+                }
+                set(Collective::ReduceScatter, Some(op), None, output);
+            }
+            Kind::AllToAll => {
+                let (c, l) = self.blocks(input);
+                *local = l;
+                if local.is_ok() && output != input {
+                    *local = Err(self.buffer("output", output, input));
+                }
+                set(Collective::AllToAll, None, None, c);
+            }
+            Kind::AllToAllV(send_counts, recv_counts) => {
+                *local = if send_counts.len() != n || recv_counts.len() != n {
+                    Err(MpiError::CountMismatch(format!(
+                        "rank {me}: {} send and {} receive counts for {n} ranks",
+                        send_counts.len(),
+                        recv_counts.len()
+                    )))
+                } else {
+                    match (total(send_counts), total(recv_counts)) {
+                        (Some(s), _) if s != input => Err(self.buffer("input", input, s)),
+                        (_, Some(r)) if r != output => Err(self.buffer("output", output, r)),
+                        (Some(_), Some(_)) => Ok(()),
+                        _ => Err(self.counts_overflow()),
+                    }
+                };
+                set(Collective::AllToAllV, None, None, 0);
+                if local.is_ok() {
+                    call.counts = send_counts
+                        .iter()
+                        .chain(recv_counts)
+                        .map(|c| *c as u64)
+                        .collect();
+                }
+            }
+            Kind::Gather(root) => {
+                *local = self.root_ok(root);
+                let is_root = root as usize == me;
+                let needs = input.saturating_mul(n);
+                if local.is_ok() && is_root && output != needs {
+                    *local = Err(self.buffer("output", output, needs));
+                }
+                set(Collective::Gather, None, Some(root), input);
+                shape.output_used = is_root;
+            }
+            Kind::Scatter(root) => {
+                *local = self.root_ok(root);
+                let is_root = root as usize == me;
+                let needs = output.saturating_mul(n);
+                if local.is_ok() && is_root && input != needs {
+                    *local = Err(self.buffer("input", input, needs));
+                }
+                set(Collective::Scatter, None, Some(root), output);
+                shape.input_used = is_root;
+            }
+        }
+        shape
+    }
+
+    /// Run a checked call on host slices (`input` is ignored in place).
+    fn host<T: Element>(&self, s: Shape, input: &[T], output: &mut [T]) -> MpiResult<()> {
+        let inp = match s.input {
+            InputAt::Separate if s.input_used => Input::Slice(input),
+            InputAt::Separate => Input::Slice(&[]),
+            InputAt::InOutput(r) => Input::InOutput(r),
+        };
+        let out = if s.output_used { output } else { &mut [] };
+        self.collective(s.call, s.local, inp, out)
+    }
+
     /// `output = op(input of every rank)` on every rank (`MPI_Allreduce`). `input` and
     /// `output` hold the same number of elements.
     ///
@@ -125,12 +330,8 @@ impl MpiCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let mut local = Ok(());
-        if input.len() != output.len() {
-            local = Err(self.buffer("output", output.len(), input.len()));
-        }
-        let call = self.call::<T>(Collective::AllReduce, Some(op), None, input.len() as u64);
-        self.collective(call, local, Input::Slice(input), output)
+        let s = self.shape::<T>(Kind::AllReduce(op), input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// [`Self::all_reduce`] in place: `buf` is this rank's input and receives the result.
@@ -142,9 +343,8 @@ impl MpiCommunicator {
     /// take part within the timeout ([`MpiError::Timeout`]); during the run, an MPI error or a
     /// timeout, which fail the communicator.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> MpiResult<()> {
-        let call = self.call::<T>(Collective::AllReduce, Some(op), None, buf.len() as u64);
-        let all = 0..buf.len();
-        self.collective(call, Ok(()), Input::InOutput(all), buf)
+        let s = self.shape::<T>(Kind::AllReduceInPlace(op), buf.len(), buf.len());
+        self.host(s, &[], buf)
     }
 
     /// `output = op(input of every rank)` on rank `root` (`MPI_Reduce`). Ranks other than
@@ -157,51 +357,31 @@ impl MpiCommunicator {
         root: u32,
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let mut local = self.root_ok(root);
-        let is_root = root == self.rank();
-        if local.is_ok() && is_root && output.len() != input.len() {
-            local = Err(self.buffer("output", output.len(), input.len()));
-        }
-        let call = self.call::<T>(Collective::Reduce, Some(op), Some(root), input.len() as u64);
-        let out = if is_root { output } else { &mut [] };
-        self.collective(call, local, Input::Slice(input), out)
+        let s = self.shape::<T>(Kind::Reduce(root, op), input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// Rank `root`'s `buf` to every rank's `buf` (`MPI_Bcast`, in place). Collective; errors
     /// as [`Self::all_reduce_in_place`], and a root that is not a rank.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> MpiResult<()> {
-        let local = self.root_ok(root);
-        let call = self.call::<T>(Collective::Broadcast, None, Some(root), buf.len() as u64);
-        let input = if root == self.rank() {
-            0..buf.len()
-        } else {
-            0..0
-        };
-        self.collective(call, local, Input::InOutput(input), buf)
+        let s = self.shape::<T>(Kind::Broadcast(root), buf.len(), buf.len());
+        self.host(s, &[], buf)
     }
 
     /// Every rank's `input`, concatenated in rank order, to every rank's `output`
     /// (`MPI_Allgather`); `output` holds `ranks x input.len()` elements. Collective; errors
     /// as [`Self::all_reduce_in_place`].
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let c = input.len();
-        let mut local = Ok(());
-        let needs = c.saturating_mul(self.size() as usize);
-        if output.len() != needs {
-            local = Err(self.buffer("output", output.len(), needs));
-        }
-        let call = self.call::<T>(Collective::AllGather, None, None, c as u64);
-        self.collective(call, local, Input::Slice(input), output)
+        let s = self.shape::<T>(Kind::AllGather, input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// [`Self::all_gather`] in place: this rank's contribution is its block (block `rank` of
     /// `buf.len() / ranks` elements) of `buf`. Collective; a `buf` that does not split into
     /// equal blocks is an error.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> MpiResult<()> {
-        let (c, local) = self.blocks(buf.len());
-        let me = self.rank() as usize;
-        let call = self.call::<T>(Collective::AllGather, None, None, c as u64);
-        self.collective(call, local, Input::InOutput(me * c..(me + 1) * c), buf)
+        let s = self.shape::<T>(Kind::AllGatherInPlace, buf.len(), buf.len());
+        self.host(s, &[], buf)
     }
 
     /// As [`Self::all_gather`] with per-rank counts (`MPI_Allgatherv`, packed): `counts[r]`
@@ -214,10 +394,8 @@ impl MpiCommunicator {
         output: &mut [T],
         counts: &[usize],
     ) -> MpiResult<()> {
-        let local = self.v_counts(counts, input.len(), output.len());
-        let mut call = self.call::<T>(Collective::AllGatherV, None, None, input.len() as u64);
-        call.counts = counts.iter().map(|c| *c as u64).collect();
-        self.collective(call, local, Input::Slice(input), output)
+        let s = self.shape::<T>(Kind::AllGatherV(counts), input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// [`Self::all_gather_v`] in place: this rank's contribution sits at its place in `buf`
@@ -227,19 +405,8 @@ impl MpiCommunicator {
         buf: &mut [T],
         counts: &[usize],
     ) -> MpiResult<()> {
-        let me = self.rank() as usize;
-        let mine = counts.get(me).copied().unwrap_or(0);
-        let local = self.v_counts(counts, mine, buf.len());
-        // `v_counts` passed: the counts sum to `buf.len()`, so no prefix overflows.
-        let range = if local.is_ok() {
-            let at: usize = counts.iter().take(me).sum();
-            at..at + mine
-        } else {
-            0..0
-        };
-        let mut call = self.call::<T>(Collective::AllGatherV, None, None, mine as u64);
-        call.counts = counts.iter().map(|c| *c as u64).collect();
-        self.collective(call, local, Input::InOutput(range), buf)
+        let s = self.shape::<T>(Kind::AllGatherVInPlace(counts), buf.len(), buf.len());
+        self.host(s, &[], buf)
     }
 
     /// Block `rank` (of `input.len() / ranks` elements) of the reduction of every rank's
@@ -251,25 +418,15 @@ impl MpiCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let c = output.len();
-        let mut local = Ok(());
-        let needs = c.saturating_mul(self.size() as usize);
-        if input.len() != needs {
-            local = Err(self.buffer("input", input.len(), needs));
-        }
-        let call = self.call::<T>(Collective::ReduceScatter, Some(op), None, c as u64);
-        self.collective(call, local, Input::Slice(input), output)
+        let s = self.shape::<T>(Kind::ReduceScatter(op), input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// Block `d` of this rank's `input` to block `rank` of rank `d`'s `output`
     /// (`MPI_Alltoall`); both hold `ranks` equal blocks. Collective.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let (c, mut local) = self.blocks(input.len());
-        if local.is_ok() && output.len() != input.len() {
-            local = Err(self.buffer("output", output.len(), input.len()));
-        }
-        let call = self.call::<T>(Collective::AllToAll, None, None, c as u64);
-        self.collective(call, local, Input::Slice(input), output)
+        let s = self.shape::<T>(Kind::AllToAll, input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// `send_counts[d]` elements of `input` to rank `d`, `recv_counts[s]` elements from
@@ -283,61 +440,23 @@ impl MpiCommunicator {
         output: &mut [T],
         recv_counts: &[usize],
     ) -> MpiResult<()> {
-        let n = self.size() as usize;
-        let local = if send_counts.len() != n || recv_counts.len() != n {
-            Err(MpiError::CountMismatch(format!(
-                "rank {}: {} send and {} receive counts for {n} ranks",
-                self.rank(),
-                send_counts.len(),
-                recv_counts.len()
-            )))
-        } else {
-            match (total(send_counts), total(recv_counts)) {
-                (Some(s), _) if s != input.len() => Err(self.buffer("input", input.len(), s)),
-                (_, Some(r)) if r != output.len() => Err(self.buffer("output", output.len(), r)),
-                (Some(_), Some(_)) => Ok(()),
-                _ => Err(self.counts_overflow()),
-            }
-        };
-        let mut call = self.call::<T>(Collective::AllToAllV, None, None, 0);
-        if local.is_ok() {
-            call.counts = send_counts
-                .iter()
-                .chain(recv_counts)
-                .map(|c| *c as u64)
-                .collect();
-        }
-        self.collective(call, local, Input::Slice(input), output)
+        let kind = Kind::AllToAllV(send_counts, recv_counts);
+        let s = self.shape::<T>(kind, input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// Every rank's `input`, concatenated in rank order, to `output` on rank `root`
     /// (`MPI_Gather`); other ranks may pass an empty `output`. Collective.
     pub fn gather<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
-        let c = input.len();
-        let mut local = self.root_ok(root);
-        let is_root = root == self.rank();
-        let needs = c.saturating_mul(self.size() as usize);
-        if local.is_ok() && is_root && output.len() != needs {
-            local = Err(self.buffer("output", output.len(), needs));
-        }
-        let call = self.call::<T>(Collective::Gather, None, Some(root), c as u64);
-        let out = if is_root { output } else { &mut [] };
-        self.collective(call, local, Input::Slice(input), out)
+        let s = self.shape::<T>(Kind::Gather(root), input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// Block `r` (of `output.len()` elements) of `input` on rank `root` to rank `r`'s
     /// `output` (`MPI_Scatter`); other ranks may pass an empty `input`. Collective.
     pub fn scatter<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
-        let c = output.len();
-        let mut local = self.root_ok(root);
-        let is_root = root == self.rank();
-        let needs = c.saturating_mul(self.size() as usize);
-        if local.is_ok() && is_root && input.len() != needs {
-            local = Err(self.buffer("input", input.len(), needs));
-        }
-        let call = self.call::<T>(Collective::Scatter, None, Some(root), c as u64);
-        let inp = if is_root { input } else { &[] };
-        self.collective(call, local, Input::Slice(inp), output)
+        let s = self.shape::<T>(Kind::Scatter(root), input.len(), output.len());
+        self.host(s, input, output)
     }
 
     /// The algorithm of the plan the last collective call ran (`rank-space direct`,
@@ -429,11 +548,37 @@ impl MpiCommunicator {
     fn collective<T: Element>(
         &self,
         mut call: Call,
-        mut local: MpiResult<()>,
+        local: MpiResult<()>,
         input: Input<'_, T>,
         output: &mut [T],
     ) -> MpiResult<()> {
         self.health.check()?;
+        let (seq, local) = self.next_call(&call, local);
+        let (key, all) = self.agreed(&mut call, local, seq)?;
+        self.run_cached(&call, key, &all, input, output)
+    }
+
+    /// Step 2 of the module docs for a call whose local checks gave `local`: every rank's
+    /// descriptor all-gathered and judged alike. Returns the cache key (the descriptors
+    /// without flags and sequence numbers) and the gathered descriptors.
+    pub(super) fn agreed(
+        &self,
+        call: &mut Call,
+        local: MpiResult<()>,
+        seq: u64,
+    ) -> MpiResult<(Vec<i64>, Vec<i64>)> {
+        if local.is_err() {
+            call.counts.clear();
+        }
+        let desc = descriptor(call, seq, local.is_err());
+        let all = agree::collective(self, AGREE, Op::AllGather, desc.to_vec())?;
+        let key = verdict(&all, local)?;
+        Ok((key, all))
+    }
+
+    /// The next sequence number of a typed collective on this communicator, and the local
+    /// verdict with `avg` refused on integer types.
+    pub(super) fn next_call(&self, call: &Call, mut local: MpiResult<()>) -> (u64, MpiResult<()>) {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         if local.is_ok()
@@ -447,13 +592,15 @@ impl MpiCommunicator {
                 call.dtype
             )));
         }
-        if local.is_err() {
-            call.counts.clear();
+        (seq, local)
+    }
+
+    /// Remember the algorithm of the plan a call ran, for [`Self::last_algorithm`].
+    pub(super) fn set_last_algorithm(&self, algorithm: &str) {
+        let mut last = self.last_algorithm.borrow_mut();
+        if *last != algorithm {
+            algorithm.clone_into(&mut last);
         }
-        let desc = descriptor(&call, seq, local.is_err());
-        let all = agree::collective(self, AGREE, Op::AllGather, desc.to_vec())?;
-        let key = verdict(&all, local)?;
-        self.run_cached(&call, key, &all, input, output)
     }
 
     /// Plan on a miss (all ranks miss together), then run.
@@ -473,12 +620,7 @@ impl MpiCommunicator {
                 v.insert(self.prepare_request(&req, self.comm.as_raw())?)
             }
         };
-        {
-            let mut last = self.last_algorithm.borrow_mut();
-            if *last != p.algorithm {
-                last.clone_from(&p.algorithm);
-            }
-        }
+        self.set_last_algorithm(&p.algorithm);
         let out: &mut [u8] = bytemuck::cast_slice_mut(output);
         let esize = std::mem::size_of::<T>();
         let borrowed = self.zero_copy && !p.schedule.writes_input();
@@ -569,7 +711,7 @@ impl MpiCommunicator {
     }
 
     /// The agreed request in rank space: ranks `0..n` are the processes.
-    fn request(&self, call: &Call, all: &[i64]) -> MpiResult<Request> {
+    pub(super) fn request(&self, call: &Call, all: &[i64]) -> MpiResult<Request> {
         let n = self.size() as usize;
         let mut req = Request::new(
             call.collective,
@@ -616,6 +758,23 @@ impl MpiCommunicator {
         req: &Request,
         comm: ffi::MPI_Comm,
     ) -> MpiResult<Prepared> {
+        let plan = self.plan_request(req)?;
+        let schedule = Schedule::new(&plan, self.rank(), &|l| match l {
+            Location::Gpu(r) => Some(r),
+            Location::Host(_) => None,
+        })?;
+        let bufs = RunBuffers::new(&schedule);
+        Ok(Prepared {
+            schedule,
+            bufs,
+            reqs: Requests::new(comm, self.rank()),
+            algorithm: plan.algorithm,
+        })
+    }
+
+    /// The plan of an agreed request in rank space, proved by the checker: exchanges by
+    /// [Lockhart-2023]'s model, the others direct (module docs, step 3).
+    pub(super) fn plan_request(&self, req: &Request) -> MpiResult<Plan> {
         let plan = if plans::exchange(req.collective) {
             let bytes = plans::byte_request(req, req.dtype.size());
             // A send/recv pair involves its two ranks only: no other rank may relay.
@@ -649,17 +808,7 @@ impl MpiCommunicator {
         // Proves every output element gets exactly what the request names before a message
         // moves; deterministic, so every rank reaches the same verdict.
         relaycc_route::check(&plan)?;
-        let schedule = Schedule::new(&plan, self.rank(), &|l| match l {
-            Location::Gpu(r) => Some(r),
-            Location::Host(_) => None,
-        })?;
-        let bufs = RunBuffers::new(&schedule);
-        Ok(Prepared {
-            schedule,
-            bufs,
-            reqs: Requests::new(comm, self.rank()),
-            algorithm: plan.algorithm,
-        })
+        Ok(plan)
     }
 
     /// Send `buf` to rank `dest` (`MPI_Send`), matched by a [`Self::recv`] there of the same
