@@ -26,7 +26,9 @@ use super::libs::{self, LibKind, LibSpec};
 /// The NCCL functions relaycc calls; the probe checks each one resolves.
 const NCCL_SYMBOLS: &[&str] = &[
     "ncclGetVersion",
+    "ncclGetUniqueId",
     "ncclCommInitAll",
+    "ncclCommInitRank",
     "ncclCommDestroy",
     "ncclGroupStart",
     "ncclGroupEnd",
@@ -59,14 +61,14 @@ fn decode_version(code: c_int) -> (u32, u32, u32) {
     }
 }
 
-fn nccl_error(call: &'static str) -> impl Fn(nc::NcclError) -> CudaError {
+pub(crate) fn nccl_error(call: &'static str) -> impl Fn(nc::NcclError) -> CudaError {
     move |e| CudaError::Nccl {
         call,
         status: format!("{:?}", e.0),
     }
 }
 
-fn driver_error(call: &'static str) -> impl Fn(DriverError) -> CudaError {
+pub(crate) fn driver_error(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     move |e| CudaError::Driver {
         call,
         status: format!("{e:?}"),

@@ -6,6 +6,8 @@
 //! deadlock).
 
 pub mod lower;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod run;
 pub mod transport;
 

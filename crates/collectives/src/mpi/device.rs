@@ -43,7 +43,7 @@ pub enum TransferMode {
 /// Host memory for the messages of one level, allocated on first need and reused by every
 /// level and run.
 #[derive(Debug)]
-enum HostBuf {
+pub(super) enum HostBuf {
     /// Not allocated yet.
     None,
     /// The backend's host memory (pinned on CUDA) at this address.
@@ -55,7 +55,7 @@ enum HostBuf {
 impl HostBuf {
     /// Make sure `bytes` are there (a smaller buffer of either kind is replaced); returns the
     /// base address.
-    fn ensure(
+    pub(super) fn ensure(
         &mut self,
         backend: &dyn Backend,
         at: Location,
@@ -120,19 +120,19 @@ fn trusted_raw_region(backend: &dyn Backend, region: ByteRegion) -> MpiResult<Op
 /// failure that left requests with MPI it moves to the communicator's graveyard, whose
 /// share of the backend keeps the memory allocated for as long as MPI may use it.
 #[derive(Debug)]
-struct PlanMemory {
-    backend: Arc<dyn Backend>,
-    scratch: Vec<DeviceMem>,
+pub(super) struct PlanMemory {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) scratch: Vec<DeviceMem>,
     /// Direct mode: backend memory of this plan standing in for the caller's input and
     /// output (copied in before the first level, out after the last), so that no request MPI
     /// keeps after a failure points into the caller's regions. `None` when staged or empty.
-    mirrors: [Option<DeviceMem>; 2],
-    send_stage: HostBuf,
-    recv_stage: HostBuf,
+    pub(super) mirrors: [Option<DeviceMem>; 2],
+    pub(super) send_stage: HostBuf,
+    pub(super) recv_stage: HostBuf,
 }
 
 impl PlanMemory {
-    fn new(backend: Arc<dyn Backend>) -> Self {
+    pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
         PlanMemory {
             backend,
             scratch: Vec::new(),

@@ -19,6 +19,8 @@
 mod agree;
 mod device;
 mod exchange;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod indexed;
 mod plans;
 mod requests;
@@ -42,6 +44,8 @@ use relaycc_topo::Topology;
 pub use ::mpi as rsmpi;
 pub use device::{DevicePlan, TransferMode};
 pub use exchange::{Choice, NeighborExchange};
+#[cfg(feature = "cuda")]
+pub use gpu::{GpuTransport, MpiGpu, MpiOnStream};
 pub use requests::error_name;
 use requests::{Health, Requests};
 use schedule::RunBuffers;

@@ -99,6 +99,14 @@ pub(super) struct Call {
     counts: Vec<u64>,
 }
 
+#[cfg(feature = "cuda")]
+impl Call {
+    /// Bytes of one element.
+    pub(super) fn esize(&self) -> u64 {
+        self.esize
+    }
+}
+
 /// A 62-bit FNV-1a hash of words (non-negative, so it negates and compares as `i64`).
 /// The sum of user counts, `None` past `usize`.
 fn total(counts: &[usize]) -> Option<usize> {

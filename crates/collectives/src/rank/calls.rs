@@ -50,6 +50,42 @@ pub struct Lender<'b> {
     _b: PhantomData<&'b ()>,
 }
 
+impl<'b> Lender<'b> {
+    /// A lender for calls on the caller's CUDA stream outside this module (the GPU ranks
+    /// of `mpi::gpu`): cudarc buffers lend their device pointers on `stream`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn on_stream(stream: &'b Arc<CudaStream>) -> Self {
+        Lender {
+            stream: Some(stream),
+            ..Lender::default()
+        }
+    }
+
+    /// Lend `buf` for reading; the view of the whole buffer.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, buf: &'b S) -> View {
+        buf.lend(self)
+    }
+
+    /// Lend `buf` for writing; the view of the whole buffer.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn lend_mut<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, buf: &'b mut R) -> View {
+        buf.lend_mut(self)
+    }
+
+    /// The lent spans, by block.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn spans(&self) -> &[Span] {
+        &self.blocks
+    }
+
+    /// The first error met while lending (a buffer of another device, no stream).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn take_error(&mut self) -> Option<CollectivesError> {
+        self.error.take()
+    }
+}
+
 impl Lender<'_> {
     fn push(&mut self, span: Span, len: usize) -> View {
         self.blocks.push(span);
@@ -162,7 +198,7 @@ mod device {
     fn no_stream(l: &mut Lender<'_>) -> View {
         l.error.get_or_insert(CollectivesError::Backend {
             backend: "ranks",
-            message: "a CUDA buffer is taken on the caller's stream: call through RankComm::on(&stream) or RankComm::group_on".into(),
+            message: "a CUDA buffer is taken on the caller's stream: call through RankComm::on(&stream), RankComm::group_on or MpiGpu::on".into(),
         });
         View {
             block: 0,

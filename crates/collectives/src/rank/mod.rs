@@ -37,9 +37,13 @@ use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
 
 #[cfg(feature = "cuda")]
+pub(crate) use calls::Lender;
+#[cfg(feature = "cuda")]
 pub use calls::OnStream;
 pub use calls::{RankGroup, RecvBuf, SendBuf};
 use meeting::Meeting;
+#[cfg(feature = "cuda")]
+pub(crate) use op::View;
 use op::{Arrival, Failure, Op, Payload, Span};
 
 /// How long a rank waits for the others to join a call before it fails with

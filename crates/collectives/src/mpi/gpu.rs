@@ -1,0 +1,842 @@
+//! GPU ranks across processes (features `mpi` and `cuda`): each process's rank calls the typed
+//! collectives on its own cudarc buffers (`CudaSlice<T>`, `CudaView`, `CudaViewMut`) on the
+//! caller's `CudaStream`, as `ncclAllReduce(..., comm, stream)` is called.
+//!
+//! A call takes the steps of the host typed collectives (`typed.rs`): the same local checks,
+//! the same agreement on every rank's descriptor before any data moves (so mismatches are the
+//! same errors on every rank), the same rank-space plans proved by the checker and cached per
+//! shape. It then runs this rank's part of the plan with the executor's one lowering and
+//! runner (`exec::run::run`) on the process's GPU: local copies and reductions are
+//! `CudaBackend` launches forked from and joined back into the caller's stream
+//! (`CudaBackend::submit_on`), and messages go over one of two transports
+//! ([`GpuTransport`]):
+//!
+//! - [`GpuTransport::Mpi`]: the MPI transport, direct device pointers when the communicator's
+//!   transfer mode is [`TransferMode::Direct`] (a CUDA-aware MPI), else staged through pinned
+//!   host memory. MPI is driven by the host, so the call waits for the caller's stream before
+//!   its first message and returns once the messages are done; the copies after them are
+//!   still enqueued on the caller's stream.
+//! - [`GpuTransport::Nccl`]: `ncclSend`/`ncclRecv` on the caller's stream
+//!   ([`crate::exec::nccl`]), bootstrapped over MPI (`ncclGetUniqueId` on rank 0, its id
+//!   broadcast, `ncclCommInitRank`). Nothing waits on the host: the call returns once every
+//!   stage is enqueued.
+//!
+//! Either way a kernel enqueued on the caller's stream after the call sees the result without
+//! a host synchronization, and the buffers' cudarc events are recorded on the stream after
+//! the call, so their later users and their free come after it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ::mpi::traits::{AsRaw, Communicator as _, Root};
+use cudarc::driver::CudaStream;
+use relaycc_route::{DType, Location, Plan, ReduceOp};
+
+use super::device::{HostBuf, PlanMemory, TransferMode};
+use super::requests::Requests;
+use super::schedule::Schedule;
+use super::transport::MpiTransport;
+use super::typed::{InputAt, Kind, Shape};
+use super::{MpiCommunicator, MpiError, MpiResult};
+use crate::backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot};
+use crate::cuda::{self, CudaBackend, CudaError};
+use crate::element::Element;
+use crate::error::CollectivesError;
+use crate::exec::lower::Lanes;
+use crate::exec::nccl::{NcclComm, NcclId};
+use crate::exec::run::{self, RankMemory};
+use crate::rank::{Lender, RecvBuf, SendBuf, View};
+
+/// The logical GPU of this process on its backend (the backend maps it to the process's CUDA
+/// device).
+const GPU: Location = Location::Gpu(0);
+
+/// Which transport carries a GPU rank's messages between processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GpuTransport {
+    /// MPI messages: device pointers with a CUDA-aware MPI ([`TransferMode::Direct`]), else
+    /// staged through pinned host memory ([`TransferMode::Staged`]); the communicator's
+    /// transfer mode decides. Works with any MPI and any number of ranks per GPU.
+    #[default]
+    Mpi,
+    /// `ncclSend`/`ncclRecv` on the caller's stream: asynchronous to the host, device to
+    /// device over NCCL's channels. Needs libnccl and one rank per GPU (NCCL's rule).
+    Nccl,
+}
+
+impl GpuTransport {
+    /// The transport's name as the CLI spells it (`mpi`, `nccl`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuTransport::Mpi => "mpi",
+            GpuTransport::Nccl => "nccl",
+        }
+    }
+}
+
+impl std::str::FromStr for GpuTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mpi" => Ok(GpuTransport::Mpi),
+            "nccl" => Ok(GpuTransport::Nccl),
+            other => Err(format!("unknown transport {other:?} (mpi or nccl)")),
+        }
+    }
+}
+
+/// One cached shape on the GPU: this rank's schedule, its plan memory (scratch, mirrors,
+/// staging) on the backend, and its MPI requests.
+#[derive(Debug)]
+struct GpuPrepared {
+    schedule: Schedule,
+    mem: PlanMemory,
+    reqs: Requests,
+    algorithm: String,
+    dtype: DType,
+    op: ReduceOp,
+    divisor: u32,
+    /// Bindings of the current run and the transport's addresses of them (kept to avoid
+    /// allocating per call).
+    bindings: Vec<ByteRegion>,
+    direct: Vec<Option<RawRegion>>,
+}
+
+/// This process's GPU rank of an [`MpiCommunicator`]: a `CudaBackend` on its CUDA device, the
+/// transport, and the shapes planned so far. Calls go through [`MpiGpu::on`] with the
+/// caller's stream. Host typed calls on the same communicator stay usable; both share its
+/// sequence of calls, so every rank must make them in the same order.
+pub struct MpiGpu<'c> {
+    comm: &'c MpiCommunicator,
+    cuda: Arc<CudaBackend>,
+    ordinal: usize,
+    transport: GpuTransport,
+    mode: TransferMode,
+    nccl: Option<NcclComm>,
+    shapes: HashMap<Vec<i64>, GpuPrepared>,
+}
+
+impl std::fmt::Debug for MpiGpu<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiGpu")
+            .field("rank", &self.comm.rank())
+            .field("ordinal", &self.ordinal)
+            .field("transport", &self.transport)
+            .field("mode", &self.mode)
+            .field("shapes", &self.shapes.len())
+            .finish()
+    }
+}
+
+fn cuda_err(e: CudaError) -> MpiError {
+    MpiError::Backend(CollectivesError::Cuda(e))
+}
+
+fn driver(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> MpiError {
+    move |e| {
+        cuda_err(CudaError::Driver {
+            call,
+            status: format!("{e:?}"),
+        })
+    }
+}
+
+impl<'c> MpiGpu<'c> {
+    /// This process's GPU rank on CUDA device `ordinal` (an ordinal after
+    /// `CUDA_VISIBLE_DEVICES`; several processes may share one device with the MPI
+    /// transport), with `transport` for its messages. Collective over `comm`: every rank
+    /// creates its GPU rank, and a failure on any rank is an error on every rank
+    /// ([`MpiError::Peer`] on the others).
+    ///
+    /// With [`GpuTransport::Nccl`], rank 0 makes an NCCL id (`ncclGetUniqueId`), it is
+    /// broadcast over `comm` (`MPI_Bcast`), and every rank joins with `ncclCommInitRank`;
+    /// NCCL refuses two ranks on one GPU.
+    ///
+    /// Errors: no CUDA driver ([`CudaError::NoDriver`] inside [`MpiError::Backend`], never a
+    /// panic), a device that does not exist, no NCCL ([`CudaError::NoNccl`]) with the NCCL
+    /// transport, an NCCL status, [`MpiError::Timeout`] when a peer does not take part.
+    pub fn new(
+        comm: &'c MpiCommunicator,
+        ordinal: usize,
+        transport: GpuTransport,
+    ) -> MpiResult<Self> {
+        comm.check_health()?;
+        let made = CudaBackend::new(vec![ordinal]).map_err(MpiError::Backend);
+        let cuda = super::agree(comm, made, "create a GPU rank", None)?;
+        let mut gpu = MpiGpu {
+            comm,
+            cuda: Arc::new(cuda),
+            ordinal,
+            transport,
+            mode: comm.transfer(),
+            nccl: None,
+            shapes: HashMap::new(),
+        };
+        if transport == GpuTransport::Nccl {
+            let id = if comm.rank() == 0 {
+                NcclId::new().map_err(cuda_err)
+            } else {
+                cuda::nccl::nccl()
+                    .map(|_| NcclId([0; 128]))
+                    .map_err(cuda_err)
+            };
+            let mut id = super::agree(comm, id, "start NCCL", None)?;
+            // Every rank is here and healthy (just agreed): a blocking broadcast cannot hang.
+            comm.comm().process_at_rank(0).broadcast_into(&mut id.0[..]);
+            let joined =
+                NcclComm::init_rank(&id, comm.size(), comm.rank(), ordinal).map_err(cuda_err);
+            gpu.nccl = Some(super::agree(comm, joined, "join NCCL", None)?);
+        }
+        Ok(gpu)
+    }
+
+    /// The CUDA device of this rank.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    /// The transport of this rank's messages.
+    pub fn transport(&self) -> GpuTransport {
+        self.transport
+    }
+    /// How MPI messages reach device memory (the communicator's mode when this rank was
+    /// made; unused with NCCL).
+    pub fn mode(&self) -> TransferMode {
+        self.mode
+    }
+    /// The backend of this rank's GPU (one logical GPU, `Location::Gpu(0)`, on
+    /// [`Self::ordinal`]).
+    pub fn backend(&self) -> &Arc<CudaBackend> {
+        &self.cuda
+    }
+    /// Shapes planned so far.
+    pub fn cached_calls(&self) -> usize {
+        self.shapes.len()
+    }
+    /// The communicator.
+    pub fn comm(&self) -> &'c MpiCommunicator {
+        self.comm
+    }
+
+    /// This rank's calls on the caller's CUDA stream `stream` (a stream of
+    /// [`Self::ordinal`]): see [`MpiOnStream`].
+    pub fn on<'s>(&'s mut self, stream: &'s Arc<CudaStream>) -> MpiOnStream<'s, 'c> {
+        MpiOnStream { gpu: self, stream }
+    }
+
+    /// One call: the local checks' verdict `shape` with what `lender` lent (`vin`: a
+    /// separate input; `vout`: the output, holding the input when in place).
+    fn call(
+        &mut self,
+        shape: Shape,
+        lender: &mut Lender<'_>,
+        vin: Option<View>,
+        vout: Option<View>,
+        stream: &CudaStream,
+    ) -> MpiResult<()> {
+        let comm = self.comm;
+        comm.check_health()?;
+        let Shape {
+            mut call,
+            mut local,
+            input,
+            ..
+        } = shape;
+        if local.is_ok()
+            && let Some(e) = lender.take_error()
+        {
+            local = Err(MpiError::Backend(e));
+        }
+        let on = stream.context().ordinal();
+        if local.is_ok() && on != self.ordinal {
+            local = Err(MpiError::Unsupported(format!(
+                "rank {}: the stream belongs to CUDA device {on}, this GPU rank runs on device {}",
+                comm.rank(),
+                self.ordinal
+            )));
+        }
+        if local.is_ok() && lender.spans().iter().any(|s| s.device.is_none()) {
+            local = Err(MpiError::Unsupported(format!(
+                "rank {}: host memory passed to a GPU rank: pass cudarc buffers, or call the \
+                 communicator's host collectives",
+                comm.rank()
+            )));
+        }
+        let (seq, local) = comm.next_call(&call, local);
+        let (key, all) = comm.agreed(&mut call, local, seq)?;
+        if !self.shapes.contains_key(&key) {
+            // The request and the plan are the same on every rank (so are their errors); the
+            // allocations are this rank's, so their outcome is agreed.
+            let req = comm.request(&call, &all)?;
+            let plan = comm.plan_request(&req)?;
+            let made = self.prepare(&plan);
+            let p = super::agree(comm, made, "prepare a GPU call", None)?;
+            self.shapes.insert(key.clone(), p);
+        }
+        let Some(p) = self.shapes.get_mut(&key) else {
+            return Err(MpiError::Unsupported("a prepared shape vanished".into()));
+        };
+        comm.set_last_algorithm(&p.algorithm);
+        let esize = call.esize();
+        let ran = run_prepared(
+            p,
+            Ctx {
+                comm,
+                cuda: &self.cuda,
+                nccl: self.nccl.as_mut(),
+                mode: self.mode,
+                ordinal: self.ordinal,
+                stream,
+            },
+            lender,
+            (input, vin, vout, esize),
+        );
+        if let Err(e) = &ran {
+            // Peers went ahead (or wait for this rank): the communicator is failed.
+            let health = comm.health();
+            health.fail(e);
+            if let Some(stuck) = p.reqs.take_stuck() {
+                // MPI may still use the staging memory, the scratch and the mirrors (never the
+                // caller's buffers): the graveyard keeps them with a share of the backend.
+                let backend = Arc::clone(&p.mem.backend);
+                let kept = std::mem::replace(&mut p.mem, PlanMemory::new(backend));
+                health.bury(stuck, Box::new(kept));
+            }
+        }
+        ran
+    }
+
+    /// This rank's schedule of `plan` (local ops on one lane at the GPU) and its memory:
+    /// scratch, an input mirror (in-place calls, plans that write their input, and direct
+    /// MPI), an output mirror (direct MPI: MPI is never handed the caller's buffers).
+    fn prepare(&self, plan: &Plan) -> MpiResult<GpuPrepared> {
+        let comm = self.comm;
+        let lanes = Lanes::Fold { count: 1, at: GPU };
+        let schedule = Schedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
+        let backend: Arc<dyn Backend> = self.cuda.clone();
+        let mut mem = PlanMemory::new(backend);
+        for (bytes, at) in schedule.scratch.iter().zip(&schedule.scratch_at) {
+            let at = match at {
+                Location::Gpu(_) => GPU,
+                host => *host,
+            };
+            let m = mem.backend.allocate(at, *bytes as u64)?;
+            mem.scratch.push(m);
+        }
+        let direct = self.transport == GpuTransport::Mpi && self.mode == TransferMode::Direct;
+        if schedule.input_len > 0 {
+            mem.mirrors[0] = Some(mem.backend.allocate(GPU, schedule.input_len as u64)?);
+        }
+        if direct && schedule.output_len > 0 {
+            mem.mirrors[1] = Some(mem.backend.allocate(GPU, schedule.output_len as u64)?);
+        }
+        let n = 2 + schedule.scratch.len();
+        Ok(GpuPrepared {
+            reqs: Requests::new(comm.comm().as_raw(), comm.rank()),
+            algorithm: plan.algorithm.clone(),
+            dtype: plan.dtype,
+            op: plan.request.op,
+            divisor: plan.request.nranks() as u32,
+            bindings: Vec::with_capacity(n),
+            direct: Vec::with_capacity(n),
+            schedule,
+            mem,
+        })
+    }
+}
+
+/// What one run needs besides its prepared shape.
+struct Ctx<'r> {
+    comm: &'r MpiCommunicator,
+    cuda: &'r CudaBackend,
+    nccl: Option<&'r mut NcclComm>,
+    mode: TransferMode,
+    ordinal: usize,
+    stream: &'r CudaStream,
+}
+
+/// Handles of the caller's buffers lent to the backend for one call, taken back (without
+/// waiting: the caller's stream orders their reuse) when dropped, also while unwinding.
+struct Lent<'a> {
+    cuda: &'a CudaBackend,
+    mems: Vec<DeviceMem>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        for m in self.mems.drain(..) {
+            self.cuda.unlend(m);
+        }
+    }
+}
+
+/// A one-copy program from binding 0 to binding 1 on the GPU's lane.
+fn copy_program(p: &GpuPrepared, bytes: u64) -> Program {
+    let slot = |binding| Slot {
+        binding,
+        offset: 0,
+        bytes,
+    };
+    Program {
+        lanes: vec![GPU],
+        events: 0,
+        dtype: p.dtype,
+        op: p.op,
+        divisor: p.divisor,
+        bindings: 2,
+        commands: vec![Command::Copy {
+            lane: 0,
+            src: slot(0),
+            dst: slot(1),
+        }],
+        srcs: Vec::new(),
+    }
+}
+
+/// Enqueue a copy from `src` to `dst` ordered within `stream`.
+fn copy_on(
+    cuda: &CudaBackend,
+    stream: &CudaStream,
+    program: &Program,
+    src: ByteRegion,
+    dst: ByteRegion,
+) -> MpiResult<()> {
+    let bindings = [src, dst];
+    // SAFETY: one copy between two distinct allocations (the caller's buffer and this
+    // shape's mirror), ordered within the caller's stream, when no message of the call is
+    // pending (before the first stage or after the last).
+    unsafe {
+        cuda.submit_on(
+            &[Launch {
+                program,
+                bindings: &bindings,
+            }],
+            &[stream],
+        )?;
+    }
+    Ok(())
+}
+
+/// Run one call of a prepared shape. `io` is where the input is, the lent views of the
+/// input and output, and the element size.
+fn run_prepared(
+    p: &mut GpuPrepared,
+    ctx: Ctx<'_>,
+    lender: &Lender<'_>,
+    io: (InputAt, Option<View>, Option<View>, u64),
+) -> MpiResult<()> {
+    let (input, vin, vout, esize) = io;
+    let cuda = ctx.cuda;
+    let mut lent = Lent {
+        cuda,
+        mems: Vec::with_capacity(lender.spans().len() + 1),
+    };
+    for s in lender.spans() {
+        // SAFETY: each span is a cudarc buffer of this device (checked before agreement),
+        // borrowed by the caller for the call and taken on its stream; the call's launches
+        // and transfers are ordered within that stream, and the buffers' cudarc events are
+        // recorded on it after the call, so their reuse and free come after.
+        let m = unsafe { cuda.lend_device(0, s.addr as u64, s.bytes, ctx.ordinal) }?;
+        lent.mems.push(m);
+    }
+    // SAFETY: zero bytes: nothing is read or written through it.
+    let empty_mem = unsafe { cuda.lend_device(0, 0, 0, ctx.ordinal) }?;
+    lent.mems.push(empty_mem);
+    let empty = ByteRegion {
+        mem: empty_mem,
+        offset: 0,
+        bytes: 0,
+    };
+    let region = |v: View| -> MpiResult<ByteRegion> {
+        let mem = lent.mems.get(v.block).copied().ok_or_else(|| {
+            MpiError::Unsupported(format!("view of block {} that was not lent", v.block))
+        })?;
+        Ok(ByteRegion {
+            mem,
+            offset: v.offset * esize,
+            bytes: v.len * esize,
+        })
+    };
+    let caller_out = vout.map(region).transpose()?;
+    let caller_in = match input {
+        InputAt::Separate => vin.map(region).transpose()?,
+        InputAt::InOutput(ref r) => caller_out.map(|o| ByteRegion {
+            offset: o.offset + r.start as u64 * esize,
+            bytes: r.len() as u64 * esize,
+            ..o
+        }),
+    };
+    let (in_len, out_len) = (p.schedule.input_len as u64, p.schedule.output_len as u64);
+    let bad = |side: &'static str, got: u64, needs: u64| MpiError::Buffer {
+        side,
+        got: got as usize,
+        needs: needs as usize,
+    };
+    let got_in = caller_in.map_or(0, |r| r.bytes);
+    if got_in != in_len {
+        return Err(bad("input", got_in, in_len));
+    }
+    let got_out = caller_out.map_or(0, |r| r.bytes);
+    if got_out != out_len {
+        return Err(bad("output", got_out, out_len));
+    }
+    let whole = |m: DeviceMem, bytes: u64| ByteRegion {
+        mem: m,
+        offset: 0,
+        bytes,
+    };
+    let host_sync = ctx.nccl.is_none();
+    let direct_mpi = host_sync && ctx.mode == TransferMode::Direct;
+    // The input mirror stands in for the caller's input in place (the output overwrites
+    // it), when the plan writes its input (the caller's is shared), and with direct MPI
+    // (MPI never holds the caller's buffers).
+    let mirror_in =
+        matches!(input, InputAt::InOutput(_)) || p.schedule.writes_input() || direct_mpi;
+    let in_at = match (caller_in, p.mem.mirrors[0]) {
+        (Some(c), Some(m)) if mirror_in => {
+            let at = whole(m, in_len);
+            copy_on(cuda, ctx.stream, &copy_program(p, in_len), c, at)?;
+            at
+        }
+        (Some(c), _) => c,
+        (None, _) => empty,
+    };
+    let out_at = match (caller_out, p.mem.mirrors[1]) {
+        (Some(_), Some(m)) => whole(m, out_len),
+        (Some(c), None) => c,
+        (None, _) => empty,
+    };
+    p.bindings.clear();
+    p.bindings.extend([in_at, out_at]);
+    p.bindings
+        .extend(p.mem.scratch.iter().map(|m| whole(*m, m.bytes())));
+    p.direct.clear();
+    for b in &p.bindings {
+        let raw = if host_sync && ctx.mode == TransferMode::Staged {
+            None
+        } else {
+            cuda.raw_region(*b)?
+        };
+        p.direct.push(raw);
+    }
+    if host_sync {
+        // MPI reads device memory from the host's side: the caller's writes before the call
+        // (and the input copy) must be done before the first message.
+        ctx.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+    }
+    let PlanMemory {
+        send_stage,
+        recv_stage,
+        ..
+    } = &mut p.mem;
+    let mut mem = GpuMemory {
+        cuda,
+        stream: ctx.stream,
+        bindings: &p.bindings,
+        direct: &p.direct,
+        send_stage,
+        recv_stage,
+        host_sync,
+    };
+    match ctx.nccl {
+        Some(nccl) => {
+            let mut t = nccl.transport(ctx.stream).map_err(cuda_err)?;
+            run::run(&p.schedule.program, &mut mem, &mut t)?;
+        }
+        None => {
+            let timeout = ctx.comm.timeout();
+            let mut t = MpiTransport::new(
+                &mut p.reqs,
+                Instant::now() + timeout,
+                timeout,
+                ctx.mode == TransferMode::Direct,
+            );
+            run::run(&p.schedule.program, &mut mem, &mut t)?;
+        }
+    }
+    if let (Some(c), Some(m)) = (caller_out, p.mem.mirrors[1]) {
+        copy_on(
+            cuda,
+            ctx.stream,
+            &copy_program(p, out_len),
+            whole(m, out_len),
+            c,
+        )?;
+    }
+    drop(lent);
+    Ok(())
+}
+
+/// The runner's view of a GPU rank's memory: bindings on the CUDA backend, launches ordered
+/// within the caller's stream, host synchronization only where the transport is driven by
+/// the host (MPI).
+struct GpuMemory<'m> {
+    cuda: &'m CudaBackend,
+    stream: &'m CudaStream,
+    bindings: &'m [ByteRegion],
+    direct: &'m [Option<RawRegion>],
+    send_stage: &'m mut HostBuf,
+    recv_stage: &'m mut HostBuf,
+    /// Wait on the host at the runner's synchronization points (MPI); with NCCL the stream
+    /// orders everything and nothing waits.
+    host_sync: bool,
+}
+
+impl GpuMemory<'_> {
+    fn region(&self, s: &Slot) -> ByteRegion {
+        let b = self.bindings[s.binding as usize];
+        ByteRegion {
+            mem: b.mem,
+            offset: b.offset + s.offset,
+            bytes: s.bytes,
+        }
+    }
+}
+
+impl RankMemory for GpuMemory<'_> {
+    fn address(&self, slot: &Slot) -> Option<RawRegion> {
+        self.direct[slot.binding as usize].map(|r| RawRegion {
+            addr: r.addr + slot.offset as usize,
+            bytes: slot.bytes,
+            space: r.space,
+        })
+    }
+
+    unsafe fn launch(&mut self, program: &Program) -> crate::error::Result<()> {
+        let launch = Launch {
+            program,
+            bindings: self.bindings,
+        };
+        // SAFETY: the program has one lane, so its commands never race each other; its
+        // bindings are disjoint (the caller's input and output are distinct cudarc buffers or
+        // one buffer with the input in the mirror, the rest are this shape's own); pending
+        // transfers use ranges the checker proved disjoint from the segment's ops (the
+        // runner's contract); the launch is ordered within the caller's stream, after the
+        // transfers of earlier stages enqueued there.
+        unsafe { self.cuda.submit_on(&[launch], &[self.stream]) }
+    }
+
+    fn synchronize(&mut self) -> crate::error::Result<()> {
+        if !self.host_sync {
+            return Ok(());
+        }
+        self.stream.synchronize().map_err(|e| {
+            CollectivesError::Cuda(CudaError::Driver {
+                call: "cuStreamSynchronize",
+                status: format!("{e:?}"),
+            })
+        })?;
+        self.cuda.synchronize()
+    }
+
+    fn download(&mut self, slot: &Slot, dst: &mut [u8]) -> crate::error::Result<()> {
+        self.cuda.download(self.region(slot), dst)
+    }
+
+    fn upload(&mut self, slot: &Slot, src: &[u8]) -> crate::error::Result<()> {
+        self.cuda.upload(self.region(slot), src)
+    }
+
+    fn staging(&mut self, send: usize, recv: usize) -> crate::error::Result<(*mut u8, *mut u8)> {
+        let at = Location::Host(0);
+        let s = self.send_stage.ensure(self.cuda, at, send)?;
+        let r = self.recv_stage.ensure(self.cuda, at, recv)?;
+        Ok((s, r))
+    }
+}
+
+/// A GPU rank's calls on the caller's CUDA stream ([`MpiGpu::on`]): the typed collectives of
+/// [`MpiCommunicator`] on cudarc buffers (`CudaSlice<T>`, `CudaView`, `CudaViewMut`, of the
+/// stream's device). Root-only buffers are `Option`s, used on the root only. Errors are those
+/// of the host calls (mismatches on every rank before data moves), plus a buffer of another
+/// device or host memory (a local error: [`MpiError::Peer`] on the others).
+#[derive(Debug)]
+pub struct MpiOnStream<'s, 'c> {
+    gpu: &'s mut MpiGpu<'c>,
+    stream: &'s Arc<CudaStream>,
+}
+
+/// Elements of a buffer a call reads.
+fn ein<T: Element, S: SendBuf<T> + ?Sized>(b: &S) -> usize {
+    SendBuf::<T>::elems(b)
+}
+
+/// Elements of a buffer a call writes.
+fn eout<T: Element, R: RecvBuf<T> + ?Sized>(b: &R) -> usize {
+    RecvBuf::<T>::elems(b)
+}
+
+impl MpiOnStream<'_, '_> {
+    /// Lend the buffers, run the call, then drop the lender: the buffers' cudarc events are
+    /// recorded on the caller's stream after what the call enqueued.
+    fn run<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        shape: Shape,
+        send: Option<&S>,
+        recv: Option<&mut R>,
+    ) -> MpiResult<()> {
+        let stream = self.stream;
+        let mut lender = Lender::on_stream(stream);
+        let separate = matches!(shape.input, InputAt::Separate) && shape.input_used;
+        let vin = send.filter(|_| separate).map(|b| lender.lend(b));
+        let vout = recv
+            .filter(|_| shape.output_used)
+            .map(|b| lender.lend_mut(b));
+        let r = self.gpu.call(shape, &mut lender, vin, vout, stream);
+        drop(lender);
+        r
+    }
+
+    fn shape<T: Element>(&self, kind: Kind<'_>, input: usize, output: usize) -> Shape {
+        self.gpu.comm.shape::<T>(kind, input, output)
+    }
+
+    /// `recv = op(every rank's send)` (`MPI_Allreduce`, `ncclAllReduce`).
+    pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let s = self.shape::<T>(Kind::AllReduce(op), ein::<T, S>(send), eout::<T, R>(recv));
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// `buf = op(every rank's buf)`, in place.
+    pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &mut R,
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let n = eout::<T, R>(buf);
+        let s = self.shape::<T>(Kind::AllReduceInPlace(op), n, n);
+        self.run::<T, [T], R>(s, None, Some(buf))
+    }
+
+    /// `recv = op(every rank's send)` on rank `root` (`MPI_Reduce`); `recv` is used on the
+    /// root only, which must give it.
+    pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: Option<&mut R>,
+        root: u32,
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let out = recv.as_ref().map_or(0, |r| eout::<T, R>(&**r));
+        let s = self.shape::<T>(Kind::Reduce(root, op), ein::<T, S>(send), out);
+        self.run(s, Some(send), recv)
+    }
+
+    /// The root's `buf` to every rank's `buf` (`MPI_Bcast`, in place).
+    pub fn broadcast<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &mut R,
+        root: u32,
+    ) -> MpiResult<()> {
+        let n = eout::<T, R>(buf);
+        let s = self.shape::<T>(Kind::Broadcast(root), n, n);
+        self.run::<T, [T], R>(s, None, Some(buf))
+    }
+
+    /// Every rank's `send`, concatenated in rank order, into `recv` (`MPI_Allgather`).
+    pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: &mut R,
+    ) -> MpiResult<()> {
+        let s = self.shape::<T>(Kind::AllGather, ein::<T, S>(send), eout::<T, R>(recv));
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// As `all_gather`, in place: this rank's input is block `rank` of `buf`.
+    pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &mut R,
+    ) -> MpiResult<()> {
+        let n = eout::<T, R>(buf);
+        let s = self.shape::<T>(Kind::AllGatherInPlace, n, n);
+        self.run::<T, [T], R>(s, None, Some(buf))
+    }
+
+    /// As `all_gather` with `counts[r]` elements from rank `r` (`MPI_Allgatherv`).
+    pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: &mut R,
+        counts: &[usize],
+    ) -> MpiResult<()> {
+        let s = self.shape::<T>(
+            Kind::AllGatherV(counts),
+            ein::<T, S>(send),
+            eout::<T, R>(recv),
+        );
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// Block `rank` of `op(every rank's send)` into `recv` (`MPI_Reduce_scatter_block`).
+    pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let s = self.shape::<T>(
+            Kind::ReduceScatter(op),
+            ein::<T, S>(send),
+            eout::<T, R>(recv),
+        );
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
+    pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: &mut R,
+    ) -> MpiResult<()> {
+        let s = self.shape::<T>(Kind::AllToAll, ein::<T, S>(send), eout::<T, R>(recv));
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// `send_counts[d]` elements to rank `d`, `recv_counts[s]` from rank `s`, packed in rank
+    /// order (`MPI_Alltoallv`).
+    pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        send_counts: &[usize],
+        recv: &mut R,
+        recv_counts: &[usize],
+    ) -> MpiResult<()> {
+        let kind = Kind::AllToAllV(send_counts, recv_counts);
+        let s = self.shape::<T>(kind, ein::<T, S>(send), eout::<T, R>(recv));
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// Every rank's `send`, concatenated in rank order, into `recv` on `root` (`MPI_Gather`);
+    /// `recv` is used on the root only.
+    pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &S,
+        recv: Option<&mut R>,
+        root: u32,
+    ) -> MpiResult<()> {
+        let out = recv.as_ref().map_or(0, |r| eout::<T, R>(&**r));
+        let s = self.shape::<T>(Kind::Gather(root), ein::<T, S>(send), out);
+        self.run(s, Some(send), recv)
+    }
+
+    /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used on the
+    /// root only.
+    pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: u32,
+    ) -> MpiResult<()> {
+        let inp = send.map_or(0, |b| ein::<T, S>(b));
+        let s = self.shape::<T>(Kind::Scatter(root), inp, eout::<T, R>(recv));
+        self.run(s, send, Some(recv))
+    }
+}
