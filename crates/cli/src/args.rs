@@ -371,6 +371,16 @@ pub enum BackendKind {
     Mpi,
 }
 
+/// How `bench --backend mpi` on GPUs carries messages between processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportKind {
+    /// MPI: device pointers with a CUDA-aware MPI (`RELAYCC_MPI_CUDA_AWARE=1`), else staged
+    /// through pinned host memory.
+    Mpi,
+    /// NCCL's send/recv on each rank's stream (libnccl.so, one rank per GPU).
+    Nccl,
+}
+
 /// Output formats of `bench`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchFormat {
@@ -428,6 +438,12 @@ pub struct BenchArgs {
     /// numbers GPUs as NVML does.
     #[arg(long)]
     pub topology: Option<String>,
+    /// `--backend mpi` on GPUs: the transport of messages between processes. GPU buffers are
+    /// used when this or `--gpus` is given: each process takes the CUDA device `--gpus` names
+    /// for its local rank (round robin over the list), else its local rank modulo the visible
+    /// GPUs; several processes may share one GPU (MPI transport).
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportKind>,
     /// Element type and reduce operator.
     #[command(flatten)]
     pub element: ElementArgs,

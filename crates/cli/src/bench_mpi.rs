@@ -13,6 +13,15 @@
 //!
 //! Timing: each iteration starts after a barrier; a rank's time is the sum over iterations of
 //! barrier exit to call return, and the reported time is the largest over the ranks.
+//!
+//! GPUs (`--gpus LIST` or `--transport mpi|nccl`, a binary built with `cuda` and `mpi`):
+//! each process takes the CUDA device `--gpus` names for its local rank (round robin over the
+//! list), else its local rank modulo the visible GPUs, and calls the GPU rank's collectives
+//! (`MpiGpu::on(&stream)`) on `CudaSlice` buffers; a timed call ends when its stream is
+//! synchronized. Messages go over MPI (direct device pointers with
+//! `RELAYCC_MPI_CUDA_AWARE=1`, else staged through pinned host memory) or NCCL
+//! (`--transport nccl`). `--vs-mpi` and `--check` run the MPI library's collective on host
+//! copies of the same inputs.
 
 /// Run `relaycc bench --backend mpi`.
 #[cfg(not(feature = "mpi"))]
@@ -83,8 +92,12 @@ mod imp {
         /// The MPI library (`MPI_Get_library_version`, first line).
         mpi_library: String,
         /// Whether relaycc ran in the caller's buffers (`RELAYCC_MPI_ZERO_COPY=1`) or in
-        /// its own, copying the input in and the output out.
+        /// its own, copying the input in and the output out (host buffers only).
         zero_copy: bool,
+        /// On GPUs: rank 0's device and the transport (`cuda:0, transport nccl`); absent on
+        /// host memory.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        gpu: Option<String>,
         results: Vec<Row>,
     }
 
@@ -95,10 +108,11 @@ mod imp {
 
     /// Run `relaycc bench --backend mpi` (collective over the processes of `mpirun`).
     pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
-        if !args.gpus.is_empty() {
+        let on_gpus = !args.gpus.is_empty() || args.transport.is_some();
+        if on_gpus && cfg!(not(feature = "cuda")) {
             return Err(usage(
-                "--backend mpi runs one rank per process on host memory; --gpus is not \
-                 available with it",
+                "--backend mpi with --gpus or --transport runs on GPUs: this relaycc is built \
+                 without CUDA (build relaycc-cli with --features cuda,mpi)",
             ));
         }
         if args.collective == Collective::SendRecv {
@@ -127,17 +141,23 @@ mod imp {
         comm.set_zero_copy(
             std::env::var("RELAYCC_MPI_ZERO_COPY").map_or(true, |v| v.trim() != "0"),
         );
+        let mut dev = if on_gpus {
+            Some(gpu::open(&comm, &world, args)?)
+        } else {
+            None
+        };
         let mut rows = Vec::new();
         for size in sizes {
+            let d = dev.as_mut();
             let row = match args.element.dtype {
-                DType::F32 => size_row::<f32>(&comm, &world, args, size)?,
-                DType::F64 => size_row::<f64>(&comm, &world, args, size)?,
-                DType::I8 => size_row::<i8>(&comm, &world, args, size)?,
-                DType::U8 => size_row::<u8>(&comm, &world, args, size)?,
-                DType::I32 => size_row::<i32>(&comm, &world, args, size)?,
-                DType::U32 => size_row::<u32>(&comm, &world, args, size)?,
-                DType::I64 => size_row::<i64>(&comm, &world, args, size)?,
-                DType::U64 => size_row::<u64>(&comm, &world, args, size)?,
+                DType::F32 => size_row::<f32>(&comm, &world, args, size, d)?,
+                DType::F64 => size_row::<f64>(&comm, &world, args, size, d)?,
+                DType::I8 => size_row::<i8>(&comm, &world, args, size, d)?,
+                DType::U8 => size_row::<u8>(&comm, &world, args, size, d)?,
+                DType::I32 => size_row::<i32>(&comm, &world, args, size, d)?,
+                DType::U32 => size_row::<u32>(&comm, &world, args, size, d)?,
+                DType::I64 => size_row::<i64>(&comm, &world, args, size, d)?,
+                DType::U64 => size_row::<u64>(&comm, &world, args, size, d)?,
                 DType::F16 | DType::Bf16 => {
                     return Err(usage(
                         "--backend mpi times types MPI has (f32, f64, i8, u8, i32, u32, i64, \
@@ -172,7 +192,8 @@ mod imp {
             warmup: args.warmup,
             algorithm: comm.last_algorithm(),
             mpi_library: library,
-            zero_copy: comm.zero_copy(),
+            zero_copy: comm.zero_copy() && dev.is_none(),
+            gpu: dev.as_ref().map(gpu::describe),
             results: rows,
         };
         write_report(&report, args.format, out, table)
@@ -188,10 +209,10 @@ mod imp {
             r.ranks,
             r.nodes,
             r.algorithm.as_deref().unwrap_or("-"),
-            if r.zero_copy {
-                "zero copy"
-            } else {
-                "own buffers"
+            match (&r.gpu, r.zero_copy) {
+                (Some(g), _) => g.as_str(),
+                (None, true) => "zero copy",
+                (None, false) => "own buffers",
             },
             r.iters,
             r.warmup
@@ -385,19 +406,30 @@ mod imp {
 
     /// Time relaycc (and with `--vs-mpi` the MPI collective) at one size; `--check`
     /// compares the two outputs.
-    fn size_row<T: Element + Equivalence>(
+    fn size_row<T: Element + Equivalence + gpu::Dev>(
         comm: &MpiCommunicator,
         world: &SimpleCommunicator,
         args: &BenchArgs,
         size: u64,
+        mut dev: Option<&mut gpu::Gpu<'_>>,
     ) -> Result<Row> {
         let n = world.size() as u32;
         let me = world.rank() as u32;
         let mut b = buffers::<T>(args, n, me, size)?;
         let mut mpi_out = vec![T::from_i64(0); b.output.len()];
         let with_mpi = args.vs_mpi;
+        let mut d = match dev.as_deref() {
+            Some(g) => Some(gpu::upload(g, &b)?),
+            None => None,
+        };
+        let mut call = |b: &mut Bufs<T>| -> Result<()> {
+            match (dev.as_deref_mut(), d.as_mut()) {
+                (Some(g), Some(d)) => gpu::call(g, args, d, &b.counts, me),
+                _ => relaycc_call(comm, args, b),
+            }
+        };
         for _ in 0..args.warmup {
-            relaycc_call(comm, args, &mut b)?;
+            call(&mut b)?;
             if with_mpi {
                 mpi_call(world, args, &b, &mut mpi_out);
             }
@@ -407,7 +439,7 @@ mod imp {
         for _ in 0..iters {
             world.barrier();
             let t = Instant::now();
-            relaycc_call(comm, args, &mut b)?;
+            call(&mut b)?;
             t_relay += t.elapsed().as_secs_f64();
             if with_mpi {
                 world.barrier();
@@ -419,7 +451,10 @@ mod imp {
         let wrong = if args.check {
             b.output.fill(T::from_i64(0));
             mpi_out.fill(T::from_i64(0));
-            relaycc_call(comm, args, &mut b)?;
+            call(&mut b)?;
+            if let (Some(g), Some(d)) = (dev.as_deref(), d.as_ref()) {
+                gpu::download(g, d, &mut b.output)?;
+            }
             mpi_call(world, args, &b, &mut mpi_out);
             let n_f = f64::from(n);
             let avg = args.collective.reduces() && args.element.op == ReduceOp::Avg;
@@ -464,5 +499,196 @@ mod imp {
             mpi_busbw_gbps: mpi_secs.map(|s| bytes as f64 / s / 1e9 * factor),
             vs_mpi: mpi_secs.map(|s| s / secs),
         })
+    }
+
+    /// GPU buffers and calls (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    mod gpu {
+        use std::sync::Arc;
+
+        use anyhow::{Context, Result, bail};
+        use relaycc_collectives::Element;
+        use relaycc_collectives::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+        use relaycc_collectives::mpi::rsmpi::topology::{Communicator, SimpleCommunicator};
+        use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiGpu};
+        use relaycc_route::Collective;
+
+        use super::Bufs;
+        use crate::args::{BenchArgs, TransportKind};
+
+        /// Element types a `CudaSlice` holds.
+        pub(super) trait Dev: DeviceRepr {}
+        impl<T: DeviceRepr> Dev for T {}
+
+        /// This process's GPU rank and the stream its calls are enqueued on.
+        pub(super) struct Gpu<'c> {
+            rank: MpiGpu<'c>,
+            stream: Arc<CudaStream>,
+        }
+
+        /// This process's GPU rank (collective: every process makes its own, so a process
+        /// without a driver or a device makes every process report the error).
+        pub(super) fn open<'c>(
+            comm: &'c MpiCommunicator,
+            world: &SimpleCommunicator,
+            args: &BenchArgs,
+        ) -> Result<Gpu<'c>> {
+            let local = world.split_shared(world.rank()).rank() as usize;
+            let ordinal = if args.gpus.is_empty() {
+                // No device count without a driver: device 0, and the GPU rank says why.
+                let visible = relaycc_collectives::cuda::devices().map_or(1, |d| d.len().max(1));
+                local % visible
+            } else {
+                args.gpus[local % args.gpus.len()] as usize
+            };
+            let transport = match args.transport {
+                Some(TransportKind::Nccl) => GpuTransport::Nccl,
+                Some(TransportKind::Mpi) | None => GpuTransport::Mpi,
+            };
+            let rank = MpiGpu::new(comm, ordinal, transport).with_context(|| {
+                format!("rank {}: GPU rank on CUDA device {ordinal}", comm.rank())
+            })?;
+            let stream = CudaContext::new(ordinal)
+                .and_then(|c| c.new_stream())
+                .map_err(|e| anyhow::anyhow!("CUDA device {ordinal}: a stream: {e:?}"))?;
+            Ok(Gpu { rank, stream })
+        }
+
+        /// Rank 0's device and transport, for the header and the JSON.
+        pub(super) fn describe(g: &Gpu<'_>) -> String {
+            let how = match g.rank.transport() {
+                GpuTransport::Mpi => format!("mpi {:?}", g.rank.mode()).to_lowercase(),
+                GpuTransport::Nccl => "nccl".to_owned(),
+            };
+            format!("cuda:{}, transport {how}", g.rank.ordinal())
+        }
+
+        /// One size's device buffers (at least one element each, so that no allocation is
+        /// empty; calls take views of the lengths).
+        pub(super) struct DevBufs<T> {
+            input: CudaSlice<T>,
+            output: CudaSlice<T>,
+            in_len: usize,
+            out_len: usize,
+        }
+
+        /// The host buffers' contents on the device.
+        pub(super) fn upload<T: Element + Dev>(g: &Gpu<'_>, b: &Bufs<T>) -> Result<DevBufs<T>> {
+            let pad = |v: &[T]| {
+                if v.is_empty() {
+                    vec![T::from_i64(0)]
+                } else {
+                    v.to_vec()
+                }
+            };
+            let input = g
+                .stream
+                .clone_htod(&pad(&b.input))
+                .map_err(|e| anyhow::anyhow!("upload: {e:?}"))?;
+            let output = g
+                .stream
+                .clone_htod(&pad(&b.output))
+                .map_err(|e| anyhow::anyhow!("upload: {e:?}"))?;
+            Ok(DevBufs {
+                input,
+                output,
+                in_len: b.input.len(),
+                out_len: b.output.len(),
+            })
+        }
+
+        /// The device output into `out`.
+        pub(super) fn download<T: Element + Dev>(
+            g: &Gpu<'_>,
+            d: &DevBufs<T>,
+            out: &mut [T],
+        ) -> Result<()> {
+            let view = d.output.slice(0..d.out_len);
+            g.stream
+                .memcpy_dtoh(&view, out)
+                .and_then(|()| g.stream.synchronize())
+                .map_err(|e| anyhow::anyhow!("download: {e:?}"))
+        }
+
+        /// One call of the GPU rank's collective, waited for on its stream.
+        pub(super) fn call<T: Element + Dev>(
+            g: &mut Gpu<'_>,
+            args: &BenchArgs,
+            d: &mut DevBufs<T>,
+            counts: &[usize],
+            me: u32,
+        ) -> Result<()> {
+            let (op, root) = (args.element.op, args.root);
+            let i = d.input.slice(0..d.in_len);
+            let mut o = d.output.slice_mut(0..d.out_len);
+            if args.collective == Collective::Broadcast && me == root {
+                g.stream
+                    .memcpy_dtod(&i, &mut o)
+                    .map_err(|e| anyhow::anyhow!("broadcast input: {e:?}"))?;
+            }
+            let stream = Arc::clone(&g.stream);
+            let mut on = g.rank.on(&stream);
+            match args.collective {
+                Collective::AllReduce => on.all_reduce(&i, &mut o, op)?,
+                Collective::Reduce => on.reduce(&i, Some(&mut o), root, op)?,
+                Collective::Broadcast => on.broadcast(&mut o, root)?,
+                Collective::AllGather => on.all_gather(&i, &mut o)?,
+                Collective::AllGatherV => on.all_gather_v(&i, &mut o, counts)?,
+                Collective::ReduceScatter => on.reduce_scatter(&i, &mut o, op)?,
+                Collective::AllToAll => on.all_to_all(&i, &mut o)?,
+                Collective::AllToAllV => on.all_to_all_v(&i, counts, &mut o, counts)?,
+                Collective::Gather => on.gather(&i, Some(&mut o), root)?,
+                Collective::Scatter => on.scatter(Some(&i), &mut o, root)?,
+                Collective::SendRecv => bail!("send_recv is not timed over MPI"),
+            }
+            stream
+                .synchronize()
+                .map_err(|e| anyhow::anyhow!("stream: {e:?}"))
+        }
+    }
+
+    /// Without CUDA no GPU run starts (`run` refuses `--gpus` and `--transport` first).
+    #[cfg(not(feature = "cuda"))]
+    mod gpu {
+        use anyhow::{Result, bail};
+        use relaycc_collectives::mpi::{MpiCommunicator, rsmpi::topology::SimpleCommunicator};
+
+        use super::Bufs;
+        use crate::args::BenchArgs;
+
+        /// Every element type.
+        pub(super) trait Dev {}
+        impl<T> Dev for T {}
+
+        /// No GPU rank without CUDA: the type has no value.
+        pub(super) struct Gpu<'c>(std::marker::PhantomData<&'c ()>, std::convert::Infallible);
+        /// Device buffers: none without CUDA.
+        pub(super) struct DevBufs<T>(std::marker::PhantomData<T>);
+
+        pub(super) fn open<'c>(
+            _: &'c MpiCommunicator,
+            _: &SimpleCommunicator,
+            _: &BenchArgs,
+        ) -> Result<Gpu<'c>> {
+            bail!("this relaycc is built without CUDA")
+        }
+        pub(super) fn describe(g: &Gpu<'_>) -> String {
+            match g.1 {}
+        }
+        pub(super) fn upload<T>(g: &Gpu<'_>, _: &Bufs<T>) -> Result<DevBufs<T>> {
+            match g.1 {}
+        }
+        pub(super) fn download<T>(g: &Gpu<'_>, _: &DevBufs<T>, _: &mut [T]) -> Result<()> {
+            match g.1 {}
+        }
+        pub(super) fn call<T>(
+            g: &mut Gpu<'_>,
+            _: &BenchArgs,
+            _: &mut DevBufs<T>,
+            _: &[usize],
+            _: u32,
+        ) -> Result<()> {
+            match g.1 {}
+        }
     }
 }

@@ -53,7 +53,7 @@ pub struct Lender<'b> {
 impl<'b> Lender<'b> {
     /// A lender for calls on the caller's CUDA stream outside this module (the GPU ranks
     /// of `mpi::gpu`): cudarc buffers lend their device pointers on `stream`.
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
     pub(crate) fn on_stream(stream: &'b Arc<CudaStream>) -> Self {
         Lender {
             stream: Some(stream),
@@ -62,25 +62,25 @@ impl<'b> Lender<'b> {
     }
 
     /// Lend `buf` for reading; the view of the whole buffer.
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
     pub(crate) fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, buf: &'b S) -> View {
         buf.lend(self)
     }
 
     /// Lend `buf` for writing; the view of the whole buffer.
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
     pub(crate) fn lend_mut<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, buf: &'b mut R) -> View {
         buf.lend_mut(self)
     }
 
     /// The lent spans, by block.
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
     pub(crate) fn spans(&self) -> &[Span] {
         &self.blocks
     }
 
     /// The first error met while lending (a buffer of another device, no stream).
-    #[cfg(feature = "cuda")]
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
     pub(crate) fn take_error(&mut self) -> Option<CollectivesError> {
         self.error.take()
     }

@@ -36,13 +36,13 @@ use std::time::Duration;
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
 
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", feature = "mpi"))]
 pub(crate) use calls::Lender;
 #[cfg(feature = "cuda")]
 pub use calls::OnStream;
 pub use calls::{RankGroup, RecvBuf, SendBuf};
 use meeting::Meeting;
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", feature = "mpi"))]
 pub(crate) use op::View;
 use op::{Arrival, Failure, Op, Payload, Span};
 
