@@ -1,0 +1,394 @@
+//! MPI tests of GPU ranks (`MpiGpu`: the typed collectives on cudarc buffers, one process per
+//! rank); run under mpirun by `scripts/test-mpi`:
+//!
+//! ```text
+//! mpirun -n 4 mpi_gpu [mpi|nccl]
+//! ```
+//!
+//! - Without a CUDA driver: making a GPU rank with either transport returns
+//!   `CudaError::NoDriver` on every rank (no panic, no hang), and the communicator's host
+//!   collectives still run afterwards.
+//! - With GPUs (each process on CUDA device `local rank % visible`, so several ranks share a
+//!   GPU when there are fewer GPUs than ranks; NCCL needs one rank per GPU): every collective
+//!   on `CudaSlice` buffers, out of place and in place, compared element for element with the
+//!   exact result; an all_reduce followed at once (no host synchronization) by a kernel on the
+//!   caller's stream that doubles the result, which must see the sum; a repeated call reuses
+//!   its plan; a rank passing another count gives `CountMismatch` on every rank and a correct
+//!   call then still runs; host memory passed by one rank is its error and `Peer` elsewhere.
+//!
+//! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`; the
+//! exit status is 1 when a check failed.
+
+use std::sync::Arc;
+
+use relaycc_collectives::cuda::{self, CudaError};
+use relaycc_collectives::cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use relaycc_collectives::mpi::rsmpi;
+use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiError, MpiGpu};
+use relaycc_collectives::{CollectivesError, Element, ReduceOp};
+use rsmpi::collective::SystemOperation;
+use rsmpi::topology::SimpleCommunicator;
+use rsmpi::traits::*;
+
+struct Report<'a> {
+    world: &'a SimpleCommunicator,
+    passed: u32,
+    failed: u32,
+}
+
+impl Report<'_> {
+    /// Agree on `ok` over all ranks and count it once (on rank 0).
+    fn check(&mut self, name: &str, ok: bool) {
+        let mut all = 0i32;
+        self.world
+            .all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
+        if all == 1 {
+            self.passed += 1;
+        } else {
+            self.failed += 1;
+        }
+        if self.world.rank() == 0 {
+            println!("{} {name}", if all == 1 { "PASS" } else { "FAIL" });
+        }
+    }
+}
+
+/// Element `i` of rank `r`'s input: in -3..=3, exact in every type.
+fn value(r: u32, i: usize) -> i64 {
+    ((u64::from(r) * 3 + i as u64) % 7) as i64 - 3
+}
+
+fn input<T: Element>(r: u32, len: usize) -> Vec<T> {
+    (0..len).map(|i| T::from_i64(value(r, i))).collect()
+}
+
+fn no_driver(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    for t in [GpuTransport::Mpi, GpuTransport::Nccl] {
+        let got = MpiGpu::new(comm, 0, t);
+        let ok = matches!(
+            got,
+            Err(MpiError::Backend(CollectivesError::Cuda(
+                CudaError::NoDriver { .. }
+            )))
+        );
+        if !ok {
+            eprintln!("rank {}: {:?}", comm.rank(), got.err());
+        }
+        rep.check(
+            &format!("no driver: GPU rank over {} is NoDriver", t.name()),
+            ok,
+        );
+    }
+    let mut x = vec![comm.rank() as f32; 17];
+    let ran = comm.all_reduce_in_place(&mut x, ReduceOp::Sum);
+    let n = comm.size() as f32;
+    let want = n * (n - 1.0) / 2.0;
+    rep.check(
+        "no driver: host collectives still run",
+        ran.is_ok() && x.iter().all(|v| *v == want),
+    );
+}
+
+const TWICE: &str = r#"
+extern "C" __global__ void twice(float *x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= 2.0f;
+}
+"#;
+
+/// A device copy of `v` (at least one element, so no allocation is empty).
+fn dev<T: Element + DeviceRepr>(s: &Arc<CudaStream>, v: &[T]) -> CudaSlice<T> {
+    let padded: Vec<T> = if v.is_empty() {
+        vec![T::from_i64(0)]
+    } else {
+        v.to_vec()
+    };
+    s.clone_htod(&padded).expect("upload")
+}
+
+fn host<T: Element + DeviceRepr>(s: &Arc<CudaStream>, d: &CudaSlice<T>, len: usize) -> Vec<T> {
+    let mut out = s.clone_dtoh(d).expect("download");
+    out.truncate(len);
+    out
+}
+
+fn gpu_checks(
+    comm: &MpiCommunicator,
+    world: &SimpleCommunicator,
+    t: GpuTransport,
+    rep: &mut Report<'_>,
+) {
+    let me = comm.rank();
+    let n = comm.size();
+    let nu = n as usize;
+    let local = world.split_shared(world.rank()).rank() as usize;
+    let visible = cuda::devices().map_or(1, |d| d.len().max(1));
+    let ordinal = local % visible;
+    let mut gpu = match MpiGpu::new(comm, ordinal, t) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("rank {me}: GPU rank: {e}");
+            rep.check("GPU rank made", false);
+            return;
+        }
+    };
+    rep.check("GPU rank made", true);
+    let ctx = CudaContext::new(ordinal).expect("context");
+    let stream = ctx.new_stream().expect("stream");
+    let sum = |len: usize| -> Vec<i64> {
+        (0..len)
+            .map(|i| (0..n).map(|r| value(r, i)).sum())
+            .collect()
+    };
+
+    // all_reduce, then at once a kernel on the same stream: it sees the sum.
+    for len in [1003usize, (1 << 20) + 5] {
+        let f = ctx
+            .load_module(relaycc_collectives::cudarc::nvrtc::compile_ptx(TWICE).expect("nvrtc"))
+            .expect("module")
+            .load_function("twice")
+            .expect("function");
+        let send = dev(&stream, &input::<f32>(me, len));
+        let mut recv = dev(&stream, &vec![0f32; len]);
+        let ran = gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum);
+        let ni = len as i32;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&mut recv).arg(&ni);
+        // SAFETY: `twice` takes a float pointer and an int, and reads and writes `n` floats.
+        unsafe { b.launch(LaunchConfig::for_num_elems(len as u32)) }.expect("launch");
+        let got = host(&stream, &recv, len);
+        let want: Vec<f32> = sum(len).iter().map(|s| 2.0 * *s as f32).collect();
+        if let Err(e) = &ran {
+            eprintln!("rank {me}: all_reduce: {e}");
+        }
+        rep.check(
+            &format!("all_reduce f32 x{len}, then a kernel on the stream sees it"),
+            ran.is_ok() && got == want,
+        );
+    }
+    let shapes = gpu.cached_calls();
+    {
+        let send = dev(&stream, &input::<f32>(me, 1003));
+        let mut recv = dev(&stream, &vec![0f32; 1003]);
+        let ran = gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum);
+        rep.check(
+            "a repeated all_reduce reuses its plan",
+            ran.is_ok() && gpu.cached_calls() == shapes,
+        );
+    }
+
+    // all_reduce in place, max, i32.
+    {
+        let len = 4097;
+        let mut buf = dev(&stream, &input::<i32>(me, len));
+        let ran = gpu.on(&stream).all_reduce_in_place(&mut buf, ReduceOp::Max);
+        let want: Vec<i32> = (0..len)
+            .map(|i| (0..n).map(|r| value(r, i)).max().unwrap_or(0) as i32)
+            .collect();
+        rep.check(
+            "all_reduce_in_place i32 max",
+            ran.is_ok() && host(&stream, &buf, len) == want,
+        );
+    }
+
+    // reduce to the last rank, f64 sum; the others pass no output.
+    {
+        let len = 999;
+        let root = n - 1;
+        let send = dev(&stream, &input::<f64>(me, len));
+        let mut recv = dev(&stream, &vec![0f64; len]);
+        let out = (me == root).then_some(&mut recv);
+        let ran = gpu.on(&stream).reduce(&send, out, root, ReduceOp::Sum);
+        let ok = if me == root {
+            host(&stream, &recv, len) == sum(len).iter().map(|s| *s as f64).collect::<Vec<_>>()
+        } else {
+            true
+        };
+        rep.check("reduce f64 sum to the last rank", ran.is_ok() && ok);
+    }
+
+    // broadcast from rank 1 (mod n), u8.
+    {
+        let len = 70_001;
+        let root = 1 % n;
+        let mine: Vec<u8> = if me == root {
+            input::<u8>(root, len)
+        } else {
+            vec![0; len]
+        };
+        let mut buf = dev(&stream, &mine);
+        let ran = gpu.on(&stream).broadcast(&mut buf, root);
+        rep.check(
+            "broadcast u8",
+            ran.is_ok() && host(&stream, &buf, len) == input::<u8>(root, len),
+        );
+    }
+
+    // all_gather, out of place and in place.
+    {
+        let c = 513;
+        let want: Vec<f32> = (0..n).flat_map(|r| input::<f32>(r, c)).collect();
+        let send = dev(&stream, &input::<f32>(me, c));
+        let mut recv = dev(&stream, &vec![0f32; c * nu]);
+        let ran = gpu.on(&stream).all_gather(&send, &mut recv);
+        rep.check(
+            "all_gather f32",
+            ran.is_ok() && host(&stream, &recv, c * nu) == want,
+        );
+        let mut start = vec![0f32; c * nu];
+        start[me as usize * c..(me as usize + 1) * c].copy_from_slice(&input::<f32>(me, c));
+        let mut buf = dev(&stream, &start);
+        let ran = gpu.on(&stream).all_gather_in_place(&mut buf);
+        rep.check(
+            "all_gather_in_place f32",
+            ran.is_ok() && host(&stream, &buf, c * nu) == want,
+        );
+    }
+
+    // all_gather_v: rank r gives r + 1 elements.
+    {
+        let counts: Vec<usize> = (0..nu).map(|r| r + 1).collect();
+        let total: usize = counts.iter().sum();
+        let want: Vec<i64> = (0..n)
+            .flat_map(|r| input::<i64>(r, r as usize + 1))
+            .collect();
+        let send = dev(&stream, &input::<i64>(me, me as usize + 1));
+        let mut recv = dev(&stream, &vec![0i64; total]);
+        let ran = gpu.on(&stream).all_gather_v(&send, &mut recv, &counts);
+        rep.check(
+            "all_gather_v i64",
+            ran.is_ok() && host(&stream, &recv, total) == want,
+        );
+    }
+
+    // reduce_scatter, f32 sum.
+    {
+        let c = 777;
+        let send = dev(&stream, &input::<f32>(me, c * nu));
+        let mut recv = dev(&stream, &vec![0f32; c]);
+        let ran = gpu
+            .on(&stream)
+            .reduce_scatter(&send, &mut recv, ReduceOp::Sum);
+        let full = sum(c * nu);
+        let want: Vec<f32> = full[me as usize * c..(me as usize + 1) * c]
+            .iter()
+            .map(|s| *s as f32)
+            .collect();
+        rep.check(
+            "reduce_scatter f32 sum",
+            ran.is_ok() && host(&stream, &recv, c) == want,
+        );
+    }
+
+    // all_to_all, i32.
+    {
+        let c = 301;
+        let send = dev(&stream, &input::<i32>(me, c * nu));
+        let mut recv = dev(&stream, &vec![0i32; c * nu]);
+        let ran = gpu.on(&stream).all_to_all(&send, &mut recv);
+        let want: Vec<i32> = (0..n)
+            .flat_map(|s| input::<i32>(s, c * nu)[me as usize * c..(me as usize + 1) * c].to_vec())
+            .collect();
+        rep.check(
+            "all_to_all i32",
+            ran.is_ok() && host(&stream, &recv, c * nu) == want,
+        );
+    }
+
+    // gather to rank 0 and scatter from rank 0, u32.
+    {
+        let c = 259;
+        let send = dev(&stream, &input::<u32>(me, c));
+        let mut recv = dev(&stream, &vec![0u32; c * nu]);
+        let out = (me == 0).then_some(&mut recv);
+        let ran = gpu.on(&stream).gather(&send, out, 0);
+        let want: Vec<u32> = (0..n).flat_map(|r| input::<u32>(r, c)).collect();
+        let ok = me != 0 || host(&stream, &recv, c * nu) == want;
+        rep.check("gather u32", ran.is_ok() && ok);
+        let whole = dev(&stream, &input::<u32>(0, c * nu));
+        let mut part = dev(&stream, &vec![0u32; c]);
+        let inp = (me == 0).then_some(&whole);
+        let ran = gpu.on(&stream).scatter(inp, &mut part, 0);
+        let want = input::<u32>(0, c * nu)[me as usize * c..(me as usize + 1) * c].to_vec();
+        rep.check(
+            "scatter u32",
+            ran.is_ok() && host(&stream, &part, c) == want,
+        );
+    }
+
+    // Faults: another count on rank 0; host memory on rank 0.
+    {
+        let len = if me == 0 { 101 } else { 100 };
+        let send = dev(&stream, &vec![1f32; len]);
+        let mut recv = dev(&stream, &vec![0f32; len]);
+        let got = gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum);
+        rep.check(
+            "another count on rank 0 is CountMismatch on every rank",
+            matches!(got, Err(MpiError::CountMismatch(_))),
+        );
+        let send = dev(&stream, &vec![1f32; 100]);
+        let mut recv = dev(&stream, &vec![0f32; 100]);
+        let host_send = vec![1f32; 100];
+        let got = if me == 0 {
+            gpu.on(&stream)
+                .all_reduce(&host_send[..], &mut recv, ReduceOp::Sum)
+        } else {
+            gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum)
+        };
+        let ok = if me == 0 {
+            matches!(got, Err(MpiError::Unsupported(_)))
+        } else {
+            matches!(got, Err(MpiError::Peer { rank: 0, .. }))
+        };
+        rep.check("host memory on rank 0: its error there, Peer elsewhere", ok);
+        let ran = gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum);
+        rep.check(
+            "a correct call after the faults",
+            ran.is_ok() && host(&stream, &recv, 100) == vec![n as f32; 100],
+        );
+    }
+}
+
+fn main() {
+    let Some(universe) = rsmpi::initialize() else {
+        eprintln!("MPI could not be initialised");
+        std::process::exit(2);
+    };
+    let world = universe.world();
+    let transport = match std::env::args().nth(1).as_deref().unwrap_or("mpi").parse() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("setup: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut rep = Report {
+        world: &world,
+        passed: 0,
+        failed: 0,
+    };
+    if cuda::driver().is_err() {
+        no_driver(&comm, &mut rep);
+    } else {
+        gpu_checks(&comm, &world, transport, &mut rep);
+    }
+    if world.rank() == 0 {
+        println!("{} passed, {} failed", rep.passed, rep.failed);
+    }
+    let failed = rep.failed;
+    // MPI finalizes when `universe` drops: the communicator's own communicators go first.
+    drop(comm);
+    drop(universe);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
