@@ -5,6 +5,10 @@
 //! mpirun -n 4 mpi_gpu [mpi|nccl]
 //! ```
 //!
+//! - Always: the GPU ranks' protocol on the host backend (`MpiGpu::host`: buffers lent to a
+//!   backend, mirrors, staging, the runner's synchronization points) in both transfer modes,
+//!   every collective on host slices compared with the exact result, plan reuse, a count
+//!   mismatch on every rank.
 //! - Without a CUDA driver: making a GPU rank with either transport returns
 //!   `CudaError::NoDriver` on every rank (no panic, no hang), and the communicator's host
 //!   collectives still run afterwards.
@@ -26,7 +30,7 @@ use relaycc_collectives::cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiError, MpiGpu};
+use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiError, MpiGpu, TransferMode};
 use relaycc_collectives::{CollectivesError, Element, ReduceOp};
 use rsmpi::collective::SystemOperation;
 use rsmpi::topology::SimpleCommunicator;
@@ -88,6 +92,171 @@ fn no_driver(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     rep.check(
         "no driver: host collectives still run",
         ran.is_ok() && x.iter().all(|v| *v == want),
+    );
+}
+
+/// The GPU ranks' protocol on the host backend (`MpiGpu::host`): every collective on host
+/// slices, compared with the exact result, in the communicator's transfer mode `label`.
+fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
+    let me = comm.rank();
+    let n = comm.size();
+    let nu = n as usize;
+    let mut gpu = match MpiGpu::host(comm) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("rank {me}: host-backed rank: {e}");
+            rep.check(&format!("{label}: host-backed rank made"), false);
+            return;
+        }
+    };
+    let sum = |len: usize| -> Vec<i64> {
+        (0..len)
+            .map(|i| (0..n).map(|r| value(r, i)).sum())
+            .collect()
+    };
+    for len in [1003usize, (1 << 18) + 5] {
+        let send = input::<f32>(me, len);
+        let mut recv = vec![0f32; len];
+        let ran = gpu.on_host().all_reduce(&send, &mut recv, ReduceOp::Sum);
+        let want: Vec<f32> = sum(len).iter().map(|s| *s as f32).collect();
+        if let Err(e) = &ran {
+            eprintln!("rank {me}: all_reduce: {e}");
+        }
+        rep.check(
+            &format!("{label}: all_reduce f32 x{len}"),
+            ran.is_ok() && recv == want,
+        );
+    }
+    let shapes = gpu.cached_calls();
+    let mut recv = vec![0f32; 1003];
+    let ran = gpu
+        .on_host()
+        .all_reduce(&input::<f32>(me, 1003), &mut recv, ReduceOp::Sum);
+    rep.check(
+        &format!("{label}: a repeated all_reduce reuses its plan"),
+        ran.is_ok() && gpu.cached_calls() == shapes,
+    );
+    let mut buf = input::<i32>(me, 4097);
+    let ran = gpu.on_host().all_reduce_in_place(&mut buf, ReduceOp::Max);
+    let want: Vec<i32> = (0..4097)
+        .map(|i| (0..n).map(|r| value(r, i)).max().unwrap_or(0) as i32)
+        .collect();
+    rep.check(
+        &format!("{label}: all_reduce_in_place i32 max"),
+        ran.is_ok() && buf == want,
+    );
+    let root = n - 1;
+    let mut out = vec![0f64; 999];
+    let ran = gpu.on_host().reduce(
+        &input::<f64>(me, 999),
+        (me == root).then_some(&mut out[..]),
+        root,
+        ReduceOp::Sum,
+    );
+    let ok = me != root || out == sum(999).iter().map(|s| *s as f64).collect::<Vec<_>>();
+    rep.check(
+        &format!("{label}: reduce f64 to the last rank"),
+        ran.is_ok() && ok,
+    );
+    let broot = 1 % n;
+    let mut buf = if me == broot {
+        input::<u8>(broot, 70_001)
+    } else {
+        vec![0u8; 70_001]
+    };
+    let ran = gpu.on_host().broadcast(&mut buf, broot);
+    rep.check(
+        &format!("{label}: broadcast u8"),
+        ran.is_ok() && buf == input::<u8>(broot, 70_001),
+    );
+    let c = 513;
+    let want: Vec<f32> = (0..n).flat_map(|r| input::<f32>(r, c)).collect();
+    let mut recv = vec![0f32; c * nu];
+    let ran = gpu.on_host().all_gather(&input::<f32>(me, c), &mut recv);
+    rep.check(
+        &format!("{label}: all_gather f32"),
+        ran.is_ok() && recv == want,
+    );
+    let mut buf = vec![0f32; c * nu];
+    buf[me as usize * c..(me as usize + 1) * c].copy_from_slice(&input::<f32>(me, c));
+    let ran = gpu.on_host().all_gather_in_place(&mut buf);
+    rep.check(
+        &format!("{label}: all_gather_in_place f32"),
+        ran.is_ok() && buf == want,
+    );
+    let counts: Vec<usize> = (0..nu).map(|r| r + 1).collect();
+    let total: usize = counts.iter().sum();
+    let want: Vec<i64> = (0..n)
+        .flat_map(|r| input::<i64>(r, r as usize + 1))
+        .collect();
+    let mut recv = vec![0i64; total];
+    let ran = gpu
+        .on_host()
+        .all_gather_v(&input::<i64>(me, me as usize + 1), &mut recv, &counts);
+    rep.check(
+        &format!("{label}: all_gather_v i64"),
+        ran.is_ok() && recv == want,
+    );
+    let c = 777;
+    let mut recv = vec![0f32; c];
+    let ran = gpu
+        .on_host()
+        .reduce_scatter(&input::<f32>(me, c * nu), &mut recv, ReduceOp::Sum);
+    let want: Vec<f32> = sum(c * nu)[me as usize * c..(me as usize + 1) * c]
+        .iter()
+        .map(|s| *s as f32)
+        .collect();
+    rep.check(
+        &format!("{label}: reduce_scatter f32"),
+        ran.is_ok() && recv == want,
+    );
+    let c = 301;
+    let mut recv = vec![0i32; c * nu];
+    let ran = gpu
+        .on_host()
+        .all_to_all(&input::<i32>(me, c * nu), &mut recv);
+    let want: Vec<i32> = (0..n)
+        .flat_map(|s| input::<i32>(s, c * nu)[me as usize * c..(me as usize + 1) * c].to_vec())
+        .collect();
+    rep.check(
+        &format!("{label}: all_to_all i32"),
+        ran.is_ok() && recv == want,
+    );
+    let c = 259;
+    let mut recv = vec![0u32; c * nu];
+    let ran = gpu
+        .on_host()
+        .gather(&input::<u32>(me, c), (me == 0).then_some(&mut recv[..]), 0);
+    let want: Vec<u32> = (0..n).flat_map(|r| input::<u32>(r, c)).collect();
+    rep.check(
+        &format!("{label}: gather u32"),
+        ran.is_ok() && (me != 0 || recv == want),
+    );
+    let whole = input::<u32>(0, c * nu);
+    let mut part = vec![0u32; c];
+    let ran = gpu
+        .on_host()
+        .scatter((me == 0).then_some(&whole[..]), &mut part, 0);
+    rep.check(
+        &format!("{label}: scatter u32"),
+        ran.is_ok() && part == whole[me as usize * c..(me as usize + 1) * c],
+    );
+    let len = if me == 0 { 101 } else { 100 };
+    let mut recv = vec![0f32; len];
+    let got = gpu
+        .on_host()
+        .all_reduce(&vec![1f32; len], &mut recv, ReduceOp::Sum);
+    rep.check(
+        &format!("{label}: another count on rank 0 is CountMismatch on every rank"),
+        matches!(got, Err(MpiError::CountMismatch(_))),
+    );
+    let mut recv = vec![0f32; 100];
+    let ran = gpu
+        .on_host()
+        .all_reduce(&vec![1f32; 100], &mut recv, ReduceOp::Sum);
+    rep.check(
+        &format!("{label}: a correct call after the mismatch"),
+        ran.is_ok() && recv == vec![n as f32; 100],
     );
 }
 
@@ -364,7 +533,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
+    let mut comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("setup: {e}");
@@ -376,6 +545,15 @@ fn main() {
         passed: 0,
         failed: 0,
     };
+    for mode in [TransferMode::Staged, TransferMode::Direct] {
+        comm.set_transfer(mode);
+        host_checks(&comm, &format!("host backend, {mode:?}"), &mut rep);
+    }
+    comm.set_transfer(if comm.cuda_aware() {
+        TransferMode::Direct
+    } else {
+        TransferMode::Staged
+    });
     if cuda::driver().is_err() {
         no_driver(&comm, &mut rep);
     } else {

@@ -39,6 +39,7 @@ use super::schedule::Schedule;
 use super::transport::MpiTransport;
 use super::typed::{InputAt, Kind, Shape};
 use super::{MpiCommunicator, MpiError, MpiResult};
+use crate::backend::host::HostBackend;
 use crate::backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot};
 use crate::cuda::{self, CudaBackend, CudaError};
 use crate::element::Element;
@@ -103,13 +104,22 @@ struct GpuPrepared {
     direct: Vec<Option<RawRegion>>,
 }
 
+/// The backend a rank's memory is on.
+#[derive(Debug, Clone)]
+enum Dev {
+    /// The process's GPU (calls on the caller's stream).
+    Cuda(Arc<CudaBackend>),
+    /// The host backend: the same protocol on host slices ([`MpiGpu::host`]).
+    Host(Arc<HostBackend>),
+}
+
 /// This process's GPU rank of an [`MpiCommunicator`]: a `CudaBackend` on its CUDA device, the
 /// transport, and the shapes planned so far. Calls go through [`MpiGpu::on`] with the
 /// caller's stream. Host typed calls on the same communicator stay usable; both share its
 /// sequence of calls, so every rank must make them in the same order.
 pub struct MpiGpu<'c> {
     comm: &'c MpiCommunicator,
-    cuda: Arc<CudaBackend>,
+    dev: Dev,
     ordinal: usize,
     transport: GpuTransport,
     mode: TransferMode,
@@ -131,15 +141,6 @@ impl std::fmt::Debug for MpiGpu<'_> {
 
 fn cuda_err(e: CudaError) -> MpiError {
     MpiError::Backend(CollectivesError::Cuda(e))
-}
-
-fn driver(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> MpiError {
-    move |e| {
-        cuda_err(CudaError::Driver {
-            call,
-            status: format!("{e:?}"),
-        })
-    }
 }
 
 impl<'c> MpiGpu<'c> {
@@ -166,7 +167,7 @@ impl<'c> MpiGpu<'c> {
         let cuda = super::agree(comm, made, "create a GPU rank", None)?;
         let mut gpu = MpiGpu {
             comm,
-            cuda: Arc::new(cuda),
+            dev: Dev::Cuda(Arc::new(cuda)),
             ordinal,
             transport,
             mode: comm.transfer(),
@@ -191,6 +192,26 @@ impl<'c> MpiGpu<'c> {
         Ok(gpu)
     }
 
+    /// A rank whose memory is a host backend of this process: the GPU ranks' protocol
+    /// (buffers lent to a backend, mirrors, staging through the backend's host memory, the
+    /// runner's synchronization points) on host slices, with the MPI transport in the
+    /// communicator's transfer mode; what a machine without a GPU runs to exercise it. Calls
+    /// go through [`MpiGpu::on_host`]. Collective only in that it agrees, as
+    /// [`MpiGpu::new`] does.
+    pub fn host(comm: &'c MpiCommunicator) -> MpiResult<Self> {
+        comm.check_health()?;
+        super::agree(comm, Ok(()), "create a host-backed rank", None)?;
+        Ok(MpiGpu {
+            comm,
+            dev: Dev::Host(Arc::new(HostBackend::new())),
+            ordinal: 0,
+            transport: GpuTransport::Mpi,
+            mode: comm.transfer(),
+            nccl: None,
+            shapes: HashMap::new(),
+        })
+    }
+
     /// The CUDA device of this rank.
     pub fn ordinal(&self) -> usize {
         self.ordinal
@@ -204,10 +225,13 @@ impl<'c> MpiGpu<'c> {
     pub fn mode(&self) -> TransferMode {
         self.mode
     }
-    /// The backend of this rank's GPU (one logical GPU, `Location::Gpu(0)`, on
-    /// [`Self::ordinal`]).
-    pub fn backend(&self) -> &Arc<CudaBackend> {
-        &self.cuda
+    /// The backend of this rank's memory (one logical GPU, `Location::Gpu(0)`, on
+    /// [`Self::ordinal`]; the host backend for [`Self::host`]).
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        match &self.dev {
+            Dev::Cuda(c) => c.clone(),
+            Dev::Host(h) => h.clone(),
+        }
     }
     /// Shapes planned so far.
     pub fn cached_calls(&self) -> usize {
@@ -221,7 +245,18 @@ impl<'c> MpiGpu<'c> {
     /// This rank's calls on the caller's CUDA stream `stream` (a stream of
     /// [`Self::ordinal`]): see [`MpiOnStream`].
     pub fn on<'s>(&'s mut self, stream: &'s Arc<CudaStream>) -> MpiOnStream<'s, 'c> {
-        MpiOnStream { gpu: self, stream }
+        MpiOnStream {
+            gpu: self,
+            stream: Some(stream),
+        }
+    }
+
+    /// The calls of a rank made by [`Self::host`], on host slices (`&[T]`, `&mut [T]`).
+    pub fn on_host(&mut self) -> MpiOnStream<'_, 'c> {
+        MpiOnStream {
+            gpu: self,
+            stream: None,
+        }
     }
 
     /// One call: the local checks' verdict `shape` with what `lender` lent (`vin`: a
@@ -232,7 +267,7 @@ impl<'c> MpiGpu<'c> {
         lender: &mut Lender<'_>,
         vin: Option<View>,
         vout: Option<View>,
-        stream: &CudaStream,
+        stream: Option<&CudaStream>,
     ) -> MpiResult<()> {
         let comm = self.comm;
         comm.check_health()?;
@@ -247,21 +282,43 @@ impl<'c> MpiGpu<'c> {
         {
             local = Err(MpiError::Backend(e));
         }
-        let on = stream.context().ordinal();
-        if local.is_ok() && on != self.ordinal {
-            local = Err(MpiError::Unsupported(format!(
-                "rank {}: the stream belongs to CUDA device {on}, this GPU rank runs on device {}",
-                comm.rank(),
-                self.ordinal
-            )));
-        }
-        if local.is_ok() && lender.spans().iter().any(|s| s.device.is_none()) {
-            local = Err(MpiError::Unsupported(format!(
-                "rank {}: host memory passed to a GPU rank: pass cudarc buffers, or call the \
-                 communicator's host collectives",
-                comm.rank()
-            )));
-        }
+        let me = comm.rank();
+        let place = match (&self.dev, stream) {
+            (Dev::Cuda(cuda), Some(stream)) => {
+                let on = stream.context().ordinal();
+                if local.is_ok() && on != self.ordinal {
+                    local = Err(MpiError::Unsupported(format!(
+                        "rank {me}: the stream belongs to CUDA device {on}, this GPU rank runs \
+                         on device {}",
+                        self.ordinal
+                    )));
+                }
+                if local.is_ok() && lender.spans().iter().any(|s| s.device.is_none()) {
+                    local = Err(MpiError::Unsupported(format!(
+                        "rank {me}: host memory passed to a GPU rank: pass cudarc buffers, or \
+                         call the communicator's host collectives"
+                    )));
+                }
+                Some(Place::Cuda {
+                    cuda,
+                    stream,
+                    ordinal: self.ordinal,
+                })
+            }
+            (Dev::Host(host), None) => Some(Place::Host(host)),
+            (Dev::Cuda(_), None) => {
+                local = local.and(Err(MpiError::Unsupported(format!(
+                    "rank {me}: a GPU rank's calls take the caller's stream: MpiGpu::on"
+                ))));
+                None
+            }
+            (Dev::Host(_), Some(_)) => {
+                local = local.and(Err(MpiError::Unsupported(format!(
+                    "rank {me}: a host-backed rank takes host slices: MpiGpu::on_host"
+                ))));
+                None
+            }
+        };
         let (seq, local) = comm.next_call(&call, local);
         let (key, all) = comm.agreed(&mut call, local, seq)?;
         if !self.shapes.contains_key(&key) {
@@ -273,7 +330,7 @@ impl<'c> MpiGpu<'c> {
             let p = super::agree(comm, made, "prepare a GPU call", None)?;
             self.shapes.insert(key.clone(), p);
         }
-        let Some(p) = self.shapes.get_mut(&key) else {
+        let (Some(p), Some(place)) = (self.shapes.get_mut(&key), place) else {
             return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
         comm.set_last_algorithm(&p.algorithm);
@@ -282,11 +339,9 @@ impl<'c> MpiGpu<'c> {
             p,
             Ctx {
                 comm,
-                cuda: &self.cuda,
+                place,
                 nccl: self.nccl.as_mut(),
                 mode: self.mode,
-                ordinal: self.ordinal,
-                stream,
             },
             lender,
             (input, vin, vout, esize),
@@ -313,8 +368,7 @@ impl<'c> MpiGpu<'c> {
         let comm = self.comm;
         let lanes = Lanes::Fold { count: 1, at: GPU };
         let schedule = Schedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
-        let backend: Arc<dyn Backend> = self.cuda.clone();
-        let mut mem = PlanMemory::new(backend);
+        let mut mem = PlanMemory::new(self.backend());
         for (bytes, at) in schedule.scratch.iter().zip(&schedule.scratch_at) {
             let at = match at {
                 Location::Gpu(_) => GPU,
@@ -345,27 +399,99 @@ impl<'c> MpiGpu<'c> {
     }
 }
 
+/// Where a call's memory is and how its work is ordered.
+#[derive(Clone, Copy)]
+enum Place<'r> {
+    /// The process's GPU; launches and transfers ordered within the caller's stream.
+    Cuda {
+        cuda: &'r CudaBackend,
+        stream: &'r CudaStream,
+        ordinal: usize,
+    },
+    /// The host backend; launches run on its lanes, waited for at the same points.
+    Host(&'r HostBackend),
+}
+
+impl Place<'_> {
+    fn backend(&self) -> &dyn Backend {
+        match self {
+            Place::Cuda { cuda, .. } => *cuda,
+            Place::Host(h) => *h,
+        }
+    }
+
+    /// Lend the caller's `bytes` bytes at `addr` to the backend for one call.
+    ///
+    /// # Safety
+    /// The memory is the caller's, borrowed for the call (device memory of the rank's device
+    /// taken on the caller's stream, or host memory), and stays allocated until every launch
+    /// and transfer of the call is done (on the caller's stream for the GPU).
+    unsafe fn lend(&self, addr: usize, bytes: u64) -> crate::error::Result<DeviceMem> {
+        match *self {
+            // SAFETY: the caller's contract.
+            Place::Cuda { cuda, ordinal, .. } => unsafe {
+                cuda.lend_device(0, addr as u64, bytes, ordinal)
+            },
+            // SAFETY: the caller's contract.
+            Place::Host(h) => Ok(unsafe { h.lend(GPU, addr, bytes) }),
+        }
+    }
+
+    /// Take a lent handle back: without waiting on the GPU (the caller's stream orders the
+    /// memory's reuse); after the launches in flight on the host backend.
+    fn unlend(&self, m: DeviceMem) {
+        match self {
+            Place::Cuda { cuda, .. } => cuda.unlend(m),
+            Place::Host(h) => h.free(m),
+        }
+    }
+
+    /// Submit launches: ordered within the caller's stream on the GPU.
+    ///
+    /// # Safety
+    /// As [`Backend::submit`].
+    unsafe fn submit(&self, launches: &[Launch<'_>]) -> crate::error::Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            Place::Cuda { cuda, stream, .. } => unsafe { cuda.submit_on(launches, &[*stream]) },
+            // SAFETY: the caller's contract.
+            Place::Host(h) => unsafe { h.submit(launches) },
+        }
+    }
+
+    /// Wait on the host for everything submitted (and, on the GPU, for the caller's stream).
+    fn wait(&self) -> crate::error::Result<()> {
+        if let Place::Cuda { stream, .. } = self {
+            stream.synchronize().map_err(|e| {
+                CollectivesError::Cuda(CudaError::Driver {
+                    call: "cuStreamSynchronize",
+                    status: format!("{e:?}"),
+                })
+            })?;
+        }
+        self.backend().synchronize()
+    }
+}
+
 /// What one run needs besides its prepared shape.
 struct Ctx<'r> {
     comm: &'r MpiCommunicator,
-    cuda: &'r CudaBackend,
+    place: Place<'r>,
     nccl: Option<&'r mut NcclComm>,
     mode: TransferMode,
-    ordinal: usize,
-    stream: &'r CudaStream,
 }
 
-/// Handles of the caller's buffers lent to the backend for one call, taken back (without
-/// waiting: the caller's stream orders their reuse) when dropped, also while unwinding.
+/// Handles of the caller's buffers lent to the backend for one call, taken back when dropped,
+/// also while unwinding.
 struct Lent<'a> {
-    cuda: &'a CudaBackend,
+    place: Place<'a>,
     mems: Vec<DeviceMem>,
 }
 
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
         for m in self.mems.drain(..) {
-            self.cuda.unlend(m);
+            self.place.unlend(m);
         }
     }
 }
@@ -393,26 +519,17 @@ fn copy_program(p: &GpuPrepared, bytes: u64) -> Program {
     }
 }
 
-/// Enqueue a copy from `src` to `dst` ordered within `stream`.
-fn copy_on(
-    cuda: &CudaBackend,
-    stream: &CudaStream,
-    program: &Program,
-    src: ByteRegion,
-    dst: ByteRegion,
-) -> MpiResult<()> {
+/// Submit a copy from `src` to `dst` (ordered within the caller's stream on the GPU).
+fn copy_on(place: Place<'_>, program: &Program, src: ByteRegion, dst: ByteRegion) -> MpiResult<()> {
     let bindings = [src, dst];
     // SAFETY: one copy between two distinct allocations (the caller's buffer and this
     // shape's mirror), ordered within the caller's stream, when no message of the call is
     // pending (before the first stage or after the last).
     unsafe {
-        cuda.submit_on(
-            &[Launch {
-                program,
-                bindings: &bindings,
-            }],
-            &[stream],
-        )?;
+        place.submit(&[Launch {
+            program,
+            bindings: &bindings,
+        }])?;
     }
     Ok(())
 }
@@ -426,21 +543,22 @@ fn run_prepared(
     io: (InputAt, Option<View>, Option<View>, u64),
 ) -> MpiResult<()> {
     let (input, vin, vout, esize) = io;
-    let cuda = ctx.cuda;
+    let place = ctx.place;
     let mut lent = Lent {
-        cuda,
+        place,
         mems: Vec::with_capacity(lender.spans().len() + 1),
     };
     for s in lender.spans() {
-        // SAFETY: each span is a cudarc buffer of this device (checked before agreement),
-        // borrowed by the caller for the call and taken on its stream; the call's launches
-        // and transfers are ordered within that stream, and the buffers' cudarc events are
-        // recorded on it after the call, so their reuse and free come after.
-        let m = unsafe { cuda.lend_device(0, s.addr as u64, s.bytes, ctx.ordinal) }?;
+        // SAFETY: each span is a buffer the caller borrowed for the call: a cudarc buffer of
+        // this device (checked before agreement) taken on the caller's stream, whose launches
+        // and transfers are ordered within that stream while the buffers' cudarc events are
+        // recorded on it after the call; or a host slice, which the host backend's `free`
+        // (the unlend) waits for.
+        let m = unsafe { place.lend(s.addr, s.bytes) }?;
         lent.mems.push(m);
     }
     // SAFETY: zero bytes: nothing is read or written through it.
-    let empty_mem = unsafe { cuda.lend_device(0, 0, 0, ctx.ordinal) }?;
+    let empty_mem = unsafe { place.lend(0, 0) }?;
     lent.mems.push(empty_mem);
     let empty = ByteRegion {
         mem: empty_mem,
@@ -495,7 +613,7 @@ fn run_prepared(
     let in_at = match (caller_in, p.mem.mirrors[0]) {
         (Some(c), Some(m)) if mirror_in => {
             let at = whole(m, in_len);
-            copy_on(cuda, ctx.stream, &copy_program(p, in_len), c, at)?;
+            copy_on(place, &copy_program(p, in_len), c, at)?;
             at
         }
         (Some(c), _) => c,
@@ -515,16 +633,14 @@ fn run_prepared(
         let raw = if host_sync && ctx.mode == TransferMode::Staged {
             None
         } else {
-            cuda.raw_region(*b)?
+            place.backend().raw_region(*b)?
         };
         p.direct.push(raw);
     }
     if host_sync {
         // MPI reads device memory from the host's side: the caller's writes before the call
         // (and the input copy) must be done before the first message.
-        ctx.stream
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))?;
+        place.wait()?;
     }
     let PlanMemory {
         send_stage,
@@ -532,20 +648,19 @@ fn run_prepared(
         ..
     } = &mut p.mem;
     let mut mem = GpuMemory {
-        cuda,
-        stream: ctx.stream,
+        place,
         bindings: &p.bindings,
         direct: &p.direct,
         send_stage,
         recv_stage,
         host_sync,
     };
-    match ctx.nccl {
-        Some(nccl) => {
-            let mut t = nccl.transport(ctx.stream).map_err(cuda_err)?;
+    match (ctx.nccl, place) {
+        (Some(nccl), Place::Cuda { stream, .. }) => {
+            let mut t = nccl.transport(stream).map_err(cuda_err)?;
             run::run(&p.schedule.program, &mut mem, &mut t)?;
         }
-        None => {
+        _ => {
             let timeout = ctx.comm.timeout();
             let mut t = MpiTransport::new(
                 &mut p.reqs,
@@ -557,13 +672,7 @@ fn run_prepared(
         }
     }
     if let (Some(c), Some(m)) = (caller_out, p.mem.mirrors[1]) {
-        copy_on(
-            cuda,
-            ctx.stream,
-            &copy_program(p, out_len),
-            whole(m, out_len),
-            c,
-        )?;
+        copy_on(place, &copy_program(p, out_len), whole(m, out_len), c)?;
     }
     drop(lent);
     Ok(())
@@ -573,8 +682,7 @@ fn run_prepared(
 /// within the caller's stream, host synchronization only where the transport is driven by
 /// the host (MPI).
 struct GpuMemory<'m> {
-    cuda: &'m CudaBackend,
-    stream: &'m CudaStream,
+    place: Place<'m>,
     bindings: &'m [ByteRegion],
     direct: &'m [Option<RawRegion>],
     send_stage: &'m mut HostBuf,
@@ -615,34 +723,28 @@ impl RankMemory for GpuMemory<'_> {
         // transfers use ranges the checker proved disjoint from the segment's ops (the
         // runner's contract); the launch is ordered within the caller's stream, after the
         // transfers of earlier stages enqueued there.
-        unsafe { self.cuda.submit_on(&[launch], &[self.stream]) }
+        unsafe { self.place.submit(&[launch]) }
     }
 
     fn synchronize(&mut self) -> crate::error::Result<()> {
         if !self.host_sync {
             return Ok(());
         }
-        self.stream.synchronize().map_err(|e| {
-            CollectivesError::Cuda(CudaError::Driver {
-                call: "cuStreamSynchronize",
-                status: format!("{e:?}"),
-            })
-        })?;
-        self.cuda.synchronize()
+        self.place.wait()
     }
 
     fn download(&mut self, slot: &Slot, dst: &mut [u8]) -> crate::error::Result<()> {
-        self.cuda.download(self.region(slot), dst)
+        self.place.backend().download(self.region(slot), dst)
     }
 
     fn upload(&mut self, slot: &Slot, src: &[u8]) -> crate::error::Result<()> {
-        self.cuda.upload(self.region(slot), src)
+        self.place.backend().upload(self.region(slot), src)
     }
 
     fn staging(&mut self, send: usize, recv: usize) -> crate::error::Result<(*mut u8, *mut u8)> {
         let at = Location::Host(0);
-        let s = self.send_stage.ensure(self.cuda, at, send)?;
-        let r = self.recv_stage.ensure(self.cuda, at, recv)?;
+        let s = self.send_stage.ensure(self.place.backend(), at, send)?;
+        let r = self.recv_stage.ensure(self.place.backend(), at, recv)?;
         Ok((s, r))
     }
 }
@@ -655,7 +757,8 @@ impl RankMemory for GpuMemory<'_> {
 #[derive(Debug)]
 pub struct MpiOnStream<'s, 'c> {
     gpu: &'s mut MpiGpu<'c>,
-    stream: &'s Arc<CudaStream>,
+    /// The caller's stream (`None`: a host-backed rank, [`MpiGpu::on_host`]).
+    stream: Option<&'s Arc<CudaStream>>,
 }
 
 /// Elements of a buffer a call reads.
@@ -678,13 +781,15 @@ impl MpiOnStream<'_, '_> {
         recv: Option<&mut R>,
     ) -> MpiResult<()> {
         let stream = self.stream;
-        let mut lender = Lender::on_stream(stream);
+        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
         let separate = matches!(shape.input, InputAt::Separate) && shape.input_used;
         let vin = send.filter(|_| separate).map(|b| lender.lend(b));
         let vout = recv
             .filter(|_| shape.output_used)
             .map(|b| lender.lend_mut(b));
-        let r = self.gpu.call(shape, &mut lender, vin, vout, stream);
+        let r = self
+            .gpu
+            .call(shape, &mut lender, vin, vout, stream.map(|s| &**s));
         drop(lender);
         r
     }
