@@ -31,6 +31,8 @@ use std::time::Instant;
 
 use ::mpi::traits::{AsRaw, Communicator as _, Root};
 use cudarc::driver::CudaStream;
+#[cfg(test)]
+use cudarc::driver::CudaContext;
 use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::device::{HostBuf, PlanMemory, TransferMode};
@@ -943,5 +945,87 @@ impl MpiOnStream<'_, '_> {
         let inp = send.map_or(0, |b| ein::<T, S>(b));
         let s = self.shape::<T>(Kind::Scatter(root), inp, eout::<T, R>(recv));
         self.run(s, send, Some(recv))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use relaycc_route::{Collective, Request};
+
+    use super::*;
+
+    /// Ranks on threads of one process over NCCL (`ncclCommInitAll`), each running its part of
+    /// a rank-space all_reduce with the one runner on its GPU's backend and stream: the path
+    /// `MpiGpu` takes over NCCL, bootstrapped without MPI. Needs two GPUs and libnccl.so.
+    #[test]
+    #[ignore = "needs two CUDA GPUs and NCCL"]
+    fn ranks_on_threads_over_nccl_all_reduce() {
+        const N: u64 = (1 << 20) + 3;
+        let req = Request::new(Collective::AllReduce, vec![0, 1], N, DType::F32);
+        let plan = super::super::plans::direct_plan(&req, 256 << 20).expect("plan");
+        relaycc_route::check(&plan).expect("checked");
+        let comms = NcclComm::init_all(&[0, 1]).expect("ncclCommInitAll");
+        let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|mut nccl| {
+                    let plan = &plan;
+                    s.spawn(move || {
+                        let me = nccl.rank();
+                        let ordinal = nccl.ordinal();
+                        let cuda = CudaBackend::new(vec![ordinal]).expect("backend");
+                        let lanes = Lanes::Fold { count: 1, at: GPU };
+                        let owner = |l: Location| match l {
+                            Location::Gpu(r) => Some(r),
+                            Location::Host(_) => None,
+                        };
+                        let sched = Schedule::with_lanes(plan, me, &owner, lanes).expect("lower");
+                        let mut sizes = vec![sched.input_len, sched.output_len];
+                        sizes.extend(&sched.scratch);
+                        let bindings: Vec<ByteRegion> = sizes
+                            .iter()
+                            .map(|b| ByteRegion {
+                                mem: cuda.allocate(GPU, *b as u64).expect("allocate"),
+                                offset: 0,
+                                bytes: *b as u64,
+                            })
+                            .collect();
+                        let input: Vec<f32> = (0..N).map(|i| (i % 5) as f32 + me as f32).collect();
+                        cuda.upload(bindings[0], bytemuck::cast_slice(&input))
+                            .expect("upload");
+                        let direct: Vec<Option<RawRegion>> = bindings
+                            .iter()
+                            .map(|b| cuda.raw_region(*b).expect("address"))
+                            .collect();
+                        let ctx = CudaContext::new(ordinal).expect("context");
+                        let stream = ctx.new_stream().expect("stream");
+                        let (mut send_stage, mut recv_stage) = (HostBuf::None, HostBuf::None);
+                        let mut mem = GpuMemory {
+                            place: Place::Cuda {
+                                cuda: &cuda,
+                                stream: &stream,
+                                ordinal,
+                            },
+                            bindings: &bindings,
+                            direct: &direct,
+                            send_stage: &mut send_stage,
+                            recv_stage: &mut recv_stage,
+                            host_sync: false,
+                        };
+                        let mut t = nccl.transport(&stream).expect("transport");
+                        run::run(&sched.program, &mut mem, &mut t).expect("run");
+                        stream.synchronize().expect("stream");
+                        let mut out = vec![0f32; N as usize];
+                        cuda.download(bindings[1], bytemuck::cast_slice_mut(&mut out))
+                            .expect("download");
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank")).collect()
+        });
+        let want: Vec<f32> = (0..N).map(|i| 2.0 * (i % 5) as f32 + 1.0).collect();
+        assert_eq!(sums[0], want);
+        assert_eq!(sums[1], want);
     }
 }
