@@ -7,8 +7,8 @@
 //!
 //! - Always: the GPU ranks' protocol on the host backend (`MpiGpu::host`: buffers lent to a
 //!   backend, mirrors, staging, the runner's synchronization points) in both transfer modes,
-//!   every collective on host slices compared with the exact result, plan reuse, a count
-//!   mismatch on every rank.
+//!   every collective and send/recv on host slices compared with the exact result, plan
+//!   reuse, a count mismatch on every rank and on a send/recv pair.
 //! - Without a CUDA driver: making a GPU rank with either transport returns
 //!   `CudaError::NoDriver` on every rank (no panic, no hang), and the communicator's host
 //!   collectives still run afterwards.
@@ -240,6 +240,39 @@ fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
     rep.check(
         &format!("{label}: scatter u32"),
         ran.is_ok() && part == whole[me as usize * c..(me as usize + 1) * c],
+    );
+    // send/recv in pairs (2k to 2k+1), then a pair whose counts differ.
+    let partner = me ^ 1;
+    let pair = if partner < n {
+        let ran = if me.is_multiple_of(2) {
+            gpu.on_host().send(&input::<f64>(me, 5000), partner)
+        } else {
+            let mut got = vec![0f64; 5000];
+            let r = gpu.on_host().recv(&mut got, partner);
+            r.and_then(|()| {
+                if got == input::<f64>(partner, 5000) {
+                    Ok(())
+                } else {
+                    Err(MpiError::Unsupported("wrong data".into()))
+                }
+            })
+        };
+        if let Err(e) = &ran {
+            eprintln!("rank {me}: send/recv: {e}");
+        }
+        let got = if me.is_multiple_of(2) {
+            gpu.on_host().send(&[1u32; 10][..], partner)
+        } else {
+            gpu.on_host().recv(&mut [0u32; 11][..], partner)
+        };
+        (ran.is_ok(), matches!(got, Err(MpiError::CountMismatch(_))))
+    } else {
+        (true, true)
+    };
+    rep.check(&format!("{label}: send/recv pairs f64"), pair.0);
+    rep.check(
+        &format!("{label}: a send/recv pair with other counts is CountMismatch on both"),
+        pair.1,
     );
     let len = if me == 0 { 101 } else { 100 };
     let mut recv = vec![0f32; len];
@@ -486,6 +519,29 @@ fn gpu_checks(
             ran.is_ok() && host(&stream, &part, c) == want,
         );
     }
+
+    // send/recv in pairs (2k to 2k+1).
+    let partner = me ^ 1;
+    let pair = if partner < n {
+        let ran = if me.is_multiple_of(2) {
+            let buf = dev(&stream, &input::<f64>(me, 5000));
+            gpu.on(&stream).send(&buf, partner)
+        } else {
+            let mut buf = dev(&stream, &vec![0f64; 5000]);
+            let r = gpu.on(&stream).recv(&mut buf, partner);
+            r.and_then(|()| {
+                if host(&stream, &buf, 5000) == input::<f64>(partner, 5000) {
+                    Ok(())
+                } else {
+                    Err(MpiError::Unsupported("wrong data".into()))
+                }
+            })
+        };
+        ran.is_ok()
+    } else {
+        true
+    };
+    rep.check("send/recv pairs f64", pair);
 
     // Faults: another count on rank 0; host memory on rank 0.
     {

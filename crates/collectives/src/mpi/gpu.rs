@@ -30,9 +30,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ::mpi::traits::{AsRaw, Communicator as _, Root};
-use cudarc::driver::CudaStream;
 #[cfg(test)]
 use cudarc::driver::CudaContext;
+use cudarc::driver::CudaStream;
 use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::device::{HostBuf, PlanMemory, TransferMode};
@@ -127,6 +127,8 @@ pub struct MpiGpu<'c> {
     mode: TransferMode,
     nccl: Option<NcclComm>,
     shapes: HashMap<Vec<i64>, GpuPrepared>,
+    /// Per (source, destination, count, element type), the send/recv shapes.
+    p2p_shapes: HashMap<(u32, u32, u64, DType), GpuPrepared>,
 }
 
 impl std::fmt::Debug for MpiGpu<'_> {
@@ -175,6 +177,7 @@ impl<'c> MpiGpu<'c> {
             mode: comm.transfer(),
             nccl: None,
             shapes: HashMap::new(),
+            p2p_shapes: HashMap::new(),
         };
         if transport == GpuTransport::Nccl {
             let id = if comm.rank() == 0 {
@@ -211,6 +214,7 @@ impl<'c> MpiGpu<'c> {
             mode: comm.transfer(),
             nccl: None,
             shapes: HashMap::new(),
+            p2p_shapes: HashMap::new(),
         })
     }
 
@@ -284,43 +288,14 @@ impl<'c> MpiGpu<'c> {
         {
             local = Err(MpiError::Backend(e));
         }
-        let me = comm.rank();
-        let place = match (&self.dev, stream) {
-            (Dev::Cuda(cuda), Some(stream)) => {
-                let on = stream.context().ordinal();
-                if local.is_ok() && on != self.ordinal {
-                    local = Err(MpiError::Unsupported(format!(
-                        "rank {me}: the stream belongs to CUDA device {on}, this GPU rank runs \
-                         on device {}",
-                        self.ordinal
-                    )));
-                }
-                if local.is_ok() && lender.spans().iter().any(|s| s.device.is_none()) {
-                    local = Err(MpiError::Unsupported(format!(
-                        "rank {me}: host memory passed to a GPU rank: pass cudarc buffers, or \
-                         call the communicator's host collectives"
-                    )));
-                }
-                Some(Place::Cuda {
-                    cuda,
-                    stream,
-                    ordinal: self.ordinal,
-                })
-            }
-            (Dev::Host(host), None) => Some(Place::Host(host)),
-            (Dev::Cuda(_), None) => {
-                local = local.and(Err(MpiError::Unsupported(format!(
-                    "rank {me}: a GPU rank's calls take the caller's stream: MpiGpu::on"
-                ))));
-                None
-            }
-            (Dev::Host(_), Some(_)) => {
-                local = local.and(Err(MpiError::Unsupported(format!(
-                    "rank {me}: a host-backed rank takes host slices: MpiGpu::on_host"
-                ))));
-                None
-            }
-        };
+        let place = place_of(
+            &self.dev,
+            self.ordinal,
+            comm.rank(),
+            stream,
+            lender,
+            &mut local,
+        );
         let (seq, local) = comm.next_call(&call, local);
         let (key, all) = comm.agreed(&mut call, local, seq)?;
         if !self.shapes.contains_key(&key) {
@@ -328,7 +303,7 @@ impl<'c> MpiGpu<'c> {
             // allocations are this rank's, so their outcome is agreed.
             let req = comm.request(&call, &all)?;
             let plan = comm.plan_request(&req)?;
-            let made = self.prepare(&plan);
+            let made = self.prepare(&plan, comm.comm().as_raw());
             let p = super::agree(comm, made, "prepare a GPU call", None)?;
             self.shapes.insert(key.clone(), p);
         }
@@ -348,25 +323,80 @@ impl<'c> MpiGpu<'c> {
             lender,
             (input, vin, vout, esize),
         );
-        if let Err(e) = &ran {
-            // Peers went ahead (or wait for this rank): the communicator is failed.
-            let health = comm.health();
-            health.fail(e);
-            if let Some(stuck) = p.reqs.take_stuck() {
-                // MPI may still use the staging memory, the scratch and the mirrors (never the
-                // caller's buffers): the graveyard keeps them with a share of the backend.
-                let backend = Arc::clone(&p.mem.backend);
-                let kept = std::mem::replace(&mut p.mem, PlanMemory::new(backend));
-                health.bury(stuck, Box::new(kept));
-            }
+        settle(comm, p, &ran);
+        ran
+    }
+
+    /// One send (`sending`) or receive of `count` elements of `dtype` with `peer`, on what
+    /// `lender` lent (`view`). The pair agrees first, as the host `send`/`recv` do; a local
+    /// error is agreed as an impossible count, so the peer fails with
+    /// [`MpiError::CountMismatch`] instead of waiting.
+    fn p2p(
+        &mut self,
+        lender: &mut Lender<'_>,
+        view: View,
+        sending: bool,
+        peer: u32,
+        (count, dtype): (u64, DType),
+        stream: Option<&CudaStream>,
+    ) -> MpiResult<()> {
+        let comm = self.comm;
+        comm.check_health()?;
+        let mut local = match lender.take_error() {
+            Some(e) => Err(MpiError::Backend(e)),
+            None => Ok(()),
+        };
+        let place = place_of(
+            &self.dev,
+            self.ordinal,
+            comm.rank(),
+            stream,
+            lender,
+            &mut local,
+        );
+        let agreed_count = if local.is_ok() {
+            count
+        } else {
+            i64::MAX as u64
+        };
+        let (src, dst) = comm.p2p_agree(peer, sending, agreed_count, dtype)?;
+        local?;
+        let key = (src, dst, count, dtype);
+        if !self.p2p_shapes.contains_key(&key) {
+            let req = comm.p2p_request(src, dst, count, dtype);
+            let plan = comm.plan_request(&req)?;
+            let made = self.prepare(&plan, comm.p2p_raw())?;
+            self.p2p_shapes.insert(key, made);
         }
+        let (Some(p), Some(place)) = (self.p2p_shapes.get_mut(&key), place) else {
+            return Err(MpiError::Unsupported(
+                "a prepared send/recv vanished".into(),
+            ));
+        };
+        let (vin, vout) = if sending {
+            (Some(view), None)
+        } else {
+            (None, Some(view))
+        };
+        let ran = run_prepared(
+            p,
+            Ctx {
+                comm,
+                place,
+                nccl: self.nccl.as_mut(),
+                mode: self.mode,
+            },
+            lender,
+            (InputAt::Separate, vin, vout, dtype.size()),
+        );
+        settle(comm, p, &ran);
         ran
     }
 
     /// This rank's schedule of `plan` (local ops on one lane at the GPU) and its memory:
     /// scratch, an input mirror (in-place calls, plans that write their input, and direct
     /// MPI), an output mirror (direct MPI: MPI is never handed the caller's buffers).
-    fn prepare(&self, plan: &Plan) -> MpiResult<GpuPrepared> {
+    fn prepare(&self, plan: &Plan, mpi: ::mpi::ffi::MPI_Comm) -> MpiResult<GpuPrepared> {
         let comm = self.comm;
         let lanes = Lanes::Fold { count: 1, at: GPU };
         let schedule = Schedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
@@ -388,7 +418,7 @@ impl<'c> MpiGpu<'c> {
         }
         let n = 2 + schedule.scratch.len();
         Ok(GpuPrepared {
-            reqs: Requests::new(comm.comm().as_raw(), comm.rank()),
+            reqs: Requests::new(mpi, comm.rank()),
             algorithm: plan.algorithm.clone(),
             dtype: plan.dtype,
             op: plan.request.op,
@@ -472,6 +502,74 @@ impl Place<'_> {
             })?;
         }
         self.backend().synchronize()
+    }
+}
+
+/// Where a call on `dev` runs, given the caller's `stream` (`None` for a host-backed rank);
+/// a stream of another device, host memory on a GPU rank, or a call through the wrong entry
+/// point makes `local` an error (a local error, agreed like the others).
+fn place_of<'r>(
+    dev: &'r Dev,
+    ordinal: usize,
+    me: u32,
+    stream: Option<&'r CudaStream>,
+    lender: &Lender<'_>,
+    local: &mut MpiResult<()>,
+) -> Option<Place<'r>> {
+    let mut fail = |message: String| {
+        if local.is_ok() {
+            *local = Err(MpiError::Unsupported(message));
+        }
+    };
+    match (dev, stream) {
+        (Dev::Cuda(cuda), Some(stream)) => {
+            let on = stream.context().ordinal();
+            if on != ordinal {
+                fail(format!(
+                    "rank {me}: the stream belongs to CUDA device {on}, this GPU rank runs on \
+                     device {ordinal}"
+                ));
+            }
+            if lender.spans().iter().any(|s| s.device.is_none()) {
+                fail(format!(
+                    "rank {me}: host memory passed to a GPU rank: pass cudarc buffers, or call \
+                     the communicator's host collectives"
+                ));
+            }
+            Some(Place::Cuda {
+                cuda,
+                stream,
+                ordinal,
+            })
+        }
+        (Dev::Host(host), None) => Some(Place::Host(host)),
+        (Dev::Cuda(_), None) => {
+            fail(format!(
+                "rank {me}: a GPU rank's calls take the caller's stream: MpiGpu::on"
+            ));
+            None
+        }
+        (Dev::Host(_), Some(_)) => {
+            fail(format!(
+                "rank {me}: a host-backed rank takes host slices: MpiGpu::on_host"
+            ));
+            None
+        }
+    }
+}
+
+/// After a failed run: the communicator is failed (peers went ahead, or wait for this rank),
+/// and MPI requests that could not be cancelled are buried with the shape's plan memory
+/// (staging, scratch, mirrors; never the caller's buffers) and a share of the backend.
+fn settle(comm: &MpiCommunicator, p: &mut GpuPrepared, ran: &MpiResult<()>) {
+    if let Err(e) = ran {
+        let health = comm.health();
+        health.fail(e);
+        if let Some(stuck) = p.reqs.take_stuck() {
+            let backend = Arc::clone(&p.mem.backend);
+            let kept = std::mem::replace(&mut p.mem, PlanMemory::new(backend));
+            health.bury(stuck, Box::new(kept));
+        }
     }
 }
 
@@ -945,6 +1043,52 @@ impl MpiOnStream<'_, '_> {
         let inp = send.map_or(0, |b| ein::<T, S>(b));
         let s = self.shape::<T>(Kind::Scatter(root), inp, eout::<T, R>(recv));
         self.run(s, send, Some(recv))
+    }
+
+    /// Send `buf` to rank `dest` (`MPI_Send`, `ncclSend`), matched by a `recv` there of the
+    /// same element type and count; the pair agrees first (as the host `send`).
+    pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
+        &mut self,
+        buf: &S,
+        dest: u32,
+    ) -> MpiResult<()> {
+        let count = ein::<T, S>(buf) as u64;
+        let stream = self.stream;
+        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
+        let view = lender.lend(buf);
+        let r = self.gpu.p2p(
+            &mut lender,
+            view,
+            true,
+            dest,
+            (count, T::DTYPE),
+            stream.map(|s| &**s),
+        );
+        drop(lender);
+        r
+    }
+
+    /// Receive into `buf` from rank `src` (`MPI_Recv`, `ncclRecv`), matched by a `send`
+    /// there.
+    pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &mut R,
+        src: u32,
+    ) -> MpiResult<()> {
+        let count = eout::<T, R>(buf) as u64;
+        let stream = self.stream;
+        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
+        let view = lender.lend_mut(buf);
+        let r = self.gpu.p2p(
+            &mut lender,
+            view,
+            false,
+            src,
+            (count, T::DTYPE),
+            stream.map(|s| &**s),
+        );
+        drop(lender);
+        r
     }
 }
 

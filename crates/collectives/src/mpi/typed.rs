@@ -853,6 +853,40 @@ impl MpiCommunicator {
         input: &[u8],
         output: &mut [u8],
     ) -> MpiResult<()> {
+        let esize = std::mem::size_of::<T>() as u64;
+        let count = (input.len().max(output.len()) as u64) / esize.max(1);
+        let (src, dst) = self.p2p_agree(peer, sending, count, T::DTYPE)?;
+        let key = (src, dst, count, T::DTYPE);
+        let mut plans = self.p2p_plans.borrow_mut();
+        let p = match plans.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let req = self.p2p_request(src, dst, count, T::DTYPE);
+                v.insert(self.prepare_request(&req, self.p2p.as_raw())?)
+            }
+        };
+        let ran = p
+            .schedule
+            .run(&mut p.reqs, input, output, &mut p.bufs, self.timeout);
+        let bufs = &mut p.bufs;
+        self.health
+            .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
+    }
+
+    /// The pairwise agreement of a send (`sending`) or a receive of `count` elements of
+    /// `dtype` with `peer`, on the pair communicator within the timeout. Returns the pair as
+    /// (source, destination).
+    ///
+    /// Errors: `peer` is not another rank; [`MpiError::CountMismatch`],
+    /// [`MpiError::ElementMismatch`] or [`MpiError::CallMismatch`] on both ranks when the
+    /// two calls differ; [`MpiError::Timeout`] (which fails the communicator).
+    pub(super) fn p2p_agree(
+        &self,
+        peer: u32,
+        sending: bool,
+        count: u64,
+        dtype: DType,
+    ) -> MpiResult<(u32, u32)> {
         self.health.check()?;
         let me = self.rank();
         if peer >= self.size() || peer == me {
@@ -861,15 +895,13 @@ impl MpiCommunicator {
                 self.size()
             )));
         }
-        let esize = std::mem::size_of::<T>() as u64;
-        let count = (input.len().max(output.len()) as u64) / esize.max(1);
         let seq = {
             let mut s = self.p2p_seq.borrow_mut();
             let slot = s.entry((peer, sending)).or_insert(0);
             *slot += 1;
             *slot
         };
-        let mine = [count as i64, T::DTYPE as i64, esize as i64, seq as i64];
+        let mine = [count as i64, dtype as i64, dtype.size() as i64, seq as i64];
         let verdict = self.handshake(peer, sending, mine)?;
         if verdict != 0 {
             let what = match verdict {
@@ -885,24 +917,21 @@ impl MpiCommunicator {
             };
             return Err(what);
         }
-        let (src, dst) = if sending { (me, peer) } else { (peer, me) };
-        let key = (src, dst, count, T::DTYPE);
-        let mut plans = self.p2p_plans.borrow_mut();
-        let p = match plans.entry(key) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
-                let n = self.size();
-                let mut req = Request::new(Collective::SendRecv, (0..n).collect(), count, T::DTYPE);
-                req.transfers = vec![Transfer { src, dst, count }];
-                v.insert(self.prepare_request(&req, self.p2p.as_raw())?)
-            }
-        };
-        let ran = p
-            .schedule
-            .run(&mut p.reqs, input, output, &mut p.bufs, self.timeout);
-        let bufs = &mut p.bufs;
-        self.health
-            .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
+        Ok(if sending { (me, peer) } else { (peer, me) })
+    }
+
+    /// The request of one send/recv pair in rank space.
+    pub(super) fn p2p_request(&self, src: u32, dst: u32, count: u64, dtype: DType) -> Request {
+        let n = self.size();
+        let mut req = Request::new(Collective::SendRecv, (0..n).collect(), count, dtype);
+        req.transfers = vec![Transfer { src, dst, count }];
+        req
+    }
+
+    /// The pair communicator of send/recv (a private duplicate of its own).
+    #[cfg(feature = "cuda")]
+    pub(super) fn p2p_raw(&self) -> ffi::MPI_Comm {
+        self.p2p.as_raw()
     }
 
     /// The pairwise agreement: the sender sends its descriptor and waits for the answer; the
