@@ -1098,6 +1098,16 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn transports_parse_by_name() {
+        assert_eq!("nccl".parse::<GpuTransport>(), Ok(GpuTransport::Nccl));
+        assert_eq!(" MPI ".parse::<GpuTransport>(), Ok(GpuTransport::Mpi));
+        assert!("ucx".parse::<GpuTransport>().is_err());
+        for t in [GpuTransport::Mpi, GpuTransport::Nccl] {
+            assert_eq!(t.name().parse::<GpuTransport>(), Ok(t));
+        }
+    }
+
     /// Ranks on threads of one process over NCCL (`ncclCommInitAll`), each running its part of
     /// a rank-space all_reduce with the one runner on its GPU's backend and stream: the path
     /// `MpiGpu` takes over NCCL, bootstrapped without MPI. Needs two GPUs and libnccl.so.
