@@ -173,6 +173,11 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     if args.vs_mpi && args.backend != BackendKind::Mpi {
         return Err(crate::args::usage("--vs-mpi needs --backend mpi"));
     }
+    if args.transport.is_some() && args.backend != BackendKind::Mpi {
+        return Err(crate::args::usage(
+            "--transport needs --backend mpi (GPU ranks across processes)",
+        ));
+    }
     let collective = args.collective;
     let (dtype, op) = (args.element.dtype, args.element.op);
     let sizes = crate::bench_checks::bench_sizes(args)?;

@@ -618,6 +618,15 @@ fn mpi_backend_and_vs_mpi_fail_cleanly() {
         "{}",
         stderr(&o)
     );
+    let mut nccl = base.to_vec();
+    nccl.extend(["--backend", "host", "--ranks", "2", "--transport", "nccl"]);
+    let o = relaycc(&nccl);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--transport needs --backend mpi"),
+        "{}",
+        stderr(&o)
+    );
     if cfg!(feature = "mpi") {
         return;
     }
