@@ -32,7 +32,7 @@ use std::time::Instant;
 use ::mpi::traits::{AsRaw, Communicator as _, Root};
 #[cfg(test)]
 use cudarc::driver::CudaContext;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::device::{HostBuf, PlanMemory, TransferMode};
@@ -129,6 +129,19 @@ pub struct MpiGpu<'c> {
     shapes: HashMap<Vec<i64>, GpuPrepared>,
     /// Per (source, destination, count, element type), the send/recv shapes.
     p2p_shapes: HashMap<(u32, u32, u64, DType), GpuPrepared>,
+    /// Recorded on the caller's stream after each call's last enqueued work: dropping the
+    /// rank waits for it before the shapes' memory (scratch, mirrors) is freed, since that
+    /// work (a copy out of a mirror, NCCL's transfers) may still read it.
+    done: Option<CudaEvent>,
+}
+
+impl Drop for MpiGpu<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = &self.done {
+            // Best effort: a destructor has nowhere to report a failed wait.
+            let _ = e.synchronize();
+        }
+    }
 }
 
 impl std::fmt::Debug for MpiGpu<'_> {
@@ -178,6 +191,7 @@ impl<'c> MpiGpu<'c> {
             nccl: None,
             shapes: HashMap::new(),
             p2p_shapes: HashMap::new(),
+            done: None,
         };
         if transport == GpuTransport::Nccl {
             let id = if comm.rank() == 0 {
@@ -215,6 +229,7 @@ impl<'c> MpiGpu<'c> {
             nccl: None,
             shapes: HashMap::new(),
             p2p_shapes: HashMap::new(),
+            done: None,
         })
     }
 
@@ -324,7 +339,27 @@ impl<'c> MpiGpu<'c> {
             (input, vin, vout, esize),
         );
         settle(comm, p, &ran);
-        ran
+        let marked = self.mark(stream);
+        ran.and(marked)
+    }
+
+    /// Record `done` on the caller's stream (GPU ranks), after what a call enqueued there.
+    fn mark(&mut self, stream: Option<&CudaStream>) -> MpiResult<()> {
+        let Some(stream) = stream else {
+            return Ok(());
+        };
+        let recorded = match &self.done {
+            Some(e) => e.record(stream),
+            None => stream.record_event(None).map(|e| {
+                self.done = Some(e);
+            }),
+        };
+        recorded.map_err(|e| {
+            cuda_err(CudaError::Driver {
+                call: "cuEventRecord",
+                status: format!("{e:?}"),
+            })
+        })
     }
 
     /// One send (`sending`) or receive of `count` elements of `dtype` with `peer`, on what
@@ -390,7 +425,8 @@ impl<'c> MpiGpu<'c> {
             (InputAt::Separate, vin, vout, dtype.size()),
         );
         settle(comm, p, &ran);
-        ran
+        let marked = self.mark(stream);
+        ran.and(marked)
     }
 
     /// This rank's schedule of `plan` (local ops on one lane at the GPU) and its memory:
