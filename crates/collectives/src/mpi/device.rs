@@ -126,6 +126,7 @@ pub(super) struct PlanMemory {
     /// Direct mode: backend memory of this plan standing in for the caller's input and
     /// output (copied in before the first level, out after the last), so that no request MPI
     /// keeps after a failure points into the caller's regions. `None` when staged or empty.
+    /// GPU ranks (`gpu.rs`) also stand their input mirror in for an in-place call's input.
     pub(super) mirrors: [Option<DeviceMem>; 2],
     pub(super) send_stage: HostBuf,
     pub(super) recv_stage: HostBuf,
