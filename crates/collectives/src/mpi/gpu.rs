@@ -168,8 +168,9 @@ impl<'c> MpiGpu<'c> {
     /// ([`MpiError::Peer`] on the others).
     ///
     /// With [`GpuTransport::Nccl`], rank 0 makes an NCCL id (`ncclGetUniqueId`), it is
-    /// broadcast over `comm` (`MPI_Bcast`), and every rank joins with `ncclCommInitRank`;
-    /// NCCL refuses two ranks on one GPU.
+    /// broadcast over `comm` (`MPI_Bcast`), and every rank joins with `ncclCommInitRank`.
+    /// NCCL runs one rank per GPU: two ranks on one device of a host (same PCI address) are
+    /// [`CudaError::NcclUnsupported`] on every rank before NCCL is asked.
     ///
     /// Errors: no CUDA driver ([`CudaError::NoDriver`] inside [`MpiError::Backend`], never a
     /// panic), a device that does not exist, no NCCL ([`CudaError::NoNccl`]) with the NCCL
@@ -194,6 +195,7 @@ impl<'c> MpiGpu<'c> {
             done: None,
         };
         if transport == GpuTransport::Nccl {
+            one_rank_per_gpu(comm, ordinal)?;
             let id = if comm.rank() == 0 {
                 NcclId::new().map_err(cuda_err)
             } else {
@@ -539,6 +541,41 @@ impl Place<'_> {
         }
         self.backend().synchronize()
     }
+}
+
+/// NCCL runs one rank per GPU: ranks that share a device of one host (same shared-memory
+/// group, same PCI address, so `CUDA_VISIBLE_DEVICES` that differ per process compare
+/// correctly) are refused on every rank, naming the pair, before NCCL is asked. Collective;
+/// every rank is there and has a driver (agreed just before).
+fn one_rank_per_gpu(comm: &MpiCommunicator, ordinal: usize) -> MpiResult<()> {
+    use ::mpi::collective::{CommunicatorCollectives, SystemOperation};
+    let me = comm.rank() as i32;
+    let shared = comm.comm().split_shared(me);
+    let mut host = 0i32;
+    shared.all_reduce_into(&me, &mut host, SystemOperation::min());
+    let pci = cuda::devices()
+        .ok()
+        .and_then(|d| d.get(ordinal).map(|i| i.pci_bus_id.clone()))
+        .unwrap_or_default();
+    let hash = pci.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    }) >> 2;
+    let all = super::agree::collective(
+        comm,
+        "check one rank per GPU",
+        super::agree::Op::AllGather,
+        vec![i64::from(host), hash as i64],
+    )?;
+    let rows: Vec<&[i64]> = all.chunks(2).collect();
+    for (b, rb) in rows.iter().enumerate() {
+        if let Some(a) = rows[..b].iter().position(|ra| ra == rb) {
+            return Err(cuda_err(CudaError::NcclUnsupported(format!(
+                "ranks {a} and {b} share one GPU; NCCL runs one rank per GPU (use the MPI \
+                 transport, GpuTransport::Mpi, to share GPUs)"
+            ))));
+        }
+    }
+    Ok(())
 }
 
 /// Where a call on `dev` runs, given the caller's `stream` (`None` for a host-backed rank);
