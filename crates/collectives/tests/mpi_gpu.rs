@@ -537,11 +537,26 @@ fn gpu_checks(
                 }
             })
         };
-        ran.is_ok()
+        let host_send = vec![1f64; 10];
+        let got = if me.is_multiple_of(2) {
+            gpu.on(&stream).send(&host_send[..], partner)
+        } else {
+            let mut buf = dev(&stream, &vec![0f64; 10]);
+            gpu.on(&stream).recv(&mut buf, partner)
+        };
+        let fault = if me.is_multiple_of(2) {
+            matches!(got, Err(MpiError::Unsupported(_)))
+        } else {
+            matches!(got, Err(MpiError::CountMismatch(_)))
+        };
+        ran.is_ok() && fault
     } else {
         true
     };
-    rep.check("send/recv pairs f64", pair);
+    rep.check(
+        "send/recv pairs f64; a sender's host memory is its error and a mismatch at the receiver",
+        pair,
+    );
 
     // Faults: another count on rank 0; host memory on rank 0.
     {

@@ -396,8 +396,10 @@ impl<'c> MpiGpu<'c> {
         } else {
             i64::MAX as u64
         };
-        let (src, dst) = comm.p2p_agree(peer, sending, agreed_count, dtype)?;
+        let agreed = comm.p2p_agree(peer, sending, agreed_count, dtype);
+        // This rank's own error comes first (the pair saw a count mismatch).
         local?;
+        let (src, dst) = agreed?;
         let key = (src, dst, count, dtype);
         if !self.p2p_shapes.contains_key(&key) {
             let req = comm.p2p_request(src, dst, count, dtype);
