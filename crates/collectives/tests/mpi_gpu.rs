@@ -537,11 +537,11 @@ fn gpu_checks(
                 }
             })
         };
-        let host_send = vec![1f64; 10];
+        let host_send = [1f64; 10];
         let got = if me.is_multiple_of(2) {
             gpu.on(&stream).send(&host_send[..], partner)
         } else {
-            let mut buf = dev(&stream, &vec![0f64; 10]);
+            let mut buf = dev(&stream, &[0f64; 10]);
             gpu.on(&stream).recv(&mut buf, partner)
         };
         let fault = if me.is_multiple_of(2) {
