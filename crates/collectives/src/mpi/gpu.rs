@@ -23,7 +23,9 @@
 //!
 //! Either way a kernel enqueued on the caller's stream after the call sees the result without
 //! a host synchronization, and the buffers' cudarc events are recorded on the stream after
-//! the call, so their later users and their free come after it.
+//! the call, so their later users and their free come after it. `send`/`recv` agree pairwise
+//! as the host ones do. [`MpiGpu::host`] runs the same path on a host backend with host
+//! slices, which is how machines without a GPU exercise it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
