@@ -34,6 +34,8 @@ use super::builder::Builder;
 use super::ring::{self, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
 
+mod halving;
+
 /// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
 /// and the local copies of all_gather.
 const CH_INTRA: u32 = 0;
@@ -243,7 +245,12 @@ const MIN_RAIL_STEP_BYTES: u64 = 512 << 10;
 /// Loops an all_reduce is cut into: `asked` ([`Ctx::channels`]), fewer where a rail step would
 /// fall below [`MIN_RAIL_STEP_BYTES`], at least one.
 fn pipeline_loops(req: &Request, nn: usize, g: usize, asked: u32) -> u64 {
-    let step = (g * nn * CH_RAILS.len()) as u64 * MIN_RAIL_STEP_BYTES;
+    let min_step = if nn >= HALVING_MIN_NODES {
+        MIN_HALVING_SUB_BYTES
+    } else {
+        MIN_RAIL_STEP_BYTES
+    };
+    let step = (g * nn * CH_RAILS.len()) as u64 * min_step;
     (req.count.saturating_mul(req.dtype.size()) / step.max(1)).clamp(1, u64::from(asked.max(1)))
 }
 
@@ -279,10 +286,6 @@ fn even_pieces(count: u64, per: u64) -> Vec<(u64, u64)> {
         .unwrap_or(need);
     split_even(count, n)
 }
-
-/// Node-partial slots per rank of an all_reduce: two let the intra-node reduce-scatter of one
-/// loop run while the rail ring of the loop before reads its partials.
-const PART_SLOTS: u64 = 2;
 
 /// The plan's display name: `rail-hier multi-node ...`.
 fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
@@ -321,10 +324,26 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
+    let halving = nn >= HALVING_MIN_NODES;
     let loops = pipeline_loops(req, nn, g, ctx.channels);
-    let mut b = Builder::new(req, ctx, format!("{} x{loops} loops", label(ctx, &shape)));
+    let rail_name = if halving { "halving" } else { "ring" };
+    let mut b = Builder::new(
+        req,
+        ctx,
+        format!("{} {rail_name} x{loops} loops", label(ctx, &shape)),
+    );
+    let lanes = |c: usize| halving::Lanes {
+        base: CH_HALVING + (c as u32) * HALVING_QUEUES,
+        queues: HALVING_QUEUES,
+    };
     for (c, &ch) in CH_RAILS.iter().enumerate() {
-        pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
+        if halving {
+            let l = lanes(c);
+            let chs: Vec<u32> = (0..l.queues).map(|q| l.base + q).collect();
+            pin_halving(&mut b, topo, req, &shape, ctx, &chs, c as u32)?;
+        } else {
+            pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
+        }
     }
     let per = (g as u64)
         .saturating_mul(nn as u64)
@@ -334,26 +353,33 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     // The first loop's piece is the largest: it sizes the staging every loop reuses.
     let most_all = pieces.first().map_or(0, |x| x.1).div_ceil(g as u64);
     let sub_all = most_all.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
-    // Each rank's node partials of its block (the input itself on one-GPU nodes), one per
-    // loop in flight: loop k+1's intra-node reduce-scatter fills one while loop k's rail ring
-    // reads the other, so NVLink and the NICs work at once.
-    let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
-        .map(|r| (g > 1).then(|| b.scratch(r, PART_SLOTS * most_all)))
-        .collect();
+    // Node partials live in the output: rank j's intra-node reduce-scatter leaves the node's
+    // partial of block j where the rail phase completes it, so only receive slots are staged.
     let (intra, _) = ring_staging(&mut b, &shape, most_all, 0);
-    let rails: Vec<Vec<(Vec<u32>, RsStaging)>> = (0..CH_RAILS.len() as u32)
+    let rail_chunk_all = if nn as u64 >= CHUNKS_PER_BLOCK {
+        sub_all.max(ctx.chunk_elems).max(1)
+    } else {
+        phase_chunk(ctx, sub_all)
+    };
+    let rails: Vec<Vec<(Vec<u32>, RsStaging, halving::Slots)>> = (0..CH_RAILS.len() as u32)
         .map(|c| {
             (0..g)
                 .map(|j| {
                     let ord = rail_order(&shape, j, c);
-                    let st = RsStaging::new(&mut b, &ord, sub_all, nn > 2);
-                    (ord, st)
+                    let (ring_most, slot_most) = if halving {
+                        (0, sub_all.min(rail_chunk_all))
+                    } else {
+                        (sub_all, 0)
+                    };
+                    let st = RsStaging::new(&mut b, &ord, ring_most, false);
+                    let per_sub = sub_all.div_ceil(rail_chunk_all.max(1));
+                    let sl = halving::Slots::new(&mut b, &ord, slot_most, per_sub);
+                    (ord, st, sl)
                 })
                 .collect()
         })
         .collect();
-    for (k, &(base, piece)) in pieces.iter().enumerate() {
-        let slot = (k as u64 % PART_SLOTS) * most_all;
+    for &(base, piece) in &pieces {
         let blocks = split_even(piece, g as u64);
         let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
         // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
@@ -375,52 +401,147 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         } else {
             phase_chunk(ctx, sub)
         };
+        let out = |r: u32, at: u64, l: u64| Region::new(BufferRef::Output(r), base + at, l);
         if g > 1 {
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            b.set_chunk_elems(chunk);
             for (ord, st) in shape.hosts.iter().zip(&intra) {
                 let inp = |p: usize, q: usize, rel: u64, l: u64| {
                     Region::new(BufferRef::Input(ord[p]), base + blocks[q].0 + rel, l)
                 };
-                let fin = |p: usize, _q: usize, rel: u64, l: u64| {
-                    let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
-                    Region::new(buf, slot + rel, l)
-                };
-                reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, st, &inp, &fin, false)?;
+                let acc = |p: usize, q: usize, rel: u64, l: u64| out(ord[p], blocks[q].0 + rel, l);
+                ring::reduce_scatter_steps(
+                    &mut b,
+                    ord,
+                    CH_INTRA,
+                    &lens,
+                    chunk,
+                    st,
+                    &inp,
+                    Some(&acc),
+                    &acc,
+                    false,
+                )?;
             }
         }
+        b.set_chunk_elems(rail_chunk);
         for (j, &(off, len)) in blocks.iter().enumerate() {
             // Halves cut where the intra-node chunks cut (chunks of `half_most`).
             let first = len.min(half_most);
             let halves = [(0, first), (first, len - first)];
             for (c, &(h_off, h_len)) in halves.iter().enumerate() {
-                let (ord, st) = &rails[c][j];
-                let ch = CH_RAILS[c];
+                let (ord, st, sl) = &rails[c][j];
                 let at = off + h_off;
                 let subs = split_even(h_len, nn as u64);
                 let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
-                let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-                    Some(buf) => Region::new(buf, slot + h_off + subs[q].0 + rel, l),
-                    None => Region::new(BufferRef::Input(ord[p]), base + at + subs[q].0 + rel, l),
+                let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                    let buf = if g > 1 {
+                        BufferRef::Output(ord[p])
+                    } else {
+                        BufferRef::Input(ord[p])
+                    };
+                    Region::new(buf, base + at + subs[q].0 + rel, l)
                 };
-                let out = |p: usize, q: usize, rel: u64, l: u64| {
-                    Region::new(BufferRef::Output(ord[p]), base + at + subs[q].0 + rel, l)
-                };
-                reduce_scatter_ring(&mut b, ord, ch, &lens, rail_chunk, st, &inp, &out, true)?;
-                all_gather_ring(&mut b, ord, ch, &lens, rail_chunk, None, &out)?;
+                let acc =
+                    |p: usize, q: usize, rel: u64, l: u64| out(ord[p], at + subs[q].0 + rel, l);
+                if halving {
+                    halving::all_reduce(
+                        &mut b,
+                        ord,
+                        lanes(c),
+                        &lens,
+                        rail_chunk,
+                        sl,
+                        &inp,
+                        &acc,
+                        g > 1,
+                    )?;
+                } else {
+                    let ch = CH_RAILS[c];
+                    b.set_chunk_elems(rail_chunk);
+                    ring::reduce_scatter_steps(
+                        &mut b,
+                        ord,
+                        ch,
+                        &lens,
+                        rail_chunk,
+                        st,
+                        &inp,
+                        Some(&acc),
+                        &acc,
+                        true,
+                    )?;
+                    all_gather_ring(&mut b, ord, ch, &lens, rail_chunk, None, &acc)?;
+                }
             }
         }
         if g > 1 {
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
             for ord in &shape.hosts {
-                let out = |p: usize, q: usize, rel: u64, l: u64| {
-                    Region::new(BufferRef::Output(ord[p]), base + blocks[q].0 + rel, l)
-                };
-                all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
+                let acc = |p: usize, q: usize, rel: u64, l: u64| out(ord[p], blocks[q].0 + rel, l);
+                all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &acc)?;
             }
         }
     }
     Ok(b.finish())
 }
+
+/// Pin the connections of a halving rail phase on lane channels `chs` (rail channel `c`'s
+/// order): every distance a halving step sends over, both ways, rail-aligned as [`pin_rails`]
+/// pins a ring's hops.
+fn pin_halving(
+    b: &mut Builder,
+    topo: &Topology,
+    req: &Request,
+    shape: &ClusterShape,
+    ctx: &Ctx,
+    chs: &[u32],
+    c: u32,
+) -> Result<()> {
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let nn = shape.nodes();
+    let ds = halving::distances(nn);
+    for j in 0..shape.per_node() {
+        let ord = rail_order(shape, j, c);
+        for p in 0..nn {
+            for (k, &d) in ds.iter().enumerate() {
+                for (a, e) in [(ord[p], ord[(p + d) % nn]), (ord[(p + d) % nn], ord[p])] {
+                    if a == e {
+                        continue;
+                    }
+                    let Some(rail) = links.rail[a as usize] else {
+                        continue;
+                    };
+                    let conn = links.across(a, e, rail, j + p + k)?;
+                    for &ch in chs {
+                        b.pin(ch, req.gpus[a as usize], req.gpus[e as usize], conn.clone());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Lane channels of the halving rail phase start here: [`HALVING_QUEUES`] per rail channel.
+const CH_HALVING: u32 = 8;
+
+/// Lane channels each halving rail channel spreads its sub-blocks over, so a step's
+/// independent sub-blocks pay their start costs on several lanes at once.
+const HALVING_QUEUES: u32 = 4;
+
+/// Fewest nodes whose rail phase runs by distance halving ([`halving`]) rather than as a ring.
+/// Simulated at 1 GiB on DGX H100 clusters (us, ring against halving): 4 nodes 5,451 / 5,541,
+/// 8 nodes 6,479 / 5,533, 16 nodes 6,713 / 5,989, 32 nodes 9,632 / 6,965, 64 nodes 11,925 /
+/// 7,225, 128 nodes 20,351 / 8,238: from 8 nodes on the ring's 2 (N-1) dependent steps cost
+/// more than halving's spread of sub-blocks over log2 N distances.
+pub const HALVING_MIN_NODES: usize = 8;
+
+/// Smallest sub-block a halving rail phase moves when the vector is cut into more loops, bytes:
+/// its sub-blocks are independent within a step and spread over [`HALVING_QUEUES`] lanes, so
+/// their start costs overlap and smaller ones than a ring step's pay (128 DGX H100 nodes at
+/// 1 GiB: 8,238 us with four loops of 128 KiB sub-blocks, 10,133 us with eight of 64 KiB).
+const MIN_HALVING_SUB_BYTES: u64 = 128 << 10;
 
 /// Hierarchical reduce_scatter: inside each node, a reduce-scatter per destination node leaves
 /// rank j with the node's partial of every block its rail delivers; rail j then reduce-scatters
@@ -572,6 +693,8 @@ mod tests {
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();
         check_routes(&p, topo).unwrap();
+        // Every collective with an in-place form is served in place too.
+        crate::check::check_with(&p, crate::check::CheckOptions { in_place: true }).unwrap();
         p
     }
 
@@ -591,18 +714,24 @@ mod tests {
 
     #[test]
     fn every_hierarchical_plan_is_proved_on_clusters() {
-        // Two and three nodes pipeline rail rings in chunks; five nodes in whole sub-blocks.
+        // Two and three nodes pipeline rail rings in chunks; five nodes in whole sub-blocks;
+        // from eight nodes on the all_reduce's rails run by distance halving (nine: a count of
+        // nodes that is no power of two).
         for spec in [
             "cluster:2xdgx-h100:ib-ndr",
             "cluster:3xdgx1-v100:ib-edr",
             "cluster:5xdgx-h100:ib-ndr",
+            "cluster:8xdgx-h100:ib-ndr",
+            "cluster:9xdgx-h100:ib-ndr",
         ] {
             let topo = relaycc_topo::preset(spec).unwrap();
             let all: Vec<u32> = (0..topo.gpu_count()).collect();
-            // Whole nodes, and two GPUs of each node (a rail subset), odd counts included.
+            // Whole nodes, two GPUs of each node (a rail subset), odd counts included, and one
+            // GPU per node (the rail phase alone).
             let pairs: Vec<u32> = all.iter().copied().filter(|g| g % 8 < 2).collect();
+            let singles: Vec<u32> = all.iter().copied().filter(|g| g % 8 == 3).collect();
             let sets = if topo.gpu_count() > 24 {
-                vec![pairs]
+                vec![pairs, singles]
             } else {
                 vec![all.clone(), pairs]
             };
