@@ -36,6 +36,10 @@ use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
 
 mod halving;
 
+/// Node-partial slots per rank of a ring-railed all_reduce: two let the intra-node
+/// reduce-scatter of one loop run while the rail ring of the loop before reads its partials.
+const PART_SLOTS: u64 = 2;
+
 /// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
 /// and the local copies of all_gather.
 const CH_INTRA: u32 = 0;
@@ -324,26 +328,23 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
-    let halving = nn >= HALVING_MIN_NODES;
+    if nn < HALVING_MIN_NODES {
+        return all_reduce_rings(topo, req, ctx, shape);
+    }
     let loops = pipeline_loops(req, nn, g, ctx.channels);
-    let rail_name = if halving { "halving" } else { "ring" };
     let mut b = Builder::new(
         req,
         ctx,
-        format!("{} {rail_name} x{loops} loops", label(ctx, &shape)),
+        format!("{} halving x{loops} loops", label(ctx, &shape)),
     );
     let lanes = |c: usize| halving::Lanes {
         base: CH_HALVING + (c as u32) * HALVING_QUEUES,
         queues: HALVING_QUEUES,
     };
-    for (c, &ch) in CH_RAILS.iter().enumerate() {
-        if halving {
-            let l = lanes(c);
-            let chs: Vec<u32> = (0..l.queues).map(|q| l.base + q).collect();
-            pin_halving(&mut b, topo, req, &shape, ctx, &chs, c as u32)?;
-        } else {
-            pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
-        }
+    for c in 0..CH_RAILS.len() {
+        let l = lanes(c);
+        let chs: Vec<u32> = (0..l.queues).map(|q| l.base + q).collect();
+        pin_halving(&mut b, topo, req, &shape, ctx, &chs, c as u32)?;
     }
     let per = (g as u64)
         .saturating_mul(nn as u64)
@@ -361,20 +362,15 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     } else {
         phase_chunk(ctx, sub_all)
     };
-    let rails: Vec<Vec<(Vec<u32>, RsStaging, halving::Slots)>> = (0..CH_RAILS.len() as u32)
+    let rails: Vec<Vec<(Vec<u32>, halving::Slots)>> = (0..CH_RAILS.len() as u32)
         .map(|c| {
             (0..g)
                 .map(|j| {
                     let ord = rail_order(&shape, j, c);
-                    let (ring_most, slot_most) = if halving {
-                        (0, sub_all.min(rail_chunk_all))
-                    } else {
-                        (sub_all, 0)
-                    };
-                    let st = RsStaging::new(&mut b, &ord, ring_most, false);
                     let per_sub = sub_all.div_ceil(rail_chunk_all.max(1));
-                    let sl = halving::Slots::new(&mut b, &ord, slot_most, per_sub);
-                    (ord, st, sl)
+                    let most = sub_all.min(rail_chunk_all);
+                    let sl = halving::Slots::new(&mut b, &ord, most, per_sub);
+                    (ord, sl)
                 })
                 .collect()
         })
@@ -430,7 +426,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             let first = len.min(half_most);
             let halves = [(0, first), (first, len - first)];
             for (c, &(h_off, h_len)) in halves.iter().enumerate() {
-                let (ord, st, sl) = &rails[c][j];
+                let (ord, sl) = &rails[c][j];
                 let at = off + h_off;
                 let subs = split_even(h_len, nn as u64);
                 let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
@@ -444,35 +440,17 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
                 };
                 let acc =
                     |p: usize, q: usize, rel: u64, l: u64| out(ord[p], at + subs[q].0 + rel, l);
-                if halving {
-                    halving::all_reduce(
-                        &mut b,
-                        ord,
-                        lanes(c),
-                        &lens,
-                        rail_chunk,
-                        sl,
-                        &inp,
-                        &acc,
-                        g > 1,
-                    )?;
-                } else {
-                    let ch = CH_RAILS[c];
-                    b.set_chunk_elems(rail_chunk);
-                    ring::reduce_scatter_steps(
-                        &mut b,
-                        ord,
-                        ch,
-                        &lens,
-                        rail_chunk,
-                        st,
-                        &inp,
-                        Some(&acc),
-                        &acc,
-                        true,
-                    )?;
-                    all_gather_ring(&mut b, ord, ch, &lens, rail_chunk, None, &acc)?;
-                }
+                halving::all_reduce(
+                    &mut b,
+                    ord,
+                    lanes(c),
+                    &lens,
+                    rail_chunk,
+                    sl,
+                    &inp,
+                    &acc,
+                    g > 1,
+                )?;
             }
         }
         if g > 1 {
@@ -480,6 +458,120 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             for ord in &shape.hosts {
                 let acc = |p: usize, q: usize, rel: u64, l: u64| out(ord[p], blocks[q].0 + rel, l);
                 all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &acc)?;
+            }
+        }
+    }
+    Ok(b.finish())
+}
+
+/// [`all_reduce`] below [`HALVING_MIN_NODES`]: rail rings, node partials in two staged slots
+/// per rank.
+fn all_reduce_rings(
+    topo: &Topology,
+    req: &Request,
+    ctx: &Ctx,
+    shape: ClusterShape,
+) -> Result<Plan> {
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let loops = pipeline_loops(req, nn, g, ctx.channels);
+    let mut b = Builder::new(
+        req,
+        ctx,
+        format!("{} ring x{loops} loops", label(ctx, &shape)),
+    );
+    for (c, &ch) in CH_RAILS.iter().enumerate() {
+        pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
+    }
+    let per = (g as u64)
+        .saturating_mul(nn as u64)
+        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)))
+        .min(req.count.div_ceil(loops).max(1));
+    let pieces = even_pieces(req.count, per);
+    // The first loop's piece is the largest: it sizes the staging every loop reuses.
+    let most_all = pieces.first().map_or(0, |x| x.1).div_ceil(g as u64);
+    let sub_all = most_all.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+    // Each rank's node partials of its block (the input itself on one-GPU nodes), one per
+    // loop in flight: loop k+1's intra-node reduce-scatter fills one while loop k's rail ring
+    // reads the other, so NVLink and the NICs work at once.
+    let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
+        .map(|r| (g > 1).then(|| b.scratch(r, PART_SLOTS * most_all)))
+        .collect();
+    let (intra, _) = ring_staging(&mut b, &shape, most_all, 0);
+    let rails: Vec<Vec<(Vec<u32>, RsStaging)>> = (0..CH_RAILS.len() as u32)
+        .map(|c| {
+            (0..g)
+                .map(|j| {
+                    let ord = rail_order(&shape, j, c);
+                    let st = RsStaging::new(&mut b, &ord, sub_all, nn > 2);
+                    (ord, st)
+                })
+                .collect()
+        })
+        .collect();
+    for (k, &(base, piece)) in pieces.iter().enumerate() {
+        let slot = (k as u64 % PART_SLOTS) * most_all;
+        let blocks = split_even(piece, g as u64);
+        let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
+        // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
+        // rail step reads or writes one node sub-block, whose index relative to the node's
+        // ring position is what every node shares. An intra-node chunk covering part of a half
+        // would make node h's rail step s wait for a chunk that depends on h, so the plan's
+        // order would differ between nodes and a template could not fold it.
+        let half_most = most.div_ceil(CH_RAILS.len() as u64).max(1);
+        let chunk = if phase_chunk(ctx, most) >= most {
+            most.max(1)
+        } else {
+            half_most
+        };
+        // A rail ring over N nodes moves a different sub-block at every step, so from
+        // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
+        let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+        let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
+            sub.max(ctx.chunk_elems).max(1)
+        } else {
+            phase_chunk(ctx, sub)
+        };
+        if g > 1 {
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            for (ord, st) in shape.hosts.iter().zip(&intra) {
+                let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Input(ord[p]), base + blocks[q].0 + rel, l)
+                };
+                let fin = |p: usize, _q: usize, rel: u64, l: u64| {
+                    let buf = part[ord[p] as usize].unwrap_or(BufferRef::Input(ord[p]));
+                    Region::new(buf, slot + rel, l)
+                };
+                reduce_scatter_ring(&mut b, ord, CH_INTRA, &lens, chunk, st, &inp, &fin, false)?;
+            }
+        }
+        for (j, &(off, len)) in blocks.iter().enumerate() {
+            // Halves cut where the intra-node chunks cut (chunks of `half_most`).
+            let first = len.min(half_most);
+            let halves = [(0, first), (first, len - first)];
+            for (c, &(h_off, h_len)) in halves.iter().enumerate() {
+                let (ord, st) = &rails[c][j];
+                let ch = CH_RAILS[c];
+                let at = off + h_off;
+                let subs = split_even(h_len, nn as u64);
+                let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
+                let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+                    Some(buf) => Region::new(buf, slot + h_off + subs[q].0 + rel, l),
+                    None => Region::new(BufferRef::Input(ord[p]), base + at + subs[q].0 + rel, l),
+                };
+                let out = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Output(ord[p]), base + at + subs[q].0 + rel, l)
+                };
+                reduce_scatter_ring(&mut b, ord, ch, &lens, rail_chunk, st, &inp, &out, true)?;
+                all_gather_ring(&mut b, ord, ch, &lens, rail_chunk, None, &out)?;
+            }
+        }
+        if g > 1 {
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            for ord in &shape.hosts {
+                let out = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Output(ord[p]), base + blocks[q].0 + rel, l)
+                };
+                all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &out)?;
             }
         }
     }
@@ -570,15 +662,21 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
         .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * most)))
         .collect();
     let (intra, rails) = ring_staging(&mut b, &shape, most, most);
-    for (base, piece) in chunks(count, per.max(1)) {
+    // Loops of one length, as the all_reduce's, so every loop reuses the partial slots alike.
+    for (base, piece) in even_pieces(count, per.max(1)) {
         let chunk = phase_chunk(ctx, piece);
         if g > 1 {
             let lens = vec![piece; g];
             // One ring per destination node: the N rings pipeline one another, so whole
             // pieces suffice.
             let chunk = piece.max(1);
-            for (ord, st) in shape.hosts.iter().zip(&intra) {
-                for (h, dest) in shape.hosts.iter().enumerate() {
+            for (hh, (ord, st)) in shape.hosts.iter().zip(&intra).enumerate() {
+                // Destination nodes in the order the rail ring asks for them: node hh - 1
+                // first, its own last; the order relative to the node is the same on every
+                // node, so the plan folds into a template.
+                for t in 1..=nn {
+                    let h = (hh + nn - t) % nn;
+                    let dest = &shape.hosts[h];
                     let inp = |p: usize, q: usize, rel: u64, l: u64| {
                         Region::new(
                             BufferRef::Input(ord[p]),
@@ -658,8 +756,11 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         let lens = vec![count; g];
         // One ring per source node: the N rings pipeline one another, so whole blocks suffice.
         let chunk = count.max(1);
-        for ord in &shape.hosts {
-            for src in &shape.hosts {
+        for (hh, ord) in shape.hosts.iter().enumerate() {
+            // Source nodes in the order the rail ring brings them: its own first, then node
+            // hh - 1, hh - 2, ...; relative to the node, the same on every node.
+            for t in 0..nn {
+                let src = &shape.hosts[(hh + nn - t) % nn];
                 let out = |p: usize, q: usize, rel: u64, l: u64| {
                     Region::new(
                         BufferRef::Output(ord[p]),
@@ -794,5 +895,48 @@ mod tests {
             .filter(|o| matches!(o.kind, crate::plan::OpKind::Copy { .. }))
             .count();
         assert!(copies <= 32 * (2 * 7 + 2 * 3) * 4, "{copies} copies");
+    }
+}
+
+#[cfg(test)]
+mod fold_tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::path::RelayPolicy;
+    use crate::planner::{Candidates, pipeline_chunk_elems};
+    use crate::sim::SimConfig;
+
+    #[test]
+    fn reduce_scatter_and_all_gather_fold_and_time_like_their_expanded_plans() {
+        // Each node walks the other nodes in the order its rail ring needs them, relative to
+        // itself, so node h's ops wait for what node 0's do, shifted: the templates fold.
+        for nodes in [4u32, 5] {
+            let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
+            let sym = topo.host_symmetry();
+            let n = topo.gpu_count();
+            for c in [Collective::ReduceScatter, Collective::AllGather] {
+                let req = Request::new(c, (0..n).collect(), (64 << 20) / u64::from(n), DType::F32);
+                let chunk = pipeline_chunk_elems(&req).max(1);
+                let set = Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
+                let i = (0..set.len())
+                    .find(|&i| {
+                        set.build_unfitted(i, chunk)
+                            .is_ok_and(|p| p.algorithm.starts_with("rail-hier"))
+                    })
+                    .unwrap();
+                let full = set.build(i, chunk).unwrap();
+                let t = set
+                    .build_template(i, chunk, &sym)
+                    .unwrap_or_else(|e| panic!("{nodes} nodes {c}: {e}"));
+                crate::check::check_template(&t).unwrap();
+                let cfg = SimConfig::default();
+                let a = crate::simulate(&topo, &full, &cfg).unwrap().time_us;
+                let b = crate::simulate(&topo, &t, &cfg).unwrap().time_us;
+                assert!(
+                    (a - b).abs() < 0.01 * a,
+                    "{nodes} nodes {c}: {a} against {b}"
+                );
+            }
+        }
     }
 }
