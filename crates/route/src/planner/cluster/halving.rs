@@ -119,6 +119,37 @@ pub(super) fn all_reduce(
     acc: At,
     acc_holds_input: bool,
 ) -> Result<()> {
+    reduce_scatter(
+        b,
+        ord,
+        lanes,
+        lens,
+        chunk,
+        slots,
+        inp,
+        acc,
+        acc,
+        acc_holds_input,
+    )?;
+    all_gather(b, ord, lanes, lens, chunk, None, acc)
+}
+
+/// The halving reduce-scatter: position p accumulates sub-block q in `acc` (which holds p's
+/// contribution already when `acc_holds_input`, else `inp` is read) and writes its own
+/// sub-block complete, finalized, to `fin`. Arguments as [`all_reduce`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reduce_scatter(
+    b: &mut Builder,
+    ord: &[u32],
+    lanes: Lanes,
+    lens: &[u64],
+    chunk: u64,
+    slots: &Slots,
+    inp: At,
+    acc: At,
+    fin: At,
+    acc_holds_input: bool,
+) -> Result<()> {
     let n = ord.len();
     if n < 2 || lens.iter().all(|l| *l == 0) {
         return Ok(());
@@ -135,7 +166,6 @@ pub(super) fn all_reduce(
             slots.bufs.len()
         )));
     }
-    let live = |b: &Builder, p: usize, d: usize| b.may_touch(&[ord[p], ord[(p + d) % n]]);
     for (i, &d) in ds.iter().enumerate() {
         let m = if i == 0 { n } else { ds[i - 1] };
         let last = i + 1 == ds.len();
@@ -147,7 +177,7 @@ pub(super) fn all_reduce(
             for p in 0..n {
                 let q = (p + t) % n;
                 let pd = (p + d) % n;
-                let emit = live(b, p, d);
+                let emit = b.may_touch(&[ord[p], ord[pd]]);
                 for (rel, l) in chunks(lens[q], chunk) {
                     let k = received[pd];
                     received[pd] += 1;
@@ -166,13 +196,39 @@ pub(super) fn all_reduce(
                     } else {
                         inp(pd, q, rel, l)
                     };
-                    b.reduce(vec![own, rv], acc(pd, q, rel, l), last && to == 0, ch)?;
+                    let done = last && to == 0;
+                    let dst = if done {
+                        fin(pd, q, rel, l)
+                    } else {
+                        acc(pd, q, rel, l)
+                    };
+                    b.reduce(vec![own, rv], dst, done, ch)?;
                 }
             }
             held[to] = true;
         }
     }
-    b.set_chunk_elems(chunk);
+    Ok(())
+}
+
+/// The halving all-gather: the reduce-scatter's steps backwards, position p starting with its
+/// own sub-block in `out` (or sending it from `first`) and ending with every sub-block in
+/// `out`; copies cut in `chunk`s. Arguments as [`all_reduce`].
+pub(super) fn all_gather(
+    b: &mut Builder,
+    ord: &[u32],
+    lanes: Lanes,
+    lens: &[u64],
+    chunk: u64,
+    first: Option<At>,
+    out: At,
+) -> Result<()> {
+    let n = ord.len();
+    if n < 2 {
+        return Ok(());
+    }
+    let ds = distances(n);
+    b.set_chunk_elems(chunk.max(1));
     for (i, &d) in ds.iter().enumerate().rev() {
         let m = if i == 0 { n } else { ds[i - 1] };
         for t in 0..m - d {
@@ -184,7 +240,11 @@ pub(super) fn all_reduce(
                 }
                 let q = (p + t) % n;
                 let l = lens[q];
-                b.send(acc(p, q, 0, l), acc(pd, q, 0, l), ch)?;
+                let src = match first {
+                    Some(f) if t == 0 => f(p, q, 0, l),
+                    _ => out(p, q, 0, l),
+                };
+                b.send(src, out(pd, q, 0, l), ch)?;
             }
         }
     }
