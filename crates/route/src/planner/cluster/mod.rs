@@ -615,38 +615,6 @@ fn pin_halving(
     Ok(())
 }
 
-/// The display name of a reduce_scatter or all_gather: its rail phase named when it halves.
-fn rail_label(ctx: &Ctx, shape: &ClusterShape, halving: bool) -> String {
-    if halving {
-        format!("{} halving", label(ctx, shape))
-    } else {
-        label(ctx, shape)
-    }
-}
-
-/// Pin the one rail channel of a reduce_scatter or all_gather: a ring's hops, or every
-/// distance of a halving phase, whose lanes it returns.
-fn pin_rail_phase(
-    b: &mut Builder,
-    topo: &Topology,
-    req: &Request,
-    shape: &ClusterShape,
-    ctx: &Ctx,
-    halving: bool,
-) -> Result<Option<halving::Lanes>> {
-    if !halving {
-        pin_rails(b, topo, req, shape, ctx, CH_RAIL, 0)?;
-        return Ok(None);
-    }
-    let lanes = halving::Lanes {
-        base: CH_HALVING,
-        queues: HALVING_QUEUES,
-    };
-    let chs: Vec<u32> = (0..lanes.queues).map(|q| lanes.base + q).collect();
-    pin_halving(b, topo, req, shape, ctx, &chs, 0)?;
-    Ok(Some(lanes))
-}
-
 /// Lane channels of the halving rail phase start here: [`HALVING_QUEUES`] per rail channel.
 const CH_HALVING: u32 = 8;
 
@@ -682,32 +650,18 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
-    let halving = nn >= HALVING_MIN_NODES;
-    let mut b = Builder::new(req, ctx, rail_label(ctx, &shape, halving));
-    let lanes = pin_rail_phase(&mut b, topo, req, &shape, ctx, halving)?;
+    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     let per = LOOP_CHUNKS
         .saturating_mul(CHUNKS_PER_BLOCK)
         .saturating_mul(ctx.chunk_elems.max(1));
     let most = count.min(per);
     // part[r] holds, at h * most, the node partial of the piece of the block rank hosts[h][j]
     // receives.
-    // (A halving rail phase accumulates there too, on one-GPU nodes as well.)
     let part: Vec<Option<BufferRef>> = (0..req.nranks() as u32)
-        .map(|r| (g > 1 || halving).then(|| b.scratch(r, nn as u64 * most)))
+        .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * most)))
         .collect();
-    let (intra, rails) = ring_staging(&mut b, &shape, most, if halving { 0 } else { most });
-    let slot_chunk = phase_chunk(ctx, most);
-    let slots: Vec<halving::Slots> = rails
-        .iter()
-        .map(|(ord, _)| {
-            let (m, per_sub) = if halving {
-                (most.min(slot_chunk), most.div_ceil(slot_chunk))
-            } else {
-                (0, 0)
-            };
-            halving::Slots::new(&mut b, ord, m, per_sub)
-        })
-        .collect();
+    let (intra, rails) = ring_staging(&mut b, &shape, most, most);
     // Loops of one length, as the all_reduce's, so every loop reuses the partial slots alike.
     for (base, piece) in even_pieces(count, per.max(1)) {
         let chunk = phase_chunk(ctx, piece);
@@ -740,42 +694,20 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
                 }
             }
         }
-        for ((ord, st), sl) in rails.iter().zip(&slots) {
+        for (ord, st) in &rails {
             let lens = vec![piece; nn];
-            let raw = |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(
+            let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
+                Some(buf) => Region::new(buf, q as u64 * most + rel, l),
+                None => Region::new(
                     BufferRef::Input(ord[p]),
                     u64::from(ord[q]) * count + base + rel,
                     l,
-                )
-            };
-            let inp = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-                Some(buf) if g > 1 => Region::new(buf, q as u64 * most + rel, l),
-                _ => raw(p, q, rel, l),
+                ),
             };
             let fin = |p: usize, _q: usize, rel: u64, l: u64| {
                 Region::new(BufferRef::Output(ord[p]), base + rel, l)
             };
-            if let Some(lanes) = lanes {
-                let acc = |p: usize, q: usize, rel: u64, l: u64| match part[ord[p] as usize] {
-                    Some(buf) => Region::new(buf, q as u64 * most + rel, l),
-                    None => raw(p, q, rel, l),
-                };
-                halving::reduce_scatter(
-                    &mut b,
-                    ord,
-                    lanes,
-                    &lens,
-                    chunk,
-                    sl,
-                    &inp,
-                    &acc,
-                    &fin,
-                    g > 1,
-                )?;
-            } else {
-                reduce_scatter_ring(&mut b, ord, CH_RAIL, &lens, chunk, st, &inp, &fin, true)?;
-            }
+            reduce_scatter_ring(&mut b, ord, CH_RAIL, &lens, chunk, st, &inp, &fin, true)?;
         }
     }
     Ok(b.finish())
@@ -797,9 +729,8 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
     let chunk = phase_chunk(ctx, count);
-    let halving = nn >= HALVING_MIN_NODES;
-    let mut b = Builder::new(req, ctx, rail_label(ctx, &shape, halving));
-    let lanes = pin_rail_phase(&mut b, topo, req, &shape, ctx, halving)?;
+    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     for r in 0..req.nranks() as u32 {
         b.send(
             Region::new(BufferRef::Input(r), 0, count),
@@ -819,12 +750,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
                 l,
             )
         };
-        match lanes {
-            Some(lanes) => {
-                halving::all_gather(&mut b, &ord, lanes, &lens, chunk, Some(&inp), &out)?
-            }
-            None => all_gather_ring(&mut b, &ord, CH_RAIL, &lens, chunk, Some(&inp), &out)?,
-        }
+        all_gather_ring(&mut b, &ord, CH_RAIL, &lens, chunk, Some(&inp), &out)?;
     }
     if g > 1 {
         let lens = vec![count; g];
@@ -984,7 +910,7 @@ mod fold_tests {
     fn reduce_scatter_and_all_gather_fold_and_time_like_their_expanded_plans() {
         // Each node walks the other nodes in the order its rail ring needs them, relative to
         // itself, so node h's ops wait for what node 0's do, shifted: the templates fold.
-        for nodes in [4u32, 5, 8] {
+        for nodes in [4u32, 5] {
             let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
             let sym = topo.host_symmetry();
             let n = topo.gpu_count();
