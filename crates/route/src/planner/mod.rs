@@ -243,6 +243,7 @@ fn cluster_planner(c: Collective) -> Option<Planner> {
         Collective::AllReduce => Some(cluster::all_reduce),
         Collective::AllGather => Some(cluster::all_gather),
         Collective::ReduceScatter => Some(cluster::reduce_scatter),
+        Collective::AllToAll => Some(cluster::all_to_all),
         _ => None,
     }
 }

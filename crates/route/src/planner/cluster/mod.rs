@@ -34,7 +34,10 @@ use super::builder::Builder;
 use super::ring::{self, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
 
+mod all_to_all;
 mod halving;
+
+pub use all_to_all::all_to_all;
 
 /// Node-partial slots per rank of a ring-railed all_reduce: two let the intra-node
 /// reduce-scatter of one loop run while the rail ring of the loop before reads its partials.
@@ -846,6 +849,10 @@ mod tests {
                     prove(&topo, &rs, reduce_scatter, 7);
                     let ag = Request::new(Collective::AllGather, gpus.clone(), count, DType::F32);
                     prove(&topo, &ag, all_gather, 7);
+                    // A chunk of 7 cuts pieces of 29 and 1,000 elements into loops.
+                    let a2a = Request::new(Collective::AllToAll, gpus.clone(), count, DType::F32);
+                    prove(&topo, &a2a, all_to_all, 7);
+                    prove(&topo, &a2a, all_to_all, 1 << 20);
                 }
             }
         }
@@ -914,14 +921,18 @@ mod fold_tests {
             let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
             let sym = topo.host_symmetry();
             let n = topo.gpu_count();
-            for c in [Collective::ReduceScatter, Collective::AllGather] {
+            for c in [
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::AllToAll,
+            ] {
                 let req = Request::new(c, (0..n).collect(), (64 << 20) / u64::from(n), DType::F32);
                 let chunk = pipeline_chunk_elems(&req).max(1);
                 let set = Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
                 let i = (0..set.len())
                     .find(|&i| {
                         set.build_unfitted(i, chunk)
-                            .is_ok_and(|p| p.algorithm.starts_with("rail-hier"))
+                            .is_ok_and(|p| !p.algorithm.starts_with("direct"))
                     })
                     .unwrap();
                 let full = set.build(i, chunk).unwrap();
