@@ -9,10 +9,11 @@
 //! landing contiguous in its receiver's output (the sources of one node are consecutive ranks),
 //! so the start costs fall g-fold and the sends to all nodes are in flight at once.
 //!
-//! Staging: each GPU gathers, for every other node, the g pieces its rail peer there receives
-//! from its node: N x g pieces of `sub` elements, `sub` the whole piece unless the chunk the
-//! staging budget leaves is smaller; then the vector is moved in loops of `sub`-element parts of
-//! every piece, which reuse the staging (each reuse after the sends of the loop before).
+//! Staging: each GPU gathers, for the nodes in flight, the g pieces its rail peer there receives
+//! from its node, in slots of g parts of `sub` elements reused round the nodes (a slot is
+//! refilled after the network send of the node before): `sub` is the whole piece unless the
+//! chunk the staging budget leaves is smaller, and then the vector moves in loops of
+//! `sub`-element parts of every piece.
 //!
 //! Every node walks the other nodes by distance (node h + t in round t), so the plan is the same
 //! on every node and folds into a template of one domain of hosts.
@@ -42,6 +43,9 @@ const CH_LOCAL: u32 = 2;
 /// piece fits whole, so loops start only where the staging budget shrank the chunk.
 const GATHER_CHUNKS: u64 = 4;
 
+/// Most nodes a GPU's gathers run ahead of its network sends: the staging holds their pieces.
+const MAX_IN_FLIGHT: u64 = 16;
+
 /// The two-step node-aware all_to_all (module docs). Falls back to [`direct::plan`] off a
 /// multi-node shape or for other collectives.
 ///
@@ -56,9 +60,15 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
-    let sub = count
-        .min(ctx.chunk_elems.saturating_mul(GATHER_CHUNKS) / g as u64)
-        .max(1);
+    // Staging of GATHER_CHUNKS chunks per node, as slots of g piece parts for the nodes in
+    // flight: whole pieces where two nodes' worth fit, and as many nodes as fit, up to
+    // MAX_IN_FLIGHT.
+    let cap = ctx
+        .chunk_elems
+        .saturating_mul(GATHER_CHUNKS)
+        .saturating_mul(nn as u64);
+    let sub = count.min(cap / (2 * g as u64)).max(1);
+    let window = (cap / (g as u64 * sub)).clamp(2, MAX_IN_FLIGHT.min(nn as u64 - 1).max(2));
     let mut b = Builder::new(
         req,
         ctx,
@@ -86,10 +96,11 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             }
         }
     }
-    // stage[r]: for node h' and local source i, the part of the piece for rail peer (h', j) at
-    // (h' g + i) sub.
+    // stage[r]: for the node at distance t and local source i, the part of the piece for rail
+    // peer (h + t, j) at (((t - 1) mod window) g + i) sub; a slot's reuse waits for the network
+    // send of the node `window` before.
     let stage: Vec<BufferRef> = (0..req.nranks() as u32)
-        .map(|r| b.scratch(r, (nn * g) as u64 * sub))
+        .map(|r| b.scratch(r, window * g as u64 * sub))
         .collect();
     b.set_chunk_elems(count.max(1).saturating_mul(g as u64));
     let mut base = 0;
@@ -113,8 +124,9 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
                 let h2 = (h + t) % nn;
                 for (j, &via) in rs.iter().enumerate() {
                     let d = shape.hosts[h2][j];
+                    let w = (t as u64 - 1) % window;
                     let slot = |i: usize, l: u64| {
-                        Region::new(stage[via as usize], ((h2 * g + i) as u64) * sub, l)
+                        Region::new(stage[via as usize], (w * g as u64 + i as u64) * sub, l)
                     };
                     for (i, &a) in rs.iter().enumerate() {
                         if !b.may_touch(&[a, via]) {
