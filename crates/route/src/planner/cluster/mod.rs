@@ -10,6 +10,10 @@
 //! | reduce_scatter | reduce-scatter, per destination node | reduce-scatter of block j | |
 //! | all_gather | | all_gather of rank j's blocks | all_gather, per source node |
 //!
+//! From [`HALVING_MIN_NODES`] nodes the all_reduce's rail phase runs by distance halving
+//! (`halving.rs`): log2 N dependent steps instead of 2 (N-1). all_to_all gets the node-aware
+//! 2-step plan of [`all_to_all()`].
+//!
 //! Op counts: all_reduce is O(n (g + N)) copies; reduce_scatter and all_gather move n blocks
 //! into (or out of) every rank, O(n^2 / g + n g) copies.
 //!
@@ -625,7 +629,7 @@ const CH_HALVING: u32 = 8;
 /// independent sub-blocks pay their start costs on several lanes at once.
 const HALVING_QUEUES: u32 = 4;
 
-/// Fewest nodes whose rail phase runs by distance halving ([`halving`]) rather than as a ring.
+/// Fewest nodes whose rail phase runs by distance halving (`halving.rs`) rather than as a ring.
 /// Simulated at 1 GiB on DGX H100 clusters (us, ring against halving): 4 nodes 5,451 / 5,541,
 /// 8 nodes 6,479 / 5,533, 16 nodes 6,713 / 5,989, 32 nodes 9,632 / 6,965, 64 nodes 11,925 /
 /// 7,225, 128 nodes 20,351 / 8,238: from 8 nodes on the ring's 2 (N-1) dependent steps cost
