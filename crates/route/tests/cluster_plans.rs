@@ -45,3 +45,36 @@ fn four_dgx_h100_nodes_pick_the_rail_hierarchical_all_reduce_at_1_gib() {
     );
     relaycc_route::check(&p.plan).unwrap();
 }
+
+#[test]
+fn four_dgx_h100_nodes_pick_the_node_aware_all_to_all_at_1_gib() {
+    // One network send per node pair and GPU, g pieces each, against PXN's one per piece: the
+    // node-aware plan is picked, proved, within the staging budget, and within the NIC bound.
+    let topo = relaycc_topo::preset("cluster:4xdgx-h100:ib-ndr").unwrap();
+    let req = Request::new(
+        Collective::AllToAll,
+        (0..32).collect(),
+        (1u64 << 30) / 4 / 32,
+        DType::F32,
+    );
+    let opts = PlanOptions {
+        budget: std::time::Duration::from_secs(600),
+        ..PlanOptions::default()
+    };
+    let p = plan(&topo, &req, &opts).unwrap();
+    assert!(
+        p.plan.algorithm.starts_with("node-aware 2-step"),
+        "chose {} ({} us; baseline {} us)",
+        p.plan.algorithm,
+        p.predicted.time_us,
+        p.baseline.time_us
+    );
+    assert!(p.predicted.time_us < p.baseline.time_us);
+    assert!(p.predicted.time_us >= p.bound.time_us * 0.999);
+    let most = p.plan.staging_per_location().values().copied().max();
+    assert!(
+        most.unwrap_or(0) <= DEFAULT_STAGING_BUDGET_BYTES,
+        "{most:?}"
+    );
+    relaycc_route::check(&p.plan).unwrap();
+}

@@ -145,7 +145,13 @@ fn rail_hierarchical_all_reduce_folds_and_times_like_its_expanded_plan() {
     // order is the same on every period of hosts and the template must fold. Under the
     // default staging budget 2 GiB on 4 nodes fits a chunk that cuts the vector into loops that
     // only equal lengths keep aligned with the slot each reuses.
-    for (nodes, bytes) in [(2u32, 1u64 << 30), (4, 1 << 30), (8, 1 << 30), (4, 2 << 30)] {
+    for (nodes, bytes) in [
+        (2u32, 1u64 << 30),
+        (4, 1 << 30),
+        (8, 1 << 30),
+        (4, 2 << 30),
+        (8, 2 << 30),
+    ] {
         let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
         let sym = topo.host_symmetry();
         let req = request(&topo, Collective::AllReduce, bytes);

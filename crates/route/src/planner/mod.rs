@@ -10,8 +10,9 @@
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
 //! On several nodes with the same number of ranks each, all_reduce, all_gather and
-//! reduce_scatter also get the rail-hierarchical plans of [`cluster`]; above
-//! [`FLAT_MAX_CLUSTER_RANKS`] ranks of several nodes they replace the flat families.
+//! reduce_scatter also get the rail-hierarchical plans of [`cluster`], and all_to_all its
+//! node-aware 2-step plan; above [`FLAT_MAX_CLUSTER_RANKS`] ranks of several nodes they replace
+//! the flat families.
 //!
 //! Every candidate is built in each [`LinkMode`] relaycc may use ([`LinkMode::Single`],
 //! [`LinkMode::Multipath`]) and each chunk size asked for; the orchestrator simulates them and
@@ -243,6 +244,7 @@ fn cluster_planner(c: Collective) -> Option<Planner> {
         Collective::AllReduce => Some(cluster::all_reduce),
         Collective::AllGather => Some(cluster::all_gather),
         Collective::ReduceScatter => Some(cluster::reduce_scatter),
+        Collective::AllToAll => Some(cluster::all_to_all),
         _ => None,
     }
 }

@@ -10,6 +10,10 @@
 //! | reduce_scatter | reduce-scatter, per destination node | reduce-scatter of block j | |
 //! | all_gather | | all_gather of rank j's blocks | all_gather, per source node |
 //!
+//! From [`HALVING_MIN_NODES`] nodes the all_reduce's rail phase runs by distance halving
+//! (`halving.rs`): log2 N dependent steps instead of 2 (N-1). all_to_all gets the node-aware
+//! 2-step plan of [`all_to_all()`].
+//!
 //! Op counts: all_reduce is O(n (g + N)) copies; reduce_scatter and all_gather move n blocks
 //! into (or out of) every rank, O(n^2 / g + n g) copies.
 //!
@@ -33,6 +37,15 @@ use super::baseline_net::links::NetLinks;
 use super::builder::Builder;
 use super::ring::{self, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
+
+mod all_to_all;
+mod halving;
+
+pub use all_to_all::all_to_all;
+
+/// Node-partial slots per rank of a ring-railed all_reduce: two let the intra-node
+/// reduce-scatter of one loop run while the rail ring of the loop before reads its partials.
+const PART_SLOTS: u64 = 2;
 
 /// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
 /// and the local copies of all_gather.
@@ -243,7 +256,12 @@ const MIN_RAIL_STEP_BYTES: u64 = 512 << 10;
 /// Loops an all_reduce is cut into: `asked` ([`Ctx::channels`]), fewer where a rail step would
 /// fall below [`MIN_RAIL_STEP_BYTES`], at least one.
 fn pipeline_loops(req: &Request, nn: usize, g: usize, asked: u32) -> u64 {
-    let step = (g * nn * CH_RAILS.len()) as u64 * MIN_RAIL_STEP_BYTES;
+    let min_step = if nn >= HALVING_MIN_NODES {
+        MIN_HALVING_SUB_BYTES
+    } else {
+        MIN_RAIL_STEP_BYTES
+    };
+    let step = (g * nn * CH_RAILS.len()) as u64 * min_step;
     (req.count.saturating_mul(req.dtype.size()) / step.max(1)).clamp(1, u64::from(asked.max(1)))
 }
 
@@ -279,10 +297,6 @@ fn even_pieces(count: u64, per: u64) -> Vec<(u64, u64)> {
         .unwrap_or(need);
     split_even(count, n)
 }
-
-/// Node-partial slots per rank of an all_reduce: two let the intra-node reduce-scatter of one
-/// loop run while the rail ring of the loop before reads its partials.
-const PART_SLOTS: u64 = 2;
 
 /// The plan's display name: `rail-hier multi-node ...`.
 fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
@@ -321,8 +335,157 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return direct::plan(topo, req, ctx);
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
+    if nn < HALVING_MIN_NODES {
+        return all_reduce_rings(topo, req, ctx, shape);
+    }
     let loops = pipeline_loops(req, nn, g, ctx.channels);
-    let mut b = Builder::new(req, ctx, format!("{} x{loops} loops", label(ctx, &shape)));
+    let mut b = Builder::new(
+        req,
+        ctx,
+        format!("{} halving x{loops} loops", label(ctx, &shape)),
+    );
+    let lanes = |c: usize| halving::Lanes {
+        base: CH_HALVING + (c as u32) * HALVING_QUEUES,
+        queues: HALVING_QUEUES,
+    };
+    for c in 0..CH_RAILS.len() {
+        let l = lanes(c);
+        let chs: Vec<u32> = (0..l.queues).map(|q| l.base + q).collect();
+        pin_halving(&mut b, topo, req, &shape, ctx, &chs, c as u32)?;
+    }
+    let per = (g as u64)
+        .saturating_mul(nn as u64)
+        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)))
+        .min(req.count.div_ceil(loops).max(1));
+    let pieces = even_pieces(req.count, per);
+    // The first loop's piece is the largest: it sizes the staging every loop reuses.
+    let most_all = pieces.first().map_or(0, |x| x.1).div_ceil(g as u64);
+    let sub_all = most_all.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+    // Node partials live in the output: rank j's intra-node reduce-scatter leaves the node's
+    // partial of block j where the rail phase completes it, so only receive slots are staged.
+    let (intra, _) = ring_staging(&mut b, &shape, most_all, 0);
+    let rail_chunk_all = if nn as u64 >= CHUNKS_PER_BLOCK {
+        sub_all.max(ctx.chunk_elems).max(1)
+    } else {
+        phase_chunk(ctx, sub_all)
+    };
+    let rails: Vec<Vec<(Vec<u32>, halving::Slots)>> = (0..CH_RAILS.len() as u32)
+        .map(|c| {
+            (0..g)
+                .map(|j| {
+                    let ord = rail_order(&shape, j, c);
+                    let per_sub = sub_all.div_ceil(rail_chunk_all.max(1));
+                    let most = sub_all.min(rail_chunk_all);
+                    let sl = halving::Slots::new(&mut b, &ord, most, per_sub);
+                    (ord, sl)
+                })
+                .collect()
+        })
+        .collect();
+    for &(base, piece) in &pieces {
+        let blocks = split_even(piece, g as u64);
+        let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
+        // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
+        // rail step reads or writes one node sub-block, whose index relative to the node's
+        // ring position is what every node shares. An intra-node chunk covering part of a half
+        // would make node h's rail step s wait for a chunk that depends on h, so the plan's
+        // order would differ between nodes and a template could not fold it.
+        let half_most = most.div_ceil(CH_RAILS.len() as u64).max(1);
+        let chunk = if phase_chunk(ctx, most) >= most {
+            most.max(1)
+        } else {
+            half_most
+        };
+        // A rail ring over N nodes moves a different sub-block at every step, so from
+        // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
+        let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+        let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
+            sub.max(ctx.chunk_elems).max(1)
+        } else {
+            phase_chunk(ctx, sub)
+        };
+        let out = |r: u32, at: u64, l: u64| Region::new(BufferRef::Output(r), base + at, l);
+        if g > 1 {
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            b.set_chunk_elems(chunk);
+            for (ord, st) in shape.hosts.iter().zip(&intra) {
+                let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                    Region::new(BufferRef::Input(ord[p]), base + blocks[q].0 + rel, l)
+                };
+                let acc = |p: usize, q: usize, rel: u64, l: u64| out(ord[p], blocks[q].0 + rel, l);
+                ring::reduce_scatter_steps(
+                    &mut b,
+                    ord,
+                    CH_INTRA,
+                    &lens,
+                    chunk,
+                    st,
+                    &inp,
+                    Some(&acc),
+                    &acc,
+                    false,
+                )?;
+            }
+        }
+        b.set_chunk_elems(rail_chunk);
+        for (j, &(off, len)) in blocks.iter().enumerate() {
+            // Halves cut where the intra-node chunks cut (chunks of `half_most`).
+            let first = len.min(half_most);
+            let halves = [(0, first), (first, len - first)];
+            for (c, &(h_off, h_len)) in halves.iter().enumerate() {
+                let (ord, sl) = &rails[c][j];
+                let at = off + h_off;
+                let subs = split_even(h_len, nn as u64);
+                let lens: Vec<u64> = subs.iter().map(|x| x.1).collect();
+                let inp = |p: usize, q: usize, rel: u64, l: u64| {
+                    let buf = if g > 1 {
+                        BufferRef::Output(ord[p])
+                    } else {
+                        BufferRef::Input(ord[p])
+                    };
+                    Region::new(buf, base + at + subs[q].0 + rel, l)
+                };
+                let acc =
+                    |p: usize, q: usize, rel: u64, l: u64| out(ord[p], at + subs[q].0 + rel, l);
+                halving::all_reduce(
+                    &mut b,
+                    ord,
+                    lanes(c),
+                    &lens,
+                    rail_chunk,
+                    sl,
+                    &inp,
+                    &acc,
+                    g > 1,
+                )?;
+            }
+        }
+        if g > 1 {
+            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+            for ord in &shape.hosts {
+                let acc = |p: usize, q: usize, rel: u64, l: u64| out(ord[p], blocks[q].0 + rel, l);
+                all_gather_ring(&mut b, ord, CH_BACK, &lens, chunk, None, &acc)?;
+            }
+        }
+    }
+    Ok(b.finish())
+}
+
+/// [`all_reduce`] below [`HALVING_MIN_NODES`]: rail rings, node partials in two staged slots
+/// per rank.
+fn all_reduce_rings(
+    topo: &Topology,
+    req: &Request,
+    ctx: &Ctx,
+    shape: ClusterShape,
+) -> Result<Plan> {
+    let (nn, g) = (shape.nodes(), shape.per_node());
+    let loops = pipeline_loops(req, nn, g, ctx.channels);
+    let mut b = Builder::new(
+        req,
+        ctx,
+        format!("{} ring x{loops} loops", label(ctx, &shape)),
+    );
     for (c, &ch) in CH_RAILS.iter().enumerate() {
         pin_rails(&mut b, topo, req, &shape, ctx, ch, c as u32)?;
     }
@@ -422,6 +585,65 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     Ok(b.finish())
 }
 
+/// Pin the connections of a halving rail phase on lane channels `chs` (rail channel `c`'s
+/// order): every distance a halving step sends over, both ways, rail-aligned as [`pin_rails`]
+/// pins a ring's hops.
+fn pin_halving(
+    b: &mut Builder,
+    topo: &Topology,
+    req: &Request,
+    shape: &ClusterShape,
+    ctx: &Ctx,
+    chs: &[u32],
+    c: u32,
+) -> Result<()> {
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let nn = shape.nodes();
+    let ds = halving::distances(nn);
+    for j in 0..shape.per_node() {
+        let ord = rail_order(shape, j, c);
+        for p in 0..nn {
+            for (k, &d) in ds.iter().enumerate() {
+                for (a, e) in [(ord[p], ord[(p + d) % nn]), (ord[(p + d) % nn], ord[p])] {
+                    // A windowed build skips every send between two cold ranks before it
+                    // looks up their connection.
+                    if a == e || !b.may_touch(&[a, e]) {
+                        continue;
+                    }
+                    let Some(rail) = links.rail[a as usize] else {
+                        continue;
+                    };
+                    let conn = links.across(a, e, rail, j + p + k)?;
+                    for &ch in chs {
+                        b.pin(ch, req.gpus[a as usize], req.gpus[e as usize], conn.clone());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Lane channels of the halving rail phase start here: [`HALVING_QUEUES`] per rail channel.
+const CH_HALVING: u32 = 8;
+
+/// Lane channels each halving rail channel spreads its sub-blocks over, so a step's
+/// independent sub-blocks pay their start costs on several lanes at once.
+const HALVING_QUEUES: u32 = 4;
+
+/// Fewest nodes whose rail phase runs by distance halving (`halving.rs`) rather than as a ring.
+/// Simulated at 1 GiB on DGX H100 clusters (us, ring against halving): 4 nodes 5,451 / 5,541,
+/// 8 nodes 6,479 / 5,533, 16 nodes 6,713 / 5,989, 32 nodes 9,632 / 6,965, 64 nodes 11,925 /
+/// 7,225, 128 nodes 20,351 / 8,238: from 8 nodes on the ring's 2 (N-1) dependent steps cost
+/// more than halving's spread of sub-blocks over log2 N distances.
+pub const HALVING_MIN_NODES: usize = 8;
+
+/// Smallest sub-block a halving rail phase moves when the vector is cut into more loops, bytes:
+/// its sub-blocks are independent within a step and spread over [`HALVING_QUEUES`] lanes, so
+/// their start costs overlap and smaller ones than a ring step's pay (128 DGX H100 nodes at
+/// 1 GiB: 8,238 us with four loops of 128 KiB sub-blocks, 10,133 us with eight of 64 KiB).
+const MIN_HALVING_SUB_BYTES: u64 = 128 << 10;
+
 /// Hierarchical reduce_scatter: inside each node, a reduce-scatter per destination node leaves
 /// rank j with the node's partial of every block its rail delivers; rail j then reduce-scatters
 /// those across the nodes, so each byte crosses the network once. Falls back to
@@ -449,15 +671,21 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
         .map(|r| (g > 1).then(|| b.scratch(r, nn as u64 * most)))
         .collect();
     let (intra, rails) = ring_staging(&mut b, &shape, most, most);
-    for (base, piece) in chunks(count, per.max(1)) {
+    // Loops of one length, as the all_reduce's, so every loop reuses the partial slots alike.
+    for (base, piece) in even_pieces(count, per.max(1)) {
         let chunk = phase_chunk(ctx, piece);
         if g > 1 {
             let lens = vec![piece; g];
             // One ring per destination node: the N rings pipeline one another, so whole
             // pieces suffice.
             let chunk = piece.max(1);
-            for (ord, st) in shape.hosts.iter().zip(&intra) {
-                for (h, dest) in shape.hosts.iter().enumerate() {
+            for (hh, (ord, st)) in shape.hosts.iter().zip(&intra).enumerate() {
+                // Destination nodes in the order the rail ring asks for them: node hh - 1
+                // first, its own last; the order relative to the node is the same on every
+                // node, so the plan folds into a template.
+                for t in 1..=nn {
+                    let h = (hh + nn - t) % nn;
+                    let dest = &shape.hosts[h];
                     let inp = |p: usize, q: usize, rel: u64, l: u64| {
                         Region::new(
                             BufferRef::Input(ord[p]),
@@ -537,8 +765,11 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         let lens = vec![count; g];
         // One ring per source node: the N rings pipeline one another, so whole blocks suffice.
         let chunk = count.max(1);
-        for ord in &shape.hosts {
-            for src in &shape.hosts {
+        for (hh, ord) in shape.hosts.iter().enumerate() {
+            // Source nodes in the order the rail ring brings them: its own first, then node
+            // hh - 1, hh - 2, ...; relative to the node, the same on every node.
+            for t in 0..nn {
+                let src = &shape.hosts[(hh + nn - t) % nn];
                 let out = |p: usize, q: usize, rel: u64, l: u64| {
                     Region::new(
                         BufferRef::Output(ord[p]),
@@ -572,6 +803,8 @@ mod tests {
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();
         check_routes(&p, topo).unwrap();
+        // Every collective with an in-place form is served in place too.
+        crate::check::check_with(&p, crate::check::CheckOptions { in_place: true }).unwrap();
         p
     }
 
@@ -591,18 +824,24 @@ mod tests {
 
     #[test]
     fn every_hierarchical_plan_is_proved_on_clusters() {
-        // Two and three nodes pipeline rail rings in chunks; five nodes in whole sub-blocks.
+        // Two and three nodes pipeline rail rings in chunks; five nodes in whole sub-blocks;
+        // from eight nodes on the all_reduce's rails run by distance halving (nine: a count of
+        // nodes that is no power of two).
         for spec in [
             "cluster:2xdgx-h100:ib-ndr",
             "cluster:3xdgx1-v100:ib-edr",
             "cluster:5xdgx-h100:ib-ndr",
+            "cluster:8xdgx-h100:ib-ndr",
+            "cluster:9xdgx-h100:ib-ndr",
         ] {
             let topo = relaycc_topo::preset(spec).unwrap();
             let all: Vec<u32> = (0..topo.gpu_count()).collect();
-            // Whole nodes, and two GPUs of each node (a rail subset), odd counts included.
+            // Whole nodes, two GPUs of each node (a rail subset), odd counts included, and one
+            // GPU per node (the rail phase alone).
             let pairs: Vec<u32> = all.iter().copied().filter(|g| g % 8 < 2).collect();
+            let singles: Vec<u32> = all.iter().copied().filter(|g| g % 8 == 3).collect();
             let sets = if topo.gpu_count() > 24 {
-                vec![pairs]
+                vec![pairs, singles]
             } else {
                 vec![all.clone(), pairs]
             };
@@ -616,6 +855,10 @@ mod tests {
                     prove(&topo, &rs, reduce_scatter, 7);
                     let ag = Request::new(Collective::AllGather, gpus.clone(), count, DType::F32);
                     prove(&topo, &ag, all_gather, 7);
+                    // A chunk of 7 cuts pieces of 29 and 1,000 elements into loops.
+                    let a2a = Request::new(Collective::AllToAll, gpus.clone(), count, DType::F32);
+                    prove(&topo, &a2a, all_to_all, 7);
+                    prove(&topo, &a2a, all_to_all, 1 << 20);
                 }
             }
         }
@@ -665,5 +908,52 @@ mod tests {
             .filter(|o| matches!(o.kind, crate::plan::OpKind::Copy { .. }))
             .count();
         assert!(copies <= 32 * (2 * 7 + 2 * 3) * 4, "{copies} copies");
+    }
+}
+
+#[cfg(test)]
+mod fold_tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::path::RelayPolicy;
+    use crate::planner::{Candidates, pipeline_chunk_elems};
+    use crate::sim::SimConfig;
+
+    #[test]
+    fn reduce_scatter_and_all_gather_fold_and_time_like_their_expanded_plans() {
+        // Each node walks the other nodes in the order its rail ring needs them, relative to
+        // itself, so node h's ops wait for what node 0's do, shifted: the templates fold.
+        for nodes in [4u32, 5] {
+            let topo = relaycc_topo::preset(&format!("cluster:{nodes}xdgx-h100:ib-ndr")).unwrap();
+            let sym = topo.host_symmetry();
+            let n = topo.gpu_count();
+            for c in [
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::AllToAll,
+            ] {
+                let req = Request::new(c, (0..n).collect(), (64 << 20) / u64::from(n), DType::F32);
+                let chunk = pipeline_chunk_elems(&req).max(1);
+                let set = Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
+                let i = (0..set.len())
+                    .find(|&i| {
+                        set.build_unfitted(i, chunk)
+                            .is_ok_and(|p| !p.algorithm.starts_with("direct"))
+                    })
+                    .unwrap();
+                let full = set.build(i, chunk).unwrap();
+                let t = set
+                    .build_template(i, chunk, &sym)
+                    .unwrap_or_else(|e| panic!("{nodes} nodes {c}: {e}"));
+                crate::check::check_template(&t).unwrap();
+                let cfg = SimConfig::default();
+                let a = crate::simulate(&topo, &full, &cfg).unwrap().time_us;
+                let b = crate::simulate(&topo, &t, &cfg).unwrap().time_us;
+                assert!(
+                    (a - b).abs() < 0.01 * a,
+                    "{nodes} nodes {c}: {a} against {b}"
+                );
+            }
+        }
     }
 }
