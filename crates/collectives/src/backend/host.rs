@@ -56,7 +56,7 @@ const STREAM_MIN_BYTES: u64 = 4096;
 /// # Safety
 /// `src..src + bytes` is readable, `dst..dst + bytes` writable, the two do not overlap, and
 /// nothing else touches `dst..dst + bytes` until [`store_fence`] has run on this thread.
-unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
+pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
@@ -94,7 +94,7 @@ unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
 /// Order this thread's earlier non-temporal stores before its later stores (x86-64's
 /// `sfence`; other targets stream nothing). Called before a lane records an event or ends,
 /// so a lane or thread that sees either also sees the streamed data.
-fn store_fence() {
+pub(crate) fn store_fence() {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sfence` has no preconditions; SSE is part of x86-64.
     unsafe {
