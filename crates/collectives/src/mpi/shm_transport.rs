@@ -32,8 +32,9 @@
 //! window, never this process's buffers, so when a run returns nothing can touch the
 //! caller's memory any more: unlike MPI requests, nothing is left to bury. The window is
 //! never freed: `MPI_Win_free` is collective, and a communicator dropped after a peer stopped
-//! would wait for it forever; the memory goes with the process (`(ranks - 1) x` one
-//! channel's bytes per rank).
+//! would wait for it forever; the memory goes with the process: `ranks` channels of 4 MiB
+//! per rank, of which a page per channel is touched at setup and the slots as messages use
+//! them.
 
 use std::cell::RefCell;
 use std::os::raw::{c_int, c_void};
@@ -63,7 +64,7 @@ const SLOTS: usize = 4;
 const LINE: usize = 64;
 /// Alignment of every rank's channels in the window.
 const PAGE: usize = 4096;
-/// Largest communicator given a window: each rank holds `ranks - 1` channels.
+/// Largest communicator given a window: each rank holds one channel per rank.
 const MAX_RANKS: i32 = 64;
 /// Smallest message copied out with non-temporal stores: the receiver's memory of a large
 /// message is not read again soon, so its lines go to memory without first being read
