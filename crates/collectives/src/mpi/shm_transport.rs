@@ -61,9 +61,9 @@ const SLOT_BYTES: usize = 1024 * 1024;
 const SLOTS: usize = 4;
 /// A cache line: counters and slot headers each get their own, so the sender's and the
 /// receiver's writes never share a line.
-const LINE: usize = 64;
+const LINE_BYTES: usize = 64;
 /// Alignment of every rank's channels in the window.
-const PAGE: usize = 4096;
+const PAGE_BYTES: usize = 4096;
 /// Largest communicator given a window: each rank holds one channel per rank.
 const MAX_RANKS: i32 = 64;
 /// Smallest message copied out with non-temporal stores: the receiver's memory of a large
@@ -75,7 +75,7 @@ const STREAM_MIN_BYTES: usize = 256 * 1024;
 
 /// Bytes of one channel: `head`, `tail`, one header line per slot, the slots.
 const fn channel_bytes() -> usize {
-    2 * LINE + SLOTS * LINE + SLOTS * SLOT_BYTES
+    2 * LINE_BYTES + SLOTS * LINE_BYTES + SLOTS * SLOT_BYTES
 }
 
 /// The shared window of a communicator whose ranks share one host's memory, and the lists a
@@ -148,7 +148,7 @@ impl ShmSegment {
         let mine = channel_bytes() * size as usize;
         // MPI aligns a rank's part to 8 bytes only: ask for a page more and start at the next
         // page boundary, which every process computes alike from the part's address.
-        let asked = mine + PAGE;
+        let asked = mine + PAGE_BYTES;
         let mut base: *mut u8 = std::ptr::null_mut();
         // SAFETY: reading an MPI constant initialised by the library.
         let mut win = unsafe { ffi::RSMPI_WIN_NULL };
@@ -179,14 +179,14 @@ impl ShmSegment {
                 ffi::MPI_Win_shared_query(win, r, &mut bytes, &mut unit, (&raw mut at).cast())
             };
             ok = rc == ffi::MPI_SUCCESS as c_int && !at.is_null() && bytes as usize >= asked;
-            bases.push((at as usize).next_multiple_of(PAGE));
+            bases.push((at as usize).next_multiple_of(PAGE_BYTES));
         }
         if ok {
             // Counters start at zero; every rank clears its own part before anyone uses it.
             for d in 0..size as usize {
-                let ch = (base as usize).next_multiple_of(PAGE) + d * channel_bytes();
-                // SAFETY: `ch..ch + 2 * LINE` lies inside this rank's part (`mine` bytes).
-                unsafe { std::ptr::write_bytes(ch as *mut u8, 0, 2 * LINE) };
+                let ch = (base as usize).next_multiple_of(PAGE_BYTES) + d * channel_bytes();
+                // SAFETY: `ch..ch + 2 * LINE_BYTES` lies inside this rank's part (`mine` bytes).
+                unsafe { std::ptr::write_bytes(ch as *mut u8, 0, 2 * LINE_BYTES) };
             }
         }
         // Every rank learns whether all succeeded, and no rank uses the window before all
@@ -260,7 +260,7 @@ impl ShmTransport<'_> {
         let ch = self.seg.channel(self.seg.rank, m.peer);
         // SAFETY: the channel's first two lines are its counters (`channel`, page-aligned
         // bases and line multiples).
-        let (head, tail) = unsafe { (counter(ch), counter(ch + LINE)) };
+        let (head, tail) = unsafe { (counter(ch), counter(ch + LINE_BYTES)) };
         let mut moved = false;
         while !m.finished() {
             let h = head.load(Ordering::Relaxed);
@@ -276,13 +276,13 @@ impl ShmTransport<'_> {
                 offset: offset as u64,
                 len: len as u64,
             };
-            let at = ch + 2 * LINE;
+            let at = ch + 2 * LINE_BYTES;
             // SAFETY: slot `k` and its header line are inside the channel; the receiver
             // freed them (`tail` acquired above) and reads them only after `head` moves;
             // the source holds `m.bytes` readable bytes (the runner's contract).
             unsafe {
-                std::ptr::write_volatile((at + k * LINE) as *mut Header, header);
-                let slot = at + SLOTS * LINE + k * SLOT_BYTES;
+                std::ptr::write_volatile((at + k * LINE_BYTES) as *mut Header, header);
+                let slot = at + SLOTS * LINE_BYTES + k * SLOT_BYTES;
                 crate::backend::host::stream_copy(
                     (m.addr + offset) as *const u8,
                     slot as *mut u8,
@@ -301,7 +301,7 @@ impl ShmTransport<'_> {
     fn pull(&self, m: &mut Msg) -> Result<bool, MpiError> {
         let ch = self.seg.channel(m.peer, self.seg.rank);
         // SAFETY: as in `push`.
-        let (head, tail) = unsafe { (counter(ch), counter(ch + LINE)) };
+        let (head, tail) = unsafe { (counter(ch), counter(ch + LINE_BYTES)) };
         let mut moved = false;
         while !m.finished() {
             let t = tail.load(Ordering::Relaxed);
@@ -309,9 +309,9 @@ impl ShmTransport<'_> {
                 break;
             }
             let k = (t % SLOTS as u64) as usize;
-            let at = ch + 2 * LINE;
+            let at = ch + 2 * LINE_BYTES;
             // SAFETY: the sender wrote this header before publishing `head` (acquired).
-            let got = unsafe { std::ptr::read_volatile((at + k * LINE) as *const Header) };
+            let got = unsafe { std::ptr::read_volatile((at + k * LINE_BYTES) as *const Header) };
             let offset = m.moved * SLOT_BYTES;
             let want = Header {
                 tag: u64::from(m.tag),
@@ -335,7 +335,7 @@ impl ShmTransport<'_> {
                     got.tag
                 )));
             }
-            let slot = at + SLOTS * LINE + k * SLOT_BYTES;
+            let slot = at + SLOTS * LINE_BYTES + k * SLOT_BYTES;
             let dst = (m.addr + offset) as *mut u8;
             let len = want.len as usize;
             // SAFETY: the slot holds the chunk (published, not reused before `tail` moves);
