@@ -70,7 +70,7 @@ const MAX_RANKS: i32 = 64;
 /// message is not read again soon, so its lines go to memory without first being read
 /// ([Intel-Opt]); small messages stay in the cache for the ops that read them next. Slots
 /// are always written with streaming stores: a receiver reads a chunk after other ranks ran
-/// on the core, when it is no longer in the cache.
+/// on the core, when the cache holds it only rarely.
 const STREAM_MIN_BYTES: usize = 256 * 1024;
 
 /// Bytes of one channel: `head`, `tail`, one header line per slot, the slots.
@@ -255,7 +255,7 @@ pub(crate) struct ShmTransport<'s> {
 }
 
 impl ShmTransport<'_> {
-    /// Move every chunk of `m` (a send) that fits in the ring now; true if any moved.
+    /// Move every chunk of `m` (a send) that the ring has room for; true if any moved.
     fn push(&self, m: &mut Msg) -> bool {
         let ch = self.seg.channel(self.seg.rank, m.peer);
         // SAFETY: the channel's first two lines are its counters (`channel`, page-aligned
