@@ -11,7 +11,9 @@
 //! - Copies into lent memory (a rank's own slices) of a page or more use non-temporal stores
 //!   (`stream_copy`), and a copy into memory that only a reduction of the same lane reads
 //!   before the lane overwrites it is dropped, the reduction reading the copy's source
-//!   (`forward_copies`): every arena is one address space.
+//!   (`forward_copies`): every arena is one address space. A reduction directly followed by
+//!   copies of its whole result writes each result block to every destination while it is
+//!   in the L1 cache (`fuse_fan_out`), streaming into a rank's memory.
 //! - Events: one flag per event of a launch, set with release ordering after the lane's
 //!   earlier commands; a waiting lane parks on the launch's condition variable.
 //! - Launches run one after another: one lock (the gate) is held while [`Backend::submit`]
@@ -56,7 +58,7 @@ const STREAM_MIN_BYTES: u64 = 4096;
 /// # Safety
 /// `src..src + bytes` is readable, `dst..dst + bytes` writable, the two do not overlap, and
 /// nothing else touches `dst..dst + bytes` until [`store_fence`] has run on this thread.
-unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
+pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
@@ -94,7 +96,7 @@ unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
 /// Order this thread's earlier non-temporal stores before its later stores (x86-64's
 /// `sfence`; other targets stream nothing). Called before a lane records an event or ends,
 /// so a lane or thread that sees either also sees the streamed data.
-fn store_fence() {
+pub(crate) fn store_fence() {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `sfence` has no preconditions; SSE is part of x86-64.
     unsafe {
@@ -147,6 +149,10 @@ enum Task {
         dtype: DType,
         op: ReduceOp,
         divisor: Option<u32>,
+        /// Further destinations written with the result, block by block
+        /// (`LaunchState::outs[outs..outs + fan]`, see [`fuse_fan_out`]); 0: none.
+        outs: usize,
+        fan: usize,
     },
     Record(usize),
     Wait(usize),
@@ -157,6 +163,8 @@ enum Task {
 struct LaunchState {
     lanes: Vec<Vec<Task>>,
     srcs: Vec<usize>,
+    /// Destinations of fused reductions: address and whether to stream the stores.
+    outs: Vec<(usize, bool)>,
     events: Vec<AtomicBool>,
     failed: AtomicBool,
     /// Lanes still running, and the first error.
@@ -214,6 +222,8 @@ impl LaunchState {
                     dtype,
                     op,
                     divisor,
+                    outs,
+                    fan,
                 } => {
                     let srcs = &self.srcs[first..first + count];
                     // SAFETY: `usize` and `*const u8` have the same layout; the addresses
@@ -221,10 +231,29 @@ impl LaunchState {
                     let ptrs: &[*const u8] = unsafe {
                         std::slice::from_raw_parts(srcs.as_ptr() as *const *const u8, srcs.len())
                     };
-                    // SAFETY: `submit` checked every range is inside a live block, aligned for
-                    // `dtype`, and that `dst` equals or avoids each source; the caller of
-                    // `submit` promised no concurrent writer.
-                    unsafe { host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor) };
+                    if fan == 0 {
+                        // SAFETY: `submit` checked every range is inside a live block, aligned
+                        // for `dtype`, and that `dst` equals or avoids each source; the caller
+                        // of `submit` promised no concurrent writer.
+                        unsafe {
+                            host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor)
+                        };
+                    } else {
+                        // SAFETY: as above for `dst`; `fuse_fan_out` only fused copies whose
+                        // destinations are inside live blocks, apart from every source, from
+                        // `dst` and from each other, and written by nothing else meanwhile.
+                        unsafe {
+                            host_reduce::reduce_fan_out(
+                                dtype,
+                                op,
+                                ptrs,
+                                (dst, fan_stream(len, dtype)),
+                                &self.outs[outs..outs + fan],
+                                len,
+                                divisor,
+                            )
+                        };
+                    }
                 }
                 Task::Record(e) => {
                     store_fence();
@@ -266,12 +295,113 @@ fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
 /// A byte range: (address, bytes).
 type Range = (usize, usize);
 
+/// Whether a fused reduction of `len` elements streams its own destination: it is a rank's
+/// output (the shared-memory plans reduce a slice into its owner's output and copy it out),
+/// which the launch does not read again soon, except through the fused copies.
+fn fan_stream(len: usize, dtype: DType) -> bool {
+    len as u64 * dtype.size() >= STREAM_MIN_BYTES
+}
+
+/// Fan-out fusion on one lane: a reduction into `R` directly followed on the lane by copies
+/// of all of `R` to other memories becomes one task that writes each block of the result to
+/// `R` and to every copy's destination while the block is in the L1 cache, instead of
+/// writing `R` and reading it back once per copy. The shared-memory plans' all_reduce
+/// reduces each chunk of a slice on its owner and copies it to every other rank: fused, main
+/// memory sees what `n` plain copies move (every input read once, every output written once
+/// with streaming stores).
+///
+/// It changes nothing any op observes: the copies follow the reduction with nothing between
+/// (no event, so no other lane is ordered between them), each copies exactly `R`, and their
+/// destinations overlap no source of the reduction, `R`, or each other, so writing them
+/// block by block during the reduction leaves every byte as the reduction and then the
+/// copies would.
+fn fuse_fan_out(tasks: &mut Vec<Task>, srcs: &[usize], outs: &mut Vec<(usize, bool)>) {
+    let mut drop_task = vec![false; tasks.len()];
+    let mut i = 0;
+    while i < tasks.len() {
+        let Task::Reduce {
+            first,
+            count,
+            dst,
+            len,
+            dtype,
+            fan: 0,
+            ..
+        } = tasks[i]
+        else {
+            i += 1;
+            continue;
+        };
+        let bytes = len.saturating_mul(dtype.size() as usize);
+        let start = outs.len();
+        let mut j = i + 1;
+        while let Some(&Task::Copy {
+            src,
+            dst: to,
+            bytes: b,
+            stream,
+        }) = tasks.get(j)
+        {
+            let apart = |(a, l): (usize, usize)| !overlaps(a, l, to, bytes);
+            let clear = src == dst
+                && b == bytes
+                && bytes > 0
+                && apart((dst, bytes))
+                && srcs[first..first + count]
+                    .iter()
+                    .all(|&s| apart((s, bytes)))
+                && outs[start..].iter().all(|&(o, _)| apart((o, bytes)));
+            if !clear {
+                break;
+            }
+            outs.push((to, stream));
+            drop_task[j] = true;
+            j += 1;
+        }
+        if let Task::Reduce { outs: o, fan, .. } = &mut tasks[i] {
+            *o = start;
+            *fan = outs.len() - start;
+        }
+        i = j;
+    }
+    let mut k = 0;
+    tasks.retain(|_| {
+        k += 1;
+        !drop_task[k - 1]
+    });
+}
+
+/// The byte ranges a task reads: one range, or `len` bytes at each of some addresses.
+#[derive(Clone, Copy)]
+struct Reads<'a> {
+    one: Option<Range>,
+    many: &'a [usize],
+    len: usize,
+}
+
+impl Reads<'_> {
+    /// Every range read (no allocation: the scans below run per copy of a submission).
+    fn iter(self) -> impl Iterator<Item = Range> {
+        let len = self.len;
+        self.one
+            .into_iter()
+            .chain(self.many.iter().map(move |&a| (a, len)))
+    }
+}
+
 /// The byte ranges a task reads and writes: (reads, write), for the tasks that touch memory.
-fn task_ranges(t: &Task, srcs: &[usize]) -> Option<(Vec<Range>, Range)> {
+fn task_ranges<'a>(t: &Task, srcs: &'a [usize]) -> Option<(Reads<'a>, Range)> {
     match *t {
         Task::Copy {
             src, dst, bytes, ..
-        } => Some((vec![(src, bytes)], (dst, bytes))),
+        } => Some((
+            Reads {
+                one: Some((src, bytes)),
+                many: &[],
+                len: 0,
+            },
+            (dst, bytes),
+        )),
         Task::Reduce {
             first,
             count,
@@ -281,7 +411,11 @@ fn task_ranges(t: &Task, srcs: &[usize]) -> Option<(Vec<Range>, Range)> {
             ..
         } => {
             let b = len.saturating_mul(dtype.size() as usize);
-            let reads = srcs[first..first + count].iter().map(|&a| (a, b)).collect();
+            let reads = Reads {
+                one: None,
+                many: &srcs[first..first + count],
+                len: b,
+            };
             Some((reads, (dst, b)))
         }
         Task::Record(_) | Task::Wait(_) => None,
@@ -339,10 +473,10 @@ fn forward_copies(tasks: &mut Vec<Task>, srcs: &mut [usize]) {
                 ..
             } = *t
             {
-                let exact = reads.iter().any(|&(s, l)| s == r && l == bytes);
+                let exact = reads.iter().any(|(s, l)| s == r && l == bytes);
                 let others_clear = reads
                     .iter()
-                    .all(|&(s, l)| (s == r && l == bytes) || !overlaps(s, l, r, bytes));
+                    .all(|(s, l)| (s == r && l == bytes) || !overlaps(s, l, r, bytes));
                 let dst_ok = !overlaps(w, wl, r, bytes)
                     && ((w == a && wl == bytes) || !overlaps(w, wl, a, bytes));
                 if exact && others_clear && dst_ok && a % dtype.size() as usize == 0 {
@@ -352,7 +486,7 @@ fn forward_copies(tasks: &mut Vec<Task>, srcs: &mut [usize]) {
             }
             if overlaps(w, wl, r, bytes)
                 || overlaps(w, wl, a, bytes)
-                || reads.iter().any(|&(s, l)| overlaps(s, l, r, bytes))
+                || reads.iter().any(|(s, l)| overlaps(s, l, r, bytes))
             {
                 break;
             }
@@ -374,7 +508,7 @@ fn forward_copies(tasks: &mut Vec<Task>, srcs: &mut [usize]) {
             let Some((reads, (w, wl))) = task_ranges(t, srcs) else {
                 break;
             };
-            if reads.iter().any(|&(s, l)| overlaps(s, l, r, bytes)) {
+            if reads.iter().any(|(s, l)| overlaps(s, l, r, bytes)) {
                 break;
             }
             if overlaps(w, wl, r, bytes) {
@@ -693,6 +827,8 @@ impl Backend for HostBackend {
                                 dtype: p.dtype,
                                 op: p.op,
                                 divisor,
+                                outs: 0,
+                                fan: 0,
                             },
                         ),
                         Resolved::Record { lane, event } => (lane, Task::Record(event0 + event)),
@@ -702,8 +838,10 @@ impl Backend for HostBackend {
                 }
             }
         }
+        let mut outs = Vec::new();
         for lane in &mut lanes {
             forward_copies(lane, &mut srcs);
+            fuse_fan_out(lane, &srcs, &mut outs);
         }
         let busy: Vec<usize> = (0..lanes.len()).filter(|l| !lanes[*l].is_empty()).collect();
         if busy.is_empty() {
@@ -713,6 +851,7 @@ impl Backend for HostBackend {
         let state = Arc::new(LaunchState {
             lanes,
             srcs,
+            outs,
             events: (0..events).map(|_| AtomicBool::new(false)).collect(),
             failed: AtomicBool::new(false),
             status: Mutex::new((busy.len(), None)),
@@ -795,6 +934,8 @@ mod tests {
             dtype: DType::F32,
             op: ReduceOp::Sum,
             divisor: None,
+            outs: 0,
+            fan: 0,
         };
         let mut srcs = vec![own, r];
         let mut tasks = vec![copy(a, r, 64), reduce(0), copy(b, r, 64)];
@@ -814,6 +955,52 @@ mod tests {
             forward_copies(&mut tasks, &mut srcs);
             assert_eq!(tasks.len(), before, "{tasks:?}");
             assert_eq!(srcs, vec![own, r]);
+        }
+    }
+
+    /// A reduction followed by copies of its whole result fuses into one task with their
+    /// destinations; a copy of part of the result, one whose destination overlaps a source,
+    /// or one after an event stays a copy.
+    #[test]
+    fn copies_of_a_reduction_fuse_into_its_fan_out() {
+        let (a, b, r, x, y) = (0x1000, 0x2000, 0x3000, 0x4000, 0x5000);
+        let reduce = Task::Reduce {
+            first: 0,
+            count: 2,
+            dst: r,
+            len: 16,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+            divisor: None,
+            outs: 0,
+            fan: 0,
+        };
+        let srcs = vec![a, b];
+        let mut outs = Vec::new();
+        let mut tasks = vec![reduce, copy(r, x, 64), copy(r, y, 64), copy(r, x, 64)];
+        fuse_fan_out(&mut tasks, &srcs, &mut outs);
+        // The third copy writes `x` again: it overlaps a fused destination and stays.
+        assert_eq!(tasks.len(), 2, "{tasks:?}");
+        assert!(matches!(
+            tasks[0],
+            Task::Reduce {
+                outs: 0,
+                fan: 2,
+                ..
+            }
+        ));
+        assert_eq!(outs, vec![(x, false), (y, false)]);
+        let cases: [Vec<Task>; 3] = [
+            vec![reduce, copy(r, x, 32)],
+            vec![reduce, copy(r, b, 64)],
+            vec![reduce, Task::Record(0), copy(r, x, 64)],
+        ];
+        for mut tasks in cases {
+            let before = tasks.len();
+            let mut outs = Vec::new();
+            fuse_fan_out(&mut tasks, &srcs, &mut outs);
+            assert_eq!(tasks.len(), before, "{tasks:?}");
+            assert!(outs.is_empty());
         }
     }
 

@@ -211,13 +211,61 @@ fn fold<E: Elem, O: BinOp>(acc: &mut [E::Acc], s: &[&[E]]) {
     }
 }
 
-/// The typed loop.
+/// Where a reduction's result goes: its destination (address, streamed) and further
+/// destinations that receive the same bytes.
+#[derive(Clone, Copy)]
+struct Sinks<'a> {
+    dst: (usize, bool),
+    outs: &'a [(usize, bool)],
+}
+
+/// The typed loop, dispatched to a build for AVX2 where the CPU has it (the loops are
+/// elementwise, so every build gives the same bits).
 ///
 /// # Safety
-/// As [`reduce`], with `E` the element type the pointers point to.
+/// As [`reduce`], with `E` the element type the pointers point to, and for every further
+/// destination as [`reduce_fan_out`].
 unsafe fn run<E: Elem, O: BinOp>(
     srcs: &[*const u8],
-    dst: *mut u8,
+    sinks: Sinks<'_>,
+    len: usize,
+    divisor: Option<u32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (just checked); the rest is the caller's contract.
+        unsafe { run_avx2::<E, O>(srcs, sinks, len, divisor) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { body::<E, O>(srcs, sinks, len, divisor) };
+}
+
+/// [`body`] compiled for AVX2: 32-byte vectors, twice SSE2's.
+///
+/// # Safety
+/// As [`run`], on a CPU with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn run_avx2<E: Elem, O: BinOp>(
+    srcs: &[*const u8],
+    sinks: Sinks<'_>,
+    len: usize,
+    divisor: Option<u32>,
+) {
+    // SAFETY: forwarded.
+    unsafe { body::<E, O>(srcs, sinks, len, divisor) };
+}
+
+/// The loop: block by block, the first source into the accumulator, the others folded in
+/// four at a time, then the block stored to every destination.
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+unsafe fn body<E: Elem, O: BinOp>(
+    srcs: &[*const u8],
+    sinks: Sinks<'_>,
     len: usize,
     divisor: Option<u32>,
 ) {
@@ -225,6 +273,8 @@ unsafe fn run<E: Elem, O: BinOp>(
         return;
     };
     let mut acc = [E::Acc::default(); BLOCK];
+    let mut out = [E::store(E::Acc::default()); BLOCK];
+    let size = std::mem::size_of::<E>();
     let mut start = 0;
     while start < len {
         let n = BLOCK.min(len - start);
@@ -249,11 +299,32 @@ unsafe fn run<E: Elem, O: BinOp>(
                 *a = a.div(d);
             }
         }
-        // SAFETY: the caller guarantees `len` valid, aligned elements at `dst` that no other
-        // thread touches; every source slice of this block is dead by now.
-        let d = unsafe { slice::from_raw_parts_mut((dst as *mut E).add(start), n) };
-        for (d, a) in d.iter_mut().zip(acc.iter()) {
-            *d = E::store(*a);
+        let (dst, stream) = sinks.dst;
+        if sinks.outs.is_empty() && !stream {
+            // SAFETY: the caller guarantees `len` valid, aligned elements at `dst` that no
+            // other thread touches; every source slice of this block is dead by now.
+            let d = unsafe { slice::from_raw_parts_mut((dst as *mut E).add(start), n) };
+            for (d, a) in d.iter_mut().zip(acc.iter()) {
+                *d = E::store(*a);
+            }
+        } else {
+            for (o, a) in out.iter_mut().zip(acc.iter()) {
+                *o = E::store(*a);
+            }
+            let block = out.as_ptr().cast::<u8>();
+            for &(to, stream) in std::iter::once(&sinks.dst).chain(sinks.outs) {
+                let at = (to + start * size) as *mut u8;
+                // SAFETY: every destination holds `len` elements that nothing else touches
+                // (the caller), apart from the local block; `store_fence` orders streamed
+                // stores before the lane's next event.
+                unsafe {
+                    if stream {
+                        super::host::stream_copy(block, at, n * size);
+                    } else {
+                        std::ptr::copy_nonoverlapping(block, at, n * size);
+                    }
+                }
+            }
         }
         start += n;
     }
@@ -273,15 +344,56 @@ pub(crate) unsafe fn reduce(
     len: usize,
     divisor: Option<u32>,
 ) {
+    let sinks = Sinks {
+        dst: (dst as usize, false),
+        outs: &[],
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { dispatch(dtype, op, srcs, sinks, len, divisor) };
+}
+
+/// [`reduce`] whose result also goes to every destination of `outs`, block by block while
+/// the block is in the L1 cache; `dst.1` and each `outs[k].1` ask for streaming stores
+/// (ordered by the caller's `sfence` before another thread reads them).
+///
+/// # Safety
+/// As [`reduce`] for the sources and `dst.0`; every `outs[k].0` holds `len` writable
+/// elements of `dtype` that no other thread touches during the call and that overlap no
+/// source, `dst.0`, or another destination.
+pub(crate) unsafe fn reduce_fan_out(
+    dtype: DType,
+    op: ReduceOp,
+    srcs: &[*const u8],
+    dst: (usize, bool),
+    outs: &[(usize, bool)],
+    len: usize,
+    divisor: Option<u32>,
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { dispatch(dtype, op, srcs, Sinks { dst, outs }, len, divisor) };
+}
+
+/// The typed loop of `dtype` and `op`.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn dispatch(
+    dtype: DType,
+    op: ReduceOp,
+    srcs: &[*const u8],
+    sinks: Sinks<'_>,
+    len: usize,
+    divisor: Option<u32>,
+) {
     macro_rules! by_op {
         ($t:ty) => {
             // SAFETY: forwarded from this function's contract, with the matching type.
             unsafe {
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => run::<$t, Sum>(srcs, dst, len, divisor),
-                    ReduceOp::Prod => run::<$t, Prod>(srcs, dst, len, divisor),
-                    ReduceOp::Min => run::<$t, Min>(srcs, dst, len, divisor),
-                    ReduceOp::Max => run::<$t, Max>(srcs, dst, len, divisor),
+                    ReduceOp::Sum | ReduceOp::Avg => run::<$t, Sum>(srcs, sinks, len, divisor),
+                    ReduceOp::Prod => run::<$t, Prod>(srcs, sinks, len, divisor),
+                    ReduceOp::Min => run::<$t, Min>(srcs, sinks, len, divisor),
+                    ReduceOp::Max => run::<$t, Max>(srcs, sinks, len, divisor),
                 }
             }
         };
@@ -372,6 +484,53 @@ mod tests {
                     .all(|(g, w)| g.to_bits() == w.to_bits()),
                 "len {len}"
             );
+        }
+    }
+
+    /// The fan-out writes the reduction's bits to every destination, streamed or not, for
+    /// lengths around the block size and in place.
+    #[test]
+    fn fan_out_writes_the_result_everywhere() {
+        for len in [1usize, BLOCK - 1, BLOCK + 5, 3 * BLOCK + 17] {
+            let srcs: Vec<Vec<f32>> = (0..6)
+                .map(|k| {
+                    (0..len)
+                        .map(|i| ((k * 31 + i) % 13) as f32 * 0.37)
+                        .collect()
+                })
+                .collect();
+            let want = reduce_vec(DType::F32, ReduceOp::Avg, &srcs, Some(6));
+            let mut own = srcs[0].clone();
+            let mut x = vec![0f32; len];
+            let mut y = vec![0f32; len];
+            let mut ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr().cast()).collect();
+            ptrs[0] = own.as_ptr().cast();
+            let outs = [
+                (x.as_mut_ptr() as usize, true),
+                (y.as_mut_ptr() as usize, false),
+            ];
+            // SAFETY: every vector holds `len` f32; `own` is the first source exactly (in
+            // place) and the further destinations overlap nothing.
+            unsafe {
+                reduce_fan_out(
+                    DType::F32,
+                    ReduceOp::Avg,
+                    &ptrs,
+                    (own.as_mut_ptr() as usize, true),
+                    &outs,
+                    len,
+                    Some(6),
+                )
+            };
+            super::super::host::store_fence();
+            for got in [&own, &x, &y] {
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits()),
+                    "len {len}"
+                );
+            }
         }
     }
 

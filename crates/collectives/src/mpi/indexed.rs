@@ -150,7 +150,7 @@ impl NeighborExchange {
             }
         }
         self.schedule
-            .run_in(&mut self.reqs, &mut self.bufs, self.timeout)?;
+            .run_in(&mut self.reqs, &mut self.bufs, self.timeout, None)?;
         let out = self.bufs.output_bytes(&self.schedule)?;
         let got: &[T] = bytemuck::try_cast_slice(&out[..]).map_err(align)?;
         match &ix.scatter {

@@ -25,6 +25,7 @@ mod indexed;
 mod plans;
 mod requests;
 mod schedule;
+mod shm_transport;
 mod transport;
 mod typed;
 
@@ -173,6 +174,9 @@ pub struct MpiCommunicator {
     last_algorithm: RefCell<String>,
     /// Typed collectives run in the caller's buffers ([`MpiCommunicator::set_zero_copy`]).
     zero_copy: bool,
+    /// The shared window the typed collectives move their messages through when every rank
+    /// shares this host's memory (`shm_transport.rs`); `None`: MPI messages.
+    shm: Option<shm_transport::ShmSegment>,
 }
 
 impl std::fmt::Debug for MpiCommunicator {
@@ -249,6 +253,7 @@ impl MpiCommunicator {
             .map_or(Duration::from_secs(60), Duration::from_millis);
         let cuda_aware = std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1");
         let p2p = private_dup(&comm);
+        let shm = shm_transport::ShmSegment::new(&comm);
         MpiCommunicator {
             comm,
             rank: rank as u32,
@@ -271,6 +276,7 @@ impl MpiCommunicator {
             p2p_seq: RefCell::default(),
             last_algorithm: RefCell::default(),
             zero_copy: std::env::var("RELAYCC_MPI_ZERO_COPY").is_ok_and(|v| v.trim() == "1"),
+            shm,
         }
     }
 

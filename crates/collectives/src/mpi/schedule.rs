@@ -9,6 +9,7 @@ use relaycc_route::{BufferRef, Location, Plan};
 
 use super::MpiError;
 use super::requests::Requests;
+use super::shm_transport::ShmSegment;
 use super::transport::MpiTransport;
 use crate::backend::Command;
 use crate::exec::lower::{self, Lanes, Layout, RankProgram};
@@ -226,13 +227,14 @@ impl Schedule {
             return Err(bad("output", output.len(), self.output_len));
         }
         bufs.input_bytes(self)?.copy_from_slice(input);
-        self.run_in(reqs, bufs, timeout)?;
+        self.run_in(reqs, bufs, timeout, None)?;
         output.copy_from_slice(bufs.output_bytes(self)?);
         Ok(())
     }
 
     /// Run this rank's part on `reqs`' communicator in the memory of `bufs` (made by
-    /// [`RunBuffers::new`] for this schedule), within `timeout`.
+    /// [`RunBuffers::new`] for this schedule), within `timeout`; messages go through `shm`
+    /// when given, else as MPI messages on `reqs`' communicator.
     ///
     /// Every message reads or writes `bufs`, never a caller's memory: on a timeout or an MPI
     /// error the pending requests are cancelled, and those MPI keeps
@@ -243,6 +245,7 @@ impl Schedule {
         reqs: &mut Requests,
         bufs: &mut RunBuffers,
         timeout: Duration,
+        shm: Option<&ShmSegment>,
     ) -> Result<(), MpiError> {
         bufs.fits(self)?;
         // Raw base pointers, taken once: pending receives write through them while local
@@ -252,7 +255,7 @@ impl Schedule {
         let out_ptr = bufs.output.as_mut_ptr().cast::<u8>();
         // SAFETY: both point to buffers of `bufs` holding the schedule's lengths (`fits`),
         // which live, untouched by anything else, for the whole call.
-        unsafe { self.run_at(reqs, in_ptr, out_ptr, bufs, timeout) }
+        unsafe { self.run_at(reqs, in_ptr, out_ptr, bufs, timeout, shm) }
     }
 
     /// True when some op of this rank writes its input buffer (a plan may use it as
@@ -263,7 +266,8 @@ impl Schedule {
 
     /// Run this rank's part with its input at `in_ptr` and its output at `out_ptr` (the
     /// caller's memory, or buffers of `bufs`), and scratch from `bufs`: the executor's runner
-    /// with the local segments inline ([`HostMemory`]) and messages over MPI.
+    /// with the local segments inline ([`HostMemory`]) and messages through the shared window
+    /// `shm` when given (no request is then left with MPI), else over MPI.
     ///
     /// # Safety
     /// `in_ptr` must point to `self.input_len` readable bytes (written only when
@@ -279,6 +283,7 @@ impl Schedule {
         out_ptr: *mut u8,
         bufs: &mut RunBuffers,
         timeout: Duration,
+        shm: Option<&ShmSegment>,
     ) -> Result<(), MpiError> {
         bufs.fits(self)?;
         let mut ptrs: Vec<(*mut u8, usize)> = Vec::with_capacity(2 + bufs.scratch.len());
@@ -291,7 +296,15 @@ impl Schedule {
         // holds its length (`fits`) and lives in `bufs` for the whole call (and, after a
         // failure that leaves requests, in the graveyard the caller moves `bufs` to).
         let mut mem = unsafe { HostMemory::new(&self.program, &ptrs, &mut bufs.staging)? };
-        let mut transport = MpiTransport::new(reqs, Instant::now() + timeout, timeout, false);
+        let deadline = Instant::now() + timeout;
+        if let Some(shm) = shm {
+            return run::run(
+                &self.program,
+                &mut mem,
+                &mut shm.transport(deadline, timeout),
+            );
+        }
+        let mut transport = MpiTransport::new(reqs, deadline, timeout, false);
         run::run(&self.program, &mut mem, &mut transport)
     }
 }

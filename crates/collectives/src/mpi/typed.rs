@@ -633,6 +633,7 @@ impl MpiCommunicator {
         let esize = std::mem::size_of::<T>();
         let borrowed = self.zero_copy && !p.schedule.writes_input();
         let timeout = self.timeout;
+        let shm = self.shm.as_ref();
         let ran = (|| {
             if out.len() != p.schedule.output_len {
                 return Err(self.buffer("output", out.len(), p.schedule.output_len));
@@ -663,7 +664,7 @@ impl MpiCommunicator {
                 if !in_place {
                     p.bufs.input_bytes(&p.schedule)?.copy_from_slice(src);
                 }
-                p.schedule.run_in(&mut p.reqs, &mut p.bufs, timeout)?;
+                p.schedule.run_in(&mut p.reqs, &mut p.bufs, timeout, shm)?;
                 out.copy_from_slice(p.bufs.output_bytes(&p.schedule)?);
                 return Ok(());
             }
@@ -683,8 +684,14 @@ impl MpiCommunicator {
             // a panic with requests posted ends the process too (below), since unwinding
             // would end the borrows while MPI still holds pointers into them.
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                p.schedule
-                    .run_at(&mut p.reqs, in_ptr, out.as_mut_ptr(), &mut p.bufs, timeout)
+                p.schedule.run_at(
+                    &mut p.reqs,
+                    in_ptr,
+                    out.as_mut_ptr(),
+                    &mut p.bufs,
+                    timeout,
+                    shm,
+                )
             }));
             match run {
                 Ok(r) => r,

@@ -1,0 +1,473 @@
+//! The shared-memory transport of the executor's runner ([`crate::exec::run::Transport`]) for
+//! the typed collectives of a communicator whose ranks all share one host's memory: every
+//! ordered pair of ranks has a channel, a ring of slots in an MPI-3 shared window
+//! (`MPI_Win_allocate_shared` over the `MPI_COMM_TYPE_SHARED` split), and a message moves in
+//! slot-sized chunks: the sender copies a chunk into a free slot and publishes it, the
+//! receiver copies it out and frees the slot. Both copies run in user space with
+//! non-temporal stores (the receiver's for large messages only); Open MPI's single-copy path for large messages between processes is a kernel copy
+//! (CMA, `process_vm_readv` [OpenMPI-vader]), which on the 2-core VM of `relaycc bench
+//! all_to_all_v --backend mpi --vs-mpi` ran at about 3 GB/s against about 10 GB/s for a
+//! user-space copy with streaming stores.
+//!
+//! Protocol per channel (sender `s`, receiver `d`, in `s`'s part of the window): `head`
+//! counts the chunks `s` published, `tail` the chunks `d` consumed; slot `k mod SLOTS` holds
+//! chunk `k` with its tag, message length and offset. `s` writes a chunk only while
+//! `head - tail < SLOTS`, then stores `head + 1` (release); `d` reads `head` (acquire), copies
+//! the chunk out, then stores `tail + 1` (release), which orders its reads before the slot's
+//! reuse. Chunks of a pair arrive in the order they were sent; both sides post a pair's
+//! messages of a stage in op-id order (the runner's rule), and every rank makes the same
+//! typed collective calls in the same order (agreed before each call), so the `n`-th message
+//! a rank receives from a peer is the `n`-th that peer sends it. The tag and length travel
+//! with every chunk and are checked: a mismatch is an error, never silent corruption.
+//!
+//! Why it cannot deadlock: a send completes once its last chunk is in the ring, a receive once
+//! it copied its last chunk. In a stage a rank advances all of its sends and receives in one
+//! loop, so it never blocks on one message while another could move. A pair's ring holds only
+//! chunks the receiver consumes at its current or a later stage, in order; by induction on
+//! stages (the executor's argument) every receiver reaches the stage of every chunk in its
+//! rings, so every full ring drains.
+//!
+//! Failures: a wait that passes the run's deadline returns [`MpiError::Timeout`], which fails
+//! the communicator (the rings' state is then unknown). Peers only ever write the shared
+//! window, never this process's buffers, so when a run returns nothing can touch the
+//! caller's memory any more: unlike MPI requests, nothing is left to bury. The window is
+//! never freed: `MPI_Win_free` is collective, and a communicator dropped after a peer stopped
+//! would wait for it forever; the memory goes with the process: `ranks` channels of 4 MiB
+//! per rank, of which a page per channel is touched at setup and the slots as messages use
+//! them.
+
+use std::cell::RefCell;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ::mpi::collective::SystemOperation;
+use ::mpi::ffi;
+use ::mpi::topology::SimpleCommunicator;
+use ::mpi::traits::*;
+
+use super::MpiError;
+use super::requests::SPINS_BEFORE_YIELD;
+use crate::backend::AddressSpace;
+use crate::exec::run::Transport;
+
+/// Bytes of one slot: a chunk of a message. Each chunk costs a handshake (two cache lines
+/// crossing cores) and, with more ranks than cores, often a context switch while the sender
+/// waits for a descheduled receiver, so chunks are large; 128 KiB slots ran `relaycc bench
+/// all_to_all_v --backend mpi --vs-mpi -np 8` on the 2-core VM at about 0.8x MPI's time
+/// ratio, 1 MiB slots at about 1.1x (streamed copy-in: about 1.25x).
+const SLOT_BYTES: usize = 1024 * 1024;
+/// Slots per channel: a sender runs up to this many chunks ahead of its receiver.
+const SLOTS: usize = 4;
+/// A cache line: counters and slot headers each get their own, so the sender's and the
+/// receiver's writes never share a line.
+const LINE_BYTES: usize = 64;
+/// Alignment of every rank's channels in the window.
+const PAGE_BYTES: usize = 4096;
+/// Largest communicator given a window: each rank holds one channel per rank.
+const MAX_RANKS: i32 = 64;
+/// Smallest message copied out with non-temporal stores: the receiver's memory of a large
+/// message is not read again soon, so its lines go to memory without first being read
+/// ([Intel-Opt]); small messages stay in the cache for the ops that read them next. Slots
+/// are always written with streaming stores: a receiver reads a chunk after other ranks ran
+/// on the core, when the cache holds it only rarely.
+const STREAM_MIN_BYTES: usize = 256 * 1024;
+
+/// Bytes of one channel: `head`, `tail`, one header line per slot, the slots.
+const fn channel_bytes() -> usize {
+    2 * LINE_BYTES + SLOTS * LINE_BYTES + SLOTS * SLOT_BYTES
+}
+
+/// The shared window of a communicator whose ranks share one host's memory, and the lists a
+/// run's transport reuses.
+pub(crate) struct ShmSegment {
+    /// The shared-memory split the window lives on (kept alive with the window).
+    _local: SimpleCommunicator,
+    /// Base address of every rank's part of the window in this process.
+    bases: Vec<usize>,
+    rank: u32,
+    lists: RefCell<Lists>,
+}
+
+impl std::fmt::Debug for ShmSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmSegment")
+            .field("rank", &self.rank)
+            .field("ranks", &self.bases.len())
+            .finish()
+    }
+}
+
+/// A posted message of the current stage.
+#[derive(Debug, Clone, Copy)]
+struct Msg {
+    peer: u32,
+    tag: u32,
+    addr: usize,
+    bytes: usize,
+    /// Chunks moved so far, and how many the message has (at least one).
+    moved: usize,
+    chunks: usize,
+}
+
+impl Msg {
+    fn finished(&self) -> bool {
+        self.moved == self.chunks
+    }
+}
+
+/// The stage's sends and receives, and which peers already have an earlier unfinished
+/// message in this pass (a pair's messages move in order).
+#[derive(Debug, Default)]
+struct Lists {
+    sends: Vec<Msg>,
+    recvs: Vec<Msg>,
+    busy: Vec<bool>,
+}
+
+/// Whether this process may use the shared-memory transport: `RELAYCC_MPI_SHM=0` turns it
+/// off (every rank must agree; [`ShmSegment::new`] takes the smallest answer).
+fn wanted() -> bool {
+    std::env::var("RELAYCC_MPI_SHM").map_or(true, |v| v.trim() != "0")
+}
+
+impl ShmSegment {
+    /// Collective (blocking, as communicator setup is) over `comm`: a window with one channel
+    /// per ordered pair of ranks when every rank of `comm` shares memory with every other,
+    /// there are 2 to 64 of them, every rank wants it (`RELAYCC_MPI_SHM` is not `0`) and
+    /// every allocation succeeds; `None` otherwise (the typed collectives then use MPI
+    /// messages).
+    pub(crate) fn new(comm: &SimpleCommunicator) -> Option<Self> {
+        let size = comm.size();
+        let rank = comm.rank();
+        let shared = comm.split_shared(rank);
+        let ok = wanted() && shared.size() == size && (2..=MAX_RANKS).contains(&size);
+        if !all(comm, ok) {
+            return None;
+        }
+        let mine = channel_bytes() * size as usize;
+        // MPI aligns a rank's part to 8 bytes only: ask for a page more and start at the next
+        // page boundary, which every process computes alike from the part's address.
+        let asked = mine + PAGE_BYTES;
+        let mut base: *mut u8 = std::ptr::null_mut();
+        // SAFETY: reading an MPI constant initialised by the library.
+        let mut win = unsafe { ffi::RSMPI_WIN_NULL };
+        // SAFETY: `base` and `win` are out-parameters of the right types; the info object is
+        // MPI's null constant; `shared` is a live communicator.
+        let rc = unsafe {
+            ffi::MPI_Win_allocate_shared(
+                asked as ffi::MPI_Aint,
+                1,
+                ffi::RSMPI_INFO_NULL,
+                shared.as_raw(),
+                (&raw mut base).cast::<c_void>(),
+                &mut win,
+            )
+        };
+        let mut bases = Vec::with_capacity(size as usize);
+        let mut ok = rc == ffi::MPI_SUCCESS as c_int && !base.is_null();
+        for r in 0..size {
+            if !ok {
+                break;
+            }
+            let mut bytes: ffi::MPI_Aint = 0;
+            let mut unit: c_int = 0;
+            let mut at: *mut u8 = std::ptr::null_mut();
+            // SAFETY: `win` is the window just made on `shared`, `r` a rank of it; the
+            // out-parameters have the types MPI writes.
+            let rc = unsafe {
+                ffi::MPI_Win_shared_query(win, r, &mut bytes, &mut unit, (&raw mut at).cast())
+            };
+            ok = rc == ffi::MPI_SUCCESS as c_int && !at.is_null() && bytes as usize >= asked;
+            bases.push((at as usize).next_multiple_of(PAGE_BYTES));
+        }
+        if ok {
+            // Counters start at zero; every rank clears its own part before anyone uses it.
+            for d in 0..size as usize {
+                let ch = (base as usize).next_multiple_of(PAGE_BYTES) + d * channel_bytes();
+                // SAFETY: `ch..ch + 2 * LINE_BYTES` lies inside this rank's part (`mine` bytes).
+                unsafe { std::ptr::write_bytes(ch as *mut u8, 0, 2 * LINE_BYTES) };
+            }
+        }
+        // Every rank learns whether all succeeded, and no rank uses the window before all
+        // cleared their counters (the reduction is that barrier). A window some rank could
+        // not set up is left unused (never freed, see the module docs).
+        if !all(comm, ok) {
+            return None;
+        }
+        Some(ShmSegment {
+            _local: shared,
+            bases,
+            rank: rank as u32,
+            lists: RefCell::default(),
+        })
+    }
+
+    /// The channel from `s` to `d`: its first byte, in `s`'s part of the window.
+    fn channel(&self, s: u32, d: u32) -> usize {
+        self.bases[s as usize] + d as usize * channel_bytes()
+    }
+
+    /// A transport over this window for one run, whose stages must each complete before
+    /// `deadline` (`timeout` after the run began, for the error).
+    pub(crate) fn transport(&self, deadline: Instant, timeout: Duration) -> ShmTransport<'_> {
+        ShmTransport {
+            seg: self,
+            deadline,
+            timeout,
+        }
+    }
+}
+
+/// True on every rank when `ok` holds on every rank (a blocking `MPI_Allreduce`).
+fn all(comm: &SimpleCommunicator, ok: bool) -> bool {
+    let mut least = 0i32;
+    comm.all_reduce_into(&i32::from(ok), &mut least, SystemOperation::min());
+    least == 1
+}
+
+/// A channel's counter at `addr`.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned counter line of a live window.
+unsafe fn counter<'a>(addr: usize) -> &'a AtomicU64 {
+    // SAFETY: the caller's contract; the window lives as long as the segment, and every
+    // access to the counter goes through atomics, from any process.
+    unsafe { &*(addr as *const AtomicU64) }
+}
+
+/// A slot's header: the message's tag and length and the chunk's offset and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+struct Header {
+    tag: u64,
+    total: u64,
+    offset: u64,
+    len: u64,
+}
+
+/// The runner's transport over a [`ShmSegment`] for one run.
+#[derive(Debug)]
+pub(crate) struct ShmTransport<'s> {
+    seg: &'s ShmSegment,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl ShmTransport<'_> {
+    /// Move every chunk of `m` (a send) that the ring has room for; true if any moved.
+    fn push(&self, m: &mut Msg) -> bool {
+        let ch = self.seg.channel(self.seg.rank, m.peer);
+        // SAFETY: the channel's first two lines are its counters (`channel`, page-aligned
+        // bases and line multiples).
+        let (head, tail) = unsafe { (counter(ch), counter(ch + LINE_BYTES)) };
+        let mut moved = false;
+        while !m.finished() {
+            let h = head.load(Ordering::Relaxed);
+            if h.wrapping_sub(tail.load(Ordering::Acquire)) >= SLOTS as u64 {
+                break;
+            }
+            let k = (h % SLOTS as u64) as usize;
+            let offset = m.moved * SLOT_BYTES;
+            let len = (m.bytes - offset).min(SLOT_BYTES);
+            let header = Header {
+                tag: u64::from(m.tag),
+                total: m.bytes as u64,
+                offset: offset as u64,
+                len: len as u64,
+            };
+            let at = ch + 2 * LINE_BYTES;
+            // SAFETY: slot `k` and its header line are inside the channel; the receiver
+            // freed them (`tail` acquired above) and reads them only after `head` moves;
+            // the source holds `m.bytes` readable bytes (the runner's contract).
+            unsafe {
+                std::ptr::write_volatile((at + k * LINE_BYTES) as *mut Header, header);
+                let slot = at + SLOTS * LINE_BYTES + k * SLOT_BYTES;
+                crate::backend::host::stream_copy(
+                    (m.addr + offset) as *const u8,
+                    slot as *mut u8,
+                    len,
+                );
+            }
+            crate::backend::host::store_fence();
+            head.store(h.wrapping_add(1), Ordering::Release);
+            m.moved += 1;
+            moved = true;
+        }
+        moved
+    }
+
+    /// Copy out every chunk of `m` (a receive) that has arrived; true if any moved.
+    fn pull(&self, m: &mut Msg) -> Result<bool, MpiError> {
+        let ch = self.seg.channel(m.peer, self.seg.rank);
+        // SAFETY: as in `push`.
+        let (head, tail) = unsafe { (counter(ch), counter(ch + LINE_BYTES)) };
+        let mut moved = false;
+        while !m.finished() {
+            let t = tail.load(Ordering::Relaxed);
+            if head.load(Ordering::Acquire) == t {
+                break;
+            }
+            let k = (t % SLOTS as u64) as usize;
+            let at = ch + 2 * LINE_BYTES;
+            // SAFETY: the sender wrote this header before publishing `head` (acquired).
+            let got = unsafe { std::ptr::read_volatile((at + k * LINE_BYTES) as *const Header) };
+            let offset = m.moved * SLOT_BYTES;
+            let want = Header {
+                tag: u64::from(m.tag),
+                total: m.bytes as u64,
+                offset: offset as u64,
+                len: (m.bytes - offset).min(SLOT_BYTES) as u64,
+            };
+            if got != want {
+                return Err(MpiError::PlanMismatch(format!(
+                    "rank {} expected bytes {}..{} of a {}-byte message with tag {} from rank \
+                     {}, which sent bytes {}..{} of a {}-byte message with tag {}",
+                    self.seg.rank,
+                    want.offset,
+                    want.offset + want.len,
+                    want.total,
+                    want.tag,
+                    m.peer,
+                    got.offset,
+                    got.offset + got.len,
+                    got.total,
+                    got.tag
+                )));
+            }
+            let slot = at + SLOTS * LINE_BYTES + k * SLOT_BYTES;
+            let dst = (m.addr + offset) as *mut u8;
+            let len = want.len as usize;
+            // SAFETY: the slot holds the chunk (published, not reused before `tail` moves);
+            // the destination holds `m.bytes` writable bytes that nothing else touches (the
+            // runner's contract), and `offset + len <= m.bytes`.
+            unsafe {
+                if m.bytes >= STREAM_MIN_BYTES {
+                    crate::backend::host::stream_copy(slot as *const u8, dst, len);
+                } else {
+                    std::ptr::copy_nonoverlapping(slot as *const u8, dst, len);
+                }
+            }
+            tail.store(t.wrapping_add(1), Ordering::Release);
+            m.moved += 1;
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    fn post(&mut self, send: bool, peer: u32, tag: u32, addr: usize, bytes: usize) {
+        let m = Msg {
+            peer,
+            tag,
+            addr,
+            bytes,
+            moved: 0,
+            chunks: bytes.div_ceil(SLOT_BYTES).max(1),
+        };
+        let mut l = self.seg.lists.borrow_mut();
+        if send {
+            l.sends.push(m);
+        } else {
+            l.recvs.push(m);
+        }
+    }
+}
+
+impl Transport for ShmTransport<'_> {
+    type Error = MpiError;
+
+    fn reaches(&self, space: AddressSpace) -> bool {
+        space == AddressSpace::Host
+    }
+
+    fn begin(&mut self, _stage: usize) {
+        let mut l = self.seg.lists.borrow_mut();
+        l.sends.clear();
+        l.recvs.clear();
+    }
+
+    unsafe fn recv(
+        &mut self,
+        peer: u32,
+        tag: u32,
+        dst: *mut u8,
+        bytes: usize,
+    ) -> Result<(), MpiError> {
+        self.post(false, peer, tag, dst as usize, bytes);
+        Ok(())
+    }
+
+    unsafe fn send(
+        &mut self,
+        peer: u32,
+        tag: u32,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<(), MpiError> {
+        self.post(true, peer, tag, src as usize, bytes);
+        Ok(())
+    }
+
+    fn wait(&mut self, stage: usize) -> Result<(), MpiError> {
+        let seg = self.seg;
+        let mut guard = seg.lists.borrow_mut();
+        let lists = &mut *guard;
+        let n = seg.bases.len();
+        let mut spins = 0u32;
+        loop {
+            let mut moved = false;
+            let mut left = 0usize;
+            // Sends, then receives: each pair's messages strictly in posted order.
+            lists.busy.clear();
+            lists.busy.resize(n, false);
+            for m in lists.sends.iter_mut().filter(|m| !m.finished()) {
+                if lists.busy[m.peer as usize] {
+                    left += 1;
+                    continue;
+                }
+                moved |= self.push(m);
+                if !m.finished() {
+                    lists.busy[m.peer as usize] = true;
+                    left += 1;
+                }
+            }
+            lists.busy.clear();
+            lists.busy.resize(n, false);
+            for m in lists.recvs.iter_mut().filter(|m| !m.finished()) {
+                if lists.busy[m.peer as usize] {
+                    left += 1;
+                    continue;
+                }
+                moved |= self.pull(m)?;
+                if !m.finished() {
+                    lists.busy[m.peer as usize] = true;
+                    left += 1;
+                }
+            }
+            if left == 0 {
+                // Streamed copies are visible before the run's later ops and its caller.
+                crate::backend::host::store_fence();
+                return Ok(());
+            }
+            if moved {
+                spins = 0;
+                continue;
+            }
+            if Instant::now() > self.deadline {
+                return Err(MpiError::Timeout {
+                    rank: seg.rank,
+                    step: "run",
+                    level: stage,
+                    pending: left,
+                    after: self.timeout,
+                });
+            }
+            // Oversubscribed runs (more ranks than cores) need the core back: the peer this
+            // rank waits for copies on it.
+            spins += 1;
+            if spins > SPINS_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
