@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
+mod common;
+
+use common::BYTES;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use relaycc::collectives::cuda;
-use relaycc::{Communicator, CudaBackend, ReduceOp, host_topology};
-
-const BYTES: usize = 64 << 20;
+use relaycc::{Communicator, CudaBackend, host_topology};
 
 fn cuda_allreduce(c: &mut Criterion) {
     let visible = match cuda::devices() {
@@ -37,23 +38,9 @@ fn cuda_allreduce(c: &mut Criterion) {
                 continue;
             }
         };
-        let Ok(bufs) = (0..ranks as usize)
-            .map(|r| comm.from_slice(r, &vec![1.0f32; BYTES / 4]))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            eprintln!("cuda_allreduce: cannot allocate {ranks} x 64 MiB");
-            continue;
-        };
-        g.bench_function(format!("{ranks}_ranks_on_{visible}_gpus"), |b| {
-            b.iter(|| {
-                if let Err(e) = comm
-                    .all_reduce(&bufs, &bufs, ReduceOp::Max)
-                    .and_then(|p| p.wait())
-                {
-                    eprintln!("all_reduce failed: {e}");
-                }
-            })
-        });
+        let id = format!("{ranks}_ranks_on_{visible}_gpus");
+        let failed = format!("cuda_allreduce: cannot allocate {ranks} x 64 MiB");
+        common::in_place_all_reduce(&mut g, &comm, id, &failed);
     }
     g.finish();
 }

@@ -1,10 +1,11 @@
 //! Host backend all_reduce: 64 MiB of f32 over 4 and 8 logical devices of one host, in place,
 //! after the plan is cached (the first call plans, checks and lowers it).
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use relaycc::{Communicator, ReduceOp};
+mod common;
 
-const BYTES: usize = 64 << 20;
+use common::BYTES;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use relaycc::Communicator;
 
 fn host_allreduce(c: &mut Criterion) {
     let mut g = c.benchmark_group("host_allreduce_64MiB_f32");
@@ -15,23 +16,8 @@ fn host_allreduce(c: &mut Criterion) {
             eprintln!("cannot build a {ranks}-rank host communicator");
             continue;
         };
-        let Ok(bufs) = (0..ranks as usize)
-            .map(|r| comm.from_slice(r, &vec![1.0f32; BYTES / 4]))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            eprintln!("cannot allocate {ranks} x 64 MiB");
-            continue;
-        };
-        g.bench_function(format!("{ranks}_ranks"), |b| {
-            b.iter(|| {
-                if let Err(e) = comm
-                    .all_reduce(&bufs, &bufs, ReduceOp::Max)
-                    .and_then(|p| p.wait())
-                {
-                    eprintln!("all_reduce failed: {e}");
-                }
-            })
-        });
+        let failed = format!("cannot allocate {ranks} x 64 MiB");
+        common::in_place_all_reduce(&mut g, &comm, format!("{ranks}_ranks"), &failed);
     }
     g.finish();
 }

@@ -23,6 +23,8 @@
 
 use std::error::Error;
 use std::process::ExitCode;
+
+mod mpi_start;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,22 +59,15 @@ fn max_all(comm: &MpiCommunicator, t: f64) -> f64 {
 type BenchResult = Result<bool, Box<dyn Error>>;
 
 fn main() -> ExitCode {
-    let Some(universe) = rsmpi::initialize() else {
-        eprintln!("MPI could not be initialised");
-        return ExitCode::from(2);
+    let mpi_start::Started {
+        universe,
+        comm,
+        iters,
+    } = match mpi_start::start(100) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let world = universe.world();
-    let iters: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(100);
-    let comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("setup: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let correct = match exchanges(&comm, iters).and_then(|a| Ok(a & backend_paths(&world, iters)?))
     {
         Ok(c) => c,

@@ -20,6 +20,8 @@
 //! another collective. A wrong product makes the exit status 1.
 
 use std::process::ExitCode;
+
+mod mpi_start;
 use std::time::Instant;
 
 use relaycc::collectives::mpi::rsmpi;
@@ -306,21 +308,13 @@ fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> Result<bool, MpiError
 }
 
 fn main() -> ExitCode {
-    let Some(universe) = rsmpi::initialize() else {
-        eprintln!("MPI could not be initialised");
-        return ExitCode::from(2);
-    };
-    let world = universe.world();
-    let iters: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(50);
-    let comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("setup: {e}");
-            return ExitCode::from(2);
-        }
+    let mpi_start::Started {
+        universe,
+        comm,
+        iters,
+    } = match mpi_start::start(50) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let mut ok = true;
     for a in [

@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{BENCH_4K_ONCE, words};
+
 const RELAYCC: &str = env!("CARGO_BIN_EXE_relaycc");
 
 /// Waits for `cmd`; a run past a minute is a hang (a FIFO read, an endless file) and fails
@@ -79,16 +83,7 @@ fn malformed_sizes_are_usage_errors() {
 fn sizes_that_are_no_whole_number_of_elements_are_usage_errors() {
     let o = relaycc(&["plan", "all_reduce", "--gpus", "0,1", "--size", "3"]);
     refused(&o, 2, "not a whole number of f32 elements", "plan --size 3");
-    let o = relaycc(&[
-        "simulate",
-        "all_reduce",
-        "--dtype",
-        "f64",
-        "-b",
-        "4",
-        "-e",
-        "64",
-    ]);
+    let o = relaycc(&words("simulate all_reduce --dtype f64 -b 4 -e 64"));
     refused(&o, 2, "f64 elements", "simulate f64 -b 4");
     let o = relaycc(&["bench", "all_reduce", "--ranks", "2", "-b", "6", "-e", "6"]);
     refused(&o, 2, "f32 elements", "bench -b 6");
@@ -135,51 +130,25 @@ fn relays_and_masks_that_contradict_the_job_are_errors() {
         "--relay: bad request: relay GPU 99 does not exist",
         "--relay 99",
     );
-    let o = relaycc(&[
-        "plan",
-        "all_reduce",
-        "--gpus",
-        "0,1",
-        "--size",
-        "1M",
-        "--relay",
-        "3,99",
-    ]);
+    let o = relaycc(&words("plan all_reduce --gpus 0,1 --size 1M --relay 3,99"));
     refused(
         &o,
         1,
         "--relay: bad request: relay GPU 99",
         "plan --relay 3,99",
     );
-    let o = relaycc(&[
-        "plan",
-        "all_reduce",
-        "--gpus",
-        "0,1",
-        "--mask-gpus",
-        "0,1,2,3,4,5,6,7",
-        "--size",
-        "1M",
-    ]);
+    let o = relaycc(&words(
+        "plan all_reduce --gpus 0,1 --mask-gpus 0,1,2,3,4,5,6,7 --size 1M",
+    ));
     refused(
         &o,
         2,
         "--gpus 0 is also in --mask-gpus",
         "plan on masked GPUs",
     );
-    let o = relaycc(&[
-        "route",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "1M",
-        "--relay",
-        "3",
-        "--mask-gpus",
-        "3",
-    ]);
+    let o = relaycc(&words(
+        "route --from 0 --to 7 --size 1M --relay 3 --mask-gpus 3",
+    ));
     refused(
         &o,
         2,
@@ -246,16 +215,7 @@ fn huge_buffers_are_refused_before_allocating() {
             "of host memory",
         ),
     ] {
-        let mut all = vec![
-            "bench",
-            "all_reduce",
-            "--backend",
-            "host",
-            "-n",
-            "1",
-            "-w",
-            "0",
-        ];
+        let mut all = words("bench all_reduce --backend host -n 1 -w 0");
         all.extend_from_slice(args);
         refused(&relaycc_limited(&all), 1, needle, &format!("{args:?}"));
     }
@@ -299,20 +259,7 @@ fn endless_blocking_and_oversized_inputs_are_refused_without_reading() {
 #[test]
 fn bench_prints_na_for_unchecked_results_and_counts_when_checked() {
     let run = |check: bool| {
-        let mut args = vec![
-            "bench",
-            "all_reduce",
-            "--ranks",
-            "2",
-            "-b",
-            "4K",
-            "-e",
-            "4K",
-            "-n",
-            "1",
-            "-w",
-            "0",
-        ];
+        let mut args = words(BENCH_4K_ONCE);
         if check {
             args.push("--check");
         }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{json, relaycc, stderr, stdout};
+use common::{json, json_line, relaycc, relaycc_line, stderr, stdout, words};
 use std::process::Command;
 
 #[test]
@@ -35,14 +35,7 @@ fn topo_list_names_every_preset() {
 
 #[test]
 fn topo_show_json_has_the_documented_fields() {
-    let v = json(&[
-        "topo",
-        "show",
-        "--topology",
-        "dgx1-v100",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("topo show --topology dgx1-v100 --format json");
     assert_eq!(v["gpus"].as_array().unwrap().len(), 8);
     assert_eq!(v["gpus"][4]["numa"], 1);
     assert_eq!(v["nics"].as_array().unwrap().len(), 4);
@@ -110,14 +103,7 @@ fn topo_show_masks_and_calibrates() {
             .iter()
             .any(|l| l["from"] == "GPU0" && l["to"] == "GPU3" && l["gbps"].as_f64() == Some(40.0))
     );
-    let table = stdout(&relaycc(&[
-        "topo",
-        "show",
-        "-t",
-        "dgx1-v100",
-        "--mask-gpus",
-        "1",
-    ]));
+    let table = stdout(&relaycc_line("topo show -t dgx1-v100 --mask-gpus 1"));
     assert!(table.contains("busy"), "{table}");
 }
 
@@ -214,19 +200,7 @@ fn errors_exit_one_with_one_line_and_usage_errors_exit_two() {
 
 #[test]
 fn route_json_reports_prediction_baseline_bound_and_paths() {
-    let v = json(&[
-        "route",
-        "--topology",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "256MiB",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("route --topology dgx1-v100 --from 0 --to 7 --size 256MiB --format json");
     for k in ["predicted", "baseline", "bound"] {
         for f in ["time_us", "algbw_gbps", "busbw_gbps"] {
             assert!(v[k][f].as_f64().is_some_and(|x| x > 0.0), "{k}.{f}: {v}");
@@ -259,19 +233,7 @@ fn route_json_reports_prediction_baseline_bound_and_paths() {
 
 #[test]
 fn geforce_routes_cross_host_memory() {
-    let v = json(&[
-        "route",
-        "-t",
-        "rtx4090-8gpu",
-        "--from",
-        "0",
-        "--to",
-        "1",
-        "--size",
-        "256MiB",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("route -t rtx4090-8gpu --from 0 --to 1 --size 256MiB --format json");
     let paths = v["paths"].as_array().unwrap();
     assert!(!paths.is_empty(), "{v}");
     for p in paths {
@@ -291,74 +253,17 @@ fn geforce_routes_cross_host_memory() {
 
 #[test]
 fn route_options_and_formats() {
-    let o = relaycc(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "1MiB",
-        "--relay",
-        "none",
-        "--strategy",
-        "host",
-    ]);
+    let o =
+        relaycc_line("route -t dgx1-v100 --from 0 --to 7 --size 1MiB --relay none --strategy host");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("CPU"), "{}", stdout(&o));
-    let dot = relaycc(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "1MiB",
-        "--format",
-        "dot",
-    ]);
+    let dot = relaycc_line("route -t dgx1-v100 --from 0 --to 7 --size 1MiB --format dot");
     assert!(stdout(&dot).contains("path 0"));
-    let bad = relaycc(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "9",
-        "--size",
-        "1MiB",
-    ]);
+    let bad = relaycc_line("route -t dgx1-v100 --from 0 --to 9 --size 1MiB");
     assert_eq!(bad.status.code(), Some(1));
-    let bad = relaycc(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "1QB",
-    ]);
+    let bad = relaycc_line("route -t dgx1-v100 --from 0 --to 7 --size 1QB");
     assert_eq!(bad.status.code(), Some(2));
-    let forced = relaycc(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "1MiB",
-        "--strategy",
-        "direct",
-    ]);
+    let forced = relaycc_line("route -t dgx1-v100 --from 0 --to 7 --size 1MiB --strategy direct");
     assert_eq!(forced.status.code(), Some(1));
     assert!(
         stderr(&forced).contains("GPU0 -> GPU7"),
@@ -429,48 +334,19 @@ fn simulate_prints_nccl_tests_rows_and_an_svg() {
     assert!(rows[0].split_whitespace().next() == Some("1024"));
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
     let _ = std::fs::remove_file(&svg);
-    let v = json(&[
-        "simulate",
-        "all_gather_v",
-        "-t",
-        "ac922",
-        "-b",
-        "1MiB",
-        "-e",
-        "1MiB",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("simulate all_gather_v -t ac922 -b 1MiB -e 1MiB --format json");
     assert_eq!(v["results"].as_array().unwrap().len(), 1);
 }
 
 #[test]
 fn advise_prefers_nvlinked_gpus() {
-    let v = json(&[
-        "advise",
-        "-t",
-        "dgx1-v100",
-        "--busy",
-        "1,2,3,5,6",
-        "--count",
-        "2",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("advise -t dgx1-v100 --busy 1,2,3,5,6 --count 2 --format json");
     let best = &v["best"][0];
     assert!(
         best["predicted"]["busbw_gbps"].as_f64().unwrap()
             >= v["naive"]["predicted"]["busbw_gbps"].as_f64().unwrap()
     );
-    let o = relaycc(&[
-        "advise",
-        "-t",
-        "dgx1-v100",
-        "--busy",
-        "0,1,2,3,4,5,6",
-        "--count",
-        "2",
-    ]);
+    let o = relaycc_line("advise -t dgx1-v100 --busy 0,1,2,3,4,5,6 --count 2");
     assert_eq!(o.status.code(), Some(1));
 }
 
@@ -480,25 +356,9 @@ fn advise_prefers_nvlinked_gpus() {
 #[test]
 fn cuda_commands_fail_cleanly_without_a_driver_and_report_with_one() {
     let bench = |extra: &[&'static str], ranks: usize| {
-        let mut args = vec![
-            "bench",
-            "all_reduce",
-            "--backend",
-            "cuda",
-            "-b",
-            "1K",
-            "-e",
-            "4K",
-            "-f",
-            "4",
-            "-n",
-            "2",
-            "-w",
-            "1",
-            "--check",
-            "--format",
-            "json",
-        ];
+        let mut args = words(
+            "bench all_reduce --backend cuda -b 1K -e 4K -f 4 -n 2 -w 1 --check --format json",
+        );
         args.extend_from_slice(extra);
         (args, Some(ranks))
     };
@@ -557,23 +417,7 @@ fn cuda_commands_fail_cleanly_without_a_driver_and_report_with_one() {
 /// NCCL figures follow; in JSON the reason is a field.
 #[test]
 fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
-    let args = [
-        "bench",
-        "all_gather",
-        "--backend",
-        "host",
-        "--ranks",
-        "2",
-        "-b",
-        "64K",
-        "-e",
-        "64K",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--vs-nccl",
-    ];
+    let args = words("bench all_gather --backend host --ranks 2 -b 64K -e 64K -n 1 -w 0 --vs-nccl");
     let o = relaycc(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
@@ -597,18 +441,7 @@ fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
 /// feature `mpi` says how to get `--backend mpi` instead of failing obscurely.
 #[test]
 fn mpi_backend_and_vs_mpi_fail_cleanly() {
-    let base = [
-        "bench",
-        "all_reduce",
-        "-b",
-        "1M",
-        "-e",
-        "1M",
-        "-n",
-        "1",
-        "-w",
-        "0",
-    ];
+    let base = words("bench all_reduce -b 1M -e 1M -n 1 -w 0");
     let mut host = base.to_vec();
     host.extend(["--backend", "host", "--ranks", "2", "--vs-mpi"]);
     let o = relaycc(&host);
@@ -693,19 +526,9 @@ fn plan_on_a_cluster_reports_skipped_families_and_a_spent_budget() {
 
 #[test]
 fn advise_on_a_cluster_plans_placements_within_the_budget() {
-    let v = json(&[
-        "advise",
-        "-t",
-        "cluster:2xdgx-h100:ib-ndr",
-        "--count",
-        "4",
-        "--size",
-        "16MiB",
-        "--budget",
-        "10m",
-        "--format",
-        "json",
-    ]);
+    let v = json_line(
+        "advise -t cluster:2xdgx-h100:ib-ndr --count 4 --size 16MiB --budget 10m --format json",
+    );
     // One placement per symmetry signature: four GPUs of one node, 3 + 1, 2 + 2 (and the
     // naive pick among them), not C(16, 4) = 1820.
     let examined = v["examined"].as_u64().unwrap();
@@ -766,21 +589,9 @@ fn plan_and_route_print_staging_per_device_within_the_budget() {
         .max()
         .unwrap_or(0);
     assert!(most > 16 << 20, "{v}");
-    let o = relaycc(&[
-        "route",
-        "--topology",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "256MiB",
-        "--staging-budget",
-        "4MiB",
-        "--format",
-        "json",
-    ]);
+    let o = relaycc_line(
+        "route --topology dgx1-v100 --from 0 --to 7 --size 256MiB --staging-budget 4MiB --format json",
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     for (dev, b) in v["staging_bytes"].as_object().unwrap() {
@@ -790,18 +601,9 @@ fn plan_and_route_print_staging_per_device_within_the_budget() {
 
 #[test]
 fn a_budget_too_small_for_any_plan_is_one_clear_error() {
-    let o = relaycc(&[
-        "plan",
-        "all_reduce",
-        "--topology",
-        "dgx1-v100",
-        "--gpus",
-        "0,2,5,7",
-        "--size",
-        "256MiB",
-        "--staging-budget",
-        "1KiB",
-    ]);
+    let o = relaycc_line(
+        "plan all_reduce --topology dgx1-v100 --gpus 0,2,5,7 --size 256MiB --staging-budget 1KiB",
+    );
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     assert!(err.contains("of staging on GPU"), "{err}");

@@ -3,23 +3,13 @@
 
 mod common;
 
-use common::{json, relaycc, stderr, stdout};
+use common::{BENCH_4K_ONCE, json_line, relaycc, relaycc_line, stderr, stdout};
 
 /// route and plan tables say their figures are predictions, name every hop's link kind, keep
 /// the share column aligned however long a path is, and give staging memory per GPU.
 #[test]
 fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
-    let o = relaycc(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "256MiB",
-    ]);
+    let o = relaycc_line("route -t dgx1-v100 --from 0 --to 7 --size 256MiB");
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("predictions"), "{text}");
@@ -39,19 +29,7 @@ fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
         "{text}"
     );
 
-    let v = json(&[
-        "route",
-        "-t",
-        "dgx1-v100",
-        "--from",
-        "0",
-        "--to",
-        "7",
-        "--size",
-        "256MiB",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("route -t dgx1-v100 --from 0 --to 7 --size 256MiB --format json");
     for p in v["paths"].as_array().unwrap() {
         assert_eq!(
             p["hop_kinds"].as_array().unwrap().len() + 1,
@@ -59,39 +37,15 @@ fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
             "{p}"
         );
     }
-    let pcie = json(&[
-        "route",
-        "-t",
-        "pcie-4gpu",
-        "--from",
-        "0",
-        "--to",
-        "1",
-        "--size",
-        "1MiB",
-        "--format",
-        "json",
-        "--strategy",
-        "direct",
-    ]);
+    let pcie =
+        json_line("route -t pcie-4gpu --from 0 --to 1 --size 1MiB --format json --strategy direct");
     let kinds = &pcie["paths"][0]["hop_kinds"];
     assert!(
         kinds[0].as_str().is_some_and(|k| k.starts_with("PCIe")),
         "{pcie}"
     );
 
-    let v = json(&[
-        "plan",
-        "all_reduce",
-        "-t",
-        "dgx1-v100",
-        "--gpus",
-        "0,2,5,7",
-        "--size",
-        "256MiB",
-        "--format",
-        "json",
-    ]);
+    let v = json_line("plan all_reduce -t dgx1-v100 --gpus 0,2,5,7 --size 256MiB --format json");
     let per: u64 = v["staging_bytes"]
         .as_object()
         .unwrap()
@@ -99,16 +53,9 @@ fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
         .map(|b| b.as_u64().unwrap())
         .sum();
     assert_eq!(per, v["scratch_bytes"].as_u64().unwrap(), "{v}");
-    let table = stdout(&relaycc(&[
-        "plan",
-        "all_reduce",
-        "-t",
-        "dgx1-v100",
-        "--gpus",
-        "0,2,5,7",
-        "--size",
-        "256MiB",
-    ]));
+    let table = stdout(&relaycc_line(
+        "plan all_reduce -t dgx1-v100 --gpus 0,2,5,7 --size 256MiB",
+    ));
     assert!(table.contains("predictions"), "{table}");
     assert!(
         table.contains("staging: ") && table.contains("GPU0 "),
@@ -119,81 +66,22 @@ fn route_and_plan_tables_name_link_kinds_and_staging_per_gpu() {
 /// `--dtype` and `--op` are spelled and defaulted alike in plan, simulate, advise and bench.
 #[test]
 fn dtype_and_op_mean_the_same_everywhere() {
-    let plan = json(&[
-        "plan",
-        "all_reduce",
-        "--gpus",
-        "0,1",
-        "--size",
-        "1MiB",
-        "--dtype",
-        "bf16",
-        "--op",
-        "max",
-        "--format",
-        "json",
-    ]);
+    let plan =
+        json_line("plan all_reduce --gpus 0,1 --size 1MiB --dtype bf16 --op max --format json");
     assert_eq!(
         (plan["dtype"].as_str(), plan["op"].as_str()),
         (Some("bf16"), Some("max"))
     );
-    let sim = json(&[
-        "simulate",
-        "all_reduce",
-        "-b",
-        "1MiB",
-        "-e",
-        "1MiB",
-        "-d",
-        "bf16",
-        "--op",
-        "max",
-        "--format",
-        "json",
-    ]);
+    let sim = json_line("simulate all_reduce -b 1MiB -e 1MiB -d bf16 --op max --format json");
     assert_eq!(sim["results"][0]["type"], "bfloat16");
     let advise = relaycc(&["advise", "--count", "2", "--dtype", "bf16", "--op", "max"]);
     assert!(advise.status.success(), "{}", stderr(&advise));
-    let bench = json(&[
-        "bench",
-        "all_reduce",
-        "--ranks",
-        "2",
-        "-b",
-        "4K",
-        "-e",
-        "4K",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "-d",
-        "bf16",
-        "--op",
-        "max",
-        "--format",
-        "json",
-    ]);
+    let bench = json_line(&format!("{BENCH_4K_ONCE} -d bf16 --op max --format json"));
     assert_eq!(
         (bench["dtype"].as_str(), bench["op"].as_str()),
         (Some("bfloat16"), Some("max"))
     );
-    let default = json(&[
-        "bench",
-        "all_reduce",
-        "--ranks",
-        "2",
-        "-b",
-        "4K",
-        "-e",
-        "4K",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--format",
-        "json",
-    ]);
+    let default = json_line(&format!("{BENCH_4K_ONCE} --format json"));
     assert_eq!(default["dtype"], "float");
     assert_eq!(default["results"][0]["count"], 1024);
 }
@@ -202,21 +90,9 @@ fn dtype_and_op_mean_the_same_everywhere() {
 /// instead of failing on the first placement that spans the cut.
 #[test]
 fn advise_skips_placements_a_split_machine_cannot_connect() {
-    let v = json(&[
-        "advise",
-        "--collective",
-        "all_reduce",
-        "-t",
-        "pcie-4gpu",
-        "--links-down",
-        "CPU0-PCIe1",
-        "--count",
-        "2",
-        "--size",
-        "64MiB",
-        "--format",
-        "json",
-    ]);
+    let v = json_line(
+        "advise --collective all_reduce -t pcie-4gpu --links-down CPU0-PCIe1 --count 2 --size 64MiB --format json",
+    );
     let best = v["best"].as_array().expect("best placements");
     assert!(!best.is_empty(), "{v}");
     for b in best {
@@ -228,19 +104,9 @@ fn advise_skips_placements_a_split_machine_cannot_connect() {
             .collect();
         assert!(gpus == [0, 1] || gpus == [2, 3], "{gpus:?} spans the cut");
     }
-    let o = relaycc(&[
-        "advise",
-        "--collective",
-        "all_reduce",
-        "-t",
-        "pcie-4gpu",
-        "--links-down",
-        "CPU0-PCIe1",
-        "--count",
-        "3",
-        "--size",
-        "64MiB",
-    ]);
+    let o = relaycc_line(
+        "advise --collective all_reduce -t pcie-4gpu --links-down CPU0-PCIe1 --count 3 --size 64MiB",
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let err = stderr(&o);
     assert!(err.contains("no placement of 3 free GPUs"), "{err}");

@@ -39,6 +39,25 @@ pub struct Communicator {
     null: DeviceMem,
 }
 
+/// One-shot calls, each a group of one operation: `name (arguments);` makes
+/// `pub fn name<T: Element, I: AsView<T>, O: AsView<T>>(&self, arguments) ->
+/// Result<Pending<'_>>`, which adds [`Group`]'s `name` with the arguments and launches it.
+macro_rules! one_shot {
+    ($($(#[$doc:meta])* $name:ident ($($a:ident: $t:ty),*);)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name<T: Element, I: AsView<T>, O: AsView<T>>(
+                &self,
+                $($a: $t),*
+            ) -> Result<Pending<'_>> {
+                let mut g = self.group();
+                g.$name($($a),*)?;
+                g.launch()
+            }
+        )*
+    };
+}
+
 impl Communicator {
     /// A communicator over `devices` (GPU indices of `topo`, in rank order) that may relay
     /// through `relays`, running on `backend`.
@@ -334,129 +353,34 @@ impl Communicator {
         Group::new(self)
     }
 
-    /// `outputs[r] = op(inputs[0..n])` on every rank (`ncclAllReduce`, `MPI_Allreduce`).
-    /// In place when `inputs[r]` and `outputs[r]` are the same memory.
-    pub fn all_reduce<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        outputs: &[O],
-        op: ReduceOp,
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.all_reduce(inputs, outputs, op)?;
-        g.launch()
-    }
-
-    /// `output = op(inputs[0..n])` on rank `root` (`ncclReduce`, `MPI_Reduce`).
-    pub fn reduce<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        output: &O,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.reduce(inputs, output, root, op)?;
-        g.launch()
-    }
-
-    /// Rank `root`'s `input` to every rank's output (`ncclBroadcast`, `MPI_Bcast`).
-    pub fn broadcast<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        input: &I,
-        outputs: &[O],
-        root: usize,
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.broadcast(input, outputs, root)?;
-        g.launch()
-    }
-
-    /// Every rank's input, concatenated in rank order, to every rank (`ncclAllGather`,
-    /// `MPI_Allgather`). In place when `inputs[r]` is block `r` of `outputs[r]`.
-    pub fn all_gather<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        outputs: &[O],
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.all_gather(inputs, outputs)?;
-        g.launch()
-    }
-
-    /// As all_gather with per-rank counts, taken from the inputs' lengths (`MPI_Allgatherv`;
-    /// NCCL has none).
-    pub fn all_gather_v<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        outputs: &[O],
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.all_gather_v(inputs, outputs)?;
-        g.launch()
-    }
-
-    /// Block `r` of the reduction to rank `r` (`ncclReduceScatter`,
-    /// `MPI_Reduce_scatter_block`). In place when `outputs[r]` is block `r` of `inputs[r]`.
-    pub fn reduce_scatter<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        outputs: &[O],
-        op: ReduceOp,
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.reduce_scatter(inputs, outputs, op)?;
-        g.launch()
-    }
-
-    /// Block `d` of rank `s`'s input to block `s` of rank `d`'s output (`MPI_Alltoall`; NCCL
-    /// users write it as grouped send/recv). Out of place only.
-    pub fn all_to_all<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        outputs: &[O],
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.all_to_all(inputs, outputs)?;
-        g.launch()
-    }
-
-    /// As all_to_all with `matrix[s][d]` elements from rank `s` to rank `d` (`MPI_Alltoallv`).
-    pub fn all_to_all_v<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        outputs: &[O],
-        matrix: &[Vec<u64>],
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.all_to_all_v(inputs, outputs, matrix)?;
-        g.launch()
-    }
-
-    /// Every rank's input, concatenated in rank order, to `output` on rank `root`
-    /// (`MPI_Gather`). In place when `inputs[root]` is block `root` of `output`.
-    pub fn gather<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        inputs: &[I],
-        output: &O,
-        root: usize,
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.gather(inputs, output, root)?;
-        g.launch()
-    }
-
-    /// Block `r` of `input` on rank `root` to rank `r` (`MPI_Scatter`). In place when
-    /// `outputs[root]` is block `root` of `input`.
-    pub fn scatter<T: Element, I: AsView<T>, O: AsView<T>>(
-        &self,
-        input: &I,
-        outputs: &[O],
-        root: usize,
-    ) -> Result<Pending<'_>> {
-        let mut g = self.group();
-        g.scatter(input, outputs, root)?;
-        g.launch()
+    one_shot! {
+        /// `outputs[r] = op(inputs[0..n])` on every rank (`ncclAllReduce`, `MPI_Allreduce`).
+        /// In place when `inputs[r]` and `outputs[r]` are the same memory.
+        all_reduce(inputs: &[I], outputs: &[O], op: ReduceOp);
+        /// `output = op(inputs[0..n])` on rank `root` (`ncclReduce`, `MPI_Reduce`).
+        reduce(inputs: &[I], output: &O, root: usize, op: ReduceOp);
+        /// Rank `root`'s `input` to every rank's output (`ncclBroadcast`, `MPI_Bcast`).
+        broadcast(input: &I, outputs: &[O], root: usize);
+        /// Every rank's input, concatenated in rank order, to every rank (`ncclAllGather`,
+        /// `MPI_Allgather`). In place when `inputs[r]` is block `r` of `outputs[r]`.
+        all_gather(inputs: &[I], outputs: &[O]);
+        /// As all_gather with per-rank counts, taken from the inputs' lengths (`MPI_Allgatherv`;
+        /// NCCL has none).
+        all_gather_v(inputs: &[I], outputs: &[O]);
+        /// Block `r` of the reduction to rank `r` (`ncclReduceScatter`,
+        /// `MPI_Reduce_scatter_block`). In place when `outputs[r]` is block `r` of `inputs[r]`.
+        reduce_scatter(inputs: &[I], outputs: &[O], op: ReduceOp);
+        /// Block `d` of rank `s`'s input to block `s` of rank `d`'s output (`MPI_Alltoall`; NCCL
+        /// users write it as grouped send/recv). Out of place only.
+        all_to_all(inputs: &[I], outputs: &[O]);
+        /// As all_to_all with `matrix[s][d]` elements from rank `s` to rank `d` (`MPI_Alltoallv`).
+        all_to_all_v(inputs: &[I], outputs: &[O], matrix: &[Vec<u64>]);
+        /// Every rank's input, concatenated in rank order, to `output` on rank `root`
+        /// (`MPI_Gather`). In place when `inputs[root]` is block `root` of `output`.
+        gather(inputs: &[I], output: &O, root: usize);
+        /// Block `r` of `input` on rank `root` to rank `r` (`MPI_Scatter`). In place when
+        /// `outputs[root]` is block `root` of `input`.
+        scatter(input: &I, outputs: &[O], root: usize);
     }
 
     /// Run a [`Request`] as given, with one optional buffer per rank and side (`None` where

@@ -48,6 +48,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod mpi_common;
+
+use mpi_common::Report;
+
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode};
 use relaycc_collectives::{
@@ -78,30 +82,6 @@ fn displs(counts: &[i32]) -> Vec<i32> {
             Some(d)
         })
         .collect()
-}
-
-struct Report<'a> {
-    comm: &'a MpiCommunicator,
-    passed: u32,
-    failed: u32,
-}
-
-impl Report<'_> {
-    /// Agree on `ok` over all ranks and count it once (on rank 0).
-    fn check(&mut self, name: &str, ok: bool) {
-        let mut all = 0i32;
-        self.comm
-            .comm()
-            .all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
-        if all == 1 {
-            self.passed += 1;
-        } else {
-            self.failed += 1;
-        }
-        if self.comm.rank() == 0 {
-            println!("{} {name}", if all == 1 { "PASS" } else { "FAIL" });
-        }
-    }
 }
 
 fn choices() -> Vec<(String, Choice)> {
@@ -311,9 +291,12 @@ fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
 
 /// Rank 0 disagrees on the element size of three builds and on the element type and count of
 /// two plans; every rank must get the mismatch error, and the communicator must stay usable.
-fn fault_elem(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
+fn fault_elem(
+    world: &rsmpi::topology::SimpleCommunicator,
+    comm: &MpiCommunicator,
+    rep: &mut Report,
+) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
-    let comm = rep.comm;
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let elem = if me == 0 { 4 } else { 8 };
     let mismatch = |r: Result<NeighborExchange, MpiError>, what: &str| {
@@ -1043,21 +1026,12 @@ fn fault_backend(world: &rsmpi::topology::SimpleCommunicator) {
 }
 
 fn main() {
-    let Some(universe) = rsmpi::initialize() else {
-        eprintln!("MPI could not be initialised");
-        std::process::exit(2);
-    };
+    let universe = mpi_common::universe();
     let world = universe.world();
     let mode = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "correctness".into());
-    let mut comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("setup: {e}");
-            std::process::exit(2);
-        }
-    };
+    let mut comm = mpi_common::communicator(&world);
     if mode == "fault-stop" {
         fault_stop(&world, &mut comm);
         return;
@@ -1080,11 +1054,7 @@ fn main() {
         let _ = fault_exit(&mut comm, s);
         return;
     }
-    let mut rep = Report {
-        comm: &comm,
-        passed: 0,
-        failed: 0,
-    };
+    let mut rep = Report::new(comm.comm());
     match mode.as_str() {
         "correctness" => {
             use relaycc_route::Collective;
@@ -1106,16 +1076,14 @@ fn main() {
             planner_plans(&world, &mut rep, 100_000, &BACKEND_COLLECTIVES);
         }
         "fault-counts" => fault_counts(&comm, &mut rep),
-        "fault-elem" => fault_elem(&world, &mut rep),
+        "fault-elem" => fault_elem(&world, &comm, &mut rep),
         other => {
             eprintln!("unknown mode {other}");
             std::process::exit(2);
         }
     }
-    let (p, f) = (rep.passed, rep.failed);
-    if comm.rank() == 0 {
-        println!("{p} passed, {f} failed");
-    }
+    rep.summary();
+    let f = rep.failed;
     drop(comm);
     drop(universe);
     if f > 0 {

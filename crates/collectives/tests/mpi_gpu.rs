@@ -25,6 +25,10 @@
 
 use std::sync::Arc;
 
+mod mpi_common;
+
+use mpi_common::{Report, fill as input, value};
+
 use relaycc_collectives::cuda::{self, CudaError};
 use relaycc_collectives::cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -32,41 +36,8 @@ use relaycc_collectives::cudarc::driver::{
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiError, MpiGpu, TransferMode};
 use relaycc_collectives::{CollectivesError, Element, ReduceOp};
-use rsmpi::collective::SystemOperation;
 use rsmpi::topology::SimpleCommunicator;
 use rsmpi::traits::*;
-
-struct Report<'a> {
-    world: &'a SimpleCommunicator,
-    passed: u32,
-    failed: u32,
-}
-
-impl Report<'_> {
-    /// Agree on `ok` over all ranks and count it once (on rank 0).
-    fn check(&mut self, name: &str, ok: bool) {
-        let mut all = 0i32;
-        self.world
-            .all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
-        if all == 1 {
-            self.passed += 1;
-        } else {
-            self.failed += 1;
-        }
-        if self.world.rank() == 0 {
-            println!("{} {name}", if all == 1 { "PASS" } else { "FAIL" });
-        }
-    }
-}
-
-/// Element `i` of rank `r`'s input: in -3..=3, exact in every type.
-fn value(r: u32, i: usize) -> i64 {
-    ((u64::from(r) * 3 + i as u64) % 7) as i64 - 3
-}
-
-fn input<T: Element>(r: u32, len: usize) -> Vec<T> {
-    (0..len).map(|i| T::from_i64(value(r, i))).collect()
-}
 
 fn no_driver(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     for t in [GpuTransport::Mpi, GpuTransport::Nccl] {
@@ -592,10 +563,7 @@ fn gpu_checks(
 }
 
 fn main() {
-    let Some(universe) = rsmpi::initialize() else {
-        eprintln!("MPI could not be initialised");
-        std::process::exit(2);
-    };
+    let universe = mpi_common::universe();
     let world = universe.world();
     let transport = match std::env::args().nth(1).as_deref().unwrap_or("mpi").parse() {
         Ok(t) => t,
@@ -604,18 +572,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let mut comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("setup: {e}");
-            std::process::exit(2);
-        }
-    };
-    let mut rep = Report {
-        world: &world,
-        passed: 0,
-        failed: 0,
-    };
+    let mut comm = mpi_common::communicator(&world);
+    let mut rep = Report::new(&world);
     for mode in [TransferMode::Staged, TransferMode::Direct] {
         comm.set_transfer(mode);
         host_checks(&comm, &format!("host backend, {mode:?}"), &mut rep);
@@ -630,9 +588,7 @@ fn main() {
     } else {
         gpu_checks(&comm, &world, transport, &mut rep);
     }
-    if world.rank() == 0 {
-        println!("{} passed, {} failed", rep.passed, rep.failed);
-    }
+    rep.summary();
     let failed = rep.failed;
     // MPI finalizes when `universe` drops: the communicator's own communicators go first.
     drop(comm);

@@ -27,6 +27,10 @@
 
 use std::time::{Duration, Instant};
 
+mod mpi_common;
+
+use mpi_common::{Report, fill};
+
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, MpiError};
 use relaycc_collectives::{Element, ReduceOp};
@@ -34,38 +38,6 @@ use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
 use rsmpi::topology::SimpleCommunicator;
 use rsmpi::traits::*;
-
-struct Report<'a> {
-    world: &'a SimpleCommunicator,
-    passed: u32,
-    failed: u32,
-}
-
-impl Report<'_> {
-    /// Agree on `ok` over all ranks and count it once (on rank 0).
-    fn check(&mut self, name: &str, ok: bool) {
-        let mut all = 0i32;
-        self.world
-            .all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
-        if all == 1 {
-            self.passed += 1;
-        } else {
-            self.failed += 1;
-        }
-        if self.world.rank() == 0 {
-            println!("{} {name}", if all == 1 { "PASS" } else { "FAIL" });
-        }
-    }
-}
-
-/// The input value of element `i` of rank `r`: small, so sums and products are exact.
-fn value<T: Element>(r: u32, i: usize) -> T {
-    T::from_i64(((r as usize * 3 + i) % 7) as i64 - 3)
-}
-
-fn fill<T: Element>(r: u32, len: usize) -> Vec<T> {
-    (0..len).map(|i| value(r, i)).collect()
-}
 
 fn zeros<T: Element>(len: usize) -> Vec<T> {
     vec![T::from_i64(0); len]
@@ -572,28 +544,15 @@ fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
 }
 
 fn main() {
-    let Some(universe) = rsmpi::initialize() else {
-        eprintln!("MPI could not be initialised");
-        std::process::exit(2);
-    };
+    let universe = mpi_common::universe();
     let world = universe.world();
     let mode = std::env::args().nth(1).unwrap_or_else(|| "typed".into());
-    let mut comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("setup: {e}");
-            std::process::exit(2);
-        }
-    };
+    let mut comm = mpi_common::communicator(&world);
     if mode == "typed-stop" {
         typed_stop(&world, &comm);
         return;
     }
-    let mut rep = Report {
-        world: &world,
-        passed: 0,
-        failed: 0,
-    };
+    let mut rep = Report::new(&world);
     match mode.as_str() {
         "typed" => typed_all(&comm, &mut rep),
         "typed-faults" => typed_faults(&mut comm, &mut rep),
@@ -603,7 +562,5 @@ fn main() {
             std::process::exit(2);
         }
     }
-    if world.rank() == 0 {
-        println!("{} passed, {} failed", rep.passed, rep.failed);
-    }
+    rep.summary();
 }

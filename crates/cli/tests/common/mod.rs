@@ -29,3 +29,24 @@ pub fn json(args: &[&str]) -> serde_json::Value {
     assert!(o.status.success(), "{args:?}: {}", stderr(&o));
     serde_json::from_slice(&o.stdout).expect("valid JSON")
 }
+
+/// The arguments of a command line written as one string, split at white space (for
+/// arguments that hold none).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// Runs `relaycc` with the arguments of `line` ([`words`]).
+pub fn relaycc_line(line: &str) -> Output {
+    relaycc(&words(line))
+}
+
+/// Runs `relaycc` with the arguments of `line` ([`words`]), which must succeed, and parses
+/// its standard output as JSON.
+pub fn json_line(line: &str) -> serde_json::Value {
+    json(&words(line))
+}
+
+/// A bench of one 4 KiB all_reduce over two host ranks, one iteration and no warm-up: the
+/// cheapest bench run, for tests of what it prints.
+pub const BENCH_4K_ONCE: &str = "bench all_reduce --ranks 2 -b 4K -e 4K -n 1 -w 0";

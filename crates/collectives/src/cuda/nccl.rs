@@ -75,6 +75,34 @@ pub(crate) fn driver_error(call: &'static str) -> impl Fn(DriverError) -> CudaEr
     }
 }
 
+/// Checks one process's NCCL ranks on CUDA devices `ordinals` (rank `i` on `ordinals[i]`)
+/// before `ncclCommInitAll`, in this order: an empty list or a device that repeats
+/// ([`CudaError::NcclUnsupported`]: NCCL runs one rank per GPU), no driver or no NCCL, a
+/// device that does not exist, too many ranks. Gives the rank count.
+pub(crate) fn single_process_ranks(ordinals: &[usize]) -> Result<c_int, CudaError> {
+    if ordinals.is_empty() {
+        return Err(CudaError::NcclUnsupported("no ranks".into()));
+    }
+    if let Some(d) = ordinals
+        .iter()
+        .enumerate()
+        .find_map(|(i, o)| ordinals[..i].contains(o).then_some(*o))
+    {
+        return Err(CudaError::NcclUnsupported(format!(
+            "CUDA device {d} hosts more than one rank; NCCL runs one rank per GPU"
+        )));
+    }
+    super::driver()?;
+    nccl()?;
+    let visible = super::devices()?.len();
+    if let Some(bad) = ordinals.iter().find(|&&o| o >= visible) {
+        return Err(CudaError::NcclUnsupported(format!(
+            "CUDA device {bad} does not exist ({visible} visible)"
+        )));
+    }
+    c_int::try_from(ordinals.len()).map_err(|_| CudaError::NcclUnsupported("too many ranks".into()))
+}
+
 /// Loads NCCL once per process and reads its version; [`CudaError::NoNccl`] when cudarc could
 /// not load it (nothing panics).
 pub fn nccl() -> Result<&'static NcclInfo, CudaError> {
@@ -216,28 +244,7 @@ impl NcclComms {
     /// GPU cannot be compared with it); [`CudaError::NoDriver`] or [`CudaError::NoNccl`] when
     /// a library is absent; a device that does not exist; a driver or NCCL status.
     pub fn new(ordinals: &[usize], capacity_bytes: u64) -> Result<NcclComms, CudaError> {
-        if ordinals.is_empty() {
-            return Err(CudaError::NcclUnsupported("no ranks".into()));
-        }
-        if let Some(d) = ordinals
-            .iter()
-            .enumerate()
-            .find_map(|(i, o)| ordinals[..i].contains(o).then_some(*o))
-        {
-            return Err(CudaError::NcclUnsupported(format!(
-                "CUDA device {d} hosts more than one rank; NCCL runs one rank per GPU"
-            )));
-        }
-        super::driver()?;
-        nccl()?;
-        let visible = super::devices()?.len();
-        if let Some(bad) = ordinals.iter().find(|&&o| o >= visible) {
-            return Err(CudaError::NcclUnsupported(format!(
-                "CUDA device {bad} does not exist ({visible} visible)"
-            )));
-        }
-        let n = c_int::try_from(ordinals.len())
-            .map_err(|_| CudaError::NcclUnsupported("too many ranks".into()))?;
+        let n = single_process_ranks(ordinals)?;
         let bytes = usize::try_from(capacity_bytes.max(1))
             .map_err(|_| CudaError::NcclUnsupported("buffer too large".into()))?;
         let mut streams = Vec::with_capacity(ordinals.len());

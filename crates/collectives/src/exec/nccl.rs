@@ -17,7 +17,7 @@ use cudarc::nccl::{result as nc, sys as ns};
 
 use super::run::Transport;
 use crate::backend::AddressSpace;
-use crate::cuda::nccl::{driver_error, nccl, nccl_error};
+use crate::cuda::nccl::{driver_error, nccl, nccl_error, single_process_ranks};
 use crate::cuda::{self, CudaError};
 use crate::error::CollectivesError;
 
@@ -54,6 +54,9 @@ impl NcclId {
         ns::ncclUniqueId { internal }
     }
 }
+
+/// Messages move as bytes: the runner's transfers are untyped.
+const BYTES: ns::ncclDataType_t = ns::ncclDataType_t::ncclUint8;
 
 /// One rank's NCCL communicator on one CUDA device, destroyed when dropped.
 pub struct NcclComm {
@@ -138,28 +141,7 @@ impl NcclComm {
     /// ([`CudaError::NcclUnsupported`]: NCCL runs one rank per GPU), no driver or no NCCL, a
     /// device that does not exist, an NCCL status.
     pub fn init_all(ordinals: &[usize]) -> Result<Vec<NcclComm>, CudaError> {
-        if ordinals.is_empty() {
-            return Err(CudaError::NcclUnsupported("no ranks".into()));
-        }
-        if let Some(d) = ordinals
-            .iter()
-            .enumerate()
-            .find_map(|(i, o)| ordinals[..i].contains(o).then_some(*o))
-        {
-            return Err(CudaError::NcclUnsupported(format!(
-                "CUDA device {d} hosts more than one rank; NCCL runs one rank per GPU"
-            )));
-        }
-        cuda::driver()?;
-        nccl()?;
-        let visible = cuda::devices()?.len();
-        if let Some(bad) = ordinals.iter().find(|&&o| o >= visible) {
-            return Err(CudaError::NcclUnsupported(format!(
-                "CUDA device {bad} does not exist ({visible} visible)"
-            )));
-        }
-        let n = c_int::try_from(ordinals.len())
-            .map_err(|_| CudaError::NcclUnsupported("too many ranks".into()))?;
+        let n = single_process_ranks(ordinals)?;
         let devlist: Vec<c_int> = ordinals.iter().map(|&o| o as c_int).collect();
         let mut comms: Vec<ns::ncclComm_t> = vec![std::ptr::null_mut(); ordinals.len()];
         // SAFETY: `comms` and `devlist` hold `n` entries each; the probe found libnccl with
@@ -254,6 +236,22 @@ impl NcclTransport<'_> {
         self.error(e)
     }
 
+    /// Open the group and enqueue one point-to-point call with `peer` on this rank's stream
+    /// (`call` names it in errors; a failed call abandons the group).
+    fn post<R>(
+        &mut self,
+        peer: u32,
+        call: &'static str,
+        enqueue: impl FnOnce(c_int, ns::ncclComm_t, ns::cudaStream_t) -> Result<R, nc::NcclError>,
+    ) -> Result<(), CollectivesError> {
+        let p = self.peer(peer)?;
+        self.group()?;
+        let stream = self.stream.cu_stream() as ns::cudaStream_t;
+        enqueue(p, self.comm.comm, stream)
+            .map(|_| ())
+            .map_err(|e| self.abandon(nccl_error(call)(e)))
+    }
+
     fn peer(&self, peer: u32) -> Result<c_int, CollectivesError> {
         if peer >= self.comm.ranks {
             return Err(self.error(CudaError::NcclUnsupported(format!(
@@ -285,24 +283,12 @@ impl Transport for NcclTransport<'_> {
         dst: *mut u8,
         bytes: usize,
     ) -> Result<(), CollectivesError> {
-        let p = self.peer(peer)?;
-        self.group()?;
-        let stream = self.stream.cu_stream() as ns::cudaStream_t;
         // SAFETY: the runner gives `bytes` writable device bytes of this rank's device, which
         // nothing touches until the stage's requests complete on the stream; the group is
         // open, so NCCL enqueues the receive when the group ends.
-        let r = unsafe {
-            nc::recv(
-                dst.cast::<c_void>(),
-                bytes,
-                ns::ncclDataType_t::ncclUint8,
-                p,
-                self.comm.comm,
-                stream,
-            )
-        };
-        r.map(|_| ())
-            .map_err(|e| self.abandon(nccl_error("ncclRecv")(e)))
+        self.post(peer, "ncclRecv", |p, comm, stream| unsafe {
+            nc::recv(dst.cast::<c_void>(), bytes, BYTES, p, comm, stream)
+        })
     }
 
     unsafe fn send(
@@ -312,22 +298,10 @@ impl Transport for NcclTransport<'_> {
         src: *const u8,
         bytes: usize,
     ) -> Result<(), CollectivesError> {
-        let p = self.peer(peer)?;
-        self.group()?;
-        let stream = self.stream.cu_stream() as ns::cudaStream_t;
         // SAFETY: as for `recv`; the bytes are only read.
-        let r = unsafe {
-            nc::send(
-                src.cast::<c_void>(),
-                bytes,
-                ns::ncclDataType_t::ncclUint8,
-                p,
-                self.comm.comm,
-                stream,
-            )
-        };
-        r.map(|_| ())
-            .map_err(|e| self.abandon(nccl_error("ncclSend")(e)))
+        self.post(peer, "ncclSend", |p, comm, stream| unsafe {
+            nc::send(src.cast::<c_void>(), bytes, BYTES, p, comm, stream)
+        })
     }
 
     fn wait(&mut self, _stage: usize) -> Result<(), CollectivesError> {

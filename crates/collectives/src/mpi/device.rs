@@ -208,22 +208,32 @@ struct BackendMemory<'m> {
 
 impl BackendMemory<'_> {
     fn region(&self, s: &Slot) -> ByteRegion {
-        let b = self.bindings[s.binding as usize];
-        ByteRegion {
-            mem: b.mem,
-            offset: b.offset + s.offset,
-            bytes: s.bytes,
-        }
+        slot_region(self.bindings, s)
     }
+}
+
+/// A slot's bytes within its binding's region on the backend.
+pub(super) fn slot_region(bindings: &[ByteRegion], s: &Slot) -> ByteRegion {
+    let b = bindings[s.binding as usize];
+    ByteRegion {
+        mem: b.mem,
+        offset: b.offset + s.offset,
+        bytes: s.bytes,
+    }
+}
+
+/// A slot's raw address, where MPI may use its binding in place (`direct`).
+pub(super) fn slot_address(direct: &[Option<RawRegion>], s: &Slot) -> Option<RawRegion> {
+    direct[s.binding as usize].map(|r| RawRegion {
+        addr: r.addr + s.offset as usize,
+        bytes: s.bytes,
+        space: r.space,
+    })
 }
 
 impl RankMemory for BackendMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
-        self.direct[slot.binding as usize].map(|r| RawRegion {
-            addr: r.addr + slot.offset as usize,
-            bytes: slot.bytes,
-            space: r.space,
-        })
+        slot_address(self.direct, slot)
     }
 
     unsafe fn launch(&mut self, program: &Program) -> crate::error::Result<()> {

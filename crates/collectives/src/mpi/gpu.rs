@@ -37,7 +37,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::{CudaEvent, CudaStream};
 use relaycc_route::{DType, Location, Plan, ReduceOp};
 
-use super::device::{HostBuf, PlanMemory, TransferMode};
+use super::device::{HostBuf, PlanMemory, TransferMode, slot_address, slot_region};
 use super::requests::Requests;
 use super::schedule::Schedule;
 use super::transport::MpiTransport;
@@ -871,22 +871,13 @@ struct GpuMemory<'m> {
 
 impl GpuMemory<'_> {
     fn region(&self, s: &Slot) -> ByteRegion {
-        let b = self.bindings[s.binding as usize];
-        ByteRegion {
-            mem: b.mem,
-            offset: b.offset + s.offset,
-            bytes: s.bytes,
-        }
+        slot_region(self.bindings, s)
     }
 }
 
 impl RankMemory for GpuMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
-        self.direct[slot.binding as usize].map(|r| RawRegion {
-            addr: r.addr + slot.offset as usize,
-            bytes: slot.bytes,
-            space: r.space,
-        })
+        slot_address(self.direct, slot)
     }
 
     unsafe fn launch(&mut self, program: &Program) -> crate::error::Result<()> {
@@ -948,7 +939,7 @@ fn eout<T: Element, R: RecvBuf<T> + ?Sized>(b: &R) -> usize {
     RecvBuf::<T>::elems(b)
 }
 
-impl MpiOnStream<'_, '_> {
+impl<'s> MpiOnStream<'s, '_> {
     /// Lend the buffers, run the call, then drop the lender: the buffers' cudarc events are
     /// recorded on the caller's stream after what the call enqueued.
     fn run<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
@@ -975,6 +966,55 @@ impl MpiOnStream<'_, '_> {
         self.gpu.comm.shape::<T>(kind, input, output)
     }
 
+    /// A call on separate buffers, both given on every rank.
+    fn separate<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        kind: Kind<'_>,
+        send: &S,
+        recv: &mut R,
+    ) -> MpiResult<()> {
+        let s = self.shape::<T>(kind, ein::<T, S>(send), eout::<T, R>(recv));
+        self.run(s, Some(send), Some(recv))
+    }
+
+    /// A call in place on `buf`, which is its whole input and output.
+    fn in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        kind: Kind<'_>,
+        buf: &mut R,
+    ) -> MpiResult<()> {
+        let n = eout::<T, R>(buf);
+        let s = self.shape::<T>(kind, n, n);
+        self.run::<T, [T], R>(s, None, Some(buf))
+    }
+
+    /// Lend one buffer (`lend`), send it to or receive it into from `peer`, then drop the
+    /// lender after what the call enqueued.
+    fn p2p<'b, T: Element>(
+        &mut self,
+        count: usize,
+        sending: bool,
+        peer: u32,
+        lend: impl FnOnce(&mut Lender<'b>) -> View,
+    ) -> MpiResult<()>
+    where
+        's: 'b,
+    {
+        let stream: Option<&'b Arc<CudaStream>> = self.stream;
+        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
+        let view = lend(&mut lender);
+        let r = self.gpu.p2p(
+            &mut lender,
+            view,
+            sending,
+            peer,
+            (count as u64, T::DTYPE),
+            stream.map(|s| &**s),
+        );
+        drop(lender);
+        r
+    }
+
     /// `recv = op(every rank's send)` (`MPI_Allreduce`, `ncclAllReduce`).
     pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
         &mut self,
@@ -982,8 +1022,7 @@ impl MpiOnStream<'_, '_> {
         recv: &mut R,
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllReduce(op), ein::<T, S>(send), eout::<T, R>(recv));
-        self.run(s, Some(send), Some(recv))
+        self.separate::<T, S, R>(Kind::AllReduce(op), send, recv)
     }
 
     /// `buf = op(every rank's buf)`, in place.
@@ -992,9 +1031,7 @@ impl MpiOnStream<'_, '_> {
         buf: &mut R,
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let n = eout::<T, R>(buf);
-        let s = self.shape::<T>(Kind::AllReduceInPlace(op), n, n);
-        self.run::<T, [T], R>(s, None, Some(buf))
+        self.in_place::<T, R>(Kind::AllReduceInPlace(op), buf)
     }
 
     /// `recv = op(every rank's send)` on rank `root` (`MPI_Reduce`); `recv` is used on the
@@ -1017,9 +1054,7 @@ impl MpiOnStream<'_, '_> {
         buf: &mut R,
         root: u32,
     ) -> MpiResult<()> {
-        let n = eout::<T, R>(buf);
-        let s = self.shape::<T>(Kind::Broadcast(root), n, n);
-        self.run::<T, [T], R>(s, None, Some(buf))
+        self.in_place::<T, R>(Kind::Broadcast(root), buf)
     }
 
     /// Every rank's `send`, concatenated in rank order, into `recv` (`MPI_Allgather`).
@@ -1028,8 +1063,7 @@ impl MpiOnStream<'_, '_> {
         send: &S,
         recv: &mut R,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllGather, ein::<T, S>(send), eout::<T, R>(recv));
-        self.run(s, Some(send), Some(recv))
+        self.separate::<T, S, R>(Kind::AllGather, send, recv)
     }
 
     /// As `all_gather`, in place: this rank's input is block `rank` of `buf`.
@@ -1037,9 +1071,7 @@ impl MpiOnStream<'_, '_> {
         &mut self,
         buf: &mut R,
     ) -> MpiResult<()> {
-        let n = eout::<T, R>(buf);
-        let s = self.shape::<T>(Kind::AllGatherInPlace, n, n);
-        self.run::<T, [T], R>(s, None, Some(buf))
+        self.in_place::<T, R>(Kind::AllGatherInPlace, buf)
     }
 
     /// As `all_gather` with `counts[r]` elements from rank `r` (`MPI_Allgatherv`).
@@ -1049,12 +1081,7 @@ impl MpiOnStream<'_, '_> {
         recv: &mut R,
         counts: &[usize],
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(
-            Kind::AllGatherV(counts),
-            ein::<T, S>(send),
-            eout::<T, R>(recv),
-        );
-        self.run(s, Some(send), Some(recv))
+        self.separate::<T, S, R>(Kind::AllGatherV(counts), send, recv)
     }
 
     /// Block `rank` of `op(every rank's send)` into `recv` (`MPI_Reduce_scatter_block`).
@@ -1064,12 +1091,7 @@ impl MpiOnStream<'_, '_> {
         recv: &mut R,
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(
-            Kind::ReduceScatter(op),
-            ein::<T, S>(send),
-            eout::<T, R>(recv),
-        );
-        self.run(s, Some(send), Some(recv))
+        self.separate::<T, S, R>(Kind::ReduceScatter(op), send, recv)
     }
 
     /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
@@ -1078,8 +1100,7 @@ impl MpiOnStream<'_, '_> {
         send: &S,
         recv: &mut R,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllToAll, ein::<T, S>(send), eout::<T, R>(recv));
-        self.run(s, Some(send), Some(recv))
+        self.separate::<T, S, R>(Kind::AllToAll, send, recv)
     }
 
     /// `send_counts[d]` elements to rank `d`, `recv_counts[s]` from rank `s`, packed in rank
@@ -1092,8 +1113,7 @@ impl MpiOnStream<'_, '_> {
         recv_counts: &[usize],
     ) -> MpiResult<()> {
         let kind = Kind::AllToAllV(send_counts, recv_counts);
-        let s = self.shape::<T>(kind, ein::<T, S>(send), eout::<T, R>(recv));
-        self.run(s, Some(send), Some(recv))
+        self.separate::<T, S, R>(kind, send, recv)
     }
 
     /// Every rank's `send`, concatenated in rank order, into `recv` on `root` (`MPI_Gather`);
@@ -1129,20 +1149,7 @@ impl MpiOnStream<'_, '_> {
         buf: &S,
         dest: u32,
     ) -> MpiResult<()> {
-        let count = ein::<T, S>(buf) as u64;
-        let stream = self.stream;
-        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
-        let view = lender.lend(buf);
-        let r = self.gpu.p2p(
-            &mut lender,
-            view,
-            true,
-            dest,
-            (count, T::DTYPE),
-            stream.map(|s| &**s),
-        );
-        drop(lender);
-        r
+        self.p2p::<T>(ein::<T, S>(buf), true, dest, |l| l.lend(buf))
     }
 
     /// Receive into `buf` from rank `src` (`MPI_Recv`, `ncclRecv`), matched by a `send`
@@ -1152,20 +1159,8 @@ impl MpiOnStream<'_, '_> {
         buf: &mut R,
         src: u32,
     ) -> MpiResult<()> {
-        let count = eout::<T, R>(buf) as u64;
-        let stream = self.stream;
-        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
-        let view = lender.lend_mut(buf);
-        let r = self.gpu.p2p(
-            &mut lender,
-            view,
-            false,
-            src,
-            (count, T::DTYPE),
-            stream.map(|s| &**s),
-        );
-        drop(lender);
-        r
+        let count = eout::<T, R>(buf);
+        self.p2p::<T>(count, false, src, |l| l.lend_mut(buf))
     }
 }
 

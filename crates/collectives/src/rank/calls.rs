@@ -350,6 +350,34 @@ impl<'b> RankGroup<'_, 'b> {
         self.push(desc, i, o)
     }
 
+    /// A rooted collective whose input is the root's `send` (ignored elsewhere) and whose
+    /// output is every rank's `recv`; the count is `recv`'s length.
+    fn root_sends<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        send: Option<&'b S>,
+        recv: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let d = Self::desc::<T>(c, RecvBuf::<T>::elems(recv), ReduceOp::Sum, root);
+        let is_root = self.me() == root;
+        self.separate(d, send.filter(|_| is_root), Some(recv))
+    }
+
+    /// A rooted collective whose input is every rank's `send` and whose output is the root's
+    /// `recv` (ignored elsewhere); the count is `send`'s length.
+    fn root_receives<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        send: &'b S,
+        recv: Option<&'b mut R>,
+        (op, root): (ReduceOp, usize),
+    ) -> &mut Self {
+        let d = Self::desc::<T>(c, SendBuf::<T>::elems(send), op, root);
+        let is_root = self.me() == root;
+        self.separate(d, Some(send), recv.filter(|_| is_root))
+    }
+
     /// An in-place collective whose buffer is wholly the input and/or wholly the output;
     /// `count` is the buffer's length.
     fn whole<T: Element, R: RecvBuf<T> + ?Sized>(
@@ -436,9 +464,7 @@ impl<'b> RankGroup<'_, 'b> {
         root: usize,
         op: ReduceOp,
     ) -> &mut Self {
-        let d = Self::desc::<T>(Collective::Reduce, SendBuf::<T>::elems(send), op, root);
-        let is_root = self.me() == root;
-        self.separate(d, Some(send), recv.filter(|_| is_root))
+        self.root_receives::<T, S, R>(Collective::Reduce, send, recv, (op, root))
     }
 
     /// Add [`RankComm::reduce_in_place`].
@@ -459,10 +485,7 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let c = RecvBuf::<T>::elems(recv);
-        let d = Self::desc::<T>(Collective::Broadcast, c, ReduceOp::Sum, root);
-        let is_root = self.me() == root;
-        self.separate(d, send.filter(|_| is_root), Some(recv))
+        self.root_sends::<T, S, R>(Collective::Broadcast, send, recv, root)
     }
 
     /// Add [`RankComm::broadcast_in_place`].
@@ -609,10 +632,8 @@ impl<'b> RankGroup<'_, 'b> {
         recv: Option<&'b mut R>,
         root: usize,
     ) -> &mut Self {
-        let c = SendBuf::<T>::elems(send);
-        let d = Self::desc::<T>(Collective::Gather, c, ReduceOp::Sum, root);
-        let is_root = self.me() == root;
-        self.separate(d, Some(send), recv.filter(|_| is_root))
+        let how = (ReduceOp::Sum, root);
+        self.root_receives::<T, S, R>(Collective::Gather, send, recv, how)
     }
 
     /// Add [`RankComm::gather_in_place`].
@@ -635,10 +656,7 @@ impl<'b> RankGroup<'_, 'b> {
         recv: &'b mut R,
         root: usize,
     ) -> &mut Self {
-        let c = RecvBuf::<T>::elems(recv);
-        let d = Self::desc::<T>(Collective::Scatter, c, ReduceOp::Sum, root);
-        let is_root = self.me() == root;
-        self.separate(d, send.filter(|_| is_root), Some(recv))
+        self.root_sends::<T, S, R>(Collective::Scatter, send, recv, root)
     }
 
     /// Add [`RankComm::scatter_in_place`].
