@@ -30,9 +30,11 @@
 
 pub mod expand;
 pub(crate) mod fold;
+pub mod sample;
 pub(crate) mod window;
 
 pub use expand::{Expansion, expand};
+pub use sample::{SampleOptions, SampleReport, check_elements, check_sampled};
 
 use std::sync::Arc;
 
