@@ -89,6 +89,9 @@ struct Write {
     rotate: (u64, u64),
 }
 
+/// An op's place in the schedule the cones follow: (dependency level, global id).
+type Key = (u32, u64);
+
 /// The writes to one buffer of the full plan, sorted by offset, and the longest's length.
 struct Writes {
     list: Vec<(u64, u64, u32, u64)>,
@@ -257,7 +260,7 @@ impl Cone<'_, '_> {
     }
     /// The reads op `gid` makes to produce element `x` of its destination (in destination
     /// coordinates `x`): each source's buffer and element.
-    fn reads(&self, gid: u64, x: u64) -> Result<(Vec<(BufferRef, u64)>, (u32, u64))> {
+    fn reads(&self, gid: u64, x: u64) -> Result<(Vec<(BufferRef, u64)>, Key)> {
         let ops = u64::from(self.ex.ops_per_period());
         let (k, i) = ((gid / ops) as u32, (gid % ops) as u32);
         let t = &self.ex.template().ops[i as usize];
