@@ -128,8 +128,11 @@ pub(super) fn fold(
     // Staging buffers: those of the domain renumbered; one elsewhere maps to its image, the
     // buffer of the same rank among those of the shifted device.
     let mut per_loc: BTreeMap<Location, Vec<u32>> = BTreeMap::new();
+    let mut rank_in_loc = vec![0usize; plan.scratch.len()];
     for (i, s) in plan.scratch.iter().enumerate() {
-        per_loc.entry(s.location).or_default().push(i as u32);
+        let v = per_loc.entry(s.location).or_default();
+        rank_in_loc[i] = v.len();
+        v.push(i as u32);
     }
     let mut scratch_new = vec![u32::MAX; plan.scratch.len()];
     let mut scratch = Vec::new();
@@ -145,10 +148,7 @@ pub(super) fn fold(
         if scratch_new[i as usize] != u32::MAX {
             return Ok((scratch_new[i as usize], 0));
         }
-        let rank = per_loc
-            .get(&s.location)
-            .and_then(|v| v.iter().position(|&x| x == i))
-            .unwrap_or(0);
+        let rank = rank_in_loc[i as usize];
         let k = shift
             .period_of(s.location)
             .ok_or_else(|| asym(format!("staging on {} lies in no period", s.location)))?;
