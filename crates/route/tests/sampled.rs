@@ -22,11 +22,11 @@ const CASES: [(Collective, DType, ReduceOp); 6] = [
 
 /// Plan each case on `topo_name` and check the winner and the baseline (both templates) by
 /// sampled execution; returns how many templates were checked.
-fn sampled_cases(topo_name: &str) -> usize {
+fn sampled_cases(topo_name: &str, cases: &[(Collective, DType, ReduceOp)]) -> usize {
     let topo = relaycc_topo::preset(topo_name).unwrap();
     let n = topo.gpu_count();
     let mut checked = 0;
-    for (c, t, op) in CASES {
+    for &(c, t, op) in cases {
         // Every channel of every rank gets a block of all_reduce's elements (uneven blocks
         // are not the same on every period, so they are built in full).
         let count = if c == Collective::AllReduce {
@@ -78,12 +78,14 @@ fn sampled_cases(topo_name: &str) -> usize {
 
 #[test]
 fn templates_of_128_gpus_deliver_their_sampled_elements() {
-    assert!(sampled_cases("cluster:16xdgx-h100:ib-ndr") >= 6);
+    assert!(sampled_cases("cluster:16xdgx-h100:ib-ndr", &CASES) >= 6);
 }
 
 #[test]
 fn templates_of_1024_gpus_deliver_their_sampled_elements() {
-    assert!(sampled_cases("cluster:128xdgx-h100:ib-ndr") >= 6);
+    // One case per collective, each with another element type, to keep the planning short.
+    let cases = [CASES[0], CASES[2], CASES[3], CASES[5]];
+    assert!(sampled_cases("cluster:128xdgx-h100:ib-ndr", &cases) >= 4);
 }
 
 /// A copy into a rank's output, in template `p`: (op, rank, first element).
