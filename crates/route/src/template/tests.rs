@@ -1,6 +1,7 @@
 //! Tests of the fold on a two-node cluster: a symmetric plan folds into a template the
 //! checkers tell apart from a full plan; a plan that differs between hosts is refused; a
-//! template expands into the plan built in full, op for op, and the expansion is proved.
+//! template expands into the plan built in full, op for op, the expansion is proved, and
+//! the sampled execution of the template agrees.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -160,6 +161,9 @@ fn assert_expands_to(topo: &relaycc_topo::Topology, t: &Plan, full: &Plan, what:
     }
     check(&x).unwrap_or_else(|e| panic!("{what}: the expansion is not proved: {e}"));
     crate::check::check_routes(&x, topo).unwrap();
+    // The sampled execution agrees with the proof on the template.
+    super::check_sampled(t, topo, &super::SampleOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: sampled execution: {e}"));
 }
 
 #[test]
