@@ -250,6 +250,11 @@ pub struct PlanArgs {
     /// Write the plan as JSON.
     #[arg(long)]
     pub save: Option<PathBuf>,
+    /// Check a template (a plan above 64 ranks) by executing the data cones of sampled output
+    /// elements (3 ranks, 8 elements each) over its lazily expanded plan; a full plan is
+    /// proved by the checker already.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// `relaycc simulate`

@@ -306,6 +306,37 @@ fn plan_saves_a_checkable_plan_and_a_trace() {
 }
 
 #[test]
+fn plan_verify_executes_a_templates_sampled_elements() {
+    let v = json(&[
+        "plan",
+        "all_gather",
+        "-t",
+        "cluster:16xdgx-h100:ib-ndr",
+        "--size",
+        "1MiB",
+        "--format",
+        "json",
+        "--verify",
+    ]);
+    assert_eq!(v["verified"]["method"], "sampled", "{v}");
+    assert!(v["verified"]["cone_ops"].as_u64().unwrap() > 0);
+    assert!(v["verified"]["targets"].as_array().unwrap().len() >= 6);
+    // A full plan is proved by the checker before it is printed.
+    let v = json(&[
+        "plan",
+        "all_gather",
+        "-t",
+        "dgx-h100",
+        "--size",
+        "1MiB",
+        "--format",
+        "json",
+        "--verify",
+    ]);
+    assert_eq!(v["verified"]["method"], "check", "{v}");
+}
+
+#[test]
 fn simulate_prints_nccl_tests_rows_and_an_svg() {
     let svg = std::env::temp_dir().join(format!("relaycc-sim-{}.svg", std::process::id()));
     let o = relaycc(&[

@@ -49,7 +49,8 @@ pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use order::DepGraph;
 pub use plan::{
-    BufferRef, EdgeScale, Lane, Location, NvlsShare, Op, OpKind, Plan, Region, Scratch, Template,
+    BufferRef, EdgeScale, Lane, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset, Plan,
+    Region, RegionShift, Scratch, Template,
 };
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;

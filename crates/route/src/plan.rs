@@ -202,7 +202,12 @@ pub struct Plan {
 
 /// What a template plan stands for: the full plan is the template's ops repeated on every
 /// period of hosts (`periods` shifts of `period` hosts each).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Op `i` of period `k` is the template's op `i` with its memories and edges shifted `k`
+/// periods on, its user buffers' ranks shifted `k x m` (`m` ranks per period), and each
+/// dependency, staging buffer and edge that lay in another period of the domain's op shifted
+/// by that period's offset too ([`Template::offsets`]); [`crate::template::expand()`] builds it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Template {
     /// Hosts of the topology.
     pub hosts: u32,
@@ -219,9 +224,73 @@ pub struct Template {
     /// share of it is `orbit size / periods` of its rate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capacity_scale: Vec<EdgeScale>,
+    /// True when the fold recorded [`Template::offsets`] and [`Template::shifts`] and found
+    /// every period's ops expressed by them, so the template expands exactly into the full
+    /// plan; false for a template whose data layout moves otherwise between periods, and for
+    /// one read from JSON written without them.
+    #[serde(default)]
+    pub exact: bool,
+    /// Why a template the fold made is not exact: the first region whose image on another
+    /// period [`Template::offsets`] and [`Template::shifts`] cannot express.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inexact: Option<String>,
+    /// The period offsets the fold dropped: every reference of a template op (a dependency,
+    /// a staging buffer of a region, an edge, an NVLS group's shared edge) that named memory or
+    /// an op of period `p` other than the domain's, as `p`; sorted by op. A reference not
+    /// listed lies in the op's own period.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offsets: Vec<PeriodOffset>,
+    /// How far each region's offset moves per period, where it moves: data blocks follow
+    /// their ranks, so the image of a copy of rank 0's block moves rank `m`'s; sorted by op.
+    /// A region not listed keeps its offset on every period.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shifts: Vec<RegionShift>,
     /// While a windowed build waits for its fold: the key of every lane, by lane index.
     #[serde(skip)]
     pub(crate) window_lanes: Vec<Option<crate::lower::LaneKey>>,
+}
+
+/// A reference of a template op that lies `periods` periods after the op's own
+/// ([`Template::offsets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeriodOffset {
+    /// The template op.
+    pub op: u32,
+    /// Which of its references.
+    pub at: OffsetAt,
+    /// Periods on from the op's own (below [`Template::periods`]).
+    pub periods: u32,
+}
+
+/// A region of a template op whose offset rotates `elems` elements per period within its
+/// aligned block of `block` elements: in period `k` it starts at
+/// `base + (offset - base + k x elems) mod block`, `base` being `offset` rounded down to a
+/// multiple of `block` ([`Template::shifts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionShift {
+    /// The template op.
+    pub op: u32,
+    /// Its region (a copy's source then destination; a reduction's sources then destination).
+    pub region: u32,
+    /// Elements per period.
+    pub elems: u64,
+    /// Elements of the block it rotates in (its buffer, or one ring of blocks, one per period).
+    pub block: u64,
+}
+
+/// Which reference of an op a [`PeriodOffset`] shifts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OffsetAt {
+    /// Entry `i` of the op's `deps`.
+    Dep(u32),
+    /// Region `i` of the op (a copy's source then destination; a reduction's sources then
+    /// destination), when it names a staging buffer.
+    Region(u32),
+    /// Entry `i` of the op's `edges`.
+    Edge(u32),
+    /// The op's NVLS shared edge.
+    Nvls,
 }
 
 /// A representative edge's capacity in a template, as a fraction of its rate.

@@ -377,13 +377,8 @@ impl<'a, 't> Builder<'a, 't> {
         if self.window.is_some() {
             // The fold maps lanes to their images by these keys.
             plan.template = Some(crate::plan::Template {
-                hosts: 0,
-                period: 0,
-                periods: 0,
-                full_ops: 0,
-                full_lanes: 0,
-                capacity_scale: Vec::new(),
                 window_lanes: self.lanes.keys(plan.lanes.len()),
+                ..Default::default()
             });
         }
         plan

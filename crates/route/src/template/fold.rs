@@ -9,7 +9,10 @@ use relaycc_topo::Topology;
 
 use crate::error::{Result, RouteError};
 use crate::lower::LaneKey;
-use crate::plan::{BufferRef, EdgeScale, Location, OpKind, Plan, Region, Template};
+use crate::plan::{
+    BufferRef, EdgeScale, Location, OffsetAt, Op, OpKind, PeriodOffset, Plan, Region, RegionShift,
+    Template,
+};
 use crate::planner::builder::mem_of;
 
 use super::HostShift;
@@ -29,6 +32,26 @@ pub(super) enum Folded {
 
 fn asym(why: String) -> RouteError {
     RouteError::NotSymmetric(why)
+}
+
+/// An op's regions: a copy's source then destination, a reduction's sources then destination.
+fn regions_of(o: &Op) -> Vec<&Region> {
+    match &o.kind {
+        OpKind::Copy { src, dst } => vec![src, dst],
+        OpKind::Reduce { srcs, dst, .. } => srcs.iter().chain([dst]).collect(),
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// Offset `offset` rotated `k` times by `shift` within its aligned block of `block` elements
+/// ([`RegionShift`]).
+pub(crate) fn rotate(offset: u64, shift: u64, block: u64, k: u32) -> u64 {
+    let base = offset - offset % block;
+    let step = (u128::from(shift) * u128::from(k) % u128::from(block)) as u64;
+    base + (offset - base + step) % block
 }
 
 /// `key` moved `k` periods back.
@@ -105,8 +128,11 @@ pub(super) fn fold(
     // Staging buffers: those of the domain renumbered; one elsewhere maps to its image, the
     // buffer of the same rank among those of the shifted device.
     let mut per_loc: BTreeMap<Location, Vec<u32>> = BTreeMap::new();
+    let mut rank_in_loc = vec![0usize; plan.scratch.len()];
     for (i, s) in plan.scratch.iter().enumerate() {
-        per_loc.entry(s.location).or_default().push(i as u32);
+        let v = per_loc.entry(s.location).or_default();
+        rank_in_loc[i] = v.len();
+        v.push(i as u32);
     }
     let mut scratch_new = vec![u32::MAX; plan.scratch.len()];
     let mut scratch = Vec::new();
@@ -116,18 +142,18 @@ pub(super) fn fold(
             scratch.push(*s);
         }
     }
-    let scratch_image = |i: u32| -> Result<u32> {
+    // A staging buffer's image in the domain and the period it lies in.
+    let scratch_image = |i: u32| -> Result<(u32, u32)> {
         let s = plan.scratch[i as usize];
         if scratch_new[i as usize] != u32::MAX {
-            return Ok(scratch_new[i as usize]);
+            return Ok((scratch_new[i as usize], 0));
         }
-        let rank = per_loc
-            .get(&s.location)
-            .and_then(|v| v.iter().position(|&x| x == i))
-            .unwrap_or(0);
-        let img = shift
+        let rank = rank_in_loc[i as usize];
+        let k = shift
             .period_of(s.location)
-            .and_then(|k| shift.shift_back(s.location, k))
+            .ok_or_else(|| asym(format!("staging on {} lies in no period", s.location)))?;
+        let img = shift
+            .shift_back(s.location, k)
             .ok_or_else(|| asym(format!("staging on {} has no image", s.location)))?;
         let j = per_loc
             .get(&img)
@@ -146,7 +172,7 @@ pub(super) fn fold(
                 s.location, s.len, t.len
             )));
         }
-        Ok(scratch_new[j as usize])
+        Ok((scratch_new[j as usize], k))
     };
     // The image in the domain of op `d`, on a window device's lane: the op at the same position
     // of the shifted lane, which must match it (kind, length, hops).
@@ -204,6 +230,109 @@ pub(super) fn fold(
         }
         Ok(img)
     };
+    // Every domain lane's image on period 1 (whose devices the window always holds) has as
+    // many ops: an op of the domain without an image there (a root's extra work) makes the
+    // plan differ between periods as surely as an op without an image in the domain.
+    let mut imaged = vec![false; nl];
+    for l in 0..nl {
+        if period_of[l] != Some(1) || !window.has(plan.lanes[l].location) {
+            continue;
+        }
+        let Some(il) = keys
+            .get(l)
+            .copied()
+            .flatten()
+            .and_then(|k| shift_key(shift, k, 1))
+            .and_then(|k| key_to_lane.get(&k).copied())
+            .map(|il| il as usize)
+            .filter(|&il| domain_lane[il])
+        else {
+            continue;
+        };
+        imaged[il] = true;
+        if lane_ops[l].len() != lane_ops[il].len() {
+            return Err(asym(format!(
+                "lane {} runs {} ops, its image in the domain {}: the plan is not the same on \
+                 every period of hosts",
+                plan.lanes[l].label,
+                lane_ops[l].len(),
+                lane_ops[il].len()
+            )));
+        }
+    }
+    if shift.periods() > 1
+        && let Some(l) = (0..nl).find(|&l| domain_lane[l] && !imaged[l] && !lane_ops[l].is_empty())
+    {
+        return Err(asym(format!(
+            "lane {} of the domain has no image on the next period of hosts: the plan is not \
+             the same on every period of hosts",
+            plan.lanes[l].label
+        )));
+    }
+    // Exact expansion: each region of an op in period `kd` must be its image's region with the
+    // rank of a user buffer `kd x m` on, a staging buffer the image's `kd` periods on, and an
+    // offset `kd` times one shift per period on (modulo the buffer's length). The shift is
+    // read from period 1; other periods verify it. A plan that is the same on every period
+    // up to a layout these cannot express still folds (the simulator needs no offsets), but
+    // its template is not exact.
+    let nranks = plan.request.gpus.len() as u64;
+    let per_period = nranks / u64::from(shift.periods().max(1));
+    let buf_len = |b: BufferRef| -> u64 {
+        let r = match b {
+            BufferRef::Input(r) => plan.request.input_len(r).ok(),
+            BufferRef::Output(r) => plan.request.output_len(r).ok(),
+            BufferRef::Scratch(s) => plan.scratch.get(s as usize).map(|x| x.len),
+        };
+        r.unwrap_or(0).max(1)
+    };
+    // Offsets of regions of images on other periods that differ from the domain op's:
+    // (domain op, region) -> (period, offset).
+    let mut moved: HashMap<(u32, u32), Vec<(u32, u64)>> = HashMap::new();
+    let mut inexact: Option<String> = None;
+    let image_regions = |d: usize,
+                         img: usize,
+                         kd: u32,
+                         moved: &mut HashMap<(u32, u32), Vec<(u32, u64)>>|
+     -> std::result::Result<(), String> {
+        let (a, b) = (regions_of(&plan.ops[d]), regions_of(&plan.ops[img]));
+        if a.len() != b.len() {
+            return Err(format!(
+                "op {d} has {} regions, its image {}",
+                a.len(),
+                b.len()
+            ));
+        }
+        for (j, (ra, rb)) in a.iter().zip(&b).enumerate() {
+            let same_buffer = match (ra.buffer, rb.buffer) {
+                (BufferRef::Input(x), BufferRef::Input(y))
+                | (BufferRef::Output(x), BufferRef::Output(y)) => {
+                    u64::from(x) == (u64::from(y) + u64::from(kd) * per_period) % nranks.max(1)
+                }
+                (BufferRef::Scratch(x), BufferRef::Scratch(y)) => {
+                    match (scratch_image(x), scratch_image(y)) {
+                        (Ok((ix, px)), Ok((iy, py))) => {
+                            ix == iy && px == (py + kd) % shift.periods().max(1)
+                        }
+                        _ => false,
+                    }
+                }
+                _ => false,
+            };
+            if !same_buffer {
+                return Err(format!(
+                    "op {d} names {:?} where its image names {:?}",
+                    ra.buffer, rb.buffer
+                ));
+            }
+            if ra.offset != rb.offset {
+                moved
+                    .entry((img as u32, j as u32))
+                    .or_default()
+                    .push((kd, ra.offset));
+            }
+        }
+        Ok(())
+    };
     // Every op of a window device outside the domain must be an image of a domain op, and
     // wait for the images of what its image waits for: each of its dependencies on a window
     // device's lane has its image among the image's (its other dependencies come from
@@ -215,6 +344,11 @@ pub(super) fn fold(
         }
         let img = image(d)? as usize;
         let Some(kd) = period_of[l] else { continue };
+        if inexact.is_none()
+            && let Err(why) = image_regions(d, img, kd, &mut moved)
+        {
+            inexact = Some(why);
+        }
         for &e in &op.deps {
             let e = e as usize;
             let Some(el) = plan.ops.get(e).map(|x| x.lane as usize) else {
@@ -251,15 +385,72 @@ pub(super) fn fold(
             }
         }
     }
+    // Each moved region rotates within a block of its buffer: the shift per period is read
+    // from period 1, the block is a ring of `periods` blocks (one per period) or the buffer,
+    // whichever every observed period agrees with.
+    let mut region_shift: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+    if inexact.is_none() {
+        let p = u64::from(shift.periods().max(1));
+        for (&(img, j), seen) in &moved {
+            let Some(r) = regions_of(&plan.ops[img as usize]).get(j as usize).copied() else {
+                continue;
+            };
+            let m = buf_len(r.buffer);
+            let one = seen.iter().find(|(k, _)| *k == 1).map(|&(_, o)| o);
+            let fits = |block: u64| {
+                let shift = (one.unwrap_or(r.offset) % block + block - r.offset % block) % block;
+                let ok = block > 0
+                    && m.is_multiple_of(block)
+                    && r.offset % block + r.len <= block
+                    && seen
+                        .iter()
+                        .all(|&(k, o)| rotate(r.offset, shift, block, k) == o);
+                ok.then_some((shift, block))
+            };
+            // A ring of `periods` blocks: its block is the gcd of the moves observed.
+            let g = seen
+                .iter()
+                .fold(0, |g, &(_, o)| gcd(g, o.abs_diff(r.offset)));
+            let found = [g.saturating_mul(p), m].into_iter().find_map(fits);
+            match found {
+                Some(sb) => {
+                    region_shift.insert((img, j), sb);
+                }
+                None => {
+                    inexact = Some(format!(
+                        "region {j} of op {img} is at {:?} on periods {:?}, no rotation of its \
+                         offset {}",
+                        seen.iter().map(|x| x.1).collect::<Vec<_>>(),
+                        seen.iter().map(|x| x.0).collect::<Vec<_>>(),
+                        r.offset
+                    ));
+                    break;
+                }
+            }
+        }
+    }
     let mut grow_devs: Vec<Location> = Vec::new();
     let mut grow_ranges: Vec<(UserMem, u64, u64)> = Vec::new();
     let mut ops = Vec::with_capacity(next as usize);
     let mut scale: BTreeMap<u32, f64> = BTreeMap::new();
     let periods = shift.periods().max(1);
+    let mut offsets: Vec<PeriodOffset> = Vec::new();
+    let mut shifts: Vec<RegionShift> = Vec::new();
+    let mut dep_pairs: Vec<(u32, u32)> = Vec::new();
     for (i, op) in plan.ops.iter().enumerate() {
         if new_id[i] == u32::MAX {
             continue;
         }
+        let me = new_id[i];
+        let mut note = |at: OffsetAt, p: u32| {
+            if p != 0 {
+                offsets.push(PeriodOffset {
+                    op: me,
+                    at,
+                    periods: p,
+                });
+            }
+        };
         let mut o = op.clone();
         o.lane = lane_new[op.lane as usize];
         // Regions: window devices, or user ranges the window covers; staging mapped.
@@ -267,7 +458,7 @@ pub(super) fn fold(
             OpKind::Copy { src, dst } => vec![src, dst],
             OpKind::Reduce { srcs, dst, .. } => srcs.iter_mut().chain([dst]).collect(),
         };
-        for r in regions.iter_mut() {
+        for (ri, r) in regions.iter_mut().enumerate() {
             let loc = plan
                 .location(r.buffer)
                 .ok_or_else(|| asym(format!("op {i} names a missing buffer {:?}", r.buffer)))?;
@@ -280,14 +471,27 @@ pub(super) fn fold(
                 }
             }
             if let BufferRef::Scratch(s) = r.buffer {
-                r.buffer = BufferRef::Scratch(scratch_image(s)?);
+                let (img, p) = scratch_image(s)?;
+                r.buffer = BufferRef::Scratch(img);
+                note(OffsetAt::Region(ri as u32), p);
+            }
+            if let Some(&(elems, block)) = region_shift.get(&(i as u32, ri as u32))
+                && elems != 0
+            {
+                shifts.push(RegionShift {
+                    op: me,
+                    region: ri as u32,
+                    elems,
+                    block,
+                });
             }
         }
-        let mut deps = Vec::with_capacity(op.deps.len());
+        // (image, period) pairs: two deps on images of one op in different periods both stay.
+        dep_pairs.clear();
         for &d in &op.deps {
             let d = d as usize;
             if new_id.get(d).is_some_and(|&n| n != u32::MAX) {
-                deps.push(new_id[d]);
+                dep_pairs.push((new_id[d], 0));
                 continue;
             }
             let dl = plan
@@ -300,20 +504,27 @@ pub(super) fn fold(
                 grow_devs.push(owner);
                 continue;
             }
-            deps.push(new_id[image(d)? as usize]);
+            let p = period_of[dl].unwrap_or(0);
+            dep_pairs.push((new_id[image(d)? as usize], p));
         }
-        deps.sort_unstable();
-        deps.dedup();
-        o.deps = deps;
-        for e in o.edges.iter_mut() {
+        dep_pairs.sort_unstable();
+        dep_pairs.dedup();
+        o.deps.clear();
+        for (j, &(d, p)) in dep_pairs.iter().enumerate() {
+            o.deps.push(d);
+            note(OffsetAt::Dep(j as u32), p);
+        }
+        for (j, e) in o.edges.iter_mut().enumerate() {
             let rep = shift
                 .rep_edge(*e)
                 .ok_or_else(|| asym(format!("edge {e} has no representative")))?;
             let s = f64::from(shift.edge_orbit(*e)) / f64::from(periods);
             scale.insert(rep, s);
+            note(OffsetAt::Edge(j as u32), shift.edge_period(*e));
             *e = rep;
         }
         if let Some(n) = &mut o.nvls {
+            note(OffsetAt::Nvls, shift.edge_period(n.shared_edge));
             n.shared_edge = shift.rep_edge(n.shared_edge).unwrap_or(n.shared_edge);
         }
         ops.push(o);
@@ -343,6 +554,10 @@ pub(super) fn fold(
             .filter(|&(_, s)| s != 1.0)
             .map(|(edge, scale)| EdgeScale { edge, scale })
             .collect(),
+        exact: inexact.is_none(),
+        inexact,
+        offsets,
+        shifts,
         window_lanes: Vec::new(),
     });
     Ok(Folded::Template(Box::new(plan)))

@@ -28,8 +28,13 @@
 //! A template is no proof of delivery: [`crate::check()`] refuses it and no
 //! [`crate::CheckedPlan`] is ever made of one; [`crate::check_template`] checks its structure.
 
+pub mod expand;
 pub(crate) mod fold;
+pub mod sample;
 pub(crate) mod window;
+
+pub use expand::{Expansion, expand};
+pub use sample::{SampleOptions, SampleReport, check_elements, check_sampled};
 
 use std::sync::Arc;
 
@@ -56,6 +61,8 @@ pub trait HostShift: Sync {
     /// The size of edge `e`'s orbit (1 for an edge every shift fixes, `periods` for an edge of
     /// one host).
     fn edge_orbit(&self, e: u32) -> u32;
+    /// `k` such that edge `e` is its representative shifted `k` periods on.
+    fn edge_period(&self, e: u32) -> u32;
 }
 
 impl HostShift for HostSymmetry {
@@ -95,6 +102,9 @@ impl HostShift for HostSymmetry {
     }
     fn edge_orbit(&self, e: u32) -> u32 {
         self.edge_orbit_size(LinkId::new(e as usize))
+    }
+    fn edge_period(&self, e: u32) -> u32 {
+        self.periods_of_edge(LinkId::new(e as usize))
     }
 }
 

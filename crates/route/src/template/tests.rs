@@ -1,10 +1,16 @@
 //! Tests of the fold on a two-node cluster: a symmetric plan folds into a template the
-//! checkers tell apart from a full plan; a plan that differs between hosts is refused.
+//! checkers tell apart from a full plan; a plan that differs between hosts is refused; a
+//! template expands into the plan built in full, op for op, the expansion is proved, and
+//! the sampled execution of the template agrees.
 
-use super::build_template;
+use std::collections::{BTreeMap, HashMap};
+
+use super::{build_template, expand};
 use crate::check::{check, check_template};
 use crate::dtype::DType;
 use crate::error::RouteError;
+use crate::path::RelayPolicy;
+use crate::plan::{BufferRef, Location, OpKind, Plan, Region};
 use crate::planner::baseline_plan_chunked;
 use crate::request::{Collective, Request};
 
@@ -57,4 +63,175 @@ fn uneven_blocks_do_not_fold() {
         crate::planner::baseline_plan_algo(&topo, &req, ring)
     })
     .unwrap();
+}
+
+/// A lane named by its memory and what its first op does (lanes are made in an order that
+/// may differ between periods, so their ordinals name nothing).
+type LaneName = (Location, String);
+
+/// A plan's ops keyed by (lane name, position on the lane), each described with its staging
+/// buffers (memory, ordinal there, length), dependencies and NVLS groups named by such keys,
+/// so two plans that differ only in numbering describe alike.
+fn canon(p: &Plan) -> BTreeMap<(LaneName, u32), String> {
+    let mut scratch_ord = Vec::with_capacity(p.scratch.len());
+    let mut per: HashMap<Location, u32> = HashMap::new();
+    for s in &p.scratch {
+        let c = per.entry(s.location).or_default();
+        scratch_ord.push((s.location, *c, s.len));
+        *c += 1;
+    }
+    let region = |r: &Region| match r.buffer {
+        BufferRef::Scratch(s) => format!("{:?}[{}+{}]", scratch_ord[s as usize], r.offset, r.len),
+        b => format!("{b:?}[{}+{}]", r.offset, r.len),
+    };
+    let kind = |o: &crate::plan::Op| match &o.kind {
+        OpKind::Copy { src, dst } => format!("copy {} -> {}", region(src), region(dst)),
+        OpKind::Reduce {
+            srcs,
+            dst,
+            finalize,
+        } => format!(
+            "reduce {:?} -> {} {finalize}",
+            srcs.iter().map(region).collect::<Vec<_>>(),
+            region(dst)
+        ),
+    };
+    let mut lane_name: Vec<Option<LaneName>> = vec![None; p.lanes.len()];
+    for o in &p.ops {
+        let l = o.lane as usize;
+        if lane_name[l].is_none() {
+            lane_name[l] = Some((p.lanes[l].location, kind(o)));
+        }
+    }
+    let mut pos = vec![0u32; p.lanes.len()];
+    let keys: Vec<(LaneName, u32)> = p
+        .ops
+        .iter()
+        .map(|o| {
+            let l = o.lane as usize;
+            let k = (lane_name[l].clone().unwrap(), pos[l]);
+            pos[l] += 1;
+            k
+        })
+        .collect();
+    let mut group_first: HashMap<u32, (LaneName, u32)> = HashMap::new();
+    for (o, k) in p.ops.iter().zip(&keys) {
+        if let Some(n) = o.nvls {
+            let e = group_first.entry(n.group).or_insert_with(|| k.clone());
+            if *k < *e {
+                *e = k.clone();
+            }
+        }
+    }
+    p.ops
+        .iter()
+        .zip(&keys)
+        .map(|(o, k)| {
+            let mut deps: Vec<_> = o.deps.iter().map(|&d| &keys[d as usize]).collect();
+            deps.sort_unstable();
+            deps.dedup();
+            let nvls = o.nvls.map(|n| (&group_first[&n.group], n.shared_edge));
+            (
+                k.clone(),
+                format!(
+                    "{} edges {:?} deps {deps:?} nvls {nvls:?}",
+                    kind(o),
+                    o.edges
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Assert that the template `t` expands into `full`, op for op, and that the expansion is
+/// proved by the checkers.
+fn assert_expands_to(topo: &relaycc_topo::Topology, t: &Plan, full: &Plan, what: &str) {
+    let x = expand(t, topo).unwrap();
+    assert_eq!(x.ops.len(), full.ops.len(), "{what}: op count");
+    assert_eq!(x.lanes.len(), full.lanes.len(), "{what}: lane count");
+    assert_eq!(x.scratch.len(), full.scratch.len(), "{what}: staging count");
+    let (a, b) = (canon(&x), canon(full));
+    if a != b {
+        let diff = b.iter().find(|(k, v)| a.get(k) != Some(v));
+        panic!(
+            "{what}: the expansion differs from the full plan at {:?}: expanded {:?}",
+            diff,
+            diff.and_then(|(k, _)| a.get(k))
+        );
+    }
+    check(&x).unwrap_or_else(|e| panic!("{what}: the expansion is not proved: {e}"));
+    crate::check::check_routes(&x, topo).unwrap();
+    // The sampled execution agrees with the proof on the template.
+    super::check_sampled(t, topo, &super::SampleOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: sampled execution: {e}"));
+}
+
+#[test]
+fn templates_expand_into_the_plans_built_in_full() {
+    let collectives = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::Broadcast,
+    ];
+    let mut compared = 0;
+    let mut refused = Vec::new();
+    let mut inexact = Vec::new();
+    for name in [
+        "cluster:2xdgx-h100:ib-ndr",
+        "cluster:2xdgx-h100:ib-ndr:rail",
+        "cluster:4xdgx-h100:ib-ndr",
+        "cluster:4xdgx-h100:ib-ndr:rail",
+        "cluster:8xdgx-h100:ib-ndr",
+    ] {
+        let topo = relaycc_topo::preset(name).unwrap();
+        let sym = topo.host_symmetry();
+        let n = topo.gpu_count();
+        for c in collectives {
+            let req = Request::new(c, (0..n).collect(), 1 << 12, DType::I32);
+            let chunk = 1 << 9;
+            // The baseline.
+            match build_template(&topo, &sym, || baseline_plan_chunked(&topo, &req, chunk)) {
+                Ok(t) if !t.template.as_ref().unwrap().exact => inexact.push(format!(
+                    "{name} {c} baseline: {:?}",
+                    t.template.as_ref().unwrap().inexact
+                )),
+                Ok(t) => {
+                    let full = baseline_plan_chunked(&topo, &req, chunk).unwrap();
+                    assert_expands_to(&topo, &t, &full, &format!("{name} {c} baseline"));
+                    compared += 1;
+                }
+                Err(RouteError::NotSymmetric(why)) => refused.push(format!("{name} {c}: {why}")),
+                Err(e) => panic!("{name} {c}: {e}"),
+            }
+            // relaycc's candidates.
+            let set =
+                crate::planner::Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
+            for i in 0..set.len() {
+                let t = match build_template(&topo, &sym, || set.build_unfitted(i, chunk)) {
+                    Ok(t) => t,
+                    Err(RouteError::NotSymmetric(why)) => {
+                        refused.push(format!("{name} {c} candidate {i}: {why}"));
+                        continue;
+                    }
+                    Err(RouteError::NoRoute { .. }) => continue,
+                    Err(e) => panic!("{name} {c} candidate {i}: {e}"),
+                };
+                let full = set.build_unfitted(i, chunk).unwrap();
+                let what = format!("{name} {c} {}", full.algorithm);
+                let info = t.template.as_ref().unwrap();
+                if !info.exact {
+                    inexact.push(format!("{what}: {:?}", info.inexact));
+                    continue;
+                }
+                assert_expands_to(&topo, &t, &full, &what);
+                compared += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{compared} templates expanded exactly; not exact: {inexact:#?}; refused: {refused:#?}"
+    );
+    assert!(compared >= 20, "only {compared} templates compared");
 }
