@@ -163,7 +163,12 @@ fn send_piece(
     for (rel, len) in chunks(p.len, slot) {
         let at = Region::new(ring.buffer, (ring.next % PXN_SLOTS) * slot, len);
         ring.next += 1;
-        b.send_over(Region::new(src.buffer, src.offset + rel, len), at, 0, &first)?;
+        b.send_over(
+            Region::new(src.buffer, src.offset + rel, len),
+            at,
+            0,
+            &first,
+        )?;
         b.send_over(at, Region::new(dst.buffer, dst.offset + rel, len), 0, &last)?;
     }
     Ok(())
