@@ -1,8 +1,9 @@
 //! Cold planning on clusters of DGX H100 nodes (`cluster:<N>xdgx-h100:ib-ndr`), 1 GiB as
 //! nccl-tests counts it: all_reduce, all_gather and reduce_scatter on 1, 2, 4 and 16 nodes
 //! (8 to 128 GPUs), all_to_all on 1 and 2 nodes (its direct plan holds n^2 copies); and in a
-//! second group, with few samples, the templates above 64 ranks: all_reduce, all_gather and
-//! reduce_scatter on 32, 64 and 128 nodes (256 to 1,024 GPUs). The budget is unlimited here so
+//! second group, with few samples, the templates above 64 ranks: all_reduce, all_gather,
+//! reduce_scatter and all_to_all (NCCL's PXN send/recv, the baseline's plan) on 32, 64 and 128
+//! nodes (256 to 1,024 GPUs). The budget is unlimited here so
 //! every run does the same work; `relaycc plan --budget` bounds it for users.
 
 use std::hint::black_box;
@@ -61,6 +62,7 @@ fn template_planning(c: &mut Criterion) {
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
+        Collective::AllToAll,
     ] {
         for n in [32u32, 64, 128] {
             let topo = relaycc::topo::preset(&format!("cluster:{n}xdgx-h100:ib-ndr"))

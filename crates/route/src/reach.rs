@@ -45,6 +45,25 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
             });
         }
     }
+    // Which GPUs data may pass through, by GPU index: members, and the relays the policy
+    // admits (a lookup per visited GPU instead of a scan of the members).
+    let forwards: Vec<bool> = (0..topo.gpu_count())
+        .map(|g| relay.allows(topo, &req.gpus, g) || req.gpus.contains(&g))
+        .collect();
+    // Every member reaching one member that reaches every member is every pair reaching each
+    // other through it (a member forwards): two searches instead of one per sender.
+    if let Some(&hub) = req.gpus.first() {
+        let to = reachable_from(topo, &forwards, hub)?;
+        let from = reaching(topo, &forwards, hub)?;
+        let mut all = true;
+        for &g in &req.gpus {
+            let i = topo.gpu(g)?.index();
+            all &= to.get(i).copied().unwrap_or(false) && from.get(i).copied().unwrap_or(false);
+        }
+        if all {
+            return Ok(());
+        }
+    }
     let mut pairs = Vec::new();
     for piece in req.expected()? {
         for &(src, _) in &piece.terms {
@@ -55,11 +74,6 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
     }
     pairs.sort_unstable();
     pairs.dedup();
-    // Which GPUs data may pass through, by GPU index: members, and the relays the policy
-    // admits (a lookup per visited GPU instead of a scan of the members).
-    let forwards: Vec<bool> = (0..topo.gpu_count())
-        .map(|g| relay.allows(topo, &req.gpus, g) || req.gpus.contains(&g))
-        .collect();
     let mut from: Option<(u32, Vec<bool>)> = None;
     for (src, dst) in pairs {
         let (a, b) = (req.gpus[src as usize], req.gpus[dst as usize]);
@@ -127,6 +141,39 @@ fn reachable_from(topo: &Topology, forwards: &[bool], a: u32) -> Result<Vec<bool
             if link.gbps > 0.0 && topo.link_usable(e) && !seen[to.index()] {
                 seen[to.index()] = true;
                 queue.push_back(to);
+            }
+        }
+    }
+    Ok(seen)
+}
+
+/// Which topology nodes (by index) can send data to GPU `b` over usable links of nonzero
+/// rate, passing through any node but GPUs that are neither members nor relays: the
+/// searches of [`reachable_from`] run backwards.
+fn reaching(topo: &Topology, forwards: &[bool], b: u32) -> Result<Vec<bool>> {
+    use petgraph::visit::EdgeRef;
+    let end = topo.gpu(b)?;
+    let mut seen = vec![false; topo.graph().node_count()];
+    let mut queue = VecDeque::from([end]);
+    seen[end.index()] = true;
+    while let Some(at) = queue.pop_front() {
+        // Data may leave a GPU that cannot forward it, but cannot pass through it.
+        let passes = at == end
+            || topo
+                .node(at)
+                .gpu()
+                .is_none_or(|info| forwards.get(info.index as usize).copied().unwrap_or(false));
+        if !passes {
+            continue;
+        }
+        for e in topo
+            .graph()
+            .edges_directed(at, petgraph::Direction::Incoming)
+        {
+            let from = e.source();
+            if e.weight().gbps > 0.0 && topo.link_usable(e.id()) && !seen[from.index()] {
+                seen[from.index()] = true;
+                queue.push_back(from);
             }
         }
     }

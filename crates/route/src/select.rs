@@ -159,43 +159,16 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let shift = fold_shift(topo, req).filter(|_| !opts.expand);
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
-    let folded = match &shift {
-        Some(sym) => {
-            let within =
-                |algo| crate::planner::baseline_template_within(topo, req, budget, algo, sym);
-            match within(None) {
-                Ok(p) => Some(Ok(p)),
-                // NCCL's double binary tree differs between hosts: its rings stand for it.
-                Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
-                    match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
-                        Ok(mut p) => {
-                            skipped.push(format!(
-                                "the tuner's baseline as a template: {why}; the baseline is \
-                                 NCCL's rings (NCCL_ALGO=Ring)"
-                            ));
-                            p.algorithm = format!("{} (NCCL_ALGO=Ring)", p.algorithm);
-                            Some(Ok(p))
-                        }
-                        Err(RouteError::NotSymmetric(why)) => {
-                            skipped.push(format!(
-                                "the baseline's template: {why}; the baseline is built in full"
-                            ));
-                            None
-                        }
-                        Err(e) => Some(Err(e)),
-                    }
-                }
-                Err(RouteError::NotSymmetric(why)) => {
-                    skipped.push(format!(
-                        "the baseline's template: {why}; the baseline is built in full"
-                    ));
-                    None
-                }
-                Err(e) => Some(Err(e)),
-            }
-        }
-        None => None,
-    };
+    // Templates of relaycc's candidates need nothing of the baseline: they are built while
+    // the baseline's template is, and their result (or error) is taken where it was asked.
+    let templated = shift
+        .as_ref()
+        .filter(|_| !topo.shares_host_memory(&req.gpus) && !is_p2p(req));
+    let ((folded, why), mut early) = rayon::join(
+        || baseline_template(topo, req, budget, shift.as_ref()),
+        || templated.map(|sym| fastest_templates(topo, req, opts, sym)),
+    );
+    skipped.extend(why);
     let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
     let (baseline_plan, baseline_fits) = match built {
         Ok(p) => (p, true),
@@ -259,7 +232,10 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             f64::INFINITY
         };
         let (fast, left_out, unfit) = match &shift {
-            Some(sym) => fastest_templates(topo, req, opts, sym)?,
+            Some(sym) => match early.take() {
+                Some(r) => r?,
+                None => fastest_templates(topo, req, opts, sym)?,
+            },
             None => fastest_collectives(topo, req, opts, to_beat, &deadline)?,
         };
         skipped.extend(left_out);
@@ -341,6 +317,56 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         budget_exhausted: deadline.was_hit(),
         skipped,
     })
+}
+
+/// The baseline as a template folded by `shift` (NCCL's rings where the tuner's all_reduce
+/// tree does not fold), with the reasons for what it left out; `None` where it is built in
+/// full (no shift, or a baseline that does not fold).
+fn baseline_template(
+    topo: &Topology,
+    req: &Request,
+    budget: u64,
+    shift: Option<&relaycc_topo::HostSymmetry>,
+) -> (Option<Result<Plan>>, Vec<String>) {
+    let mut skipped = Vec::new();
+    let folded = match shift {
+        Some(sym) => {
+            let within =
+                |algo| crate::planner::baseline_template_within(topo, req, budget, algo, sym);
+            match within(None) {
+                Ok(p) => Some(Ok(p)),
+                // NCCL's double binary tree differs between hosts: its rings stand for it.
+                Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
+                    match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
+                        Ok(mut p) => {
+                            skipped.push(format!(
+                                "the tuner's baseline as a template: {why}; the baseline is \
+                                 NCCL's rings (NCCL_ALGO=Ring)"
+                            ));
+                            p.algorithm = format!("{} (NCCL_ALGO=Ring)", p.algorithm);
+                            Some(Ok(p))
+                        }
+                        Err(RouteError::NotSymmetric(why)) => {
+                            skipped.push(format!(
+                                "the baseline's template: {why}; the baseline is built in full"
+                            ));
+                            None
+                        }
+                        Err(e) => Some(Err(e)),
+                    }
+                }
+                Err(RouteError::NotSymmetric(why)) => {
+                    skipped.push(format!(
+                        "the baseline's template: {why}; the baseline is built in full"
+                    ));
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            }
+        }
+        None => None,
+    };
+    (folded, skipped)
 }
 
 /// Prove that `plan` delivers `req` on `topo`: it is a plan of this request, every output

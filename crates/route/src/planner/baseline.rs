@@ -76,9 +76,23 @@ pub fn baseline_template_chunked(
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
-    // Reachability holds for every pass of the windowed build: checked once, above.
+    let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
+    baseline_template_reached(topo, req, algo, chunk_elems, shift, &cache)
+}
+
+/// [`baseline_template_chunked`] once [`crate::require_reachable`] passed, with connections
+/// from `cache` (a cache of `req`'s members under [`RelayPolicy::Members`]), which every pass
+/// of the windowed build shares, and every build of a staging fit that passes the same one.
+pub(crate) fn baseline_template_reached(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+    chunk_elems: u64,
+    shift: &dyn crate::template::HostShift,
+    cache: &ConnCache,
+) -> Result<Plan> {
     let base = crate::template::build_template(topo, shift, || {
-        algorithm_plan_reached(topo, req, algo, chunk_elems)
+        algorithm_plan_cached(topo, req, algo, chunk_elems, cache)
     })?;
     tune(topo, vec![base])
 }
@@ -169,8 +183,19 @@ fn algorithm_plan_reached(
     chunk_elems: u64,
 ) -> Result<Plan> {
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
+    algorithm_plan_cached(topo, req, algo, chunk_elems, &cache)
+}
+
+/// [`algorithm_plan_reached`] with connections from `cache`.
+fn algorithm_plan_cached(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+    chunk_elems: u64,
+    cache: &ConnCache,
+) -> Result<Plan> {
     let ctx = Ctx {
-        cache: &cache,
+        cache,
         mode: LinkMode::Nccl,
         chunk_elems: chunk_elems.max(1),
         channels: 1,

@@ -235,6 +235,20 @@ impl<'a, 't> Builder<'a, 't> {
                 .any(|&r| !w.rank_cold(r, Location::Gpu(self.gpu(r)))),
         }
     }
+    /// False only when the build is windowed and a send of `src` to `dst` between the GPUs of
+    /// ranks `ends`, relayed (if at all) through GPUs of their hosts, would be skipped
+    /// entirely: neither end's host holds a window device and neither region overlaps a
+    /// window range. A planner may then leave the send out before looking up its connection.
+    pub fn may_send(&self, src: Region, dst: Region, ends: [u32; 2]) -> bool {
+        match &self.window {
+            None => true,
+            Some(w) => {
+                ends.iter().any(|&r| w.hot(Location::Gpu(self.gpu(r))))
+                    || self.region_in_window(w, src)
+                    || self.region_in_window(w, dst)
+            }
+        }
+    }
     /// True when `r` overlaps a window range of a user buffer.
     fn region_in_window(&self, w: &Window, r: Region) -> bool {
         let (m, base) = mem_of(&self.plan.request, r.buffer);
@@ -251,6 +265,7 @@ impl<'a, 't> Builder<'a, 't> {
     /// True when a send of `src` (on `from`) to `dst` (on `to`) touches the window: either
     /// end, a window range, or a relay on a window device (relays sit on the ends' hosts, so
     /// the connection is looked up only where one of those hosts has a window device).
+    #[allow(clippy::too_many_arguments)] // the send's parts, as `send_with` has them
     fn send_in_window(
         &self,
         w: &Window,
@@ -259,6 +274,7 @@ impl<'a, 't> Builder<'a, 't> {
         from: Location,
         to: Location,
         ch: u32,
+        over: Option<&Arc<Connection>>,
     ) -> Result<bool> {
         if w.has(from)
             || w.has(to)
@@ -273,7 +289,10 @@ impl<'a, 't> Builder<'a, 't> {
         let (Location::Gpu(a), Location::Gpu(b)) = (from, to) else {
             return Ok(false);
         };
-        let conn = self.connection(ch, a, b)?;
+        let conn = match over {
+            Some(c) => Arc::clone(c),
+            None => self.connection(ch, a, b)?,
+        };
         Ok(conn
             .routes
             .iter()
@@ -282,6 +301,26 @@ impl<'a, 't> Builder<'a, 't> {
     /// Move `src` to `dst` (same length): a local copy, or chunks over the connection between
     /// the two GPUs, on planner channel `ch`.
     pub fn send(&mut self, src: Region, dst: Region, ch: u32) -> Result<()> {
+        self.send_with(src, dst, ch, None)
+    }
+    /// [`Builder::send`] over `conn` instead of the pinned or cached connection between the
+    /// two GPUs (a planner choosing each send's connection itself pins nothing).
+    pub fn send_over(
+        &mut self,
+        src: Region,
+        dst: Region,
+        ch: u32,
+        conn: &Arc<Connection>,
+    ) -> Result<()> {
+        self.send_with(src, dst, ch, Some(conn))
+    }
+    fn send_with(
+        &mut self,
+        src: Region,
+        dst: Region,
+        ch: u32,
+        over: Option<&Arc<Connection>>,
+    ) -> Result<()> {
         if src.len != dst.len {
             return Err(RouteError::BadRequest(format!(
                 "planner sends {} elements into {}",
@@ -293,7 +332,7 @@ impl<'a, 't> Builder<'a, 't> {
         }
         let (from, to) = (self.location(src.buffer)?, self.location(dst.buffer)?);
         if let Some(w) = &self.window
-            && !self.send_in_window(w, src, dst, from, to, ch)?
+            && !self.send_in_window(w, src, dst, from, to, ch, over)?
         {
             return Ok(());
         }
@@ -312,7 +351,10 @@ impl<'a, 't> Builder<'a, 't> {
                 "planners send between GPU buffers only".into(),
             ));
         };
-        let conn = self.connection(ch, a, b)?;
+        let conn = match over {
+            Some(c) => Arc::clone(c),
+            None => self.connection(ch, a, b)?,
+        };
         let shares = conn.shares(src.len);
         let arrivals = emit_transfer(
             &mut self.plan,

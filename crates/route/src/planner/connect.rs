@@ -188,6 +188,24 @@ fn connect_with(
     best.map(Connection::single).ok_or_else(none)
 }
 
+/// A connection as a relaying planner sends over it: whole, or cut at the GPU that relays it
+/// (its first hops up to that GPU, and that GPU's hop onward).
+#[derive(Debug, Clone)]
+pub(crate) enum Legs {
+    /// Sent over the whole connection.
+    Whole(Arc<Connection>),
+    /// Relayed through GPU `via`: `first` up to it, `last` from it.
+    Relayed {
+        first: Arc<Connection>,
+        last: Arc<Connection>,
+        via: u32,
+    },
+}
+
+/// Keys of [`ConnCache::legs`]: sender and receiver GPU, and two numbers the caller's rule
+/// derives the connection from (a rail and a salt).
+pub(crate) type LegsKey = (u32, u32, u32, u64);
+
 /// The map behind `m`; a panic elsewhere while it was held cannot leave a half-written entry
 /// (entries are inserted whole), so a poisoned lock is still good to read.
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -209,6 +227,10 @@ pub struct ConnCache<'t> {
     /// Direct hops between GPUs: relayed connections of every pair reuse them (a widest-path
     /// search each), so n^2 pairs cost n^2 searches rather than n^3.
     hops: Mutex<HashMap<(u32, u32), Option<Hop>>>,
+    /// Connections that planners build from the fabric's structure rather than search (the
+    /// baseline's rail-aligned PXN sends), by [`LegsKey`]: a windowed build makes them again
+    /// on every pass, and each is several tree walks and allocations.
+    legs: Mutex<HashMap<LegsKey, Legs>>,
 }
 
 impl<'t> ConnCache<'t> {
@@ -221,6 +243,7 @@ impl<'t> ConnCache<'t> {
             map: Mutex::new(BTreeMap::new()),
             ring_orders: Mutex::new(BTreeMap::new()),
             hops: Mutex::new(HashMap::new()),
+            legs: Mutex::new(HashMap::new()),
         }
     }
     /// The topology the cache plans on.
@@ -247,6 +270,16 @@ impl<'t> ConnCache<'t> {
         Ok(Arc::clone(
             locked(&self.map).entry((mode, a, b)).or_insert(c),
         ))
+    }
+    /// The legs `make` gives for `key`, made once per cache: the key must name everything
+    /// (beyond the topology and members) that `make` depends on.
+    pub(crate) fn legs(&self, key: LegsKey, make: impl FnOnce() -> Result<Legs>) -> Result<Legs> {
+        if let Some(l) = locked(&self.legs).get(&key) {
+            return Ok(l.clone());
+        }
+        let l = make()?;
+        locked(&self.legs).insert(key, l.clone());
+        Ok(l)
     }
     /// The direct hop GPU `x` -> GPU `y` ([`hop`]), searched once.
     fn hop(&self, x: u32, y: u32) -> Option<Hop> {

@@ -68,11 +68,14 @@ pub fn baseline_template_within(
     algo: Option<baseline_net::tuner::Algo>,
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
+    crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
+    // One cache for every build of the fit: connections do not depend on the chunk.
+    let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
     crate::staging::fit(
         pipeline_chunk_elems(req).max(1),
         crate::staging::min_chunk_elems(req),
         budget,
-        |c| baseline::baseline_template_chunked(topo, req, algo, c, shift),
+        |c| baseline::baseline_template_reached(topo, req, algo, c, shift, &cache),
     )
 }
 pub use builder::CH_STRIDE;

@@ -29,6 +29,7 @@ use crate::error::Result;
 use crate::path::Route;
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::planner::builder::Builder;
+use crate::planner::connect::Legs;
 use crate::planner::{Connection, Ctx, chunks};
 use crate::request::{Collective, Request};
 
@@ -46,16 +47,53 @@ struct ProxyRing {
     next: u64,
 }
 
+/// One piece of the plan: `len` elements from rank `src`'s input at `src_offset` to rank
+/// `dst`'s output at `out_offset`, the `salt`-th piece in NCCL's order.
+struct Piece {
+    salt: usize,
+    src: u32,
+    src_offset: u64,
+    dst: u32,
+    out_offset: u64,
+    len: u64,
+}
+
 /// The PXN all_to_all (or any data-movement collective whose pieces are point to point):
 /// every expected piece sent over its rail-aligned connection, relayed pieces through their
 /// proxy's shared ring.
 pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
     let mut b = Builder::new(req, ctx, "grouped send/recv pxn");
     let n = req.nranks() as u32;
-    let mut pieces = req.expected()?;
+    let mut rings: BTreeMap<(u32, usize), ProxyRing> = BTreeMap::new();
     // NCCL schedules a rank's sends by peer distance, `(rank + k) mod n` in round k
     // ([NCCL-src], `src/enqueue.cc`): every rank's sends go out in the same rotated order, so
     // the plan is the same from every host ([`crate::template`]).
+    if req.collective == Collective::AllToAll {
+        // Round k, sender s: the order the general case sorts into, without its n^2 pieces
+        // (a windowed build keeps a few of them).
+        req.validate()?;
+        let c = req.count;
+        if c == 0 {
+            return Ok(b.finish());
+        }
+        let slot = ctx.chunk_elems.min(c).max(1);
+        for k in 0..n {
+            for s in 0..n {
+                let d = (s + k) % n;
+                let p = Piece {
+                    salt: k as usize * n as usize + s as usize,
+                    src: s,
+                    src_offset: u64::from(d) * c,
+                    dst: d,
+                    out_offset: u64::from(s) * c,
+                    len: c,
+                };
+                send_piece(&mut b, ctx, links, &mut rings, slot, &p)?;
+            }
+        }
+        return Ok(b.finish());
+    }
+    let mut pieces = req.expected()?;
     pieces.sort_by_key(|p| {
         let s = p.terms[0].0;
         ((p.rank + n - s) % n.max(1), s, p.rank, p.out_offset)
@@ -63,43 +101,77 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
     // A slot holds a chunk, or the largest piece where pieces are smaller.
     let largest = pieces.iter().map(|p| p.len).max().unwrap_or(1);
     let slot = ctx.chunk_elems.min(largest).max(1);
-    let mut rings: BTreeMap<(u32, usize), ProxyRing> = BTreeMap::new();
     for (i, p) in pieces.iter().enumerate() {
         let (s, off) = p.terms[0];
-        // Under a window, a piece between two cold ranks moves nothing the build keeps (its
-        // proxy sits on the sender's host), so its connection is not even looked up.
-        if !b.may_touch(&[s, p.rank]) {
-            continue;
-        }
-        let src = Region::new(BufferRef::Input(s), off, p.len);
-        let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
-        if s == p.rank {
-            b.send(src, dst, 0)?;
-            continue;
-        }
-        let rail = links.rail[p.rank as usize].unwrap_or(0);
-        let conn = links.connect(s, p.rank, rail, i)?;
-        let (gs, gd) = (links.gpus[s as usize], links.gpus[p.rank as usize]);
-        let across = links.node_of[s as usize] != links.node_of[p.rank as usize];
-        let Some((first, last, gp)) = across.then(|| at_proxy(&conn, gs)).flatten() else {
-            b.pin(0, gs, gd, conn);
-            b.send(src, dst, 0)?;
-            continue;
+        let piece = Piece {
+            salt: i,
+            src: s,
+            src_offset: off,
+            dst: p.rank,
+            out_offset: p.out_offset,
+            len: p.len,
         };
-        b.pin(0, gs, gp, first);
-        b.pin(0, gp, gd, last);
-        let ring = rings.entry((gp, rail)).or_insert_with(|| ProxyRing {
-            buffer: b.plan.add_scratch(Location::Gpu(gp), PXN_SLOTS * slot),
-            next: 0,
-        });
-        for (rel, len) in chunks(p.len, slot) {
-            let at = Region::new(ring.buffer, (ring.next % PXN_SLOTS) * slot, len);
-            ring.next += 1;
-            b.send(Region::new(src.buffer, src.offset + rel, len), at, 0)?;
-            b.send(at, Region::new(dst.buffer, dst.offset + rel, len), 0)?;
-        }
+        send_piece(&mut b, ctx, links, &mut rings, slot, &piece)?;
     }
     Ok(b.finish())
+}
+
+/// Send piece `p` over its rail-aligned connection, a relayed one through its proxy's ring of
+/// `slot`-element slots.
+fn send_piece(
+    b: &mut Builder,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &mut BTreeMap<(u32, usize), ProxyRing>,
+    slot: u64,
+    p: &Piece,
+) -> Result<()> {
+    let (s, d) = (p.src, p.dst);
+    let src = Region::new(BufferRef::Input(s), p.src_offset, p.len);
+    let dst = Region::new(BufferRef::Output(d), p.out_offset, p.len);
+    // Under a window, a piece whose ends' hosts hold no window device and whose regions
+    // overlap no window range moves nothing the build keeps (its proxy sits on the sender's
+    // host), so its connection is not even looked up. Its proxy's ring then skips the slots
+    // it would take: that ring is on a host outside the window, whose ops the fold drops and
+    // whose slots no kept op touches.
+    if !b.may_send(src, dst, [s, d]) {
+        return Ok(());
+    }
+    if s == d {
+        return b.send(src, dst, 0);
+    }
+    let rail = links.rail[d as usize].unwrap_or(0);
+    let (gs, gd) = (links.gpus[s as usize], links.gpus[d as usize]);
+    let across = links.node_of[s as usize] != links.node_of[d as usize];
+    // The connection depends on the ranks, the rail and the salt only: the cache keeps it
+    // for every pass of a windowed build and every build of a staging fit.
+    let legs = ctx.cache.legs((gs, gd, rail as u32, p.salt as u64), || {
+        let conn = links.connect(s, d, rail, p.salt)?;
+        Ok(match across.then(|| at_proxy(&conn, gs)).flatten() {
+            Some((first, last, via)) => Legs::Relayed { first, last, via },
+            None => Legs::Whole(conn),
+        })
+    })?;
+    let (first, last, gp) = match legs {
+        Legs::Whole(conn) => return b.send_over(src, dst, 0, &conn),
+        Legs::Relayed { first, last, via } => (first, last, via),
+    };
+    let ring = rings.entry((gp, rail)).or_insert_with(|| ProxyRing {
+        buffer: b.plan.add_scratch(Location::Gpu(gp), PXN_SLOTS * slot),
+        next: 0,
+    });
+    for (rel, len) in chunks(p.len, slot) {
+        let at = Region::new(ring.buffer, (ring.next % PXN_SLOTS) * slot, len);
+        ring.next += 1;
+        b.send_over(
+            Region::new(src.buffer, src.offset + rel, len),
+            at,
+            0,
+            &first,
+        )?;
+        b.send_over(at, Region::new(dst.buffer, dst.offset + rel, len), 0, &last)?;
+    }
+    Ok(())
 }
 
 /// A relayed connection cut at its proxy: the hops up to the proxy GPU, the proxy's hop to

@@ -176,3 +176,22 @@ fn pxn_all_to_all_of_1_gib_on_16_nodes_fits_the_default_budget() {
         "{worst} bytes on one GPU"
     );
 }
+
+#[test]
+fn pxn_all_to_all_walks_the_order_its_sorted_pieces_give() {
+    // all_to_all walks NCCL's rounds directly; all_to_all_v with every count equal sorts the
+    // same pieces into that order: the two plans must hold the same ops and staging.
+    let topo = cluster("cluster:2xdgx-h100:ib-ndr");
+    let gpus: Vec<u32> = (0..16).collect();
+    let (count, chunk) = (3000u64, 1024u64);
+    let a2a = Request::new(Collective::AllToAll, gpus.clone(), count, DType::F32);
+    let mut v = Request::new(Collective::AllToAllV, gpus, 0, DType::F32);
+    v.matrix = vec![vec![count; 16]; 16];
+    let p = crate::planner::baseline_plan_chunked(&topo, &a2a, chunk).unwrap();
+    let q = crate::planner::baseline_plan_chunked(&topo, &v, chunk).unwrap();
+    assert!(p.algorithm.contains("pxn"), "{}", p.algorithm);
+    assert_eq!(p.ops.len(), q.ops.len());
+    assert!(p.ops == q.ops, "the walked and the sorted orders differ");
+    assert_eq!(p.scratch, q.scratch);
+    assert_eq!(p.lanes, q.lanes);
+}
