@@ -224,6 +224,47 @@ fn all_gather_ring(
     Ok(())
 }
 
+/// How a piece of a rail-hierarchical plan is cut: its per-GPU blocks, half the largest block,
+/// the intra-node phases' chunk and the rail phase's chunk.
+struct PieceChunks {
+    blocks: Vec<(u64, u64)>,
+    half_most: u64,
+    chunk: u64,
+    rail_chunk: u64,
+}
+
+/// Cut `piece` elements over `g` GPUs per node and `nn` nodes (shared by the halving and
+/// the ring all_reduce, whose phases must cut alike for their templates to fold).
+fn piece_chunks(ctx: &Ctx, piece: u64, g: usize, nn: usize) -> PieceChunks {
+    let blocks = split_even(piece, g as u64);
+    let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
+    // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
+    // rail step reads or writes one node sub-block, whose index relative to the node's
+    // ring position is what every node shares. An intra-node chunk covering part of a half
+    // would make node h's rail step s wait for a chunk that depends on h, so the plan's
+    // order would differ between nodes and a template could not fold it.
+    let half_most = most.div_ceil(CH_RAILS.len() as u64).max(1);
+    let chunk = if phase_chunk(ctx, most) >= most {
+        most.max(1)
+    } else {
+        half_most
+    };
+    // A rail ring over N nodes moves a different sub-block at every step, so from
+    // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
+    let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
+    let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
+        sub.max(ctx.chunk_elems).max(1)
+    } else {
+        phase_chunk(ctx, sub)
+    };
+    PieceChunks {
+        blocks,
+        half_most,
+        chunk,
+        rail_chunk,
+    }
+}
+
 /// The chunk (elements) of a phase whose blocks are at most `most` long: the request's
 /// pipelining chunk, or a [`CHUNKS_PER_BLOCK`]th of the block where that is larger. The
 /// request's chunk is sized for n blocks of a flat ring; intra-node phases move blocks N times
@@ -383,27 +424,12 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         })
         .collect();
     for &(base, piece) in &pieces {
-        let blocks = split_even(piece, g as u64);
-        let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
-        // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
-        // rail step reads or writes one node sub-block, whose index relative to the node's
-        // ring position is what every node shares. An intra-node chunk covering part of a half
-        // would make node h's rail step s wait for a chunk that depends on h, so the plan's
-        // order would differ between nodes and a template could not fold it.
-        let half_most = most.div_ceil(CH_RAILS.len() as u64).max(1);
-        let chunk = if phase_chunk(ctx, most) >= most {
-            most.max(1)
-        } else {
-            half_most
-        };
-        // A rail ring over N nodes moves a different sub-block at every step, so from
-        // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
-        let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
-        let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
-            sub.max(ctx.chunk_elems).max(1)
-        } else {
-            phase_chunk(ctx, sub)
-        };
+        let PieceChunks {
+            blocks,
+            half_most,
+            chunk,
+            rail_chunk,
+        } = piece_chunks(ctx, piece, g, nn);
         let out = |r: u32, at: u64, l: u64| Region::new(BufferRef::Output(r), base + at, l);
         if g > 1 {
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
@@ -517,27 +543,12 @@ fn all_reduce_rings(
         .collect();
     for (k, &(base, piece)) in pieces.iter().enumerate() {
         let slot = (k as u64 % PART_SLOTS) * most_all;
-        let blocks = split_even(piece, g as u64);
-        let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
-        // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
-        // rail step reads or writes one node sub-block, whose index relative to the node's
-        // ring position is what every node shares. An intra-node chunk covering part of a half
-        // would make node h's rail step s wait for a chunk that depends on h, so the plan's
-        // order would differ between nodes and a template could not fold it.
-        let half_most = most.div_ceil(CH_RAILS.len() as u64).max(1);
-        let chunk = if phase_chunk(ctx, most) >= most {
-            most.max(1)
-        } else {
-            half_most
-        };
-        // A rail ring over N nodes moves a different sub-block at every step, so from
-        // CHUNKS_PER_BLOCK nodes on the steps themselves pipeline and whole sub-blocks suffice.
-        let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
-        let rail_chunk = if nn as u64 >= CHUNKS_PER_BLOCK {
-            sub.max(ctx.chunk_elems).max(1)
-        } else {
-            phase_chunk(ctx, sub)
-        };
+        let PieceChunks {
+            blocks,
+            half_most,
+            chunk,
+            rail_chunk,
+        } = piece_chunks(ctx, piece, g, nn);
         if g > 1 {
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
             for (ord, st) in shape.hosts.iter().zip(&intra) {
