@@ -6,6 +6,8 @@
 
 use std::collections::VecDeque;
 
+use petgraph::Direction;
+use petgraph::visit::EdgeRef;
 use relaycc_topo::Topology;
 
 use crate::error::{Result, RouteError};
@@ -53,8 +55,8 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
     // Every member reaching one member that reaches every member is every pair reaching each
     // other through it (a member forwards): two searches instead of one per sender.
     if let Some(&hub) = req.gpus.first() {
-        let to = reachable_from(topo, &forwards, hub)?;
-        let from = reaching(topo, &forwards, hub)?;
+        let to = search(topo, &forwards, hub, Direction::Outgoing)?;
+        let from = search(topo, &forwards, hub, Direction::Incoming)?;
         let mut all = true;
         for &g in &req.gpus {
             let i = topo.gpu(g)?.index();
@@ -78,7 +80,7 @@ pub fn require_reachable(topo: &Topology, req: &Request, relay: &RelayPolicy) ->
     for (src, dst) in pairs {
         let (a, b) = (req.gpus[src as usize], req.gpus[dst as usize]);
         if from.as_ref().is_none_or(|(s, _)| *s != src) {
-            from = Some((src, reachable_from(topo, &forwards, a)?));
+            from = Some((src, search(topo, &forwards, a, Direction::Outgoing)?));
         }
         let seen = from.as_ref().map(|(_, s)| s.as_slice()).unwrap_or(&[]);
         let node = topo.gpu(b)?.index();
@@ -120,15 +122,16 @@ fn gpu_list(gpus: &[u32]) -> String {
         .join(",")
 }
 
-/// Which topology nodes (by index) data leaving GPU `a` can reach over usable links of
-/// nonzero rate, passing through any node but GPUs that are neither members nor relays.
-fn reachable_from(topo: &Topology, forwards: &[bool], a: u32) -> Result<Vec<bool>> {
-    let start = topo.gpu(a)?;
+/// Which topology nodes (by index) data leaving GPU `gpu` can reach (`Outgoing`), or can send
+/// data to it (`Incoming`), over usable links of nonzero rate, passing through any node but GPUs
+/// that are neither members nor relays: data may arrive at (or leave) such a GPU, but goes no
+/// further through it.
+fn search(topo: &Topology, forwards: &[bool], gpu: u32, dir: Direction) -> Result<Vec<bool>> {
+    let start = topo.gpu(gpu)?;
     let mut seen = vec![false; topo.graph().node_count()];
     let mut queue = VecDeque::from([start]);
     seen[start.index()] = true;
     while let Some(at) = queue.pop_front() {
-        // Data may arrive at a GPU that cannot forward it; it just goes no further.
         let passes = at == start
             || topo
                 .node(at)
@@ -137,43 +140,14 @@ fn reachable_from(topo: &Topology, forwards: &[bool], a: u32) -> Result<Vec<bool
         if !passes {
             continue;
         }
-        for (e, to, link) in topo.links_from(at) {
-            if link.gbps > 0.0 && topo.link_usable(e) && !seen[to.index()] {
-                seen[to.index()] = true;
-                queue.push_back(to);
-            }
-        }
-    }
-    Ok(seen)
-}
-
-/// Which topology nodes (by index) can send data to GPU `b` over usable links of nonzero
-/// rate, passing through any node but GPUs that are neither members nor relays: the
-/// searches of [`reachable_from`] run backwards.
-fn reaching(topo: &Topology, forwards: &[bool], b: u32) -> Result<Vec<bool>> {
-    use petgraph::visit::EdgeRef;
-    let end = topo.gpu(b)?;
-    let mut seen = vec![false; topo.graph().node_count()];
-    let mut queue = VecDeque::from([end]);
-    seen[end.index()] = true;
-    while let Some(at) = queue.pop_front() {
-        // Data may leave a GPU that cannot forward it, but cannot pass through it.
-        let passes = at == end
-            || topo
-                .node(at)
-                .gpu()
-                .is_none_or(|info| forwards.get(info.index as usize).copied().unwrap_or(false));
-        if !passes {
-            continue;
-        }
-        for e in topo
-            .graph()
-            .edges_directed(at, petgraph::Direction::Incoming)
-        {
-            let from = e.source();
-            if e.weight().gbps > 0.0 && topo.link_usable(e.id()) && !seen[from.index()] {
-                seen[from.index()] = true;
-                queue.push_back(from);
+        for e in topo.graph().edges_directed(at, dir) {
+            let next = match dir {
+                Direction::Outgoing => e.target(),
+                Direction::Incoming => e.source(),
+            };
+            if e.weight().gbps > 0.0 && topo.link_usable(e.id()) && !seen[next.index()] {
+                seen[next.index()] = true;
+                queue.push_back(next);
             }
         }
     }

@@ -36,7 +36,7 @@ use crate::request::{Collective, Request};
 use super::baseline_net::links::NetLinks;
 use super::builder::Builder;
 use super::ring::{self, RsStaging};
-use super::{CHUNKS_PER_BLOCK, Ctx, chunks, direct, links_and_chunk, split_even};
+use super::{CHUNKS_PER_BLOCK, Ctx, direct, links_and_chunk, split_even};
 
 mod all_to_all;
 mod halving;
@@ -207,21 +207,8 @@ fn all_gather_ring(
     first: Option<At>,
     out: At,
 ) -> Result<()> {
-    let n = ord.len();
     b.set_chunk_elems(chunk);
-    for t in 0..n.saturating_sub(1) {
-        for p in 0..n {
-            let q = (p + n - t) % n;
-            for (rel, l) in chunks(lens[q], chunk) {
-                let src = match first {
-                    Some(f) if t == 0 => f(p, q, rel, l),
-                    _ => out(p, q, rel, l),
-                };
-                b.send(src, out((p + 1) % n, q, rel, l), ch)?;
-            }
-        }
-    }
-    Ok(())
+    ring::all_gather_pass(b, ord, ch, lens, chunk, first, out)
 }
 
 /// How a piece of a rail-hierarchical plan is cut: its per-GPU blocks, half the largest block,
