@@ -56,11 +56,12 @@ pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
-    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner, plan,
+    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner,
+    SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan,
 };
 pub use sim::{
-    DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, SimConfig, SimResult, chrome_trace,
-    simulate,
+    DEADLINE_CHECK_BATCHES, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, Prepared,
+    SimConfig, SimResult, chrome_trace, simulate,
 };
 
 /// The README's example, compiled and run as a doctest.

@@ -25,6 +25,13 @@ use crate::sim::{Perf, Prepared, SimConfig, simulate};
 /// [`crate::check_routes`] and timed by the simulator on the template.
 pub const EXPAND_MAX_RANKS: usize = 64;
 
+/// Above [`EXPAND_MAX_RANKS`] ranks, a plan built in full (its hosts do not repeat, so it
+/// cannot be a template) whose proof's vector clocks would take more than this many bytes is
+/// proved by its structure, sampled execution ([`crate::template::check_sampled`]) and
+/// [`crate::check_routes`], as templates are, instead of by [`crate::check()`]: 512 MiB keeps
+/// planning a 1,024-GPU cluster's peak memory under 1 GiB.
+pub const SAMPLED_PROOF_ABOVE_CLOCK_BYTES: u64 = 512 << 20;
+
 /// Planning time allowed when the caller names none: a few seconds, so an interactive command
 /// answers promptly on any machine while every 8-GPU request plans in full well within it.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
@@ -69,6 +76,7 @@ impl Default for PlanOptions {
 /// When planning must stop, and whether it had to.
 struct Deadline {
     at: Option<Instant>,
+    budget: Duration,
     hit: AtomicBool,
 }
 
@@ -76,8 +84,29 @@ impl Deadline {
     fn new(budget: Duration) -> Self {
         Deadline {
             at: Instant::now().checked_add(budget),
+            budget,
             hit: AtomicBool::new(false),
         }
+    }
+    /// When a simulation that must yield a plan of relaycc's (the most promising candidate,
+    /// or a template built beside the baseline) gives up: a budget's time of its own (at least
+    /// [`FIRST_CANDIDATE_GRACE`]) from now, or the deadline if that is later.
+    fn grace(&self) -> Option<Instant> {
+        let own = Instant::now().checked_add(self.budget.max(FIRST_CANDIDATE_GRACE))?;
+        Some(self.at.map_or(own, |at| at.max(own)))
+    }
+    /// [`Deadline::grace`] for a plan of [`GRACE_ABOVE_OPS`] ops or more; none for a smaller
+    /// one, which simulates in milliseconds, so small requests plan the same on any machine.
+    fn grace_for(&self, plan: &Plan) -> Option<Instant> {
+        if plan.ops.len() < GRACE_ABOVE_OPS {
+            None
+        } else {
+            self.grace()
+        }
+    }
+    /// Record that a simulation gave up at the deadline.
+    fn mark_hit(&self) {
+        self.hit.store(true, Ordering::Relaxed);
     }
     /// True (and remembered) once the budget is spent.
     fn passed(&self) -> bool {
@@ -91,6 +120,15 @@ impl Deadline {
         self.hit.load(Ordering::Relaxed)
     }
 }
+
+/// Least time the most promising candidate's simulation is given once the budget is spent, so
+/// that a small budget still returns a plan of relaycc's where one simulates that fast.
+const FIRST_CANDIDATE_GRACE: Duration = Duration::from_secs(1);
+
+/// Plans with fewer ops simulate in tens of milliseconds (a 100k-op ring in about 20 ms,
+/// `benches/simulator.rs`): the candidate that must yield a plan of relaycc's is then simulated
+/// to the end, whatever the budget.
+const GRACE_ABOVE_OPS: usize = 200_000;
 
 /// One candidate's simulated time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,7 +204,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         .filter(|_| !topo.shares_host_memory(&req.gpus) && !is_p2p(req));
     let ((folded, why), mut early) = rayon::join(
         || baseline_template(topo, req, budget, shift.as_ref()),
-        || templated.map(|sym| fastest_templates(topo, req, opts, sym)),
+        || templated.map(|sym| fastest_templates(topo, req, opts, sym, &deadline)),
     );
     skipped.extend(why);
     let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
@@ -234,7 +272,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         let (fast, left_out, unfit) = match &shift {
             Some(sym) => match early.take() {
                 Some(r) => r?,
-                None => fastest_templates(topo, req, opts, sym)?,
+                None => fastest_templates(topo, req, opts, sym, &deadline)?,
             },
             None => fastest_collectives(topo, req, opts, to_beat, &deadline)?,
         };
@@ -394,6 +432,17 @@ fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     if plan.is_template() {
         return crate::check::check_template(plan).map_err(named);
     }
+    if plan.request.nranks() > EXPAND_MAX_RANKS
+        && crate::check::clock_bytes(plan) > SAMPLED_PROOF_ABOVE_CLOCK_BYTES
+    {
+        // A full plan of a cluster whose hosts do not repeat: vector clocks would take
+        // gigabytes, so it is proved as a template is, on its structure and by sampled
+        // execution of its data cones, and its routes are checked as usual.
+        crate::check::check_structure_only(plan).map_err(named)?;
+        crate::template::check_sampled(plan, topo, &crate::template::SampleOptions::default())
+            .map_err(named)?;
+        return crate::check::check_routes(plan, topo).map_err(named);
+    }
     crate::check::check(plan).map_err(named)?;
     crate::check::check_routes(plan, topo).map_err(named)
 }
@@ -416,16 +465,21 @@ fn fastest_templates(
     req: &Request,
     opts: &PlanOptions,
     shift: &relaycc_topo::HostSymmetry,
+    deadline: &Deadline,
 ) -> Result<Fastest> {
     let set =
         crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
     let mut skipped = set.skipped().to_vec();
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
-    let built: Vec<Result<(Plan, f64)>> = (0..set.len())
+    // Built beside the baseline, each template has a budget's time of its own to simulate.
+    let built: Vec<Result<(Plan, Option<f64>)>> = (0..set.len())
         .into_par_iter()
         .map(|i| {
             let plan = set.build_template(i, fine, shift)?;
-            let t = simulate(topo, &plan, &opts.sim)?.time_us;
+            let until = deadline.grace_for(&plan);
+            let t = Prepared::new(topo, &plan, &opts.sim)?
+                .simulate_until(topo, until)?
+                .map(|sim| sim.time_us);
             Ok((plan, t))
         })
         .collect();
@@ -434,7 +488,14 @@ fn fastest_templates(
     let mut no_route = None;
     for b in built {
         match b {
-            Ok((plan, t)) => found.push((plan, t, false)),
+            Ok((plan, Some(t))) => found.push((plan, t, false)),
+            Ok((plan, None)) => {
+                deadline.mark_hit();
+                skipped.push(format!(
+                    "{}: the planning budget ran out while it was simulated",
+                    plan.algorithm
+                ));
+            }
             Err(RouteError::NotSymmetric(why)) => {
                 skipped.push(format!("a candidate that does not fold: {why}"));
             }
@@ -576,14 +637,30 @@ fn fastest_collectives(
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut simulated = 0usize;
+    let mut cut: Vec<String> = Vec::new();
     let (order, proved) = prune_and_prove(
         &ranked,
         to_beat_us,
         |k| match fine_plans[k].as_ref() {
             Some(_) if simulated > 0 && deadline.passed() => Ok(None),
-            Some((_, prepared)) => {
+            Some((plan, prepared)) => {
+                let until = if simulated == 0 {
+                    deadline.grace_for(plan)
+                } else {
+                    deadline.at
+                };
                 simulated += 1;
-                Ok(Some(prepared.simulate(topo)?.time_us))
+                match prepared.simulate_until(topo, until)? {
+                    Some(sim) => Ok(Some(sim.time_us)),
+                    None => {
+                        deadline.mark_hit();
+                        cut.push(format!(
+                            "{}: the planning budget ran out while it was simulated",
+                            plan.algorithm
+                        ));
+                        Ok(None)
+                    }
+                }
             }
             None => Ok(None),
         },
@@ -600,6 +677,7 @@ fn fastest_collectives(
             Some((plan, t, proved == Some(k)))
         })
         .collect();
+    skipped.extend(cut);
     Ok((found, skipped, unfit))
 }
 

@@ -135,3 +135,32 @@ fn a_template_with_a_shifted_offset_is_caught() {
     }
     assert!(check_elements(&bad, &topo, &[(r, x)], 7).is_err());
 }
+
+/// A plan built in full, on a fat-tree whose leaves split nodes so its hosts never repeat:
+/// the sampled execution follows its cones as the expansion of itself, and catches a copy
+/// moved by one element.
+#[test]
+fn a_full_plan_is_its_own_expansion() {
+    let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr:fat-tree=2:1").unwrap();
+    let req = Request::new(Collective::AllGather, (0..16).collect(), 1 << 8, DType::I32);
+    let planned = plan(&topo, &req, &PlanOptions::default()).unwrap();
+    let good = planned.baseline_plan;
+    assert!(good.template.is_none(), "16 ranks are built in full");
+    let report = check_sampled(&good, &topo, &SampleOptions::default()).unwrap();
+    assert_eq!(report.full_ops, good.ops.len() as u64);
+    assert!(report.cone_ops > 0);
+    let (i, r, x) = output_copy(&good).expect("a copy into an output");
+    check_elements(&good, &topo, &[(r, x)], 3).unwrap();
+    let mut bad = good.clone();
+    if let OpKind::Copy { src, .. } = &mut bad.ops[i].kind {
+        src.offset = if src.offset > 0 {
+            src.offset - 1
+        } else {
+            src.offset + 1
+        };
+    }
+    let e = check_elements(&bad, &topo, &[(r, x)], 3)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("holds"), "{e}");
+}

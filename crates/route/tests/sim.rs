@@ -596,3 +596,39 @@ mod properties {
         );
     }
 }
+
+/// A simulation given a deadline already past gives up (none of its result is reported); with
+/// no deadline, or a distant one, it runs to the same end as `simulate`.
+mod deadline {
+    use std::time::{Duration, Instant};
+
+    use relaycc_route::{Collective, DType, PlanOptions, Prepared, Request, SimConfig, plan};
+
+    #[test]
+    fn a_past_deadline_gives_up_and_a_distant_one_does_not() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::new(Collective::AllReduce, (0..8).collect(), 1 << 22, DType::F32);
+        let p = plan(&topo, &req, &PlanOptions::default()).unwrap().plan;
+        assert!(
+            p.ops.len() > 1000,
+            "enough event batches to reach a clock check"
+        );
+        let prepared = Prepared::new(&topo, &p, &SimConfig::default()).unwrap();
+        let whole = prepared.simulate(&topo).unwrap().time_us;
+        let past = Instant::now();
+        assert!(
+            prepared
+                .simulate_until(&topo, Some(past))
+                .unwrap()
+                .is_none()
+        );
+        let unbounded = prepared.simulate_until(&topo, None).unwrap().unwrap();
+        assert_eq!(unbounded.time_us, whole);
+        let later = Instant::now() + Duration::from_secs(3600);
+        let bounded = prepared
+            .simulate_until(&topo, Some(later))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bounded.time_us, whole);
+    }
+}

@@ -3,6 +3,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::time::Instant;
 
 use relaycc_topo::Topology;
 
@@ -199,7 +200,26 @@ impl Prepared {
     pub fn simulate(&self, topo: &Topology) -> Result<SimResult> {
         simulate_model(topo, &self.model)
     }
+    /// As [`Prepared::simulate`], given up once `deadline` passes: `Ok(None)` then. The clock
+    /// is read once every [`DEADLINE_CHECK_BATCHES`] batches of events, so the check costs
+    /// nothing measurable and a run stops within a few milliseconds of the deadline.
+    pub fn simulate_until(
+        &self,
+        topo: &Topology,
+        deadline: Option<Instant>,
+    ) -> Result<Option<SimResult>> {
+        let mut engine = Engine::new(&self.model);
+        engine.deadline = deadline;
+        engine.run();
+        if engine.gave_up {
+            return Ok(None);
+        }
+        engine.finish(topo).map(Some)
+    }
 }
+
+/// Batches of events between two reads of the clock in [`Prepared::simulate_until`].
+pub const DEADLINE_CHECK_BATCHES: u32 = 256;
 
 fn simulate_model(topo: &Topology, model: &Model) -> Result<SimResult> {
     let mut engine = Engine::new(model);
@@ -229,6 +249,9 @@ struct Engine<'m> {
     res_bytes: Vec<f64>,
     res_busy_us: Vec<f64>,
     res_since_us: Vec<f64>,
+    /// When to give up (planning budget), and whether the run did.
+    deadline: Option<Instant>,
+    gave_up: bool,
 }
 
 impl<'m> Engine<'m> {
@@ -257,6 +280,8 @@ impl<'m> Engine<'m> {
             res_bytes: vec![0.0; r],
             res_busy_us: vec![0.0; r],
             res_since_us: vec![0.0; r],
+            deadline: None,
+            gave_up: false,
         }
     }
 
@@ -274,7 +299,15 @@ impl<'m> Engine<'m> {
                 self.start(op as u32);
             }
         }
+        let mut batches = 0u32;
         loop {
+            batches = batches.wrapping_add(1);
+            if batches.is_multiple_of(DEADLINE_CHECK_BATCHES)
+                && self.deadline.is_some_and(|d| Instant::now() >= d)
+            {
+                self.gave_up = true;
+                return;
+            }
             let wake = self.heap.peek().map_or(f64::INFINITY, |w| w.time_us);
             let next = wake.min(self.next_end());
             if !next.is_finite() {

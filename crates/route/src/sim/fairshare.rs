@@ -151,6 +151,11 @@ impl FairShare {
         }
         let mut left = self.comp_flows.len();
         while left > 0 {
+            // Resources whose flows are all frozen take no further part: dropping them (order
+            // kept, so rates are unchanged) makes each round cost the resources still filling,
+            // not the whole component, which matters when one spine joins thousands of flows.
+            let weight = &self.weight;
+            self.comp_res.retain(|&r| weight[r as usize] > MIN_WEIGHT);
             let mut level = f64::INFINITY;
             for &r in &self.comp_res {
                 let w = self.weight[r as usize];

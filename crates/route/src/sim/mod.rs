@@ -59,6 +59,8 @@ mod model;
 mod result;
 mod trace;
 
-pub use engine::{DEFAULT_OP_OVERHEAD_US, Prepared, SimConfig, lower_bound_us, simulate};
+pub use engine::{
+    DEADLINE_CHECK_BATCHES, DEFAULT_OP_OVERHEAD_US, Prepared, SimConfig, lower_bound_us, simulate,
+};
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;

@@ -44,18 +44,18 @@ pub struct Expansion<'p> {
 }
 
 impl<'p> Expansion<'p> {
-    /// The expansion of template `plan` on `topo`, the topology it was planned on.
+    /// The expansion of template `plan` on `topo`, the topology it was planned on. A plan
+    /// that is no template is its own expansion of one period.
     ///
     /// # Errors
-    /// [`RouteError::PlanCheck`] when `plan` is no template, was folded without period offsets
+    /// [`RouteError::PlanCheck`] when template `plan` was folded without period offsets
     /// (JSON written before they were recorded), does not match `topo`'s host symmetry, or
     /// names an offset of an op or reference it lacks.
     pub fn new(plan: &'p Plan, topo: &Topology) -> Result<Self> {
         let none = usize::MAX;
-        let t = plan
-            .template
-            .as_ref()
-            .ok_or_else(|| bad(none, format!("{} is no template", plan.algorithm)))?;
+        let Some(t) = plan.template.as_ref() else {
+            return Self::whole(plan, topo);
+        };
         if !t.exact {
             return Err(bad(
                 none,
@@ -193,7 +193,46 @@ impl<'p> Expansion<'p> {
             shifts,
         })
     }
-    /// The template.
+    /// A plan built in full as the expansion of itself: one period spanning every host, no
+    /// offsets and no shifts, so period 0's op `i` is the plan's op `i`. This lets the sampled
+    /// execution ([`super::sample`]) check full plans too large for the checker's vector clocks.
+    fn whole(plan: &'p Plan, topo: &Topology) -> Result<Self> {
+        let sym = topo.host_symmetry();
+        let sym = if sym.periods() == 1 {
+            sym
+        } else {
+            sym.with_period(sym.hosts()).ok_or_else(|| {
+                bad(
+                    usize::MAX,
+                    format!("{} hosts are no period of the topology", sym.hosts()),
+                )
+            })?
+        };
+        let ops = plan.ops.len() as u32;
+        let groups = plan
+            .ops
+            .iter()
+            .filter_map(|o| o.nvls.map(|s| s.group + 1))
+            .max()
+            .unwrap_or(0);
+        let n = plan.request.gpus.len() as u32;
+        Ok(Expansion {
+            plan,
+            sym,
+            periods: 1,
+            ranks: n,
+            per: n,
+            ops,
+            lanes: plan.lanes.len() as u32,
+            scratch: plan.scratch.len() as u32,
+            groups,
+            off_start: vec![0; ops as usize + 1],
+            offs: Vec::new(),
+            shift_start: vec![0; ops as usize + 1],
+            shifts: Vec::new(),
+        })
+    }
+    /// The template (or the full plan, for a plan that is no template).
     pub fn template(&self) -> &'p Plan {
         self.plan
     }
