@@ -73,6 +73,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "bound": perf_json(&p.bound),
                 "candidates": p.candidates,
                 "budget_exhausted": p.budget_exhausted,
+                "planning_s": p.elapsed.as_secs_f64(),
                 "skipped": p.skipped,
                 "verified": verified,
             });
@@ -131,8 +132,10 @@ pub fn run(args: &PlanArgs) -> Result<String> {
             if p.budget_exhausted {
                 let _ = writeln!(
                     s,
-                    "budget exhausted after {:?}: the best plan of the candidates simulated so far",
-                    opts.budget
+                    "budget of {:?} exhausted (planning took {:.2} s): the best plan of the \
+                     candidates simulated so far",
+                    opts.budget,
+                    p.elapsed.as_secs_f64()
                 );
             }
             for why in &p.skipped {

@@ -75,6 +75,7 @@ impl Default for PlanOptions {
 
 /// When planning must stop, and whether it had to.
 struct Deadline {
+    started: Instant,
     at: Option<Instant>,
     budget: Duration,
     hit: AtomicBool,
@@ -82,8 +83,10 @@ struct Deadline {
 
 impl Deadline {
     fn new(budget: Duration) -> Self {
+        let started = Instant::now();
         Deadline {
-            at: Instant::now().checked_add(budget),
+            started,
+            at: started.checked_add(budget),
             budget,
             hit: AtomicBool::new(false),
         }
@@ -159,6 +162,10 @@ pub struct Planned {
     /// True when the planning budget ran out before every candidate was built and simulated:
     /// the plan is the best of those that were.
     pub budget_exhausted: bool,
+    /// Wall time the call took. It passes the budget by the baseline's own time where the
+    /// baseline takes longer (the baseline is always simulated to the end), and by the final
+    /// proof.
+    pub elapsed: Duration,
     /// Candidate families left out for this request's size, each with the reason.
     pub skipped: Vec<String>,
 }
@@ -353,6 +360,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         candidates,
         routes,
         budget_exhausted: deadline.was_hit(),
+        elapsed: deadline.started.elapsed(),
         skipped,
     })
 }
