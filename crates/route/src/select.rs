@@ -365,6 +365,20 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     })
 }
 
+/// Most ops of NCCL's double binary tree all_reduce built in full beside templates above
+/// [`EXPAND_MAX_RANKS`] ranks: it simulates in well under a second and its sampled proof
+/// follows cones of a few hundred ops.
+pub const TREE_IN_FULL_MAX_OPS: u64 = 300_000;
+
+/// An upper estimate of the ops of NCCL's double binary tree all_reduce of `req`: per rank,
+/// channel and chunk a reduction going up and a copy going down each way of a chain or tree
+/// edge (at most 4), over every chunk of the pipelining size plus one partial chunk for each of
+/// up to 32 channels.
+fn tree_ops_estimate(req: &Request) -> u64 {
+    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    req.nranks() as u64 * 4 * (req.count.div_ceil(chunk) + 32)
+}
+
 /// The baseline as a template folded by `shift` (NCCL's rings where the tuner's all_reduce
 /// tree does not fold), with the reasons for what it left out; `None` where it is built in
 /// full (no shift, or a baseline that does not fold).
@@ -381,13 +395,25 @@ fn baseline_template(
                 |algo| crate::planner::baseline_template_within(topo, req, budget, algo, sym);
             match within(None) {
                 Ok(p) => Some(Ok(p)),
-                // NCCL's double binary tree differs between hosts: its rings stand for it.
+                // NCCL's double binary tree differs between hosts, so it never folds. Its ops
+                // grow as ranks x chunks, not ranks^2 as a ring's: where they are few (the
+                // small sizes where the tuner prefers it) it is built in full; otherwise its
+                // rings stand for it.
                 Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
+                    let tree_ops = tree_ops_estimate(req);
+                    if tree_ops <= TREE_IN_FULL_MAX_OPS {
+                        skipped.push(format!(
+                            "the tuner's baseline as a template: {why}; the baseline is NCCL's \
+                             tree, built in full (about {tree_ops} ops)"
+                        ));
+                        return (None, skipped);
+                    }
                     match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
                         Ok(mut p) => {
                             skipped.push(format!(
-                                "the tuner's baseline as a template: {why}; the baseline is \
-                                 NCCL's rings (NCCL_ALGO=Ring)"
+                                "the tuner's baseline as a template: {why}; its tree would take \
+                                 about {tree_ops} ops in full (above {TREE_IN_FULL_MAX_OPS}), so \
+                                 the baseline is NCCL's rings (NCCL_ALGO=Ring)"
                             ));
                             p.algorithm = format!("{} (NCCL_ALGO=Ring)", p.algorithm);
                             Some(Ok(p))

@@ -85,3 +85,36 @@ fn uneven_nodes_still_plan_with_flat_candidates() {
     assert!(p.skipped.is_empty());
     check(&p.plan).unwrap();
 }
+
+/// Above 64 ranks NCCL's double binary tree never folds, but where its ops are few (the small
+/// sizes where NCCL's tuner picks it) it is the baseline, built in full and proved by sampled
+/// execution; where it would be large, NCCL's rings stand for it, as a template.
+#[test]
+fn the_tuners_tree_is_the_baseline_above_64_ranks_where_it_is_small() {
+    use relaycc_route::template::{SampleOptions, check_sampled};
+    let topo = relaycc_topo::preset("cluster:16xdgx-h100:ib-ndr").unwrap();
+    let small = req(Collective::AllReduce, 128, 1 << 20);
+    let p = plan(&topo, &small, &PlanOptions::default()).unwrap();
+    assert!(
+        p.baseline_plan.algorithm.contains("double binary tree"),
+        "{}",
+        p.baseline_plan.algorithm
+    );
+    assert!(p.baseline_plan.template.is_none());
+    assert!(
+        p.skipped
+            .iter()
+            .any(|s| s.contains("NCCL's tree, built in full")),
+        "{:?}",
+        p.skipped
+    );
+    assert!(p.predicted.time_us <= p.baseline.time_us);
+    check_sampled(&p.baseline_plan, &topo, &SampleOptions::default()).unwrap();
+    let large = req(Collective::AllReduce, 128, 1 << 30);
+    let p = plan(&topo, &large, &PlanOptions::default()).unwrap();
+    assert!(
+        p.baseline_plan.is_template(),
+        "{}",
+        p.baseline_plan.algorithm
+    );
+}
