@@ -24,7 +24,9 @@
 //! Either way a kernel enqueued on the caller's stream after the call sees the result without
 //! a host synchronization, and the buffers' cudarc events are recorded on the stream after
 //! the call, so their later users and their free come after it. `send`/`recv` agree pairwise
-//! as the host ones do. [`MpiGpu::host`] runs the same path on a host backend with host
+//! as the host ones do, and on a pair's first use agree again on the outcome of preparing it
+//! (allocations), so a failure on either side is an error on both before data moves.
+//! [`MpiGpu::host`] runs the same path on a host backend with host
 //! slices, which is how machines without a GPU exercise it.
 
 use std::collections::HashMap;
@@ -404,9 +406,17 @@ impl<'c> MpiGpu<'c> {
         let (src, dst) = agreed?;
         let key = (src, dst, count, dtype);
         if !self.p2p_shapes.contains_key(&key) {
+            // First use on both ranks (their caches hold the same keys): the pair agrees on
+            // the preparation's outcome too, so an allocation that fails on one side fails
+            // both before any data moves, and neither caches the pair's shape.
             let req = comm.p2p_request(src, dst, count, dtype);
-            let plan = comm.plan_request(&req)?;
-            let made = self.prepare(&plan, comm.p2p_raw())?;
+            let made = comm
+                .plan_request(&req)
+                .and_then(|plan| self.prepare(&plan, comm.p2p_raw()));
+            let prepared_count = if made.is_ok() { count } else { i64::MAX as u64 };
+            let both = comm.p2p_agree(peer, sending, prepared_count, dtype);
+            let made = made?;
+            both?;
             self.p2p_shapes.insert(key, made);
         }
         let (Some(p), Some(place)) = (self.p2p_shapes.get_mut(&key), place) else {
