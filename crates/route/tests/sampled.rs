@@ -99,6 +99,19 @@ fn output_copy(p: &Plan) -> Option<(usize, u32, u64)> {
     })
 }
 
+/// `p` with copy `i`'s source moved by one element.
+fn source_moved_by_one(p: &Plan, i: usize) -> Plan {
+    let mut bad = p.clone();
+    if let OpKind::Copy { src, .. } = &mut bad.ops[i].kind {
+        src.offset = if src.offset > 0 {
+            src.offset - 1
+        } else {
+            src.offset + 1
+        };
+    }
+    bad
+}
+
 #[test]
 fn a_template_with_a_shifted_offset_is_caught() {
     let topo = relaycc_topo::preset("cluster:16xdgx-h100:ib-ndr").unwrap();
@@ -113,14 +126,7 @@ fn a_template_with_a_shifted_offset_is_caught() {
     assert!(good.template.as_ref().unwrap().exact);
     let (i, r, x) = output_copy(&good).expect("a copy into an output");
     check_elements(&good, &topo, &[(r, x)], 7).unwrap();
-    let mut bad = good.clone();
-    if let OpKind::Copy { src, .. } = &mut bad.ops[i].kind {
-        src.offset = if src.offset > 0 {
-            src.offset - 1
-        } else {
-            src.offset + 1
-        };
-    }
+    let bad = source_moved_by_one(&good, i);
     let e = check_elements(&bad, &topo, &[(r, x)], 7)
         .unwrap_err()
         .to_string();
@@ -151,14 +157,7 @@ fn a_full_plan_is_its_own_expansion() {
     assert!(report.cone_ops > 0);
     let (i, r, x) = output_copy(&good).expect("a copy into an output");
     check_elements(&good, &topo, &[(r, x)], 3).unwrap();
-    let mut bad = good.clone();
-    if let OpKind::Copy { src, .. } = &mut bad.ops[i].kind {
-        src.offset = if src.offset > 0 {
-            src.offset - 1
-        } else {
-            src.offset + 1
-        };
-    }
+    let bad = source_moved_by_one(&good, i);
     let e = check_elements(&bad, &topo, &[(r, x)], 3)
         .unwrap_err()
         .to_string();

@@ -171,12 +171,7 @@ impl<'p> Expansion<'p> {
             shifts[*at as usize] = (s.region, s.elems, s.block);
             *at += 1;
         }
-        let groups = plan
-            .ops
-            .iter()
-            .filter_map(|o| o.nvls.map(|s| s.group + 1))
-            .max()
-            .unwrap_or(0);
+        let groups = nvls_groups(plan);
         Ok(Expansion {
             plan,
             sym,
@@ -209,12 +204,7 @@ impl<'p> Expansion<'p> {
             })?
         };
         let ops = plan.ops.len() as u32;
-        let groups = plan
-            .ops
-            .iter()
-            .filter_map(|o| o.nvls.map(|s| s.group + 1))
-            .max()
-            .unwrap_or(0);
+        let groups = nvls_groups(plan);
         let n = plan.request.gpus.len() as u32;
         Ok(Expansion {
             plan,
@@ -421,6 +411,15 @@ impl<'p> Expansion<'p> {
         }
         Ok(full)
     }
+}
+
+/// NVLS groups `plan` numbers (one past the highest group id).
+fn nvls_groups(plan: &Plan) -> u32 {
+    plan.ops
+        .iter()
+        .filter_map(|o| o.nvls.map(|s| s.group + 1))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The full plan a template stands for, on `topo`, the topology it was planned on
