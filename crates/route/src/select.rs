@@ -76,6 +76,8 @@ impl Default for PlanOptions {
 /// When planning must stop, and whether it had to.
 struct Deadline {
     started: Instant,
+    /// When the baseline's simulation ended.
+    baseline_done: std::sync::OnceLock<Instant>,
     at: Option<Instant>,
     budget: Duration,
     hit: AtomicBool,
@@ -86,26 +88,39 @@ impl Deadline {
         let started = Instant::now();
         Deadline {
             started,
+            baseline_done: std::sync::OnceLock::new(),
             at: started.checked_add(budget),
             budget,
             hit: AtomicBool::new(false),
         }
     }
-    /// When a simulation that must yield a plan of relaycc's (the most promising candidate,
-    /// or a template built beside the baseline) gives up: a budget's time of its own (at least
-    /// [`FIRST_CANDIDATE_GRACE`]) from now, or the deadline if that is later.
-    fn grace(&self) -> Option<Instant> {
-        let own = Instant::now().checked_add(self.budget.max(FIRST_CANDIDATE_GRACE))?;
-        Some(self.at.map_or(own, |at| at.max(own)))
+    /// Whether a simulation that must yield a plan of relaycc's (the most promising candidate,
+    /// or a template built beside the baseline), started at `own_start`, goes on: until the
+    /// deadline, and beyond it for a budget's time (at least [`FIRST_CANDIDATE_GRACE`]) of its
+    /// own and a budget's time after the baseline's simulation ended. A baseline that takes
+    /// longer than the budget so leaves relaycc's plan as long again, not nothing.
+    fn grace_goes_on(&self, own_start: Instant) -> bool {
+        let now = Instant::now();
+        let grace = self.budget.max(FIRST_CANDIDATE_GRACE);
+        let within = |t: Instant| t.checked_add(grace).is_none_or(|end| now < end);
+        self.at.is_none_or(|at| now < at)
+            || within(own_start)
+            || self.baseline_done.get().is_none_or(|&t| within(t))
     }
-    /// [`Deadline::grace`] for a plan of [`GRACE_ABOVE_OPS`] ops or more; none for a smaller
-    /// one, which simulates in milliseconds, so small requests plan the same on any machine.
-    fn grace_for(&self, plan: &Plan) -> Option<Instant> {
+    /// Simulate `prepared` (of `plan`) under [`Deadline::grace_goes_on`] when the plan has
+    /// [`GRACE_ABOVE_OPS`] ops or more; a smaller one simulates in milliseconds and runs to
+    /// the end, so small requests plan the same on any machine. `None` when it gave up.
+    fn simulate_with_grace(
+        &self,
+        topo: &Topology,
+        plan: &Plan,
+        prepared: &Prepared,
+    ) -> Result<Option<crate::sim::SimResult>> {
         if plan.ops.len() < GRACE_ABOVE_OPS {
-            None
-        } else {
-            self.grace()
+            return prepared.simulate(topo).map(Some);
         }
+        let start = Instant::now();
+        prepared.simulate_while(topo, &|| self.grace_goes_on(start))
     }
     /// Record that a simulation gave up at the deadline.
     fn mark_hit(&self) {
@@ -209,27 +224,40 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let templated = shift
         .as_ref()
         .filter(|_| !topo.shares_host_memory(&req.gpus) && !is_p2p(req));
-    let ((folded, why), mut early) = rayon::join(
-        || baseline_template(topo, req, budget, shift.as_ref()),
+    // The baseline is built, proved and simulated while relaycc's templates are: the
+    // templates' simulations go on while the baseline's does (`Deadline::grace_goes_on`).
+    let (baseline_side, mut early) = rayon::join(
+        || {
+            let (folded, why) = baseline_template(topo, req, budget, shift.as_ref());
+            let built =
+                folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
+            let side = match built {
+                Ok(p) => Ok((p, true, None)),
+                Err(e @ RouteError::StagingBudget { .. }) => {
+                    crate::planner::baseline_plan(topo, req).map(|p| (p, false, Some(e)))
+                }
+                Err(e) => Err(e),
+            };
+            let side = side.and_then(|(plan, fits, unfit)| {
+                // The baseline is proved while it is simulated.
+                let (proof, sim) = rayon::join(
+                    || prove(topo, req, &plan),
+                    || simulate(topo, &plan, &opts.sim),
+                );
+                proof?;
+                Ok((plan, fits, unfit, sim?))
+            });
+            let _ = deadline.baseline_done.set(Instant::now());
+            (side, why)
+        },
         || templated.map(|sym| fastest_templates(topo, req, opts, sym, &deadline)),
     );
+    let (side, why) = baseline_side;
     skipped.extend(why);
-    let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
-    let (baseline_plan, baseline_fits) = match built {
-        Ok(p) => (p, true),
-        Err(e @ RouteError::StagingBudget { .. }) => {
-            first_failure = Some(e);
-            (crate::planner::baseline_plan(topo, req)?, false)
-        }
-        Err(e) => return Err(e),
-    };
-    // The baseline is proved while it is simulated.
-    let (baseline_proof, baseline_sim) = rayon::join(
-        || prove(topo, req, &baseline_plan),
-        || simulate(topo, &baseline_plan, &opts.sim),
-    );
-    baseline_proof?;
-    let baseline_sim = baseline_sim?;
+    let (baseline_plan, baseline_fits, unfit, baseline_sim) = side?;
+    if unfit.is_some() {
+        first_failure = unfit;
+    }
     let baseline = baseline_sim.perf(req);
     // (plan, routes, simulated time, proved already), in the order they were considered.
     let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
@@ -510,9 +538,9 @@ fn fastest_templates(
         .into_par_iter()
         .map(|i| {
             let plan = set.build_template(i, fine, shift)?;
-            let until = deadline.grace_for(&plan);
-            let t = Prepared::new(topo, &plan, &opts.sim)?
-                .simulate_until(topo, until)?
+            let prepared = Prepared::new(topo, &plan, &opts.sim)?;
+            let t = deadline
+                .simulate_with_grace(topo, &plan, &prepared)?
                 .map(|sim| sim.time_us);
             Ok((plan, t))
         })
@@ -678,13 +706,13 @@ fn fastest_collectives(
         |k| match fine_plans[k].as_ref() {
             Some(_) if simulated > 0 && deadline.passed() => Ok(None),
             Some((plan, prepared)) => {
-                let until = if simulated == 0 {
-                    deadline.grace_for(plan)
+                let sim = if simulated == 0 {
+                    deadline.simulate_with_grace(topo, plan, prepared)?
                 } else {
-                    deadline.at
+                    prepared.simulate_until(topo, deadline.at)?
                 };
                 simulated += 1;
-                match prepared.simulate_until(topo, until)? {
+                match sim {
                     Some(sim) => Ok(Some(sim.time_us)),
                     None => {
                         deadline.mark_hit();

@@ -208,8 +208,18 @@ impl Prepared {
         topo: &Topology,
         deadline: Option<Instant>,
     ) -> Result<Option<SimResult>> {
+        self.simulate_while(topo, &|| deadline.is_none_or(|d| Instant::now() < d))
+    }
+    /// As [`Prepared::simulate_until`], going on while `go_on` says so (asked once every
+    /// [`DEADLINE_CHECK_BATCHES`] batches of events): for a deadline that moves while the
+    /// simulation runs.
+    pub fn simulate_while(
+        &self,
+        topo: &Topology,
+        go_on: &dyn Fn() -> bool,
+    ) -> Result<Option<SimResult>> {
         let mut engine = Engine::new(&self.model);
-        engine.deadline = deadline;
+        engine.go_on = Some(go_on);
         engine.run();
         if engine.gave_up {
             return Ok(None);
@@ -249,8 +259,8 @@ struct Engine<'m> {
     res_bytes: Vec<f64>,
     res_busy_us: Vec<f64>,
     res_since_us: Vec<f64>,
-    /// When to give up (planning budget), and whether the run did.
-    deadline: Option<Instant>,
+    /// Whether to go on (planning budget), and whether the run gave up.
+    go_on: Option<&'m dyn Fn() -> bool>,
     gave_up: bool,
 }
 
@@ -280,7 +290,7 @@ impl<'m> Engine<'m> {
             res_bytes: vec![0.0; r],
             res_busy_us: vec![0.0; r],
             res_since_us: vec![0.0; r],
-            deadline: None,
+            go_on: None,
             gave_up: false,
         }
     }
@@ -303,7 +313,7 @@ impl<'m> Engine<'m> {
         loop {
             batches = batches.wrapping_add(1);
             if batches.is_multiple_of(DEADLINE_CHECK_BATCHES)
-                && self.deadline.is_some_and(|d| Instant::now() >= d)
+                && self.go_on.is_some_and(|go_on| !go_on())
             {
                 self.gave_up = true;
                 return;
