@@ -76,7 +76,7 @@ impl Default for PlanOptions {
 /// When planning must stop, and whether it had to.
 struct Deadline {
     started: Instant,
-    /// When the baseline's simulation ended.
+    /// When the baseline was built (templates), or built and simulated (full plans).
     baseline_done: std::sync::OnceLock<Instant>,
     at: Option<Instant>,
     budget: Duration,
@@ -97,8 +97,9 @@ impl Deadline {
     /// Whether a simulation that must yield a plan of relaycc's (the most promising candidate,
     /// or a template built beside the baseline), started at `own_start`, goes on: until the
     /// deadline, and beyond it for a budget's time (at least [`FIRST_CANDIDATE_GRACE`]) of its
-    /// own and a budget's time after the baseline's simulation ended. A baseline that takes
-    /// longer than the budget so leaves relaycc's plan as long again, not nothing.
+    /// own and a budget's time after the baseline was built (templates, built beside it) or
+    /// simulated (the most promising full candidate, simulated after it). A baseline that
+    /// takes longer than the budget so leaves relaycc's plan as long again, not nothing.
     fn grace_goes_on(&self, own_start: Instant) -> bool {
         let now = Instant::now();
         let grace = self.budget.max(FIRST_CANDIDATE_GRACE);
@@ -224,40 +225,35 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let templated = shift
         .as_ref()
         .filter(|_| !topo.shares_host_memory(&req.gpus) && !is_p2p(req));
-    // The baseline is built, proved and simulated while relaycc's templates are: the
-    // templates' simulations go on while the baseline's does (`Deadline::grace_goes_on`).
-    let (baseline_side, mut early) = rayon::join(
+    // Templates of relaycc's candidates need nothing of the baseline: they are built and
+    // simulated while the baseline is built, and go on while it is and a budget after
+    // (`Deadline::grace_goes_on`); their result (or error) is taken where it was asked.
+    let ((folded, why), mut early) = rayon::join(
         || {
-            let (folded, why) = baseline_template(topo, req, budget, shift.as_ref());
-            let built =
-                folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
-            let side = match built {
-                Ok(p) => Ok((p, true, None)),
-                Err(e @ RouteError::StagingBudget { .. }) => {
-                    crate::planner::baseline_plan(topo, req).map(|p| (p, false, Some(e)))
-                }
-                Err(e) => Err(e),
-            };
-            let side = side.and_then(|(plan, fits, unfit)| {
-                // The baseline is proved while it is simulated.
-                let (proof, sim) = rayon::join(
-                    || prove(topo, req, &plan),
-                    || simulate(topo, &plan, &opts.sim),
-                );
-                proof?;
-                Ok((plan, fits, unfit, sim?))
-            });
+            let built = baseline_template(topo, req, budget, shift.as_ref());
             let _ = deadline.baseline_done.set(Instant::now());
-            (side, why)
+            built
         },
         || templated.map(|sym| fastest_templates(topo, req, opts, sym, &deadline)),
     );
-    let (side, why) = baseline_side;
     skipped.extend(why);
-    let (baseline_plan, baseline_fits, unfit, baseline_sim) = side?;
-    if unfit.is_some() {
-        first_failure = unfit;
-    }
+    let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
+    let (baseline_plan, baseline_fits) = match built {
+        Ok(p) => (p, true),
+        Err(e @ RouteError::StagingBudget { .. }) => {
+            first_failure = Some(e);
+            (crate::planner::baseline_plan(topo, req)?, false)
+        }
+        Err(e) => return Err(e),
+    };
+    // The baseline is proved while it is simulated.
+    let (baseline_proof, baseline_sim) = rayon::join(
+        || prove(topo, req, &baseline_plan),
+        || simulate(topo, &baseline_plan, &opts.sim),
+    );
+    let _ = deadline.baseline_done.set(Instant::now());
+    baseline_proof?;
+    let baseline_sim = baseline_sim?;
     let baseline = baseline_sim.perf(req);
     // (plan, routes, simulated time, proved already), in the order they were considered.
     let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
