@@ -250,9 +250,11 @@ pub struct PlanArgs {
     /// Write the plan as JSON.
     #[arg(long)]
     pub save: Option<PathBuf>,
-    /// Check a template (a plan above 64 ranks) by executing the data cones of sampled output
-    /// elements (3 ranks, 8 elements each) over its lazily expanded plan; a full plan is
-    /// proved by the checker already.
+    /// Check a plan above 64 ranks (a template, or a plan built in full): the data cones of
+    /// sampled output elements (3 ranks, 8 elements each) evaluated over its lazily expanded
+    /// plan, then the op cone of those ranks' outputs lowered per rank and run on the host by
+    /// the executor, their outputs compared with the reference (left out, and said so, above 4
+    /// GiB of buffers); a plan of up to 64 ranks is proved by the checker already.
     #[arg(long)]
     pub verify: bool,
 }

@@ -174,35 +174,119 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     })
 }
 
-/// What `--verify` checked: a full plan is proved by the checker before `plan` returns it; a
-/// template's sampled output elements are executed over its lazily expanded plan
-/// ([`relaycc_route::template::check_sampled`]).
+/// Host memory `--verify` gives the run of the sampled ranks' cone; above it the run is left
+/// out and the output says so (plan at a smaller `--size` to run it).
+const HOST_RUN_MAX_BYTES: u64 = 4 << 30;
+
+/// Ops `--verify` lets the sampled ranks' cone hold.
+const HOST_RUN_MAX_OPS: usize = 4_000_000;
+
+/// What `--verify` checked: a full plan of up to 64 ranks is proved by the checker before
+/// `plan` returns it; a template, or a larger plan built in full, has its sampled output
+/// elements executed over its lazily expanded plan
+/// ([`relaycc_route::template::check_sampled`]) and the op cone of the sampled ranks run on
+/// the host by the executor ([`relaycc_collectives::exec::cone::execute_cone`]).
 fn verify(topo: &relaycc_topo::Topology, plan: &relaycc_route::Plan) -> Result<serde_json::Value> {
-    let Some(t) = &plan.template else {
-        return Ok(json!({
-            "summary": "proved by the checker (every output element, every order)",
-            "method": "check",
-        }));
-    };
+    const PROVED: &str = "proved by the checker (every output element, every order)";
+    let proved = relaycc_route::proved_by_checker(plan);
+    if proved && plan.request.gpus.len() <= relaycc_route::EXPAND_MAX_RANKS {
+        return Ok(json!({ "summary": PROVED, "method": "check" }));
+    }
     let opts = relaycc_route::template::SampleOptions::default();
     let start = std::time::Instant::now();
     let r = relaycc_route::template::check_sampled(plan, topo, &opts)
-        .with_context(|| format!("sampled execution of the template of {}", plan.algorithm))?;
+        .with_context(|| format!("sampled execution of {}", plan.algorithm))?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let mut ranks: Vec<u32> = r.targets.iter().map(|x| x.0).collect();
     ranks.dedup();
-    Ok(json!({
-        "summary": format!(
-            "{} sampled output elements of ranks {:?} hold their reference values (cones of \
-             {} of {} ops, {:.0} ms); the template's structure is checked, its {} periods are \
+    let host = host_run(topo, plan, &ranks)?;
+    let sampled = format!(
+        "{} sampled output elements of ranks {:?} hold their reference values (cones of {} of \
+         {} ops, {:.0} ms); {}",
+        r.targets.len(),
+        ranks,
+        r.cone_ops,
+        r.full_ops,
+        ms,
+        host["summary"].as_str().unwrap_or("")
+    );
+    let summary = match &plan.template {
+        _ if proved => format!("{PROVED}; and {sampled}"),
+        Some(t) => format!(
+            "{sampled}; the template's structure and routes are checked, its {} periods are \
              not proved",
-            r.targets.len(), ranks, r.cone_ops, r.full_ops, ms, t.periods
+            t.periods
         ),
-        "method": "sampled",
+        None => format!(
+            "{sampled}; the plan's structure and routes are checked; its vector clocks would \
+             take {:.1} GiB, so it is not proved as a whole",
+            relaycc_route::check_clock_bytes(plan) as f64 / (1u64 << 30) as f64
+        ),
+    };
+    Ok(json!({
+        "summary": summary,
+        "method": if proved { "check" } else { "sampled" },
         "targets": r.targets,
         "cone_ops": r.cone_ops,
         "cone_values": r.cone_values,
         "full_ops": r.full_ops,
         "ms": ms,
+        "host_run": host,
+    }))
+}
+
+/// The op cone of `ranks`' outputs run on the host by the executor, within
+/// [`HOST_RUN_MAX_BYTES`] and [`HOST_RUN_MAX_OPS`].
+fn host_run(
+    topo: &relaycc_topo::Topology,
+    plan: &relaycc_route::Plan,
+    ranks: &[u32],
+) -> Result<serde_json::Value> {
+    use relaycc_collectives::exec::cone::{ConeOptions, cone_bytes, execute_cone};
+    let start = std::time::Instant::now();
+    let cone = match relaycc_route::template::extract_cone(plan, topo, ranks, HOST_RUN_MAX_OPS) {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(json!({
+                "summary": format!("the host run of ranks {ranks:?} was left out: {e}"),
+                "ran": false,
+            }));
+        }
+    };
+    let bytes = cone_bytes(&cone, topo)?;
+    if bytes > HOST_RUN_MAX_BYTES {
+        return Ok(json!({
+            "summary": format!(
+                "the host run of ranks {ranks:?} was left out: its {} ops need {:.1} GiB of \
+                 buffers, over {} GiB (plan at a smaller --size to run it)",
+                cone.plan.ops.len(),
+                bytes as f64 / (1u64 << 30) as f64,
+                HOST_RUN_MAX_BYTES >> 30
+            ),
+            "ran": false,
+            "cone_ops": cone.plan.ops.len(),
+            "bytes": bytes,
+        }));
+    }
+    let r = execute_cone(&cone, topo, &ConeOptions::default()).with_context(|| {
+        format!(
+            "host run of the cone of ranks {ranks:?} of {}",
+            plan.algorithm
+        )
+    })?;
+    let s = start.elapsed().as_secs_f64();
+    Ok(json!({
+        "summary": format!(
+            "the executor ran the cone of ranks {ranks:?} on the host ({} of {} ops, {} ranks, \
+             {} messages, {:.1} MB, {s:.2} s) and their {} output elements equal the reference",
+            r.ops, r.full_ops, r.ranks_run, r.messages, r.bytes as f64 / 1e6, r.elements
+        ),
+        "ran": true,
+        "cone_ops": r.ops,
+        "ranks_run": r.ranks_run,
+        "messages": r.messages,
+        "elements": r.elements,
+        "bytes": r.bytes,
+        "s": s,
     }))
 }

@@ -44,7 +44,10 @@ pub mod staging;
 pub mod template;
 
 pub use bound::collective_bound_gbps;
-pub use check::{CheckOptions, CheckedPlan, check, check_routes, check_template, check_with};
+pub use check::{
+    CheckOptions, CheckedPlan, check, check_routes, check_template, check_with,
+    clock_bytes as check_clock_bytes,
+};
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use order::DepGraph;
@@ -57,7 +60,7 @@ pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
     CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner,
-    SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan,
+    SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
 };
 pub use sim::{
     DEADLINE_CHECK_BATCHES, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, Prepared,

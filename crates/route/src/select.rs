@@ -32,6 +32,16 @@ pub const EXPAND_MAX_RANKS: usize = 64;
 /// planning a 1,024-GPU cluster's peak memory under 1 GiB.
 pub const SAMPLED_PROOF_ABOVE_CLOCK_BYTES: u64 = 512 << 20;
 
+/// Whether [`plan`] proves `p` with the checker (every output element, every order) before
+/// returning it: a full plan of up to [`EXPAND_MAX_RANKS`] ranks, or a larger one whose vector
+/// clocks stay within [`SAMPLED_PROOF_ABOVE_CLOCK_BYTES`]. Templates and the larger full plans
+/// are checked on their structure, routes and sampled execution instead.
+pub fn proved_by_checker(p: &Plan) -> bool {
+    !p.is_template()
+        && (p.request.nranks() <= EXPAND_MAX_RANKS
+            || crate::check::clock_bytes(p) <= SAMPLED_PROOF_ABOVE_CLOCK_BYTES)
+}
+
 /// Planning time allowed when the caller names none: a few seconds, so an interactive command
 /// answers promptly on any machine while every 8-GPU request plans in full well within it.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);

@@ -188,11 +188,84 @@ enum Part {
 ///
 /// Complexity: O(ops + deps) plus a hash-map lookup per cross-lane dependency.
 pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
+    let order = PlanOrder::new(plan)?;
+    let all: Vec<u32> = order.order.clone();
+    lower_ops(plan, &order, layout, &all)
+}
+
+/// A plan's dependency order as every rank's lowering reads it: computed once per plan and
+/// shared by the ranks lowered from it ([`lower_ops`]), so lowering many ranks of one large
+/// plan costs the graph once, not once per rank.
+#[derive(Debug, Clone)]
+pub struct PlanOrder {
+    /// Each op's dependency level ([`Plan::dependency_levels`]).
+    level: Vec<u32>,
+    /// One topological order of "deps plus lane order", lowest op id first.
+    order: Vec<u32>,
+    /// Each op's position in `order`.
+    position: Vec<u32>,
+    /// Each op's position on its lane.
+    lane_position: Vec<u32>,
+}
+
+impl PlanOrder {
+    /// The order of `plan`; an error naming the cycle when there is one.
+    pub fn new(plan: &Plan) -> Result<Self> {
+        let deps = plan.dependency_graph().map_err(from_route)?;
+        let level = deps.levels().map_err(from_route)?;
+        let order = deps.topological_order().map_err(from_route)?;
+        let mut position = vec![0u32; plan.ops.len()];
+        for (k, &i) in order.iter().enumerate() {
+            position[i as usize] = k as u32;
+        }
+        let lane_position = (0..plan.ops.len() as u32)
+            .map(|i| deps.lane_position(i))
+            .collect();
+        Ok(PlanOrder {
+            level,
+            order,
+            position,
+            lane_position,
+        })
+    }
+
+    /// `ops` sorted as this order runs them.
+    pub fn sort(&self, ops: &mut [u32]) {
+        ops.sort_unstable_by_key(|&i| self.position.get(i as usize).copied().unwrap_or(u32::MAX));
+    }
+}
+
+/// [`lower`] with the plan's order computed once ([`PlanOrder::new`] of the same plan) and only
+/// the ops `ops` considered: they must include every op that touches a buffer of rank
+/// `layout.me` (others among them are skipped as in [`lower`]), in the order
+/// [`PlanOrder::sort`] gives. The rank's program is then exactly [`lower`]'s.
+///
+/// Complexity: O(ops + their deps x log ops).
+pub fn lower_ops(
+    plan: &Plan,
+    order: &PlanOrder,
+    layout: &Layout<'_>,
+    ops: &[u32],
+) -> Result<RankProgram> {
     let nranks = plan.request.nranks() as u32;
     let esize = plan.dtype.size();
-    let deps = plan.dependency_graph().map_err(from_route)?;
-    let level = deps.levels().map_err(from_route)?;
-    let order = deps.topological_order().map_err(from_route)?;
+    let level = &order.level;
+    if level.len() != plan.ops.len() || ops.iter().any(|&i| i as usize >= plan.ops.len()) {
+        return Err(invalid(None, "the plan's order is of another plan"));
+    }
+    // Local index of op `i` among `ops` (sorted copy for lookups).
+    let mut sorted: Vec<(u32, u32)> = ops
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (i, k as u32))
+        .collect();
+    sorted.sort_unstable();
+    let local_of = |i: u32| -> Option<usize> {
+        sorted
+            .binary_search_by_key(&i, |e| e.0)
+            .ok()
+            .map(|k| sorted[k].1 as usize)
+    };
     let owner = |id: usize, b: BufferRef| -> Result<u32> {
         (layout.owner)(b).ok_or_else(|| invalid(Some(id), format!("no rank holds {b:?}")))
     };
@@ -230,23 +303,26 @@ pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
         })
     };
 
-    // Pass 1: this rank's messages and local ops.
-    let mut local = vec![false; plan.ops.len()];
+    // Pass 1: this rank's messages and local ops, in op id order (the order both ends of a
+    // pair post their messages in).
+    let mut local = vec![false; ops.len()];
     let mut msgs: Vec<(u32, bool, Message)> = Vec::new(); // (level, is_send, message)
-    for (id, op) in plan.ops.iter().enumerate() {
+    for &(i, k) in &sorted {
+        let id = i as usize;
+        let op = &plan.ops[id];
         match &op.kind {
-            OpKind::Reduce { dst, .. } => local[id] = owner(id, dst.buffer)? == layout.me,
+            OpKind::Reduce { dst, .. } => local[k as usize] = owner(id, dst.buffer)? == layout.me,
             OpKind::Copy { src, dst } => {
                 let (a, b) = (owner(id, src.buffer)?, owner(id, dst.buffer)?);
-                let tag = id as u32 % TAG_RANGE;
+                let tag = i % TAG_RANGE;
                 match (a == layout.me, b == layout.me) {
-                    (true, true) => local[id] = true,
+                    (true, true) => local[k as usize] = true,
                     _ if dst.len == 0 => {}
                     (true, false) => msgs.push((
                         level[id],
                         true,
                         Message {
-                            op: id as u32,
+                            op: i,
                             peer: b,
                             tag,
                             slot: slot(id, src)?,
@@ -256,7 +332,7 @@ pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
                         level[id],
                         false,
                         Message {
-                            op: id as u32,
+                            op: i,
                             peer: a,
                             tag,
                             slot: slot(id, dst)?,
@@ -293,50 +369,58 @@ pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
             Lanes::Fold { count, .. } => plan_lane % count.max(1),
         }
     };
-    let seg_of: Vec<Option<usize>> = (0..plan.ops.len())
-        .map(|id| local[id].then(|| index(part(id))))
+    // Per op of `ops` (by its index there): its segment, whether an op of the same segment
+    // on another lane depends on it, and then its event.
+    let seg_of: Vec<Option<usize>> = ops
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| local[k].then(|| index(part(i as usize))))
         .collect();
-    // An op gets an event when an op of the same segment on another lane depends on it.
-    let mut event_of: Vec<Option<u32>> = vec![None; plan.ops.len()];
-    let mut needs = vec![false; plan.ops.len()];
-    for (id, op) in plan.ops.iter().enumerate() {
-        let Some(s) = seg_of[id] else { continue };
+    let seg_of_op = |d: u32| local_of(d).and_then(|k| seg_of[k]);
+    let mut event_of: Vec<Option<u32>> = vec![None; ops.len()];
+    let mut needs = vec![false; ops.len()];
+    for (k, &i) in ops.iter().enumerate() {
+        let Some(s) = seg_of[k] else { continue };
+        let op = &plan.ops[i as usize];
         for &d in &op.deps {
-            let d = d as usize;
-            if seg_of[d] == Some(s) && lane_of(plan.ops[d].lane) != lane_of(op.lane) {
-                needs[d] = true;
+            if let Some(kd) = local_of(d)
+                && seg_of[kd] == Some(s)
+                && lane_of(plan.ops[d as usize].lane) != lane_of(op.lane)
+            {
+                needs[kd] = true;
             }
         }
     }
     let mut events = vec![0u32; nseg];
-    for id in 0..plan.ops.len() {
-        if needs[id]
-            && let Some(s) = seg_of[id]
+    for &(_, k) in &sorted {
+        let k = k as usize;
+        if needs[k]
+            && let Some(s) = seg_of[k]
         {
-            event_of[id] = Some(events[s]);
+            event_of[k] = Some(events[s]);
             events[s] += 1;
         }
     }
     let mut builders: Vec<Builder> = (0..nseg).map(|_| Builder::default()).collect();
     let mut waited: HashMap<(usize, u32, u32), u32> = HashMap::new();
-    for &i in &order {
+    for (k, &i) in ops.iter().enumerate() {
         let id = i as usize;
-        let Some(s) = seg_of[id] else { continue };
+        let Some(s) = seg_of[k] else { continue };
         let op = &plan.ops[id];
         let lane = lane_of(op.lane);
         let b = &mut builders[s];
         b.ops.push(i);
         for &d in &op.deps {
             let dop = &plan.ops[d as usize];
-            let Some(event) = event_of[d as usize] else {
+            let Some(event) = local_of(d).and_then(|kd| event_of[kd]) else {
                 continue;
             };
-            if seg_of[d as usize] != Some(s) || lane_of(dop.lane) == lane {
+            if seg_of_op(d) != Some(s) || lane_of(dop.lane) == lane {
                 continue;
             }
             // Waiting for op `d` implies every earlier op of its plan lane, which the same
             // local lane ran before it.
-            let pos = deps.lane_position(d);
+            let pos = order.lane_position[d as usize];
             let w = waited.entry((s, lane, dop.lane)).or_insert(0);
             if *w >= pos {
                 continue;
@@ -371,7 +455,7 @@ pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
                 }
             }
         }
-        if let Some(event) = event_of[id] {
+        if let Some(event) = event_of[k] {
             b.commands.push(Command::Record { lane, event });
         }
     }

@@ -5,6 +5,7 @@
 //! `README.md` beside this file for the protocol (lanes, events, stages, why it cannot
 //! deadlock).
 
+pub mod cone;
 pub mod lower;
 #[cfg(feature = "cuda")]
 pub mod nccl;

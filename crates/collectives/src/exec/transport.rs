@@ -11,15 +11,21 @@ use super::run::Transport;
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
 
-/// The messages of one (source, destination, tag), in the order they were sent.
-type Queues = HashMap<(u32, u32, u32), VecDeque<Vec<u8>>>;
+/// The messages to one rank, per (source, tag), in the order they were sent.
+type Queues = HashMap<(u32, u32), VecDeque<Vec<u8>>>;
 
-/// Messages in flight between the ranks of one process, per (source, destination, tag) in the
-/// order they were sent.
+/// One rank's mailbox: its queues, and the condition its receives wait on, which only sends
+/// to this rank signal (so a send wakes its receiver, not every waiting rank).
+#[derive(Debug, Default)]
+struct Mailbox {
+    queues: Mutex<Queues>,
+    arrived: Condvar,
+}
+
+/// Messages in flight between the ranks of one process, one mailbox per destination rank.
 #[derive(Debug, Default)]
 pub struct Mailboxes {
-    boxes: Mutex<Queues>,
-    arrived: Condvar,
+    boxes: Vec<Mailbox>,
 }
 
 /// One rank's end of the [`Mailboxes`]: a send copies its bytes into the destination's
@@ -38,7 +44,9 @@ impl InProcess {
     /// Ends for ranks `0..ranks`, sharing one set of mailboxes; a receive fails after waiting
     /// `timeout` for its message.
     pub fn group(ranks: u32, timeout: Duration) -> Vec<InProcess> {
-        let boxes = Arc::new(Mailboxes::default());
+        let boxes = Arc::new(Mailboxes {
+            boxes: (0..ranks).map(|_| Mailbox::default()).collect(),
+        });
         (0..ranks)
             .map(|me| InProcess {
                 me,
@@ -90,35 +98,37 @@ impl Transport for InProcess {
         src: *const u8,
         bytes: usize,
     ) -> Result<(), CollectivesError> {
+        let Some(mailbox) = self.boxes.boxes.get(peer as usize) else {
+            return Err(error(format!(
+                "rank {}: a send to rank {peer} of {}",
+                self.me,
+                self.boxes.boxes.len()
+            )));
+        };
         // SAFETY: the caller gives `bytes` readable bytes at `src`.
         let data = unsafe { std::slice::from_raw_parts(src, bytes) }.to_vec();
-        let mut boxes = self
-            .boxes
-            .boxes
+        let mut queues = mailbox
+            .queues
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        boxes
-            .entry((self.me, peer, tag))
-            .or_default()
-            .push_back(data);
-        drop(boxes);
-        self.boxes.arrived.notify_all();
+        queues.entry((self.me, tag)).or_default().push_back(data);
+        drop(queues);
+        mailbox.arrived.notify_all();
         Ok(())
     }
 
     fn wait(&mut self, stage: usize) -> Result<(), CollectivesError> {
         let deadline = Instant::now() + self.timeout;
-        let mut boxes = self
-            .boxes
-            .boxes
+        let Some(mailbox) = self.boxes.boxes.get(self.me as usize) else {
+            return Err(error(format!("rank {} has no mailbox", self.me)));
+        };
+        let mut queues = mailbox
+            .queues
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for &(peer, tag, dst, bytes) in &self.pending {
             let data = loop {
-                if let Some(d) = boxes
-                    .get_mut(&(peer, self.me, tag))
-                    .and_then(VecDeque::pop_front)
-                {
+                if let Some(d) = queues.get_mut(&(peer, tag)).and_then(VecDeque::pop_front) {
                     break d;
                 }
                 let now = Instant::now();
@@ -129,10 +139,9 @@ impl Transport for InProcess {
                         self.me, self.timeout
                     )));
                 }
-                boxes = self
-                    .boxes
+                queues = mailbox
                     .arrived
-                    .wait_timeout(boxes, deadline - now)
+                    .wait_timeout(queues, deadline - now)
                     .unwrap_or_else(PoisonError::into_inner)
                     .0;
             };

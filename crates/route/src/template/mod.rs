@@ -28,11 +28,13 @@
 //! A template is no proof of delivery: [`crate::check()`] refuses it and no
 //! [`crate::CheckedPlan`] is ever made of one; [`crate::check_template`] checks its structure.
 
+pub mod cone;
 pub mod expand;
 pub(crate) mod fold;
 pub mod sample;
 pub(crate) mod window;
 
+pub use cone::{OpCone, extract_cone};
 pub use expand::{Expansion, expand};
 pub use sample::{SampleOptions, SampleReport, check_elements, check_sampled};
 
