@@ -240,9 +240,13 @@ fn simulate_model(topo: &Topology, model: &Model) -> Result<SimResult> {
 /// The simulation state.
 struct Engine<'m> {
     m: &'m Model,
-    /// Latency wake-ups. Flow ends are not queued: fair rates change often, and a scan of the
-    /// few hundred active flows is cheaper than queueing and discarding stale predictions.
+    /// Latency wake-ups.
     heap: BinaryHeap<Wake>,
+    /// Predicted flow ends, pushed whenever a flow's rate changes; an entry whose flow has
+    /// ended or whose end moved since is stale and skipped (`due_end`). Thousands of flows
+    /// may be active while a batch re-rates a few, so scanning them all per batch would cost
+    /// more than the fair sharing itself.
+    ends: BinaryHeap<Wake>,
     fair: FairShare,
     flows: Vec<Flow>,
     /// Ops whose bytes are flowing, and each op's index in that list.
@@ -271,6 +275,7 @@ impl<'m> Engine<'m> {
         Engine {
             m,
             heap: BinaryHeap::with_capacity(n.min(1 << 16)),
+            ends: BinaryHeap::with_capacity(n.min(1 << 16)),
             fair: FairShare::new(r, n),
             flows: vec![Flow::default(); n],
             active: Vec::new(),
@@ -295,12 +300,59 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// The earliest predicted flow end.
-    fn next_end(&self) -> f64 {
-        self.active
-            .iter()
-            .map(|&f| self.flows[f as usize].end_us)
-            .fold(f64::INFINITY, f64::min)
+    /// Whether heap entry `w` still predicts its flow's end.
+    fn is_current(&self, w: &Wake) -> bool {
+        self.active_pos[w.op as usize] != NONE && self.flows[w.op as usize].end_us == w.time_us
+    }
+
+    /// The earliest predicted flow end (stale entries dropped on the way).
+    fn next_end(&mut self) -> f64 {
+        while let Some(w) = self.ends.peek() {
+            if self.is_current(w) {
+                return w.time_us;
+            }
+            self.ends.pop();
+        }
+        f64::INFINITY
+    }
+
+    /// Collect into `self.ending` the flows predicted to end by `horizon`, in op order.
+    fn collect_ending(&mut self, horizon: f64) {
+        self.ending.clear();
+        while let Some(&w) = self.ends.peek() {
+            if !self.is_current(&w) {
+                self.ends.pop();
+                continue;
+            }
+            if w.time_us > horizon {
+                break;
+            }
+            self.ends.pop();
+            self.ending.push(w.op);
+        }
+        // A flow re-rated to the same end has two current entries.
+        self.ending.sort_unstable();
+        self.ending.dedup();
+    }
+
+    /// Rebuild the end heap from the active flows once stale entries outnumber them, so it
+    /// stays within a few times the active flows.
+    fn compact_ends(&mut self) {
+        if self.ends.len() <= 4 * self.active.len() + 1024 {
+            return;
+        }
+        let mut v = std::mem::take(&mut self.ends).into_vec();
+        v.clear();
+        for &f in &self.active {
+            let end_us = self.flows[f as usize].end_us;
+            if end_us.is_finite() {
+                v.push(Wake {
+                    time_us: end_us,
+                    op: f,
+                });
+            }
+        }
+        self.ends = BinaryHeap::from(v);
     }
 
     fn run(&mut self) {
@@ -330,12 +382,7 @@ impl<'m> Engine<'m> {
             // Ends first, then wake-ups, until neither is due: an end may release ops whose
             // latency is zero. New flows have no rate yet, so no end appears mid-batch.
             loop {
-                self.ending.clear();
-                for &f in &self.active {
-                    if self.flows[f as usize].end_us <= horizon {
-                        self.ending.push(f);
-                    }
-                }
+                self.collect_ending(horizon);
                 let mut ending = std::mem::take(&mut self.ending);
                 for &f in &ending {
                     self.flow_end(f);
@@ -431,6 +478,7 @@ impl<'m> Engine<'m> {
     fn rebalance(&mut self) {
         let now = self.now_us;
         let flows = &mut self.flows;
+        let ends = &mut self.ends;
         self.fair.solve(&self.m.uses, &self.m.caps, |op, rate| {
             let f = &mut flows[op as usize];
             if rate == f.rate {
@@ -444,7 +492,14 @@ impl<'m> Engine<'m> {
             } else {
                 f64::INFINITY
             };
+            if f.end_us.is_finite() {
+                ends.push(Wake {
+                    time_us: f.end_us,
+                    op,
+                });
+            }
         });
+        self.compact_ends();
     }
 
     /// The result, or the error that kept some op from running.
