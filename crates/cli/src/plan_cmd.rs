@@ -73,6 +73,11 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "bound": perf_json(&p.bound),
                 "candidates": p.candidates,
                 "budget_exhausted": p.budget_exhausted,
+                "baseline_cut": p.baseline_cut.map(|c| json!({
+                    "reached_us": c.reached_us,
+                    "ops_done": c.ops_done,
+                    "ops": c.ops,
+                })),
                 "planning_s": p.elapsed.as_secs_f64(),
                 "skipped": p.skipped,
                 "verified": verified,
@@ -138,6 +143,24 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                     p.elapsed.as_secs_f64()
                 );
             }
+            if let Some(cut) = &p.baseline_cut {
+                let chosen = if p.plan.algorithm == p.baseline_plan.algorithm {
+                    "; no plan of relaycc's was shown faster within the budget, so the baseline is \
+                     the plan, predicted by that bound"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    s,
+                    "baseline: its simulation was cut by the budget after {} of {} ops, at {:.2} \
+                     us simulated: its time is at least {:.2} us (busbw at most {:.2} GB/s){chosen}",
+                    cut.ops_done,
+                    cut.ops,
+                    cut.reached_us,
+                    p.baseline.time_us,
+                    p.baseline.busbw_gbps
+                );
+            }
             for why in &p.skipped {
                 let _ = writeln!(s, "skipped: {why}");
             }
@@ -149,11 +172,20 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "\n  {:<10} {:>12} {:>12} {:>12} {:>9}",
                 "predicted", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
             );
-            for (name, perf) in [
-                ("relaycc", &p.predicted),
-                ("baseline", &p.baseline),
-                ("bound", &p.bound),
+            // A baseline cut by the budget is known from below: its row says so.
+            let cut = if p.baseline_cut.is_some() { ">=" } else { "" };
+            let chosen_cut =
+                if p.baseline_cut.is_some() && p.plan.algorithm == p.baseline_plan.algorithm {
+                    ">="
+                } else {
+                    ""
+                };
+            for (name, perf, mark) in [
+                ("relaycc", &p.predicted, chosen_cut),
+                ("baseline", &p.baseline, cut),
+                ("bound", &p.bound, ""),
             ] {
+                let name = format!("{name}{mark}");
                 let _ = writeln!(
                     s,
                     "  {:<10} {:>12.2} {:>12.2} {:>12.2} {:>8.2}x",

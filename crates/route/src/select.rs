@@ -16,7 +16,7 @@ use crate::p2p::{RouteShare, Strategy, p2p_bound_gbps, p2p_candidates};
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
-use crate::sim::{Perf, Prepared, SimConfig, simulate};
+use crate::sim::{Perf, Prepared, SimConfig, SimCut, simulate};
 
 /// Largest request (ranks) whose plans are built in full and proved by the checker on a
 /// topology whose hosts repeat. Above it, where the topology's host symmetry folds and the
@@ -58,7 +58,9 @@ pub struct PlanOptions {
     /// Planning time allowed ([`DEFAULT_BUDGET`] by default). Once it is spent, candidates not
     /// yet built or simulated are left out and the best plan found so far is returned, with
     /// [`Planned::budget_exhausted`] set. The baseline and the most promising candidate are
-    /// always simulated, so a budget of zero still plans.
+    /// always simulated (those of 200,000 ops or more for a budget's time of their own, at
+    /// least 1 s; a baseline cut there is reported as a lower bound,
+    /// [`Planned::baseline_cut`]), so a budget of zero still plans.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
     /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
@@ -177,8 +179,16 @@ pub struct Planned {
     pub predicted: Perf,
     /// The NCCL-like baseline's plan.
     pub baseline_plan: Plan,
-    /// The baseline's simulated performance.
+    /// The baseline's simulated performance; where its simulation was cut by the budget
+    /// ([`Planned::baseline_cut`]), a bound: its time at least this, its bandwidth at most.
     pub baseline: Perf,
+    /// Set when the baseline's simulation was given up at the budget (a baseline of
+    /// [`GRACE_ABOVE_OPS`] ops or more gets the budget's time of its own, at least
+    /// [`FIRST_CANDIDATE_GRACE`]): how far it got. Its time is then known only from below
+    /// (the simulated time reached, the busiest resource's load and the bound), so a plan of
+    /// relaycc's wins only if it is no slower than that; otherwise the baseline is the plan,
+    /// with that lower bound as its prediction.
+    pub baseline_cut: Option<SimCut>,
     /// The bound (max-flow for point-to-point and broadcast, ingress/egress otherwise).
     pub bound: Perf,
     /// Every candidate tried, fastest first.
@@ -188,9 +198,8 @@ pub struct Planned {
     /// True when the planning budget ran out before every candidate was built and simulated:
     /// the plan is the best of those that were.
     pub budget_exhausted: bool,
-    /// Wall time the call took. It passes the budget by the baseline's own time where the
-    /// baseline takes longer (the baseline is always simulated to the end), and by the final
-    /// proof.
+    /// Wall time the call took. It passes the budget by the grace the baseline's simulation
+    /// and the most promising candidate's get, and by the final proof.
     pub elapsed: Duration,
     /// Candidate families left out for this request's size, each with the reason.
     pub skipped: Vec<String>,
@@ -256,15 +265,37 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
         Err(e) => return Err(e),
     };
-    // The baseline is proved while it is simulated.
+    // The baseline is proved while it is simulated; a large one gets a budget's time of its
+    // own (`simulate_baseline`), and one cut there is known from below.
     let (baseline_proof, baseline_sim) = rayon::join(
         || prove(topo, req, &baseline_plan),
-        || simulate(topo, &baseline_plan, &opts.sim),
+        || simulate_baseline(topo, &baseline_plan, opts),
     );
     let _ = deadline.baseline_done.set(Instant::now());
     baseline_proof?;
-    let baseline_sim = baseline_sim?;
-    let baseline = baseline_sim.perf(req);
+    let (baseline_sim, baseline_cut) = baseline_sim?;
+    if baseline_cut.is_some() {
+        deadline.mark_hit();
+    }
+    let baseline_time_us = match (&baseline_sim, &baseline_cut) {
+        (Some(sim), _) => sim.time_us,
+        (None, Some(cut)) => {
+            let bound_us = crate::planner::bound_gbps(topo, req, &opts.relay)
+                .ok()
+                .filter(|g| *g > 0.0 && g.is_finite())
+                .map_or(0.0, |g| req.size_bytes() as f64 / (g * 1e3));
+            cut.reached_us
+                .max(Prepared::new(topo, &baseline_plan, &opts.sim)?.lower_bound_us())
+                .max(bound_us)
+        }
+        (None, None) => {
+            return Err(RouteError::PlanCheck {
+                op: usize::MAX,
+                message: "the baseline's simulation ended with no result".into(),
+            });
+        }
+    };
+    let baseline = Perf::from_time(req, baseline_time_us);
     // (plan, routes, simulated time, proved already), in the order they were considered.
     let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
     // Ranks that are arenas of one host's memory (the `host-N` preset): the simulator models
@@ -305,8 +336,9 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
     } else {
         bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        let to_beat = if baseline_fits {
-            baseline_sim.time_us
+        // A baseline known only from below prunes nothing.
+        let to_beat = if baseline_fits && baseline_cut.is_none() {
+            baseline_time_us
         } else {
             f64::INFINITY
         };
@@ -325,20 +357,22 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             found.push((plan, Vec::new(), time_us, proved));
         }
     }
-    if baseline_fits && !shared_memory && (opts.strategy == Strategy::Auto || !is_p2p(req)) {
-        found.push((
-            baseline_plan.clone(),
-            Vec::new(),
-            baseline_sim.time_us,
-            true,
-        ));
+    if baseline_fits
+        && baseline_cut.is_none()
+        && !shared_memory
+        && (opts.strategy == Strategy::Auto || !is_p2p(req))
+    {
+        found.push((baseline_plan.clone(), Vec::new(), baseline_time_us, true));
     }
     // Fastest first; the stable sort keeps ties in the order they were considered.
     found.sort_by(|a, b| a.2.total_cmp(&b.2));
     let mut winner = None;
     let mut candidates = Vec::with_capacity(found.len());
     for (plan, routes, time_us, proved) in found {
-        let proof = if proved || winner.is_some() {
+        // Against a baseline known only from below, a plan is shown no slower only within
+        // that bound; the others are reported, not chosen.
+        let beats_cut = baseline_cut.is_none() || time_us <= baseline_time_us;
+        let proof = if proved || winner.is_some() || !beats_cut {
             Ok(())
         } else {
             prove(topo, req, &plan)
@@ -351,9 +385,19 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             algorithm: plan.algorithm.clone(),
             time_us,
         });
-        if winner.is_none() {
+        if winner.is_none() && beats_cut {
             winner = Some((time_us, plan, routes));
         }
+    }
+    if winner.is_none() && baseline_cut.is_some() && baseline_fits {
+        // Nothing shown faster within the budget: the baseline (proved above) is the plan,
+        // predicted by its lower bound.
+        candidates.push(CandidateTime {
+            algorithm: baseline_plan.algorithm.clone(),
+            time_us: baseline_time_us,
+        });
+        candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
+        winner = Some((baseline_time_us, baseline_plan.clone(), Vec::new()));
     }
     let Some((time, plan, routes)) = winner else {
         return Err(first_failure.unwrap_or_else(|| RouteError::NoRoute {
@@ -390,6 +434,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         predicted,
         baseline_plan,
         baseline,
+        baseline_cut,
         bound,
         candidates,
         routes,
@@ -397,6 +442,28 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         elapsed: deadline.started.elapsed(),
         skipped,
     })
+}
+
+/// Simulate the baseline: to the end below [`GRACE_ABOVE_OPS`] ops, else for the budget's time
+/// of its own (at least [`FIRST_CANDIDATE_GRACE`]), as relaycc's most promising candidate is
+/// given. `(Some(result), None)` when it ran to the end, `(None, Some(cut))` when it gave up.
+fn simulate_baseline(
+    topo: &Topology,
+    plan: &Plan,
+    opts: &PlanOptions,
+) -> Result<(Option<crate::sim::SimResult>, Option<SimCut>)> {
+    if plan.ops.len() < GRACE_ABOVE_OPS {
+        return Ok((Some(simulate(topo, plan, &opts.sim)?), None));
+    }
+    let prepared = Prepared::new(topo, plan, &opts.sim)?;
+    let start = Instant::now();
+    let own = opts.budget.max(FIRST_CANDIDATE_GRACE);
+    Ok(
+        match prepared.simulate_or_cut(topo, &|| start.elapsed() < own)? {
+            Ok(sim) => (Some(sim), None),
+            Err(cut) => (None, Some(cut)),
+        },
+    )
 }
 
 /// Most ops of NCCL's double binary tree all_reduce built in full beside templates above

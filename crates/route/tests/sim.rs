@@ -631,4 +631,34 @@ mod deadline {
             .unwrap();
         assert_eq!(bounded.time_us, whole);
     }
+
+    #[test]
+    fn a_cut_simulation_says_how_far_it_got_and_bounds_the_makespan_from_below() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::new(Collective::AllReduce, (0..8).collect(), 1 << 22, DType::F32);
+        let p = plan(&topo, &req, &PlanOptions::default()).unwrap().plan;
+        let prepared = Prepared::new(&topo, &p, &SimConfig::default()).unwrap();
+        let whole = prepared.simulate(&topo).unwrap().time_us;
+        let cut = prepared
+            .simulate_or_cut(&topo, &|| false)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(cut.ops, p.ops.len());
+        assert!(cut.ops_done < cut.ops, "{cut:?}");
+        assert!(cut.reached_us <= whole, "{cut:?} vs {whole}");
+        // Given up later, it got further, and still not past the makespan.
+        let calls = std::cell::Cell::new(0u32);
+        let later = prepared
+            .simulate_or_cut(&topo, &|| {
+                calls.set(calls.get() + 1);
+                calls.get() < 3
+            })
+            .unwrap();
+        if let Err(c) = later {
+            assert!(c.ops_done >= cut.ops_done && c.reached_us >= cut.reached_us);
+            assert!(c.reached_us <= whole);
+        }
+        let done = prepared.simulate_or_cut(&topo, &|| true).unwrap().unwrap();
+        assert_eq!(done.time_us, whole);
+    }
 }

@@ -127,8 +127,16 @@ fn baseline_with(
     tune(topo, options)
 }
 
+/// Plans with this many ops or more have their protocol chosen by their lower bounds (the
+/// busiest resource's load at the protocol's bandwidth share, the longest op with its
+/// latency), as NCCL's own tuner compares bandwidth and latency models, instead of by a
+/// simulation per protocol: at that size one simulation takes seconds, and the planner's
+/// budget goes to simulating the chosen one.
+pub const TUNE_BY_BOUND_ABOVE_OPS: usize = 200_000;
+
 /// NCCL's tuner over `options` (plans without a protocol yet): each with every protocol it may
-/// use, the fastest kept. NVLS plans use Simple only; LL128 needs NVLink on every link.
+/// use, the fastest kept (by lower bound from [`TUNE_BY_BOUND_ABOVE_OPS`] ops). NVLS plans use
+/// Simple only; LL128 needs NVLink on every link.
 fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
     let cfg = crate::sim::SimConfig::default();
     let mut best: Option<(f64, Plan)> = None;
@@ -148,13 +156,15 @@ fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
             plan.protocol = Some(p);
             plan.algorithm = format!("{} {}", base.algorithm, p.name());
             let prepared = crate::sim::Prepared::new(topo, &plan, &cfg)?;
-            if best
-                .as_ref()
-                .is_some_and(|(t, _)| prepared.lower_bound_us() >= *t)
-            {
+            let bound = prepared.lower_bound_us();
+            if best.as_ref().is_some_and(|(t, _)| bound >= *t) {
                 continue;
             }
-            let t = prepared.simulate(topo)?.time_us;
+            let t = if plan.ops.len() >= TUNE_BY_BOUND_ABOVE_OPS {
+                bound
+            } else {
+                prepared.simulate(topo)?.time_us
+            };
             if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
                 best = Some((t, plan));
             }

@@ -218,14 +218,39 @@ impl Prepared {
         topo: &Topology,
         go_on: &dyn Fn() -> bool,
     ) -> Result<Option<SimResult>> {
+        Ok(self.simulate_or_cut(topo, go_on)?.ok())
+    }
+    /// As [`Prepared::simulate_while`], saying how far a run that gave up got: `Err(cut)`
+    /// then, whose [`SimCut::reached_us`] is a lower bound on the makespan.
+    pub fn simulate_or_cut(
+        &self,
+        topo: &Topology,
+        go_on: &dyn Fn() -> bool,
+    ) -> Result<std::result::Result<SimResult, SimCut>> {
         let mut engine = Engine::new(&self.model);
         engine.go_on = Some(go_on);
         engine.run();
         if engine.gave_up {
-            return Ok(None);
+            return Ok(Err(SimCut {
+                reached_us: engine.now_us,
+                ops_done: engine.done,
+                ops: engine.spans.len(),
+            }));
         }
-        engine.finish(topo).map(Some)
+        engine.finish(topo).map(Ok)
     }
+}
+
+/// How far a simulation that gave up at its deadline got.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimCut {
+    /// Simulated time reached, microseconds: every op not finished ends later, so the
+    /// makespan is at least this.
+    pub reached_us: f64,
+    /// Ops finished.
+    pub ops_done: usize,
+    /// Ops of the plan.
+    pub ops: usize,
 }
 
 /// Batches of events between two reads of the clock in [`Prepared::simulate_until`].
