@@ -20,7 +20,7 @@ use relaycc_topo::{NodeId, Topology};
 
 use super::invalid;
 use super::lower::{Lanes, Layout, PlanOrder, RankProgram, lower_ops};
-use super::run::{HostMemory, reduce_bytes, run};
+use super::run::{reduce_bytes, run_on_host_vectors};
 use super::transport::InProcess;
 use crate::error::{CollectivesError, Result};
 
@@ -271,11 +271,6 @@ pub fn execute_cone(cone: &OpCone, topo: &Topology, opts: &ConeOptions) -> Resul
                 .stack_size(512 << 10)
                 .spawn_scoped(s, move || -> RankResult {
                     let prog = lower_rank(plan, order, ops, me, owner)?;
-                    let mut bufs: Vec<Vec<u128>> = prog
-                        .binding_bytes
-                        .iter()
-                        .map(|b| vec![0u128; (*b as usize).div_ceil(16)])
-                        .collect();
                     let held: u64 = prog.binding_bytes.iter().sum();
                     let input = input_bytes(
                         plan.dtype,
@@ -284,24 +279,8 @@ pub fn execute_cone(cone: &OpCone, topo: &Topology, opts: &ConeOptions) -> Resul
                         me,
                         req.input_len(me).map_err(super::from_route)?,
                     );
-                    bytemuck::cast_slice_mut::<u128, u8>(&mut bufs[0])[..input.len()]
-                        .copy_from_slice(&input);
-                    let ptrs: Vec<(*mut u8, usize)> = bufs
-                        .iter_mut()
-                        .zip(&prog.binding_bytes)
-                        .map(|(v, b)| (v.as_mut_ptr().cast::<u8>(), *b as usize))
-                        .collect();
-                    let mut staging = Vec::new();
-                    // SAFETY: each pointer is a live vector of its binding's bytes, owned by
-                    // this thread and touched by nothing else until `run` returns; the
-                    // in-process transport copies messages, and completes every receive
-                    // before `run` returns.
-                    let mut mem = unsafe { HostMemory::new(&prog, &ptrs, &mut staging)? };
-                    run(&prog, &mut mem, &mut end)?;
-                    let out = sampled.then(|| {
-                        bytemuck::cast_slice::<u128, u8>(&bufs[1])[..prog.binding_bytes[1] as usize]
-                            .to_vec()
-                    });
+                    let output = run_on_host_vectors(&prog, &input, &mut end)?;
+                    let out = sampled.then_some(output);
                     Ok((out, prog.messages().0, held))
                 });
             // Without its thread the rank's peers time out; its own error says why.

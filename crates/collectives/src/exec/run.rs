@@ -204,6 +204,49 @@ fn launch<M: RankMemory>(mem: &mut M, seg: &Segment) -> Result<()> {
     unsafe { mem.launch(&seg.program) }
 }
 
+/// Run `program` once on host vectors of its own: every binding zeroed, `input` copied to the
+/// start of binding 0 (the rank's input), and binding 1 (its output) returned; local segments
+/// inline ([`HostMemory`]), messages over `transport`. The memory is this call's, so no other
+/// code can touch it while messages are in flight.
+///
+/// Errors: `input` longer than binding 0, a program with fewer than two bindings, and
+/// [`run`]'s.
+pub fn run_on_host_vectors<T: Transport>(
+    program: &RankProgram,
+    input: &[u8],
+    transport: &mut T,
+) -> std::result::Result<Vec<u8>, T::Error> {
+    let bytes = &program.binding_bytes;
+    if bytes.len() < 2 || input.len() as u64 > bytes[0] {
+        return Err(CollectivesError::InvalidPlan {
+            op: None,
+            message: format!(
+                "a rank program of {} bindings cannot take an input of {} bytes",
+                bytes.len(),
+                input.len()
+            ),
+        }
+        .into());
+    }
+    let mut bufs: Vec<Vec<u128>> = bytes
+        .iter()
+        .map(|b| vec![0u128; (*b as usize).div_ceil(16)])
+        .collect();
+    bytemuck::cast_slice_mut::<u128, u8>(&mut bufs[0])[..input.len()].copy_from_slice(input);
+    let ptrs: Vec<(*mut u8, usize)> = bufs
+        .iter_mut()
+        .zip(bytes)
+        .map(|(v, b)| (v.as_mut_ptr().cast::<u8>(), *b as usize))
+        .collect();
+    let mut staging = Vec::new();
+    // SAFETY: each pointer is a vector of this call of its binding's bytes (rounded up to
+    // whole u128s), disjoint from the others, touched by nothing else until `run` returns;
+    // `run` waits for every request it posted before it returns, even on error.
+    let mut mem = unsafe { HostMemory::new(program, &ptrs, &mut staging)? };
+    run(program, &mut mem, transport)?;
+    Ok(bytemuck::cast_slice::<u128, u8>(&bufs[1])[..bytes[1] as usize].to_vec())
+}
+
 /// A rank's buffers in plain host memory, its local segments run inline on the calling thread
 /// (one core, no launch latency): what a process with no backend (the typed MPI collectives,
 /// exchanges) and the in-process per-rank tests use. Commands run in the order the lowering

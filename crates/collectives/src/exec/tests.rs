@@ -121,7 +121,7 @@ mod per_rank {
     };
 
     use super::super::lower::{Lanes, Layout, RankProgram, lower};
-    use super::super::run::{HostMemory, run};
+    use super::super::run::{HostMemory, run, run_on_host_vectors};
     use super::super::transport::InProcess;
     use super::super::{binding_of, check, compile, launch};
     use crate::backend::host::HostBackend;
@@ -321,27 +321,7 @@ mod per_rank {
                 .map(|(r, mut t)| {
                     s.spawn(move || {
                         let prog = lower_rank(plan, r as u32, lanes);
-                        let mut bufs: Vec<Vec<u128>> = prog
-                            .binding_bytes
-                            .iter()
-                            .map(|b| vec![0u128; (*b as usize).div_ceil(16)])
-                            .collect();
-                        let inp = input(plan, r as u32);
-                        bytemuck::cast_slice_mut::<u128, u8>(&mut bufs[0])[..inp.len()]
-                            .copy_from_slice(&inp);
-                        let ptrs: Vec<(*mut u8, usize)> = bufs
-                            .iter_mut()
-                            .zip(&prog.binding_bytes)
-                            .map(|(v, b)| (v.as_mut_ptr().cast::<u8>(), *b as usize))
-                            .collect();
-                        let mut staging = Vec::new();
-                        // SAFETY: each pointer is a live vector of its binding's bytes, used
-                        // by this thread only.
-                        let mut mem =
-                            unsafe { HostMemory::new(&prog, &ptrs, &mut staging).unwrap() };
-                        run(&prog, &mut mem, &mut t).unwrap();
-                        let out = bytemuck::cast_slice::<u128, u8>(&bufs[1]);
-                        out[..prog.binding_bytes[1] as usize].to_vec()
+                        run_on_host_vectors(&prog, &input(plan, r as u32), &mut t).unwrap()
                     })
                 })
                 .collect();
