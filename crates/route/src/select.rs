@@ -182,9 +182,8 @@ pub struct Planned {
     /// The baseline's simulated performance; where its simulation was cut by the budget
     /// ([`Planned::baseline_cut`]), a bound: its time at least this, its bandwidth at most.
     pub baseline: Perf,
-    /// Set when the baseline's simulation was given up at the budget (a baseline of
-    /// [`GRACE_ABOVE_OPS`] ops or more gets the budget's time of its own, at least
-    /// [`FIRST_CANDIDATE_GRACE`]): how far it got. Its time is then known only from below
+    /// Set when the baseline's simulation was given up at the budget (a baseline of 200,000
+    /// ops or more gets the budget's time of its own, at least 1 s): how far it got. Its time is then known only from below
     /// (the simulated time reached, the busiest resource's load and the bound), so a plan of
     /// relaycc's wins only if it is no slower than that; otherwise the baseline is the plan,
     /// with that lower bound as its prediction.
