@@ -127,16 +127,20 @@ fn baseline_with(
     tune(topo, options)
 }
 
-/// Plans with this many ops or more have their protocol chosen by their lower bounds (the
-/// busiest resource's load at the protocol's bandwidth share, the longest op with its
-/// latency), as NCCL's own tuner compares bandwidth and latency models, instead of by a
-/// simulation per protocol: at that size one simulation takes seconds, and the planner's
-/// budget goes to simulating the chosen one.
-pub const TUNE_BY_BOUND_ABOVE_OPS: usize = 200_000;
+/// Plans with this many ops or more are simulated per protocol for at most
+/// [`TUNE_SIMULATION_CAP`] each: at that size one simulation can take tens of seconds (NCCL's
+/// double binary tree built in full on a 64-node fat-tree, 3M ops). A protocol whose
+/// simulation is cut counts at its lower bound (the simulated time reached, the busiest
+/// resource's load, the longest op).
+pub const TUNE_CAPPED_ABOVE_OPS: usize = 200_000;
+
+/// Wall time one protocol's simulation may take in the tuner, for plans of
+/// [`TUNE_CAPPED_ABOVE_OPS`] ops or more: the default planning budget.
+pub const TUNE_SIMULATION_CAP: std::time::Duration = crate::select::DEFAULT_BUDGET;
 
 /// NCCL's tuner over `options` (plans without a protocol yet): each with every protocol it may
-/// use, the fastest kept (by lower bound from [`TUNE_BY_BOUND_ABOVE_OPS`] ops). NVLS plans use
-/// Simple only; LL128 needs NVLink on every link.
+/// use, the fastest kept (simulations capped from [`TUNE_CAPPED_ABOVE_OPS`] ops). NVLS plans
+/// use Simple only; LL128 needs NVLink on every link.
 fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
     let cfg = crate::sim::SimConfig::default();
     let mut best: Option<(f64, Plan)> = None;
@@ -160,8 +164,12 @@ fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
             if best.as_ref().is_some_and(|(t, _)| bound >= *t) {
                 continue;
             }
-            let t = if plan.ops.len() >= TUNE_BY_BOUND_ABOVE_OPS {
-                bound
+            let t = if plan.ops.len() >= TUNE_CAPPED_ABOVE_OPS {
+                let start = std::time::Instant::now();
+                match prepared.simulate_or_cut(topo, &|| start.elapsed() < TUNE_SIMULATION_CAP)? {
+                    Ok(sim) => sim.time_us,
+                    Err(cut) => cut.reached_us.max(bound),
+                }
             } else {
                 prepared.simulate(topo)?.time_us
             };

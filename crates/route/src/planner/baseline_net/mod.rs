@@ -75,6 +75,15 @@ pub fn plan_algo(
             let rings = rings::rail_rings(&links)?;
             match algo.unwrap_or_else(|| tuner::choose(topo, req, &links, &rings)) {
                 tuner::Algo::Ring => rings::all_reduce(req, ctx, &links, &rings)?,
+                // The tree's shape differs between hosts, so a template build of it would
+                // fail at the fold after building its whole window: refuse it at once.
+                tuner::Algo::Tree if crate::template::window::current().is_some() => {
+                    return Err(crate::RouteError::NotSymmetric(
+                        "NCCL's double binary tree differs between hosts (each node's place \
+                         in the trees), so it is the same on no period of hosts"
+                            .into(),
+                    ));
+                }
                 tuner::Algo::Tree => tree::all_reduce(req, ctx, &links, &rings)?,
             }
         }
