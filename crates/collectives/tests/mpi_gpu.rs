@@ -8,7 +8,9 @@
 //! - Always: the GPU ranks' protocol on the host backend (`MpiGpu::host`: buffers lent to a
 //!   backend, mirrors, staging, the runner's synchronization points) in both transfer modes,
 //!   every collective and send/recv on host slices compared with the exact result, plan
-//!   reuse, a count mismatch on every rank and on a send/recv pair.
+//!   reuse, a count mismatch on every rank and on a send/recv pair; a send whose first-use
+//!   allocation fails on the sender only (`HostBackend::with_allocation_limit`) is an error on
+//!   both ranks of the pair, and the communicator still runs.
 //! - Without a CUDA driver: making a GPU rank with either transport returns
 //!   `CudaError::NoDriver` on every rank (no panic, no hang), and the communicator's host
 //!   collectives still run afterwards.
@@ -35,7 +37,7 @@ use relaycc_collectives::cudarc::driver::{
 };
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiError, MpiGpu, TransferMode};
-use relaycc_collectives::{CollectivesError, Element, ReduceOp};
+use relaycc_collectives::{CollectivesError, Element, HostBackend, ReduceOp};
 use rsmpi::topology::SimpleCommunicator;
 use rsmpi::traits::*;
 
@@ -562,6 +564,61 @@ fn gpu_checks(
     }
 }
 
+/// Rank 1's backend allows no allocation, so its first-use preparation of a send to rank 0
+/// fails while rank 0's succeeds: both ranks of the pair get an error (the pair agrees on the
+/// preparation's outcome before data moves), within the communicator's timeout, and the
+/// communicator still runs a collective afterwards.
+fn one_sided_allocation_failure(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let me = comm.rank();
+    let n = comm.size();
+    if n < 2 {
+        return;
+    }
+    let backend = if me == 1 {
+        HostBackend::with_allocation_limit(0)
+    } else {
+        HostBackend::new()
+    };
+    let mut gpu = match MpiGpu::host_on(comm, Arc::new(backend)) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("rank {me}: host-backed rank: {e}");
+            rep.check("allocation failure: host-backed ranks made", false);
+            return;
+        }
+    };
+    let start = std::time::Instant::now();
+    let ran = match me {
+        1 => gpu.on_host().send(&input::<f32>(me, 4096)[..], 0),
+        0 => gpu.on_host().recv(&mut vec![0f32; 4096][..], 1),
+        _ => Err(MpiError::Unsupported("not in the pair".into())),
+    };
+    if me <= 1 {
+        match &ran {
+            Err(e) => eprintln!("rank {me}: one-sided allocation failure: {e}"),
+            Ok(()) => eprintln!("rank {me}: the send/recv ran although rank 1 cannot allocate"),
+        }
+    }
+    // Rank 1 has its backend's error; rank 0 is told that rank 1 failed its preparation.
+    let right = match (me, &ran) {
+        (0, Err(MpiError::Peer { rank: 1, .. })) => true,
+        (1, Err(MpiError::Backend(_))) => true,
+        (0 | 1, _) => false,
+        _ => true,
+    };
+    rep.check(
+        "allocation failure on one side of a send/recv: an error on both, in bounded time",
+        right && start.elapsed() < std::time::Duration::from_secs(60),
+    );
+    let mut x = vec![me as f32; 8];
+    let after = comm.all_reduce_in_place(&mut x, ReduceOp::Sum);
+    let want = (n * (n - 1) / 2) as f32;
+    rep.check(
+        "allocation failure on one side of a send/recv: the communicator still runs",
+        after.is_ok() && x.iter().all(|v| *v == want),
+    );
+}
+
 fn main() {
     let universe = mpi_common::universe();
     let world = universe.world();
@@ -578,6 +635,7 @@ fn main() {
         comm.set_transfer(mode);
         host_checks(&comm, &format!("host backend, {mode:?}"), &mut rep);
     }
+    one_sided_allocation_failure(&comm, &mut rep);
     comm.set_transfer(if comm.cuda_aware() {
         TransferMode::Direct
     } else {

@@ -549,6 +549,8 @@ pub struct HostBackend {
     inflight: Mutex<Option<Arc<LaunchState>>>,
     /// An error met where it could not be returned (a failed launch, `free`).
     pending: Mutex<Option<String>>,
+    /// Most bytes allocated at once over every arena (`None`: as much as the host gives).
+    limit: Option<u64>,
 }
 
 impl Default for HostBackend {
@@ -567,7 +569,17 @@ impl HostBackend {
             workers: Mutex::new(Vec::new()),
             inflight: Mutex::new(None),
             pending: Mutex::new(None),
+            limit: None,
         }
+    }
+
+    /// A host backend that refuses an allocation taking its arenas past `bytes` in all, as a
+    /// device out of memory refuses it: how tests make one rank's allocation fail while its
+    /// peers' succeed.
+    pub fn with_allocation_limit(bytes: u64) -> Self {
+        let mut b = Self::new();
+        b.limit = Some(bytes);
+        b
     }
 
     /// Bytes allocated in `location`'s arena.
@@ -677,6 +689,15 @@ impl Backend for HostBackend {
 
     fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
         let size = usize::try_from(bytes).map_err(|_| err(format!("{bytes} bytes do not fit")))?;
+        if let Some(limit) = self.limit {
+            let held: u64 = lock(&self.arenas).values().sum();
+            if held.saturating_add(bytes) > limit {
+                return Err(err(format!(
+                    "out of memory: {bytes} bytes more than the {limit}-byte allocation limit \
+                     ({held} held)"
+                )));
+            }
+        }
         let (addr, layout) = if size == 0 {
             // A zero-byte block owns no memory; any aligned address serves.
             (ARENA_ALIGN, None)
@@ -909,6 +930,21 @@ impl Drop for HostBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allocation_limit_refuses_what_would_pass_it_and_frees_give_room_back() {
+        let b = HostBackend::with_allocation_limit(1000);
+        let at = Location::Gpu(0);
+        let first = b.allocate(at, 600).unwrap();
+        let err = b.allocate(Location::Host(0), 600).unwrap_err().to_string();
+        assert!(err.contains("allocation limit"), "{err}");
+        let second = b.allocate(at, 400).unwrap();
+        b.free(first);
+        let third = b.allocate(at, 600).unwrap();
+        b.free(second);
+        b.free(third);
+        assert_eq!(b.bytes_in_use(at), 0);
+    }
 
     fn copy(src: usize, dst: usize, bytes: usize) -> Task {
         Task::Copy {

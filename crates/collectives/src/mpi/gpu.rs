@@ -224,11 +224,17 @@ impl<'c> MpiGpu<'c> {
     /// go through [`MpiGpu::on_host`]. Collective only in that it agrees, as
     /// [`MpiGpu::new`] does.
     pub fn host(comm: &'c MpiCommunicator) -> MpiResult<Self> {
+        Self::host_on(comm, Arc::new(HostBackend::new()))
+    }
+
+    /// [`MpiGpu::host`] on a host backend of the caller's (one with an allocation limit, say,
+    /// [`HostBackend::with_allocation_limit`]).
+    pub fn host_on(comm: &'c MpiCommunicator, backend: Arc<HostBackend>) -> MpiResult<Self> {
         comm.check_health()?;
         super::agree(comm, Ok(()), "create a host-backed rank", None)?;
         Ok(MpiGpu {
             comm,
-            dev: Dev::Host(Arc::new(HostBackend::new())),
+            dev: Dev::Host(backend),
             ordinal: 0,
             transport: GpuTransport::Mpi,
             mode: comm.transfer(),
@@ -416,7 +422,15 @@ impl<'c> MpiGpu<'c> {
             let prepared_count = if made.is_ok() { count } else { i64::MAX as u64 };
             let both = comm.p2p_agree(peer, sending, prepared_count, dtype);
             let made = made?;
-            both?;
+            // Both sides agreed the same count before preparing, so a mismatch now is the
+            // peer's failed preparation.
+            both.map_err(|e| match e {
+                MpiError::CountMismatch(_) => MpiError::Peer {
+                    rank: peer,
+                    step: "prepare its side of the send/recv (its plan or memory)",
+                },
+                other => other,
+            })?;
             self.p2p_shapes.insert(key, made);
         }
         let (Some(p), Some(place)) = (self.p2p_shapes.get_mut(&key), place) else {
