@@ -143,8 +143,11 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                     p.elapsed.as_secs_f64()
                 );
             }
+            // The baseline is the plan when nothing was shown faster than its lower bound.
+            let baseline_chosen_cut =
+                p.baseline_cut.is_some() && p.plan.algorithm == p.baseline_plan.algorithm;
             if let Some(cut) = &p.baseline_cut {
-                let chosen = if p.plan.algorithm == p.baseline_plan.algorithm {
+                let chosen = if baseline_chosen_cut {
                     "; no plan of relaycc's was shown faster within the budget, so the baseline is \
                      the plan, predicted by that bound"
                 } else {
@@ -173,16 +176,10 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "predicted", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
             );
             // A baseline cut by the budget is known from below: its row says so.
-            let cut = if p.baseline_cut.is_some() { ">=" } else { "" };
-            let chosen_cut =
-                if p.baseline_cut.is_some() && p.plan.algorithm == p.baseline_plan.algorithm {
-                    ">="
-                } else {
-                    ""
-                };
+            let mark = |on: bool| if on { ">=" } else { "" };
             for (name, perf, mark) in [
-                ("relaycc", &p.predicted, chosen_cut),
-                ("baseline", &p.baseline, cut),
+                ("relaycc", &p.predicted, mark(baseline_chosen_cut)),
+                ("baseline", &p.baseline, mark(p.baseline_cut.is_some())),
                 ("bound", &p.bound, ""),
             ] {
                 let name = format!("{name}{mark}");
@@ -276,14 +273,16 @@ fn host_run(
 ) -> Result<serde_json::Value> {
     use relaycc_collectives::exec::cone::{ConeOptions, cone_bytes, execute_cone};
     let start = std::time::Instant::now();
-    let cone = match relaycc_route::template::extract_cone(plan, topo, ranks, HOST_RUN_MAX_OPS) {
-        Ok(c) => c,
-        Err(e) => {
-            return Ok(json!({
-                "summary": format!("the host run of ranks {ranks:?} was left out: {e}"),
-                "ran": false,
-            }));
-        }
+    let Some(cone) = relaycc_route::template::extract_cone(plan, topo, ranks, HOST_RUN_MAX_OPS)
+        .with_context(|| format!("the op cone of ranks {ranks:?} of {}", plan.algorithm))?
+    else {
+        return Ok(json!({
+            "summary": format!(
+                "the host run of ranks {ranks:?} was left out: their cone holds more than \
+                 {HOST_RUN_MAX_OPS} ops (plan at a smaller --size to run it)"
+            ),
+            "ran": false,
+        }));
     };
     let bytes = cone_bytes(&cone, topo)?;
     if bytes > HOST_RUN_MAX_BYTES {

@@ -24,7 +24,8 @@ fn run_cone(topo: &Topology, req: &Request, p: &Plan, what: &str) {
     let ranks = [1, n - 3];
     let start = Instant::now();
     let cone = extract_cone(p, topo, &ranks, MAX_CONE_OPS)
-        .unwrap_or_else(|e| panic!("{what} {}: {e}", p.algorithm));
+        .unwrap_or_else(|e| panic!("{what} {}: {e}", p.algorithm))
+        .unwrap_or_else(|| panic!("{what} {}: a cone above {MAX_CONE_OPS} ops", p.algorithm));
     let cut = start.elapsed();
     let r = execute_cone(&cone, topo, &ConeOptions::default())
         .unwrap_or_else(|e| panic!("{what} {}: {e}", p.algorithm));
@@ -147,13 +148,17 @@ fn a_template_with_a_copy_moved_by_one_element_fails_its_host_run() {
     let good = planned.plan;
     assert!(good.is_template());
     let (i, r) = output_copy(&good).expect("a copy into an output");
-    let cone = extract_cone(&good, &topo, &[r], MAX_CONE_OPS).unwrap();
+    let cone = extract_cone(&good, &topo, &[r], MAX_CONE_OPS)
+        .unwrap()
+        .unwrap();
     execute_cone(&cone, &topo, &ConeOptions::default()).unwrap();
     let mut bad = good.clone();
     if let OpKind::Copy { src, .. } = &mut bad.ops[i].kind {
         src.offset -= 1;
     }
-    let cone = extract_cone(&bad, &topo, &[r], MAX_CONE_OPS).unwrap();
+    let cone = extract_cone(&bad, &topo, &[r], MAX_CONE_OPS)
+        .unwrap()
+        .unwrap();
     let e = execute_cone(&cone, &topo, &ConeOptions::default())
         .unwrap_err()
         .to_string();

@@ -272,29 +272,10 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     );
     let _ = deadline.baseline_done.set(Instant::now());
     baseline_proof?;
-    let (baseline_sim, baseline_cut) = baseline_sim?;
+    let (mut baseline_time_us, baseline_cut) = baseline_sim?;
     if baseline_cut.is_some() {
         deadline.mark_hit();
     }
-    let baseline_time_us = match (&baseline_sim, &baseline_cut) {
-        (Some(sim), _) => sim.time_us,
-        (None, Some(cut)) => {
-            let bound_us = crate::planner::bound_gbps(topo, req, &opts.relay)
-                .ok()
-                .filter(|g| *g > 0.0 && g.is_finite())
-                .map_or(0.0, |g| req.size_bytes() as f64 / (g * 1e3));
-            cut.reached_us
-                .max(Prepared::new(topo, &baseline_plan, &opts.sim)?.lower_bound_us())
-                .max(bound_us)
-        }
-        (None, None) => {
-            return Err(RouteError::PlanCheck {
-                op: usize::MAX,
-                message: "the baseline's simulation ended with no result".into(),
-            });
-        }
-    };
-    let baseline = Perf::from_time(req, baseline_time_us);
     // (plan, routes, simulated time, proved already), in the order they were considered.
     let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
     // Ranks that are arenas of one host's memory (the `host-N` preset): the simulator models
@@ -356,6 +337,11 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             found.push((plan, Vec::new(), time_us, proved));
         }
     }
+    if baseline_cut.is_some() && bound_gbps > 0.0 && bound_gbps.is_finite() {
+        // A cut baseline is known from below; the bound's time is a lower bound on it too.
+        baseline_time_us = baseline_time_us.max(req.size_bytes() as f64 / (bound_gbps * 1e3));
+    }
+    let baseline = Perf::from_time(req, baseline_time_us);
     if baseline_fits
         && baseline_cut.is_none()
         && !shared_memory
@@ -445,22 +431,24 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
 
 /// Simulate the baseline: to the end below [`GRACE_ABOVE_OPS`] ops, else for the budget's time
 /// of its own (at least [`FIRST_CANDIDATE_GRACE`]), as relaycc's most promising candidate is
-/// given. `(Some(result), None)` when it ran to the end, `(None, Some(cut))` when it gave up.
+/// given. Its makespan and `None` when it ran to the end; when it gave up, a lower bound on
+/// the makespan (the simulated time reached, or the busiest resource's load and the longest
+/// op) and how far it got.
 fn simulate_baseline(
     topo: &Topology,
     plan: &Plan,
     opts: &PlanOptions,
-) -> Result<(Option<crate::sim::SimResult>, Option<SimCut>)> {
+) -> Result<(f64, Option<SimCut>)> {
     if plan.ops.len() < GRACE_ABOVE_OPS {
-        return Ok((Some(simulate(topo, plan, &opts.sim)?), None));
+        return Ok((simulate(topo, plan, &opts.sim)?.time_us, None));
     }
     let prepared = Prepared::new(topo, plan, &opts.sim)?;
     let start = Instant::now();
     let own = opts.budget.max(FIRST_CANDIDATE_GRACE);
     Ok(
         match prepared.simulate_or_cut(topo, &|| start.elapsed() < own)? {
-            Ok(sim) => (Some(sim), None),
-            Err(cut) => (None, Some(cut)),
+            Ok(sim) => (sim.time_us, None),
+            Err(cut) => (cut.reached_us.max(prepared.lower_bound_us()), Some(cut)),
         },
     )
 }

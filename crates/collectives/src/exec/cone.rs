@@ -12,6 +12,7 @@
 //! vectors, touched by its own thread only, and messages are copied through the mailboxes, so
 //! a wrong plan gives a wrong value or an error here, never a data race.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use relaycc_route::template::OpCone;
@@ -105,41 +106,64 @@ fn input_bytes(dtype: DType, op: ReduceOp, seed: u64, rank: u32, elems: u64) -> 
     out
 }
 
-/// The rank that holds memory `loc`: a GPU's rank, or for host memory (and a GPU outside the
-/// request) the lowest rank of the same machine, as the process driving it would.
-fn owner_of(plan: &Plan, topo: &Topology, loc: Location) -> Option<u32> {
-    let gpus = &plan.request.gpus;
-    let host = match loc {
-        Location::Gpu(g) => {
-            if let Some(r) = gpus.iter().position(|x| *x == g) {
-                return Some(r as u32);
-            }
-            topo.node(topo.gpu(g).ok()?).host
-        }
-        Location::Host(n) => {
-            if n as usize >= topo.graph().node_count() {
-                return None;
-            }
-            topo.node(NodeId::new(n as usize)).host
-        }
-    };
-    gpus.iter()
-        .position(|g| topo.gpu(*g).is_ok_and(|id| topo.node(id).host == host))
-        .map(|r| r as u32)
+/// Which rank holds each memory: a GPU's rank, or for host memory (and a GPU outside the
+/// request) the lowest rank of the same machine, as the process driving it would. Built once
+/// per run: the lowering asks it for every region of every rank's ops.
+struct Owners<'a> {
+    plan: &'a Plan,
+    topo: &'a Topology,
+    /// Rank of each GPU of the request, by GPU index.
+    gpu: HashMap<u32, u32>,
+    /// Lowest rank of each host (machine) that has one.
+    host: HashMap<u32, u32>,
 }
 
-/// Which ranks hold memory the cone's ops touch (the sampled ranks among them): the ranks
-/// that run a part of it.
-fn holders(cone: &OpCone, topo: &Topology) -> Result<Vec<bool>> {
-    Ok(rank_ops(cone, topo)?.iter().map(Option::is_some).collect())
+impl<'a> Owners<'a> {
+    fn new(plan: &'a Plan, topo: &'a Topology) -> Self {
+        let mut gpu = HashMap::new();
+        let mut host = HashMap::new();
+        for (r, &g) in plan.request.gpus.iter().enumerate() {
+            gpu.entry(g).or_insert(r as u32);
+            if let Ok(id) = topo.gpu(g) {
+                host.entry(topo.node(id).host).or_insert(r as u32);
+            }
+        }
+        Owners {
+            plan,
+            topo,
+            gpu,
+            host,
+        }
+    }
+
+    fn of_location(&self, loc: Location) -> Option<u32> {
+        let host = match loc {
+            Location::Gpu(g) => {
+                if let Some(&r) = self.gpu.get(&g) {
+                    return Some(r);
+                }
+                self.topo.node(self.topo.gpu(g).ok()?).host
+            }
+            Location::Host(n) => {
+                if n as usize >= self.topo.graph().node_count() {
+                    return None;
+                }
+                self.topo.node(NodeId::new(n as usize)).host
+            }
+        };
+        self.host.get(&host).copied()
+    }
+
+    fn of(&self, b: BufferRef) -> Option<u32> {
+        self.plan.location(b).and_then(|l| self.of_location(l))
+    }
 }
 
 /// The ops touching each rank's memory, in op id order (`None`: a rank with no part in the
 /// cone; the sampled ranks always have one).
-fn rank_ops(cone: &OpCone, topo: &Topology) -> Result<Vec<Option<Vec<u32>>>> {
+fn rank_ops(cone: &OpCone, owners: &Owners<'_>) -> Result<Vec<Option<Vec<u32>>>> {
     let plan = &cone.plan;
     let n = plan.request.nranks() as u32;
-    let owner = |b: BufferRef| plan.location(b).and_then(|l| owner_of(plan, topo, l));
     let mut active: Vec<Option<Vec<u32>>> = vec![None; n as usize];
     for r in &cone.ranks {
         if *r >= n {
@@ -153,7 +177,8 @@ fn rank_ops(cone: &OpCone, topo: &Topology) -> Result<Vec<Option<Vec<u32>>>> {
             relaycc_route::OpKind::Reduce { srcs, dst, .. } => srcs.iter().chain([dst]).collect(),
         };
         for r in regions {
-            let o = owner(r.buffer)
+            let o = owners
+                .of(r.buffer)
                 .ok_or_else(|| invalid(Some(id), format!("no rank holds {:?}", r.buffer)))?;
             let list = active[o as usize].get_or_insert_with(Vec::new);
             if list.last() != Some(&(id as u32)) {
@@ -174,10 +199,10 @@ pub fn cone_bytes(cone: &OpCone, topo: &Topology) -> Result<u64> {
     let plan = &cone.plan;
     let req = &plan.request;
     let esize = plan.dtype.size();
-    let active = holders(cone, topo)?;
+    let active = rank_ops(cone, &Owners::new(plan, topo))?;
     let mut elems = 0u64;
     for (r, a) in active.iter().enumerate() {
-        if *a {
+        if a.is_some() {
             let r = r as u32;
             elems = elems
                 .saturating_add(req.input_len(r).map_err(super::from_route)?)
@@ -250,8 +275,9 @@ pub fn execute_cone(cone: &OpCone, topo: &Topology, opts: &ConeOptions) -> Resul
     let plan = &cone.plan;
     let req = &plan.request;
     let n = req.nranks() as u32;
-    let owner = |b: BufferRef| plan.location(b).and_then(|l| owner_of(plan, topo, l));
-    let mut active = rank_ops(cone, topo)?;
+    let owners = Owners::new(plan, topo);
+    let owner = |b: BufferRef| owners.of(b);
+    let mut active = rank_ops(cone, &owners)?;
     let order = PlanOrder::new(plan)?;
     for ops in active.iter_mut().flatten() {
         order.sort(ops);
@@ -301,7 +327,7 @@ pub fn execute_cone(cone: &OpCone, topo: &Topology, opts: &ConeOptions) -> Resul
     });
     let mut outputs = Vec::new();
     let (mut messages, mut bytes, mut ranks_run) = (0, 0u64, 0usize);
-    let mut first_error: Option<CollectivesError> = None;
+    let mut errors: Vec<CollectivesError> = Vec::new();
     for (me, r) in results {
         match r {
             Ok((out, m, b)) => {
@@ -312,22 +338,17 @@ pub fn execute_cone(cone: &OpCone, topo: &Topology, opts: &ConeOptions) -> Resul
                     outputs.push((me, o));
                 }
             }
-            Err(e) => {
-                // The first rank to fail for a reason of its own is the cause; its peers
-                // then time out waiting for it.
-                let waits = e.to_string().contains("no message from");
-                match &first_error {
-                    None => first_error = Some(e),
-                    Some(f) if !waits && f.to_string().contains("no message from") => {
-                        first_error = Some(e);
-                    }
-                    Some(_) => {}
-                }
-            }
+            Err(e) => errors.push(e),
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    if !errors.is_empty() {
+        // The first rank to fail for a reason of its own is the cause; its peers then time
+        // out waiting for it.
+        let cause = errors
+            .iter()
+            .position(|e| !e.to_string().contains("no message from"))
+            .unwrap_or(0);
+        return Err(errors.swap_remove(cause));
     }
     let elements = compare_outputs(plan, &outputs, opts.seed)?;
     Ok(ConeReport {
@@ -350,7 +371,7 @@ fn compare_outputs(plan: &Plan, outputs: &[(u32, Vec<u8>)], seed: u64) -> Result
     let esize = dtype.size() as usize;
     let n = req.nranks() as u32;
     let pieces = req.expected().map_err(super::from_route)?;
-    let mut inputs: std::collections::HashMap<u32, Vec<u8>> = std::collections::HashMap::new();
+    let mut inputs: HashMap<u32, Vec<u8>> = HashMap::new();
     let mut compared = 0u64;
     let reduces = matches!(
         req.collective,
@@ -457,7 +478,7 @@ mod tests {
                 let planned = plan_request(&topo, &req, &PlanOptions::default()).unwrap();
                 for p in [&planned.plan, &planned.baseline_plan] {
                     for ranks in [vec![3u32], vec![0, 5, 7]] {
-                        let cone = extract_cone(p, &topo, &ranks, usize::MAX).unwrap();
+                        let cone = extract_cone(p, &topo, &ranks, usize::MAX).unwrap().unwrap();
                         let r = execute_cone(&cone, &topo, &ConeOptions::default())
                             .unwrap_or_else(|e| panic!("{c} {t} {op} {}: {e}", p.algorithm));
                         assert_eq!(r.ranks, ranks);
@@ -480,7 +501,9 @@ mod tests {
         let topo = relaycc_topo::preset("dgx-h100").unwrap();
         let req = Request::new(Collective::AllReduce, (0..8).collect(), 1 << 10, DType::I64);
         let planned = plan_request(&topo, &req, &PlanOptions::default()).unwrap();
-        let mut cone = extract_cone(&planned.plan, &topo, &[2], usize::MAX).unwrap();
+        let mut cone = extract_cone(&planned.plan, &topo, &[2], usize::MAX)
+            .unwrap()
+            .unwrap();
         // Drop the first op that nothing depends on earlier than the last: the sampled output
         // loses what it carried. Dependencies past it are renumbered.
         let victim = cone

@@ -189,8 +189,7 @@ enum Part {
 /// Complexity: O(ops + deps) plus a hash-map lookup per cross-lane dependency.
 pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
     let order = PlanOrder::new(plan)?;
-    let all: Vec<u32> = order.order.clone();
-    lower_ops(plan, &order, layout, &all)
+    lower_ops(plan, &order, layout, &order.order)
 }
 
 /// A plan's dependency order as every rank's lowering reads it: computed once per plan and

@@ -23,7 +23,7 @@ struct Mailbox {
 }
 
 /// Messages in flight between the ranks of one process, one mailbox per destination rank.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Mailboxes {
     boxes: Vec<Mailbox>,
 }

@@ -268,7 +268,7 @@ struct Engine<'m> {
     /// Latency wake-ups.
     heap: BinaryHeap<Wake>,
     /// Predicted flow ends, pushed whenever a flow's rate changes; an entry whose flow has
-    /// ended or whose end moved since is stale and skipped (`due_end`). Thousands of flows
+    /// ended or whose end moved since is stale and skipped (`is_current`). Thousands of flows
     /// may be active while a batch re-rates a few, so scanning them all per batch would cost
     /// more than the fair sharing itself.
     ends: BinaryHeap<Wake>,

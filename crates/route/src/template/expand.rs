@@ -352,8 +352,7 @@ impl<'p> Expansion<'p> {
             **r = self.region(i, j as u32, **r, k)?;
         }
         for (j, d) in o.deps.iter_mut().enumerate() {
-            let p = (k + self.offset(i, OffsetAt::Dep(j as u32))) % self.periods;
-            *d += p * self.ops;
+            *d += self.dep_period(k, i, j as u32) * self.ops;
         }
         for (j, e) in o.edges.iter_mut().enumerate() {
             let p = k + self.offset(i, OffsetAt::Edge(j as u32));
@@ -368,6 +367,11 @@ impl<'p> Expansion<'p> {
             n.group += k * self.groups;
         }
         Ok(o)
+    }
+    /// The period of dependency `j` of template op `i`'s image on period `k`: its op is that
+    /// period's image of the template op the dependency names.
+    pub fn dep_period(&self, k: u32, i: u32, j: u32) -> u32 {
+        (k + self.offset(i, OffsetAt::Dep(j))) % self.periods
     }
     /// Template lane `l` of period `k`.
     pub fn lane(&self, k: u32, l: u32) -> Lane {
