@@ -59,7 +59,8 @@ pub use graph::{
 pub use import::load;
 pub use mask::Mask;
 pub use preset::{
-    DGX1_V100_NVLINKS, MAX_HOST_ARENAS, host_topology, is_preset, list as list_presets, preset,
+    DGX1_V100_NVLINKS, MAX_HOST_ARENAS, MAX_NVSWITCH_GPUS, host_topology, is_preset,
+    list as list_presets, nvswitch_topology, preset,
 };
 pub use symmetry::HostSymmetry;
 

@@ -20,6 +20,7 @@
 //! | `rtx4090-8gpu` | 8x RTX 4090 on CPU root ports, no NVLink, no PCIe peer-to-peer |
 //! | `rtx5090-8gpu` | 8x RTX 5090 on CPU root ports (Gen5), no NVLink, no PCIe peer-to-peer |
 //! | `host-<N>` | one socket and N logical devices, each an arena of its memory ([`host_topology`]) |
+//! | `nvswitch-<N>` | N GPUs on one NVSwitch and one socket: the flat machine of CUDA communicators given none ([`nvswitch_topology`]) |
 //!
 //! Clusters: `cluster:<N>x<node preset>:<fabric>[:<layout>]`, e.g. `cluster:4xdgx1-v100:ib-edr`
 //! or `cluster:128xdgx-h100:ib-ndr:rail`. Fabrics (the link type, the NIC port rate):
@@ -37,6 +38,8 @@ pub mod fabric;
 mod host;
 pub use host::{MAX_HOST_ARENAS, host_topology};
 mod grace;
+mod nvswitch;
+pub use nvswitch::{MAX_NVSWITCH_GPUS, nvswitch_topology};
 mod pcie;
 mod power;
 
@@ -152,6 +155,12 @@ pub fn list() -> Vec<(String, String)> {
     ));
     let fabrics: Vec<&str> = Fabric::ALL.iter().map(|(n, _)| *n).collect();
     v.push((
+        "nvswitch-<N>".to_string(),
+        format!(
+            "N GPUs (1..={MAX_NVSWITCH_GPUS}) on one NVSwitch (NV18) and one socket: CUDA ranks given no topology"
+        ),
+    ));
+    v.push((
         "cluster:<N>x<preset>:<fabric>[:<layout>]".to_string(),
         format!(
             "N machines of a preset on a network; fabrics: {}; layouts: {} \
@@ -166,6 +175,7 @@ pub fn list() -> Vec<(String, String)> {
 fn known_names() -> String {
     let mut names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
     names.push("host-<N>");
+    names.push("nvswitch-<N>");
     names.push("cluster:<N>x<preset>:<fabric>[:<layout>]");
     names.join(", ")
 }
@@ -182,6 +192,9 @@ pub fn preset(name: &str) -> Result<Topology> {
     }
     if let Some(n) = name.strip_prefix("host-") {
         return host::parse(name, n);
+    }
+    if let Some(n) = name.strip_prefix("nvswitch-") {
+        return nvswitch::parse(name, n);
     }
     let p = find(name)?;
     let mut b = TopologyBuilder::new(name);

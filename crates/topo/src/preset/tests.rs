@@ -206,6 +206,37 @@ fn host_presets_are_arenas_of_one_socket() {
     assert!(list().iter().any(|(name, _)| name == "host-<N>"));
 }
 
+#[test]
+fn nvswitch_presets_are_gpus_on_one_switch() {
+    let t = preset("nvswitch-5").unwrap();
+    assert_eq!(t.name(), "nvswitch-5");
+    assert_eq!(t.gpu_count(), 5);
+    assert_eq!(t.cpus().count(), 1);
+    assert!(!t.shares_host_memory(&[0, 1, 2]), "GPUs, not host arenas");
+    // Every pair is joined through the one switch, 18 links wide.
+    let switches = t
+        .nodes()
+        .filter(|(_, n)| matches!(n.kind, crate::NodeKind::NvSwitch))
+        .count();
+    assert_eq!(switches, 1);
+    for (a, b) in [(0, 1), (0, 4), (2, 3)] {
+        let lanes = t.nvlink_lanes(t.gpu(a).unwrap(), t.gpu(b).unwrap());
+        assert_eq!(lanes, 18, "GPU{a}-GPU{b}");
+    }
+    for bad in [
+        "nvswitch-0",
+        "nvswitch-",
+        "nvswitch-x",
+        "nvswitch-07",
+        "nvswitch-1025",
+    ] {
+        let e = preset(bad).unwrap_err().to_string();
+        assert!(e.contains("nvswitch-<N>"), "{bad}: {e}");
+    }
+    assert!(is_preset("nvswitch-1024"));
+    assert!(list().iter().any(|(name, _)| name == "nvswitch-<N>"));
+}
+
 /// (preset, GPUs, NVLink lanes per GPU, NVSwitch chips, NICs, CPU sockets), each from the
 /// preset's sources: [NVIDIA-DGXB200], [NVIDIA-H200], [NVIDIA-GB200NVL72],
 /// [JSC-Jupiter], [NVIDIA-EnterpriseRA], [NCCL-Issue1127].
