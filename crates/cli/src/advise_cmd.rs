@@ -141,6 +141,7 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         relay: args.relay.clone(),
         budget: args.budget.clone(),
         staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
+        issue_us: 0.0,
     };
     let planner = Planner::new(topo.clone());
     let start = std::time::Instant::now();

@@ -230,6 +230,22 @@ pub struct CollectiveArgs {
     /// with two connections each).
     #[arg(long, value_parser = parse_staging_budget, default_value = "256MiB")]
     pub staging_budget: u64,
+    /// Host time to enqueue each op, microseconds, paid one op after another (the
+    /// simulator's `issue_us`): 0 (the default) times plans as the hardware runs them;
+    /// relaycc's CUDA executor pays about 5 per op, so `--issue-us 5` ranks candidates as a
+    /// CUDA communicator does.
+    #[arg(long, value_parser = parse_issue_us, default_value_t = 0.0)]
+    pub issue_us: f64,
+}
+
+/// A non-negative, finite number of microseconds.
+fn parse_issue_us(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a time in microseconds (a number >= 0)"
+        )),
+    }
 }
 
 /// `relaycc plan`
@@ -439,7 +455,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub vs_mpi: bool,
     /// CUDA backend: plan on this topology (a preset, a file, or `auto` for NVML) instead of
-    /// one flat link per rank. `--gpus` then names the topology's GPUs, the other free GPUs may
+    /// `nvswitch-N` (N GPUs on one switch). `--gpus` then names the topology's GPUs, the other free GPUs may
     /// relay, and topology GPU `g` runs on CUDA device `g mod visible` (so a one-GPU machine
     /// runs any topology's plans). With `auto`, set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA
     /// numbers GPUs as NVML does.

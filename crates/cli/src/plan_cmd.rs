@@ -23,6 +23,10 @@ pub fn run(args: &PlanArgs) -> Result<String> {
         relay: args.request.relay.clone(),
         budget: args.request.budget.budget,
         staging_budget: args.request.staging_budget,
+        sim: relaycc_route::SimConfig {
+            issue_us: args.request.issue_us,
+            ..relaycc_route::SimConfig::default()
+        },
         ..PlanOptions::default()
     };
     let spin = crate::progress::spinner(format!(

@@ -27,6 +27,7 @@ pub(crate) fn make_plan(
     relays: &[u32],
     in_place: bool,
     staging_budget: u64,
+    issue_us: f64,
 ) -> relaycc_route::Result<Plan> {
     if in_place && topo.shares_host_memory(&request.gpus) {
         return relaycc_route::planner::shared_memory::plan(topo, request, true);
@@ -36,6 +37,12 @@ pub(crate) fn make_plan(
         staging_budget,
         // The executor runs only proved plans: never a template.
         expand: true,
+        // Candidates are timed with the backend's cost of enqueuing each op, so a GPU backend
+        // is not handed a plan of thousands of small ops whose launches outlast their bytes.
+        sim: relaycc_route::SimConfig {
+            issue_us,
+            ..relaycc_route::SimConfig::default()
+        },
         ..PlanOptions::default()
     };
     Ok(relaycc_route::plan(topo, request, &options)?.plan)
@@ -195,6 +202,7 @@ impl PlanCache {
             source.relays,
             in_place,
             source.staging_budget,
+            backend.op_issue_us(),
         )
         .map_err(|e| CollectivesError::Plan { call, source: e })?;
         let exec = exec::compile(exec::check(plan, in_place)?)?;

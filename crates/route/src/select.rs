@@ -731,14 +731,30 @@ fn fastest_collectives(
         .filter(|(load, _, _)| *load < to_beat_us)
         .collect();
     first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut fine_plans: Vec<Option<Built>> = Vec::with_capacity(first.len());
-    let built: Vec<Result<Option<Built>>> = first
+    // Where the executor pays for every op it issues, whole blocks may beat the pipelining
+    // chunk (a quarter of the ops or fewer): each candidate is then also built, within the
+    // staging budget, at whole blocks, and both compete.
+    let also_coarse = opts.sim.issue_us > 0.0 && coarse != fine;
+    let jobs: Vec<(usize, u64, Option<Built>)> = first
+        .into_iter()
+        .flat_map(|(_, i, built)| {
+            let coarse_job = also_coarse.then_some((i, coarse, None));
+            std::iter::once((i, fine, built)).chain(coarse_job)
+        })
+        .collect();
+    let mut fine_plans: Vec<Option<Built>> = Vec::with_capacity(jobs.len());
+    let built: Vec<Result<Option<Built>>> = jobs
         .into_par_iter()
         .enumerate()
-        .map(|(k, (_, i, built))| match built {
+        .map(|(k, (i, chunk, built))| match built {
             Some(pp) => Ok(Some(pp)),
             None if k > 0 && deadline.passed() => Ok(None),
-            None => prepare(i, fine).map(|(_, p, pr)| Some((p, pr))),
+            None if chunk == fine => prepare(i, fine).map(|(_, p, pr)| Some((p, pr))),
+            None => {
+                let plan = set.build(i, chunk)?;
+                let prepared = Prepared::new(topo, &plan, &opts.sim)?;
+                Ok(Some((plan, prepared)))
+            }
         })
         .collect();
     for b in built {

@@ -162,3 +162,44 @@ fn max_flow_paths_on_geforce_stage_at_the_cpu_they_pass() {
     assert!(relaycc_route::path::direct_route(&topo, 0, 1).is_none());
     assert!(RelayPolicy::Any.allows(&topo, &[0, 1], 2));
 }
+
+/// With a per-op issue cost (what relaycc's CUDA executor pays), the planner weighs op counts:
+/// on `nvswitch-8` at 16 MiB it picks a plan of far fewer ops than without one, and that plan,
+/// timed with the issue cost, is no slower than the issue-free winner timed the same way.
+#[test]
+fn an_issue_cost_picks_plans_of_fewer_ops() {
+    let topo = relaycc_topo::preset("nvswitch-8").unwrap();
+    let req = all_reduce((0..8).collect(), 4 << 20);
+    let free = plan(&topo, &req, &PlanOptions::default()).unwrap();
+    let sim = relaycc_route::SimConfig {
+        issue_us: 5.0,
+        ..Default::default()
+    };
+    let costly = plan(
+        &topo,
+        &req,
+        &PlanOptions {
+            sim,
+            ..PlanOptions::default()
+        },
+    )
+    .unwrap();
+    verify(&costly.plan, &topo, "issue-aware");
+    assert!(
+        costly.plan.ops.len() * 4 <= free.plan.ops.len(),
+        "{} ops ({}) vs {} ops ({})",
+        costly.plan.ops.len(),
+        costly.plan.algorithm,
+        free.plan.ops.len(),
+        free.plan.algorithm
+    );
+    let t = |p: &Plan| relaycc_route::simulate(&topo, p, &sim).unwrap().time_us;
+    assert!(
+        t(&costly.plan) <= t(&free.plan),
+        "{} vs {}",
+        t(&costly.plan),
+        t(&free.plan)
+    );
+    // Every op waits for its issue: the plan's time is at least its ops' issue time.
+    assert!(t(&costly.plan) >= 5.0 * costly.plan.ops.len() as f64);
+}

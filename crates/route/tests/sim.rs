@@ -74,7 +74,10 @@ mod fixtures {
 
     /// Settings with this per-op overhead.
     pub fn overhead(op_overhead_us: f64) -> relaycc_route::SimConfig {
-        relaycc_route::SimConfig { op_overhead_us }
+        relaycc_route::SimConfig {
+            op_overhead_us,
+            ..Default::default()
+        }
     }
 
     pub fn whole(b: BufferRef, len: u64) -> Region {
@@ -320,6 +323,42 @@ mod ordering {
     use super::fixtures::*;
     use relaycc_route::Location::Gpu;
     use relaycc_route::simulate;
+
+    #[test]
+    fn ops_wait_for_the_host_to_issue_them_in_op_order() {
+        // Two independent 1 MB copies on two lanes over separate 10 GB/s links (100 us each),
+        // no launch costs. Issued 40 us apart, op i starts at 40 (i + 1) us; without an issue
+        // cost both run at once.
+        let (topo, e01, e12) = chain(10.0, 10.0);
+        let mut p = plan();
+        let lanes: Vec<u32> = (0..2)
+            .map(|i| p.add_lane(Gpu(0), format!("l{i}")))
+            .collect();
+        copy(&mut p, lanes[0], Gpu(0), Gpu(1), 1_000_000, &[e01], &[]);
+        copy(&mut p, lanes[1], Gpu(1), Gpu(2), 1_000_000, &[e12], &[]);
+        let free = simulate(&topo, &p, &overhead(0.0)).unwrap();
+        close(free.time_us, 100.0);
+        let cfg = relaycc_route::SimConfig {
+            issue_us: 40.0,
+            ..overhead(0.0)
+        };
+        let r = simulate(&topo, &p, &cfg).unwrap();
+        for (i, op) in r.ops.iter().enumerate() {
+            close(op.start_us, 40.0 * (i as f64 + 1.0));
+        }
+        close(r.time_us, 80.0 + 100.0);
+        // The lower bound knows the host issues the last op at 80 us.
+        let lb = relaycc_route::Prepared::new(&topo, &p, &cfg)
+            .unwrap()
+            .lower_bound_us();
+        assert!((100.0..=r.time_us).contains(&lb), "{lb}");
+        assert!(lb >= 80.0);
+        let bad = relaycc_route::SimConfig {
+            issue_us: -1.0,
+            ..overhead(0.0)
+        };
+        assert!(simulate(&topo, &p, &bad).is_err());
+    }
 
     #[test]
     fn lane_order_serializes() {

@@ -287,6 +287,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
         let _ = region;
         Ok(None)
     }
+    /// Host time the backend spends enqueuing one op of a plan (its copy or kernel launch and
+    /// the event records and waits around it), microseconds. The communicator's planner times
+    /// candidates with it ([`relaycc_route::SimConfig::issue_us`]), so that a backend that
+    /// launches ops one by one is not handed a plan of thousands of small ops. 0 by default.
+    fn op_issue_us(&self) -> f64 {
+        0.0
+    }
     /// The backend as `Any`, for backend-specific features reached through a `dyn Backend`
     /// (the CUDA backend's zero-copy `CudaSlice` interop). `None` by default.
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -35,6 +35,13 @@ use crate::cuda::{self, CudaError, KernelCache};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 
+/// Host time to enqueue one op of a plan on this backend, microseconds ([`Backend::op_issue_us`]):
+/// its copy or kernel launch, context binding and event records and waits, issued one after
+/// another under the backend's lock. Measured on an H200 (driver 580): a 4 KiB all_reduce,
+/// where launches are all the cost, took 74.7 us on 4 logical ranks (7 ops) and 119.5 us on 8
+/// (15 ops), 5.6 us per extra op.
+pub const CUDA_OP_ISSUE_US: f64 = 5.0;
+
 pub(super) fn err(message: impl Into<String>) -> CollectivesError {
     CollectivesError::Backend {
         backend: "cuda",
@@ -74,6 +81,9 @@ pub(super) struct Device {
     /// Events for `Record` commands, reused between launches (a wait binds to the record
     /// enqueued before it, so re-recording later is harmless).
     pub(super) events: Vec<CudaEvent>,
+    /// Recorded on a launch's first stream once it has waited for the previous launch's tails,
+    /// so that the launch's other streams wait for that one event instead of every tail.
+    pub(super) join: Option<CudaEvent>,
 }
 
 /// What backs an allocation.
@@ -185,6 +195,7 @@ impl CudaBackend {
                 streams: Vec::new(),
                 tails: Vec::new(),
                 events: Vec::new(),
+                join: None,
             });
         }
         // Peer access both ways wherever the hardware allows: kernels may then read a peer's
@@ -541,6 +552,10 @@ pub(super) fn resolve(
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn op_issue_us(&self) -> f64 {
+        CUDA_OP_ISSUE_US
     }
 
     fn as_any(&self) -> Option<&dyn Any> {

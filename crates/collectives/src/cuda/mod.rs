@@ -31,7 +31,7 @@ mod nvrtc;
 #[cfg(test)]
 mod gpu_tests;
 
-pub use backend::{CudaBackend, Rejected};
+pub use backend::{CUDA_OP_ISSUE_US, CudaBackend, Rejected};
 pub use cache::{CacheConfig, KernelCache, KernelPtx, PtxOrigin, ptx_file_name};
 pub use driver::{DeviceInfo, DriverInfo, devices, driver};
 pub use error::CudaError;

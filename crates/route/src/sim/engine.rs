@@ -27,12 +27,19 @@ pub struct SimConfig {
     /// mechanism's cost from the topology's cost model, microseconds. Default
     /// [`DEFAULT_OP_OVERHEAD_US`] (0).
     pub op_overhead_us: f64,
+    /// Host time to enqueue one op, microseconds, paid one op after another in op order: op
+    /// `i` cannot start before `(i + 1) x issue_us`. An executor that launches a plan from one
+    /// thread, a copy or kernel launch and its event records and waits per op, pays it on a
+    /// GPU backend (see `relaycc_collectives::Backend::op_issue_us`). Default 0: the simulator's
+    /// figures for NCCL-like plans model NCCL's persistent kernels, which pay no such cost.
+    pub issue_us: f64,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             op_overhead_us: DEFAULT_OP_OVERHEAD_US,
+            issue_us: 0.0,
         }
     }
 }
@@ -165,7 +172,11 @@ impl Prepared {
     /// As [`lower_bound_us`].
     pub fn lower_bound_us(&self) -> f64 {
         let (busiest, longest) = self.bounds();
-        busiest.max(longest)
+        // The last op cannot end before the host has issued every op.
+        let issued = self
+            .model
+            .issued_at_us(self.model.bytes.len().saturating_sub(1) as u32);
+        busiest.max(longest).max(issued)
     }
     /// The busiest resource's bytes over its capacity, microseconds: a lower bound on the
     /// makespan that depends only on how many bytes cross each resource, so it is the same for
@@ -431,11 +442,13 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Op `op` is ready: it starts now and its bytes flow after its latency.
+    /// Op `op` is ready: it starts once the host has issued it, and its bytes flow after its
+    /// latency.
     fn start(&mut self, op: u32) {
-        self.spans[op as usize].start_us = self.now_us;
+        let start = self.now_us.max(self.m.issued_at_us(op));
+        self.spans[op as usize].start_us = start;
         self.heap.push(Wake {
-            time_us: self.now_us + self.m.latency_us[op as usize],
+            time_us: start + self.m.latency_us[op as usize],
             op,
         });
     }

@@ -15,6 +15,9 @@
 //!     latency (`baseLat`; NVLS's 25 us for an NVLS plan), each copy is one step and pays the
 //!     protocol's step latency for the path class it crosses (NVLink, PCIe or host memory,
 //!     network: NCCL's `hwLat`), and reductions are fused into the steps (no latency).
+//! - **Issue.** With [`SimConfig::issue_us`] set (default 0), op `i` also waits until the host
+//!   has issued it, at `(i + 1) x issue_us`: an executor that enqueues a plan's ops one by one
+//!   from one thread pays that per op on a GPU backend.
 //! - **Flow.** Then its bytes (elements x dtype size) flow as a fluid. Zero-byte ops end when
 //!   their latency does.
 //! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s

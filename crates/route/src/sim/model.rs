@@ -69,6 +69,8 @@ pub(super) struct Model {
     /// When the first ops may start, microseconds: an NCCL-like plan's launch latency (its
     /// protocol's, or NVLS's); 0 for relaycc's plans, whose ops pay their own launches.
     pub start_us: f64,
+    /// Host time to issue one op ([`SimConfig::issue_us`]).
+    pub issue_us: f64,
     /// Bytes of each op's flow.
     pub bytes: Vec<f64>,
     /// Resources of each op.
@@ -119,6 +121,14 @@ impl Memories {
 }
 
 impl Model {
+    /// When the host has issued op `op`: ops are issued one after another in op order.
+    pub(super) fn issued_at_us(&self, op: u32) -> f64 {
+        if self.issue_us == 0.0 {
+            return 0.0;
+        }
+        (f64::from(op) + 1.0) * self.issue_us
+    }
+
     /// Check `plan` against `topo` and lower it.
     pub(super) fn build(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Model> {
         let overhead = cfg.op_overhead_us;
@@ -126,6 +136,13 @@ impl Model {
             return Err(check(
                 usize::MAX,
                 format!("simulator op overhead must be finite and >= 0 us, not {overhead}"),
+            ));
+        }
+        let issue_us = cfg.issue_us;
+        if !(issue_us.is_finite() && issue_us >= 0.0) {
+            return Err(check(
+                usize::MAX,
+                format!("simulator issue time must be finite and >= 0 us, not {issue_us}"),
             ));
         }
         let g = topo.graph();
@@ -217,6 +234,7 @@ impl Model {
             n_edges,
             mem_loc,
             start_us,
+            issue_us,
             latency_us: Vec::with_capacity(n),
             bytes: Vec::with_capacity(n),
             uses: Uses::default(),
@@ -535,6 +553,7 @@ mod tests {
         let topo = dgx1();
         let cfg = SimConfig {
             op_overhead_us: f64::NAN,
+            ..SimConfig::default()
         };
         let r = Model::build(&topo, &two(&topo), &cfg);
         assert!(matches!(
