@@ -1,5 +1,6 @@
 //! CUDA backend all_reduce: 64 MiB of f32, in place, over 2, 4 and 8 logical ranks spread
-//! round-robin over the visible GPUs (several ranks per GPU on a small machine). Without a
+//! round-robin over the visible GPUs (several ranks per GPU on a small machine), planned on
+//! `nvswitch-N` (GPU algorithms; `host-N` would give the host's cache-sized chunks). Without a
 //! CUDA driver or GPU it prints a skip note and returns.
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ mod common;
 use common::BYTES;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use relaycc::collectives::cuda;
-use relaycc::{Communicator, CudaBackend, host_topology};
+use relaycc::{Communicator, CudaBackend, nvswitch_topology};
 
 fn cuda_allreduce(c: &mut Criterion) {
     let visible = match cuda::devices() {
@@ -30,7 +31,7 @@ fn cuda_allreduce(c: &mut Criterion) {
         let map: Vec<usize> = (0..ranks as usize).map(|i| i % visible).collect();
         let devices: Vec<u32> = (0..ranks).collect();
         let comm = CudaBackend::new(map)
-            .and_then(|b| Communicator::new(host_topology(ranks)?, &devices, &[], Arc::new(b)));
+            .and_then(|b| Communicator::new(nvswitch_topology(ranks)?, &devices, &[], Arc::new(b)));
         let comm = match comm {
             Ok(c) => c,
             Err(e) => {

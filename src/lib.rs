@@ -16,7 +16,7 @@
 //! | [`simulate`], [`SimConfig`], [`SimResult`] | timing a plan on the model |
 //! | [`Communicator`], [`DeviceBuffer`], [`Element`], [`ReduceOp`], [`Group`], [`Pending`] | running collectives |
 //! | [`RankComm`], [`RankGroup`], [`SendBuf`], [`RecvBuf`], `OnStream` (feature `cuda`) | running collectives from one thread per rank, on each rank's own buffers |
-//! | [`Backend`], [`HostBackend`], `CudaBackend` (feature `cuda`), [`host_topology`] | where buffers live |
+//! | [`Backend`], [`HostBackend`], `CudaBackend` (feature `cuda`), [`host_topology`], [`nvswitch_topology`] | where buffers live |
 //! | [`TopoError`], [`RouteError`], [`CollectivesError`] | errors, one per crate |
 //! | `MpiCommunicator`, `MpiError`, `rsmpi` (feature `mpi`) | one rank per process: typed per-rank collectives, `split` |
 //!
@@ -48,6 +48,7 @@ pub use relaycc_collectives::mpi::{MpiCommunicator, MpiError, rsmpi};
 pub use relaycc_collectives::{
     Backend, BufferView, CollectivesError, Communicator, DeviceBuffer, Element, Group, HostBackend,
     Pending, RankComm, RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, host_topology,
+    nvswitch_topology,
 };
 #[cfg(feature = "cuda")]
 pub use relaycc_collectives::{CudaBackend, OnStream, cudarc};

@@ -39,7 +39,8 @@ pub(crate) struct Row {
     /// NCCL's busbw, GB/s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nccl_busbw_gbps: Option<f64>,
-    /// relaycc's busbw over NCCL's.
+    /// relaycc's speed over NCCL's: NCCL's time over relaycc's (equal to the busbw ratio; also
+    /// defined on one rank, where busbw is 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vs_nccl: Option<f64>,
 }
@@ -489,7 +490,9 @@ fn with_nccl(
     let busbw = row.size as f64 / (us * 1e3) * c.busbw_factor(ranks);
     row.nccl_time_us = Some(us);
     row.nccl_busbw_gbps = Some(busbw);
-    row.vs_nccl = (busbw > 0.0).then(|| row.busbw_gbps / busbw);
+    // NCCL's time over relaycc's: the busbw ratio wherever busbw is defined, and still a
+    // ratio on one rank, whose busbw factor is 0.
+    row.vs_nccl = (row.time_us > 0.0).then(|| us / row.time_us);
     Ok(row)
 }
 

@@ -28,7 +28,8 @@ pub(crate) enum Nccl {}
 ///
 /// Without `--topology`: `--gpus LIST` puts rank `i` on CUDA device `LIST[i]` (a device may be
 /// listed more than once: several logical ranks on one GPU) and `--ranks N` puts rank `i` on
-/// visible device `i mod visible`; plans see one flat link per rank. With `--topology T`: the
+/// visible device `i mod visible`; plans see `nvswitch-N` (every rank a GPU on one switch: GPU
+/// algorithms with MiB chunks, not the host arenas' cache-sized ones). With `--topology T`: the
 /// ranks are GPUs of T (`--gpus`, or `--ranks N` for GPUs 0..N), every other free GPU of T may
 /// relay, and GPU `g` of T runs on CUDA device `g mod visible`. Without a driver: one clear
 /// error.
@@ -80,7 +81,7 @@ pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, 
     }
     let n = u32::try_from(map.len()).context("too many ranks")?;
     let devices: Vec<u32> = (0..n).collect();
-    let topo = relaycc_collectives::host_topology(n)?;
+    let topo = relaycc_collectives::nvswitch_topology(n)?;
     let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map.clone())?);
     Ok((
         Communicator::new(topo, &devices, &[], backend)?,

@@ -277,12 +277,12 @@ impl Communicator {
     /// ```no_run
     /// # // no_run: needs a CUDA GPU and driver.
     /// use std::sync::Arc;
-    /// use relaycc_collectives::{Communicator, CudaBackend, ReduceOp, host_topology};
+    /// use relaycc_collectives::{Communicator, CudaBackend, ReduceOp, nvswitch_topology};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // Two ranks; both on GPU 0 here (a device map), on GPUs 0 and 1 with `vec![0, 1]`.
     /// let backend = Arc::new(CudaBackend::new(vec![0, 0])?);
-    /// let comm = Communicator::new(host_topology(2)?, &[0, 1], &[], backend)?;
+    /// let comm = Communicator::new(nvswitch_topology(2)?, &[0, 1], &[], backend)?;
     ///
     /// // Storage that a cudarc-based engine owns (e.g. candle's `CudaStorage` slice).
     /// let stream = cudarc::driver::CudaContext::new(0)?.default_stream();

@@ -103,5 +103,6 @@ pub use plan_cache::PlanCacheLimits;
 pub use rank::OnStream;
 pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
 pub use relaycc_route::ReduceOp;
-/// The `host-N` topology of [`Communicator::host`] (a relaycc-topo preset).
-pub use relaycc_topo::host_topology;
+/// Presets of relaycc-topo: `host-N`, the topology of [`Communicator::host`], and `nvswitch-N`,
+/// the flat machine for CUDA ranks when no description of the real one is at hand.
+pub use relaycc_topo::{host_topology, nvswitch_topology};

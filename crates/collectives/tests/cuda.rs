@@ -170,6 +170,17 @@ fn every_collective_and_type_matches_the_host_backend_four_ranks_on_one_gpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn every_collective_and_type_matches_the_host_backend_on_an_nvswitch_topology() {
+    // The flat GPU machine of `bench --backend cuda` without a topology: GPU algorithms (rings,
+    // multipath splits, MiB chunks), not the shared-memory planner of host arenas.
+    let topo = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    for count in [1001, 1 << 20] {
+        all_types(&topo, &[0, 1, 2, 3], &[], count);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn relay_and_multipath_plans_on_a_dgx1_map_match_the_host_backend() {
     // DGX-1: GPUs 0 and 5 share no NVLink, so plans relay through others; large requests
     // split over several paths. All eight logical GPUs run on the mapped device(s).

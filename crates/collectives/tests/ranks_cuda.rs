@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::thread;
 
 use relaycc_collectives::cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-use relaycc_collectives::{Communicator, CudaBackend, RankComm, ReduceOp, host_topology};
+use relaycc_collectives::{
+    Communicator, CudaBackend, RankComm, ReduceOp, host_topology, nvswitch_topology,
+};
+use relaycc_topo::Topology;
 
 /// The device of each logical rank: `RELAYCC_TEST_GPUS` (comma separated), else device 0.
 fn device_map(n: usize) -> Vec<usize> {
@@ -26,17 +29,12 @@ fn device_map(n: usize) -> Vec<usize> {
     }
 }
 
-fn cuda_ranks(n: usize) -> (Vec<RankComm>, Vec<usize>) {
+/// `n` ranks on a communicator planning on `topo` (`host-N` or `nvswitch-N`).
+fn cuda_ranks(n: usize, topo: Topology) -> (Vec<RankComm>, Vec<usize>) {
     let map = device_map(n);
     let backend = Arc::new(CudaBackend::new(map.clone()).unwrap_or_else(|e| panic!("{e}")));
     let devices: Vec<u32> = (0..n as u32).collect();
-    let comm = Communicator::new(
-        host_topology(n as u32).expect("topology"),
-        &devices,
-        &[],
-        backend,
-    )
-    .expect("communicator");
+    let comm = Communicator::new(topo, &devices, &[], backend).expect("communicator");
     (comm.into_ranks(), map)
 }
 
@@ -49,12 +47,20 @@ extern "C" __global__ void twice(float *x, int n) {
 
 /// Four ranks (on one GPU by default), each on a stream of its own: an in-place all_reduce,
 /// then at once (no host synchronization) a kernel on the same stream doubling the result.
-/// The kernel sees the sum.
+/// The kernel sees the sum, with the shared-memory planner's plans (`host-4`) and with GPU
+/// algorithms (`nvswitch-4`).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_kernel_after_the_call_on_the_callers_stream_sees_the_result() {
+    for topo in [host_topology(4), nvswitch_topology(4)] {
+        kernel_after_the_call_sees_the_result(topo.expect("topology"));
+    }
+}
+
+fn kernel_after_the_call_sees_the_result(topo: Topology) {
     const N: usize = 1 << 20;
-    let (ranks, map) = cuda_ranks(4);
+    let name = topo.name().to_owned();
+    let (ranks, map) = cuda_ranks(4, topo);
     let ptx = relaycc_collectives::cudarc::nvrtc::compile_ptx(TWICE).expect("nvrtc");
     let got: Vec<Vec<f32>> = thread::scope(|s| {
         let hs: Vec<_> = ranks
@@ -89,7 +95,11 @@ fn a_kernel_after_the_call_on_the_callers_stream_sees_the_result() {
             .collect()
     });
     for (r, v) in got.iter().enumerate() {
-        assert!(v.iter().all(|&e| e == 20.0), "rank {r}: {:?}", &v[..4]);
+        assert!(
+            v.iter().all(|&e| e == 20.0),
+            "{name} rank {r}: {:?}",
+            &v[..4]
+        );
     }
 }
 
@@ -100,7 +110,7 @@ fn a_kernel_after_the_call_on_the_callers_stream_sees_the_result() {
 #[ignore = "needs a CUDA GPU"]
 fn views_and_calls_back_to_back_on_one_gpu() {
     const C: usize = 1000;
-    let (ranks, map) = cuda_ranks(3);
+    let (ranks, map) = cuda_ranks(3, nvswitch_topology(3).expect("topology"));
     let got: Vec<(Vec<u32>, Vec<u32>)> = thread::scope(|s| {
         let hs: Vec<_> = ranks
             .into_iter()

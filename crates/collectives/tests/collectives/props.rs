@@ -12,13 +12,15 @@ use relaycc_topo::Mask;
 
 use crate::common::{TestElem, input, verify};
 
-const PRESETS: [&str; 6] = [
+const PRESETS: [&str; 7] = [
     "dgx1-v100",
     "dgx-a100",
     "ac922",
     "pcie-4gpu",
     "summit-node",
     "pcie-8gpu",
+    // The flat machine of CUDA ranks given no topology.
+    "nvswitch-6",
 ];
 const SIZES: [u64; 10] = [0, 1, 2, 3, 7, 13, 97, 1009, 2053, 4099];
 
