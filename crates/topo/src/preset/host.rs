@@ -1,6 +1,6 @@
 //! The `host-<N>` preset: logical devices that all live in one host's memory.
 
-use crate::error::{Result, TopoError};
+use crate::error::Result;
 use crate::graph::{GpuInfo, LinkKind, Topology, TopologyBuilder};
 use crate::rates::{CpuFamily, HOST_MEM_UNKNOWN_GBPS};
 
@@ -29,13 +29,7 @@ pub const MAX_HOST_ARENAS: u32 = 1024;
 /// assert_eq!(relaycc_topo::preset("host-4").unwrap().gpu_count(), 4);
 /// ```
 pub fn host_topology(n: u32) -> Result<Topology> {
-    let name = format!("host-{n}");
-    if !(1..=MAX_HOST_ARENAS).contains(&n) {
-        return Err(TopoError::UnknownPreset {
-            name,
-            known: format!("host-<N> takes N in 1..={MAX_HOST_ARENAS}"),
-        });
-    }
+    let name = super::sized_name("host", n, MAX_HOST_ARENAS)?;
     let mut b = TopologyBuilder::new(name);
     let cpu = b.add_cpu(0, CpuFamily::Unknown);
     for i in 0..n {
@@ -47,16 +41,4 @@ pub fn host_topology(n: u32) -> Result<Topology> {
         b.connect_with(cpu, g, LinkKind::C2c, HOST_MEM_UNKNOWN_GBPS, 0.0);
     }
     b.build()
-}
-
-/// The preset `full` (`host-<count>`), where `count` is the text after `host-`.
-pub(super) fn parse(full: &str, count: &str) -> Result<Topology> {
-    match count.parse::<u32>() {
-        // A leading `+` or zero would name the same topology twice.
-        Ok(n) if n.to_string() == count => host_topology(n),
-        _ => Err(TopoError::UnknownPreset {
-            name: full.to_string(),
-            known: format!("host-<N> takes a number N in 1..={MAX_HOST_ARENAS}, e.g. host-4"),
-        }),
-    }
 }

@@ -191,15 +191,47 @@ pub fn preset(name: &str) -> Result<Topology> {
         return cluster(name, spec);
     }
     if let Some(n) = name.strip_prefix("host-") {
-        return host::parse(name, n);
+        return sized(name, n, "host", MAX_HOST_ARENAS, host_topology);
     }
     if let Some(n) = name.strip_prefix("nvswitch-") {
-        return nvswitch::parse(name, n);
+        return sized(name, n, "nvswitch", MAX_NVSWITCH_GPUS, nvswitch_topology);
     }
     let p = find(name)?;
     let mut b = TopologyBuilder::new(name);
     (p.build)(&mut b, 0);
     b.build()
+}
+
+/// The name `<family>-<n>` of a sized preset, or the error for an `n` outside `1..=max`.
+fn sized_name(family: &str, n: u32, max: u32) -> Result<String> {
+    let name = format!("{family}-{n}");
+    if (1..=max).contains(&n) {
+        Ok(name)
+    } else {
+        Err(TopoError::UnknownPreset {
+            name,
+            known: format!("{family}-<N> takes N in 1..={max}"),
+        })
+    }
+}
+
+/// The sized preset `full` (`<family>-<count>`, e.g. `host-4`), built by `build` from the
+/// number after the dash.
+fn sized(
+    full: &str,
+    count: &str,
+    family: &str,
+    max: u32,
+    build: fn(u32) -> Result<Topology>,
+) -> Result<Topology> {
+    match count.parse::<u32>() {
+        // A leading `+` or zero would name the same topology twice.
+        Ok(n) if n.to_string() == count => build(n),
+        _ => Err(TopoError::UnknownPreset {
+            name: full.to_string(),
+            known: format!("{family}-<N> takes a number N in 1..={max}, e.g. {family}-4"),
+        }),
+    }
 }
 
 fn find(name: &str) -> Result<&'static Preset> {

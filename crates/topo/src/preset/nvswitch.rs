@@ -1,7 +1,7 @@
 //! The `nvswitch-<N>` preset: N GPUs on one NVSwitch, the flat topology of CUDA communicators
 //! that are given no machine description.
 
-use crate::error::{Result, TopoError};
+use crate::error::Result;
 use crate::graph::{Topology, TopologyBuilder};
 use crate::rates::{CpuFamily, NvLinkGen};
 
@@ -36,13 +36,7 @@ const LINKS_PER_GPU: u32 = 18;
 /// assert_eq!(relaycc_topo::preset("nvswitch-4").unwrap().gpu_count(), 4);
 /// ```
 pub fn nvswitch_topology(n: u32) -> Result<Topology> {
-    let name = format!("nvswitch-{n}");
-    if !(1..=MAX_NVSWITCH_GPUS).contains(&n) {
-        return Err(TopoError::UnknownPreset {
-            name,
-            known: format!("nvswitch-<N> takes N in 1..={MAX_NVSWITCH_GPUS}"),
-        });
-    }
+    let name = super::sized_name("nvswitch", n, MAX_NVSWITCH_GPUS)?;
     let mut b = TopologyBuilder::new(name);
     let cpu = b.add_cpu(0, CpuFamily::Unknown);
     let switch = b.add_nvswitch();
@@ -53,18 +47,4 @@ pub fn nvswitch_topology(n: u32) -> Result<Topology> {
         b.nvlink(g, switch, NvLinkGen::V4, LINKS_PER_GPU);
     }
     b.build()
-}
-
-/// The preset `full` (`nvswitch-<count>`), where `count` is the text after `nvswitch-`.
-pub(super) fn parse(full: &str, count: &str) -> Result<Topology> {
-    match count.parse::<u32>() {
-        // A leading `+` or zero would name the same topology twice.
-        Ok(n) if n.to_string() == count => nvswitch_topology(n),
-        _ => Err(TopoError::UnknownPreset {
-            name: full.to_string(),
-            known: format!(
-                "nvswitch-<N> takes a number N in 1..={MAX_NVSWITCH_GPUS}, e.g. nvswitch-4"
-            ),
-        }),
-    }
 }
