@@ -255,7 +255,13 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         || templated.map(|sym| fastest_templates(topo, req, opts, sym, &deadline)),
     );
     skipped.extend(why);
-    let built = folded.unwrap_or_else(|| crate::planner::baseline_within(topo, req, budget));
+    let (built, tuned) = match folded {
+        Some(built) => (built, None),
+        None => match crate::planner::baseline_within_timed(topo, req, budget) {
+            Ok((plan, tuned)) => (Ok(plan), tuned),
+            Err(e) => (Err(e), None),
+        },
+    };
     let (baseline_plan, baseline_fits) = match built {
         Ok(p) => (p, true),
         Err(e @ RouteError::StagingBudget { .. }) => {
@@ -264,11 +270,13 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         }
         Err(e) => return Err(e),
     };
+    // The tuner's simulation of the plan, where it stands for the one made here.
+    let tuned = tuned.filter(|_| baseline_fits);
     // The baseline is proved while it is simulated; a large one gets a budget's time of its
     // own (`simulate_baseline`), and one cut there is known from below.
     let (baseline_proof, baseline_sim) = rayon::join(
         || prove(topo, req, &baseline_plan),
-        || simulate_baseline(topo, &baseline_plan, opts),
+        || simulate_baseline(topo, &baseline_plan, opts, tuned),
     );
     let _ = deadline.baseline_done.set(Instant::now());
     baseline_proof?;
@@ -434,17 +442,31 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
 /// given. Its makespan and `None` when it ran to the end; when it gave up, a lower bound on
 /// the makespan (the simulated time reached, or the busiest resource's load and the longest
 /// op) and how far it got.
+///
+/// `tuned` is the tuner's simulation of this plan, if it made one: taken as it is where it
+/// used the same settings and ran to the end, or was cut no earlier than this simulation
+/// would be, so the same plan is not simulated twice (5 s each for NCCL's tree of 3M ops on a
+/// 64-node fat-tree).
 fn simulate_baseline(
     topo: &Topology,
     plan: &Plan,
     opts: &PlanOptions,
+    tuned: Option<crate::planner::baseline::TunedTime>,
 ) -> Result<(f64, Option<SimCut>)> {
+    let own = opts.budget.max(FIRST_CANDIDATE_GRACE);
+    if let Some(t) = tuned
+        && opts.sim == SimConfig::default()
+        && (t.cut.is_none()
+            || (plan.ops.len() >= GRACE_ABOVE_OPS
+                && crate::planner::baseline::TUNE_SIMULATION_CAP >= own))
+    {
+        return Ok((t.time_us, t.cut));
+    }
     if plan.ops.len() < GRACE_ABOVE_OPS {
         return Ok((simulate(topo, plan, &opts.sim)?.time_us, None));
     }
     let prepared = Prepared::new(topo, plan, &opts.sim)?;
     let start = Instant::now();
-    let own = opts.budget.max(FIRST_CANDIDATE_GRACE);
     Ok(
         match prepared.simulate_or_cut(topo, &|| start.elapsed() < own)? {
             Ok(sim) => (sim.time_us, None),
@@ -979,5 +1001,63 @@ mod tests {
         let (order, winner) =
             prune_and_prove(&[(1.0, 0)], 1.5, |_| Ok(Some(2.0)), |_| true).unwrap();
         assert_eq!((order, winner), (vec![(0, 2.0)], None));
+    }
+
+    /// The tuner's simulation of the baseline is taken where it stands for the one the
+    /// planner would make, and the plan is simulated again where it does not.
+    #[test]
+    fn the_tuners_simulation_of_the_baseline_is_reused_where_it_stands_for_the_planners() {
+        use crate::planner::baseline::{TUNE_SIMULATION_CAP, TunedTime};
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::new(
+            Collective::AllReduce,
+            (0..8).collect(),
+            1 << 20,
+            crate::DType::F32,
+        );
+        let plan = crate::planner::baseline_plan(&topo, &req).unwrap();
+        let real = simulate(&topo, &plan, &SimConfig::default())
+            .unwrap()
+            .time_us;
+        let opts = PlanOptions::default();
+        let whole = TunedTime {
+            time_us: 1234.5,
+            cut: None,
+        };
+        // A simulation that ran to the end with the same settings is taken as it is.
+        assert_eq!(
+            simulate_baseline(&topo, &plan, &opts, Some(whole)).unwrap(),
+            (1234.5, None)
+        );
+        assert_eq!(
+            simulate_baseline(&topo, &plan, &opts, None).unwrap(),
+            (real, None)
+        );
+        // Other settings: simulated again with them.
+        let costly = PlanOptions {
+            sim: SimConfig {
+                issue_us: 1.0,
+                ..SimConfig::default()
+            },
+            ..PlanOptions::default()
+        };
+        let (t, cut) = simulate_baseline(&topo, &plan, &costly, Some(whole)).unwrap();
+        assert!(t > real && cut.is_none(), "{t} vs {real}");
+        // A cut simulation stands only for a large plan given at most the tuner's cap;
+        // this small plan is simulated to the end instead.
+        let cut = TunedTime {
+            time_us: 1.0,
+            cut: Some(SimCut {
+                reached_us: 1.0,
+                ops_done: 1,
+                ops: plan.ops.len(),
+            }),
+        };
+        assert!(plan.ops.len() < GRACE_ABOVE_OPS);
+        assert!(TUNE_SIMULATION_CAP >= opts.budget);
+        assert_eq!(
+            simulate_baseline(&topo, &plan, &opts, Some(cut)).unwrap(),
+            (real, None)
+        );
     }
 }

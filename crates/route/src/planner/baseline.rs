@@ -115,6 +115,26 @@ fn baseline_with(
     algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
 ) -> Result<Plan> {
+    baseline_with_timed(topo, req, algo, chunk_elems).map(|(plan, _)| plan)
+}
+
+/// [`baseline_plan_chunked`] with the tuner's simulation of the plan ([`TunedTime`]) where it
+/// was a capped one.
+pub(crate) fn baseline_chunked_timed(
+    topo: &Topology,
+    req: &Request,
+    chunk_elems: u64,
+) -> Result<(Plan, Option<TunedTime>)> {
+    baseline_with_timed(topo, req, None, chunk_elems)
+}
+
+/// [`baseline_with`], with the tuner's simulation of the plan where it was a capped one.
+fn baseline_with_timed(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+    chunk_elems: u64,
+) -> Result<(Plan, Option<TunedTime>)> {
     let algorithm = algorithm_plan(topo, req, algo, chunk_elems)?;
     let mut options = vec![algorithm];
     if super::nvls::nvls_switch_for(topo, req).is_some() {
@@ -124,7 +144,7 @@ fn baseline_with(
         p.algorithm = "nccl-like nvls".into();
         options.push(p);
     }
-    tune(topo, options)
+    tune_timed(topo, options)
 }
 
 /// Plans with this many ops or more are simulated per protocol for at most
@@ -138,13 +158,32 @@ pub const TUNE_CAPPED_ABOVE_OPS: usize = 200_000;
 /// [`TUNE_CAPPED_ABOVE_OPS`] ops or more: the default planning budget.
 pub const TUNE_SIMULATION_CAP: std::time::Duration = crate::select::DEFAULT_BUDGET;
 
+/// The tuner's simulation of the plan it chose, where that plan had
+/// [`TUNE_CAPPED_ABOVE_OPS`] ops or more, with the default simulator settings: the planner
+/// takes it instead of simulating the same plan again for as long.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TunedTime {
+    /// Its makespan, or where cut, its lower bound (simulated time reached, busiest resource,
+    /// longest op), microseconds.
+    pub time_us: f64,
+    /// How far the simulation got where [`TUNE_SIMULATION_CAP`] cut it.
+    pub cut: Option<crate::sim::SimCut>,
+}
+
 /// NCCL's tuner over `options` (plans without a protocol yet): each with every protocol it may
 /// use, the fastest kept (simulations capped from [`TUNE_CAPPED_ABOVE_OPS`] ops). NVLS plans
 /// use Simple only; LL128 needs NVLink on every link.
 fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
+    tune_timed(topo, options).map(|(plan, _)| plan)
+}
+
+/// [`tune`], with the chosen plan's simulation where it was a capped one.
+fn tune_timed(topo: &Topology, mut options: Vec<Plan>) -> Result<(Plan, Option<TunedTime>)> {
     let cfg = crate::sim::SimConfig::default();
-    let mut best: Option<(f64, Plan)> = None;
-    for base in options {
+    // (time, option, protocol, simulation): the plans are given their protocol in place and
+    // never cloned, since a baseline may hold millions of ops.
+    let mut best: Option<(f64, usize, Protocol, Option<TunedTime>)> = None;
+    for (i, base) in options.iter_mut().enumerate() {
         let nvls = base.ops.iter().any(|o| o.nvls.is_some());
         let all_nvlink = base.ops.iter().flat_map(|o| &o.edges).all(|&e| {
             topo.graph()
@@ -156,30 +195,40 @@ fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
             if (nvls && p != Protocol::Simple) || (p == Protocol::Ll128 && !all_nvlink) {
                 continue;
             }
-            let mut plan = base.clone();
-            plan.protocol = Some(p);
-            plan.algorithm = format!("{} {}", base.algorithm, p.name());
-            let prepared = crate::sim::Prepared::new(topo, &plan, &cfg)?;
+            base.protocol = Some(p);
+            let prepared = crate::sim::Prepared::new(topo, base, &cfg)?;
             let bound = prepared.lower_bound_us();
-            if best.as_ref().is_some_and(|(t, _)| bound >= *t) {
+            if best.as_ref().is_some_and(|(t, ..)| bound >= *t) {
                 continue;
             }
-            let t = if plan.ops.len() >= TUNE_CAPPED_ABOVE_OPS {
+            let (t, timed) = if base.ops.len() >= TUNE_CAPPED_ABOVE_OPS {
                 let start = std::time::Instant::now();
-                match prepared.simulate_or_cut(topo, &|| start.elapsed() < TUNE_SIMULATION_CAP)? {
-                    Ok(sim) => sim.time_us,
-                    Err(cut) => cut.reached_us.max(bound),
-                }
+                let go_on = || start.elapsed() < TUNE_SIMULATION_CAP;
+                let timed = match prepared.simulate_or_cut(topo, &go_on)? {
+                    Ok(sim) => TunedTime {
+                        time_us: sim.time_us,
+                        cut: None,
+                    },
+                    Err(cut) => TunedTime {
+                        time_us: cut.reached_us.max(bound),
+                        cut: Some(cut),
+                    },
+                };
+                (timed.time_us, Some(timed))
             } else {
-                prepared.simulate(topo)?.time_us
+                (prepared.simulate(topo)?.time_us, None)
             };
-            if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
-                best = Some((t, plan));
+            if best.as_ref().is_none_or(|(bt, ..)| t < *bt) {
+                best = Some((t, i, p, timed));
             }
         }
     }
-    best.map(|(_, p)| p)
-        .ok_or_else(|| crate::error::RouteError::BadRequest("no baseline plan".into()))
+    let (_, i, p, timed) =
+        best.ok_or_else(|| crate::error::RouteError::BadRequest("no baseline plan".into()))?;
+    let mut plan = options.swap_remove(i);
+    plan.protocol = Some(p);
+    plan.algorithm = format!("{} {}", plan.algorithm, p.name());
+    Ok((plan, timed))
 }
 
 /// The algorithm NCCL runs for `req`, before a protocol is chosen.
