@@ -272,79 +272,93 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     };
     // The tuner's simulation of the plan, where it stands for the one made here.
     let tuned = tuned.filter(|_| baseline_fits);
-    // The baseline is proved while it is simulated; a large one gets a budget's time of its
-    // own (`simulate_baseline`), and one cut there is known from below.
-    let (baseline_proof, baseline_sim) = rayon::join(
+    // The baseline is proved while it is simulated (a large one for a budget's time of its
+    // own, `simulate_baseline`; one cut there is known from below) and, after that, while
+    // relaycc's candidates are built and simulated: they need its time, not its proof, which
+    // is awaited at the end.
+    let (baseline_proof, rest) = rayon::join(
         || prove(topo, req, &baseline_plan),
-        || simulate_baseline(topo, &baseline_plan, opts, tuned),
-    );
-    let _ = deadline.baseline_done.set(Instant::now());
-    baseline_proof?;
-    let (mut baseline_time_us, baseline_cut) = baseline_sim?;
-    if baseline_cut.is_some() {
-        deadline.mark_hit();
-    }
-    // (plan, routes, simulated time, proved already), in the order they were considered.
-    let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
-    // Ranks that are arenas of one host's memory (the `host-N` preset): the simulator models
-    // links, not one shared memory and its caches, so it cannot rank algorithms there; the
-    // shared-memory planner is used directly, and still reported beside baseline and bound.
-    let shared_memory = topo.shares_host_memory(&req.gpus);
-    let bound_gbps;
-    if shared_memory {
-        bound_gbps = if is_p2p(req) {
-            p2p_bound_gbps(topo, req, &opts.relay)?
-        } else {
-            crate::planner::bound_gbps(topo, req, &opts.relay)?
-        };
-        let p = crate::planner::shared_memory::plan(topo, req, false)?;
-        if let Some((at, needed)) = crate::staging::over_budget(&p, budget) {
-            return Err(crate::staging::budget_error(&p, at, needed, budget));
-        }
-        let t = simulate(topo, &p, &opts.sim)?.time_us;
-        found.push((p, Vec::new(), t, false));
-    } else if is_p2p(req) {
-        bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
-        match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
-            Ok(cands) => {
-                for c in cands {
-                    if let Some((at, needed)) = crate::staging::over_budget(&c.plan, budget) {
-                        first_failure.get_or_insert(crate::staging::budget_error(
-                            &c.plan, at, needed, budget,
-                        ));
-                        continue;
+        || -> Result<_> {
+            let sim = simulate_baseline(topo, &baseline_plan, opts, tuned);
+            let _ = deadline.baseline_done.set(Instant::now());
+            let (baseline_time_us, baseline_cut) = sim?;
+            if baseline_cut.is_some() {
+                deadline.mark_hit();
+            }
+            // (plan, routes, simulated time, proved already), in the order they were considered.
+            let mut found: Vec<(Plan, Vec<RouteShare>, f64, bool)> = Vec::new();
+            // Ranks that are arenas of one host's memory (the `host-N` preset): the simulator
+            // models links, not one shared memory and its caches, so it cannot rank algorithms
+            // there; the shared-memory planner is used directly, and still reported beside
+            // baseline and bound.
+            let shared_memory = topo.shares_host_memory(&req.gpus);
+            let bound_gbps;
+            if shared_memory {
+                bound_gbps = if is_p2p(req) {
+                    p2p_bound_gbps(topo, req, &opts.relay)?
+                } else {
+                    crate::planner::bound_gbps(topo, req, &opts.relay)?
+                };
+                let p = crate::planner::shared_memory::plan(topo, req, false)?;
+                if let Some((at, needed)) = crate::staging::over_budget(&p, budget) {
+                    return Err(crate::staging::budget_error(&p, at, needed, budget));
+                }
+                let t = simulate(topo, &p, &opts.sim)?.time_us;
+                found.push((p, Vec::new(), t, false));
+            } else if is_p2p(req) {
+                bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
+                match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
+                    Ok(cands) => {
+                        for c in cands {
+                            if let Some((at, needed)) = crate::staging::over_budget(&c.plan, budget)
+                            {
+                                first_failure.get_or_insert(crate::staging::budget_error(
+                                    &c.plan, at, needed, budget,
+                                ));
+                                continue;
+                            }
+                            let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
+                            found.push((c.plan, c.routes, t, false));
+                        }
                     }
-                    let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
-                    found.push((c.plan, c.routes, t, false));
+                    // A forced strategy with no route falls through to the baseline only when Auto.
+                    Err(e) if opts.strategy != Strategy::Auto => return Err(e),
+                    Err(_) => {}
+                }
+            } else {
+                bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
+                // A baseline known only from below prunes nothing.
+                let to_beat = if baseline_fits && baseline_cut.is_none() {
+                    baseline_time_us
+                } else {
+                    f64::INFINITY
+                };
+                let (fast, left_out, unfit) = match &shift {
+                    Some(sym) => match early.take() {
+                        Some(r) => r?,
+                        None => fastest_templates(topo, req, opts, sym, &deadline)?,
+                    },
+                    None => fastest_collectives(topo, req, opts, to_beat, &deadline)?,
+                };
+                skipped.extend(left_out);
+                if let Some(e) = unfit {
+                    first_failure.get_or_insert(e);
+                }
+                for (plan, time_us, proved) in fast {
+                    found.push((plan, Vec::new(), time_us, proved));
                 }
             }
-            // A forced strategy with no route falls through to the baseline only when Auto.
-            Err(e) if opts.strategy != Strategy::Auto => return Err(e),
-            Err(_) => {}
-        }
-    } else {
-        bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-        // A baseline known only from below prunes nothing.
-        let to_beat = if baseline_fits && baseline_cut.is_none() {
-            baseline_time_us
-        } else {
-            f64::INFINITY
-        };
-        let (fast, left_out, unfit) = match &shift {
-            Some(sym) => match early.take() {
-                Some(r) => r?,
-                None => fastest_templates(topo, req, opts, sym, &deadline)?,
-            },
-            None => fastest_collectives(topo, req, opts, to_beat, &deadline)?,
-        };
-        skipped.extend(left_out);
-        if let Some(e) = unfit {
-            first_failure.get_or_insert(e);
-        }
-        for (plan, time_us, proved) in fast {
-            found.push((plan, Vec::new(), time_us, proved));
-        }
-    }
+            Ok((
+                baseline_time_us,
+                baseline_cut,
+                found,
+                shared_memory,
+                bound_gbps,
+            ))
+        },
+    );
+    baseline_proof?;
+    let (mut baseline_time_us, baseline_cut, mut found, shared_memory, bound_gbps) = rest?;
     if baseline_cut.is_some() && bound_gbps > 0.0 && bound_gbps.is_finite() {
         // A cut baseline is known from below; the bound's time is a lower bound on it too.
         baseline_time_us = baseline_time_us.max(req.size_bytes() as f64 / (bound_gbps * 1e3));
