@@ -353,6 +353,11 @@ mod ordering {
             .lower_bound_us();
         assert!((100.0..=r.time_us).contains(&lb), "{lb}");
         assert!(lb >= 80.0);
+        // A plan of no ops ends at 0, and so does its bound.
+        let empty = plan();
+        let none = relaycc_route::Prepared::new(&topo, &empty, &cfg).unwrap();
+        assert_eq!(none.lower_bound_us(), 0.0);
+        assert_eq!(simulate(&topo, &empty, &cfg).unwrap().time_us, 0.0);
         let bad = relaycc_route::SimConfig {
             issue_us: -1.0,
             ..overhead(0.0)

@@ -172,10 +172,11 @@ impl Prepared {
     /// As [`lower_bound_us`].
     pub fn lower_bound_us(&self) -> f64 {
         let (busiest, longest) = self.bounds();
-        // The last op cannot end before the host has issued every op.
-        let issued = self
-            .model
-            .issued_at_us(self.model.bytes.len().saturating_sub(1) as u32);
+        // The last op cannot end before the host has issued every op (a plan of none: 0).
+        let issued = match self.model.bytes.len() {
+            0 => 0.0,
+            n => self.model.issued_at_us((n - 1) as u32),
+        };
         busiest.max(longest).max(issued)
     }
     /// The busiest resource's bytes over its capacity, microseconds: a lower bound on the
