@@ -258,7 +258,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let (built, tuned) = match folded {
         Some(built) => (built, None),
         None => match crate::planner::baseline_within_timed(topo, req, budget) {
-            Ok((plan, tuned)) => (Ok(plan), tuned),
+            Ok(t) => (Ok(t.plan), t.tuned),
             Err(e) => (Err(e), None),
         },
     };
@@ -757,25 +757,34 @@ fn fastest_collectives(
     {
         return Err(e);
     }
+    // Where the executor pays for every op it issues, whole blocks may beat the pipelining
+    // chunk (a quarter of the ops or fewer): each candidate then also competes at whole
+    // blocks, its first build taken as it is where it fits the staging budget.
+    let also_coarse = opts.sim.issue_us > 0.0 && coarse != fine;
     let mut first: Vec<(f64, usize, Option<Built>)> = routable
         .into_iter()
         .map(|(i, plan, prepared)| {
             let load = prepared.load_bound_us();
             // Where whole blocks are the pipelining chunk, the first build is the final one.
-            (load, i, (coarse == fine).then_some((plan, prepared)))
+            (
+                load,
+                i,
+                (coarse == fine || also_coarse).then_some((plan, prepared)),
+            )
         })
         .filter(|(load, _, _)| *load < to_beat_us)
         .collect();
     first.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    // Where the executor pays for every op it issues, whole blocks may beat the pipelining
-    // chunk (a quarter of the ops or fewer): each candidate is then also built, within the
-    // staging budget, at whole blocks, and both compete.
-    let also_coarse = opts.sim.issue_us > 0.0 && coarse != fine;
     let jobs: Vec<(usize, u64, Option<Built>)> = first
         .into_iter()
         .flat_map(|(_, i, built)| {
-            let coarse_job = also_coarse.then_some((i, coarse, None));
-            std::iter::once((i, fine, built)).chain(coarse_job)
+            if !also_coarse {
+                return vec![(i, fine, built)];
+            }
+            let fits = built.filter(|(plan, _)| {
+                crate::staging::over_budget(plan, opts.staging_budget).is_none()
+            });
+            vec![(i, fine, None), (i, coarse, fits)]
         })
         .collect();
     let mut fine_plans: Vec<Option<Built>> = Vec::with_capacity(jobs.len());

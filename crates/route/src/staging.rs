@@ -124,8 +124,8 @@ fn solve_affine(
     Solved::Fits(best)
 }
 
-/// Build a plan with `build(chunk)` from `chunk` elements down until every device's staging
-/// is within `budget`, never below `min_chunk` nor below the chunk that would give
+/// Build a plan with `build(chunk)` (a [`Plan`], or anything that holds one and borrows as it)
+/// from `chunk` elements down until every device's staging is within `budget`, never below `min_chunk` nor below the chunk that would give
 /// [`MAX_FITTED_OPS`] ops.
 ///
 /// Every planner's staging is affine in the chunk (slots of a chunk each, plus buffers of a
@@ -137,17 +137,18 @@ fn solve_affine(
 /// [`RouteError::StagingBudget`] naming the device and its bytes at the smallest chunk when no
 /// chunk fits, with `ops_needed` set when the op cap, not the budget's floor, stopped the
 /// shrinking; any error of `build`.
-pub fn fit(
+pub fn fit<P: std::borrow::Borrow<Plan>>(
     chunk: u64,
     min_chunk: u64,
     budget: u64,
-    build: impl Fn(u64) -> Result<Plan>,
-) -> Result<Plan> {
+    build: impl Fn(u64) -> Result<P>,
+) -> Result<P> {
     let min_chunk = min_chunk.max(1);
     let c0 = chunk.max(1);
-    let first = build(c0)?;
-    let Some((at, needed)) = over_budget(&first, budget) else {
-        return Ok(first);
+    let built = build(c0)?;
+    let first: &Plan = built.borrow();
+    let Some((at, needed)) = over_budget(first, budget) else {
+        return Ok(built);
     };
     // Ops grow as the chunk shrinks: no smaller chunk than gives MAX_FITTED_OPS.
     let ops0 = first.ops.len() as u128;
@@ -170,16 +171,17 @@ pub fn fit(
     // Without a second build, staging is taken as proportional to the chunk.
     let proportional = |needed: u64| (c0 as u128 * budget as u128 / needed.max(1) as u128) as u64;
     if c0 <= floor {
-        return Err(stop(&first, at, needed, Some(proportional(needed))));
+        return Err(stop(first, at, needed, Some(proportional(needed))));
     }
     let mut c = proportional(needed).clamp(floor, c0 - 1);
     let mut solved: Option<u64> = None;
     let mut builds = 1;
     loop {
-        let plan = build(c)?;
+        let built = build(c)?;
         builds += 1;
-        let Some((at, needed)) = over_budget(&plan, budget) else {
-            return Ok(plan);
+        let plan: &Plan = built.borrow();
+        let Some((at, needed)) = over_budget(plan, budget) else {
+            return Ok(built);
         };
         let shrunk = (c as u128 * budget as u128 / needed.max(1) as u128) as u64;
         let next = if builds == 2 {
@@ -195,7 +197,7 @@ pub fn fit(
             shrunk
         };
         if c <= floor {
-            return Err(stop(&plan, at, needed, solved));
+            return Err(stop(plan, at, needed, solved));
         }
         // The last build allowed is at the floor, so an error always reports the smallest
         // chunk's staging.

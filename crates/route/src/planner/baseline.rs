@@ -115,26 +115,16 @@ fn baseline_with(
     algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
 ) -> Result<Plan> {
-    baseline_with_timed(topo, req, algo, chunk_elems).map(|(plan, _)| plan)
-}
-
-/// [`baseline_plan_chunked`] with the tuner's simulation of the plan ([`TunedTime`]) where it
-/// was a capped one.
-pub(crate) fn baseline_chunked_timed(
-    topo: &Topology,
-    req: &Request,
-    chunk_elems: u64,
-) -> Result<(Plan, Option<TunedTime>)> {
-    baseline_with_timed(topo, req, None, chunk_elems)
+    baseline_with_timed(topo, req, algo, chunk_elems).map(|t| t.plan)
 }
 
 /// [`baseline_with`], with the tuner's simulation of the plan where it was a capped one.
-fn baseline_with_timed(
+pub(crate) fn baseline_with_timed(
     topo: &Topology,
     req: &Request,
     algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
-) -> Result<(Plan, Option<TunedTime>)> {
+) -> Result<TunedPlan> {
     let algorithm = algorithm_plan(topo, req, algo, chunk_elems)?;
     let mut options = vec![algorithm];
     if super::nvls::nvls_switch_for(topo, req).is_some() {
@@ -170,15 +160,31 @@ pub(crate) struct TunedTime {
     pub cut: Option<crate::sim::SimCut>,
 }
 
+/// A baseline plan with the tuner's simulation of it ([`TunedTime`]) where that was a capped
+/// one; it borrows as its plan, so a staging fit ([`crate::staging::fit`]) builds it as one.
+#[derive(Debug)]
+pub(crate) struct TunedPlan {
+    /// The plan.
+    pub plan: Plan,
+    /// The tuner's simulation of it, where capped.
+    pub tuned: Option<TunedTime>,
+}
+
+impl std::borrow::Borrow<Plan> for TunedPlan {
+    fn borrow(&self) -> &Plan {
+        &self.plan
+    }
+}
+
 /// NCCL's tuner over `options` (plans without a protocol yet): each with every protocol it may
 /// use, the fastest kept (simulations capped from [`TUNE_CAPPED_ABOVE_OPS`] ops). NVLS plans
 /// use Simple only; LL128 needs NVLink on every link.
 fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
-    tune_timed(topo, options).map(|(plan, _)| plan)
+    tune_timed(topo, options).map(|t| t.plan)
 }
 
 /// [`tune`], with the chosen plan's simulation where it was a capped one.
-fn tune_timed(topo: &Topology, mut options: Vec<Plan>) -> Result<(Plan, Option<TunedTime>)> {
+fn tune_timed(topo: &Topology, mut options: Vec<Plan>) -> Result<TunedPlan> {
     let cfg = crate::sim::SimConfig::default();
     // (time, option, protocol, simulation): the plans are given their protocol in place and
     // never cloned, since a baseline may hold millions of ops.
@@ -228,7 +234,7 @@ fn tune_timed(topo: &Topology, mut options: Vec<Plan>) -> Result<(Plan, Option<T
     let mut plan = options.swap_remove(i);
     plan.protocol = Some(p);
     plan.algorithm = format!("{} {}", plan.algorithm, p.name());
-    Ok((plan, timed))
+    Ok(TunedPlan { plan, tuned: timed })
 }
 
 /// The algorithm NCCL runs for `req`, before a protocol is chosen.

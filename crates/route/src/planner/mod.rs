@@ -52,47 +52,23 @@ pub use baseline::{
 /// staging is within `budget` bytes ([`crate::staging::fit`]); [`RouteError::StagingBudget`]
 /// when it cannot fit.
 pub fn baseline_within(topo: &Topology, req: &Request, budget: u64) -> Result<Plan> {
-    crate::staging::fit(
-        pipeline_chunk_elems(req).max(1),
-        crate::staging::min_chunk_elems(req),
-        budget,
-        |c| baseline_plan_chunked(topo, req, c),
-    )
+    baseline_within_timed(topo, req, budget).map(|t| t.plan)
 }
+
 /// [`baseline_within`], with the tuner's simulation of the plan it returns where that was a
 /// capped one ([`baseline::TunedTime`]): the planner takes it instead of simulating again.
 pub(crate) fn baseline_within_timed(
     topo: &Topology,
     req: &Request,
     budget: u64,
-) -> Result<(Plan, Option<baseline::TunedTime>)> {
-    // The fit may build several chunks and return any of them; each build's simulation is
-    // kept by its op count and name, which tell the builds of one fit apart.
-    let timed = std::sync::Mutex::new(Vec::new());
-    let plan = crate::staging::fit(
+) -> Result<baseline::TunedPlan> {
+    crate::staging::fit(
         pipeline_chunk_elems(req).max(1),
         crate::staging::min_chunk_elems(req),
         budget,
-        |c| {
-            let (plan, t) = baseline::baseline_chunked_timed(topo, req, c)?;
-            if let Some(t) = t {
-                let mut v = timed.lock().unwrap_or_else(|p| p.into_inner());
-                v.push((plan.ops.len(), plan.algorithm.clone(), t));
-            }
-            Ok(plan)
-        },
-    )?;
-    let v = timed.into_inner().unwrap_or_else(|p| p.into_inner());
-    let mut matching = v
-        .iter()
-        .filter(|(ops, name, _)| *ops == plan.ops.len() && *name == plan.algorithm);
-    let t = match (matching.next(), matching.next()) {
-        (Some(&(_, _, t)), None) => Some(t),
-        _ => None,
-    };
-    Ok((plan, t))
+        |c| baseline::baseline_with_timed(topo, req, None, c),
+    )
 }
-
 /// [`baseline_within`] as a template of one domain of hosts folded by `shift`
 /// ([`baseline::baseline_template_chunked`]).
 pub fn baseline_template_within(
