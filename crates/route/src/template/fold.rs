@@ -34,11 +34,40 @@ fn asym(why: String) -> RouteError {
     RouteError::NotSymmetric(why)
 }
 
-/// An op's regions: a copy's source then destination, a reduction's sources then destination.
-fn regions_of(o: &Op) -> Vec<&Region> {
+/// How many regions an op has: a copy's source and destination, a reduction's sources and
+/// destination. The fold walks them by index ([`region`]), since it visits millions of ops.
+fn region_count(o: &Op) -> usize {
     match &o.kind {
-        OpKind::Copy { src, dst } => vec![src, dst],
-        OpKind::Reduce { srcs, dst, .. } => srcs.iter().chain([dst]).collect(),
+        OpKind::Copy { .. } => 2,
+        OpKind::Reduce { srcs, .. } => srcs.len() + 1,
+    }
+}
+
+/// Region `j` of an op: a copy's source then destination, a reduction's sources then
+/// destination.
+fn region(o: &Op, j: usize) -> Option<&Region> {
+    match &o.kind {
+        OpKind::Copy { src, dst } => [src, dst].get(j).copied(),
+        OpKind::Reduce { srcs, dst, .. } => srcs.get(j).or((j == srcs.len()).then_some(dst)),
+    }
+}
+
+/// [`region`], mutable.
+fn region_mut(o: &mut Op, j: usize) -> Option<&mut Region> {
+    match &mut o.kind {
+        OpKind::Copy { src, dst } => match j {
+            0 => Some(src),
+            1 => Some(dst),
+            _ => None,
+        },
+        OpKind::Reduce { srcs, dst, .. } => {
+            let n = srcs.len();
+            if j < n {
+                srcs.get_mut(j)
+            } else {
+                (j == n).then_some(dst)
+            }
+        }
     }
 }
 
@@ -175,8 +204,9 @@ pub(super) fn fold(
         Ok((scratch_new[j as usize], k))
     };
     // The image in the domain of op `d`, on a window device's lane: the op at the same position
-    // of the shifted lane, which must match it (kind, length, hops).
-    let image = |d: usize| -> Result<u32> {
+    // of the shifted lane. `image` also verifies that it matches `d` (kind, length, hops);
+    // `image_of` only finds it, for ops `image` verified already.
+    let image_of = |d: usize| -> Result<u32> {
         let dl = plan.ops[d].lane as usize;
         let lane = &plan.lanes[dl];
         let k = period_of[dl]
@@ -187,7 +217,7 @@ pub(super) fn fold(
             .flatten()
             .and_then(|key| shift_key(shift, key, k))
             .ok_or_else(|| asym(format!("lane {} has no image", lane.label)))?;
-        let img = key_to_lane
+        key_to_lane
             .get(&key)
             .filter(|&&l| domain_lane[l as usize])
             .and_then(|&l| lane_ops[l as usize].get(pos[d] as usize))
@@ -197,33 +227,33 @@ pub(super) fn fold(
                     "op {d} (lane {}, position {}) has no image in the domain",
                     lane.label, pos[d]
                 ))
-            })?;
+            })
+    };
+    let image = |d: usize| -> Result<u32> {
+        let img = image_of(d)?;
+        let dl = plan.ops[d].lane as usize;
+        let k = period_of[dl].unwrap_or(0);
         let (a, b) = (&plan.ops[d], &plan.ops[img as usize]);
-        let reps = |o: &crate::plan::Op| -> Vec<Option<u32>> {
-            o.edges.iter().map(|&e| shift.rep_edge(e)).collect()
+        // Where a region lies, `back` periods back.
+        let end = |r: Option<&Region>, back: u32| -> Option<Location> {
+            r.and_then(|r| plan.location(r.buffer))
+                .and_then(|l| shift.shift_back(l, back))
         };
-        let ends = |o: &crate::plan::Op, back: u32| -> Vec<Option<Location>> {
-            let regions: Vec<&Region> = match &o.kind {
-                OpKind::Copy { src, dst } => vec![src, dst],
-                OpKind::Reduce { srcs, dst, .. } => srcs.iter().chain([dst]).collect(),
-            };
-            regions
-                .into_iter()
-                .map(|r| {
-                    plan.location(r.buffer)
-                        .and_then(|l| shift.shift_back(l, back))
-                })
-                .collect()
-        };
+        let n = region_count(a);
         let same = a.len() == b.len()
             && std::mem::discriminant(&a.kind) == std::mem::discriminant(&b.kind)
-            && reps(a) == reps(b)
-            && ends(a, k) == ends(b, 0);
+            && a.edges.len() == b.edges.len()
+            && a.edges
+                .iter()
+                .zip(&b.edges)
+                .all(|(&x, &y)| shift.rep_edge(x) == shift.rep_edge(y))
+            && n == region_count(b)
+            && (0..n).all(|j| end(region(a, j), k) == end(region(b, j), 0));
         if !same {
             return Err(asym(format!(
                 "op {d} (lane {}, {} elements) differs from its image in the domain ({} \
                  elements): the plan is not the same on every period of hosts",
-                lane.label,
+                plan.lanes[dl].label,
                 a.len(),
                 b.len()
             )));
@@ -286,23 +316,26 @@ pub(super) fn fold(
         r.unwrap_or(0).max(1)
     };
     // Offsets of regions of images on other periods that differ from the domain op's:
-    // (domain op, region) -> (period, offset).
-    let mut moved: HashMap<(u32, u32), Vec<(u32, u64)>> = HashMap::new();
+    // (domain op, region, period, offset), grouped by (domain op, region) once all are seen.
+    let mut moved: Vec<(u32, u32, u32, u64)> = Vec::new();
     let mut inexact: Option<String> = None;
     let image_regions = |d: usize,
                          img: usize,
                          kd: u32,
-                         moved: &mut HashMap<(u32, u32), Vec<(u32, u64)>>|
+                         moved: &mut Vec<(u32, u32, u32, u64)>|
      -> std::result::Result<(), String> {
-        let (a, b) = (regions_of(&plan.ops[d]), regions_of(&plan.ops[img]));
-        if a.len() != b.len() {
+        let (a, b) = (&plan.ops[d], &plan.ops[img]);
+        let n = region_count(a);
+        if n != region_count(b) {
             return Err(format!(
-                "op {d} has {} regions, its image {}",
-                a.len(),
-                b.len()
+                "op {d} has {n} regions, its image {}",
+                region_count(b)
             ));
         }
-        for (j, (ra, rb)) in a.iter().zip(&b).enumerate() {
+        for j in 0..n {
+            let (Some(ra), Some(rb)) = (region(a, j), region(b, j)) else {
+                continue;
+            };
             let same_buffer = match (ra.buffer, rb.buffer) {
                 (BufferRef::Input(x), BufferRef::Input(y))
                 | (BufferRef::Output(x), BufferRef::Output(y)) => {
@@ -325,10 +358,7 @@ pub(super) fn fold(
                 ));
             }
             if ra.offset != rb.offset {
-                moved
-                    .entry((img as u32, j as u32))
-                    .or_default()
-                    .push((kd, ra.offset));
+                moved.push((img as u32, j as u32, kd, ra.offset));
             }
         }
         Ok(())
@@ -388,40 +418,38 @@ pub(super) fn fold(
     // Each moved region rotates within a block of its buffer: the shift per period is read
     // from period 1, the block is a ring of `periods` blocks (one per period) or the buffer,
     // whichever every observed period agrees with.
-    let mut region_shift: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
+    // ((domain op, region), (shift, block)), sorted by the pair.
+    let mut region_shift: Vec<((u32, u32), (u64, u64))> = Vec::new();
     if inexact.is_none() {
         let p = u64::from(shift.periods().max(1));
-        for (&(img, j), seen) in &moved {
-            let Some(r) = regions_of(&plan.ops[img as usize]).get(j as usize).copied() else {
+        moved.sort_unstable();
+        for group in moved.chunk_by(|x, y| (x.0, x.1) == (y.0, y.1)) {
+            let (img, j) = (group[0].0, group[0].1);
+            let seen = || group.iter().map(|&(_, _, k, o)| (k, o));
+            let Some(r) = region(&plan.ops[img as usize], j as usize) else {
                 continue;
             };
             let m = buf_len(r.buffer);
-            let one = seen.iter().find(|(k, _)| *k == 1).map(|&(_, o)| o);
+            let one = seen().find(|(k, _)| *k == 1).map(|(_, o)| o);
             let fits = |block: u64| {
                 let shift = (one.unwrap_or(r.offset) % block + block - r.offset % block) % block;
                 let ok = block > 0
                     && m.is_multiple_of(block)
                     && r.offset % block + r.len <= block
-                    && seen
-                        .iter()
-                        .all(|&(k, o)| rotate(r.offset, shift, block, k) == o);
+                    && seen().all(|(k, o)| rotate(r.offset, shift, block, k) == o);
                 ok.then_some((shift, block))
             };
             // A ring of `periods` blocks: its block is the gcd of the moves observed.
-            let g = seen
-                .iter()
-                .fold(0, |g, &(_, o)| gcd(g, o.abs_diff(r.offset)));
+            let g = seen().fold(0, |g, (_, o)| gcd(g, o.abs_diff(r.offset)));
             let found = [g.saturating_mul(p), m].into_iter().find_map(fits);
             match found {
-                Some(sb) => {
-                    region_shift.insert((img, j), sb);
-                }
+                Some(sb) => region_shift.push(((img, j), sb)),
                 None => {
                     inexact = Some(format!(
                         "region {j} of op {img} is at {:?} on periods {:?}, no rotation of its \
                          offset {}",
-                        seen.iter().map(|x| x.1).collect::<Vec<_>>(),
-                        seen.iter().map(|x| x.0).collect::<Vec<_>>(),
+                        seen().map(|x| x.1).collect::<Vec<_>>(),
+                        seen().map(|x| x.0).collect::<Vec<_>>(),
                         r.offset
                     ));
                     break;
@@ -432,7 +460,8 @@ pub(super) fn fold(
     let mut grow_devs: Vec<Location> = Vec::new();
     let mut grow_ranges: Vec<(UserMem, u64, u64)> = Vec::new();
     let mut ops = Vec::with_capacity(next as usize);
-    let mut scale: BTreeMap<u32, f64> = BTreeMap::new();
+    // Per representative edge, its capacity scale (NaN where no op uses it).
+    let mut scale: Vec<f64> = Vec::new();
     let periods = shift.periods().max(1);
     let mut offsets: Vec<PeriodOffset> = Vec::new();
     let mut shifts: Vec<RegionShift> = Vec::new();
@@ -454,11 +483,10 @@ pub(super) fn fold(
         let mut o = op.clone();
         o.lane = lane_new[op.lane as usize];
         // Regions: window devices, or user ranges the window covers; staging mapped.
-        let mut regions: Vec<&mut Region> = match &mut o.kind {
-            OpKind::Copy { src, dst } => vec![src, dst],
-            OpKind::Reduce { srcs, dst, .. } => srcs.iter_mut().chain([dst]).collect(),
-        };
-        for (ri, r) in regions.iter_mut().enumerate() {
+        for ri in 0..region_count(&o) {
+            let Some(r) = region_mut(&mut o, ri) else {
+                continue;
+            };
             let loc = plan
                 .location(r.buffer)
                 .ok_or_else(|| asym(format!("op {i} names a missing buffer {:?}", r.buffer)))?;
@@ -475,7 +503,8 @@ pub(super) fn fold(
                 r.buffer = BufferRef::Scratch(img);
                 note(OffsetAt::Region(ri as u32), p);
             }
-            if let Some(&(elems, block)) = region_shift.get(&(i as u32, ri as u32))
+            if let Ok(k) = region_shift.binary_search_by_key(&(i as u32, ri as u32), |x| x.0)
+                && let (_, (elems, block)) = region_shift[k]
                 && elems != 0
             {
                 shifts.push(RegionShift {
@@ -505,7 +534,8 @@ pub(super) fn fold(
                 continue;
             }
             let p = period_of[dl].unwrap_or(0);
-            dep_pairs.push((new_id[image(d)? as usize], p));
+            // `d` lies on a window device outside the domain: the loop above verified it.
+            dep_pairs.push((new_id[image_of(d)? as usize], p));
         }
         dep_pairs.sort_unstable();
         dep_pairs.dedup();
@@ -519,7 +549,11 @@ pub(super) fn fold(
                 .rep_edge(*e)
                 .ok_or_else(|| asym(format!("edge {e} has no representative")))?;
             let s = f64::from(shift.edge_orbit(*e)) / f64::from(periods);
-            scale.insert(rep, s);
+            let at = rep as usize;
+            if at >= scale.len() {
+                scale.resize(at + 1, f64::NAN);
+            }
+            scale[at] = s;
             note(OffsetAt::Edge(j as u32), shift.edge_period(*e));
             *e = rep;
         }
@@ -551,8 +585,12 @@ pub(super) fn fold(
         full_lanes: n_lanes * u64::from(periods),
         capacity_scale: scale
             .into_iter()
-            .filter(|&(_, s)| s != 1.0)
-            .map(|(edge, scale)| EdgeScale { edge, scale })
+            .enumerate()
+            .filter(|&(_, s)| !s.is_nan() && s != 1.0)
+            .map(|(edge, scale)| EdgeScale {
+                edge: edge as u32,
+                scale,
+            })
             .collect(),
         exact: inexact.is_none(),
         inexact,
