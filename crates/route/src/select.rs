@@ -58,9 +58,12 @@ pub struct PlanOptions {
     /// Planning time allowed ([`DEFAULT_BUDGET`] by default). Once it is spent, candidates not
     /// yet built or simulated are left out and the best plan found so far is returned, with
     /// [`Planned::budget_exhausted`] set. The baseline and the most promising candidate are
-    /// always simulated (those of 200,000 ops or more for a budget's time of their own, at
-    /// least 1 s; a baseline cut there is reported as a lower bound,
-    /// [`Planned::baseline_cut`]), so a budget of zero still plans.
+    /// always simulated, so a budget of zero still plans: those of 200,000 ops or more, the
+    /// baseline until the deadline or for [`LEAST_SIMULATION_GRACE`] of its own where it
+    /// passed (cut there, it is reported as a lower bound, [`Planned::baseline_cut`]), relaycc's
+    /// most promising candidate for a budget's time of its own (at least that grace).
+    /// Builds are not interrupted: a plan of millions of ops (NCCL's rings or trees over
+    /// hundreds of ranks of a cluster whose hosts do not repeat) passes the budget by its build.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
     /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
@@ -108,17 +111,36 @@ impl Deadline {
     }
     /// Whether a simulation that must yield a plan of relaycc's (the most promising candidate,
     /// or a template built beside the baseline), started at `own_start`, goes on: until the
-    /// deadline, and beyond it for a budget's time (at least [`FIRST_CANDIDATE_GRACE`]) of its
+    /// deadline, and beyond it for a budget's time (at least [`LEAST_SIMULATION_GRACE`]) of its
     /// own and a budget's time after the baseline was built (templates, built beside it) or
     /// simulated (the most promising full candidate, simulated after it). A baseline that
-    /// takes longer than the budget so leaves relaycc's plan as long again, not nothing.
+    /// takes longer than the budget so leaves relaycc's plan as long again, not nothing; the
+    /// baseline itself gets no more than it needs for a figure ([`Deadline::baseline_goes_on`]).
     fn grace_goes_on(&self, own_start: Instant) -> bool {
         let now = Instant::now();
-        let grace = self.budget.max(FIRST_CANDIDATE_GRACE);
+        let grace = self.budget.max(LEAST_SIMULATION_GRACE);
         let within = |t: Instant| t.checked_add(grace).is_none_or(|end| now < end);
         self.at.is_none_or(|at| now < at)
             || within(own_start)
             || self.baseline_done.get().is_none_or(|&t| within(t))
+    }
+    /// Whether the baseline's simulation, started at `own_start`, goes on: until the
+    /// deadline, and for [`LEAST_SIMULATION_GRACE`] of its own where it passed. Cut, it still
+    /// gives a lower bound, which relaycc's plan must beat to be chosen.
+    fn baseline_goes_on(&self, own_start: Instant) -> bool {
+        let now = Instant::now();
+        self.at.is_none_or(|at| now < at) || now.duration_since(own_start) < LEAST_SIMULATION_GRACE
+    }
+    /// Whether a simulation run beside the baseline's build goes on: until the deadline, and
+    /// beyond it while the baseline is still being built.
+    fn beside_goes_on(&self) -> bool {
+        self.at.is_none_or(|at| Instant::now() < at) || self.baseline_done.get().is_none()
+    }
+    /// Time left until the deadline ([`Duration::MAX`] without one).
+    fn left(&self) -> Duration {
+        self.at.map_or(Duration::MAX, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
     }
     /// Simulate `prepared` (of `plan`) under [`Deadline::grace_goes_on`] when the plan has
     /// [`GRACE_ABOVE_OPS`] ops or more; a smaller one simulates in milliseconds and runs to
@@ -152,9 +174,10 @@ impl Deadline {
     }
 }
 
-/// Least time the most promising candidate's simulation is given once the budget is spent, so
-/// that a small budget still returns a plan of relaycc's where one simulates that fast.
-const FIRST_CANDIDATE_GRACE: Duration = Duration::from_secs(1);
+/// Least time the simulations that must give a figure (the baseline's, relaycc's most
+/// promising candidate's, the tuner's of large baselines) are given once the budget is spent,
+/// so that a small budget still returns a plan of relaycc's where one simulates that fast.
+pub(crate) const LEAST_SIMULATION_GRACE: Duration = Duration::from_secs(1);
 
 /// Plans with fewer ops simulate in tens of milliseconds (a 100k-op ring in about 20 ms,
 /// `benches/simulator.rs`): the candidate that must yield a plan of relaycc's is then simulated
@@ -183,7 +206,8 @@ pub struct Planned {
     /// ([`Planned::baseline_cut`]), a bound: its time at least this, its bandwidth at most.
     pub baseline: Perf,
     /// Set when the baseline's simulation was given up at the budget (a baseline of 200,000
-    /// ops or more gets the budget's time of its own, at least 1 s): how far it got. Its time is then known only from below
+    /// ops or more is simulated until the deadline, or for [`LEAST_SIMULATION_GRACE`] where
+    /// it passed): how far it got. Its time is then known only from below
     /// (the simulated time reached, the busiest resource's load and the bound), so a plan of
     /// relaycc's wins only if it is no slower than that; otherwise the baseline is the plan,
     /// with that lower bound as its prediction.
@@ -197,8 +221,9 @@ pub struct Planned {
     /// True when the planning budget ran out before every candidate was built and simulated:
     /// the plan is the best of those that were.
     pub budget_exhausted: bool,
-    /// Wall time the call took. It passes the budget by the grace the baseline's simulation
-    /// and the most promising candidate's get, and by the final proof.
+    /// Wall time the call took. It passes the budget by the builds under way at the deadline,
+    /// the grace the baseline's simulation and the most promising candidate's get
+    /// ([`PlanOptions::budget`]), and by the final proof.
     pub elapsed: Duration,
     /// Candidate families left out for this request's size, each with the reason.
     pub skipped: Vec<String>,
@@ -235,6 +260,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let mut skipped: Vec<String> = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let budget = opts.staging_budget;
+    let until = deadline.at;
     let shift = fold_shift(topo, req).filter(|_| !opts.expand);
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
@@ -248,7 +274,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     // (`Deadline::grace_goes_on`); their result (or error) is taken where it was asked.
     let ((folded, why), mut early) = rayon::join(
         || {
-            let built = baseline_template(topo, req, budget, shift.as_ref());
+            let built = baseline_template(topo, req, budget, shift.as_ref(), until);
             let _ = deadline.baseline_done.set(Instant::now());
             built
         },
@@ -257,7 +283,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     skipped.extend(why);
     let (built, tuned) = match folded {
         Some(built) => (built, None),
-        None => match crate::planner::baseline_within_timed(topo, req, budget) {
+        None => match crate::planner::baseline_within_timed(topo, req, budget, until) {
             Ok(t) => (Ok(t.plan), t.tuned),
             Err(e) => (Err(e), None),
         },
@@ -279,7 +305,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let (baseline_proof, rest) = rayon::join(
         || prove(topo, req, &baseline_plan),
         || -> Result<_> {
-            let sim = simulate_baseline(topo, &baseline_plan, opts, tuned);
+            let sim = simulate_baseline(topo, &baseline_plan, opts, tuned, &deadline);
             let _ = deadline.baseline_done.set(Instant::now());
             let (baseline_time_us, baseline_cut) = sim?;
             if baseline_cut.is_some() {
@@ -327,11 +353,13 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
                 }
             } else {
                 bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
-                // A baseline known only from below prunes nothing.
-                let to_beat = if baseline_fits && baseline_cut.is_none() {
-                    baseline_time_us
-                } else {
-                    f64::INFINITY
+                // A baseline known only from below is beaten only by a plan no slower than that
+                // bound (below), so a candidate whose own bound is above it cannot win; ties
+                // can, hence the rounding slack.
+                let to_beat = match (baseline_fits, baseline_cut) {
+                    (true, None) => baseline_time_us,
+                    (true, Some(_)) => baseline_time_us * (1.0 + 1e-9),
+                    (false, _) => f64::INFINITY,
                 };
                 let (fast, left_out, unfit) = match &shift {
                     Some(sym) => match early.take() {
@@ -451,28 +479,30 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     })
 }
 
-/// Simulate the baseline: to the end below [`GRACE_ABOVE_OPS`] ops, else for the budget's time
-/// of its own (at least [`FIRST_CANDIDATE_GRACE`]), as relaycc's most promising candidate is
-/// given. Its makespan and `None` when it ran to the end; when it gave up, a lower bound on
-/// the makespan (the simulated time reached, or the busiest resource's load and the longest
-/// op) and how far it got.
+/// Simulate the baseline: to the end below [`GRACE_ABOVE_OPS`] ops, else until the deadline,
+/// or for [`LEAST_SIMULATION_GRACE`] of its own where it passed, as relaycc's most promising
+/// candidate is given. Its makespan and `None` when it ran to the end; when it gave up, a
+/// lower bound on the makespan (the simulated time reached, or the busiest resource's load and
+/// the longest op) and how far it got.
 ///
 /// `tuned` is the tuner's simulation of this plan, if it made one: taken as it is where it
-/// used the same settings and ran to the end, or was cut no earlier than this simulation
-/// would be, so the same plan is not simulated twice (5 s each for NCCL's tree of 3M ops on a
+/// used the same settings and ran to the end, or ran at least as long as this simulation
+/// could, so the same plan is not simulated twice (5 s each for NCCL's tree of 3M ops on a
 /// 64-node fat-tree).
 fn simulate_baseline(
     topo: &Topology,
     plan: &Plan,
     opts: &PlanOptions,
     tuned: Option<crate::planner::baseline::TunedTime>,
+    deadline: &Deadline,
 ) -> Result<(f64, Option<SimCut>)> {
-    let own = opts.budget.max(FIRST_CANDIDATE_GRACE);
     if let Some(t) = tuned
         && opts.sim == SimConfig::default()
-        && (t.cut.is_none()
-            || (plan.ops.len() >= GRACE_ABOVE_OPS
-                && crate::planner::baseline::TUNE_SIMULATION_CAP >= own))
+        && tuned_stands(
+            &t,
+            plan.ops.len(),
+            deadline.left().max(LEAST_SIMULATION_GRACE),
+        )
     {
         return Ok((t.time_us, t.cut));
     }
@@ -482,11 +512,18 @@ fn simulate_baseline(
     let prepared = Prepared::new(topo, plan, &opts.sim)?;
     let start = Instant::now();
     Ok(
-        match prepared.simulate_or_cut(topo, &|| start.elapsed() < own)? {
+        match prepared.simulate_or_cut(topo, &|| deadline.baseline_goes_on(start))? {
             Ok(sim) => (sim.time_us, None),
             Err(cut) => (cut.reached_us.max(prepared.lower_bound_us()), Some(cut)),
         },
     )
+}
+
+/// Whether the tuner's simulation `t` of a baseline of `ops` ops stands for the planner's, which
+/// could run for `could_run`: it ran to the end, or, for a plan large enough to be cut at all
+/// ([`GRACE_ABOVE_OPS`]), it ran at least as long.
+fn tuned_stands(t: &crate::planner::baseline::TunedTime, ops: usize, could_run: Duration) -> bool {
+    t.cut.is_none() || (ops >= GRACE_ABOVE_OPS && t.spent >= could_run)
 }
 
 /// Most ops of NCCL's double binary tree all_reduce built in full beside templates above
@@ -511,12 +548,13 @@ fn baseline_template(
     req: &Request,
     budget: u64,
     shift: Option<&relaycc_topo::HostSymmetry>,
+    until: Option<Instant>,
 ) -> (Option<Result<Plan>>, Vec<String>) {
     let mut skipped = Vec::new();
     let folded = match shift {
         Some(sym) => {
             let within =
-                |algo| crate::planner::baseline_template_within(topo, req, budget, algo, sym);
+                |algo| crate::planner::baseline_template_until(topo, req, budget, algo, sym, until);
             match within(None) {
                 Ok(p) => Some(Ok(p)),
                 // NCCL's double binary tree differs between hosts, so it never folds. Its ops
@@ -629,16 +667,35 @@ fn fastest_templates(
         crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
     let mut skipped = set.skipped().to_vec();
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
-    // Built beside the baseline, each template has a budget's time of its own to simulate.
-    let built: Vec<Result<(Plan, Option<f64>)>> = (0..set.len())
+    let prepared: Vec<Result<(Plan, Prepared)>> = (0..set.len())
         .into_par_iter()
         .map(|i| {
             let plan = set.build_template(i, fine, shift)?;
             let prepared = Prepared::new(topo, &plan, &opts.sim)?;
-            let t = deadline
-                .simulate_with_grace(topo, &plan, &prepared)?
-                .map(|sim| sim.time_us);
-            Ok((plan, t))
+            Ok((plan, prepared))
+        })
+        .collect();
+    // Built beside the baseline, the most promising template (least lower bound) has a
+    // budget's time of its own to simulate; the others go on while planning waits for the
+    // baseline anyway, or until the deadline, so that the CPUs go to the one that must give a
+    // plan of relaycc's.
+    let first = prepared
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| b.as_ref().ok().map(|(_, pr)| (pr.lower_bound_us(), i)))
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+        .map(|(_, i)| i);
+    let built: Vec<Result<(Plan, Option<f64>)>> = prepared
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let (plan, prepared) = b?;
+            let sim = if Some(i) == first || plan.ops.len() < GRACE_ABOVE_OPS {
+                deadline.simulate_with_grace(topo, &plan, &prepared)?
+            } else {
+                prepared.simulate_while(topo, &|| deadline.beside_goes_on())?
+            };
+            Ok((plan, sim.map(|sim| sim.time_us)))
         })
         .collect();
     let mut found = Vec::new();
@@ -1043,17 +1100,19 @@ mod tests {
             .unwrap()
             .time_us;
         let opts = PlanOptions::default();
+        let deadline = Deadline::new(opts.budget);
         let whole = TunedTime {
             time_us: 1234.5,
             cut: None,
+            spent: Duration::from_millis(1),
         };
         // A simulation that ran to the end with the same settings is taken as it is.
         assert_eq!(
-            simulate_baseline(&topo, &plan, &opts, Some(whole)).unwrap(),
+            simulate_baseline(&topo, &plan, &opts, Some(whole), &deadline).unwrap(),
             (1234.5, None)
         );
         assert_eq!(
-            simulate_baseline(&topo, &plan, &opts, None).unwrap(),
+            simulate_baseline(&topo, &plan, &opts, None, &deadline).unwrap(),
             (real, None)
         );
         // Other settings: simulated again with them.
@@ -1064,10 +1123,10 @@ mod tests {
             },
             ..PlanOptions::default()
         };
-        let (t, cut) = simulate_baseline(&topo, &plan, &costly, Some(whole)).unwrap();
+        let (t, cut) = simulate_baseline(&topo, &plan, &costly, Some(whole), &deadline).unwrap();
         assert!(t > real && cut.is_none(), "{t} vs {real}");
-        // A cut simulation stands only for a large plan given at most the tuner's cap;
-        // this small plan is simulated to the end instead.
+        // A cut simulation stands only for a large plan that ran at least as long as the
+        // planner's could; this small plan is simulated to the end instead.
         let cut = TunedTime {
             time_us: 1.0,
             cut: Some(SimCut {
@@ -1075,12 +1134,23 @@ mod tests {
                 ops_done: 1,
                 ops: plan.ops.len(),
             }),
+            spent: TUNE_SIMULATION_CAP,
         };
         assert!(plan.ops.len() < GRACE_ABOVE_OPS);
-        assert!(TUNE_SIMULATION_CAP >= opts.budget);
         assert_eq!(
-            simulate_baseline(&topo, &plan, &opts, Some(cut)).unwrap(),
+            simulate_baseline(&topo, &plan, &opts, Some(cut), &deadline).unwrap(),
             (real, None)
         );
+        // A large plan's cut simulation stands where it ran as long as the planner's could,
+        // not where the planner has more time left.
+        let second = Duration::from_secs(1);
+        assert!(tuned_stands(&cut, GRACE_ABOVE_OPS, second));
+        assert!(!tuned_stands(
+            &cut,
+            GRACE_ABOVE_OPS,
+            TUNE_SIMULATION_CAP + second
+        ));
+        assert!(!tuned_stands(&cut, GRACE_ABOVE_OPS - 1, second));
+        assert!(tuned_stands(&whole, 1, Duration::MAX));
     }
 }

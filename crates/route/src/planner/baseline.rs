@@ -19,6 +19,8 @@
 //! charges each protocol's bandwidth share, launch and per-step latency
 //! ([`relaycc_topo::rates::CostModel`]).
 
+use std::time::{Duration, Instant};
+
 use relaycc_topo::Topology;
 use relaycc_topo::rates::Protocol;
 
@@ -77,7 +79,7 @@ pub fn baseline_template_chunked(
 ) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
-    baseline_template_reached(topo, req, algo, chunk_elems, shift, &cache)
+    baseline_template_reached(topo, req, algo, chunk_elems, shift, &cache, None)
 }
 
 /// [`baseline_template_chunked`] once [`crate::require_reachable`] passed, with connections
@@ -90,11 +92,12 @@ pub(crate) fn baseline_template_reached(
     chunk_elems: u64,
     shift: &dyn crate::template::HostShift,
     cache: &ConnCache,
+    until: Option<Instant>,
 ) -> Result<Plan> {
     let base = crate::template::build_template(topo, shift, || {
         algorithm_plan_cached(topo, req, algo, chunk_elems, cache)
     })?;
-    tune(topo, vec![base])
+    tune_timed(topo, vec![base], until).map(|t| t.plan)
 }
 
 /// [`baseline_plan`] with the multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`);
@@ -115,15 +118,17 @@ fn baseline_with(
     algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
 ) -> Result<Plan> {
-    baseline_with_timed(topo, req, algo, chunk_elems).map(|t| t.plan)
+    baseline_with_timed(topo, req, algo, chunk_elems, None).map(|t| t.plan)
 }
 
-/// [`baseline_with`], with the tuner's simulation of the plan where it was a capped one.
+/// [`baseline_with`], with the tuner's simulation of the plan where it was a capped one; the
+/// tuner's capped simulations also stop at `until` ([`tune_timed`]).
 pub(crate) fn baseline_with_timed(
     topo: &Topology,
     req: &Request,
     algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
+    until: Option<Instant>,
 ) -> Result<TunedPlan> {
     let algorithm = algorithm_plan(topo, req, algo, chunk_elems)?;
     let mut options = vec![algorithm];
@@ -134,7 +139,7 @@ pub(crate) fn baseline_with_timed(
         p.algorithm = "nccl-like nvls".into();
         options.push(p);
     }
-    tune_timed(topo, options)
+    tune_timed(topo, options, until)
 }
 
 /// Plans with this many ops or more are simulated per protocol for at most
@@ -145,8 +150,10 @@ pub(crate) fn baseline_with_timed(
 pub const TUNE_CAPPED_ABOVE_OPS: usize = 200_000;
 
 /// Wall time one protocol's simulation may take in the tuner, for plans of
-/// [`TUNE_CAPPED_ABOVE_OPS`] ops or more: the default planning budget.
-pub const TUNE_SIMULATION_CAP: std::time::Duration = crate::select::DEFAULT_BUDGET;
+/// [`TUNE_CAPPED_ABOVE_OPS`] ops or more: the default planning budget. Within a planning call
+/// ([`crate::plan`]) it also stops at the call's deadline, once it had
+/// [`crate::select::LEAST_SIMULATION_GRACE`].
+pub const TUNE_SIMULATION_CAP: Duration = crate::select::DEFAULT_BUDGET;
 
 /// The tuner's simulation of the plan it chose, where that plan had
 /// [`TUNE_CAPPED_ABOVE_OPS`] ops or more, with the default simulator settings: the planner
@@ -156,8 +163,10 @@ pub(crate) struct TunedTime {
     /// Its makespan, or where cut, its lower bound (simulated time reached, busiest resource,
     /// longest op), microseconds.
     pub time_us: f64,
-    /// How far the simulation got where [`TUNE_SIMULATION_CAP`] cut it.
+    /// How far the simulation got where [`TUNE_SIMULATION_CAP`] or the deadline cut it.
     pub cut: Option<crate::sim::SimCut>,
+    /// Wall time the simulation ran.
+    pub spent: Duration,
 }
 
 /// A baseline plan with the tuner's simulation of it ([`TunedTime`]) where that was a capped
@@ -177,14 +186,17 @@ impl std::borrow::Borrow<Plan> for TunedPlan {
 }
 
 /// NCCL's tuner over `options` (plans without a protocol yet): each with every protocol it may
-/// use, the fastest kept (simulations capped from [`TUNE_CAPPED_ABOVE_OPS`] ops). NVLS plans
-/// use Simple only; LL128 needs NVLink on every link.
-fn tune(topo: &Topology, options: Vec<Plan>) -> Result<Plan> {
-    tune_timed(topo, options).map(|t| t.plan)
-}
-
-/// [`tune`], with the chosen plan's simulation where it was a capped one.
-fn tune_timed(topo: &Topology, mut options: Vec<Plan>) -> Result<TunedPlan> {
+/// use, the fastest kept, with the chosen plan's simulation where it was a capped one. NVLS
+/// plans use Simple only; LL128 needs NVLink on every link.
+///
+/// Plans of [`TUNE_CAPPED_ABOVE_OPS`] ops or more are simulated for at most
+/// [`TUNE_SIMULATION_CAP`] each and, past `until` (a planning call's deadline), for
+/// [`crate::select::LEAST_SIMULATION_GRACE`]: a cut one counts at its lower bound.
+fn tune_timed(
+    topo: &Topology,
+    mut options: Vec<Plan>,
+    until: Option<Instant>,
+) -> Result<TunedPlan> {
     let cfg = crate::sim::SimConfig::default();
     // (time, option, protocol, simulation): the plans are given their protocol in place and
     // never cloned, since a baseline may hold millions of ops.
@@ -208,16 +220,23 @@ fn tune_timed(topo: &Topology, mut options: Vec<Plan>) -> Result<TunedPlan> {
                 continue;
             }
             let (t, timed) = if base.ops.len() >= TUNE_CAPPED_ABOVE_OPS {
-                let start = std::time::Instant::now();
-                let go_on = || start.elapsed() < TUNE_SIMULATION_CAP;
+                let start = Instant::now();
+                let go_on = || {
+                    let spent = start.elapsed();
+                    spent < TUNE_SIMULATION_CAP
+                        && (spent < crate::select::LEAST_SIMULATION_GRACE
+                            || until.is_none_or(|u| Instant::now() < u))
+                };
                 let timed = match prepared.simulate_or_cut(topo, &go_on)? {
                     Ok(sim) => TunedTime {
                         time_us: sim.time_us,
                         cut: None,
+                        spent: start.elapsed(),
                     },
                     Err(cut) => TunedTime {
                         time_us: cut.reached_us.max(bound),
                         cut: Some(cut),
+                        spent: start.elapsed(),
                     },
                 };
                 (timed.time_us, Some(timed))

@@ -52,23 +52,26 @@ pub use baseline::{
 /// staging is within `budget` bytes ([`crate::staging::fit`]); [`RouteError::StagingBudget`]
 /// when it cannot fit.
 pub fn baseline_within(topo: &Topology, req: &Request, budget: u64) -> Result<Plan> {
-    baseline_within_timed(topo, req, budget).map(|t| t.plan)
+    baseline_within_timed(topo, req, budget, None).map(|t| t.plan)
 }
 
 /// [`baseline_within`], with the tuner's simulation of the plan it returns where that was a
-/// capped one ([`baseline::TunedTime`]): the planner takes it instead of simulating again.
+/// capped one ([`baseline::TunedTime`]): the planner takes it instead of simulating again. The
+/// tuner's capped simulations stop at `until` too (a planning call's deadline).
 pub(crate) fn baseline_within_timed(
     topo: &Topology,
     req: &Request,
     budget: u64,
+    until: Option<std::time::Instant>,
 ) -> Result<baseline::TunedPlan> {
     crate::staging::fit(
         pipeline_chunk_elems(req).max(1),
         crate::staging::min_chunk_elems(req),
         budget,
-        |c| baseline::baseline_with_timed(topo, req, None, c),
+        |c| baseline::baseline_with_timed(topo, req, None, c, until),
     )
 }
+
 /// [`baseline_within`] as a template of one domain of hosts folded by `shift`
 /// ([`baseline::baseline_template_chunked`]).
 pub fn baseline_template_within(
@@ -78,6 +81,19 @@ pub fn baseline_template_within(
     algo: Option<baseline_net::tuner::Algo>,
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
+    baseline_template_until(topo, req, budget, algo, shift, None)
+}
+
+/// [`baseline_template_within`] whose tuner's capped simulations stop at `until` too (a
+/// planning call's deadline).
+pub(crate) fn baseline_template_until(
+    topo: &Topology,
+    req: &Request,
+    budget: u64,
+    algo: Option<baseline_net::tuner::Algo>,
+    shift: &dyn crate::template::HostShift,
+    until: Option<std::time::Instant>,
+) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     // One cache for every build of the fit: connections do not depend on the chunk.
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
@@ -85,7 +101,7 @@ pub fn baseline_template_within(
         pipeline_chunk_elems(req).max(1),
         crate::staging::min_chunk_elems(req),
         budget,
-        |c| baseline::baseline_template_reached(topo, req, algo, c, shift, &cache),
+        |c| baseline::baseline_template_reached(topo, req, algo, c, shift, &cache, until),
     )
 }
 pub use builder::CH_STRIDE;
