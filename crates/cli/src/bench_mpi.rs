@@ -94,6 +94,9 @@ mod imp {
         /// Whether relaycc ran in the caller's buffers (`RELAYCC_MPI_ZERO_COPY=1`) or in
         /// its own, copying the input in and the output out (host buffers only).
         zero_copy: bool,
+        /// How host messages move between the processes
+        /// (`MpiCommunicator::host_transport`).
+        transport: String,
         /// On GPUs: rank 0's device and the transport (`cuda:0, transport nccl`); absent on
         /// host memory.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -193,6 +196,7 @@ mod imp {
             algorithm: comm.last_algorithm(),
             mpi_library: library,
             zero_copy: comm.zero_copy() && dev.is_none(),
+            transport: comm.host_transport().to_string(),
             gpu: dev.as_ref().map(gpu::describe),
             results: rows,
         };
@@ -217,7 +221,11 @@ mod imp {
             r.iters,
             r.warmup
         )?;
-        writeln!(out, "# MPI: {}", r.mpi_library)?;
+        writeln!(
+            out,
+            "# MPI: {}; relaycc's transport: {}",
+            r.mpi_library, r.transport
+        )?;
         let extra: [Column; 3] = [
             ("mpi time", "(us)", 10),
             ("mpi bus", "(GB/s)", 8),

@@ -279,12 +279,19 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
     // Messages above Open MPI's eager limit (rendezvous), and counts that do not split evenly.
     typed::<f32>(comm, rep, "f32", 3001);
     typed::<u8>(comm, rep, "u8", 5003);
+    // Messages of 64 KiB and more: single copies where the ranks may read each other's
+    // memory (`host_transport` says which transport ran).
+    if comm.rank() == 0 {
+        println!("transport: {}", comm.host_transport());
+    }
+    typed::<f32>(comm, rep, "f32 large", 262_147);
     // Zero copy (messages in the caller's buffers) on a communicator split off this one.
     match comm.split(Some(0), comm.rank() as i32) {
         Ok(Some(mut zc)) => {
             zc.set_zero_copy(true);
             typed::<i64>(&zc, rep, "i64 zero copy", 37);
             typed::<f32>(&zc, rep, "f32 zero copy", 3001);
+            typed::<f32>(&zc, rep, "f32 zero copy large", 262_147);
         }
         other => {
             println!("rank {}: split: {other:?}", comm.rank());

@@ -123,6 +123,15 @@ pub enum MpiError {
     /// waiting for them. Abort the job ([`MpiCommunicator::abort`]) or finalize.
     #[error("an earlier run failed ({0}); abort the job or finalize")]
     Failed(String),
+    /// The shared-memory transport could not move a message: a single-copy read of a peer's
+    /// memory failed, or the peer gave the message up (it failed) while it was read.
+    #[error("rank {rank}: shared-memory transport: {why}")]
+    Transport {
+        /// This rank.
+        rank: u32,
+        /// What failed.
+        why: String,
+    },
     /// Planning failed.
     #[error("plan: {0}")]
     Plan(#[from] RouteError),
@@ -360,6 +369,18 @@ impl MpiCommunicator {
     /// addresses to MPI: only sound with a CUDA-aware MPI (host memory is fine either way).
     pub fn set_transfer(&mut self, mode: TransferMode) {
         self.transfer = mode;
+    }
+    /// How the typed collectives move host messages between this communicator's processes:
+    /// `"shared memory, single copy from 64 KiB"` where every rank shares this host's memory
+    /// and may read the others' with `process_vm_readv` (`RELAYCC_MPI_SINGLE_COPY=0` turns
+    /// that off), `"shared memory"` where they share memory only (`RELAYCC_MPI_SHM=0` turns
+    /// it off), `"MPI messages"` otherwise.
+    pub fn host_transport(&self) -> &'static str {
+        match &self.shm {
+            Some(s) if s.single_copy() => shm_transport::SINGLE_COPY_NAME,
+            Some(_) => "shared memory",
+            None => "MPI messages",
+        }
     }
     /// True when the typed collectives run in the caller's buffers
     /// ([`Self::set_zero_copy`]).
