@@ -59,8 +59,8 @@ pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
-    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner,
-    SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
+    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, LEAST_SIMULATION_GRACE, PlanOptions, Planned,
+    Planner, SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
 };
 pub use sim::{
     DEADLINE_CHECK_BATCHES, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, Prepared,

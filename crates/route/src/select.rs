@@ -177,7 +177,7 @@ impl Deadline {
 /// Least time the simulations that must give a figure (the baseline's, relaycc's most
 /// promising candidate's, the tuner's of large baselines) are given once the budget is spent,
 /// so that a small budget still returns a plan of relaycc's where one simulates that fast.
-pub(crate) const LEAST_SIMULATION_GRACE: Duration = Duration::from_secs(1);
+pub const LEAST_SIMULATION_GRACE: Duration = Duration::from_secs(1);
 
 /// Plans with fewer ops simulate in tens of milliseconds (a 100k-op ring in about 20 ms,
 /// `benches/simulator.rs`): the candidate that must yield a plan of relaycc's is then simulated
