@@ -354,11 +354,13 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
             } else {
                 bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
                 // A baseline known only from below is beaten only by a plan no slower than that
-                // bound (below), so a candidate whose own bound is above it cannot win; ties
-                // can, hence the rounding slack.
+                // bound (raised to the request's bound below), so a candidate whose own bound
+                // is above it cannot win; ties can, hence the rounding slack.
                 let to_beat = match (baseline_fits, baseline_cut) {
                     (true, None) => baseline_time_us,
-                    (true, Some(_)) => baseline_time_us * (1.0 + 1e-9),
+                    (true, Some(_)) => {
+                        cut_baseline_us(baseline_time_us, req, bound_gbps) * (1.0 + 1e-9)
+                    }
                     (false, _) => f64::INFINITY,
                 };
                 let (fast, left_out, unfit) = match &shift {
@@ -387,9 +389,8 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     );
     baseline_proof?;
     let (mut baseline_time_us, baseline_cut, mut found, shared_memory, bound_gbps) = rest?;
-    if baseline_cut.is_some() && bound_gbps > 0.0 && bound_gbps.is_finite() {
-        // A cut baseline is known from below; the bound's time is a lower bound on it too.
-        baseline_time_us = baseline_time_us.max(req.size_bytes() as f64 / (bound_gbps * 1e3));
+    if baseline_cut.is_some() {
+        baseline_time_us = cut_baseline_us(baseline_time_us, req, bound_gbps);
     }
     let baseline = Perf::from_time(req, baseline_time_us);
     if baseline_fits
@@ -477,6 +478,17 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         elapsed: deadline.started.elapsed(),
         skipped,
     })
+}
+
+/// The time a cut baseline is known to take at least: what its simulation showed
+/// (`simulated_us`, the time reached or its busiest resource's load), or the request's bound's
+/// time (`bound_gbps`), whichever is larger.
+fn cut_baseline_us(simulated_us: f64, req: &Request, bound_gbps: f64) -> f64 {
+    if bound_gbps > 0.0 && bound_gbps.is_finite() {
+        simulated_us.max(req.size_bytes() as f64 / (bound_gbps * 1e3))
+    } else {
+        simulated_us
+    }
 }
 
 /// Simulate the baseline: to the end below [`GRACE_ABOVE_OPS`] ops, else until the deadline,
