@@ -72,6 +72,17 @@ struct Run {
 /// Runs held in a sorted vector up to this many; past it, in a B-tree.
 const SORTED_MAX_RUNS: usize = 512;
 
+impl Run {
+    /// Append to `out` what an access of this run waits for: its last writer, and for a write
+    /// also its readers since.
+    fn waits(&self, write: bool, out: &mut Vec<u32>) {
+        out.extend(self.writer);
+        if write {
+            out.extend(self.readers.iter());
+        }
+    }
+}
+
 /// The runs of one memory, disjoint, by start; gaps are elements never touched.
 #[derive(Debug)]
 pub(super) struct AccessTrack {
@@ -190,10 +201,7 @@ impl SortedRuns {
         }
         let from = self.first_ending_after(a);
         for r in self.runs[from..].iter().take_while(|r| r.start < b) {
-            out.extend(r.writer);
-            if write {
-                out.extend(r.readers.iter());
-            }
+            r.waits(write, out);
         }
     }
 
@@ -296,11 +304,8 @@ impl TreeRuns {
             return;
         }
         let from = self.holding(a).unwrap_or(a);
-        for r in self.runs.range(from..b).map(|(_, r)| r) {
-            out.extend(r.writer);
-            if write {
-                out.extend(r.readers.iter());
-            }
+        for (_, r) in self.runs.range(from..b) {
+            r.waits(write, out);
         }
     }
 
