@@ -196,7 +196,7 @@ mod imp {
             algorithm: comm.last_algorithm(),
             mpi_library: library,
             zero_copy: comm.zero_copy() && dev.is_none(),
-            transport: comm.host_transport().to_string(),
+            transport: comm.host_transport(),
             gpu: dev.as_ref().map(gpu::describe),
             results: rows,
         };

@@ -125,7 +125,8 @@ fn solve_affine(
 }
 
 /// Build a plan with `build(chunk)` (a [`Plan`], or anything that holds one and borrows as it)
-/// from `chunk` elements down until every device's staging is within `budget`, never below `min_chunk` nor below the chunk that would give
+/// from `chunk` elements down until every device's staging is within `budget`, never below
+/// `min_chunk` nor below the chunk that would give
 /// [`MAX_FITTED_OPS`] ops.
 ///
 /// Every planner's staging is affine in the chunk (slots of a chunk each, plus buffers of a

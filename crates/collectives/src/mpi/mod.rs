@@ -375,12 +375,10 @@ impl MpiCommunicator {
     /// and may read the others' with `process_vm_readv` (`RELAYCC_MPI_SINGLE_COPY=0` turns
     /// that off), `"shared memory"` where they share memory only (`RELAYCC_MPI_SHM=0` turns
     /// it off), `"MPI messages"` otherwise.
-    pub fn host_transport(&self) -> &'static str {
-        match &self.shm {
-            Some(s) if s.single_copy() => shm_transport::SINGLE_COPY_NAME,
-            Some(_) => "shared memory",
-            None => "MPI messages",
-        }
+    pub fn host_transport(&self) -> String {
+        self.shm
+            .as_ref()
+            .map_or_else(|| "MPI messages".to_string(), |s| s.describe())
     }
     /// True when the typed collectives run in the caller's buffers
     /// ([`Self::set_zero_copy`]).

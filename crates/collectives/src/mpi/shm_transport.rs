@@ -104,8 +104,9 @@ const STREAM_MIN_BYTES: usize = 256 * 1024;
 /// call and the wait for the receiver (module docs: 64 KiB served 128 KiB messages better than
 /// slots did).
 const SINGLE_COPY_MIN_BYTES: usize = 64 * 1024;
-/// [`super::MpiCommunicator::host_transport`] where single copies are on.
-pub(crate) const SINGLE_COPY_NAME: &str = "shared memory, single copy from 64 KiB";
+/// Offset of a channel's abandon flag in its `head` line: a sender whose run fails with
+/// single-copy sends unread sets it ([`ShmTransport::abandon_single_copies`]).
+const ABANDON_FLAG: usize = 8;
 
 /// Bytes of one channel: `head`, `tail`, one header line per slot, the slots.
 const fn channel_bytes() -> usize {
@@ -238,8 +239,7 @@ impl ShmSegment {
         if !all(comm, ok) {
             return None;
         }
-        let own = (base as usize).next_multiple_of(PAGE_BYTES);
-        let single_copy = single_copy_peers(comm, own);
+        let single_copy = single_copy_peers(comm, bases[rank as usize]);
         Some(ShmSegment {
             _local: shared,
             bases,
@@ -249,9 +249,15 @@ impl ShmSegment {
         })
     }
 
-    /// True where messages of [`SINGLE_COPY_MIN_BYTES`] or more move by a single copy.
-    pub(crate) fn single_copy(&self) -> bool {
-        self.single_copy.is_some()
+    /// How messages move ([`super::MpiCommunicator::host_transport`]).
+    pub(crate) fn describe(&self) -> String {
+        match self.single_copy {
+            Some(_) => format!(
+                "shared memory, single copy from {} KiB",
+                SINGLE_COPY_MIN_BYTES / 1024
+            ),
+            None => "shared memory".to_string(),
+        }
     }
 
     /// The channel from `s` to `d`: its first byte, in `s`'s part of the window.
@@ -273,7 +279,8 @@ impl ShmSegment {
 /// Collective over `comm`: every rank's process id where every rank wants single copies
 /// (`RELAYCC_MPI_SINGLE_COPY` is not `0`) and could read the next rank's window with
 /// `process_vm_readv` (a container's seccomp policy or Yama's ptrace scope may forbid it);
-/// `None` otherwise. `own` is this rank's part of the window, in its own address space.
+/// `None` otherwise. `own` is this rank's part of the window, in its own address space (its
+/// peers read it there).
 fn single_copy_peers(comm: &SimpleCommunicator, own: usize) -> Option<Vec<libc::pid_t>> {
     let n = comm.size() as usize;
     let me = [u64::from(std::process::id()), own as u64];
@@ -473,8 +480,8 @@ impl ShmTransport<'_> {
     fn abandon_single_copies(&self, sends: &[Msg]) {
         for m in sends.iter().filter(|m| m.single && m.moved == 1) {
             let ch = self.seg.channel(self.seg.rank, m.peer);
-            // SAFETY: the head line's second word is the channel's abandon flag.
-            unsafe { counter(ch + 8) }.store(1, Ordering::Release);
+            // SAFETY: `ABANDON_FLAG` is an aligned word of the channel's head line.
+            unsafe { counter(ch + ABANDON_FLAG) }.store(1, Ordering::Release);
         }
     }
 
@@ -584,10 +591,10 @@ impl ShmTransport<'_> {
                 m.bytes, m.peer
             ),
         })?;
-        // SAFETY: the head line's second word is the channel's abandon flag. A sender that
+        // SAFETY: `ABANDON_FLAG` is an aligned word of the channel's head line. A sender that
         // gave up set it before its caller could reuse the source, so a read that overlapped
         // such reuse sees it here.
-        if unsafe { counter(ch + 8) }.load(Ordering::Acquire) != 0 {
+        if unsafe { counter(ch + ABANDON_FLAG) }.load(Ordering::Acquire) != 0 {
             return Err(MpiError::Transport {
                 rank,
                 why: format!("rank {} gave up its message while it was copied", m.peer),
