@@ -11,7 +11,9 @@
 //!   in-place form, in place, with every reduce op (avg on floating types), at a small count,
 //!   and for f32 and u8 at counts past the rendezvous limit that do not split evenly; each output must equal, byte for byte, what the MPI library's own
 //!   collective gives for the same inputs (avg: MPI's sum divided by the rank count); the
-//!   same in zero-copy mode for two types. A second call of each shape reuses its plan
+//!   same in zero-copy mode for two types, and from `SharedHostBuffer`s (70 rounds of
+//!   all_to_all from fresh buffers, then all_reduce, all_gather_v and send/recv of a slice at
+//!   past 64 KiB per message). A second call of each shape reuses its plan
 //!   (the plan cache must not grow).
 //! - `typed-faults`: one rank passes another count, element type, op, root, or calls the
 //!   collectives in another order, or expects another all_to_all_v count: every rank must get
@@ -32,7 +34,7 @@ mod mpi_common;
 use mpi_common::{Report, fill};
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{MpiCommunicator, MpiError};
+use relaycc_collectives::mpi::{MpiCommunicator, MpiError, SharedHostBuffer};
 use relaycc_collectives::{Element, ReduceOp};
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -292,6 +294,7 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
             typed::<i64>(&zc, rep, "i64 zero copy", 37);
             typed::<f32>(&zc, rep, "f32 zero copy", 3001);
             typed::<f32>(&zc, rep, "f32 zero copy large", 262_147);
+            shared_buffers(&zc, rep);
         }
         other => {
             println!("rank {}: split: {other:?}", comm.rank());
@@ -303,6 +306,79 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
     rep.check(
         &format!("plan cache reused ({before} shapes)"),
         comm.cached_calls() == before && before > 0,
+    );
+}
+
+/// `len` elements of [`fill`]`(rank, len)` in a [`SharedHostBuffer`].
+fn shared_fill(rank: u32, len: usize) -> SharedHostBuffer<f32> {
+    let mut b = SharedHostBuffer::zeroed(len).expect("memfd");
+    b.copy_from_slice(&fill::<f32>(rank, len));
+    b
+}
+
+/// Collectives whose messages come from [`SharedHostBuffer`]s (zero-copy `comm`): receivers
+/// map the senders' buffers and copy in user space where the transport says so. Each result
+/// equals MPI's on the same buffers; 70 rounds of all_to_all from new buffers each time pass
+/// the receivers' cache of mappings (64), so evicted and unmapped buffers are never read.
+fn shared_buffers(comm: &MpiCommunicator, rep: &mut Report) {
+    let world = comm.comm();
+    let (me, n) = (comm.rank(), comm.size() as usize);
+    if me == 0 {
+        println!("transport (shared buffers): {}", comm.host_transport());
+    }
+    // 65,644-byte blocks: single-copy messages.
+    let c = 16_411;
+    let mut all_ok = true;
+    for round in 0..70u32 {
+        let src = shared_fill(me + round, c * n);
+        let mut got = SharedHostBuffer::<f32>::zeroed(c * n).expect("memfd");
+        let mut want = zeros::<f32>(c * n);
+        world.all_to_all_into(&src[..], &mut want[..]);
+        let r = comm.all_to_all(&src, &mut got);
+        all_ok &= r.is_ok() && bytes(&got) == bytes(&want);
+    }
+    rep.check("shared buffers: 70 rounds of all_to_all", all_ok);
+    let c = 262_147;
+    let input = shared_fill(me, c);
+    let mut want = zeros::<f32>(c);
+    world.all_reduce_into(&input[..], &mut want[..], SystemOperation::sum());
+    let mut got = SharedHostBuffer::<f32>::zeroed(c).expect("memfd");
+    let r = comm.all_reduce(&input, &mut got, ReduceOp::Sum);
+    rep.check(
+        "shared buffers: all_reduce",
+        r.is_ok() && bytes(&got) == bytes(&want),
+    );
+    let counts: Vec<usize> = (0..n).map(|r| c - r * 1000).collect();
+    let counts_i: Vec<i32> = counts.iter().map(|x| *x as i32).collect();
+    let d = displs(&counts_i);
+    let total: usize = counts.iter().sum();
+    let mine = shared_fill(me, counts[me as usize]);
+    let mut want = zeros::<f32>(total);
+    {
+        let mut part = PartitionMut::new(&mut want[..], &counts_i[..], &d[..]);
+        world.all_gather_varcount_into(&mine[..], &mut part);
+    }
+    let mut got = SharedHostBuffer::<f32>::zeroed(total).expect("memfd");
+    let r = comm.all_gather_v(&mine, &mut got, &counts);
+    rep.check(
+        "shared buffers: all_gather_v",
+        r.is_ok() && bytes(&got) == bytes(&want),
+    );
+    // A message from the middle of a shared buffer.
+    let next = (me + 1) % n as u32;
+    let prev = (me + n as u32 - 1) % n as u32;
+    let mut got = zeros::<f32>(c / 2);
+    let r = if me % 2 == 0 {
+        comm.send(&input[c / 3..c / 3 + c / 2], next)
+            .and_then(|()| comm.recv(&mut got, prev))
+    } else {
+        comm.recv(&mut got, prev)
+            .and_then(|()| comm.send(&input[c / 3..c / 3 + c / 2], next))
+    };
+    let want = fill::<f32>(prev, c);
+    rep.check(
+        "shared buffers: send/recv of a slice",
+        r.is_ok() && bytes(&got) == bytes(&want[c / 3..c / 3 + c / 2]),
     );
 }
 

@@ -25,6 +25,7 @@ mod indexed;
 mod plans;
 mod requests;
 mod schedule;
+mod shared_buffer;
 mod shm_transport;
 mod transport;
 mod typed;
@@ -50,6 +51,7 @@ pub use gpu::{GpuTransport, MpiGpu, MpiOnStream};
 pub use requests::error_name;
 use requests::{Health, Requests};
 use schedule::RunBuffers;
+pub use shared_buffer::SharedHostBuffer;
 
 use crate::backend::{Backend, ByteRegion};
 use crate::error::CollectivesError;
@@ -132,6 +134,9 @@ pub enum MpiError {
         /// What failed.
         why: String,
     },
+    /// A [`SharedHostBuffer`] could not be allocated (memfd, mapping, size).
+    #[error("shared host memory: {0}")]
+    SharedMemory(String),
     /// Planning failed.
     #[error("plan: {0}")]
     Plan(#[from] RouteError),

@@ -14,6 +14,15 @@
 //!   completes only then. Setup probes it (a read of the next rank's window) and every rank
 //!   must succeed, since a container's seccomp policy or Yama's ptrace scope may forbid it;
 //!   `RELAYCC_MPI_SINGLE_COPY=0` turns it off.
+//! - **Single copy in user space** (from a [`SharedHostBuffer`], relaycc's `ncclMemAlloc`):
+//!   when a single-copy message's bytes lie in one, the header names the buffer (its serial,
+//!   its file descriptor in the sender, the offset) instead of an address; the receiver maps
+//!   the buffer read-only (once, cached) and copies with streaming stores, about 6 GB/s a core
+//!   here against 3.6 for the kernel's copy. Setup probes it too (a rank maps the next rank's
+//!   probe buffer). With `--shared-buffers`, `relaycc bench --backend mpi --vs-mpi` on 8
+//!   processes gave at 64 MiB, MPI's time over relaycc's on the same buffers: all_to_all_v
+//!   1.58 to 1.65, all_reduce 2.95, all_gather_v 2.25 (ordinary buffers: 0.91 to 0.95, 1.48
+//!   to 1.53, 1.20 to 1.40, runs in one session).
 //!
 //! On the 2-core VM, 8 processes, `relaycc bench --backend mpi --vs-mpi` at 64 MiB (MPI's time
 //! over relaycc's, binaries run in alternation): all_to_all_v 0.81 to 0.89 with slots alone,
@@ -72,6 +81,7 @@ use ::mpi::traits::*;
 
 use super::MpiError;
 use super::requests::SPINS_BEFORE_YIELD;
+use super::shared_buffer::{self, PeerMappings, SharedHostBuffer};
 use crate::backend::AddressSpace;
 use crate::exec::run::Transport;
 
@@ -125,6 +135,11 @@ pub(crate) struct ShmSegment {
     /// `process_vm_readv` (probed at setup; `RELAYCC_MPI_SINGLE_COPY=0` turns it off): large
     /// messages then move by a single copy.
     single_copy: Option<Vec<libc::pid_t>>,
+    /// Whether every rank may map every other's [`SharedHostBuffer`]s (probed at setup, with
+    /// single copies only): a single-copy message from one is then copied in user space.
+    shared_buffers: bool,
+    /// Peers' shared buffers mapped here.
+    peer_mappings: RefCell<PeerMappings>,
     lists: RefCell<Lists>,
 }
 
@@ -240,23 +255,32 @@ impl ShmSegment {
             return None;
         }
         let single_copy = single_copy_peers(comm, bases[rank as usize]);
+        let shared_buffers = single_copy
+            .as_ref()
+            .is_some_and(|pids| shared_buffers_mappable(comm, pids));
         Some(ShmSegment {
             _local: shared,
             bases,
             rank: rank as u32,
             single_copy,
+            shared_buffers,
+            peer_mappings: RefCell::default(),
             lists: RefCell::default(),
         })
     }
 
     /// How messages move ([`super::MpiCommunicator::host_transport`]).
     pub(crate) fn describe(&self) -> String {
-        match self.single_copy {
-            Some(_) => format!(
+        match (&self.single_copy, self.shared_buffers) {
+            (Some(_), true) => format!(
+                "shared memory, single copy from {} KiB (in user space from shared buffers)",
+                SINGLE_COPY_MIN_BYTES / 1024
+            ),
+            (Some(_), false) => format!(
                 "shared memory, single copy from {} KiB",
                 SINGLE_COPY_MIN_BYTES / 1024
             ),
-            None => "shared memory".to_string(),
+            (None, _) => "shared memory".to_string(),
         }
     }
 
@@ -308,6 +332,41 @@ fn single_copy_peers(comm: &SimpleCommunicator, own: usize) -> Option<Vec<libc::
         }
         .is_ok();
     all(comm, ok).then_some(pids)
+}
+
+/// Collective over `comm`, whose ranks run as processes `pids`: whether every rank could map
+/// the next rank's [`SharedHostBuffer`] and read what that rank wrote in it (`/proc` access
+/// may be denied where `process_vm_readv` is not, or the other way round).
+fn shared_buffers_mappable(comm: &SimpleCommunicator, pids: &[libc::pid_t]) -> bool {
+    let n = comm.size() as usize;
+    let rank = comm.rank() as usize;
+    let magic = |r: usize| 0x5e1f_0000_0000_0000u64 | r as u64;
+    let probe = SharedHostBuffer::<u64>::zeroed(1).ok().map(|mut b| {
+        b[0] = magic(rank);
+        b
+    });
+    let me = match &probe {
+        Some(b) => match shared_buffer::find_registered(b.as_ptr() as usize, 8) {
+            Some((serial, fd, _)) => [serial, fd as u64],
+            None => [0, 0],
+        },
+        None => [0, 0],
+    };
+    let mut everyone = vec![0u64; 2 * n];
+    comm.all_gather_into(&me[..], &mut everyone[..]);
+    let next = (rank + 1) % n;
+    let (serial, fd) = (everyone[2 * next], everyone[2 * next + 1]);
+    let mut mappings = PeerMappings::default();
+    let ok = serial != 0
+        && i32::try_from(fd).is_ok_and(|fd| {
+            mappings
+                .locate(next as u32, pids[next], serial, fd, 0, 8)
+                // SAFETY: `at` is 8 readable bytes of the next rank's probe, mapped until
+                // `mappings` drops; it wrote them before the gather.
+                .is_ok_and(|at| unsafe { std::ptr::read_volatile(at as *const u64) } == magic(next))
+        });
+    // Nobody drops its probe before every rank has read its neighbour's.
+    all(comm, ok)
 }
 
 /// Copy `len` bytes at `remote` in process `pid` to `dst` here with `process_vm_readv`, in as
@@ -378,9 +437,17 @@ struct Header {
     total: u64,
     offset: u64,
     len: u64,
-    /// A single-copy message: its address in the sender's memory (0 otherwise).
+    /// A single-copy message: its address in the sender's memory (0 otherwise), or its
+    /// offset in the sender's shared buffer.
     remote: u64,
+    /// A single-copy message from a shared buffer: the buffer's serial (0 otherwise).
+    region: u64,
+    /// The shared buffer's file descriptor in the sender.
+    region_fd: u64,
 }
+
+// A header is one cache line.
+const _: () = assert!(std::mem::size_of::<Header>() <= LINE_BYTES);
 
 /// The runner's transport over a [`ShmSegment`] for one run.
 #[derive(Debug)]
@@ -415,6 +482,8 @@ impl ShmTransport<'_> {
                 offset: offset as u64,
                 len: len as u64,
                 remote: 0,
+                region: 0,
+                region_fd: 0,
             };
             let at = ch + 2 * LINE_BYTES;
             // SAFETY: slot `k` and its header line are inside the channel; the receiver
@@ -446,12 +515,23 @@ impl ShmTransport<'_> {
                 return false;
             }
             let k = (h % SLOTS as u64) as usize;
+            let shared = self
+                .seg
+                .shared_buffers
+                .then(|| shared_buffer::find_registered(m.addr, m.bytes))
+                .flatten();
+            let (remote, region, region_fd) = match shared {
+                Some((serial, fd, offset)) => (offset as u64, serial, fd as u64),
+                None => (m.addr as u64, 0, 0),
+            };
             let header = Header {
                 tag: u64::from(m.tag),
                 total: m.bytes as u64,
                 offset: 0,
                 len: m.bytes as u64,
-                remote: m.addr as u64,
+                remote,
+                region,
+                region_fd,
             };
             // SAFETY: as in `push`: the header line is free and read only after `head` moves.
             unsafe {
@@ -510,8 +590,10 @@ impl ShmTransport<'_> {
                 } else {
                     (m.bytes - offset).min(SLOT_BYTES) as u64
                 },
-                // Compared apart: only a single copy carries an address.
+                // Compared apart: only a single copy carries an address or a buffer.
                 remote: got.remote,
+                region: got.region,
+                region_fd: got.region_fd,
             };
             if got != want {
                 return Err(MpiError::PlanMismatch(format!(
@@ -529,7 +611,7 @@ impl ShmTransport<'_> {
                     got.tag
                 )));
             }
-            if m.single != (got.remote != 0) {
+            if m.single != (got.remote != 0 || got.region != 0) {
                 return Err(MpiError::PlanMismatch(format!(
                     "rank {} expected a {}-byte message with tag {} from rank {} by {}, which \
                      sent it by {}",
@@ -544,7 +626,7 @@ impl ShmTransport<'_> {
             let dst = (m.addr + offset) as *mut u8;
             let len = want.len as usize;
             if m.single {
-                self.pull_single(m, ch, dst, got.remote as usize)?;
+                self.pull_single(m, ch, dst, &got)?;
                 tail.store(t.wrapping_add(1), Ordering::Release);
                 m.moved = m.chunks;
                 moved = true;
@@ -568,9 +650,10 @@ impl ShmTransport<'_> {
         Ok(moved)
     }
 
-    /// Copy a single-copy message of `m.bytes` at `remote` in the sender's memory to `dst`, then
-    /// check that the sender did not give it up meanwhile.
-    fn pull_single(&self, m: &Msg, ch: usize, dst: *mut u8, remote: usize) -> Result<(), MpiError> {
+    /// Copy a single-copy message of `m.bytes` (at `got.remote` in the sender's memory, or in
+    /// its shared buffer `got.region`) to `dst`, then check that the sender did not give it up
+    /// meanwhile.
+    fn pull_single(&self, m: &Msg, ch: usize, dst: *mut u8, got: &Header) -> Result<(), MpiError> {
         let rank = self.seg.rank;
         let pid = self
             .seg
@@ -581,16 +664,42 @@ impl ShmTransport<'_> {
                 rank,
                 why: format!("no process id for rank {}", m.peer),
             })?;
-        // SAFETY: the destination holds `m.bytes` writable bytes that nothing else touches
-        // (the runner's contract); the sender keeps its source alive until `tail` passes this
-        // message, or sets the abandon flag checked below.
-        unsafe { read_peer(pid, dst, remote, m.bytes) }.map_err(|e| MpiError::Transport {
-            rank,
-            why: format!(
-                "process_vm_readv of {} bytes from rank {} (pid {pid}): {e}",
-                m.bytes, m.peer
-            ),
-        })?;
+        if got.region != 0 {
+            let fd = i32::try_from(got.region_fd).map_err(|_| MpiError::Transport {
+                rank,
+                why: format!("rank {} sent a bad descriptor {}", m.peer, got.region_fd),
+            })?;
+            let src = self
+                .seg
+                .peer_mappings
+                .borrow_mut()
+                .locate(m.peer, pid, got.region, fd, got.remote as usize, m.bytes)
+                .map_err(|why| MpiError::Transport { rank, why })?;
+            // SAFETY: `src` is `m.bytes` readable bytes of the sender's buffer, mapped here
+            // (`locate` checked the range) and kept alive by the mapping; the sender writes it
+            // again only after `tail` passes this message, or sets the abandon flag checked
+            // below. The destination as for `read_peer`.
+            unsafe {
+                if m.bytes >= STREAM_MIN_BYTES {
+                    crate::backend::host::stream_copy(src as *const u8, dst, m.bytes);
+                } else {
+                    std::ptr::copy_nonoverlapping(src as *const u8, dst, m.bytes);
+                }
+            }
+        } else {
+            // SAFETY: the destination holds `m.bytes` writable bytes that nothing else
+            // touches (the runner's contract); the sender keeps its source alive until `tail`
+            // passes this message, or sets the abandon flag checked below.
+            unsafe { read_peer(pid, dst, got.remote as usize, m.bytes) }.map_err(|e| {
+                MpiError::Transport {
+                    rank,
+                    why: format!(
+                        "process_vm_readv of {} bytes from rank {} (pid {pid}): {e}",
+                        m.bytes, m.peer
+                    ),
+                }
+            })?;
+        }
         // SAFETY: `ABANDON_FLAG` is an aligned word of the channel's head line. A sender that
         // gave up set it before its caller could reuse the source, so a read that overlapped
         // such reuse sees it here.

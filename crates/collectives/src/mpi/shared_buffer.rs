@@ -1,0 +1,315 @@
+//! Host buffers that the ranks of one machine can map: the MPI analogue of `ncclMemAlloc`
+//! with local registration (nccl-tests' `-R 1`), or of `MPI_Win_allocate_shared`.
+//!
+//! A single-copy message from an ordinary buffer is read by the receiver with
+//! `process_vm_readv`, a kernel copy that pins the sender's pages first (about 3.6 GB/s a
+//! core on the 2-core VM, where a user-space copy with streaming stores reaches about 6).
+//! When the sender's bytes lie in a [`SharedHostBuffer`], the receiver maps that buffer
+//! instead (once; mappings are cached) and copies from it in user space.
+//!
+//! How a receiver finds the memory: each buffer is a memfd named after a serial number unique
+//! in its process (`relaycc-shared-<serial>`); a send from it publishes the serial, the fd
+//! number and the offset. The receiver opens `/proc/<pid>/fd/<fd>` (the kernel allows it
+//! where it would allow reading the process's memory), checks that the file it opened has
+//! that name, and maps it read-only. The sender's file stays open while the send is
+//! outstanding, since the caller's borrow of the buffer outlives the call and the send
+//! completes only after the receiver's copy; a serial is never reused, so a cached mapping
+//! never stands for another buffer. A mapping of a buffer its owner since freed keeps that
+//! memory until the receiver evicts it (after [`MAX_PEER_MAPPINGS`] newer ones) or drops its
+//! communicator: it is never read again.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::element::Element;
+
+use super::MpiError;
+
+/// Serial numbers of this process's shared buffers (0 means "none" in a message header).
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// This process's live shared buffers: `(first byte, bytes, serial, fd)`.
+static REGISTERED: Mutex<Vec<(usize, usize, u64, i32)>> = Mutex::new(Vec::new());
+
+/// Peer mappings a communicator keeps before it unmaps the oldest.
+pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
+
+/// A host buffer of `T` that the other ranks of this machine read without a kernel copy when
+/// it is the source of a message of the MPI backend's shared-memory transport.
+///
+/// Use it as a slice (it dereferences to `[T]`); a collective call that sends from it needs
+/// nothing else. Allocation is local (not collective): any rank allocates, frees and reuses its
+/// own buffers as it likes. Memory starts zeroed. Linux only (memfd and `/proc`).
+///
+/// ```no_run
+/// # fn main() -> Result<(), relaycc_collectives::mpi::MpiError> {
+/// use relaycc_collectives::mpi::SharedHostBuffer;
+/// let mut grads = SharedHostBuffer::<f32>::zeroed(1 << 20)?;
+/// grads[0] = 1.0;
+/// assert_eq!(grads.len(), 1 << 20);
+/// # Ok(()) }
+/// ```
+pub struct SharedHostBuffer<T: Element> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// Bytes mapped (at least one page).
+    mapped: usize,
+    serial: u64,
+    _fd: OwnedFd,
+}
+
+// SAFETY: the buffer owns its mapping as a `Vec` owns its heap block; peers only read it
+// while a send from it is outstanding, under a shared borrow.
+unsafe impl<T: Element> Send for SharedHostBuffer<T> {}
+// SAFETY: `&SharedHostBuffer` gives only `&[T]`.
+unsafe impl<T: Element> Sync for SharedHostBuffer<T> {}
+
+impl<T: Element> std::fmt::Debug for SharedHostBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedHostBuffer")
+            .field("len", &self.len)
+            .field("serial", &self.serial)
+            .finish()
+    }
+}
+
+/// The last OS error, with what failed.
+fn os_error(what: &str) -> MpiError {
+    MpiError::SharedMemory(format!("{what}: {}", std::io::Error::last_os_error()))
+}
+
+impl<T: Element> SharedHostBuffer<T> {
+    /// `len` zeroed elements in memory other local ranks can map.
+    ///
+    /// Errors: [`MpiError::SharedMemory`] when the size overflows or the system refuses the
+    /// memfd or the mapping (out of memory, a seccomp policy).
+    pub fn zeroed(len: usize) -> Result<Self, MpiError> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            MpiError::SharedMemory(format!("{len} elements overflow the address space"))
+        })?;
+        let mapped = bytes.max(1).next_multiple_of(4096);
+        let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
+        let name = CString::new(format!("relaycc-shared-{serial}"))
+            .map_err(|e| MpiError::SharedMemory(format!("memfd name: {e}")))?;
+        // SAFETY: a valid C string and flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(os_error("memfd_create"));
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(mapped)
+            .map_err(|_| MpiError::SharedMemory(format!("{bytes} bytes do not fit off_t")))?;
+        // SAFETY: `fd` is a live memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(os_error("ftruncate of a shared buffer"));
+        }
+        // SAFETY: a fresh shared mapping of the whole file; the result is checked.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(os_error("mmap of a shared buffer"));
+        }
+        let ptr = NonNull::new(at.cast::<T>()).ok_or_else(|| os_error("mmap returned null"))?;
+        registry().push((at as usize, mapped, serial, fd.as_raw_fd()));
+        Ok(SharedHostBuffer {
+            ptr,
+            len,
+            mapped,
+            serial,
+            _fd: fd,
+        })
+    }
+}
+
+impl<T: Element> std::ops::Deref for SharedHostBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the mapping holds `len` initialised (zeroed, `Pod`) elements, page-aligned.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for SharedHostBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as `deref`; `&mut self` is the only access from this process, and peers
+        // read it only during a call that borrows it shared.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Element> Drop for SharedHostBuffer<T> {
+    fn drop(&mut self) {
+        let at = self.ptr.as_ptr() as usize;
+        registry().retain(|&(start, ..)| start != at);
+        // SAFETY: the mapping made in `zeroed`, unreferenced from here on (`&mut self`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+    }
+}
+
+/// The registry, even if a thread panicked while it held the lock (each update is one push or
+/// one `retain`, so the list is never half-written).
+fn registry() -> std::sync::MutexGuard<'static, Vec<(usize, usize, u64, i32)>> {
+    REGISTERED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where `bytes` bytes at `addr` lie in one of this process's shared buffers: its serial, fd
+/// and the offset in it.
+pub(crate) fn find_registered(addr: usize, bytes: usize) -> Option<(u64, i32, usize)> {
+    registry()
+        .iter()
+        .find(|&&(start, len, ..)| addr >= start && addr.saturating_add(bytes) <= start + len)
+        .map(|&(start, _, serial, fd)| (serial, fd, addr - start))
+}
+
+/// A peer's shared buffer mapped read-only here.
+#[derive(Debug)]
+pub(crate) struct PeerMapping {
+    peer: u32,
+    serial: u64,
+    at: usize,
+    len: usize,
+}
+
+impl Drop for PeerMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map_peer`, referenced by nothing else.
+        unsafe { libc::munmap(self.at as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A communicator's cache of its peers' shared buffers, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct PeerMappings(Vec<PeerMapping>);
+
+impl PeerMappings {
+    /// The address here of bytes `offset..offset + bytes` of shared buffer `serial` (open as
+    /// `fd`) of rank `peer` (process `pid`), mapping it first if needed.
+    pub(crate) fn locate(
+        &mut self,
+        peer: u32,
+        pid: libc::pid_t,
+        serial: u64,
+        fd: i32,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<usize, String> {
+        let k = match self
+            .0
+            .iter()
+            .position(|m| m.peer == peer && m.serial == serial)
+        {
+            Some(k) => k,
+            None => {
+                if self.0.len() >= MAX_PEER_MAPPINGS {
+                    self.0.remove(0);
+                }
+                self.0.push(map_peer(peer, pid, serial, fd)?);
+                self.0.len() - 1
+            }
+        };
+        let m = &self.0[k];
+        if offset.checked_add(bytes).is_none_or(|end| end > m.len) {
+            return Err(format!(
+                "bytes {offset}..{} lie outside rank {peer}'s shared buffer {serial} of {} bytes",
+                offset.saturating_add(bytes),
+                m.len
+            ));
+        }
+        Ok(m.at + offset)
+    }
+}
+
+/// Map rank `peer`'s shared buffer `serial`, open in process `pid` as `fd`, read-only.
+fn map_peer(peer: u32, pid: libc::pid_t, serial: u64, fd: i32) -> Result<PeerMapping, String> {
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let file = std::fs::File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+    // The file opened is the one named after the serial (a descriptor number alone could
+    // name anything by the time it is opened).
+    let name = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|e| format!("readlink of {path}: {e}"))?;
+    let want = format!("/memfd:relaycc-shared-{serial} ");
+    if !name.to_string_lossy().starts_with(&want) {
+        return Err(format!(
+            "{path} is {}, not rank {peer}'s shared buffer {serial}",
+            name.display()
+        ));
+    }
+    let len = file
+        .metadata()
+        .map_err(|e| format!("stat of {path}: {e}"))?
+        .len() as usize;
+    // SAFETY: a read-only shared mapping of the whole file; the result is checked.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len.max(1),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap of {path}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(PeerMapping {
+        peer,
+        serial,
+        at: at as usize,
+        len,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_zeroed_registered_and_unregistered() {
+        let mut b = SharedHostBuffer::<u32>::zeroed(1000).expect("memfd");
+        assert!(b.iter().all(|&x| x == 0));
+        b[999] = 7;
+        let at = b.as_ptr() as usize;
+        let (serial, fd, off) = find_registered(at + 8, 16).expect("registered");
+        assert_eq!((serial, off), (b.serial, 8));
+        // A range running past the mapping is not in it.
+        assert!(find_registered(at, 1 << 20).is_none());
+        // This process may map its own buffer as a peer would, and sees its writes.
+        let mut peers = PeerMappings::default();
+        let pid = std::process::id() as libc::pid_t;
+        let far = peers.locate(3, pid, serial, fd, 999 * 4, 4).expect("maps");
+        // SAFETY: `far` is 4 readable bytes of the read-only mapping.
+        assert_eq!(unsafe { *(far as *const u32) }, 7);
+        // A wrong serial for the descriptor is refused, and so is a range past the end.
+        assert!(peers.locate(3, pid, serial + 1000, fd, 0, 4).is_err());
+        assert!(peers.locate(3, pid, serial, fd, 4096, 1).is_err());
+        drop(b);
+        // Another test's buffer may take the address; this one's serial is gone.
+        assert!(find_registered(at + 8, 16).is_none_or(|(s, ..)| s != serial));
+    }
+
+    #[test]
+    fn empty_and_huge_buffers() {
+        let b = SharedHostBuffer::<f64>::zeroed(0).expect("one page");
+        assert!(b.is_empty());
+        assert!(matches!(
+            SharedHostBuffer::<f64>::zeroed(usize::MAX),
+            Err(MpiError::SharedMemory(_))
+        ));
+    }
+}
