@@ -454,6 +454,12 @@ pub struct BenchArgs {
     /// the same run, and print its time and the ratio per size.
     #[arg(long)]
     pub vs_mpi: bool,
+    /// `--backend mpi`: allocate the host buffers (relaycc's and MPI's, the same ones) as
+    /// `SharedHostBuffer`s, memory the other local ranks map, so that relaycc's receivers
+    /// copy large messages in user space instead of with `process_vm_readv` (as nccl-tests'
+    /// `-R 1` registers buffers with NCCL). MPI runs on the same buffers.
+    #[arg(long)]
+    pub shared_buffers: bool,
     /// CUDA backend: plan on this topology (a preset, a file, or `auto` for NVML) instead of
     /// `nvswitch-N` (N GPUs on one switch). `--gpus` then names the topology's GPUs, the other free GPUs may
     /// relay, and topology GPU `g` runs on CUDA device `g mod visible` (so a one-GPU machine

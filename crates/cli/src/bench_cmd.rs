@@ -174,6 +174,11 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     if args.vs_mpi && args.backend != BackendKind::Mpi {
         return Err(crate::args::usage("--vs-mpi needs --backend mpi"));
     }
+    if args.shared_buffers && args.backend != BackendKind::Mpi {
+        return Err(crate::args::usage(
+            "--shared-buffers needs --backend mpi (buffers other processes map)",
+        ));
+    }
     if args.transport.is_some() && args.backend != BackendKind::Mpi {
         return Err(crate::args::usage(
             "--transport needs --backend mpi (GPU ranks across processes)",

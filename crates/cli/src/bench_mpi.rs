@@ -42,8 +42,8 @@ mod imp {
 
     use anyhow::{Context, Result, bail};
     use relaycc_collectives::Element;
-    use relaycc_collectives::mpi::MpiCommunicator;
     use relaycc_collectives::mpi::rsmpi;
+    use relaycc_collectives::mpi::{MpiCommunicator, SharedHostBuffer};
     use relaycc_route::{Collective, DType, ReduceOp, Request};
     use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
     use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -94,6 +94,8 @@ mod imp {
         /// Whether relaycc ran in the caller's buffers (`RELAYCC_MPI_ZERO_COPY=1`) or in
         /// its own, copying the input in and the output out (host buffers only).
         zero_copy: bool,
+        /// Whether the buffers were `SharedHostBuffer`s (`--shared-buffers`).
+        shared_buffers: bool,
         /// How host messages move between the processes
         /// (`MpiCommunicator::host_transport`).
         transport: String,
@@ -116,6 +118,11 @@ mod imp {
             return Err(usage(
                 "--backend mpi with --gpus or --transport runs on GPUs: this relaycc is built \
                  without CUDA (build relaycc-cli with --features cuda,mpi)",
+            ));
+        }
+        if on_gpus && args.shared_buffers {
+            return Err(usage(
+                "--shared-buffers allocates host buffers; with --gpus the buffers are on GPUs",
             ));
         }
         if args.collective == Collective::SendRecv {
@@ -196,6 +203,7 @@ mod imp {
             algorithm: comm.last_algorithm(),
             mpi_library: library,
             zero_copy: comm.zero_copy() && dev.is_none(),
+            shared_buffers: args.shared_buffers,
             transport: comm.host_transport(),
             gpu: dev.as_ref().map(gpu::describe),
             results: rows,
@@ -213,10 +221,12 @@ mod imp {
             r.ranks,
             r.nodes,
             r.algorithm.as_deref().unwrap_or("-"),
-            match (&r.gpu, r.zero_copy) {
-                (Some(g), _) => g.as_str(),
-                (None, true) => "zero copy",
-                (None, false) => "own buffers",
+            match (&r.gpu, r.zero_copy, r.shared_buffers) {
+                (Some(g), ..) => g.as_str(),
+                (None, true, true) => "zero copy, shared buffers",
+                (None, true, false) => "zero copy",
+                (None, false, true) => "own buffers, shared inputs and outputs",
+                (None, false, false) => "own buffers",
             },
             r.iters,
             r.warmup
@@ -275,10 +285,54 @@ mod imp {
         }
     }
 
+    /// A host buffer of the benchmark: on the heap, or shared with the other local ranks
+    /// (`--shared-buffers`).
+    enum HostBuf<T: Element> {
+        Heap(Vec<T>),
+        Shared(SharedHostBuffer<T>),
+    }
+
+    impl<T: Element> HostBuf<T> {
+        /// `len` elements, each `fill(i)`.
+        fn new(shared: bool, len: usize, me: u32, fill: impl Fn(u64) -> T) -> Result<Self> {
+            if shared {
+                let mut b = SharedHostBuffer::zeroed(len)?;
+                for (i, x) in b.iter_mut().enumerate() {
+                    *x = fill(i as u64);
+                }
+                return Ok(HostBuf::Shared(b));
+            }
+            let mut v: Vec<T> = Vec::new();
+            v.try_reserve_exact(len)
+                .map_err(|_| anyhow::anyhow!("rank {me}: out of host memory for {len} elements"))?;
+            v.extend((0..len as u64).map(fill));
+            Ok(HostBuf::Heap(v))
+        }
+    }
+
+    impl<T: Element> std::ops::Deref for HostBuf<T> {
+        type Target = [T];
+        fn deref(&self) -> &[T] {
+            match self {
+                HostBuf::Heap(v) => v,
+                HostBuf::Shared(b) => b,
+            }
+        }
+    }
+
+    impl<T: Element> std::ops::DerefMut for HostBuf<T> {
+        fn deref_mut(&mut self) -> &mut [T] {
+            match self {
+                HostBuf::Heap(v) => v,
+                HostBuf::Shared(b) => b,
+            }
+        }
+    }
+
     /// This rank's buffers and counts for one size.
-    struct Bufs<T> {
-        input: Vec<T>,
-        output: Vec<T>,
+    struct Bufs<T: Element> {
+        input: HostBuf<T>,
+        output: HostBuf<T>,
         /// Per-rank counts (all equal) of the `v` collectives, as MPI takes them.
         counts: Vec<usize>,
         displs: Vec<i32>,
@@ -305,16 +359,9 @@ mod imp {
             // In place, as MPI_Bcast: every rank's buffer holds the count.
             out_len = count as usize;
         }
-        let mut input: Vec<T> = Vec::new();
-        input
-            .try_reserve_exact(in_len)
-            .map_err(|_| anyhow::anyhow!("rank {me}: out of host memory for the input"))?;
-        input.extend((0..in_len as u64).map(|i| T::from_i64(value(me, i))));
-        let mut output: Vec<T> = Vec::new();
-        output
-            .try_reserve_exact(out_len)
-            .map_err(|_| anyhow::anyhow!("rank {me}: out of host memory for the output"))?;
-        output.resize(out_len, T::from_i64(0));
+        let shared = args.shared_buffers;
+        let input = HostBuf::new(shared, in_len, me, |i| T::from_i64(value(me, i)))?;
+        let output = HostBuf::new(shared, out_len, me, |_| T::from_i64(0))?;
         let cu = count as usize;
         let counts = vec![cu; nr];
         let displs = (0..nr)
@@ -424,7 +471,8 @@ mod imp {
         let n = world.size() as u32;
         let me = world.rank() as u32;
         let mut b = buffers::<T>(args, n, me, size)?;
-        let mut mpi_out = vec![T::from_i64(0); b.output.len()];
+        let mut mpi_out =
+            HostBuf::new(args.shared_buffers, b.output.len(), me, |_| T::from_i64(0))?;
         let with_mpi = args.vs_mpi;
         let mut d = match dev.as_deref() {
             Some(g) => Some(gpu::upload(g, &b)?),
@@ -469,7 +517,7 @@ mod imp {
             let bad = b
                 .output
                 .iter()
-                .zip(&mpi_out)
+                .zip(mpi_out.iter())
                 .filter(|(a, m)| {
                     if avg {
                         let want = m.to_f64() / n_f;
