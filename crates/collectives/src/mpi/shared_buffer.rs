@@ -42,7 +42,8 @@ pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
 ///
 /// Use it as a slice (it dereferences to `[T]`); a collective call that sends from it needs
 /// nothing else. Allocation is local (not collective): any rank allocates, frees and reuses its
-/// own buffers as it likes. Memory starts zeroed. Linux only (memfd and `/proc`).
+/// own buffers as it likes. Memory starts zeroed. Linux only (memfd and `/proc`). Unlike a
+/// `Vec`'s memory, a child made by `fork` shares it with the parent instead of copying it.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), relaycc_collectives::mpi::MpiError> {
