@@ -252,7 +252,8 @@ impl NeighborExchange {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
-        let bufs = RunBuffers::new(&schedule);
+        // Exchanges send over MPI, which gains nothing from shared memory.
+        let bufs = RunBuffers::new(&schedule, false);
         let received = schedule.output_len / elem_size.max(1);
         let own = private_dup(comm.comm());
         let reqs = Requests::new(own.as_raw(), comm.rank());

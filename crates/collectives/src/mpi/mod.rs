@@ -463,7 +463,8 @@ impl MpiCommunicator {
             .map_err(MpiError::from)
             .and_then(|()| schedule::Schedule::new(plan, self.rank, &|l| self.owner(plan, l)));
         let sched = agree(self, local, "execute a plan", Some(plan))?;
-        let mut bufs = RunBuffers::new(&sched);
+        // Messages go over MPI here, which gains nothing from shared memory.
+        let mut bufs = RunBuffers::new(&sched, false);
         let mut reqs = Requests::new(self.comm.as_raw(), self.rank);
         let ran = sched.run(&mut reqs, input, output, &mut bufs, self.timeout);
         self.health.settle(ran, &mut reqs, move || Box::new(bufs))

@@ -9,7 +9,8 @@ use relaycc_route::{BufferRef, Location, Plan};
 
 use super::MpiError;
 use super::requests::Requests;
-use super::shm_transport::ShmSegment;
+use super::shared_buffer::SharedMapping;
+use super::shm_transport::{SINGLE_COPY_MIN_BYTES, ShmSegment};
 use super::transport::MpiTransport;
 use crate::backend::Command;
 use crate::exec::lower::{self, Lanes, Layout, RankProgram};
@@ -20,33 +21,88 @@ use crate::exec::run::{self, HostMemory};
 /// requests into it. `u128` words align the bytes for every element type.
 #[derive(Debug, Default)]
 pub(crate) struct RunBuffers {
-    input: Vec<u128>,
-    output: Vec<u128>,
-    scratch: Vec<Vec<u128>>,
+    input: Words,
+    output: Words,
+    scratch: Vec<Words>,
     /// Staging for messages the transport cannot reach in place (none over MPI on host
     /// memory; kept so that the runner's memory is owned here too).
     staging: Vec<u128>,
 }
 
-/// Words holding `bytes`.
-fn words(bytes: usize) -> Vec<u128> {
-    vec![0u128; bytes.div_ceil(16)]
+/// Zeroed `u128` words on the heap, or in a [`SharedMapping`] that the other local ranks map
+/// (single-copy messages from it are then copied in user space, `shm_transport.rs`).
+#[derive(Debug)]
+enum Words {
+    Heap(Vec<u128>),
+    Shared(SharedMapping, usize),
+}
+
+impl Default for Words {
+    fn default() -> Self {
+        Words::Heap(Vec::new())
+    }
+}
+
+impl Words {
+    /// Words holding `bytes`: shared when `shared` and they can hold a single-copy message
+    /// (smaller ones never leave through one, and each mapping holds a descriptor), on the
+    /// heap otherwise or when the system refuses the mapping.
+    fn zeroed(bytes: usize, shared: bool) -> Words {
+        let n = bytes.div_ceil(16);
+        if shared
+            && bytes >= SINGLE_COPY_MIN_BYTES
+            && let Ok(m) = SharedMapping::zeroed(n * 16)
+        {
+            return Words::Shared(m, n);
+        }
+        Words::Heap(vec![0u128; n])
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Words::Heap(v) => v.len(),
+            Words::Shared(_, n) => *n,
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u128 {
+        match self {
+            Words::Heap(v) => v.as_mut_ptr(),
+            Words::Shared(m, _) => m.as_ptr().cast(),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u128] {
+        match self {
+            Words::Heap(v) => v,
+            // SAFETY: the mapping holds `n` zeroed (valid) words, page-aligned, reached only
+            // through `&mut self`.
+            Words::Shared(m, n) => unsafe {
+                std::slice::from_raw_parts_mut(m.as_ptr().cast::<u128>(), *n)
+            },
+        }
+    }
 }
 
 impl RunBuffers {
-    /// Zeroed buffers of the sizes `s` needs.
-    pub(crate) fn new(s: &Schedule) -> Self {
+    /// Zeroed buffers of the sizes `s` needs; `shared`: where a run's messages go through a
+    /// shared-memory transport whose peers may map them ([`SharedMapping`]).
+    pub(crate) fn new(s: &Schedule, shared: bool) -> Self {
         RunBuffers {
-            input: words(s.input_len),
-            output: words(s.output_len),
-            scratch: s.scratch.iter().map(|n| words(*n)).collect(),
+            input: Words::zeroed(s.input_len, shared),
+            output: Words::zeroed(s.output_len, shared),
+            scratch: s
+                .scratch
+                .iter()
+                .map(|n| Words::zeroed(*n, shared))
+                .collect(),
             staging: Vec::new(),
         }
     }
 
     /// Errors unless these buffers hold what `s` needs.
     fn fits(&self, s: &Schedule) -> Result<(), MpiError> {
-        let holds = |v: &Vec<u128>, n: usize| v.len() * 16 >= n;
+        let holds = |v: &Words, n: usize| v.len() * 16 >= n;
         if holds(&self.input, s.input_len)
             && holds(&self.output, s.output_len)
             && self.scratch.len() == s.scratch.len()
@@ -67,13 +123,13 @@ impl RunBuffers {
     /// This rank's input bytes (`s.input_len`).
     pub(crate) fn input_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
         self.fits(s)?;
-        Ok(&mut bytemuck::cast_slice_mut(&mut self.input[..])[..s.input_len])
+        Ok(&mut bytemuck::cast_slice_mut(self.input.as_mut_slice())[..s.input_len])
     }
 
     /// This rank's output bytes (`s.output_len`).
     pub(crate) fn output_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
         self.fits(s)?;
-        Ok(&mut bytemuck::cast_slice_mut(&mut self.output[..])[..s.output_len])
+        Ok(&mut bytemuck::cast_slice_mut(self.output.as_mut_slice())[..s.output_len])
     }
 }
 

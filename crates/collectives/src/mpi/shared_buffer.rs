@@ -5,7 +5,9 @@
 //! `process_vm_readv`, a kernel copy that pins the sender's pages first (about 3.6 GB/s a
 //! core on the 2-core VM, where a user-space copy with streaming stores reaches about 6).
 //! When the sender's bytes lie in a [`SharedHostBuffer`], the receiver maps that buffer
-//! instead (once; mappings are cached) and copies from it in user space.
+//! instead (once; mappings are cached) and copies from it in user space. The typed
+//! collectives' own run buffers use the same mappings ([`SharedMapping`]), so messages from
+//! them take that path whatever memory the caller passes.
 //!
 //! How a receiver finds the memory: each buffer is a memfd named after a serial number unique
 //! in its process (`relaycc-shared-<serial>`); a send from it publishes the serial, the fd
@@ -19,6 +21,7 @@
 //! communicator: it is never read again.
 
 use std::ffi::CString;
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -54,24 +57,40 @@ pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
 /// # Ok(()) }
 /// ```
 pub struct SharedHostBuffer<T: Element> {
-    ptr: NonNull<T>,
+    map: SharedMapping,
     len: usize,
+    _elements: PhantomData<T>,
+}
+
+impl<T: Element> std::fmt::Debug for SharedHostBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedHostBuffer")
+            .field("len", &self.len)
+            .field("serial", &self.map.serial)
+            .finish()
+    }
+}
+
+/// Zeroed bytes in a registered memfd mapping, page-aligned: the memory of a
+/// [`SharedHostBuffer`], and of the communicator's own run buffers where peers may map them.
+pub(crate) struct SharedMapping {
+    ptr: NonNull<u8>,
     /// Bytes mapped (at least one page).
     mapped: usize,
     serial: u64,
     _fd: OwnedFd,
 }
 
-// SAFETY: the buffer owns its mapping as a `Vec` owns its heap block; peers only read it
-// while a send from it is outstanding, under a shared borrow.
-unsafe impl<T: Element> Send for SharedHostBuffer<T> {}
-// SAFETY: `&SharedHostBuffer` gives only `&[T]`.
-unsafe impl<T: Element> Sync for SharedHostBuffer<T> {}
+// SAFETY: the mapping is owned as a `Vec` owns its heap block; peers only read it while a
+// send from it is outstanding, and this process reaches it only through its owner.
+unsafe impl Send for SharedMapping {}
+// SAFETY: a shared `&SharedMapping` gives only a const pointer.
+unsafe impl Sync for SharedMapping {}
 
-impl<T: Element> std::fmt::Debug for SharedHostBuffer<T> {
+impl std::fmt::Debug for SharedMapping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedHostBuffer")
-            .field("len", &self.len)
+        f.debug_struct("SharedMapping")
+            .field("bytes", &self.mapped)
             .field("serial", &self.serial)
             .finish()
     }
@@ -91,6 +110,17 @@ impl<T: Element> SharedHostBuffer<T> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             MpiError::SharedMemory(format!("{len} elements overflow the address space"))
         })?;
+        Ok(SharedHostBuffer {
+            map: SharedMapping::zeroed(bytes)?,
+            len,
+            _elements: PhantomData,
+        })
+    }
+}
+
+impl SharedMapping {
+    /// At least `bytes` zeroed bytes (whole pages), registered for single copies.
+    pub(crate) fn zeroed(bytes: usize) -> Result<Self, MpiError> {
         let mapped = bytes.max(1).next_multiple_of(4096);
         let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
         let name = CString::new(format!("relaycc-shared-{serial}"))
@@ -122,15 +152,19 @@ impl<T: Element> SharedHostBuffer<T> {
         if at == libc::MAP_FAILED {
             return Err(os_error("mmap of a shared buffer"));
         }
-        let ptr = NonNull::new(at.cast::<T>()).ok_or_else(|| os_error("mmap returned null"))?;
+        let ptr = NonNull::new(at.cast::<u8>()).ok_or_else(|| os_error("mmap returned null"))?;
         registry().push((at as usize, mapped, serial, fd.as_raw_fd()));
-        Ok(SharedHostBuffer {
+        Ok(SharedMapping {
             ptr,
-            len,
             mapped,
             serial,
             _fd: fd,
         })
+    }
+
+    /// The first byte (page-aligned).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 }
 
@@ -138,7 +172,7 @@ impl<T: Element> std::ops::Deref for SharedHostBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: the mapping holds `len` initialised (zeroed, `Pod`) elements, page-aligned.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<T>(), self.len) }
     }
 }
 
@@ -146,11 +180,11 @@ impl<T: Element> std::ops::DerefMut for SharedHostBuffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as `deref`; `&mut self` is the only access from this process, and peers
         // read it only during a call that borrows it shared.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr().cast::<T>(), self.len) }
     }
 }
 
-impl<T: Element> Drop for SharedHostBuffer<T> {
+impl Drop for SharedMapping {
     fn drop(&mut self) {
         let at = self.ptr.as_ptr() as usize;
         registry().retain(|&(start, ..)| start != at);
@@ -287,7 +321,7 @@ mod tests {
         b[999] = 7;
         let at = b.as_ptr() as usize;
         let (serial, fd, off) = find_registered(at + 8, 16).expect("registered");
-        assert_eq!((serial, off), (b.serial, 8));
+        assert_eq!((serial, off), (b.map.serial, 8));
         // A range running past the mapping is not in it.
         assert!(find_registered(at, 1 << 20).is_none());
         // This process may map its own buffer as a peer would, and sees its writes.

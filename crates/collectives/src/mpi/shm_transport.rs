@@ -113,7 +113,7 @@ const STREAM_MIN_BYTES: usize = 256 * 1024;
 /// receiver says it is done. Below it, the copy in and out of a slot costs less than the system
 /// call and the wait for the receiver (module docs: 64 KiB served 128 KiB messages better than
 /// slots did).
-const SINGLE_COPY_MIN_BYTES: usize = 64 * 1024;
+pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 64 * 1024;
 /// Offset of a channel's abandon flag in its `head` line: a sender whose run fails with
 /// single-copy sends unread sets it ([`ShmTransport::abandon_single_copies`]).
 const ABANDON_FLAG: usize = 8;
@@ -267,6 +267,12 @@ impl ShmSegment {
             peer_mappings: RefCell::default(),
             lists: RefCell::default(),
         })
+    }
+
+    /// Whether peers may map this rank's shared buffers: run buffers are worth making
+    /// shared.
+    pub(crate) fn maps_shared_buffers(&self) -> bool {
+        self.shared_buffers
     }
 
     /// How messages move ([`super::MpiCommunicator::host_transport`]).

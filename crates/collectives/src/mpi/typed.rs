@@ -778,7 +778,8 @@ impl MpiCommunicator {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
-        let bufs = RunBuffers::new(&schedule);
+        let shared = self.shm.as_ref().is_some_and(|s| s.maps_shared_buffers());
+        let bufs = RunBuffers::new(&schedule, shared);
         Ok(Prepared {
             schedule,
             bufs,
