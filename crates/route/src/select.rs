@@ -645,11 +645,27 @@ fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     {
         // A full plan of a cluster whose hosts do not repeat: vector clocks would take
         // gigabytes, so it is proved as a template is, on its structure and by sampled
-        // execution of its data cones, and its routes are checked as usual.
-        crate::check::check_structure_only(plan).map_err(named)?;
-        crate::template::check_sampled(plan, topo, &crate::template::SampleOptions::default())
-            .map_err(named)?;
-        return crate::check::check_routes(plan, topo).map_err(named);
+        // execution of its data cones, and its routes are checked as usual. The three read
+        // the plan only, so they run at once (about a second each for NCCL's 3M-op tree on
+        // 64 nodes); errors are reported in that order.
+        let (structure, (sampled, routes)) = rayon::join(
+            || crate::check::check_structure_only(plan),
+            || {
+                rayon::join(
+                    || {
+                        crate::template::check_sampled(
+                            plan,
+                            topo,
+                            &crate::template::SampleOptions::default(),
+                        )
+                    },
+                    || crate::check::check_routes(plan, topo),
+                )
+            },
+        );
+        structure.map_err(named)?;
+        sampled.map_err(named)?;
+        return routes.map_err(named);
     }
     crate::check::check(plan).map_err(named)?;
     crate::check::check_routes(plan, topo).map_err(named)
