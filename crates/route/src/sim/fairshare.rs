@@ -165,7 +165,6 @@ impl FairShare {
     /// component's resources per round, which dominated components of thousands of flows
     /// behind one spine (a 512-GPU rail fabric of two scalable units).
     fn fill(&mut self, uses: &Uses, caps: &[f64], set_rate: &mut impl FnMut(u32, f64)) {
-        let epoch = self.epoch;
         let small = self.comp_res.len() <= self.scan_max_resources;
         self.levels.clear();
         for &r in &self.comp_res {
@@ -225,20 +224,7 @@ impl FairShare {
                     heap.push(Reverse((now.to_bits(), r as u32)));
                     continue;
                 }
-                for j in 0..self.res_flows[r].len() {
-                    let f = self.res_flows[r][j];
-                    if self.flow_frozen[f as usize] == epoch {
-                        continue;
-                    }
-                    self.flow_frozen[f as usize] = epoch;
-                    left -= 1;
-                    set_rate(f, level);
-                    let (res, coef) = uses.of(f);
-                    for (&r2, &c) in res.iter().zip(coef) {
-                        self.rem[r2 as usize] -= c * level;
-                        self.weight[r2 as usize] -= c;
-                    }
-                }
+                left -= self.freeze(r, level, uses, set_rate);
             }
             if left == before {
                 // Unreachable as well (the lowest resource has unfrozen flows); never spin.
@@ -250,13 +236,39 @@ impl FairShare {
         self.levels = levels;
     }
 
+    /// Freeze the unfrozen flows of resource `r` at `level`, taking their share from every
+    /// resource they load; how many it froze.
+    fn freeze(
+        &mut self,
+        r: usize,
+        level: f64,
+        uses: &Uses,
+        set_rate: &mut impl FnMut(u32, f64),
+    ) -> usize {
+        let mut frozen = 0;
+        for j in 0..self.res_flows[r].len() {
+            let f = self.res_flows[r][j];
+            if self.flow_frozen[f as usize] == self.epoch {
+                continue;
+            }
+            self.flow_frozen[f as usize] = self.epoch;
+            frozen += 1;
+            set_rate(f, level);
+            let (res, coef) = uses.of(f);
+            for (&r2, &c) in res.iter().zip(coef) {
+                self.rem[r2 as usize] -= c * level;
+                self.weight[r2 as usize] -= c;
+            }
+        }
+        frozen
+    }
+
     /// [`Self::fill`] of a component of at most [`SCAN_MAX_RESOURCES`] resources, `rem` and
     /// `weight` set: each round scans the resources for the lowest level, then freezes the
     /// flows of every resource within the tie of it. Most components of a plan's simulation
     /// are this small (a transfer and its few neighbours), where building and popping a heap
     /// costs more than the scans.
     fn fill_by_scan(&mut self, uses: &Uses, set_rate: &mut impl FnMut(u32, f64)) {
-        let epoch = self.epoch;
         let level_of = |rem: &[f64], weight: &[f64], r: usize| rem[r].max(0.0) / weight[r] + 0.0;
         let mut left = self.comp_flows.len();
         while left > 0 {
@@ -278,20 +290,7 @@ impl FairShare {
                 if self.weight[r] <= MIN_WEIGHT || level_of(&self.rem, &self.weight, r) > cut {
                     continue;
                 }
-                for j in 0..self.res_flows[r].len() {
-                    let f = self.res_flows[r][j];
-                    if self.flow_frozen[f as usize] == epoch {
-                        continue;
-                    }
-                    self.flow_frozen[f as usize] = epoch;
-                    left -= 1;
-                    set_rate(f, level);
-                    let (res, coef) = uses.of(f);
-                    for (&r2, &c) in res.iter().zip(coef) {
-                        self.rem[r2 as usize] -= c * level;
-                        self.weight[r2 as usize] -= c;
-                    }
-                }
+                left -= self.freeze(r, level, uses, set_rate);
             }
             if left == before {
                 // Unreachable as well (the lowest resource has unfrozen flows); never spin.
