@@ -468,8 +468,9 @@ fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
     assert!(v["results"][0].get("nccl_busbw_gbps").is_none());
 }
 
-/// `--vs-mpi` belongs to `--backend mpi` (a usage error elsewhere), and a binary built without
-/// feature `mpi` says how to get `--backend mpi` instead of failing obscurely.
+/// `--vs-mpi`, `--transport` and `--shared-buffers` belong to `--backend mpi` (a usage error
+/// elsewhere), and a binary built without feature `mpi` says how to get `--backend mpi`
+/// instead of failing obscurely.
 #[test]
 fn mpi_backend_and_vs_mpi_fail_cleanly() {
     let base = words("bench all_reduce -b 1M -e 1M -n 1 -w 0");
@@ -488,6 +489,15 @@ fn mpi_backend_and_vs_mpi_fail_cleanly() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("--transport needs --backend mpi"),
+        "{}",
+        stderr(&o)
+    );
+    let mut shared = base.to_vec();
+    shared.extend(["--backend", "host", "--ranks", "2", "--shared-buffers"]);
+    let o = relaycc(&shared);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--shared-buffers needs --backend mpi"),
         "{}",
         stderr(&o)
     );
