@@ -21,7 +21,7 @@
 //!   here against 3.6 for the kernel's copy. Setup probes it too (a rank maps the next rank's
 //!   probe buffer). With `--shared-buffers`, `relaycc bench --backend mpi --vs-mpi` on 8
 //!   processes gave at 64 MiB, MPI's time over relaycc's on the same buffers: all_to_all_v
-//!   1.58 to 1.65, all_reduce 2.95, all_gather_v 2.25 (ordinary buffers: 0.91 to 0.95, 1.48
+//!   1.39 to 1.65, all_reduce 2.95, all_gather_v 2.25 (ordinary buffers: 0.91 to 0.96, 1.48
 //!   to 1.53, 1.20 to 1.40, runs in one session).
 //!
 //! On the 2-core VM, 8 processes, `relaycc bench --backend mpi --vs-mpi` at 64 MiB (MPI's time
