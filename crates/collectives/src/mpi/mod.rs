@@ -376,10 +376,12 @@ impl MpiCommunicator {
         self.transfer = mode;
     }
     /// How the typed collectives move host messages between this communicator's processes:
-    /// `"shared memory, single copy from 64 KiB"` where every rank shares this host's memory
-    /// and may read the others' with `process_vm_readv` (`RELAYCC_MPI_SINGLE_COPY=0` turns
-    /// that off), `"shared memory"` where they share memory only (`RELAYCC_MPI_SHM=0` turns
-    /// it off), `"MPI messages"` otherwise.
+    /// `"shared memory, single copy from 64 KiB (in user space from shared buffers)"` where
+    /// every rank shares this host's memory, may read the others' with `process_vm_readv`
+    /// and may map their [`SharedHostBuffer`]s; `"shared memory, single copy from 64 KiB"`
+    /// without the mapping; `"shared memory"` where they share memory only
+    /// (`RELAYCC_MPI_SINGLE_COPY=0` turns single copies off, `RELAYCC_MPI_SHM=0` shared
+    /// memory); `"MPI messages"` otherwise.
     pub fn host_transport(&self) -> String {
         self.shm
             .as_ref()

@@ -9,7 +9,7 @@ use relaycc_route::{BufferRef, Location, Plan};
 
 use super::MpiError;
 use super::requests::Requests;
-use super::shared_buffer::SharedMapping;
+use super::shared_buffer::SharedHostBuffer;
 use super::shm_transport::{SINGLE_COPY_MIN_BYTES, ShmSegment};
 use super::transport::MpiTransport;
 use crate::backend::Command;
@@ -29,12 +29,12 @@ pub(crate) struct RunBuffers {
     staging: Vec<u128>,
 }
 
-/// Zeroed `u128` words on the heap, or in a [`SharedMapping`] that the other local ranks map
-/// (single-copy messages from it are then copied in user space, `shm_transport.rs`).
+/// Zeroed `u128` words on the heap, or in a [`SharedHostBuffer`] that the other local ranks
+/// map (single-copy messages from it are then copied in user space, `shm_transport.rs`).
 #[derive(Debug)]
 enum Words {
     Heap(Vec<u128>),
-    Shared(SharedMapping, usize),
+    Shared(SharedHostBuffer<u128>),
 }
 
 impl Default for Words {
@@ -51,42 +51,36 @@ impl Words {
         let n = bytes.div_ceil(16);
         if shared
             && bytes >= SINGLE_COPY_MIN_BYTES
-            && let Ok(m) = SharedMapping::zeroed(n * 16)
+            && let Ok(b) = SharedHostBuffer::zeroed(n)
         {
-            return Words::Shared(m, n);
+            return Words::Shared(b);
         }
         Words::Heap(vec![0u128; n])
     }
+}
 
-    fn len(&self) -> usize {
-        match self {
-            Words::Heap(v) => v.len(),
-            Words::Shared(_, n) => *n,
-        }
-    }
-
-    fn as_mut_ptr(&mut self) -> *mut u128 {
-        match self {
-            Words::Heap(v) => v.as_mut_ptr(),
-            Words::Shared(m, _) => m.as_ptr().cast(),
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u128] {
+impl std::ops::Deref for Words {
+    type Target = [u128];
+    fn deref(&self) -> &[u128] {
         match self {
             Words::Heap(v) => v,
-            // SAFETY: the mapping holds `n` zeroed (valid) words, page-aligned, reached only
-            // through `&mut self`.
-            Words::Shared(m, n) => unsafe {
-                std::slice::from_raw_parts_mut(m.as_ptr().cast::<u128>(), *n)
-            },
+            Words::Shared(b) => b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u128] {
+        match self {
+            Words::Heap(v) => v,
+            Words::Shared(b) => b,
         }
     }
 }
 
 impl RunBuffers {
     /// Zeroed buffers of the sizes `s` needs; `shared`: where a run's messages go through a
-    /// shared-memory transport whose peers may map them ([`SharedMapping`]).
+    /// shared-memory transport whose peers may map them ([`SharedHostBuffer`]).
     pub(crate) fn new(s: &Schedule, shared: bool) -> Self {
         RunBuffers {
             input: Words::zeroed(s.input_len, shared),
@@ -123,13 +117,13 @@ impl RunBuffers {
     /// This rank's input bytes (`s.input_len`).
     pub(crate) fn input_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
         self.fits(s)?;
-        Ok(&mut bytemuck::cast_slice_mut(self.input.as_mut_slice())[..s.input_len])
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.input[..])[..s.input_len])
     }
 
     /// This rank's output bytes (`s.output_len`).
     pub(crate) fn output_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
         self.fits(s)?;
-        Ok(&mut bytemuck::cast_slice_mut(self.output.as_mut_slice())[..s.output_len])
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.output[..])[..s.output_len])
     }
 }
 

@@ -6,14 +6,15 @@
 //! core on the 2-core VM, where a user-space copy with streaming stores reaches about 6).
 //! When the sender's bytes lie in a [`SharedHostBuffer`], the receiver maps that buffer
 //! instead (once; mappings are cached) and copies from it in user space. The typed
-//! collectives' own run buffers use the same mappings ([`SharedMapping`]), so messages from
-//! them take that path whatever memory the caller passes.
+//! collectives' own run buffers of single-copy size are `SharedHostBuffer<u128>`s too, so
+//! messages from them take that path whatever memory the caller passes.
 //!
 //! How a receiver finds the memory: each buffer is a memfd named after a serial number unique
 //! in its process (`relaycc-shared-<serial>`); a send from it publishes the serial, the fd
 //! number and the offset. The receiver opens `/proc/<pid>/fd/<fd>` (the kernel allows it
 //! where it would allow reading the process's memory), checks that the file it opened has
-//! that name, and maps it read-only. The sender's file stays open while the send is
+//! that name and carries the seals that fix its size (so reading the mapping can never fault
+//! past its end), and maps it read-only. The sender's file stays open while the send is
 //! outstanding, since the caller's borrow of the buffer outlives the call and the send
 //! completes only after the receiver's copy; a serial is never reused, so a cached mapping
 //! never stands for another buffer. A mapping of a buffer its owner since freed keeps that
@@ -27,8 +28,6 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::element::Element;
-
 use super::MpiError;
 
 /// Serial numbers of this process's shared buffers (0 means "none" in a message header).
@@ -36,6 +35,13 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 /// This process's live shared buffers: `(first byte, bytes, serial, fd)`.
 static REGISTERED: Mutex<Vec<(usize, usize, u64, i32)>> = Mutex::new(Vec::new());
+
+/// Pages are mapped whole.
+const PAGE_BYTES: usize = 4096;
+
+/// The seals every shared buffer's file carries: its size never changes, so a peer that
+/// checked them reads its mapping without ever faulting past the end.
+const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// Peer mappings a communicator keeps before it unmaps the oldest.
 pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
@@ -47,6 +53,8 @@ pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
 /// nothing else. Allocation is local (not collective): any rank allocates, frees and reuses its
 /// own buffers as it likes. Memory starts zeroed. Linux only (memfd and `/proc`). Unlike a
 /// `Vec`'s memory, a child made by `fork` shares it with the parent instead of copying it.
+/// `T` is any plain-old-data type (the collectives take their element types; the
+/// communicator's own run buffers are `u128` words).
 ///
 /// ```no_run
 /// # fn main() -> Result<(), relaycc_collectives::mpi::MpiError> {
@@ -56,13 +64,13 @@ pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
 /// assert_eq!(grads.len(), 1 << 20);
 /// # Ok(()) }
 /// ```
-pub struct SharedHostBuffer<T: Element> {
+pub struct SharedHostBuffer<T: bytemuck::Pod> {
     map: SharedMapping,
     len: usize,
     _elements: PhantomData<T>,
 }
 
-impl<T: Element> std::fmt::Debug for SharedHostBuffer<T> {
+impl<T: bytemuck::Pod> std::fmt::Debug for SharedHostBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedHostBuffer")
             .field("len", &self.len)
@@ -71,14 +79,14 @@ impl<T: Element> std::fmt::Debug for SharedHostBuffer<T> {
     }
 }
 
-/// Zeroed bytes in a registered memfd mapping, page-aligned: the memory of a
-/// [`SharedHostBuffer`], and of the communicator's own run buffers where peers may map them.
-pub(crate) struct SharedMapping {
+/// Zeroed bytes in a registered memfd mapping, page-aligned, of a size sealed for good (so a
+/// peer's mapping of it can never fault past its end): the memory of a [`SharedHostBuffer`].
+struct SharedMapping {
     ptr: NonNull<u8>,
     /// Bytes mapped (at least one page).
     mapped: usize,
     serial: u64,
-    _fd: OwnedFd,
+    fd: OwnedFd,
 }
 
 // SAFETY: the mapping is owned as a `Vec` owns its heap block; peers only read it while a
@@ -101,7 +109,7 @@ fn os_error(what: &str) -> MpiError {
     MpiError::SharedMemory(format!("{what}: {}", std::io::Error::last_os_error()))
 }
 
-impl<T: Element> SharedHostBuffer<T> {
+impl<T: bytemuck::Pod> SharedHostBuffer<T> {
     /// `len` zeroed elements in memory other local ranks can map.
     ///
     /// Errors: [`MpiError::SharedMemory`] when the size overflows or the system refuses the
@@ -116,17 +124,29 @@ impl<T: Element> SharedHostBuffer<T> {
             _elements: PhantomData,
         })
     }
+
+    /// The buffer's serial and file descriptor, which a message from it names.
+    pub(crate) fn identity(&self) -> (u64, i32) {
+        (self.map.serial, self.map.fd.as_raw_fd())
+    }
 }
 
 impl SharedMapping {
     /// At least `bytes` zeroed bytes (whole pages), registered for single copies.
-    pub(crate) fn zeroed(bytes: usize) -> Result<Self, MpiError> {
-        let mapped = bytes.max(1).next_multiple_of(4096);
+    fn zeroed(bytes: usize) -> Result<Self, MpiError> {
+        let mapped = bytes
+            .max(1)
+            .checked_next_multiple_of(PAGE_BYTES)
+            .ok_or_else(|| {
+                MpiError::SharedMemory(format!("{bytes} bytes overflow the address space"))
+            })?;
         let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
         let name = CString::new(format!("relaycc-shared-{serial}"))
             .map_err(|e| MpiError::SharedMemory(format!("memfd name: {e}")))?;
         // SAFETY: a valid C string and flags; the result is checked.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(os_error("memfd_create"));
         }
@@ -137,6 +157,10 @@ impl SharedMapping {
         // SAFETY: `fd` is a live memfd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(os_error("ftruncate of a shared buffer"));
+        }
+        // SAFETY: `fd` is a live memfd made with sealing allowed.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SIZE_SEALS) } != 0 {
+            return Err(os_error("sealing a shared buffer's size"));
         }
         // SAFETY: a fresh shared mapping of the whole file; the result is checked.
         let at = unsafe {
@@ -158,17 +182,17 @@ impl SharedMapping {
             ptr,
             mapped,
             serial,
-            _fd: fd,
+            fd,
         })
     }
 
     /// The first byte (page-aligned).
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
+    fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 }
 
-impl<T: Element> std::ops::Deref for SharedHostBuffer<T> {
+impl<T: bytemuck::Pod> std::ops::Deref for SharedHostBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: the mapping holds `len` initialised (zeroed, `Pod`) elements, page-aligned.
@@ -176,7 +200,7 @@ impl<T: Element> std::ops::Deref for SharedHostBuffer<T> {
     }
 }
 
-impl<T: Element> std::ops::DerefMut for SharedHostBuffer<T> {
+impl<T: bytemuck::Pod> std::ops::DerefMut for SharedHostBuffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as `deref`; `&mut self` is the only access from this process, and peers
         // read it only during a call that borrows it shared.
@@ -281,15 +305,27 @@ fn map_peer(peer: u32, pid: libc::pid_t, serial: u64, fd: i32) -> Result<PeerMap
             name.display()
         ));
     }
-    let len = file
-        .metadata()
-        .map_err(|e| format!("stat of {path}: {e}"))?
-        .len() as usize;
-    // SAFETY: a read-only shared mapping of the whole file; the result is checked.
+    // SAFETY: `file` is open; the call only reads its seals.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & SIZE_SEALS != SIZE_SEALS {
+        return Err(format!(
+            "{path} is not sealed against resizing (seals {seals:#x})"
+        ));
+    }
+    let len = usize::try_from(
+        file.metadata()
+            .map_err(|e| format!("stat of {path}: {e}"))?
+            .len(),
+    )
+    .ok()
+    .filter(|&len| len > 0)
+    .ok_or_else(|| format!("{path} has no size a shared buffer has"))?;
+    // SAFETY: a read-only shared mapping of the whole file, whose size is sealed; the result
+    // is checked.
     let at = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            len.max(1),
+            len,
             libc::PROT_READ,
             libc::MAP_SHARED,
             file.as_raw_fd(),
@@ -321,7 +357,7 @@ mod tests {
         b[999] = 7;
         let at = b.as_ptr() as usize;
         let (serial, fd, off) = find_registered(at + 8, 16).expect("registered");
-        assert_eq!((serial, off), (b.map.serial, 8));
+        assert_eq!((serial, fd, off), (b.identity().0, b.identity().1, 8));
         // A range running past the mapping is not in it.
         assert!(find_registered(at, 1 << 20).is_none());
         // This process may map its own buffer as a peer would, and sees its writes.
@@ -346,5 +382,15 @@ mod tests {
             SharedHostBuffer::<f64>::zeroed(usize::MAX),
             Err(MpiError::SharedMemory(_))
         ));
+        // Bytes that fit but whose pages do not.
+        assert!(matches!(
+            SharedHostBuffer::<u8>::zeroed(usize::MAX - 1),
+            Err(MpiError::SharedMemory(_))
+        ));
+        // The size is sealed: a peer's mapping cannot fault past its end.
+        let b = SharedHostBuffer::<u8>::zeroed(10).expect("memfd");
+        let fd = b.identity().1;
+        // SAFETY: `fd` is the buffer's open memfd; a refused resize changes nothing.
+        assert_ne!(unsafe { libc::ftruncate(fd, 0) }, 0);
     }
 }

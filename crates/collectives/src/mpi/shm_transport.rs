@@ -19,10 +19,11 @@
 //!   its file descriptor in the sender, the offset) instead of an address; the receiver maps
 //!   the buffer read-only (once, cached) and copies with streaming stores, about 6 GB/s a core
 //!   here against 3.6 for the kernel's copy. Setup probes it too (a rank maps the next rank's
-//!   probe buffer). With `--shared-buffers`, `relaycc bench --backend mpi --vs-mpi` on 8
-//!   processes gave at 64 MiB, MPI's time over relaycc's on the same buffers: all_to_all_v
-//!   1.39 to 1.65, all_reduce 2.95, all_gather_v 2.25 (ordinary buffers: 0.91 to 0.96, 1.48
-//!   to 1.53, 1.20 to 1.40, runs in one session).
+//!   probe buffer), and every buffer's size is sealed, so a mapping never faults past its
+//!   end. With `--shared-buffers`, `relaycc bench --backend mpi --vs-mpi` on 8 processes gave
+//!   at 64 MiB, MPI's time over relaycc's on the same buffers: all_to_all_v 1.20 to 1.65
+//!   (11 runs, median 1.49), all_reduce 2.95, all_gather_v 2.25 (ordinary buffers: 0.91 to
+//!   0.96, 1.48 to 1.53, 1.20 to 1.40).
 //!
 //! On the 2-core VM, 8 processes, `relaycc bench --backend mpi --vs-mpi` at 64 MiB (MPI's time
 //! over relaycc's, binaries run in alternation): all_to_all_v 0.81 to 0.89 with slots alone,
@@ -277,16 +278,17 @@ impl ShmSegment {
 
     /// How messages move ([`super::MpiCommunicator::host_transport`]).
     pub(crate) fn describe(&self) -> String {
-        match (&self.single_copy, self.shared_buffers) {
-            (Some(_), true) => format!(
-                "shared memory, single copy from {} KiB (in user space from shared buffers)",
-                SINGLE_COPY_MIN_BYTES / 1024
-            ),
-            (Some(_), false) => format!(
-                "shared memory, single copy from {} KiB",
-                SINGLE_COPY_MIN_BYTES / 1024
-            ),
-            (None, _) => "shared memory".to_string(),
+        if self.single_copy.is_none() {
+            return "shared memory".to_string();
+        }
+        let single = format!(
+            "shared memory, single copy from {} KiB",
+            SINGLE_COPY_MIN_BYTES / 1024
+        );
+        if self.shared_buffers {
+            format!("{single} (in user space from shared buffers)")
+        } else {
+            single
         }
     }
 
@@ -351,13 +353,10 @@ fn shared_buffers_mappable(comm: &SimpleCommunicator, pids: &[libc::pid_t]) -> b
         b[0] = magic(rank);
         b
     });
-    let me = match &probe {
-        Some(b) => match shared_buffer::find_registered(b.as_ptr() as usize, 8) {
-            Some((serial, fd, _)) => [serial, fd as u64],
-            None => [0, 0],
-        },
-        None => [0, 0],
-    };
+    let me = probe.as_ref().map_or([0, 0], |b| {
+        let (serial, fd) = b.identity();
+        [serial, fd as u64]
+    });
     let mut everyone = vec![0u64; 2 * n];
     comm.all_gather_into(&me[..], &mut everyone[..]);
     let next = (rank + 1) % n;
@@ -416,6 +415,24 @@ unsafe fn read_peer(
         }
     }
     Ok(())
+}
+
+/// Copy `len` bytes of a received message of `message_bytes` from `src` to its destination
+/// `dst`: with streaming stores from [`STREAM_MIN_BYTES`], whose destination is not read again
+/// soon, plainly below, where it stays in the cache for the ops that read it next.
+///
+/// # Safety
+/// `src` holds `len` readable bytes and `dst` `len` writable ones that nothing else touches
+/// during the call, not overlapping.
+unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize, message_bytes: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if message_bytes >= STREAM_MIN_BYTES {
+            crate::backend::host::stream_copy(src, dst, len);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+        }
+    }
 }
 
 /// True on every rank when `ok` holds on every rank (a blocking `MPI_Allreduce`).
@@ -642,13 +659,7 @@ impl ShmTransport<'_> {
             // SAFETY: the slot holds the chunk (published, not reused before `tail` moves);
             // the destination holds `m.bytes` writable bytes that nothing else touches (the
             // runner's contract), and `offset + len <= m.bytes`.
-            unsafe {
-                if m.bytes >= STREAM_MIN_BYTES {
-                    crate::backend::host::stream_copy(slot as *const u8, dst, len);
-                } else {
-                    std::ptr::copy_nonoverlapping(slot as *const u8, dst, len);
-                }
-            }
+            unsafe { copy_out(slot as *const u8, dst, len, m.bytes) };
             tail.store(t.wrapping_add(1), Ordering::Release);
             m.moved += 1;
             moved = true;
@@ -685,13 +696,7 @@ impl ShmTransport<'_> {
             // (`locate` checked the range) and kept alive by the mapping; the sender writes it
             // again only after `tail` passes this message, or sets the abandon flag checked
             // below. The destination as for `read_peer`.
-            unsafe {
-                if m.bytes >= STREAM_MIN_BYTES {
-                    crate::backend::host::stream_copy(src as *const u8, dst, m.bytes);
-                } else {
-                    std::ptr::copy_nonoverlapping(src as *const u8, dst, m.bytes);
-                }
-            }
+            unsafe { copy_out(src as *const u8, dst, m.bytes, m.bytes) };
         } else {
             // SAFETY: the destination holds `m.bytes` writable bytes that nothing else
             // touches (the runner's contract); the sender keeps its source alive until `tail`
