@@ -474,33 +474,22 @@ fn vs_nccl_on_the_host_backend_says_why_nccl_is_absent() {
 #[test]
 fn mpi_backend_and_vs_mpi_fail_cleanly() {
     let base = words("bench all_reduce -b 1M -e 1M -n 1 -w 0");
-    let mut host = base.to_vec();
-    host.extend(["--backend", "host", "--ranks", "2", "--vs-mpi"]);
-    let o = relaycc(&host);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--vs-mpi needs --backend mpi"),
-        "{}",
-        stderr(&o)
-    );
-    let mut nccl = base.to_vec();
-    nccl.extend(["--backend", "host", "--ranks", "2", "--transport", "nccl"]);
-    let o = relaycc(&nccl);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--transport needs --backend mpi"),
-        "{}",
-        stderr(&o)
-    );
-    let mut shared = base.to_vec();
-    shared.extend(["--backend", "host", "--ranks", "2", "--shared-buffers"]);
-    let o = relaycc(&shared);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--shared-buffers needs --backend mpi"),
-        "{}",
-        stderr(&o)
-    );
+    let mpi_only: [(&[&str], &str); 3] = [
+        (&["--vs-mpi"], "--vs-mpi needs --backend mpi"),
+        (&["--transport", "nccl"], "--transport needs --backend mpi"),
+        (
+            &["--shared-buffers"],
+            "--shared-buffers needs --backend mpi",
+        ),
+    ];
+    for (flag, message) in mpi_only {
+        let mut host = base.to_vec();
+        host.extend(["--backend", "host", "--ranks", "2"]);
+        host.extend(flag);
+        let o = relaycc(&host);
+        assert_eq!(o.status.code(), Some(2), "{flag:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(message), "{flag:?}: {}", stderr(&o));
+    }
     if cfg!(feature = "mpi") {
         return;
     }
