@@ -61,8 +61,8 @@ pub struct PlanOptions {
     /// always simulated, so a budget of zero still plans: those of 200,000 ops or more, the
     /// baseline until the deadline or for [`LEAST_SIMULATION_GRACE`] of its own where it
     /// passed (cut there, it is reported as a lower bound, [`Planned::baseline_cut`]), relaycc's
-    /// most promising candidate for a budget's time of its own (at least that grace).
-    /// Builds are not interrupted: a plan of millions of ops (NCCL's rings or trees over
+    /// most promising candidate for a budget's time of its own (at least that grace), unless
+    /// its progress shows it cannot end by then. Builds are not interrupted: a plan of millions of ops (NCCL's rings or trees over
     /// hundreds of ranks of a cluster whose hosts do not repeat) passes the budget by its build.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
@@ -91,7 +91,7 @@ impl Default for PlanOptions {
 /// When planning must stop, and whether it had to.
 struct Deadline {
     started: Instant,
-    /// When the baseline was built (templates), or built and simulated (full plans).
+    /// When the baseline was built (as a template or in full).
     baseline_done: std::sync::OnceLock<Instant>,
     at: Option<Instant>,
     budget: Duration,
@@ -112,8 +112,7 @@ impl Deadline {
     /// Whether a simulation that must yield a plan of relaycc's (the most promising candidate,
     /// or a template built beside the baseline), started at `own_start`, goes on: until the
     /// deadline, and beyond it for a budget's time (at least [`LEAST_SIMULATION_GRACE`]) of its
-    /// own and a budget's time after the baseline was built (templates, built beside it) or
-    /// simulated (the most promising full candidate, simulated after it). A baseline that
+    /// own and a budget's time after the baseline was built. A baseline that
     /// takes longer than the budget so leaves relaycc's plan as long again, not nothing; the
     /// baseline itself gets no more than it needs for a figure ([`Deadline::baseline_goes_on`]).
     fn grace_goes_on(&self, own_start: Instant) -> bool {
@@ -123,6 +122,28 @@ impl Deadline {
         self.at.is_none_or(|at| now < at)
             || within(own_start)
             || self.baseline_done.get().is_none_or(|&t| within(t))
+    }
+    /// When [`Deadline::grace_goes_on`] stops a simulation started at `own_start`; `None`
+    /// while that is not known (no deadline, or the baseline not built yet).
+    fn grace_end(&self, own_start: Instant) -> Option<Instant> {
+        let grace = self.budget.max(LEAST_SIMULATION_GRACE);
+        let built = *self.baseline_done.get()?;
+        let at = self.at?;
+        Some(
+            at.max(own_start.checked_add(grace)?)
+                .max(built.checked_add(grace)?),
+        )
+    }
+    /// [`Deadline::grace_goes_on`] for a simulation that has got as far as `progress`: it
+    /// also gives up once even an optimistic projection of its progress cannot end within
+    /// its grace ([`Projection::hopeless`]), instead of holding a core until the grace ends
+    /// for nothing.
+    fn grace_goes_on_watched(&self, projection: &Projection, progress: &SimCut) -> bool {
+        if !self.grace_goes_on(projection.start) {
+            return false;
+        }
+        self.grace_end(projection.start)
+            .is_none_or(|end| !projection.hopeless(progress, end))
     }
     /// Whether the baseline's simulation, started at `own_start`, goes on: until the
     /// deadline, and for [`LEAST_SIMULATION_GRACE`] of its own where it passed. Cut, it still
@@ -154,8 +175,12 @@ impl Deadline {
         if plan.ops.len() < GRACE_ABOVE_OPS {
             return prepared.simulate(topo).map(Some);
         }
-        let start = Instant::now();
-        prepared.simulate_while(topo, &|| self.grace_goes_on(start))
+        let projection = Projection::new(Instant::now(), prepared.lower_bound_us());
+        Ok(prepared
+            .simulate_watched(topo, &|progress| {
+                self.grace_goes_on_watched(&projection, progress)
+            })?
+            .ok())
     }
     /// Record that a simulation gave up at the deadline.
     fn mark_hit(&self) {
@@ -171,6 +196,81 @@ impl Deadline {
     }
     fn was_hit(&self) -> bool {
         self.hit.load(Ordering::Relaxed)
+    }
+}
+
+/// Wall time a simulation runs before its progress is sampled ([`Projection`]): past its
+/// first events, which may be cheap (an intra-node phase) or costly (setting up its flows).
+const PROJECT_AFTER: Duration = Duration::from_secs(1);
+
+/// Wall time between two samples of a simulation's progress ([`Projection`]).
+const PROJECT_WINDOW: Duration = Duration::from_millis(500);
+
+/// How much faster than lately the rest of a simulation is assumed to run when projecting it
+/// ([`Projection`]): its later events may be cheaper (fewer flows at once).
+const PROJECTION_SPEEDUP: f64 = 2.0;
+
+/// Samples of one simulation's progress, to tell when it cannot end by a given instant
+/// ([`Projection::hopeless`]).
+struct Projection {
+    start: Instant,
+    lower_bound_us: f64,
+    /// The last sample: when, fraction of ops done, simulated time over the lower bound.
+    last: std::cell::Cell<Option<(Instant, f64, f64)>>,
+}
+
+impl Projection {
+    fn new(start: Instant, lower_bound_us: f64) -> Self {
+        Projection {
+            start,
+            lower_bound_us,
+            last: std::cell::Cell::new(None),
+        }
+    }
+    /// Whether the simulation, now as far as `progress`, cannot end by `end` even projected
+    /// optimistically. Progress is measured two ways: ops done over ops, and simulated time
+    /// reached over the lower bound (which overstates it). Each is projected at its rate over
+    /// the last [`PROJECT_WINDOW`] (an average since the start would count a cheap first
+    /// phase), the rest assumed to run [`PROJECTION_SPEEDUP`] times faster, and the sooner
+    /// end taken. A run that showed no progress in a window, or has run less than
+    /// [`PROJECT_AFTER`], is never hopeless.
+    fn hopeless(&self, progress: &SimCut, end: Instant) -> bool {
+        self.hopeless_at(Instant::now(), progress, end)
+    }
+    /// [`Projection::hopeless`] at the instant `now`.
+    fn hopeless_at(&self, now: Instant, progress: &SimCut, end: Instant) -> bool {
+        if now.saturating_duration_since(self.start) < PROJECT_AFTER || progress.ops == 0 {
+            return false;
+        }
+        let by_ops = progress.ops_done as f64 / progress.ops as f64;
+        let by_time = if self.lower_bound_us > 0.0 {
+            (progress.reached_us / self.lower_bound_us).min(1.0)
+        } else {
+            0.0
+        };
+        let Some((then, ops_then, time_then)) = self.last.get() else {
+            self.last.set(Some((now, by_ops, by_time)));
+            return false;
+        };
+        let dt = now.saturating_duration_since(then).as_secs_f64();
+        if dt < PROJECT_WINDOW.as_secs_f64() {
+            return false;
+        }
+        self.last.set(Some((now, by_ops, by_time)));
+        let rest = |done: f64, before: f64| {
+            let rate = (done - before) / dt;
+            if rate > 0.0 {
+                (1.0 - done).max(0.0) / rate
+            } else {
+                f64::INFINITY
+            }
+        };
+        let rest = rest(by_ops, ops_then).min(rest(by_time, time_then)) / PROJECTION_SPEEDUP;
+        // No progress in a window: nothing to project from.
+        let Ok(rest) = Duration::try_from_secs_f64(rest) else {
+            return false;
+        };
+        now.checked_add(rest).is_none_or(|finish| finish > end)
     }
 }
 
@@ -272,21 +372,28 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     // Templates of relaycc's candidates need nothing of the baseline: they are built and
     // simulated while the baseline is built, and go on while it is and a budget after
     // (`Deadline::grace_goes_on`); their result (or error) is taken where it was asked.
-    let ((folded, why), mut early) = rayon::join(
+    let ((folded, why, early_proof), mut early) = rayon::join(
         || {
-            let built = baseline_template(topo, req, budget, shift.as_ref(), until);
+            let (folded, why) = baseline_template(topo, req, budget, shift.as_ref(), until);
+            // A baseline that does not fold is built in full here, beside the templates.
+            let built = match folded {
+                Some(built) => built,
+                None => crate::planner::baseline_within_timed(topo, req, budget, until),
+            };
             let _ = deadline.baseline_done.set(Instant::now());
-            built
+            // Proved here, while the templates beside it may still be simulated.
+            let proof = match &built {
+                Ok(t) if templated.is_some() => Some(prove(topo, req, &t.plan)),
+                _ => None,
+            };
+            (built, why, proof)
         },
         || templated.map(|sym| fastest_templates(topo, req, opts, sym, &deadline)),
     );
     skipped.extend(why);
     let (built, tuned) = match folded {
-        Some(built) => (built, None),
-        None => match crate::planner::baseline_within_timed(topo, req, budget, until) {
-            Ok(t) => (Ok(t.plan), t.tuned),
-            Err(e) => (Err(e), None),
-        },
+        Ok(t) => (Ok(t.plan), t.tuned),
+        Err(e) => (Err(e), None),
     };
     let (baseline_plan, baseline_fits) = match built {
         Ok(p) => (p, true),
@@ -303,10 +410,12 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     // relaycc's candidates are built and simulated: they need its time, not its proof, which
     // is awaited at the end.
     let (baseline_proof, rest) = rayon::join(
-        || prove(topo, req, &baseline_plan),
+        || match early_proof {
+            Some(proof) => proof,
+            None => prove(topo, req, &baseline_plan),
+        },
         || -> Result<_> {
             let sim = simulate_baseline(topo, &baseline_plan, opts, tuned, &deadline);
-            let _ = deadline.baseline_done.set(Instant::now());
             let (baseline_time_us, baseline_cut) = sim?;
             if baseline_cut.is_some() {
                 deadline.mark_hit();
@@ -552,6 +661,28 @@ fn tree_ops_estimate(req: &Request) -> u64 {
     req.nranks() as u64 * 4 * (req.count.div_ceil(chunk) + 32)
 }
 
+/// An estimate of the ops the windowed build of NCCL's rail-aligned ring all_reduce of `req`
+/// makes when folded by `sym`: per rank, channel and chunk of its block, 2 (n - 1) copies
+/// and n - 1 reductions, over the two periods of hosts a window holds (the whole plan where
+/// there are only two periods: a 64-node rail-optimized cluster's two scalable units). Zero
+/// where the members sit on one node, so that the rings are always tried there.
+fn ring_window_ops_estimate(
+    topo: &Topology,
+    req: &Request,
+    sym: &relaycc_topo::HostSymmetry,
+) -> u64 {
+    let Ok(Some(channels)) = crate::planner::baseline_net::ring_channels(topo, req) else {
+        return 0;
+    };
+    let n = req.nranks() as u64;
+    let channels = channels.max(1) as u64;
+    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let per_block = req.count.div_ceil(n * channels).div_ceil(chunk).max(1);
+    let full = 3 * n * n.saturating_sub(1) * channels * per_block;
+    let periods = u64::from(sym.periods()).max(1);
+    full.saturating_mul(2.min(periods)) / periods
+}
+
 /// The baseline as a template folded by `shift` (NCCL's rings where the tuner's all_reduce
 /// tree does not fold), with the reasons for what it left out; `None` where it is built in
 /// full (no shift, or a baseline that does not fold).
@@ -561,7 +692,10 @@ fn baseline_template(
     budget: u64,
     shift: Option<&relaycc_topo::HostSymmetry>,
     until: Option<Instant>,
-) -> (Option<Result<Plan>>, Vec<String>) {
+) -> (
+    Option<Result<crate::planner::baseline::TunedPlan>>,
+    Vec<String>,
+) {
     let mut skipped = Vec::new();
     let folded = match shift {
         Some(sym) => {
@@ -575,22 +709,24 @@ fn baseline_template(
                 // rings stand for it.
                 Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
                     let tree_ops = tree_ops_estimate(req);
-                    if tree_ops <= TREE_IN_FULL_MAX_OPS {
+                    let ring_window = ring_window_ops_estimate(topo, req, sym);
+                    if tree_ops <= TREE_IN_FULL_MAX_OPS || tree_ops <= ring_window {
                         skipped.push(format!(
                             "the tuner's baseline as a template: {why}; the baseline is NCCL's \
-                             tree, built in full (about {tree_ops} ops)"
+                             tree, built in full (about {tree_ops} ops, against about \
+                             {ring_window} for its rings' window)"
                         ));
                         return (None, skipped);
                     }
                     match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
-                        Ok(mut p) => {
+                        Ok(mut t) => {
                             skipped.push(format!(
                                 "the tuner's baseline as a template: {why}; its tree would take \
                                  about {tree_ops} ops in full (above {TREE_IN_FULL_MAX_OPS}), so \
                                  the baseline is NCCL's rings (NCCL_ALGO=Ring)"
                             ));
-                            p.algorithm = format!("{} (NCCL_ALGO=Ring)", p.algorithm);
-                            Some(Ok(p))
+                            t.plan.algorithm = format!("{} (NCCL_ALGO=Ring)", t.plan.algorithm);
+                            Some(Ok(t))
                         }
                         Err(RouteError::NotSymmetric(why)) => {
                             skipped.push(format!(
@@ -1061,6 +1197,96 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn progress(ops_done: usize, reached_us: f64) -> SimCut {
+        SimCut {
+            reached_us,
+            ops_done,
+            ops: 1000,
+        }
+    }
+
+    fn all_reduce(gpus: u32, bytes: u64) -> Request {
+        Request::new(
+            Collective::AllReduce,
+            (0..gpus).collect(),
+            bytes / 4,
+            crate::DType::F32,
+        )
+    }
+
+    #[test]
+    fn the_ring_window_estimate_counts_the_rings_ops() {
+        // Two periods of hosts: the window is the whole plan.
+        let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+        let sym = topo.host_symmetry();
+        assert_eq!(sym.periods(), 2);
+        for bytes in [1 << 20, 1 << 26, 1 << 30] {
+            let req = all_reduce(16, bytes);
+            let ring = crate::planner::baseline_plan_algo(
+                &topo,
+                &req,
+                Some(crate::planner::baseline_net::tuner::Algo::Ring),
+            )
+            .unwrap();
+            let est = ring_window_ops_estimate(&topo, &req, &sym) as f64;
+            let ops = ring.ops.len() as f64;
+            assert!(
+                (est - ops).abs() <= 0.1 * ops,
+                "{bytes} B: estimated {est}, built {ops}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_periods_of_hosts_build_the_tuners_tree_in_full() {
+        // A rail-optimized fabric of two scalable units: two periods, and NCCL's rings over
+        // 512 ranks (6.3M ops) outnumber its tree.
+        let topo = relaycc_topo::preset("cluster:64xdgx-h100:ib-ndr:rail").unwrap();
+        let sym = topo.host_symmetry();
+        assert_eq!(sym.periods(), 2);
+        let req = all_reduce(512, 1 << 30);
+        assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
+        // One switch: every host a period, and the rings' window holds two of them.
+        let topo = relaycc_topo::preset("cluster:16xdgx-h100:ib-ndr").unwrap();
+        let sym = topo.host_symmetry();
+        let req = all_reduce(128, 1 << 30);
+        assert!(ring_window_ops_estimate(&topo, &req, &sym) < tree_ops_estimate(&req) / 4);
+    }
+
+    #[test]
+    fn a_projection_gives_up_only_on_a_run_that_cannot_end_in_time() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Lower bound 100 us; the end allowed 3 s after the start.
+        let end = at(3000);
+        let p = Projection::new(t0, 100.0);
+        // Too early to judge, however slow.
+        assert!(!p.hopeless_at(at(900), &progress(1, 0.1), end));
+        // The first sample only records.
+        assert!(!p.hopeless_at(at(1000), &progress(200, 35.0), end));
+        // A cheap first phase, then 1% per 0.5 s: 16 s more even at twice that pace, past
+        // the end 1.5 s away.
+        assert!(p.hopeless_at(at(1500), &progress(210, 36.0), end));
+
+        // At 20% per 0.5 s the rest (3 windows at that pace, 0.75 s at twice it) ends in time.
+        let p = Projection::new(t0, 100.0);
+        assert!(!p.hopeless_at(at(1000), &progress(200, 20.0), end));
+        assert!(!p.hopeless_at(at(1500), &progress(400, 40.0), end));
+        // Either measure may show the progress: ops lag, simulated time runs ahead.
+        let p = Projection::new(t0, 100.0);
+        assert!(!p.hopeless_at(at(1000), &progress(200, 20.0), end));
+        assert!(!p.hopeless_at(at(1500), &progress(201, 60.0), end));
+
+        // No progress in a window: nothing to project from.
+        let p = Projection::new(t0, 100.0);
+        assert!(!p.hopeless_at(at(1000), &progress(200, 20.0), end));
+        assert!(!p.hopeless_at(at(1600), &progress(200, 20.0), end));
+        // Samples closer than a window are not projected.
+        let p = Projection::new(t0, 100.0);
+        assert!(!p.hopeless_at(at(1000), &progress(200, 20.0), end));
+        assert!(!p.hopeless_at(at(1100), &progress(201, 20.1), end));
+    }
 
     /// Candidates 0..4 with lower bounds 1..4 and times 2, 5, 3, 4 (us); 10 us to beat.
     fn run(reject: &[usize]) -> (Vec<(usize, f64)>, Option<usize>, Vec<usize>) {

@@ -79,12 +79,13 @@ pub fn baseline_template_chunked(
 ) -> Result<Plan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
-    baseline_template_reached(topo, req, algo, chunk_elems, shift, &cache, None)
+    baseline_template_reached(topo, req, algo, chunk_elems, shift, &cache, None).map(|t| t.plan)
 }
 
 /// [`baseline_template_chunked`] once [`crate::require_reachable`] passed, with connections
 /// from `cache` (a cache of `req`'s members under [`RelayPolicy::Members`]), which every pass
-/// of the windowed build shares, and every build of a staging fit that passes the same one.
+/// of the windowed build shares, and every build of a staging fit that passes the same one;
+/// with the tuner's simulation of the template where it was a capped one.
 pub(crate) fn baseline_template_reached(
     topo: &Topology,
     req: &Request,
@@ -93,11 +94,11 @@ pub(crate) fn baseline_template_reached(
     shift: &dyn crate::template::HostShift,
     cache: &ConnCache,
     until: Option<Instant>,
-) -> Result<Plan> {
+) -> Result<TunedPlan> {
     let base = crate::template::build_template(topo, shift, || {
         algorithm_plan_cached(topo, req, algo, chunk_elems, cache)
     })?;
-    tune_timed(topo, vec![base], until).map(|t| t.plan)
+    tune_timed(topo, vec![base], until)
 }
 
 /// [`baseline_plan`] with the multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`);
@@ -208,9 +209,16 @@ fn tune_timed(
                 .edge_weight(relaycc_topo::LinkId::new(e as usize))
                 .is_some_and(|l| l.kind.is_nvlink())
         });
-        // Simple first: at large sizes its time rules out the others by their lower bounds.
+        // Simple first: at large sizes its time rules out the others by their lower bounds,
+        // taken from its lowering where that already shows a protocol cannot win.
+        let mut simple: Option<crate::sim::Prepared> = None;
         for p in [Protocol::Simple, Protocol::Ll128, Protocol::Ll] {
             if (nvls && p != Protocol::Simple) || (p == Protocol::Ll128 && !all_nvlink) {
+                continue;
+            }
+            if let (Some(first), Some((t, ..))) = (&simple, &best)
+                && first.protocol_load_bound_us(topo.costs(), Protocol::Simple, p) >= *t
+            {
                 continue;
             }
             base.protocol = Some(p);
@@ -245,6 +253,9 @@ fn tune_timed(
             };
             if best.as_ref().is_none_or(|(bt, ..)| t < *bt) {
                 best = Some((t, i, p, timed));
+            }
+            if p == Protocol::Simple {
+                simple = Some(prepared);
             }
         }
     }
@@ -386,6 +397,38 @@ mod tests {
             crate::Location::Gpu(g) => g == 0 || g == 7,
             crate::Location::Host(_) => true,
         }));
+    }
+
+    #[test]
+    fn a_protocols_bound_from_simples_lowering_never_exceeds_its_own() {
+        let cfg = crate::sim::SimConfig::default();
+        for (preset, gpus, size) in [
+            // No NVLS before sm90: the tuner's plan is the rings, as the bound requires.
+            ("dgx-a100", (0..8).collect::<Vec<u32>>(), 1u64 << 28),
+            ("dgx-a100", (0..8).collect(), 1 << 16),
+            ("dgx1-v100", vec![0, 3, 5, 6], 1 << 26),
+        ] {
+            let topo = relaycc_topo::preset(preset).unwrap();
+            let req = Request::new(Collective::AllReduce, gpus, size, DType::F32);
+            let mut plan = baseline_plan(&topo, &req).unwrap();
+            assert!(plan.ops.iter().all(|o| o.nvls.is_none()));
+            plan.protocol = Some(Protocol::Simple);
+            let simple = crate::sim::Prepared::new(&topo, &plan, &cfg).unwrap();
+            for p in [Protocol::Ll128, Protocol::Ll] {
+                let quick = simple.protocol_load_bound_us(topo.costs(), Protocol::Simple, p);
+                plan.protocol = Some(p);
+                let own = crate::sim::Prepared::new(&topo, &plan, &cfg).unwrap();
+                let full = own.lower_bound_us();
+                assert!(quick <= full, "{preset} {size} {p:?}: {quick} > {full}");
+                // Where the busiest resource rules, they agree: the quick bound loses nothing.
+                if own.load_bound_us() >= full * (1.0 - 1e-9) {
+                    assert!(
+                        quick >= full * (1.0 - 1e-6),
+                        "{preset} {p:?}: {quick} << {full}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

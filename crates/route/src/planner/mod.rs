@@ -81,11 +81,12 @@ pub fn baseline_template_within(
     algo: Option<baseline_net::tuner::Algo>,
     shift: &dyn crate::template::HostShift,
 ) -> Result<Plan> {
-    baseline_template_until(topo, req, budget, algo, shift, None)
+    baseline_template_until(topo, req, budget, algo, shift, None).map(|t| t.plan)
 }
 
 /// [`baseline_template_within`] whose tuner's capped simulations stop at `until` too (a
-/// planning call's deadline).
+/// planning call's deadline), with the tuner's simulation of the template where it was a
+/// capped one.
 pub(crate) fn baseline_template_until(
     topo: &Topology,
     req: &Request,
@@ -93,7 +94,7 @@ pub(crate) fn baseline_template_until(
     algo: Option<baseline_net::tuner::Algo>,
     shift: &dyn crate::template::HostShift,
     until: Option<std::time::Instant>,
-) -> Result<Plan> {
+) -> Result<baseline::TunedPlan> {
     crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
     // One cache for every build of the fit: connections do not depend on the chunk.
     let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);

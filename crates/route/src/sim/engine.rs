@@ -6,6 +6,7 @@ use std::collections::BinaryHeap;
 use std::time::Instant;
 
 use relaycc_topo::Topology;
+use relaycc_topo::rates::{CostModel, Protocol};
 
 use crate::error::{Result, RouteError};
 use crate::plan::Plan;
@@ -186,6 +187,44 @@ impl Prepared {
     pub fn load_bound_us(&self) -> f64 {
         self.bounds().0
     }
+    /// A lower bound on the makespan of the same plan run with NCCL protocol `to`, where this
+    /// was prepared with the plan's protocol `from` and the plan has no NVLS copies: `to`'s
+    /// launch latency plus the busiest resource, whose link bytes are rescaled by the two
+    /// protocols' wire overheads (memories carry the same bytes under every protocol). It
+    /// never exceeds [`Prepared::lower_bound_us`] of the plan prepared with `to`, and spares
+    /// the tuner lowering a plan of millions of ops again (about a second) only to find that
+    /// a protocol cannot win.
+    pub fn protocol_load_bound_us(&self, costs: &CostModel, from: Protocol, to: Protocol) -> f64 {
+        let model = &self.model;
+        let scale = costs.bw_fraction(from) / costs.bw_fraction(to);
+        if !(scale.is_finite() && scale > 0.0) {
+            return 0.0;
+        }
+        let load = self.loads();
+        let busiest = load
+            .iter()
+            .zip(&model.caps)
+            .enumerate()
+            .map(|(r, (l, c))| {
+                let l = if r < model.n_edges { l * scale } else { *l };
+                l / c
+            })
+            .fold(0.0f64, f64::max);
+        // Rounding slack: the rescaled sums may differ from a fresh lowering's in the last bit.
+        (costs.base_latency_us(to) + busiest) * (1.0 - 1e-9)
+    }
+    /// Bytes each resource carries over the whole plan.
+    fn loads(&self) -> Vec<f64> {
+        let model = &self.model;
+        let mut load = vec![0.0f64; model.caps.len()];
+        for op in 0..model.bytes.len() {
+            let (res, coef) = model.uses.of(op as u32);
+            for (&r, &c) in res.iter().zip(coef) {
+                load[r as usize] += model.bytes[op] * c;
+            }
+        }
+        load
+    }
     /// (busiest resource, longest op), microseconds.
     fn bounds(&self) -> (f64, f64) {
         let model = &self.model;
@@ -239,6 +278,15 @@ impl Prepared {
         topo: &Topology,
         go_on: &dyn Fn() -> bool,
     ) -> Result<std::result::Result<SimResult, SimCut>> {
+        self.simulate_watched(topo, &|_| go_on())
+    }
+    /// As [`Prepared::simulate_or_cut`], with `go_on` shown how far the run got each time it
+    /// is asked: so a caller can give up a run that cannot end in time, judged by its progress.
+    pub fn simulate_watched(
+        &self,
+        topo: &Topology,
+        go_on: &dyn Fn(&SimCut) -> bool,
+    ) -> Result<std::result::Result<SimResult, SimCut>> {
         let mut engine = Engine::new(&self.model);
         engine.go_on = Some(go_on);
         engine.run();
@@ -253,7 +301,8 @@ impl Prepared {
     }
 }
 
-/// How far a simulation that gave up at its deadline got.
+/// How far a simulation got: where it gave up at its deadline, or so far, as shown to the
+/// caller's check ([`Prepared::simulate_watched`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimCut {
     /// Simulated time reached, microseconds: every op not finished ends later, so the
@@ -301,7 +350,7 @@ struct Engine<'m> {
     res_busy_us: Vec<f64>,
     res_since_us: Vec<f64>,
     /// Whether to go on (planning budget), and whether the run gave up.
-    go_on: Option<&'m dyn Fn() -> bool>,
+    go_on: Option<&'m dyn Fn(&SimCut) -> bool>,
     gave_up: bool,
 }
 
@@ -402,7 +451,13 @@ impl<'m> Engine<'m> {
         loop {
             batches = batches.wrapping_add(1);
             if batches.is_multiple_of(DEADLINE_CHECK_BATCHES)
-                && self.go_on.is_some_and(|go_on| !go_on())
+                && self.go_on.is_some_and(|go_on| {
+                    !go_on(&SimCut {
+                        reached_us: self.now_us,
+                        ops_done: self.done,
+                        ops: self.spans.len(),
+                    })
+                })
             {
                 self.gave_up = true;
                 return;

@@ -100,5 +100,16 @@ pub fn plan_algo(
     Ok(Some(plan))
 }
 
+/// The channels of NCCL's rail-aligned rings over `req`'s members (one per rail of node 0's
+/// members), or `None` where the members sit on one node.
+pub(crate) fn ring_channels(topo: &Topology, req: &Request) -> Result<Option<usize>> {
+    if req.nranks() < 2 || !spans_nodes(topo, req) {
+        return Ok(None);
+    }
+    let cache = super::ConnCache::new(topo, &req.gpus, &crate::path::RelayPolicy::Members);
+    let links = NetLinks::new(topo, &req.gpus, &cache)?;
+    Ok(Some(rings::channel_rails(&links).len()))
+}
+
 #[cfg(test)]
 mod tests;
