@@ -33,6 +33,7 @@ mod access;
 pub mod baseline;
 pub mod baseline_net;
 pub(crate) mod builder;
+pub(crate) mod channels;
 pub mod cluster;
 pub mod connect;
 pub mod direct;

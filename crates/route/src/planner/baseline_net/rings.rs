@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::planner::builder::Builder;
+use crate::planner::channels::build_channels;
 use crate::planner::connect::Connection;
 use crate::planner::ring::{
     CH_LOCAL, LOOP_CHUNKS, RsStaging, all_gather_pass, loops, reduce_scatter_pass,
@@ -141,16 +142,15 @@ pub(super) fn all_reduce(
 ) -> Result<Plan> {
     let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
-    let mut b = Builder::new(req, ctx, label("ring", rings));
     let per = (n as u64).saturating_mul(LOOP_CHUNKS.saturating_mul(chunk));
-    for (c, (lo, len)) in split_even(req.count, rings.len() as u64)
-        .into_iter()
-        .enumerate()
-    {
-        pin(&mut b, links, c as u32, &rings[c]);
+    let splits = split_even(req.count, rings.len() as u64);
+    // Each channel reduces its own slice of the buffers, in staging of its own.
+    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
+        let (lo, len) = splits[c];
+        pin(b, links, c as u32, &rings[c]);
         let ord = &rings[c].order;
         let most = len.min(per).div_ceil(n as u64);
-        let st = RsStaging::new(&mut b, ord, most, false);
+        let st = RsStaging::new(b, ord, most, false);
         for (base, piece) in loops(len, per) {
             let blocks = split_even(piece, n as u64);
             let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
@@ -168,7 +168,7 @@ pub(super) fn all_reduce(
             };
             let (inp, outp) = (at(false), at(true));
             reduce_scatter_pass(
-                &mut b,
+                b,
                 ord,
                 c as u32,
                 &lens,
@@ -178,10 +178,10 @@ pub(super) fn all_reduce(
                 Some(&outp),
                 &outp,
             )?;
-            all_gather_pass(&mut b, ord, c as u32, &lens, chunk, None, &outp)?;
+            all_gather_pass(b, ord, c as u32, &lens, chunk, None, &outp)?;
         }
-    }
-    Ok(b.finish())
+        Ok(())
+    })
 }
 
 /// Ring all_gather over the rail rings: every block travels n-1 steps around each channel.
@@ -234,15 +234,14 @@ pub(super) fn reduce_scatter(
     let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
-    let mut b = Builder::new(req, ctx, label("ring", rings));
     let per = LOOP_CHUNKS.saturating_mul(chunk);
-    for (c, (lo, len)) in split_even(count, rings.len() as u64)
-        .into_iter()
-        .enumerate()
-    {
-        pin(&mut b, links, c as u32, &rings[c]);
+    let splits = split_even(count, rings.len() as u64);
+    // Each channel reduces its own slice of every block, in staging of its own.
+    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
+        let (lo, len) = splits[c];
+        pin(b, links, c as u32, &rings[c]);
         let ord = &rings[c].order;
-        let st = RsStaging::new(&mut b, ord, len.min(per), true);
+        let st = RsStaging::new(b, ord, len.min(per), true);
         for (base, piece) in loops(len, per) {
             let lens = vec![piece; n];
             let start = lo + base;
@@ -256,10 +255,10 @@ pub(super) fn reduce_scatter(
             let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
                 Region::new(BufferRef::Output(ord[p]), start + rel, l)
             };
-            reduce_scatter_pass(&mut b, ord, c as u32, &lens, chunk, &st, &inp, None, &fin)?;
+            reduce_scatter_pass(b, ord, c as u32, &lens, chunk, &st, &inp, None, &fin)?;
         }
-    }
-    Ok(b.finish())
+        Ok(())
+    })
 }
 
 /// `ring x<channels> rail-aligned`.

@@ -14,7 +14,7 @@
 
 use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
-use crate::planner::builder::Builder;
+use crate::planner::channels::build_channels;
 use crate::planner::{Ctx, RECV_SLOTS, chunks, split_even};
 use crate::request::Request;
 
@@ -83,13 +83,13 @@ pub(super) fn all_reduce(
     let rails = channel_rails(links);
     let nodes = links.nodes.len();
     let chunk = ctx.chunk_elems.max(1);
-    let mut b = Builder::new(req, ctx, format!("double binary tree x{}", rings.len()));
-    for (c, (lo, len)) in split_even(req.count, rails.len() as u64)
-        .into_iter()
-        .enumerate()
-    {
+    let splits = split_even(req.count, rails.len() as u64);
+    let name = format!("double binary tree x{}", rings.len());
+    // Each channel reduces its own slice of the buffers, in staging of its own.
+    build_channels(req, ctx, &name, splits.len(), |b, c| {
+        let (lo, len) = splits[c];
         if len == 0 {
-            continue;
+            return Ok(());
         }
         let ch = c as u32;
         let rail = rails[c];
@@ -198,8 +198,8 @@ pub(super) fn all_reduce(
                 }
             }
         }
-    }
-    Ok(b.finish())
+        Ok(())
+    })
 }
 
 #[cfg(test)]
