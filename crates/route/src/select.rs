@@ -698,6 +698,17 @@ fn baseline_template(
 ) {
     let mut skipped = Vec::new();
     let folded = match shift {
+        // A window holds two periods of hosts: with only two it is the whole plan, built one
+        // channel after another (a window is one thread's) and then folded, for a template
+        // half its size. Built in full, its channels are built at once and nothing is folded.
+        Some(sym) if sym.periods() <= 2 => {
+            skipped.push(format!(
+                "the baseline's template: its hosts repeat in {} periods, so its window would be \
+                 the whole plan; the baseline is built in full",
+                sym.periods()
+            ));
+            None
+        }
         Some(sym) => {
             let within =
                 |algo| crate::planner::baseline_template_until(topo, req, budget, algo, sym, until);
@@ -1239,13 +1250,35 @@ mod tests {
     }
 
     #[test]
-    fn two_periods_of_hosts_build_the_tuners_tree_in_full() {
-        // A rail-optimized fabric of two scalable units: two periods, and NCCL's rings over
-        // 512 ranks (6.3M ops) outnumber its tree.
+    fn the_baseline_folds_only_where_its_window_is_smaller_than_the_plan() {
+        // A rail-optimized fabric of two scalable units: two periods, so a window would be the
+        // whole plan (NCCL's rings over 512 ranks, 6.3M ops, twice its tree): built in full,
+        // whatever the collective, and refused before anything is built.
         let topo = relaycc_topo::preset("cluster:64xdgx-h100:ib-ndr:rail").unwrap();
         let sym = topo.host_symmetry();
         assert_eq!(sym.periods(), 2);
         let req = all_reduce(512, 1 << 30);
+        assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
+        let mut rs = all_reduce(512, 1 << 30);
+        rs.collective = Collective::ReduceScatter;
+        rs.count /= 512;
+        for r in [&req, &rs] {
+            let (folded, why) = baseline_template(
+                &topo,
+                r,
+                crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+                Some(&sym),
+                None,
+            );
+            assert!(folded.is_none());
+            assert!(why.iter().any(|w| w.contains("2 periods")), "{why:?}");
+        }
+        // Three units: the rings' window holds two thirds of their 14M ops, still more than
+        // the tree in full.
+        let topo = relaycc_topo::preset("cluster:96xdgx-h100:ib-ndr:rail").unwrap();
+        let sym = topo.host_symmetry();
+        assert_eq!(sym.periods(), 3);
+        let req = all_reduce(768, 1 << 30);
         assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
         // One switch: every host a period, and the rings' window holds two of them.
         let topo = relaycc_topo::preset("cluster:16xdgx-h100:ib-ndr").unwrap();
