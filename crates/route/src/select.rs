@@ -62,8 +62,9 @@ pub struct PlanOptions {
     /// baseline until the deadline or for [`LEAST_SIMULATION_GRACE`] of its own where it
     /// passed (cut there, it is reported as a lower bound, [`Planned::baseline_cut`]), relaycc's
     /// most promising candidate for a budget's time of its own (at least that grace), unless
-    /// its progress shows it cannot end by then. Builds are not interrupted: a plan of millions of ops (NCCL's rings or trees over
-    /// hundreds of ranks of a cluster whose hosts do not repeat) passes the budget by its build.
+    /// its progress shows it cannot end by then. Builds are not interrupted: a plan of
+    /// millions of ops (NCCL's rings or trees over hundreds of ranks of a cluster whose hosts
+    /// do not repeat, about a microsecond per op and core) passes the budget by its build.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
     /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
