@@ -6,8 +6,9 @@
 //! staging buffers appear in the same order (a builder makes a lane or staging buffer at its
 //! first use), and an op's dependencies never reach into another channel, since the access
 //! tracks of disjoint elements never meet. A planner that touches one element from two
-//! channels (a prologue every channel reads, as NCCL's ring all_gather's local copy) must not
-//! use this; `tests` compares both builds of every planner that does. NCCL's tree and rings
+//! channels (a prologue every channel reads) must not use this, or must split that prologue
+//! by channel, as the rings' all_gather splits its local copy; `tests` compares both builds
+//! of every planner that does. NCCL's tree and rings
 //! over 512 ranks are millions of ops, built in about a second per core.
 
 use rayon::prelude::*;
@@ -162,7 +163,13 @@ mod tests {
                     bytes / 4 / gpus.len() as u64,
                     DType::F32,
                 );
-                let cases: [Case; 3] = [
+                let ag = Request::new(
+                    Collective::AllGather,
+                    gpus.clone(),
+                    bytes / 4 / gpus.len() as u64,
+                    DType::F32,
+                );
+                let cases: [Case; 4] = [
                     (
                         "tree",
                         Box::new(|| {
@@ -180,6 +187,10 @@ mod tests {
                     (
                         "reduce_scatter",
                         Box::new(|| crate::planner::baseline_plan(&topo, &rs).unwrap()),
+                    ),
+                    (
+                        "all_gather",
+                        Box::new(|| crate::planner::baseline_plan(&topo, &ag).unwrap()),
                     ),
                 ];
                 for (what, make) in cases {

@@ -194,19 +194,23 @@ pub(super) fn all_gather(
     let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
-    let mut b = Builder::new(req, ctx, label("ring", rings));
-    for r in 0..n as u32 {
-        b.send(
-            Region::new(BufferRef::Input(r), 0, count),
-            Region::new(BufferRef::Output(r), u64::from(r) * count, count),
-            CH_LOCAL,
-        )?;
-    }
-    for (c, (lo, len)) in split_even(count, rings.len() as u64)
-        .into_iter()
-        .enumerate()
-    {
-        pin(&mut b, links, c as u32, &rings[c]);
+    let splits = split_even(count, rings.len() as u64);
+    // Each channel copies its own slice of every rank's block in place first, as NCCL's ring
+    // kernel does in its first step, on a local lane of its own: channels then touch disjoint
+    // elements and lanes, and are built at once.
+    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
+        let (lo, len) = splits[c];
+        if len == 0 {
+            return Ok(());
+        }
+        for r in 0..n as u32 {
+            b.send(
+                Region::new(BufferRef::Input(r), lo, len),
+                Region::new(BufferRef::Output(r), u64::from(r) * count + lo, len),
+                CH_LOCAL + c as u32,
+            )?;
+        }
+        pin(b, links, c as u32, &rings[c]);
         let ord = &rings[c].order;
         let lens = vec![len; n];
         let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
@@ -219,9 +223,9 @@ pub(super) fn all_gather(
                 l,
             )
         };
-        all_gather_pass(&mut b, ord, c as u32, &lens, chunk, Some(&inp), &out)?;
-    }
-    Ok(b.finish())
+        all_gather_pass(b, ord, c as u32, &lens, chunk, Some(&inp), &out)?;
+        Ok(())
+    })
 }
 
 /// Ring reduce_scatter over the rail rings: n-1 reduce steps around each channel.
