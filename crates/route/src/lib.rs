@@ -63,8 +63,8 @@ pub use select::{
     Planner, SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
 };
 pub use sim::{
-    DEADLINE_CHECK_BATCHES, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan, Perf, Prepared,
-    SimConfig, SimResult, chrome_trace, simulate,
+    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,
+    Perf, Prepared, SimConfig, SimResult, chrome_trace, simulate,
 };
 
 /// The README's example, compiled and run as a doctest.

@@ -676,6 +676,42 @@ mod deadline {
         assert_eq!(bounded.time_us, whole);
     }
 
+    /// Few batches of many flows (all sharing one link) are checked by their work: 40,000
+    /// copies ending in 128 batches, far fewer than `DEADLINE_CHECK_BATCHES`, still read the
+    /// clock, and show their progress when they do.
+    #[test]
+    fn few_batches_of_many_flows_still_read_the_clock() {
+        use super::fixtures::{copy, dgx1, gpu_edge, plan as empty};
+        use relaycc_route::Location::Gpu;
+        use relaycc_route::sim::{DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK};
+        let topo = dgx1();
+        let e = gpu_edge(&topo, 0, 1);
+        let mut p = empty();
+        let lanes = 40_000u32;
+        let ends = 128u64;
+        for l in 0..lanes {
+            let lane = p.add_lane(Gpu(0), format!("send{l}"));
+            let bytes = (1 + u64::from(l) % ends) << 10;
+            copy(&mut p, lane, Gpu(0), Gpu(1), bytes, &[e], &[]);
+        }
+        assert!(ends < u64::from(DEADLINE_CHECK_BATCHES));
+        assert!(lanes as usize * ends as usize / 2 > 2 * DEADLINE_CHECK_WORK);
+        let prepared = Prepared::new(&topo, &p, &SimConfig::default()).unwrap();
+        let seen = std::cell::Cell::new(Vec::new());
+        let r = prepared
+            .simulate_watched(&topo, &|progress| {
+                let mut v = seen.take();
+                v.push(progress.ops_done);
+                seen.set(v);
+                true
+            })
+            .unwrap();
+        assert!(r.is_ok());
+        let seen = seen.take();
+        assert!(seen.len() >= 2, "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    }
+
     #[test]
     fn a_cut_simulation_says_how_far_it_got_and_bounds_the_makespan_from_below() {
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();

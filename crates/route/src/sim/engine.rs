@@ -252,8 +252,10 @@ impl Prepared {
         simulate_model(topo, &self.model)
     }
     /// As [`Prepared::simulate`], given up once `deadline` passes: `Ok(None)` then. The clock
-    /// is read once every [`DEADLINE_CHECK_BATCHES`] batches of events, so the check costs
-    /// nothing measurable and a run stops within a few milliseconds of the deadline.
+    /// is read once every [`DEADLINE_CHECK_BATCHES`] batches of events, or sooner once they
+    /// shared [`DEADLINE_CHECK_WORK`] active flows among them, so the check costs nothing
+    /// measurable and a run stops within a few milliseconds of the deadline (a few tenths of
+    /// a second where hundreds of thousands of flows share one component).
     pub fn simulate_until(
         &self,
         topo: &Topology,
@@ -261,8 +263,8 @@ impl Prepared {
     ) -> Result<Option<SimResult>> {
         self.simulate_while(topo, &|| deadline.is_none_or(|d| Instant::now() < d))
     }
-    /// As [`Prepared::simulate_until`], going on while `go_on` says so (asked once every
-    /// [`DEADLINE_CHECK_BATCHES`] batches of events): for a deadline that moves while the
+    /// As [`Prepared::simulate_until`], going on while `go_on` says so (asked as often as
+    /// the clock is read there): for a deadline that moves while the
     /// simulation runs.
     pub fn simulate_while(
         &self,
@@ -316,6 +318,11 @@ pub struct SimCut {
 
 /// Batches of events between two reads of the clock in [`Prepared::simulate_until`].
 pub const DEADLINE_CHECK_BATCHES: u32 = 256;
+
+/// Active flows, summed over batches, after which the clock is read whatever the batches: a
+/// batch whose flows all share a component (an all_to_all of 512 ranks starting 262,144 sends
+/// at once) can take tens of milliseconds, and 256 of them outran a deadline by 9 s.
+pub const DEADLINE_CHECK_WORK: usize = 1 << 20;
 
 fn simulate_model(topo: &Topology, model: &Model) -> Result<SimResult> {
     let mut engine = Engine::new(model);
@@ -448,9 +455,18 @@ impl<'m> Engine<'m> {
             }
         }
         let mut batches = 0u32;
+        // Active flows summed over the batches since the clock was last read: a batch's fair
+        // sharing can cost as much as the flows it shares among.
+        let mut work = 0usize;
         loop {
             batches = batches.wrapping_add(1);
-            if batches.is_multiple_of(DEADLINE_CHECK_BATCHES)
+            work = work.saturating_add(self.active.len());
+            let check =
+                batches.is_multiple_of(DEADLINE_CHECK_BATCHES) || work >= DEADLINE_CHECK_WORK;
+            if check {
+                work = 0;
+            }
+            if check
                 && self.go_on.is_some_and(|go_on| {
                     !go_on(&SimCut {
                         reached_us: self.now_us,

@@ -63,8 +63,8 @@ mod result;
 mod trace;
 
 pub use engine::{
-    DEADLINE_CHECK_BATCHES, DEFAULT_OP_OVERHEAD_US, Prepared, SimConfig, SimCut, lower_bound_us,
-    simulate,
+    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, Prepared, SimConfig,
+    SimCut, lower_bound_us, simulate,
 };
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;
