@@ -111,21 +111,22 @@ impl Deadline {
         }
     }
     /// Whether a simulation that must yield a plan of relaycc's (the most promising candidate,
-    /// or a template built beside the baseline), started at `own_start`, goes on: until the
-    /// deadline, and beyond it for a budget's time (at least [`LEAST_SIMULATION_GRACE`]) of its
-    /// own and a budget's time after the baseline was built. A baseline that
-    /// takes longer than the budget so leaves relaycc's plan as long again, not nothing; the
-    /// baseline itself gets no more than it needs for a figure ([`Deadline::baseline_goes_on`]).
-    fn grace_goes_on(&self, own_start: Instant) -> bool {
-        let now = Instant::now();
-        let grace = self.budget.max(LEAST_SIMULATION_GRACE);
-        let within = |t: Instant| t.checked_add(grace).is_none_or(|end| now < end);
-        self.at.is_none_or(|at| now < at)
-            || within(own_start)
-            || self.baseline_done.get().is_none_or(|&t| within(t))
+    /// or a template built beside the baseline), started at `projection.start` and as far as
+    /// `progress`, goes on: until the deadline, and beyond it for a budget's time (at least
+    /// [`LEAST_SIMULATION_GRACE`]) of its own and a budget's time after the baseline was
+    /// built ([`Deadline::grace_end`]), unless even an optimistic projection of its progress
+    /// cannot end by then ([`Projection::hopeless`]): it does not hold a core for nothing. A
+    /// baseline that takes longer than the budget so leaves relaycc's plan as long again, not
+    /// nothing; the baseline itself gets no more than it needs for a figure
+    /// ([`Deadline::baseline_goes_on`]).
+    fn grace_goes_on(&self, projection: &Projection, progress: &SimCut) -> bool {
+        self.grace_end(projection.start)
+            .is_none_or(|end| Instant::now() < end && !projection.hopeless(progress, end))
     }
-    /// When [`Deadline::grace_goes_on`] stops a simulation started at `own_start`; `None`
-    /// while that is not known (no deadline, or the baseline not built yet).
+    /// When [`Deadline::grace_goes_on`] stops a simulation started at `own_start`: the latest
+    /// of the deadline and a grace after the start and after the baseline was built; `None`
+    /// while that is not known (no deadline, the baseline not built yet, or an instant past
+    /// what the clock can hold).
     fn grace_end(&self, own_start: Instant) -> Option<Instant> {
         let grace = self.budget.max(LEAST_SIMULATION_GRACE);
         let built = *self.baseline_done.get()?;
@@ -134,17 +135,6 @@ impl Deadline {
             at.max(own_start.checked_add(grace)?)
                 .max(built.checked_add(grace)?),
         )
-    }
-    /// [`Deadline::grace_goes_on`] for a simulation that has got as far as `progress`: it
-    /// also gives up once even an optimistic projection of its progress cannot end within
-    /// its grace ([`Projection::hopeless`]), instead of holding a core until the grace ends
-    /// for nothing.
-    fn grace_goes_on_watched(&self, projection: &Projection, progress: &SimCut) -> bool {
-        if !self.grace_goes_on(projection.start) {
-            return false;
-        }
-        self.grace_end(projection.start)
-            .is_none_or(|end| !projection.hopeless(progress, end))
     }
     /// Whether the baseline's simulation, started at `own_start`, goes on: until the
     /// deadline, and for [`LEAST_SIMULATION_GRACE`] of its own where it passed. Cut, it still
@@ -178,9 +168,7 @@ impl Deadline {
         }
         let projection = Projection::new(Instant::now(), prepared.lower_bound_us());
         Ok(prepared
-            .simulate_watched(topo, &|progress| {
-                self.grace_goes_on_watched(&projection, progress)
-            })?
+            .simulate_watched(topo, &|progress| self.grace_goes_on(&projection, progress))?
             .ok())
     }
     /// Record that a simulation gave up at the deadline.

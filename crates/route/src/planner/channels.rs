@@ -8,8 +8,8 @@
 //! tracks of disjoint elements never meet. A planner that touches one element from two
 //! channels (a prologue every channel reads) must not use this, or must split that prologue
 //! by channel, as the rings' all_gather splits its local copy; `tests` compares both builds
-//! of every planner that does. NCCL's tree and rings
-//! over 512 ranks are millions of ops, built in about a second per core.
+//! of every planner that does. NCCL's tree and rings over 512 ranks are millions of ops,
+//! built in about a second per core.
 
 use rayon::prelude::*;
 
@@ -41,11 +41,8 @@ pub(crate) fn build_channels(
             Ok(b.finish())
         })
         .collect();
-    let mut parts = parts.into_iter();
-    let mut plan = match parts.next() {
-        Some(first) => first?,
-        None => return build_in_turn(req, ctx, algorithm, channels, part),
-    };
+    // The plan a builder starts from, before its first op.
+    let mut plan = Plan::new(req.clone(), algorithm);
     for p in parts {
         append(&mut plan, p?);
     }
@@ -53,7 +50,7 @@ pub(crate) fn build_channels(
 }
 
 /// The same plan built channel after channel by one builder.
-pub(crate) fn build_in_turn(
+fn build_in_turn(
     req: &Request,
     ctx: &Ctx,
     algorithm: &str,
@@ -73,12 +70,17 @@ fn append(plan: &mut Plan, part: Plan) {
     let op_base = plan.ops.len() as u32;
     let lane_base = plan.lanes.len() as u32;
     let scratch_base = plan.scratch.len() as u32;
-    let group_base = plan
-        .ops
-        .iter()
-        .filter_map(|o| o.nvls.map(|n| n.group + 1))
-        .max()
-        .unwrap_or(0);
+    // NVLS group ids are the plan's own: the part's go past the plan's (scanned only where
+    // the part has any).
+    let group_base = if part.ops.iter().any(|o| o.nvls.is_some()) {
+        plan.ops
+            .iter()
+            .filter_map(|o| o.nvls.map(|n| n.group + 1))
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
     let shift = |r: &mut Region| {
         if let BufferRef::Scratch(i) = &mut r.buffer {
             *i += scratch_base;

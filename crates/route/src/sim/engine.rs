@@ -200,7 +200,7 @@ impl Prepared {
         if !(scale.is_finite() && scale > 0.0) {
             return 0.0;
         }
-        let load = self.loads();
+        let (load, _) = self.loads_and_longest();
         let busiest = load
             .iter()
             .zip(&model.caps)
@@ -213,20 +213,9 @@ impl Prepared {
         // Rounding slack: the rescaled sums may differ from a fresh lowering's in the last bit.
         (costs.base_latency_us(to) + busiest) * (1.0 - 1e-9)
     }
-    /// Bytes each resource carries over the whole plan.
-    fn loads(&self) -> Vec<f64> {
-        let model = &self.model;
-        let mut load = vec![0.0f64; model.caps.len()];
-        for op in 0..model.bytes.len() {
-            let (res, coef) = model.uses.of(op as u32);
-            for (&r, &c) in res.iter().zip(coef) {
-                load[r as usize] += model.bytes[op] * c;
-            }
-        }
-        load
-    }
-    /// (busiest resource, longest op), microseconds.
-    fn bounds(&self) -> (f64, f64) {
+    /// Bytes each resource carries over the whole plan, and the longest op alone on its
+    /// resources (microseconds, after the plan's start).
+    fn loads_and_longest(&self) -> (Vec<f64>, f64) {
         let model = &self.model;
         let mut load = vec![0.0f64; model.caps.len()];
         let mut longest = 0.0f64;
@@ -240,6 +229,12 @@ impl Prepared {
             }
             longest = longest.max(t);
         }
+        (load, longest)
+    }
+    /// (busiest resource, longest op), microseconds.
+    fn bounds(&self) -> (f64, f64) {
+        let model = &self.model;
+        let (load, longest) = self.loads_and_longest();
         let busiest = load
             .iter()
             .zip(&model.caps)
@@ -461,22 +456,17 @@ impl<'m> Engine<'m> {
         loop {
             batches = batches.wrapping_add(1);
             work = work.saturating_add(self.active.len());
-            let check =
-                batches.is_multiple_of(DEADLINE_CHECK_BATCHES) || work >= DEADLINE_CHECK_WORK;
-            if check {
+            if batches.is_multiple_of(DEADLINE_CHECK_BATCHES) || work >= DEADLINE_CHECK_WORK {
                 work = 0;
-            }
-            if check
-                && self.go_on.is_some_and(|go_on| {
-                    !go_on(&SimCut {
-                        reached_us: self.now_us,
-                        ops_done: self.done,
-                        ops: self.spans.len(),
-                    })
-                })
-            {
-                self.gave_up = true;
-                return;
+                let progress = SimCut {
+                    reached_us: self.now_us,
+                    ops_done: self.done,
+                    ops: self.spans.len(),
+                };
+                if self.go_on.is_some_and(|go_on| !go_on(&progress)) {
+                    self.gave_up = true;
+                    return;
+                }
             }
             let wake = self.heap.peek().map_or(f64::INFINITY, |w| w.time_us);
             let next = wake.min(self.next_end());
