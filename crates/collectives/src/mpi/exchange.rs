@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use ::mpi::topology::SimpleCommunicator;
 use ::mpi::traits::*;
-use relaycc_route::nodeaware::{
-    ClusterShape, CostModel, Message, ModelParams, Pattern, Staging, Strategy, model_time,
-    rank_space_plan,
-};
+use relaycc_route::nodeaware::{ModelParams, Strategy, rank_space_plan};
+use relaycc_route::planner::ranks::{PROCESS_STRATEGIES, modelled_strategies};
 use relaycc_route::{Collective, DType, Location, Request};
 
 use super::agree::{self, Op};
@@ -35,15 +33,6 @@ pub enum Choice {
     /// This one (Standard, 3-Step, 2-Step or Split+MD).
     Forced(Strategy),
 }
-
-/// The strategies an exchange between processes can run (Split+DD shares device pointers
-/// between processes of one GPU, which host processes cannot).
-pub const STRATEGIES: [Strategy; 4] = [
-    Strategy::Standard,
-    Strategy::ThreeStep,
-    Strategy::TwoStep,
-    Strategy::SplitMd,
-];
 
 /// A persistent irregular exchange: the plan, this rank's schedule, its message buffers and
 /// a private communicator, built once; [`NeighborExchange::run`] many times.
@@ -224,9 +213,9 @@ impl NeighborExchange {
         choice: Choice,
     ) -> MpiResult<Self> {
         req.validate()?;
-        let modelled = model_strategies(comm, &req)?;
+        let modelled = modelled_strategies(&req, &comm.rank_space())?;
         let strategy = match choice {
-            Choice::Forced(s) if STRATEGIES.contains(&s) => s,
+            Choice::Forced(s) if PROCESS_STRATEGIES.contains(&s) => s,
             Choice::Forced(s) => {
                 return Err(MpiError::Unsupported(format!(
                     "{s} is not available between processes (use one of Standard, 3-Step, \
@@ -339,57 +328,4 @@ impl NeighborExchange {
     pub fn set_timeout(&mut self, t: Duration) {
         self.timeout = t;
     }
-}
-
-/// The model's time of each available strategy for `req` on the communicator's nodes: ranks
-/// are renumbered node-major (`node * ranks_per_node + local index`) as the models expect,
-/// processes per node are the node's ranks, staging is through host unless CUDA-aware MPI
-/// is on (then the better of the two for the strategies that have both).
-pub(super) fn model_strategies(
-    comm: &MpiCommunicator,
-    req: &Request,
-) -> MpiResult<Vec<(Strategy, f64)>> {
-    let node_of = comm.node_of();
-    let nodes = comm.nodes().max(1);
-    let mut per_node = vec![0u32; nodes as usize];
-    let mut pos = vec![0u32; node_of.len()];
-    for (r, nd) in node_of.iter().enumerate() {
-        pos[r] = per_node[*nd as usize];
-        per_node[*nd as usize] += 1;
-    }
-    let gpn = per_node.iter().copied().max().unwrap_or(1).max(1);
-    let id = |r: u32| node_of[r as usize] * gpn + pos[r as usize];
-    let pattern = Pattern::from_request(req)?;
-    let pattern = Pattern {
-        messages: pattern
-            .messages
-            .iter()
-            .map(|m| Message {
-                src: id(m.src),
-                dst: id(m.dst),
-                bytes: m.bytes,
-            })
-            .collect(),
-    };
-    let shape = ClusterShape {
-        nodes,
-        gpus_per_node: gpn,
-        sockets_per_node: 1,
-        procs_per_node: gpn,
-    };
-    let stagings: &[Staging] = if comm.cuda_aware() {
-        &[Staging::Host, Staging::DeviceAware]
-    } else {
-        &[Staging::Host]
-    };
-    Ok(STRATEGIES
-        .iter()
-        .map(|s| {
-            let t = stagings
-                .iter()
-                .map(|st| model_time(*s, *st, &pattern, &shape, CostModel::MaxRate))
-                .fold(f64::INFINITY, f64::min);
-            (*s, t)
-        })
-        .collect())
 }

@@ -1212,7 +1212,7 @@ mod tests {
     fn ranks_on_threads_over_nccl_all_reduce() {
         const N: u64 = (1 << 20) + 3;
         let req = Request::new(Collective::AllReduce, vec![0, 1], N, DType::F32);
-        let plan = super::super::plans::direct_plan(&req, 256 << 20).expect("plan");
+        let plan = relaycc_route::planner::ranks::direct_plan(&req, 256 << 20).expect("plan");
         relaycc_route::check(&plan).expect("checked");
         let comms = NcclComm::init_all(&[0, 1]).expect("ncclCommInitAll");
         let sums: Vec<Vec<f32>> = std::thread::scope(|s| {

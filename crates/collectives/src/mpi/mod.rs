@@ -22,7 +22,6 @@ mod exchange;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod indexed;
-mod plans;
 mod requests;
 mod schedule;
 mod shared_buffer;
@@ -355,6 +354,16 @@ impl MpiCommunicator {
     /// Number of (virtual) nodes.
     pub fn nodes(&self) -> u32 {
         self.node_of.iter().copied().max().map_or(0, |m| m + 1)
+    }
+    /// The processes as route's rank-space planner sees them: their (virtual) nodes, whether
+    /// device memory goes to MPI directly, Split+MD's cap and the default staging budget.
+    pub(crate) fn rank_space(&self) -> relaycc_route::planner::ranks::RankSpace<'_> {
+        relaycc_route::planner::ranks::RankSpace {
+            node_of: &self.node_of,
+            device_aware: self.cuda_aware,
+            split_cap_bytes: exchange::default_split_cap(),
+            staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
+        }
     }
     /// This process's device.
     pub fn device(&self) -> u32 {

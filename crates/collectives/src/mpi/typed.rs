@@ -34,11 +34,9 @@ use std::time::Instant;
 
 use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
-use relaycc_route::nodeaware::Strategy;
 use relaycc_route::{Collective, DType, Location, Plan, ReduceOp, Request, Transfer};
 
 use super::agree::{self, Op};
-use super::plans;
 use super::requests::Requests;
 use super::schedule::{RunBuffers, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult};
@@ -791,36 +789,7 @@ impl MpiCommunicator {
     /// The plan of an agreed request in rank space, proved by the checker: exchanges by
     /// [Lockhart-2023]'s model, the others direct (module docs, step 3).
     pub(super) fn plan_request(&self, req: &Request) -> MpiResult<Plan> {
-        let plan = if plans::exchange(req.collective) {
-            let bytes = plans::byte_request(req, req.dtype.size());
-            // A send/recv pair involves its two ranks only: no other rank may relay.
-            let modelled = if req.collective == Collective::SendRecv {
-                Ok(Vec::new())
-            } else {
-                super::exchange::model_strategies(self, &bytes)
-            };
-            let strategy = match modelled {
-                Ok(m) => m
-                    .iter()
-                    .min_by(|a, b| a.1.total_cmp(&b.1))
-                    .map_or(Strategy::Standard, |m| m.0),
-                Err(_) => Strategy::Standard,
-            };
-            if strategy == Strategy::Standard && req.collective == Collective::AllToAllV {
-                // Standard moves every block straight to its receiver: the pairwise order
-                // keeps the ranks from all sending to one peer at once.
-                plans::pairwise_all_to_all_v(req)?
-            } else {
-                plans::exchange_plan(
-                    &bytes,
-                    self.node_of(),
-                    strategy,
-                    super::exchange::default_split_cap(),
-                )?
-            }
-        } else {
-            plans::direct_plan(req, relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES)?
-        };
+        let plan = relaycc_route::planner::ranks::plan(req, &self.rank_space(), None)?;
         // Proves every output element gets exactly what the request names before a message
         // moves; deterministic, so every rank reaches the same verdict.
         relaycc_route::check(&plan)?;

@@ -39,6 +39,7 @@ pub mod connect;
 pub mod direct;
 pub mod hierarchical;
 pub mod nvls;
+pub mod ranks;
 pub mod ring;
 pub mod ring_pack;
 pub mod shared_memory;

@@ -1,24 +1,177 @@
-//! Plans in rank space for the typed per-rank collectives ([`super::typed`]): rank `r` is
-//! process `r`, its memory `Location::Gpu(r)`, and every op has a lane of its own, so only
-//! real dependencies order ops and each phase is one dependency level of the MPI schedule
-//! (every message of a level is posted at once).
+//! Plans over ranks that are processes (rank space): rank `r` is process `r`, its memory
+//! `Location::Gpu(r)`, and every op has a lane of its own, so only real dependencies order
+//! ops and each phase is one dependency level of a process's schedule (every message of a
+//! level is posted at once). The MPI backend of relaycc-collectives plans its typed calls and
+//! exchanges here.
 //!
 //! - all_gather_v, all_to_all_v and send_recv: [Lockhart-2023]'s strategies through
-//!   `relaycc_route::nodeaware::rank_space_plan`, the strategy picked by the max-rate model
-//!   over the communicator's (virtual) nodes, as [`super::NeighborExchange`] picks it; the
-//!   plan counts bytes.
-//! - every other collective: the direct plan of [`direct_plan`], built from the request's
-//!   expected pieces ([`Request::expected`]), typed.
+//!   [`crate::nodeaware::rank_space_plan`], the strategy picked by the max-rate model over the
+//!   processes' (virtual) nodes ([`modelled_strategies`]) unless the caller forces one; the plan
+//!   counts bytes. The Standard strategy of all_to_all_v is the pairwise exchange
+//!   ([`pairwise_all_to_all_v`]).
+//! - every other collective: [`direct_plan`], built from the request's expected pieces
+//!   ([`Request::expected`]), typed.
 //!
-//! Both are plain [`Plan`]s; the caller proves them with `relaycc_route::check` before a
-//! message moves.
+//! Every plan is plain data that passes [`crate::check`]; callers prove it before a message
+//! moves.
 
 use std::collections::BTreeMap;
 
-use relaycc_route::nodeaware::{Strategy, rank_space_plan};
-use relaycc_route::{
-    BufferRef, Collective, DType, Location, Plan, Region, Request, RouteError, staging,
+use crate::DType;
+use crate::error::{Result, RouteError};
+use crate::nodeaware::{
+    ClusterShape, CostModel, Message, Pattern, Staging, Strategy, model_time, rank_space_plan,
 };
+use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::request::{Collective, Request};
+
+/// The strategies an exchange between processes can run (Split+DD shares device pointers
+/// between processes of one GPU, which host processes cannot).
+pub const PROCESS_STRATEGIES: [Strategy; 4] = [
+    Strategy::Standard,
+    Strategy::ThreeStep,
+    Strategy::TwoStep,
+    Strategy::SplitMd,
+];
+
+/// The processes a rank-space plan runs on.
+#[derive(Debug, Clone, Copy)]
+pub struct RankSpace<'a> {
+    /// The (virtual) node of every rank, `0..nodes`.
+    pub node_of: &'a [u32],
+    /// Device memory may go to the network directly (a CUDA-aware MPI): the model also weighs
+    /// device-aware staging.
+    pub device_aware: bool,
+    /// Split+MD's message cap in bytes ([Lockhart-2023, Algorithm 1]'s `message_cap`).
+    pub split_cap_bytes: u64,
+    /// Staging bytes each process may allocate ([`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]
+    /// by default).
+    pub staging_budget: u64,
+}
+
+/// True for the collectives planned by [Lockhart-2023]'s strategies (in bytes).
+pub fn is_exchange(c: Collective) -> bool {
+    matches!(
+        c,
+        Collective::AllGatherV | Collective::AllToAllV | Collective::SendRecv
+    )
+}
+
+/// The plan of a typed request over ranks `0..n` (processes) on `space`: an exchange
+/// collective with `strategy` (or the model's fastest of [`PROCESS_STRATEGIES`] when `None`;
+/// a send/recv pair is always Standard: no other rank may relay it), every other collective
+/// [`direct_plan`].
+///
+/// Errors: a request that does not validate, a strategy processes cannot run (Split+DD), a
+/// staging budget that even the smallest chunk exceeds.
+pub fn plan(req: &Request, space: &RankSpace<'_>, strategy: Option<Strategy>) -> Result<Plan> {
+    req.validate()?;
+    if !is_exchange(req.collective) {
+        return direct_plan(req, space.staging_budget);
+    }
+    let bytes = byte_request(req);
+    let strategy = match strategy {
+        Some(s) if PROCESS_STRATEGIES.contains(&s) => s,
+        Some(s) => {
+            return Err(RouteError::BadRequest(format!(
+                "{s} is not available between processes (use one of Standard, 3-Step, 2-Step, \
+                 Split+MD)"
+            )));
+        }
+        None if req.collective == Collective::SendRecv => Strategy::Standard,
+        None => modelled_strategies(&bytes, space)?
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or(Strategy::Standard, |m| m.0),
+    };
+    if strategy == Strategy::Standard && req.collective == Collective::AllToAllV {
+        // Standard moves every block straight to its receiver: the pairwise order keeps the
+        // ranks from all sending to one peer at once.
+        return pairwise_all_to_all_v(req);
+    }
+    rank_space_plan(
+        &bytes,
+        space.node_of,
+        strategy,
+        space.split_cap_bytes,
+        space.staging_budget,
+    )
+}
+
+/// [Lockhart-2023]'s max-rate model time of each of [`PROCESS_STRATEGIES`] for the exchange
+/// `bytes` (a request of `U8` elements over ranks `0..n`) on `space`, the best staging each.
+///
+/// Errors: a request that is not an exchange, or whose ranks `space.node_of` does not cover.
+pub fn modelled_strategies(bytes: &Request, space: &RankSpace<'_>) -> Result<Vec<(Strategy, f64)>> {
+    let node_of = space.node_of;
+    if node_of.len() < bytes.nranks() {
+        return Err(RouteError::BadRequest(format!(
+            "{} ranks, {} of them placed on nodes",
+            bytes.nranks(),
+            node_of.len()
+        )));
+    }
+    let nodes = node_of.iter().copied().max().map_or(1, |m| m + 1);
+    let mut per_node = vec![0u32; nodes as usize];
+    let mut pos = vec![0u32; node_of.len()];
+    for (r, nd) in node_of.iter().enumerate() {
+        pos[r] = per_node[*nd as usize];
+        per_node[*nd as usize] += 1;
+    }
+    let gpn = per_node.iter().copied().max().unwrap_or(1).max(1);
+    let id = |r: u32| node_of[r as usize] * gpn + pos[r as usize];
+    let pattern = Pattern {
+        messages: Pattern::from_request(bytes)?
+            .messages
+            .iter()
+            .map(|m| Message {
+                src: id(m.src),
+                dst: id(m.dst),
+                bytes: m.bytes,
+            })
+            .collect(),
+    };
+    let shape = ClusterShape {
+        nodes,
+        gpus_per_node: gpn,
+        sockets_per_node: 1,
+        procs_per_node: gpn,
+    };
+    let stagings: &[Staging] = if space.device_aware {
+        &[Staging::Host, Staging::DeviceAware]
+    } else {
+        &[Staging::Host]
+    };
+    Ok(PROCESS_STRATEGIES
+        .iter()
+        .map(|s| {
+            let t = stagings
+                .iter()
+                .map(|st| model_time(*s, *st, &pattern, &shape, CostModel::MaxRate))
+                .fold(f64::INFINITY, f64::min);
+            (*s, t)
+        })
+        .collect())
+}
+
+/// The byte request of a request: the same layout in `U8` elements, as [`rank_space_plan`]
+/// plans exchanges.
+pub fn byte_request(req: &Request) -> Request {
+    let esize = req.dtype.size();
+    let mut b = req.clone();
+    b.dtype = DType::U8;
+    b.count = req.count.saturating_mul(esize);
+    b.counts = req.counts.iter().map(|c| c.saturating_mul(esize)).collect();
+    b.matrix = req
+        .matrix
+        .iter()
+        .map(|row| row.iter().map(|c| c.saturating_mul(esize)).collect())
+        .collect();
+    for t in &mut b.transfers {
+        t.count = t.count.saturating_mul(esize);
+    }
+    b
+}
 
 /// The terms of a reduction: (rank, input offset) per contributor.
 type Terms = Vec<(u32, u64)>;
@@ -38,7 +191,7 @@ type Terms = Vec<(u32, u64)>;
 ///   blocks spread the work over the ranks.
 ///
 /// Reductions run in rounds of at most one chunk of elements whose staging (the parts sent to
-/// `o` and a result `o` does not keep) lives in two reused slot sets; [`staging::fit`] picks
+/// `o` and a result `o` does not keep) lives in two reused slot sets; [`crate::staging::fit`] picks
 /// the chunk so that every process stages at most `budget` bytes (one round when the whole
 /// message fits).
 ///
@@ -46,7 +199,7 @@ type Terms = Vec<(u32, u64)>;
 /// smallest chunk exceeds `budget`.
 ///
 /// Complexity: O(n^2) ops for n ranks.
-pub(super) fn direct_plan(req: &Request, budget: u64) -> Result<Plan, RouteError> {
+pub fn direct_plan(req: &Request, budget: u64) -> Result<Plan> {
     let longest = req
         .expected()?
         .iter()
@@ -55,19 +208,22 @@ pub(super) fn direct_plan(req: &Request, budget: u64) -> Result<Plan, RouteError
         .max()
         .unwrap_or(0)
         .max(1);
-    staging::fit(longest, staging::min_chunk_elems(req), budget, |chunk| {
-        direct_in_rounds(req, chunk)
-    })
+    crate::staging::fit(
+        longest,
+        crate::staging::min_chunk_elems(req),
+        budget,
+        |chunk| direct_in_rounds(req, chunk),
+    )
 }
 
 /// [`direct_plan`] with its reductions cut into rounds of at most `chunk` elements: round `k`
 /// reduces elements `[k x chunk, (k + 1) x chunk)` of every reduction, staging in one of two
-/// reused slot sets ([`staging::Slots`]).
-fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan, RouteError> {
+/// reused slot sets ([`crate::staging::Slots`]).
+fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
     let chunk = chunk.max(1);
     let n = req.nranks() as u32;
     let mut plan = Plan::new(req.clone(), "rank-space direct");
-    let mut slots = staging::Slots::default();
+    let mut slots = crate::staging::Slots::default();
     let copy = |plan: &mut Plan, from: u32, src: Region, dst: Region, deps: Vec<u32>| {
         let lane = plan.add_lane(Location::Gpu(from), format!("rank{from}"));
         plan.copy(lane, src, dst, Vec::new(), deps)
@@ -153,7 +309,7 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan, RouteError> {
 /// Errors: a request that does not validate or is not all_to_all_v.
 ///
 /// Complexity: O(n^2) ops and time for n ranks.
-pub(super) fn pairwise_all_to_all_v(req: &Request) -> Result<Plan, RouteError> {
+pub fn pairwise_all_to_all_v(req: &Request) -> Result<Plan> {
     req.validate()?;
     if req.collective != Collective::AllToAllV {
         return Err(RouteError::BadRequest(format!(
@@ -191,52 +347,10 @@ fn slice(len: u64, n: u32, o: u32) -> (u64, u64) {
     (at(u64::from(o)), at(u64::from(o) + 1))
 }
 
-/// The byte request of an exchange collective (all_gather_v, all_to_all_v, send_recv) with
-/// `esize`-byte elements: the same layout in `U8` elements, as `rank_space_plan` plans it.
-pub(super) fn byte_request(req: &Request, esize: u64) -> Request {
-    let mut b = req.clone();
-    b.dtype = DType::U8;
-    b.count = req.count.saturating_mul(esize);
-    b.counts = req.counts.iter().map(|c| c.saturating_mul(esize)).collect();
-    b.matrix = req
-        .matrix
-        .iter()
-        .map(|row| row.iter().map(|c| c.saturating_mul(esize)).collect())
-        .collect();
-    for t in &mut b.transfers {
-        t.count = t.count.saturating_mul(esize);
-    }
-    b
-}
-
-/// True for the collectives planned by `rank_space_plan`.
-pub(super) fn exchange(c: Collective) -> bool {
-    matches!(
-        c,
-        Collective::AllGatherV | Collective::AllToAllV | Collective::SendRecv
-    )
-}
-
-/// The rank-space plan of an exchange collective's byte request with `strategy`.
-pub(super) fn exchange_plan(
-    bytes: &Request,
-    node_of: &[u32],
-    strategy: Strategy,
-    split_cap: u64,
-) -> Result<Plan, RouteError> {
-    rank_space_plan(
-        bytes,
-        node_of,
-        strategy,
-        split_cap,
-        relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relaycc_route::ReduceOp;
+    use crate::{OpKind, ReduceOp};
 
     /// Every collective's direct plan passes the checker, for several rank counts, counts
     /// that do not divide evenly, and every reduce op.
@@ -244,7 +358,7 @@ mod tests {
     fn direct_plans_pass_the_checker() {
         for n in [1u32, 2, 3, 4, 8] {
             for c in Collective::ALL {
-                if exchange(c) {
+                if is_exchange(c) {
                     continue;
                 }
                 for count in [0u64, 1, 5, 37] {
@@ -252,15 +366,15 @@ mod tests {
                         let req = Request::new(c, (0..n).collect(), count, DType::F32)
                             .with_op(op)
                             .with_root(n - 1);
-                        let plan = direct_plan(&req, staging::DEFAULT_STAGING_BUDGET_BYTES)
+                        let plan = direct_plan(&req, crate::staging::DEFAULT_STAGING_BUDGET_BYTES)
                             .expect("plans");
-                        relaycc_route::check(&plan)
+                        crate::check(&plan)
                             .unwrap_or_else(|e| panic!("{c} n={n} count={count} {op:?}: {e}"));
                         // Rounds of a few elements reuse two slot sets and still check; each
                         // process stages two rounds: n - 1 parts and a result per reduction.
                         for chunk in [1u64, 3, 8] {
                             let r = direct_in_rounds(&req, chunk).expect("plans");
-                            relaycc_route::check(&r).unwrap_or_else(|e| {
+                            crate::check(&r).unwrap_or_else(|e| {
                                 panic!("{c} n={n} count={count} {op:?} chunk={chunk}: {e}")
                             });
                             let most = 2 * u64::from(n) * chunk * 4 * u64::from(n);
@@ -284,10 +398,10 @@ mod tests {
                 .map(|s| (0..u64::from(n)).map(|d| (s * 7 + d * 3) % 5).collect())
                 .collect();
             let plan = pairwise_all_to_all_v(&req).expect("plans");
-            relaycc_route::check(&plan).unwrap_or_else(|e| panic!("n={n}: {e}"));
+            crate::check(&plan).unwrap_or_else(|e| panic!("n={n}: {e}"));
             let mut last_step = vec![0u32; n as usize];
             for op in &plan.ops {
-                let relaycc_route::OpKind::Copy { src, dst } = &op.kind else {
+                let OpKind::Copy { src, dst } = &op.kind else {
                     panic!("n={n}: a pairwise plan only copies");
                 };
                 let (BufferRef::Input(s), BufferRef::Output(d)) = (src.buffer, dst.buffer) else {
@@ -310,10 +424,21 @@ mod tests {
         req.matrix = (0..n as u64)
             .map(|s| (0..n as u64).map(|d| (s + 2 * d) % 3).collect())
             .collect();
-        let bytes = byte_request(&req, 8);
+        let space = RankSpace {
+            node_of: &[0, 0, 1, 1],
+            device_aware: false,
+            split_cap_bytes: 64,
+            staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+        };
         for s in [Strategy::Standard, Strategy::ThreeStep, Strategy::TwoStep] {
-            let plan = exchange_plan(&bytes, &[0, 0, 1, 1], s, 64).expect("plans");
-            relaycc_route::check(&plan).expect("checks");
+            let plan = plan(&req, &space, Some(s)).expect("plans");
+            crate::check(&plan).expect("checks");
         }
+        // The model's pick plans too, having weighed every strategy processes can run.
+        crate::check(&plan(&req, &space, None).expect("plans")).expect("checks");
+        let weighed = modelled_strategies(&byte_request(&req), &space).expect("models");
+        assert_eq!(weighed.len(), PROCESS_STRATEGIES.len());
+        // Split+DD shares device pointers, which processes cannot.
+        assert!(plan(&req, &space, Some(Strategy::SplitDd)).is_err());
     }
 }
