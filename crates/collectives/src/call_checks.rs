@@ -7,7 +7,8 @@ use crate::backend::ByteRegion;
 use crate::buffer::RawView;
 use crate::communicator::{Communicator, has_in_place};
 use crate::error::{CollectivesError, Result};
-use crate::group::Checked;
+use crate::exec::counts::CountLayout;
+use crate::group::{Checked, Counted};
 
 /// Check `request` and its per-rank buffers. `ranks[r]` is the communicator rank of request
 /// rank `r` (identity when `None`; point-to-point requests cover two ranks).
@@ -100,12 +101,25 @@ pub(crate) fn check(
         }
     }
     let in_place = in_place_mode(call, &request, &inputs, &outputs)?;
+    // A v-collective runs its capacity plan with this call's counts bound to it.
+    let (request, counts) = match CountLayout::of_request(&request) {
+        Some((layout, counts)) => (
+            layout.capacity_request(&request),
+            Some(Counted {
+                layout,
+                counts,
+                exact: request,
+            }),
+        ),
+        None => (request, None),
+    };
     Ok(Checked {
         call,
         request,
         in_place,
         inputs,
         outputs,
+        counts,
     })
 }
 

@@ -11,21 +11,36 @@ use std::sync::Arc;
 use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 
 use crate::backend::ByteRegion;
+use crate::backend::Program;
 use crate::buffer::{AsView, RawView};
 use crate::communicator::Communicator;
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::exec;
+use crate::exec::counts::{CallCounts, CountLayout};
 use crate::plan_cache::Cached;
 
 /// One checked operation of a group: its request and its per-rank buffers.
 #[derive(Debug)]
 pub(crate) struct Checked {
     pub call: &'static str,
+    /// What is planned: the call's request, or a v-collective's capacity request.
     pub request: Request,
     pub in_place: bool,
     pub inputs: Vec<Option<RawView>>,
     pub outputs: Vec<Option<RawView>>,
+    /// A v-collective's counts, bound to its capacity plan at launch.
+    pub counts: Option<Counted>,
+}
+
+/// A v-collective call's counts: the layout its capacity plan serves, the counts in the
+/// plan's elements, and the exact request (planned instead when the capacity plan cannot be
+/// bound).
+#[derive(Debug)]
+pub(crate) struct Counted {
+    pub layout: CountLayout,
+    pub counts: Vec<u64>,
+    pub exact: Request,
 }
 
 /// A posted send or receive, waiting for its partner.
@@ -484,8 +499,24 @@ impl<'c> Group<'c> {
         }
         let mut plans: Vec<Arc<Cached>> = Vec::with_capacity(self.ops.len());
         let mut bindings: Vec<Vec<ByteRegion>> = Vec::with_capacity(self.ops.len());
+        // Per operation, its program bound to the call's counts (v-collectives).
+        let mut bound: Vec<Option<Program>> = Vec::with_capacity(self.ops.len());
+        let mut call_counts = CallCounts::default();
         for op in &self.ops {
-            let cached = self.comm.plan_for(op.call, &op.request, op.in_place)?;
+            let mut cached = self.comm.plan_for(op.call, &op.request, op.in_place)?;
+            let mut program = None;
+            if let Some(c) = &op.counts {
+                match cached.count_pieces(c.layout) {
+                    Some(pieces) => {
+                        call_counts.set(&c.layout, &c.counts)?;
+                        let mut p = cached.take_bound();
+                        cached.exec.bind_counts(pieces, &call_counts, &mut p)?;
+                        program = Some(p);
+                    }
+                    // A capacity plan that cannot be bound: plan the exact counts.
+                    None => cached = self.comm.plan_for(op.call, &c.exact, op.in_place)?,
+                }
+            }
             // Operations of one shape in one group run concurrently: each binds its own
             // scratch set.
             let use_index = plans.iter().filter(|p| Arc::ptr_eq(p, &cached)).count();
@@ -504,21 +535,36 @@ impl<'c> Group<'c> {
             }));
             plans.push(cached);
             bindings.push(b);
+            bound.push(program);
         }
-        let work: Vec<(&exec::Executable, &[ByteRegion])> = plans
+        let work: Vec<(&Program, &str, &[ByteRegion])> = plans
             .iter()
             .zip(&bindings)
-            .map(|(p, b)| (&p.exec, b.as_slice()))
+            .zip(&bound)
+            .map(|((p, b), bp)| {
+                let program = bp.as_ref().unwrap_or_else(|| p.exec.program());
+                (program, p.exec.plan().algorithm.as_str(), b.as_slice())
+            })
             .collect();
-        if !work.is_empty() {
+        let launched = if work.is_empty() {
+            Ok(())
+        } else {
             // SAFETY: every plan passed the checker as the call it serves (`Checked::in_place`
             // is what `CheckedPlan` was checked with); `call_checks` proved each operation's
-            // inputs and outputs are its ranks' own buffers of the plan's sizes, disjoint
-            // except in the in-place layout; the loop above proved operations of the group
-            // disjoint where one writes; scratch sets are private to one use in the launch;
-            // and the safe API hands out no raw addresses.
-            unsafe { exec::launch_via(&work, submit)? };
+            // inputs and outputs are its ranks' own buffers of the plan's sizes (a bound
+            // program's: its call's packed sizes, `exec::counts` gives why the bound program
+            // keeps the proof), disjoint except in the in-place layout; the loop above proved
+            // operations of the group disjoint where one writes; scratch sets are private to
+            // one use in the launch; and the safe API hands out no raw addresses.
+            unsafe { exec::launch_via(&work, submit) }
+        };
+        drop(work);
+        for (p, b) in plans.iter().zip(bound) {
+            if let Some(b) = b {
+                p.give_bound(b);
+            }
         }
+        launched?;
         Ok(())
     }
 }

@@ -3,14 +3,15 @@
 //! used first out, with its scratch freed on the backend.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::{Plan, PlanOptions, Request};
 use relaycc_topo::Topology;
 
-use crate::backend::{Backend, DeviceMem};
+use crate::backend::{Backend, DeviceMem, Program};
 use crate::error::{CollectivesError, Result};
+use crate::exec::counts::{CountLayout, CountPieces};
 use crate::exec::{self, Executable};
 
 /// Plan `request` over `topo`, allowed to relay through `relays` (besides the members).
@@ -58,9 +59,49 @@ pub(crate) fn make_plan(
 pub(crate) struct Cached {
     pub exec: Executable,
     sets: Mutex<Vec<Vec<DeviceMem>>>,
+    /// A v-collective's capacity plan cut for count binding, on first need; the error says
+    /// why the plan cannot be bound (its calls are then planned for their exact counts).
+    pieces: OnceLock<std::result::Result<CountPieces, String>>,
+    /// Programs bound to a call's counts, kept for the next calls.
+    bound: Mutex<Vec<Program>>,
 }
 
 impl Cached {
+    fn new(exec: Executable, first: Vec<DeviceMem>) -> Self {
+        Cached {
+            exec,
+            sets: Mutex::new(vec![first]),
+            pieces: OnceLock::new(),
+            bound: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// This capacity plan of `layout` cut for count binding (once), or `None` when it cannot
+    /// be bound ([`CountPieces::new`]).
+    pub fn count_pieces(&self, layout: CountLayout) -> Option<&CountPieces> {
+        self.pieces
+            .get_or_init(|| CountPieces::new(self.exec.plan(), layout).map_err(|e| e.to_string()))
+            .as_ref()
+            .ok()
+    }
+
+    /// A program to bind a call into (a kept one, or a new one).
+    pub fn take_bound(&self) -> Program {
+        self.bound
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_else(|| self.exec.program().clone())
+    }
+
+    /// Keep `program` for the next call's binding.
+    pub fn give_bound(&self, program: Program) {
+        self.bound
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(program);
+    }
+
     /// The scratch buffers of use `k` of this plan within one launch, allocated on first need.
     pub fn scratch_set(&self, k: usize, backend: &dyn Backend) -> Result<Vec<DeviceMem>> {
         let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
@@ -216,10 +257,7 @@ impl PlanCache {
         self.evict(backend, 1, incoming);
         // The first set now, so that a plan whose scratch does not fit fails here.
         let first = allocate_set(&exec, backend)?;
-        let cached = Arc::new(Cached {
-            exec,
-            sets: Mutex::new(vec![first]),
-        });
+        let cached = Arc::new(Cached::new(exec, first));
         // Another thread may have planned the same shape meanwhile: keep one, free the other.
         let kept = {
             let mut st = self.lock();

@@ -38,7 +38,13 @@ pub struct Segment {
     pub program: Program,
     /// The plan's ops in it, in the order they were emitted.
     pub ops: Vec<u32>,
+    /// Per command of `program`, the plan op it runs ([`NO_OP`] for a `Record` or a `Wait`):
+    /// what count binding ([`super::counts`]) rewrites a command from.
+    pub command_ops: Vec<u32>,
 }
+
+/// The `command_ops` entry of a command that runs no plan op (a `Record` or a `Wait`).
+pub const NO_OP: u32 = u32::MAX;
 
 impl Segment {
     /// True when there is no command to launch.
@@ -426,14 +432,18 @@ pub fn lower_ops(
             }
             *w = pos;
             b.commands.push(Command::Wait { lane, event });
+            b.command_ops.push(NO_OP);
         }
         if !op.is_empty() {
             match &op.kind {
-                OpKind::Copy { src, dst } => b.commands.push(Command::Copy {
-                    lane,
-                    src: slot(id, src)?,
-                    dst: slot(id, dst)?,
-                }),
+                OpKind::Copy { src, dst } => {
+                    b.commands.push(Command::Copy {
+                        lane,
+                        src: slot(id, src)?,
+                        dst: slot(id, dst)?,
+                    });
+                    b.command_ops.push(i);
+                }
                 OpKind::Reduce {
                     srcs: from,
                     dst,
@@ -451,11 +461,13 @@ pub fn lower_ops(
                         dst: slot(id, dst)?,
                         divide: *finalize,
                     });
+                    b.command_ops.push(i);
                 }
             }
         }
         if let Some(event) = event_of[k] {
             b.commands.push(Command::Record { lane, event });
+            b.command_ops.push(NO_OP);
         }
     }
     let lanes: Vec<Location> = match layout.lanes {
@@ -478,6 +490,7 @@ pub fn lower_ops(
             srcs: b.srcs,
         },
         ops: b.ops,
+        command_ops: b.command_ops,
     });
     let mut stages = Vec::with_capacity(levels.len());
     for &l in &levels {
@@ -529,6 +542,7 @@ struct Builder {
     commands: Vec<Command>,
     srcs: Vec<Slot>,
     ops: Vec<u32>,
+    command_ops: Vec<u32>,
 }
 
 /// The whole plan on one rank, with the plan's lanes and the bindings of

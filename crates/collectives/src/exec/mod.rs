@@ -6,6 +6,7 @@
 //! deadlock).
 
 pub mod cone;
+pub mod counts;
 pub mod lower;
 #[cfg(feature = "cuda")]
 pub mod nccl;
@@ -30,6 +31,8 @@ use crate::error::{CollectivesError, Result};
 pub struct Executable {
     plan: CheckedPlan,
     program: Program,
+    /// The plan op of each command of `program` ([`lower::NO_OP`] for events).
+    command_ops: Vec<u32>,
     scratch: Vec<(Location, u64)>,
 }
 
@@ -49,6 +52,16 @@ impl Executable {
     /// Location and bytes of each scratch buffer, in the plan's order.
     pub fn scratch(&self) -> &[(Location, u64)] {
         &self.scratch
+    }
+    /// The program rewritten into `out` for a v-collective call's `counts`, when this is the
+    /// capacity plan `pieces` was cut from ([`counts::CountPieces::bind_program`]).
+    pub fn bind_counts(
+        &self,
+        pieces: &counts::CountPieces,
+        counts: &counts::CallCounts,
+        out: &mut Program,
+    ) -> Result<()> {
+        pieces.bind_program(self.plan(), &self.program, &self.command_ops, counts, out)
     }
 }
 
@@ -113,10 +126,10 @@ pub fn compile(checked: CheckedPlan) -> Result<Executable> {
     if !rank.stages.is_empty() {
         return Err(invalid(None, "a plan on one rank lowered to messages"));
     }
-    let program = rank.tail.program;
     Ok(Executable {
         plan: checked,
-        program,
+        program: rank.tail.program,
+        command_ops: rank.tail.command_ops,
         scratch,
     })
 }
@@ -168,35 +181,40 @@ fn scratch_bytes(plan: &Plan) -> Result<Vec<(Location, u64)>> {
 /// checker's proof that unordered ops touch disjoint elements is the race freedom
 /// [`Backend::submit`] asks for.
 pub unsafe fn launch(backend: &dyn Backend, work: &[(&Executable, &[ByteRegion])]) -> Result<()> {
+    let programs: Vec<(&Program, &str, &[ByteRegion])> = work
+        .iter()
+        .map(|(e, b)| (&e.program, e.plan().algorithm.as_str(), *b))
+        .collect();
     // SAFETY: the caller's contract, passed on unchanged to `Backend::submit`.
-    unsafe { launch_via(work, |l| backend.submit(l)) }
+    unsafe { launch_via(&programs, |l| backend.submit(l)) }
 }
 
-/// As [`launch`], with the launches handed to `submit` (a backend's own way of enqueuing,
-/// such as the CUDA backend's on callers' streams) after the binding counts are checked.
+/// As [`launch`] for programs of executables (each with its plan's algorithm, for errors):
+/// an [`Executable`]'s own, or one [`Executable::bind_counts`] rewrote for a call, with the
+/// launches handed to `submit` (a backend's own way of enqueuing, such as the CUDA
+/// backend's on callers' streams) after the binding counts are checked.
 ///
 /// # Safety
 ///
-/// As [`launch`]; `submit` must enqueue what it is given with [`Backend::submit`]'s
-/// guarantees.
+/// As [`launch`], where the bound program's bindings are its call's packed buffers;
+/// `submit` must enqueue what it is given with [`Backend::submit`]'s guarantees.
 pub(crate) unsafe fn launch_via(
-    work: &[(&Executable, &[ByteRegion])],
+    work: &[(&Program, &str, &[ByteRegion])],
     submit: impl FnOnce(&[Launch<'_>]) -> Result<()>,
 ) -> Result<()> {
     let launches: Vec<Launch<'_>> = work
         .iter()
-        .map(|(e, b)| Launch {
-            program: &e.program,
+        .map(|(p, _, b)| Launch {
+            program: p,
             bindings: b,
         })
         .collect();
-    for (l, (e, _)) in launches.iter().zip(work) {
+    for (l, (_, algorithm, _)) in launches.iter().zip(work) {
         if l.bindings.len() != l.program.bindings as usize {
             return Err(invalid(
                 None,
                 format!(
-                    "plan `{}` needs {} buffers, got {}",
-                    e.plan().algorithm,
+                    "plan `{algorithm}` needs {} buffers, got {}",
                     l.program.bindings,
                     l.bindings.len()
                 ),

@@ -124,3 +124,82 @@ fn relays_are_the_listed_gpus_and_idle_ones_nvml_reports() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(comm.relays(), allowed.as_slice());
 }
+
+/// all_to_all_v and all_gather_v whose counts change every call run a plan made for their
+/// capacity (the largest count, rounded up to a power of two) with the counts bound per call:
+/// 40 random matrices of counts up to 1,000 leave at most the two capacities 512 and 1,024
+/// cached per collective, and every result is exact.
+#[test]
+fn v_collectives_with_new_counts_every_call_reuse_their_capacity_plans() {
+    let n = 4usize;
+    let comm = Communicator::host(n as u32).unwrap_or_else(|e| panic!("{e}"));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |hi: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % (hi + 1)
+    };
+    for call in 0..40 {
+        // One count per pair up to 1,000, one pair at 600..=1,000 so the capacity is 512 or
+        // 1,024.
+        let mut m: Vec<Vec<u64>> = (0..n)
+            .map(|_| (0..n).map(|_| next(1000)).collect())
+            .collect();
+        m[call % n][(call + 1) % n] = 600 + next(400);
+        let ins: Vec<_> = (0..n)
+            .map(|s| {
+                let v: Vec<u32> = (0..m[s].iter().sum::<u64>())
+                    .map(|i| (s as u32) << 24 | i as u32)
+                    .collect();
+                comm.from_slice(s, &v)
+            })
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let outs: Vec<_> = (0..n)
+            .map(|d| comm.alloc::<u32>(d, m.iter().map(|r| r[d]).sum::<u64>() as usize))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        comm.all_to_all_v(&ins, &outs, &m)
+            .and_then(|p| p.wait())
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        for (d, out) in outs.iter().enumerate() {
+            let want: Vec<u32> = (0..n)
+                .flat_map(|s| {
+                    let at: u64 = m[s][..d].iter().sum();
+                    (at..at + m[s][d]).map(move |i| (s as u32) << 24 | i as u32)
+                })
+                .collect();
+            assert_eq!(
+                out.to_vec().unwrap_or_default(),
+                want,
+                "call {call} rank {d}"
+            );
+        }
+        let counts: Vec<usize> = (0..n).map(|r| m[r][r] as usize).collect();
+        let gathered: Vec<_> = (0..n)
+            .map(|r| comm.alloc::<u32>(r, counts.iter().sum()))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mine: Vec<_> = (0..n)
+            .map(|r| ins[r].slice(0..counts[r]))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        comm.all_gather_v(&mine, &gathered)
+            .and_then(|p| p.wait())
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        let want: Vec<u32> = (0..n)
+            .flat_map(|s| (0..counts[s] as u32).map(move |i| (s as u32) << 24 | i))
+            .collect();
+        assert_eq!(
+            gathered[n - 1].to_vec().unwrap_or_default(),
+            want,
+            "call {call}"
+        );
+        assert!(
+            comm.cached_plans() <= 4,
+            "call {call}: {} plans",
+            comm.cached_plans()
+        );
+    }
+}
