@@ -1,0 +1,484 @@
+//! The house's layout as tests: no library function over 150 lines and no source file over
+//! 800 (each exception listed below with why), no file of route's crates or the CLI in an
+//! import loop, ARCHITECTURE.md naming every source file, and docs free of dates, commit
+//! hashes and one machine's timings (those live in `docs/MEASUREMENTS.md`, with the command
+//! and machine behind each).
+//!
+//! - `source`: reading Rust sources (functions and their lengths, import paths, loops).
+
+mod source;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use source::{code_of, dated_or_hashed, expand_use, functions, inline_paths, loops, used_module};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn relative(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap_or(p).display().to_string()
+}
+
+fn walk(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                walk(&p, ext, out);
+            }
+        } else if p.extension().is_some_and(|x| x == ext) {
+            out.push(p);
+        }
+    }
+}
+
+/// Library sources: `crates/*/src/**.rs` and the facade's `src/`, test modules excluded
+/// (`tests.rs`, `*_tests.rs`, and files under a `tests/` folder).
+fn library_sources() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    walk(&root().join("crates"), "rs", &mut v);
+    walk(&root().join("src"), "rs", &mut v);
+    v.retain(|p| {
+        let rel = relative(p);
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+        (rel.contains("/src/") || rel.starts_with("src/"))
+            && !rel.contains("/tests/")
+            && !name.is_some_and(|n| n == "tests.rs" || n.ends_with("_tests.rs"))
+    });
+    v.sort();
+    v
+}
+
+/// Library functions over 150 lines that stay, each with why. Anything else over the limit,
+/// or a listed one that has shrunk below it, fails the test.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
+    (
+        "crates/cli/src/plan_cmd.rs",
+        "run",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/cli/src/simulate_cmd.rs",
+        "run",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/collectives/src/backend/validate.rs",
+        "resolve",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/collectives/src/exec/lower.rs",
+        "lower_ops",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/route/src/bound.rs",
+        "cut_time",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/route/src/select.rs",
+        "fastest_collectives",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/route/src/select.rs",
+        "plan",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/route/src/sim/model.rs",
+        "build",
+        "not yet split into named passes",
+    ),
+    (
+        "crates/route/src/template/fold.rs",
+        "fold",
+        "not yet split into named passes",
+    ),
+];
+
+/// Source files over 800 lines that stay, each with why.
+const LONG_FILES: &[(&str, &str)] = &[
+    ("crates/topo/src/graph.rs", "not yet split"),
+    ("crates/collectives/src/backend/host.rs", "not yet split"),
+    ("crates/collectives/src/rank/calls.rs", "not yet split"),
+    ("crates/collectives/src/mpi/typed.rs", "not yet split"),
+    ("crates/collectives/src/mpi/gpu.rs", "not yet split"),
+    (
+        "crates/collectives/src/mpi/shm_transport.rs",
+        "not yet split",
+    ),
+    ("crates/collectives/tests/mpi_exchange.rs", "not yet split"),
+    ("crates/route/src/planner/cluster/mod.rs", "not yet split"),
+    ("crates/route/src/select.rs", "not yet split"),
+];
+
+#[test]
+fn library_functions_stay_under_150_lines() {
+    let mut over = BTreeSet::new();
+    for file in library_sources() {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (name, line, len) in functions(&text) {
+            if len > 150 {
+                over.insert((relative(&file), name, line, len));
+            }
+        }
+    }
+    let allowed: BTreeSet<(&str, &str)> = LONG_FUNCTIONS.iter().map(|(f, n, _)| (*f, *n)).collect();
+    let bad: Vec<String> = over
+        .iter()
+        .filter(|(f, n, _, _)| !allowed.contains(&(f.as_str(), n.as_str())))
+        .map(|(f, n, l, len)| format!("{f}:{l}: fn {n} has {len} lines"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "library functions over 150 lines (split them into named passes):\n{}",
+        bad.join("\n")
+    );
+    let stale: Vec<_> = allowed
+        .iter()
+        .filter(|(f, n)| !over.iter().any(|(of, on, _, _)| of == f && on == n))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "allowlisted functions under the limit (take them off the list): {stale:?}"
+    );
+}
+
+#[test]
+fn source_files_stay_under_800_lines() {
+    let mut files = Vec::new();
+    for d in ["crates", "src", "tests", "benches", "examples"] {
+        walk(&root().join(d), "rs", &mut files);
+    }
+    let allowed: BTreeSet<&str> = LONG_FILES.iter().map(|(f, _)| *f).collect();
+    let mut bad = Vec::new();
+    let mut over = BTreeSet::new();
+    for file in files {
+        let lines = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        let rel = relative(&file);
+        if lines > 800 {
+            over.insert(rel.clone());
+            if !allowed.contains(rel.as_str()) {
+                bad.push(format!("{rel}: {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files over 800 lines (split them by what they hold):\n{}",
+        bad.join("\n")
+    );
+    let stale: Vec<_> = allowed.iter().filter(|f| !over.contains(**f)).collect();
+    assert!(
+        stale.is_empty(),
+        "allowlisted files under the limit (take them off the list): {stale:?}"
+    );
+}
+
+/// Every library source of the crate at `src` by its module path (`lib.rs`: empty,
+/// `a/mod.rs`: `a`, `a/b.rs`: `a::b`).
+fn modules_of(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    let mut files = Vec::new();
+    walk(src, "rs", &mut files);
+    let mut out = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(src).unwrap_or(&f);
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .trim_end_matches(".rs")
+                    .to_string()
+            })
+            .collect();
+        if parts
+            .last()
+            .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+        {
+            parts.pop();
+        }
+        if parts
+            .last()
+            .is_some_and(|l| l == "tests" || l.ends_with("_tests"))
+        {
+            continue;
+        }
+        out.insert(parts, f);
+    }
+    out
+}
+
+/// The file of the crate that `path`, written in `module`, names (its deepest module that is
+/// a file other than the crate root).
+fn file_of(
+    modules: &BTreeMap<Vec<String>, PathBuf>,
+    module: &[String],
+    path: &str,
+) -> Option<String> {
+    let mut target = used_module(module, path)?;
+    while !target.is_empty() && !modules.contains_key(&target) {
+        target.pop();
+    }
+    if target.is_empty() {
+        return None;
+    }
+    modules.get(&target).map(|f| relative(f))
+}
+
+/// The file-level import graph of the crate at `src`: each file to the files whose items it
+/// names (by `use`, or by a `crate::`/`super::` path in its code), test modules left out.
+fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let modules = modules_of(src);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let me = relative(file);
+        let entry = graph.entry(me.clone()).or_default();
+        let mut in_block = false;
+        let mut stmt = String::new();
+        for line in text.lines() {
+            let code = code_of(line, &mut in_block);
+            let t = code.trim();
+            if t.starts_with("#[cfg(test)]") {
+                break;
+            }
+            let is_use = ["use ", "pub use ", "pub(crate) use ", "pub(super) use "]
+                .iter()
+                .any(|p| t.starts_with(p));
+            if stmt.is_empty() && !is_use {
+                for path in inline_paths(t) {
+                    if let Some(f) = file_of(&modules, module, &path)
+                        && f != me
+                    {
+                        entry.insert(f);
+                    }
+                }
+                continue;
+            }
+            stmt.push_str(t);
+            if !t.ends_with(';') {
+                continue;
+            }
+            let body = stmt.split_once("use ").map_or("", |(_, b)| b);
+            for path in expand_use(body.trim_end_matches(';')) {
+                if let Some(f) = file_of(&modules, module, &path)
+                    && f != me
+                {
+                    entry.insert(f);
+                }
+            }
+            stmt.clear();
+        }
+    }
+    graph
+}
+
+/// Crates whose files must not import in a loop: route's and the CLI.
+fn looped_crates() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("crates"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            !matches!(name.as_str(), "topo" | "collectives")
+        })
+        .map(|p| p.join("src"))
+        .filter(|p| p.is_dir())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Import loops that stay for now, by their files.
+const KNOWN_LOOPS: &[&[&str]] = &[
+    &["crates/cli/src/args.rs", "crates/cli/src/size.rs"],
+    &[
+        "crates/cli/src/bench_checks.rs",
+        "crates/cli/src/bench_cmd.rs",
+        "crates/cli/src/bench_mpi.rs",
+        "crates/cli/src/bench_ranks.rs",
+    ],
+    &["crates/cli/src/plot.rs", "crates/cli/src/simulate_cmd.rs"],
+    &[
+        "crates/route/src/error.rs",
+        "crates/route/src/lower.rs",
+        "crates/route/src/path.rs",
+        "crates/route/src/plan.rs",
+        "crates/route/src/request.rs",
+        "crates/route/src/staging.rs",
+    ],
+    &[
+        "crates/route/src/bound.rs",
+        "crates/route/src/planner/mod.rs",
+        "crates/route/src/planner/nvls.rs",
+    ],
+    &[
+        "crates/route/src/planner/ring.rs",
+        "crates/route/src/planner/ring_pack.rs",
+        "crates/route/src/planner/tree.rs",
+    ],
+    &[
+        "crates/route/src/planner/baseline.rs",
+        "crates/route/src/select.rs",
+    ],
+    &[
+        "crates/route/src/sim/engine.rs",
+        "crates/route/src/sim/fairshare.rs",
+        "crates/route/src/sim/model.rs",
+        "crates/route/src/sim/result.rs",
+    ],
+];
+
+#[test]
+fn no_file_imports_from_a_file_that_imports_it_back() {
+    let mut bad = Vec::new();
+    let mut seen = Vec::new();
+    for src in looped_crates() {
+        for group in loops(&import_graph(&src)) {
+            let known = KNOWN_LOOPS
+                .iter()
+                .any(|k| k.iter().copied().eq(group.iter().map(String::as_str)));
+            if !known {
+                bad.push(group.join(" <-> "));
+            }
+            seen.push(group);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files in an import loop:\n{}",
+        bad.join("\n")
+    );
+    let stale: Vec<_> = KNOWN_LOOPS
+        .iter()
+        .filter(|k| {
+            !seen
+                .iter()
+                .any(|g| k.iter().copied().eq(g.iter().map(String::as_str)))
+        })
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "listed loops that are gone (take them off the list): {stale:?}"
+    );
+}
+
+#[test]
+fn every_source_file_is_on_the_architecture_map() {
+    let map = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap_or_default();
+    let mut bad = Vec::new();
+    for file in library_sources() {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name == "lib.rs" || name == "main.rs" {
+            continue;
+        }
+        // A file is named by its name; a folder's mod.rs by the folder (`exec/`).
+        let named = if name == "mod.rs" {
+            let folder = file
+                .parent()
+                .and_then(|d| d.file_name())
+                .map(|d| format!("{}/", d.to_string_lossy()))
+                .unwrap_or_default();
+            map.contains(&format!("`{folder}")) || map.contains(&format!("{folder}`"))
+        } else {
+            map.contains(&name)
+        };
+        if !named {
+            bad.push(relative(&file));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "source files ARCHITECTURE.md does not name:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Docs that may carry dates, commit hashes and one machine's figures.
+const MEASUREMENT_DOCS: &[&str] = &["docs/MEASUREMENTS.md"];
+
+/// Docs whose measurements have not moved to `docs/MEASUREMENTS.md` yet.
+const UNMOVED_MEASUREMENTS: &[&str] = &[
+    "crates/topo/README.md",
+    "crates/collectives/src/mpi/README.md",
+    "crates/collectives/README.md",
+    "crates/route/README.md",
+    "docs/REFERENCES.md",
+    "crates/topo/src/calibration.rs",
+    "crates/collectives/src/backend/host.rs",
+    "crates/collectives/src/mpi/shm_transport.rs",
+    "crates/collectives/src/mpi/shared_buffer.rs",
+    "crates/route/src/planner/shared_memory.rs",
+];
+
+/// Phrases that mark a figure measured on one machine.
+const MACHINE_PHRASES: &[&str] = &[
+    "on this VM",
+    "2-core VM",
+    "two-core VM",
+    "development machine",
+    "on my machine",
+    "this laptop",
+];
+
+#[test]
+fn docs_carry_no_dates_hashes_or_one_machines_timings() {
+    let mut files = Vec::new();
+    walk(&root(), "md", &mut files);
+    walk(&root().join("crates"), "rs", &mut files);
+    walk(&root().join("src"), "rs", &mut files);
+    let mut bad = Vec::new();
+    for file in files {
+        let rel = relative(&file);
+        if MEASUREMENT_DOCS.contains(&rel.as_str()) || UNMOVED_MEASUREMENTS.contains(&rel.as_str())
+        {
+            continue;
+        }
+        let is_md = rel.ends_with(".md");
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (n, line) in text.lines().enumerate() {
+            // Prose only: a Markdown line, or a Rust doc or comment.
+            let prose = if is_md {
+                line
+            } else if let Some(i) = line.find("//") {
+                &line[i..]
+            } else {
+                continue;
+            };
+            for w in dated_or_hashed(prose) {
+                bad.push(format!("{rel}:{}: {w}", n + 1));
+            }
+            for p in MACHINE_PHRASES {
+                if prose.contains(p) {
+                    bad.push(format!("{rel}:{}: {p:?}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "dates, commit hashes and one machine's figures belong in docs/MEASUREMENTS.md:\n{}",
+        bad.join("\n")
+    );
+}
