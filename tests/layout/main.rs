@@ -74,11 +74,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "not yet split into named passes",
     ),
     (
-        "crates/collectives/src/exec/lower.rs",
-        "lower_ops",
-        "not yet split into named passes",
-    ),
-    (
         "crates/route/src/bound.rs",
         "cut_time",
         "not yet split into named passes",

@@ -165,14 +165,6 @@ pub fn whole_plan_bindings(plan: &Plan) -> Result<Vec<u64>> {
     Ok(bytes)
 }
 
-/// Which part of a rank's program an op of this rank lands in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    Before(usize),
-    During(usize),
-    Tail,
-}
-
 /// Lower `plan` (proved by the checker: [`super::check`]) for rank `layout.me`.
 ///
 /// A reduction runs on the rank holding its destination (the IR keeps reductions local); a
@@ -245,6 +237,10 @@ impl PlanOrder {
 /// `layout.me` (others among them are skipped as in [`lower`]), in the order
 /// [`PlanOrder::sort`] gives. The rank's program is then exactly [`lower`]'s.
 ///
+/// Three named passes: [`RankLowering::classify`] (each op local, a message, or not this
+/// rank's), [`RankLowering::mark_events`] (segments and the events that order lanes inside
+/// one) and [`RankLowering::emit`] (the commands), then [`RankLowering::assemble`].
+///
 /// Complexity: O(ops + their deps x log ops).
 pub fn lower_ops(
     plan: &Plan,
@@ -252,37 +248,90 @@ pub fn lower_ops(
     layout: &Layout<'_>,
     ops: &[u32],
 ) -> Result<RankProgram> {
-    let nranks = plan.request.nranks() as u32;
-    let esize = plan.dtype.size();
-    let level = &order.level;
-    if level.len() != plan.ops.len() || ops.iter().any(|&i| i as usize >= plan.ops.len()) {
+    if order.level.len() != plan.ops.len() || ops.iter().any(|&i| i as usize >= plan.ops.len()) {
         return Err(invalid(None, "the plan's order is of another plan"));
     }
-    // Local index of op `i` among `ops` (sorted copy for lookups).
-    let mut sorted: Vec<(u32, u32)> = ops
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| (i, k as u32))
-        .collect();
-    sorted.sort_unstable();
-    let local_of = |i: u32| -> Option<usize> {
-        sorted
+    let mut lowering = RankLowering::new(plan, order, layout, ops);
+    let msgs = lowering.classify()?;
+    let events = lowering.mark_events();
+    let builders = lowering.emit(&events)?;
+    lowering.assemble(builders, events.per_segment, msgs)
+}
+
+/// One message of the rank before it is placed in its stage: its level, whether it is a
+/// send, and the message.
+type Pending = (u32, bool, Message);
+
+/// Where each local op lands and which ops record an event ([`RankLowering::mark_events`]).
+struct Events {
+    /// Per op of `ops` (by its index there): its segment, if local.
+    seg_of: Vec<Option<usize>>,
+    /// Per op of `ops`: its event, if an op on another lane of its segment waits for it.
+    event_of: Vec<Option<u32>>,
+    /// Events per segment.
+    per_segment: Vec<u32>,
+}
+
+/// The lowering of one rank of one plan, pass by pass.
+struct RankLowering<'a> {
+    plan: &'a Plan,
+    order: &'a PlanOrder,
+    layout: &'a Layout<'a>,
+    ops: &'a [u32],
+    /// `(op id, index in ops)`, sorted by op id: lookups and op-id order.
+    sorted: Vec<(u32, u32)>,
+    /// Per op of `ops`: it runs on this rank as a local command.
+    local: Vec<bool>,
+    /// The levels where this rank has messages, ascending: its stages.
+    levels: Vec<u32>,
+    esize: u64,
+}
+
+impl<'a> RankLowering<'a> {
+    fn new(plan: &'a Plan, order: &'a PlanOrder, layout: &'a Layout<'a>, ops: &'a [u32]) -> Self {
+        let mut sorted: Vec<(u32, u32)> = ops
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| (i, k as u32))
+            .collect();
+        sorted.sort_unstable();
+        RankLowering {
+            plan,
+            order,
+            layout,
+            ops,
+            sorted,
+            local: vec![false; ops.len()],
+            levels: Vec::new(),
+            esize: plan.dtype.size(),
+        }
+    }
+
+    /// The index in `ops` of op `i`, if it is there.
+    fn local_of(&self, i: u32) -> Option<usize> {
+        self.sorted
             .binary_search_by_key(&i, |e| e.0)
             .ok()
-            .map(|k| sorted[k].1 as usize)
-    };
-    let owner = |id: usize, b: BufferRef| -> Result<u32> {
-        (layout.owner)(b).ok_or_else(|| invalid(Some(id), format!("no rank holds {b:?}")))
-    };
-    let slot = |id: usize, r: &Region| -> Result<Slot> {
+            .map(|k| self.sorted[k].1 as usize)
+    }
+
+    fn owner(&self, id: usize, b: BufferRef) -> Result<u32> {
+        (self.layout.owner)(b).ok_or_else(|| invalid(Some(id), format!("no rank holds {b:?}")))
+    }
+
+    /// Region `r` of op `id` as a slot of this rank's bindings, bounded by its binding.
+    fn slot(&self, id: usize, r: &Region) -> Result<Slot> {
+        let layout = self.layout;
         let binding = (layout.binding)(r.buffer).ok_or_else(|| {
             invalid(
                 Some(id),
                 format!("{:?} is not a buffer of rank {}", r.buffer, layout.me),
             )
         })?;
-        let (Some(offset), Some(bytes)) = (r.offset.checked_mul(esize), r.len.checked_mul(esize))
-        else {
+        let (Some(offset), Some(bytes)) = (
+            r.offset.checked_mul(self.esize),
+            r.len.checked_mul(self.esize),
+        ) else {
             return Err(invalid(
                 Some(id),
                 format!(
@@ -306,234 +355,260 @@ pub fn lower_ops(
             offset,
             bytes,
         })
-    };
+    }
 
-    // Pass 1: this rank's messages and local ops, in op id order (the order both ends of a
-    // pair post their messages in).
-    let mut local = vec![false; ops.len()];
-    let mut msgs: Vec<(u32, bool, Message)> = Vec::new(); // (level, is_send, message)
-    for &(i, k) in &sorted {
-        let id = i as usize;
-        let op = &plan.ops[id];
-        match &op.kind {
-            OpKind::Reduce { dst, .. } => local[k as usize] = owner(id, dst.buffer)? == layout.me,
-            OpKind::Copy { src, dst } => {
-                let (a, b) = (owner(id, src.buffer)?, owner(id, dst.buffer)?);
-                let tag = i % TAG_RANGE;
-                match (a == layout.me, b == layout.me) {
-                    (true, true) => local[k as usize] = true,
-                    _ if dst.len == 0 => {}
-                    (true, false) => msgs.push((
-                        level[id],
-                        true,
-                        Message {
-                            op: i,
-                            peer: b,
-                            tag,
-                            slot: slot(id, src)?,
-                        },
-                    )),
-                    (false, true) => msgs.push((
-                        level[id],
-                        false,
-                        Message {
-                            op: i,
-                            peer: a,
-                            tag,
-                            slot: slot(id, dst)?,
-                        },
-                    )),
-                    (false, false) => {}
+    /// Pass 1: which ops run here as local commands, and this rank's messages, in op id order
+    /// (the order both ends of a pair post their messages in); sets the stage levels.
+    fn classify(&mut self) -> Result<Vec<Pending>> {
+        let me = self.layout.me;
+        let mut msgs: Vec<Pending> = Vec::new();
+        for &(i, k) in &self.sorted {
+            let id = i as usize;
+            let level = self.order.level[id];
+            match &self.plan.ops[id].kind {
+                OpKind::Reduce { dst, .. } => {
+                    self.local[k as usize] = self.owner(id, dst.buffer)? == me;
+                }
+                OpKind::Copy { src, dst } => {
+                    let (a, b) = (self.owner(id, src.buffer)?, self.owner(id, dst.buffer)?);
+                    let tag = i % TAG_RANGE;
+                    let message = |peer, slot| Message {
+                        op: i,
+                        peer,
+                        tag,
+                        slot,
+                    };
+                    match (a == me, b == me) {
+                        (true, true) => self.local[k as usize] = true,
+                        _ if dst.len == 0 => {}
+                        (true, false) => msgs.push((level, true, message(b, self.slot(id, src)?))),
+                        (false, true) => {
+                            msgs.push((level, false, message(a, self.slot(id, dst)?)));
+                        }
+                        (false, false) => {}
+                    }
                 }
             }
         }
+        self.levels = msgs.iter().map(|m| m.0).collect();
+        self.levels.sort_unstable();
+        self.levels.dedup();
+        Ok(msgs)
     }
-    let mut levels: Vec<u32> = msgs.iter().map(|m| m.0).collect();
-    levels.sort_unstable();
-    levels.dedup();
-    let part = |id: usize| -> Part {
-        let l = level[id];
-        let k = levels.partition_point(|&c| c < l);
-        match levels.get(k) {
-            Some(&c) if c == l => Part::During(k),
-            Some(_) => Part::Before(k),
-            None => Part::Tail,
-        }
-    };
-    let index = |p: Part| match p {
-        Part::Before(k) => 2 * k,
-        Part::During(k) => 2 * k + 1,
-        Part::Tail => 2 * levels.len(),
-    };
 
-    // Pass 2: the segments' commands, in one topological order.
-    let nseg = 2 * levels.len() + 1;
-    let lane_of = |plan_lane: u32| -> u32 {
-        match layout.lanes {
+    /// Segments in run order: `before` and `during` of each stage, then the tail.
+    fn segments(&self) -> usize {
+        2 * self.levels.len() + 1
+    }
+
+    /// The segment of a local op of level `l`: its stage's `during`, the `before` of the next
+    /// stage, or the tail.
+    fn segment_of_level(&self, l: u32) -> usize {
+        let k = self.levels.partition_point(|&c| c < l);
+        match self.levels.get(k) {
+            Some(&c) if c == l => 2 * k + 1,
+            Some(_) => 2 * k,
+            None => 2 * self.levels.len(),
+        }
+    }
+
+    /// This rank's lane of plan lane `plan_lane`.
+    fn lane_of(&self, plan_lane: u32) -> u32 {
+        match self.layout.lanes {
             Lanes::Plan => plan_lane,
             Lanes::Fold { count, .. } => plan_lane % count.max(1),
         }
-    };
-    // Per op of `ops` (by its index there): its segment, whether an op of the same segment
-    // on another lane depends on it, and then its event.
-    let seg_of: Vec<Option<usize>> = ops
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| local[k].then(|| index(part(i as usize))))
-        .collect();
-    let seg_of_op = |d: u32| local_of(d).and_then(|k| seg_of[k]);
-    let mut event_of: Vec<Option<u32>> = vec![None; ops.len()];
-    let mut needs = vec![false; ops.len()];
-    for (k, &i) in ops.iter().enumerate() {
-        let Some(s) = seg_of[k] else { continue };
-        let op = &plan.ops[i as usize];
-        for &d in &op.deps {
-            if let Some(kd) = local_of(d)
-                && seg_of[kd] == Some(s)
-                && lane_of(plan.ops[d as usize].lane) != lane_of(op.lane)
+    }
+
+    /// Pass 2: each local op's segment, and an event for every op that an op on another
+    /// lane of the same segment depends on (numbered per segment in op id order).
+    fn mark_events(&self) -> Events {
+        let plan = self.plan;
+        let seg_of: Vec<Option<usize>> = self
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                self.local[k].then(|| self.segment_of_level(self.order.level[i as usize]))
+            })
+            .collect();
+        let mut needs = vec![false; self.ops.len()];
+        for (k, &i) in self.ops.iter().enumerate() {
+            let Some(s) = seg_of[k] else { continue };
+            let op = &plan.ops[i as usize];
+            for &d in &op.deps {
+                if let Some(kd) = self.local_of(d)
+                    && seg_of[kd] == Some(s)
+                    && self.lane_of(plan.ops[d as usize].lane) != self.lane_of(op.lane)
+                {
+                    needs[kd] = true;
+                }
+            }
+        }
+        let mut event_of: Vec<Option<u32>> = vec![None; self.ops.len()];
+        let mut per_segment = vec![0u32; self.segments()];
+        for &(_, k) in &self.sorted {
+            let k = k as usize;
+            if needs[k]
+                && let Some(s) = seg_of[k]
             {
-                needs[kd] = true;
+                event_of[k] = Some(per_segment[s]);
+                per_segment[s] += 1;
             }
+        }
+        Events {
+            seg_of,
+            event_of,
+            per_segment,
         }
     }
-    let mut events = vec![0u32; nseg];
-    for &(_, k) in &sorted {
-        let k = k as usize;
-        if needs[k]
-            && let Some(s) = seg_of[k]
-        {
-            event_of[k] = Some(events[s]);
-            events[s] += 1;
-        }
-    }
-    let mut builders: Vec<Builder> = (0..nseg).map(|_| Builder::default()).collect();
-    let mut waited: HashMap<(usize, u32, u32), u32> = HashMap::new();
-    for (k, &i) in ops.iter().enumerate() {
-        let id = i as usize;
-        let Some(s) = seg_of[k] else { continue };
-        let op = &plan.ops[id];
-        let lane = lane_of(op.lane);
-        let b = &mut builders[s];
-        b.ops.push(i);
-        for &d in &op.deps {
-            let dop = &plan.ops[d as usize];
-            let Some(event) = local_of(d).and_then(|kd| event_of[kd]) else {
-                continue;
-            };
-            if seg_of_op(d) != Some(s) || lane_of(dop.lane) == lane {
-                continue;
-            }
-            // Waiting for op `d` implies every earlier op of its plan lane, which the same
-            // local lane ran before it.
-            let pos = order.lane_position[d as usize];
-            let w = waited.entry((s, lane, dop.lane)).or_insert(0);
-            if *w >= pos {
-                continue;
-            }
-            *w = pos;
-            b.commands.push(Command::Wait { lane, event });
-            b.command_ops.push(NO_OP);
-        }
-        if !op.is_empty() {
-            match &op.kind {
-                OpKind::Copy { src, dst } => {
-                    b.commands.push(Command::Copy {
-                        lane,
-                        src: slot(id, src)?,
-                        dst: slot(id, dst)?,
-                    });
-                    b.command_ops.push(i);
+
+    /// Pass 3: the commands of every segment in one topological order: per local op, a
+    /// `Wait` for each dependency on another lane of its segment (unless this lane already
+    /// waited for a later op of that plan lane), its copy or reduction, and its `Record`.
+    fn emit(&self, ev: &Events) -> Result<Vec<Builder>> {
+        let plan = self.plan;
+        let mut builders: Vec<Builder> = (0..self.segments()).map(|_| Builder::default()).collect();
+        let mut waited: HashMap<(usize, u32, u32), u32> = HashMap::new();
+        for (k, &i) in self.ops.iter().enumerate() {
+            let id = i as usize;
+            let Some(s) = ev.seg_of[k] else { continue };
+            let op = &plan.ops[id];
+            let lane = self.lane_of(op.lane);
+            let b = &mut builders[s];
+            b.ops.push(i);
+            for &d in &op.deps {
+                let dop = &plan.ops[d as usize];
+                let Some(kd) = self.local_of(d) else { continue };
+                let Some(event) = ev.event_of[kd] else {
+                    continue;
+                };
+                if ev.seg_of[kd] != Some(s) || self.lane_of(dop.lane) == lane {
+                    continue;
                 }
-                OpKind::Reduce {
-                    srcs: from,
-                    dst,
-                    finalize,
-                } => {
-                    let first = b.srcs.len() as u32;
-                    for r in from {
-                        let sl = slot(id, r)?;
-                        b.srcs.push(sl);
+                // Waiting for op `d` implies every earlier op of its plan lane, which the same
+                // local lane ran before it.
+                let pos = self.order.lane_position[d as usize];
+                let w = waited.entry((s, lane, dop.lane)).or_insert(0);
+                if *w >= pos {
+                    continue;
+                }
+                *w = pos;
+                b.commands.push(Command::Wait { lane, event });
+                b.command_ops.push(NO_OP);
+            }
+            if !op.is_empty() {
+                let command = match &op.kind {
+                    OpKind::Copy { src, dst } => Command::Copy {
+                        lane,
+                        src: self.slot(id, src)?,
+                        dst: self.slot(id, dst)?,
+                    },
+                    OpKind::Reduce {
+                        srcs: from,
+                        dst,
+                        finalize,
+                    } => {
+                        let first = b.srcs.len() as u32;
+                        for r in from {
+                            b.srcs.push(self.slot(id, r)?);
+                        }
+                        Command::Reduce {
+                            lane,
+                            first,
+                            count: from.len() as u32,
+                            dst: self.slot(id, dst)?,
+                            divide: *finalize,
+                        }
                     }
-                    b.commands.push(Command::Reduce {
-                        lane,
-                        first,
-                        count: from.len() as u32,
-                        dst: slot(id, dst)?,
-                        divide: *finalize,
-                    });
-                    b.command_ops.push(i);
-                }
+                };
+                b.commands.push(command);
+                b.command_ops.push(i);
+            }
+            if let Some(event) = ev.event_of[k] {
+                b.commands.push(Command::Record { lane, event });
+                b.command_ops.push(NO_OP);
             }
         }
-        if let Some(event) = event_of[k] {
-            b.commands.push(Command::Record { lane, event });
-            b.command_ops.push(NO_OP);
-        }
+        Ok(builders)
     }
-    let lanes: Vec<Location> = match layout.lanes {
-        Lanes::Plan => plan.lanes.iter().map(|l| l.location).collect(),
-        Lanes::Fold { count, at } => {
-            let used = plan.lanes.len().min(count.max(1) as usize).max(1);
-            vec![at; used]
-        }
-    };
-    let bindings = layout.binding_bytes.len() as u32;
-    let mut segs = builders.into_iter().zip(events).map(|(b, events)| Segment {
-        program: Program {
-            lanes: lanes.clone(),
-            events,
-            dtype: plan.dtype,
-            op: plan.request.op,
-            divisor: nranks,
-            bindings,
-            commands: b.commands,
-            srcs: b.srcs,
-        },
-        ops: b.ops,
-        command_ops: b.command_ops,
-    });
-    let mut stages = Vec::with_capacity(levels.len());
-    for &l in &levels {
-        let (Some(before), Some(during)) = (segs.next(), segs.next()) else {
-            return Err(invalid(None, "the lowering lost a segment"));
+
+    /// The rank's program: segments as backend programs on this rank's lanes, stages with
+    /// their messages (each rank's peers in the order next rank first for sends, previous
+    /// rank first for receives; one pair's messages keep their op-id order), then the tail.
+    fn assemble(
+        &self,
+        builders: Vec<Builder>,
+        events: Vec<u32>,
+        msgs: Vec<Pending>,
+    ) -> Result<RankProgram> {
+        let plan = self.plan;
+        let layout = self.layout;
+        let nranks = plan.request.nranks() as u32;
+        let lanes: Vec<Location> = match layout.lanes {
+            Lanes::Plan => plan.lanes.iter().map(|l| l.location).collect(),
+            Lanes::Fold { count, at } => {
+                let used = plan.lanes.len().min(count.max(1) as usize).max(1);
+                vec![at; used]
+            }
         };
-        stages.push(Stage {
-            level: l,
-            before,
-            recvs: Vec::new(),
-            sends: Vec::new(),
-            during,
+        let bindings = layout.binding_bytes.len() as u32;
+        let mut segs = builders.into_iter().zip(events).map(|(b, events)| Segment {
+            program: Program {
+                lanes: lanes.clone(),
+                events,
+                dtype: plan.dtype,
+                op: plan.request.op,
+                divisor: nranks,
+                bindings,
+                commands: b.commands,
+                srcs: b.srcs,
+            },
+            ops: b.ops,
+            command_ops: b.command_ops,
         });
-    }
-    let Some(tail) = segs.next() else {
-        return Err(invalid(None, "the lowering lost its last segment"));
-    };
-    for (l, is_send, m) in msgs {
-        let k = levels.partition_point(|&c| c < l);
-        let st = &mut stages[k];
-        if is_send {
-            st.sends.push(m);
-        } else {
-            st.recvs.push(m);
+        let mut stages = Vec::with_capacity(self.levels.len());
+        for &l in &self.levels {
+            let (Some(before), Some(during)) = (segs.next(), segs.next()) else {
+                return Err(invalid(None, "the lowering lost a segment"));
+            };
+            stages.push(Stage {
+                level: l,
+                before,
+                recvs: Vec::new(),
+                sends: Vec::new(),
+                during,
+            });
         }
+        let Some(tail) = segs.next() else {
+            return Err(invalid(None, "the lowering lost its last segment"));
+        };
+        for (l, is_send, m) in msgs {
+            let st = &mut stages[self.levels.partition_point(|&c| c < l)];
+            if is_send {
+                st.sends.push(m);
+            } else {
+                st.recvs.push(m);
+            }
+        }
+        // Each rank posts its messages starting with its next neighbour (receives: with its
+        // previous one), so that at every moment the ranks talk to different peers instead of
+        // all to rank 0 first. The sort is stable, so one pair's messages keep their op-id
+        // order, which tag matching relies on.
+        let n = i64::from(nranks.max(1));
+        let me = i64::from(layout.me);
+        for st in &mut stages {
+            st.sends
+                .sort_by_key(|m| (i64::from(m.peer) - me).rem_euclid(n));
+            st.recvs
+                .sort_by_key(|m| (me - i64::from(m.peer)).rem_euclid(n));
+        }
+        Ok(RankProgram {
+            stages,
+            tail,
+            binding_bytes: layout.binding_bytes.clone(),
+        })
     }
-    // Each rank posts its messages starting with its next neighbour (receives: with its
-    // previous one), so that at every moment the ranks talk to different peers instead of all
-    // to rank 0 first. The sort is stable, so one pair's messages keep their op-id order, which
-    // tag matching relies on.
-    let n = i64::from(nranks.max(1));
-    let me = i64::from(layout.me);
-    for st in &mut stages {
-        st.sends
-            .sort_by_key(|m| (i64::from(m.peer) - me).rem_euclid(n));
-        st.recvs
-            .sort_by_key(|m| (me - i64::from(m.peer)).rem_euclid(n));
-    }
-    Ok(RankProgram {
-        stages,
-        tail,
-        binding_bytes: layout.binding_bytes.clone(),
-    })
 }
 
 /// The commands of one segment as they are emitted.
