@@ -286,3 +286,112 @@ pub(crate) fn bindings_fit(program: &Program, bound: &[Bound]) -> bool {
         Command::Record { .. } | Command::Wait { .. } => true,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use relaycc_route::{DType, Location};
+
+    use super::*;
+    use crate::backend::ByteRegion;
+
+    fn slot() -> impl Strategy<Value = Slot> {
+        (0u32..3, 0u64..6, 1u64..4).prop_map(|(binding, o, b)| Slot {
+            binding,
+            offset: o * 4,
+            bytes: b * 4,
+        })
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            (0u32..2, slot(), slot()).prop_map(|(lane, src, dst)| Command::Copy {
+                lane,
+                src,
+                dst: Slot {
+                    bytes: src.bytes,
+                    ..dst
+                },
+            }),
+            (0u32..2, 0u32..3, 1u32..3, slot(), any::<bool>()).prop_map(
+                |(lane, first, count, dst, divide)| Command::Reduce {
+                    lane,
+                    first,
+                    count,
+                    dst,
+                    divide,
+                }
+            ),
+        ]
+    }
+
+    fn program() -> impl Strategy<Value = Program> {
+        (
+            prop::collection::vec(command(), 1..6),
+            prop::collection::vec(slot(), 4),
+        )
+            .prop_map(|(commands, srcs)| {
+                // Sources as long as their reduction's destination, so lengths agree.
+                let mut srcs = srcs;
+                for c in &commands {
+                    if let Command::Reduce {
+                        first, count, dst, ..
+                    } = c
+                    {
+                        for s in srcs.iter_mut().skip(*first as usize).take(*count as usize) {
+                            s.bytes = dst.bytes;
+                        }
+                    }
+                }
+                Program {
+                    lanes: vec![Location::Gpu(0); 2],
+                    events: 0,
+                    dtype: DType::F32,
+                    op: ReduceOp::Sum,
+                    divisor: 2,
+                    bindings: 3,
+                    commands,
+                    srcs,
+                }
+            })
+    }
+
+    fn bound() -> impl Strategy<Value = Vec<Bound>> {
+        prop::collection::vec((0u64..48, 8u64..72), 2..4).prop_map(|v| {
+            v.into_iter()
+                .map(|(addr, bytes)| Bound {
+                    addr: 1024 + addr * 2,
+                    bytes,
+                })
+                .collect()
+        })
+    }
+
+    fn ok(p: &Program, b: &[Bound]) -> bool {
+        let launch = Launch {
+            program: p,
+            bindings: &[] as &[ByteRegion],
+        };
+        resolve("test", 0, &launch, b).is_ok()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// `bindings_fit` is exactly the binding half of `resolve`: a program `resolve`
+        /// accepts with some bindings is accepted with others if and only if they fit.
+        /// Bindings here are small, may overlap and may sit at addresses not 4-byte aligned.
+        #[test]
+        fn bindings_fit_is_the_binding_half_of_resolve(p in program(), b in bound()) {
+            prop_assert!(!ok(&p, &b) || bindings_fit(&p, &b));
+            let roomy: Vec<Bound> = (0..3).map(|i| Bound { addr: (i + 1) << 20, bytes: 1 << 16 }).collect();
+            if ok(&p, &roomy) {
+                prop_assert_eq!(ok(&p, &b), bindings_fit(&p, &b));
+            }
+        }
+    }
+}
