@@ -118,9 +118,42 @@ __device__ __forceinline__ double relaycc_max(double x, double y) { return fmax(
 template <typename A> __device__ __forceinline__ A relaycc_min(A x, A y) { return y < x ? y : x; }
 template <typename A> __device__ __forceinline__ A relaycc_max(A x, A y) { return x < y ? y : x; }
 
+// Avg's division, once, at the end, in the accumulation type: IEEE division rounds exactly as
+// the host backend's `x / n` does (NVRTC divides correctly rounded unless --prec-div=false).
+// The integer forms exist so every element type instantiates; plans never average integers.
+__device__ __forceinline__ float relaycc_div(float x, unsigned int n) { return x / (float)n; }
+__device__ __forceinline__ double relaycc_div(double x, unsigned int n) { return x / (double)n; }
+template <typename A> __device__ __forceinline__ A relaycc_div(A x, unsigned int n) { return x / (A)n; }
+
+// ---- 16-byte global memory access ---------------------------------------------
+// Generic pointers (every pointer the kernels get is one) are converted to the global window
+// once, and 16-byte packs move with ld.global.v4 / st.global.v4, as NCCL's reduceCopy does
+// (src/device/op128.h): the compiler cannot prove a pointer read out of a by-value struct is
+// global, and without that it emits generic loads. The load is not volatile: no thread ever
+// reads a pack it or another thread of the launch writes, so the compiler may schedule the
+// loads of every source early. Every address must be 16-byte aligned.
+__device__ __forceinline__ relaycc_u64 relaycc_global(const void* p) {
+    relaycc_u64 g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(p));
+    return g;
+}
+__device__ __forceinline__ uint4 relaycc_ld16(relaycc_u64 addr) {
+    uint4 v;
+    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(addr));
+    return v;
+}
+__device__ __forceinline__ void relaycc_st16(relaycc_u64 addr, uint4 v) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 // ---- reduce operators --------------------------------------------------------
-// Avg combines like Sum; its division (a multiplication by 1/n) is applied by
-// the kernel when the caller passes a scale, i.e. at the plan's finalize step.
+// Avg combines like Sum; the kernel divides by the launch's divisor (the plan's
+// finalize step) after the last source, before rounding once.
 struct OpSum { template <typename A> static __device__ __forceinline__ A apply(A x, A y) { return relaycc_add(x, y); } };
 struct OpProd { template <typename A> static __device__ __forceinline__ A apply(A x, A y) { return relaycc_mul(x, y); } };
 struct OpMin { template <typename A> static __device__ __forceinline__ A apply(A x, A y) { return relaycc_min(x, y); } };

@@ -1,19 +1,27 @@
-// relaycc forward kernel: copy bytes between two device pointers, usually on
-// different GPUs reached over NVLink (peer access enabled).
+// relaycc forward kernel: copy bytes between two device pointers with the GPU's SMs, on one
+// GPU or to or from a peer reached over NVLink (peer access enabled).
 //
-// This is the relay primitive: a GPU on a route moves data from its staging
-// buffer, or straight from a peer, to the next GPU without a driver copy. The
-// launch shape is the caller's, so a relay may use a single warp and leave the
-// rest of the GPU to its own work.
+// This is the copy the CUDA backend runs instead of a copy-engine copy (cuMemcpyAsync) for
+// copies below its SM-copy threshold (`CudaBackend::set_sm_copy_below`), and the relay
+// primitive: a GPU on a route moves data from its staging buffer, or straight from a peer,
+// to the next GPU without a driver copy. Every thread of every block takes part (grid-stride
+// over warps), so the launch shape is the caller's: a relay may use a single warp and leave
+// the rest of the GPU to its own work, a large copy as many blocks as the GPU holds.
 #include "common.cuh"
+
+// 16-byte words per thread in flight, as the reduce kernels' RELAYCC_UNROLL.
+#define RELAYCC_FORWARD_UNROLL 4
 
 // Copies `bytes` bytes from `src` to `dst` (the regions must not overlap).
 //
-// When src and dst share their offset within 16 bytes, a scalar head brings
-// both to a 16-byte boundary and the body moves uint4 (16-byte) words, the
-// widest load/store a thread can issue; whatever is left is a scalar tail.
-// Otherwise every byte is copied singly: correct, slower, and rare, since the
-// executor hands out 256-byte aligned buffers.
+// When src and dst share their offset within 16 bytes, a scalar head brings both to a
+// 16-byte boundary and the body moves 16-byte words with ld.global.v4 / st.global.v4, the
+// widest load and store a thread can issue: each warp owns a hunk of 32 x 4 words per step,
+// each lane four words 512 bytes apart (NCCL's reduceCopy layout), so every load instruction
+// of a warp reads 512 contiguous bytes and each thread has four in flight. Words past the
+// last whole hunk and the bytes after the last word are a scalar tail. Otherwise every byte
+// is copied singly: correct, slower, and rare, since the executor's buffers are 256-byte
+// aligned.
 extern "C" __global__ void relaycc_forward(void* dst, const void* src, relaycc_u64 bytes) {
     unsigned char* d = (unsigned char*)dst;
     const unsigned char* s = (const unsigned char*)src;
@@ -22,30 +30,34 @@ extern "C" __global__ void relaycc_forward(void* dst, const void* src, relaycc_u
 
     const relaycc_u64 src_mis = (relaycc_u64)s & 15ull;
     const relaycc_u64 dst_mis = (relaycc_u64)d & 15ull;
-    if (src_mis != dst_mis) {
-        for (relaycc_u64 i = tid; i < bytes; i += nthreads) {
-            d[i] = s[i];
-        }
-        return;
-    }
-
-    relaycc_u64 head = (16ull - src_mis) & 15ull;
+    relaycc_u64 head = src_mis == dst_mis ? (16ull - src_mis) & 15ull : bytes;
     if (head > bytes) {
         head = bytes;
     }
-    for (relaycc_u64 i = tid; i < head; i += nthreads) {
-        d[i] = s[i];
+    const relaycc_u64 hunk = 32ull * RELAYCC_FORWARD_UNROLL;
+    const relaycc_u64 hunks = (bytes - head) / 16ull / hunk;
+    const relaycc_u64 sw = relaycc_global(s + head);
+    const relaycc_u64 dw = relaycc_global(d + head);
+    const relaycc_u64 lane = threadIdx.x & 31u;
+    const relaycc_u64 warps = nthreads >> 5;
+    for (relaycc_u64 h = tid >> 5; h < hunks; h += warps) {
+        const relaycc_u64 first = h * hunk + lane;
+        uint4 v[RELAYCC_FORWARD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < RELAYCC_FORWARD_UNROLL; u++) {
+            v[u] = relaycc_ld16(sw + (first + 32ull * u) * 16ull);
+        }
+#pragma unroll
+        for (int u = 0; u < RELAYCC_FORWARD_UNROLL; u++) {
+            relaycc_st16(dw + (first + 32ull * u) * 16ull, v[u]);
+        }
     }
 
-    const relaycc_u64 words = (bytes - head) / 16ull;
-    uint4* dw = (uint4*)(d + head);
-    const uint4* sw = (const uint4*)(s + head);
-    for (relaycc_u64 i = tid; i < words; i += nthreads) {
-        dw[i] = sw[i];
-    }
-
-    const relaycc_u64 tail_start = head + words * 16ull;
-    for (relaycc_u64 i = tail_start + tid; i < bytes; i += nthreads) {
+    // The head [0, head) and the tail [tail, bytes), byte by byte, in one loop.
+    const relaycc_u64 tail = head + hunks * hunk * 16ull;
+    const relaycc_u64 scalar = head + (bytes - tail);
+    for (relaycc_u64 j = tid; j < scalar; j += nthreads) {
+        const relaycc_u64 i = j < head ? j : tail + (j - head);
         d[i] = s[i];
     }
 }

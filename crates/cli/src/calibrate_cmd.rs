@@ -2,7 +2,10 @@
 //!
 //! Measured: for every ordered pair of the listed GPUs, peer-copy bandwidth (`--bytes`, 256 MiB
 //! by default, `--reps` times) and latency (8-byte copies); for every GPU, pinned host-to-device
-//! and device-to-host rates.
+//! and device-to-host rates, and its device-memory rates by copy engine, by SM copy (relaycc's
+//! forward kernel) and by the reduce kernel (two f32 sources), as bytes read plus written per
+//! second: what chooses the CUDA backend's SM-copy threshold
+//! (`CudaBackend::set_sm_copy_below`) and what its reductions cost.
 //!
 //! What goes into `links` (which `relaycc_topo::Calibration::apply` requires to name ADJACENT
 //! nodes): a pair whose topology GPUs have a direct edge (`Topology::link_between`, NVLink on
@@ -11,8 +14,10 @@
 //! rate cannot be pinned on one link without guessing which one limits it; the same holds for
 //! host links, whose path also crosses switches. Those figures go into the file's `notes`
 //! object (kept by the parser, never applied), so nothing false enters the model and nothing
-//! measured is lost. No kind override is written: one measured path says nothing certain about
-//! every link of its kind.
+//! measured is lost; so do the device-memory rates, which no entry of the format takes. No kind
+//! override is written: one measured path says nothing certain about every link of its kind.
+//! Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are left out
+//! with a warning on stderr.
 
 use std::io::Write;
 
@@ -28,6 +33,10 @@ use crate::args::CalibrateArgs;
 struct Measured {
     from: String,
     to: String,
+    /// What moved the bytes: `copy_engine`, `sm_copy` (the forward kernel) or `reduce_kernel`.
+    mechanism: &'static str,
+    /// GB/s: bytes copied per second between two memories; within one GPU's memory, bytes
+    /// read plus written per second.
     gbps: f64,
     latency_us: f64,
     /// Why it is a note and not a link entry.
@@ -109,6 +118,7 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
                 notes.push(Measured {
                     from: names[a].1.clone(),
                     to: names[b].1.clone(),
+                    mechanism: "copy_engine",
                     gbps: r.gbps,
                     latency_us: r.latency_us,
                     why: "no direct link between these GPUs: a multi-link path",
@@ -127,10 +137,33 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
             notes.push(Measured {
                 from,
                 to,
+                mechanism: "copy_engine",
                 gbps: r.gbps,
                 latency_us: r.latency_us,
                 why,
             });
+        }
+        match measure::measure_device(ia.ordinal, bytes, args.reps) {
+            Ok(d) => {
+                for (mechanism, r) in [
+                    ("copy_engine", d.copy_engine),
+                    ("sm_copy", d.sm_copy),
+                    ("reduce_kernel", d.reduce),
+                ] {
+                    notes.push(Measured {
+                        from: names[a].1.clone(),
+                        to: names[a].1.clone(),
+                        mechanism,
+                        gbps: r.gbps,
+                        latency_us: r.latency_us,
+                        why: "device memory of one GPU, bytes read plus written (no link)",
+                    });
+                }
+            }
+            Err(e) => eprintln!(
+                "relaycc calibrate: GPU {}: device-memory rates left out: {e}",
+                ia.ordinal
+            ),
         }
     }
     let devices: Vec<String> = infos
@@ -190,6 +223,7 @@ mod tests {
             notes: vec![Measured {
                 from: "host".into(),
                 to: "GPU0".into(),
+                mechanism: "copy_engine",
                 gbps: 20.0,
                 latency_us: 9.0,
                 why: "test",

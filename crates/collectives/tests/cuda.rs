@@ -122,11 +122,20 @@ fn compare<T: Element>(req: &Request, got: &[Vec<T>], want: &[Vec<T>]) {
 }
 
 fn every_collective<T: Element>(topo: &Topology, gpus: &[u32], relays: &[u32], count: u64) {
-    let n_logical = topo.gpu_count() as usize;
+    every_collective_on::<T>(topo, gpus, relays, count, cuda(topo.gpu_count() as usize));
+}
+
+fn every_collective_on<T: Element>(
+    topo: &Topology,
+    gpus: &[u32],
+    relays: &[u32],
+    count: u64,
+    backend: Arc<dyn Backend>,
+) {
     let host = Communicator::new(topo.clone(), gpus, relays, Arc::new(HostBackend::new()))
         .unwrap_or_else(|e| panic!("{e}"));
-    let gpu = Communicator::new(topo.clone(), gpus, relays, cuda(n_logical))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let gpu =
+        Communicator::new(topo.clone(), gpus, relays, backend).unwrap_or_else(|e| panic!("{e}"));
     for c in Collective::ALL {
         let ops: Vec<ReduceOp> = if c.reduces() {
             ReduceOp::ALL
@@ -177,6 +186,130 @@ fn every_collective_and_type_matches_the_host_backend_on_an_nvswitch_topology() 
     for count in [1001, 1 << 20] {
         all_types(&topo, &[0, 1, 2, 3], &[], count);
     }
+}
+
+/// Every copy on copy engines (threshold 0), and every copy between device memories on SMs
+/// (the forward kernel, threshold `u64::MAX`), give the host backend's results; the default
+/// threshold runs in the tests above.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn copies_on_sms_and_on_copy_engines_match_the_host_backend() {
+    let topo = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    for threshold in [0, u64::MAX] {
+        let backend = Arc::new(CudaBackend::new(device_map(4)).unwrap_or_else(|e| panic!("{e}")));
+        backend.set_sm_copy_below(threshold);
+        assert_eq!(backend.sm_copy_below(), threshold);
+        for count in [1001, 1 << 20] {
+            every_collective_on::<f32>(&topo, &[0, 1, 2, 3], &[], count, backend.clone());
+            every_collective_on::<bf16>(&topo, &[0, 1, 2, 3], &[], count, backend.clone());
+            every_collective_on::<i8>(&topo, &[0, 1, 2, 3], &[], count, backend.clone());
+        }
+    }
+}
+
+/// A call of a plan seen before reuses its schedule with the new call's buffers patched in:
+/// the same all_reduce on fresh buffers (other addresses) several times, in place and not,
+/// each result exact; then a call whose output aliases its input differently.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn repeated_calls_patch_their_buffers_into_the_kept_schedule() {
+    let topo = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    let host = Communicator::new(
+        topo.clone(),
+        &[0, 1, 2, 3],
+        &[],
+        Arc::new(HostBackend::new()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let gpu =
+        Communicator::new(topo, &[0, 1, 2, 3], &[], cuda(4)).unwrap_or_else(|e| panic!("{e}"));
+    for op in [ReduceOp::Sum, ReduceOp::Avg] {
+        let req = request(
+            Collective::AllReduce,
+            vec![0, 1, 2, 3],
+            1 << 20,
+            DType::F32,
+            op,
+        );
+        let want = run::<f32>(&host, &req);
+        for _ in 0..3 {
+            compare(&req, &run::<f32>(&gpu, &req), &want);
+        }
+    }
+    let data: Vec<Vec<f32>> = (0..4)
+        .map(|r| (0..4099).map(|i| ((r * 7 + i) % 13) as f32).collect())
+        .collect();
+    let want: Vec<f32> = (0..4099).map(|i| data.iter().map(|d| d[i]).sum()).collect();
+    for _ in 0..3 {
+        let bufs: Vec<DeviceBuffer<f32>> = data
+            .iter()
+            .enumerate()
+            .map(|(r, d)| gpu.from_slice(r, d).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let refs: Vec<&DeviceBuffer<f32>> = bufs.iter().collect();
+        gpu.all_reduce(&refs, &refs, relaycc_collectives::ReduceOp::Sum)
+            .and_then(|p| p.wait())
+            .unwrap_or_else(|e| panic!("{e}"));
+        for b in &bufs {
+            assert_eq!(b.to_vec().unwrap_or_else(|e| panic!("{e}")), want);
+        }
+    }
+}
+
+/// Host time per call of a cached plan: 100 all_reduces of 4 KiB on 4 ranks back to back,
+/// none waited for until the last, on one thread. Printed on a `gpu-check:` line for
+/// `scripts/gpu-check` (its target is the benchmark's, not this test's); the test checks the
+/// outputs after the last call.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn host_time_per_call_of_a_cached_plan() {
+    let topo = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    let gpu =
+        Communicator::new(topo, &[0, 1, 2, 3], &[], cuda(4)).unwrap_or_else(|e| panic!("{e}"));
+    let ins: Vec<DeviceBuffer<u32>> = (0..4u32)
+        .map(|r| {
+            gpu.from_slice(r as usize, &[r + 1; 1024])
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    let outs: Vec<DeviceBuffer<u32>> = (0..4)
+        .map(|r| gpu.alloc(r, 1024).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let (i, o): (Vec<&DeviceBuffer<u32>>, Vec<&DeviceBuffer<u32>>) =
+        (ins.iter().collect(), outs.iter().collect());
+    let call = || {
+        let pending = gpu
+            .all_reduce(&i, &o, relaycc_collectives::ReduceOp::Sum)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Not waited for: the next call orders itself after this one on the GPU.
+        drop(pending);
+    };
+    // The first call plans and compiles, the second builds the kept schedule.
+    for _ in 0..5 {
+        call();
+    }
+    gpu.backend()
+        .synchronize()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let calls = 100;
+    let t = std::time::Instant::now();
+    for _ in 0..calls {
+        call();
+    }
+    let host_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(calls);
+    gpu.backend()
+        .synchronize()
+        .unwrap_or_else(|e| panic!("{e}"));
+    for b in &outs {
+        assert_eq!(
+            b.to_vec().unwrap_or_else(|e| panic!("{e}")),
+            vec![10u32; 1024]
+        );
+    }
+    println!(
+        "gpu-check: host_us_per_call={host_us:.1} ranks=4 host_us_per_rank={:.1}",
+        host_us / 4.0
+    );
 }
 
 #[test]

@@ -267,6 +267,15 @@ pub const COPY_ENGINE_LAUNCH_US: f64 = 5.0;
 /// Launching one kernel (a relaycc reduction or forwarding kernel), microseconds: a null
 /// kernel's launch overhead on current GPUs and drivers, about 3 us ([NVForum-Launch]).
 pub const KERNEL_LAUNCH_US: f64 = 3.0;
+/// Copies below this many bytes run on a GPU's SMs (a copy kernel), larger ones on its copy
+/// engines: the threshold of the CUDA backend's copies between device memories a GPU reaches
+/// (`CudaBackend::set_sm_copy_below`). NCCL moves all_gather data with SM kernels up to 8 MiB
+/// and with copy engines above it, where the engines keep pace and leave the SMs to the
+/// application (`NCCL_SYM_CE_THRESHOLD`, [NCCL-CE]). Within one GPU a copy engine reaches
+/// about two thirds of the memory bandwidth ([CCCL-Issue1672]: `cudaMemcpy` device to device
+/// at 67% of H200's), which a copy kernel exceeds, so a job whose SMs are idle during its
+/// collectives may set the threshold higher; `relaycc calibrate` measures both rates.
+pub const SM_COPY_BELOW_BYTES: u64 = 8 << 20;
 /// Streaming multiprocessors a relay takes from the GPU that hosts it when it forwards with a
 /// kernel: one thread block per channel, as NCCL's forwarding runs ([NCCL-src],
 /// src/enqueue.cc, one block per channel). A copy-engine relay takes none.

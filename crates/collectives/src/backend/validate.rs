@@ -16,10 +16,18 @@
 //!
 //! What costs more than a pass over the commands, that lanes which touch one byte are ordered
 //! (a data race otherwise), is the caller's promise to [`Backend::submit`](super::Backend).
+//!
+//! The rules split in two: those about the program alone (lanes, events, source ranges,
+//! lengths, the divisor) and those about the bound memory (bindings given, slots inside them,
+//! reduction slots aligned, a reduction's destination equal to or apart from each source).
+//! [`bindings_fit`] checks the second kind alone, so a backend that keeps what [`resolve`]
+//! accepted for a program (the CUDA backend's cached schedules) checks a later call of the
+//! same program against its new bindings only: `resolve` accepts a program with bindings
+//! exactly when it accepts the program with some bindings and `bindings_fit` accepts these.
 
 use relaycc_route::ReduceOp;
 
-use super::{Command, Launch, Slot};
+use super::{Command, Launch, Program, Slot};
 use crate::error::{CollectivesError, Result};
 
 /// A binding as a backend resolved it: the address of its first byte and its size.
@@ -34,13 +42,10 @@ pub(crate) struct Bound {
 /// One command, checked and resolved. Lanes and events are the program's own indices.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Resolved {
-    /// Copy `bytes` bytes from `src` (of binding `src_binding`) to `dst`.
-    // The bindings tell the CUDA launch which device memory a copy crosses.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// Copy `bytes` bytes from `src` to `dst` (of binding `dst_binding`).
     Copy {
         lane: usize,
         src: u64,
-        src_binding: usize,
         dst: u64,
         dst_binding: usize,
         bytes: u64,
@@ -155,7 +160,6 @@ pub(crate) fn resolve(
                 Resolved::Copy {
                     lane: lane_of(*lane)?,
                     src: slot(src, 1)?,
-                    src_binding: src.binding as usize,
                     dst: slot(dst, 1)?,
                     dst_binding: dst.binding as usize,
                     bytes: src.bytes,
@@ -241,4 +245,155 @@ pub(crate) fn resolve(
         out.commands.push(r);
     }
     Ok(out)
+}
+
+/// The rules of [`resolve`] that depend on the bound memory, for a program `resolve` accepted
+/// with other bindings: as many bindings as the program asks, every slot inside its binding,
+/// reduction slots at addresses aligned for the element type, and each reduction's
+/// destination equal to or apart from each of its sources. No allocation; one pass.
+// The CUDA backend keeps what it checked; the host backend checks every launch in full.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn bindings_fit(program: &Program, bound: &[Bound]) -> bool {
+    if bound.len() != program.bindings as usize {
+        return false;
+    }
+    let esize = program.dtype.size();
+    let addr = |s: &Slot, align: u64| -> Option<u64> {
+        let b = bound.get(s.binding as usize)?;
+        let end = s.offset.checked_add(s.bytes)?;
+        let a = b.addr.checked_add(s.offset)?;
+        (end <= b.bytes && a.is_multiple_of(align)).then_some(a)
+    };
+    program.commands.iter().all(|c| match c {
+        Command::Copy { src, dst, .. } => addr(src, 1).is_some() && addr(dst, 1).is_some(),
+        Command::Reduce {
+            first, count, dst, ..
+        } => {
+            let Some(d) = addr(dst, esize) else {
+                return false;
+            };
+            let n = dst.bytes;
+            let first = *first as usize;
+            let Some(slots) = first
+                .checked_add(*count as usize)
+                .and_then(|end| program.srcs.get(first..end))
+            else {
+                return false;
+            };
+            slots.iter().all(|s| {
+                addr(s, esize)
+                    .is_some_and(|a| a == d || a.saturating_add(n) <= d || d.saturating_add(n) <= a)
+            })
+        }
+        Command::Record { .. } | Command::Wait { .. } => true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use relaycc_route::{DType, Location};
+
+    use super::*;
+    use crate::backend::ByteRegion;
+
+    fn slot() -> impl Strategy<Value = Slot> {
+        (0u32..3, 0u64..6, 1u64..4).prop_map(|(binding, o, b)| Slot {
+            binding,
+            offset: o * 4,
+            bytes: b * 4,
+        })
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            (0u32..2, slot(), slot()).prop_map(|(lane, src, dst)| Command::Copy {
+                lane,
+                src,
+                dst: Slot {
+                    bytes: src.bytes,
+                    ..dst
+                },
+            }),
+            (0u32..2, 0u32..3, 1u32..3, slot(), any::<bool>()).prop_map(
+                |(lane, first, count, dst, divide)| Command::Reduce {
+                    lane,
+                    first,
+                    count,
+                    dst,
+                    divide,
+                }
+            ),
+        ]
+    }
+
+    fn program() -> impl Strategy<Value = Program> {
+        (
+            prop::collection::vec(command(), 1..6),
+            prop::collection::vec(slot(), 4),
+        )
+            .prop_map(|(commands, srcs)| {
+                // Sources as long as their reduction's destination, so lengths agree.
+                let mut srcs = srcs;
+                for c in &commands {
+                    if let Command::Reduce {
+                        first, count, dst, ..
+                    } = c
+                    {
+                        for s in srcs.iter_mut().skip(*first as usize).take(*count as usize) {
+                            s.bytes = dst.bytes;
+                        }
+                    }
+                }
+                Program {
+                    lanes: vec![Location::Gpu(0); 2],
+                    events: 0,
+                    dtype: DType::F32,
+                    op: ReduceOp::Sum,
+                    divisor: 2,
+                    bindings: 3,
+                    commands,
+                    srcs,
+                }
+            })
+    }
+
+    fn bound() -> impl Strategy<Value = Vec<Bound>> {
+        prop::collection::vec((0u64..48, 8u64..72), 2..4).prop_map(|v| {
+            v.into_iter()
+                .map(|(addr, bytes)| Bound {
+                    addr: 1024 + addr * 2,
+                    bytes,
+                })
+                .collect()
+        })
+    }
+
+    fn ok(p: &Program, b: &[Bound]) -> bool {
+        let launch = Launch {
+            program: p,
+            bindings: &[] as &[ByteRegion],
+        };
+        resolve("test", 0, &launch, b).is_ok()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// `bindings_fit` is exactly the binding half of `resolve`: a program `resolve`
+        /// accepts with some bindings is accepted with others if and only if they fit.
+        /// Bindings here are small, may overlap and may sit at addresses not 4-byte aligned.
+        #[test]
+        fn bindings_fit_is_the_binding_half_of_resolve(p in program(), b in bound()) {
+            prop_assert!(!ok(&p, &b) || bindings_fit(&p, &b));
+            let roomy: Vec<Bound> = (0..3).map(|i| Bound { addr: (i + 1) << 20, bytes: 1 << 16 }).collect();
+            if ok(&p, &roomy) {
+                prop_assert_eq!(ok(&p, &b), bindings_fit(&p, &b));
+            }
+        }
+    }
 }

@@ -248,9 +248,20 @@ mod tests {
     use super::*;
     use crate::cuda::kernel_sources::expected_entries;
 
+    /// PTX text with every entry point and the parameters the library launches it with.
     fn fake_ptx() -> String {
+        use crate::cuda::kernel_sources::{FORWARD_ENTRY, REDUCE_ARGS_BYTES};
         expected_entries()
-            .map(|e| format!(".visible .entry {e}(\n)\n{{\n\tret;\n}}\n"))
+            .map(|e| {
+                let params = if e == FORWARD_ENTRY {
+                    format!(
+                        "\t.param .u64 {e}_param_0,\n\t.param .u64 {e}_param_1,\n\t.param .u64 {e}_param_2\n"
+                    )
+                } else {
+                    format!("\t.param .align 8 .b8 {e}_param_0[{REDUCE_ARGS_BYTES}]\n")
+                };
+                format!(".visible .entry {e}(\n{params})\n{{\n\tret;\n}}\n")
+            })
             .collect()
     }
 
@@ -327,7 +338,27 @@ mod tests {
         });
         let err = cache.ptx(Arch::SM70).unwrap_err();
         assert!(
-            matches!(&err, CudaError::MissingEntryPoints { missing, .. } if missing.len() == 88),
+            matches!(&err, CudaError::MissingEntryPoints { missing, .. } if missing.len() == 44),
+            "{err}"
+        );
+        // Every entry point present, but the reduce kernels with the two-input parameters of
+        // an older relaycc: refused, never launched with the wrong arguments.
+        let old: String = fake_ptx()
+            .lines()
+            .map(|l| match l.split_once(" .b8 ") {
+                Some((_, rest)) => format!(
+                    "\t.param .u64 {},\n\t.param .u64 x",
+                    rest.split('[').next().unwrap_or("")
+                ),
+                None => l.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(dir.join(ptx_file_name(Arch::SM70)), old).unwrap();
+        let fresh = KernelCache::new(cache.config().clone());
+        let err = fresh.ptx(Arch::SM70).unwrap_err();
+        assert!(
+            matches!(&err, CudaError::StaleEntryPoints { stale, .. } if stale.len() == 44),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);

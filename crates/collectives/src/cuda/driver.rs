@@ -41,6 +41,8 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventElapsedTime",
     "cuEventDestroy_v2",
     "cuMemAlloc_v2",
     "cuMemAllocAsync",

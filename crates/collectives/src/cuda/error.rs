@@ -95,6 +95,21 @@ pub enum CudaError {
         /// The expected entry points that are absent.
         missing: Vec<String>,
     },
+    /// PTX (compiled, cached or precompiled) has entry points whose parameters are not the
+    /// ones this relaycc launches them with: PTX built from other kernel sources.
+    #[error(
+        "PTX from {origin} for {arch} has {} entry point(s) whose parameters differ from this \
+         relaycc's kernels (PTX of another relaycc version?): {stale:?}",
+        stale.len()
+    )]
+    StaleEntryPoints {
+        /// Where the PTX came from (NVRTC, a cache file, a precompiled file).
+        origin: String,
+        /// The virtual architecture, e.g. `compute_80`.
+        arch: String,
+        /// Each such entry point with the parameters it has.
+        stale: Vec<String>,
+    },
     /// A precompiled or cached PTX file could not be read or written.
     #[error("PTX file {}: {message}", path.display())]
     PtxFile {

@@ -1,5 +1,6 @@
 //! The kernel sources (the relaycc-kernels crate, which embeds `kernels/`), the list of entry
-//! points they define, and how to read entry points back out of PTX.
+//! points they define, the reduce kernels' one parameter ([`ReduceArgs`]), and how to read
+//! entry points and their parameters back out of PTX.
 //!
 //! NVRTC reads no files, so relaycc-kernels embeds every source with `include_str!`, and
 //! [`kernel_source`] builds the one translation unit NVRTC compiles by expanding
@@ -16,16 +17,14 @@ pub use relaycc_kernels::SOURCES;
 /// The forward (peer copy) kernel: `relaycc_forward(void* dst, const void* src, u64 bytes)`.
 pub const FORWARD_ENTRY: &str = "relaycc_forward";
 
-/// Declares the type x operator table once and derives both entry lists from it, so the names
-/// the library launches and the names it checks in PTX come from one place.
+/// Declares the type x operator table once, so the names the library launches and the names
+/// it checks in PTX come from one place.
 macro_rules! reduce_table {
     ($( $ty:ident : [$($op:ident),*] ; )*) => {
-        /// Every `relaycc_reduce_<type>_<op>` entry point (dst = a op b).
+        /// Every `relaycc_reduce_<type>_<op>` entry point: `dsts[j] = op(srcs...)`, one
+        /// [`ReduceArgs`] parameter.
         pub const REDUCE_ENTRIES: &[&str] =
             &[$( $( concat!("relaycc_reduce_", stringify!($ty), "_", stringify!($op)), )* )*];
-        /// Every `relaycc_reduce_copy_<type>_<op>` entry point (dst = dst2 = a op b).
-        pub const REDUCE_COPY_ENTRIES: &[&str] =
-            &[$( $( concat!("relaycc_reduce_copy_", stringify!($ty), "_", stringify!($op)), )* )*];
     };
 }
 
@@ -44,34 +43,102 @@ reduce_table! {
 
 /// Every entry point the compiled kernels must define, forward first.
 pub fn expected_entries() -> impl Iterator<Item = &'static str> {
-    std::iter::once(FORWARD_ENTRY)
-        .chain(REDUCE_ENTRIES.iter().copied())
-        .chain(REDUCE_COPY_ENTRIES.iter().copied())
+    std::iter::once(FORWARD_ENTRY).chain(REDUCE_ENTRIES.iter().copied())
 }
 
-/// The reduce kernel for an element type and operator; `copy` picks the reduce-copy form.
-///
-/// Signatures (pointers are device pointers, `n` counts elements, `scale` is an `f64`):
-/// `reduce(dst, a, b, n)`, `reduce_copy(dst, dst2, a, b, n)`, and for `Avg` the same with a
-/// trailing `scale` the sum is multiplied by (1/n at the plan's finalize step, else 1).
-/// f16 and bf16 buffers hold the IEEE / bfloat16 bits (`u16` on the host).
-pub fn reduce_entry(dtype: DType, op: ReduceOp, copy: bool) -> Result<&'static str, CudaError> {
-    let prefix = if copy {
-        "relaycc_reduce_copy_"
-    } else {
-        "relaycc_reduce_"
-    };
-    let table = if copy {
-        REDUCE_COPY_ENTRIES
-    } else {
-        REDUCE_ENTRIES
-    };
-    let name = format!("{prefix}{}_{}", dtype.name(), op.name());
-    table
+/// The reduce kernel for an element type and operator: `relaycc_reduce_<type>_<op>`, whose one
+/// parameter is a [`ReduceArgs`]. f16 and bf16 buffers hold the IEEE / bfloat16 bits (`u16` on
+/// the host).
+pub fn reduce_entry(dtype: DType, op: ReduceOp) -> Result<&'static str, CudaError> {
+    let name = format!("relaycc_reduce_{}_{}", dtype.name(), op.name());
+    REDUCE_ENTRIES
         .iter()
         .copied()
         .find(|entry| *entry == name)
         .ok_or(CudaError::NoKernel { dtype, op })
+}
+
+/// Most sources one reduce launch takes (`RELAYCC_MAX_SRCS` in `kernels/reduce.cu`); a
+/// reduction of more is a chain of launches.
+pub const MAX_REDUCE_SRCS: usize = 16;
+/// Most destinations one reduce launch writes (`RELAYCC_MAX_DSTS`): the reduction's own and
+/// the copies of its result fused into it.
+pub const MAX_REDUCE_DSTS: usize = 8;
+
+/// The one parameter of every reduce kernel, `RelayccReduceArgs` in `kernels/reduce.cu`, passed
+/// by value: `dsts[j][i] = op(srcs[0][i], ..., srcs[nsrcs - 1][i])` for `i < n` and
+/// `j < ndsts`, divided by `divisor` when the op is `Avg` and `divisor` is not 0. Pointers are
+/// device addresses (unified addressing: a peer's memory when peer access is enabled); unused
+/// slots are 0. Its size is checked against every reduce entry point's PTX parameter
+/// ([`stale_entries`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReduceArgs {
+    /// Source addresses, the first `nsrcs` used.
+    pub srcs: [u64; MAX_REDUCE_SRCS],
+    /// Destination addresses, the first `ndsts` used.
+    pub dsts: [u64; MAX_REDUCE_DSTS],
+    /// Elements per source and destination.
+    pub n: u64,
+    /// Sources, 1 to [`MAX_REDUCE_SRCS`].
+    pub nsrcs: u32,
+    /// Destinations, 1 to [`MAX_REDUCE_DSTS`].
+    pub ndsts: u32,
+    /// `Avg` only: the divisor of the result (0: none).
+    pub divisor: u32,
+    /// Zero (the C struct's padding, named so the layout is explicit).
+    pub reserved: u32,
+}
+
+/// Bytes of [`ReduceArgs`], as the PTX declares the parameter (`.b8 NAME_param_0[216]`).
+pub const REDUCE_ARGS_BYTES: usize = std::mem::size_of::<ReduceArgs>();
+
+/// The parameter declarations of entry point `entry` in `ptx` (`.param .u64 NAME_param_0`,
+/// ...), or `None` when `ptx` does not define it.
+pub fn entry_params(ptx: &str, entry: &str) -> Option<Vec<String>> {
+    let mut lines = ptx.lines();
+    lines.find(|line| {
+        let mut words = line.split_whitespace();
+        let name = match words.next() {
+            Some(".entry") => words.next(),
+            Some(".visible" | ".weak") if words.next() == Some(".entry") => words.next(),
+            _ => None,
+        };
+        name.and_then(|n| n.split('(').next()) == Some(entry)
+    })?;
+    let mut params = Vec::new();
+    for line in lines {
+        let t = line.trim();
+        if t.starts_with(')') || t.starts_with('{') {
+            break;
+        }
+        if t.starts_with(".param") {
+            params.push(t.trim_end_matches(',').to_owned());
+        }
+    }
+    Some(params)
+}
+
+/// The parameters each entry point must have: the forward kernel three 64-bit values, every
+/// reduce kernel one [`REDUCE_ARGS_BYTES`]-byte struct.
+fn params_match(entry: &str, params: &[String]) -> bool {
+    if entry == FORWARD_ENTRY {
+        return params.len() == 3 && params.iter().all(|p| p.starts_with(".param .u64 "));
+    }
+    let want = format!("{entry}_param_0[{REDUCE_ARGS_BYTES}]");
+    params.len() == 1 && params[0].starts_with(".param .align 8 .b8 ") && params[0].ends_with(&want)
+}
+
+/// The expected entry points `ptx` defines with other parameters than this library launches
+/// them with, each with the parameters it has: PTX compiled from other kernel sources (an old
+/// `RELAYCC_PTX_DIR`), which must never be launched.
+pub fn stale_entries(ptx: &str) -> Vec<String> {
+    expected_entries()
+        .filter_map(|e| {
+            let params = entry_params(ptx, e)?;
+            (!params_match(e, &params)).then(|| format!("{e}({})", params.join(", ")))
+        })
+        .collect()
 }
 
 /// The whole translation unit NVRTC compiles: the units in order, includes expanded.
@@ -151,12 +218,17 @@ pub struct LaunchShape {
 }
 
 /// Threads per block for full launches: 512 keeps enough loads in flight per SM for
-/// memory-bound copies while letting several blocks share an SM.
+/// memory-bound copies while letting two blocks share an SM (the reduce kernels use 50 to 70
+/// registers per thread for the 32-bit and 16-bit types).
 pub const THREADS_PER_BLOCK: u32 = 512;
 
-/// Elements (or 16-byte words) one thread handles per loop trip before more blocks are added;
-/// a few per thread amortise the index arithmetic of the grid-stride loop.
-pub const ITEMS_PER_THREAD: u64 = 4;
+/// Bytes of one operand a thread moves per step of the kernels' main loop: four 16-byte
+/// packs (`RELAYCC_UNROLL`, `RELAYCC_FORWARD_UNROLL`).
+pub const BYTES_PER_THREAD_STEP: u64 = 64;
+
+/// Thread blocks per SM a full launch asks for at most: two blocks of
+/// [`THREADS_PER_BLOCK`] threads are resident per SM, so the grid is one wave.
+pub const BLOCKS_PER_SM: u32 = 2;
 
 impl LaunchShape {
     /// One warp: what a relay GPU uses so a forward barely touches its own work.
@@ -165,11 +237,12 @@ impl LaunchShape {
         threads_per_block: 32,
     };
 
-    /// A shape covering `items` work items (elements, or 16-byte words for forward), at most
-    /// `max_blocks` blocks (e.g. a few per SM); never zero blocks.
-    pub fn for_items(items: u64, max_blocks: u32) -> LaunchShape {
-        let per_block = u64::from(THREADS_PER_BLOCK) * ITEMS_PER_THREAD;
-        let wanted = items.div_ceil(per_block).max(1);
+    /// A shape for `bytes` bytes per operand: one step of [`BYTES_PER_THREAD_STEP`] per thread
+    /// (every load of the operand in flight at once), at most `max_blocks` blocks (a grid
+    /// the GPU holds at once); never zero blocks.
+    pub fn for_bytes(bytes: u64, max_blocks: u32) -> LaunchShape {
+        let per_block = u64::from(THREADS_PER_BLOCK) * BYTES_PER_THREAD_STEP;
+        let wanted = bytes.div_ceil(per_block).max(1);
         let blocks = u32::try_from(wanted)
             .unwrap_or(u32::MAX)
             .min(max_blocks.max(1));
@@ -191,22 +264,17 @@ mod tests {
             for op in ReduceOp::ALL {
                 if op == ReduceOp::Avg && !dtype.is_float() {
                     assert_eq!(
-                        reduce_entry(dtype, op, false),
+                        reduce_entry(dtype, op),
                         Err(CudaError::NoKernel { dtype, op })
                     );
                     continue;
                 }
                 expected.push(format!("relaycc_reduce_{}_{}", dtype.name(), op.name()));
-                assert!(reduce_entry(dtype, op, false).is_ok());
-                assert!(
-                    reduce_entry(dtype, op, true)
-                        .is_ok_and(|e| e.starts_with("relaycc_reduce_copy_"))
-                );
+                assert!(reduce_entry(dtype, op).is_ok());
             }
         }
         assert_eq!(REDUCE_ENTRIES, expected.as_slice());
-        assert_eq!(REDUCE_COPY_ENTRIES.len(), REDUCE_ENTRIES.len());
-        assert_eq!(expected_entries().count(), 89);
+        assert_eq!(expected_entries().count(), 45);
     }
 
     #[test]
@@ -221,40 +289,78 @@ mod tests {
 
     #[test]
     fn every_entry_name_is_spelled_by_the_cuda_macros() {
-        // The CUDA side builds names with RELAYCC_REDUCE(TNAME, E, ONAME, OP) lines; check
-        // each type and op of the Rust table has its instantiation line.
+        // The CUDA side builds names with RELAYCC_REDUCE_ALL_OPS(TNAME, E) and
+        // RELAYCC_REDUCE_AVG(TNAME, E) lines; check each type of the Rust table has them.
         let src = kernel_source();
         for dtype in DType::ALL {
             assert!(
                 src.contains(&format!("RELAYCC_REDUCE_ALL_OPS({},", dtype.name())),
                 "{dtype}"
             );
-            if dtype.is_float() {
-                assert!(
-                    src.contains(&format!("RELAYCC_REDUCE_AVG({},", dtype.name())),
-                    "{dtype}"
-                );
-            }
+            assert_eq!(
+                src.contains(&format!("RELAYCC_REDUCE_AVG({},", dtype.name())),
+                dtype.is_float(),
+                "{dtype}"
+            );
         }
     }
 
+    /// The Rust mirror has the C struct's layout: 16 + 8 pointers, the count, three 32-bit
+    /// fields and the padding, 8-byte aligned; and the C side names the same limits.
     #[test]
-    fn ptx_entries_are_parsed() {
-        let ptx = "//\n.version 8.8\n.visible .entry relaycc_forward(\n\t.param .u64 a\n)\n\
-                   .entry plain_one(\n.func not_an_entry(\n// .entry commented\n";
-        assert_eq!(ptx_entries(ptx), vec!["relaycc_forward", "plain_one"]);
+    fn reduce_args_mirror_the_c_struct() {
+        assert_eq!(REDUCE_ARGS_BYTES, 216);
+        assert_eq!(std::mem::align_of::<ReduceArgs>(), 8);
+        assert_eq!(std::mem::offset_of!(ReduceArgs, dsts), 128);
+        assert_eq!(std::mem::offset_of!(ReduceArgs, n), 192);
+        assert_eq!(std::mem::offset_of!(ReduceArgs, nsrcs), 200);
+        assert_eq!(std::mem::offset_of!(ReduceArgs, ndsts), 204);
+        assert_eq!(std::mem::offset_of!(ReduceArgs, divisor), 208);
+        let src = kernel_source();
+        assert!(src.contains(&format!("#define RELAYCC_MAX_SRCS {MAX_REDUCE_SRCS}\n")));
+        assert!(src.contains(&format!("#define RELAYCC_MAX_DSTS {MAX_REDUCE_DSTS}\n")));
+    }
+
+    #[test]
+    fn ptx_entries_and_their_parameters_are_parsed() {
+        let ptx = "//\n.version 8.8\n.visible .entry relaycc_forward(\n\t.param .u64 relaycc_forward_param_0,\n\
+                   \t.param .u64 relaycc_forward_param_1,\n\t.param .u64 relaycc_forward_param_2\n)\n{\n}\n\
+                   .visible .entry relaycc_reduce_f32_sum(\n\t.param .align 8 .b8 relaycc_reduce_f32_sum_param_0[216]\n)\n\
+                   .entry relaycc_reduce_f32_prod(\n\t.param .u64 relaycc_reduce_f32_prod_param_0,\n\
+                   \t.param .u64 relaycc_reduce_f32_prod_param_1\n)\n\
+                   .func not_an_entry(\n// .entry commented\n";
+        assert_eq!(
+            ptx_entries(ptx),
+            vec![
+                "relaycc_forward",
+                "relaycc_reduce_f32_sum",
+                "relaycc_reduce_f32_prod"
+            ]
+        );
         let missing = missing_entries(ptx);
-        assert_eq!(missing.len(), 88);
+        assert_eq!(missing.len(), 42);
         assert!(!missing.contains(&"relaycc_forward".to_owned()));
+        assert_eq!(
+            entry_params(ptx, "relaycc_reduce_f32_sum"),
+            Some(vec![
+                ".param .align 8 .b8 relaycc_reduce_f32_sum_param_0[216]".to_owned()
+            ])
+        );
+        assert_eq!(entry_params(ptx, "relaycc_reduce_f64_sum"), None);
+        // The old two-input signature is stale; the forward kernel and the struct are not.
+        let stale = stale_entries(ptx);
+        assert_eq!(stale.len(), 1, "{stale:?}");
+        assert!(stale[0].starts_with("relaycc_reduce_f32_prod(.param .u64"));
     }
 
     #[test]
     fn launch_shapes() {
-        assert_eq!(LaunchShape::for_items(0, 132).blocks, 1);
-        assert_eq!(LaunchShape::for_items(2048, 132).blocks, 1);
-        assert_eq!(LaunchShape::for_items(2049, 132).blocks, 2);
-        assert_eq!(LaunchShape::for_items(u64::MAX, 132).blocks, 132);
-        assert_eq!(LaunchShape::for_items(10, 0).blocks, 1);
+        let step = u64::from(THREADS_PER_BLOCK) * BYTES_PER_THREAD_STEP;
+        assert_eq!(LaunchShape::for_bytes(0, 264).blocks, 1);
+        assert_eq!(LaunchShape::for_bytes(step, 264).blocks, 1);
+        assert_eq!(LaunchShape::for_bytes(step + 1, 264).blocks, 2);
+        assert_eq!(LaunchShape::for_bytes(u64::MAX, 264).blocks, 264);
+        assert_eq!(LaunchShape::for_bytes(10, 0).blocks, 1);
         assert_eq!(LaunchShape::ONE_WARP.threads_per_block, 32);
     }
 }

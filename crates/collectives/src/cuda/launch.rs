@@ -1,287 +1,392 @@
-//! Launches on the CUDA backend, in two steps under the backend's lock.
+//! Launches on the CUDA backend, under the backend's lock: the launch's programs become a
+//! schedule (`schedule.rs`), kept and reused by later calls of the same programs, and its
+//! driver calls (`calls.rs`) are made one by one on raw handles.
 //!
-//! [`CudaBackend::prepare`] checks a launch (the shared validation of `backend/validate.rs`,
-//! plus the one rule of its own: no copy between ranges that overlap almost entirely) and maps
-//! its lanes to streams and its events to CUDA events; nothing is enqueued yet, so an error
-//! leaves every buffer unchanged. [`CudaBackend::launch_prepared`] loads the kernels the launch
-//! needs, makes sure its streams and events exist, orders its streams after the previous
-//! launch's tails, enqueues every command, and records the tails the next launch waits for.
+//! A call of programs seen before costs one comparison of the programs with the kept copies,
+//! one lookup per binding, the binding checks of `backend/validate.rs` (`bindings_fit`) and a
+//! pass that compares the launch's facts with the kept ones; then the kept schedule runs with
+//! this call's addresses. Anything else (new programs, bindings on other devices, other facts,
+//! kernels loaded since) builds the schedule anew after the full validation, so a kept
+//! schedule runs only where [`schedule::build`] would make the same one.
+//!
+//! Function handles are resolved once per device, when its kernels are loaded.
 
-use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use relaycc_route::{DType, ReduceOp};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
 
-use super::backend::{CudaBackend, State, drv, err, resolve};
-use crate::backend::Launch;
-use crate::backend::validate::{self, Bound, Resolved};
-use crate::cuda::{self, LaunchShape};
+use super::backend::{CudaBackend, State, drv, err};
+use super::calls::{Around, Call, walk};
+use super::kernel_sources::{
+    BLOCKS_PER_SM, FORWARD_ENTRY, LaunchShape, MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES,
+    ReduceArgs,
+};
+use super::memory::resolve;
+use super::schedule::{self, At, CopyBy, Fact, OnDevice, Placement, Schedule, Step};
+use crate::backend::validate::{self, Bound};
+use crate::backend::{Command, Launch, Program};
 use crate::error::Result;
 
-/// Most chunks a partially overlapping copy is split into (see `enqueue_copy`).
-pub(super) const MAX_OVERLAP_CHUNKS: u64 = 64;
+/// Launch schedules kept per backend, least recently used out: a training step's collectives
+/// are a few shapes, each one schedule.
+pub(super) const SCHEDULES_KEPT: usize = 32;
 
-/// A stream or an event: (index into `State::devices`, index on that device).
-type OnDevice = (usize, usize);
-
-/// One resolved command.
-#[derive(Debug, Clone, Copy)]
-enum Task {
-    Copy {
-        stream: OnDevice,
-        src: u64,
-        src_dev: Option<usize>,
-        dst: u64,
-        dst_dev: Option<usize>,
-        bytes: u64,
-    },
-    Reduce {
-        stream: OnDevice,
-        /// Sources: `Prepared::srcs[first..first + count]`.
-        first: usize,
-        count: usize,
-        dst: u64,
-        len: u64,
-        divisor: Option<u32>,
-    },
-    Record {
-        stream: OnDevice,
-        event: OnDevice,
-    },
-    Wait {
-        stream: OnDevice,
-        event: OnDevice,
-    },
+/// One device's kernels: the module and every function handle, resolved once.
+#[derive(Debug)]
+pub(super) struct Kernels {
+    _module: Arc<CudaModule>,
+    forward: CudaFunction,
+    /// By index into [`REDUCE_ENTRIES`].
+    reduce: Vec<CudaFunction>,
 }
 
-impl Task {
-    fn stream(&self) -> OnDevice {
-        match *self {
-            Task::Copy { stream, .. }
-            | Task::Reduce { stream, .. }
-            | Task::Record { stream, .. }
-            | Task::Wait { stream, .. } => stream,
+/// Whether a device's kernels are loaded.
+#[derive(Debug)]
+pub(super) enum KernelState {
+    /// Not yet asked for.
+    NotTried,
+    /// Loaded.
+    Loaded(Arc<Kernels>),
+    /// Loading failed (no NVRTC, say): copies stay on copy engines; a reduction tries again
+    /// and reports the error.
+    Failed,
+}
+
+/// A launch's schedule and what it was built from.
+#[derive(Debug)]
+struct Kept {
+    programs: Vec<Program>,
+    binding_dev: Vec<Option<usize>>,
+    sm_ok: Vec<bool>,
+    facts: Vec<Fact>,
+    schedule: Arc<Schedule>,
+    used: u64,
+}
+
+/// Schedules of recent launches (module docs).
+#[derive(Debug, Default)]
+pub(super) struct LaunchCache {
+    kept: Vec<Kept>,
+    clock: u64,
+}
+
+impl LaunchCache {
+    /// Forget every schedule (the SM-copy threshold changed).
+    pub(super) fn clear(&mut self) {
+        self.kept.clear();
+    }
+
+    /// The kept schedule of exactly these programs, if any.
+    fn find(&self, launches: &[Launch<'_>]) -> Option<usize> {
+        self.kept.iter().position(|k| {
+            k.programs.len() == launches.len()
+                && k.programs.iter().zip(launches).all(|(p, l)| p == l.program)
+        })
+    }
+
+    fn insert(&mut self, kept: Kept) {
+        if let Some(i) = self.find_programs(&kept.programs) {
+            self.kept[i] = kept;
+        } else if self.kept.len() < SCHEDULES_KEPT {
+            self.kept.push(kept);
+        } else if let Some(i) = (0..self.kept.len()).min_by_key(|&i| self.kept[i].used) {
+            self.kept[i] = kept;
         }
     }
-}
 
-/// A launch checked and mapped to streams and events; nothing enqueued yet.
-#[derive(Debug)]
-pub(super) struct Prepared {
-    tasks: Vec<Task>,
-    /// The program of each task.
-    task_prog: Vec<usize>,
-    /// Source addresses of the reductions.
-    srcs: Vec<u64>,
-    /// Element type and op of each program.
-    kinds: Vec<(DType, ReduceOp)>,
-    /// Streams and events needed per device.
-    lane_count: Vec<usize>,
-    event_count: Vec<usize>,
-    /// Streams the launch uses.
-    used: Vec<OnDevice>,
-    /// (device, program) pairs that run reduction kernels.
-    need_kernels: Vec<(usize, usize)>,
-}
-
-impl Prepared {
-    /// The streams the launch uses, (device index, stream index).
-    pub(super) fn used(&self) -> &[OnDevice] {
-        &self.used
+    fn find_programs(&self, programs: &[Program]) -> Option<usize> {
+        self.kept.iter().position(|k| k.programs == programs)
     }
 }
 
-/// The kernels of one program on one device, loaded before anything is enqueued.
-struct Funcs {
-    reduce: CudaFunction,
+/// Buffers of one call, kept in the state so that a call allocates nothing it could keep.
+#[derive(Debug, Default)]
+pub(super) struct CallScratch {
+    /// Each binding of the launch, over its programs: address and bytes.
+    bound: Vec<Bound>,
+    /// The device of each binding's memory.
+    devs: Vec<Option<usize>>,
+    /// The launch binding of each program's binding 0.
+    bases: Vec<u32>,
+    /// Per device: kernels loaded and copies may use them.
+    sm_ok: Vec<bool>,
+    /// The device of each caller stream (`n + i` for a caller whose context is none of the
+    /// backend's `n` devices).
+    callers: Vec<usize>,
+    /// Each caller's fork event: (device, index into its `forks`), or `None` for one made
+    /// for this call alone.
+    forks: Vec<Option<OnDevice>>,
 }
 
 impl CudaBackend {
-    /// Check every program of a launch and map it to streams and events.
-    pub(super) fn prepare(&self, st: &State, launches: &[Launch<'_>]) -> Result<Prepared> {
-        let mut out = Prepared {
-            tasks: Vec::new(),
-            task_prog: Vec::new(),
-            srcs: Vec::new(),
-            kinds: Vec::with_capacity(launches.len()),
-            lane_count: vec![0; st.devices.len()],
-            event_count: vec![0; st.devices.len()],
-            used: Vec::new(),
-            need_kernels: Vec::new(),
-        };
-        for (pi, l) in launches.iter().enumerate() {
-            self.prepare_program(st, pi, l, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    fn prepare_program(
+    /// Check, schedule and enqueue a launch after the previous one; with `callers`, ordered
+    /// within those streams too (`submit_on`). An error before the first driver call leaves
+    /// everything unchanged.
+    pub(super) fn launch(
         &self,
-        st: &State,
-        pi: usize,
-        l: &Launch<'_>,
-        out: &mut Prepared,
+        st: &mut State,
+        launches: &[Launch<'_>],
+        callers: &[&CudaStream],
     ) -> Result<()> {
-        let prog = l.program;
-        out.kinds.push((prog.dtype, prog.op));
-        let mut bound = Vec::with_capacity(l.bindings.len());
-        let mut devs = Vec::with_capacity(l.bindings.len());
-        for r in l.bindings {
-            let (addr, dev) = resolve(&st.allocs, r)?;
-            bound.push(Bound {
-                addr,
-                bytes: r.bytes,
-            });
-            devs.push(dev);
-        }
-        let resolved = validate::resolve("cuda", pi, l, &bound)?;
-        let mut streams = Vec::with_capacity(prog.lanes.len());
-        for loc in &prog.lanes {
-            let d = self.lane_dev(*loc)?;
-            streams.push((d, out.lane_count[d]));
-            out.lane_count[d] += 1;
-        }
-        // Each event lives on the device of the lane that records it first; validation put
-        // a record before every wait, so a waited event always has one.
-        let mut events: Vec<Option<OnDevice>> = vec![None; prog.events as usize];
-        let src0 = out.srcs.len();
-        out.srcs.extend_from_slice(&resolved.srcs);
-        // Lane, binding and event indices below were checked by `validate::resolve`.
-        for c in resolved.commands {
-            let t = match c {
-                Resolved::Copy {
-                    lane,
-                    src,
-                    src_binding,
-                    dst,
-                    dst_binding,
-                    bytes,
-                } => {
-                    let dist = src.abs_diff(dst);
-                    if dist != 0 && dist < bytes && bytes.div_ceil(dist) > MAX_OVERLAP_CHUNKS {
-                        return Err(err(format!(
-                            "program {pi}: a copy of {bytes} bytes between ranges {dist} bytes \
-                             apart (more than {MAX_OVERLAP_CHUNKS} chunks of their distance)"
-                        )));
-                    }
-                    Task::Copy {
-                        stream: streams[lane],
-                        src,
-                        src_dev: devs[src_binding],
-                        dst,
-                        dst_dev: devs[dst_binding],
-                        bytes,
-                    }
-                }
-                Resolved::Reduce {
-                    lane,
-                    first,
-                    count,
-                    dst,
-                    len,
-                    divisor,
-                } => {
-                    let stream = streams[lane];
-                    if len > 0 && (count > 1 || divisor.is_some()) {
-                        out.need_kernels.push((stream.0, pi));
-                    }
-                    Task::Reduce {
-                        stream,
-                        first: src0 + first,
-                        count,
-                        dst,
-                        len,
-                        divisor,
-                    }
-                }
-                Resolved::Record { lane, event } => {
-                    let stream = streams[lane];
-                    let counts = &mut out.event_count;
-                    let event = *events[event].get_or_insert_with(|| {
-                        let d = stream.0;
-                        counts[d] += 1;
-                        (d, counts[d] - 1)
-                    });
-                    Task::Record { stream, event }
-                }
-                Resolved::Wait { lane, event } => Task::Wait {
-                    stream: streams[lane],
-                    event: events[event].ok_or_else(|| {
-                        err(format!(
-                            "program {pi}: event {event} is waited before a record"
-                        ))
-                    })?,
-                },
-            };
-            if !out.used.contains(&t.stream()) {
-                out.used.push(t.stream());
-            }
-            out.tasks.push(t);
-            out.task_prog.push(pi);
-        }
-        Ok(())
-    }
-
-    /// Enqueue a prepared launch after the previous one and mark its end.
-    pub(super) fn launch_prepared(&self, st: &mut State, p: &Prepared) -> Result<()> {
-        if p.tasks.is_empty() {
+        let schedule = self.prepare(st, launches)?;
+        if schedule.steps.is_empty() {
             return Ok(());
         }
-        let funcs = self.load_kernels(st, p)?;
-        Self::reserve(st, p)?;
-        Self::order_after_previous(st, &p.used)?;
-        for &s in &p.used {
+        for &d in &schedule.kernel_devices {
+            self.kernels(st, d)?;
+        }
+        Self::reserve(st, &schedule)?;
+        let extra = self.forks(st, callers)?;
+        for &s in &schedule.used {
             if !st.dirty.contains(&s) {
                 st.dirty.push(s);
             }
         }
-        let r = self.enqueue(st, p, &funcs);
-        // Even after a failed enqueue, the tails keep the next launch ordered after whatever
-        // was enqueued. Without them, wait here so the next launch has nothing to race.
-        match Self::record_tails(st, &p.used) {
-            Ok(()) => st.last = p.used.clone(),
-            Err(e) => {
+        // A panic part way leaves part of the launch enqueued with no tail recorded: the
+        // launch is finished before the panic goes on, so nothing later can race it.
+        let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let st: &State = st;
+            let around = Around {
+                previous: &st.last,
+                callers: &st.scratch.callers,
+            };
+            walk(&schedule, around, &mut |c| {
+                // SAFETY: the launch passed the shared validation against live allocations
+                // (or matched a launch that did, `prepare`), the caller of `submit` promised no
+                // data race, and every handle used is a live stream, event or function of this
+                // backend (reserved above) or a caller's stream.
+                unsafe { self.call(st, &schedule, c, callers, &extra) }
+            })
+        }));
+        match walked {
+            Ok(Ok(())) => {
+                st.last.clear();
+                st.last.extend_from_slice(&schedule.sinks);
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                // Every stream of the launch records its tail so the next launch is ordered
+                // after whatever was enqueued; without them, wait here.
+                match Self::record_tails(st, &schedule.used) {
+                    Ok(()) => {
+                        st.last.clear();
+                        st.last.extend_from_slice(&schedule.used);
+                    }
+                    Err(_) => {
+                        self.wait_idle(st);
+                        st.last.clear();
+                    }
+                }
+                Err(e)
+            }
+            Err(panic) => {
                 self.wait_idle(st);
                 st.last.clear();
-                r?;
-                return Err(e);
+                std::panic::resume_unwind(panic)
             }
         }
-        r
     }
 
-    /// Kernels (NVRTC or precompiled PTX) for every program and device that reduces.
-    fn load_kernels(&self, st: &mut State, p: &Prepared) -> Result<HashMap<OnDevice, Funcs>> {
-        let mut funcs = HashMap::new();
-        for &(d, pi) in &p.need_kernels {
-            if funcs.contains_key(&(d, pi)) {
-                continue;
-            }
-            let (dt, op) = p.kinds[pi];
-            let name = cuda::reduce_entry(dt, op, false)?;
-            let m = self.module(st, d)?;
-            let reduce = m.load_function(name).map_err(drv("cuModuleGetFunction"))?;
-            funcs.insert((d, pi), Funcs { reduce });
+    /// Enqueue a launch ordered within callers' streams, without host synchronization: the
+    /// launch's first stream to touch memory waits for an event recorded now on each of
+    /// `callers` (and the launch's other streams for it), and each of `callers` then waits for
+    /// the launch's sinks, so work a caller enqueues after this call sees the result, and
+    /// waiting on a caller's stream waits for this launch (and what came before it on that
+    /// stream) only.
+    ///
+    /// # Safety
+    ///
+    /// As [`crate::Backend::submit`].
+    pub(crate) unsafe fn submit_on(
+        &self,
+        launches: &[Launch<'_>],
+        callers: &[&CudaStream],
+    ) -> Result<()> {
+        let mut st = super::backend::lock(&self.state);
+        let launched = self.launch(&mut st, launches, callers);
+        if launched.is_err() {
+            // Part of the launch may be enqueued without the callers' streams waiting for it:
+            // finish it here, so a caller that sees the error may reuse its memory. (A panic
+            // inside `launch` finishes what it enqueued before it goes on.)
+            self.wait_idle(&mut st);
         }
-        Ok(funcs)
+        launched
     }
 
-    /// Create the streams and events the launch needs that the pools lack.
-    fn reserve(st: &mut State, p: &Prepared) -> Result<()> {
-        for (d, &n) in p.lane_count.iter().enumerate() {
-            if n > 0 {
-                Self::stream(st, d, n - 1)?;
+    /// The schedule of a launch: the kept one when the call matches it, else built anew.
+    /// Leaves the bound addresses in `st.scratch`.
+    fn prepare(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<Schedule>> {
+        let sc = &mut st.scratch;
+        sc.bound.clear();
+        sc.devs.clear();
+        sc.bases.clear();
+        for l in launches {
+            sc.bases.push(
+                u32::try_from(sc.bound.len()).map_err(|_| err("too many bindings in a launch"))?,
+            );
+            for r in l.bindings {
+                let (addr, dev) = resolve(&st.allocs, r)?;
+                sc.bound.push(Bound {
+                    addr,
+                    bytes: r.bytes,
+                });
+                sc.devs.push(dev);
             }
         }
-        for (d, &n) in p.event_count.iter().enumerate() {
-            let dev = &mut st.devices[d];
-            while dev.events.len() < n {
+        Self::refresh_sm_ok(st);
+        if let Some(i) = st.schedules.find(launches)
+            && Self::matches(st, i, launches)
+        {
+            let c = &mut st.schedules;
+            c.clock += 1;
+            c.kept[i].used = c.clock;
+            return Ok(c.kept[i].schedule.clone());
+        }
+        self.build(st, launches)
+    }
+
+    /// Whether kept schedule `i` (of these programs) is the one `build` would make now.
+    fn matches(st: &State, i: usize, launches: &[Launch<'_>]) -> bool {
+        let k = &st.schedules.kept[i];
+        let sc = &st.scratch;
+        if k.binding_dev != sc.devs || k.sm_ok != sc.sm_ok {
+            return false;
+        }
+        let fits = launches.iter().zip(&sc.bases).all(|(l, &b)| {
+            let b = b as usize;
+            sc.bound
+                .get(b..b + l.bindings.len())
+                .is_some_and(|bound| validate::bindings_fit(l.program, bound))
+        });
+        if !fits {
+            return false;
+        }
+        let mut kept = k.facts.iter();
+        let addr = |b: u32| sc.bound.get(b as usize).map_or(0, |x| x.addr);
+        let programs = launches.iter().map(|l| l.program);
+        schedule::facts(programs, &sc.bases, &addr, &mut |f| kept.next() == Some(&f))
+            && kept.next().is_none()
+    }
+
+    /// The full path: validate every program, load the kernels copies may use, read the
+    /// facts, build the schedule and keep it.
+    fn build(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<Schedule>> {
+        for (pi, l) in launches.iter().enumerate() {
+            let b = st.scratch.bases[pi] as usize;
+            let bound = &st.scratch.bound[b..b + l.bindings.len()];
+            validate::resolve("cuda", pi, l, bound)?;
+        }
+        let programs: Vec<&Program> = launches.iter().map(|l| l.program).collect();
+        if wants_sm_copies(&programs, st.sm_copy_below) {
+            for p in &programs {
+                for loc in &p.lanes {
+                    let d = self.lane_dev(*loc)?;
+                    if matches!(st.devices[d].kernels, KernelState::NotTried) {
+                        // A failure leaves the device's copies on copy engines.
+                        let _ = self.kernels(st, d);
+                    }
+                }
+            }
+            Self::refresh_sm_ok(st);
+        }
+        let sc = &st.scratch;
+        let mut facts = Vec::new();
+        let addr = |b: u32| sc.bound.get(b as usize).map_or(0, |x| x.addr);
+        schedule::facts(programs.iter().copied(), &sc.bases, &addr, &mut |f| {
+            facts.push(f);
+            true
+        });
+        let lane_dev = |loc| self.lane_dev(loc);
+        let reaches = |a: usize, b: usize| self.reach[a][b];
+        let place = Placement {
+            lane_dev: &lane_dev,
+            binding_dev: &sc.devs,
+            reaches: &reaches,
+            sm_ok: &sc.sm_ok,
+            sm_copy_below: st.sm_copy_below,
+            devices: st.devices.len(),
+        };
+        let schedule = Arc::new(schedule::build(&programs, &sc.bases, &place, &facts)?);
+        let kept = Kept {
+            programs: programs.iter().map(|p| (*p).clone()).collect(),
+            binding_dev: sc.devs.clone(),
+            sm_ok: sc.sm_ok.clone(),
+            facts,
+            schedule: schedule.clone(),
+            used: st.schedules.clock + 1,
+        };
+        st.schedules.clock += 1;
+        st.schedules.insert(kept);
+        Ok(schedule)
+    }
+
+    /// Per device: copies may run on its SMs (a threshold above 0 and its kernels loaded).
+    fn refresh_sm_ok(st: &mut State) {
+        let on = st.sm_copy_below > 0;
+        st.scratch.sm_ok.clear();
+        st.scratch.sm_ok.extend(
+            st.devices
+                .iter()
+                .map(|d| on && matches!(d.kernels, KernelState::Loaded(_))),
+        );
+    }
+
+    /// The kernels of device `d`: loaded (NVRTC or precompiled PTX) and every function handle
+    /// resolved on first use, kept after.
+    pub(super) fn kernels(&self, st: &mut State, d: usize) -> Result<Arc<Kernels>> {
+        if let KernelState::Loaded(k) = &st.devices[d].kernels {
+            return Ok(k.clone());
+        }
+        let loaded = self.load_kernels(st, d);
+        st.devices[d].kernels = match &loaded {
+            Ok(k) => KernelState::Loaded(k.clone()),
+            Err(_) => KernelState::Failed,
+        };
+        loaded
+    }
+
+    fn load_kernels(&self, st: &State, d: usize) -> Result<Arc<Kernels>> {
+        let ptx = self.kernels.ptx(st.devices[d].arch)?;
+        let module = st.devices[d]
+            .ctx
+            .load_module(Ptx::from_src(ptx.ptx.clone()))
+            .map_err(drv("cuModuleLoadData"))?;
+        let function = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(drv("cuModuleGetFunction"))
+        };
+        let forward = function(FORWARD_ENTRY)?;
+        let reduce = REDUCE_ENTRIES
+            .iter()
+            .map(|e| function(e))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(Kernels {
+            _module: module,
+            forward,
+            reduce,
+        }))
+    }
+
+    /// Create the streams, tail events, program events and join event the schedule needs
+    /// that the pools lack.
+    fn reserve(st: &mut State, s: &Schedule) -> Result<()> {
+        for (d, dev) in st.devices.iter_mut().enumerate() {
+            while dev.streams.len() < s.streams_per_device[d] {
+                dev.streams
+                    .push(dev.ctx.new_stream().map_err(drv("cuStreamCreate"))?);
+                dev.tails
+                    .push(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+            }
+            while dev.events.len() < s.events_per_device[d] {
                 dev.events
                     .push(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
             }
         }
-        if let Some(&(d, _)) = p.used.first() {
+        if let Some(&(_, (d, _))) = s.frame_at.first() {
             let dev = &mut st.devices[d];
             if dev.join.is_none() {
                 dev.join = Some(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
@@ -290,250 +395,299 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Make every stream of the launch wait for the previous launch's tails.
-    ///
-    /// The first stream waits for every tail and records the device's join event, which the
-    /// other streams wait for: `last + used` driver calls instead of `last x used`, which at a
-    /// hundred lanes (an NVLS plan on 8 GPUs uses 136) cost more than the collective itself.
-    fn order_after_previous(st: &State, used: &[OnDevice]) -> Result<()> {
-        let Some((&hub, others)) = used.split_first() else {
-            return Ok(());
-        };
-        if st.last.is_empty() {
-            return Ok(());
-        }
-        let hub_stream = &st.devices[hub.0].streams[hub.1];
-        for &(ld, lk) in &st.last {
-            if (ld, lk) != hub {
-                hub_stream
-                    .wait(&st.devices[ld].tails[lk])
-                    .map_err(drv("cuStreamWaitEvent"))?;
+    /// The callers' devices and fork events: pooled events of the caller's device, or, for a
+    /// caller whose context is none of the backend's, an event made for this call (returned,
+    /// kept alive until the launch is enqueued).
+    fn forks(&self, st: &mut State, callers: &[&CudaStream]) -> Result<Vec<CudaEvent>> {
+        let n = st.devices.len();
+        let mut extra = Vec::new();
+        st.scratch.callers.clear();
+        st.scratch.forks.clear();
+        for (i, c) in callers.iter().enumerate() {
+            let ctx = c.context().cu_ctx();
+            match st.devices.iter().position(|d| d.ctx.cu_ctx() == ctx) {
+                Some(d) => {
+                    // The caller's fork is the next pooled event of its device.
+                    let k = st.scratch.callers.iter().filter(|&&c| c == d).count();
+                    let dev = &mut st.devices[d];
+                    if dev.forks.len() <= k {
+                        dev.forks
+                            .push(dev.ctx.new_event(None).map_err(drv("cuEventCreate"))?);
+                    }
+                    st.scratch.callers.push(d);
+                    st.scratch.forks.push(Some((d, k)));
+                }
+                None => {
+                    extra.push(c.context().new_event(None).map_err(drv("cuEventCreate"))?);
+                    st.scratch.callers.push(n + i);
+                    st.scratch.forks.push(None);
+                }
             }
         }
-        if others.is_empty() {
-            return Ok(());
-        }
-        let join = st.devices[hub.0]
-            .join
-            .as_ref()
-            .ok_or_else(|| err("join event not reserved"))?;
-        join.record(hub_stream).map_err(drv("cuEventRecord"))?;
-        for &(d, k) in others {
-            st.devices[d].streams[k]
-                .wait(join)
-                .map_err(drv("cuStreamWaitEvent"))?;
-        }
-        Ok(())
+        Ok(extra)
     }
 
-    /// Record the tail event of every stream the launch used.
-    fn record_tails(st: &mut State, used: &[OnDevice]) -> Result<()> {
-        for &(d, k) in used {
-            let s = st.devices[d].streams[k].clone();
-            st.devices[d].tails[k]
-                .record(&s)
+    /// Record the tail event of every stream in `streams` (after a failed launch).
+    fn record_tails(st: &State, streams: &[OnDevice]) -> Result<()> {
+        for &(d, k) in streams {
+            let dev = &st.devices[d];
+            dev.tails[k]
+                .record(&dev.streams[k])
                 .map_err(drv("cuEventRecord"))?;
         }
         Ok(())
     }
 
-    fn enqueue(
+    /// Make one driver call of [`walk`].
+    ///
+    /// # Safety
+    ///
+    /// `s` is the schedule of a launch that passed the shared validation with the bindings in
+    /// `st.scratch`, reserved (`reserve`, `forks`), whose memory no other work races.
+    unsafe fn call(
         &self,
-        st: &mut State,
-        p: &Prepared,
-        funcs: &HashMap<OnDevice, Funcs>,
-    ) -> Result<()> {
-        for (i, t) in p.tasks.iter().enumerate() {
-            match *t {
-                Task::Copy { .. } => Self::enqueue_copy(st, t)?,
-                Task::Reduce { stream, .. } => {
-                    let pi = p.task_prog[i];
-                    let f = funcs.get(&(stream.0, pi)).map(|f| &f.reduce);
-                    Self::enqueue_reduce(st, t, &p.srcs, p.kinds[pi], f)?;
-                }
-                Task::Record {
-                    stream: (d, k),
-                    event: (ed, ek),
-                } => {
-                    let s = st.devices[d].streams[k].clone();
-                    st.devices[ed].events[ek]
-                        .record(&s)
-                        .map_err(drv("cuEventRecord"))?;
-                }
-                Task::Wait {
-                    stream: (d, k),
-                    event: (ed, ek),
-                } => {
-                    let s = st.devices[d].streams[k].clone();
-                    s.wait(&st.devices[ed].events[ek])
-                        .map_err(drv("cuStreamWaitEvent"))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Enqueue a copy on its stream: a peer copy between two GPUs, one call otherwise.
-    fn enqueue_copy(st: &State, t: &Task) -> Result<()> {
-        let Task::Copy {
-            stream: (d, k),
-            src,
-            src_dev,
-            dst,
-            dst_dev,
-            bytes,
-        } = *t
-        else {
-            return Err(err("not a copy"));
-        };
-        if bytes == 0 || src == dst {
-            return Ok(());
-        }
-        let dev = &st.devices[d];
-        let s = dev.streams[k].cu_stream();
-        dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        // Partly overlapping ranges (legal in the protocol, undefined for
-        // cuMemcpy) are copied in chunks of the distance between them, in the
-        // direction that never overwrites unread bytes; the stream runs them in
-        // order.
-        let dist = src.abs_diff(dst);
-        let chunks: Vec<(u64, u64, u64)> = if dist >= bytes {
-            vec![(src, dst, bytes)]
-        } else {
-            let n = bytes.div_ceil(dist);
-            let mut v: Vec<(u64, u64, u64)> = (0..n)
-                .map(|c| {
-                    let off = c * dist;
-                    (src + off, dst + off, dist.min(bytes - off))
-                })
-                .collect();
-            if dst > src {
-                v.reverse();
-            }
-            v
-        };
-        for (cs, cd, cb) in chunks {
-            let r = match (src_dev, dst_dev) {
-                (Some(a), Some(b)) if a != b => {
-                    // SAFETY: both ranges were checked inside live allocations of
-                    // these devices, which `free` cannot release before this
-                    // launch ends; the caller of `submit` promised no concurrent writer.
-                    unsafe {
-                        sys::cuMemcpyPeerAsync(
-                            cd,
-                            st.devices[b].ctx.cu_ctx(),
-                            cs,
-                            st.devices[a].ctx.cu_ctx(),
-                            cb as usize,
-                            s,
-                        )
-                    }
-                }
-                // SAFETY: as above; unified addressing lets one call serve
-                // device-to-device on one GPU and any copy with pinned host memory.
-                _ => unsafe { sys::cuMemcpyAsync(cd, cs, cb as usize, s) },
-            };
-            r.result().map_err(drv("cuMemcpyAsync"))?;
-        }
-        Ok(())
-    }
-
-    /// Enqueue a reduction on its stream: a chain of binary kernels, or a copy for one source.
-    fn enqueue_reduce(
         st: &State,
-        t: &Task,
-        srcs: &[u64],
-        kind: (DType, ReduceOp),
-        f: Option<&CudaFunction>,
+        s: &Schedule,
+        c: Call<'_>,
+        callers: &[&CudaStream],
+        extra: &[CudaEvent],
     ) -> Result<()> {
-        let Task::Reduce {
-            stream: (d, k),
-            first,
-            count,
-            dst,
-            len,
-            divisor,
-        } = *t
-        else {
-            return Err(err("not a reduction"));
-        };
-        if len == 0 {
-            return Ok(());
-        }
-        let (dt, op) = kind;
-        let dev = &st.devices[d];
-        let stream = &dev.streams[k];
-        let shape = LaunchShape::for_items(len, dev.sms.saturating_mul(4));
-        let cfg = LaunchConfig {
-            grid_dim: (shape.blocks, 1, 1),
-            block_dim: (shape.threads_per_block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let s = srcs
-            .get(first..first + count)
-            .ok_or_else(|| err("reduce sources out of range"))?;
-        // Binary kernels: start from the destination when it is a source (so it
-        // is read before it is overwritten), then fold the others in.
-        let mut order: Vec<u64> = Vec::with_capacity(count + 1);
-        if let Some(j) = s.iter().position(|&a| a == dst) {
-            order.push(s[j]);
-            order.extend(
-                s.iter()
-                    .enumerate()
-                    .filter(|(i, _)| *i != j)
-                    .map(|(_, &a)| a),
-            );
-        } else {
-            order.extend_from_slice(s);
-        }
-        // One source: combine it with itself at half scale (avg), or copy it.
-        let steps: Vec<(u64, u64)> = if order.len() == 1 {
-            if divisor.is_none() {
-                if order[0] != dst {
-                    dev.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-                    // SAFETY: both ranges were checked inside live allocations.
-                    unsafe {
-                        sys::cuMemcpyAsync(
-                            dst,
-                            order[0],
-                            (len * dt.size()) as usize,
-                            stream.cu_stream(),
-                        )
-                    }
-                    .result()
-                    .map_err(drv("cuMemcpyAsync"))?;
+        let n = st.devices.len();
+        let stream = |(d, k): OnDevice| st.devices[d].streams[k].cu_stream();
+        let tail = |(d, k): OnDevice| st.devices[d].tails[k].cu_event();
+        let fork = |i: usize| -> Result<sys::CUevent> {
+            match st.scratch.forks.get(i).copied().flatten() {
+                Some((d, k)) => Ok(st.devices[d].forks[k].cu_event()),
+                None => {
+                    let j = st.scratch.forks[..i].iter().filter(|f| f.is_none()).count();
+                    extra
+                        .get(j)
+                        .map(CudaEvent::cu_event)
+                        .ok_or_else(|| err("no fork event for a caller"))
                 }
-                return Ok(());
             }
-            vec![(order[0], order[0])]
-        } else {
-            let mut v = vec![(order[0], order[1])];
-            v.extend(order[2..].iter().map(|&b| (dst, b)));
-            v
         };
-        let f = f.ok_or_else(|| err("reduction kernel not loaded"))?;
-        let nsteps = steps.len();
-        for (si, (a, b)) in steps.into_iter().enumerate() {
-            let last = si + 1 == nsteps;
-            let mut scale = 1.0f64;
-            if last && let Some(n) = divisor {
-                scale = 1.0 / f64::from(n.max(1));
+        let join = |d: usize| -> Result<sys::CUevent> {
+            st.devices[d]
+                .join
+                .as_ref()
+                .map(CudaEvent::cu_event)
+                .ok_or_else(|| err("join event not reserved"))
+        };
+        // SAFETY: every handle below is live (the pools only grow, and callers' streams
+        // outlive the call); the function's contract covers the memory.
+        let r = unsafe {
+            match c {
+                Call::Bind(d) => {
+                    let ctx = match d.checked_sub(n) {
+                        None => st.devices[d].ctx.cu_ctx(),
+                        Some(i) => callers[i].context().cu_ctx(),
+                    };
+                    return sys::cuCtxSetCurrent(ctx)
+                        .result()
+                        .map_err(drv("cuCtxSetCurrent"));
+                }
+                Call::Step(step) => return self.step(st, s, step),
+                Call::RecordFork { caller, fork: f } => {
+                    sys::cuEventRecord(fork(f)?, callers[caller].cu_stream())
+                }
+                Call::WaitTail {
+                    stream: on,
+                    tail: t,
+                } => sys::cuStreamWaitEvent(stream(on), tail(t), 0),
+                Call::WaitFork {
+                    stream: on,
+                    fork: f,
+                } => sys::cuStreamWaitEvent(stream(on), fork(f)?, 0),
+                Call::RecordJoin { stream: on } => sys::cuEventRecord(join(on.0)?, stream(on)),
+                Call::WaitJoin { stream: on, hub } => {
+                    sys::cuStreamWaitEvent(stream(on), join(hub)?, 0)
+                }
+                Call::RecordTail { stream: on } => sys::cuEventRecord(tail(on), stream(on)),
+                Call::CallerWait { caller, tail: t } => {
+                    sys::cuStreamWaitEvent(callers[caller].cu_stream(), tail(t), 0)
+                }
             }
-            if order.len() == 1 {
-                scale *= 0.5;
+        };
+        let name = match c {
+            Call::RecordFork { .. } | Call::RecordJoin { .. } | Call::RecordTail { .. } => {
+                "cuEventRecord"
             }
-            let mut builder = stream.launch_builder(f);
-            builder.arg(&dst).arg(&a).arg(&b).arg(&len);
-            if op == ReduceOp::Avg {
-                builder.arg(&scale);
-            }
-            // SAFETY: the kernel's signature is (dst, a, b, n[, scale]) with
-            // device pointers as 64-bit values; every range holds `len` elements
-            // of the program's type inside live allocations (checked), `dst`
-            // equals or avoids each source (checked), and the caller of `submit`
-            // promised no concurrent writer.
-            unsafe { builder.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
-        }
-        Ok(())
+            _ => "cuStreamWaitEvent",
+        };
+        r.result().map_err(drv(name))
     }
+
+    /// Make one step's driver call with this call's addresses.
+    ///
+    /// # Safety
+    ///
+    /// As [`CudaBackend::call`].
+    unsafe fn step(&self, st: &State, s: &Schedule, step: &Step) -> Result<()> {
+        let bound = &st.scratch.bound;
+        let at = |a: At| -> Result<u64> {
+            bound
+                .get(a.binding as usize)
+                .map(|b| b.addr + a.offset)
+                .ok_or_else(|| err("schedule names a binding the launch lacks"))
+        };
+        let on = |(d, k): OnDevice| st.devices[d].streams[k].cu_stream();
+        let kernels = |d: usize| -> Result<&Kernels> {
+            match &st.devices[d].kernels {
+                KernelState::Loaded(k) => Ok(k),
+                _ => Err(err("kernels not loaded")),
+            }
+        };
+        let max_blocks = |d: usize| st.devices[d].sms.saturating_mul(BLOCKS_PER_SM);
+        match *step {
+            Step::Copy {
+                stream,
+                src,
+                dst,
+                bytes,
+                by,
+            } => {
+                let (a, b) = (at(src)?, at(dst)?);
+                let size = usize::try_from(bytes).map_err(|_| err("copy size does not fit"))?;
+                // SAFETY: both ranges lie inside live allocations (validated), which `free`
+                // releases only after this launch; the caller of `submit` promised no
+                // concurrent writer. Unified addressing serves device-to-device on one GPU and
+                // every copy with pinned host memory.
+                let r = unsafe {
+                    match by {
+                        CopyBy::Engine => sys::cuMemcpyAsync(b, a, size, on(stream)),
+                        CopyBy::Peer { src: sd, dst: dd } => sys::cuMemcpyPeerAsync(
+                            b,
+                            st.devices[dd].ctx.cu_ctx(),
+                            a,
+                            st.devices[sd].ctx.cu_ctx(),
+                            size,
+                            on(stream),
+                        ),
+                        CopyBy::Sm => {
+                            let f = kernels(stream.0)?.forward.cu_function();
+                            let shape = LaunchShape::for_bytes(bytes, max_blocks(stream.0));
+                            let mut params: [*mut c_void; 3] = [
+                                (&b as *const u64).cast_mut().cast(),
+                                (&a as *const u64).cast_mut().cast(),
+                                (&bytes as *const u64).cast_mut().cast(),
+                            ];
+                            // SAFETY: relaycc_forward(void* dst, const void* src, u64 bytes):
+                            // three 64-bit values, read by the driver before the call returns;
+                            // the schedule sends only copies between device memories the
+                            // stream's GPU reaches here.
+                            launch(f, shape, on(stream), &mut params)
+                        }
+                    }
+                };
+                let name = match by {
+                    CopyBy::Engine => "cuMemcpyAsync",
+                    CopyBy::Peer { .. } => "cuMemcpyPeerAsync",
+                    CopyBy::Sm => "cuLaunchKernel",
+                };
+                r.result().map_err(drv(name))
+            }
+            Step::Reduce {
+                stream,
+                entry,
+                operands,
+                nsrcs,
+                ndsts,
+                len,
+                bytes,
+                divisor,
+            } => {
+                let (ns, nd) = (usize::from(nsrcs), usize::from(ndsts));
+                let ops = s
+                    .operands
+                    .get(operands as usize..operands as usize + ns + nd)
+                    .filter(|_| (1..=MAX_REDUCE_SRCS).contains(&ns))
+                    .filter(|_| (1..=MAX_REDUCE_DSTS).contains(&nd))
+                    .ok_or_else(|| err("schedule: reduce operands out of range"))?;
+                let mut args = ReduceArgs {
+                    n: len,
+                    nsrcs: u32::from(nsrcs),
+                    ndsts: u32::from(ndsts),
+                    divisor,
+                    ..ReduceArgs::default()
+                };
+                for (slot, &a) in args.srcs.iter_mut().zip(&ops[..ns]) {
+                    *slot = at(a)?;
+                }
+                for (slot, &a) in args.dsts.iter_mut().zip(&ops[ns..]) {
+                    *slot = at(a)?;
+                }
+                let f = kernels(stream.0)?
+                    .reduce
+                    .get(usize::from(entry))
+                    .ok_or_else(|| err("schedule: no such reduce kernel"))?
+                    .cu_function();
+                let shape = LaunchShape::for_bytes(bytes, max_blocks(stream.0));
+                let mut params: [*mut c_void; 1] = [(&mut args as *mut ReduceArgs).cast()];
+                // SAFETY: every reduce kernel takes one RelayccReduceArgs by value, whose
+                // layout ReduceArgs mirrors (checked against the PTX when it was loaded); the
+                // driver copies it before the call returns. Every operand holds `len` elements
+                // of the program's type inside live allocations (validated), each destination
+                // equals or avoids each source and the destinations are apart (the facts).
+                unsafe { launch(f, shape, on(stream), &mut params) }
+                    .result()
+                    .map_err(drv("cuLaunchKernel"))
+            }
+            Step::Record { stream, event } => {
+                let e = st.devices[event.0].events[event.1].cu_event();
+                // SAFETY: a live event and stream of this backend.
+                unsafe { sys::cuEventRecord(e, on(stream)) }
+                    .result()
+                    .map_err(drv("cuEventRecord"))
+            }
+            Step::Wait { stream, event } => {
+                let e = st.devices[event.0].events[event.1].cu_event();
+                // SAFETY: as above; the record was enqueued before (schedule order).
+                unsafe { sys::cuStreamWaitEvent(on(stream), e, 0) }
+                    .result()
+                    .map_err(drv("cuStreamWaitEvent"))
+            }
+        }
+    }
+}
+
+/// `cuLaunchKernel` of `f` in `shape` on `stream`.
+///
+/// # Safety
+///
+/// `params` point at values matching `f`'s parameters, and the kernel's memory accesses are
+/// the caller's to vouch for.
+unsafe fn launch(
+    f: sys::CUfunction,
+    shape: LaunchShape,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> sys::CUresult {
+    // SAFETY: the caller's contract.
+    unsafe {
+        sys::cuLaunchKernel(
+            f,
+            shape.blocks,
+            1,
+            1,
+            shape.threads_per_block,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// Whether a launch has a copy (or a one-source reduction) small enough to run on SMs.
+fn wants_sm_copies(programs: &[&Program], below: u64) -> bool {
+    programs.iter().any(|p| {
+        p.commands.iter().any(|c| match c {
+            Command::Copy { src, .. } => src.bytes > 0 && src.bytes < below,
+            Command::Reduce { count: 1, dst, .. } => dst.bytes > 0 && dst.bytes < below,
+            _ => false,
+        })
+    })
 }

@@ -1,5 +1,7 @@
-//! Link measurements for `relaycc calibrate`: peer copy bandwidth and latency between two
-//! GPUs, and pinned host-to-device / device-to-host rates, timed with CUDA events.
+//! Measurements for `relaycc calibrate`, timed with CUDA events: peer copy bandwidth and
+//! latency between two GPUs, pinned host-to-device / device-to-host rates, and on one GPU the
+//! rates of its three ways to move device memory: a copy-engine copy, the forward kernel (a
+//! copy on SMs) and the reduce kernel.
 
 use std::sync::Arc;
 
@@ -7,7 +9,11 @@ use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
-use super::{CudaError, devices};
+use super::CudaError;
+use super::{
+    BLOCKS_PER_SM, CacheConfig, FORWARD_ENTRY, KernelCache, LaunchShape, ReduceArgs, devices,
+    reduce_entry,
+};
 
 /// A measured direction of a link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,6 +155,128 @@ pub fn measure_host(
     out
 }
 
+/// One GPU's device-memory rates: bytes read plus written per second (a copy of `b` bytes
+/// moves `2b`, a two-source reduction `3b`), and the time of one small operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceRates {
+    /// `cuMemcpyAsync` device to device on the GPU (its copy engines).
+    pub copy_engine: LinkRate,
+    /// The forward kernel (relaycc's copies below the SM-copy threshold).
+    pub sm_copy: LinkRate,
+    /// The reduce kernel, two f32 sources summed into one destination.
+    pub reduce: LinkRate,
+}
+
+/// GPU `dev`'s device-memory rates ([`DeviceRates`]) on buffers of `bytes` bytes, `reps`
+/// times each, and 8-byte operations for the latencies. The kernels come from the kernel cache
+/// (NVRTC, or `RELAYCC_PTX_DIR`), so this needs one of them as the backend does.
+pub fn measure_device(dev: usize, bytes: usize, reps: u32) -> Result<DeviceRates, CudaError> {
+    let info = devices()?
+        .into_iter()
+        .nth(dev)
+        .ok_or_else(|| CudaError::Driver {
+            call: "cuDeviceGet",
+            status: format!("CUDA device {dev} does not exist"),
+        })?;
+    let ptx = KernelCache::new(CacheConfig::from_env()).ptx(info.arch()?)?;
+    let ctx = context(dev)?;
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone()))
+        .map_err(drv("cuModuleLoadData"))?;
+    let forward = module
+        .load_function(FORWARD_ENTRY)
+        .map_err(drv("cuModuleGetFunction"))?;
+    let reduce = module
+        .load_function(reduce_entry(
+            relaycc_route::DType::F32,
+            relaycc_route::ReduceOp::Sum,
+        )?)
+        .map_err(drv("cuModuleGetFunction"))?;
+    let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+    let bytes = bytes.max(8) / 4 * 4;
+    let buf = || stream.alloc_zeros::<u8>(bytes).map_err(drv("cuMemAlloc"));
+    let (a, b, out) = (buf()?, buf()?, buf()?);
+    let ptr =
+        |s: &cudarc::driver::CudaSlice<u8>| cudarc::driver::DevicePtr::device_ptr(s, &stream).0;
+    let (pa, pb, po) = (ptr(&a), ptr(&b), ptr(&out));
+    let max_blocks = info.multiprocessor_count.saturating_mul(BLOCKS_PER_SM);
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let launch =
+        |f: &cudarc::driver::CudaFunction, n: u64, params: &mut [*mut std::ffi::c_void]| {
+            let shape = LaunchShape::for_bytes(n, max_blocks);
+            // SAFETY: `params` match the kernel's parameters (set by the callers below) and every
+            // pointer addresses at least `n` bytes of this device's memory, alive until the
+            // stream is synchronized inside `time`.
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.cu_function(),
+                    shape.blocks,
+                    1,
+                    1,
+                    shape.threads_per_block,
+                    1,
+                    1,
+                    0,
+                    stream.cu_stream(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+            .map_err(drv("cuLaunchKernel"))
+        };
+    let copy = |n: usize| {
+        // SAFETY: both buffers hold at least `n` bytes of this device.
+        unsafe { sys::cuMemcpyAsync(po, pa, n, stream.cu_stream()) }
+            .result()
+            .map_err(drv("cuMemcpyAsync"))
+    };
+    let sm_copy = |n: usize| {
+        let len = n as u64;
+        let mut params: [*mut std::ffi::c_void; 3] = [
+            (&po as *const u64).cast_mut().cast(),
+            (&pa as *const u64).cast_mut().cast(),
+            (&len as *const u64).cast_mut().cast(),
+        ];
+        launch(&forward, len, &mut params)
+    };
+    let reduce_two = |n: usize| {
+        let mut args = ReduceArgs {
+            n: (n / 4) as u64,
+            nsrcs: 2,
+            ndsts: 1,
+            ..ReduceArgs::default()
+        };
+        args.srcs[..2].copy_from_slice(&[pa, pb]);
+        args.dsts[0] = po;
+        let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut ReduceArgs).cast()];
+        launch(&reduce, n as u64, &mut params)
+    };
+    let rate = |moved: usize, ms: f64, lat_ms: f64| LinkRate {
+        gbps: moved as f64 / (ms * 1e-3) / 1e9,
+        latency_us: lat_ms * 1e3,
+    };
+    let out_rates = DeviceRates {
+        copy_engine: rate(
+            2 * bytes,
+            time(&stream, reps, || copy(bytes))?,
+            time(&stream, LATENCY_REPS, || copy(8))?,
+        ),
+        sm_copy: rate(
+            2 * bytes,
+            time(&stream, reps, || sm_copy(bytes))?,
+            time(&stream, LATENCY_REPS, || sm_copy(8))?,
+        ),
+        reduce: rate(
+            3 * bytes,
+            time(&stream, reps, || reduce_two(bytes))?,
+            time(&stream, LATENCY_REPS, || reduce_two(8))?,
+        ),
+    };
+    stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
+    Ok(out_rates)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,7 +285,8 @@ mod tests {
     fn without_a_driver_measurements_give_no_driver() {
         if let Err(probe) = super::super::driver() {
             assert_eq!(measure_p2p(0, 1, 1 << 20, 2), Err(probe.clone()));
-            assert_eq!(measure_host(0, 1 << 20, 2).map(|_| ()), Err(probe));
+            assert_eq!(measure_host(0, 1 << 20, 2).map(|_| ()), Err(probe.clone()));
+            assert_eq!(measure_device(0, 1 << 20, 2).map(|_| ()), Err(probe));
         }
     }
 }

@@ -5,7 +5,8 @@
 //! | which GPUs exist, their architecture, who can reach whom | [`devices`], [`DeviceInfo`] |
 //! | is a driver / NVRTC present at all | [`driver`], [`nvrtc()`] |
 //! | the kernels' PTX for a GPU (cached in memory and on disk, or precompiled) | [`KernelCache`] |
-//! | the entry point for a type and operator | [`reduce_entry`], [`FORWARD_ENTRY`] |
+//! | the entry point for a type and operator, the reduce kernels' argument | [`reduce_entry`], [`FORWARD_ENTRY`], [`ReduceArgs`] |
+//! | the driver calls the CUDA backend makes for a program, counted without a GPU | [`driver_calls`] |
 //! | compile once, no cache (what `scripts/check-kernels` checks) | [`compile_ptx`] |
 //! | NCCL on the same GPUs, for comparisons (`relaycc bench --vs-nccl`) | [`nccl::NcclComms`], [`nccl::nccl`] |
 //!
@@ -19,24 +20,32 @@
 
 mod backend;
 mod cache;
+mod calls;
 mod driver;
 mod error;
 mod kernel_sources;
 mod launch;
 mod libs;
 pub mod measure;
+mod memory;
 pub mod nccl;
 mod nvrtc;
+mod schedule;
 
 #[cfg(test)]
 mod gpu_tests;
+#[cfg(test)]
+mod schedule_tests;
 
 pub use backend::{CUDA_OP_ISSUE_US, CudaBackend, Rejected};
 pub use cache::{CacheConfig, KernelCache, KernelPtx, PtxOrigin, ptx_file_name};
+pub use calls::{CallCountSetup, DriverCalls, driver_calls};
 pub use driver::{DeviceInfo, DriverInfo, devices, driver};
 pub use error::CudaError;
 pub use kernel_sources::{
-    FORWARD_ENTRY, ITEMS_PER_THREAD, LaunchShape, REDUCE_COPY_ENTRIES, REDUCE_ENTRIES, SOURCES,
-    THREADS_PER_BLOCK, expected_entries, kernel_source, missing_entries, ptx_entries, reduce_entry,
+    BLOCKS_PER_SM, BYTES_PER_THREAD_STEP, FORWARD_ENTRY, LaunchShape, MAX_REDUCE_DSTS,
+    MAX_REDUCE_SRCS, REDUCE_ARGS_BYTES, REDUCE_ENTRIES, ReduceArgs, SOURCES, THREADS_PER_BLOCK,
+    entry_params, expected_entries, kernel_source, missing_entries, ptx_entries, reduce_entry,
+    stale_entries,
 };
 pub use nvrtc::{Arch, COMPILE_OPTIONS, NvrtcInfo, check_entries, compile_ptx, nvrtc};

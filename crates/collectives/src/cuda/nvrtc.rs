@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use cudarc::nvrtc::{result, sys};
 
 use super::CudaError;
-use super::kernel_sources::{kernel_source, missing_entries};
+use super::kernel_sources::{kernel_source, missing_entries, stale_entries};
 use super::libs::{self, Found, LibKind, LibSpec};
 
 /// The NVRTC functions relaycc calls through cudarc; the probe checks each one resolves, since
@@ -243,18 +243,26 @@ pub fn compile_ptx(arch: Arch) -> Result<String, CudaError> {
     Ok(ptx)
 }
 
-/// Checks that `ptx` defines every expected entry point; `origin` names where it came from.
+/// Checks that `ptx` defines every expected entry point, each with the parameters this
+/// library launches it with; `origin` names where it came from.
 pub fn check_entries(ptx: &str, arch: Arch, origin: &str) -> Result<(), CudaError> {
     let missing = missing_entries(ptx);
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(CudaError::MissingEntryPoints {
+    if !missing.is_empty() {
+        return Err(CudaError::MissingEntryPoints {
             origin: origin.to_owned(),
             arch: arch.compute_name(),
             missing,
-        })
+        });
     }
+    let stale = stale_entries(ptx);
+    if !stale.is_empty() {
+        return Err(CudaError::StaleEntryPoints {
+            origin: origin.to_owned(),
+            arch: arch.compute_name(),
+            stale,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -316,7 +324,7 @@ mod tests {
         };
         assert_eq!(
             (origin.as_str(), arch.as_str(), missing.len()),
-            ("test", "compute_90", 88)
+            ("test", "compute_90", 44)
         );
     }
 }

@@ -1,0 +1,490 @@
+//! Tests of the CUDA backend's schedules and driver-call counts, without a GPU: real plans
+//! lowered by the executor, and hand-built programs for each rule of `schedule.rs`.
+
+use relaycc_route::{Collective, DType, Location, ReduceOp, Request};
+
+use super::calls::{Around, DriverCalls, walk};
+use super::schedule::{self, CopyBy, Placement, Schedule, Step};
+use super::{CallCountSetup, driver_calls};
+use crate::backend::{Command, Program, Slot};
+use crate::exec;
+
+/// The program the communicator runs for an all_reduce of `bytes` of f32 on the GPUs of
+/// `topo`, planned as `CudaBackend` plans it (its issue cost), in place, with the location of
+/// each binding.
+fn all_reduce(topo: &str, bytes: u64) -> (Program, Vec<Location>) {
+    let t = relaycc_topo::load(topo).unwrap_or_else(|e| panic!("{e}"));
+    let n = t.gpu_count();
+    let req = Request::new(
+        Collective::AllReduce,
+        (0..n).collect(),
+        bytes / 4,
+        DType::F32,
+    )
+    .with_op(ReduceOp::Sum);
+    let plan = crate::plan_cache::make_plan(
+        &t,
+        &req,
+        &[],
+        true,
+        relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
+        super::CUDA_OP_ISSUE_US,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let exe = exec::compile(exec::check(plan, true).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gpus = &exe.plan().request.gpus;
+    let mut bindings: Vec<Location> = gpus.iter().map(|&g| Location::Gpu(g)).collect();
+    bindings.extend(gpus.iter().map(|&g| Location::Gpu(g)));
+    bindings.extend(exe.scratch().iter().map(|&(l, _)| l));
+    (exe.program().clone(), bindings)
+}
+
+fn count(topo: &str, map: &[usize], sm_copy_below: u64) -> DriverCalls {
+    let (program, bindings) = all_reduce(topo, 64 << 20);
+    driver_calls(
+        &program,
+        &CallCountSetup {
+            device_map: map,
+            bindings: &bindings,
+            sm_copy_below,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The driver calls of a 64 MiB all_reduce per call, recorded; a change that raises any of
+/// them fails here. On `dgx-h100` (8 GPUs, ring, 8 MiB chunks: 112 peer copies, 56 two-input
+/// reductions) and on 4 ranks sharing one GPU (`nvswitch-4` on device 0).
+#[test]
+fn driver_calls_of_a_64_mib_all_reduce_stay_within_the_recorded_figures() {
+    let dgx = count(
+        "dgx-h100",
+        &[0, 1, 2, 3, 4, 5, 6, 7],
+        relaycc_topo::rates::SM_COPY_BELOW_BYTES,
+    );
+    let shared = count(
+        "nvswitch-4",
+        &[0, 0, 0, 0],
+        relaycc_topo::rates::SM_COPY_BELOW_BYTES,
+    );
+    eprintln!("dgx-h100, 8 GPUs: {dgx}");
+    eprintln!("nvswitch-4 on one GPU: {shared}");
+    for (name, got, most) in [
+        ("dgx-h100", dgx, RECORDED_DGX),
+        ("nvswitch-4", shared, RECORDED_SHARED),
+    ] {
+        assert!(
+            got.total() <= most.total(),
+            "{name}: {got} (recorded {most})"
+        );
+        assert!(
+            got.context_binds <= most.context_binds,
+            "{name}: {got} (recorded {most})"
+        );
+        assert!(
+            got.stream_waits <= most.stream_waits,
+            "{name}: {got} (recorded {most})"
+        );
+        assert!(
+            got.event_records <= most.event_records,
+            "{name}: {got} (recorded {most})"
+        );
+        assert!(
+            got.reduce_kernels + got.sm_copies + got.copies
+                <= most.reduce_kernels + most.sm_copies + most.copies,
+            "{name}: {got} (recorded {most})"
+        );
+    }
+}
+
+/// Recorded by `driver_calls_of_a_64_mib_all_reduce_stay_within_the_recorded_figures`.
+const RECORDED_DGX: DriverCalls = DriverCalls {
+    copies: 112,
+    sm_copies: 0,
+    reduce_kernels: 56,
+    event_records: 169,
+    stream_waits: 278,
+    context_binds: 120,
+};
+/// Recorded as above, for `nvswitch-4` on one GPU.
+const RECORDED_SHARED: DriverCalls = DriverCalls {
+    copies: 24,
+    sm_copies: 24,
+    reduce_kernels: 12,
+    event_records: 61,
+    stream_waits: 166,
+    context_binds: 1,
+};
+
+fn slot(binding: u32, offset: u64, bytes: u64) -> Slot {
+    Slot {
+        binding,
+        offset,
+        bytes,
+    }
+}
+
+fn program(
+    lanes: Vec<Location>,
+    bindings: u32,
+    commands: Vec<Command>,
+    srcs: Vec<Slot>,
+) -> Program {
+    let events = commands
+        .iter()
+        .filter(|c| matches!(c, Command::Record { .. }))
+        .count() as u32;
+    Program {
+        lanes,
+        events,
+        dtype: DType::F32,
+        op: ReduceOp::Sum,
+        divisor: 4,
+        bindings,
+        commands,
+        srcs,
+    }
+}
+
+/// The schedule of `p` on one device per logical GPU, every binding `i` at `(i + 1) << 40`
+/// unless `addr` says otherwise, bindings on the GPUs `binding_dev` names.
+fn schedule_of(
+    p: &Program,
+    binding_dev: &[Option<usize>],
+    reaches: &dyn Fn(usize, usize) -> bool,
+    sm_copy_below: u64,
+    addr: &dyn Fn(u32) -> u64,
+) -> Schedule {
+    let mut facts = Vec::new();
+    schedule::facts([p], &[0], addr, &mut |f| {
+        facts.push(f);
+        true
+    });
+    let lane_dev = |l: Location| {
+        Ok(match l {
+            Location::Gpu(g) => g as usize,
+            Location::Host(_) => 0,
+        })
+    };
+    let sm_ok = vec![true; 4];
+    let place = Placement {
+        lane_dev: &lane_dev,
+        binding_dev,
+        reaches,
+        sm_ok: &sm_ok,
+        sm_copy_below,
+        devices: 4,
+    };
+    schedule::build(&[p], &[0], &place, &facts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn apart(b: u32) -> u64 {
+    u64::from(b + 1) << 40
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_reduction_is_one_launch_and_the_copies_of_its_result_fuse_into_it() {
+    // Lane 0: x = a + b + c; copy x -> y; copy x -> z; then a copy of something else.
+    let x = slot(3, 0, MIB);
+    let p = program(
+        vec![Location::Gpu(0)],
+        6,
+        vec![
+            Command::Reduce {
+                lane: 0,
+                first: 0,
+                count: 3,
+                dst: x,
+                divide: false,
+            },
+            Command::Copy {
+                lane: 0,
+                src: x,
+                dst: slot(4, 0, MIB),
+            },
+            Command::Copy {
+                lane: 0,
+                src: x,
+                dst: slot(5, 0, MIB),
+            },
+            Command::Copy {
+                lane: 0,
+                src: slot(0, 0, MIB),
+                dst: slot(5, MIB, MIB),
+            },
+        ],
+        vec![slot(0, 0, MIB), slot(1, 0, MIB), slot(2, 0, MIB)],
+    );
+    let devs = vec![Some(0); 6];
+    let s = schedule_of(&p, &devs, &|_, _| true, 0, &apart);
+    assert_eq!(s.steps.len(), 2, "{:?}", s.steps);
+    let Step::Reduce {
+        nsrcs,
+        ndsts,
+        operands,
+        ..
+    } = s.steps[0]
+    else {
+        panic!("{:?}", s.steps[0])
+    };
+    assert_eq!((nsrcs, ndsts), (3, 3));
+    let ops = &s.operands[operands as usize..operands as usize + 6];
+    assert_eq!(
+        ops[3..].iter().map(|a| a.binding).collect::<Vec<_>>(),
+        vec![3, 4, 5]
+    );
+    assert!(matches!(
+        s.steps[1],
+        Step::Copy {
+            by: CopyBy::Engine,
+            ..
+        }
+    ));
+
+    // A copy destination that overlaps a source stops the fusion there; so does memory the
+    // lane's GPU does not reach.
+    let overlapping = |b: u32| if b == 4 { apart(0) + 8 } else { apart(b) };
+    let s = schedule_of(&p, &devs, &|_, _| true, 0, &overlapping);
+    assert_eq!(s.steps.len(), 4, "{:?}", s.steps);
+    let elsewhere = vec![Some(0), Some(0), Some(0), Some(0), Some(1), Some(0)];
+    let s = schedule_of(&p, &elsewhere, &|a, b| a == b, 0, &apart);
+    assert!(matches!(s.steps[0], Step::Reduce { ndsts: 1, .. }));
+    assert_eq!(s.steps.len(), 4);
+}
+
+#[test]
+fn an_event_between_a_reduction_and_a_copy_keeps_them_apart() {
+    let x = slot(2, 0, MIB);
+    let p = program(
+        vec![Location::Gpu(0), Location::Gpu(0)],
+        4,
+        vec![
+            Command::Reduce {
+                lane: 0,
+                first: 0,
+                count: 2,
+                dst: x,
+                divide: true,
+            },
+            Command::Record { lane: 0, event: 0 },
+            Command::Copy {
+                lane: 0,
+                src: x,
+                dst: slot(3, 0, MIB),
+            },
+            Command::Wait { lane: 1, event: 0 },
+            Command::Copy {
+                lane: 1,
+                src: x,
+                dst: slot(0, 0, MIB),
+            },
+        ],
+        vec![slot(0, 0, MIB), slot(1, 0, MIB)],
+    );
+    let s = schedule_of(&p, &[Some(0); 4], &|_, _| true, u64::MAX, &apart);
+    assert!(matches!(
+        s.steps[0],
+        Step::Reduce {
+            ndsts: 1,
+            divisor: 0,
+            ..
+        }
+    ));
+    assert!(matches!(s.steps[2], Step::Copy { by: CopyBy::Sm, .. }));
+    // Lane 1 hears of lane 0 before it touches memory: only lane 0 is framed; lane 0's copy
+    // after its record is known to nobody, so both lanes are sinks.
+    assert_eq!(s.frame_at, vec![(0, (0, 0))]);
+    assert_eq!(s.sinks, vec![(0, 0), (0, 1)]);
+}
+
+#[test]
+fn sums_average_once_at_the_end_and_long_chains_read_the_destination_first() {
+    // 20 sources into the 18th: two launches, the 18th source in the first.
+    let srcs: Vec<Slot> = (0..20).map(|i| slot(i, 0, 4096)).collect();
+    let mut p = program(
+        vec![Location::Gpu(0)],
+        20,
+        vec![Command::Reduce {
+            lane: 0,
+            first: 0,
+            count: 20,
+            dst: slot(17, 0, 4096),
+            divide: true,
+        }],
+        srcs,
+    );
+    p.op = ReduceOp::Avg;
+    let s = schedule_of(&p, &[Some(0); 20], &|_, _| true, 0, &apart);
+    let steps: Vec<_> = s
+        .steps
+        .iter()
+        .map(|st| match *st {
+            Step::Reduce {
+                operands,
+                nsrcs,
+                ndsts,
+                divisor,
+                ..
+            } => (operands, nsrcs, ndsts, divisor),
+            _ => panic!("{st:?}"),
+        })
+        .collect();
+    assert_eq!(steps.len(), 2);
+    assert_eq!((steps[0].1, steps[0].2, steps[0].3), (16, 1, 0));
+    assert_eq!((steps[1].1, steps[1].2, steps[1].3), (5, 1, 4));
+    assert_eq!(s.operands[0].binding, 17, "the destination is read first");
+    // The second launch folds the partial result (the destination) with the last 4 sources.
+    let second: Vec<u32> = s.operands[steps[1].0 as usize..]
+        .iter()
+        .map(|a| a.binding)
+        .collect();
+    assert_eq!(second, vec![17, 15, 16, 18, 19, 17]);
+}
+
+#[test]
+fn copies_run_on_sms_below_the_threshold_and_overlapping_ones_in_chunks() {
+    let p = program(
+        vec![Location::Gpu(0)],
+        3,
+        vec![
+            Command::Copy {
+                lane: 0,
+                src: slot(0, 0, MIB),
+                dst: slot(1, 0, MIB),
+            },
+            Command::Copy {
+                lane: 0,
+                src: slot(0, 0, 4 * MIB),
+                dst: slot(1, 0, 4 * MIB),
+            },
+            Command::Copy {
+                lane: 0,
+                src: slot(0, 0, MIB),
+                dst: slot(2, 0, MIB),
+            },
+            Command::Copy {
+                lane: 0,
+                src: slot(0, 0, MIB),
+                dst: slot(0, MIB / 4, MIB),
+            },
+            Command::Copy {
+                lane: 0,
+                src: slot(1, 0, MIB),
+                dst: slot(1, 0, MIB),
+            },
+        ],
+        Vec::new(),
+    );
+    let devs = [Some(0), Some(1), None];
+    let s = schedule_of(&p, &devs, &|_, _| true, 2 * MIB, &apart);
+    let by: Vec<CopyBy> = s
+        .steps
+        .iter()
+        .map(|st| match st {
+            Step::Copy { by, .. } => *by,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // SM below 2 MiB between device memories; a peer copy above; the copy engine with host
+    // memory; the overlapping copy in four chunks from its far end; the copy onto itself
+    // nothing.
+    assert_eq!(
+        by,
+        vec![
+            CopyBy::Sm,
+            CopyBy::Peer { src: 0, dst: 1 },
+            CopyBy::Engine,
+            CopyBy::Engine,
+            CopyBy::Engine,
+            CopyBy::Engine,
+            CopyBy::Engine
+        ]
+    );
+    let Step::Copy { src, dst, .. } = s.steps[3] else {
+        panic!()
+    };
+    assert_eq!((src.offset, dst.offset), (3 * MIB / 4, MIB));
+    // Without peer access the copy to the other GPU stays on the copy engine.
+    let s = schedule_of(&p, &devs, &|a, b| a == b, 2 * MIB, &apart);
+    assert!(matches!(
+        s.steps[0],
+        Step::Copy {
+            by: CopyBy::Peer { .. },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn the_walk_frames_once_through_a_hub_and_binds_contexts_on_device_changes() {
+    // Two GPUs, a copy each, independent.
+    let p = program(
+        vec![Location::Gpu(0), Location::Gpu(1)],
+        2,
+        vec![
+            Command::Copy {
+                lane: 0,
+                src: slot(0, 0, MIB),
+                dst: slot(0, MIB, MIB),
+            },
+            Command::Copy {
+                lane: 1,
+                src: slot(1, 0, MIB),
+                dst: slot(1, MIB, MIB),
+            },
+        ],
+        Vec::new(),
+    );
+    let s = schedule_of(&p, &[Some(0), Some(1)], &|_, _| true, 0, &apart);
+    assert_eq!(s.sinks.len(), 2);
+    let mut calls = Vec::new();
+    let previous = s.sinks.clone();
+    walk(
+        &s,
+        Around {
+            previous: &previous,
+            callers: &[1],
+        },
+        &mut |c| {
+            calls.push(format!("{c:?}"));
+            Ok(())
+        },
+    )
+    .unwrap();
+    let kinds: Vec<&str> = calls
+        .iter()
+        .map(|c| c.split([' ', '(']).next().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "Bind",
+            "RecordFork",
+            "Bind",
+            "WaitTail",
+            "WaitFork",
+            "RecordJoin",
+            "Step",
+            "Bind",
+            "WaitJoin",
+            "Step",
+            "Bind",
+            "RecordTail",
+            "Bind",
+            "RecordTail",
+            "CallerWait",
+            "CallerWait"
+        ]
+    );
+    let n = DriverCalls::of(
+        &s,
+        Around {
+            previous: &previous,
+            callers: &[1],
+        },
+    );
+    assert_eq!(n.total() as usize, calls.len());
+}
