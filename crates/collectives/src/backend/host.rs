@@ -26,7 +26,7 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -543,7 +543,6 @@ type Worker = (Sender<Job>, Option<JoinHandle<()>>);
 pub struct HostBackend {
     blocks: Mutex<HashMap<u64, Block>>,
     arenas: Mutex<BTreeMap<Location, u64>>,
-    next_id: AtomicU64,
     workers: Mutex<Vec<Worker>>,
     /// The gate: the launch in flight, locked by every step that must not overlap one.
     inflight: Mutex<Option<Arc<LaunchState>>>,
@@ -565,7 +564,6 @@ impl HostBackend {
         HostBackend {
             blocks: Mutex::new(HashMap::new()),
             arenas: Mutex::new(BTreeMap::new()),
-            next_id: AtomicU64::new(1),
             workers: Mutex::new(Vec::new()),
             inflight: Mutex::new(None),
             pending: Mutex::new(None),
@@ -644,9 +642,9 @@ impl HostBackend {
         // A zero-byte block owns nothing: any aligned address serves (an empty slice's
         // address may be dangling).
         let addr = if bytes == 0 { ARENA_ALIGN } else { addr };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(location, bytes);
         lock(&self.blocks).insert(
-            id,
+            mem.id(),
             Block {
                 addr,
                 layout: None,
@@ -655,8 +653,7 @@ impl HostBackend {
                 lent: true,
             },
         );
-        // SAFETY: the block was just entered under this fresh id, at `location`, of `bytes`.
-        unsafe { DeviceMem::from_raw_parts(id, location, bytes) }
+        mem
     }
 
     /// Resolve a region of a block to an address, checking bounds.
@@ -711,9 +708,9 @@ impl Backend for HostBackend {
             }
             (p as usize, Some(layout))
         };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(location, bytes);
         lock(&self.blocks).insert(
-            id,
+            mem.id(),
             Block {
                 addr,
                 layout,
@@ -723,8 +720,7 @@ impl Backend for HostBackend {
             },
         );
         *lock(&self.arenas).entry(location).or_insert(0) += bytes;
-        // SAFETY: the block was just made under this fresh id, at `location`, of `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, location, bytes) })
+        Ok(mem)
     }
 
     fn free(&self, mem: DeviceMem) {
@@ -1069,6 +1065,39 @@ mod tests {
         assert!(b.raw_region(past).is_err());
         b.free(mem);
         assert!(b.raw_region(r).is_err());
+        assert!(b.synchronize().is_ok());
+    }
+
+    /// A handle names one allocation of one backend: another backend's handle, of the same
+    /// size and made in the same order, is unknown here (so it reaches neither this backend's
+    /// arenas nor memory lent to it), and so is a freed handle, even after new allocations.
+    #[test]
+    fn a_handle_of_another_backend_or_a_freed_one_names_nothing() {
+        let (a, b) = (HostBackend::new(), HostBackend::new());
+        let here = Location::Gpu(0);
+        let mine = a.allocate(here, 64).expect("allocate");
+        let theirs = b.allocate(here, 64).expect("allocate");
+        assert_ne!(mine.id(), theirs.id());
+        let r = |mem| ByteRegion {
+            mem,
+            offset: 0,
+            bytes: 64,
+        };
+        assert!(a.upload(r(theirs), &[7; 64]).is_err());
+        assert!(a.download(r(theirs), &mut [0; 64]).is_err());
+        assert!(a.raw_region(r(theirs)).is_err());
+        a.free(theirs);
+        assert!(
+            a.synchronize().is_err(),
+            "a free of an unknown handle is reported"
+        );
+        let mut back = [1u8; 64];
+        a.download(r(mine), &mut back).expect("download");
+        assert_eq!(back, [0; 64], "another backend's handle wrote nothing here");
+        a.free(mine);
+        let _next = a.allocate(here, 64).expect("allocate");
+        assert!(a.upload(r(mine), &[7; 64]).is_err());
+        b.free(theirs);
         assert!(b.synchronize().is_ok());
     }
 }

@@ -35,6 +35,7 @@ pub(crate) mod host_reduce;
 pub(crate) mod validate;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use relaycc_route::{DType, Location, ReduceOp};
 
@@ -44,10 +45,13 @@ use crate::error::Result;
 /// it by.
 ///
 /// Safe code gets a handle only from the backend that made the allocation (or from whoever it
-/// was handed to), never by writing one: memory that this crate lends to a library by address
-/// (MPI's requests in `mpi::DevicePlan`) is reachable through no handle safe code holds, so
-/// nothing safe can free or write it while that library may use it. Writing a handle does not
-/// compile:
+/// was handed to), never by writing one, and a handle names one allocation of one backend:
+/// ids are drawn from one counter for the whole process and never reused, so a handle made by
+/// one backend names nothing on another (every backend refuses it as unknown), and a handle of
+/// freed memory names nothing ever again. Memory that this crate lends to a library by address
+/// (MPI's requests in `mpi::DevicePlan`) or borrows from a caller for one call (the per-rank
+/// API's slices, which may be lent read-only) is reachable through no handle safe code holds,
+/// so nothing safe can free or write it meanwhile. Writing a handle does not compile:
 ///
 /// ```compile_fail,E0451
 /// use relaycc_collectives::DeviceMem;
@@ -61,25 +65,24 @@ pub struct DeviceMem {
     bytes: u64,
 }
 
+/// The next allocation id of any backend of this process (0 is never given).
+static NEXT_MEM_ID: AtomicU64 = AtomicU64::new(1);
+
 impl DeviceMem {
-    /// The handle of allocation `id` of `bytes` bytes at `location`, for a backend that has
-    /// just made it.
-    ///
-    /// # Safety
-    ///
-    /// Only a backend may call this, for an allocation it made, with the id it gives that
-    /// allocation (unique for the backend's lifetime) and its true location and size. A handle
-    /// made up for another allocation would let safe code free or write memory that a library
-    /// may be using by address.
-    pub unsafe fn from_raw_parts(id: u64, location: Location, bytes: u64) -> DeviceMem {
+    /// The handle of a new allocation of `bytes` bytes at `location`, under an id no other
+    /// handle of this process has or will have: for a backend about to enter the allocation
+    /// in its table under [`DeviceMem::id`].
+    pub(crate) fn fresh(location: Location, bytes: u64) -> DeviceMem {
         DeviceMem {
-            id,
+            // Relaxed: only uniqueness matters, which the atomic increment gives. At one id a
+            // nanosecond the counter would take 584 years to wrap.
+            id: NEXT_MEM_ID.fetch_add(1, Ordering::Relaxed),
             location,
             bytes,
         }
     }
 
-    /// The backend's id of the allocation (unique for the backend's lifetime).
+    /// The id of the allocation (unique in the process, never reused).
     pub fn id(&self) -> u64 {
         self.id
     }

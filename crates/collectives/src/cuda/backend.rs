@@ -21,7 +21,6 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::result::DriverError;
@@ -132,7 +131,6 @@ pub struct CudaBackend {
     ordinals: Vec<usize>,
     kernels: KernelCache,
     state: Mutex<State>,
-    next_id: AtomicU64,
     /// An error met where it could not be returned (`free`, `Drop`, an asynchronous failure).
     pending: Mutex<Option<String>>,
 }
@@ -227,7 +225,6 @@ impl CudaBackend {
                 last: Vec::new(),
                 dirty: Vec::new(),
             }),
-            next_id: AtomicU64::new(1),
             pending: Mutex::new(None),
         })
     }
@@ -318,9 +315,9 @@ impl CudaBackend {
             p
         };
         let bytes = slice.num_bytes() as u64;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(Location::Gpu(gpu), bytes);
         lock(&self.state).allocs.insert(
-            id,
+            mem.id(),
             Alloc {
                 ptr,
                 bytes,
@@ -328,8 +325,7 @@ impl CudaBackend {
                 storage: Storage::Foreign(Box::new(slice)),
             },
         );
-        // SAFETY: the slice was just recorded under this fresh id, on GPU `gpu`, of `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, Location::Gpu(gpu), bytes) })
+        Ok(mem)
     }
 
     /// Give an allocation back as a `CudaSlice<T>` of `len` elements, without copying, after
@@ -407,9 +403,9 @@ impl CudaBackend {
                 self.ordinals[dev]
             )));
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(Location::Gpu(gpu), bytes);
         lock(&self.state).allocs.insert(
-            id,
+            mem.id(),
             Alloc {
                 ptr,
                 bytes,
@@ -417,8 +413,7 @@ impl CudaBackend {
                 storage: Storage::Lent,
             },
         );
-        // SAFETY: the entry was just made under this fresh id, on GPU `gpu`, of `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, Location::Gpu(gpu), bytes) })
+        Ok(mem)
     }
 
     /// Take a lent handle out of the table. It does not wait: the launches already enqueued
@@ -606,11 +601,9 @@ impl Backend for CudaBackend {
             }
         };
         drop(st);
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.state).allocs.insert(id, alloc);
-        // SAFETY: the allocation was just recorded under this fresh id, at `location`, of
-        // `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, location, bytes) })
+        let mem = DeviceMem::fresh(location, bytes);
+        lock(&self.state).allocs.insert(mem.id(), alloc);
+        Ok(mem)
     }
 
     fn free(&self, mem: DeviceMem) {
