@@ -29,6 +29,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaModule, CudaSlice, CudaStream, 
 use cudarc::nvrtc::Ptx;
 use relaycc_route::Location;
 
+use crate::backend::sealed::{Lending, Loan, Private, Trusted};
 use crate::backend::{AddressSpace, Backend, ByteRegion, DeviceMem, Launch, RawRegion};
 use crate::cuda::{self, CudaError, KernelCache};
 use crate::element::Element;
@@ -377,67 +378,6 @@ impl CudaBackend {
         }
     }
 
-    /// A handle for `bytes` bytes of a caller's device memory at `ptr` on logical GPU `gpu`,
-    /// which must run on CUDA device `ordinal` (the caller's stream's), for one launch of a
-    /// per-rank call. [`CudaBackend::unlend`] takes it out of the table without waiting.
-    ///
-    /// # Safety
-    ///
-    /// `ptr..ptr + bytes` is device memory of device `ordinal` that stays allocated until
-    /// every launch that uses the handle is done on the GPU (a caller orders its free after
-    /// the launch on its stream), and no other work writes it, or reads what the launch
-    /// writes, unless ordered after the launch.
-    pub(crate) unsafe fn lend_device(
-        &self,
-        gpu: u32,
-        ptr: u64,
-        bytes: u64,
-        ordinal: usize,
-    ) -> Result<DeviceMem> {
-        let dev = self
-            .dev_of(Location::Gpu(gpu))?
-            .ok_or_else(|| err(format!("logical GPU {gpu} is not a GPU")))?;
-        if self.ordinals[dev] != ordinal {
-            return Err(err(format!(
-                "the buffer lives on CUDA device {ordinal}, logical GPU {gpu} runs on device {}",
-                self.ordinals[dev]
-            )));
-        }
-        let mem = DeviceMem::fresh(Location::Gpu(gpu), bytes);
-        lock(&self.state).allocs.insert(
-            mem.id(),
-            Alloc {
-                ptr,
-                bytes,
-                dev: Some(dev),
-                storage: Storage::Lent,
-            },
-        );
-        Ok(mem)
-    }
-
-    /// Take a lent handle out of the table. It does not wait: the launches already enqueued
-    /// keep their addresses, and the lender orders its memory's reuse after them on its
-    /// stream.
-    pub(crate) fn unlend(&self, mem: DeviceMem) {
-        let mut st = lock(&self.state);
-        if !matches!(
-            st.allocs.get(&mem.id()),
-            Some(Alloc {
-                storage: Storage::Lent,
-                ..
-            })
-        ) {
-            drop(st);
-            self.keep(format!(
-                "unlend of allocation {} that was not lent",
-                mem.id()
-            ));
-            return;
-        }
-        st.allocs.remove(&mem.id());
-    }
-
     /// Enqueue a launch ordered within callers' streams, without host synchronization: every
     /// stream of the launch first waits for an event recorded now on each of `callers`, and
     /// each of `callers` then waits for the launch's tail events, so work a caller enqueues
@@ -544,6 +484,99 @@ pub(super) fn resolve(
     Ok((a.ptr + r.offset, a.dev))
 }
 
+/// The CUDA backend lends device memory of the callers' streams: a lent allocation is the
+/// caller's (never freed here), used by launches ordered within the callers' streams.
+impl Trusted for CudaBackend {
+    fn lending(&self, _: Private) -> Lending {
+        Lending::DeviceBuffers
+    }
+
+    unsafe fn lend(&self, location: Location, loan: Loan, _: Private) -> Result<DeviceMem> {
+        let Loan::Device {
+            ordinal,
+            ptr,
+            bytes,
+        } = loan
+        else {
+            return Err(err("host memory lent to the CUDA backend"));
+        };
+        let dev = self
+            .dev_of(location)?
+            .ok_or_else(|| err(format!("{location:?} is not a GPU")))?;
+        if self.ordinals[dev] != ordinal {
+            return Err(err(format!(
+                "the buffer lives on CUDA device {ordinal}, {location:?} runs on device {}",
+                self.ordinals[dev]
+            )));
+        }
+        let mem = DeviceMem::fresh(location, bytes);
+        lock(&self.state).allocs.insert(
+            mem.id(),
+            Alloc {
+                ptr,
+                bytes,
+                dev: Some(dev),
+                storage: Storage::Lent,
+            },
+        );
+        Ok(mem)
+    }
+
+    /// It does not wait: the launches already enqueued keep their addresses, and the lender
+    /// orders its memory's reuse after them on its stream.
+    fn unlend(&self, mem: DeviceMem, _: Private) {
+        let mut st = lock(&self.state);
+        if !matches!(
+            st.allocs.get(&mem.id()),
+            Some(Alloc {
+                storage: Storage::Lent,
+                ..
+            })
+        ) {
+            drop(st);
+            self.keep(format!(
+                "unlend of allocation {} that was not lent",
+                mem.id()
+            ));
+            return;
+        }
+        st.allocs.remove(&mem.id());
+    }
+
+    /// Device memory comes back as a device pointer (usable by CUDA-aware MPI only), pinned
+    /// memory as a host pointer; whether device pointers may go to MPI is the caller's call
+    /// (`RELAYCC_MPI_CUDA_AWARE`), not the backend's.
+    fn raw_region(&self, region: ByteRegion, _: Private) -> Result<Option<RawRegion>> {
+        let st = lock(&self.state);
+        let (addr, dev) = resolve(&st.allocs, &region)?;
+        let addr =
+            usize::try_from(addr).map_err(|_| err(format!("address {addr:#x} does not fit")))?;
+        Ok(Some(RawRegion {
+            addr,
+            bytes: region.bytes,
+            space: if dev.is_some() {
+                AddressSpace::Device
+            } else {
+                AddressSpace::Host
+            },
+        }))
+    }
+
+    unsafe fn submit_on_streams(
+        &self,
+        launches: &[Launch<'_>],
+        streams: &[&CudaStream],
+        _: Private,
+    ) -> Result<()> {
+        // SAFETY: the caller keeps `Backend::submit`'s contract, which is `submit_on`'s.
+        unsafe { self.submit_on(launches, streams) }
+    }
+
+    fn as_cuda(&self, _: Private) -> Option<&CudaBackend> {
+        Some(self)
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -551,10 +584,6 @@ impl Backend for CudaBackend {
 
     fn op_issue_us(&self) -> f64 {
         CUDA_OP_ISSUE_US
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
     }
 
     fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
@@ -682,25 +711,6 @@ impl Backend for CudaBackend {
             }
         }
         Ok(())
-    }
-
-    /// Device memory comes back as a device pointer (usable by CUDA-aware MPI only), pinned
-    /// memory as a host pointer; whether device pointers may go to MPI is the caller's call
-    /// (`RELAYCC_MPI_CUDA_AWARE`), not the backend's.
-    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
-        let st = lock(&self.state);
-        let (addr, dev) = resolve(&st.allocs, &region)?;
-        let addr =
-            usize::try_from(addr).map_err(|_| err(format!("address {addr:#x} does not fit")))?;
-        Ok(Some(RawRegion {
-            addr,
-            bytes: region.bytes,
-            space: if dev.is_some() {
-                AddressSpace::Device
-            } else {
-                AddressSpace::Host
-            },
-        }))
     }
 
     unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
