@@ -210,7 +210,14 @@ pub(super) fn slot_address(direct: &[Option<RawRegion>], s: &Slot) -> Option<Raw
     })
 }
 
-impl RankMemory for BackendMemory<'_> {
+// SAFETY: `address` gives the slot's bytes of an address the backend gave for its binding
+// (the sealed `Trusted::raw_region`, trusted because only this crate's backends implement
+// it), a region of this plan's scratch or mirrors, which the plan (or, after a failure, the
+// communicator's graveyard) keeps allocated while MPI may use it, and which nothing outside
+// the run touches; `staging` gives two host buffers of at least the asked sizes owned by the
+// plan (the backend's host memory or plain vectors), kept the same way and apart from every
+// binding.
+unsafe impl RankMemory for BackendMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
         slot_address(self.direct, slot)
     }

@@ -899,7 +899,13 @@ impl GpuMemory<'_> {
     }
 }
 
-impl RankMemory for GpuMemory<'_> {
+// SAFETY: as for `device.rs`'s `BackendMemory`: addresses are the trusted backend's (the
+// sealed `Trusted::raw_region`), of this shape's own bindings (mirrors and scratch, kept by
+// the shape or, after a failure, the graveyard while MPI may use them) or, with NCCL only, of
+// the caller's buffers lent for the call, whose transfers are enqueued on the caller's stream
+// and so come before any reuse the caller orders after the call; staging is two host
+// buffers of at least the asked sizes owned by the shape, apart from every binding.
+unsafe impl RankMemory for GpuMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
         slot_address(self.direct, slot)
     }
