@@ -492,10 +492,10 @@ pub(crate) mod sealed {
         /// How this backend runs per-rank calls on lent memory.
         fn lending(&self, _: Private) -> Lending;
 
-        /// A handle for the memory of `loan`, accounted to `location`, that launches read and write in
-        /// place, until [`Trusted::unlend`] takes it back. Memory of the other kind than
-        /// [`Trusted::lending`] says (device memory on the host backend, host memory on the
-        /// CUDA backend), or of a CUDA device other than `location`'s, is an error.
+        /// A handle for the memory of `loan`, accounted to `location`, that launches read and
+        /// write in place until [`Trusted::unlend`] takes it back. Memory of the other kind
+        /// than [`Trusted::lending`] says (device memory on the host backend, host memory on
+        /// the CUDA backend), or of a CUDA device other than `location`'s, is an error.
         ///
         /// # Safety
         ///
