@@ -724,11 +724,11 @@ fn planner_plans(
 }
 
 /// A `DevicePlan` run on regions its backend did not allocate: handles of another host
-/// backend (made in the same order, so with per-backend ids they named this backend's own
-/// blocks) and a freed handle. Each case, staged and direct, on a communicator of its own
+/// backend (made in the same order, so ids per backend would name this backend's own
+/// blocks) and freed handles. Each case, staged and direct, on a communicator of its own
 /// (a failed run fails its communicator): every rank must get the backend's error at once,
 /// before any message (well inside the timeout), and the other backend's memory must be
-/// unchanged. (A forged backend, which could hand MPI any address, no longer compiles:
+/// unchanged. (A forged backend, which could hand MPI any address, does not compile:
 /// `Backend` is sealed.)
 fn foreign_handles(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
@@ -861,7 +861,7 @@ fn matches_request(req: &relaycc_route::Request, me: u32, output: &[u8]) -> bool
 /// (staging buffers reused). The backend's transfer counts tell staging apart: staged runs
 /// must download every message they send and upload every one they receive, direct runs
 /// neither. (A backend from outside the crate, whose addresses the MPI layer must not use,
-/// can no longer be written: `Backend` is sealed, and its compile-fail doctests test that.)
+/// cannot be written: `Backend` is sealed, and its compile-fail doctests test that.)
 fn backend_plans(
     comm: &mut MpiCommunicator,
     rep: &mut Report,

@@ -1,14 +1,14 @@
-//! Soundness from safe code (issue 30, "No trust through safe methods"): memory lent
-//! read-only stays unchanged, and nothing safe reaches memory the library borrowed.
+//! Soundness from safe code ("no trust through safe methods"): memory lent read-only stays
+//! unchanged, and nothing safe reaches memory the library borrowed.
 //!
-//! The issue's forgeries were safe implementations of `Backend` that returned another
-//! backend from `as_any`, trusted by the per-rank calls (which then wrote into a shared
-//! `Arc<Vec<f32>>` input, or segfaulted on a `static` one) and by the MPI layer (which handed
-//! MPI the addresses). `Backend` is sealed now, so those forgeries no longer compile: the
-//! compile-fail doctests on `relaycc_collectives::Backend` are their tests (they compile, and
-//! so fail, before the seal). What safe code can still write is tested here: per-rank calls
-//! whose inputs are shared, immutable memory, and a handle of another backend aimed at the
-//! memory a call lends to the communicator's backend.
+//! A safe implementation of `Backend` that shows the library another backend than the one
+//! running its launches would let it write into a shared `Arc<Vec<f32>>` input of the
+//! per-rank calls (or fault on a `static` one), or hand MPI addresses of freed memory.
+//! `Backend` is sealed, so such a forgery does not compile: the compile-fail doctests on
+//! `relaycc_collectives::Backend` are the tests of those two (written out in full, they
+//! compile without the seal). What safe code can write is tested here: per-rank calls whose
+//! inputs are shared, immutable memory, and a handle of another backend aimed at the memory a
+//! call lends to the communicator's backend.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,9 +91,9 @@ fn inputs_lent_read_only_stay_unchanged() {
 }
 
 /// While ranks all_reduce from a shared immutable input, another thread aims every handle of
-/// a second host backend at the communicator's backend (`upload`, `free`). Before the ids of
-/// allocations were unique in the process, those handles named the blocks the calls lent,
-/// and the uploads overwrote the read-only input; now every one is refused as unknown.
+/// a second host backend at the communicator's backend (`upload`). With ids per backend,
+/// those handles would name the blocks the calls lend, and the uploads would overwrite the
+/// read-only input; ids are unique in the process, so every upload is refused as unknown.
 #[test]
 fn another_backends_handles_never_reach_lent_memory() {
     let backend = Arc::new(HostBackend::new());
