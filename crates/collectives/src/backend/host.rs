@@ -126,7 +126,7 @@ struct Block {
     layout: Option<Layout>,
     location: Location,
     bytes: u64,
-    /// Memory lent by a caller ([`HostBackend::lend`]): not counted in the arena, not freed.
+    /// Memory lent by a caller (`Trusted::lend`): not counted in the arena, not freed.
     lent: bool,
 }
 

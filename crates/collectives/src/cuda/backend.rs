@@ -97,7 +97,7 @@ enum Storage {
     Pinned,
     /// A caller's `CudaSlice<T>` ([`CudaBackend::adopt`]), kept whole so it can be given back.
     Foreign(Box<dyn Any + Send + Sync>),
-    /// Memory a per-rank call lends for one launch (`CudaBackend::lend_device`): the caller's,
+    /// Memory a per-rank call lends for one launch (`Trusted::lend`): the caller's,
     /// never freed here.
     Lent,
 }
