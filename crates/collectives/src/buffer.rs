@@ -92,10 +92,10 @@ impl<T: Element> DeviceBuffer<T> {
     /// On error (another backend, a zero-length buffer) the buffer is kept alive and dropped
     /// normally.
     pub fn into_cuda_slice(mut self) -> Result<cudarc::driver::CudaSlice<T>> {
+        use crate::backend::sealed::Private;
         let cuda = self
             .backend
-            .as_any()
-            .and_then(|a| a.downcast_ref::<crate::cuda::CudaBackend>())
+            .as_cuda(Private)
             .ok_or_else(|| CollectivesError::Backend {
                 backend: self.backend.name(),
                 message: "into_cuda_slice needs the CUDA backend".into(),

@@ -309,7 +309,8 @@ impl Communicator {
         rank: usize,
         slice: cudarc::driver::CudaSlice<T>,
     ) -> std::result::Result<DeviceBuffer<T>, Box<crate::cuda::Rejected<T>>> {
-        use crate::cuda::{CudaBackend, Rejected};
+        use crate::backend::sealed::Private;
+        use crate::cuda::Rejected;
         let reject = |error, slice| Box::new(Rejected { error, slice });
         let Some(&dev) = self.devices.get(rank) else {
             let e = CollectivesError::BadRank {
@@ -319,11 +320,7 @@ impl Communicator {
             };
             return Err(reject(e, slice));
         };
-        let Some(cuda) = self
-            .backend
-            .as_any()
-            .and_then(|a| a.downcast_ref::<CudaBackend>())
-        else {
+        let Some(cuda) = self.backend.as_cuda(Private) else {
             let e = CollectivesError::Backend {
                 backend: self.backend.name(),
                 message: "wrap_cuda_slice needs the CUDA backend".into(),

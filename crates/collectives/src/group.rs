@@ -447,17 +447,15 @@ impl<'c> Group<'c> {
         Ok(Pending { comm })
     }
 
-    /// As [`Group::launch`], enqueued on the CUDA backend `cuda` ordered within the
-    /// `callers`' streams ([`crate::CudaBackend`]'s `submit_on`), without host
-    /// synchronization.
+    /// As [`Group::launch`], enqueued on the communicator's backend ordered within the
+    /// `callers`' streams (`Trusted::submit_on_streams`), without host synchronization; an
+    /// error on a backend other than CUDA.
     #[cfg(feature = "cuda")]
-    pub(crate) fn launch_on_streams(
-        self,
-        cuda: &crate::cuda::CudaBackend,
-        callers: &[&cudarc::driver::CudaStream],
-    ) -> Result<()> {
-        // SAFETY: `submit_on` has `Backend::submit`'s contract and guarantees.
-        self.launch_via(|l| unsafe { cuda.submit_on(l, callers) })
+    pub(crate) fn launch_on_streams(self, callers: &[&cudarc::driver::CudaStream]) -> Result<()> {
+        use crate::backend::sealed::Private;
+        let comm = self.comm;
+        // SAFETY: `submit_on_streams` has `Backend::submit`'s contract and guarantees.
+        self.launch_via(|l| unsafe { comm.backend().submit_on_streams(l, callers, Private) })
     }
 
     fn launch_via(

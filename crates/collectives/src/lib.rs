@@ -55,15 +55,16 @@
 //! share one host memory (the `host-N` topology of [`Communicator::host`]), relaycc-route's
 //! shared-memory planner.
 //! `unsafe` code lives in `backend/host.rs` (arenas, copies, lent slices), `rank/run.rs` (the
-//! per-rank calls lending their slices to the host backend for one blocking call), `backend/host_reduce.rs`
-//! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`
-//! and `exec::launch`), `exec/run.rs` and `exec/transport.rs` (the runner's host memory run
-//! inline, its transports' raw messages), `group.rs` (the one launch of checked plans, whose SAFETY argument ties
-//! the checker's proof to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver
-//! calls, kernel launches), the rest of the `cuda` module (FFI) and, with feature `mpi`,
-//! `mpi/mod.rs`, `mpi/requests.rs`, `mpi/transport.rs`, `mpi/schedule.rs`, `mpi/device.rs`
-//! and `mpi/typed.rs`
-//! (MPI calls on raw buffers).
+//! per-rank calls lending their slices to the backend for one call), `backend/host_reduce.rs`
+//! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`,
+//! of the sealed `Trusted::lend` and `Trusted::submit_on_streams`, and of `exec::launch`),
+//! `exec/run.rs` and `exec/transport.rs` (the `unsafe trait RankMemory`, the runner's host
+//! memory run inline, its transports' raw messages), `exec/cone.rs` and `exec/nccl.rs`,
+//! `group.rs` (the one launch of checked plans, whose SAFETY argument ties the checker's proof
+//! to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver calls, kernel
+//! launches), the rest of the `cuda` module (FFI) and, with feature `mpi`, every file of `mpi/`
+//! but `plans.rs`, `exchange.rs` and `indexed.rs` (MPI calls on raw buffers, shared-memory
+//! windows and mappings).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
@@ -82,7 +83,7 @@ pub mod mpi;
 mod plan_cache;
 mod rank;
 
-pub use backend::host::HostBackend;
+pub use backend::host::{HostBackend, HostTransfers};
 pub use backend::{
     AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
 };

@@ -18,10 +18,9 @@
 //!   through `MpiCommunicator::execute`, and compares every output with the request's layout;
 //!   then all_reduce, all_gather, all_to_all_v, broadcast and reduce_scatter at 1000 elements
 //!   (direct plans) and 100000 (rings) through the backend path (`prepare`/`DevicePlan::run`
-//!   on a counting host backend), staged, direct, and direct on a backend from outside the
-//!   crate, against the `execute` output and MPI's own collective; staged runs (the foreign
-//!   backend's included) must make one download per send and one upload per receive, and
-//!   the foreign backend's own `raw_region` must never be called.
+//!   on the host backend), staged and direct, against the `execute` output and MPI's own
+//!   collective; staged runs must make one download per send and one upload per receive
+//!   (`HostBackend::transfers`), direct runs none.
 //! - `fault-counts`: rank 0 expects one element too many from rank 1 (and, for index lists,
 //!   places one too many); every rank must get an error from the build.
 //! - `fault-elem`: rank 0 builds with 4-byte elements, the others with 8 (all_to_all_v,
@@ -45,7 +44,6 @@
 //! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 mod mpi_common;
@@ -54,9 +52,7 @@ use mpi_common::Report;
 
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode};
-use relaycc_collectives::{
-    Backend, ByteRegion, DeviceMem, HostBackend, Launch, RawRegion, Result as CResult,
-};
+use relaycc_collectives::{Backend, ByteRegion, HostBackend};
 use relaycc_route::Location;
 use relaycc_route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
@@ -727,6 +723,104 @@ fn planner_plans(
     backend_plans(&mut comm, rep, &for_backend);
 }
 
+/// A `DevicePlan` run on regions its backend did not allocate: handles of another host
+/// backend (made in the same order, so ids per backend would name this backend's own
+/// blocks) and freed handles. Each case, staged and direct, on a communicator of its own
+/// (a failed run fails its communicator): every rank must get the backend's error at once,
+/// before any message (well inside the timeout), and the other backend's memory must be
+/// unchanged. (A forged backend, which could hand MPI any address, does not compile:
+/// `Backend` is sealed.)
+fn foreign_handles(world: &rsmpi::topology::SimpleCommunicator, rep: &mut Report) {
+    use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
+    let (me, n) = (world.rank() as u32, world.size() as u32);
+    let topo = relaycc_topo::preset(&format!("cluster:{}xpcie-4gpu:ib-edr", n.div_ceil(4)))
+        .map_err(|e| e.to_string());
+    let req = Request::new(Collective::AllReduce, (0..n).collect(), 1000, DType::U32);
+    let opts = PlanOptions {
+        relay: RelayPolicy::Members,
+        ..PlanOptions::default()
+    };
+    let plan = topo
+        .clone()
+        .and_then(|t| relaycc_route::plan(&t, &req, &opts).map_err(|e| e.to_string()));
+    let (topo, plan) = match (topo, plan) {
+        (Ok(t), Ok(p)) => (t, p.plan),
+        (Err(e), _) | (_, Err(e)) => {
+            rep.check(&format!("foreign handles: setup: {e}"), false);
+            return;
+        }
+    };
+    let here = Location::Gpu(me);
+    for (label, mode, freed) in [
+        (
+            "staged, another backend's handles",
+            TransferMode::Staged,
+            false,
+        ),
+        (
+            "direct, another backend's handles",
+            TransferMode::Direct,
+            false,
+        ),
+        ("staged, freed handles", TransferMode::Staged, true),
+    ] {
+        let ok = (|| -> Result<bool, String> {
+            let mut comm = MpiCommunicator::from_mpi(world, me, Some(topo.clone()))
+                .map_err(|e| e.to_string())?;
+            comm.set_timeout(Duration::from_secs(10));
+            comm.set_transfer(mode);
+            let backend = Arc::new(HostBackend::new());
+            let other = HostBackend::new();
+            let mut dp = comm
+                .prepare(backend.clone(), &plan)
+                .map_err(|e| e.to_string())?;
+            let (inb, outb) = (dp.input_bytes(), dp.output_bytes());
+            let source: &dyn Backend = if freed { &*backend } else { &other };
+            let region = |bytes: u64| -> Result<ByteRegion, String> {
+                let mem = source.allocate(here, bytes).map_err(|e| e.to_string())?;
+                Ok(ByteRegion {
+                    mem,
+                    offset: 0,
+                    bytes,
+                })
+            };
+            let (inp, out) = (region(inb)?, region(outb)?);
+            source
+                .upload(inp, &vec![0x5A; inb as usize])
+                .map_err(|e| e.to_string())?;
+            if freed {
+                backend.free(inp.mem);
+                backend.free(out.mem);
+            }
+            let t = Instant::now();
+            let r = dp.run(inp, out);
+            let quick = t.elapsed() < Duration::from_secs(2);
+            if !freed {
+                let mut back = vec![0u8; outb as usize];
+                other.download(out, &mut back).map_err(|e| e.to_string())?;
+                let mut orig = vec![0u8; inb as usize];
+                other.download(inp, &mut orig).map_err(|e| e.to_string())?;
+                if back.iter().any(|&b| b != 0) || orig.iter().any(|&b| b != 0x5A) {
+                    return Err("the other backend's memory changed".into());
+                }
+            }
+            match r {
+                Err(MpiError::Backend(e)) if quick => Ok(e.to_string().contains("unknown")),
+                other => Err(format!("run gave {other:?} after {:?}", t.elapsed())),
+            }
+        })();
+        match &ok {
+            Ok(true) => {}
+            Ok(false) => println!("rank {me}: {label}: the error names no unknown allocation"),
+            Err(e) => println!("rank {me}: {label}: {e}"),
+        }
+        rep.check(
+            &format!("device plan refuses regions of no allocation of its backend ({label})"),
+            matches!(ok, Ok(true)),
+        );
+    }
+}
+
 /// The value of element `i` of rank `rank`'s input.
 fn value(rank: u32, i: u64) -> u32 {
     (rank << 24) | (i as u32 & 0x00ff_ffff)
@@ -761,87 +855,13 @@ fn matches_request(req: &relaycc_route::Request, me: u32, output: &[u8]) -> bool
     true
 }
 
-/// A host backend that counts the downloads and uploads the MPI layer makes and the raw
-/// addresses it asks it for. Unless `foreign`, it shows the MPI layer its inner
-/// `HostBackend` (`as_any`), whose addresses that layer trusts; `foreign`, it is a backend
-/// from outside the crate, whose `raw_region` (which still gives the inner backend's
-/// addresses) the MPI layer must never call. Staged runs must download every message they
-/// send and upload every one they receive: a run that skipped staging fails.
-#[derive(Debug, Default)]
-struct Counting {
-    inner: HostBackend,
-    foreign: bool,
-    /// Every download fails (a driver error).
-    fail: bool,
-    downloads: AtomicUsize,
-    uploads: AtomicUsize,
-    /// Calls of this backend's own `raw_region`.
-    raw_device: AtomicUsize,
-}
-
-impl Counting {
-    fn reset(&self) {
-        for c in [&self.downloads, &self.uploads, &self.raw_device] {
-            c.store(0, Ordering::SeqCst);
-        }
-    }
-    fn counts(&self) -> (usize, usize, usize) {
-        (
-            self.downloads.load(Ordering::SeqCst),
-            self.uploads.load(Ordering::SeqCst),
-            self.raw_device.load(Ordering::SeqCst),
-        )
-    }
-}
-
-impl Backend for Counting {
-    fn name(&self) -> &'static str {
-        "counting-host"
-    }
-    fn allocate(&self, location: Location, bytes: u64) -> CResult<DeviceMem> {
-        self.inner.allocate(location, bytes)
-    }
-    fn free(&self, mem: DeviceMem) {
-        self.inner.free(mem)
-    }
-    fn upload(&self, dst: ByteRegion, src: &[u8]) -> CResult<()> {
-        self.uploads.fetch_add(1, Ordering::SeqCst);
-        self.inner.upload(dst, src)
-    }
-    fn download(&self, src: ByteRegion, dst: &mut [u8]) -> CResult<()> {
-        self.downloads.fetch_add(1, Ordering::SeqCst);
-        if self.fail {
-            return Err(relaycc_collectives::CollectivesError::Backend {
-                backend: "counting-host",
-                message: "download failed (injected)".into(),
-            });
-        }
-        self.inner.download(src, dst)
-    }
-    unsafe fn submit(&self, launches: &[Launch<'_>]) -> CResult<()> {
-        // SAFETY: forwarded with the caller's promise unchanged.
-        unsafe { self.inner.submit(launches) }
-    }
-    fn synchronize(&self) -> CResult<()> {
-        self.inner.synchronize()
-    }
-    fn raw_region(&self, region: ByteRegion) -> CResult<Option<RawRegion>> {
-        self.raw_device.fetch_add(1, Ordering::SeqCst);
-        self.inner.raw_region(region)
-    }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        if self.foreign {
-            return None;
-        }
-        Some(&self.inner)
-    }
-}
-
-/// Planner plans through `MpiCommunicator::prepare`/`DevicePlan::run` on the host backend
-/// (wrapped in `Counting`), staged, direct, and direct on a backend from outside the crate
-/// (which must fall back to staging without asking it for an address); each output must equal the host-slice `execute` output
-/// and, for all_reduce, all_gather and all_to_all_v, MPI's own collective; each run is
-/// repeated (staging buffers reused).
+/// Planner plans through `MpiCommunicator::prepare`/`DevicePlan::run` on the host backend,
+/// staged and direct; each output must equal the host-slice `execute` output and, for
+/// all_reduce, all_gather and all_to_all_v, MPI's own collective; each run is repeated
+/// (staging buffers reused). The backend's transfer counts tell staging apart: staged runs
+/// must download every message they send and upload every one they receive, direct runs
+/// neither. (A backend from outside the crate, whose addresses the MPI layer must not use,
+/// cannot be written: `Backend` is sealed, and its compile-fail doctests test that.)
 fn backend_plans(
     comm: &mut MpiCommunicator,
     rep: &mut Report,
@@ -891,30 +911,24 @@ fn backend_plans(
                 reference == *host_out,
             );
         }
-        for (label, mode, foreign) in [
-            ("staged", TransferMode::Staged, false),
-            ("direct", TransferMode::Direct, false),
-            ("direct, foreign backend", TransferMode::Direct, true),
+        for (label, mode) in [
+            ("staged", TransferMode::Staged),
+            ("direct", TransferMode::Direct),
         ] {
             comm.set_transfer(mode);
-            let backend = Arc::new(Counting {
-                foreign,
-                ..Counting::default()
-            });
+            let backend = Arc::new(HostBackend::new());
             let r = run_on_backend(comm, &backend, plan, input, host_out.len());
             let mine = r.as_ref().map_or(0, |(_, (s, _), _)| *s as u64);
             let (ok, why) = match r {
-                Ok((out, (sends, recvs), (down, up, raw))) => {
+                Ok((out, (sends, recvs), (down, up))) => {
                     // Two runs each.
-                    let staging_ok = match (mode, foreign) {
-                        (TransferMode::Staged, _) | (_, true) => {
-                            down == 2 * sends && up == 2 * recvs && raw == 0
-                        }
-                        (TransferMode::Direct, false) => down == 0 && up == 0,
+                    let staging_ok = match mode {
+                        TransferMode::Staged => down == 2 * sends && up == 2 * recvs,
+                        TransferMode::Direct => down == 0 && up == 0,
                     };
                     let same = out == *host_out && (!has_reference || out == reference);
                     let why = format!(
-                        "sends {sends} recvs {recvs} downloads {down} uploads {up} raw {raw} \
+                        "sends {sends} recvs {recvs} downloads {down} uploads {up} \
                          same output {same}"
                     );
                     (same && staging_ok, why)
@@ -941,16 +955,16 @@ fn backend_plans(
 }
 
 /// Upload `input`, prepare `plan` on `backend`, run it twice, download the output. Returns
-/// the output, the messages this rank sends and receives per run, and the backend's counts
-/// (downloads, uploads, raw addresses of device memory) over the two runs.
+/// the output, the messages this rank sends and receives per run, and the backend's
+/// downloads and uploads over the two runs.
 #[allow(clippy::type_complexity)]
 fn run_on_backend(
     comm: &MpiCommunicator,
-    backend: &Arc<Counting>,
+    backend: &Arc<HostBackend>,
     plan: &relaycc_route::Plan,
     input: &[u8],
     out_bytes: usize,
-) -> Result<(Vec<u8>, (usize, usize), (usize, usize, usize)), MpiError> {
+) -> Result<(Vec<u8>, (usize, usize), (usize, usize)), MpiError> {
     let here = Location::Gpu(comm.device());
     let alloc = |bytes: usize| -> Result<ByteRegion, MpiError> {
         let mem = backend.allocate(here, bytes as u64)?;
@@ -963,10 +977,14 @@ fn run_on_backend(
     let (inp, out) = (alloc(input.len())?, alloc(out_bytes)?);
     backend.upload(inp, input)?;
     let mut dp = comm.prepare(backend.clone(), plan)?;
-    backend.reset();
+    let before = backend.transfers();
     dp.run(inp, out)?;
     dp.run(inp, out)?;
-    let counts = backend.counts();
+    let after = backend.transfers();
+    let counts = (
+        (after.downloads - before.downloads) as usize,
+        (after.uploads - before.uploads) as usize,
+    );
     let messages = dp.messages();
     drop(dp);
     let mut got = vec![0u8; out_bytes];
@@ -1004,9 +1022,10 @@ fn fault_backend(world: &rsmpi::topology::SimpleCommunicator) {
     };
     comm.set_timeout(Duration::from_secs(3));
     comm.set_transfer(TransferMode::Staged);
-    let backend = Arc::new(Counting {
-        fail: me == 1,
-        ..Counting::default()
+    let backend = Arc::new(if me == 1 {
+        HostBackend::with_failing_downloads()
+    } else {
+        HostBackend::new()
     });
     let input: Vec<u8> = (0..1000u64)
         .flat_map(|i| value(me, i).to_le_bytes())
@@ -1074,6 +1093,7 @@ fn main() {
             ];
             planner_plans(&world, &mut rep, 1000, &every);
             planner_plans(&world, &mut rep, 100_000, &BACKEND_COLLECTIVES);
+            foreign_handles(&world, &mut rep);
         }
         "fault-counts" => fault_counts(&comm, &mut rep),
         "fault-elem" => fault_elem(&world, &comm, &mut rep),

@@ -34,6 +34,7 @@ use std::thread::JoinHandle;
 use relaycc_route::{DType, Location, ReduceOp};
 
 use super::host_reduce;
+use super::sealed::{Lending, Loan, Private, Trusted};
 use super::validate::{self, Bound, Resolved};
 use super::{AddressSpace, Backend, ByteRegion, DeviceMem, Launch, RawRegion};
 use crate::error::{CollectivesError, Result};
@@ -125,7 +126,7 @@ struct Block {
     layout: Option<Layout>,
     location: Location,
     bytes: u64,
-    /// Memory lent by a caller ([`HostBackend::lend`]): not counted in the arena, not freed.
+    /// Memory lent by a caller (`Trusted::lend`): not counted in the arena, not freed.
     lent: bool,
 }
 
@@ -543,7 +544,6 @@ type Worker = (Sender<Job>, Option<JoinHandle<()>>);
 pub struct HostBackend {
     blocks: Mutex<HashMap<u64, Block>>,
     arenas: Mutex<BTreeMap<Location, u64>>,
-    next_id: AtomicU64,
     workers: Mutex<Vec<Worker>>,
     /// The gate: the launch in flight, locked by every step that must not overlap one.
     inflight: Mutex<Option<Arc<LaunchState>>>,
@@ -551,6 +551,21 @@ pub struct HostBackend {
     pending: Mutex<Option<String>>,
     /// Most bytes allocated at once over every arena (`None`: as much as the host gives).
     limit: Option<u64>,
+    /// Calls of `upload` and `download` so far ([`HostBackend::transfers`]).
+    uploads: AtomicU64,
+    downloads: AtomicU64,
+    /// Every `download` fails ([`HostBackend::with_failing_downloads`]).
+    fail_downloads: bool,
+}
+
+/// How often a [`HostBackend`]'s host access was called: what a layer above it (the MPI
+/// layer's staging, say) copies in and out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTransfers {
+    /// Calls of [`Backend::upload`], failed ones included.
+    pub uploads: u64,
+    /// Calls of [`Backend::download`], failed ones included.
+    pub downloads: u64,
 }
 
 impl Default for HostBackend {
@@ -565,11 +580,13 @@ impl HostBackend {
         HostBackend {
             blocks: Mutex::new(HashMap::new()),
             arenas: Mutex::new(BTreeMap::new()),
-            next_id: AtomicU64::new(1),
             workers: Mutex::new(Vec::new()),
             inflight: Mutex::new(None),
             pending: Mutex::new(None),
             limit: None,
+            uploads: AtomicU64::new(0),
+            downloads: AtomicU64::new(0),
+            fail_downloads: false,
         }
     }
 
@@ -580,6 +597,23 @@ impl HostBackend {
         let mut b = Self::new();
         b.limit = Some(bytes);
         b
+    }
+
+    /// A host backend whose every `download` fails (after counting it), as a device whose
+    /// copies to the host fail: how tests make one rank's staged sends fail while its peers'
+    /// succeed.
+    pub fn with_failing_downloads() -> Self {
+        let mut b = Self::new();
+        b.fail_downloads = true;
+        b
+    }
+
+    /// The calls of `upload` and `download` since the backend was made.
+    pub fn transfers(&self) -> HostTransfers {
+        HostTransfers {
+            uploads: self.uploads.load(Ordering::Relaxed),
+            downloads: self.downloads.load(Ordering::Relaxed),
+        }
     }
 
     /// Bytes allocated in `location`'s arena.
@@ -629,36 +663,6 @@ impl HostBackend {
         Ok(())
     }
 
-    /// A handle for `bytes` bytes of the caller's memory at `addr`, accounted to `location`,
-    /// so that launches read and write it in place (the per-rank API's borrowed slices).
-    /// [`Backend::free`] of the handle waits for the launches in flight and gives the memory
-    /// back: it leaves the table and is not deallocated.
-    ///
-    /// # Safety
-    ///
-    /// `addr..addr + bytes` stays valid until `free` of the returned handle returns; nothing
-    /// else writes it meanwhile, and nothing else reads it while a launch may write it. The
-    /// handle goes to launches whose programs read it only where the lender allows only
-    /// reads (a shared slice is a plan's input, which no op writes).
-    pub(crate) unsafe fn lend(&self, location: Location, addr: usize, bytes: u64) -> DeviceMem {
-        // A zero-byte block owns nothing: any aligned address serves (an empty slice's
-        // address may be dangling).
-        let addr = if bytes == 0 { ARENA_ALIGN } else { addr };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.blocks).insert(
-            id,
-            Block {
-                addr,
-                layout: None,
-                location,
-                bytes,
-                lent: true,
-            },
-        );
-        // SAFETY: the block was just entered under this fresh id, at `location`, of `bytes`.
-        unsafe { DeviceMem::from_raw_parts(id, location, bytes) }
-    }
-
     /// Resolve a region of a block to an address, checking bounds.
     fn resolve_region(blocks: &HashMap<u64, Block>, r: &ByteRegion) -> Result<usize> {
         let b = blocks
@@ -681,10 +685,6 @@ impl HostBackend {
 impl Backend for HostBackend {
     fn name(&self) -> &'static str {
         "host"
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
     }
 
     fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
@@ -711,9 +711,9 @@ impl Backend for HostBackend {
             }
             (p as usize, Some(layout))
         };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(location, bytes);
         lock(&self.blocks).insert(
-            id,
+            mem.id(),
             Block {
                 addr,
                 layout,
@@ -723,8 +723,7 @@ impl Backend for HostBackend {
             },
         );
         *lock(&self.arenas).entry(location).or_insert(0) += bytes;
-        // SAFETY: the block was just made under this fresh id, at `location`, of `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, location, bytes) })
+        Ok(mem)
     }
 
     fn free(&self, mem: DeviceMem) {
@@ -748,6 +747,7 @@ impl Backend for HostBackend {
     }
 
     fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()> {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
         if src.len() as u64 != dst.bytes {
             return Err(err("upload length differs from the region's"));
         }
@@ -761,6 +761,10 @@ impl Backend for HostBackend {
     }
 
     fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()> {
+        self.downloads.fetch_add(1, Ordering::Relaxed);
+        if self.fail_downloads {
+            return Err(err("download failed (with_failing_downloads)"));
+        }
         if dst.len() as u64 != src.bytes {
             return Err(err("download length differs from the region's"));
         }
@@ -770,16 +774,6 @@ impl Backend for HostBackend {
         // SAFETY: as in `upload`, in the other direction.
         unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
-    }
-
-    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
-        let blocks = lock(&self.blocks);
-        let addr = Self::resolve_region(&blocks, &region)?;
-        Ok(Some(RawRegion {
-            addr,
-            bytes: region.bytes,
-            space: AddressSpace::Host,
-        }))
     }
 
     unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
@@ -900,6 +894,68 @@ impl Backend for HostBackend {
             Some(e) => Err(err(e)),
             None => Ok(()),
         }
+    }
+}
+
+/// The host backend lends host slices: a lent block is the caller's memory, read and written
+/// in place by launches (not counted in the arenas, never deallocated here), and taken back by
+/// `free`, which waits for the launches in flight.
+impl Trusted for HostBackend {
+    fn lending(&self, _: Private) -> Lending {
+        Lending::HostSlices
+    }
+
+    unsafe fn lend(&self, location: Location, loan: Loan, _: Private) -> Result<DeviceMem> {
+        let Loan::Host { addr, bytes } = loan else {
+            return Err(err("device memory lent to the host backend"));
+        };
+        // A zero-byte block owns nothing: any aligned address serves (an empty slice's
+        // address may be dangling).
+        let addr = if bytes == 0 { ARENA_ALIGN } else { addr };
+        let mem = DeviceMem::fresh(location, bytes);
+        lock(&self.blocks).insert(
+            mem.id(),
+            Block {
+                addr,
+                layout: None,
+                location,
+                bytes,
+                lent: true,
+            },
+        );
+        Ok(mem)
+    }
+
+    fn unlend(&self, mem: DeviceMem, _: Private) {
+        // `free` waits for the launches in flight; a lent block only leaves the table.
+        self.free(mem);
+    }
+
+    fn raw_region(&self, region: ByteRegion, _: Private) -> Result<Option<RawRegion>> {
+        let blocks = lock(&self.blocks);
+        let addr = Self::resolve_region(&blocks, &region)?;
+        Ok(Some(RawRegion {
+            addr,
+            bytes: region.bytes,
+            space: AddressSpace::Host,
+        }))
+    }
+
+    #[cfg(feature = "cuda")]
+    unsafe fn submit_on_streams(
+        &self,
+        _launches: &[Launch<'_>],
+        _streams: &[&cudarc::driver::CudaStream],
+        _: Private,
+    ) -> Result<()> {
+        Err(err(
+            "launches ordered within CUDA streams need the CUDA backend",
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn as_cuda(&self, _: Private) -> Option<&crate::cuda::CudaBackend> {
+        None
     }
 }
 
@@ -1053,7 +1109,7 @@ mod tests {
         };
         b.upload(r, &[1, 2, 3, 4, 5, 6, 7, 8]).expect("upload");
         let raw = b
-            .raw_region(r)
+            .raw_region(r, Private)
             .expect("known")
             .expect("host memory has an address");
         assert_eq!(raw.space, AddressSpace::Host);
@@ -1066,9 +1122,72 @@ mod tests {
         b.download(r, &mut back).expect("download");
         assert_eq!(back[0], 9);
         let past = ByteRegion { offset: 12, ..r };
-        assert!(b.raw_region(past).is_err());
+        assert!(b.raw_region(past, Private).is_err());
         b.free(mem);
-        assert!(b.raw_region(r).is_err());
+        assert!(b.raw_region(r, Private).is_err());
         assert!(b.synchronize().is_ok());
+    }
+
+    /// A handle names one allocation of one backend: another backend's handle, of the same
+    /// size and made in the same order, is unknown here (so it reaches neither this backend's
+    /// arenas nor memory lent to it), and so is a freed handle, even after new allocations.
+    #[test]
+    fn a_handle_of_another_backend_or_a_freed_one_names_nothing() {
+        let (a, b) = (HostBackend::new(), HostBackend::new());
+        let here = Location::Gpu(0);
+        let mine = a.allocate(here, 64).expect("allocate");
+        let theirs = b.allocate(here, 64).expect("allocate");
+        assert_ne!(mine.id(), theirs.id());
+        let r = |mem| ByteRegion {
+            mem,
+            offset: 0,
+            bytes: 64,
+        };
+        assert!(a.upload(r(theirs), &[7; 64]).is_err());
+        assert!(a.download(r(theirs), &mut [0; 64]).is_err());
+        assert!(a.raw_region(r(theirs), Private).is_err());
+        a.free(theirs);
+        assert!(
+            a.synchronize().is_err(),
+            "a free of an unknown handle is reported"
+        );
+        let mut back = [1u8; 64];
+        a.download(r(mine), &mut back).expect("download");
+        assert_eq!(back, [0; 64], "another backend's handle wrote nothing here");
+        a.free(mine);
+        let _next = a.allocate(here, 64).expect("allocate");
+        assert!(a.upload(r(mine), &[7; 64]).is_err());
+        b.free(theirs);
+        assert!(b.synchronize().is_ok());
+    }
+
+    /// `transfers` counts every upload and download, failed ones included; a backend made
+    /// `with_failing_downloads` refuses each download and leaves the destination as it was.
+    #[test]
+    fn transfers_are_counted_and_failing_downloads_fail() {
+        for failing in [false, true] {
+            let b = if failing {
+                HostBackend::with_failing_downloads()
+            } else {
+                HostBackend::new()
+            };
+            let mem = b.allocate(Location::Gpu(0), 8).expect("allocate");
+            let r = ByteRegion {
+                mem,
+                offset: 0,
+                bytes: 8,
+            };
+            b.upload(r, &[3; 8]).expect("upload");
+            assert!(
+                b.upload(r, &[3; 4]).is_err(),
+                "a length mismatch is refused"
+            );
+            let mut back = [9u8; 8];
+            assert_eq!(b.download(r, &mut back).is_err(), failing);
+            assert_eq!(back, if failing { [9; 8] } else { [3; 8] });
+            let t = b.transfers();
+            assert_eq!((t.uploads, t.downloads), (2, 1));
+            b.free(mem);
+        }
     }
 }

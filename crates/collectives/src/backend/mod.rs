@@ -35,6 +35,7 @@ pub(crate) mod host_reduce;
 pub(crate) mod validate;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use relaycc_route::{DType, Location, ReduceOp};
 
@@ -44,10 +45,13 @@ use crate::error::Result;
 /// it by.
 ///
 /// Safe code gets a handle only from the backend that made the allocation (or from whoever it
-/// was handed to), never by writing one: memory that this crate lends to a library by address
-/// (MPI's requests in `mpi::DevicePlan`) is reachable through no handle safe code holds, so
-/// nothing safe can free or write it while that library may use it. Writing a handle does not
-/// compile:
+/// was handed to), never by writing one, and a handle names one allocation of one backend:
+/// ids are drawn from one counter for the whole process and never reused, so a handle made by
+/// one backend names nothing on another (every backend refuses it as unknown), and a handle of
+/// freed memory names nothing ever again. Memory that this crate lends to a library by address
+/// (MPI's requests in `mpi::DevicePlan`) or borrows from a caller for one call (the per-rank
+/// API's slices, which may be lent read-only) is reachable through no handle safe code holds,
+/// so nothing safe can free or write it meanwhile. Writing a handle does not compile:
 ///
 /// ```compile_fail,E0451
 /// use relaycc_collectives::DeviceMem;
@@ -61,25 +65,24 @@ pub struct DeviceMem {
     bytes: u64,
 }
 
+/// The next allocation id of any backend of this process (0 is never given).
+static NEXT_MEM_ID: AtomicU64 = AtomicU64::new(1);
+
 impl DeviceMem {
-    /// The handle of allocation `id` of `bytes` bytes at `location`, for a backend that has
-    /// just made it.
-    ///
-    /// # Safety
-    ///
-    /// Only a backend may call this, for an allocation it made, with the id it gives that
-    /// allocation (unique for the backend's lifetime) and its true location and size. A handle
-    /// made up for another allocation would let safe code free or write memory that a library
-    /// may be using by address.
-    pub unsafe fn from_raw_parts(id: u64, location: Location, bytes: u64) -> DeviceMem {
+    /// The handle of a new allocation of `bytes` bytes at `location`, under an id no other
+    /// handle of this process has or will have: for a backend about to enter the allocation
+    /// in its table under [`DeviceMem::id`].
+    pub(crate) fn fresh(location: Location, bytes: u64) -> DeviceMem {
         DeviceMem {
-            id,
+            // Relaxed: only uniqueness matters, which the atomic increment gives. At one id a
+            // nanosecond the counter would take 584 years to wrap.
+            id: NEXT_MEM_ID.fetch_add(1, Ordering::Relaxed),
             location,
             bytes,
         }
     }
 
-    /// The backend's id of the allocation (unique for the backend's lifetime).
+    /// The id of the allocation (unique in the process, never reused).
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -128,7 +131,8 @@ pub enum AddressSpace {
 }
 
 /// The raw address of a region, for a library that moves bytes outside the backend's launches
-/// (MPI); see [`Backend::raw_region`].
+/// (MPI), as this crate's backends give it (crate-private: `sealed::Trusted::raw_region`), and
+/// as a [`crate::exec::run::RankMemory`] gives its slots' addresses to a transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RawRegion {
     /// Address of the region's first byte (a host pointer, or a device pointer).
@@ -224,7 +228,159 @@ pub struct Launch<'a> {
 }
 
 /// A machine that allocates memory and runs [`Program`]s (host threads, CUDA, MPI).
-pub trait Backend: Send + Sync + fmt::Debug {
+///
+/// # Sealed
+///
+/// Only this crate implements `Backend`: [`HostBackend`](crate::HostBackend) and, with
+/// feature `cuda`, `CudaBackend`. Memory safety rests on facts a backend states about itself:
+/// which memory of a caller it may run a launch on in place (the per-rank calls lend their
+/// slices, some of them read-only, for one call), the raw address of an allocation (which the
+/// MPI layer hands MPI to write through), and how long lent memory must live. A safe method
+/// of a public trait cannot vouch for any of that: an implementation outside the crate could
+/// say it is the host backend and then write, through a trusted backend's safe `upload`,
+/// into memory a rank lent read-only, or give MPI an address of freed memory. So those facts
+/// live in a crate-private supertrait (`sealed::Trusted`: what a backend lends and how,
+/// addresses, stream-ordered launches), which no other crate can name or implement, and
+/// whose methods no other crate can call (each takes a token only this crate can make); the
+/// library reaches a backend through these traits only, never by downcasting. A new backend
+/// lives inside this crate (`ARCHITECTURE.md`, "a new backend"). Allocation handles are
+/// unforgeable too ([`DeviceMem`]).
+///
+/// A backend implemented outside the crate does not compile. The issue's two forgeries, safe
+/// implementations that showed the library another backend than the one running its
+/// launches, are these; the first wrote into an immutable `Arc<Vec<f32>>` two ranks passed to
+/// `all_reduce` as input (and segfaulted on a `static` one):
+///
+/// ```compile_fail,E0277
+/// use std::sync::Arc;
+/// use relaycc_collectives::{
+///     Backend, ByteRegion, Communicator, DeviceMem, HostBackend, Launch, ReduceOp, Result,
+///     host_topology,
+/// };
+/// use relaycc_route::Location;
+///
+/// /// Shows the library a host backend, whose lent memory it trusts, and runs launches itself.
+/// #[derive(Debug, Default)]
+/// struct Forged {
+///     trusted: HostBackend,
+/// }
+///
+/// impl Backend for Forged {
+///     fn name(&self) -> &'static str {
+///         "forged"
+///     }
+///     fn allocate(&self, at: Location, bytes: u64) -> Result<DeviceMem> {
+///         self.trusted.allocate(at, bytes)
+///     }
+///     fn free(&self, mem: DeviceMem) {
+///         self.trusted.free(mem)
+///     }
+///     fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()> {
+///         self.trusted.upload(dst, src)
+///     }
+///     fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()> {
+///         self.trusted.download(src, dst)
+///     }
+///     unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
+///         // No `unsafe` block: a safe upload writes every region bound to the launch, the
+///         // input a rank lent read-only included.
+///         for b in launches.iter().flat_map(|l| l.bindings) {
+///             self.trusted.upload(*b, &vec![0xAB; b.bytes as usize])?;
+///         }
+///         Ok(())
+///     }
+///     fn synchronize(&self) -> Result<()> {
+///         self.trusted.synchronize()
+///     }
+///     fn as_any(&self) -> Option<&dyn std::any::Any> {
+///         Some(&self.trusted)
+///     }
+/// }
+///
+/// let comm = Communicator::new(host_topology(2)?, &[0, 1], &[], Arc::new(Forged::default()))?;
+/// let shared = Arc::new(vec![1.0f32; 1024]);
+/// std::thread::scope(|s| {
+///     for mut rank in comm.into_ranks() {
+///         let shared = shared.clone();
+///         s.spawn(move || {
+///             let mut out = vec![0f32; 1024];
+///             rank.all_reduce(&shared[..], &mut out[..], ReduceOp::Sum)
+///         });
+///     }
+/// });
+/// assert_eq!(shared[0], 1.0);
+/// # Ok::<(), relaycc_collectives::CollectivesError>(())
+/// ```
+///
+/// The second, through `MpiCommunicator::prepare` (feature `mpi`), allocated in one host
+/// backend and showed the MPI layer another, whose addresses for the same allocations were
+/// memory it had freed, so a peer's message overwrote reused heap:
+///
+/// ```compile_fail,E0277
+/// use std::sync::Arc;
+/// use relaycc_collectives::{
+///     Backend, ByteRegion, DeviceMem, HostBackend, Launch, RawRegion, Result,
+/// };
+/// use relaycc_route::Location;
+///
+/// #[derive(Debug, Default)]
+/// struct Decoy {
+///     real: HostBackend,
+///     shown: HostBackend,
+/// }
+///
+/// impl Backend for Decoy {
+///     fn name(&self) -> &'static str {
+///         "decoy"
+///     }
+///     fn allocate(&self, at: Location, bytes: u64) -> Result<DeviceMem> {
+///         // The shown backend's block of the same size is freed at once: its address is
+///         // what MPI gets.
+///         let shown = self.shown.allocate(at, bytes)?;
+///         self.shown.free(shown);
+///         self.real.allocate(at, bytes)
+///     }
+///     fn free(&self, mem: DeviceMem) {
+///         self.real.free(mem)
+///     }
+///     fn upload(&self, dst: ByteRegion, src: &[u8]) -> Result<()> {
+///         self.real.upload(dst, src)
+///     }
+///     fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()> {
+///         self.real.download(src, dst)
+///     }
+///     unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {
+///         Ok(())
+///     }
+///     fn synchronize(&self) -> Result<()> {
+///         self.real.synchronize()
+///     }
+///     fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
+///         self.shown.raw_region(region)
+///     }
+///     fn as_any(&self) -> Option<&dyn std::any::Any> {
+///         Some(&self.shown)
+///     }
+/// }
+///
+/// #[cfg(feature = "mpi")]
+/// fn run(comm: &relaycc_collectives::mpi::MpiCommunicator, plan: &relaycc_route::Plan) {
+///     let _ = comm.prepare(Arc::new(Decoy::default()), plan);
+/// }
+/// ```
+///
+/// Nor can code outside the crate call the trusted methods on a backend it holds (here the
+/// raw address of an allocation):
+///
+/// ```compile_fail,E0061
+/// use relaycc_collectives::{ByteRegion, Communicator};
+/// use relaycc_route::Location;
+/// let comm = Communicator::host(2)?;
+/// let mem = comm.backend().allocate(Location::Gpu(0), 8)?;
+/// let raw = comm.backend().raw_region(ByteRegion { mem, offset: 0, bytes: 8 });
+/// # Ok::<(), relaycc_collectives::CollectivesError>(())
+/// ```
+pub trait Backend: sealed::Trusted + Send + Sync + fmt::Debug {
     /// A short name for messages (`host`, `cuda`).
     fn name(&self) -> &'static str;
     /// Allocate `bytes` bytes (zeroed) at `location`.
@@ -267,26 +423,6 @@ pub trait Backend: Send + Sync + fmt::Debug {
     unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()>;
     /// Wait for every launch; returns the first error any of them met since the last call.
     fn synchronize(&self) -> Result<()>;
-    /// The raw address of `region` for a library that moves bytes outside launches (MPI), or
-    /// `None` where the backend keeps its addresses to itself (the default). Host memory comes
-    /// back as [`AddressSpace::Host`], device memory as [`AddressSpace::Device`].
-    ///
-    /// The address stays valid until the allocation is freed. It carries no ordering: the
-    /// caller must [`Backend::synchronize`] before it reads bytes a launch wrote, and must not
-    /// submit a launch that touches bytes the library is still using.
-    ///
-    /// This is a safe method any backend may implement, so nothing vouches for the address it
-    /// returns: code that hands it to a library writing through it must trust the backend.
-    /// The MPI layer (feature `mpi`) uses only the addresses of this crate's backends
-    /// ([`crate::HostBackend`], `CudaBackend`, recognised through
-    /// [`Backend::as_any`]) and stages the messages of any other backend through memory it
-    /// owns.
-    ///
-    /// Errors: an unknown allocation, or a region outside it.
-    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
-        let _ = region;
-        Ok(None)
-    }
     /// Host time the backend spends enqueuing one op of a plan (its copy or kernel launch and
     /// the event records and waits around it), microseconds. The communicator's planner times
     /// candidates with it ([`relaycc_route::SimConfig::issue_us`]), so that a backend that
@@ -294,9 +430,118 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn op_issue_us(&self) -> f64 {
         0.0
     }
-    /// The backend as `Any`, for backend-specific features reached through a `dyn Backend`
-    /// (the CUDA backend's zero-copy `CudaSlice` interop). `None` by default.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
+}
+
+/// The sealed supertrait of [`Backend`]: what a backend states about itself that memory
+/// safety rests on, so only this crate's backends may state it. The module is private to the
+/// crate, so no other crate can name [`sealed::Trusted`], implement it, or implement
+/// `Backend`.
+pub(crate) mod sealed {
+    use relaycc_route::Location;
+
+    use super::{ByteRegion, DeviceMem, RawRegion};
+    use crate::error::Result;
+
+    /// How a backend runs a per-rank call on the memory its ranks lend for the call.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Lending {
+        /// Host slices (`&[T]`, `&mut [T]`) lent as [`Loan::Host`]: launches run on the
+        /// backend's lanes, the call waits for them, and [`Trusted::unlend`] waits for the
+        /// launches in flight before the slice goes back (the host backend).
+        HostSlices,
+        /// CUDA device memory lent as [`Loan::Device`] on the callers' streams: launches are
+        /// ordered within those streams ([`Trusted::submit_on_streams`]) without a host wait,
+        /// and [`Trusted::unlend`] does not wait, since each caller's stream orders the
+        /// memory's reuse after the launch (the CUDA backend).
+        #[cfg(feature = "cuda")]
+        DeviceBuffers,
+    }
+
+    /// Memory a caller lends to a backend for one call.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Loan {
+        /// `bytes` bytes of host memory at `addr`.
+        Host {
+            /// Address of the first byte (any value when `bytes` is 0).
+            addr: usize,
+            /// Bytes.
+            bytes: u64,
+        },
+        /// `bytes` bytes of device memory at `ptr` on CUDA device `ordinal`.
+        Device {
+            /// The CUDA device (the caller's stream's).
+            ordinal: usize,
+            /// Device address of the first byte.
+            ptr: u64,
+            /// Bytes.
+            bytes: u64,
+        },
+    }
+
+    /// The last argument of every [`Trusted`] method: a token no other crate can name or make,
+    /// so that the methods are callable inside this crate only (a supertrait's methods are
+    /// otherwise callable on a `dyn Backend` anywhere, even where the trait cannot be named).
+    #[derive(Debug, Clone, Copy)]
+    pub struct Private;
+
+    /// Implemented by this crate's backends only (see [`super::Backend`], "Sealed"): the
+    /// library trusts what these methods say, and reaches the backend-specific features
+    /// through them rather than by downcasting. Each takes a [`Private`] token, so only this
+    /// crate calls them.
+    pub trait Trusted {
+        /// How this backend runs per-rank calls on lent memory.
+        fn lending(&self, _: Private) -> Lending;
+
+        /// A handle for the memory of `loan`, accounted to `location`, that launches read and
+        /// write in place until [`Trusted::unlend`] takes it back. Memory of the other kind
+        /// than [`Trusted::lending`] says (device memory on the host backend, host memory on
+        /// the CUDA backend), or of a CUDA device other than `location`'s, is an error.
+        ///
+        /// # Safety
+        ///
+        /// The memory stays valid until every launch that uses the handle is done (on the
+        /// host backend: until `unlend` returns; on a GPU: the lender orders its free after
+        /// the launch on its stream). Nothing else writes it meanwhile, and nothing else reads
+        /// it while a launch may write it. The handle goes only to launches whose programs
+        /// read it where the lender allows only reads (a shared slice is a plan's input,
+        /// which no op of a checked plan writes).
+        unsafe fn lend(&self, location: Location, loan: Loan, _: Private) -> Result<DeviceMem>;
+
+        /// Take a lent handle out of the backend's table: after the launches in flight on the
+        /// host backend; at once on the CUDA backend (see [`Lending`]). Never fails: a handle
+        /// that was not lent is an error kept for the next `synchronize`.
+        fn unlend(&self, mem: DeviceMem, _: Private);
+
+        /// The raw address of `region` for a library that moves bytes outside launches (MPI):
+        /// host memory as [`super::AddressSpace::Host`], device memory as
+        /// [`super::AddressSpace::Device`] (sound to hand MPI only when it is CUDA-aware, the
+        /// caller's call), or `None` where the backend gives no address.
+        ///
+        /// The address is the allocation's until it is freed. It carries no ordering: the
+        /// caller synchronizes before it reads bytes a launch wrote, and submits no launch
+        /// that touches bytes the library is still using.
+        ///
+        /// Errors: an unknown allocation, or a region outside it.
+        fn raw_region(&self, region: ByteRegion, _: Private) -> Result<Option<RawRegion>>;
+
+        /// Enqueue a launch ordered within the callers' CUDA streams, without a host wait:
+        /// work each caller enqueues on its stream afterwards sees the result. An error on
+        /// a backend whose [`Trusted::lending`] is not [`Lending::DeviceBuffers`].
+        ///
+        /// # Safety
+        ///
+        /// As [`super::Backend::submit`].
+        #[cfg(feature = "cuda")]
+        unsafe fn submit_on_streams(
+            &self,
+            launches: &[super::Launch<'_>],
+            streams: &[&cudarc::driver::CudaStream],
+            _: Private,
+        ) -> Result<()>;
+
+        /// The CUDA backend itself, for its cudarc interop (`Communicator::wrap_cuda_slice`,
+        /// `DeviceBuffer::into_cuda_slice`); `None` on any other backend.
+        #[cfg(feature = "cuda")]
+        fn as_cuda(&self, _: Private) -> Option<&crate::cuda::CudaBackend>;
     }
 }

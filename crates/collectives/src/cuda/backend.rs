@@ -25,9 +25,7 @@
 //! reduction (or its first copy below the SM-copy threshold, which falls back to copy engines
 //! when they cannot be loaded), so copy-only collectives need no NVRTC.
 
-use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::result::DriverError;
@@ -38,6 +36,7 @@ use relaycc_topo::rates::SM_COPY_BELOW_BYTES;
 
 use super::launch::{CallScratch, KernelState, LaunchCache};
 use super::memory::Alloc;
+use crate::backend::sealed::{Lending, Loan, Private, Trusted};
 use crate::backend::{Backend, ByteRegion, DeviceMem, Launch, RawRegion};
 use crate::cuda::{self, CudaError, KernelCache};
 use crate::error::{CollectivesError, Result};
@@ -125,7 +124,6 @@ pub struct CudaBackend {
     pub(super) reach: Vec<Vec<bool>>,
     pub(super) kernels: KernelCache,
     pub(super) state: Mutex<State>,
-    pub(super) next_id: AtomicU64,
     /// An error met where it could not be returned (`free`, `Drop`, an asynchronous failure).
     pending: Mutex<Option<String>>,
 }
@@ -230,7 +228,6 @@ impl CudaBackend {
                 scratch: CallScratch::default(),
                 sm_copy_below: SM_COPY_BELOW_BYTES,
             }),
-            next_id: AtomicU64::new(1),
             pending: Mutex::new(None),
         })
     }
@@ -307,6 +304,54 @@ impl CudaBackend {
     }
 }
 
+/// The CUDA backend lends device memory of the callers' streams: a lent allocation is the
+/// caller's (never freed here), used by launches ordered within the callers' streams.
+impl Trusted for CudaBackend {
+    fn lending(&self, _: Private) -> Lending {
+        Lending::DeviceBuffers
+    }
+
+    unsafe fn lend(&self, location: Location, loan: Loan, _: Private) -> Result<DeviceMem> {
+        let Loan::Device {
+            ordinal,
+            ptr,
+            bytes,
+        } = loan
+        else {
+            return Err(err("host memory lent to the CUDA backend"));
+        };
+        // SAFETY: the caller keeps `Trusted::lend`'s contract, which is `lend_device`'s.
+        unsafe { self.lend_device(location, ptr, bytes, ordinal) }
+    }
+
+    /// It does not wait: the launches already enqueued keep their addresses, and the lender
+    /// orders its memory's reuse after them on its stream.
+    fn unlend(&self, mem: DeviceMem, _: Private) {
+        self.unlend_device(mem);
+    }
+
+    /// Device memory comes back as a device pointer (usable by CUDA-aware MPI only), pinned
+    /// memory as a host pointer; whether device pointers may go to MPI is the caller's call
+    /// (`RELAYCC_MPI_CUDA_AWARE`), not the backend's.
+    fn raw_region(&self, region: ByteRegion, _: Private) -> Result<Option<RawRegion>> {
+        self.raw_region_mem(region)
+    }
+
+    unsafe fn submit_on_streams(
+        &self,
+        launches: &[Launch<'_>],
+        streams: &[&CudaStream],
+        _: Private,
+    ) -> Result<()> {
+        // SAFETY: the caller keeps `Backend::submit`'s contract, which is `submit_on`'s.
+        unsafe { self.submit_on(launches, streams) }
+    }
+
+    fn as_cuda(&self, _: Private) -> Option<&CudaBackend> {
+        Some(self)
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -314,10 +359,6 @@ impl Backend for CudaBackend {
 
     fn op_issue_us(&self) -> f64 {
         CUDA_OP_ISSUE_US
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
     }
 
     fn allocate(&self, location: Location, bytes: u64) -> Result<DeviceMem> {
@@ -334,13 +375,6 @@ impl Backend for CudaBackend {
 
     fn download(&self, src: ByteRegion, dst: &mut [u8]) -> Result<()> {
         self.download_mem(src, dst)
-    }
-
-    /// Device memory comes back as a device pointer (usable by CUDA-aware MPI only), pinned
-    /// memory as a host pointer; whether device pointers may go to MPI is the caller's call
-    /// (`RELAYCC_MPI_CUDA_AWARE`), not the backend's.
-    fn raw_region(&self, region: ByteRegion) -> Result<Option<RawRegion>> {
-        self.raw_region_mem(region)
     }
 
     unsafe fn submit(&self, launches: &[Launch<'_>]) -> Result<()> {

@@ -4,7 +4,6 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -99,9 +98,9 @@ impl CudaBackend {
         };
         let bytes = slice.num_bytes() as u64;
         let stream = slice.stream().clone();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(Location::Gpu(gpu), bytes);
         lock(&self.state).allocs.insert(
-            id,
+            mem.id(),
             Alloc {
                 ptr,
                 bytes,
@@ -112,8 +111,7 @@ impl CudaBackend {
                 },
             },
         );
-        // SAFETY: the slice was just recorded under this fresh id, on GPU `gpu`, of `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, Location::Gpu(gpu), bytes) })
+        Ok(mem)
     }
 
     /// Give an allocation back as a `CudaSlice<T>` of `len` elements, without copying, after
@@ -165,9 +163,10 @@ impl CudaBackend {
         }
     }
 
-    /// A handle for `bytes` bytes of a caller's device memory at `ptr` on logical GPU `gpu`,
-    /// which must run on CUDA device `ordinal` (the caller's stream's), for one launch of a
-    /// per-rank call. [`CudaBackend::unlend`] takes it out of the table without waiting.
+    /// A handle for `bytes` bytes of a caller's device memory at `ptr` at `location` (a GPU
+    /// that must run on CUDA device `ordinal`, the caller's stream's), for one launch of a
+    /// per-rank call ([`crate::backend::sealed::Trusted::lend`]);
+    /// [`CudaBackend::unlend_device`] takes it out of the table without waiting.
     ///
     /// # Safety
     ///
@@ -175,25 +174,25 @@ impl CudaBackend {
     /// every launch that uses the handle is done on the GPU (a caller orders its free after
     /// the launch on its stream), and no other work writes it, or reads what the launch
     /// writes, unless ordered after the launch.
-    pub(crate) unsafe fn lend_device(
+    pub(super) unsafe fn lend_device(
         &self,
-        gpu: u32,
+        location: Location,
         ptr: u64,
         bytes: u64,
         ordinal: usize,
     ) -> Result<DeviceMem> {
         let dev = self
-            .dev_of(Location::Gpu(gpu))?
-            .ok_or_else(|| err(format!("logical GPU {gpu} is not a GPU")))?;
+            .dev_of(location)?
+            .ok_or_else(|| err(format!("{location:?} is not a GPU")))?;
         if self.ordinals[dev] != ordinal {
             return Err(err(format!(
-                "the buffer lives on CUDA device {ordinal}, logical GPU {gpu} runs on device {}",
+                "the buffer lives on CUDA device {ordinal}, {location:?} runs on device {}",
                 self.ordinals[dev]
             )));
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mem = DeviceMem::fresh(location, bytes);
         lock(&self.state).allocs.insert(
-            id,
+            mem.id(),
             Alloc {
                 ptr,
                 bytes,
@@ -201,14 +200,13 @@ impl CudaBackend {
                 storage: Storage::Lent,
             },
         );
-        // SAFETY: the entry was just made under this fresh id, on GPU `gpu`, of `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, Location::Gpu(gpu), bytes) })
+        Ok(mem)
     }
 
     /// Take a lent handle out of the table. It does not wait: the launches already enqueued
     /// keep their addresses, and the lender orders its memory's reuse after them on its
     /// stream.
-    pub(crate) fn unlend(&self, mem: DeviceMem) {
+    pub(super) fn unlend_device(&self, mem: DeviceMem) {
         let mut st = lock(&self.state);
         if !matches!(
             st.allocs.get(&mem.id()),
@@ -271,11 +269,9 @@ impl CudaBackend {
             }
         };
         drop(st);
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.state).allocs.insert(id, alloc);
-        // SAFETY: the allocation was just recorded under this fresh id, at `location`, of
-        // `bytes`.
-        Ok(unsafe { DeviceMem::from_raw_parts(id, location, bytes) })
+        let mem = DeviceMem::fresh(location, bytes);
+        lock(&self.state).allocs.insert(mem.id(), alloc);
+        Ok(mem)
     }
 
     /// Release an allocation in stream order: device memory is freed on its stream after that

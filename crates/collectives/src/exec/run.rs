@@ -55,7 +55,53 @@ pub trait Transport {
 
 /// A rank's memory and lanes as the runner sees them: the bindings of its program, where a
 /// transport may reach them, and how local segments run.
-pub trait RankMemory {
+///
+/// # Safety
+///
+/// The runner writes and reads through the addresses the safe methods [`RankMemory::address`]
+/// and [`RankMemory::staging`] return, and hands them to its transport, which does too, so an
+/// implementation promises that:
+/// - a `Some` from `address(slot)` is `slot.bytes` bytes of memory of the space it names (the
+///   slot's bytes of its binding), and
+/// - `staging(send, recv)` returns pointers to at least `send` and `recv` bytes of writable
+///   host memory (a pointer to 0 bytes may dangle), disjoint from each other and from every
+///   binding,
+///
+/// which stay allocated, and which nothing but the runner, its transport and this memory's
+/// own methods touches, for as long as the value lives and, after a run whose transport
+/// reports requests left pending, for as long as its owner is told they may live. A safe
+/// implementation, which the runner would follow to any address, does not compile:
+///
+/// ```compile_fail,E0200
+/// use relaycc_collectives::Result;
+/// use relaycc_collectives::backend::{Program, RawRegion, Slot};
+/// use relaycc_collectives::exec::run::RankMemory;
+///
+/// struct Anywhere;
+///
+/// impl RankMemory for Anywhere {
+///     fn address(&self, _: &Slot) -> Option<RawRegion> {
+///         None
+///     }
+///     unsafe fn launch(&mut self, _: &Program) -> Result<()> {
+///         Ok(())
+///     }
+///     fn synchronize(&mut self) -> Result<()> {
+///         Ok(())
+///     }
+///     fn download(&mut self, _: &Slot, _: &mut [u8]) -> Result<()> {
+///         Ok(())
+///     }
+///     fn upload(&mut self, _: &Slot, _: &[u8]) -> Result<()> {
+///         Ok(())
+///     }
+///     fn staging(&mut self, _: usize, _: usize) -> Result<(*mut u8, *mut u8)> {
+///         // Every staged message of a run would be written here.
+///         Ok((8 as *mut u8, 8 as *mut u8))
+///     }
+/// }
+/// ```
+pub unsafe trait RankMemory {
     /// The address of `slot` when a transport may use it in place (`None`: stage it).
     fn address(&self, slot: &Slot) -> Option<RawRegion>;
     /// Start `program` on the bindings (it may run asynchronously until
@@ -296,7 +342,12 @@ impl<'a> HostMemory<'a> {
     }
 }
 
-impl RankMemory for HostMemory<'_> {
+// SAFETY: `address` gives the slot's bytes of its buffer, which `new`'s contract keeps live
+// and untouched by others for the run and any pending requests (the lowering bounds every
+// slot by its binding, `new` checked each buffer holds it); `staging` gives disjoint ranges
+// of the `staging` vector, which this value borrows mutably for its life, sized to hold
+// both, apart from every buffer.
+unsafe impl RankMemory for HostMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
         Some(RawRegion {
             addr: self.at(slot) as usize,

@@ -14,9 +14,7 @@ use super::requests::Requests;
 use super::schedule::Schedule;
 use super::transport::MpiTransport;
 use super::{MpiCommunicator, MpiError, MpiResult};
-#[cfg(feature = "cuda")]
-use crate::CudaBackend;
-use crate::HostBackend;
+use crate::backend::sealed::Private;
 use crate::backend::{
     AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
 };
@@ -29,14 +27,14 @@ pub enum TransferMode {
     /// Every message goes through host staging memory: the sender downloads the region into
     /// a staging buffer and sends that; the receiver receives into a staging buffer and
     /// uploads it once the level's messages are complete. Staging memory comes from the
-    /// backend's host memory (pinned on CUDA) where one of this crate's backends gives its
-    /// address, else from a plain vector the plan owns. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
+    /// backend's host memory (pinned on CUDA) where the backend gives its address, else from
+    /// a plain vector the plan owns. The default without `RELAYCC_MPI_CUDA_AWARE=1`.
     Staged,
-    /// MPI reads and writes the backend's memory through the addresses the backend gives
-    /// ([`Backend::raw_region`]); device addresses are only sound with a CUDA-aware MPI.
-    /// Only this crate's backends ([`HostBackend`], `CudaBackend`) are asked for addresses;
-    /// the buffers of any other backend, and those a backend gives no address for, are
-    /// staged as above. The default with `RELAYCC_MPI_CUDA_AWARE=1`.
+    /// MPI reads and writes the backend's memory through the addresses the backend gives;
+    /// device addresses are only sound with a CUDA-aware MPI. Every backend is this crate's
+    /// ([`Backend`] is sealed), so the addresses are known to be right; buffers a backend
+    /// gives no address for are staged as above. The default with
+    /// `RELAYCC_MPI_CUDA_AWARE=1`.
     Direct,
 }
 
@@ -80,7 +78,7 @@ impl HostBuf {
             offset: 0,
             bytes: mem.bytes(),
         };
-        Ok(match trusted_raw_region(backend, whole) {
+        Ok(match backend.raw_region(whole, Private) {
             Ok(Some(r)) if r.space == AddressSpace::Host => {
                 *self = HostBuf::Backend { mem, addr: r.addr };
                 r.addr as *mut u8
@@ -94,25 +92,6 @@ impl HostBuf {
             }
         })
     }
-}
-
-/// The raw address of `region` when `backend` is one of this crate's backends
-/// ([`HostBackend`], `CudaBackend`), whose addresses are known to be right; `None` for any
-/// other backend. [`Backend::raw_region`] is a safe method any backend may implement, and
-/// MPI writes through the address, so an address from a backend outside this crate is never
-/// used: its messages are staged through memory the plan owns.
-fn trusted_raw_region(backend: &dyn Backend, region: ByteRegion) -> MpiResult<Option<RawRegion>> {
-    let Some(any) = backend.as_any() else {
-        return Ok(None);
-    };
-    if let Some(host) = any.downcast_ref::<HostBackend>() {
-        return Ok(host.raw_region(region)?);
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(cuda) = any.downcast_ref::<CudaBackend>() {
-        return Ok(cuda.raw_region(region)?);
-    }
-    Ok(None)
 }
 
 /// The backend memory MPI may read or write during a run: scratch, mirrors and staging,
@@ -231,7 +210,14 @@ pub(super) fn slot_address(direct: &[Option<RawRegion>], s: &Slot) -> Option<Raw
     })
 }
 
-impl RankMemory for BackendMemory<'_> {
+// SAFETY: `address` gives the slot's bytes of an address the backend gave for its binding
+// (the sealed `Trusted::raw_region`, trusted because only this crate's backends implement
+// it), a region of this plan's scratch or mirrors, which the plan (or, after a failure, the
+// communicator's graveyard) keeps allocated while MPI may use it, and which nothing outside
+// the run touches; `staging` gives two host buffers of at least the asked sizes owned by the
+// plan (the backend's host memory or plain vectors), kept the same way and apart from every
+// binding.
+unsafe impl RankMemory for BackendMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
         slot_address(self.direct, slot)
     }
@@ -430,6 +416,12 @@ impl<'a> DevicePlan<'a> {
                 "input and output overlap (in-place runs are not supported here)".into(),
             ));
         }
+        // Both are regions of this plan's backend (a handle of another backend, or of freed
+        // memory, names nothing there): refused here, before any message, on every rank that
+        // passes one, rather than at whichever later step first touches it.
+        for r in [input, output] {
+            self.mem.backend.raw_region(r, Private)?;
+        }
         let whole = |m: DeviceMem| ByteRegion {
             mem: m,
             offset: 0,
@@ -451,9 +443,9 @@ impl<'a> DevicePlan<'a> {
         for r in &self.bindings {
             let raw = match self.mode {
                 TransferMode::Staged => None,
-                // Direct means MPI may use device addresses too (CUDA-aware); a backend
-                // outside this crate, or one that gives no address, forces staging.
-                TransferMode::Direct => trusted_raw_region(&*self.mem.backend, *r)?,
+                // Direct means MPI may use device addresses too (CUDA-aware); a binding the
+                // backend gives no address for is staged.
+                TransferMode::Direct => self.mem.backend.raw_region(*r, Private)?,
             };
             self.direct.push(raw);
         }

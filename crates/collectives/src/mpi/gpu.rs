@@ -46,6 +46,7 @@ use super::transport::MpiTransport;
 use super::typed::{InputAt, Kind, Shape};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
+use crate::backend::sealed::{Loan, Private};
 use crate::backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot};
 use crate::cuda::{self, CudaBackend, CudaError};
 use crate::element::Element;
@@ -525,23 +526,22 @@ impl Place<'_> {
     /// taken on the caller's stream, or host memory), and stays allocated until every launch
     /// and transfer of the call is done (on the caller's stream for the GPU).
     unsafe fn lend(&self, addr: usize, bytes: u64) -> crate::error::Result<DeviceMem> {
-        match *self {
-            // SAFETY: the caller's contract.
-            Place::Cuda { cuda, ordinal, .. } => unsafe {
-                cuda.lend_device(0, addr as u64, bytes, ordinal)
+        let loan = match *self {
+            Place::Cuda { ordinal, .. } => Loan::Device {
+                ordinal,
+                ptr: addr as u64,
+                bytes,
             },
-            // SAFETY: the caller's contract.
-            Place::Host(h) => Ok(unsafe { h.lend(GPU, addr, bytes) }),
-        }
+            Place::Host(_) => Loan::Host { addr, bytes },
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.backend().lend(GPU, loan, Private) }
     }
 
     /// Take a lent handle back: without waiting on the GPU (the caller's stream orders the
     /// memory's reuse); after the launches in flight on the host backend.
     fn unlend(&self, m: DeviceMem) {
-        match self {
-            Place::Cuda { cuda, .. } => cuda.unlend(m),
-            Place::Host(h) => h.free(m),
-        }
+        self.backend().unlend(m, Private)
     }
 
     /// Submit launches: ordered within the caller's stream on the GPU.
@@ -834,7 +834,7 @@ fn run_prepared(
         let raw = if host_sync && ctx.mode == TransferMode::Staged {
             None
         } else {
-            place.backend().raw_region(*b)?
+            place.backend().raw_region(*b, Private)?
         };
         p.direct.push(raw);
     }
@@ -899,7 +899,13 @@ impl GpuMemory<'_> {
     }
 }
 
-impl RankMemory for GpuMemory<'_> {
+// SAFETY: as for `device.rs`'s `BackendMemory`: addresses are the trusted backend's (the
+// sealed `Trusted::raw_region`), of this shape's own bindings (mirrors and scratch, kept by
+// the shape or, after a failure, the graveyard while MPI may use them) or, with NCCL only, of
+// the caller's buffers lent for the call, whose transfers are enqueued on the caller's stream
+// and so come before any reuse the caller orders after the call; staging is two host
+// buffers of at least the asked sizes owned by the shape, apart from every binding.
+unsafe impl RankMemory for GpuMemory<'_> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
         slot_address(self.direct, slot)
     }
@@ -1193,6 +1199,7 @@ mod tests {
     use relaycc_route::{Collective, Request};
 
     use super::*;
+    use crate::backend::sealed::Trusted;
 
     #[test]
     fn transports_parse_by_name() {
@@ -1245,7 +1252,7 @@ mod tests {
                             .expect("upload");
                         let direct: Vec<Option<RawRegion>> = bindings
                             .iter()
-                            .map(|b| cuda.raw_region(*b).expect("address"))
+                            .map(|b| cuda.raw_region(*b, Private).expect("address"))
                             .collect();
                         let ctx = CudaContext::new(ordinal).expect("context");
                         let stream = ctx.new_stream().expect("stream");

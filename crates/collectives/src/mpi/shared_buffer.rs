@@ -36,7 +36,7 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 /// This process's live shared buffers: `(first byte, bytes, serial, fd)`.
 static REGISTERED: Mutex<Vec<(usize, usize, u64, i32)>> = Mutex::new(Vec::new());
 
-/// Pages are mapped whole.
+/// The page size where the system does not say (pages are mapped whole).
 const PAGE_BYTES: usize = 4096;
 
 /// The seals every shared buffer's file carries: its size never changes, so a peer that
@@ -55,6 +55,12 @@ pub(crate) const MAX_PEER_MAPPINGS: usize = 64;
 /// `Vec`'s memory, a child made by `fork` shares it with the parent instead of copying it.
 /// `T` is any plain-old-data type (the collectives take their element types; the
 /// communicator's own run buffers are `u128` words).
+///
+/// The elements are aligned for `T` whatever its alignment: a mapping starts on a page
+/// boundary, which serves every type aligned to a page or less, and a type aligned above the
+/// page size (`#[repr(align(65536))]`, say) gets its mapping placed at a multiple of its
+/// alignment inside a larger reservation of address space, so its slice is never misaligned
+/// (Rust caps alignment at 2^29 bytes, so the reservation is bounded).
 ///
 /// ```no_run
 /// # fn main() -> Result<(), relaycc_collectives::mpi::MpiError> {
@@ -119,7 +125,7 @@ impl<T: bytemuck::Pod> SharedHostBuffer<T> {
             MpiError::SharedMemory(format!("{len} elements overflow the address space"))
         })?;
         Ok(SharedHostBuffer {
-            map: SharedMapping::zeroed(bytes)?,
+            map: SharedMapping::zeroed(bytes, std::mem::align_of::<T>())?,
             len,
             _elements: PhantomData,
         })
@@ -132,11 +138,12 @@ impl<T: bytemuck::Pod> SharedHostBuffer<T> {
 }
 
 impl SharedMapping {
-    /// At least `bytes` zeroed bytes (whole pages), registered for single copies.
-    fn zeroed(bytes: usize) -> Result<Self, MpiError> {
+    /// At least `bytes` zeroed bytes (whole pages) starting at a multiple of `align` (a power
+    /// of two), registered for single copies.
+    fn zeroed(bytes: usize, align: usize) -> Result<Self, MpiError> {
         let mapped = bytes
             .max(1)
-            .checked_next_multiple_of(PAGE_BYTES)
+            .checked_next_multiple_of(page_bytes())
             .ok_or_else(|| {
                 MpiError::SharedMemory(format!("{bytes} bytes overflow the address space"))
             })?;
@@ -162,20 +169,7 @@ impl SharedMapping {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SIZE_SEALS) } != 0 {
             return Err(os_error("sealing a shared buffer's size"));
         }
-        // SAFETY: a fresh shared mapping of the whole file; the result is checked.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(os_error("mmap of a shared buffer"));
-        }
+        let at = map_aligned(&fd, mapped, align)?;
         let ptr = NonNull::new(at.cast::<u8>()).ok_or_else(|| os_error("mmap returned null"))?;
         registry().push((at as usize, mapped, serial, fd.as_raw_fd()));
         Ok(SharedMapping {
@@ -186,16 +180,99 @@ impl SharedMapping {
         })
     }
 
-    /// The first byte (page-aligned).
+    /// The first byte (aligned as `zeroed` was asked, and at least to a page).
     fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 }
 
+/// The system's page size (what `mmap` aligns a mapping to), 4096 bytes if it cannot say.
+fn page_bytes() -> usize {
+    // SAFETY: `sysconf` has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page)
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(PAGE_BYTES)
+}
+
+/// Map all `mapped` bytes of `fd` shared and writable at a multiple of `align` (a power of
+/// two). Up to a page, `mmap` aligns by itself. Above it, `mapped + align` bytes of address
+/// space are reserved (no access, no memory), the file is mapped over the reservation's first
+/// multiple of `align`, and the rest of the reservation is given back, so nothing but the
+/// file's mapping remains and `munmap` of it alone frees everything.
+fn map_aligned(fd: &OwnedFd, mapped: usize, align: usize) -> Result<*mut libc::c_void, MpiError> {
+    let map = |at: *mut libc::c_void, flags: libc::c_int| {
+        // SAFETY: a shared mapping of the whole file (at a hint, or over this process's own
+        // reservation with `MAP_FIXED`); the result is checked.
+        let got = unsafe {
+            libc::mmap(
+                at,
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | flags,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if got == libc::MAP_FAILED {
+            return Err(os_error("mmap of a shared buffer"));
+        }
+        Ok(got)
+    };
+    if align <= page_bytes() {
+        return map(std::ptr::null_mut(), 0);
+    }
+    let reserved = mapped.checked_add(align).ok_or_else(|| {
+        MpiError::SharedMemory(format!(
+            "{mapped} bytes aligned to {align} overflow the address space"
+        ))
+    })?;
+    // SAFETY: an anonymous reservation with no access; the result is checked.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserved,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(os_error(
+            "reserving address space for an aligned shared buffer",
+        ));
+    }
+    let start = base as usize;
+    let aligned = start.next_multiple_of(align);
+    let (head, tail) = (aligned - start, reserved - (aligned - start) - mapped);
+    let at = map(aligned as *mut libc::c_void, libc::MAP_FIXED);
+    // SAFETY: the head and tail are this function's own reservation, outside the file's
+    // mapping (or, after a failed mapping, the whole reservation is): nothing else uses them.
+    unsafe {
+        match at {
+            Ok(_) => {
+                if head > 0 {
+                    libc::munmap(base, head);
+                }
+                if tail > 0 {
+                    libc::munmap((aligned + mapped) as *mut libc::c_void, tail);
+                }
+            }
+            Err(_) => {
+                libc::munmap(base, reserved);
+            }
+        }
+    }
+    at
+}
+
 impl<T: bytemuck::Pod> std::ops::Deref for SharedHostBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        // SAFETY: the mapping holds `len` initialised (zeroed, `Pod`) elements, page-aligned.
+        // SAFETY: the mapping holds `len` initialised (zeroed, `Pod`) elements, at an address
+        // aligned for `T` (`SharedMapping::zeroed` was given its alignment).
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<T>(), self.len) }
     }
 }
@@ -392,5 +469,53 @@ mod tests {
         let fd = b.identity().1;
         // SAFETY: `fd` is the buffer's open memfd; a refused resize changes nothing.
         assert_ne!(unsafe { libc::ftruncate(fd, 0) }, 0);
+    }
+
+    /// A page-sized element aligned to its size, as a `#[repr(align(65536))]` type of a user.
+    #[repr(C, align(65536))]
+    #[derive(Clone, Copy)]
+    struct Aligned64K([u8; 65536]);
+    // SAFETY: a byte array with no padding (its size is its alignment); all zeros and every
+    // bit pattern are valid.
+    unsafe impl bytemuck::Zeroable for Aligned64K {}
+    // SAFETY: as above; `Copy`, `'static`, `repr(C)`.
+    unsafe impl bytemuck::Pod for Aligned64K {}
+
+    /// Aligned to 1 MiB, several pages apart from any page boundary's luck.
+    #[repr(C, align(1048576))]
+    #[derive(Clone, Copy)]
+    struct Aligned1M([u8; 1048576]);
+    // SAFETY: as for `Aligned64K`.
+    unsafe impl bytemuck::Zeroable for Aligned1M {}
+    // SAFETY: as for `Aligned64K`.
+    unsafe impl bytemuck::Pod for Aligned1M {}
+
+    /// Element types aligned above the page size get slices aligned for them (a mapping that
+    /// is only page-aligned misses 64 KiB most of the time): every one of 20 allocations, of
+    /// 0 to 3 elements, is aligned, writable and registered, and is unmapped whole on drop.
+    #[test]
+    fn elements_aligned_above_the_page_size_are_aligned() {
+        let mut kept = Vec::new();
+        for i in 0..20usize {
+            let mut b = SharedHostBuffer::<Aligned64K>::zeroed(i % 4).expect("memfd");
+            assert_eq!(b.as_ptr() as usize % 65536, 0, "allocation {i} misaligned");
+            if let Some(last) = b.last_mut() {
+                last.0[65535] = 7;
+                let at = last.0.as_ptr() as usize + 65535;
+                assert!(find_registered(at, 1).is_some());
+            }
+            assert!(b.iter().all(|e| e.0[..65535].iter().all(|&x| x == 0)));
+            kept.push(b);
+        }
+        let one = SharedHostBuffer::<Aligned1M>::zeroed(1).expect("memfd");
+        assert_eq!(one.as_ptr() as usize % (1 << 20), 0);
+        assert_eq!(one[0].0[(1 << 20) - 1], 0);
+        let (at, serial) = (one.as_ptr() as usize, one.identity().0);
+        assert_eq!(find_registered(at, 1 << 20).map(|(s, ..)| s), Some(serial));
+        drop(one);
+        assert!(find_registered(at, 1).is_none_or(|(s, ..)| s != serial));
+        // Ordinary types keep page-aligned mappings.
+        let plain = SharedHostBuffer::<u128>::zeroed(3).expect("memfd");
+        assert_eq!(plain.as_ptr() as usize % page_bytes(), 0);
     }
 }

@@ -16,7 +16,8 @@
 //!
 //! On the CUDA backend the calls take cudarc buffers on the caller's stream instead
 //! (`RankComm::on`): the run lends their device pointers and enqueues the group ordered
-//! within every rank's stream (`CudaBackend::submit_on`), without host synchronization.
+//! within every rank's stream (the sealed `Trusted::submit_on_streams`, the CUDA backend's
+//! `submit_on`), without host synchronization.
 //!
 //! Layout: `mod.rs` (the handle, creation, timeouts), `calls.rs` (the typed calls, the
 //! buffer traits, [`RankGroup`] and, with feature `cuda`, `OnStream`), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the

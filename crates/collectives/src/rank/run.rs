@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use relaycc_route::{Collective, Location, Request};
 
-use crate::backend::host::HostBackend;
-use crate::backend::{Backend, ByteRegion, DeviceMem};
+use crate::backend::sealed::{Lending, Loan, Private};
+use crate::backend::{ByteRegion, DeviceMem};
 use crate::buffer::RawView;
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
@@ -17,10 +17,10 @@ use crate::group::Group;
 use super::Shared;
 use super::op::{Arrival, Desc, Failure, Op, Outcome, Payload, View};
 
-/// Lent slices, given back (taken out of the backend's table) when dropped, also while
-/// unwinding. The host backend's `free` waits for the launches in flight, so no rank returns
-/// while its memory is in use; the CUDA backend's `unlend` does not wait, since each rank's
-/// stream orders its memory's reuse after the launch.
+/// Lent slices, given back (taken out of the backend's table, `Trusted::unlend`) when dropped,
+/// also while unwinding. The host backend's `unlend` waits for the launches in flight, so no
+/// rank returns while its memory is in use; the CUDA backend's does not wait, since each
+/// rank's stream orders its memory's reuse after the launch.
 struct Lent<'a> {
     give_back: &'a dyn Fn(DeviceMem),
     /// Per arrival, the handles of its blocks.
@@ -175,96 +175,92 @@ fn backend_error(comm: &Communicator, message: String) -> Failure {
 
 fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
     let comm = &shared.comm;
-    let any = comm.backend().as_any();
-    if let Some(host) = any.and_then(|a| a.downcast_ref::<HostBackend>()) {
-        if let Some(a) = arrivals
-            .iter()
-            .find(|a| a.blocks.iter().any(|b| b.device.is_some()))
-        {
-            let m = format!(
-                "rank {} passes CUDA memory to a communicator on the host backend",
-                a.rank
-            );
-            return Err(backend_error(comm, m));
+    let backend = comm.backend();
+    let lending = backend.lending(Private);
+    for a in arrivals {
+        for b in &a.blocks {
+            let m = match (lending, b.device) {
+                (Lending::HostSlices, Some(_)) => {
+                    "CUDA memory to a communicator on the host backend"
+                }
+                #[cfg(feature = "cuda")]
+                (Lending::DeviceBuffers, None) => {
+                    "host memory to a communicator on the CUDA backend"
+                }
+                _ => continue,
+            };
+            return Err(backend_error(comm, format!("rank {} passes {m}", a.rank)));
         }
-        let give_back = |m: DeviceMem| host.free(m);
-        let mut lent = Lent {
-            give_back: &give_back,
-            mems: Vec::with_capacity(arrivals.len()),
-        };
-        for a in arrivals {
-            let loc = Location::Gpu(comm.devices()[a.rank]);
-            // SAFETY: each span is a slice the rank borrowed for its call (`&[T]` or
-            // `&mut [T]`, so nothing else writes it, and nothing else reads a `&mut` one), and
-            // the rank does not return before this meeting's outcome, which is set after
-            // `lent` is dropped and `free` has waited for every launch. Shared slices are only
-            // ever inputs or sources of sends of calls that are not in place, which no op of
-            // a plan writes: `exec::check` refuses such a plan before it is cached.
-            let mems = a
-                .blocks
-                .iter()
-                .map(|s| unsafe { host.lend(loc, s.addr, s.bytes) })
-                .collect();
-            lent.mems.push(mems);
-        }
-        let group = build(comm, arrivals, descs, &lent.mems)?;
-        group.launch().and_then(|p| p.wait()).map_err(failed)?;
-        drop(lent);
-        return Ok(());
     }
     #[cfg(feature = "cuda")]
-    if let Some(cuda) = any.and_then(|a| a.downcast_ref::<crate::cuda::CudaBackend>()) {
-        let mut streams = Vec::with_capacity(arrivals.len());
-        for a in arrivals {
-            let Some(s) = a.stream.as_deref() else {
-                let m = format!(
-                    "rank {} calls without a CUDA stream on a communicator on the CUDA \
-                     backend: call through RankComm::on(&stream)",
-                    a.rank
-                );
-                return Err(backend_error(comm, m));
-            };
-            streams.push(s);
-        }
-        let give_back = |m: DeviceMem| cuda.unlend(m);
-        let mut lent = Lent {
-            give_back: &give_back,
-            mems: Vec::with_capacity(arrivals.len()),
-        };
-        for a in arrivals {
-            let gpu = comm.devices()[a.rank];
-            let mut mems = Vec::with_capacity(a.blocks.len());
-            for s in &a.blocks {
-                let Some(ordinal) = s.device else {
+    let streams = match lending {
+        Lending::HostSlices => Vec::new(),
+        Lending::DeviceBuffers => {
+            let mut streams = Vec::with_capacity(arrivals.len());
+            for a in arrivals {
+                let Some(s) = a.stream.as_deref() else {
                     let m = format!(
-                        "rank {} passes host memory to a communicator on the CUDA backend",
+                        "rank {} calls without a CUDA stream on a communicator on the CUDA \
+                         backend: call through RankComm::on(&stream)",
                         a.rank
                     );
                     return Err(backend_error(comm, m));
                 };
-                // SAFETY: the span is a cudarc buffer the rank borrowed for its call, taken
-                // with `device_ptr`/`device_ptr_mut` on the rank's stream; the rank keeps
-                // cudarc's guard until the launch is enqueued and its stream waits for the
-                // launch's end, so the buffer's later users and its free (ordered by cudarc's
-                // events) come after the launch. Shared buffers are only ever inputs or
-                // sources of sends of calls that are not in place, which no op of a plan
-                // writes: `exec::check` refuses such a plan before it is cached.
-                mems.push(
-                    unsafe { cuda.lend_device(gpu, s.addr as u64, s.bytes, ordinal) }
-                        .map_err(failed)?,
-                );
+                streams.push(s);
             }
-            lent.mems.push(mems);
+            streams
         }
-        let group = build(comm, arrivals, descs, &lent.mems)?;
-        group.launch_on_streams(cuda, &streams).map_err(failed)?;
-        drop(lent);
-        return Ok(());
+    };
+    let give_back = |m: DeviceMem| backend.unlend(m, Private);
+    let mut lent = Lent {
+        give_back: &give_back,
+        mems: Vec::with_capacity(arrivals.len()),
+    };
+    for a in arrivals {
+        let loc = Location::Gpu(comm.devices()[a.rank]);
+        let mut mems = Vec::with_capacity(a.blocks.len());
+        for s in &a.blocks {
+            let loan = match s.device {
+                None => Loan::Host {
+                    addr: s.addr,
+                    bytes: s.bytes,
+                },
+                Some(ordinal) => Loan::Device {
+                    ordinal,
+                    ptr: s.addr as u64,
+                    bytes: s.bytes,
+                },
+            };
+            // SAFETY: each span is memory the rank borrowed for its call and keeps borrowed
+            // until the meeting's outcome, which is set after `lent` is dropped: a slice
+            // (`&[T]` or `&mut [T]`, so nothing else writes it, and nothing else reads a
+            // `&mut` one), and the host backend's `unlend` waits for every launch; or a
+            // cudarc buffer taken with `device_ptr`/`device_ptr_mut` on the rank's stream,
+            // whose guard the rank keeps until the launch is enqueued and whose stream waits
+            // for the launch's end, so its later users and its free (ordered by cudarc's
+            // events) come after the launch. Shared spans are only ever inputs or sources of
+            // sends of calls that are not in place, which no op of a plan writes:
+            // `exec::check` refuses such a plan before it is cached.
+            match unsafe { backend.lend(loc, loan, Private) } {
+                Ok(mem) => mems.push(mem),
+                Err(e) => {
+                    // What this rank lent so far goes back with the others'.
+                    lent.mems.push(mems);
+                    return Err(failed(e));
+                }
+            }
+        }
+        lent.mems.push(mems);
     }
-    Err(backend_error(
-        comm,
-        "per-rank calls need the host or the CUDA backend".into(),
-    ))
+    let group = build(comm, arrivals, descs, &lent.mems)?;
+    match lending {
+        Lending::HostSlices => group.launch().and_then(|p| p.wait()),
+        #[cfg(feature = "cuda")]
+        Lending::DeviceBuffers => group.launch_on_streams(&streams),
+    }
+    .map_err(failed)?;
+    drop(lent);
+    Ok(())
 }
 
 /// One checked group on the communicator: every collective of the ranks (in order) and

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::host::HostBackend;
+use crate::backend::sealed::{Lending, Private};
 use crate::communicator::Communicator;
 
 use super::Shared;
@@ -27,10 +28,7 @@ pub(crate) fn run(parent: &Shared, arrivals: &[Arrival]) -> Outcome {
         }
     }
     let comm = &parent.comm;
-    let host = comm
-        .backend()
-        .as_any()
-        .is_some_and(|a| a.is::<HostBackend>());
+    let host = comm.backend().lending(Private) == Lending::HostSlices;
     let mut out: Vec<Option<(Arc<Shared>, usize)>> = vec![None; comm.ranks()];
     for members in colors.values_mut() {
         members.sort_unstable();
