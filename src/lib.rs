@@ -36,6 +36,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use relaycc_collectives as collectives;
 pub use relaycc_route as route;
@@ -44,6 +45,7 @@ pub use relaycc_topo as topo;
 /// One rank per process over MPI (feature `mpi`): typed per-rank collectives on host slices
 /// (`all_reduce`, `all_gather_v`, ...), `split`, and rsmpi at the version they are built on.
 #[cfg(feature = "mpi")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mpi")))]
 pub use relaycc_collectives::mpi::{MpiCommunicator, MpiError, rsmpi};
 pub use relaycc_collectives::{
     Backend, BufferView, CollectivesError, Communicator, DeviceBuffer, Element, Group, HostBackend,
@@ -51,6 +53,7 @@ pub use relaycc_collectives::{
     nvswitch_topology,
 };
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use relaycc_collectives::{CudaBackend, OnStream, cudarc};
 pub use relaycc_route::{
     Collective, DType, Plan, PlanOptions, Planned, Request, RouteError, SimConfig, SimResult,

@@ -67,18 +67,21 @@
 //! windows and mappings).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod buffer;
 mod call_checks;
 mod communicator;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod cuda;
 mod element;
 mod error;
 pub mod exec;
 mod group;
 #[cfg(feature = "mpi")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mpi")))]
 pub mod mpi;
 mod plan_cache;
 mod rank;
@@ -90,10 +93,12 @@ pub use backend::{
 pub use buffer::{AsView, BufferView, DeviceBuffer};
 pub use communicator::Communicator;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use cuda::{CudaBackend, Rejected};
 /// cudarc, the CUDA bindings [`CudaBackend`] is built on, at the version this crate uses, so
 /// buffers passed to [`Communicator::wrap_cuda_slice`] come from the same cudarc.
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use cudarc;
 pub use element::Element;
 pub use error::{CollectivesError, Result};
@@ -101,6 +106,7 @@ pub use group::{Group, Pending};
 pub use half::{bf16, f16};
 pub use plan_cache::PlanCacheLimits;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use rank::OnStream;
 pub use rank::{DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
 pub use relaycc_route::ReduceOp;

@@ -386,6 +386,7 @@ fn without_a_driver_the_backend_is_a_clear_error() {
 
 /// NCCL through cudarc on the first GPU (one rank: NCCL runs one rank per GPU), timing every
 /// collective relaycc benchmarks against it: each call completes and takes a positive time.
+#[cfg(feature = "nccl")]
 #[test]
 #[ignore = "needs a CUDA GPU and libnccl.so"]
 fn nccl_times_every_collective_on_one_gpu() {

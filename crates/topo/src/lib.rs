@@ -34,6 +34,7 @@
 //! Invariant: this crate knows nothing of plans, backends, CUDA or MPI.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod calibration;
 mod classify;

@@ -28,6 +28,8 @@ mod launch;
 mod libs;
 pub mod measure;
 mod memory;
+#[cfg(feature = "nccl")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub mod nccl;
 mod nvrtc;
 mod schedule;

@@ -8,7 +8,8 @@
 pub mod cone;
 pub mod counts;
 pub mod lower;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "nccl")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub mod nccl;
 pub mod run;
 pub mod transport;

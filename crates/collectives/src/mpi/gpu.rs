@@ -52,7 +52,14 @@ use crate::cuda::{self, CudaBackend, CudaError};
 use crate::element::Element;
 use crate::error::CollectivesError;
 use crate::exec::lower::Lanes;
+#[cfg(feature = "nccl")]
 use crate::exec::nccl::{NcclComm, NcclId};
+
+/// Without feature `nccl` no NCCL communicator exists: the NCCL transport is refused when a
+/// rank is made, so the fields that would hold one are always `None`.
+#[cfg(not(feature = "nccl"))]
+#[derive(Debug)]
+enum NcclComm {}
 use crate::exec::run::{self, RankMemory};
 use crate::rank::{Lender, RecvBuf, SendBuf, View};
 
@@ -199,6 +206,13 @@ impl<'c> MpiGpu<'c> {
             p2p_shapes: HashMap::new(),
             done: None,
         };
+        #[cfg(not(feature = "nccl"))]
+        if transport == GpuTransport::Nccl {
+            return Err(cuda_err(CudaError::NcclUnsupported(
+                "relaycc-collectives is built without its `nccl` feature".into(),
+            )));
+        }
+        #[cfg(feature = "nccl")]
         if transport == GpuTransport::Nccl {
             one_rank_per_gpu(comm, ordinal)?;
             let id = if comm.rank() == 0 {
@@ -857,6 +871,7 @@ fn run_prepared(
         host_sync,
     };
     match (ctx.nccl, place) {
+        #[cfg(feature = "nccl")]
         (Some(nccl), Place::Cuda { stream, .. }) => {
             let mut t = nccl.transport(stream).map_err(cuda_err)?;
             run::run(&p.schedule.program, &mut mem, &mut t)?;
@@ -1214,6 +1229,7 @@ mod tests {
     /// Ranks on threads of one process over NCCL (`ncclCommInitAll`), each running its part of
     /// a rank-space all_reduce with the one runner on its GPU's backend and stream: the path
     /// `MpiGpu` takes over NCCL, bootstrapped without MPI. Needs two GPUs and libnccl.so.
+    #[cfg(feature = "nccl")]
     #[test]
     #[ignore = "needs two CUDA GPUs and NCCL"]
     fn ranks_on_threads_over_nccl_all_reduce() {
