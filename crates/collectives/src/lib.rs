@@ -71,6 +71,7 @@
 
 pub mod backend;
 mod buffer;
+mod call;
 mod call_checks;
 mod communicator;
 #[cfg(feature = "cuda")]

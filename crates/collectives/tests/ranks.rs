@@ -517,7 +517,7 @@ fn mismatches_fail_on_every_rank() {
             rank.broadcast_in_place(&mut b, 0)
         }
     });
-    assert_mismatch(&errs, "call differs");
+    assert_mismatch(&errs, "collective differs");
     // all_to_all_v counts that do not agree between sender and receiver
     let errs = errors(2, long, |rank| {
         let recv_counts = if rank.rank() == 1 { [1, 2] } else { [1, 1] };
@@ -525,6 +525,40 @@ fn mismatches_fail_on_every_rank() {
         rank.all_to_all_v(&[1u32, 2], &[1, 1], &mut out, &recv_counts)
     });
     assert_mismatch(&errs, "counts differ");
+}
+
+/// A rank that skips a call whose successor has the same shape meets the others' earlier
+/// call: nothing tells the calls apart but a tag, and with tags every rank fails instead.
+#[test]
+fn a_skipped_call_is_caught_by_its_tag() {
+    let long = Duration::from_secs(30);
+    // Layers 0 and 1 both all_reduce 4 floats; rank 2 skips layer 0.
+    let layers = |rank: &mut RankComm, tagged: bool| {
+        let mut last = [0.0f32; 4];
+        for layer in 0..2u64 {
+            if rank.rank() == 2 && layer == 0 {
+                continue;
+            }
+            if tagged {
+                rank.tag_next(layer + 1);
+            }
+            let mut b = [layer as f32 + 1.0; 4];
+            rank.all_reduce_in_place(&mut b, ReduceOp::Sum)?;
+            last = b;
+        }
+        Ok(last)
+    };
+    let errs = errors(3, long, |rank| layers(rank, true).map(|_| ()));
+    assert_mismatch(&errs, "tag differs");
+    // Untagged, the others' layer 0 pairs with rank 2's layer 1: no error, a wrong sum on
+    // rank 2 (1 + 1 + 2 = 4, not 2 + 2 + 2 = 6), and the others wait for a second call.
+    let mut ranks = RankComm::host(3).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_millis(300));
+    }
+    let got = on_ranks(ranks, |mut rank| layers(&mut rank, false));
+    assert_eq!(got[2].as_ref().expect("rank 2 runs"), &[4.0; 4]);
+    assert!(got[0].is_err() && got[1].is_err());
 }
 
 /// A rank's buffer of the wrong length fails the call on every rank with the same source.

@@ -28,6 +28,7 @@ pub(crate) enum LibKind {
     /// The run-time compiler, `libnvrtc`.
     Nvrtc,
     /// NVIDIA's collective library, `libnccl` (only for comparisons with it).
+    #[cfg(feature = "nccl")]
     Nccl,
 }
 
@@ -113,6 +114,7 @@ fn try_load(name: &std::ffi::OsStr) -> Option<Library> {
 }
 
 /// True when the loader finds a library by `name` (it stays loaded only while checked).
+#[cfg(feature = "nccl")]
 pub(crate) fn loads(name: &str) -> bool {
     try_load(OsString::from(name).as_os_str()).is_some()
 }
@@ -200,6 +202,7 @@ pub(crate) fn probe(spec: &LibSpec) -> Result<Found, CudaError> {
     Err(match spec.kind {
         LibKind::Driver => CudaError::NoDriver { searched },
         LibKind::Nvrtc => CudaError::NoNvrtc { searched },
+        #[cfg(feature = "nccl")]
         LibKind::Nccl => CudaError::NoNccl { searched },
     })
 }

@@ -314,21 +314,13 @@ impl<'b> RankGroup<'_, 'b> {
 
     /// The descriptor of a collective (its call named after it) with one count, op and root.
     fn desc<T: Element>(collective: Collective, count: usize, op: ReduceOp, root: usize) -> Desc {
-        Desc {
-            call: collective.name(),
-            collective,
-            dtype: T::DTYPE,
-            op,
-            root,
-            count: count as u64,
-            counts: Vec::new(),
-            recv_counts: Vec::new(),
-        }
+        Desc::new(collective, T::DTYPE, count as u64, op, root)
     }
 
     /// The one path every collective of a group ends in: its descriptor and this rank's
     /// input and output views (`None` where the rank has none).
-    fn push(&mut self, desc: Desc, input: Option<View>, output: Option<View>) -> &mut Self {
+    fn push(&mut self, mut desc: Desc, input: Option<View>, output: Option<View>) -> &mut Self {
+        desc.tag = self.comm.next_tag;
         self.ops.push(Op::Coll {
             desc,
             input,
@@ -521,14 +513,8 @@ impl<'b> RankGroup<'_, 'b> {
 
     fn desc_v(c: Collective, dtype: DType, counts: Vec<u64>) -> Desc {
         Desc {
-            call: c.name(),
-            collective: c,
-            dtype,
-            op: ReduceOp::Sum,
-            root: 0,
-            count: 0,
             counts,
-            recv_counts: Vec::new(),
+            ..Desc::new(c, dtype, 0, ReduceOp::Sum, 0)
         }
     }
 
@@ -705,6 +691,8 @@ impl<'b> RankGroup<'_, 'b> {
     }
 
     fn finish(self, call: &'static str) -> Result<()> {
+        // The tag is this call's only.
+        self.comm.next_tag = 0;
         let Lender {
             blocks,
             error,

@@ -168,6 +168,8 @@ pub struct RankComm {
     /// Sequence number of this rank's next point-to-point call, per peer.
     pair_seq: HashMap<usize, u64>,
     timeout: Duration,
+    /// The tag of this rank's next collective call ([`RankComm::tag_next`]), 0 for none.
+    next_tag: u64,
 }
 
 impl Communicator {
@@ -185,6 +187,7 @@ impl Communicator {
                 seq: 0,
                 pair_seq: HashMap::new(),
                 timeout: DEFAULT_RANK_TIMEOUT,
+                next_tag: 0,
             })
             .collect()
     }
@@ -218,6 +221,17 @@ impl RankComm {
     /// has come, the call runs to its end (the run itself does not time out).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// Tag this rank's next collective call (a single call or a group) with `tag`; 0 (the
+    /// default) tags nothing. Ranks' calls are matched by their order, so a rank that skips a
+    /// call meets the others' next one: where that has another shape the call fails, but where
+    /// it has the same shape (the next layer's all_reduce of the same size, say) it pairs
+    /// silently with the wrong call and returns wrong results. Tags catch that: every rank's
+    /// call must carry the same tag (a step or layer number, say), else every rank gets
+    /// [`CollectivesError::RankMismatch`] and nothing moves. The tag applies to one call.
+    pub fn tag_next(&mut self, tag: u64) {
+        self.next_tag = tag;
     }
 
     /// Run this rank's part of a collective call (or group) `call` on the communicator's
@@ -314,6 +328,7 @@ impl RankComm {
                 seq: 0,
                 pair_seq: HashMap::new(),
                 timeout: self.timeout,
+                next_tag: 0,
             }))
     }
 }

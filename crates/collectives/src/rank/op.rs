@@ -1,91 +1,18 @@
 //! What a rank brings to a meeting: its calls' descriptors and the memory they lend, and
 //! what comes back: the outcome, shared by every rank of the call.
 //!
-//! Descriptors are compared before anything runs, so a count, element type, op, root or
-//! call order that differs between ranks is an error on every rank, never a wrong result.
+//! Descriptors ([`crate::call::CallDesc`]) are compared before anything runs, so a count,
+//! element type, op, root, tag or call order that differs between ranks is an error on every
+//! rank, never a wrong result.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
-use relaycc_route::{Collective, DType, ReduceOp};
+use relaycc_route::DType;
 
+pub(crate) use crate::call::CallDesc as Desc;
 use crate::error::CollectivesError;
 
 use super::Shared;
-
-/// What every rank of one collective must agree on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Desc {
-    pub call: &'static str,
-    pub collective: Collective,
-    pub dtype: DType,
-    pub op: ReduceOp,
-    pub root: usize,
-    /// Elements per rank (the request's count); unused by the `v` collectives.
-    pub count: u64,
-    /// all_gather_v: every rank's count (the same list on every rank). all_to_all_v: this
-    /// rank's send counts, per destination.
-    pub counts: Vec<u64>,
-    /// all_to_all_v: this rank's receive counts, per source.
-    pub recv_counts: Vec<u64>,
-}
-
-fn rooted(c: Collective) -> bool {
-    matches!(
-        c,
-        Collective::Reduce | Collective::Broadcast | Collective::Gather | Collective::Scatter
-    )
-}
-
-impl Desc {
-    fn show(&self) -> String {
-        let mut s = format!("{} of {}", self.call, self.dtype);
-        if self.collective.reduces() {
-            let _ = write!(s, ", op {}", self.op);
-        }
-        if rooted(self.collective) {
-            let _ = write!(s, ", root {}", self.root);
-        }
-        match self.collective {
-            Collective::AllGatherV => {
-                let _ = write!(s, ", counts {:?}", self.counts);
-            }
-            Collective::AllToAllV => {}
-            _ => {
-                let _ = write!(s, ", count {}", self.count);
-            }
-        }
-        s
-    }
-
-    /// Why `other` (of rank `b`) does not match `self` (of rank `a`), if it does not.
-    pub fn differs(&self, a: usize, other: &Desc, b: usize) -> Option<String> {
-        let field = if self.collective != other.collective || self.call != other.call {
-            "call"
-        } else if self.dtype != other.dtype {
-            "element type"
-        } else if self.collective.reduces() && self.op != other.op {
-            "op"
-        } else if rooted(self.collective) && self.root != other.root {
-            "root"
-        } else if self.collective == Collective::AllGatherV && self.counts != other.counts {
-            "counts"
-        } else if !matches!(
-            self.collective,
-            Collective::AllGatherV | Collective::AllToAllV
-        ) && self.count != other.count
-        {
-            "count"
-        } else {
-            return None;
-        };
-        Some(format!(
-            "{field} differs: rank {a} calls {}, rank {b} calls {}",
-            self.show(),
-            other.show()
-        ))
-    }
-}
 
 /// A slice a rank lends for the duration of its call: its address and size, and for device
 /// memory the CUDA device it lives on.

@@ -89,61 +89,30 @@ pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
     execute(shared, &arrivals, &descs).map(|()| Payload::Done)
 }
 
-/// Every rank calls the same collectives in the same order with matching descriptors.
+/// Every rank calls the same collectives in the same order with matching descriptors, and
+/// all_to_all_v counts pair up ([`crate::call::judge`]).
 fn agree(arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
-    let (Some(first), Some(d0)) = (arrivals.first(), descs.first()) else {
-        return Ok(());
-    };
-    for (a, d) in arrivals.iter().zip(descs).skip(1) {
-        for (k, (x, y)) in d0.iter().zip(d).enumerate() {
-            if let Some(why) = x.differs(first.rank, y, a.rank) {
-                let at = if d0.len() > 1 || d.len() > 1 {
-                    format!(" (operation {k} of the group)")
-                } else {
-                    String::new()
-                };
-                return Err(Failure::Mismatch(format!("{why}{at}")));
-            }
-        }
-        if d0.len() != d.len() {
-            return Err(Failure::Mismatch(format!(
-                "call differs: rank {} issues {} collectives ({}), rank {} issues {} ({})",
-                first.rank,
-                d0.len(),
-                names(d0),
-                a.rank,
-                d.len(),
-                names(d)
-            )));
-        }
-    }
-    Ok(())
+    let rows: Vec<crate::call::Row<'_>> = arrivals
+        .iter()
+        .zip(descs)
+        .map(|(a, d)| (a.rank, Some(d.clone())))
+        .collect();
+    crate::call::judge(&rows).map_err(Failure::Mismatch)
 }
 
-fn names(d: &[&Desc]) -> String {
-    let v: Vec<&str> = d.iter().map(|d| d.call).collect();
-    if v.is_empty() {
-        "none".into()
-    } else {
-        v.join(", ")
-    }
-}
-
-/// The all_to_all_v matrix from every rank's send counts, checked against every rank's
-/// receive counts.
+/// The all_to_all_v matrix of operation `k` (`agree` checked that the counts pair up).
 fn matrix(arrivals: &[Arrival], descs: &[Vec<&Desc>], k: usize) -> Result<Vec<Vec<u64>>, Failure> {
-    let m: Vec<Vec<u64>> = descs.iter().map(|d| d[k].counts.clone()).collect();
-    for (a, d) in arrivals.iter().zip(descs) {
-        let col: Vec<u64> = m
-            .iter()
-            .map(|row| row.get(a.rank).copied().unwrap_or(0))
-            .collect();
-        if d[k].recv_counts != col {
-            return Err(Failure::Mismatch(format!(
-                "counts differ: rank {} expects to receive {:?}, the ranks send it {:?}",
-                a.rank, d[k].recv_counts, col
-            )));
-        }
+    let rows: Vec<crate::call::Row<'_>> = arrivals
+        .iter()
+        .zip(descs)
+        .map(|(a, d)| (a.rank, Some(d.clone())))
+        .collect();
+    let mut m = crate::call::matrix(&rows, k).map_err(Failure::Mismatch)?;
+    // Rows in rank order (arrivals come in rank order already; this keeps it so).
+    let mut order: Vec<usize> = (0..arrivals.len()).collect();
+    order.sort_by_key(|&i| arrivals[i].rank);
+    if order.iter().enumerate().any(|(i, &j)| i != j) {
+        m = order.iter().map(|&i| m[i].clone()).collect();
     }
     Ok(m)
 }
