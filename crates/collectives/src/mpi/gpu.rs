@@ -33,8 +33,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ::mpi::traits::{AsRaw, Communicator as _, Root};
-#[cfg(test)]
+#[cfg(feature = "nccl")]
+use ::mpi::traits::Root;
+use ::mpi::traits::{AsRaw, Communicator as _};
+#[cfg(all(test, feature = "nccl"))]
 use cudarc::driver::CudaContext;
 use cudarc::driver::{CudaEvent, CudaStream};
 use relaycc_route::{DType, Location, Plan, ReduceOp};
@@ -1211,6 +1213,7 @@ impl<'s> MpiOnStream<'s, '_> {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "nccl")]
     use relaycc_route::{Collective, Request};
 
     use super::*;
