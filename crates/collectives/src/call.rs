@@ -238,8 +238,8 @@ pub(crate) fn judge(rows: &[Row<'_>]) -> Result<(), String> {
             ));
         }
     }
-    for k in 0..d0.len() {
-        if d0[k].collective == Collective::AllToAllV {
+    for (k, d) in d0.iter().enumerate() {
+        if d.collective == Collective::AllToAllV {
             matrix(rows, k)?;
         }
     }
@@ -310,24 +310,15 @@ mod tests {
             "the count differs: rank 0 calls all_gather of f32, count 4, rank 2 calls all_gather of f32, count 5"
         );
         assert_eq!(e.matches("all_gather").count(), 2);
-        let mut t = a.clone();
-        t[0].tag = 9;
-        assert!(
-            judge(&[(0, Some(&a)), (1, Some(&t))])
-                .expect_err("tag")
-                .starts_with("the tag")
-        );
-        assert!(
-            judge(&[(0, Some(&a)), (1, None)])
-                .expect_err("own")
-                .contains("rank 1")
-        );
-        assert!(
-            judge(&[(0, Some(&a)), (1, Some(&[]))])
-                .expect_err("group")
-                .contains("issues 1")
-        );
-        assert_eq!(judge(&[(0, Some(&a)), (1, Some(&a))]), Ok(()));
+        let mut t = x.clone();
+        t.tag = 9;
+        let tagged = judge(&[(0, a.clone()), (1, Some(vec![&t]))]).expect_err("tag");
+        assert!(tagged.starts_with("the tag"));
+        let own = judge(&[(0, a.clone()), (1, None)]).expect_err("own");
+        assert!(own.contains("rank 1"));
+        let group = judge(&[(0, a.clone()), (1, Some(Vec::new()))]).expect_err("group");
+        assert!(group.contains("issues 1"));
+        assert_eq!(judge(&[(0, a.clone()), (1, a)]), Ok(()));
     }
 
     #[test]
@@ -336,15 +327,13 @@ mod tests {
             let mut x = d(Collective::AllToAllV, 0);
             x.counts = send;
             x.recv_counts = recv;
-            [x]
+            x
         };
         let (a, b) = (mk(vec![1, 2], vec![1, 3]), mk(vec![3, 4], vec![2, 4]));
-        assert_eq!(judge(&[(0, Some(&a)), (1, Some(&b))]), Ok(()));
-        assert_eq!(
-            matrix(&[(0, Some(&a)), (1, Some(&b))], 0),
-            Ok(vec![vec![1, 2], vec![3, 4]])
-        );
+        let rows = [(0, Some(vec![&a])), (1, Some(vec![&b]))];
+        assert_eq!(judge(&rows), Ok(()));
+        assert_eq!(matrix(&rows, 0), Ok(vec![vec![1, 2], vec![3, 4]]));
         let bad = mk(vec![3, 4], vec![9, 4]);
-        assert!(judge(&[(0, Some(&a)), (1, Some(&bad))]).is_err());
+        assert!(judge(&[(0, Some(vec![&a])), (1, Some(vec![&bad]))]).is_err());
     }
 }

@@ -197,6 +197,7 @@ impl<'c> MpiGpu<'c> {
         comm.check_health()?;
         let made = CudaBackend::new(vec![ordinal]).map_err(MpiError::Backend);
         let cuda = super::agree(comm, made, "create a GPU rank", None)?;
+        #[cfg_attr(not(feature = "nccl"), allow(unused_mut))]
         let mut gpu = MpiGpu {
             comm,
             dev: Dev::Cuda(Arc::new(cuda)),
@@ -1217,6 +1218,7 @@ mod tests {
     use relaycc_route::{Collective, Request};
 
     use super::*;
+    #[cfg(feature = "nccl")]
     use crate::backend::sealed::Trusted;
 
     #[test]
