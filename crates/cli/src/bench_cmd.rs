@@ -17,6 +17,7 @@ use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 use serde::Serialize;
 
 use crate::args::{BackendKind, BenchArgs, BenchFormat};
+use crate::bench_reference::{RefElement, count_wrong_in, value};
 use crate::size::format_size;
 
 /// One row of results.
@@ -146,11 +147,6 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     nccl_unavailable: Option<String>,
     results: Vec<Row>,
-}
-
-/// The input value of element `i` of rank `r`: in -3..=3.
-pub(crate) fn value(r: u32, i: u64) -> i64 {
-    ((u64::from(r) * 3 + i) % 7) as i64 - 3
 }
 
 /// The element count of a `size`-byte request on `n` ranks, as nccl-tests counts it: the whole
@@ -426,7 +422,7 @@ fn views<T: Element>(bufs: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>>
         .collect()
 }
 
-fn size_row<T: Element>(
+fn size_row<T: RefElement>(
     comm: &Communicator,
     args: &BenchArgs,
     c: Collective,
@@ -502,36 +498,7 @@ fn with_nccl(
 }
 
 /// Output elements that differ from the request's expected result.
-fn count_wrong<T: Element>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
+fn count_wrong<T: RefElement>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
     let outs: Vec<Vec<T>> = outs.iter().map(|b| b.to_vec()).collect::<Result<_, _>>()?;
     count_wrong_in(req, &outs)
-}
-
-/// Output elements of every rank's output `outs[r]` that differ from the expected result.
-pub(crate) fn count_wrong_in<T: Element>(req: &Request, outs: &[Vec<T>]) -> Result<u64> {
-    let n = req.nranks() as i64;
-    let mut wrong = 0;
-    for p in req.expected()? {
-        for i in 0..p.len {
-            let vals: Vec<i64> = p.terms.iter().map(|(r, off)| value(*r, off + i)).collect();
-            let exact = match req.op {
-                _ if !req.collective.reduces() => vals[0],
-                ReduceOp::Sum | ReduceOp::Avg => vals.iter().fold(0i64, |a, b| a.wrapping_add(*b)),
-                ReduceOp::Prod => vals.iter().fold(1i64, |a, b| a.wrapping_mul(*b)),
-                ReduceOp::Min => vals.iter().copied().min().unwrap_or(0),
-                ReduceOp::Max => vals.iter().copied().max().unwrap_or(0),
-            };
-            let got = outs[p.rank as usize][(p.out_offset + i) as usize];
-            let ok = if req.collective.reduces() && req.op == ReduceOp::Avg {
-                let want = exact as f64 / n as f64;
-                (got.to_f64() - want).abs() <= 1e-2 * want.abs().max(1.0)
-            } else {
-                got == T::from_i64(exact)
-            };
-            if !ok {
-                wrong += 1;
-            }
-        }
-    }
-    Ok(wrong)
 }

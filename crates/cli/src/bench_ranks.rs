@@ -15,7 +15,8 @@ use relaycc_collectives::{Communicator, Element, RankComm, bf16, f16};
 use relaycc_route::{Collective, DType, ReduceOp, Request};
 
 use crate::args::BenchArgs;
-use crate::bench_cmd::{Row, count_wrong_in, request, value};
+use crate::bench_cmd::{Row, request};
+use crate::bench_reference::{RefElement, count_wrong_in, value};
 
 /// One handle per rank of a communicator like `comm` (same topology and devices), on a host
 /// backend of their own.
@@ -142,7 +143,7 @@ fn call<T: Element>(
 /// output.
 type RankTimes<T> = (RankComm, f64, f64, Vec<T>);
 
-fn typed_row<T: Element>(
+fn typed_row<T: RefElement>(
     ranks: &mut Vec<RankComm>,
     comm: &Communicator,
     args: &BenchArgs,
