@@ -1,8 +1,8 @@
 //! `relaycc bench`: time collectives on a backend in nccl-tests' format.
 //!
 //! With `--backend host` the ranks are logical devices of this host's memory
-//! ([`relaycc_collectives::host_topology`]), driven through the per-rank API with one thread
-//! per rank (`bench_ranks.rs`), and every size is also timed as a plain copy of
+//! ([`relaycc_collectives::host_topology`]), driven through the per-rank API by one thread
+//! per core (`bench_ranks.rs`), and every size is also timed as a plain copy of
 //! `ranks x size` bytes (one `size`-byte copy per rank, on the same lane threads, through the
 //! same executor): an all_reduce must read every input and write every output at least once,
 //! the same memory traffic, so `efficiency = algbw x ranks / memcpy_gbps` says how close the
@@ -222,7 +222,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             }
         },
     };
-    // The host backend runs the per-rank API, one thread per rank (`bench_ranks.rs`).
+    // The host backend runs the per-rank API, one thread per core (`bench_ranks.rs`).
     let mut ranks = match args.backend {
         BackendKind::Host => Some(crate::bench_ranks::ranks(&comm)?),
         _ => None,
