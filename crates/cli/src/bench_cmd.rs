@@ -1,8 +1,8 @@
 //! `relaycc bench`: time collectives on a backend in nccl-tests' format.
 //!
 //! With `--backend host` the ranks are logical devices of this host's memory
-//! ([`relaycc_collectives::host_topology`]), driven through the per-rank API with one thread
-//! per rank (`bench_ranks.rs`), and every size is also timed as a plain copy of
+//! ([`relaycc_collectives::host_topology`]), driven through the per-rank API by one thread
+//! per core (`bench_ranks.rs`), and every size is also timed as a plain copy of
 //! `ranks x size` bytes (one `size`-byte copy per rank, on the same lane threads, through the
 //! same executor): an all_reduce must read every input and write every output at least once,
 //! the same memory traffic, so `efficiency = algbw x ranks / memcpy_gbps` says how close the
@@ -17,6 +17,7 @@ use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 use serde::Serialize;
 
 use crate::args::{BackendKind, BenchArgs, BenchFormat};
+use crate::bench_reference::{RefElement, count_wrong_in, value};
 use crate::size::format_size;
 
 /// One row of results.
@@ -148,11 +149,6 @@ struct Report {
     results: Vec<Row>,
 }
 
-/// The input value of element `i` of rank `r`: in -3..=3.
-pub(crate) fn value(r: u32, i: u64) -> i64 {
-    ((u64::from(r) * 3 + i) % 7) as i64 - 3
-}
-
 /// The element count of a `size`-byte request on `n` ranks, as nccl-tests counts it: the whole
 /// buffer, or one rank's block for the gathers, scatters and all-to-alls.
 fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
@@ -226,7 +222,7 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             }
         },
     };
-    // The host backend runs the per-rank API, one thread per rank (`bench_ranks.rs`).
+    // The host backend runs the per-rank API, one thread per core (`bench_ranks.rs`).
     let mut ranks = match args.backend {
         BackendKind::Host => Some(crate::bench_ranks::ranks(&comm)?),
         _ => None,
@@ -426,7 +422,7 @@ fn views<T: Element>(bufs: &[DeviceBuffer<T>]) -> Vec<Option<BufferView<'_, T>>>
         .collect()
 }
 
-fn size_row<T: Element>(
+fn size_row<T: RefElement>(
     comm: &Communicator,
     args: &BenchArgs,
     c: Collective,
@@ -502,36 +498,7 @@ fn with_nccl(
 }
 
 /// Output elements that differ from the request's expected result.
-fn count_wrong<T: Element>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
+fn count_wrong<T: RefElement>(req: &Request, outs: &[DeviceBuffer<T>]) -> Result<u64> {
     let outs: Vec<Vec<T>> = outs.iter().map(|b| b.to_vec()).collect::<Result<_, _>>()?;
     count_wrong_in(req, &outs)
-}
-
-/// Output elements of every rank's output `outs[r]` that differ from the expected result.
-pub(crate) fn count_wrong_in<T: Element>(req: &Request, outs: &[Vec<T>]) -> Result<u64> {
-    let n = req.nranks() as i64;
-    let mut wrong = 0;
-    for p in req.expected()? {
-        for i in 0..p.len {
-            let vals: Vec<i64> = p.terms.iter().map(|(r, off)| value(*r, off + i)).collect();
-            let exact = match req.op {
-                _ if !req.collective.reduces() => vals[0],
-                ReduceOp::Sum | ReduceOp::Avg => vals.iter().fold(0i64, |a, b| a.wrapping_add(*b)),
-                ReduceOp::Prod => vals.iter().fold(1i64, |a, b| a.wrapping_mul(*b)),
-                ReduceOp::Min => vals.iter().copied().min().unwrap_or(0),
-                ReduceOp::Max => vals.iter().copied().max().unwrap_or(0),
-            };
-            let got = outs[p.rank as usize][(p.out_offset + i) as usize];
-            let ok = if req.collective.reduces() && req.op == ReduceOp::Avg {
-                let want = exact as f64 / n as f64;
-                (got.to_f64() - want).abs() <= 1e-2 * want.abs().max(1.0)
-            } else {
-                got == T::from_i64(exact)
-            };
-            if !ok {
-                wrong += 1;
-            }
-        }
-    }
-    Ok(wrong)
 }

@@ -1,21 +1,28 @@
-//! `relaycc bench --backend host` through the per-rank API: one thread per rank, each with
-//! its own host vectors, calling the collective on its [`RankComm`] as an engine's rank
-//! would (out of place; send_recv is a ring in one group).
+//! `relaycc bench --backend host` through the per-rank API: each rank has its own host
+//! vectors and calls the collective on its [`RankComm`] as an engine's rank would (out of
+//! place; send_recv is a ring in one group). The ranks run on a bounded pool of threads, one
+//! per core and at most one per rank, each driving its share of the ranks as one thread
+//! drives several GPUs in NCCL: it adds every rank's call to that rank's group and launches
+//! them together ([`RankGroup::launch_all`]), so 1,024 ranks need no 1,024 threads. A thread
+//! that cannot be started is an error: its ranks' handles are dropped, so the other ranks'
+//! calls fail at once instead of waiting for them.
 //!
-//! Each iteration starts on a barrier and each rank times its own call; the row reports the
-//! slowest rank's mean. The plain-copy figure is each rank copying its `size` bytes to
-//! itself in a group of one send and one receive: the same lane threads and executor, all
-//! ranks at once, alternating with the collective so that drift hits both alike.
+//! Each iteration starts on a barrier of the threads and each thread times its ranks' call;
+//! the row reports the slowest thread's mean. The plain-copy figure is each rank copying its
+//! `size` bytes to itself in a group of one send and one receive: the same lane threads and
+//! executor, all ranks at once, alternating with the collective so that drift hits both
+//! alike.
 
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 use anyhow::{Result, anyhow};
-use relaycc_collectives::{Communicator, Element, RankComm, bf16, f16};
+use relaycc_collectives::{Communicator, Element, RankComm, RankGroup, bf16, f16};
 use relaycc_route::{Collective, DType, ReduceOp, Request};
 
 use crate::args::BenchArgs;
-use crate::bench_cmd::{Row, count_wrong_in, request, value};
+use crate::bench_cmd::{Row, request};
+use crate::bench_reference::{RefElement, count_wrong_in, value};
 
 /// One handle per rank of a communicator like `comm` (same topology and devices), on a host
 /// backend of their own.
@@ -102,47 +109,92 @@ fn host_vec<T: Element>(r: u32, len: u64, what: &str, fill: impl Fn(u64) -> T) -
     Ok(v)
 }
 
-/// Rank `rank`'s part of the collective of `req`, on its vectors.
-fn call<T: Element>(
-    rank: &mut RankComm,
+/// Add rank `rank`'s part of the collective of `req`, on its vectors, to its group `g`.
+fn add_call<'b, T: Element>(
+    g: &mut RankGroup<'_, 'b>,
+    (r, n): (usize, usize),
     req: &Request,
-    input: &[T],
-    output: &mut [T],
-) -> Result<()> {
-    let r = rank.rank();
-    let n = rank.ranks();
+    input: &'b [T],
+    output: &'b mut [T],
+) {
     let root = req.root as usize;
     let is_root = r == root;
     let as_usize = |v: &[u64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
     match req.collective {
-        Collective::AllReduce => rank.all_reduce(input, output, req.op)?,
-        Collective::Reduce => rank.reduce(input, is_root.then_some(output), root, req.op)?,
-        Collective::Broadcast => rank.broadcast(is_root.then_some(input), output, root)?,
-        Collective::AllGather => rank.all_gather(input, output)?,
-        Collective::AllGatherV => rank.all_gather_v(input, output, &as_usize(&req.counts))?,
-        Collective::ReduceScatter => rank.reduce_scatter(input, output, req.op)?,
-        Collective::AllToAll => rank.all_to_all(input, output)?,
+        Collective::AllReduce => g.all_reduce(input, output, req.op),
+        Collective::Reduce => g.reduce(input, is_root.then_some(output), root, req.op),
+        Collective::Broadcast => g.broadcast(is_root.then_some(input), output, root),
+        Collective::AllGather => g.all_gather(input, output),
+        Collective::AllGatherV => g.all_gather_v(input, output, &as_usize(&req.counts)),
+        Collective::ReduceScatter => g.reduce_scatter(input, output, req.op),
+        Collective::AllToAll => g.all_to_all(input, output),
         Collective::AllToAllV => {
             let row = as_usize(&req.matrix[r]);
             let col: Vec<usize> = req.matrix.iter().map(|m| m[r] as usize).collect();
-            rank.all_to_all_v(input, &row, output, &col)?
+            g.all_to_all_v(input, &row, output, &col)
         }
-        Collective::Gather => rank.gather(input, is_root.then_some(output), root)?,
-        Collective::Scatter => rank.scatter(is_root.then_some(input), output, root)?,
-        Collective::SendRecv => {
-            let mut g = rank.group();
-            g.send(input, (r + 1) % n).recv(output, (r + n - 1) % n);
-            g.launch()?
-        }
-    }
-    Ok(())
+        Collective::Gather => g.gather(input, is_root.then_some(output), root),
+        Collective::Scatter => g.scatter(is_root.then_some(input), output, root),
+        Collective::SendRecv => g.send(input, (r + 1) % n).recv(output, (r + n - 1) % n),
+    };
 }
 
-/// What one rank's thread reports: seconds in the collective and in the copies, and its
-/// output.
-type RankTimes<T> = (RankComm, f64, f64, Vec<T>);
+/// One rank driven by a thread: its handle and vectors.
+struct Driven<T> {
+    rank: RankComm,
+    input: Vec<T>,
+    output: Vec<T>,
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
 
-fn typed_row<T: Element>(
+impl<T: Element> Driven<T> {
+    fn new(rank: RankComm, req: &Request, bytes: u64) -> Result<Self> {
+        let r = rank.rank() as u32;
+        Ok(Driven {
+            input: host_vec(r, req.input_len(r)?, "input", |i| T::from_i64(value(r, i)))?,
+            output: host_vec(r, req.output_len(r)?, "output", |_| T::from_i64(0))?,
+            src: host_vec(r, bytes, "copy source", |_| 0u8)?,
+            dst: host_vec(r, bytes, "copy destination", |_| 0u8)?,
+            rank,
+        })
+    }
+}
+
+/// The collective on every rank of `mine`, launched together.
+fn collective<T: Element>(mine: &mut [Driven<T>], req: &Request) -> Result<()> {
+    let groups = mine.iter_mut().map(|d| {
+        let (r, n) = (d.rank.rank(), d.rank.ranks());
+        let mut g = d.rank.group();
+        add_call(&mut g, (r, n), req, &d.input, &mut d.output);
+        g
+    });
+    Ok(RankGroup::launch_all(groups)?)
+}
+
+/// Every rank of `mine` copying its source to its destination (a send to itself and the
+/// matching receive), launched together.
+fn copy<T: Element>(mine: &mut [Driven<T>]) -> Result<()> {
+    let groups = mine.iter_mut().map(|d| {
+        let me = d.rank.rank();
+        let mut g = d.rank.group();
+        g.send(&d.src[..], me).recv(&mut d.dst[..], me);
+        g
+    });
+    Ok(RankGroup::launch_all(groups)?)
+}
+
+/// What one thread reports: its ranks' handles and outputs, and seconds in the collective
+/// and in the copies.
+type DriverReport<T> = (Vec<(RankComm, Vec<T>)>, f64, f64);
+
+/// How many threads drive `n` ranks: one per core, at most one per rank.
+fn driver_threads(n: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    cores.clamp(1, n.max(1))
+}
+
+fn typed_row<T: RefElement>(
     ranks: &mut Vec<RankComm>,
     comm: &Communicator,
     args: &BenchArgs,
@@ -154,54 +206,71 @@ fn typed_row<T: Element>(
     let bytes = req.size_bytes();
     let n = ranks.len();
     let iters = args.iters.max(1);
-    let barrier = Gate::new(n);
-    let run_rank = |mut rank: RankComm| -> Result<RankTimes<T>> {
-        let r = rank.rank() as u32;
-        let input = host_vec(r, req.input_len(r)?, "input", |i| T::from_i64(value(r, i)))?;
-        let mut output = host_vec(r, req.output_len(r)?, "output", |_| T::from_i64(0))?;
-        let src = host_vec(r, bytes, "copy source", |_| 0u8)?;
-        let mut dst = host_vec(r, bytes, "copy destination", |_| 0u8)?;
-        let me = rank.rank();
-        let mut copy = |rank: &mut RankComm| -> Result<()> {
-            let mut g = rank.group();
-            g.send(&src, me).recv(&mut dst, me);
-            Ok(g.launch()?)
-        };
+    let threads = driver_threads(n);
+    let barrier = Gate::new(threads);
+    let drive = |mine: Vec<RankComm>| -> Result<DriverReport<T>> {
+        let mut mine: Vec<Driven<T>> = mine
+            .into_iter()
+            .map(|rank| Driven::new(rank, &req, bytes))
+            .collect::<Result<_>>()?;
         for _ in 0..args.warmup {
-            call(&mut rank, &req, &input, &mut output)?;
-            copy(&mut rank)?;
+            collective(&mut mine, &req)?;
+            copy(&mut mine)?;
         }
         let (mut t_coll, mut t_copy) = (0.0, 0.0);
         for _ in 0..iters {
             barrier.wait()?;
             let t = Instant::now();
-            call(&mut rank, &req, &input, &mut output)?;
+            collective(&mut mine, &req)?;
             t_coll += t.elapsed().as_secs_f64();
             barrier.wait()?;
             let t = Instant::now();
-            copy(&mut rank)?;
+            copy(&mut mine)?;
             t_copy += t.elapsed().as_secs_f64();
         }
-        Ok((rank, t_coll, t_copy, output))
+        let back = mine.into_iter().map(|d| (d.rank, d.output)).collect();
+        Ok((back, t_coll, t_copy))
     };
-    let results: Vec<Result<RankTimes<T>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = std::mem::take(ranks)
+    // Thread k drives a contiguous share of the ranks, in rank order.
+    let mut shares: Vec<Vec<RankComm>> = Vec::with_capacity(threads);
+    let mut left = std::mem::take(ranks);
+    for k in 0..threads {
+        let take = left.len() / (threads - k);
+        let rest = left.split_off(take);
+        shares.push(std::mem::replace(&mut left, rest));
+    }
+    let results: Vec<Result<DriverReport<T>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = shares
             .into_iter()
-            .map(|rank| {
-                s.spawn(|| {
-                    let res = run_rank(rank);
+            .enumerate()
+            .map(|(k, share)| {
+                let first = share.first().map_or(0, RankComm::rank);
+                let last = share.last().map_or(0, RankComm::rank);
+                let run = || {
+                    let res = drive(share);
                     if res.is_err() {
                         barrier.break_it();
                     }
                     res
+                };
+                let started = std::thread::Builder::new()
+                    .name(format!("bench-ranks-{k}"))
+                    .spawn_scoped(s, run);
+                started.map_err(|e| {
+                    // The closure, and with it the share's handles, is dropped: the other
+                    // ranks' calls fail at once instead of waiting for these.
+                    barrier.break_it();
+                    anyhow!("cannot start the thread driving ranks {first}..={last}: {e}")
                 })
             })
             .collect();
         handles
             .into_iter()
             .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
+                h.and_then(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("a rank thread panicked")))
+                })
             })
             .collect()
     });
@@ -210,11 +279,13 @@ fn typed_row<T: Element>(
     let mut first_err = None;
     for res in results {
         match res {
-            Ok((rank, tc, tp, out)) => {
-                ranks.push(rank);
+            Ok((back, tc, tp)) => {
+                for (rank, out) in back {
+                    ranks.push(rank);
+                    outs.push(out);
+                }
                 t_coll = t_coll.max(tc);
                 t_copy = t_copy.max(tp);
-                outs.push(out);
             }
             Err(e) => {
                 first_err.get_or_insert(e);

@@ -12,6 +12,7 @@ mod bench_cmd;
 mod bench_cuda;
 mod bench_mpi;
 mod bench_ranks;
+mod bench_reference;
 #[cfg(feature = "cuda")]
 mod calibrate_cmd;
 mod plan_cmd;

@@ -63,6 +63,22 @@ fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A thousand host ranks fit a 1 GiB address-space limit: a bounded pool of threads drives
+/// the ranks and runs the lanes (a thread per rank and per lane reserved 2,048 stacks), and a
+/// 1 KiB all_reduce on 1,024 ranks is a plan of 2,047 ops.
+#[test]
+fn a_thousand_host_ranks_run_under_a_small_address_space_limit() {
+    let args = words(
+        "bench all_reduce --backend host --ranks 1024 -b 1K -e 1K -n 2 -w 1 --check --format json",
+    );
+    let o = relaycc_limited(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench JSON");
+    assert_eq!(v["ranks"], 1024, "{v}");
+    assert_eq!(v["results"][0]["wrong"], 0, "{v}");
+}
+
 #[test]
 fn malformed_sizes_are_usage_errors() {
     for (size, needle) in [

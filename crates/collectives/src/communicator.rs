@@ -93,7 +93,7 @@ impl Communicator {
             devices: devices.to_vec(),
             relays: relays.to_vec(),
             backend,
-            cache: PlanCache::default(),
+            cache: PlanCache::with_limits(PlanCacheLimits::for_ranks(devices.len())),
             staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
             null,
         })

@@ -8,7 +8,7 @@
 //! [`BufferView`] (typed memory of one rank), [`Element`] (the ten element types),
 //! [`ReduceOp`], [`Group`] and [`Pending`], [`Backend`] with [`HostBackend`], and the
 //! per-rank handles [`RankComm`] and [`RankGroup`] (one thread per rank, each calling on its
-//! own slices).
+//! own slices, or a few threads each driving several ranks with [`RankGroup::launch_all`]).
 //!
 //! | NCCL | MPI | relaycc |
 //! |---|---|---|
@@ -30,6 +30,7 @@
 //! | grouped `ncclSend`/`ncclRecv` | `MPI_Scatter` | [`Communicator::scatter`] |
 //! | `ncclSend` / `ncclRecv` | `MPI_Isend` / `MPI_Irecv` | [`Group::send`] / [`Group::recv`] |
 //! | `ncclGroupStart` / `ncclGroupEnd` | (none) | [`Communicator::group`] / [`Group::launch`] |
+//! | one thread, several comms between `ncclGroupStart` / `ncclGroupEnd` | (none) | [`RankGroup::launch_all`] |
 //! | `cudaStreamSynchronize` | `MPI_Wait` | [`Pending::wait`] |
 //! | `ncclRedOp_t` | `MPI_Op` | [`ReduceOp`] |
 //! | `ncclDataType_t` | `MPI_Datatype` | [`Element`] (`f32`, `f64`, `f16`, `bf16`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`) |
@@ -53,9 +54,10 @@
 //! Planning goes through one function (`plan_cache::make_plan`): `relaycc_route::plan`, which
 //! times every candidate with the flow simulator and keeps the fastest, or, for ranks that
 //! share one host memory (the `host-N` topology of [`Communicator::host`]), relaycc-route's
-//! shared-memory planner.
-//! `unsafe` code lives in `backend/host.rs` (arenas, copies, lent slices), `rank/run.rs` (the
-//! per-rank calls lending their slices to the backend for one call), `backend/host_reduce.rs`
+//! shared-memory planner, asked directly.
+//! `unsafe` code lives in `backend/host.rs` (arenas, copies, lent slices) and
+//! `backend/host_lanes.rs` (the lanes' copies and reductions), `rank/run.rs` (the per-rank
+//! calls lending their slices to the backend for one call), `backend/host_reduce.rs`
 //! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`,
 //! of the sealed `Trusted::lend` and `Trusted::submit_on_streams`, and of `exec::launch`),
 //! `exec/run.rs` and `exec/transport.rs` (the `unsafe trait RankMemory`, the runner's host
@@ -63,8 +65,8 @@
 //! `group.rs` (the one launch of checked plans, whose SAFETY argument ties the checker's proof
 //! to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver calls, kernel
 //! launches), the rest of the `cuda` module (FFI) and, with feature `mpi`, every file of `mpi/`
-//! but `plans.rs`, `exchange.rs` and `indexed.rs` (MPI calls on raw buffers, shared-memory
-//! windows and mappings).
+//! but `exchange.rs` and `indexed.rs` (MPI calls on raw buffers, shared-memory windows and
+//! mappings).
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -17,11 +17,14 @@ use crate::exec::{self, Executable};
 /// Plan `request` over `topo`, allowed to relay through `relays` (besides the members).
 ///
 /// The single seam to the planner: relaycc-route generates candidates, times each with its
-/// flow simulator and returns the fastest (or, on ranks that share one host memory, the
-/// `host-N` preset, its shared-memory plan, in the in-place layout for in-place calls: its
-/// out-of-place broadcast copies the root's input onto its output, which races the other
-/// ranks' reads when the two are one buffer). The executor checks the plan under the call's
-/// in-place aliasing before a byte moves.
+/// flow simulator and returns the fastest. On ranks that share one host memory (the
+/// `host-N` preset) the plan is relaycc-route's shared-memory planner's, asked directly (what
+/// `relaycc_route::plan` would return there, without the NCCL-like baseline and the
+/// simulations it reports beside it, which cost more than the plan at hundreds of ranks), in
+/// the in-place layout for in-place calls (its out-of-place broadcast copies the root's input
+/// onto its output, which races the other ranks' reads when the two are one buffer), within
+/// the staging budget. The executor checks the plan under the call's in-place aliasing before
+/// a byte moves.
 pub(crate) fn make_plan(
     topo: &Topology,
     request: &Request,
@@ -30,8 +33,17 @@ pub(crate) fn make_plan(
     staging_budget: u64,
     issue_us: f64,
 ) -> relaycc_route::Result<Plan> {
-    if in_place && topo.shares_host_memory(&request.gpus) {
-        return relaycc_route::planner::shared_memory::plan(topo, request, true);
+    if topo.shares_host_memory(&request.gpus) {
+        let plan = relaycc_route::planner::shared_memory::plan(topo, request, in_place)?;
+        if let Some((at, needed)) = relaycc_route::staging::over_budget(&plan, staging_budget) {
+            return Err(relaycc_route::staging::budget_error(
+                &plan,
+                at,
+                needed,
+                staging_budget,
+            ));
+        }
+        return Ok(plan);
     }
     let options = PlanOptions {
         relay: RelayPolicy::List(relays.to_vec()),
@@ -164,7 +176,8 @@ pub(crate) struct PlanSource<'a> {
 /// How much a communicator's plan cache keeps: at most `max_plans` request shapes and at most
 /// `max_scratch_bytes` of their scratch memory (summed over devices); the least recently used
 /// plan leaves first and its scratch is freed. The plan just made always stays, even alone
-/// above the limit (a call needs its plan).
+/// above the limit (a call needs its plan). A communicator starts with
+/// [`PlanCacheLimits::for_ranks`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanCacheLimits {
     /// Most request shapes kept (at least 1).
@@ -181,6 +194,20 @@ impl PlanCacheLimits {
     /// ([`relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES`] x 8 x 4).
     pub const DEFAULT_MAX_SCRATCH_BYTES: u64 =
         relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES * 8 * 4;
+}
+
+impl PlanCacheLimits {
+    /// The limits a communicator of `ranks` ranks starts with: the default byte limit, and
+    /// room for [`Self::DEFAULT_MAX_PLANS`] collective shapes plus two point-to-point shapes
+    /// per rank. Each pair of ranks that exchange in a group is a shape of its own (a ring's
+    /// neighbours, a rank's copy to itself), so a fixed count would make every group of
+    /// more pairs than it holds plan them all again on every call.
+    pub fn for_ranks(ranks: usize) -> Self {
+        PlanCacheLimits {
+            max_plans: Self::DEFAULT_MAX_PLANS.saturating_add(ranks.saturating_mul(2)),
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for PlanCacheLimits {
@@ -378,6 +405,16 @@ impl PlanCache {
         };
         for c in drained {
             c.free(backend);
+        }
+    }
+
+    /// An empty cache with `limits`.
+    pub fn with_limits(limits: PlanCacheLimits) -> Self {
+        PlanCache {
+            state: Mutex::new(State {
+                limits,
+                ..State::default()
+            }),
         }
     }
 

@@ -1,39 +1,42 @@
-//! The host backend: every logical device is an arena of host memory, every lane a worker
-//! thread, every copy a real `memcpy`, every reduction real arithmetic.
+//! The host backend: every logical device is an arena of host memory, every lane an
+//! in-order list of commands run by a bounded pool of worker threads, every copy a real
+//! `memcpy`, every reduction real arithmetic.
 //!
 //! It is the correctness oracle of relaycc (plans run here byte for byte) and a CPU fallback.
 //!
 //! - Memory: each allocation is a 64-byte aligned, zeroed block from the system allocator,
 //!   accounted to its [`Location`]'s arena ([`HostBackend::bytes_in_use`]).
-//! - Lanes: a pool of worker threads, one per lane of the largest launch so far, kept between
-//!   launches. A thread per lane (rather than a few threads sharing lanes) is what makes
-//!   blocking `Wait`s safe: a waiting lane never holds a thread another lane needs.
+//! - Lanes: run by at most one worker thread per core (`host_lanes.rs`), started on demand
+//!   and kept between launches, however many lanes a launch has (a 1,024-rank communicator
+//!   has 1,024): a lane that reaches a `Wait` on an event not yet recorded parks and gives
+//!   its worker back, and the `Record` queues it again, so a waiting lane never holds a
+//!   thread another lane needs.
 //! - Copies into lent memory (a rank's own slices) of a page or more use non-temporal stores
 //!   (`stream_copy`), and a copy into memory that only a reduction of the same lane reads
 //!   before the lane overwrites it is dropped, the reduction reading the copy's source
 //!   (`forward_copies`): every arena is one address space. A reduction directly followed by
 //!   copies of its whole result writes each result block to every destination while it is
-//!   in the L1 cache (`fuse_fan_out`), streaming into a rank's memory.
-//! - Events: one flag per event of a launch, set with release ordering after the lane's
-//!   earlier commands; a waiting lane parks on the launch's condition variable.
+//!   in the L1 cache (`fuse_fan_out`), streaming into a rank's memory. Both peepholes live
+//!   in `host_peephole.rs`.
+//! - Events: one flag per event of a launch, set under the launch's event lock after the
+//!   lane's earlier commands (and a store fence); a lane waiting for it parks beside it.
 //! - Launches run one after another: one lock (the gate) is held while [`Backend::submit`]
 //!   waits for the previous launch and starts the next, and while `free`, `upload` and
 //!   `download` wait and then touch memory, so none of them can come between.
 //!
 //! The host backend's `unsafe` (raw arenas, pointer copies, calls into the reduction loops of
-//! `host_reduce.rs`) lives in this file; the crate docs list every other module with `unsafe`.
+//! `host_reduce.rs`) lives in this file and in `host_lanes.rs`, which runs the commands
+//! `submit` resolved here; the crate docs list every other module with `unsafe`.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::{BTreeMap, HashMap};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use relaycc_route::{DType, Location, ReduceOp};
+use relaycc_route::Location;
 
-use super::host_reduce;
+use super::host_lanes::{LanePool, LaunchState, Task};
+use super::host_peephole::{forward_copies, fuse_fan_out};
 use super::sealed::{Lending, Loan, Private, Trusted};
 use super::validate::{self, Bound, Resolved};
 use super::{AddressSpace, Backend, ByteRegion, DeviceMem, Launch, RawRegion};
@@ -49,7 +52,7 @@ const ARENA_ALIGN: usize = 64;
 /// ([Intel-Opt]); on the 2-core VM of `relaycc bench all_reduce --backend host --ranks 8` a
 /// 64 MiB copy into a rank's memory ran at about 7 GB/s streamed against about 4.3 GB/s
 /// through libc's `memmove`.
-const STREAM_MIN_BYTES: u64 = 4096;
+pub(super) const STREAM_MIN_BYTES: u64 = 4096;
 
 /// Copy `bytes` bytes from `src` to `dst` with non-temporal stores where the CPU has them
 /// (SSE2 on x86-64, which every x86-64 CPU has): the destination lines go to memory without
@@ -130,421 +133,13 @@ struct Block {
     lent: bool,
 }
 
-/// One resolved command of a lane.
-#[derive(Debug, Clone, Copy)]
-enum Task {
-    Copy {
-        src: usize,
-        dst: usize,
-        bytes: usize,
-        /// Write with non-temporal stores ([`stream_copy`]): the destination is a caller's
-        /// lent memory, which the launch does not read back soon.
-        stream: bool,
-    },
-    Reduce {
-        /// Source addresses: `LaunchState::srcs[first..first + count]`.
-        first: usize,
-        count: usize,
-        dst: usize,
-        len: usize,
-        dtype: DType,
-        op: ReduceOp,
-        divisor: Option<u32>,
-        /// Further destinations written with the result, block by block
-        /// (`LaunchState::outs[outs..outs + fan]`, see [`fuse_fan_out`]); 0: none.
-        outs: usize,
-        fan: usize,
-    },
-    Record(usize),
-    Wait(usize),
-}
-
-/// A launch in flight, shared by its lane threads.
-#[derive(Debug)]
-struct LaunchState {
-    lanes: Vec<Vec<Task>>,
-    srcs: Vec<usize>,
-    /// Destinations of fused reductions: address and whether to stream the stores.
-    outs: Vec<(usize, bool)>,
-    events: Vec<AtomicBool>,
-    failed: AtomicBool,
-    /// Lanes still running, and the first error.
-    status: Mutex<(usize, Option<String>)>,
-    cv: Condvar,
-}
-
-impl LaunchState {
-    fn notify(&self) {
-        let _g = lock(&self.status);
-        self.cv.notify_all();
-    }
-    /// Block until `event` is set; false if the launch failed meanwhile.
-    fn wait_event(&self, event: usize) -> bool {
-        let mut g = lock(&self.status);
-        loop {
-            if self.events[event].load(Ordering::Acquire) {
-                return true;
-            }
-            if self.failed.load(Ordering::Acquire) {
-                return false;
-            }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-    fn run_lane(&self, lane: usize) {
-        for task in &self.lanes[lane] {
-            if self.failed.load(Ordering::Acquire) {
-                return;
-            }
-            match *task {
-                Task::Copy {
-                    src,
-                    dst,
-                    bytes,
-                    stream,
-                } => {
-                    // SAFETY: `submit` checked both ranges lie inside live blocks, which `free`
-                    // cannot release before this launch ends; the caller of `submit` promised no
-                    // other lane touches them concurrently. `copy` allows overlap; a streamed
-                    // copy is only chosen where the two ranges do not overlap.
-                    unsafe {
-                        if stream {
-                            stream_copy(src as *const u8, dst as *mut u8, bytes);
-                        } else {
-                            std::ptr::copy(src as *const u8, dst as *mut u8, bytes);
-                        }
-                    }
-                }
-                Task::Reduce {
-                    first,
-                    count,
-                    dst,
-                    len,
-                    dtype,
-                    op,
-                    divisor,
-                    outs,
-                    fan,
-                } => {
-                    let srcs = &self.srcs[first..first + count];
-                    // SAFETY: `usize` and `*const u8` have the same layout; the addresses
-                    // were produced from pointers into live blocks.
-                    let ptrs: &[*const u8] = unsafe {
-                        std::slice::from_raw_parts(srcs.as_ptr() as *const *const u8, srcs.len())
-                    };
-                    if fan == 0 {
-                        // SAFETY: `submit` checked every range is inside a live block, aligned
-                        // for `dtype`, and that `dst` equals or avoids each source; the caller
-                        // of `submit` promised no concurrent writer.
-                        unsafe {
-                            host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor)
-                        };
-                    } else {
-                        // SAFETY: as above for `dst`; `fuse_fan_out` only fused copies whose
-                        // destinations are inside live blocks, apart from every source, from
-                        // `dst` and from each other, and written by nothing else meanwhile.
-                        unsafe {
-                            host_reduce::reduce_fan_out(
-                                dtype,
-                                op,
-                                ptrs,
-                                (dst, fan_stream(len, dtype)),
-                                &self.outs[outs..outs + fan],
-                                len,
-                                divisor,
-                            )
-                        };
-                    }
-                }
-                Task::Record(e) => {
-                    store_fence();
-                    self.events[e].store(true, Ordering::Release);
-                    self.notify();
-                }
-                Task::Wait(e) => {
-                    if !self.wait_event(e) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-    fn finish_lane(&self, panic: Option<String>) {
-        // The lane's streamed stores are visible before its end is.
-        store_fence();
-        let mut g = lock(&self.status);
-        if let Some(p) = panic {
-            self.failed.store(true, Ordering::Release);
-            g.1.get_or_insert(p);
-        }
-        g.0 = g.0.saturating_sub(1);
-        self.cv.notify_all();
-    }
-}
-
-/// How far [`forward_copies`] looks ahead on a lane for the reduction that reads a copy's
-/// destination and for the op that overwrites it: a few chunks' ops of the shared-memory
-/// plans (n - 1 copies in, one reduction, n - 1 copies out per chunk), while the cost of a
-/// submission stays linear in its ops.
-const FORWARD_WINDOW_OPS: usize = 64;
-
-/// Half-open byte ranges `[a, a + la)` and `[b, b + lb)` share a byte.
-fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
-    a < b.saturating_add(lb) && b < a.saturating_add(la)
-}
-
-/// A byte range: (address, bytes).
-type Range = (usize, usize);
-
-/// Whether a fused reduction of `len` elements streams its own destination: it is a rank's
-/// output (the shared-memory plans reduce a slice into its owner's output and copy it out),
-/// which the launch does not read again soon, except through the fused copies.
-fn fan_stream(len: usize, dtype: DType) -> bool {
-    len as u64 * dtype.size() >= STREAM_MIN_BYTES
-}
-
-/// Fan-out fusion on one lane: a reduction into `R` directly followed on the lane by copies
-/// of all of `R` to other memories becomes one task that writes each block of the result to
-/// `R` and to every copy's destination while the block is in the L1 cache, instead of
-/// writing `R` and reading it back once per copy. The shared-memory plans' all_reduce
-/// reduces each chunk of a slice on its owner and copies it to every other rank: fused, main
-/// memory sees what `n` plain copies move (every input read once, every output written once
-/// with streaming stores).
-///
-/// It changes nothing any op observes: the copies follow the reduction with nothing between
-/// (no event, so no other lane is ordered between them), each copies exactly `R`, and their
-/// destinations overlap no source of the reduction, `R`, or each other, so writing them
-/// block by block during the reduction leaves every byte as the reduction and then the
-/// copies would.
-fn fuse_fan_out(tasks: &mut Vec<Task>, srcs: &[usize], outs: &mut Vec<(usize, bool)>) {
-    let mut drop_task = vec![false; tasks.len()];
-    let mut i = 0;
-    while i < tasks.len() {
-        let Task::Reduce {
-            first,
-            count,
-            dst,
-            len,
-            dtype,
-            fan: 0,
-            ..
-        } = tasks[i]
-        else {
-            i += 1;
-            continue;
-        };
-        let bytes = len.saturating_mul(dtype.size() as usize);
-        let start = outs.len();
-        let mut j = i + 1;
-        while let Some(&Task::Copy {
-            src,
-            dst: to,
-            bytes: b,
-            stream,
-        }) = tasks.get(j)
-        {
-            let apart = |(a, l): (usize, usize)| !overlaps(a, l, to, bytes);
-            let clear = src == dst
-                && b == bytes
-                && bytes > 0
-                && apart((dst, bytes))
-                && srcs[first..first + count]
-                    .iter()
-                    .all(|&s| apart((s, bytes)))
-                && outs[start..].iter().all(|&(o, _)| apart((o, bytes)));
-            if !clear {
-                break;
-            }
-            outs.push((to, stream));
-            drop_task[j] = true;
-            j += 1;
-        }
-        if let Task::Reduce { outs: o, fan, .. } = &mut tasks[i] {
-            *o = start;
-            *fan = outs.len() - start;
-        }
-        i = j;
-    }
-    let mut k = 0;
-    tasks.retain(|_| {
-        k += 1;
-        !drop_task[k - 1]
-    });
-}
-
-/// The byte ranges a task reads: one range, or `len` bytes at each of some addresses.
-#[derive(Clone, Copy)]
-struct Reads<'a> {
-    one: Option<Range>,
-    many: &'a [usize],
-    len: usize,
-}
-
-impl Reads<'_> {
-    /// Every range read (no allocation: the scans below run per copy of a submission).
-    fn iter(self) -> impl Iterator<Item = Range> {
-        let len = self.len;
-        self.one
-            .into_iter()
-            .chain(self.many.iter().map(move |&a| (a, len)))
-    }
-}
-
-/// The byte ranges a task reads and writes: (reads, write), for the tasks that touch memory.
-fn task_ranges<'a>(t: &Task, srcs: &'a [usize]) -> Option<(Reads<'a>, Range)> {
-    match *t {
-        Task::Copy {
-            src, dst, bytes, ..
-        } => Some((
-            Reads {
-                one: Some((src, bytes)),
-                many: &[],
-                len: 0,
-            },
-            (dst, bytes),
-        )),
-        Task::Reduce {
-            first,
-            count,
-            dst,
-            len,
-            dtype,
-            ..
-        } => {
-            let b = len.saturating_mul(dtype.size() as usize);
-            let reads = Reads {
-                one: None,
-                many: &srcs[first..first + count],
-                len: b,
-            };
-            Some((reads, (dst, b)))
-        }
-        Task::Record(_) | Task::Wait(_) => None,
-    }
-}
-
-/// Copy forwarding on one lane: where a copy `A -> R` is followed on the lane by a reduction
-/// that reads exactly `R`, and `R` is then wholly overwritten on the lane before anything else
-/// reads it, the reduction reads `A` in place of `R` and the copy is dropped. Every arena of
-/// the host backend is one address space, so a reduction may read any rank's memory; the
-/// plans stage remote data in scratch because the plan IR keeps reductions local (as GPUs
-/// need), and on the host that staging costs a pass over the data for nothing. The
-/// shared-memory plans' all_reduce, reduce and reduce_scatter drop all their copies in but
-/// the last chunk's.
-///
-/// It changes nothing any op observes: only a window of copies and reductions is rewritten
-/// (no `Record` or `Wait` inside it, so no other lane is ordered between the copy and the
-/// overwrite, and a checked plan has no unordered access to `R` or write to `A` on another
-/// lane), `A` is not written on the lane between the copy and the reduction, the value the copy
-/// put in `R` is never read, and the reduction's contract holds (`A` aligned for its element
-/// type, its destination equal to `A` or apart from it).
-fn forward_copies(tasks: &mut Vec<Task>, srcs: &mut [usize]) {
-    let mut drop_task = vec![false; tasks.len()];
-    for c in 0..tasks.len() {
-        let Task::Copy {
-            src: a,
-            dst: r,
-            bytes,
-            ..
-        } = tasks[c]
-        else {
-            continue;
-        };
-        if bytes == 0 || overlaps(a, bytes, r, bytes) {
-            continue;
-        }
-        // The reduction reading exactly `R`, with nothing on the way touching `R` or writing `A`.
-        let mut reader = None;
-        for (j, t) in tasks
-            .iter()
-            .enumerate()
-            .skip(c + 1)
-            .take(FORWARD_WINDOW_OPS)
-        {
-            if drop_task[j] {
-                continue;
-            }
-            let Some((reads, (w, wl))) = task_ranges(t, srcs) else {
-                break;
-            };
-            if let Task::Reduce {
-                first,
-                count,
-                dtype,
-                ..
-            } = *t
-            {
-                let exact = reads.iter().any(|(s, l)| s == r && l == bytes);
-                let others_clear = reads
-                    .iter()
-                    .all(|(s, l)| (s == r && l == bytes) || !overlaps(s, l, r, bytes));
-                let dst_ok = !overlaps(w, wl, r, bytes)
-                    && ((w == a && wl == bytes) || !overlaps(w, wl, a, bytes));
-                if exact && others_clear && dst_ok && a % dtype.size() as usize == 0 {
-                    reader = Some((j, first, count));
-                    break;
-                }
-            }
-            if overlaps(w, wl, r, bytes)
-                || overlaps(w, wl, a, bytes)
-                || reads.iter().any(|(s, l)| overlaps(s, l, r, bytes))
-            {
-                break;
-            }
-        }
-        let Some((j, first, count)) = reader else {
-            continue;
-        };
-        // The next op touching `R` overwrites all of it without reading it.
-        let mut dead = false;
-        for (k, t) in tasks
-            .iter()
-            .enumerate()
-            .skip(j + 1)
-            .take(FORWARD_WINDOW_OPS)
-        {
-            if drop_task[k] {
-                continue;
-            }
-            let Some((reads, (w, wl))) = task_ranges(t, srcs) else {
-                break;
-            };
-            if reads.iter().any(|(s, l)| overlaps(s, l, r, bytes)) {
-                break;
-            }
-            if overlaps(w, wl, r, bytes) {
-                dead = w <= r && w.saturating_add(wl) >= r + bytes;
-                break;
-            }
-        }
-        if dead {
-            for s in &mut srcs[first..first + count] {
-                if *s == r {
-                    *s = a;
-                }
-            }
-            drop_task[c] = true;
-        }
-    }
-    let mut k = 0;
-    tasks.retain(|_| {
-        k += 1;
-        !drop_task[k - 1]
-    });
-}
-
-/// One job for a worker: run lane `lane` of a launch.
-type Job = (Arc<LaunchState>, usize);
-
-/// A worker thread: its job queue and its handle (taken when joined).
-type Worker = (Sender<Job>, Option<JoinHandle<()>>);
-
 /// The host backend (see the module docs).
 #[derive(Debug)]
 pub struct HostBackend {
     blocks: Mutex<HashMap<u64, Block>>,
     arenas: Mutex<BTreeMap<Location, u64>>,
-    workers: Mutex<Vec<Worker>>,
+    /// The worker threads that run the lanes of launches.
+    pool: LanePool,
     /// The gate: the launch in flight, locked by every step that must not overlap one.
     inflight: Mutex<Option<Arc<LaunchState>>>,
     /// An error met where it could not be returned (a failed launch, `free`).
@@ -575,12 +170,21 @@ impl Default for HostBackend {
 }
 
 impl HostBackend {
-    /// A host backend with no memory and no threads yet.
+    /// A host backend with no memory and no threads yet; its lanes run on at most one
+    /// worker thread per core (`std::thread::available_parallelism`).
     pub fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_lane_threads(cores)
+    }
+
+    /// A host backend whose lanes run on at most `threads` worker threads (at least 1),
+    /// whatever the number of lanes: a lane waiting for another lane's event parks, so one
+    /// thread runs any launch.
+    pub fn with_lane_threads(threads: usize) -> Self {
         HostBackend {
             blocks: Mutex::new(HashMap::new()),
             arenas: Mutex::new(BTreeMap::new()),
-            workers: Mutex::new(Vec::new()),
+            pool: LanePool::new(threads),
             inflight: Mutex::new(None),
             pending: Mutex::new(None),
             limit: None,
@@ -621,9 +225,15 @@ impl HostBackend {
         lock(&self.arenas).get(&location).copied().unwrap_or(0)
     }
 
-    /// Worker threads kept (one per lane of the largest launch so far).
+    /// Worker threads started (kept between launches): at most [`Self::max_workers`], and
+    /// at most the most lanes a launch so far has had.
     pub fn worker_count(&self) -> usize {
-        lock(&self.workers).len()
+        self.pool.threads()
+    }
+
+    /// The most worker threads this backend starts.
+    pub fn max_workers(&self) -> usize {
+        self.pool.max_threads()
     }
 
     /// Take the gate and wait for the launch in flight; keep its error for the next
@@ -633,34 +243,12 @@ impl HostBackend {
     /// every waiting one.
     fn quiesce(&self) -> MutexGuard<'_, Option<Arc<LaunchState>>> {
         let mut gate = lock(&self.inflight);
-        if let Some(state) = gate.take() {
-            let mut g = lock(&state.status);
-            while g.0 > 0 {
-                g = state.cv.wait(g).unwrap_or_else(|p| p.into_inner());
-            }
-            if let Some(e) = g.1.take() {
-                lock(&self.pending).get_or_insert(e);
-            }
+        if let Some(state) = gate.take()
+            && let Some(e) = state.wait_done()
+        {
+            lock(&self.pending).get_or_insert(e);
         }
         gate
-    }
-
-    fn ensure_workers(&self, n: usize) -> Result<()> {
-        let mut w = lock(&self.workers);
-        while w.len() < n {
-            let (tx, rx) = channel::<Job>();
-            let handle = std::thread::Builder::new()
-                .name(format!("relaycc-lane-{}", w.len()))
-                .spawn(move || {
-                    while let Ok((state, lane)) = rx.recv() {
-                        let r = catch_unwind(AssertUnwindSafe(|| state.run_lane(lane)));
-                        state.finish_lane(r.err().map(|_| format!("lane {lane} panicked")));
-                    }
-                })
-                .map_err(|e| err(format!("cannot start a lane thread: {e}")))?;
-            w.push((tx, Some(handle)));
-        }
-        Ok(())
     }
 
     /// Resolve a region of a block to an address, checking bounds.
@@ -862,29 +450,11 @@ impl Backend for HostBackend {
         if busy.is_empty() {
             return Ok(());
         }
-        self.ensure_workers(lanes.len())?;
-        let state = Arc::new(LaunchState {
-            lanes,
-            srcs,
-            outs,
-            events: (0..events).map(|_| AtomicBool::new(false)).collect(),
-            failed: AtomicBool::new(false),
-            status: Mutex::new((busy.len(), None)),
-            cv: Condvar::new(),
-        });
+        // No worker at all is an error before anything starts; fewer than wanted share lanes.
+        self.pool.ensure(busy.len()).map_err(err)?;
+        let state = Arc::new(LaunchState::new(lanes, srcs, outs, events, busy.len()));
         *gate = Some(state.clone());
-        let workers = lock(&self.workers);
-        for &l in &busy {
-            let sent = workers
-                .get(l)
-                .map(|(tx, _)| tx.send((state.clone(), l)).is_ok())
-                .unwrap_or(false);
-            if !sent {
-                // The lane will never run: fail the launch so no other lane waits for it.
-                state.finish_lane(Some(format!("lane thread {l} is gone")));
-                state.notify();
-            }
-        }
+        self.pool.start(&state, &busy);
         Ok(())
     }
 
@@ -961,18 +531,8 @@ impl Trusted for HostBackend {
 
 impl Drop for HostBackend {
     fn drop(&mut self) {
+        // The launch in flight ends first; the pool's workers are joined when it drops.
         drop(self.quiesce());
-        let workers: Vec<_> = std::mem::take(&mut *lock(&self.workers));
-        let mut handles = Vec::new();
-        for (tx, h) in workers {
-            // Closing the channel ends the worker's loop.
-            drop(tx);
-            handles.extend(h);
-        }
-        for h in handles {
-            // A worker that panicked outside a lane has nothing left to report.
-            let _ = h.join();
-        }
         for (_, b) in lock(&self.blocks).drain() {
             if let Some(layout) = b.layout {
                 // SAFETY: every block still in the table came from `alloc_zeroed` with this
@@ -1000,100 +560,6 @@ mod tests {
         b.free(second);
         b.free(third);
         assert_eq!(b.bytes_in_use(at), 0);
-    }
-
-    fn copy(src: usize, dst: usize, bytes: usize) -> Task {
-        Task::Copy {
-            src,
-            dst,
-            bytes,
-            stream: false,
-        }
-    }
-
-    /// A copy into scratch read by the next reduction and then overwritten is dropped and the
-    /// reduction reads its source; with an event between, or without the overwrite, or when a
-    /// later op reads the scratch, nothing changes.
-    #[test]
-    fn copies_forward_into_reductions_only_when_their_value_dies() {
-        // Addresses only: nothing runs, so any distinct, aligned numbers serve.
-        let (a, own, r, out, b) = (0x1000, 0x2000, 0x3000, 0x4000, 0x5000);
-        let reduce = |first| Task::Reduce {
-            first,
-            count: 2,
-            dst: out,
-            len: 16,
-            dtype: DType::F32,
-            op: ReduceOp::Sum,
-            divisor: None,
-            outs: 0,
-            fan: 0,
-        };
-        let mut srcs = vec![own, r];
-        let mut tasks = vec![copy(a, r, 64), reduce(0), copy(b, r, 64)];
-        forward_copies(&mut tasks, &mut srcs);
-        assert_eq!(tasks.len(), 2, "{tasks:?}");
-        assert_eq!(srcs, vec![own, a]);
-        assert!(matches!(tasks[0], Task::Reduce { .. }));
-
-        let cases: [Vec<Task>; 3] = [
-            vec![copy(a, r, 64), reduce(0)],
-            vec![copy(a, r, 64), Task::Record(0), reduce(0), copy(b, r, 64)],
-            vec![copy(a, r, 64), reduce(0), copy(r, b, 64), copy(b, r, 64)],
-        ];
-        for mut tasks in cases {
-            let mut srcs = vec![own, r];
-            let before = tasks.len();
-            forward_copies(&mut tasks, &mut srcs);
-            assert_eq!(tasks.len(), before, "{tasks:?}");
-            assert_eq!(srcs, vec![own, r]);
-        }
-    }
-
-    /// A reduction followed by copies of its whole result fuses into one task with their
-    /// destinations; a copy of part of the result, one whose destination overlaps a source,
-    /// or one after an event stays a copy.
-    #[test]
-    fn copies_of_a_reduction_fuse_into_its_fan_out() {
-        let (a, b, r, x, y) = (0x1000, 0x2000, 0x3000, 0x4000, 0x5000);
-        let reduce = Task::Reduce {
-            first: 0,
-            count: 2,
-            dst: r,
-            len: 16,
-            dtype: DType::F32,
-            op: ReduceOp::Sum,
-            divisor: None,
-            outs: 0,
-            fan: 0,
-        };
-        let srcs = vec![a, b];
-        let mut outs = Vec::new();
-        let mut tasks = vec![reduce, copy(r, x, 64), copy(r, y, 64), copy(r, x, 64)];
-        fuse_fan_out(&mut tasks, &srcs, &mut outs);
-        // The third copy writes `x` again: it overlaps a fused destination and stays.
-        assert_eq!(tasks.len(), 2, "{tasks:?}");
-        assert!(matches!(
-            tasks[0],
-            Task::Reduce {
-                outs: 0,
-                fan: 2,
-                ..
-            }
-        ));
-        assert_eq!(outs, vec![(x, false), (y, false)]);
-        let cases: [Vec<Task>; 3] = [
-            vec![reduce, copy(r, x, 32)],
-            vec![reduce, copy(r, b, 64)],
-            vec![reduce, Task::Record(0), copy(r, x, 64)],
-        ];
-        for mut tasks in cases {
-            let before = tasks.len();
-            let mut outs = Vec::new();
-            fuse_fan_out(&mut tasks, &srcs, &mut outs);
-            assert_eq!(tasks.len(), before, "{tasks:?}");
-            assert!(outs.is_empty());
-        }
     }
 
     /// The raw address is the region's first byte: what `upload` wrote is there, and what is

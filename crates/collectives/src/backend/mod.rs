@@ -31,6 +31,8 @@
 //! `unsafe`); the executor keeps it for programs compiled from a checked plan.
 
 pub mod host;
+mod host_lanes;
+mod host_peephole;
 pub(crate) mod host_reduce;
 pub(crate) mod validate;
 

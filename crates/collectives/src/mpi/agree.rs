@@ -7,7 +7,7 @@
 //! is failed.
 
 use std::os::raw::c_int;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
@@ -83,7 +83,7 @@ pub(super) fn collective(
             Op::AllGather => ffi::MPI_Iallgather(sp, count, word, rp, count, word, raw, &mut req),
         }
     };
-    match wait(comm, step, op.call(), rc, &mut req) {
+    match wait(comm.rank(), comm.timeout(), step, op.call(), rc, &mut req) {
         Ok(()) => Ok(recv),
         Err(e) => {
             let health = comm.health();
@@ -97,17 +97,18 @@ pub(super) fn collective(
     }
 }
 
-/// Check the return code `rc` of the call posting `req`, then poll `MPI_Test` until it
-/// completes (MPI then nulls it) or the communicator's timeout passes.
-fn wait(
-    comm: &MpiCommunicator,
+/// Check the return code `rc` of the call posting `req` (on rank `rank`), then poll
+/// `MPI_Test` until it completes (MPI then nulls it) or `timeout` passes.
+pub(super) fn wait(
+    rank: u32,
+    timeout: Duration,
     step: &'static str,
     call: &'static str,
     rc: c_int,
     req: &mut ffi::MPI_Request,
 ) -> MpiResult<()> {
     let mpi_err = |call: &'static str, code: c_int| MpiError::Mpi {
-        rank: comm.rank(),
+        rank,
         call,
         code,
         name: super::error_name(code),
@@ -115,7 +116,6 @@ fn wait(
     if rc != ffi::MPI_SUCCESS as c_int {
         return Err(mpi_err(call, rc));
     }
-    let timeout = comm.timeout();
     let deadline = Instant::now() + timeout;
     let mut spins = 0u32;
     loop {
@@ -130,7 +130,7 @@ fn wait(
         }
         if Instant::now() > deadline {
             return Err(MpiError::Timeout {
-                rank: comm.rank(),
+                rank,
                 step,
                 level: 0,
                 pending: 1,
@@ -188,4 +188,147 @@ pub(super) fn agree(
         .map(|c| (c[0], c[1].saturating_neg()))
         .collect();
     Ok(Agreed { failed, ranges })
+}
+
+/// `MPI_Ibarrier` over the communicator, polled against its timeout. A timeout fails the
+/// communicator and buries the request (a collective one cannot be cancelled).
+pub(super) fn barrier(comm: &MpiCommunicator, step: &'static str) -> MpiResult<()> {
+    // SAFETY: reading an MPI constant initialised by the library.
+    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: the communicator is live and `req` an out-parameter of the right type.
+    let rc = unsafe { ffi::MPI_Ibarrier(comm.comm().as_raw(), &mut req) };
+    match wait(
+        comm.rank(),
+        comm.timeout(),
+        step,
+        "MPI_Ibarrier",
+        rc,
+        &mut req,
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let health = comm.health();
+            health.fail(&e);
+            // SAFETY: reading an MPI constant initialised by the library.
+            if req != unsafe { ffi::RSMPI_REQUEST_NULL } {
+                health.bury(vec![req], Box::new(()));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// A 62-bit FNV-1a hash of `words`' bytes (negates without overflow).
+fn text_hash<'a>(words: impl Iterator<Item = &'a str>) -> i64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in words {
+        for b in w.bytes().chain([0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    (h >> 2) as i64
+}
+
+/// Every rank passes the same `settings` (name, value): first one `MPI_Iallreduce` agrees
+/// that every rank names the same settings, then one `MPI_Iallgather` brings every rank's
+/// values, both within the timeout. Every rank sees the same values, so every rank returns
+/// the same verdict: for each setting where ranks differ, the ranks whose value is not the
+/// most common one (ties: rank 0's), with their values and the common one.
+///
+/// Errors: [`MpiError::CallMismatch`] naming the ranks and settings that differ;
+/// [`MpiError::Timeout`] when a rank does not take part in time; an MPI error.
+pub(super) fn same_settings(
+    comm: &MpiCommunicator,
+    step: &'static str,
+    settings: &[(&str, i64)],
+) -> MpiResult<()> {
+    let names = text_hash(settings.iter().map(|(name, _)| *name));
+    let got = agree(comm, step, false, &[settings.len() as i64, names])?;
+    if got.ranges.iter().any(|(lo, hi)| lo != hi) {
+        let list: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();
+        return Err(MpiError::CallMismatch(format!(
+            "{step}: rank {} compares the settings {list:?}; another rank compares other ones",
+            comm.rank()
+        )));
+    }
+    if settings.is_empty() {
+        return Ok(());
+    }
+    let all = collective(
+        comm,
+        step,
+        Op::AllGather,
+        settings.iter().map(|s| s.1).collect(),
+    )?;
+    let names: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();
+    let differ = differences(&names, &all);
+    if differ.is_empty() {
+        Ok(())
+    } else {
+        Err(MpiError::CallMismatch(format!(
+            "{step}: ranks differ in {}",
+            differ.join("; ")
+        )))
+    }
+}
+
+/// For each setting of `names` whose values differ in `all` (every rank's values, rank
+/// after rank), which ranks pass what: the ranks whose value is not the most common one
+/// (among equally common values, the lowest rank's), with their values and the common one.
+fn differences(names: &[&str], all: &[i64]) -> Vec<String> {
+    let k = names.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    let n = all.len() / k;
+    let mut differ = Vec::new();
+    for (j, name) in names.iter().enumerate() {
+        let col: Vec<i64> = (0..n).map(|r| all[r * k + j]).collect();
+        let mut counts: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
+        for &v in &col {
+            *counts.entry(v).or_default() += 1;
+        }
+        let mut common = col[0];
+        for &v in &col {
+            if counts[&v] > counts[&common] {
+                common = v;
+            }
+        }
+        let odd: Vec<String> = (0..n)
+            .filter(|&r| col[r] != common)
+            .map(|r| format!("rank {r} passes {}", col[r]))
+            .collect();
+        if !odd.is_empty() {
+            let rest = n - odd.len();
+            differ.push(format!(
+                "{name}: {} where {rest} rank(s) pass {common}",
+                odd.join(", ")
+            ));
+        }
+    }
+    differ
+}
+
+#[cfg(test)]
+mod tests {
+    use super::differences;
+
+    /// The odd ranks are named against the most common value, whichever rank holds it; equal
+    /// settings name nobody.
+    #[test]
+    fn differences_name_the_ranks_off_the_common_value() {
+        // Three ranks, settings (-n, -b): rank 0 is the odd one in -n.
+        let all = [5, 1024, 20, 1024, 20, 1024];
+        assert_eq!(
+            differences(&["-n", "-b"], &all),
+            vec!["-n: rank 0 passes 5 where 2 rank(s) pass 20".to_string()]
+        );
+        assert!(differences(&["-n", "-b"], &[20, 1024, 20, 1024]).is_empty());
+        // A tie: rank 0's value is the common one.
+        assert_eq!(
+            differences(&["-w"], &[1, 2]),
+            vec!["-w: rank 1 passes 2 where 1 rank(s) pass 1".to_string()]
+        );
+        assert!(differences(&[], &[]).is_empty());
+    }
 }

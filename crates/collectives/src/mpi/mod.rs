@@ -11,8 +11,9 @@
 //!   ([`TransferMode::Direct`] for [`MpiCommunicator::execute_on`], and the models also
 //!   consider device-aware staging); otherwise they are staged through the backend's host
 //!   memory ([`TransferMode::Staged`]). [`MpiCommunicator::set_transfer`] overrides it;
-//! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long a run may wait for its peers before
-//!   it fails (see [`MpiError::Timeout`]);
+//! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long creating a communicator, a run, or
+//!   any collective step may wait for its peers before it fails (see [`MpiError::Timeout`]
+//!   and [`MpiError::Absent`]);
 //! - `RELAYCC_MPI_ZERO_COPY=1`: the typed collectives hand the caller's buffers to MPI
 //!   ([`MpiCommunicator::set_zero_copy`]).
 
@@ -24,6 +25,7 @@ mod gpu;
 mod indexed;
 mod requests;
 mod schedule;
+mod setup;
 mod shared_buffer;
 mod shm_transport;
 mod transport;
@@ -145,6 +147,22 @@ pub enum MpiError {
     /// The node's backend failed (allocation, download, upload, a launch).
     #[error("backend: {0}")]
     Backend(#[from] CollectivesError),
+    /// Ranks did not come to a step that names who came (creating a communicator) within
+    /// the timeout: they never called it, left, or were slower than the timeout.
+    #[error(
+        "rank {rank}: {step}: rank(s) {} did not arrive within {after:?}",
+        ranks_text(.missing)
+    )]
+    Absent {
+        /// This rank.
+        rank: u32,
+        /// The step (`create the communicator`).
+        step: &'static str,
+        /// The ranks that did not come, in rank order.
+        missing: Vec<u32>,
+        /// The timeout.
+        after: Duration,
+    },
     /// Another rank failed a collective step, so this rank stopped too.
     #[error("rank {rank} failed to {step}")]
     Peer {
@@ -157,6 +175,15 @@ pub enum MpiError {
 
 /// Result of the MPI backend.
 pub type MpiResult<T> = std::result::Result<T, MpiError>;
+
+/// Ranks as an error lists them: `3`, `3, 5`, or the first 8 and how many more.
+fn ranks_text(ranks: &[u32]) -> String {
+    let shown: Vec<String> = ranks.iter().take(8).map(u32::to_string).collect();
+    match ranks.len() {
+        0..=8 => shown.join(", "),
+        n => format!("{} and {} more", shown.join(", "), n - 8),
+    }
+}
 
 /// One process's view of an MPI job: its rank, the (virtual) node of every rank, its device,
 /// and a private duplicate of the world communicator whose errors are returned, not fatal.
@@ -203,6 +230,14 @@ impl std::fmt::Debug for MpiCommunicator {
     }
 }
 
+/// The timeout `RELAYCC_MPI_TIMEOUT_MS` gives (milliseconds), else 60 s.
+fn env_timeout() -> Duration {
+    std::env::var("RELAYCC_MPI_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(60), Duration::from_millis)
+}
+
 /// A duplicate of `comm` with `MPI_ERRORS_RETURN`, so that a failed call comes back as an
 /// error code instead of killing the job.
 fn private_dup(comm: &impl Communicator) -> SimpleCommunicator {
@@ -217,13 +252,23 @@ impl MpiCommunicator {
     /// virtual nodes of `RELAYCC_RANKS_PER_NODE` local ranks (default: the whole host), and
     /// number the nodes by their lowest rank.
     ///
+    /// Every rank first waits, at most the timeout (`RELAYCC_MPI_TIMEOUT_MS`), for every
+    /// other rank to call it too, then makes its private duplicate of `world` within the
+    /// timeout (`setup.rs`), so a rank that never calls it, or whose own setup fails, makes
+    /// the others fail instead of hang. The arrival sends one small message to every other
+    /// rank on `world` (tag 32417): a receive of any tag posted on `world` meanwhile could
+    /// take it.
+    ///
     /// # Arguments
     /// - `world`: the processes of the job (one per GPU or host device).
     /// - `device`: this process's device index (informational for host memory).
     /// - `topology`: the cluster topology, needed only to run plans that name
     ///   `Location::Host` memories ([`MpiCommunicator::execute`]).
     ///
-    /// Errors: a `RELAYCC_RANKS_PER_NODE` that is not a positive integer.
+    /// Errors: a `RELAYCC_RANKS_PER_NODE` that is not a positive integer (on that rank; the
+    /// others return [`MpiError::Peer`] naming it); [`MpiError::Absent`] naming the ranks
+    /// that did not call it within the timeout; [`MpiError::Timeout`] when the duplicate is
+    /// not made in time (a rank that came after the others gave up); an MPI error.
     pub fn from_mpi(
         world: &impl Communicator,
         device: u32,
@@ -231,16 +276,18 @@ impl MpiCommunicator {
     ) -> MpiResult<Self> {
         let k = match std::env::var("RELAYCC_RANKS_PER_NODE") {
             Ok(v) => match v.trim().parse::<i32>() {
-                Ok(k) if k > 0 => Some(k),
-                _ => {
-                    return Err(MpiError::Setup(format!(
-                        "RELAYCC_RANKS_PER_NODE={v:?} is not a positive integer"
-                    )));
-                }
+                Ok(k) if k > 0 => Ok(Some(k)),
+                _ => Err(MpiError::Setup(format!(
+                    "RELAYCC_RANKS_PER_NODE={v:?} is not a positive integer"
+                ))),
             },
-            Err(_) => None,
+            Err(_) => Ok(None),
         };
-        let comm = private_dup(world);
+        let timeout = env_timeout();
+        let arrived = setup::arrive(world, timeout, k.is_err());
+        let k = k?;
+        arrived?;
+        let comm = setup::duplicate(world, timeout)?;
         let rank = comm.rank();
         let shared = comm.split_shared(rank);
         let mut leader = 0i32;
@@ -260,10 +307,7 @@ impl MpiCommunicator {
         topology: Option<Topology>,
     ) -> Self {
         let (rank, size) = (comm.rank(), comm.size());
-        let timeout = std::env::var("RELAYCC_MPI_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(Duration::from_secs(60), Duration::from_millis);
+        let timeout = env_timeout();
         let cuda_aware = std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1");
         let p2p = private_dup(&comm);
         let shm = shm_transport::ShmSegment::new(&comm);
@@ -421,6 +465,30 @@ impl MpiCommunicator {
     pub fn set_timeout(&mut self, t: Duration) {
         self.timeout = t;
     }
+    /// Wait until every rank of the communicator has called `barrier` (`MPI_Barrier`), at
+    /// most the timeout: a nonblocking `MPI_Ibarrier` polled against it.
+    ///
+    /// Errors: [`MpiError::Failed`] after an earlier failure; [`MpiError::Timeout`] when a
+    /// rank does not come in time (the communicator is failed from then on); an MPI error.
+    pub fn barrier(&self) -> MpiResult<()> {
+        self.health.check()?;
+        agree::barrier(self, "meet at a barrier")
+    }
+
+    /// Collective: check that every rank passes the same `settings` (name and value each,
+    /// e.g. a benchmark's arguments, or sizes a job's ranks must share) before anything
+    /// depends on them, within the timeout. Every rank gets the same verdict.
+    ///
+    /// Errors: [`MpiError::CallMismatch`] on every rank, naming each setting whose values
+    /// differ, the ranks whose value is not the most common one, their values and the
+    /// common one (or saying that the ranks compare different settings);
+    /// [`MpiError::Failed`] after an earlier failure; [`MpiError::Timeout`] when a rank does
+    /// not take part in time; an MPI error.
+    pub fn agree_settings(&self, settings: &[(&str, i64)]) -> MpiResult<()> {
+        self.health.check()?;
+        agree::same_settings(self, "agree on settings", settings)
+    }
+
     /// The communicator (a private duplicate of the world given to [`Self::from_mpi`]).
     pub fn comm(&self) -> &SimpleCommunicator {
         &self.comm

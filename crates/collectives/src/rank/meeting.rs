@@ -116,6 +116,24 @@ impl Meeting {
         lead: impl FnOnce(Vec<Arrival>) -> Outcome,
     ) -> Arc<Outcome> {
         let start = Instant::now();
+        match self.arrive(me, seq, arrival, lead) {
+            Some(o) => o,
+            None => self.wait(me, seq, start, timeout),
+        }
+    }
+
+    /// The first half of [`Meeting::meet`]: leave `arrival` at round `seq` without waiting.
+    /// Returns the outcome when it is known at once (this participant was the last and ran
+    /// `lead`, or the round was closed before it came); `None` when the others are still to
+    /// come: then [`Meeting::wait`] for it. Until the outcome is taken, whatever `arrival`
+    /// lends stays in use.
+    pub fn arrive(
+        &self,
+        me: usize,
+        seq: u64,
+        arrival: Arrival,
+        lead: impl FnOnce(Vec<Arrival>) -> Outcome,
+    ) -> Option<Arc<Outcome>> {
         let n = self.members.len();
         let mut rounds = lock(&self.rounds);
         let round = rounds.entry(seq).or_insert_with(|| Round {
@@ -128,12 +146,12 @@ impl Meeting {
             // Closed before this rank came (a timeout): it runs nothing.
             let o = o.clone();
             self.collect(&mut rounds, seq, me);
-            return o;
+            return Some(o);
         }
         let Some(slot) = round.arrivals.get_mut(me).filter(|s| s.is_none()) else {
-            return Arc::new(Err(Failure::Internal(format!(
+            return Some(Arc::new(Err(Failure::Internal(format!(
                 "participant {me} arrived twice at call {seq}"
-            ))));
+            )))));
         };
         *slot = Some(arrival);
         round.arrived += 1;
@@ -154,9 +172,19 @@ impl Meeting {
             }
             self.cv.notify_all();
             self.collect(&mut rounds, seq, me);
-            return outcome;
+            return Some(outcome);
         }
+        None
+    }
+
+    /// The second half of [`Meeting::meet`]: wait for the outcome of round `seq`, at which
+    /// participant `me` arrived at `start`; once `timeout` has passed since then, while
+    /// someone is still missing, close the round with a timeout (once everyone came, the run
+    /// goes on to its end).
+    pub fn wait(&self, me: usize, seq: u64, start: Instant, timeout: Duration) -> Arc<Outcome> {
+        let n = self.members.len();
         let deadline = start + timeout;
+        let mut rounds = lock(&self.rounds);
         loop {
             let Some(round) = rounds.get_mut(&seq) else {
                 return Arc::new(Err(Failure::Internal(format!(

@@ -32,7 +32,7 @@ mod split;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
@@ -243,6 +243,22 @@ impl RankComm {
         ops: Result<Vec<Op>>,
         #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
     ) -> Result<Payload> {
+        #[cfg(feature = "cuda")]
+        let ticket = self.arrive(blocks, ops, stream);
+        #[cfg(not(feature = "cuda"))]
+        let ticket = self.arrive(blocks, ops);
+        Self::result(call, ticket.wait())
+    }
+
+    /// Leave this rank's part of its next collective call at the communicator's meeting
+    /// without waiting for the others ([`Meeting::arrive`]); the ticket waits. The memory
+    /// `blocks` name stays lent until the ticket's outcome is taken.
+    fn arrive(
+        &mut self,
+        blocks: Vec<Span>,
+        ops: Result<Vec<Op>>,
+        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
+    ) -> Ticket {
         let seq = self.seq;
         self.seq += 1;
         let arrival = Arrival {
@@ -252,14 +268,20 @@ impl RankComm {
             #[cfg(feature = "cuda")]
             stream,
         };
+        let start = Instant::now();
         let shared = self.shared.clone();
-        let outcome = self
+        let done = self
             .shared
             .meeting
-            .meet(self.rank, seq, arrival, self.timeout, |a| {
-                run::run(&shared, a)
-            });
-        Self::result(call, outcome)
+            .arrive(self.rank, seq, arrival, |a| run::run(&shared, a));
+        Ticket {
+            shared,
+            rank: self.rank,
+            seq,
+            start,
+            timeout: self.timeout,
+            done,
+        }
     }
 
     /// Run this rank's part of a point-to-point call with `peer` on their pair's meeting.
@@ -330,6 +352,50 @@ impl RankComm {
                 timeout: self.timeout,
                 next_tag: 0,
             }))
+    }
+}
+
+/// A rank's arrival at a collective call whose outcome it has still to take
+/// ([`RankComm::arrive`]).
+struct Ticket {
+    shared: Arc<Shared>,
+    rank: usize,
+    seq: u64,
+    start: Instant,
+    timeout: Duration,
+    /// The outcome, where it was known on arrival.
+    done: Option<Arc<op::Outcome>>,
+}
+
+impl Ticket {
+    /// The call's outcome, once every rank came and it ran, or once the timeout passed.
+    fn wait(mut self) -> Arc<op::Outcome> {
+        self.take()
+    }
+
+    fn take(&mut self) -> Arc<op::Outcome> {
+        match self.done.take() {
+            Some(o) => o,
+            None => {
+                let o = self
+                    .shared
+                    .meeting
+                    .wait(self.rank, self.seq, self.start, self.timeout);
+                // Taken: a second `take` (from `drop`) returns at once.
+                self.done = Some(o.clone());
+                o
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
+    /// A ticket dropped untaken (a caller unwinding between arrivals) still waits for its
+    /// outcome: until then the call may run on the memory it lent.
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            self.take();
+        }
     }
 }
 

@@ -3,12 +3,15 @@
 //! - `props`: every collective, in place and out of place, over random presets, masks, GPU
 //!   subsets, sizes, element types and ops, against a naive reference;
 //! - `bad_inputs`: one test per class of bad argument, each checking nothing changed;
-//! - `topology_files`: real topology files from `crates/topo/tests/data` end to end.
+//! - `topology_files`: real topology files from `crates/topo/tests/data` end to end;
+//! - `host_scale`: host ranks at scale (a bounded pool of lane threads, a few threads
+//!   driving a thousand per-rank handles).
 
 mod common;
 
 mod bad_inputs;
 mod budget;
+mod host_scale;
 mod plan_cache;
 mod props;
 mod topology_files;

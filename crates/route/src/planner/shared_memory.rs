@@ -8,8 +8,12 @@
 //! found by a breadth-first search over usable links through non-GPU nodes, so plans also pass
 //! `relaycc_route::check_routes`; relay GPUs are not used):
 //!
-//! - **reductions** (all_reduce, reduce, reduce_scatter): the elements are split in `n` slices,
-//!   slice `o` owned by rank `o` (for reduce_scatter, block `o`). The owner works through its
+//! - **reductions** (all_reduce, reduce, reduce_scatter): the elements are split in slices,
+//!   each owned by one rank (for reduce_scatter, block `o` by rank `o`). An all_reduce or a
+//!   reduce has one slice per rank where each slice holds at least [`MIN_SLICE_BYTES`], and
+//!   fewer, spread over the ranks from the root on, where the message is smaller: every
+//!   slice costs `2n - 1` ops however small it is, so a 1 KiB all_reduce on 1,024 ranks is
+//!   one slice of 2,047 ops, not 256 slices of one element each. The owner works through its
 //!   slice in chunks of [`REDUCE_CHUNK_BYTES`]: it copies the chunk of every other rank's input
 //!   into its scratch, reduces them with its own input into the destination (its output, or
 //!   scratch for a reduce whose root is elsewhere), then copies the result to every rank that
@@ -33,6 +37,25 @@ use relaycc_topo::{NodeId, Topology};
 /// per-op cost is noise. Chosen by `relaycc bench all_reduce --backend host` on a 2-core VM.
 pub const REDUCE_CHUNK_BYTES: u64 = 64 * 1024;
 
+/// Smallest slice of an all_reduce or a reduce that gets an owner of its own: a page, so an
+/// op moves at least a page per copy (its issue cost on the host is well under a page's
+/// copy time) while messages of a few pages per rank still spread over every rank's lane.
+pub const MIN_SLICE_BYTES: u64 = 4096;
+
+/// How many slices (owners) an all_reduce or reduce of `count` elements of `esize` bytes on
+/// `n` ranks gets: one per rank, or fewer so that each holds [`MIN_SLICE_BYTES`]; at least 1.
+fn owners(count: u64, esize: u64, n: u32) -> u32 {
+    let by_size = count.saturating_mul(esize) / MIN_SLICE_BYTES;
+    by_size.clamp(1, u64::from(n)) as u32
+}
+
+/// The rank that owns slice `k` of `m`: spread evenly over the `n` ranks, slice 0 on `root`
+/// (the reduce's root then reduces its first slice straight into its output).
+fn owner(k: u32, m: u32, n: u32, root: u32) -> u32 {
+    let at = u64::from(k) * u64::from(n) / u64::from(m.max(1));
+    ((at + u64::from(root)) % u64::from(n)) as u32
+}
+
 /// Plan `request` on `topo` (see the module docs); `in_place` selects the in-place layout.
 pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> {
     request.validate()?;
@@ -42,15 +65,19 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
     match request.collective {
         Collective::AllReduce => {
-            for o in 0..n {
-                let (lo, hi) = slice(c, n, o);
+            let m = owners(c, request.dtype.size(), n);
+            for k in 0..m {
+                let o = owner(k, m, n, 0);
+                let (lo, hi) = slice(c, m, k);
                 b.reduce_slice(o, hi - lo, |_| lo, Dest::Own(lo), (0..n).collect())?;
             }
         }
         Collective::Reduce => {
             let root = request.root;
-            for o in 0..n {
-                let (lo, hi) = slice(c, n, o);
+            let m = owners(c, request.dtype.size(), n);
+            for k in 0..m {
+                let o = owner(k, m, n, root);
+                let (lo, hi) = slice(c, m, k);
                 let dest = if o == root {
                     Dest::Own(lo)
                 } else {
@@ -353,6 +380,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// All_reduce and reduce get one owner per `MIN_SLICE_BYTES`, at most one per rank: a
+    /// small message on many ranks is a few slices of `2n - 1` ops each (no op count that
+    /// grows with n^2), and every split passes the checker, on the root or spread from it.
+    #[test]
+    fn small_reductions_take_few_owners_and_stay_correct() {
+        let topo = relaycc_topo::preset("host-8").unwrap();
+        for (count, owners_want) in [(1u64, 1u32), (1024, 1), (3 * 1024, 3), (70_001, 8)] {
+            assert_eq!(owners(count, 4, 8), owners_want, "{count}");
+            for (coll, root) in [(Collective::AllReduce, 0), (Collective::Reduce, 5)] {
+                let r = Request::new(coll, (0..8).collect(), count, DType::F32).with_root(root);
+                for in_place in [false, true] {
+                    let p = plan(&topo, &r, in_place).unwrap();
+                    crate::check_with(&p, CheckOptions { in_place })
+                        .unwrap_or_else(|e| panic!("{coll} {count} {in_place}: {e}"));
+                    let reductions = p
+                        .ops
+                        .iter()
+                        .filter(|o| matches!(o.kind, crate::OpKind::Reduce { .. }))
+                        .count();
+                    let chunks = count.div_ceil(REDUCE_CHUNK_BYTES / 4) as usize;
+                    assert!(
+                        reductions <= owners_want as usize + chunks,
+                        "{coll} {count}"
+                    );
+                }
+            }
+        }
+        // 1 KiB on 1,024 ranks: one slice, n - 1 copies in, one reduction, n - 1 copies out.
+        let topo = relaycc_topo::preset("host-1024").unwrap();
+        let r = Request::new(Collective::AllReduce, (0..1024).collect(), 256, DType::F32);
+        let p = plan(&topo, &r, false).unwrap();
+        assert_eq!(p.ops.len(), 2 * 1024 - 1);
+        crate::check(&p).unwrap();
     }
 
     #[test]
