@@ -18,7 +18,8 @@
 //! (`RankComm::on`): the run lends their device pointers and enqueues the group ordered
 //! within every rank's stream (`CudaBackend::submit_on`), without host synchronization.
 //!
-//! Layout: `mod.rs` (the handle, creation, timeouts), `calls.rs` (the typed calls, the
+//! Layout: `mod.rs` (the handle, creation, timeouts, arrival tickets and
+//! [`RankGroup::launch_all`], one thread driving several ranks), `calls.rs` (the typed calls, the
 //! buffer traits, [`RankGroup`] and, with feature `cuda`, `OnStream`), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the
 //! rendezvous), `run.rs` (the run), `split.rs` (`split`).
 
