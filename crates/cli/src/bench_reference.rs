@@ -79,6 +79,9 @@ fn expected<T: RefElement>(req: &Request, terms: &[(u32, u64)], i: u64) -> T {
     vals.fold(first, |acc, v| T::combine(req.op, acc, v))
 }
 
+/// What a piece's expected values depend on: its terms and its length.
+type PieceKey<'a> = (&'a [(u32, u64)], u64);
+
 /// Output elements of every rank's output `outs[r]` that differ from the expected result.
 ///
 /// Pieces that combine the same terms (every rank's output of an all_reduce) share one
@@ -87,9 +90,7 @@ pub(crate) fn count_wrong_in<T: RefElement>(req: &Request, outs: &[Vec<T>]) -> R
     let n = req.nranks() as f64;
     let avg = req.collective.reduces() && req.op == ReduceOp::Avg;
     let pieces = req.expected()?;
-    // One computed reference per (terms, length) of the request's pieces.
-    type Terms<'a> = (&'a [(u32, u64)], u64);
-    let mut known: HashMap<Terms<'_>, Vec<T>> = HashMap::new();
+    let mut known: HashMap<PieceKey<'_>, Vec<T>> = HashMap::new();
     let mut wrong = 0;
     for p in &pieces {
         let want = known.entry((&p.terms, p.len)).or_insert_with(|| {

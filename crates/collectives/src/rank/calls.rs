@@ -17,8 +17,8 @@ use relaycc_route::{Collective, DType, ReduceOp};
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 
-use super::RankComm;
 use super::op::{Desc, Op, Span, View};
+use super::{Departure, RankComm};
 
 /// Calls of one rank collected to run as one launch (`ncclGroupStart` / `ncclGroupEnd`):
 /// collectives, sends and receives, on slices borrowed until [`RankGroup::launch`].
@@ -691,7 +691,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     }
 
     /// Leave the group at its rank's meeting without waiting for the other ranks.
-    fn depart(self) -> Departure<'b> {
+    pub(super) fn depart(self) -> Departure<'b> {
         // The tag is this call's only.
         self.comm.next_tag = 0;
         let Lender {
@@ -733,65 +733,6 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     pub fn launch(self) -> Result<()> {
         self.finish("group")
     }
-
-    /// Launch the groups of several ranks from this one thread, as one thread drives several
-    /// GPUs between `ncclGroupStart` and `ncclGroupEnd`: each group meets the other ranks'
-    /// groups exactly as its own [`RankGroup::launch`] would (the same checks, the same
-    /// errors on every rank), but the thread leaves every group at its meeting before it
-    /// waits for any, so a few threads can drive any number of ranks. The last rank to
-    /// arrive runs the operation, on whichever thread that is. Returns when every group is
-    /// done: `Ok` when all succeeded, else the first failed group's error (in the order
-    /// given). The groups' slices stay borrowed until then; a timeout counts from each
-    /// group's arrival.
-    ///
-    /// ```
-    /// use relaycc_collectives::{RankComm, RankGroup, ReduceOp};
-    ///
-    /// // Eight ranks driven by two threads, four each.
-    /// let mut ranks = RankComm::host(8)?;
-    /// let right = ranks.split_off(4);
-    /// let drive = |mut mine: Vec<RankComm>| {
-    ///     std::thread::spawn(move || {
-    ///         let mut bufs: Vec<Vec<f32>> =
-    ///             mine.iter().map(|r| vec![r.rank() as f32; 16]).collect();
-    ///         let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(r, b)| {
-    ///             let mut g = r.group();
-    ///             g.all_reduce_in_place(b, ReduceOp::Sum);
-    ///             g
-    ///         });
-    ///         RankGroup::launch_all(groups).map(|()| bufs[0][0])
-    ///     })
-    /// };
-    /// let (a, b) = (drive(ranks), drive(right));
-    /// assert_eq!(a.join().expect("thread")?, 28.0);
-    /// assert_eq!(b.join().expect("thread")?, 28.0);
-    /// # Ok::<(), relaycc_collectives::CollectivesError>(())
-    /// ```
-    pub fn launch_all(groups: impl IntoIterator<Item = RankGroup<'r, 'b>>) -> Result<()> {
-        // Every departure waits for its outcome when dropped, also while unwinding, so no
-        // slice is given back while a run may use it.
-        let departed: Vec<Departure<'b>> = groups.into_iter().map(RankGroup::depart).collect();
-        let mut first = Ok(());
-        for d in departed {
-            let outcome = d.ticket.wait();
-            if let Err(e) = RankComm::result("group", outcome)
-                && first.is_ok()
-            {
-                first = Err(e);
-            }
-        }
-        first
-    }
-}
-
-/// A group left at its meeting: the ticket for its outcome, then (dropped after it) the
-/// cudarc guards of its device buffers.
-struct Departure<'b> {
-    ticket: super::Ticket,
-    #[cfg(feature = "cuda")]
-    _guards: Vec<cudarc::driver::SyncOnDrop<'b>>,
-    #[cfg(not(feature = "cuda"))]
-    _guards: PhantomData<&'b ()>,
 }
 
 /// Single calls, each a group of one operation: `name "call" io (arguments);` makes

@@ -19,7 +19,8 @@
 //! within every rank's stream (the sealed `Trusted::submit_on_streams`, the CUDA backend's
 //! `submit_on`), without host synchronization.
 //!
-//! Layout: `mod.rs` (the handle, creation, timeouts), `calls.rs` (the typed calls, the
+//! Layout: `mod.rs` (the handle, creation, timeouts, arrival tickets and
+//! [`RankGroup::launch_all`], one thread driving several ranks), `calls.rs` (the typed calls, the
 //! buffer traits, [`RankGroup`] and, with feature `cuda`, `OnStream`), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the
 //! rendezvous), `run.rs` (the run), `split.rs` (`split`).
 
@@ -396,6 +397,67 @@ impl Drop for Ticket {
         if self.done.is_none() {
             self.take();
         }
+    }
+}
+
+/// A group left at its meeting: the ticket for its outcome, then (dropped after it) the
+/// cudarc guards of its device buffers.
+struct Departure<'b> {
+    ticket: Ticket,
+    #[cfg(feature = "cuda")]
+    _guards: Vec<cudarc::driver::SyncOnDrop<'b>>,
+    #[cfg(not(feature = "cuda"))]
+    _guards: std::marker::PhantomData<&'b ()>,
+}
+
+impl<'r, 'b> RankGroup<'r, 'b> {
+    /// Launch the groups of several ranks from this one thread, as one thread drives several
+    /// GPUs between `ncclGroupStart` and `ncclGroupEnd`: each group meets the other ranks'
+    /// groups exactly as its own [`RankGroup::launch`] would (the same checks, the same
+    /// errors on every rank), but the thread leaves every group at its meeting before it
+    /// waits for any, so a few threads can drive any number of ranks. The last rank to
+    /// arrive runs the operation, on whichever thread that is. Returns when every group is
+    /// done: `Ok` when all succeeded, else the first failed group's error (in the order
+    /// given). The groups' slices stay borrowed until then; a timeout counts from each
+    /// group's arrival.
+    ///
+    /// ```
+    /// use relaycc_collectives::{RankComm, RankGroup, ReduceOp};
+    ///
+    /// // Eight ranks driven by two threads, four each.
+    /// let mut ranks = RankComm::host(8)?;
+    /// let right = ranks.split_off(4);
+    /// let drive = |mut mine: Vec<RankComm>| {
+    ///     std::thread::spawn(move || {
+    ///         let mut bufs: Vec<Vec<f32>> =
+    ///             mine.iter().map(|r| vec![r.rank() as f32; 16]).collect();
+    ///         let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(r, b)| {
+    ///             let mut g = r.group();
+    ///             g.all_reduce_in_place(b, ReduceOp::Sum);
+    ///             g
+    ///         });
+    ///         RankGroup::launch_all(groups).map(|()| bufs[0][0])
+    ///     })
+    /// };
+    /// let (a, b) = (drive(ranks), drive(right));
+    /// assert_eq!(a.join().expect("thread")?, 28.0);
+    /// assert_eq!(b.join().expect("thread")?, 28.0);
+    /// # Ok::<(), relaycc_collectives::CollectivesError>(())
+    /// ```
+    pub fn launch_all(groups: impl IntoIterator<Item = RankGroup<'r, 'b>>) -> Result<()> {
+        // Every departure waits for its outcome when dropped, also while unwinding, so no
+        // slice is given back while a run may use it.
+        let departed: Vec<Departure<'b>> = groups.into_iter().map(RankGroup::depart).collect();
+        let mut first = Ok(());
+        for d in departed {
+            let outcome = d.ticket.wait();
+            if let Err(e) = RankComm::result("group", outcome)
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
     }
 }
 
