@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use relaycc::{CollectivesError, RankComm, ReduceOp};
+use relaycc::{Collectives, CollectivesError, RankComm, ReduceOp};
 
 /// What one rank reports: its final weights' checksum and its seconds in all_reduce.
 type RankResult = Result<(f64, f64), CollectivesError>;

@@ -48,9 +48,9 @@ pub use relaycc_topo as topo;
 #[cfg_attr(docsrs, doc(cfg(feature = "mpi")))]
 pub use relaycc_collectives::mpi::{MpiCommunicator, MpiError, rsmpi};
 pub use relaycc_collectives::{
-    Backend, BufferView, CollectivesError, Communicator, DeviceBuffer, Element, Group, HostBackend,
-    Pending, RankComm, RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, host_topology,
-    nvswitch_topology,
+    Backend, BufferView, Collectives, CollectivesError, Communicator, DeviceBuffer, Element, Group,
+    HostBackend, Pending, RankComm, RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16,
+    host_topology, nvswitch_topology,
 };
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]

@@ -103,7 +103,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
 /// Source files over 800 lines that stay, each with why.
 const LONG_FILES: &[(&str, &str)] = &[
     ("crates/topo/src/graph.rs", "not yet split"),
-    ("crates/collectives/src/rank/calls.rs", "not yet split"),
     ("crates/collectives/src/mpi/typed.rs", "not yet split"),
     ("crates/collectives/src/mpi/gpu.rs", "not yet split"),
     (
@@ -301,7 +300,7 @@ fn looped_crates() -> Vec<PathBuf> {
     v
 }
 
-/// Import loops that stay for now, by their files.
+/// Import loops that stay, by their files; each must shrink to nothing.
 const KNOWN_LOOPS: &[&[&str]] = &[
     &["crates/cli/src/args.rs", "crates/cli/src/size.rs"],
     &[

@@ -17,7 +17,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 use anyhow::{Result, anyhow};
-use relaycc_collectives::{Communicator, Element, RankComm, RankGroup, bf16, f16};
+use relaycc_collectives::{Collectives, Communicator, Element, RankComm, RankGroup, bf16, f16};
 use relaycc_route::{Collective, DType, ReduceOp, Request};
 
 use crate::args::BenchArgs;

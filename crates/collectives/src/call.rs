@@ -13,7 +13,7 @@ use relaycc_route::{Collective, DType, ReduceOp};
 
 /// What every rank of one collective must agree on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CallDesc {
+pub struct CallDesc {
     /// The call's name in messages (`all_reduce`).
     pub call: &'static str,
     pub collective: Collective,

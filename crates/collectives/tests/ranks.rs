@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use relaycc_collectives::{CollectivesError, Element, RankComm, ReduceOp, bf16, f16};
+use relaycc_collectives::{Collectives, CollectivesError, Element, RankComm, ReduceOp, bf16, f16};
 use relaycc_route::{Collective, DType};
 
 /// Run `f` on every rank, one thread each; the results in rank order.

@@ -11,7 +11,7 @@ use std::thread;
 
 use relaycc_collectives::cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use relaycc_collectives::{
-    Communicator, CudaBackend, RankComm, ReduceOp, host_topology, nvswitch_topology,
+    Collectives, Communicator, CudaBackend, RankComm, ReduceOp, host_topology, nvswitch_topology,
 };
 use relaycc_topo::Topology;
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
 use relaycc_collectives::{
-    Backend, ByteRegion, Communicator, HostBackend, RankComm, ReduceOp, host_topology,
+    Backend, ByteRegion, Collectives, Communicator, HostBackend, RankComm, ReduceOp, host_topology,
 };
 use relaycc_route::Location;
 

@@ -638,7 +638,7 @@ impl CountPieces {
                 &mut to.program,
             )?;
             to.ops.clone_from(&from.ops);
-            // Bound commands no longer map one to one onto plan ops: nothing rebinds them.
+            // Bound commands do not map one to one onto plan ops: nothing rebinds them.
             to.command_ops.clear();
             Ok(())
         };

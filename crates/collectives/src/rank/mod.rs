@@ -19,14 +19,19 @@
 //! within every rank's stream (the sealed `Trusted::submit_on_streams`, the CUDA backend's
 //! `submit_on`), without host synchronization.
 //!
-//! Layout: `mod.rs` (the handle, creation, timeouts, arrival tickets and
-//! [`RankGroup::launch_all`], one thread driving several ranks), `calls.rs` (the typed calls, the
-//! buffer traits, [`RankGroup`] and, with feature `cuda`, `OnStream`), `op.rs` (descriptors, lent memory, outcomes), `meeting.rs` (the
-//! rendezvous), `run.rs` (the run), `split.rs` (`split`).
+//! Layout: `mod.rs` (the handle, creation, arrival tickets and [`RankGroup::launch_all`],
+//! one thread driving several ranks), `collectives.rs` (the [`Collectives`] trait, the one set
+//! of per-rank calls, and its runner for ranks on threads and, with feature `cuda`,
+//! `OnStream`), `rank_group.rs` ([`RankGroup`], what each collective describes and lends),
+//! `buffers.rs` (the buffer traits [`SendBuf`] and [`RecvBuf`]), `op.rs` (descriptors, lent
+//! memory, outcomes), `meeting.rs` (the rendezvous), `run.rs` (the run), `split.rs`
+//! (`split`).
 
-mod calls;
+mod buffers;
+mod collectives;
 mod meeting;
 mod op;
+mod rank_group;
 mod run;
 mod split;
 
@@ -38,18 +43,19 @@ use std::time::{Duration, Instant};
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
 
-#[cfg(all(feature = "cuda", feature = "mpi"))]
-pub(crate) use calls::Lender;
+pub(crate) use buffers::Lender;
+pub use buffers::{RecvBuf, SendBuf};
+pub use collectives::Collectives;
 #[cfg(feature = "cuda")]
-pub use calls::OnStream;
-pub use calls::{RankGroup, RecvBuf, SendBuf};
+pub use collectives::OnStream;
 use meeting::Meeting;
 #[cfg(all(feature = "cuda", feature = "mpi"))]
 pub(crate) use op::View;
 use op::{Arrival, Failure, Op, Payload, Span};
+pub use rank_group::RankGroup;
 
 /// How long a rank waits for the others to join a call before it fails with
-/// [`CollectivesError::RankTimeout`], unless [`RankComm::set_timeout`] says otherwise.
+/// [`CollectivesError::RankTimeout`], unless [`Collectives::set_timeout`] says otherwise.
 pub const DEFAULT_RANK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the ranks of one communicator share: the all-ranks communicator that runs their
@@ -142,7 +148,7 @@ impl Shared {
 /// is a per-call choice every rank makes alike.
 ///
 /// ```
-/// use relaycc_collectives::{RankComm, ReduceOp};
+/// use relaycc_collectives::{Collectives, RankComm, ReduceOp};
 ///
 /// let ranks = RankComm::host(4)?;
 /// let handles: Vec<_> = ranks
@@ -213,42 +219,43 @@ impl RankComm {
     pub fn communicator(&self) -> &Communicator {
         &self.shared.comm
     }
-    /// How long this rank waits for the others to join a call.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-    /// Wait at most `timeout` for the others to join each call of this rank; past it the call
-    /// fails with [`CollectivesError::RankTimeout`] on every rank that came. Once every rank
-    /// has come, the call runs to its end (the run itself does not time out).
-    pub fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout = timeout;
-    }
-
-    /// Tag this rank's next collective call (a single call or a group) with `tag`; 0 (the
-    /// default) tags nothing. Ranks' calls are matched by their order, so a rank that skips a
-    /// call meets the others' next one: where that has another shape the call fails, but where
-    /// it has the same shape (the next layer's all_reduce of the same size, say) it pairs
-    /// silently with the wrong call and returns wrong results. Tags catch that: every rank's
-    /// call must carry the same tag (a step or layer number, say), else every rank gets
-    /// [`CollectivesError::RankMismatch`] and nothing moves. The tag applies to one call.
-    pub fn tag_next(&mut self, tag: u64) {
-        self.next_tag = tag;
-    }
-
-    /// Run this rank's part of a collective call (or group) `call` on the communicator's
+    /// Run this rank's part of a call that is not a group (`split`) on the communicator's
     /// meeting.
-    fn meet(
-        &mut self,
-        call: &'static str,
-        blocks: Vec<Span>,
-        ops: Result<Vec<Op>>,
-        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
-    ) -> Result<Payload> {
+    fn meet(&mut self, call: &'static str, ops: Vec<Op>) -> Result<Payload> {
         #[cfg(feature = "cuda")]
-        let ticket = self.arrive(blocks, ops, stream);
+        let ticket = self.arrive(Vec::new(), Ok(ops), None);
+        #[cfg(not(feature = "cuda"))]
+        let ticket = self.arrive(Vec::new(), Ok(ops));
+        Self::result(call, ticket.wait())
+    }
+
+    /// Leave a group's operations (or the error its arguments gave) at the communicator's
+    /// meeting ([`Runner::depart`]).
+    fn depart_meeting<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>) -> Departure<'b> {
+        let Lender {
+            blocks,
+            error,
+            #[cfg(feature = "cuda")]
+            stream,
+            #[cfg(feature = "cuda")]
+            guards,
+            ..
+        } = lender;
+        let ops = match error {
+            Some(e) => Err(e),
+            None => Ok(ops),
+        };
+        #[cfg(feature = "cuda")]
+        let ticket = self.arrive(blocks, ops, stream.cloned());
         #[cfg(not(feature = "cuda"))]
         let ticket = self.arrive(blocks, ops);
-        Self::result(call, ticket.wait())
+        Departure {
+            outcome: Left::Meeting(ticket),
+            #[cfg(feature = "cuda")]
+            _guards: guards,
+            #[cfg(not(feature = "cuda"))]
+            _guards: std::marker::PhantomData,
+        }
     }
 
     /// Leave this rank's part of its next collective call at the communicator's meeting
@@ -285,15 +292,19 @@ impl RankComm {
         }
     }
 
-    /// Run this rank's part of a point-to-point call with `peer` on their pair's meeting.
-    fn meet_pair(
+    /// Run this rank's send or receive `op` (an `Op::P2p`) on its pair's meeting with the
+    /// peer.
+    fn meet_point_to_point(
         &mut self,
         call: &'static str,
-        peer: usize,
-        blocks: Vec<Span>,
-        ops: Result<Vec<Op>>,
-        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
+        lender: Lender<'_>,
+        op: Op,
     ) -> Result<()> {
+        let Op::P2p { peer, .. } = op else {
+            return Err(
+                Failure::Internal("a point-to-point call of another kind".into()).to_error(call),
+            );
+        };
         if peer >= self.ranks() || peer == self.rank {
             return Err(CollectivesError::BadRank {
                 call,
@@ -301,6 +312,19 @@ impl RankComm {
                 ranks: self.ranks(),
             });
         }
+        let Lender {
+            blocks,
+            error,
+            #[cfg(feature = "cuda")]
+            stream,
+            #[cfg(feature = "cuda")]
+            guards,
+            ..
+        } = lender;
+        let ops = match error {
+            Some(e) => Err(e),
+            None => Ok(vec![op]),
+        };
         let seq = self.pair_seq.entry(peer).or_insert(0);
         let s = *seq;
         *seq += 1;
@@ -311,12 +335,16 @@ impl RankComm {
             blocks,
             ops,
             #[cfg(feature = "cuda")]
-            stream,
+            stream: stream.cloned(),
         };
         let shared = self.shared.clone();
         let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
         drop(meeting);
         self.shared.prune_pairs();
+        // The buffers' cudarc events are recorded on the caller's stream now, after the
+        // operation was enqueued there.
+        #[cfg(feature = "cuda")]
+        drop(guards);
         Self::result(call, outcome).map(|_| ())
     }
 
@@ -334,11 +362,7 @@ impl RankComm {
     /// handles inherit this handle's timeout, and their communicators this communicator's
     /// relays (idle relays included), staging budget and plan-cache limits.
     pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<RankComm>> {
-        let ops = Ok(vec![Op::Split { color, key }]);
-        #[cfg(feature = "cuda")]
-        let payload = self.meet("split", Vec::new(), ops, None)?;
-        #[cfg(not(feature = "cuda"))]
-        let payload = self.meet("split", Vec::new(), ops)?;
+        let payload = self.meet("split", vec![Op::Split { color, key }])?;
         let Payload::Split(v) = payload else {
             return Err(Failure::Internal("split ran as another call".into()).to_error("split"));
         };
@@ -400,14 +424,31 @@ impl Drop for Ticket {
     }
 }
 
-/// A group left at its meeting: the ticket for its outcome, then (dropped after it) the
-/// cudarc guards of its device buffers.
-struct Departure<'b> {
-    ticket: Ticket,
+/// A group left with its runner: the way to its outcome, then (dropped after it) the cudarc
+/// guards of its device buffers.
+pub struct Departure<'b> {
+    outcome: Left,
     #[cfg(feature = "cuda")]
     _guards: Vec<cudarc::driver::SyncOnDrop<'b>>,
     #[cfg(not(feature = "cuda"))]
     _guards: std::marker::PhantomData<&'b ()>,
+}
+
+/// Where a departed group's outcome is.
+enum Left {
+    /// At the in-process meeting.
+    Meeting(Ticket),
+}
+
+impl<'b> Departure<'b> {
+    /// The group's outcome as call `call`, once it is done on this rank (its buffers' cudarc
+    /// events are recorded on the caller's stream after it, when the guards drop here).
+    pub(crate) fn wait(self, call: &'static str) -> Result<()> {
+        let Departure { outcome, _guards } = self;
+        match outcome {
+            Left::Meeting(t) => RankComm::result(call, t.wait()).map(|_| ()),
+        }
+    }
 }
 
 impl<'r, 'b> RankGroup<'r, 'b> {
@@ -422,7 +463,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// group's arrival.
     ///
     /// ```
-    /// use relaycc_collectives::{RankComm, RankGroup, ReduceOp};
+    /// use relaycc_collectives::{Collectives, RankComm, RankGroup, ReduceOp};
     ///
     /// // Eight ranks driven by two threads, four each.
     /// let mut ranks = RankComm::host(8)?;
@@ -450,8 +491,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         let departed: Vec<Departure<'b>> = groups.into_iter().map(RankGroup::depart).collect();
         let mut first = Ok(());
         for d in departed {
-            let outcome = d.ticket.wait();
-            if let Err(e) = RankComm::result("group", outcome)
+            if let Err(e) = d.wait("group")
                 && first.is_ok()
             {
                 first = Err(e);

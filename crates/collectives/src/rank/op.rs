@@ -33,7 +33,7 @@ pub struct View {
 
 /// One operation of a rank's call.
 #[derive(Debug, Clone)]
-pub(crate) enum Op {
+pub enum Op {
     /// A collective, with the rank's input and output (`None` where the rank has none).
     Coll {
         desc: Desc,

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relaycc_collectives::{
-    CollectivesError, Communicator, HostBackend, RankComm, RankGroup, ReduceOp, host_topology,
+    Collectives, CollectivesError, Communicator, HostBackend, RankComm, RankGroup, ReduceOp,
+    host_topology,
 };
 
 /// `n` host ranks on a backend of at most `threads` lane threads, and that backend.

@@ -1,0 +1,337 @@
+//! [`Collectives`]: the one set of per-rank collective calls, the same on every surface
+//! (ranks on threads with host slices, [`RankComm`]; ranks on threads with cudarc buffers on
+//! the caller's stream, `OnStream`; one rank per MPI process, `MpiCommunicator` and its GPU
+//! ranks on a stream), written once as the trait's provided methods over
+//! [`super::RankGroup`]. What differs between surfaces is how a rank's call meets the
+//! others' and runs, behind the crate-private `Runner` seam.
+
+use std::time::Duration;
+
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
+
+#[cfg(feature = "cuda")]
+use cudarc::driver::CudaStream;
+use relaycc_route::ReduceOp;
+
+use crate::element::Element;
+use crate::error::Result;
+
+use super::buffers::{Lender, RecvBuf, SendBuf};
+use super::op::Op;
+use super::{Departure, RankComm, RankGroup};
+use sealed::Private;
+
+pub(crate) mod sealed {
+    use super::super::Departure;
+    use super::super::buffers::Lender;
+    use super::super::op::Op;
+    use crate::error::Result;
+
+    /// A token only this crate makes: methods that take it cannot be called from outside,
+    /// although a `Collectives` bound lets outside code see the supertrait's methods.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Private(());
+
+    impl Private {
+        /// The token.
+        pub(crate) fn new() -> Self {
+            Private(())
+        }
+    }
+
+    /// How a rank's calls meet the other ranks' and run: the in-process meeting of ranks on
+    /// threads, or MPI's agreement between processes. Crate-private: the library relies on
+    /// it to run calls only on memory the call lends.
+    pub trait Runner {
+        /// This rank.
+        fn me(&self) -> usize;
+        /// Ranks of the communicator.
+        fn n(&self) -> usize;
+        /// The tag of the next call ([`super::Collectives::tag_next`]).
+        fn tag(&self) -> u64;
+        /// Forget the tag once a call took it.
+        fn clear_tag(&mut self, _: Private);
+        /// Leave a group's operations (or the error its arguments gave) with the other
+        /// ranks' and return a departure that waits for the outcome; a runner that cannot
+        /// leave a call behind runs it before it returns.
+        fn depart<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>, _: Private) -> Departure<'b>;
+        /// Run one send or receive (`op`, an `Op::P2p`) with its one peer only.
+        fn point_to_point(
+            &mut self,
+            call: &'static str,
+            lender: Lender<'_>,
+            op: Op,
+            _: Private,
+        ) -> Result<()>;
+    }
+}
+
+/// Single calls, each a group of one operation: `name "call" io (arguments);` makes
+/// `fn name<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(&mut self,
+/// arguments) -> Result<()>` (`buf` in place of `io`: only `R: RecvBuf<T> + ?Sized`), which
+/// adds [`RankGroup`]'s `name` with the arguments and runs it as call `call`.
+macro_rules! single {
+    () => {};
+    ($(#[$doc:meta])* $name:ident $call:literal io ($($a:ident: $t:ty),*); $($rest:tt)*) => {
+        single!(@fn [$(#[$doc])*] $name $call [S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized]
+            ($($a: $t),*));
+        single!($($rest)*);
+    };
+    ($(#[$doc:meta])* $name:ident $call:literal buf ($($a:ident: $t:ty),*); $($rest:tt)*) => {
+        single!(@fn [$(#[$doc])*] $name $call [R: RecvBuf<T> + ?Sized] ($($a: $t),*));
+        single!($($rest)*);
+    };
+    (@fn [$($doc:tt)*] $name:ident $call:literal [$($gen:tt)*] ($($a:ident: $t:ty),*)) => {
+        $($doc)*
+        fn $name<T: Element, $($gen)*>(&mut self, $($a: $t),*) -> Result<()> {
+            let mut g = self.group();
+            g.$name($($a),*);
+            g.finish($call)
+        }
+    };
+}
+
+/// The per-rank collective calls, the same on every surface: [`RankComm`] (ranks on threads,
+/// host slices), `OnStream` (feature `cuda`: cudarc buffers on the caller's stream),
+/// `mpi::MpiCommunicator` (feature `mpi`: one rank per process) and its GPU ranks. Each rank
+/// calls the same collectives in the same order, each on its own buffers; a call returns
+/// when the operation is done on this rank (or, on a stream, enqueued there).
+///
+/// Errors are the same on every rank: a call whose ranks disagree (collective, element type,
+/// count, op, root, tag, order) is [`crate::CollectivesError::RankMismatch`], a rank missing
+/// for longer than the timeout is [`crate::CollectivesError::RankTimeout`], naming it.
+///
+/// An engine writes its step once, generic over the surface:
+///
+/// ```
+/// use relaycc_collectives::{Collectives, RankComm, RecvBuf, ReduceOp};
+///
+/// fn average_gradients<C: Collectives, B: RecvBuf<f32> + ?Sized>(comm: &mut C, grads: &mut B) {
+///     comm.all_reduce_in_place(grads, ReduceOp::Avg).expect("all_reduce");
+/// }
+///
+/// let ranks = RankComm::host(2)?;
+/// let threads: Vec<_> = ranks
+///     .into_iter()
+///     .map(|mut rank| {
+///         std::thread::spawn(move || {
+///             let mut grads = vec![rank.rank() as f32; 8];
+///             average_gradients(&mut rank, &mut grads[..]);
+///             grads[0]
+///         })
+///     })
+///     .collect();
+/// for t in threads {
+///     assert_eq!(t.join().expect("rank"), 0.5);
+/// }
+/// # Ok::<(), relaycc_collectives::CollectivesError>(())
+/// ```
+pub trait Collectives: sealed::Runner {
+    /// This rank.
+    fn rank(&self) -> usize {
+        self.me()
+    }
+    /// Number of ranks of the communicator.
+    fn ranks(&self) -> usize {
+        self.n()
+    }
+    /// How long a call waits for the other ranks before it fails with
+    /// [`crate::CollectivesError::RankTimeout`].
+    fn timeout(&self) -> Duration;
+    /// Wait at most `timeout` for the other ranks in every later call of this rank
+    /// ([`crate::DEFAULT_RANK_TIMEOUT`] unless set).
+    fn set_timeout(&mut self, timeout: Duration);
+    /// Tag this rank's next call (a single call or a group) with `tag`; 0 (the default) tags
+    /// nothing. Ranks' calls are matched by their order, so a rank that skips a call meets
+    /// the others' next one: where that has another shape the call fails, but where it has
+    /// the same shape (the next layer's all_reduce of the same size, say) it pairs silently
+    /// with the wrong call and returns wrong results. Tags catch that: every rank's call must
+    /// carry the same tag (a step or layer number, say), else every rank gets
+    /// [`crate::CollectivesError::RankMismatch`] and nothing moves. The tag applies to one
+    /// call.
+    fn tag_next(&mut self, tag: u64);
+    /// Start a group of this rank's calls ([`RankGroup`]): `ncclGroupStart`.
+    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b>;
+
+    single! {
+            /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
+            all_reduce "all_reduce" io (send: &S, recv: &mut R, op: ReduceOp);
+            /// `buf = op(every rank's buf)`, in place.
+            all_reduce_in_place "all_reduce" buf (buf: &mut R, op: ReduceOp);
+            /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv`
+            /// is used only on the root, which must give it.
+            reduce "reduce" io (send: &S, recv: Option<&mut R>, root: usize, op: ReduceOp);
+            /// As `reduce`, in place: the root's `buf` is its input and the result; the others'
+            /// `buf` is their input.
+            reduce_in_place "reduce" buf (buf: &mut R, root: usize, op: ReduceOp);
+            /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is
+            /// used only on the root, which must give it.
+            broadcast "broadcast" io (send: Option<&S>, recv: &mut R, root: usize);
+            /// The root's `buf` to every rank's `buf`, in place.
+            broadcast_in_place "broadcast" buf (buf: &mut R, root: usize);
+            /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
+            /// `MPI_Allgather`).
+            all_gather "all_gather" io (send: &S, recv: &mut R);
+            /// As `all_gather`, in place: this rank's input is block `rank` of `buf` (its length a
+            /// multiple of the rank count).
+            all_gather_in_place "all_gather" buf (buf: &mut R);
+            /// As `all_gather` with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`); every
+            /// rank gives the same `counts`.
+            all_gather_v "all_gather_v" io (send: &S, recv: &mut R, counts: &[usize]);
+            /// As `all_gather_v`, in place: this rank's input is its block of `buf`.
+            all_gather_v_in_place "all_gather_v" buf (buf: &mut R, counts: &[usize]);
+            /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
+            /// `MPI_Reduce_scatter_block`).
+            reduce_scatter "reduce_scatter" io (send: &S, recv: &mut R, op: ReduceOp);
+            /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
+            reduce_scatter_in_place "reduce_scatter" buf (buf: &mut R, op: ReduceOp);
+            /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
+            all_to_all "all_to_all" io (send: &S, recv: &mut R);
+            /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
+            /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
+            all_to_all_v "all_to_all_v" io
+                (send: &S, send_counts: &[usize], recv: &mut R, recv_counts: &[usize]);
+            /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
+            /// (`MPI_Gather`); `recv` is used only on the root, which must give it.
+            gather "gather" io (send: &S, recv: Option<&mut R>, root: usize);
+            /// As `gather`, in place: the root's `buf` is the whole output with its own input as
+            /// block `root`; the others' `buf` is their input.
+            gather_in_place "gather" buf (buf: &mut R, root: usize);
+            /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used only
+            /// on the root, which must give it.
+            scatter "scatter" io (send: Option<&S>, recv: &mut R, root: usize);
+            /// As `scatter`, in place: the root's `buf` is the whole input and keeps block `root`
+            /// as its output; the others' `buf` is their output.
+            scatter_in_place "scatter" buf (buf: &mut R, root: usize);
+    }
+
+    /// Send `buf` to rank `peer` (`ncclSend`, `MPI_Send`), meeting its `recv`; only the two
+    /// ranks take part.
+    fn send<T: Element, S: SendBuf<T> + ?Sized>(&mut self, buf: &S, peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.send(buf, peer);
+        g.finish_point_to_point("send")
+    }
+
+    /// Receive into `buf` from rank `peer` (`ncclRecv`, `MPI_Recv`), meeting its `send`.
+    fn recv<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, buf: &mut R, peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.recv(buf, peer);
+        g.finish_point_to_point("recv")
+    }
+}
+
+impl sealed::Runner for RankComm {
+    fn me(&self) -> usize {
+        self.rank
+    }
+    fn n(&self) -> usize {
+        self.shared.comm.ranks()
+    }
+    fn tag(&self) -> u64 {
+        self.next_tag
+    }
+    fn clear_tag(&mut self, _: Private) {
+        self.next_tag = 0;
+    }
+    fn depart<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>, _: Private) -> Departure<'b> {
+        self.depart_meeting(lender, ops)
+    }
+    fn point_to_point(
+        &mut self,
+        call: &'static str,
+        lender: Lender<'_>,
+        op: Op,
+        _: Private,
+    ) -> Result<()> {
+        self.meet_point_to_point(call, lender, op)
+    }
+}
+
+impl Collectives for RankComm {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+    fn tag_next(&mut self, tag: u64) {
+        self.next_tag = tag;
+    }
+    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
+        RankGroup::new(self, Lender::default())
+    }
+}
+
+/// A rank's handle with the caller's CUDA stream ([`RankComm::on`]): the same calls as
+/// [`RankComm`]'s ([`Collectives`]), on cudarc device buffers (`CudaSlice<T>`, `CudaView`,
+/// `CudaViewMut`), enqueued on the stream without host synchronization. The plan's streams
+/// wait for an event recorded on each rank's stream, and each rank's stream waits for the
+/// plan's end, so a kernel enqueued on the stream after the call sees the result, and
+/// synchronizing the stream waits for this call only. The call returns once every rank's
+/// part is enqueued.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub struct OnStream<'s> {
+    comm: &'s mut RankComm,
+    stream: &'s Arc<CudaStream>,
+}
+
+#[cfg(feature = "cuda")]
+impl sealed::Runner for OnStream<'_> {
+    fn me(&self) -> usize {
+        self.comm.me()
+    }
+    fn n(&self) -> usize {
+        self.comm.n()
+    }
+    fn tag(&self) -> u64 {
+        self.comm.tag()
+    }
+    fn clear_tag(&mut self, p: Private) {
+        self.comm.clear_tag(p);
+    }
+    fn depart<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>, p: Private) -> Departure<'b> {
+        self.comm.depart(lender, ops, p)
+    }
+    fn point_to_point(
+        &mut self,
+        call: &'static str,
+        lender: Lender<'_>,
+        op: Op,
+        p: Private,
+    ) -> Result<()> {
+        self.comm.point_to_point(call, lender, op, p)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Collectives for OnStream<'_> {
+    fn timeout(&self) -> Duration {
+        self.comm.timeout
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.comm.timeout = timeout;
+    }
+    fn tag_next(&mut self, tag: u64) {
+        self.comm.next_tag = tag;
+    }
+    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
+        let lender = Lender {
+            stream: Some(self.stream),
+            ..Lender::default()
+        };
+        RankGroup::new(self, lender)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl RankComm {
+    /// This rank's calls on the caller's CUDA stream `stream` (`ncclAllReduce(..., comm,
+    /// stream)`): see [`OnStream`]. Needs a communicator on the CUDA backend; elsewhere every
+    /// call returns an error.
+    pub fn on<'s>(&'s mut self, stream: &'s Arc<CudaStream>) -> OnStream<'s> {
+        OnStream { comm: self, stream }
+    }
+}

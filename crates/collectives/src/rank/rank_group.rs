@@ -1,0 +1,506 @@
+//! [`RankGroup`]: the calls of one rank collected to run as one launch, and the one table of
+//! what each collective lends and describes (its descriptor, this rank's input and output
+//! views), which every surface's single calls ([`super::Collectives`]) go through.
+//!
+//! A rank's own argument errors (an in-place buffer whose length is not a multiple of the
+//! rank count, a count list too short) travel to the rendezvous with the call, so they fail
+//! the call on every rank instead of leaving the others to time out.
+
+use std::marker::PhantomData;
+
+use relaycc_route::{Collective, DType, ReduceOp};
+
+use crate::element::Element;
+use crate::error::{CollectivesError, Result};
+
+#[cfg(doc)]
+use super::Collectives;
+use super::Departure;
+use super::buffers::{Lender, RecvBuf, SendBuf};
+use super::collectives::sealed::{Private, Runner};
+use super::op::{Desc, Op, View};
+
+/// Calls of one rank collected to run as one launch (`ncclGroupStart` / `ncclGroupEnd`):
+/// collectives, sends and receives, on buffers borrowed until [`RankGroup::launch`]. Made by
+/// [`Collectives::group`] on any surface (threads, CUDA streams, MPI processes).
+///
+/// Launching a group is a call every rank makes (an empty group where a rank has nothing to
+/// add): the ranks' collectives must match in order, and sends pair with receives in posting
+/// order per (sender, receiver). The operations of a group run concurrently on threads; MPI
+/// processes run its collectives one after another, and refuse point-to-point operations in
+/// a group. Argument errors found while adding are kept and returned by `launch`, on every
+/// rank.
+#[must_use = "a group does nothing until launched"]
+pub struct RankGroup<'r, 'b> {
+    pub(super) comm: &'r mut dyn Runner,
+    pub(super) lender: Lender<'b>,
+    pub(super) ops: Vec<Op>,
+    pub(super) _borrows: PhantomData<&'b mut [u8]>,
+}
+
+impl std::fmt::Debug for RankGroup<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankGroup")
+            .field("rank", &self.comm.me())
+            .field("ops", &self.ops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'r, 'b> RankGroup<'r, 'b> {
+    /// A group of `comm`'s next call, lending through `lender`.
+    pub(super) fn new(comm: &'r mut dyn Runner, lender: Lender<'b>) -> Self {
+        RankGroup {
+            comm,
+            lender,
+            ops: Vec::new(),
+            _borrows: PhantomData,
+        }
+    }
+}
+
+fn counts_u64(c: &[usize]) -> Vec<u64> {
+    c.iter().map(|&x| x as u64).collect()
+}
+
+impl<'r, 'b> RankGroup<'r, 'b> {
+    fn me(&self) -> usize {
+        self.comm.me()
+    }
+    fn n(&self) -> usize {
+        self.comm.n()
+    }
+
+    fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, s: &'b S) -> View {
+        s.lend(&mut self.lender)
+    }
+
+    fn lend_mut<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, s: &'b mut R) -> View {
+        s.lend_mut(&mut self.lender)
+    }
+
+    fn fail(&mut self, e: CollectivesError) -> &mut Self {
+        self.lender.error.get_or_insert(e);
+        self
+    }
+
+    /// The descriptor of a collective (its call named after it) with one count, op and root.
+    fn desc<T: Element>(collective: Collective, count: usize, op: ReduceOp, root: usize) -> Desc {
+        Desc::new(collective, T::DTYPE, count as u64, op, root)
+    }
+
+    /// The one path every collective of a group ends in: its descriptor and this rank's
+    /// input and output views (`None` where the rank has none).
+    fn push(&mut self, mut desc: Desc, input: Option<View>, output: Option<View>) -> &mut Self {
+        desc.tag = self.comm.tag();
+        self.ops.push(Op::Coll {
+            desc,
+            input,
+            output,
+        });
+        self
+    }
+
+    /// A collective on separate buffers: lend `send` as the input and `recv` as the output
+    /// where given.
+    fn separate<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        desc: Desc,
+        send: Option<&'b S>,
+        recv: Option<&'b mut R>,
+    ) -> &mut Self {
+        let i = send.map(|s| self.lend(s));
+        let o = recv.map(|r| self.lend_mut(r));
+        self.push(desc, i, o)
+    }
+
+    /// A rooted collective whose input is the root's `send` (ignored elsewhere) and whose
+    /// output is every rank's `recv`; the count is `recv`'s length.
+    fn root_sends<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        send: Option<&'b S>,
+        recv: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let d = Self::desc::<T>(c, RecvBuf::<T>::elems(recv), ReduceOp::Sum, root);
+        let is_root = self.me() == root;
+        self.separate(d, send.filter(|_| is_root), Some(recv))
+    }
+
+    /// A rooted collective whose input is every rank's `send` and whose output is the root's
+    /// `recv` (ignored elsewhere); the count is `send`'s length.
+    fn root_receives<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        send: &'b S,
+        recv: Option<&'b mut R>,
+        (op, root): (ReduceOp, usize),
+    ) -> &mut Self {
+        let d = Self::desc::<T>(c, SendBuf::<T>::elems(send), op, root);
+        let is_root = self.me() == root;
+        self.separate(d, Some(send), recv.filter(|_| is_root))
+    }
+
+    /// An in-place collective whose buffer is wholly the input and/or wholly the output;
+    /// `count` is the buffer's length.
+    fn whole<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        buf: &'b mut R,
+        (op, root): (ReduceOp, usize),
+        (input, output): (bool, bool),
+    ) -> &mut Self {
+        let count = RecvBuf::<T>::elems(buf);
+        let v = self.lend_mut(buf);
+        let d = Self::desc::<T>(c, count, op, root);
+        self.push(d, input.then_some(v), output.then_some(v))
+    }
+
+    /// An in-place collective whose buffer is `n` blocks: block `at` is the input (and the
+    /// whole buffer the output) or the output (and the whole buffer the input); the count is
+    /// one block. A length that is not a multiple of `n` fails the call.
+    fn blocks<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        c: Collective,
+        buf: &'b mut R,
+        (op, root, at): (ReduceOp, usize, usize),
+        block_is_input: bool,
+    ) -> &mut Self {
+        let count = match self.block_of(c.name(), RecvBuf::<T>::elems(buf)) {
+            Ok(count) => count,
+            Err(e) => return self.fail(e),
+        };
+        let whole = self.lend_mut(buf);
+        let block = View {
+            offset: (count * at) as u64,
+            len: count as u64,
+            ..whole
+        };
+        let d = Self::desc::<T>(c, count, op, root);
+        if block_is_input {
+            self.push(d, Some(block), Some(whole))
+        } else {
+            self.push(d, Some(whole), Some(block))
+        }
+    }
+
+    /// `len / n` elements per block, or the error naming this rank's in-place buffer.
+    fn block_of(&self, call: &'static str, len: usize) -> Result<usize> {
+        let n = self.n();
+        if !len.is_multiple_of(n) {
+            return Err(CollectivesError::CountMismatch {
+                call,
+                rank: self.me(),
+                side: "in-place",
+                got: len as u64,
+                needs: (len / n + 1) as u64 * n as u64,
+            });
+        }
+        Ok(len / n)
+    }
+
+    /// Add [`Collectives::all_reduce`].
+    pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let d = Self::desc::<T>(Collective::AllReduce, SendBuf::<T>::elems(send), op, 0);
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::all_reduce_in_place`].
+    pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        self.whole(Collective::AllReduce, buf, (op, 0), (true, true))
+    }
+
+    /// Add [`Collectives::reduce`].
+    pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: Option<&'b mut R>,
+        root: usize,
+        op: ReduceOp,
+    ) -> &mut Self {
+        self.root_receives::<T, S, R>(Collective::Reduce, send, recv, (op, root))
+    }
+
+    /// Add [`Collectives::reduce_in_place`].
+    pub fn reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let is_root = self.me() == root;
+        self.whole(Collective::Reduce, buf, (op, root), (true, is_root))
+    }
+
+    /// Add [`Collectives::broadcast`].
+    pub fn broadcast<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: Option<&'b S>,
+        recv: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        self.root_sends::<T, S, R>(Collective::Broadcast, send, recv, root)
+    }
+
+    /// Add [`Collectives::broadcast_in_place`].
+    pub fn broadcast_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let is_root = self.me() == root;
+        let how = (ReduceOp::Sum, root);
+        self.whole(Collective::Broadcast, buf, how, (is_root, true))
+    }
+
+    /// Add [`Collectives::all_gather`].
+    pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send);
+        let d = Self::desc::<T>(Collective::AllGather, c, ReduceOp::Sum, 0);
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::all_gather_in_place`].
+    pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+    ) -> &mut Self {
+        let how = (ReduceOp::Sum, 0, self.me());
+        self.blocks(Collective::AllGather, buf, how, true)
+    }
+
+    fn desc_v(c: Collective, dtype: DType, counts: Vec<u64>) -> Desc {
+        Desc {
+            counts,
+            ..Desc::new(c, dtype, 0, ReduceOp::Sum, 0)
+        }
+    }
+
+    /// Add [`Collectives::all_gather_v`].
+    pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        counts: &[usize],
+    ) -> &mut Self {
+        let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::all_gather_v_in_place`].
+    pub fn all_gather_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        counts: &[usize],
+    ) -> &mut Self {
+        let me = self.me();
+        let Some(&mine) = counts.get(me) else {
+            let e = CollectivesError::RankCount {
+                call: "all_gather_v",
+                side: "count",
+                expected: self.n(),
+                got: counts.len(),
+            };
+            return self.fail(e);
+        };
+        let Some(offset) = counts[..me]
+            .iter()
+            .try_fold(0u64, |a, &c| a.checked_add(c as u64))
+        else {
+            let e = CollectivesError::Overflow {
+                call: "all_gather_v",
+                what: format!("the counts of ranks 0..{me} sum past u64"),
+            };
+            return self.fail(e);
+        };
+        let o = self.lend_mut(buf);
+        let i = View {
+            offset,
+            len: mine as u64,
+            ..o
+        };
+        let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
+        self.push(d, Some(i), Some(o))
+    }
+
+    /// Add [`Collectives::reduce_scatter`].
+    pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let c = RecvBuf::<T>::elems(recv);
+        let d = Self::desc::<T>(Collective::ReduceScatter, c, op, 0);
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::reduce_scatter_in_place`].
+    pub fn reduce_scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        op: ReduceOp,
+    ) -> &mut Self {
+        let how = (op, 0, self.me());
+        self.blocks(Collective::ReduceScatter, buf, how, false)
+    }
+
+    /// Add [`Collectives::all_to_all`].
+    pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+    ) -> &mut Self {
+        let c = SendBuf::<T>::elems(send) / self.n();
+        let d = Self::desc::<T>(Collective::AllToAll, c, ReduceOp::Sum, 0);
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::all_to_all_v`].
+    pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        send_counts: &[usize],
+        recv: &'b mut R,
+        recv_counts: &[usize],
+    ) -> &mut Self {
+        let mut d = Self::desc_v(Collective::AllToAllV, T::DTYPE, counts_u64(send_counts));
+        d.recv_counts = counts_u64(recv_counts);
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::gather`].
+    pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: Option<&'b mut R>,
+        root: usize,
+    ) -> &mut Self {
+        let how = (ReduceOp::Sum, root);
+        self.root_receives::<T, S, R>(Collective::Gather, send, recv, how)
+    }
+
+    /// Add [`Collectives::gather_in_place`].
+    pub fn gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let g = Collective::Gather;
+        if self.me() != root {
+            return self.whole(g, buf, (ReduceOp::Sum, root), (true, false));
+        }
+        self.blocks(g, buf, (ReduceOp::Sum, root, root), true)
+    }
+
+    /// Add [`Collectives::scatter`].
+    pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: Option<&'b S>,
+        recv: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        self.root_sends::<T, S, R>(Collective::Scatter, send, recv, root)
+    }
+
+    /// Add [`Collectives::scatter_in_place`].
+    pub fn scatter_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        root: usize,
+    ) -> &mut Self {
+        let s = Collective::Scatter;
+        if self.me() != root {
+            return self.whole(s, buf, (ReduceOp::Sum, root), (false, true));
+        }
+        self.blocks(s, buf, (ReduceOp::Sum, root, root), false)
+    }
+
+    /// Post a send of `buf` to rank `peer` (`ncclSend`).
+    pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b S,
+        peer: usize,
+    ) -> &mut Self {
+        let view = self.lend(buf);
+        self.ops.push(Op::P2p {
+            send: true,
+            peer,
+            view,
+            dtype: T::DTYPE,
+        });
+        self
+    }
+
+    /// Post a receive into `buf` from rank `peer` (`ncclRecv`).
+    pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        peer: usize,
+    ) -> &mut Self {
+        let view = self.lend_mut(buf);
+        self.ops.push(Op::P2p {
+            send: false,
+            peer,
+            view,
+            dtype: T::DTYPE,
+        });
+        self
+    }
+
+    /// Leave the group with its runner without waiting for the other ranks (the in-process
+    /// meeting), or run it (a runner that cannot leave a call behind).
+    pub(super) fn depart(self) -> Departure<'b> {
+        let RankGroup {
+            comm, lender, ops, ..
+        } = self;
+        // The tag is this call's only.
+        comm.clear_tag(Private::new());
+        comm.depart(lender, ops, Private::new())
+    }
+
+    /// Run the group as call `call`; returns when it is done on this rank.
+    pub(super) fn finish(self, call: &'static str) -> Result<()> {
+        self.depart().wait(call)
+    }
+
+    /// Run the group's one send or receive with its peer only (the single calls `send` and
+    /// `recv`).
+    pub(super) fn finish_point_to_point(self, call: &'static str) -> Result<()> {
+        let RankGroup {
+            comm,
+            lender,
+            mut ops,
+            ..
+        } = self;
+        comm.clear_tag(Private::new());
+        match (ops.pop(), ops.is_empty()) {
+            (Some(op @ Op::P2p { .. }), true) => {
+                comm.point_to_point(call, lender, op, Private::new())
+            }
+            _ => Err(CollectivesError::Unmatched(format!(
+                "{call}: a point-to-point call carries {} operations",
+                ops.len() + 1
+            ))),
+        }
+    }
+
+    /// Run the group with the other ranks' groups; returns when it is done on every rank.
+    pub fn launch(self) -> Result<()> {
+        self.finish("group")
+    }
+}
