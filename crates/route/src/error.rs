@@ -67,6 +67,15 @@ pub enum RouteError {
         /// ([`crate::staging::MAX_FITTED_OPS`]) stopped the shrinking first.
         ops_needed: Option<u64>,
     },
+    /// A request or a plan passes one of the limits that keep planning and running bounded
+    /// in time and memory; nothing past it was built.
+    #[error("{what}: above {limit}")]
+    OverLimit {
+        /// What passed the limit, with its size.
+        what: String,
+        /// The limit, with its value.
+        limit: String,
+    },
     /// A plan's JSON could not be read.
     #[error("cannot read plan: {0}")]
     PlanJson(String),

@@ -17,6 +17,7 @@
 //! | node-aware inter-node strategies and models | [`nodeaware`] |
 //! | staging budgets per device and fitting a plan to one | [`staging`] |
 //! | templates: one domain of a plan on hosts that repeat, folded by their symmetry | [`template`] |
+//! | plans of rounds: one round's plan repeated over slices of a large message | [`rounds`] |
 //! | the fluid flow simulator | [`simulate`], [`SimResult`], [`Perf`], [`chrome_trace`] |
 //! | choose the fastest, report it beside baseline and bound | [`plan()`], [`Planner`] (cached) |
 //!
@@ -38,6 +39,7 @@ mod plan;
 pub mod planner;
 mod reach;
 mod request;
+pub mod rounds;
 mod select;
 pub mod sim;
 pub mod staging;
@@ -53,7 +55,7 @@ pub use error::{Result, RouteError};
 pub use order::DepGraph;
 pub use plan::{
     BufferRef, EdgeScale, Lane, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset, Plan,
-    Region, RegionShift, Scratch, Template,
+    Region, RegionShift, Rounds, Scratch, Template,
 };
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;

@@ -62,6 +62,17 @@ impl Plan {
 
 impl DepGraph {
     fn new(plan: &Plan) -> Result<DepGraph> {
+        if plan.rounds.is_some() {
+            // Its ops are its body's and tail's, one round after another: an order of the
+            // plan's own (empty) op list would run nothing.
+            return Err(fail(
+                usize::MAX,
+                format!(
+                    "{} is a plan of rounds: order its expansion (rounds::expand) or its body                      and tail",
+                    plan.algorithm
+                ),
+            ));
+        }
         let n = plan.ops.len();
         let lanes = plan.lanes.len();
         let mut lane_prev = vec![NONE; n];

@@ -36,7 +36,12 @@ pub const SAMPLED_PROOF_ABOVE_CLOCK_BYTES: u64 = 512 << 20;
 /// returning it: a full plan of up to [`EXPAND_MAX_RANKS`] ranks, or a larger one whose vector
 /// clocks stay within [`SAMPLED_PROOF_ABOVE_CLOCK_BYTES`]. Templates and the larger full plans
 /// are checked on their structure, routes and sampled execution instead.
+///
+/// A plan of rounds is proved by the checker when its body and tail are.
 pub fn proved_by_checker(p: &Plan) -> bool {
+    if let Some(r) = &p.rounds {
+        return proved_by_checker(&r.body) && r.tail.as_ref().is_none_or(proved_by_checker);
+    }
     !p.is_template()
         && (p.request.nranks() <= EXPAND_MAX_RANKS
             || crate::check::clock_bytes(p) <= SAMPLED_PROOF_ABOVE_CLOCK_BYTES)
@@ -74,6 +79,13 @@ pub struct PlanOptions {
     /// ranks: what an executor asks for, since only a full plan can be proved and run.
     /// Default: false (templates above [`EXPAND_MAX_RANKS`] ranks where the hosts repeat).
     pub expand: bool,
+    /// Largest slice of one piece (a block of `count` elements, a `v` count, a transfer) one
+    /// round moves, bytes: a request with a longer piece is planned as a plan of rounds
+    /// ([`crate::rounds`]), one round's plan repeated over successive slices and a tail's for
+    /// the remainder, so neither its op count nor its planning time grows with the message.
+    /// Default: [`crate::rounds::DEFAULT_ROUND_BYTES`]; [`u64::MAX`] plans every request as
+    /// one plan.
+    pub round_bytes: u64,
 }
 
 impl Default for PlanOptions {
@@ -85,6 +97,7 @@ impl Default for PlanOptions {
             budget: DEFAULT_BUDGET,
             staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
             expand: false,
+            round_bytes: crate::rounds::DEFAULT_ROUND_BYTES,
         }
     }
 }
@@ -345,6 +358,9 @@ fn is_p2p(req: &Request) -> bool {
 ///   that do not fit are skipped; the NCCL-like baseline is then still reported, built without
 ///   the budget, but never chosen).
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
+    if let Some(split) = crate::rounds::split(req, opts.round_bytes)? {
+        return crate::rounds::plan_rounds(topo, req, opts, split);
+    }
     let deadline = Deadline::new(opts.budget);
     let mut skipped: Vec<String> = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
@@ -1143,7 +1159,7 @@ fn prune_and_prove(
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
-type CacheKey = (Request, RelayPolicy, Strategy, u64, bool);
+type CacheKey = (Request, RelayPolicy, Strategy, u64, bool, u64);
 
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]
@@ -1172,6 +1188,7 @@ impl Planner {
             opts.strategy,
             opts.staging_budget,
             opts.expand,
+            opts.round_bytes,
         );
         if opts.sim == SimConfig::default()
             && let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())

@@ -15,6 +15,10 @@ use crate::plan::{Location, Op, OpKind, Plan};
 /// Two passes: `check_placement` (members present, scratch on usable GPUs), then
 /// `check_path` for every copy.
 pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
+    if let Some(r) = &plan.rounds {
+        check_routes(&r.body, topo)?;
+        return r.tail.as_ref().map_or(Ok(()), |t| check_routes(t, topo));
+    }
     let gpus = Gpus {
         topo,
         members: &plan.request.gpus,

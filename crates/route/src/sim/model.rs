@@ -131,6 +131,15 @@ impl Model {
 
     /// Check `plan` against `topo` and lower it.
     pub(super) fn build(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Model> {
+        if plan.rounds.is_some() {
+            return Err(check(
+                usize::MAX,
+                format!(
+                    "{} is a plan of rounds: simulate() times it round by round",
+                    plan.algorithm
+                ),
+            ));
+        }
         let overhead = cfg.op_overhead_us;
         if !(overhead.is_finite() && overhead >= 0.0) {
             return Err(check(
