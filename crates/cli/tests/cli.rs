@@ -570,6 +570,15 @@ fn advise_on_a_cluster_plans_placements_within_the_budget() {
     assert_eq!(hosts.len(), 1, "{best:?}");
 }
 
+/// Issue 30: `advise --count 1024` on 128 nodes searched placements for minutes before
+/// planning one. A job that needs every free GPU has one placement, planned at once.
+#[test]
+fn advise_plans_the_one_placement_of_every_free_gpu() {
+    let v = json_line("advise -t cluster:2xdgx-h100:ib-ndr --count 16 --size 16MiB --format json");
+    assert_eq!(v["examined"].as_u64(), Some(1));
+    assert_eq!(v["best"][0]["gpus"].as_array().unwrap().len(), 16);
+}
+
 #[test]
 fn plan_and_route_print_staging_per_device_within_the_budget() {
     let args = |budget: &str, fmt: &str| {
