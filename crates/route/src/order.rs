@@ -68,7 +68,8 @@ impl DepGraph {
             return Err(fail(
                 usize::MAX,
                 format!(
-                    "{} is a plan of rounds: order its expansion (rounds::expand) or its body                      and tail",
+                    "{} is a plan of rounds: order its expansion (rounds::expand) or its body \
+                     and tail",
                     plan.algorithm
                 ),
             ));

@@ -171,10 +171,16 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
     };
     // Without a second build, staging is taken as proportional to the chunk.
     let proportional = |needed: u64| (c0 as u128 * budget as u128 / needed.max(1) as u128) as u64;
+    // A build thrown away gives its ops back to the planning call ([`crate::limits`]).
+    let discard = |plan: &Plan| crate::limits::refund(plan.ops.len() as u64);
     if c0 <= floor {
-        return Err(stop(first, at, needed, Some(proportional(needed))));
+        let e = stop(first, at, needed, Some(proportional(needed)));
+        discard(first);
+        return Err(e);
     }
     let mut c = proportional(needed).clamp(floor, c0 - 1);
+    discard(first);
+    drop(built);
     let mut solved: Option<u64> = None;
     let mut builds = 1;
     loop {
@@ -198,8 +204,11 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
             shrunk
         };
         if c <= floor {
-            return Err(stop(plan, at, needed, solved));
+            let e = stop(plan, at, needed, solved);
+            discard(plan);
+            return Err(e);
         }
+        discard(plan);
         // The last build allowed is at the floor, so an error always reports the smallest
         // chunk's staging.
         c = if builds + 1 >= MAX_FIT_BUILDS {

@@ -419,7 +419,9 @@ impl CostModel {
                 Ok(v)
             } else {
                 Err(format!(
-                    "{name} must be a fraction from {MIN_CALIBRATED_FRACTION} to 1 (a tenth of                      LL's share of the link at least: below it a protocol's bytes on the wire,                      and so every predicted time, grow without bound), got {value}"
+                    "{name} must be a fraction from {MIN_CALIBRATED_FRACTION} to 1 (a tenth of \
+                     LL's share of the link at least: below it a protocol's bytes on the wire, \
+                     and so every predicted time, grow without bound), got {value}"
                 ))
             }
         };

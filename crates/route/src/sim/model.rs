@@ -244,7 +244,8 @@ impl Model {
             return Err(check(
                 usize::MAX,
                 format!(
-                    "cannot time a plan with protocol {:?}: the cost model's share of a link                      it carries as data is {}, which puts {wire} bytes on the wire per byte",
+                    "cannot time a plan with protocol {:?}: the cost model's share of a link \
+                     it carries as data is {}, which puts {wire} bytes on the wire per byte",
                     plan.protocol,
                     plan.protocol.map_or(1.0, |p| costs.bw_fraction(p))
                 ),
