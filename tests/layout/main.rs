@@ -314,12 +314,9 @@ const KNOWN_LOOPS: &[&[&str]] = &[
     ],
     &["crates/cli/src/plot.rs", "crates/cli/src/simulate_cmd.rs"],
     &[
-        "crates/route/src/error.rs",
         "crates/route/src/lower.rs",
         "crates/route/src/path.rs",
         "crates/route/src/plan.rs",
-        "crates/route/src/request.rs",
-        "crates/route/src/staging.rs",
     ],
     &[
         "crates/route/src/bound.rs",

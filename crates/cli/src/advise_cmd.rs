@@ -1,6 +1,7 @@
 //! `relaycc advise`: which free GPUs to give a k-GPU job.
 
 use std::fmt::Write as _;
+use std::time::Instant;
 
 use anyhow::{Result, bail};
 use relaycc_route::{PlanOptions, Planner, RouteError};
@@ -56,29 +57,57 @@ fn signature(topo: &Topology, set: &[u32]) -> (Vec<u32>, Vec<usize>) {
     (pairs, per_host)
 }
 
+/// Share of the budget the search for placements may take before planning them: a quarter,
+/// so that the placements found are planned within the rest.
+const SEARCH_SHARE: u32 = 4;
+
 /// The placement grown greedily from `seed`: each step adds the free GPU best connected to
-/// those already chosen (sum of [`affinity`]), the lowest index on ties.
-fn grow(topo: &Topology, free: &[u32], k: usize, seed: u32) -> Vec<u32> {
-    let mut set = vec![seed];
-    while set.len() < k {
-        let next = free
-            .iter()
-            .filter(|g| !set.contains(g))
-            .map(|&g| (set.iter().map(|&m| affinity(topo, g, m)).sum::<u32>(), g))
-            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        match next {
-            Some((_, g)) => set.push(g),
-            None => break,
+/// those already chosen (sum of [`affinity`]), the lowest index on ties. Each GPU's sum is
+/// kept and raised by the GPU just chosen, so a placement of `k` of `f` free GPUs costs
+/// O(k f) affinities; `None` once `until` passes.
+fn grow(topo: &Topology, free: &[u32], k: usize, seed: u32, until: Instant) -> Option<Vec<u32>> {
+    let mut member = vec![false; free.len()];
+    let mut score = vec![0u32; free.len()];
+    let mut set = Vec::with_capacity(k);
+    let mut next = free.iter().position(|&g| g == seed);
+    while let Some(i) = next {
+        member[i] = true;
+        set.push(free[i]);
+        for (j, s) in score.iter_mut().enumerate() {
+            if !member[j] {
+                *s += affinity(topo, free[j], free[i]);
+            }
         }
+        if set.len() >= k {
+            break;
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        // The best sum; on ties the first (lowest index: `free` is sorted).
+        next = (0..free.len())
+            .filter(|&j| !member[j])
+            .fold(None, |best: Option<usize>, j| match best {
+                Some(b) if score[b] >= score[j] => Some(b),
+                _ => Some(j),
+            });
+    }
+    if set.is_empty() {
+        return None;
     }
     set.sort_unstable();
-    set
+    Some(set)
 }
 
 /// Placements to plan, most promising first, at most [`MAX_SUBSETS`], one per
-/// [`signature`]: the lowest-index placement (the naive pick, always first, as the reference),
-/// then one grown greedily from every free GPU, then the rest in lexicographic order.
-fn placements(topo: &Topology, free: &[u32], k: usize) -> Vec<Vec<u32>> {
+/// [`signature`]: the lowest-index placement (the naive pick, always first, as the reference;
+/// the only one when every free GPU is needed), then one grown greedily from every free GPU,
+/// then the rest in lexicographic order, as long as `until` allows.
+fn placements(topo: &Topology, free: &[u32], k: usize, until: Instant) -> Vec<Vec<u32>> {
+    let naive = free[..k].to_vec();
+    if k == free.len() {
+        return vec![naive];
+    }
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     let mut offer = |set: Vec<u32>, out: &mut Vec<Vec<u32>>| {
@@ -86,9 +115,12 @@ fn placements(topo: &Topology, free: &[u32], k: usize) -> Vec<Vec<u32>> {
             out.push(set);
         }
     };
-    offer(free[..k].to_vec(), &mut out);
+    offer(naive, &mut out);
     for &seed in free {
-        offer(grow(topo, free, k, seed), &mut out);
+        match grow(topo, free, k, seed, until) {
+            Some(set) => offer(set, &mut out),
+            None => return out,
+        }
     }
     // Lexicographic combinations, stopping once the bound is reached.
     let mut idx: Vec<usize> = (0..k).collect();
@@ -97,7 +129,7 @@ fn placements(topo: &Topology, free: &[u32], k: usize) -> Vec<Vec<u32>> {
         offer(idx.iter().map(|&i| free[i]).collect(), &mut out);
         examined += 1;
         // Signatures repeat heavily on symmetric machines: bound the enumeration itself too.
-        if out.len() >= MAX_SUBSETS || examined >= 64 * MAX_SUBSETS {
+        if out.len() >= MAX_SUBSETS || examined >= 64 * MAX_SUBSETS || Instant::now() >= until {
             break;
         }
         let Some(i) = (0..k).rev().find(|&i| idx[i] < free.len() - k + i) else {
@@ -131,7 +163,11 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             free.len()
         );
     }
-    let sets = placements(&topo, &free, k);
+    let start = Instant::now();
+    let search_until = start
+        .checked_add(args.budget.budget / SEARCH_SHARE)
+        .unwrap_or(start);
+    let sets = placements(&topo, &free, k, search_until);
     let cargs = CollectiveArgs {
         collective: args.collective,
         topology: args.topology.clone(),
@@ -144,7 +180,6 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         issue_us: 0.0,
     };
     let planner = Planner::new(topo.clone());
-    let start = std::time::Instant::now();
     let mut opts = PlanOptions {
         relay: args.relay.clone(),
         ..PlanOptions::default()
@@ -250,4 +285,58 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             s
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The greedy growth as first written: every step sums each free GPU's affinity to the
+    /// whole placement again.
+    fn grow_by_sums(topo: &Topology, free: &[u32], k: usize, seed: u32) -> Vec<u32> {
+        let mut set = vec![seed];
+        while set.len() < k {
+            let next = free
+                .iter()
+                .filter(|g| !set.contains(g))
+                .map(|&g| (set.iter().map(|&m| affinity(topo, g, m)).sum::<u32>(), g))
+                .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            match next {
+                Some((_, g)) => set.push(g),
+                None => break,
+            }
+        }
+        set.sort_unstable();
+        set
+    }
+
+    /// Keeping each GPU's sum and raising it by the GPU just chosen grows the same placements
+    /// as summing again every step, on boards and on a cluster, with GPUs busy.
+    #[test]
+    fn kept_sums_grow_the_placements_full_sums_do() {
+        let far = Instant::now() + std::time::Duration::from_secs(3600);
+        for preset in ["dgx1-v100", "pcie-8gpu", "cluster:2xdgx-h100:ib-ndr"] {
+            let topo = relaycc_topo::preset(preset).unwrap();
+            let all: Vec<u32> = (0..topo.gpu_count()).collect();
+            let free: Vec<u32> = all.iter().copied().filter(|g| g % 5 != 2).collect();
+            for k in [1, 2, 3, free.len() / 2, free.len()] {
+                for &seed in &free {
+                    assert_eq!(
+                        grow(&topo, &free, k, seed, far),
+                        Some(grow_by_sums(&topo, &free, k, seed)),
+                        "{preset} k {k} seed {seed}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A search past its time offers the naive placement alone.
+    #[test]
+    fn a_spent_search_keeps_the_naive_placement() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let free: Vec<u32> = (0..8).collect();
+        let sets = placements(&topo, &free, 3, Instant::now());
+        assert_eq!(sets, vec![vec![0, 1, 2]]);
+    }
 }

@@ -260,7 +260,8 @@ pub struct PlanArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = TableFormat::Table)]
     pub format: TableFormat,
-    /// Write the simulated timeline as Chrome trace JSON (open in Perfetto).
+    /// Write the simulated timeline as Chrome trace JSON (open in Perfetto); for a plan of
+    /// rounds, one round's.
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Write the plan as JSON.

@@ -43,8 +43,10 @@ pub fn run(args: &PlanArgs) -> Result<String> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.trace {
-        let result = sim::simulate(&topo, &p.plan, &opts.sim)?;
-        std::fs::write(path, sim::chrome_trace(&topo, &p.plan, &result))
+        // A plan of rounds holds no op of its own: its trace is one round's.
+        let traced = p.plan.rounds.as_ref().map_or(&p.plan, |r| &r.body);
+        let result = sim::simulate(&topo, traced, &opts.sim)?;
+        std::fs::write(path, sim::chrome_trace(&topo, traced, &result))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let staging = staging_bytes(&topo, &p.plan);
@@ -65,8 +67,12 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 "op": req.op.name(),
                 "root": req.root,
                 "algorithm": p.plan.algorithm,
-                "ops": p.plan.ops.len(),
-                "lanes": p.plan.lanes.len(),
+                "ops": p.plan.stored_ops(),
+                "full_ops": p.plan.full_ops(),
+                "rounds": p.plan.rounds.as_ref().map(|r| r.count),
+                "lanes": p.plan.lanes.len() + p.plan.rounds.as_ref().map_or(0, |r| {
+                    r.body.lanes.len() + r.tail.as_ref().map_or(0, |t| t.lanes.len())
+                }),
                 "scratch_bytes": p.plan.scratch_bytes(),
                 "staging_bytes": crate::report::staging_json(&staging),
                 "staging_budget_bytes": (opts.staging_budget != relaycc_route::staging::UNBOUNDED_STAGING)
@@ -101,35 +107,19 @@ pub fn run(args: &PlanArgs) -> Result<String> {
                 topo.name(),
                 args.request.relay
             );
-            match &p.plan.template {
-                Some(t) => {
-                    let _ = writeln!(
-                        s,
-                        "chosen: {} (template of hosts 0..{} of {}: {} ops of {}, {} lanes of {})",
-                        p.plan.algorithm,
-                        t.period,
-                        t.hosts,
-                        p.plan.ops.len(),
-                        t.full_ops,
-                        p.plan.lanes.len(),
-                        t.full_lanes,
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        s,
-                        "chosen: {} ({} ops on {} lanes)",
-                        p.plan.algorithm,
-                        p.plan.ops.len(),
-                        p.plan.lanes.len(),
-                    );
-                }
-            }
+            let _ = writeln!(
+                s,
+                "chosen: {} ({})",
+                p.plan.algorithm,
+                crate::report::plan_shape(&p.plan)
+            );
+            let templated = p.plan.is_template()
+                || p.plan.rounds.as_ref().is_some_and(|r| r.body.is_template());
             let _ = writeln!(
                 s,
                 "staging: {}{} in all: {} (budget {})",
                 format_size(p.plan.scratch_bytes()),
-                if p.plan.is_template() {
+                if templated {
                     " per period of hosts"
                 } else {
                     ""
@@ -223,7 +213,24 @@ const HOST_RUN_MAX_OPS: usize = 4_000_000;
 /// elements executed over its lazily expanded plan
 /// ([`relaycc_route::template::check_sampled`]) and the op cone of the sampled ranks run on
 /// the host by the executor ([`relaycc_collectives::exec::cone::execute_cone`]).
+///
+/// A plan of rounds is verified through its body and its tail, each as above; the checker's
+/// argument for the rounds ([`relaycc_route::rounds`]) rests on theirs.
 fn verify(topo: &relaycc_topo::Topology, plan: &relaycc_route::Plan) -> Result<serde_json::Value> {
+    if let Some(r) = &plan.rounds {
+        let body = verify(topo, &r.body)?;
+        let tail = r.tail.as_ref().map(|t| verify(topo, t)).transpose()?;
+        let summary = format!(
+            "each of its {} rounds: {}{}",
+            r.count,
+            body["summary"].as_str().unwrap_or_default(),
+            tail.as_ref().map_or(String::new(), |t| format!(
+                "; its tail: {}",
+                t["summary"].as_str().unwrap_or_default()
+            ))
+        );
+        return Ok(json!({ "summary": summary, "method": "rounds", "body": body, "tail": tail }));
+    }
     const PROVED: &str = "proved by the checker (every output element, every order)";
     let proved = relaycc_route::proved_by_checker(plan);
     if proved && plan.request.gpus.len() <= relaycc_route::EXPAND_MAX_RANKS {

@@ -166,6 +166,35 @@ pub fn route_text(topo: &Topology, route: &relaycc_route::path::Route) -> String
     s
 }
 
+/// What a plan holds, for the `chosen:` line: its ops and lanes; a template's share of the
+/// full plan's; a plan of rounds' body and tail, and the ops it holds and runs.
+pub fn plan_shape(plan: &relaycc_route::Plan) -> String {
+    if let Some(r) = &plan.rounds {
+        let tail = r.tail.as_ref().map_or(String::new(), |t| {
+            format!(", then a tail of {}", plan_shape(t))
+        });
+        return format!(
+            "{} rounds of {}{tail}: {} ops held, {} run",
+            r.count,
+            plan_shape(&r.body),
+            plan.stored_ops(),
+            plan.full_ops()
+        );
+    }
+    match &plan.template {
+        Some(t) => format!(
+            "template of hosts 0..{} of {}: {} ops of {}, {} lanes of {}",
+            t.period,
+            t.hosts,
+            plan.ops.len(),
+            t.full_ops,
+            plan.lanes.len(),
+            t.full_lanes
+        ),
+        None => format!("{} ops on {} lanes", plan.ops.len(), plan.lanes.len()),
+    }
+}
+
 /// Staging (scratch) bytes a plan allocates, per memory (`GPU3`, `CPU0`), GPUs first by index.
 pub fn staging_bytes(topo: &Topology, plan: &relaycc_route::Plan) -> Vec<(String, u64)> {
     plan.staging_per_location()

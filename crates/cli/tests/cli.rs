@@ -570,6 +570,36 @@ fn advise_on_a_cluster_plans_placements_within_the_budget() {
     assert_eq!(hosts.len(), 1, "{best:?}");
 }
 
+/// Issue 30: `advise --count 1024` on 128 nodes searched placements for minutes before
+/// planning one. A job that needs every free GPU has one placement, planned at once.
+#[test]
+fn advise_plans_the_one_placement_of_every_free_gpu() {
+    let v = json_line("advise -t cluster:2xdgx-h100:ib-ndr --count 16 --size 16MiB --format json");
+    assert_eq!(v["examined"].as_u64(), Some(1));
+    assert_eq!(v["best"][0]["gpus"].as_array().unwrap().len(), 16);
+}
+
+/// Issue 30: an all_to_all over 73,728 GPUs (1,024 GB200 NVL72 racks) ran past 60 s; its
+/// n(n - 1) pieces cannot fit the ops one planning call holds, so it is refused before
+/// anything is built, naming the limit.
+#[test]
+fn a_request_past_the_call_ops_is_refused_naming_the_limit() {
+    let o = relaycc(&[
+        "plan",
+        "all_to_all",
+        "--topology",
+        "cluster:1024xgb200-nvl72:ib-ndr:fat-tree=2:1",
+        "--size",
+        "1GiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("73728 ranks") && e.contains("5000000 ops one planning call holds"),
+        "{e}"
+    );
+}
+
 #[test]
 fn plan_and_route_print_staging_per_device_within_the_budget() {
     let args = |budget: &str, fmt: &str| {

@@ -49,9 +49,9 @@ pub enum RouteError {
     #[error(
         "{algorithm} needs {} of staging on {device}, above the staging budget of {} per \
          device{}",
-        crate::staging::describe_bytes(*needed_bytes),
-        crate::staging::describe_bytes(*budget_bytes),
-        crate::staging::describe_op_cap(*ops_needed)
+        describe_bytes(*needed_bytes),
+        describe_bytes(*budget_bytes),
+        describe_op_cap(*ops_needed, *op_cap)
     )]
     StagingBudget {
         /// The plan's algorithm name.
@@ -66,6 +66,17 @@ pub enum RouteError {
         /// plan would need at a chunk that fits when the op cap
         /// ([`crate::staging::MAX_FITTED_OPS`]) stopped the shrinking first.
         ops_needed: Option<u64>,
+        /// The most ops a fitted plan may hold (the op cap in force).
+        op_cap: u64,
+    },
+    /// A request or a plan passes one of the limits that keep planning and running bounded
+    /// in time and memory; nothing past it was built.
+    #[error("{what}: above {limit}")]
+    OverLimit {
+        /// What passed the limit, with its size.
+        what: String,
+        /// The limit, with its value.
+        limit: String,
     },
     /// A plan's JSON could not be read.
     #[error("cannot read plan: {0}")]
@@ -86,6 +97,38 @@ fn at_op(op: usize) -> String {
 
 /// The result type of relaycc-route.
 pub type Result<T, E = RouteError> = std::result::Result<T, E>;
+
+/// The tail of a [`RouteError::StagingBudget`] message: empty when the budget stopped the
+/// fitting, else the op cap and the ops a chunk that fits would need.
+fn describe_op_cap(ops_needed: Option<u64>, op_cap: u64) -> String {
+    match ops_needed {
+        None => String::new(),
+        Some(ops) => format!(
+            " at the smallest chunk the op cap allows: a chunk that fits needs about {ops} ops, \
+             above the cap of {op_cap} ops per plan"
+        ),
+    }
+}
+
+/// Bytes with a binary unit for messages: `402653184 bytes (384 MiB)`.
+pub fn describe_bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("B", 1),
+    ];
+    let (u, d) = UNITS
+        .iter()
+        .copied()
+        .find(|(_, d)| b >= *d)
+        .unwrap_or(("B", 1));
+    if d == 1 {
+        format!("{b} bytes")
+    } else {
+        format!("{b} bytes ({:.1} {u})", b as f64 / d as f64)
+    }
+}
 
 #[cfg(test)]
 mod tests {

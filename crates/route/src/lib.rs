@@ -17,6 +17,7 @@
 //! | node-aware inter-node strategies and models | [`nodeaware`] |
 //! | staging budgets per device and fitting a plan to one | [`staging`] |
 //! | templates: one domain of a plan on hosts that repeat, folded by their symmetry | [`template`] |
+//! | plans of rounds: one round's plan repeated over slices of a large message | [`rounds`] |
 //! | the fluid flow simulator | [`simulate`], [`SimResult`], [`Perf`], [`chrome_trace`] |
 //! | choose the fastest, report it beside baseline and bound | [`plan()`], [`Planner`] (cached) |
 //!
@@ -29,6 +30,7 @@ mod check;
 mod dtype;
 mod error;
 pub mod fidelity;
+mod limits;
 pub mod lower;
 pub mod nodeaware;
 mod order;
@@ -38,6 +40,7 @@ mod plan;
 pub mod planner;
 mod reach;
 mod request;
+pub mod rounds;
 mod select;
 pub mod sim;
 pub mod staging;
@@ -50,17 +53,18 @@ pub use check::{
 };
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
+pub use limits::MAX_CALL_OPS;
 pub use order::DepGraph;
 pub use plan::{
     BufferRef, EdgeScale, Lane, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset, Plan,
-    Region, RegionShift, Scratch, Template,
+    Region, RegionShift, Rounds, Scratch, Template,
 };
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
-    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, LEAST_SIMULATION_GRACE, PlanOptions, Planned,
-    Planner, SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
+    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE,
+    PlanOptions, Planned, Planner, SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
 };
 pub use sim::{
     DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,

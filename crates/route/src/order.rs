@@ -62,6 +62,18 @@ impl Plan {
 
 impl DepGraph {
     fn new(plan: &Plan) -> Result<DepGraph> {
+        if plan.rounds.is_some() {
+            // Its ops are its body's and tail's, one round after another: an order of the
+            // plan's own (empty) op list would run nothing.
+            return Err(fail(
+                usize::MAX,
+                format!(
+                    "{} is a plan of rounds: order its expansion (rounds::expand) or its body \
+                     and tail",
+                    plan.algorithm
+                ),
+            ));
+        }
         let n = plan.ops.len();
         let lanes = plan.lanes.len();
         let mut lane_prev = vec![NONE; n];
@@ -194,9 +206,11 @@ impl DepGraph {
     }
 
     /// The error for a run that could not finish every op: it names an op on a dependency
-    /// cycle. `unfinished(op)` says which ops never ran; every unfinished op waits for an
-    /// unfinished predecessor, so walking back through them for `ops` steps ends inside a
-    /// cycle. Predecessor lists are built here, on the error path only.
+    /// cycle. `unfinished(op)` says which ops never ran; where every unfinished op waits for
+    /// an unfinished predecessor, walking back through them for `ops` steps ends inside a
+    /// cycle. A walk that reaches an unfinished op whose predecessors all finished found no
+    /// cycle: that op started and never ended (a simulation whose transfer never ends), and
+    /// the error says so. Predecessor lists are built here, on the error path only.
     pub fn cycle_error(&self, unfinished: impl Fn(usize) -> bool) -> RouteError {
         let n = self.len();
         let Some(mut op) = (0..n).find(|&i| unfinished(i)) else {
@@ -211,7 +225,14 @@ impl DepGraph {
         for _ in 0..n {
             match preds[op].iter().find(|&&p| unfinished(p as usize)) {
                 Some(&p) => op = p as usize,
-                None => break,
+                None => {
+                    return fail(
+                        op,
+                        "never finishes, though every op it waits for did: its time is not \
+                         finite"
+                            .into(),
+                    );
+                }
             }
         }
         let lane_note = if self.lane_prev[op] != NONE {
@@ -303,6 +324,21 @@ mod tests {
         let mut p = plan(1, &[0]);
         p.ops[0].deps = vec![0];
         assert_eq!(message(p.topological_order().unwrap_err()).0, 0);
+    }
+
+    /// Issue 30: a run whose op started and never ended (a transfer of infinite bytes) was
+    /// reported as a dependency cycle; it names the op that never finished instead.
+    #[test]
+    fn a_stalled_run_is_no_cycle() {
+        let mut p = plan(2, &[0, 1, 1]);
+        p.ops[1].deps = vec![0];
+        let g = p.dependency_graph().unwrap();
+        let (op, msg) = message(g.cycle_error(|op| op >= 1));
+        assert_eq!(op, 1);
+        assert!(
+            msg.contains("never finishes") && !msg.contains("cycle"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -198,6 +198,34 @@ pub struct Plan {
     /// executor never runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<Template>,
+    /// Present when the plan is a plan of rounds ([`crate::rounds`]): the plan itself holds no
+    /// op, lane or staging buffer; one round's plan runs [`Rounds::count`] times over
+    /// successive slices of every buffer's pieces, then the tail's plan over what the rounds
+    /// leave, each after the one before has finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<Box<Rounds>>,
+}
+
+/// What a plan of rounds stands for ([`Plan::rounds`], [`crate::rounds`]): a request whose
+/// buffers are pieces (blocks of `count` elements, or the pieces a `v` collective or a
+/// send_recv names) cut into [`Rounds::count`] equal slices per piece and a remainder.
+///
+/// Round `k` is [`Rounds::body`], a plan of the request whose every piece has
+/// `floor(len / count)` elements, run on elements `[k x s, (k + 1) x s)` of each piece of
+/// length `len` (`s` being that piece's length in the body's request); the tail, a plan of the
+/// request of the remainders `len - count x s`, runs on the elements the rounds leave. Each
+/// round starts once the one before has finished, and the tail once the last round has, so
+/// the rounds reuse one set of staging buffers: the plan's staging on a device is the larger
+/// of the body's and the tail's there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rounds {
+    /// Rounds the body runs (at least 2).
+    pub count: u64,
+    /// The plan of one round, for the request of the rounds' slices.
+    pub body: Plan,
+    /// The plan of the remainders, absent when every piece divides into the rounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<Plan>,
 }
 
 /// What a template plan stands for: the full plan is the template's ops repeated on every
@@ -315,6 +343,7 @@ impl Plan {
             ops: Vec::new(),
             protocol: None,
             template: None,
+            rounds: None,
         }
     }
     /// Where a buffer lives.
@@ -393,23 +422,66 @@ impl Plan {
         });
         self.ops.len() as u32 - 1
     }
-    /// Bytes of staging memory the plan allocates.
+    /// Bytes of staging memory the plan allocates (for a plan of rounds, the sum over devices
+    /// of [`Plan::staging_per_location`]).
     pub fn scratch_bytes(&self) -> u64 {
+        if self.rounds.is_some() {
+            return self
+                .staging_per_location()
+                .values()
+                .fold(0u64, |a, b| a.saturating_add(*b));
+        }
         self.scratch
             .iter()
             .map(|s| s.len.saturating_mul(self.dtype.size()))
             .fold(0u64, u64::saturating_add)
     }
     /// Bytes of staging memory the plan allocates on each memory (GPU or host socket), in
-    /// [`Location`] order; memories without staging are left out.
+    /// [`Location`] order; memories without staging are left out. A plan of rounds reuses one
+    /// set of staging for its rounds and its tail, which run one after another: on each device
+    /// the larger of the body's and the tail's.
     pub fn staging_per_location(&self) -> std::collections::BTreeMap<Location, u64> {
         let mut per = std::collections::BTreeMap::new();
         for s in &self.scratch {
             let e: &mut u64 = per.entry(s.location).or_default();
             *e = e.saturating_add(s.len.saturating_mul(self.dtype.size()));
         }
+        if let Some(r) = &self.rounds {
+            for part in std::iter::once(&r.body).chain(&r.tail) {
+                for (at, b) in part.staging_per_location() {
+                    let e: &mut u64 = per.entry(at).or_default();
+                    *e = (*e).max(b);
+                }
+            }
+        }
         per.retain(|_, b| *b > 0);
         per
+    }
+    /// Ops the plan holds: its own, and for a plan of rounds its body's and its tail's.
+    pub fn stored_ops(&self) -> u64 {
+        let own = self.ops.len() as u64;
+        self.rounds.as_ref().map_or(own, |r| {
+            own + r.body.stored_ops() + r.tail.as_ref().map_or(0, Plan::stored_ops)
+        })
+    }
+    /// Ops of the plan it stands for, run in full: a template's full plan's
+    /// ([`Template::full_ops`]), a plan of rounds' body ops once per round and its tail's
+    /// (saturating), else its own.
+    pub fn full_ops(&self) -> u64 {
+        if let Some(r) = &self.rounds {
+            return r
+                .body
+                .full_ops()
+                .saturating_mul(r.count)
+                .saturating_add(r.tail.as_ref().map_or(0, Plan::full_ops));
+        }
+        self.template
+            .as_ref()
+            .map_or(self.ops.len() as u64, |t| t.full_ops)
+    }
+    /// True when the plan is a plan of rounds ([`Plan::rounds`]).
+    pub fn is_rounds(&self) -> bool {
+        self.rounds.is_some()
     }
     /// The plan as pretty JSON.
     pub fn to_json(&self) -> String {

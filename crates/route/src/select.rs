@@ -18,6 +18,15 @@ use crate::plan::Plan;
 use crate::request::{Collective, Request};
 use crate::sim::{Perf, Prepared, SimConfig, SimCut, simulate};
 
+/// What the baseline's builds are called in a limit's error ([`crate::limits`]).
+const BASELINE: &str = "the NCCL-like baseline";
+/// Share of the budget the baseline's build may take: past the deadline, since every call
+/// reports it, and a quarter of the budget before 1.5 times it, for its capped simulation and
+/// its proof. A baseline still building then is refused ([`crate::RouteError::OverLimit`]).
+const BASELINE_BUILD_SHARE: f64 = 1.25;
+/// What relaycc's candidates' builds are called in a limit's error.
+const CANDIDATES: &str = "a candidate of relaycc's";
+
 /// Largest request (ranks) whose plans are built in full and proved by the checker on a
 /// topology whose hosts repeat. Above it, where the topology's host symmetry folds and the
 /// ranks are the same on every period of hosts, candidates are built as templates of one
@@ -36,7 +45,12 @@ pub const SAMPLED_PROOF_ABOVE_CLOCK_BYTES: u64 = 512 << 20;
 /// returning it: a full plan of up to [`EXPAND_MAX_RANKS`] ranks, or a larger one whose vector
 /// clocks stay within [`SAMPLED_PROOF_ABOVE_CLOCK_BYTES`]. Templates and the larger full plans
 /// are checked on their structure, routes and sampled execution instead.
+///
+/// A plan of rounds is proved by the checker when its body and tail are.
 pub fn proved_by_checker(p: &Plan) -> bool {
+    if let Some(r) = &p.rounds {
+        return proved_by_checker(&r.body) && r.tail.as_ref().is_none_or(proved_by_checker);
+    }
     !p.is_template()
         && (p.request.nranks() <= EXPAND_MAX_RANKS
             || crate::check::clock_bytes(p) <= SAMPLED_PROOF_ABOVE_CLOCK_BYTES)
@@ -62,9 +76,11 @@ pub struct PlanOptions {
     /// baseline until the deadline or for [`LEAST_SIMULATION_GRACE`] of its own where it
     /// passed (cut there, it is reported as a lower bound, [`Planned::baseline_cut`]), relaycc's
     /// most promising candidate for a budget's time of its own (at least that grace), unless
-    /// its progress shows it cannot end by then. Builds are not interrupted: a plan of
-    /// millions of ops (NCCL's rings or trees over hundreds of ranks of a cluster whose hosts
-    /// do not repeat, about a microsecond per op and core) passes the budget by its build.
+    /// its progress shows it cannot end by then. Builds stop at their deadline
+    /// ([`LEAST_BUILD_TIME`] at least): relaycc's candidates at the budget's, left out then;
+    /// the baseline at 1.25 times the budget, the call then an error saying so
+    /// ([`RouteError::OverLimit`]). Every call's builds hold at most [`crate::MAX_CALL_OPS`]
+    /// ops at once, and a request whose baseline cannot fit them is refused at once.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
     /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
@@ -74,6 +90,13 @@ pub struct PlanOptions {
     /// ranks: what an executor asks for, since only a full plan can be proved and run.
     /// Default: false (templates above [`EXPAND_MAX_RANKS`] ranks where the hosts repeat).
     pub expand: bool,
+    /// Largest slice of one piece (a block of `count` elements, a `v` count, a transfer) one
+    /// round moves, bytes: a request with a longer piece is planned as a plan of rounds
+    /// ([`crate::rounds`]), one round's plan repeated over successive slices and a tail's for
+    /// the remainder, so neither its op count nor its planning time grows with the message.
+    /// Default: [`crate::rounds::DEFAULT_ROUND_BYTES`]; [`u64::MAX`] plans every request as
+    /// one plan.
+    pub round_bytes: u64,
 }
 
 impl Default for PlanOptions {
@@ -85,6 +108,7 @@ impl Default for PlanOptions {
             budget: DEFAULT_BUDGET,
             staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
             expand: false,
+            round_bytes: crate::rounds::DEFAULT_ROUND_BYTES,
         }
     }
 }
@@ -92,6 +116,8 @@ impl Default for PlanOptions {
 /// When planning must stop, and whether it had to.
 struct Deadline {
     started: Instant,
+    /// The ops the call's builds hold ([`crate::limits`]).
+    call_ops: Arc<crate::limits::CallOps>,
     /// When the baseline was built (as a template or in full).
     baseline_done: std::sync::OnceLock<Instant>,
     at: Option<Instant>,
@@ -104,6 +130,7 @@ impl Deadline {
         let started = Instant::now();
         Deadline {
             started,
+            call_ops: crate::limits::CallOps::new(crate::limits::MAX_CALL_OPS),
             baseline_done: std::sync::OnceLock::new(),
             at: started.checked_add(budget),
             budget,
@@ -170,6 +197,44 @@ impl Deadline {
         Ok(prepared
             .simulate_watched(topo, &|progress| self.grace_goes_on(&projection, progress))?
             .ok())
+    }
+    /// The limit a build of this call runs under ([`crate::limits`]): the call's ops, and a
+    /// deadline: `share` of the budget after the start, or [`LEAST_BUILD_TIME`] where that is
+    /// later (a budget of zero still builds the small plans every request of a few GPUs
+    /// needs); none without a deadline.
+    fn build_limit(&self, what: &'static str, share: f64) -> crate::limits::Limit {
+        let until = self.at.and_then(|_| {
+            let t = self.budget.mul_f64(share).max(LEAST_BUILD_TIME);
+            self.started.checked_add(t)
+        });
+        crate::limits::Limit {
+            ops: Arc::clone(&self.call_ops),
+            until,
+            what,
+        }
+    }
+    /// Run `f` (builds of `what`) under [`Deadline::build_limit`]: the baseline's until
+    /// [`BASELINE_BUILD_SHARE`] of the budget, relaycc's candidates' until the deadline.
+    fn limited<T>(&self, what: &'static str, f: impl FnOnce() -> T) -> T {
+        let share = if what == BASELINE {
+            BASELINE_BUILD_SHARE
+        } else {
+            1.0
+        };
+        crate::limits::scoped(Some(self.build_limit(what, share)), f)
+    }
+    /// Run `f`, the build of the candidate that must give a plan of relaycc's (the first),
+    /// under the call's ops and a deadline of its own: the budget's, or half a budget (at
+    /// least [`LEAST_BUILD_TIME`]) after the build starts where that is later, so a budget
+    /// the baseline spent still leaves relaycc a plan, as its simulation's grace does.
+    fn limited_first<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut limit = self.build_limit(CANDIDATES, 1.0);
+        let own = Instant::now().checked_add((self.budget / 2).max(LEAST_BUILD_TIME));
+        limit.until = match (limit.until, own) {
+            (Some(u), Some(o)) => Some(u.max(o)),
+            (u, _) => u,
+        };
+        crate::limits::scoped(Some(limit), f)
     }
     /// Record that a simulation gave up at the deadline.
     fn mark_hit(&self) {
@@ -263,6 +328,10 @@ impl Projection {
     }
 }
 
+/// Least time a planning call's builds get, whatever the budget ([`crate::limits`]): a plan
+/// for a few GPUs builds in milliseconds, so a budget of zero still plans them.
+pub const LEAST_BUILD_TIME: Duration = Duration::from_secs(1);
+
 /// Least time the simulations that must give a figure (the baseline's, relaycc's most
 /// promising candidate's, the tuner's of large baselines) are given once the budget is spent,
 /// so that a small budget still returns a plan of relaycc's where one simulates that fast.
@@ -345,12 +414,16 @@ fn is_p2p(req: &Request) -> bool {
 ///   that do not fit are skipped; the NCCL-like baseline is then still reported, built without
 ///   the budget, but never chosen).
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
+    if let Some(split) = crate::rounds::split(req, opts.round_bytes)? {
+        return crate::rounds::plan_rounds(topo, req, opts, split);
+    }
     let deadline = Deadline::new(opts.budget);
     let mut skipped: Vec<String> = Vec::new();
     crate::reach::require_reachable(topo, req, &opts.relay)?;
     let budget = opts.staging_budget;
     let until = deadline.at;
     let shift = fold_shift(topo, req).filter(|_| !opts.expand);
+    refuse_past_the_call_ops(topo, req, shift.as_ref())?;
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
     // Templates of relaycc's candidates need nothing of the baseline: they are built while
@@ -363,11 +436,15 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     // (`Deadline::grace_goes_on`); their result (or error) is taken where it was asked.
     let ((folded, why, early_proof), mut early) = rayon::join(
         || {
-            let (folded, why) = baseline_template(topo, req, budget, shift.as_ref(), until);
+            let (folded, why) = deadline.limited(BASELINE, || {
+                baseline_template(topo, req, budget, shift.as_ref(), until)
+            });
             // A baseline that does not fold is built in full here, beside the templates.
             let built = match folded {
                 Some(built) => built,
-                None => crate::planner::baseline_within_timed(topo, req, budget, until),
+                None => deadline.limited(BASELINE, || {
+                    crate::planner::baseline_within_timed(topo, req, budget, until)
+                }),
             };
             let _ = deadline.baseline_done.set(Instant::now());
             // Proved here, while the templates beside it may still be simulated.
@@ -388,7 +465,8 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         Ok(p) => (p, true),
         Err(e @ RouteError::StagingBudget { .. }) => {
             first_failure = Some(e);
-            (crate::planner::baseline_plan(topo, req)?, false)
+            let unfitted = deadline.limited(BASELINE, || crate::planner::baseline_plan(topo, req));
+            (unfitted?, false)
         }
         Err(e) => return Err(e),
     };
@@ -576,6 +654,60 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         elapsed: deadline.started.elapsed(),
         skipped,
     })
+}
+
+/// Refuse at once a request whose baseline could not be built within the ops one planning
+/// call holds ([`crate::limits::MAX_CALL_OPS`]), before anything is built: an all_to_all's
+/// n(n - 1) pieces (per period of hosts, for a template) each move at least once, and NCCL's
+/// all_reduce is its rings' window or its tree in full, whichever the estimates make smaller.
+fn refuse_past_the_call_ops(
+    topo: &Topology,
+    req: &Request,
+    shift: Option<&relaycc_topo::HostSymmetry>,
+) -> Result<()> {
+    let n = req.nranks() as u64;
+    let periods = shift.map_or(1, |s| u64::from(s.periods()).max(1));
+    let max = crate::limits::MAX_CALL_OPS;
+    let (what, ops) = match req.collective {
+        Collective::AllToAll | Collective::AllToAllV => (
+            format!(
+                "{} over {n} ranks moves n(n - 1) = {} pieces",
+                req.collective,
+                n.saturating_mul(n.saturating_sub(1))
+            ),
+            n.saturating_mul(n.saturating_sub(1)) / periods,
+        ),
+        Collective::AllReduce if n as usize > EXPAND_MAX_RANKS => {
+            let tree = tree_ops_estimate(req);
+            let rings = match shift {
+                Some(sym) => ring_window_ops_estimate(topo, req, sym),
+                None => 0,
+            };
+            let ops = if rings > 0 { tree.min(rings) } else { tree };
+            (
+                format!(
+                    "NCCL's all_reduce over {n} ranks, the baseline, holds about {ops} ops \
+                     (its tree in full: {tree}; its rings' window: {rings})"
+                ),
+                ops,
+            )
+        }
+        _ => return Ok(()),
+    };
+    if ops > max {
+        return Err(RouteError::OverLimit {
+            what: if periods > 1 {
+                format!("{what}, about {ops} per period of hosts")
+            } else {
+                what
+            },
+            limit: format!(
+                "the {max} ops one planning call holds (about 2 GiB); fewer ranks or a \
+                 smaller message plan within it"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The time a cut baseline is known to take at least: what its simulation showed
@@ -834,7 +966,12 @@ fn fastest_templates(
     let prepared: Vec<Result<(Plan, Prepared)>> = (0..set.len())
         .into_par_iter()
         .map(|i| {
-            let plan = set.build_template(i, fine, shift)?;
+            let build = || set.build_template(i, fine, shift);
+            let plan = if i == 0 {
+                deadline.limited_first(build)?
+            } else {
+                deadline.limited(CANDIDATES, build)?
+            };
             let prepared = Prepared::new(topo, &plan, &opts.sim)?;
             Ok((plan, prepared))
         })
@@ -877,6 +1014,10 @@ fn fastest_templates(
             }
             Err(RouteError::NotSymmetric(why)) => {
                 skipped.push(format!("a candidate that does not fold: {why}"));
+            }
+            Err(e @ RouteError::OverLimit { .. }) => {
+                deadline.mark_hit();
+                skipped.push(format!("a candidate left out: {e}"));
             }
             Err(e @ RouteError::StagingBudget { .. }) => {
                 skipped.push(format!("over the staging budget: {e}"));
@@ -937,11 +1078,20 @@ fn fastest_collectives(
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
     let coarse = crate::planner::whole_block_chunk_elems(req).max(fine);
     // Coarse builds only bound times, so they ignore the budget, unless they are final.
-    let prepare = |i: usize, chunk: u64| -> Result<(usize, Plan, Prepared)> {
-        let plan = if chunk == fine {
-            set.build(i, chunk)?
+    // The first candidate's builds must give a plan of relaycc's: they get a deadline of
+    // their own.
+    let prepare = |i: usize, chunk: u64, first: bool| -> Result<(usize, Plan, Prepared)> {
+        let build = || {
+            if chunk == fine {
+                set.build(i, chunk)
+            } else {
+                set.build_unfitted(i, chunk)
+            }
+        };
+        let plan = if first {
+            deadline.limited_first(build)?
         } else {
-            set.build_unfitted(i, chunk)?
+            deadline.limited(CANDIDATES, build)?
         };
         let prepared = Prepared::new(topo, &plan, &opts.sim)?;
         Ok((i, plan, prepared))
@@ -950,7 +1100,7 @@ fn fastest_collectives(
     let coarse_built: Vec<Result<(usize, Plan, Prepared)>> = (0..set.len())
         .into_par_iter()
         .filter(|&i| i == 0 || !deadline.passed())
-        .map(|i| prepare(i, coarse))
+        .map(|i| prepare(i, coarse, i == 0))
         .collect();
     // A candidate that cannot fit the staging budget is skipped, with its reason listed; the
     // first such error is kept for when nothing (not even the baseline) fits.
@@ -962,10 +1112,15 @@ fn fastest_collectives(
         skipped.push(format!("over the staging budget: {e}"));
         unfit.get_or_insert(e);
     };
+    let mut left_out = Vec::new();
     for b in coarse_built {
         match b {
             Ok(x) => routable.push(x),
             Err(e @ RouteError::StagingBudget { .. }) => skip_unfit(e, &mut unfit),
+            Err(e @ RouteError::OverLimit { .. }) => {
+                deadline.mark_hit();
+                left_out.push(format!("a candidate left out: {e}"));
+            }
             Err(e @ RouteError::NoRoute { .. }) => {
                 no_route.get_or_insert(e);
             }
@@ -1015,9 +1170,14 @@ fn fastest_collectives(
         .map(|(k, (i, chunk, built))| match built {
             Some(pp) => Ok(Some(pp)),
             None if k > 0 && deadline.passed() => Ok(None),
-            None if chunk == fine => prepare(i, fine).map(|(_, p, pr)| Some((p, pr))),
+            None if chunk == fine => prepare(i, fine, k == 0).map(|(_, p, pr)| Some((p, pr))),
             None => {
-                let plan = set.build(i, chunk)?;
+                let build = || set.build(i, chunk);
+                let plan = if k == 0 {
+                    deadline.limited_first(build)?
+                } else {
+                    deadline.limited(CANDIDATES, build)?
+                };
                 let prepared = Prepared::new(topo, &plan, &opts.sim)?;
                 Ok(Some((plan, prepared)))
             }
@@ -1028,6 +1188,11 @@ fn fastest_collectives(
             Ok(pp) => fine_plans.push(pp),
             Err(e @ RouteError::StagingBudget { .. }) => {
                 skip_unfit(e, &mut unfit);
+                fine_plans.push(None);
+            }
+            Err(e @ RouteError::OverLimit { .. }) => {
+                deadline.mark_hit();
+                left_out.push(format!("a candidate left out: {e}"));
                 fine_plans.push(None);
             }
             Err(e) => return Err(e),
@@ -1081,6 +1246,7 @@ fn fastest_collectives(
             Some((plan, t, proved == Some(k)))
         })
         .collect();
+    skipped.extend(left_out);
     skipped.extend(cut);
     Ok((found, skipped, unfit))
 }
@@ -1143,7 +1309,7 @@ fn prune_and_prove(
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
-type CacheKey = (Request, RelayPolicy, Strategy, u64, bool);
+type CacheKey = (Request, RelayPolicy, Strategy, u64, bool, u64);
 
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]
@@ -1172,6 +1338,7 @@ impl Planner {
             opts.strategy,
             opts.staging_budget,
             opts.expand,
+            opts.round_bytes,
         );
         if opts.sim == SimConfig::default()
             && let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned())

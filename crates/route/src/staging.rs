@@ -54,18 +54,7 @@ pub fn budget_error(plan: &Plan, at: Location, needed: u64, budget: u64) -> Rout
         needed_bytes: needed,
         budget_bytes: budget,
         ops_needed: None,
-    }
-}
-
-/// The tail of a [`RouteError::StagingBudget`] message: empty when the budget stopped the
-/// fitting, else the op cap and the ops a chunk that fits would need.
-pub fn describe_op_cap(ops_needed: Option<u64>) -> String {
-    match ops_needed {
-        None => String::new(),
-        Some(ops) => format!(
-            " at the smallest chunk the op cap allows: a chunk that fits needs about {ops} ops, \
-             above the cap of {MAX_FITTED_OPS} ops per plan"
-        ),
+        op_cap: MAX_FITTED_OPS,
     }
 }
 
@@ -171,10 +160,16 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
     };
     // Without a second build, staging is taken as proportional to the chunk.
     let proportional = |needed: u64| (c0 as u128 * budget as u128 / needed.max(1) as u128) as u64;
+    // A build thrown away gives its ops back to the planning call ([`crate::limits`]).
+    let discard = |plan: &Plan| crate::limits::refund(plan.ops.len() as u64);
     if c0 <= floor {
-        return Err(stop(first, at, needed, Some(proportional(needed))));
+        let e = stop(first, at, needed, Some(proportional(needed)));
+        discard(first);
+        return Err(e);
     }
     let mut c = proportional(needed).clamp(floor, c0 - 1);
+    discard(first);
+    drop(built);
     let mut solved: Option<u64> = None;
     let mut builds = 1;
     loop {
@@ -198,8 +193,11 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
             shrunk
         };
         if c <= floor {
-            return Err(stop(plan, at, needed, solved));
+            let e = stop(plan, at, needed, solved);
+            discard(plan);
+            return Err(e);
         }
+        discard(plan);
         // The last build allowed is at the floor, so an error always reports the smallest
         // chunk's staging.
         c = if builds + 1 >= MAX_FIT_BUILDS {
@@ -207,26 +205,6 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
         } else {
             next.min(c - 1).max(floor)
         };
-    }
-}
-
-/// Bytes with a binary unit for messages: `402653184 bytes (384 MiB)`.
-pub fn describe_bytes(b: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("B", 1),
-    ];
-    let (u, d) = UNITS
-        .iter()
-        .copied()
-        .find(|(_, d)| b >= *d)
-        .unwrap_or(("B", 1));
-    if d == 1 {
-        format!("{b} bytes")
-    } else {
-        format!("{b} bytes ({:.1} {u})", b as f64 / d as f64)
     }
 }
 

@@ -97,7 +97,8 @@ pub struct Calibration {
     /// Per-link overrides.
     #[serde(default)]
     pub links: Vec<LinkRate>,
-    /// Cost-model entries by name ([`rates::CostModel::names`]): fractions in (0, 1],
+    /// Cost-model entries by name ([`rates::CostModel::names`]): fractions from
+    /// [`rates::MIN_CALIBRATED_FRACTION`] to 1,
     /// latencies in microseconds.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub costs: std::collections::BTreeMap<String, f64>,
@@ -320,6 +321,16 @@ mod tests {
             (r#"{"costs":{"warp":1}}"#, "unknown cost"),
             (r#"{"costs":{"ll_bw_fraction":2}}"#, "fraction"),
             (r#"{"costs":{"kernel_launch_us":-1}}"#, "from 0 to 1000"),
+            // Issue 30: a share this small made every Simple plan's bytes on the wire
+            // infinite; it is refused with the floor and the reason.
+            (
+                r#"{"costs":{"simple_bw_fraction":5e-324}}"#,
+                "simple_bw_fraction must be a fraction from 0.05 to 1",
+            ),
+            (
+                r#"{"costs":{"nvls_sm90_efficiency":0.01}}"#,
+                "grow without bound",
+            ),
         ] {
             let err = Calibration::parse(json, "t")
                 .unwrap()

@@ -216,6 +216,13 @@ pub const LL128_BW_FRACTION: f64 = 0.92;
 /// Simple's share of a link's rate that carries data. Source: [NCCL-src], src/graph/tuning.cc
 /// (no reduction for Simple).
 pub const SIMPLE_BW_FRACTION: f64 = 1.0;
+/// The smallest share of a link's rate a calibration may give a protocol or NVLS
+/// ([`CostModel::set`]): a tenth of LL's, the lowest share any NCCL protocol is designed for
+/// ([NCCL-src], LL's 4 data bytes per 8-byte store). A measured share below it is a failed
+/// measurement; towards zero, the bytes a plan puts on the wire (data over the share) and so
+/// every predicted time grow without bound, until they overflow to infinity and no plan can
+/// be timed.
+pub const MIN_CALIBRATED_FRACTION: f64 = LL_BW_FRACTION / 10.0;
 /// Launch latency of an NCCL ring collective with LL, microseconds: `baseLat` Ring/LL.
 /// Source: [NCCL-src], src/graph/tuning.cc (2.19 and later).
 pub const LL_BASE_LATENCY_US: f64 = 6.6;
@@ -413,14 +420,18 @@ impl CostModel {
     /// Replace the cost `name` (one of [`CostModel::names`]) by `value`.
     ///
     /// # Errors
-    /// A message when the name is unknown, a fraction or efficiency is not in (0, 1], or a
-    /// latency is not in [0, `max_latency_us`].
+    /// A message when the name is unknown, a fraction or efficiency is not in
+    /// [[`MIN_CALIBRATED_FRACTION`], 1], or a latency is not in [0, `max_latency_us`].
     pub fn set(&mut self, name: &str, value: f64, max_latency_us: f64) -> Result<(), String> {
         let fraction = |v: f64| {
-            if v > 0.0 && v <= 1.0 {
+            if (MIN_CALIBRATED_FRACTION..=1.0).contains(&v) {
                 Ok(v)
             } else {
-                Err(format!("{name} must be a fraction in (0, 1], got {value}"))
+                Err(format!(
+                    "{name} must be a fraction from {MIN_CALIBRATED_FRACTION} to 1 (a tenth of \
+                     LL's share of the link at least: below it a protocol's bytes on the wire, \
+                     and so every predicted time, grow without bound), got {value}"
+                ))
             }
         };
         let latency = |v: f64| {
@@ -740,6 +751,14 @@ mod tests {
         assert_eq!(c.copy_engine_launch_us, 0.5);
         assert!(c.set("ll_bw_fraction", 1.5, 1000.0).is_err());
         assert!(c.set("ll_bw_fraction", 0.0, 1000.0).is_err());
+        assert!(c.set("simple_bw_fraction", 5e-324, 1000.0).is_err());
+        assert!(
+            c.set("simple_bw_fraction", MIN_CALIBRATED_FRACTION * 0.99, 1000.0)
+                .is_err()
+        );
+        c.set("simple_bw_fraction", MIN_CALIBRATED_FRACTION, 1000.0)
+            .unwrap();
+        assert!(c.set("nvls_sm100_efficiency", 0.001, 1000.0).is_err());
         assert!(c.set("simple_nvlink_step_us", -1.0, 1000.0).is_err());
         assert!(c.set("kernel_launch_us", 2000.0, 1000.0).is_err());
         assert!(

@@ -50,7 +50,8 @@ impl Executable {
     pub fn program(&self) -> &Program {
         &self.program
     }
-    /// Location and bytes of each scratch buffer, in the plan's order.
+    /// Location and bytes of each scratch buffer, in the plan's order (for a plan of rounds,
+    /// its expansion's arenas: one per device, the larger of the body's and tail's staging).
     pub fn scratch(&self) -> &[(Location, u64)] {
         &self.scratch
     }
@@ -102,8 +103,13 @@ pub fn check(plan: Plan, in_place: bool) -> Result<CheckedPlan> {
     CheckedPlan::new(plan, CheckOptions { in_place }).map_err(from_route)
 }
 
-/// The first op of `plan` that writes an input buffer, with that buffer's rank.
+/// The first op of `plan` that writes an input buffer, with that buffer's rank; for a plan of
+/// rounds, the first of its body's, else of its tail's (each round writes what the body does,
+/// on its own slice).
 pub fn input_write(plan: &Plan) -> Option<(usize, u32)> {
+    if let Some(r) = &plan.rounds {
+        return input_write(&r.body).or_else(|| r.tail.as_ref().and_then(input_write));
+    }
     plan.ops.iter().enumerate().find_map(|(k, op)| {
         let dst = match &op.kind {
             OpKind::Copy { dst, .. } | OpKind::Reduce { dst, .. } => dst,
@@ -117,11 +123,28 @@ pub fn input_write(plan: &Plan) -> Option<(usize, u32)> {
 
 /// Lower a checked plan (see [`check`]) to a program: the plan's lowering on one rank
 /// ([`lower::lower_whole`]), which has no cross-rank step, so its one segment is the program.
+/// A plan of rounds is lowered as its expansion ([`relaycc_route::rounds::expand`]): every
+/// round of its body on its slices of the buffers, then its tail, each after the one before,
+/// their staging in one arena per device; the checker's proof of the plan of rounds covers
+/// that order, and the expansion's size is bounded by the buffers it runs on (a round per
+/// 2 GiB of a piece by default), refused past
+/// [`relaycc_route::rounds::MAX_EXPANDED_OPS`].
 ///
 /// Errors: a region or scratch buffer whose size in bytes overflows, naming the op or the
-/// scratch buffer; nothing has run then.
+/// scratch buffer; an expansion past its limit; nothing has run then.
 pub fn compile(checked: CheckedPlan) -> Result<Executable> {
-    let plan = checked.plan();
+    let expanded;
+    let plan = match checked.plan().rounds {
+        Some(_) => {
+            expanded = relaycc_route::rounds::expand(
+                checked.plan(),
+                relaycc_route::rounds::MAX_EXPANDED_OPS,
+            )
+            .map_err(from_route)?;
+            &expanded
+        }
+        None => checked.plan(),
+    };
     let scratch = scratch_bytes(plan)?;
     let rank = lower::lower_whole(plan)?;
     if !rank.stages.is_empty() {

@@ -145,7 +145,8 @@ pub fn run<M: RankMemory, T: Transport>(
         // carry a message this rank's memory does not give it in place.
         return Err(CollectivesError::InvalidPlan {
             op: None,
-            message: "a message's memory is out of the transport's reach, and the transport                       cannot use host staging memory either"
+            message: "a message's memory is out of the transport's reach, and the transport \
+             cannot use host staging memory either"
                 .into(),
         }
         .into());

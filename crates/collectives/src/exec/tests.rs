@@ -346,6 +346,95 @@ mod per_rank {
         }
     }
 
+    /// What `req` expects of each rank's output for [`input`]'s values (exact f32 sums of
+    /// small integers), as bytes.
+    fn reference(plan: &Plan) -> Vec<Vec<u8>> {
+        let req = &plan.request;
+        let n = req.nranks() as u32;
+        let inputs: Vec<Vec<f32>> = (0..n)
+            .map(|r| {
+                input(plan, r)
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect()
+            })
+            .collect();
+        let mut outs: Vec<Vec<f32>> = (0..n)
+            .map(|r| vec![0.0; req.output_len(r).unwrap() as usize])
+            .collect();
+        for p in req.expected().unwrap() {
+            for i in 0..p.len {
+                let v = p
+                    .terms
+                    .iter()
+                    .map(|&(s, off)| inputs[s as usize][(off + i) as usize])
+                    .sum();
+                outs[p.rank as usize][(p.out_offset + i) as usize] = v;
+            }
+        }
+        outs.into_iter()
+            .map(|o| o.into_iter().flat_map(f32::to_le_bytes).collect())
+            .collect()
+    }
+
+    /// Plans of rounds (each round's plan run over slices of the buffers, then a tail) run byte
+    /// for byte on the host backend: compiled as their expansion, with their staging in one
+    /// arena per device.
+    #[test]
+    fn plans_of_rounds_run_byte_for_byte_on_the_host() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let opts = PlanOptions {
+            round_bytes: 1000,
+            ..PlanOptions::default()
+        };
+        let mut ran = 0;
+        for c in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+            Collective::AllToAll,
+            Collective::Gather,
+            Collective::Scatter,
+        ] {
+            for count in [1000u64, 1003] {
+                let req = Request::new(c, vec![0, 2, 5, 7], count, DType::F32).with_root(2);
+                let p = relaycc_route::plan(&topo, &req, &opts).unwrap();
+                for plan in [p.plan, p.baseline_plan] {
+                    let r = plan.rounds.as_ref().expect("a plan of rounds");
+                    assert_eq!(r.tail.is_some(), count % r.count != 0, "{}", plan.algorithm);
+                    let exe = compile(check(plan.clone(), false).unwrap()).unwrap();
+                    let per_device: std::collections::BTreeMap<Location, u64> =
+                        exe.scratch().iter().copied().collect();
+                    assert_eq!(
+                        per_device,
+                        plan.staging_per_location(),
+                        "{}",
+                        plan.algorithm
+                    );
+                    assert_eq!(whole(&plan), reference(&plan), "{}", plan.algorithm);
+                    ran += 1;
+                }
+            }
+        }
+        // A point-to-point copy relayed through staging, in rounds with a tail.
+        let mut req = Request::point_to_point(0, 7, 40_003);
+        req.dtype = DType::F32;
+        let p = relaycc_route::plan(
+            &topo,
+            &req,
+            &PlanOptions {
+                round_bytes: 65_536,
+                ..opts
+            },
+        )
+        .unwrap();
+        assert!(p.plan.rounds.is_some());
+        let want: Vec<u8> = input(&p.plan, 0);
+        assert_eq!(whole(&p.plan)[1], want);
+        assert!(ran >= 28);
+    }
+
     #[test]
     fn a_rank_whose_peer_never_sends_fails_within_the_timeout() {
         let plan = super::two_rank_broadcast();

@@ -189,7 +189,13 @@ fn memory_of(plan: &Plan, b: BufferRef, in_place: bool) -> Option<(usize, u64)> 
 /// their buffers), `happens_before` (dependency order and vector clocks), `load_inputs` and
 /// `execute` (symbolic execution: reads, writes, races) and `check_outputs` (every output
 /// holds its expected inputs).
+///
+/// A plan of rounds ([`Plan::rounds`]) is proved through its body and tail
+/// ([`crate::rounds::check_rounds`]).
 pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
+    if plan.rounds.is_some() {
+        return crate::rounds::check_rounds(plan, opts);
+    }
     if let Some(t) = &plan.template {
         return Err(fail(
             usize::MAX,

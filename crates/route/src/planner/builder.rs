@@ -344,7 +344,7 @@ impl<'a, 't> Builder<'a, 't> {
             self.record(src, id, false);
             self.record(dst, id, true);
             self.settle(start);
-            return Ok(());
+            return crate::limits::charge(1);
         }
         let (Location::Gpu(a), Location::Gpu(b)) = (from, to) else {
             return Err(RouteError::BadRequest(
@@ -377,7 +377,7 @@ impl<'a, 't> Builder<'a, 't> {
             self.record(arr.dst, arr.op, true);
         }
         self.settle(start);
-        Ok(())
+        crate::limits::charge((self.plan.ops.len() - start) as u64)
     }
     /// `dst = op(srcs...)` on `dst`'s device, lane channel `ch`; `finalize` applies the Avg
     /// division (only passed on when the request's op is Avg).
@@ -411,7 +411,7 @@ impl<'a, 't> Builder<'a, 't> {
         }
         self.record(dst, id, true);
         self.settle(start);
-        Ok(())
+        crate::limits::charge(1)
     }
     /// The finished plan.
     pub fn finish(self) -> Plan {

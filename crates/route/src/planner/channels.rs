@@ -33,12 +33,16 @@ pub(crate) fn build_channels(
     if channels < 2 || crate::template::window::current().is_some() || in_turn_forced() {
         return build_in_turn(req, ctx, algorithm, channels, part);
     }
+    // The call's limit is the calling thread's: each channel's thread builds under it too.
+    let limit = crate::limits::current();
     let parts: Vec<Result<Plan>> = (0..channels)
         .into_par_iter()
         .map(|c| {
-            let mut b = Builder::new(req, ctx, algorithm);
-            part(&mut b, c)?;
-            Ok(b.finish())
+            crate::limits::scoped(limit.clone(), || {
+                let mut b = Builder::new(req, ctx, algorithm);
+                part(&mut b, c)?;
+                Ok(b.finish())
+            })
         })
         .collect();
     // The plan a builder starts from, before its first op.

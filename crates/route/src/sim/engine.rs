@@ -142,7 +142,24 @@ struct Flow {
 ///
 /// Source: the fluid max-min model of flow-level network simulators (Bertsekas and Gallager,
 /// *Data Networks*, 6.5.2, progressive filling).
+///
+/// A plan of rounds ([`Plan::rounds`]) is timed as its segments one after another: `R` times
+/// its body's makespan and its tail's ([`crate::rounds`]); its result has no op spans (the
+/// plan holds no op of its own), and its edges' and memories' loads are the segments' summed.
 pub fn simulate(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<SimResult> {
+    if let Some(r) = &plan.rounds {
+        let body = simulate(topo, &r.body, cfg)?;
+        let tail = r
+            .tail
+            .as_ref()
+            .map(|t| simulate(topo, t, cfg))
+            .transpose()?;
+        return Ok(crate::rounds::combine_results(
+            r.count,
+            &body,
+            tail.as_ref(),
+        ));
+    }
     simulate_model(topo, &Model::build(topo, plan, cfg)?)
 }
 

@@ -131,6 +131,15 @@ impl Model {
 
     /// Check `plan` against `topo` and lower it.
     pub(super) fn build(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Model> {
+        if plan.rounds.is_some() {
+            return Err(check(
+                usize::MAX,
+                format!(
+                    "{} is a plan of rounds: simulate() times it round by round",
+                    plan.algorithm
+                ),
+            ));
+        }
         let overhead = cfg.op_overhead_us;
         if !(overhead.is_finite() && overhead >= 0.0) {
             return Err(check(
@@ -229,6 +238,19 @@ impl Model {
         };
         // Bytes on the wire per data byte: LL and LL128 spend part of each line on flags.
         let wire = plan.protocol.map_or(1.0, |p| 1.0 / costs.bw_fraction(p));
+        // A share at or near zero (a cost model built past `CostModel::set`'s floor) puts
+        // unbounded bytes on the wire: no time would be finite, so say why here.
+        if !(wire.is_finite() && wire >= 1.0) {
+            return Err(check(
+                usize::MAX,
+                format!(
+                    "cannot time a plan with protocol {:?}: the cost model's share of a link \
+                     it carries as data is {}, which puts {wire} bytes on the wire per byte",
+                    plan.protocol,
+                    plan.protocol.map_or(1.0, |p| costs.bw_fraction(p))
+                ),
+            ));
+        }
         let mut m = Model {
             caps,
             n_edges,
@@ -263,6 +285,14 @@ impl Model {
                         )
                     })?;
                     let size = nvls_sizes.get(&share.group).copied().unwrap_or(1);
+                    if !(eff > 0.0 && (1.0 / eff).is_finite()) {
+                        return Err(check(
+                            i,
+                            format!(
+                                "is an NVLS copy, and the cost model's NVLS share of a port is                                  {eff}: its bytes on the wire are not finite"
+                            ),
+                        ));
+                    }
                     (1.0 / eff, Some((share.shared_edge, size as f64)))
                 }
                 None => (1.0, None),
@@ -342,6 +372,12 @@ impl Model {
                         format!("loads {} of capacity {cap} B/us", m.resource_name(topo, r)),
                     ));
                 }
+            }
+            if !latency.is_finite() {
+                return Err(check(
+                    i,
+                    format!("has a latency of {latency} us (the cost model's or a link's)"),
+                ));
             }
             m.uses.start.push(m.uses.res.len() as u32);
             m.latency_us.push(latency);
@@ -458,6 +494,25 @@ mod tests {
             }
             other => panic!("expected a plan check error, got {other:?}"),
         }
+    }
+
+    /// Issue 30: a protocol share at zero's edge (set past `CostModel::set`'s floor) put
+    /// infinite bytes on the wire, and the stalled run was reported as a dependency cycle.
+    /// It is refused with the share named (and an infinite latency too).
+    #[test]
+    fn a_degenerate_cost_model_is_named_not_taken_for_a_cycle() {
+        let mut topo = dgx1();
+        let mut costs = *topo.costs();
+        costs.bw_fraction[2] = 5e-324;
+        topo.set_costs(costs);
+        let mut p = two(&topo);
+        p.protocol = Some(relaycc_topo::rates::Protocol::Simple);
+        check(&topo, &p, usize::MAX, "share of a link");
+        let mut costs = *topo.costs();
+        costs.bw_fraction[2] = 1.0;
+        costs.nvlink_step_us[2] = f64::INFINITY;
+        topo.set_costs(costs);
+        check(&topo, &p, 0, "latency of inf");
     }
 
     #[test]

@@ -152,8 +152,15 @@ pub fn build_template(
         let plan = window::scoped(Arc::clone(&w), &mut build)?;
         // The domain's copies follow usable links; their images do by the symmetry.
         crate::check::check_routes(&plan, topo)?;
-        match fold::fold(topo, plan, shift, &w)? {
-            fold::Folded::Template(t) => return Ok(*t),
+        // The window's build gives way to the template (or the next pass) in the call's ops.
+        let window_ops = plan.ops.len() as u64;
+        let folded = fold::fold(topo, plan, shift, &w);
+        crate::limits::refund(window_ops);
+        match folded? {
+            fold::Folded::Template(t) => {
+                crate::limits::charge(t.ops.len() as u64)?;
+                return Ok(*t);
+            }
             fold::Folded::Grow { devs: d, ranges: r } => {
                 devs.extend(d);
                 devs.sort_unstable();

@@ -1,0 +1,219 @@
+//! What one planning call may spend: the ops its builds hold at once ([`MAX_CALL_OPS`], which
+//! bounds its memory) and when its builds must stop (the budget's deadline). A build charges
+//! each op it writes to its call ([`Limit::charge`]) and stops with
+//! [`RouteError::OverLimit`] once either limit is passed, so a build is interrupted rather
+//! than left to run past the budget or the memory it may take; builds that are thrown away
+//! (a staging fit's tries, a template's window once folded) give their ops back
+//! ([`refund`]).
+//!
+//! The limit reaches every builder of a build through the thread running it ([`scoped`]), as
+//! a template's window does: planners keep their signatures, and builds run in parallel
+//! ([`crate::planner`]'s channels) carry it to their threads.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::error::{Result, RouteError};
+
+/// Most ops the builds of one planning call hold at once: about 400 bytes each at the peak of
+/// a call (the plans, their simulator models and proofs: 4.3M ops built for the 64-node
+/// rail-optimized all_reduce peaked at 1.73 GB), so 5M ops keep a call under 2 GiB on any
+/// topology.
+pub const MAX_CALL_OPS: u64 = 5_000_000;
+
+/// Ops between two reads of the clock by a build: a read costs tens of nanoseconds, an op
+/// about a microsecond, and a build stops within a few milliseconds of its deadline.
+const CLOCK_EVERY_OPS: u64 = 1024;
+
+/// The ops a planning call's builds hold, against [`MAX_CALL_OPS`] (or a smaller cap).
+#[derive(Debug)]
+pub struct CallOps {
+    held: AtomicU64,
+    max: u64,
+}
+
+impl CallOps {
+    /// A call that may hold `max` ops at once.
+    pub fn new(max: u64) -> Arc<Self> {
+        Arc::new(CallOps {
+            held: AtomicU64::new(0),
+            max,
+        })
+    }
+    /// Ops held now.
+    #[cfg(test)]
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// The limit one build runs under: its call's ops, and when it must stop.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    /// The call's ops.
+    pub ops: Arc<CallOps>,
+    /// When the build stops (`None`: only the ops limit it).
+    pub until: Option<Instant>,
+    /// What is built, for the error (`the baseline`, `relaycc's candidates`).
+    pub what: &'static str,
+}
+
+impl Limit {
+    /// Charge `ops` new ops to the call: an error once the call holds more than its cap, or,
+    /// read every [`CLOCK_EVERY_OPS`] ops, once the build's deadline passed.
+    ///
+    /// # Errors
+    /// [`RouteError::OverLimit`] naming which limit was passed.
+    pub fn charge(&self, ops: u64) -> Result<()> {
+        if ops == 0 {
+            return Ok(());
+        }
+        let before = self.ops.held.fetch_add(ops, Ordering::Relaxed);
+        let held = before.saturating_add(ops);
+        if held > self.ops.max {
+            return Err(RouteError::OverLimit {
+                what: format!(
+                    "{} would hold more than {} ops with the rest of this planning call",
+                    self.what, self.ops.max
+                ),
+                limit: format!(
+                    "the {} ops one planning call holds (about 2 GiB); a smaller request, \
+                     or fewer GPUs, plans within it",
+                    self.ops.max
+                ),
+            });
+        }
+        let crossed = before / CLOCK_EVERY_OPS != held / CLOCK_EVERY_OPS;
+        if crossed && self.until.is_some_and(|u| Instant::now() >= u) {
+            return Err(RouteError::OverLimit {
+                what: format!(
+                    "{} was still being built at its deadline ({held} ops held by the call)",
+                    self.what
+                ),
+                limit: "the planning budget; a larger --budget builds it".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// The limit of the build running on this thread, if any.
+    static CURRENT: RefCell<Option<Limit>> = const { RefCell::new(None) };
+}
+
+/// Run `f` with every builder it makes on this thread under `limit` (none: unlimited).
+pub fn scoped<T>(limit: Option<Limit>, f: impl FnOnce() -> T) -> T {
+    struct Reset(Option<Limit>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            CURRENT.with(|c| *c.borrow_mut() = prev);
+        }
+    }
+    let prev = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), limit));
+    let _reset = Reset(prev);
+    f()
+}
+
+/// The limit of the build running on this thread.
+pub fn current() -> Option<Limit> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Give back `ops` a build of this thread's call no longer holds (a plan thrown away).
+pub fn refund(ops: u64) {
+    CURRENT.with(|c| {
+        if let Some(l) = c.borrow().as_ref() {
+            let _ = l
+                .ops
+                .held
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                    Some(h.saturating_sub(ops))
+                });
+        }
+    });
+}
+
+/// Charge `ops` to this thread's limit, if it has one ([`Limit::charge`]).
+///
+/// # Errors
+/// [`RouteError::OverLimit`] once a limit is passed.
+pub fn charge(ops: u64) -> Result<()> {
+    CURRENT.with(|c| c.borrow().as_ref().map_or(Ok(()), |l| l.charge(ops)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_stops_at_the_call_cap_and_refunds_free_ops() {
+        let ops = CallOps::new(2000);
+        let l = Limit {
+            ops: Arc::clone(&ops),
+            until: None,
+            what: "the test",
+        };
+        scoped(Some(l), || {
+            charge(1500).unwrap();
+            let e = charge(600).unwrap_err().to_string();
+            assert!(e.contains("more than 2000 ops"), "{e}");
+            refund(2100);
+            assert_eq!(ops.held(), 0);
+            charge(2000).unwrap();
+        });
+        // Outside the scope nothing is charged.
+        charge(1 << 40).unwrap();
+        assert_eq!(ops.held(), 2000);
+    }
+
+    /// A planner's build runs under its call's cap, in parallel channels too: NCCL's rings
+    /// over a 2-node cluster stop once they pass it.
+    #[test]
+    fn a_planners_build_stops_at_the_call_cap() {
+        let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+        let req = crate::Request::new(
+            crate::Collective::AllReduce,
+            (0..16).collect(),
+            1 << 20,
+            crate::DType::F32,
+        );
+        let whole = crate::planner::baseline_plan(&topo, &req).unwrap();
+        let cap = whole.ops.len() as u64 / 2;
+        let ops = CallOps::new(cap);
+        let l = Limit {
+            ops: Arc::clone(&ops),
+            until: None,
+            what: "the baseline",
+        };
+        let e = scoped(Some(l), || crate::planner::baseline_plan(&topo, &req)).unwrap_err();
+        assert!(matches!(e, RouteError::OverLimit { .. }), "{e}");
+        assert!(
+            e.to_string().contains(&format!("more than {cap} ops")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_build_stops_at_its_deadline_within_a_thousand_ops() {
+        let l = Limit {
+            ops: CallOps::new(u64::MAX),
+            until: Some(Instant::now()),
+            what: "the test",
+        };
+        let mut written = 0;
+        let e = scoped(Some(l), || {
+            loop {
+                match charge(1) {
+                    Ok(()) => written += 1,
+                    Err(e) => return e.to_string(),
+                }
+            }
+        });
+        assert!(written < CLOCK_EVERY_OPS, "{written}");
+        assert!(e.contains("deadline") && e.contains("--budget"), "{e}");
+    }
+}
