@@ -1,5 +1,6 @@
 //! Planning time: cold planning of all_reduce on 8 (DGX-1) and 16 (DGX-2) GPUs, point-to-point
-//! routes, and a repeated request served from the planner's cache.
+//! routes (one of 64 TiB: a plan of rounds, whose planning time does not grow with the
+//! message), and a repeated request served from the planner's cache.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use relaycc::route::{Collective, DType, PlanOptions, Planner, Request, plan};
@@ -22,6 +23,7 @@ fn planning(c: &mut Criterion) {
         DType::F32,
     );
     let p2p = Request::point_to_point(0, 7, 256 << 20);
+    let p2p_64tib = Request::point_to_point(0, 7, 64 << 40);
     let mut g = c.benchmark_group("plan");
     g.sample_size(10);
     g.bench_function("all_reduce 256MiB dgx1-v100 8 GPUs (cold)", |b| {
@@ -32,6 +34,10 @@ fn planning(c: &mut Criterion) {
     });
     g.bench_function("route 256MiB dgx1-v100 0->7 (cold)", |b| {
         b.iter(|| plan(black_box(&dgx1), black_box(&p2p), &opts).expect("plan"))
+    });
+    // Issue 30's target: under 1 s (and 100 MB) for `relaycc route --size 64TiB`.
+    g.bench_function("route 64TiB dgx1-v100 0->7 (cold, rounds)", |b| {
+        b.iter(|| plan(black_box(&dgx1), black_box(&p2p_64tib), &opts).expect("plan"))
     });
     let planner = Planner::new(dgx1.clone());
     planner.plan(&ar8, &opts).expect("plan");

@@ -53,7 +53,7 @@ pub use check::{
 };
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
-pub use limits::MAX_CALL_OPS;
+pub use limits::{CANDIDATE_OPS, MAX_CALL_OPS};
 pub use order::DepGraph;
 pub use plan::{
     BufferRef, EdgeScale, Lane, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset, Plan,

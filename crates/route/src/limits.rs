@@ -20,8 +20,13 @@ use crate::error::{Result, RouteError};
 /// Most ops the builds of one planning call hold at once: about 400 bytes each at the peak of
 /// a call (the plans, their simulator models and proofs: 4.3M ops built for the 64-node
 /// rail-optimized all_reduce peaked at 1.73 GB), so 5M ops keep a call under 2 GiB on any
-/// topology.
+/// topology. Relaycc's candidates hold at most [`CANDIDATE_OPS`] of them, so the baseline,
+/// which every call reports, keeps the rest.
 pub const MAX_CALL_OPS: u64 = 5_000_000;
+
+/// The share of [`MAX_CALL_OPS`] relaycc's candidates hold at most: NCCL's double binary tree
+/// over 512 ranks in full (3.0M ops at 1 GiB) keeps room beside them.
+pub const CANDIDATE_OPS: u64 = 1_500_000;
 
 /// Ops between two reads of the clock by a build: a read costs tens of nanoseconds, an op
 /// about a microsecond, and a build stops within a few milliseconds of its deadline.
@@ -54,6 +59,9 @@ impl CallOps {
 pub struct Limit {
     /// The call's ops.
     pub ops: Arc<CallOps>,
+    /// A share of them this build's kind holds at most (relaycc's candidates'), besides the
+    /// call's.
+    pub share: Option<Arc<CallOps>>,
     /// When the build stops (`None`: only the ops limit it).
     pub until: Option<Instant>,
     /// What is built, for the error (`the baseline`, `relaycc's candidates`).
@@ -72,18 +80,29 @@ impl Limit {
         }
         let before = self.ops.held.fetch_add(ops, Ordering::Relaxed);
         let held = before.saturating_add(ops);
-        if held > self.ops.max {
-            return Err(RouteError::OverLimit {
+        let over = |pool: &CallOps, held: u64| -> Result<()> {
+            if held <= pool.max {
+                return Ok(());
+            }
+            Err(RouteError::OverLimit {
                 what: format!(
                     "{} would hold more than {} ops with the rest of this planning call",
-                    self.what, self.ops.max
+                    self.what, pool.max
                 ),
                 limit: format!(
-                    "the {} ops one planning call holds (about 2 GiB); a smaller request, \
-                     or fewer GPUs, plans within it",
-                    self.ops.max
+                    "the {} ops {} may hold in one planning call (of {} in all, about 2 GiB at \
+                     most); a smaller request, or fewer GPUs, plans within it",
+                    pool.max, self.what, self.ops.max
                 ),
-            });
+            })
+        };
+        over(&self.ops, held)?;
+        if let Some(share) = &self.share {
+            let h = share
+                .held
+                .fetch_add(ops, Ordering::Relaxed)
+                .saturating_add(ops);
+            over(share, h)?;
         }
         let crossed = before / CLOCK_EVERY_OPS != held / CLOCK_EVERY_OPS;
         if crossed && self.until.is_some_and(|u| Instant::now() >= u) {
@@ -127,14 +146,34 @@ pub fn current() -> Option<Limit> {
 pub fn refund(ops: u64) {
     CURRENT.with(|c| {
         if let Some(l) = c.borrow().as_ref() {
-            let _ = l
-                .ops
-                .held
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
-                    Some(h.saturating_sub(ops))
-                });
+            for pool in std::iter::once(&l.ops).chain(&l.share) {
+                let _ = pool
+                    .held
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                        Some(h.saturating_sub(ops))
+                    });
+            }
         }
     });
+}
+
+/// Whether this thread's build may go on at its `i`-th step of a long pass over a plan
+/// (a template's fold): an error past its deadline, the clock read every
+/// [`CLOCK_EVERY_OPS`] steps.
+///
+/// # Errors
+/// [`RouteError::OverLimit`] once the build's deadline passed.
+pub fn check_deadline(i: usize) -> Result<()> {
+    if !(i as u64).is_multiple_of(CLOCK_EVERY_OPS) {
+        return Ok(());
+    }
+    CURRENT.with(|c| match c.borrow().as_ref() {
+        Some(l) if l.until.is_some_and(|u| Instant::now() >= u) => Err(RouteError::OverLimit {
+            what: format!("{} was still being folded at its deadline", l.what),
+            limit: "the planning budget; a larger --budget builds it".into(),
+        }),
+        _ => Ok(()),
+    })
 }
 
 /// Charge `ops` to this thread's limit, if it has one ([`Limit::charge`]).
@@ -154,6 +193,7 @@ mod tests {
         let ops = CallOps::new(2000);
         let l = Limit {
             ops: Arc::clone(&ops),
+            share: None,
             until: None,
             what: "the test",
         };
@@ -186,6 +226,7 @@ mod tests {
         let ops = CallOps::new(cap);
         let l = Limit {
             ops: Arc::clone(&ops),
+            share: None,
             until: None,
             what: "the baseline",
         };
@@ -201,6 +242,7 @@ mod tests {
     fn a_build_stops_at_its_deadline_within_a_thousand_ops() {
         let l = Limit {
             ops: CallOps::new(u64::MAX),
+            share: None,
             until: Some(Instant::now()),
             what: "the test",
         };

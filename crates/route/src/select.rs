@@ -80,7 +80,7 @@ pub struct PlanOptions {
     /// ([`LEAST_BUILD_TIME`] at least): relaycc's candidates at the budget's, left out then;
     /// the baseline at 1.25 times the budget, the call then an error saying so
     /// ([`RouteError::OverLimit`]). Every call's builds hold at most [`crate::MAX_CALL_OPS`]
-    /// ops at once, and a request whose baseline cannot fit them is refused at once.
+    /// ops at once, and a request no plan could hold within them is refused at once.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
     /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
@@ -116,13 +116,17 @@ impl Default for PlanOptions {
 /// When planning must stop, and whether it had to.
 struct Deadline {
     started: Instant,
-    /// The ops the call's builds hold ([`crate::limits`]).
+    /// The ops the call's builds hold ([`crate::limits::MAX_CALL_OPS`]).
     call_ops: Arc<crate::limits::CallOps>,
+    /// The ops relaycc's candidates hold among them ([`crate::limits::CANDIDATE_OPS`]).
+    candidate_ops: Arc<crate::limits::CallOps>,
     /// When the baseline was built (as a template or in full).
     baseline_done: std::sync::OnceLock<Instant>,
     at: Option<Instant>,
     budget: Duration,
     hit: AtomicBool,
+    /// Set when the baseline could not be built ([`Deadline::abandoned`]).
+    abandoned: AtomicBool,
 }
 
 impl Deadline {
@@ -131,10 +135,12 @@ impl Deadline {
         Deadline {
             started,
             call_ops: crate::limits::CallOps::new(crate::limits::MAX_CALL_OPS),
+            candidate_ops: crate::limits::CallOps::new(crate::limits::CANDIDATE_OPS),
             baseline_done: std::sync::OnceLock::new(),
             at: started.checked_add(budget),
             budget,
             hit: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
         }
     }
     /// Whether a simulation that must yield a plan of relaycc's (the most promising candidate,
@@ -147,8 +153,15 @@ impl Deadline {
     /// nothing; the baseline itself gets no more than it needs for a figure
     /// ([`Deadline::baseline_goes_on`]).
     fn grace_goes_on(&self, projection: &Projection, progress: &SimCut) -> bool {
-        self.grace_end(projection.start)
-            .is_none_or(|end| Instant::now() < end && !projection.hopeless(progress, end))
+        !self.abandoned()
+            && self
+                .grace_end(projection.start)
+                .is_none_or(|end| Instant::now() < end && !projection.hopeless(progress, end))
+    }
+    /// True once the call will fail whatever its candidates give (the baseline could not be
+    /// built): what still runs beside it stops at its next look at the clock.
+    fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Relaxed)
     }
     /// When [`Deadline::grace_goes_on`] stops a simulation started at `own_start`: the latest
     /// of the deadline and a grace after the start and after the baseline was built; `None`
@@ -173,7 +186,8 @@ impl Deadline {
     /// Whether a simulation run beside the baseline's build goes on: until the deadline, and
     /// beyond it while the baseline is still being built.
     fn beside_goes_on(&self) -> bool {
-        self.at.is_none_or(|at| Instant::now() < at) || self.baseline_done.get().is_none()
+        !self.abandoned()
+            && (self.at.is_none_or(|at| Instant::now() < at) || self.baseline_done.get().is_none())
     }
     /// Time left until the deadline ([`Duration::MAX`] without one).
     fn left(&self) -> Duration {
@@ -209,6 +223,7 @@ impl Deadline {
         });
         crate::limits::Limit {
             ops: Arc::clone(&self.call_ops),
+            share: (what != BASELINE).then(|| Arc::clone(&self.candidate_ops)),
             until,
             what,
         }
@@ -226,13 +241,20 @@ impl Deadline {
     /// Run `f`, the build of the candidate that must give a plan of relaycc's (the first),
     /// under the call's ops and a deadline of its own: the budget's, or half a budget (at
     /// least [`LEAST_BUILD_TIME`]) after the build starts where that is later, so a budget
-    /// the baseline spent still leaves relaycc a plan, as its simulation's grace does.
+    /// the baseline spent still leaves relaycc a plan, as its simulation's grace does; never
+    /// past the baseline's (1.25 times the budget), unless that leaves it less than
+    /// [`LEAST_BUILD_TIME`].
     fn limited_first<T>(&self, f: impl FnOnce() -> T) -> T {
         let mut limit = self.build_limit(CANDIDATES, 1.0);
-        let own = Instant::now().checked_add((self.budget / 2).max(LEAST_BUILD_TIME));
-        limit.until = match (limit.until, own) {
-            (Some(u), Some(o)) => Some(u.max(o)),
-            (u, _) => u,
+        let now = Instant::now();
+        let own = now.checked_add((self.budget / 2).max(LEAST_BUILD_TIME));
+        let last = self
+            .started
+            .checked_add(self.budget.mul_f64(BASELINE_BUILD_SHARE))
+            .max(now.checked_add(LEAST_BUILD_TIME));
+        limit.until = match (limit.until, own, last) {
+            (Some(u), Some(o), Some(l)) => Some(u.max(o.min(l))),
+            (u, _, _) => u,
         };
         crate::limits::scoped(Some(limit), f)
     }
@@ -423,7 +445,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let budget = opts.staging_budget;
     let until = deadline.at;
     let shift = fold_shift(topo, req).filter(|_| !opts.expand);
-    refuse_past_the_call_ops(topo, req, shift.as_ref())?;
+    refuse_past_the_call_ops(req, shift.as_ref())?;
     // A baseline that cannot fit the budget is still reported, but is no candidate.
     let mut first_failure = None;
     // Templates of relaycc's candidates need nothing of the baseline: they are built while
@@ -447,6 +469,9 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
                 }),
             };
             let _ = deadline.baseline_done.set(Instant::now());
+            if matches!(built, Err(RouteError::OverLimit { .. })) {
+                deadline.abandoned.store(true, Ordering::Relaxed);
+            }
             // Proved here, while the templates beside it may still be simulated.
             let proof = match &built {
                 Ok(t) if templated.is_some() => Some(prove(topo, req, &t.plan)),
@@ -656,58 +681,36 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     })
 }
 
-/// Refuse at once a request whose baseline could not be built within the ops one planning
-/// call holds ([`crate::limits::MAX_CALL_OPS`]), before anything is built: an all_to_all's
-/// n(n - 1) pieces (per period of hosts, for a template) each move at least once, and NCCL's
-/// all_reduce is its rings' window or its tree in full, whichever the estimates make smaller.
+/// Refuse at once a request that no plan could hold within the ops of one planning call
+/// ([`crate::limits::MAX_CALL_OPS`]), before anything is built: an all_to_all's n(n - 1)
+/// pieces (per period of hosts, for a template) each start in their own place and move at
+/// least once, so every plan of it, the baseline's too, holds at least that many copies.
 fn refuse_past_the_call_ops(
-    topo: &Topology,
     req: &Request,
     shift: Option<&relaycc_topo::HostSymmetry>,
 ) -> Result<()> {
-    let n = req.nranks() as u64;
-    let periods = shift.map_or(1, |s| u64::from(s.periods()).max(1));
-    let max = crate::limits::MAX_CALL_OPS;
-    let (what, ops) = match req.collective {
-        Collective::AllToAll | Collective::AllToAllV => (
-            format!(
-                "{} over {n} ranks moves n(n - 1) = {} pieces",
-                req.collective,
-                n.saturating_mul(n.saturating_sub(1))
-            ),
-            n.saturating_mul(n.saturating_sub(1)) / periods,
-        ),
-        Collective::AllReduce if n as usize > EXPAND_MAX_RANKS => {
-            let tree = tree_ops_estimate(req);
-            let rings = match shift {
-                Some(sym) => ring_window_ops_estimate(topo, req, sym),
-                None => 0,
-            };
-            let ops = if rings > 0 { tree.min(rings) } else { tree };
-            (
-                format!(
-                    "NCCL's all_reduce over {n} ranks, the baseline, holds about {ops} ops \
-                     (its tree in full: {tree}; its rings' window: {rings})"
-                ),
-                ops,
-            )
-        }
-        _ => return Ok(()),
-    };
-    if ops > max {
-        return Err(RouteError::OverLimit {
-            what: if periods > 1 {
-                format!("{what}, about {ops} per period of hosts")
-            } else {
-                what
-            },
-            limit: format!(
-                "the {max} ops one planning call holds (about 2 GiB); fewer ranks or a \
-                 smaller message plan within it"
-            ),
-        });
+    if !matches!(req.collective, Collective::AllToAll | Collective::AllToAllV) {
+        return Ok(());
     }
-    Ok(())
+    let n = req.nranks() as u64;
+    let pieces = n.saturating_mul(n.saturating_sub(1));
+    let periods = shift.map_or(1, |s| u64::from(s.periods()).max(1));
+    let ops = pieces / periods;
+    let max = crate::limits::MAX_CALL_OPS;
+    if ops <= max {
+        return Ok(());
+    }
+    Err(RouteError::OverLimit {
+        what: format!(
+            "{} over {n} ranks moves n(n - 1) = {pieces} pieces, {ops} per period of hosts \
+             ({periods} periods), each at least one copy",
+            req.collective
+        ),
+        limit: format!(
+            "the {max} ops one planning call holds (about 2 GiB); fewer ranks or a smaller \
+             message plan within it"
+        ),
+    })
 }
 
 /// The time a cut baseline is known to take at least: what its simulation showed

@@ -430,7 +430,7 @@ impl CostModel {
                 Err(format!(
                     "{name} must be a fraction from {MIN_CALIBRATED_FRACTION} to 1 (a tenth of \
                      LL's share of the link at least: below it a protocol's bytes on the wire, \
-                     and so every predicted time, grow without bound), got {value}"
+                     and so every predicted time, grow without bound), got {value:?}"
                 ))
             }
         };
@@ -439,7 +439,7 @@ impl CostModel {
                 Ok(v)
             } else {
                 Err(format!(
-                    "{name} must be from 0 to {max_latency_us} us, got {value}"
+                    "{name} must be from 0 to {max_latency_us} us, got {value:?}"
                 ))
             }
         };

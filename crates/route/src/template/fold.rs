@@ -368,6 +368,7 @@ pub(super) fn fold(
     // device's lane has its image among the image's (its other dependencies come from
     // memories outside the window, whose tracks are partial).
     for (d, op) in plan.ops.iter().enumerate() {
+        crate::limits::check_deadline(d)?;
         let l = op.lane as usize;
         if domain_lane[l] || !window.has(plan.lanes[l].location) {
             continue;
@@ -467,6 +468,7 @@ pub(super) fn fold(
     let mut shifts: Vec<RegionShift> = Vec::new();
     let mut dep_pairs: Vec<(u32, u32)> = Vec::new();
     for (i, op) in plan.ops.iter().enumerate() {
+        crate::limits::check_deadline(i)?;
         if new_id[i] == u32::MAX {
             continue;
         }
