@@ -35,7 +35,7 @@ fn planning(c: &mut Criterion) {
     g.bench_function("route 256MiB dgx1-v100 0->7 (cold)", |b| {
         b.iter(|| plan(black_box(&dgx1), black_box(&p2p), &opts).expect("plan"))
     });
-    // Issue 30's target: under 1 s (and 100 MB) for `relaycc route --size 64TiB`.
+    // The target: under 1 s (and 100 MB) for `relaycc route --size 64TiB`.
     g.bench_function("route 64TiB dgx1-v100 0->7 (cold, rounds)", |b| {
         b.iter(|| plan(black_box(&dgx1), black_box(&p2p_64tib), &opts).expect("plan"))
     });

@@ -570,7 +570,7 @@ fn advise_on_a_cluster_plans_placements_within_the_budget() {
     assert_eq!(hosts.len(), 1, "{best:?}");
 }
 
-/// Issue 30: `advise --count 1024` on 128 nodes searched placements for minutes before
+/// `advise --count 1024` on 128 nodes searched placements for minutes before
 /// planning one. A job that needs every free GPU has one placement, planned at once.
 #[test]
 fn advise_plans_the_one_placement_of_every_free_gpu() {
@@ -579,7 +579,7 @@ fn advise_plans_the_one_placement_of_every_free_gpu() {
     assert_eq!(v["best"][0]["gpus"].as_array().unwrap().len(), 16);
 }
 
-/// Issue 30: an all_to_all over 73,728 GPUs (1,024 GB200 NVL72 racks) ran past 60 s; its
+/// An all_to_all over 73,728 GPUs (1,024 GB200 NVL72 racks): its
 /// n(n - 1) pieces cannot fit the ops one planning call holds, so it is refused before
 /// anything is built, naming the limit.
 #[test]

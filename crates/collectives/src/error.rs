@@ -148,7 +148,7 @@ pub enum CollectivesError {
         message: String,
     },
     /// Ranks of a per-rank call did not arrive within the rank's timeout
-    /// ([`crate::RankComm::set_timeout`]), or left (their handle was dropped); nothing ran.
+    /// ([`crate::Collectives::set_timeout`]), or left (their handle was dropped); nothing ran.
     #[error(
         "{call}: rank(s) {missing:?} did not join call {seq} of this communicator within {waited_ms} ms{}",
         if *.gone { " (their handles were dropped)" } else { "" }
@@ -183,6 +183,11 @@ pub enum CollectivesError {
     /// A topology could not be loaded.
     #[error(transparent)]
     Topo(#[from] TopoError),
+    /// An MPI step failed: an agreement, a peer that did not answer in time, an MPI call
+    /// (feature `mpi`; [`crate::mpi::MpiError`] says which).
+    #[cfg(feature = "mpi")]
+    #[error(transparent)]
+    Mpi(Box<crate::mpi::MpiError>),
 }
 
 /// Where the executor's complaint shows: ` at op N`, or nothing for the whole plan.

@@ -37,7 +37,15 @@ use relaycc_collectives::cudarc::driver::{
 };
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiError, MpiGpu, TransferMode};
-use relaycc_collectives::{CollectivesError, Element, HostBackend, ReduceOp};
+use relaycc_collectives::{Collectives, CollectivesError, Element, HostBackend, ReduceOp};
+
+/// The MPI error behind a call's error, if it is one.
+fn mpi_error(r: &Result<(), CollectivesError>) -> Option<&MpiError> {
+    match r {
+        Err(CollectivesError::Mpi(e)) => Some(e),
+        _ => None,
+    }
+}
 use rsmpi::topology::SimpleCommunicator;
 use rsmpi::traits::*;
 
@@ -123,7 +131,7 @@ fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
     let ran = gpu.on_host().reduce(
         &input::<f64>(me, 999),
         (me == root).then_some(&mut out[..]),
-        root,
+        root as usize,
         ReduceOp::Sum,
     );
     let ok = me != root || out == sum(999).iter().map(|s| *s as f64).collect::<Vec<_>>();
@@ -137,7 +145,7 @@ fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
     } else {
         vec![0u8; 70_001]
     };
-    let ran = gpu.on_host().broadcast(&mut buf, broot);
+    let ran = gpu.on_host().broadcast_in_place(&mut buf, broot as usize);
     rep.check(
         &format!("{label}: broadcast u8"),
         ran.is_ok() && buf == input::<u8>(broot, 70_001),
@@ -214,19 +222,21 @@ fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
         &format!("{label}: scatter u32"),
         ran.is_ok() && part == whole[me as usize * c..(me as usize + 1) * c],
     );
+    front_door_forms(&mut gpu, label, rep);
     // send/recv in pairs (2k to 2k+1), then a pair whose counts differ.
     let partner = me ^ 1;
     let pair = if partner < n {
         let ran = if me.is_multiple_of(2) {
-            gpu.on_host().send(&input::<f64>(me, 5000), partner)
+            gpu.on_host()
+                .send(&input::<f64>(me, 5000), partner as usize)
         } else {
             let mut got = vec![0f64; 5000];
-            let r = gpu.on_host().recv(&mut got, partner);
+            let r = gpu.on_host().recv(&mut got, partner as usize);
             r.and_then(|()| {
                 if got == input::<f64>(partner, 5000) {
                     Ok(())
                 } else {
-                    Err(MpiError::Unsupported("wrong data".into()))
+                    Err(CollectivesError::Setup("wrong data".into()))
                 }
             })
         };
@@ -234,11 +244,14 @@ fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
             eprintln!("rank {me}: send/recv: {e}");
         }
         let got = if me.is_multiple_of(2) {
-            gpu.on_host().send(&[1u32; 10][..], partner)
+            gpu.on_host().send(&[1u32; 10][..], partner as usize)
         } else {
-            gpu.on_host().recv(&mut [0u32; 11][..], partner)
+            gpu.on_host().recv(&mut [0u32; 11][..], partner as usize)
         };
-        (ran.is_ok(), matches!(got, Err(MpiError::CountMismatch(_))))
+        (
+            ran.is_ok(),
+            matches!(mpi_error(&got), Some(MpiError::CountMismatch(_))),
+        )
     } else {
         (true, true)
     };
@@ -254,7 +267,7 @@ fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
         .all_reduce(&vec![1f32; len], &mut recv, ReduceOp::Sum);
     rep.check(
         &format!("{label}: another count on rank 0 is CountMismatch on every rank"),
-        matches!(got, Err(MpiError::CountMismatch(_))),
+        matches!(mpi_error(&got), Some(MpiError::CountMismatch(_))),
     );
     let mut recv = vec![0f32; 100];
     let ran = gpu
@@ -272,6 +285,74 @@ extern "C" __global__ void twice(float *x, int n) {
     if (i < n) x[i] *= 2.0f;
 }
 "#;
+
+/// The forms of the one front door ([`Collectives`]) that MPI ranks map onto their calls:
+/// a broadcast out of place, reduce and gather in place, a group of two collectives, a tag
+/// that differs on one rank, and an in-place form MPI refuses on every rank.
+fn front_door_forms(gpu: &mut MpiGpu<'_>, label: &str, rep: &mut Report<'_>) {
+    let me = gpu.comm().rank() as usize;
+    let n = gpu.comm().size() as usize;
+    let mut on = gpu.on_host();
+    let root = n - 1;
+    let send = input::<i32>(root as u32, 1001);
+    let mut recv = vec![0i32; 1001];
+    let ran = on.broadcast((me == root).then_some(&send[..]), &mut recv[..], root);
+    rep.check(
+        &format!("{label}: broadcast out of place i32"),
+        ran.is_ok() && recv == send,
+    );
+    let mut buf = input::<f64>(me as u32, 517);
+    let ran = on.reduce_in_place(&mut buf[..], 0, ReduceOp::Sum);
+    let want: Vec<f64> = (0..517)
+        .map(|i| (0..n as u32).map(|r| value(r, i)).sum::<i64>() as f64)
+        .collect();
+    rep.check(
+        &format!("{label}: reduce_in_place f64 to rank 0"),
+        ran.is_ok() && (me != 0 || buf == want),
+    );
+    let c = 33;
+    let mut buf = if me == 0 {
+        let mut b = vec![0u32; c * n];
+        b[..c].copy_from_slice(&input::<u32>(0, c));
+        b
+    } else {
+        input::<u32>(me as u32, c)
+    };
+    let ran = on.gather_in_place(&mut buf[..], 0);
+    let want: Vec<u32> = (0..n as u32).flat_map(|r| input::<u32>(r, c)).collect();
+    rep.check(
+        &format!("{label}: gather_in_place u32 to rank 0"),
+        ran.is_ok() && (me != 0 || buf == want),
+    );
+    let (mut a, mut b) = (vec![1f32; 64], vec![2f32; 128]);
+    let mut g = on.group();
+    g.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+        .all_reduce_in_place(&mut b[..], ReduceOp::Max);
+    let ran = g.launch();
+    rep.check(
+        &format!("{label}: a group of two all_reduces runs both"),
+        ran.is_ok() && a.iter().all(|x| *x == n as f32) && b.iter().all(|x| *x == 2.0),
+    );
+    // Rank 0 tags its call 8, the others 7: every rank fails, nothing moves.
+    on.tag_next(if me == 0 { 8 } else { 7 });
+    let mut buf = vec![1f32; 16];
+    let got = on.all_reduce_in_place(&mut buf[..], ReduceOp::Sum);
+    rep.check(
+        &format!("{label}: a tag that differs on rank 0 is a mismatch on every rank"),
+        matches!(mpi_error(&got), Some(MpiError::CallMismatch(_))) && buf == vec![1f32; 16],
+    );
+    let mut buf = vec![0f32; 4 * n];
+    let got = on.scatter_in_place(&mut buf[..], 0);
+    rep.check(
+        &format!("{label}: scatter_in_place is refused on every rank"),
+        got.is_err(),
+    );
+    let ran = on.all_reduce_in_place(&mut buf[..], ReduceOp::Sum);
+    rep.check(
+        &format!("{label}: the next call after the refusals runs"),
+        ran.is_ok(),
+    );
+}
 
 /// A device copy of `v` (at least one element, so no allocation is empty).
 fn dev<T: Element + DeviceRepr>(s: &Arc<CudaStream>, v: &[T]) -> CudaSlice<T> {
@@ -375,7 +456,9 @@ fn gpu_checks(
         let send = dev(&stream, &input::<f64>(me, len));
         let mut recv = dev(&stream, &vec![0f64; len]);
         let out = (me == root).then_some(&mut recv);
-        let ran = gpu.on(&stream).reduce(&send, out, root, ReduceOp::Sum);
+        let ran = gpu
+            .on(&stream)
+            .reduce(&send, out, root as usize, ReduceOp::Sum);
         let ok = if me == root {
             host(&stream, &recv, len) == sum(len).iter().map(|s| *s as f64).collect::<Vec<_>>()
         } else {
@@ -394,7 +477,7 @@ fn gpu_checks(
             vec![0; len]
         };
         let mut buf = dev(&stream, &mine);
-        let ran = gpu.on(&stream).broadcast(&mut buf, root);
+        let ran = gpu.on(&stream).broadcast_in_place(&mut buf, root as usize);
         rep.check(
             "broadcast u8",
             ran.is_ok() && host(&stream, &buf, len) == input::<u8>(root, len),
@@ -498,29 +581,29 @@ fn gpu_checks(
     let pair = if partner < n {
         let ran = if me.is_multiple_of(2) {
             let buf = dev(&stream, &input::<f64>(me, 5000));
-            gpu.on(&stream).send(&buf, partner)
+            gpu.on(&stream).send(&buf, partner as usize)
         } else {
             let mut buf = dev(&stream, &vec![0f64; 5000]);
-            let r = gpu.on(&stream).recv(&mut buf, partner);
+            let r = gpu.on(&stream).recv(&mut buf, partner as usize);
             r.and_then(|()| {
                 if host(&stream, &buf, 5000) == input::<f64>(partner, 5000) {
                     Ok(())
                 } else {
-                    Err(MpiError::Unsupported("wrong data".into()))
+                    Err(CollectivesError::Setup("wrong data".into()))
                 }
             })
         };
         let host_send = [1f64; 10];
         let got = if me.is_multiple_of(2) {
-            gpu.on(&stream).send(&host_send[..], partner)
+            gpu.on(&stream).send(&host_send[..], partner as usize)
         } else {
             let mut buf = dev(&stream, &[0f64; 10]);
-            gpu.on(&stream).recv(&mut buf, partner)
+            gpu.on(&stream).recv(&mut buf, partner as usize)
         };
         let fault = if me.is_multiple_of(2) {
-            matches!(got, Err(MpiError::Unsupported(_)))
+            matches!(mpi_error(&got), Some(MpiError::Unsupported(_)))
         } else {
-            matches!(got, Err(MpiError::CountMismatch(_)))
+            matches!(mpi_error(&got), Some(MpiError::CountMismatch(_)))
         };
         ran.is_ok() && fault
     } else {
@@ -539,7 +622,7 @@ fn gpu_checks(
         let got = gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum);
         rep.check(
             "another count on rank 0 is CountMismatch on every rank",
-            matches!(got, Err(MpiError::CountMismatch(_))),
+            matches!(mpi_error(&got), Some(MpiError::CountMismatch(_))),
         );
         let send = dev(&stream, &vec![1f32; 100]);
         let mut recv = dev(&stream, &vec![0f32; 100]);
@@ -551,9 +634,9 @@ fn gpu_checks(
             gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum)
         };
         let ok = if me == 0 {
-            matches!(got, Err(MpiError::Unsupported(_)))
+            matches!(mpi_error(&got), Some(MpiError::Unsupported(_)))
         } else {
-            matches!(got, Err(MpiError::Peer { rank: 0, .. }))
+            matches!(mpi_error(&got), Some(MpiError::Peer { rank: 0, .. }))
         };
         rep.check("host memory on rank 0: its error there, Peer elsewhere", ok);
         let ran = gpu.on(&stream).all_reduce(&send, &mut recv, ReduceOp::Sum);
@@ -591,7 +674,7 @@ fn one_sided_allocation_failure(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     let ran = match me {
         1 => gpu.on_host().send(&input::<f32>(me, 4096)[..], 0),
         0 => gpu.on_host().recv(&mut vec![0f32; 4096][..], 1),
-        _ => Err(MpiError::Unsupported("not in the pair".into())),
+        _ => Err(CollectivesError::Setup("not in the pair".into())),
     };
     if me <= 1 {
         match &ran {
@@ -600,10 +683,11 @@ fn one_sided_allocation_failure(comm: &MpiCommunicator, rep: &mut Report<'_>) {
         }
     }
     // Rank 1 has its backend's error; rank 0 is told that rank 1 failed its preparation.
-    let right = match (me, &ran) {
-        (0, Err(MpiError::Peer { rank: 1, .. })) => true,
-        (1, Err(MpiError::Backend(_))) => true,
-        (0 | 1, _) => false,
+    // A backend's error comes back as itself, not wrapped in an MPI error.
+    let right = match (me, mpi_error(&ran), &ran) {
+        (0, Some(MpiError::Peer { rank: 1, .. }), _) => true,
+        (1, None, Err(_)) => true,
+        (0 | 1, _, _) => false,
         _ => true,
     };
     rep.check(

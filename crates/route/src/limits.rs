@@ -142,7 +142,7 @@ pub fn current() -> Option<Limit> {
     CURRENT.with(|c| c.borrow().clone())
 }
 
-/// Give back `ops` a build of this thread's call no longer holds (a plan thrown away).
+/// Give back `ops` that a build of this thread's call has let go of (a plan thrown away).
 pub fn refund(ops: u64) {
     CURRENT.with(|c| {
         if let Some(l) = c.borrow().as_ref() {

@@ -326,8 +326,8 @@ mod tests {
         assert_eq!(message(p.topological_order().unwrap_err()).0, 0);
     }
 
-    /// Issue 30: a run whose op started and never ended (a transfer of infinite bytes) was
-    /// reported as a dependency cycle; it names the op that never finished instead.
+    /// A run whose op started and never ended (a transfer of infinite bytes) is no
+    /// dependency cycle: the error names the op that never finished.
     #[test]
     fn a_stalled_run_is_no_cycle() {
         let mut p = plan(2, &[0, 1, 1]);

@@ -350,7 +350,7 @@ impl Projection {
     }
 }
 
-/// Least time a planning call's builds get, whatever the budget ([`crate::limits`]): a plan
+/// Least time a planning call's builds get, whatever the budget (`limits.rs`): a plan
 /// for a few GPUs builds in milliseconds, so a budget of zero still plans them.
 pub const LEAST_BUILD_TIME: Duration = Duration::from_secs(1);
 

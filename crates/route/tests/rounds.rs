@@ -1,4 +1,4 @@
-//! Plans whose size does not grow with the message (issue 30): above one round
+//! Plans whose size does not grow with the message: above one round
 //! (`rounds::DEFAULT_ROUND_BYTES` per piece) a copy or a collective is a plan of rounds, so the
 //! ops a plan holds are bounded by a constant for any size up to 2^50 bytes, and a large copy
 //! is predicted at least as fast as one of 1 GiB.

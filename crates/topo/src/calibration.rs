@@ -321,8 +321,8 @@ mod tests {
             (r#"{"costs":{"warp":1}}"#, "unknown cost"),
             (r#"{"costs":{"ll_bw_fraction":2}}"#, "fraction"),
             (r#"{"costs":{"kernel_launch_us":-1}}"#, "from 0 to 1000"),
-            // Issue 30: a share this small made every Simple plan's bytes on the wire
-            // infinite; it is refused with the floor and the reason.
+            // A share this small would make every Simple plan's bytes on the wire infinite;
+            // it is refused with the floor and the reason.
             (
                 r#"{"costs":{"simple_bw_fraction":5e-324}}"#,
                 "simple_bw_fraction must be a fraction from 0.05 to 1",

@@ -7,10 +7,10 @@ mod with_cuda {
     use std::sync::Arc;
 
     use anyhow::{Context, Result, bail};
-    use relaycc_collectives::Element;
     use relaycc_collectives::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
     use relaycc_collectives::mpi::rsmpi::topology::{Communicator, SimpleCommunicator};
     use relaycc_collectives::mpi::{GpuTransport, MpiCommunicator, MpiGpu};
+    use relaycc_collectives::{Collectives, Element};
     use relaycc_route::Collective;
 
     use crate::args::{BenchArgs, TransportKind};
@@ -132,15 +132,15 @@ mod with_cuda {
         let mut on = g.rank.on(&stream);
         match args.collective {
             Collective::AllReduce => on.all_reduce(&i, &mut o, op)?,
-            Collective::Reduce => on.reduce(&i, Some(&mut o), root, op)?,
-            Collective::Broadcast => on.broadcast(&mut o, root)?,
+            Collective::Reduce => on.reduce(&i, Some(&mut o), root as usize, op)?,
+            Collective::Broadcast => on.broadcast_in_place(&mut o, root as usize)?,
             Collective::AllGather => on.all_gather(&i, &mut o)?,
             Collective::AllGatherV => on.all_gather_v(&i, &mut o, counts)?,
             Collective::ReduceScatter => on.reduce_scatter(&i, &mut o, op)?,
             Collective::AllToAll => on.all_to_all(&i, &mut o)?,
             Collective::AllToAllV => on.all_to_all_v(&i, counts, &mut o, counts)?,
-            Collective::Gather => on.gather(&i, Some(&mut o), root)?,
-            Collective::Scatter => on.scatter(Some(&i), &mut o, root)?,
+            Collective::Gather => on.gather(&i, Some(&mut o), root as usize)?,
+            Collective::Scatter => on.scatter(Some(&i), &mut o, root as usize)?,
             Collective::SendRecv => bail!("send_recv is not timed over MPI"),
         }
         stream

@@ -237,9 +237,9 @@ impl PlanOrder {
 /// `layout.me` (others among them are skipped as in [`lower`]), in the order
 /// [`PlanOrder::sort`] gives. The rank's program is then exactly [`lower`]'s.
 ///
-/// Three named passes: [`RankLowering::classify`] (each op local, a message, or not this
-/// rank's), [`RankLowering::mark_events`] (segments and the events that order lanes inside
-/// one) and [`RankLowering::emit`] (the commands), then [`RankLowering::assemble`].
+/// Three named passes: `RankLowering::classify` (each op local, a message, or not this
+/// rank's), `RankLowering::mark_events` (segments and the events that order lanes inside
+/// one) and `RankLowering::emit` (the commands), then `RankLowering::assemble`.
 ///
 /// Complexity: O(ops + their deps x log ops).
 pub fn lower_ops(

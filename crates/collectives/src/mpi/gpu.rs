@@ -45,13 +45,12 @@ use super::device::{HostBuf, PlanMemory, TransferMode, slot_address, slot_region
 use super::requests::Requests;
 use super::schedule::Schedule;
 use super::transport::MpiTransport;
-use super::typed::{InputAt, Kind, Shape};
+use super::typed::{InputAt, Shape};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
 use crate::backend::sealed::{Loan, Private};
 use crate::backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot};
 use crate::cuda::{self, CudaBackend, CudaError};
-use crate::element::Element;
 use crate::error::CollectivesError;
 use crate::exec::lower::Lanes;
 #[cfg(feature = "nccl")]
@@ -63,7 +62,7 @@ use crate::exec::nccl::{NcclComm, NcclId};
 #[derive(Debug)]
 enum NcclComm {}
 use crate::exec::run::{self, RankMemory};
-use crate::rank::{Lender, RecvBuf, SendBuf, View};
+use crate::rank::{Lender, View};
 
 /// The logical GPU of this process on its backend (the backend maps it to the process's CUDA
 /// device).
@@ -147,6 +146,8 @@ pub struct MpiGpu<'c> {
     /// rank waits for it before the shapes' memory (scratch, mirrors) is freed, since that
     /// work (a copy out of a mirror, NCCL's transfers) may still read it.
     done: Option<CudaEvent>,
+    /// The tag of this rank's next call ([`crate::Collectives::tag_next`]).
+    pub(super) next_tag: u64,
 }
 
 impl Drop for MpiGpu<'_> {
@@ -208,6 +209,7 @@ impl<'c> MpiGpu<'c> {
             shapes: HashMap::new(),
             p2p_shapes: HashMap::new(),
             done: None,
+            next_tag: 0,
         };
         #[cfg(not(feature = "nccl"))]
         if transport == GpuTransport::Nccl {
@@ -260,6 +262,7 @@ impl<'c> MpiGpu<'c> {
             shapes: HashMap::new(),
             p2p_shapes: HashMap::new(),
             done: None,
+            next_tag: 0,
         })
     }
 
@@ -312,7 +315,7 @@ impl<'c> MpiGpu<'c> {
 
     /// One call: the local checks' verdict `shape` with what `lender` lent (`vin`: a
     /// separate input; `vout`: the output, holding the input when in place).
-    fn call(
+    pub(super) fn call(
         &mut self,
         shape: Shape,
         lender: &mut Lender<'_>,
@@ -396,7 +399,7 @@ impl<'c> MpiGpu<'c> {
     /// `lender` lent (`view`). The pair agrees first, as the host `send`/`recv` do; a local
     /// error is agreed as an impossible count, so the peer fails with
     /// [`MpiError::CountMismatch`] instead of waiting.
-    fn p2p(
+    pub(super) fn p2p(
         &mut self,
         lender: &mut Lender<'_>,
         view: View,
@@ -965,11 +968,13 @@ unsafe impl RankMemory for GpuMemory<'_> {
     }
 }
 
-/// A GPU rank's calls on the caller's CUDA stream ([`MpiGpu::on`]): the typed collectives of
-/// [`MpiCommunicator`] on cudarc buffers (`CudaSlice<T>`, `CudaView`, `CudaViewMut`, of the
-/// stream's device). Root-only buffers are `Option`s, used on the root only. Errors are those
-/// of the host calls (mismatches on every rank before data moves), plus a buffer of another
-/// device or host memory (a local error: [`MpiError::Peer`] on the others).
+/// A GPU rank's calls on the caller's CUDA stream ([`MpiGpu::on`]), or on host slices
+/// ([`MpiGpu::on_host`]): the per-rank calls of [`crate::Collectives`], the same as threads'
+/// ranks make, on cudarc buffers (`CudaSlice<T>`, `CudaView`, `CudaViewMut`, of the stream's
+/// device). Root-only buffers are `Option`s, used on the root only. Errors are those of the
+/// host calls (mismatches on every rank before data moves), plus a buffer of another device
+/// or host memory (a local error: [`MpiError::Peer`] on the others), as
+/// [`crate::CollectivesError`] (`CollectivesError::Mpi` for MPI's own).
 #[derive(Debug)]
 pub struct MpiOnStream<'s, 'c> {
     gpu: &'s mut MpiGpu<'c>,
@@ -977,238 +982,23 @@ pub struct MpiOnStream<'s, 'c> {
     stream: Option<&'s Arc<CudaStream>>,
 }
 
-/// Elements of a buffer a call reads.
-fn ein<T: Element, S: SendBuf<T> + ?Sized>(b: &S) -> usize {
-    SendBuf::<T>::elems(b)
-}
-
-/// Elements of a buffer a call writes.
-fn eout<T: Element, R: RecvBuf<T> + ?Sized>(b: &R) -> usize {
-    RecvBuf::<T>::elems(b)
-}
-
-impl<'s> MpiOnStream<'s, '_> {
-    /// Lend the buffers, run the call, then drop the lender: the buffers' cudarc events are
-    /// recorded on the caller's stream after what the call enqueued.
-    fn run<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        shape: Shape,
-        send: Option<&S>,
-        recv: Option<&mut R>,
-    ) -> MpiResult<()> {
-        let stream = self.stream;
-        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
-        let separate = matches!(shape.input, InputAt::Separate) && shape.input_used;
-        let vin = send.filter(|_| separate).map(|b| lender.lend(b));
-        let vout = recv
-            .filter(|_| shape.output_used)
-            .map(|b| lender.lend_mut(b));
-        let r = self
-            .gpu
-            .call(shape, &mut lender, vin, vout, stream.map(|s| &**s));
-        drop(lender);
-        r
+impl<'s, 'c> MpiOnStream<'s, 'c> {
+    /// The GPU rank.
+    pub(super) fn gpu(&self) -> &MpiGpu<'c> {
+        self.gpu
     }
-
-    fn shape<T: Element>(&self, kind: Kind<'_>, input: usize, output: usize) -> Shape {
-        self.gpu.comm.shape::<T>(kind, input, output)
+    /// The GPU rank, to run a call on.
+    pub(super) fn gpu_mut(&mut self) -> &mut MpiGpu<'c> {
+        self.gpu
     }
-
-    /// A call on separate buffers, both given on every rank.
-    fn separate<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        kind: Kind<'_>,
-        send: &S,
-        recv: &mut R,
-    ) -> MpiResult<()> {
-        let s = self.shape::<T>(kind, ein::<T, S>(send), eout::<T, R>(recv));
-        self.run(s, Some(send), Some(recv))
+    /// The caller's stream (`None`: a host-backed rank).
+    pub(super) fn stream_ref(&self) -> Option<&'s CudaStream> {
+        self.stream.map(|s| &**s)
     }
-
-    /// A call in place on `buf`, which is its whole input and output.
-    fn in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        kind: Kind<'_>,
-        buf: &mut R,
-    ) -> MpiResult<()> {
-        let n = eout::<T, R>(buf);
-        let s = self.shape::<T>(kind, n, n);
-        self.run::<T, [T], R>(s, None, Some(buf))
-    }
-
-    /// Lend one buffer (`lend`), send it to or receive it into from `peer`, then drop the
-    /// lender after what the call enqueued.
-    fn p2p<'b, T: Element>(
-        &mut self,
-        count: usize,
-        sending: bool,
-        peer: u32,
-        lend: impl FnOnce(&mut Lender<'b>) -> View,
-    ) -> MpiResult<()>
-    where
-        's: 'b,
-    {
-        let stream: Option<&'b Arc<CudaStream>> = self.stream;
-        let mut lender = stream.map_or_else(Lender::default, Lender::on_stream);
-        let view = lend(&mut lender);
-        let r = self.gpu.p2p(
-            &mut lender,
-            view,
-            sending,
-            peer,
-            (count as u64, T::DTYPE),
-            stream.map(|s| &**s),
-        );
-        drop(lender);
-        r
-    }
-
-    /// `recv = op(every rank's send)` (`MPI_Allreduce`, `ncclAllReduce`).
-    pub fn all_reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: &mut R,
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        self.separate::<T, S, R>(Kind::AllReduce(op), send, recv)
-    }
-
-    /// `buf = op(every rank's buf)`, in place.
-    pub fn all_reduce_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        buf: &mut R,
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        self.in_place::<T, R>(Kind::AllReduceInPlace(op), buf)
-    }
-
-    /// `recv = op(every rank's send)` on rank `root` (`MPI_Reduce`); `recv` is used on the
-    /// root only, which must give it.
-    pub fn reduce<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: Option<&mut R>,
-        root: u32,
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        let out = recv.as_ref().map_or(0, |r| eout::<T, R>(&**r));
-        let s = self.shape::<T>(Kind::Reduce(root, op), ein::<T, S>(send), out);
-        self.run(s, Some(send), recv)
-    }
-
-    /// The root's `buf` to every rank's `buf` (`MPI_Bcast`, in place).
-    pub fn broadcast<T: Element, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        buf: &mut R,
-        root: u32,
-    ) -> MpiResult<()> {
-        self.in_place::<T, R>(Kind::Broadcast(root), buf)
-    }
-
-    /// Every rank's `send`, concatenated in rank order, into `recv` (`MPI_Allgather`).
-    pub fn all_gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: &mut R,
-    ) -> MpiResult<()> {
-        self.separate::<T, S, R>(Kind::AllGather, send, recv)
-    }
-
-    /// As `all_gather`, in place: this rank's input is block `rank` of `buf`.
-    pub fn all_gather_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        buf: &mut R,
-    ) -> MpiResult<()> {
-        self.in_place::<T, R>(Kind::AllGatherInPlace, buf)
-    }
-
-    /// As `all_gather` with `counts[r]` elements from rank `r` (`MPI_Allgatherv`).
-    pub fn all_gather_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: &mut R,
-        counts: &[usize],
-    ) -> MpiResult<()> {
-        self.separate::<T, S, R>(Kind::AllGatherV(counts), send, recv)
-    }
-
-    /// Block `rank` of `op(every rank's send)` into `recv` (`MPI_Reduce_scatter_block`).
-    pub fn reduce_scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: &mut R,
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        self.separate::<T, S, R>(Kind::ReduceScatter(op), send, recv)
-    }
-
-    /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
-    pub fn all_to_all<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: &mut R,
-    ) -> MpiResult<()> {
-        self.separate::<T, S, R>(Kind::AllToAll, send, recv)
-    }
-
-    /// `send_counts[d]` elements to rank `d`, `recv_counts[s]` from rank `s`, packed in rank
-    /// order (`MPI_Alltoallv`).
-    pub fn all_to_all_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        send_counts: &[usize],
-        recv: &mut R,
-        recv_counts: &[usize],
-    ) -> MpiResult<()> {
-        let kind = Kind::AllToAllV(send_counts, recv_counts);
-        self.separate::<T, S, R>(kind, send, recv)
-    }
-
-    /// Every rank's `send`, concatenated in rank order, into `recv` on `root` (`MPI_Gather`);
-    /// `recv` is used on the root only.
-    pub fn gather<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: &S,
-        recv: Option<&mut R>,
-        root: u32,
-    ) -> MpiResult<()> {
-        let out = recv.as_ref().map_or(0, |r| eout::<T, R>(&**r));
-        let s = self.shape::<T>(Kind::Gather(root), ein::<T, S>(send), out);
-        self.run(s, Some(send), recv)
-    }
-
-    /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used on the
-    /// root only.
-    pub fn scatter<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        send: Option<&S>,
-        recv: &mut R,
-        root: u32,
-    ) -> MpiResult<()> {
-        let inp = send.map_or(0, |b| ein::<T, S>(b));
-        let s = self.shape::<T>(Kind::Scatter(root), inp, eout::<T, R>(recv));
-        self.run(s, send, Some(recv))
-    }
-
-    /// Send `buf` to rank `dest` (`MPI_Send`, `ncclSend`), matched by a `recv` there of the
-    /// same element type and count; the pair agrees first (as the host `send`).
-    pub fn send<T: Element, S: SendBuf<T> + ?Sized>(
-        &mut self,
-        buf: &S,
-        dest: u32,
-    ) -> MpiResult<()> {
-        self.p2p::<T>(ein::<T, S>(buf), true, dest, |l| l.lend(buf))
-    }
-
-    /// Receive into `buf` from rank `src` (`MPI_Recv`, `ncclRecv`), matched by a `send`
-    /// there.
-    pub fn recv<T: Element, R: RecvBuf<T> + ?Sized>(
-        &mut self,
-        buf: &mut R,
-        src: u32,
-    ) -> MpiResult<()> {
-        let count = eout::<T, R>(buf);
-        self.p2p::<T>(count, false, src, |l| l.lend_mut(buf))
+    /// A lender for a group's buffers: cudarc buffers lend their device pointers on the
+    /// caller's stream.
+    pub(super) fn lender(&self) -> Lender<'s> {
+        self.stream.map_or_else(Lender::default, Lender::on_stream)
     }
 }
 

@@ -24,6 +24,8 @@ mod exchange;
 mod gpu;
 mod indexed;
 mod requests;
+#[cfg(feature = "cuda")]
+mod runner;
 mod schedule;
 mod setup;
 mod shared_buffer;
@@ -185,6 +187,17 @@ fn ranks_text(ranks: &[u32]) -> String {
     }
 }
 
+/// An MPI error as the one error type of the collectives ([`crate::Collectives`]): a
+/// backend's error as itself, every other as [`CollectivesError::Mpi`].
+impl From<MpiError> for CollectivesError {
+    fn from(e: MpiError) -> Self {
+        match e {
+            MpiError::Backend(inner) => inner,
+            other => CollectivesError::Mpi(Box::new(other)),
+        }
+    }
+}
+
 /// One process's view of an MPI job: its rank, the (virtual) node of every rank, its device,
 /// and a private duplicate of the world communicator whose errors are returned, not fatal.
 pub struct MpiCommunicator {
@@ -195,7 +208,9 @@ pub struct MpiCommunicator {
     device: u32,
     cuda_aware: bool,
     transfer: TransferMode,
-    timeout: Duration,
+    /// How long a call waits for its peers; a `Cell` so GPU ranks holding the communicator
+    /// shared can set it ([`crate::Collectives::set_timeout`]).
+    timeout: Cell<Duration>,
     topology: Option<Topology>,
     /// Failure record and graveyard, shared with the exchanges built from this communicator.
     health: Rc<Health>,
@@ -323,7 +338,7 @@ impl MpiCommunicator {
             } else {
                 TransferMode::Staged
             },
-            timeout,
+            timeout: Cell::new(timeout),
             topology,
             health: Rc::default(),
             p2p,
@@ -370,7 +385,7 @@ impl MpiCommunicator {
         let mine = self.node_of[self.rank as usize] as i32;
         let node_of = node_ids(&sub, &[mine, 0]);
         let mut out = Self::assemble(sub, node_of, self.device, self.topology.clone());
-        out.timeout = self.timeout;
+        out.timeout.set(self.timeout.get());
         out.transfer = self.transfer;
         out.zero_copy = self.zero_copy;
         Ok(Some(out))
@@ -459,11 +474,17 @@ impl MpiCommunicator {
     }
     /// How long a run waits for its peers.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.timeout.get()
     }
-    /// Change the timeout (tests of faults use short ones).
+    /// Change the timeout (tests of faults use short ones): every later call of this rank,
+    /// its GPU ranks' too, waits at most `t` for its peers.
     pub fn set_timeout(&mut self, t: Duration) {
-        self.timeout = t;
+        self.timeout.set(t);
+    }
+    /// [`Self::set_timeout`] through a shared reference, for the GPU ranks that hold one.
+    #[cfg(feature = "cuda")]
+    pub(super) fn set_timeout_shared(&self, t: Duration) {
+        self.timeout.set(t);
     }
     /// Wait until every rank of the communicator has called `barrier` (`MPI_Barrier`), at
     /// most the timeout: a nonblocking `MPI_Ibarrier` polled against it.
@@ -545,7 +566,7 @@ impl MpiCommunicator {
         // Messages go over MPI here, which gains nothing from shared memory.
         let mut bufs = RunBuffers::new(&sched, false);
         let mut reqs = Requests::new(self.comm.as_raw(), self.rank);
-        let ran = sched.run(&mut reqs, input, output, &mut bufs, self.timeout);
+        let ran = sched.run(&mut reqs, input, output, &mut bufs, self.timeout.get());
         self.health.settle(ran, &mut reqs, move || Box::new(bufs))
     }
 

@@ -48,7 +48,7 @@ const AGREE: &str = "agree on a collective call";
 const HANDSHAKE: &str = "agree on a send/recv pair";
 
 /// Words of one rank's call descriptor.
-const WORDS: usize = 9;
+const WORDS: usize = 10;
 /// Positions in the descriptor.
 const FAILED: usize = 0;
 const SEQ: usize = 1;
@@ -59,6 +59,8 @@ const OP: usize = 5;
 const ROOT: usize = 6;
 const COUNT: usize = 7;
 const VHASH: usize = 8;
+/// The caller's tag, last: the plan's key is the words from `COLL` up to it.
+const TAG: usize = 9;
 
 /// Point-to-point tags on the pair communicator: the descriptor and the answer. The data
 /// message is op 0 of its plan, tag 0.
@@ -95,6 +97,9 @@ pub(super) struct Call {
     /// all_gather_v: every rank's count; all_to_all_v: this rank's send counts then its
     /// receive counts.
     counts: Vec<u64>,
+    /// The caller's tag of this call ([`crate::Collectives::tag_next`]; 0: none), agreed
+    /// with the rest but not part of the plan's key.
+    pub(super) tag: u64,
 }
 
 #[cfg(feature = "cuda")]
@@ -178,10 +183,22 @@ impl MpiCommunicator {
     /// The local checks of the single-process API for `kind` on buffers of `input` and
     /// `output` elements of `T` (in place: both the one buffer's length).
     pub(super) fn shape<T: Element>(&self, kind: Kind<'_>, input: usize, output: usize) -> Shape {
+        self.shape_of(T::DTYPE, kind, input, output)
+    }
+
+    /// As [`Self::shape`] for elements of `dtype` named at run time (the front door's calls,
+    /// whose descriptors carry their element type).
+    pub(super) fn shape_of(
+        &self,
+        dtype: DType,
+        kind: Kind<'_>,
+        input: usize,
+        output: usize,
+    ) -> Shape {
         let me = self.rank() as usize;
         let n = self.size() as usize;
         let mut shape = Shape {
-            call: self.call::<T>(Collective::AllReduce, None, None, input as u64),
+            call: self.call(dtype, Collective::AllReduce, None, None, input as u64),
             local: Ok(()),
             input: InputAt::Separate,
             input_used: true,
@@ -477,8 +494,9 @@ impl MpiCommunicator {
         self.calls.borrow().len()
     }
 
-    fn call<T: Element>(
+    fn call(
         &self,
+        dtype: DType,
         collective: Collective,
         op: Option<ReduceOp>,
         root: Option<u32>,
@@ -486,12 +504,13 @@ impl MpiCommunicator {
     ) -> Call {
         Call {
             collective,
-            dtype: T::DTYPE,
-            esize: T::DTYPE.size(),
+            dtype,
+            esize: dtype.size(),
             op,
             root,
             count,
             counts: Vec::new(),
+            tag: 0,
         }
     }
 
@@ -630,7 +649,7 @@ impl MpiCommunicator {
         let out: &mut [u8] = bytemuck::cast_slice_mut(output);
         let esize = std::mem::size_of::<T>();
         let borrowed = self.zero_copy && !p.schedule.writes_input();
-        let timeout = self.timeout;
+        let timeout = self.timeout.get();
         let shm = self.shm.as_ref();
         let ran = (|| {
             if out.len() != p.schedule.output_len {
@@ -844,7 +863,7 @@ impl MpiCommunicator {
         };
         let ran = p
             .schedule
-            .run(&mut p.reqs, input, output, &mut p.bufs, self.timeout);
+            .run(&mut p.reqs, input, output, &mut p.bufs, self.timeout.get());
         let bufs = &mut p.bufs;
         self.health
             .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
@@ -928,12 +947,12 @@ impl MpiCommunicator {
                     reqs.irecv(ack.as_mut_ptr().cast(), 8, p, TAG_ACK)?;
                     reqs.isend(desc.as_ptr().cast(), 32, p, TAG_DESC)?;
                 }
-                reqs.wait(0, Instant::now() + self.timeout, self.timeout)?;
+                reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
                 Ok(ack[0])
             } else {
                 // SAFETY: as above.
                 unsafe { reqs.irecv(desc.as_mut_ptr().cast(), 32, p, TAG_DESC)? };
-                reqs.wait(0, Instant::now() + self.timeout, self.timeout)?;
+                reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
                 ack[0] = if desc[1] != mine[1] || desc[2] != mine[2] {
                     2
                 } else if desc[0] != mine[0] {
@@ -946,7 +965,7 @@ impl MpiCommunicator {
                 reqs.clear();
                 // SAFETY: as above.
                 unsafe { reqs.isend(ack.as_ptr().cast(), 8, p, TAG_ACK)? };
-                reqs.wait(0, Instant::now() + self.timeout, self.timeout)?;
+                reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
                 Ok(ack[0])
             }
         })();
@@ -990,6 +1009,7 @@ fn descriptor(call: &Call, seq: u64, failed: bool) -> [i64; WORDS] {
     d[ROOT] = call.root.map_or(-1, i64::from);
     d[COUNT] = call.count as i64;
     d[VHASH] = hash(&call.counts);
+    d[TAG] = call.tag as i64;
     d
 }
 
@@ -1018,6 +1038,12 @@ fn verdict(all: &[i64], local: MpiResult<()>) -> MpiResult<Vec<i64>> {
             "rank {r} is at collective call #{} of this communicator, rank 0 at #{}: ranks \
              call collectives in different orders",
             rows[r][SEQ], first[SEQ]
+        )));
+    }
+    if let Some(r) = differs(TAG) {
+        return Err(MpiError::CallMismatch(format!(
+            "rank {r} tags call #{} with {}, rank 0 with {}: a rank skipped or added a call",
+            first[SEQ], rows[r][TAG] as u64, first[TAG] as u64
         )));
     }
     if let Some(r) = differs(COLL) {
@@ -1090,6 +1116,6 @@ fn verdict(all: &[i64], local: MpiResult<()>) -> MpiResult<Vec<i64>> {
     }
     Ok(rows
         .iter()
-        .flat_map(|d| d[COLL..].iter().copied())
+        .flat_map(|d| d[COLL..TAG].iter().copied())
         .collect())
 }

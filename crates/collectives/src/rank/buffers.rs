@@ -41,22 +41,16 @@ impl<'b> Lender<'b> {
         }
     }
 
-    /// Lend `buf` for reading; the view of the whole buffer.
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
-    pub(crate) fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, buf: &'b S) -> View {
-        buf.lend(self)
-    }
-
-    /// Lend `buf` for writing; the view of the whole buffer.
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
-    pub(crate) fn lend_mut<T: Element, R: RecvBuf<T> + ?Sized>(&mut self, buf: &'b mut R) -> View {
-        buf.lend_mut(self)
-    }
-
     /// The lent spans, by block.
     #[cfg(all(feature = "cuda", feature = "mpi"))]
     pub(crate) fn spans(&self) -> &[Span] {
         &self.blocks
+    }
+
+    /// Whether lending met an error ([`Self::take_error`] takes it).
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    pub(crate) fn has_error(&self) -> bool {
+        self.error.is_some()
     }
 
     /// The first error met while lending (a buffer of another device, no stream).

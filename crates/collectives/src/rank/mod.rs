@@ -28,7 +28,7 @@
 //! (`split`).
 
 mod buffers;
-mod collectives;
+pub(crate) mod collectives;
 mod meeting;
 mod op;
 mod rank_group;
@@ -49,9 +49,11 @@ pub use collectives::Collectives;
 #[cfg(feature = "cuda")]
 pub use collectives::OnStream;
 use meeting::Meeting;
+#[cfg(not(all(feature = "cuda", feature = "mpi")))]
+use op::Op;
+use op::{Arrival, Failure, Payload, Span};
 #[cfg(all(feature = "cuda", feature = "mpi"))]
-pub(crate) use op::View;
-use op::{Arrival, Failure, Op, Payload, Span};
+pub(crate) use op::{Op, View};
 pub use rank_group::RankGroup;
 
 /// How long a rank waits for the others to join a call before it fails with
@@ -438,15 +440,30 @@ pub struct Departure<'b> {
 enum Left {
     /// At the in-process meeting.
     Meeting(Ticket),
+    /// Known already: the runner ran the group before it returned (MPI ranks).
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    Ran(Result<()>),
 }
 
 impl<'b> Departure<'b> {
+    /// A group its runner has already run, with the guards of its buffers (dropped after
+    /// the outcome is read, so the buffers' events follow what the run enqueued).
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    pub(crate) fn ran(outcome: Result<()>, lender: Lender<'b>) -> Self {
+        Departure {
+            outcome: Left::Ran(outcome),
+            _guards: lender.guards,
+        }
+    }
+
     /// The group's outcome as call `call`, once it is done on this rank (its buffers' cudarc
     /// events are recorded on the caller's stream after it, when the guards drop here).
     pub(crate) fn wait(self, call: &'static str) -> Result<()> {
         let Departure { outcome, _guards } = self;
         match outcome {
             Left::Meeting(t) => RankComm::result(call, t.wait()).map(|_| ()),
+            #[cfg(all(feature = "cuda", feature = "mpi"))]
+            Left::Ran(r) => r,
         }
     }
 }

@@ -49,7 +49,7 @@ impl std::fmt::Debug for RankGroup<'_, '_> {
 
 impl<'r, 'b> RankGroup<'r, 'b> {
     /// A group of `comm`'s next call, lending through `lender`.
-    pub(super) fn new(comm: &'r mut dyn Runner, lender: Lender<'b>) -> Self {
+    pub(crate) fn new(comm: &'r mut dyn Runner, lender: Lender<'b>) -> Self {
         RankGroup {
             comm,
             lender,

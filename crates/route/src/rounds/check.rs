@@ -91,7 +91,7 @@ fn check_pieces(plan: &Plan, r: &Rounds, part: &Plan, tail: bool) -> Result<()> 
 }
 
 /// Check a plan of rounds (see the module docs of [`crate::rounds`] for why this proves it):
-/// its shape ([`check_shape`]), the body and the tail with [`check_with`] under `opts`, and
+/// its shape (`check_shape`), the body and the tail with [`check_with`] under `opts`, and
 /// that each of their regions lies in one piece of its buffer.
 ///
 /// Errors: [`RouteError::PlanCheck`] naming what is wrong (an op index is the body's or the

@@ -496,9 +496,9 @@ mod tests {
         }
     }
 
-    /// Issue 30: a protocol share at zero's edge (set past `CostModel::set`'s floor) put
-    /// infinite bytes on the wire, and the stalled run was reported as a dependency cycle.
-    /// It is refused with the share named (and an infinite latency too).
+    /// A protocol share at zero's edge (set past `CostModel::set`'s floor) would put
+    /// infinite bytes on the wire and stall the run: it is refused with the share named (and
+    /// an infinite latency too).
     #[test]
     fn a_degenerate_cost_model_is_named_not_taken_for_a_cycle() {
         let mut topo = dgx1();

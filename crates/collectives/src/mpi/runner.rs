@@ -1,0 +1,271 @@
+//! GPU ranks of MPI processes behind the one front door: [`MpiOnStream`] implements
+//! [`Collectives`] through the crate-private `Runner` seam, so an engine's step written
+//! against the trait runs unchanged on threads ([`crate::RankComm`]) and on MPI processes.
+//!
+//! A group's operations arrive here as the same descriptors and lent views every surface
+//! makes ([`crate::rank::RankGroup`]); each collective is mapped onto the MPI call shape
+//! (its local checks, then the agreement every rank takes part in) and run before the next,
+//! in order, so every rank runs the same sequence. Point-to-point operations run alone (a
+//! single `send` or `recv`): MPI ranks pair them with a handshake of their own, which a
+//! group of concurrent operations would deadlock.
+
+use std::time::Duration;
+
+use relaycc_route::{Collective, DType, ReduceOp};
+
+use super::gpu::MpiOnStream;
+use super::typed::{InputAt, Kind, Shape};
+use super::{MpiError, MpiResult};
+use crate::error::{CollectivesError, Result};
+use crate::rank::collectives::sealed::{Private, Runner};
+use crate::rank::{Collectives, Departure, Lender, Op, RankGroup, View};
+
+/// An operation's shape on MPI: the checked call and the views it runs on (`vin` a separate
+/// input; `vout` the output, holding the input when in place).
+struct Mapped {
+    shape: Shape,
+    vin: Option<View>,
+    vout: Option<View>,
+}
+
+/// Whether `a` and `b` are views of the same lent buffer.
+fn same_block(a: Option<View>, b: Option<View>) -> bool {
+    matches!((a, b), (Some(a), Some(b)) if a.block == b.block)
+}
+
+/// `s` refused on this rank: an in-place form MPI ranks cannot run (the output inside the
+/// input). The refusal is agreed like any local error, so ranks whose own views look like
+/// an ordinary call (a scatter's non-roots) fail with it instead of waiting.
+fn refused(mut s: Shape, call: &'static str, form: &str) -> Shape {
+    if s.local.is_ok() {
+        s.local = Err(MpiError::Unsupported(format!(
+            "{call}: {form} is not supported on MPI ranks (the output would lie inside the \
+             input buffer); pass separate send and receive buffers"
+        )));
+    }
+    s
+}
+
+impl MpiOnStream<'_, '_> {
+    /// The MPI shape of one collective with this rank's views.
+    fn map(
+        &self,
+        desc: &crate::call::CallDesc,
+        input: Option<View>,
+        output: Option<View>,
+    ) -> Result<Mapped> {
+        let comm = self.gpu().comm();
+        let me = comm.rank() as usize;
+        let root = u32::try_from(desc.root).unwrap_or(u32::MAX);
+        let (ilen, olen) = (
+            input.map_or(0, |v| v.len as usize),
+            output.map_or(0, |v| v.len as usize),
+        );
+        let in_place = same_block(input, output);
+        let op = desc.op;
+        let usize_counts = |c: &[u64]| -> Vec<usize> { c.iter().map(|&x| x as usize).collect() };
+        let (counts, recv_counts) = (usize_counts(&desc.counts), usize_counts(&desc.recv_counts));
+        let shape = |kind: Kind<'_>, i: usize, o: usize| comm.shape_of(desc.dtype, kind, i, o);
+        let separate = |s: Shape| Mapped {
+            shape: s,
+            vin: input,
+            vout: output,
+        };
+        // In place: the output view holds the input; no separate input view.
+        let within = |s: Shape| Mapped {
+            shape: s,
+            vin: None,
+            vout: output,
+        };
+        let m = match desc.collective {
+            Collective::AllReduce if in_place => {
+                within(shape(Kind::AllReduceInPlace(op), olen, olen))
+            }
+            Collective::AllReduce => separate(shape(Kind::AllReduce(op), ilen, olen)),
+            Collective::Reduce if in_place => {
+                let mut s = shape(Kind::Reduce(root, op), ilen, olen);
+                s.input = InputAt::InOutput(0..olen);
+                within(s)
+            }
+            Collective::Reduce => separate(shape(Kind::Reduce(root, op), ilen, olen)),
+            // A broadcast's input is the root's only; a separate one on the root is read there.
+            Collective::Broadcast if input.is_some() && !in_place => {
+                let mut s = shape(Kind::Broadcast(root), olen, olen);
+                if s.local.is_ok() && ilen != olen {
+                    s.local = Err(MpiError::Buffer {
+                        side: "input",
+                        got: ilen,
+                        needs: olen,
+                    });
+                }
+                s.input = InputAt::Separate;
+                separate(s)
+            }
+            Collective::Broadcast => within(shape(Kind::Broadcast(root), olen, olen)),
+            Collective::AllGather if in_place => within(shape(Kind::AllGatherInPlace, olen, olen)),
+            Collective::AllGather => separate(shape(Kind::AllGather, ilen, olen)),
+            Collective::AllGatherV if in_place => {
+                within(shape(Kind::AllGatherVInPlace(&counts), olen, olen))
+            }
+            Collective::AllGatherV => separate(shape(Kind::AllGatherV(&counts), ilen, olen)),
+            Collective::ReduceScatter if in_place => {
+                let s = shape(
+                    Kind::ReduceScatter(op),
+                    olen,
+                    olen / comm.size().max(1) as usize,
+                );
+                within(refused(s, "reduce_scatter", "reduce_scatter_in_place"))
+            }
+            Collective::ReduceScatter => separate(shape(Kind::ReduceScatter(op), ilen, olen)),
+            Collective::AllToAll => separate(shape(Kind::AllToAll, ilen, olen)),
+            Collective::AllToAllV => {
+                separate(shape(Kind::AllToAllV(&counts, &recv_counts), ilen, olen))
+            }
+            Collective::Gather if in_place => {
+                // The root's buffer is the whole output; its input is block `root` of it.
+                let mut s = shape(Kind::Gather(root), ilen, olen);
+                let at = me * ilen;
+                s.input = InputAt::InOutput(at..at + ilen);
+                within(s)
+            }
+            Collective::Gather => separate(shape(Kind::Gather(root), ilen, olen)),
+            Collective::Scatter if in_place => {
+                let s = shape(Kind::Scatter(root), ilen, olen);
+                within(refused(s, "scatter", "scatter_in_place on the root"))
+            }
+            Collective::Scatter => separate(shape(Kind::Scatter(root), ilen, olen)),
+            other => {
+                return Err(CollectivesError::Setup(format!(
+                    "{}: not a collective MPI ranks run",
+                    other.name()
+                )));
+            }
+        };
+        Ok(m)
+    }
+
+    /// Run a group's operations in order; the first error stops the group.
+    fn run_group(&mut self, lender: &mut Lender<'_>, ops: Vec<Op>) -> Result<()> {
+        let stream = self.stream_ref();
+        let collectives = ops.iter().filter(|o| matches!(o, Op::Coll { .. })).count();
+        if collectives != ops.len() && ops.len() > 1 {
+            return Err(CollectivesError::Unmatched(
+                "MPI ranks run sends and receives one at a time, not in a group with other \
+                 operations: call send/recv on their own"
+                    .into(),
+            ));
+        }
+        if ops.is_empty() {
+            // An argument error found while adding (nothing was added): agree it as a failed
+            // call, so the other ranks fail too instead of waiting.
+            if lender.has_error() {
+                let shape =
+                    self.gpu()
+                        .comm()
+                        .shape_of(DType::U8, Kind::AllReduce(ReduceOp::Sum), 0, 0);
+                return Ok(self.gpu_mut().call(shape, lender, None, None, stream)?);
+            }
+            return Ok(());
+        }
+        for op in ops {
+            match op {
+                Op::Coll {
+                    desc,
+                    input,
+                    output,
+                } => {
+                    let Mapped {
+                        mut shape,
+                        vin,
+                        vout,
+                    } = self.map(&desc, input, output)?;
+                    shape.call.tag = desc.tag;
+                    self.gpu_mut().call(shape, lender, vin, vout, stream)?;
+                }
+                Op::P2p {
+                    send,
+                    peer,
+                    view,
+                    dtype,
+                } => self.run_p2p(lender, (send, peer, view, dtype))?,
+                Op::Split { .. } => {
+                    return Err(CollectivesError::Setup(
+                        "split: MPI ranks split their communicator with MpiCommunicator::split"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One send or receive with its peer.
+    fn run_p2p(
+        &mut self,
+        lender: &mut Lender<'_>,
+        (send, peer, view, dtype): (bool, usize, View, DType),
+    ) -> MpiResult<()> {
+        let stream = self.stream_ref();
+        let peer = u32::try_from(peer).unwrap_or(u32::MAX);
+        self.gpu_mut()
+            .p2p(lender, view, send, peer, (view.len, dtype), stream)
+    }
+}
+
+impl Runner for MpiOnStream<'_, '_> {
+    fn me(&self) -> usize {
+        self.gpu().comm().rank() as usize
+    }
+    fn n(&self) -> usize {
+        self.gpu().comm().size() as usize
+    }
+    fn tag(&self) -> u64 {
+        self.gpu().next_tag
+    }
+    fn clear_tag(&mut self, _: Private) {
+        self.gpu_mut().next_tag = 0;
+    }
+    fn depart<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<Op>, _: Private) -> Departure<'b> {
+        let outcome = self.run_group(&mut lender, ops);
+        // The lender's guards drop with the departure, after what the call enqueued.
+        Departure::ran(outcome, lender)
+    }
+    fn point_to_point(
+        &mut self,
+        _call: &'static str,
+        mut lender: Lender<'_>,
+        op: Op,
+        _: Private,
+    ) -> Result<()> {
+        let Op::P2p {
+            send,
+            peer,
+            view,
+            dtype,
+        } = op
+        else {
+            return Err(CollectivesError::Unmatched(
+                "a point-to-point call holds one send or receive".into(),
+            ));
+        };
+        let r = self.run_p2p(&mut lender, (send, peer, view, dtype));
+        drop(lender);
+        Ok(r?)
+    }
+}
+
+impl Collectives for MpiOnStream<'_, '_> {
+    fn timeout(&self) -> Duration {
+        self.gpu().comm().timeout()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.gpu().comm().set_timeout_shared(timeout);
+    }
+    fn tag_next(&mut self, tag: u64) {
+        self.gpu_mut().next_tag = tag;
+    }
+    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
+        let lender = self.lender();
+        RankGroup::new(self, lender)
+    }
+}
