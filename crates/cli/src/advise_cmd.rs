@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use relaycc_route::{PlanOptions, Planner, RouteError};
+use relaycc_route::{Planner, RouteError};
 use relaycc_topo::{Mask, PathClass, Topology};
 use serde_json::json;
 
@@ -180,10 +180,8 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         issue_us: 0.0,
     };
     let planner = Planner::new(topo.clone());
-    let mut opts = PlanOptions {
-        relay: args.relay.clone(),
-        ..PlanOptions::default()
-    };
+    // The budget is set per placement, from what the search left.
+    let mut opts = cargs.plan_options();
     let mut budget_exhausted = false;
     let pb = crate::progress::bar(sets.len() as u64, "planning placements");
     let mut scored = Vec::new();

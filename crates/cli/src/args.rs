@@ -503,3 +503,45 @@ impl std::error::Error for UsageError {}
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
     UsageError(message.into()).into()
 }
+
+/// The planning options the arguments ask for: the one place the CLI builds a
+/// [`relaycc_route::PlanOptions`]; what a command does not take keeps the library's default.
+fn plan_options(
+    relay: &relaycc_route::path::RelayPolicy,
+    budget: std::time::Duration,
+    staging_budget: u64,
+    issue_us: f64,
+) -> relaycc_route::PlanOptions {
+    relaycc_route::PlanOptions {
+        relay: relay.clone(),
+        budget,
+        staging_budget,
+        sim: relaycc_route::SimConfig {
+            issue_us,
+            ..relaycc_route::SimConfig::default()
+        },
+        ..relaycc_route::PlanOptions::default()
+    }
+}
+
+impl CollectiveArgs {
+    /// The options `plan`, `simulate` and `advise` plan this request with.
+    pub fn plan_options(&self) -> relaycc_route::PlanOptions {
+        plan_options(
+            &self.relay,
+            self.budget.budget,
+            self.staging_budget,
+            self.issue_us,
+        )
+    }
+}
+
+impl RouteArgs {
+    /// The options `route` plans with: the route kinds asked for, issue time 0.
+    pub fn plan_options(&self) -> relaycc_route::PlanOptions {
+        relaycc_route::PlanOptions {
+            strategy: self.strategy,
+            ..plan_options(&self.relay, self.budget.budget, self.staging_budget, 0.0)
+        }
+    }
+}

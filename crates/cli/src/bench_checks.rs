@@ -1,23 +1,11 @@
-//! `relaycc bench`'s checks before anything is allocated: the size series, and whether its
-//! largest size fits in host and device memory.
+//! `relaycc bench`'s check before anything is allocated: whether its largest size fits in
+//! host and device memory.
 
 use anyhow::Result;
 use relaycc_collectives::Communicator;
-use relaycc_route::{Collective, DType, ReduceOp};
 
 use crate::args::{BackendKind, BenchArgs};
-use crate::bench_cmd::request;
 use crate::size::format_size;
-
-/// The sizes to time, `-b` to `-e` multiplying by `-f`; arguments that cannot give such a
-/// series, or sizes that are no whole number of elements, are usage errors.
-pub fn bench_sizes(args: &BenchArgs) -> Result<Vec<u64>> {
-    let sizes = crate::size::size_series(args.min_bytes, args.max_bytes, args.factor)?;
-    for &s in &sizes {
-        crate::report::whole_elements(s, args.element.dtype)?;
-    }
-    Ok(sizes)
-}
 
 /// Refuses a largest size whose buffers do not fit: on the host, in the memory this process
 /// may still take ([`crate::resources::host_available_bytes`]); on CUDA, in each device's
@@ -29,12 +17,11 @@ pub fn check_memory(
     comm: &Communicator,
     args: &BenchArgs,
     ordinals: &[usize],
-    c: Collective,
-    dtype: DType,
-    op: ReduceOp,
     max: u64,
 ) -> Result<()> {
-    let req = request(comm, c, dtype, op, args.root, max);
+    let dtype = args.element.dtype;
+    let how = (args.collective, dtype, args.element.op, args.root);
+    let req = crate::sizing::bench_request(comm.devices(), how, max)?;
     let copy = req.size_bytes().saturating_mul(2);
     let mut per_rank = Vec::with_capacity(comm.ranks());
     let mut largest = 0u64;

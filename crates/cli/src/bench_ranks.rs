@@ -16,43 +16,77 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use relaycc_collectives::{Collectives, Communicator, Element, RankComm, RankGroup, bf16, f16};
-use relaycc_route::{Collective, DType, ReduceOp, Request};
+use relaycc_route::{Collective, DType, Request};
 
 use crate::args::BenchArgs;
-use crate::bench_cmd::{Row, request};
+use crate::bench_driver::{BenchDriver, Call, Measurement, Setting};
 use crate::bench_reference::{RefElement, count_wrong_in, value};
 
-/// One handle per rank of a communicator like `comm` (same topology and devices), on a host
-/// backend of their own.
-pub fn ranks(comm: &Communicator) -> Result<Vec<RankComm>> {
-    let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
-    let c = Communicator::new(comm.topology().clone(), comm.devices(), &[], backend)?;
-    Ok(c.into_ranks())
+/// The host backend's driver: one handle per rank of a host communicator.
+pub struct RanksDriver {
+    ranks: Vec<RankComm>,
+    devices: Vec<u32>,
+    backend: String,
+    /// Why `--vs-nccl` times nothing here.
+    nccl_unavailable: Option<String>,
 }
 
-/// The row for `size` bytes of the collective, element type `dtype`.
-pub fn row(
-    ranks: &mut Vec<RankComm>,
-    comm: &Communicator,
-    args: &BenchArgs,
-    c: Collective,
-    dtype: DType,
-    op: ReduceOp,
-    size: u64,
-) -> Result<Row> {
-    match dtype {
-        DType::F32 => typed_row::<f32>(ranks, comm, args, c, op, size),
-        DType::F64 => typed_row::<f64>(ranks, comm, args, c, op, size),
-        DType::F16 => typed_row::<f16>(ranks, comm, args, c, op, size),
-        DType::Bf16 => typed_row::<bf16>(ranks, comm, args, c, op, size),
-        DType::I8 => typed_row::<i8>(ranks, comm, args, c, op, size),
-        DType::U8 => typed_row::<u8>(ranks, comm, args, c, op, size),
-        DType::I32 => typed_row::<i32>(ranks, comm, args, c, op, size),
-        DType::U32 => typed_row::<u32>(ranks, comm, args, c, op, size),
-        DType::I64 => typed_row::<i64>(ranks, comm, args, c, op, size),
-        DType::U64 => typed_row::<u64>(ranks, comm, args, c, op, size),
+/// The driver of `--backend host`: ranks on logical devices of this host's memory
+/// (`--gpus LIST` or `--ranks N` for devices 0..N), after checking that the largest size's
+/// buffers fit ([`crate::bench_checks::check_memory`]).
+pub fn open(args: &BenchArgs, sizes: &[u64]) -> Result<RanksDriver> {
+    let devices: Vec<u32> = match (&args.gpus, args.ranks) {
+        (g, _) if !g.is_empty() => g.clone(),
+        (_, Some(n)) if n > 0 => (0..n).collect(),
+        _ => bail!("give --ranks N or --gpus LIST"),
+    };
+    let arenas = devices.iter().max().map_or(0, |m| m + 1);
+    let topo = relaycc_collectives::host_topology(arenas)?;
+    let backend = std::sync::Arc::new(relaycc_collectives::HostBackend::new());
+    // `host-N` tells the planner the ranks share this host's memory.
+    let comm = Communicator::new(topo, &devices, &[], backend)?;
+    let max = sizes.last().copied().unwrap_or(0);
+    crate::bench_checks::check_memory(&comm, args, &[], max)?;
+    let nccl_unavailable = args
+        .vs_nccl
+        .then(|| "NCCL runs on GPUs: use --backend cuda".to_owned());
+    Ok(RanksDriver {
+        backend: comm.backend().name().into(),
+        ranks: comm.into_ranks(),
+        devices,
+        nccl_unavailable,
+    })
+}
+
+impl BenchDriver for RanksDriver {
+    fn devices(&self) -> Vec<u32> {
+        self.devices.clone()
+    }
+
+    fn measure(&mut self, call: &Call) -> Result<Measurement> {
+        let ranks = &mut self.ranks;
+        match call.request.dtype {
+            DType::F32 => measure::<f32>(ranks, call),
+            DType::F64 => measure::<f64>(ranks, call),
+            DType::F16 => measure::<f16>(ranks, call),
+            DType::Bf16 => measure::<bf16>(ranks, call),
+            DType::I8 => measure::<i8>(ranks, call),
+            DType::U8 => measure::<u8>(ranks, call),
+            DType::I32 => measure::<i32>(ranks, call),
+            DType::U32 => measure::<u32>(ranks, call),
+            DType::I64 => measure::<i64>(ranks, call),
+            DType::U64 => measure::<u64>(ranks, call),
+        }
+    }
+
+    fn setting(&self) -> Setting {
+        Setting::InProcess {
+            backend: self.backend.clone(),
+            nccl: None,
+            nccl_unavailable: self.nccl_unavailable.clone(),
+        }
     }
 }
 
@@ -194,34 +228,28 @@ fn driver_threads(n: usize) -> usize {
     cores.clamp(1, n.max(1))
 }
 
-fn typed_row<T: RefElement>(
-    ranks: &mut Vec<RankComm>,
-    comm: &Communicator,
-    args: &BenchArgs,
-    c: Collective,
-    op: ReduceOp,
-    size: u64,
-) -> Result<Row> {
-    let req = request(comm, c, T::DTYPE, op, args.root, size);
+/// The collective of `call` on every rank, timed as the module says.
+fn measure<T: RefElement>(ranks: &mut Vec<RankComm>, call: &Call) -> Result<Measurement> {
+    let req = &call.request;
     let bytes = req.size_bytes();
     let n = ranks.len();
-    let iters = args.iters.max(1);
+    let iters = call.iters;
     let threads = driver_threads(n);
     let barrier = Gate::new(threads);
     let drive = |mine: Vec<RankComm>| -> Result<DriverReport<T>> {
         let mut mine: Vec<Driven<T>> = mine
             .into_iter()
-            .map(|rank| Driven::new(rank, &req, bytes))
+            .map(|rank| Driven::new(rank, req, bytes))
             .collect::<Result<_>>()?;
-        for _ in 0..args.warmup {
-            collective(&mut mine, &req)?;
+        for _ in 0..call.warmup {
+            collective(&mut mine, req)?;
             copy(&mut mine)?;
         }
         let (mut t_coll, mut t_copy) = (0.0, 0.0);
         for _ in 0..iters {
             barrier.wait()?;
             let t = Instant::now();
-            collective(&mut mine, &req)?;
+            collective(&mut mine, req)?;
             t_coll += t.elapsed().as_secs_f64();
             barrier.wait()?;
             let t = Instant::now();
@@ -295,11 +323,16 @@ fn typed_row<T: RefElement>(
     if let Some(e) = first_err {
         return Err(e);
     }
-    let wrong = if args.check {
-        Some(count_wrong_in(&req, &outs)?)
+    let wrong = if call.check {
+        Some(count_wrong_in(req, &outs)?)
     } else {
         None
     };
     let per = |t: f64| t / f64::from(iters);
-    Ok(Row::timed(&req, n, per(t_coll), per(t_copy), wrong))
+    Ok(Measurement {
+        secs: per(t_coll),
+        wrong,
+        copy_secs: Some(per(t_copy)),
+        ..Measurement::default()
+    })
 }

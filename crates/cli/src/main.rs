@@ -10,9 +10,12 @@ mod args;
 mod bench_checks;
 mod bench_cmd;
 mod bench_cuda;
+mod bench_driver;
+mod bench_launch;
 mod bench_mpi;
 mod bench_ranks;
 mod bench_reference;
+mod bench_report;
 #[cfg(feature = "cuda")]
 mod calibrate_cmd;
 mod plan_cmd;
@@ -23,6 +26,7 @@ mod resources;
 mod route_cmd;
 mod simulate_cmd;
 mod size;
+mod sizing;
 mod topo_cmd;
 mod validate_cmd;
 

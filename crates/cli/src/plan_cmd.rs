@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
-use relaycc_route::{PlanOptions, plan, sim};
+use relaycc_route::{plan, sim};
 use serde_json::json;
 
 use crate::args::{PlanArgs, TableFormat};
@@ -19,16 +19,7 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     let gpus = job_gpus(&args.request, &topo)?;
     check_relays(&args.request.relay, &topo, &args.request.topology.mask_gpus)?;
     let req = request(&args.request, &gpus, args.size)?;
-    let opts = PlanOptions {
-        relay: args.request.relay.clone(),
-        budget: args.request.budget.budget,
-        staging_budget: args.request.staging_budget,
-        sim: relaycc_route::SimConfig {
-            issue_us: args.request.issue_us,
-            ..relaycc_route::SimConfig::default()
-        },
-        ..PlanOptions::default()
-    };
+    let opts = args.request.plan_options();
     let spin = crate::progress::spinner(format!(
         "planning {} on {} GPUs of {}",
         req.collective,

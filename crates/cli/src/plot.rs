@@ -6,10 +6,20 @@ use std::path::Path;
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
 
-use crate::simulate_cmd::Row;
+/// One size's busbw figures, GB/s.
+pub struct BusbwPoint {
+    /// The size, bytes.
+    pub bytes: u64,
+    /// relaycc's.
+    pub relaycc: f64,
+    /// The baseline's.
+    pub baseline: f64,
+    /// The bound's.
+    pub bound: f64,
+}
 
 /// Write busbw against size for relaycc, the baseline and the bound.
-pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<()> {
+pub fn write_svg(path: &Path, rows: &[BusbwPoint], title: &str) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -19,7 +29,7 @@ pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<()> {
     let xmax = rows.iter().map(|r| r.bytes.max(1)).max().unwrap_or(2) as f64;
     let ymax = rows
         .iter()
-        .map(|r| r.bound.busbw_gbps.max(r.predicted.busbw_gbps))
+        .map(|r| r.bound.max(r.relaycc))
         .fold(1.0, f64::max)
         * 1.1;
     let mut chart = ChartBuilder::on(&root)
@@ -35,13 +45,11 @@ pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<()> {
         .y_desc("busbw (GB/s)")
         .draw()
         .map_err(|e| anyhow!("plot: {e}"))?;
-    type Series = (&'static str, RGBColor, fn(&Row) -> f64);
+    type Series = (&'static str, RGBColor, fn(&BusbwPoint) -> f64);
     let series: [Series; 3] = [
-        ("relaycc", RGBColor(211, 47, 47), |r| r.predicted.busbw_gbps),
-        ("NCCL-like baseline", RGBColor(25, 118, 210), |r| {
-            r.baseline.busbw_gbps
-        }),
-        ("bound", RGBColor(120, 120, 120), |r| r.bound.busbw_gbps),
+        ("relaycc", RGBColor(211, 47, 47), |r| r.relaycc),
+        ("NCCL-like baseline", RGBColor(25, 118, 210), |r| r.baseline),
+        ("bound", RGBColor(120, 120, 120), |r| r.bound),
     ];
     for (name, color, f) in series {
         chart

@@ -2,48 +2,41 @@
 
 use anyhow::{Result, bail};
 use relaycc_route::path::RelayPolicy;
-use relaycc_route::{Collective, DType, Request, sim::Perf};
+use relaycc_route::{Collective, Request, sim::Perf};
 use relaycc_topo::Topology;
 use serde_json::{Value, json};
 
 use crate::args::{CollectiveArgs, usage};
+use crate::sizing::{element_count, whole_elements};
 
 /// A `{time_us, algbw_gbps, busbw_gbps}` object.
 pub fn perf_json(p: &Perf) -> Value {
     json!({ "time_us": p.time_us, "algbw_gbps": p.algbw_gbps, "busbw_gbps": p.busbw_gbps })
 }
 
-/// The request for `args` at `size_bytes` (nccl-tests' size: one rank's larger buffer).
-/// Variable-size collectives get a deterministic irregular pattern of that total.
+/// The request for `args` at `size_bytes` (nccl-tests' size: one rank's larger buffer), its
+/// count by [`element_count`]. Variable-size collectives get a deterministic irregular
+/// pattern of the size's elements in total.
 pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<Request> {
     let n = gpus.len() as u64;
     if n == 0 {
         bail!("no GPUs given");
     }
-    let dtype = args.element.dtype;
+    let (c, dtype) = (args.collective, args.element.dtype);
     let elems = whole_elements(size_bytes, dtype)?;
-    // nccl-tests sizes all_gather/all_to_all/gather by the whole output, others by one buffer.
-    let count = match args.collective {
-        Collective::AllGather
-        | Collective::AllToAll
-        | Collective::Gather
-        | Collective::Scatter
-        | Collective::ReduceScatter => elems / n,
-        _ => elems,
-    };
-    let mut r = Request::new(args.collective, gpus.to_vec(), count, dtype)
+    let count = element_count(c, dtype, size_bytes, n)?;
+    let mut r = Request::new(c, gpus.to_vec(), count, dtype)
         .with_op(args.element.op)
         .with_root(args.root);
-    match args.collective {
+    match c {
         Collective::AllGatherV => {
             // Irregular blocks summing to about `elems`: rank k gets a share growing with k.
             let weights: u64 = (1..=n).sum();
             r.counts = (1..=n).map(|k| elems * k / weights).collect();
         }
         Collective::AllToAllV => {
-            let per = elems / n.max(1);
             r.matrix = (0..n)
-                .map(|s| (0..n).map(|d| per * ((s + d) % 3) / 2).collect())
+                .map(|s| (0..n).map(|d| count * ((s + d) % 3) / 2).collect())
                 .collect();
         }
         Collective::SendRecv => bail!("use `relaycc route` for point-to-point copies"),
@@ -51,18 +44,6 @@ pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<R
     }
     r.validate()?;
     Ok(r)
-}
-
-/// Elements of `dtype` in `size_bytes`; a size that is no whole number of elements is a usage
-/// error rather than silently rounded down.
-pub fn whole_elements(size_bytes: u64, dtype: DType) -> Result<u64> {
-    let esize = dtype.size();
-    if !size_bytes.is_multiple_of(esize) {
-        return Err(usage(format!(
-            "size {size_bytes} bytes is not a whole number of {dtype} elements ({esize} bytes each)"
-        )));
-    }
-    Ok(size_bytes / esize)
 }
 
 /// The job's GPUs: as given, or every GPU the mask leaves free. A listed GPU that the topology

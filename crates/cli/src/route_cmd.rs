@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use relaycc_route::{PlanOptions, Request, plan};
+use relaycc_route::{Request, plan};
 use serde_json::json;
 
 use crate::args::{RouteArgs, RouteFormat};
@@ -19,13 +19,7 @@ pub fn run(args: &RouteArgs) -> Result<String> {
     let topo = load_topology(&args.topology)?;
     check_relays(&args.relay, &topo, &args.topology.mask_gpus)?;
     let req = Request::point_to_point(args.from, args.to, args.size);
-    let opts = PlanOptions {
-        relay: args.relay.clone(),
-        strategy: args.strategy,
-        budget: args.budget.budget,
-        staging_budget: args.staging_budget,
-        ..PlanOptions::default()
-    };
+    let opts = args.plan_options();
     let p = plan(&topo, &req, &opts)?;
     let paths: Vec<serde_json::Value> = p
         .routes

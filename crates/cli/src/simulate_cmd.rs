@@ -3,16 +3,16 @@
 use std::fmt::Write as _;
 
 use anyhow::Result;
-use relaycc_route::{PlanOptions, Planner};
+use relaycc_route::Planner;
 use serde_json::json;
 
 use crate::args::{SimulateArgs, TableFormat};
 use crate::report::{check_relays, job_gpus, perf_json, ratio, request};
-use crate::size::size_series;
+use crate::sizing::size_series;
 use crate::topo_cmd::load_topology;
 
 /// One size's figures.
-pub struct Row {
+struct Row {
     /// Request size, bytes.
     pub bytes: u64,
     /// Elements per rank.
@@ -33,16 +33,7 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
     let gpus = job_gpus(&args.request, &topo)?;
     check_relays(&args.request.relay, &topo, &args.request.topology.mask_gpus)?;
     let planner = Planner::new(topo.clone());
-    let opts = PlanOptions {
-        relay: args.request.relay.clone(),
-        budget: args.request.budget.budget,
-        staging_budget: args.request.staging_budget,
-        sim: relaycc_route::SimConfig {
-            issue_us: args.request.issue_us,
-            ..relaycc_route::SimConfig::default()
-        },
-        ..PlanOptions::default()
-    };
+    let opts = args.request.plan_options();
     let mut rows = Vec::new();
     let sizes = size_series(args.min_bytes, args.max_bytes, args.step_factor)?;
     let pb = crate::progress::bar(sizes.len() as u64, "simulating sizes");
@@ -73,9 +64,18 @@ pub fn run(args: &SimulateArgs) -> Result<String> {
     }
     pb.finish_and_clear();
     if let Some(path) = &args.svg {
+        let points: Vec<crate::plot::BusbwPoint> = rows
+            .iter()
+            .map(|r| crate::plot::BusbwPoint {
+                bytes: r.bytes,
+                relaycc: r.predicted.busbw_gbps,
+                baseline: r.baseline.busbw_gbps,
+                bound: r.bound.busbw_gbps,
+            })
+            .collect();
         crate::plot::write_svg(
             path,
-            &rows,
+            &points,
             &format!(
                 "{} on {} GPUs {:?} of {}",
                 args.request.collective,

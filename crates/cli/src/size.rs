@@ -4,9 +4,7 @@
 //! reads `-b 4K`); a decimal unit with `B` is a power of 1000 (`kB`/`KB` = 1000, `MB`, `GB`,
 //! `TB`). Letters are case-insensitive. A fraction is accepted when it names a whole number of
 //! bytes (`1.5K` = 1536); anything after the unit, a fraction of a byte, or a size past
-//! `u64::MAX` is refused. [`size_series`] steps `-b`/`-e`/`-f` as nccl-tests does.
-
-use crate::args::usage;
+//! `u64::MAX` is refused.
 
 /// Parse a size in bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -60,33 +58,6 @@ fn unit_bytes(unit: &str) -> Option<u64> {
     }
 }
 
-/// The sizes `-b min -e max -f factor` name, as nccl-tests steps them: `min`, `min * factor`,
-/// ... up to `max`, at most [`MAX_SIZE_STEPS`] of them. A usage error when `min` is 0, when
-/// `min > max`, or when `factor < 2` and the two differ.
-pub fn size_series(min: u64, max: u64, factor: u64) -> anyhow::Result<Vec<u64>> {
-    if min == 0 {
-        return Err(usage("-b must be at least 1 byte"));
-    }
-    if min > max {
-        return Err(usage(format!("-b {min} is larger than -e {max}")));
-    }
-    if factor < 2 && min != max {
-        return Err(usage("-f must be at least 2"));
-    }
-    let mut v = vec![min];
-    while let Some(&last) = v.last() {
-        match last.checked_mul(factor) {
-            Some(next) if next <= max && next > last && v.len() < MAX_SIZE_STEPS => v.push(next),
-            _ => break,
-        }
-    }
-    Ok(v)
-}
-
-/// The most sizes one series holds: 64 doublings pass `u64::MAX`, so only a factor below 2
-/// (refused) could ask for more.
-pub const MAX_SIZE_STEPS: usize = 64;
-
 /// A size for people, in the largest binary unit it reaches: `256 MiB`, `1.50 GiB`, `1000 B`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
@@ -110,24 +81,6 @@ pub fn format_size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn size_series_steps_as_nccl_tests_and_refuses_what_it_cannot_step() {
-        assert_eq!(
-            size_series(1024, 8192, 2).unwrap(),
-            [1024, 2048, 4096, 8192]
-        );
-        assert_eq!(size_series(1000, 5000, 4).unwrap(), [1000, 4000]);
-        assert_eq!(size_series(64, 64, 1).unwrap(), [64]);
-        assert_eq!(size_series(1, u64::MAX, 2).unwrap().len(), MAX_SIZE_STEPS);
-        for (b, e, f) in [(0, 8, 2), (16, 8, 2), (8, 16, 1)] {
-            let err = size_series(b, e, f).unwrap_err();
-            assert!(
-                err.downcast_ref::<crate::args::UsageError>().is_some(),
-                "{b} {e} {f}: {err}"
-            );
-        }
-    }
 
     #[test]
     fn sizes_parse_like_nccl_tests() {

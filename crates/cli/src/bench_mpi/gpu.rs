@@ -14,7 +14,6 @@ mod with_cuda {
     use relaycc_route::Collective;
 
     use crate::args::{BenchArgs, TransportKind};
-    use crate::bench_mpi::imp::Bufs;
 
     /// Element types a `CudaSlice` holds.
     pub(in crate::bench_mpi) trait Dev: DeviceRepr {}
@@ -74,7 +73,8 @@ mod with_cuda {
     /// The host buffers' contents on the device.
     pub(in crate::bench_mpi) fn upload<T: Element + Dev>(
         g: &Gpu<'_>,
-        b: &Bufs<T>,
+        host_input: &[T],
+        host_output: &[T],
     ) -> Result<DevBufs<T>> {
         let pad = |v: &[T]| {
             if v.is_empty() {
@@ -85,17 +85,17 @@ mod with_cuda {
         };
         let input = g
             .stream
-            .clone_htod(&pad(&b.input))
+            .clone_htod(&pad(host_input))
             .map_err(|e| anyhow::anyhow!("upload: {e:?}"))?;
         let output = g
             .stream
-            .clone_htod(&pad(&b.output))
+            .clone_htod(&pad(host_output))
             .map_err(|e| anyhow::anyhow!("upload: {e:?}"))?;
         Ok(DevBufs {
             input,
             output,
-            in_len: b.input.len(),
-            out_len: b.output.len(),
+            in_len: host_input.len(),
+            out_len: host_output.len(),
         })
     }
 
@@ -157,7 +157,6 @@ mod without_cuda {
     use relaycc_collectives::mpi::{MpiCommunicator, rsmpi::topology::SimpleCommunicator};
 
     use crate::args::BenchArgs;
-    use crate::bench_mpi::imp::Bufs;
 
     /// Every element type.
     pub(in crate::bench_mpi) trait Dev {}
@@ -181,7 +180,11 @@ mod without_cuda {
     pub(in crate::bench_mpi) fn describe(g: &Gpu<'_>) -> String {
         match g.1 {}
     }
-    pub(in crate::bench_mpi) fn upload<T: Element>(g: &Gpu<'_>, _: &Bufs<T>) -> Result<DevBufs<T>> {
+    pub(in crate::bench_mpi) fn upload<T: Element>(
+        g: &Gpu<'_>,
+        _: &[T],
+        _: &[T],
+    ) -> Result<DevBufs<T>> {
         match g.1 {}
     }
     pub(in crate::bench_mpi) fn download<T>(

@@ -1,7 +1,6 @@
-//! The MPI benchmark itself (feature `mpi`): arguments agreed, buffers, relaycc's and the
-//! MPI library's calls, timing, the report.
+//! The MPI benchmark itself (feature `mpi`): arguments agreed, then the MPI driver of
+//! `bench_report.rs`'s pipeline: buffers, relaycc's and the MPI library's calls, timing.
 
-use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -12,70 +11,12 @@ use relaycc_route::{Collective, DType, ReduceOp, Request};
 use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
 use rsmpi::topology::{Communicator, SimpleCommunicator};
-use serde::Serialize;
 
 use crate::args::{BenchArgs, usage};
-use crate::bench_cmd::{Column, table_head, table_row, write_report};
+use crate::bench_driver::{BenchDriver, Call, Measurement, MpiSetting, Setting};
 use crate::bench_reference::value;
 
 use super::gpu;
-
-/// One row of results.
-#[derive(Debug, Serialize)]
-struct Row {
-    size: u64,
-    count: u64,
-    time_us: f64,
-    algbw_gbps: f64,
-    busbw_gbps: f64,
-    /// Elements (over all ranks) where relaycc's output differs from the MPI
-    /// collective's; `None` (N/A) without `--check`.
-    wrong: Option<u64>,
-    /// The MPI collective's time on the same buffers (`--vs-mpi`), microseconds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    mpi_time_us: Option<f64>,
-    /// The MPI collective's busbw, GB/s.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    mpi_busbw_gbps: Option<f64>,
-    /// MPI's time over relaycc's (above 1: relaycc is faster).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    vs_mpi: Option<f64>,
-    /// The algorithm of relaycc's plan at this size (the report's `algorithm` is the
-    /// largest size's).
-    #[serde(skip)]
-    algorithm: Option<String>,
-}
-
-/// The JSON document.
-#[derive(Debug, Serialize)]
-struct Report {
-    collective: String,
-    backend: String,
-    ranks: u32,
-    nodes: u32,
-    dtype: String,
-    op: String,
-    root: u32,
-    iters: u32,
-    warmup: u32,
-    /// The algorithm of relaycc's plan at the largest size.
-    algorithm: Option<String>,
-    /// The MPI library (`MPI_Get_library_version`, first line).
-    mpi_library: String,
-    /// Whether relaycc ran in the caller's buffers (`RELAYCC_MPI_ZERO_COPY=1`) or in
-    /// its own, copying the input in and the output out (host buffers only).
-    zero_copy: bool,
-    /// Whether the buffers were `SharedHostBuffer`s (`--shared-buffers`).
-    shared_buffers: bool,
-    /// How host messages move between the processes
-    /// (`MpiCommunicator::host_transport`).
-    transport: String,
-    /// On GPUs: rank 0's device and the transport (`cuda:0, transport nccl`); absent on
-    /// host memory.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    gpu: Option<String>,
-    results: Vec<Row>,
-}
 
 /// The arguments every rank must share, by the names the command line gives them.
 fn settings(args: &BenchArgs) -> Vec<(&'static str, i64)> {
@@ -106,8 +47,8 @@ fn settings(args: &BenchArgs) -> Vec<(&'static str, i64)> {
     ]
 }
 
-/// Run `relaycc bench --backend mpi` (collective over the processes of `mpirun`).
-pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
+/// Run `relaycc bench --backend mpi` at `sizes` (collective over the processes of `mpirun`).
+pub fn run(args: &BenchArgs, sizes: &[u64], out: &mut Vec<u8>) -> Result<()> {
     let universe = rsmpi::initialize().context("MPI cannot be initialized")?;
     let world = universe.world();
     let me = world.rank() as u32;
@@ -132,7 +73,6 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             "--backend mpi times collectives; send_recv is not among them",
         ));
     }
-    let sizes = crate::bench_checks::bench_sizes(args)?;
     let n = world.size() as u32;
     if let Some(r) = args.ranks
         && r != n
@@ -147,144 +87,80 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
     // The benchmark times the fast path an engine uses: the caller's buffers handed to
     // MPI. `RELAYCC_MPI_ZERO_COPY=0` times the communicator's own buffers instead.
     comm.set_zero_copy(std::env::var("RELAYCC_MPI_ZERO_COPY").map_or(true, |v| v.trim() != "0"));
-    let mut dev = if on_gpus {
+    let dev = if on_gpus {
         Some(gpu::open(&comm, &world, args)?)
     } else {
         None
     };
-    let mut rows = Vec::new();
-    let mut algorithm = None;
-    for size in sizes {
-        let d = dev.as_mut();
-        let row = match args.element.dtype {
-            DType::F32 => size_row::<f32>(&comm, &world, args, size, d)?,
-            DType::F64 => size_row::<f64>(&comm, &world, args, size, d)?,
-            DType::I8 => size_row::<i8>(&comm, &world, args, size, d)?,
-            DType::U8 => size_row::<u8>(&comm, &world, args, size, d)?,
-            DType::I32 => size_row::<i32>(&comm, &world, args, size, d)?,
-            DType::U32 => size_row::<u32>(&comm, &world, args, size, d)?,
-            DType::I64 => size_row::<i64>(&comm, &world, args, size, d)?,
-            DType::U64 => size_row::<u64>(&comm, &world, args, size, d)?,
-            DType::F16 | DType::Bf16 => {
-                return Err(usage(
-                    "--backend mpi times types MPI has (f32, f64, i8, u8, i32, u32, i64, \
-                     u64); MPI has no half-precision type",
-                ));
-            }
-        };
-        algorithm = row.algorithm.clone();
-        rows.push(row);
-    }
-    if me != 0 {
-        return Ok(());
-    }
-    let library: String = rsmpi::environment::library_version()
-        .unwrap_or_default()
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .filter(|c| !c.is_control())
-        .collect::<String>()
-        .trim()
-        .to_owned();
-    let report = Report {
-        collective: args.collective.name().into(),
-        backend: "mpi".into(),
-        ranks: n,
-        nodes: comm.nodes(),
-        dtype: args.element.dtype.nccl_name().into(),
-        op: args.element.op.name().into(),
-        root: args.root,
-        iters: args.iters,
-        warmup: args.warmup,
-        algorithm,
-        mpi_library: library,
-        zero_copy: comm.zero_copy() && dev.is_none(),
-        shared_buffers: args.shared_buffers,
-        transport: comm.host_transport(),
-        gpu: dev.as_ref().map(gpu::describe),
-        results: rows,
+    let mut driver = MpiDriver {
+        comm: &comm,
+        world: &world,
+        args,
+        dev,
     };
-    write_report(&report, args.format, out, table)
+    crate::bench_report::run(&mut driver, args, sizes, out)
 }
 
-fn table(r: &Report, out: &mut Vec<u8>) -> Result<()> {
-    writeln!(
-        out,
-        "# relaycc bench {} on {} ranks ({} processes, {} node(s)), backend mpi, plan {}, \
-         {}, {} iters after {} warmup",
-        r.collective,
-        r.ranks,
-        r.ranks,
-        r.nodes,
-        r.algorithm.as_deref().unwrap_or("-"),
-        match (&r.gpu, r.zero_copy, r.shared_buffers) {
-            (Some(g), ..) => g.as_str(),
-            (None, true, true) => "zero copy, shared buffers",
-            (None, true, false) => "zero copy",
-            (None, false, true) => "own buffers, shared inputs and outputs",
-            (None, false, false) => "own buffers",
-        },
-        r.iters,
-        r.warmup
-    )?;
-    writeln!(
-        out,
-        "# MPI: {}; relaycc's transport: {}",
-        r.mpi_library, r.transport
-    )?;
-    let extra: [Column; 3] = [
-        ("mpi time", "(us)", 10),
-        ("mpi bus", "(GB/s)", 8),
-        ("vs mpi", "(x)", 7),
-    ];
-    table_head(out, &extra)?;
-    let na = |v: Option<f64>, p: usize| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.p$}"));
-    for row in &r.results {
-        let cells = [
-            na(row.mpi_time_us, 1),
-            na(row.mpi_busbw_gbps, 2),
-            na(row.vs_mpi, 2),
-        ];
-        let lead = (
-            row.size,
-            row.count,
-            row.time_us,
-            row.algbw_gbps,
-            row.busbw_gbps,
-        );
-        let how = (r.dtype.as_str(), r.op.as_str(), r.root);
-        table_row(out, lead, row.wrong, how, &extra, &cells)?;
-    }
-    if r.results.iter().any(|row| row.vs_mpi.is_some()) {
-        writeln!(
-            out,
-            "# vs mpi = MPI's time / relaycc's time on the same buffers (above 1: relaycc \
-             is faster)"
-        )?;
-    }
-    Ok(())
+/// The MPI driver: this process's rank, on host memory or its GPU.
+struct MpiDriver<'c> {
+    comm: &'c MpiCommunicator,
+    world: &'c SimpleCommunicator,
+    args: &'c BenchArgs,
+    /// This process's GPU rank, on GPUs.
+    dev: Option<gpu::Gpu<'c>>,
 }
 
-/// The element count of a `size`-byte request, as nccl-tests counts it.
-fn element_count(c: Collective, dtype: DType, size: u64, n: u64) -> u64 {
-    let per = size / dtype.size();
-    match c {
-        Collective::AllGather
-        | Collective::AllGatherV
-        | Collective::ReduceScatter
-        | Collective::AllToAll
-        | Collective::AllToAllV
-        | Collective::Gather
-        | Collective::Scatter => per / n.max(1),
-        _ => per,
+impl BenchDriver for MpiDriver<'_> {
+    fn devices(&self) -> Vec<u32> {
+        (0..self.world.size() as u32).collect()
+    }
+
+    fn measure(&mut self, call: &Call) -> Result<Measurement> {
+        match call.request.dtype {
+            DType::F32 => measure::<f32>(self, call),
+            DType::F64 => measure::<f64>(self, call),
+            DType::I8 => measure::<i8>(self, call),
+            DType::U8 => measure::<u8>(self, call),
+            DType::I32 => measure::<i32>(self, call),
+            DType::U32 => measure::<u32>(self, call),
+            DType::I64 => measure::<i64>(self, call),
+            DType::U64 => measure::<u64>(self, call),
+            DType::F16 | DType::Bf16 => Err(usage(
+                "--backend mpi times types MPI has (f32, f64, i8, u8, i32, u32, i64, \
+                 u64); MPI has no half-precision type",
+            )),
+        }
+    }
+
+    fn prints(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    fn setting(&self) -> Setting {
+        let library: String = rsmpi::environment::library_version()
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(|c| !c.is_control())
+            .collect::<String>()
+            .trim()
+            .to_owned();
+        Setting::Mpi(MpiSetting {
+            nodes: self.comm.nodes(),
+            mpi_library: library,
+            zero_copy: self.comm.zero_copy() && self.dev.is_none(),
+            shared_buffers: self.args.shared_buffers,
+            transport: self.comm.host_transport(),
+            gpu: self.dev.as_ref().map(gpu::describe),
+        })
     }
 }
 
 /// A host buffer of the benchmark: on the heap, or shared with the other local ranks
 /// (`--shared-buffers`).
-pub(super) enum HostBuf<T: Element> {
+enum HostBuf<T: Element> {
     Heap(Vec<T>),
     Shared(SharedHostBuffer<T>),
 }
@@ -327,39 +203,27 @@ impl<T: Element> std::ops::DerefMut for HostBuf<T> {
 }
 
 /// This rank's buffers and counts for one size.
-pub(super) struct Bufs<T: Element> {
-    pub(super) input: HostBuf<T>,
-    pub(super) output: HostBuf<T>,
+struct Bufs<T: Element> {
+    input: HostBuf<T>,
+    output: HostBuf<T>,
     /// Per-rank counts (all equal) of the `v` collectives, as MPI takes them.
     counts: Vec<usize>,
     displs: Vec<i32>,
-    req: Request,
 }
 
-fn buffers<T: Element>(args: &BenchArgs, n: u32, me: u32, size: u64) -> Result<Bufs<T>> {
-    let c = args.collective;
-    let dtype = T::DTYPE;
-    let count = element_count(c, dtype, size, u64::from(n));
-    let mut req = Request::new(c, (0..n).collect(), count, dtype)
-        .with_op(args.element.op)
-        .with_root(args.root);
-    let nr = n as usize;
-    if c == Collective::AllGatherV {
-        req.counts = vec![count; nr];
-    }
-    if c == Collective::AllToAllV {
-        req.matrix = vec![vec![count; nr]; nr];
-    }
+/// This rank's buffers of `req` (on the heap, or shared with `shared`).
+fn buffers<T: Element>(shared: bool, req: &Request, me: u32) -> Result<Bufs<T>> {
+    let (c, count) = (req.collective, req.count);
+    let nr = req.nranks();
     let in_len = usize::try_from(req.input_len(me)?)?;
     let mut out_len = usize::try_from(req.output_len(me)?)?;
     if c == Collective::Broadcast {
         // In place, as MPI_Bcast: every rank's buffer holds the count.
-        out_len = count as usize;
+        out_len = usize::try_from(count)?;
     }
-    let shared = args.shared_buffers;
     let input = HostBuf::new(shared, in_len, me, |i| T::from_i64(value(me, i)))?;
     let output = HostBuf::new(shared, out_len, me, |_| T::from_i64(0))?;
-    let cu = count as usize;
+    let cu = usize::try_from(count)?;
     let counts = vec![cu; nr];
     let displs = (0..nr)
         .map(|r| i32::try_from(r * cu))
@@ -370,7 +234,6 @@ fn buffers<T: Element>(args: &BenchArgs, n: u32, me: u32, size: u64) -> Result<B
         output,
         counts,
         displs,
-        req,
     })
 }
 
@@ -456,25 +319,24 @@ fn mpi_call<T: Element + Equivalence>(
     }
 }
 
-/// Time relaycc (and with `--vs-mpi` the MPI collective) at one size; `--check`
+/// Time relaycc (and with `--vs-mpi` the MPI collective) at `call`'s size; `--check`
 /// compares the two outputs.
-fn size_row<T: Element + Equivalence + gpu::Dev>(
-    comm: &MpiCommunicator,
-    world: &SimpleCommunicator,
-    args: &BenchArgs,
-    size: u64,
-    mut dev: Option<&mut gpu::Gpu<'_>>,
-) -> Result<Row> {
+fn measure<T: Element + Equivalence + gpu::Dev>(
+    driver: &mut MpiDriver<'_>,
+    call: &Call,
+) -> Result<Measurement> {
+    let (comm, world, args) = (driver.comm, driver.world, driver.args);
+    let mut dev = driver.dev.as_mut();
     let n = world.size() as u32;
     let me = world.rank() as u32;
-    let mut b = buffers::<T>(args, n, me, size)?;
+    let mut b = buffers::<T>(args.shared_buffers, &call.request, me)?;
     let mut mpi_out = HostBuf::new(args.shared_buffers, b.output.len(), me, |_| T::from_i64(0))?;
     let with_mpi = args.vs_mpi;
     let mut d = match dev.as_deref() {
-        Some(g) => Some(gpu::upload(g, &b)?),
+        Some(g) => Some(gpu::upload(g, &b.input, &b.output)?),
         None => None,
     };
-    let mut call = |b: &mut Bufs<T>| -> Result<()> {
+    let mut relaycc = |b: &mut Bufs<T>| -> Result<()> {
         match (dev.as_deref_mut(), d.as_mut()) {
             (Some(g), Some(d)) => gpu::call(g, args, d, &b.counts, me),
             _ => relaycc_call(comm, args, b),
@@ -482,19 +344,19 @@ fn size_row<T: Element + Equivalence + gpu::Dev>(
     };
     // Every blocking MPI collective below is entered after a bounded barrier: once every
     // rank has passed it, each calls the same collective with the agreed arguments.
-    for _ in 0..args.warmup {
-        call(&mut b)?;
+    for _ in 0..call.warmup {
+        relaycc(&mut b)?;
         if with_mpi {
             comm.barrier()?;
             mpi_call(world, args, &b, &mut mpi_out);
         }
     }
     let (mut t_relay, mut t_mpi) = (0.0f64, 0.0f64);
-    let iters = args.iters.max(1);
+    let iters = call.iters;
     for _ in 0..iters {
         comm.barrier()?;
         let t = Instant::now();
-        call(&mut b)?;
+        relaycc(&mut b)?;
         t_relay += t.elapsed().as_secs_f64();
         if with_mpi {
             comm.barrier()?;
@@ -504,10 +366,10 @@ fn size_row<T: Element + Equivalence + gpu::Dev>(
         }
     }
     let algorithm = comm.last_algorithm();
-    let wrong = if args.check {
+    let wrong = if call.check {
         b.output.fill(T::from_i64(0));
         mpi_out.fill(T::from_i64(0));
-        call(&mut b)?;
+        relaycc(&mut b)?;
         if let (Some(g), Some(d)) = (dev.as_deref(), d.as_ref()) {
             gpu::download(g, d, &mut b.output)?;
         }
@@ -537,21 +399,12 @@ fn size_row<T: Element + Equivalence + gpu::Dev>(
     };
     let mut worst = [0.0f64; 2];
     comm.all_reduce(&[t_relay, t_mpi], &mut worst, ReduceOp::Max)?;
-    let bytes = b.req.size_bytes();
-    let secs = worst[0] / f64::from(iters);
-    let algbw = bytes as f64 / secs / 1e9;
-    let factor = args.collective.busbw_factor(n as usize);
-    let mpi_secs = with_mpi.then(|| worst[1] / f64::from(iters));
-    Ok(Row {
-        size: bytes,
-        count: b.req.count,
-        time_us: secs * 1e6,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * factor,
+    let per = |t: f64| t / f64::from(iters);
+    Ok(Measurement {
+        secs: per(worst[0]),
         wrong,
-        mpi_time_us: mpi_secs.map(|s| s * 1e6),
-        mpi_busbw_gbps: mpi_secs.map(|s| bytes as f64 / s / 1e9 * factor),
-        vs_mpi: mpi_secs.map(|s| s / secs),
+        copy_secs: None,
+        beside_secs: with_mpi.then(|| per(worst[1])),
         algorithm,
     })
 }

@@ -36,7 +36,11 @@
 
 /// Run `relaycc bench --backend mpi`.
 #[cfg(not(feature = "mpi"))]
-pub fn run(_args: &crate::args::BenchArgs, _out: &mut Vec<u8>) -> anyhow::Result<()> {
+pub fn run(
+    _args: &crate::args::BenchArgs,
+    _sizes: &[u64],
+    _out: &mut Vec<u8>,
+) -> anyhow::Result<()> {
     anyhow::bail!(
         "--backend mpi: this relaycc is built without MPI (build relaycc-cli with --features \
          mpi: Open MPI and libclang)"
