@@ -499,6 +499,36 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// An error this process has printed already (`relaycc: ...` on stderr), so `main` only
+/// exits with status 1: MPI ranks that fail together print theirs and meet at a barrier,
+/// so that every rank's line is out before the first rank's exit makes `mpirun` stop the
+/// others.
+#[derive(Debug)]
+pub struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reported above")
+    }
+}
+
+impl std::error::Error for Reported {}
+
+/// The one line `relaycc: ...` prints for `e`: its causes joined by `: `, a cause already at
+/// the end of the line (an error that prints its source) not repeated.
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain().map(|c| c.to_string()) {
+        if !line.ends_with(&cause) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&cause);
+        }
+    }
+    line.replace('\n', " ")
+}
+
 /// A usage error saying `message`, as an [`anyhow::Error`] that `main` maps to exit status 2.
 pub fn usage(message: impl Into<String>) -> anyhow::Error {
     UsageError(message.into()).into()

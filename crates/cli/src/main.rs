@@ -35,7 +35,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command, UsageError};
+use crate::args::{Cli, Command, Reported, UsageError, error_line};
 
 /// Clap's error as one line: its message lines joined, without the `error:` prefix, the usage
 /// block and the pointer to `--help`.
@@ -97,19 +97,9 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Err(e) if e.downcast_ref::<Reported>().is_some() => ExitCode::from(1),
         Err(e) => {
-            // Errors that print their source (`cannot read X: <io error>`) also return it as
-            // `source()`: a cause already at the end of the line is not repeated.
-            let mut line = String::new();
-            for cause in e.chain().map(|c| c.to_string()) {
-                if !line.ends_with(&cause) {
-                    if !line.is_empty() {
-                        line.push_str(": ");
-                    }
-                    line.push_str(&cause);
-                }
-            }
-            eprintln!("relaycc: {}", line.replace('\n', " "));
+            eprintln!("relaycc: {}", error_line(&e));
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {

@@ -54,8 +54,17 @@ pub fn run(args: &BenchArgs, sizes: &[u64], out: &mut Vec<u8>) -> Result<()> {
     let me = world.rank() as u32;
     let mut comm = MpiCommunicator::from_mpi(&world, me, None)?;
     // Before anything depends on them: ranks with other arguments would make other calls.
-    comm.agree_settings(&settings(args))
-        .context("the ranks were started with different arguments")?;
+    // Printed here, then a barrier (bounded by the timeout; every rank failed the same
+    // agreement), so that every rank's line is out before the first rank to exit makes
+    // mpirun stop the rest.
+    if let Err(e) = comm
+        .agree_settings(&settings(args))
+        .context("the ranks were started with different arguments")
+    {
+        eprintln!("relaycc: {}", crate::args::error_line(&e));
+        let _ = comm.barrier();
+        return Err(crate::args::Reported.into());
+    }
     let on_gpus = !args.gpus.is_empty() || args.transport.is_some();
     if on_gpus && cfg!(not(feature = "cuda")) {
         return Err(usage(
