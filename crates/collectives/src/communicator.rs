@@ -39,6 +39,42 @@ pub struct Communicator {
     null: DeviceMem,
 }
 
+/// A topology whose devices are arenas of host memory (`host-N`, [`host_topology`]) paired
+/// with the CUDA backend is an error that says which topology to use.
+#[cfg(feature = "cuda")]
+fn check_gpu_topology(topo: &Topology, devices: &[u32], backend: &dyn Backend) -> Result<()> {
+    use crate::backend::sealed::Private;
+    match backend.as_cuda(Private) {
+        Some(_) => refuse_host_arenas(topo, devices),
+        None => Ok(()),
+    }
+}
+
+/// An error where any of `devices` is an arena of host memory in `topo` (`host-N`,
+/// [`host_topology`]), for ranks on GPUs: such a topology's shared-memory plans move 64 KiB
+/// chunks, one kernel or copy each, which a CPU's caches want and a GPU pays a launch for
+/// (the crate's README measures 60x slower at 64 MiB). The error names the topologies to use.
+#[cfg(feature = "cuda")]
+pub(crate) fn refuse_host_arenas(topo: &Topology, devices: &[u32]) -> Result<()> {
+    let arenas: Vec<u32> = devices
+        .iter()
+        .copied()
+        .filter(|&d| topo.gpu_info(d).is_ok_and(|info| info.host_arena))
+        .collect();
+    if arenas.is_empty() {
+        return Ok(());
+    }
+    let n = devices.len();
+    Err(CollectivesError::Setup(format!(
+        "topology {} describes host memory, not GPUs (its devices {arenas:?} are arenas of host \
+         memory, the host backend's ranks), and the CUDA backend would run its shared-memory \
+         plans a launch per 64 KiB chunk; plan GPU ranks on the machine's own topology \
+         (RankComm::cuda reads it through NVML; relaycc_topo::load(\"auto\"), a topology file \
+         or a preset) or, without one, nvswitch_topology({n}) (the nvswitch-{n} preset)",
+        topo.name(),
+    )))
+}
+
 /// One-shot calls, each a group of one operation: `name (arguments);` makes
 /// `pub fn name<T: Element, I: AsView<T>, O: AsView<T>>(&self, arguments) ->
 /// Result<Pending<'_>>`, which adds [`Group`]'s `name` with the arguments and launches it.
@@ -86,6 +122,8 @@ impl Communicator {
                 return setup(format!("relay {r} is also a member"));
             }
         }
+        #[cfg(feature = "cuda")]
+        check_gpu_topology(&topo, devices, backend.as_ref())?;
         let null = backend.allocate(Location::Gpu(devices[0]), 0)?;
         Ok(Communicator {
             id: NEXT_COMM.fetch_add(1, Ordering::Relaxed),

@@ -13,7 +13,7 @@
 //! | NCCL | MPI | relaycc |
 //! |---|---|---|
 //! | `ncclCommInitAll` | `MPI_Comm_split` | [`Communicator::new`], [`Communicator::host`] |
-//! | `ncclCommInitAll`, one `ncclComm_t` per thread | (one rank per thread) | [`Communicator::into_ranks`], [`RankComm::host`] |
+//! | `ncclCommInitAll`, one `ncclComm_t` per thread | (one rank per thread) | [`Communicator::into_ranks`], [`RankComm::host`], `RankComm::cuda` (feature `cuda`: one rank per GPU on NVML's topology; `cuda_or`, `cuda_with_topology` on a stated one) |
 //! | `ncclCommSplit` | `MPI_Comm_split` | [`RankComm::split`] |
 //! | `ncclAllReduce(send, recv, ..., comm)` on one rank | `MPI_Allreduce` on one rank | [`RankComm::all_reduce`] and the other [`RankComm`] calls |
 //! | `ncclAllReduce(..., comm, stream)` on device buffers | (none) | `RankComm::on(&stream).all_reduce(..)` (feature `cuda`) |

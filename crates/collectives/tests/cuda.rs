@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use relaycc_collectives::{
     Backend, BufferView, Communicator, CudaBackend, DeviceBuffer, Element, HostBackend, bf16, f16,
-    host_topology,
+    nvswitch_topology,
 };
 use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 use relaycc_topo::Topology;
@@ -169,19 +169,10 @@ fn all_types(topo: &Topology, gpus: &[u32], relays: &[u32], count: u64) {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn every_collective_and_type_matches_the_host_backend_four_ranks_on_one_gpu() {
-    let topo = host_topology(4).unwrap_or_else(|e| panic!("{e}"));
-    // An odd count exercises ragged blocks; a larger one several chunks per lane.
-    for count in [1001, 1 << 18] {
-        all_types(&topo, &[0, 1, 2, 3], &[], count);
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
 fn every_collective_and_type_matches_the_host_backend_on_an_nvswitch_topology() {
     // The flat GPU machine of `bench --backend cuda` without a topology: GPU algorithms (rings,
-    // multipath splits, MiB chunks), not the shared-memory planner of host arenas.
+    // multipath splits, MiB chunks). The host's `host-N` topology is refused on the CUDA
+    // backend. An odd count exercises ragged blocks; a larger one several chunks per lane.
     let topo = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
     for count in [1001, 1 << 20] {
         all_types(&topo, &[0, 1, 2, 3], &[], count);
@@ -349,7 +340,7 @@ fn relay_and_multipath_plans_on_a_dgx1_map_match_the_host_backend() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_slices_round_trip_without_copying() {
     let backend = Arc::new(CudaBackend::new(device_map(2)).unwrap_or_else(|e| panic!("{e}")));
-    let comm = Communicator::new(host_topology(2).unwrap(), &[0, 1], &[], backend.clone())
+    let comm = Communicator::new(nvswitch_topology(2).unwrap(), &[0, 1], &[], backend.clone())
         .unwrap_or_else(|e| panic!("{e}"));
     let ordinal = backend.physical_device(0).unwrap();
     let stream = cudarc::driver::CudaContext::new(ordinal)

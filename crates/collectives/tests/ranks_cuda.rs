@@ -1,6 +1,8 @@
 //! Per-rank calls on the caller's CUDA stream ([`RankComm::on`]), one thread per rank, with
-//! cudarc buffers. Ignored by default; on a GPU machine:
-//! `cargo test -p relaycc-collectives --test ranks_cuda -- --ignored`.
+//! cudarc buffers, and the constructors of GPU ranks ([`RankComm::cuda`] and its stated
+//! topology variants). The GPU tests are ignored by default; on a GPU machine:
+//! `cargo test -p relaycc-collectives --test ranks_cuda -- --ignored`. The constructors'
+//! errors without a driver, for a host topology and for a device listed twice run everywhere.
 //!
 //! Several logical ranks share one GPU (every rank on device 0) unless `RELAYCC_TEST_GPUS`
 //! lists devices to spread them over.
@@ -9,9 +11,11 @@
 use std::sync::Arc;
 use std::thread;
 
+use relaycc_collectives::cuda::CudaError;
 use relaycc_collectives::cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use relaycc_collectives::{
-    Collectives, Communicator, CudaBackend, RankComm, ReduceOp, host_topology, nvswitch_topology,
+    Collectives, CollectivesError, Communicator, CudaBackend, RankComm, ReduceOp, host_topology,
+    nvswitch_topology,
 };
 use relaycc_topo::Topology;
 
@@ -47,14 +51,26 @@ extern "C" __global__ void twice(float *x, int n) {
 
 /// Four ranks (on one GPU by default), each on a stream of its own: an in-place all_reduce,
 /// then at once (no host synchronization) a kernel on the same stream doubling the result.
-/// The kernel sees the sum, with the shared-memory planner's plans (`host-4`) and with GPU
-/// algorithms (`nvswitch-4`).
+/// The kernel sees the sum.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_kernel_after_the_call_on_the_callers_stream_sees_the_result() {
-    for topo in [host_topology(4), nvswitch_topology(4)] {
-        kernel_after_the_call_sees_the_result(topo.expect("topology"));
-    }
+    kernel_after_the_call_sees_the_result(nvswitch_topology(4).expect("topology"));
+}
+
+/// The host's topology (`host-N`, arenas of host memory) with the CUDA backend is refused
+/// when the communicator is made, naming the topology to use instead.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_host_topology_with_the_cuda_backend_is_refused() {
+    let backend = Arc::new(CudaBackend::new(device_map(2)).unwrap_or_else(|e| panic!("{e}")));
+    let e = Communicator::new(host_topology(2).expect("topology"), &[0, 1], &[], backend)
+        .expect_err("host-2 on the CUDA backend");
+    let m = e.to_string();
+    assert!(
+        m.contains("host-2") && m.contains("nvswitch_topology(2)"),
+        "{m}"
+    );
 }
 
 fn kernel_after_the_call_sees_the_result(topo: Topology) {
@@ -154,4 +170,160 @@ fn views_and_calls_back_to_back_on_one_gpu() {
         }
         assert!(b.iter().all(|&e| e == 14), "rank {r}: broadcast");
     }
+}
+
+/// True where this machine has a CUDA driver (then the tests below that need its absence
+/// check nothing more than that no constructor panics).
+fn has_driver() -> bool {
+    relaycc_collectives::cuda::driver().is_ok()
+}
+
+/// Without a driver every constructor of GPU ranks is the CUDA layer's NoDriver error (no
+/// fallback makes GPUs appear); nothing panics.
+#[test]
+fn without_a_driver_gpu_ranks_are_a_clear_error() {
+    let made = [
+        ("cuda", RankComm::cuda(&[0, 1])),
+        (
+            "cuda_or",
+            RankComm::cuda_or(&[0, 1], nvswitch_topology(2).expect("topology")),
+        ),
+        (
+            "cuda_with_topology",
+            RankComm::cuda_with_topology(nvswitch_topology(2).expect("topology"), &[0, 1]),
+        ),
+    ];
+    for (name, r) in made {
+        if has_driver() {
+            continue;
+        }
+        let e = r.expect_err(name);
+        assert!(
+            matches!(e, CollectivesError::Cuda(CudaError::NoDriver { .. })),
+            "{name}: {e:?}"
+        );
+        assert!(e.to_string().starts_with("no CUDA driver"), "{name}: {e}");
+    }
+}
+
+/// A host topology for GPU ranks is an error that names the topology to use, before the
+/// driver is asked (so here too).
+#[test]
+fn gpu_ranks_on_a_host_topology_are_refused_naming_the_topology_to_use() {
+    for r in [
+        RankComm::cuda_with_topology(host_topology(4).expect("topology"), &[0, 1, 2, 3]),
+        RankComm::cuda_or(&[0, 1, 2, 3], host_topology(4).expect("topology")),
+    ] {
+        let e = r.expect_err("host-4 for GPU ranks");
+        let m = e.to_string();
+        assert!(matches!(e, CollectivesError::Setup(_)), "{e:?}");
+        assert!(
+            m.contains("host-4")
+                && m.contains("nvswitch_topology(4)")
+                && m.contains("RankComm::cuda"),
+            "{m}"
+        );
+    }
+}
+
+/// One rank per GPU, as NCCL: a device listed twice, or none, is an error before the driver
+/// is asked, and the message says how to make ranks that share a GPU.
+#[test]
+fn gpu_ranks_need_distinct_devices() {
+    let e = RankComm::cuda(&[0, 1, 0]).expect_err("device 0 twice");
+    let m = e.to_string();
+    assert!(
+        m.contains("CUDA device 0 is listed twice") && m.contains("CudaBackend::new"),
+        "{m}"
+    );
+    let e = RankComm::cuda_with_topology(nvswitch_topology(2).expect("topology"), &[1, 1])
+        .expect_err("device 1 twice");
+    assert!(
+        e.to_string().contains("CUDA device 1 is listed twice"),
+        "{e}"
+    );
+    let e = RankComm::cuda(&[]).expect_err("no device");
+    assert!(e.to_string().contains("no CUDA devices given"), "{e}");
+}
+
+/// Every visible GPU's rank on the machine's NVML topology: rank `r` runs on device `r`, the
+/// ranks' GPUs are members, every other GPU of the machine is masked busy, and an all_reduce
+/// on each rank's stream gives the sum.
+#[test]
+#[ignore = "needs a CUDA GPU and NVML"]
+fn ranks_from_nvml_run_on_their_devices() {
+    let visible = relaycc_collectives::cuda::devices().expect("devices").len();
+    for gpus in [vec![0], (0..visible).collect::<Vec<_>>()] {
+        let ranks = RankComm::cuda(&gpus).unwrap_or_else(|e| panic!("{e}"));
+        let topo = ranks[0].communicator().topology().clone();
+        assert!(topo.gpu_count() as usize >= visible, "{}", topo.name());
+        let members = ranks[0].communicator().devices().to_vec();
+        for g in 0..topo.gpu_count() {
+            assert_eq!(topo.gpu_free(g), members.contains(&g), "GPU {g}");
+        }
+        let sums = all_reduce_on_streams(ranks);
+        let n = gpus.len() as f32;
+        for (r, (ordinal, v)) in sums.iter().enumerate() {
+            assert_eq!(*ordinal, gpus[r], "rank {r}'s device");
+            assert!(
+                v.iter().all(|&e| e == n * (n + 1.0) / 2.0),
+                "rank {r}: {:?}",
+                &v[..4]
+            );
+        }
+    }
+}
+
+/// A stated topology (the fallback where NVML cannot describe the machine): its GPU `i` is
+/// CUDA device `i`; the ranks' all_reduce gives the sum; a device the topology lacks is an
+/// error naming both.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ranks_on_a_stated_topology_run_on_their_devices() {
+    let visible = relaycc_collectives::cuda::devices().expect("devices").len();
+    let topo = nvswitch_topology(visible as u32).expect("topology");
+    let gpus: Vec<usize> = (0..visible).collect();
+    let ranks = RankComm::cuda_with_topology(topo.clone(), &gpus).unwrap_or_else(|e| panic!("{e}"));
+    let n = visible as f32;
+    for (r, (ordinal, v)) in all_reduce_on_streams(ranks).iter().enumerate() {
+        assert_eq!(*ordinal, r);
+        assert!(v.iter().all(|&e| e == n * (n + 1.0) / 2.0), "rank {r}");
+    }
+    let short = nvswitch_topology(1).expect("topology");
+    if visible > 1 {
+        let e = RankComm::cuda_with_topology(short, &[1]).expect_err("GPU 1 of nvswitch-1");
+        assert!(e.to_string().contains("has no GPU 1"), "{e}");
+    }
+    // The fallback is used only where NVML fails; either way the ranks run.
+    let ranks = RankComm::cuda_or(&[0], topo).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(all_reduce_on_streams(ranks)[0].1[0], 1.0);
+}
+
+/// Each rank (one thread each) all_reduces `rank + 1` in place on a stream of its own
+/// device; per rank, its device and the result.
+fn all_reduce_on_streams(ranks: Vec<RankComm>) -> Vec<(usize, Vec<f32>)> {
+    thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|mut rank| {
+                s.spawn(move || {
+                    let ordinal = rank.cuda_device().expect("a CUDA rank");
+                    let stream = CudaContext::new(ordinal)
+                        .expect("context")
+                        .new_stream()
+                        .expect("stream");
+                    let mut x = stream
+                        .clone_htod(&vec![rank.rank() as f32 + 1.0; 4096])
+                        .expect("upload");
+                    rank.on(&stream)
+                        .all_reduce_in_place(&mut x, ReduceOp::Sum)
+                        .expect("all_reduce");
+                    (ordinal, stream.clone_dtoh(&x).expect("download"))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
 }

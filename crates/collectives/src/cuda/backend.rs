@@ -115,8 +115,11 @@ pub(super) struct State {
 /// The CUDA backend (see the module docs).
 #[derive(Debug)]
 pub struct CudaBackend {
-    /// Logical GPU index -> index into `State::devices`.
-    pub(super) map: Vec<usize>,
+    /// Logical GPU index -> index into `State::devices`; `None` for a GPU of the topology
+    /// this backend does not drive ([`CudaBackend::for_gpus`]).
+    pub(super) map: Vec<Option<usize>>,
+    /// The device that drives lanes on host memory (the first mapped one).
+    pub(super) host_dev: usize,
     /// Physical ordinal of each entry of `State::devices`.
     pub(super) ordinals: Vec<usize>,
     /// `reach[a][b]`: kernels on device `a` reach device `b`'s memory (the same device, or
@@ -145,13 +148,29 @@ impl CudaBackend {
     /// Errors: [`CudaError::NoDriver`] without a driver (nothing panics), an empty map, an
     /// ordinal the driver does not have, a GPU older than compute capability 7.0.
     pub fn new(device_map: Vec<usize>) -> Result<CudaBackend> {
+        Self::for_gpus(device_map.into_iter().map(Some).collect())
+    }
+
+    /// As [`CudaBackend::new`], for a topology that has GPUs this backend does not drive:
+    /// logical GPU `i` runs on CUDA device `device_map[i]` where that is `Some`, and has no
+    /// device where it is `None` (a GPU of the machine that belongs to another job, or that
+    /// `CUDA_VISIBLE_DEVICES` hides). Contexts are made on the mapped devices only; memory or
+    /// a lane on an unmapped GPU is an error when a call asks for it. `RankComm::cuda` builds
+    /// its backend so over the machine's NVML topology.
+    ///
+    /// Errors: as [`CudaBackend::new`]; a map with no device is an error.
+    pub fn for_gpus(device_map: Vec<Option<usize>>) -> Result<CudaBackend> {
         let infos = cuda::devices()?;
-        if device_map.is_empty() {
+        if device_map.iter().all(Option::is_none) {
             return Err(CollectivesError::Setup("empty CUDA device map".into()));
         }
         let mut ordinals: Vec<usize> = Vec::new();
         let mut map = Vec::with_capacity(device_map.len());
         for &o in &device_map {
+            let Some(o) = o else {
+                map.push(None);
+                continue;
+            };
             if o >= infos.len() {
                 return Err(CollectivesError::Setup(format!(
                     "CUDA device {o} does not exist ({} visible)",
@@ -165,7 +184,7 @@ impl CudaBackend {
                     ordinals.len() - 1
                 }
             };
-            map.push(idx);
+            map.push(Some(idx));
         }
         let mut devices = Vec::with_capacity(ordinals.len());
         for &o in &ordinals {
@@ -214,8 +233,10 @@ impl CudaBackend {
                 }
             }
         }
+        let host_dev = map.iter().flatten().copied().next().unwrap_or(0);
         Ok(CudaBackend {
             map,
+            host_dev,
             ordinals,
             reach,
             kernels: KernelCache::from_env(),
@@ -245,12 +266,20 @@ impl CudaBackend {
 
     /// The physical device (CUDA ordinal) of logical GPU `gpu`.
     pub fn physical_device(&self, gpu: u32) -> Option<usize> {
-        self.map.get(gpu as usize).map(|&i| self.ordinals[i])
+        self.map
+            .get(gpu as usize)
+            .copied()
+            .flatten()
+            .map(|i| self.ordinals[i])
     }
 
-    /// The logical-to-physical device map.
-    pub fn device_map(&self) -> Vec<usize> {
-        self.map.iter().map(|&i| self.ordinals[i]).collect()
+    /// The logical-to-physical device map: the CUDA device of each logical GPU, `None` for
+    /// one this backend does not drive ([`CudaBackend::for_gpus`]).
+    pub fn device_map(&self) -> Vec<Option<usize>> {
+        self.map
+            .iter()
+            .map(|i| i.map(|i| self.ordinals[i]))
+            .collect()
     }
 
     /// Copies of fewer than `bytes` bytes between device memories a lane's GPU reaches (its
@@ -273,18 +302,23 @@ impl CudaBackend {
     pub(super) fn dev_of(&self, location: Location) -> Result<Option<usize>> {
         match location {
             Location::Host(_) => Ok(None),
-            Location::Gpu(g) => self.map.get(g as usize).copied().map(Some).ok_or_else(|| {
-                err(format!(
+            Location::Gpu(g) => match self.map.get(g as usize) {
+                Some(Some(d)) => Ok(Some(*d)),
+                Some(None) => Err(err(format!(
+                    "logical GPU {g} is a GPU of the topology this backend does not drive (no \
+                     CUDA device is mapped to it)"
+                ))),
+                None => Err(err(format!(
                     "logical GPU {g} has no CUDA device in the device map ({} entries)",
                     self.map.len()
-                ))
-            }),
+                ))),
+            },
         }
     }
 
     /// The device that drives a lane (host lanes run on the first mapped device).
     pub(super) fn lane_dev(&self, location: Location) -> Result<usize> {
-        Ok(self.dev_of(location)?.unwrap_or(self.map[0]))
+        Ok(self.dev_of(location)?.unwrap_or(self.host_dev))
     }
 
     pub(super) fn keep(&self, e: impl std::fmt::Display) {

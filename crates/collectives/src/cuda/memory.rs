@@ -252,7 +252,7 @@ impl CudaBackend {
                 storage: Storage::Device(s),
             }
         } else {
-            let ctx = &st.devices[self.map[0]].ctx;
+            let ctx = &st.devices[self.host_dev].ctx;
             ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
             // Portable: every context sees it as pinned. Not write-combined: the host reads it.
             // SAFETY: a plain allocation call; the result is checked before use.

@@ -172,7 +172,7 @@ mod device {
     fn no_stream(l: &mut Lender<'_>) -> View {
         l.error.get_or_insert(CollectivesError::Backend {
             backend: "ranks",
-            message: "a CUDA buffer is taken on the caller's stream: call through RankComm::on(&stream), RankComm::group_on or MpiGpu::on".into(),
+            message: "a CUDA buffer is taken on the caller's stream: call through RankComm::on(&stream) (and its group()) or MpiGpu::on".into(),
         });
         View {
             block: 0,

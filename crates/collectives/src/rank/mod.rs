@@ -25,10 +25,13 @@
 //! `OnStream`), `rank_group.rs` ([`RankGroup`], what each collective describes and lends),
 //! `buffers.rs` (the buffer traits [`SendBuf`] and [`RecvBuf`]), `op.rs` (descriptors, lent
 //! memory, outcomes), `meeting.rs` (the rendezvous), `run.rs` (the run), `split.rs`
-//! (`split`).
+//! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
+//! on GPUs).
 
 mod buffers;
 pub(crate) mod collectives;
+#[cfg(feature = "cuda")]
+mod cuda_ranks;
 mod meeting;
 mod op;
 mod rank_group;
@@ -133,8 +136,10 @@ impl Shared {
 /// One rank of a communicator, for one thread (NCCL's `ncclComm_t` as `ncclCommInitAll` makes
 /// it, one per device).
 ///
-/// Made for every local rank at once by [`Communicator::into_ranks`] or [`RankComm::host`],
-/// or from another handle by [`RankComm::split`]. Each handle is `Send`: move it to the
+/// Made for every local rank at once by [`RankComm::host`] (threads on host memory),
+/// `RankComm::cuda` (feature `cuda`: one rank per GPU, on the machine's topology) or
+/// [`Communicator::into_ranks`] (any communicator), or from another handle by
+/// [`RankComm::split`]. Each handle is `Send`: move it to the
 /// thread that drives its rank. Every rank calls the same collectives in the same order, each
 /// on its own slices; the call returns when the operation is done on every rank.
 ///

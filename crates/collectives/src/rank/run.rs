@@ -150,7 +150,8 @@ fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Resul
         for b in &a.blocks {
             let m = match (lending, b.device) {
                 (Lending::HostSlices, Some(_)) => {
-                    "CUDA memory to a communicator on the host backend"
+                    "CUDA memory to a communicator on the host backend (ranks on GPUs \
+                     come from RankComm::cuda)"
                 }
                 #[cfg(feature = "cuda")]
                 (Lending::DeviceBuffers, None) => {

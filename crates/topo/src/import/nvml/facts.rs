@@ -155,6 +155,18 @@ mod tests {
         }
     }
 
+    /// A CUDA device finds its GPU by PCI address, whichever spelling either side uses.
+    #[test]
+    fn gpus_are_found_by_bus_id_in_any_spelling() {
+        let t = reconstruct(&machine(3, |_, _| A::Node)).unwrap();
+        let at = |bus| crate::import::nvml::gpu_at_bus_id(&t, bus);
+        assert_eq!(at("00000000:11:00.0"), Some(1));
+        assert_eq!(at("0000:12:00.0"), Some(2));
+        assert_eq!(at("10:00.0"), Some(0));
+        assert_eq!(at("0000:13:00.0"), None);
+        assert_eq!(at("not a bus id"), None);
+    }
+
     #[test]
     fn every_level_round_trips() {
         let f = machine(32, dgx_like);

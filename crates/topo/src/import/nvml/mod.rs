@@ -46,7 +46,6 @@ use crate::error::{Result, TopoError};
 use crate::graph::Topology;
 #[cfg(feature = "nvml")]
 use crate::graph::{ComputeCapability, GpuInfo};
-#[cfg(any(feature = "nvml", test))]
 use crate::import::nccl_xml::BusId;
 #[cfg(any(feature = "nvml", test))]
 use crate::rates::CpuFamily;
@@ -87,6 +86,21 @@ pub fn discover() -> Result<Topology> {
         message: "relaycc-topo is built without its `nvml` feature (enable it, or the \
                   `cuda` feature of relaycc, relaycc-collectives or relaycc-cli)"
             .into(),
+    })
+}
+
+/// The GPU of `topo` at PCI address `bus_id`, in any spelling of it (NVML's eight-digit
+/// domain `00000000:06:00.0`, sysfs's and CUDA's four-digit `0000:06:00.0`, any case): how a
+/// CUDA device, which the driver numbers in its own order and after `CUDA_VISIBLE_DEVICES`,
+/// finds its node in a topology that [`discover`] numbered in NVML's order. `None` when no
+/// GPU of `topo` has that address or `bus_id` is not one.
+pub fn gpu_at_bus_id(topo: &Topology, bus_id: &str) -> Option<u32> {
+    let want = BusId::parse(bus_id)?;
+    (0..topo.gpu_count()).find(|&g| {
+        topo.gpu_info(g)
+            .ok()
+            .and_then(|info| BusId::parse(info.pci_bus_id.as_deref()?))
+            == Some(want)
     })
 }
 
