@@ -60,33 +60,60 @@ use crate::error::Result;
 use crate::path::{RelayPolicy, max_flow_routes};
 use crate::request::{Collective, Request};
 
-/// Rates into (`inbound`) or out of a GPU over usable links to nodes the job may use, GB/s.
-fn port_gbps(
+/// Per topology node (by index): whether the job may use it, a member GPU or one the relay
+/// policy admits, or any node that is no GPU. Built once per bound, so that scans over every
+/// link ask in O(1) rather than searching the member list for each link.
+fn job_nodes(topo: &Topology, members: &[u32], relay: &RelayPolicy) -> Vec<bool> {
+    let mut member = vec![false; topo.gpu_count() as usize];
+    for &g in members {
+        if let Some(m) = member.get_mut(g as usize) {
+            *m = true;
+        }
+    }
+    topo.nodes()
+        .map(|(_, node)| match &node.kind {
+            NodeKind::Gpu(info) => {
+                let m = member.get(info.index as usize).copied().unwrap_or(false);
+                m || relay.allows_known(topo, info.index, m)
+            }
+            _ => true,
+        })
+        .collect()
+}
+
+/// Rates into and out of each member GPU (in the order of `members`) over usable links to
+/// nodes the job may use (`usable_node`, from [`job_nodes`]), GB/s: one pass over each
+/// member's own links.
+fn port_rates(
     topo: &Topology,
     members: &[u32],
-    relay: &RelayPolicy,
-    g: u32,
-    inbound: bool,
-) -> Result<f64> {
-    let me = topo.gpu(g)?;
-    let ok = |n: relaycc_topo::NodeId| match &topo.node(n).kind {
-        NodeKind::Gpu(info) => {
-            members.contains(&info.index) || relay.allows(topo, members, info.index)
-        }
-        _ => true,
-    };
-    Ok(topo
-        .links()
-        .filter(|(id, x, y, _)| {
-            topo.link_usable(*id)
-                && if inbound {
-                    *y == me && ok(*x)
-                } else {
-                    *x == me && ok(*y)
-                }
-        })
-        .map(|(_, _, _, l)| l.gbps)
-        .sum())
+    usable_node: &[bool],
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    use petgraph::Direction;
+    use petgraph::visit::EdgeRef;
+    let graph = topo.graph();
+    let mut inbound = Vec::with_capacity(members.len());
+    let mut outbound = Vec::with_capacity(members.len());
+    for &g in members {
+        let me = topo.gpu(g)?;
+        let sum = |dir: Direction| -> f64 {
+            graph
+                .edges_directed(me, dir)
+                .filter(|e| {
+                    let other = if dir == Direction::Incoming {
+                        e.source()
+                    } else {
+                        e.target()
+                    };
+                    usable_node[other.index()] && topo.link_usable(e.id())
+                })
+                .map(|e| e.weight().gbps)
+                .sum()
+        };
+        inbound.push(sum(Direction::Incoming));
+        outbound.push(sum(Direction::Outgoing));
+    }
+    Ok((inbound, outbound))
 }
 
 /// The bound on a collective's algbw, GB/s (see the module docs for the formulas).
@@ -114,12 +141,8 @@ pub fn collective_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy
     let g = &req.gpus;
     let es = req.dtype.size() as f64;
     let size = req.size_bytes() as f64;
-    let mut inr = Vec::with_capacity(n);
-    let mut outr = Vec::with_capacity(n);
-    for &x in g {
-        inr.push(port_gbps(topo, g, relay, x, true)?);
-        outr.push(port_gbps(topo, g, relay, x, false)?);
-    }
+    let usable_node = job_nodes(topo, g, relay);
+    let (inr, outr) = port_rates(topo, g, &usable_node)?;
     // Time lower bounds in bytes / (GB/s); `need(bytes, rate)` is 0 when nothing moves.
     let need = |bytes: f64, gbps: f64| {
         if bytes <= 0.0 {
@@ -234,7 +257,7 @@ pub fn collective_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy
         }
     }
     if n > 1 {
-        t = t.max(cut_time(topo, req, relay)?);
+        t = t.max(cut_time(topo, req, &usable_node)?);
     }
     Ok(if t <= 0.0 { f64::INFINITY } else { size / t })
 }
@@ -309,7 +332,7 @@ impl Regions {
 /// the bytes that must enter it over the links entering it; for all_reduce across every host
 /// of the topology also the directed-gossip total (module docs). 0 when no region separates
 /// the members.
-fn cut_time(topo: &Topology, req: &Request, relay: &RelayPolicy) -> Result<f64> {
+fn cut_time(topo: &Topology, req: &Request, usable_node: &[bool]) -> Result<f64> {
     let regions = Regions::new(topo);
     let nreg = regions.host.len();
     let g = &req.gpus;
@@ -327,10 +350,7 @@ fn cut_time(topo: &Topology, req: &Request, relay: &RelayPolicy) -> Result<f64> 
     }
     // Capacity out of and into each region: usable links between nodes the job may use, an
     // NVSwitch port (whose planes the simulator pools) counted once at its whole rate.
-    let ok = |id: relaycc_topo::NodeId| match &topo.node(id).kind {
-        NodeKind::Gpu(info) => g.contains(&info.index) || relay.allows(topo, g, info.index),
-        _ => true,
-    };
+    let ok = |id: relaycc_topo::NodeId| usable_node[id.index()];
     let mut out = vec![0.0f64; nreg];
     let mut inn = vec![0.0f64; nreg];
     let mut ports: std::collections::HashSet<(u32, relaycc_topo::NodeId, bool)> =
@@ -515,6 +535,71 @@ mod tests {
             b.network(nic, net, Fabric::IbEdr, NIC_GBPS);
         }
         b.build().unwrap()
+    }
+
+    /// The rates [`port_rates`] reads from each member's own links equal a scan of every link
+    /// of the topology, whatever the members, relay policy and mask (busy, absent GPUs, links
+    /// down).
+    #[test]
+    fn port_rates_equal_a_scan_of_every_link() {
+        use relaycc_topo::Mask;
+        let scan = |topo: &Topology, members: &[u32], relay: &RelayPolicy, g: u32, inbound| {
+            let me = topo.gpu(g).unwrap();
+            let ok = |n: relaycc_topo::NodeId| match &topo.node(n).kind {
+                NodeKind::Gpu(info) => {
+                    members.contains(&info.index) || relay.allows(topo, members, info.index)
+                }
+                _ => true,
+            };
+            topo.links()
+                .filter(|(id, x, y, _)| {
+                    topo.link_usable(*id)
+                        && if inbound {
+                            *y == me && ok(*x)
+                        } else {
+                            *x == me && ok(*y)
+                        }
+                })
+                .map(|(_, _, _, l)| l.gbps)
+                .sum::<f64>()
+        };
+        let masks = [
+            Mask::default(),
+            Mask {
+                busy_gpus: [5].into(),
+                absent_gpus: [6].into(),
+                down_links: [("GPU0".to_string(), "GPU3".to_string())].into(),
+            },
+        ];
+        let relays = [
+            RelayPolicy::Any,
+            RelayPolicy::Members,
+            RelayPolicy::None,
+            RelayPolicy::List(vec![4, 5]),
+        ];
+        for name in ["dgx1-v100", "dgx-h100", "pcie-4gpu"] {
+            let base = relaycc_topo::preset(name).unwrap();
+            for mask in &masks {
+                let Ok(topo) = base.with_mask(mask.clone()) else {
+                    continue;
+                };
+                let members: Vec<u32> = (0..topo.gpu_count().min(4)).collect();
+                for relay in &relays {
+                    let usable = job_nodes(&topo, &members, relay);
+                    let (inr, outr) = port_rates(&topo, &members, &usable).unwrap();
+                    // Sums taken in another order: equal up to rounding.
+                    let same = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+                    for (r, &g) in members.iter().enumerate() {
+                        let (i, o) = (
+                            scan(&topo, &members, relay, g, true),
+                            scan(&topo, &members, relay, g, false),
+                        );
+                        assert!(same(inr[r], i), "{name} GPU{g} in: {} vs {i}", inr[r]);
+                        assert!(same(outr[r], o), "{name} GPU{g} out: {} vs {o}", outr[r]);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

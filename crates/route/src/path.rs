@@ -38,10 +38,14 @@ pub enum RelayPolicy {
 impl RelayPolicy {
     /// True when GPU `g` may relay for a job over `members`.
     pub fn allows(&self, topo: &Topology, members: &[u32], g: u32) -> bool {
+        self.allows_known(topo, g, members.contains(&g))
+    }
+    /// [`RelayPolicy::allows`] where the caller knows whether `g` is a member (`member`), so
+    /// that a scan over every link need not search the member list for each.
+    pub(crate) fn allows_known(&self, topo: &Topology, g: u32, member: bool) -> bool {
         if !topo.gpu_present(g) {
             return false;
         }
-        let member = members.contains(&g);
         match self {
             RelayPolicy::None => false,
             RelayPolicy::Members => member,
