@@ -463,9 +463,10 @@ pub struct BenchArgs {
     pub shared_buffers: bool,
     /// CUDA backend: plan on this topology (a preset, a file, or `auto` for NVML) instead of
     /// `nvswitch-N` (N GPUs on one switch). `--gpus` then names the topology's GPUs, the other free GPUs may
-    /// relay, and topology GPU `g` runs on CUDA device `g mod visible` (so a one-GPU machine
-    /// runs any topology's plans). With `auto`, set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA
-    /// numbers GPUs as NVML does.
+    /// relay. On this machine's topology (`auto`, or a file of it) topology GPU `g` runs on the
+    /// CUDA device at its PCI address, whatever order CUDA numbers devices in; on another
+    /// machine's (a preset) on CUDA device `g mod visible`, so a one-GPU machine runs any
+    /// topology's plans.
     #[arg(long)]
     pub topology: Option<String>,
     /// `--backend mpi` on GPUs: the transport of messages between processes. GPU buffers are

@@ -31,8 +31,11 @@ pub(crate) enum Nccl {}
 /// visible device `i mod visible`; plans see `nvswitch-N` (every rank a GPU on one switch: GPU
 /// algorithms with MiB chunks, not the host arenas' cache-sized ones). With `--topology T`: the
 /// ranks are GPUs of T (`--gpus`, or `--ranks N` for GPUs 0..N), every other free GPU of T may
-/// relay, and GPU `g` of T runs on CUDA device `g mod visible`. Without a driver: one clear
-/// error.
+/// relay. GPU `g` of T runs on the visible CUDA device at its PCI address where T records
+/// addresses of this machine's devices (`auto`, or an `nvidia-smi` or NCCL XML file of it); a
+/// GPU no visible device sits at has no device, and a rank on it is an error naming it. On
+/// another machine's topology (a preset played on fewer GPUs), GPU `g` runs on device
+/// `g mod visible`. Without a driver: one clear error.
 #[cfg(feature = "cuda")]
 pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, Vec<usize>)> {
     let visible = relaycc_collectives::cuda::devices().context("--backend cuda")?;
@@ -52,19 +55,32 @@ pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, 
             _ => bail!("give --ranks N or --gpus LIST"),
         };
         let gpus = topo.gpu_count();
-        let map: Vec<usize> = (0..gpus).map(|g| g as usize % visible.len()).collect();
+        let bus_ids: Vec<&str> = visible.iter().map(|d| d.pci_bus_id.as_str()).collect();
+        let map = device_map(&topo, &bus_ids);
         let relays: Vec<u32> = (0..gpus)
-            .filter(|g| !ranks.contains(g) && topo.gpu_present(*g) && topo.gpu_free(*g))
+            .filter(|g| {
+                !ranks.contains(g)
+                    && topo.gpu_present(*g)
+                    && topo.gpu_free(*g)
+                    && map.get(*g as usize).is_some_and(Option::is_some)
+            })
             .collect();
         let ordinals = ranks
             .iter()
-            .map(|&g| {
-                map.get(g as usize)
-                    .copied()
-                    .with_context(|| format!("--gpus: topology {t} has no GPU {g} ({gpus} GPUs)"))
+            .map(|&g| match map.get(g as usize) {
+                Some(Some(o)) => Ok(*o),
+                Some(None) => bail!(
+                    "--gpus: GPU {g} of topology {t} (PCI address {}) is no visible CUDA device \
+                     (CUDA_VISIBLE_DEVICES may hide it)",
+                    topo.gpu_info(g)
+                        .ok()
+                        .and_then(|i| i.pci_bus_id.clone())
+                        .unwrap_or_default()
+                ),
+                None => bail!("--gpus: topology {t} has no GPU {g} ({gpus} GPUs)"),
             })
             .collect::<Result<Vec<_>>>()?;
-        let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map)?);
+        let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::for_gpus(map)?);
         let comm = Communicator::new(topo, &ranks, &relays, backend)?;
         return Ok((comm, ranks, ordinals));
     }
@@ -88,6 +104,30 @@ pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, 
         devices,
         map,
     ))
+}
+
+/// Which visible CUDA device drives each GPU of `topo`, given the devices' PCI addresses
+/// (`bus_ids`, in ordinal order). Where some visible device sits at the PCI address of a GPU
+/// of `topo` (a topology read from this machine), GPU `g` runs on the device at its address,
+/// and a GPU at no visible device's address has none: the driver may number devices otherwise
+/// than NVML and `nvidia-smi` do (`CUDA_DEVICE_ORDER`, `CUDA_VISIBLE_DEVICES`), so an index is
+/// no address. Otherwise (a preset, or another machine's file), GPU `g` runs on device
+/// `g mod visible`, several logical GPUs to a device when the topology has more.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn device_map(topo: &relaycc_topo::Topology, bus_ids: &[&str]) -> Vec<Option<usize>> {
+    let gpus = topo.gpu_count() as usize;
+    let mut map = vec![None; gpus];
+    for (ordinal, bus) in bus_ids.iter().enumerate() {
+        if let Some(g) = relaycc_topo::import::nvml::gpu_at_bus_id(topo, bus)
+            && let Some(slot) = map.get_mut(g as usize)
+        {
+            slot.get_or_insert(ordinal);
+        }
+    }
+    if map.iter().all(Option::is_none) && !bus_ids.is_empty() {
+        return (0..gpus).map(|g| Some(g % bus_ids.len())).collect();
+    }
+    map
 }
 
 /// A communicator on CUDA GPUs: this build has no CUDA.
@@ -184,6 +224,44 @@ pub(crate) fn nccl_time_us(
     _args: &BenchArgs,
 ) -> Result<f64> {
     match *nc {}
+}
+
+#[cfg(test)]
+mod map_tests {
+    use super::device_map;
+
+    /// A topology of another machine (no GPU at a visible device's address): GPU `g` on
+    /// device `g mod visible`.
+    #[test]
+    fn a_preset_plays_on_the_visible_devices_in_turn() {
+        let topo = relaycc_topo::preset("dgx-h100").unwrap();
+        let map = device_map(&topo, &["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"]);
+        let want: Vec<Option<usize>> = (0..8).map(|g| Some(g % 3)).collect();
+        assert_eq!(map, want);
+        assert_eq!(device_map(&topo, &[]), vec![None; 8]);
+    }
+
+    /// A topology read from a machine maps by address: the driver's order (here reversed,
+    /// one device hidden) is not NVML's.
+    #[test]
+    fn a_machine_s_topology_maps_gpus_by_pci_address() {
+        let mut b = relaycc_topo::TopologyBuilder::new("read");
+        let cpu = b.add_cpu(0, relaycc_topo::rates::CpuFamily::IntelSkylake);
+        for (i, bus) in ["0000:18:00.0", "0000:2A:00.0", "0000:3a:00.0"]
+            .iter()
+            .enumerate()
+        {
+            let mut info = relaycc_topo::GpuInfo::new(i as u32);
+            info.pci_bus_id = Some((*bus).to_string());
+            let g = b.add_gpu(info);
+            b.pcie(cpu, g, 4, 16);
+        }
+        let topo = b.build().unwrap();
+        // CUDA device 0 is NVML's GPU 2, device 1 its GPU 1 (address case differs); GPU 0 is
+        // hidden.
+        let map = device_map(&topo, &["00000000:3A:00.0", "0000:2a:00.0"]);
+        assert_eq!(map, vec![None, Some(1), Some(0)]);
+    }
 }
 
 #[cfg(all(test, not(feature = "cuda")))]
