@@ -52,25 +52,11 @@ struct File {
     notes: Vec<Measured>,
 }
 
-/// `domain:bus:device.function` with the domain as a number, so NVML's 8-digit domains and
-/// CUDA's 4-digit ones compare equal.
-fn pci_key(id: &str) -> Option<(u32, String)> {
-    let (domain, rest) = id.split_once(':')?;
-    Some((
-        u32::from_str_radix(domain, 16).ok()?,
-        rest.to_ascii_lowercase(),
-    ))
-}
-
 /// The topology GPU of CUDA device `info`: by PCI address when the topology has them, else by
 /// index (the two orders agree under `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
 fn topo_gpu(topo: &Topology, info: &cuda::DeviceInfo) -> Result<u32> {
-    let want = pci_key(&info.pci_bus_id);
-    for g in 0..topo.gpu_count() {
-        let pci = topo.gpu_info(g)?.pci_bus_id.as_deref().and_then(pci_key);
-        if pci.is_some() && pci == want {
-            return Ok(g);
-        }
+    if let Some(g) = relaycc_topo::import::nvml::gpu_at_bus_id(topo, &info.pci_bus_id) {
+        return Ok(g);
     }
     let g = u32::try_from(info.ordinal)?;
     topo.gpu(g)
@@ -197,13 +183,6 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pci_ids_compare_across_domain_widths() {
-        assert_eq!(pci_key("00000000:18:00.0"), pci_key("0000:18:00.0"));
-        assert_ne!(pci_key("0000:18:00.0"), pci_key("0000:19:00.0"));
-        assert_eq!(pci_key("junk"), None);
-    }
 
     /// The file shape with notes parses as a calibration and applies to a preset.
     #[test]
