@@ -20,7 +20,7 @@ use super::{Ctx, RECV_SLOTS, chunks, direct, name, split_even};
 
 /// Lane channel of the reduce-up pass, apart from the broadcast's (channel c uses
 /// `c + UP_CHANNEL`), so that a node's reductions never queue behind its forwarding.
-const UP_CHANNEL: u32 = 1 << 8;
+pub(crate) const UP_CHANNEL: u32 = 1 << 8;
 
 fn parent(i: usize, arity: usize) -> usize {
     (i - 1) / arity
@@ -28,7 +28,7 @@ fn parent(i: usize, arity: usize) -> usize {
 
 /// Broadcast pass over `ord` (root first): chunk by chunk, every node copies to its children.
 #[allow(clippy::too_many_arguments)]
-fn broadcast_pass(
+pub(crate) fn broadcast_pass(
     b: &mut Builder,
     ord: &[u32],
     arity: usize,
@@ -53,7 +53,7 @@ fn broadcast_pass(
 }
 
 /// Reduce pass over `ord` (root first) into the root's output, chunk by chunk, leaves first.
-fn reduce_pass(
+pub(crate) fn reduce_pass(
     b: &mut Builder,
     ord: &[u32],
     arity: usize,

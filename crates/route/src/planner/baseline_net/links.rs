@@ -19,7 +19,7 @@
 //!   staged through host memory.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use relaycc_topo::{LinkId, LinkKind, NodeId, NodeKind, Topology};
 
@@ -49,6 +49,8 @@ pub(crate) struct NetLinks<'t> {
     /// Per rank: the rail of its home NIC (None when its node has no NIC).
     pub rail: Vec<Option<usize>>,
     cache: &'t ConnCache<'t>,
+    /// Per node: the rates between its members ([`NetLinks::local_rates`]), read once.
+    local_rates: Vec<OnceLock<Vec<f64>>>,
 }
 
 /// A node's ancestors of a device in the PCIe tree, the device first, up to its socket (a GPU
@@ -138,6 +140,7 @@ impl<'t> NetLinks<'t> {
         Ok(NetLinks {
             topo,
             gpus: gpus.to_vec(),
+            local_rates: nodes.iter().map(|_| OnceLock::new()).collect(),
             nodes,
             node_of,
             rail,
@@ -167,26 +170,138 @@ impl<'t> NetLinks<'t> {
         }
     }
 
+    /// The links from GPU `na` into an NVSwitch and on to GPU `nb`, where a usable NVSwitch
+    /// joins them.
+    fn through_switch(&self, na: NodeId, nb: NodeId) -> Option<[LinkId; 2]> {
+        self.topo.links_from(na).find_map(|(e, s, l)| {
+            if !l.kind.is_nvlink() || !matches!(self.topo.node(s).kind, NodeKind::NvSwitch) {
+                return None;
+            }
+            let to_b = self.topo.link_between(s, nb)?;
+            (self.topo.link_usable(e) && self.topo.link_usable(to_b)).then_some([e, to_b])
+        })
+    }
+
     /// The connection between ranks `a` and `b` of one node: through a shared NVSwitch, else
     /// NCCL's link rule.
     pub fn local(&self, a: u32, b: u32) -> Result<Arc<Connection>> {
         let (ga, gb) = (self.gpus[a as usize], self.gpus[b as usize]);
         let (na, nb) = (self.topo.gpu(ga)?, self.topo.gpu(gb)?);
-        let switch = self.topo.links_from(na).find_map(|(e, s, l)| {
-            let to_b = self.topo.link_between(s, nb)?;
-            (l.kind.is_nvlink()
-                && matches!(self.topo.node(s).kind, NodeKind::NvSwitch)
-                && self.topo.link_usable(e)
-                && self.topo.link_usable(to_b))
-            .then_some([e, to_b])
-        });
-        match switch {
+        match self.through_switch(na, nb) {
             Some(links) => {
                 let hop = self.hop(Location::Gpu(ga), Location::Gpu(gb), &links);
                 Ok(Arc::new(Connection::single(Route { hops: vec![hop] })))
             }
             None => self.cache.get(LinkMode::Nccl, ga, gb),
         }
+    }
+
+    /// The rate of [`NetLinks::local`]'s connection from `a` to `b`, GB/s, without making it.
+    fn local_gbps(&self, a: u32, b: u32) -> Result<f64> {
+        let (ga, gb) = (self.gpus[a as usize], self.gpus[b as usize]);
+        let (na, nb) = (self.topo.gpu(ga)?, self.topo.gpu(gb)?);
+        match self.through_switch(na, nb) {
+            Some(links) => Ok(links
+                .iter()
+                .map(|e| self.topo.striped_gbps(*e))
+                .fold(f64::INFINITY, f64::min)),
+            None => Ok(self.cache.get(LinkMode::Nccl, ga, gb)?.gbps()),
+        }
+    }
+
+    /// The rates between node `k`'s members, GB/s: `m x m` by position in the node's ranks
+    /// (`[i * m + j]` from member `i` to member `j`), NaN where [`NetLinks::local`] finds no
+    /// connection. Read once per node and kept, since every channel's ring and tree orders
+    /// the node's members by them: a GB200 NVL72 rack has 72 members and 72 rails, 5,184
+    /// pairs per node. Through an NVSwitch a pair's rate is the lesser of the sender's port
+    /// out and the receiver's port in (every link of a port carries the port's striped rate),
+    /// so each member's ports and switch links are read once, not once per pair.
+    pub fn local_rates(&self, k: usize) -> &[f64] {
+        self.local_rates[k].get_or_init(|| {
+            let topo = self.topo;
+            let ranks = &self.nodes[k].ranks;
+            let m = ranks.len();
+            let node = |r: u32| topo.gpu(self.gpus[r as usize]).ok();
+            // Per member: its usable NVLinks into switches, in link order (as `through_switch`
+            // walks them), with the port rate out; and per switch the link into it, usable or
+            // not (`through_switch` asks for the fastest link, `link_between`), with the port
+            // rate in.
+            let ups: Vec<Vec<NodeId>> = ranks
+                .iter()
+                .map(|&r| {
+                    node(r).map_or_else(Vec::new, |na| {
+                        topo.links_from(na)
+                            .filter(|(e, s, l)| {
+                                l.kind.is_nvlink()
+                                    && matches!(topo.node(*s).kind, NodeKind::NvSwitch)
+                                    && topo.link_usable(*e)
+                            })
+                            .map(|(_, s, _)| s)
+                            .collect()
+                    })
+                })
+                .collect();
+            let port_out: Vec<f64> = ranks
+                .iter()
+                .map(|&r| {
+                    node(r)
+                        .and_then(|na| {
+                            topo.links_from(na)
+                                .find(|(e, s, l)| {
+                                    l.kind.is_nvlink()
+                                        && matches!(topo.node(*s).kind, NodeKind::NvSwitch)
+                                        && topo.link_usable(*e)
+                                })
+                                .map(|(e, _, _)| topo.striped_gbps(e))
+                        })
+                        .unwrap_or(0.0)
+                })
+                .collect();
+            let switches: Vec<NodeId> = {
+                let mut v: Vec<NodeId> = ups.iter().flatten().copied().collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            // Per member: per switch (by position in `switches`), the usable link into it.
+            let downs: Vec<Vec<Option<LinkId>>> = ranks
+                .iter()
+                .map(|&r| {
+                    switches
+                        .iter()
+                        .map(|&sw| {
+                            let nb = node(r)?;
+                            topo.link_between(sw, nb).filter(|e| topo.link_usable(*e))
+                        })
+                        .collect()
+                })
+                .collect();
+            let port_in: Vec<f64> = downs
+                .iter()
+                .map(|d| {
+                    d.iter()
+                        .flatten()
+                        .next()
+                        .map_or(0.0, |e| topo.striped_gbps(*e))
+                })
+                .collect();
+            let mut rates = vec![0.0; m * m];
+            for i in 0..m {
+                for j in (0..m).filter(|&j| j != i) {
+                    let joined = ups[i].iter().any(|sw| {
+                        switches
+                            .binary_search(sw)
+                            .is_ok_and(|at| downs[j][at].is_some())
+                    });
+                    rates[i * m + j] = if joined {
+                        port_out[i].min(port_in[j])
+                    } else {
+                        self.local_gbps(ranks[i], ranks[j]).unwrap_or(f64::NAN)
+                    };
+                }
+            }
+            rates
+        })
     }
 
     /// The network links from NIC `x` to NIC `y`: through their shared switch, or leaf, a

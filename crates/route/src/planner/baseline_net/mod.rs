@@ -91,6 +91,10 @@ pub fn plan_algo(
             let rings = rings::rail_rings(&links)?;
             rings::all_gather(req, ctx, &links, &rings)?
         }
+        Collective::Broadcast | Collective::Reduce => {
+            let rings = rings::rail_rings(&links)?;
+            rings::rooted(req, ctx, &links, &rings)?
+        }
         _ => {
             let rings = rings::rail_rings(&links)?;
             rings::reduce_scatter(req, ctx, &links, &rings)?

@@ -24,6 +24,7 @@ use crate::planner::connect::Connection;
 use crate::planner::ring::{
     CH_LOCAL, LOOP_CHUNKS, RsStaging, all_gather_pass, loops, reduce_scatter_pass,
 };
+use crate::planner::tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::{Ctx, split_even};
 use crate::request::{Collective, Request};
 
@@ -81,22 +82,29 @@ pub(super) fn node_chain(links: &NetLinks, k: usize, rail: usize, c: usize) -> R
         .map(|i| ranks[(at + i) % ranks.len()])
         .min_by_key(|&r| links.nic_reach(r, rail).unwrap_or((true, usize::MAX)))
         .unwrap_or(entry);
-    let mut left: Vec<u32> = ranks
-        .iter()
-        .copied()
-        .filter(|&r| r != entry && r != exit)
+    // Members by position in the node's ranks, rated by the node's kept rates.
+    let m = ranks.len();
+    let rates = links.local_rates(k);
+    let pos = |r: u32| ranks.iter().position(|&x| x == r).unwrap_or(0);
+    let mut left: Vec<usize> = (0..m)
+        .filter(|&i| ranks[i] != entry && ranks[i] != exit)
         .collect();
     let mut chain = vec![entry];
+    let mut from = pos(entry);
     while !left.is_empty() {
-        let from = chain[chain.len() - 1];
         let mut best = (0, f64::NEG_INFINITY);
-        for (i, &r) in left.iter().enumerate() {
-            let g = links.local(from, r)?.gbps();
+        for (i, &to) in left.iter().enumerate() {
+            let mut g = rates[from * m + to];
+            if g.is_nan() {
+                // No connection: the error says between which GPUs.
+                g = links.local(ranks[from], ranks[to])?.gbps();
+            }
             if g > best.1 {
                 best = (i, g);
             }
         }
-        chain.push(left.remove(best.0));
+        from = left.remove(best.0);
+        chain.push(ranks[from]);
     }
     chain.push(exit);
     Ok(chain)
@@ -265,6 +273,56 @@ pub(super) fn reduce_scatter(
     })
 }
 
+/// Broadcast or reduce over the rail rings, as NCCL's ring broadcast and reduce kernels run
+/// them: each channel carries its own slice of the buffer along its ring as a pipelined chain,
+/// from the root in ring order (broadcast), or into the root, each rank adding its input to
+/// the partial it received and passing the sum to its ring successor (reduce). Every hop is
+/// the ring's own connection, so on a cluster no pair of ranks is searched beyond the ring's
+/// (a flat ring order over thousands of ranks would rate every pair).
+pub(super) fn rooted(
+    req: &Request,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &[RailRing],
+) -> Result<Plan> {
+    let n = req.nranks();
+    let chunk = ctx.chunk_elems.max(1);
+    let root = req.root;
+    let splits = split_even(req.count, rings.len() as u64);
+    build_channels(
+        req,
+        ctx,
+        &label("ring chain", rings),
+        splits.len(),
+        |b, c| {
+            let (lo, len) = splits[c];
+            if len == 0 {
+                return Ok(());
+            }
+            let ring = &rings[c].order;
+            let at = ring.iter().position(|&r| r == root).unwrap_or(0);
+            let ch = c as u32;
+            if req.collective == Collective::Broadcast {
+                pin(b, links, ch, &rings[c]);
+                // The root's own copy on a local lane of the channel's: channels stay disjoint.
+                b.send(
+                    Region::new(BufferRef::Input(root), lo, len),
+                    Region::new(BufferRef::Output(root), lo, len),
+                    CH_LOCAL + ch,
+                )?;
+                let ord: Vec<u32> = (0..n).map(|i| ring[(at + i) % n]).collect();
+                broadcast_pass(b, &ord, 1, ch, lo, len, chunk, BufferRef::Input(root))
+            } else {
+                // The reduce pass sends on its own channels; the root first, then its ring
+                // predecessors, so every partial moves to its ring successor.
+                pin(b, links, ch + UP_CHANNEL, &rings[c]);
+                let ord: Vec<u32> = (0..n).map(|i| ring[(at + n - i) % n]).collect();
+                reduce_pass(b, &ord, 1, ch, lo, len, chunk)
+            }
+        },
+    )
+}
+
 /// `ring x<channels> rail-aligned`.
 fn label(algo: &str, rings: &[RailRing]) -> String {
     format!("{algo} x{} rail-aligned", rings.len())
@@ -274,6 +332,10 @@ fn label(algo: &str, rings: &[RailRing]) -> String {
 pub(super) fn serves(c: Collective) -> bool {
     matches!(
         c,
-        Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+        Collective::AllReduce
+            | Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::Broadcast
+            | Collective::Reduce
     )
 }

@@ -94,6 +94,47 @@ fn gather_scatter_and_all_to_all_are_rail_aligned() {
     }
 }
 
+/// The rates a node's members are ordered by, read once per node, are those of the
+/// connections `local` makes, on NVSwitch machines (the ports' rule) and others (NCCL's link
+/// rule), with a switch plane's link down.
+#[test]
+fn kept_local_rates_are_the_connections_rates() {
+    let planes_down = relaycc_topo::Mask {
+        down_links: [("GPU1".to_string(), "node0/NVSwitch0".to_string())].into(),
+        ..Default::default()
+    };
+    for (spec, mask) in [
+        ("cluster:2xdgx-h100:ib-ndr", None),
+        ("cluster:2xdgx-h100:ib-ndr", Some(planes_down)),
+        ("cluster:2xdgx1-v100:ib-edr", None),
+        ("cluster:2xrtx4090-8gpu:ib-ndr", None),
+        ("cluster:1xgb200-nvl72:ib-ndr", None),
+    ] {
+        let mut topo = cluster(spec);
+        if let Some(m) = mask {
+            topo = topo.with_mask(m).unwrap();
+        }
+        let gpus: Vec<u32> = (0..topo.gpu_count()).collect();
+        let cache =
+            crate::planner::ConnCache::new(&topo, &gpus, &crate::path::RelayPolicy::Members);
+        let links = super::links::NetLinks::new(&topo, &gpus, &cache).unwrap();
+        for (k, node) in links.nodes.iter().enumerate() {
+            let m = node.ranks.len();
+            let rates = links.local_rates(k);
+            for (i, &a) in node.ranks.iter().enumerate() {
+                for (j, &b) in node.ranks.iter().enumerate().filter(|&(j, _)| j != i) {
+                    let want = links.local(a, b).map_or(f64::NAN, |c| c.gbps());
+                    let got = rates[i * m + j];
+                    assert!(
+                        got == want || (got.is_nan() && want.is_nan()),
+                        "{spec} node {k}: {a} -> {b} kept {got}, connection {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
     for (spec, gpus) in [
@@ -114,10 +155,25 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
             Collective::AllToAll,
             Collective::Gather,
             Collective::Scatter,
+            Collective::Broadcast,
+            Collective::Reduce,
         ] {
             for count in [1u64, 1000, 1 << 18] {
                 proved(&topo, c, gpus.clone(), count);
             }
+        }
+        // Broadcast and reduce from a root other than rank 0, on the rail rings.
+        for c in [Collective::Broadcast, Collective::Reduce] {
+            let mut req = Request::new(c, gpus.clone(), 5000, DType::F32);
+            req.root = (gpus.len() - 1) as u32;
+            let p = baseline_plan(&topo, &req).unwrap();
+            assert!(
+                p.algorithm.contains("rail-aligned"),
+                "{spec}: {}",
+                p.algorithm
+            );
+            check(&p).unwrap_or_else(|e| panic!("{spec} {c}: {e}"));
+            check_routes(&p, &topo).unwrap_or_else(|e| panic!("{spec} {c}: {e}"));
         }
         // The tree on every shape, whatever the tuner picks.
         let req = Request::new(Collective::AllReduce, gpus.clone(), 777, DType::F32);
