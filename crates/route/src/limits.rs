@@ -164,12 +164,22 @@ pub fn refund(ops: u64) {
 /// # Errors
 /// [`RouteError::OverLimit`] once the build's deadline passed.
 pub fn check_deadline(i: usize) -> Result<()> {
+    check_deadline_while(i, "folded")
+}
+
+/// [`check_deadline`] for a long pass before a build's first op (laying out NCCL's rings over
+/// every node of a cluster): its error says the build was still `doing` (a past participle,
+/// "laid out") at its deadline.
+///
+/// # Errors
+/// [`RouteError::OverLimit`] once the build's deadline passed.
+pub fn check_deadline_while(i: usize, doing: &str) -> Result<()> {
     if !(i as u64).is_multiple_of(CLOCK_EVERY_OPS) {
         return Ok(());
     }
     CURRENT.with(|c| match c.borrow().as_ref() {
         Some(l) if l.until.is_some_and(|u| Instant::now() >= u) => Err(RouteError::OverLimit {
-            what: format!("{} was still being folded at its deadline", l.what),
+            what: format!("{} was still being {doing} at its deadline", l.what),
             limit: "the planning budget; a larger --budget builds it".into(),
         }),
         _ => Ok(()),

@@ -18,8 +18,8 @@
 //!   (GeForce) have no GPU Direct RDMA either; their sends across nodes take NCCL's link rule,
 //!   staged through host memory.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use relaycc_topo::{LinkId, LinkKind, NodeId, NodeKind, Topology};
 
@@ -51,6 +51,9 @@ pub(crate) struct NetLinks<'t> {
     cache: &'t ConnCache<'t>,
     /// Per node: the rates between its members ([`NetLinks::local_rates`]), read once.
     local_rates: Vec<OnceLock<Vec<f64>>>,
+    /// Per pair of leaf switches: the usable two-link paths between them through a common
+    /// neighbour switch ([`NetLinks::net_path`]), found once: a spine has a link per leaf.
+    spines: Mutex<HashMap<(NodeId, NodeId), Arc<[(LinkId, LinkId)]>>>,
 }
 
 /// A node's ancestors of a device in the PCIe tree, the device first, up to its socket (a GPU
@@ -123,6 +126,7 @@ impl<'t> NetLinks<'t> {
             let nics = host_nics.remove(&host).unwrap_or_default();
             let mut taken = vec![false; nics.len()];
             for &r in &ranks {
+                crate::limits::check_deadline_while(r as usize, "laid out on the cluster's NICs")?;
                 node_of[r as usize] = k;
                 let gn = topo.gpu(gpus[r as usize])?;
                 let best = nics
@@ -141,6 +145,7 @@ impl<'t> NetLinks<'t> {
             topo,
             gpus: gpus.to_vec(),
             local_rates: nodes.iter().map(|_| OnceLock::new()).collect(),
+            spines: Mutex::new(HashMap::new()),
             nodes,
             node_of,
             rail,
@@ -322,18 +327,39 @@ impl<'t> NetLinks<'t> {
         if sx == sy {
             return Some(vec![ex, down]);
         }
-        let spines: Vec<(LinkId, LinkId)> = topo
+        let spines = self.spines_between(sx, sy);
+        let (up, over) = *spines.get(salt % spines.len().max(1))?;
+        Some(vec![ex, up, over, down])
+    }
+
+    /// The usable paths from switch `sx` up to a neighbour switch and down to switch `sy`,
+    /// in `sx`'s link order: found once per pair of switches and kept (a poisoned lock only
+    /// loses the memo).
+    fn spines_between(&self, sx: NodeId, sy: NodeId) -> Arc<[(LinkId, LinkId)]> {
+        let kept = self
+            .spines
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(sx, sy)).cloned());
+        if let Some(v) = kept {
+            return v;
+        }
+        let topo = self.topo;
+        let found: Arc<[(LinkId, LinkId)]> = topo
             .links_from(sx)
             .filter(|(e, s, _)| {
                 matches!(topo.node(*s).kind, NodeKind::NetSwitch) && topo.link_usable(*e)
             })
             .filter_map(|(e, s, _)| {
-                let f = topo.link_between(s, sy).filter(|f| topo.link_usable(*f))?;
+                // From the leaf's side: a spine has a link per leaf, a leaf a few uplinks.
+                let f = link_into(topo, s, sy).filter(|f| topo.link_usable(*f))?;
                 Some((e, f))
             })
             .collect();
-        let (up, over) = *spines.get(salt % spines.len().max(1))?;
-        Some(vec![ex, up, over, down])
+        if let Ok(mut m) = self.spines.lock() {
+            m.insert((sx, sy), Arc::clone(&found));
+        }
+        found
     }
 
     /// The connection from rank `a` to rank `b` on another node over rail `rail`: out through

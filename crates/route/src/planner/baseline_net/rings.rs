@@ -114,14 +114,21 @@ pub(super) fn node_chain(links: &NetLinks, k: usize, rail: usize, c: usize) -> R
 pub(super) fn rail_rings(links: &NetLinks) -> Result<Vec<RailRing>> {
     let rails = channel_rails(links);
     let mut rings = Vec::with_capacity(rails.len());
+    // Every channel visits every node: on a thousand racks of 72 GPUs and 72 rails, millions
+    // of steps before the first op, so the build's deadline is read as they go.
+    let mut step = 0usize;
     for (c, &rail) in rails.iter().enumerate() {
         let mut order = Vec::with_capacity(links.gpus.len());
         for k in 0..links.nodes.len() {
+            step += 1;
+            crate::limits::check_deadline_while(step, "laid out on NCCL's rings")?;
             order.extend(node_chain(links, k, rail, c)?);
         }
         let n = order.len();
         let mut hops = Vec::with_capacity(n);
         for i in 0..n {
+            step += 1;
+            crate::limits::check_deadline_while(step, "laid out on NCCL's rings")?;
             let (a, b) = (order[i], order[(i + 1) % n]);
             hops.push(links.connect(a, b, rail, c + i)?);
         }

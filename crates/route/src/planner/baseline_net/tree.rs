@@ -94,7 +94,10 @@ pub(super) fn all_reduce(
         let ch = c as u32;
         let rail = rails[c];
         let chains: Vec<Vec<u32>> = (0..nodes)
-            .map(|k| node_chain(links, k, rail, c))
+            .map(|k| {
+                crate::limits::check_deadline_while(k, "laid out on NCCL's trees")?;
+                node_chain(links, k, rail, c)
+            })
             .collect::<Result<_>>()?;
         let tree: Vec<(Option<usize>, Vec<usize>)> =
             (0..nodes).map(|k| dtree(nodes, k, c % 2)).collect();
