@@ -58,6 +58,8 @@ pub use shared_buffer::SharedHostBuffer;
 
 use crate::backend::{Backend, ByteRegion};
 use crate::error::CollectivesError;
+use crate::plan_cache::PlanCacheLimits;
+use crate::plan_cache::lru::Lru;
 
 /// What can go wrong in the MPI backend.
 #[derive(Debug, thiserror::Error)]
@@ -219,10 +221,16 @@ pub struct MpiCommunicator {
     p2p: SimpleCommunicator,
     /// Typed collective calls made so far (the sequence number agreed with every call).
     seq: Cell<u64>,
-    /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]).
-    calls: RefCell<HashMap<Vec<i64>, typed::Prepared>>,
-    /// Per (source, destination, count, element type), the send/recv schedule.
-    p2p_plans: RefCell<HashMap<(u32, u32, u64, relaycc_route::DType), typed::Prepared>>,
+    /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]), the same
+    /// shapes on every rank: keys, weights and limits are agreed, and the eviction rule is
+    /// deterministic ([`Lru`]).
+    calls: RefCell<Lru<Vec<i64>, typed::Prepared>>,
+    /// Per (source, destination, count, element type), the send/recv schedule (a pair's
+    /// ranks may keep different ones: preparing a pair's shape is local).
+    p2p_plans: RefCell<Lru<(u32, u32, u64, relaycc_route::DType), typed::Prepared>>,
+    /// The limits of every plan cache of this communicator and of its GPU ranks, the same on
+    /// every rank ([`MpiCommunicator::set_plan_cache_limits`]).
+    plan_limits: Cell<PlanCacheLimits>,
     /// Per (peer, sending), send/recv calls made so far with that peer.
     p2p_seq: RefCell<HashMap<(u32, bool), u64>>,
     /// The algorithm of the last typed collective's plan.
@@ -345,6 +353,7 @@ impl MpiCommunicator {
             seq: Cell::new(0),
             calls: RefCell::default(),
             p2p_plans: RefCell::default(),
+            plan_limits: Cell::new(PlanCacheLimits::default()),
             p2p_seq: RefCell::default(),
             last_algorithm: RefCell::default(),
             zero_copy: std::env::var("RELAYCC_MPI_ZERO_COPY").is_ok_and(|v| v.trim() == "1"),
@@ -386,6 +395,7 @@ impl MpiCommunicator {
         let node_of = node_ids(&sub, &[mine, 0]);
         let mut out = Self::assemble(sub, node_of, self.device, self.topology.clone());
         out.timeout.set(self.timeout.get());
+        out.plan_limits.set(self.plan_limits.get());
         out.transfer = self.transfer;
         out.zero_copy = self.zero_copy;
         Ok(Some(out))
@@ -481,6 +491,37 @@ impl MpiCommunicator {
     pub fn set_timeout(&mut self, t: Duration) {
         self.timeout.set(t);
     }
+    /// The limits of this communicator's plan caches (the typed collectives', send/recv's
+    /// and its GPU ranks' shapes, each cache on its own): [`PlanCacheLimits::default`] at
+    /// creation, a parent's after [`Self::split`].
+    pub fn plan_cache_limits(&self) -> PlanCacheLimits {
+        self.plan_limits.get()
+    }
+
+    /// Collective: new limits for this communicator's plan caches, agreed by every rank
+    /// first (as [`Self::agree_settings`]), since every rank's cache must keep the same
+    /// shapes. Shapes of the typed collectives beyond them leave at once, least recently used
+    /// first; send/recv's and GPU ranks' at their next new shape. A cache keeps at most
+    /// `max_plans` shapes (at least one) and, counting each shape at the largest memory any
+    /// rank's part of it works in (input, output and scratch), at most `max_scratch_bytes`;
+    /// the shape a call needs always stays.
+    ///
+    /// Errors: [`MpiError::CallMismatch`] on every rank when ranks pass different limits
+    /// (nothing changes); [`MpiError::Failed`], [`MpiError::Timeout`] or an MPI error.
+    pub fn set_plan_cache_limits(&self, limits: PlanCacheLimits) -> MpiResult<()> {
+        self.health.check()?;
+        let bytes = i64::try_from(limits.max_scratch_bytes).unwrap_or(i64::MAX);
+        let plans = i64::try_from(limits.max_plans).unwrap_or(i64::MAX);
+        agree::same_settings(
+            self,
+            "set the plan cache limits",
+            &[("max_plans", plans), ("max_scratch_bytes", bytes)],
+        )?;
+        self.plan_limits.set(limits);
+        drop(self.calls.borrow_mut().evict_to_fit(limits, 0, 0));
+        Ok(())
+    }
+
     /// [`Self::set_timeout`] through a shared reference, for the GPU ranks that hold one.
     #[cfg(feature = "cuda")]
     pub(super) fn set_timeout_shared(&self, t: Duration) {
@@ -660,6 +701,28 @@ fn agree<T>(
         }
     }
     Ok(v)
+}
+
+/// Collective agreement on a shape this rank prepared for a call and the bytes it holds:
+/// every rank gets its shape, or an error (its own, or [`MpiError::Peer`] naming the lowest
+/// failing rank), with the largest of the ranks' bytes, which is the shape's weight against
+/// the plan cache's byte limit: the same on every rank, so every rank's cache evicts alike.
+/// One nonblocking `MPI_Iallreduce` ([`agree::agree`]).
+fn agree_weighed<T>(
+    comm: &MpiCommunicator,
+    local: MpiResult<(T, u64)>,
+    step: &'static str,
+) -> MpiResult<(T, u64)> {
+    let bytes = local.as_ref().map_or(0, |(_, b)| *b);
+    let words = [i64::try_from(bytes).unwrap_or(i64::MAX)];
+    let got = agree::agree(comm, step, local.is_err(), &words)?;
+    let (v, _) = match (local, got.failed) {
+        (Err(e), _) => return Err(e),
+        (Ok(v), None) => v,
+        (Ok(_), Some(rank)) => return Err(MpiError::Peer { rank, step }),
+    };
+    let most = got.ranges.first().map_or(bytes, |r| r.1.max(0) as u64);
+    Ok((v, most))
 }
 
 /// Number the nodes of `comm`'s ranks by each rank's `key` (equal keys, one node), in the
