@@ -44,6 +44,7 @@ use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::device::{HostBuf, PlanMemory, TransferMode, slot_address, slot_region};
 use super::requests::Requests;
+use super::roll_call::At;
 use super::schedule::Schedule;
 use super::transport::MpiTransport;
 use super::typed::{InputAt, Shape};
@@ -389,7 +390,8 @@ impl<'c> MpiGpu<'c> {
                 let bytes = p.weight;
                 (p, bytes)
             });
-            let (mut p, weight) = super::agree_weighed(comm, made, "prepare a GPU call")?;
+            let at = At::call("prepare a GPU call", call.collective(), seq);
+            let (mut p, weight) = super::agree_weighed(comm, made, at)?;
             p.weight = weight;
             let evicted = self.shapes.evict_to_fit(limits, 1, weight);
             retire(&self.done, &mut self.retired, evicted)?;

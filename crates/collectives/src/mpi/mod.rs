@@ -12,8 +12,9 @@
 //!   consider device-aware staging); otherwise they are staged through the backend's host
 //!   memory ([`TransferMode::Staged`]). [`MpiCommunicator::set_transfer`] overrides it;
 //! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long creating a communicator, a run, or
-//!   any collective step may wait for its peers before it fails (see [`MpiError::Timeout`]
-//!   and [`MpiError::Absent`]);
+//!   any collective step may wait for its peers before it fails (see [`MpiError::Timeout`],
+//!   and [`MpiError::Absent`], which names the ranks that did not come and, for a typed
+//!   call, the call: a roll call within the timeout finds them, `roll_call.rs`);
 //! - `RELAYCC_MPI_ZERO_COPY=1`: the typed collectives hand the caller's buffers to MPI
 //!   ([`MpiCommunicator::set_zero_copy`]).
 
@@ -24,6 +25,7 @@ mod exchange;
 mod gpu;
 mod indexed;
 mod requests;
+mod roll_call;
 #[cfg(feature = "cuda")]
 mod runner;
 mod schedule;
@@ -80,8 +82,9 @@ pub enum MpiError {
         /// Bytes needed.
         needs: usize,
     },
-    /// Peers did not complete their messages, or did not join the collective step before a
-    /// run or a build, in time (a rank exited, hangs or stopped); pending messages were
+    /// Peers did not complete their messages in time (a rank exited, hangs or stopped), or
+    /// every rank came to a collective step and it still did not complete (a step whose
+    /// ranks did not all come is [`MpiError::Absent`], naming them); pending messages were
     /// cancelled, and requests MPI kept (a collective one cannot be cancelled) hold their
     /// buffers until they complete. The communicator is failed from then on
     /// ([`MpiError::Failed`]).
@@ -151,19 +154,32 @@ pub enum MpiError {
     /// The node's backend failed (allocation, download, upload, a launch).
     #[error("backend: {0}")]
     Backend(#[from] CollectivesError),
-    /// Ranks did not come to a step that names who came (creating a communicator) within
-    /// the timeout: they never called it, left, or were slower than the timeout.
+    /// Ranks did not come to a collective step within the timeout: they never called it,
+    /// left, wait at another step, or were slower than the timeout. Creating a communicator
+    /// names them from its arrival words; every later collective step (a typed call's
+    /// agreement, a barrier, a build) from a roll call after its deadline, in which the ranks
+    /// at the step say so and the others where they wait instead (`roll_call.rs`). The
+    /// communicator is failed from then on, as after [`MpiError::Timeout`].
     #[error(
-        "rank {rank}: {step}: rank(s) {} did not arrive within {after:?}",
-        ranks_text(.missing)
+        "rank {rank}: {step}{}: rank(s) {} did not arrive within {after:?}{}",
+        call.map(|s| format!(", call #{s} of this communicator")).unwrap_or_default(),
+        ranks_text(.missing),
+        if elsewhere.is_empty() { String::new() } else { format!(" ({})", elsewhere.join("; ")) }
     )]
     Absent {
         /// This rank.
         rank: u32,
-        /// The step (`create the communicator`).
+        /// The step: the collective of a typed call (`all_reduce`), or the step itself
+        /// (`create the communicator`, `meet at a barrier`).
         step: &'static str,
+        /// A typed call's sequence number on this communicator (from 0, as the call
+        /// mismatch errors count), `None` for other steps.
+        call: Option<u64>,
         /// The ranks that did not come, in rank order.
         missing: Vec<u32>,
+        /// Where those of them that answered the roll call wait instead (`rank 3 is at:
+        /// broadcast, call #4`).
+        elsewhere: Vec<String>,
         /// The timeout.
         after: Duration,
     },
@@ -219,6 +235,8 @@ pub struct MpiCommunicator {
     /// A second private duplicate for send/recv pairs, so point-to-point messages never
     /// match a collective's.
     p2p: SimpleCommunicator,
+    /// A third, for the roll call of a step that times out (`roll_call.rs`).
+    roll: SimpleCommunicator,
     /// Typed collective calls made so far (the sequence number agreed with every call).
     seq: Cell<u64>,
     /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]), the same
@@ -333,6 +351,7 @@ impl MpiCommunicator {
         let timeout = env_timeout();
         let cuda_aware = std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1");
         let p2p = private_dup(&comm);
+        let roll = private_dup(&comm);
         let shm = shm_transport::ShmSegment::new(&comm);
         MpiCommunicator {
             comm,
@@ -350,6 +369,7 @@ impl MpiCommunicator {
             topology,
             health: Rc::default(),
             p2p,
+            roll,
             seq: Cell::new(0),
             calls: RefCell::default(),
             p2p_plans: RefCell::default(),
@@ -530,8 +550,9 @@ impl MpiCommunicator {
     /// Wait until every rank of the communicator has called `barrier` (`MPI_Barrier`), at
     /// most the timeout: a nonblocking `MPI_Ibarrier` polled against it.
     ///
-    /// Errors: [`MpiError::Failed`] after an earlier failure; [`MpiError::Timeout`] when a
-    /// rank does not come in time (the communicator is failed from then on); an MPI error.
+    /// Errors: [`MpiError::Failed`] after an earlier failure; [`MpiError::Absent`] naming
+    /// the ranks that do not come in time (the communicator is failed from then on); an MPI
+    /// error.
     pub fn barrier(&self) -> MpiResult<()> {
         self.health.check()?;
         agree::barrier(self, "meet at a barrier")
@@ -544,8 +565,8 @@ impl MpiCommunicator {
     /// Errors: [`MpiError::CallMismatch`] on every rank, naming each setting whose values
     /// differ, the ranks whose value is not the most common one, their values and the
     /// common one (or saying that the ranks compare different settings);
-    /// [`MpiError::Failed`] after an earlier failure; [`MpiError::Timeout`] when a rank does
-    /// not take part in time; an MPI error.
+    /// [`MpiError::Failed`] after an earlier failure; [`MpiError::Absent`] naming the ranks
+    /// that do not take part in time; an MPI error.
     pub fn agree_settings(&self, settings: &[(&str, i64)]) -> MpiResult<()> {
         self.health.check()?;
         agree::same_settings(self, "agree on settings", settings)
@@ -616,6 +637,16 @@ impl MpiCommunicator {
         &self.health
     }
 
+    /// The communicator of roll calls (`roll_call.rs`).
+    pub(crate) fn roll(&self) -> &SimpleCommunicator {
+        &self.roll
+    }
+
+    /// Typed collective calls this rank has made on this communicator.
+    pub(crate) fn calls_made(&self) -> u64 {
+        self.seq.get()
+    }
+
     /// `Err(MpiError::Failed)` when a run on this communicator, or on an exchange built from
     /// it, failed before; collective calls check this first.
     pub fn check_health(&self) -> MpiResult<()> {
@@ -668,7 +699,8 @@ impl MpiCommunicator {
 /// ([`agree::agree`]). A rank that failed returns its own error; the others return
 /// [`MpiError::Peer`] naming the lowest failing rank. When all succeeded but the plans differ,
 /// every rank returns [`MpiError::ElementMismatch`] (element types differ) or
-/// [`MpiError::PlanMismatch`]. Peers that do not take part in time: [`MpiError::Timeout`].
+/// [`MpiError::PlanMismatch`]. Peers that do not take part in time: [`MpiError::Absent`]
+/// naming them.
 fn agree<T>(
     comm: &MpiCommunicator,
     local: MpiResult<T>,
@@ -711,11 +743,12 @@ fn agree<T>(
 fn agree_weighed<T>(
     comm: &MpiCommunicator,
     local: MpiResult<(T, u64)>,
-    step: &'static str,
+    at: roll_call::At,
 ) -> MpiResult<(T, u64)> {
+    let step = at.step;
     let bytes = local.as_ref().map_or(0, |(_, b)| *b);
     let words = [i64::try_from(bytes).unwrap_or(i64::MAX)];
-    let got = agree::agree(comm, step, local.is_err(), &words)?;
+    let got = agree::agree(comm, at, local.is_err(), &words)?;
     let (v, _) = match (local, got.failed) {
         (Err(e), _) => return Err(e),
         (Ok(v), None) => v,

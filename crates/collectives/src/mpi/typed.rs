@@ -11,8 +11,9 @@
 //!    bounded by the communicator's timeout ([`super::agree`]). Every rank then holds the
 //!    same descriptors and reaches the same verdict: a mismatch is the same error on every
 //!    rank, a local failure is that rank's error there and [`MpiError::Peer`] elsewhere, a
-//!    peer that does not take part is [`MpiError::Timeout`]. Mismatches move no data and leave
-//!    the communicator usable.
+//!    peer that does not take part is [`MpiError::Absent`], naming it and the call (its
+//!    collective and sequence number). Mismatches move no data and leave the communicator
+//!    usable.
 //! 3. **Plan once per shape**: the agreed descriptors key a cache. On a miss the request is
 //!    built in rank space (ranks `0..n` are the processes), planned by route's rank-space
 //!    planner, proved by `relaycc_route::check`, and cut into this rank's [`Schedule`] with
@@ -40,6 +41,7 @@ use relaycc_route::{Collective, DType, Location, Plan, ReduceOp, Request, Transf
 
 use super::agree::{self, Op};
 use super::requests::Requests;
+use super::roll_call::At;
 use super::schedule::{RunBuffers, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::element::Element;
@@ -119,6 +121,10 @@ impl Call {
     /// Bytes of one element.
     pub(super) fn esize(&self) -> u64 {
         self.esize
+    }
+    /// The collective.
+    pub(super) fn collective(&self) -> Collective {
+        self.collective
     }
 }
 
@@ -375,8 +381,9 @@ impl MpiCommunicator {
     /// collective that differs between ranks ([`MpiError::CountMismatch`],
     /// [`MpiError::ElementMismatch`], [`MpiError::CallMismatch`]), `Avg` on an integer type
     /// ([`MpiError::Unsupported`] there, [`MpiError::Peer`] elsewhere), a peer that does not
-    /// take part within the timeout ([`MpiError::Timeout`]); during the run, an MPI error or a
-    /// timeout, which fail the communicator.
+    /// take part within the timeout ([`MpiError::Absent`] naming it and the call, which fails
+    /// the communicator); during the run, an MPI error or a timeout, which fail the
+    /// communicator.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> MpiResult<()> {
         let s = self.shape::<T>(Kind::AllReduceInPlace(op), buf.len(), buf.len());
         self.host(s, &[], buf)
@@ -615,7 +622,8 @@ impl MpiCommunicator {
             call.counts.clear();
         }
         let desc = descriptor(call, seq, local.is_err());
-        let all = agree::collective(self, AGREE, Op::AllGather, desc.to_vec())?;
+        let at = At::call(AGREE, call.collective, seq);
+        let all = agree::collective(self, at, Op::AllGather, desc.to_vec())?;
         let key = verdict(&all, local)?;
         Ok((key, all))
     }
@@ -669,7 +677,9 @@ impl MpiCommunicator {
                 let bytes = p.weight;
                 (p, bytes)
             });
-            let (mut p, weight) = super::agree_weighed(self, made, "prepare a collective call")?;
+            let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+            let at = At::call("prepare a collective call", call.collective, seq);
+            let (mut p, weight) = super::agree_weighed(self, made, at)?;
             p.weight = weight;
             drop(cache.evict_to_fit(limits, 1, weight));
             cache.insert(key.clone(), p);
@@ -792,7 +802,9 @@ impl MpiCommunicator {
             Collective::AllToAllV => {
                 // Every rank's send and receive counts: the matrix, checked pair by pair.
                 let words: Vec<i64> = call.counts.iter().map(|c| *c as i64).collect();
-                let got = agree::collective(self, AGREE, Op::AllGather, words)?;
+                let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+                let at = At::call(AGREE, call.collective, seq);
+                let got = agree::collective(self, at, Op::AllGather, words)?;
                 let rows: Vec<&[i64]> = got.chunks(2 * n).collect();
                 for (s, row) in rows.iter().enumerate() {
                     for (d, peer) in rows.iter().enumerate() {
