@@ -14,7 +14,7 @@
 //!   same in zero-copy mode for two types, and from `SharedHostBuffer`s (70 rounds of
 //!   all_to_all from fresh buffers, then all_reduce, all_gather_v and send/recv of a slice at
 //!   past 64 KiB per message). A second call of each shape reuses its plan
-//!   (the plan cache must not grow).
+//!   (the plan cache, given room for every shape of the test, must not grow).
 //! - `typed-faults`: one rank passes another count, element type, op, root, or calls the
 //!   collectives in another order, or expects another all_to_all_v count: every rank must get
 //!   the matching error within the timeout, and a correct call must then still run; a
@@ -41,7 +41,7 @@ use mpi_common::{Report, fill};
 
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu, SharedHostBuffer};
-use relaycc_collectives::{Collectives, CollectivesError, Element, ReduceOp};
+use relaycc_collectives::{Collectives, CollectivesError, Element, PlanCacheLimits, ReduceOp};
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
 use rsmpi::topology::SimpleCommunicator;
@@ -276,6 +276,16 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
 /// Run [`typed`] for every element type at two counts; then again at one, which must hit
 /// the plan cache.
 fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
+    // Room for every shape this test makes (a few hundred; the default keeps 64), so the last
+    // check sees its shapes reused, not replanned at the limit (`mpi_cache` tests the bound).
+    let roomy = PlanCacheLimits {
+        max_plans: 4096,
+        max_scratch_bytes: u64::MAX,
+    };
+    if let Err(e) = comm.set_plan_cache_limits(roomy) {
+        println!("rank {}: plan cache limits: {e}", comm.rank());
+        rep.check("plan cache limits", false);
+    }
     typed::<f32>(comm, rep, "f32", 37);
     typed::<f64>(comm, rep, "f64", 37);
     typed::<i8>(comm, rep, "i8", 37);
