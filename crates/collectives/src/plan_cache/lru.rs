@@ -69,7 +69,9 @@ impl<K: Eq + Hash + Clone, V: Held> Lru<K, V> {
         self.map.get(key).map(|s| &s.value)
     }
 
-    /// The value of `key`, mutable, without marking it used.
+    /// The value of `key`, mutable, without marking it used (the MPI caches run a shape in
+    /// place).
+    #[cfg(feature = "mpi")]
     pub fn peek_mut(&mut self, key: &K) -> Option<&mut V> {
         self.map.get_mut(key).map(|s| &mut s.value)
     }
