@@ -1,4 +1,4 @@
-//! Count binding, issue 28's target: all_to_all_v of f32 over 8 per-rank handles
+//! Count binding against its target: all_to_all_v of f32 over 8 per-rank handles
 //! (`RankComm`, host backend) driven from one thread with `RankGroup::launch_all`, with a new
 //! random count matrix every call (`fresh_matrix`) against one matrix repeated every call
 //! (`repeated_matrix`). Counts go up to 1,024 elements per pair, one pair at 513 or more, so

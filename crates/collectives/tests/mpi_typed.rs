@@ -607,15 +607,8 @@ fn split(comm: &MpiCommunicator, rep: &mut Report) {
 fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
     let (me, n) = (comm.rank(), comm.size());
     let timeout = Duration::from_secs(2);
-    let sub = match comm.split(Some(0), 0) {
-        Ok(Some(mut s)) => {
-            s.set_timeout(timeout);
-            s
-        }
-        other => {
-            println!("rank {me}: FAULT-UNEXPECTED split: {other:?}");
-            return;
-        }
+    let Some(sub) = sub_with(comm, timeout) else {
+        return;
     };
     let input: Vec<f32> = fill(me, 256);
     let mut out = zeros::<f32>(256);

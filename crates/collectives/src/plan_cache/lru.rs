@@ -51,7 +51,7 @@ impl<K, V> Default for Lru<K, V> {
 }
 
 impl<K: Eq + Hash + Clone, V: Held> Lru<K, V> {
-    /// Mark `key` used now; false when it is not cached.
+    /// Mark `key` used (the clock's next tick); false when it is not cached.
     pub fn touch(&mut self, key: &K) -> bool {
         self.clock += 1;
         let now = self.clock;
@@ -76,7 +76,8 @@ impl<K: Eq + Hash + Clone, V: Held> Lru<K, V> {
         self.map.get_mut(key).map(|s| &mut s.value)
     }
 
-    /// Keep `value` for `key`, marked used now; returns the value it replaces, if any.
+    /// Keep `value` for `key`, marked used (the clock's next tick); returns the value it
+    /// replaces, if any.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         self.clock += 1;
         let used = self.clock;

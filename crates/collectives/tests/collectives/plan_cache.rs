@@ -220,7 +220,7 @@ fn capacity_1024_matrix(
     m
 }
 
-/// Issue 28's target shape: eight per-rank handles (`RankComm`, host backend) driven from one
+/// Count binding's target shape: eight per-rank handles (`RankComm`, host backend) driven from one
 /// thread run all_to_all_v with a new random count matrix every call. The first call plans
 /// the capacity; the 50 after it leave the communicator's plan cache as it was (counts are
 /// bound per call, never planned), and every result is exact.
