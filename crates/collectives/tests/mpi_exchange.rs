@@ -34,8 +34,9 @@
 //!   within the timeout plus the grace second, then `Failed` at once from a second run and
 //!   from a new build, and the job must not abort.
 //! - `fault-stop-early`: the last rank stops before an exchange build, an `execute` and a
-//!   `prepare` (each on its own communicator); every other rank must get `Timeout` from the
-//!   collective step of each within the timeout and slack, and the job must not abort.
+//!   `prepare` (each on its own communicator); every other rank must get `Absent` naming it
+//!   and the collective step of each within the timeout and slack, and the job must not
+//!   abort.
 //! - `fault-backend`: rank 1's backend fails its downloads during a staged run; rank 1 must
 //!   return the backend error, every other rank an error within the bound.
 //! - `fault-exit`: the last rank leaves before the exchange runs; every other rank must get a
@@ -514,10 +515,10 @@ fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommuni
 }
 
 /// The last rank stops (sleeps, making no MPI call) before an exchange build, an `execute`
-/// and a `prepare`, each on a communicator of its own: every other rank must get `Timeout`
-/// from each collective step within the timeout and slack, then `Failed` at once from a
-/// second build. The stopper then joins the three steps late, so that the collectives the
-/// others left pending complete, and every rank meets in a barrier before finalizing.
+/// and a `prepare`, each on a communicator of its own: every other rank must get `Absent`
+/// naming it from each collective step within the timeout and slack, then `Failed` at once
+/// from a second build. The stopper then joins the three steps late, so that the collectives
+/// the others left pending complete, and every rank meets in a barrier before finalizing.
 fn fault_stop_early(world: &rsmpi::topology::SimpleCommunicator) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
     let (me, n) = (world.rank() as u32, world.size() as u32);
@@ -571,7 +572,10 @@ fn fault_stop_early(world: &rsmpi::topology::SimpleCommunicator) {
     let bound = timeout + Duration::from_millis(1500);
     let mut why = Vec::new();
     let mut timed = |what: &str, r: Result<(), MpiError>, step: &str, took: Duration| {
-        let ok = matches!(&r, Err(MpiError::Timeout { step: s, .. }) if *s == step);
+        let ok = matches!(
+            &r,
+            Err(MpiError::Absent { step: s, missing, .. }) if *s == step && missing == &[n - 1]
+        );
         if !ok || took > bound {
             why.push(format!("{what}: {r:?} after {took:?} (bound {bound:?})"));
         }

@@ -14,7 +14,7 @@
 //!   same in zero-copy mode for two types, and from `SharedHostBuffer`s (70 rounds of
 //!   all_to_all from fresh buffers, then all_reduce, all_gather_v and send/recv of a slice at
 //!   past 64 KiB per message). A second call of each shape reuses its plan
-//!   (the plan cache must not grow).
+//!   (the plan cache, given room for every shape of the test, must not grow).
 //! - `typed-faults`: one rank passes another count, element type, op, root, or calls the
 //!   collectives in another order, or expects another all_to_all_v count: every rank must get
 //!   the matching error within the timeout, and a correct call must then still run; a
@@ -23,7 +23,13 @@
 //!   numbered in reverse) used in alternation give the right results, and each keeps its
 //!   members' virtual nodes; a rank passing no color gets none.
 //! - `typed-stop`: the last rank never makes an all_reduce the others make: every other rank
-//!   must get `Timeout` within the timeout and slack, then `Failed` at once.
+//!   must get `Absent` naming it and the call within the timeout and slack, then `Failed` at
+//!   once.
+//! - `typed-skip`: after two calls every rank makes, the last rank skips the third (a
+//!   broadcast) and waits elsewhere: every other rank must get, within the timeout and the
+//!   roll call's grace, the error `rank R: broadcast, call #2 of this communicator: rank(s)
+//!   N-1 did not arrive within 2s`, naming the call once; the same through the one front door
+//!   (`Collectives` on `MpiGpu::host`, the error as `CollectivesError::Mpi`).
 //!
 //! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
 
@@ -34,8 +40,8 @@ mod mpi_common;
 use mpi_common::{Report, fill};
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{MpiCommunicator, MpiError, SharedHostBuffer};
-use relaycc_collectives::{Element, ReduceOp};
+use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu, SharedHostBuffer};
+use relaycc_collectives::{Collectives, CollectivesError, Element, PlanCacheLimits, ReduceOp};
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
 use rsmpi::topology::SimpleCommunicator;
@@ -270,6 +276,16 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
 /// Run [`typed`] for every element type at two counts; then again at one, which must hit
 /// the plan cache.
 fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
+    // Room for every shape this test makes (a few hundred; the default keeps 64), so the last
+    // check sees its shapes reused, not replanned at the limit (`mpi_cache` tests the bound).
+    let roomy = PlanCacheLimits {
+        max_plans: 4096,
+        max_scratch_bytes: u64::MAX,
+    };
+    if let Err(e) = comm.set_plan_cache_limits(roomy) {
+        println!("rank {}: plan cache limits: {e}", comm.rank());
+        rep.check("plan cache limits", false);
+    }
     typed::<f32>(comm, rep, "f32", 37);
     typed::<f64>(comm, rep, "f64", 37);
     typed::<i8>(comm, rep, "i8", 37);
@@ -591,15 +607,8 @@ fn split(comm: &MpiCommunicator, rep: &mut Report) {
 fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
     let (me, n) = (comm.rank(), comm.size());
     let timeout = Duration::from_secs(2);
-    let sub = match comm.split(Some(0), 0) {
-        Ok(Some(mut s)) => {
-            s.set_timeout(timeout);
-            s
-        }
-        other => {
-            println!("rank {me}: FAULT-UNEXPECTED split: {other:?}");
-            return;
-        }
+    let Some(sub) = sub_with(comm, timeout) else {
+        return;
     };
     let input: Vec<f32> = fill(me, 256);
     let mut out = zeros::<f32>(256);
@@ -614,14 +623,150 @@ fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
     let t = Instant::now();
     let r = sub.all_reduce(&input, &mut out, ReduceOp::Sum);
     let took = t.elapsed();
-    let timed_out = matches!(&r, Err(MpiError::Timeout { .. }));
+    let timed_out = matches!(
+        &r,
+        Err(MpiError::Absent { step: "all_reduce", call: Some(0), missing, .. })
+            if missing == &[n - 1]
+    );
     let t = Instant::now();
     let again = sub.all_reduce(&input, &mut out, ReduceOp::Sum);
     let failed = matches!(again, Err(MpiError::Failed(_))) && t.elapsed() < timeout;
-    if timed_out && failed && took <= timeout + Duration::from_millis(1500) {
+    if timed_out && failed && took <= timeout + Duration::from_millis(500) {
         println!("rank {me}: FAULT-DETECTED: all_reduce timed out after {took:?}");
     } else {
         println!("rank {me}: FAULT-MISSED: {r:?} after {took:?}, then {again:?}");
+    }
+    world.barrier();
+}
+
+/// The error text a rank that waited `timeout` at `call` of a communicator must see when
+/// the last of `n` ranks skipped it.
+fn skipped_text(me: u32, n: u32, call: &str, timeout: Duration) -> String {
+    format!(
+        "rank {me}: {call}: rank(s) {} did not arrive within {timeout:?}",
+        n - 1
+    )
+}
+
+/// `Some(took)` when `text` is `want`, names `name` once, and came within `bound`.
+fn named_once(
+    me: u32,
+    text: &str,
+    (want, name): (&str, &str),
+    took: Duration,
+    bound: Duration,
+) -> Option<Duration> {
+    let ok = text == want && text.matches(name).count() == 1 && took <= bound;
+    if !ok {
+        println!("rank {me}: FAULT-MISSED: {text:?} after {took:?}, want {want:?}");
+    }
+    ok.then_some(took)
+}
+
+/// A sub-communicator of every rank with `timeout`, or `None` (reported).
+fn sub_with(comm: &MpiCommunicator, timeout: Duration) -> Option<MpiCommunicator> {
+    match comm.split(Some(0), 0) {
+        Ok(Some(mut s)) => {
+            s.set_timeout(timeout);
+            Some(s)
+        }
+        other => {
+            println!("rank {}: FAULT-UNEXPECTED split: {other:?}", comm.rank());
+            None
+        }
+    }
+}
+
+/// The `typed-skip` mode (module docs): a typed call, a front-door call and a barrier that
+/// the last rank skips, each on a communicator of its own.
+fn typed_skip(world: &SimpleCommunicator, comm: &MpiCommunicator) {
+    let (me, n) = (comm.rank(), comm.size());
+    let skipper = me == n - 1;
+    let timeout = Duration::from_secs(2);
+    // The roll call fits in the timeout; slack for an oversubscribed machine.
+    let bound = timeout + Duration::from_millis(500);
+    let c = 64usize;
+    let input: Vec<f32> = fill(me, c);
+    let mut sum = zeros::<f32>(c);
+    let mut all = zeros::<f32>(c * n as usize);
+    let mut took = Vec::new();
+    let mut ok = true;
+    // A typed call: all_reduce #0 and all_gather #1 by all, broadcast #2 skipped.
+    if let Some(sub) = sub_with(comm, timeout) {
+        let first = sub
+            .all_reduce(&input, &mut sum, ReduceOp::Sum)
+            .and_then(|()| sub.all_gather(&input, &mut all));
+        ok &= first.is_ok();
+        if skipper {
+            std::thread::sleep(bound);
+        } else {
+            let t = Instant::now();
+            let r = sub.broadcast(&mut sum, 0);
+            let text = r.err().map(|e| e.to_string()).unwrap_or_default();
+            let want = skipped_text(me, n, "broadcast, call #2 of this communicator", timeout);
+            took.push(named_once(
+                me,
+                &text,
+                (&want, "broadcast"),
+                t.elapsed(),
+                bound,
+            ));
+        }
+    }
+    world.barrier();
+    // The one front door: all_reduce #0 by all, all_gather #1 skipped.
+    if let Some(sub) = sub_with(comm, timeout) {
+        let made = MpiGpu::host(&sub);
+        ok &= made.is_ok();
+        if let Ok(mut gpu) = made {
+            let first = gpu
+                .on_host()
+                .all_reduce(&input[..], &mut sum[..], ReduceOp::Sum);
+            ok &= first.is_ok();
+            if skipper {
+                std::thread::sleep(bound);
+            } else {
+                let t = Instant::now();
+                let r = gpu.on_host().all_gather(&input[..], &mut all[..]);
+                let mpi = matches!(&r, Err(CollectivesError::Mpi(e))
+                    if matches!(**e, MpiError::Absent { .. }));
+                let text = r.err().map(|e| e.to_string()).unwrap_or_default();
+                let want = skipped_text(me, n, "all_gather, call #1 of this communicator", timeout);
+                let named = named_once(me, &text, (&want, "all_gather"), t.elapsed(), bound);
+                took.push(named.filter(|_| mpi));
+            }
+        }
+    }
+    world.barrier();
+    // A barrier, which is not a typed call: named by its step.
+    if let Some(sub) = sub_with(comm, timeout) {
+        if skipper {
+            std::thread::sleep(bound);
+        } else {
+            let t = Instant::now();
+            let text = sub
+                .barrier()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            let want = skipped_text(me, n, "meet at a barrier", timeout);
+            took.push(named_once(
+                me,
+                &text,
+                (&want, "barrier"),
+                t.elapsed(),
+                bound,
+            ));
+        }
+    }
+    if !skipper && ok && took.len() == 3 && took.iter().all(Option::is_some) {
+        let took: Vec<Duration> = took.into_iter().flatten().collect();
+        println!(
+            "rank {me}: FAULT-DETECTED: rank {} named missing at each call, after {took:?}",
+            n - 1
+        );
+    } else if !skipper && !ok {
+        println!("rank {me}: FAULT-UNEXPECTED: the calls before the skipped ones failed");
     }
     world.barrier();
 }
@@ -633,6 +778,10 @@ fn main() {
     let mut comm = mpi_common::communicator(&world);
     if mode == "typed-stop" {
         typed_stop(&world, &comm);
+        return;
+    }
+    if mode == "typed-skip" {
+        typed_skip(&world, &comm);
         return;
     }
     let mut rep = Report::new(&world);

@@ -1,10 +1,11 @@
 //! The collective steps before a run or a build: agreement on every rank's local result and
 //! on values that must be equal on all ranks (element size, element type, a plan's hash), and
 //! the exchanges of counts. Each is one nonblocking MPI collective polled against the
-//! communicator's timeout, so a peer that stopped or hangs before the step makes it fail with
-//! [`MpiError::Timeout`] instead of hanging. A collective request cannot be cancelled: on a
-//! timeout it goes, with its buffers, to the communicator's graveyard, and the communicator
-//! is failed.
+//! communicator's timeout, so a peer that stopped or hangs before the step makes it fail
+//! instead of hanging: with [`MpiError::Absent`] naming the ranks that did not come and where
+//! they wait instead, found by a roll call (`roll_call.rs`), or [`MpiError::Timeout`] when
+//! every rank came. A collective request cannot be cancelled: on a timeout it goes, with its
+//! buffers, to the communicator's graveyard, and the communicator is failed.
 
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
 
 use super::requests::SPINS_BEFORE_YIELD;
+use super::roll_call::{self, At};
 use super::{MpiCommunicator, MpiError, MpiResult};
 
 /// The nonblocking collective of [`collective`].
@@ -39,17 +41,21 @@ impl Op {
 
 /// Run `op` over the communicator's ranks with this rank's `send` (signed 64-bit words;
 /// unsigned counts travel as their bit patterns) and wait for it until the communicator's
-/// timeout. `step` names what the collective is for, in errors.
+/// timeout. `at` names what the collective is for (a step, or a step of a typed call), in
+/// errors and in the roll call.
 ///
-/// Errors: [`MpiError::Timeout`] when the peers do not all take part in time, an MPI error,
-/// or a `send` MPI cannot count; the first two fail the communicator (peers may be stuck in
+/// Errors: [`MpiError::Absent`] when peers do not all take part in time (naming them), or
+/// [`MpiError::Timeout`] when they all came but the step did not complete, an MPI error, or
+/// a `send` MPI cannot count; all but the last fail the communicator (peers may be stuck in
 /// the collective), and a request still pending is buried with its buffers.
 pub(super) fn collective(
     comm: &MpiCommunicator,
-    step: &'static str,
+    at: impl Into<At>,
     op: Op,
     send: Vec<i64>,
 ) -> MpiResult<Vec<i64>> {
+    let at = at.into();
+    let step = at.step;
     let n = comm.size() as usize;
     let (count, recv_len) = match op {
         Op::Min => (send.len(), send.len()),
@@ -83,7 +89,7 @@ pub(super) fn collective(
             Op::AllGather => ffi::MPI_Iallgather(sp, count, word, rp, count, word, raw, &mut req),
         }
     };
-    match wait(comm.rank(), comm.timeout(), step, op.call(), rc, &mut req) {
+    match wait_at(comm, &at, op.call(), rc, &mut req) {
         Ok(()) => Ok(recv),
         Err(e) => {
             let health = comm.health();
@@ -97,8 +103,71 @@ pub(super) fn collective(
     }
 }
 
+/// The MPI error of `call` on rank `rank`.
+fn mpi_err(rank: u32, call: &'static str, code: c_int) -> MpiError {
+    MpiError::Mpi {
+        rank,
+        call,
+        code,
+        name: super::error_name(code),
+    }
+}
+
+/// `MPI_Test` the live request `req` once: whether it completed (MPI then nulls it).
+fn test(rank: u32, req: &mut ffi::MPI_Request) -> MpiResult<bool> {
+    let mut flag: c_int = 0;
+    // SAFETY: `req` is a live request its caller posted; the status is ignored.
+    let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+    if rc != ffi::MPI_SUCCESS as c_int {
+        return Err(mpi_err(rank, "MPI_Test", rc));
+    }
+    Ok(flag != 0)
+}
+
+/// Check the return code `rc` of the call posting `req` on `comm`, then poll `MPI_Test`
+/// until it completes (MPI then nulls it). A wait that lasts serves roll calls
+/// (`roll_call.rs`); at the communicator's timeout less the roll call's grace, or once a
+/// peer gave up on this very place, it calls the roll and returns what that found, within
+/// the timeout.
+fn wait_at(
+    comm: &MpiCommunicator,
+    at: &At,
+    call: &'static str,
+    rc: c_int,
+    req: &mut ffi::MPI_Request,
+) -> MpiResult<()> {
+    let rank = comm.rank();
+    if rc != ffi::MPI_SUCCESS as c_int {
+        return Err(mpi_err(rank, call, rc));
+    }
+    let timeout = comm.timeout();
+    let patience = timeout.saturating_sub(roll_call::grace(timeout));
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if test(rank, req)? {
+            return Ok(());
+        }
+        let waited = start.elapsed();
+        if waited >= roll_call::SERVE_AFTER {
+            let asked = roll_call::serve(comm, at)?;
+            if !asked.is_empty() {
+                return Err(roll_call::call_roll(comm, at, asked, timeout));
+            }
+        }
+        if waited > patience {
+            return Err(roll_call::call_roll(comm, at, Vec::new(), timeout));
+        }
+        spins += 1;
+        if spins > SPINS_BEFORE_YIELD {
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// Check the return code `rc` of the call posting `req` (on rank `rank`), then poll
-/// `MPI_Test` until it completes (MPI then nulls it) or `timeout` passes.
+/// `MPI_Test` until it completes (MPI then nulls it) or `timeout` passes: for steps before a
+/// communicator exists (creation), which no roll call can serve.
 pub(super) fn wait(
     rank: u32,
     timeout: Duration,
@@ -107,25 +176,13 @@ pub(super) fn wait(
     rc: c_int,
     req: &mut ffi::MPI_Request,
 ) -> MpiResult<()> {
-    let mpi_err = |call: &'static str, code: c_int| MpiError::Mpi {
-        rank,
-        call,
-        code,
-        name: super::error_name(code),
-    };
     if rc != ffi::MPI_SUCCESS as c_int {
-        return Err(mpi_err(call, rc));
+        return Err(mpi_err(rank, call, rc));
     }
     let deadline = Instant::now() + timeout;
     let mut spins = 0u32;
     loop {
-        let mut flag: c_int = 0;
-        // SAFETY: `req` is the live request the call above returned; the status is ignored.
-        let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-        if rc != ffi::MPI_SUCCESS as c_int {
-            return Err(mpi_err("MPI_Test", rc));
-        }
-        if flag != 0 {
+        if test(rank, req)? {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -161,7 +218,7 @@ pub(super) struct Agreed {
 /// maximum. Errors as [`collective`].
 pub(super) fn agree(
     comm: &MpiCommunicator,
-    step: &'static str,
+    step: impl Into<At>,
     failed: bool,
     values: &[i64],
 ) -> MpiResult<Agreed> {
@@ -190,21 +247,15 @@ pub(super) fn agree(
     Ok(Agreed { failed, ranges })
 }
 
-/// `MPI_Ibarrier` over the communicator, polled against its timeout. A timeout fails the
-/// communicator and buries the request (a collective one cannot be cancelled).
+/// `MPI_Ibarrier` over the communicator, polled against its timeout. A timeout (named
+/// ranks missing, as [`collective`]) fails the communicator and buries the request (a
+/// collective one cannot be cancelled).
 pub(super) fn barrier(comm: &MpiCommunicator, step: &'static str) -> MpiResult<()> {
     // SAFETY: reading an MPI constant initialised by the library.
     let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
     // SAFETY: the communicator is live and `req` an out-parameter of the right type.
     let rc = unsafe { ffi::MPI_Ibarrier(comm.comm().as_raw(), &mut req) };
-    match wait(
-        comm.rank(),
-        comm.timeout(),
-        step,
-        "MPI_Ibarrier",
-        rc,
-        &mut req,
-    ) {
+    match wait_at(comm, &At::from(step), "MPI_Ibarrier", rc, &mut req) {
         Ok(()) => Ok(()),
         Err(e) => {
             let health = comm.health();
@@ -219,7 +270,7 @@ pub(super) fn barrier(comm: &MpiCommunicator, step: &'static str) -> MpiResult<(
 }
 
 /// A 62-bit FNV-1a hash of `words`' bytes (negates without overflow).
-fn text_hash<'a>(words: impl Iterator<Item = &'a str>) -> i64 {
+pub(super) fn text_hash<'a>(words: impl Iterator<Item = &'a str>) -> i64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for w in words {
         for b in w.bytes().chain([0]) {

@@ -29,13 +29,14 @@
 //! [`MpiGpu::host`] runs the same path on a host backend with host
 //! slices, which is how machines without a GPU exercise it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ::mpi::traits::AsRaw;
+#[cfg(feature = "nccl")]
+use ::mpi::traits::Communicator as _;
 #[cfg(feature = "nccl")]
 use ::mpi::traits::Root;
-use ::mpi::traits::{AsRaw, Communicator as _};
 #[cfg(all(test, feature = "nccl"))]
 use cudarc::driver::CudaContext;
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -43,6 +44,7 @@ use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::device::{HostBuf, PlanMemory, TransferMode, slot_address, slot_region};
 use super::requests::Requests;
+use super::roll_call::At;
 use super::schedule::Schedule;
 use super::transport::MpiTransport;
 use super::typed::{InputAt, Shape};
@@ -50,11 +52,14 @@ use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
 use crate::backend::sealed::{Loan, Private};
 use crate::backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot};
-use crate::cuda::{self, CudaBackend, CudaError};
+#[cfg(feature = "nccl")]
+use crate::cuda;
+use crate::cuda::{CudaBackend, CudaError};
 use crate::error::CollectivesError;
 use crate::exec::lower::Lanes;
 #[cfg(feature = "nccl")]
 use crate::exec::nccl::{NcclComm, NcclId};
+use crate::plan_cache::lru::{Held, Lru};
 
 /// Without feature `nccl` no NCCL communicator exists: the NCCL transport is refused when a
 /// rank is made, so the fields that would hold one are always `None`.
@@ -117,6 +122,16 @@ struct GpuPrepared {
     /// allocating per call).
     bindings: Vec<ByteRegion>,
     direct: Vec<Option<RawRegion>>,
+    /// What the shape counts against the plan cache's byte limit: for a collective, the
+    /// largest run memory (input, output, scratch) of any rank's part, agreed; for a
+    /// send/recv pair, this rank's own.
+    weight: u64,
+}
+
+impl Held for GpuPrepared {
+    fn held_bytes(&self) -> u64 {
+        self.weight
+    }
 }
 
 /// The backend a rank's memory is on.
@@ -139,9 +154,16 @@ pub struct MpiGpu<'c> {
     transport: GpuTransport,
     mode: TransferMode,
     nccl: Option<NcclComm>,
-    shapes: HashMap<Vec<i64>, GpuPrepared>,
-    /// Per (source, destination, count, element type), the send/recv shapes.
-    p2p_shapes: HashMap<(u32, u32, u64, DType), GpuPrepared>,
+    /// Per agreed call shape, this rank's part: the same shapes on every rank (agreed keys,
+    /// weights and limits, a deterministic eviction rule), within the communicator's
+    /// [`MpiCommunicator::plan_cache_limits`].
+    shapes: Lru<Vec<i64>, GpuPrepared>,
+    /// Per (source, destination, count, element type), the send/recv shapes; a pair agrees
+    /// whether either side must prepare, so their caches need not hold the same shapes.
+    p2p_shapes: Lru<(u32, u32, u64, DType), GpuPrepared>,
+    /// Evicted shapes whose memory enqueued work may still use (the wait for `done` failed):
+    /// dropped with the rank, after its wait.
+    retired: Vec<GpuPrepared>,
     /// Recorded on the caller's stream after each call's last enqueued work: dropping the
     /// rank waits for it before the shapes' memory (scratch, mirrors) is freed, since that
     /// work (a copy out of a mirror, NCCL's transfers) may still read it.
@@ -156,6 +178,7 @@ impl Drop for MpiGpu<'_> {
             // Best effort: a destructor has nowhere to report a failed wait.
             let _ = e.synchronize();
         }
+        self.retired.clear();
     }
 }
 
@@ -206,8 +229,9 @@ impl<'c> MpiGpu<'c> {
             transport,
             mode: comm.transfer(),
             nccl: None,
-            shapes: HashMap::new(),
-            p2p_shapes: HashMap::new(),
+            shapes: Lru::default(),
+            p2p_shapes: Lru::default(),
+            retired: Vec::new(),
             done: None,
             next_tag: 0,
         };
@@ -259,8 +283,9 @@ impl<'c> MpiGpu<'c> {
             transport: GpuTransport::Mpi,
             mode: comm.transfer(),
             nccl: None,
-            shapes: HashMap::new(),
-            p2p_shapes: HashMap::new(),
+            shapes: Lru::default(),
+            p2p_shapes: Lru::default(),
+            retired: Vec::new(),
             done: None,
             next_tag: 0,
         })
@@ -287,9 +312,14 @@ impl<'c> MpiGpu<'c> {
             Dev::Host(h) => h.clone(),
         }
     }
-    /// Shapes planned so far.
+    /// Collective shapes kept planned (at most the communicator's
+    /// [`MpiCommunicator::plan_cache_limits`]' `max_plans`).
     pub fn cached_calls(&self) -> usize {
         self.shapes.len()
+    }
+    /// Send/recv shapes kept planned (at most the same limit).
+    pub fn cached_pairs(&self) -> usize {
+        self.p2p_shapes.len()
     }
     /// The communicator.
     pub fn comm(&self) -> &'c MpiCommunicator {
@@ -346,16 +376,28 @@ impl<'c> MpiGpu<'c> {
         );
         let (seq, local) = comm.next_call(&call, local);
         let (key, all) = comm.agreed(&mut call, local, seq)?;
-        if !self.shapes.contains_key(&key) {
-            // The request and the plan are the same on every rank (so are their errors); the
-            // allocations are this rank's, so their outcome is agreed.
+        if !self.shapes.touch(&key) {
+            // Every rank misses here (their caches hold the same shapes). The request and the
+            // plan are the same on every rank (so are their errors); the allocations are this
+            // rank's, so their outcome is agreed, with the weight. Room for one more shape
+            // before allocating, and for its agreed weight after.
+            let limits = comm.plan_cache_limits();
+            let evicted = self.shapes.evict_to_fit(limits, 1, 0);
+            retire(&self.done, &mut self.retired, evicted)?;
             let req = comm.request(&call, &all)?;
             let plan = comm.plan_request(&req)?;
-            let made = self.prepare(&plan, comm.comm().as_raw());
-            let p = super::agree(comm, made, "prepare a GPU call", None)?;
+            let made = self.prepare(&plan, comm.comm().as_raw()).map(|p| {
+                let bytes = p.weight;
+                (p, bytes)
+            });
+            let at = At::call("prepare a GPU call", call.collective(), seq);
+            let (mut p, weight) = super::agree_weighed(comm, made, at)?;
+            p.weight = weight;
+            let evicted = self.shapes.evict_to_fit(limits, 1, weight);
+            retire(&self.done, &mut self.retired, evicted)?;
             self.shapes.insert(key.clone(), p);
         }
-        let (Some(p), Some(place)) = (self.shapes.get_mut(&key), place) else {
+        let (Some(p), Some(place)) = (self.shapes.peek_mut(&key), place) else {
             return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
         comm.set_last_algorithm(&p.algorithm);
@@ -427,21 +469,31 @@ impl<'c> MpiGpu<'c> {
         } else {
             i64::MAX as u64
         };
-        let agreed = comm.p2p_agree(peer, sending, agreed_count, dtype);
+        let me = comm.rank();
+        let key = if sending {
+            (me, peer, count, dtype)
+        } else {
+            (peer, me, count, dtype)
+        };
+        let cached = self.p2p_shapes.touch(&key);
+        let agreed = comm.p2p_agree(peer, sending, agreed_count, dtype, !cached);
         // This rank's own error comes first (the pair saw a count mismatch).
         local?;
-        let (src, dst) = agreed?;
-        let key = (src, dst, count, dtype);
-        if !self.p2p_shapes.contains_key(&key) {
-            // First use on both ranks (their caches hold the same keys): the pair agrees on
-            // the preparation's outcome too, so an allocation that fails on one side fails
-            // both before any data moves, and neither caches the pair's shape.
-            let req = comm.p2p_request(src, dst, count, dtype);
-            let made = comm
-                .plan_request(&req)
-                .and_then(|plan| self.prepare(&plan, comm.p2p_raw()));
+        let (_, _, prepare) = agreed?;
+        if prepare {
+            // One side has no shape for the pair (a first use, or its cache evicted it): both
+            // agree on the preparation's outcome too, so an allocation that fails on one side
+            // fails both before any data moves, and neither keeps a new shape.
+            let made = if cached {
+                Ok(None)
+            } else {
+                let req = comm.p2p_request(key.0, key.1, count, dtype);
+                comm.plan_request(&req)
+                    .and_then(|plan| self.prepare(&plan, comm.p2p_raw()))
+                    .map(Some)
+            };
             let prepared_count = if made.is_ok() { count } else { i64::MAX as u64 };
-            let both = comm.p2p_agree(peer, sending, prepared_count, dtype);
+            let both = comm.p2p_agree(peer, sending, prepared_count, dtype, false);
             let made = made?;
             // Both sides agreed the same count before preparing, so a mismatch now is the
             // peer's failed preparation.
@@ -452,9 +504,15 @@ impl<'c> MpiGpu<'c> {
                 },
                 other => other,
             })?;
-            self.p2p_shapes.insert(key, made);
+            if let Some(p) = made {
+                let evicted = self
+                    .p2p_shapes
+                    .evict_to_fit(comm.plan_cache_limits(), 1, p.weight);
+                retire(&self.done, &mut self.retired, evicted)?;
+                self.p2p_shapes.insert(key, p);
+            }
         }
-        let (Some(p), Some(place)) = (self.p2p_shapes.get_mut(&key), place) else {
+        let (Some(p), Some(place)) = (self.p2p_shapes.peek_mut(&key), place) else {
             return Err(MpiError::Unsupported(
                 "a prepared send/recv vanished".into(),
             ));
@@ -504,7 +562,9 @@ impl<'c> MpiGpu<'c> {
             mem.mirrors[1] = Some(mem.backend.allocate(GPU, schedule.output_len as u64)?);
         }
         let n = 2 + schedule.scratch.len();
+        let weight = schedule.run_bytes();
         Ok(GpuPrepared {
+            weight,
             reqs: Requests::new(mpi, comm.rank()),
             algorithm: plan.algorithm.clone(),
             dtype: plan.dtype,
@@ -595,6 +655,7 @@ impl Place<'_> {
 /// group, same PCI address, so `CUDA_VISIBLE_DEVICES` that differ per process compare
 /// correctly) are refused on every rank, naming the pair, before NCCL is asked. Collective;
 /// every rank is there and has a driver (agreed just before).
+#[cfg(feature = "nccl")]
 fn one_rank_per_gpu(comm: &MpiCommunicator, ordinal: usize) -> MpiResult<()> {
     use ::mpi::collective::{CommunicatorCollectives, SystemOperation};
     let me = comm.rank() as i32;
@@ -677,6 +738,31 @@ fn place_of<'r>(
             None
         }
     }
+}
+
+/// Drop a GPU rank's evicted shapes once no work enqueued on the caller's stream can use
+/// their memory (a copy out of a mirror, NCCL's transfers): after `done`, recorded after every
+/// call's last work, completes. Where that wait fails they go to `retired`, dropped with the
+/// rank.
+fn retire(
+    done: &Option<CudaEvent>,
+    retired: &mut Vec<GpuPrepared>,
+    evicted: Vec<GpuPrepared>,
+) -> MpiResult<()> {
+    if evicted.is_empty() {
+        return Ok(());
+    }
+    let waited = match done {
+        Some(e) => e.synchronize(),
+        None => Ok(()),
+    };
+    waited.map_err(|e| {
+        retired.extend(evicted);
+        cuda_err(CudaError::Driver {
+            call: "cuEventSynchronize",
+            status: format!("{e:?}"),
+        })
+    })
 }
 
 /// After a failed run: the communicator is failed (peers went ahead, or wait for this rank),

@@ -12,8 +12,9 @@
 //!   consider device-aware staging); otherwise they are staged through the backend's host
 //!   memory ([`TransferMode::Staged`]). [`MpiCommunicator::set_transfer`] overrides it;
 //! - `RELAYCC_MPI_TIMEOUT_MS` (default 60000): how long creating a communicator, a run, or
-//!   any collective step may wait for its peers before it fails (see [`MpiError::Timeout`]
-//!   and [`MpiError::Absent`]);
+//!   any collective step may wait for its peers before it fails (see [`MpiError::Timeout`],
+//!   and [`MpiError::Absent`], which names the ranks that did not come and, for a typed
+//!   call, the call: a roll call within the timeout finds them, `roll_call.rs`);
 //! - `RELAYCC_MPI_ZERO_COPY=1`: the typed collectives hand the caller's buffers to MPI
 //!   ([`MpiCommunicator::set_zero_copy`]).
 
@@ -24,6 +25,7 @@ mod exchange;
 mod gpu;
 mod indexed;
 mod requests;
+mod roll_call;
 #[cfg(feature = "cuda")]
 mod runner;
 mod schedule;
@@ -58,6 +60,8 @@ pub use shared_buffer::SharedHostBuffer;
 
 use crate::backend::{Backend, ByteRegion};
 use crate::error::CollectivesError;
+use crate::plan_cache::PlanCacheLimits;
+use crate::plan_cache::lru::Lru;
 
 /// What can go wrong in the MPI backend.
 #[derive(Debug, thiserror::Error)]
@@ -78,8 +82,9 @@ pub enum MpiError {
         /// Bytes needed.
         needs: usize,
     },
-    /// Peers did not complete their messages, or did not join the collective step before a
-    /// run or a build, in time (a rank exited, hangs or stopped); pending messages were
+    /// Peers did not complete their messages in time (a rank exited, hangs or stopped), or
+    /// every rank came to a collective step and it still did not complete (a step whose
+    /// ranks did not all come is [`MpiError::Absent`], naming them); pending messages were
     /// cancelled, and requests MPI kept (a collective one cannot be cancelled) hold their
     /// buffers until they complete. The communicator is failed from then on
     /// ([`MpiError::Failed`]).
@@ -149,19 +154,32 @@ pub enum MpiError {
     /// The node's backend failed (allocation, download, upload, a launch).
     #[error("backend: {0}")]
     Backend(#[from] CollectivesError),
-    /// Ranks did not come to a step that names who came (creating a communicator) within
-    /// the timeout: they never called it, left, or were slower than the timeout.
+    /// Ranks did not come to a collective step within the timeout: they never called it,
+    /// left, wait at another step, or were slower than the timeout. Creating a communicator
+    /// names them from its arrival words; every later collective step (a typed call's
+    /// agreement, a barrier, a build) from a roll call after its deadline, in which the ranks
+    /// at the step say so and the others where they wait instead (`roll_call.rs`). The
+    /// communicator is failed from then on, as after [`MpiError::Timeout`].
     #[error(
-        "rank {rank}: {step}: rank(s) {} did not arrive within {after:?}",
-        ranks_text(.missing)
+        "rank {rank}: {step}{}: rank(s) {} did not arrive within {after:?}{}",
+        call.map(|s| format!(", call #{s} of this communicator")).unwrap_or_default(),
+        ranks_text(.missing),
+        if elsewhere.is_empty() { String::new() } else { format!(" ({})", elsewhere.join("; ")) }
     )]
     Absent {
         /// This rank.
         rank: u32,
-        /// The step (`create the communicator`).
+        /// The step: the collective of a typed call (`all_reduce`), or the step itself
+        /// (`create the communicator`, `meet at a barrier`).
         step: &'static str,
+        /// A typed call's sequence number on this communicator (from 0, as the call
+        /// mismatch errors count), `None` for other steps.
+        call: Option<u64>,
         /// The ranks that did not come, in rank order.
         missing: Vec<u32>,
+        /// Where those of them that answered the roll call wait instead (`rank 3 is at:
+        /// broadcast, call #4`).
+        elsewhere: Vec<String>,
         /// The timeout.
         after: Duration,
     },
@@ -217,12 +235,20 @@ pub struct MpiCommunicator {
     /// A second private duplicate for send/recv pairs, so point-to-point messages never
     /// match a collective's.
     p2p: SimpleCommunicator,
+    /// A third, for the roll call of a step that times out (`roll_call.rs`).
+    roll: SimpleCommunicator,
     /// Typed collective calls made so far (the sequence number agreed with every call).
     seq: Cell<u64>,
-    /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]).
-    calls: RefCell<HashMap<Vec<i64>, typed::Prepared>>,
-    /// Per (source, destination, count, element type), the send/recv schedule.
-    p2p_plans: RefCell<HashMap<(u32, u32, u64, relaycc_route::DType), typed::Prepared>>,
+    /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]), the same
+    /// shapes on every rank: keys, weights and limits are agreed, and the eviction rule is
+    /// deterministic ([`Lru`]).
+    calls: RefCell<Lru<Vec<i64>, typed::Prepared>>,
+    /// Per (source, destination, count, element type), the send/recv schedule (a pair's
+    /// ranks may keep different ones: preparing a pair's shape is local).
+    p2p_plans: RefCell<Lru<(u32, u32, u64, relaycc_route::DType), typed::Prepared>>,
+    /// The limits of every plan cache of this communicator and of its GPU ranks, the same on
+    /// every rank ([`MpiCommunicator::set_plan_cache_limits`]).
+    plan_limits: Cell<PlanCacheLimits>,
     /// Per (peer, sending), send/recv calls made so far with that peer.
     p2p_seq: RefCell<HashMap<(u32, bool), u64>>,
     /// The algorithm of the last typed collective's plan.
@@ -325,6 +351,7 @@ impl MpiCommunicator {
         let timeout = env_timeout();
         let cuda_aware = std::env::var("RELAYCC_MPI_CUDA_AWARE").is_ok_and(|v| v.trim() == "1");
         let p2p = private_dup(&comm);
+        let roll = private_dup(&comm);
         let shm = shm_transport::ShmSegment::new(&comm);
         MpiCommunicator {
             comm,
@@ -342,9 +369,11 @@ impl MpiCommunicator {
             topology,
             health: Rc::default(),
             p2p,
+            roll,
             seq: Cell::new(0),
             calls: RefCell::default(),
             p2p_plans: RefCell::default(),
+            plan_limits: Cell::new(PlanCacheLimits::default()),
             p2p_seq: RefCell::default(),
             last_algorithm: RefCell::default(),
             zero_copy: std::env::var("RELAYCC_MPI_ZERO_COPY").is_ok_and(|v| v.trim() == "1"),
@@ -386,6 +415,7 @@ impl MpiCommunicator {
         let node_of = node_ids(&sub, &[mine, 0]);
         let mut out = Self::assemble(sub, node_of, self.device, self.topology.clone());
         out.timeout.set(self.timeout.get());
+        out.plan_limits.set(self.plan_limits.get());
         out.transfer = self.transfer;
         out.zero_copy = self.zero_copy;
         Ok(Some(out))
@@ -481,6 +511,37 @@ impl MpiCommunicator {
     pub fn set_timeout(&mut self, t: Duration) {
         self.timeout.set(t);
     }
+    /// The limits of this communicator's plan caches (the typed collectives', send/recv's
+    /// and its GPU ranks' shapes, each cache on its own): [`PlanCacheLimits::default`] at
+    /// creation, a parent's after [`Self::split`].
+    pub fn plan_cache_limits(&self) -> PlanCacheLimits {
+        self.plan_limits.get()
+    }
+
+    /// Collective: new limits for this communicator's plan caches, agreed by every rank
+    /// first (as [`Self::agree_settings`]), since every rank's cache must keep the same
+    /// shapes. Shapes of the typed collectives beyond them leave at once, least recently used
+    /// first; send/recv's and GPU ranks' at their next new shape. A cache keeps at most
+    /// `max_plans` shapes (at least one) and, counting each shape at the largest memory any
+    /// rank's part of it works in (input, output and scratch), at most `max_scratch_bytes`;
+    /// the shape a call needs always stays.
+    ///
+    /// Errors: [`MpiError::CallMismatch`] on every rank when ranks pass different limits
+    /// (nothing changes); [`MpiError::Failed`], [`MpiError::Timeout`] or an MPI error.
+    pub fn set_plan_cache_limits(&self, limits: PlanCacheLimits) -> MpiResult<()> {
+        self.health.check()?;
+        let bytes = i64::try_from(limits.max_scratch_bytes).unwrap_or(i64::MAX);
+        let plans = i64::try_from(limits.max_plans).unwrap_or(i64::MAX);
+        agree::same_settings(
+            self,
+            "set the plan cache limits",
+            &[("max_plans", plans), ("max_scratch_bytes", bytes)],
+        )?;
+        self.plan_limits.set(limits);
+        drop(self.calls.borrow_mut().evict_to_fit(limits, 0, 0));
+        Ok(())
+    }
+
     /// [`Self::set_timeout`] through a shared reference, for the GPU ranks that hold one.
     #[cfg(feature = "cuda")]
     pub(super) fn set_timeout_shared(&self, t: Duration) {
@@ -489,8 +550,9 @@ impl MpiCommunicator {
     /// Wait until every rank of the communicator has called `barrier` (`MPI_Barrier`), at
     /// most the timeout: a nonblocking `MPI_Ibarrier` polled against it.
     ///
-    /// Errors: [`MpiError::Failed`] after an earlier failure; [`MpiError::Timeout`] when a
-    /// rank does not come in time (the communicator is failed from then on); an MPI error.
+    /// Errors: [`MpiError::Failed`] after an earlier failure; [`MpiError::Absent`] naming
+    /// the ranks that do not come in time (the communicator is failed from then on); an MPI
+    /// error.
     pub fn barrier(&self) -> MpiResult<()> {
         self.health.check()?;
         agree::barrier(self, "meet at a barrier")
@@ -503,8 +565,8 @@ impl MpiCommunicator {
     /// Errors: [`MpiError::CallMismatch`] on every rank, naming each setting whose values
     /// differ, the ranks whose value is not the most common one, their values and the
     /// common one (or saying that the ranks compare different settings);
-    /// [`MpiError::Failed`] after an earlier failure; [`MpiError::Timeout`] when a rank does
-    /// not take part in time; an MPI error.
+    /// [`MpiError::Failed`] after an earlier failure; [`MpiError::Absent`] naming the ranks
+    /// that do not take part in time; an MPI error.
     pub fn agree_settings(&self, settings: &[(&str, i64)]) -> MpiResult<()> {
         self.health.check()?;
         agree::same_settings(self, "agree on settings", settings)
@@ -575,6 +637,16 @@ impl MpiCommunicator {
         &self.health
     }
 
+    /// The communicator of roll calls (`roll_call.rs`).
+    pub(crate) fn roll(&self) -> &SimpleCommunicator {
+        &self.roll
+    }
+
+    /// Typed collective calls this rank has made on this communicator.
+    pub(crate) fn calls_made(&self) -> u64 {
+        self.seq.get()
+    }
+
     /// `Err(MpiError::Failed)` when a run on this communicator, or on an exchange built from
     /// it, failed before; collective calls check this first.
     pub fn check_health(&self) -> MpiResult<()> {
@@ -627,7 +699,8 @@ impl MpiCommunicator {
 /// ([`agree::agree`]). A rank that failed returns its own error; the others return
 /// [`MpiError::Peer`] naming the lowest failing rank. When all succeeded but the plans differ,
 /// every rank returns [`MpiError::ElementMismatch`] (element types differ) or
-/// [`MpiError::PlanMismatch`]. Peers that do not take part in time: [`MpiError::Timeout`].
+/// [`MpiError::PlanMismatch`]. Peers that do not take part in time: [`MpiError::Absent`]
+/// naming them.
 fn agree<T>(
     comm: &MpiCommunicator,
     local: MpiResult<T>,
@@ -660,6 +733,29 @@ fn agree<T>(
         }
     }
     Ok(v)
+}
+
+/// Collective agreement on a shape this rank prepared for a call and the bytes it holds:
+/// every rank gets its shape, or an error (its own, or [`MpiError::Peer`] naming the lowest
+/// failing rank), with the largest of the ranks' bytes, which is the shape's weight against
+/// the plan cache's byte limit: the same on every rank, so every rank's cache evicts alike.
+/// One nonblocking `MPI_Iallreduce` ([`agree::agree`]).
+fn agree_weighed<T>(
+    comm: &MpiCommunicator,
+    local: MpiResult<(T, u64)>,
+    at: roll_call::At,
+) -> MpiResult<(T, u64)> {
+    let step = at.step;
+    let bytes = local.as_ref().map_or(0, |(_, b)| *b);
+    let words = [i64::try_from(bytes).unwrap_or(i64::MAX)];
+    let got = agree::agree(comm, at, local.is_err(), &words)?;
+    let (v, _) = match (local, got.failed) {
+        (Err(e), _) => return Err(e),
+        (Ok(v), None) => v,
+        (Ok(_), Some(rank)) => return Err(MpiError::Peer { rank, step }),
+    };
+    let most = got.ranges.first().map_or(bytes, |r| r.1.max(0) as u64);
+    Ok((v, most))
 }
 
 /// Number the nodes of `comm`'s ranks by each rank's `key` (equal keys, one node), in the

@@ -295,7 +295,7 @@ fn pending(reqs: &[ffi::MPI_Request]) -> usize {
 
 /// `MPI_Test` every pending request once (a request that completed, with an error or
 /// cancelled, becomes null); returns how many are still pending.
-fn test_each(reqs: &mut [ffi::MPI_Request]) -> usize {
+pub(super) fn test_each(reqs: &mut [ffi::MPI_Request]) -> usize {
     // SAFETY: reading an MPI constant initialised by the library.
     let null = unsafe { ffi::RSMPI_REQUEST_NULL };
     for r in reqs.iter_mut().filter(|r| **r != null) {

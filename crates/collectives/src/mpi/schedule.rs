@@ -247,6 +247,16 @@ impl Schedule {
         })
     }
 
+    /// Bytes of the memory a run of this part works in: this rank's input, output and
+    /// scratch (what its run buffers hold, and what a shape counts against the plan cache's
+    /// byte limit).
+    pub(crate) fn run_bytes(&self) -> u64 {
+        [self.input_len, self.output_len]
+            .iter()
+            .chain(&self.scratch)
+            .fold(0u64, |a, b| a.saturating_add(*b as u64))
+    }
+
     /// Messages this rank sends and receives per run.
     pub(crate) fn messages(&self) -> (usize, usize) {
         self.program.messages()

@@ -200,7 +200,9 @@ pub(super) fn arrive(world: &impl Communicator, timeout: Duration, failed: bool)
         return Err(MpiError::Absent {
             rank,
             step: CREATE_STEP,
+            call: None,
             missing,
+            elsewhere: Vec::new(),
             after: timeout,
         });
     }

@@ -11,12 +11,16 @@
 //!    bounded by the communicator's timeout ([`super::agree`]). Every rank then holds the
 //!    same descriptors and reaches the same verdict: a mismatch is the same error on every
 //!    rank, a local failure is that rank's error there and [`MpiError::Peer`] elsewhere, a
-//!    peer that does not take part is [`MpiError::Timeout`]. Mismatches move no data and leave
-//!    the communicator usable.
+//!    peer that does not take part is [`MpiError::Absent`], naming it and the call (its
+//!    collective and sequence number). Mismatches move no data and leave the communicator
+//!    usable.
 //! 3. **Plan once per shape**: the agreed descriptors key a cache. On a miss the request is
-//!    built in rank space (ranks `0..n` are the processes), planned ([`super::plans`]),
-//!    proved by `relaycc_route::check`, and cut into this rank's [`Schedule`] with its run
-//!    buffers; all ranks miss together, since they hold the same keys.
+//!    built in rank space (ranks `0..n` are the processes), planned by route's rank-space
+//!    planner, proved by `relaycc_route::check`, and cut into this rank's [`Schedule`] with
+//!    its run buffers; the ranks agree on the outcome and the shape's weight (the largest
+//!    run memory of any rank's part). The cache is bounded by the crate's one eviction rule
+//!    ([`crate::plan_cache::lru::Lru`]) under limits set collectively, so with agreed keys and
+//!    weights every rank keeps the same shapes: all ranks miss, and evict, together.
 //! 4. **Run** through the one per-rank executor ([`Schedule::run_at`]): cross-rank copies are
 //!    MPI messages, local copies and reductions run here. With owned buffers (the default)
 //!    the input is copied into the cached run buffers and the output copied out; zero copy
@@ -27,7 +31,6 @@
 //! element type, sequence number of the pair) goes to the receiver, which answers whether it
 //! matches, on a communicator of their own, before the data message.
 
-use std::collections::hash_map::Entry;
 use std::ops::Range;
 use std::os::raw::c_int;
 use std::time::Instant;
@@ -38,9 +41,11 @@ use relaycc_route::{Collective, DType, Location, Plan, ReduceOp, Request, Transf
 
 use super::agree::{self, Op};
 use super::requests::Requests;
+use super::roll_call::At;
 use super::schedule::{RunBuffers, Schedule};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::element::Element;
+use crate::plan_cache::lru::Held;
 
 /// The step name of the agreement, in errors.
 const AGREE: &str = "agree on a collective call";
@@ -75,6 +80,15 @@ pub(super) struct Prepared {
     reqs: Requests,
     /// The plan's algorithm, for [`MpiCommunicator::last_algorithm`].
     algorithm: String,
+    /// What the shape counts against the plan cache's byte limit: the largest run memory of
+    /// any rank's part (agreed), or this rank's own for a send/recv pair.
+    weight: u64,
+}
+
+impl Held for Prepared {
+    fn held_bytes(&self) -> u64 {
+        self.weight
+    }
 }
 
 /// Where a call's input is.
@@ -107,6 +121,10 @@ impl Call {
     /// Bytes of one element.
     pub(super) fn esize(&self) -> u64 {
         self.esize
+    }
+    /// The collective.
+    pub(super) fn collective(&self) -> Collective {
+        self.collective
     }
 }
 
@@ -363,8 +381,9 @@ impl MpiCommunicator {
     /// collective that differs between ranks ([`MpiError::CountMismatch`],
     /// [`MpiError::ElementMismatch`], [`MpiError::CallMismatch`]), `Avg` on an integer type
     /// ([`MpiError::Unsupported`] there, [`MpiError::Peer`] elsewhere), a peer that does not
-    /// take part within the timeout ([`MpiError::Timeout`]); during the run, an MPI error or a
-    /// timeout, which fail the communicator.
+    /// take part within the timeout ([`MpiError::Absent`] naming it and the call, which fails
+    /// the communicator); during the run, an MPI error or a timeout, which fail the
+    /// communicator.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> MpiResult<()> {
         let s = self.shape::<T>(Kind::AllReduceInPlace(op), buf.len(), buf.len());
         self.host(s, &[], buf)
@@ -489,9 +508,16 @@ impl MpiCommunicator {
         (!last.is_empty()).then(|| last.clone())
     }
 
-    /// Shapes planned so far by the typed collectives.
+    /// Shapes the typed collectives keep planned (at most
+    /// [`MpiCommunicator::plan_cache_limits`]' `max_plans`).
     pub fn cached_calls(&self) -> usize {
         self.calls.borrow().len()
+    }
+
+    /// Send/recv shapes kept planned (at most [`MpiCommunicator::plan_cache_limits`]'
+    /// `max_plans`).
+    pub fn cached_pairs(&self) -> usize {
+        self.p2p_plans.borrow().len()
     }
 
     fn call(
@@ -596,7 +622,8 @@ impl MpiCommunicator {
             call.counts.clear();
         }
         let desc = descriptor(call, seq, local.is_err());
-        let all = agree::collective(self, AGREE, Op::AllGather, desc.to_vec())?;
+        let at = At::call(AGREE, call.collective, seq);
+        let all = agree::collective(self, at, Op::AllGather, desc.to_vec())?;
         let key = verdict(&all, local)?;
         Ok((key, all))
     }
@@ -638,12 +665,27 @@ impl MpiCommunicator {
         output: &mut [T],
     ) -> MpiResult<()> {
         let mut cache = self.calls.borrow_mut();
-        let p = match cache.entry(key) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
-                let req = self.request(call, all)?;
-                v.insert(self.prepare_request(&req, self.comm.as_raw())?)
-            }
+        if !cache.touch(&key) {
+            // Every rank misses here (the ranks' caches hold the same shapes), so every rank
+            // takes the same steps: room for one more shape before allocating, the request
+            // and plan (the same on every rank, so are their errors), this rank's part
+            // agreed with its bytes, then room for the agreed weight.
+            let limits = self.plan_cache_limits();
+            drop(cache.evict_to_fit(limits, 1, 0));
+            let req = self.request(call, all)?;
+            let made = self.prepare_request(&req, self.comm.as_raw()).map(|p| {
+                let bytes = p.weight;
+                (p, bytes)
+            });
+            let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+            let at = At::call("prepare a collective call", call.collective, seq);
+            let (mut p, weight) = super::agree_weighed(self, made, at)?;
+            p.weight = weight;
+            drop(cache.evict_to_fit(limits, 1, weight));
+            cache.insert(key.clone(), p);
+        }
+        let Some(p) = cache.peek_mut(&key) else {
+            return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
         self.set_last_algorithm(&p.algorithm);
         let out: &mut [u8] = bytemuck::cast_slice_mut(output);
@@ -760,7 +802,9 @@ impl MpiCommunicator {
             Collective::AllToAllV => {
                 // Every rank's send and receive counts: the matrix, checked pair by pair.
                 let words: Vec<i64> = call.counts.iter().map(|c| *c as i64).collect();
-                let got = agree::collective(self, AGREE, Op::AllGather, words)?;
+                let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+                let at = At::call(AGREE, call.collective, seq);
+                let got = agree::collective(self, at, Op::AllGather, words)?;
                 let rows: Vec<&[i64]> = got.chunks(2 * n).collect();
                 for (s, row) in rows.iter().enumerate() {
                     for (d, peer) in rows.iter().enumerate() {
@@ -797,11 +841,13 @@ impl MpiCommunicator {
         })?;
         let shared = self.shm.as_ref().is_some_and(|s| s.maps_shared_buffers());
         let bufs = RunBuffers::new(&schedule, shared);
+        let weight = schedule.run_bytes();
         Ok(Prepared {
             schedule,
             bufs,
             reqs: Requests::new(comm, self.rank()),
             algorithm: plan.algorithm,
+            weight,
         })
     }
 
@@ -851,15 +897,20 @@ impl MpiCommunicator {
     ) -> MpiResult<()> {
         let esize = std::mem::size_of::<T>() as u64;
         let count = (input.len().max(output.len()) as u64) / esize.max(1);
-        let (src, dst) = self.p2p_agree(peer, sending, count, T::DTYPE)?;
+        // Preparing a pair's shape is local here, so the two ranks' caches need not agree.
+        let (src, dst, _) = self.p2p_agree(peer, sending, count, T::DTYPE, false)?;
         let key = (src, dst, count, T::DTYPE);
         let mut plans = self.p2p_plans.borrow_mut();
-        let p = match plans.entry(key) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
-                let req = self.p2p_request(src, dst, count, T::DTYPE);
-                v.insert(self.prepare_request(&req, self.p2p.as_raw())?)
-            }
+        if !plans.touch(&key) {
+            let req = self.p2p_request(src, dst, count, T::DTYPE);
+            let p = self.prepare_request(&req, self.p2p.as_raw())?;
+            drop(plans.evict_to_fit(self.plan_cache_limits(), 1, p.weight));
+            plans.insert(key, p);
+        }
+        let Some(p) = plans.peek_mut(&key) else {
+            return Err(MpiError::Unsupported(
+                "a prepared send/recv vanished".into(),
+            ));
         };
         let ran = p
             .schedule
@@ -870,8 +921,10 @@ impl MpiCommunicator {
     }
 
     /// The pairwise agreement of a send (`sending`) or a receive of `count` elements of
-    /// `dtype` with `peer`, on the pair communicator within the timeout. Returns the pair as
-    /// (source, destination).
+    /// `dtype` with `peer`, on the pair communicator within the timeout. `fresh`: this rank
+    /// must prepare the pair's shape (it is not in its cache). Returns the pair as (source,
+    /// destination) and whether either rank must prepare, the same answer on both, so that
+    /// both take the same steps whatever each one's cache kept.
     ///
     /// Errors: `peer` is not another rank; [`MpiError::CountMismatch`],
     /// [`MpiError::ElementMismatch`] or [`MpiError::CallMismatch`] on both ranks when the
@@ -882,7 +935,8 @@ impl MpiCommunicator {
         sending: bool,
         count: u64,
         dtype: DType,
-    ) -> MpiResult<(u32, u32)> {
+        fresh: bool,
+    ) -> MpiResult<(u32, u32, bool)> {
         self.health.check()?;
         let me = self.rank();
         if peer >= self.size() || peer == me {
@@ -897,8 +951,14 @@ impl MpiCommunicator {
             *slot += 1;
             *slot
         };
-        let mine = [count as i64, dtype as i64, dtype.size() as i64, seq as i64];
-        let verdict = self.handshake(peer, sending, mine)?;
+        let mine = [
+            count as i64,
+            dtype as i64,
+            dtype.size() as i64,
+            seq as i64,
+            i64::from(fresh),
+        ];
+        let (verdict, prepare) = self.handshake(peer, sending, mine)?;
         if verdict != 0 {
             let what = match verdict {
                 2 => MpiError::ElementMismatch(format!(
@@ -913,7 +973,8 @@ impl MpiCommunicator {
             };
             return Err(what);
         }
-        Ok(if sending { (me, peer) } else { (peer, me) })
+        let (src, dst) = if sending { (me, peer) } else { (peer, me) };
+        Ok((src, dst, prepare))
     }
 
     /// The request of one send/recv pair in rank space.
@@ -930,28 +991,31 @@ impl MpiCommunicator {
         self.p2p.as_raw()
     }
 
-    /// The pairwise agreement: the sender sends its descriptor and waits for the answer; the
-    /// receiver compares it with its own and answers 0 (match), 1 (count), 2 (element) or 3
-    /// (sequence). Both return the answer. Bounded by the timeout (a timeout fails the
-    /// communicator; requests MPI keeps are buried with their buffers).
-    fn handshake(&self, peer: u32, sending: bool, mine: [i64; 4]) -> MpiResult<i64> {
+    /// The pairwise agreement: the sender sends its descriptor (count, element type and
+    /// size, sequence number of the pair, whether it must prepare) and waits for the answer;
+    /// the receiver compares it with its own and answers the verdict, 0 (match), 1 (count),
+    /// 2 (element) or 3 (sequence), and whether either side must prepare. Both return the
+    /// answer. Bounded by the timeout (a timeout fails the communicator; requests MPI keeps
+    /// are buried with their buffers).
+    fn handshake(&self, peer: u32, sending: bool, mine: [i64; 5]) -> MpiResult<(i64, bool)> {
         let mut reqs = Requests::new(self.p2p.as_raw(), self.rank());
         let mut desc = Box::new(mine);
-        let mut ack = Box::new([0i64; 1]);
+        let mut ack = Box::new([0i64; 2]);
         let p = peer as c_int;
+        let (desc_bytes, ack_bytes) = (8 * mine.len(), 16);
         let posted = (|| {
             if sending {
                 // SAFETY: both boxes live until the requests complete: on success `wait`
                 // returned, and on failure the boxes are buried with the stuck requests.
                 unsafe {
-                    reqs.irecv(ack.as_mut_ptr().cast(), 8, p, TAG_ACK)?;
-                    reqs.isend(desc.as_ptr().cast(), 32, p, TAG_DESC)?;
+                    reqs.irecv(ack.as_mut_ptr().cast(), ack_bytes, p, TAG_ACK)?;
+                    reqs.isend(desc.as_ptr().cast(), desc_bytes, p, TAG_DESC)?;
                 }
                 reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
-                Ok(ack[0])
+                Ok((ack[0], ack[1] != 0))
             } else {
                 // SAFETY: as above.
-                unsafe { reqs.irecv(desc.as_mut_ptr().cast(), 32, p, TAG_DESC)? };
+                unsafe { reqs.irecv(desc.as_mut_ptr().cast(), desc_bytes, p, TAG_DESC)? };
                 reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
                 ack[0] = if desc[1] != mine[1] || desc[2] != mine[2] {
                     2
@@ -962,11 +1026,12 @@ impl MpiCommunicator {
                 } else {
                     0
                 };
+                ack[1] = i64::from(desc[4] != 0 || mine[4] != 0);
                 reqs.clear();
                 // SAFETY: as above.
-                unsafe { reqs.isend(ack.as_ptr().cast(), 8, p, TAG_ACK)? };
+                unsafe { reqs.isend(ack.as_ptr().cast(), ack_bytes, p, TAG_ACK)? };
                 reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
-                Ok(ack[0])
+                Ok((ack[0], ack[1] != 0))
             }
         })();
         match posted {
@@ -991,7 +1056,7 @@ impl MpiCommunicator {
                 let r = self
                     .health
                     .settle(Err(e), &mut reqs, || Box::new((desc, ack)));
-                r.map(|()| 0)
+                r.map(|()| (0, false))
             }
         }
     }

@@ -103,7 +103,9 @@ macro_rules! single {
 ///
 /// Errors are the same on every rank: a call whose ranks disagree (collective, element type,
 /// count, op, root, tag, order) is [`crate::CollectivesError::RankMismatch`], a rank missing
-/// for longer than the timeout is [`crate::CollectivesError::RankTimeout`], naming it.
+/// for longer than the timeout is [`crate::CollectivesError::RankTimeout`], naming it and the
+/// call (on MPI processes the same facts come as `CollectivesError::Mpi` holding
+/// `MpiError::Absent`).
 ///
 /// An engine writes its step once, generic over the surface:
 ///

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use relaycc_collectives::{Communicator, HostBackend, PlanCacheLimits, ReduceOp};
+use relaycc_collectives::{
+    Collectives, Communicator, HostBackend, PlanCacheLimits, RankComm, RankGroup, ReduceOp,
+};
 use relaycc_route::Location;
 
 /// Bytes the backend holds on every GPU of the DGX-1 and in every host memory (a small
@@ -200,6 +202,75 @@ fn v_collectives_with_new_counts_every_call_reuse_their_capacity_plans() {
             comm.cached_plans() <= 4,
             "call {call}: {} plans",
             comm.cached_plans()
+        );
+    }
+}
+
+/// A count matrix for `n` ranks (row: sender) of counts up to 1,024 with one pair at
+/// 513..=1,024, so its capacity is 1,024 whatever the draw.
+fn capacity_1024_matrix(
+    next: &mut impl FnMut(u64) -> u64,
+    n: usize,
+    call: usize,
+) -> Vec<Vec<usize>> {
+    let mut m: Vec<Vec<usize>> = (0..n)
+        .map(|_| (0..n).map(|_| next(1024) as usize).collect())
+        .collect();
+    m[call % n][(call + 3) % n] = 513 + next(511) as usize;
+    m
+}
+
+/// Count binding's target shape: eight per-rank handles (`RankComm`, host backend) driven from one
+/// thread run all_to_all_v with a new random count matrix every call. The first call plans
+/// the capacity; the 50 after it leave the communicator's plan cache as it was (counts are
+/// bound per call, never planned), and every result is exact.
+#[test]
+fn per_rank_all_to_all_v_with_fresh_matrices_keeps_the_plan_cache() {
+    let n = 8usize;
+    let mut ranks = RankComm::host(n as u32).unwrap_or_else(|e| panic!("{e}"));
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |hi: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % (hi + 1)
+    };
+    let mut planned = None;
+    for call in 0..51 {
+        let m = capacity_1024_matrix(&mut next, n, call);
+        let sends: Vec<Vec<u32>> = (0..n)
+            .map(|s| {
+                (0..m[s].iter().sum::<usize>())
+                    .map(|i| (s << 24 | i) as u32)
+                    .collect()
+            })
+            .collect();
+        let cols: Vec<Vec<usize>> = (0..n).map(|d| (0..n).map(|s| m[s][d]).collect()).collect();
+        let mut recvs: Vec<Vec<u32>> = cols.iter().map(|c| vec![0; c.iter().sum()]).collect();
+        let groups = ranks
+            .iter_mut()
+            .zip(sends.iter().zip(recvs.iter_mut()))
+            .enumerate()
+            .map(|(r, (rank, (send, recv)))| {
+                let mut g = rank.group();
+                g.all_to_all_v(&send[..], &m[r], &mut recv[..], &cols[r]);
+                g
+            });
+        RankGroup::launch_all(groups).unwrap_or_else(|e| panic!("call {call}: {e}"));
+        for (d, recv) in recvs.iter().enumerate() {
+            let want: Vec<u32> = (0..n)
+                .flat_map(|s| {
+                    let at: usize = m[s][..d].iter().sum();
+                    (at..at + m[s][d]).map(move |i| (s << 24 | i) as u32)
+                })
+                .collect();
+            assert_eq!(recv, &want, "call {call} rank {d}");
+        }
+        let plans = ranks[0].communicator().cached_plans();
+        assert_eq!(
+            *planned.get_or_insert(plans),
+            plans,
+            "call {call}: the cache grew"
         );
     }
 }

@@ -1,8 +1,10 @@
 //! The one place that asks for a plan, and the cache of checked, lowered plans: bounded by a
 //! count of plans and by the scratch bytes they hold ([`PlanCacheLimits`]), least recently
-//! used first out, with its scratch freed on the backend.
+//! used first out ([`lru::Lru`], the eviction rule every plan cache of the crate uses, the
+//! MPI ranks' included), with its scratch freed on the backend.
 
-use std::collections::HashMap;
+pub(crate) mod lru;
+
 use std::sync::{Arc, Mutex, OnceLock};
 
 use relaycc_route::path::RelayPolicy;
@@ -13,6 +15,7 @@ use crate::backend::{Backend, DeviceMem, Program};
 use crate::error::{CollectivesError, Result};
 use crate::exec::counts::{CountLayout, CountPieces};
 use crate::exec::{self, Executable};
+use lru::Lru;
 
 /// Plan `request` over `topo`, allowed to relay through `relays` (besides the members).
 ///
@@ -158,7 +161,7 @@ impl Cached {
             .fold(0, u64::saturating_add)
     }
     /// Scratch bytes this plan holds now (every set allocated so far).
-    fn held_bytes(&self) -> u64 {
+    pub(crate) fn held_bytes(&self) -> u64 {
         let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
         self.set_bytes().saturating_mul(sets)
     }
@@ -219,18 +222,10 @@ impl Default for PlanCacheLimits {
     }
 }
 
-/// A cached plan and when it was last used (a tick of the cache's clock).
-#[derive(Debug)]
-struct Entry {
-    plan: Arc<Cached>,
-    used: u64,
-}
-
 /// The cache's state behind its lock.
 #[derive(Debug, Default)]
 struct State {
-    map: HashMap<(Request, bool), Entry>,
-    clock: u64,
+    plans: Lru<(Request, bool), Arc<Cached>>,
     limits: PlanCacheLimits,
     /// Evicted plans a caller still held when they left: freed once nobody does.
     retired: Vec<Arc<Cached>>,
@@ -257,11 +252,10 @@ impl PlanCache {
         let key = (request.clone(), in_place);
         {
             let mut st = self.lock();
-            st.clock += 1;
-            let now = st.clock;
-            if let Some(e) = st.map.get_mut(&key) {
-                e.used = now;
-                return Ok(e.plan.clone());
+            if st.plans.touch(&key)
+                && let Some(p) = st.plans.peek(&key)
+            {
+                return Ok(p.clone());
             }
         }
         let plan = make_plan(
@@ -288,14 +282,15 @@ impl PlanCache {
         // Another thread may have planned the same shape meanwhile: keep one, free the other.
         let kept = {
             let mut st = self.lock();
-            st.clock += 1;
-            let now = st.clock;
-            let e = st.map.entry(key).or_insert_with(|| Entry {
-                plan: cached.clone(),
-                used: now,
-            });
-            e.used = now;
-            e.plan.clone()
+            let earlier = if st.plans.touch(&key) {
+                st.plans.peek(&key).cloned()
+            } else {
+                None
+            };
+            earlier.unwrap_or_else(|| {
+                st.plans.insert(key, cached.clone());
+                cached.clone()
+            })
         };
         if !Arc::ptr_eq(&kept, &cached) {
             cached.free(backend);
@@ -310,29 +305,9 @@ impl PlanCache {
         let mut freed = Vec::new();
         {
             let mut st = self.lock();
-            loop {
-                let held = st
-                    .map
-                    .values()
-                    .map(|e| e.plan.held_bytes())
-                    .fold(0u64, u64::saturating_add);
-                let over_count = st.map.len() + plans > st.limits.max_plans.max(1);
-                let over_bytes = held.saturating_add(bytes) > st.limits.max_scratch_bytes;
-                if !(over_count || over_bytes) {
-                    break;
-                }
-                let Some(oldest) = st
-                    .map
-                    .iter()
-                    .min_by_key(|(_, e)| e.used)
-                    .map(|(k, _)| k.clone())
-                else {
-                    break;
-                };
-                if let Some(e) = st.map.remove(&oldest) {
-                    st.retired.push(e.plan);
-                }
-            }
+            let limits = st.limits;
+            let evicted = st.plans.evict_to_fit(limits, plans, bytes);
+            st.retired.extend(evicted);
             // Nobody but the cache holds a retired plan whose count is 1: no launch can be
             // about to use its scratch.
             let retired = std::mem::take(&mut st.retired);
@@ -351,16 +326,12 @@ impl PlanCache {
 
     /// Number of cached plans.
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        self.lock().plans.len()
     }
 
     /// Scratch bytes the cached plans hold, over all devices.
     pub fn scratch_bytes(&self) -> u64 {
-        self.lock()
-            .map
-            .values()
-            .map(|e| e.plan.held_bytes())
-            .fold(0, u64::saturating_add)
+        self.lock().plans.held_bytes()
     }
 
     /// The limits in force.
@@ -379,7 +350,7 @@ impl PlanCache {
     pub fn clear(&self, backend: &dyn Backend) {
         let drained: Vec<Arc<Cached>> = {
             let mut st = self.lock();
-            let mut v: Vec<Arc<Cached>> = st.map.drain().map(|(_, e)| e.plan).collect();
+            let mut v: Vec<Arc<Cached>> = st.plans.drain().collect();
             v.append(&mut st.retired);
             v
         };
@@ -399,7 +370,7 @@ impl PlanCache {
     pub fn clear_all(&self, backend: &dyn Backend) {
         let drained: Vec<Arc<Cached>> = {
             let mut st = self.lock();
-            let mut v: Vec<Arc<Cached>> = st.map.drain().map(|(_, e)| e.plan).collect();
+            let mut v: Vec<Arc<Cached>> = st.plans.drain().collect();
             v.append(&mut st.retired);
             v
         };

@@ -1,0 +1,289 @@
+//! MPI tests of the bounded plan caches of `MpiCommunicator` and its GPU ranks; run under
+//! mpirun by `scripts/test-mpi`:
+//!
+//! ```text
+//! mpirun -n 4 -x RELAYCC_RANKS_PER_NODE=2 mpi_cache
+//! ```
+//!
+//! - Typed collectives under a limit of 4 shapes: 40 all_to_all_v calls, each with a new
+//!   random count matrix (the same on every rank), between all_reduce calls cycling through
+//!   12 sizes (so evicted shapes come back and are planned again): after every call the
+//!   cache holds at most 4 shapes, and every result is exact.
+//! - A byte limit of 1 byte: every new shape evicts the others, the one a call needs stays,
+//!   results stay exact.
+//! - Limits that differ on one rank: `CallMismatch` on every rank, the limits unchanged.
+//! - send/recv under a limit of 2 shapes: a pair whose sender's cache evicted the pair's
+//!   shape while the receiver's kept it still moves the right bytes (the pair agrees on who
+//!   must prepare); the cache holds at most 2.
+//! - The same on the GPU ranks' protocol over the host backend (`MpiGpu::host`): collective
+//!   shapes and send/recv shapes bounded, results exact.
+//!
+//! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
+
+mod mpi_common;
+
+use mpi_common::Report;
+
+use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu};
+use relaycc_collectives::{Collectives, CollectivesError, PlanCacheLimits, ReduceOp};
+
+/// A xorshift generator: every rank draws the same numbers from the same seed.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below.max(1)
+    }
+}
+
+/// Element `i` of what rank `s` sends: its rank and index, exact in u32.
+fn sent(s: usize, i: usize) -> u32 {
+    (s as u32) << 24 | i as u32
+}
+
+/// A new count matrix (row: sender) of counts below 300.
+fn matrix(draw: &mut Draw, n: usize) -> Vec<Vec<usize>> {
+    (0..n)
+        .map(|_| (0..n).map(|_| draw.next(300) as usize).collect())
+        .collect()
+}
+
+/// Run all_to_all_v of `m` through `call` on rank `me` and compare with the exact result.
+fn all_to_all_v_exact(
+    me: usize,
+    m: &[Vec<usize>],
+    call: impl FnOnce(&[u32], &[usize], &mut [u32], &[usize]) -> bool,
+) -> bool {
+    let n = m.len();
+    let sends = &m[me];
+    let recvs: Vec<usize> = (0..n).map(|s| m[s][me]).collect();
+    let input: Vec<u32> = (0..sends.iter().sum()).map(|i| sent(me, i)).collect();
+    let mut output = vec![0u32; recvs.iter().sum()];
+    let ran = call(&input, sends, &mut output, &recvs);
+    let want: Vec<u32> = (0..n)
+        .flat_map(|s| {
+            let at: usize = m[s][..me].iter().sum();
+            (at..at + m[s][me]).map(move |i| sent(s, i))
+        })
+        .collect();
+    ran && output == want
+}
+
+/// The exact all_reduce sum of `len` elements over `n` ranks whose rank `r` holds `r + i`.
+fn all_reduce_exact(
+    me: usize,
+    n: usize,
+    len: usize,
+    call: impl FnOnce(&[i64], &mut [i64]) -> bool,
+) -> bool {
+    let input: Vec<i64> = (0..len).map(|i| (me + i) as i64).collect();
+    let mut output = vec![0i64; len];
+    let ran = call(&input, &mut output);
+    let ranks = n as i64;
+    ran && output
+        .iter()
+        .enumerate()
+        .all(|(i, v)| *v == ranks * i as i64 + ranks * (ranks - 1) / 2)
+}
+
+fn limits(max_plans: usize, max_scratch_bytes: u64) -> PlanCacheLimits {
+    PlanCacheLimits {
+        max_plans,
+        max_scratch_bytes,
+    }
+}
+
+/// The 12 all_reduce sizes the tests cycle through.
+const SIZES: [usize; 12] = [
+    17, 100, 333, 1000, 1024, 2047, 4096, 5000, 9999, 12_345, 40_000, 70_001,
+];
+
+fn typed_count_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let set = comm.set_plan_cache_limits(limits(4, u64::MAX));
+    rep.check(
+        "limits agreed",
+        set.is_ok() && comm.plan_cache_limits().max_plans == 4,
+    );
+    let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
+    let (mut exact, mut bounded) = (true, true);
+    for call in 0..40 {
+        let m = matrix(&mut draw, n);
+        exact &= all_to_all_v_exact(me, &m, |i, s, o, r| {
+            let got = comm.all_to_all_v(i, s, o, r);
+            if let Err(e) = &got {
+                eprintln!("rank {me}: all_to_all_v {call}: {e}");
+            }
+            got.is_ok()
+        });
+        bounded &= comm.cached_calls() <= 4;
+        let len = SIZES[call % SIZES.len()];
+        exact &= all_reduce_exact(me, n, len, |i, o| {
+            comm.all_reduce(i, o, ReduceOp::Sum).is_ok()
+        });
+        bounded &= comm.cached_calls() <= 4;
+    }
+    rep.check(
+        "typed: 40 new count matrices and 12 sizes give exact results",
+        exact,
+    );
+    rep.check(
+        "typed: the cache stays within 4 shapes",
+        bounded && comm.cached_calls() == 4,
+    );
+}
+
+fn typed_byte_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let set = comm.set_plan_cache_limits(limits(64, 1));
+    let mut ok = set.is_ok() && comm.cached_calls() <= 1;
+    for len in SIZES.iter().chain(&SIZES[..4]) {
+        ok &= all_reduce_exact(me, n, *len, |i, o| {
+            comm.all_reduce(i, o, ReduceOp::Sum).is_ok()
+        });
+        ok &= comm.cached_calls() == 1;
+    }
+    rep.check("typed: a 1-byte limit keeps the one shape a call needs", ok);
+}
+
+fn typed_limits_mismatch(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank(), comm.size());
+    let before = comm.plan_cache_limits();
+    let plans = if me == n - 1 { 9 } else { 8 };
+    let got = comm.set_plan_cache_limits(limits(plans, u64::MAX));
+    let named =
+        matches!(&got, Err(MpiError::CallMismatch(m)) if m.contains(&format!("rank {}", n - 1)));
+    if !named {
+        eprintln!("rank {me}: mismatched limits: {got:?}");
+    }
+    rep.check(
+        "typed: limits that differ on one rank are CallMismatch everywhere, unchanged",
+        named && comm.plan_cache_limits() == before,
+    );
+}
+
+/// Send/recv shapes under a limit of 2: rank 0 also sends to rank 2 at two other counts, so
+/// its cache evicts the shape of its pair with rank 1 while rank 1's keeps it.
+fn pairs(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank(), comm.size());
+    if n < 3 {
+        return;
+    }
+    let set = comm.set_plan_cache_limits(limits(2, u64::MAX));
+    let data = |count: usize| -> Vec<u32> { (0..count).map(|i| sent(0, i)).collect() };
+    let mut ok = set.is_ok();
+    let step = |peer_of_0: u32, count: usize| {
+        let ran = match me {
+            0 => comm.send(&data(count), peer_of_0),
+            r if r == peer_of_0 => {
+                let mut got = vec![0u32; count];
+                comm.recv(&mut got, 0).and_then(|()| {
+                    if got == data(count) {
+                        Ok(())
+                    } else {
+                        Err(MpiError::Unsupported("wrong bytes".into()))
+                    }
+                })
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = &ran {
+            eprintln!("rank {me}: send/recv of {count} from 0 to {peer_of_0}: {e}");
+        }
+        ran.is_ok() && comm.cached_pairs() <= 2
+    };
+    ok &= step(1, 1000);
+    ok &= step(2, 2000);
+    ok &= step(2, 3000);
+    ok &= step(1, 1000);
+    rep.check(
+        "send/recv: a pair one side evicted still moves the right bytes",
+        ok,
+    );
+}
+
+fn gpu_ranks(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let set = comm.set_plan_cache_limits(limits(3, u64::MAX));
+    let mut gpu = match MpiGpu::host(comm) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("rank {me}: host-backed rank: {e}");
+            rep.check("GPU ranks: host-backed rank made", false);
+            return;
+        }
+    };
+    let mut draw = Draw(0x2545_f491_4f6c_dd1d);
+    let (mut exact, mut bounded) = (set.is_ok(), true);
+    for call in 0..24 {
+        let m = matrix(&mut draw, n);
+        exact &= all_to_all_v_exact(me, &m, |i, s, o, r| {
+            gpu.on_host().all_to_all_v(i, s, o, r).is_ok()
+        });
+        let len = SIZES[call % SIZES.len()];
+        exact &= all_reduce_exact(me, n, len, |i, o| {
+            gpu.on_host().all_reduce(i, o, ReduceOp::Sum).is_ok()
+        });
+        bounded &= gpu.cached_calls() <= 3;
+    }
+    rep.check(
+        "GPU ranks: new matrices and sizes give exact results",
+        exact,
+    );
+    rep.check(
+        "GPU ranks: the cache stays within 3 shapes",
+        bounded && gpu.cached_calls() == 3,
+    );
+    if n < 3 {
+        return;
+    }
+    let set = comm.set_plan_cache_limits(limits(2, u64::MAX));
+    let data = |count: usize| -> Vec<f32> { (0..count).map(|i| i as f32).collect() };
+    let mut ok = set.is_ok();
+    for (peer, count) in [(1usize, 1000usize), (2, 2000), (2, 3000), (1, 1000)] {
+        let ran = match me {
+            0 => gpu.on_host().send(&data(count)[..], peer),
+            r if r == peer => {
+                let mut got = vec![0f32; count];
+                gpu.on_host().recv(&mut got[..], 0).and_then(|()| {
+                    if got == data(count) {
+                        Ok(())
+                    } else {
+                        Err(CollectivesError::Setup("wrong bytes".into()))
+                    }
+                })
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = &ran {
+            eprintln!("rank {me}: GPU send/recv of {count} from 0 to {peer}: {e}");
+        }
+        ok &= ran.is_ok() && gpu.cached_pairs() <= 2;
+    }
+    rep.check(
+        "GPU ranks: a pair one side evicted still moves the right bytes",
+        ok,
+    );
+}
+
+fn main() {
+    let universe = mpi_common::universe();
+    let world = universe.world();
+    let comm = mpi_common::communicator(&world);
+    let mut rep = Report::new(&world);
+    typed_count_limit(&comm, &mut rep);
+    typed_byte_limit(&comm, &mut rep);
+    typed_limits_mismatch(&comm, &mut rep);
+    pairs(&comm, &mut rep);
+    gpu_ranks(&comm, &mut rep);
+    rep.summary();
+    let failed = rep.failed;
+    drop(comm);
+    drop(universe);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
