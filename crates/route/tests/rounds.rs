@@ -37,11 +37,14 @@ proptest! {
         let req = match KINDS[kind] {
             None => Request::point_to_point(0, 7, bytes),
             Some(c) => {
-                let per_rank = if matches!(c, Collective::AllGather | Collective::AllToAll) {
-                    bytes / 8
-                } else {
-                    bytes
-                };
+                // A rank's blocked buffer (all_gather's output, reduce_scatter's input,
+                // all_to_all's both) holds 8 counts: `bytes` in all, within a request's
+                // 2^50 elements.
+                let blocked = matches!(
+                    c,
+                    Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll
+                );
+                let per_rank = if blocked { bytes / 8 } else { bytes };
                 Request::new(c, (0..8).collect(), (per_rank / 4).max(1), DType::F32)
             }
         };
