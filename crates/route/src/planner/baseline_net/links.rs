@@ -53,8 +53,11 @@ pub(crate) struct NetLinks<'t> {
     local_rates: Vec<OnceLock<Vec<f64>>>,
     /// Per pair of leaf switches: the usable two-link paths between them through a common
     /// neighbour switch ([`NetLinks::net_path`]), found once: a spine has a link per leaf.
-    spines: Mutex<HashMap<(NodeId, NodeId), Arc<[(LinkId, LinkId)]>>>,
+    spines: Mutex<HashMap<(NodeId, NodeId), SpinePaths>>,
 }
+
+/// The paths between two leaf switches through their common neighbours: (up, down) links.
+type SpinePaths = Arc<[(LinkId, LinkId)]>;
 
 /// A node's ancestors of a device in the PCIe tree, the device first, up to its socket (a GPU
 /// without a PCIe parent climbs its C2C link to the CPU it attaches to).
@@ -335,7 +338,7 @@ impl<'t> NetLinks<'t> {
     /// The usable paths from switch `sx` up to a neighbour switch and down to switch `sy`,
     /// in `sx`'s link order: found once per pair of switches and kept (a poisoned lock only
     /// loses the memo).
-    fn spines_between(&self, sx: NodeId, sy: NodeId) -> Arc<[(LinkId, LinkId)]> {
+    fn spines_between(&self, sx: NodeId, sy: NodeId) -> SpinePaths {
         let kept = self
             .spines
             .lock()
@@ -345,7 +348,7 @@ impl<'t> NetLinks<'t> {
             return v;
         }
         let topo = self.topo;
-        let found: Arc<[(LinkId, LinkId)]> = topo
+        let found: SpinePaths = topo
             .links_from(sx)
             .filter(|(e, s, _)| {
                 matches!(topo.node(*s).kind, NodeKind::NetSwitch) && topo.link_usable(*e)
