@@ -54,7 +54,7 @@ pub use collectives::OnStream;
 use meeting::Meeting;
 #[cfg(not(all(feature = "cuda", feature = "mpi")))]
 use op::Op;
-use op::{Arrival, Failure, Payload, Span};
+use op::{Arrival, Failure, Payload};
 #[cfg(all(feature = "cuda", feature = "mpi"))]
 pub(crate) use op::{Op, View};
 pub use rank_group::RankGroup;
@@ -229,16 +229,21 @@ impl RankComm {
     /// Run this rank's part of a call that is not a group (`split`) on the communicator's
     /// meeting.
     fn meet(&mut self, call: &'static str, ops: Vec<Op>) -> Result<Payload> {
-        #[cfg(feature = "cuda")]
-        let ticket = self.arrive(Vec::new(), Ok(ops), None);
-        #[cfg(not(feature = "cuda"))]
-        let ticket = self.arrive(Vec::new(), Ok(ops));
-        Self::result(call, ticket.wait())
+        let arrival = Arrival {
+            rank: self.rank,
+            blocks: Vec::new(),
+            ops: Ok(ops),
+            #[cfg(feature = "cuda")]
+            stream: None,
+        };
+        Self::result(call, self.arrive(arrival).wait())
     }
 
-    /// Leave a group's operations (or the error its arguments gave) at the communicator's
-    /// meeting ([`Runner::depart`]).
-    fn depart_meeting<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>) -> Departure<'b> {
+    /// This rank's arrival with `ops` over the memory `lender` lends (or the error the
+    /// call's arguments gave instead of ops), and the guards that keep the caller's buffers
+    /// until the arrival is enqueued: what a group's departure and a send or receive both
+    /// leave at their meeting.
+    fn arrival_of<'b>(&self, lender: Lender<'b>, ops: Vec<Op>) -> (Arrival, LentGuards<'b>) {
         let Lender {
             blocks,
             error,
@@ -248,41 +253,39 @@ impl RankComm {
             guards,
             ..
         } = lender;
-        let ops = match error {
-            Some(e) => Err(e),
-            None => Ok(ops),
+        let arrival = Arrival {
+            rank: self.rank,
+            blocks,
+            ops: match error {
+                Some(e) => Err(e),
+                None => Ok(ops),
+            },
+            #[cfg(feature = "cuda")]
+            stream: stream.cloned(),
         };
         #[cfg(feature = "cuda")]
-        let ticket = self.arrive(blocks, ops, stream.cloned());
+        let kept = guards;
         #[cfg(not(feature = "cuda"))]
-        let ticket = self.arrive(blocks, ops);
+        let kept = std::marker::PhantomData;
+        (arrival, kept)
+    }
+
+    /// Leave a group's operations (or the error its arguments gave) at the communicator's
+    /// meeting ([`Runner::depart`]).
+    fn depart_meeting<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>) -> Departure<'b> {
+        let (arrival, guards) = self.arrival_of(lender, ops);
         Departure {
-            outcome: Left::Meeting(ticket),
-            #[cfg(feature = "cuda")]
+            outcome: Left::Meeting(self.arrive(arrival)),
             _guards: guards,
-            #[cfg(not(feature = "cuda"))]
-            _guards: std::marker::PhantomData,
         }
     }
 
     /// Leave this rank's part of its next collective call at the communicator's meeting
     /// without waiting for the others ([`Meeting::arrive`]); the ticket waits. The memory
     /// `blocks` name stays lent until the ticket's outcome is taken.
-    fn arrive(
-        &mut self,
-        blocks: Vec<Span>,
-        ops: Result<Vec<Op>>,
-        #[cfg(feature = "cuda")] stream: Option<Arc<cudarc::driver::CudaStream>>,
-    ) -> Ticket {
+    fn arrive(&mut self, arrival: Arrival) -> Ticket {
         let seq = self.seq;
         self.seq += 1;
-        let arrival = Arrival {
-            rank: self.rank,
-            blocks,
-            ops,
-            #[cfg(feature = "cuda")]
-            stream,
-        };
         let start = Instant::now();
         let shared = self.shared.clone();
         let done = self
@@ -319,31 +322,12 @@ impl RankComm {
                 ranks: self.ranks(),
             });
         }
-        let Lender {
-            blocks,
-            error,
-            #[cfg(feature = "cuda")]
-            stream,
-            #[cfg(feature = "cuda")]
-            guards,
-            ..
-        } = lender;
-        let ops = match error {
-            Some(e) => Err(e),
-            None => Ok(vec![op]),
-        };
+        let (arrival, guards) = self.arrival_of(lender, vec![op]);
         let seq = self.pair_seq.entry(peer).or_insert(0);
         let s = *seq;
         *seq += 1;
         let meeting = self.shared.pair(self.rank, peer);
         let me = usize::from(self.rank > peer);
-        let arrival = Arrival {
-            rank: self.rank,
-            blocks,
-            ops,
-            #[cfg(feature = "cuda")]
-            stream: stream.cloned(),
-        };
         let shared = self.shared.clone();
         let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
         drop(meeting);
@@ -352,6 +336,8 @@ impl RankComm {
         // operation was enqueued there.
         #[cfg(feature = "cuda")]
         drop(guards);
+        #[cfg(not(feature = "cuda"))]
+        let _ = guards;
         Self::result(call, outcome).map(|_| ())
     }
 
@@ -435,11 +421,16 @@ impl Drop for Ticket {
 /// guards of its device buffers.
 pub struct Departure<'b> {
     outcome: Left,
-    #[cfg(feature = "cuda")]
-    _guards: Vec<cudarc::driver::SyncOnDrop<'b>>,
-    #[cfg(not(feature = "cuda"))]
-    _guards: std::marker::PhantomData<&'b ()>,
+    _guards: LentGuards<'b>,
 }
+
+/// What keeps a call's cudarc buffers lent until its work is enqueued (their events are
+/// recorded on the caller's stream when dropped); nothing without CUDA.
+#[cfg(feature = "cuda")]
+type LentGuards<'b> = Vec<cudarc::driver::SyncOnDrop<'b>>;
+/// What keeps a call's buffers lent: nothing to record without CUDA.
+#[cfg(not(feature = "cuda"))]
+type LentGuards<'b> = std::marker::PhantomData<&'b ()>;
 
 /// Where a departed group's outcome is.
 enum Left {
