@@ -2,8 +2,8 @@
 //! with local registration (nccl-tests' `-R 1`), or of `MPI_Win_allocate_shared`.
 //!
 //! A single-copy message from an ordinary buffer is read by the receiver with
-//! `process_vm_readv`, a kernel copy that pins the sender's pages first (about 3.6 GB/s a
-//! core on the 2-core VM, where a user-space copy with streaming stores reaches about 6).
+//! `process_vm_readv`, a kernel copy that pins the sender's pages first, slower per byte than
+//! a user-space copy with streaming stores (`docs/MEASUREMENTS.md` has the rates).
 //! When the sender's bytes lie in a [`SharedHostBuffer`], the receiver maps that buffer
 //! instead (once; mappings are cached) and copies from it in user space. The typed
 //! collectives' own run buffers of single-copy size are `SharedHostBuffer<u128>`s too, so

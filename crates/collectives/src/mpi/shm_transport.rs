@@ -17,21 +17,14 @@
 //! - **Single copy in user space** (from a [`SharedHostBuffer`], relaycc's `ncclMemAlloc`):
 //!   when a single-copy message's bytes lie in one, the header names the buffer (its serial,
 //!   its file descriptor in the sender, the offset) instead of an address; the receiver maps
-//!   the buffer read-only (once, cached) and copies with streaming stores, about 6 GB/s a core
-//!   here against 3.6 for the kernel's copy. Setup probes it too (a rank maps the next rank's
-//!   probe buffer), and every buffer's size is sealed, so a mapping never faults past its
-//!   end. With `--shared-buffers`, `relaycc bench --backend mpi --vs-mpi` on 8 processes gave
-//!   at 64 MiB, MPI's time over relaycc's on the same buffers: all_to_all_v 1.20 to 1.65
-//!   (11 runs, median 1.49), all_reduce 2.95, all_gather_v 2.25 (ordinary buffers: 0.91 to
-//!   0.96, 1.48 to 1.53, 1.20 to 1.40).
+//!   the buffer read-only (once, cached) and copies with streaming stores, faster per byte
+//!   than the kernel's copy. Setup probes it too (a rank maps the next rank's probe buffer),
+//!   and every buffer's size is sealed, so a mapping never faults past its end.
 //!
-//! On the 2-core VM, 8 processes, `relaycc bench --backend mpi --vs-mpi` at 64 MiB (MPI's time
-//! over relaycc's, binaries run in alternation): all_to_all_v 0.81 to 0.89 with slots alone,
-//! 0.93 to 0.94 with single copies from 1 MiB; all_reduce 1.38 to 1.50 against 1.52 to 1.61;
-//! all_gather_v 1.14 to 1.17 against 1.24 to 1.33. Per byte a kernel copy is slower than a
-//! user-space copy with streaming stores (about 3.6 against 6 GB/s a core here), but a slot
-//! moves every byte twice. From 64 KiB instead of 1 MiB, all_to_all_v of 1 MiB in all (128
-//! KiB messages) went from 0.70 to 0.74 to 0.92 to 0.94.
+//! A kernel copy is slower per byte than a user-space copy with streaming stores, but a slot
+//! moves every byte twice, so single copies win from 1 MiB messages; `docs/MEASUREMENTS.md`
+//! ("MPI host transport on one machine") has `relaycc bench --backend mpi --vs-mpi` on 8
+//! processes for slots, single copies and shared buffers.
 //!
 //! Protocol per channel (sender `s`, receiver `d`, in `s`'s part of the window): `head`
 //! counts the chunks `s` published, `tail` the chunks `d` consumed; slot `k mod SLOTS` holds
@@ -88,9 +81,8 @@ use crate::exec::run::Transport;
 
 /// Bytes of one slot: a chunk of a message. Each chunk costs a handshake (two cache lines
 /// crossing cores) and, with more ranks than cores, often a context switch while the sender
-/// waits for a descheduled receiver, so chunks are large; 128 KiB slots ran `relaycc bench
-/// all_to_all_v --backend mpi --vs-mpi -np 8` on the 2-core VM at about 0.8x MPI's time
-/// ratio, 1 MiB slots at about 1.1x (streamed copy-in: about 1.25x).
+/// waits for a descheduled receiver, so chunks are large: 1 MiB slots beat 128 KiB ones on
+/// all_to_all_v across 8 processes (`docs/MEASUREMENTS.md`).
 const SLOT_BYTES: usize = 1024 * 1024;
 /// Slots per channel: a sender runs up to this many chunks ahead of its receiver.
 const SLOTS: usize = 4;
