@@ -210,6 +210,9 @@ struct Numbering {
     lanes: Vec<Lane>,
     /// The build's lane of each window lane key.
     key_to_lane: HashMap<LaneKey, u32>,
+    /// Per lane of the build, the lane its key names moved back by the lane's own period:
+    /// where its ops' images lie, looked up once per lane rather than hashed once per op.
+    own_image: Vec<LaneImage>,
     /// Per op of the build, its position on its lane.
     pos: Vec<u32>,
     /// Per op of the build, its number in the template (`u32::MAX` outside the domain).
@@ -243,6 +246,18 @@ impl Numbering {
                 key_to_lane.insert(*k, l as u32);
             }
         }
+        let own_image = (0..nl)
+            .map(|l| match period_of[l] {
+                None => LaneImage::NoPeriod,
+                Some(k) => match keys.get(l).copied().flatten() {
+                    Some(key) => match shift_key(shift, key, k) {
+                        Some(back) => LaneImage::Lane(key_to_lane.get(&back).copied()),
+                        None => LaneImage::NoKey,
+                    },
+                    None => LaneImage::NoKey,
+                },
+            })
+            .collect();
         let mut pos = vec![0u32; plan.ops.len()];
         let mut count = vec![0u32; nl];
         let mut new_id = vec![u32::MAX; plan.ops.len()];
@@ -267,12 +282,25 @@ impl Numbering {
             lane_new,
             lanes,
             key_to_lane,
+            own_image,
             pos,
             new_id,
             lane_ops,
             domain_ops: next,
         })
     }
+}
+
+/// Where the images of a lane's ops lie: the lane its key names moved back by the lane's own
+/// period, or why there is none.
+#[derive(Clone, Copy)]
+enum LaneImage {
+    /// The lane's device lies in no period of hosts.
+    NoPeriod,
+    /// The lane has no key, or its key has no image that many periods back.
+    NoKey,
+    /// The build's lane of the moved key, if the build has one (in the domain or not).
+    Lane(Option<u32>),
 }
 
 /// The build's staging buffers numbered for the template: those of the domain renumbered in
@@ -339,6 +367,12 @@ struct Folding<'a> {
 impl Folding<'_> {
     /// The build's lane whose key is lane `l`'s moved `k` periods back, if the build has one.
     fn lane_back(&self, l: usize, k: u32) -> Option<usize> {
+        if self.num.period_of[l] == Some(k) {
+            return match self.num.own_image[l] {
+                LaneImage::Lane(il) => il.map(|il| il as usize),
+                LaneImage::NoPeriod | LaneImage::NoKey => None,
+            };
+        }
         self.keys
             .get(l)
             .copied()
@@ -393,19 +427,19 @@ impl Folding<'_> {
         let (plan, num) = (self.plan, self.num);
         let dl = plan.ops[d].lane as usize;
         let lane = &plan.lanes[dl];
-        let k = num.period_of[dl]
-            .ok_or_else(|| asym(format!("{} lies in no period of hosts", lane.location)))?;
-        let key = self
-            .keys
-            .get(dl)
-            .copied()
-            .flatten()
-            .and_then(|key| shift_key(self.shift, key, k))
-            .ok_or_else(|| asym(format!("lane {} has no image", lane.label)))?;
-        num.key_to_lane
-            .get(&key)
-            .filter(|&&l| num.domain_lane[l as usize])
-            .and_then(|&l| num.lane_ops[l as usize].get(num.pos[d] as usize))
+        let image_lane = match num.own_image[dl] {
+            LaneImage::NoPeriod => {
+                return Err(asym(format!(
+                    "{} lies in no period of hosts",
+                    lane.location
+                )));
+            }
+            LaneImage::NoKey => return Err(asym(format!("lane {} has no image", lane.label))),
+            LaneImage::Lane(l) => l,
+        };
+        image_lane
+            .filter(|&l| num.domain_lane[l as usize])
+            .and_then(|l| num.lane_ops[l as usize].get(num.pos[d] as usize))
             .copied()
             .ok_or_else(|| {
                 asym(format!(
