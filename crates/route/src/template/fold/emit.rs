@@ -6,7 +6,7 @@ use crate::plan::{BufferRef, Location, OffsetAt, Op, PeriodOffset, RegionShift};
 use crate::planner::builder::mem_of;
 use crate::template::window::UserMem;
 
-use super::{Folding, ShiftAt, asym, region_count, region_mut};
+use super::images::{Folding, ShiftAt, asym, region_count, region_mut};
 
 /// What the emit pass writes: the template's ops and, beside them, what expansion and the
 /// simulator need, or what the window lacks.

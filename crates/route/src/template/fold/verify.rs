@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::plan::{BufferRef, Location, Region};
 
-use super::{Folding, ShiftAt, asym, gcd, region, region_count, rotate};
+use super::images::{Folding, ShiftAt, asym, gcd, region, region_count, rotate};
 
 /// A region of an op on another period whose offset differs from its image's in the domain:
 /// the image (the domain op, build numbering), the region, the period and the offset there.
