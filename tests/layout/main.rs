@@ -79,23 +79,8 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "not yet split into named passes",
     ),
     (
-        "crates/route/src/select.rs",
-        "fastest_collectives",
-        "not yet split into named passes",
-    ),
-    (
-        "crates/route/src/select.rs",
-        "plan",
-        "not yet split into named passes",
-    ),
-    (
         "crates/route/src/sim/model.rs",
         "build",
-        "not yet split into named passes",
-    ),
-    (
-        "crates/route/src/template/fold.rs",
-        "fold",
         "not yet split into named passes",
     ),
 ];
@@ -111,7 +96,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ),
     ("crates/collectives/tests/mpi_exchange.rs", "not yet split"),
     ("crates/route/src/planner/cluster/mod.rs", "not yet split"),
-    ("crates/route/src/select.rs", "not yet split"),
 ];
 
 #[test]
@@ -316,10 +300,6 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "crates/route/src/planner/ring.rs",
         "crates/route/src/planner/ring_pack.rs",
         "crates/route/src/planner/tree.rs",
-    ],
-    &[
-        "crates/route/src/planner/baseline.rs",
-        "crates/route/src/select.rs",
     ],
     &[
         "crates/route/src/sim/engine.rs",

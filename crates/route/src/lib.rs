@@ -53,7 +53,9 @@ pub use check::{
 };
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
-pub use limits::{CANDIDATE_OPS, MAX_CALL_OPS};
+pub use limits::{
+    CANDIDATE_OPS, DEFAULT_BUDGET, LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE, MAX_CALL_OPS,
+};
 pub use order::DepGraph;
 pub use plan::{
     BufferRef, EdgeScale, Lane, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset, Plan,
@@ -63,8 +65,8 @@ pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
 pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
-    CandidateTime, DEFAULT_BUDGET, EXPAND_MAX_RANKS, LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE,
-    PlanOptions, Planned, Planner, SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
+    CandidateTime, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner,
+    SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
 };
 pub use sim::{
     DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,

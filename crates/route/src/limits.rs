@@ -1,5 +1,7 @@
 //! What one planning call may spend: the ops its builds hold at once ([`MAX_CALL_OPS`], which
-//! bounds its memory) and when its builds must stop (the budget's deadline). A build charges
+//! bounds its memory) and when its builds must stop (the budget's deadline; the budget of a
+//! caller that names none, [`DEFAULT_BUDGET`], and the least time builds and simulations get
+//! past it, [`LEAST_BUILD_TIME`] and [`LEAST_SIMULATION_GRACE`]). A build charges
 //! each op it writes to its call ([`Limit::charge`]) and stops with
 //! [`RouteError::OverLimit`] once either limit is passed, so a build is interrupted rather
 //! than left to run past the budget or the memory it may take; builds that are thrown away
@@ -13,9 +15,22 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, RouteError};
+
+/// Planning time allowed when the caller names none: a few seconds, so an interactive command
+/// answers promptly on any machine while every 8-GPU request plans in full well within it.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
+
+/// Least time a planning call's builds get, whatever the budget: a plan for a few GPUs builds
+/// in milliseconds, so a budget of zero still plans them.
+pub const LEAST_BUILD_TIME: Duration = Duration::from_secs(1);
+
+/// Least time the simulations that must give a figure (the baseline's, relaycc's most
+/// promising candidate's, the tuner's of large baselines) are given once the budget is spent,
+/// so that a small budget still returns a plan of relaycc's where one simulates that fast.
+pub const LEAST_SIMULATION_GRACE: Duration = Duration::from_secs(1);
 
 /// Most ops the builds of one planning call hold at once: about 400 bytes each at the peak of
 /// a call (the plans, their simulator models and proofs: 4.3M ops built for the 64-node

@@ -153,8 +153,8 @@ pub const TUNE_CAPPED_ABOVE_OPS: usize = 200_000;
 /// Wall time one protocol's simulation may take in the tuner, for plans of
 /// [`TUNE_CAPPED_ABOVE_OPS`] ops or more: the default planning budget. Within a planning call
 /// ([`crate::plan`]) it also stops at the call's deadline, once it had
-/// [`crate::select::LEAST_SIMULATION_GRACE`].
-pub const TUNE_SIMULATION_CAP: Duration = crate::select::DEFAULT_BUDGET;
+/// [`crate::limits::LEAST_SIMULATION_GRACE`].
+pub const TUNE_SIMULATION_CAP: Duration = crate::limits::DEFAULT_BUDGET;
 
 /// The tuner's simulation of the plan it chose, where that plan had
 /// [`TUNE_CAPPED_ABOVE_OPS`] ops or more, with the default simulator settings: the planner
@@ -192,7 +192,7 @@ impl std::borrow::Borrow<Plan> for TunedPlan {
 ///
 /// Plans of [`TUNE_CAPPED_ABOVE_OPS`] ops or more are simulated for at most
 /// [`TUNE_SIMULATION_CAP`] each and, past `until` (a planning call's deadline), for
-/// [`crate::select::LEAST_SIMULATION_GRACE`]: a cut one counts at its lower bound.
+/// [`crate::limits::LEAST_SIMULATION_GRACE`]: a cut one counts at its lower bound.
 fn tune_timed(
     topo: &Topology,
     mut options: Vec<Plan>,
@@ -232,7 +232,7 @@ fn tune_timed(
                 let go_on = || {
                     let spent = start.elapsed();
                     spent < TUNE_SIMULATION_CAP
-                        && (spent < crate::select::LEAST_SIMULATION_GRACE
+                        && (spent < crate::limits::LEAST_SIMULATION_GRACE
                             || until.is_none_or(|u| Instant::now() < u))
                 };
                 let timed = match prepared.simulate_or_cut(topo, &go_on)? {

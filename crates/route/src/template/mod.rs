@@ -17,7 +17,7 @@
 //! user-buffer ranges the domain's ops touch elsewhere; it skips every other op before any
 //! tracking. Dependencies on window memories are then complete, and a window device's lanes get
 //! all their ops in order, so "(lane, position in lane)" names an op on every period. The fold
-//! (`fold.rs`) finds which devices and ranges a window lacks, and the build runs again with them
+//! (`fold/`) finds which devices and ranges a window lacks, and the build runs again with them
 //! until the window settles (two to four passes). The window always holds the next period's
 //! devices too, so every op of period 1 is built and compared with its image in the domain
 //! (kind, length, representative edges, shifted ends, and the images of its dependencies): a

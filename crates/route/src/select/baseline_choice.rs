@@ -1,0 +1,325 @@
+//! How a planning call builds and times the NCCL-like baseline: as a template where its
+//! window is smaller than the plan (NCCL's rings where its tree does not fold), or in full
+//! ([`baseline_template`]); simulated to the end, within the budget, or taken from the tuner's
+//! simulation where that stands for it ([`simulate_baseline`]).
+
+use std::time::{Duration, Instant};
+
+use relaycc_topo::Topology;
+
+use crate::error::{Result, RouteError};
+use crate::limits::LEAST_SIMULATION_GRACE;
+use crate::plan::Plan;
+use crate::request::{Collective, Request};
+use crate::sim::{Prepared, SimConfig, SimCut, simulate};
+
+use super::deadline::{Deadline, GRACE_ABOVE_OPS};
+use super::options::PlanOptions;
+
+/// Simulate the baseline: to the end below [`GRACE_ABOVE_OPS`] ops, else until the deadline,
+/// or for [`LEAST_SIMULATION_GRACE`] of its own where it passed, as relaycc's most promising
+/// candidate is given. Its makespan and `None` when it ran to the end; when it gave up, a
+/// lower bound on the makespan (the simulated time reached, or the busiest resource's load and
+/// the longest op) and how far it got.
+///
+/// `tuned` is the tuner's simulation of this plan, if it made one: taken as it is where it
+/// used the same settings and ran to the end, or ran at least as long as this simulation
+/// could, so the same plan is not simulated twice (5 s each for NCCL's tree of 3M ops on a
+/// 64-node fat-tree).
+pub(super) fn simulate_baseline(
+    topo: &Topology,
+    plan: &Plan,
+    opts: &PlanOptions,
+    tuned: Option<crate::planner::baseline::TunedTime>,
+    deadline: &Deadline,
+) -> Result<(f64, Option<SimCut>)> {
+    if let Some(t) = tuned
+        && opts.sim == SimConfig::default()
+        && tuned_stands(
+            &t,
+            plan.ops.len(),
+            deadline.left().max(LEAST_SIMULATION_GRACE),
+        )
+    {
+        return Ok((t.time_us, t.cut));
+    }
+    if plan.ops.len() < GRACE_ABOVE_OPS {
+        return Ok((simulate(topo, plan, &opts.sim)?.time_us, None));
+    }
+    let prepared = Prepared::new(topo, plan, &opts.sim)?;
+    let start = Instant::now();
+    Ok(
+        match prepared.simulate_or_cut(topo, &|| deadline.baseline_goes_on(start))? {
+            Ok(sim) => (sim.time_us, None),
+            Err(cut) => (cut.reached_us.max(prepared.lower_bound_us()), Some(cut)),
+        },
+    )
+}
+
+/// Whether the tuner's simulation `t` of a baseline of `ops` ops stands for the planner's, which
+/// could run for `could_run`: it ran to the end, or, for a plan large enough to be cut at all
+/// ([`GRACE_ABOVE_OPS`]), it ran at least as long.
+fn tuned_stands(t: &crate::planner::baseline::TunedTime, ops: usize, could_run: Duration) -> bool {
+    t.cut.is_none() || (ops >= GRACE_ABOVE_OPS && t.spent >= could_run)
+}
+
+/// Most ops of NCCL's double binary tree all_reduce built in full beside templates above
+/// [`crate::EXPAND_MAX_RANKS`] ranks: it simulates in well under a second and its sampled proof
+/// follows cones of a few hundred ops.
+pub const TREE_IN_FULL_MAX_OPS: u64 = 300_000;
+
+/// An upper estimate of the ops of NCCL's double binary tree all_reduce of `req`: per rank,
+/// channel and chunk a reduction going up and a copy going down each way of a chain or tree
+/// edge (at most 4), over every chunk of the pipelining size plus one partial chunk for each of
+/// up to 32 channels.
+fn tree_ops_estimate(req: &Request) -> u64 {
+    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    req.nranks() as u64 * 4 * (req.count.div_ceil(chunk) + 32)
+}
+
+/// An estimate of the ops the windowed build of NCCL's rail-aligned ring all_reduce of `req`
+/// makes when folded by `sym`: per rank, channel and chunk of its block, 2 (n - 1) copies
+/// and n - 1 reductions, over the two periods of hosts a window holds (the whole plan where
+/// there are only two periods: a 64-node rail-optimized cluster's two scalable units). Zero
+/// where the members sit on one node, so that the rings are always tried there.
+fn ring_window_ops_estimate(
+    topo: &Topology,
+    req: &Request,
+    sym: &relaycc_topo::HostSymmetry,
+) -> u64 {
+    let Ok(Some(channels)) = crate::planner::baseline_net::ring_channels(topo, req) else {
+        return 0;
+    };
+    let n = req.nranks() as u64;
+    let channels = channels.max(1) as u64;
+    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let per_block = req.count.div_ceil(n * channels).div_ceil(chunk).max(1);
+    let full = 3 * n * n.saturating_sub(1) * channels * per_block;
+    let periods = u64::from(sym.periods()).max(1);
+    full.saturating_mul(2.min(periods)) / periods
+}
+
+/// The baseline as a template folded by `shift` (NCCL's rings where the tuner's all_reduce
+/// tree does not fold), with the reasons for what it left out; `None` where it is built in
+/// full (no shift, or a baseline that does not fold).
+pub(super) fn baseline_template(
+    topo: &Topology,
+    req: &Request,
+    budget: u64,
+    shift: Option<&relaycc_topo::HostSymmetry>,
+    until: Option<Instant>,
+) -> (
+    Option<Result<crate::planner::baseline::TunedPlan>>,
+    Vec<String>,
+) {
+    let mut skipped = Vec::new();
+    let folded = match shift {
+        // A window holds two periods of hosts: with only two it is the whole plan, built one
+        // channel after another (a window is one thread's) and then folded, for a template
+        // half its size. Built in full, its channels are built at once and nothing is folded.
+        Some(sym) if sym.periods() <= 2 => {
+            skipped.push(format!(
+                "the baseline's template: its hosts repeat in {} periods, so its window would be \
+                 the whole plan; the baseline is built in full",
+                sym.periods()
+            ));
+            None
+        }
+        Some(sym) => {
+            let within =
+                |algo| crate::planner::baseline_template_until(topo, req, budget, algo, sym, until);
+            match within(None) {
+                Ok(p) => Some(Ok(p)),
+                // NCCL's double binary tree differs between hosts, so it never folds. Its ops
+                // grow as ranks x chunks, not ranks^2 as a ring's: where they are few (the
+                // small sizes where the tuner prefers it) it is built in full; otherwise its
+                // rings stand for it.
+                Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
+                    let tree_ops = tree_ops_estimate(req);
+                    let ring_window = ring_window_ops_estimate(topo, req, sym);
+                    if tree_ops <= TREE_IN_FULL_MAX_OPS || tree_ops <= ring_window {
+                        skipped.push(format!(
+                            "the tuner's baseline as a template: {why}; the baseline is NCCL's \
+                             tree, built in full (about {tree_ops} ops, against about \
+                             {ring_window} for its rings' window)"
+                        ));
+                        return (None, skipped);
+                    }
+                    match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
+                        Ok(mut t) => {
+                            skipped.push(format!(
+                                "the tuner's baseline as a template: {why}; its tree would take \
+                                 about {tree_ops} ops in full (above {TREE_IN_FULL_MAX_OPS}), so \
+                                 the baseline is NCCL's rings (NCCL_ALGO=Ring)"
+                            ));
+                            t.plan.algorithm = format!("{} (NCCL_ALGO=Ring)", t.plan.algorithm);
+                            Some(Ok(t))
+                        }
+                        Err(RouteError::NotSymmetric(why)) => {
+                            skipped.push(format!(
+                                "the baseline's template: {why}; the baseline is built in full"
+                            ));
+                            None
+                        }
+                        Err(e) => Some(Err(e)),
+                    }
+                }
+                Err(RouteError::NotSymmetric(why)) => {
+                    skipped.push(format!(
+                        "the baseline's template: {why}; the baseline is built in full"
+                    ));
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            }
+        }
+        None => None,
+    };
+    (folded, skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_reduce(gpus: u32, bytes: u64) -> Request {
+        Request::new(
+            Collective::AllReduce,
+            (0..gpus).collect(),
+            bytes / 4,
+            crate::DType::F32,
+        )
+    }
+
+    #[test]
+    fn the_ring_window_estimate_counts_the_rings_ops() {
+        // Two periods of hosts: the window is the whole plan.
+        let topo = relaycc_topo::preset("cluster:2xdgx-h100:ib-ndr").unwrap();
+        let sym = topo.host_symmetry();
+        assert_eq!(sym.periods(), 2);
+        for bytes in [1 << 20, 1 << 26, 1 << 30] {
+            let req = all_reduce(16, bytes);
+            let ring = crate::planner::baseline_plan_algo(
+                &topo,
+                &req,
+                Some(crate::planner::baseline_net::tuner::Algo::Ring),
+            )
+            .unwrap();
+            let est = ring_window_ops_estimate(&topo, &req, &sym) as f64;
+            let ops = ring.ops.len() as f64;
+            assert!(
+                (est - ops).abs() <= 0.1 * ops,
+                "{bytes} B: estimated {est}, built {ops}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_baseline_folds_only_where_its_window_is_smaller_than_the_plan() {
+        // A rail-optimized fabric of two scalable units: two periods, so a window would be the
+        // whole plan (NCCL's rings over 512 ranks, 6.3M ops, twice its tree): built in full,
+        // whatever the collective, and refused before anything is built.
+        let topo = relaycc_topo::preset("cluster:64xdgx-h100:ib-ndr:rail").unwrap();
+        let sym = topo.host_symmetry();
+        assert_eq!(sym.periods(), 2);
+        let req = all_reduce(512, 1 << 30);
+        assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
+        let mut rs = all_reduce(512, 1 << 30);
+        rs.collective = Collective::ReduceScatter;
+        rs.count /= 512;
+        for r in [&req, &rs] {
+            let (folded, why) = baseline_template(
+                &topo,
+                r,
+                crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+                Some(&sym),
+                None,
+            );
+            assert!(folded.is_none());
+            assert!(why.iter().any(|w| w.contains("2 periods")), "{why:?}");
+        }
+        // Three units: the rings' window holds two thirds of their 14M ops, still more than
+        // the tree in full.
+        let topo = relaycc_topo::preset("cluster:96xdgx-h100:ib-ndr:rail").unwrap();
+        let sym = topo.host_symmetry();
+        assert_eq!(sym.periods(), 3);
+        let req = all_reduce(768, 1 << 30);
+        assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
+        // One switch: every host a period, and the rings' window holds two of them.
+        let topo = relaycc_topo::preset("cluster:16xdgx-h100:ib-ndr").unwrap();
+        let sym = topo.host_symmetry();
+        let req = all_reduce(128, 1 << 30);
+        assert!(ring_window_ops_estimate(&topo, &req, &sym) < tree_ops_estimate(&req) / 4);
+    }
+
+    /// The tuner's simulation of the baseline is taken where it stands for the one the
+    /// planner would make, and the plan is simulated again where it does not.
+    #[test]
+    fn the_tuners_simulation_of_the_baseline_is_reused_where_it_stands_for_the_planners() {
+        use crate::planner::baseline::{TUNE_SIMULATION_CAP, TunedTime};
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::new(
+            Collective::AllReduce,
+            (0..8).collect(),
+            1 << 20,
+            crate::DType::F32,
+        );
+        let plan = crate::planner::baseline_plan(&topo, &req).unwrap();
+        let real = simulate(&topo, &plan, &SimConfig::default())
+            .unwrap()
+            .time_us;
+        let opts = PlanOptions::default();
+        let deadline = Deadline::new(opts.budget);
+        let whole = TunedTime {
+            time_us: 1234.5,
+            cut: None,
+            spent: Duration::from_millis(1),
+        };
+        // A simulation that ran to the end with the same settings is taken as it is.
+        assert_eq!(
+            simulate_baseline(&topo, &plan, &opts, Some(whole), &deadline).unwrap(),
+            (1234.5, None)
+        );
+        assert_eq!(
+            simulate_baseline(&topo, &plan, &opts, None, &deadline).unwrap(),
+            (real, None)
+        );
+        // Other settings: simulated again with them.
+        let costly = PlanOptions {
+            sim: SimConfig {
+                issue_us: 1.0,
+                ..SimConfig::default()
+            },
+            ..PlanOptions::default()
+        };
+        let (t, cut) = simulate_baseline(&topo, &plan, &costly, Some(whole), &deadline).unwrap();
+        assert!(t > real && cut.is_none(), "{t} vs {real}");
+        // A cut simulation stands only for a large plan that ran at least as long as the
+        // planner's could; this small plan is simulated to the end instead.
+        let cut = TunedTime {
+            time_us: 1.0,
+            cut: Some(SimCut {
+                reached_us: 1.0,
+                ops_done: 1,
+                ops: plan.ops.len(),
+            }),
+            spent: TUNE_SIMULATION_CAP,
+        };
+        assert!(plan.ops.len() < GRACE_ABOVE_OPS);
+        assert_eq!(
+            simulate_baseline(&topo, &plan, &opts, Some(cut), &deadline).unwrap(),
+            (real, None)
+        );
+        // A large plan's cut simulation stands where it ran as long as the planner's could,
+        // not where the planner has more time left.
+        let second = Duration::from_secs(1);
+        assert!(tuned_stands(&cut, GRACE_ABOVE_OPS, second));
+        assert!(!tuned_stands(
+            &cut,
+            GRACE_ABOVE_OPS,
+            TUNE_SIMULATION_CAP + second
+        ));
+        assert!(!tuned_stands(&cut, GRACE_ABOVE_OPS - 1, second));
+        assert!(tuned_stands(&whole, 1, Duration::MAX));
+    }
+}
