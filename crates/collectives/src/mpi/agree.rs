@@ -103,15 +103,7 @@ pub(super) fn collective(
     }
 }
 
-/// The MPI error of `call` on rank `rank`.
-fn mpi_err(rank: u32, call: &'static str, code: c_int) -> MpiError {
-    MpiError::Mpi {
-        rank,
-        call,
-        code,
-        name: super::error_name(code),
-    }
-}
+use super::requests::call_error as mpi_err;
 
 /// `MPI_Test` the live request `req` once: whether it completed (MPI then nulls it).
 fn test(rank: u32, req: &mut ffi::MPI_Request) -> MpiResult<bool> {

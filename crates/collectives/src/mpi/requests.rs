@@ -244,13 +244,18 @@ impl Requests {
         if rc == ffi::MPI_SUCCESS as c_int {
             return Ok(());
         }
-        let err = MpiError::Mpi {
-            rank: self.rank,
-            call,
-            code: rc,
-            name: error_name(rc),
-        };
+        let err = call_error(self.rank, call, rc);
         Err(self.fail(err))
+    }
+}
+
+/// The error MPI's `call` returned with `code` on rank `rank`, named by [`error_name`].
+pub(crate) fn call_error(rank: u32, call: &'static str, code: c_int) -> MpiError {
+    MpiError::Mpi {
+        rank,
+        call,
+        code,
+        name: error_name(code),
     }
 }
 

@@ -133,12 +133,7 @@ fn step_name(at: &At) -> &'static str {
 
 /// The MPI error of `call` on this rank.
 fn mpi_err(comm: &MpiCommunicator, call: &'static str, code: c_int) -> MpiError {
-    MpiError::Mpi {
-        rank: comm.rank(),
-        call,
-        code,
-        name: super::error_name(code),
-    }
+    super::requests::call_error(comm.rank(), call, code)
 }
 
 /// Answer every query waiting on `comm`'s roll communicator with `at`'s place. Returns the

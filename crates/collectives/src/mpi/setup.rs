@@ -43,15 +43,7 @@ pub(super) const ARRIVAL_TAG: c_int = 32_417;
 /// How long cancelled arrival requests get to complete before they are left to MPI.
 const GRACE: Duration = Duration::from_secs(1);
 
-/// The MPI error of `call` on rank `rank`.
-fn mpi_err(rank: u32, call: &'static str, code: c_int) -> MpiError {
-    MpiError::Mpi {
-        rank,
-        call,
-        code,
-        name: super::error_name(code),
-    }
-}
+use super::requests::call_error as mpi_err;
 
 /// `MPI_Test` every live request of `reqs` once; per request, whether it completed now.
 /// A request that completed (MPI nulls it) is not tested again.

@@ -234,7 +234,7 @@ impl<'t> NetLinks<'t> {
             // walks them), with the port rate out; and per switch the link into it, usable or
             // not (`through_switch` asks for the fastest link, `link_between`), with the port
             // rate in.
-            let ups: Vec<Vec<NodeId>> = ranks
+            let ups: Vec<Vec<(LinkId, NodeId)>> = ranks
                 .iter()
                 .map(|&r| {
                     node(r).map_or_else(Vec::new, |na| {
@@ -244,29 +244,18 @@ impl<'t> NetLinks<'t> {
                                     && matches!(topo.node(*s).kind, NodeKind::NvSwitch)
                                     && topo.link_usable(*e)
                             })
-                            .map(|(_, s, _)| s)
+                            .map(|(e, s, _)| (e, s))
                             .collect()
                     })
                 })
                 .collect();
-            let port_out: Vec<f64> = ranks
+            // Every usable link of a port carries the port's rate: the first stands for all.
+            let port_out: Vec<f64> = ups
                 .iter()
-                .map(|&r| {
-                    node(r)
-                        .and_then(|na| {
-                            topo.links_from(na)
-                                .find(|(e, s, l)| {
-                                    l.kind.is_nvlink()
-                                        && matches!(topo.node(*s).kind, NodeKind::NvSwitch)
-                                        && topo.link_usable(*e)
-                                })
-                                .map(|(e, _, _)| topo.striped_gbps(e))
-                        })
-                        .unwrap_or(0.0)
-                })
+                .map(|u| u.first().map_or(0.0, |(e, _)| topo.striped_gbps(*e)))
                 .collect();
             let switches: Vec<NodeId> = {
-                let mut v: Vec<NodeId> = ups.iter().flatten().copied().collect();
+                let mut v: Vec<NodeId> = ups.iter().flatten().map(|(_, s)| *s).collect();
                 v.sort_unstable();
                 v.dedup();
                 v
@@ -296,7 +285,7 @@ impl<'t> NetLinks<'t> {
             let mut rates = vec![0.0; m * m];
             for i in 0..m {
                 for j in (0..m).filter(|&j| j != i) {
-                    let joined = ups[i].iter().any(|sw| {
+                    let joined = ups[i].iter().any(|(_, sw)| {
                         switches
                             .binary_search(sw)
                             .is_ok_and(|at| downs[j][at].is_some())
