@@ -73,16 +73,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "resolve",
         "not yet split into named passes",
     ),
-    (
-        "crates/route/src/bound.rs",
-        "cut_time",
-        "not yet split into named passes",
-    ),
-    (
-        "crates/route/src/sim/model.rs",
-        "build",
-        "not yet split into named passes",
-    ),
 ];
 
 /// Source files over 800 lines that stay, each with why.
