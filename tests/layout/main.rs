@@ -356,16 +356,9 @@ const MEASUREMENT_DOCS: &[&str] = &["docs/MEASUREMENTS.md"];
 
 /// Docs whose measurements have not moved to `docs/MEASUREMENTS.md` yet.
 const UNMOVED_MEASUREMENTS: &[&str] = &[
-    "crates/topo/README.md",
     "crates/collectives/src/mpi/README.md",
-    "crates/collectives/README.md",
-    "crates/route/README.md",
-    "docs/REFERENCES.md",
-    "crates/topo/src/calibration.rs",
-    "crates/collectives/src/backend/host.rs",
     "crates/collectives/src/mpi/shm_transport.rs",
     "crates/collectives/src/mpi/shared_buffer.rs",
-    "crates/route/src/planner/shared_memory.rs",
 ];
 
 /// Phrases that mark a figure measured on one machine.
