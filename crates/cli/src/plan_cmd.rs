@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
-use relaycc_route::{plan, sim};
+use relaycc_route::{Planned, plan, sim};
 use serde_json::json;
 
 use crate::args::{PlanArgs, TableFormat};
@@ -13,7 +13,9 @@ use crate::report::{
 use crate::size::format_size;
 use crate::topo_cmd::load_topology;
 
-/// Run `relaycc plan`.
+/// Run `relaycc plan`: plan the request, write the files asked for ([`write_files`]), verify
+/// the plan where asked ([`verify`]), and report it as JSON ([`PlanReport::json`]) or a table
+/// ([`PlanReport::table`]).
 pub fn run(args: &PlanArgs) -> Result<String> {
     let topo = load_topology(&args.request.topology)?;
     let gpus = job_gpus(&args.request, &topo)?;
@@ -29,6 +31,42 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     let p = plan(&topo, &req, &opts);
     spin.finish_and_clear();
     let p = p?;
+    write_files(args, &topo, &opts, &p)?;
+    let staging = staging_bytes(&topo, &p.plan);
+    let verified = if args.verify {
+        Some(verify(&topo, &p.plan)?)
+    } else {
+        None
+    };
+    let report = PlanReport {
+        args,
+        topo: &topo,
+        gpus: &gpus,
+        req: &req,
+        opts: &opts,
+        planned: &p,
+        staging,
+        verified,
+    };
+    let out = match args.format {
+        TableFormat::Json => report.json()?,
+        TableFormat::Table => report.table(),
+    };
+    drop(report);
+    // The process ends once this is printed, and freeing the plans op by op (millions of
+    // vectors for NCCL's tree over 512 ranks) would hold the answer back by a second.
+    std::mem::forget(p);
+    Ok(out)
+}
+
+/// Write what `--save` (the plan's JSON) and `--trace` (a Chrome trace of its simulation)
+/// ask for.
+fn write_files(
+    args: &PlanArgs,
+    topo: &relaycc_topo::Topology,
+    opts: &relaycc_route::PlanOptions,
+    p: &Planned,
+) -> Result<()> {
     if let Some(path) = &args.save {
         std::fs::write(path, p.plan.to_json() + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
@@ -36,160 +74,186 @@ pub fn run(args: &PlanArgs) -> Result<String> {
     if let Some(path) = &args.trace {
         // A plan of rounds holds no op of its own: its trace is one round's.
         let traced = p.plan.rounds.as_ref().map_or(&p.plan, |r| &r.body);
-        let result = sim::simulate(&topo, traced, &opts.sim)?;
-        std::fs::write(path, sim::chrome_trace(&topo, traced, &result))
+        let result = sim::simulate(topo, traced, &opts.sim)?;
+        std::fs::write(path, sim::chrome_trace(topo, traced, &result))
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let staging = staging_bytes(&topo, &p.plan);
-    let verified = if args.verify {
-        Some(verify(&topo, &p.plan)?)
-    } else {
-        None
-    };
-    let out = match args.format {
-        TableFormat::Json => {
-            let doc = json!({
-                "topology": topo.name(),
-                "collective": req.collective.name(),
-                "gpus": gpus,
-                "bytes": req.size_bytes(),
-                "count": req.count,
-                "dtype": req.dtype.name(),
-                "op": req.op.name(),
-                "root": req.root,
-                "algorithm": p.plan.algorithm,
-                "ops": p.plan.stored_ops(),
-                "full_ops": p.plan.full_ops(),
-                "rounds": p.plan.rounds.as_ref().map(|r| r.count),
-                "lanes": p.plan.lanes.len() + p.plan.rounds.as_ref().map_or(0, |r| {
-                    r.body.lanes.len() + r.tail.as_ref().map_or(0, |t| t.lanes.len())
-                }),
-                "scratch_bytes": p.plan.scratch_bytes(),
-                "staging_bytes": crate::report::staging_json(&staging),
-                "staging_budget_bytes": (opts.staging_budget != relaycc_route::staging::UNBOUNDED_STAGING)
-                    .then_some(opts.staging_budget),
-                "predicted": perf_json(&p.predicted),
-                "baseline": perf_json(&p.baseline),
-                "baseline_algorithm": p.baseline_plan.algorithm,
-                "bound": perf_json(&p.bound),
-                "candidates": p.candidates,
-                "budget_exhausted": p.budget_exhausted,
-                "baseline_cut": p.baseline_cut.map(|c| json!({
-                    "reached_us": c.reached_us,
-                    "ops_done": c.ops_done,
-                    "ops": c.ops,
-                })),
-                "planning_s": p.elapsed.as_secs_f64(),
-                "skipped": p.skipped,
-                "verified": verified,
-            });
-            serde_json::to_string_pretty(&doc)? + "\n"
+    Ok(())
+}
+
+/// What `relaycc plan` reports: the request, the planned result, its staging per device and
+/// what `--verify` found.
+struct PlanReport<'a> {
+    args: &'a PlanArgs,
+    topo: &'a relaycc_topo::Topology,
+    gpus: &'a [u32],
+    req: &'a relaycc_route::Request,
+    opts: &'a relaycc_route::PlanOptions,
+    planned: &'a Planned,
+    /// Staging bytes per device, by name.
+    staging: Vec<(String, u64)>,
+    verified: Option<serde_json::Value>,
+}
+
+impl PlanReport<'_> {
+    /// The report as one JSON document.
+    fn json(&self) -> Result<String> {
+        let (topo, req, opts, p) = (self.topo, self.req, self.opts, self.planned);
+        let doc = json!({
+            "topology": topo.name(),
+            "collective": req.collective.name(),
+            "gpus": self.gpus,
+            "bytes": req.size_bytes(),
+            "count": req.count,
+            "dtype": req.dtype.name(),
+            "op": req.op.name(),
+            "root": req.root,
+            "algorithm": p.plan.algorithm,
+            "ops": p.plan.stored_ops(),
+            "full_ops": p.plan.full_ops(),
+            "rounds": p.plan.rounds.as_ref().map(|r| r.count),
+            "lanes": p.plan.lanes.len() + p.plan.rounds.as_ref().map_or(0, |r| {
+                r.body.lanes.len() + r.tail.as_ref().map_or(0, |t| t.lanes.len())
+            }),
+            "scratch_bytes": p.plan.scratch_bytes(),
+            "staging_bytes": crate::report::staging_json(&self.staging),
+            "staging_budget_bytes": (opts.staging_budget != relaycc_route::staging::UNBOUNDED_STAGING)
+                .then_some(opts.staging_budget),
+            "predicted": perf_json(&p.predicted),
+            "baseline": perf_json(&p.baseline),
+            "baseline_algorithm": p.baseline_plan.algorithm,
+            "bound": perf_json(&p.bound),
+            "candidates": p.candidates,
+            "budget_exhausted": p.budget_exhausted,
+            "baseline_cut": p.baseline_cut.map(|c| json!({
+                "reached_us": c.reached_us,
+                "ops_done": c.ops_done,
+                "ops": c.ops,
+            })),
+            "planning_s": p.elapsed.as_secs_f64(),
+            "skipped": p.skipped,
+            "verified": self.verified,
+        });
+        Ok(serde_json::to_string_pretty(&doc)? + "\n")
+    }
+
+    /// The report as text: what was planned and chosen ([`PlanReport::table_header`]), then
+    /// the figures and the candidates ([`PlanReport::table_figures`]).
+    fn table(&self) -> String {
+        let mut s = String::new();
+        self.table_header(&mut s);
+        self.table_figures(&mut s);
+        s
+    }
+
+    /// Whether the baseline is the plan because nothing was shown faster than the lower
+    /// bound its cut simulation gave.
+    fn baseline_chosen_cut(&self) -> bool {
+        let p = self.planned;
+        p.baseline_cut.is_some() && p.plan.algorithm == p.baseline_plan.algorithm
+    }
+
+    /// The request, the chosen plan and its staging, and the notes on the budget, the
+    /// baseline's cut, what was skipped and what `--verify` found.
+    fn table_header(&self, s: &mut String) {
+        let (req, opts, p) = (self.req, self.opts, self.planned);
+        let _ = writeln!(
+            s,
+            "{} of {} {} on {} GPUs {:?} of {} (relays: {:?})",
+            req.collective,
+            format_size(req.size_bytes()),
+            req.dtype,
+            self.gpus.len(),
+            self.gpus,
+            self.topo.name(),
+            self.args.request.relay
+        );
+        let _ = writeln!(
+            s,
+            "chosen: {} ({})",
+            p.plan.algorithm,
+            crate::report::plan_shape(&p.plan)
+        );
+        let templated =
+            p.plan.is_template() || p.plan.rounds.as_ref().is_some_and(|r| r.body.is_template());
+        let _ = writeln!(
+            s,
+            "staging: {}{} in all: {} (budget {})",
+            format_size(p.plan.scratch_bytes()),
+            if templated {
+                " per period of hosts"
+            } else {
+                ""
+            },
+            staging_text(&self.staging),
+            crate::report::budget_text(opts.staging_budget)
+        );
+        let _ = writeln!(s, "{PREDICTION_NOTE}");
+        if p.budget_exhausted {
+            let _ = writeln!(
+                s,
+                "budget of {:?} exhausted (planning took {:.2} s): the best plan of the \
+                 candidates simulated so far",
+                opts.budget,
+                p.elapsed.as_secs_f64()
+            );
         }
-        TableFormat::Table => {
-            let mut s = String::new();
-            let _ = writeln!(
-                s,
-                "{} of {} {} on {} GPUs {:?} of {} (relays: {:?})",
-                req.collective,
-                format_size(req.size_bytes()),
-                req.dtype,
-                gpus.len(),
-                gpus,
-                topo.name(),
-                args.request.relay
-            );
-            let _ = writeln!(
-                s,
-                "chosen: {} ({})",
-                p.plan.algorithm,
-                crate::report::plan_shape(&p.plan)
-            );
-            let templated = p.plan.is_template()
-                || p.plan.rounds.as_ref().is_some_and(|r| r.body.is_template());
-            let _ = writeln!(
-                s,
-                "staging: {}{} in all: {} (budget {})",
-                format_size(p.plan.scratch_bytes()),
-                if templated {
-                    " per period of hosts"
-                } else {
-                    ""
-                },
-                staging_text(&staging),
-                crate::report::budget_text(opts.staging_budget)
-            );
-            let _ = writeln!(s, "{PREDICTION_NOTE}");
-            if p.budget_exhausted {
-                let _ = writeln!(
-                    s,
-                    "budget of {:?} exhausted (planning took {:.2} s): the best plan of the \
-                     candidates simulated so far",
-                    opts.budget,
-                    p.elapsed.as_secs_f64()
-                );
-            }
+        if let Some(cut) = &p.baseline_cut {
             // The baseline is the plan when nothing was shown faster than its lower bound.
-            let baseline_chosen_cut =
-                p.baseline_cut.is_some() && p.plan.algorithm == p.baseline_plan.algorithm;
-            if let Some(cut) = &p.baseline_cut {
-                let chosen = if baseline_chosen_cut {
-                    "; no plan of relaycc's was shown faster within the budget, so the baseline is \
-                     the plan, predicted by that bound"
-                } else {
-                    ""
-                };
-                let _ = writeln!(
-                    s,
-                    "baseline: its simulation was cut by the budget after {} of {} ops, at {:.2} \
-                     us simulated: its time is at least {:.2} us (busbw at most {:.2} GB/s){chosen}",
-                    cut.ops_done,
-                    cut.ops,
-                    cut.reached_us,
-                    p.baseline.time_us,
-                    p.baseline.busbw_gbps
-                );
-            }
-            for why in &p.skipped {
-                let _ = writeln!(s, "skipped: {why}");
-            }
-            if let Some(v) = &verified {
-                let _ = writeln!(s, "verified: {}", v["summary"].as_str().unwrap_or_default());
-            }
+            let chosen = if self.baseline_chosen_cut() {
+                "; no plan of relaycc's was shown faster within the budget, so the baseline is \
+                 the plan, predicted by that bound"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 s,
-                "\n  {:<10} {:>12} {:>12} {:>12} {:>9}",
-                "predicted", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
+                "baseline: its simulation was cut by the budget after {} of {} ops, at {:.2} \
+                 us simulated: its time is at least {:.2} us (busbw at most {:.2} GB/s){chosen}",
+                cut.ops_done, cut.ops, cut.reached_us, p.baseline.time_us, p.baseline.busbw_gbps
             );
-            // A baseline cut by the budget is known from below: its row says so.
-            let mark = |on: bool| if on { ">=" } else { "" };
-            for (name, perf, mark) in [
-                ("relaycc", &p.predicted, mark(baseline_chosen_cut)),
-                ("baseline", &p.baseline, mark(p.baseline_cut.is_some())),
-                ("bound", &p.bound, ""),
-            ] {
-                let name = format!("{name}{mark}");
-                let _ = writeln!(
-                    s,
-                    "  {:<10} {:>12.2} {:>12.2} {:>12.2} {:>8.2}x",
-                    name,
-                    perf.time_us,
-                    perf.algbw_gbps,
-                    perf.busbw_gbps,
-                    ratio(perf.busbw_gbps, p.baseline.busbw_gbps)
-                );
-            }
-            let _ = writeln!(s, "\n  baseline: {}", p.baseline_plan.algorithm);
-            let _ = writeln!(s, "\n  candidates (fastest predicted first):");
-            for c in p.candidates.iter().take(12) {
-                let _ = writeln!(s, "    {:>12.2} us  {}", c.time_us, c.algorithm);
-            }
-            s
         }
-    };
-    // The process ends once this is printed, and freeing the plans op by op (millions of
-    // vectors for NCCL's tree over 512 ranks) would hold the answer back by a second.
-    std::mem::forget(p);
-    Ok(out)
+        for why in &p.skipped {
+            let _ = writeln!(s, "skipped: {why}");
+        }
+        if let Some(v) = &self.verified {
+            let _ = writeln!(s, "verified: {}", v["summary"].as_str().unwrap_or_default());
+        }
+    }
+
+    /// relaycc's prediction beside the baseline's and the bound, the baseline's algorithm,
+    /// and the fastest candidates.
+    fn table_figures(&self, s: &mut String) {
+        let p = self.planned;
+        let _ = writeln!(
+            s,
+            "\n  {:<10} {:>12} {:>12} {:>12} {:>9}",
+            "predicted", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "vs base"
+        );
+        // A baseline cut by the budget is known from below: its row says so.
+        let mark = |on: bool| if on { ">=" } else { "" };
+        for (name, perf, mark) in [
+            ("relaycc", &p.predicted, mark(self.baseline_chosen_cut())),
+            ("baseline", &p.baseline, mark(p.baseline_cut.is_some())),
+            ("bound", &p.bound, ""),
+        ] {
+            let name = format!("{name}{mark}");
+            let _ = writeln!(
+                s,
+                "  {:<10} {:>12.2} {:>12.2} {:>12.2} {:>8.2}x",
+                name,
+                perf.time_us,
+                perf.algbw_gbps,
+                perf.busbw_gbps,
+                ratio(perf.busbw_gbps, p.baseline.busbw_gbps)
+            );
+        }
+        let _ = writeln!(s, "\n  baseline: {}", p.baseline_plan.algorithm);
+        let _ = writeln!(s, "\n  candidates (fastest predicted first):");
+        for c in p.candidates.iter().take(12) {
+            let _ = writeln!(s, "    {:>12.2} us  {}", c.time_us, c.algorithm);
+        }
+    }
 }
 
 /// Host memory `--verify` gives the run of the sampled ranks' cone; above it the run is left

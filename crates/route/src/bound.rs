@@ -329,72 +329,119 @@ impl Regions {
 
 /// The cut bounds' time (bytes / (GB/s)): for every region of [`Regions`] holding some
 /// members but not all, the bytes that must leave it over the usable links leaving it, and
-/// the bytes that must enter it over the links entering it; for all_reduce across every host
-/// of the topology also the directed-gossip total (module docs). 0 when no region separates
+/// the bytes that must enter it over the links entering it ([`RegionCapacity`],
+/// [`region_traffic`]); for all_reduce across every host of the topology also the
+/// directed-gossip total ([`all_reduce_hosts_time`], module docs). 0 when no region separates
 /// the members.
 fn cut_time(topo: &Topology, req: &Request, usable_node: &[bool]) -> Result<f64> {
     let regions = Regions::new(topo);
     let nreg = regions.host.len();
-    let g = &req.gpus;
-    let n = g.len();
+    let n = req.gpus.len();
     let mut chains: Vec<&[u32]> = Vec::with_capacity(n);
     // Members per region.
-    let mut k = vec![0usize; nreg];
-    for &x in g {
+    let mut members = vec![0usize; nreg];
+    for &x in &req.gpus {
         let c = &regions.chain[topo.gpu(x)?.index()];
-        c.iter().for_each(|&r| k[r as usize] += 1);
+        c.iter().for_each(|&r| members[r as usize] += 1);
         chains.push(c);
     }
-    if !(0..nreg).any(|r| k[r] > 0 && k[r] < n) {
+    // A region that separates the members: it holds some but not all.
+    let separates = |r: &usize| members[*r] > 0 && members[*r] < n;
+    if !(0..nreg).any(|r| separates(&r)) {
         return Ok(0.0);
     }
-    // Capacity out of and into each region: usable links between nodes the job may use, an
-    // NVSwitch port (whose planes the simulator pools) counted once at its whole rate.
-    let ok = |id: relaycc_topo::NodeId| usable_node[id.index()];
-    let mut out = vec![0.0f64; nreg];
-    let mut inn = vec![0.0f64; nreg];
-    let mut ports: std::collections::HashSet<(u32, relaycc_topo::NodeId, bool)> =
-        std::collections::HashSet::new();
-    // Whether every link between hosts ends at a network switch (no switch that multicasts
-    // or reduces joins two hosts).
-    let mut plain_network = true;
-    for (id, x, y, l) in topo.links() {
-        if !topo.link_usable(id) || !ok(x) || !ok(y) {
-            continue;
-        }
-        let (nx, ny) = (topo.node(x), topo.node(y));
-        if nx.host != ny.host
-            && !matches!(nx.kind, NodeKind::NetSwitch)
-            && !matches!(ny.kind, NodeKind::NetSwitch)
-        {
-            plain_network = false;
-        }
-        let port = topo.nvswitch_port(id);
-        let (cx, cy) = (&regions.chain[x.index()], &regions.chain[y.index()]);
-        let mut add = |r: u32, into: bool, v: &mut Vec<f64>| match port {
-            Some((gpu, dir)) => {
-                if ports.insert((r * 2 + u32::from(into), gpu, dir)) {
-                    v[r as usize] += topo.striped_gbps(id);
-                }
+    let capacity = RegionCapacity::new(topo, &regions, usable_node);
+    let (leave, enter) = region_traffic(req, &chains, &members);
+    let mut t: f64 = 0.0;
+    for r in (0..nreg).filter(separates) {
+        t = t
+            .max(transfer_time(leave[r], capacity.out[r]))
+            .max(transfer_time(enter[r], capacity.inn[r]));
+    }
+    Ok(t.max(all_reduce_hosts_time(req, &regions, &members, &capacity)))
+}
+
+/// `bytes` over `gbps`: 0 for nothing to move, infinite over no capacity.
+fn transfer_time(bytes: f64, gbps: f64) -> f64 {
+    if bytes <= 0.0 {
+        0.0
+    } else if gbps <= 0.0 {
+        f64::INFINITY
+    } else {
+        bytes / gbps
+    }
+}
+
+/// The usable capacity out of and into each region of [`Regions`], GB/s: usable links
+/// between nodes the job may use, an NVSwitch port (whose planes the simulator pools)
+/// counted once at its whole rate.
+struct RegionCapacity {
+    /// Per region, the capacity of the links leaving it.
+    out: Vec<f64>,
+    /// Per region, the capacity of the links entering it.
+    inn: Vec<f64>,
+    /// Whether every link between hosts ends at a network switch (no switch that multicasts
+    /// or reduces joins two hosts).
+    plain_network: bool,
+}
+
+impl RegionCapacity {
+    /// The capacities of `regions` on `topo`, over the links between nodes `usable_node`
+    /// marks.
+    fn new(topo: &Topology, regions: &Regions, usable_node: &[bool]) -> Self {
+        let nreg = regions.host.len();
+        let ok = |id: relaycc_topo::NodeId| usable_node[id.index()];
+        let mut out = vec![0.0f64; nreg];
+        let mut inn = vec![0.0f64; nreg];
+        let mut ports: std::collections::HashSet<(u32, relaycc_topo::NodeId, bool)> =
+            std::collections::HashSet::new();
+        let mut plain_network = true;
+        for (id, x, y, l) in topo.links() {
+            if !topo.link_usable(id) || !ok(x) || !ok(y) {
+                continue;
             }
-            None => v[r as usize] += l.gbps,
-        };
-        for &r in cx.iter().filter(|r| !cy.contains(r)) {
-            add(r, false, &mut out);
+            let (nx, ny) = (topo.node(x), topo.node(y));
+            if nx.host != ny.host
+                && !matches!(nx.kind, NodeKind::NetSwitch)
+                && !matches!(ny.kind, NodeKind::NetSwitch)
+            {
+                plain_network = false;
+            }
+            let port = topo.nvswitch_port(id);
+            let (cx, cy) = (&regions.chain[x.index()], &regions.chain[y.index()]);
+            let mut add = |r: u32, into: bool, v: &mut Vec<f64>| match port {
+                Some((gpu, dir)) => {
+                    if ports.insert((r * 2 + u32::from(into), gpu, dir)) {
+                        v[r as usize] += topo.striped_gbps(id);
+                    }
+                }
+                None => v[r as usize] += l.gbps,
+            };
+            for &r in cx.iter().filter(|r| !cy.contains(r)) {
+                add(r, false, &mut out);
+            }
+            for &r in cy.iter().filter(|r| !cx.contains(r)) {
+                add(r, true, &mut inn);
+            }
         }
-        for &r in cy.iter().filter(|r| !cx.contains(r)) {
-            add(r, true, &mut inn);
+        RegionCapacity {
+            out,
+            inn,
+            plain_network,
         }
     }
+}
+
+/// The bytes that must leave and enter each region for `req`, whose rank `q` lies in the
+/// regions `chains[q]` and which holds `members[r]` ranks in region `r`: summed over every
+/// pair for an exchange of pairs (all_to_all_v, send/recv), else what the collective moves
+/// across a region that separates the members ([`separated_bytes`]).
+fn region_traffic(req: &Request, chains: &[&[u32]], members: &[usize]) -> (Vec<f64>, Vec<f64>) {
+    let nreg = members.len();
+    let n = chains.len();
     let es = req.dtype.size() as f64;
-    let size = req.size_bytes() as f64;
-    let c = req.count as f64 * es;
-    let nf = n as f64;
-    // Bytes that must leave and enter each region.
     let mut leave = vec![0.0f64; nreg];
     let mut enter = vec![0.0f64; nreg];
-    let holds = |r: usize, rank: usize| chains[rank].contains(&(r as u32));
-    let root = req.root as usize;
     match req.collective {
         Collective::AllToAllV | Collective::SendRecv => {
             let mut add = |s: usize, d: usize, elems: u64| {
@@ -418,81 +465,84 @@ fn cut_time(topo: &Topology, req: &Request, usable_node: &[bool]) -> Result<f64>
             }
         }
         _ => {
-            for r in (0..nreg).filter(|&r| k[r] > 0 && k[r] < n) {
-                let kf = k[r] as f64;
-                let (l, e) = match req.collective {
-                    // Every element's sum needs the region's inputs outside it and the
-                    // others' inside it.
-                    Collective::AllReduce => (size, size),
-                    Collective::AllGather => (kf * c, (nf - kf) * c),
-                    Collective::AllGatherV => {
-                        let inside: u64 =
-                            (0..n).filter(|&q| holds(r, q)).map(|q| req.counts[q]).sum();
-                        let total: u64 = req.counts.iter().sum();
-                        (inside as f64 * es, (total - inside) as f64 * es)
-                    }
-                    Collective::ReduceScatter => ((nf - kf) * c, kf * c),
-                    Collective::AllToAll => (kf * (nf - kf) * c, kf * (nf - kf) * c),
-                    Collective::Broadcast
-                    | Collective::Scatter
-                    | Collective::Gather
-                    | Collective::Reduce => {
-                        let at_root = holds(r, root);
-                        let part = if req.collective == Collective::Broadcast
-                            || req.collective == Collective::Reduce
-                        {
-                            (size, size)
-                        } else {
-                            ((nf - kf) * c, kf * c)
-                        };
-                        // Data flows from the root (broadcast, scatter) or to it.
-                        let down =
-                            matches!(req.collective, Collective::Broadcast | Collective::Scatter);
-                        match (at_root, down) {
-                            (true, true) => (part.0, 0.0),
-                            (false, true) => (0.0, part.1),
-                            (true, false) => (0.0, part.0),
-                            (false, false) => (part.1, 0.0),
-                        }
-                    }
-                    _ => (0.0, 0.0),
-                };
-                leave[r] = l;
-                enter[r] = e;
+            for r in (0..nreg).filter(|&r| members[r] > 0 && members[r] < n) {
+                (leave[r], enter[r]) = separated_bytes(req, chains, r, members[r]);
             }
         }
     }
-    let need = |bytes: f64, gbps: f64| {
-        if bytes <= 0.0 {
-            0.0
-        } else if gbps <= 0.0 {
-            f64::INFINITY
-        } else {
-            bytes / gbps
+    (leave, enter)
+}
+
+/// The bytes that must leave and enter region `r`, which holds `k` of the ranks (whose
+/// regions are `chains`), for a collective other than an exchange of pairs.
+fn separated_bytes(req: &Request, chains: &[&[u32]], r: usize, k: usize) -> (f64, f64) {
+    let n = chains.len();
+    let es = req.dtype.size() as f64;
+    let size = req.size_bytes() as f64;
+    let c = req.count as f64 * es;
+    let (nf, kf) = (n as f64, k as f64);
+    let holds = |rank: usize| chains[rank].contains(&(r as u32));
+    match req.collective {
+        // Every element's sum needs the region's inputs outside it and the others' inside it.
+        Collective::AllReduce => (size, size),
+        Collective::AllGather => (kf * c, (nf - kf) * c),
+        Collective::AllGatherV => {
+            let inside: u64 = (0..n).filter(|&q| holds(q)).map(|q| req.counts[q]).sum();
+            let total: u64 = req.counts.iter().sum();
+            (inside as f64 * es, (total - inside) as f64 * es)
         }
-    };
-    let mut t: f64 = 0.0;
-    for r in (0..nreg).filter(|&r| k[r] > 0 && k[r] < n) {
-        t = t.max(need(leave[r], out[r])).max(need(enter[r], inn[r]));
+        Collective::ReduceScatter => ((nf - kf) * c, kf * c),
+        Collective::AllToAll => (kf * (nf - kf) * c, kf * (nf - kf) * c),
+        Collective::Broadcast | Collective::Scatter | Collective::Gather | Collective::Reduce => {
+            let at_root = holds(req.root as usize);
+            let part = if req.collective == Collective::Broadcast
+                || req.collective == Collective::Reduce
+            {
+                (size, size)
+            } else {
+                ((nf - kf) * c, kf * c)
+            };
+            // Data flows from the root (broadcast, scatter) or to it.
+            let down = matches!(req.collective, Collective::Broadcast | Collective::Scatter);
+            match (at_root, down) {
+                (true, true) => (part.0, 0.0),
+                (false, true) => (0.0, part.1),
+                (true, false) => (0.0, part.0),
+                (false, false) => (part.1, 0.0),
+            }
+        }
+        _ => (0.0, 0.0),
     }
-    // all_reduce over hosts that all hold members: every element's 2(N-1) receipts
-    // [Harary-1974] enter the N hosts over their links in (and leave them over their links
-    // out, when no switch between hosts multicasts).
-    let member_hosts: Vec<usize> = (0..nreg).filter(|&r| regions.host[r] && k[r] > 0).collect();
+}
+
+/// all_reduce over hosts that all hold members: every element's 2(N-1) receipts
+/// [Harary-1974] enter the N hosts over their links in (and leave them over their links out,
+/// when no switch between hosts multicasts). 0 for another request.
+fn all_reduce_hosts_time(
+    req: &Request,
+    regions: &Regions,
+    members: &[usize],
+    capacity: &RegionCapacity,
+) -> f64 {
+    let nreg = members.len();
+    let member_hosts: Vec<usize> = (0..nreg)
+        .filter(|&r| regions.host[r] && members[r] > 0)
+        .collect();
     let all_hosts = (0..nreg).filter(|&r| regions.host[r]).count();
-    if req.collective == Collective::AllReduce
-        && member_hosts.len() >= 2
-        && member_hosts.len() == all_hosts
+    if req.collective != Collective::AllReduce
+        || member_hosts.len() < 2
+        || member_hosts.len() != all_hosts
     {
-        let hosts = member_hosts.len() as f64;
-        let total = 2.0 * (hosts - 1.0) * size;
-        let sum = |v: &[f64]| member_hosts.iter().map(|&r| v[r]).sum::<f64>();
-        t = t.max(need(total, sum(&inn)));
-        if plain_network {
-            t = t.max(need(total, sum(&out)));
-        }
+        return 0.0;
     }
-    Ok(t)
+    let hosts = member_hosts.len() as f64;
+    let total = 2.0 * (hosts - 1.0) * req.size_bytes() as f64;
+    let sum = |v: &[f64]| member_hosts.iter().map(|&r| v[r]).sum::<f64>();
+    let mut t = transfer_time(total, sum(&capacity.inn));
+    if capacity.plain_network {
+        t = t.max(transfer_time(total, sum(&capacity.out)));
+    }
+    t
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! The file is JSON:
 //! ```json
 //! {
-//!   "source": "relaycc calibrate on dgx01, 2026-11-22",
+//!   "source": "relaycc calibrate on dgx01",
 //!   "kinds": [ { "kind": "nvlink", "generation": 2, "gbps_per_lane": 23.1, "latency_us": 0.9 },
 //!              { "kind": "pcie", "generation": 3, "gbps_per_x16": 11.2 } ],
 //!   "links": [ { "from": "GPU0", "to": "GPU1", "gbps": 22.4, "latency_us": 1.1 } ]

@@ -49,9 +49,8 @@ const ARENA_ALIGN: usize = 64;
 /// Smallest copy into lent memory written with non-temporal stores: below a page the
 /// write-allocate reads that streaming saves cost less than bypassing the cache for data a
 /// later op may read. Streaming stores write whole lines without reading them first
-/// ([Intel-Opt]); on the 2-core VM of `relaycc bench all_reduce --backend host --ranks 8` a
-/// 64 MiB copy into a rank's memory ran at about 7 GB/s streamed against about 4.3 GB/s
-/// through libc's `memmove`.
+/// ([Intel-Opt]); `docs/MEASUREMENTS.md` gives a 64 MiB copy into a rank's memory streamed and
+/// through libc's `memmove` (`relaycc bench all_reduce --backend host --ranks 8`).
 pub(super) const STREAM_MIN_BYTES: u64 = 4096;
 
 /// Copy `bytes` bytes from `src` to `dst` with non-temporal stores where the CPU has them

@@ -74,7 +74,8 @@ pub(crate) struct ResolvedProgram {
 }
 
 /// Check program `index` of a launch against the protocol and its resolved `bound`ings, and
-/// resolve its commands. Errors name `backend`, the program and the command.
+/// resolve its commands. Errors name `backend`, the program and the command. One pass over
+/// the commands, each checked by its kind ([`ProgramCheck`]).
 pub(crate) fn resolve(
     backend: &'static str,
     index: usize,
@@ -82,15 +83,15 @@ pub(crate) fn resolve(
     bound: &[Bound],
 ) -> Result<ResolvedProgram> {
     let p = launch.program;
-    let fail = |at: Option<usize>, message: String| CollectivesError::Backend {
+    let check = ProgramCheck {
         backend,
-        message: match at {
-            Some(c) => format!("program {index}, command {c}: {message}"),
-            None => format!("program {index}: {message}"),
-        },
+        index,
+        program: p,
+        bound,
+        esize: p.dtype.size(),
     };
     if bound.len() != p.bindings as usize {
-        return Err(fail(
+        return Err(check.fail(
             None,
             format!(
                 "needs {} bindings, the launch gives {}",
@@ -99,152 +100,218 @@ pub(crate) fn resolve(
             ),
         ));
     }
-    let esize = p.dtype.size();
     let mut recorded = vec![false; p.events as usize];
     let mut out = ResolvedProgram {
         commands: Vec::with_capacity(p.commands.len()),
         srcs: Vec::with_capacity(p.srcs.len()),
     };
     for (ci, c) in p.commands.iter().enumerate() {
-        let fail = |m: String| fail(Some(ci), m);
-        let lane_of = |lane: u32| -> Result<usize> {
-            if (lane as usize) < p.lanes.len() {
-                Ok(lane as usize)
-            } else {
-                Err(fail(format!(
-                    "lane {lane} does not exist ({} lanes)",
-                    p.lanes.len()
-                )))
-            }
-        };
-        let event_of = |e: u32| -> Result<usize> {
-            if e < p.events {
-                Ok(e as usize)
-            } else {
-                Err(fail(format!(
-                    "event {e} does not exist ({} events)",
-                    p.events
-                )))
-            }
-        };
-        let slot = |s: &Slot, align: u64| -> Result<u64> {
-            let b = bound.get(s.binding as usize).ok_or_else(|| {
-                fail(format!(
-                    "binding {} does not exist ({} bindings)",
-                    s.binding, p.bindings
-                ))
-            })?;
-            if s.offset.checked_add(s.bytes).is_none_or(|e| e > b.bytes) {
-                return Err(fail(format!(
-                    "slot {}+{} lies outside binding {} of {} bytes",
-                    s.offset, s.bytes, s.binding, b.bytes
-                )));
-            }
-            let addr = b.addr + s.offset;
-            if !addr.is_multiple_of(align) || !s.bytes.is_multiple_of(align) {
-                return Err(fail(format!(
-                    "slot {}+{} of binding {} is not whole {align}-byte elements at an aligned address",
-                    s.offset, s.bytes, s.binding
-                )));
-            }
-            Ok(addr)
-        };
         let r = match c {
-            Command::Copy { lane, src, dst } => {
-                if src.bytes != dst.bytes {
-                    return Err(fail(format!(
-                        "copy of {} bytes into a slot of {}",
-                        src.bytes, dst.bytes
-                    )));
-                }
-                Resolved::Copy {
-                    lane: lane_of(*lane)?,
-                    src: slot(src, 1)?,
-                    dst: slot(dst, 1)?,
-                    dst_binding: dst.binding as usize,
-                    bytes: src.bytes,
-                }
-            }
+            Command::Copy { lane, src, dst } => check.copy(ci, *lane, src, dst)?,
             Command::Reduce {
                 lane,
                 first,
                 count,
                 dst,
                 divide,
-            } => {
-                let slots = (*first as usize)
-                    .checked_add(*count as usize)
-                    .and_then(|end| p.srcs.get(*first as usize..end))
-                    .ok_or_else(|| {
-                        fail(format!(
-                            "sources {first}..{first}+{count} lie outside the program's {} sources",
-                            p.srcs.len()
-                        ))
-                    })?;
-                if slots.is_empty() {
-                    return Err(fail("a reduction without sources".into()));
-                }
-                let d = slot(dst, esize)?;
-                let start = out.srcs.len();
-                for s in slots {
-                    if s.bytes != dst.bytes {
-                        return Err(fail(format!(
-                            "a source of {} bytes for a destination of {}",
-                            s.bytes, dst.bytes
-                        )));
-                    }
-                    let a = slot(s, esize)?;
-                    let n = dst.bytes;
-                    if a != d && a < d + n && d < a + n {
-                        return Err(fail(
-                            "the destination partly overlaps a source (it must equal or avoid each)"
-                                .into(),
-                        ));
-                    }
-                    out.srcs.push(a);
-                }
-                let divisor = (*divide && p.op == ReduceOp::Avg).then_some(p.divisor);
-                if divisor == Some(0) {
-                    return Err(fail("an average divided by zero ranks".into()));
-                }
-                Resolved::Reduce {
-                    lane: lane_of(*lane)?,
-                    first: start,
-                    count: slots.len(),
-                    dst: d,
-                    len: dst.bytes / esize,
-                    divisor,
-                }
-            }
-            Command::Record { lane, event } => {
-                let event = event_of(*event)?;
-                // One record per event: with two, a wait could be released by either, and
-                // backends would disagree about which one it orders after.
-                if recorded[event] {
-                    return Err(fail(format!("records event {event} a second time")));
-                }
-                recorded[event] = true;
-                Resolved::Record {
-                    lane: lane_of(*lane)?,
-                    event,
-                }
-            }
-            Command::Wait { lane, event } => {
-                let event = event_of(*event)?;
-                if !recorded[event] {
-                    return Err(fail(format!(
-                        "waits for event {event} before any command records it"
-                    )));
-                }
-                Resolved::Wait {
-                    lane: lane_of(*lane)?,
-                    event,
-                }
-            }
+            } => check.reduce(ci, *lane, (*first, *count), dst, *divide, &mut out.srcs)?,
+            Command::Record { lane, event } => check.record(ci, *lane, *event, &mut recorded)?,
+            Command::Wait { lane, event } => check.wait(ci, *lane, *event, &recorded)?,
         };
         out.commands.push(r);
     }
     Ok(out)
+}
+
+/// The check of one program of a launch against its bound memory: what each command's rules
+/// read, and how an error names the program.
+struct ProgramCheck<'a> {
+    backend: &'static str,
+    /// The program's index in the launch.
+    index: usize,
+    program: &'a Program,
+    bound: &'a [Bound],
+    /// Bytes per element of the program's type.
+    esize: u64,
+}
+
+impl ProgramCheck<'_> {
+    /// The error `message` at command `at` (or of the whole program).
+    fn fail(&self, at: Option<usize>, message: String) -> CollectivesError {
+        CollectivesError::Backend {
+            backend: self.backend,
+            message: match at {
+                Some(c) => format!("program {}, command {c}: {message}", self.index),
+                None => format!("program {}: {message}", self.index),
+            },
+        }
+    }
+
+    /// Lane `lane`, named by command `ci`, if the program has it.
+    fn lane(&self, ci: usize, lane: u32) -> Result<usize> {
+        let lanes = self.program.lanes.len();
+        if (lane as usize) < lanes {
+            Ok(lane as usize)
+        } else {
+            Err(self.fail(
+                Some(ci),
+                format!("lane {lane} does not exist ({lanes} lanes)"),
+            ))
+        }
+    }
+
+    /// Event `e`, named by command `ci`, if the program has it.
+    fn event(&self, ci: usize, e: u32) -> Result<usize> {
+        let events = self.program.events;
+        if e < events {
+            Ok(e as usize)
+        } else {
+            Err(self.fail(
+                Some(ci),
+                format!("event {e} does not exist ({events} events)"),
+            ))
+        }
+    }
+
+    /// The address of slot `s` of command `ci`: inside its binding, and at an address and of
+    /// a size that are multiples of `align`.
+    fn slot(&self, ci: usize, s: &Slot, align: u64) -> Result<u64> {
+        let b = self.bound.get(s.binding as usize).ok_or_else(|| {
+            self.fail(
+                Some(ci),
+                format!(
+                    "binding {} does not exist ({} bindings)",
+                    s.binding, self.program.bindings
+                ),
+            )
+        })?;
+        if s.offset.checked_add(s.bytes).is_none_or(|e| e > b.bytes) {
+            return Err(self.fail(
+                Some(ci),
+                format!(
+                    "slot {}+{} lies outside binding {} of {} bytes",
+                    s.offset, s.bytes, s.binding, b.bytes
+                ),
+            ));
+        }
+        let addr = b.addr + s.offset;
+        if !addr.is_multiple_of(align) || !s.bytes.is_multiple_of(align) {
+            return Err(self.fail(
+                Some(ci),
+                format!(
+                    "slot {}+{} of binding {} is not whole {align}-byte elements at an aligned address",
+                    s.offset, s.bytes, s.binding
+                ),
+            ));
+        }
+        Ok(addr)
+    }
+
+    /// Command `ci`, a copy from `src` to `dst` on `lane`: slots of one length.
+    fn copy(&self, ci: usize, lane: u32, src: &Slot, dst: &Slot) -> Result<Resolved> {
+        if src.bytes != dst.bytes {
+            return Err(self.fail(
+                Some(ci),
+                format!("copy of {} bytes into a slot of {}", src.bytes, dst.bytes),
+            ));
+        }
+        Ok(Resolved::Copy {
+            lane: self.lane(ci, lane)?,
+            src: self.slot(ci, src, 1)?,
+            dst: self.slot(ci, dst, 1)?,
+            dst_binding: dst.binding as usize,
+            bytes: src.bytes,
+        })
+    }
+
+    /// Command `ci`, a reduction of the program's sources `first..first + count` into `dst`
+    /// on `lane` (divided where `divide` and the op is `Avg`): sources that exist, of the
+    /// destination's length, whole aligned elements, each equal to or apart from the
+    /// destination, and a divisor that is not zero. The sources' addresses go to `srcs`.
+    fn reduce(
+        &self,
+        ci: usize,
+        lane: u32,
+        (first, count): (u32, u32),
+        dst: &Slot,
+        divide: bool,
+        srcs: &mut Vec<u64>,
+    ) -> Result<Resolved> {
+        let p = self.program;
+        let fail = |m: String| self.fail(Some(ci), m);
+        let slots = (first as usize)
+            .checked_add(count as usize)
+            .and_then(|end| p.srcs.get(first as usize..end))
+            .ok_or_else(|| {
+                fail(format!(
+                    "sources {first}..{first}+{count} lie outside the program's {} sources",
+                    p.srcs.len()
+                ))
+            })?;
+        if slots.is_empty() {
+            return Err(fail("a reduction without sources".into()));
+        }
+        let d = self.slot(ci, dst, self.esize)?;
+        let start = srcs.len();
+        for s in slots {
+            if s.bytes != dst.bytes {
+                return Err(fail(format!(
+                    "a source of {} bytes for a destination of {}",
+                    s.bytes, dst.bytes
+                )));
+            }
+            let a = self.slot(ci, s, self.esize)?;
+            let n = dst.bytes;
+            if a != d && a < d + n && d < a + n {
+                return Err(fail(
+                    "the destination partly overlaps a source (it must equal or avoid each)".into(),
+                ));
+            }
+            srcs.push(a);
+        }
+        let divisor = (divide && p.op == ReduceOp::Avg).then_some(p.divisor);
+        if divisor == Some(0) {
+            return Err(fail("an average divided by zero ranks".into()));
+        }
+        Ok(Resolved::Reduce {
+            lane: self.lane(ci, lane)?,
+            first: start,
+            count: slots.len(),
+            dst: d,
+            len: dst.bytes / self.esize,
+            divisor,
+        })
+    }
+
+    /// Command `ci`, the record of `event` on `lane`: the event's first, marked in `recorded`.
+    fn record(&self, ci: usize, lane: u32, event: u32, recorded: &mut [bool]) -> Result<Resolved> {
+        let event = self.event(ci, event)?;
+        // One record per event: with two, a wait could be released by either, and backends
+        // would disagree about which one it orders after.
+        if recorded[event] {
+            return Err(self.fail(Some(ci), format!("records event {event} a second time")));
+        }
+        recorded[event] = true;
+        Ok(Resolved::Record {
+            lane: self.lane(ci, lane)?,
+            event,
+        })
+    }
+
+    /// Command `ci`, a wait of `lane` for `event`: after the event's record in command order.
+    fn wait(&self, ci: usize, lane: u32, event: u32, recorded: &[bool]) -> Result<Resolved> {
+        let event = self.event(ci, event)?;
+        if !recorded[event] {
+            return Err(self.fail(
+                Some(ci),
+                format!("waits for event {event} before any command records it"),
+            ));
+        }
+        Ok(Resolved::Wait {
+            lane: self.lane(ci, lane)?,
+            event,
+        })
+    }
 }
 
 /// The rules of [`resolve`] that depend on the bound memory, for a program `resolve` accepted

@@ -34,7 +34,8 @@ use relaycc_topo::{NodeId, Topology};
 
 /// Bytes per chunk of a reduction: small enough that a chunk of every rank (8 x 64 KiB)
 /// stays in a core's L2 cache between the copy-in and the reduction, large enough that the
-/// per-op cost is noise. Chosen by `relaycc bench all_reduce --backend host` on a 2-core VM.
+/// per-op cost is noise. Chosen with `relaycc bench all_reduce --backend host`; a CPU with
+/// other cache sizes may prefer another.
 pub const REDUCE_CHUNK_BYTES: u64 = 64 * 1024;
 
 /// Smallest slice of an all_reduce or a reduce that gets an owner of its own: a page, so an
