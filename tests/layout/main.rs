@@ -355,8 +355,7 @@ fn every_source_file_is_on_the_architecture_map() {
 const MEASUREMENT_DOCS: &[&str] = &["docs/MEASUREMENTS.md"];
 
 /// Docs whose measurements have not moved to `docs/MEASUREMENTS.md` yet.
-const UNMOVED_MEASUREMENTS: &[&str] = &[
-];
+const UNMOVED_MEASUREMENTS: &[&str] = &[];
 
 /// Phrases that mark a figure measured on one machine.
 const MACHINE_PHRASES: &[&str] = &[
