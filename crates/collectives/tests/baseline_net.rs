@@ -2,8 +2,8 @@
 //! on the host backend across small clusters and give byte-exact results.
 
 use relaycc_collectives::{Backend, ByteRegion, HostBackend, Launch, exec};
+use relaycc_route::planner::BaselineOptions;
 use relaycc_route::planner::baseline_net::tuner::Algo;
-use relaycc_route::planner::baseline_plan_algo;
 use relaycc_route::{Collective, DType, Location, Request};
 
 /// A deterministic input element of rank `r` at `i`.
@@ -14,7 +14,12 @@ fn input(r: u32, i: u64) -> u32 {
 /// Run `req`'s baseline plan on the host backend; returns each rank's output.
 fn run(spec: &str, req: &Request, algo: Option<Algo>) -> (String, Vec<Vec<u32>>) {
     let topo = relaycc_topo::preset(spec).unwrap();
-    let plan = baseline_plan_algo(&topo, req, algo).unwrap();
+    let plan = BaselineOptions {
+        algo,
+        ..Default::default()
+    }
+    .plan(&topo, req)
+    .unwrap();
     run_plan(&topo, req, plan)
 }
 
@@ -158,7 +163,12 @@ fn pxn_rings_shared_by_every_sender_are_byte_exact_on_the_host() {
         Collective::Scatter,
     ] {
         let req = Request::new(c, (0..16).collect(), 23, DType::U32);
-        let plan = relaycc_route::planner::baseline_plan_chunked(&topo, &req, 5).unwrap();
+        let plan = BaselineOptions {
+            chunk_elems: Some(5),
+            ..Default::default()
+        }
+        .plan(&topo, &req)
+        .unwrap();
         assert!(plan.algorithm.contains("pxn"), "{}", plan.algorithm);
         let (name, outs) = run_plan(&topo, &req, plan);
         compare(spec, &req, &name, &outs);

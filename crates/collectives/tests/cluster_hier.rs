@@ -28,6 +28,7 @@ fn plan(spec: &str, req: &Request, chunk: u64) -> Plan {
         mode: LinkMode::Single,
         chunk_elems: chunk,
         channels: 1,
+        window: None,
     };
     let planner: Planner = match req.collective {
         Collective::AllReduce => cluster::all_reduce,

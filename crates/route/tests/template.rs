@@ -5,9 +5,7 @@
 //! masked cluster still plans.
 
 use relaycc_route::path::RelayPolicy;
-use relaycc_route::planner::{
-    Candidates, baseline_plan_chunked, baseline_template_chunked, pipeline_chunk_elems,
-};
+use relaycc_route::planner::{BaselineOptions, Candidates, pipeline_chunk_elems};
 use relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES;
 use relaycc_route::{
     Collective, DType, PlanOptions, Request, SimConfig, check, check_template, plan, simulate,
@@ -40,8 +38,16 @@ fn compare(nodes: u32, c: Collective, bytes: u64) -> Vec<(String, f64, f64)> {
     let cfg = SimConfig::default();
     let chunk = pipeline_chunk_elems(&req).max(1);
     let mut out = Vec::new();
-    let full = baseline_plan_chunked(&topo, &req, chunk).unwrap();
-    match baseline_template_chunked(&topo, &req, None, chunk, &sym) {
+    let chunked = BaselineOptions {
+        chunk_elems: Some(chunk),
+        ..Default::default()
+    };
+    let full = chunked.plan(&topo, &req).unwrap();
+    let template = BaselineOptions {
+        template: Some(&sym),
+        ..chunked
+    };
+    match template.plan(&topo, &req) {
         Ok(t) => {
             check_template(&t).unwrap();
             assert!(check(&t).is_err(), "check proved a template");

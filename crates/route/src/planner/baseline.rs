@@ -38,7 +38,7 @@ use super::{ConnCache, Ctx, LinkMode, chunks, direct};
 /// MiB buffer, 512 KiB each, in NCCL 2.x `src/include/collectives.h`).
 pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 
-/// The NCCL-like plan of a request.
+/// The NCCL-like plan of a request: [`BaselineOptions::plan`] with the default options.
 ///
 /// # Arguments
 /// - `topo`: the masked topology;
@@ -56,91 +56,104 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
 /// of broadcasts that replaces all_gather_v.
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
-    baseline_plan_chunked(topo, req, super::pipeline_chunk_elems(req).max(1))
+    BaselineOptions::default().plan(topo, req)
 }
 
-/// [`baseline_plan`] pipelined in chunks of `chunk_elems` elements (the staging budget's
-/// hook: [`super::baseline_within`] shrinks it).
-pub fn baseline_plan_chunked(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Plan> {
-    baseline_with(topo, req, None, chunk_elems)
+/// Which NCCL-like baseline to build: every way the planner, the tests and the CLI ask for
+/// one is a value of this description, built by [`BaselineOptions::plan`].
+#[derive(Clone, Copy, Default)]
+pub struct BaselineOptions<'a> {
+    /// The multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`); `None` is the tuner's
+    /// choice. Members on one node ignore it.
+    pub algo: Option<super::baseline_net::tuner::Algo>,
+    /// Pipelining chunk, elements; `None` is [`super::pipeline_chunk_elems`] (at least
+    /// [`NCCL_CHUNK_BYTES`]).
+    pub chunk_elems: Option<u64>,
+    /// Staging budget, bytes per device: the chunk shrinks until every device's staging fits
+    /// ([`crate::staging::fit`]), else [`crate::RouteError::StagingBudget`]. `None` sets no
+    /// budget.
+    pub staging_budget: Option<u64>,
+    /// Build a template of one domain of hosts folded by this shift ([`crate::template`]),
+    /// its protocol chosen by the tuner on the template; [`crate::RouteError::NotSymmetric`]
+    /// where NCCL's plan is not the same on every period of hosts (the double binary tree,
+    /// uneven blocks). A template has no NVLS option: NVLS reduces within one switch.
+    pub template: Option<&'a dyn crate::template::HostShift>,
+    /// A planning call's deadline: the tuner's capped simulations stop there too
+    /// ([`tune_timed`]).
+    pub until: Option<Instant>,
 }
 
-/// [`baseline_plan_chunked`] as a template of one domain of hosts folded by `shift`
-/// ([`crate::template`]), its all_reduce algorithm forced by `algo` or the tuner's, its protocol
-/// chosen by the tuner on the template.
-/// [`crate::RouteError::NotSymmetric`] when NCCL's plan is not the same on every period of
-/// hosts (the double binary tree, uneven blocks).
-pub fn baseline_template_chunked(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-    chunk_elems: u64,
-    shift: &dyn crate::template::HostShift,
-) -> Result<Plan> {
-    crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
-    let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
-    baseline_template_reached(topo, req, algo, chunk_elems, shift, &cache, None).map(|t| t.plan)
-}
-
-/// [`baseline_template_chunked`] once [`crate::require_reachable`] passed, with connections
-/// from `cache` (a cache of `req`'s members under [`RelayPolicy::Members`]), which every pass
-/// of the windowed build shares, and every build of a staging fit that passes the same one;
-/// with the tuner's simulation of the template where it was a capped one.
-pub(crate) fn baseline_template_reached(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-    chunk_elems: u64,
-    shift: &dyn crate::template::HostShift,
-    cache: &ConnCache,
-    until: Option<Instant>,
-) -> Result<TunedPlan> {
-    let base = crate::template::build_template(topo, shift, || {
-        algorithm_plan_cached(topo, req, algo, chunk_elems, cache)
-    })?;
-    tune_timed(topo, vec![base], until)
-}
-
-/// [`baseline_plan`] with the multi-node all_reduce algorithm forced (NCCL's `NCCL_ALGO`);
-/// `None` is the tuner's choice. Members on one node ignore it.
-pub fn baseline_plan_algo(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-) -> Result<Plan> {
-    baseline_with(topo, req, algo, super::pipeline_chunk_elems(req).max(1))
-}
-
-/// The baseline with the algorithm forced or not, pipelined in chunks of `chunk_elems`, its
-/// protocol (and NVLS where the switch has it) chosen by the tuner.
-fn baseline_with(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-    chunk_elems: u64,
-) -> Result<Plan> {
-    baseline_with_timed(topo, req, algo, chunk_elems, None).map(|t| t.plan)
-}
-
-/// [`baseline_with`], with the tuner's simulation of the plan where it was a capped one; the
-/// tuner's capped simulations also stop at `until` ([`tune_timed`]).
-pub(crate) fn baseline_with_timed(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-    chunk_elems: u64,
-    until: Option<Instant>,
-) -> Result<TunedPlan> {
-    let algorithm = algorithm_plan(topo, req, algo, chunk_elems)?;
-    let mut options = vec![algorithm];
-    if super::nvls::nvls_switch_for(topo, req).is_some() {
-        // Within a staging budget the fitted chunk may be smaller than NVLS's own.
-        let chunk = super::nvls::nvls_chunk_elems(req).min(chunk_elems.max(1));
-        let mut p = super::nvls::all_reduce(topo, req, chunk)?;
-        p.algorithm = "nccl-like nvls".into();
-        options.push(p);
+impl std::fmt::Debug for BaselineOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BaselineOptions")
+            .field("algo", &self.algo)
+            .field("chunk_elems", &self.chunk_elems)
+            .field("staging_budget", &self.staging_budget)
+            .field(
+                "template",
+                &self.template.map(|s| (s.period(), s.periods())),
+            )
+            .field("until", &self.until)
+            .finish()
     }
-    tune_timed(topo, options, until)
+}
+
+impl BaselineOptions<'_> {
+    /// The baseline these options describe (see [`baseline_plan`]).
+    pub fn plan(&self, topo: &Topology, req: &Request) -> Result<Plan> {
+        self.build(topo, req).map(|t| t.plan)
+    }
+    /// [`BaselineOptions::plan`] with the tuner's simulation of the plan where it was a
+    /// capped one ([`TunedTime`]): the planner takes it instead of simulating again.
+    pub(crate) fn build(&self, topo: &Topology, req: &Request) -> Result<TunedPlan> {
+        crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
+        // One cache for every build of a staging fit and every pass of a windowed build:
+        // connections do not depend on the chunk.
+        let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
+        let chunk = self
+            .chunk_elems
+            .unwrap_or_else(|| super::pipeline_chunk_elems(req))
+            .max(1);
+        let build = |c| self.build_chunked(topo, req, &cache, c);
+        match self.staging_budget {
+            Some(budget) => {
+                crate::staging::fit(chunk, crate::staging::min_chunk_elems(req), budget, build)
+            }
+            None => build(chunk),
+        }
+    }
+    /// The baseline pipelined in chunks of `chunk_elems`, its protocol (and NVLS where the
+    /// switch has it and no template is asked for) chosen by the tuner.
+    fn build_chunked(
+        &self,
+        topo: &Topology,
+        req: &Request,
+        cache: &ConnCache,
+        chunk_elems: u64,
+    ) -> Result<TunedPlan> {
+        if let Some(shift) = self.template {
+            let base = crate::template::build_template(topo, shift, |w| {
+                algorithm_plan(topo, req, self.algo, chunk_elems, cache, Some(w))
+            })?;
+            return tune_timed(topo, vec![base], self.until);
+        }
+        let mut options = vec![algorithm_plan(
+            topo,
+            req,
+            self.algo,
+            chunk_elems,
+            cache,
+            None,
+        )?];
+        if super::nvls::nvls_switch_for(topo, req).is_some() {
+            // Within a staging budget the fitted chunk may be smaller than NVLS's own.
+            let chunk = super::nvls::nvls_chunk_elems(req).min(chunk_elems);
+            let mut p = super::nvls::all_reduce(topo, req, chunk)?;
+            p.algorithm = "nccl-like nvls".into();
+            options.push(p);
+        }
+        tune_timed(topo, options, self.until)
+    }
 }
 
 /// Plans with this many ops or more are simulated per protocol for at most
@@ -267,41 +280,23 @@ fn tune_timed(
     Ok(TunedPlan { plan, tuned: timed })
 }
 
-/// The algorithm NCCL runs for `req`, before a protocol is chosen.
+/// The algorithm NCCL runs for `req`, before a protocol is chosen, with connections from
+/// `cache` (a cache of `req`'s members under [`RelayPolicy::Members`]), in `window` where
+/// this is a pass of a windowed build.
 fn algorithm_plan(
     topo: &Topology,
     req: &Request,
     algo: Option<super::baseline_net::tuner::Algo>,
     chunk_elems: u64,
-) -> Result<Plan> {
-    crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
-    algorithm_plan_reached(topo, req, algo, chunk_elems)
-}
-
-/// [`algorithm_plan`] once [`crate::require_reachable`] passed.
-fn algorithm_plan_reached(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-    chunk_elems: u64,
-) -> Result<Plan> {
-    let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
-    algorithm_plan_cached(topo, req, algo, chunk_elems, &cache)
-}
-
-/// [`algorithm_plan_reached`] with connections from `cache`.
-fn algorithm_plan_cached(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
-    chunk_elems: u64,
     cache: &ConnCache,
+    window: Option<&crate::template::Window>,
 ) -> Result<Plan> {
     let ctx = Ctx {
         cache,
         mode: LinkMode::Nccl,
         chunk_elems: chunk_elems.max(1),
         channels: 1,
+        window,
     };
     // NCCL runs its rings as channels, each found over what the others left of the links.
     let packed = Ctx {

@@ -124,7 +124,7 @@ pub(crate) struct Builder<'a, 't> {
     /// the context's.
     chunk: Option<u64>,
     /// The window of a windowed build ([`crate::template`]); `None` emits every op.
-    window: Option<Arc<Window>>,
+    window: Option<&'t Window>,
 }
 
 impl<'a, 't> Builder<'a, 't> {
@@ -140,7 +140,7 @@ impl<'a, 't> Builder<'a, 't> {
             lane_last: Vec::new(),
             pinned: BTreeMap::new(),
             chunk: None,
-            window: crate::template::window::current(),
+            window: ctx.window,
         }
     }
     /// The GPU of rank `r`.

@@ -21,8 +21,10 @@ use super::Ctx;
 use super::builder::Builder;
 
 /// Build channels `0..channels` of a plan named `algorithm`, each by `part` with a builder of
-/// its own, in parallel where more than one (and no template window is open: a window is the
-/// calling thread's, [`crate::template`]), concatenated in channel order.
+/// its own, concatenated in channel order. They are built in parallel where there are two or
+/// more, the calling thread's rayon pool has two threads or more (on one, concatenating
+/// buys nothing), and the build is not windowed ([`Ctx::window`]: a windowed builder's
+/// record of the lanes it made is its own, which concatenation would not merge).
 pub(crate) fn build_channels(
     req: &Request,
     ctx: &Ctx,
@@ -30,7 +32,7 @@ pub(crate) fn build_channels(
     channels: usize,
     part: impl Fn(&mut Builder, usize) -> Result<()> + Sync,
 ) -> Result<Plan> {
-    if channels < 2 || crate::template::window::current().is_some() || in_turn_forced() {
+    if channels < 2 || ctx.window.is_some() || rayon::current_num_threads() < 2 {
         return build_in_turn(req, ctx, algorithm, channels, part);
     }
     // The call's limit is the calling thread's: each channel's thread builds under it too.
@@ -116,24 +118,6 @@ fn append(plan: &mut Plan, part: Plan) {
 }
 
 #[cfg(test)]
-thread_local! {
-    /// Set by tests to build on the calling thread in turn, for comparison.
-    static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether a test asked this thread for builds in turn.
-fn in_turn_forced() -> bool {
-    #[cfg(test)]
-    {
-        IN_TURN.with(|c| c.get())
-    }
-    #[cfg(not(test))]
-    {
-        false
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
     use crate::dtype::DType;
@@ -141,15 +125,18 @@ mod tests {
     use crate::request::Collective;
 
     /// A named way to build a plan.
-    type Case<'a> = (&'static str, Box<dyn Fn() -> Plan + 'a>);
+    type Case<'a> = (&'static str, Box<dyn Fn() -> Plan + Send + Sync + 'a>);
 
-    /// The plan `make` builds with its channels in parallel and in turn.
-    fn both(make: impl Fn() -> Plan) -> (Plan, Plan) {
-        let parallel = make();
-        IN_TURN.with(|c| c.set(true));
-        let in_turn = make();
-        IN_TURN.with(|c| c.set(false));
-        (parallel, in_turn)
+    /// The plan `make` builds with its channels in parallel (in a pool of two threads) and in
+    /// turn (in a pool of one).
+    fn both(make: impl Fn() -> Plan + Send + Sync) -> (Plan, Plan) {
+        let pool = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+        };
+        (pool(2).install(&make), pool(1).install(&make))
     }
 
     #[test]
@@ -179,15 +166,23 @@ mod tests {
                     (
                         "tree",
                         Box::new(|| {
-                            crate::planner::baseline_plan_algo(&topo, &ar, Some(Algo::Tree))
-                                .unwrap()
+                            crate::planner::BaselineOptions {
+                                algo: Some(Algo::Tree),
+                                ..Default::default()
+                            }
+                            .plan(&topo, &ar)
+                            .unwrap()
                         }),
                     ),
                     (
                         "rings",
                         Box::new(|| {
-                            crate::planner::baseline_plan_algo(&topo, &ar, Some(Algo::Ring))
-                                .unwrap()
+                            crate::planner::BaselineOptions {
+                                algo: Some(Algo::Ring),
+                                ..Default::default()
+                            }
+                            .plan(&topo, &ar)
+                            .unwrap()
                         }),
                     ),
                     (

@@ -116,6 +116,7 @@ mod tests {
             mode: LinkMode::Single,
             chunk_elems: 4,
             channels: 1,
+            window: None,
         };
         // One rank: Avg divides by one, in a single local reduction per chunk.
         let req =
@@ -131,6 +132,7 @@ mod tests {
             mode: LinkMode::Single,
             chunk_elems: 4,
             channels: 1,
+            window: None,
         };
         let mut req = Request::new(Collective::AllToAllV, gpus, 0, DType::U8);
         req.matrix = vec![vec![0, 5, 0], vec![0, 0, 0], vec![2, 0, 1]];
@@ -169,6 +171,7 @@ mod tests {
                     mode,
                     chunk_elems: 8,
                     channels: 1,
+                    window: None,
                 };
                 let p = plan(&topo, &req, &ctx).unwrap();
                 check(&p).unwrap_or_else(|e| panic!("{c} {mode:?}: {e}"));

@@ -158,6 +158,7 @@ mod tests {
                 mode,
                 chunk_elems: 100,
                 channels: 1,
+                window: None,
             };
             let p = all_reduce(&topo, &req, &ctx).unwrap();
             check(&p).unwrap();

@@ -46,67 +46,7 @@ pub mod shared_memory;
 pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
-pub use baseline::{
-    baseline_plan, baseline_plan_algo, baseline_plan_chunked, baseline_template_chunked,
-};
-
-/// The NCCL-like baseline ([`baseline_plan`]) with its chunk shrunk until every device's
-/// staging is within `budget` bytes ([`crate::staging::fit`]); [`RouteError::StagingBudget`]
-/// when it cannot fit.
-pub fn baseline_within(topo: &Topology, req: &Request, budget: u64) -> Result<Plan> {
-    baseline_within_timed(topo, req, budget, None).map(|t| t.plan)
-}
-
-/// [`baseline_within`], with the tuner's simulation of the plan it returns where that was a
-/// capped one ([`baseline::TunedTime`]): the planner takes it instead of simulating again. The
-/// tuner's capped simulations stop at `until` too (a planning call's deadline).
-pub(crate) fn baseline_within_timed(
-    topo: &Topology,
-    req: &Request,
-    budget: u64,
-    until: Option<std::time::Instant>,
-) -> Result<baseline::TunedPlan> {
-    crate::staging::fit(
-        pipeline_chunk_elems(req).max(1),
-        crate::staging::min_chunk_elems(req),
-        budget,
-        |c| baseline::baseline_with_timed(topo, req, None, c, until),
-    )
-}
-
-/// [`baseline_within`] as a template of one domain of hosts folded by `shift`
-/// ([`baseline::baseline_template_chunked`]).
-pub fn baseline_template_within(
-    topo: &Topology,
-    req: &Request,
-    budget: u64,
-    algo: Option<baseline_net::tuner::Algo>,
-    shift: &dyn crate::template::HostShift,
-) -> Result<Plan> {
-    baseline_template_until(topo, req, budget, algo, shift, None).map(|t| t.plan)
-}
-
-/// [`baseline_template_within`] whose tuner's capped simulations stop at `until` too (a
-/// planning call's deadline), with the tuner's simulation of the template where it was a
-/// capped one.
-pub(crate) fn baseline_template_until(
-    topo: &Topology,
-    req: &Request,
-    budget: u64,
-    algo: Option<baseline_net::tuner::Algo>,
-    shift: &dyn crate::template::HostShift,
-    until: Option<std::time::Instant>,
-) -> Result<baseline::TunedPlan> {
-    crate::reach::require_reachable(topo, req, &RelayPolicy::Members)?;
-    // One cache for every build of the fit: connections do not depend on the chunk.
-    let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Members);
-    crate::staging::fit(
-        pipeline_chunk_elems(req).max(1),
-        crate::staging::min_chunk_elems(req),
-        budget,
-        |c| baseline::baseline_template_reached(topo, req, algo, c, shift, &cache, until),
-    )
-}
+pub use baseline::{BaselineOptions, baseline_plan};
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
 
@@ -130,6 +70,10 @@ pub struct Ctx<'c> {
     /// in the reverse order), at least 1; or [`PACKED_RINGS`] for ring planners: as many rings
     /// as [`ring_pack::packed_rings`] finds room for.
     pub channels: u32,
+    /// The window of a windowed build ([`crate::template::build_template`]): the builders
+    /// emit only the ops that touch it. `None` (every build outside a template) emits every
+    /// op.
+    pub window: Option<&'c crate::template::Window>,
 }
 
 /// `Ctx::channels` asking ring planners for packed rings ([`ring_pack`]).
@@ -427,8 +371,8 @@ impl<'t> Candidates<'t> {
             crate::staging::min_chunk_elems(&self.req),
             self.budget,
             |c| {
-                crate::template::build_template(self.cache.topo(), shift, || {
-                    self.build_unfitted(i, c)
+                crate::template::build_template(self.cache.topo(), shift, |w| {
+                    self.build_in(i, c, Some(w))
                 })
             },
         )
@@ -436,6 +380,15 @@ impl<'t> Candidates<'t> {
     /// Build candidate `i` with chunks of `chunk_elems` whatever its staging (for bounds on
     /// its time: the same bytes cross the same resources at any chunk).
     pub fn build_unfitted(&self, i: usize, chunk_elems: u64) -> Result<Plan> {
+        self.build_in(i, chunk_elems, None)
+    }
+    /// [`Candidates::build_unfitted`] in `window` (a pass of a windowed build) or in full.
+    pub(crate) fn build_in(
+        &self,
+        i: usize,
+        chunk_elems: u64,
+        window: Option<&crate::template::Window>,
+    ) -> Result<Plan> {
         let &(mode, planner, channels) = self.jobs.get(i).ok_or_else(|| {
             RouteError::BadRequest(format!("candidate {i} of {}", self.jobs.len()))
         })?;
@@ -444,6 +397,7 @@ impl<'t> Candidates<'t> {
             mode,
             chunk_elems: chunk_elems.max(1),
             channels,
+            window,
         };
         planner(self.cache.topo(), &self.req, &ctx)
     }

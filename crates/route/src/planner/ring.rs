@@ -619,6 +619,7 @@ mod tests {
                     mode,
                     chunk_elems: 1,
                     channels: 2,
+                    window: None,
                 };
                 let ord = ring_order(&ctx, &req, true);
                 slowest(&ctx, &req, &ord, true)

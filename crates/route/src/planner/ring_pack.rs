@@ -248,6 +248,7 @@ mod tests {
             mode,
             chunk_elems: 1,
             channels: 1,
+            window: None,
         };
         packed_rings(&ctx, &req).unwrap()
     }
@@ -279,6 +280,7 @@ mod tests {
                 mode: LinkMode::Single,
                 chunk_elems: 1,
                 channels: 1,
+                window: None,
             };
             let req = Request::new(Collective::AllReduce, gpus.clone(), 8, DType::F32);
             let mut carried: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();

@@ -115,7 +115,7 @@ pub(super) fn baseline_template(
     let mut skipped = Vec::new();
     let folded = match shift {
         // A window holds two periods of hosts: with only two it is the whole plan, built one
-        // channel after another (a window is one thread's) and then folded, for a template
+        // channel after another (a windowed build is one builder's) and then folded, for a template
         // half its size. Built in full, its channels are built at once and nothing is folded.
         Some(sym) if sym.periods() <= 2 => {
             skipped.push(format!(
@@ -126,8 +126,16 @@ pub(super) fn baseline_template(
             None
         }
         Some(sym) => {
-            let within =
-                |algo| crate::planner::baseline_template_until(topo, req, budget, algo, sym, until);
+            let within = |algo| {
+                crate::planner::BaselineOptions {
+                    algo,
+                    staging_budget: Some(budget),
+                    template: Some(sym),
+                    until,
+                    ..Default::default()
+                }
+                .build(topo, req)
+            };
             match within(None) {
                 Ok(p) => Some(Ok(p)),
                 // NCCL's double binary tree differs between hosts, so it never folds. Its ops
@@ -199,11 +207,11 @@ mod tests {
         assert_eq!(sym.periods(), 2);
         for bytes in [1 << 20, 1 << 26, 1 << 30] {
             let req = all_reduce(16, bytes);
-            let ring = crate::planner::baseline_plan_algo(
-                &topo,
-                &req,
-                Some(crate::planner::baseline_net::tuner::Algo::Ring),
-            )
+            let ring = crate::planner::BaselineOptions {
+                algo: Some(crate::planner::baseline_net::tuner::Algo::Ring),
+                ..Default::default()
+            }
+            .plan(&topo, &req)
             .unwrap();
             let est = ring_window_ops_estimate(&topo, &req, &sym) as f64;
             let ops = ring.ops.len() as f64;

@@ -289,7 +289,12 @@ impl Selection<'_> {
         let built = match folded {
             Some(built) => built,
             None => self.deadline.limited(BASELINE, || {
-                crate::planner::baseline_within_timed(topo, req, budget, until)
+                crate::planner::BaselineOptions {
+                    staging_budget: Some(budget),
+                    until,
+                    ..Default::default()
+                }
+                .build(topo, req)
             }),
         };
         self.deadline

@@ -37,8 +37,7 @@ pub(crate) mod window;
 pub use cone::{OpCone, extract_cone};
 pub use expand::{Expansion, expand};
 pub use sample::{SampleOptions, SampleReport, check_elements, check_sampled};
-
-use std::sync::Arc;
+pub use window::Window;
 
 use relaycc_topo::{HostSymmetry, LinkId, Topology};
 
@@ -131,7 +130,8 @@ pub fn ranks_invariant(sym: &HostSymmetry, gpus: &[u32]) -> bool {
 pub const MAX_PASSES: usize = 6;
 
 /// Build a template of the plan `build` makes (a planner that writes through the builder),
-/// folded by `shift`: `build` runs in a window (module docs) until the window settles.
+/// folded by `shift`: `build` runs with a window (module docs), which it passes to its
+/// builders in [`crate::planner::Ctx::window`], until the window settles.
 ///
 /// # Errors
 /// [`RouteError::NotSymmetric`] when the plan is not the same on every period of hosts or the
@@ -139,7 +139,7 @@ pub const MAX_PASSES: usize = 6;
 pub fn build_template(
     topo: &Topology,
     shift: &dyn HostShift,
-    mut build: impl FnMut() -> Result<Plan>,
+    mut build: impl FnMut(&Window) -> Result<Plan>,
 ) -> Result<Plan> {
     let mut devs: Vec<Location> = (0..topo.gpu_count())
         .map(Location::Gpu)
@@ -148,8 +148,8 @@ pub fn build_template(
         .collect();
     let mut ranges = Vec::new();
     for _ in 0..MAX_PASSES {
-        let w = Arc::new(window::Window::new(topo, &devs, &ranges));
-        let plan = window::scoped(Arc::clone(&w), &mut build)?;
+        let w = Window::new(topo, &devs, &ranges);
+        let plan = build(&w)?;
         // The domain's copies follow usable links; their images do by the symmetry.
         crate::check::check_routes(&plan, topo)?;
         // The window's build gives way to the template (or the next pass) in the call's ops.

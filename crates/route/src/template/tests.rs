@@ -11,7 +11,7 @@ use crate::dtype::DType;
 use crate::error::RouteError;
 use crate::path::RelayPolicy;
 use crate::plan::{BufferRef, Location, OpKind, Plan, Region};
-use crate::planner::baseline_plan_chunked;
+use crate::planner::BaselineOptions;
 use crate::request::{Collective, Request};
 
 #[test]
@@ -24,14 +24,23 @@ fn a_template_is_refused_by_check_and_accepted_by_check_template() {
         1 << 16,
         DType::F32,
     );
-    let t = build_template(&topo, &sym, || baseline_plan_chunked(&topo, &req, 1 << 14)).unwrap();
+    let chunked = BaselineOptions {
+        chunk_elems: Some(1 << 14),
+        ..Default::default()
+    };
+    let t = BaselineOptions {
+        template: Some(&sym),
+        ..chunked
+    }
+    .plan(&topo, &req)
+    .unwrap();
     let info = t.template.as_ref().unwrap();
     assert_eq!((info.period, info.periods, info.hosts), (1, 2, 2));
     assert_eq!(info.full_ops, 2 * t.ops.len() as u64);
     check_template(&t).unwrap();
     let e = check(&t).unwrap_err().to_string();
     assert!(e.contains("template"), "{e}");
-    let full = baseline_plan_chunked(&topo, &req, 1 << 14).unwrap();
+    let full = chunked.plan(&topo, &req).unwrap();
     assert!(check_template(&full).is_err());
     check(&full).unwrap();
 }
@@ -47,10 +56,12 @@ fn uneven_blocks_do_not_fold() {
         8 * 1001,
         DType::F32,
     );
-    let ring = Some(crate::planner::baseline_net::tuner::Algo::Ring);
-    let r = build_template(&topo, &sym, || {
-        crate::planner::baseline_plan_algo(&topo, &req, ring)
-    });
+    let ring_template = BaselineOptions {
+        algo: Some(crate::planner::baseline_net::tuner::Algo::Ring),
+        template: Some(&sym),
+        ..Default::default()
+    };
+    let r = ring_template.plan(&topo, &req);
     assert!(matches!(r, Err(RouteError::NotSymmetric(_))), "{r:?}");
     // Even blocks fold.
     let req = Request::new(
@@ -59,10 +70,7 @@ fn uneven_blocks_do_not_fold() {
         8 * 1024,
         DType::F32,
     );
-    build_template(&topo, &sym, || {
-        crate::planner::baseline_plan_algo(&topo, &req, ring)
-    })
-    .unwrap();
+    ring_template.plan(&topo, &req).unwrap();
 }
 
 /// A lane named by its memory and what its first op does (lanes are made in an order that
@@ -192,13 +200,21 @@ fn templates_expand_into_the_plans_built_in_full() {
             let req = Request::new(c, (0..n).collect(), 1 << 12, DType::I32);
             let chunk = 1 << 9;
             // The baseline.
-            match build_template(&topo, &sym, || baseline_plan_chunked(&topo, &req, chunk)) {
+            let chunked = BaselineOptions {
+                chunk_elems: Some(chunk),
+                ..Default::default()
+            };
+            let template = BaselineOptions {
+                template: Some(&sym),
+                ..chunked
+            };
+            match template.plan(&topo, &req) {
                 Ok(t) if !t.template.as_ref().unwrap().exact => inexact.push(format!(
                     "{name} {c} baseline: {:?}",
                     t.template.as_ref().unwrap().inexact
                 )),
                 Ok(t) => {
-                    let full = baseline_plan_chunked(&topo, &req, chunk).unwrap();
+                    let full = chunked.plan(&topo, &req).unwrap();
                     assert_expands_to(&topo, &t, &full, &format!("{name} {c} baseline"));
                     compared += 1;
                 }
@@ -209,7 +225,7 @@ fn templates_expand_into_the_plans_built_in_full() {
             let set =
                 crate::planner::Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
             for i in 0..set.len() {
-                let t = match build_template(&topo, &sym, || set.build_unfitted(i, chunk)) {
+                let t = match build_template(&topo, &sym, |w| set.build_in(i, chunk, Some(w))) {
                     Ok(t) => t,
                     Err(RouteError::NotSymmetric(why)) => {
                         refused.push(format!("{name} {c} candidate {i}: {why}"));

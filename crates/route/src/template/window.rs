@@ -6,9 +6,6 @@
 //! emitted, so their lanes get all their ops in order) and regions of ranks' user buffers
 //! (every op touching them is emitted, so the dependencies of an op on them are complete).
 
-use std::cell::RefCell;
-use std::sync::Arc;
-
 use relaycc_topo::Topology;
 
 use crate::plan::Location;
@@ -25,9 +22,11 @@ pub(crate) enum UserMem {
 /// Sorted, disjoint element ranges of one memory.
 type Ranges = Vec<(u64, u64)>;
 
-/// The window of one windowed build (see the module docs).
+/// The window of one windowed build (see the module docs): made by
+/// [`crate::template::build_template`] for each pass and handed to the planner, which passes
+/// it to its builders through [`crate::planner::Ctx::window`].
 #[derive(Debug, Clone)]
-pub(crate) struct Window {
+pub struct Window {
     gpu: Vec<bool>,
     node: Vec<bool>,
     gpu_host: Vec<u32>,
@@ -161,32 +160,6 @@ impl Window {
     }
 }
 
-thread_local! {
-    /// The window of the build running on this thread, if it is windowed.
-    static CURRENT: RefCell<Option<Arc<Window>>> = const { RefCell::new(None) };
-}
-
-/// Run `f` (a planner) with every builder it makes windowed by `w`. Planners build a plan on
-/// one thread, so the window reaches every builder of the call without changing their
-/// signatures.
-pub(crate) fn scoped<T>(w: Arc<Window>, f: impl FnOnce() -> T) -> T {
-    struct Reset(Option<Arc<Window>>);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            CURRENT.with(|c| *c.borrow_mut() = prev);
-        }
-    }
-    let prev = CURRENT.with(|c| c.borrow_mut().replace(w));
-    let _reset = Reset(prev);
-    f()
-}
-
-/// The window of the build running on this thread.
-pub(crate) fn current() -> Option<Arc<Window>> {
-    CURRENT.with(|c| c.borrow().clone())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,7 +183,5 @@ mod tests {
         assert!(!w.overlaps(UserMem::RankOut(2), 0, 100));
         assert!(w.covers(UserMem::Rank(2), 12, 30));
         assert!(!w.covers(UserMem::Rank(2), 12, 51));
-        let seen = scoped(Arc::new(w), || current().is_some());
-        assert!(seen && current().is_none());
     }
 }

@@ -77,7 +77,7 @@ pub fn plan_algo(
                 tuner::Algo::Ring => rings::all_reduce(req, ctx, &links, &rings)?,
                 // The tree's shape differs between hosts, so a template build of it would
                 // fail at the fold after building its whole window: refuse it at once.
-                tuner::Algo::Tree if crate::template::window::current().is_some() => {
+                tuner::Algo::Tree if ctx.window.is_some() => {
                     return Err(crate::RouteError::NotSymmetric(
                         "NCCL's double binary tree differs between hosts (each node's place \
                          in the trees), so it is the same on no period of hosts"

@@ -184,6 +184,7 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
             mode: crate::planner::LinkMode::Nccl,
             chunk_elems: 100,
             channels: 1,
+            window: None,
         };
         let links = super::links::NetLinks::new(&topo, &req.gpus, &cache).unwrap();
         let rings = super::rings::rail_rings(&links).unwrap();
@@ -203,7 +204,12 @@ fn pxn_staging_is_a_few_slots_per_proxy_at_any_node_count() {
         let topo = cluster(&format!("cluster:{nodes}xdgx-h100:ib-ndr"));
         let gpus: Vec<u32> = (0..8 * nodes).collect();
         let req = Request::new(Collective::AllToAll, gpus, 4 * chunk, DType::F32);
-        let p = crate::planner::baseline_plan_chunked(&topo, &req, chunk).unwrap();
+        let p = crate::planner::BaselineOptions {
+            chunk_elems: Some(chunk),
+            ..Default::default()
+        }
+        .plan(&topo, &req)
+        .unwrap();
         assert!(p.algorithm.contains("pxn"), "{}", p.algorithm);
         check(&p).unwrap_or_else(|e| panic!("{nodes} nodes: {e}"));
         check_routes(&p, &topo).unwrap_or_else(|e| panic!("{nodes} nodes: {e}"));
@@ -221,7 +227,12 @@ fn pxn_all_to_all_of_1_gib_on_16_nodes_fits_the_default_budget() {
     let gpus: Vec<u32> = (0..128).collect();
     let req = Request::new(Collective::AllToAll, gpus, (1 << 30) / 4 / 128, DType::F32);
     let budget = crate::staging::DEFAULT_STAGING_BUDGET_BYTES;
-    let p = crate::planner::baseline_within(&topo, &req, budget).unwrap();
+    let p = crate::planner::BaselineOptions {
+        staging_budget: Some(budget),
+        ..Default::default()
+    }
+    .plan(&topo, &req)
+    .unwrap();
     assert!(p.algorithm.contains("pxn"), "{}", p.algorithm);
     // A proxy's ring of the baseline's chunk, far below the budget (the per-pair rings took
     // more than all of it).
@@ -243,8 +254,18 @@ fn pxn_all_to_all_walks_the_order_its_sorted_pieces_give() {
     let a2a = Request::new(Collective::AllToAll, gpus.clone(), count, DType::F32);
     let mut v = Request::new(Collective::AllToAllV, gpus, 0, DType::F32);
     v.matrix = vec![vec![count; 16]; 16];
-    let p = crate::planner::baseline_plan_chunked(&topo, &a2a, chunk).unwrap();
-    let q = crate::planner::baseline_plan_chunked(&topo, &v, chunk).unwrap();
+    let p = crate::planner::BaselineOptions {
+        chunk_elems: Some(chunk),
+        ..Default::default()
+    }
+    .plan(&topo, &a2a)
+    .unwrap();
+    let q = crate::planner::BaselineOptions {
+        chunk_elems: Some(chunk),
+        ..Default::default()
+    }
+    .plan(&topo, &v)
+    .unwrap();
     assert!(p.algorithm.contains("pxn"), "{}", p.algorithm);
     assert_eq!(p.ops.len(), q.ops.len());
     assert!(p.ops == q.ops, "the walked and the sorted orders differ");

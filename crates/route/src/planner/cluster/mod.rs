@@ -797,6 +797,7 @@ mod tests {
             mode: LinkMode::Single,
             chunk_elems: chunk,
             channels: 1,
+            window: None,
         };
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();
