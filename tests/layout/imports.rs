@@ -136,6 +136,8 @@ fn read(text: &str) -> Reading {
 /// binds a name to a path through that same name would otherwise never end).
 const MAX_HOPS: usize = 16;
 
+/// The crate's sources with what each names, to follow paths to the files that define what
+/// they name.
 struct Resolver<'s> {
     sources: &'s Sources,
     readings: BTreeMap<&'s [String], Reading>,

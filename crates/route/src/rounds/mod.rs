@@ -1,6 +1,7 @@
 //! Plans of rounds: a request whose pieces are larger than one round
-//! ([`crate::PlanOptions::round_bytes`], [`DEFAULT_ROUND_BYTES`] by default) is served by one round's plan, run over
-//! successive slices of every piece, and a tail's plan for the remainder ([`Plan::rounds`]).
+//! ([`crate::PlanOptions::round_bytes`], [`DEFAULT_ROUND_BYTES`] by default) is served by one
+//! round's plan, run over successive slices of every piece, and a tail's plan for the
+//! remainder ([`crate::Plan::rounds`]).
 //! The plan holds the body and the tail once, so its ops, the memory and the time it takes
 //! to plan do not grow with the message; the executor expands the rounds ([`expand()`]) on
 //! the buffers it runs them on.
