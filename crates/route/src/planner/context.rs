@@ -1,6 +1,7 @@
 //! What every planner takes and shares: the context of a planning call ([`Ctx`]: connections,
 //! link mode, chunk, channels), the planner signature, the pipelining chunk, and the chunking
-//! and naming helpers. The planners build on it; `planner/mod.rs` only gathers them.
+//! and naming helpers. The planners build on it, and so does `planner/mod.rs`, which gathers
+//! the planners and re-exports these.
 
 use relaycc_topo::Topology;
 
