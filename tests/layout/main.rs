@@ -4,14 +4,16 @@
 //! hashes and one machine's timings (those live in `docs/MEASUREMENTS.md`, with the command
 //! and machine behind each).
 //!
-//! - `source`: reading Rust sources (functions and their lengths, import paths, loops).
+//! - `source`: reading Rust sources (functions and their lengths, import paths, loops);
+//! - `imports`: the file-level import graph of a crate.
 
+mod imports;
 mod source;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use source::{code_of, dated_or_hashed, expand_use, functions, inline_paths, loops, used_module};
+use source::{dated_or_hashed, functions, loops};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -172,69 +174,16 @@ fn modules_of(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
     out
 }
 
-/// The file of the crate that `path`, written in `module`, names (its deepest module that is
-/// a file other than the crate root).
-fn file_of(
-    modules: &BTreeMap<Vec<String>, PathBuf>,
-    module: &[String],
-    path: &str,
-) -> Option<String> {
-    let mut target = used_module(module, path)?;
-    while !target.is_empty() && !modules.contains_key(&target) {
-        target.pop();
-    }
-    if target.is_empty() {
-        return None;
-    }
-    modules.get(&target).map(|f| relative(f))
-}
-
-/// The file-level import graph of the crate at `src`: each file to the files whose items it
-/// names (by `use`, or by a `crate::`/`super::` path in its code), test modules left out.
+/// The file-level import graph of the crate at `src` (see `imports`), test modules left out.
 fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let modules = modules_of(src);
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (module, file) in &modules {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        let me = relative(file);
-        let entry = graph.entry(me.clone()).or_default();
-        let mut in_block = false;
-        let mut stmt = String::new();
-        for line in text.lines() {
-            let code = code_of(line, &mut in_block);
-            let t = code.trim();
-            if t.starts_with("#[cfg(test)]") {
-                break;
-            }
-            let is_use = ["use ", "pub use ", "pub(crate) use ", "pub(super) use "]
-                .iter()
-                .any(|p| t.starts_with(p));
-            if stmt.is_empty() && !is_use {
-                for path in inline_paths(t) {
-                    if let Some(f) = file_of(&modules, module, &path)
-                        && f != me
-                    {
-                        entry.insert(f);
-                    }
-                }
-                continue;
-            }
-            stmt.push_str(t);
-            if !t.ends_with(';') {
-                continue;
-            }
-            let body = stmt.split_once("use ").map_or("", |(_, b)| b);
-            for path in expand_use(body.trim_end_matches(';')) {
-                if let Some(f) = file_of(&modules, module, &path)
-                    && f != me
-                {
-                    entry.insert(f);
-                }
-            }
-            stmt.clear();
-        }
-    }
-    graph
+    let sources: imports::Sources = modules_of(src)
+        .into_iter()
+        .map(|(module, file)| {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            (module, (relative(&file), text))
+        })
+        .collect();
+    imports::import_graph(&sources)
 }
 
 /// Crates whose files must not import in a loop: route's and the CLI.
@@ -258,62 +207,21 @@ fn looped_crates() -> Vec<PathBuf> {
     v
 }
 
-/// Import loops that stay, by their files; each must shrink to nothing.
-const KNOWN_LOOPS: &[&[&str]] = &[
-    &[
-        "crates/route/src/lower.rs",
-        "crates/route/src/path.rs",
-        "crates/route/src/plan.rs",
-    ],
-    &[
-        "crates/route/src/bound.rs",
-        "crates/route/src/planner/mod.rs",
-        "crates/route/src/planner/nvls.rs",
-    ],
-    &[
-        "crates/route/src/planner/ring.rs",
-        "crates/route/src/planner/ring_pack.rs",
-        "crates/route/src/planner/tree.rs",
-    ],
-    &[
-        "crates/route/src/sim/engine.rs",
-        "crates/route/src/sim/fairshare.rs",
-        "crates/route/src/sim/model.rs",
-        "crates/route/src/sim/result.rs",
-    ],
-];
-
+/// No file imports from a file that imports it back, directly or through others: each
+/// strongly connected group of the import graph (`imports`) of route's crates and the CLI is
+/// a loop to break by moving what the files share into a file below them.
 #[test]
 fn no_file_imports_from_a_file_that_imports_it_back() {
     let mut bad = Vec::new();
-    let mut seen = Vec::new();
     for src in looped_crates() {
         for group in loops(&import_graph(&src)) {
-            let known = KNOWN_LOOPS
-                .iter()
-                .any(|k| k.iter().copied().eq(group.iter().map(String::as_str)));
-            if !known {
-                bad.push(group.join(" <-> "));
-            }
-            seen.push(group);
+            bad.push(group.join(" <-> "));
         }
     }
     assert!(
         bad.is_empty(),
-        "files in an import loop:\n{}",
+        "files in an import loop (move what they share into a file both import):\n{}",
         bad.join("\n")
-    );
-    let stale: Vec<_> = KNOWN_LOOPS
-        .iter()
-        .filter(|k| {
-            !seen
-                .iter()
-                .any(|g| k.iter().copied().eq(g.iter().map(String::as_str)))
-        })
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "listed loops that are gone (take them off the list): {stale:?}"
     );
 }
 

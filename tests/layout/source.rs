@@ -1,6 +1,6 @@
 //! Reading Rust sources without a parser: code with comments and literals blanked, the
-//! functions of a file with their lengths, the paths a `use` tree or a line of code names,
-//! and the loops of an import graph.
+//! functions of a file with their lengths, the paths a `use` tree or a line of code names
+//! and the names a `use` binds, and the loops of an import graph.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -142,41 +142,42 @@ pub fn block_end(lines: &[String], start: usize) -> usize {
     lines.len().saturating_sub(1)
 }
 
-/// The module a path names from file `module` (a module path like `planner::ring`), as a
-/// module path of the same crate, or `None` outside it.
-pub fn used_module(module: &[String], path: &str) -> Option<Vec<String>> {
-    let parts: Vec<&str> = path.split("::").map(str::trim).collect();
-    let mut at: Vec<String> = match *parts.first()? {
-        "crate" => Vec::new(),
-        "super" => module[..module.len().saturating_sub(1)].to_vec(),
-        "self" => module.to_vec(),
-        _ => return None,
-    };
-    for p in &parts[1..] {
-        match *p {
-            "super" => {
-                at.pop();
-            }
-            "self" => {}
-            name if name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) => {
-                at.push(name.to_string());
-            }
-            _ => break,
-        }
-    }
-    Some(at)
+/// The paths of a `use` tree (`a::{b, c::{d}}` -> `a::b`, `a::c::d`), aliases left off.
+pub fn expand_use(tree: &str) -> Vec<String> {
+    use_leaves(tree).into_iter().map(|(path, _)| path).collect()
 }
 
-/// The paths of a `use` tree (`a::{b, c::{d}}` -> `a::b`, `a::c::d`).
-pub fn expand_use(tree: &str) -> Vec<String> {
-    let tree = tree.replace(' ', "");
+/// The leaves of a `use` tree with the name each binds: `a::{b, c as d, e::{self}, f::*}`
+/// -> (`a::b`, `b`), (`a::c`, `d`), (`a::e`, `e`), (`a::f::*`, none); `as _` binds none.
+pub fn use_leaves(tree: &str) -> Vec<(String, Option<String>)> {
+    let words: Vec<&str> = tree.split_whitespace().collect();
+    // `as` between two words marks an alias; `@` keeps it once the spaces are gone.
+    let tree = words.join(" ").replace(" as ", "@").replace(' ', "");
+    let mut out = Vec::new();
+    leaves(&tree, &mut out);
+    out
+}
+
+fn leaves(tree: &str, out: &mut Vec<(String, Option<String>)>) {
     let Some(open) = tree.find('{') else {
-        return vec![tree];
+        let (path, alias) = match tree.split_once('@') {
+            Some((p, a)) => (p, Some(a)),
+            None => (tree, None),
+        };
+        let path = path.strip_suffix("::self").unwrap_or(path);
+        let last = path.rsplit("::").next().unwrap_or(path);
+        let name = match alias {
+            Some("_") => None,
+            Some(a) => Some(a.to_string()),
+            None => (last != "*" && last != "self").then(|| last.to_string()),
+        };
+        out.push((path.to_string(), name));
+        return;
     };
     let prefix = &tree[..open];
     let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
-    let mut parts = Vec::new();
     let (mut depth, mut start) = (0, 0);
+    let mut parts = Vec::new();
     for (i, c) in inner.char_indices() {
         match c {
             '{' => depth += 1,
@@ -189,29 +190,34 @@ pub fn expand_use(tree: &str) -> Vec<String> {
         }
     }
     parts.push(&inner[start..]);
-    parts
-        .into_iter()
-        .filter(|p| !p.is_empty())
-        .flat_map(|p| expand_use(&format!("{prefix}{p}")))
-        .collect()
+    for p in parts.into_iter().filter(|p| !p.is_empty()) {
+        leaves(&format!("{prefix}{p}"), out);
+    }
 }
 
-/// The `crate::...` and `super::...` paths written in a line of code.
+/// The paths (two or more segments joined by `::`) written in a line of code, in order:
+/// `crate::a::f`, `super::x`, `self::c::T`, `child::f`, `Vec::new`, ...; which of them name
+/// the crate's own files is the import graph's question.
 pub fn inline_paths(code: &str) -> Vec<String> {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
     let mut out = Vec::new();
-    for start in ["crate::", "super::"] {
-        let mut rest = code;
-        while let Some(i) = rest.find(start) {
-            let before = rest[..i].chars().next_back();
-            let tail = &rest[i..];
-            let end = tail
-                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                .unwrap_or(tail.len());
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                out.push(tail[..end].trim_end_matches(':').to_string());
-            }
-            rest = &tail[end.max(start.len())..];
+    let mut rest = code;
+    while let Some(i) = rest.find("::") {
+        // Back to the start of the path the `::` sits in.
+        let head = rest[..i]
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| !(is_word(c) || c == ':'))
+            .map_or(0, |(k, c)| k + c.len_utf8());
+        let tail = &rest[head..];
+        let len = tail
+            .find(|c: char| !(is_word(c) || c == ':'))
+            .unwrap_or(tail.len());
+        let path = tail[..len].trim_end_matches(':');
+        if path.contains("::") && !path.starts_with(':') {
+            out.push(path.to_string());
         }
+        rest = &tail[len.max(i - head + 2)..];
     }
     out
 }
@@ -324,8 +330,20 @@ fn the_readers_catch_what_they_look_for() {
         ["crate::plan::Plan", "crate::plan::Op", "crate::sim"]
     );
     assert_eq!(
-        inline_paths("let x = crate::template::fold::fold(p, super::w);"),
-        ["crate::template::fold::fold", "super::w"]
+        inline_paths(
+            "let x = crate::template::fold::fold(p, super::w) + c::f::<T>(<T as a::B>::g);"
+        ),
+        ["crate::template::fold::fold", "super::w", "c::f", "a::B"]
+    );
+    assert_eq!(
+        use_leaves("crate::{a as b, c::{self, D}, e::*, f as _}"),
+        [
+            ("crate::a".to_string(), Some("b".to_string())),
+            ("crate::c".into(), Some("c".into())),
+            ("crate::c::D".into(), Some("D".into())),
+            ("crate::e::*".into(), None),
+            ("crate::f".into(), None),
+        ]
     );
     let g: BTreeMap<String, BTreeSet<String>> = [
         ("a", vec!["b"]),

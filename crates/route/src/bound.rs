@@ -168,7 +168,7 @@ pub fn collective_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy
                 // shard and the reduced other shards, 2(n-1)/n of the vector. Where the
                 // NVSwitch reduces the request's op and type (NVLS), the sums arrive reduced:
                 // (n-1)/n of it.
-                let nvls = crate::planner::nvls::nvls_switch_for(topo, req).is_some();
+                let nvls = crate::nvls_support::nvls_switch_for(topo, req).is_some();
                 let share = if nvls { 1.0 } else { 2.0 };
                 for x in &inr {
                     t = t.max(need(share * (nf - 1.0) / nf * size, *x));

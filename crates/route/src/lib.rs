@@ -33,6 +33,7 @@ pub mod fidelity;
 mod limits;
 pub mod lower;
 pub mod nodeaware;
+pub(crate) mod nvls_support;
 mod order;
 pub mod p2p;
 pub mod path;
@@ -58,8 +59,8 @@ pub use limits::{
 };
 pub use order::DepGraph;
 pub use plan::{
-    BufferRef, EdgeScale, Lane, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset, Plan,
-    Region, RegionShift, Rounds, Scratch, Template,
+    BufferRef, EdgeScale, Lane, LaneKey, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset,
+    Plan, Region, RegionShift, Rounds, Scratch, Template,
 };
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::path::Route;
-use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::plan::{BufferRef, LaneKey, Location, Plan, Region};
 
 /// Slots in each relay's staging ring: two keep both hops busy (one chunk arriving while the
 /// one before leaves), as double buffering does; more only add staging (the simulated
@@ -32,30 +32,6 @@ pub struct LaneMap {
     lanes: BTreeMap<(Location, Location, u32, u32), u32>,
     local: BTreeMap<(Location, u32), u32>,
     rings: BTreeMap<(Location, Location, Location, u32), SlotRing>,
-}
-
-/// What a lane of a [`LaneMap`] is for: a hop's queue or a device's local work. Under a shift
-/// of hosts a lane's image is the lane of the shifted key ([`crate::template`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LaneKey {
-    /// Copies `from -> to` on `channel`, queue `queue`.
-    Hop {
-        /// Sending memory.
-        from: Location,
-        /// Receiving memory.
-        to: Location,
-        /// Lane channel.
-        channel: u32,
-        /// Queue of the hop.
-        queue: u32,
-    },
-    /// Local work (reductions, local copies) on `at`.
-    Local {
-        /// The device.
-        at: Location,
-        /// Lane channel.
-        channel: u32,
-    },
 }
 
 /// A relay's staging ring: [`STAGING_SLOTS`] slots of `slot` elements in one scratch buffer,

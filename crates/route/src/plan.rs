@@ -275,7 +275,32 @@ pub struct Template {
     pub shifts: Vec<RegionShift>,
     /// While a windowed build waits for its fold: the key of every lane, by lane index.
     #[serde(skip)]
-    pub(crate) window_lanes: Vec<Option<crate::lower::LaneKey>>,
+    pub(crate) window_lanes: Vec<Option<LaneKey>>,
+}
+
+/// What a lane is for: a hop's queue or a device's local work, as the lowering's
+/// [`crate::lower::LaneMap`] keys the lanes it makes. Under a shift of hosts a lane's image is
+/// the lane of the shifted key ([`crate::template`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LaneKey {
+    /// Copies `from -> to` on `channel`, queue `queue`.
+    Hop {
+        /// Sending memory.
+        from: Location,
+        /// Receiving memory.
+        to: Location,
+        /// Lane channel.
+        channel: u32,
+        /// Queue of the hop.
+        queue: u32,
+    },
+    /// Local work (reductions, local copies) on `at`.
+    Local {
+        /// The device.
+        at: Location,
+        /// Lane channel.
+        channel: u32,
+    },
 }
 
 /// A reference of a template op that lies `periods` periods after the op's own

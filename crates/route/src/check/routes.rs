@@ -2,7 +2,7 @@
 
 use relaycc_topo::{LinkId, NodeId, NodeKind, Topology};
 
-use super::fail;
+use super::symbolic::fail;
 use crate::error::Result;
 use crate::plan::{Location, Op, OpKind, Plan};
 

@@ -1,10 +1,12 @@
 //! Hand-built plans, right and wrong, against the checker.
 
 use super::*;
-use crate::dtype::DType;
+use crate::RouteError;
+use crate::dtype::{DType, ReduceOp};
 use crate::plan::BufferRef::{Input, Output};
 use crate::plan::Location;
-use crate::request::Request;
+use crate::plan::{BufferRef, OpKind, Region};
+use crate::request::{Collective, Request};
 
 fn reg(b: BufferRef, off: u64, len: u64) -> Region {
     Region::new(b, off, len)
@@ -222,4 +224,28 @@ fn a_plan_too_large_to_prove_is_an_error_not_an_abort() {
     let err = check(&p).unwrap_err().to_string();
     assert!(err.contains("too large to prove"), "{err}");
     assert!(err.contains("50000 ops x 50000 lanes"), "{err}");
+}
+
+/// A plan that passes the checker comes back whole with its options; one that fails is
+/// an error, not a `CheckedPlan`.
+#[test]
+fn only_plans_that_pass_the_checker_become_checked() {
+    let topo = relaycc_topo::preset("dgx1-v100").expect("preset");
+    let request = crate::Request::new(
+        crate::Collective::AllReduce,
+        (0..4).collect(),
+        1024,
+        crate::DType::F32,
+    );
+    let plan = crate::plan(&topo, &request, &crate::PlanOptions::default())
+        .expect("plan")
+        .plan;
+    let checked = CheckedPlan::new(plan.clone(), CheckOptions { in_place: true })
+        .expect("the planner's plans pass the checker");
+    assert!(checked.in_place());
+    assert_eq!(checked.plan(), &plan);
+    let mut broken = plan;
+    broken.ops.truncate(1);
+    let e = CheckedPlan::new(broken, CheckOptions::default()).expect_err("incomplete plan");
+    assert!(matches!(e, RouteError::PlanCheck { .. }), "{e}");
 }

@@ -30,7 +30,8 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::builder::Builder;
-use super::ring::{self, ring_order};
+use super::ring;
+use super::ring_order::ring_order;
 use super::{ConnCache, Ctx, LinkMode, chunks, direct};
 
 /// NCCL's chunk: the Simple protocol's step size, bytes (the floor of
@@ -49,8 +50,8 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 /// masked, or a pair of members has no route even through host memory.
 ///
 /// # Complexity
-/// n^2 connections (no max-flow), a ring search bounded by [`ring::RING_SEARCH_BUDGET`], and
-/// O(steps x chunks) ops.
+/// n^2 connections (no max-flow), a ring search bounded by
+/// [`super::ring_order::RING_SEARCH_BUDGET`], and O(steps x chunks) ops.
 ///
 /// Source: [NCCL-src], its ring search and p2p path types (`src/graph/search.cc`,
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
@@ -145,7 +146,7 @@ impl BaselineOptions<'_> {
             cache,
             None,
         )?];
-        if super::nvls::nvls_switch_for(topo, req).is_some() {
+        if crate::nvls_support::nvls_switch_for(topo, req).is_some() {
             // Within a staging budget the fitted chunk may be smaller than NVLS's own.
             let chunk = super::nvls::nvls_chunk_elems(req).min(chunk_elems);
             let mut p = super::nvls::all_reduce(topo, req, chunk)?;

@@ -36,11 +36,13 @@ pub(crate) mod builder;
 pub(crate) mod channels;
 pub mod cluster;
 pub mod connect;
+mod context;
 pub mod direct;
 pub mod hierarchical;
 pub mod nvls;
 pub mod ranks;
 pub mod ring;
+pub mod ring_order;
 pub mod ring_pack;
 pub mod shared_memory;
 pub mod tree;
@@ -49,74 +51,11 @@ pub use crate::bound::collective_bound_gbps as bound_gbps;
 pub use baseline::{BaselineOptions, baseline_plan};
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
-
-/// Chunk size used when the caller gives none, bytes (NCCL Simple protocol's step, 512 KiB).
-pub const DEFAULT_CHUNK_BYTES: u64 = 512 << 10;
-
-/// Staging slots per receive ring: chunks that may be in flight into one receiver before the
-/// first is consumed (write-after-read dependencies make reuse safe).
-pub const RECV_SLOTS: u64 = 4;
-
-/// What a candidate planner needs besides the topology and the request.
-#[derive(Debug, Clone, Copy)]
-pub struct Ctx<'c> {
-    /// Connections of this planning call (carries the topology, members and relay policy).
-    pub cache: &'c ConnCache<'c>,
-    /// Which routes connections use.
-    pub mode: LinkMode,
-    /// Pipelining chunk, elements (at least 1).
-    pub chunk_elems: u64,
-    /// Channels (rings or trees at once, each carrying a share of the data; the odd ones run
-    /// in the reverse order), at least 1; or [`PACKED_RINGS`] for ring planners: as many rings
-    /// as [`ring_pack::packed_rings`] finds room for.
-    pub channels: u32,
-    /// The window of a windowed build ([`crate::template::build_template`]): the builders
-    /// emit only the ops that touch it. `None` (every build outside a template) emits every
-    /// op.
-    pub window: Option<&'c crate::template::Window>,
-}
-
-/// `Ctx::channels` asking ring planners for packed rings ([`ring_pack`]).
-pub const PACKED_RINGS: u32 = 0;
-
-/// A candidate planner.
-pub type Planner = fn(&Topology, &Request, &Ctx) -> Result<Plan>;
-
-/// `len` elements in chunks of `chunk`: `(offset, len)` pairs.
-pub(crate) fn chunks(len: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
-    let chunk = chunk.max(1);
-    (0..len.div_ceil(chunk)).map(move |k| (k * chunk, chunk.min(len - k * chunk)))
-}
-
-/// `len` split into `parts` contiguous `(offset, len)` pieces, the first ones one larger.
-pub(crate) fn split_even(len: u64, parts: u64) -> Vec<(u64, u64)> {
-    let parts = parts.max(1);
-    let (q, r) = (len / parts, len % parts);
-    let mut off = 0;
-    (0..parts)
-        .map(|i| {
-            let l = q + u64::from(i < r);
-            let p = (off, l);
-            off += l;
-            p
-        })
-        .collect()
-}
-
-/// A display name: `ring x2 multipath chunk 131072`.
-pub(crate) fn name(algo: &str, ctx: &Ctx) -> String {
-    format!("{algo} x{} {}", ctx.channels, links_and_chunk(ctx))
-}
-
-/// The link mode and chunk part of a display name: `multipath chunk 131072`.
-pub(crate) fn links_and_chunk(ctx: &Ctx) -> String {
-    let mode = match ctx.mode {
-        LinkMode::Nccl => "nccl-links",
-        LinkMode::Single => "single",
-        LinkMode::Multipath => "multipath",
-    };
-    format!("{mode} chunk {}", ctx.chunk_elems)
-}
+pub use context::{
+    CHUNKS_PER_BLOCK, Ctx, DEFAULT_CHUNK_BYTES, PACKED_RINGS, Planner, RECV_SLOTS,
+    pipeline_chunk_elems,
+};
+pub(crate) use context::{chunks, links_and_chunk, name, split_even};
 
 /// Largest request (nccl-tests size, bytes) for which the one-step direct plan is tried for
 /// collectives that other candidates serve bandwidth-optimally (all_reduce, all_gather(_v),
@@ -174,21 +113,6 @@ pub fn planners_for(c: Collective, n: usize) -> Vec<(Planner, u32)> {
         Collective::Reduce => vec![(ring::reduce, 1), (ring::reduce, 2), (tree::reduce, 1), d],
         _ => vec![d],
     }
-}
-
-/// Chunks per rank's block that pipelined plans split it into: enough to overlap the steps of
-/// a ring or tree, few enough that a plan's op count (and so planning time) does not grow with
-/// the message size.
-pub const CHUNKS_PER_BLOCK: u64 = 4;
-
-/// The pipelining chunk (elements) for `req`: one rank's block split into [`CHUNKS_PER_BLOCK`],
-/// never below NCCL's 512 KiB step. The baseline uses the same chunk as relaycc's candidates,
-/// so comparisons measure routes and algorithms rather than the per-op cost (NCCL's persistent
-/// kernels do not pay a launch per step, which a fixed 512 KiB chunk would charge them).
-pub fn pipeline_chunk_elems(req: &Request) -> u64 {
-    let esize = req.dtype.size().max(1);
-    let block = req.size_bytes() / (req.nranks().max(1) as u64);
-    (block / CHUNKS_PER_BLOCK).max(DEFAULT_CHUNK_BYTES) / esize
 }
 
 /// Multi-path candidates are built only when some member pair's max-flow split beats its best
@@ -432,7 +356,7 @@ pub fn whole_block_chunk_elems(req: &Request) -> u64 {
 /// Connections are computed once per rank pair and mode (a max-flow each), shared by the
 /// candidates, which are built in parallel (rayon's pool); each plan has
 /// O(steps x chunks x routes x hops) ops; the ring order search is bounded by
-/// [`ring::RING_SEARCH_BUDGET`].
+/// [`ring_order::RING_SEARCH_BUDGET`].
 ///
 /// Source: [Temucin-2021] (hierarchical all_reduce, multi-path copies), [Ranganath-2019]
 /// (relays through idle GPUs), NCCL's rings and trees ([NCCL-src]).

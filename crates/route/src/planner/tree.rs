@@ -15,7 +15,7 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::builder::Builder;
-use super::ring::ring_order;
+use super::ring_order::ring_order;
 use super::{Ctx, RECV_SLOTS, chunks, direct, name, split_even};
 
 /// Lane channel of the reduce-up pass, apart from the broadcast's (channel c uses

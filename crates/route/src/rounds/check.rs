@@ -3,7 +3,7 @@
 //! argument that these prove the plan is in the module docs of [`crate::rounds`].
 
 use super::{RegionMap, split_into};
-use crate::check::{CheckOptions, check_with};
+use crate::check::{CheckOptions, check_single};
 use crate::error::{Result, RouteError};
 use crate::plan::{OpKind, Plan, Rounds};
 
@@ -91,7 +91,7 @@ fn check_pieces(plan: &Plan, r: &Rounds, part: &Plan, tail: bool) -> Result<()> 
 }
 
 /// Check a plan of rounds (see the module docs of [`crate::rounds`] for why this proves it):
-/// its shape (`check_shape`), the body and the tail with [`check_with`] under `opts`, and
+/// its shape (`check_shape`), the body and the tail with `check_single` under `opts`, and
 /// that each of their regions lies in one piece of its buffer.
 ///
 /// Errors: [`RouteError::PlanCheck`] naming what is wrong (an op index is the body's or the
@@ -110,7 +110,7 @@ pub fn check_rounds(plan: &Plan, opts: CheckOptions) -> Result<()> {
             },
             other => other,
         };
-        check_with(part, opts).map_err(within)?;
+        check_single(part, opts).map_err(within)?;
         check_pieces(plan, r, part, tail).map_err(within)?;
     }
     Ok(())

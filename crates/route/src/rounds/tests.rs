@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::check::{CheckOptions, check, check_routes, check_with};
 use crate::dtype::DType;
-use crate::plan::{BufferRef, Location};
-use crate::request::{Collective, Transfer};
+use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::request::{Collective, Request, Transfer};
 use crate::sim::{SimConfig, simulate};
 use crate::{PlanOptions, plan};
 

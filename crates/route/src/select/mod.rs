@@ -17,7 +17,7 @@ mod proof;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use relaycc_topo::{HostSymmetry, Topology};
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,7 @@ use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::planner::baseline::{TunedPlan, TunedTime};
 use crate::request::{Collective, Request};
+use crate::rounds::{Split, assemble, rounds_us};
 use crate::sim::{Perf, SimConfig, SimCut, simulate};
 
 use baseline_choice::{baseline_template, simulate_baseline};
@@ -110,7 +111,7 @@ fn is_p2p(req: &Request) -> bool {
 ///   the budget, but never chosen).
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
     if let Some(split) = crate::rounds::split(req, opts.round_bytes)? {
-        return crate::rounds::plan_rounds(topo, req, opts, split);
+        return plan_rounds(topo, req, opts, split);
     }
     let deadline = Deadline::new(opts.budget);
     crate::reach::require_reachable(topo, req, &opts.relay)?;
@@ -629,4 +630,86 @@ impl Planner {
     pub fn cached(&self) -> usize {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
+}
+
+/// Plan `req` as the rounds of `split`: the body's request and the tail's planned with
+/// [`crate::plan()`] under `opts` (side by side, each within the budget), combined:
+/// the plan and the baseline are plans of rounds of theirs ([`crate::rounds::assemble`]), every figure
+/// `count` times the body's plus the tail's, each candidate of the body with the tail's
+/// winner. A baseline cut by the budget in either segment is cut here, and reported by the
+/// body's cut where the body's was (else the tail's).
+fn plan_rounds(
+    topo: &Topology,
+    req: &Request,
+    opts: &PlanOptions,
+    split: Split,
+) -> Result<Planned> {
+    let started = Instant::now();
+    let Split { count, body, tail } = split;
+    let (body, tail) = rayon::join(
+        || plan(topo, &body, opts),
+        || tail.as_ref().map(|t| plan(topo, t, opts)),
+    );
+    let body = body?;
+    let tail = tail.transpose()?;
+    let t = tail.as_ref();
+    let time = |b: &Perf, t: Option<&Perf>| rounds_us(count, b.time_us, t.map(|p| p.time_us));
+    let predicted = Perf::from_time(req, time(&body.predicted, t.map(|t| &t.predicted)));
+    let baseline = Perf::from_time(req, time(&body.baseline, t.map(|t| &t.baseline)));
+    let bound = Perf::from_time(req, time(&body.bound, t.map(|t| &t.bound)));
+    let tail_us = t.map(|t| t.predicted.time_us);
+    let mut candidates: Vec<CandidateTime> = body
+        .candidates
+        .iter()
+        .map(|c| CandidateTime {
+            algorithm: format!("{count} rounds of [{}]", c.algorithm),
+            time_us: rounds_us(count, c.time_us, tail_us),
+        })
+        .collect();
+    candidates.sort_by(|a, b| a.time_us.total_cmp(&b.time_us));
+    let routes = merged_routes(count, &body.routes, t.map_or(&[], |t| &t.routes));
+    let mut skipped = body.skipped.clone();
+    for s in t.map_or(&[][..], |t| &t.skipped) {
+        if !skipped.contains(s) {
+            skipped.push(s.clone());
+        }
+    }
+    let baseline_cut = body.baseline_cut.or(t.and_then(|t| t.baseline_cut));
+    let budget_exhausted = body.budget_exhausted || t.is_some_and(|t| t.budget_exhausted);
+    let (tail_plan, tail_baseline) = match tail {
+        Some(t) => (Some(t.plan), Some(t.baseline_plan)),
+        None => (None, None),
+    };
+    Ok(Planned {
+        plan: assemble(req, count, body.plan, tail_plan),
+        predicted,
+        baseline_plan: assemble(req, count, body.baseline_plan, tail_baseline),
+        baseline,
+        baseline_cut,
+        bound,
+        candidates,
+        routes,
+        budget_exhausted,
+        elapsed: started.elapsed(),
+        skipped,
+    })
+}
+
+/// The routes of `count` rounds of `body`'s and `tail`'s: each route once, with the elements
+/// every segment moves over it.
+fn merged_routes(count: u64, body: &[RouteShare], tail: &[RouteShare]) -> Vec<RouteShare> {
+    let mut out: Vec<RouteShare> = body
+        .iter()
+        .map(|r| RouteShare {
+            route: r.route.clone(),
+            elements: r.elements.saturating_mul(count),
+        })
+        .collect();
+    for t in tail {
+        match out.iter_mut().find(|r| r.route == t.route) {
+            Some(r) => r.elements = r.elements.saturating_add(t.elements),
+            None => out.push(t.clone()),
+        }
+    }
+    out
 }

@@ -11,39 +11,10 @@ use relaycc_topo::rates::{CostModel, Protocol};
 use crate::error::{Result, RouteError};
 use crate::plan::Plan;
 
+use super::config::SimConfig;
 use super::fairshare::FairShare;
 use super::model::{Model, NONE};
-use super::result::{EdgeUse, MemUse, OpSpan, SimResult};
-
-/// Extra fixed cost of every op, microseconds, beyond its mechanism's: 0 by default, since the
-/// topology's cost model ([`relaycc_topo::rates::CostModel`]) charges copy-engine launches,
-/// kernel launches and NCCL's protocol steps; a positive value models extra software
-/// overhead per op.
-pub const DEFAULT_OP_OVERHEAD_US: f64 = 0.0;
-
-/// Simulator settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SimConfig {
-    /// Fixed cost every op pays when it starts, before its bytes flow, on top of its
-    /// mechanism's cost from the topology's cost model, microseconds. Default
-    /// [`DEFAULT_OP_OVERHEAD_US`] (0).
-    pub op_overhead_us: f64,
-    /// Host time to enqueue one op, microseconds, paid one op after another in op order: op
-    /// `i` cannot start before `(i + 1) x issue_us`. An executor that launches a plan from one
-    /// thread, a copy or kernel launch and its event records and waits per op, pays it on a
-    /// GPU backend (see `relaycc_collectives::Backend::op_issue_us`). Default 0: the simulator's
-    /// figures for NCCL-like plans model NCCL's persistent kernels, which pay no such cost.
-    pub issue_us: f64,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            op_overhead_us: DEFAULT_OP_OVERHEAD_US,
-            issue_us: 0.0,
-        }
-    }
-}
+use super::result::{EdgeUse, MemUse, OpSpan, SimResult, combine_results};
 
 /// Events closer than this (relative to the clock, and at least this many us) are handled
 /// together, so flows that end "at once" up to rounding change the rates only once.
@@ -154,11 +125,7 @@ pub fn simulate(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<SimResu
             .as_ref()
             .map(|t| simulate(topo, t, cfg))
             .transpose()?;
-        return Ok(crate::rounds::combine_results(
-            r.count,
-            &body,
-            tail.as_ref(),
-        ));
+        return Ok(combine_results(r.count, &body, tail.as_ref()));
     }
     simulate_model(topo, &Model::build(topo, plan, cfg)?)
 }

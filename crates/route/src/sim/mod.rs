@@ -56,15 +56,16 @@
 //! | [`Perf`], [`SimResult::perf`] | nccl-tests' algbw and busbw |
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
 
+mod config;
 mod engine;
 mod fairshare;
 mod model;
 mod result;
 mod trace;
 
+pub use config::{DEFAULT_OP_OVERHEAD_US, SimConfig};
 pub use engine::{
-    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, Prepared, SimConfig,
-    SimCut, lower_bound_us, simulate,
+    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, Prepared, SimCut, lower_bound_us, simulate,
 };
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;

@@ -11,10 +11,7 @@ use crate::error::{Result, RouteError};
 use crate::order::DepGraph;
 use crate::plan::{BufferRef, Location, OpKind, Plan};
 
-use super::engine::SimConfig;
-
-/// GB/s to bytes per microsecond: 1 GB/s = 1e9 B / 1e6 us = 1e3 B/us.
-pub(super) const BYTES_PER_US_PER_GBPS: f64 = 1e3;
+use super::config::{BYTES_PER_US_PER_GBPS, SimConfig};
 
 /// Marks "no op" in index vectors (an op with no active flow).
 pub(super) const NONE: u32 = u32::MAX;

@@ -1,12 +1,16 @@
 //! What a simulation reports: the makespan, each op's timeline, the load on each edge and
-//! memory, and the nccl-tests bandwidth figures derived from the makespan.
+//! memory, and the nccl-tests bandwidth figures derived from the makespan; and the result of a
+//! plan of rounds combined from its segments' (`combine_results`).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::plan::Location;
 use crate::request::Request;
+use crate::rounds::rounds_us;
 
-use super::model::BYTES_PER_US_PER_GBPS;
+use super::config::BYTES_PER_US_PER_GBPS;
 
 /// When one op ran.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -116,6 +120,67 @@ impl SimResult {
     /// The use of memory `location`, if it carried bytes.
     pub fn memory(&self, location: Location) -> Option<&MemUse> {
         self.memories.iter().find(|m| m.location == location)
+    }
+}
+
+/// The simulation of a plan of rounds from its segments': the makespan `count` times the
+/// body's plus the tail's; no op spans (the plan holds no op of its own); each edge's and
+/// memory's bytes and busy time summed over the segments, and its utilisation their
+/// time-weighted mean over the makespan.
+pub(super) fn combine_results(count: u64, body: &SimResult, tail: Option<&SimResult>) -> SimResult {
+    let r = count as f64;
+    let time_us = rounds_us(count, body.time_us, tail.map(|t| t.time_us));
+    let weight = |seg: &SimResult, w: f64| w * seg.time_us;
+    let segs: Vec<(&SimResult, f64)> = std::iter::once((body, r))
+        .chain(tail.map(|t| (t, 1.0)))
+        .collect();
+    let share = |util_x_time: f64| {
+        if time_us > 0.0 {
+            util_x_time / time_us
+        } else {
+            0.0
+        }
+    };
+    let mut edges: BTreeMap<u32, (f64, f64, f64)> = BTreeMap::new();
+    let mut mems: BTreeMap<Location, (String, f64, f64, f64)> = BTreeMap::new();
+    for &(seg, w) in &segs {
+        for e in &seg.edges {
+            let v = edges.entry(e.edge).or_default();
+            v.0 += w * e.bytes;
+            v.1 += w * e.busy_us;
+            v.2 += e.utilisation * weight(seg, w);
+        }
+        for m in &seg.memories {
+            let v = mems
+                .entry(m.location)
+                .or_insert_with(|| (m.name.clone(), 0.0, 0.0, 0.0));
+            v.1 += w * m.bytes;
+            v.2 += w * m.busy_us;
+            v.3 += m.utilisation * weight(seg, w);
+        }
+    }
+    SimResult {
+        time_us,
+        ops: Vec::new(),
+        edges: edges
+            .into_iter()
+            .map(|(edge, (bytes, busy_us, u))| EdgeUse {
+                edge,
+                bytes,
+                busy_us,
+                utilisation: share(u),
+            })
+            .collect(),
+        memories: mems
+            .into_iter()
+            .map(|(location, (name, bytes, busy_us, u))| MemUse {
+                location,
+                name,
+                bytes,
+                busy_us,
+                utilisation: share(u),
+            })
+            .collect(),
     }
 }
 

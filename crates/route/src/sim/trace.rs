@@ -137,7 +137,7 @@ fn edge_counters(
         };
         let (a, b) = topo.link_ends(LinkId::new(e as usize));
         let name = format!("edge {e} {}->{}", topo.node(a).name, topo.node(b).name);
-        let cap = link.gbps * super::model::BYTES_PER_US_PER_GBPS;
+        let cap = link.gbps * super::config::BYTES_PER_US_PER_GBPS;
         let mut level = 0.0;
         while k < steps.len() && steps[k].0 == e {
             let t = steps[k].1;

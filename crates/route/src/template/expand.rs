@@ -6,7 +6,7 @@
 //! - its lane's memory shifted `k` periods on;
 //! - each user buffer `Input(r)`/`Output(r)` of rank `(r + k x m) mod n` (`m` ranks per
 //!   period: the ranks of period `k` are those of period 0 shifted by `k x m`,
-//!   [`super::ranks_invariant`]);
+//!   [`super::shift::ranks_invariant`]);
 //! - each staging buffer, dependency and edge shifted `k` periods on plus the offset the fold
 //!   recorded for it ([`crate::Template::offsets`]): a reference into period `p` of the domain's
 //!   op lies in period `k + p` of its `k`-th image;
@@ -104,7 +104,7 @@ impl<'p> Expansion<'p> {
                 ),
             ));
         }
-        if !super::ranks_invariant(&sym, &plan.request.gpus) {
+        if !super::shift::ranks_invariant(&sym, &plan.request.gpus) {
             return Err(bad(
                 none,
                 "the request's ranks are not the same on every period of hosts".into(),

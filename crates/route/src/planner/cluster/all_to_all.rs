@@ -31,7 +31,7 @@ use crate::request::{Collective, Request};
 use super::super::baseline_net::links::NetLinks;
 use super::super::builder::Builder;
 use super::super::{Ctx, direct, links_and_chunk};
-use super::ClusterShape;
+use super::shape::ClusterShape;
 
 /// Lane channels: the NVLink gather, the network sends, the pieces within a node.
 const CH_GATHER: u32 = 0;

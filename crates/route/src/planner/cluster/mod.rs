@@ -40,8 +40,10 @@ use super::{CHUNKS_PER_BLOCK, Ctx, direct, links_and_chunk, split_even};
 
 mod all_to_all;
 mod halving;
+mod shape;
 
 pub use all_to_all::all_to_all;
+pub use shape::ClusterShape;
 
 /// Node-partial slots per rank of a ring-railed all_reduce: two let the intra-node
 /// reduce-scatter of one loop run while the rail ring of the loop before reads its partials.
@@ -53,54 +55,6 @@ const CH_INTRA: u32 = 0;
 const CH_RAIL: u32 = 1;
 const CH_BACK: u32 = 2;
 const CH_LOCAL: u32 = 3;
-
-/// A request's ranks grouped by the node (host) their GPU sits in: `hosts[h][j]` is the rank at
-/// local position j (GPUs in index order) of the h-th node, nodes in order of their first
-/// rank. Rail j is `hosts[*][j]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterShape {
-    /// Ranks per node, each in GPU index order.
-    pub hosts: Vec<Vec<u32>>,
-}
-
-impl ClusterShape {
-    /// The shape of `req` on `topo` when its ranks span two or more nodes with the same number
-    /// of ranks each; `None` for one node or uneven nodes (a masked cluster), which the flat
-    /// planners serve. An error when a rank names a GPU the topology lacks.
-    pub fn of(topo: &Topology, req: &Request) -> Result<Option<ClusterShape>> {
-        let mut keys: Vec<u32> = Vec::new();
-        let mut hosts: Vec<Vec<u32>> = Vec::new();
-        for (r, &g) in req.gpus.iter().enumerate() {
-            let host = topo.node(topo.gpu(g)?).host;
-            match keys.iter().position(|k| *k == host) {
-                Some(i) => hosts[i].push(r as u32),
-                None => {
-                    keys.push(host);
-                    hosts.push(vec![r as u32]);
-                }
-            }
-        }
-        if hosts.len() < 2 || hosts.iter().any(|h| h.len() != hosts[0].len()) {
-            return Ok(None);
-        }
-        for h in &mut hosts {
-            h.sort_by_key(|&r| req.gpus[r as usize]);
-        }
-        Ok(Some(ClusterShape { hosts }))
-    }
-    /// Number of nodes.
-    pub fn nodes(&self) -> usize {
-        self.hosts.len()
-    }
-    /// Ranks per node.
-    pub fn per_node(&self) -> usize {
-        self.hosts[0].len()
-    }
-    /// The ranks of rail `j`, node by node.
-    pub fn rail(&self, j: usize) -> Vec<u32> {
-        self.hosts.iter().map(|h| h[j]).collect()
-    }
-}
 
 /// Pin every rail ring's hops on channel `ch` to rail-aligned connections: out through the
 /// sender's home NIC (its nearest in the PCIe tree, by PXN over NVLink where that path

@@ -6,9 +6,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{Result, RouteError};
-use crate::lower::LaneKey;
-use crate::plan::{Lane, Location, Op, OpKind, Plan, Region, Scratch};
-use crate::template::HostShift;
+use crate::plan::{Lane, LaneKey, Location, Op, OpKind, Plan, Region, Scratch};
+use crate::template::shift::HostShift;
 use crate::template::window::Window;
 
 pub(super) fn asym(why: String) -> RouteError {

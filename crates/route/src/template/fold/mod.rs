@@ -16,7 +16,7 @@ use relaycc_topo::Topology;
 use crate::error::Result;
 use crate::plan::{EdgeScale, Location, Plan, Template};
 
-use super::HostShift;
+use super::shift::HostShift;
 use super::window::{UserMem, Window};
 use emit::Emitted;
 use images::{Folding, Numbering, Staging, asym};
