@@ -45,12 +45,30 @@ pub fn load_topology(args: &TopologyArgs) -> Result<Topology> {
     Ok(topo.with_mask(mask)?)
 }
 
+/// Devices (GPUs and NICs) the `nvidia-smi topo -m` matrix is printed for at most: it has a
+/// cell per pair, so a rack-scale cluster's would run to billions (nvidia-smi itself prints
+/// one host's).
+pub const SMI_MAX_DEVICES: usize = 1024;
+
 fn show(args: &ShowArgs) -> Result<String> {
     let topo = load_topology(&args.topology)?;
     Ok(match args.format {
         ShowFormat::Json => export::to_json(&topo) + "\n",
         ShowFormat::Dot => export::to_dot(&topo),
-        ShowFormat::Smi => export::to_smi(&topo),
+        ShowFormat::Smi => {
+            let devices = topo.gpu_count() as usize + topo.nics().count();
+            if devices > SMI_MAX_DEVICES {
+                bail!(
+                    "topo show --format smi: {} has {devices} GPUs and NICs, so its \
+                     nvidia-smi matrix would have {} cells; the matrix is printed for at most \
+                     {SMI_MAX_DEVICES} devices (nvidia-smi prints one host's): use --format \
+                     table, json or dot, or a preset of one host",
+                    topo.name(),
+                    devices * devices
+                );
+            }
+            export::to_smi(&topo)
+        }
         ShowFormat::Table => table(&topo),
     })
 }

@@ -272,6 +272,29 @@ fn endless_blocking_and_oversized_inputs_are_refused_without_reading() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The nvidia-smi matrix has a cell per pair of devices: a rack-scale cluster's is refused
+/// at once, naming the formats that stay linear in the machine.
+#[test]
+fn the_smi_matrix_of_a_rack_scale_cluster_is_refused() {
+    let args = [
+        "topo",
+        "show",
+        "-t",
+        "cluster:16xgb200-nvl72:ib-ndr",
+        "--format",
+        "smi",
+    ];
+    refused(
+        &relaycc_limited(&args),
+        1,
+        "at most 1024 devices",
+        "smi of 1,152 GPUs",
+    );
+    // One host's matrix is still printed.
+    let o = relaycc(&["topo", "show", "-t", "dgx-h100", "--format", "smi"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn bench_prints_na_for_unchecked_results_and_counts_when_checked() {
     let run = |check: bool| {

@@ -287,7 +287,8 @@ pub struct Topology {
     gpus: Vec<NodeId>,
     by_name: BTreeMap<String, NodeId>,
     pcie_parent: Vec<Option<NodeId>>,
-    nvswitch_fabric: Vec<Option<usize>>,
+    /// The NVSwitch fabric of each switch node, by node index (`nvlink.rs` reads it).
+    pub(crate) nvswitch_fabric: Vec<Option<usize>>,
     mask: Mask,
     warnings: Vec<String>,
     costs: crate::rates::CostModel,
@@ -448,45 +449,6 @@ impl Topology {
         Ok(self
             .attached_cpu(id)
             .and_then(|c| self.graph[c].cpu().map(|c| c.numa)))
-    }
-    /// NVLink lanes joining two GPUs: a direct bond, or through an NVSwitch fabric (the smaller
-    /// of the two GPUs' lane counts into it). 0 when none.
-    pub fn nvlink_lanes(&self, a: NodeId, b: NodeId) -> u32 {
-        if a == b {
-            return 0;
-        }
-        let direct: u32 = self
-            .graph
-            .edges_connecting(a, b)
-            .filter_map(|e| match e.weight().kind {
-                LinkKind::Nvlink { lanes, .. } => Some(lanes),
-                _ => None,
-            })
-            .sum();
-        if direct > 0 {
-            return direct;
-        }
-        let fabric_lanes = |g: NodeId| -> BTreeMap<usize, u32> {
-            let mut m = BTreeMap::new();
-            for e in self.graph.edges(g) {
-                if let (LinkKind::Nvlink { lanes, .. }, Some(f)) = (
-                    e.weight().kind,
-                    self.nvswitch_fabric
-                        .get(e.target().index())
-                        .copied()
-                        .flatten(),
-                ) {
-                    *m.entry(f).or_insert(0) += lanes;
-                }
-            }
-            m
-        };
-        let la = fabric_lanes(a);
-        let lb = fabric_lanes(b);
-        la.iter()
-            .filter_map(|(f, x)| lb.get(f).map(|y| (*x).min(*y)))
-            .max()
-            .unwrap_or(0)
     }
     /// The NVSwitch port a link belongs to: `(gpu, outbound)` for an NVLink between a GPU and
     /// an NVSwitch chip. A GPU stripes its traffic over every switch plane it is wired to, so

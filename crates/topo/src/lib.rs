@@ -43,6 +43,7 @@ pub mod export;
 mod graph;
 pub mod import;
 mod mask;
+mod nvlink;
 mod preset;
 pub mod rates;
 mod symmetry;

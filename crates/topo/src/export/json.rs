@@ -127,24 +127,19 @@ impl TopologyJson {
                 host: topo.node(id).host,
             })
             .collect();
-        let mut nvlinks = Vec::new();
-        let n = topo.gpu_count();
-        for a in 0..n {
-            for b in (a + 1)..n {
-                let (Ok(x), Ok(y)) = (topo.gpu(a), topo.gpu(b)) else {
-                    continue;
-                };
-                let lanes = topo.nvlink_lanes(x, y);
-                if lanes > 0 {
-                    nvlinks.push(NvlinkView {
-                        a,
-                        b,
-                        lanes,
-                        via_nvswitch: topo.link_between(x, y).is_none(),
-                    });
-                }
-            }
-        }
+        let nvlinks = topo
+            .nvlink_gpu_pairs()
+            .into_iter()
+            .map(|(a, b, lanes)| NvlinkView {
+                a,
+                b,
+                lanes,
+                via_nvswitch: match (topo.gpu(a), topo.gpu(b)) {
+                    (Ok(x), Ok(y)) => topo.link_between(x, y).is_none(),
+                    _ => true,
+                },
+            })
+            .collect();
         TopologyJson {
             format: FORMAT.to_string(),
             version: VERSION,
