@@ -47,6 +47,7 @@ mod nvlink;
 mod preset;
 pub mod rates;
 mod symmetry;
+mod topology_builder;
 
 pub use calibration::{
     Calibration, KindRate, LinkRate, MAX_LATENCY_US, MAX_LINK_GBPS, MAX_NVLINK_LANE_GBPS,
@@ -56,7 +57,7 @@ pub use classify::PathClass;
 pub use error::{Result, TopoError};
 pub use graph::{
     ComputeCapability, CpuInfo, GpuInfo, Link, LinkId, LinkKind, NicInfo, Node, NodeId, NodeKind,
-    Topology, TopologyBuilder,
+    Topology,
 };
 pub use import::load;
 pub use mask::Mask;
@@ -65,6 +66,7 @@ pub use preset::{
     list as list_presets, nvswitch_topology, preset,
 };
 pub use symmetry::HostSymmetry;
+pub use topology_builder::TopologyBuilder;
 
 /// The README's example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

@@ -3,7 +3,8 @@
 use crate::calibration::{MAX_LATENCY_US, MAX_LINK_GBPS, MIN_LINK_GBPS};
 use crate::error::{Result, TopoError};
 use crate::export::json::{FORMAT, TopologyJson, VERSION};
-use crate::graph::{Topology, TopologyBuilder};
+use crate::graph::Topology;
+use crate::topology_builder::TopologyBuilder;
 
 /// Parse relaycc JSON. The derived views (`gpus`, `nics`, `nvlinks`) are ignored: `nodes`,
 /// `links` and `mask` are the source of truth. Link rates and latencies outside the physical

@@ -1,8 +1,9 @@
 //! NVIDIA DGX machines.
 
 use super::gpu_info;
-use crate::graph::{NicInfo, NodeId, TopologyBuilder};
+use crate::graph::{NicInfo, NodeId};
 use crate::rates::{CpuFamily, IB_EDR_GBPS, IB_HDR_GBPS, IB_NDR_GBPS, NvLinkGen};
+use crate::topology_builder::TopologyBuilder;
 
 fn nic(b: &mut TopologyBuilder, name: String, numa: u32, gbps: f64) -> NodeId {
     b.add_nic(NicInfo {

@@ -24,8 +24,9 @@
 //! network link has the link type's port rate and [`crate::rates::NETWORK_HOP_LATENCY_US`]
 //! per hop.
 
-use crate::graph::{LinkKind, NodeId, NodeKind, TopologyBuilder};
+use crate::graph::{LinkKind, NodeId, NodeKind};
 use crate::rates::Fabric;
+use crate::topology_builder::TopologyBuilder;
 
 /// Ports of one leaf or spine switch of a link type: the switch the vendor builds for it.
 /// InfiniBand EDR: SB7800, 36 ports; HDR: QM8700, 40 ports; NDR: QM9700, 64 ports (32 OSFP

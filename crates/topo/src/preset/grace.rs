@@ -1,11 +1,12 @@
 //! Grace machines: GPUs attach to a Grace CPU by NVLink-C2C instead of PCIe.
 
 use super::gpu_info;
-use crate::graph::{LinkKind, NicInfo, NodeId, TopologyBuilder};
+use crate::graph::{LinkKind, NicInfo, NodeId};
 use crate::rates::{
     C2C_LATENCY_US, CpuFamily, IB_NDR_GBPS, IB_NDR200_GBPS, NVLINK_C2C_GB200_PER_GPU_GBPS,
     NvLinkGen,
 };
+use crate::topology_builder::TopologyBuilder;
 
 /// A NIC on a PCIe Gen5 x16 root port of `cpu`.
 fn root_port_nic(

@@ -1,8 +1,9 @@
 //! The `host-<N>` preset: logical devices that all live in one host's memory.
 
 use crate::error::Result;
-use crate::graph::{GpuInfo, LinkKind, Topology, TopologyBuilder};
+use crate::graph::{GpuInfo, LinkKind, Topology};
 use crate::rates::{CpuFamily, HOST_MEM_UNKNOWN_GBPS};
+use crate::topology_builder::TopologyBuilder;
 
 /// The most logical devices a `host-<N>` topology has; keeps a typo from allocating millions
 /// of nodes.

@@ -44,8 +44,9 @@ mod pcie;
 mod power;
 
 use crate::error::{Result, TopoError};
-use crate::graph::{ComputeCapability, GpuInfo, NodeId, Topology, TopologyBuilder};
+use crate::graph::{ComputeCapability, GpuInfo, NodeId, Topology};
 use crate::rates::Fabric;
+use crate::topology_builder::TopologyBuilder;
 
 /// Adds one machine's nodes and links to a builder; GPU indices start at the second argument.
 /// Returns the machine's NICs so that clusters can wire them to a fabric.

@@ -2,8 +2,9 @@
 //! that are given no machine description.
 
 use crate::error::Result;
-use crate::graph::{Topology, TopologyBuilder};
+use crate::graph::Topology;
 use crate::rates::{CpuFamily, NvLinkGen};
+use crate::topology_builder::TopologyBuilder;
 
 use super::gpu_info;
 

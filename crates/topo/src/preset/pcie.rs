@@ -1,8 +1,9 @@
 //! PCIe-only boxes: no NVLink; GPUs under PCIe switches or on CPU root ports.
 
 use super::gpu_info;
-use crate::graph::{NicInfo, NodeId, TopologyBuilder};
+use crate::graph::{NicInfo, NodeId};
 use crate::rates::{CpuFamily, ETH_100G_GBPS, IB_NDR_GBPS};
+use crate::topology_builder::TopologyBuilder;
 
 const GPU_NAME: &str = "Tesla V100-PCIE-32GB";
 

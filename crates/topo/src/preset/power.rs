@@ -1,8 +1,9 @@
 //! IBM POWER9 machines: GPUs attach to the CPU by NVLink 2 bricks, sockets join by X-Bus.
 
 use super::gpu_info;
-use crate::graph::{NicInfo, NodeId, TopologyBuilder};
+use crate::graph::{NicInfo, NodeId};
 use crate::rates::{CpuFamily, IB_EDR_GBPS, NvLinkGen};
+use crate::topology_builder::TopologyBuilder;
 
 /// NUMA ids of the two POWER9 sockets (the AC922 sample prints 0 and 8).
 const POWER9_NUMA: [u32; 2] = [0, 8];

@@ -6,10 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{BusId, CLASS_NVLINK_CPU, DEFAULT_NVLINK_GEN, File, MAX_NVLINK_LANES, Parent, XCpu};
 use crate::error::{Result, TopoError};
-use crate::graph::{
-    ComputeCapability, GpuInfo, LinkKind, NicInfo, NodeId, Topology, TopologyBuilder,
-};
+use crate::graph::{ComputeCapability, GpuInfo, LinkKind, NicInfo, NodeId, Topology};
 use crate::rates::{CpuFamily, NvLinkGen};
+use crate::topology_builder::TopologyBuilder;
 
 /// NIC name prefixes that relaycc's own node names use (`GPU3`, `PCIe2`, ...).
 const RESERVED_PREFIXES: [&str; 6] = ["GPU", "CPU", "PCIe", "NVSwitch", "HostBridge", "NetSwitch"];

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use super::facts::{CommonAncestor, MachineFacts, NvLinkRemote};
 use crate::error::{Result, TopoError};
-use crate::graph::{NodeId, Topology, TopologyBuilder};
+use crate::graph::{NodeId, Topology};
 use crate::import::nccl_xml::BusId;
 use crate::rates::NvLinkGen;
+use crate::topology_builder::TopologyBuilder;
 
 /// PCIe generation assumed where NVML does not say: gen 3, the NCCL XML fallback too.
 const DEFAULT_PCIE_GEN: u8 = 3;

@@ -399,7 +399,8 @@ mod any_tree {
     use proptest::prelude::*;
 
     use super::parse;
-    use crate::graph::{GpuInfo, NicInfo, NodeId, NodeKind, TopologyBuilder};
+    use crate::graph::{GpuInfo, NicInfo, NodeId, NodeKind};
+    use crate::topology_builder::TopologyBuilder;
     use crate::rates::{CpuFamily, NvLinkGen};
 
     /// Build a random machine: `sockets` CPUs, then one node per step (kind, parent pick), then

@@ -11,8 +11,9 @@
 
 use crate::classify::PathClass;
 use crate::error::{Result, TopoError};
-use crate::graph::{GpuInfo, NicInfo, NodeId, TopologyBuilder};
+use crate::graph::{GpuInfo, NicInfo, NodeId};
 use crate::rates::{CpuFamily, NvLinkGen};
+use crate::topology_builder::TopologyBuilder;
 
 use super::matrix::Matrix;
 
