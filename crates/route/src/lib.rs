@@ -71,7 +71,7 @@ pub use select::{
 };
 pub use sim::{
     DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,
-    Perf, Prepared, SimConfig, SimResult, chrome_trace, simulate,
+    Perf, PreparedSim, SimConfig, SimResult, chrome_trace, simulate,
 };
 
 /// The README's example, compiled and run as a doctest.
