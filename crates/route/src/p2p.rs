@@ -8,12 +8,12 @@ use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer_chunked, split_shares};
 use crate::path::{
     RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, relay_routes,
 };
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
+use crate::route_pipeline::{LaneMap, emit_transfer_chunked, split_shares};
 
 /// Which kinds of point-to-point route the planner may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

@@ -122,7 +122,7 @@ mod per_rank {
 
     use super::super::lower::{Lanes, RankLayout, RankProgram, lower};
     use super::super::run::{HostMemory, run, run_on_host_vectors};
-    use super::super::transport::InProcess;
+    use super::super::thread_transport::InProcess;
     use super::super::{binding_of, check, compile, launch};
     use crate::backend::host::HostBackend;
     use crate::backend::{Backend, ByteRegion};

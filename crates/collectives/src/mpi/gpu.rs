@@ -17,7 +17,7 @@
 //!   its first message and returns once the messages are done; the copies after them are
 //!   still enqueued on the caller's stream.
 //! - [`GpuTransport::Nccl`]: `ncclSend`/`ncclRecv` on the caller's stream
-//!   ([`crate::exec::nccl`]), bootstrapped over MPI (`ncclGetUniqueId` on rank 0, its id
+//!   ([`crate::exec::nccl_transport`]), bootstrapped over MPI (`ncclGetUniqueId` on rank 0, its id
 //!   broadcast, `ncclCommInitRank`). Nothing waits on the host: the call returns once every
 //!   stage is enqueued.
 //!
@@ -58,7 +58,7 @@ use crate::cuda::{CudaBackend, CudaError};
 use crate::error::CollectivesError;
 use crate::exec::lower::Lanes;
 #[cfg(feature = "nccl")]
-use crate::exec::nccl::{NcclComm, NcclId};
+use crate::exec::nccl_transport::{NcclComm, NcclId};
 use crate::plan_cache::lru::{Held, Lru};
 
 /// Without feature `nccl` no NCCL communicator exists: the NCCL transport is refused when a

@@ -5,7 +5,7 @@
 //! How a call runs: every call of a handle has a sequence number; the ranks' calls with one
 //! number meet (`meeting.rs`), their descriptors (collective, element type, count or counts,
 //! op, root, order) are compared (`op.rs`), and the last rank to arrive runs the operation
-//! for all (`run.rs`): it lends every rank's slices to the communicator's host backend for
+//! for all (`group_run.rs`): it lends every rank's slices to the communicator's host backend for
 //! the call, builds one checked group on the all-ranks [`Communicator`] (the same checks,
 //! plan cache, checker and executor), launches it, waits, and gives the slices back. A
 //! mismatch or a failure is an error on every rank; a rank that does not come within the
@@ -24,7 +24,7 @@
 //! of per-rank calls, and its runner for ranks on threads and, with feature `cuda`,
 //! `OnStream`), `rank_group.rs` ([`RankGroup`], what each collective describes and lends),
 //! `buffers.rs` (the buffer traits [`SendBuf`] and [`RecvBuf`]), `op.rs` (descriptors, lent
-//! memory, outcomes), `meeting.rs` (the rendezvous), `run.rs` (the run), `split.rs`
+//! memory, outcomes), `meeting.rs` (the rendezvous), `group_run.rs` (the run), `split.rs`
 //! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
 //! on GPUs).
 
@@ -32,10 +32,10 @@ mod buffers;
 pub(crate) mod collectives;
 #[cfg(feature = "cuda")]
 mod cuda_ranks;
+mod group_run;
 mod meeting;
 mod op;
 mod rank_group;
-mod run;
 mod split;
 
 use std::collections::HashMap;
@@ -295,7 +295,7 @@ impl RankComm {
         let done = self
             .shared
             .meeting
-            .arrive(self.rank, seq, arrival, |a| run::run(&shared, a));
+            .arrive(self.rank, seq, arrival, |a| group_run::run(&shared, a));
         Ticket {
             shared,
             rank: self.rank,
@@ -333,7 +333,7 @@ impl RankComm {
         let meeting = self.shared.pair(self.rank, peer);
         let me = usize::from(self.rank > peer);
         let shared = self.shared.clone();
-        let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
+        let outcome = meeting.meet(me, s, arrival, self.timeout, |a| group_run::run(&shared, a));
         drop(meeting);
         self.shared.prune_pairs();
         // The buffers' cudarc events are recorded on the caller's stream now, after the

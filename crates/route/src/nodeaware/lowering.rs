@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use relaycc_topo::{NodeId, Topology};
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer};
 use crate::path::{Hop, Route, hop, host_staged_routes, location_node, nearest_host};
 use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::route_pipeline::{LaneMap, emit_transfer};
 pub(super) use crate::staging::Slots;
 
 /// One piece of data to deliver: `len` elements of rank `src`'s input at `src_off` to rank

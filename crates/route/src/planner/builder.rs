@@ -20,9 +20,9 @@ use super::access::AccessTrack;
 use super::connect::Connection;
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer};
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::{Collective, Request};
+use crate::route_pipeline::{LaneMap, emit_transfer};
 use crate::template::window::{UserMem, Window};
 
 use super::Ctx;

@@ -3,10 +3,10 @@
 //!
 //! | collective | candidates |
 //! |---|---|
-//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels, or packed rings: [`ring_pack`]), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
+//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels, or packed rings: [`ring_pack`]), [`pipelined_tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
 //! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
 //! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
-//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
+//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`pipelined_tree::broadcast`], [`pipelined_tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
 //! On several nodes with the same number of ranks each, all_reduce, all_gather and
@@ -40,12 +40,12 @@ mod context;
 pub mod direct;
 pub mod hierarchical;
 pub mod nvls;
+pub mod pipelined_tree;
 pub mod ranks;
 pub mod ring;
 pub mod ring_order;
 pub mod ring_pack;
 pub mod shared_memory;
-pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
 pub use baseline::{BaselineOptions, baseline_plan};
@@ -86,7 +86,7 @@ pub fn planners_for(c: Collective, n: usize) -> Vec<(PlannerFn, u32)> {
             (ring::all_reduce, 1),
             (ring::all_reduce, 2),
             (ring::all_reduce, PACKED_RINGS),
-            (tree::all_reduce, 1),
+            (pipelined_tree::all_reduce, 1),
             (hierarchical::all_reduce, 1),
             d,
         ],
@@ -107,10 +107,15 @@ pub fn planners_for(c: Collective, n: usize) -> Vec<(PlannerFn, u32)> {
         Collective::Broadcast => vec![
             (ring::broadcast, 1),
             (ring::broadcast, 2),
-            (tree::broadcast, 1),
+            (pipelined_tree::broadcast, 1),
             d,
         ],
-        Collective::Reduce => vec![(ring::reduce, 1), (ring::reduce, 2), (tree::reduce, 1), d],
+        Collective::Reduce => vec![
+            (ring::reduce, 1),
+            (ring::reduce, 2),
+            (pipelined_tree::reduce, 1),
+            d,
+        ],
         _ => vec![d],
     }
 }

@@ -18,12 +18,12 @@ use crate::request::{Collective, Request};
 use super::builder::PlanBuilder;
 use std::sync::Arc;
 
-use crate::lower::split_shares;
+use crate::route_pipeline::split_shares;
 
 use super::connect::Connection;
 use super::ring_order::ring_order;
 use super::{
-    Ctx, PACKED_RINGS, chunks, direct, links_and_chunk, name, ring_pack, split_even, tree,
+    Ctx, PACKED_RINGS, chunks, direct, links_and_chunk, name, pipelined_tree, ring_pack, split_even,
 };
 
 /// The order of channel `c`: odd channels run backwards.
@@ -420,11 +420,11 @@ fn rooted(order: &[u32], root: u32) -> Vec<u32> {
 /// Broadcast as a pipelined chain along the ring from the root (NCCL's ring broadcast).
 pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let (order, _, _) = prepare(req, ctx);
-    tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
+    pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }
 
 /// Reduce as a pipelined chain along the ring into the root (NCCL's ring reduce).
 pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let (order, _, _) = prepare(req, ctx);
-    tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
+    pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }

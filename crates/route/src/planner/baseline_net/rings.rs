@@ -21,10 +21,10 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::planner::builder::PlanBuilder;
 use crate::planner::channels::build_channels;
 use crate::planner::connect::Connection;
+use crate::planner::pipelined_tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::ring::{
     CH_LOCAL, LOOP_CHUNKS, RsStaging, all_gather_pass, loops, reduce_scatter_pass,
 };
-use crate::planner::tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::{Ctx, split_even};
 use crate::request::{Collective, Request};
 

@@ -22,7 +22,7 @@ use relaycc_topo::{NodeId, Topology};
 use super::invalid;
 use super::lower::{Lanes, PlanOrder, RankLayout, RankProgram, lower_ops};
 use super::run::{reduce_bytes, run_on_host_vectors};
-use super::transport::InProcess;
+use super::thread_transport::InProcess;
 use crate::error::{CollectivesError, Result};
 
 /// What a cone execution runs with.
