@@ -80,7 +80,7 @@ pub struct BaselineOptions<'a> {
     /// uneven blocks). A template has no NVLS option: NVLS reduces within one switch.
     pub template: Option<&'a dyn crate::template::HostShift>,
     /// A planning call's deadline: the tuner's capped simulations stop there too
-    /// ([`tune_timed`]).
+    /// (`tune_timed`).
     pub until: Option<Instant>,
 }
 
