@@ -2,7 +2,8 @@
 //! 800 (each exception listed below with why), no file of route's crates or the CLI in an
 //! import loop, ARCHITECTURE.md naming every source file, and docs free of dates, commit
 //! hashes and one machine's timings (those live in `docs/MEASUREMENTS.md`, with the command
-//! and machine behind each).
+//! and machine behind each), and no two visible types of route, collectives and topo with
+//! one name.
 //!
 //! - `source`: reading Rust sources (functions and their lengths, import paths, loops);
 //! - `imports`: the file-level import graph of a crate.
@@ -312,5 +313,74 @@ fn docs_carry_no_dates_hashes_or_one_machines_timings() {
         bad.is_empty(),
         "dates, commit hashes and one machine's figures belong in docs/MEASUREMENTS.md:\n{}",
         bad.join("\n")
+    );
+}
+
+/// Type names that may repeat across route, collectives and topo, each with why: every crate
+/// has its own `Result` over its one error type (`crate::Result`, the Rust convention), and
+/// its own hidden `ReadmeDoctests`, the item its README's code blocks run as doctests on,
+/// which no code names.
+const SHARED_TYPE_NAMES: &[&str] = &["Result", "ReadmeDoctests"];
+
+/// The structs, enums, unions, traits and type aliases of `file` visible beyond their own
+/// module (`pub`, `pub(crate)`, `pub(super)`, `pub(in ..)`): their names with their lines.
+fn visible_type_names(file: &Path) -> Vec<(String, usize)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("pub") else {
+            continue;
+        };
+        // The visibility's restriction, if any: `(crate)`, `(super)`, `(in path)`.
+        let rest = match rest.strip_prefix('(') {
+            Some(r) => r.split_once(')').map_or("", |(_, after)| after),
+            None => rest,
+        };
+        let mut words = rest.split_whitespace();
+        let kind = words.next().unwrap_or_default();
+        if !matches!(kind, "struct" | "enum" | "union" | "trait" | "type") {
+            continue;
+        }
+        let name: String = words
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            out.push((name, i + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_visible_types_of_route_collectives_and_topo_share_a_name() {
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for krate in ["route", "collectives", "topo"] {
+        let mut files = Vec::new();
+        walk(
+            &root().join("crates").join(krate).join("src"),
+            "rs",
+            &mut files,
+        );
+        files.sort();
+        for file in files {
+            for (name, line) in visible_type_names(&file) {
+                seen.entry(name)
+                    .or_default()
+                    .push(format!("{}:{line}", relative(&file)));
+            }
+        }
+    }
+    let clashes: Vec<String> = seen
+        .iter()
+        .filter(|(name, at)| at.len() > 1 && !SHARED_TYPE_NAMES.contains(&name.as_str()))
+        .map(|(name, at)| format!("{name}: {}", at.join(", ")))
+        .collect();
+    assert!(
+        clashes.is_empty(),
+        "type names used twice in route, collectives and topo (name each after what it holds):\n{}",
+        clashes.join("\n")
     );
 }

@@ -187,7 +187,7 @@ pub struct RouteArgs {
     pub relay: relaycc_route::path::RelayPolicy,
     /// Route kinds to consider.
     #[arg(long, default_value = "auto")]
-    pub strategy: relaycc_route::p2p::Strategy,
+    pub strategy: relaycc_route::p2p::P2pStrategy,
     /// Planning budget.
     #[command(flatten)]
     pub budget: BudgetArgs,

@@ -267,7 +267,7 @@ const HOST_RUN_MAX_OPS: usize = 4_000_000;
 /// `plan` returns it; a template, or a larger plan built in full, has its sampled output
 /// elements executed over its lazily expanded plan
 /// ([`relaycc_route::template::check_sampled`]) and the op cone of the sampled ranks run on
-/// the host by the executor ([`relaycc_collectives::exec::cone::execute_cone`]).
+/// the host by the executor ([`relaycc_collectives::exec::sampled_cone::execute_cone`]).
 ///
 /// A plan of rounds is verified through its body and its tail, each as above; the checker's
 /// argument for the rounds ([`relaycc_route::rounds`]) rests on theirs.
@@ -341,7 +341,7 @@ fn host_run(
     plan: &relaycc_route::Plan,
     ranks: &[u32],
 ) -> Result<serde_json::Value> {
-    use relaycc_collectives::exec::cone::{ConeOptions, cone_bytes, execute_cone};
+    use relaycc_collectives::exec::sampled_cone::{ConeOptions, cone_bytes, execute_cone};
     let start = std::time::Instant::now();
     let Some(cone) = relaycc_route::template::extract_cone(plan, topo, ranks, HOST_RUN_MAX_OPS)
         .with_context(|| format!("the op cone of ranks {ranks:?} of {}", plan.algorithm))?

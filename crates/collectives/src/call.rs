@@ -193,12 +193,12 @@ impl CallDesc {
 
 /// One rank's part in a judgement: its rank and its descriptors in call order (a group has
 /// several), or `None` when its own argument checks failed (the others then fail too).
-pub(crate) type Row<'a> = (usize, Option<Vec<&'a CallDesc>>);
+pub(crate) type RankDescs<'a> = (usize, Option<Vec<&'a CallDesc>>);
 
 /// Why the ranks of one call cannot run it, the same message on every rank: a rank whose own
 /// checks failed, descriptors that differ (the first difference, between the first rank and
 /// another), a group of another length, or all_to_all_v counts that do not pair up.
-pub(crate) fn judge(rows: &[Row<'_>]) -> Result<(), String> {
+pub(crate) fn judge(rows: &[RankDescs<'_>]) -> Result<(), String> {
     if let Some((r, _)) = rows.iter().find(|(_, d)| d.is_none()) {
         return Err(format!(
             "rank {r} failed its own checks of the call's arguments"
@@ -248,9 +248,10 @@ pub(crate) fn judge(rows: &[Row<'_>]) -> Result<(), String> {
 
 /// The all_to_all_v matrix of operation `k` from every rank's send counts (`matrix[s][d]`),
 /// checked against every rank's receive counts.
-pub(crate) fn matrix<'a>(rows: &[Row<'a>], k: usize) -> Result<Vec<Vec<u64>>, String> {
-    let desc =
-        |r: &Row<'a>| -> Option<&'a CallDesc> { r.1.as_ref().and_then(|d| d.get(k)).copied() };
+pub(crate) fn matrix<'a>(rows: &[RankDescs<'a>], k: usize) -> Result<Vec<Vec<u64>>, String> {
+    let desc = |r: &RankDescs<'a>| -> Option<&'a CallDesc> {
+        r.1.as_ref().and_then(|d| d.get(k)).copied()
+    };
     let m: Vec<Vec<u64>> = rows
         .iter()
         .map(|r| desc(r).map(|d| d.counts.clone()).unwrap_or_default())

@@ -56,12 +56,12 @@
 //! share one host memory (the `host-N` topology of [`Communicator::host`]), relaycc-route's
 //! shared-memory planner, asked directly.
 //! `unsafe` code lives in `backend/host.rs` (arenas, copies, lent slices) and
-//! `backend/host_lanes.rs` (the lanes' copies and reductions), `rank/run.rs` (the per-rank
+//! `backend/host_lanes.rs` (the lanes' copies and reductions), `rank/group_run.rs` (the per-rank
 //! calls lending their slices to the backend for one call), `backend/host_reduce.rs`
 //! (reduction loops), `backend/mod.rs` and `exec/mod.rs` (the contracts of `Backend::submit`,
 //! of the sealed `Trusted::lend` and `Trusted::submit_on_streams`, and of `exec::launch`),
-//! `exec/run.rs` and `exec/transport.rs` (the `unsafe trait RankMemory`, the runner's host
-//! memory run inline, its transports' raw messages), `exec/cone.rs` and `exec/nccl.rs`,
+//! `exec/run.rs` and `exec/thread_transport.rs` (the `unsafe trait RankMemory`, the runner's host
+//! memory run inline, its transports' raw messages), `exec/sampled_cone.rs` and `exec/nccl_transport.rs`,
 //! `group.rs` (the one launch of checked plans, whose SAFETY argument ties the checker's proof
 //! to the submit contract), `cuda/backend.rs` and `cuda/launch.rs` (driver calls, kernel
 //! launches), the rest of the `cuda` module (FFI) and, with feature `mpi`, every file of `mpi/`

@@ -10,7 +10,7 @@ use common::{TestElem, input, verify};
 use proptest::prelude::*;
 use relaycc_collectives::{Backend, ByteRegion, HostBackend, Launch, bf16, exec};
 use relaycc_route::path::RelayPolicy;
-use relaycc_route::planner::{ConnCache, Ctx, LinkMode, Planner, cluster};
+use relaycc_route::planner::{ConnCache, Ctx, LinkMode, PlannerFn, cluster};
 use relaycc_route::{Collective, Location, Plan, ReduceOp, Request};
 
 const PRESETS: [&str; 3] = [
@@ -30,7 +30,7 @@ fn plan(spec: &str, req: &Request, chunk: u64) -> Plan {
         channels: 1,
         window: None,
     };
-    let planner: Planner = match req.collective {
+    let planner: PlannerFn = match req.collective {
         Collective::AllReduce => cluster::all_reduce,
         Collective::ReduceScatter => cluster::reduce_scatter,
         _ => cluster::all_gather,

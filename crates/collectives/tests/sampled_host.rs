@@ -1,12 +1,12 @@
 //! Plans above the checker's 64 ranks, executed on the host: the op cone of sampled ranks'
 //! outputs (`route::template::extract_cone`, from the template or a full plan) lowered per rank
 //! and run by the executor, one thread per rank that holds memory of the cone, over the
-//! in-process transport (`exec::cone::execute_cone`); the sampled outputs must equal the
+//! in-process transport (`exec::sampled_cone::execute_cone`); the sampled outputs must equal the
 //! request's reference, and a template with one copy moved by an element must not.
 
 use std::time::Instant;
 
-use relaycc_collectives::exec::cone::{ConeOptions, execute_cone};
+use relaycc_collectives::exec::sampled_cone::{ConeOptions, execute_cone};
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::planner::Candidates;
 use relaycc_route::template::extract_cone;

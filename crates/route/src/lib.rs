@@ -11,7 +11,7 @@
 //! | proof that a plan delivers its request | [`check`], [`check_with`], [`check_routes`], [`CheckedPlan`] |
 //! | whether a masked machine can carry a request at all | [`require_reachable`] |
 //! | hops, relays, host staging, max-flow split | [`path`] |
-//! | chunked, pipelined lowering of routes | [`lower`] |
+//! | chunked, pipelined lowering of routes | [`route_pipeline`] |
 //! | point-to-point candidates | [`p2p`] |
 //! | collective candidates and the NCCL-like baseline | [`planner`] |
 //! | node-aware inter-node strategies and models | [`nodeaware`] |
@@ -31,7 +31,6 @@ mod dtype;
 mod error;
 pub mod fidelity;
 mod limits;
-pub mod lower;
 pub mod nodeaware;
 pub(crate) mod nvls_support;
 mod order;
@@ -42,6 +41,7 @@ pub mod planner;
 mod reach;
 mod request;
 pub mod rounds;
+pub mod route_pipeline;
 mod select;
 pub mod sim;
 pub mod staging;
@@ -71,7 +71,7 @@ pub use select::{
 };
 pub use sim::{
     DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,
-    Perf, Prepared, SimConfig, SimResult, chrome_trace, simulate,
+    Perf, PreparedSim, SimConfig, SimResult, chrome_trace, simulate,
 };
 
 /// The README's example, compiled and run as a doctest.

@@ -8,17 +8,17 @@ use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer_chunked, split_shares};
 use crate::path::{
     RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, relay_routes,
 };
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
+use crate::route_pipeline::{LaneMap, emit_transfer_chunked, split_shares};
 
 /// Which kinds of point-to-point route the planner may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum Strategy {
+pub enum P2pStrategy {
     /// Every kind; the simulator picks. The default.
     #[default]
     Auto,
@@ -32,15 +32,15 @@ pub enum Strategy {
     Multipath,
 }
 
-impl std::str::FromStr for Strategy {
+impl std::str::FromStr for P2pStrategy {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         Ok(match s {
-            "auto" => Strategy::Auto,
-            "direct" => Strategy::Direct,
-            "relay" => Strategy::Relay,
-            "host" => Strategy::Host,
-            "multipath" => Strategy::Multipath,
+            "auto" => P2pStrategy::Auto,
+            "direct" => P2pStrategy::Direct,
+            "relay" => P2pStrategy::Relay,
+            "host" => P2pStrategy::Host,
+            "multipath" => P2pStrategy::Multipath,
             _ => {
                 return Err(format!(
                     "unknown strategy {s:?} (auto, direct, relay, host, multipath)"
@@ -273,7 +273,7 @@ pub fn p2p_candidates(
     topo: &Topology,
     req: &Request,
     relay: &RelayPolicy,
-    strategy: Strategy,
+    strategy: P2pStrategy,
 ) -> Result<Vec<P2pCandidate>> {
     crate::reach::require_reachable(topo, req, relay)?;
     let (a, b, count) = single_transfer(req)?;
@@ -281,9 +281,9 @@ pub fn p2p_candidates(
     let allowed = |g: u32| relay.allows(topo, &req.gpus, g) && g != a && g != b;
     let chunks: Vec<u64> = P2P_CHUNK_BYTES.iter().map(|c| (c / esize).max(1)).collect();
     let mut out = Vec::new();
-    let want = |s: Strategy| strategy == Strategy::Auto || strategy == s;
+    let want = |s: P2pStrategy| strategy == P2pStrategy::Auto || strategy == s;
     let direct = direct_route(topo, a, b);
-    if want(Strategy::Direct)
+    if want(P2pStrategy::Direct)
         && let Some(r) = &direct
     {
         out.push(build(
@@ -294,7 +294,7 @@ pub fn p2p_candidates(
             count.max(1),
         ));
     }
-    if want(Strategy::Host) {
+    if want(P2pStrategy::Host) {
         for r in host_staged_routes(topo, a, b) {
             let name = format!("host-staged via {}", r.names(topo)[1]);
             for &c in &chunks {
@@ -302,7 +302,7 @@ pub fn p2p_candidates(
             }
         }
     }
-    if want(Strategy::Relay) {
+    if want(P2pStrategy::Relay) {
         for r in relay_routes(topo, a, b, &allowed)
             .into_iter()
             .take(MAX_SINGLE_RELAYS)
@@ -313,7 +313,7 @@ pub fn p2p_candidates(
             }
         }
     }
-    if want(Strategy::Multipath) {
+    if want(P2pStrategy::Multipath) {
         let (_, flows) = max_flow_routes(topo, a, b, &allowed)?;
         let routes: Vec<Route> = flows.into_iter().map(|(r, _)| r).collect();
         if routes.len() > 1 {
@@ -367,7 +367,8 @@ mod tests {
         for (a, b) in [(0, 7), (0, 1), (2, 5)] {
             for bytes in [0u64, 1, 4096, 10_007, 3 << 20] {
                 let req = Request::point_to_point(a, b, bytes);
-                let cands = p2p_candidates(&topo, &req, &RelayPolicy::Any, Strategy::Auto).unwrap();
+                let cands =
+                    p2p_candidates(&topo, &req, &RelayPolicy::Any, P2pStrategy::Auto).unwrap();
                 assert!(cands.len() >= 3);
                 for c in &cands {
                     check(&c.plan).unwrap_or_else(|e| panic!("{}: {e}", c.plan.algorithm));
@@ -396,18 +397,18 @@ mod tests {
     fn strategies_filter_and_fail_clearly() {
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();
         let req = Request::point_to_point(0, 7, 1 << 20);
-        let err = p2p_candidates(&topo, &req, &RelayPolicy::Any, Strategy::Direct)
+        let err = p2p_candidates(&topo, &req, &RelayPolicy::Any, P2pStrategy::Direct)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("GPU0 -> GPU7"), "{err}");
-        let relays = p2p_candidates(&topo, &req, &RelayPolicy::Any, Strategy::Relay).unwrap();
+        let relays = p2p_candidates(&topo, &req, &RelayPolicy::Any, P2pStrategy::Relay).unwrap();
         assert!(
             relays
                 .iter()
                 .all(|c| c.plan.algorithm.starts_with("relay via"))
         );
-        assert!(p2p_candidates(&topo, &req, &RelayPolicy::None, Strategy::Relay).is_err());
+        assert!(p2p_candidates(&topo, &req, &RelayPolicy::None, P2pStrategy::Relay).is_err());
         let bound = p2p_bound_gbps(&topo, &req, &RelayPolicy::Members).unwrap();
         assert!((bound - 10.0).abs() < 1e-6);
     }

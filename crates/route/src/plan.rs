@@ -279,7 +279,7 @@ pub struct Template {
 }
 
 /// What a lane is for: a hop's queue or a device's local work, as the lowering's
-/// [`crate::lower::LaneMap`] keys the lanes it makes. Under a shift of hosts a lane's image is
+/// [`crate::route_pipeline::LaneMap`] keys the lanes it makes. Under a shift of hosts a lane's image is
 /// the lane of the shifted key ([`crate::template`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LaneKey {

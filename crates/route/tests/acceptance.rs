@@ -1,13 +1,13 @@
 //! Acceptance figures, as simulated predictions on the presets (ratios in one run), beside the
 //! figures the papers measured (`docs/REFERENCES.md`, "Figures the acceptance tests reproduce").
 
-use relaycc_route::p2p::Strategy;
+use relaycc_route::p2p::P2pStrategy;
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::{Collective, DType, PlanOptions, Request, plan};
 
 const MIB: u64 = 1 << 20;
 
-fn opts(relay: RelayPolicy, strategy: Strategy) -> PlanOptions {
+fn opts(relay: RelayPolicy, strategy: P2pStrategy) -> PlanOptions {
     PlanOptions {
         relay,
         strategy,
@@ -21,7 +21,7 @@ fn dgx1_gpu0_to_gpu7_beats_baseline_twice_and_nears_the_bound() {
     let p = plan(
         &topo,
         &Request::point_to_point(0, 7, 256 * MIB),
-        &opts(RelayPolicy::Any, Strategy::Auto),
+        &opts(RelayPolicy::Any, P2pStrategy::Auto),
     )
     .unwrap();
     let vs_base = p.predicted.algbw_gbps / p.baseline.algbw_gbps;
@@ -53,7 +53,7 @@ fn seed_relay_through_gpu3_and_host_staging_pipeline_their_hops() {
     let relay = plan(
         &topo,
         &Request::point_to_point(0, 7, 256 * MIB),
-        &opts(RelayPolicy::List(vec![3]), Strategy::Relay),
+        &opts(RelayPolicy::List(vec![3]), P2pStrategy::Relay),
     )
     .unwrap();
     let r = relay.predicted.algbw_gbps;
@@ -69,7 +69,7 @@ fn seed_relay_through_gpu3_and_host_staging_pipeline_their_hops() {
     let pcie = plan(
         &topo,
         &Request::point_to_point(0, 7, 256 * MIB),
-        &opts(RelayPolicy::None, Strategy::Host),
+        &opts(RelayPolicy::None, P2pStrategy::Host),
     )
     .unwrap();
     let h = pcie.predicted.algbw_gbps;
@@ -86,8 +86,8 @@ fn seed_relay_through_gpu3_and_host_staging_pipeline_their_hops() {
 fn ac922_multipath_beats_direct_nvlink() {
     let topo = relaycc_topo::preset("ac922").unwrap();
     let req = Request::point_to_point(0, 1, 256 * MIB);
-    let multi = plan(&topo, &req, &opts(RelayPolicy::Any, Strategy::Auto)).unwrap();
-    let direct = plan(&topo, &req, &opts(RelayPolicy::Any, Strategy::Direct)).unwrap();
+    let multi = plan(&topo, &req, &opts(RelayPolicy::Any, P2pStrategy::Auto)).unwrap();
+    let direct = plan(&topo, &req, &opts(RelayPolicy::Any, P2pStrategy::Direct)).unwrap();
     let x = multi.predicted.algbw_gbps / direct.predicted.algbw_gbps;
     println!(
         "AC922 0->1: {} {:.1} GB/s vs direct {:.1} GB/s = {x:.2}x (Temucin-2021 measured 1.84x)",
@@ -154,7 +154,7 @@ fn full_dgx1_all_reduce_runs_packed_rings_on_both_sides() {
         64 * MIB,
         DType::F32,
     );
-    let p = plan(&topo, &req, &opts(RelayPolicy::Any, Strategy::Auto)).unwrap();
+    let p = plan(&topo, &req, &opts(RelayPolicy::Any, P2pStrategy::Auto)).unwrap();
     println!(
         "8 GPUs: relaycc {:.1} ({}), baseline {:.1} ({}), bound {:.1} GB/s busbw",
         p.predicted.busbw_gbps,

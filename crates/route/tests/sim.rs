@@ -348,14 +348,14 @@ mod ordering {
         }
         close(r.time_us, 80.0 + 100.0);
         // The lower bound knows the host issues the last op at 80 us.
-        let lb = relaycc_route::Prepared::new(&topo, &p, &cfg)
+        let lb = relaycc_route::PreparedSim::new(&topo, &p, &cfg)
             .unwrap()
             .lower_bound_us();
         assert!((100.0..=r.time_us).contains(&lb), "{lb}");
         assert!(lb >= 80.0);
         // A plan of no ops ends at 0, and so does its bound.
         let empty = plan();
-        let none = relaycc_route::Prepared::new(&topo, &empty, &cfg).unwrap();
+        let none = relaycc_route::PreparedSim::new(&topo, &empty, &cfg).unwrap();
         assert_eq!(none.lower_bound_us(), 0.0);
         assert_eq!(simulate(&topo, &empty, &cfg).unwrap().time_us, 0.0);
         let bad = relaycc_route::SimConfig {
@@ -646,7 +646,7 @@ mod properties {
 mod deadline {
     use std::time::{Duration, Instant};
 
-    use relaycc_route::{Collective, DType, PlanOptions, Prepared, Request, SimConfig, plan};
+    use relaycc_route::{Collective, DType, PlanOptions, PreparedSim, Request, SimConfig, plan};
 
     #[test]
     fn a_past_deadline_gives_up_and_a_distant_one_does_not() {
@@ -657,7 +657,7 @@ mod deadline {
             p.ops.len() > 1000,
             "enough event batches to reach a clock check"
         );
-        let prepared = Prepared::new(&topo, &p, &SimConfig::default()).unwrap();
+        let prepared = PreparedSim::new(&topo, &p, &SimConfig::default()).unwrap();
         let whole = prepared.simulate(&topo).unwrap().time_us;
         let past = Instant::now();
         assert!(
@@ -696,7 +696,7 @@ mod deadline {
         }
         assert!(ends < u64::from(DEADLINE_CHECK_BATCHES));
         assert!(lanes as usize * ends as usize / 2 > 2 * DEADLINE_CHECK_WORK);
-        let prepared = Prepared::new(&topo, &p, &SimConfig::default()).unwrap();
+        let prepared = PreparedSim::new(&topo, &p, &SimConfig::default()).unwrap();
         let seen = std::cell::Cell::new(Vec::new());
         let r = prepared
             .simulate_watched(&topo, &|progress| {
@@ -717,7 +717,7 @@ mod deadline {
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();
         let req = Request::new(Collective::AllReduce, (0..8).collect(), 1 << 22, DType::F32);
         let p = plan(&topo, &req, &PlanOptions::default()).unwrap().plan;
-        let prepared = Prepared::new(&topo, &p, &SimConfig::default()).unwrap();
+        let prepared = PreparedSim::new(&topo, &p, &SimConfig::default()).unwrap();
         let whole = prepared.simulate(&topo).unwrap().time_us;
         let cut = prepared
             .simulate_or_cut(&topo, &|| false)

@@ -69,9 +69,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One physical GPU in use.
+/// One physical GPU the backend drives: its ordinal, context, architecture, SM count and the
+/// stream of its allocations and host copies.
 #[derive(Debug)]
-pub(super) struct Device {
+pub(super) struct GpuInUse {
     pub(super) ordinal: usize,
     pub(super) ctx: Arc<CudaContext>,
     pub(super) arch: cuda::Arch,
@@ -96,7 +97,7 @@ pub(super) struct Device {
 
 #[derive(Debug)]
 pub(super) struct State {
-    pub(super) devices: Vec<Device>,
+    pub(super) devices: Vec<GpuInUse>,
     pub(super) allocs: HashMap<u64, Alloc>,
     /// Streams (device index, stream index) whose tail events the previous launch recorded
     /// (its sinks, which cover it and every launch before it), which the next launch waits
@@ -195,7 +196,7 @@ impl CudaBackend {
             // needed; it only affects slices created through this `CudaContext` handle.
             unsafe { ctx.disable_event_tracking() };
             let io = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
-            devices.push(Device {
+            devices.push(GpuInUse {
                 ordinal: o,
                 arch: info.arch()?,
                 sms: info.multiprocessor_count,

@@ -8,7 +8,7 @@
 use relaycc_route::Location;
 
 use super::backend::err;
-use super::schedule::{self, CopyBy, OnDevice, Placement, Schedule, Step};
+use super::schedule::{self, CopyBy, LaunchPlacement, LaunchSchedule, OnDevice, Step};
 use crate::backend::validate::{self, Bound};
 use crate::backend::{Launch, Program};
 use crate::error::Result;
@@ -56,7 +56,7 @@ pub(crate) struct Around<'a> {
 /// before its first such step; the sinks record their tails; the callers wait for them. A
 /// device's context is bound when the next call runs on another device than the last.
 pub(crate) fn walk<'s>(
-    s: &'s Schedule,
+    s: &'s LaunchSchedule,
     around: Around<'_>,
     f: &mut dyn FnMut(Call<'s>) -> Result<()>,
 ) -> Result<()> {
@@ -138,7 +138,7 @@ pub struct DriverCalls {
 
 impl DriverCalls {
     /// Every call of [`walk`] over `s` in `around`, counted.
-    pub(crate) fn of(s: &Schedule, around: Around<'_>) -> DriverCalls {
+    pub(crate) fn of(s: &LaunchSchedule, around: Around<'_>) -> DriverCalls {
         let mut n = DriverCalls::default();
         let counted = walk(s, around, &mut |c| {
             match c {
@@ -264,7 +264,7 @@ pub fn driver_calls(program: &Program, setup: &CallCountSetup<'_>) -> Result<Dri
     let lane_dev = |loc: Location| Ok(dev(loc)?.unwrap_or(first));
     let devices = ordinals.len().max(1);
     let sm_ok = vec![true; devices];
-    let place = Placement {
+    let place = LaunchPlacement {
         lane_dev: &lane_dev,
         binding_dev: &binding_dev,
         reaches: &|_, _| true,

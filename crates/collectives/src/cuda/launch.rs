@@ -25,7 +25,9 @@ use super::kernel_sources::{
     ReduceArgs,
 };
 use super::memory::resolve;
-use super::schedule::{self, At, CopyBy, Fact, OnDevice, Placement, Schedule, Step};
+use super::schedule::{
+    self, CopyBy, Fact, LaunchAddr, LaunchPlacement, LaunchSchedule, OnDevice, Step,
+};
 use crate::backend::validate::{self, Bound};
 use crate::backend::{Command, Launch, Program};
 use crate::error::Result;
@@ -62,7 +64,7 @@ struct Kept {
     binding_dev: Vec<Option<usize>>,
     sm_ok: Vec<bool>,
     facts: Vec<Fact>,
-    schedule: Arc<Schedule>,
+    schedule: Arc<LaunchSchedule>,
     used: u64,
 }
 
@@ -218,7 +220,7 @@ impl CudaBackend {
 
     /// The schedule of a launch: the kept one when the call matches it, else built anew.
     /// Leaves the bound addresses in `st.scratch`.
-    fn prepare(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<Schedule>> {
+    fn prepare(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<LaunchSchedule>> {
         let sc = &mut st.scratch;
         sc.bound.clear();
         sc.devs.clear();
@@ -273,7 +275,7 @@ impl CudaBackend {
 
     /// The full path: validate every program, load the kernels copies may use, read the
     /// facts, build the schedule and keep it.
-    fn build(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<Schedule>> {
+    fn build(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<LaunchSchedule>> {
         for (pi, l) in launches.iter().enumerate() {
             let b = st.scratch.bases[pi] as usize;
             let bound = &st.scratch.bound[b..b + l.bindings.len()];
@@ -301,7 +303,7 @@ impl CudaBackend {
         });
         let lane_dev = |loc| self.lane_dev(loc);
         let reaches = |a: usize, b: usize| self.reach[a][b];
-        let place = Placement {
+        let place = LaunchPlacement {
             lane_dev: &lane_dev,
             binding_dev: &sc.devs,
             reaches: &reaches,
@@ -373,7 +375,7 @@ impl CudaBackend {
 
     /// Create the streams, tail events, program events and join event the schedule needs
     /// that the pools lack.
-    fn reserve(st: &mut State, s: &Schedule) -> Result<()> {
+    fn reserve(st: &mut State, s: &LaunchSchedule) -> Result<()> {
         for (d, dev) in st.devices.iter_mut().enumerate() {
             while dev.streams.len() < s.streams_per_device[d] {
                 dev.streams
@@ -447,7 +449,7 @@ impl CudaBackend {
     unsafe fn call(
         &self,
         st: &State,
-        s: &Schedule,
+        s: &LaunchSchedule,
         c: Call<'_>,
         callers: &[&CudaStream],
         extra: &[CudaEvent],
@@ -523,9 +525,9 @@ impl CudaBackend {
     /// # Safety
     ///
     /// As [`CudaBackend::call`].
-    unsafe fn step(&self, st: &State, s: &Schedule, step: &Step) -> Result<()> {
+    unsafe fn step(&self, st: &State, s: &LaunchSchedule, step: &Step) -> Result<()> {
         let bound = &st.scratch.bound;
-        let at = |a: At| -> Result<u64> {
+        let at = |a: LaunchAddr| -> Result<u64> {
             bound
                 .get(a.binding as usize)
                 .map(|b| b.addr + a.offset)

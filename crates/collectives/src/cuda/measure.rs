@@ -15,9 +15,10 @@ use super::{
     reduce_entry,
 };
 
-/// A measured direction of a link.
+/// A measured rate: the bandwidth of large transfers and the time of a small one, of one
+/// direction of a link or of a GPU's copies or reductions.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkRate {
+pub struct MeasuredRate {
     /// Bandwidth of large copies, GB/s (1e9 bytes per second).
     pub gbps: f64,
     /// Mean time of one small (8-byte) copy, microseconds.
@@ -72,7 +73,12 @@ fn time(
 /// Peer copies from GPU `src` to GPU `dst` (CUDA ordinals, distinct): `bytes`-byte copies
 /// `reps` times for bandwidth, 8-byte copies for latency, on a stream of `src`, with peer
 /// access enabled where the hardware allows (staged through the host otherwise, as CUDA does).
-pub fn measure_p2p(src: usize, dst: usize, bytes: usize, reps: u32) -> Result<LinkRate, CudaError> {
+pub fn measure_p2p(
+    src: usize,
+    dst: usize,
+    bytes: usize,
+    reps: u32,
+) -> Result<MeasuredRate, CudaError> {
     let (a, b) = (context(src)?, context(dst)?);
     a.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
     // SAFETY: two live primary contexts; `a`'s is current. "Not supported" and "already
@@ -97,7 +103,7 @@ pub fn measure_p2p(src: usize, dst: usize, bytes: usize, reps: u32) -> Result<Li
     };
     let ms = time(&stream, reps, || copy(bytes))?;
     let lat_ms = time(&stream, LATENCY_REPS, || copy(8))?;
-    Ok(LinkRate {
+    Ok(MeasuredRate {
         gbps: bytes as f64 / (ms * 1e-3) / 1e9,
         latency_us: lat_ms * 1e3,
     })
@@ -109,7 +115,7 @@ pub fn measure_host(
     dev: usize,
     bytes: usize,
     reps: u32,
-) -> Result<(LinkRate, LinkRate), CudaError> {
+) -> Result<(MeasuredRate, MeasuredRate), CudaError> {
     let ctx = context(dev)?;
     let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
     let dmem = stream
@@ -120,7 +126,7 @@ pub fn measure_host(
     let host = unsafe { result::malloc_host(bytes.max(8), sys::CU_MEMHOSTALLOC_PORTABLE) }
         .map_err(drv("cuMemHostAlloc"))? as u64;
     let (dp, _g) = cudarc::driver::DevicePtr::device_ptr(&dmem, &stream);
-    let run = || -> Result<(LinkRate, LinkRate), CudaError> {
+    let run = || -> Result<(MeasuredRate, MeasuredRate), CudaError> {
         let h2d = |n: usize| {
             // SAFETY: both buffers hold at least `n` bytes and outlive the timed runs.
             unsafe { sys::cuMemcpyHtoDAsync_v2(dp, host as *const _, n, stream.cu_stream()) }
@@ -133,7 +139,7 @@ pub fn measure_host(
                 .result()
                 .map_err(drv("cuMemcpyDtoHAsync"))
         };
-        let rate = |ms: f64, lat: f64| LinkRate {
+        let rate = |ms: f64, lat: f64| MeasuredRate {
             gbps: bytes as f64 / (ms * 1e-3) / 1e9,
             latency_us: lat * 1e3,
         };
@@ -160,11 +166,11 @@ pub fn measure_host(
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceRates {
     /// `cuMemcpyAsync` device to device on the GPU (its copy engines).
-    pub copy_engine: LinkRate,
+    pub copy_engine: MeasuredRate,
     /// The forward kernel (relaycc's copies below the SM-copy threshold).
-    pub sm_copy: LinkRate,
+    pub sm_copy: MeasuredRate,
     /// The reduce kernel, two f32 sources summed into one destination.
-    pub reduce: LinkRate,
+    pub reduce: MeasuredRate,
 }
 
 /// GPU `dev`'s device-memory rates ([`DeviceRates`]) on buffers of `bytes` bytes, `reps`
@@ -252,7 +258,7 @@ pub fn measure_device(dev: usize, bytes: usize, reps: u32) -> Result<DeviceRates
         let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut ReduceArgs).cast()];
         launch(&reduce, n as u64, &mut params)
     };
-    let rate = |moved: usize, ms: f64, lat_ms: f64| LinkRate {
+    let rate = |moved: usize, ms: f64, lat_ms: f64| MeasuredRate {
         gbps: moved as f64 / (ms * 1e-3) / 1e9,
         latency_us: lat_ms * 1e3,
     };

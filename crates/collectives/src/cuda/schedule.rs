@@ -1,7 +1,7 @@
 //! What the CUDA backend enqueues for a launch, worked out as data before any driver call: the
-//! launch's programs become a [`Schedule`] of [`Step`]s, each one driver call on one stream
+//! launch's programs become a [`LaunchSchedule`] of [`Step`]s, each one driver call on one stream
 //! (a copy, a kernel launch, an event record or wait), with addresses kept relative to the
-//! launch's bindings ([`At`]) so that a cached schedule serves every later call of the same
+//! launch's bindings ([`LaunchAddr`]) so that a cached schedule serves every later call of the same
 //! programs with only the bound addresses patched in.
 //!
 //! A schedule depends on the programs, on where each lane and each binding lives (devices and
@@ -49,7 +49,7 @@ pub(crate) const MAX_OVERLAP_CHUNKS: u64 = 64;
 /// An address of a launch: `offset` bytes into the launch's binding `binding`, counted over
 /// all its programs' bindings in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct At {
+pub(crate) struct LaunchAddr {
     /// The binding, over the launch's programs.
     pub binding: u32,
     /// Bytes into it.
@@ -78,12 +78,12 @@ pub(crate) enum Step {
     /// Copy `bytes` bytes.
     Copy {
         stream: OnDevice,
-        src: At,
-        dst: At,
+        src: LaunchAddr,
+        dst: LaunchAddr,
         bytes: u64,
         by: CopyBy,
     },
-    /// Launch reduce kernel `REDUCE_ENTRIES[entry]` over `Schedule::operands[operands..]`:
+    /// Launch reduce kernel `REDUCE_ENTRIES[entry]` over `LaunchSchedule::operands[operands..]`:
     /// `nsrcs` sources, then `ndsts` destinations, `len` elements (`bytes` bytes) each.
     Reduce {
         stream: OnDevice,
@@ -145,7 +145,7 @@ pub(crate) enum Fact {
 }
 
 /// Where a launch's lanes and memories live, and what its GPUs can run.
-pub(crate) struct Placement<'a> {
+pub(crate) struct LaunchPlacement<'a> {
     /// The device (index into the backend's) that drives a lane of this location.
     pub lane_dev: &'a dyn Fn(Location) -> Result<usize>,
     /// The device of each binding's memory (`None`: host memory), over the launch's programs.
@@ -162,11 +162,11 @@ pub(crate) struct Placement<'a> {
 
 /// A launch worked out: its driver calls in order and what they need.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Schedule {
+pub(crate) struct LaunchSchedule {
     /// The calls, in an order where every wait follows its record.
     pub steps: Vec<Step>,
     /// Operands of the reduce steps.
-    pub operands: Vec<At>,
+    pub operands: Vec<LaunchAddr>,
     /// Streams needed per device.
     pub streams_per_device: Vec<usize>,
     /// Events needed per device.
@@ -358,12 +358,12 @@ impl Facts<'_> {
 pub(crate) fn build(
     programs: &[&Program],
     bases: &[u32],
-    place: &Placement<'_>,
+    place: &LaunchPlacement<'_>,
     facts: &[Fact],
-) -> Result<Schedule> {
-    let mut b = Builder {
+) -> Result<LaunchSchedule> {
+    let mut b = ScheduleBuilder {
         place,
-        out: Schedule {
+        out: LaunchSchedule {
             steps: Vec::new(),
             operands: Vec::new(),
             streams_per_device: vec![0; place.devices],
@@ -386,13 +386,13 @@ pub(crate) fn build(
     Ok(out)
 }
 
-struct Builder<'a, 'p> {
-    place: &'a Placement<'p>,
-    out: Schedule,
+struct ScheduleBuilder<'a, 'p> {
+    place: &'a LaunchPlacement<'p>,
+    out: LaunchSchedule,
     facts: Facts<'a>,
 }
 
-impl Builder<'_, '_> {
+impl ScheduleBuilder<'_, '_> {
     fn program(&mut self, prog: &Program, base: u32) -> Result<()> {
         let mut streams = Vec::with_capacity(prog.lanes.len());
         for loc in &prog.lanes {
@@ -402,7 +402,7 @@ impl Builder<'_, '_> {
         }
         let mut events: Vec<Option<OnDevice>> = vec![None; prog.events as usize];
         let mut fused = vec![false; prog.commands.len()];
-        let at = |s: &Slot| At {
+        let at = |s: &Slot| LaunchAddr {
             binding: base + s.binding,
             offset: s.offset,
         };
@@ -468,8 +468,15 @@ impl Builder<'_, '_> {
         }
     }
 
-    fn copy(&mut self, stream: OnDevice, src: At, dst: At, bytes: u64, o: Overlap) -> Result<()> {
-        let dev_of = |a: At| {
+    fn copy(
+        &mut self,
+        stream: OnDevice,
+        src: LaunchAddr,
+        dst: LaunchAddr,
+        bytes: u64,
+        o: Overlap,
+    ) -> Result<()> {
+        let dev_of = |a: LaunchAddr| {
             self.place
                 .binding_dev
                 .get(a.binding as usize)
@@ -511,11 +518,11 @@ impl Builder<'_, '_> {
                     let off = c * dist;
                     self.out.steps.push(Step::Copy {
                         stream,
-                        src: At {
+                        src: LaunchAddr {
                             offset: src.offset + off,
                             ..src
                         },
-                        dst: At {
+                        dst: LaunchAddr {
                             offset: dst.offset + off,
                             ..dst
                         },
@@ -551,7 +558,7 @@ impl Builder<'_, '_> {
         if dst.bytes == 0 {
             return Ok(());
         }
-        let at = |s: &Slot| At {
+        let at = |s: &Slot| LaunchAddr {
             binding: base + s.binding,
             offset: s.offset,
         };
@@ -563,7 +570,7 @@ impl Builder<'_, '_> {
         let j = self.facts.reduce_dst()?;
         // Chains read every source that is the destination in their first launch, before it
         // overwrites the destination; the others keep their order.
-        let mut order: Vec<At> = Vec::with_capacity(srcs.len());
+        let mut order: Vec<LaunchAddr> = Vec::with_capacity(srcs.len());
         if srcs.len() > MAX_REDUCE_SRCS {
             let mut later = Vec::with_capacity(srcs.len());
             for s in srcs {
@@ -624,7 +631,7 @@ impl Builder<'_, '_> {
             self.out
                 .operands
                 .extend_from_slice(&order[next..next + take]);
-            let outs: &[At] = if last { &dsts } else { &dsts[..1] };
+            let outs: &[LaunchAddr] = if last { &dsts } else { &dsts[..1] };
             self.out.operands.extend_from_slice(outs);
             self.out.steps.push(Step::Reduce {
                 stream,
@@ -651,7 +658,7 @@ fn lane_stream(streams: &[OnDevice], lane: u32) -> Result<OnDevice> {
 
 /// Streams used, where each must be ordered after the previous launch, the sinks, and the
 /// devices that launch kernels.
-fn finish(s: &mut Schedule) {
+fn finish(s: &mut LaunchSchedule) {
     for step in &s.steps {
         let st = step.stream();
         if !s.used.contains(&st) {

@@ -4,7 +4,7 @@
 use relaycc_route::{Collective, DType, Location, ReduceOp, Request};
 
 use super::calls::{Around, DriverCalls, walk};
-use super::schedule::{self, CopyBy, Placement, Schedule, Step};
+use super::schedule::{self, CopyBy, LaunchPlacement, LaunchSchedule, Step};
 use super::{CallCountSetup, driver_calls};
 use crate::backend::{Command, Program, Slot};
 use crate::exec;
@@ -155,7 +155,7 @@ fn schedule_of(
     reaches: &dyn Fn(usize, usize) -> bool,
     sm_copy_below: u64,
     addr: &dyn Fn(u32) -> u64,
-) -> Schedule {
+) -> LaunchSchedule {
     let mut facts = Vec::new();
     schedule::facts([p], &[0], addr, &mut |f| {
         facts.push(f);
@@ -168,7 +168,7 @@ fn schedule_of(
         })
     };
     let sm_ok = vec![true; 4];
-    let place = Placement {
+    let place = LaunchPlacement {
         lane_dev: &lane_dev,
         binding_dev,
         reaches,

@@ -114,7 +114,7 @@ impl RankProgram {
 }
 
 /// How one rank's memories and lanes are laid out for [`lower`].
-pub struct Layout<'a> {
+pub struct RankLayout<'a> {
     /// This rank.
     pub me: u32,
     /// The rank that holds each buffer of the plan (`None`: no rank does, an error).
@@ -185,7 +185,7 @@ pub fn whole_plan_bindings(plan: &Plan) -> Result<Vec<u64>> {
 /// the op; nothing has run then.
 ///
 /// Complexity: O(ops + deps) plus a hash-map lookup per cross-lane dependency.
-pub fn lower(plan: &Plan, layout: &Layout<'_>) -> Result<RankProgram> {
+pub fn lower(plan: &Plan, layout: &RankLayout<'_>) -> Result<RankProgram> {
     let order = PlanOrder::new(plan)?;
     lower_ops(plan, &order, layout, &order.order)
 }
@@ -245,7 +245,7 @@ impl PlanOrder {
 pub fn lower_ops(
     plan: &Plan,
     order: &PlanOrder,
-    layout: &Layout<'_>,
+    layout: &RankLayout<'_>,
     ops: &[u32],
 ) -> Result<RankProgram> {
     if order.level.len() != plan.ops.len() || ops.iter().any(|&i| i as usize >= plan.ops.len()) {
@@ -276,7 +276,7 @@ struct Events {
 struct RankLowering<'a> {
     plan: &'a Plan,
     order: &'a PlanOrder,
-    layout: &'a Layout<'a>,
+    layout: &'a RankLayout<'a>,
     ops: &'a [u32],
     /// `(op id, index in ops)`, sorted by op id: lookups and op-id order.
     sorted: Vec<(u32, u32)>,
@@ -288,7 +288,12 @@ struct RankLowering<'a> {
 }
 
 impl<'a> RankLowering<'a> {
-    fn new(plan: &'a Plan, order: &'a PlanOrder, layout: &'a Layout<'a>, ops: &'a [u32]) -> Self {
+    fn new(
+        plan: &'a Plan,
+        order: &'a PlanOrder,
+        layout: &'a RankLayout<'a>,
+        ops: &'a [u32],
+    ) -> Self {
         let mut sorted: Vec<(u32, u32)> = ops
             .iter()
             .enumerate()
@@ -466,9 +471,11 @@ impl<'a> RankLowering<'a> {
     /// Pass 3: the commands of every segment in one topological order: per local op, a
     /// `Wait` for each dependency on another lane of its segment (unless this lane already
     /// waited for a later op of that plan lane), its copy or reduction, and its `Record`.
-    fn emit(&self, ev: &Events) -> Result<Vec<Builder>> {
+    fn emit(&self, ev: &Events) -> Result<Vec<SegmentEmitter>> {
         let plan = self.plan;
-        let mut builders: Vec<Builder> = (0..self.segments()).map(|_| Builder::default()).collect();
+        let mut builders: Vec<SegmentEmitter> = (0..self.segments())
+            .map(|_| SegmentEmitter::default())
+            .collect();
         let mut waited: HashMap<(usize, u32, u32), u32> = HashMap::new();
         for (k, &i) in self.ops.iter().enumerate() {
             let id = i as usize;
@@ -538,7 +545,7 @@ impl<'a> RankLowering<'a> {
     /// rank first for receives; one pair's messages keep their op-id order), then the tail.
     fn assemble(
         &self,
-        builders: Vec<Builder>,
+        builders: Vec<SegmentEmitter>,
         events: Vec<u32>,
         msgs: Vec<Pending>,
     ) -> Result<RankProgram> {
@@ -613,7 +620,7 @@ impl<'a> RankLowering<'a> {
 
 /// The commands of one segment as they are emitted.
 #[derive(Default)]
-struct Builder {
+struct SegmentEmitter {
     commands: Vec<Command>,
     srcs: Vec<Slot>,
     ops: Vec<u32>,
@@ -625,7 +632,7 @@ struct Builder {
 pub fn lower_whole(plan: &Plan) -> Result<RankProgram> {
     let ranks = plan.request.gpus.len() as u32;
     let nbind = 2 * ranks + plan.scratch.len() as u32;
-    let layout = Layout {
+    let layout = RankLayout {
         me: 0,
         owner: &|_| Some(0),
         binding: &|b| {

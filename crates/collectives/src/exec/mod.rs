@@ -5,14 +5,14 @@
 //! `README.md` beside this file for the protocol (lanes, events, stages, why it cannot
 //! deadlock).
 
-pub mod cone;
 pub mod counts;
 pub mod lower;
 #[cfg(feature = "nccl")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
-pub mod nccl;
+pub mod nccl_transport;
 pub mod run;
-pub mod transport;
+pub mod sampled_cone;
+pub mod thread_transport;
 
 use relaycc_route::{BufferRef, CheckOptions, CheckedPlan, Location, OpKind, Plan, RouteError};
 

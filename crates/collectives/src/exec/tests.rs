@@ -120,9 +120,9 @@ mod per_rank {
         BufferRef, Collective, DType, Location, OpKind, Plan, PlanOptions, ReduceOp, Request,
     };
 
-    use super::super::lower::{Lanes, Layout, RankProgram, lower};
+    use super::super::lower::{Lanes, RankLayout, RankProgram, lower};
     use super::super::run::{HostMemory, run, run_on_host_vectors};
-    use super::super::transport::InProcess;
+    use super::super::thread_transport::InProcess;
     use super::super::{binding_of, check, compile, launch};
     use crate::backend::host::HostBackend;
     use crate::backend::{Backend, ByteRegion};
@@ -155,7 +155,7 @@ mod per_rank {
                 bytes.push(s.len * esize);
             }
         }
-        let layout = Layout {
+        let layout = RankLayout {
             me,
             owner: &|b| owner(plan, b),
             binding: &|b| match b {

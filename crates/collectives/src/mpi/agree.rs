@@ -14,12 +14,12 @@ use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
 
 use super::requests::SPINS_BEFORE_YIELD;
-use super::roll_call::{self, At};
+use super::roll_call::{self, WaitPoint};
 use super::{MpiCommunicator, MpiError, MpiResult};
 
 /// The nonblocking collective of [`collective`].
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Op {
+pub(super) enum AgreementCollective {
     /// `MPI_Iallreduce` with `MPI_MIN`: elementwise minimum over the ranks.
     Min,
     /// `MPI_Ialltoall`: `send` holds one equal block per rank; block s of the result is rank
@@ -29,12 +29,12 @@ pub(super) enum Op {
     AllGather,
 }
 
-impl Op {
+impl AgreementCollective {
     fn call(self) -> &'static str {
         match self {
-            Op::Min => "MPI_Iallreduce",
-            Op::AllToAll => "MPI_Ialltoall",
-            Op::AllGather => "MPI_Iallgather",
+            AgreementCollective::Min => "MPI_Iallreduce",
+            AgreementCollective::AllToAll => "MPI_Ialltoall",
+            AgreementCollective::AllGather => "MPI_Iallgather",
         }
     }
 }
@@ -50,23 +50,25 @@ impl Op {
 /// the collective), and a request still pending is buried with its buffers.
 pub(super) fn collective(
     comm: &MpiCommunicator,
-    at: impl Into<At>,
-    op: Op,
+    at: impl Into<WaitPoint>,
+    op: AgreementCollective,
     send: Vec<i64>,
 ) -> MpiResult<Vec<i64>> {
     let at = at.into();
     let step = at.step;
     let n = comm.size() as usize;
     let (count, recv_len) = match op {
-        Op::Min => (send.len(), send.len()),
-        Op::AllToAll if send.len().is_multiple_of(n.max(1)) => (send.len() / n.max(1), send.len()),
-        Op::AllToAll => {
+        AgreementCollective::Min => (send.len(), send.len()),
+        AgreementCollective::AllToAll if send.len().is_multiple_of(n.max(1)) => {
+            (send.len() / n.max(1), send.len())
+        }
+        AgreementCollective::AllToAll => {
             return Err(MpiError::Unsupported(format!(
                 "{step}: {} words do not split into {n} equal blocks",
                 send.len()
             )));
         }
-        Op::AllGather => (send.len(), send.len().saturating_mul(n)),
+        AgreementCollective::AllGather => (send.len(), send.len().saturating_mul(n)),
     };
     let count = c_int::try_from(count).map_err(|_| {
         MpiError::Unsupported(format!("{step}: {count} words, over MPI's int count"))
@@ -84,9 +86,15 @@ pub(super) fn collective(
     // while MPI may use them.
     let rc = unsafe {
         match op {
-            Op::Min => ffi::MPI_Iallreduce(sp, rp, count, word, min, raw, &mut req),
-            Op::AllToAll => ffi::MPI_Ialltoall(sp, count, word, rp, count, word, raw, &mut req),
-            Op::AllGather => ffi::MPI_Iallgather(sp, count, word, rp, count, word, raw, &mut req),
+            AgreementCollective::Min => {
+                ffi::MPI_Iallreduce(sp, rp, count, word, min, raw, &mut req)
+            }
+            AgreementCollective::AllToAll => {
+                ffi::MPI_Ialltoall(sp, count, word, rp, count, word, raw, &mut req)
+            }
+            AgreementCollective::AllGather => {
+                ffi::MPI_Iallgather(sp, count, word, rp, count, word, raw, &mut req)
+            }
         }
     };
     match wait_at(comm, &at, op.call(), rc, &mut req) {
@@ -123,7 +131,7 @@ fn test(rank: u32, req: &mut ffi::MPI_Request) -> MpiResult<bool> {
 /// the timeout.
 fn wait_at(
     comm: &MpiCommunicator,
-    at: &At,
+    at: &WaitPoint,
     call: &'static str,
     rc: c_int,
     req: &mut ffi::MPI_Request,
@@ -210,7 +218,7 @@ pub(super) struct Agreed {
 /// maximum. Errors as [`collective`].
 pub(super) fn agree(
     comm: &MpiCommunicator,
-    step: impl Into<At>,
+    step: impl Into<WaitPoint>,
     failed: bool,
     values: &[i64],
 ) -> MpiResult<Agreed> {
@@ -225,7 +233,7 @@ pub(super) fn agree(
         // 62-bit hashes are small), and saturating keeps the reduction well defined anyway.
         send.extend([*v, v.saturating_neg()]);
     }
-    let got = collective(comm, step, Op::Min, send)?;
+    let got = collective(comm, step, AgreementCollective::Min, send)?;
     let failed = match got.first() {
         Some(&r) if r != i64::MAX => Some(r as u32),
         _ => None,
@@ -247,7 +255,7 @@ pub(super) fn barrier(comm: &MpiCommunicator, step: &'static str) -> MpiResult<(
     let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
     // SAFETY: the communicator is live and `req` an out-parameter of the right type.
     let rc = unsafe { ffi::MPI_Ibarrier(comm.comm().as_raw(), &mut req) };
-    match wait_at(comm, &At::from(step), "MPI_Ibarrier", rc, &mut req) {
+    match wait_at(comm, &WaitPoint::from(step), "MPI_Ibarrier", rc, &mut req) {
         Ok(()) => Ok(()),
         Err(e) => {
             let health = comm.health();
@@ -300,7 +308,7 @@ pub(super) fn same_settings(
     let all = collective(
         comm,
         step,
-        Op::AllGather,
+        AgreementCollective::AllGather,
         settings.iter().map(|s| s.1).collect(),
     )?;
     let names: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();

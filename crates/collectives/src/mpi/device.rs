@@ -11,7 +11,7 @@ use ::mpi::traits::AsRaw;
 use relaycc_route::{Location, Plan};
 
 use super::requests::Requests;
-use super::schedule::Schedule;
+use super::schedule::RankSchedule;
 use super::transport::MpiTransport;
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::sealed::Private;
@@ -149,7 +149,7 @@ impl Drop for PlanMemory {
 /// MPI is done with them).
 pub struct DevicePlan<'a> {
     comm: &'a MpiCommunicator,
-    schedule: Schedule,
+    schedule: RankSchedule,
     mode: TransferMode,
     mem: PlanMemory,
     /// Where staging memory is allocated.
@@ -274,7 +274,8 @@ impl<'a> DevicePlan<'a> {
             count: 1,
             at: device,
         };
-        let schedule = Schedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
+        let schedule =
+            RankSchedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
         let local = |l: Location| match l {
             Location::Gpu(_) => device,
             host => host,

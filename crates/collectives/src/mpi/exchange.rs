@@ -10,10 +10,10 @@ use relaycc_route::nodeaware::{ModelParams, Strategy, rank_space_plan};
 use relaycc_route::planner::ranks::{PROCESS_STRATEGIES, modelled_strategies};
 use relaycc_route::{Collective, DType, Location, Request};
 
-use super::agree::{self, Op};
+use super::agree::{self, AgreementCollective};
 use super::indexed::Indexed;
 use super::requests::{Health, Requests};
-use super::schedule::{RunBuffers, Schedule};
+use super::schedule::{RankSchedule, RunBuffers};
 use super::{MpiCommunicator, MpiError, MpiResult, private_dup};
 
 /// Split+MD's message cap in bytes: Lassen's rendezvous threshold ([Lockhart-2023, Table 2]), unless
@@ -43,7 +43,7 @@ pub struct NeighborExchange {
     /// The private communicator the requests are posted on, owned so that it lives as long
     /// as the exchange.
     _comm: SimpleCommunicator,
-    pub(super) schedule: Schedule,
+    pub(super) schedule: RankSchedule,
     /// Input, output and scratch of the plan: every message reads or writes these, never
     /// the caller's slices, so requests MPI keeps after a failure hold no caller memory.
     pub(super) bufs: RunBuffers,
@@ -148,7 +148,12 @@ impl NeighborExchange {
         if local.is_none() {
             mine.copy_from_slice(send_counts);
         }
-        let incoming = counts(&agree::collective(comm, BUILD, Op::AllToAll, words(&mine))?);
+        let incoming = counts(&agree::collective(
+            comm,
+            BUILD,
+            AgreementCollective::AllToAll,
+            words(&mine),
+        )?);
         if local.is_none()
             && let Some(s) = (0..n).find(|s| incoming[*s] != recv_counts[*s])
         {
@@ -163,7 +168,7 @@ impl NeighborExchange {
         let all = counts(&agree::collective(
             comm,
             BUILD,
-            Op::AllGather,
+            AgreementCollective::AllGather,
             words(&mine),
         )?);
         let e = elem_size as u64;
@@ -189,7 +194,7 @@ impl NeighborExchange {
         let counts = counts(&agree::collective(
             comm,
             BUILD,
-            Op::AllGather,
+            AgreementCollective::AllGather,
             words(&[count]),
         )?);
         let mut req = Request::new(
@@ -237,7 +242,7 @@ impl NeighborExchange {
         // Proves every output byte gets exactly its input byte before a message moves;
         // deterministic, so every rank reaches the same verdict.
         relaycc_route::check(&plan)?;
-        let schedule = Schedule::new(&plan, comm.rank(), &|l| match l {
+        let schedule = RankSchedule::new(&plan, comm.rank(), &|l| match l {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;

@@ -17,7 +17,7 @@
 //!   its first message and returns once the messages are done; the copies after them are
 //!   still enqueued on the caller's stream.
 //! - [`GpuTransport::Nccl`]: `ncclSend`/`ncclRecv` on the caller's stream
-//!   ([`crate::exec::nccl`]), bootstrapped over MPI (`ncclGetUniqueId` on rank 0, its id
+//!   ([`crate::exec::nccl_transport`]), bootstrapped over MPI (`ncclGetUniqueId` on rank 0, its id
 //!   broadcast, `ncclCommInitRank`). Nothing waits on the host: the call returns once every
 //!   stage is enqueued.
 //!
@@ -44,10 +44,10 @@ use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::device::{HostBuf, PlanMemory, TransferMode, slot_address, slot_region};
 use super::requests::Requests;
-use super::roll_call::At;
-use super::schedule::Schedule;
+use super::roll_call::WaitPoint;
+use super::schedule::RankSchedule;
 use super::transport::MpiTransport;
-use super::typed::{InputAt, Shape};
+use super::typed::{CheckedCall, InputAt};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
 use crate::backend::sealed::{Loan, Private};
@@ -58,7 +58,7 @@ use crate::cuda::{CudaBackend, CudaError};
 use crate::error::CollectivesError;
 use crate::exec::lower::Lanes;
 #[cfg(feature = "nccl")]
-use crate::exec::nccl::{NcclComm, NcclId};
+use crate::exec::nccl_transport::{NcclComm, NcclId};
 use crate::plan_cache::lru::{Held, Lru};
 
 /// Without feature `nccl` no NCCL communicator exists: the NCCL transport is refused when a
@@ -111,7 +111,7 @@ impl std::str::FromStr for GpuTransport {
 /// staging) on the backend, and its MPI requests.
 #[derive(Debug)]
 struct GpuPrepared {
-    schedule: Schedule,
+    schedule: RankSchedule,
     mem: PlanMemory,
     reqs: Requests,
     algorithm: String,
@@ -347,7 +347,7 @@ impl<'c> MpiGpu<'c> {
     /// separate input; `vout`: the output, holding the input when in place).
     pub(super) fn call(
         &mut self,
-        shape: Shape,
+        shape: CheckedCall,
         lender: &mut Lender<'_>,
         vin: Option<View>,
         vout: Option<View>,
@@ -355,7 +355,7 @@ impl<'c> MpiGpu<'c> {
     ) -> MpiResult<()> {
         let comm = self.comm;
         comm.check_health()?;
-        let Shape {
+        let CheckedCall {
             mut call,
             mut local,
             input,
@@ -390,7 +390,7 @@ impl<'c> MpiGpu<'c> {
                 let bytes = p.weight;
                 (p, bytes)
             });
-            let at = At::call("prepare a GPU call", call.collective(), seq);
+            let at = WaitPoint::call("prepare a GPU call", call.collective(), seq);
             let (mut p, weight) = super::agree_weighed(comm, made, at)?;
             p.weight = weight;
             let evicted = self.shapes.evict_to_fit(limits, 1, weight);
@@ -404,7 +404,7 @@ impl<'c> MpiGpu<'c> {
         let esize = call.esize();
         let ran = run_prepared(
             p,
-            Ctx {
+            GpuRunContext {
                 comm,
                 place,
                 nccl: self.nccl.as_mut(),
@@ -524,7 +524,7 @@ impl<'c> MpiGpu<'c> {
         };
         let ran = run_prepared(
             p,
-            Ctx {
+            GpuRunContext {
                 comm,
                 place,
                 nccl: self.nccl.as_mut(),
@@ -544,7 +544,8 @@ impl<'c> MpiGpu<'c> {
     fn prepare(&self, plan: &Plan, mpi: ::mpi::ffi::MPI_Comm) -> MpiResult<GpuPrepared> {
         let comm = self.comm;
         let lanes = Lanes::Fold { count: 1, at: GPU };
-        let schedule = Schedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
+        let schedule =
+            RankSchedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
         let mut mem = PlanMemory::new(self.backend());
         for (bytes, at) in schedule.scratch.iter().zip(&schedule.scratch_at) {
             let at = match at {
@@ -672,7 +673,7 @@ fn one_rank_per_gpu(comm: &MpiCommunicator, ordinal: usize) -> MpiResult<()> {
     let all = super::agree::collective(
         comm,
         "check one rank per GPU",
-        super::agree::Op::AllGather,
+        super::agree::AgreementCollective::AllGather,
         vec![i64::from(host), hash as i64],
     )?;
     let rows: Vec<&[i64]> = all.chunks(2).collect();
@@ -781,7 +782,7 @@ fn settle(comm: &MpiCommunicator, p: &mut GpuPrepared, ran: &MpiResult<()>) {
 }
 
 /// What one run needs besides its prepared shape.
-struct Ctx<'r> {
+struct GpuRunContext<'r> {
     comm: &'r MpiCommunicator,
     place: Place<'r>,
     nccl: Option<&'r mut NcclComm>,
@@ -845,7 +846,7 @@ fn copy_on(place: Place<'_>, program: &Program, src: ByteRegion, dst: ByteRegion
 /// input and output, and the element size.
 fn run_prepared(
     p: &mut GpuPrepared,
-    ctx: Ctx<'_>,
+    ctx: GpuRunContext<'_>,
     lender: &Lender<'_>,
     io: (InputAt, Option<View>, Option<View>, u64),
 ) -> MpiResult<()> {
@@ -1133,7 +1134,8 @@ mod tests {
                             Location::Gpu(r) => Some(r),
                             Location::Host(_) => None,
                         };
-                        let sched = Schedule::with_lanes(plan, me, &owner, lanes).expect("lower");
+                        let sched =
+                            RankSchedule::with_lanes(plan, me, &owner, lanes).expect("lower");
                         let mut sizes = vec![sched.input_len, sched.output_len];
                         sizes.extend(&sched.scratch);
                         let bindings: Vec<ByteRegion> = sizes

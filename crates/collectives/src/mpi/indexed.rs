@@ -6,7 +6,7 @@
 //! rank order, each source's elements in the order it listed their indices for this rank
 //! (`MPI_Alltoallv`'s packed layout); [`NeighborExchange::received`] elements in all.
 
-use super::agree::{self, Op};
+use super::agree::{self, AgreementCollective};
 use super::exchange::{BUILD, agree, counts, words};
 use super::{Choice, MpiCommunicator, MpiError, MpiResult, NeighborExchange};
 
@@ -75,7 +75,7 @@ impl NeighborExchange {
         let recv_counts = counts(&agree::collective(
             comm,
             BUILD,
-            Op::AllToAll,
+            AgreementCollective::AllToAll,
             words(&send_counts),
         )?);
         if let (None, Some(p)) = (&local, recv_places)

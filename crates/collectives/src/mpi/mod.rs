@@ -242,10 +242,10 @@ pub struct MpiCommunicator {
     /// Per agreed call shape, this rank's schedule and run buffers ([`typed`]), the same
     /// shapes on every rank: keys, weights and limits are agreed, and the eviction rule is
     /// deterministic ([`Lru`]).
-    calls: RefCell<Lru<Vec<i64>, typed::Prepared>>,
+    calls: RefCell<Lru<Vec<i64>, typed::PreparedShape>>,
     /// Per (source, destination, count, element type), the send/recv schedule (a pair's
     /// ranks may keep different ones: preparing a pair's shape is local).
-    p2p_plans: RefCell<Lru<(u32, u32, u64, relaycc_route::DType), typed::Prepared>>,
+    p2p_plans: RefCell<Lru<(u32, u32, u64, relaycc_route::DType), typed::PreparedShape>>,
     /// The limits of every plan cache of this communicator and of its GPU ranks, the same on
     /// every rank ([`MpiCommunicator::set_plan_cache_limits`]).
     plan_limits: Cell<PlanCacheLimits>,
@@ -623,7 +623,7 @@ impl MpiCommunicator {
         self.health.check()?;
         let local = relaycc_route::check(plan)
             .map_err(MpiError::from)
-            .and_then(|()| schedule::Schedule::new(plan, self.rank, &|l| self.owner(plan, l)));
+            .and_then(|()| schedule::RankSchedule::new(plan, self.rank, &|l| self.owner(plan, l)));
         let sched = agree(self, local, "execute a plan", Some(plan))?;
         // Messages go over MPI here, which gains nothing from shared memory.
         let mut bufs = RunBuffers::new(&sched, false);
@@ -743,7 +743,7 @@ fn agree<T>(
 fn agree_weighed<T>(
     comm: &MpiCommunicator,
     local: MpiResult<(T, u64)>,
-    at: roll_call::At,
+    at: roll_call::WaitPoint,
 ) -> MpiResult<(T, u64)> {
     let step = at.step;
     let bytes = local.as_ref().map_or(0, |(_, b)| *b);

@@ -1,7 +1,7 @@
 //! The nonblocking MPI requests of one level: posted, polled against a deadline, and on any
 //! failure cancelled. The executor's runner posts through this one type, by way of the MPI
 //! transport ([`super::transport::MpiTransport`]), over host memory
-//! ([`super::schedule::Schedule::run`]) and over a backend's memory ([`super::DevicePlan::run`]).
+//! ([`super::schedule::RankSchedule::run`]) and over a backend's memory ([`super::DevicePlan::run`]).
 //!
 //! A failure never aborts the job. Requests that MPI does not give back after `MPI_Cancel`
 //! (Open MPI cannot cancel a send whose peer never posts the receive) are left in the

@@ -2,8 +2,8 @@
 //! where they wait instead.
 //!
 //! A nonblocking MPI collective that does not complete says nothing about who has not
-//! joined it. So every collective step of [`agree`](super::agree) knows where it is (an
-//! [`At`]: the step, and for a typed call its collective and sequence number), and:
+//! joined it. So every collective step of [`agree`](super::agree) knows where it is (a
+//! [`WaitPoint`]: the step, and for a typed call its collective and sequence number), and:
 //!
 //! 1. **Serves**: a wait that has lasted [`SERVE_AFTER`] (never a step that completes at
 //!    once) also looks for queries on the communicator's roll communicator (a private
@@ -65,17 +65,17 @@ const WORDS: usize = 3 + NAME_BYTES / 8;
 /// Where a rank waits: a collective step of its communicator and, for a typed call, the
 /// collective and the call's sequence number.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct At {
+pub(super) struct WaitPoint {
     /// The step (`agree on a collective call`, `meet at a barrier`, `prepare a plan`).
     pub step: &'static str,
     /// The typed call the step belongs to: its collective and sequence number.
     pub call: Option<(Collective, u64)>,
 }
 
-impl At {
+impl WaitPoint {
     /// A step of the typed call `seq`, a `collective`.
     pub(super) fn call(step: &'static str, collective: Collective, seq: u64) -> Self {
-        At {
+        WaitPoint {
             step,
             call: Some((collective, seq)),
         }
@@ -104,9 +104,9 @@ impl At {
     }
 }
 
-impl From<&'static str> for At {
+impl From<&'static str> for WaitPoint {
     fn from(step: &'static str) -> Self {
-        At { step, call: None }
+        WaitPoint { step, call: None }
     }
 }
 
@@ -127,7 +127,7 @@ fn describe(w: &[i64]) -> String {
 
 /// What the step names in an error: the collective of a typed call (its name and number go
 /// in [`MpiError::Absent`]'s fields), else the step.
-fn step_name(at: &At) -> &'static str {
+fn step_name(at: &WaitPoint) -> &'static str {
     at.call.map_or(at.step, |(c, _)| c.name())
 }
 
@@ -138,7 +138,7 @@ fn mpi_err(comm: &MpiCommunicator, call: &'static str, code: c_int) -> MpiError 
 
 /// Answer every query waiting on `comm`'s roll communicator with `at`'s place. Returns the
 /// ranks that asked about this very place (they gave up on it).
-pub(super) fn serve(comm: &MpiCommunicator, at: &At) -> MpiResult<Vec<u32>> {
+pub(super) fn serve(comm: &MpiCommunicator, at: &WaitPoint) -> MpiResult<Vec<u32>> {
     let roll = comm.roll().as_raw();
     let mine = at.words(comm);
     let mut asked = Vec::new();
@@ -215,7 +215,7 @@ pub(super) fn serve(comm: &MpiCommunicator, at: &At) -> MpiResult<Vec<u32>> {
 /// every rank is (the step was slower than the timeout), or an MPI error.
 pub(super) fn call_roll(
     comm: &MpiCommunicator,
-    at: &At,
+    at: &WaitPoint,
     mut asked: Vec<u32>,
     after: Duration,
 ) -> MpiError {

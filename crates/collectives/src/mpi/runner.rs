@@ -14,16 +14,16 @@ use std::time::Duration;
 use relaycc_route::{Collective, DType, ReduceOp};
 
 use super::gpu::MpiOnStream;
-use super::typed::{InputAt, Kind, Shape};
+use super::typed::{CheckedCall, InputAt, TypedCollective};
 use super::{MpiError, MpiResult};
 use crate::error::{CollectivesError, Result};
-use crate::rank::collectives::sealed::{Private, Runner};
-use crate::rank::{Collectives, Departure, Lender, Op, RankGroup, View};
+use crate::rank::collectives::sealed::{Runner, RunnerToken};
+use crate::rank::{Collectives, Departure, Lender, RankCallOp, RankGroup, View};
 
 /// An operation's shape on MPI: the checked call and the views it runs on (`vin` a separate
 /// input; `vout` the output, holding the input when in place).
 struct Mapped {
-    shape: Shape,
+    shape: CheckedCall,
     vin: Option<View>,
     vout: Option<View>,
 }
@@ -36,7 +36,7 @@ fn same_block(a: Option<View>, b: Option<View>) -> bool {
 /// `s` refused on this rank: an in-place form MPI ranks cannot run (the output inside the
 /// input). The refusal is agreed like any local error, so ranks whose own views look like
 /// an ordinary call (a scatter's non-roots) fail with it instead of waiting.
-fn refused(mut s: Shape, call: &'static str, form: &str) -> Shape {
+fn refused(mut s: CheckedCall, call: &'static str, form: &str) -> CheckedCall {
     if s.local.is_ok() {
         s.local = Err(MpiError::Unsupported(format!(
             "{call}: {form} is not supported on MPI ranks (the output would lie inside the \
@@ -65,32 +65,33 @@ impl MpiOnStream<'_, '_> {
         let op = desc.op;
         let usize_counts = |c: &[u64]| -> Vec<usize> { c.iter().map(|&x| x as usize).collect() };
         let (counts, recv_counts) = (usize_counts(&desc.counts), usize_counts(&desc.recv_counts));
-        let shape = |kind: Kind<'_>, i: usize, o: usize| comm.shape_of(desc.dtype, kind, i, o);
-        let separate = |s: Shape| Mapped {
+        let shape =
+            |kind: TypedCollective<'_>, i: usize, o: usize| comm.shape_of(desc.dtype, kind, i, o);
+        let separate = |s: CheckedCall| Mapped {
             shape: s,
             vin: input,
             vout: output,
         };
         // In place: the output view holds the input; no separate input view.
-        let within = |s: Shape| Mapped {
+        let within = |s: CheckedCall| Mapped {
             shape: s,
             vin: None,
             vout: output,
         };
         let m = match desc.collective {
             Collective::AllReduce if in_place => {
-                within(shape(Kind::AllReduceInPlace(op), olen, olen))
+                within(shape(TypedCollective::AllReduceInPlace(op), olen, olen))
             }
-            Collective::AllReduce => separate(shape(Kind::AllReduce(op), ilen, olen)),
+            Collective::AllReduce => separate(shape(TypedCollective::AllReduce(op), ilen, olen)),
             Collective::Reduce if in_place => {
-                let mut s = shape(Kind::Reduce(root, op), ilen, olen);
+                let mut s = shape(TypedCollective::Reduce(root, op), ilen, olen);
                 s.input = InputAt::InOutput(0..olen);
                 within(s)
             }
-            Collective::Reduce => separate(shape(Kind::Reduce(root, op), ilen, olen)),
+            Collective::Reduce => separate(shape(TypedCollective::Reduce(root, op), ilen, olen)),
             // A broadcast's input is the root's only; a separate one on the root is read there.
             Collective::Broadcast if input.is_some() && !in_place => {
-                let mut s = shape(Kind::Broadcast(root), olen, olen);
+                let mut s = shape(TypedCollective::Broadcast(root), olen, olen);
                 if s.local.is_ok() && ilen != olen {
                     s.local = Err(MpiError::Buffer {
                         side: "input",
@@ -101,39 +102,49 @@ impl MpiOnStream<'_, '_> {
                 s.input = InputAt::Separate;
                 separate(s)
             }
-            Collective::Broadcast => within(shape(Kind::Broadcast(root), olen, olen)),
-            Collective::AllGather if in_place => within(shape(Kind::AllGatherInPlace, olen, olen)),
-            Collective::AllGather => separate(shape(Kind::AllGather, ilen, olen)),
-            Collective::AllGatherV if in_place => {
-                within(shape(Kind::AllGatherVInPlace(&counts), olen, olen))
+            Collective::Broadcast => within(shape(TypedCollective::Broadcast(root), olen, olen)),
+            Collective::AllGather if in_place => {
+                within(shape(TypedCollective::AllGatherInPlace, olen, olen))
             }
-            Collective::AllGatherV => separate(shape(Kind::AllGatherV(&counts), ilen, olen)),
+            Collective::AllGather => separate(shape(TypedCollective::AllGather, ilen, olen)),
+            Collective::AllGatherV if in_place => within(shape(
+                TypedCollective::AllGatherVInPlace(&counts),
+                olen,
+                olen,
+            )),
+            Collective::AllGatherV => {
+                separate(shape(TypedCollective::AllGatherV(&counts), ilen, olen))
+            }
             Collective::ReduceScatter if in_place => {
                 let s = shape(
-                    Kind::ReduceScatter(op),
+                    TypedCollective::ReduceScatter(op),
                     olen,
                     olen / comm.size().max(1) as usize,
                 );
                 within(refused(s, "reduce_scatter", "reduce_scatter_in_place"))
             }
-            Collective::ReduceScatter => separate(shape(Kind::ReduceScatter(op), ilen, olen)),
-            Collective::AllToAll => separate(shape(Kind::AllToAll, ilen, olen)),
-            Collective::AllToAllV => {
-                separate(shape(Kind::AllToAllV(&counts, &recv_counts), ilen, olen))
+            Collective::ReduceScatter => {
+                separate(shape(TypedCollective::ReduceScatter(op), ilen, olen))
             }
+            Collective::AllToAll => separate(shape(TypedCollective::AllToAll, ilen, olen)),
+            Collective::AllToAllV => separate(shape(
+                TypedCollective::AllToAllV(&counts, &recv_counts),
+                ilen,
+                olen,
+            )),
             Collective::Gather if in_place => {
                 // The root's buffer is the whole output; its input is block `root` of it.
-                let mut s = shape(Kind::Gather(root), ilen, olen);
+                let mut s = shape(TypedCollective::Gather(root), ilen, olen);
                 let at = me * ilen;
                 s.input = InputAt::InOutput(at..at + ilen);
                 within(s)
             }
-            Collective::Gather => separate(shape(Kind::Gather(root), ilen, olen)),
+            Collective::Gather => separate(shape(TypedCollective::Gather(root), ilen, olen)),
             Collective::Scatter if in_place => {
-                let s = shape(Kind::Scatter(root), ilen, olen);
+                let s = shape(TypedCollective::Scatter(root), ilen, olen);
                 within(refused(s, "scatter", "scatter_in_place on the root"))
             }
-            Collective::Scatter => separate(shape(Kind::Scatter(root), ilen, olen)),
+            Collective::Scatter => separate(shape(TypedCollective::Scatter(root), ilen, olen)),
             other => {
                 return Err(CollectivesError::Setup(format!(
                     "{}: not a collective MPI ranks run",
@@ -145,9 +156,12 @@ impl MpiOnStream<'_, '_> {
     }
 
     /// Run a group's operations in order; the first error stops the group.
-    fn run_group(&mut self, lender: &mut Lender<'_>, ops: Vec<Op>) -> Result<()> {
+    fn run_group(&mut self, lender: &mut Lender<'_>, ops: Vec<RankCallOp>) -> Result<()> {
         let stream = self.stream_ref();
-        let collectives = ops.iter().filter(|o| matches!(o, Op::Coll { .. })).count();
+        let collectives = ops
+            .iter()
+            .filter(|o| matches!(o, RankCallOp::Coll { .. }))
+            .count();
         if collectives != ops.len() && ops.len() > 1 {
             return Err(CollectivesError::Unmatched(
                 "MPI ranks run sends and receives one at a time, not in a group with other \
@@ -159,17 +173,19 @@ impl MpiOnStream<'_, '_> {
             // An argument error found while adding (nothing was added): agree it as a failed
             // call, so the other ranks fail too instead of waiting.
             if lender.has_error() {
-                let shape =
-                    self.gpu()
-                        .comm()
-                        .shape_of(DType::U8, Kind::AllReduce(ReduceOp::Sum), 0, 0);
+                let shape = self.gpu().comm().shape_of(
+                    DType::U8,
+                    TypedCollective::AllReduce(ReduceOp::Sum),
+                    0,
+                    0,
+                );
                 return Ok(self.gpu_mut().call(shape, lender, None, None, stream)?);
             }
             return Ok(());
         }
         for op in ops {
             match op {
-                Op::Coll {
+                RankCallOp::Coll {
                     desc,
                     input,
                     output,
@@ -182,13 +198,13 @@ impl MpiOnStream<'_, '_> {
                     shape.call.tag = desc.tag;
                     self.gpu_mut().call(shape, lender, vin, vout, stream)?;
                 }
-                Op::P2p {
+                RankCallOp::P2p {
                     send,
                     peer,
                     view,
                     dtype,
                 } => self.run_p2p(lender, (send, peer, view, dtype))?,
-                Op::Split { .. } => {
+                RankCallOp::Split { .. } => {
                     return Err(CollectivesError::Setup(
                         "split: MPI ranks split their communicator with MpiCommunicator::split"
                             .into(),
@@ -222,10 +238,15 @@ impl Runner for MpiOnStream<'_, '_> {
     fn tag(&self) -> u64 {
         self.gpu().next_tag
     }
-    fn clear_tag(&mut self, _: Private) {
+    fn clear_tag(&mut self, _: RunnerToken) {
         self.gpu_mut().next_tag = 0;
     }
-    fn depart<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<Op>, _: Private) -> Departure<'b> {
+    fn depart<'b>(
+        &mut self,
+        mut lender: Lender<'b>,
+        ops: Vec<RankCallOp>,
+        _: RunnerToken,
+    ) -> Departure<'b> {
         let outcome = self.run_group(&mut lender, ops);
         // The lender's guards drop with the departure, after what the call enqueued.
         Departure::ran(outcome, lender)
@@ -234,10 +255,10 @@ impl Runner for MpiOnStream<'_, '_> {
         &mut self,
         _call: &'static str,
         mut lender: Lender<'_>,
-        op: Op,
-        _: Private,
+        op: RankCallOp,
+        _: RunnerToken,
     ) -> Result<()> {
-        let Op::P2p {
+        let RankCallOp::P2p {
             send,
             peer,
             view,

@@ -13,17 +13,17 @@ use super::shared_buffer::SharedHostBuffer;
 use super::shm_transport::{SINGLE_COPY_MIN_BYTES, ShmSegment};
 use super::transport::MpiTransport;
 use crate::backend::Command;
-use crate::exec::lower::{self, Lanes, Layout, RankProgram};
+use crate::exec::lower::{self, Lanes, RankLayout, RankProgram};
 use crate::exec::run::{self, HostMemory};
 
-/// The memory one run of a [`Schedule`] works in: this rank's input, output and scratch,
+/// The memory one run of a [`RankSchedule`] works in: this rank's input, output and scratch,
 /// owned here so that a failed run can hand it over to the graveyard while MPI still holds
 /// requests into it. `u128` words align the bytes for every element type.
 #[derive(Debug, Default)]
 pub(crate) struct RunBuffers {
-    input: Words,
-    output: Words,
-    scratch: Vec<Words>,
+    input: ZeroedWords,
+    output: ZeroedWords,
+    scratch: Vec<ZeroedWords>,
     /// Staging for messages the transport cannot reach in place (none over MPI on host
     /// memory; kept so that the runner's memory is owned here too).
     staging: Vec<u128>,
@@ -32,48 +32,48 @@ pub(crate) struct RunBuffers {
 /// Zeroed `u128` words on the heap, or in a [`SharedHostBuffer`] that the other local ranks
 /// map (single-copy messages from it are then copied in user space, `shm_transport.rs`).
 #[derive(Debug)]
-enum Words {
+enum ZeroedWords {
     Heap(Vec<u128>),
     Shared(SharedHostBuffer<u128>),
 }
 
-impl Default for Words {
+impl Default for ZeroedWords {
     fn default() -> Self {
-        Words::Heap(Vec::new())
+        ZeroedWords::Heap(Vec::new())
     }
 }
 
-impl Words {
-    /// Words holding `bytes`: shared when `shared` and they can hold a single-copy message
+impl ZeroedWords {
+    /// ZeroedWords holding `bytes`: shared when `shared` and they can hold a single-copy message
     /// (smaller ones never leave through one, and each mapping holds a descriptor), on the
     /// heap otherwise or when the system refuses the mapping.
-    fn zeroed(bytes: usize, shared: bool) -> Words {
+    fn zeroed(bytes: usize, shared: bool) -> ZeroedWords {
         let n = bytes.div_ceil(16);
         if shared
             && bytes >= SINGLE_COPY_MIN_BYTES
             && let Ok(b) = SharedHostBuffer::zeroed(n)
         {
-            return Words::Shared(b);
+            return ZeroedWords::Shared(b);
         }
-        Words::Heap(vec![0u128; n])
+        ZeroedWords::Heap(vec![0u128; n])
     }
 }
 
-impl std::ops::Deref for Words {
+impl std::ops::Deref for ZeroedWords {
     type Target = [u128];
     fn deref(&self) -> &[u128] {
         match self {
-            Words::Heap(v) => v,
-            Words::Shared(b) => b,
+            ZeroedWords::Heap(v) => v,
+            ZeroedWords::Shared(b) => b,
         }
     }
 }
 
-impl std::ops::DerefMut for Words {
+impl std::ops::DerefMut for ZeroedWords {
     fn deref_mut(&mut self) -> &mut [u128] {
         match self {
-            Words::Heap(v) => v,
-            Words::Shared(b) => b,
+            ZeroedWords::Heap(v) => v,
+            ZeroedWords::Shared(b) => b,
         }
     }
 }
@@ -81,22 +81,22 @@ impl std::ops::DerefMut for Words {
 impl RunBuffers {
     /// Zeroed buffers of the sizes `s` needs; `shared`: where a run's messages go through a
     /// shared-memory transport whose peers may map them ([`SharedHostBuffer`]).
-    pub(crate) fn new(s: &Schedule, shared: bool) -> Self {
+    pub(crate) fn new(s: &RankSchedule, shared: bool) -> Self {
         RunBuffers {
-            input: Words::zeroed(s.input_len, shared),
-            output: Words::zeroed(s.output_len, shared),
+            input: ZeroedWords::zeroed(s.input_len, shared),
+            output: ZeroedWords::zeroed(s.output_len, shared),
             scratch: s
                 .scratch
                 .iter()
-                .map(|n| Words::zeroed(*n, shared))
+                .map(|n| ZeroedWords::zeroed(*n, shared))
                 .collect(),
             staging: Vec::new(),
         }
     }
 
     /// Errors unless these buffers hold what `s` needs.
-    fn fits(&self, s: &Schedule) -> Result<(), MpiError> {
-        let holds = |v: &Words, n: usize| v.len() * 16 >= n;
+    fn fits(&self, s: &RankSchedule) -> Result<(), MpiError> {
+        let holds = |v: &ZeroedWords, n: usize| v.len() * 16 >= n;
         if holds(&self.input, s.input_len)
             && holds(&self.output, s.output_len)
             && self.scratch.len() == s.scratch.len()
@@ -115,13 +115,13 @@ impl RunBuffers {
     }
 
     /// This rank's input bytes (`s.input_len`).
-    pub(crate) fn input_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
+    pub(crate) fn input_bytes(&mut self, s: &RankSchedule) -> Result<&mut [u8], MpiError> {
         self.fits(s)?;
         Ok(&mut bytemuck::cast_slice_mut(&mut self.input[..])[..s.input_len])
     }
 
     /// This rank's output bytes (`s.output_len`).
-    pub(crate) fn output_bytes(&mut self, s: &Schedule) -> Result<&mut [u8], MpiError> {
+    pub(crate) fn output_bytes(&mut self, s: &RankSchedule) -> Result<&mut [u8], MpiError> {
         self.fits(s)?;
         Ok(&mut bytemuck::cast_slice_mut(&mut self.output[..])[..s.output_len])
     }
@@ -130,7 +130,7 @@ impl RunBuffers {
 /// One rank's part of a plan: the executor's lowering for this rank, with its bindings
 /// (input 0, output 1, then the scratch buffers this rank holds).
 #[derive(Debug, Clone)]
-pub(crate) struct Schedule {
+pub(crate) struct RankSchedule {
     pub(super) program: RankProgram,
     /// Bytes of each scratch buffer this rank owns.
     pub(crate) scratch: Vec<usize>,
@@ -143,11 +143,11 @@ pub(crate) struct Schedule {
     writes_input: bool,
 }
 
-impl Schedule {
+impl RankSchedule {
     /// The part of `plan` that rank `me` runs; `owner` maps a memory to the rank that holds
-    /// it. Local ops are folded onto one lane (they run inline, see [`Schedule::run_at`]).
+    /// it. Local ops are folded onto one lane (they run inline, see [`RankSchedule::run_at`]).
     ///
-    /// Errors: as [`Schedule::with_lanes`].
+    /// Errors: as [`RankSchedule::with_lanes`].
     pub(crate) fn new(
         plan: &Plan,
         me: u32,
@@ -219,7 +219,7 @@ impl Schedule {
         };
         let mut binding_bytes = vec![input_len as u64, output_len as u64];
         binding_bytes.extend(scratch.iter().map(|n| *n as u64));
-        let layout = Layout {
+        let layout = RankLayout {
             me,
             owner: &own,
             binding: &binding,
@@ -237,7 +237,7 @@ impl Schedule {
                     _ => false,
                 })
             });
-        Ok(Schedule {
+        Ok(RankSchedule {
             program,
             scratch,
             scratch_at,
@@ -268,7 +268,7 @@ impl Schedule {
     }
 
     /// Run this rank's part with `input` and `output`, through `bufs` (see
-    /// [`Schedule::run_in`]): `input` is copied into `bufs` first, and the output copied out
+    /// [`RankSchedule::run_in`]): `input` is copied into `bufs` first, and the output copied out
     /// after a successful run.
     pub(crate) fn run(
         &self,
@@ -331,7 +331,7 @@ impl Schedule {
     ///
     /// # Safety
     /// `in_ptr` must point to `self.input_len` readable bytes (written only when
-    /// [`Schedule::writes_input`]) and `out_ptr` to `self.output_len` writable bytes, not
+    /// [`RankSchedule::writes_input`]) and `out_ptr` to `self.output_len` writable bytes, not
     /// overlapping each other or `bufs`, that nothing else touches until this returns. When it
     /// returns an error and [`Requests::take_stuck`] then gives requests, MPI may still read
     /// or write both ranges until those requests complete: the caller must keep them

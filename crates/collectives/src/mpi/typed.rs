@@ -16,12 +16,12 @@
 //!    usable.
 //! 3. **Plan once per shape**: the agreed descriptors key a cache. On a miss the request is
 //!    built in rank space (ranks `0..n` are the processes), planned by route's rank-space
-//!    planner, proved by `relaycc_route::check`, and cut into this rank's [`Schedule`] with
+//!    planner, proved by `relaycc_route::check`, and cut into this rank's [`RankSchedule`] with
 //!    its run buffers; the ranks agree on the outcome and the shape's weight (the largest
 //!    run memory of any rank's part). The cache is bounded by the crate's one eviction rule
 //!    ([`crate::plan_cache::lru::Lru`]) under limits set collectively, so with agreed keys and
 //!    weights every rank keeps the same shapes: all ranks miss, and evict, together.
-//! 4. **Run** through the one per-rank executor ([`Schedule::run_at`]): cross-rank copies are
+//! 4. **Run** through the one per-rank executor ([`RankSchedule::run_at`]): cross-rank copies are
 //!    MPI messages, local copies and reductions run here. With owned buffers (the default)
 //!    the input is copied into the cached run buffers and the output copied out; zero copy
 //!    ([`MpiCommunicator::set_zero_copy`]) runs in the caller's slices. A failed run fails
@@ -39,10 +39,10 @@ use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
 use relaycc_route::{Collective, DType, Location, Plan, ReduceOp, Request, Transfer};
 
-use super::agree::{self, Op};
+use super::agree::{self, AgreementCollective};
 use super::requests::Requests;
-use super::roll_call::At;
-use super::schedule::{RunBuffers, Schedule};
+use super::roll_call::WaitPoint;
+use super::schedule::{RankSchedule, RunBuffers};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::element::Element;
 use crate::plan_cache::lru::Held;
@@ -74,8 +74,8 @@ const TAG_ACK: c_int = 2;
 
 /// One cached shape: this rank's schedule, its run buffers and requests.
 #[derive(Debug)]
-pub(super) struct Prepared {
-    schedule: Schedule,
+pub(super) struct PreparedShape {
+    schedule: RankSchedule,
     bufs: RunBuffers,
     reqs: Requests,
     /// The plan's algorithm, for [`MpiCommunicator::last_algorithm`].
@@ -85,7 +85,7 @@ pub(super) struct Prepared {
     weight: u64,
 }
 
-impl Held for Prepared {
+impl Held for PreparedShape {
     fn held_bytes(&self) -> u64 {
         self.weight
     }
@@ -101,7 +101,7 @@ enum Input<'a, T> {
 
 /// What this rank asks for, before agreement.
 #[derive(Debug)]
-pub(super) struct Call {
+pub(super) struct TypedCall {
     collective: Collective,
     dtype: DType,
     esize: u64,
@@ -117,7 +117,7 @@ pub(super) struct Call {
 }
 
 #[cfg(feature = "cuda")]
-impl Call {
+impl TypedCall {
     /// Bytes of one element.
     pub(super) fn esize(&self) -> u64 {
         self.esize
@@ -147,7 +147,7 @@ fn hash(words: &[u64]) -> i64 {
 /// A typed collective with its arguments other than the buffers: what the local checks and
 /// the descriptor need, the same for host slices and device buffers.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Kind<'a> {
+pub(super) enum TypedCollective<'a> {
     /// `all_reduce` out of place.
     AllReduce(ReduceOp),
     /// `all_reduce` in place.
@@ -189,8 +189,8 @@ pub(super) enum InputAt {
 /// where its input is, and whether this rank's input and output take part (a non-root's
 /// output of `reduce`/`gather`, a non-root's input of `scatter`, do not).
 #[derive(Debug)]
-pub(super) struct Shape {
-    pub(super) call: Call,
+pub(super) struct CheckedCall {
+    pub(super) call: TypedCall,
     pub(super) local: MpiResult<()>,
     pub(super) input: InputAt,
     pub(super) input_used: bool,
@@ -200,7 +200,12 @@ pub(super) struct Shape {
 impl MpiCommunicator {
     /// The local checks of the single-process API for `kind` on buffers of `input` and
     /// `output` elements of `T` (in place: both the one buffer's length).
-    pub(super) fn shape<T: Element>(&self, kind: Kind<'_>, input: usize, output: usize) -> Shape {
+    pub(super) fn shape<T: Element>(
+        &self,
+        kind: TypedCollective<'_>,
+        input: usize,
+        output: usize,
+    ) -> CheckedCall {
         self.shape_of(T::DTYPE, kind, input, output)
     }
 
@@ -209,13 +214,13 @@ impl MpiCommunicator {
     pub(super) fn shape_of(
         &self,
         dtype: DType,
-        kind: Kind<'_>,
+        kind: TypedCollective<'_>,
         input: usize,
         output: usize,
-    ) -> Shape {
+    ) -> CheckedCall {
         let me = self.rank() as usize;
         let n = self.size() as usize;
-        let mut shape = Shape {
+        let mut shape = CheckedCall {
             call: self.call(dtype, Collective::AllReduce, None, None, input as u64),
             local: Ok(()),
             input: InputAt::Separate,
@@ -230,17 +235,17 @@ impl MpiCommunicator {
             call.count = count as u64;
         };
         match kind {
-            Kind::AllReduce(op) => {
+            TypedCollective::AllReduce(op) => {
                 if input != output {
                     *local = Err(self.buffer("output", output, input));
                 }
                 set(Collective::AllReduce, Some(op), None, input);
             }
-            Kind::AllReduceInPlace(op) => {
+            TypedCollective::AllReduceInPlace(op) => {
                 set(Collective::AllReduce, Some(op), None, output);
                 shape.input = InputAt::InOutput(0..output);
             }
-            Kind::Reduce(root, op) => {
+            TypedCollective::Reduce(root, op) => {
                 *local = self.root_ok(root);
                 let is_root = root as usize == me;
                 if local.is_ok() && is_root && output != input {
@@ -249,31 +254,31 @@ impl MpiCommunicator {
                 set(Collective::Reduce, Some(op), Some(root), input);
                 shape.output_used = is_root;
             }
-            Kind::Broadcast(root) => {
+            TypedCollective::Broadcast(root) => {
                 *local = self.root_ok(root);
                 set(Collective::Broadcast, None, Some(root), output);
                 let mine = if root as usize == me { output } else { 0 };
                 shape.input = InputAt::InOutput(0..mine);
             }
-            Kind::AllGather => {
+            TypedCollective::AllGather => {
                 let needs = input.saturating_mul(n);
                 if output != needs {
                     *local = Err(self.buffer("output", output, needs));
                 }
                 set(Collective::AllGather, None, None, input);
             }
-            Kind::AllGatherInPlace => {
+            TypedCollective::AllGatherInPlace => {
                 let (c, l) = self.blocks(output);
                 *local = l;
                 set(Collective::AllGather, None, None, c);
                 shape.input = InputAt::InOutput(me * c..(me + 1) * c);
             }
-            Kind::AllGatherV(counts) => {
+            TypedCollective::AllGatherV(counts) => {
                 *local = self.v_counts(counts, input, output);
                 set(Collective::AllGatherV, None, None, input);
                 call.counts = counts.iter().map(|c| *c as u64).collect();
             }
-            Kind::AllGatherVInPlace(counts) => {
+            TypedCollective::AllGatherVInPlace(counts) => {
                 let mine = counts.get(me).copied().unwrap_or(0);
                 *local = self.v_counts(counts, mine, output);
                 // `v_counts` passed: the counts sum to `output`, so no prefix overflows.
@@ -287,14 +292,14 @@ impl MpiCommunicator {
                 call.counts = counts.iter().map(|c| *c as u64).collect();
                 shape.input = InputAt::InOutput(range);
             }
-            Kind::ReduceScatter(op) => {
+            TypedCollective::ReduceScatter(op) => {
                 let needs = output.saturating_mul(n);
                 if input != needs {
                     *local = Err(self.buffer("input", input, needs));
                 }
                 set(Collective::ReduceScatter, Some(op), None, output);
             }
-            Kind::AllToAll => {
+            TypedCollective::AllToAll => {
                 let (c, l) = self.blocks(input);
                 *local = l;
                 if local.is_ok() && output != input {
@@ -302,7 +307,7 @@ impl MpiCommunicator {
                 }
                 set(Collective::AllToAll, None, None, c);
             }
-            Kind::AllToAllV(send_counts, recv_counts) => {
+            TypedCollective::AllToAllV(send_counts, recv_counts) => {
                 *local = if send_counts.len() != n || recv_counts.len() != n {
                     Err(MpiError::CountMismatch(format!(
                         "rank {me}: {} send and {} receive counts for {n} ranks",
@@ -326,7 +331,7 @@ impl MpiCommunicator {
                         .collect();
                 }
             }
-            Kind::Gather(root) => {
+            TypedCollective::Gather(root) => {
                 *local = self.root_ok(root);
                 let is_root = root as usize == me;
                 let needs = input.saturating_mul(n);
@@ -336,7 +341,7 @@ impl MpiCommunicator {
                 set(Collective::Gather, None, Some(root), input);
                 shape.output_used = is_root;
             }
-            Kind::Scatter(root) => {
+            TypedCollective::Scatter(root) => {
                 *local = self.root_ok(root);
                 let is_root = root as usize == me;
                 let needs = output.saturating_mul(n);
@@ -351,7 +356,7 @@ impl MpiCommunicator {
     }
 
     /// Run a checked call on host slices (`input` is ignored in place).
-    fn host<T: Element>(&self, s: Shape, input: &[T], output: &mut [T]) -> MpiResult<()> {
+    fn host<T: Element>(&self, s: CheckedCall, input: &[T], output: &mut [T]) -> MpiResult<()> {
         let inp = match s.input {
             InputAt::Separate if s.input_used => Input::Slice(input),
             InputAt::Separate => Input::Slice(&[]),
@@ -371,7 +376,7 @@ impl MpiCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllReduce(op), input.len(), output.len());
+        let s = self.shape::<T>(TypedCollective::AllReduce(op), input.len(), output.len());
         self.host(s, input, output)
     }
 
@@ -385,7 +390,7 @@ impl MpiCommunicator {
     /// the communicator); during the run, an MPI error or a timeout, which fail the
     /// communicator.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllReduceInPlace(op), buf.len(), buf.len());
+        let s = self.shape::<T>(TypedCollective::AllReduceInPlace(op), buf.len(), buf.len());
         self.host(s, &[], buf)
     }
 
@@ -399,14 +404,14 @@ impl MpiCommunicator {
         root: u32,
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::Reduce(root, op), input.len(), output.len());
+        let s = self.shape::<T>(TypedCollective::Reduce(root, op), input.len(), output.len());
         self.host(s, input, output)
     }
 
     /// Rank `root`'s `buf` to every rank's `buf` (`MPI_Bcast`, in place). Collective; errors
     /// as [`Self::all_reduce_in_place`], and a root that is not a rank.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::Broadcast(root), buf.len(), buf.len());
+        let s = self.shape::<T>(TypedCollective::Broadcast(root), buf.len(), buf.len());
         self.host(s, &[], buf)
     }
 
@@ -414,7 +419,7 @@ impl MpiCommunicator {
     /// (`MPI_Allgather`); `output` holds `ranks x input.len()` elements. Collective; errors
     /// as [`Self::all_reduce_in_place`].
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllGather, input.len(), output.len());
+        let s = self.shape::<T>(TypedCollective::AllGather, input.len(), output.len());
         self.host(s, input, output)
     }
 
@@ -422,7 +427,7 @@ impl MpiCommunicator {
     /// `buf.len() / ranks` elements) of `buf`. Collective; a `buf` that does not split into
     /// equal blocks is an error.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllGatherInPlace, buf.len(), buf.len());
+        let s = self.shape::<T>(TypedCollective::AllGatherInPlace, buf.len(), buf.len());
         self.host(s, &[], buf)
     }
 
@@ -436,7 +441,11 @@ impl MpiCommunicator {
         output: &mut [T],
         counts: &[usize],
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllGatherV(counts), input.len(), output.len());
+        let s = self.shape::<T>(
+            TypedCollective::AllGatherV(counts),
+            input.len(),
+            output.len(),
+        );
         self.host(s, input, output)
     }
 
@@ -447,7 +456,11 @@ impl MpiCommunicator {
         buf: &mut [T],
         counts: &[usize],
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllGatherVInPlace(counts), buf.len(), buf.len());
+        let s = self.shape::<T>(
+            TypedCollective::AllGatherVInPlace(counts),
+            buf.len(),
+            buf.len(),
+        );
         self.host(s, &[], buf)
     }
 
@@ -460,14 +473,18 @@ impl MpiCommunicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::ReduceScatter(op), input.len(), output.len());
+        let s = self.shape::<T>(
+            TypedCollective::ReduceScatter(op),
+            input.len(),
+            output.len(),
+        );
         self.host(s, input, output)
     }
 
     /// Block `d` of this rank's `input` to block `rank` of rank `d`'s `output`
     /// (`MPI_Alltoall`); both hold `ranks` equal blocks. Collective.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::AllToAll, input.len(), output.len());
+        let s = self.shape::<T>(TypedCollective::AllToAll, input.len(), output.len());
         self.host(s, input, output)
     }
 
@@ -482,7 +499,7 @@ impl MpiCommunicator {
         output: &mut [T],
         recv_counts: &[usize],
     ) -> MpiResult<()> {
-        let kind = Kind::AllToAllV(send_counts, recv_counts);
+        let kind = TypedCollective::AllToAllV(send_counts, recv_counts);
         let s = self.shape::<T>(kind, input.len(), output.len());
         self.host(s, input, output)
     }
@@ -490,14 +507,14 @@ impl MpiCommunicator {
     /// Every rank's `input`, concatenated in rank order, to `output` on rank `root`
     /// (`MPI_Gather`); other ranks may pass an empty `output`. Collective.
     pub fn gather<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::Gather(root), input.len(), output.len());
+        let s = self.shape::<T>(TypedCollective::Gather(root), input.len(), output.len());
         self.host(s, input, output)
     }
 
     /// Block `r` (of `output.len()` elements) of `input` on rank `root` to rank `r`'s
     /// `output` (`MPI_Scatter`); other ranks may pass an empty `input`. Collective.
     pub fn scatter<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
-        let s = self.shape::<T>(Kind::Scatter(root), input.len(), output.len());
+        let s = self.shape::<T>(TypedCollective::Scatter(root), input.len(), output.len());
         self.host(s, input, output)
     }
 
@@ -527,8 +544,8 @@ impl MpiCommunicator {
         op: Option<ReduceOp>,
         root: Option<u32>,
         count: u64,
-    ) -> Call {
-        Call {
+    ) -> TypedCall {
+        TypedCall {
             collective,
             dtype,
             esize: dtype.size(),
@@ -598,7 +615,7 @@ impl MpiCommunicator {
     /// Steps 1 to 4 of the module docs for one call.
     fn collective<T: Element>(
         &self,
-        mut call: Call,
+        mut call: TypedCall,
         local: MpiResult<()>,
         input: Input<'_, T>,
         output: &mut [T],
@@ -614,7 +631,7 @@ impl MpiCommunicator {
     /// without flags and sequence numbers) and the gathered descriptors.
     pub(super) fn agreed(
         &self,
-        call: &mut Call,
+        call: &mut TypedCall,
         local: MpiResult<()>,
         seq: u64,
     ) -> MpiResult<(Vec<i64>, Vec<i64>)> {
@@ -622,15 +639,19 @@ impl MpiCommunicator {
             call.counts.clear();
         }
         let desc = descriptor(call, seq, local.is_err());
-        let at = At::call(AGREE, call.collective, seq);
-        let all = agree::collective(self, at, Op::AllGather, desc.to_vec())?;
+        let at = WaitPoint::call(AGREE, call.collective, seq);
+        let all = agree::collective(self, at, AgreementCollective::AllGather, desc.to_vec())?;
         let key = verdict(&all, local)?;
         Ok((key, all))
     }
 
     /// The next sequence number of a typed collective on this communicator, and the local
     /// verdict with `avg` refused on integer types.
-    pub(super) fn next_call(&self, call: &Call, mut local: MpiResult<()>) -> (u64, MpiResult<()>) {
+    pub(super) fn next_call(
+        &self,
+        call: &TypedCall,
+        mut local: MpiResult<()>,
+    ) -> (u64, MpiResult<()>) {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         if local.is_ok()
@@ -658,7 +679,7 @@ impl MpiCommunicator {
     /// Plan on a miss (all ranks miss together), then run.
     fn run_cached<T: Element>(
         &self,
-        call: &Call,
+        call: &TypedCall,
         key: Vec<i64>,
         all: &[i64],
         input: Input<'_, T>,
@@ -678,7 +699,7 @@ impl MpiCommunicator {
                 (p, bytes)
             });
             let seq = all.get(SEQ).map_or(0, |s| *s as u64);
-            let at = At::call("prepare a collective call", call.collective, seq);
+            let at = WaitPoint::call("prepare a collective call", call.collective, seq);
             let (mut p, weight) = super::agree_weighed(self, made, at)?;
             p.weight = weight;
             drop(cache.evict_to_fit(limits, 1, weight));
@@ -785,7 +806,7 @@ impl MpiCommunicator {
     }
 
     /// The agreed request in rank space: ranks `0..n` are the processes.
-    pub(super) fn request(&self, call: &Call, all: &[i64]) -> MpiResult<Request> {
+    pub(super) fn request(&self, call: &TypedCall, all: &[i64]) -> MpiResult<Request> {
         let n = self.size() as usize;
         let mut req = Request::new(
             call.collective,
@@ -803,8 +824,8 @@ impl MpiCommunicator {
                 // Every rank's send and receive counts: the matrix, checked pair by pair.
                 let words: Vec<i64> = call.counts.iter().map(|c| *c as i64).collect();
                 let seq = all.get(SEQ).map_or(0, |s| *s as u64);
-                let at = At::call(AGREE, call.collective, seq);
-                let got = agree::collective(self, at, Op::AllGather, words)?;
+                let at = WaitPoint::call(AGREE, call.collective, seq);
+                let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
                 let rows: Vec<&[i64]> = got.chunks(2 * n).collect();
                 for (s, row) in rows.iter().enumerate() {
                     for (d, peer) in rows.iter().enumerate() {
@@ -833,16 +854,16 @@ impl MpiCommunicator {
         &self,
         req: &Request,
         comm: ffi::MPI_Comm,
-    ) -> MpiResult<Prepared> {
+    ) -> MpiResult<PreparedShape> {
         let plan = self.plan_request(req)?;
-        let schedule = Schedule::new(&plan, self.rank(), &|l| match l {
+        let schedule = RankSchedule::new(&plan, self.rank(), &|l| match l {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
         let shared = self.shm.as_ref().is_some_and(|s| s.maps_shared_buffers());
         let bufs = RunBuffers::new(&schedule, shared);
         let weight = schedule.run_bytes();
-        Ok(Prepared {
+        Ok(PreparedShape {
             schedule,
             bufs,
             reqs: Requests::new(comm, self.rank()),
@@ -1063,7 +1084,7 @@ impl MpiCommunicator {
 }
 
 /// This rank's descriptor words.
-fn descriptor(call: &Call, seq: u64, failed: bool) -> [i64; WORDS] {
+fn descriptor(call: &TypedCall, seq: u64, failed: bool) -> [i64; WORDS] {
     let mut d = [0i64; WORDS];
     d[FAILED] = i64::from(failed);
     d[SEQ] = seq as i64;

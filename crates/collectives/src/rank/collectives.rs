@@ -18,25 +18,25 @@ use crate::element::Element;
 use crate::error::Result;
 
 use super::buffers::{Lender, RecvBuf, SendBuf};
-use super::op::Op;
+use super::op::RankCallOp;
 use super::{Departure, RankComm, RankGroup};
-use sealed::Private;
+use sealed::RunnerToken;
 
 pub(crate) mod sealed {
     use super::super::Departure;
     use super::super::buffers::Lender;
-    use super::super::op::Op;
+    use super::super::op::RankCallOp;
     use crate::error::Result;
 
     /// A token only this crate makes: methods that take it cannot be called from outside,
     /// although a `Collectives` bound lets outside code see the supertrait's methods.
     #[derive(Debug, Clone, Copy)]
-    pub struct Private(());
+    pub struct RunnerToken(());
 
-    impl Private {
+    impl RunnerToken {
         /// The token.
         pub(crate) fn new() -> Self {
-            Private(())
+            RunnerToken(())
         }
     }
 
@@ -51,18 +51,23 @@ pub(crate) mod sealed {
         /// The tag of the next call ([`super::Collectives::tag_next`]).
         fn tag(&self) -> u64;
         /// Forget the tag once a call took it.
-        fn clear_tag(&mut self, _: Private);
+        fn clear_tag(&mut self, _: RunnerToken);
         /// Leave a group's operations (or the error its arguments gave) with the other
         /// ranks' and return a departure that waits for the outcome; a runner that cannot
         /// leave a call behind runs it before it returns.
-        fn depart<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>, _: Private) -> Departure<'b>;
-        /// Run one send or receive (`op`, an `Op::P2p`) with its one peer only.
+        fn depart<'b>(
+            &mut self,
+            lender: Lender<'b>,
+            ops: Vec<RankCallOp>,
+            _: RunnerToken,
+        ) -> Departure<'b>;
+        /// Run one send or receive (`op`, a `RankCallOp::P2p`) with its one peer only.
         fn point_to_point(
             &mut self,
             call: &'static str,
             lender: Lender<'_>,
-            op: Op,
-            _: Private,
+            op: RankCallOp,
+            _: RunnerToken,
         ) -> Result<()>;
     }
 }
@@ -237,18 +242,23 @@ impl sealed::Runner for RankComm {
     fn tag(&self) -> u64 {
         self.next_tag
     }
-    fn clear_tag(&mut self, _: Private) {
+    fn clear_tag(&mut self, _: RunnerToken) {
         self.next_tag = 0;
     }
-    fn depart<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>, _: Private) -> Departure<'b> {
+    fn depart<'b>(
+        &mut self,
+        lender: Lender<'b>,
+        ops: Vec<RankCallOp>,
+        _: RunnerToken,
+    ) -> Departure<'b> {
         self.depart_meeting(lender, ops)
     }
     fn point_to_point(
         &mut self,
         call: &'static str,
         lender: Lender<'_>,
-        op: Op,
-        _: Private,
+        op: RankCallOp,
+        _: RunnerToken,
     ) -> Result<()> {
         self.meet_point_to_point(call, lender, op)
     }
@@ -294,18 +304,23 @@ impl sealed::Runner for OnStream<'_> {
     fn tag(&self) -> u64 {
         self.comm.tag()
     }
-    fn clear_tag(&mut self, p: Private) {
+    fn clear_tag(&mut self, p: RunnerToken) {
         self.comm.clear_tag(p);
     }
-    fn depart<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>, p: Private) -> Departure<'b> {
+    fn depart<'b>(
+        &mut self,
+        lender: Lender<'b>,
+        ops: Vec<RankCallOp>,
+        p: RunnerToken,
+    ) -> Departure<'b> {
         self.comm.depart(lender, ops, p)
     }
     fn point_to_point(
         &mut self,
         call: &'static str,
         lender: Lender<'_>,
-        op: Op,
-        p: Private,
+        op: RankCallOp,
+        p: RunnerToken,
     ) -> Result<()> {
         self.comm.point_to_point(call, lender, op, p)
     }

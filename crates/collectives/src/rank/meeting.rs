@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::op::{Arrival, Failure, Outcome};
+use super::op::{Failure, Outcome, RankArrival};
 
 /// Lock ignoring poisoning: every critical section here is a single consistent update.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -27,7 +27,7 @@ enum Phase {
 }
 
 struct Round {
-    arrivals: Vec<Option<Arrival>>,
+    arrivals: Vec<Option<RankArrival>>,
     arrived: usize,
     phase: Phase,
     /// Per participant: it has taken the outcome. A finished round is dropped once every
@@ -111,9 +111,9 @@ impl Meeting {
         &self,
         me: usize,
         seq: u64,
-        arrival: Arrival,
+        arrival: RankArrival,
         timeout: Duration,
-        lead: impl FnOnce(Vec<Arrival>) -> Outcome,
+        lead: impl FnOnce(Vec<RankArrival>) -> Outcome,
     ) -> Arc<Outcome> {
         let start = Instant::now();
         match self.arrive(me, seq, arrival, lead) {
@@ -131,8 +131,8 @@ impl Meeting {
         &self,
         me: usize,
         seq: u64,
-        arrival: Arrival,
-        lead: impl FnOnce(Vec<Arrival>) -> Outcome,
+        arrival: RankArrival,
+        lead: impl FnOnce(Vec<RankArrival>) -> Outcome,
     ) -> Option<Arc<Outcome>> {
         let n = self.members.len();
         let mut rounds = lock(&self.rounds);
@@ -157,7 +157,7 @@ impl Meeting {
         round.arrived += 1;
         if round.arrived == n {
             round.phase = Phase::Running;
-            let arrivals: Vec<Arrival> =
+            let arrivals: Vec<RankArrival> =
                 round.arrivals.iter_mut().filter_map(Option::take).collect();
             drop(rounds);
             // A panic in the run must not leave the others waiting forever; whatever the run
@@ -238,8 +238,8 @@ impl Meeting {
 mod tests {
     use super::*;
 
-    fn arrival(rank: usize) -> Arrival {
-        Arrival {
+    fn arrival(rank: usize) -> RankArrival {
+        RankArrival {
             rank,
             blocks: Vec::new(),
             ops: Ok(Vec::new()),
@@ -257,7 +257,7 @@ mod tests {
         let gone: Arc<[AtomicBool]> = (0..3).map(|_| AtomicBool::new(false)).collect();
         let m = Arc::new(Meeting::new(vec![0, 1, 2], gone.clone()));
         gone[2].store(true, Ordering::Release);
-        let never = |_: Vec<Arrival>| -> Outcome { panic!("a round with a dropped rank ran") };
+        let never = |_: Vec<RankArrival>| -> Outcome { panic!("a round with a dropped rank ran") };
         for seq in 0..20 {
             let other = {
                 let m = m.clone();
@@ -281,7 +281,7 @@ mod tests {
     fn a_timed_out_round_waits_for_live_ranks_and_leaves_when_they_are_gone() {
         let gone: Arc<[AtomicBool]> = (0..3).map(|_| AtomicBool::new(false)).collect();
         let m = Meeting::new(vec![0, 1, 2], gone.clone());
-        let never = |_: Vec<Arrival>| -> Outcome { panic!("a timed-out round ran") };
+        let never = |_: Vec<RankArrival>| -> Outcome { panic!("a timed-out round ran") };
         let o = m.meet(0, 0, arrival(0), Duration::from_millis(5), never);
         assert!(matches!(&*o, Err(Failure::Timeout { gone: false, .. })));
         // Ranks 1 and 2 may still come for the outcome.

@@ -5,7 +5,7 @@
 //! How a call runs: every call of a handle has a sequence number; the ranks' calls with one
 //! number meet (`meeting.rs`), their descriptors (collective, element type, count or counts,
 //! op, root, order) are compared (`op.rs`), and the last rank to arrive runs the operation
-//! for all (`run.rs`): it lends every rank's slices to the communicator's host backend for
+//! for all (`group_run.rs`): it lends every rank's slices to the communicator's host backend for
 //! the call, builds one checked group on the all-ranks [`Communicator`] (the same checks,
 //! plan cache, checker and executor), launches it, waits, and gives the slices back. A
 //! mismatch or a failure is an error on every rank; a rank that does not come within the
@@ -24,7 +24,7 @@
 //! of per-rank calls, and its runner for ranks on threads and, with feature `cuda`,
 //! `OnStream`), `rank_group.rs` ([`RankGroup`], what each collective describes and lends),
 //! `buffers.rs` (the buffer traits [`SendBuf`] and [`RecvBuf`]), `op.rs` (descriptors, lent
-//! memory, outcomes), `meeting.rs` (the rendezvous), `run.rs` (the run), `split.rs`
+//! memory, outcomes), `meeting.rs` (the rendezvous), `group_run.rs` (the run), `split.rs`
 //! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
 //! on GPUs).
 
@@ -32,10 +32,10 @@ mod buffers;
 pub(crate) mod collectives;
 #[cfg(feature = "cuda")]
 mod cuda_ranks;
+mod group_run;
 mod meeting;
 mod op;
 mod rank_group;
-mod run;
 mod split;
 
 use std::collections::HashMap;
@@ -53,10 +53,10 @@ pub use collectives::Collectives;
 pub use collectives::OnStream;
 use meeting::Meeting;
 #[cfg(not(all(feature = "cuda", feature = "mpi")))]
-use op::Op;
-use op::{Arrival, Failure, Payload};
+use op::RankCallOp;
+use op::{Failure, Payload, RankArrival};
 #[cfg(all(feature = "cuda", feature = "mpi"))]
-pub(crate) use op::{Op, View};
+pub(crate) use op::{RankCallOp, View};
 pub use rank_group::RankGroup;
 
 /// How long a rank waits for the others to join a call before it fails with
@@ -228,8 +228,8 @@ impl RankComm {
     }
     /// Run this rank's part of a call that is not a group (`split`) on the communicator's
     /// meeting.
-    fn meet(&mut self, call: &'static str, ops: Vec<Op>) -> Result<Payload> {
-        let arrival = Arrival {
+    fn meet(&mut self, call: &'static str, ops: Vec<RankCallOp>) -> Result<Payload> {
+        let arrival = RankArrival {
             rank: self.rank,
             blocks: Vec::new(),
             ops: Ok(ops),
@@ -243,7 +243,11 @@ impl RankComm {
     /// call's arguments gave instead of ops), and the guards that keep the caller's buffers
     /// until the arrival is enqueued: what a group's departure and a send or receive both
     /// leave at their meeting.
-    fn arrival_of<'b>(&self, lender: Lender<'b>, ops: Vec<Op>) -> (Arrival, LentGuards<'b>) {
+    fn arrival_of<'b>(
+        &self,
+        lender: Lender<'b>,
+        ops: Vec<RankCallOp>,
+    ) -> (RankArrival, LentGuards<'b>) {
         let Lender {
             blocks,
             error,
@@ -253,7 +257,7 @@ impl RankComm {
             guards,
             ..
         } = lender;
-        let arrival = Arrival {
+        let arrival = RankArrival {
             rank: self.rank,
             blocks,
             ops: match error {
@@ -272,7 +276,7 @@ impl RankComm {
 
     /// Leave a group's operations (or the error its arguments gave) at the communicator's
     /// meeting ([`Runner::depart`]).
-    fn depart_meeting<'b>(&mut self, lender: Lender<'b>, ops: Vec<Op>) -> Departure<'b> {
+    fn depart_meeting<'b>(&mut self, lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
         let (arrival, guards) = self.arrival_of(lender, ops);
         Departure {
             outcome: Left::Meeting(self.arrive(arrival)),
@@ -283,7 +287,7 @@ impl RankComm {
     /// Leave this rank's part of its next collective call at the communicator's meeting
     /// without waiting for the others ([`Meeting::arrive`]); the ticket waits. The memory
     /// `blocks` name stays lent until the ticket's outcome is taken.
-    fn arrive(&mut self, arrival: Arrival) -> Ticket {
+    fn arrive(&mut self, arrival: RankArrival) -> Ticket {
         let seq = self.seq;
         self.seq += 1;
         let start = Instant::now();
@@ -291,7 +295,7 @@ impl RankComm {
         let done = self
             .shared
             .meeting
-            .arrive(self.rank, seq, arrival, |a| run::run(&shared, a));
+            .arrive(self.rank, seq, arrival, |a| group_run::run(&shared, a));
         Ticket {
             shared,
             rank: self.rank,
@@ -302,15 +306,15 @@ impl RankComm {
         }
     }
 
-    /// Run this rank's send or receive `op` (an `Op::P2p`) on its pair's meeting with the
+    /// Run this rank's send or receive `op` (a `RankCallOp::P2p`) on its pair's meeting with the
     /// peer.
     fn meet_point_to_point(
         &mut self,
         call: &'static str,
         lender: Lender<'_>,
-        op: Op,
+        op: RankCallOp,
     ) -> Result<()> {
-        let Op::P2p { peer, .. } = op else {
+        let RankCallOp::P2p { peer, .. } = op else {
             return Err(
                 Failure::Internal("a point-to-point call of another kind".into()).to_error(call),
             );
@@ -329,7 +333,7 @@ impl RankComm {
         let meeting = self.shared.pair(self.rank, peer);
         let me = usize::from(self.rank > peer);
         let shared = self.shared.clone();
-        let outcome = meeting.meet(me, s, arrival, self.timeout, |a| run::run(&shared, a));
+        let outcome = meeting.meet(me, s, arrival, self.timeout, |a| group_run::run(&shared, a));
         drop(meeting);
         self.shared.prune_pairs();
         // The buffers' cudarc events are recorded on the caller's stream now, after the
@@ -355,7 +359,7 @@ impl RankComm {
     /// handles inherit this handle's timeout, and their communicators this communicator's
     /// relays (idle relays included), staging budget and plan-cache limits.
     pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<RankComm>> {
-        let payload = self.meet("split", vec![Op::Split { color, key }])?;
+        let payload = self.meet("split", vec![RankCallOp::Split { color, key }])?;
         let Payload::Split(v) = payload else {
             return Err(Failure::Internal("split ran as another call".into()).to_error("split"));
         };

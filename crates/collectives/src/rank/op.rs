@@ -31,9 +31,11 @@ pub struct View {
     pub(crate) len: u64,
 }
 
-/// One operation of a rank's call.
+/// One operation of a rank's call, as the rank brings it to a meeting: a collective with its
+/// descriptor and the views of its input and output, a send or receive with its peer, or a
+/// split.
 #[derive(Debug, Clone)]
-pub enum Op {
+pub enum RankCallOp {
     /// A collective, with the rank's input and output (`None` where the rank has none).
     Coll {
         desc: Desc,
@@ -54,10 +56,10 @@ pub enum Op {
 /// A rank's arrival at a meeting: its communicator rank, the slices it lends, its operations
 /// in order, or the error its own checks found (the others then fail too).
 #[derive(Debug)]
-pub(crate) struct Arrival {
+pub(crate) struct RankArrival {
     pub rank: usize,
     pub blocks: Vec<Span>,
-    pub ops: Result<Vec<Op>, CollectivesError>,
+    pub ops: Result<Vec<RankCallOp>, CollectivesError>,
     /// The caller's stream, for calls on device memory.
     #[cfg(feature = "cuda")]
     pub stream: Option<std::sync::Arc<cudarc::driver::CudaStream>>,

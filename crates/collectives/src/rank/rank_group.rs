@@ -17,8 +17,8 @@ use crate::error::{CollectivesError, Result};
 use super::Collectives;
 use super::Departure;
 use super::buffers::{Lender, RecvBuf, SendBuf};
-use super::collectives::sealed::{Private, Runner};
-use super::op::{Desc, Op, View};
+use super::collectives::sealed::{Runner, RunnerToken};
+use super::op::{Desc, RankCallOp, View};
 
 /// Calls of one rank collected to run as one launch (`ncclGroupStart` / `ncclGroupEnd`):
 /// collectives, sends and receives, on buffers borrowed until [`RankGroup::launch`]. Made by
@@ -34,7 +34,7 @@ use super::op::{Desc, Op, View};
 pub struct RankGroup<'r, 'b> {
     pub(super) comm: &'r mut dyn Runner,
     pub(super) lender: Lender<'b>,
-    pub(super) ops: Vec<Op>,
+    pub(super) ops: Vec<RankCallOp>,
     pub(super) _borrows: PhantomData<&'b mut [u8]>,
 }
 
@@ -93,7 +93,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// input and output views (`None` where the rank has none).
     fn push(&mut self, mut desc: Desc, input: Option<View>, output: Option<View>) -> &mut Self {
         desc.tag = self.comm.tag();
-        self.ops.push(Op::Coll {
+        self.ops.push(RankCallOp::Coll {
             desc,
             input,
             output,
@@ -437,7 +437,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         peer: usize,
     ) -> &mut Self {
         let view = self.lend(buf);
-        self.ops.push(Op::P2p {
+        self.ops.push(RankCallOp::P2p {
             send: true,
             peer,
             view,
@@ -453,7 +453,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         peer: usize,
     ) -> &mut Self {
         let view = self.lend_mut(buf);
-        self.ops.push(Op::P2p {
+        self.ops.push(RankCallOp::P2p {
             send: false,
             peer,
             view,
@@ -469,8 +469,8 @@ impl<'r, 'b> RankGroup<'r, 'b> {
             comm, lender, ops, ..
         } = self;
         // The tag is this call's only.
-        comm.clear_tag(Private::new());
-        comm.depart(lender, ops, Private::new())
+        comm.clear_tag(RunnerToken::new());
+        comm.depart(lender, ops, RunnerToken::new())
     }
 
     /// Run the group as call `call`; returns when it is done on this rank.
@@ -487,10 +487,10 @@ impl<'r, 'b> RankGroup<'r, 'b> {
             mut ops,
             ..
         } = self;
-        comm.clear_tag(Private::new());
+        comm.clear_tag(RunnerToken::new());
         match (ops.pop(), ops.is_empty()) {
-            (Some(op @ Op::P2p { .. }), true) => {
-                comm.point_to_point(call, lender, op, Private::new())
+            (Some(op @ RankCallOp::P2p { .. }), true) => {
+                comm.point_to_point(call, lender, op, RunnerToken::new())
             }
             _ => Err(CollectivesError::Unmatched(format!(
                 "{call}: a point-to-point call carries {} operations",

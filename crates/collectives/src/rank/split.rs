@@ -9,15 +9,15 @@ use crate::backend::sealed::{Lending, Private};
 use crate::communicator::Communicator;
 
 use super::Shared;
-use super::op::{Arrival, Failure, Op, Outcome, Payload};
+use super::op::{Failure, Outcome, Payload, RankArrival, RankCallOp};
 
-/// Build the new communicators of a split meeting (every arrival is one `Op::Split`).
-pub(crate) fn run(parent: &Shared, arrivals: &[Arrival]) -> Outcome {
+/// Build the new communicators of a split meeting (every arrival is one `RankCallOp::Split`).
+pub(crate) fn run(parent: &Shared, arrivals: &[RankArrival]) -> Outcome {
     let mut colors: BTreeMap<u32, Vec<(i64, usize)>> = BTreeMap::new();
     for a in arrivals {
         if let Ok(
             [
-                Op::Split {
+                RankCallOp::Split {
                     color: Some(c),
                     key,
                 },

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::rows::{CopyMethod, Gpus, Measure, ROWS, Row};
 use crate::dtype::DType;
 use crate::error::{Result, RouteError};
-use crate::p2p::Strategy;
+use crate::p2p::P2pStrategy;
 use crate::path::RelayPolicy;
 use crate::request::{Request, Transfer};
 use crate::select::{PlanOptions, plan};
@@ -187,7 +187,7 @@ pub fn predict(row: &Row, topo: &Topology) -> Result<f64> {
                 CopyMethod::RelayThrough(r) => {
                     let opts = PlanOptions {
                         relay: RelayPolicy::List(vec![r]),
-                        strategy: Strategy::Relay,
+                        strategy: P2pStrategy::Relay,
                         ..PlanOptions::default()
                     };
                     plan(topo, &req, &opts)?.predicted.time_us
@@ -232,7 +232,7 @@ pub fn predict(row: &Row, topo: &Topology) -> Result<f64> {
                 topo,
                 &req,
                 &PlanOptions {
-                    strategy: Strategy::Direct,
+                    strategy: P2pStrategy::Direct,
                     ..PlanOptions::default()
                 },
             )?;

@@ -26,12 +26,12 @@ const SIZES_BYTES: [u64; 14] = [
 ];
 
 fn winners(messages: u32, nodes: u32) -> Vec<(u64, Strategy, Staging)> {
-    let shape = ClusterShape::lassen(nodes + 1);
+    let shape = ClusterCounts::lassen(nodes + 1);
     SIZES_BYTES
         .iter()
         .map(|&b| {
             let p = Pattern::seed_scenario(&shape, messages, nodes, b);
-            let (s, st, t) = choose_strategy(&p, &shape, CostModel::MaxRate);
+            let (s, st, t) = choose_strategy(&p, &shape, MessageCostModel::MaxRate);
             assert!(t.is_finite() && t > 0.0);
             (b, s, st)
         })
@@ -45,8 +45,8 @@ fn winners(messages: u32, nodes: u32) -> Vec<(u64, Strategy, Staging)> {
 #[test]
 fn modelled_times_rise_with_size_and_the_choice_is_their_minimum() {
     for (m, d) in [(32, 4), (32, 16), (256, 4), (256, 16)] {
-        let shape = ClusterShape::lassen(d + 1);
-        for model in [CostModel::Postal, CostModel::MaxRate] {
+        let shape = ClusterCounts::lassen(d + 1);
+        for model in [MessageCostModel::Postal, MessageCostModel::MaxRate] {
             let mut last: Vec<f64> = vec![0.0; Strategy::combinations().len()];
             for b in SIZES_BYTES {
                 let p = Pattern::seed_scenario(&shape, m, d, b);
@@ -164,10 +164,18 @@ fn multistep_device_aware_wins_large_messages_when_many() {
         }
         // And both beat standard device-aware at every size up to 64 KiB (beyond it 3-Step
         // pays its redistribution of the large aggregated messages).
-        let shape = ClusterShape::lassen(d + 1);
+        let shape = ClusterCounts::lassen(d + 1);
         for b in SIZES_BYTES.iter().copied().filter(|b| *b <= 65536) {
             let p = Pattern::seed_scenario(&shape, 256, d, b);
-            let t = |s| model_time(s, Staging::DeviceAware, &p, &shape, CostModel::MaxRate);
+            let t = |s| {
+                model_time(
+                    s,
+                    Staging::DeviceAware,
+                    &p,
+                    &shape,
+                    MessageCostModel::MaxRate,
+                )
+            };
             assert!(t(Strategy::ThreeStep) < t(Strategy::Standard), "{d}, {b}");
             assert!(t(Strategy::TwoStep) < t(Strategy::Standard), "{d}, {b}");
         }
@@ -179,10 +187,10 @@ fn multistep_device_aware_wins_large_messages_when_many() {
 #[test]
 fn split_dd_never_beats_split_md() {
     for (m, d) in [(32, 4), (32, 16), (256, 4), (256, 16)] {
-        let shape = ClusterShape::lassen(d + 1);
+        let shape = ClusterCounts::lassen(d + 1);
         for b in SIZES_BYTES {
             let p = Pattern::seed_scenario(&shape, m, d, b);
-            for model in [CostModel::Postal, CostModel::MaxRate] {
+            for model in [MessageCostModel::Postal, MessageCostModel::MaxRate] {
                 let md = model_time(Strategy::SplitMd, Staging::Host, &p, &shape, model);
                 let dd = model_time(Strategy::SplitDd, Staging::Host, &p, &shape, model);
                 assert!(md <= dd, "{m} msgs, {d} nodes, {b} B: {md} > {dd}");
@@ -193,11 +201,11 @@ fn split_dd_never_beats_split_md() {
 
 #[test]
 fn max_rate_only_adds_the_injection_limit() {
-    let shape = ClusterShape::lassen(5);
+    let shape = ClusterCounts::lassen(5);
     let p = Pattern::seed_scenario(&shape, 256, 4, 1 << 20);
     for (s, st) in Strategy::combinations() {
-        let postal = model_time(s, st, &p, &shape, CostModel::Postal);
-        let max_rate = model_time(s, st, &p, &shape, CostModel::MaxRate);
+        let postal = model_time(s, st, &p, &shape, MessageCostModel::Postal);
+        let max_rate = model_time(s, st, &p, &shape, MessageCostModel::MaxRate);
         assert!(max_rate >= postal, "{s} {st}");
         if st == Staging::DeviceAware {
             assert_eq!(max_rate, postal);
@@ -209,7 +217,7 @@ fn max_rate_only_adds_the_injection_limit() {
         Staging::DeviceAware,
         &p,
         &shape,
-        CostModel::MaxRate,
+        MessageCostModel::MaxRate,
     );
     assert!(t.is_infinite());
     let empty = Pattern::default();
@@ -219,7 +227,7 @@ fn max_rate_only_adds_the_injection_limit() {
             Staging::Host,
             &empty,
             &shape,
-            CostModel::Postal
+            MessageCostModel::Postal
         ),
         0.0
     );

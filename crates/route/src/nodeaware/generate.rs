@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 
 use relaycc_topo::Topology;
 
-use super::lowering::{Builder, Piece, Side, pieces};
+use super::lowering::{NodeAwarePlanBuilder, Piece, Side, pieces};
 use super::params::ModelParams;
-use super::strategy::{ClusterShape, Staging, Strategy, exchange_only};
+use super::strategy::{ClusterCounts, Staging, Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{Location, Plan, Region};
 use crate::request::Request;
@@ -107,7 +107,7 @@ pub(super) fn in_rounds(
 ) -> Result<Plan> {
     let chunk = chunk.max(1);
     let name = format!("node-aware {strategy} {staging}");
-    let mut b = Builder::new(topo, Plan::new(req.clone(), name))?;
+    let mut b = NodeAwarePlanBuilder::new(topo, Plan::new(req.clone(), name))?;
     let longest = all.iter().map(|p| p.len).max().unwrap_or(0);
     for k in 0..longest.div_ceil(chunk).max(1) {
         let lo = k * chunk;
@@ -130,12 +130,18 @@ pub(super) fn in_rounds(
 
 /// One round of a node-aware plan: every piece of `pieces` (a slice of each of the request's
 /// pieces) moved by `strategy`, staged in this round's slots.
-fn round(b: &mut Builder, pieces: &[Piece], strategy: Strategy, staging: Staging) -> Result<()> {
+fn round(
+    b: &mut NodeAwarePlanBuilder,
+    pieces: &[Piece],
+    strategy: Strategy,
+    staging: Staging,
+) -> Result<()> {
     let staged = staging == Staging::Host;
-    let inter = |b: &Builder, p: &Piece| b.node[p.src as usize] != b.node[p.dst as usize];
+    let inter =
+        |b: &NodeAwarePlanBuilder, p: &Piece| b.node[p.src as usize] != b.node[p.dst as usize];
     // Split+DD copies inter-node data between GPU and the sending processes with duplicate
     // device pointers, so those pieces skip the per-rank staging buffers.
-    let via_stage = |b: &Builder, p: &Piece| {
+    let via_stage = |b: &NodeAwarePlanBuilder, p: &Piece| {
         staged && p.src != p.dst && !(strategy == Strategy::SplitDd && inter(b, p))
     };
     let mut needed: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
@@ -217,7 +223,7 @@ pub fn node_aware_candidates(
 }
 
 /// The send side of a piece: host staging when `staged`, else the GPU input.
-fn side_of(b: &Builder, p: &Piece, staged: bool) -> Side {
+fn side_of(b: &NodeAwarePlanBuilder, p: &Piece, staged: bool) -> Side {
     if staged {
         b.send_side(p.src, p.src_off, p.len)
     } else {
@@ -230,7 +236,7 @@ fn side_of(b: &Builder, p: &Piece, staged: bool) -> Side {
 }
 
 /// Move a piece's data from `s` to `r` and record the arrival when `r` is host staging.
-fn deliver(b: &mut Builder, p: &Piece, s: Side, r: Side, channel: u32) -> Result<()> {
+fn deliver(b: &mut NodeAwarePlanBuilder, p: &Piece, s: Side, r: Side, channel: u32) -> Result<()> {
     let ops = b.mv(s.loc, s.region, r.loc, r.region, &s.deps, channel)?;
     if matches!(r.loc, Location::Host(_)) {
         b.received(p.dst, p.dst_off, r.region.offset, p.len, ops);
@@ -239,7 +245,7 @@ fn deliver(b: &mut Builder, p: &Piece, s: Side, r: Side, channel: u32) -> Result
 }
 
 /// The request's ranks on each node, in rank order.
-fn ranks_by_node(b: &Builder) -> BTreeMap<u32, Vec<u32>> {
+fn ranks_by_node(b: &NodeAwarePlanBuilder) -> BTreeMap<u32, Vec<u32>> {
     ranks_of_nodes(&b.node)
 }
 
@@ -277,7 +283,7 @@ pub(super) fn group_by<K: Ord>(
 /// 3-Step and 2-Step: pack `group` at `sender` (skipped for a single piece already there), send
 /// one inter-node message to `receiver`, which unpacks to the destinations (skipped likewise).
 fn aggregate(
-    b: &mut Builder,
+    b: &mut NodeAwarePlanBuilder,
     group: &[Piece],
     sender: u32,
     receiver: u32,
@@ -287,7 +293,8 @@ fn aggregate(
     if total == 0 {
         return Ok(());
     }
-    let home = |b: &Builder, r: u32| if staged { b.host[r as usize] } else { b.gpu(r) };
+    let home =
+        |b: &NodeAwarePlanBuilder, r: u32| if staged { b.host[r as usize] } else { b.gpu(r) };
     let (sloc, rloc) = (home(b, sender), home(b, receiver));
     let single = if let [p] = group { Some(*p) } else { None };
     let msg_src = match single {
@@ -361,10 +368,10 @@ pub(super) fn split_chunk(total: u64, vol: u64, cap: u64, ppn: u64) -> u64 {
 /// would outnumber the node's processes), spread over the node's NICs and the sockets that
 /// own them. MD gathers each message from the ranks' host staging (extra on-node messages);
 /// DD copies it straight from the GPUs (duplicate device pointers) and back to them.
-fn split(b: &mut Builder, remote: &[Piece], md: bool) -> Result<()> {
+fn split(b: &mut NodeAwarePlanBuilder, remote: &[Piece], md: bool) -> Result<()> {
     let size = b.plan.dtype.size().max(1);
     let cap = (ModelParams::LASSEN.split_cap_bytes / size).max(1);
-    let ppn = u64::from(ClusterShape::of(b.topo).procs_per_node.max(1));
+    let ppn = u64::from(ClusterCounts::of(b.topo).procs_per_node.max(1));
     let mut node_volume: BTreeMap<u32, u64> = BTreeMap::new();
     for p in remote {
         *node_volume.entry(b.node[p.src as usize]).or_default() += p.len;

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use relaycc_topo::{NodeId, Topology};
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer};
 use crate::path::{Hop, Route, hop, host_staged_routes, location_node, nearest_host};
 use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::route_pipeline::{LaneMap, emit_transfer};
 pub(super) use crate::staging::Slots;
 
 /// One piece of data to deliver: `len` elements of rank `src`'s input at `src_off` to rank
@@ -62,7 +62,7 @@ struct Stage {
 }
 
 /// A plan under construction with the cluster facts every generator needs.
-pub(super) struct Builder<'a> {
+pub(super) struct NodeAwarePlanBuilder<'a> {
     pub topo: &'a Topology,
     pub plan: Plan,
     pub lanes: LaneMap,
@@ -77,7 +77,7 @@ pub(super) struct Builder<'a> {
     slots: Slots,
 }
 
-impl<'a> Builder<'a> {
+impl<'a> NodeAwarePlanBuilder<'a> {
     /// A builder for `plan` on `topo`; fails when a rank's GPU is missing or has no host.
     pub fn new(topo: &'a Topology, plan: Plan) -> Result<Self> {
         let mut node = Vec::new();
@@ -94,7 +94,7 @@ impl<'a> Builder<'a> {
             nics.entry(topo.node(id).host).or_default().push(id);
         }
         let stages = (0..node.len()).map(|_| Stage::default()).collect();
-        Ok(Builder {
+        Ok(NodeAwarePlanBuilder {
             topo,
             plan,
             lanes: LaneMap::default(),
@@ -274,7 +274,7 @@ impl<'a> Builder<'a> {
     }
 
     /// The host-staged copy of `len` input elements of rank `r` from `off` (after
-    /// [`Builder::stage_out`] covered them), or the GPU input itself when none was staged.
+    /// [`NodeAwarePlanBuilder::stage_out`] covered them), or the GPU input itself when none was staged.
     pub fn send_side(&self, r: u32, off: u64, len: u64) -> Side {
         let st = &self.stages[r as usize];
         let run = st
@@ -327,7 +327,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Record that ops `ops` filled `len` elements of rank `d`'s host receive staging at
-    /// `at` (from [`Builder::recv_side`]), bound for its output at `off`.
+    /// `at` (from [`NodeAwarePlanBuilder::recv_side`]), bound for its output at `off`.
     pub fn received(&mut self, d: u32, off: u64, at: u64, len: u64, ops: Vec<u32>) {
         if len > 0 {
             self.stages[d as usize].recv_parts.push((off, at, len, ops));
@@ -370,7 +370,7 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    /// The finished plan (after the last [`Builder::end_round`]).
+    /// The finished plan (after the last [`NodeAwarePlanBuilder::end_round`]).
     pub fn finish(self) -> Plan {
         self.plan
     }

@@ -8,13 +8,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::params::{ModelParams, Placement};
-use super::strategy::{ClusterShape, Pattern, Staging, Strategy};
+use super::params::{ModelParams, ProcessPlacement};
+use super::strategy::{ClusterCounts, Pattern, Staging, Strategy};
 
 /// Which model times the off-node step of staged-through-host strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum CostModel {
+pub enum MessageCostModel {
     /// The postal model, `alpha + beta * s` per message ([Lockhart-2023, Eq. 2.1]), everywhere.
     Postal,
     /// The max-rate model ([Lockhart-2023, Eq. 2.2]): adds the NIC injection limit to the off-node
@@ -59,7 +59,7 @@ impl PatternStats {
     /// Table 7's maxima of `pattern` on `shape`, splitting at `cap_bytes` (Algorithm 1).
     ///
     /// Complexity: O(m log m) for m messages.
-    pub fn of(pattern: &Pattern, shape: &ClusterShape, cap_bytes: u64) -> Self {
+    pub fn of(pattern: &Pattern, shape: &ClusterCounts, cap_bytes: u64) -> Self {
         use std::collections::BTreeMap;
         let gpn = shape.gpus_per_node.max(1);
         let node = |r: u32| r / gpn;
@@ -139,11 +139,11 @@ fn postal((alpha_s, beta_s_per_byte): (f64, f64), bytes: f64) -> f64 {
 /// [Lockhart-2023, Eq. 4.3] (staged, max-rate, from Eq. 2.2) and Eq. 4.4 (device-aware, postal):
 /// the off-node step, `n * alpha + max(s_node / R_N, s * beta)` for `n` messages of at most `msg`
 /// bytes, `s` bytes from the busiest process and `s_node` from the busiest node. The injection
-/// term only applies to staged messages under [`CostModel::MaxRate`].
+/// term only applies to staged messages under [`MessageCostModel::MaxRate`].
 fn off_node(
     p: &ModelParams,
     staging: Staging,
-    model: CostModel,
+    model: MessageCostModel,
     (n, s, s_node, msg): (f64, f64, f64, f64),
 ) -> f64 {
     if n <= 0.0 {
@@ -151,14 +151,14 @@ fn off_node(
     }
     match staging {
         Staging::DeviceAware => {
-            let (a, b) = p.gpu(Placement::OffNode, msg);
+            let (a, b) = p.gpu(ProcessPlacement::OffNode, msg);
             n * a + b * s
         }
         Staging::Host => {
-            let (a, b) = p.cpu(Placement::OffNode, msg);
+            let (a, b) = p.cpu(ProcessPlacement::OffNode, msg);
             match model {
-                CostModel::Postal => n * a + b * s,
-                CostModel::MaxRate => n * a + (s_node * p.injection_s_per_byte).max(b * s),
+                MessageCostModel::Postal => n * a + b * s,
+                MessageCostModel::MaxRate => n * a + (s_node * p.injection_s_per_byte).max(b * s),
             }
         }
     }
@@ -168,15 +168,21 @@ fn off_node(
 /// the worst case a GPU exchanges `s` bytes with every other GPU of its node, `gps - 1` on its
 /// socket and `gpn - gps` on the other sockets ([Lockhart-2023] writes `gps` for the latter, equal
 /// on its two-socket nodes).
-fn on_node_multistep(p: &ModelParams, staging: Staging, shape: &ClusterShape, s: f64) -> f64 {
+fn on_node_multistep(p: &ModelParams, staging: Staging, shape: &ClusterCounts, s: f64) -> f64 {
     if s <= 0.0 {
         return 0.0;
     }
     let gps = f64::from(shape.gpus_per_socket());
     let off = f64::from(shape.gpus_per_node.saturating_sub(shape.gpus_per_socket()));
     let (on_socket, on_node) = match staging {
-        Staging::DeviceAware => (p.gpu(Placement::OnSocket, s), p.gpu(Placement::OnNode, s)),
-        Staging::Host => (p.cpu(Placement::OnSocket, s), p.cpu(Placement::OnNode, s)),
+        Staging::DeviceAware => (
+            p.gpu(ProcessPlacement::OnSocket, s),
+            p.gpu(ProcessPlacement::OnNode, s),
+        ),
+        Staging::Host => (
+            p.cpu(ProcessPlacement::OnSocket, s),
+            p.cpu(ProcessPlacement::OnNode, s),
+        ),
     };
     (gps - 1.0) * postal(on_socket, s) + off * postal(on_node, s)
 }
@@ -186,7 +192,7 @@ fn on_node_multistep(p: &ModelParams, staging: Staging, shape: &ClusterShape, s:
 /// hold their share through duplicate device pointers, so it sends `q - ppg` messages, the first
 /// `pps - ppg` on its socket and the rest off socket (with 40 processes and one per GPU: 19
 /// on-socket and 20 on-node messages, as §4.2 counts; Split+DD saves `ppg - 1` of them).
-fn on_node_split(p: &ModelParams, shape: &ClusterShape, v: f64, q: f64, ppg: f64) -> f64 {
+fn on_node_split(p: &ModelParams, shape: &ClusterCounts, v: f64, q: f64, ppg: f64) -> f64 {
     if v <= 0.0 || q <= ppg {
         return 0.0;
     }
@@ -194,7 +200,8 @@ fn on_node_split(p: &ModelParams, shape: &ClusterShape, v: f64, q: f64, ppg: f64
     let on = k.min((f64::from(shape.procs_per_socket()) - ppg).max(0.0));
     let off = k - on;
     let m = v / q;
-    on * postal(p.cpu(Placement::OnSocket, m), m) + off * postal(p.cpu(Placement::OnNode, m), m)
+    on * postal(p.cpu(ProcessPlacement::OnSocket, m), m)
+        + off * postal(p.cpu(ProcessPlacement::OnNode, m), m)
 }
 
 /// [Lockhart-2023, Eq. 4.5], the staging copies: device-to-host of the `initial` bytes,
@@ -236,8 +243,8 @@ pub fn model_time(
     strategy: Strategy,
     staging: Staging,
     pattern: &Pattern,
-    shape: &ClusterShape,
-    model: CostModel,
+    shape: &ClusterCounts,
+    model: MessageCostModel,
 ) -> f64 {
     model_time_with(
         &ModelParams::LASSEN,
@@ -257,8 +264,8 @@ pub fn model_time_with(
     strategy: Strategy,
     staging: Staging,
     pattern: &Pattern,
-    shape: &ClusterShape,
-    model: CostModel,
+    shape: &ClusterCounts,
+    model: MessageCostModel,
 ) -> f64 {
     if !strategy.supports(staging) {
         return f64::INFINITY;
@@ -342,8 +349,8 @@ pub fn model_time_with(
 /// Source: [Lockhart-2023 §4.6] (the circled minima of its Figure 4.3).
 pub fn choose_strategy(
     pattern: &Pattern,
-    shape: &ClusterShape,
-    model: CostModel,
+    shape: &ClusterCounts,
+    model: MessageCostModel,
 ) -> (Strategy, Staging, f64) {
     let mut best = (Strategy::Standard, Staging::Host, f64::INFINITY);
     for (s, st) in Strategy::combinations() {

@@ -1,15 +1,15 @@
 //! Lassen's measured communication parameters from [Lockhart-2023 §3, Tables 2-4], and the
 //! machine shape it models (§2.1, §4.2, §4.4).
 //!
-//! Arrays are indexed `[protocol][placement]`: protocol as in [`Protocol`], placement as in
-//! [`Placement`] ([Lockhart-2023]'s column order: on-socket, on-node, off-node).
+//! Arrays are indexed `[protocol][placement]`: protocol as in [`MpiProtocol`], placement as in
+//! [`ProcessPlacement`] ([Lockhart-2023]'s column order: on-socket, on-node, off-node).
 
 use serde::{Deserialize, Serialize};
 
 /// MPI messaging protocol ([Lockhart-2023 §3]): which one a message uses depends on its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Protocol {
+pub enum MpiProtocol {
     /// The message fits in the envelope and is sent directly (inter-CPU only).
     Short,
     /// The receiver is assumed to have buffer space already.
@@ -21,7 +21,7 @@ pub enum Protocol {
 /// Where two communicating processes sit relative to each other ([Lockhart-2023, Table 2] columns).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Placement {
+pub enum ProcessPlacement {
     /// Same socket.
     OnSocket,
     /// Different sockets of one node.
@@ -135,19 +135,19 @@ impl ModelParams {
     };
 
     /// The protocol an inter-CPU message of `bytes` uses.
-    pub fn cpu_protocol(&self, bytes: f64) -> Protocol {
+    pub fn cpu_protocol(&self, bytes: f64) -> MpiProtocol {
         if bytes <= self.short_max_bytes as f64 {
-            Protocol::Short
+            MpiProtocol::Short
         } else if bytes <= self.eager_max_bytes as f64 {
-            Protocol::Eager
+            MpiProtocol::Eager
         } else {
-            Protocol::Rendezvous
+            MpiProtocol::Rendezvous
         }
     }
 
     /// (alpha s, beta s/B) of one inter-CPU message of `bytes` at `place` ([Lockhart-2023, Table
     /// 2]).
-    pub fn cpu(&self, place: Placement, bytes: f64) -> (f64, f64) {
+    pub fn cpu(&self, place: ProcessPlacement, bytes: f64) -> (f64, f64) {
         let p = self.cpu_protocol(bytes) as usize;
         let c = place as usize;
         (self.cpu_alpha_s[p][c], self.cpu_beta_s_per_byte[p][c])
@@ -155,8 +155,8 @@ impl ModelParams {
 
     /// (alpha s, beta s/B) of one device-aware inter-GPU message of `bytes` at `place`
     /// ([Lockhart-2023, Table 2]; short-size messages use the eager row).
-    pub fn gpu(&self, place: Placement, bytes: f64) -> (f64, f64) {
-        let p = usize::from(self.cpu_protocol(bytes) == Protocol::Rendezvous);
+    pub fn gpu(&self, place: ProcessPlacement, bytes: f64) -> (f64, f64) {
+        let p = usize::from(self.cpu_protocol(bytes) == MpiProtocol::Rendezvous);
         let c = place as usize;
         (self.gpu_alpha_s[p][c], self.gpu_beta_s_per_byte[p][c])
     }
@@ -175,11 +175,20 @@ mod tests {
     #[test]
     fn lassen_table_lookups() {
         let p = ModelParams::LASSEN;
-        assert_eq!(p.cpu(Placement::OffNode, 100.0), (1.89e-06, 6.88e-10));
-        assert_eq!(p.cpu(Placement::OnSocket, 4096.0), (4.61e-07, 7.12e-11));
-        assert_eq!(p.cpu(Placement::OnNode, 1e6), (6.77e-06, 1.49e-10));
-        assert_eq!(p.gpu(Placement::OffNode, 100.0), (8.95e-06, 1.72e-10));
-        assert_eq!(p.gpu(Placement::OnSocket, 1e6), (1.82e-05, 1.46e-11));
+        assert_eq!(
+            p.cpu(ProcessPlacement::OffNode, 100.0),
+            (1.89e-06, 6.88e-10)
+        );
+        assert_eq!(
+            p.cpu(ProcessPlacement::OnSocket, 4096.0),
+            (4.61e-07, 7.12e-11)
+        );
+        assert_eq!(p.cpu(ProcessPlacement::OnNode, 1e6), (6.77e-06, 1.49e-10));
+        assert_eq!(
+            p.gpu(ProcessPlacement::OffNode, 100.0),
+            (8.95e-06, 1.72e-10)
+        );
+        assert_eq!(p.gpu(ProcessPlacement::OnSocket, 1e6), (1.82e-05, 1.46e-11));
         assert_eq!(ModelParams::default(), ModelParams::LASSEN);
     }
 }

@@ -22,15 +22,16 @@ use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::Request;
 use crate::staging::{fit, min_chunk_elems};
 
-/// The plan under construction, with the node layout.
-struct Gen<'a> {
+/// A rank-space plan under construction (every op on a lane of its own), with the node of
+/// each rank, the ranks of each node and the relay slots of the split strategies.
+struct RankSpacePlanBuilder<'a> {
     plan: Plan,
     node_of: &'a [u32],
     ranks_of: BTreeMap<u32, Vec<u32>>,
     slots: Slots,
 }
 
-impl Gen<'_> {
+impl RankSpacePlanBuilder<'_> {
     /// A copy on a lane of its own (so that only `deps` order it).
     fn copy(&mut self, from: u32, src: Region, dst: Region, deps: Vec<u32>) -> u32 {
         let lane = self
@@ -187,7 +188,7 @@ fn in_rounds(
     chunk: u64,
 ) -> Plan {
     let chunk = chunk.max(1);
-    let mut g = Gen {
+    let mut g = RankSpacePlanBuilder {
         plan: Plan::new(req.clone(), format!("rank-space {strategy}")),
         node_of,
         ranks_of: ranks_of_nodes(node_of),
@@ -215,7 +216,12 @@ fn in_rounds(
 
 /// One round of a rank-space plan: every piece of `all` (a slice of each of the request's
 /// pieces) moved by `strategy`, packed and unpacked in this round's slots.
-fn rank_space_round(g: &mut Gen, all: &[Piece], strategy: Strategy, split_cap: u64) {
+fn rank_space_round(
+    g: &mut RankSpacePlanBuilder,
+    all: &[Piece],
+    strategy: Strategy,
+    split_cap: u64,
+) {
     let node_of = g.node_of;
     let node = |r: u32| node_of[r as usize];
     let mut remote = Vec::new();
@@ -258,7 +264,7 @@ fn rank_space_round(g: &mut Gen, all: &[Piece], strategy: Strategy, split_cap: u
 /// the cap (raised to volume / ranks-per-node when more messages than ranks would result); sends
 /// are dealt to the node's ranks from the last local rank down, receives from local rank 0
 /// up, so that every rank of a node takes part.
-fn split(g: &mut Gen, remote: &[Piece], cap: u64) {
+fn split(g: &mut RankSpacePlanBuilder, remote: &[Piece], cap: u64) {
     let node = |r: u32| g.node_of[r as usize];
     let mut volume: BTreeMap<u32, u64> = BTreeMap::new();
     for p in remote {

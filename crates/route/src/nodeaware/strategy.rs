@@ -98,9 +98,10 @@ impl fmt::Display for Staging {
     }
 }
 
-/// The shape of a cluster as the models see it: nodes of equal make.
+/// The counts of a cluster that the models read: nodes, and per node its GPUs, sockets and
+/// processes (nodes of equal make).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClusterShape {
+pub struct ClusterCounts {
     /// Nodes.
     pub nodes: u32,
     /// GPUs per node (one rank per GPU).
@@ -111,10 +112,10 @@ pub struct ClusterShape {
     pub procs_per_node: u32,
 }
 
-impl ClusterShape {
+impl ClusterCounts {
     /// `nodes` Lassen nodes: 4 GPUs, 2 sockets, 40 processes ([Lockhart-2023 §2.1], §4.2).
     pub const fn lassen(nodes: u32) -> Self {
-        ClusterShape {
+        ClusterCounts {
             nodes,
             gpus_per_node: LASSEN_GPUS_PER_NODE,
             sockets_per_node: LASSEN_SOCKETS_PER_NODE,
@@ -128,7 +129,7 @@ impl ClusterShape {
         let host0 = |id| topo.node(id).host == 0;
         let gpus = topo.gpu_nodes().iter().filter(|id| host0(**id)).count() as u32;
         let sockets = topo.cpus().filter(|(id, _)| host0(*id)).count() as u32;
-        ClusterShape {
+        ClusterCounts {
             nodes,
             gpus_per_node: gpus.max(1),
             sockets_per_node: sockets.max(1),
@@ -148,7 +149,7 @@ impl ClusterShape {
 /// One message of an irregular exchange, between ranks (rank r sits on node
 /// `r / gpus_per_node` of the shape it is modelled on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Message {
+pub struct ExchangeMessage {
     /// Sending rank.
     pub src: u32,
     /// Receiving rank.
@@ -161,14 +162,19 @@ pub struct Message {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Pattern {
     /// The messages; empty ones are allowed and ignored.
-    pub messages: Vec<Message>,
+    pub messages: Vec<ExchangeMessage>,
 }
 
 impl Pattern {
     /// [Lockhart-2023]'s §4.6 scenario: node 0 sends `messages` inter-node messages of `bytes`
     /// each, "distributed evenly across on-node GPUs", to `dest_nodes` destination nodes (nodes
     /// 1..=dest_nodes), evenly.
-    pub fn seed_scenario(shape: &ClusterShape, messages: u32, dest_nodes: u32, bytes: u64) -> Self {
+    pub fn seed_scenario(
+        shape: &ClusterCounts,
+        messages: u32,
+        dest_nodes: u32,
+        bytes: u64,
+    ) -> Self {
         let gpn = shape.gpus_per_node.max(1);
         let dest_nodes = dest_nodes.max(1);
         // GPU g's k-th message goes to node 1 + (k + g * ceil(D / gpn)) mod D, so every GPU
@@ -178,7 +184,7 @@ impl Pattern {
             .map(|i| {
                 let (g, k) = (i % gpn, i / gpn);
                 let node = 1 + (k + g * stride) % dest_nodes;
-                Message {
+                ExchangeMessage {
                     src: g,
                     dst: node * gpn + (k / dest_nodes + g) % gpn,
                     bytes,
@@ -199,7 +205,7 @@ impl Pattern {
             else {
                 continue;
             };
-            messages.push(Message {
+            messages.push(ExchangeMessage {
                 src: s,
                 dst: d,
                 bytes: p.len.saturating_mul(size),

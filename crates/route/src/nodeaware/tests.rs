@@ -132,7 +132,7 @@ fn collectives_and_errors() {
 #[test]
 fn models_read_requests() {
     let topo = relaycc_topo::preset("cluster:4xpcie-4gpu:ib-hdr").unwrap();
-    let shape = ClusterShape::of(&topo);
+    let shape = ClusterCounts::of(&topo);
     assert_eq!(
         (shape.nodes, shape.gpus_per_node, shape.sockets_per_node),
         (4, 4, 1)
@@ -145,7 +145,7 @@ fn models_read_requests() {
     let p = Pattern::from_request(&req).unwrap();
     assert_eq!(p.messages.len(), 2, "empty messages are dropped");
     for (s, st) in Strategy::combinations() {
-        let t = model_time(s, st, &p, &shape, CostModel::MaxRate);
+        let t = model_time(s, st, &p, &shape, MessageCostModel::MaxRate);
         assert!(t.is_finite() && t > 0.0, "{s} {st}");
     }
     let ar = Request::new(Collective::AllReduce, vec![0, 4], 8, DType::F32);

@@ -29,7 +29,7 @@ use crate::path::RelayPolicy;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
-use super::builder::Builder;
+use super::builder::PlanBuilder;
 use super::ring;
 use super::ring_order::ring_order;
 use super::{ConnCache, Ctx, LinkMode, chunks, direct};
@@ -80,7 +80,7 @@ pub struct BaselineOptions<'a> {
     /// uneven blocks). A template has no NVLS option: NVLS reduces within one switch.
     pub template: Option<&'a dyn crate::template::HostShift>,
     /// A planning call's deadline: the tuner's capped simulations stop there too
-    /// ([`tune_timed`]).
+    /// (`tune_timed`).
     pub until: Option<Instant>,
 }
 
@@ -225,7 +225,7 @@ fn tune_timed(
         });
         // Simple first: at large sizes its time rules out the others by their lower bounds,
         // taken from its lowering where that already shows a protocol cannot win.
-        let mut simple: Option<crate::sim::Prepared> = None;
+        let mut simple: Option<crate::sim::PreparedSim> = None;
         for p in [Protocol::Simple, Protocol::Ll128, Protocol::Ll] {
             if (nvls && p != Protocol::Simple) || (p == Protocol::Ll128 && !all_nvlink) {
                 continue;
@@ -236,7 +236,7 @@ fn tune_timed(
                 continue;
             }
             base.protocol = Some(p);
-            let prepared = crate::sim::Prepared::new(topo, base, &cfg)?;
+            let prepared = crate::sim::PreparedSim::new(topo, base, &cfg)?;
             let bound = prepared.lower_bound_us();
             if best.as_ref().is_some_and(|(t, ..)| bound >= *t) {
                 continue;
@@ -340,7 +340,7 @@ fn algorithm_plan(
 fn broadcasts(req: &Request, ctx: &Ctx) -> Result<Plan> {
     let order = ring_order(ctx, req, false);
     let n = order.len();
-    let mut b = Builder::new(req, ctx, "broadcast series");
+    let mut b = PlanBuilder::new(req, ctx, "broadcast series");
     let mut displ = 0u64;
     for k in 0..n as u32 {
         let len = req.counts.get(k as usize).copied().unwrap_or(0);
@@ -409,11 +409,11 @@ mod tests {
             let mut plan = baseline_plan(&topo, &req).unwrap();
             assert!(plan.ops.iter().all(|o| o.nvls.is_none()));
             plan.protocol = Some(Protocol::Simple);
-            let simple = crate::sim::Prepared::new(&topo, &plan, &cfg).unwrap();
+            let simple = crate::sim::PreparedSim::new(&topo, &plan, &cfg).unwrap();
             for p in [Protocol::Ll128, Protocol::Ll] {
                 let quick = simple.protocol_load_bound_us(topo.costs(), Protocol::Simple, p);
                 plan.protocol = Some(p);
-                let own = crate::sim::Prepared::new(&topo, &plan, &cfg).unwrap();
+                let own = crate::sim::PreparedSim::new(&topo, &plan, &cfg).unwrap();
                 let full = own.lower_bound_us();
                 assert!(quick <= full, "{preset} {size} {p:?}: {quick} > {full}");
                 // Where the busiest resource rules, they agree: the quick bound loses nothing.

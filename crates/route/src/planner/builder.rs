@@ -20,9 +20,9 @@ use super::access::AccessTrack;
 use super::connect::Connection;
 
 use crate::error::{Result, RouteError};
-use crate::lower::{LaneMap, emit_transfer};
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::{Collective, Request};
+use crate::route_pipeline::{LaneMap, emit_transfer};
 use crate::template::window::{UserMem, Window};
 
 use super::Ctx;
@@ -105,7 +105,7 @@ impl Mems {
 }
 
 /// Writes a plan through cached connections, deriving dependencies (see the module docs).
-pub(crate) struct Builder<'a, 't> {
+pub(crate) struct PlanBuilder<'a, 't> {
     /// The plan being built.
     pub plan: Plan,
     ctx: &'a Ctx<'t>,
@@ -127,10 +127,10 @@ pub(crate) struct Builder<'a, 't> {
     window: Option<&'t Window>,
 }
 
-impl<'a, 't> Builder<'a, 't> {
+impl<'a, 't> PlanBuilder<'a, 't> {
     /// A builder for `req`, named `algorithm`.
     pub fn new(req: &Request, ctx: &'a Ctx<'t>, algorithm: impl Into<String>) -> Self {
-        Builder {
+        PlanBuilder {
             plan: Plan::new(req.clone(), algorithm),
             ctx,
             lanes: LaneMap::default(),
@@ -303,7 +303,7 @@ impl<'a, 't> Builder<'a, 't> {
     pub fn send(&mut self, src: Region, dst: Region, ch: u32) -> Result<()> {
         self.send_with(src, dst, ch, None)
     }
-    /// [`Builder::send`] over `conn` instead of the pinned or cached connection between the
+    /// [`PlanBuilder::send`] over `conn` instead of the pinned or cached connection between the
     /// two GPUs (a planner choosing each send's connection itself pins nothing).
     pub fn send_over(
         &mut self,

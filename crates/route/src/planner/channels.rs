@@ -18,7 +18,7 @@ use crate::plan::{BufferRef, OpKind, Plan, Region};
 use crate::request::Request;
 
 use super::Ctx;
-use super::builder::Builder;
+use super::builder::PlanBuilder;
 
 /// Build channels `0..channels` of a plan named `algorithm`, each by `part` with a builder of
 /// its own, concatenated in channel order. They are built in parallel where there are two or
@@ -30,7 +30,7 @@ pub(crate) fn build_channels(
     ctx: &Ctx,
     algorithm: &str,
     channels: usize,
-    part: impl Fn(&mut Builder, usize) -> Result<()> + Sync,
+    part: impl Fn(&mut PlanBuilder, usize) -> Result<()> + Sync,
 ) -> Result<Plan> {
     if channels < 2 || ctx.window.is_some() || rayon::current_num_threads() < 2 {
         return build_in_turn(req, ctx, algorithm, channels, part);
@@ -41,7 +41,7 @@ pub(crate) fn build_channels(
         .into_par_iter()
         .map(|c| {
             crate::limits::scoped(limit.clone(), || {
-                let mut b = Builder::new(req, ctx, algorithm);
+                let mut b = PlanBuilder::new(req, ctx, algorithm);
                 part(&mut b, c)?;
                 Ok(b.finish())
             })
@@ -61,9 +61,9 @@ fn build_in_turn(
     ctx: &Ctx,
     algorithm: &str,
     channels: usize,
-    part: impl Fn(&mut Builder, usize) -> Result<()>,
+    part: impl Fn(&mut PlanBuilder, usize) -> Result<()>,
 ) -> Result<Plan> {
-    let mut b = Builder::new(req, ctx, algorithm);
+    let mut b = PlanBuilder::new(req, ctx, algorithm);
     for c in 0..channels {
         part(&mut b, c)?;
     }

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use relaycc_topo::{LinkId, Topology};
 
 use crate::error::{Result, RouteError};
-use crate::lower::split_shares;
 use crate::path::{
     Hop, RelayPolicy, Route, direct_route, hop, host_staged_routes, max_flow_routes, nearest_host,
     relay_routes_with,
 };
 use crate::plan::Location;
+use crate::route_pipeline::split_shares;
 
 /// Which routes a connection may use, from most restricted to least.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

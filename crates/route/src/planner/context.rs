@@ -41,7 +41,7 @@ pub struct Ctx<'c> {
 pub const PACKED_RINGS: u32 = 0;
 
 /// A candidate planner.
-pub type Planner = fn(&Topology, &Request, &Ctx) -> Result<Plan>;
+pub type PlannerFn = fn(&Topology, &Request, &Ctx) -> Result<Plan>;
 
 /// `len` elements in chunks of `chunk`: `(offset, len)` pairs.
 pub(crate) fn chunks(len: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::Request;
 
-use super::builder::Builder;
+use super::builder::PlanBuilder;
 use super::{Ctx, RECV_SLOTS, chunks, name};
 
 /// Remote terms of a piece, the staging ring at its owner, and the ring's slot length.
@@ -35,7 +35,7 @@ type Staging = (Vec<(u32, u64)>, Option<BufferRef>, u64);
 ///
 /// Source: NCCL's grouped send/recv (all_to_all) and the latency-optimal one-step all_reduce.
 pub fn plan(_topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let mut b = Builder::new(req, ctx, name("direct", ctx));
+    let mut b = PlanBuilder::new(req, ctx, name("direct", ctx));
     let pieces = req.expected()?;
     if !req.collective.reduces() {
         for p in &pieces {

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
-use super::builder::Builder;
+use super::builder::PlanBuilder;
 use super::{Ctx, RECV_SLOTS, chunks, direct, name};
 
 /// Lane channels of the three steps (intra-socket reduce, leader exchange, broadcast back).
@@ -66,7 +66,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let ng = groups.len() as u64;
     let chunk = ctx.chunk_elems.max(1);
     let slot = chunk.min(req.count);
-    let mut b = Builder::new(req, ctx, name("hierarchical", ctx));
+    let mut b = PlanBuilder::new(req, ctx, name("hierarchical", ctx));
     if slot == 0 {
         return Ok(b.finish());
     }

@@ -3,10 +3,10 @@
 //!
 //! | collective | candidates |
 //! |---|---|
-//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels, or packed rings: [`ring_pack`]), [`tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
+//! | all_reduce | [`ring::all_reduce`] (1 or 2 channels, or packed rings: [`ring_pack`]), [`pipelined_tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
 //! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
 //! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
-//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`tree::broadcast`], [`tree::reduce`], [`direct::plan`] (small requests) |
+//! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`pipelined_tree::broadcast`], [`pipelined_tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
 //! On several nodes with the same number of ranks each, all_reduce, all_gather and
@@ -40,19 +40,19 @@ mod context;
 pub mod direct;
 pub mod hierarchical;
 pub mod nvls;
+pub mod pipelined_tree;
 pub mod ranks;
 pub mod ring;
 pub mod ring_order;
 pub mod ring_pack;
 pub mod shared_memory;
-pub mod tree;
 
 pub use crate::bound::collective_bound_gbps as bound_gbps;
 pub use baseline::{BaselineOptions, baseline_plan};
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
 pub use context::{
-    CHUNKS_PER_BLOCK, Ctx, DEFAULT_CHUNK_BYTES, PACKED_RINGS, Planner, RECV_SLOTS,
+    CHUNKS_PER_BLOCK, Ctx, DEFAULT_CHUNK_BYTES, PACKED_RINGS, PlannerFn, RECV_SLOTS,
     pipeline_chunk_elems,
 };
 pub(crate) use context::{chunks, links_and_chunk, name, split_even};
@@ -65,7 +65,7 @@ pub const DIRECT_SMALL_BYTES: u64 = 4 << 20;
 
 /// The candidates tried for a request: [`planners_for`] its collective and rank count, less
 /// the direct plan above [`DIRECT_SMALL_BYTES`] on more than two ranks.
-fn specs(req: &Request) -> Vec<(Planner, u32)> {
+fn specs(req: &Request) -> Vec<(PlannerFn, u32)> {
     let n = req.nranks();
     let mut v = planners_for(req.collective, n);
     if n > 2 && req.size_bytes() > DIRECT_SMALL_BYTES && v.len() > 1 {
@@ -76,8 +76,8 @@ fn specs(req: &Request) -> Vec<(Planner, u32)> {
 
 /// Every collective planner the orchestrator may try for collective `c` on `n` ranks, with its
 /// channel count: (planner, channels), the direct plan last.
-pub fn planners_for(c: Collective, n: usize) -> Vec<(Planner, u32)> {
-    let d: (Planner, u32) = (direct::plan, 1);
+pub fn planners_for(c: Collective, n: usize) -> Vec<(PlannerFn, u32)> {
+    let d: (PlannerFn, u32) = (direct::plan, 1);
     if n <= 1 {
         return vec![d];
     }
@@ -86,7 +86,7 @@ pub fn planners_for(c: Collective, n: usize) -> Vec<(Planner, u32)> {
             (ring::all_reduce, 1),
             (ring::all_reduce, 2),
             (ring::all_reduce, PACKED_RINGS),
-            (tree::all_reduce, 1),
+            (pipelined_tree::all_reduce, 1),
             (hierarchical::all_reduce, 1),
             d,
         ],
@@ -107,10 +107,15 @@ pub fn planners_for(c: Collective, n: usize) -> Vec<(Planner, u32)> {
         Collective::Broadcast => vec![
             (ring::broadcast, 1),
             (ring::broadcast, 2),
-            (tree::broadcast, 1),
+            (pipelined_tree::broadcast, 1),
             d,
         ],
-        Collective::Reduce => vec![(ring::reduce, 1), (ring::reduce, 2), (tree::reduce, 1), d],
+        Collective::Reduce => vec![
+            (ring::reduce, 1),
+            (ring::reduce, 2),
+            (pipelined_tree::reduce, 1),
+            d,
+        ],
         _ => vec![d],
     }
 }
@@ -126,7 +131,7 @@ pub const MULTIPATH_MIN_GAIN: f64 = 1.1;
 pub struct Candidates<'t> {
     req: Request,
     cache: ConnCache<'t>,
-    jobs: Vec<(LinkMode, Planner, u32)>,
+    jobs: Vec<(LinkMode, PlannerFn, u32)>,
     skipped: Vec<String>,
     budget: u64,
 }
@@ -139,7 +144,7 @@ pub struct Candidates<'t> {
 pub const FLAT_MAX_CLUSTER_RANKS: usize = 16;
 
 /// The hierarchical cluster planner of collective `c`, if it has one.
-fn cluster_planner(c: Collective) -> Option<Planner> {
+fn cluster_planner(c: Collective) -> Option<PlannerFn> {
     match c {
         Collective::AllReduce => Some(cluster::all_reduce),
         Collective::AllGather => Some(cluster::all_gather),
@@ -221,7 +226,7 @@ impl<'t> Candidates<'t> {
         } else {
             &[LinkMode::Single]
         };
-        let mut jobs: Vec<(LinkMode, Planner, u32)> = Vec::new();
+        let mut jobs: Vec<(LinkMode, PlannerFn, u32)> = Vec::new();
         if let Some(p) = hier {
             // A cluster all_reduce reads `channels` as its loop count: one candidate each.
             let loops = match &shape {

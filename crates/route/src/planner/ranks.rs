@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 use crate::DType;
 use crate::error::{Result, RouteError};
 use crate::nodeaware::{
-    ClusterShape, CostModel, Message, Pattern, Staging, Strategy, model_time, rank_space_plan,
+    ClusterCounts, ExchangeMessage, MessageCostModel, Pattern, Staging, Strategy, model_time,
+    rank_space_plan,
 };
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::request::{Collective, Request};
@@ -124,14 +125,14 @@ pub fn modelled_strategies(bytes: &Request, space: &RankSpace<'_>) -> Result<Vec
         messages: Pattern::from_request(bytes)?
             .messages
             .iter()
-            .map(|m| Message {
+            .map(|m| ExchangeMessage {
                 src: id(m.src),
                 dst: id(m.dst),
                 bytes: m.bytes,
             })
             .collect(),
     };
-    let shape = ClusterShape {
+    let shape = ClusterCounts {
         nodes,
         gpus_per_node: gpn,
         sockets_per_node: 1,
@@ -147,7 +148,7 @@ pub fn modelled_strategies(bytes: &Request, space: &RankSpace<'_>) -> Result<Vec
         .map(|s| {
             let t = stagings
                 .iter()
-                .map(|st| model_time(*s, *st, &pattern, &shape, CostModel::MaxRate))
+                .map(|st| model_time(*s, *st, &pattern, &shape, MessageCostModel::MaxRate))
                 .fold(f64::INFINITY, f64::min);
             (*s, t)
         })

@@ -15,15 +15,15 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
-use super::builder::Builder;
+use super::builder::PlanBuilder;
 use std::sync::Arc;
 
-use crate::lower::split_shares;
+use crate::route_pipeline::split_shares;
 
 use super::connect::Connection;
 use super::ring_order::ring_order;
 use super::{
-    Ctx, PACKED_RINGS, chunks, direct, links_and_chunk, name, ring_pack, split_even, tree,
+    Ctx, PACKED_RINGS, chunks, direct, links_and_chunk, name, pipelined_tree, ring_pack, split_even,
 };
 
 /// The order of channel `c`: odd channels run backwards.
@@ -35,8 +35,10 @@ fn channel_order(order: &[u32], c: u32) -> Vec<u32> {
     o
 }
 
-/// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
-pub(super) type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
+/// Where a ring pass finds a block: called with block `q`, ring position `p`, an offset `rel`
+/// within the block and a length `len`, it returns that region (of the input, the partials or
+/// the result).
+pub(super) type BlockRegionFn<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
 
 /// Chunks of each block that one loop of a ring pass carries: a channel's range is cut into
 /// loops of `n` blocks of this many chunks, and the staging of the reduce-scatter (a two-step
@@ -59,7 +61,7 @@ pub(super) struct RsStaging {
 
 impl RsStaging {
     /// Staging for blocks of at most `most` elements on the positions of `ord`.
-    pub(super) fn new(b: &mut Builder, ord: &[u32], most: u64, own: bool) -> Self {
+    pub(super) fn new(b: &mut PlanBuilder, ord: &[u32], most: u64, own: bool) -> Self {
         if most == 0 {
             return RsStaging {
                 recv: Vec::new(),
@@ -87,15 +89,15 @@ pub(super) fn loops(len: u64, per: u64) -> impl Iterator<Item = (u64, u64)> {
 /// Partials live in `acc` when given, else in `st.own`; blocks are at most `st.most` long.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn reduce_scatter_pass(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     ch: u32,
     lens: &[u64],
     chunk: u64,
     st: &RsStaging,
-    input: At,
-    acc: Option<At>,
-    fin: At,
+    input: BlockRegionFn,
+    acc: Option<BlockRegionFn>,
+    fin: BlockRegionFn,
 ) -> Result<()> {
     reduce_scatter_steps(b, ord, ch, lens, chunk, st, input, acc, fin, true)
 }
@@ -105,15 +107,15 @@ pub(super) fn reduce_scatter_pass(
 /// `Avg` divides once).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn reduce_scatter_steps(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     ch: u32,
     lens: &[u64],
     chunk: u64,
     st: &RsStaging,
-    input: At,
-    acc: Option<At>,
-    fin: At,
+    input: BlockRegionFn,
+    acc: Option<BlockRegionFn>,
+    fin: BlockRegionFn,
     finalize: bool,
 ) -> Result<()> {
     let n = ord.len();
@@ -155,7 +157,7 @@ pub(super) fn reduce_scatter_steps(
 
 /// The ring positions `p` whose hop to `p + 1` may touch the builder's window (every
 /// position without one).
-fn live_hops(b: &Builder, ord: &[u32]) -> Vec<usize> {
+fn live_hops(b: &PlanBuilder, ord: &[u32]) -> Vec<usize> {
     let n = ord.len();
     (0..n)
         .filter(|&p| b.may_touch(&[ord[p], ord[(p + 1) % n]]))
@@ -165,13 +167,13 @@ fn live_hops(b: &Builder, ord: &[u32]) -> Vec<usize> {
 /// All-gather pass: position q starts with block q in `out` (or sends it from `first`); at
 /// step t position p forwards block p-t to p+1.
 pub(super) fn all_gather_pass(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     ch: u32,
     lens: &[u64],
     chunk: u64,
-    first: Option<At>,
-    out: At,
+    first: Option<BlockRegionFn>,
+    out: BlockRegionFn,
 ) -> Result<()> {
     let n = ord.len();
     let hops = live_hops(b, ord);
@@ -254,7 +256,7 @@ fn split_channels(len: u64, chans: &[Channel]) -> Vec<(u64, u64)> {
 }
 
 /// Pin channel `c`'s hop connections in the builder (packed rings choose their own).
-fn pin(b: &mut Builder, req: &Request, c: u32, chan: &Channel) {
+fn pin(b: &mut PlanBuilder, req: &Request, c: u32, chan: &Channel) {
     if let Some(hops) = &chan.pinned {
         let n = chan.order.len();
         for (i, conn) in hops.iter().enumerate() {
@@ -275,7 +277,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     }
     let chunk = ctx.chunk_elems.max(1);
     let (chans, label) = channels(req, ctx, "ring")?;
-    let mut b = Builder::new(req, ctx, label);
+    let mut b = PlanBuilder::new(req, ctx, label);
     let per = (n as u64).saturating_mul(LOOP_CHUNKS.saturating_mul(chunk));
     for (c, (lo, len)) in split_channels(req.count, &chans).into_iter().enumerate() {
         pin(&mut b, req, c as u32, &chans[c]);
@@ -342,7 +344,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             Some(d)
         })
         .collect();
-    let mut b = Builder::new(req, ctx, label);
+    let mut b = PlanBuilder::new(req, ctx, label);
     for r in 0..n as u32 {
         let c = counts[r as usize];
         b.send(
@@ -383,7 +385,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     let chunk = ctx.chunk_elems.max(1);
     let (chans, label) = channels(req, ctx, "ring")?;
     let count = req.count;
-    let mut b = Builder::new(req, ctx, label);
+    let mut b = PlanBuilder::new(req, ctx, label);
     let per = LOOP_CHUNKS.saturating_mul(chunk);
     for (c, (lo, len)) in split_channels(count, &chans).into_iter().enumerate() {
         pin(&mut b, req, c as u32, &chans[c]);
@@ -418,11 +420,11 @@ fn rooted(order: &[u32], root: u32) -> Vec<u32> {
 /// Broadcast as a pipelined chain along the ring from the root (NCCL's ring broadcast).
 pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let (order, _, _) = prepare(req, ctx);
-    tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
+    pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }
 
 /// Reduce as a pipelined chain along the ring into the root (NCCL's ring reduce).
 pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let (order, _, _) = prepare(req, ctx);
-    tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
+    pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }

@@ -1,7 +1,7 @@
 //! The ring order of a set of ranks: the order that maximises the slowest ring connection,
 //! then the sum of their rates, searched exhaustively up to [`RING_SEARCH_BUDGET`] orders
 //! (branch and bound) and greedily beyond. The ring planners (`ring.rs`, `ring_pack.rs`), the
-//! ring chains of the trees (`tree.rs`) and the NCCL-like baseline take their orders from it.
+//! ring chains of the trees (`pipelined_tree.rs`) and the NCCL-like baseline take their orders from it.
 
 use crate::request::Request;
 

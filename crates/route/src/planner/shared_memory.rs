@@ -60,7 +60,7 @@ fn owner(k: u32, m: u32, n: u32, root: u32) -> u32 {
 /// Plan `request` on `topo` (see the module docs); `in_place` selects the in-place layout.
 pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> {
     request.validate()?;
-    let mut b = Builder::new(topo, request, in_place)?;
+    let mut b = SharedMemoryPlanBuilder::new(topo, request, in_place)?;
     let n = request.nranks() as u32;
     let c = request.count;
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
@@ -193,13 +193,15 @@ enum Dest {
     Root(u32, u64),
 }
 
-struct Builder<'a> {
+/// A plan of ranks in one host's memory under construction: the topology, the plan and the
+/// route cached per pair of ranks.
+struct SharedMemoryPlanBuilder<'a> {
     topo: &'a Topology,
     plan: Plan,
     routes: HashMap<(u32, u32), Vec<u32>>,
 }
 
-impl<'a> Builder<'a> {
+impl<'a> SharedMemoryPlanBuilder<'a> {
     fn new(topo: &'a Topology, request: &Request, in_place: bool) -> Result<Self> {
         let mut plan = Plan::new(
             request.clone(),
@@ -213,7 +215,7 @@ impl<'a> Builder<'a> {
             topo.gpu(*g)?;
             plan.add_lane(Location::Gpu(*g), format!("rank{r} GPU{g}"));
         }
-        Ok(Builder {
+        Ok(SharedMemoryPlanBuilder {
             topo,
             plan,
             routes: HashMap::new(),

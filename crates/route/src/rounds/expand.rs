@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{RegionMap, Segment};
+use super::{RegionMap, RoundSegment};
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, NvlsShare, Op, OpKind, Plan, Region};
 
@@ -66,7 +66,7 @@ impl Writer<'_> {
         part: &Plan,
         slots: usize,
         map: &mut RegionMap<'_>,
-        seg: Segment,
+        seg: RoundSegment,
         lane_base: u32,
         group_base: u32,
     ) -> Result<()> {
@@ -215,14 +215,28 @@ pub fn expand(plan: &Plan, max_ops: u64) -> Result<Plan> {
     let mut body_map = RegionMap::new(&plan.request, r.count, false);
     for k in 0..r.count {
         let group_base = u32::try_from(k.saturating_mul(u64::from(groups))).unwrap_or(u32::MAX);
-        w.segment(&r.body, 0, &mut body_map, Segment::Round(k), 0, group_base)?;
+        w.segment(
+            &r.body,
+            0,
+            &mut body_map,
+            RoundSegment::Round(k),
+            0,
+            group_base,
+        )?;
     }
     if let Some(t) = &r.tail {
         let mut tail_map = RegionMap::new(&plan.request, r.count, true);
         let lane_base = r.body.lanes.len() as u32;
         let group_base =
             u32::try_from(r.count.saturating_mul(u64::from(groups))).unwrap_or(u32::MAX);
-        w.segment(t, 1, &mut tail_map, Segment::Tail, lane_base, group_base)?;
+        w.segment(
+            t,
+            1,
+            &mut tail_map,
+            RoundSegment::Tail,
+            lane_base,
+            group_base,
+        )?;
     }
     Ok(w.out)
 }

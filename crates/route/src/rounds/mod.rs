@@ -48,7 +48,7 @@ pub use check::check_rounds;
 pub use expand::{MAX_EXPANDED_OPS, expand};
 pub(crate) use split::rounds_us;
 pub use split::{
-    DEFAULT_ROUND_BYTES, RegionMap, Segment, Split, assemble, pieces, region_in_full, split,
+    DEFAULT_ROUND_BYTES, RegionMap, RoundSegment, Split, assemble, pieces, region_in_full, split,
     split_into,
 };
 

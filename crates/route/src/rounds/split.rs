@@ -140,7 +140,7 @@ pub fn pieces(req: &Request, b: BufferRef) -> Result<Vec<u64>> {
 
 /// Which segment of a plan of rounds a region belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Segment {
+pub enum RoundSegment {
     /// Round `k` of the body.
     Round(u64),
     /// The tail.
@@ -236,7 +236,7 @@ impl<'a> RegionMap<'a> {
     /// staging region as it is.
     ///
     /// Errors: a region that crosses a piece of its segment's buffer or lies outside it.
-    pub fn region_in_full(&mut self, region: Region, segment: Segment) -> Result<Region> {
+    pub fn region_in_full(&mut self, region: Region, segment: RoundSegment) -> Result<Region> {
         if matches!(region.buffer, BufferRef::Scratch(_)) {
             return Ok(region);
         }
@@ -257,8 +257,8 @@ impl<'a> RegionMap<'a> {
         }
         let body = m.body_len[i];
         let base = match segment {
-            Segment::Round(k) => k.saturating_mul(body),
-            Segment::Tail => rounds.saturating_mul(body),
+            RoundSegment::Round(k) => k.saturating_mul(body),
+            RoundSegment::Tail => rounds.saturating_mul(body),
         };
         Ok(Region::new(
             region.buffer,
@@ -275,10 +275,10 @@ impl<'a> RegionMap<'a> {
 pub fn region_in_full(
     full: &Request,
     rounds: u64,
-    segment: Segment,
+    segment: RoundSegment,
     region: Region,
 ) -> Result<Region> {
-    RegionMap::new(full, rounds, segment == Segment::Tail).region_in_full(region, segment)
+    RegionMap::new(full, rounds, segment == RoundSegment::Tail).region_in_full(region, segment)
 }
 
 /// The plan of rounds for `full`: `body` run `count` times, then `tail`, named after them.

@@ -101,10 +101,10 @@ fn rounds_and_tail_tile_the_full_request() {
                 let split = split_into(&req, rounds);
                 let mut got = Elementwise::new();
                 let segments = (0..rounds)
-                    .map(|k| (Segment::Round(k), &split.body))
-                    .chain(split.tail.iter().map(|t| (Segment::Tail, t)));
+                    .map(|k| (RoundSegment::Round(k), &split.body))
+                    .chain(split.tail.iter().map(|t| (RoundSegment::Tail, t)));
                 for (seg, sub) in segments {
-                    let mut m = RegionMap::new(&req, rounds, seg == Segment::Tail);
+                    let mut m = RegionMap::new(&req, rounds, seg == RoundSegment::Tail);
                     let part = elementwise(sub, |b, e| {
                         m.region_in_full(Region::new(b, e, 1), seg).unwrap().offset
                     });
@@ -176,7 +176,10 @@ fn plans_of_rounds_prove_and_time_as_their_expansion() {
     let mut runs: Vec<(Request, PlanOptions)> =
         reqs.into_iter().map(|r| (r, opts.clone())).collect();
     // relaycc's own point-to-point plans (a forced strategy leaves the baseline out).
-    for strategy in [crate::p2p::Strategy::Multipath, crate::p2p::Strategy::Relay] {
+    for strategy in [
+        crate::p2p::P2pStrategy::Multipath,
+        crate::p2p::P2pStrategy::Relay,
+    ] {
         for bytes in [3 << 20, (3 << 20) + 7] {
             let o = PlanOptions {
                 strategy,
@@ -322,7 +325,7 @@ fn the_expansion_is_bounded_and_orders_need_it() {
     let e = expand(&p, 100).unwrap_err().to_string();
     assert!(e.contains("above 100 ops"), "{e}");
     assert!(p.dependency_graph().is_err());
-    assert!(crate::sim::Prepared::new(&topo, &p, &SimConfig::default()).is_err());
+    assert!(crate::sim::PreparedSim::new(&topo, &p, &SimConfig::default()).is_err());
     // Staging is the larger of the body's and the tail's on each device, not their sum.
     let r = p.rounds.as_ref().unwrap();
     for (at, b) in p.staging_per_location() {

@@ -11,7 +11,7 @@ use crate::error::{Result, RouteError};
 use crate::limits::LEAST_SIMULATION_GRACE;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
-use crate::sim::{Prepared, SimConfig, SimCut, simulate};
+use crate::sim::{PreparedSim, SimConfig, SimCut, simulate};
 
 use super::deadline::{Deadline, GRACE_ABOVE_OPS};
 use super::options::PlanOptions;
@@ -46,7 +46,7 @@ pub(super) fn simulate_baseline(
     if plan.ops.len() < GRACE_ABOVE_OPS {
         return Ok((simulate(topo, plan, &opts.sim)?.time_us, None));
     }
-    let prepared = Prepared::new(topo, plan, &opts.sim)?;
+    let prepared = PreparedSim::new(topo, plan, &opts.sim)?;
     let start = Instant::now();
     Ok(
         match prepared.simulate_or_cut(topo, &|| deadline.baseline_goes_on(start))? {

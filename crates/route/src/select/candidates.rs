@@ -7,7 +7,7 @@ use relaycc_topo::Topology;
 use crate::error::{Result, RouteError};
 use crate::plan::Plan;
 use crate::request::Request;
-use crate::sim::Prepared;
+use crate::sim::PreparedSim;
 
 use super::deadline::{CANDIDATES, Deadline, GRACE_ABOVE_OPS};
 use super::options::PlanOptions;
@@ -27,7 +27,7 @@ pub(super) fn fastest_templates(
         crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
     let mut skipped = set.skipped().to_vec();
     let fine = crate::planner::pipeline_chunk_elems(req).max(1);
-    let prepared: Vec<Result<(Plan, Prepared)>> = (0..set.len())
+    let prepared: Vec<Result<(Plan, PreparedSim)>> = (0..set.len())
         .into_par_iter()
         .map(|i| {
             let build = || set.build_template(i, fine, shift);
@@ -36,7 +36,7 @@ pub(super) fn fastest_templates(
             } else {
                 deadline.limited(CANDIDATES, build)?
             };
-            let prepared = Prepared::new(topo, &plan, &opts.sim)?;
+            let prepared = PreparedSim::new(topo, &plan, &opts.sim)?;
             Ok((plan, prepared))
         })
         .collect();
@@ -106,7 +106,7 @@ pub(super) fn fastest_templates(
 pub(super) type Simulated = (Plan, f64, bool);
 
 /// A candidate built and lowered for the simulator.
-type Built = (Plan, Prepared);
+type Built = (Plan, PreparedSim);
 
 /// The collective candidates simulated (plan, time, proved), and the first reason a candidate
 /// was skipped for the staging budget.
@@ -230,7 +230,7 @@ impl CollectiveSearch<'_> {
         } else {
             self.deadline.limited(CANDIDATES, build)?
         };
-        let prepared = Prepared::new(self.topo, &plan, &self.opts.sim)?;
+        let prepared = PreparedSim::new(self.topo, &plan, &self.opts.sim)?;
         Ok((plan, prepared))
     }
 
@@ -239,11 +239,11 @@ impl CollectiveSearch<'_> {
     /// staging budget, unless they are final (whole blocks are the pipelining chunk). Returns
     /// the candidates that found routes; where none did and none was over the budget, the
     /// first missing route is the error.
-    fn coarse_pass(&self, left: &mut LeftOut) -> Result<Vec<(usize, Plan, Prepared)>> {
+    fn coarse_pass(&self, left: &mut LeftOut) -> Result<Vec<(usize, Plan, PreparedSim)>> {
         let (coarse, deadline) = (self.coarse, self.deadline);
         // The first candidate is always built: a spent budget still returns a plan of
         // relaycc's.
-        let coarse_built: Vec<Result<(usize, Plan, Prepared)>> = (0..self.set.len())
+        let coarse_built: Vec<Result<(usize, Plan, PreparedSim)>> = (0..self.set.len())
             .into_par_iter()
             .filter(|&i| i == 0 || !deadline.passed())
             .map(|i| {
@@ -278,7 +278,7 @@ impl CollectiveSearch<'_> {
     /// Where the executor pays for every op it issues, whole blocks may beat the pipelining
     /// chunk (a quarter of the ops or fewer): each candidate then also competes at whole
     /// blocks, its coarse build taken as it is where it fits the staging budget.
-    fn fine_jobs(&self, routable: Vec<(usize, Plan, Prepared)>, to_beat_us: f64) -> Vec<Job> {
+    fn fine_jobs(&self, routable: Vec<(usize, Plan, PreparedSim)>, to_beat_us: f64) -> Vec<Job> {
         let (fine, coarse) = (self.fine, self.coarse);
         let also_coarse = self.opts.sim.issue_us > 0.0 && coarse != fine;
         let mut first: Vec<(f64, usize, Option<Built>)> = routable

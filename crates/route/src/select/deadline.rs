@@ -10,7 +10,7 @@ use relaycc_topo::Topology;
 use crate::error::Result;
 use crate::limits::{LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE};
 use crate::plan::Plan;
-use crate::sim::{Prepared, SimCut};
+use crate::sim::{PreparedSim, SimCut};
 
 /// What the baseline's builds are called in a limit's error ([`crate::limits`]).
 pub(super) const BASELINE: &str = "the NCCL-like baseline";
@@ -115,7 +115,7 @@ impl Deadline {
         &self,
         topo: &Topology,
         plan: &Plan,
-        prepared: &Prepared,
+        prepared: &PreparedSim,
     ) -> Result<Option<crate::sim::SimResult>> {
         if plan.ops.len() < GRACE_ABOVE_OPS {
             return prepared.simulate(topo).map(Some);

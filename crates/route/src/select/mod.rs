@@ -23,7 +23,7 @@ use relaycc_topo::{HostSymmetry, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RouteError};
-use crate::p2p::{RouteShare, Strategy, p2p_bound_gbps, p2p_candidates};
+use crate::p2p::{P2pStrategy, RouteShare, p2p_bound_gbps, p2p_candidates};
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::planner::baseline::{TunedPlan, TunedTime};
@@ -399,7 +399,7 @@ impl Selection<'_> {
                 }
             }
             // A forced strategy with no route falls through to the baseline only when Auto.
-            Err(e) if opts.strategy != Strategy::Auto => return Err(e),
+            Err(e) if opts.strategy != P2pStrategy::Auto => return Err(e),
             Err(_) => {}
         }
         Ok((bound_gbps, plans))
@@ -455,7 +455,7 @@ impl Selection<'_> {
         if baseline.fits
             && !cut
             && !found.shared_memory
-            && (opts.strategy == Strategy::Auto || !is_p2p(req))
+            && (opts.strategy == P2pStrategy::Auto || !is_p2p(req))
         {
             plans.push((baseline.plan.clone(), Vec::new(), baseline_time_us, true));
         }
@@ -580,7 +580,7 @@ fn fold_shift(topo: &Topology, req: &Request) -> Option<HostSymmetry> {
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
-type CacheKey = (Request, RelayPolicy, Strategy, u64, bool, u64);
+type CacheKey = (Request, RelayPolicy, P2pStrategy, u64, bool, u64);
 
 /// A planner bound to one topology, caching results per request and options.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::limits::DEFAULT_BUDGET;
-use crate::p2p::Strategy;
+use crate::p2p::P2pStrategy;
 use crate::path::RelayPolicy;
 use crate::sim::SimConfig;
 
@@ -13,7 +13,7 @@ pub struct PlanOptions {
     /// Which GPUs may relay. Default: any free GPU.
     pub relay: RelayPolicy,
     /// Which point-to-point route kinds to consider. Default: all.
-    pub strategy: Strategy,
+    pub strategy: P2pStrategy,
     /// Simulator settings used to rank candidates.
     pub sim: SimConfig,
     /// Planning time allowed ([`DEFAULT_BUDGET`] by default). Once it is spent, candidates not
@@ -50,7 +50,7 @@ impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
             relay: RelayPolicy::default(),
-            strategy: Strategy::default(),
+            strategy: P2pStrategy::default(),
             sim: SimConfig::default(),
             budget: DEFAULT_BUDGET,
             staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,

@@ -136,21 +136,21 @@ pub fn simulate(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<SimResu
 ///
 /// Complexity: O(ops x resources per op) after building the model.
 pub fn lower_bound_us(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<f64> {
-    Ok(Prepared::new(topo, plan, cfg)?.lower_bound_us())
+    Ok(PreparedSim::new(topo, plan, cfg)?.lower_bound_us())
 }
 
 /// A plan checked against a topology and lowered for the simulator once, so that its lower
 /// bound and then, if the bound is promising, its simulation share the work (the orchestrator
 /// does both for most candidates).
 #[derive(Debug)]
-pub struct Prepared {
+pub struct PreparedSim {
     model: Model,
 }
 
-impl Prepared {
+impl PreparedSim {
     /// Check `plan` against `topo` and lower it; the errors are [`simulate`]'s.
-    pub fn new(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Prepared> {
-        Ok(Prepared {
+    pub fn new(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<PreparedSim> {
+        Ok(PreparedSim {
             model: Model::build(topo, plan, cfg)?,
         })
     }
@@ -167,7 +167,7 @@ impl Prepared {
     /// The busiest resource's bytes over its capacity, microseconds: a lower bound on the
     /// makespan that depends only on how many bytes cross each resource, so it is the same for
     /// every chunking of one algorithm (unlike the longest-op term of
-    /// [`Prepared::lower_bound_us`]).
+    /// [`PreparedSim::lower_bound_us`]).
     pub fn load_bound_us(&self) -> f64 {
         self.bounds().0
     }
@@ -175,7 +175,7 @@ impl Prepared {
     /// was prepared with the plan's protocol `from` and the plan has no NVLS copies: `to`'s
     /// launch latency plus the busiest resource, whose link bytes are rescaled by the two
     /// protocols' wire overheads (memories carry the same bytes under every protocol). It
-    /// never exceeds [`Prepared::lower_bound_us`] of the plan prepared with `to`, and spares
+    /// never exceeds [`PreparedSim::lower_bound_us`] of the plan prepared with `to`, and spares
     /// the tuner lowering a plan of millions of ops again (about a second) only to find that
     /// a protocol cannot win.
     pub fn protocol_load_bound_us(&self, costs: &CostModel, from: Protocol, to: Protocol) -> f64 {
@@ -230,7 +230,7 @@ impl Prepared {
     pub fn simulate(&self, topo: &Topology) -> Result<SimResult> {
         simulate_model(topo, &self.model)
     }
-    /// As [`Prepared::simulate`], given up once `deadline` passes: `Ok(None)` then. The clock
+    /// As [`PreparedSim::simulate`], given up once `deadline` passes: `Ok(None)` then. The clock
     /// is read once every [`DEADLINE_CHECK_BATCHES`] batches of events, or sooner once they
     /// shared [`DEADLINE_CHECK_WORK`] active flows among them, so the check costs nothing
     /// measurable and a run stops within a few milliseconds of the deadline (a few tenths of
@@ -242,7 +242,7 @@ impl Prepared {
     ) -> Result<Option<SimResult>> {
         self.simulate_while(topo, &|| deadline.is_none_or(|d| Instant::now() < d))
     }
-    /// As [`Prepared::simulate_until`], going on while `go_on` says so (asked as often as
+    /// As [`PreparedSim::simulate_until`], going on while `go_on` says so (asked as often as
     /// the clock is read there): for a deadline that moves while the
     /// simulation runs.
     pub fn simulate_while(
@@ -252,7 +252,7 @@ impl Prepared {
     ) -> Result<Option<SimResult>> {
         Ok(self.simulate_or_cut(topo, go_on)?.ok())
     }
-    /// As [`Prepared::simulate_while`], saying how far a run that gave up got: `Err(cut)`
+    /// As [`PreparedSim::simulate_while`], saying how far a run that gave up got: `Err(cut)`
     /// then, whose [`SimCut::reached_us`] is a lower bound on the makespan.
     pub fn simulate_or_cut(
         &self,
@@ -261,7 +261,7 @@ impl Prepared {
     ) -> Result<std::result::Result<SimResult, SimCut>> {
         self.simulate_watched(topo, &|_| go_on())
     }
-    /// As [`Prepared::simulate_or_cut`], with `go_on` shown how far the run got each time it
+    /// As [`PreparedSim::simulate_or_cut`], with `go_on` shown how far the run got each time it
     /// is asked: so a caller can give up a run that cannot end in time, judged by its progress.
     pub fn simulate_watched(
         &self,
@@ -283,7 +283,7 @@ impl Prepared {
 }
 
 /// How far a simulation got: where it gave up at its deadline, or so far, as shown to the
-/// caller's check ([`Prepared::simulate_watched`]).
+/// caller's check ([`PreparedSim::simulate_watched`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimCut {
     /// Simulated time reached, microseconds: every op not finished ends later, so the
@@ -295,7 +295,7 @@ pub struct SimCut {
     pub ops: usize,
 }
 
-/// Batches of events between two reads of the clock in [`Prepared::simulate_until`].
+/// Batches of events between two reads of the clock in [`PreparedSim::simulate_until`].
 pub const DEADLINE_CHECK_BATCHES: u32 = 256;
 
 /// Active flows, summed over batches, after which the clock is read whatever the batches: a

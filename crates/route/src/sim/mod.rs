@@ -51,7 +51,7 @@
 //! |---|---|
 //! | [`simulate`] | time a plan: makespan, op spans, edge and memory loads |
 //! | [`SimConfig`] | settings (per-op overhead) |
-//! | [`Prepared`], [`lower_bound_us`] | a plan lowered once for a cheap lower bound, then its simulation |
+//! | [`PreparedSim`], [`lower_bound_us`] | a plan lowered once for a cheap lower bound, then its simulation |
 //! | [`SimResult`], [`OpSpan`], [`EdgeUse`], [`MemUse`] | what a simulation reports |
 //! | [`Perf`], [`SimResult::perf`] | nccl-tests' algbw and busbw |
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
@@ -65,7 +65,7 @@ mod trace;
 
 pub use config::{DEFAULT_OP_OVERHEAD_US, SimConfig};
 pub use engine::{
-    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, Prepared, SimCut, lower_bound_us, simulate,
+    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, PreparedSim, SimCut, lower_bound_us, simulate,
 };
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;

@@ -3,7 +3,7 @@
 //!
 //! | collective | plan |
 //! |---|---|
-//! | all_reduce | the tuner's choice ([`tuner`]) between rail-aligned rings (`rings.rs`) and the double binary tree (`tree.rs`) |
+//! | all_reduce | the tuner's choice ([`tuner`]) between rail-aligned rings (`rings.rs`) and the double binary tree (`double_tree.rs`) |
 //! | all_gather, reduce_scatter | rail-aligned rings, one channel per rail |
 //! | all_to_all(_v), gather, scatter, send/recv | grouped send/recv, every inter-node send by PXN on the receiver's rail (`pxn.rs`) |
 //!
@@ -14,10 +14,10 @@
 //! modelled: NCCL enables NVLS across nodes only with CollNet, and the NVLS tree's inter-node
 //! part is the tree here.
 
+mod double_tree;
 pub(crate) mod links;
 mod pxn;
 mod rings;
-mod tree;
 pub mod tuner;
 
 use relaycc_topo::Topology;
@@ -84,7 +84,7 @@ pub fn plan_algo(
                             .into(),
                     ));
                 }
-                tuner::Algo::Tree => tree::all_reduce(req, ctx, &links, &rings)?,
+                tuner::Algo::Tree => double_tree::all_reduce(req, ctx, &links, &rings)?,
             }
         }
         Collective::AllGather => {

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::path::Route;
 use crate::plan::{BufferRef, Location, Plan, Region};
-use crate::planner::builder::Builder;
+use crate::planner::builder::PlanBuilder;
 use crate::planner::connect::Legs;
 use crate::planner::{Connection, Ctx, chunks};
 use crate::request::{Collective, Request};
@@ -62,7 +62,7 @@ struct Piece {
 /// every expected piece sent over its rail-aligned connection, relayed pieces through their
 /// proxy's shared ring.
 pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
-    let mut b = Builder::new(req, ctx, "grouped send/recv pxn");
+    let mut b = PlanBuilder::new(req, ctx, "grouped send/recv pxn");
     let n = req.nranks() as u32;
     let mut rings: BTreeMap<(u32, usize), ProxyRing> = BTreeMap::new();
     // NCCL schedules a rank's sends by peer distance, `(rank + k) mod n` in round k
@@ -119,7 +119,7 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
 /// Send piece `p` over its rail-aligned connection, a relayed one through its proxy's ring of
 /// `slot`-element slots.
 fn send_piece(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ctx: &Ctx,
     links: &NetLinks,
     rings: &mut BTreeMap<(u32, usize), ProxyRing>,

@@ -18,13 +18,13 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
-use crate::planner::builder::Builder;
+use crate::planner::builder::PlanBuilder;
 use crate::planner::channels::build_channels;
 use crate::planner::connect::Connection;
+use crate::planner::pipelined_tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::ring::{
     CH_LOCAL, LOOP_CHUNKS, RsStaging, all_gather_pass, loops, reduce_scatter_pass,
 };
-use crate::planner::tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::{Ctx, split_even};
 use crate::request::{Collective, Request};
 
@@ -138,7 +138,7 @@ pub(super) fn rail_rings(links: &NetLinks) -> Result<Vec<RailRing>> {
 }
 
 /// Pin ring `c`'s hop connections in the builder.
-fn pin(b: &mut Builder, links: &NetLinks, c: u32, ring: &RailRing) {
+fn pin(b: &mut PlanBuilder, links: &NetLinks, c: u32, ring: &RailRing) {
     let n = ring.order.len();
     for (i, conn) in ring.hops.iter().enumerate() {
         let from = links.gpus[ring.order[i] as usize];

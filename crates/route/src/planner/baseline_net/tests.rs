@@ -188,7 +188,7 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
         };
         let links = super::links::NetLinks::new(&topo, &req.gpus, &cache).unwrap();
         let rings = super::rings::rail_rings(&links).unwrap();
-        let p = super::tree::all_reduce(&req, &ctx, &links, &rings).unwrap();
+        let p = super::double_tree::all_reduce(&req, &ctx, &links, &rings).unwrap();
         check(&p).unwrap_or_else(|e| panic!("{spec} tree: {e}"));
         check_routes(&p, &topo).unwrap_or_else(|e| panic!("{spec} tree: {e}"));
     }

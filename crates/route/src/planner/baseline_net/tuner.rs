@@ -72,7 +72,7 @@ pub struct Estimate {
 
 /// What the model needs of the communicator.
 #[derive(Debug, Clone, Copy)]
-pub struct Shape {
+pub struct CommShape {
     /// Ranks.
     pub ranks: usize,
     /// Nodes.
@@ -90,7 +90,7 @@ pub struct Shape {
 }
 
 /// NCCL's estimate of `algo` on `shape` for an all_reduce of `bytes`.
-pub fn estimate(shape: &Shape, algo: Algo, bytes: u64) -> Estimate {
+pub fn estimate(shape: &CommShape, algo: Algo, bytes: u64) -> Estimate {
     let n = shape.ranks.max(2) as f64;
     let nodes = shape.nodes.max(1);
     let generation = match shape.sm {
@@ -137,7 +137,12 @@ pub fn estimate(shape: &Shape, algo: Algo, bytes: u64) -> Estimate {
 }
 
 /// The shape of a request on the cluster, from its rail rings.
-pub(super) fn shape(topo: &Topology, req: &Request, links: &NetLinks, rings: &[RailRing]) -> Shape {
+pub(super) fn shape(
+    topo: &Topology,
+    req: &Request,
+    links: &NetLinks,
+    rings: &[RailRing],
+) -> CommShape {
     let sm = req
         .gpus
         .iter()
@@ -164,7 +169,7 @@ pub(super) fn shape(topo: &Topology, req: &Request, links: &NetLinks, rings: &[R
         .cpus()
         .next()
         .is_some_and(|(_, c)| c.family == CpuFamily::Amd);
-    Shape {
+    CommShape {
         ranks: req.nranks(),
         nodes: links.nodes.len(),
         channels: rings.len().max(1),
@@ -197,8 +202,8 @@ pub(super) fn choose(topo: &Topology, req: &Request, links: &NetLinks, rings: &[
 mod tests {
     use super::*;
 
-    fn h100(nodes: usize) -> Shape {
-        Shape {
+    fn h100(nodes: usize) -> CommShape {
+        CommShape {
             ranks: 8 * nodes,
             nodes,
             channels: 8,

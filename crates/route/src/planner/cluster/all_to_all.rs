@@ -29,7 +29,7 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::super::baseline_net::links::NetLinks;
-use super::super::builder::Builder;
+use super::super::builder::PlanBuilder;
 use super::super::{Ctx, direct, links_and_chunk};
 use super::shape::ClusterShape;
 
@@ -69,7 +69,7 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         .saturating_mul(nn as u64);
     let sub = count.min(cap / (2 * g as u64)).max(1);
     let window = (cap / (g as u64 * sub)).clamp(2, MAX_IN_FLIGHT.min(nn as u64 - 1).max(2));
-    let mut b = Builder::new(
+    let mut b = PlanBuilder::new(
         req,
         ctx,
         format!("node-aware 2-step {nn}x{g} {}", links_and_chunk(ctx)),

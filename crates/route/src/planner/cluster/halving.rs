@@ -22,9 +22,9 @@
 use crate::error::Result;
 use crate::plan::{BufferRef, Region};
 
-use super::super::builder::Builder;
+use super::super::builder::PlanBuilder;
 use super::super::chunks;
-use super::super::ring::At;
+use super::super::ring::BlockRegionFn;
 
 /// Distances of a halving reduce-scatter over `n` positions, in step order: the powers of two
 /// below `n`, largest first.
@@ -46,14 +46,14 @@ pub(super) const HALVING_SLOTS: u64 = 4;
 /// The lanes of one halving all_reduce: sub-block at offset `t` of a step goes on lane channel
 /// `base + t % queues`, so a step's independent sub-blocks start on several lanes at once.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Lanes {
+pub(super) struct HalvingLanes {
     /// First lane channel.
     pub base: u32,
     /// Lane channels used.
     pub queues: u32,
 }
 
-impl Lanes {
+impl HalvingLanes {
     fn of(&self, t: usize) -> u32 {
         self.base + (t as u32) % self.queues.max(1)
     }
@@ -63,16 +63,16 @@ impl Lanes {
 /// [`HALVING_SLOTS`] slots of `most` elements per position. Each step's slots receive from one
 /// sender only (the position `d` before), so a slot's reuse waits on that sender's own earlier
 /// copy and the receiver's reduction, the same on every node.
-pub(super) struct Slots {
+pub(super) struct HalvingSlots {
     bufs: Vec<BufferRef>,
     most: u64,
     /// Per step: (first slot, slots).
     steps: Vec<(u64, u64)>,
 }
 
-impl Slots {
-    /// Slots of `most` elements on every rank of `ord` for sub-blocks cut in `per_sub` chunks.
-    pub(super) fn new(b: &mut Builder, ord: &[u32], most: u64, per_sub: u64) -> Slots {
+impl HalvingSlots {
+    /// HalvingSlots of `most` elements on every rank of `ord` for sub-blocks cut in `per_sub` chunks.
+    pub(super) fn new(b: &mut PlanBuilder, ord: &[u32], most: u64, per_sub: u64) -> HalvingSlots {
         let n = ord.len();
         let ds = distances(n);
         let mut steps = Vec::with_capacity(ds.len());
@@ -90,7 +90,7 @@ impl Slots {
         } else {
             ord.iter().map(|&r| b.scratch(r, at * most)).collect()
         };
-        Slots { bufs, most, steps }
+        HalvingSlots { bufs, most, steps }
     }
     fn region(&self, p: usize, step: usize, k: u64, l: u64) -> Region {
         let (first, slots) = self.steps[step];
@@ -109,14 +109,14 @@ impl Slots {
 /// - copies and reductions are cut in `chunk`s, each received into one of `slots`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn all_reduce(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
-    lanes: Lanes,
+    lanes: HalvingLanes,
     lens: &[u64],
     chunk: u64,
-    slots: &Slots,
-    inp: At,
-    acc: At,
+    slots: &HalvingSlots,
+    inp: BlockRegionFn,
+    acc: BlockRegionFn,
     acc_holds_input: bool,
 ) -> Result<()> {
     reduce_scatter(
@@ -139,15 +139,15 @@ pub(super) fn all_reduce(
 /// sub-block complete, finalized, to `fin`. Arguments as [`all_reduce`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn reduce_scatter(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
-    lanes: Lanes,
+    lanes: HalvingLanes,
     lens: &[u64],
     chunk: u64,
-    slots: &Slots,
-    inp: At,
-    acc: At,
-    fin: At,
+    slots: &HalvingSlots,
+    inp: BlockRegionFn,
+    acc: BlockRegionFn,
+    fin: BlockRegionFn,
     acc_holds_input: bool,
 ) -> Result<()> {
     let n = ord.len();
@@ -215,13 +215,13 @@ pub(super) fn reduce_scatter(
 /// own sub-block in `out` (or sending it from `first`) and ending with every sub-block in
 /// `out`; copies cut in `chunk`s. Arguments as [`all_reduce`].
 pub(super) fn all_gather(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
-    lanes: Lanes,
+    lanes: HalvingLanes,
     lens: &[u64],
     chunk: u64,
-    first: Option<At>,
-    out: At,
+    first: Option<BlockRegionFn>,
+    out: BlockRegionFn,
 ) -> Result<()> {
     let n = ord.len();
     if n < 2 {

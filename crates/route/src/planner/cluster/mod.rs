@@ -34,8 +34,8 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::baseline_net::links::NetLinks;
-use super::builder::Builder;
-use super::ring::{self, RsStaging};
+use super::builder::PlanBuilder;
+use super::ring::{self, BlockRegionFn, RsStaging};
 use super::{CHUNKS_PER_BLOCK, Ctx, direct, links_and_chunk, split_even};
 
 mod all_to_all;
@@ -62,7 +62,7 @@ const CH_LOCAL: u32 = 3;
 /// widest single routes tie between a node's NICs and may put two rails on one NIC, halving
 /// both; rail-aligned hops give each rail its own NIC in both directions.
 fn pin_rails(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     topo: &Topology,
     req: &Request,
     shape: &ClusterShape,
@@ -102,22 +102,19 @@ fn rail_order(shape: &ClusterShape, j: usize, c: u32) -> Vec<u32> {
 /// Lane channels of an all_reduce's rail rings, one per rail channel.
 const CH_RAILS: [u32; 2] = [CH_RAIL, 4];
 
-/// Region of block `q` at ring position `p`, at `rel` within the block, `len` long.
-type At<'a> = &'a dyn Fn(usize, usize, u64, u64) -> Region;
-
 /// Ring reduce-scatter over the ranks `ord` ([`ring::reduce_scatter_steps`] with partials in
 /// `st`): position q ends with block q in `fin`, finalized when `finalize` (the last reduction
 /// of every element), pipelined in `chunk`s.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_ring(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     ch: u32,
     lens: &[u64],
     chunk: u64,
     st: &RsStaging,
-    input: At,
-    fin: At,
+    input: BlockRegionFn,
+    fin: BlockRegionFn,
     finalize: bool,
 ) -> Result<()> {
     b.set_chunk_elems(chunk);
@@ -129,8 +126,14 @@ fn reduce_scatter_ring(
 /// every loop of the plan (the builder orders each reuse after the reads of the loop before).
 type Staging = (Vec<RsStaging>, Vec<(Vec<u32>, RsStaging)>);
 
-fn ring_staging(b: &mut Builder, shape: &ClusterShape, intra_most: u64, rail_most: u64) -> Staging {
-    let scratch = |b: &mut Builder, ord: &[u32], most| RsStaging::new(b, ord, most, ord.len() > 2);
+fn ring_staging(
+    b: &mut PlanBuilder,
+    shape: &ClusterShape,
+    intra_most: u64,
+    rail_most: u64,
+) -> Staging {
+    let scratch =
+        |b: &mut PlanBuilder, ord: &[u32], most| RsStaging::new(b, ord, most, ord.len() > 2);
     let intra = if shape.per_node() > 1 {
         shape
             .hosts
@@ -153,13 +156,13 @@ fn ring_staging(b: &mut Builder, shape: &ClusterShape, intra_most: u64, rail_mos
 /// Ring all_gather over the ranks `ord`: position q starts with block q in `out` (or sends it
 /// from `first`); at step t position p forwards block p-t to p+1.
 fn all_gather_ring(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     ch: u32,
     lens: &[u64],
     chunk: u64,
-    first: Option<At>,
-    out: At,
+    first: Option<BlockRegionFn>,
+    out: BlockRegionFn,
 ) -> Result<()> {
     b.set_chunk_elems(chunk);
     ring::all_gather_pass(b, ord, ch, lens, chunk, first, out)
@@ -321,12 +324,12 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         return all_reduce_rings(topo, req, ctx, shape);
     }
     let loops = pipeline_loops(req, nn, g, ctx.channels);
-    let mut b = Builder::new(
+    let mut b = PlanBuilder::new(
         req,
         ctx,
         format!("{} halving x{loops} loops", label(ctx, &shape)),
     );
-    let lanes = |c: usize| halving::Lanes {
+    let lanes = |c: usize| halving::HalvingLanes {
         base: CH_HALVING + (c as u32) * HALVING_QUEUES,
         queues: HALVING_QUEUES,
     };
@@ -351,14 +354,14 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     } else {
         phase_chunk(ctx, sub_all)
     };
-    let rails: Vec<Vec<(Vec<u32>, halving::Slots)>> = (0..CH_RAILS.len() as u32)
+    let rails: Vec<Vec<(Vec<u32>, halving::HalvingSlots)>> = (0..CH_RAILS.len() as u32)
         .map(|c| {
             (0..g)
                 .map(|j| {
                     let ord = rail_order(&shape, j, c);
                     let per_sub = sub_all.div_ceil(rail_chunk_all.max(1));
                     let most = sub_all.min(rail_chunk_all);
-                    let sl = halving::Slots::new(&mut b, &ord, most, per_sub);
+                    let sl = halving::HalvingSlots::new(&mut b, &ord, most, per_sub);
                     (ord, sl)
                 })
                 .collect()
@@ -448,7 +451,7 @@ fn all_reduce_rings(
 ) -> Result<Plan> {
     let (nn, g) = (shape.nodes(), shape.per_node());
     let loops = pipeline_loops(req, nn, g, ctx.channels);
-    let mut b = Builder::new(
+    let mut b = PlanBuilder::new(
         req,
         ctx,
         format!("{} ring x{loops} loops", label(ctx, &shape)),
@@ -541,7 +544,7 @@ fn all_reduce_rings(
 /// order): every distance a halving step sends over, both ways, rail-aligned as [`pin_rails`]
 /// pins a ring's hops.
 fn pin_halving(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     topo: &Topology,
     req: &Request,
     shape: &ClusterShape,
@@ -611,7 +614,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     };
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
-    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    let mut b = PlanBuilder::new(req, ctx, label(ctx, &shape));
     pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     let per = LOOP_CHUNKS
         .saturating_mul(CHUNKS_PER_BLOCK)
@@ -690,7 +693,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let (nn, g) = (shape.nodes(), shape.per_node());
     let count = req.count;
     let chunk = phase_chunk(ctx, count);
-    let mut b = Builder::new(req, ctx, label(ctx, &shape));
+    let mut b = PlanBuilder::new(req, ctx, label(ctx, &shape));
     pin_rails(&mut b, topo, req, &shape, ctx, CH_RAIL, 0)?;
     for r in 0..req.nranks() as u32 {
         b.send(
@@ -744,7 +747,7 @@ mod tests {
     use crate::path::RelayPolicy;
     use crate::planner::{ConnCache, LinkMode};
 
-    fn prove(topo: &Topology, req: &Request, planner: super::super::Planner, chunk: u64) -> Plan {
+    fn prove(topo: &Topology, req: &Request, planner: super::super::PlannerFn, chunk: u64) -> Plan {
         let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Any);
         let ctx = Ctx {
             cache: &cache,
@@ -826,7 +829,7 @@ mod tests {
         let chunk = 64;
         let per = 8 * 2 * LOOP_CHUNKS * chunk;
         for (c, planner) in [
-            (Collective::AllReduce, all_reduce as super::super::Planner),
+            (Collective::AllReduce, all_reduce as super::super::PlannerFn),
             (Collective::ReduceScatter, reduce_scatter),
         ] {
             let staging = |count: u64| {

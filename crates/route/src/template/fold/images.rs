@@ -1,5 +1,5 @@
 //! What every pass of the fold reads: the build's lanes, ops and staging buffers numbered
-//! for the template ([`Numbering`], [`Staging`]), and [`Folding`], which finds the image in
+//! for the template ([`Numbering`], [`StagingNumbering`]), and [`Folding`], which finds the image in
 //! the domain of a lane, an op or a staging buffer; with the helpers that walk an op's regions
 //! by index.
 
@@ -199,7 +199,7 @@ enum LaneImage {
 /// The build's staging buffers numbered for the template: those of the domain renumbered in
 /// order; one elsewhere maps to its image, the buffer of the same rank among those of the
 /// shifted device ([`Folding::scratch_image`]).
-pub(super) struct Staging {
+pub(super) struct StagingNumbering {
     /// Per device, its staging buffers in plan order.
     pub(super) per_loc: BTreeMap<Location, Vec<u32>>,
     /// Per staging buffer, its rank among its device's.
@@ -210,7 +210,7 @@ pub(super) struct Staging {
     pub(super) scratch: Vec<Scratch>,
 }
 
-impl Staging {
+impl StagingNumbering {
     /// Number `plan`'s staging buffers.
     pub(super) fn new(plan: &Plan, shift: &dyn HostShift) -> Self {
         let mut per_loc: BTreeMap<Location, Vec<u32>> = BTreeMap::new();
@@ -228,7 +228,7 @@ impl Staging {
                 scratch.push(*s);
             }
         }
-        Staging {
+        StagingNumbering {
             per_loc,
             rank_in_loc,
             scratch_new,
@@ -250,7 +250,7 @@ pub(super) struct Folding<'a> {
     /// The window key of each lane of the build.
     pub(super) keys: &'a [Option<LaneKey>],
     pub(super) num: &'a Numbering,
-    pub(super) staging: &'a Staging,
+    pub(super) staging: &'a StagingNumbering,
     /// Ranks of the request.
     pub(super) nranks: u64,
     /// Ranks per period of hosts.

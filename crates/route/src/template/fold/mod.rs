@@ -19,7 +19,7 @@ use crate::plan::{EdgeScale, Location, Plan, Template};
 use super::shift::HostShift;
 use super::window::{UserMem, Window};
 use emit::Emitted;
-use images::{Folding, Numbering, Staging, asym};
+use images::{Folding, Numbering, StagingNumbering, asym};
 
 pub(crate) use images::rotate;
 
@@ -38,7 +38,7 @@ pub(super) enum Folded {
 /// Fold the windowed build `plan` (made under `window`) into a template of period 0's hosts.
 ///
 /// The fold runs as named passes over the build: number the domain's lanes and ops
-/// ([`Numbering`]) and staging buffers ([`Staging`]); check that every domain lane has an
+/// ([`Numbering`]) and staging buffers ([`StagingNumbering`]); check that every domain lane has an
 /// image of as many ops on period 1 ([`Folding::check_lane_counts`]); verify every op the
 /// window holds on other periods against its image in the domain
 /// ([`Folding::verify_periods`]); read how each moved region rotates per period
@@ -58,7 +58,7 @@ pub(super) fn fold(
         .map(|t| t.window_lanes)
         .ok_or_else(|| asym(format!("{} was not built in a window", plan.algorithm)))?;
     let numbering = Numbering::new(&plan, &keys, shift)?;
-    let staging = Staging::new(&plan, shift);
+    let staging = StagingNumbering::new(&plan, shift);
     let nranks = plan.request.gpus.len() as u64;
     let folding = Folding {
         plan: &plan,

@@ -400,8 +400,8 @@ mod any_tree {
 
     use super::parse;
     use crate::graph::{GpuInfo, NicInfo, NodeId, NodeKind};
-    use crate::topology_builder::TopologyBuilder;
     use crate::rates::{CpuFamily, NvLinkGen};
+    use crate::topology_builder::TopologyBuilder;
 
     /// Build a random machine: `sockets` CPUs, then one node per step (kind, parent pick), then
     /// NVLink bonds (GPU pick, GPU pick, lanes).

@@ -20,9 +20,9 @@ use relaycc_route::{BufferRef, Collective, DType, Location, Plan, ReduceOp};
 use relaycc_topo::{NodeId, Topology};
 
 use super::invalid;
-use super::lower::{Lanes, Layout, PlanOrder, RankProgram, lower_ops};
+use super::lower::{Lanes, PlanOrder, RankLayout, RankProgram, lower_ops};
 use super::run::{reduce_bytes, run_on_host_vectors};
-use super::transport::InProcess;
+use super::thread_transport::InProcess;
 use crate::error::{CollectivesError, Result};
 
 /// What a cone execution runs with.
@@ -241,7 +241,7 @@ fn lower_rank(
             bytes.push(bytes_of(s.len)?);
         }
     }
-    let layout = Layout {
+    let layout = RankLayout {
         me,
         owner,
         binding: &|b| match b {

@@ -15,7 +15,7 @@ use crate::error::{CollectivesError, Result};
 use crate::group::Group;
 
 use super::Shared;
-use super::op::{Arrival, Desc, Failure, Op, Outcome, Payload, View};
+use super::op::{Desc, Failure, Outcome, Payload, RankArrival, RankCallOp, View};
 
 /// Lent slices, given back (taken out of the backend's table, `Trusted::unlend`) when dropped,
 /// also while unwinding. The host backend's `unlend` waits for the launches in flight, so no
@@ -40,7 +40,7 @@ fn failed(e: CollectivesError) -> Failure {
 }
 
 /// Run the ranks' operations (a collective, a group, a point-to-point pair or a split).
-pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
+pub(crate) fn run(shared: &Shared, mut arrivals: Vec<RankArrival>) -> Outcome {
     // A rank whose own checks failed fails the call everywhere.
     for a in &mut arrivals {
         if let Err(e) = &mut a.ops {
@@ -48,13 +48,13 @@ pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
             return Err(failed(e));
         }
     }
-    let ops: Vec<&[Op]> = arrivals
+    let ops: Vec<&[RankCallOp]> = arrivals
         .iter()
         .map(|a| a.ops.as_deref().unwrap_or(&[]))
         .collect();
     let splits = ops
         .iter()
-        .filter(|o| matches!(o, [Op::Split { .. }]))
+        .filter(|o| matches!(o, [RankCallOp::Split { .. }]))
         .count();
     if splits == arrivals.len() {
         return super::split::run(shared, &arrivals);
@@ -63,10 +63,10 @@ pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
         let (a, b) = (
             arrivals
                 .iter()
-                .position(|a| matches!(a.ops.as_deref(), Ok([Op::Split { .. }]))),
+                .position(|a| matches!(a.ops.as_deref(), Ok([RankCallOp::Split { .. }]))),
             arrivals
                 .iter()
-                .position(|a| !matches!(a.ops.as_deref(), Ok([Op::Split { .. }]))),
+                .position(|a| !matches!(a.ops.as_deref(), Ok([RankCallOp::Split { .. }]))),
         );
         return Err(Failure::Mismatch(format!(
             "call differs: rank {} calls split, rank {} does not",
@@ -79,7 +79,7 @@ pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
         .map(|o| {
             o.iter()
                 .filter_map(|op| match op {
-                    Op::Coll { desc, .. } => Some(desc),
+                    RankCallOp::Coll { desc, .. } => Some(desc),
                     _ => None,
                 })
                 .collect()
@@ -91,8 +91,8 @@ pub(crate) fn run(shared: &Shared, mut arrivals: Vec<Arrival>) -> Outcome {
 
 /// Every rank calls the same collectives in the same order with matching descriptors, and
 /// all_to_all_v counts pair up ([`crate::call::judge`]).
-fn agree(arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
-    let rows: Vec<crate::call::Row<'_>> = arrivals
+fn agree(arrivals: &[RankArrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
+    let rows: Vec<crate::call::RankDescs<'_>> = arrivals
         .iter()
         .zip(descs)
         .map(|(a, d)| (a.rank, Some(d.clone())))
@@ -101,8 +101,12 @@ fn agree(arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
 }
 
 /// The all_to_all_v matrix of operation `k` (`agree` checked that the counts pair up).
-fn matrix(arrivals: &[Arrival], descs: &[Vec<&Desc>], k: usize) -> Result<Vec<Vec<u64>>, Failure> {
-    let rows: Vec<crate::call::Row<'_>> = arrivals
+fn matrix(
+    arrivals: &[RankArrival],
+    descs: &[Vec<&Desc>],
+    k: usize,
+) -> Result<Vec<Vec<u64>>, Failure> {
+    let rows: Vec<crate::call::RankDescs<'_>> = arrivals
         .iter()
         .zip(descs)
         .map(|(a, d)| (a.rank, Some(d.clone())))
@@ -142,7 +146,7 @@ fn backend_error(comm: &Communicator, message: String) -> Failure {
     })
 }
 
-fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
+fn execute(shared: &Shared, arrivals: &[RankArrival], descs: &[Vec<&Desc>]) -> Result<(), Failure> {
     let comm = &shared.comm;
     let backend = comm.backend();
     let lending = backend.lending(Private);
@@ -237,7 +241,7 @@ fn execute(shared: &Shared, arrivals: &[Arrival], descs: &[Vec<&Desc>]) -> Resul
 /// every send and receive, on the lent handles `mems`.
 fn build<'c>(
     comm: &'c Communicator,
-    arrivals: &[Arrival],
+    arrivals: &[RankArrival],
     descs: &[Vec<&Desc>],
     mems: &[Vec<DeviceMem>],
 ) -> Result<Group<'c>, Failure> {
@@ -287,7 +291,7 @@ fn build<'c>(
                 .unwrap_or(&[])
                 .iter()
                 .filter_map(|op| match op {
-                    Op::Coll { input, output, .. } => Some((*input, *output)),
+                    RankCallOp::Coll { input, output, .. } => Some((*input, *output)),
                     _ => None,
                 })
                 .nth(k)
@@ -308,7 +312,7 @@ fn build<'c>(
     }
     for (i, a) in arrivals.iter().enumerate() {
         for op in a.ops.as_deref().unwrap_or(&[]) {
-            if let Op::P2p {
+            if let RankCallOp::P2p {
                 send,
                 peer,
                 view,

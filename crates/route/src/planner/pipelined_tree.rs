@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
-use super::builder::Builder;
+use super::builder::PlanBuilder;
 use super::ring_order::ring_order;
 use super::{Ctx, RECV_SLOTS, chunks, direct, name, split_even};
 
@@ -29,7 +29,7 @@ fn parent(i: usize, arity: usize) -> usize {
 /// Broadcast pass over `ord` (root first): chunk by chunk, every node copies to its children.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn broadcast_pass(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     arity: usize,
     ch: u32,
@@ -54,7 +54,7 @@ pub(crate) fn broadcast_pass(
 
 /// Reduce pass over `ord` (root first) into the root's output, chunk by chunk, leaves first.
 pub(crate) fn reduce_pass(
-    b: &mut Builder,
+    b: &mut PlanBuilder,
     ord: &[u32],
     arity: usize,
     ch: u32,
@@ -128,7 +128,7 @@ pub(crate) fn pipelined(
     {
         return direct::plan(topo, req, ctx);
     }
-    let mut b = Builder::new(req, ctx, name(label, ctx));
+    let mut b = PlanBuilder::new(req, ctx, name(label, ctx));
     let root = ord[0];
     let chunk = ctx.chunk_elems.max(1);
     let channels = ctx.channels.max(1);

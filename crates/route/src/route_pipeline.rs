@@ -142,7 +142,7 @@ fn short(l: Location) -> String {
 
 /// A piece of a transfer that has arrived: the destination sub-region and the op that wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Arrival {
+pub struct ArrivedPiece {
     /// Destination elements written.
     pub dst: Region,
     /// The op whose completion makes them readable.
@@ -200,7 +200,7 @@ pub fn emit_transfer(
     chunk: u64,
     channel: u32,
     deps: &[u32],
-) -> Vec<Arrival> {
+) -> Vec<ArrivedPiece> {
     let chunks = vec![chunk; routes.len()];
     emit_transfer_chunked(
         plan, lanes, src, dst, routes, shares, &chunks, channel, deps,
@@ -219,7 +219,7 @@ pub fn emit_transfer_chunked(
     chunks: &[u64],
     channel: u32,
     deps: &[u32],
-) -> Vec<Arrival> {
+) -> Vec<ArrivedPiece> {
     let mut arrivals = Vec::new();
     let mut offset = 0u64;
     for (ri, (route, &share)) in routes.iter().zip(shares).enumerate() {
@@ -288,7 +288,7 @@ pub fn emit_transfer_chunked(
                 prev = Some(id);
             }
             if let Some(last) = prev {
-                arrivals.push(Arrival {
+                arrivals.push(ArrivedPiece {
                     dst: Region::new(dst.buffer, dst.offset + offset + start, len),
                     op: last,
                 });
