@@ -278,7 +278,7 @@ pub struct Link {
 
 /// The machine (or cluster) as a directed graph, with a mask of busy/absent GPUs and down links.
 ///
-/// Built with [`TopologyBuilder`], from a preset ([`crate::preset`]), or by an importer
+/// Built with [`TopologyBuilder`](crate::TopologyBuilder), from a preset ([`crate::preset`]), or by an importer
 /// ([`crate::load`]). Every full-duplex link is two directed edges.
 #[derive(Debug, Clone)]
 pub struct Topology {
