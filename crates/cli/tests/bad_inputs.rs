@@ -2,6 +2,7 @@
 //! wrong; the resource cases (huge sizes, rank counts, endless or blocking files) finish
 //! without allocating, also under a small address-space limit.
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -13,22 +14,41 @@ use common::{BENCH_4K_ONCE, words};
 const RELAYCC: &str = env!("CARGO_BIN_EXE_relaycc");
 
 /// Waits for `cmd`; a run past a minute is a hang (a FIFO read, an endless file) and fails
-/// the test instead of blocking the suite.
+/// the test instead of blocking the suite. Its pipes are drained meanwhile, so a command that
+/// prints more than a pipe holds still ends.
 fn finish(mut cmd: Command, what: &str) -> Output {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the relaycc binary runs");
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                p.read_to_end(&mut bytes).expect("reading relaycc's output");
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
     let start = Instant::now();
-    while child.try_wait().expect("waiting on relaycc").is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting on relaycc") {
+            break status;
+        }
         if start.elapsed() > Duration::from_secs(60) {
             let _ = child.kill();
             panic!("{what}: still running after a minute");
         }
         std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("the stdout reader"),
+        stderr: stderr.join().expect("the stderr reader"),
     }
-    child.wait_with_output().expect("relaycc output")
 }
 
 fn relaycc(args: &[&str]) -> Output {
