@@ -29,6 +29,7 @@ fn plan(spec: &str, req: &Request, chunk: u64) -> Plan {
         chunk_elems: chunk,
         channels: 1,
         window: None,
+        limit: None,
     };
     let planner: PlannerFn = match req.collective {
         Collective::AllReduce => cluster::all_reduce,

@@ -64,7 +64,7 @@ fn relaycc_templates(topo: &Topology, req: &Request) -> Vec<Plan> {
     (0..set.len())
         .map(|i| {
             let chunk = relaycc_route::planner::pipeline_chunk_elems(req);
-            set.build_template(i, chunk, &sym)
+            set.build_template(i, chunk, &sym, None)
                 .unwrap_or_else(|e| panic!("{} candidate {i}: {e}", req.collective))
         })
         .collect()

@@ -8,11 +8,11 @@
 //! (a staging fit's tries, a template's window once folded) give their ops back
 //! ([`refund`]).
 //!
-//! The limit reaches every builder of a build through the thread running it ([`scoped`]), as
-//! a template's window does: planners keep their signatures, and builds run in parallel
-//! ([`crate::planner`]'s channels) carry it to their threads.
+//! The limit is an argument, as a template's window is: the selection hands each build its
+//! [`Limit`], and the build passes it to its builders in [`crate::planner::Ctx::limit`] (and to
+//! the template's fold and the staging fit), so builds run in parallel ([`crate::planner`]'s
+//! channels) share it without any per-thread state. `None` builds without a limit.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -133,80 +133,58 @@ impl Limit {
     }
 }
 
-thread_local! {
-    /// The limit of the build running on this thread, if any.
-    static CURRENT: RefCell<Option<Limit>> = const { RefCell::new(None) };
-}
-
-/// Run `f` with every builder it makes on this thread under `limit` (none: unlimited).
-pub fn scoped<T>(limit: Option<Limit>, f: impl FnOnce() -> T) -> T {
-    struct Reset(Option<Limit>);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            CURRENT.with(|c| *c.borrow_mut() = prev);
+impl Limit {
+    /// Give back `ops` this build has let go of (a plan thrown away).
+    pub fn refund(&self, ops: u64) {
+        for pool in std::iter::once(&self.ops).chain(&self.share) {
+            let _ = pool
+                .held
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                    Some(h.saturating_sub(ops))
+                });
         }
     }
-    let prev = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), limit));
-    let _reset = Reset(prev);
-    f()
-}
-
-/// The limit of the build running on this thread.
-pub fn current() -> Option<Limit> {
-    CURRENT.with(|c| c.borrow().clone())
-}
-
-/// Give back `ops` that a build of this thread's call has let go of (a plan thrown away).
-pub fn refund(ops: u64) {
-    CURRENT.with(|c| {
-        if let Some(l) = c.borrow().as_ref() {
-            for pool in std::iter::once(&l.ops).chain(&l.share) {
-                let _ = pool
-                    .held
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
-                        Some(h.saturating_sub(ops))
-                    });
-            }
+    /// Whether the build may go on at its `i`-th step of a long pass that writes no op (a
+    /// template's fold, laying out NCCL's rings over every node of a cluster): an error past
+    /// its deadline, the clock read every [`CLOCK_EVERY_OPS`] steps, saying the build was
+    /// still `doing` (a past participle, "folded") at its deadline.
+    ///
+    /// # Errors
+    /// [`RouteError::OverLimit`] once the build's deadline passed.
+    pub fn check_deadline(&self, i: usize, doing: &str) -> Result<()> {
+        if !(i as u64).is_multiple_of(CLOCK_EVERY_OPS)
+            || self.until.is_none_or(|u| Instant::now() < u)
+        {
+            return Ok(());
         }
-    });
-}
-
-/// Whether this thread's build may go on at its `i`-th step of a long pass over a plan
-/// (a template's fold): an error past its deadline, the clock read every
-/// [`CLOCK_EVERY_OPS`] steps.
-///
-/// # Errors
-/// [`RouteError::OverLimit`] once the build's deadline passed.
-pub fn check_deadline(i: usize) -> Result<()> {
-    check_deadline_while(i, "folded")
-}
-
-/// [`check_deadline`] for a long pass before a build's first op (laying out NCCL's rings over
-/// every node of a cluster): its error says the build was still `doing` (a past participle,
-/// "laid out") at its deadline.
-///
-/// # Errors
-/// [`RouteError::OverLimit`] once the build's deadline passed.
-pub fn check_deadline_while(i: usize, doing: &str) -> Result<()> {
-    if !(i as u64).is_multiple_of(CLOCK_EVERY_OPS) {
-        return Ok(());
-    }
-    CURRENT.with(|c| match c.borrow().as_ref() {
-        Some(l) if l.until.is_some_and(|u| Instant::now() >= u) => Err(RouteError::OverLimit {
-            what: format!("{} was still being {doing} at its deadline", l.what),
+        Err(RouteError::OverLimit {
+            what: format!("{} was still being {doing} at its deadline", self.what),
             limit: "the planning budget; a larger --budget builds it".into(),
-        }),
-        _ => Ok(()),
-    })
+        })
+    }
 }
 
-/// Charge `ops` to this thread's limit, if it has one ([`Limit::charge`]).
+/// [`Limit::charge`] where a build has a limit; nothing without one.
 ///
 /// # Errors
 /// [`RouteError::OverLimit`] once a limit is passed.
-pub fn charge(ops: u64) -> Result<()> {
-    CURRENT.with(|c| c.borrow().as_ref().map_or(Ok(()), |l| l.charge(ops)))
+pub fn charge(limit: Option<&Limit>, ops: u64) -> Result<()> {
+    limit.map_or(Ok(()), |l| l.charge(ops))
+}
+
+/// [`Limit::refund`] where a build has a limit.
+pub fn refund(limit: Option<&Limit>, ops: u64) {
+    if let Some(l) = limit {
+        l.refund(ops);
+    }
+}
+
+/// [`Limit::check_deadline`] where a build has a limit.
+///
+/// # Errors
+/// [`RouteError::OverLimit`] once the build's deadline passed.
+pub fn check_deadline(limit: Option<&Limit>, i: usize, doing: &str) -> Result<()> {
+    limit.map_or(Ok(()), |l| l.check_deadline(i, doing))
 }
 
 #[cfg(test)]
@@ -222,16 +200,14 @@ mod tests {
             until: None,
             what: "the test",
         };
-        scoped(Some(l), || {
-            charge(1500).unwrap();
-            let e = charge(600).unwrap_err().to_string();
-            assert!(e.contains("more than 2000 ops"), "{e}");
-            refund(2100);
-            assert_eq!(ops.held(), 0);
-            charge(2000).unwrap();
-        });
-        // Outside the scope nothing is charged.
-        charge(1 << 40).unwrap();
+        l.charge(1500).unwrap();
+        let e = l.charge(600).unwrap_err().to_string();
+        assert!(e.contains("more than 2000 ops"), "{e}");
+        l.refund(2100);
+        assert_eq!(ops.held(), 0);
+        l.charge(2000).unwrap();
+        // A build without a limit charges nothing.
+        charge(None, 1 << 40).unwrap();
         assert_eq!(ops.held(), 2000);
     }
 
@@ -255,7 +231,12 @@ mod tests {
             until: None,
             what: "the baseline",
         };
-        let e = scoped(Some(l), || crate::planner::baseline_plan(&topo, &req)).unwrap_err();
+        let e = crate::planner::BaselineOptions {
+            limit: Some(&l),
+            ..Default::default()
+        }
+        .plan(&topo, &req)
+        .unwrap_err();
         assert!(matches!(e, RouteError::OverLimit { .. }), "{e}");
         assert!(
             e.to_string().contains(&format!("more than {cap} ops")),
@@ -272,14 +253,12 @@ mod tests {
             what: "the test",
         };
         let mut written = 0;
-        let e = scoped(Some(l), || {
-            loop {
-                match charge(1) {
-                    Ok(()) => written += 1,
-                    Err(e) => return e.to_string(),
-                }
+        let e = loop {
+            match l.charge(1) {
+                Ok(()) => written += 1,
+                Err(e) => break e.to_string(),
             }
-        });
+        };
         assert!(written < CLOCK_EVERY_OPS, "{written}");
         assert!(e.contains("deadline") && e.contains("--budget"), "{e}");
     }

@@ -121,7 +121,8 @@ fn solve_affine(
 /// Every planner's staging is affine in the chunk (slots of a chunk each, plus buffers of a
 /// fixed size), so two builds give each device's fixed part and growth, and the third is at
 /// the largest chunk that fits; rounding may cost a few more shrinks, at most
-/// [`MAX_FIT_BUILDS`] builds in all.
+/// [`MAX_FIT_BUILDS`] builds in all. The builds thrown away give their ops back to `limit`,
+/// the limit `build` charges them to ([`crate::limits`]).
 ///
 /// # Errors
 /// [`RouteError::StagingBudget`] naming the device and its bytes at the smallest chunk when no
@@ -131,6 +132,7 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
     chunk: u64,
     min_chunk: u64,
     budget: u64,
+    limit: Option<&crate::limits::Limit>,
     build: impl Fn(u64) -> Result<P>,
 ) -> Result<P> {
     let min_chunk = min_chunk.max(1);
@@ -161,7 +163,7 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
     // Without a second build, staging is taken as proportional to the chunk.
     let proportional = |needed: u64| (c0 as u128 * budget as u128 / needed.max(1) as u128) as u64;
     // A build thrown away gives its ops back to the planning call ([`crate::limits`]).
-    let discard = |plan: &Plan| crate::limits::refund(plan.ops.len() as u64);
+    let discard = |plan: &Plan| crate::limits::refund(limit, plan.ops.len() as u64);
     if c0 <= floor {
         let e = stop(first, at, needed, Some(proportional(needed)));
         discard(first);
@@ -320,7 +322,7 @@ mod tests {
         let total = 1u64 << 30;
         let budget = 1000 * 2;
         // Two slots of 1000 elements fit, but 2^30 / 1000 copies are over the op cap.
-        let e = fit(1 << 20, 1, budget, |c| Ok(shaped(c, 0, 2, total))).unwrap_err();
+        let e = fit(1 << 20, 1, budget, None, |c| Ok(shaped(c, 0, 2, total))).unwrap_err();
         let RouteError::StagingBudget {
             ops_needed,
             needed_bytes,
@@ -344,13 +346,16 @@ mod tests {
         );
         // With a larger budget the op cap is not reached and the plan fits.
         let budget = 2 * (total / MAX_FITTED_OPS);
-        let p = fit(1 << 20, 1, budget, |c| Ok(shaped(c, 0, 2, total))).unwrap();
+        let p = fit(1 << 20, 1, budget, None, |c| Ok(shaped(c, 0, 2, total))).unwrap();
         assert!(p.ops.len() as u64 <= MAX_FITTED_OPS);
     }
 
     #[test]
     fn fit_names_the_budget_when_a_fixed_part_is_over_it() {
-        let e = fit(1 << 16, 1, 4 << 10, |c| Ok(shaped(c, 8 << 10, 2, 1 << 20))).unwrap_err();
+        let e = fit(1 << 16, 1, 4 << 10, None, |c| {
+            Ok(shaped(c, 8 << 10, 2, 1 << 20))
+        })
+        .unwrap_err();
         let RouteError::StagingBudget {
             ops_needed,
             device,
@@ -366,7 +371,10 @@ mod tests {
         );
         assert!(!e.to_string().contains("op cap"), "{e}");
         // The budget's floor: the smallest chunk does not fit either.
-        let e = fit(1 << 16, 1 << 12, 4 << 10, |c| Ok(shaped(c, 0, 2, 1 << 20))).unwrap_err();
+        let e = fit(1 << 16, 1 << 12, 4 << 10, None, |c| {
+            Ok(shaped(c, 0, 2, 1 << 20))
+        })
+        .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -384,7 +392,7 @@ mod tests {
         let builds = Cell::new(0u32);
         let (fixed, slots) = (3 << 20, 8);
         let budget = 256u64 << 20;
-        let p = fit(64 << 20, 1, budget, |c| {
+        let p = fit(64 << 20, 1, budget, None, |c| {
             builds.set(builds.get() + 1);
             Ok(shaped(c, fixed, slots, 1 << 30))
         })
@@ -397,7 +405,7 @@ mod tests {
         // Staging that is not affine (a step) still ends within MAX_FIT_BUILDS builds.
         builds.set(0);
         let step = |c: u64| if c > 1000 { 1 << 26 } else { 10 };
-        let p = fit(1 << 20, 1, 4 << 20, |c| {
+        let p = fit(1 << 20, 1, 4 << 20, None, |c| {
             builds.set(builds.get() + 1);
             Ok(shaped(c, step(c), 0, 1 << 20))
         });

@@ -63,10 +63,10 @@ fn compare(nodes: u32, c: Collective, bytes: u64) -> Vec<(String, f64, f64)> {
     }
     let set = Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
     for i in 0..set.len() {
-        let Ok(full) = set.build(i, chunk) else {
+        let Ok(full) = set.build(i, chunk, None) else {
             continue;
         };
-        let t = match set.build_template(i, chunk, &sym) {
+        let t = match set.build_template(i, chunk, &sym, None) {
             Ok(t) => t,
             // A plan that differs between hosts (flat trees; the rail-hierarchical
             // reduce_scatter and all_gather, whose rail steps wait on intra-node ops that
@@ -168,14 +168,14 @@ fn rail_hierarchical_all_reduce_folds_and_times_like_its_expanded_plan() {
             .with_budget(DEFAULT_STAGING_BUDGET_BYTES);
         let mut folded = 0;
         for i in 0..set.len() {
-            let Ok(full) = set.build(i, chunk) else {
+            let Ok(full) = set.build(i, chunk, None) else {
                 continue;
             };
             if !full.algorithm.starts_with("rail-hier") {
                 continue;
             }
             let t = set
-                .build_template(i, chunk, &sym)
+                .build_template(i, chunk, &sym, None)
                 .unwrap_or_else(|e| panic!("{nodes} nodes {}: {e}", full.algorithm));
             check_template(&t).unwrap();
             let (a, b) = (

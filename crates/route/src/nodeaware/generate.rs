@@ -89,7 +89,7 @@ pub fn node_aware_plan_within(
     }
     let all = pieces(req)?;
     let longest = all.iter().map(|p| p.len).max().unwrap_or(0).max(1);
-    fit(longest, min_chunk_elems(req), budget, |chunk| {
+    fit(longest, min_chunk_elems(req), budget, None, |chunk| {
         in_rounds(topo, req, &all, strategy, staging, chunk)
     })
 }

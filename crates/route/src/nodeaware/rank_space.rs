@@ -171,7 +171,7 @@ pub fn rank_space_plan(
     }
     let all: Vec<Piece> = pieces(req)?.into_iter().filter(|p| p.len > 0).collect();
     let longest = all.iter().map(|p| p.len).max().unwrap_or(0).max(1);
-    fit(longest, min_chunk_elems(req), budget, |chunk| {
+    fit(longest, min_chunk_elems(req), budget, None, |chunk| {
         Ok(in_rounds(req, node_of, &all, strategy, split_cap, chunk))
     })
 }

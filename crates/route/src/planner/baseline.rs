@@ -82,6 +82,9 @@ pub struct BaselineOptions<'a> {
     /// A planning call's deadline: the tuner's capped simulations stop there too
     /// (`tune_timed`).
     pub until: Option<Instant>,
+    /// The ops and deadline the build runs under ([`crate::limits`]); `None` builds without
+    /// a limit.
+    pub limit: Option<&'a crate::limits::Limit>,
 }
 
 impl std::fmt::Debug for BaselineOptions<'_> {
@@ -95,6 +98,7 @@ impl std::fmt::Debug for BaselineOptions<'_> {
                 &self.template.map(|s| (s.period(), s.periods())),
             )
             .field("until", &self.until)
+            .field("limit", &self.limit)
             .finish()
     }
 }
@@ -117,9 +121,13 @@ impl BaselineOptions<'_> {
             .max(1);
         let build = |c| self.build_chunked(topo, req, &cache, c);
         match self.staging_budget {
-            Some(budget) => {
-                crate::staging::fit(chunk, crate::staging::min_chunk_elems(req), budget, build)
-            }
+            Some(budget) => crate::staging::fit(
+                chunk,
+                crate::staging::min_chunk_elems(req),
+                budget,
+                self.limit,
+                build,
+            ),
             None => build(chunk),
         }
     }
@@ -133,19 +141,14 @@ impl BaselineOptions<'_> {
         chunk_elems: u64,
     ) -> Result<TunedPlan> {
         if let Some(shift) = self.template {
-            let base = crate::template::build_template(topo, shift, |w| {
-                algorithm_plan(topo, req, self.algo, chunk_elems, cache, Some(w))
+            let base = crate::template::build_template(topo, shift, self.limit, |w| {
+                let ctx = nccl_ctx(cache, chunk_elems, Some(w), self.limit);
+                algorithm_plan(topo, req, self.algo, &ctx)
             })?;
             return tune_timed(topo, vec![base], self.until);
         }
-        let mut options = vec![algorithm_plan(
-            topo,
-            req,
-            self.algo,
-            chunk_elems,
-            cache,
-            None,
-        )?];
+        let ctx = nccl_ctx(cache, chunk_elems, None, self.limit);
+        let mut options = vec![algorithm_plan(topo, req, self.algo, &ctx)?];
         if crate::nvls_support::nvls_switch_for(topo, req).is_some() {
             // Within a staging budget the fitted chunk may be smaller than NVLS's own.
             let chunk = super::nvls::nvls_chunk_elems(req).min(chunk_elems);
@@ -281,24 +284,33 @@ fn tune_timed(
     Ok(TunedPlan { plan, tuned: timed })
 }
 
-/// The algorithm NCCL runs for `req`, before a protocol is chosen, with connections from
-/// `cache` (a cache of `req`'s members under [`RelayPolicy::Members`]), in `window` where
-/// this is a pass of a windowed build.
-fn algorithm_plan(
-    topo: &Topology,
-    req: &Request,
-    algo: Option<super::baseline_net::tuner::Algo>,
+/// The context of NCCL's builds: NCCL's link rule, connections from `cache` (a cache of the
+/// request's members under [`RelayPolicy::Members`]), one channel, in `window` where this is a
+/// pass of a windowed build, charged to `limit`.
+fn nccl_ctx<'c>(
+    cache: &'c ConnCache<'c>,
     chunk_elems: u64,
-    cache: &ConnCache,
-    window: Option<&crate::template::Window>,
-) -> Result<Plan> {
-    let ctx = Ctx {
+    window: Option<&'c crate::template::Window>,
+    limit: Option<&'c crate::limits::Limit>,
+) -> Ctx<'c> {
+    Ctx {
         cache,
         mode: LinkMode::Nccl,
         chunk_elems: chunk_elems.max(1),
         channels: 1,
         window,
-    };
+        limit,
+    }
+}
+
+/// The algorithm NCCL runs for `req`, before a protocol is chosen, in `ctx` ([`nccl_ctx`]).
+fn algorithm_plan(
+    topo: &Topology,
+    req: &Request,
+    algo: Option<super::baseline_net::tuner::Algo>,
+    ctx: &Ctx,
+) -> Result<Plan> {
+    let ctx = *ctx;
     // NCCL runs its rings as channels, each found over what the others left of the links.
     let packed = Ctx {
         channels: super::PACKED_RINGS,

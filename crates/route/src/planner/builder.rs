@@ -125,6 +125,8 @@ pub(crate) struct PlanBuilder<'a, 't> {
     chunk: Option<u64>,
     /// The window of a windowed build ([`crate::template`]); `None` emits every op.
     window: Option<&'t Window>,
+    /// The limit every op written is charged to ([`Ctx::limit`]).
+    limit: Option<&'t crate::limits::Limit>,
 }
 
 impl<'a, 't> PlanBuilder<'a, 't> {
@@ -141,6 +143,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             pinned: BTreeMap::new(),
             chunk: None,
             window: ctx.window,
+            limit: ctx.limit,
         }
     }
     /// The GPU of rank `r`.
@@ -344,7 +347,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             self.record(src, id, false);
             self.record(dst, id, true);
             self.settle(start);
-            return crate::limits::charge(1);
+            return crate::limits::charge(self.limit, 1);
         }
         let (Location::Gpu(a), Location::Gpu(b)) = (from, to) else {
             return Err(RouteError::BadRequest(
@@ -377,7 +380,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             self.record(arr.dst, arr.op, true);
         }
         self.settle(start);
-        crate::limits::charge((self.plan.ops.len() - start) as u64)
+        crate::limits::charge(self.limit, (self.plan.ops.len() - start) as u64)
     }
     /// `dst = op(srcs...)` on `dst`'s device, lane channel `ch`; `finalize` applies the Avg
     /// division (only passed on when the request's op is Avg).
@@ -411,7 +414,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
         }
         self.record(dst, id, true);
         self.settle(start);
-        crate::limits::charge(1)
+        crate::limits::charge(self.limit, 1)
     }
     /// The finished plan.
     pub fn finish(self) -> Plan {

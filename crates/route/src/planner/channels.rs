@@ -35,16 +35,13 @@ pub(crate) fn build_channels(
     if channels < 2 || ctx.window.is_some() || rayon::current_num_threads() < 2 {
         return build_in_turn(req, ctx, algorithm, channels, part);
     }
-    // The call's limit is the calling thread's: each channel's thread builds under it too.
-    let limit = crate::limits::current();
+    // Every channel's builder charges the call's limit, which `ctx` carries.
     let parts: Vec<Result<Plan>> = (0..channels)
         .into_par_iter()
         .map(|c| {
-            crate::limits::scoped(limit.clone(), || {
-                let mut b = PlanBuilder::new(req, ctx, algorithm);
-                part(&mut b, c)?;
-                Ok(b.finish())
-            })
+            let mut b = PlanBuilder::new(req, ctx, algorithm);
+            part(&mut b, c)?;
+            Ok(b.finish())
         })
         .collect();
     // The plan a builder starts from, before its first op.

@@ -35,6 +35,9 @@ pub struct Ctx<'c> {
     /// emit only the ops that touch it. `None` (every build outside a template) emits every
     /// op.
     pub window: Option<&'c crate::template::Window>,
+    /// The ops and deadline the build runs under ([`crate::limits`]): its builders charge
+    /// every op they write to it and stop once it is passed. `None` builds without a limit.
+    pub limit: Option<&'c crate::limits::Limit>,
 }
 
 /// `Ctx::channels` asking ring planners for packed rings ([`super::ring_pack`]).

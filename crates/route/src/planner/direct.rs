@@ -117,6 +117,7 @@ mod tests {
             chunk_elems: 4,
             channels: 1,
             window: None,
+            limit: None,
         };
         // One rank: Avg divides by one, in a single local reduction per chunk.
         let req =
@@ -133,6 +134,7 @@ mod tests {
             chunk_elems: 4,
             channels: 1,
             window: None,
+            limit: None,
         };
         let mut req = Request::new(Collective::AllToAllV, gpus, 0, DType::U8);
         req.matrix = vec![vec![0, 5, 0], vec![0, 0, 0], vec![2, 0, 1]];
@@ -172,6 +174,7 @@ mod tests {
                     chunk_elems: 8,
                     channels: 1,
                     window: None,
+                    limit: None,
                 };
                 let p = plan(&topo, &req, &ctx).unwrap();
                 check(&p).unwrap_or_else(|e| panic!("{c} {mode:?}: {e}"));

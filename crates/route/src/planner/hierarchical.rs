@@ -159,6 +159,7 @@ mod tests {
                 chunk_elems: 100,
                 channels: 1,
                 window: None,
+                limit: None,
             };
             let p = all_reduce(&topo, &req, &ctx).unwrap();
             check(&p).unwrap();

@@ -25,6 +25,7 @@ use relaycc_topo::Topology;
 
 use crate::check::{CheckOptions, check_with};
 use crate::error::{Result, RouteError};
+use crate::limits::Limit;
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
@@ -272,18 +273,20 @@ impl<'t> Candidates<'t> {
         self.jobs.is_empty()
     }
     /// Build candidate `i` (< [`Candidates::len`]) with pipelining chunks of `chunk_elems`
-    /// elements. A [`RouteError::NoRoute`] when the candidate finds no routes;
-    /// [`RouteError::BadRequest`] for an index out of range.
+    /// elements, charging its ops to `limit` ([`crate::limits`]; `None`: no limit). A
+    /// [`RouteError::NoRoute`] when the candidate finds no routes; [`RouteError::BadRequest`]
+    /// for an index out of range; [`RouteError::OverLimit`] once `limit` is passed.
     ///
     /// Within a staging budget ([`Candidates::with_budget`]) the chunk shrinks until every
     /// device's staging fits ([`crate::staging::fit`]); [`RouteError::StagingBudget`] when even
     /// the smallest chunk ([`crate::staging::min_chunk_elems`]) does not.
-    pub fn build(&self, i: usize, chunk_elems: u64) -> Result<Plan> {
+    pub fn build(&self, i: usize, chunk_elems: u64, limit: Option<&Limit>) -> Result<Plan> {
         crate::staging::fit(
             chunk_elems,
             crate::staging::min_chunk_elems(&self.req),
             self.budget,
-            |c| self.build_unfitted(i, c),
+            limit,
+            |c| self.build_unfitted(i, c, limit),
         )
     }
     /// [`Candidates::build`] as a template of one domain of hosts folded by `shift`
@@ -294,22 +297,29 @@ impl<'t> Candidates<'t> {
         i: usize,
         chunk_elems: u64,
         shift: &dyn crate::template::HostShift,
+        limit: Option<&Limit>,
     ) -> Result<Plan> {
         crate::staging::fit(
             chunk_elems,
             crate::staging::min_chunk_elems(&self.req),
             self.budget,
+            limit,
             |c| {
-                crate::template::build_template(self.cache.topo(), shift, |w| {
-                    self.build_in(i, c, Some(w))
+                crate::template::build_template(self.cache.topo(), shift, limit, |w| {
+                    self.build_in(i, c, Some(w), limit)
                 })
             },
         )
     }
     /// Build candidate `i` with chunks of `chunk_elems` whatever its staging (for bounds on
-    /// its time: the same bytes cross the same resources at any chunk).
-    pub fn build_unfitted(&self, i: usize, chunk_elems: u64) -> Result<Plan> {
-        self.build_in(i, chunk_elems, None)
+    /// its time: the same bytes cross the same resources at any chunk), under `limit`.
+    pub fn build_unfitted(
+        &self,
+        i: usize,
+        chunk_elems: u64,
+        limit: Option<&Limit>,
+    ) -> Result<Plan> {
+        self.build_in(i, chunk_elems, None, limit)
     }
     /// [`Candidates::build_unfitted`] in `window` (a pass of a windowed build) or in full.
     pub(crate) fn build_in(
@@ -317,6 +327,7 @@ impl<'t> Candidates<'t> {
         i: usize,
         chunk_elems: u64,
         window: Option<&crate::template::Window>,
+        limit: Option<&Limit>,
     ) -> Result<Plan> {
         let &(mode, planner, channels) = self.jobs.get(i).ok_or_else(|| {
             RouteError::BadRequest(format!("candidate {i} of {}", self.jobs.len()))
@@ -327,6 +338,7 @@ impl<'t> Candidates<'t> {
             chunk_elems: chunk_elems.max(1),
             channels,
             window,
+            limit,
         };
         planner(self.cache.topo(), &self.req, &ctx)
     }
@@ -384,7 +396,7 @@ pub fn collective_candidates(
     // Candidates are independent: build them in parallel, keeping the job order.
     let built: Vec<Result<Plan>> = jobs
         .into_par_iter()
-        .map(|(chunk, i)| set.build(i, chunk))
+        .map(|(chunk, i)| set.build(i, chunk, None))
         .collect();
     keep_routable(built)
 }

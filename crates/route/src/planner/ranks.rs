@@ -213,6 +213,7 @@ pub fn direct_plan(req: &Request, budget: u64) -> Result<Plan> {
         longest,
         crate::staging::min_chunk_elems(req),
         budget,
+        None,
         |chunk| direct_in_rounds(req, chunk),
     )
 }

@@ -202,6 +202,7 @@ mod tests {
                     chunk_elems: 1,
                     channels: 2,
                     window: None,
+                    limit: None,
                 };
                 let ord = ring_order(&ctx, &req, true);
                 slowest(&ctx, &req, &ord, true)

@@ -249,6 +249,7 @@ mod tests {
             chunk_elems: 1,
             channels: 1,
             window: None,
+            limit: None,
         };
         packed_rings(&ctx, &req).unwrap()
     }
@@ -281,6 +282,7 @@ mod tests {
                 chunk_elems: 1,
                 channels: 1,
                 window: None,
+                limit: None,
             };
             let req = Request::new(Collective::AllReduce, gpus.clone(), 8, DType::F32);
             let mut carried: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();

@@ -101,13 +101,14 @@ fn ring_window_ops_estimate(
 
 /// The baseline as a template folded by `shift` (NCCL's rings where the tuner's all_reduce
 /// tree does not fold), with the reasons for what it left out; `None` where it is built in
-/// full (no shift, or a baseline that does not fold).
+/// full (no shift, or a baseline that does not fold). Its builds run under `limit`.
 pub(super) fn baseline_template(
     topo: &Topology,
     req: &Request,
     budget: u64,
     shift: Option<&relaycc_topo::HostSymmetry>,
     until: Option<Instant>,
+    limit: Option<&crate::limits::Limit>,
 ) -> (
     Option<Result<crate::planner::baseline::TunedPlan>>,
     Vec<String>,
@@ -132,6 +133,7 @@ pub(super) fn baseline_template(
                     staging_budget: Some(budget),
                     template: Some(sym),
                     until,
+                    limit,
                     ..Default::default()
                 }
                 .build(topo, req)
@@ -241,6 +243,7 @@ mod tests {
                 r,
                 crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
                 Some(&sym),
+                None,
                 None,
             );
             assert!(folded.is_none());

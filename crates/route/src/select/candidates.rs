@@ -30,7 +30,8 @@ pub(super) fn fastest_templates(
     let prepared: Vec<Result<(Plan, PreparedSim)>> = (0..set.len())
         .into_par_iter()
         .map(|i| {
-            let build = || set.build_template(i, fine, shift);
+            let build =
+                |limit: &crate::limits::Limit| set.build_template(i, fine, shift, Some(limit));
             let plan = if i == 0 {
                 deadline.limited_first(build)?
             } else {
@@ -218,11 +219,11 @@ impl CollectiveSearch<'_> {
     /// lower it for the simulator. The first candidate's builds must give a plan of
     /// relaycc's (`first`): they get a deadline of their own.
     fn prepare(&self, i: usize, chunk: u64, first: bool, fitted: bool) -> Result<Built> {
-        let build = || {
+        let build = |limit: &crate::limits::Limit| {
             if fitted {
-                self.set.build(i, chunk)
+                self.set.build(i, chunk, Some(limit))
             } else {
-                self.set.build_unfitted(i, chunk)
+                self.set.build_unfitted(i, chunk, Some(limit))
             }
         };
         let plan = if first {

@@ -141,23 +141,28 @@ impl Deadline {
             what,
         }
     }
-    /// Run `f` (builds of `what`) under [`Deadline::build_limit`]: the baseline's until
-    /// [`BASELINE_BUILD_SHARE`] of the budget, relaycc's candidates' until the deadline.
-    pub(super) fn limited<T>(&self, what: &'static str, f: impl FnOnce() -> T) -> T {
+    /// Run `f` (builds of `what`) with the limit they run under ([`Deadline::build_limit`]):
+    /// the baseline's until [`BASELINE_BUILD_SHARE`] of the budget, relaycc's candidates'
+    /// until the deadline.
+    pub(super) fn limited<T>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&crate::limits::Limit) -> T,
+    ) -> T {
         let share = if what == BASELINE {
             BASELINE_BUILD_SHARE
         } else {
             1.0
         };
-        crate::limits::scoped(Some(self.build_limit(what, share)), f)
+        f(&self.build_limit(what, share))
     }
     /// Run `f`, the build of the candidate that must give a plan of relaycc's (the first),
-    /// under the call's ops and a deadline of its own: the budget's, or half a budget (at
+    /// with a limit of the call's ops and a deadline of its own: the budget's, or half a budget (at
     /// least [`LEAST_BUILD_TIME`]) after the build starts where that is later, so a budget
     /// the baseline spent still leaves relaycc a plan, as its simulation's grace does; never
     /// past the baseline's (1.25 times the budget), unless that leaves it less than
     /// [`LEAST_BUILD_TIME`].
-    pub(super) fn limited_first<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub(super) fn limited_first<T>(&self, f: impl FnOnce(&crate::limits::Limit) -> T) -> T {
         let mut limit = self.build_limit(CANDIDATES, 1.0);
         let now = Instant::now();
         let own = now.checked_add((self.budget / 2).max(LEAST_BUILD_TIME));
@@ -169,7 +174,7 @@ impl Deadline {
             (Some(u), Some(o), Some(l)) => Some(u.max(o.min(l))),
             (u, _, _) => u,
         };
-        crate::limits::scoped(Some(limit), f)
+        f(&limit)
     }
     /// When the budget is spent, if it ever is.
     pub(super) fn at(&self) -> Option<Instant> {

@@ -252,8 +252,12 @@ impl Selection<'_> {
             Ok(p) => (p, true),
             Err(e @ RouteError::StagingBudget { .. }) => {
                 *first_failure = Some(e);
-                let unfitted = self.deadline.limited(BASELINE, || {
-                    crate::planner::baseline_plan(self.topo, self.req)
+                let unfitted = self.deadline.limited(BASELINE, |limit| {
+                    crate::planner::BaselineOptions {
+                        limit: Some(limit),
+                        ..Default::default()
+                    }
+                    .plan(self.topo, self.req)
                 });
                 (unfitted?, false)
             }
@@ -283,16 +287,17 @@ impl Selection<'_> {
         let (topo, req) = (self.topo, self.req);
         let budget = self.opts.staging_budget;
         let until = self.deadline.at();
-        let (folded, why) = self.deadline.limited(BASELINE, || {
-            baseline_template(topo, req, budget, self.shift, until)
+        let (folded, why) = self.deadline.limited(BASELINE, |limit| {
+            baseline_template(topo, req, budget, self.shift, until, Some(limit))
         });
         // A baseline that does not fold is built in full here, beside the templates.
         let built = match folded {
             Some(built) => built,
-            None => self.deadline.limited(BASELINE, || {
+            None => self.deadline.limited(BASELINE, |limit| {
                 crate::planner::BaselineOptions {
                     staging_budget: Some(budget),
                     until,
+                    limit: Some(limit),
                     ..Default::default()
                 }
                 .build(topo, req)

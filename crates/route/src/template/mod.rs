@@ -51,7 +51,9 @@ pub const MAX_PASSES: usize = 6;
 
 /// Build a template of the plan `build` makes (a planner that writes through the builder),
 /// folded by `shift`: `build` runs with a window (module docs), which it passes to its
-/// builders in [`crate::planner::Ctx::window`], until the window settles.
+/// builders in [`crate::planner::Ctx::window`], until the window settles. `build` charges its
+/// ops to `limit` (the build's, [`crate::limits`]); each window's build gives its ops back
+/// once folded, the template charges its own, and the fold stops at the limit's deadline.
 ///
 /// # Errors
 /// [`RouteError::NotSymmetric`] when the plan is not the same on every period of hosts or the
@@ -59,6 +61,7 @@ pub const MAX_PASSES: usize = 6;
 pub fn build_template(
     topo: &Topology,
     shift: &dyn HostShift,
+    limit: Option<&crate::limits::Limit>,
     mut build: impl FnMut(&Window) -> Result<Plan>,
 ) -> Result<Plan> {
     let mut devs: Vec<Location> = (0..topo.gpu_count())
@@ -74,11 +77,11 @@ pub fn build_template(
         crate::check::check_routes(&plan, topo)?;
         // The window's build gives way to the template (or the next pass) in the call's ops.
         let window_ops = plan.ops.len() as u64;
-        let folded = fold::fold(topo, plan, shift, &w);
-        crate::limits::refund(window_ops);
+        let folded = fold::fold(topo, plan, shift, &w, limit);
+        crate::limits::refund(limit, window_ops);
         match folded? {
             fold::Folded::Template(t) => {
-                crate::limits::charge(t.ops.len() as u64)?;
+                crate::limits::charge(limit, t.ops.len() as u64)?;
                 return Ok(*t);
             }
             fold::Folded::Grow { devs: d, ranges: r } => {

@@ -225,7 +225,9 @@ fn templates_expand_into_the_plans_built_in_full() {
             let set =
                 crate::planner::Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
             for i in 0..set.len() {
-                let t = match build_template(&topo, &sym, |w| set.build_in(i, chunk, Some(w))) {
+                let t = match build_template(&topo, &sym, None, |w| {
+                    set.build_in(i, chunk, Some(w), None)
+                }) {
                     Ok(t) => t,
                     Err(RouteError::NotSymmetric(why)) => {
                         refused.push(format!("{name} {c} candidate {i}: {why}"));
@@ -234,7 +236,7 @@ fn templates_expand_into_the_plans_built_in_full() {
                     Err(RouteError::NoRoute { .. }) => continue,
                     Err(e) => panic!("{name} {c} candidate {i}: {e}"),
                 };
-                let full = set.build_unfitted(i, chunk).unwrap();
+                let full = set.build_unfitted(i, chunk, None).unwrap();
                 let what = format!("{name} {c} {}", full.algorithm);
                 let info = t.template.as_ref().unwrap();
                 if !info.exact {

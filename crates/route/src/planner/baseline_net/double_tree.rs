@@ -95,7 +95,7 @@ pub(super) fn all_reduce(
         let rail = rails[c];
         let chains: Vec<Vec<u32>> = (0..nodes)
             .map(|k| {
-                crate::limits::check_deadline_while(k, "laid out on NCCL's trees")?;
+                crate::limits::check_deadline(ctx.limit, k, "laid out on NCCL's trees")?;
                 node_chain(links, k, rail, c)
             })
             .collect::<Result<_>>()?;

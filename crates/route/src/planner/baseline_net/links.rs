@@ -109,8 +109,13 @@ fn tree_path(topo: &Topology, a: NodeId, b: NodeId) -> Option<(Vec<LinkId>, bool
 
 impl<'t> NetLinks<'t> {
     /// The layout of `gpus` on `topo`; connections not built from the rail structure come from
-    /// `cache` (NCCL's link rule).
-    pub fn new(topo: &'t Topology, gpus: &[u32], cache: &'t ConnCache<'t>) -> Result<Self> {
+    /// `cache` (NCCL's link rule). Laying it out stops at `limit`'s deadline.
+    pub fn new(
+        topo: &'t Topology,
+        gpus: &[u32],
+        cache: &'t ConnCache<'t>,
+        limit: Option<&crate::limits::Limit>,
+    ) -> Result<Self> {
         let mut host_nics: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
         for (id, n) in topo.nodes() {
             if n.nic().is_some() {
@@ -129,7 +134,7 @@ impl<'t> NetLinks<'t> {
             let nics = host_nics.remove(&host).unwrap_or_default();
             let mut taken = vec![false; nics.len()];
             for &r in &ranks {
-                crate::limits::check_deadline_while(r as usize, "laid out on the cluster's NICs")?;
+                crate::limits::check_deadline(limit, r as usize, "laid out on the cluster's NICs")?;
                 node_of[r as usize] = k;
                 let gn = topo.gpu(gpus[r as usize])?;
                 let best = nics

@@ -68,11 +68,11 @@ pub fn plan_algo(
     if !served {
         return Ok(None);
     }
-    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache, ctx.limit)?;
     let mut plan = match req.collective {
         c if pxn::serves(c) => pxn::plan(req, ctx, &links)?,
         Collective::AllReduce => {
-            let rings = rings::rail_rings(&links)?;
+            let rings = rings::rail_rings(&links, ctx.limit)?;
             match algo.unwrap_or_else(|| tuner::choose(topo, req, &links, &rings)) {
                 tuner::Algo::Ring => rings::all_reduce(req, ctx, &links, &rings)?,
                 // The tree's shape differs between hosts, so a template build of it would
@@ -88,15 +88,15 @@ pub fn plan_algo(
             }
         }
         Collective::AllGather => {
-            let rings = rings::rail_rings(&links)?;
+            let rings = rings::rail_rings(&links, ctx.limit)?;
             rings::all_gather(req, ctx, &links, &rings)?
         }
         Collective::Broadcast | Collective::Reduce => {
-            let rings = rings::rail_rings(&links)?;
+            let rings = rings::rail_rings(&links, ctx.limit)?;
             rings::rooted(req, ctx, &links, &rings)?
         }
         _ => {
-            let rings = rings::rail_rings(&links)?;
+            let rings = rings::rail_rings(&links, ctx.limit)?;
             rings::reduce_scatter(req, ctx, &links, &rings)?
         }
     };
@@ -111,7 +111,7 @@ pub(crate) fn ring_channels(topo: &Topology, req: &Request) -> Result<Option<usi
         return Ok(None);
     }
     let cache = super::ConnCache::new(topo, &req.gpus, &crate::path::RelayPolicy::Members);
-    let links = NetLinks::new(topo, &req.gpus, &cache)?;
+    let links = NetLinks::new(topo, &req.gpus, &cache, None)?;
     Ok(Some(rings::channel_rails(&links).len()))
 }
 

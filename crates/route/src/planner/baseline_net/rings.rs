@@ -111,7 +111,10 @@ pub(super) fn node_chain(links: &NetLinks, k: usize, rail: usize, c: usize) -> R
 }
 
 /// The rail-aligned rings of `links`, one per channel rail.
-pub(super) fn rail_rings(links: &NetLinks) -> Result<Vec<RailRing>> {
+pub(super) fn rail_rings(
+    links: &NetLinks,
+    limit: Option<&crate::limits::Limit>,
+) -> Result<Vec<RailRing>> {
     let rails = channel_rails(links);
     let mut rings = Vec::with_capacity(rails.len());
     // Every channel visits every node: on a thousand racks of 72 GPUs and 72 rails, millions
@@ -121,14 +124,14 @@ pub(super) fn rail_rings(links: &NetLinks) -> Result<Vec<RailRing>> {
         let mut order = Vec::with_capacity(links.gpus.len());
         for k in 0..links.nodes.len() {
             step += 1;
-            crate::limits::check_deadline_while(step, "laid out on NCCL's rings")?;
+            crate::limits::check_deadline(limit, step, "laid out on NCCL's rings")?;
             order.extend(node_chain(links, k, rail, c)?);
         }
         let n = order.len();
         let mut hops = Vec::with_capacity(n);
         for i in 0..n {
             step += 1;
-            crate::limits::check_deadline_while(step, "laid out on NCCL's rings")?;
+            crate::limits::check_deadline(limit, step, "laid out on NCCL's rings")?;
             let (a, b) = (order[i], order[(i + 1) % n]);
             hops.push(links.connect(a, b, rail, c + i)?);
         }

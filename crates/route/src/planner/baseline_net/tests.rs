@@ -117,7 +117,7 @@ fn kept_local_rates_are_the_connections_rates() {
         let gpus: Vec<u32> = (0..topo.gpu_count()).collect();
         let cache =
             crate::planner::ConnCache::new(&topo, &gpus, &crate::path::RelayPolicy::Members);
-        let links = super::links::NetLinks::new(&topo, &gpus, &cache).unwrap();
+        let links = super::links::NetLinks::new(&topo, &gpus, &cache, None).unwrap();
         for (k, node) in links.nodes.iter().enumerate() {
             let m = node.ranks.len();
             let rates = links.local_rates(k);
@@ -185,9 +185,10 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
             chunk_elems: 100,
             channels: 1,
             window: None,
+            limit: None,
         };
-        let links = super::links::NetLinks::new(&topo, &req.gpus, &cache).unwrap();
-        let rings = super::rings::rail_rings(&links).unwrap();
+        let links = super::links::NetLinks::new(&topo, &req.gpus, &cache, None).unwrap();
+        let rings = super::rings::rail_rings(&links, None).unwrap();
         let p = super::double_tree::all_reduce(&req, &ctx, &links, &rings).unwrap();
         check(&p).unwrap_or_else(|e| panic!("{spec} tree: {e}"));
         check_routes(&p, &topo).unwrap_or_else(|e| panic!("{spec} tree: {e}"));

@@ -82,7 +82,7 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         .enumerate()
         .all(|(h, rs)| rs.iter().enumerate().all(|(i, &r)| r as usize == h * g + i));
     let merged = node_major && sub == count;
-    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache, ctx.limit)?;
     for (h, rs) in shape.hosts.iter().enumerate() {
         for (j, &a) in rs.iter().enumerate() {
             for t in 1..nn {

@@ -70,7 +70,7 @@ fn pin_rails(
     ch: u32,
     c: u32,
 ) -> Result<()> {
-    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache, ctx.limit)?;
     let nn = shape.nodes();
     for j in 0..shape.per_node() {
         let ord = rail_order(shape, j, c);
@@ -552,7 +552,7 @@ fn pin_halving(
     chs: &[u32],
     c: u32,
 ) -> Result<()> {
-    let links = NetLinks::new(topo, &req.gpus, ctx.cache)?;
+    let links = NetLinks::new(topo, &req.gpus, ctx.cache, ctx.limit)?;
     let nn = shape.nodes();
     let ds = halving::distances(nn);
     for j in 0..shape.per_node() {
@@ -755,6 +755,7 @@ mod tests {
             chunk_elems: chunk,
             channels: 1,
             window: None,
+            limit: None,
         };
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();
@@ -893,13 +894,13 @@ mod fold_tests {
                 let set = Candidates::new(&topo, &req, &RelayPolicy::default()).unwrap();
                 let i = (0..set.len())
                     .find(|&i| {
-                        set.build_unfitted(i, chunk)
+                        set.build_unfitted(i, chunk, None)
                             .is_ok_and(|p| !p.algorithm.starts_with("direct"))
                     })
                     .unwrap();
-                let full = set.build(i, chunk).unwrap();
+                let full = set.build(i, chunk, None).unwrap();
                 let t = set
-                    .build_template(i, chunk, &sym)
+                    .build_template(i, chunk, &sym, None)
                     .unwrap_or_else(|e| panic!("{nodes} nodes {c}: {e}"));
                 crate::check::check_template(&t).unwrap();
                 let cfg = SimConfig::default();

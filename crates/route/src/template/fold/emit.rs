@@ -52,7 +52,7 @@ impl Folding<'_> {
         // (image, period) pairs of one op's dependencies, kept across ops.
         let mut dep_pairs: Vec<(u32, u32)> = Vec::new();
         for (i, op) in self.plan.ops.iter().enumerate() {
-            crate::limits::check_deadline(i)?;
+            crate::limits::check_deadline(self.limit, i, "folded")?;
             let me = self.num.new_id[i];
             if me == u32::MAX {
                 continue;

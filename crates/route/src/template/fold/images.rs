@@ -255,6 +255,8 @@ pub(super) struct Folding<'a> {
     pub(super) nranks: u64,
     /// Ranks per period of hosts.
     pub(super) per_period: u64,
+    /// The build's limit: the passes stop at its deadline.
+    pub(super) limit: Option<&'a crate::limits::Limit>,
 }
 
 impl Folding<'_> {

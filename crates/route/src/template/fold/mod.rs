@@ -44,12 +44,13 @@ pub(super) enum Folded {
 /// ([`Folding::verify_periods`]); read how each moved region rotates per period
 /// ([`Folding::region_shifts`]); and emit the domain's ops with their references mapped into
 /// the domain ([`Folding::emit`]). Each pass walks the ops once, by index: a build holds
-/// millions of them.
+/// millions of them, and stops at `limit`'s deadline.
 pub(super) fn fold(
     topo: &Topology,
     mut plan: Plan,
     shift: &dyn HostShift,
     window: &Window,
+    limit: Option<&crate::limits::Limit>,
 ) -> Result<Folded> {
     let _ = topo;
     let keys = plan
@@ -69,6 +70,7 @@ pub(super) fn fold(
         staging: &staging,
         nranks,
         per_period: nranks / u64::from(shift.periods().max(1)),
+        limit,
     };
     folding.check_lane_counts()?;
     let (mut moved, mut inexact) = folding.verify_periods()?;

@@ -103,7 +103,7 @@ impl Folding<'_> {
         let mut moved = Vec::new();
         let mut inexact = None;
         for (d, op) in plan.ops.iter().enumerate() {
-            crate::limits::check_deadline(d)?;
+            crate::limits::check_deadline(self.limit, d, "folded")?;
             let l = op.lane as usize;
             if self.num.domain_lane[l] || !self.window.has(plan.lanes[l].location) {
                 continue;
