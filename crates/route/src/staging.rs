@@ -122,7 +122,7 @@ fn solve_affine(
 /// fixed size), so two builds give each device's fixed part and growth, and the third is at
 /// the largest chunk that fits; rounding may cost a few more shrinks, at most
 /// [`MAX_FIT_BUILDS`] builds in all. The builds thrown away give their ops back to `limit`,
-/// the limit `build` charges them to ([`crate::limits`]).
+/// the limit `build` charges them to ([`crate::Limit`]).
 ///
 /// # Errors
 /// [`RouteError::StagingBudget`] naming the device and its bytes at the smallest chunk when no
@@ -162,7 +162,7 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
     };
     // Without a second build, staging is taken as proportional to the chunk.
     let proportional = |needed: u64| (c0 as u128 * budget as u128 / needed.max(1) as u128) as u64;
-    // A build thrown away gives its ops back to the planning call ([`crate::limits`]).
+    // A build thrown away gives its ops back to the planning call ([`crate::Limit`]).
     let discard = |plan: &Plan| crate::limits::refund(limit, plan.ops.len() as u64);
     if c0 <= floor {
         let e = stop(first, at, needed, Some(proportional(needed)));

@@ -82,7 +82,7 @@ pub struct BaselineOptions<'a> {
     /// A planning call's deadline: the tuner's capped simulations stop there too
     /// (`tune_timed`).
     pub until: Option<Instant>,
-    /// The ops and deadline the build runs under ([`crate::limits`]); `None` builds without
+    /// The ops and deadline the build runs under ([`crate::Limit`]); `None` builds without
     /// a limit.
     pub limit: Option<&'a crate::limits::Limit>,
 }

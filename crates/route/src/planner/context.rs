@@ -35,7 +35,7 @@ pub struct Ctx<'c> {
     /// emit only the ops that touch it. `None` (every build outside a template) emits every
     /// op.
     pub window: Option<&'c crate::template::Window>,
-    /// The ops and deadline the build runs under ([`crate::limits`]): its builders charge
+    /// The ops and deadline the build runs under ([`crate::Limit`]): its builders charge
     /// every op they write to it and stop once it is passed. `None` builds without a limit.
     pub limit: Option<&'c crate::limits::Limit>,
 }

@@ -273,7 +273,7 @@ impl<'t> Candidates<'t> {
         self.jobs.is_empty()
     }
     /// Build candidate `i` (< [`Candidates::len`]) with pipelining chunks of `chunk_elems`
-    /// elements, charging its ops to `limit` ([`crate::limits`]; `None`: no limit). A
+    /// elements, charging its ops to `limit` ([`crate::Limit`]; `None`: no limit). A
     /// [`RouteError::NoRoute`] when the candidate finds no routes; [`RouteError::BadRequest`]
     /// for an index out of range; [`RouteError::OverLimit`] once `limit` is passed.
     ///
