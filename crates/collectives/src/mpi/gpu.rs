@@ -47,7 +47,7 @@ use super::requests::Requests;
 use super::roll_call::WaitPoint;
 use super::schedule::RankSchedule;
 use super::transport::MpiTransport;
-use super::typed::{CheckedCall, InputAt};
+use super::typed_call::{CheckedCall, InputAt};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
 use crate::backend::sealed::{Loan, Private};

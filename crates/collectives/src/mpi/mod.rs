@@ -19,11 +19,13 @@
 //!   ([`MpiCommunicator::set_zero_copy`]).
 
 mod agree;
+mod call_agreement;
 mod device;
 mod exchange;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod indexed;
+mod point_to_point;
 mod requests;
 mod roll_call;
 #[cfg(feature = "cuda")]
@@ -34,6 +36,7 @@ mod shared_buffer;
 mod shm_transport;
 mod transport;
 mod typed;
+mod typed_call;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
