@@ -24,6 +24,8 @@ mod device;
 mod exchange;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_run;
 mod indexed;
 mod point_to_point;
 mod requests;
