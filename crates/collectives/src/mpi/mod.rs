@@ -36,6 +36,7 @@ mod schedule;
 mod setup;
 mod shared_buffer;
 mod shm_transport;
+mod shm_window;
 mod transport;
 mod typed;
 mod typed_call;
