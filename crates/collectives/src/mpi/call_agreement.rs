@@ -27,15 +27,9 @@ const VHASH: usize = 8;
 /// The caller's tag, last: the plan's key is the words from `COLL` up to it.
 const TAG: usize = 9;
 
-/// A 62-bit FNV-1a hash of words (non-negative, so it negates and compares as `i64`).
+/// [`agree::fnv62`] of words' little-endian bytes: a call's per-rank counts in one word.
 fn hash(words: &[u64]) -> i64 {
-    let h = words
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-    (h >> 2) as i64
+    agree::fnv62(words.iter().flat_map(|w| w.to_le_bytes()))
 }
 
 impl MpiCommunicator {

@@ -541,14 +541,12 @@ fn one_rank_per_gpu(comm: &MpiCommunicator, ordinal: usize) -> MpiResult<()> {
         .ok()
         .and_then(|d| d.get(ordinal).map(|i| i.pci_bus_id.clone()))
         .unwrap_or_default();
-    let hash = pci.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    }) >> 2;
+    let hash = super::agree::fnv62(pci.bytes());
     let all = super::agree::collective(
         comm,
         "check one rank per GPU",
         super::agree::AgreementCollective::AllGather,
-        vec![i64::from(host), hash as i64],
+        vec![i64::from(host), hash],
     )?;
     let rows: Vec<&[i64]> = all.chunks(2).collect();
     for (b, rb) in rows.iter().enumerate() {
