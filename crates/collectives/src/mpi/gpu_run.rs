@@ -9,7 +9,7 @@ use std::time::Instant;
 use cudarc::driver::CudaStream;
 use relaycc_route::{DType, Location, ReduceOp};
 
-use super::device::{HostBuf, PlanMemory, TransferMode, slot_address, slot_region};
+use super::device::{HostBuf, PlanMemory, TransferMode, copy_program, slot_address, slot_region};
 use super::requests::Requests;
 use super::schedule::RankSchedule;
 use super::transport::MpiTransport;
@@ -17,7 +17,7 @@ use super::typed_call::InputAt;
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
 use crate::backend::sealed::{Loan, Private};
-use crate::backend::{Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot};
+use crate::backend::{Backend, ByteRegion, DeviceMem, Launch, Program, RawRegion, Slot};
 use crate::cuda::{CudaBackend, CudaError};
 use crate::error::CollectivesError;
 #[cfg(feature = "nccl")]
@@ -242,27 +242,9 @@ impl Drop for Lent<'_> {
     }
 }
 
-/// A one-copy program from binding 0 to binding 1 on the GPU's lane.
-fn copy_program(p: &GpuPrepared, bytes: u64) -> Program {
-    let slot = |binding| Slot {
-        binding,
-        offset: 0,
-        bytes,
-    };
-    Program {
-        lanes: vec![GPU],
-        events: 0,
-        dtype: p.dtype,
-        op: p.op,
-        divisor: p.divisor,
-        bindings: 2,
-        commands: vec![Command::Copy {
-            lane: 0,
-            src: slot(0),
-            dst: slot(1),
-        }],
-        srcs: Vec::new(),
-    }
+/// The one-copy program of a shape's mirror copies ([`copy_program`] on the GPU's lane).
+fn mirror_copy(p: &GpuPrepared, bytes: u64) -> Program {
+    copy_program(GPU, (p.dtype, p.op, p.divisor), bytes)
 }
 
 /// Submit a copy from `src` to `dst` (ordered within the caller's stream on the GPU).
@@ -359,7 +341,7 @@ pub(super) fn run_prepared(
     let in_at = match (caller_in, p.mem.mirrors[0]) {
         (Some(c), Some(m)) if mirror_in => {
             let at = whole(m, in_len);
-            copy_on(place, &copy_program(p, in_len), c, at)?;
+            copy_on(place, &mirror_copy(p, in_len), c, at)?;
             at
         }
         (Some(c), _) => c,
@@ -419,7 +401,7 @@ pub(super) fn run_prepared(
         }
     }
     if let (Some(c), Some(m)) = (caller_out, p.mem.mirrors[1]) {
-        copy_on(place, &copy_program(p, out_len), whole(m, out_len), c)?;
+        copy_on(place, &mirror_copy(p, out_len), whole(m, out_len), c)?;
     }
     drop(lent);
     Ok(())
