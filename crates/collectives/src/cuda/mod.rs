@@ -8,7 +8,7 @@
 //! | the entry point for a type and operator, the reduce kernels' argument | [`reduce_entry`], [`FORWARD_ENTRY`], [`ReduceArgs`] |
 //! | the driver calls the CUDA backend makes for a program, counted without a GPU | [`driver_calls`] |
 //! | compile once, no cache (what `scripts/check-kernels` checks) | [`compile_ptx`] |
-//! | NCCL on the same GPUs, for comparisons (`relaycc bench --vs-nccl`) | [`nccl::NcclComms`], [`nccl::nccl`] |
+//! | NCCL on the same GPUs, for comparisons (`relaycc bench --vs-nccl`) | `nccl::NcclComms`, `nccl::nccl` (feature `nccl`) |
 //!
 //! Invariant: nothing here panics or aborts when CUDA is absent. Every entry point probes the
 //! library it needs first (cudarc itself panics without libcuda / libnvrtc) and returns

@@ -269,15 +269,19 @@ pub(super) fn barrier(comm: &MpiCommunicator, step: &'static str) -> MpiResult<(
     }
 }
 
-/// A 62-bit FNV-1a hash of `words`' bytes (negates without overflow).
-pub(super) fn text_hash<'a>(words: impl Iterator<Item = &'a str>) -> i64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for w in words {
-        for b in w.bytes().chain([0]) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
+/// The one hash of what ranks compare in agreement words: a 62-bit FNV-1a hash of `bytes`,
+/// the same on every rank for the same bytes, and non-negative, so it negates and compares
+/// as `i64`.
+pub(super) fn fnv62(bytes: impl IntoIterator<Item = u8>) -> i64 {
+    let h = bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
     (h >> 2) as i64
+}
+
+/// [`fnv62`] of `words`' bytes, each word ended by a zero byte.
+pub(super) fn text_hash<'a>(words: impl Iterator<Item = &'a str>) -> i64 {
+    fnv62(words.flat_map(|w| w.bytes().chain([0])))
 }
 
 /// Every rank passes the same `settings` (name, value): first one `MPI_Iallreduce` agrees

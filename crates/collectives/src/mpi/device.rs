@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ::mpi::traits::AsRaw;
-use relaycc_route::{Location, Plan};
+use relaycc_route::{DType, Location, Plan, ReduceOp};
 
 use super::requests::Requests;
 use super::schedule::RankSchedule;
@@ -191,6 +191,34 @@ impl BackendMemory<'_> {
     }
 }
 
+/// A one-copy program on `lane`, from binding 0 to binding 1, `bytes` long: a mirror's copy
+/// in or out. `(dtype, op, divisor)` are the plan's, which every program carries.
+pub(super) fn copy_program(
+    lane: Location,
+    (dtype, op, divisor): (DType, ReduceOp, u32),
+    bytes: u64,
+) -> Program {
+    let slot = |binding| Slot {
+        binding,
+        offset: 0,
+        bytes,
+    };
+    Program {
+        lanes: vec![lane],
+        events: 0,
+        dtype,
+        op,
+        divisor,
+        bindings: 2,
+        commands: vec![Command::Copy {
+            lane: 0,
+            src: slot(0),
+            dst: slot(1),
+        }],
+        srcs: Vec::new(),
+    }
+}
+
 /// A slot's bytes within its binding's region on the backend.
 pub(super) fn slot_region(bindings: &[ByteRegion], s: &Slot) -> ByteRegion {
     let b = bindings[s.binding as usize];
@@ -286,27 +314,9 @@ impl<'a> DevicePlan<'a> {
             .copied()
             .find(|l| matches!(l, Location::Host(_)))
             .unwrap_or(Location::Host(0));
-        let copy = |bytes: usize| Program {
-            lanes: vec![device],
-            events: 0,
-            dtype: plan.dtype,
-            op: plan.request.op,
-            divisor: plan.request.nranks() as u32,
-            bindings: 2,
-            commands: vec![Command::Copy {
-                lane: 0,
-                src: Slot {
-                    binding: 0,
-                    offset: 0,
-                    bytes: bytes as u64,
-                },
-                dst: Slot {
-                    binding: 1,
-                    offset: 0,
-                    bytes: bytes as u64,
-                },
-            }],
-            srcs: Vec::new(),
+        let divisor = plan.request.nranks() as u32;
+        let copy = |bytes: usize| {
+            copy_program(device, (plan.dtype, plan.request.op, divisor), bytes as u64)
         };
         let (copy_in, copy_out) = (copy(schedule.input_len), copy(schedule.output_len));
         let mut dp = DevicePlan {

@@ -19,11 +19,15 @@
 //!   ([`MpiCommunicator::set_zero_copy`]).
 
 mod agree;
+mod call_agreement;
 mod device;
 mod exchange;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_run;
 mod indexed;
+mod point_to_point;
 mod requests;
 mod roll_call;
 #[cfg(feature = "cuda")]
@@ -32,8 +36,10 @@ mod schedule;
 mod setup;
 mod shared_buffer;
 mod shm_transport;
+mod shm_window;
 mod transport;
 mod typed;
+mod typed_call;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -777,12 +783,8 @@ fn node_ids(comm: &SimpleCommunicator, key: &[i32; 2]) -> Vec<u32> {
         .collect()
 }
 
-/// A 62-bit FNV-1a hash of the plan's debug text: equal plans hash equally on every rank
-/// (the text has no addresses or unordered maps), and the value negates without overflow.
+/// [`agree::fnv62`] of the plan's debug text: equal plans hash equally on every rank (the
+/// text has no addresses or unordered maps).
 fn plan_hash(plan: &Plan) -> i64 {
-    let text = format!("{plan:?}");
-    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (h >> 2) as i64
+    agree::fnv62(format!("{plan:?}").bytes())
 }

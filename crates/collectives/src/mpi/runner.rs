@@ -14,7 +14,7 @@ use std::time::Duration;
 use relaycc_route::{Collective, DType, ReduceOp};
 
 use super::gpu::MpiOnStream;
-use super::typed::{CheckedCall, InputAt, TypedCollective};
+use super::typed_call::{CheckedCall, InputAt, TypedCollective};
 use super::{MpiError, MpiResult};
 use crate::error::{CollectivesError, Result};
 use crate::rank::collectives::sealed::{Runner, RunnerToken};

@@ -14,9 +14,10 @@
 //!   completes only then. Setup probes it (a read of the next rank's window) and every rank
 //!   must succeed, since a container's seccomp policy or Yama's ptrace scope may forbid it;
 //!   `RELAYCC_MPI_SINGLE_COPY=0` turns it off.
-//! - **Single copy in user space** (from a [`SharedHostBuffer`], relaycc's `ncclMemAlloc`):
-//!   when a single-copy message's bytes lie in one, the header names the buffer (its serial,
-//!   its file descriptor in the sender, the offset) instead of an address; the receiver maps
+//! - **Single copy in user space** (from a [`SharedHostBuffer`](super::SharedHostBuffer),
+//!   relaycc's `ncclMemAlloc`): when a single-copy message's bytes lie in one, the header
+//!   names the buffer (its serial, its file descriptor in the sender, the offset) instead of
+//!   an address; the receiver maps
 //!   the buffer read-only (once, cached) and copies with streaming stores, faster per byte
 //!   than the kernel's copy. Setup probes it too (a rank maps the next rank's probe buffer),
 //!   and every buffer's size is sealed, so a mapping never faults past its end.
@@ -61,38 +62,22 @@
 //! never freed: `MPI_Win_free` is collective, and a communicator dropped after a peer stopped
 //! would wait for it forever; the memory goes with the process: `ranks` channels of 4 MiB
 //! per rank, of which a page per channel is touched at setup and the slots as messages use
-//! them.
+//! them. The window's layout, its creation and the setup probes are in
+//! [`super::shm_window`].
 
 use std::cell::RefCell;
-use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ::mpi::collective::SystemOperation;
-use ::mpi::ffi;
 use ::mpi::topology::SimpleCommunicator;
-use ::mpi::traits::*;
 
 use super::MpiError;
 use super::requests::SPINS_BEFORE_YIELD;
-use super::shared_buffer::{self, PeerMappings, SharedHostBuffer};
+use super::shared_buffer::{self, PeerMappings};
+use super::shm_window::{LINE_BYTES, SLOT_BYTES, SLOTS, ShmWindow, channel_bytes, read_peer};
 use crate::backend::AddressSpace;
 use crate::exec::run::Transport;
 
-/// Bytes of one slot: a chunk of a message. Each chunk costs a handshake (two cache lines
-/// crossing cores) and, with more ranks than cores, often a context switch while the sender
-/// waits for a descheduled receiver, so chunks are large: 1 MiB slots beat 128 KiB ones on
-/// all_to_all_v across 8 processes (`docs/MEASUREMENTS.md`).
-const SLOT_BYTES: usize = 1024 * 1024;
-/// Slots per channel: a sender runs up to this many chunks ahead of its receiver.
-const SLOTS: usize = 4;
-/// A cache line: counters and slot headers each get their own, so the sender's and the
-/// receiver's writes never share a line.
-const LINE_BYTES: usize = 64;
-/// Alignment of every rank's channels in the window.
-const PAGE_BYTES: usize = 4096;
-/// Largest communicator given a window: each rank holds one channel per rank.
-const MAX_RANKS: i32 = 64;
 /// Smallest message copied out with non-temporal stores: the receiver's memory of a large
 /// message is not read again soon, so its lines go to memory without first being read
 /// ([Intel-Opt]); small messages stay in the cache for the ops that read them next. Slots
@@ -111,11 +96,6 @@ pub(crate) const SINGLE_COPY_MIN_BYTES: usize = 64 * 1024;
 /// single-copy sends unread sets it ([`ShmTransport::abandon_single_copies`]).
 const ABANDON_FLAG: usize = 8;
 
-/// Bytes of one channel: `head`, `tail`, one header line per slot, the slots.
-const fn channel_bytes() -> usize {
-    2 * LINE_BYTES + SLOTS * LINE_BYTES + SLOTS * SLOT_BYTES
-}
-
 /// The shared window of a communicator whose ranks share one host's memory, and the lists a
 /// run's transport reuses.
 pub(crate) struct ShmSegment {
@@ -128,8 +108,9 @@ pub(crate) struct ShmSegment {
     /// `process_vm_readv` (probed at setup; `RELAYCC_MPI_SINGLE_COPY=0` turns it off): large
     /// messages then move by a single copy.
     single_copy: Option<Vec<libc::pid_t>>,
-    /// Whether every rank may map every other's [`SharedHostBuffer`]s (probed at setup, with
-    /// single copies only): a single-copy message from one is then copied in user space.
+    /// Whether every rank may map every other's shared buffers
+    /// ([`SharedHostBuffer`](super::SharedHostBuffer); probed at setup, with single copies
+    /// only): a single-copy message from one is then copied in user space.
     shared_buffers: bool,
     /// Peers' shared buffers mapped here.
     peer_mappings: RefCell<PeerMappings>,
@@ -177,86 +158,19 @@ struct Lists {
     busy: Vec<bool>,
 }
 
-/// Whether this process may use the shared-memory transport: `RELAYCC_MPI_SHM=0` turns it
-/// off (every rank must agree; [`ShmSegment::new`] takes the smallest answer).
-fn wanted() -> bool {
-    std::env::var("RELAYCC_MPI_SHM").map_or(true, |v| v.trim() != "0")
-}
-
 impl ShmSegment {
-    /// Collective (blocking, as communicator setup is) over `comm`: a window with one channel
-    /// per ordered pair of ranks when every rank of `comm` shares memory with every other,
-    /// there are 2 to 64 of them, every rank wants it (`RELAYCC_MPI_SHM` is not `0`) and
-    /// every allocation succeeds; `None` otherwise (the typed collectives then use MPI
-    /// messages).
+    /// Collective (blocking, as communicator setup is) over `comm`: the shared window
+    /// ([`ShmWindow::open`]) when every rank of `comm` shares memory with every other, there
+    /// are 2 to 64 of them, every rank wants it (`RELAYCC_MPI_SHM` is not `0`) and every
+    /// allocation succeeds; `None` otherwise (the typed collectives then use MPI messages).
     pub(crate) fn new(comm: &SimpleCommunicator) -> Option<Self> {
-        let size = comm.size();
-        let rank = comm.rank();
-        let shared = comm.split_shared(rank);
-        let ok = wanted() && shared.size() == size && (2..=MAX_RANKS).contains(&size);
-        if !all(comm, ok) {
-            return None;
-        }
-        let mine = channel_bytes() * size as usize;
-        // MPI aligns a rank's part to 8 bytes only: ask for a page more and start at the next
-        // page boundary, which every process computes alike from the part's address.
-        let asked = mine + PAGE_BYTES;
-        let mut base: *mut u8 = std::ptr::null_mut();
-        // SAFETY: reading an MPI constant initialised by the library.
-        let mut win = unsafe { ffi::RSMPI_WIN_NULL };
-        // SAFETY: `base` and `win` are out-parameters of the right types; the info object is
-        // MPI's null constant; `shared` is a live communicator.
-        let rc = unsafe {
-            ffi::MPI_Win_allocate_shared(
-                asked as ffi::MPI_Aint,
-                1,
-                ffi::RSMPI_INFO_NULL,
-                shared.as_raw(),
-                (&raw mut base).cast::<c_void>(),
-                &mut win,
-            )
-        };
-        let mut bases = Vec::with_capacity(size as usize);
-        let mut ok = rc == ffi::MPI_SUCCESS as c_int && !base.is_null();
-        for r in 0..size {
-            if !ok {
-                break;
-            }
-            let mut bytes: ffi::MPI_Aint = 0;
-            let mut unit: c_int = 0;
-            let mut at: *mut u8 = std::ptr::null_mut();
-            // SAFETY: `win` is the window just made on `shared`, `r` a rank of it; the
-            // out-parameters have the types MPI writes.
-            let rc = unsafe {
-                ffi::MPI_Win_shared_query(win, r, &mut bytes, &mut unit, (&raw mut at).cast())
-            };
-            ok = rc == ffi::MPI_SUCCESS as c_int && !at.is_null() && bytes as usize >= asked;
-            bases.push((at as usize).next_multiple_of(PAGE_BYTES));
-        }
-        if ok {
-            // Counters start at zero; every rank clears its own part before anyone uses it.
-            for d in 0..size as usize {
-                let ch = (base as usize).next_multiple_of(PAGE_BYTES) + d * channel_bytes();
-                // SAFETY: `ch..ch + 2 * LINE_BYTES` lies inside this rank's part (`mine` bytes).
-                unsafe { std::ptr::write_bytes(ch as *mut u8, 0, 2 * LINE_BYTES) };
-            }
-        }
-        // Every rank learns whether all succeeded, and no rank uses the window before all
-        // cleared their counters (the reduction is that barrier). A window some rank could
-        // not set up is left unused (never freed, see the module docs).
-        if !all(comm, ok) {
-            return None;
-        }
-        let single_copy = single_copy_peers(comm, bases[rank as usize]);
-        let shared_buffers = single_copy
-            .as_ref()
-            .is_some_and(|pids| shared_buffers_mappable(comm, pids));
+        let w = ShmWindow::open(comm)?;
         Some(ShmSegment {
-            _local: shared,
-            bases,
-            rank: rank as u32,
-            single_copy,
-            shared_buffers,
+            _local: w.local,
+            bases: w.bases,
+            rank: w.rank,
+            single_copy: w.single_copy,
+            shared_buffers: w.shared_buffers,
             peer_mappings: RefCell::default(),
             lists: RefCell::default(),
         })
@@ -299,116 +213,6 @@ impl ShmSegment {
         }
     }
 }
-
-/// Collective over `comm`: every rank's process id where every rank wants single copies
-/// (`RELAYCC_MPI_SINGLE_COPY` is not `0`) and could read the next rank's window with
-/// `process_vm_readv` (a container's seccomp policy or Yama's ptrace scope may forbid it);
-/// `None` otherwise. `own` is this rank's part of the window, in its own address space (its
-/// peers read it there).
-fn single_copy_peers(comm: &SimpleCommunicator, own: usize) -> Option<Vec<libc::pid_t>> {
-    let n = comm.size() as usize;
-    let me = [u64::from(std::process::id()), own as u64];
-    let mut everyone = vec![0u64; 2 * n];
-    comm.all_gather_into(&me[..], &mut everyone[..]);
-    let pids: Vec<libc::pid_t> = everyone
-        .chunks(2)
-        .map(|x| libc::pid_t::try_from(x[0]).unwrap_or(0))
-        .collect();
-    let next = (comm.rank() as usize + 1) % n;
-    let wanted = std::env::var("RELAYCC_MPI_SINGLE_COPY").map_or(true, |v| v.trim() != "0");
-    let mut word = 0u64;
-    // SAFETY: the read goes into `word` (8 writable bytes); the remote range is the first
-    // counter of the next rank's window part, which it keeps mapped (the window is never
-    // freed), and a failed read is only an error code.
-    let ok = wanted
-        && pids.iter().all(|&p| p > 0)
-        && unsafe {
-            read_peer(
-                pids[next],
-                (&raw mut word).cast(),
-                everyone[2 * next + 1] as usize,
-                8,
-            )
-        }
-        .is_ok();
-    all(comm, ok).then_some(pids)
-}
-
-/// Collective over `comm`, whose ranks run as processes `pids`: whether every rank could map
-/// the next rank's [`SharedHostBuffer`] and read what that rank wrote in it (`/proc` access
-/// may be denied where `process_vm_readv` is not, or the other way round).
-fn shared_buffers_mappable(comm: &SimpleCommunicator, pids: &[libc::pid_t]) -> bool {
-    let n = comm.size() as usize;
-    let rank = comm.rank() as usize;
-    let magic = |r: usize| 0x5e1f_0000_0000_0000u64 | r as u64;
-    let probe = SharedHostBuffer::<u64>::zeroed(1).ok().map(|mut b| {
-        b[0] = magic(rank);
-        b
-    });
-    let me = probe.as_ref().map_or([0, 0], |b| {
-        let (serial, fd) = b.identity();
-        [serial, fd as u64]
-    });
-    let mut everyone = vec![0u64; 2 * n];
-    comm.all_gather_into(&me[..], &mut everyone[..]);
-    let next = (rank + 1) % n;
-    let (serial, fd) = (everyone[2 * next], everyone[2 * next + 1]);
-    let mut mappings = PeerMappings::default();
-    let ok = serial != 0
-        && i32::try_from(fd).is_ok_and(|fd| {
-            mappings
-                .locate(next as u32, pids[next], serial, fd, 0, 8)
-                // SAFETY: `at` is 8 readable bytes of the next rank's probe, mapped until
-                // `mappings` drops; it wrote them before the gather.
-                .is_ok_and(|at| unsafe { std::ptr::read_volatile(at as *const u64) } == magic(next))
-        });
-    // Nobody drops its probe before every rank has read its neighbour's.
-    all(comm, ok)
-}
-
-/// Copy `len` bytes at `remote` in process `pid` to `dst` here with `process_vm_readv`, in as
-/// many calls as the kernel needs.
-///
-/// # Safety
-/// `dst` holds `len` writable bytes that nothing else touches during the call.
-unsafe fn read_peer(
-    pid: libc::pid_t,
-    dst: *mut u8,
-    remote: usize,
-    len: usize,
-) -> Result<(), std::io::Error> {
-    let mut done = 0usize;
-    while done < len {
-        let local = libc::iovec {
-            iov_base: dst.wrapping_add(done).cast(),
-            iov_len: len - done,
-        };
-        let far = libc::iovec {
-            iov_base: (remote + done) as *mut c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: one local and one remote iovec; the local range is writable (the caller's
-        // contract); the kernel checks the remote one and fails the call, never this process.
-        let got = unsafe { libc::process_vm_readv(pid, &local, 1, &far, 1, 0) };
-        match got {
-            n if n > 0 => done += n as usize,
-            0 => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "process_vm_readv read nothing",
-                ));
-            }
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Copy `len` bytes of a received message of `message_bytes` from `src` to its destination
 /// `dst`: with streaming stores from [`STREAM_MIN_BYTES`], whose destination is not read again
 /// soon, plainly below, where it stays in the cache for the ops that read it next.
@@ -426,14 +230,6 @@ unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize, message_bytes: usiz
         }
     }
 }
-
-/// True on every rank when `ok` holds on every rank (a blocking `MPI_Allreduce`).
-fn all(comm: &SimpleCommunicator, ok: bool) -> bool {
-    let mut least = 0i32;
-    comm.all_reduce_into(&i32::from(ok), &mut least, SystemOperation::min());
-    least == 1
-}
-
 /// A channel's counter at `addr`.
 ///
 /// # Safety
