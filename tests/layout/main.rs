@@ -71,7 +71,6 @@ const LONG_FILES: &[(&str, &str)] = &[
         "not yet split",
     ),
     ("crates/collectives/tests/mpi_exchange.rs", "not yet split"),
-    ("crates/route/src/planner/cluster/mod.rs", "not yet split"),
 ];
 
 #[test]
