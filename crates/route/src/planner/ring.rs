@@ -85,26 +85,10 @@ fn loops(len: u64, per: u64) -> impl Iterator<Item = (u64, u64)> {
 }
 
 /// Reduce-scatter pass: at step s position p sends its partial of block p-s-1 to p+1, which
-/// adds its input; after n-1 steps position q holds block q complete in `fin` (finalized).
-/// Partials live in `acc` when given, else in `st.own`; blocks are at most `st.most` long.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn reduce_scatter_pass(
-    b: &mut PlanBuilder,
-    ord: &[u32],
-    ch: u32,
-    lens: &[u64],
-    chunk: u64,
-    st: &RsStaging,
-    input: BlockRegionFn,
-    acc: Option<BlockRegionFn>,
-    fin: BlockRegionFn,
-) -> Result<()> {
-    reduce_scatter_steps(b, ord, ch, lens, chunk, st, input, acc, fin, true)
-}
-
-/// [`reduce_scatter_pass`] whose last reductions finalize only when `finalize` (false where a
-/// later phase adds more contributions, as the cluster plans' intra-node phase does, so
-/// `Avg` divides once). A pass sends in its `chunk`s: the builder cuts its copies in them
+/// adds its input; after n-1 steps position q holds block q complete in `fin`, finalized
+/// when `finalize` (false where a later phase adds more contributions, as the cluster plans'
+/// intra-node phase does, so `Avg` divides once). Partials live in `acc` when given, else in
+/// `st.own`; blocks are at most `st.most` long. A pass sends in its `chunk`s: the builder cuts its copies in them
 /// from here on (a cluster plan's phases each pipeline at a chunk of their own).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn reduce_scatter_steps(
@@ -314,7 +298,18 @@ pub(super) fn all_reduce_channel(
             }
         };
         let (inp, outp) = (at(false), at(true));
-        reduce_scatter_pass(b, ord, ch, &lens, chunk, &st, &inp, Some(&outp), &outp)?;
+        reduce_scatter_steps(
+            b,
+            ord,
+            ch,
+            &lens,
+            chunk,
+            &st,
+            &inp,
+            Some(&outp),
+            &outp,
+            true,
+        )?;
         all_gather_pass(b, ord, ch, &lens, chunk, None, &outp)?;
     }
     Ok(())
@@ -347,7 +342,7 @@ pub(super) fn reduce_scatter_channel(
         let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
             Region::new(BufferRef::Output(ord[p]), start + rel, l)
         };
-        reduce_scatter_pass(b, ord, ch, &lens, chunk, &st, &inp, None, &fin)?;
+        reduce_scatter_steps(b, ord, ch, &lens, chunk, &st, &inp, None, &fin, true)?;
     }
     Ok(())
 }

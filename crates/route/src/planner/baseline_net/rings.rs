@@ -147,6 +147,25 @@ fn pin(b: &mut PlanBuilder, links: &NetLinks, c: u32, ring: &RailRing) {
     pin_hops(b, &links.gpus, c, &ring.order, &ring.hops);
 }
 
+/// A plan of one channel per rail ring, named `ring x<channels> rail-aligned`: channel `c` is
+/// pinned to ring `c`'s hops and built by `part(builder, c, ring order, share)`, its share the
+/// `c`-th even `(offset, length)` of `count` elements. Each channel touches its own share on
+/// lanes and staging of its own, so the channels are built at once ([`build_channels`]).
+fn on_rings(
+    req: &Request,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &[RailRing],
+    count: u64,
+    part: impl Fn(&mut PlanBuilder, u32, &[u32], (u64, u64)) -> Result<()> + Sync,
+) -> Result<Plan> {
+    let splits = split_even(count, rings.len() as u64);
+    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
+        pin(b, links, c as u32, &rings[c]);
+        part(b, c as u32, &rings[c].order, splits[c])
+    })
+}
+
 /// Ring all_reduce over the rail rings: each channel reduce-scatters then all-gathers its
 /// share of the buffer.
 pub(super) fn all_reduce(
@@ -156,11 +175,8 @@ pub(super) fn all_reduce(
     rings: &[RailRing],
 ) -> Result<Plan> {
     let chunk = ctx.chunk_elems.max(1);
-    let splits = split_even(req.count, rings.len() as u64);
-    // Each channel reduces its own slice of the buffers, in staging of its own.
-    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
-        pin(b, links, c as u32, &rings[c]);
-        all_reduce_channel(b, &rings[c].order, c as u32, splits[c], chunk)
+    on_rings(req, ctx, links, rings, req.count, |b, ch, ord, share| {
+        all_reduce_channel(b, ord, ch, share, chunk)
     })
 }
 
@@ -174,12 +190,10 @@ pub(super) fn all_gather(
     let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
-    let splits = split_even(count, rings.len() as u64);
     // Each channel copies its own slice of every rank's block in place first, as NCCL's ring
     // kernel does in its first step, on a local lane of its own: channels then touch disjoint
-    // elements and lanes, and are built at once.
-    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
-        let (lo, len) = splits[c];
+    // elements and lanes.
+    on_rings(req, ctx, links, rings, count, |b, ch, ord, (lo, len)| {
         if len == 0 {
             return Ok(());
         }
@@ -187,12 +201,11 @@ pub(super) fn all_gather(
             b.send(
                 Region::new(BufferRef::Input(r), lo, len),
                 Region::new(BufferRef::Output(r), u64::from(r) * count + lo, len),
-                CH_LOCAL + c as u32,
+                CH_LOCAL + ch,
             )?;
         }
-        pin(b, links, c as u32, &rings[c]);
         let share = |r: u32| (lo, u64::from(r) * count + lo, len);
-        all_gather_channel(b, &rings[c].order, c as u32, chunk, &share)
+        all_gather_channel(b, ord, ch, chunk, &share)
     })
 }
 
@@ -205,11 +218,8 @@ pub(super) fn reduce_scatter(
 ) -> Result<Plan> {
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
-    let splits = split_even(count, rings.len() as u64);
-    // Each channel reduces its own slice of every block, in staging of its own.
-    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
-        pin(b, links, c as u32, &rings[c]);
-        reduce_scatter_channel(b, &rings[c].order, c as u32, splits[c], count, chunk)
+    on_rings(req, ctx, links, rings, count, |b, ch, ord, share| {
+        reduce_scatter_channel(b, ord, ch, share, count, chunk)
     })
 }
 

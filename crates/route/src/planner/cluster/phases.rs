@@ -104,14 +104,14 @@ pub(super) fn rail_order(shape: &ClusterShape, j: usize, c: u32) -> Vec<u32> {
 /// Reduce-scatter staging of every node's ring (blocks of at most `intra_most`; none on
 /// one-GPU nodes) and of every rail's ring (at most `rail_most`), allocated once and reused by
 /// every loop of the plan (the builder orders each reuse after the reads of the loop before).
-pub(super) type Staging = (Vec<RsStaging>, Vec<(Vec<u32>, RsStaging)>);
+pub(super) type PhaseStaging = (Vec<RsStaging>, Vec<(Vec<u32>, RsStaging)>);
 
 pub(super) fn ring_staging(
     b: &mut PlanBuilder,
     shape: &ClusterShape,
     intra_most: u64,
     rail_most: u64,
-) -> Staging {
+) -> PhaseStaging {
     let scratch =
         |b: &mut PlanBuilder, ord: &[u32], most| RsStaging::new(b, ord, most, ord.len() > 2);
     let intra = if shape.per_node() > 1 {
