@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 
 use relaycc_topo::Topology;
 
-use super::lowering::{NodeAwarePlanBuilder, Piece, Side, pieces};
+use super::lowering::{NodeAwarePlanBuilder, Side};
+use super::messages::{Piece, aggregates, group_by, pieces, ranks_of_nodes, rounds, split_chunk};
 use super::params::ModelParams;
 use super::strategy::{ClusterCounts, Staging, Strategy, exchange_only};
 use crate::error::{Result, RouteError};
@@ -105,22 +106,9 @@ pub(super) fn in_rounds(
     staging: Staging,
     chunk: u64,
 ) -> Result<Plan> {
-    let chunk = chunk.max(1);
     let name = format!("node-aware {strategy} {staging}");
     let mut b = NodeAwarePlanBuilder::new(topo, Plan::new(req.clone(), name))?;
-    let longest = all.iter().map(|p| p.len).max().unwrap_or(0);
-    for k in 0..longest.div_ceil(chunk).max(1) {
-        let lo = k * chunk;
-        let slice: Vec<Piece> = all
-            .iter()
-            .filter(|p| p.len > lo)
-            .map(|p| Piece {
-                src_off: p.src_off + lo,
-                dst_off: p.dst_off + lo,
-                len: (p.len - lo).min(chunk),
-                ..*p
-            })
-            .collect();
+    for (k, slice) in rounds(all, chunk, 1) {
         b.begin_round(k);
         round(&mut b, &slice, strategy, staging)?;
         b.end_round()?;
@@ -170,26 +158,11 @@ fn round(
                 deliver(b, p, s, r, 0)?;
             }
         }
-        Strategy::ThreeStep => {
-            let ranks = ranks_by_node(b);
-            for ((na, nb), group) in group_by(&remote, |p| {
-                (b.node[p.src as usize], b.node[p.dst as usize])
-            }) {
-                let sender = pick(&ranks, na, nb);
-                let receiver = pick(&ranks, nb, na);
-                aggregate(b, &group, sender, receiver, staged)?;
-            }
-        }
-        Strategy::TwoStep => {
-            let ranks = ranks_by_node(b);
-            for ((src, nb), group) in group_by(&remote, |p| (p.src, b.node[p.dst as usize])) {
-                let na = b.node[src as usize];
-                let local = ranks
-                    .get(&na)
-                    .and_then(|v| v.iter().position(|r| *r == src))
-                    .unwrap_or(0) as u32;
-                let receiver = pick(&ranks, nb, local);
-                aggregate(b, &group, src, receiver, staged)?;
+        Strategy::ThreeStep | Strategy::TwoStep => {
+            let ranks = ranks_of_nodes(&b.node);
+            let by_source = strategy == Strategy::TwoStep;
+            for m in aggregates(&remote, &b.node, &ranks, by_source) {
+                aggregate(b, &m.pieces, m.sender, m.receiver, staged)?;
             }
         }
         Strategy::SplitMd | Strategy::SplitDd => {
@@ -242,42 +215,6 @@ fn deliver(b: &mut NodeAwarePlanBuilder, p: &Piece, s: Side, r: Side, channel: u
         b.received(p.dst, p.dst_off, r.region.offset, p.len, ops);
     }
     Ok(())
-}
-
-/// The request's ranks on each node, in rank order.
-fn ranks_by_node(b: &NodeAwarePlanBuilder) -> BTreeMap<u32, Vec<u32>> {
-    ranks_of_nodes(&b.node)
-}
-
-/// The ranks on each node, in rank order, for ranks on nodes `node_of`.
-pub(super) fn ranks_of_nodes(node_of: &[u32]) -> BTreeMap<u32, Vec<u32>> {
-    let mut m: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (r, n) in node_of.iter().enumerate() {
-        m.entry(*n).or_default().push(r as u32);
-    }
-    m
-}
-
-/// The rank of node `node` paired with index `k` (round-robin over the node's ranks), so that
-/// every rank of a node stays busy ([Lockhart-2023 §2.3.1]'s pairing).
-pub(super) fn pick(ranks: &BTreeMap<u32, Vec<u32>>, node: u32, k: u32) -> u32 {
-    ranks
-        .get(&node)
-        .filter(|v| !v.is_empty())
-        .map(|v| v[k as usize % v.len()])
-        .unwrap_or(0)
-}
-
-/// Pieces grouped by `key`, groups in key order, pieces in request order.
-pub(super) fn group_by<K: Ord>(
-    pieces: &[Piece],
-    key: impl Fn(&Piece) -> K,
-) -> BTreeMap<K, Vec<Piece>> {
-    let mut m: BTreeMap<K, Vec<Piece>> = BTreeMap::new();
-    for p in pieces {
-        m.entry(key(p)).or_default().push(*p);
-    }
-    m
 }
 
 /// 3-Step and 2-Step: pack `group` at `sender` (skipped for a single piece already there), send
@@ -347,20 +284,6 @@ fn aggregate(
         off += p.len;
     }
     Ok(())
-}
-
-/// Split+MD's message size for `total` elements between one node pair ([Lockhart-2023], Algorithm 1):
-/// at most `cap`, raised to the sending node's volume `vol` / its `ppn` processes when that
-/// many messages would outnumber them; at most `ppn` messages, at least one element each.
-pub(super) fn split_chunk(total: u64, vol: u64, cap: u64, ppn: u64) -> u64 {
-    let ppn = ppn.max(1);
-    let msg_cap = if vol.div_ceil(cap.max(1)) > ppn {
-        vol.div_ceil(ppn)
-    } else {
-        cap.max(1)
-    };
-    let k = total.div_ceil(msg_cap.max(1)).clamp(1, ppn);
-    total.div_ceil(k).max(1)
 }
 
 /// Split+MD / Split+DD ([Lockhart-2023 §2.3.3], Algorithm 1; §4.2): each node pair's data is cut into

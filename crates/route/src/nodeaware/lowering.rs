@@ -12,35 +12,6 @@ use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::route_pipeline::{LaneMap, emit_transfer};
 pub(super) use crate::staging::Slots;
 
-/// One piece of data to deliver: `len` elements of rank `src`'s input at `src_off` to rank
-/// `dst`'s output at `dst_off` (from [`crate::Request::expected`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Piece {
-    pub src: u32,
-    pub src_off: u64,
-    pub dst: u32,
-    pub dst_off: u64,
-    pub len: u64,
-}
-
-/// The pieces of `req`, one per expected output range (each moves one input range).
-pub(super) fn pieces(req: &crate::Request) -> Result<Vec<Piece>> {
-    Ok(req
-        .expected()?
-        .into_iter()
-        .map(|p| {
-            let (src, src_off) = p.terms.first().copied().unwrap_or((p.rank, 0));
-            Piece {
-                src,
-                src_off,
-                dst: p.rank,
-                dst_off: p.out_offset,
-                len: p.len,
-            }
-        })
-        .collect())
-}
-
 /// Where a region sits and which ops must finish before it may be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Side {

@@ -18,6 +18,7 @@
 
 mod generate;
 mod lowering;
+mod messages;
 mod model;
 mod params;
 mod rank_space;

@@ -14,8 +14,10 @@
 
 use std::collections::BTreeMap;
 
-use super::generate::{group_by, pick, ranks_of_nodes, split_chunk};
-use super::lowering::{Piece, Slots, pieces};
+use super::lowering::Slots;
+use super::messages::{
+    Piece, aggregates, group_by, pick, pieces, ranks_of_nodes, rounds, split_chunk,
+};
 use super::strategy::{Strategy, exchange_only};
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, Plan, Region};
@@ -187,26 +189,13 @@ fn in_rounds(
     split_cap: u64,
     chunk: u64,
 ) -> Plan {
-    let chunk = chunk.max(1);
     let mut g = RankSpacePlanBuilder {
         plan: Plan::new(req.clone(), format!("rank-space {strategy}")),
         node_of,
         ranks_of: ranks_of_nodes(node_of),
         slots: Slots::default(),
     };
-    let longest = all.iter().map(|p| p.len).max().unwrap_or(0);
-    for k in 0..longest.div_ceil(chunk) {
-        let lo = k * chunk;
-        let slice: Vec<Piece> = all
-            .iter()
-            .filter(|p| p.len > lo)
-            .map(|p| Piece {
-                src_off: p.src_off + lo,
-                dst_off: p.dst_off + lo,
-                len: (p.len - lo).min(chunk),
-                ..*p
-            })
-            .collect();
+    for (k, slice) in rounds(all, chunk, 0) {
         g.slots.begin(&g.plan, k);
         rank_space_round(&mut g, &slice, strategy, split_cap);
         g.slots.end(&mut g.plan);
@@ -238,22 +227,10 @@ fn rank_space_round(
     remote.sort_by_key(|p| (p.src, p.src_off));
     match strategy {
         Strategy::Standard | Strategy::SplitDd => {}
-        Strategy::ThreeStep => {
-            for ((na, nb), group) in group_by(&remote, |p| (node(p.src), node(p.dst))) {
-                let sender = g.pick(na, nb as usize);
-                let receiver = g.pick(nb, na as usize);
-                g.bundle(&group, sender, receiver);
-            }
-        }
-        Strategy::TwoStep => {
-            for ((src, nb), group) in group_by(&remote, |p| (p.src, node(p.dst))) {
-                let local = g
-                    .ranks_of
-                    .get(&node(src))
-                    .and_then(|v| v.iter().position(|r| *r == src))
-                    .unwrap_or(0);
-                let receiver = g.pick(nb, local);
-                g.bundle(&group, src, receiver);
+        Strategy::ThreeStep | Strategy::TwoStep => {
+            let by_source = strategy == Strategy::TwoStep;
+            for m in aggregates(&remote, node_of, &g.ranks_of, by_source) {
+                g.bundle(&m.pieces, m.sender, m.receiver);
             }
         }
         Strategy::SplitMd => split(g, &remote, split_cap.max(1)),

@@ -218,7 +218,7 @@ proptest! {
     #[test]
     fn rounds_reuse_slots((preset, req) in exchange(), chunk in 1u64..6) {
         let topo = relaycc_topo::preset(PRESETS[preset]).unwrap();
-        let all = super::lowering::pieces(&req).unwrap();
+        let all = super::messages::pieces(&req).unwrap();
         for (s, st) in Strategy::combinations() {
             let fail = |e: crate::RouteError| TestCaseError::fail(format!("{s} {st} chunk {chunk}: {e}"));
             let plan = super::generate::in_rounds(&topo, &req, &all, s, st, chunk).map_err(fail)?;

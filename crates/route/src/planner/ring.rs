@@ -80,31 +80,16 @@ impl RsStaging {
 }
 
 /// `len` elements in loops of at most `per` elements: `(offset, len)` pairs.
-pub(super) fn loops(len: u64, per: u64) -> impl Iterator<Item = (u64, u64)> {
+fn loops(len: u64, per: u64) -> impl Iterator<Item = (u64, u64)> {
     chunks(len, per.max(1))
 }
 
 /// Reduce-scatter pass: at step s position p sends its partial of block p-s-1 to p+1, which
-/// adds its input; after n-1 steps position q holds block q complete in `fin` (finalized).
-/// Partials live in `acc` when given, else in `st.own`; blocks are at most `st.most` long.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn reduce_scatter_pass(
-    b: &mut PlanBuilder,
-    ord: &[u32],
-    ch: u32,
-    lens: &[u64],
-    chunk: u64,
-    st: &RsStaging,
-    input: BlockRegionFn,
-    acc: Option<BlockRegionFn>,
-    fin: BlockRegionFn,
-) -> Result<()> {
-    reduce_scatter_steps(b, ord, ch, lens, chunk, st, input, acc, fin, true)
-}
-
-/// [`reduce_scatter_pass`] whose last reductions finalize only when `finalize` (false where a
-/// later phase adds more contributions, as the cluster plans' intra-node phase does, so
-/// `Avg` divides once).
+/// adds its input; after n-1 steps position q holds block q complete in `fin`, finalized
+/// when `finalize` (false where a later phase adds more contributions, as the cluster plans'
+/// intra-node phase does, so `Avg` divides once). Partials live in `acc` when given, else in
+/// `st.own`; blocks are at most `st.most` long. A pass sends in its `chunk`s: the builder cuts its copies in them
+/// from here on (a cluster plan's phases each pipeline at a chunk of their own).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn reduce_scatter_steps(
     b: &mut PlanBuilder,
@@ -118,6 +103,7 @@ pub(super) fn reduce_scatter_steps(
     fin: BlockRegionFn,
     finalize: bool,
 ) -> Result<()> {
+    b.set_chunk_elems(chunk);
     let n = ord.len();
     let most = st.most;
     if n < 2 || lens.iter().all(|l| *l == 0) {
@@ -165,7 +151,7 @@ fn live_hops(b: &PlanBuilder, ord: &[u32]) -> Vec<usize> {
 }
 
 /// All-gather pass: position q starts with block q in `out` (or sends it from `first`); at
-/// step t position p forwards block p-t to p+1.
+/// step t position p forwards block p-t to p+1, in `chunk`s (as [`reduce_scatter_steps`]).
 pub(super) fn all_gather_pass(
     b: &mut PlanBuilder,
     ord: &[u32],
@@ -175,6 +161,7 @@ pub(super) fn all_gather_pass(
     first: Option<BlockRegionFn>,
     out: BlockRegionFn,
 ) -> Result<()> {
+    b.set_chunk_elems(chunk);
     let n = ord.len();
     let hops = live_hops(b, ord);
     for t in 0..n.saturating_sub(1) {
@@ -258,13 +245,127 @@ fn split_channels(len: u64, chans: &[Channel]) -> Vec<(u64, u64)> {
 /// Pin channel `c`'s hop connections in the builder (packed rings choose their own).
 fn pin(b: &mut PlanBuilder, req: &Request, c: u32, chan: &Channel) {
     if let Some(hops) = &chan.pinned {
-        let n = chan.order.len();
-        for (i, conn) in hops.iter().enumerate() {
-            let from = req.gpus[chan.order[i] as usize];
-            let to = req.gpus[chan.order[(i + 1) % n] as usize];
-            b.pin(c, from, to, Arc::clone(conn));
-        }
+        pin_hops(b, &req.gpus, c, &chan.order, hops);
     }
+}
+
+/// Pin ring channel `ch`'s hops in the builder: hop `i` runs from the GPU of rank `order[i]`
+/// (`gpus` maps ranks to GPUs) to that of `order[i + 1]` over `hops[i]`, the last closing
+/// the ring.
+pub(super) fn pin_hops(
+    b: &mut PlanBuilder,
+    gpus: &[u32],
+    ch: u32,
+    order: &[u32],
+    hops: &[Arc<Connection>],
+) {
+    let n = order.len();
+    for (i, conn) in hops.iter().enumerate() {
+        let from = gpus[order[i] as usize];
+        let to = gpus[order[(i + 1) % n] as usize];
+        b.pin(ch, from, to, Arc::clone(conn));
+    }
+}
+
+/// One channel of a ring all_reduce: elements `lo..lo + len` of every rank's buffer,
+/// reduce-scattered then all-gathered around `ord` on lane channel `ch`, in loops of
+/// [`LOOP_CHUNKS`] chunks per block whose partials stay in the output and whose received
+/// partials go to staging of the channel's own.
+pub(super) fn all_reduce_channel(
+    b: &mut PlanBuilder,
+    ord: &[u32],
+    ch: u32,
+    (lo, len): (u64, u64),
+    chunk: u64,
+) -> Result<()> {
+    let n = ord.len();
+    let per = (n as u64).saturating_mul(LOOP_CHUNKS.saturating_mul(chunk));
+    let most = len.min(per).div_ceil(n as u64);
+    let st = RsStaging::new(b, ord, most, false);
+    for (base, piece) in loops(len, per) {
+        let blocks = split_even(piece, n as u64);
+        let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
+        let at = |out: bool| {
+            let blocks = &blocks;
+            move |p: usize, q: usize, rel: u64, l: u64| {
+                let r = ord[p];
+                let buf = if out {
+                    BufferRef::Output(r)
+                } else {
+                    BufferRef::Input(r)
+                };
+                Region::new(buf, lo + base + blocks[q].0 + rel, l)
+            }
+        };
+        let (inp, outp) = (at(false), at(true));
+        reduce_scatter_steps(
+            b,
+            ord,
+            ch,
+            &lens,
+            chunk,
+            &st,
+            &inp,
+            Some(&outp),
+            &outp,
+            true,
+        )?;
+        all_gather_pass(b, ord, ch, &lens, chunk, None, &outp)?;
+    }
+    Ok(())
+}
+
+/// One channel of a ring reduce_scatter: elements `lo..lo + len` of every block (`count`
+/// elements each), reduced around `ord` on lane channel `ch` in loops of [`LOOP_CHUNKS`]
+/// chunks, the partials in staging of the channel's own; block r completes at rank r.
+pub(super) fn reduce_scatter_channel(
+    b: &mut PlanBuilder,
+    ord: &[u32],
+    ch: u32,
+    (lo, len): (u64, u64),
+    count: u64,
+    chunk: u64,
+) -> Result<()> {
+    let n = ord.len();
+    let per = LOOP_CHUNKS.saturating_mul(chunk);
+    let st = RsStaging::new(b, ord, len.min(per), true);
+    for (base, piece) in loops(len, per) {
+        let lens = vec![piece; n];
+        let start = lo + base;
+        let inp = move |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(
+                BufferRef::Input(ord[p]),
+                u64::from(ord[q]) * count + start + rel,
+                l,
+            )
+        };
+        let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Output(ord[p]), start + rel, l)
+        };
+        reduce_scatter_steps(b, ord, ch, &lens, chunk, &st, &inp, None, &fin, true)?;
+    }
+    Ok(())
+}
+
+/// One channel of a ring all_gather: rank r's share of its own block, `(input offset, output
+/// offset, length)` as `share(r)` says, sent from its input and forwarded n-1 steps around
+/// `ord` on lane channel `ch` into every rank's output.
+pub(super) fn all_gather_channel(
+    b: &mut PlanBuilder,
+    ord: &[u32],
+    ch: u32,
+    chunk: u64,
+    share: &dyn Fn(u32) -> (u64, u64, u64),
+) -> Result<()> {
+    let lens: Vec<u64> = ord.iter().map(|&r| share(r).2).collect();
+    let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
+        let r = ord[p];
+        Region::new(BufferRef::Input(r), share(r).0 + rel, l)
+    };
+    let out = move |p: usize, q: usize, rel: u64, l: u64| {
+        Region::new(BufferRef::Output(ord[p]), share(ord[q]).1 + rel, l)
+    };
+    all_gather_pass(b, ord, ch, &lens, chunk, Some(&inp), &out)
 }
 
 /// Ring all_reduce: reduce-scatter then all-gather, pipelined in chunks, over `ctx.channels`
@@ -278,41 +379,9 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let chunk = ctx.chunk_elems.max(1);
     let (chans, label) = channels(req, ctx, "ring")?;
     let mut b = PlanBuilder::new(req, ctx, label);
-    let per = (n as u64).saturating_mul(LOOP_CHUNKS.saturating_mul(chunk));
-    for (c, (lo, len)) in split_channels(req.count, &chans).into_iter().enumerate() {
+    for (c, share) in split_channels(req.count, &chans).into_iter().enumerate() {
         pin(&mut b, req, c as u32, &chans[c]);
-        let ord = chans[c].order.clone();
-        let most = len.min(per).div_ceil(n as u64);
-        let st = RsStaging::new(&mut b, &ord, most, false);
-        for (base, piece) in loops(len, per) {
-            let blocks = split_even(piece, n as u64);
-            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
-            let at = |out: bool| {
-                let (ord, blocks) = (&ord, &blocks);
-                move |p: usize, q: usize, rel: u64, l: u64| {
-                    let r = ord[p];
-                    let buf = if out {
-                        BufferRef::Output(r)
-                    } else {
-                        BufferRef::Input(r)
-                    };
-                    Region::new(buf, lo + base + blocks[q].0 + rel, l)
-                }
-            };
-            let (inp, outp) = (at(false), at(true));
-            reduce_scatter_pass(
-                &mut b,
-                &ord,
-                c as u32,
-                &lens,
-                chunk,
-                &st,
-                &inp,
-                Some(&outp),
-                &outp,
-            )?;
-            all_gather_pass(&mut b, &ord, c as u32, &lens, chunk, None, &outp)?;
-        }
+        all_reduce_channel(&mut b, &chans[c].order, c as u32, share, chunk)?;
     }
     Ok(b.finish())
 }
@@ -354,20 +423,13 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         )?;
     }
     let parts: Vec<Vec<(u64, u64)>> = counts.iter().map(|c| split_channels(*c, &chans)).collect();
-    for c in 0..chans.len() {
-        pin(&mut b, req, c as u32, &chans[c]);
-        let ord = chans[c].order.clone();
-        let lens: Vec<u64> = ord.iter().map(|r| parts[*r as usize][c].1).collect();
-        let (ord, parts, displ) = (&ord, &parts, &displ);
-        let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
-            let r = ord[p];
-            Region::new(BufferRef::Input(r), parts[r as usize][c].0 + rel, l)
+    for (c, chan) in chans.iter().enumerate() {
+        pin(&mut b, req, c as u32, chan);
+        let share = |r: u32| {
+            let (off, len) = parts[r as usize][c];
+            (off, displ[r as usize] + off, len)
         };
-        let out = move |p: usize, q: usize, rel: u64, l: u64| {
-            let k = ord[q] as usize;
-            Region::new(BufferRef::Output(ord[p]), displ[k] + parts[k][c].0 + rel, l)
-        };
-        all_gather_pass(&mut b, ord, c as u32, &lens, chunk, Some(&inp), &out)?;
+        all_gather_channel(&mut b, &chan.order, c as u32, chunk, &share)?;
     }
     Ok(b.finish())
 }
@@ -384,29 +446,10 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
     }
     let chunk = ctx.chunk_elems.max(1);
     let (chans, label) = channels(req, ctx, "ring")?;
-    let count = req.count;
     let mut b = PlanBuilder::new(req, ctx, label);
-    let per = LOOP_CHUNKS.saturating_mul(chunk);
-    for (c, (lo, len)) in split_channels(count, &chans).into_iter().enumerate() {
+    for (c, share) in split_channels(req.count, &chans).into_iter().enumerate() {
         pin(&mut b, req, c as u32, &chans[c]);
-        let ord = chans[c].order.clone();
-        let st = RsStaging::new(&mut b, &ord, len.min(per), true);
-        for (base, piece) in loops(len, per) {
-            let lens = vec![piece; n];
-            let ord = &ord;
-            let start = lo + base;
-            let inp = move |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(
-                    BufferRef::Input(ord[p]),
-                    u64::from(ord[q]) * count + start + rel,
-                    l,
-                )
-            };
-            let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
-                Region::new(BufferRef::Output(ord[p]), start + rel, l)
-            };
-            reduce_scatter_pass(&mut b, ord, c as u32, &lens, chunk, &st, &inp, None, &fin)?;
-        }
+        reduce_scatter_channel(&mut b, &chans[c].order, c as u32, share, req.count, chunk)?;
     }
     Ok(b.finish())
 }

@@ -10,6 +10,11 @@
 //! rail's leaf within a scalable unit. Built from the rail structure directly: O(nodes x
 //! members^2) connection look-ups per channel, none between nodes but the ring's own.
 //!
+//! What a channel does on its ring (the all_reduce, all_gather and reduce_scatter passes, in
+//! loops over staging of its own) is the flat rings' channel body ([`crate::planner::ring`]):
+//! the rail rings differ only in their orders, their pinned hops and in building each channel
+//! on a thread of its own.
+//!
 //! Source: [NCCL-src], `src/graph/search.cc` (rings per channel entering and leaving each node
 //! by a NIC, one NIC per channel, `crossNic` off), `src/graph/paths.cc` (PXN), and NCCL's
 //! ring all_reduce, all_gather and reduce_scatter kernels.
@@ -23,7 +28,7 @@ use crate::planner::channels::build_channels;
 use crate::planner::connect::Connection;
 use crate::planner::pipelined_tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::ring::{
-    CH_LOCAL, LOOP_CHUNKS, RsStaging, all_gather_pass, loops, reduce_scatter_pass,
+    CH_LOCAL, all_gather_channel, all_reduce_channel, pin_hops, reduce_scatter_channel,
 };
 use crate::planner::{Ctx, split_even};
 use crate::request::{Collective, Request};
@@ -142,12 +147,26 @@ pub(super) fn rail_rings(
 
 /// Pin ring `c`'s hop connections in the builder.
 fn pin(b: &mut PlanBuilder, links: &NetLinks, c: u32, ring: &RailRing) {
-    let n = ring.order.len();
-    for (i, conn) in ring.hops.iter().enumerate() {
-        let from = links.gpus[ring.order[i] as usize];
-        let to = links.gpus[ring.order[(i + 1) % n] as usize];
-        b.pin(c, from, to, Arc::clone(conn));
-    }
+    pin_hops(b, &links.gpus, c, &ring.order, &ring.hops);
+}
+
+/// A plan of one channel per rail ring, named `ring x<channels> rail-aligned`: channel `c` is
+/// pinned to ring `c`'s hops and built by `part(builder, c, ring order, share)`, its share the
+/// `c`-th even `(offset, length)` of `count` elements. Each channel touches its own share on
+/// lanes and staging of its own, so the channels are built at once ([`build_channels`]).
+fn on_rings(
+    req: &Request,
+    ctx: &Ctx,
+    links: &NetLinks,
+    rings: &[RailRing],
+    count: u64,
+    part: impl Fn(&mut PlanBuilder, u32, &[u32], (u64, u64)) -> Result<()> + Sync,
+) -> Result<Plan> {
+    let splits = split_even(count, rings.len() as u64);
+    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
+        pin(b, links, c as u32, &rings[c]);
+        part(b, c as u32, &rings[c].order, splits[c])
+    })
 }
 
 /// Ring all_reduce over the rail rings: each channel reduce-scatters then all-gathers its
@@ -158,47 +177,9 @@ pub(super) fn all_reduce(
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {
-    let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
-    let per = (n as u64).saturating_mul(LOOP_CHUNKS.saturating_mul(chunk));
-    let splits = split_even(req.count, rings.len() as u64);
-    // Each channel reduces its own slice of the buffers, in staging of its own.
-    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
-        let (lo, len) = splits[c];
-        pin(b, links, c as u32, &rings[c]);
-        let ord = &rings[c].order;
-        let most = len.min(per).div_ceil(n as u64);
-        let st = RsStaging::new(b, ord, most, false);
-        for (base, piece) in loops(len, per) {
-            let blocks = split_even(piece, n as u64);
-            let lens: Vec<u64> = blocks.iter().map(|x| x.1).collect();
-            let at = |out: bool| {
-                let blocks = &blocks;
-                move |p: usize, q: usize, rel: u64, l: u64| {
-                    let r = ord[p];
-                    let buf = if out {
-                        BufferRef::Output(r)
-                    } else {
-                        BufferRef::Input(r)
-                    };
-                    Region::new(buf, lo + base + blocks[q].0 + rel, l)
-                }
-            };
-            let (inp, outp) = (at(false), at(true));
-            reduce_scatter_pass(
-                b,
-                ord,
-                c as u32,
-                &lens,
-                chunk,
-                &st,
-                &inp,
-                Some(&outp),
-                &outp,
-            )?;
-            all_gather_pass(b, ord, c as u32, &lens, chunk, None, &outp)?;
-        }
-        Ok(())
+    on_rings(req, ctx, links, rings, req.count, |b, ch, ord, share| {
+        all_reduce_channel(b, ord, ch, share, chunk)
     })
 }
 
@@ -212,12 +193,10 @@ pub(super) fn all_gather(
     let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
-    let splits = split_even(count, rings.len() as u64);
     // Each channel copies its own slice of every rank's block in place first, as NCCL's ring
     // kernel does in its first step, on a local lane of its own: channels then touch disjoint
-    // elements and lanes, and are built at once.
-    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
-        let (lo, len) = splits[c];
+    // elements and lanes.
+    on_rings(req, ctx, links, rings, count, |b, ch, ord, (lo, len)| {
         if len == 0 {
             return Ok(());
         }
@@ -225,24 +204,11 @@ pub(super) fn all_gather(
             b.send(
                 Region::new(BufferRef::Input(r), lo, len),
                 Region::new(BufferRef::Output(r), u64::from(r) * count + lo, len),
-                CH_LOCAL + c as u32,
+                CH_LOCAL + ch,
             )?;
         }
-        pin(b, links, c as u32, &rings[c]);
-        let ord = &rings[c].order;
-        let lens = vec![len; n];
-        let inp = move |p: usize, _q: usize, rel: u64, l: u64| {
-            Region::new(BufferRef::Input(ord[p]), lo + rel, l)
-        };
-        let out = move |p: usize, q: usize, rel: u64, l: u64| {
-            Region::new(
-                BufferRef::Output(ord[p]),
-                u64::from(ord[q]) * count + lo + rel,
-                l,
-            )
-        };
-        all_gather_pass(b, ord, c as u32, &lens, chunk, Some(&inp), &out)?;
-        Ok(())
+        let share = |r: u32| (lo, u64::from(r) * count + lo, len);
+        all_gather_channel(b, ord, ch, chunk, &share)
     })
 }
 
@@ -253,33 +219,10 @@ pub(super) fn reduce_scatter(
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {
-    let n = req.nranks();
     let chunk = ctx.chunk_elems.max(1);
     let count = req.count;
-    let per = LOOP_CHUNKS.saturating_mul(chunk);
-    let splits = split_even(count, rings.len() as u64);
-    // Each channel reduces its own slice of every block, in staging of its own.
-    build_channels(req, ctx, &label("ring", rings), splits.len(), |b, c| {
-        let (lo, len) = splits[c];
-        pin(b, links, c as u32, &rings[c]);
-        let ord = &rings[c].order;
-        let st = RsStaging::new(b, ord, len.min(per), true);
-        for (base, piece) in loops(len, per) {
-            let lens = vec![piece; n];
-            let start = lo + base;
-            let inp = move |p: usize, q: usize, rel: u64, l: u64| {
-                Region::new(
-                    BufferRef::Input(ord[p]),
-                    u64::from(ord[q]) * count + start + rel,
-                    l,
-                )
-            };
-            let fin = move |p: usize, _q: usize, rel: u64, l: u64| {
-                Region::new(BufferRef::Output(ord[p]), start + rel, l)
-            };
-            reduce_scatter_pass(b, ord, c as u32, &lens, chunk, &st, &inp, None, &fin)?;
-        }
-        Ok(())
+    on_rings(req, ctx, links, rings, count, |b, ch, ord, share| {
+        reduce_scatter_channel(b, ord, ch, share, count, chunk)
     })
 }
 
