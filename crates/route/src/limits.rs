@@ -85,7 +85,7 @@ pub struct Limit {
 
 impl Limit {
     /// Charge `ops` new ops to the call: an error once the call holds more than its cap, or,
-    /// read every 1024 ops, once the build's deadline passed.
+    /// read every `CLOCK_EVERY_OPS` (1024) ops, once the build's deadline passed.
     ///
     /// # Errors
     /// [`RouteError::OverLimit`] naming which limit was passed.
@@ -131,9 +131,6 @@ impl Limit {
         }
         Ok(())
     }
-}
-
-impl Limit {
     /// Give back `ops` this build has let go of (a plan thrown away).
     pub fn refund(&self, ops: u64) {
         for pool in std::iter::once(&self.ops).chain(&self.share) {
@@ -146,7 +143,7 @@ impl Limit {
     }
     /// Whether the build may go on at its `i`-th step of a long pass that writes no op (a
     /// template's fold, laying out NCCL's rings over every node of a cluster): an error past
-    /// its deadline, the clock read every 1024 steps, saying the build was
+    /// its deadline, the clock read every `CLOCK_EVERY_OPS` (1024) steps, saying the build was
     /// still `doing` (a past participle, "folded") at its deadline.
     ///
     /// # Errors

@@ -16,8 +16,12 @@ use rsmpi::traits::*;
 /// runs every test binary on its own) says that its checks need `mpirun` and exits 0 without
 /// checking anything: its modes and rank counts are chosen by `scripts/test-mpi`, which CI runs.
 pub fn universe() -> Universe {
-    // Open MPI's launcher sets this in every rank it starts; a singleton has no such variable.
-    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() {
+    // A launcher sets one of these in every rank it starts (Open MPI's mpirun, PMIx, MPICH's
+    // Hydra); a singleton has none of them.
+    let launched = ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if !launched {
         eprintln!(
             "skipped: this MPI test runs under mpirun, with the modes and rank counts of \
              `bash scripts/test-mpi`"
