@@ -515,6 +515,16 @@ impl std::fmt::Display for Reported {
 
 impl std::error::Error for Reported {}
 
+/// Print `relaycc: LINE` on stderr in one write. `eprintln!` writes its pieces separately
+/// (stderr is unbuffered), and `mpirun` forwards the ranks' stderr into one stream, so lines
+/// from ranks failing together would interleave mid-line; a write of under `PIPE_BUF` bytes
+/// reaches the pipe whole.
+pub fn print_error(line: &str) {
+    use std::io::Write;
+    let whole = format!("relaycc: {line}\n");
+    let _ = std::io::stderr().lock().write_all(whole.as_bytes());
+}
+
 /// The one line `relaycc: ...` prints for `e`: its causes joined by `: `, a cause already at
 /// the end of the line (an error that prints its source) not repeated.
 pub fn error_line(e: &anyhow::Error) -> String {

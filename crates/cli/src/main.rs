@@ -35,7 +35,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command, Reported, UsageError, error_line};
+use crate::args::{Cli, Command, Reported, UsageError, error_line, print_error};
 
 /// Clap's error as one line: its message lines joined, without the `error:` prefix, the usage
 /// block and the pointer to `--help`.
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
             if e.use_stderr()
                 && e.kind() != clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
         {
-            eprintln!("relaycc: {}", one_line(&e));
+            print_error(&one_line(&e));
             return ExitCode::from(2);
         }
         // --help and --version: clap prints them on stdout and exits 0.
@@ -92,14 +92,14 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("relaycc: cannot write output: {e}");
+                    print_error(&format!("cannot write output: {e}"));
                     ExitCode::from(1)
                 }
             }
         }
         Err(e) if e.downcast_ref::<Reported>().is_some() => ExitCode::from(1),
         Err(e) => {
-            eprintln!("relaycc: {}", error_line(&e));
+            print_error(&error_line(&e));
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {

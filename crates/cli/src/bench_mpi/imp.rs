@@ -61,7 +61,7 @@ pub fn run(args: &BenchArgs, sizes: &[u64], out: &mut Vec<u8>) -> Result<()> {
         .agree_settings(&settings(args))
         .context("the ranks were started with different arguments")
     {
-        eprintln!("relaycc: {}", crate::args::error_line(&e));
+        crate::args::print_error(&crate::args::error_line(&e));
         let _ = comm.barrier();
         return Err(crate::args::Reported.into());
     }
