@@ -30,6 +30,7 @@ fn plan(spec: &str, req: &Request, chunk: u64) -> Plan {
         channels: 1,
         window: None,
         limit: None,
+        ring_steps: None,
     };
     let planner: PlannerFn = match req.collective {
         Collective::AllReduce => cluster::all_reduce,

@@ -18,6 +18,7 @@
 //! | staging budgets per device and fitting a plan to one | [`staging`] |
 //! | templates: one domain of a plan on hosts that repeat, folded by their symmetry | [`template`] |
 //! | plans of rounds: one round's plan repeated over slices of a large message | [`rounds`] |
+//! | step-sampled plans: a baseline too large to build, timed from its first steps | [`step_samples`] |
 //! | the fluid flow simulator | [`simulate`], [`SimResult`], [`Perf`], [`chrome_trace`] |
 //! | choose the fastest, report it beside baseline and bound | [`plan()`], [`Planner`] (cached) |
 //!
@@ -45,6 +46,7 @@ pub mod route_pipeline;
 mod select;
 pub mod sim;
 pub mod staging;
+pub mod step_samples;
 pub mod template;
 
 pub use bound::collective_bound_gbps;
@@ -61,7 +63,7 @@ pub use limits::{
 pub use order::DepGraph;
 pub use plan::{
     BufferRef, EdgeScale, Lane, LaneKey, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset,
-    Plan, Region, RegionShift, Rounds, Scratch, Template,
+    Plan, Region, RegionShift, Rounds, Scratch, StepSamples, Template,
 };
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;

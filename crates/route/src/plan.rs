@@ -204,6 +204,32 @@ pub struct Plan {
     /// leave, each after the one before has finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rounds: Option<Box<Rounds>>,
+    /// Present when the plan is step-sampled ([`crate::step_samples`]): the plan itself holds
+    /// no op; it stands for a plan too large to build, timed from two builds of its first
+    /// steps. No proof is made of it and no executor runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_samples: Option<Box<StepSamples>>,
+}
+
+/// What a step-sampled plan stands for ([`Plan::step_samples`], [`crate::step_samples`]): a
+/// plan whose steps repeat [`StepSamples::full`] times (a ring's steps per phase), held as two
+/// plans of the same request that build only the first [`StepSamples::short_kept`] and
+/// [`StepSamples::long_kept`] of them, every rank taking part in each step as in the full
+/// plan. The simulator times the full plan by extrapolating their makespans along the steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepSamples {
+    /// What repeats (`ring steps per phase`).
+    pub what: String,
+    /// Repetitions in the full plan.
+    pub full: u64,
+    /// Repetitions the short sample builds (at least 1).
+    pub short_kept: u64,
+    /// Repetitions the long sample builds (more than the short's, fewer than `full`).
+    pub long_kept: u64,
+    /// The short sample.
+    pub short: Plan,
+    /// The long sample.
+    pub long: Plan,
 }
 
 /// What a plan of rounds stands for ([`Plan::rounds`], [`crate::rounds`]): a request whose
@@ -369,6 +395,7 @@ impl Plan {
             protocol: None,
             template: None,
             rounds: None,
+            step_samples: None,
         }
     }
     /// Where a buffer lives.
@@ -482,17 +509,25 @@ impl Plan {
         per.retain(|_, b| *b > 0);
         per
     }
-    /// Ops the plan holds: its own, and for a plan of rounds its body's and its tail's.
+    /// Ops the plan holds: its own, for a plan of rounds its body's and its tail's, for a
+    /// step-sampled plan its samples'.
     pub fn stored_ops(&self) -> u64 {
         let own = self.ops.len() as u64;
+        if let Some(s) = &self.step_samples {
+            return own + s.short.stored_ops() + s.long.stored_ops();
+        }
         self.rounds.as_ref().map_or(own, |r| {
             own + r.body.stored_ops() + r.tail.as_ref().map_or(0, Plan::stored_ops)
         })
     }
     /// Ops of the plan it stands for, run in full: a template's full plan's
     /// ([`Template::full_ops`]), a plan of rounds' body ops once per round and its tail's
-    /// (saturating), else its own.
+    /// (saturating), a step-sampled plan's extrapolated from its samples
+    /// ([`crate::step_samples`]), else its own.
     pub fn full_ops(&self) -> u64 {
+        if let Some(s) = &self.step_samples {
+            return crate::step_samples::full_ops(s);
+        }
         if let Some(r) = &self.rounds {
             return r
                 .body
@@ -503,6 +538,10 @@ impl Plan {
         self.template
             .as_ref()
             .map_or(self.ops.len() as u64, |t| t.full_ops)
+    }
+    /// True when the plan is step-sampled ([`Plan::step_samples`]).
+    pub fn is_step_sampled(&self) -> bool {
+        self.step_samples.is_some()
     }
     /// True when the plan is a plan of rounds ([`Plan::rounds`]).
     pub fn is_rounds(&self) -> bool {

@@ -5,6 +5,8 @@
 
 use std::time::Instant;
 
+use relaycc_route::planner::BaselineOptions;
+use relaycc_route::planner::baseline_net::tuner::Algo;
 use relaycc_route::template::{SampleOptions, check_elements, check_sampled};
 use relaycc_route::{
     BufferRef, Collective, DType, OpKind, Plan, PlanOptions, ReduceOp, Request, plan,
@@ -20,8 +22,9 @@ const CASES: [(Collective, DType, ReduceOp); 6] = [
     (Collective::AllToAll, DType::U8, ReduceOp::Sum),
 ];
 
-/// Plan each case on `topo_name` and check the winner and the baseline (both templates) by
-/// sampled execution; returns how many templates were checked.
+/// Plan each case on `topo_name` and check the winner and the baseline (both templates; for a
+/// step-sampled baseline, the rings it stands for) by sampled execution; returns how many
+/// templates were checked.
 fn sampled_cases(topo_name: &str, cases: &[(Collective, DType, ReduceOp)]) -> usize {
     let topo = relaycc_topo::preset(topo_name).unwrap();
     let n = topo.gpu_count();
@@ -43,7 +46,20 @@ fn sampled_cases(topo_name: &str, cases: &[(Collective, DType, ReduceOp)]) -> us
             ..PlanOptions::default()
         };
         let planned = plan(&topo, &req, &opts).unwrap_or_else(|e| panic!("{topo_name} {c}: {e}"));
-        for p in [&planned.plan, &planned.baseline_plan] {
+        // A step-sampled baseline stands for NCCL's rings, which are checked as a template of
+        // their own (built here as the baseline's samples are, every step).
+        let rings = planned.baseline_plan.is_step_sampled().then(|| {
+            let sym = topo.host_symmetry();
+            BaselineOptions {
+                algo: (c == Collective::AllReduce).then_some(Algo::Ring),
+                template: Some(&sym),
+                ..Default::default()
+            }
+            .plan(&topo, &req)
+            .unwrap_or_else(|e| panic!("{topo_name} {c}: the sampled baseline's rings: {e}"))
+        });
+        let baseline = rings.as_ref().unwrap_or(&planned.baseline_plan);
+        for p in [&planned.plan, baseline] {
             let Some(info) = p.template.as_ref() else {
                 eprintln!(
                     "{topo_name} {c} {}: built in full ({:?})",

@@ -44,8 +44,19 @@ pub fn check(plan: &Plan) -> Result<()> {
 
 /// Check that `plan` delivers its request under `opts`: one plan by symbolic execution
 /// (`check_single`, in named passes), a plan of rounds ([`Plan::rounds`]) through its body and
-/// tail ([`crate::rounds::check_rounds`]).
+/// tail ([`crate::rounds::check_rounds`]). A step-sampled plan ([`Plan::step_samples`])
+/// delivers nothing (its samples end their phases early) and is refused.
 pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
+    if plan.step_samples.is_some() {
+        return Err(crate::RouteError::PlanCheck {
+            op: usize::MAX,
+            message: format!(
+                "{} is step-sampled: it times a plan too large to build from samples of its \
+                 first steps, which deliver nothing, so there is nothing to prove",
+                plan.algorithm
+            ),
+        });
+    }
     if plan.rounds.is_some() {
         return crate::rounds::check_rounds(plan, opts);
     }

@@ -15,6 +15,10 @@ use crate::plan::{Location, Op, OpKind, Plan};
 /// Two passes: `check_placement` (members present, scratch on usable GPUs), then
 /// `check_path` for every copy.
 pub fn check_routes(plan: &Plan, topo: &Topology) -> Result<()> {
+    if let Some(s) = &plan.step_samples {
+        check_routes(&s.short, topo)?;
+        return check_routes(&s.long, topo);
+    }
     if let Some(r) = &plan.rounds {
         check_routes(&r.body, topo)?;
         return r.tail.as_ref().map_or(Ok(()), |t| check_routes(t, topo));

@@ -85,6 +85,10 @@ pub struct BaselineOptions<'a> {
     /// The ops and deadline the build runs under ([`crate::Limit`]); `None` builds without
     /// a limit.
     pub limit: Option<&'a crate::limits::Limit>,
+    /// Build only this many steps of each ring phase ([`super::Ctx::ring_steps`]): a sample
+    /// for a step-sampled baseline ([`crate::step_samples`]), which delivers nothing. `None`
+    /// builds every step.
+    pub ring_steps: Option<u64>,
 }
 
 impl std::fmt::Debug for BaselineOptions<'_> {
@@ -99,6 +103,7 @@ impl std::fmt::Debug for BaselineOptions<'_> {
             )
             .field("until", &self.until)
             .field("limit", &self.limit)
+            .field("ring_steps", &self.ring_steps)
             .finish()
     }
 }
@@ -142,12 +147,12 @@ impl BaselineOptions<'_> {
     ) -> Result<TunedPlan> {
         if let Some(shift) = self.template {
             let base = crate::template::build_template(topo, shift, self.limit, |w| {
-                let ctx = nccl_ctx(cache, chunk_elems, Some(w), self.limit);
+                let ctx = nccl_ctx(cache, chunk_elems, Some(w), self);
                 algorithm_plan(topo, req, self.algo, &ctx)
             })?;
             return tune_timed(topo, vec![base], self.until);
         }
-        let ctx = nccl_ctx(cache, chunk_elems, None, self.limit);
+        let ctx = nccl_ctx(cache, chunk_elems, None, self);
         let mut options = vec![algorithm_plan(topo, req, self.algo, &ctx)?];
         if crate::nvls_support::nvls_switch_for(topo, req).is_some() {
             // Within a staging budget the fitted chunk may be smaller than NVLS's own.
@@ -286,12 +291,13 @@ fn tune_timed(
 
 /// The context of NCCL's builds: NCCL's link rule, connections from `cache` (a cache of the
 /// request's members under [`RelayPolicy::Members`]), one channel, in `window` where this is a
-/// pass of a windowed build, charged to `limit`.
+/// pass of a windowed build, charged to `options`' limit, its ring steps sampled where it
+/// asks.
 fn nccl_ctx<'c>(
     cache: &'c ConnCache<'c>,
     chunk_elems: u64,
     window: Option<&'c crate::template::Window>,
-    limit: Option<&'c crate::limits::Limit>,
+    options: &BaselineOptions<'c>,
 ) -> Ctx<'c> {
     Ctx {
         cache,
@@ -299,7 +305,8 @@ fn nccl_ctx<'c>(
         chunk_elems: chunk_elems.max(1),
         channels: 1,
         window,
-        limit,
+        limit: options.limit,
+        ring_steps: options.ring_steps,
     }
 }
 

@@ -146,6 +146,13 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             limit: ctx.limit,
         }
     }
+    /// Steps of a ring phase of `steps` to build: all of them, or the context's step sample
+    /// ([`Ctx::ring_steps`]) where it is fewer.
+    pub fn ring_steps(&self, steps: usize) -> usize {
+        self.ctx.ring_steps.map_or(steps, |k| {
+            steps.min(usize::try_from(k).unwrap_or(usize::MAX))
+        })
+    }
     /// The GPU of rank `r`.
     pub fn gpu(&self, r: u32) -> u32 {
         self.plan.request.gpus.get(r as usize).copied().unwrap_or(0)

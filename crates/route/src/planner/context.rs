@@ -38,6 +38,11 @@ pub struct Ctx<'c> {
     /// The ops and deadline the build runs under ([`crate::Limit`]): its builders charge
     /// every op they write to it and stop once it is passed. `None` builds without a limit.
     pub limit: Option<&'c crate::limits::Limit>,
+    /// Build only `k` steps of each phase of a ring, a step sample of NCCL's rings where they
+    /// are too large to build ([`crate::step_samples`]): the reduce-scatter's last `k` (so it
+    /// still finishes each rank's block, which the all-gather waits for) and the all-gather's
+    /// first `k`. `None` (every build but the baseline's samples) builds every step.
+    pub ring_steps: Option<u64>,
 }
 
 /// `Ctx::channels` asking ring planners for packed rings ([`super::ring_pack`]).

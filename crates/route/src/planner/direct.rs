@@ -118,6 +118,7 @@ mod tests {
             channels: 1,
             window: None,
             limit: None,
+            ring_steps: None,
         };
         // One rank: Avg divides by one, in a single local reduction per chunk.
         let req =
@@ -135,6 +136,7 @@ mod tests {
             channels: 1,
             window: None,
             limit: None,
+            ring_steps: None,
         };
         let mut req = Request::new(Collective::AllToAllV, gpus, 0, DType::U8);
         req.matrix = vec![vec![0, 5, 0], vec![0, 0, 0], vec![2, 0, 1]];
@@ -175,6 +177,7 @@ mod tests {
                     channels: 1,
                     window: None,
                     limit: None,
+                    ring_steps: None,
                 };
                 let p = plan(&topo, &req, &ctx).unwrap();
                 check(&p).unwrap_or_else(|e| panic!("{c} {mode:?}: {e}"));

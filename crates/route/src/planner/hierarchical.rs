@@ -160,6 +160,7 @@ mod tests {
                 channels: 1,
                 window: None,
                 limit: None,
+                ring_steps: None,
             };
             let p = all_reduce(&topo, &req, &ctx).unwrap();
             check(&p).unwrap();

@@ -116,13 +116,15 @@ pub(super) fn reduce_scatter_steps(
     // Under a window only the hops touching it are walked (a pass touches the buffers of a
     // hop's two ranks and their hosts' relays), so a template's build costs its own ops.
     let hops = live_hops(b, ord);
-    for s in 0..n - 1 {
+    // A step sample builds the last steps only (`Ctx::ring_steps`).
+    let first = n - 1 - b.ring_steps(n - 1);
+    for s in first..n - 1 {
         let last = s == n - 2;
         for &p in &hops {
             let q = (p + 2 * n - s - 1) % n;
             let d = (p + 1) % n;
             for (rel, l) in chunks(lens[q], chunk) {
-                let src = if s == 0 {
+                let src = if s == first {
                     input(p, q, rel, l)
                 } else {
                     partial(p, q, s - 1, rel, l)
@@ -164,7 +166,8 @@ pub(super) fn all_gather_pass(
     b.set_chunk_elems(chunk);
     let n = ord.len();
     let hops = live_hops(b, ord);
-    for t in 0..n.saturating_sub(1) {
+    // A step sample builds the first steps only (`Ctx::ring_steps`).
+    for t in 0..b.ring_steps(n.saturating_sub(1)) {
         for &p in &hops {
             let q = (p + n - t) % n;
             for (rel, l) in chunks(lens[q], chunk) {

@@ -203,6 +203,7 @@ mod tests {
                     channels: 2,
                     window: None,
                     limit: None,
+                    ring_steps: None,
                 };
                 let ord = ring_order(&ctx, &req, true);
                 slowest(&ctx, &req, &ord, true)

@@ -250,6 +250,7 @@ mod tests {
             channels: 1,
             window: None,
             limit: None,
+            ring_steps: None,
         };
         packed_rings(&ctx, &req).unwrap()
     }
@@ -283,6 +284,7 @@ mod tests {
                 channels: 1,
                 window: None,
                 limit: None,
+                ring_steps: None,
             };
             let req = Request::new(Collective::AllReduce, gpus.clone(), 8, DType::F32);
             let mut carried: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();

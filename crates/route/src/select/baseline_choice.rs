@@ -1,5 +1,6 @@
-//! How a planning call builds and times the NCCL-like baseline: as a template where its
-//! window is smaller than the plan (NCCL's rings where its tree does not fold), or in full
+//! How a planning call builds and times the NCCL-like baseline: step-sampled where its rings
+//! are too large to build ([`crate::step_samples`]), as a template where its window is smaller
+//! than the plan (NCCL's rings where its tree does not fold), or in full
 //! ([`baseline_template`]); simulated to the end, within the budget, or taken from the tuner's
 //! simulation where that stands for it ([`simulate_baseline`]).
 
@@ -12,6 +13,7 @@ use crate::limits::LEAST_SIMULATION_GRACE;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
 use crate::sim::{PreparedSim, SimConfig, SimCut, simulate};
+use crate::step_samples::{LONG_STEPS, SAMPLE_FROM_STEPS, SHORT_STEPS};
 
 use super::deadline::{Deadline, GRACE_ABOVE_OPS};
 use super::options::PlanOptions;
@@ -87,6 +89,11 @@ fn ring_window_ops_estimate(
     req: &Request,
     sym: &relaycc_topo::HostSymmetry,
 ) -> u64 {
+    ring_ops_estimate(topo, req, sym.periods())
+}
+
+/// [`ring_window_ops_estimate`] over `periods` periods of hosts (1: the rings in full).
+fn ring_ops_estimate(topo: &Topology, req: &Request, periods: u32) -> u64 {
     let Ok(Some(channels)) = crate::planner::baseline_net::ring_channels(topo, req) else {
         return 0;
     };
@@ -95,13 +102,101 @@ fn ring_window_ops_estimate(
     let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
     let per_block = req.count.div_ceil(n * channels).div_ceil(chunk).max(1);
     let full = 3 * n * n.saturating_sub(1) * channels * per_block;
-    let periods = u64::from(sym.periods()).max(1);
+    let periods = u64::from(periods).max(1);
     full.saturating_mul(2.min(periods)) / periods
 }
 
-/// The baseline as a template folded by `shift` (NCCL's rings where the tuner's all_reduce
-/// tree does not fold), with the reasons for what it left out; `None` where it is built in
-/// full (no shift, or a baseline that does not fold). Its builds run under `limit`.
+/// Most ops of NCCL's rings the baseline builds, in full or as a template's window: above,
+/// with at least [`SAMPLE_FROM_STEPS`] steps per phase, they are step-sampled (a 1,024-node
+/// DGX H100 cluster's rings fold to 1.6M ops from a window of 3.3M, about 26 s of build and
+/// fold; sampled, two windows of a few tens of thousands).
+pub const RING_IN_FULL_MAX_OPS: u64 = 300_000;
+
+/// Where NCCL's ring collective `req` would hold more than [`RING_IN_FULL_MAX_OPS`] ops (as a
+/// template folded by `shift` where it has more than two periods, else in full) over at least
+/// [`SAMPLE_FROM_STEPS`] steps per phase: its steps per phase and that estimate of its ops;
+/// `None` where its rings are built as they are.
+fn rings_to_sample(
+    topo: &Topology,
+    req: &Request,
+    shift: Option<&relaycc_topo::HostSymmetry>,
+) -> Option<(u64, u64)> {
+    let rings = matches!(
+        req.collective,
+        Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+    );
+    let steps = (req.nranks() as u64).saturating_sub(1);
+    let periods = shift.map_or(1, |s| s.periods()).max(1);
+    let ops = ring_ops_estimate(topo, req, if periods > 2 { periods } else { 1 });
+    (rings && steps >= SAMPLE_FROM_STEPS && ops > RING_IN_FULL_MAX_OPS).then_some((steps, ops))
+}
+
+/// NCCL's rail-aligned rings for `req` step-sampled ([`crate::step_samples`]) where they are
+/// too large to build: more than [`RING_IN_FULL_MAX_OPS`] ops (as a template folded by
+/// `shift` where it has more than two periods, else in full) and at least
+/// [`SAMPLE_FROM_STEPS`] steps per phase. Where the tuner chooses the double binary tree for an
+/// all_reduce and that is small enough in full ([`TREE_IN_FULL_MAX_OPS`]), the tree is built
+/// instead; above, the rings stand for it (NCCL_ALGO=Ring). `None` where the baseline is built
+/// as it is; the reason for a sample goes to `skipped`.
+fn sampled_rings(
+    topo: &Topology,
+    req: &Request,
+    (budget, until): (u64, Option<Instant>),
+    shift: Option<&relaycc_topo::HostSymmetry>,
+    limit: Option<&crate::limits::Limit>,
+    skipped: &mut Vec<String>,
+) -> Option<Result<crate::planner::baseline::TunedPlan>> {
+    use crate::planner::baseline_net::tuner::Algo;
+    let (steps, ops) = rings_to_sample(topo, req, shift)?;
+    let sym = shift.filter(|s| s.periods() > 2);
+    let mut forced = "";
+    if req.collective == Collective::AllReduce {
+        match crate::planner::baseline_net::tuner_choice(topo, req, limit) {
+            Err(e) => return Some(Err(e)),
+            Ok(Some(Algo::Tree)) if tree_ops_estimate(req) <= TREE_IN_FULL_MAX_OPS => return None,
+            Ok(Some(Algo::Tree)) => forced = " (NCCL_ALGO=Ring)",
+            Ok(_) => {}
+        }
+    }
+    let build = |k| {
+        crate::planner::BaselineOptions {
+            algo: (req.collective == Collective::AllReduce).then_some(Algo::Ring),
+            staging_budget: Some(budget),
+            template: sym.map(|s| s as &dyn crate::template::HostShift),
+            until,
+            limit,
+            ring_steps: Some(k),
+            ..Default::default()
+        }
+        .build(topo, req)
+    };
+    let sampled = build(SHORT_STEPS).and_then(|short| {
+        let long = build(LONG_STEPS)?;
+        let mut short = short.plan;
+        short.protocol = long.plan.protocol;
+        let what = "ring steps per phase";
+        crate::step_samples::assemble(what, steps, (SHORT_STEPS, short), (LONG_STEPS, long.plan))
+    });
+    skipped.push(format!(
+        "the baseline's rings{forced}: {steps} steps per phase, about {ops} ops {} (above \
+         {RING_IN_FULL_MAX_OPS}), so they are step-sampled: {SHORT_STEPS} and {LONG_STEPS} \
+         steps built and the time extrapolated; it is the answer only where relaycc has no plan",
+        if sym.is_some() {
+            "in a template's window"
+        } else {
+            "in full"
+        }
+    ));
+    Some(sampled.map(|mut plan| {
+        plan.algorithm.push_str(forced);
+        crate::planner::baseline::TunedPlan { plan, tuned: None }
+    }))
+}
+
+/// The baseline step-sampled where its rings are too large to build ([`sampled_rings`]), or as
+/// a template folded by `shift` (NCCL's rings where the tuner's all_reduce tree does not fold),
+/// with the reasons for what it left out; `None` where it is built in full (no shift, or a
+/// baseline that does not fold). Its builds run under `limit`.
 pub(super) fn baseline_template(
     topo: &Topology,
     req: &Request,
@@ -114,6 +209,9 @@ pub(super) fn baseline_template(
     Vec<String>,
 ) {
     let mut skipped = Vec::new();
+    if let Some(sampled) = sampled_rings(topo, req, (budget, until), shift, limit, &mut skipped) {
+        return (Some(sampled), skipped);
+    }
     let folded = match shift {
         // A window holds two periods of hosts: with only two it is the whole plan, built one
         // channel after another (a windowed build is one builder's) and then folded, for a template
@@ -227,8 +325,9 @@ mod tests {
     #[test]
     fn the_baseline_folds_only_where_its_window_is_smaller_than_the_plan() {
         // A rail-optimized fabric of two scalable units: two periods, so a window would be the
-        // whole plan (NCCL's rings over 512 ranks, 6.3M ops, twice its tree): built in full,
-        // whatever the collective, and refused before anything is built.
+        // whole plan (NCCL's rings over 512 ranks, 6.3M ops, twice its tree): never folded,
+        // and at 1 GiB its rings are step-sampled instead of built in full; 64 ranks' rings
+        // (63 steps per phase) are built in full.
         let topo = relaycc_topo::preset("cluster:64xdgx-h100:ib-ndr:rail").unwrap();
         let sym = topo.host_symmetry();
         assert_eq!(sym.periods(), 2);
@@ -238,17 +337,29 @@ mod tests {
         rs.collective = Collective::ReduceScatter;
         rs.count /= 512;
         for r in [&req, &rs] {
-            let (folded, why) = baseline_template(
-                &topo,
-                r,
-                crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
-                Some(&sym),
-                None,
-                None,
-            );
-            assert!(folded.is_none());
-            assert!(why.iter().any(|w| w.contains("2 periods")), "{why:?}");
+            let (steps, ops) = rings_to_sample(&topo, r, Some(&sym)).unwrap();
+            assert_eq!(steps, 511);
+            assert!(ops > RING_IN_FULL_MAX_OPS, "{ops}");
         }
+        let mut few = all_reduce(64, 1 << 30);
+        few.collective = Collective::ReduceScatter;
+        few.count /= 64;
+        assert_eq!(rings_to_sample(&topo, &few, Some(&sym)), None);
+        // Off the rings' collectives nothing is sampled.
+        let mut bc = all_reduce(512, 1 << 30);
+        bc.collective = Collective::Broadcast;
+        assert_eq!(rings_to_sample(&topo, &bc, Some(&sym)), None);
+        // Two periods: never folded (16 ranks' all_reduce here).
+        let (folded, why) = baseline_template(
+            &topo,
+            &all_reduce(16, 1 << 20),
+            crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+            Some(&sym),
+            None,
+            None,
+        );
+        assert!(folded.is_none());
+        assert!(why.iter().any(|w| w.contains("2 periods")), "{why:?}");
         // Three units: the rings' window holds two thirds of their 14M ops, still more than
         // the tree in full.
         let topo = relaycc_topo::preset("cluster:96xdgx-h100:ib-ndr:rail").unwrap();

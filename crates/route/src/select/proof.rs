@@ -27,8 +27,12 @@ pub const SAMPLED_PROOF_ABOVE_CLOCK_BYTES: u64 = 512 << 20;
 /// clocks stay within [`SAMPLED_PROOF_ABOVE_CLOCK_BYTES`]. Templates and the larger full plans
 /// are checked on their structure, routes and sampled execution instead.
 ///
-/// A plan of rounds is proved by the checker when its body and tail are.
+/// A plan of rounds is proved by the checker when its body and tail are; a step-sampled plan
+/// (the baseline only) never is.
 pub fn proved_by_checker(p: &Plan) -> bool {
+    if p.is_step_sampled() {
+        return false;
+    }
     if let Some(r) = &p.rounds {
         return proved_by_checker(&r.body) && r.tail.as_ref().is_none_or(proved_by_checker);
     }
@@ -39,7 +43,8 @@ pub fn proved_by_checker(p: &Plan) -> bool {
 
 /// Prove that `plan` delivers `req` on `topo`: it is a plan of this request, every output
 /// element holds exactly its inputs without a race ([`crate::check()`]), and every copy follows
-/// usable links through GPUs the job may use ([`crate::check_routes`]). A template
+/// usable links through GPUs the job may use ([`crate::check_routes`]). A step-sampled
+/// baseline ([`crate::step_samples`]) delivers nothing: its shape and samples are checked. A template
 /// ([`crate::template`]) passes [`crate::check_template`] instead (its routes were checked on
 /// the windowed build it was folded from).
 pub(super) fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
@@ -61,6 +66,20 @@ pub(super) fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     };
     if plan.is_template() {
         return crate::check::check_template(plan).map_err(named);
+    }
+    if let Some(s) = &plan.step_samples {
+        // Samples deliver nothing: their shape, their copies' links and, for templates,
+        // their folds are checked (the baseline is reported, never chosen).
+        crate::step_samples::check_step_samples(plan)?;
+        for sample in [&s.short, &s.long] {
+            if sample.is_template() {
+                // Its routes were checked on the windowed build it was folded from.
+                crate::check::check_template(sample).map_err(named)?;
+            } else {
+                crate::check::check_routes(sample, topo).map_err(named)?;
+            }
+        }
+        return Ok(());
     }
     if plan.request.nranks() > EXPAND_MAX_RANKS
         && crate::check::clock_bytes(plan) > SAMPLED_PROOF_ABOVE_CLOCK_BYTES

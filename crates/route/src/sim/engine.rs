@@ -14,7 +14,7 @@ use crate::plan::Plan;
 use super::config::SimConfig;
 use super::fairshare::FairShare;
 use super::model::{Model, NONE};
-use super::result::{EdgeUse, MemUse, OpSpan, SimResult, combine_results};
+use super::result::{EdgeUse, MemUse, OpSpan, SimResult, combine_results, extrapolate_results};
 
 /// Events closer than this (relative to the clock, and at least this many us) are handled
 /// together, so flows that end "at once" up to rounding change the rates only once.
@@ -117,7 +117,16 @@ struct Flow {
 /// A plan of rounds ([`Plan::rounds`]) is timed as its segments one after another: `R` times
 /// its body's makespan and its tail's ([`crate::rounds`]); its result has no op spans (the
 /// plan holds no op of its own), and its edges' and memories' loads are the segments' summed.
+/// A step-sampled plan ([`Plan::step_samples`]) is timed by extrapolating its samples'
+/// makespans along the steps ([`crate::step_samples`]); its result has no op spans either.
 pub fn simulate(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<SimResult> {
+    if let Some(s) = &plan.step_samples {
+        crate::step_samples::check_step_samples(plan)?;
+        let short = simulate(topo, &s.short, cfg)?;
+        let long = simulate(topo, &s.long, cfg)?;
+        let (time_us, more) = crate::step_samples::extrapolate_us(s, short.time_us, long.time_us);
+        return Ok(extrapolate_results(time_us, &short, &long, more));
+    }
     if let Some(r) = &plan.rounds {
         let body = simulate(topo, &r.body, cfg)?;
         let tail = r

@@ -195,9 +195,18 @@ impl Model {
 }
 
 /// The simulator settings a plan is timed with, checked: a plan of rounds is timed round by
-/// round, never here, and the op overhead and issue time are finite and not negative.
+/// round and a step-sampled plan from its samples, never here, and the op overhead and issue time are finite and not negative.
 /// Returns them.
 fn check_settings(plan: &Plan, cfg: &SimConfig) -> Result<(f64, f64)> {
+    if plan.step_samples.is_some() {
+        return Err(check(
+            usize::MAX,
+            format!(
+                "{} is step-sampled: simulate() times it from its samples",
+                plan.algorithm
+            ),
+        ));
+    }
     if plan.rounds.is_some() {
         return Err(check(
             usize::MAX,

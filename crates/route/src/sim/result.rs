@@ -1,6 +1,7 @@
 //! What a simulation reports: the makespan, each op's timeline, the load on each edge and
 //! memory, and the nccl-tests bandwidth figures derived from the makespan; and the result of a
-//! plan of rounds combined from its segments' (`combine_results`).
+//! plan of rounds combined from its segments' (`combine_results`) and of a step-sampled plan
+//! extrapolated from its samples' (`extrapolate_results`).
 
 use std::collections::BTreeMap;
 
@@ -128,12 +129,31 @@ impl SimResult {
 /// memory's bytes and busy time summed over the segments, and its utilisation their
 /// time-weighted mean over the makespan.
 pub(super) fn combine_results(count: u64, body: &SimResult, tail: Option<&SimResult>) -> SimResult {
-    let r = count as f64;
     let time_us = rounds_us(count, body.time_us, tail.map(|t| t.time_us));
-    let weight = |seg: &SimResult, w: f64| w * seg.time_us;
-    let segs: Vec<(&SimResult, f64)> = std::iter::once((body, r))
+    let segs: Vec<(&SimResult, f64)> = std::iter::once((body, count as f64))
         .chain(tail.map(|t| (t, 1.0)))
         .collect();
+    weighted_results(time_us, &segs)
+}
+
+/// The simulation of a step-sampled plan from its samples' ([`crate::step_samples`]): the
+/// makespan `time_us` (their extrapolation), and each edge's and memory's loads extrapolated
+/// alike, `long + more x (long - short)` (at least 0), where `more` is the steps the long
+/// sample lacks over the steps between the samples.
+pub(super) fn extrapolate_results(
+    time_us: f64,
+    short: &SimResult,
+    long: &SimResult,
+    more: f64,
+) -> SimResult {
+    weighted_results(time_us, &[(long, 1.0 + more), (short, -more)])
+}
+
+/// A result of makespan `time_us` whose loads are `segs`' weighted sums: bytes and busy time
+/// summed with the weights, utilisation their time-weighted mean over the makespan (each at
+/// least 0); no op spans.
+fn weighted_results(time_us: f64, segs: &[(&SimResult, f64)]) -> SimResult {
+    let weight = |seg: &SimResult, w: f64| w * seg.time_us;
     let share = |util_x_time: f64| {
         if time_us > 0.0 {
             util_x_time / time_us
@@ -143,7 +163,7 @@ pub(super) fn combine_results(count: u64, body: &SimResult, tail: Option<&SimRes
     };
     let mut edges: BTreeMap<u32, (f64, f64, f64)> = BTreeMap::new();
     let mut mems: BTreeMap<Location, (String, f64, f64, f64)> = BTreeMap::new();
-    for &(seg, w) in &segs {
+    for &(seg, w) in segs {
         for e in &seg.edges {
             let v = edges.entry(e.edge).or_default();
             v.0 += w * e.bytes;
@@ -166,9 +186,9 @@ pub(super) fn combine_results(count: u64, body: &SimResult, tail: Option<&SimRes
             .into_iter()
             .map(|(edge, (bytes, busy_us, u))| EdgeUse {
                 edge,
-                bytes,
-                busy_us,
-                utilisation: share(u),
+                bytes: bytes.max(0.0),
+                busy_us: busy_us.max(0.0),
+                utilisation: share(u).max(0.0),
             })
             .collect(),
         memories: mems
@@ -176,9 +196,9 @@ pub(super) fn combine_results(count: u64, body: &SimResult, tail: Option<&SimRes
             .map(|(location, (name, bytes, busy_us, u))| MemUse {
                 location,
                 name,
-                bytes,
-                busy_us,
-                utilisation: share(u),
+                bytes: bytes.max(0.0),
+                busy_us: busy_us.max(0.0),
+                utilisation: share(u).max(0.0),
             })
             .collect(),
     }

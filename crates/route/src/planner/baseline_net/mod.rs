@@ -115,5 +115,21 @@ pub(crate) fn ring_channels(topo: &Topology, req: &Request) -> Result<Option<usi
     Ok(Some(rings::channel_rails(&links).len()))
 }
 
+/// The all_reduce algorithm NCCL's tuner chooses for `req` across nodes, or `None` where its
+/// members sit on one node or it is no all_reduce. Lays out the rail rings (no plan is built).
+pub(crate) fn tuner_choice(
+    topo: &Topology,
+    req: &Request,
+    limit: Option<&crate::limits::Limit>,
+) -> Result<Option<tuner::Algo>> {
+    if req.collective != Collective::AllReduce || req.nranks() < 2 || !spans_nodes(topo, req) {
+        return Ok(None);
+    }
+    let cache = super::ConnCache::new(topo, &req.gpus, &crate::path::RelayPolicy::Members);
+    let links = NetLinks::new(topo, &req.gpus, &cache, limit)?;
+    let rings = rings::rail_rings(&links, limit)?;
+    Ok(Some(tuner::choose(topo, req, &links, &rings)))
+}
+
 #[cfg(test)]
 mod tests;

@@ -186,6 +186,7 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
             channels: 1,
             window: None,
             limit: None,
+            ring_steps: None,
         };
         let links = super::links::NetLinks::new(&topo, &req.gpus, &cache, None).unwrap();
         let rings = super::rings::rail_rings(&links, None).unwrap();

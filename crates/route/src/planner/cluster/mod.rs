@@ -210,6 +210,7 @@ mod tests {
             channels: 1,
             window: None,
             limit: None,
+            ring_steps: None,
         };
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();

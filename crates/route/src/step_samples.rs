@@ -1,0 +1,143 @@
+//! Step-sampled plans: NCCL's rings over thousands of ranks, timed without building them.
+//!
+//! A ring all_reduce over `n` ranks runs `n - 1` reduce-scatter steps and `n - 1` all-gather
+//! steps on every channel. On 8,192 GPUs that is 16,382 steps per channel: tens of millions of
+//! ops in full and still millions folded to one host ([`crate::template`]), more than a
+//! planning call builds within its budget. Every step of a ring has the same shape (every
+//! rank sends one block to its successor over the same hop and, in the reduce-scatter, adds
+//! it), so once the pipeline is full the simulated ring runs in a steady state: each step
+//! takes the same time, and the makespan grows by that time per step.
+//!
+//! A step-sampled plan ([`Plan::step_samples`]) holds two builds of the plan's first
+//! `k1 < k2` steps of each phase ([`SHORT_STEPS`], [`LONG_STEPS`]), every rank, channel,
+//! chunk and loop as in the full plan (a phase's last step, which finishes its blocks, comes
+//! after `k` steps). The simulator ([`crate::simulate`]) times the full plan of `full` steps
+//! per phase as the affine extrapolation of the samples' makespans `T(k1)` and `T(k2)`:
+//!
+//! ```text
+//! T(full) = T(k2) + (full - k2) x max(0, (T(k2) - T(k1)) / (k2 - k1))
+//! ```
+//!
+//! and the loads on edges and memories alike. The module's tests compare it with the
+//! simulation of the full plan on clusters where that one is built.
+//!
+//! A sample does not deliver its request (its phases end early), so a step-sampled plan is
+//! never proved or run: [`crate::check()`] refuses it, [`check_step_samples`] checks its
+//! shape and [`crate::check_routes`] the samples' copies. The planner makes one only for the
+//! NCCL-like baseline where its rings are too large to build (`select/baseline_choice.rs`),
+//! reports it as such, and chooses relaycc's plan among relaycc's own candidates; only where
+//! relaycc has none within the budget is the sampled baseline the answer, as a template
+//! would be (no executor runs either).
+
+use crate::error::{Result, RouteError};
+use crate::plan::{Plan, StepSamples};
+
+/// Steps per phase the short sample builds.
+pub const SHORT_STEPS: u64 = 16;
+
+/// Steps per phase the long sample builds.
+pub const LONG_STEPS: u64 = 32;
+
+/// Fewest steps per phase for which a ring is sampled rather than built: four times the long
+/// sample's, so that at least three quarters of the time comes from the extrapolation's
+/// slope, not from a sample built in full anyway.
+pub const SAMPLE_FROM_STEPS: u64 = 4 * LONG_STEPS;
+
+/// The extrapolated makespan of `s` from its samples' (`short_us`, `long_us`), and the
+/// weight `more` of the slope: the steps the long sample lacks over the steps between the
+/// samples (0 where the long sample is no slower, so the result is never below it).
+pub fn extrapolate_us(s: &StepSamples, short_us: f64, long_us: f64) -> (f64, f64) {
+    let between = s.long_kept.saturating_sub(s.short_kept).max(1) as f64;
+    let lacking = s.full.saturating_sub(s.long_kept) as f64;
+    if long_us > short_us {
+        let more = lacking / between;
+        (long_us + more * (long_us - short_us), more)
+    } else {
+        (long_us, 0.0)
+    }
+}
+
+/// Ops of the full plan `s` stands for, extrapolated from its samples' as its makespan is
+/// (saturating).
+pub fn full_ops(s: &StepSamples) -> u64 {
+    let (short, long) = (s.short.full_ops(), s.long.full_ops());
+    let between = s.long_kept.saturating_sub(s.short_kept).max(1);
+    let per_step = long.saturating_sub(short).div_ceil(between);
+    long.saturating_add(per_step.saturating_mul(s.full.saturating_sub(s.long_kept)))
+}
+
+/// A step-sampled plan of `full` steps of `what` per phase from its samples: `short` building
+/// `short_kept` of them, `long` building `long_kept`. Named after the long sample, with its
+/// protocol.
+///
+/// # Errors
+/// [`RouteError::PlanCheck`] where [`check_step_samples`] refuses the result.
+pub fn assemble(
+    what: &str,
+    full: u64,
+    (short_kept, short): (u64, Plan),
+    (long_kept, long): (u64, Plan),
+) -> Result<Plan> {
+    let mut plan = Plan::new(
+        long.request.clone(),
+        format!(
+            "{} ({long_kept} of {full} {what} built, extrapolated)",
+            long.algorithm
+        ),
+    );
+    plan.protocol = long.protocol;
+    plan.step_samples = Some(Box::new(StepSamples {
+        what: what.to_string(),
+        full,
+        short_kept,
+        long_kept,
+        short,
+        long,
+    }));
+    check_step_samples(&plan)?;
+    Ok(plan)
+}
+
+/// Check the shape of a step-sampled plan: it holds no op, lane or staging of its own; its
+/// samples are plans of its request with its protocol, neither sampled nor of rounds; and
+/// `1 <= short_kept < long_kept < full`. (The samples deliver nothing, so nothing proves
+/// more; [`crate::check_routes`] checks their copies' links.)
+///
+/// # Errors
+/// [`RouteError::PlanCheck`] naming what is wrong.
+pub fn check_step_samples(plan: &Plan) -> Result<()> {
+    let fail = |message: String| RouteError::PlanCheck {
+        op: usize::MAX,
+        message: format!("{}: {message}", plan.algorithm),
+    };
+    let Some(s) = &plan.step_samples else {
+        return Err(fail("is not step-sampled".into()));
+    };
+    if !(plan.ops.is_empty() && plan.lanes.is_empty() && plan.scratch.is_empty()) {
+        return Err(fail(
+            "a step-sampled plan holds ops, lanes or staging of its own".into(),
+        ));
+    }
+    if !(1 <= s.short_kept && s.short_kept < s.long_kept && s.long_kept < s.full) {
+        return Err(fail(format!(
+            "samples of {} and {} of {} {} are not 1 <= short < long < full",
+            s.short_kept, s.long_kept, s.full, s.what
+        )));
+    }
+    for (name, sample) in [("short", &s.short), ("long", &s.long)] {
+        if sample.request != plan.request || sample.protocol != plan.protocol {
+            return Err(fail(format!(
+                "its {name} sample plans another request or protocol"
+            )));
+        }
+        if sample.step_samples.is_some() || sample.rounds.is_some() {
+            return Err(fail(format!(
+                "its {name} sample is itself sampled or of rounds"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
