@@ -79,9 +79,17 @@ struct LoopCut {
     sub_all: u64,
 }
 
+/// Most chunks of a loop's node block (its piece over a node's `g` ranks). The node rings'
+/// receive staging holds two blocks per rank, so with this cap it follows the chunk (which a
+/// staging budget shrinks) at every node count; below 128 nodes the `g x N x LOOP_CHUNKS`
+/// cut is the smaller. Without it, 1 GiB on 1,024 DGX H100 nodes is one loop whose node
+/// block (128 MiB) no chunk shrinks, and its staging passes the default budget.
+const MAX_BLOCK_CHUNKS: u64 = 256;
+
 /// The builder of an all_reduce `req` of `shape` whose rail phase is `rail_phase` (named in
-/// the plan's name), and its loops: pieces of at most `g x N x LOOP_CHUNKS` chunks, at least
-/// [`pipeline_loops`] of them, of one length where they can be.
+/// the plan's name), and its loops: pieces of at most `g x N x LOOP_CHUNKS` chunks (and
+/// `g x MAX_BLOCK_CHUNKS`), at least [`pipeline_loops`] of them, of one length where they
+/// can be.
 fn start<'a, 't>(
     req: &Request,
     ctx: &'a Ctx<'t>,
@@ -90,9 +98,11 @@ fn start<'a, 't>(
 ) -> (PlanBuilder<'a, 't>, LoopCut) {
     let (nn, g) = (shape.nodes(), shape.per_node());
     let loops = pipeline_loops(req, nn, g, ctx.channels);
+    let block_chunks = (nn as u64)
+        .saturating_mul(LOOP_CHUNKS)
+        .min(MAX_BLOCK_CHUNKS);
     let per = (g as u64)
-        .saturating_mul(nn as u64)
-        .saturating_mul(LOOP_CHUNKS.saturating_mul(ctx.chunk_elems.max(1)))
+        .saturating_mul(block_chunks.saturating_mul(ctx.chunk_elems.max(1)))
         .min(req.count.div_ceil(loops).max(1));
     let pieces = even_pieces(req.count, per);
     // The first loop's piece is the largest: it sizes the staging every loop reuses.
@@ -250,7 +260,12 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     }
     // Node partials live in the output: rank j's intra-node reduce-scatter leaves the node's
     // partial of block j where the rail phase completes it, so only receive slots are staged.
-    let (intra, _) = ring_staging(&mut b, &shape, most_all, 0);
+    let intra: Vec<RsStaging> = if g > 1 {
+        let slots = |ord: &Vec<u32>| RsStaging::new(&mut b, ord, most_all, false);
+        shape.hosts.iter().map(slots).collect()
+    } else {
+        Vec::new()
+    };
     let rail_chunk_all = rail_chunk(ctx, most_all, nn);
     let rails: Vec<Vec<(Vec<u32>, halving::HalvingSlots)>> = (0..CH_RAILS.len() as u32)
         .map(|c| {
@@ -458,3 +473,50 @@ pub const HALVING_MIN_NODES: usize = 8;
 /// their start costs overlap and smaller ones than a ring step's pay (128 DGX H100 nodes at
 /// 1 GiB: 8,238 us with four loops of 128 KiB sub-blocks, 10,133 us with eight of 64 KiB).
 const MIN_HALVING_SUB_BYTES: u64 = 128 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::path::RelayPolicy;
+    use crate::planner::{ConnCache, LinkMode};
+
+    /// The largest node block of a loop of an all_reduce of `bytes` on `preset`, pipelined in
+    /// `chunk`s, elements.
+    fn most_block(preset: &str, bytes: u64, chunk: u64) -> u64 {
+        let topo = relaycc_topo::preset(preset).unwrap();
+        let n = topo.gpu_count() as u32;
+        let req = Request::new(
+            Collective::AllReduce,
+            (0..n).collect(),
+            bytes / 4,
+            DType::F32,
+        );
+        let shape = ClusterShape::of(&topo, &req).unwrap().unwrap();
+        let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Members);
+        let ctx = Ctx {
+            cache: &cache,
+            mode: LinkMode::Single,
+            chunk_elems: chunk,
+            channels: 1,
+            window: None,
+            limit: None,
+            ring_steps: None,
+        };
+        start(&req, &ctx, &shape, "halving").1.most_all
+    }
+
+    /// A loop's node block, which sizes the node rings' staging, follows the chunk at every
+    /// node count: on 256 nodes it is at most MAX_BLOCK_CHUNKS chunks (and halves with the
+    /// chunk), where on 16 nodes the g x N x LOOP_CHUNKS cut binds as before.
+    #[test]
+    fn a_loops_node_block_follows_the_chunk_at_every_node_count() {
+        let chunk = 1 << 17;
+        let big = most_block("cluster:256xdgx-h100:ib-ndr", 1 << 30, chunk);
+        assert!(big <= MAX_BLOCK_CHUNKS * chunk, "{big}");
+        let half = most_block("cluster:256xdgx-h100:ib-ndr", 1 << 30, chunk / 2);
+        assert!(half <= MAX_BLOCK_CHUNKS * chunk / 2, "{half}");
+        let small = most_block("cluster:16xdgx-h100:ib-ndr", 1 << 30, chunk);
+        assert_eq!(small, 16 * LOOP_CHUNKS * chunk);
+    }
+}
