@@ -72,8 +72,13 @@ fn write_files(
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.trace {
-        // A plan of rounds holds no op of its own: its trace is one round's.
-        let traced = p.plan.rounds.as_ref().map_or(&p.plan, |r| &r.body);
+        // A plan of rounds holds no op of its own: its trace is one round's; a step-sampled
+        // plan's is its long sample's (its first steps).
+        let traced = match (&p.plan.rounds, &p.plan.step_samples) {
+            (Some(r), _) => &r.body,
+            (None, Some(s)) => &s.long,
+            (None, None) => &p.plan,
+        };
         let result = sim::simulate(topo, traced, &opts.sim)?;
         std::fs::write(path, sim::chrome_trace(topo, traced, &result))
             .with_context(|| format!("writing {}", path.display()))?;
@@ -112,6 +117,12 @@ impl PlanReport<'_> {
             "ops": p.plan.stored_ops(),
             "full_ops": p.plan.full_ops(),
             "rounds": p.plan.rounds.as_ref().map(|r| r.count),
+            "step_samples": p.plan.step_samples.as_ref().map(|s| json!({
+                "what": s.what,
+                "full": s.full,
+                "short_kept": s.short_kept,
+                "long_kept": s.long_kept,
+            })),
             "lanes": p.plan.lanes.len() + p.plan.rounds.as_ref().map_or(0, |r| {
                 r.body.lanes.len() + r.tail.as_ref().map_or(0, |t| t.lanes.len())
             }),
@@ -174,8 +185,12 @@ impl PlanReport<'_> {
             p.plan.algorithm,
             crate::report::plan_shape(&p.plan)
         );
-        let templated =
-            p.plan.is_template() || p.plan.rounds.as_ref().is_some_and(|r| r.body.is_template());
+        let templated = p.plan.is_template()
+            || p.plan.rounds.as_ref().is_some_and(|r| r.body.is_template())
+            || p.plan
+                .step_samples
+                .as_ref()
+                .is_some_and(|s| s.long.is_template());
         let _ = writeln!(
             s,
             "staging: {}{} in all: {} (budget {})",
@@ -270,7 +285,8 @@ const HOST_RUN_MAX_OPS: usize = 4_000_000;
 /// the host by the executor ([`relaycc_collectives::exec::sampled_cone::execute_cone`]).
 ///
 /// A plan of rounds is verified through its body and its tail, each as above; the checker's
-/// argument for the rounds ([`relaycc_route::rounds`]) rests on theirs.
+/// argument for the rounds ([`relaycc_route::rounds`]) rests on theirs. A step-sampled plan
+/// (the baseline, where relaycc has no plan) delivers nothing and is not verified.
 fn verify(topo: &relaycc_topo::Topology, plan: &relaycc_route::Plan) -> Result<serde_json::Value> {
     if let Some(r) = &plan.rounds {
         let body = verify(topo, &r.body)?;
@@ -285,6 +301,14 @@ fn verify(topo: &relaycc_topo::Topology, plan: &relaycc_route::Plan) -> Result<s
             ))
         );
         return Ok(json!({ "summary": summary, "method": "rounds", "body": body, "tail": tail }));
+    }
+    if let Some(s) = &plan.step_samples {
+        let summary = format!(
+            "not verified: step-sampled, it is timed from builds of {} and {} of its {} {}, \
+             which deliver nothing",
+            s.short_kept, s.long_kept, s.full, s.what
+        );
+        return Ok(json!({ "summary": summary, "method": "none" }));
     }
     const PROVED: &str = "proved by the checker (every output element, every order)";
     let proved = relaycc_route::proved_by_checker(plan);

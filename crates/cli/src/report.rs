@@ -148,7 +148,8 @@ pub fn route_text(topo: &Topology, route: &relaycc_route::path::Route) -> String
 }
 
 /// What a plan holds, for the `chosen:` line: its ops and lanes; a template's share of the
-/// full plan's; a plan of rounds' body and tail, and the ops it holds and runs.
+/// full plan's; a plan of rounds' body and tail, and the ops it holds and runs; a step-sampled
+/// plan's samples.
 pub fn plan_shape(plan: &relaycc_route::Plan) -> String {
     if let Some(r) = &plan.rounds {
         let tail = r.tail.as_ref().map_or(String::new(), |t| {
@@ -158,6 +159,18 @@ pub fn plan_shape(plan: &relaycc_route::Plan) -> String {
             "{} rounds of {}{tail}: {} ops held, {} run",
             r.count,
             plan_shape(&r.body),
+            plan.stored_ops(),
+            plan.full_ops()
+        );
+    }
+    if let Some(s) = &plan.step_samples {
+        return format!(
+            "step-sampled: {} and {} of {} {}, the long sample {}; {} ops held, about {} in full",
+            s.short_kept,
+            s.long_kept,
+            s.full,
+            s.what,
+            plan_shape(&s.long),
             plan.stored_ops(),
             plan.full_ops()
         );

@@ -477,7 +477,7 @@ impl Plan {
     /// Bytes of staging memory the plan allocates (for a plan of rounds, the sum over devices
     /// of [`Plan::staging_per_location`]).
     pub fn scratch_bytes(&self) -> u64 {
-        if self.rounds.is_some() {
+        if self.rounds.is_some() || self.step_samples.is_some() {
             return self
                 .staging_per_location()
                 .values()
@@ -491,7 +491,8 @@ impl Plan {
     /// Bytes of staging memory the plan allocates on each memory (GPU or host socket), in
     /// [`Location`] order; memories without staging are left out. A plan of rounds reuses one
     /// set of staging for its rounds and its tail, which run one after another: on each device
-    /// the larger of the body's and the tail's.
+    /// the larger of the body's and the tail's. A step-sampled plan's is its long sample's
+    /// (the full plan's staging holds a loop's blocks, whatever its steps).
     pub fn staging_per_location(&self) -> std::collections::BTreeMap<Location, u64> {
         let mut per = std::collections::BTreeMap::new();
         for s in &self.scratch {
@@ -504,6 +505,12 @@ impl Plan {
                     let e: &mut u64 = per.entry(at).or_default();
                     *e = (*e).max(b);
                 }
+            }
+        }
+        if let Some(s) = &self.step_samples {
+            for (at, b) in s.long.staging_per_location() {
+                let e: &mut u64 = per.entry(at).or_default();
+                *e = (*e).max(b);
             }
         }
         per.retain(|_, b| *b > 0);

@@ -24,10 +24,10 @@
 //! A sample does not deliver its request (its phases end early), so a step-sampled plan is
 //! never proved or run: [`crate::check()`] refuses it, [`check_step_samples`] checks its
 //! shape and [`crate::check_routes`] the samples' copies. The planner makes one only for the
-//! NCCL-like baseline where its rings are too large to build (`select/baseline_choice.rs`),
-//! reports it as such, and chooses relaycc's plan among relaycc's own candidates; only where
-//! relaycc has none within the budget is the sampled baseline the answer, as a template
-//! would be (no executor runs either).
+//! NCCL-like baseline where its rings are too large to build (`select/baseline_choice.rs`)
+//! and names it so. It competes with relaycc's candidates by its extrapolated time, as the
+//! baseline does; where it wins, the answer says NCCL's rings are the fastest plan known, and
+//! the plan, like a template's, is for prediction only.
 
 use crate::error::{Result, RouteError};
 use crate::plan::{Plan, StepSamples};

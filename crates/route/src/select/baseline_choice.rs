@@ -180,7 +180,7 @@ fn sampled_rings(
     skipped.push(format!(
         "the baseline's rings{forced}: {steps} steps per phase, about {ops} ops {} (above \
          {RING_IN_FULL_MAX_OPS}), so they are step-sampled: {SHORT_STEPS} and {LONG_STEPS} \
-         steps built and the time extrapolated; it is the answer only where relaycc has no plan",
+         steps built and the time extrapolated",
         if sym.is_some() {
             "in a template's window"
         } else {

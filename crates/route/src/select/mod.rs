@@ -92,10 +92,10 @@ fn is_p2p(req: &Request) -> bool {
 /// Plan `req` on `topo`: the fastest candidate by simulation, the baseline and the bound.
 ///
 /// The baseline plan is itself among the candidates, so relaycc is never predicted slower
-/// than the NCCL-like planner, except where the baseline is step-sampled
-/// ([`crate::step_samples`]: NCCL's rings too large to build, timed from samples of their
-/// steps): it delivers nothing, so relaycc's plan is the fastest of its own, and the sampled
-/// baseline is the answer only where relaycc has none. Ties go to the earlier candidate, which keeps planning
+/// than the NCCL-like planner. A step-sampled baseline ([`crate::step_samples`]: NCCL's rings
+/// too large to build, timed from samples of their steps) competes by its extrapolated time;
+/// where it wins, the answer is that NCCL's rings are the fastest known, and its plan, like a
+/// template, is for prediction only (the checker refuses it, no executor runs it). Ties go to the earlier candidate, which keeps planning
 /// deterministic. When every rank is an arena of one host memory
 /// ([`Topology::shares_host_memory`], the `host-N` preset), the plan is the shared-memory
 /// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker
@@ -155,17 +155,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
     let Some((time, plan, routes)) = winner else {
         return Err(first_failure.unwrap_or_else(|| RouteError::NoRoute {
             what: req.collective.to_string(),
-            why: if baseline.plan.is_step_sampled() {
-                // The baseline is timed, not built, so it cannot stand in: say what kept
-                // relaycc's own plans out.
-                format!(
-                    "no plan of relaycc's, and the NCCL-like baseline is step-sampled (timed, \
-                     not built), so it is no plan either: {}",
-                    skipped.join("; ")
-                )
-            } else {
-                "no candidate plan".into()
-            },
+            why: "no candidate plan".into(),
         }));
     };
     let (predicted, bound) = selection.check_bound(&plan, time, found.bound_gbps)?;
@@ -360,9 +350,7 @@ impl Selection<'_> {
             // A baseline known only from below is beaten only by a plan no slower than that
             // bound (raised to the request's bound below), so a candidate whose own bound
             // is above it cannot win; ties can, hence the rounding slack.
-            // A step-sampled baseline is no candidate: relaycc's plan is found among its own.
-            let sampled = baseline.plan.is_step_sampled();
-            let to_beat = |bound_gbps| match (baseline.fits && !sampled, baseline_cut) {
+            let to_beat = |bound_gbps| match (baseline.fits, baseline_cut) {
                 (true, None) => baseline_time_us,
                 (true, Some(_)) => {
                     cut_baseline_us(baseline_time_us, self.req, bound_gbps) * (1.0 + 1e-9)
@@ -460,8 +448,9 @@ impl Selection<'_> {
     /// point-to-point strategy leaves it out) that passes the proof; one that fails is dropped, its error
     /// kept in `first_failure`, and the next fastest proved in its place. Against a baseline
     /// known only from below, only a plan no slower than that bound may win, and where none
-    /// is, the baseline is the plan, predicted by its bound; so it is where the baseline is
-    /// step-sampled and relaycc found no plan of its own. Returns the winner, if any, and
+    /// is, the baseline is the plan, predicted by its bound. A step-sampled baseline competes
+    /// by its extrapolated time; proved already (its shape and samples), it is never proved
+    /// again. Returns the winner, if any, and
     /// every candidate's time, fastest first.
     fn choose_winner(
         &self,
@@ -475,7 +464,6 @@ impl Selection<'_> {
         let mut plans = std::mem::take(&mut found.plans);
         if baseline.fits
             && !cut
-            && !baseline.plan.is_step_sampled()
             && !found.shared_memory
             && (opts.strategy == P2pStrategy::Auto || !is_p2p(req))
         {
@@ -506,10 +494,9 @@ impl Selection<'_> {
                 winner = Some((time_us, plan, routes));
             }
         }
-        if winner.is_none() && (cut || baseline.plan.is_step_sampled()) && baseline.fits {
+        if winner.is_none() && cut && baseline.fits {
             // Nothing shown faster within the budget: the baseline (proved above) is the plan,
-            // predicted by its lower bound or, step-sampled, by its extrapolation (which, as
-            // a template's, no executor runs: the checker refuses it).
+            // predicted by its lower bound.
             candidates.push(CandidateTime {
                 algorithm: baseline.plan.algorithm.clone(),
                 time_us: baseline_time_us,
