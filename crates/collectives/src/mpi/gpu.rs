@@ -338,7 +338,7 @@ impl<'c> MpiGpu<'c> {
                 let bytes = p.weight;
                 (p, bytes)
             });
-            let at = WaitPoint::call("prepare a GPU call", call.collective(), seq);
+            let at = WaitPoint::call("prepare a GPU call", call.collective, seq);
             let (mut p, weight) = super::agree_weighed(comm, made, at)?;
             p.weight = weight;
             let evicted = self.shapes.evict_to_fit(limits, 1, weight);
@@ -349,7 +349,7 @@ impl<'c> MpiGpu<'c> {
             return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
         comm.set_last_algorithm(&p.algorithm);
-        let esize = call.esize();
+        let esize = call.dtype.size();
         let ran = run_prepared(
             p,
             GpuRunContext {
