@@ -47,7 +47,7 @@ use super::roll_call::WaitPoint;
 use super::schedule::{RankSchedule, RunBuffers};
 use super::typed_call::{CheckedCall, InputAt, TypedCollective};
 use super::{MpiCommunicator, MpiError, MpiResult};
-use crate::call::CallDesc;
+use crate::call::{CallDesc, RankDescs};
 use crate::element::Element;
 use crate::plan_cache::lru::Held;
 
@@ -438,22 +438,26 @@ impl MpiCommunicator {
                 let seq = all.get(SEQ).map_or(0, |s| *s as u64);
                 let at = WaitPoint::call(AGREE, call.collective, seq);
                 let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
-                let rows: Vec<&[i64]> = got.chunks(2 * n).collect();
-                for (s, row) in rows.iter().enumerate() {
-                    for (d, peer) in rows.iter().enumerate() {
-                        let (sends, expects) = (row[d], peer[n + s]);
-                        if sends != expects {
-                            return Err(MpiError::CountMismatch(format!(
-                                "rank {s} sends {sends} elements to rank {d}, which expects \
-                                 {expects}"
-                            )));
+                // Every rank's counts as its descriptor's, paired up by the one check the
+                // in-process meeting makes too.
+                let descs: Vec<CallDesc> = got
+                    .chunks(2 * n)
+                    .map(|row| {
+                        let counts =
+                            |r: &[i64]| -> Vec<u64> { r.iter().map(|c| *c as u64).collect() };
+                        CallDesc {
+                            counts: counts(&row[..n]),
+                            recv_counts: counts(&row[n..]),
+                            ..call.clone()
                         }
-                    }
-                }
-                req.matrix = rows
-                    .iter()
-                    .map(|r| r[..n].iter().map(|c| *c as u64).collect())
+                    })
                     .collect();
+                let rows: Vec<RankDescs<'_>> = descs
+                    .iter()
+                    .enumerate()
+                    .map(|(r, d)| (r, Some(vec![d])))
+                    .collect();
+                req.matrix = crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)?;
             }
             _ => {}
         }
