@@ -283,11 +283,12 @@ impl<'m, L: Launcher> RunMemory<'m, L> {
     }
 }
 
-// SAFETY: `address` gives the slot's bytes of an address the backend gave for its binding, and
-// `staging` two host buffers of at least the asked sizes, owned by the plan memory the stages
-// belong to (the backend's host memory or plain vectors), apart from each other and from every
-// binding; `new`'s contract keeps all of them allocated and untouched by anything else for as
-// long as the runner or its transport may use them.
+// SAFETY: `address` gives the slot's bytes (within its binding, `new`'s contract) of an address
+// the backend gave for that binding, and `staging` two host buffers of at least the asked
+// sizes, each an allocation of its own held by the `HostBuf`s lent to `new` (the backend's host
+// memory or a plain vector), so apart from each other and from every binding; `new`'s contract
+// keeps all of them allocated and untouched by anything else for as long as the runner or its
+// transport may use them.
 unsafe impl<L: Launcher> RankMemory for RunMemory<'_, L> {
     fn address(&self, slot: &Slot) -> Option<RawRegion> {
         self.run.direct[slot.binding as usize].map(|r| RawRegion {
