@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use relaycc_route::{Collective, DType, ReduceOp};
+use relaycc_route::{Collective, DType, ReduceOp, Request};
 
 /// What every rank of one collective must agree on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +81,28 @@ impl CallDesc {
             let _ = write!(s, ", tag {}", self.tag);
         }
         s
+    }
+
+    /// The request the ranks agreed on, over `gpus` (request rank r is `gpus[r]`), with
+    /// all_to_all_v's `matrix` of every rank's send counts ([`matrix`]; empty for the
+    /// others). Not validated: a root past the ranks, say, is [`Request::validate`]'s to
+    /// refuse.
+    pub(crate) fn request(&self, gpus: Vec<u32>, matrix: Vec<Vec<u64>>) -> Request {
+        let mut r = Request::new(self.collective, gpus, self.count, self.dtype)
+            .with_op(self.op)
+            .with_root(u32::try_from(self.root).unwrap_or(u32::MAX));
+        match self.collective {
+            Collective::AllGatherV => {
+                r.count = 0;
+                r.counts = self.counts.clone();
+            }
+            Collective::AllToAllV => {
+                r.count = 0;
+                r.matrix = matrix;
+            }
+            _ => {}
+        }
+        r
     }
 
     /// The first field in which `other` does not match `self`, if any: the op and root only

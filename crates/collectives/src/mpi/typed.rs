@@ -414,52 +414,41 @@ impl MpiCommunicator {
     /// The agreed request in rank space: ranks `0..n` are the processes.
     pub(super) fn request(&self, call: &CallDesc, all: &[i64]) -> MpiResult<Request> {
         let n = self.size() as usize;
-        let mut req = Request::new(
-            call.collective,
-            (0..n as u32).collect(),
-            call.count,
-            call.dtype,
-        )
-        .with_op(call.op)
-        // The local checks refused a root that is not a rank, so it fits a `u32`.
-        .with_root(call.root as u32);
-        match call.collective {
-            Collective::AllGatherV => {
-                req.counts = all.chunks(WORDS).map(|d| d[COUNT] as u64).collect();
-            }
-            Collective::AllToAllV => {
-                // Every rank's send and receive counts: the matrix, checked pair by pair.
-                let words: Vec<i64> = call
-                    .counts
-                    .iter()
-                    .chain(&call.recv_counts)
-                    .map(|c| *c as i64)
-                    .collect();
-                let seq = all.get(SEQ).map_or(0, |s| *s as u64);
-                let at = WaitPoint::call(AGREE, call.collective, seq);
-                let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
-                // Every rank's counts as its descriptor's, paired up by the one check the
-                // in-process meeting makes too.
-                let descs: Vec<CallDesc> = got
-                    .chunks(2 * n)
-                    .map(|row| {
-                        let counts =
-                            |r: &[i64]| -> Vec<u64> { r.iter().map(|c| *c as u64).collect() };
-                        CallDesc {
-                            counts: counts(&row[..n]),
-                            recv_counts: counts(&row[n..]),
-                            ..call.clone()
-                        }
-                    })
-                    .collect();
-                let rows: Vec<RankDescs<'_>> = descs
-                    .iter()
-                    .enumerate()
-                    .map(|(r, d)| (r, Some(vec![d])))
-                    .collect();
-                req.matrix = crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)?;
-            }
-            _ => {}
+        let matrix = if call.collective == Collective::AllToAllV {
+            // Every rank's send and receive counts as its descriptor's, paired up by the one
+            // check the in-process meeting makes too.
+            let words: Vec<i64> = call
+                .counts
+                .iter()
+                .chain(&call.recv_counts)
+                .map(|c| *c as i64)
+                .collect();
+            let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+            let at = WaitPoint::call(AGREE, call.collective, seq);
+            let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
+            let counts = |r: &[i64]| -> Vec<u64> { r.iter().map(|c| *c as u64).collect() };
+            let descs: Vec<CallDesc> = got
+                .chunks(2 * n)
+                .map(|row| CallDesc {
+                    counts: counts(&row[..n]),
+                    recv_counts: counts(&row[n..]),
+                    ..call.clone()
+                })
+                .collect();
+            let rows: Vec<RankDescs<'_>> = descs
+                .iter()
+                .enumerate()
+                .map(|(r, d)| (r, Some(vec![d])))
+                .collect();
+            crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)?
+        } else {
+            Vec::new()
+        };
+        let mut req = call.request((0..n as u32).collect(), matrix);
+        if call.collective == Collective::AllGatherV {
+            // The contributions as every rank sent them, word for word: each rank's own list
+            // was compared with them by its hash only.
+            req.counts = all.chunks(WORDS).map(|d| d[COUNT] as u64).collect();
         }
         req.validate()?;
         Ok(req)
