@@ -1,15 +1,16 @@
-//! The call descriptor: what every rank of a collective call must agree on, and the one
-//! judgement of the ranks' descriptors, shared by every rendezvous (the in-process meeting of
-//! ranks on threads, the agreement of MPI processes).
+//! The call descriptor: what every rank of a collective call must agree on, made by every
+//! surface (the per-rank calls on threads and GPUs, and the MPI processes' typed calls), and
+//! the in-process judgement of the ranks' descriptors ([`judge`], the meeting of ranks on
+//! threads).
 //!
 //! Descriptors are compared before any byte moves, so a collective, element type, count, op,
 //! root, tag or call order that differs between ranks is the same error on every rank, never
-//! a wrong result. A descriptor travels between processes as words ([`CallDesc::to_words`]):
-//! a fixed header and, for the `v` collectives, the rank's counts.
+//! a wrong result. MPI processes exchange a descriptor as a fixed number of words and judge
+//! those (`mpi/call_agreement.rs`).
 
 use std::fmt::Write as _;
 
-use relaycc_route::{Collective, DType, ReduceOp};
+use relaycc_route::{Collective, DType, ReduceOp, Request};
 
 /// What every rank of one collective must agree on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,10 +33,6 @@ pub struct CallDesc {
     /// same shape.
     pub tag: u64,
 }
-
-/// Words of a descriptor's fixed header.
-#[cfg(any(feature = "mpi", test))]
-pub(crate) const HEADER_WORDS: usize = 8;
 
 impl CallDesc {
     /// A descriptor of `collective` named after it, with no counts, tag 0.
@@ -70,6 +67,8 @@ impl CallDesc {
             let _ = write!(s, ", root {}", self.root);
         }
         match self.collective {
+            // A descriptor MPI ranks decode from words carries no counts (only their hash).
+            Collective::AllGatherV if self.counts.is_empty() => {}
             Collective::AllGatherV => {
                 let _ = write!(s, ", counts {:?}", self.counts);
             }
@@ -84,110 +83,93 @@ impl CallDesc {
         s
     }
 
+    /// The request the ranks agreed on, over `gpus` (request rank r is `gpus[r]`), with
+    /// all_to_all_v's `matrix` of every rank's send counts ([`matrix`]; empty for the
+    /// others). Not validated: a root past the ranks, say, is [`Request::validate`]'s to
+    /// refuse.
+    pub(crate) fn request(&self, gpus: Vec<u32>, matrix: Vec<Vec<u64>>) -> Request {
+        let mut r = Request::new(self.collective, gpus, self.count, self.dtype)
+            .with_op(self.op)
+            .with_root(u32::try_from(self.root).unwrap_or(u32::MAX));
+        match self.collective {
+            Collective::AllGatherV => {
+                r.count = 0;
+                r.counts = self.counts.clone();
+            }
+            Collective::AllToAllV => {
+                r.count = 0;
+                r.matrix = matrix;
+            }
+            _ => {}
+        }
+        r
+    }
+
+    /// The first field in which `other` does not match `self`, if any: the op and root only
+    /// where the collective reduces or has a root, the counts of all_gather_v, the count of
+    /// the others but all_to_all_v (whose counts pair up across ranks instead, [`matrix`]).
+    pub(crate) fn first_difference(&self, other: &CallDesc) -> Option<Field> {
+        Some(
+            if self.collective != other.collective || self.call != other.call {
+                Field::Collective
+            } else if self.tag != other.tag {
+                Field::Tag
+            } else if self.dtype != other.dtype {
+                Field::ElementType
+            } else if self.collective.reduces() && self.op != other.op {
+                Field::Op
+            } else if self.collective.rooted() && self.root != other.root {
+                Field::Root
+            } else if self.collective == Collective::AllGatherV && self.counts != other.counts {
+                Field::Counts
+            } else if !matches!(
+                self.collective,
+                Collective::AllGatherV | Collective::AllToAllV
+            ) && self.count != other.count
+            {
+                Field::Count
+            } else {
+                return None;
+            },
+        )
+    }
+
     /// Why `other` (of rank `b`) does not match `self` (of rank `a`), if it does not.
     pub fn differs(&self, a: usize, other: &CallDesc, b: usize) -> Option<String> {
-        let field = if self.collective != other.collective || self.call != other.call {
-            "the collective"
-        } else if self.tag != other.tag {
-            "the tag"
-        } else if self.dtype != other.dtype {
-            "the element type"
-        } else if self.collective.reduces() && self.op != other.op {
-            "the op"
-        } else if self.collective.rooted() && self.root != other.root {
-            "the root"
-        } else if self.collective == Collective::AllGatherV && self.counts != other.counts {
-            "the counts"
-        } else if !matches!(
-            self.collective,
-            Collective::AllGatherV | Collective::AllToAllV
-        ) && self.count != other.count
-        {
-            "the count"
-        } else {
-            return None;
-        };
+        let field = self.first_difference(other)?;
         Some(format!(
-            "{field} differs: rank {a} calls {}, rank {b} calls {}",
+            "{} differs: rank {a} calls {}, rank {b} calls {}",
+            field.name(),
             self.show(),
             other.show()
         ))
     }
+}
 
-    #[cfg(any(feature = "mpi", test))]
-    /// This descriptor as `HEADER_WORDS + 2 n` words for `n` ranks (unsigned values as their
-    /// bit patterns), appended to `out`: the header, then the `v` collectives' counts (zero
-    /// elsewhere).
-    pub fn to_words(&self, n: usize, out: &mut Vec<i64>) {
-        out.extend([
-            self.collective as i64,
-            self.dtype as i64,
-            self.dtype.size() as i64,
-            self.op as i64,
-            self.root as i64,
-            self.count as i64,
-            self.tag as i64,
-            self.counts.len() as i64,
-        ]);
-        let mut counts: Vec<i64> = self
-            .counts
-            .iter()
-            .chain(&self.recv_counts)
-            .map(|c| *c as i64)
-            .collect();
-        counts.resize(2 * n, 0);
-        out.extend(counts);
-    }
+/// A field of a call descriptor that ranks can disagree on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Field {
+    Collective,
+    Tag,
+    ElementType,
+    Op,
+    Root,
+    Counts,
+    Count,
+}
 
-    #[cfg(any(feature = "mpi", test))]
-    /// The descriptor `words` ([`CallDesc::to_words`] for `n` ranks) encode, or why they do
-    /// not encode one.
-    pub fn from_words(words: &[i64], n: usize) -> Result<CallDesc, String> {
-        if words.len() != HEADER_WORDS + 2 * n {
-            return Err(format!(
-                "a descriptor of {} words for {n} ranks",
-                words.len()
-            ));
+impl Field {
+    /// The field in messages (`the element type`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Field::Collective => "the collective",
+            Field::Tag => "the tag",
+            Field::ElementType => "the element type",
+            Field::Op => "the op",
+            Field::Root => "the root",
+            Field::Counts => "the counts",
+            Field::Count => "the count",
         }
-        let collective = Collective::ALL
-            .into_iter()
-            .find(|c| *c as i64 == words[0])
-            .ok_or_else(|| format!("collective code {}", words[0]))?;
-        let dtype = DType::ALL
-            .into_iter()
-            .find(|d| *d as i64 == words[1] && d.size() as i64 == words[2])
-            .ok_or_else(|| format!("element type code {} of {} bytes", words[1], words[2]))?;
-        let op = ReduceOp::ALL
-            .into_iter()
-            .find(|o| *o as i64 == words[3])
-            .ok_or_else(|| format!("op code {}", words[3]))?;
-        let sent = usize::try_from(words[7])
-            .ok()
-            .filter(|k| *k <= n)
-            .ok_or("a count list")?;
-        let counts: Vec<u64> = words[HEADER_WORDS..HEADER_WORDS + sent]
-            .iter()
-            .map(|c| *c as u64)
-            .collect();
-        let recv_counts = if collective == Collective::AllToAllV {
-            words[HEADER_WORDS + n..]
-                .iter()
-                .map(|c| *c as u64)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        Ok(CallDesc {
-            call: collective.name(),
-            collective,
-            dtype,
-            op,
-            root: words[4] as usize,
-            count: words[5] as u64,
-            counts,
-            recv_counts,
-            tag: words[6] as u64,
-        })
     }
 }
 
@@ -278,27 +260,6 @@ mod tests {
 
     fn d(c: Collective, count: u64) -> CallDesc {
         CallDesc::new(c, DType::F32, count, ReduceOp::Sum, 0)
-    }
-
-    #[test]
-    fn descriptors_survive_their_words() {
-        let mut v = d(Collective::AllToAllV, 0);
-        v.counts = vec![1, 2, 3];
-        v.recv_counts = vec![4, 5, 6];
-        v.tag = 77;
-        let mut g = d(Collective::AllGatherV, 0);
-        g.counts = vec![7, 8, 9];
-        for x in [
-            v,
-            g,
-            d(Collective::Reduce, 12),
-            d(Collective::AllReduce, 1 << 40),
-        ] {
-            let mut w = Vec::new();
-            x.to_words(3, &mut w);
-            assert_eq!(CallDesc::from_words(&w, 3), Ok(x));
-        }
-        assert!(CallDesc::from_words(&[0; 3], 3).is_err());
     }
 
     #[test]

@@ -8,18 +8,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ::mpi::traits::AsRaw;
-use relaycc_route::{DType, Location, Plan, ReduceOp};
+use relaycc_route::{Location, Plan};
 
 use super::requests::Requests;
+use super::run_memory::{MirrorCopies, PlanMemory, RunBindings, RunMemory, whole};
 use super::schedule::RankSchedule;
 use super::transport::MpiTransport;
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::sealed::Private;
-use crate::backend::{
-    AddressSpace, Backend, ByteRegion, Command, DeviceMem, Launch, Program, RawRegion, Slot,
-};
+use crate::backend::{Backend, ByteRegion, Launch, Program};
 use crate::exec::lower::Lanes;
-use crate::exec::run::{self, RankMemory};
+use crate::exec::run;
 
 /// How messages between processes reach device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,108 +37,6 @@ pub enum TransferMode {
     Direct,
 }
 
-/// Host memory for the messages of one level, allocated on first need and reused by every
-/// level and run.
-#[derive(Debug)]
-pub(super) enum HostBuf {
-    /// Not allocated yet.
-    None,
-    /// The backend's host memory (pinned on CUDA) at this address.
-    Backend { mem: DeviceMem, addr: usize },
-    /// A plain vector, for backends that give no address of their host memory.
-    Owned(Vec<u8>),
-}
-
-impl HostBuf {
-    /// Make sure `bytes` are there (a smaller buffer of either kind is replaced); returns the
-    /// base address.
-    pub(super) fn ensure(
-        &mut self,
-        backend: &dyn Backend,
-        at: Location,
-        bytes: usize,
-    ) -> crate::error::Result<*mut u8> {
-        if bytes == 0 {
-            return Ok(std::ptr::null_mut());
-        }
-        match self {
-            HostBuf::Backend { mem, addr } if mem.bytes() >= bytes as u64 => {
-                return Ok(*addr as *mut u8);
-            }
-            HostBuf::Owned(v) if v.len() >= bytes => return Ok(v.as_mut_ptr()),
-            _ => {}
-        }
-        if let HostBuf::Backend { mem, .. } = std::mem::replace(self, HostBuf::None) {
-            backend.free(mem);
-        }
-        let mem = backend.allocate(at, bytes as u64)?;
-        let whole = ByteRegion {
-            mem,
-            offset: 0,
-            bytes: mem.bytes(),
-        };
-        Ok(match backend.raw_region(whole, Private) {
-            Ok(Some(r)) if r.space == AddressSpace::Host => {
-                *self = HostBuf::Backend { mem, addr: r.addr };
-                r.addr as *mut u8
-            }
-            _ => {
-                backend.free(mem);
-                let mut v = vec![0u8; bytes];
-                let p = v.as_mut_ptr();
-                *self = HostBuf::Owned(v);
-                p
-            }
-        })
-    }
-}
-
-/// The backend memory MPI may read or write during a run: scratch, mirrors and staging,
-/// with a share of the backend that owns it. Dropping it frees the allocations; after a
-/// failure that left requests with MPI it moves to the communicator's graveyard, whose
-/// share of the backend keeps the memory allocated for as long as MPI may use it.
-#[derive(Debug)]
-pub(super) struct PlanMemory {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) scratch: Vec<DeviceMem>,
-    /// Direct mode: backend memory of this plan standing in for the caller's input and
-    /// output (copied in before the first level, out after the last), so that no request MPI
-    /// keeps after a failure points into the caller's regions. `None` when staged or empty.
-    /// GPU ranks (`gpu.rs`) also stand their input mirror in for an in-place call's input.
-    pub(super) mirrors: [Option<DeviceMem>; 2],
-    pub(super) send_stage: HostBuf,
-    pub(super) recv_stage: HostBuf,
-}
-
-impl PlanMemory {
-    pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
-        PlanMemory {
-            backend,
-            scratch: Vec::new(),
-            mirrors: [None, None],
-            send_stage: HostBuf::None,
-            recv_stage: HostBuf::None,
-        }
-    }
-}
-
-impl Drop for PlanMemory {
-    fn drop(&mut self) {
-        for m in self
-            .scratch
-            .drain(..)
-            .chain(self.mirrors.iter_mut().filter_map(Option::take))
-        {
-            self.backend.free(m);
-        }
-        for s in [&mut self.send_stage, &mut self.recv_stage] {
-            if let HostBuf::Backend { mem, .. } = std::mem::replace(s, HostBuf::None) {
-                self.backend.free(mem);
-            }
-        }
-    }
-}
-
 /// One rank's part of a plan bound to a backend: scratch allocated at the plan's locations,
 /// the executor's per-rank lowering of it (local work as backend programs on one lane at this
 /// process's device), staging buffers; built once by [`MpiCommunicator::prepare`], run many
@@ -155,12 +52,9 @@ pub struct DevicePlan<'a> {
     /// Where staging memory is allocated.
     staging_at: Location,
     /// Programs copying the caller's input into its mirror, and the output mirror out.
-    copy_in: Program,
-    copy_out: Program,
-    /// Bindings of the current run: input, output, then scratch (kept to avoid allocating).
-    bindings: Vec<ByteRegion>,
-    /// Per binding, MPI's address of its first byte, or `None` when its messages are staged.
-    direct: Vec<Option<RawRegion>>,
+    copies: MirrorCopies,
+    /// Bindings of the current run and MPI's addresses of those it may use in place.
+    run: RunBindings,
 }
 
 impl std::fmt::Debug for DevicePlan<'_> {
@@ -171,117 +65,6 @@ impl std::fmt::Debug for DevicePlan<'_> {
             .field("messages", &self.schedule.messages())
             .field("stages", &self.schedule.depth())
             .finish()
-    }
-}
-
-/// The executor's view of a [`DevicePlan`]'s memory during one run: its bindings on the
-/// backend, MPI's addresses of those it may use in place, and the staging buffers.
-struct BackendMemory<'m> {
-    backend: &'m dyn Backend,
-    bindings: &'m [ByteRegion],
-    direct: &'m [Option<RawRegion>],
-    send_stage: &'m mut HostBuf,
-    recv_stage: &'m mut HostBuf,
-    staging_at: Location,
-}
-
-impl BackendMemory<'_> {
-    fn region(&self, s: &Slot) -> ByteRegion {
-        slot_region(self.bindings, s)
-    }
-}
-
-/// A one-copy program on `lane`, from binding 0 to binding 1, `bytes` long: a mirror's copy
-/// in or out. `(dtype, op, divisor)` are the plan's, which every program carries.
-pub(super) fn copy_program(
-    lane: Location,
-    (dtype, op, divisor): (DType, ReduceOp, u32),
-    bytes: u64,
-) -> Program {
-    let slot = |binding| Slot {
-        binding,
-        offset: 0,
-        bytes,
-    };
-    Program {
-        lanes: vec![lane],
-        events: 0,
-        dtype,
-        op,
-        divisor,
-        bindings: 2,
-        commands: vec![Command::Copy {
-            lane: 0,
-            src: slot(0),
-            dst: slot(1),
-        }],
-        srcs: Vec::new(),
-    }
-}
-
-/// A slot's bytes within its binding's region on the backend.
-pub(super) fn slot_region(bindings: &[ByteRegion], s: &Slot) -> ByteRegion {
-    let b = bindings[s.binding as usize];
-    ByteRegion {
-        mem: b.mem,
-        offset: b.offset + s.offset,
-        bytes: s.bytes,
-    }
-}
-
-/// A slot's raw address, where MPI may use its binding in place (`direct`).
-pub(super) fn slot_address(direct: &[Option<RawRegion>], s: &Slot) -> Option<RawRegion> {
-    direct[s.binding as usize].map(|r| RawRegion {
-        addr: r.addr + s.offset as usize,
-        bytes: s.bytes,
-        space: r.space,
-    })
-}
-
-// SAFETY: `address` gives the slot's bytes of an address the backend gave for its binding
-// (the sealed `Trusted::raw_region`, trusted because only this crate's backends implement
-// it), a region of this plan's scratch or mirrors, which the plan (or, after a failure, the
-// communicator's graveyard) keeps allocated while MPI may use it, and which nothing outside
-// the run touches; `staging` gives two host buffers of at least the asked sizes owned by the
-// plan (the backend's host memory or plain vectors), kept the same way and apart from every
-// binding.
-unsafe impl RankMemory for BackendMemory<'_> {
-    fn address(&self, slot: &Slot) -> Option<RawRegion> {
-        slot_address(self.direct, slot)
-    }
-
-    unsafe fn launch(&mut self, program: &Program) -> crate::error::Result<()> {
-        let launch = Launch {
-            program,
-            bindings: self.bindings,
-        };
-        // SAFETY: the program has one lane, so its commands never race each other; its
-        // bindings are disjoint (`run` refuses overlapping input and output, scratch is this
-        // plan's own); pending MPI requests use ranges the checker proved disjoint from the
-        // segment's ops (the runner's contract).
-        unsafe { self.backend.submit(&[launch]) }
-    }
-
-    fn synchronize(&mut self) -> crate::error::Result<()> {
-        self.backend.synchronize()
-    }
-
-    fn download(&mut self, slot: &Slot, dst: &mut [u8]) -> crate::error::Result<()> {
-        self.backend.download(self.region(slot), dst)
-    }
-
-    fn upload(&mut self, slot: &Slot, src: &[u8]) -> crate::error::Result<()> {
-        self.backend.upload(self.region(slot), src)
-    }
-
-    fn staging(&mut self, send: usize, recv: usize) -> crate::error::Result<(*mut u8, *mut u8)> {
-        let s = self
-            .send_stage
-            .ensure(self.backend, self.staging_at, send)?;
-        let r = self
-            .recv_stage
-            .ensure(self.backend, self.staging_at, recv)?;
-        Ok((s, r))
     }
 }
 
@@ -314,20 +97,14 @@ impl<'a> DevicePlan<'a> {
             .copied()
             .find(|l| matches!(l, Location::Host(_)))
             .unwrap_or(Location::Host(0));
-        let divisor = plan.request.nranks() as u32;
-        let copy = |bytes: usize| {
-            copy_program(device, (plan.dtype, plan.request.op, divisor), bytes as u64)
-        };
-        let (copy_in, copy_out) = (copy(schedule.input_len), copy(schedule.output_len));
+        let copies = MirrorCopies::new(device, plan, &schedule);
         let mut dp = DevicePlan {
             comm,
             mode: comm.transfer(),
             mem: PlanMemory::new(backend),
             staging_at,
-            copy_in,
-            copy_out,
-            bindings: Vec::with_capacity(2 + schedule.scratch.len()),
-            direct: Vec::with_capacity(2 + schedule.scratch.len()),
+            copies,
+            run: RunBindings::with_capacity(2 + schedule.scratch.len()),
             schedule,
         };
         // On an error here `dp.mem`'s drop frees what was allocated so far.
@@ -433,11 +210,6 @@ impl<'a> DevicePlan<'a> {
         for r in [input, output] {
             self.mem.backend.raw_region(r, Private)?;
         }
-        let whole = |m: DeviceMem| ByteRegion {
-            mem: m,
-            offset: 0,
-            bytes: m.bytes(),
-        };
         let mirror = |i: usize, caller: ByteRegion| match self.mem.mirrors[i] {
             Some(m) => ByteRegion {
                 bytes: caller.bytes,
@@ -446,22 +218,14 @@ impl<'a> DevicePlan<'a> {
             None => caller,
         };
         let (in_at, out_at) = (mirror(0, input), mirror(1, output));
-        self.bindings.clear();
-        self.bindings.extend([in_at, out_at]);
-        self.bindings
-            .extend(self.mem.scratch.iter().map(|m| whole(*m)));
-        self.direct.clear();
-        for r in &self.bindings {
-            let raw = match self.mode {
-                TransferMode::Staged => None,
-                // Direct means MPI may use device addresses too (CUDA-aware); a binding the
-                // backend gives no address for is staged.
-                TransferMode::Direct => self.mem.backend.raw_region(*r, Private)?,
-            };
-            self.direct.push(raw);
-        }
+        // Direct means MPI may use device addresses too (CUDA-aware); a binding the backend
+        // gives no address for is staged.
+        let addresses = self.mode == TransferMode::Direct;
+        let backend = &*self.mem.backend;
+        self.run
+            .bind(backend, [in_at, out_at], &self.mem.scratch, addresses)?;
         if in_at != input {
-            self.copy_between(&self.copy_in, input, in_at)?;
+            self.copy_between(&self.copies.copy_in, input, in_at)?;
         }
         let timeout = self.comm.timeout();
         let PlanMemory {
@@ -470,18 +234,23 @@ impl<'a> DevicePlan<'a> {
             recv_stage,
             ..
         } = &mut self.mem;
-        let mut mem = BackendMemory {
-            backend: &**backend,
-            bindings: &self.bindings,
-            direct: &self.direct,
-            send_stage,
-            recv_stage,
-            staging_at: self.staging_at,
-        };
-        // Every address MPI gets is a binding of this plan (scratch, or a mirror of the
-        // caller's region in `Direct` mode) or its staging memory, never the caller's region:
-        // after a failure that leaves requests with MPI, `run` moves all of them, with a
+        // SAFETY: the schedule was lowered onto one lane (`new`) and the bindings are its
+        // regions at its sizes: the input and output checked above, the scratch allocated for
+        // it. They are disjoint: the input and output were checked apart, mirrors and scratch
+        // are this plan's own allocations. Addresses are the backend's, given by `bind`, and
+        // only in `Direct` mode, where the caller's regions are bound only when empty (a
+        // nonempty one has a mirror). So every byte MPI may use is this plan's scratch, mirrors
+        // or staging, which nothing outside the run touches; the plan keeps them allocated,
+        // and after a failure that leaves requests with MPI, `run` moves them all, with a
         // share of the backend, to the graveyard.
+        let mut mem = unsafe {
+            RunMemory::new(
+                &**backend,
+                &self.run,
+                (send_stage, recv_stage),
+                self.staging_at,
+            )
+        };
         let mut transport = MpiTransport::new(
             reqs,
             Instant::now() + timeout,
@@ -490,7 +259,7 @@ impl<'a> DevicePlan<'a> {
         );
         run::run(&self.schedule.program, &mut mem, &mut transport)?;
         if out_at != output {
-            self.copy_between(&self.copy_out, out_at, output)?;
+            self.copy_between(&self.copies.copy_out, out_at, output)?;
         }
         Ok(())
     }

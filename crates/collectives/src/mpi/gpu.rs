@@ -39,7 +39,7 @@ use ::mpi::traits::Root;
 use cudarc::driver::{CudaEvent, CudaStream};
 use relaycc_route::{DType, Location, Plan};
 
-use super::device::{PlanMemory, TransferMode};
+use super::device::TransferMode;
 #[cfg(not(feature = "nccl"))]
 use super::gpu_run::NcclAbsent as NcclComm;
 use super::gpu_run::{
@@ -47,6 +47,7 @@ use super::gpu_run::{
 };
 use super::requests::Requests;
 use super::roll_call::WaitPoint;
+use super::run_memory::{MirrorCopies, PlanMemory, RunBindings};
 use super::schedule::RankSchedule;
 use super::typed_call::{CheckedCall, InputAt};
 use super::{MpiCommunicator, MpiError, MpiResult};
@@ -337,7 +338,7 @@ impl<'c> MpiGpu<'c> {
                 let bytes = p.weight;
                 (p, bytes)
             });
-            let at = WaitPoint::call("prepare a GPU call", call.collective(), seq);
+            let at = WaitPoint::call("prepare a GPU call", call.collective, seq);
             let (mut p, weight) = super::agree_weighed(comm, made, at)?;
             p.weight = weight;
             let evicted = self.shapes.evict_to_fit(limits, 1, weight);
@@ -348,7 +349,7 @@ impl<'c> MpiGpu<'c> {
             return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
         comm.set_last_algorithm(&p.algorithm);
-        let esize = call.esize();
+        let esize = call.dtype.size();
         let ran = run_prepared(
             p,
             GpuRunContext {
@@ -509,17 +510,13 @@ impl<'c> MpiGpu<'c> {
         if direct && schedule.output_len > 0 {
             mem.mirrors[1] = Some(mem.backend.allocate(GPU, schedule.output_len as u64)?);
         }
-        let n = 2 + schedule.scratch.len();
         let weight = schedule.run_bytes();
         Ok(GpuPrepared {
             weight,
             reqs: Requests::new(mpi, comm.rank()),
             algorithm: plan.algorithm.clone(),
-            dtype: plan.dtype,
-            op: plan.request.op,
-            divisor: plan.request.nranks() as u32,
-            bindings: Vec::with_capacity(n),
-            direct: Vec::with_capacity(n),
+            copies: MirrorCopies::new(GPU, plan, &schedule),
+            run: RunBindings::with_capacity(2 + schedule.scratch.len()),
             schedule,
             mem,
         })

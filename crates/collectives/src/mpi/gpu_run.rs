@@ -1,28 +1,29 @@
 //! One call of a GPU rank's prepared shape ([`super::gpu`]): where it runs ([`Place`]: the
 //! process's GPU on the caller's stream, or the host backend), the caller's buffers lent for
 //! the call, the mirrors' copies in and out, and the executor's one runner over the rank's
-//! memory ([`GpuMemory`]) and the MPI or NCCL transport.
+//! memory ([`RunMemory`], launching through [`CallLauncher`]) and the MPI or NCCL transport.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::CudaStream;
-use relaycc_route::{DType, Location, ReduceOp};
+use relaycc_route::Location;
 
-use super::device::{HostBuf, PlanMemory, TransferMode, copy_program, slot_address, slot_region};
+use super::device::TransferMode;
 use super::requests::Requests;
+use super::run_memory::{Launcher, MirrorCopies, PlanMemory, RunBindings, RunMemory};
 use super::schedule::RankSchedule;
 use super::transport::MpiTransport;
 use super::typed_call::InputAt;
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::host::HostBackend;
 use crate::backend::sealed::{Loan, Private};
-use crate::backend::{Backend, ByteRegion, DeviceMem, Launch, Program, RawRegion, Slot};
+use crate::backend::{Backend, ByteRegion, DeviceMem, Launch, Program};
 use crate::cuda::{CudaBackend, CudaError};
 use crate::error::CollectivesError;
 #[cfg(feature = "nccl")]
 use crate::exec::nccl_transport::NcclComm;
-use crate::exec::run::{self, RankMemory};
+use crate::exec::run;
 use crate::plan_cache::lru::Held;
 use crate::rank::{Lender, View};
 
@@ -39,20 +40,17 @@ use NcclAbsent as NcclComm;
 pub(super) const GPU: Location = Location::Gpu(0);
 
 /// One cached shape on the GPU: this rank's schedule, its plan memory (scratch, mirrors,
-/// staging) on the backend, and its MPI requests.
+/// staging) on the backend, the mirrors' copy programs, and its MPI requests.
 #[derive(Debug)]
 pub(super) struct GpuPrepared {
     pub(super) schedule: RankSchedule,
     pub(super) mem: PlanMemory,
+    pub(super) copies: MirrorCopies,
     pub(super) reqs: Requests,
     pub(super) algorithm: String,
-    pub(super) dtype: DType,
-    pub(super) op: ReduceOp,
-    pub(super) divisor: u32,
     /// Bindings of the current run and the transport's addresses of them (kept to avoid
     /// allocating per call).
-    pub(super) bindings: Vec<ByteRegion>,
-    pub(super) direct: Vec<Option<RawRegion>>,
+    pub(super) run: RunBindings,
     /// What the shape counts against the plan cache's byte limit: for a collective, the
     /// largest run memory (input, output, scratch) of any rank's part, agreed; for a
     /// send/recv pair, this rank's own.
@@ -242,11 +240,6 @@ impl Drop for Lent<'_> {
     }
 }
 
-/// The one-copy program of a shape's mirror copies ([`copy_program`] on the GPU's lane).
-fn mirror_copy(p: &GpuPrepared, bytes: u64) -> Program {
-    copy_program(GPU, (p.dtype, p.op, p.divisor), bytes)
-}
-
 /// Submit a copy from `src` to `dst` (ordered within the caller's stream on the GPU).
 fn copy_on(place: Place<'_>, program: &Program, src: ByteRegion, dst: ByteRegion) -> MpiResult<()> {
     let bindings = [src, dst];
@@ -341,7 +334,7 @@ pub(super) fn run_prepared(
     let in_at = match (caller_in, p.mem.mirrors[0]) {
         (Some(c), Some(m)) if mirror_in => {
             let at = whole(m, in_len);
-            copy_on(place, &mirror_copy(p, in_len), c, at)?;
+            copy_on(place, &p.copies.copy_in, c, at)?;
             at
         }
         (Some(c), _) => c,
@@ -352,19 +345,11 @@ pub(super) fn run_prepared(
         (Some(c), None) => c,
         (None, _) => empty,
     };
-    p.bindings.clear();
-    p.bindings.extend([in_at, out_at]);
-    p.bindings
-        .extend(p.mem.scratch.iter().map(|m| whole(*m, m.bytes())));
-    p.direct.clear();
-    for b in &p.bindings {
-        let raw = if host_sync && ctx.mode == TransferMode::Staged {
-            None
-        } else {
-            place.backend().raw_region(*b, Private)?
-        };
-        p.direct.push(raw);
-    }
+    // With MPI staged, no binding's address goes to the transport; direct MPI may use device
+    // addresses (CUDA-aware), and NCCL reaches device memory only.
+    let addresses = !(host_sync && ctx.mode == TransferMode::Staged);
+    p.run
+        .bind(place.backend(), [in_at, out_at], &p.mem.scratch, addresses)?;
     if host_sync {
         // MPI reads device memory from the host's side: the caller's writes before the call
         // (and the input copy) must be done before the first message.
@@ -375,13 +360,25 @@ pub(super) fn run_prepared(
         recv_stage,
         ..
     } = &mut p.mem;
-    let mut mem = GpuMemory {
-        place,
-        bindings: &p.bindings,
-        direct: &p.direct,
-        send_stage,
-        recv_stage,
-        host_sync,
+    let launcher = CallLauncher { place, host_sync };
+    // SAFETY: the schedule was lowered onto one lane (`gpu.rs`'s `prepare`) and the bindings
+    // are its regions at its sizes: the caller's input and output checked above, mirrors and
+    // scratch allocated for it. They are disjoint: the caller's input and output are distinct
+    // buffers, or one buffer with the input in the mirror; the rest are this shape's own.
+    // Addresses are the backend's, given by `bind`: with MPI they are of this shape's mirrors
+    // and scratch only (direct MPI stands mirrors in for both of the caller's nonempty
+    // buffers), which nothing outside the run touches, kept by the shape or, after a failure,
+    // by the graveyard (`settle`) while MPI may use them; with NCCL they may be of the
+    // caller's buffers lent for the call, whose transfers are enqueued on the caller's stream
+    // and so come before any reuse the caller orders after the call. The staging buffers are
+    // the shape's, kept the same way.
+    let mut mem = unsafe {
+        RunMemory::new(
+            launcher,
+            &p.run,
+            (send_stage, recv_stage),
+            Location::Host(0),
+        )
     };
     match (ctx.nccl, place) {
         #[cfg(feature = "nccl")]
@@ -401,88 +398,50 @@ pub(super) fn run_prepared(
         }
     }
     if let (Some(c), Some(m)) = (caller_out, p.mem.mirrors[1]) {
-        copy_on(place, &mirror_copy(p, out_len), whole(m, out_len), c)?;
+        copy_on(place, &p.copies.copy_out, whole(m, out_len), c)?;
     }
     drop(lent);
     Ok(())
 }
 
-/// The runner's view of a GPU rank's memory: bindings on the CUDA backend, launches ordered
-/// within the caller's stream, host synchronization only where the transport is driven by
-/// the host (MPI).
-struct GpuMemory<'m> {
-    place: Place<'m>,
-    bindings: &'m [ByteRegion],
-    direct: &'m [Option<RawRegion>],
-    send_stage: &'m mut HostBuf,
-    recv_stage: &'m mut HostBuf,
+/// How a GPU rank's run launches: ordered within the caller's stream (or on the host
+/// backend's lanes), waited for on the host only where the host drives the transport (MPI).
+struct CallLauncher<'r> {
+    place: Place<'r>,
     /// Wait on the host at the runner's synchronization points (MPI); with NCCL the stream
     /// orders everything and nothing waits.
     host_sync: bool,
 }
 
-impl GpuMemory<'_> {
-    fn region(&self, s: &Slot) -> ByteRegion {
-        slot_region(self.bindings, s)
-    }
-}
-
-// SAFETY: as for `device.rs`'s `BackendMemory`: addresses are the trusted backend's (the
-// sealed `Trusted::raw_region`), of this shape's own bindings (mirrors and scratch, kept by
-// the shape or, after a failure, the graveyard while MPI may use them) or, with NCCL only, of
-// the caller's buffers lent for the call, whose transfers are enqueued on the caller's stream
-// and so come before any reuse the caller orders after the call; staging is two host
-// buffers of at least the asked sizes owned by the shape, apart from every binding.
-unsafe impl RankMemory for GpuMemory<'_> {
-    fn address(&self, slot: &Slot) -> Option<RawRegion> {
-        slot_address(self.direct, slot)
+impl Launcher for CallLauncher<'_> {
+    fn backend(&self) -> &dyn Backend {
+        self.place.backend()
     }
 
-    unsafe fn launch(&mut self, program: &Program) -> crate::error::Result<()> {
-        let launch = Launch {
-            program,
-            bindings: self.bindings,
-        };
-        // SAFETY: the program has one lane, so its commands never race each other; its
-        // bindings are disjoint (the caller's input and output are distinct cudarc buffers or
-        // one buffer with the input in the mirror, the rest are this shape's own); pending
-        // transfers use ranges the checker proved disjoint from the segment's ops (the
-        // runner's contract); the launch is ordered within the caller's stream, after the
-        // transfers of earlier stages enqueued there.
-        unsafe { self.place.submit(&[launch]) }
+    unsafe fn submit(&self, launches: &[Launch<'_>]) -> crate::error::Result<()> {
+        // SAFETY: the caller's contract; the launches are ordered within the caller's stream,
+        // after the transfers of earlier stages enqueued there.
+        unsafe { self.place.submit(launches) }
     }
 
-    fn synchronize(&mut self) -> crate::error::Result<()> {
+    fn wait(&self) -> crate::error::Result<()> {
         if !self.host_sync {
             return Ok(());
         }
         self.place.wait()
-    }
-
-    fn download(&mut self, slot: &Slot, dst: &mut [u8]) -> crate::error::Result<()> {
-        self.place.backend().download(self.region(slot), dst)
-    }
-
-    fn upload(&mut self, slot: &Slot, src: &[u8]) -> crate::error::Result<()> {
-        self.place.backend().upload(self.region(slot), src)
-    }
-
-    fn staging(&mut self, send: usize, recv: usize) -> crate::error::Result<(*mut u8, *mut u8)> {
-        let at = Location::Host(0);
-        let s = self.send_stage.ensure(self.place.backend(), at, send)?;
-        let r = self.recv_stage.ensure(self.place.backend(), at, recv)?;
-        Ok((s, r))
     }
 }
 
 #[cfg(all(test, feature = "nccl"))]
 mod tests {
     use cudarc::driver::CudaContext;
-    use relaycc_route::{Collective, Request};
+    use relaycc_route::{Collective, DType, Request};
 
     use super::*;
+    use crate::backend::RawRegion;
     use crate::backend::sealed::Trusted;
     use crate::exec::lower::Lanes;
+    use crate::mpi::run_memory::HostBuf;
 
     /// Ranks on threads of one process over NCCL (`ncclCommInitAll`), each running its part of
     /// a rank-space all_reduce with the one runner on its GPU's backend and stream: the path
@@ -529,26 +488,35 @@ mod tests {
                             .iter()
                             .map(|b| cuda.raw_region(*b, Private).expect("address"))
                             .collect();
+                        let run_bindings = RunBindings { bindings, direct };
                         let ctx = CudaContext::new(ordinal).expect("context");
                         let stream = ctx.new_stream().expect("stream");
                         let (mut send_stage, mut recv_stage) = (HostBuf::None, HostBuf::None);
-                        let mut mem = GpuMemory {
+                        let launcher = CallLauncher {
                             place: Place::Cuda {
                                 cuda: &cuda,
                                 stream: &stream,
                                 ordinal,
                             },
-                            bindings: &bindings,
-                            direct: &direct,
-                            send_stage: &mut send_stage,
-                            recv_stage: &mut recv_stage,
                             host_sync: false,
+                        };
+                        // SAFETY: one lane; the bindings are this test's own allocations at
+                        // the schedule's sizes, apart from each other, with the backend's
+                        // addresses; NCCL's transfers are on `stream`, synchronized below
+                        // before anything is read or freed.
+                        let mut mem = unsafe {
+                            RunMemory::new(
+                                launcher,
+                                &run_bindings,
+                                (&mut send_stage, &mut recv_stage),
+                                Location::Host(0),
+                            )
                         };
                         let mut t = nccl.transport(&stream).expect("transport");
                         run::run(&sched.program, &mut mem, &mut t).expect("run");
                         stream.synchronize().expect("stream");
                         let mut out = vec![0f32; N as usize];
-                        cuda.download(bindings[1], bytemuck::cast_slice_mut(&mut out))
+                        cuda.download(run_bindings.bindings[1], bytemuck::cast_slice_mut(&mut out))
                             .expect("download");
                         out
                     })

@@ -30,6 +30,7 @@ mod indexed;
 mod point_to_point;
 mod requests;
 mod roll_call;
+mod run_memory;
 #[cfg(feature = "cuda")]
 mod runner;
 mod schedule;

@@ -45,8 +45,9 @@ use super::call_agreement::{AGREE, COUNT, SEQ, WORDS};
 use super::requests::Requests;
 use super::roll_call::WaitPoint;
 use super::schedule::{RankSchedule, RunBuffers};
-use super::typed_call::{CheckedCall, InputAt, TypedCall, TypedCollective};
+use super::typed_call::{CheckedCall, InputAt, TypedCollective};
 use super::{MpiCommunicator, MpiError, MpiResult};
+use crate::call::{CallDesc, RankDescs};
 use crate::element::Element;
 use crate::plan_cache::lru::Held;
 
@@ -263,7 +264,7 @@ impl MpiCommunicator {
     /// Steps 1 to 4 of the module docs for one call.
     fn collective<T: Element>(
         &self,
-        mut call: TypedCall,
+        mut call: CallDesc,
         local: MpiResult<()>,
         input: Input<'_, T>,
         output: &mut [T],
@@ -284,7 +285,7 @@ impl MpiCommunicator {
     /// Plan on a miss (all ranks miss together), then run.
     fn run_cached<T: Element>(
         &self,
-        call: &TypedCall,
+        call: &CallDesc,
         key: Vec<i64>,
         all: &[i64],
         input: Input<'_, T>,
@@ -411,44 +412,43 @@ impl MpiCommunicator {
     }
 
     /// The agreed request in rank space: ranks `0..n` are the processes.
-    pub(super) fn request(&self, call: &TypedCall, all: &[i64]) -> MpiResult<Request> {
+    pub(super) fn request(&self, call: &CallDesc, all: &[i64]) -> MpiResult<Request> {
         let n = self.size() as usize;
-        let mut req = Request::new(
-            call.collective,
-            (0..n as u32).collect(),
-            call.count,
-            call.dtype,
-        )
-        .with_op(call.op.unwrap_or(ReduceOp::Sum))
-        .with_root(call.root.unwrap_or(0));
-        match call.collective {
-            Collective::AllGatherV => {
-                req.counts = all.chunks(WORDS).map(|d| d[COUNT] as u64).collect();
-            }
-            Collective::AllToAllV => {
-                // Every rank's send and receive counts: the matrix, checked pair by pair.
-                let words: Vec<i64> = call.counts.iter().map(|c| *c as i64).collect();
-                let seq = all.get(SEQ).map_or(0, |s| *s as u64);
-                let at = WaitPoint::call(AGREE, call.collective, seq);
-                let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
-                let rows: Vec<&[i64]> = got.chunks(2 * n).collect();
-                for (s, row) in rows.iter().enumerate() {
-                    for (d, peer) in rows.iter().enumerate() {
-                        let (sends, expects) = (row[d], peer[n + s]);
-                        if sends != expects {
-                            return Err(MpiError::CountMismatch(format!(
-                                "rank {s} sends {sends} elements to rank {d}, which expects \
-                                 {expects}"
-                            )));
-                        }
-                    }
-                }
-                req.matrix = rows
-                    .iter()
-                    .map(|r| r[..n].iter().map(|c| *c as u64).collect())
-                    .collect();
-            }
-            _ => {}
+        let matrix = if call.collective == Collective::AllToAllV {
+            // Every rank's send and receive counts as its descriptor's, paired up by the one
+            // check the in-process meeting makes too.
+            let words: Vec<i64> = call
+                .counts
+                .iter()
+                .chain(&call.recv_counts)
+                .map(|c| *c as i64)
+                .collect();
+            let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+            let at = WaitPoint::call(AGREE, call.collective, seq);
+            let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
+            let counts = |r: &[i64]| -> Vec<u64> { r.iter().map(|c| *c as u64).collect() };
+            let descs: Vec<CallDesc> = got
+                .chunks(2 * n)
+                .map(|row| CallDesc {
+                    counts: counts(&row[..n]),
+                    recv_counts: counts(&row[n..]),
+                    ..call.clone()
+                })
+                .collect();
+            let rows: Vec<RankDescs<'_>> = descs
+                .iter()
+                .enumerate()
+                .map(|(r, d)| (r, Some(vec![d])))
+                .collect();
+            crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)?
+        } else {
+            Vec::new()
+        };
+        let mut req = call.request((0..n as u32).collect(), matrix);
+        if call.collective == Collective::AllGatherV {
+            // The contributions as every rank sent them, word for word: each rank's own list
+            // was compared with them by its hash only.
+            req.counts = all.chunks(WORDS).map(|d| d[COUNT] as u64).collect();
         }
         req.validate()?;
         Ok(req)

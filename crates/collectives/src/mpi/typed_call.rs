@@ -1,42 +1,16 @@
 //! A typed collective call before agreement (step 1 of [`super::typed`]'s module docs): what
-//! this rank asks for ([`TypedCall`], named by [`TypedCollective`] with its arguments) and the
-//! local checks of the single-process API that give a [`CheckedCall`], the same for host
-//! slices and device buffers.
+//! this rank asks for (a [`TypedCollective`] with its arguments) and the local checks of the
+//! single-process API that turn it into the crate's call descriptor ([`CallDesc`], the one
+//! every surface agrees on) in a [`CheckedCall`], the same for host slices and device
+//! buffers.
 
 use std::ops::Range;
 
 use relaycc_route::{Collective, DType, ReduceOp};
 
 use super::{MpiCommunicator, MpiError, MpiResult};
+use crate::call::CallDesc;
 use crate::element::Element;
-
-/// What this rank asks for, before agreement.
-#[derive(Debug)]
-pub(super) struct TypedCall {
-    pub(super) collective: Collective,
-    pub(super) dtype: DType,
-    pub(super) esize: u64,
-    pub(super) op: Option<ReduceOp>,
-    pub(super) root: Option<u32>,
-    pub(super) count: u64,
-    /// all_gather_v: every rank's count; all_to_all_v: this rank's send counts then its
-    /// receive counts.
-    pub(super) counts: Vec<u64>,
-    /// The caller's tag of this call ([`crate::Collectives::tag_next`]; 0: none), agreed
-    /// with the rest but not part of the plan's key.
-    pub(super) tag: u64,
-}
-#[cfg(feature = "cuda")]
-impl TypedCall {
-    /// Bytes of one element.
-    pub(super) fn esize(&self) -> u64 {
-        self.esize
-    }
-    /// The collective.
-    pub(super) fn collective(&self) -> Collective {
-        self.collective
-    }
-}
 
 /// The sum of user counts, `None` past `usize`.
 fn total(counts: &[usize]) -> Option<usize> {
@@ -84,12 +58,13 @@ pub(super) enum InputAt {
     InOutput(Range<usize>),
 }
 
-/// A call after its local checks: the descriptor to agree on, this rank's local verdict,
-/// where its input is, and whether this rank's input and output take part (a non-root's
-/// output of `reduce`/`gather`, a non-root's input of `scatter`, do not).
+/// A call after its local checks: the descriptor to agree on (its tag, 0 for none, is the
+/// caller's to set: agreed with the rest, but not part of the plan's key), this rank's local
+/// verdict, where its input is, and whether this rank's input and output take part (a
+/// non-root's output of `reduce`/`gather`, a non-root's input of `scatter`, do not).
 #[derive(Debug)]
 pub(super) struct CheckedCall {
-    pub(super) call: TypedCall,
+    pub(super) call: CallDesc,
     pub(super) local: MpiResult<()>,
     pub(super) input: InputAt,
     pub(super) input_used: bool,
@@ -120,17 +95,20 @@ impl MpiCommunicator {
         let me = self.rank() as usize;
         let n = self.size() as usize;
         let mut shape = CheckedCall {
-            call: self.call(dtype, Collective::AllReduce, None, None, input as u64),
+            call: CallDesc::new(Collective::AllReduce, dtype, input as u64, ReduceOp::Sum, 0),
             local: Ok(()),
             input: InputAt::Separate,
             input_used: true,
             output_used: true,
         };
         let (call, local) = (&mut shape.call, &mut shape.local);
+        // The descriptor's op and root mean something only where the collective reduces or
+        // has a root; elsewhere they keep `CallDesc::new`'s `Sum` and 0, which nothing reads.
         let mut set = |c: Collective, op: Option<ReduceOp>, root: Option<u32>, count: usize| {
+            call.call = c.name();
             call.collective = c;
-            call.op = op;
-            call.root = root;
+            call.op = op.unwrap_or(ReduceOp::Sum);
+            call.root = root.map_or(0, |r| r as usize);
             call.count = count as u64;
         };
         match kind {
@@ -223,11 +201,8 @@ impl MpiCommunicator {
                 };
                 set(Collective::AllToAllV, None, None, 0);
                 if local.is_ok() {
-                    call.counts = send_counts
-                        .iter()
-                        .chain(recv_counts)
-                        .map(|c| *c as u64)
-                        .collect();
+                    call.counts = send_counts.iter().map(|c| *c as u64).collect();
+                    call.recv_counts = recv_counts.iter().map(|c| *c as u64).collect();
                 }
             }
             TypedCollective::Gather(root) => {
@@ -253,26 +228,6 @@ impl MpiCommunicator {
         }
         shape
     }
-    fn call(
-        &self,
-        dtype: DType,
-        collective: Collective,
-        op: Option<ReduceOp>,
-        root: Option<u32>,
-        count: u64,
-    ) -> TypedCall {
-        TypedCall {
-            collective,
-            dtype,
-            esize: dtype.size(),
-            op,
-            root,
-            count,
-            counts: Vec::new(),
-            tag: 0,
-        }
-    }
-
     pub(super) fn buffer(&self, side: &'static str, got: usize, needs: usize) -> MpiError {
         MpiError::Buffer { side, got, needs }
     }
@@ -332,14 +287,14 @@ impl MpiCommunicator {
     /// verdict with `avg` refused on integer types.
     pub(super) fn next_call(
         &self,
-        call: &TypedCall,
+        call: &CallDesc,
         mut local: MpiResult<()>,
     ) -> (u64, MpiResult<()>) {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         if local.is_ok()
             && call.collective.reduces()
-            && call.op == Some(ReduceOp::Avg)
+            && call.op == ReduceOp::Avg
             && !call.dtype.is_float()
         {
             local = Err(MpiError::Unsupported(format!(

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use relaycc_route::{Collective, Location, Request};
+use relaycc_route::{Collective, Location};
 
 use crate::backend::sealed::{Lending, Loan, Private};
 use crate::backend::{ByteRegion, DeviceMem};
@@ -119,24 +119,6 @@ fn matrix(
         m = order.iter().map(|&i| m[i].clone()).collect();
     }
     Ok(m)
-}
-
-fn request(comm: &Communicator, d: &Desc, matrix: Vec<Vec<u64>>) -> Request {
-    let mut r = Request::new(d.collective, comm.devices().to_vec(), d.count, d.dtype)
-        .with_op(d.op)
-        .with_root(u32::try_from(d.root).unwrap_or(u32::MAX));
-    match d.collective {
-        Collective::AllGatherV => {
-            r.count = 0;
-            r.counts = d.counts.clone();
-        }
-        Collective::AllToAllV => {
-            r.count = 0;
-            r.matrix = matrix;
-        }
-        _ => {}
-    }
-    r
 }
 
 fn backend_error(comm: &Communicator, message: String) -> Failure {
@@ -281,7 +263,7 @@ fn build<'c>(
         } else {
             Vec::new()
         };
-        let req = request(comm, d, m);
+        let req = d.request(comm.devices().to_vec(), m);
         let esize = d.dtype.size();
         let (mut ins, mut outs) = (vec![None; n], vec![None; n]);
         for (i, a) in arrivals.iter().enumerate() {
