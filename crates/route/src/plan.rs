@@ -232,6 +232,17 @@ pub struct StepSamples {
     pub long: Plan,
 }
 
+impl StepSamples {
+    /// Ops of the full plan these samples stand for, extrapolated from theirs as its makespan
+    /// is (saturating).
+    pub fn full_ops(&self) -> u64 {
+        let (short, long) = (self.short.full_ops(), self.long.full_ops());
+        let between = self.long_kept.saturating_sub(self.short_kept).max(1);
+        let per_step = long.saturating_sub(short).div_ceil(between);
+        long.saturating_add(per_step.saturating_mul(self.full.saturating_sub(self.long_kept)))
+    }
+}
+
 /// What a plan of rounds stands for ([`Plan::rounds`], [`crate::rounds`]): a request whose
 /// buffers are pieces (blocks of `count` elements, or the pieces a `v` collective or a
 /// send_recv names) cut into [`Rounds::count`] equal slices per piece and a remainder.
@@ -533,7 +544,7 @@ impl Plan {
     /// ([`crate::step_samples`]), else its own.
     pub fn full_ops(&self) -> u64 {
         if let Some(s) = &self.step_samples {
-            return crate::step_samples::full_ops(s);
+            return s.full_ops();
         }
         if let Some(r) = &self.rounds {
             return r

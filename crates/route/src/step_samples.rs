@@ -57,15 +57,6 @@ pub fn extrapolate_us(s: &StepSamples, short_us: f64, long_us: f64) -> (f64, f64
     }
 }
 
-/// Ops of the full plan `s` stands for, extrapolated from its samples' as its makespan is
-/// (saturating).
-pub fn full_ops(s: &StepSamples) -> u64 {
-    let (short, long) = (s.short.full_ops(), s.long.full_ops());
-    let between = s.long_kept.saturating_sub(s.short_kept).max(1);
-    let per_step = long.saturating_sub(short).div_ceil(between);
-    long.saturating_add(per_step.saturating_mul(s.full.saturating_sub(s.long_kept)))
-}
-
 /// A step-sampled plan of `full` steps of `what` per phase from its samples: `short` building
 /// `short_kept` of them, `long` building `long_kept`. Named after the long sample, with its
 /// protocol.
