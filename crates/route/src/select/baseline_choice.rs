@@ -135,9 +135,10 @@ fn rings_to_sample(
 /// too large to build: more than [`RING_IN_FULL_MAX_OPS`] ops (as a template folded by
 /// `shift` where it has more than two periods, else in full) and at least
 /// [`SAMPLE_FROM_STEPS`] steps per phase. Where the tuner chooses the double binary tree for an
-/// all_reduce and that is small enough in full ([`TREE_IN_FULL_MAX_OPS`]), the tree is built
-/// instead; above, the rings stand for it (NCCL_ALGO=Ring). `None` where the baseline is built
-/// as it is; the reason for a sample goes to `skipped`.
+/// all_reduce, the rings stand for it (NCCL_ALGO=Ring) only where [`baseline_template`] would
+/// put them in its place (hosts that fold, a tree above [`TREE_IN_FULL_MAX_OPS`] and above the
+/// rings' window); elsewhere the tree is built. `None` where the baseline is built as it is;
+/// the reason for a sample goes to `skipped`.
 fn sampled_rings(
     topo: &Topology,
     req: &Request,
@@ -153,8 +154,17 @@ fn sampled_rings(
     if req.collective == Collective::AllReduce {
         match crate::planner::baseline_net::tuner_choice(topo, req, limit) {
             Err(e) => return Some(Err(e)),
-            Ok(Some(Algo::Tree)) if tree_ops_estimate(req) <= TREE_IN_FULL_MAX_OPS => return None,
-            Ok(Some(Algo::Tree)) => forced = " (NCCL_ALGO=Ring)",
+            // The tree stays the baseline wherever `baseline_template` keeps it (it is small
+            // enough, or no larger than the rings' window, or the hosts do not fold, where
+            // the tuner's choice is built in full); the rings stand for it only where they
+            // did before, now sampled.
+            Ok(Some(Algo::Tree)) => {
+                let tree_ops = tree_ops_estimate(req);
+                if sym.is_none() || tree_ops <= TREE_IN_FULL_MAX_OPS.max(ops) {
+                    return None;
+                }
+                forced = " (NCCL_ALGO=Ring)";
+            }
             Ok(_) => {}
         }
     }
