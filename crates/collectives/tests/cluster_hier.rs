@@ -23,15 +23,7 @@ const PRESETS: [&str; 3] = [
 fn plan(spec: &str, req: &Request, chunk: u64) -> Plan {
     let topo = relaycc_topo::preset(spec).unwrap();
     let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Any);
-    let ctx = Ctx {
-        cache: &cache,
-        mode: LinkMode::Single,
-        chunk_elems: chunk,
-        channels: 1,
-        window: None,
-        limit: None,
-        ring_steps: None,
-    };
+    let ctx = Ctx::new(&cache, LinkMode::Single, chunk, 1);
     let planner: PlannerFn = match req.collective {
         Collective::AllReduce => cluster::all_reduce,
         Collective::ReduceScatter => cluster::reduce_scatter,

@@ -176,7 +176,7 @@ proptest! {
             ] {
                 let cache = ConnCache::new(&topo, &gpus, &cache_relay);
                 for (planner, channels) in planners_for(c, gpus.len()) {
-                    let ctx = Ctx { cache: &cache, mode, chunk_elems: 500, channels, window: None, limit: None, ring_steps: None };
+                    let ctx = Ctx::new(&cache, mode, 500, channels);
                     match planner(&topo, &req, &ctx) {
                         Ok(p) => proved(&p, &req, &topo, &format!("{what} {mode:?}"))?,
                         Err(e) => clear(&e, &what)?,

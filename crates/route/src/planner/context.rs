@@ -45,6 +45,22 @@ pub struct Ctx<'c> {
     pub ring_steps: Option<u64>,
 }
 
+impl<'c> Ctx<'c> {
+    /// A context of `cache`'s connections in `mode`, pipelined in chunks of `chunk_elems`
+    /// (at least 1) over `channels`: every op built (no window), no limit, every ring step.
+    pub fn new(cache: &'c ConnCache<'c>, mode: LinkMode, chunk_elems: u64, channels: u32) -> Self {
+        Ctx {
+            cache,
+            mode,
+            chunk_elems: chunk_elems.max(1),
+            channels,
+            window: None,
+            limit: None,
+            ring_steps: None,
+        }
+    }
+}
+
 /// `Ctx::channels` asking ring planners for packed rings ([`super::ring_pack`]).
 pub const PACKED_RINGS: u32 = 0;
 

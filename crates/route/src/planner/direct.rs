@@ -111,15 +111,7 @@ mod tests {
     fn one_rank_and_irregular_counts() {
         let topo = relaycc_topo::preset("pcie-4gpu").unwrap();
         let cache = ConnCache::new(&topo, &[2], &RelayPolicy::None);
-        let ctx = Ctx {
-            cache: &cache,
-            mode: LinkMode::Single,
-            chunk_elems: 4,
-            channels: 1,
-            window: None,
-            limit: None,
-            ring_steps: None,
-        };
+        let ctx = Ctx::new(&cache, LinkMode::Single, 4, 1);
         // One rank: Avg divides by one, in a single local reduction per chunk.
         let req =
             Request::new(Collective::AllReduce, vec![2], 9, DType::F32).with_op(ReduceOp::Avg);
@@ -129,15 +121,7 @@ mod tests {
         // all_to_all_v with empty rows and columns moves only what the matrix asks.
         let gpus = vec![0, 1, 3];
         let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::None);
-        let ctx = Ctx {
-            cache: &cache,
-            mode: LinkMode::Single,
-            chunk_elems: 4,
-            channels: 1,
-            window: None,
-            limit: None,
-            ring_steps: None,
-        };
+        let ctx = Ctx::new(&cache, LinkMode::Single, 4, 1);
         let mut req = Request::new(Collective::AllToAllV, gpus, 0, DType::U8);
         req.matrix = vec![vec![0, 5, 0], vec![0, 0, 0], vec![2, 0, 1]];
         let p = plan(&topo, &req, &ctx).unwrap();
@@ -170,15 +154,7 @@ mod tests {
             }
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
             for mode in [LinkMode::Nccl, LinkMode::Single, LinkMode::Multipath] {
-                let ctx = Ctx {
-                    cache: &cache,
-                    mode,
-                    chunk_elems: 8,
-                    channels: 1,
-                    window: None,
-                    limit: None,
-                    ring_steps: None,
-                };
+                let ctx = Ctx::new(&cache, mode, 8, 1);
                 let p = plan(&topo, &req, &ctx).unwrap();
                 check(&p).unwrap_or_else(|e| panic!("{c} {mode:?}: {e}"));
                 check_routes(&p, &topo).unwrap();

@@ -153,15 +153,7 @@ mod tests {
         );
         let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Any);
         for mode in [LinkMode::Single, LinkMode::Multipath] {
-            let ctx = Ctx {
-                cache: &cache,
-                mode,
-                chunk_elems: 100,
-                channels: 1,
-                window: None,
-                limit: None,
-                ring_steps: None,
-            };
+            let ctx = Ctx::new(&cache, mode, 100, 1);
             let p = all_reduce(&topo, &req, &ctx).unwrap();
             check(&p).unwrap();
             check_routes(&p, &topo).unwrap();

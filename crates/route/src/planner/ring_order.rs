@@ -196,15 +196,7 @@ mod tests {
             let req = Request::new(Collective::AllReduce, gpus.clone(), 1, DType::F32);
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
             let rate = |mode| {
-                let ctx = Ctx {
-                    cache: &cache,
-                    mode,
-                    chunk_elems: 1,
-                    channels: 2,
-                    window: None,
-                    limit: None,
-                    ring_steps: None,
-                };
+                let ctx = Ctx::new(&cache, mode, 1, 2);
                 let ord = ring_order(&ctx, &req, true);
                 slowest(&ctx, &req, &ord, true)
             };

@@ -243,15 +243,7 @@ mod tests {
             _ => RelayPolicy::Any,
         };
         let cache = ConnCache::new(&topo, &gpus, &relay);
-        let ctx = Ctx {
-            cache: &cache,
-            mode,
-            chunk_elems: 1,
-            channels: 1,
-            window: None,
-            limit: None,
-            ring_steps: None,
-        };
+        let ctx = Ctx::new(&cache, mode, 1, 1);
         packed_rings(&ctx, &req).unwrap()
     }
 
@@ -277,15 +269,7 @@ mod tests {
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();
         for gpus in [vec![0, 2, 5, 7], vec![0, 1, 2, 3, 4], (0..8).collect()] {
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
-            let ctx = Ctx {
-                cache: &cache,
-                mode: LinkMode::Single,
-                chunk_elems: 1,
-                channels: 1,
-                window: None,
-                limit: None,
-                ring_steps: None,
-            };
+            let ctx = Ctx::new(&cache, LinkMode::Single, 1, 1);
             let req = Request::new(Collective::AllReduce, gpus.clone(), 8, DType::F32);
             let mut carried: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();
             for ring in packed_rings(&ctx, &req).unwrap() {

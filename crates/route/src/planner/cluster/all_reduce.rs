@@ -494,15 +494,7 @@ mod tests {
         );
         let shape = ClusterShape::of(&topo, &req).unwrap().unwrap();
         let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Members);
-        let ctx = Ctx {
-            cache: &cache,
-            mode: LinkMode::Single,
-            chunk_elems: chunk,
-            channels: 1,
-            window: None,
-            limit: None,
-            ring_steps: None,
-        };
+        let ctx = Ctx::new(&cache, LinkMode::Single, chunk, 1);
         start(&req, &ctx, &shape, "halving").1.most_all
     }
 

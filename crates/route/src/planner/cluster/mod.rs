@@ -203,15 +203,7 @@ mod tests {
 
     fn prove(topo: &Topology, req: &Request, planner: super::super::PlannerFn, chunk: u64) -> Plan {
         let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Any);
-        let ctx = Ctx {
-            cache: &cache,
-            mode: LinkMode::Single,
-            chunk_elems: chunk,
-            channels: 1,
-            window: None,
-            limit: None,
-            ring_steps: None,
-        };
+        let ctx = Ctx::new(&cache, LinkMode::Single, chunk, 1);
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();
         check_routes(&p, topo).unwrap();
