@@ -79,20 +79,12 @@ fn tree_ops_estimate(req: &Request) -> u64 {
     req.nranks() as u64 * 4 * (req.count.div_ceil(chunk) + 32)
 }
 
-/// An estimate of the ops the windowed build of NCCL's rail-aligned ring all_reduce of `req`
-/// makes when folded by `sym`: per rank, channel and chunk of its block, 2 (n - 1) copies
-/// and n - 1 reductions, over the two periods of hosts a window holds (the whole plan where
-/// there are only two periods: a 64-node rail-optimized cluster's two scalable units). Zero
-/// where the members sit on one node, so that the rings are always tried there.
-fn ring_window_ops_estimate(
-    topo: &Topology,
-    req: &Request,
-    sym: &relaycc_topo::HostSymmetry,
-) -> u64 {
-    ring_ops_estimate(topo, req, sym.periods())
-}
-
-/// [`ring_window_ops_estimate`] over `periods` periods of hosts (1: the rings in full).
+/// An estimate of the ops the build of NCCL's rail-aligned ring all_reduce of `req` makes on
+/// hosts that repeat in `periods` periods: per rank, channel and chunk of its block, 2 (n - 1)
+/// copies and n - 1 reductions, over the two periods of hosts a template's window holds (the
+/// whole plan where there are at most two: a 64-node rail-optimized cluster's two scalable
+/// units, or hosts that do not fold). Zero where the members sit on one node, so that the
+/// rings are always tried there.
 fn ring_ops_estimate(topo: &Topology, req: &Request, periods: u32) -> u64 {
     let Ok(Some(channels)) = crate::planner::baseline_net::ring_channels(topo, req) else {
         return 0;
@@ -126,8 +118,8 @@ fn rings_to_sample(
         Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
     );
     let steps = (req.nranks() as u64).saturating_sub(1);
-    let periods = shift.map_or(1, |s| s.periods()).max(1);
-    let ops = ring_ops_estimate(topo, req, if periods > 2 { periods } else { 1 });
+    let periods = shift.map_or(1, |s| s.periods());
+    let ops = ring_ops_estimate(topo, req, periods);
     (rings && steps >= SAMPLE_FROM_STEPS && ops > RING_IN_FULL_MAX_OPS).then_some((steps, ops))
 }
 
@@ -254,7 +246,7 @@ pub(super) fn baseline_template(
                 // rings stand for it.
                 Err(RouteError::NotSymmetric(why)) if req.collective == Collective::AllReduce => {
                     let tree_ops = tree_ops_estimate(req);
-                    let ring_window = ring_window_ops_estimate(topo, req, sym);
+                    let ring_window = ring_ops_estimate(topo, req, sym.periods());
                     if tree_ops <= TREE_IN_FULL_MAX_OPS || tree_ops <= ring_window {
                         skipped.push(format!(
                             "the tuner's baseline as a template: {why}; the baseline is NCCL's \
@@ -323,7 +315,7 @@ mod tests {
             }
             .plan(&topo, &req)
             .unwrap();
-            let est = ring_window_ops_estimate(&topo, &req, &sym) as f64;
+            let est = ring_ops_estimate(&topo, &req, sym.periods()) as f64;
             let ops = ring.ops.len() as f64;
             assert!(
                 (est - ops).abs() <= 0.1 * ops,
@@ -342,7 +334,7 @@ mod tests {
         let sym = topo.host_symmetry();
         assert_eq!(sym.periods(), 2);
         let req = all_reduce(512, 1 << 30);
-        assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
+        assert!(tree_ops_estimate(&req) < ring_ops_estimate(&topo, &req, sym.periods()));
         let mut rs = all_reduce(512, 1 << 30);
         rs.collective = Collective::ReduceScatter;
         rs.count /= 512;
@@ -376,12 +368,12 @@ mod tests {
         let sym = topo.host_symmetry();
         assert_eq!(sym.periods(), 3);
         let req = all_reduce(768, 1 << 30);
-        assert!(tree_ops_estimate(&req) < ring_window_ops_estimate(&topo, &req, &sym));
+        assert!(tree_ops_estimate(&req) < ring_ops_estimate(&topo, &req, sym.periods()));
         // One switch: every host a period, and the rings' window holds two of them.
         let topo = relaycc_topo::preset("cluster:16xdgx-h100:ib-ndr").unwrap();
         let sym = topo.host_symmetry();
         let req = all_reduce(128, 1 << 30);
-        assert!(ring_window_ops_estimate(&topo, &req, &sym) < tree_ops_estimate(&req) / 4);
+        assert!(ring_ops_estimate(&topo, &req, sym.periods()) < tree_ops_estimate(&req) / 4);
     }
 
     /// The tuner's simulation of the baseline is taken where it stands for the one the

@@ -95,8 +95,8 @@ fn is_p2p(req: &Request) -> bool {
 /// than the NCCL-like planner. A step-sampled baseline ([`crate::step_samples`]: NCCL's rings
 /// too large to build, timed from samples of their steps) competes by its extrapolated time;
 /// where it wins, the answer is that NCCL's rings are the fastest known, and its plan, like a
-/// template, is for prediction only (the checker refuses it, no executor runs it). Ties go to the earlier candidate, which keeps planning
-/// deterministic. When every rank is an arena of one host memory
+/// template, is for prediction only (the checker refuses it, no executor runs it). Ties go to
+/// the earlier candidate, which keeps planning deterministic. When every rank is an arena of one host memory
 /// ([`Topology::shares_host_memory`], the `host-N` preset), the plan is the shared-memory
 /// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker
 /// ([`crate::check()`] and [`crate::check_routes`]) passes the winner and the baseline before
@@ -444,14 +444,13 @@ impl Selection<'_> {
     }
 
     /// Choose and prove the winner: the fastest plan found (the baseline among them, unless
-    /// its simulation was cut, it is over the staging budget, it is step-sampled, or a forced
-    /// point-to-point strategy leaves it out) that passes the proof; one that fails is dropped, its error
+    /// its simulation was cut, it is over the staging budget, or a forced point-to-point
+    /// strategy leaves it out) that passes the proof; one that fails is dropped, its error
     /// kept in `first_failure`, and the next fastest proved in its place. Against a baseline
     /// known only from below, only a plan no slower than that bound may win, and where none
     /// is, the baseline is the plan, predicted by its bound. A step-sampled baseline competes
     /// by its extrapolated time; proved already (its shape and samples), it is never proved
-    /// again. Returns the winner, if any, and
-    /// every candidate's time, fastest first.
+    /// again. Returns the winner, if any, and every candidate's time, fastest first.
     fn choose_winner(
         &self,
         baseline: &Baseline,
