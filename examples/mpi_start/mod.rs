@@ -1,4 +1,4 @@
-//! How the MPI examples (`spmv_halo`, `mpi_exchange_bench`) start: MPI, this process's
+//! How the MPI examples (`spmv_halo`, `mpi_exchange_bench`, `mpi_count_binding`) start: MPI, this process's
 //! communicator over the world, and the iteration count from the command line.
 
 use std::process::ExitCode;

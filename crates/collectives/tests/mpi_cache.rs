@@ -9,6 +9,10 @@
 //!   random count matrix (the same on every rank), between all_reduce calls cycling through
 //!   12 sizes (so evicted shapes come back and are planned again): after every call the
 //!   cache holds at most 4 shapes, and every result is exact.
+//! - Count binding: 40 all_to_all_v calls and 40 all_gather_v calls (out of place and in
+//!   place), each with new random counts, run on capacity plans: the cache grows by at most
+//!   one shape per power-of-two capacity the counts reach (two or three), where one plan per
+//!   count matrix would add 40, and every result is exact.
 //! - A byte limit of 1 byte: every new shape evicts the others, the one a call needs stays,
 //!   results stay exact.
 //! - Limits that differ on one rank: `CallMismatch` on every rank, the limits unchanged.
@@ -133,6 +137,63 @@ fn typed_count_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     rep.check(
         "typed: the cache stays within 4 shapes",
         bounded && comm.cached_calls() == 4,
+    );
+}
+
+fn typed_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
+    let mut draw = Draw(0x2545_f491_4f6c_dd1d);
+    let before = comm.cached_calls();
+    let mut exact = set.is_ok();
+    // The power-of-two capacities the calls' largest counts reach: one plan each.
+    let capacity = |largest: usize| largest.max(1).next_power_of_two();
+    let (mut a2av_caps, mut agv_caps) = (Vec::new(), Vec::new());
+    for call in 0..40 {
+        let m = matrix(&mut draw, n);
+        a2av_caps.push(capacity(m.iter().flatten().copied().max().unwrap_or(0)));
+        exact &= all_to_all_v_exact(me, &m, |i, s, o, r| {
+            let got = comm.all_to_all_v(i, s, o, r);
+            if let Err(e) = &got {
+                eprintln!("rank {me}: bound all_to_all_v {call}: {e}");
+            }
+            got.is_ok()
+        });
+    }
+    let after_a2av = comm.cached_calls();
+    for call in 0..40 {
+        let counts: Vec<usize> = (0..n).map(|_| draw.next(300) as usize).collect();
+        agv_caps.push(capacity(counts.iter().copied().max().unwrap_or(0)));
+        let want: Vec<u32> = (0..n)
+            .flat_map(|s| (0..counts[s]).map(move |i| sent(s, i)))
+            .collect();
+        let mine: Vec<u32> = (0..counts[me]).map(|i| sent(me, i)).collect();
+        let mut out = vec![0u32; want.len()];
+        let r = comm.all_gather_v(&mine, &mut out, &counts);
+        let mut in_place = vec![0u32; want.len()];
+        let at: usize = counts[..me].iter().sum();
+        in_place[at..at + mine.len()].copy_from_slice(&mine);
+        let r2 = comm.all_gather_v_in_place(&mut in_place, &counts);
+        if let (Err(e), _) | (_, Err(e)) = (&r, &r2) {
+            eprintln!("rank {me}: bound all_gather_v {call}: {e}");
+        }
+        exact &= r.is_ok() && r2.is_ok() && out == want && in_place == want;
+    }
+    let after = comm.cached_calls();
+    rep.check(
+        "typed: 40 new count matrices and 40 new count lists give exact results",
+        exact,
+    );
+    for caps in [&mut a2av_caps, &mut agv_caps] {
+        caps.sort_unstable();
+        caps.dedup();
+    }
+    rep.check(
+        &format!(
+            "typed: new counts reuse capacity plans (shapes {before} -> {after_a2av} -> {after}, \
+             capacities {a2av_caps:?} and {agv_caps:?})"
+        ),
+        after_a2av <= before + a2av_caps.len() && after <= after_a2av + agv_caps.len(),
     );
 }
 
@@ -275,6 +336,7 @@ fn main() {
     let comm = mpi_common::communicator(&world);
     let mut rep = Report::new(&world);
     typed_count_limit(&comm, &mut rep);
+    typed_count_binding(&comm, &mut rep);
     typed_byte_limit(&comm, &mut rep);
     typed_limits_mismatch(&comm, &mut rep);
     pairs(&comm, &mut rep);

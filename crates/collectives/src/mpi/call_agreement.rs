@@ -15,7 +15,7 @@ use crate::call::{CallDesc, Field};
 pub(super) const AGREE: &str = "agree on a collective call";
 
 /// Words of one rank's call descriptor.
-pub(super) const WORDS: usize = 10;
+pub(super) const WORDS: usize = 11;
 /// Positions in the descriptor.
 const FAILED: usize = 0;
 pub(super) const SEQ: usize = 1;
@@ -26,8 +26,27 @@ const OP: usize = 5;
 const ROOT: usize = 6;
 pub(super) const COUNT: usize = 7;
 const VHASH: usize = 8;
-/// The caller's tag, last: the plan's key is the words from `COLL` up to it.
+/// The caller's tag: the plan's key is the words from `COLL` up to it.
 const TAG: usize = 9;
+/// The largest of this rank's per-rank counts (a v-collective's capacity is the largest
+/// over the ranks), after the key: counts that differ from call to call leave it unchanged.
+pub(super) const LARGEST: usize = 10;
+
+/// Communicators of at most this many ranks carry all_to_all_v's send and receive counts in
+/// every descriptor, so a call's count matrix needs no second all-gather: `2 x ranks` more
+/// words per rank and call (at most 32), where a count matrix that changes every call would
+/// otherwise cost one more round trip per call.
+pub(super) const INLINE_COUNTS_MAX_RANKS: usize = 16;
+
+/// Words of one rank's agreed descriptor on a communicator of `ranks`: [`WORDS`], then, up to
+/// [`INLINE_COUNTS_MAX_RANKS`], its all_to_all_v send counts and receive counts.
+pub(super) fn row_words(ranks: usize) -> usize {
+    if ranks <= INLINE_COUNTS_MAX_RANKS {
+        WORDS + 2 * ranks
+    } else {
+        WORDS
+    }
+}
 
 /// [`agree::fnv62`] of words' little-endian bytes: a call's per-rank counts in one word.
 fn hash<'a>(words: impl IntoIterator<Item = &'a u64>) -> i64 {
@@ -48,17 +67,29 @@ impl MpiCommunicator {
             call.counts.clear();
             call.recv_counts.clear();
         }
-        let desc = descriptor(call, seq, local.is_err());
+        let n = self.size() as usize;
+        let mut words = descriptor(call, seq, local.is_err()).to_vec();
+        if row_words(n) > WORDS {
+            // all_to_all_v's counts inline (zeros for the other collectives): the matrix
+            // then comes with the agreement, in its one round trip.
+            let a2av = call.collective == Collective::AllToAllV;
+            for list in [&call.counts, &call.recv_counts] {
+                words.extend((0..n).map(|i| match list.get(i) {
+                    Some(c) if a2av => i64::try_from(*c).unwrap_or(i64::MAX),
+                    _ => 0,
+                }));
+            }
+        }
         let at = WaitPoint::call(AGREE, call.collective, seq);
-        let all = agree::collective(self, at, AgreementCollective::AllGather, desc.to_vec())?;
-        let key = verdict(&all, local)?;
+        let all = agree::collective(self, at, AgreementCollective::AllGather, words)?;
+        let key = verdict(&all, row_words(n), local)?;
         Ok((key, all))
     }
 }
 
 /// This rank's descriptor words: the op and root as -1 where the collective has none, the
 /// counts (all_gather_v: every rank's; all_to_all_v: this rank's send counts, then its
-/// receive counts) as their hash.
+/// receive counts) as their hash and their largest.
 fn descriptor(call: &CallDesc, seq: u64, failed: bool) -> [i64; WORDS] {
     let mut d = [0i64; WORDS];
     d[FAILED] = i64::from(failed);
@@ -79,6 +110,13 @@ fn descriptor(call: &CallDesc, seq: u64, failed: bool) -> [i64; WORDS] {
     d[COUNT] = call.count as i64;
     d[VHASH] = hash(call.counts.iter().chain(&call.recv_counts));
     d[TAG] = call.tag as i64;
+    d[LARGEST] = call
+        .counts
+        .iter()
+        .chain(&call.recv_counts)
+        .copied()
+        .max()
+        .map_or(0, |c| i64::try_from(c).unwrap_or(i64::MAX));
     d
 }
 
@@ -123,10 +161,10 @@ fn decode(row: &[i64], r: usize) -> MpiResult<CallDesc> {
 /// [`MpiError::Peer`] for another rank's, calls at different positions of the communicator's
 /// sequence, the first field that differs between rank 0 and another rank (as the
 /// in-process judgement names it, [`CallDesc::differs`]), or all_gather_v counts that are not
-/// the ranks' contributions. Returns the cache key: the descriptors without the failure flag
+/// the ranks' contributions; `row`: words per rank. Returns the cache key: the descriptors without the failure flag
 /// and sequence numbers.
-fn verdict(all: &[i64], local: MpiResult<()>) -> MpiResult<Vec<i64>> {
-    let rows: Vec<&[i64]> = all.chunks(WORDS).collect();
+fn verdict(all: &[i64], row: usize, local: MpiResult<()>) -> MpiResult<Vec<i64>> {
+    let rows: Vec<&[i64]> = all.chunks(row.max(WORDS)).collect();
     local?;
     if let Some(r) = rows.iter().position(|d| d[FAILED] != 0) {
         return Err(MpiError::Peer {
@@ -197,11 +235,11 @@ mod tests {
     #[test]
     fn the_first_difference_is_named_with_the_call_once() {
         let same = [all_reduce(4), all_reduce(4), all_reduce(4)];
-        let key = verdict(&gathered(&same), Ok(())).expect("agreed");
+        let key = verdict(&gathered(&same), WORDS, Ok(())).expect("agreed");
         assert_eq!(key.len(), 3 * (TAG - COLL));
         let mut other = same.clone();
         other[2] = all_reduce(5);
-        match verdict(&gathered(&other), Ok(())) {
+        match verdict(&gathered(&other), WORDS, Ok(())) {
             Err(MpiError::CountMismatch(m)) => {
                 assert_eq!(
                     m,
@@ -214,19 +252,19 @@ mod tests {
         let mut wider = same.clone();
         wider[1].dtype = DType::F64;
         assert!(matches!(
-            verdict(&gathered(&wider), Ok(())),
+            verdict(&gathered(&wider), WORDS, Ok(())),
             Err(MpiError::ElementMismatch(_))
         ));
         let mut tagged = same.clone();
         tagged[1].tag = 9;
         assert!(matches!(
-            verdict(&gathered(&tagged), Ok(())),
+            verdict(&gathered(&tagged), WORDS, Ok(())),
             Err(MpiError::CallMismatch(m)) if m.starts_with("the tag differs")
         ));
         let mut later = gathered(&same);
         later[WORDS + SEQ] = 4;
         assert!(matches!(
-            verdict(&later, Ok(())),
+            verdict(&later, WORDS, Ok(())),
             Err(MpiError::CallMismatch(m)) if m.contains("different orders")
         ));
     }
@@ -237,10 +275,10 @@ mod tests {
         let mut b = CallDesc::new(Collective::Broadcast, DType::I32, 8, ReduceOp::Sum, 1);
         let mut b2 = b.clone();
         b2.op = ReduceOp::Max;
-        assert!(verdict(&gathered(&[b.clone(), b2]), Ok(())).is_ok());
+        assert!(verdict(&gathered(&[b.clone(), b2]), WORDS, Ok(())).is_ok());
         b.root = 0;
         assert!(matches!(
-            verdict(&gathered(&[b.clone(), b.clone(), CallDesc { root: 2, ..b }]), Ok(())),
+            verdict(&gathered(&[b.clone(), b.clone(), CallDesc { root: 2, ..b }]), WORDS, Ok(())),
             Err(MpiError::CallMismatch(m)) if m.starts_with("the root differs")
         ));
     }
@@ -253,10 +291,10 @@ mod tests {
             d
         };
         let ok = [v(1, vec![1, 2]), v(2, vec![1, 2])];
-        assert!(verdict(&gathered(&ok), Ok(())).is_ok());
+        assert!(verdict(&gathered(&ok), WORDS, Ok(())).is_ok());
         let bad = [v(1, vec![1, 2]), v(2, vec![1, 3])];
         assert!(matches!(
-            verdict(&gathered(&bad), Ok(())),
+            verdict(&gathered(&bad), WORDS, Ok(())),
             Err(MpiError::CountMismatch(m)) if m.starts_with("rank 1 passes counts")
         ));
         let failed: Vec<i64> = ok
@@ -265,7 +303,7 @@ mod tests {
             .flat_map(|(r, d)| descriptor(d, 0, r == 1))
             .collect();
         assert!(matches!(
-            verdict(&failed, Ok(())),
+            verdict(&failed, WORDS, Ok(())),
             Err(MpiError::Peer { rank: 1, .. })
         ));
     }

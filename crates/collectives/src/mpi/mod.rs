@@ -20,6 +20,7 @@
 
 mod agree;
 mod call_agreement;
+mod count_binding;
 mod device;
 mod exchange;
 #[cfg(feature = "cuda")]

@@ -14,7 +14,9 @@
 //!    peer that does not take part is [`MpiError::Absent`], naming it and the call (its
 //!    collective and sequence number). Mismatches move no data and leave the communicator
 //!    usable.
-//! 3. **Plan once per shape**: the agreed descriptors key a cache. On a miss the request is
+//! 3. **Plan once per shape**: the agreed descriptors key a cache (all_gather_v and
+//!    all_to_all_v: their capacity, with each call's counts bound into the capacity plan's
+//!    schedule, [`super::count_binding`]). On a miss the request is
 //!    built in rank space (ranks `0..n` are the processes), planned by route's rank-space
 //!    planner, proved by `relaycc_route::check`, and cut into this rank's [`RankSchedule`] with
 //!    its run buffers; the ranks agree on the outcome and the shape's weight (the largest
@@ -41,7 +43,8 @@ use ::mpi::traits::AsRaw;
 use relaycc_route::{Collective, Location, Plan, ReduceOp, Request};
 
 use super::agree::{self, AgreementCollective};
-use super::call_agreement::{AGREE, COUNT, SEQ, WORDS};
+use super::call_agreement::{AGREE, SEQ, WORDS, row_words};
+use super::count_binding::{CountBinding, VShape, contributions};
 use super::requests::Requests;
 use super::roll_call::WaitPoint;
 use super::schedule::{RankSchedule, RunBuffers};
@@ -49,7 +52,7 @@ use super::typed_call::{CheckedCall, InputAt, TypedCollective};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::call::{CallDesc, RankDescs};
 use crate::element::Element;
-use crate::plan_cache::lru::Held;
+use crate::plan_cache::lru::{Held, Lru};
 
 /// One cached shape: this rank's schedule, its run buffers and requests.
 #[derive(Debug)]
@@ -62,6 +65,8 @@ pub(super) struct PreparedShape {
     /// What the shape counts against the plan cache's byte limit: the largest run memory of
     /// any rank's part (agreed), or this rank's own for a send/recv pair.
     pub(super) weight: u64,
+    /// A v-collective's capacity plan, cut for count binding; `None` for every other shape.
+    pub(super) binding: Option<Box<CountBinding>>,
 }
 
 impl Held for PreparedShape {
@@ -272,7 +277,8 @@ impl MpiCommunicator {
         self.health.check()?;
         let (seq, local) = self.next_call(&call, local);
         let (key, all) = self.agreed(&mut call, local, seq)?;
-        self.run_cached(&call, key, &all, input, output)
+        let v = self.agreed_shape(&call, &all);
+        self.run_cached(&call, key, &all, v, input, output)
     }
     /// Remember the algorithm of the plan a call ran, for [`Self::last_algorithm`].
     pub(super) fn set_last_algorithm(&self, algorithm: &str) {
@@ -282,53 +288,64 @@ impl MpiCommunicator {
         }
     }
 
-    /// Plan on a miss (all ranks miss together), then run.
+    /// Plan on a miss (all ranks miss together), then run: a v-collective (`v`, its agreed
+    /// counts) on its capacity plan with the counts bound, or on the plan of its exact counts
+    /// (`key`) where the capacity plan cannot be bound; any other call on the plan of `key`.
     fn run_cached<T: Element>(
         &self,
         call: &CallDesc,
         key: Vec<i64>,
         all: &[i64],
+        v: Option<VShape>,
         input: Input<'_, T>,
         output: &mut [T],
     ) -> MpiResult<()> {
+        let exact_key = key;
+        let key = v.map_or_else(|| exact_key.clone(), |v| v.key(call));
         let mut cache = self.calls.borrow_mut();
         if !cache.touch(&key) {
-            // Every rank misses here (the ranks' caches hold the same shapes), so every rank
-            // takes the same steps: room for one more shape before allocating, the request
-            // and plan (the same on every rank, so are their errors), this rank's part
-            // agreed with its bytes, then room for the agreed weight.
-            let limits = self.plan_cache_limits();
-            drop(cache.evict_to_fit(limits, 1, 0));
-            let req = self.request(call, all)?;
-            let made = self.prepare_request(&req, self.comm.as_raw()).map(|p| {
-                let bytes = p.weight;
-                (p, bytes)
-            });
-            let seq = all.get(SEQ).map_or(0, |s| *s as u64);
-            let at = WaitPoint::call("prepare a collective call", call.collective, seq);
-            let (mut p, weight) = super::agree_weighed(self, made, at)?;
-            p.weight = weight;
-            drop(cache.evict_to_fit(limits, 1, weight));
-            cache.insert(key.clone(), p);
+            self.prepare_missing(&mut cache, &key, call, all, v)?;
         }
         let Some(p) = cache.peek_mut(&key) else {
             return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
-        self.set_last_algorithm(&p.algorithm);
+        if v.is_some() && p.binding.is_none() {
+            // A capacity plan that cannot be bound (the same verdict on every rank): the plan
+            // of the call's exact counts.
+            drop(cache);
+            return self.run_cached(call, exact_key, all, None, input, output);
+        }
+        let PreparedShape {
+            schedule,
+            bufs,
+            reqs,
+            algorithm,
+            binding,
+            ..
+        } = p;
+        self.set_last_algorithm(algorithm);
+        let schedule: &RankSchedule = match (binding, v) {
+            (Some(b), Some(_)) if b.serves(&exact_key) => b.bound(),
+            (Some(b), Some(v)) => {
+                self.call_counts(call, all, v, b.counts_mut())?;
+                b.bind(schedule, &exact_key)?
+            }
+            _ => schedule,
+        };
         let out: &mut [u8] = bytemuck::cast_slice_mut(output);
         let esize = std::mem::size_of::<T>();
-        let borrowed = self.zero_copy && !p.schedule.writes_input();
+        let borrowed = self.zero_copy && !schedule.writes_input();
         let timeout = self.timeout.get();
         let shm = self.shm.as_ref();
         let ran = (|| {
-            if out.len() != p.schedule.output_len {
-                return Err(self.buffer("output", out.len(), p.schedule.output_len));
+            if out.len() != schedule.output_len {
+                return Err(self.buffer("output", out.len(), schedule.output_len));
             }
             let src: &[u8] = match &input {
                 Input::Slice(s) => bytemuck::cast_slice(s),
                 Input::InOutput(r) => {
                     let bytes = r.start * esize..r.end * esize;
-                    let inb = p.bufs.input_bytes(&p.schedule)?;
+                    let inb = bufs.input_bytes(schedule)?;
                     let src = out.get(bytes).ok_or(MpiError::Buffer {
                         side: "input",
                         got: out.len(),
@@ -343,20 +360,20 @@ impl MpiCommunicator {
                 }
             };
             let in_place = matches!(input, Input::InOutput(_));
-            if !in_place && src.len() != p.schedule.input_len {
-                return Err(self.buffer("input", src.len(), p.schedule.input_len));
+            if !in_place && src.len() != schedule.input_len {
+                return Err(self.buffer("input", src.len(), schedule.input_len));
             }
             if !borrowed {
                 if !in_place {
-                    p.bufs.input_bytes(&p.schedule)?.copy_from_slice(src);
+                    bufs.input_bytes(schedule)?.copy_from_slice(src);
                 }
-                p.schedule.run_in(&mut p.reqs, &mut p.bufs, timeout, shm)?;
-                out.copy_from_slice(p.bufs.output_bytes(&p.schedule)?);
+                schedule.run_in(reqs, bufs, timeout, shm)?;
+                out.copy_from_slice(bufs.output_bytes(schedule)?);
                 return Ok(());
             }
             // Zero copy: messages read the caller's input and write its output.
             let in_ptr = if in_place {
-                p.bufs.input_bytes(&p.schedule)?.as_mut_ptr()
+                bufs.input_bytes(schedule)?.as_mut_ptr()
             } else {
                 src.as_ptr().cast_mut()
             };
@@ -370,19 +387,12 @@ impl MpiCommunicator {
             // a panic with requests posted ends the process too (below), since unwinding
             // would end the borrows while MPI still holds pointers into them.
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                p.schedule.run_at(
-                    &mut p.reqs,
-                    in_ptr,
-                    out.as_mut_ptr(),
-                    &mut p.bufs,
-                    timeout,
-                    shm,
-                )
+                schedule.run_at(reqs, in_ptr, out.as_mut_ptr(), bufs, timeout, shm)
             }));
             match run {
                 Ok(r) => r,
                 Err(panic) => {
-                    if p.reqs.any_pending() {
+                    if reqs.any_pending() {
                         eprintln!(
                             "relaycc: rank {}: a zero-copy run panicked with MPI requests \
                              into this call's buffers pending: aborting the job",
@@ -396,7 +406,7 @@ impl MpiCommunicator {
         })();
         if let Err(e) = &ran
             && borrowed
-            && let Some(stuck) = p.reqs.take_stuck()
+            && let Some(stuck) = reqs.take_stuck()
         {
             eprintln!(
                 "relaycc: rank {}: {e}; MPI keeps {} requests into this call's buffers (zero \
@@ -406,17 +416,64 @@ impl MpiCommunicator {
             );
             self.abort(70)
         }
-        let bufs = &mut p.bufs;
         self.health
-            .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
+            .settle(ran, reqs, || Box::new(std::mem::take(bufs)))
+    }
+
+    /// A shape every rank misses (the ranks' caches hold the same shapes), prepared and
+    /// inserted under `key`: so every rank takes the same steps, room for one more shape
+    /// before allocating, the request and plan (the same on every rank, so are their errors),
+    /// this rank's part agreed with its bytes, then room for the agreed weight.
+    fn prepare_missing(
+        &self,
+        cache: &mut Lru<Vec<i64>, PreparedShape>,
+        key: &[i64],
+        call: &CallDesc,
+        all: &[i64],
+        v: Option<VShape>,
+    ) -> MpiResult<()> {
+        let limits = self.plan_cache_limits();
+        drop(cache.evict_to_fit(limits, 1, 0));
+        let made = match v {
+            Some(v) => self.prepare_capacity(call, v),
+            None => self
+                .request(call, all)
+                .and_then(|req| self.prepare_request(&req, self.comm.as_raw())),
+        }
+        .map(|p| {
+            let bytes = p.weight;
+            (p, bytes)
+        });
+        let seq = all.get(SEQ).map_or(0, |s| *s as u64);
+        let at = WaitPoint::call("prepare a collective call", call.collective, seq);
+        let (mut p, weight) = super::agree_weighed(self, made, at)?;
+        p.weight = weight;
+        drop(cache.evict_to_fit(limits, 1, weight));
+        cache.insert(key.to_vec(), p);
+        Ok(())
     }
 
     /// The agreed request in rank space: ranks `0..n` are the processes.
     pub(super) fn request(&self, call: &CallDesc, all: &[i64]) -> MpiResult<Request> {
-        let n = self.size() as usize;
         let matrix = if call.collective == Collective::AllToAllV {
-            // Every rank's send and receive counts as its descriptor's, paired up by the one
-            // check the in-process meeting makes too.
+            self.gathered_matrix(call, all)?
+        } else {
+            Vec::new()
+        };
+        self.request_with(call, all, matrix)
+    }
+
+    /// An agreed all_to_all_v's matrix (`matrix[s][d]`): every rank's send and receive counts
+    /// (inline in the agreed descriptors on small communicators, else all-gathered), paired up by the one check the in-process meeting
+    /// makes too, so a rank that expects other counts than it is sent is the same
+    /// [`MpiError::CountMismatch`] on every rank.
+    pub(super) fn gathered_matrix(&self, call: &CallDesc, all: &[i64]) -> MpiResult<Vec<Vec<u64>>> {
+        let n = self.size() as usize;
+        let row = row_words(n);
+        let got: Vec<i64> = if row > WORDS {
+            // In every rank's descriptor, after its fixed words.
+            all.chunks(row).flat_map(|d| &d[WORDS..]).copied().collect()
+        } else {
             let words: Vec<i64> = call
                 .counts
                 .iter()
@@ -425,30 +482,38 @@ impl MpiCommunicator {
                 .collect();
             let seq = all.get(SEQ).map_or(0, |s| *s as u64);
             let at = WaitPoint::call(AGREE, call.collective, seq);
-            let got = agree::collective(self, at, AgreementCollective::AllGather, words)?;
-            let counts = |r: &[i64]| -> Vec<u64> { r.iter().map(|c| *c as u64).collect() };
-            let descs: Vec<CallDesc> = got
-                .chunks(2 * n)
-                .map(|row| CallDesc {
-                    counts: counts(&row[..n]),
-                    recv_counts: counts(&row[n..]),
-                    ..call.clone()
-                })
-                .collect();
-            let rows: Vec<RankDescs<'_>> = descs
-                .iter()
-                .enumerate()
-                .map(|(r, d)| (r, Some(vec![d])))
-                .collect();
-            crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)?
-        } else {
-            Vec::new()
+            agree::collective(self, at, AgreementCollective::AllGather, words)?
         };
+        let counts = |r: &[i64]| -> Vec<u64> { r.iter().map(|c| *c as u64).collect() };
+        let descs: Vec<CallDesc> = got
+            .chunks(2 * n)
+            .map(|row| CallDesc {
+                counts: counts(&row[..n]),
+                recv_counts: counts(&row[n..]),
+                ..call.clone()
+            })
+            .collect();
+        let rows: Vec<RankDescs<'_>> = descs
+            .iter()
+            .enumerate()
+            .map(|(r, d)| (r, Some(vec![d])))
+            .collect();
+        crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)
+    }
+
+    /// The agreed request with an all_to_all_v's `matrix` (empty for other collectives).
+    pub(super) fn request_with(
+        &self,
+        call: &CallDesc,
+        all: &[i64],
+        matrix: Vec<Vec<u64>>,
+    ) -> MpiResult<Request> {
+        let n = self.size() as usize;
         let mut req = call.request((0..n as u32).collect(), matrix);
         if call.collective == Collective::AllGatherV {
             // The contributions as every rank sent them, word for word: each rank's own list
             // was compared with them by its hash only.
-            req.counts = all.chunks(WORDS).map(|d| d[COUNT] as u64).collect();
+            req.counts = contributions(all, n);
         }
         req.validate()?;
         Ok(req)
@@ -461,7 +526,35 @@ impl MpiCommunicator {
         comm: ffi::MPI_Comm,
     ) -> MpiResult<PreparedShape> {
         let plan = self.plan_request(req)?;
-        let schedule = RankSchedule::new(&plan, self.rank(), &|l| match l {
+        self.prepare_plan(&plan, comm)
+    }
+
+    /// The capacity plan of an agreed v-collective (`v`, its counts), scheduled for this rank
+    /// and cut for count binding ([`CountBinding`]; none where it cannot be bound).
+    fn prepare_capacity(&self, call: &CallDesc, v: VShape) -> MpiResult<PreparedShape> {
+        // The capacity request takes the call's ranks, element type, op and root; its counts
+        // are the capacity's.
+        let n = self.size();
+        let call_ranks = call.request((0..n).collect(), Vec::new());
+        let plan = self.plan_request(&v.layout.capacity_request(&call_ranks))?;
+        let mut p = self.prepare_plan(&plan, self.comm.as_raw())?;
+        p.binding = CountBinding::new(plan, v.layout, call.dtype.size(), &p.schedule).map(Box::new);
+        if p.binding.is_none() {
+            // Never run (its calls run plans of their exact counts): the entry only remembers
+            // the verdict, the same on every rank, and holds no memory.
+            p.bufs = RunBuffers::default();
+            p.weight = 0;
+        }
+        Ok(p)
+    }
+
+    /// Schedule a proved `plan` for this rank, with requests on `comm`.
+    pub(super) fn prepare_plan(
+        &self,
+        plan: &Plan,
+        comm: ffi::MPI_Comm,
+    ) -> MpiResult<PreparedShape> {
+        let schedule = RankSchedule::new(plan, self.rank(), &|l| match l {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
@@ -472,8 +565,9 @@ impl MpiCommunicator {
             schedule,
             bufs,
             reqs: Requests::new(comm, self.rank()),
-            algorithm: plan.algorithm,
+            algorithm: plan.algorithm.clone(),
             weight,
+            binding: None,
         })
     }
 
