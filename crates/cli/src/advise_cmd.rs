@@ -163,7 +163,8 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             free.len()
         );
     }
-    let start = Instant::now();
+    // The budget counts from the command's start: reading the topology takes from it.
+    let start = crate::args::command_start();
     let search_until = start
         .checked_add(args.budget.budget / SEARCH_SHARE)
         .unwrap_or(start);

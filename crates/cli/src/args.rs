@@ -126,11 +126,27 @@ pub fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs_f64(secs))
 }
 
+/// When the command started ([`mark_start`]): the planning budget counts from there, so the
+/// time spent reading or building a topology (seconds for tens of thousands of GPUs) is taken
+/// from it and the command answers within its budget.
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Start the command's clock (first thing in `main`).
+pub fn mark_start() {
+    let _ = command_start();
+}
+
+/// When the command started (now, where [`mark_start`] was not called).
+pub fn command_start() -> std::time::Instant {
+    *STARTED.get_or_init(std::time::Instant::now)
+}
+
 /// The planning budget flag the planning commands share.
 #[derive(Debug, Clone, Args)]
 pub struct BudgetArgs {
     /// Planning time allowed per request (`5s`, `500ms`): once spent, the best plan found so
-    /// far is returned and marked as such.
+    /// far is returned and marked as such. The time the command took to read or build the
+    /// topology before planning is taken from it.
     #[arg(long, value_parser = parse_budget, default_value = "5s")]
     pub budget: std::time::Duration,
 }
@@ -547,15 +563,17 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
 
 /// The planning options the arguments ask for: the one place the CLI builds a
 /// [`relaycc_route::PlanOptions`]; what a command does not take keeps the library's default.
+/// The budget is what is left of it since the command started ([`mark_start`]).
 fn plan_options(
     relay: &relaycc_route::path::RelayPolicy,
     budget: std::time::Duration,
     staging_budget: u64,
     issue_us: f64,
 ) -> relaycc_route::PlanOptions {
+    let spent = command_start().elapsed();
     relaycc_route::PlanOptions {
         relay: relay.clone(),
-        budget,
+        budget: budget.saturating_sub(spent),
         staging_budget,
         sim: relaycc_route::SimConfig {
             issue_us,

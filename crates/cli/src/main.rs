@@ -55,6 +55,7 @@ fn one_line(e: &clap::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    args::mark_start();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e)

@@ -57,8 +57,8 @@ pub use check::{
 pub use dtype::{DType, ReduceOp};
 pub use error::{Result, RouteError};
 pub use limits::{
-    CANDIDATE_OPS, CallOps, DEFAULT_BUDGET, LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE, Limit,
-    MAX_CALL_OPS,
+    CANDIDATE_OPS, CallOps, DEFAULT_BUDGET, LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE, LargeBuild,
+    Limit, MAX_CALL_OPS,
 };
 pub use order::DepGraph;
 pub use plan::{

@@ -8,13 +8,17 @@
 //! (a staging fit's tries, a template's window once folded) give their ops back
 //! ([`refund`]).
 //!
+//! A build stopped there lets go of what it held on a thread of its own
+//! ([`drop_off_thread`]): freeing millions of ops takes longer than the budget leaves.
+//!
 //! The limit is an argument, as a template's window is: the selection hands each build its
 //! [`Limit`], and the build passes it to its builders in [`crate::planner::Ctx::limit`] (and to
 //! the template's fold and the staging fit), so builds run in parallel ([`crate::planner`]'s
 //! channels) share it without any per-thread state. `None` builds without a limit.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, RouteError};
@@ -81,6 +85,21 @@ pub struct Limit {
     pub until: Option<Instant>,
     /// What is built, for the error (`the baseline`, `relaycc's candidates`).
     pub what: &'static str,
+    /// An earlier stop for a build that grew large ([`LargeBuild`]).
+    pub large: Option<LargeBuild>,
+}
+
+/// A build that has written `ops` ops or more stops at `at`, before its [`Limit::until`]: a
+/// plan of millions of ops finished later could not be proved and simulated within the
+/// budget, so the time it would take to finish is spent for nothing.
+#[derive(Debug, Clone)]
+pub struct LargeBuild {
+    /// Ops from which the build counts as large.
+    pub ops: u64,
+    /// When a large build stops.
+    pub at: Instant,
+    /// Ops the build has written (every channel of it, charged through clones of one limit).
+    pub written: Arc<AtomicU64>,
 }
 
 impl Limit {
@@ -120,6 +139,22 @@ impl Limit {
             over(share, h)?;
         }
         let crossed = before / CLOCK_EVERY_OPS != held / CLOCK_EVERY_OPS;
+        if let Some(large) = &self.large {
+            let written = large
+                .written
+                .fetch_add(ops, Ordering::Relaxed)
+                .saturating_add(ops);
+            if crossed && written >= large.ops && Instant::now() >= large.at {
+                return Err(RouteError::OverLimit {
+                    what: format!(
+                        "{} held {written} ops at the budget's end, too many to prove and time \
+                         within it",
+                        self.what
+                    ),
+                    limit: "the planning budget; a larger --budget builds it".into(),
+                });
+            }
+        }
         if crossed && self.until.is_some_and(|u| Instant::now() >= u) {
             return Err(RouteError::OverLimit {
                 what: format!(
@@ -184,9 +219,85 @@ pub fn check_deadline(limit: Option<&Limit>, i: usize, doing: &str) -> Result<()
     limit.map_or(Ok(()), |l| l.check_deadline(i, doing))
 }
 
+/// Large values [`drop_off_thread`] queues for the dropping thread at most; past it, they are
+/// dropped where they are (the queue bounds the memory waiting to be freed).
+const QUEUED_DROPS: usize = 64;
+
+/// The queue of the thread that drops large values, started on first use; `None` where the
+/// thread could not be started.
+static DROPS: OnceLock<Option<SyncSender<Box<dyn Send>>>> = OnceLock::new();
+
+/// Drop `value` on a thread of the library's own, so that the call that let go of it
+/// returns now. A large build freed where it stops (millions of small allocations: the
+/// baseline's dependency tracks and connection cache over 512 GPUs take 1.3 s to free) would
+/// spend the time past its deadline that the budget promises the caller. At most
+/// [`QUEUED_DROPS`] values wait; past that, and where the thread cannot be started, `value`
+/// is dropped here.
+pub(crate) fn drop_off_thread<T: Send + 'static>(value: T) {
+    let queue = DROPS.get_or_init(|| {
+        let (tx, rx) = sync_channel::<Box<dyn Send>>(QUEUED_DROPS);
+        std::thread::Builder::new()
+            .name("relaycc-drops".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .ok()
+            .map(|_| tx)
+    });
+    if let Some(tx) = queue {
+        // A full queue or a finished thread hands the value back, dropped here.
+        drop(tx.try_send(Box::new(value)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_build_stops_at_its_earlier_deadline_a_small_one_does_not() {
+        let large = |ops| {
+            Some(LargeBuild {
+                ops,
+                at: Instant::now(),
+                written: Arc::default(),
+            })
+        };
+        let limit = |large| Limit {
+            ops: CallOps::new(u64::MAX),
+            share: None,
+            until: None,
+            what: "the baseline",
+            large,
+        };
+        let small = limit(large(1_000_000));
+        for _ in 0..100 {
+            small.charge(1000).expect("below the large build's ops");
+        }
+        let big = limit(large(10_000));
+        let stopped = (0..100).find_map(|i| big.charge(1000).err().map(|e| (i, e)));
+        match stopped {
+            Some((i, RouteError::OverLimit { what, .. })) => {
+                assert!((9..=11).contains(&i), "stopped after {i} charges");
+                assert!(what.contains("at the budget's end"), "{what}");
+            }
+            other => panic!("a large build past its deadline went on: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_value_dropped_off_thread_is_dropped_on_another_thread() {
+        struct Tell(std::sync::mpsc::Sender<std::thread::ThreadId>);
+        impl Drop for Tell {
+            fn drop(&mut self) {
+                let _ = self.0.send(std::thread::current().id());
+            }
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop_off_thread(Tell(tx));
+        let dropped_on = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("dropped within 30 s");
+        assert_ne!(dropped_on, std::thread::current().id());
+    }
 
     #[test]
     fn a_build_stops_at_the_call_cap_and_refunds_free_ops() {
@@ -196,6 +307,7 @@ mod tests {
             share: None,
             until: None,
             what: "the test",
+            large: None,
         };
         l.charge(1500).unwrap();
         let e = l.charge(600).unwrap_err().to_string();
@@ -227,6 +339,7 @@ mod tests {
             share: None,
             until: None,
             what: "the baseline",
+            large: None,
         };
         let e = crate::planner::BaselineOptions {
             limit: Some(&l),
@@ -248,6 +361,7 @@ mod tests {
             share: None,
             until: Some(Instant::now()),
             what: "the test",
+            large: None,
         };
         let mut written = 0;
         let e = loop {

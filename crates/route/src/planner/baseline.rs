@@ -174,8 +174,8 @@ pub const TUNE_CAPPED_ABOVE_OPS: usize = 200_000;
 
 /// Wall time one protocol's simulation may take in the tuner, for plans of
 /// [`TUNE_CAPPED_ABOVE_OPS`] ops or more: the default planning budget. Within a planning call
-/// ([`crate::plan`]) it also stops at the call's deadline, once it had
-/// [`crate::limits::LEAST_SIMULATION_GRACE`].
+/// ([`crate::plan`]) it also stops at the call's deadline, once the tuner had
+/// [`crate::limits::LEAST_SIMULATION_GRACE`] (none where it started past the deadline).
 pub const TUNE_SIMULATION_CAP: Duration = crate::limits::DEFAULT_BUDGET;
 
 /// The tuner's simulation of the plan it chose, where that plan had
@@ -213,8 +213,10 @@ impl std::borrow::Borrow<Plan> for TunedPlan {
 /// plans use Simple only; LL128 needs NVLink on every link.
 ///
 /// Plans of [`TUNE_CAPPED_ABOVE_OPS`] ops or more are simulated for at most
-/// [`TUNE_SIMULATION_CAP`] each and, past `until` (a planning call's deadline), for
-/// [`crate::limits::LEAST_SIMULATION_GRACE`]: a cut one counts at its lower bound.
+/// [`TUNE_SIMULATION_CAP`] each and, past `until` (a planning call's deadline), until
+/// [`crate::limits::LEAST_SIMULATION_GRACE`] after the tuner started, for all of them together,
+/// where it started before `until` (after it, they stop at once): a cut one counts at its
+/// lower bound.
 fn tune_timed(
     topo: &Topology,
     mut options: Vec<Plan>,
@@ -224,6 +226,9 @@ fn tune_timed(
     // (time, option, protocol, simulation): the plans are given their protocol in place and
     // never cloned, since a baseline may hold millions of ops.
     let mut best: Option<(f64, usize, Protocol, Option<TunedTime>)> = None;
+    // Past `until`, the simulations share one grace, counted from the tuner's start: each
+    // protocol taking a grace of its own would pass the deadline once per protocol.
+    let tuner_start = Instant::now();
     for (i, base) in options.iter_mut().enumerate() {
         let nvls = base.ops.iter().any(|o| o.nvls.is_some());
         let all_nvlink = base.ops.iter().flat_map(|o| &o.edges).all(|&e| {
@@ -254,8 +259,9 @@ fn tune_timed(
                 let go_on = || {
                     let spent = start.elapsed();
                     spent < TUNE_SIMULATION_CAP
-                        && (spent < crate::limits::LEAST_SIMULATION_GRACE
-                            || until.is_none_or(|u| Instant::now() < u))
+                        && (until.is_none_or(|u| Instant::now() < u)
+                            || (until.is_some_and(|u| tuner_start < u)
+                                && tuner_start.elapsed() < crate::limits::LEAST_SIMULATION_GRACE))
                 };
                 let timed = match prepared.simulate_or_cut(topo, &go_on)? {
                     Ok(sim) => TunedTime {

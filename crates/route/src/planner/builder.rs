@@ -129,6 +129,25 @@ pub(crate) struct PlanBuilder<'a, 't> {
     limit: Option<&'t crate::limits::Limit>,
 }
 
+/// Ops past which a builder's plan and dependency tracks are freed off the planning thread
+/// ([`crate::limits::drop_off_thread`]): a build of millions of ops stopped at its deadline
+/// would otherwise spend a second past it freeing them.
+const OPS_FREED_OFF_THREAD: usize = 100_000;
+
+impl Drop for PlanBuilder<'_, '_> {
+    fn drop(&mut self) {
+        if self.plan.ops.len() >= OPS_FREED_OFF_THREAD {
+            let held = (
+                std::mem::take(&mut self.plan.ops),
+                std::mem::take(&mut self.mems),
+                std::mem::take(&mut self.lanes),
+                std::mem::take(&mut self.pinned),
+            );
+            crate::limits::drop_off_thread(held);
+        }
+    }
+}
+
 impl<'a, 't> PlanBuilder<'a, 't> {
     /// A builder for `req`, named `algorithm`.
     pub fn new(req: &Request, ctx: &'a Ctx<'t>, algorithm: impl Into<String>) -> Self {
@@ -424,8 +443,13 @@ impl<'a, 't> PlanBuilder<'a, 't> {
         crate::limits::charge(self.limit, 1)
     }
     /// The finished plan.
-    pub fn finish(self) -> Plan {
-        let mut plan = self.plan;
+    pub fn finish(mut self) -> Plan {
+        // An empty plan in its place: what the builder frees when it drops.
+        let empty = Plan::new(
+            Request::new(self.plan.request.collective, Vec::new(), 0, self.plan.dtype),
+            String::new(),
+        );
+        let mut plan = std::mem::replace(&mut self.plan, empty);
         if self.window.is_some() {
             // The fold maps lanes to their images by these keys.
             plan.template = Some(crate::plan::Template {

@@ -233,6 +233,29 @@ pub struct ConnCache<'t> {
     legs: Mutex<HashMap<LegsKey, Legs>>,
 }
 
+/// Cached connections past which a [`ConnCache`] is freed off the planning thread: a cache
+/// over 512 GPUs holds hundreds of thousands.
+const CONNECTIONS_FREED_OFF_THREAD: usize = 10_000;
+
+impl Drop for ConnCache<'_> {
+    fn drop(&mut self) {
+        let held = locked(&self.map).len() + locked(&self.hops).len() + locked(&self.legs).len();
+        if held >= CONNECTIONS_FREED_OFF_THREAD {
+            let maps = (
+                taken(&mut self.map),
+                taken(&mut self.hops),
+                taken(&mut self.legs),
+            );
+            crate::limits::drop_off_thread(maps);
+        }
+    }
+}
+
+/// What `m` holds, left empty (a poisoned lock's contents too: nothing reads them after).
+fn taken<T: Default>(m: &mut Mutex<T>) -> T {
+    std::mem::take(m.get_mut().unwrap_or_else(|p| p.into_inner()))
+}
+
 impl<'t> ConnCache<'t> {
     /// An empty cache for a job over `members` with relay policy `relay`.
     pub fn new(topo: &'t Topology, members: &[u32], relay: &RelayPolicy) -> Self {

@@ -134,11 +134,24 @@ impl Deadline {
             let t = self.budget.mul_f64(share).max(LEAST_BUILD_TIME);
             self.started.checked_add(t)
         });
+        // The baseline's large builds stop at the budget: one finished after it is refused
+        // (`Selection::build_baseline`), too late to prove and simulate.
+        let large = (what == BASELINE)
+            .then(|| {
+                let at = self.at?.max(self.started.checked_add(LEAST_BUILD_TIME)?);
+                Some(crate::limits::LargeBuild {
+                    ops: GRACE_ABOVE_OPS as u64,
+                    at,
+                    written: Arc::default(),
+                })
+            })
+            .flatten();
         crate::limits::Limit {
             ops: Arc::clone(&self.call_ops),
             share: (what != BASELINE).then(|| Arc::clone(&self.candidate_ops)),
             until,
             what,
+            large,
         }
     }
     /// Run `f` (builds of `what`) with the limit they run under ([`Deadline::build_limit`]):
@@ -183,6 +196,14 @@ impl Deadline {
     /// Wall time since the call started.
     pub(super) fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+    /// Whether a large baseline finished too late to be proved and simulated within the
+    /// budget: past the budget itself (its build may run to [`BASELINE_BUILD_SHARE`] of it,
+    /// which leaves no time for a plan of millions of ops after), and past
+    /// [`LEAST_BUILD_TIME`].
+    pub(super) fn baseline_late(&self) -> bool {
+        let now = Instant::now();
+        self.at.is_some_and(|at| now >= at) && now.duration_since(self.started) >= LEAST_BUILD_TIME
     }
     /// Record that the baseline's build ended now, and that the call is abandoned where the
     /// build went over the call's limits (`over_limit`): the call fails whatever the

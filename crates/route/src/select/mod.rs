@@ -33,7 +33,7 @@ use crate::sim::{Perf, SimConfig, SimCut, simulate};
 
 use baseline_choice::{baseline_template, simulate_baseline};
 use candidates::{Fastest, fastest_collectives, fastest_templates};
-use deadline::{BASELINE, Deadline};
+use deadline::{BASELINE, Deadline, GRACE_ABOVE_OPS};
 pub use options::PlanOptions;
 use proof::prove;
 pub use proof::{EXPAND_MAX_RANKS, SAMPLED_PROOF_ABOVE_CLOCK_BYTES, proved_by_checker};
@@ -305,6 +305,23 @@ impl Selection<'_> {
                 }
                 .build(topo, req)
             }),
+        };
+        let built = match built {
+            // Its last steps (the tuner's timed simulations, a staging fit's last try) do not
+            // read the clock: a large baseline done past its deadline would be proved and
+            // simulated past the budget, so the call stops as if its build had.
+            Ok(t) if t.plan.ops.len() >= GRACE_ABOVE_OPS && self.deadline.baseline_late() => {
+                let ops = t.plan.ops.len();
+                crate::limits::drop_off_thread(t);
+                Err(RouteError::OverLimit {
+                    what: format!(
+                        "{BASELINE} was built past its deadline ({ops} ops), too late to prove \
+                         and time it within the budget"
+                    ),
+                    limit: "the planning budget; a larger --budget builds it".into(),
+                })
+            }
+            other => other,
         };
         self.deadline
             .baseline_built(matches!(built, Err(RouteError::OverLimit { .. })));
