@@ -24,10 +24,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 mod mpi_start;
+use mpi_start::{displs, max_all};
 
 use relaycc::collectives::mpi::MpiCommunicator;
 use relaycc::collectives::mpi::rsmpi;
-use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;
 
@@ -65,16 +65,6 @@ struct Counts {
     recv_i: Vec<i32>,
     send_at: Vec<i32>,
     recv_at: Vec<i32>,
-}
-
-fn displs(c: &[i32]) -> Vec<i32> {
-    c.iter()
-        .scan(0, |a, x| {
-            let d = *a;
-            *a += x;
-            Some(d)
-        })
-        .collect()
 }
 
 impl Counts {
@@ -180,13 +170,6 @@ fn rounds(comm: &MpiCommunicator, calls: usize) -> Result<Totals, Box<dyn Error>
         }
     }
     Ok(t)
-}
-
-fn max_all(comm: &MpiCommunicator, x: f64) -> f64 {
-    let mut m = 0.0f64;
-    comm.comm()
-        .all_reduce_into(&x, &mut m, SystemOperation::max());
-    m
 }
 
 fn main() -> ExitCode {

@@ -25,6 +25,7 @@ use std::error::Error;
 use std::process::ExitCode;
 
 mod mpi_start;
+use mpi_start::{displs, max_all};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,23 +38,6 @@ use relaycc::route::nodeaware::Strategy;
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;
-
-fn displs(c: &[i32]) -> Vec<i32> {
-    c.iter()
-        .scan(0, |a, x| {
-            let d = *a;
-            *a += x;
-            Some(d)
-        })
-        .collect()
-}
-
-fn max_all(comm: &MpiCommunicator, t: f64) -> f64 {
-    let mut m = 0.0f64;
-    comm.comm()
-        .all_reduce_into(&t, &mut m, SystemOperation::max());
-    m
-}
 
 /// The bench's result: `Ok(false)` when some run gave a wrong result.
 type BenchResult = Result<bool, Box<dyn Error>>;

@@ -22,6 +22,7 @@
 use std::process::ExitCode;
 
 mod mpi_start;
+use mpi_start::{displs, max_all};
 use std::time::Instant;
 
 use relaycc::collectives::mpi::rsmpi;
@@ -117,24 +118,6 @@ impl Matrix {
 
 fn x_of(i: usize) -> f64 {
     ((i * 7919) % 1013) as f64 / 1013.0 + 0.5
-}
-
-fn displs(c: &[i32]) -> Vec<i32> {
-    c.iter()
-        .scan(0, |a, x| {
-            let d = *a;
-            *a += x;
-            Some(d)
-        })
-        .collect()
-}
-
-/// Max over ranks of `t`.
-fn max_all(comm: &MpiCommunicator, t: f64) -> f64 {
-    let mut m = 0.0f64;
-    comm.comm()
-        .all_reduce_into(&t, &mut m, SystemOperation::max());
-    m
 }
 
 /// Every strategy's halo exchange on `a`; `Ok(false)` when some product was wrong.

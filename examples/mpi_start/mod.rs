@@ -1,10 +1,12 @@
 //! How the MPI examples (`spmv_halo`, `mpi_exchange_bench`, `mpi_count_binding`) start: MPI, this process's
-//! communicator over the world, and the iteration count from the command line.
+//! communicator over the world, and the iteration count from the command line; and what they
+//! share to compare with MPI's own calls and report (`displs`, `max_all`).
 
 use std::process::ExitCode;
 
 use relaycc::collectives::mpi::MpiCommunicator;
 use relaycc::collectives::mpi::rsmpi;
+use rsmpi::collective::SystemOperation;
 use rsmpi::environment::Universe;
 use rsmpi::traits::*;
 
@@ -41,4 +43,24 @@ pub fn start(default_iters: usize) -> Result<Started, ExitCode> {
         comm,
         iters,
     })
+}
+
+/// Displacements of packed blocks of `counts` (MPI's `displs` for a v-collective).
+pub fn displs(counts: &[i32]) -> Vec<i32> {
+    counts
+        .iter()
+        .scan(0, |at, c| {
+            let d = *at;
+            *at += c;
+            Some(d)
+        })
+        .collect()
+}
+
+/// The largest `x` over the ranks of `comm` (blocking `MPI_Allreduce`).
+pub fn max_all(comm: &MpiCommunicator, x: f64) -> f64 {
+    let mut m = 0.0f64;
+    comm.comm()
+        .all_reduce_into(&x, &mut m, SystemOperation::max());
+    m
 }

@@ -86,20 +86,19 @@ pub(super) struct CountBinding {
 }
 
 impl CountBinding {
-    /// `plan`, the capacity plan of `layout` (in the call's elements, of `layout_esize`
+    /// `plan`, the capacity plan of `layout` (in the call's elements, of `call_esize`
     /// bytes) whose part for this rank is `schedule`, cut for binding; `None` when a plan
     /// cannot be bound ([`CountPieces::new`] says why; its calls then run plans of their
     /// exact counts).
     pub(super) fn new(
         plan: Plan,
         layout: CountLayout,
-        layout_esize: u64,
+        call_esize: u64,
         schedule: &RankSchedule,
     ) -> Option<Self> {
         // The rank-space planner plans exchanges in bytes: the layout and the counts are
         // bound in the plan's elements.
         let plan_esize = plan.dtype.size();
-        let call_esize = layout_esize;
         if plan_esize == 0 || !call_esize.is_multiple_of(plan_esize) {
             return None;
         }
@@ -249,7 +248,7 @@ impl MpiCommunicator {
                 (checked_sum(mine.iter().copied()), checked_sum(column))
             }
             VCollective::AllGatherV | VCollective::ReduceScatterV => {
-                counts.extend(all.chunks(row).map(|d| d[COUNT] as u64));
+                counts.extend(contributions(all, n));
                 let output = checked_sum(counts.iter().copied());
                 (counts.get(me).copied(), output)
             }
@@ -287,10 +286,8 @@ fn inline_matrix(all: &[i64], row: usize, n: usize, counts: &mut Vec<u64>) -> bo
 }
 
 /// Every rank's contribution of an agreed all_gather_v, as its descriptor gave it.
-pub(super) fn contributions(all: &[i64], ranks: usize) -> Vec<u64> {
-    all.chunks(row_words(ranks))
-        .map(|d| d[COUNT] as u64)
-        .collect()
+pub(super) fn contributions(all: &[i64], ranks: usize) -> impl Iterator<Item = u64> + '_ {
+    all.chunks(row_words(ranks)).map(|d| d[COUNT] as u64)
 }
 
 /// The sum of `counts`, `None` past `u64`.

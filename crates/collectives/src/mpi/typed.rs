@@ -513,7 +513,7 @@ impl MpiCommunicator {
         if call.collective == Collective::AllGatherV {
             // The contributions as every rank sent them, word for word: each rank's own list
             // was compared with them by its hash only.
-            req.counts = contributions(all, n);
+            req.counts = contributions(all, n).collect();
         }
         req.validate()?;
         Ok(req)
