@@ -1,7 +1,8 @@
 //! CUDA backend all_reduce: 64 MiB of f32, in place, over 2, 4 and 8 logical ranks spread
 //! round-robin over the visible GPUs (several ranks per GPU on a small machine), planned on
-//! `nvswitch-N` (GPU algorithms; `host-N` would give the host's cache-sized chunks). Without a
-//! CUDA driver or GPU it prints a skip note and returns.
+//! `shared-gpu-N` when one GPU is visible (the shared-memory planner's reductions that read
+//! every input where it lies) and `nvswitch-N` otherwise (GPU algorithms). Without a CUDA
+//! driver or GPU it prints a skip note and returns.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ mod common;
 use common::BYTES;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use relaycc::collectives::cuda;
-use relaycc::{Communicator, CudaBackend, nvswitch_topology};
+use relaycc::{Communicator, CudaBackend, nvswitch_topology, shared_gpu_topology};
 
 fn cuda_allreduce(c: &mut Criterion) {
     let visible = match cuda::devices() {
@@ -30,8 +31,13 @@ fn cuda_allreduce(c: &mut Criterion) {
     for ranks in [2u32, 4, 8] {
         let map: Vec<usize> = (0..ranks as usize).map(|i| i % visible).collect();
         let devices: Vec<u32> = (0..ranks).collect();
+        let topo = if visible == 1 {
+            shared_gpu_topology(ranks)
+        } else {
+            nvswitch_topology(ranks)
+        };
         let comm = CudaBackend::new(map)
-            .and_then(|b| Communicator::new(nvswitch_topology(ranks)?, &devices, &[], Arc::new(b)));
+            .and_then(|b| Communicator::new(topo?, &devices, &[], Arc::new(b)));
         let comm = match comm {
             Ok(c) => c,
             Err(e) => {

@@ -28,8 +28,9 @@ pub(crate) enum Nccl {}
 ///
 /// Without `--topology`: `--gpus LIST` puts rank `i` on CUDA device `LIST[i]` (a device may be
 /// listed more than once: several logical ranks on one GPU) and `--ranks N` puts rank `i` on
-/// visible device `i mod visible`; plans see `nvswitch-N` (every rank a GPU on one switch: GPU
-/// algorithms with MiB chunks, not the host arenas' cache-sized ones). With `--topology T`: the
+/// visible device `i mod visible`; plans see `shared-gpu-N` when every rank is on one device
+/// (the shared-memory planner's reductions that read every input where it lies), else
+/// `nvswitch-N` (every rank a GPU on one switch: GPU algorithms with MiB chunks). With `--topology T`: the
 /// ranks are GPUs of T (`--gpus`, or `--ranks N` for GPUs 0..N), every other free GPU of T may
 /// relay. GPU `g` of T runs on the visible CUDA device at its PCI address where T records
 /// addresses of this machine's devices (`auto`, or an `nvidia-smi` or NCCL XML file of it); a
@@ -97,7 +98,11 @@ pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, 
     }
     let n = u32::try_from(map.len()).context("too many ranks")?;
     let devices: Vec<u32> = (0..n).collect();
-    let topo = relaycc_collectives::nvswitch_topology(n)?;
+    let topo = if map.iter().all(|&d| d == map[0]) {
+        relaycc_collectives::shared_gpu_topology(n)?
+    } else {
+        relaycc_collectives::nvswitch_topology(n)?
+    };
     let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map.clone())?);
     Ok((
         Communicator::new(topo, &devices, &[], backend)?,
@@ -112,7 +117,8 @@ pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, 
 /// and a GPU at no visible device's address has none: the driver may number devices otherwise
 /// than NVML and `nvidia-smi` do (`CUDA_DEVICE_ORDER`, `CUDA_VISIBLE_DEVICES`), so an index is
 /// no address. Otherwise (a preset, or another machine's file), GPU `g` runs on device
-/// `g mod visible`, several logical GPUs to a device when the topology has more.
+/// `g mod visible`, several logical GPUs to a device when the topology has more, and an arena
+/// of GPU `d`'s memory (`shared-gpu-N`) on device `d mod visible`.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn device_map(topo: &relaycc_topo::Topology, bus_ids: &[&str]) -> Vec<Option<usize>> {
     let gpus = topo.gpu_count() as usize;
@@ -125,7 +131,12 @@ pub(crate) fn device_map(topo: &relaycc_topo::Topology, bus_ids: &[&str]) -> Vec
         }
     }
     if map.iter().all(Option::is_none) && !bus_ids.is_empty() {
-        return (0..gpus).map(|g| Some(g % bus_ids.len())).collect();
+        // Ranks that are arenas of one GPU's memory (`shared-gpu-N`) run on that GPU.
+        let device = |g: usize| {
+            let arena = topo.gpu_info(g as u32).ok().and_then(|i| i.device_arena);
+            arena.map_or(g, |d| d as usize) % bus_ids.len()
+        };
+        return (0..gpus).map(|g| Some(device(g))).collect();
     }
     map
 }
@@ -239,6 +250,9 @@ mod map_tests {
         let want: Vec<Option<usize>> = (0..8).map(|g| Some(g % 3)).collect();
         assert_eq!(map, want);
         assert_eq!(device_map(&topo, &[]), vec![None; 8]);
+        // Ranks sharing one GPU's memory stay on one device, however many are visible.
+        let shared = relaycc_topo::preset("shared-gpu-4").unwrap();
+        assert_eq!(device_map(&shared, &["a", "b"]), vec![Some(0); 4]);
     }
 
     /// A topology read from a machine maps by address: the driver's order (here reversed,

@@ -115,4 +115,4 @@ pub use rank::{Collectives, DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, 
 pub use relaycc_route::ReduceOp;
 /// Presets of relaycc-topo: `host-N`, the topology of [`Communicator::host`], and `nvswitch-N`,
 /// the flat machine for CUDA ranks when no description of the real one is at hand.
-pub use relaycc_topo::{host_topology, nvswitch_topology};
+pub use relaycc_topo::{host_topology, nvswitch_topology, shared_gpu_topology};

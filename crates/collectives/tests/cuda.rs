@@ -179,6 +179,45 @@ fn every_collective_and_type_matches_the_host_backend_on_an_nvswitch_topology() 
     }
 }
 
+/// Four ranks sharing device 0 (`shared-gpu-4`): reductions read every rank's input where it
+/// lies, one kernel per all_reduce with the copies of its result fused in, out of place for
+/// every collective, and in place for all_reduce (its copies land on the other ranks' inputs,
+/// which the same kernel reads); results equal the host backend's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ranks_sharing_one_gpu_match_the_host_backend_out_of_place_and_in_place() {
+    let topo = relaycc_collectives::shared_gpu_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    let one_gpu = || -> Arc<dyn Backend> {
+        Arc::new(CudaBackend::new(vec![0; 4]).unwrap_or_else(|e| panic!("{e}")))
+    };
+    let gpus = [0, 1, 2, 3];
+    for count in [1001, 1 << 20] {
+        every_collective_on::<f32>(&topo, &gpus, &[], count, one_gpu());
+        every_collective_on::<bf16>(&topo, &gpus, &[], count, one_gpu());
+        every_collective_on::<f16>(&topo, &gpus, &[], count, one_gpu());
+        every_collective_on::<i32>(&topo, &gpus, &[], count, one_gpu());
+        every_collective_on::<u8>(&topo, &gpus, &[], count, one_gpu());
+    }
+    let gpu = Communicator::new(topo, &gpus, &[], one_gpu()).unwrap_or_else(|e| panic!("{e}"));
+    let n = 4099;
+    let data: Vec<Vec<i32>> = (0..4)
+        .map(|r| (0..n).map(|i| (r * 7 + i as i32) % 13 - 6).collect())
+        .collect();
+    let sum: Vec<i32> = (0..n).map(|i| data.iter().map(|d| d[i]).sum()).collect();
+    let bufs: Vec<DeviceBuffer<i32>> = data
+        .iter()
+        .enumerate()
+        .map(|(r, d)| gpu.from_slice(r, d).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let refs: Vec<&DeviceBuffer<i32>> = bufs.iter().collect();
+    gpu.all_reduce(&refs, &refs, relaycc_collectives::ReduceOp::Sum)
+        .and_then(|p| p.wait())
+        .unwrap_or_else(|e| panic!("{e}"));
+    for b in &bufs {
+        assert_eq!(b.to_vec().unwrap_or_else(|e| panic!("{e}")), sum);
+    }
+}
+
 /// Every copy on copy engines (threshold 0), and every copy between device memories on SMs
 /// (the forward kernel, threshold `u64::MAX`), give the host backend's results; the default
 /// threshold runs in the tests above.

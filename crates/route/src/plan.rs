@@ -209,6 +209,12 @@ pub struct Plan {
     /// steps. No proof is made of it and no executor runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_samples: Option<Box<StepSamples>>,
+    /// True when every GPU of the plan is an arena of one device's memory (ranks sharing one
+    /// GPU, `Topology::shared_device`): a reduction may then read sources on any of them, as
+    /// one kernel on that GPU reads them all. Only the shared-memory planner sets it; in JSON
+    /// only when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub one_device_memory: bool,
 }
 
 /// What a step-sampled plan stands for ([`Plan::step_samples`], [`crate::step_samples`]): a
@@ -407,6 +413,7 @@ impl Plan {
             template: None,
             rounds: None,
             step_samples: None,
+            one_device_memory: false,
         }
     }
     /// Where a buffer lives.

@@ -68,6 +68,12 @@ pub struct GpuInfo {
     /// link model does not describe, so planners use their shared-memory algorithms for them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub host_arena: bool,
+    /// The device is one rank's view of physical GPU `d`'s memory (several ranks on one GPU,
+    /// as on the `shared-gpu-N` preset): devices with the same `d` share one device memory,
+    /// so planners give them the shared-memory algorithms that read every rank's buffer where
+    /// it lies. In JSON only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_arena: Option<u32>,
     /// True when the driver grants this GPU peer-to-peer access over PCIe (another GPU, or a NIC
     /// carrying a remote GPU's data, reads and writes its memory without host memory). GeForce
     /// drivers refuse it, so every transfer between such a GPU and another GPU that PCIe carries
@@ -95,6 +101,7 @@ impl GpuInfo {
             numa: None,
             memory_bytes: None,
             host_arena: false,
+            device_arena: None,
             pcie_p2p: true,
         }
     }
@@ -334,6 +341,24 @@ impl Topology {
             && gpus
                 .iter()
                 .all(|&g| self.gpu_info(g).is_ok_and(|info| info.host_arena))
+    }
+    /// The physical GPU whose memory every one of `gpus` is an arena of
+    /// ([`GpuInfo::device_arena`]), when `gpus` is not empty and they all share one, as on the
+    /// `shared-gpu-N` preset.
+    pub fn shared_device(&self, gpus: &[u32]) -> Option<u32> {
+        let first = self.gpu_info(*gpus.first()?).ok()?.device_arena?;
+        gpus.iter()
+            .all(|&g| {
+                self.gpu_info(g)
+                    .is_ok_and(|i| i.device_arena == Some(first))
+            })
+            .then_some(first)
+    }
+    /// True when every one of `gpus` lives in one memory, of a host
+    /// ([`Topology::shares_host_memory`]) or of one GPU ([`Topology::shared_device`]): the
+    /// shared-memory planner plans for them.
+    pub fn shares_memory(&self, gpus: &[u32]) -> bool {
+        self.shares_host_memory(gpus) || self.shared_device(gpus).is_some()
     }
     /// The info of GPU `index`.
     pub fn gpu_info(&self, index: u32) -> Result<&GpuInfo> {

@@ -357,6 +357,7 @@ fn same_gpu(a: &GpuInfo, b: &GpuInfo) -> bool {
         && a.numa == b.numa
         && a.memory_bytes == b.memory_bytes
         && a.host_arena == b.host_arena
+        && a.device_arena == b.device_arena
         && a.pcie_p2p == b.pcie_p2p
 }
 

@@ -21,7 +21,8 @@
 //!   type but f16 and bf16, which round once per launch of the chain);
 //! - copies of a reduction's whole result that follow it on its lane with nothing between
 //!   (no event, so no other lane is ordered between them) become further destinations of its
-//!   last launch when their destinations overlap neither the reduction's sources, its
+//!   last launch when their destinations overlap neither the reduction's sources (equal to one
+//!   is fine: the kernel reads an element of every source before it writes that element), its
 //!   destination nor each other, and the lane's GPU reaches them (its own memory or a peer's
 //!   with peer access): every byte ends as the reduction and then the copies would leave it;
 //! - a copy between device memories the lane's GPU reaches, of fewer bytes than the SM-copy
@@ -140,7 +141,8 @@ pub(crate) enum Fact {
     /// launches): whether it is the destination, one fact per source in order.
     ChainSrcIsDst(bool),
     /// A copy that could fuse into the reduction before it: whether its destination is apart
-    /// from the reduction's sources, its destination and the earlier such copies'.
+    /// from (or, for a source, equal to) the reduction's sources, apart from its destination
+    /// and from the earlier such copies'.
     Fuse(bool),
 }
 
@@ -229,8 +231,12 @@ pub(crate) fn facts<'p>(
                         let to = at(to);
                         let n = dst.bytes;
                         let apart = |a: u64| to.saturating_add(n) <= a || a.saturating_add(n) <= to;
+                        // A destination equal to a source is read and written by the same
+                        // thread at the same element (the kernel's in-place rule): an
+                        // in-place all_reduce's copies of the result onto the other ranks'
+                        // inputs fuse.
                         let ok = apart(d)
-                            && srcs.iter().all(|s| apart(at(s)))
+                            && srcs.iter().all(|s| at(s) == to || apart(at(s)))
                             && cands[..k].iter().all(|&e| match &prog.commands[e] {
                                 Command::Copy { dst: o, .. } => apart(at(o)),
                                 _ => false,

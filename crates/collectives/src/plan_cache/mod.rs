@@ -20,8 +20,8 @@ use lru::Lru;
 /// Plan `request` over `topo`, allowed to relay through `relays` (besides the members).
 ///
 /// The single seam to the planner: relaycc-route generates candidates, times each with its
-/// flow simulator and returns the fastest. On ranks that share one host memory (the
-/// `host-N` preset) the plan is relaycc-route's shared-memory planner's, asked directly (what
+/// flow simulator and returns the fastest. On ranks that share one memory (the
+/// `host-N` and `shared-gpu-N` presets) the plan is relaycc-route's shared-memory planner's, asked directly (what
 /// `relaycc_route::plan` would return there, without the NCCL-like baseline and the
 /// simulations it reports beside it, which cost more than the plan at hundreds of ranks), in
 /// the in-place layout for in-place calls (its out-of-place broadcast copies the root's input
@@ -36,7 +36,7 @@ pub(crate) fn make_plan(
     staging_budget: u64,
     issue_us: f64,
 ) -> relaycc_route::Result<Plan> {
-    if topo.shares_host_memory(&request.gpus) {
+    if topo.shares_memory(&request.gpus) {
         let plan = relaycc_route::planner::shared_memory::plan(topo, request, in_place)?;
         if let Some((at, needed)) = relaycc_route::staging::over_budget(&plan, staging_budget) {
             return Err(relaycc_route::staging::budget_error(

@@ -12,7 +12,7 @@ use relaycc_topo::Mask;
 
 use crate::common::{TestElem, input, verify};
 
-const PRESETS: [&str; 7] = [
+const PRESETS: [&str; 8] = [
     "dgx1-v100",
     "dgx-a100",
     "ac922",
@@ -21,6 +21,8 @@ const PRESETS: [&str; 7] = [
     "pcie-8gpu",
     // The flat machine of CUDA ranks given no topology.
     "nvswitch-6",
+    // Ranks sharing one GPU: reductions read every input where it lies.
+    "shared-gpu-6",
 ];
 const SIZES: [u64; 10] = [0, 1, 2, 3, 7, 13, 97, 1009, 2053, 4099];
 

@@ -293,7 +293,8 @@ fn buffer_len(plan: &Plan, b: BufferRef) -> Result<u64> {
 }
 
 /// Pass 2: copies keep lengths, reductions have sources of their destination's length in
-/// its memory, and every region lies inside its buffer. (Lanes and deps exist: the
+/// its memory (any of the plan's when they are all one device's, [`Plan::one_device_memory`]),
+/// and every region lies inside its buffer. (Lanes and deps exist: the
 /// dependency graph checked them.)
 fn check_structure(plan: &Plan) -> Result<()> {
     for (id, op) in plan.ops.iter().enumerate() {
@@ -319,7 +320,7 @@ fn check_structure(plan: &Plan) -> Result<()> {
                             "reduction sources and destination differ in length",
                         ));
                     }
-                    if plan.location(s.buffer) != here {
+                    if plan.location(s.buffer) != here && !plan.one_device_memory {
                         return Err(fail(id, "reduction reads memory of another device"));
                     }
                 }

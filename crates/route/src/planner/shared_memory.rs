@@ -1,8 +1,8 @@
-//! The shared-memory planner: for ranks that are arenas of one host's memory (the `host-N`
-//! preset), where every copy moves through the same memory and caches, not over separate
-//! links. The flow simulator models links, so it cannot rank algorithms for this case;
-//! [`crate::plan()`] uses this planner directly when the topology says the ranks share one
-//! memory (`Topology::shares_host_memory`).
+//! The shared-memory planner: for ranks that are arenas of one memory, of a host (the
+//! `host-N` preset) or of one GPU (`shared-gpu-N`), where every copy moves through the same
+//! memory, not over separate links. The flow simulator models links, so it cannot rank
+//! algorithms for this case; [`crate::plan()`] uses this planner directly when the topology
+//! says the ranks share one memory (`Topology::shares_memory`).
 //!
 //! Algorithms (one lane per rank, on the rank's device; every copy is one hop whose edges are
 //! found by a breadth-first search over usable links through non-GPU nodes, so plans also pass
@@ -20,6 +20,13 @@
 //!   needs it. This is reduce-scatter plus all-gather with direct copies; on one host the
 //!   chunks stay in cache between the copy-in, the reduction and the copies out, so main
 //!   memory sees about what `n` plain copies would move.
+//!
+//!   Ranks on one GPU (arenas of one device memory, [`Topology::shared_device`]) take the
+//!   same slices without the copy-in: a GPU kernel reads every rank's input where it lies, and
+//!   chunks would only multiply launches. An all_reduce or a reduce is one slice (one
+//!   reduction of every input into its destination, then the copies of the result, which the
+//!   CUDA executor fuses into that kernel's further destinations: each input read once, each
+//!   output written once); a reduce_scatter is one reduction per rank.
 //! - **data movement** (broadcast, all_gather(_v), all_to_all(_v), scatter, send_recv): each
 //!   receiving rank's lane pulls its pieces directly; gather pushes from each sender's lane.
 //!   In-place calls skip the copies whose source already sits where the output wants it.
@@ -45,7 +52,11 @@ pub const MIN_SLICE_BYTES: u64 = 4096;
 
 /// How many slices (owners) an all_reduce or reduce of `count` elements of `esize` bytes on
 /// `n` ranks gets: one per rank, or fewer so that each holds [`MIN_SLICE_BYTES`]; at least 1.
-fn owners(count: u64, esize: u64, n: u32) -> u32 {
+/// Ranks on one GPU (`on_one_gpu`) get one: a kernel spreads any slice over every SM.
+fn owners(count: u64, esize: u64, n: u32, on_one_gpu: bool) -> u32 {
+    if on_one_gpu {
+        return 1;
+    }
     let by_size = count.saturating_mul(esize) / MIN_SLICE_BYTES;
     by_size.clamp(1, u64::from(n)) as u32
 }
@@ -64,9 +75,10 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
     let n = request.nranks() as u32;
     let c = request.count;
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
+    let one_gpu = b.in_place_reads;
     match request.collective {
         Collective::AllReduce => {
-            let m = owners(c, request.dtype.size(), n);
+            let m = owners(c, request.dtype.size(), n, one_gpu);
             for k in 0..m {
                 let o = owner(k, m, n, 0);
                 let (lo, hi) = slice(c, m, k);
@@ -75,7 +87,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
         }
         Collective::Reduce => {
             let root = request.root;
-            let m = owners(c, request.dtype.size(), n);
+            let m = owners(c, request.dtype.size(), n, one_gpu);
             for k in 0..m {
                 let o = owner(k, m, n, root);
                 let (lo, hi) = slice(c, m, k);
@@ -193,12 +205,14 @@ enum Dest {
     Root(u32, u64),
 }
 
-/// A plan of ranks in one host's memory under construction: the topology, the plan and the
-/// route cached per pair of ranks.
+/// A plan of ranks in one memory under construction: the topology, the plan, the route
+/// cached per pair of ranks, and whether reductions read every rank's input where it lies
+/// (ranks on one GPU) instead of copying chunks into the owner's scratch first (one host).
 struct SharedMemoryPlanBuilder<'a> {
     topo: &'a Topology,
     plan: Plan,
     routes: HashMap<(u32, u32), Vec<u32>>,
+    in_place_reads: bool,
 }
 
 impl<'a> SharedMemoryPlanBuilder<'a> {
@@ -215,10 +229,13 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             topo.gpu(*g)?;
             plan.add_lane(Location::Gpu(*g), format!("rank{r} GPU{g}"));
         }
+        let in_place_reads = topo.shared_device(&request.gpus).is_some();
+        plan.one_device_memory = in_place_reads;
         Ok(SharedMemoryPlanBuilder {
             topo,
             plan,
             routes: HashMap::new(),
+            in_place_reads,
         })
     }
 
@@ -283,7 +300,8 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
 
     /// Reduce elements `[src_at(q), +len)` of every rank `q`'s input on owner `o`'s lane, in
     /// chunks, into `dest`, then copy each reduced chunk to the outputs of `targets` (same
-    /// position as the owner's output).
+    /// position as the owner's output). With `in_place_reads` the whole slice is one chunk,
+    /// reduced from the inputs themselves straight into `dest`.
     fn reduce_slice(
         &mut self,
         o: u32,
@@ -296,14 +314,19 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             return Ok(());
         }
         let n = self.plan.request.nranks() as u32;
-        let chunk = (REDUCE_CHUNK_BYTES / self.plan.dtype.size())
-            .max(1)
-            .min(len);
-        let acc_slot = u64::from(n - 1);
-        let slots = if matches!(dest, Dest::Root(..)) {
-            n
+        let direct = self.in_place_reads;
+        let chunk = if direct {
+            len
         } else {
-            n - 1
+            (REDUCE_CHUNK_BYTES / self.plan.dtype.size())
+                .max(1)
+                .min(len)
+        };
+        let acc_slot = u64::from(n - 1);
+        let slots = match dest {
+            _ if direct => 0,
+            Dest::Root(..) => n,
+            Dest::Own(_) => n - 1,
         };
         let g = self.plan.request.gpus[o as usize];
         let scratch = if slots > 0 {
@@ -320,7 +343,9 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             let mut srcs = vec![Region::new(BufferRef::Input(o), src_at(o) + k, l)];
             let mut slot = 0u64;
             for q in (0..n).filter(|q| *q != o) {
-                if let Some(s) = scratch {
+                if direct {
+                    srcs.push(Region::new(BufferRef::Input(q), src_at(q) + k, l));
+                } else if let Some(s) = scratch {
                     let dst = Region::new(s, slot * chunk, l);
                     self.copy(o, Region::new(BufferRef::Input(q), src_at(q) + k, l), dst)?;
                     srcs.push(dst);
@@ -329,13 +354,16 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             }
             let (dst, out_at) = match (dest, scratch) {
                 (Dest::Own(at), _) => (Region::new(BufferRef::Output(o), at + k, l), at + k),
+                (Dest::Root(root, at), _) if direct => {
+                    (Region::new(BufferRef::Output(root), at + k, l), at + k)
+                }
                 (Dest::Root(_, at), Some(s)) => (Region::new(s, acc_slot * chunk, l), at + k),
                 (Dest::Root(..), None) => {
                     return Err(RouteError::BadRequest("reduce without scratch".into()));
                 }
             };
             self.plan.reduce(o, srcs, dst, true, Vec::new());
-            if let Dest::Root(root, _) = dest {
+            if let (Dest::Root(root, _), false) = (dest, direct) {
                 self.copy(o, dst, Region::new(BufferRef::Output(root), out_at, l))?;
             }
             for &t in targets.iter().filter(|t| **t != o) {
@@ -354,7 +382,14 @@ mod tests {
 
     #[test]
     fn plans_pass_the_checker_on_presets() {
-        for preset in ["host-4", "dgx1-v100", "pcie-4gpu", "ac922", "dgx-a100"] {
+        for preset in [
+            "host-4",
+            "shared-gpu-4",
+            "dgx1-v100",
+            "pcie-4gpu",
+            "ac922",
+            "dgx-a100",
+        ] {
             let topo = relaycc_topo::preset(preset).unwrap();
             let gpus: Vec<u32> = (0..topo.gpu_count().min(4)).rev().collect();
             for coll in Collective::ALL {
@@ -385,6 +420,64 @@ mod tests {
         }
     }
 
+    /// Elements a plan moves through memory when a copy of a reduction's result that follows
+    /// it on its lane is one more destination of that reduction (as the CUDA executor fuses
+    /// them): a reduction reads its sources and writes its destination, a fused copy only
+    /// writes, any other copy reads and writes.
+    fn fused_traffic(p: &Plan) -> u64 {
+        let mut last_result: HashMap<u32, Region> = HashMap::new();
+        let mut moved = 0;
+        for op in &p.ops {
+            match &op.kind {
+                crate::OpKind::Reduce { srcs, dst, .. } => {
+                    moved += srcs.iter().map(|s| s.len).sum::<u64>() + dst.len;
+                    last_result.insert(op.lane, *dst);
+                }
+                crate::OpKind::Copy { src, dst } => {
+                    let fused = last_result.get(&op.lane) == Some(src);
+                    moved += if fused { dst.len } else { src.len + dst.len };
+                    if !fused {
+                        last_result.remove(&op.lane);
+                    }
+                }
+            }
+        }
+        moved
+    }
+
+    /// Ranks on one GPU: a reduction reads every rank's input where it lies. An all_reduce is
+    /// one reduction and the copies of its result, so memory sees each input read once and
+    /// each output written once (`2 n c`, the least an all_reduce can move); a reduce_scatter
+    /// reads every input once and writes every output once (`n * n c + n c`); a reduce to a
+    /// root reads every input and writes the root's output. No staging.
+    #[test]
+    fn ranks_on_one_gpu_move_the_least_an_algorithm_can() {
+        let topo = relaycc_topo::preset("shared-gpu-4").unwrap();
+        let (n, c) = (4u64, 1u64 << 20);
+        for in_place in [false, true] {
+            for (coll, least) in [
+                (Collective::AllReduce, 2 * n * c),
+                (Collective::ReduceScatter, n * n * c + n * c),
+                (Collective::Reduce, n * c + c),
+            ] {
+                let r = Request::new(coll, vec![2, 0, 3, 1], c, DType::F32).with_root(2);
+                let p = plan(&topo, &r, in_place).unwrap();
+                crate::check_with(&p, CheckOptions { in_place }).unwrap();
+                assert!(p.one_device_memory && p.scratch.is_empty(), "{coll}");
+                assert_eq!(fused_traffic(&p), least, "{coll} in place {in_place}");
+            }
+        }
+        // One host's memory keeps its cache-sized copy-in: not a plan of one device.
+        let host = relaycc_topo::preset("host-4").unwrap();
+        let r = Request::new(Collective::AllReduce, vec![0, 1, 2, 3], c, DType::F32);
+        let p = plan(&host, &r, false).unwrap();
+        assert!(!p.one_device_memory && !p.scratch.is_empty());
+        // A reduction reading another GPU's memory is refused unless the plan is of one device.
+        let mut other = plan(&topo, &r, false).unwrap();
+        other.one_device_memory = false;
+        assert!(crate::check(&other).is_err());
+    }
+
     /// All_reduce and reduce get one owner per `MIN_SLICE_BYTES`, at most one per rank: a
     /// small message on many ranks is a few slices of `2n - 1` ops each (no op count that
     /// grows with n^2), and every split passes the checker, on the root or spread from it.
@@ -392,7 +485,7 @@ mod tests {
     fn small_reductions_take_few_owners_and_stay_correct() {
         let topo = relaycc_topo::preset("host-8").unwrap();
         for (count, owners_want) in [(1u64, 1u32), (1024, 1), (3 * 1024, 3), (70_001, 8)] {
-            assert_eq!(owners(count, 4, 8), owners_want, "{count}");
+            assert_eq!(owners(count, 4, 8, false), owners_want, "{count}");
             for (coll, root) in [(Collective::AllReduce, 0), (Collective::Reduce, 5)] {
                 let r = Request::new(coll, (0..8).collect(), count, DType::F32).with_root(root);
                 for in_place in [false, true] {

@@ -96,8 +96,9 @@ fn is_p2p(req: &Request) -> bool {
 /// too large to build, timed from samples of their steps) competes by its extrapolated time;
 /// where it wins, the answer is that NCCL's rings are the fastest known, and its plan, like a
 /// template, is for prediction only (the checker refuses it, no executor runs it). Ties go to
-/// the earlier candidate, which keeps planning deterministic. When every rank is an arena of one host memory
-/// ([`Topology::shares_host_memory`], the `host-N` preset), the plan is the shared-memory
+/// the earlier candidate, which keeps planning deterministic. When every rank is an arena of one memory
+/// ([`Topology::shares_memory`]: one host's, the `host-N` preset, or one GPU's, the
+/// `shared-gpu-N` preset), the plan is the shared-memory
 /// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker
 /// ([`crate::check()`] and [`crate::check_routes`]) passes the winner and the baseline before
 /// they are returned. A candidate that fails is dropped, and the next fastest is proved in its
@@ -237,7 +238,7 @@ impl Selection<'_> {
     ) -> Result<BaselinePhase> {
         let templated = self
             .shift
-            .filter(|_| !self.topo.shares_host_memory(&self.req.gpus) && !is_p2p(self.req));
+            .filter(|_| !self.topo.shares_memory(&self.req.gpus) && !is_p2p(self.req));
         let ((folded, why, early_proof), templates) = rayon::join(
             || self.build_baseline(templated.is_some()),
             || {
@@ -354,11 +355,11 @@ impl Selection<'_> {
         if baseline_cut.is_some() {
             self.deadline.mark_hit();
         }
-        // Ranks that are arenas of one host's memory (the `host-N` preset): the simulator
+        // Ranks that are arenas of one memory (`host-N`, `shared-gpu-N`): the simulator
         // models links, not one shared memory and its caches, so it cannot rank algorithms
         // there; the shared-memory planner is used directly, and still reported beside
         // baseline and bound.
-        let shared_memory = self.topo.shares_host_memory(&self.req.gpus);
+        let shared_memory = self.topo.shares_memory(&self.req.gpus);
         let (bound_gbps, plans) = if shared_memory {
             self.shared_memory_plan()?
         } else if is_p2p(self.req) {

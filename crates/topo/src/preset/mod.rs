@@ -20,6 +20,7 @@
 //! | `rtx4090-8gpu` | 8x RTX 4090 on CPU root ports, no NVLink, no PCIe peer-to-peer |
 //! | `rtx5090-8gpu` | 8x RTX 5090 on CPU root ports (Gen5), no NVLink, no PCIe peer-to-peer |
 //! | `host-<N>` | one socket and N logical devices, each an arena of its memory ([`host_topology`]) |
+//! | `shared-gpu-<N>` | N ranks on one GPU, each an arena of its device memory ([`shared_gpu_topology`]) |
 //! | `nvswitch-<N>` | N GPUs on one NVSwitch and one socket: the flat machine of CUDA communicators given none ([`nvswitch_topology`]) |
 //!
 //! Clusters: `cluster:<N>x<node preset>:<fabric>[:<layout>]`, e.g. `cluster:4xdgx1-v100:ib-edr`
@@ -39,7 +40,9 @@ mod host;
 pub use host::{MAX_HOST_ARENAS, host_topology};
 mod grace;
 mod nvswitch;
+mod shared_gpu;
 pub use nvswitch::{MAX_NVSWITCH_GPUS, nvswitch_topology};
+pub use shared_gpu::{MAX_SHARED_GPU_RANKS, shared_gpu_topology};
 mod pcie;
 mod power;
 
@@ -162,6 +165,12 @@ pub fn list() -> Vec<(String, String)> {
         ),
     ));
     v.push((
+        "shared-gpu-<N>".to_string(),
+        format!(
+            "N ranks (1..={MAX_SHARED_GPU_RANKS}) on one GPU, each an arena of its device memory"
+        ),
+    ));
+    v.push((
         "cluster:<N>x<preset>:<fabric>[:<layout>]".to_string(),
         format!(
             "N machines of a preset on a network; fabrics: {}; layouts: {} \
@@ -177,6 +186,7 @@ fn known_names() -> String {
     let mut names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
     names.push("host-<N>");
     names.push("nvswitch-<N>");
+    names.push("shared-gpu-<N>");
     names.push("cluster:<N>x<preset>:<fabric>[:<layout>]");
     names.join(", ")
 }
@@ -193,6 +203,15 @@ pub fn preset(name: &str) -> Result<Topology> {
     }
     if let Some(n) = name.strip_prefix("host-") {
         return sized(name, n, "host", MAX_HOST_ARENAS, host_topology);
+    }
+    if let Some(n) = name.strip_prefix("shared-gpu-") {
+        return sized(
+            name,
+            n,
+            "shared-gpu",
+            MAX_SHARED_GPU_RANKS,
+            shared_gpu_topology,
+        );
     }
     if let Some(n) = name.strip_prefix("nvswitch-") {
         return sized(name, n, "nvswitch", MAX_NVSWITCH_GPUS, nvswitch_topology);
@@ -306,6 +325,7 @@ fn gpu_info(index: u32, name: &str, sm: u32, bus: &str, numa: u32, memory_gib: u
         numa: Some(numa),
         memory_bytes: Some(memory_gib << 30),
         host_arena: false,
+        device_arena: None,
         pcie_p2p: true,
     }
 }

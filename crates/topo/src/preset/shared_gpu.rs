@@ -1,0 +1,52 @@
+//! The `shared-gpu-<N>` preset: N ranks on one GPU, each an arena of its device memory.
+
+use crate::error::Result;
+use crate::graph::{ComputeCapability, GpuInfo, LinkKind, Topology};
+use crate::rates::{HBM_H100_GBPS, NvLinkGen};
+use crate::topology_builder::TopologyBuilder;
+
+/// The most ranks a `shared-gpu-<N>` topology has, as for `nvswitch-<N>`.
+pub const MAX_SHARED_GPU_RANKS: u32 = 1024;
+
+/// The topology `shared-gpu-<n>`: `n` logical devices `GPU0..GPU<n-1>` that are all ranks on
+/// one physical GPU (an H100-class device, compute capability 9.0), each an arena of its
+/// memory ([`GpuInfo::device_arena`] `= Some(0)`), joined to one node that stands for that
+/// memory (an `NVSwitch` node, the only kind of hub between GPUs) at half its bandwidth in
+/// each direction ([`HBM_H100_GBPS`] / 2: a copy from one arena to another reads and writes
+/// the same memory).
+///
+/// The links are not what a plan pays for here: the planner sees the shared memory
+/// ([`Topology::shared_device`]) and gives these ranks the shared-memory algorithms that read
+/// every rank's buffer where it lies, so an all_reduce moves what it must (each input read
+/// once, each output written once) in a handful of kernels. This is the topology of several
+/// CUDA ranks on one GPU (`relaycc bench --backend cuda --gpus 0,0,0,0`).
+///
+/// Errors: `n` outside `1..=`[`MAX_SHARED_GPU_RANKS`].
+///
+/// # Example
+/// ```
+/// let topo = relaycc_topo::shared_gpu_topology(4).unwrap();
+/// assert_eq!(topo.name(), "shared-gpu-4");
+/// assert_eq!(topo.shared_device(&[0, 1, 2, 3]), Some(0));
+/// assert!(topo.shares_memory(&[3, 1]) && !topo.shares_host_memory(&[3, 1]));
+/// assert_eq!(relaycc_topo::preset("shared-gpu-4").unwrap().gpu_count(), 4);
+/// ```
+pub fn shared_gpu_topology(n: u32) -> Result<Topology> {
+    let name = super::sized_name("shared-gpu", n, MAX_SHARED_GPU_RANKS)?;
+    let mut b = TopologyBuilder::new(name);
+    let memory = b.add_nvswitch();
+    let generation = NvLinkGen::V4;
+    for i in 0..n {
+        let mut info = GpuInfo::new(i);
+        info.name = format!("rank {i} on GPU 0");
+        info.compute_capability = Some(ComputeCapability::from_sm(90));
+        info.device_arena = Some(0);
+        let g = b.add_gpu(info);
+        let kind = LinkKind::Nvlink {
+            generation,
+            lanes: 1,
+        };
+        b.connect_with(g, memory, kind, HBM_H100_GBPS / 2.0, 0.0);
+    }
+    b.build()
+}
