@@ -287,15 +287,33 @@ fn repeated_calls_patch_their_buffers_into_the_kept_schedule() {
 }
 
 /// Host time per call of a cached plan: 100 all_reduces of 4 KiB on 4 ranks back to back,
-/// none waited for until the last, on one thread. Printed on a `gpu-check:` line for
+/// none waited for until the last, on one thread, planned on `shared-gpu-4` (four ranks on
+/// device 0: what `relaycc bench` plans on for ranks sharing a GPU) and on `nvswitch-4` (GPU
+/// algorithms, on the test's device map). Printed on `gpu-check:` lines for
 /// `scripts/gpu-check` (its target is the benchmark's, not this test's); the test checks the
 /// outputs after the last call.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn host_time_per_call_of_a_cached_plan() {
-    let topo = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    let shared = relaycc_collectives::shared_gpu_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    let one_gpu = Arc::new(CudaBackend::new(vec![0; 4]).unwrap_or_else(|e| panic!("{e}")));
+    let flat = relaycc_collectives::nvswitch_topology(4).unwrap_or_else(|e| panic!("{e}"));
+    for (topo, backend) in [(shared, one_gpu as Arc<dyn Backend>), (flat, cuda(4))] {
+        let name = topo.name().to_owned();
+        let host_us = host_us_per_call(topo, backend);
+        println!(
+            "gpu-check: host_us_per_call={host_us:.1} ranks=4 host_us_per_rank={:.1} \
+             topology={name}",
+            host_us / 4.0
+        );
+    }
+}
+
+/// Host microseconds per call of 100 back-to-back 4 KiB all_reduces on 4 ranks of `topo`,
+/// after five warm-up calls; checks the last call's outputs.
+fn host_us_per_call(topo: Topology, backend: Arc<dyn Backend>) -> f64 {
     let gpu =
-        Communicator::new(topo, &[0, 1, 2, 3], &[], cuda(4)).unwrap_or_else(|e| panic!("{e}"));
+        Communicator::new(topo, &[0, 1, 2, 3], &[], backend).unwrap_or_else(|e| panic!("{e}"));
     let ins: Vec<DeviceBuffer<u32>> = (0..4u32)
         .map(|r| {
             gpu.from_slice(r as usize, &[r + 1; 1024])
@@ -336,10 +354,7 @@ fn host_time_per_call_of_a_cached_plan() {
             vec![10u32; 1024]
         );
     }
-    println!(
-        "gpu-check: host_us_per_call={host_us:.1} ranks=4 host_us_per_rank={:.1}",
-        host_us / 4.0
-    );
+    host_us
 }
 
 #[test]

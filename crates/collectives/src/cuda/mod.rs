@@ -23,6 +23,7 @@ mod cache;
 mod calls;
 mod driver;
 mod error;
+mod fan_out;
 mod kernel_sources;
 mod launch;
 mod libs;

@@ -36,6 +36,7 @@
 use relaycc_route::{Location, ReduceOp};
 
 use super::backend::err;
+use super::fan_out;
 use super::kernel_sources::{MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES, reduce_entry};
 use crate::backend::{Command, Program, Slot};
 use crate::error::Result;
@@ -197,10 +198,11 @@ pub(crate) fn facts<'p>(
         let at = |s: &Slot| addr(bases[p] + s.binding) + s.offset;
         for (ci, c) in prog.commands.iter().enumerate() {
             match c {
-                Command::Copy { src, dst, .. }
-                    if src.bytes > 0 && !sink(Fact::Copy(overlap(at(src), at(dst), src.bytes))) =>
-                {
-                    return false;
+                Command::Copy { src, dst, .. } if src.bytes > 0 => {
+                    let o = overlap(at(src), at(dst), src.bytes);
+                    if !sink(Fact::Copy(o)) || !fan_out::facts(prog, ci, o, &at, sink) {
+                        return false;
+                    }
                 }
                 Command::Reduce {
                     first,
@@ -313,7 +315,7 @@ fn fusion_candidates(prog: &Program, ci: usize) -> Vec<usize> {
 
 /// The facts of a launch in [`build`]'s order, one at a time; a fact of the wrong kind is an
 /// error (facts made for other programs), never a wrong schedule.
-struct Facts<'a>(std::slice::Iter<'a, Fact>);
+pub(super) struct Facts<'a>(std::slice::Iter<'a, Fact>);
 
 impl Facts<'_> {
     fn next(&mut self, what: &str) -> Result<Fact> {
@@ -346,7 +348,7 @@ impl Facts<'_> {
             ))),
         }
     }
-    fn fuse(&mut self) -> Result<bool> {
+    pub(super) fn fuse(&mut self) -> Result<bool> {
         match self.next("fusion")? {
             Fact::Fuse(ok) => Ok(ok),
             other => Err(err(format!(
@@ -392,10 +394,10 @@ pub(crate) fn build(
     Ok(out)
 }
 
-struct ScheduleBuilder<'a, 'p> {
-    place: &'a LaunchPlacement<'p>,
-    out: LaunchSchedule,
-    facts: Facts<'a>,
+pub(super) struct ScheduleBuilder<'a, 'p> {
+    pub(super) place: &'a LaunchPlacement<'p>,
+    pub(super) out: LaunchSchedule,
+    pub(super) facts: Facts<'a>,
 }
 
 impl ScheduleBuilder<'_, '_> {
@@ -419,7 +421,8 @@ impl ScheduleBuilder<'_, '_> {
                         continue;
                     }
                     let o = self.facts.overlap()?;
-                    if !fused[ci] {
+                    let stream = lane_stream(&streams, *lane)?;
+                    if !fused[ci] && !self.fan_out(prog, ci, stream, &at, &mut fused)? {
                         self.copy(
                             lane_stream(&streams, *lane)?,
                             at(src),
@@ -461,7 +464,7 @@ impl ScheduleBuilder<'_, '_> {
     }
 
     /// Whether the stream's GPU reaches a binding's memory with its own loads and stores.
-    fn reaches(&self, dev: usize, binding: u32) -> bool {
+    pub(super) fn reaches(&self, dev: usize, binding: u32) -> bool {
         match self
             .place
             .binding_dev

@@ -13,25 +13,30 @@ use crate::exec;
 /// `topo`, planned as `CudaBackend` plans it (its issue cost), in place, with the location of
 /// each binding.
 fn all_reduce(topo: &str, bytes: u64) -> (Program, Vec<Location>) {
+    collective_program(topo, Collective::AllReduce, bytes, true)
+}
+
+/// As [`all_reduce`], for any collective, in place or not.
+fn collective_program(
+    topo: &str,
+    collective: Collective,
+    bytes: u64,
+    in_place: bool,
+) -> (Program, Vec<Location>) {
     let t = relaycc_topo::load(topo).unwrap_or_else(|e| panic!("{e}"));
     let n = t.gpu_count();
-    let req = Request::new(
-        Collective::AllReduce,
-        (0..n).collect(),
-        bytes / 4,
-        DType::F32,
-    )
-    .with_op(ReduceOp::Sum);
+    let req =
+        Request::new(collective, (0..n).collect(), bytes / 4, DType::F32).with_op(ReduceOp::Sum);
     let plan = crate::plan_cache::make_plan(
         &t,
         &req,
         &[],
-        true,
+        in_place,
         relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
         super::CUDA_OP_ISSUE_US,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let exe = exec::compile(exec::check(plan, true).unwrap_or_else(|e| panic!("{e}")))
+    let exe = exec::compile(exec::check(plan, in_place).unwrap_or_else(|e| panic!("{e}")))
         .unwrap_or_else(|e| panic!("{e}"));
     let gpus = &exe.plan().request.gpus;
     let mut bindings: Vec<Location> = gpus.iter().map(|&g| Location::Gpu(g)).collect();
@@ -134,6 +139,98 @@ const RECORDED_SHARED: DriverCalls = DriverCalls {
     stream_waits: 166,
     context_binds: 1,
 };
+
+/// Ranks on one GPU: a broadcast is one kernel that reads the root's input once and writes
+/// every output; an all_gather one such kernel per rank (every other rank's output in place,
+/// every output out of place); 64 MiB, so each would otherwise be copy-engine copies.
+#[test]
+fn copies_of_one_source_on_one_gpu_are_one_kernel_each() {
+    for (collective, in_place, kernels, copies) in [
+        (Collective::Broadcast, false, 1, 0),
+        (Collective::Broadcast, true, 1, 0),
+        (Collective::AllGather, false, 4, 0),
+        (Collective::AllGather, true, 4, 0),
+        (Collective::AllToAll, false, 0, 16),
+    ] {
+        let (program, bindings) =
+            collective_program("shared-gpu-4", collective, 64 << 20, in_place);
+        let calls = driver_calls(
+            &program,
+            &CallCountSetup {
+                device_map: &[0, 0, 0, 0],
+                bindings: &bindings,
+                sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (calls.reduce_kernels, calls.copies + calls.sm_copies),
+            (kernels, copies),
+            "{collective} in place {in_place}: {calls}"
+        );
+    }
+}
+
+/// Copies of one source back to back on a lane become one kernel with a destination each,
+/// while each destination is apart from the source and the others; the first that is not
+/// ends the fan-out there, and a copy of another source is a copy.
+#[test]
+fn copies_of_one_source_fan_out_while_their_destinations_are_apart() {
+    let a = slot(0, 0, MIB);
+    let copy = |src, dst| Command::Copy { lane: 0, src, dst };
+    let p = program(
+        vec![Location::Gpu(0)],
+        6,
+        vec![
+            copy(a, slot(1, 0, MIB)),
+            copy(a, slot(2, 0, MIB)),
+            copy(a, slot(3, 0, MIB)),
+            copy(slot(4, 0, MIB), slot(5, 0, MIB)),
+        ],
+        Vec::new(),
+    );
+    let devs = vec![Some(0); 6];
+    let s = schedule_of(&p, &devs, &|_, _| true, 0, &apart);
+    assert_eq!(s.steps.len(), 2, "{:?}", s.steps);
+    let Step::Reduce {
+        nsrcs: 1,
+        ndsts: 3,
+        operands,
+        len,
+        ..
+    } = s.steps[0]
+    else {
+        panic!("{:?}", s.steps[0])
+    };
+    assert_eq!(len, MIB);
+    let ops = &s.operands[operands as usize..operands as usize + 4];
+    assert_eq!(
+        ops.iter().map(|o| o.binding).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    assert!(matches!(
+        s.steps[1],
+        Step::Copy {
+            by: CopyBy::Engine,
+            ..
+        }
+    ));
+    // The second copy's destination overlaps the source: no fan-out, four copies (the
+    // overlapping one in two chunks).
+    let overlapping = |b: u32| if b == 2 { apart(0) + MIB / 2 } else { apart(b) };
+    let s = schedule_of(&p, &devs, &|_, _| true, 0, &overlapping);
+    assert_eq!(s.steps.len(), 5, "{:?}", s.steps);
+    assert!(s.steps.iter().all(|st| matches!(st, Step::Copy { .. })));
+    // The third's destination is memory the lane's GPU does not reach: the first two fan out.
+    let elsewhere = vec![Some(0), Some(0), Some(0), Some(1), Some(0), Some(0)];
+    let s = schedule_of(&p, &elsewhere, &|a, b| a == b, 0, &apart);
+    assert!(
+        matches!(s.steps[0], Step::Reduce { ndsts: 2, .. }),
+        "{:?}",
+        s.steps
+    );
+    assert_eq!(s.steps.len(), 3);
+}
 
 fn slot(binding: u32, offset: u64, bytes: u64) -> Slot {
     Slot {

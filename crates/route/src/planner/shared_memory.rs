@@ -29,6 +29,9 @@
 //!   output written once); a reduce_scatter is one reduction per rank.
 //! - **data movement** (broadcast, all_gather(_v), all_to_all(_v), scatter, send_recv): each
 //!   receiving rank's lane pulls its pieces directly; gather pushes from each sender's lane.
+//!   On one GPU, broadcast and all_gather push from the sender's lane instead: the copies of
+//!   one source then follow each other on one lane, and the CUDA executor makes them one
+//!   kernel that reads the source once.
 //!   In-place calls skip the copies whose source already sits where the output wants it.
 //!
 //! Every op of a rank runs on that rank's lane, and no two lanes touch the same element while
@@ -109,7 +112,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
             for r in 0..n {
                 if !(in_place && r == request.root) {
                     b.copy(
-                        r,
+                        if one_gpu { request.root } else { r },
                         Region::new(inp(request.root), 0, c),
                         Region::new(out(r), 0, c),
                     )?;
@@ -128,7 +131,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
                     let k = k as u32;
                     if !(in_place && k == r) {
                         b.copy(
-                            r,
+                            if one_gpu { k } else { r },
                             Region::new(inp(k), 0, len),
                             Region::new(out(r), displ, len),
                         )?;

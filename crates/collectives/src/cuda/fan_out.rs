@@ -1,0 +1,160 @@
+//! Fan-out: copies of one source on one lane, back to back, as one kernel that reads the
+//! source once and writes every destination (the reduce kernel with one source and up to
+//! [`MAX_REDUCE_DSTS`] destinations, on bytes). A broadcast or an all_gather of ranks sharing
+//! one GPU then reads each source once, not once per receiver, and makes one launch per source.
+//!
+//! Which copies form a fan-out is structural (the program alone decides it): a copy heads one
+//! when the command before it on its lane is neither a copy of the same source nor a reduction
+//! whose destination is that source (whose copies fuse into the reduction instead), and the
+//! candidates are the copies of exactly its source that follow it on its lane with nothing
+//! between. Whether each candidate joins is a fact of the addresses (`Fact::Fuse`: apart
+//! from the source, the head's destination and the earlier candidates'), read as the
+//! reduction's fusion facts are, and of the placement (kernels loaded, every memory reached).
+
+use relaycc_route::{DType, ReduceOp};
+
+use super::kernel_sources::{MAX_REDUCE_DSTS, REDUCE_ENTRIES, reduce_entry};
+use super::schedule::{LaunchAddr, OnDevice, Overlap, ScheduleBuilder, Step};
+
+use super::backend::err;
+use crate::backend::{Command, Program, Slot};
+use crate::error::Result;
+
+fn lane_of(c: &Command) -> u32 {
+    match c {
+        Command::Copy { lane, .. }
+        | Command::Reduce { lane, .. }
+        | Command::Record { lane, .. }
+        | Command::Wait { lane, .. } => *lane,
+    }
+}
+
+/// The copies that may join copy `ci`'s fan-out, when `ci` heads one (see the module docs);
+/// `None` when it does not.
+pub(super) fn candidates(prog: &Program, ci: usize) -> Option<Vec<usize>> {
+    let Command::Copy { lane, src, .. } = &prog.commands[ci] else {
+        return None;
+    };
+    if src.bytes == 0 {
+        return None;
+    }
+    let before = prog.commands[..ci]
+        .iter()
+        .rev()
+        .find(|c| lane_of(c) == *lane);
+    match before {
+        Some(Command::Copy { src: s, .. }) if s == src => return None,
+        Some(Command::Reduce { dst, .. }) if dst == src => return None,
+        _ => {}
+    }
+    let mut out = Vec::new();
+    for (k, c) in prog.commands.iter().enumerate().skip(ci + 1) {
+        if lane_of(c) != *lane {
+            continue;
+        }
+        match c {
+            Command::Copy { src: s, .. } if s == src && out.len() + 1 < MAX_REDUCE_DSTS => {
+                out.push(k);
+            }
+            _ => break,
+        }
+    }
+    Some(out)
+}
+
+/// The fan-out facts of copy `ci` (whose own fact was `o`), one per candidate, into `sink`;
+/// false as soon as `sink` refuses one.
+pub(super) fn facts(
+    prog: &Program,
+    ci: usize,
+    o: Overlap,
+    at: &dyn Fn(&Slot) -> u64,
+    sink: &mut dyn FnMut(super::schedule::Fact) -> bool,
+) -> bool {
+    let Some(cands) = candidates(prog, ci) else {
+        return true;
+    };
+    let Command::Copy { src, dst, .. } = &prog.commands[ci] else {
+        return true;
+    };
+    let (s, n) = (at(src), src.bytes);
+    let mut taken = vec![at(dst)];
+    for c in cands {
+        let Command::Copy { dst: to, .. } = &prog.commands[c] else {
+            return false;
+        };
+        let to = at(to);
+        let apart = |a: u64| to.saturating_add(n) <= a || a.saturating_add(n) <= to;
+        let ok = o == Overlap::Apart && apart(s) && taken.iter().all(|&d| apart(d));
+        taken.push(to);
+        if !sink(super::schedule::Fact::Fuse(ok)) {
+            return false;
+        }
+    }
+    true
+}
+
+impl ScheduleBuilder<'_, '_> {
+    /// Copy `ci` as the head of a fan-out, when it heads one and at least one candidate joins
+    /// (a prefix of them, while each is apart and reached from a stream whose device has its
+    /// kernels); true when it pushed the kernel and marked the joined copies in `fused`.
+    pub(super) fn fan_out(
+        &mut self,
+        prog: &Program,
+        ci: usize,
+        stream: OnDevice,
+        at: &dyn Fn(&Slot) -> LaunchAddr,
+        fused: &mut [bool],
+    ) -> Result<bool> {
+        let Some(cands) = candidates(prog, ci) else {
+            return Ok(false);
+        };
+        let Command::Copy { src, dst, .. } = &prog.commands[ci] else {
+            return Ok(false);
+        };
+        let kernels = self.place.sm_ok.get(stream.0).copied().unwrap_or(false)
+            && self.reaches(stream.0, at(src).binding)
+            && self.reaches(stream.0, at(dst).binding);
+        let mut dsts = vec![at(dst)];
+        let mut joining = kernels;
+        let mut joined = Vec::new();
+        for c in cands {
+            let ok = self.facts.fuse()?;
+            let Command::Copy { dst: to, .. } = &prog.commands[c] else {
+                continue;
+            };
+            joining = joining && ok && self.reaches(stream.0, at(to).binding);
+            if joining {
+                dsts.push(at(to));
+                joined.push(c);
+            }
+        }
+        if joined.is_empty() {
+            return Ok(false);
+        }
+        let name = reduce_entry(DType::U8, ReduceOp::Sum)?;
+        let entry = REDUCE_ENTRIES
+            .iter()
+            .position(|e| *e == name)
+            .and_then(|i| u16::try_from(i).ok())
+            .ok_or_else(|| err(format!("no reduce kernel named {name}")))?;
+        let operands = u32::try_from(self.out.operands.len())
+            .map_err(|_| err("schedule: too many operands"))?;
+        self.out.operands.push(at(src));
+        self.out.operands.extend_from_slice(&dsts);
+        self.out.steps.push(Step::Reduce {
+            stream,
+            entry,
+            operands,
+            nsrcs: 1,
+            ndsts: dsts.len() as u8,
+            len: src.bytes,
+            bytes: src.bytes,
+            divisor: 0,
+        });
+        for c in joined {
+            fused[c] = true;
+        }
+        Ok(true)
+    }
+}
