@@ -459,3 +459,22 @@ fn the_checks_catch_what_they_look_for() {
     );
     assert_eq!(citation_keys("[Ranganath-2019 §3]"), ["Ranganath-2019"]);
 }
+
+/// No text file keeps a merge's conflict markers (a conflict resolved by committing both sides
+/// with the markers between them reads as documentation otherwise).
+#[test]
+fn no_merge_conflict_markers() {
+    let marker = |l: &str| l.starts_with("<<<<<<< ") || l.starts_with(">>>>>>> ") || l == "=======";
+    let mut bad = Vec::new();
+    for f in text_files() {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for (i, l) in text.lines().enumerate() {
+            if marker(l) {
+                bad.push(format!("{}:{}", relative(&f), i + 1));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "conflict markers at {bad:?}");
+}

@@ -478,11 +478,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub shared_buffers: bool,
     /// CUDA backend: plan on this topology (a preset, a file, or `auto` for NVML) instead of
-    /// `nvswitch-N` (N GPUs on one switch). `--gpus` then names the topology's GPUs, the other free GPUs may
+    /// `shared-gpu-N` (every rank on one device) or `nvswitch-N` (N GPUs on one switch). `--gpus` then names the topology's GPUs, the other free GPUs may
     /// relay. On this machine's topology (`auto`, or a file of it) topology GPU `g` runs on the
     /// CUDA device at its PCI address, whatever order CUDA numbers devices in; on another
-    /// machine's (a preset) on CUDA device `g mod visible`, so a one-GPU machine runs any
-    /// topology's plans.
+    /// machine's (a preset) on CUDA device `g mod visible` (a `shared-gpu-N` rank on its GPU's),
+    /// so a one-GPU machine runs any topology's plans.
     #[arg(long)]
     pub topology: Option<String>,
     /// `--backend mpi` on GPUs: the transport of messages between processes. GPU buffers are
