@@ -12,7 +12,8 @@
 // 16-byte words per thread in flight, as the reduce kernels' RELAYCC_UNROLL.
 #define RELAYCC_FORWARD_UNROLL 4
 
-// Copies `bytes` bytes from `src` to `dst` (the regions must not overlap).
+// Copies `bytes` bytes from `s` to `d` (the regions must not overlap), this thread's share of
+// a grid of `nthreads` threads.
 //
 // When src and dst share their offset within 16 bytes, a scalar head brings both to a
 // 16-byte boundary and the body moves 16-byte words with ld.global.v4 / st.global.v4, the
@@ -22,12 +23,8 @@
 // last whole hunk and the bytes after the last word are a scalar tail. Otherwise every byte
 // is copied singly: correct, slower, and rare, since the executor's buffers are 256-byte
 // aligned.
-extern "C" __global__ void relaycc_forward(void* dst, const void* src, relaycc_u64 bytes) {
-    unsigned char* d = (unsigned char*)dst;
-    const unsigned char* s = (const unsigned char*)src;
-    const relaycc_u64 tid = relaycc_thread_index();
-    const relaycc_u64 nthreads = relaycc_thread_count();
-
+__device__ static void relaycc_copy_bytes(unsigned char* d, const unsigned char* s, relaycc_u64 bytes,
+                                          relaycc_u64 tid, relaycc_u64 nthreads) {
     const relaycc_u64 src_mis = (relaycc_u64)s & 15ull;
     const relaycc_u64 dst_mis = (relaycc_u64)d & 15ull;
     relaycc_u64 head = src_mis == dst_mis ? (16ull - src_mis) & 15ull : bytes;
@@ -59,5 +56,35 @@ extern "C" __global__ void relaycc_forward(void* dst, const void* src, relaycc_u
     for (relaycc_u64 j = tid; j < scalar; j += nthreads) {
         const relaycc_u64 i = j < head ? j : tail + (j - head);
         d[i] = s[i];
+    }
+}
+
+extern "C" __global__ void relaycc_forward(void* dst, const void* src, relaycc_u64 bytes) {
+    relaycc_copy_bytes((unsigned char*)dst, (const unsigned char*)src, bytes, relaycc_thread_index(),
+                       relaycc_thread_count());
+}
+
+// Most copies one relaycc_forward_batch launch makes (MAX_BATCH_COPIES on the Rust side).
+#define RELAYCC_MAX_COPIES 16
+
+// The one parameter of relaycc_forward_batch, passed by value (CopyBatchArgs on the Rust side).
+typedef struct {
+    relaycc_u64 dsts[RELAYCC_MAX_COPIES];
+    relaycc_u64 srcs[RELAYCC_MAX_COPIES];
+    relaycc_u64 bytes[RELAYCC_MAX_COPIES];
+    unsigned int count;
+    unsigned int reserved;
+} RelayccCopyBatch;
+
+// Copies `bytes[e]` bytes from `srcs[e]` to `dsts[e]` for each `e < count`, all in one launch:
+// copies that a stream would make one after the other, whose ranges are independent (no copy
+// writes what another reads or writes), so their order does not matter. Every thread takes
+// its share of each copy in turn.
+extern "C" __global__ void relaycc_forward_batch(RelayccCopyBatch args) {
+    const relaycc_u64 tid = relaycc_thread_index();
+    const relaycc_u64 nthreads = relaycc_thread_count();
+    for (unsigned int e = 0; e < args.count && e < RELAYCC_MAX_COPIES; e++) {
+        relaycc_copy_bytes((unsigned char*)args.dsts[e], (const unsigned char*)args.srcs[e],
+                           args.bytes[e], tid, nthreads);
     }
 }

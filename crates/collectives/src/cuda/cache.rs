@@ -250,13 +250,17 @@ mod tests {
 
     /// PTX text with every entry point and the parameters the library launches it with.
     fn fake_ptx() -> String {
-        use crate::cuda::kernel_sources::{FORWARD_ENTRY, REDUCE_ARGS_BYTES};
+        use crate::cuda::kernel_sources::{
+            COPY_BATCH_ARGS_BYTES, FORWARD_BATCH_ENTRY, FORWARD_ENTRY, REDUCE_ARGS_BYTES,
+        };
         expected_entries()
             .map(|e| {
                 let params = if e == FORWARD_ENTRY {
                     format!(
                         "\t.param .u64 {e}_param_0,\n\t.param .u64 {e}_param_1,\n\t.param .u64 {e}_param_2\n"
                     )
+                } else if e == FORWARD_BATCH_ENTRY {
+                    format!("\t.param .align 8 .b8 {e}_param_0[{COPY_BATCH_ARGS_BYTES}]\n")
                 } else {
                     format!("\t.param .align 8 .b8 {e}_param_0[{REDUCE_ARGS_BYTES}]\n")
                 };
@@ -338,11 +342,12 @@ mod tests {
         });
         let err = cache.ptx(Arch::SM70).unwrap_err();
         assert!(
-            matches!(&err, CudaError::MissingEntryPoints { missing, .. } if missing.len() == 44),
+            matches!(&err, CudaError::MissingEntryPoints { missing, .. } if missing.len() == 45),
             "{err}"
         );
-        // Every entry point present, but the reduce kernels with the two-input parameters of
-        // an older relaycc: refused, never launched with the wrong arguments.
+        // Every entry point present, but the reduce and batched forward kernels with the
+        // two-value parameters of an older relaycc: refused, never launched with the wrong
+        // arguments.
         let old: String = fake_ptx()
             .lines()
             .map(|l| match l.split_once(" .b8 ") {
@@ -358,7 +363,7 @@ mod tests {
         let fresh = KernelCache::new(cache.config().clone());
         let err = fresh.ptx(Arch::SM70).unwrap_err();
         assert!(
-            matches!(&err, CudaError::StaleEntryPoints { stale, .. } if stale.len() == 44),
+            matches!(&err, CudaError::StaleEntryPoints { stale, .. } if stale.len() == 45),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);

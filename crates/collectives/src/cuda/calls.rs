@@ -124,7 +124,7 @@ pub(crate) fn walk<'s>(
 pub struct DriverCalls {
     /// Copy-engine copies (`cuMemcpyAsync`, `cuMemcpyPeerAsync`).
     pub copies: u32,
-    /// Forward-kernel launches (copies on SMs).
+    /// Forward-kernel launches (copies on SMs; a batch of copies is one).
     pub sm_copies: u32,
     /// Reduce-kernel launches.
     pub reduce_kernels: u32,
@@ -143,7 +143,9 @@ impl DriverCalls {
         let counted = walk(s, around, &mut |c| {
             match c {
                 Call::Bind(_) => n.context_binds += 1,
-                Call::Step(Step::Copy { by: CopyBy::Sm, .. }) => n.sm_copies += 1,
+                Call::Step(Step::Copy { by: CopyBy::Sm, .. } | Step::CopyBatch { .. }) => {
+                    n.sm_copies += 1
+                }
                 Call::Step(Step::Copy { .. }) => n.copies += 1,
                 Call::Step(Step::Reduce { .. }) => n.reduce_kernels += 1,
                 Call::Step(Step::Record { .. })

@@ -290,6 +290,67 @@ fn forward_copies_every_size_and_alignment_and_nothing_more() {
     }
 }
 
+/// The batched forward kernel: sixteen copies of sizes 0 to 1 MiB + 3 at assorted alignments,
+/// in one launch of one warp and of a full grid, each into its own window of one destination
+/// buffer: every copy lands, and no byte outside them changes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn forward_batch_copies_each_of_its_copies_and_nothing_more() {
+    use super::{CopyBatchArgs, MAX_BATCH_COPIES};
+    let (stream, module) = setup();
+    let f = function(&module, super::FORWARD_BATCH_ENTRY);
+    let mut rng = Rng(11);
+    let sizes = [0usize, 1, 15, 16, 17, 31, 4096 + 5, (1 << 20) + 3];
+    let offsets = [(0usize, 0usize), (1, 1), (8, 8), (0, 1), (3, 0), (5, 9)];
+    // Copy e: sizes[e % 8] bytes at offsets[e % 6], in window e of 1 MiB + 64 bytes.
+    let window = (1usize << 20) + 64;
+    let src: Vec<u8> = (0..window * MAX_BATCH_COPIES)
+        .map(|_| rng.next() as u8)
+        .collect();
+    let dsrc = upload(&stream, &src);
+    for shape in [LaunchShape::ONE_WARP, LaunchShape::for_bytes(16 << 20, 264)] {
+        let ddst = upload(&stream, &vec![0xab; window * MAX_BATCH_COPIES]);
+        let (s0, d0) = (ptr(&stream, &dsrc), ptr(&stream, &ddst));
+        let mut args = CopyBatchArgs {
+            count: MAX_BATCH_COPIES as u32,
+            ..CopyBatchArgs::default()
+        };
+        let mut want = vec![0xab; window * MAX_BATCH_COPIES];
+        for e in 0..MAX_BATCH_COPIES {
+            let (bytes, (so, dof)) = (sizes[e % sizes.len()], offsets[e % offsets.len()]);
+            let (sa, da) = (e * window + so, e * window + dof);
+            args.srcs[e] = s0 + sa as u64;
+            args.dsts[e] = d0 + da as u64;
+            args.bytes[e] = bytes as u64;
+            want[da..da + bytes].copy_from_slice(&src[sa..sa + bytes]);
+        }
+        let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut CopyBatchArgs).cast()];
+        // SAFETY: one RelayccCopyBatch by value; every copy inside its window of both buffers.
+        unsafe {
+            cudarc::driver::sys::cuLaunchKernel(
+                f.cu_function(),
+                shape.blocks,
+                1,
+                1,
+                shape.threads_per_block,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        stream.synchronize().unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(
+            download(&stream, &ddst) == want,
+            "batched forward, {shape:?}"
+        );
+    }
+}
+
 /// Milliseconds per run of `enqueue`, timed with CUDA events over `reps` runs after one
 /// untimed run.
 fn time_ms(stream: &Arc<CudaStream>, reps: u32, mut enqueue: impl FnMut()) -> f64 {

@@ -17,6 +17,35 @@ pub use relaycc_kernels::SOURCES;
 /// The forward (peer copy) kernel: `relaycc_forward(void* dst, const void* src, u64 bytes)`.
 pub const FORWARD_ENTRY: &str = "relaycc_forward";
 
+/// The batched forward kernel: `relaycc_forward_batch(RelayccCopyBatch args)`, up to
+/// [`MAX_BATCH_COPIES`] independent copies in one launch ([`CopyBatchArgs`]).
+pub const FORWARD_BATCH_ENTRY: &str = "relaycc_forward_batch";
+
+/// Most copies one batched forward launch makes (`RELAYCC_MAX_COPIES` in `kernels/forward.cu`).
+pub const MAX_BATCH_COPIES: usize = 16;
+
+/// The one parameter of the batched forward kernel, `RelayccCopyBatch` in
+/// `kernels/forward.cu`, passed by value: copy `bytes[e]` bytes from `srcs[e]` to `dsts[e]` for
+/// `e < count`, none of them writing what another reads or writes. Unused slots are 0. Its
+/// size is checked against the entry point's PTX parameter ([`stale_entries`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyBatchArgs {
+    /// Destination addresses, the first `count` used.
+    pub dsts: [u64; MAX_BATCH_COPIES],
+    /// Source addresses, the first `count` used.
+    pub srcs: [u64; MAX_BATCH_COPIES],
+    /// Bytes of each copy.
+    pub bytes: [u64; MAX_BATCH_COPIES],
+    /// Copies, 1 to [`MAX_BATCH_COPIES`].
+    pub count: u32,
+    /// Zero (the C struct's padding, named so the layout is explicit).
+    pub reserved: u32,
+}
+
+/// Bytes of [`CopyBatchArgs`], as the PTX declares the parameter (`.b8 NAME_param_0[392]`).
+pub const COPY_BATCH_ARGS_BYTES: usize = std::mem::size_of::<CopyBatchArgs>();
+
 /// Declares the type x operator table once, so the names the library launches and the names
 /// it checks in PTX come from one place.
 macro_rules! reduce_table {
@@ -41,9 +70,11 @@ reduce_table! {
     u64: [sum, prod, min, max];
 }
 
-/// Every entry point the compiled kernels must define, forward first.
+/// Every entry point the compiled kernels must define, the forward kernels first.
 pub fn expected_entries() -> impl Iterator<Item = &'static str> {
-    std::iter::once(FORWARD_ENTRY).chain(REDUCE_ENTRIES.iter().copied())
+    [FORWARD_ENTRY, FORWARD_BATCH_ENTRY]
+        .into_iter()
+        .chain(REDUCE_ENTRIES.iter().copied())
 }
 
 /// The reduce kernel for an element type and operator: `relaycc_reduce_<type>_<op>`, whose one
@@ -119,13 +150,19 @@ pub fn entry_params(ptx: &str, entry: &str) -> Option<Vec<String>> {
     Some(params)
 }
 
-/// The parameters each entry point must have: the forward kernel three 64-bit values, every
-/// reduce kernel one [`REDUCE_ARGS_BYTES`]-byte struct.
+/// The parameters each entry point must have: the forward kernel three 64-bit values, the
+/// batched forward kernel one [`COPY_BATCH_ARGS_BYTES`]-byte struct, every reduce kernel one
+/// [`REDUCE_ARGS_BYTES`]-byte struct.
 fn params_match(entry: &str, params: &[String]) -> bool {
     if entry == FORWARD_ENTRY {
         return params.len() == 3 && params.iter().all(|p| p.starts_with(".param .u64 "));
     }
-    let want = format!("{entry}_param_0[{REDUCE_ARGS_BYTES}]");
+    let bytes = if entry == FORWARD_BATCH_ENTRY {
+        COPY_BATCH_ARGS_BYTES
+    } else {
+        REDUCE_ARGS_BYTES
+    };
+    let want = format!("{entry}_param_0[{bytes}]");
     params.len() == 1 && params[0].starts_with(".param .align 8 .b8 ") && params[0].ends_with(&want)
 }
 
@@ -274,7 +311,7 @@ mod tests {
             }
         }
         assert_eq!(REDUCE_ENTRIES, expected.as_slice());
-        assert_eq!(expected_entries().count(), 45);
+        assert_eq!(expected_entries().count(), 46);
     }
 
     #[test]
@@ -322,6 +359,18 @@ mod tests {
     }
 
     #[test]
+    fn copy_batch_args_mirror_the_c_struct() {
+        // RelayccCopyBatch: 16 destinations, 16 sources, 16 lengths (u64 each), then the
+        // count and a reserved u32: 392 bytes, 8-aligned, as `stale_entries` checks in PTX.
+        assert_eq!(COPY_BATCH_ARGS_BYTES, 392);
+        assert_eq!(std::mem::offset_of!(CopyBatchArgs, srcs), 128);
+        assert_eq!(std::mem::offset_of!(CopyBatchArgs, bytes), 256);
+        assert_eq!(std::mem::offset_of!(CopyBatchArgs, count), 384);
+        let src = kernel_source();
+        assert!(src.contains(&format!("#define RELAYCC_MAX_COPIES {MAX_BATCH_COPIES}\n")));
+    }
+
+    #[test]
     fn ptx_entries_and_their_parameters_are_parsed() {
         let ptx = "//\n.version 8.8\n.visible .entry relaycc_forward(\n\t.param .u64 relaycc_forward_param_0,\n\
                    \t.param .u64 relaycc_forward_param_1,\n\t.param .u64 relaycc_forward_param_2\n)\n{\n}\n\
@@ -338,7 +387,7 @@ mod tests {
             ]
         );
         let missing = missing_entries(ptx);
-        assert_eq!(missing.len(), 42);
+        assert_eq!(missing.len(), 43);
         assert!(!missing.contains(&"relaycc_forward".to_owned()));
         assert_eq!(
             entry_params(ptx, "relaycc_reduce_f32_sum"),

@@ -21,8 +21,8 @@ use cudarc::nvrtc::Ptx;
 use super::backend::{CudaBackend, State, drv, err};
 use super::calls::{Around, Call, walk};
 use super::kernel_sources::{
-    BLOCKS_PER_SM, FORWARD_ENTRY, LaunchShape, MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES,
-    ReduceArgs,
+    BLOCKS_PER_SM, CopyBatchArgs, FORWARD_BATCH_ENTRY, FORWARD_ENTRY, LaunchShape,
+    MAX_BATCH_COPIES, MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES, ReduceArgs,
 };
 use super::memory::resolve;
 use super::schedule::{
@@ -41,6 +41,7 @@ pub(super) const SCHEDULES_KEPT: usize = 32;
 pub(super) struct Kernels {
     _module: Arc<CudaModule>,
     forward: CudaFunction,
+    forward_batch: CudaFunction,
     /// By index into [`REDUCE_ENTRIES`].
     reduce: Vec<CudaFunction>,
 }
@@ -362,6 +363,7 @@ impl CudaBackend {
                 .map_err(drv("cuModuleGetFunction"))
         };
         let forward = function(FORWARD_ENTRY)?;
+        let forward_batch = function(FORWARD_BATCH_ENTRY)?;
         let reduce = REDUCE_ENTRIES
             .iter()
             .map(|e| function(e))
@@ -369,6 +371,7 @@ impl CudaBackend {
         Ok(Arc::new(Kernels {
             _module: module,
             forward,
+            forward_batch,
             reduce,
         }))
     }
@@ -631,6 +634,38 @@ impl CudaBackend {
                 // driver copies it before the call returns. Every operand holds `len` elements
                 // of the program's type inside live allocations (validated), each destination
                 // equals or avoids each source and the destinations are apart (the facts).
+                unsafe { launch(f, shape, on(stream), &mut params) }
+                    .result()
+                    .map_err(drv("cuLaunchKernel"))
+            }
+            Step::CopyBatch {
+                stream,
+                first,
+                count,
+            } => {
+                let copies = s
+                    .batched
+                    .get(first as usize..first as usize + usize::from(count))
+                    .filter(|c| (1..=MAX_BATCH_COPIES).contains(&c.len()))
+                    .ok_or_else(|| err("schedule: batched copies out of range"))?;
+                let mut args = CopyBatchArgs {
+                    count: u32::from(count),
+                    ..CopyBatchArgs::default()
+                };
+                let mut total = 0u64;
+                for (e, &(src, dst, bytes)) in copies.iter().enumerate() {
+                    args.srcs[e] = at(src)?;
+                    args.dsts[e] = at(dst)?;
+                    args.bytes[e] = bytes;
+                    total = total.saturating_add(bytes);
+                }
+                let f = kernels(stream.0)?.forward_batch.cu_function();
+                let shape = LaunchShape::for_bytes(total, max_blocks(stream.0));
+                let mut params: [*mut c_void; 1] = [(&mut args as *mut CopyBatchArgs).cast()];
+                // SAFETY: relaycc_forward_batch(RelayccCopyBatch) takes one struct by value,
+                // read by the driver before the call returns; the schedule batches only copies
+                // between device memories the stream's GPU reaches, inside live allocations
+                // (validated), whose ranges are apart from each other's (the batch facts).
                 unsafe { launch(f, shape, on(stream), &mut params) }
                     .result()
                     .map_err(drv("cuLaunchKernel"))

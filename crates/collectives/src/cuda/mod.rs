@@ -5,7 +5,7 @@
 //! | which GPUs exist, their architecture, who can reach whom | [`devices`], [`DeviceInfo`] |
 //! | is a driver / NVRTC present at all | [`driver`], [`nvrtc()`] |
 //! | the kernels' PTX for a GPU (cached in memory and on disk, or precompiled) | [`KernelCache`] |
-//! | the entry point for a type and operator, the reduce kernels' argument | [`reduce_entry`], [`FORWARD_ENTRY`], [`ReduceArgs`] |
+//! | the entry point for a type and operator, the reduce kernels' argument | [`reduce_entry`], [`FORWARD_ENTRY`], [`ReduceArgs`], [`FORWARD_BATCH_ENTRY`], [`CopyBatchArgs`] |
 //! | the driver calls the CUDA backend makes for a program, counted without a GPU | [`driver_calls`] |
 //! | compile once, no cache (what `scripts/check-kernels` checks) | [`compile_ptx`] |
 //! | NCCL on the same GPUs, for comparisons (`relaycc bench --vs-nccl`) | `nccl::NcclComms`, `nccl::nccl` (feature `nccl`) |
@@ -21,6 +21,7 @@
 mod backend;
 mod cache;
 mod calls;
+mod copy_batch;
 mod driver;
 mod error;
 mod fan_out;
@@ -46,7 +47,8 @@ pub use calls::{CallCountSetup, DriverCalls, driver_calls};
 pub use driver::{DeviceInfo, DriverInfo, devices, driver};
 pub use error::CudaError;
 pub use kernel_sources::{
-    BLOCKS_PER_SM, BYTES_PER_THREAD_STEP, FORWARD_ENTRY, LaunchShape, MAX_REDUCE_DSTS,
+    BLOCKS_PER_SM, BYTES_PER_THREAD_STEP, COPY_BATCH_ARGS_BYTES, CopyBatchArgs,
+    FORWARD_BATCH_ENTRY, FORWARD_ENTRY, LaunchShape, MAX_BATCH_COPIES, MAX_REDUCE_DSTS,
     MAX_REDUCE_SRCS, REDUCE_ARGS_BYTES, REDUCE_ENTRIES, ReduceArgs, SOURCES, THREADS_PER_BLOCK,
     entry_params, expected_entries, kernel_source, missing_entries, ptx_entries, reduce_entry,
     stale_entries,

@@ -324,7 +324,7 @@ mod tests {
         };
         assert_eq!(
             (origin.as_str(), arch.as_str(), missing.len()),
-            ("test", "compute_90", 44)
+            ("test", "compute_90", 45)
         );
     }
 }

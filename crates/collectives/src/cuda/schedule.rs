@@ -36,8 +36,8 @@
 use relaycc_route::{Location, ReduceOp};
 
 use super::backend::err;
-use super::fan_out;
 use super::kernel_sources::{MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES, reduce_entry};
+use super::{copy_batch, fan_out};
 use crate::backend::{Command, Program, Slot};
 use crate::error::Result;
 
@@ -98,6 +98,13 @@ pub(crate) enum Step {
         /// `Avg` at the plan's finalize step: the divisor, else 0.
         divisor: u32,
     },
+    /// Launch the batched forward kernel over `LaunchSchedule::batched[first..first + count]`:
+    /// copies a stream would make one after the other, independent of each other.
+    CopyBatch {
+        stream: OnDevice,
+        first: u32,
+        count: u8,
+    },
     /// `cuEventRecord(event, stream)`.
     Record { stream: OnDevice, event: OnDevice },
     /// `cuStreamWaitEvent(stream, event)`.
@@ -110,13 +117,17 @@ impl Step {
         match *self {
             Step::Copy { stream, .. }
             | Step::Reduce { stream, .. }
+            | Step::CopyBatch { stream, .. }
             | Step::Record { stream, .. }
             | Step::Wait { stream, .. } => stream,
         }
     }
 
     fn touches_memory(&self) -> bool {
-        matches!(self, Step::Copy { .. } | Step::Reduce { .. })
+        matches!(
+            self,
+            Step::Copy { .. } | Step::Reduce { .. } | Step::CopyBatch { .. }
+        )
     }
 }
 
@@ -170,6 +181,8 @@ pub(crate) struct LaunchSchedule {
     pub steps: Vec<Step>,
     /// Operands of the reduce steps.
     pub operands: Vec<LaunchAddr>,
+    /// The copies of the batched-copy steps: source, destination, bytes.
+    pub batched: Vec<(LaunchAddr, LaunchAddr, u64)>,
     /// Streams needed per device.
     pub streams_per_device: Vec<usize>,
     /// Events needed per device.
@@ -200,7 +213,10 @@ pub(crate) fn facts<'p>(
             match c {
                 Command::Copy { src, dst, .. } if src.bytes > 0 => {
                     let o = overlap(at(src), at(dst), src.bytes);
-                    if !sink(Fact::Copy(o)) || !fan_out::facts(prog, ci, o, &at, sink) {
+                    if !sink(Fact::Copy(o))
+                        || !fan_out::facts(prog, ci, o, &at, sink)
+                        || !copy_batch::facts(prog, ci, &at, sink)
+                    {
                         return false;
                     }
                 }
@@ -374,6 +390,7 @@ pub(crate) fn build(
         out: LaunchSchedule {
             steps: Vec::new(),
             operands: Vec::new(),
+            batched: Vec::new(),
             streams_per_device: vec![0; place.devices],
             events_per_device: vec![0; place.devices],
             used: Vec::new(),
@@ -422,7 +439,10 @@ impl ScheduleBuilder<'_, '_> {
                     }
                     let o = self.facts.overlap()?;
                     let stream = lane_stream(&streams, *lane)?;
-                    if !fused[ci] && !self.fan_out(prog, ci, stream, &at, &mut fused)? {
+                    if !fused[ci]
+                        && !self.fan_out(prog, ci, stream, &at, &mut fused)?
+                        && !self.copy_batch(prog, ci, stream, &at, o, &mut fused)?
+                    {
                         self.copy(
                             lane_stream(&streams, *lane)?,
                             at(src),
@@ -463,6 +483,21 @@ impl ScheduleBuilder<'_, '_> {
         Ok(())
     }
 
+    /// Whether a copy of ranges apart runs on the forward kernel: below the SM-copy threshold,
+    /// on a stream whose device has its kernels, between memories that device reaches.
+    pub(super) fn runs_on_sms(
+        &self,
+        stream: OnDevice,
+        src: LaunchAddr,
+        dst: LaunchAddr,
+        bytes: u64,
+    ) -> bool {
+        bytes < self.place.sm_copy_below
+            && self.place.sm_ok.get(stream.0).copied().unwrap_or(false)
+            && self.reaches(stream.0, src.binding)
+            && self.reaches(stream.0, dst.binding)
+    }
+
     /// Whether the stream's GPU reaches a binding's memory with its own loads and stores.
     pub(super) fn reaches(&self, dev: usize, binding: u32) -> bool {
         match self
@@ -499,11 +534,11 @@ impl ScheduleBuilder<'_, '_> {
         match o {
             Overlap::Same => {}
             Overlap::Apart => {
-                let sm = bytes < self.place.sm_copy_below
-                    && self.place.sm_ok.get(stream.0).copied().unwrap_or(false)
-                    && self.reaches(stream.0, src.binding)
-                    && self.reaches(stream.0, dst.binding);
-                let by = if sm { CopyBy::Sm } else { engine };
+                let by = if self.runs_on_sms(stream, src, dst, bytes) {
+                    CopyBy::Sm
+                } else {
+                    engine
+                };
                 self.out.steps.push(Step::Copy {
                     stream,
                     src,
@@ -675,7 +710,7 @@ fn finish(s: &mut LaunchSchedule) {
         }
         let kernel = matches!(
             step,
-            Step::Reduce { .. } | Step::Copy { by: CopyBy::Sm, .. }
+            Step::Reduce { .. } | Step::Copy { by: CopyBy::Sm, .. } | Step::CopyBatch { .. }
         );
         if kernel && !s.kernel_devices.contains(&st.0) {
             s.kernel_devices.push(st.0);

@@ -171,6 +171,84 @@ fn copies_of_one_source_on_one_gpu_are_one_kernel_each() {
     }
 }
 
+/// Ranks on one GPU: an all_to_all's small copies are one batched launch per lane (4, not 16);
+/// its 16 MiB blocks stay on copy engines.
+#[test]
+fn small_copies_of_an_all_to_all_on_one_gpu_are_one_launch_per_lane() {
+    for (bytes, sm_launches, copies) in [(1u64 << 20, 4, 0), (64 << 20, 0, 16)] {
+        let (program, bindings) =
+            collective_program("shared-gpu-4", Collective::AllToAll, bytes, false);
+        let calls = driver_calls(
+            &program,
+            &CallCountSetup {
+                device_map: &[0, 0, 0, 0],
+                bindings: &bindings,
+                sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (calls.sm_copies, calls.copies),
+            (sm_launches, copies),
+            "{bytes}: {calls}"
+        );
+    }
+}
+
+/// Copies back to back on a lane, each small enough for SMs, are one batched launch while
+/// each is independent of the ones before it; a copy that reads what an earlier one wrote
+/// ends the batch there, and with every copy on copy engines nothing is batched.
+#[test]
+fn independent_small_copies_on_a_lane_are_one_launch() {
+    let copy = |src, dst| Command::Copy { lane: 0, src, dst };
+    let p = program(
+        vec![Location::Gpu(0)],
+        6,
+        vec![
+            copy(slot(0, 0, MIB), slot(1, 0, MIB)),
+            copy(slot(2, 0, MIB), slot(3, 0, MIB)),
+            copy(slot(4, 0, 4096), slot(5, 8, 4096)),
+        ],
+        Vec::new(),
+    );
+    let devs = vec![Some(0); 6];
+    let s = schedule_of(&p, &devs, &|_, _| true, u64::MAX, &apart);
+    assert_eq!(s.steps.len(), 1, "{:?}", s.steps);
+    assert!(matches!(
+        s.steps[0],
+        Step::CopyBatch {
+            first: 0,
+            count: 3,
+            ..
+        }
+    ));
+    assert_eq!(
+        s.batched
+            .iter()
+            .map(|c| (c.0.binding, c.1.binding, c.2))
+            .collect::<Vec<_>>(),
+        vec![(0, 1, MIB), (2, 3, MIB), (4, 5, 4096)]
+    );
+    // The second copy reads what the first wrote (binding 2 where binding 1 is): it and the
+    // third run as copies of their own.
+    let chained = |b: u32| if b == 2 { apart(1) } else { apart(b) };
+    let s = schedule_of(&p, &devs, &|_, _| true, u64::MAX, &chained);
+    assert_eq!(s.steps.len(), 3, "{:?}", s.steps);
+    assert!(
+        s.steps
+            .iter()
+            .all(|st| matches!(st, Step::Copy { by: CopyBy::Sm, .. }))
+    );
+    let s = schedule_of(&p, &devs, &|_, _| true, 0, &apart);
+    assert!(s.steps.iter().all(|st| matches!(
+        st,
+        Step::Copy {
+            by: CopyBy::Engine,
+            ..
+        }
+    )));
+}
+
 /// Copies of one source back to back on a lane become one kernel with a destination each,
 /// while each destination is apart from the source and the others; the first that is not
 /// ends the fan-out there, and a copy of another source is a copy.

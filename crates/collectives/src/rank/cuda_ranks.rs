@@ -36,8 +36,8 @@ impl RankComm {
     /// Errors, before any context is made: no driver ([`CollectivesError::Cuda`] with
     /// [`crate::cuda::CudaError::NoDriver`], never a panic); no device given, a device that
     /// does not exist or one listed twice (one rank per GPU, as NCCL: ranks that share a GPU
-    /// are made with [`CudaBackend::new`], [`Communicator::new`] and
-    /// [`Communicator::into_ranks`]); NVML unable to describe the machine
+    /// are made with [`CudaBackend::new`], [`Communicator::new`] (on
+    /// [`crate::shared_gpu_topology`] for ranks on one GPU) and [`Communicator::into_ranks`]); NVML unable to describe the machine
     /// ([`CollectivesError::Setup`] saying why; [`RankComm::cuda_or`] names a fallback).
     ///
     /// ```no_run
@@ -153,7 +153,8 @@ fn checked_devices(ordinals: &[usize]) -> Result<Vec<DeviceInfo>> {
             return setup(format!(
                 "CUDA device {o} is listed twice: these constructors make one rank per GPU, as \
                  NCCL does; ranks that share a GPU come from CudaBackend::new(device_map), \
-                 Communicator::new and Communicator::into_ranks"
+                 Communicator::new (on shared_gpu_topology(n) for n ranks on one GPU) and \
+                 Communicator::into_ranks"
             ));
         }
     }
