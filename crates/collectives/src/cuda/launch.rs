@@ -646,19 +646,8 @@ impl CudaBackend {
                 let copies = s
                     .batched
                     .get(first as usize..first as usize + usize::from(count))
-                    .filter(|c| (1..=MAX_BATCH_COPIES).contains(&c.len()))
                     .ok_or_else(|| err("schedule: batched copies out of range"))?;
-                let mut args = CopyBatchArgs {
-                    count: u32::from(count),
-                    ..CopyBatchArgs::default()
-                };
-                let mut total = 0u64;
-                for (e, &(src, dst, bytes)) in copies.iter().enumerate() {
-                    args.srcs[e] = at(src)?;
-                    args.dsts[e] = at(dst)?;
-                    args.bytes[e] = bytes;
-                    total = total.saturating_add(bytes);
-                }
+                let (mut args, total) = batch_args(copies, &at)?;
                 let f = kernels(stream.0)?.forward_batch.cu_function();
                 let shape = LaunchShape::for_bytes(total, max_blocks(stream.0));
                 let mut params: [*mut c_void; 1] = [(&mut args as *mut CopyBatchArgs).cast()];
@@ -694,6 +683,29 @@ impl CudaBackend {
 ///
 /// `params` point at values matching `f`'s parameters, and the kernel's memory accesses are
 /// the caller's to vouch for.
+/// The batched forward kernel's argument for `copies` (source, destination, bytes, with
+/// addresses resolved by `at`), and their bytes in all.
+fn batch_args(
+    copies: &[(LaunchAddr, LaunchAddr, u64)],
+    at: &dyn Fn(LaunchAddr) -> Result<u64>,
+) -> Result<(CopyBatchArgs, u64)> {
+    if !(1..=MAX_BATCH_COPIES).contains(&copies.len()) {
+        return Err(err("schedule: a batch of no copies or too many"));
+    }
+    let mut args = CopyBatchArgs {
+        count: copies.len() as u32,
+        ..CopyBatchArgs::default()
+    };
+    let mut total = 0u64;
+    for (e, &(src, dst, bytes)) in copies.iter().enumerate() {
+        args.srcs[e] = at(src)?;
+        args.dsts[e] = at(dst)?;
+        args.bytes[e] = bytes;
+        total = total.saturating_add(bytes);
+    }
+    Ok((args, total))
+}
+
 unsafe fn launch(
     f: sys::CUfunction,
     shape: LaunchShape,
