@@ -448,6 +448,49 @@ fn bandwidth_of_the_reduce_and_forward_kernels_against_a_device_copy() {
     );
 }
 
+/// A copy-engine copy against the forward kernel, GPU time per copy of 1 to 64 MiB on one
+/// GPU (CUDA events over 20 copies each): where the SM-copy threshold
+/// (`rates::SM_COPY_BELOW_BYTES`) should sit on this GPU. One `gpu-check: copy_by_size` line
+/// per size for `scripts/gpu-check`; the test checks the last copy's bytes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn copy_engine_and_forward_kernel_by_size() {
+    let (stream, module) = setup();
+    let sms = devices().unwrap_or_else(|e| panic!("{e}"))[0].multiprocessor_count;
+    let max_blocks = sms * super::BLOCKS_PER_SM;
+    let most: usize = 64 << 20;
+    let a = upload(&stream, &vec![0x5au8; most]);
+    let out = upload(&stream, &vec![0u8; most]);
+    let (pa, po) = (ptr(&stream, &a), ptr(&stream, &out));
+    let forward = function(&module, super::FORWARD_ENTRY);
+    for mib in [1usize, 4, 8, 16, 32, 64] {
+        let bytes = mib << 20;
+        let engine_ms = time_ms(&stream, 20, || {
+            // SAFETY: both buffers hold at least `bytes` bytes on this device.
+            unsafe { cudarc::driver::sys::cuMemcpyAsync(po, pa, bytes, stream.cu_stream()) }
+                .result()
+                .unwrap_or_else(|e| panic!("{e:?}"));
+        });
+        let shape = LaunchShape::for_bytes(bytes as u64, max_blocks);
+        let forward_ms = time_ms(&stream, 20, || {
+            let len = bytes as u64;
+            let mut builder = stream.launch_builder(&forward);
+            builder.arg(&po).arg(&pa).arg(&len);
+            // SAFETY: forward(void* dst, const void* src, u64 bytes) on two buffers of at
+            // least `bytes` bytes.
+            unsafe { builder.launch(config(shape)) }.unwrap_or_else(|e| panic!("{e:?}"));
+        });
+        assert!(engine_ms > 0.0 && forward_ms > 0.0);
+        println!(
+            "gpu-check: copy_by_size mib={mib} engine_us={:.2} forward_us={:.2}",
+            engine_ms * 1e3,
+            forward_ms * 1e3
+        );
+    }
+    stream.synchronize().unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(download(&stream, &out).iter().all(|&b| b == 0x5a));
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn devices_report_a_gpu_with_a_supported_arch() {
