@@ -276,16 +276,13 @@ pub const COPY_ENGINE_LAUNCH_US: f64 = 5.0;
 pub const KERNEL_LAUNCH_US: f64 = 3.0;
 /// Copies below this many bytes run on a GPU's SMs (a copy kernel), larger ones on its copy
 /// engines: the threshold of the CUDA backend's copies between device memories a GPU reaches
-/// (`CudaBackend::set_sm_copy_below`). On an H200, relaycc's forward kernel finished copies
-/// of 1 to 16 MiB within the GPU 1.11x to 1.55x sooner than a copy engine, and copies of 32
-/// and 64 MiB 1.07x to 1.08x later (`copy_engine_and_forward_kernel_by_size`, GPU time, in
-/// `docs/MEASUREMENTS.md`), so 32 MiB: the size where the engines, whose start costs more,
-/// pull ahead. NCCL moves all_gather data with SM kernels up to 8 MiB and with copy engines
-/// above it, to leave the SMs to the application (`NCCL_SYM_CE_THRESHOLD`, [NCCL-CE]); a job
-/// whose kernels overlap its collectives may set the threshold lower (and one reported a
-/// copy engine at 67% of an H200's memory bandwidth, [CCCL-Issue1672]); `relaycc calibrate`
-/// measures both rates.
-pub const SM_COPY_BELOW_BYTES: u64 = 32 << 20;
+/// (`CudaBackend::set_sm_copy_below`). NCCL moves all_gather data with SM kernels up to 8 MiB
+/// and with copy engines above it, where the engines keep pace and leave the SMs to the
+/// application (`NCCL_SYM_CE_THRESHOLD`, [NCCL-CE]). Within one GPU a copy engine reaches
+/// about two thirds of the memory bandwidth ([CCCL-Issue1672]: `cudaMemcpy` device to device
+/// at 67% of H200's), which a copy kernel exceeds, so a job whose SMs are idle during its
+/// collectives may set the threshold higher; `relaycc calibrate` measures both rates.
+pub const SM_COPY_BELOW_BYTES: u64 = 8 << 20;
 /// Streaming multiprocessors a relay takes from the GPU that hosts it when it forwards with a
 /// kernel: one thread block per channel, as NCCL's forwarding runs ([NCCL-src],
 /// src/enqueue.cc, one block per channel). A copy-engine relay takes none.
