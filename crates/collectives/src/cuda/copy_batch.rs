@@ -29,17 +29,13 @@ fn lane_of(c: &Command) -> u32 {
     }
 }
 
-fn heads_fan_out(prog: &Program, ci: usize) -> bool {
-    fan_out::candidates(prog, ci).is_some_and(|c| !c.is_empty())
-}
-
-/// The copies that may join copy `ci`'s batch, when `ci` heads one (see the module docs);
-/// `None` when it does not.
-pub(super) fn candidates(prog: &Program, ci: usize) -> Option<Vec<usize>> {
+/// The copies that may join copy `ci`'s batch, in order, when `ci` heads one (see the module
+/// docs); `None` when it does not. Allocates nothing: the launch reads these facts per call.
+pub(super) fn candidates(prog: &Program, ci: usize) -> Option<impl Iterator<Item = usize> + '_> {
     let Command::Copy { lane, src, .. } = &prog.commands[ci] else {
         return None;
     };
-    if src.bytes == 0 || heads_fan_out(prog, ci) {
+    if src.bytes == 0 || fan_out::heads(prog, ci) {
         return None;
     }
     let before = prog.commands[..ci]
@@ -51,26 +47,24 @@ pub(super) fn candidates(prog: &Program, ci: usize) -> Option<Vec<usize>> {
         Some(Command::Reduce { dst, .. }) if dst == src => return None,
         _ => {}
     }
-    let mut out = Vec::new();
-    let mut last_src = *src;
-    for (k, c) in prog.commands.iter().enumerate().skip(ci + 1) {
-        if lane_of(c) != *lane {
-            continue;
-        }
-        match c {
-            Command::Copy { src: s, .. }
-                if s.bytes > 0
-                    && *s != last_src
-                    && !heads_fan_out(prog, k)
-                    && out.len() + 1 < MAX_BATCH_COPIES =>
-            {
-                out.push(k);
-                last_src = *s;
-            }
-            _ => break,
-        }
-    }
-    Some(out)
+    let (lane, mut last_src) = (*lane, *src);
+    Some(
+        prog.commands
+            .iter()
+            .enumerate()
+            .skip(ci + 1)
+            .filter(move |(_, c)| lane_of(c) == lane)
+            .map_while(move |(k, c)| match c {
+                Command::Copy { src: s, .. }
+                    if s.bytes > 0 && *s != last_src && !fan_out::heads(prog, k) =>
+                {
+                    last_src = *s;
+                    Some(k)
+                }
+                _ => None,
+            })
+            .take(MAX_BATCH_COPIES - 1),
+    )
 }
 
 /// Byte ranges `[a, a + m)` and `[b, b + n)` share no byte.
@@ -90,19 +84,23 @@ pub(super) fn facts(
         return true;
     };
     // (source, destination, bytes) of the batch so far.
-    let mut taken: Vec<(u64, u64, u64)> = Vec::with_capacity(cands.len() + 1);
+    let mut taken = [(0u64, 0u64, 0u64); MAX_BATCH_COPIES];
+    let mut len = 0;
     let mut ok = true;
-    for c in std::iter::once(ci).chain(cands.iter().copied()) {
+    for c in std::iter::once(ci).chain(cands) {
         let Command::Copy { src, dst, .. } = &prog.commands[c] else {
             return false;
         };
         let (s, d, n) = (at(src), at(dst), src.bytes);
         ok = ok
             && apart(s, n, d, n)
-            && taken.iter().all(|&(ts, td, tn)| {
+            && taken[..len].iter().all(|&(ts, td, tn)| {
                 apart(d, n, ts, tn) && apart(d, n, td, tn) && apart(s, n, td, tn)
             });
-        taken.push((s, d, n));
+        if len < taken.len() {
+            taken[len] = (s, d, n);
+            len += 1;
+        }
         if c != ci && !sink(Fact::Fuse(ok)) {
             return false;
         }

@@ -29,9 +29,9 @@ fn lane_of(c: &Command) -> u32 {
     }
 }
 
-/// The copies that may join copy `ci`'s fan-out, when `ci` heads one (see the module docs);
-/// `None` when it does not.
-pub(super) fn candidates(prog: &Program, ci: usize) -> Option<Vec<usize>> {
+/// The copies that may join copy `ci`'s fan-out, in order, when `ci` heads one (see the module
+/// docs); `None` when it does not. Allocates nothing: the launch reads these facts per call.
+pub(super) fn candidates(prog: &Program, ci: usize) -> Option<impl Iterator<Item = usize> + '_> {
     let Command::Copy { lane, src, .. } = &prog.commands[ci] else {
         return None;
     };
@@ -47,19 +47,24 @@ pub(super) fn candidates(prog: &Program, ci: usize) -> Option<Vec<usize>> {
         Some(Command::Reduce { dst, .. }) if dst == src => return None,
         _ => {}
     }
-    let mut out = Vec::new();
-    for (k, c) in prog.commands.iter().enumerate().skip(ci + 1) {
-        if lane_of(c) != *lane {
-            continue;
-        }
-        match c {
-            Command::Copy { src: s, .. } if s == src && out.len() + 1 < MAX_REDUCE_DSTS => {
-                out.push(k);
-            }
-            _ => break,
-        }
-    }
-    Some(out)
+    let (lane, src) = (*lane, *src);
+    Some(
+        prog.commands
+            .iter()
+            .enumerate()
+            .skip(ci + 1)
+            .filter(move |(_, c)| lane_of(c) == lane)
+            .map_while(move |(k, c)| match c {
+                Command::Copy { src: s, .. } if *s == src => Some(k),
+                _ => None,
+            })
+            .take(MAX_REDUCE_DSTS - 1),
+    )
+}
+
+/// Whether copy `ci` heads a fan-out with at least one candidate.
+pub(super) fn heads(prog: &Program, ci: usize) -> bool {
+    candidates(prog, ci).is_some_and(|mut c| c.next().is_some())
 }
 
 /// The fan-out facts of copy `ci` (whose own fact was `o`), one per candidate, into `sink`;
@@ -78,15 +83,20 @@ pub(super) fn facts(
         return true;
     };
     let (s, n) = (at(src), src.bytes);
-    let mut taken = vec![at(dst)];
+    let mut taken = [0u64; MAX_REDUCE_DSTS];
+    taken[0] = at(dst);
+    let mut len = 1;
     for c in cands {
         let Command::Copy { dst: to, .. } = &prog.commands[c] else {
             return false;
         };
         let to = at(to);
         let apart = |a: u64| to.saturating_add(n) <= a || a.saturating_add(n) <= to;
-        let ok = o == Overlap::Apart && apart(s) && taken.iter().all(|&d| apart(d));
-        taken.push(to);
+        let ok = o == Overlap::Apart && apart(s) && taken[..len].iter().all(|&d| apart(d));
+        if len < taken.len() {
+            taken[len] = to;
+            len += 1;
+        }
         if !sink(super::schedule::Fact::Fuse(ok)) {
             return false;
         }

@@ -730,11 +730,15 @@ unsafe fn launch(
     }
 }
 
-/// Whether a launch has a copy (or a one-source reduction) small enough to run on SMs.
-fn wants_sm_copies(programs: &[&Program], below: u64) -> bool {
+/// Whether a launch has a copy (or a one-source reduction) that may run on SMs: one small
+/// enough, or one that heads a fan-out (a kernel at any size), so its devices' kernels load.
+pub(super) fn wants_sm_copies(programs: &[&Program], below: u64) -> bool {
     programs.iter().any(|p| {
-        p.commands.iter().any(|c| match c {
-            Command::Copy { src, .. } => src.bytes > 0 && src.bytes < below,
+        p.commands.iter().enumerate().any(|(ci, c)| match c {
+            // Copies of one source back to back are a kernel at any size (`fan_out.rs`).
+            Command::Copy { src, .. } => {
+                src.bytes > 0 && (src.bytes < below || super::fan_out::heads(p, ci))
+            }
             Command::Reduce { count: 1, dst, .. } => dst.bytes > 0 && dst.bytes < below,
             _ => false,
         })

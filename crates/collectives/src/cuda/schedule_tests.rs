@@ -249,6 +249,34 @@ fn independent_small_copies_on_a_lane_are_one_launch() {
     )));
 }
 
+/// A launch loads its GPU's kernels when a copy may run on SMs: one below the threshold, or
+/// copies of one source back to back (a fan-out, a kernel at any size); a lone large copy
+/// leaves them unloaded (copy engines need none).
+#[test]
+fn kernels_load_for_small_copies_and_for_fan_outs_of_any_size() {
+    let big = 64 * MIB;
+    let copy = |src, dst| Command::Copy { lane: 0, src, dst };
+    let lone = program(
+        vec![Location::Gpu(0)],
+        2,
+        vec![copy(slot(0, 0, big), slot(1, 0, big))],
+        Vec::new(),
+    );
+    let fan = program(
+        vec![Location::Gpu(0)],
+        3,
+        vec![
+            copy(slot(0, 0, big), slot(1, 0, big)),
+            copy(slot(0, 0, big), slot(2, 0, big)),
+        ],
+        Vec::new(),
+    );
+    let below = relaycc_topo::rates::SM_COPY_BELOW_BYTES;
+    assert!(!super::launch::wants_sm_copies(&[&lone], below));
+    assert!(super::launch::wants_sm_copies(&[&lone], u64::MAX));
+    assert!(super::launch::wants_sm_copies(&[&fan], below));
+}
+
 /// Copies of one source back to back on a lane become one kernel with a destination each,
 /// while each destination is apart from the source and the others; the first that is not
 /// ends the fan-out there, and a copy of another source is a copy.
