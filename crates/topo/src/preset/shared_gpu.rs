@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::graph::{ComputeCapability, GpuInfo, LinkKind, Topology};
-use crate::rates::{HBM_H100_GBPS, NvLinkGen};
+use crate::rates::HBM_H100_GBPS;
 use crate::topology_builder::TopologyBuilder;
 
 /// The most ranks a `shared-gpu-<N>` topology has, as for `nvswitch-<N>`.
@@ -11,9 +11,10 @@ pub const MAX_SHARED_GPU_RANKS: u32 = 1024;
 /// The topology `shared-gpu-<n>`: `n` logical devices `GPU0..GPU<n-1>` that are all ranks on
 /// one physical GPU (an H100-class device, compute capability 9.0), each an arena of its
 /// memory ([`GpuInfo::device_arena`] `= Some(0)`), joined to one node that stands for that
-/// memory (an `NVSwitch` node, the only kind of hub between GPUs) at half its bandwidth in
-/// each direction ([`HBM_H100_GBPS`] / 2: a copy from one arena to another reads and writes
-/// the same memory).
+/// memory at half its bandwidth in each direction ([`HBM_H100_GBPS`] / 2: a copy from one
+/// arena to another reads and writes the same memory). The node is a switch of the PCIe kind:
+/// a hub that offers nothing of its own, where an NVSwitch node would let the baseline model
+/// NVLink SHARP reductions that one GPU's memory does not do.
 ///
 /// The links are not what a plan pays for here: the planner sees the shared memory
 /// ([`Topology::shared_device`]) and gives these ranks the shared-memory algorithms that read
@@ -34,17 +35,16 @@ pub const MAX_SHARED_GPU_RANKS: u32 = 1024;
 pub fn shared_gpu_topology(n: u32) -> Result<Topology> {
     let name = super::sized_name("shared-gpu", n, MAX_SHARED_GPU_RANKS)?;
     let mut b = TopologyBuilder::new(name);
-    let memory = b.add_nvswitch();
-    let generation = NvLinkGen::V4;
+    let memory = b.add_pcie_switch();
     for i in 0..n {
         let mut info = GpuInfo::new(i);
         info.name = format!("rank {i} on GPU 0");
         info.compute_capability = Some(ComputeCapability::from_sm(90));
         info.device_arena = Some(0);
         let g = b.add_gpu(info);
-        let kind = LinkKind::Nvlink {
-            generation,
-            lanes: 1,
+        let kind = LinkKind::Pcie {
+            generation: 5,
+            width: 16,
         };
         b.connect_with(g, memory, kind, HBM_H100_GBPS / 2.0, 0.0);
     }
