@@ -78,7 +78,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
     let n = request.nranks() as u32;
     let c = request.count;
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
-    let one_gpu = b.in_place_reads;
+    let one_gpu = b.direct_reads;
     match request.collective {
         Collective::AllReduce => {
             let m = owners(c, request.dtype.size(), n, one_gpu);
@@ -215,7 +215,7 @@ struct SharedMemoryPlanBuilder<'a> {
     topo: &'a Topology,
     plan: Plan,
     routes: HashMap<(u32, u32), Vec<u32>>,
-    in_place_reads: bool,
+    direct_reads: bool,
 }
 
 impl<'a> SharedMemoryPlanBuilder<'a> {
@@ -232,13 +232,13 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             topo.gpu(*g)?;
             plan.add_lane(Location::Gpu(*g), format!("rank{r} GPU{g}"));
         }
-        let in_place_reads = topo.shared_device(&request.gpus).is_some();
-        plan.one_device_memory = in_place_reads;
+        let direct_reads = topo.shared_device(&request.gpus).is_some();
+        plan.one_device_memory = direct_reads;
         Ok(SharedMemoryPlanBuilder {
             topo,
             plan,
             routes: HashMap::new(),
-            in_place_reads,
+            direct_reads,
         })
     }
 
@@ -303,7 +303,7 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
 
     /// Reduce elements `[src_at(q), +len)` of every rank `q`'s input on owner `o`'s lane, in
     /// chunks, into `dest`, then copy each reduced chunk to the outputs of `targets` (same
-    /// position as the owner's output). With `in_place_reads` the whole slice is one chunk,
+    /// position as the owner's output). With `direct_reads` the whole slice is one chunk,
     /// reduced from the inputs themselves straight into `dest`.
     fn reduce_slice(
         &mut self,
@@ -317,7 +317,7 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             return Ok(());
         }
         let n = self.plan.request.nranks() as u32;
-        let direct = self.in_place_reads;
+        let direct = self.direct_reads;
         let chunk = if direct {
             len
         } else {
