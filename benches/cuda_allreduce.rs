@@ -11,7 +11,7 @@ mod common;
 use common::BYTES;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use relaycc::collectives::cuda;
-use relaycc::{Communicator, CudaBackend, nvswitch_topology, shared_gpu_topology};
+use relaycc::{Communicator, CudaBackend, flat_topology_for_devices};
 
 fn cuda_allreduce(c: &mut Criterion) {
     let visible = match cuda::devices() {
@@ -31,11 +31,7 @@ fn cuda_allreduce(c: &mut Criterion) {
     for ranks in [2u32, 4, 8] {
         let map: Vec<usize> = (0..ranks as usize).map(|i| i % visible).collect();
         let devices: Vec<u32> = (0..ranks).collect();
-        let topo = if visible == 1 {
-            shared_gpu_topology(ranks)
-        } else {
-            nvswitch_topology(ranks)
-        };
+        let topo = flat_topology_for_devices(&map);
         let comm = CudaBackend::new(map)
             .and_then(|b| Communicator::new(topo?, &devices, &[], Arc::new(b)));
         let comm = match comm {

@@ -18,7 +18,7 @@
 //! | `RankComm::cuda`, `OnStream`, `CudaBackend`, `Rejected`, `CudaError`, `cudarc` (feature `cuda`) | GPU ranks, their calls on the caller's CUDA stream |
 //! | `MpiCommunicator`, `MpiError`, `MpiResult`, `NeighborExchange`, `TransferMode`, `DevicePlan`, `SharedHostBuffer`, `rsmpi` (feature `mpi`); `MpiGpu`, `MpiOnStream`, `GpuTransport` (features `mpi` and `cuda`) | one rank per process over MPI, on host or GPU memory |
 //! | [`Communicator`], [`DeviceBuffer`], [`BufferView`], [`Element`], [`Group`], [`Pending`], [`PlanCacheLimits`] | all ranks' collectives from one thread, on buffers the communicator allocates |
-//! | [`Backend`], [`HostBackend`], [`HostTransfers`], [`host_topology`], [`nvswitch_topology`], [`shared_gpu_topology`] | where buffers live |
+//! | [`Backend`], [`HostBackend`], [`HostTransfers`], [`host_topology`], [`nvswitch_topology`], [`shared_gpu_topology`], [`flat_topology_for_devices`] | where buffers live |
 //! | [`TopoError`], [`RouteError`], [`CollectivesError`] | errors, one per crate |
 //!
 //! Feature `cuda` (on by default) adds the CUDA backend, `cudarc` (the version the backend
@@ -144,8 +144,8 @@ pub use relaycc_collectives::mpi::{GpuTransport, MpiGpu, MpiOnStream};
 pub use relaycc_collectives::{
     Backend, BufferView, Collectives, CollectivesError, Communicator, DEFAULT_RANK_TIMEOUT,
     DeviceBuffer, Element, Group, HostBackend, HostTransfers, Pending, PlanCacheLimits, RankComm,
-    RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, host_topology, nvswitch_topology,
-    shared_gpu_topology,
+    RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, flat_topology_for_devices, host_topology,
+    nvswitch_topology, shared_gpu_topology,
 };
 /// The CUDA backend and GPU ranks on the caller's stream (feature `cuda`), and cudarc at the
 /// version they are built on.

@@ -98,11 +98,7 @@ pub(crate) fn communicator(args: &BenchArgs) -> Result<(Communicator, Vec<u32>, 
     }
     let n = u32::try_from(map.len()).context("too many ranks")?;
     let devices: Vec<u32> = (0..n).collect();
-    let topo = if map.iter().all(|&d| d == map[0]) {
-        relaycc_collectives::shared_gpu_topology(n)?
-    } else {
-        relaycc_collectives::nvswitch_topology(n)?
-    };
+    let topo = relaycc_collectives::flat_topology_for_devices(&map)?;
     let backend = std::sync::Arc::new(relaycc_collectives::CudaBackend::new(map.clone())?);
     Ok((
         Communicator::new(topo, &devices, &[], backend)?,

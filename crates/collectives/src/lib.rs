@@ -113,6 +113,9 @@ pub use plan_cache::PlanCacheLimits;
 pub use rank::OnStream;
 pub use rank::{Collectives, DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
 pub use relaycc_route::ReduceOp;
-/// Presets of relaycc-topo: `host-N`, the topology of [`Communicator::host`], and `nvswitch-N`,
-/// the flat machine for CUDA ranks when no description of the real one is at hand.
-pub use relaycc_topo::{host_topology, nvswitch_topology, shared_gpu_topology};
+/// Presets of relaycc-topo: `host-N`, the topology of [`Communicator::host`]; `nvswitch-N`,
+/// the flat machine for CUDA ranks when no description of the real one is at hand, and
+/// `shared-gpu-N` for ranks on one GPU (`flat_topology_for_devices` picks between them).
+pub use relaycc_topo::{
+    flat_topology_for_devices, host_topology, nvswitch_topology, shared_gpu_topology,
+};

@@ -62,8 +62,9 @@ pub use graph::{
 pub use import::load;
 pub use mask::Mask;
 pub use preset::{
-    DGX1_V100_NVLINKS, MAX_HOST_ARENAS, MAX_NVSWITCH_GPUS, MAX_SHARED_GPU_RANKS, host_topology,
-    is_preset, list as list_presets, nvswitch_topology, preset, shared_gpu_topology,
+    DGX1_V100_NVLINKS, MAX_HOST_ARENAS, MAX_NVSWITCH_GPUS, MAX_SHARED_GPU_RANKS,
+    flat_topology_for_devices, host_topology, is_preset, list as list_presets, nvswitch_topology,
+    preset, shared_gpu_topology,
 };
 pub use symmetry::HostSymmetry;
 pub use topology_builder::TopologyBuilder;

@@ -199,6 +199,18 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The lane the command runs on.
+    pub fn lane(&self) -> u32 {
+        match self {
+            Command::Copy { lane, .. }
+            | Command::Reduce { lane, .. }
+            | Command::Record { lane, .. }
+            | Command::Wait { lane, .. } => *lane,
+        }
+    }
+}
+
 /// Work for a backend: lanes, events and commands (see the module docs for the protocol).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Program {

@@ -16,44 +16,29 @@
 use super::backend::err;
 use super::fan_out;
 use super::kernel_sources::MAX_BATCH_COPIES;
-use super::schedule::{Fact, LaunchAddr, OnDevice, Overlap, ScheduleBuilder, Step};
+use super::schedule::{
+    Fact, LaunchAddr, OnDevice, Overlap, ScheduleBuilder, Step, after_on_lane, before_on_lane,
+};
 use crate::backend::{Command, Program, Slot};
 use crate::error::Result;
-
-fn lane_of(c: &Command) -> u32 {
-    match c {
-        Command::Copy { lane, .. }
-        | Command::Reduce { lane, .. }
-        | Command::Record { lane, .. }
-        | Command::Wait { lane, .. } => *lane,
-    }
-}
 
 /// The copies that may join copy `ci`'s batch, in order, when `ci` heads one (see the module
 /// docs); `None` when it does not. Allocates nothing: the launch reads these facts per call.
 pub(super) fn candidates(prog: &Program, ci: usize) -> Option<impl Iterator<Item = usize> + '_> {
-    let Command::Copy { lane, src, .. } = &prog.commands[ci] else {
+    let Command::Copy { src, .. } = &prog.commands[ci] else {
         return None;
     };
     if src.bytes == 0 || fan_out::heads(prog, ci) {
         return None;
     }
-    let before = prog.commands[..ci]
-        .iter()
-        .rev()
-        .find(|c| lane_of(c) == *lane);
-    match before {
+    match before_on_lane(prog, ci) {
         Some(Command::Copy { .. }) => return None,
         Some(Command::Reduce { dst, .. }) if dst == src => return None,
         _ => {}
     }
-    let (lane, mut last_src) = (*lane, *src);
+    let mut last_src = *src;
     Some(
-        prog.commands
-            .iter()
-            .enumerate()
-            .skip(ci + 1)
-            .filter(move |(_, c)| lane_of(c) == lane)
+        after_on_lane(prog, ci)
             .map_while(move |(k, c)| match c {
                 Command::Copy { src: s, .. }
                     if s.bytes > 0 && *s != last_src && !fan_out::heads(prog, k) =>

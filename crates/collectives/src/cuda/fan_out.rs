@@ -13,53 +13,31 @@
 
 use relaycc_route::{DType, ReduceOp};
 
-use super::kernel_sources::{MAX_REDUCE_DSTS, REDUCE_ENTRIES, reduce_entry};
-use super::schedule::{LaunchAddr, OnDevice, Overlap, ScheduleBuilder, Step};
+use super::kernel_sources::MAX_REDUCE_DSTS;
+use super::schedule::{
+    LaunchAddr, OnDevice, Overlap, ScheduleBuilder, Step, before_on_lane, copies_of_slot_after,
+    reduce_entry_index,
+};
 
 use super::backend::err;
 use crate::backend::{Command, Program, Slot};
 use crate::error::Result;
 
-fn lane_of(c: &Command) -> u32 {
-    match c {
-        Command::Copy { lane, .. }
-        | Command::Reduce { lane, .. }
-        | Command::Record { lane, .. }
-        | Command::Wait { lane, .. } => *lane,
-    }
-}
-
 /// The copies that may join copy `ci`'s fan-out, in order, when `ci` heads one (see the module
 /// docs); `None` when it does not. Allocates nothing: the launch reads these facts per call.
 pub(super) fn candidates(prog: &Program, ci: usize) -> Option<impl Iterator<Item = usize> + '_> {
-    let Command::Copy { lane, src, .. } = &prog.commands[ci] else {
+    let Command::Copy { src, .. } = &prog.commands[ci] else {
         return None;
     };
     if src.bytes == 0 {
         return None;
     }
-    let before = prog.commands[..ci]
-        .iter()
-        .rev()
-        .find(|c| lane_of(c) == *lane);
-    match before {
+    match before_on_lane(prog, ci) {
         Some(Command::Copy { src: s, .. }) if s == src => return None,
         Some(Command::Reduce { dst, .. }) if dst == src => return None,
         _ => {}
     }
-    let (lane, src) = (*lane, *src);
-    Some(
-        prog.commands
-            .iter()
-            .enumerate()
-            .skip(ci + 1)
-            .filter(move |(_, c)| lane_of(c) == lane)
-            .map_while(move |(k, c)| match c {
-                Command::Copy { src: s, .. } if *s == src => Some(k),
-                _ => None,
-            })
-            .take(MAX_REDUCE_DSTS - 1),
-    )
+    Some(copies_of_slot_after(prog, ci, *src))
 }
 
 /// Whether copy `ci` heads a fan-out with at least one candidate.
@@ -142,12 +120,8 @@ impl ScheduleBuilder<'_, '_> {
         if joined.is_empty() {
             return Ok(false);
         }
-        let name = reduce_entry(DType::U8, ReduceOp::Sum)?;
-        let entry = REDUCE_ENTRIES
-            .iter()
-            .position(|e| *e == name)
-            .and_then(|i| u16::try_from(i).ok())
-            .ok_or_else(|| err(format!("no reduce kernel named {name}")))?;
+        // Bytes, summed over one source: a copy, exact for any data.
+        let entry = reduce_entry_index(DType::U8, ReduceOp::Sum)?;
         let operands = u32::try_from(self.out.operands.len())
             .map_err(|_| err("schedule: too many operands"))?;
         self.out.operands.push(at(src));

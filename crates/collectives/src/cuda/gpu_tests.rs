@@ -47,6 +47,26 @@ fn config(shape: LaunchShape) -> LaunchConfig {
     }
 }
 
+/// Launch `f` in `shape` on `stream` with `args` as its one parameter, passed by value;
+/// panics when the driver refuses the launch.
+///
+/// # Safety
+///
+/// `A` is the layout of the kernel's one parameter, and every address in `args` is valid for
+/// what the kernel reads and writes through it.
+unsafe fn launch_with<A>(
+    stream: &Arc<CudaStream>,
+    f: &CudaFunction,
+    shape: LaunchShape,
+    args: &mut A,
+) {
+    let mut params: [*mut std::ffi::c_void; 1] = [(args as *mut A).cast()];
+    // SAFETY: the caller's contract; the driver copies the parameter before returning.
+    unsafe { super::launch::launch(f.cu_function(), shape, stream.cu_stream(), &mut params) }
+        .result()
+        .unwrap_or_else(|e| panic!("launch: {e:?}"));
+}
+
 fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> CudaSlice<u8> {
     stream.clone_htod(bytes).unwrap_or_else(|e| panic!("{e:?}"))
 }
@@ -129,25 +149,9 @@ fn launch_reduce(
     };
     args.srcs[..srcs.len()].copy_from_slice(srcs);
     args.dsts[..dsts.len()].copy_from_slice(dsts);
-    let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut ReduceArgs).cast()];
     // SAFETY: the kernel takes one RelayccReduceArgs by value (ReduceArgs mirrors it); every
     // pointer addresses at least n elements on this device.
-    let r = unsafe {
-        cudarc::driver::sys::cuLaunchKernel(
-            f.cu_function(),
-            shape.blocks,
-            1,
-            1,
-            shape.threads_per_block,
-            1,
-            1,
-            0,
-            stream.cu_stream(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    r.result().unwrap_or_else(|e| panic!("launch: {e:?}"));
+    unsafe { launch_with(stream, f, shape, &mut args) };
     stream.synchronize().unwrap_or_else(|e| panic!("{e:?}"));
 }
 
@@ -324,25 +328,8 @@ fn forward_batch_copies_each_of_its_copies_and_nothing_more() {
             args.bytes[e] = bytes as u64;
             want[da..da + bytes].copy_from_slice(&src[sa..sa + bytes]);
         }
-        let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut CopyBatchArgs).cast()];
         // SAFETY: one RelayccCopyBatch by value; every copy inside its window of both buffers.
-        unsafe {
-            cudarc::driver::sys::cuLaunchKernel(
-                f.cu_function(),
-                shape.blocks,
-                1,
-                1,
-                shape.threads_per_block,
-                1,
-                1,
-                0,
-                stream.cu_stream(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .unwrap_or_else(|e| panic!("{e:?}"));
+        unsafe { launch_with(&stream, &f, shape, &mut args) };
         stream.synchronize().unwrap_or_else(|e| panic!("{e:?}"));
         assert!(
             download(&stream, &ddst) == want,
@@ -402,25 +389,8 @@ fn bandwidth_of_the_reduce_and_forward_kernels_against_a_device_copy() {
         };
         args.srcs[..2].copy_from_slice(&[pa, pb]);
         args.dsts[0] = po;
-        let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut ReduceArgs).cast()];
         // SAFETY: one RelayccReduceArgs by value; three buffers of n f32 on this device.
-        unsafe {
-            cudarc::driver::sys::cuLaunchKernel(
-                reduce.cu_function(),
-                shape.blocks,
-                1,
-                1,
-                shape.threads_per_block,
-                1,
-                1,
-                0,
-                stream.cu_stream(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .unwrap_or_else(|e| panic!("{e:?}"));
+        unsafe { launch_with(&stream, &reduce, shape, &mut args) };
     });
     let forward = function(&module, super::FORWARD_ENTRY);
     let forward_ms = time_ms(&stream, reps, || {

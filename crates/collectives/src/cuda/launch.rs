@@ -706,7 +706,13 @@ fn batch_args(
     Ok((args, total))
 }
 
-unsafe fn launch(
+/// `cuLaunchKernel` of `f` in `shape` (one dimension, no shared memory) on `stream`.
+///
+/// # Safety
+///
+/// `params` point at values laid out as the kernel's parameters, and every address among them
+/// is valid for what the kernel reads and writes until the stream passes the launch.
+pub(super) unsafe fn launch(
     f: sys::CUfunction,
     shape: LaunchShape,
     stream: sys::CUstream,

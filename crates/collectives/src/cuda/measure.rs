@@ -213,23 +213,9 @@ pub fn measure_device(dev: usize, bytes: usize, reps: u32) -> Result<DeviceRates
             // SAFETY: `params` match the kernel's parameters (set by the callers below) and every
             // pointer addresses at least `n` bytes of this device's memory, alive until the
             // stream is synchronized inside `time`.
-            unsafe {
-                sys::cuLaunchKernel(
-                    f.cu_function(),
-                    shape.blocks,
-                    1,
-                    1,
-                    shape.threads_per_block,
-                    1,
-                    1,
-                    0,
-                    stream.cu_stream(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .result()
-            .map_err(drv("cuLaunchKernel"))
+            unsafe { super::launch::launch(f.cu_function(), shape, stream.cu_stream(), params) }
+                .result()
+                .map_err(drv("cuLaunchKernel"))
         };
     let copy = |n: usize| {
         // SAFETY: both buffers hold at least `n` bytes of this device.

@@ -33,7 +33,7 @@
 //! a stream so ordered (`frame_at`), and which streams' ends cover the whole launch (`sinks`),
 //! whose tail events the next launch waits for.
 
-use relaycc_route::{Location, ReduceOp};
+use relaycc_route::{DType, Location, ReduceOp};
 
 use super::backend::err;
 use super::kernel_sources::{MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES, reduce_entry};
@@ -241,8 +241,11 @@ pub(crate) fn facts<'p>(
                     if !is_kernel(prog, *count, *divide) {
                         continue;
                     }
-                    let cands = fusion_candidates(prog, ci);
-                    for (k, &c) in cands.iter().enumerate() {
+                    // The destinations of the reduction and of the candidates so far.
+                    let mut taken = [0u64; MAX_REDUCE_DSTS];
+                    taken[0] = d;
+                    let mut len = 1;
+                    for c in copies_of_slot_after(prog, ci, *dst) {
                         let Command::Copy { dst: to, .. } = &prog.commands[c] else {
                             continue;
                         };
@@ -253,12 +256,12 @@ pub(crate) fn facts<'p>(
                         // thread at the same element (the kernel's in-place rule): an
                         // in-place all_reduce's copies of the result onto the other ranks'
                         // inputs fuse.
-                        let ok = apart(d)
-                            && srcs.iter().all(|s| at(s) == to || apart(at(s)))
-                            && cands[..k].iter().all(|&e| match &prog.commands[e] {
-                                Command::Copy { dst: o, .. } => apart(at(o)),
-                                _ => false,
-                            });
+                        let ok = taken[..len].iter().all(|&t| apart(t))
+                            && srcs.iter().all(|s| at(s) == to || apart(at(s)));
+                        if len < taken.len() {
+                            taken[len] = to;
+                            len += 1;
+                        }
                         if !sink(Fact::Fuse(ok)) {
                             return false;
                         }
@@ -301,32 +304,41 @@ fn is_kernel(prog: &Program, count: u32, divide: bool) -> bool {
     count > 1 || (divide && prog.op == ReduceOp::Avg)
 }
 
-/// The commands after reduction `ci` on its lane, up to the first one that is not a copy of
-/// exactly its destination slot (at most `MAX_REDUCE_DSTS - 1` of them): the copies that may
-/// fuse into it.
-fn fusion_candidates(prog: &Program, ci: usize) -> Vec<usize> {
-    let Command::Reduce { lane, dst, .. } = &prog.commands[ci] else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for (k, c) in prog.commands.iter().enumerate().skip(ci + 1) {
-        let on_lane = match c {
-            Command::Copy { lane: l, .. }
-            | Command::Reduce { lane: l, .. }
-            | Command::Record { lane: l, .. }
-            | Command::Wait { lane: l, .. } => l == lane,
-        };
-        if !on_lane {
-            continue;
-        }
-        match c {
-            Command::Copy { src, .. } if src == dst && out.len() + 1 < MAX_REDUCE_DSTS => {
-                out.push(k);
-            }
-            _ => break,
-        }
-    }
-    out
+/// The command before `ci` on `ci`'s lane: what decides whether `ci` starts a fan-out or a
+/// batch, or continues one.
+pub(super) fn before_on_lane(prog: &Program, ci: usize) -> Option<&Command> {
+    let lane = prog.commands[ci].lane();
+    prog.commands[..ci].iter().rev().find(|c| c.lane() == lane)
+}
+
+/// The commands after command `ci` on its lane, with their indices.
+pub(super) fn after_on_lane(
+    prog: &Program,
+    ci: usize,
+) -> impl Iterator<Item = (usize, &Command)> + '_ {
+    let lane = prog.commands[ci].lane();
+    prog.commands
+        .iter()
+        .enumerate()
+        .skip(ci + 1)
+        .filter(move |(_, c)| c.lane() == lane)
+}
+
+/// The copies of exactly `slot` that follow command `ci` on its lane with nothing else
+/// between, at most `MAX_REDUCE_DSTS - 1` of them: what may fuse into a reduction whose
+/// destination is `slot`, or into the fan-out of a copy whose source is `slot`. Allocates
+/// nothing: the launch reads these facts per call.
+pub(super) fn copies_of_slot_after(
+    prog: &Program,
+    ci: usize,
+    slot: Slot,
+) -> impl Iterator<Item = usize> + '_ {
+    after_on_lane(prog, ci)
+        .map_while(move |(k, c)| match c {
+            Command::Copy { src, .. } if *src == slot => Some(k),
+            _ => None,
+        })
+        .take(MAX_REDUCE_DSTS - 1)
 }
 
 /// The facts of a launch in [`build`]'s order, one at a time; a fact of the wrong kind is an
@@ -639,7 +651,7 @@ impl ScheduleBuilder<'_, '_> {
         // Fusion: a prefix of the candidates, while each is apart and reachable.
         let mut dsts = vec![at(dst)];
         let mut fusing = true;
-        for c in fusion_candidates(prog, ci) {
+        for c in copies_of_slot_after(prog, ci, *dst) {
             let ok = self.facts.fuse()?;
             let Command::Copy { dst: to, .. } = &prog.commands[c] else {
                 continue;
@@ -650,12 +662,7 @@ impl ScheduleBuilder<'_, '_> {
                 fused[c] = true;
             }
         }
-        let entry = reduce_entry(prog.dtype, prog.op)?;
-        let entry = REDUCE_ENTRIES
-            .iter()
-            .position(|e| *e == entry)
-            .and_then(|i| u16::try_from(i).ok())
-            .ok_or_else(|| err(format!("no reduce kernel named {entry}")))?;
+        let entry = reduce_entry_index(prog.dtype, prog.op)?;
         let divisor = if *divide && prog.op == ReduceOp::Avg {
             prog.divisor
         } else {
@@ -691,6 +698,17 @@ impl ScheduleBuilder<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// The index into [`REDUCE_ENTRIES`] of the reduce kernel for a type and operator, as a
+/// [`Step::Reduce`] names it.
+pub(super) fn reduce_entry_index(dtype: DType, op: ReduceOp) -> Result<u16> {
+    let entry = reduce_entry(dtype, op)?;
+    REDUCE_ENTRIES
+        .iter()
+        .position(|e| *e == entry)
+        .and_then(|i| u16::try_from(i).ok())
+        .ok_or_else(|| err(format!("no reduce kernel named {entry}")))
 }
 
 fn lane_stream(streams: &[OnDevice], lane: u32) -> Result<OnDevice> {

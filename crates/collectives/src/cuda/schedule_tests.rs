@@ -9,14 +9,9 @@ use super::{CallCountSetup, driver_calls};
 use crate::backend::{Command, Program, Slot};
 use crate::exec;
 
-/// The program the communicator runs for an all_reduce of `bytes` of f32 on the GPUs of
-/// `topo`, planned as `CudaBackend` plans it (its issue cost), in place, with the location of
-/// each binding.
-fn all_reduce(topo: &str, bytes: u64) -> (Program, Vec<Location>) {
-    collective_program(topo, Collective::AllReduce, bytes, true)
-}
-
-/// As [`all_reduce`], for any collective, in place or not.
+/// The program the communicator runs for `collective` of `bytes` of f32 (per rank, or per
+/// block for all_to_all) on the GPUs of `topo`, planned as `CudaBackend` plans it (its issue
+/// cost), with the location of each binding.
 fn collective_program(
     topo: &str,
     collective: Collective,
@@ -45,17 +40,30 @@ fn collective_program(
     (exe.program().clone(), bindings)
 }
 
-fn count(topo: &str, map: &[usize], sm_copy_below: u64) -> DriverCalls {
-    let (program, bindings) = all_reduce(topo, 64 << 20);
+/// The driver calls per call of [`collective_program`]'s program, rank `r` on CUDA device
+/// `map[r]`, at the default SM-copy threshold.
+fn calls(
+    topo: &str,
+    map: &[usize],
+    collective: Collective,
+    bytes: u64,
+    in_place: bool,
+) -> DriverCalls {
+    let (program, bindings) = collective_program(topo, collective, bytes, in_place);
     driver_calls(
         &program,
         &CallCountSetup {
             device_map: map,
             bindings: &bindings,
-            sm_copy_below,
+            sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The driver calls of a 64 MiB all_reduce in place on `topo`.
+fn count(topo: &str, map: &[usize]) -> DriverCalls {
+    calls(topo, map, Collective::AllReduce, 64 << 20, true)
 }
 
 /// The driver calls of a 64 MiB all_reduce per call, recorded; a change that raises any of
@@ -63,21 +71,9 @@ fn count(topo: &str, map: &[usize], sm_copy_below: u64) -> DriverCalls {
 /// reductions) and on 4 ranks sharing one GPU (`nvswitch-4` on device 0).
 #[test]
 fn driver_calls_of_a_64_mib_all_reduce_stay_within_the_recorded_figures() {
-    let dgx = count(
-        "dgx-h100",
-        &[0, 1, 2, 3, 4, 5, 6, 7],
-        relaycc_topo::rates::SM_COPY_BELOW_BYTES,
-    );
-    let shared = count(
-        "nvswitch-4",
-        &[0, 0, 0, 0],
-        relaycc_topo::rates::SM_COPY_BELOW_BYTES,
-    );
-    let one_gpu = count(
-        "shared-gpu-4",
-        &[0, 0, 0, 0],
-        relaycc_topo::rates::SM_COPY_BELOW_BYTES,
-    );
+    let dgx = count("dgx-h100", &[0, 1, 2, 3, 4, 5, 6, 7]);
+    let shared = count("nvswitch-4", &[0, 0, 0, 0]);
+    let one_gpu = count("shared-gpu-4", &[0, 0, 0, 0]);
     eprintln!("dgx-h100, 8 GPUs: {dgx}");
     eprintln!("nvswitch-4 on one GPU: {shared}");
     eprintln!("shared-gpu-4: {one_gpu}");
@@ -152,17 +148,7 @@ fn copies_of_one_source_on_one_gpu_are_one_kernel_each() {
         (Collective::AllGather, true, 4, 0),
         (Collective::AllToAll, false, 0, 16),
     ] {
-        let (program, bindings) =
-            collective_program("shared-gpu-4", collective, 64 << 20, in_place);
-        let calls = driver_calls(
-            &program,
-            &CallCountSetup {
-                device_map: &[0, 0, 0, 0],
-                bindings: &bindings,
-                sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let calls = calls("shared-gpu-4", &[0; 4], collective, 64 << 20, in_place);
         assert_eq!(
             (calls.reduce_kernels, calls.copies + calls.sm_copies),
             (kernels, copies),
@@ -172,21 +158,11 @@ fn copies_of_one_source_on_one_gpu_are_one_kernel_each() {
 }
 
 /// Ranks on one GPU: an all_to_all's small copies are one batched launch per lane (4, not 16);
-/// its 16 MiB blocks stay on copy engines.
+/// blocks of 64 MiB stay on copy engines.
 #[test]
 fn small_copies_of_an_all_to_all_on_one_gpu_are_one_launch_per_lane() {
     for (bytes, sm_launches, copies) in [(1u64 << 20, 4, 0), (64 << 20, 0, 16)] {
-        let (program, bindings) =
-            collective_program("shared-gpu-4", Collective::AllToAll, bytes, false);
-        let calls = driver_calls(
-            &program,
-            &CallCountSetup {
-                device_map: &[0, 0, 0, 0],
-                bindings: &bindings,
-                sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let calls = calls("shared-gpu-4", &[0; 4], Collective::AllToAll, bytes, false);
         assert_eq!(
             (calls.sm_copies, calls.copies),
             (sm_launches, copies),

@@ -78,10 +78,10 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
     let n = request.nranks() as u32;
     let c = request.count;
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
-    let one_gpu = b.direct_reads;
+    let direct = b.direct_reads;
     match request.collective {
         Collective::AllReduce => {
-            let m = owners(c, request.dtype.size(), n, one_gpu);
+            let m = owners(c, request.dtype.size(), n, direct);
             for k in 0..m {
                 let o = owner(k, m, n, 0);
                 let (lo, hi) = slice(c, m, k);
@@ -90,7 +90,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
         }
         Collective::Reduce => {
             let root = request.root;
-            let m = owners(c, request.dtype.size(), n, one_gpu);
+            let m = owners(c, request.dtype.size(), n, direct);
             for k in 0..m {
                 let o = owner(k, m, n, root);
                 let (lo, hi) = slice(c, m, k);
@@ -112,7 +112,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
             for r in 0..n {
                 if !(in_place && r == request.root) {
                     b.copy(
-                        if one_gpu { request.root } else { r },
+                        if direct { request.root } else { r },
                         Region::new(inp(request.root), 0, c),
                         Region::new(out(r), 0, c),
                     )?;
@@ -131,7 +131,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
                     let k = k as u32;
                     if !(in_place && k == r) {
                         b.copy(
-                            if one_gpu { k } else { r },
+                            if direct { k } else { r },
                             Region::new(inp(k), 0, len),
                             Region::new(out(r), displ, len),
                         )?;

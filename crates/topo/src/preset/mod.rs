@@ -42,7 +42,7 @@ mod grace;
 mod nvswitch;
 mod shared_gpu;
 pub use nvswitch::{MAX_NVSWITCH_GPUS, nvswitch_topology};
-pub use shared_gpu::{MAX_SHARED_GPU_RANKS, shared_gpu_topology};
+pub use shared_gpu::{MAX_SHARED_GPU_RANKS, flat_topology_for_devices, shared_gpu_topology};
 mod pcie;
 mod power;
 

@@ -50,3 +50,24 @@ pub fn shared_gpu_topology(n: u32) -> Result<Topology> {
     }
     b.build()
 }
+
+/// The flat topology for ranks on the CUDA devices `devices` (rank `r` on `devices[r]`) when no
+/// description of the machine is at hand: [`shared_gpu_topology`] when every rank is on one
+/// device (they share its memory), [`super::nvswitch_topology`] otherwise (one GPU per rank on
+/// one switch). `relaycc bench --backend cuda` without `--topology` plans on it.
+///
+/// Errors: no device, or more ranks than the topology takes.
+///
+/// # Example
+/// ```
+/// assert_eq!(relaycc_topo::flat_topology_for_devices(&[0, 0, 0]).unwrap().name(), "shared-gpu-3");
+/// assert_eq!(relaycc_topo::flat_topology_for_devices(&[0, 1]).unwrap().name(), "nvswitch-2");
+/// ```
+pub fn flat_topology_for_devices(devices: &[usize]) -> Result<Topology> {
+    let n = u32::try_from(devices.len()).unwrap_or(u32::MAX);
+    if devices.windows(2).all(|w| w[0] == w[1]) {
+        shared_gpu_topology(n)
+    } else {
+        super::nvswitch_topology(n)
+    }
+}
