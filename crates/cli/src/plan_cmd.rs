@@ -207,8 +207,8 @@ impl PlanReport<'_> {
         if p.budget_exhausted {
             let _ = writeln!(
                 s,
-                "budget of {:?} exhausted (planning took {:.2} s): the best plan of the \
-                 candidates simulated so far",
+                "budget of {:?} spent (planning took {:.2} s, its builds stopped ahead of the \
+                 budget to answer within it): the best plan of the candidates simulated so far",
                 opts.budget,
                 p.elapsed.as_secs_f64()
             );

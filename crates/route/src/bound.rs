@@ -465,8 +465,10 @@ fn region_traffic(req: &Request, chains: &[&[u32]], members: &[usize]) -> (Vec<f
             }
         }
         _ => {
+            // O(ranks) to find: once, not once per region.
+            let size = req.size_bytes() as f64;
             for r in (0..nreg).filter(|&r| members[r] > 0 && members[r] < n) {
-                (leave[r], enter[r]) = separated_bytes(req, chains, r, members[r]);
+                (leave[r], enter[r]) = separated_bytes(req, size, chains, (r, members[r]));
             }
         }
     }
@@ -474,11 +476,16 @@ fn region_traffic(req: &Request, chains: &[&[u32]], members: &[usize]) -> (Vec<f
 }
 
 /// The bytes that must leave and enter region `r`, which holds `k` of the ranks (whose
-/// regions are `chains`), for a collective other than an exchange of pairs.
-fn separated_bytes(req: &Request, chains: &[&[u32]], r: usize, k: usize) -> (f64, f64) {
+/// regions are `chains`), for a collective other than an exchange of pairs of `size` bytes
+/// ([`Request::size_bytes`]).
+fn separated_bytes(
+    req: &Request,
+    size: f64,
+    chains: &[&[u32]],
+    (r, k): (usize, usize),
+) -> (f64, f64) {
     let n = chains.len();
     let es = req.dtype.size() as f64;
-    let size = req.size_bytes() as f64;
     let c = req.count as f64 * es;
     let (nf, kf) = (n as f64, k as f64);
     let holds = |rank: usize| chains[rank].contains(&(r as u32));

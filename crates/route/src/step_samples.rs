@@ -1,4 +1,5 @@
-//! Step-sampled plans: NCCL's rings over thousands of ranks, timed without building them.
+//! Step-sampled plans: NCCL-like baselines over thousands of ranks, timed without building
+//! them.
 //!
 //! A ring all_reduce over `n` ranks runs `n - 1` reduce-scatter steps and `n - 1` all-gather
 //! steps on every channel. On 8,192 GPUs that is 16,382 steps per channel: tens of millions of
@@ -6,13 +7,17 @@
 //! planning call builds within its budget. Every step of a ring has the same shape (every
 //! rank sends one block to its successor over the same hop and, in the reduce-scatter, adds
 //! it), so once the pipeline is full the simulated ring runs in a steady state: each step
-//! takes the same time, and the makespan grows by that time per step.
+//! takes the same time, and the makespan grows by that time per step. The same holds for the
+//! chunks of NCCL's double binary tree (each chunk climbs and descends the same trees) and
+//! for the rounds of a grouped send/recv all_to_all (round `k` sends from every rank `r` to
+//! `r + k`; past the rounds inside a node, each crosses the network alike).
 //!
 //! A step-sampled plan ([`Plan::step_samples`]) holds two builds of the plan's first
-//! `k1 < k2` steps of each phase ([`SHORT_STEPS`], [`LONG_STEPS`]), every rank, channel,
-//! chunk and loop as in the full plan (a phase's last step, which finishes its blocks, comes
-//! after `k` steps). The simulator ([`crate::simulate`]) times the full plan of `full` steps
-//! per phase as the affine extrapolation of the samples' makespans `T(k1)` and `T(k2)`:
+//! `k1 < k2` steps ([`SHORT_STEPS`], [`LONG_STEPS`]; per ring phase, per tree channel, of the
+//! all_to_all), every rank, channel, chunk and loop as in the full plan (a ring phase's last
+//! step, which finishes its blocks, comes after `k` steps). The simulator
+//! ([`crate::simulate`]) times the full plan of `full` steps as the affine extrapolation of
+//! the samples' makespans `T(k1)` and `T(k2)`:
 //!
 //! ```text
 //! T(full) = T(k2) + (full - k2) x max(0, (T(k2) - T(k1)) / (k2 - k1))
@@ -24,10 +29,10 @@
 //! A sample does not deliver its request (its phases end early), so a step-sampled plan is
 //! never proved or run: [`crate::check()`] refuses it, [`check_step_samples`] checks its
 //! shape and [`crate::check_routes`] the samples' copies. The planner makes one only for the
-//! NCCL-like baseline where its rings are too large to build (`select/baseline_choice.rs`)
-//! and names it so. It competes with relaycc's candidates by its extrapolated time, as the
-//! baseline does; where it wins, the answer says NCCL's rings are the fastest plan known, and
-//! the plan, like a template's, is for prediction only.
+//! NCCL-like baseline where it is too large to build (`select/baseline_choice.rs`) and names
+//! it so. It competes with relaycc's candidates by its extrapolated time, as the baseline
+//! does; where it wins, the answer says NCCL's plan is the fastest known, and the plan, like
+//! a template's, is for prediction only.
 
 use crate::error::{Result, RouteError};
 use crate::plan::{Plan, StepSamples};
@@ -38,9 +43,21 @@ pub const SHORT_STEPS: u64 = 16;
 /// Steps per phase the long sample builds.
 pub const LONG_STEPS: u64 = 32;
 
-/// Fewest steps per phase for which a ring is sampled rather than built: four times the long
-/// sample's, so that at least three quarters of the time comes from the extrapolation's
-/// slope, not from a sample built in full anyway.
+/// Chunks per channel the short sample of NCCL's double binary tree builds. A chunk climbs
+/// chains and trees some 2 (g + log2 N) hops deep (g GPUs per node, N nodes) before the
+/// pipeline runs in a steady state, so the tree's samples start later than a ring's (whose
+/// steps move in lockstep from the first): on 64 rail-optimized DGX H100 nodes at 1 GiB the
+/// full tree simulates in 12,096.5 us, samples of 24 and 48 chunks extrapolate to 12,171.9 us
+/// (+0.6%), of 16 and 32 to 12,627.3 us (+4.4%).
+pub const TREE_SHORT_CHUNKS: u64 = 24;
+
+/// Chunks per channel the long sample of NCCL's double binary tree builds.
+pub const TREE_LONG_CHUNKS: u64 = 48;
+
+/// Fewest repeating steps (per ring phase, per tree channel, of an all_to_all) for which a
+/// baseline is sampled rather than built: four times the long sample's, so that at least
+/// three quarters of the time comes from the extrapolation's slope, not from a sample built
+/// in full anyway.
 pub const SAMPLE_FROM_STEPS: u64 = 4 * LONG_STEPS;
 
 /// The extrapolated makespan of `s` from its samples' (`short_us`, `long_us`), and the

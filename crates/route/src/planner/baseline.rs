@@ -85,10 +85,10 @@ pub struct BaselineOptions<'a> {
     /// The ops and deadline the build runs under ([`crate::Limit`]); `None` builds without
     /// a limit.
     pub limit: Option<&'a crate::limits::Limit>,
-    /// Build only this many steps of each ring phase ([`super::Ctx::ring_steps`]): a sample
-    /// for a step-sampled baseline ([`crate::step_samples`]), which delivers nothing. `None`
-    /// builds every step.
-    pub ring_steps: Option<u64>,
+    /// Build only this many of the steps that repeat (ring steps per phase, tree chunks per
+    /// channel, all_to_all rounds; [`super::Ctx::sample_steps`]): a sample for a step-sampled
+    /// baseline ([`crate::step_samples`]), which delivers nothing. `None` builds every step.
+    pub sample_steps: Option<u64>,
 }
 
 impl std::fmt::Debug for BaselineOptions<'_> {
@@ -103,7 +103,7 @@ impl std::fmt::Debug for BaselineOptions<'_> {
             )
             .field("until", &self.until)
             .field("limit", &self.limit)
-            .field("ring_steps", &self.ring_steps)
+            .field("sample_steps", &self.sample_steps)
             .finish()
     }
 }
@@ -312,7 +312,7 @@ fn nccl_ctx<'c>(
         channels: 1,
         window,
         limit: options.limit,
-        ring_steps: options.ring_steps,
+        sample_steps: options.sample_steps,
     }
 }
 

@@ -165,10 +165,11 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             limit: ctx.limit,
         }
     }
-    /// Steps of a ring phase of `steps` to build: all of them, or the context's step sample
-    /// ([`Ctx::ring_steps`]) where it is fewer.
-    pub fn ring_steps(&self, steps: usize) -> usize {
-        self.ctx.ring_steps.map_or(steps, |k| {
+    /// How many of `steps` repeating steps (a ring phase's steps, a tree channel's chunks, an
+    /// all_to_all's rounds) to build: all of them, or the context's step sample
+    /// ([`Ctx::sample_steps`]) where it is fewer.
+    pub fn sample_steps(&self, steps: usize) -> usize {
+        self.ctx.sample_steps.map_or(steps, |k| {
             steps.min(usize::try_from(k).unwrap_or(usize::MAX))
         })
     }

@@ -38,11 +38,13 @@ pub struct Ctx<'c> {
     /// The ops and deadline the build runs under ([`crate::Limit`]): its builders charge
     /// every op they write to it and stop once it is passed. `None` builds without a limit.
     pub limit: Option<&'c crate::limits::Limit>,
-    /// Build only `k` steps of each phase of a ring, a step sample of NCCL's rings where they
-    /// are too large to build ([`crate::step_samples`]): the reduce-scatter's last `k` (so it
-    /// still finishes each rank's block, which the all-gather waits for) and the all-gather's
-    /// first `k`. `None` (every build but the baseline's samples) builds every step.
-    pub ring_steps: Option<u64>,
+    /// Build only `k` of the steps that repeat, a step sample of an NCCL-like baseline too
+    /// large to build ([`crate::step_samples`]): of each ring phase, the reduce-scatter's last
+    /// `k` steps (so it still finishes each rank's block, which the all-gather waits for) and
+    /// the all-gather's first `k`; of each double binary tree channel, its first `k` chunks;
+    /// of a grouped send/recv all_to_all, its first `k` rounds. `None` (every build but the
+    /// baseline's samples) builds every step.
+    pub sample_steps: Option<u64>,
 }
 
 impl<'c> Ctx<'c> {
@@ -56,7 +58,7 @@ impl<'c> Ctx<'c> {
             channels,
             window: None,
             limit: None,
-            ring_steps: None,
+            sample_steps: None,
         }
     }
 }

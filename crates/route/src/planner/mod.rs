@@ -339,7 +339,7 @@ impl<'t> Candidates<'t> {
             channels,
             window,
             limit,
-            ring_steps: None,
+            sample_steps: None,
         };
         planner(self.cache.topo(), &self.req, &ctx)
     }

@@ -116,8 +116,8 @@ pub(super) fn reduce_scatter_steps(
     // Under a window only the hops touching it are walked (a pass touches the buffers of a
     // hop's two ranks and their hosts' relays), so a template's build costs its own ops.
     let hops = live_hops(b, ord);
-    // A step sample builds the last steps only (`Ctx::ring_steps`).
-    let first = n - 1 - b.ring_steps(n - 1);
+    // A step sample builds the last steps only (`Ctx::sample_steps`).
+    let first = n - 1 - b.sample_steps(n - 1);
     for s in first..n - 1 {
         let last = s == n - 2;
         for &p in &hops {
@@ -166,8 +166,8 @@ pub(super) fn all_gather_pass(
     b.set_chunk_elems(chunk);
     let n = ord.len();
     let hops = live_hops(b, ord);
-    // A step sample builds the first steps only (`Ctx::ring_steps`).
-    for t in 0..b.ring_steps(n.saturating_sub(1)) {
+    // A step sample builds the first steps only (`Ctx::sample_steps`).
+    for t in 0..b.sample_steps(n.saturating_sub(1)) {
         for &p in &hops {
             let q = (p + n - t) % n;
             for (rel, l) in chunks(lens[q], chunk) {

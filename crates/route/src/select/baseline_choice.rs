@@ -1,5 +1,5 @@
-//! How a planning call builds and times the NCCL-like baseline: step-sampled where its rings
-//! are too large to build ([`crate::step_samples`]), as a template where its window is smaller
+//! How a planning call builds and times the NCCL-like baseline: step-sampled where its rings,
+//! its tree or its all_to_all's rounds are too large to build ([`crate::step_samples`]), as a template where its window is smaller
 //! than the plan (NCCL's rings where its tree does not fold), or in full
 //! ([`baseline_template`]); simulated to the end, within the budget, or taken from the tuner's
 //! simulation where that stands for it ([`simulate_baseline`]).
@@ -13,7 +13,9 @@ use crate::limits::LEAST_SIMULATION_GRACE;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
 use crate::sim::{PreparedSim, SimConfig, SimCut, simulate};
-use crate::step_samples::{LONG_STEPS, SAMPLE_FROM_STEPS, SHORT_STEPS};
+use crate::step_samples::{
+    LONG_STEPS, SAMPLE_FROM_STEPS, SHORT_STEPS, TREE_LONG_CHUNKS, TREE_SHORT_CHUNKS,
+};
 
 use super::deadline::{Deadline, GRACE_ABOVE_OPS};
 use super::options::PlanOptions;
@@ -135,7 +137,7 @@ fn sampled_rings(
     topo: &Topology,
     req: &Request,
     (budget, until): (u64, Option<Instant>),
-    shift: Option<&relaycc_topo::HostSymmetry>,
+    (shift, tuner): (Option<&relaycc_topo::HostSymmetry>, &TunerChoice),
     limit: Option<&crate::limits::Limit>,
     skipped: &mut Vec<String>,
 ) -> Option<Result<crate::planner::baseline::TunedPlan>> {
@@ -144,7 +146,7 @@ fn sampled_rings(
     let sym = shift.filter(|s| s.periods() > 2);
     let mut forced = "";
     if req.collective == Collective::AllReduce {
-        match crate::planner::baseline_net::tuner_choice(topo, req, limit) {
+        match tuner() {
             Err(e) => return Some(Err(e)),
             // The tree stays the baseline wherever `baseline_template` keeps it (it is small
             // enough, or no larger than the rings' window, or the hosts do not fold, where
@@ -167,17 +169,14 @@ fn sampled_rings(
             template: sym.map(|s| s as &dyn crate::template::HostShift),
             until,
             limit,
-            ring_steps: Some(k),
+            sample_steps: Some(k),
             ..Default::default()
         }
         .build(topo, req)
     };
     let sampled = build(SHORT_STEPS).and_then(|short| {
-        let long = build(LONG_STEPS)?;
-        let mut short = short.plan;
-        short.protocol = long.plan.protocol;
         let what = "ring steps per phase";
-        crate::step_samples::assemble(what, steps, (SHORT_STEPS, short), (LONG_STEPS, long.plan))
+        step_sampled(what, steps, (SHORT_STEPS, short), LONG_STEPS, build)
     });
     skipped.push(format!(
         "the baseline's rings{forced}: {steps} steps per phase, about {ops} ops {} (above \
@@ -189,16 +188,177 @@ fn sampled_rings(
             "in full"
         }
     ));
-    Some(sampled.map(|mut plan| {
-        plan.algorithm.push_str(forced);
-        crate::planner::baseline::TunedPlan { plan, tuned: None }
+    Some(sampled.map(|mut t| {
+        t.plan.algorithm.push_str(forced);
+        t
     }))
 }
 
-/// The baseline step-sampled where its rings are too large to build ([`sampled_rings`]), or as
-/// a template folded by `shift` (NCCL's rings where the tuner's all_reduce tree does not fold),
-/// with the reasons for what it left out; `None` where it is built in full (no shift, or a
-/// baseline that does not fold). Its builds run under `limit`.
+/// NCCL's tuner's all_reduce algorithm for the request, asked at most once per planning call
+/// (it lays out the rail rings): `None` off a multi-node all_reduce.
+type TunerChoice<'a> = dyn Fn() -> Result<Option<crate::planner::baseline_net::tuner::Algo>> + 'a;
+
+/// The step-sampled plan of `full` repeating steps of `what` ([`crate::step_samples`]) from
+/// `short`, a build of `short_kept` of them, and `build(long_kept)`, with the long sample's
+/// protocol.
+fn step_sampled(
+    what: &str,
+    full: u64,
+    (short_kept, short): (u64, crate::planner::baseline::TunedPlan),
+    long_kept: u64,
+    build: impl Fn(u64) -> Result<crate::planner::baseline::TunedPlan>,
+) -> Result<crate::planner::baseline::TunedPlan> {
+    let long = build(long_kept)?;
+    let mut short = short.plan;
+    short.protocol = long.plan.protocol;
+    let samples = ((short_kept, short), (long_kept, long.plan));
+    let plan = crate::step_samples::assemble(what, full, samples.0, samples.1)?;
+    Ok(crate::planner::baseline::TunedPlan { plan, tuned: None })
+}
+
+/// NCCL's double binary tree all_reduce for `req`, chunk-sampled ([`crate::step_samples`])
+/// where it would otherwise be built in full with more than [`TREE_IN_FULL_MAX_OPS`] ops: the
+/// tuner chooses the tree (`algo`), no rings stand for it ([`sampled_rings`],
+/// [`baseline_template`]), each channel pipelines at least 4 x [`TREE_LONG_CHUNKS`] chunks of
+/// the baseline's chunk, and the tree's staging at that chunk (which the chunks built do not
+/// change) fits `budget`. Every chunk climbs and descends the same trees, so past the
+/// pipeline's fill each adds the same time. `None` where it is built as it is; the reason for
+/// a sample goes to `skipped`.
+fn sampled_tree(
+    topo: &Topology,
+    req: &Request,
+    (budget, until): (u64, Option<Instant>),
+    (shift, tuner): (Option<&relaycc_topo::HostSymmetry>, &TunerChoice),
+    limit: Option<&crate::limits::Limit>,
+    skipped: &mut Vec<String>,
+) -> Option<Result<crate::planner::baseline::TunedPlan>> {
+    use crate::planner::baseline_net::tuner::Algo;
+    let tree_ops = tree_ops_estimate(req);
+    if req.collective != Collective::AllReduce || tree_ops <= TREE_IN_FULL_MAX_OPS {
+        return None;
+    }
+    match tuner() {
+        Ok(Some(Algo::Tree)) => {}
+        Ok(_) => return None,
+        Err(e) => return Some(Err(e)),
+    }
+    // Where the hosts fold in more than two periods and the rings' window is smaller, the
+    // rings stand for the tree (NCCL_ALGO=Ring), as `baseline_template` decides.
+    if let Some(s) = shift.filter(|s| s.periods() > 2)
+        && tree_ops > ring_ops_estimate(topo, req, s.periods())
+    {
+        return None;
+    }
+    let channels = match crate::planner::baseline_net::ring_channels(topo, req) {
+        Ok(Some(c)) => c.max(1) as u64,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let full = req.count.div_ceil(channels).div_ceil(chunk);
+    if full < 4 * TREE_LONG_CHUNKS {
+        return None;
+    }
+    let build = |k| {
+        crate::planner::BaselineOptions {
+            algo: Some(Algo::Tree),
+            chunk_elems: Some(chunk),
+            until,
+            limit,
+            sample_steps: Some(k),
+            ..Default::default()
+        }
+        .build(topo, req)
+    };
+    let short = match build(TREE_SHORT_CHUNKS) {
+        Ok(t) => t,
+        Err(e) => return Some(Err(e)),
+    };
+    // Past the budget at this chunk: the tree is built in full, its chunk fitted.
+    if crate::staging::over_budget(&short.plan, budget).is_some() {
+        crate::limits::refund(limit, short.plan.ops.len() as u64);
+        return None;
+    }
+    skipped.push(format!(
+        "the baseline's double binary tree: {full} chunks per channel, up to about {tree_ops} ops in \
+         full (above {TREE_IN_FULL_MAX_OPS}), so it is chunk-sampled: {TREE_SHORT_CHUNKS} and \
+         {TREE_LONG_CHUNKS} chunks built and the time extrapolated"
+    ));
+    let short = (TREE_SHORT_CHUNKS, short);
+    let what = "tree chunks per channel";
+    Some(step_sampled(what, full, short, TREE_LONG_CHUNKS, build))
+}
+
+/// Most ops of NCCL's grouped send/recv all_to_all across nodes built in full or as a
+/// template's window: above, with at least [`SAMPLE_FROM_STEPS`] rounds, its rounds are
+/// step-sampled.
+pub const EXCHANGE_IN_FULL_MAX_OPS: u64 = 300_000;
+
+/// An upper estimate of the ops of NCCL's grouped send/recv all_to_all of `req` over the two
+/// periods of hosts a template's window holds (the whole plan where there are at most two):
+/// per pair of ranks, each chunk of its block copied to its PXN proxy and on.
+fn exchange_ops_estimate(req: &Request, periods: u32) -> u64 {
+    let n = req.nranks() as u64;
+    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let full = n
+        .saturating_mul(n)
+        .saturating_mul(2 * req.count.div_ceil(chunk).max(1));
+    let periods = u64::from(periods).max(1);
+    full.saturating_mul(2.min(periods)) / periods
+}
+
+/// NCCL's grouped send/recv all_to_all across nodes, round-sampled ([`crate::step_samples`])
+/// where it would hold more than [`EXCHANGE_IN_FULL_MAX_OPS`] ops (in a template's window
+/// where its hosts fold in more than two periods, else in full) over at least
+/// [`SAMPLE_FROM_STEPS`] rounds: round k sends from every rank `r` to `r + k`, so past the
+/// first rounds (inside a node) each round crosses the network alike. `None` where it is
+/// built as it is; the reason for a sample goes to `skipped`.
+fn sampled_exchange(
+    topo: &Topology,
+    req: &Request,
+    (budget, until): (u64, Option<Instant>),
+    shift: Option<&relaycc_topo::HostSymmetry>,
+    limit: Option<&crate::limits::Limit>,
+    skipped: &mut Vec<String>,
+) -> Option<Result<crate::planner::baseline::TunedPlan>> {
+    if req.collective != Collective::AllToAll
+        || !crate::planner::baseline_net::spans_nodes(topo, req)
+    {
+        return None;
+    }
+    let rounds = req.nranks() as u64;
+    let ops = exchange_ops_estimate(req, shift.map_or(1, |s| s.periods()));
+    if rounds < SAMPLE_FROM_STEPS || ops <= EXCHANGE_IN_FULL_MAX_OPS {
+        return None;
+    }
+    let sym = shift.filter(|s| s.periods() > 2);
+    let build = |k| {
+        crate::planner::BaselineOptions {
+            staging_budget: Some(budget),
+            template: sym.map(|s| s as &dyn crate::template::HostShift),
+            until,
+            limit,
+            sample_steps: Some(k),
+            ..Default::default()
+        }
+        .build(topo, req)
+    };
+    skipped.push(format!(
+        "the baseline's grouped send/recv: {rounds} rounds, about {ops} ops (above \
+         {EXCHANGE_IN_FULL_MAX_OPS}), so its rounds are step-sampled: {SHORT_STEPS} and \
+         {LONG_STEPS} rounds built and the time extrapolated"
+    ));
+    Some(build(SHORT_STEPS).and_then(|short| {
+        let what = "all_to_all rounds";
+        step_sampled(what, rounds, (SHORT_STEPS, short), LONG_STEPS, build)
+    }))
+}
+
+/// The baseline step-sampled where it is too large to build (its rings, [`sampled_rings`];
+/// its double binary tree, [`sampled_tree`]; its grouped send/recv all_to_all,
+/// [`sampled_exchange`]), or as a template folded by `shift` (NCCL's rings where the tuner's
+/// all_reduce tree does not fold), with the reasons for what it left out; `None` where it is
+/// built in full (no shift, or a baseline that does not fold). Its builds run under `limit`.
 pub(super) fn baseline_template(
     topo: &Topology,
     req: &Request,
@@ -211,7 +371,22 @@ pub(super) fn baseline_template(
     Vec<String>,
 ) {
     let mut skipped = Vec::new();
-    if let Some(sampled) = sampled_rings(topo, req, (budget, until), shift, limit, &mut skipped) {
+    let asked = std::cell::OnceCell::new();
+    let tuner = || match asked.get() {
+        Some(algo) => Ok(*algo),
+        None => {
+            let algo = crate::planner::baseline_net::tuner_choice(topo, req, limit)?;
+            Ok(*asked.get_or_init(|| algo))
+        }
+    };
+    let clock = (budget, until);
+    let samplers = [sampled_rings, sampled_tree];
+    for sampler in samplers {
+        if let Some(sampled) = sampler(topo, req, clock, (shift, &tuner), limit, &mut skipped) {
+            return (Some(sampled), skipped);
+        }
+    }
+    if let Some(sampled) = sampled_exchange(topo, req, clock, shift, limit, &mut skipped) {
         return (Some(sampled), skipped);
     }
     let folded = match shift {
@@ -374,6 +549,45 @@ mod tests {
         let sym = topo.host_symmetry();
         let req = all_reduce(128, 1 << 30);
         assert!(ring_ops_estimate(&topo, &req, sym.periods()) < tree_ops_estimate(&req) / 4);
+    }
+
+    /// On 64 rail-optimized DGX H100 nodes (two periods of hosts, so nothing folds) at 1 GiB,
+    /// NCCL's tree all_reduce (about 3M ops in full) is chunk-sampled and its grouped
+    /// send/recv all_to_all (about 1.8M) round-sampled; 256 MiB leaves each tree channel too
+    /// few chunks to sample, so that tree is built as it is.
+    #[test]
+    fn large_trees_and_exchanges_are_step_sampled() {
+        let topo = relaycc_topo::preset("cluster:64xdgx-h100:ib-ndr:rail").unwrap();
+        let sym = topo.host_symmetry();
+        let budget = crate::staging::DEFAULT_STAGING_BUDGET_BYTES;
+        let sampled = |req: &Request| {
+            let (got, why) = baseline_template(&topo, req, budget, Some(&sym), None, None);
+            (got.map(|t| t.unwrap().plan), why)
+        };
+        let (tree, why) = sampled(&all_reduce(512, 1 << 30));
+        let s = tree.as_ref().unwrap().step_samples.as_ref().unwrap();
+        assert_eq!(
+            (s.what.as_str(), s.full, s.short_kept, s.long_kept),
+            (
+                "tree chunks per channel",
+                256,
+                TREE_SHORT_CHUNKS,
+                TREE_LONG_CHUNKS
+            )
+        );
+        assert!(why.iter().any(|w| w.contains("chunk-sampled")), "{why:?}");
+        let mut a2a = all_reduce(512, 1 << 30);
+        a2a.collective = Collective::AllToAll;
+        a2a.count /= 512;
+        let (exchange, why) = sampled(&a2a);
+        let s = exchange.as_ref().unwrap().step_samples.as_ref().unwrap();
+        assert_eq!((s.what.as_str(), s.full), ("all_to_all rounds", 512));
+        assert!(
+            why.iter().any(|w| w.contains("rounds are step-sampled")),
+            "{why:?}"
+        );
+        let (small, _) = sampled(&all_reduce(512, 256 << 20));
+        assert!(small.is_none());
     }
 
     /// The tuner's simulation of the baseline is taken where it stands for the one the

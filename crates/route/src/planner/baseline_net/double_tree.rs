@@ -133,7 +133,10 @@ pub(super) fn all_reduce(
             .collect();
         let at =
             |r: u32, buf: fn(u32) -> BufferRef, rel: u64, l: u64| Region::new(buf(r), lo + rel, l);
-        for (k, (rel, l)) in chunks(len, chunk).enumerate() {
+        // A step sample builds the first chunks only (`Ctx::sample_steps`): each chunk goes
+        // up and down the same trees, so the pipeline's time grows by one chunk's per chunk.
+        let kept = b.sample_steps(usize::try_from(len.div_ceil(chunk)).unwrap_or(usize::MAX));
+        for (k, (rel, l)) in chunks(len, chunk).take(kept).enumerate() {
             let rv = |r: u32, which: u64| {
                 let base = ((k as u64 % RECV_SLOTS) * SOURCES + which) * slot;
                 Region::new(recv[r as usize], base, l)

@@ -77,7 +77,11 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
             return Ok(b.finish());
         }
         let slot = ctx.chunk_elems.min(c).max(1);
-        for k in 0..n {
+        // A step sample builds the first rounds only (`Ctx::sample_steps`). (Rounds spread
+        // evenly over all of them would alias with the node size: every 8th round of a DGX
+        // cluster pairs GPUs on one rail, which need no proxy.)
+        let rounds = u32::try_from(b.sample_steps(n as usize)).unwrap_or(n);
+        for k in 0..rounds {
             for s in 0..n {
                 let d = (s + k) % n;
                 let p = Piece {
