@@ -1,6 +1,9 @@
-//! Count binding: the v-collectives (all_gather_v, all_to_all_v, reduce_scatter_v) run a plan
-//! made once for their *capacity*, with the call's counts bound when the call is made, so a
-//! count matrix that changes every call neither re-plans nor grows the plan cache.
+//! Count binding: the v-collectives (all_gather_v, all_to_all_v) run a plan made once for
+//! their *capacity*, with the call's counts bound when the call is made, so a count matrix
+//! that changes every call neither re-plans nor grows the plan cache. The binding also serves
+//! a reduce_scatter_v layout ([`VCollective::ReduceScatterV`], tested here), which no public
+//! call makes: route has no reduce_scatter_v request to plan the exact counts that a capacity
+//! plan which cannot be bound falls back to.
 //!
 //! # The capacity plan
 //!
