@@ -363,7 +363,7 @@ fn algorithm_plan(
 /// all_gather_v as NCCL users write it: for each rank in turn, a ring broadcast (a pipelined
 /// chain from that rank) of its block, each broadcast starting when the previous one ended.
 fn broadcasts(req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let order = ring_order(ctx, req, false);
+    let order = ring_order(ctx, req, false)?;
     let n = order.len();
     let mut b = PlanBuilder::new(req, ctx, "broadcast series");
     let mut displ = 0u64;

@@ -323,16 +323,17 @@ impl<'t> ConnCache<'t> {
         &self,
         mode: LinkMode,
         both: bool,
-        search: impl FnOnce() -> Vec<u32>,
-    ) -> Vec<u32> {
+        search: impl FnOnce() -> Result<Vec<u32>>,
+    ) -> Result<Vec<u32>> {
         if let Some(o) = locked(&self.ring_orders).get(&(mode, both)) {
-            return o.clone();
+            return Ok(o.clone());
         }
         // Searched outside the lock: two candidates asking at once both search and find the
         // same order, which is cheaper than serialising every other lookup behind one search.
-        let o = search();
+        // A search its deadline stopped is not remembered.
+        let o = search()?;
         locked(&self.ring_orders).insert((mode, both), o.clone());
-        o
+        Ok(o)
     }
     /// The rate `a -> b` under `mode`, GB/s; 0 when no route exists.
     pub fn gbps(&self, mode: LinkMode, a: u32, b: u32) -> f64 {

@@ -190,7 +190,7 @@ pub(crate) fn chain_plan(
 }
 
 fn binary(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let order = ring_order(ctx, req, false);
+    let order = ring_order(ctx, req, false)?;
     let root = if req.collective == Collective::AllReduce {
         0
     } else {

@@ -182,13 +182,13 @@ pub(super) fn all_gather_pass(
     Ok(())
 }
 
-fn prepare(req: &Request, ctx: &Ctx) -> (Vec<u32>, u32, u64) {
+fn prepare(req: &Request, ctx: &Ctx) -> Result<(Vec<u32>, u32, u64)> {
     let channels = ctx.channels.max(1);
-    (
-        ring_order(ctx, req, channels > 1),
+    Ok((
+        ring_order(ctx, req, channels > 1)?,
         channels,
         ctx.chunk_elems.max(1),
-    )
+    ))
 }
 
 /// One ring of a ring plan: its order (rank positions) and, for packed rings, its weight and
@@ -216,7 +216,7 @@ fn channels(req: &Request, ctx: &Ctx, algo: &str) -> Result<(Vec<Channel>, Strin
             .collect();
         return Ok((chans, label));
     }
-    let (order, k, _) = prepare(req, ctx);
+    let (order, k, _) = prepare(req, ctx)?;
     let chans = (0..k)
         .map(|c| Channel {
             order: channel_order(&order, c),
@@ -465,12 +465,12 @@ fn rooted(order: &[u32], root: u32) -> Vec<u32> {
 
 /// Broadcast as a pipelined chain along the ring from the root (NCCL's ring broadcast).
 pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let (order, _, _) = prepare(req, ctx);
+    let (order, _, _) = prepare(req, ctx)?;
     pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }
 
 /// Reduce as a pipelined chain along the ring into the root (NCCL's ring reduce).
 pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
-    let (order, _, _) = prepare(req, ctx);
+    let (order, _, _) = prepare(req, ctx)?;
     pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }

@@ -3,6 +3,7 @@
 //! (branch and bound) and greedily beyond. The ring planners (`ring.rs`, `ring_pack.rs`), the
 //! ring chains of the trees (`pipelined_tree.rs`) and the NCCL-like baseline take their orders from it.
 
+use crate::error::Result;
 use crate::request::Request;
 
 use super::Ctx;
@@ -19,7 +20,8 @@ pub const RING_SEARCH_BUDGET: u64 = 5040;
 /// - `both`: also score the reverse direction of every ring link (for two channels).
 ///
 /// # Returns
-/// Ranks in ring order, starting with rank 0.
+/// Ranks in ring order, starting with rank 0; [`crate::RouteError::OverLimit`] where the
+/// build's deadline passes while the n^2 connections are laid out (8,192 ranks ask for 67M).
 ///
 /// # Complexity
 /// n^2 connections, then (n-1)! orders (at most [`RING_SEARCH_BUDGET`]) x n, or greedy
@@ -28,7 +30,7 @@ pub const RING_SEARCH_BUDGET: u64 = 5040;
 ///
 /// Source: NCCL's ring search (`src/graph/search.cc`) maximises the ring's bandwidth the same
 /// way, over its own link rules.
-pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
+pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Result<Vec<u32>> {
     if req.gpus == ctx.cache.members() {
         ctx.cache
             .ring_order(ctx.mode, both, || search_ring_order(ctx, req, both))
@@ -37,22 +39,24 @@ pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
     }
 }
 
-fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Vec<u32> {
+fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Result<Vec<u32>> {
     let n = req.nranks();
     let g = &req.gpus;
     let rate = |a: usize, b: usize| ctx.cache.gbps(ctx.mode, g[a], g[b]);
-    // Flat, with both directions already folded in: the search reads it (n-1)! times.
+    // Flat, with both directions already folded in: the search reads it (n-1)! times. Each
+    // entry may search a path and writes no op, so the clock is read as it fills.
     let link: Vec<f64> = (0..n * n)
         .map(|k| {
+            crate::limits::check_deadline(ctx.limit, k, "ordered as a ring")?;
             let (a, b) = (k / n, k % n);
-            match (a == b, both) {
+            Ok(match (a == b, both) {
                 (true, _) => 0.0,
                 (false, true) => rate(a, b).min(rate(b, a)),
                 (false, false) => rate(a, b),
-            }
+            })
         })
-        .collect();
-    best_order(&link, n).into_iter().map(|r| r as u32).collect()
+        .collect::<Result<_>>()?;
+    Ok(best_order(&link, n).into_iter().map(|r| r as u32).collect())
 }
 
 /// The ring order (positions `0..n`, starting at 0) maximising the slowest link, then the sum
@@ -173,6 +177,40 @@ fn best_ring(link: &[f64], n: usize) -> Vec<usize> {
 mod tests {
     use super::*;
 
+    /// A build whose deadline has passed: its ring order's n^2 connections stop at the first
+    /// read of the clock, with the error that names what was being done, and the connection
+    /// cache remembers no order (the next search starts again).
+    #[test]
+    fn a_ring_order_search_stops_at_its_deadline() {
+        use crate::dtype::DType;
+        use crate::path::RelayPolicy;
+        use crate::planner::{ConnCache, LinkMode};
+        use crate::request::Collective;
+        let topo = relaycc_topo::preset("cluster:4xdgx-h100:ib-ndr").unwrap();
+        let gpus: Vec<u32> = (0..32).collect();
+        let req = Request::new(Collective::Broadcast, gpus.clone(), 1, DType::F32);
+        let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Members);
+        let passed = crate::limits::Limit {
+            ops: crate::limits::CallOps::new(u64::MAX),
+            share: None,
+            until: Some(std::time::Instant::now()),
+            what: "a candidate",
+            large: None,
+        };
+        let ctx = Ctx {
+            limit: Some(&passed),
+            ..Ctx::new(&cache, LinkMode::Single, 1, 1)
+        };
+        match ring_order(&ctx, &req, false) {
+            Err(crate::RouteError::OverLimit { what, .. }) => {
+                assert!(what.contains("ordered as a ring"), "{what}");
+            }
+            other => panic!("a search past its deadline went on: {other:?}"),
+        }
+        let free = Ctx::new(&cache, LinkMode::Single, 1, 1);
+        assert_eq!(ring_order(&free, &req, false).unwrap().len(), 32);
+    }
+
     /// The slowest connection of a ring order, GB/s (both directions when `both`).
     fn slowest(ctx: &Ctx, req: &Request, ord: &[u32], both: bool) -> f64 {
         let g = |p: usize| req.gpus[ord[p % ord.len()] as usize];
@@ -197,7 +235,7 @@ mod tests {
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
             let rate = |mode| {
                 let ctx = Ctx::new(&cache, mode, 1, 2);
-                let ord = ring_order(&ctx, &req, true);
+                let ord = ring_order(&ctx, &req, true).unwrap();
                 slowest(&ctx, &req, &ord, true)
             };
             let (nccl, single) = (rate(LinkMode::Nccl), rate(LinkMode::Single));

@@ -125,7 +125,7 @@ pub fn packed_rings(ctx: &Ctx, req: &Request) -> Result<Vec<PackedRing>> {
     let conn = |a: usize, b: usize| ctx.cache.get(ctx.mode, g[a], g[b]).ok();
     // The best single ring, or the error of its first hop without a connection.
     let single = || -> Result<Vec<PackedRing>> {
-        let order = super::ring_order::ring_order(ctx, req, false);
+        let order = super::ring_order::ring_order(ctx, req, false)?;
         let hops = (0..order.len())
             .map(|i| {
                 let (a, b) = (order[i] as usize, order[(i + 1) % order.len()] as usize);

@@ -83,6 +83,10 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         .all(|(h, rs)| rs.iter().enumerate().all(|(i, &r)| r as usize == h * g + i));
     let merged = node_major && sub == count;
     let links = NetLinks::new(topo, &req.gpus, ctx.cache, ctx.limit)?;
+    // Laying out a connection costs a path search and writes no op, so the op limit never
+    // stops this loop: it reads the clock (a window grown over many hosts of a 1,024-node
+    // cluster lays out millions of them).
+    let mut laid = 0;
     for (h, rs) in shape.hosts.iter().enumerate() {
         for (j, &a) in rs.iter().enumerate() {
             for t in 1..nn {
@@ -90,6 +94,8 @@ pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
                 if !b.may_touch(&[a, e]) {
                     continue;
                 }
+                crate::limits::check_deadline(ctx.limit, laid, "laid out on the cluster's NICs")?;
+                laid += 1;
                 let rail = links.rail[a as usize].unwrap_or(j);
                 let conn = links.across(a, e, rail, j + t)?;
                 b.pin(CH_NET, req.gpus[a as usize], req.gpus[e as usize], conn);
