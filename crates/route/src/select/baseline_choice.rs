@@ -218,10 +218,10 @@ fn step_sampled(
 
 /// NCCL's double binary tree all_reduce for `req`, chunk-sampled ([`crate::step_samples`])
 /// where it would otherwise be built in full with more than [`TREE_IN_FULL_MAX_OPS`] ops: the
-/// tuner chooses the tree (`algo`), no rings stand for it ([`sampled_rings`],
+/// tuner chooses the tree (`tuner`), no rings stand for it ([`sampled_rings`],
 /// [`baseline_template`]), each channel pipelines at least 4 x [`TREE_LONG_CHUNKS`] chunks of
-/// the baseline's chunk, and the tree's staging at that chunk (which the chunks built do not
-/// change) fits `budget`. Every chunk climbs and descends the same trees, so past the
+/// the baseline's chunk, its samples hold at most [`TREE_SAMPLES_MAX_OPS`], and the tree's
+/// staging at that chunk (which the chunks built do not change) fits `budget`. Every chunk climbs and descends the same trees, so past the
 /// pipeline's fill each adds the same time. `None` where it is built as it is; the reason for
 /// a sample goes to `skipped`.
 fn sampled_tree(
@@ -256,7 +256,9 @@ fn sampled_tree(
     };
     let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
     let full = req.count.div_ceil(channels).div_ceil(chunk);
-    if full < 4 * TREE_LONG_CHUNKS {
+    // About 3 ops per rank, channel and chunk (a reduction and a send up, a send down).
+    let sampled_ops = 3 * req.nranks() as u64 * channels * (TREE_SHORT_CHUNKS + TREE_LONG_CHUNKS);
+    if full < 4 * TREE_LONG_CHUNKS || sampled_ops > TREE_SAMPLES_MAX_OPS {
         return None;
     }
     let build = |k| {
@@ -288,6 +290,13 @@ fn sampled_tree(
     let what = "tree chunks per channel";
     Some(step_sampled(what, full, short, TREE_LONG_CHUNKS, build))
 }
+
+/// Most ops the two samples of a chunk-sampled tree hold together, by 3 per rank, channel and
+/// chunk: they build and simulate within a default budget with time left for relaycc's
+/// candidates (885k on 64 DGX H100 nodes, 564k and 282k built, in about 2.9 s); 128 nodes'
+/// samples (1.8M) took the call to 7.7 s, so past this the tree is built in full, which the
+/// call's op limit refuses.
+pub const TREE_SAMPLES_MAX_OPS: u64 = 900_000;
 
 /// Most ops of NCCL's grouped send/recv all_to_all across nodes built in full or as a
 /// template's window: above, with at least [`SAMPLE_FROM_STEPS`] rounds, its rounds are
