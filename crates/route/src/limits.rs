@@ -184,9 +184,19 @@ impl Limit {
     /// # Errors
     /// [`RouteError::OverLimit`] once the build's deadline passed.
     pub fn check_deadline(&self, i: usize, doing: &str) -> Result<()> {
-        if !(i as u64).is_multiple_of(CLOCK_EVERY_OPS)
-            || self.until.is_none_or(|u| Instant::now() < u)
-        {
+        if !(i as u64).is_multiple_of(CLOCK_EVERY_OPS) {
+            return Ok(());
+        }
+        self.check_deadline_now(doing)
+    }
+    /// [`Limit::check_deadline`] reading the clock now, for a pass whose steps cost
+    /// milliseconds each (a path search through a rack's switches), where a read every
+    /// `CLOCK_EVERY_OPS` steps would overrun the deadline by seconds.
+    ///
+    /// # Errors
+    /// [`RouteError::OverLimit`] once the build's deadline passed.
+    pub fn check_deadline_now(&self, doing: &str) -> Result<()> {
+        if self.until.is_none_or(|u| Instant::now() < u) {
             return Ok(());
         }
         Err(RouteError::OverLimit {
@@ -217,6 +227,14 @@ pub fn refund(limit: Option<&Limit>, ops: u64) {
 /// [`RouteError::OverLimit`] once the build's deadline passed.
 pub fn check_deadline(limit: Option<&Limit>, i: usize, doing: &str) -> Result<()> {
     limit.map_or(Ok(()), |l| l.check_deadline(i, doing))
+}
+
+/// [`Limit::check_deadline_now`] where a build has a limit.
+///
+/// # Errors
+/// [`RouteError::OverLimit`] once the build's deadline passed.
+pub fn check_deadline_now(limit: Option<&Limit>, doing: &str) -> Result<()> {
+    limit.map_or(Ok(()), |l| l.check_deadline_now(doing))
 }
 
 /// Large values [`drop_off_thread`] queues for the dropping thread at most; past it, they are

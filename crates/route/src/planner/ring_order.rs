@@ -53,7 +53,7 @@ fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Result<Vec<u32>> {
     let link: Vec<f64> = (0..n * n)
         .map(|k| {
             if k % CLOCK_EVERY_ENTRIES == 0 {
-                crate::limits::check_deadline(ctx.limit, 0, "ordered as a ring")?;
+                crate::limits::check_deadline_now(ctx.limit, "ordered as a ring")?;
             }
             let (a, b) = (k / n, k % n);
             Ok(match (a == b, both) {

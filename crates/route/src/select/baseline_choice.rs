@@ -1,6 +1,7 @@
 //! How a planning call builds and times the NCCL-like baseline: step-sampled where its rings,
-//! its tree or its all_to_all's rounds are too large to build ([`crate::step_samples`]), as a template where its window is smaller
-//! than the plan (NCCL's rings where its tree does not fold), or in full
+//! its tree or its all_to_all's rounds are too large to build ([`crate::step_samples`]), as a
+//! template where its window is smaller than the plan (NCCL's rings where its tree does not
+//! fold), or in full
 //! ([`baseline_template`]); simulated to the end, within the budget, or taken from the tuner's
 //! simulation where that stands for it ([`simulate_baseline`]).
 
@@ -134,14 +135,12 @@ fn rings_to_sample(
 /// rings' window); elsewhere the tree is built. `None` where the baseline is built as it is;
 /// the reason for a sample goes to `skipped`.
 fn sampled_rings(
-    topo: &Topology,
-    req: &Request,
-    (budget, until): (u64, Option<Instant>),
-    (shift, tuner): (Option<&relaycc_topo::HostSymmetry>, &TunerChoice),
-    limit: Option<&crate::limits::Limit>,
+    s: &Sampling,
     skipped: &mut Vec<String>,
 ) -> Option<Result<crate::planner::baseline::TunedPlan>> {
     use crate::planner::baseline_net::tuner::Algo;
+    let (topo, req, budget, until, shift, tuner, limit) =
+        (s.topo, s.req, s.budget, s.until, s.shift, s.tuner, s.limit);
     let (steps, ops) = rings_to_sample(topo, req, shift)?;
     let sym = shift.filter(|s| s.periods() > 2);
     let mut forced = "";
@@ -198,6 +197,25 @@ fn sampled_rings(
 /// (it lays out the rail rings): `None` off a multi-node all_reduce.
 type TunerChoice<'a> = dyn Fn() -> Result<Option<crate::planner::baseline_net::tuner::Algo>> + 'a;
 
+/// What every sampler of the baseline reads ([`baseline_template`]): the request on its
+/// topology, the staging budget, the call's deadline, the hosts' symmetry, the tuner's choice
+/// and the limit its builds run under.
+#[derive(Clone, Copy)]
+struct Sampling<'a> {
+    topo: &'a Topology,
+    req: &'a Request,
+    budget: u64,
+    until: Option<Instant>,
+    shift: Option<&'a relaycc_topo::HostSymmetry>,
+    tuner: &'a TunerChoice<'a>,
+    limit: Option<&'a crate::limits::Limit>,
+}
+
+/// One way to sample the baseline: its step-sampled plan, `None` where it does not apply (the
+/// reason for a sample goes to the list).
+type Sampler =
+    fn(&Sampling, &mut Vec<String>) -> Option<Result<crate::planner::baseline::TunedPlan>>;
+
 /// The step-sampled plan of `full` repeating steps of `what` ([`crate::step_samples`]) from
 /// `short`, a build of `short_kept` of them, and `build(long_kept)`, with the long sample's
 /// protocol.
@@ -221,18 +239,16 @@ fn step_sampled(
 /// tuner chooses the tree (`tuner`), no rings stand for it ([`sampled_rings`],
 /// [`baseline_template`]), each channel pipelines at least 4 x [`TREE_LONG_CHUNKS`] chunks of
 /// the baseline's chunk, its samples hold at most [`TREE_SAMPLES_MAX_OPS`], and the tree's
-/// staging at that chunk (which the chunks built do not change) fits `budget`. Every chunk climbs and descends the same trees, so past the
-/// pipeline's fill each adds the same time. `None` where it is built as it is; the reason for
-/// a sample goes to `skipped`.
+/// staging at that chunk (which the chunks built do not change) fits `budget`. Every chunk
+/// climbs and descends the same trees, so past the pipeline's fill each adds the same time.
+/// `None` where it is built as it is; the reason for a sample goes to `skipped`.
 fn sampled_tree(
-    topo: &Topology,
-    req: &Request,
-    (budget, until): (u64, Option<Instant>),
-    (shift, tuner): (Option<&relaycc_topo::HostSymmetry>, &TunerChoice),
-    limit: Option<&crate::limits::Limit>,
+    s: &Sampling,
     skipped: &mut Vec<String>,
 ) -> Option<Result<crate::planner::baseline::TunedPlan>> {
     use crate::planner::baseline_net::tuner::Algo;
+    let (topo, req, budget, until, shift, tuner, limit) =
+        (s.topo, s.req, s.budget, s.until, s.shift, s.tuner, s.limit);
     let tree_ops = tree_ops_estimate(req);
     if req.collective != Collective::AllReduce || tree_ops <= TREE_IN_FULL_MAX_OPS {
         return None;
@@ -244,8 +260,8 @@ fn sampled_tree(
     }
     // Where the hosts fold in more than two periods and the rings' window is smaller, the
     // rings stand for the tree (NCCL_ALGO=Ring), as `baseline_template` decides.
-    if let Some(s) = shift.filter(|s| s.periods() > 2)
-        && tree_ops > ring_ops_estimate(topo, req, s.periods())
+    if let Some(sym) = shift.filter(|sym| sym.periods() > 2)
+        && tree_ops > ring_ops_estimate(topo, req, sym.periods())
     {
         return None;
     }
@@ -325,13 +341,11 @@ fn exchange_ops_estimate(req: &Request, periods: u32) -> u64 {
 /// first rounds (inside a node) each round crosses the network alike. `None` where it is
 /// built as it is; the reason for a sample goes to `skipped`.
 fn sampled_exchange(
-    topo: &Topology,
-    req: &Request,
-    (budget, until): (u64, Option<Instant>),
-    shift: Option<&relaycc_topo::HostSymmetry>,
-    limit: Option<&crate::limits::Limit>,
+    s: &Sampling,
     skipped: &mut Vec<String>,
 ) -> Option<Result<crate::planner::baseline::TunedPlan>> {
+    let (topo, req, budget, until, shift, limit) =
+        (s.topo, s.req, s.budget, s.until, s.shift, s.limit);
     if req.collective != Collective::AllToAll
         || !crate::planner::baseline_net::spans_nodes(topo, req)
     {
@@ -390,15 +404,20 @@ pub(super) fn baseline_template(
             Ok(*asked.get_or_init(|| algo))
         }
     };
-    let clock = (budget, until);
-    let samplers = [sampled_rings, sampled_tree];
+    let sampling = Sampling {
+        topo,
+        req,
+        budget,
+        until,
+        shift,
+        tuner: &tuner,
+        limit,
+    };
+    let samplers: [Sampler; 3] = [sampled_rings, sampled_tree, sampled_exchange];
     for sampler in samplers {
-        if let Some(sampled) = sampler(topo, req, clock, (shift, &tuner), limit, &mut skipped) {
+        if let Some(sampled) = sampler(&sampling, &mut skipped) {
             return (Some(sampled), skipped);
         }
-    }
-    if let Some(sampled) = sampled_exchange(topo, req, clock, shift, limit, &mut skipped) {
-        return (Some(sampled), skipped);
     }
     let folded = match shift {
         // A window holds two periods of hosts: with only two it is the whole plan, built one
