@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! cargo build --release --features mpi --example mpi_count_binding
-//! mpirun -n 8 target/release/examples/mpi_count_binding [calls]
+//! mpirun -n 8 target/release/examples/mpi_count_binding [calls] [gpu-rank]
 //! ```
+//!
+//! With `gpu-rank`, relaycc's calls go through the GPU ranks' protocol on the host backend
+//! (`MpiGpu::host`, `on_host()`): the same count binding, with the GPU ranks' lent buffers,
+//! mirrors and staging.
 //!
 //! Every rank draws the same matrices from one seed: f32 counts 0 to 1,024 per pair with one
 //! pair at 513 or more, so every matrix runs the one capacity plan (1,024 per pair) with its
@@ -26,8 +30,9 @@ use std::time::Instant;
 mod mpi_start;
 use mpi_start::{displs, max_all};
 
-use relaycc::collectives::mpi::MpiCommunicator;
+use relaycc::collectives::Collectives;
 use relaycc::collectives::mpi::rsmpi;
+use relaycc::collectives::mpi::{MpiCommunicator, MpiGpu};
 use rsmpi::datatype::{Partition, PartitionMut};
 use rsmpi::traits::*;
 
@@ -97,7 +102,15 @@ struct Totals {
     exact: bool,
 }
 
-fn rounds(comm: &MpiCommunicator, calls: usize) -> Result<Totals, Box<dyn Error>> {
+/// relaycc's all_to_all_v: (input, send counts, output, receive counts).
+type AllToAllV<'a> =
+    dyn FnMut(&[f32], &[usize], &mut [f32], &[usize]) -> Result<(), Box<dyn Error>> + 'a;
+
+fn rounds(
+    comm: &MpiCommunicator,
+    calls: usize,
+    all_to_all_v: &mut AllToAllV<'_>,
+) -> Result<Totals, Box<dyn Error>> {
     let world = comm.comm();
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
@@ -110,7 +123,7 @@ fn rounds(comm: &MpiCommunicator, calls: usize) -> Result<Totals, Box<dyn Error>
     };
     // One call first, so the capacity plan is not planned inside the timed rounds.
     let first = Counts::of(&matrix(&mut draw, n), me);
-    comm.all_to_all_v(
+    all_to_all_v(
         &input[..first.sends.iter().sum()],
         &first.sends,
         &mut out[..first.recvs.iter().sum()],
@@ -126,7 +139,7 @@ fn rounds(comm: &MpiCommunicator, calls: usize) -> Result<Totals, Box<dyn Error>
             let (sent, got) = (c.sends.iter().sum(), c.recvs.iter().sum());
             let mut out = vec![0f32; got];
             let start = Instant::now();
-            comm.all_to_all_v(&input[..sent], &c.sends, &mut out, &c.recvs)?;
+            all_to_all_v(&input[..sent], &c.sends, &mut out, &c.recvs)?;
             t.fresh += start.elapsed().as_secs_f64();
             t.elements_fresh += got as u64;
             outputs.push(out);
@@ -136,7 +149,7 @@ fn rounds(comm: &MpiCommunicator, calls: usize) -> Result<Totals, Box<dyn Error>
         let (rs, rg) = (repeated.sends.iter().sum(), repeated.recvs.iter().sum());
         for _ in 0..BLOCK {
             let start = Instant::now();
-            comm.all_to_all_v(
+            all_to_all_v(
                 &input[..rs],
                 &repeated.sends,
                 &mut out[..rg],
@@ -181,17 +194,34 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let before = comm.cached_calls();
+    let gpu_rank = std::env::args().nth(2).is_some_and(|a| a == "gpu-rank");
     // Whole blocks.
     let iters = iters.div_ceil(BLOCK).max(1) * BLOCK;
-    let t = match rounds(&comm, iters) {
+    let (before, ran, after) = if gpu_rank {
+        match MpiGpu::host(&comm) {
+            Ok(mut gpu) => {
+                let before = gpu.cached_calls();
+                let ran = rounds(&comm, iters, &mut |i, s, o, r| {
+                    Ok(gpu.on_host().all_to_all_v(i, s, o, r)?)
+                });
+                (before, ran, gpu.cached_calls())
+            }
+            Err(e) => (0, Err(e.into()), 0),
+        }
+    } else {
+        let before = comm.cached_calls();
+        let ran = rounds(&comm, iters, &mut |i, s, o, r| {
+            Ok(comm.all_to_all_v(i, s, o, r)?)
+        });
+        (before, ran, comm.cached_calls())
+    };
+    let t = match ran {
         Ok(t) => t,
         Err(e) => {
             eprintln!("rank {}: {e}; aborting the job", comm.rank());
             comm.abort(1)
         }
     };
-    let after = comm.cached_calls();
     let per_call = |s: f64| max_all(&comm, s) * 1e6 / iters.max(1) as f64;
     let (fresh, repeated, mpi) = (per_call(t.fresh), per_call(t.repeated), per_call(t.mpi));
     let mpi_repeated = per_call(t.mpi_repeated);
@@ -199,9 +229,14 @@ fn main() -> ExitCode {
     if comm.rank() == 0 {
         let per = |e: u64| e / iters.max(1) as u64;
         println!(
-            "all_to_all_v f32, {} ranks, {iters} calls of each; elements received by rank 0 per call \
+            "all_to_all_v f32, {} ranks{}, {iters} calls of each; elements received by rank 0 per call \
              on average: {} with fresh matrices, {} with repeated ones",
             comm.size(),
+            if gpu_rank {
+                " (GPU ranks' protocol on the host backend)"
+            } else {
+                ""
+            },
             per(t.elements_fresh),
             per(t.elements_repeated)
         );

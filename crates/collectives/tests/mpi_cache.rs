@@ -20,7 +20,9 @@
 //!   shape while the receiver's kept it still moves the right bytes (the pair agrees on who
 //!   must prepare); the cache holds at most 2.
 //! - The same on the GPU ranks' protocol over the host backend (`MpiGpu::host`): collective
-//!   shapes and send/recv shapes bounded, results exact.
+//!   shapes and send/recv shapes bounded, results exact; and count binding there: 40
+//!   all_to_all_v and 40 all_gather_v calls with new counts add at most one shape per
+//!   capacity and collective, every result exact.
 //!
 //! Rank 0 prints `PASS <name>` / `FAIL <name>` per check and `<N> passed, <F> failed`.
 
@@ -330,6 +332,74 @@ fn gpu_ranks(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     );
 }
 
+/// Count binding on the GPU ranks' protocol over the host backend: all_to_all_v and
+/// all_gather_v (out of place and in place) with new counts every call run capacity plans, so
+/// the cache grows by at most one shape per power-of-two capacity, and every result is exact.
+fn gpu_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
+    let mut gpu = match MpiGpu::host(comm) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("rank {me}: host-backed rank: {e}");
+            rep.check("GPU ranks: host-backed rank made for count binding", false);
+            return;
+        }
+    };
+    let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
+    let mut exact = set.is_ok();
+    let capacity = |largest: usize| largest.max(1).next_power_of_two();
+    let mut caps = Vec::new();
+    for call in 0..40 {
+        let m = matrix(&mut draw, n);
+        caps.push(capacity(m.iter().flatten().copied().max().unwrap_or(0)));
+        exact &= all_to_all_v_exact(me, &m, |i, s, o, r| {
+            let got = gpu.on_host().all_to_all_v(i, s, o, r);
+            if let Err(e) = &got {
+                eprintln!("rank {me}: GPU rank's bound all_to_all_v {call}: {e}");
+            }
+            got.is_ok()
+        });
+    }
+    let after_a2av = gpu.cached_calls();
+    for call in 0..40 {
+        let counts: Vec<usize> = (0..n).map(|_| draw.next(300) as usize).collect();
+        caps.push(capacity(counts.iter().copied().max().unwrap_or(0)));
+        let want: Vec<u32> = (0..n)
+            .flat_map(|s| (0..counts[s]).map(move |i| sent(s, i)))
+            .collect();
+        let mine: Vec<u32> = (0..counts[me]).map(|i| sent(me, i)).collect();
+        let mut out = vec![0u32; want.len()];
+        let r = gpu.on_host().all_gather_v(&mine[..], &mut out[..], &counts);
+        let mut in_place = vec![0u32; want.len()];
+        let at: usize = counts[..me].iter().sum();
+        in_place[at..at + mine.len()].copy_from_slice(&mine);
+        let r2 = gpu
+            .on_host()
+            .all_gather_v_in_place(&mut in_place[..], &counts);
+        if let (Err(e), _) | (_, Err(e)) = (&r, &r2) {
+            eprintln!("rank {me}: GPU rank's bound all_gather_v {call}: {e}");
+        }
+        exact &= r.is_ok() && r2.is_ok() && out == want && in_place == want;
+    }
+    let after = gpu.cached_calls();
+    caps.sort_unstable();
+    caps.dedup();
+    rep.check(
+        "GPU ranks: 40 new count matrices and 40 new count lists give exact results",
+        exact,
+    );
+    // One all_to_all_v and one all_gather_v shape per capacity at most, where one plan per
+    // count matrix would hold 80.
+    rep.check(
+        &format!(
+            "GPU ranks: new counts reuse capacity plans (shapes 0 -> {after_a2av} -> {after}, \
+             capacities {caps:?})"
+        ),
+        after_a2av <= caps.len() && after <= 2 * caps.len(),
+    );
+}
+
 fn main() {
     let universe = mpi_common::universe();
     let world = universe.world();
@@ -337,6 +407,7 @@ fn main() {
     let mut rep = Report::new(&world);
     typed_count_limit(&comm, &mut rep);
     typed_count_binding(&comm, &mut rep);
+    gpu_count_binding(&comm, &mut rep);
     typed_byte_limit(&comm, &mut rep);
     typed_limits_mismatch(&comm, &mut rep);
     pairs(&comm, &mut rep);

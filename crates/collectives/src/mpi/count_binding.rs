@@ -1,7 +1,8 @@
-//! Count binding for the typed v-collectives of an [`MpiCommunicator`] on host memory
-//! (all_gather_v, all_to_all_v): one plan per communicator and *capacity*, planned, proved
-//! and cut into this rank's schedule once, with each call's counts bound into that schedule
-//! when the call is made ([`crate::exec::counts`] has the rules and why the bound schedule
+//! Count binding for the typed v-collectives of an [`MpiCommunicator`] (all_gather_v,
+//! all_to_all_v), on host memory (`typed.rs`) and on its GPU ranks (`gpu.rs`, their
+//! mirrors' copies resized to the bound buffers): one plan per communicator and
+//! *capacity*, planned, proved and cut into this rank's schedule once, with each call's
+//! counts bound into that schedule when the call is made ([`crate::exec::counts`] has the rules and why the bound schedule
 //! keeps the capacity plan's proof). A count matrix that changes every call neither re-plans
 //! nor grows the plan cache.
 //!
@@ -215,6 +216,14 @@ impl MpiCommunicator {
                 capacity: CountLayout::capacity_for(largest),
             },
         })
+    }
+
+    /// The capacity plan of an agreed v-collective call of `shape` (the host ranks' and the
+    /// GPU ranks'): the call's ranks, element type, op and root, with the capacity for every
+    /// count; proved by the checker.
+    pub(super) fn capacity_plan(&self, call: &CallDesc, shape: VShape) -> MpiResult<Plan> {
+        let call_ranks = call.request((0..self.size()).collect(), Vec::new());
+        self.plan_request(&shape.layout.capacity_request(&call_ranks))
     }
 
     /// The counts of an agreed v-collective call of `shape` into `into`, the same on every

@@ -39,6 +39,7 @@ use ::mpi::traits::Root;
 use cudarc::driver::{CudaEvent, CudaStream};
 use relaycc_route::{DType, Location, Plan};
 
+use super::count_binding::{CountBinding, VShape};
 use super::device::TransferMode;
 #[cfg(not(feature = "nccl"))]
 use super::gpu_run::NcclAbsent as NcclComm;
@@ -53,6 +54,7 @@ use super::typed_call::{CheckedCall, InputAt};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::backend::Backend;
 use crate::backend::host::HostBackend;
+use crate::call::CallDesc;
 #[cfg(feature = "nccl")]
 use crate::cuda;
 use crate::cuda::{CudaBackend, CudaError};
@@ -314,41 +316,38 @@ impl<'c> MpiGpu<'c> {
         {
             local = Err(MpiError::Backend(e));
         }
-        let place = place_of(
-            &self.dev,
-            self.ordinal,
-            comm.rank(),
-            stream,
-            lender,
-            &mut local,
-        );
+        // A share of the backend, so the place does not borrow `self` while shapes are made.
+        let dev = self.dev.clone();
+        let place = place_of(&dev, self.ordinal, comm.rank(), stream, lender, &mut local);
         let (seq, local) = comm.next_call(&call, local);
-        let (key, all) = comm.agreed(&mut call, local, seq)?;
-        if !self.shapes.touch(&key) {
-            // Every rank misses here (their caches hold the same shapes). The request and the
-            // plan are the same on every rank (so are their errors); the allocations are this
-            // rank's, so their outcome is agreed, with the weight. Room for one more shape
-            // before allocating, and for its agreed weight after.
-            let limits = comm.plan_cache_limits();
-            let evicted = self.shapes.evict_to_fit(limits, 1, 0);
-            retire(&self.done, &mut self.retired, evicted)?;
-            let req = comm.request(&call, &all)?;
-            let plan = comm.plan_request(&req)?;
-            let made = self.prepare(&plan, comm.comm().as_raw()).map(|p| {
-                let bytes = p.weight;
-                (p, bytes)
-            });
-            let at = WaitPoint::call("prepare a GPU call", call.collective, seq);
-            let (mut p, weight) = super::agree_weighed(comm, made, at)?;
-            p.weight = weight;
-            let evicted = self.shapes.evict_to_fit(limits, 1, weight);
-            retire(&self.done, &mut self.retired, evicted)?;
-            self.shapes.insert(key.clone(), p);
+        let (exact_key, all) = comm.agreed(&mut call, local, seq)?;
+        // all_gather_v and all_to_all_v run their capacity plan with the call's counts bound
+        // (`count_binding.rs`), as the host typed calls do.
+        let v = comm.agreed_shape(&call, &all);
+        let mut key = v.map_or_else(|| exact_key.clone(), |v| v.key(&call));
+        self.prepare_missing(&key, &call, &all, v, seq)?;
+        if v.is_some()
+            && self
+                .shapes
+                .peek_mut(&key)
+                .is_some_and(|p| p.binding.is_none())
+        {
+            // A capacity plan that cannot be bound (the same verdict on every rank): the plan
+            // of the call's exact counts.
+            key = exact_key.clone();
+            self.prepare_missing(&key, &call, &all, None, seq)?;
         }
         let (Some(p), Some(place)) = (self.shapes.peek_mut(&key), place) else {
             return Err(MpiError::Unsupported("a prepared shape vanished".into()));
         };
         comm.set_last_algorithm(&p.algorithm);
+        if let (Some(b), Some(v)) = (p.binding.as_deref_mut(), v)
+            && !b.serves(&exact_key)
+        {
+            comm.call_counts(&call, &all, v, b.counts_mut())?;
+            let bound = b.bind(&p.schedule, &exact_key)?;
+            p.copies.set_lens(bound.input_len, bound.output_len);
+        }
         let esize = call.dtype.size();
         let ran = run_prepared(
             p,
@@ -364,6 +363,62 @@ impl<'c> MpiGpu<'c> {
         settle(comm, p, &ran);
         let marked = self.mark(stream);
         ran.and(marked)
+    }
+
+    /// Prepare the shape of `key` unless it is cached (every rank misses together: their
+    /// caches hold the same shapes). The request and the plan are the same on every rank (so
+    /// are their errors); the allocations are this rank's, so their outcome is agreed, with
+    /// the weight. Room for one more shape before allocating, and for its agreed weight after.
+    /// `v`: a v-collective's capacity shape, whose plan is cut for count binding.
+    fn prepare_missing(
+        &mut self,
+        key: &[i64],
+        call: &CallDesc,
+        all: &[i64],
+        v: Option<VShape>,
+        seq: u64,
+    ) -> MpiResult<()> {
+        if self.shapes.touch(key) {
+            return Ok(());
+        }
+        let comm = self.comm;
+        let limits = comm.plan_cache_limits();
+        let evicted = self.shapes.evict_to_fit(limits, 1, 0);
+        retire(&self.done, &mut self.retired, evicted)?;
+        let made = match v {
+            Some(v) => self.prepare_capacity(call, v),
+            None => comm
+                .request(call, all)
+                .and_then(|req| comm.plan_request(&req))
+                .and_then(|plan| self.prepare(&plan, comm.comm().as_raw())),
+        }
+        .map(|p| {
+            let bytes = p.weight;
+            (p, bytes)
+        });
+        let at = WaitPoint::call("prepare a GPU call", call.collective, seq);
+        let (mut p, weight) = super::agree_weighed(comm, made, at)?;
+        p.weight = weight;
+        let evicted = self.shapes.evict_to_fit(limits, 1, weight);
+        retire(&self.done, &mut self.retired, evicted)?;
+        self.shapes.insert(key.to_vec(), p);
+        Ok(())
+    }
+
+    /// The capacity plan of an agreed v-collective (`v`), prepared for this rank and cut for
+    /// count binding; where it cannot be bound (the same verdict on every rank) it keeps no
+    /// memory and weighs nothing: it only remembers the verdict, and the calls run plans of
+    /// their exact counts.
+    fn prepare_capacity(&self, call: &CallDesc, v: VShape) -> MpiResult<GpuPrepared> {
+        let comm = self.comm;
+        let plan = comm.capacity_plan(call, v)?;
+        let mut p = self.prepare(&plan, comm.comm().as_raw())?;
+        p.binding = CountBinding::new(plan, v.layout, call.dtype.size(), &p.schedule).map(Box::new);
+        if p.binding.is_none() {
+            p.mem = PlanMemory::new(self.backend());
+            p.weight = 0;
+        }
+        Ok(p)
     }
 
     /// Record `done` on the caller's stream (GPU ranks), after what a call enqueued there.
@@ -516,6 +571,7 @@ impl<'c> MpiGpu<'c> {
             reqs: Requests::new(mpi, comm.rank()),
             algorithm: plan.algorithm.clone(),
             copies: MirrorCopies::new(GPU, plan, &schedule),
+            binding: None,
             run: RunBindings::with_capacity(2 + schedule.scratch.len()),
             schedule,
             mem,

@@ -9,6 +9,7 @@ use std::time::Instant;
 use cudarc::driver::CudaStream;
 use relaycc_route::Location;
 
+use super::count_binding::CountBinding;
 use super::device::TransferMode;
 use super::requests::Requests;
 use super::run_memory::{Launcher, MirrorCopies, PlanMemory, RunBindings, RunMemory};
@@ -48,6 +49,9 @@ pub(super) struct GpuPrepared {
     pub(super) copies: MirrorCopies,
     pub(super) reqs: Requests,
     pub(super) algorithm: String,
+    /// A v-collective's capacity plan, cut for count binding; `None` for every other shape.
+    /// Where it is set, every call runs its bound schedule, not `schedule`.
+    pub(super) binding: Option<Box<CountBinding>>,
     /// Bindings of the current run and the transport's addresses of them (kept to avoid
     /// allocating per call).
     pub(super) run: RunBindings,
@@ -305,7 +309,11 @@ pub(super) fn run_prepared(
             ..o
         }),
     };
-    let (in_len, out_len) = (p.schedule.input_len as u64, p.schedule.output_len as u64);
+    let schedule = p
+        .binding
+        .as_deref()
+        .map_or(&p.schedule, CountBinding::bound);
+    let (in_len, out_len) = (schedule.input_len as u64, schedule.output_len as u64);
     let bad = |side: &'static str, got: u64, needs: u64| MpiError::Buffer {
         side,
         got: got as usize,
@@ -329,8 +337,7 @@ pub(super) fn run_prepared(
     // The input mirror stands in for the caller's input in place (the output overwrites
     // it), when the plan writes its input (the caller's is shared), and with direct MPI
     // (MPI never holds the caller's buffers).
-    let mirror_in =
-        matches!(input, InputAt::InOutput(_)) || p.schedule.writes_input() || direct_mpi;
+    let mirror_in = matches!(input, InputAt::InOutput(_)) || schedule.writes_input() || direct_mpi;
     let in_at = match (caller_in, p.mem.mirrors[0]) {
         (Some(c), Some(m)) if mirror_in => {
             let at = whole(m, in_len);
@@ -384,7 +391,7 @@ pub(super) fn run_prepared(
         #[cfg(feature = "nccl")]
         (Some(nccl), Place::Cuda { stream, .. }) => {
             let mut t = nccl.transport(stream).map_err(cuda_err)?;
-            run::run(&p.schedule.program, &mut mem, &mut t)?;
+            run::run(&schedule.program, &mut mem, &mut t)?;
         }
         _ => {
             let timeout = ctx.comm.timeout();
@@ -394,7 +401,7 @@ pub(super) fn run_prepared(
                 timeout,
                 ctx.mode == TransferMode::Direct,
             );
-            run::run(&p.schedule.program, &mut mem, &mut t)?;
+            run::run(&schedule.program, &mut mem, &mut t)?;
         }
     }
     if let (Some(c), Some(m)) = (caller_out, p.mem.mirrors[1]) {

@@ -158,6 +158,21 @@ impl MirrorCopies {
             copy_out: copy(schedule.output_len),
         }
     }
+
+    /// The copies resized for a schedule whose input and output are `input_len` and
+    /// `output_len` bytes (a capacity plan's schedule bound to a call's counts), in place.
+    pub(super) fn set_lens(&mut self, input_len: usize, output_len: usize) {
+        for (program, bytes) in [
+            (&mut self.copy_in, input_len),
+            (&mut self.copy_out, output_len),
+        ] {
+            for c in &mut program.commands {
+                if let Command::Copy { src, dst, .. } = c {
+                    (src.bytes, dst.bytes) = (bytes as u64, bytes as u64);
+                }
+            }
+        }
+    }
 }
 
 /// The bindings of the current run (input, output, then scratch) and, per binding, the

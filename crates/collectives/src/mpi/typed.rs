@@ -532,11 +532,7 @@ impl MpiCommunicator {
     /// The capacity plan of an agreed v-collective (`v`, its counts), scheduled for this rank
     /// and cut for count binding ([`CountBinding`]; none where it cannot be bound).
     fn prepare_capacity(&self, call: &CallDesc, v: VShape) -> MpiResult<PreparedShape> {
-        // The capacity request takes the call's ranks, element type, op and root; its counts
-        // are the capacity's.
-        let n = self.size();
-        let call_ranks = call.request((0..n).collect(), Vec::new());
-        let plan = self.plan_request(&v.layout.capacity_request(&call_ranks))?;
+        let plan = self.capacity_plan(call, v)?;
         let mut p = self.prepare_plan(&plan, self.comm.as_raw())?;
         p.binding = CountBinding::new(plan, v.layout, call.dtype.size(), &p.schedule).map(Box::new);
         if p.binding.is_none() {

@@ -8,6 +8,7 @@
 //! every rank of an MPI communicator keep the same shapes (`mpi/typed.rs`): their keys are
 //! agreed, and so are the weights and the limits.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -52,7 +53,10 @@ impl<K, V> Default for Lru<K, V> {
 
 impl<K: Eq + Hash + Clone, V: Held> Lru<K, V> {
     /// Mark `key` used (the clock's next tick); false when it is not cached.
-    pub fn touch(&mut self, key: &K) -> bool {
+    pub fn touch<Q: Eq + Hash + ?Sized>(&mut self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+    {
         self.clock += 1;
         let now = self.clock;
         match self.map.get_mut(key) {
@@ -65,14 +69,20 @@ impl<K: Eq + Hash + Clone, V: Held> Lru<K, V> {
     }
 
     /// The value of `key`, without marking it used.
-    pub fn peek(&self, key: &K) -> Option<&V> {
+    pub fn peek<Q: Eq + Hash + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.map.get(key).map(|s| &s.value)
     }
 
     /// The value of `key`, mutable, without marking it used (the MPI caches run a shape in
     /// place).
     #[cfg(feature = "mpi")]
-    pub fn peek_mut(&mut self, key: &K) -> Option<&mut V> {
+    pub fn peek_mut<Q: Eq + Hash + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
         self.map.get_mut(key).map(|s| &mut s.value)
     }
 
