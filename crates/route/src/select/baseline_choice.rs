@@ -48,6 +48,9 @@ pub(super) fn simulate_baseline(
     {
         return Ok((t.time_us, t.cut));
     }
+    if let Some(samples) = &plan.step_samples {
+        return simulate_sampled_baseline(topo, samples, opts, deadline);
+    }
     if plan.ops.len() < GRACE_ABOVE_OPS {
         return Ok((simulate(topo, plan, &opts.sim)?.time_us, None));
     }
@@ -59,6 +62,36 @@ pub(super) fn simulate_baseline(
             Err(cut) => (cut.reached_us.max(prepared.lower_bound_us()), Some(cut)),
         },
     )
+}
+
+/// [`simulate_baseline`] of a step-sampled baseline: its samples simulated as the baseline
+/// is, under one grace counted from the first, the long one first. The extrapolation is never
+/// below the long sample's makespan, so a cut long sample still bounds the baseline from
+/// below (the time it reached), and a cut short one after it leaves the long one's makespan
+/// as that bound.
+fn simulate_sampled_baseline(
+    topo: &Topology,
+    samples: &crate::plan::StepSamples,
+    opts: &PlanOptions,
+    deadline: &Deadline,
+) -> Result<(f64, Option<SimCut>)> {
+    let start = Instant::now();
+    let mut time_us = [0.0f64; 2];
+    for (k, sample) in [&samples.long, &samples.short].into_iter().enumerate() {
+        let prepared = PreparedSim::new(topo, sample, &opts.sim)?;
+        match prepared.simulate_or_cut(topo, &|| deadline.baseline_goes_on(start))? {
+            Ok(sim) => time_us[k] = sim.time_us,
+            Err(cut) => {
+                let below = match k {
+                    0 => cut.reached_us.max(prepared.lower_bound_us()),
+                    _ => time_us[0],
+                };
+                return Ok((below, Some(cut)));
+            }
+        }
+    }
+    let (time_us, _) = crate::step_samples::extrapolate_us(samples, time_us[1], time_us[0]);
+    Ok((time_us, None))
 }
 
 /// Whether the tuner's simulation `t` of a baseline of `ops` ops stands for the planner's, which
@@ -227,11 +260,31 @@ fn step_sampled(
     build: impl Fn(u64) -> Result<crate::planner::baseline::TunedPlan>,
 ) -> Result<crate::planner::baseline::TunedPlan> {
     let long = build(long_kept)?;
+    // The tuner's simulations of both samples, where it ran them to the end with the
+    // protocol the long sample took, time the sampled plan as `simulate` would: the planner
+    // takes that instead of simulating both samples again (0.7 s on 64 rail-optimized nodes).
+    let tuned = match (short.tuned, long.tuned) {
+        (Some(s), Some(l))
+            if s.cut.is_none() && l.cut.is_none() && short.plan.protocol == long.plan.protocol =>
+        {
+            Some((s, l))
+        }
+        _ => None,
+    };
     let mut short = short.plan;
     short.protocol = long.plan.protocol;
     let samples = ((short_kept, short), (long_kept, long.plan));
     let plan = crate::step_samples::assemble(what, full, samples.0, samples.1)?;
-    Ok(crate::planner::baseline::TunedPlan { plan, tuned: None })
+    let tuned = tuned.and_then(|(s, l)| {
+        let sampled = plan.step_samples.as_deref()?;
+        let (time_us, _) = crate::step_samples::extrapolate_us(sampled, s.time_us, l.time_us);
+        Some(crate::planner::baseline::TunedTime {
+            time_us,
+            cut: None,
+            spent: s.spent + l.spent,
+        })
+    });
+    Ok(crate::planner::baseline::TunedPlan { plan, tuned })
 }
 
 /// NCCL's double binary tree all_reduce for `req`, chunk-sampled ([`crate::step_samples`])

@@ -12,8 +12,9 @@ use crate::error::{Result, RouteError};
 use crate::plan::Plan;
 
 use super::config::SimConfig;
+use super::dominance::binding_uses;
 use super::fairshare::FairShare;
-use super::model::{Model, NONE};
+use super::model::{Model, NONE, Uses};
 use super::result::{EdgeUse, MemUse, OpSpan, SimResult, combine_results, extrapolate_results};
 
 /// Events closer than this (relative to the clock, and at least this many us) are handled
@@ -329,6 +330,11 @@ struct Engine<'m> {
     /// more than the fair sharing itself.
     ends: BinaryHeap<Wake>,
     fair: FairShare,
+    /// The resources fair sharing reads: the model's, less those another always dominates
+    /// ([`super::dominance`]).
+    binding: Uses,
+    /// Active flows on each resource, for its busy time.
+    res_active: Vec<u32>,
     flows: Vec<Flow>,
     /// Ops whose bytes are flowing, and each op's index in that list.
     active: Vec<u32>,
@@ -358,6 +364,8 @@ impl<'m> Engine<'m> {
             heap: BinaryHeap::with_capacity(n.min(1 << 16)),
             ends: BinaryHeap::with_capacity(n.min(1 << 16)),
             fair: FairShare::new(r, n),
+            binding: binding_uses(&m.uses, &m.caps, n),
+            res_active: vec![0; r],
             flows: vec![Flow::default(); n],
             active: Vec::new(),
             active_pos: vec![NONE; n],
@@ -519,11 +527,12 @@ impl<'m> Engine<'m> {
         let (res, coef) = self.m.uses.of(op);
         for (&r, &c) in res.iter().zip(coef) {
             self.res_bytes[r as usize] += bytes * c;
-            if self.fair.load(r) == 0 {
+            if self.res_active[r as usize] == 0 {
                 self.res_since_us[r as usize] = self.now_us;
             }
+            self.res_active[r as usize] += 1;
         }
-        self.fair.add(op, (res, coef));
+        self.fair.add(op, self.binding.of(op));
         self.flows[op as usize] = Flow {
             remaining: bytes,
             since_us: self.now_us,
@@ -542,11 +551,10 @@ impl<'m> Engine<'m> {
             self.active_pos[moved as usize] = k as u32;
         }
         self.active_pos[op as usize] = NONE;
-        let uses = self.m.uses.of(op);
-        self.fair.remove(op, uses);
-        let res = uses.0;
-        for &r in res {
-            if self.fair.load(r) == 0 {
+        self.fair.remove(op);
+        for &r in self.m.uses.of(op).0 {
+            self.res_active[r as usize] -= 1;
+            if self.res_active[r as usize] == 0 {
                 self.res_busy_us[r as usize] += self.now_us - self.res_since_us[r as usize];
             }
         }
@@ -572,7 +580,7 @@ impl<'m> Engine<'m> {
         let now = self.now_us;
         let flows = &mut self.flows;
         let ends = &mut self.ends;
-        self.fair.solve(&self.m.uses, &self.m.caps, |op, rate| {
+        self.fair.solve(&self.m.caps, |op, rate| {
             let f = &mut flows[op as usize];
             if rate == f.rate {
                 return;

@@ -11,14 +11,29 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::model::Uses;
-
 /// Buffers and per-resource flow lists for repeated max-min fair solves. Nothing here
 /// allocates once the vectors have grown to the plan's peak concurrency.
+///
+/// Active flows live in *slots*: each slot holds its flow's resources and coefficients side
+/// by side in a dense table, reused as flows end. A solve walks the flows of a component,
+/// whose rows in the model's table of every op lie far apart; read from the slots they stay
+/// in cache (on a 512-GPU rail fabric the walk's loads were most of the simulation's time).
 #[derive(Debug)]
 pub(super) struct FairShare {
-    /// The active flows crossing each resource.
+    /// The active flows (slots) crossing each resource.
     res_flows: Vec<Vec<u32>>,
+    /// Each slot's flow, the number of its resources, and its resources and coefficients at
+    /// `slot * width`.
+    slot_op: Vec<u32>,
+    slot_len: Vec<u32>,
+    slot_res: Vec<u32>,
+    slot_coef: Vec<f64>,
+    /// Room per slot: the most resources any flow so far had.
+    width: usize,
+    /// Slots whose flow ended, to reuse.
+    free: Vec<u32>,
+    /// Each op's slot while its flow is active.
+    op_slot: Vec<u32>,
     /// Sum of the coefficients of the active flows on each resource, kept up to date so a
     /// solve need not add them up again (integer sums, exact in f64).
     res_weight: Vec<f64>,
@@ -27,6 +42,7 @@ pub(super) struct FairShare {
     /// Solve epoch; a stamp equal to it means "visited in this solve".
     epoch: u32,
     res_seen: Vec<u32>,
+    /// Per slot: stamps of "in the component" and "frozen" in this solve.
     flow_seen: Vec<u32>,
     flow_frozen: Vec<u32>,
     /// Capacity not yet taken by frozen flows, per resource.
@@ -35,6 +51,7 @@ pub(super) struct FairShare {
     weight: Vec<f64>,
     stack: Vec<u32>,
     comp_res: Vec<u32>,
+    /// The component's slots.
     comp_flows: Vec<u32>,
     /// The fill's heap of (level bits, resource), kept for its allocation.
     levels: Vec<Reverse<(u64, u32)>>,
@@ -60,12 +77,19 @@ impl FairShare {
     pub(super) fn new(n_res: usize, n_flows: usize) -> Self {
         FairShare {
             res_flows: vec![Vec::new(); n_res],
+            slot_op: Vec::new(),
+            slot_len: Vec::new(),
+            slot_res: Vec::new(),
+            slot_coef: Vec::new(),
+            width: 0,
+            free: Vec::new(),
+            op_slot: vec![u32::MAX; n_flows],
             res_weight: vec![0.0; n_res],
             dirty: Vec::new(),
             epoch: 0,
             res_seen: vec![0; n_res],
-            flow_seen: vec![0; n_flows],
-            flow_frozen: vec![0; n_flows],
+            flow_seen: Vec::new(),
+            flow_frozen: Vec::new(),
             rem: vec![0.0; n_res],
             weight: vec![0.0; n_res],
             stack: Vec::new(),
@@ -78,27 +102,77 @@ impl FairShare {
 
     /// Flow `f` starts on resources `res` with coefficients `coef`.
     pub(super) fn add(&mut self, f: u32, (res, coef): (&[u32], &[f64])) {
+        if res.len() > self.width {
+            self.widen(res.len());
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = self.slot_op.len() as u32;
+                self.slot_op.push(0);
+                self.slot_len.push(0);
+                self.slot_res.resize(self.slot_res.len() + self.width, 0);
+                self.slot_coef
+                    .resize(self.slot_coef.len() + self.width, 0.0);
+                self.flow_seen.push(0);
+                self.flow_frozen.push(0);
+                s
+            }
+        };
+        let (k, base) = (slot as usize, slot as usize * self.width);
+        self.op_slot[f as usize] = slot;
+        self.slot_op[k] = f;
+        self.slot_len[k] = res.len() as u32;
+        self.slot_res[base..base + res.len()].copy_from_slice(res);
+        self.slot_coef[base..base + coef.len()].copy_from_slice(coef);
         for (&r, &c) in res.iter().zip(coef) {
-            self.res_flows[r as usize].push(f);
+            self.res_flows[r as usize].push(slot);
             self.res_weight[r as usize] += c;
             self.dirty.push(r);
         }
     }
 
-    /// Flow `f` ends; it was on resources `res` with coefficients `coef`.
-    pub(super) fn remove(&mut self, f: u32, (res, coef): (&[u32], &[f64])) {
-        for (&r, &c) in res.iter().zip(coef) {
+    /// Flow `f` ends.
+    pub(super) fn remove(&mut self, f: u32) {
+        let slot = std::mem::replace(&mut self.op_slot[f as usize], u32::MAX);
+        if slot == u32::MAX {
+            return;
+        }
+        let base = slot as usize * self.width;
+        for k in base..base + self.slot_len[slot as usize] as usize {
+            let (r, c) = (self.slot_res[k], self.slot_coef[k]);
             let list = &mut self.res_flows[r as usize];
-            if let Some(k) = list.iter().position(|&x| x == f) {
-                list.swap_remove(k);
+            if let Some(j) = list.iter().position(|&x| x == slot) {
+                list.swap_remove(j);
                 self.res_weight[r as usize] -= c;
             }
             self.dirty.push(r);
         }
+        self.free.push(slot);
+    }
+
+    /// Room for rows of `width` resources: every slot's row moves to its new place.
+    fn widen(&mut self, width: usize) {
+        let (old, slots) = (self.width, self.slot_op.len());
+        let mut res = vec![0; slots * width];
+        let mut coef = vec![0.0; slots * width];
+        for s in 0..slots {
+            let n = self.slot_len[s] as usize;
+            res[s * width..s * width + n].copy_from_slice(&self.slot_res[s * old..s * old + n]);
+            coef[s * width..s * width + n].copy_from_slice(&self.slot_coef[s * old..s * old + n]);
+        }
+        (self.slot_res, self.slot_coef, self.width) = (res, coef, width);
+    }
+
+    /// Where slot `s`'s row starts in `slot_res` and `slot_coef`, and where it ends.
+    fn row(&self, s: u32) -> (usize, usize) {
+        let base = s as usize * self.width;
+        (base, base + self.slot_len[s as usize] as usize)
     }
 
     /// Number of active flows on resource `r`.
-    pub(super) fn load(&self, r: u32) -> usize {
+    #[cfg(test)]
+    fn load(&self, r: u32) -> usize {
         self.res_flows[r as usize].len()
     }
 
@@ -114,7 +188,7 @@ impl FairShare {
 
     /// Recompute fair rates of every component touched since the last solve, calling
     /// `set_rate(flow, bytes_per_us)` once for each of their flows.
-    pub(super) fn solve(&mut self, uses: &Uses, caps: &[f64], mut set_rate: impl FnMut(u32, f64)) {
+    pub(super) fn solve(&mut self, caps: &[f64], mut set_rate: impl FnMut(u32, f64)) {
         if self.dirty.is_empty() {
             return;
         }
@@ -122,8 +196,8 @@ impl FairShare {
         let mut dirty = std::mem::take(&mut self.dirty);
         for &r in &dirty {
             if self.res_seen[r as usize] != self.epoch && !self.res_flows[r as usize].is_empty() {
-                self.collect_component(r, uses);
-                self.fill(uses, caps, &mut set_rate);
+                self.collect_component(r);
+                self.fill(caps, &mut set_rate);
             }
         }
         dirty.clear();
@@ -131,7 +205,7 @@ impl FairShare {
     }
 
     /// Gather the component of resource `start` into `comp_res` and `comp_flows`.
-    fn collect_component(&mut self, start: u32, uses: &Uses) {
+    fn collect_component(&mut self, start: u32) {
         let epoch = self.epoch;
         self.comp_res.clear();
         self.comp_flows.clear();
@@ -146,7 +220,9 @@ impl FairShare {
                 }
                 self.flow_seen[f as usize] = epoch;
                 self.comp_flows.push(f);
-                for &r2 in uses.of(f).0 {
+                let base = f as usize * self.width;
+                let len = self.slot_len[f as usize] as usize;
+                for &r2 in &self.slot_res[base..base + len] {
                     if self.res_seen[r2 as usize] != epoch {
                         self.res_seen[r2 as usize] = epoch;
                         self.stack.push(r2);
@@ -164,7 +240,7 @@ impl FairShare {
     /// popped, finds each round's bottlenecks in O(log R) per change instead of a scan of the
     /// component's resources per round, which dominated components of thousands of flows
     /// behind one spine (a 512-GPU rail fabric of two scalable units).
-    fn fill(&mut self, uses: &Uses, caps: &[f64], set_rate: &mut impl FnMut(u32, f64)) {
+    fn fill(&mut self, caps: &[f64], set_rate: &mut impl FnMut(u32, f64)) {
         let small = self.comp_res.len() <= self.scan_max_resources;
         self.levels.clear();
         for &r in &self.comp_res {
@@ -177,7 +253,7 @@ impl FairShare {
             }
         }
         if small {
-            self.fill_by_scan(uses, set_rate);
+            self.fill_by_scan(set_rate);
             return;
         }
         // Levels are never negative (`+ 0.0` turns a -0.0 into 0.0), so their bit patterns
@@ -224,7 +300,7 @@ impl FairShare {
                     heap.push(Reverse((now.to_bits(), r as u32)));
                     continue;
                 }
-                left -= self.freeze(r, level, uses, set_rate);
+                left -= self.freeze(r, level, set_rate);
             }
             if left == before {
                 // Unreachable as well (the lowest resource has unfrozen flows); never spin.
@@ -238,13 +314,7 @@ impl FairShare {
 
     /// Freeze the unfrozen flows of resource `r` at `level`, taking their share from every
     /// resource they load; how many it froze.
-    fn freeze(
-        &mut self,
-        r: usize,
-        level: f64,
-        uses: &Uses,
-        set_rate: &mut impl FnMut(u32, f64),
-    ) -> usize {
+    fn freeze(&mut self, r: usize, level: f64, set_rate: &mut impl FnMut(u32, f64)) -> usize {
         let mut frozen = 0;
         for j in 0..self.res_flows[r].len() {
             let f = self.res_flows[r][j];
@@ -253,11 +323,12 @@ impl FairShare {
             }
             self.flow_frozen[f as usize] = self.epoch;
             frozen += 1;
-            set_rate(f, level);
-            let (res, coef) = uses.of(f);
-            for (&r2, &c) in res.iter().zip(coef) {
-                self.rem[r2 as usize] -= c * level;
-                self.weight[r2 as usize] -= c;
+            set_rate(self.slot_op[f as usize], level);
+            let (from, to) = self.row(f);
+            for k in from..to {
+                let (r2, c) = (self.slot_res[k] as usize, self.slot_coef[k]);
+                self.rem[r2] -= c * level;
+                self.weight[r2] -= c;
             }
         }
         frozen
@@ -268,7 +339,7 @@ impl FairShare {
     /// flows of every resource within the tie of it. Most components of a plan's simulation
     /// are this small (a transfer and its few neighbours), where building and popping a heap
     /// costs more than the scans.
-    fn fill_by_scan(&mut self, uses: &Uses, set_rate: &mut impl FnMut(u32, f64)) {
+    fn fill_by_scan(&mut self, set_rate: &mut impl FnMut(u32, f64)) {
         let level_of = |rem: &[f64], weight: &[f64], r: usize| rem[r].max(0.0) / weight[r] + 0.0;
         let mut left = self.comp_flows.len();
         while left > 0 {
@@ -290,7 +361,7 @@ impl FairShare {
                 if self.weight[r] <= MIN_WEIGHT || level_of(&self.rem, &self.weight, r) > cut {
                     continue;
                 }
-                left -= self.freeze(r, level, uses, set_rate);
+                left -= self.freeze(r, level, set_rate);
             }
             if left == before {
                 // Unreachable as well (the lowest resource has unfrozen flows); never spin.
@@ -301,7 +372,8 @@ impl FairShare {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use super::super::model::Uses;
     use super::*;
 
     /// Fair rates of flows `rows` (each a list of (resource, coefficient)) on `caps`.
@@ -312,7 +384,7 @@ mod tests {
             fs.add(f, uses.of(f));
         }
         let mut out = vec![f64::NAN; rows.len()];
-        fs.solve(&uses, caps, |f, r| out[f as usize] = r);
+        fs.solve(caps, |f, r| out[f as usize] = r);
         out
     }
 
@@ -350,54 +422,84 @@ mod tests {
     /// of flow arrivals and departures (components of 1 to about 40 resources).
     #[test]
     fn scans_and_the_heap_agree() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |below: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % below
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for case in 0..200 {
             let n_res = 1 + next(40) as usize;
             let n_flows = 1 + next(60) as usize;
             let caps: Vec<f64> = (0..n_res).map(|_| 1.0 + next(1000) as f64).collect();
-            let rows: Vec<Vec<(u32, f64)>> = (0..n_flows)
-                .map(|_| {
-                    let mut row: Vec<(u32, f64)> = (0..1 + next(4))
-                        .map(|_| (next(n_res as u64) as u32, 1.0 + next(3) as f64))
-                        .collect();
-                    row.sort_by_key(|x| x.0);
-                    row.dedup_by_key(|x| x.0);
-                    row
-                })
-                .collect();
-            let refs: Vec<&[(u32, f64)]> = rows.iter().map(|r| &r[..]).collect();
-            let uses = Uses::from_rows(&refs);
+            let uses = random_uses(&mut next, n_res, n_flows, 3);
             let mut by_scan = FairShare::new(n_res, n_flows);
             by_scan.scan_max_resources = usize::MAX;
             let mut by_heap = FairShare::new(n_res, n_flows);
             by_heap.scan_max_resources = 0;
-            let (mut a, mut b) = (vec![0.0; n_flows], vec![0.0; n_flows]);
-            // Flows start in order, and every third step the oldest live one ends.
-            let mut live = std::collections::VecDeque::new();
-            for f in 0..n_flows as u32 {
-                by_scan.add(f, uses.of(f));
-                by_heap.add(f, uses.of(f));
-                live.push_back(f);
-                if f % 3 == 2 {
-                    let gone = live.pop_front().expect("a live flow");
-                    by_scan.remove(gone, uses.of(gone));
-                    by_heap.remove(gone, uses.of(gone));
-                }
-                by_scan.solve(&uses, &caps, |f, r| a[f as usize] = r);
-                by_heap.solve(&uses, &caps, |f, r| b[f as usize] = r);
-                for &g in &live {
-                    let (x, y) = (a[g as usize], b[g as usize]);
-                    assert!(
-                        (x - y).abs() <= 1e-9 * y.abs().max(1.0),
-                        "case {case}, flow {g}: scan {x} != heap {y}"
-                    );
-                }
+            same_rates(
+                &format!("case {case}, scans against the heap"),
+                &caps,
+                (&mut by_scan, &uses),
+                (&mut by_heap, &uses),
+            );
+        }
+    }
+
+    /// A xorshift generator of numbers below its argument.
+    pub(in crate::sim) fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        }
+    }
+
+    /// `n_flows` flows of 1 to 4 distinct resources of `n_res`, coefficients 1 to `coef_max`.
+    pub(in crate::sim) fn random_uses(
+        next: &mut impl FnMut(u64) -> u64,
+        n_res: usize,
+        n_flows: usize,
+        coef_max: u64,
+    ) -> Uses {
+        let rows: Vec<Vec<(u32, f64)>> = (0..n_flows)
+            .map(|_| {
+                let mut row: Vec<(u32, f64)> = (0..1 + next(4))
+                    .map(|_| (next(n_res as u64) as u32, 1.0 + next(coef_max) as f64))
+                    .collect();
+                row.sort_by_key(|x| x.0);
+                row.dedup_by_key(|x| x.0);
+                row
+            })
+            .collect();
+        let refs: Vec<&[(u32, f64)]> = rows.iter().map(|r| &r[..]).collect();
+        Uses::from_rows(&refs)
+    }
+
+    /// Flows `0..` of two tables of the same flows, started in order on `a` and `b`, every
+    /// third step the oldest live one ending: after every solve the live flows' rates agree.
+    pub(in crate::sim) fn same_rates(
+        what: &str,
+        caps: &[f64],
+        (a, uses_a): (&mut FairShare, &Uses),
+        (b, uses_b): (&mut FairShare, &Uses),
+    ) {
+        let n_flows = a.op_slot.len();
+        let (mut ra, mut rb) = (vec![0.0; n_flows], vec![0.0; n_flows]);
+        let mut live = std::collections::VecDeque::new();
+        for f in 0..n_flows as u32 {
+            a.add(f, uses_a.of(f));
+            b.add(f, uses_b.of(f));
+            live.push_back(f);
+            if f % 3 == 2 {
+                let gone = live.pop_front().expect("a live flow");
+                a.remove(gone);
+                b.remove(gone);
+            }
+            a.solve(caps, |f, r| ra[f as usize] = r);
+            b.solve(caps, |f, r| rb[f as usize] = r);
+            for &g in &live {
+                let (x, y) = (ra[g as usize], rb[g as usize]);
+                assert!(
+                    (x - y).abs() <= 1e-9 * x.abs().max(1.0),
+                    "{what}, flow {g}: {x} != {y}"
+                );
             }
         }
     }
@@ -411,17 +513,17 @@ mod tests {
             fs.add(f, uses.of(f));
         }
         let mut seen = Vec::new();
-        fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
+        fs.solve(&caps, |f, r| seen.push((f, r)));
         assert_eq!(seen.len(), 3);
         // Flow 2 ends: only flow 1 shares anything with it, so only flow 1 is rerated.
-        fs.remove(2, uses.of(2));
+        fs.remove(2);
         seen.clear();
-        fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
+        fs.solve(&caps, |f, r| seen.push((f, r)));
         assert_eq!(seen, vec![(1, 10.0)]);
         assert_eq!(fs.load(1), 1);
         // Nothing changed: nothing to do.
         seen.clear();
-        fs.solve(&uses, &caps, |f, r| seen.push((f, r)));
+        fs.solve(&caps, |f, r| seen.push((f, r)));
         assert!(seen.is_empty());
     }
 }

@@ -38,7 +38,9 @@
 //! - **Sharing.** Concurrent flows share every resource max-min fairly (progressive filling):
 //!   a flow's rate is the largest it can have without lowering a flow that is no faster. Rates
 //!   are recomputed whenever a flow starts or ends, only for the flows that share resources
-//!   with it, directly or through others.
+//!   with it, directly or through others. A resource whose every flow also crosses a resource
+//!   it can never outrun (a NIC's faster PCIe link behind its network port) is left out of the
+//!   sharing, which does not change any rate (`dominance.rs`).
 //!
 //! Host memory is one resource per socket, so several GPUs staging through one socket share its
 //! bandwidth; a PCIe switch's uplink is one directed edge, so GPUs behind one switch share it.
@@ -57,6 +59,7 @@
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
 
 mod config;
+mod dominance;
 mod engine;
 mod fairshare;
 mod model;

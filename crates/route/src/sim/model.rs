@@ -34,6 +34,24 @@ impl Uses {
         (&self.res[a..b], &self.coef[a..b])
     }
 
+    /// The table of the first `ops` ops with only the resources `keep` accepts.
+    pub(super) fn filtered(&self, ops: usize, keep: impl Fn(u32) -> bool) -> Uses {
+        let mut u = Uses::default();
+        u.start.reserve(ops + 1);
+        u.start.push(0);
+        for op in 0..ops as u32 {
+            let (res, coef) = self.of(op);
+            for (&r, &c) in res.iter().zip(coef) {
+                if keep(r) {
+                    u.res.push(r);
+                    u.coef.push(c);
+                }
+            }
+            u.start.push(u.res.len() as u32);
+        }
+        u
+    }
+
     /// A table from explicit rows of `(resource, coefficient)`, for tests.
     #[cfg(test)]
     pub(super) fn from_rows(rows: &[&[(u32, f64)]]) -> Uses {
