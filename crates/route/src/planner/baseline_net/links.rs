@@ -87,6 +87,27 @@ fn link_into(topo: &Topology, a: NodeId, b: NodeId) -> Option<LinkId> {
         .map(|e| e.id())
 }
 
+/// The fastest link into `b` from each node with a link to it, as [`link_into`] picks it
+/// (the last of equally fast ones in petgraph's order).
+fn links_into(topo: &Topology, b: NodeId) -> HashMap<NodeId, LinkId> {
+    use petgraph::visit::EdgeRef;
+    let mut best: HashMap<NodeId, (LinkId, f64)> = HashMap::new();
+    for e in topo
+        .graph()
+        .edges_directed(b, petgraph::Direction::Incoming)
+    {
+        let gbps = e.weight().gbps;
+        best.entry(e.source())
+            .and_modify(|kept| {
+                if gbps.total_cmp(&kept.1).is_ge() {
+                    *kept = (e.id(), gbps);
+                }
+            })
+            .or_insert((e.id(), gbps));
+    }
+    best.into_iter().map(|(a, (e, _))| (a, e)).collect()
+}
+
 /// The tree path from `a` to `b`: links up from `a` to the lowest common ancestor and down to
 /// `b`, and whether it passes a CPU; None when the two share no ancestor or a link is missing.
 fn tree_path(topo: &Topology, a: NodeId, b: NodeId) -> Option<(Vec<LinkId>, bool)> {
@@ -342,15 +363,18 @@ impl<'t> NetLinks<'t> {
             return v;
         }
         let topo = self.topo;
+        // The fastest link into `sy` from each of its neighbours, read in one walk of `sy`'s
+        // links: asking per spine would walk them once per spine (577 spines and 619 links a
+        // leaf on 1,024 GB200 racks of a 2:1 fat-tree).
+        let into_sy = links_into(topo, sy);
         let found: SpinePaths = topo
             .links_from(sx)
             .filter(|(e, s, _)| {
                 matches!(topo.node(*s).kind, NodeKind::NetSwitch) && topo.link_usable(*e)
             })
             .filter_map(|(e, s, _)| {
-                // From the leaf's side: a spine has a link per leaf, a leaf a few uplinks.
-                let f = link_into(topo, s, sy).filter(|f| topo.link_usable(*f))?;
-                Some((e, f))
+                let &f = into_sy.get(&s)?;
+                topo.link_usable(f).then_some((e, f))
             })
             .collect();
         if let Ok(mut m) = self.spines.lock() {
@@ -445,5 +469,46 @@ impl<'t> NetLinks<'t> {
         } else {
             self.across(a, b, rail, salt)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relaycc_topo::rates::Fabric;
+    use relaycc_topo::{Link, TopologyBuilder};
+
+    /// Every link [`links_into`] keeps is the one [`link_into`] picks for the same pair.
+    fn same_as_link_into(topo: &Topology) {
+        let nodes: Vec<NodeId> = topo.nodes().map(|(id, _)| id).collect();
+        for &b in &nodes {
+            let into = links_into(topo, b);
+            for &a in &nodes {
+                assert_eq!(
+                    into.get(&a).copied(),
+                    link_into(topo, a, b),
+                    "{a:?} -> {b:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn links_into_picks_what_link_into_picks_among_parallel_links() {
+        let mut b = TopologyBuilder::new("parallel switches");
+        let [x, y, z] = [0, 1, 2].map(|_| b.add_net_switch());
+        let link = |gbps| Link {
+            kind: relaycc_topo::LinkKind::Network {
+                fabric: Fabric::IbNdr,
+            },
+            gbps,
+            latency_us: 1.0,
+        };
+        for (from, to, gbps) in [(x, z, 10.0), (x, z, 20.0), (y, z, 20.0), (y, z, 20.0)] {
+            b.add_directed(from, to, link(gbps));
+        }
+        b.add_directed(z, x, link(5.0));
+        same_as_link_into(&b.build().unwrap());
+        same_as_link_into(&relaycc_topo::preset("cluster:4xdgx-h100:ib-ndr:fat-tree=2:1").unwrap());
     }
 }
