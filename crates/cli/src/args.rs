@@ -221,7 +221,7 @@ pub struct RouteArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CollectiveArgs {
     /// The collective: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all,
-    /// gather, scatter, all_gather_v, all_to_all_v.
+    /// gather, scatter, all_gather_v, reduce_scatter_v, all_to_all_v.
     pub collective: relaycc_route::Collective,
     /// The topology.
     #[command(flatten)]

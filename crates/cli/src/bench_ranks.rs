@@ -161,6 +161,9 @@ fn add_call<'b, T: Element>(
         Collective::AllGather => g.all_gather(input, output),
         Collective::AllGatherV => g.all_gather_v(input, output, &as_usize(&req.counts)),
         Collective::ReduceScatter => g.reduce_scatter(input, output, req.op),
+        Collective::ReduceScatterV => {
+            g.reduce_scatter_v(input, output, &as_usize(&req.counts), req.op)
+        }
         Collective::AllToAll => g.all_to_all(input, output),
         Collective::AllToAllV => {
             let row = as_usize(&req.matrix[r]);

@@ -29,7 +29,7 @@ pub fn request(args: &CollectiveArgs, gpus: &[u32], size_bytes: u64) -> Result<R
         .with_op(args.element.op)
         .with_root(args.root);
     match c {
-        Collective::AllGatherV => {
+        Collective::AllGatherV | Collective::ReduceScatterV => {
             // Irregular blocks summing to about `elems`: rank k gets a share growing with k.
             let weights: u64 = (1..=n).sum();
             r.counts = (1..=n).map(|k| elems * k / weights).collect();

@@ -35,6 +35,7 @@ pub fn element_count(c: Collective, dtype: DType, size_bytes: u64, ranks: u64) -
         Collective::AllGather
         | Collective::AllGatherV
         | Collective::ReduceScatter
+        | Collective::ReduceScatterV
         | Collective::AllToAll
         | Collective::AllToAllV
         | Collective::Gather
@@ -60,7 +61,7 @@ pub fn bench_request(
         .with_op(op)
         .with_root(root);
     match c {
-        Collective::AllGatherV => r.counts = vec![count; n],
+        Collective::AllGatherV | Collective::ReduceScatterV => r.counts = vec![count; n],
         Collective::AllToAllV => r.matrix = vec![vec![count; n]; n],
         Collective::SendRecv => {
             let n = n as u32;

@@ -23,8 +23,8 @@ pub struct CallDesc {
     pub root: usize,
     /// Elements per rank (the request's count); unused by the `v` collectives.
     pub count: u64,
-    /// all_gather_v: every rank's count (the same list on every rank). all_to_all_v: this
-    /// rank's send counts, per destination.
+    /// all_gather_v and reduce_scatter_v: every rank's count (the same list on every rank).
+    /// all_to_all_v: this rank's send counts, per destination.
     pub counts: Vec<u64>,
     /// all_to_all_v: this rank's receive counts, per source.
     pub recv_counts: Vec<u64>,
@@ -68,8 +68,8 @@ impl CallDesc {
         }
         match self.collective {
             // A descriptor MPI ranks decode from words carries no counts (only their hash).
-            Collective::AllGatherV if self.counts.is_empty() => {}
-            Collective::AllGatherV => {
+            Collective::AllGatherV | Collective::ReduceScatterV if self.counts.is_empty() => {}
+            Collective::AllGatherV | Collective::ReduceScatterV => {
                 let _ = write!(s, ", counts {:?}", self.counts);
             }
             Collective::AllToAllV => {}
@@ -92,7 +92,7 @@ impl CallDesc {
             .with_op(self.op)
             .with_root(u32::try_from(self.root).unwrap_or(u32::MAX));
         match self.collective {
-            Collective::AllGatherV => {
+            Collective::AllGatherV | Collective::ReduceScatterV => {
                 r.count = 0;
                 r.counts = self.counts.clone();
             }
@@ -106,8 +106,9 @@ impl CallDesc {
     }
 
     /// The first field in which `other` does not match `self`, if any: the op and root only
-    /// where the collective reduces or has a root, the counts of all_gather_v, the count of
-    /// the others but all_to_all_v (whose counts pair up across ranks instead, [`matrix`]).
+    /// where the collective reduces or has a root, the counts of all_gather_v and
+    /// reduce_scatter_v, the count of the others but all_to_all_v (whose counts pair up across
+    /// ranks instead, [`matrix`]).
     pub(crate) fn first_difference(&self, other: &CallDesc) -> Option<Field> {
         Some(
             if self.collective != other.collective || self.call != other.call {
@@ -120,12 +121,11 @@ impl CallDesc {
                 Field::Op
             } else if self.collective.rooted() && self.root != other.root {
                 Field::Root
-            } else if self.collective == Collective::AllGatherV && self.counts != other.counts {
+            } else if shares_counts(self.collective) && self.counts != other.counts {
                 Field::Counts
-            } else if !matches!(
-                self.collective,
-                Collective::AllGatherV | Collective::AllToAllV
-            ) && self.count != other.count
+            } else if !shares_counts(self.collective)
+                && self.collective != Collective::AllToAllV
+                && self.count != other.count
             {
                 Field::Count
             } else {
@@ -144,6 +144,12 @@ impl CallDesc {
             other.show()
         ))
     }
+}
+
+/// Whether every rank of `c` gives the same list of every rank's count (all_gather_v,
+/// reduce_scatter_v).
+pub(crate) fn shares_counts(c: Collective) -> bool {
+    matches!(c, Collective::AllGatherV | Collective::ReduceScatterV)
 }
 
 /// A field of a call descriptor that ranks can disagree on.

@@ -157,6 +157,17 @@ fn in_place_input(
         }
         // The output lies inside the input: compare the other way round.
         Collective::ReduceScatter => (at(input, c * u64::from(r), c) == *output).then_some(*input),
+        Collective::ReduceScatterV => {
+            let before = req.counts[..r as usize]
+                .iter()
+                .try_fold(0u64, |a, &c| a.checked_add(c))?;
+            let block = at(
+                input,
+                before.checked_mul(esize)?,
+                req.counts[r as usize].checked_mul(esize)?,
+            );
+            (block == *output).then_some(*input)
+        }
         Collective::Scatter if r == req.root => {
             (at(input, c * u64::from(r), c) == *output).then_some(*input)
         }

@@ -405,6 +405,11 @@ impl Communicator {
         /// Block `r` of the reduction to rank `r` (`ncclReduceScatter`,
         /// `MPI_Reduce_scatter_block`). In place when `outputs[r]` is block `r` of `inputs[r]`.
         reduce_scatter(inputs: &[I], outputs: &[O], op: ReduceOp);
+        /// As reduce_scatter with per-rank counts, taken from the outputs' lengths: block `r`
+        /// of the inputs (at the sum of the counts before it) to rank `r`
+        /// (`MPI_Reduce_scatter`; NCCL has none). In place when `outputs[r]` is block `r` of
+        /// `inputs[r]`.
+        reduce_scatter_v(inputs: &[I], outputs: &[O], op: ReduceOp);
         /// Block `d` of rank `s`'s input to block `s` of rank `d`'s output (`MPI_Alltoall`; NCCL
         /// users write it as grouped send/recv). Out of place only.
         all_to_all(inputs: &[I], outputs: &[O]);

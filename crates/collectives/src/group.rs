@@ -156,6 +156,9 @@ impl<'c> Group<'c> {
         if collective == Collective::AllGatherV {
             request.counts = inputs.iter().map(|v| v.map_or(0, |v| v.len)).collect();
         }
+        if collective == Collective::ReduceScatterV {
+            request.counts = outputs.iter().map(|v| v.map_or(0, |v| v.len)).collect();
+        }
         let checked = self.comm.check(call, request, inputs, outputs, None)?;
         self.ops.push(checked);
         Ok(self)
@@ -233,6 +236,17 @@ impl<'c> Group<'c> {
         let c = Self::count_of("reduce_scatter", outputs.first().map(|v| v.as_view().len()));
         let req = self.request::<T>(Collective::ReduceScatter, c, op, 0);
         self.push("reduce_scatter", req, raw_all(inputs), raw_all(outputs))
+    }
+
+    /// Add [`Communicator::reduce_scatter_v`].
+    pub fn reduce_scatter_v<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        inputs: &[I],
+        outputs: &[O],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        let req = self.request::<T>(Collective::ReduceScatterV, 0, op, 0);
+        self.push("reduce_scatter_v", req, raw_all(inputs), raw_all(outputs))
     }
 
     /// Add [`Communicator::all_to_all`].

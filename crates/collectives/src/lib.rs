@@ -24,6 +24,7 @@
 //! | `ncclAllGather` | `MPI_Allgather` | [`Communicator::all_gather`] |
 //! | (none: a series of `ncclBroadcast`) | `MPI_Allgatherv` | [`Communicator::all_gather_v`] |
 //! | `ncclReduceScatter` | `MPI_Reduce_scatter_block` | [`Communicator::reduce_scatter`] |
+//! | (none: a series of `ncclReduce`) | `MPI_Reduce_scatter` | [`Communicator::reduce_scatter_v`] |
 //! | grouped `ncclSend`/`ncclRecv` | `MPI_Alltoall` | [`Communicator::all_to_all`] |
 //! | grouped `ncclSend`/`ncclRecv` | `MPI_Alltoallv` | [`Communicator::all_to_all_v`] |
 //! | grouped `ncclSend`/`ncclRecv` | `MPI_Gather` | [`Communicator::gather`] |

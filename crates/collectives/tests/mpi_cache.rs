@@ -13,6 +13,9 @@
 //!   place), each with new random counts, run on capacity plans: the cache grows by at most
 //!   one shape per power-of-two capacity the counts reach (two or three), where one plan per
 //!   count matrix would add 40, and every result is exact.
+//! - reduce_scatter_v: 30 calls with new counts on the typed host calls and on a GPU rank
+//!   over the host backend: exact sums, at most one shape per capacity on each; counts that
+//!   differ on rank 0 fail on every rank.
 //! - A byte limit of 1 byte: every new shape evicts the others, the one a call needs stays,
 //!   results stay exact.
 //! - Limits that differ on one rank: `CallMismatch` on every rank, the limits unchanged.
@@ -268,16 +271,23 @@ fn pairs(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     );
 }
 
+/// A GPU rank on the host backend (`MpiGpu::host`), or a failed check `what` and `None`.
+fn host_gpu<'c>(comm: &'c MpiCommunicator, rep: &mut Report<'_>, what: &str) -> Option<MpiGpu<'c>> {
+    match MpiGpu::host(comm) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("rank {}: host-backed rank: {e}", comm.rank());
+            rep.check(what, false);
+            None
+        }
+    }
+}
+
 fn gpu_ranks(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let set = comm.set_plan_cache_limits(limits(3, u64::MAX));
-    let mut gpu = match MpiGpu::host(comm) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("rank {me}: host-backed rank: {e}");
-            rep.check("GPU ranks: host-backed rank made", false);
-            return;
-        }
+    let Some(mut gpu) = host_gpu(comm, rep, "GPU ranks: host-backed rank made") else {
+        return;
     };
     let mut draw = Draw(0x2545_f491_4f6c_dd1d);
     let (mut exact, mut bounded) = (set.is_ok(), true);
@@ -338,13 +348,12 @@ fn gpu_ranks(comm: &MpiCommunicator, rep: &mut Report<'_>) {
 fn gpu_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     let (me, n) = (comm.rank() as usize, comm.size() as usize);
     let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
-    let mut gpu = match MpiGpu::host(comm) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("rank {me}: host-backed rank: {e}");
-            rep.check("GPU ranks: host-backed rank made for count binding", false);
-            return;
-        }
+    let Some(mut gpu) = host_gpu(
+        comm,
+        rep,
+        "GPU ranks: host-backed rank made for count binding",
+    ) else {
+        return;
     };
     let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
     let mut exact = set.is_ok();
@@ -400,6 +409,82 @@ fn gpu_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     );
 }
 
+/// What rank `me` must get from a reduce_scatter_v (sum) of `counts` where rank `s`'s input
+/// element `p` is `sent(s, p)`.
+fn reduce_scatter_v_want(me: usize, n: usize, counts: &[usize]) -> Vec<u32> {
+    let at: usize = counts[..me].iter().sum();
+    (0..counts[me])
+        .map(|i| (0..n).fold(0u32, |a, s| a.wrapping_add(sent(s, at + i))))
+        .collect()
+}
+
+/// reduce_scatter_v with new counts every call, on the typed host calls and on a GPU rank's
+/// front door over the host backend: exact sums, at most one shape per power-of-two capacity
+/// on each, and counts that differ on one rank a `CountMismatch` on every rank.
+fn reduce_scatter_v_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
+    let Some(mut gpu) = host_gpu(comm, rep, "reduce_scatter_v: host-backed rank made") else {
+        return;
+    };
+    let mut draw = Draw(0x1234_5678_9abc_def1);
+    let capacity = |largest: usize| largest.max(1).next_power_of_two();
+    let mut caps = Vec::new();
+    let (typed_before, gpu_before) = (comm.cached_calls(), gpu.cached_calls());
+    let mut exact = set.is_ok();
+    for call in 0..30 {
+        let counts: Vec<usize> = (0..n).map(|_| draw.next(300) as usize).collect();
+        caps.push(capacity(counts.iter().copied().max().unwrap_or(0)));
+        let total: usize = counts.iter().sum();
+        let input: Vec<u32> = (0..total).map(|p| sent(me, p)).collect();
+        let want = reduce_scatter_v_want(me, n, &counts);
+        let mut typed = vec![0u32; counts[me]];
+        let r = comm.reduce_scatter_v(&input, &mut typed, &counts, ReduceOp::Sum);
+        let mut front = vec![0u32; counts[me]];
+        let r2 = gpu
+            .on_host()
+            .reduce_scatter_v(&input[..], &mut front[..], &counts, ReduceOp::Sum);
+        if let Err(e) = &r {
+            eprintln!("rank {me}: typed reduce_scatter_v {call}: {e}");
+        }
+        if let Err(e) = &r2 {
+            eprintln!("rank {me}: GPU rank's reduce_scatter_v {call}: {e}");
+        }
+        exact &= r.is_ok() && r2.is_ok() && typed == want && front == want;
+    }
+    caps.sort_unstable();
+    caps.dedup();
+    let (typed_after, gpu_after) = (comm.cached_calls(), gpu.cached_calls());
+    rep.check(
+        "reduce_scatter_v: 30 new count lists give exact sums (typed and GPU ranks)",
+        exact,
+    );
+    rep.check(
+        &format!(
+            "reduce_scatter_v: new counts reuse capacity plans (typed {typed_before} -> \
+             {typed_after}, GPU ranks {gpu_before} -> {gpu_after}, capacities {caps:?})"
+        ),
+        typed_after <= typed_before + caps.len() && gpu_after <= gpu_before + caps.len(),
+    );
+    // Rank 0 gives another list: the same error everywhere, and nothing moves.
+    let mut counts = vec![3usize; n];
+    if me == 0 {
+        counts[n - 1] = 4;
+    }
+    let total: usize = counts.iter().sum();
+    let input: Vec<u32> = (0..total).map(|p| sent(me, p)).collect();
+    let mut out = vec![7u32; counts[me]];
+    let r = comm.reduce_scatter_v(&input, &mut out, &counts, ReduceOp::Sum);
+    let mismatch = matches!(&r, Err(MpiError::CountMismatch(_) | MpiError::Peer { .. }));
+    if !mismatch {
+        eprintln!("rank {me}: reduce_scatter_v with other counts on rank 0 gave {r:?}");
+    }
+    rep.check(
+        "reduce_scatter_v: counts that differ on rank 0 fail on every rank, nothing moved",
+        mismatch && out.iter().all(|x| *x == 7),
+    );
+}
+
 fn main() {
     let universe = mpi_common::universe();
     let world = universe.world();
@@ -408,6 +493,7 @@ fn main() {
     typed_count_limit(&comm, &mut rep);
     typed_count_binding(&comm, &mut rep);
     gpu_count_binding(&comm, &mut rep);
+    reduce_scatter_v_binding(&comm, &mut rep);
     typed_byte_limit(&comm, &mut rep);
     typed_limits_mismatch(&comm, &mut rep);
     pairs(&comm, &mut rep);

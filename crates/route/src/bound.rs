@@ -14,6 +14,7 @@
 //! | all_gather | (n-1)/n x S / min_r in_r, and c / min_r out_r |
 //! | reduce_scatter | (n-1)/n x S / min_r out_r, and c / min_r in_r |
 //! | all_gather_v | max_r (total - c_r) / in_r, and max_r c_r / out_r |
+//! | reduce_scatter_v | max_r (total - c_r) / out_r, and max_r c_r / in_r |
 //! | broadcast | S / min_{r != root} in_r, S / out_root, S / min_r maxflow(root, r) |
 //! | reduce | S / min_{r != root} out_r, S / in_root, S / min_r maxflow(r, root) |
 //! | all_to_all(_v) | max_r max(recv_r / in_r, send_r / out_r) ((n-1)/n x S / min(in, out) when regular) |
@@ -37,6 +38,7 @@
 //! | all_gather | k c | (n-k) c |
 //! | all_gather_v | sum of c_r inside | sum of c_r outside |
 //! | reduce_scatter | (n-k) c (partial sums of the outside shards) | k c |
+//! | reduce_scatter_v | sum of c_r outside | sum of c_r inside |
 //! | all_to_all | k (n-k) c | k (n-k) c |
 //! | all_to_all_v, send_recv | bytes from members inside to members outside | the reverse |
 //! | broadcast, scatter | S, (n-k) c when X holds the root | S, k c otherwise |
@@ -188,12 +190,19 @@ pub fn collective_bound_gbps(topo: &Topology, req: &Request, relay: &RelayPolicy
                     t = t.max(need(c, one[r]));
                 }
             }
-            Collective::AllGatherV => {
+            Collective::AllGatherV | Collective::ReduceScatterV => {
+                // all_gather_v: the others' blocks in, one's own out. reduce_scatter_v mirrors
+                // it: one's contributions to the others' shards out, one shard's sum in.
+                let (much, one) = if req.collective == Collective::AllGatherV {
+                    (&inr, &outr)
+                } else {
+                    (&outr, &inr)
+                };
                 let total: u64 = req.counts.iter().sum();
                 for r in 0..n {
                     let mine = req.counts[r] as f64 * es;
-                    t = t.max(need(total as f64 * es - mine, inr[r]));
-                    t = t.max(need(mine, outr[r]));
+                    t = t.max(need(total as f64 * es - mine, much[r]));
+                    t = t.max(need(mine, one[r]));
                 }
             }
             Collective::Broadcast | Collective::Reduce => {
@@ -493,10 +502,17 @@ fn separated_bytes(
         // Every element's sum needs the region's inputs outside it and the others' inside it.
         Collective::AllReduce => (size, size),
         Collective::AllGather => (kf * c, (nf - kf) * c),
-        Collective::AllGatherV => {
+        Collective::AllGatherV | Collective::ReduceScatterV => {
             let inside: u64 = (0..n).filter(|&q| holds(q)).map(|q| req.counts[q]).sum();
             let total: u64 = req.counts.iter().sum();
-            (inside as f64 * es, (total - inside) as f64 * es)
+            let (inside, outside) = (inside as f64 * es, (total - inside) as f64 * es);
+            // reduce_scatter_v: the partial sums of the outside shards leave, the inside
+            // shards' contributions enter.
+            if req.collective == Collective::AllGatherV {
+                (inside, outside)
+            } else {
+                (outside, inside)
+            }
         }
         Collective::ReduceScatter => ((nf - kf) * c, kf * c),
         Collective::AllToAll => (kf * (nf - kf) * c, kf * (nf - kf) * c),

@@ -27,6 +27,8 @@ pub enum Collective {
     AllGatherV,
     /// Block r (of `count` elements) of the reduction to rank r.
     ReduceScatter,
+    /// Block r (of `counts[r]` elements, blocks in rank order) of the reduction to rank r.
+    ReduceScatterV,
     /// Block d of rank s's input to block s of rank d's output (`count` per block).
     AllToAll,
     /// As all_to_all, with `matrix[s][d]` elements from s to d.
@@ -39,7 +41,7 @@ pub enum Collective {
 
 impl Collective {
     /// Every collective.
-    pub const ALL: [Collective; 11] = [
+    pub const ALL: [Collective; 12] = [
         Collective::SendRecv,
         Collective::Broadcast,
         Collective::Reduce,
@@ -47,6 +49,7 @@ impl Collective {
         Collective::AllGather,
         Collective::AllGatherV,
         Collective::ReduceScatter,
+        Collective::ReduceScatterV,
         Collective::AllToAll,
         Collective::AllToAllV,
         Collective::Gather,
@@ -62,6 +65,7 @@ impl Collective {
             Collective::AllGather => "all_gather",
             Collective::AllGatherV => "all_gather_v",
             Collective::ReduceScatter => "reduce_scatter",
+            Collective::ReduceScatterV => "reduce_scatter_v",
             Collective::AllToAll => "all_to_all",
             Collective::AllToAllV => "all_to_all_v",
             Collective::Gather => "gather",
@@ -72,7 +76,10 @@ impl Collective {
     pub const fn reduces(self) -> bool {
         matches!(
             self,
-            Collective::Reduce | Collective::AllReduce | Collective::ReduceScatter
+            Collective::Reduce
+                | Collective::AllReduce
+                | Collective::ReduceScatter
+                | Collective::ReduceScatterV
         )
     }
     /// True when a root rank matters.
@@ -91,6 +98,7 @@ impl Collective {
             Collective::AllGather
             | Collective::AllGatherV
             | Collective::ReduceScatter
+            | Collective::ReduceScatterV
             | Collective::AllToAll
             | Collective::AllToAllV => (n - 1.0) / n,
             _ => 1.0,
@@ -113,6 +121,7 @@ impl FromStr for Collective {
             "allgather" => "all_gather".to_string(),
             "allgatherv" => "all_gather_v".to_string(),
             "reducescatter" => "reduce_scatter".to_string(),
+            "reducescatterv" => "reduce_scatter_v".to_string(),
             "alltoall" => "all_to_all".to_string(),
             "alltoallv" => "all_to_all_v".to_string(),
             "sendrecv" => "send_recv".to_string(),
@@ -148,6 +157,8 @@ pub struct Transfer {
 /// - all_gather: input `[0, count)` of rank k -> every output `[k*count, (k+1)*count)`;
 /// - all_gather_v: input `[0, counts[k])` of rank k -> every output at `sum(counts[..k])`;
 /// - reduce_scatter: inputs `[r*count, (r+1)*count)` reduced into rank r's output `[0, count)`;
+/// - reduce_scatter_v: inputs `[sum(counts[..r]), sum(counts[..=r]))` reduced into rank r's
+///   output `[0, counts[r])`;
 /// - all_to_all: input block d of rank s -> output block s of rank d (`count` per block);
 /// - all_to_all_v: `matrix[s][d]` elements; rank s sends its blocks in order of d, rank d
 ///   receives its blocks in order of s;
@@ -163,7 +174,7 @@ pub struct Request {
     pub gpus: Vec<u32>,
     /// Elements per rank (per block for all_to_all, reduce_scatter, gather, scatter).
     pub count: u64,
-    /// Per-rank counts for all_gather_v.
+    /// Per-rank counts for all_gather_v and reduce_scatter_v.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub counts: Vec<u64>,
     /// Per-pair counts for all_to_all_v: `matrix[src][dst]`.
@@ -248,9 +259,10 @@ impl Request {
             ));
         }
         match self.collective {
-            Collective::AllGatherV if self.counts.len() != n => {
+            Collective::AllGatherV | Collective::ReduceScatterV if self.counts.len() != n => {
                 return bad(format!(
-                    "all_gather_v needs {n} counts, got {}",
+                    "{} needs {n} counts, got {}",
+                    self.collective,
                     self.counts.len()
                 ));
             }
@@ -284,6 +296,14 @@ impl Request {
         v.ok_or_else(|| RouteError::BadRequest(format!("{what} overflows")))
     }
 
+    /// The sum of `counts`, an error naming `what` where it overflows.
+    fn counts_total(&self, what: &str) -> Result<u64> {
+        self.checked(
+            what,
+            self.counts.iter().try_fold(0u64, |a, b| a.checked_add(*b)),
+        )
+    }
+
     /// Elements in rank `r`'s input buffer.
     pub fn input_len(&self, r: u32) -> Result<u64> {
         let n = self.gpus.len() as u64;
@@ -305,6 +325,7 @@ impl Request {
             | Collective::AllGather
             | Collective::Gather => c,
             Collective::AllGatherV => self.counts.get(r as usize).copied().unwrap_or(0),
+            Collective::ReduceScatterV => self.counts_total("reduce_scatter_v total")?,
             Collective::ReduceScatter | Collective::AllToAll => {
                 self.checked("input size", c.checked_mul(n))?
             }
@@ -338,6 +359,7 @@ impl Request {
             | Collective::AllReduce
             | Collective::Scatter
             | Collective::ReduceScatter => c,
+            Collective::ReduceScatterV => self.counts.get(r as usize).copied().unwrap_or(0),
             Collective::Reduce => {
                 if r == self.root {
                     c
@@ -355,10 +377,7 @@ impl Request {
             Collective::AllGather | Collective::AllToAll => {
                 self.checked("output size", c.checked_mul(n))?
             }
-            Collective::AllGatherV => self.checked(
-                "all_gather_v total",
-                self.counts.iter().try_fold(0u64, |a, b| a.checked_add(*b)),
-            )?,
+            Collective::AllGatherV => self.counts_total("all_gather_v total")?,
             Collective::AllToAllV => self.checked(
                 "all_to_all_v column",
                 self.matrix.iter().try_fold(0u64, |a, row| {
@@ -441,6 +460,14 @@ impl Request {
             Collective::ReduceScatter => {
                 for r in 0..n {
                     push(r, 0, c, all(u64::from(r) * c));
+                }
+            }
+            Collective::ReduceScatterV => {
+                let mut off = 0;
+                for r in 0..n {
+                    let len = self.counts[r as usize];
+                    push(r, 0, len, all(off));
+                    off += len;
                 }
             }
             Collective::AllToAll => {

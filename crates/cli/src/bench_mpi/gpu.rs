@@ -137,6 +137,7 @@ mod with_cuda {
             Collective::AllGather => on.all_gather(&i, &mut o)?,
             Collective::AllGatherV => on.all_gather_v(&i, &mut o, counts)?,
             Collective::ReduceScatter => on.reduce_scatter(&i, &mut o, op)?,
+            Collective::ReduceScatterV => on.reduce_scatter_v(&i, &mut o, counts, op)?,
             Collective::AllToAll => on.all_to_all(&i, &mut o)?,
             Collective::AllToAllV => on.all_to_all_v(&i, counts, &mut o, counts)?,
             Collective::Gather => on.gather(&i, Some(&mut o), root as usize)?,

@@ -267,6 +267,7 @@ fn relaycc_call<T: Element>(
         Collective::AllGather => comm.all_gather(i, o)?,
         Collective::AllGatherV => comm.all_gather_v(i, o, &b.counts)?,
         Collective::ReduceScatter => comm.reduce_scatter(i, o, op)?,
+        Collective::ReduceScatterV => comm.reduce_scatter_v(i, o, &b.counts, op)?,
         Collective::AllToAll => comm.all_to_all(i, o)?,
         Collective::AllToAllV => comm.all_to_all_v(i, &b.counts, o, &b.counts)?,
         Collective::Gather => comm.gather(i, o, root)?,
@@ -313,7 +314,11 @@ fn mpi_call<T: Element + Equivalence>(
             let mut part = PartitionMut::new(out, &counts[..], &b.displs[..]);
             world.all_gather_varcount_into(i, &mut part)
         }
-        Collective::ReduceScatter => world.reduce_scatter_block_into(i, out, op),
+        // The bench's counts are all equal, where `MPI_Reduce_scatter` is
+        // `MPI_Reduce_scatter_block` (the one rsmpi wraps).
+        Collective::ReduceScatter | Collective::ReduceScatterV => {
+            world.reduce_scatter_block_into(i, out, op)
+        }
         Collective::AllToAll => world.all_to_all_into(i, out),
         Collective::AllToAllV => {
             let send = Partition::new(i, &counts[..], &b.displs[..]);

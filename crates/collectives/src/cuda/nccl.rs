@@ -177,7 +177,9 @@ pub fn nccl_op(op: ReduceOp) -> ns::ncclRedOp_t {
 pub fn nccl_buffer_elems(collective: Collective, count: u64, n: u64) -> (u64, u64) {
     match collective {
         Collective::AllGather | Collective::AllGatherV | Collective::Gather => (count, n * count),
-        Collective::ReduceScatter | Collective::Scatter => (n * count, count),
+        Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Scatter => {
+            (n * count, count)
+        }
         Collective::AllToAll | Collective::AllToAllV => (n * count, n * count),
         _ => (count, count),
     }
@@ -296,8 +298,9 @@ impl NcclComms {
     /// Average wall time of one `call`, over `iters` iterations after `warmup`, microseconds. Each
     /// iteration is one NCCL group over every rank followed by a wait on every stream.
     ///
-    /// NCCL has no all_gather_v or all_to_all_v: all_gather_v runs as one broadcast per rank
-    /// (what [Rolinger-2017] reports NCCL users do) and all_to_all(_v), gather
+    /// NCCL has no all_gather_v, reduce_scatter_v or all_to_all_v: all_gather_v runs as one
+    /// broadcast per rank (what [Rolinger-2017] reports NCCL users do), reduce_scatter_v as
+    /// one reduce per rank (its mirror), and all_to_all(_v), gather
     /// and scatter as grouped send/recv, as NCCL's documentation shows.
     ///
     /// Errors: buffers larger than the capacity given to [`NcclComms::new`], a root out of
@@ -402,6 +405,13 @@ impl NcclComms {
                             .map(drop)
                     })
                     .map(|()| nc::NcclStatus::Success),
+                // Only rank q's `recv` takes the reduce rooted at q.
+                Collective::ReduceScatterV => (0..n)
+                    .try_for_each(|q| {
+                        nc::reduce(at(send, q), recv, count, dt, rop, peer(q), comm, stream)
+                            .map(drop)
+                    })
+                    .map(|()| nc::NcclStatus::Success),
                 Collective::AllToAll | Collective::AllToAllV => (0..n)
                     .try_for_each(|p| {
                         nc::send(at(send, p), count, dt, peer(p), comm, stream)?;
@@ -446,7 +456,7 @@ fn nccl_call_name(collective: Collective) -> &'static str {
     match collective {
         Collective::AllReduce => "ncclAllReduce",
         Collective::Broadcast | Collective::AllGatherV => "ncclBroadcast",
-        Collective::Reduce => "ncclReduce",
+        Collective::Reduce | Collective::ReduceScatterV => "ncclReduce",
         Collective::AllGather => "ncclAllGather",
         Collective::ReduceScatter => "ncclReduceScatter",
         _ => "ncclSend/ncclRecv",

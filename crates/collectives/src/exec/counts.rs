@@ -1,9 +1,7 @@
-//! Count binding: the v-collectives (all_gather_v, all_to_all_v) run a plan made once for
-//! their *capacity*, with the call's counts bound when the call is made, so a count matrix
-//! that changes every call neither re-plans nor grows the plan cache. The binding also serves
-//! a reduce_scatter_v layout ([`VCollective::ReduceScatterV`], tested here), which no public
-//! call makes: route has no reduce_scatter_v request to plan the exact counts that a capacity
-//! plan which cannot be bound falls back to.
+//! Count binding: the v-collectives (all_gather_v, reduce_scatter_v, all_to_all_v) run a plan
+//! made once for their *capacity*, with the call's counts bound when the call is made, so a
+//! count matrix that changes every call neither re-plans nor grows the plan cache. A capacity
+//! plan that cannot be bound falls back to a plan of the exact counts.
 //!
 //! # The capacity plan
 //!
@@ -87,11 +85,13 @@ impl CountLayout {
             .unwrap_or(largest)
     }
 
-    /// The layout and counts of an exact v-collective request (all_gather_v's `counts`,
-    /// all_to_all_v's `matrix` flattened row by row); `None` for any other collective.
+    /// The layout and counts of an exact v-collective request (all_gather_v's and
+    /// reduce_scatter_v's `counts`, all_to_all_v's `matrix` flattened row by row); `None` for
+    /// any other collective.
     pub fn of_request(req: &Request) -> Option<(CountLayout, Vec<u64>)> {
         let (collective, counts) = match req.collective {
             Collective::AllGatherV => (VCollective::AllGatherV, req.counts.clone()),
+            Collective::ReduceScatterV => (VCollective::ReduceScatterV, req.counts.clone()),
             Collective::AllToAllV => (
                 VCollective::AllToAllV,
                 req.matrix.iter().flatten().copied().collect(),

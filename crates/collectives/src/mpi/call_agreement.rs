@@ -88,7 +88,8 @@ impl MpiCommunicator {
 }
 
 /// This rank's descriptor words: the op and root as -1 where the collective has none, the
-/// counts (all_gather_v: every rank's; all_to_all_v: this rank's send counts, then its
+/// counts (all_gather_v, reduce_scatter_v: every rank's; all_to_all_v: this rank's send
+/// counts, then its
 /// receive counts) as their hash and their largest.
 fn descriptor(call: &CallDesc, seq: u64, failed: bool) -> [i64; WORDS] {
     let mut d = [0i64; WORDS];
@@ -160,8 +161,8 @@ fn decode(row: &[i64], r: usize) -> MpiResult<CallDesc> {
 /// The verdict on every rank's descriptor, the same on every rank: this rank's local error,
 /// [`MpiError::Peer`] for another rank's, calls at different positions of the communicator's
 /// sequence, the first field that differs between rank 0 and another rank (as the
-/// in-process judgement names it, [`CallDesc::differs`]), or all_gather_v counts that are not
-/// the ranks' contributions; `row`: words per rank. Returns the cache key: the descriptors without the failure flag
+/// in-process judgement names it, [`CallDesc::differs`]), or all_gather_v or reduce_scatter_v
+/// counts that are not the ranks' own; `row`: words per rank. Returns the cache key: the descriptors without the failure flag
 /// and sequence numbers.
 fn verdict(all: &[i64], row: usize, local: MpiResult<()>) -> MpiResult<Vec<i64>> {
     let rows: Vec<&[i64]> = all.chunks(row.max(WORDS)).collect();
@@ -203,13 +204,14 @@ fn verdict(all: &[i64], row: usize, local: MpiResult<()>) -> MpiResult<Vec<i64>>
             }
         });
     }
-    if d0.collective == Collective::AllGatherV {
+    if crate::call::shares_counts(d0.collective) {
         let contributions: Vec<u64> = rows.iter().map(|d| d[COUNT] as u64).collect();
         let want = hash(&contributions);
         if let Some(r) = rows.iter().position(|d| d[VHASH] != want) {
             return Err(MpiError::CountMismatch(format!(
-                "rank {r} passes counts that are not the ranks' contributions \
-                 {contributions:?} (all_gather_v, call #{seq} of this communicator)"
+                "rank {r} passes counts that are not the ranks' own counts {contributions:?} \
+                 ({}, call #{seq} of this communicator)",
+                d0.collective
             )));
         }
     }

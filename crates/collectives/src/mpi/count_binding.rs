@@ -196,11 +196,13 @@ impl CountBinding {
 }
 
 impl MpiCommunicator {
-    /// The capacity layout of an agreed all_gather_v or all_to_all_v call (`all`: every
-    /// rank's descriptor), the same on every rank; `None` for any other collective.
+    /// The capacity layout of an agreed all_gather_v, reduce_scatter_v or all_to_all_v call
+    /// (`all`: every rank's descriptor), the same on every rank; `None` for any other
+    /// collective.
     pub(super) fn agreed_shape(&self, call: &CallDesc, all: &[i64]) -> Option<VShape> {
         let collective = match call.collective {
             Collective::AllGatherV => VCollective::AllGatherV,
+            Collective::ReduceScatterV => VCollective::ReduceScatterV,
             Collective::AllToAllV => VCollective::AllToAllV,
             _ => return None,
         };
@@ -227,7 +229,8 @@ impl MpiCommunicator {
     }
 
     /// The counts of an agreed v-collective call of `shape` into `into`, the same on every
-    /// rank: all_gather_v's from the descriptors, all_to_all_v's matrix from the descriptors
+    /// rank: all_gather_v's and reduce_scatter_v's from the descriptors (each rank's own
+    /// count), all_to_all_v's matrix from the descriptors
     /// on small communicators (paired up here), else all-gathered
     /// ([`MpiCommunicator::gathered_matrix`]).
     ///
@@ -258,8 +261,14 @@ impl MpiCommunicator {
             }
             VCollective::AllGatherV | VCollective::ReduceScatterV => {
                 counts.extend(contributions(all, n));
-                let output = checked_sum(counts.iter().copied());
-                (counts.get(me).copied(), output)
+                let (own, total) = (counts.get(me).copied(), checked_sum(counts.iter().copied()));
+                // all_gather_v gives its own block and takes them all; reduce_scatter_v gives
+                // every block and takes its own.
+                if shape.layout.collective == VCollective::AllGatherV {
+                    (own, total)
+                } else {
+                    (total, own)
+                }
             }
         };
         let (Some(input), Some(output)) = (input, output) else {
@@ -294,7 +303,8 @@ fn inline_matrix(all: &[i64], row: usize, n: usize, counts: &mut Vec<u64>) -> bo
         })
 }
 
-/// Every rank's contribution of an agreed all_gather_v, as its descriptor gave it.
+/// Every rank's own count of an agreed all_gather_v or reduce_scatter_v, as its descriptor
+/// gave it.
 pub(super) fn contributions(all: &[i64], ranks: usize) -> impl Iterator<Item = u64> + '_ {
     all.chunks(row_words(ranks)).map(|d| d[COUNT] as u64)
 }

@@ -321,7 +321,7 @@ impl<'c> MpiGpu<'c> {
         let place = place_of(&dev, self.ordinal, comm.rank(), stream, lender, &mut local);
         let (seq, local) = comm.next_call(&call, local);
         let (exact_key, all) = comm.agreed(&mut call, local, seq)?;
-        // all_gather_v and all_to_all_v run their capacity plan with the call's counts bound
+        // The v-collectives run their capacity plan with the call's counts bound
         // (`count_binding.rs`), as the host typed calls do.
         let v = comm.agreed_shape(&call, &all);
         let mut key = v.map_or_else(|| exact_key.clone(), |v| v.key(&call));

@@ -126,6 +126,16 @@ impl MpiOnStream<'_, '_> {
             Collective::ReduceScatter => {
                 separate(shape(TypedCollective::ReduceScatter(op), ilen, olen))
             }
+            Collective::ReduceScatterV if in_place => {
+                let kind = TypedCollective::ReduceScatterV(&counts, op);
+                let s = shape(kind, olen, counts.get(me).copied().unwrap_or(0));
+                within(refused(s, "reduce_scatter_v", "reduce_scatter_v_in_place"))
+            }
+            Collective::ReduceScatterV => separate(shape(
+                TypedCollective::ReduceScatterV(&counts, op),
+                ilen,
+                olen,
+            )),
             Collective::AllToAll => separate(shape(TypedCollective::AllToAll, ilen, olen)),
             Collective::AllToAllV => separate(shape(
                 TypedCollective::AllToAllV(&counts, &recv_counts),

@@ -210,6 +210,23 @@ impl MpiCommunicator {
         self.host(s, input, output)
     }
 
+    /// As [`Self::reduce_scatter`] with per-rank counts (`MPI_Reduce_scatter`): block `r` of
+    /// every `input` (`counts[r]` elements, the blocks packed in rank order) is reduced into
+    /// rank `r`'s `output`; the same list on every rank, `output` holds `counts[rank]`
+    /// elements and `input` their sum. Collective; ranks with other lists give
+    /// [`MpiError::CountMismatch`] on every rank.
+    pub fn reduce_scatter_v<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> MpiResult<()> {
+        let kind = TypedCollective::ReduceScatterV(counts, op);
+        let s = self.shape::<T>(kind, input.len(), output.len());
+        self.host(s, input, output)
+    }
+
     /// Block `d` of this rank's `input` to block `rank` of rank `d`'s `output`
     /// (`MPI_Alltoall`); both hold `ranks` equal blocks. Collective.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
@@ -510,9 +527,9 @@ impl MpiCommunicator {
     ) -> MpiResult<Request> {
         let n = self.size() as usize;
         let mut req = call.request((0..n as u32).collect(), matrix);
-        if call.collective == Collective::AllGatherV {
-            // The contributions as every rank sent them, word for word: each rank's own list
-            // was compared with them by its hash only.
+        if crate::call::shares_counts(call.collective) {
+            // The own counts as every rank sent them, word for word: each rank's list was
+            // compared with them by its hash only.
             req.counts = contributions(all, n).collect();
         }
         req.validate()?;

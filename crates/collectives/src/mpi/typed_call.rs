@@ -39,6 +39,8 @@ pub(super) enum TypedCollective<'a> {
     AllGatherVInPlace(&'a [usize]),
     /// `reduce_scatter` (blocks).
     ReduceScatter(ReduceOp),
+    /// `reduce_scatter_v` with every rank's count.
+    ReduceScatterV(&'a [usize], ReduceOp),
     /// `all_to_all` (equal blocks).
     AllToAll,
     /// `all_to_all_v` with this rank's send and receive counts.
@@ -151,13 +153,13 @@ impl MpiCommunicator {
                 shape.input = InputAt::InOutput(me * c..(me + 1) * c);
             }
             TypedCollective::AllGatherV(counts) => {
-                *local = self.v_counts(counts, input, output);
+                *local = self.v_counts(counts, ("input", input), ("output", output));
                 set(Collective::AllGatherV, None, None, input);
                 call.counts = counts.iter().map(|c| *c as u64).collect();
             }
             TypedCollective::AllGatherVInPlace(counts) => {
                 let mine = counts.get(me).copied().unwrap_or(0);
-                *local = self.v_counts(counts, mine, output);
+                *local = self.v_counts(counts, ("input", mine), ("output", output));
                 // `v_counts` passed: the counts sum to `output`, so no prefix overflows.
                 let range = if local.is_ok() {
                     let at: usize = counts.iter().take(me).sum();
@@ -175,6 +177,11 @@ impl MpiCommunicator {
                     *local = Err(self.buffer("input", input, needs));
                 }
                 set(Collective::ReduceScatter, Some(op), None, output);
+            }
+            TypedCollective::ReduceScatterV(counts, op) => {
+                *local = self.v_counts(counts, ("output", output), ("input", input));
+                set(Collective::ReduceScatterV, Some(op), None, output);
+                call.counts = counts.iter().map(|c| *c as u64).collect();
             }
             TypedCollective::AllToAll => {
                 let (c, l) = self.blocks(input);
@@ -258,7 +265,15 @@ impl MpiCommunicator {
         }
     }
 
-    fn v_counts(&self, counts: &[usize], input: usize, output: usize) -> MpiResult<()> {
+    /// The local checks of a v-collective whose `counts` are every rank's: `own` (the buffer
+    /// side holding this rank's block, and its length) holds `counts[rank]` elements and
+    /// `whole` their sum.
+    fn v_counts(
+        &self,
+        counts: &[usize],
+        (own_side, own): (&'static str, usize),
+        (whole_side, whole): (&'static str, usize),
+    ) -> MpiResult<()> {
         let n = self.size() as usize;
         let me = self.rank() as usize;
         if counts.len() != n {
@@ -267,14 +282,14 @@ impl MpiCommunicator {
                 counts.len()
             )));
         }
-        if input != counts[me] {
-            return Err(self.buffer("input", input, counts[me]));
+        if own != counts[me] {
+            return Err(self.buffer(own_side, own, counts[me]));
         }
         let Some(total) = total(counts) else {
             return Err(self.counts_overflow());
         };
-        if output != total {
-            return Err(self.buffer("output", output, total));
+        if whole != total {
+            return Err(self.buffer(whole_side, whole, total));
         }
         Ok(())
     }

@@ -196,6 +196,14 @@ pub trait Collectives: sealed::Runner {
             reduce_scatter "reduce_scatter" io (send: &S, recv: &mut R, op: ReduceOp);
             /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
             reduce_scatter_in_place "reduce_scatter" buf (buf: &mut R, op: ReduceOp);
+            /// As `reduce_scatter` with block `r` of `counts[r]` elements, the blocks in rank
+            /// order (`MPI_Reduce_scatter`): `recv` takes block `rank`; every rank gives the
+            /// same `counts`.
+            reduce_scatter_v "reduce_scatter_v" io
+                (send: &S, recv: &mut R, counts: &[usize], op: ReduceOp);
+            /// As `reduce_scatter_v`, in place: the result lands in this rank's block of `buf`.
+            reduce_scatter_v_in_place "reduce_scatter_v" buf
+                (buf: &mut R, counts: &[usize], op: ReduceOp);
             /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
             all_to_all "all_to_all" io (send: &S, recv: &mut R);
             /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from

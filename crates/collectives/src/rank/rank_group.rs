@@ -307,34 +307,36 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         buf: &'b mut R,
         counts: &[usize],
     ) -> &mut Self {
+        let (offset, len) = match self.own_block("all_gather_v", counts) {
+            Ok(block) => block,
+            Err(e) => return self.fail(e),
+        };
+        let o = self.lend_mut(buf);
+        let i = View { offset, len, ..o };
+        let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
+        self.push(d, Some(i), Some(o))
+    }
+
+    /// This rank's block of a v-collective's buffer of `counts` in rank order: its offset (the
+    /// counts before it) and length, or the error naming the short list or the overflow.
+    fn own_block(&self, call: &'static str, counts: &[usize]) -> Result<(u64, u64)> {
         let me = self.me();
         let Some(&mine) = counts.get(me) else {
-            let e = CollectivesError::RankCount {
-                call: "all_gather_v",
+            return Err(CollectivesError::RankCount {
+                call,
                 side: "count",
                 expected: self.n(),
                 got: counts.len(),
-            };
-            return self.fail(e);
+            });
         };
-        let Some(offset) = counts[..me]
+        let offset = counts[..me]
             .iter()
             .try_fold(0u64, |a, &c| a.checked_add(c as u64))
-        else {
-            let e = CollectivesError::Overflow {
-                call: "all_gather_v",
+            .ok_or_else(|| CollectivesError::Overflow {
+                call,
                 what: format!("the counts of ranks 0..{me} sum past u64"),
-            };
-            return self.fail(e);
-        };
-        let o = self.lend_mut(buf);
-        let i = View {
-            offset,
-            len: mine as u64,
-            ..o
-        };
-        let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
-        self.push(d, Some(i), Some(o))
+            })?;
+        Ok((offset, mine as u64))
     }
 
     /// Add [`Collectives::reduce_scatter`].
@@ -357,6 +359,41 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     ) -> &mut Self {
         let how = (op, 0, self.me());
         self.blocks(Collective::ReduceScatter, buf, how, false)
+    }
+
+    /// Add [`Collectives::reduce_scatter_v`].
+    pub fn reduce_scatter_v<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        send: &'b S,
+        recv: &'b mut R,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> &mut Self {
+        let d = Desc {
+            op,
+            ..Self::desc_v(Collective::ReduceScatterV, T::DTYPE, counts_u64(counts))
+        };
+        self.separate(d, Some(send), Some(recv))
+    }
+
+    /// Add [`Collectives::reduce_scatter_v_in_place`].
+    pub fn reduce_scatter_v_in_place<T: Element, R: RecvBuf<T> + ?Sized>(
+        &mut self,
+        buf: &'b mut R,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> &mut Self {
+        let (offset, len) = match self.own_block("reduce_scatter_v", counts) {
+            Ok(block) => block,
+            Err(e) => return self.fail(e),
+        };
+        let i = self.lend_mut(buf);
+        let o = View { offset, len, ..i };
+        let d = Desc {
+            op,
+            ..Self::desc_v(Collective::ReduceScatterV, T::DTYPE, counts_u64(counts))
+        };
+        self.push(d, Some(i), Some(o))
     }
 
     /// Add [`Collectives::all_to_all`].

@@ -250,20 +250,31 @@ fn run<T: TestElem>(c: &Case) -> Result<(), String> {
                 .map_err(e)?;
             }
         }
-        Collective::ReduceScatter => {
-            ins = inputs_of(&|_| cnt * n as u64);
+        Collective::ReduceScatter | Collective::ReduceScatterV => {
+            let v = c.collective == Collective::ReduceScatterV;
+            let len = |r: usize| if v { c.counts[r] } else { cnt };
+            let total: u64 = (0..n).map(len).sum();
+            let displ = |r: usize| (0..r).map(len).sum::<u64>();
+            if v {
+                req.counts = c.counts.clone();
+            }
+            let run = |ins: &[DeviceBuffer<T>], outs: &[BufferView<T>]| {
+                if v {
+                    comm.reduce_scatter_v(ins, outs, c.op)
+                } else {
+                    comm.reduce_scatter(ins, outs, c.op)
+                }
+            };
+            ins = inputs_of(&|_| total);
             if in_place {
                 let views: Vec<BufferView<T>> = (0..n)
                     .map(|r| {
                         ins[r]
-                            .slice(r * cnt as usize..(r + 1) * cnt as usize)
+                            .slice(displ(r) as usize..(displ(r) + len(r)) as usize)
                             .unwrap_or_else(|e| panic!("{e}"))
                     })
                     .collect();
-                comm.reduce_scatter(&ins, &views, c.op)
-                    .map_err(e)?
-                    .wait()
-                    .map_err(e)?;
+                run(&ins, &views).map_err(e)?.wait().map_err(e)?;
                 // Read the results from the blocks inside the inputs.
                 let got: Vec<Vec<T>> = views
                     .iter()
@@ -272,11 +283,12 @@ fn run<T: TestElem>(c: &Case) -> Result<(), String> {
                     .map_err(e)?;
                 return verify(&req, c.seed, &got);
             }
-            outs = zeros(&|_| cnt);
-            comm.reduce_scatter(&ins, &outs, c.op)
-                .map_err(e)?
-                .wait()
-                .map_err(e)?;
+            outs = zeros(&len);
+            let views: Vec<BufferView<T>> = outs
+                .iter()
+                .map(|o| o.slice(0..o.len()).unwrap_or_else(|e| panic!("{e}")))
+                .collect();
+            run(&ins, &views).map_err(e)?.wait().map_err(e)?;
         }
         Collective::AllToAll => {
             ins = inputs_of(&|_| cnt * n as u64);
@@ -463,5 +475,5 @@ fn every_collective_type_and_op_once() {
             }
         }
     }
-    assert_eq!(cases, 11 * (4 * 5 + 6 * 4) * 2);
+    assert_eq!(cases, Collective::ALL.len() * (4 * 5 + 6 * 4) * 2);
 }

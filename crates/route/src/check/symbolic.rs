@@ -15,7 +15,7 @@ pub struct CheckOptions {
     /// Check the plan as an in-place call: input and output of a rank share memory as NCCL
     /// defines it (same buffer for all_reduce, broadcast, reduce; input inside the output at
     /// the rank's block for all_gather(_v) and gather; output inside the input for
-    /// reduce_scatter and scatter). Collectives without an in-place form ignore it.
+    /// reduce_scatter(_v) and scatter). Collectives without an in-place form ignore it.
     pub in_place: bool,
 }
 
@@ -155,6 +155,10 @@ fn memory_of(plan: &Plan, b: BufferRef, in_place: bool) -> Option<(usize, u64)> 
                 Collective::Gather if r == req.root => (mem, if is_out { 0 } else { own(c)? }),
                 // Output sits inside the input at the rank's block.
                 Collective::ReduceScatter => (mem, if is_out { own(c)? } else { 0 }),
+                Collective::ReduceScatterV => {
+                    let displ: u64 = req.counts.get(..r as usize)?.iter().sum();
+                    (mem, if is_out { displ } else { 0 })
+                }
                 Collective::Scatter if r == req.root => (mem, if is_out { own(c)? } else { 0 }),
                 _ => (mem + usize::from(is_out), 0),
             }

@@ -10,7 +10,8 @@
 //! the best ring (within a node NCCL's "tree" is a chain); chunks of 512 KiB (the Simple
 //! protocol's step) or larger. What NCCL lacks is done
 //! as its users do it: all_to_all(_v), gather, scatter and send/recv as grouped send/recv (all
-//! pairs at once), all_gather_v as a series of broadcasts, one after another.
+//! pairs at once), all_gather_v as a series of broadcasts and reduce_scatter_v as a series of
+//! reduces, one after another.
 //!
 //! The tuner: like NCCL's (`src/graph/tuning.cc`), the baseline predicts each algorithm with
 //! each protocol it may use (LL, LL128 where every link is NVLink, Simple; NVLS for all_reduce
@@ -55,7 +56,8 @@ pub const NCCL_CHUNK_BYTES: u64 = 512 << 10;
 ///
 /// Source: [NCCL-src], its ring search and p2p path types (`src/graph/search.cc`,
 /// `src/graph/paths.cc`); [Rolinger-2017] for the series
-/// of broadcasts that replaces all_gather_v.
+/// of broadcasts that replaces all_gather_v (and its mirror, the reduces of
+/// reduce_scatter_v).
 pub fn baseline_plan(topo: &Topology, req: &Request) -> Result<Plan> {
     BaselineOptions::default().plan(topo, req)
 }
@@ -348,6 +350,7 @@ fn algorithm_plan(
         Collective::Broadcast => ring::broadcast(topo, req, &ctx),
         Collective::Reduce => ring::reduce(topo, req, &ctx),
         Collective::AllGatherV => broadcasts(req, &ctx),
+        Collective::ReduceScatterV => reduces(req, &ctx),
         Collective::AllToAll
         | Collective::AllToAllV
         | Collective::Gather
@@ -356,6 +359,7 @@ fn algorithm_plan(
     }?;
     let algo = match req.collective {
         Collective::AllGatherV => "broadcast series".to_string(),
+        Collective::ReduceScatterV => "reduce series".to_string(),
         Collective::AllToAll
         | Collective::AllToAllV
         | Collective::Gather
@@ -395,6 +399,54 @@ fn broadcasts(req: &Request, ctx: &Ctx) -> Result<Plan> {
                     Region::new(BufferRef::Output(chain[i]), displ + rel, l),
                     0,
                 )?;
+            }
+        }
+        b.fence();
+        displ += len;
+    }
+    Ok(b.finish())
+}
+
+/// reduce_scatter_v as NCCL users write it: for each rank in turn, a ring reduce (a pipelined
+/// chain into that rank) of its block, each reduce starting when the previous one ended. A
+/// position's partial sums of one chunk are received into, and built in, two staging slots of
+/// a chunk, reused chunk after chunk (the builder orders each reuse after its reads).
+fn reduces(req: &Request, ctx: &Ctx) -> Result<Plan> {
+    let order = ring_order(ctx, req, false)?;
+    let n = order.len();
+    let chunk = ctx.chunk_elems.max(1);
+    let most = req.counts.iter().copied().max().unwrap_or(0).min(chunk);
+    let mut b = PlanBuilder::new(req, ctx, "reduce series");
+    if most == 0 {
+        return Ok(b.finish());
+    }
+    let slots: Vec<(BufferRef, BufferRef)> = (0..n as u32)
+        .map(|r| (b.scratch(r, most), b.scratch(r, most)))
+        .collect();
+    let mut displ = 0u64;
+    for k in 0..n as u32 {
+        let len = req.counts.get(k as usize).copied().unwrap_or(0);
+        let at = order.iter().position(|r| *r == k).unwrap_or(0);
+        // The chain ends at `k`: it starts one past it on the ring.
+        let chain: Vec<u32> = (1..=n).map(|i| order[(at + i) % n]).collect();
+        for (rel, l) in chunks(len, chunk) {
+            let input = |r: u32| Region::new(BufferRef::Input(r), displ + rel, l);
+            for i in 1..n {
+                let (from, to) = (chain[i - 1] as usize, chain[i] as usize);
+                let src = if i == 1 {
+                    input(chain[0])
+                } else {
+                    Region::new(slots[from].1, 0, l)
+                };
+                let recv = Region::new(slots[to].0, 0, l);
+                b.send(src, recv, 0)?;
+                let last = i == n - 1;
+                let dst = if last {
+                    Region::new(BufferRef::Output(k), rel, l)
+                } else {
+                    Region::new(slots[to].1, 0, l)
+                };
+                b.reduce(vec![input(chain[i]), recv], dst, last, 0)?;
             }
         }
         b.fence();
@@ -472,5 +524,33 @@ mod tests {
             crate::OpKind::Copy { src, .. } if src.buffer == BufferRef::Input(2))
         });
         assert!(late.is_some_and(|i| !p.ops[i].deps.is_empty()));
+    }
+
+    #[test]
+    fn reduce_scatter_v_reduces_run_in_series() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        for op in [crate::ReduceOp::Sum, crate::ReduceOp::Avg] {
+            let mut req = Request::new(Collective::ReduceScatterV, vec![0, 1, 2, 5], 0, DType::F32)
+                .with_op(op);
+            req.counts = vec![5, 0, 300_000, 7];
+            let p = baseline_plan(&topo, &req).unwrap();
+            assert_eq!(
+                p.algorithm.split(' ').take(3).collect::<Vec<_>>(),
+                ["nccl-like", "reduce", "series"]
+            );
+            check(&p).unwrap();
+            check_routes(&p, &topo).unwrap();
+            // Rank 2's block is reduced only after rank 0's.
+            let first_of = |k: u64| {
+                p.ops.iter().position(|o| {
+                    matches!(&o.kind, crate::OpKind::Copy { src, .. }
+                        if matches!(src.buffer, BufferRef::Input(_)) && src.offset == k)
+                })
+            };
+            assert!(first_of(5).is_some_and(|i| !p.ops[i].deps.is_empty()));
+        }
+        let mut zeros = Request::new(Collective::ReduceScatterV, vec![0, 1], 0, DType::F32);
+        zeros.counts = vec![0, 0];
+        assert!(baseline_plan(&topo, &zeros).unwrap().ops.is_empty());
     }
 }

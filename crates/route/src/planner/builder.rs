@@ -63,6 +63,10 @@ pub(crate) fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
         }
         Collective::Gather if root => (Mem::Rank(r), if out { 0 } else { own }),
         Collective::ReduceScatter => (Mem::Rank(r), if out { own } else { 0 }),
+        Collective::ReduceScatterV => {
+            let displ = req.counts.iter().take(r as usize).sum::<u64>();
+            (Mem::Rank(r), if out { displ } else { 0 })
+        }
         Collective::Scatter if root => (Mem::Rank(r), if out { own } else { 0 }),
         _ if out => (Mem::RankOut(r), 0),
         _ => (Mem::Rank(r), 0),

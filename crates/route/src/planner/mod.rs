@@ -5,7 +5,7 @@
 //! |---|---|
 //! | all_reduce | [`ring::all_reduce`] (1 or 2 channels, or packed rings: [`ring_pack`]), [`pipelined_tree::all_reduce`], [`hierarchical::all_reduce`], [`direct::plan`] (small requests) |
 //! | all_gather, all_gather_v | [`ring::all_gather`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
-//! | reduce_scatter | [`ring::reduce_scatter`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
+//! | reduce_scatter, reduce_scatter_v | [`ring::reduce_scatter`] (1 or 2 channels, or packed rings), [`direct::plan`] (small requests) |
 //! | broadcast, reduce | [`ring::broadcast`], [`ring::reduce`] (pipelined chains), [`pipelined_tree::broadcast`], [`pipelined_tree::reduce`], [`direct::plan`] (small requests) |
 //! | all_to_all(_v), gather, scatter, send_recv | [`direct::plan`] |
 //!
@@ -99,7 +99,7 @@ pub fn planners_for(c: Collective, n: usize) -> Vec<(PlannerFn, u32)> {
                 d,
             ]
         }
-        Collective::ReduceScatter => vec![
+        Collective::ReduceScatter | Collective::ReduceScatterV => vec![
             (ring::reduce_scatter, 1),
             (ring::reduce_scatter, 2),
             (ring::reduce_scatter, PACKED_RINGS),
@@ -433,6 +433,45 @@ pub fn supports_in_place(plan: &Plan) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// reduce_scatter_v, counts with a zero and one block of many chunks: every candidate
+    /// (rings of 1, 2 and packed channels, direct) at a small chunk loops over its blocks,
+    /// stages at most its loops' partials, and is proved in place and out of place; so is the
+    /// baseline's series of reduces.
+    #[test]
+    fn reduce_scatter_v_candidates_loop_and_prove() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let mut req = Request::new(
+            Collective::ReduceScatterV,
+            vec![0, 2, 5, 7],
+            0,
+            crate::DType::F32,
+        )
+        .with_op(crate::ReduceOp::Avg);
+        req.counts = vec![5, 0, 3000, 7];
+        let chunk = 64;
+        let cands = Candidates::new(&topo, &req, &RelayPolicy::Any).unwrap();
+        assert!(cands.len() >= 4);
+        for i in 0..cands.len() {
+            let p = cands.build(i, chunk, None).unwrap();
+            for in_place in [false, true] {
+                check_with(&p, CheckOptions { in_place })
+                    .unwrap_or_else(|e| panic!("{} in place {in_place}: {e}", p.algorithm));
+            }
+            if p.algorithm.contains("ring") {
+                // Per position: two steps of received and own partials of one loop.
+                let most = 4 * ring::LOOP_CHUNKS * chunk;
+                assert!(p.scratch.iter().all(|s| s.len <= most), "{}", p.algorithm);
+            }
+        }
+        let base = baseline::BaselineOptions {
+            chunk_elems: Some(chunk),
+            ..Default::default()
+        }
+        .plan(&topo, &req)
+        .unwrap();
+        check_with(&base, CheckOptions { in_place: false }).unwrap();
+    }
 
     #[test]
     fn splitting_helpers() {

@@ -365,9 +365,12 @@ mod tests {
                 }
                 for count in [0u64, 1, 5, 37] {
                     for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
-                        let req = Request::new(c, (0..n).collect(), count, DType::F32)
+                        let mut req = Request::new(c, (0..n).collect(), count, DType::F32)
                             .with_op(op)
                             .with_root(n - 1);
+                        if c == Collective::ReduceScatterV {
+                            req.counts = (0..u64::from(n)).map(|r| (count + r) % 6).collect();
+                        }
                         let plan = direct_plan(&req, crate::staging::DEFAULT_STAGING_BUDGET_BYTES)
                             .expect("plans");
                         crate::check(&plan)

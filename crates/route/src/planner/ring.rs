@@ -1,4 +1,4 @@
-//! Rings: all_reduce (reduce-scatter then all-gather), all_gather(_v), reduce_scatter, and the
+//! Rings: all_reduce (reduce-scatter then all-gather), all_gather(_v), reduce_scatter(_v), and the
 //! pipelined chains of broadcast and reduce along the ring, over several rings at once.
 //!
 //! The ring order ([`super::ring_order`]) maximises the slowest ring connection (then the sum
@@ -245,6 +245,21 @@ fn split_channels(len: u64, chans: &[Channel]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Blocks of `counts` packed in rank order: each block's displacement, and its share
+/// `(offset in the block, length)` on each of `chans`.
+fn blocks_by_channel(counts: &[u64], chans: &[Channel]) -> (Vec<u64>, Vec<Vec<(u64, u64)>>) {
+    let displ = counts
+        .iter()
+        .scan(0u64, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect();
+    let parts = counts.iter().map(|c| split_channels(*c, chans)).collect();
+    (displ, parts)
+}
+
 /// Pin channel `c`'s hop connections in the builder (packed rings choose their own).
 fn pin(b: &mut PlanBuilder, req: &Request, c: u32, chan: &Channel) {
     if let Some(hops) = &chan.pinned {
@@ -408,14 +423,7 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
         Collective::AllGatherV => req.counts.clone(),
         _ => vec![req.count; n],
     };
-    let displ: Vec<u64> = counts
-        .iter()
-        .scan(0u64, |acc, c| {
-            let d = *acc;
-            *acc += c;
-            Some(d)
-        })
-        .collect();
+    let (displ, parts) = blocks_by_channel(&counts, &chans);
     let mut b = PlanBuilder::new(req, ctx, label);
     for r in 0..n as u32 {
         let c = counts[r as usize];
@@ -425,7 +433,6 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
             CH_LOCAL,
         )?;
     }
-    let parts: Vec<Vec<(u64, u64)>> = counts.iter().map(|c| split_channels(*c, &chans)).collect();
     for (c, chan) in chans.iter().enumerate() {
         pin(&mut b, req, c as u32, chan);
         let share = |r: u32| {
@@ -440,21 +447,70 @@ pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 /// Lane channel of the initial local copies, apart from every ring channel.
 pub(super) const CH_LOCAL: u32 = 1 << 16;
 
-/// Ring reduce_scatter: n-1 reduce steps around the rings; block r completes at rank r.
-/// Source: NCCL's ring reduce_scatter.
+/// Ring reduce_scatter and reduce_scatter_v (irregular counts, zeros included): n-1 reduce
+/// steps around the rings; block r completes at rank r.
+/// Source: NCCL's ring reduce_scatter; reduce_scatter_v as the mirror of all_gather_v's ring.
 pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
     let n = req.nranks();
-    if n < 2 || req.collective != Collective::ReduceScatter {
+    if n < 2
+        || !matches!(
+            req.collective,
+            Collective::ReduceScatter | Collective::ReduceScatterV
+        )
+    {
         return direct::plan(topo, req, ctx);
     }
     let chunk = ctx.chunk_elems.max(1);
     let (chans, label) = channels(req, ctx, "ring")?;
     let mut b = PlanBuilder::new(req, ctx, label);
-    for (c, share) in split_channels(req.count, &chans).into_iter().enumerate() {
-        pin(&mut b, req, c as u32, &chans[c]);
-        reduce_scatter_channel(&mut b, &chans[c].order, c as u32, share, req.count, chunk)?;
+    if req.collective == Collective::ReduceScatter {
+        for (c, share) in split_channels(req.count, &chans).into_iter().enumerate() {
+            pin(&mut b, req, c as u32, &chans[c]);
+            reduce_scatter_channel(&mut b, &chans[c].order, c as u32, share, req.count, chunk)?;
+        }
+        return Ok(b.finish());
+    }
+    let (displ, parts) = blocks_by_channel(&req.counts, &chans);
+    for (c, chan) in chans.iter().enumerate() {
+        pin(&mut b, req, c as u32, chan);
+        let share = |r: u32| {
+            let (off, len) = parts[r as usize][c];
+            (displ[r as usize] + off, off, len)
+        };
+        reduce_scatter_v_channel(&mut b, &chan.order, c as u32, chunk, &share)?;
     }
     Ok(b.finish())
+}
+
+/// One channel of a ring reduce_scatter_v: block r's share on this channel, `(input offset,
+/// output offset, length)` as `share(r)` says, reduced n-1 steps around `ord` on lane channel
+/// `ch` into rank r's output, in loops of at most [`LOOP_CHUNKS`] chunks of each block (as
+/// [`reduce_scatter_channel`], so the staging is bounded by the chunk, not the counts).
+fn reduce_scatter_v_channel(
+    b: &mut PlanBuilder,
+    ord: &[u32],
+    ch: u32,
+    chunk: u64,
+    share: &dyn Fn(u32) -> (u64, u64, u64),
+) -> Result<()> {
+    let whole: Vec<u64> = ord.iter().map(|&r| share(r).2).collect();
+    let most = whole.iter().copied().max().unwrap_or(0);
+    let per = LOOP_CHUNKS.saturating_mul(chunk);
+    let st = RsStaging::new(b, ord, most.min(per), true);
+    for (base, piece) in loops(most, per) {
+        let lens: Vec<u64> = whole
+            .iter()
+            .map(|l| l.saturating_sub(base).min(piece))
+            .collect();
+        let inp = move |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Input(ord[p]), share(ord[q]).0 + base + rel, l)
+        };
+        let fin = move |p: usize, q: usize, rel: u64, l: u64| {
+            Region::new(BufferRef::Output(ord[p]), share(ord[q]).1 + base + rel, l)
+        };
+        reduce_scatter_steps(b, ord, ch, &lens, chunk, &st, &inp, None, &fin, true)?;
+    }
+    Ok(())
 }
 
 /// The ring order rotated to start at the root.

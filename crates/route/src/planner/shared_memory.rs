@@ -108,6 +108,13 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
                 b.reduce_slice(o, c, |_| base, Dest::Own(0), Vec::new())?;
             }
         }
+        Collective::ReduceScatterV => {
+            let mut base = 0;
+            for (o, &len) in (0..n).zip(&request.counts) {
+                b.reduce_slice(o, len, |_| base, Dest::Own(0), Vec::new())?;
+                base += len;
+            }
+        }
         Collective::Broadcast => {
             for r in 0..n {
                 if !(in_place && r == request.root) {

@@ -63,7 +63,9 @@ pub fn split_into(req: &Request, count: u64) -> Split {
 /// The longest piece of `req`, elements.
 fn longest_piece(req: &Request) -> u64 {
     match req.collective {
-        Collective::AllGatherV => req.counts.iter().copied().max().unwrap_or(0),
+        Collective::AllGatherV | Collective::ReduceScatterV => {
+            req.counts.iter().copied().max().unwrap_or(0)
+        }
         Collective::AllToAllV => req.matrix.iter().flatten().copied().max().unwrap_or(0),
         Collective::SendRecv => req.transfers.iter().map(|t| t.count).max().unwrap_or(0),
         _ => req.count,
@@ -121,7 +123,10 @@ pub fn pieces(req: &Request, b: BufferRef) -> Result<Vec<u64>> {
         | (Collective::ReduceScatter, true)
         | (Collective::AllToAll, _) => vec![c; n],
         (Collective::AllGatherV, true) => vec![req.counts.get(r as usize).copied().unwrap_or(0)],
-        (Collective::AllGatherV, false) => req.counts.clone(),
+        (Collective::AllGatherV, false) | (Collective::ReduceScatterV, true) => req.counts.clone(),
+        (Collective::ReduceScatterV, false) => {
+            vec![req.counts.get(r as usize).copied().unwrap_or(0)]
+        }
         (Collective::AllToAllV, true) => req.matrix.get(r as usize).cloned().unwrap_or_default(),
         (Collective::AllToAllV, false) => req
             .matrix

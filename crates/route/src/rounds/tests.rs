@@ -18,7 +18,9 @@ fn requests(c: u64) -> Vec<Request> {
         .map(|&coll| {
             let mut r = Request::new(coll, vec![0, 1, 2], c, DType::F32).with_root(1);
             match coll {
-                Collective::AllGatherV => r.counts = vec![c, c / 2, c + 3],
+                Collective::AllGatherV | Collective::ReduceScatterV => {
+                    r.counts = vec![c, c / 2, c + 3]
+                }
                 Collective::AllToAllV => {
                     r.matrix = vec![vec![c, 0, 2], vec![c + 1, c, 5], vec![1, c / 3, c]]
                 }

@@ -1,7 +1,7 @@
 //! The per-rank API ([`RankComm`]) with one thread per rank on the host backend: every
 //! collective x element type x op x in place or not against a reference written here
 //! (property-tested, exact for integers), send/recv and mixed groups, every kind of mismatch
-//! failing on every rank, a missing rank timing out, and split.
+//! failing on every rank, a missing rank timing out, and split (`split.rs`).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use relaycc_collectives::{Collectives, CollectivesError, Element, RankComm, ReduceOp, bf16, f16};
 use relaycc_route::{Collective, DType};
+
+mod split;
 
 /// Run `f` on every rank, one thread each; the results in rank order.
 fn on_ranks<R: Send>(ranks: Vec<RankComm>, f: impl Fn(RankComm) -> R + Sync) -> Vec<R> {
@@ -36,7 +38,7 @@ struct Case {
     n: usize,
     count: usize,
     root: usize,
-    /// all_gather_v counts; all_to_all_v matrix (row = sender).
+    /// all_gather_v and reduce_scatter_v counts; all_to_all_v matrix (row = sender).
     counts: Vec<usize>,
     matrix: Vec<Vec<usize>>,
 }
@@ -60,6 +62,7 @@ fn input_len(c: &Case, r: usize) -> usize {
         }
         Collective::Broadcast => k,
         Collective::AllGatherV => c.counts[r],
+        Collective::ReduceScatterV => c.counts.iter().sum(),
         Collective::ReduceScatter | Collective::AllToAll | Collective::Scatter => n * k,
         Collective::AllToAllV => c.matrix[r].iter().sum(),
         Collective::SendRecv => k,
@@ -71,6 +74,7 @@ fn output_len(c: &Case, r: usize) -> usize {
     match c.coll {
         Collective::AllReduce | Collective::Reduce | Collective::Broadcast => k,
         Collective::ReduceScatter | Collective::Scatter => k,
+        Collective::ReduceScatterV => c.counts[r],
         Collective::AllGather | Collective::AllToAll | Collective::Gather => n * k,
         Collective::AllGatherV => c.counts.iter().sum(),
         Collective::AllToAllV => c.matrix.iter().map(|row| row[r]).sum(),
@@ -119,6 +123,10 @@ fn reference(c: &Case, r: usize) -> Option<Vec<Want>> {
             .map(|(s, i)| e(x(s, i)))
             .collect(),
         Collective::ReduceScatter => (0..k).map(|i| all(&|_| r * k + i)).collect(),
+        Collective::ReduceScatterV => {
+            let displ: usize = c.counts[..r].iter().sum();
+            (0..c.counts[r]).map(|i| all(&|_| displ + i)).collect()
+        }
         Collective::AllToAll => (0..n * k)
             .map(|j| e(x(j / k.max(1), r * k + j % k.max(1))))
             .collect(),
@@ -182,6 +190,11 @@ fn rank_call<T: Element>(
                 rank.reduce_scatter_in_place(&mut buf, c.op)?;
                 Some(buf[r * k..(r + 1) * k].to_vec())
             }
+            Collective::ReduceScatterV => {
+                let d: usize = counts[..r].iter().sum();
+                rank.reduce_scatter_v_in_place(&mut buf, counts, c.op)?;
+                Some(buf[d..d + counts[r]].to_vec())
+            }
             Collective::Gather => {
                 if root {
                     out[r * k..(r + 1) * k].copy_from_slice(&input);
@@ -216,6 +229,7 @@ fn rank_call<T: Element>(
         Collective::AllGather => rank.all_gather(&input, &mut out)?,
         Collective::AllGatherV => rank.all_gather_v(&input, &mut out, counts)?,
         Collective::ReduceScatter => rank.reduce_scatter(&input, &mut out, c.op)?,
+        Collective::ReduceScatterV => rank.reduce_scatter_v(&input, &mut out, counts, c.op)?,
         Collective::AllToAll => rank.all_to_all(&input, &mut out)?,
         Collective::AllToAllV => {
             let col: Vec<usize> = c.matrix.iter().map(|row| row[r]).collect();
@@ -295,38 +309,9 @@ fn run_case(c: &Case, ranks: Vec<RankComm>) -> Result<Vec<RankComm>, String> {
     }
 }
 
-const COLLECTIVES: [Collective; 11] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::AllGatherV,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::AllToAllV,
-    Collective::Gather,
-    Collective::Scatter,
-    Collective::SendRecv,
-];
-const DTYPES: [DType; 10] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::Bf16,
-    DType::I8,
-    DType::U8,
-    DType::I32,
-    DType::U32,
-    DType::I64,
-    DType::U64,
-];
-const OPS: [ReduceOp; 5] = [
-    ReduceOp::Sum,
-    ReduceOp::Prod,
-    ReduceOp::Min,
-    ReduceOp::Max,
-    ReduceOp::Avg,
-];
+const COLLECTIVES: [Collective; 12] = Collective::ALL;
+const DTYPES: [DType; 10] = DType::ALL;
+const OPS: [ReduceOp; 5] = ReduceOp::ALL;
 
 fn has_in_place(c: Collective) -> bool {
     !matches!(
@@ -651,49 +636,6 @@ fn a_dropped_rank_fails_the_others_at_once() {
     );
 }
 
-/// Two overlapping sub-communicators of six ranks (even ranks, and ranks 0..4 ordered by a
-/// reversed key), used in alternation, give the right sums; a rank with no color opts out.
-#[test]
-fn split_into_overlapping_groups_used_in_alternation() {
-    let ranks = RankComm::host(6).expect("host ranks");
-    let res = on_ranks(
-        ranks,
-        |mut rank| -> Result<Vec<(u64, usize, usize)>, CollectivesError> {
-            let r = rank.rank();
-            let mut even = rank.split((r % 2 == 0).then_some(0), 0)?;
-            let mut low = rank.split((r < 4).then_some(7), -(r as i64))?;
-            let mut out = Vec::new();
-            for round in 0..4u64 {
-                if let Some(e) = even.as_mut() {
-                    let mut a = [r as u64 + round; 8];
-                    e.all_reduce_in_place(&mut a, ReduceOp::Sum)?;
-                    out.push((a[0], e.rank(), e.ranks()));
-                }
-                if let Some(l) = low.as_mut() {
-                    let mut b = [10 * r as u64 + round; 8];
-                    l.all_reduce_in_place(&mut b, ReduceOp::Sum)?;
-                    out.push((b[0], l.rank(), l.ranks()));
-                }
-            }
-            Ok(out)
-        },
-    );
-    for (r, got) in res.into_iter().enumerate() {
-        let got = got.expect("split rank");
-        let mut want = Vec::new();
-        for round in 0..4u64 {
-            if r % 2 == 0 {
-                want.push(([0u64, 2, 4].iter().map(|s| s + round).sum(), r / 2, 3));
-            }
-            if r < 4 {
-                // Keys -r: rank 3 first.
-                want.push(((0..4u64).map(|s| 10 * s + round).sum(), 3 - r, 4));
-            }
-        }
-        assert_eq!(got, want, "rank {r}");
-    }
-}
-
 /// The all-ranks API gets the in-place plan for an in-place broadcast on `host-N` (the
 /// out-of-place plan copies the root's input onto its own output, a race in place).
 #[test]
@@ -750,32 +692,6 @@ fn groups_mix_collectives_and_point_to_point() {
                 if matches!(**source, CollectivesError::Unmatched(_))),
             "rank {r}: {e}"
         );
-    }
-}
-
-/// A split's communicators plan within the parent's staging budget and keep its plan-cache
-/// limits.
-#[test]
-fn split_children_keep_the_parents_budget_and_cache_limits() {
-    let mut parent = relaycc_collectives::Communicator::host(4).expect("host communicator");
-    let budget = 3 << 20;
-    parent.set_staging_budget(budget);
-    let limits = relaycc_collectives::PlanCacheLimits {
-        max_plans: 5,
-        max_scratch_bytes: 7 << 20,
-    };
-    parent.set_plan_cache_limits(limits);
-    let res = on_ranks(parent.into_ranks(), |mut rank| {
-        let r = rank.rank();
-        let child = rank
-            .split(Some(u32::from(r < 2)), 0)
-            .expect("split")
-            .expect("every rank has a color");
-        let c = child.communicator();
-        (c.ranks(), c.staging_budget(), c.plan_cache_limits())
-    });
-    for got in res {
-        assert_eq!(got, (2, budget, limits));
     }
 }
 
