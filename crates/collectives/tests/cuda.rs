@@ -37,7 +37,7 @@ fn request(c: Collective, gpus: Vec<u32>, count: u64, dtype: DType, op: ReduceOp
     let mut r = Request::new(c, gpus, count, dtype)
         .with_op(op)
         .with_root(1 % n as u32);
-    if c == Collective::AllGatherV {
+    if matches!(c, Collective::AllGatherV | Collective::ReduceScatterV) {
         r.counts = (0..n as u64).map(|i| count + i).collect();
     }
     if c == Collective::AllToAllV {
