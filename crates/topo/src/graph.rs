@@ -299,6 +299,8 @@ pub struct Topology {
     pub(crate) mask: Mask,
     pub(crate) warnings: Vec<String>,
     pub(crate) costs: crate::rates::CostModel,
+    /// Per link, its usability and routing rate, made on first use ([`crate::link_tables`]).
+    pub(crate) link_tables: crate::link_tables::LinkTablesCell,
 }
 
 impl Topology {
@@ -492,32 +494,6 @@ impl Topology {
             _ => None,
         }
     }
-    /// The rate a link carries for routing: its own, or for an NVSwitch port link the whole
-    /// port's (the sum over the GPU's usable links to switch planes in that direction).
-    pub fn striped_gbps(&self, id: LinkId) -> f64 {
-        let own = self.graph.edge_weight(id).map(|l| l.gbps).unwrap_or(0.0);
-        let Some((gpu, out)) = self.nvswitch_port(id) else {
-            return own;
-        };
-        let port = |e: petgraph::graph::EdgeReference<'_, Link>| {
-            self.link_usable(e.id())
-                && matches!(
-                    self.graph[if out { e.target() } else { e.source() }].kind,
-                    NodeKind::NvSwitch
-                )
-                && e.weight().kind.is_nvlink()
-        };
-        let dir = if out {
-            petgraph::Direction::Outgoing
-        } else {
-            petgraph::Direction::Incoming
-        };
-        self.graph
-            .edges_directed(gpu, dir)
-            .filter(|e| port(*e))
-            .map(|e| e.weight().gbps)
-            .sum()
-    }
     /// True unless `a` and `b` are both GPUs and the driver refuses one of them PCIe
     /// peer-to-peer access ([`GpuInfo::pcie_p2p`]): then a transfer between them that PCIe
     /// carries is staged through host memory.
@@ -543,6 +519,7 @@ impl Topology {
         mask.validate(self)?;
         let mut t = self.clone();
         t.mask = mask;
+        t.forget_link_tables();
         Ok(t)
     }
     /// True unless the mask marks the GPU absent.
@@ -553,8 +530,8 @@ impl Topology {
     pub fn gpu_free(&self, index: u32) -> bool {
         self.gpu_present(index) && !self.mask.busy_gpus.contains(&index)
     }
-    /// True when the mask leaves a link usable: not down, and neither end an absent GPU.
-    pub fn link_usable(&self, id: LinkId) -> bool {
+    /// [`Topology::link_usable`] from the mask itself (the link tables read it once per link).
+    pub(crate) fn link_usable_under_mask(&self, id: LinkId) -> bool {
         let (a, b) = self.link_ends(id);
         let absent = |n: NodeId| {
             self.graph[n]
@@ -574,6 +551,7 @@ impl Topology {
             l.gbps = gbps;
             l.latency_us = latency_us;
         }
+        self.forget_link_tables();
     }
     /// Rename the topology.
     pub fn set_name(&mut self, name: impl Into<String>) {

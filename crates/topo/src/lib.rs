@@ -42,6 +42,7 @@ mod error;
 pub mod export;
 mod graph;
 pub mod import;
+mod link_tables;
 mod mask;
 mod nvlink;
 mod preset;

@@ -242,6 +242,7 @@ impl TopologyBuilder {
             mask: Mask::default(),
             warnings: Vec::new(),
             costs: crate::rates::CostModel::default(),
+            link_tables: Default::default(),
         })
     }
 }
