@@ -51,6 +51,7 @@ pub fn run(args: &RouteArgs) -> Result<String> {
                 "bound": perf_json(&p.bound),
                 "paths": paths,
                 "candidates": p.candidates,
+                "budget_exhausted": p.budget_exhausted,
             });
             serde_json::to_string_pretty(&doc)? + "\n"
         }
@@ -73,7 +74,17 @@ pub fn run(args: &RouteArgs) -> Result<String> {
                 staging_text(&staging),
                 crate::report::budget_text(opts.staging_budget)
             );
-            let _ = writeln!(s, "{PREDICTION_NOTE}\n");
+            let _ = writeln!(s, "{PREDICTION_NOTE}");
+            if p.budget_exhausted {
+                let _ = writeln!(
+                    s,
+                    "the planning budget was spent (planning took {:.2} s, its relay search \
+                     and simulations stopped ahead of the budget to answer within it): the \
+                     best route of the candidates simulated so far",
+                    p.elapsed.as_secs_f64()
+                );
+            }
+            let _ = writeln!(s);
             let texts: Vec<String> = p
                 .routes
                 .iter()

@@ -275,51 +275,57 @@ pub fn p2p_candidates(
     relay: &RelayPolicy,
     strategy: P2pStrategy,
 ) -> Result<Vec<P2pCandidate>> {
+    p2p_candidates_until(topo, req, relay, strategy, None).map(|(c, _)| c)
+}
+
+/// [`p2p_candidates`] whose search for relays stops at `until` (a planning call's deadline):
+/// each relay costs two widest-path searches, over the whole fabric where they cross the
+/// network (on 1,024 GB200 racks of a 2:1 fat-tree, 142 relays and 2M network links). The
+/// relays searched by then compete; the other kinds of route are found first, in full. Also
+/// returns whether `until` cut the search.
+pub(crate) fn p2p_candidates_until(
+    topo: &Topology,
+    req: &Request,
+    relay: &RelayPolicy,
+    strategy: P2pStrategy,
+    until: Option<std::time::Instant>,
+) -> Result<(Vec<P2pCandidate>, bool)> {
     crate::reach::require_reachable(topo, req, relay)?;
     let (a, b, count) = single_transfer(req)?;
     let esize = req.dtype.size();
     let allowed = |g: u32| relay.allows(topo, &req.gpus, g) && g != a && g != b;
     let chunks: Vec<u64> = P2P_CHUNK_BYTES.iter().map(|c| (c / esize).max(1)).collect();
-    let mut out = Vec::new();
     let want = |s: P2pStrategy| strategy == P2pStrategy::Auto || strategy == s;
-    let direct = direct_route(topo, a, b);
+    let mut direct = Vec::new();
     if want(P2pStrategy::Direct)
-        && let Some(r) = &direct
+        && let Some(r) = direct_route(topo, a, b)
     {
-        out.push(build(
+        direct.push(build(
             req,
             "direct".into(),
-            vec![r.clone()],
+            vec![r],
             vec![count],
             count.max(1),
         ));
     }
+    let mut host = Vec::new();
     if want(P2pStrategy::Host) {
         for r in host_staged_routes(topo, a, b) {
             let name = format!("host-staged via {}", r.names(topo)[1]);
             for &c in &chunks {
-                out.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
+                host.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
             }
         }
     }
-    if want(P2pStrategy::Relay) {
-        for r in relay_routes(topo, a, b, &allowed)
-            .into_iter()
-            .take(MAX_SINGLE_RELAYS)
-        {
-            let name = format!("relay via {}", r.names(topo)[1]);
-            for &c in &chunks {
-                out.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
-            }
-        }
-    }
+    // The multi-path split before the relays, whose search may stop at `until`.
+    let mut multipath = Vec::new();
     if want(P2pStrategy::Multipath) {
         let (_, flows) = max_flow_routes(topo, a, b, &allowed)?;
         let routes: Vec<Route> = flows.into_iter().map(|(r, _)| r).collect();
         if routes.len() > 1 {
             let (shares, per_route) =
                 tuned_shares(count, &routes, esize, topo.costs().copy_engine_launch_us);
-            out.push(build_chunked(
+            multipath.push(build_chunked(
                 req,
                 format!("multipath x{} (tuned chunks)", routes.len()),
                 routes.clone(),
@@ -328,7 +334,7 @@ pub fn p2p_candidates(
             ));
             for &c in &chunks {
                 let shares = balanced_shares(count, &routes, esize, c);
-                out.push(build(
+                multipath.push(build(
                     req,
                     format!("multipath x{}", routes.len()),
                     routes.clone(),
@@ -338,13 +344,36 @@ pub fn p2p_candidates(
             }
         }
     }
+    let mut relayed = Vec::new();
+    let cut = std::cell::Cell::new(false);
+    if want(P2pStrategy::Relay) {
+        let in_time = || {
+            let on = until.is_none_or(|u| std::time::Instant::now() < u);
+            cut.set(cut.get() || !on);
+            on
+        };
+        let searched = |g: u32| allowed(g) && in_time();
+        for r in relay_routes(topo, a, b, &searched)
+            .into_iter()
+            .take(MAX_SINGLE_RELAYS)
+        {
+            let name = format!("relay via {}", r.names(topo)[1]);
+            for &c in &chunks {
+                relayed.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
+            }
+        }
+    }
+    let out: Vec<P2pCandidate> = [direct, host, relayed, multipath]
+        .into_iter()
+        .flatten()
+        .collect();
     if out.is_empty() {
         return Err(RouteError::NoRoute {
             what: format!("GPU{a} -> GPU{b}"),
             why: format!("no {strategy:?} route over usable links with relay policy {relay:?}"),
         });
     }
-    Ok(out)
+    Ok((out, cut.get()))
 }
 
 /// The point-to-point bound: the max-flow from `a` to `b` over usable links through GPUs the
@@ -411,5 +440,28 @@ mod tests {
         assert!(p2p_candidates(&topo, &req, &RelayPolicy::None, P2pStrategy::Relay).is_err());
         let bound = p2p_bound_gbps(&topo, &req, &RelayPolicy::Members).unwrap();
         assert!((bound - 10.0).abs() < 1e-6);
+    }
+
+    /// A relay search past its deadline searches no relay and says it was cut; the other
+    /// candidates are the ones a search without a deadline finds, in the same order.
+    #[test]
+    fn a_relay_search_past_its_deadline_keeps_the_other_candidates() {
+        let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+        let req = Request::point_to_point(0, 7, 1 << 20);
+        let all = |until| {
+            p2p_candidates_until(&topo, &req, &RelayPolicy::Any, P2pStrategy::Auto, until).unwrap()
+        };
+        let names = |c: &[P2pCandidate]| -> Vec<String> {
+            c.iter().map(|c| c.plan.algorithm.clone()).collect()
+        };
+        let (whole, whole_cut) = all(None);
+        let (past, past_cut) = all(Some(std::time::Instant::now()));
+        assert!(!whole_cut && past_cut);
+        assert!(names(&whole).iter().any(|n| n.starts_with("relay via")));
+        let kept: Vec<String> = names(&whole)
+            .into_iter()
+            .filter(|n| !n.starts_with("relay via"))
+            .collect();
+        assert_eq!(names(&past), kept);
     }
 }

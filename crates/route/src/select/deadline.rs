@@ -221,6 +221,12 @@ impl Deadline {
     pub(super) fn at(&self) -> Option<Instant> {
         self.at
     }
+    /// The instant `share` of the budget (less its wrap-up) after the start; `None` without
+    /// a deadline.
+    pub(super) fn at_share(&self, share: f64) -> Option<Instant> {
+        self.at?;
+        self.started.checked_add(self.budget.mul_f64(share))
+    }
     /// Wall time since the call started.
     pub(super) fn elapsed(&self) -> Duration {
         self.started.elapsed()

@@ -23,7 +23,7 @@ use relaycc_topo::{HostSymmetry, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RouteError};
-use crate::p2p::{P2pStrategy, RouteShare, p2p_bound_gbps, p2p_candidates};
+use crate::p2p::{P2pStrategy, RouteShare, p2p_bound_gbps, p2p_candidates_until};
 use crate::path::RelayPolicy;
 use crate::plan::Plan;
 use crate::planner::baseline::{TunedPlan, TunedTime};
@@ -174,6 +174,10 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
         skipped,
     })
 }
+
+/// Share of the budget a point-to-point request may spend searching relays
+/// ([`crate::p2p::p2p_candidates`]).
+const RELAY_SEARCH_SHARE: f64 = 0.5;
 
 /// One planning call as its phases see it: the request, its options, its clock and the shift
 /// of hosts its plans fold by (none where they are built in full).
@@ -410,24 +414,58 @@ impl Selection<'_> {
         let (topo, req, opts) = (self.topo, self.req, self.opts);
         let budget = opts.staging_budget;
         let bound_gbps = p2p_bound_gbps(topo, req, &opts.relay)?;
-        let mut plans = Vec::new();
-        match p2p_candidates(topo, req, &opts.relay, opts.strategy) {
-            Ok(cands) => {
-                for c in cands {
-                    if let Some((at, needed)) = crate::staging::over_budget(&c.plan, budget) {
-                        first_failure.get_or_insert(crate::staging::budget_error(
-                            &c.plan, at, needed, budget,
-                        ));
-                        continue;
-                    }
-                    let t = simulate(topo, &c.plan, &opts.sim)?.time_us;
-                    plans.push((c.plan, c.routes, t, false));
+        let until = self.deadline.at();
+        // Relays are searched for half the budget at most: the candidates found must still be
+        // simulated, and a relay rarely wins where the search is long (a cluster's fabric,
+        // which every relay crosses as the direct route does).
+        let relays_until = self.deadline.at_share(RELAY_SEARCH_SHARE);
+        let cands = match p2p_candidates_until(topo, req, &opts.relay, opts.strategy, relays_until)
+        {
+            Ok((cands, cut)) => {
+                if cut {
+                    self.deadline.mark_hit();
                 }
+                cands
             }
             // A forced strategy with no route falls through to the baseline only when Auto.
             Err(e) if opts.strategy != P2pStrategy::Auto => return Err(e),
-            Err(_) => {}
+            Err(_) => Vec::new(),
+        };
+        let mut fits = Vec::with_capacity(cands.len());
+        for c in cands {
+            match crate::staging::over_budget(&c.plan, budget) {
+                Some((at, needed)) => {
+                    let e = crate::staging::budget_error(&c.plan, at, needed, budget);
+                    first_failure.get_or_insert(e);
+                }
+                None => fits.push(c),
+            }
         }
+        // Simulated in the order of their routes' bound (each route's elements at its
+        // bottleneck rate), so that a deadline that stops them keeps the most promising; the
+        // first is always simulated, and the plans keep the candidates' order.
+        let esize = req.dtype.size() as f64;
+        let route_bound_us = |c: &crate::p2p::P2pCandidate| {
+            c.routes
+                .iter()
+                .map(|r| r.elements as f64 * esize / (r.route.gbps() * 1e3))
+                .fold(0.0f64, f64::max)
+        };
+        let mut order: Vec<usize> = (0..fits.len()).collect();
+        order.sort_by(|&x, &y| route_bound_us(&fits[x]).total_cmp(&route_bound_us(&fits[y])));
+        let mut times: Vec<Option<f64>> = vec![None; fits.len()];
+        for (k, &i) in order.iter().enumerate() {
+            if k > 0 && until.is_some_and(|u| Instant::now() >= u) {
+                self.deadline.mark_hit();
+                break;
+            }
+            times[i] = Some(simulate(topo, &fits[i].plan, &opts.sim)?.time_us);
+        }
+        let plans = fits
+            .into_iter()
+            .zip(times)
+            .filter_map(|(c, t)| Some((c.plan, c.routes, t?, false)))
+            .collect();
         Ok((bound_gbps, plans))
     }
 
