@@ -143,15 +143,23 @@ fn placements(topo: &Topology, free: &[u32], k: usize, until: Instant) -> Vec<Ve
     out
 }
 
+/// How far past its budget a planning call may return (`relaycc plan` returns within 1.5
+/// times it).
+const PLAN_OVERRUN: f64 = 1.5;
+
 /// Run `relaycc advise`.
 pub fn run(args: &AdviseArgs) -> Result<String> {
     let mut targs = args.topology.clone();
     targs.mask_gpus.extend(args.busy.iter().copied());
-    let topo = load_topology(&targs)?;
-    let topo = topo.with_mask(Mask {
-        busy_gpus: targs.mask_gpus.iter().copied().collect(),
-        ..topo.mask().clone()
-    })?;
+    // One copy of the topology lives at a time (a 1,024-rack GB200 cluster's is hundreds of
+    // megabytes): the unmasked one goes once masked, and the planner takes the masked one.
+    let topo = {
+        let loaded = load_topology(&targs)?;
+        loaded.with_mask(Mask {
+            busy_gpus: targs.mask_gpus.iter().copied().collect(),
+            ..loaded.mask().clone()
+        })?
+    };
     let free: Vec<u32> = (0..topo.gpu_count())
         .filter(|g| topo.gpu_free(*g))
         .collect();
@@ -180,7 +188,8 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
         staging_budget: relaycc_route::staging::DEFAULT_STAGING_BUDGET_BYTES,
         issue_us: 0.0,
     };
-    let planner = Planner::new(topo.clone());
+    let planner = Planner::new(topo);
+    let topo = planner.topology();
     // The budget is set per placement, from what the search left.
     let mut opts = cargs.plan_options();
     let mut budget_exhausted = false;
@@ -201,7 +210,10 @@ pub fn run(args: &AdviseArgs) -> Result<String> {
             budget_exhausted = true;
             break;
         }
-        opts.budget = left;
+        // A planning call returns within 1.5 times its budget (its baseline's build and
+        // the last simulations run past it): given the time left over that, the last
+        // placement's call still ends within the command's budget.
+        opts.budget = left.div_f64(PLAN_OVERRUN);
         pb.inc(1);
         match planner.plan(&req, &opts) {
             Ok(p) => {
