@@ -200,7 +200,11 @@ impl PreparedSim {
             .zip(&model.caps)
             .enumerate()
             .map(|(r, (l, c))| {
-                let l = if r < model.n_edges { l * scale } else { *l };
+                let l = if model.edge_of(r).is_some() {
+                    l * scale
+                } else {
+                    *l
+                };
                 l / c
             })
             .fold(0.0f64, f64::max);
@@ -625,14 +629,14 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let (busy_us, utilisation) = (self.res_busy_us[r], util(bytes, m.caps[r]));
-            if r < m.n_edges {
+            if let Some(edge) = m.edge_of(r) {
                 edges.push(EdgeUse {
-                    edge: r as u32,
+                    edge,
                     bytes,
                     busy_us,
                     utilisation,
                 });
-            } else if let Some(&location) = m.mem_loc.get(r - m.n_edges) {
+            } else if let Some(location) = m.memory_of(r) {
                 memories.push(MemUse {
                     location,
                     name: super::model::location_name(topo, location),

@@ -23,7 +23,8 @@
 //! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s
 //!   = 1e3 bytes/us); so is each memory: a GPU's device memory at
 //!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, a CPU socket's host
-//!   memory at its `host_mem_gbps`.
+//!   memory at its `host_mem_gbps`. A simulation keeps only the resources some op loads, in
+//!   the topology's order, so its state is sized by the plan, not by the machine.
 //! - **Protocol share.** A plan with a protocol loads each edge `1 / bw_fraction` times per
 //!   data byte (LL 2x: half of each 8-byte store is a flag; LL128 1/0.92; Simple 1).
 //! - **NVLS.** A copy in an NVLS group ([`crate::NvlsShare`]) loads its edges `1 / efficiency`
