@@ -1,7 +1,8 @@
 //! A data-parallel training step as an engine with one thread per rank runs it: each rank
 //! computes the gradient of its own data shard, averages it with the others through its
-//! per-rank handle (`RankComm::all_reduce_in_place` with `Avg`), and applies the same
-//! update; then the ranks split into two tensor-parallel groups (ranks `0..n/2` and
+//! per-rank handle (`all_reduce_in_place` with `Avg`, in `dp_common/`: the same step
+//! `gpu_dp_step` runs on GPU streams and `mpi_dp_step` across processes), and applies the
+//! same update; then the ranks split into two tensor-parallel groups (ranks `0..n/2` and
 //! `n/2..n`), and each group sums its partial activations with an all_reduce of its own.
 //!
 //! Runs on the host backend (one logical device per rank in this machine's memory):
@@ -10,6 +11,9 @@
 use std::time::Instant;
 
 use relaycc::{Collectives, CollectivesError, RankComm, ReduceOp};
+
+mod dp_common;
+use dp_common::{apply, average_gradients, local_gradient};
 
 /// What one rank reports: its final weights' checksum and its seconds in all_reduce.
 type RankResult = Result<(f64, f64), CollectivesError>;
@@ -24,15 +28,11 @@ fn rank_main(mut rank: RankComm, params: usize, steps: usize) -> RankResult {
     let mut comm_secs = 0.0;
     for step in 0..steps {
         // The "backward pass": a gradient that differs per rank (its data shard).
-        for (i, (g, w)) in grads.iter_mut().zip(&weights).enumerate() {
-            *g = w * 0.01 + ((r + i + step) % 5) as f32;
-        }
+        local_gradient(&weights, r, step, &mut grads);
         let t = Instant::now();
-        rank.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
+        average_gradients(&mut rank, &mut grads)?;
         comm_secs += t.elapsed().as_secs_f64();
-        for (w, g) in weights.iter_mut().zip(&grads) {
-            *w -= lr * g;
-        }
+        apply(&mut weights, &grads, lr);
     }
     // Tensor parallelism: two groups of n/2 ranks, each holding a shard of a layer; each
     // rank's partial output is summed within its group only.

@@ -19,26 +19,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use relaycc::collectives::RecvBuf;
 use relaycc::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use relaycc::{Collectives, CollectivesError, RankComm, ReduceOp, collectives::cuda};
+use relaycc::{RankComm, collectives::cuda};
 
-/// The collective part of the step: every rank's gradient replaced by the average over the
-/// ranks. Generic over the surface: host slices on threads, cudarc buffers on a stream, MPI.
-fn average_gradients<C, B>(comm: &mut C, grads: &mut B) -> Result<(), CollectivesError>
-where
-    C: Collectives,
-    B: RecvBuf<f32> + ?Sized,
-{
-    comm.all_reduce_in_place(grads, ReduceOp::Avg)
-}
-
-/// A gradient that differs per rank (its data shard) and per step.
-fn local_gradient(weights: &[f32], rank: usize, step: usize, out: &mut [f32]) {
-    for (i, (g, w)) in out.iter_mut().zip(weights).enumerate() {
-        *g = w * 0.01 + ((rank + i + step) % 5) as f32;
-    }
-}
+mod dp_common;
+use dp_common::{apply, average_gradients, local_gradient};
 
 /// What a rank reports: its weights' checksum and its seconds in the collective.
 type RankResult = Result<(f64, f64), Box<dyn std::error::Error + Send + Sync>>;
@@ -63,9 +48,7 @@ fn rank_main(mut rank: RankComm, params: usize, steps: usize) -> RankResult {
         // optimizer runs on the host here, so the stream is synchronized before it reads.
         stream.memcpy_dtoh(&grads, &mut host_grads)?;
         stream.synchronize()?;
-        for (w, g) in weights.iter_mut().zip(&host_grads) {
-            *w -= lr * g;
-        }
+        apply(&mut weights, &host_grads, lr);
     }
     Ok((weights.iter().map(|&w| f64::from(w)).sum(), comm_secs))
 }

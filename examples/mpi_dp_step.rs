@@ -20,8 +20,11 @@
 
 use std::time::Instant;
 
-use relaycc::{MpiCommunicator, MpiError, ReduceOp, rsmpi};
+use relaycc::{Collectives, CollectivesError, MpiCommunicator, ReduceOp, rsmpi};
 use rsmpi::traits::*;
+
+mod dp_common;
+use dp_common::{apply, average_gradients, local_gradient};
 
 fn main() {
     let Some(universe) = rsmpi::initialize() else {
@@ -29,7 +32,7 @@ fn main() {
         std::process::exit(2);
     };
     let world = universe.world();
-    let comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
+    let mut comm = match MpiCommunicator::from_mpi(&world, world.rank() as u32, None) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mpi_dp_step: setup: {e}");
@@ -39,37 +42,28 @@ fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>().ok());
     let params = args.next().flatten().unwrap_or(1 << 20);
     let steps = args.next().flatten().unwrap_or(5);
-    if let Err(e) = run(&comm, params, steps) {
+    if let Err(e) = run(&mut comm, params, steps) {
         eprintln!("rank {}: {e}", comm.rank());
         comm.abort(1);
     }
 }
 
-/// The local "backward pass": a gradient that depends on the weights and on this rank's shard.
-fn gradient(weights: &[f32], rank: u32, step: usize, out: &mut [f32]) {
-    for (i, (g, w)) in out.iter_mut().zip(weights).enumerate() {
-        *g = w * 0.01 + ((rank as usize + i + step) % 5) as f32;
-    }
-}
-
-fn run(comm: &MpiCommunicator, params: usize, steps: usize) -> Result<(), MpiError> {
-    let (me, n) = (comm.rank(), comm.size());
+fn run(comm: &mut MpiCommunicator, params: usize, steps: usize) -> Result<(), CollectivesError> {
+    let (me, n) = (comm.rank(), comm.ranks());
     let lr = 0.1f32;
     let mut weights = vec![1.0f32; params];
-    let mut grad = vec![0.0f32; params];
+    let mut grads = vec![0.0f32; params];
     let mut comm_secs = 0.0;
     for step in 0..steps {
-        gradient(&weights, me, step, &mut grad);
+        local_gradient(&weights, me, step, &mut grads);
         let t = Instant::now();
-        comm.all_reduce_in_place(&mut grad, ReduceOp::Avg)?;
+        average_gradients(comm, &mut grads)?;
         comm_secs += t.elapsed().as_secs_f64();
-        for (w, g) in weights.iter_mut().zip(&grad) {
-            *w -= lr * g;
-        }
+        apply(&mut weights, &grads, lr);
     }
-    // Every replica applied the same averaged updates: rank 0's weights equal everyone's.
+    // Every replica applied the same updates: rank 0's weights equal everyone's.
     let mut reference = weights.clone();
-    comm.broadcast(&mut reference, 0)?;
+    comm.broadcast_in_place(&mut reference, 0)?;
     let same = u8::from(reference == weights);
     let mut all_same = [0u8];
     comm.all_reduce(&[same], &mut all_same, ReduceOp::Min)?;
@@ -84,32 +78,33 @@ fn run(comm: &MpiCommunicator, params: usize, steps: usize) -> Result<(), MpiErr
     }
 
     // Tensor parallel in pairs, data parallel across the pairs.
-    let tp = comm.split(Some(me / 2), me as i32)?;
-    let dp = comm.split(Some(me % 2), me as i32)?;
-    let (Some(tp), Some(dp)) = (tp, dp) else {
-        return Err(MpiError::Unsupported("every rank passes a color".into()));
+    let color = |c: usize| Some(c as u32);
+    let tp = comm.split(color(me / 2), me as i32)?;
+    let dp = comm.split(color(me % 2), me as i32)?;
+    let (Some(mut tp), Some(mut dp)) = (tp, dp) else {
+        return Err(CollectivesError::Setup("every rank passes a color".into()));
     };
     // This rank's half of the layer's columns.
     let half = params / 2;
-    let start = (tp.rank() as usize * half).min(weights.len());
+    let start = (tp.rank() * half).min(weights.len());
     let columns = &weights[start..(start + half).min(weights.len())];
-    let mut activations = vec![0.0f32; half * tp.size() as usize];
+    let mut activations = vec![0.0f32; half * tp.ranks()];
     let mut shard_grad = vec![0.0f32; half];
     for step in 0..steps {
         // Forward: each member computes its half of the activations; the pair gathers them.
         let mine: Vec<f32> = columns.iter().map(|w| w * (step + 1) as f32).collect();
         tp.all_gather(&mine, &mut activations)?;
         // Backward: the gradient of this rank's half, averaged over the data-parallel group.
-        gradient(columns, me, step, &mut shard_grad);
-        dp.all_reduce_in_place(&mut shard_grad, ReduceOp::Avg)?;
+        local_gradient(columns, me, step, &mut shard_grad);
+        average_gradients(&mut dp, &mut shard_grad)?;
     }
     if me == 0 {
         println!(
             "tensor parallel: {} pairs of {} ranks, data-parallel groups of {}, {steps} steps \
              alternating all_gather (pair) and all_reduce (group): done",
             n.div_ceil(2),
-            tp.size(),
-            dp.size()
+            tp.ranks(),
+            dp.ranks()
         );
     }
     Ok(())

@@ -29,6 +29,7 @@ use mpi_start::{displs, max_all};
 use std::sync::Arc;
 use std::time::Instant;
 
+use relaycc::collectives::Collectives;
 use relaycc::collectives::mpi::rsmpi;
 use relaycc::collectives::mpi::{
     Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode,
@@ -72,7 +73,7 @@ fn main() -> ExitCode {
 /// Each strategy and the model's choice against `MPI_Alltoallv` on three patterns.
 fn exchanges(comm: &MpiCommunicator, iters: usize) -> BenchResult {
     let mut correct = true;
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let w = comm.comm();
     let degree = (n / 2).max(1);
     let mut matched = 0;

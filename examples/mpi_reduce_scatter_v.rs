@@ -71,7 +71,7 @@ fn rounds(
     calls: usize,
     call: &mut ReduceScatterV<'_>,
 ) -> Result<(f64, f64, bool), Box<dyn Error>> {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let mut draw = Draw(0x2545_f491_4f6c_dd1d);
     let input: Vec<f32> = (0..n * CAPACITY).map(|p| value(me, p)).collect();
     let mut out = vec![0f32; CAPACITY];
@@ -129,8 +129,9 @@ fn main() -> ExitCode {
         }
     } else {
         let before = comm.cached_calls();
+        let mut host = &comm;
         let ran = rounds(&comm, iters, &mut |i, o, c| {
-            Ok(comm.reduce_scatter_v(i, o, c, sum)?)
+            Ok(host.reduce_scatter_v(i, o, c, sum)?)
         });
         (before, ran, comm.cached_calls())
     };
@@ -147,7 +148,7 @@ fn main() -> ExitCode {
     if comm.rank() == 0 {
         println!(
             "reduce_scatter_v f32 sum, {} ranks{}, {iters} calls of each",
-            comm.size(),
+            comm.ranks() as u32,
             if gpu_rank {
                 " (GPU ranks' protocol on the host backend)"
             } else {

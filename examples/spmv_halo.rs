@@ -25,6 +25,7 @@ mod mpi_start;
 use mpi_start::{displs, max_all};
 use std::time::Instant;
 
+use relaycc::collectives::Collectives;
 use relaycc::collectives::mpi::rsmpi;
 use relaycc::collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange};
 use relaycc::route::nodeaware::Strategy;
@@ -123,7 +124,7 @@ fn x_of(i: usize) -> f64 {
 /// Every strategy's halo exchange on `a`; `Ok(false)` when some product was wrong.
 fn run(comm: &MpiCommunicator, a: Matrix, iters: usize) -> Result<bool, MpiError> {
     let world = comm.comm();
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let rows = a.rows();
     let lo = |r: usize| r * rows / n;
     let owner = |c: usize| (0..n).find(|r| c < lo(r + 1)).unwrap_or(n - 1);

@@ -95,11 +95,12 @@
 //! # #[cfg(feature = "mpi")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use relaycc::rsmpi::traits::Communicator as _;
-//! use relaycc::{MpiCommunicator, ReduceOp, rsmpi};
+//! use relaycc::{Collectives, MpiCommunicator, ReduceOp, rsmpi};
 //!
 //! let universe = rsmpi::initialize().ok_or("MPI cannot be initialized")?;
 //! let world = universe.world();
-//! let comm = MpiCommunicator::from_mpi(&world, world.rank() as u32, None)?;
+//! // The communicator is this process's rank: the same `Collectives` calls as threads make.
+//! let mut comm = MpiCommunicator::from_mpi(&world, world.rank() as u32, None)?;
 //! let mut grads = vec![comm.rank() as f32; 1 << 20];
 //! comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
 //! # Ok(()) }

@@ -35,7 +35,7 @@
 //! | `cudaStreamSynchronize` | `MPI_Wait` | [`Pending::wait`] |
 //! | `ncclRedOp_t` | `MPI_Op` | [`ReduceOp`] |
 //! | `ncclDataType_t` | `MPI_Datatype` | [`Element`] (`f32`, `f64`, `f16`, `bf16`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`) |
-//! | `ncclCommInitRank` (bootstrapped by MPI) | one process per rank | `mpi::MpiCommunicator::from_mpi` (feature `mpi`), then per-rank `all_reduce(&[T], &mut [T], op)` and the other collectives on each process's own slices |
+//! | `ncclCommInitRank` (bootstrapped by MPI) | one process per rank | `mpi::MpiCommunicator::from_mpi` (feature `mpi`): the communicator is this process's rank, with the same `Collectives` calls as threads make, on its own host slices |
 //! | `ncclCommSplit` | `MPI_Comm_split` | `mpi::MpiCommunicator::split` (feature `mpi`) |
 //!
 //! Calls are in place, as in NCCL, when a rank's input and output are the same memory (for

@@ -31,7 +31,7 @@
 
 mod mpi_common;
 
-use mpi_common::Report;
+use mpi_common::{Report, mpi_err};
 
 use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu};
 use relaycc_collectives::{Collectives, CollectivesError, PlanCacheLimits, ReduceOp};
@@ -110,8 +110,8 @@ const SIZES: [usize; 12] = [
     17, 100, 333, 1000, 1024, 2047, 4096, 5000, 9999, 12_345, 40_000, 70_001,
 ];
 
-fn typed_count_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+fn typed_count_limit(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank(), comm.ranks());
     let set = comm.set_plan_cache_limits(limits(4, u64::MAX));
     rep.check(
         "limits agreed",
@@ -145,8 +145,8 @@ fn typed_count_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     );
 }
 
-fn typed_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+fn typed_count_binding(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank(), comm.ranks());
     let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
     let mut draw = Draw(0x2545_f491_4f6c_dd1d);
     let before = comm.cached_calls();
@@ -202,8 +202,8 @@ fn typed_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     );
 }
 
-fn typed_byte_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+fn typed_byte_limit(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank(), comm.ranks());
     let set = comm.set_plan_cache_limits(limits(64, 1));
     let mut ok = set.is_ok() && comm.cached_calls() <= 1;
     for len in SIZES.iter().chain(&SIZES[..4]) {
@@ -216,7 +216,7 @@ fn typed_byte_limit(comm: &MpiCommunicator, rep: &mut Report<'_>) {
 }
 
 fn typed_limits_mismatch(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let before = comm.plan_cache_limits();
     let plans = if me == n - 1 { 9 } else { 8 };
     let got = comm.set_plan_cache_limits(limits(plans, u64::MAX));
@@ -233,24 +233,26 @@ fn typed_limits_mismatch(comm: &MpiCommunicator, rep: &mut Report<'_>) {
 
 /// Send/recv shapes under a limit of 2: rank 0 also sends to rank 2 at two other counts, so
 /// its cache evicts the shape of its pair with rank 1 while rank 1's keeps it.
-fn pairs(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank(), comm.size());
+fn pairs(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     if n < 3 {
         return;
     }
     let set = comm.set_plan_cache_limits(limits(2, u64::MAX));
     let data = |count: usize| -> Vec<u32> { (0..count).map(|i| sent(0, i)).collect() };
     let mut ok = set.is_ok();
-    let step = |peer_of_0: u32, count: usize| {
+    let mut step = |peer_of_0: u32, count: usize| {
         let ran = match me {
-            0 => comm.send(&data(count), peer_of_0),
+            0 => comm.send(&data(count), peer_of_0 as usize),
             r if r == peer_of_0 => {
                 let mut got = vec![0u32; count];
                 comm.recv(&mut got, 0).and_then(|()| {
                     if got == data(count) {
                         Ok(())
                     } else {
-                        Err(MpiError::Unsupported("wrong bytes".into()))
+                        Err(relaycc_collectives::CollectivesError::Setup(
+                            "wrong bytes".into(),
+                        ))
                     }
                 })
             }
@@ -284,7 +286,7 @@ fn host_gpu<'c>(comm: &'c MpiCommunicator, rep: &mut Report<'_>, what: &str) -> 
 }
 
 fn gpu_ranks(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let set = comm.set_plan_cache_limits(limits(3, u64::MAX));
     let Some(mut gpu) = host_gpu(comm, rep, "GPU ranks: host-backed rank made") else {
         return;
@@ -346,7 +348,7 @@ fn gpu_ranks(comm: &MpiCommunicator, rep: &mut Report<'_>) {
 /// all_gather_v (out of place and in place) with new counts every call run capacity plans, so
 /// the cache grows by at most one shape per power-of-two capacity, and every result is exact.
 fn gpu_count_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
     let Some(mut gpu) = host_gpu(
         comm,
@@ -421,8 +423,8 @@ fn reduce_scatter_v_want(me: usize, n: usize, counts: &[usize]) -> Vec<u32> {
 /// reduce_scatter_v with new counts every call, on the typed host calls and on a GPU rank's
 /// front door over the host backend: exact sums, at most one shape per power-of-two capacity
 /// on each, and counts that differ on one rank a `CountMismatch` on every rank.
-fn reduce_scatter_v_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+fn reduce_scatter_v_binding(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let (me, n) = (comm.rank(), comm.ranks());
     let set = comm.set_plan_cache_limits(limits(64, u64::MAX));
     let Some(mut gpu) = host_gpu(comm, rep, "reduce_scatter_v: host-backed rank made") else {
         return;
@@ -475,6 +477,7 @@ fn reduce_scatter_v_binding(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     let input: Vec<u32> = (0..total).map(|p| sent(me, p)).collect();
     let mut out = vec![7u32; counts[me]];
     let r = comm.reduce_scatter_v(&input, &mut out, &counts, ReduceOp::Sum);
+    let r = mpi_err(r);
     let mismatch = matches!(&r, Err(MpiError::CountMismatch(_) | MpiError::Peer { .. }));
     if !mismatch {
         eprintln!("rank {me}: reduce_scatter_v with other counts on rank 0 gave {r:?}");

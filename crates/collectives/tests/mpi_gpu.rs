@@ -49,7 +49,7 @@ fn mpi_error(r: &Result<(), CollectivesError>) -> Option<&MpiError> {
 use rsmpi::topology::SimpleCommunicator;
 use rsmpi::traits::*;
 
-fn no_driver(comm: &MpiCommunicator, rep: &mut Report<'_>) {
+fn no_driver(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
     for t in [GpuTransport::Mpi, GpuTransport::Nccl] {
         let got = MpiGpu::new(comm, 0, t);
         let ok = matches!(
@@ -68,7 +68,7 @@ fn no_driver(comm: &MpiCommunicator, rep: &mut Report<'_>) {
     }
     let mut x = vec![comm.rank() as f32; 17];
     let ran = comm.all_reduce_in_place(&mut x, ReduceOp::Sum);
-    let n = comm.size() as f32;
+    let n = (comm.ranks() as u32) as f32;
     let want = n * (n - 1.0) / 2.0;
     rep.check(
         "no driver: host collectives still run",
@@ -79,8 +79,8 @@ fn no_driver(comm: &MpiCommunicator, rep: &mut Report<'_>) {
 /// The GPU ranks' protocol on the host backend (`MpiGpu::host`): every collective on host
 /// slices, compared with the exact result, in the communicator's transfer mode `label`.
 fn host_checks(comm: &MpiCommunicator, label: &str, rep: &mut Report<'_>) {
-    let me = comm.rank();
-    let n = comm.size();
+    let me = comm.rank() as u32;
+    let n = comm.ranks() as u32;
     let nu = n as usize;
     let mut gpu = match MpiGpu::host(comm) {
         Ok(g) => g,
@@ -290,8 +290,8 @@ extern "C" __global__ void twice(float *x, int n) {
 /// a broadcast out of place, reduce and gather in place, a group of two collectives, a tag
 /// that differs on one rank, and an in-place form MPI refuses on every rank.
 fn front_door_forms(gpu: &mut MpiGpu<'_>, label: &str, rep: &mut Report<'_>) {
-    let me = gpu.comm().rank() as usize;
-    let n = gpu.comm().size() as usize;
+    let me = gpu.comm().rank();
+    let n = gpu.comm().ranks();
     let mut on = gpu.on_host();
     let root = n - 1;
     let send = input::<i32>(root as u32, 1001);
@@ -376,8 +376,8 @@ fn gpu_checks(
     t: GpuTransport,
     rep: &mut Report<'_>,
 ) {
-    let me = comm.rank();
-    let n = comm.size();
+    let me = comm.rank() as u32;
+    let n = comm.ranks() as u32;
     let nu = n as usize;
     let local = world.split_shared(world.rank()).rank() as usize;
     let visible = cuda::devices().map_or(1, |d| d.len().max(1));
@@ -651,9 +651,9 @@ fn gpu_checks(
 /// fails while rank 0's succeeds: both ranks of the pair get an error (the pair agrees on the
 /// preparation's outcome before data moves), within the communicator's timeout, and the
 /// communicator still runs a collective afterwards.
-fn one_sided_allocation_failure(comm: &MpiCommunicator, rep: &mut Report<'_>) {
-    let me = comm.rank();
-    let n = comm.size();
+fn one_sided_allocation_failure(mut comm: &MpiCommunicator, rep: &mut Report<'_>) {
+    let me = comm.rank() as u32;
+    let n = comm.ranks() as u32;
     if n < 2 {
         return;
     }

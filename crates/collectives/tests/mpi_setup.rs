@@ -22,6 +22,7 @@ mod mpi_common;
 
 use std::time::{Duration, Instant};
 
+use relaycc_collectives::Collectives;
 use relaycc_collectives::mpi::{MpiCommunicator, MpiError, rsmpi};
 use rsmpi::traits::*;
 
@@ -78,7 +79,7 @@ fn bad_setup(world: &rsmpi::topology::SimpleCommunicator) {
 
 fn settings(world: &rsmpi::topology::SimpleCommunicator) {
     let comm = mpi_common::communicator(world);
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let mut rep = Report::new(world);
     let same = [("-n", 20i64), ("-b", 1024)];
     rep.check("equal settings agree", comm.agree_settings(&same).is_ok());

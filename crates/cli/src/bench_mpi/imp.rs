@@ -4,9 +4,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use relaycc_collectives::Element;
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, SharedHostBuffer};
+use relaycc_collectives::{Collectives, Element};
 use relaycc_route::{Collective, DType, ReduceOp, Request};
 use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -246,32 +246,30 @@ fn buffers<T: Element>(shared: bool, req: &Request, me: u32) -> Result<Bufs<T>> 
     })
 }
 
-/// One call of relaycc's collective on `b`.
+/// One call of relaycc's collective on `b`, through the communicator's host calls
+/// ([`Collectives`] on `&MpiCommunicator`).
 fn relaycc_call<T: Element>(
     comm: &MpiCommunicator,
     args: &BenchArgs,
     b: &mut Bufs<T>,
 ) -> Result<()> {
+    let mut comm = comm;
     let op = args.element.op;
-    let root = args.root;
+    let root = args.root as usize;
+    let is_root = comm.rank() == root;
     let (i, o) = (&b.input[..], &mut b.output[..]);
     match args.collective {
         Collective::AllReduce => comm.all_reduce(i, o, op)?,
-        Collective::Reduce => comm.reduce(i, o, root, op)?,
-        Collective::Broadcast => {
-            if comm.rank() == root {
-                o.copy_from_slice(i);
-            }
-            comm.broadcast(o, root)?
-        }
+        Collective::Reduce => comm.reduce(i, Some(o).filter(|_| is_root), root, op)?,
+        Collective::Broadcast => comm.broadcast(Some(i).filter(|_| is_root), o, root)?,
         Collective::AllGather => comm.all_gather(i, o)?,
         Collective::AllGatherV => comm.all_gather_v(i, o, &b.counts)?,
         Collective::ReduceScatter => comm.reduce_scatter(i, o, op)?,
         Collective::ReduceScatterV => comm.reduce_scatter_v(i, o, &b.counts, op)?,
         Collective::AllToAll => comm.all_to_all(i, o)?,
         Collective::AllToAllV => comm.all_to_all_v(i, &b.counts, o, &b.counts)?,
-        Collective::Gather => comm.gather(i, o, root)?,
-        Collective::Scatter => comm.scatter(i, o, root)?,
+        Collective::Gather => comm.gather(i, Some(o).filter(|_| is_root), root)?,
+        Collective::Scatter => comm.scatter(Some(i).filter(|_| is_root), o, root)?,
         Collective::SendRecv => bail!("send_recv is not timed over MPI"),
     }
     Ok(())
@@ -406,13 +404,15 @@ fn measure<T: Element + Equivalence + gpu::Dev>(
             .count() as u64;
         // The tallies go through relaycc's own all_reduce: bounded by the timeout.
         let mut total = [0u64];
-        comm.all_reduce(&[bad], &mut total, ReduceOp::Sum)?;
+        let mut host = comm;
+        host.all_reduce(&[bad], &mut total, ReduceOp::Sum)?;
         Some(total[0])
     } else {
         None
     };
     let mut worst = [0.0f64; 2];
-    comm.all_reduce(&[t_relay, t_mpi], &mut worst, ReduceOp::Max)?;
+    let mut host = comm;
+    host.all_reduce(&[t_relay, t_mpi], &mut worst, ReduceOp::Max)?;
     let per = |t: f64| t / f64::from(iters);
     Ok(Measurement {
         secs: per(worst[0]),

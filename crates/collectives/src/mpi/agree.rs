@@ -56,7 +56,7 @@ pub(super) fn collective(
 ) -> MpiResult<Vec<i64>> {
     let at = at.into();
     let step = at.step;
-    let n = comm.size() as usize;
+    let n = comm.size as usize;
     let (count, recv_len) = match op {
         AgreementCollective::Min => (send.len(), send.len()),
         AgreementCollective::AllToAll if send.len().is_multiple_of(n.max(1)) => {
@@ -136,11 +136,11 @@ fn wait_at(
     rc: c_int,
     req: &mut ffi::MPI_Request,
 ) -> MpiResult<()> {
-    let rank = comm.rank();
+    let rank = comm.rank;
     if rc != ffi::MPI_SUCCESS as c_int {
         return Err(mpi_err(rank, call, rc));
     }
-    let timeout = comm.timeout();
+    let timeout = comm.timeout.get();
     let patience = timeout.saturating_sub(roll_call::grace(timeout));
     let start = Instant::now();
     let mut spins = 0u32;
@@ -224,7 +224,7 @@ pub(super) fn agree(
 ) -> MpiResult<Agreed> {
     let mut send = Vec::with_capacity(1 + 2 * values.len());
     send.push(if failed {
-        i64::from(comm.rank())
+        i64::from(comm.rank)
     } else {
         i64::MAX
     });
@@ -303,7 +303,7 @@ pub(super) fn same_settings(
         let list: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();
         return Err(MpiError::CallMismatch(format!(
             "{step}: rank {} compares the settings {list:?}; another rank compares other ones",
-            comm.rank()
+            comm.rank
         )));
     }
     if settings.is_empty() {

@@ -67,7 +67,7 @@ impl MpiCommunicator {
             call.counts.clear();
             call.recv_counts.clear();
         }
-        let n = self.size() as usize;
+        let n = self.size as usize;
         let mut words = descriptor(call, seq, local.is_err()).to_vec();
         if row_words(n) > WORDS {
             // all_to_all_v's counts inline (zeros for the other collectives): the matrix

@@ -207,14 +207,14 @@ impl MpiCommunicator {
             _ => return None,
         };
         let largest = all
-            .chunks(row_words(self.size() as usize))
+            .chunks(row_words(self.size as usize))
             .map(|d| u64::try_from(d[LARGEST]).unwrap_or(0))
             .max()
             .unwrap_or(0);
         Some(VShape {
             layout: CountLayout {
                 collective,
-                ranks: self.size(),
+                ranks: self.size,
                 capacity: CountLayout::capacity_for(largest),
             },
         })
@@ -224,7 +224,7 @@ impl MpiCommunicator {
     /// GPU ranks'): the call's ranks, element type, op and root, with the capacity for every
     /// count; proved by the checker.
     pub(super) fn capacity_plan(&self, call: &CallDesc, shape: VShape) -> MpiResult<Plan> {
-        let call_ranks = call.request((0..self.size()).collect(), Vec::new());
+        let call_ranks = call.request((0..self.size).collect(), Vec::new());
         self.plan_request(&shape.layout.capacity_request(&call_ranks))
     }
 
@@ -243,7 +243,7 @@ impl MpiCommunicator {
         shape: VShape,
         into: &mut VCounts,
     ) -> MpiResult<()> {
-        let (n, me) = (self.size() as usize, self.rank() as usize);
+        let (n, me) = (self.size as usize, self.rank as usize);
         let row = row_words(n);
         let counts = &mut into.counts;
         counts.clear();

@@ -85,8 +85,7 @@ impl<'a> DevicePlan<'a> {
             count: 1,
             at: device,
         };
-        let schedule =
-            RankSchedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
+        let schedule = RankSchedule::with_lanes(plan, comm.rank, &|l| comm.owner(plan, l), lanes)?;
         let local = |l: Location| match l {
             Location::Gpu(_) => device,
             host => host,
@@ -162,7 +161,7 @@ impl<'a> DevicePlan<'a> {
     /// the communicator.
     pub fn run(&mut self, input: ByteRegion, output: ByteRegion) -> MpiResult<()> {
         self.comm.check_health()?;
-        let mut reqs = Requests::new(self.comm.comm().as_raw(), self.comm.rank());
+        let mut reqs = Requests::new(self.comm.comm().as_raw(), self.comm.rank);
         let ran = self.run_levels(&mut reqs, input, output);
         if let Err(e) = &ran {
             // Peers went ahead (or wait for this rank): the communicator is failed.
@@ -227,7 +226,7 @@ impl<'a> DevicePlan<'a> {
         if in_at != input {
             self.copy_between(&self.copies.copy_in, input, in_at)?;
         }
-        let timeout = self.comm.timeout();
+        let timeout = self.comm.timeout.get();
         let PlanMemory {
             backend,
             send_stage,

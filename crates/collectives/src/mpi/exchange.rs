@@ -98,7 +98,7 @@ pub(super) fn agree(
         return Err(MpiError::ElementMismatch(format!(
             "rank {} builds with {elem_size}-byte elements, but element sizes range from \
                  {least} to {most} bytes over the ranks",
-            comm.rank()
+            comm.rank
         )));
     }
     Ok(())
@@ -134,12 +134,12 @@ impl NeighborExchange {
         choice: Choice,
     ) -> MpiResult<Self> {
         comm.check_health()?;
-        let n = comm.size() as usize;
+        let n = comm.size as usize;
         let mut local = None;
         if send_counts.len() != n || recv_counts.len() != n {
             local = Some(format!(
                 "rank {}: {} send and {} receive counts for {n} ranks",
-                comm.rank(),
+                comm.rank,
                 send_counts.len(),
                 recv_counts.len()
             ));
@@ -159,9 +159,7 @@ impl NeighborExchange {
         {
             local = Some(format!(
                 "rank {} expects {} elements from rank {s}, which sends {}",
-                comm.rank(),
-                recv_counts[s],
-                incoming[s]
+                comm.rank, recv_counts[s], incoming[s]
             ));
         }
         agree(comm, local, elem_size)?;
@@ -189,7 +187,7 @@ impl NeighborExchange {
         choice: Choice,
     ) -> MpiResult<Self> {
         comm.check_health()?;
-        let n = comm.size() as usize;
+        let n = comm.size as usize;
         agree(comm, None, elem_size)?;
         let counts = counts(&agree::collective(
             comm,
@@ -242,7 +240,7 @@ impl NeighborExchange {
         // Proves every output byte gets exactly its input byte before a message moves;
         // deterministic, so every rank reaches the same verdict.
         relaycc_route::check(&plan)?;
-        let schedule = RankSchedule::new(&plan, comm.rank(), &|l| match l {
+        let schedule = RankSchedule::new(&plan, comm.rank, &|l| match l {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
@@ -250,7 +248,7 @@ impl NeighborExchange {
         let bufs = RunBuffers::new(&schedule, false);
         let received = schedule.output_len / elem_size.max(1);
         let own = private_dup(comm.comm());
-        let reqs = Requests::new(own.as_raw(), comm.rank());
+        let reqs = Requests::new(own.as_raw(), comm.rank);
         Ok(NeighborExchange {
             _comm: own,
             schedule,
@@ -260,7 +258,7 @@ impl NeighborExchange {
             strategy,
             modelled,
             elem: elem_size.max(1),
-            timeout: comm.timeout(),
+            timeout: comm.timeout.get(),
             received,
             indexed: None,
         })

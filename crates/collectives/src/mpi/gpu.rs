@@ -99,8 +99,9 @@ impl std::str::FromStr for GpuTransport {
 }
 /// This process's GPU rank of an [`MpiCommunicator`]: a `CudaBackend` on its CUDA device, the
 /// transport, and the shapes planned so far. Calls go through [`MpiGpu::on`] with the
-/// caller's stream. Host typed calls on the same communicator stay usable; both share its
-/// sequence of calls, so every rank must make them in the same order.
+/// caller's stream. The communicator's own host calls stay usable through a shared reference
+/// (`Collectives` on `&MpiCommunicator`); both share its sequence of calls, so every rank
+/// must make them in the same order.
 pub struct MpiGpu<'c> {
     comm: &'c MpiCommunicator,
     dev: Dev,
@@ -139,7 +140,7 @@ impl Drop for MpiGpu<'_> {
 impl std::fmt::Debug for MpiGpu<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MpiGpu")
-            .field("rank", &self.comm.rank())
+            .field("rank", &self.comm.rank)
             .field("ordinal", &self.ordinal)
             .field("transport", &self.transport)
             .field("mode", &self.mode)
@@ -194,7 +195,7 @@ impl<'c> MpiGpu<'c> {
         #[cfg(feature = "nccl")]
         if transport == GpuTransport::Nccl {
             one_rank_per_gpu(comm, ordinal)?;
-            let id = if comm.rank() == 0 {
+            let id = if comm.rank == 0 {
                 NcclId::new().map_err(cuda_err)
             } else {
                 cuda::nccl::nccl()
@@ -204,8 +205,7 @@ impl<'c> MpiGpu<'c> {
             let mut id = super::agree(comm, id, "start NCCL", None)?;
             // Every rank is here and healthy (just agreed): a blocking broadcast cannot hang.
             comm.comm().process_at_rank(0).broadcast_into(&mut id.0[..]);
-            let joined =
-                NcclComm::init_rank(&id, comm.size(), comm.rank(), ordinal).map_err(cuda_err);
+            let joined = NcclComm::init_rank(&id, comm.size, comm.rank, ordinal).map_err(cuda_err);
             gpu.nccl = Some(super::agree(comm, joined, "join NCCL", None)?);
         }
         Ok(gpu)
@@ -318,7 +318,7 @@ impl<'c> MpiGpu<'c> {
         }
         // A share of the backend, so the place does not borrow `self` while shapes are made.
         let dev = self.dev.clone();
-        let place = place_of(&dev, self.ordinal, comm.rank(), stream, lender, &mut local);
+        let place = place_of(&dev, self.ordinal, comm.rank, stream, lender, &mut local);
         let (seq, local) = comm.next_call(&call, local);
         let (exact_key, all) = comm.agreed(&mut call, local, seq)?;
         // The v-collectives run their capacity plan with the call's counts bound
@@ -462,7 +462,7 @@ impl<'c> MpiGpu<'c> {
         let place = place_of(
             &self.dev,
             self.ordinal,
-            comm.rank(),
+            comm.rank,
             stream,
             lender,
             &mut local,
@@ -472,7 +472,7 @@ impl<'c> MpiGpu<'c> {
         } else {
             i64::MAX as u64
         };
-        let me = comm.rank();
+        let me = comm.rank;
         let key = if sending {
             (me, peer, count, dtype)
         } else {
@@ -547,8 +547,7 @@ impl<'c> MpiGpu<'c> {
     fn prepare(&self, plan: &Plan, mpi: ::mpi::ffi::MPI_Comm) -> MpiResult<GpuPrepared> {
         let comm = self.comm;
         let lanes = Lanes::Fold { count: 1, at: GPU };
-        let schedule =
-            RankSchedule::with_lanes(plan, comm.rank(), &|l| comm.owner(plan, l), lanes)?;
+        let schedule = RankSchedule::with_lanes(plan, comm.rank, &|l| comm.owner(plan, l), lanes)?;
         let mut mem = PlanMemory::new(self.backend());
         for (bytes, at) in schedule.scratch.iter().zip(&schedule.scratch_at) {
             let at = match at {
@@ -568,7 +567,7 @@ impl<'c> MpiGpu<'c> {
         let weight = schedule.run_bytes();
         Ok(GpuPrepared {
             weight,
-            reqs: Requests::new(mpi, comm.rank()),
+            reqs: Requests::new(mpi, comm.rank),
             algorithm: plan.algorithm.clone(),
             copies: MirrorCopies::new(GPU, plan, &schedule),
             binding: None,
@@ -586,7 +585,7 @@ impl<'c> MpiGpu<'c> {
 #[cfg(feature = "nccl")]
 fn one_rank_per_gpu(comm: &MpiCommunicator, ordinal: usize) -> MpiResult<()> {
     use ::mpi::collective::{CommunicatorCollectives, SystemOperation};
-    let me = comm.rank() as i32;
+    let me = comm.rank as i32;
     let shared = comm.comm().split_shared(me);
     let mut host = 0i32;
     shared.all_reduce_into(&me, &mut host, SystemOperation::min());

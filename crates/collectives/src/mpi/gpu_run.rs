@@ -394,7 +394,7 @@ pub(super) fn run_prepared(
             run::run(&schedule.program, &mut mem, &mut t)?;
         }
         _ => {
-            let timeout = ctx.comm.timeout();
+            let timeout = ctx.comm.timeout.get();
             let mut t = MpiTransport::new(
                 &mut p.reqs,
                 Instant::now() + timeout,

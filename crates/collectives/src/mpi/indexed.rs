@@ -50,8 +50,8 @@ impl NeighborExchange {
         choice: Choice,
     ) -> MpiResult<Self> {
         comm.check_health()?;
-        let n = comm.size() as usize;
-        let me = comm.rank();
+        let n = comm.size as usize;
+        let me = comm.rank;
         let mut local = None;
         if send_indices.len() != n {
             local = Some(format!(

@@ -32,7 +32,6 @@ mod point_to_point;
 mod requests;
 mod roll_call;
 mod run_memory;
-#[cfg(feature = "cuda")]
 mod runner;
 mod schedule;
 mod setup;
@@ -226,6 +225,14 @@ impl From<MpiError> for CollectivesError {
 
 /// One process's view of an MPI job: its rank, the (virtual) node of every rank, its device,
 /// and a private duplicate of the world communicator whose errors are returned, not fatal.
+///
+/// The communicator is this process's rank of the one front door: it implements
+/// [`crate::Collectives`] on host slices (`&[T]`, `&mut [T]`, `Vec<T>`, [`SharedHostBuffer`]),
+/// the calls threads' ranks ([`crate::RankComm`]) and GPU ranks make, with the same
+/// signatures, so an engine's step generic over the trait runs here unchanged. `rank()`,
+/// `ranks()`, the timeout and tags come from the trait too. It also implements the trait for
+/// `&MpiCommunicator` (as `std` writes to a `&File`), for a communicator a GPU rank
+/// ([`MpiGpu`]) borrows. MPI's own errors come as [`CollectivesError::Mpi`].
 pub struct MpiCommunicator {
     comm: SimpleCommunicator,
     rank: u32,
@@ -237,6 +244,9 @@ pub struct MpiCommunicator {
     /// How long a call waits for its peers; a `Cell` so GPU ranks holding the communicator
     /// shared can set it ([`crate::Collectives::set_timeout`]).
     timeout: Cell<Duration>,
+    /// The tag of this rank's next host call ([`crate::Collectives::tag_next`]); a `Cell`
+    /// so that calls through a shared reference can set it.
+    next_tag: Cell<u64>,
     topology: Option<Topology>,
     /// Failure record and graveyard, shared with the exchanges built from this communicator.
     health: Rc<Health>,
@@ -374,6 +384,7 @@ impl MpiCommunicator {
                 TransferMode::Staged
             },
             timeout: Cell::new(timeout),
+            next_tag: Cell::new(0),
             topology,
             health: Rc::default(),
             p2p,
@@ -429,14 +440,6 @@ impl MpiCommunicator {
         Ok(Some(out))
     }
 
-    /// This process's rank.
-    pub fn rank(&self) -> u32 {
-        self.rank
-    }
-    /// Processes in the job.
-    pub fn size(&self) -> u32 {
-        self.size
-    }
     /// The (virtual) node of every rank, numbered by lowest rank.
     pub fn node_of(&self) -> &[u32] {
         &self.node_of
@@ -510,15 +513,6 @@ impl MpiCommunicator {
     pub fn set_zero_copy(&mut self, on: bool) {
         self.zero_copy = on;
     }
-    /// How long a run waits for its peers.
-    pub fn timeout(&self) -> Duration {
-        self.timeout.get()
-    }
-    /// Change the timeout (tests of faults use short ones): every later call of this rank,
-    /// its GPU ranks' too, waits at most `t` for its peers.
-    pub fn set_timeout(&mut self, t: Duration) {
-        self.timeout.set(t);
-    }
     /// The limits of this communicator's plan caches (the typed collectives', send/recv's
     /// and its GPU ranks' shapes, each cache on its own): [`PlanCacheLimits::default`] at
     /// creation, a parent's after [`Self::split`].
@@ -550,11 +544,6 @@ impl MpiCommunicator {
         Ok(())
     }
 
-    /// [`Self::set_timeout`] through a shared reference, for the GPU ranks that hold one.
-    #[cfg(feature = "cuda")]
-    pub(super) fn set_timeout_shared(&self, t: Duration) {
-        self.timeout.set(t);
-    }
     /// Wait until every rank of the communicator has called `barrier` (`MPI_Barrier`), at
     /// most the timeout: a nonblocking `MPI_Ibarrier` polled against it.
     ///

@@ -5,13 +5,15 @@
 use std::os::raw::c_int;
 use std::time::Instant;
 
+#[cfg(feature = "cuda")]
 use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
 use relaycc_route::{Collective, DType, Request, Transfer};
 
 use super::requests::Requests;
+use super::typed::{host_bytes, lent, lent_mut};
 use super::{MpiCommunicator, MpiError, MpiResult};
-use crate::element::Element;
+use crate::rank::{Lender, View};
 
 /// The step name of the point-to-point handshake, in errors.
 const HANDSHAKE: &str = "agree on a send/recv pair";
@@ -22,48 +24,68 @@ const TAG_DESC: c_int = 1;
 const TAG_ACK: c_int = 2;
 
 impl MpiCommunicator {
-    /// Send `buf` to rank `dest` (`MPI_Send`), matched by a [`Self::recv`] there of the same
-    /// element type and count. The pair first agrees (the receiver answers whether the
-    /// descriptor matches), then the data moves as a one-op plan.
-    ///
-    /// Errors: `dest` is not another rank; [`MpiError::CountMismatch`] or
-    /// [`MpiError::ElementMismatch`] on both ranks when the receive differs;
-    /// [`MpiError::Timeout`] when the peer does not answer in time (which fails the
-    /// communicator).
-    pub fn send<T: Element>(&self, buf: &[T], dest: u32) -> MpiResult<()> {
-        self.point_to_point::<T>(dest, true, bytemuck::cast_slice(buf), &mut [])
-    }
-
-    /// Receive into `buf` from rank `src` (`MPI_Recv`), matched by a [`Self::send`] there.
-    /// Errors as [`Self::send`].
-    pub fn recv<T: Element>(&self, buf: &mut [T], src: u32) -> MpiResult<()> {
-        let len = buf.len();
-        let out: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        self.point_to_point::<T>(src, false, &[], out)
+    /// One send (`sending`) or receive of `view` (elements of `dtype`, host memory lent by
+    /// `lender`) with `peer`: a call of [`crate::Collectives::send`] or `recv` on this
+    /// communicator. A buffer that is not host memory fails on this rank and is agreed as an
+    /// impossible count, so the peer fails with [`MpiError::CountMismatch`] instead of
+    /// waiting.
+    pub(super) fn host_point_to_point(
+        &self,
+        lender: &mut Lender<'_>,
+        view: View,
+        sending: bool,
+        peer: u32,
+        dtype: DType,
+    ) -> MpiResult<()> {
+        let esize = dtype.size() as usize;
+        let local = match lender.take_error() {
+            Some(e) => Err(MpiError::Backend(e)),
+            None => host_bytes(lender, view, esize, self.rank),
+        };
+        let (addr, bytes) = match local {
+            Ok(at) => at,
+            Err(e) => {
+                // The peer sees a count it cannot match and fails too.
+                let _ = self.p2p_agree(peer, sending, i64::MAX as u64, dtype, false);
+                return Err(e);
+            }
+        };
+        let count = view.len;
+        let (input, output): (&[u8], &mut [u8]) = if sending {
+            // SAFETY: a host span the caller lent for this call (`host_bytes` checked the
+            // view against it), borrowed by the call, shared, for longer than this runs.
+            let input = unsafe { lent((addr, bytes)) };
+            (input, &mut [])
+        } else {
+            // SAFETY: as above, borrowed uniquely (a receive's buffer).
+            let output = unsafe { lent_mut((addr, bytes)) };
+            (&[], output)
+        };
+        self.point_to_point(peer, sending, (count, dtype), input, output)
             .map_err(|e| match e {
-                MpiError::Buffer { .. } => MpiError::CountMismatch(format!(
-                    "rank {} receives {len} elements from rank {src}, which sends another count",
-                    self.rank()
+                MpiError::Buffer { .. } if !sending => MpiError::CountMismatch(format!(
+                    "rank {} receives {count} elements from rank {peer}, which sends another \
+                     count",
+                    self.rank
                 )),
                 e => e,
             })
     }
 
-    fn point_to_point<T: Element>(
+    fn point_to_point(
         &self,
         peer: u32,
         sending: bool,
+        (count, dtype): (u64, DType),
         input: &[u8],
         output: &mut [u8],
     ) -> MpiResult<()> {
-        let esize = std::mem::size_of::<T>() as u64;
-        let count = (input.len().max(output.len()) as u64) / esize.max(1);
         // Preparing a pair's shape is local here, so the two ranks' caches need not agree.
-        let (src, dst, _) = self.p2p_agree(peer, sending, count, T::DTYPE, false)?;
-        let key = (src, dst, count, T::DTYPE);
+        let (src, dst, _) = self.p2p_agree(peer, sending, count, dtype, false)?;
+        let key = (src, dst, count, dtype);
         let mut plans = self.p2p_plans.borrow_mut();
         if !plans.touch(&key) {
-            let req = self.p2p_request(src, dst, count, T::DTYPE);
+            let req = self.p2p_request(src, dst, count, dtype);
             let p = self.prepare_request(&req, self.p2p.as_raw())?;
             drop(plans.evict_to_fit(self.plan_cache_limits(), 1, p.weight));
             plans.insert(key, p);
@@ -99,11 +121,11 @@ impl MpiCommunicator {
         fresh: bool,
     ) -> MpiResult<(u32, u32, bool)> {
         self.health.check()?;
-        let me = self.rank();
-        if peer >= self.size() || peer == me {
+        let me = self.rank;
+        if peer >= self.size || peer == me {
             return Err(MpiError::Unsupported(format!(
                 "rank {me}: peer {peer} is not another rank (0..{})",
-                self.size()
+                self.size
             )));
         }
         let seq = {
@@ -140,7 +162,7 @@ impl MpiCommunicator {
 
     /// The request of one send/recv pair in rank space.
     pub(super) fn p2p_request(&self, src: u32, dst: u32, count: u64, dtype: DType) -> Request {
-        let n = self.size();
+        let n = self.size;
         let mut req = Request::new(Collective::SendRecv, (0..n).collect(), count, dtype);
         req.transfers = vec![Transfer { src, dst, count }];
         req
@@ -159,7 +181,7 @@ impl MpiCommunicator {
     /// answer. Bounded by the timeout (a timeout fails the communicator; requests MPI keeps
     /// are buried with their buffers).
     fn handshake(&self, peer: u32, sending: bool, mine: [i64; 5]) -> MpiResult<(i64, bool)> {
-        let mut reqs = Requests::new(self.p2p.as_raw(), self.rank());
+        let mut reqs = Requests::new(self.p2p.as_raw(), self.rank);
         let mut desc = Box::new(mine);
         let mut ack = Box::new([0i64; 2]);
         let p = peer as c_int;

@@ -133,7 +133,7 @@ fn step_name(at: &WaitPoint) -> &'static str {
 
 /// The MPI error of `call` on this rank.
 fn mpi_err(comm: &MpiCommunicator, call: &'static str, code: c_int) -> MpiError {
-    super::requests::call_error(comm.rank(), call, code)
+    super::requests::call_error(comm.rank, call, code)
 }
 
 /// Answer every query waiting on `comm`'s roll communicator with `at`'s place. Returns the
@@ -219,7 +219,7 @@ pub(super) fn call_roll(
     mut asked: Vec<u32>,
     after: Duration,
 ) -> MpiError {
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank, comm.size);
     let roll = comm.roll().as_raw();
     let mine = at.words(comm);
     // SAFETY: reading MPI constants initialised by the library.

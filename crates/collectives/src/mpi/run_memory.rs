@@ -161,6 +161,7 @@ impl MirrorCopies {
 
     /// The copies resized for a schedule whose input and output are `input_len` and
     /// `output_len` bytes (a capacity plan's schedule bound to a call's counts), in place.
+    #[cfg(feature = "cuda")]
     pub(super) fn set_lens(&mut self, input_len: usize, output_len: usize) {
         for (program, bytes) in [
             (&mut self.copy_in, input_len),

@@ -1,6 +1,7 @@
-//! GPU ranks of MPI processes behind the one front door: [`MpiOnStream`] implements
-//! [`Collectives`] through the crate-private `Runner` seam, so an engine's step written
-//! against the trait runs unchanged on threads ([`crate::RankComm`]) and on MPI processes.
+//! MPI ranks behind the one front door: the [`MpiCommunicator`] itself (host slices) and
+//! the GPU ranks' [`MpiOnStream`] (feature `cuda`) implement [`Collectives`] through the
+//! crate-private `Runner` seam, so an engine's step written against the trait runs unchanged
+//! on threads ([`crate::RankComm`]) and on MPI processes.
 //!
 //! A group's operations arrive here as the same descriptors and lent views every surface
 //! makes ([`crate::rank::RankGroup`]); each collective is mapped onto the MPI call shape
@@ -13,9 +14,10 @@ use std::time::Duration;
 
 use relaycc_route::{Collective, DType, ReduceOp};
 
+#[cfg(feature = "cuda")]
 use super::gpu::MpiOnStream;
 use super::typed_call::{CheckedCall, InputAt, TypedCollective};
-use super::{MpiError, MpiResult};
+use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::error::{CollectivesError, Result};
 use crate::rank::collectives::sealed::{Runner, RunnerToken};
 use crate::rank::{Collectives, Departure, Lender, RankCallOp, RankGroup, View};
@@ -46,210 +48,252 @@ fn refused(mut s: CheckedCall, call: &'static str, form: &str) -> CheckedCall {
     s
 }
 
-impl MpiOnStream<'_, '_> {
-    /// The MPI shape of one collective with this rank's views.
-    fn map(
-        &self,
-        desc: &crate::call::CallDesc,
-        input: Option<View>,
-        output: Option<View>,
-    ) -> Result<Mapped> {
-        let comm = self.gpu().comm();
-        let me = comm.rank() as usize;
-        let root = u32::try_from(desc.root).unwrap_or(u32::MAX);
-        let (ilen, olen) = (
-            input.map_or(0, |v| v.len as usize),
-            output.map_or(0, |v| v.len as usize),
-        );
-        let in_place = same_block(input, output);
-        let op = desc.op;
-        let usize_counts = |c: &[u64]| -> Vec<usize> { c.iter().map(|&x| x as usize).collect() };
-        let (counts, recv_counts) = (usize_counts(&desc.counts), usize_counts(&desc.recv_counts));
-        let shape =
-            |kind: TypedCollective<'_>, i: usize, o: usize| comm.shape_of(desc.dtype, kind, i, o);
-        let separate = |s: CheckedCall| Mapped {
-            shape: s,
-            vin: input,
-            vout: output,
-        };
-        // In place: the output view holds the input; no separate input view.
-        let within = |s: CheckedCall| Mapped {
-            shape: s,
-            vin: None,
-            vout: output,
-        };
-        let m = match desc.collective {
-            Collective::AllReduce if in_place => {
-                within(shape(TypedCollective::AllReduceInPlace(op), olen, olen))
-            }
-            Collective::AllReduce => separate(shape(TypedCollective::AllReduce(op), ilen, olen)),
-            Collective::Reduce if in_place => {
-                let mut s = shape(TypedCollective::Reduce(root, op), ilen, olen);
-                s.input = InputAt::InOutput(0..olen);
-                within(s)
-            }
-            Collective::Reduce => separate(shape(TypedCollective::Reduce(root, op), ilen, olen)),
-            // A broadcast's input is the root's only; a separate one on the root is read there.
-            Collective::Broadcast if input.is_some() && !in_place => {
-                let mut s = shape(TypedCollective::Broadcast(root), olen, olen);
-                if s.local.is_ok() && ilen != olen {
-                    s.local = Err(MpiError::Buffer {
-                        side: "input",
-                        got: ilen,
-                        needs: olen,
-                    });
-                }
-                s.input = InputAt::Separate;
-                separate(s)
-            }
-            Collective::Broadcast => within(shape(TypedCollective::Broadcast(root), olen, olen)),
-            Collective::AllGather if in_place => {
-                within(shape(TypedCollective::AllGatherInPlace, olen, olen))
-            }
-            Collective::AllGather => separate(shape(TypedCollective::AllGather, ilen, olen)),
-            Collective::AllGatherV if in_place => within(shape(
-                TypedCollective::AllGatherVInPlace(&counts),
-                olen,
-                olen,
-            )),
-            Collective::AllGatherV => {
-                separate(shape(TypedCollective::AllGatherV(&counts), ilen, olen))
-            }
-            Collective::ReduceScatter if in_place => {
-                let s = shape(
-                    TypedCollective::ReduceScatter(op),
-                    olen,
-                    olen / comm.size().max(1) as usize,
-                );
-                within(refused(s, "reduce_scatter", "reduce_scatter_in_place"))
-            }
-            Collective::ReduceScatter => {
-                separate(shape(TypedCollective::ReduceScatter(op), ilen, olen))
-            }
-            Collective::ReduceScatterV if in_place => {
-                let kind = TypedCollective::ReduceScatterV(&counts, op);
-                let s = shape(kind, olen, counts.get(me).copied().unwrap_or(0));
-                within(refused(s, "reduce_scatter_v", "reduce_scatter_v_in_place"))
-            }
-            Collective::ReduceScatterV => separate(shape(
-                TypedCollective::ReduceScatterV(&counts, op),
-                ilen,
-                olen,
-            )),
-            Collective::AllToAll => separate(shape(TypedCollective::AllToAll, ilen, olen)),
-            Collective::AllToAllV => separate(shape(
-                TypedCollective::AllToAllV(&counts, &recv_counts),
-                ilen,
-                olen,
-            )),
-            Collective::Gather if in_place => {
-                // The root's buffer is the whole output; its input is block `root` of it.
-                let mut s = shape(TypedCollective::Gather(root), ilen, olen);
-                let at = me * ilen;
-                s.input = InputAt::InOutput(at..at + ilen);
-                within(s)
-            }
-            Collective::Gather => separate(shape(TypedCollective::Gather(root), ilen, olen)),
-            Collective::Scatter if in_place => {
-                let s = shape(TypedCollective::Scatter(root), ilen, olen);
-                within(refused(s, "scatter", "scatter_in_place on the root"))
-            }
-            Collective::Scatter => separate(shape(TypedCollective::Scatter(root), ilen, olen)),
-            other => {
-                return Err(CollectivesError::Setup(format!(
-                    "{}: not a collective MPI ranks run",
-                    other.name()
-                )));
-            }
-        };
-        Ok(m)
-    }
-
-    /// Run a group's operations in order; the first error stops the group.
-    fn run_group(&mut self, lender: &mut Lender<'_>, ops: Vec<RankCallOp>) -> Result<()> {
-        let stream = self.stream_ref();
-        let collectives = ops
-            .iter()
-            .filter(|o| matches!(o, RankCallOp::Coll { .. }))
-            .count();
-        if collectives != ops.len() && ops.len() > 1 {
-            return Err(CollectivesError::Unmatched(
-                "MPI ranks run sends and receives one at a time, not in a group with other \
-                 operations: call send/recv on their own"
-                    .into(),
-            ));
-        }
-        if ops.is_empty() {
-            // An argument error found while adding (nothing was added): agree it as a failed
-            // call, so the other ranks fail too instead of waiting.
-            if lender.has_error() {
-                let shape = self.gpu().comm().shape_of(
-                    DType::U8,
-                    TypedCollective::AllReduce(ReduceOp::Sum),
-                    0,
-                    0,
-                );
-                return Ok(self.gpu_mut().call(shape, lender, None, None, stream)?);
-            }
-            return Ok(());
-        }
-        for op in ops {
-            match op {
-                RankCallOp::Coll {
-                    desc,
-                    input,
-                    output,
-                } => {
-                    let Mapped {
-                        mut shape,
-                        vin,
-                        vout,
-                    } = self.map(&desc, input, output)?;
-                    shape.call.tag = desc.tag;
-                    self.gpu_mut().call(shape, lender, vin, vout, stream)?;
-                }
-                RankCallOp::P2p {
-                    send,
-                    peer,
-                    view,
-                    dtype,
-                } => self.run_p2p(lender, (send, peer, view, dtype))?,
-                RankCallOp::Split { .. } => {
-                    return Err(CollectivesError::Setup(
-                        "split: MPI ranks split their communicator with MpiCommunicator::split"
-                            .into(),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// One send or receive with its peer.
+/// An MPI rank that runs a group's operations one at a time: this process's host rank (the
+/// [`MpiCommunicator`], on host slices) or a GPU rank ([`MpiOnStream`]).
+pub(super) trait MpiRank {
+    /// The communicator.
+    fn communicator(&self) -> &MpiCommunicator;
+    /// The tag of this rank's next call ([`Collectives::tag_next`]).
+    fn next_tag(&self) -> u64;
+    /// Set (or, with 0, clear) the tag of this rank's next call.
+    fn set_next_tag(&mut self, tag: u64);
+    /// One collective: the local checks' verdict `shape` on what `lender` lent (`vin`: a
+    /// separate input; `vout`: the output, holding the input when in place).
+    fn run_call(
+        &mut self,
+        shape: CheckedCall,
+        lender: &mut Lender<'_>,
+        vin: Option<View>,
+        vout: Option<View>,
+    ) -> MpiResult<()>;
+    /// One send (`send`) or receive of `view` (elements of `dtype`) with `peer`.
     fn run_p2p(
         &mut self,
         lender: &mut Lender<'_>,
-        (send, peer, view, dtype): (bool, usize, View, DType),
-    ) -> MpiResult<()> {
-        let stream = self.stream_ref();
-        let peer = u32::try_from(peer).unwrap_or(u32::MAX);
-        self.gpu_mut()
-            .p2p(lender, view, send, peer, (view.len, dtype), stream)
-    }
+        view: View,
+        send: bool,
+        peer: u32,
+        dtype: DType,
+    ) -> MpiResult<()>;
 }
 
-impl Runner for MpiOnStream<'_, '_> {
+/// The MPI shape of one collective with this rank's views.
+fn map(
+    comm: &MpiCommunicator,
+    desc: &crate::call::CallDesc,
+    input: Option<View>,
+    output: Option<View>,
+) -> Result<Mapped> {
+    let me = comm.rank as usize;
+    let root = u32::try_from(desc.root).unwrap_or(u32::MAX);
+    let (ilen, olen) = (
+        input.map_or(0, |v| v.len as usize),
+        output.map_or(0, |v| v.len as usize),
+    );
+    let in_place = same_block(input, output);
+    let op = desc.op;
+    let usize_counts = |c: &[u64]| -> Vec<usize> { c.iter().map(|&x| x as usize).collect() };
+    let (counts, recv_counts) = (usize_counts(&desc.counts), usize_counts(&desc.recv_counts));
+    let shape =
+        |kind: TypedCollective<'_>, i: usize, o: usize| comm.shape_of(desc.dtype, kind, i, o);
+    let separate = |s: CheckedCall| Mapped {
+        shape: s,
+        vin: input,
+        vout: output,
+    };
+    // In place: the output view holds the input; no separate input view.
+    let within = |s: CheckedCall| Mapped {
+        shape: s,
+        vin: None,
+        vout: output,
+    };
+    let m = match desc.collective {
+        Collective::AllReduce if in_place => {
+            within(shape(TypedCollective::AllReduceInPlace(op), olen, olen))
+        }
+        Collective::AllReduce => separate(shape(TypedCollective::AllReduce(op), ilen, olen)),
+        Collective::Reduce if in_place => {
+            let mut s = shape(TypedCollective::Reduce(root, op), ilen, olen);
+            s.input = InputAt::InOutput(0..olen);
+            within(s)
+        }
+        Collective::Reduce => separate(shape(TypedCollective::Reduce(root, op), ilen, olen)),
+        // A broadcast's input is the root's only; a separate one on the root is read there.
+        Collective::Broadcast if input.is_some() && !in_place => {
+            let mut s = shape(TypedCollective::Broadcast(root), olen, olen);
+            if s.local.is_ok() && ilen != olen {
+                s.local = Err(MpiError::Buffer {
+                    side: "input",
+                    got: ilen,
+                    needs: olen,
+                });
+            }
+            s.input = InputAt::Separate;
+            separate(s)
+        }
+        Collective::Broadcast => within(shape(TypedCollective::Broadcast(root), olen, olen)),
+        Collective::AllGather if in_place => {
+            within(shape(TypedCollective::AllGatherInPlace, olen, olen))
+        }
+        Collective::AllGather => separate(shape(TypedCollective::AllGather, ilen, olen)),
+        Collective::AllGatherV if in_place => within(shape(
+            TypedCollective::AllGatherVInPlace(&counts),
+            olen,
+            olen,
+        )),
+        Collective::AllGatherV => separate(shape(TypedCollective::AllGatherV(&counts), ilen, olen)),
+        Collective::ReduceScatter if in_place => {
+            let s = shape(
+                TypedCollective::ReduceScatter(op),
+                olen,
+                olen / comm.size.max(1) as usize,
+            );
+            within(refused(s, "reduce_scatter", "reduce_scatter_in_place"))
+        }
+        Collective::ReduceScatter => {
+            separate(shape(TypedCollective::ReduceScatter(op), ilen, olen))
+        }
+        Collective::ReduceScatterV if in_place => {
+            let kind = TypedCollective::ReduceScatterV(&counts, op);
+            let s = shape(kind, olen, counts.get(me).copied().unwrap_or(0));
+            within(refused(s, "reduce_scatter_v", "reduce_scatter_v_in_place"))
+        }
+        Collective::ReduceScatterV => separate(shape(
+            TypedCollective::ReduceScatterV(&counts, op),
+            ilen,
+            olen,
+        )),
+        Collective::AllToAll => separate(shape(TypedCollective::AllToAll, ilen, olen)),
+        Collective::AllToAllV => separate(shape(
+            TypedCollective::AllToAllV(&counts, &recv_counts),
+            ilen,
+            olen,
+        )),
+        Collective::Gather if in_place => {
+            // The root's buffer is the whole output; its input is block `root` of it.
+            let mut s = shape(TypedCollective::Gather(root), ilen, olen);
+            let at = me * ilen;
+            s.input = InputAt::InOutput(at..at + ilen);
+            within(s)
+        }
+        Collective::Gather => separate(shape(TypedCollective::Gather(root), ilen, olen)),
+        Collective::Scatter if in_place => {
+            let s = shape(TypedCollective::Scatter(root), ilen, olen);
+            within(refused(s, "scatter", "scatter_in_place on the root"))
+        }
+        Collective::Scatter => separate(shape(TypedCollective::Scatter(root), ilen, olen)),
+        other => {
+            return Err(CollectivesError::Setup(format!(
+                "{}: not a collective MPI ranks run",
+                other.name()
+            )));
+        }
+    };
+    Ok(m)
+}
+
+/// Run a group's operations in order; the first error stops the group.
+fn run_group<R: MpiRank>(
+    rank: &mut R,
+    lender: &mut Lender<'_>,
+    ops: Vec<RankCallOp>,
+) -> Result<()> {
+    let collectives = ops
+        .iter()
+        .filter(|o| matches!(o, RankCallOp::Coll { .. }))
+        .count();
+    if collectives != ops.len() && ops.len() > 1 {
+        return Err(CollectivesError::Unmatched(
+            "MPI ranks run sends and receives one at a time, not in a group with other \
+             operations: call send/recv on their own"
+                .into(),
+        ));
+    }
+    if ops.is_empty() {
+        // An argument error found while adding (nothing was added): agree it as a failed
+        // call, so the other ranks fail too instead of waiting.
+        if lender.has_error() {
+            let shape = rank.communicator().shape_of(
+                DType::U8,
+                TypedCollective::AllReduce(ReduceOp::Sum),
+                0,
+                0,
+            );
+            return Ok(rank.run_call(shape, lender, None, None)?);
+        }
+        return Ok(());
+    }
+    for op in ops {
+        match op {
+            RankCallOp::Coll {
+                desc,
+                input,
+                output,
+            } => {
+                let Mapped {
+                    mut shape,
+                    vin,
+                    vout,
+                } = map(rank.communicator(), &desc, input, output)?;
+                shape.call.tag = desc.tag;
+                rank.run_call(shape, lender, vin, vout)?;
+            }
+            RankCallOp::P2p {
+                send,
+                peer,
+                view,
+                dtype,
+            } => {
+                let peer = u32::try_from(peer).unwrap_or(u32::MAX);
+                rank.run_p2p(lender, view, send, peer, dtype)?;
+            }
+            RankCallOp::Split { .. } => {
+                return Err(CollectivesError::Setup(
+                    "split: MPI ranks split their communicator with MpiCommunicator::split".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One send or receive alone (`op`, a `RankCallOp::P2p`) with its peer.
+fn run_point_to_point<R: MpiRank>(
+    rank: &mut R,
+    mut lender: Lender<'_>,
+    op: RankCallOp,
+) -> Result<()> {
+    let RankCallOp::P2p {
+        send,
+        peer,
+        view,
+        dtype,
+    } = op
+    else {
+        return Err(CollectivesError::Unmatched(
+            "a point-to-point call holds one send or receive".into(),
+        ));
+    };
+    let peer = u32::try_from(peer).unwrap_or(u32::MAX);
+    let r = rank.run_p2p(&mut lender, view, send, peer, dtype);
+    drop(lender);
+    Ok(r?)
+}
+
+/// Every MPI rank meets the others the same way: each operation of a group runs in order,
+/// before the call returns.
+impl<R: MpiRank> Runner for R {
     fn me(&self) -> usize {
-        self.gpu().comm().rank() as usize
+        self.communicator().rank as usize
     }
     fn n(&self) -> usize {
-        self.gpu().comm().size() as usize
+        self.communicator().size as usize
     }
     fn tag(&self) -> u64 {
-        self.gpu().next_tag
+        self.next_tag()
     }
     fn clear_tag(&mut self, _: RunnerToken) {
-        self.gpu_mut().next_tag = 0;
+        self.set_next_tag(0);
     }
     fn depart<'b>(
         &mut self,
@@ -257,43 +301,165 @@ impl Runner for MpiOnStream<'_, '_> {
         ops: Vec<RankCallOp>,
         _: RunnerToken,
     ) -> Departure<'b> {
-        let outcome = self.run_group(&mut lender, ops);
+        let outcome = run_group(self, &mut lender, ops);
         // The lender's guards drop with the departure, after what the call enqueued.
         Departure::ran(outcome, lender)
     }
     fn point_to_point(
         &mut self,
         _call: &'static str,
-        mut lender: Lender<'_>,
+        lender: Lender<'_>,
         op: RankCallOp,
         _: RunnerToken,
     ) -> Result<()> {
-        let RankCallOp::P2p {
-            send,
-            peer,
-            view,
-            dtype,
-        } = op
-        else {
-            return Err(CollectivesError::Unmatched(
-                "a point-to-point call holds one send or receive".into(),
-            ));
-        };
-        let r = self.run_p2p(&mut lender, (send, peer, view, dtype));
-        drop(lender);
-        Ok(r?)
+        run_point_to_point(self, lender, op)
     }
 }
 
-impl Collectives for MpiOnStream<'_, '_> {
+impl MpiRank for &MpiCommunicator {
+    fn communicator(&self) -> &MpiCommunicator {
+        self
+    }
+    fn next_tag(&self) -> u64 {
+        self.next_tag.get()
+    }
+    fn set_next_tag(&mut self, tag: u64) {
+        self.next_tag.set(tag);
+    }
+    fn run_call(
+        &mut self,
+        shape: CheckedCall,
+        lender: &mut Lender<'_>,
+        vin: Option<View>,
+        vout: Option<View>,
+    ) -> MpiResult<()> {
+        self.host_call(shape, lender, vin, vout)
+    }
+    fn run_p2p(
+        &mut self,
+        lender: &mut Lender<'_>,
+        view: View,
+        send: bool,
+        peer: u32,
+        dtype: DType,
+    ) -> MpiResult<()> {
+        self.host_point_to_point(lender, view, send, peer, dtype)
+    }
+}
+
+/// This process's rank on host slices (`&[T]`, `&mut [T]`, `Vec<T>`) through a shared
+/// reference, as `std` implements `Write` for `&File`: the calls of a communicator that a GPU
+/// rank ([`super::MpiGpu`]) also holds (`let mut host = &comm; host.all_reduce(..)`). Its
+/// state lives in cells, so a shared reference suffices; the communicator is not `Sync`.
+impl Collectives for &MpiCommunicator {
     fn timeout(&self) -> Duration {
-        self.gpu().comm().timeout()
+        self.timeout.get()
     }
     fn set_timeout(&mut self, timeout: Duration) {
-        self.gpu().comm().set_timeout_shared(timeout);
+        self.timeout.set(timeout);
     }
     fn tag_next(&mut self, tag: u64) {
+        self.next_tag.set(tag);
+    }
+    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
+        RankGroup::new(self, Lender::default())
+    }
+}
+
+impl Runner for MpiCommunicator {
+    fn me(&self) -> usize {
+        self.rank as usize
+    }
+    fn n(&self) -> usize {
+        self.size as usize
+    }
+    fn tag(&self) -> u64 {
+        self.next_tag.get()
+    }
+    fn clear_tag(&mut self, token: RunnerToken) {
+        (&*self).clear_tag(token);
+    }
+    fn depart<'b>(
+        &mut self,
+        lender: Lender<'b>,
+        ops: Vec<RankCallOp>,
+        token: RunnerToken,
+    ) -> Departure<'b> {
+        (&*self).depart(lender, ops, token)
+    }
+    fn point_to_point(
+        &mut self,
+        call: &'static str,
+        lender: Lender<'_>,
+        op: RankCallOp,
+        token: RunnerToken,
+    ) -> Result<()> {
+        (&*self).point_to_point(call, lender, op, token)
+    }
+}
+
+/// This process's rank on host slices (`&[T]`, `&mut [T]`, `Vec<T>`): the calls every surface
+/// makes, run with MPI messages (or this host's shared memory) between the processes.
+impl Collectives for MpiCommunicator {
+    fn timeout(&self) -> Duration {
+        self.timeout.get()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout.set(timeout);
+    }
+    fn tag_next(&mut self, tag: u64) {
+        self.next_tag.set(tag);
+    }
+    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
+        RankGroup::new(self, Lender::default())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl MpiRank for MpiOnStream<'_, '_> {
+    fn communicator(&self) -> &MpiCommunicator {
+        self.gpu().comm()
+    }
+    fn next_tag(&self) -> u64 {
+        self.gpu().next_tag
+    }
+    fn set_next_tag(&mut self, tag: u64) {
         self.gpu_mut().next_tag = tag;
+    }
+    fn run_call(
+        &mut self,
+        shape: CheckedCall,
+        lender: &mut Lender<'_>,
+        vin: Option<View>,
+        vout: Option<View>,
+    ) -> MpiResult<()> {
+        let stream = self.stream_ref();
+        self.gpu_mut().call(shape, lender, vin, vout, stream)
+    }
+    fn run_p2p(
+        &mut self,
+        lender: &mut Lender<'_>,
+        view: View,
+        send: bool,
+        peer: u32,
+        dtype: DType,
+    ) -> MpiResult<()> {
+        let stream = self.stream_ref();
+        self.gpu_mut()
+            .p2p(lender, view, send, peer, (view.len, dtype), stream)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Collectives for MpiOnStream<'_, '_> {
+    fn timeout(&self) -> Duration {
+        self.gpu().comm().timeout.get()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.gpu().comm().timeout.set(timeout);
+    }
+    fn tag_next(&mut self, tag: u64) {
+        self.set_next_tag(tag);
     }
     fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
         let lender = self.lender();

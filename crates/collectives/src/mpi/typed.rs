@@ -1,10 +1,13 @@
-//! Typed per-rank collectives on an [`MpiCommunicator`]: each process passes its own host
-//! buffers (`&[T]`, `&mut [T]`; in place is one `&mut [T]`), as with `MPI_Allreduce` or
-//! `ncclAllReduce`.
+//! The host calls of an [`MpiCommunicator`], its [`crate::Collectives`] (the typed
+//! collectives): each process passes its own host buffers (`&[T]`, `&mut [T]`, `Vec<T>`,
+//! [`super::SharedHostBuffer`]), as with `MPI_Allreduce` or `ncclAllReduce`. The front door
+//! (`runner.rs`) maps each operation of a group onto a checked call; this file runs it on the
+//! lent host memory.
 //!
 //! A call goes through four steps:
 //! 1. **Local checks**, the single-process API's: buffer lengths against the collective's
-//!    layout, a root that is a rank, `Avg` only on floating types, counts per rank.
+//!    layout, a root that is a rank, `Avg` only on floating types, counts per rank, host
+//!    memory (a device buffer is this rank's local error).
 //! 2. **Agreement** before any data moves: every rank's call descriptor (collective, element
 //!    type and size, op, root, count, a hash of its per-rank counts, its sequence number, and
 //!    whether its local checks passed) is all-gathered in one nonblocking `MPI_Iallgather`
@@ -40,7 +43,7 @@ use std::ops::Range;
 
 use ::mpi::ffi;
 use ::mpi::traits::AsRaw;
-use relaycc_route::{Collective, Location, Plan, ReduceOp, Request};
+use relaycc_route::{Collective, Location, Plan, Request};
 
 use super::agree::{self, AgreementCollective};
 use super::call_agreement::{AGREE, SEQ, WORDS, row_words};
@@ -48,11 +51,11 @@ use super::count_binding::{CountBinding, VShape, contributions};
 use super::requests::Requests;
 use super::roll_call::WaitPoint;
 use super::schedule::{RankSchedule, RunBuffers};
-use super::typed_call::{CheckedCall, InputAt, TypedCollective};
+use super::typed_call::{CheckedCall, InputAt};
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::call::{CallDesc, RankDescs};
-use crate::element::Element;
 use crate::plan_cache::lru::{Held, Lru};
+use crate::rank::{Lender, View};
 
 /// One cached shape: this rank's schedule, its run buffers and requests.
 #[derive(Debug)]
@@ -76,192 +79,124 @@ impl Held for PreparedShape {
 }
 
 /// Where a call's input is.
-enum Input<'a, T> {
+enum Input<'a> {
     /// A buffer of its own.
-    Slice(&'a [T]),
+    Slice(&'a [u8]),
     /// Elements of the output buffer (in place).
     InOutput(Range<usize>),
 }
 
+/// The host memory of `view` (elements of `esize` bytes) in what `lender` lent, as an
+/// address and a length in bytes; an error for device memory or a view outside its block.
+pub(super) fn host_bytes(
+    lender: &Lender<'_>,
+    view: View,
+    esize: usize,
+    rank: u32,
+) -> MpiResult<(usize, usize)> {
+    let bad = |why: &str| MpiError::Unsupported(format!("rank {rank}: {why}"));
+    let span = lender
+        .spans()
+        .get(view.block)
+        .ok_or_else(|| bad("a view of a buffer the call did not lend"))?;
+    if span.device.is_some() {
+        return Err(bad(
+            "a device buffer in a host call: make a GPU rank (MpiGpu::new) and call \
+             through MpiGpu::on(&stream)",
+        ));
+    }
+    let esize = esize as u64;
+    let start = view.offset.checked_mul(esize);
+    let bytes = view.len.checked_mul(esize);
+    match (start, bytes) {
+        (Some(start), Some(bytes)) if start.checked_add(bytes).is_some_and(|e| e <= span.bytes) => {
+            Ok((span.addr + start as usize, bytes as usize))
+        }
+        _ => Err(bad("a view past the end of its buffer")),
+    }
+}
+
+/// The bytes at `(addr, len)` (from [`host_bytes`]); empty for none.
+///
+/// # Safety
+/// `(addr, len)` is host memory lent to the running call and borrowed by it, shared, for at
+/// least `'a`; nothing writes it meanwhile.
+pub(super) unsafe fn lent<'a>((addr, len): (usize, usize)) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
+
+/// The bytes at `(addr, len)` (from [`host_bytes`]), writable; empty for none.
+///
+/// # Safety
+/// `(addr, len)` is host memory lent to the running call and borrowed by it uniquely for at
+/// least `'a`; nothing else reads or writes it meanwhile.
+pub(super) unsafe fn lent_mut<'a>((addr, len): (usize, usize)) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+}
+
 impl MpiCommunicator {
-    /// Run a checked call on host slices (`input` is ignored in place).
-    fn host<T: Element>(&self, s: CheckedCall, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let inp = match s.input {
-            InputAt::Separate if s.input_used => Input::Slice(input),
-            InputAt::Separate => Input::Slice(&[]),
+    /// One collective on host memory (a call of [`crate::Collectives`] on this communicator):
+    /// the local checks' verdict `shape` with what `lender` lent (`vin`: a separate input;
+    /// `vout`: the output, holding the input when in place), through steps 2 to 4 of the
+    /// module docs. A lent buffer that is not host memory is this rank's local error, agreed
+    /// like any other.
+    pub(super) fn host_call(
+        &self,
+        shape: CheckedCall,
+        lender: &mut Lender<'_>,
+        vin: Option<View>,
+        vout: Option<View>,
+    ) -> MpiResult<()> {
+        let CheckedCall {
+            call,
+            mut local,
+            input,
+            input_used,
+            output_used,
+        } = shape;
+        if local.is_ok()
+            && let Some(e) = lender.take_error()
+        {
+            local = Err(MpiError::Backend(e));
+        }
+        let esize = call.dtype.size() as usize;
+        let mut resolve = |v: Option<View>, used: bool| -> (usize, usize) {
+            match v
+                .filter(|_| used)
+                .map(|v| host_bytes(lender, v, esize, self.rank))
+            {
+                Some(Ok(at)) => at,
+                Some(Err(e)) => {
+                    if local.is_ok() {
+                        local = Err(e);
+                    }
+                    (0, 0)
+                }
+                None => (0, 0),
+            }
+        };
+        let separate = matches!(input, InputAt::Separate);
+        let (in_addr, in_len) = resolve(vin, separate && input_used);
+        let (out_addr, out_len) = resolve(vout, output_used);
+        // SAFETY: each is a host span the caller lent for this call (`host_bytes` checked
+        // the view against its span), borrowed by the call's group for longer than this
+        // function runs: the input shared, the output unique. They cannot overlap: a
+        // separate input and the output are different buffers, which Rust's borrows keep
+        // apart; in place there is no separate input.
+        let (src, out) = unsafe { (lent((in_addr, in_len)), lent_mut((out_addr, out_len))) };
+        let inp = match input {
+            InputAt::Separate => Input::Slice(src),
             InputAt::InOutput(r) => Input::InOutput(r),
         };
-        let out = if s.output_used { output } else { &mut [] };
-        self.collective(s.call, s.local, inp, out)
-    }
-
-    /// `output = op(input of every rank)` on every rank (`MPI_Allreduce`). `input` and
-    /// `output` hold the same number of elements.
-    ///
-    /// Collective. Errors: see [`MpiCommunicator::all_reduce_in_place`].
-    pub fn all_reduce<T: Element>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::AllReduce(op), input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// [`Self::all_reduce`] in place: `buf` is this rank's input and receives the result.
-    ///
-    /// Collective. Errors, on every rank before any data moves: a count, element type, op or
-    /// collective that differs between ranks ([`MpiError::CountMismatch`],
-    /// [`MpiError::ElementMismatch`], [`MpiError::CallMismatch`]), `Avg` on an integer type
-    /// ([`MpiError::Unsupported`] there, [`MpiError::Peer`] elsewhere), a peer that does not
-    /// take part within the timeout ([`MpiError::Absent`] naming it and the call, which fails
-    /// the communicator); during the run, an MPI error or a timeout, which fail the
-    /// communicator.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::AllReduceInPlace(op), buf.len(), buf.len());
-        self.host(s, &[], buf)
-    }
-
-    /// `output = op(input of every rank)` on rank `root` (`MPI_Reduce`). Ranks other than
-    /// the root may pass an empty `output`; theirs is not touched. Collective; errors as
-    /// [`Self::all_reduce_in_place`], and a root that is not a rank.
-    pub fn reduce<T: Element>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        root: u32,
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::Reduce(root, op), input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// Rank `root`'s `buf` to every rank's `buf` (`MPI_Bcast`, in place). Collective; errors
-    /// as [`Self::all_reduce_in_place`], and a root that is not a rank.
-    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: u32) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::Broadcast(root), buf.len(), buf.len());
-        self.host(s, &[], buf)
-    }
-
-    /// Every rank's `input`, concatenated in rank order, to every rank's `output`
-    /// (`MPI_Allgather`); `output` holds `ranks x input.len()` elements. Collective; errors
-    /// as [`Self::all_reduce_in_place`].
-    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::AllGather, input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// [`Self::all_gather`] in place: this rank's contribution is its block (block `rank` of
-    /// `buf.len() / ranks` elements) of `buf`. Collective; a `buf` that does not split into
-    /// equal blocks is an error.
-    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::AllGatherInPlace, buf.len(), buf.len());
-        self.host(s, &[], buf)
-    }
-
-    /// As [`Self::all_gather`] with per-rank counts (`MPI_Allgatherv`, packed): `counts[r]`
-    /// elements from rank `r`, the same list on every rank; `input` holds `counts[rank]`
-    /// elements and `output` their sum. Collective; ranks with other lists give
-    /// [`MpiError::CountMismatch`] on every rank.
-    pub fn all_gather_v<T: Element>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        counts: &[usize],
-    ) -> MpiResult<()> {
-        let s = self.shape::<T>(
-            TypedCollective::AllGatherV(counts),
-            input.len(),
-            output.len(),
-        );
-        self.host(s, input, output)
-    }
-
-    /// [`Self::all_gather_v`] in place: this rank's contribution sits at its place in `buf`
-    /// (after the counts of lower ranks). Collective.
-    pub fn all_gather_v_in_place<T: Element>(
-        &self,
-        buf: &mut [T],
-        counts: &[usize],
-    ) -> MpiResult<()> {
-        let s = self.shape::<T>(
-            TypedCollective::AllGatherVInPlace(counts),
-            buf.len(),
-            buf.len(),
-        );
-        self.host(s, &[], buf)
-    }
-
-    /// Block `rank` (of `input.len() / ranks` elements) of the reduction of every rank's
-    /// `input` to `output` (`MPI_Reduce_scatter_block`). Collective; errors as
-    /// [`Self::all_reduce_in_place`].
-    pub fn reduce_scatter<T: Element>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        let s = self.shape::<T>(
-            TypedCollective::ReduceScatter(op),
-            input.len(),
-            output.len(),
-        );
-        self.host(s, input, output)
-    }
-
-    /// As [`Self::reduce_scatter`] with per-rank counts (`MPI_Reduce_scatter`): block `r` of
-    /// every `input` (`counts[r]` elements, the blocks packed in rank order) is reduced into
-    /// rank `r`'s `output`; the same list on every rank, `output` holds `counts[rank]`
-    /// elements and `input` their sum. Collective; ranks with other lists give
-    /// [`MpiError::CountMismatch`] on every rank.
-    pub fn reduce_scatter_v<T: Element>(
-        &self,
-        input: &[T],
-        output: &mut [T],
-        counts: &[usize],
-        op: ReduceOp,
-    ) -> MpiResult<()> {
-        let kind = TypedCollective::ReduceScatterV(counts, op);
-        let s = self.shape::<T>(kind, input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// Block `d` of this rank's `input` to block `rank` of rank `d`'s `output`
-    /// (`MPI_Alltoall`); both hold `ranks` equal blocks. Collective.
-    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::AllToAll, input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// `send_counts[d]` elements of `input` to rank `d`, `recv_counts[s]` elements from
-    /// rank `s` into `output`, both packed in rank order (`MPI_Alltoallv`). Collective; what
-    /// one rank sends that another does not expect is [`MpiError::CountMismatch`] on every
-    /// rank.
-    pub fn all_to_all_v<T: Element>(
-        &self,
-        input: &[T],
-        send_counts: &[usize],
-        output: &mut [T],
-        recv_counts: &[usize],
-    ) -> MpiResult<()> {
-        let kind = TypedCollective::AllToAllV(send_counts, recv_counts);
-        let s = self.shape::<T>(kind, input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// Every rank's `input`, concatenated in rank order, to `output` on rank `root`
-    /// (`MPI_Gather`); other ranks may pass an empty `output`. Collective.
-    pub fn gather<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::Gather(root), input.len(), output.len());
-        self.host(s, input, output)
-    }
-
-    /// Block `r` (of `output.len()` elements) of `input` on rank `root` to rank `r`'s
-    /// `output` (`MPI_Scatter`); other ranks may pass an empty `input`. Collective.
-    pub fn scatter<T: Element>(&self, input: &[T], output: &mut [T], root: u32) -> MpiResult<()> {
-        let s = self.shape::<T>(TypedCollective::Scatter(root), input.len(), output.len());
-        self.host(s, input, output)
+        self.collective(call, local, inp, out, esize)
     }
 
     /// The algorithm of the plan the last collective call ran (`rank-space direct`,
@@ -284,18 +219,19 @@ impl MpiCommunicator {
     }
 
     /// Steps 1 to 4 of the module docs for one call.
-    fn collective<T: Element>(
+    fn collective(
         &self,
         mut call: CallDesc,
         local: MpiResult<()>,
-        input: Input<'_, T>,
-        output: &mut [T],
+        input: Input<'_>,
+        output: &mut [u8],
+        esize: usize,
     ) -> MpiResult<()> {
         self.health.check()?;
         let (seq, local) = self.next_call(&call, local);
         let (key, all) = self.agreed(&mut call, local, seq)?;
         let v = self.agreed_shape(&call, &all);
-        self.run_cached(&call, key, &all, v, input, output)
+        self.run_cached(&call, (key, &all, v), input, output, esize)
     }
     /// Remember the algorithm of the plan a call ran, for [`Self::last_algorithm`].
     pub(super) fn set_last_algorithm(&self, algorithm: &str) {
@@ -308,14 +244,13 @@ impl MpiCommunicator {
     /// Plan on a miss (all ranks miss together), then run: a v-collective (`v`, its agreed
     /// counts) on its capacity plan with the counts bound, or on the plan of its exact counts
     /// (`key`) where the capacity plan cannot be bound; any other call on the plan of `key`.
-    fn run_cached<T: Element>(
+    fn run_cached(
         &self,
         call: &CallDesc,
-        key: Vec<i64>,
-        all: &[i64],
-        v: Option<VShape>,
-        input: Input<'_, T>,
-        output: &mut [T],
+        (key, all, v): (Vec<i64>, &[i64], Option<VShape>),
+        input: Input<'_>,
+        out: &mut [u8],
+        esize: usize,
     ) -> MpiResult<()> {
         let exact_key = key;
         let key = v.map_or_else(|| exact_key.clone(), |v| v.key(call));
@@ -330,7 +265,7 @@ impl MpiCommunicator {
             // A capacity plan that cannot be bound (the same verdict on every rank): the plan
             // of the call's exact counts.
             drop(cache);
-            return self.run_cached(call, exact_key, all, None, input, output);
+            return self.run_cached(call, (exact_key, all, None), input, out, esize);
         }
         let PreparedShape {
             schedule,
@@ -349,8 +284,6 @@ impl MpiCommunicator {
             }
             _ => schedule,
         };
-        let out: &mut [u8] = bytemuck::cast_slice_mut(output);
-        let esize = std::mem::size_of::<T>();
         let borrowed = self.zero_copy && !schedule.writes_input();
         let timeout = self.timeout.get();
         let shm = self.shm.as_ref();
@@ -359,7 +292,7 @@ impl MpiCommunicator {
                 return Err(self.buffer("output", out.len(), schedule.output_len));
             }
             let src: &[u8] = match &input {
-                Input::Slice(s) => bytemuck::cast_slice(s),
+                Input::Slice(s) => s,
                 Input::InOutput(r) => {
                     let bytes = r.start * esize..r.end * esize;
                     let inb = bufs.input_bytes(schedule)?;
@@ -413,7 +346,7 @@ impl MpiCommunicator {
                         eprintln!(
                             "relaycc: rank {}: a zero-copy run panicked with MPI requests \
                              into this call's buffers pending: aborting the job",
-                            self.rank()
+                            self.rank
                         );
                         self.abort(70)
                     }
@@ -428,7 +361,7 @@ impl MpiCommunicator {
             eprintln!(
                 "relaycc: rank {}: {e}; MPI keeps {} requests into this call's buffers (zero \
                  copy), which cannot outlive the call: aborting the job",
-                self.rank(),
+                self.rank,
                 stuck.len()
             );
             self.abort(70)
@@ -485,7 +418,7 @@ impl MpiCommunicator {
     /// makes too, so a rank that expects other counts than it is sent is the same
     /// [`MpiError::CountMismatch`] on every rank.
     pub(super) fn gathered_matrix(&self, call: &CallDesc, all: &[i64]) -> MpiResult<Vec<Vec<u64>>> {
-        let n = self.size() as usize;
+        let n = self.size as usize;
         let row = row_words(n);
         let got: Vec<i64> = if row > WORDS {
             // In every rank's descriptor, after its fixed words.
@@ -525,7 +458,7 @@ impl MpiCommunicator {
         all: &[i64],
         matrix: Vec<Vec<u64>>,
     ) -> MpiResult<Request> {
-        let n = self.size() as usize;
+        let n = self.size as usize;
         let mut req = call.request((0..n as u32).collect(), matrix);
         if crate::call::shares_counts(call.collective) {
             // The own counts as every rank sent them, word for word: each rank's list was
@@ -567,7 +500,7 @@ impl MpiCommunicator {
         plan: &Plan,
         comm: ffi::MPI_Comm,
     ) -> MpiResult<PreparedShape> {
-        let schedule = RankSchedule::new(plan, self.rank(), &|l| match l {
+        let schedule = RankSchedule::new(plan, self.rank, &|l| match l {
             Location::Gpu(r) => Some(r),
             Location::Host(_) => None,
         })?;
@@ -577,7 +510,7 @@ impl MpiCommunicator {
         Ok(PreparedShape {
             schedule,
             bufs,
-            reqs: Requests::new(comm, self.rank()),
+            reqs: Requests::new(comm, self.rank),
             algorithm: plan.algorithm.clone(),
             weight,
             binding: None,

@@ -10,7 +10,6 @@ use relaycc_route::{Collective, DType, ReduceOp};
 
 use super::{MpiCommunicator, MpiError, MpiResult};
 use crate::call::CallDesc;
-use crate::element::Element;
 
 /// The sum of user counts, `None` past `usize`.
 fn total(counts: &[usize]) -> Option<usize> {
@@ -75,18 +74,8 @@ pub(super) struct CheckedCall {
 
 impl MpiCommunicator {
     /// The local checks of the single-process API for `kind` on buffers of `input` and
-    /// `output` elements of `T` (in place: both the one buffer's length).
-    pub(super) fn shape<T: Element>(
-        &self,
-        kind: TypedCollective<'_>,
-        input: usize,
-        output: usize,
-    ) -> CheckedCall {
-        self.shape_of(T::DTYPE, kind, input, output)
-    }
-
-    /// As [`Self::shape`] for elements of `dtype` named at run time (the front door's calls,
-    /// whose descriptors carry their element type).
+    /// `output` elements of `dtype` (in place: both the one buffer's length), as the front
+    /// door's calls describe them.
     pub(super) fn shape_of(
         &self,
         dtype: DType,
@@ -94,8 +83,8 @@ impl MpiCommunicator {
         input: usize,
         output: usize,
     ) -> CheckedCall {
-        let me = self.rank() as usize;
-        let n = self.size() as usize;
+        let me = self.rank as usize;
+        let n = self.size as usize;
         let mut shape = CheckedCall {
             call: CallDesc::new(Collective::AllReduce, dtype, input as u64, ReduceOp::Sum, 0),
             local: Ok(()),
@@ -240,26 +229,25 @@ impl MpiCommunicator {
     }
 
     fn root_ok(&self, root: u32) -> MpiResult<()> {
-        if root < self.size() {
+        if root < self.size {
             Ok(())
         } else {
             Err(MpiError::Unsupported(format!(
                 "rank {}: root {root} is not a rank (0..{})",
-                self.rank(),
-                self.size()
+                self.rank, self.size
             )))
         }
     }
 
     /// The block size of a buffer of `len` elements in `ranks` equal blocks.
     fn blocks(&self, len: usize) -> (usize, MpiResult<()>) {
-        let n = self.size() as usize;
+        let n = self.size as usize;
         if len.is_multiple_of(n) {
             (len / n, Ok(()))
         } else {
             let e = MpiError::Unsupported(format!(
                 "rank {}: {len} elements do not split into {n} equal blocks",
-                self.rank()
+                self.rank
             ));
             (0, Err(e))
         }
@@ -274,8 +262,8 @@ impl MpiCommunicator {
         (own_side, own): (&'static str, usize),
         (whole_side, whole): (&'static str, usize),
     ) -> MpiResult<()> {
-        let n = self.size() as usize;
-        let me = self.rank() as usize;
+        let n = self.size as usize;
+        let me = self.rank as usize;
         if counts.len() != n {
             return Err(MpiError::CountMismatch(format!(
                 "rank {me}: {} counts for {n} ranks",
@@ -295,7 +283,7 @@ impl MpiCommunicator {
     }
 
     fn counts_overflow(&self) -> MpiError {
-        MpiError::CountMismatch(format!("rank {}: the counts sum past usize", self.rank()))
+        MpiError::CountMismatch(format!("rank {}: the counts sum past usize", self.rank))
     }
 
     /// The next sequence number of a typed collective on this communicator, and the local
@@ -314,8 +302,7 @@ impl MpiCommunicator {
         {
             local = Err(MpiError::Unsupported(format!(
                 "rank {}: avg is defined for floating types, not {}",
-                self.rank(),
-                call.dtype
+                self.rank, call.dtype
             )));
         }
         (seq, local)

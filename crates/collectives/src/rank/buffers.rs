@@ -42,19 +42,19 @@ impl<'b> Lender<'b> {
     }
 
     /// The lent spans, by block.
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    #[cfg(feature = "mpi")]
     pub(crate) fn spans(&self) -> &[Span] {
         &self.blocks
     }
 
     /// Whether lending met an error ([`Self::take_error`] takes it).
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    #[cfg(feature = "mpi")]
     pub(crate) fn has_error(&self) -> bool {
         self.error.is_some()
     }
 
     /// The first error met while lending (a buffer of another device, no stream).
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    #[cfg(feature = "mpi")]
     pub(crate) fn take_error(&mut self) -> Option<CollectivesError> {
         self.error.take()
     }
@@ -90,7 +90,8 @@ pub(super) mod sealed {
     }
 }
 
-/// A buffer a per-rank call reads: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
+/// A buffer a per-rank call reads: host memory (`[T]`, `Vec<T>`, `[T; N]`, and with feature
+/// `mpi` `SharedHostBuffer<T>`) or, with feature
 /// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaView`, `CudaViewMut`, which a call
 /// takes on the caller's stream: `RankComm::on`).
 pub trait SendBuf<T: Element>: sealed::Lend<T> {
@@ -99,7 +100,8 @@ pub trait SendBuf<T: Element>: sealed::Lend<T> {
         sealed::Lend::elems(self)
     }
 }
-/// A buffer a per-rank call writes: host memory (`[T]`, `Vec<T>`, `[T; N]`) or, with feature
+/// A buffer a per-rank call writes: host memory (`[T]`, `Vec<T>`, `[T; N]`, and with feature
+/// `mpi` `SharedHostBuffer<T>`) or, with feature
 /// `cuda`, device memory (cudarc's `CudaSlice<T>`, `CudaViewMut`).
 pub trait RecvBuf<T: Element>: sealed::LendMut<T> {
     /// Elements in the buffer.
@@ -161,6 +163,10 @@ macro_rules! host_container {
 }
 host_container!([] Vec<T>);
 host_container!([, const N: usize] [T; N]);
+// Host memory other processes of this host may map: the MPI ranks' single-copy transport
+// reads it in place.
+#[cfg(feature = "mpi")]
+host_container!([] crate::mpi::SharedHostBuffer<T>);
 
 #[cfg(feature = "cuda")]
 mod device {

@@ -1,7 +1,7 @@
 //! [`Collectives`]: the one set of per-rank collective calls, the same on every surface
 //! (ranks on threads with host slices, [`RankComm`]; ranks on threads with cudarc buffers on
-//! the caller's stream, `OnStream`; one rank per MPI process on cudarc buffers or host
-//! slices, `mpi::MpiOnStream`), written once as the trait's provided methods over
+//! the caller's stream, `OnStream`; one rank per MPI process on host slices,
+//! `mpi::MpiCommunicator`, or on cudarc buffers, `mpi::MpiOnStream`), written once as the trait's provided methods over
 //! [`super::RankGroup`]. What differs between surfaces is how a rank's call meets the
 //! others' and runs, behind the crate-private `Runner` seam.
 
@@ -99,10 +99,12 @@ macro_rules! single {
 
 /// The per-rank collective calls, the same on every surface: [`RankComm`] (ranks on threads,
 /// host slices), `OnStream` (feature `cuda`: cudarc buffers on the caller's stream),
-/// `mpi::MpiOnStream` (features `mpi` and `cuda`: one rank per process, from
-/// `MpiGpu::on(&stream)` on cudarc buffers or `MpiGpu::on_host()` on host slices; its
-/// groups run their collectives one after another, sends and receives alone, and
-/// `scatter_in_place` / `reduce_scatter_in_place` are refused on every rank). Each rank
+/// `mpi::MpiCommunicator` (feature `mpi`: one rank per process on host slices; also through
+/// `&MpiCommunicator`), `mpi::MpiOnStream` (features `mpi` and `cuda`: one rank per process,
+/// from `MpiGpu::on(&stream)` on cudarc buffers or `MpiGpu::on_host()` on host slices
+/// through a backend). On MPI processes a group runs its collectives one after another,
+/// sends and receives alone, and `scatter_in_place` / `reduce_scatter_in_place` are refused
+/// on every rank. Each rank
 /// calls the same collectives in the same order, each on its own buffers; a call returns
 /// when the operation is done on this rank (or, on a stream, enqueued there).
 ///

@@ -52,10 +52,10 @@ pub use collectives::Collectives;
 #[cfg(feature = "cuda")]
 pub use collectives::OnStream;
 use meeting::Meeting;
-#[cfg(not(all(feature = "cuda", feature = "mpi")))]
+#[cfg(not(feature = "mpi"))]
 use op::RankCallOp;
 use op::{Failure, Payload, RankArrival};
-#[cfg(all(feature = "cuda", feature = "mpi"))]
+#[cfg(feature = "mpi")]
 pub(crate) use op::{RankCallOp, View};
 pub use rank_group::RankGroup;
 
@@ -441,18 +441,21 @@ enum Left {
     /// At the in-process meeting.
     Meeting(Ticket),
     /// Known already: the runner ran the group before it returned (MPI ranks).
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    #[cfg(feature = "mpi")]
     Ran(Result<()>),
 }
 
 impl<'b> Departure<'b> {
     /// A group its runner has already run, with the guards of its buffers (dropped after
     /// the outcome is read, so the buffers' events follow what the run enqueued).
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    #[cfg(feature = "mpi")]
     pub(crate) fn ran(outcome: Result<()>, lender: Lender<'b>) -> Self {
         Departure {
             outcome: Left::Ran(outcome),
+            #[cfg(feature = "cuda")]
             _guards: lender.guards,
+            #[cfg(not(feature = "cuda"))]
+            _guards: lender._b,
         }
     }
 
@@ -462,7 +465,7 @@ impl<'b> Departure<'b> {
         let Departure { outcome, _guards } = self;
         match outcome {
             Left::Meeting(t) => RankComm::result(call, t.wait()).map(|_| ()),
-            #[cfg(all(feature = "cuda", feature = "mpi"))]
+            #[cfg(feature = "mpi")]
             Left::Ran(r) => r,
         }
     }

@@ -5,8 +5,8 @@
 #![allow(dead_code)]
 
 use relaycc_collectives::Element;
-use relaycc_collectives::mpi::MpiCommunicator;
 use relaycc_collectives::mpi::rsmpi;
+use relaycc_collectives::mpi::{MpiCommunicator, MpiError};
 use rsmpi::collective::SystemOperation;
 use rsmpi::environment::Universe;
 use rsmpi::topology::SimpleCommunicator;
@@ -94,4 +94,14 @@ pub fn value(r: u32, i: usize) -> i64 {
 /// Rank `r`'s input of `len` elements ([`value`]).
 pub fn fill<T: Element>(r: u32, len: usize) -> Vec<T> {
     (0..len).map(|i| T::from_i64(value(r, i))).collect()
+}
+
+/// A front-door call's outcome with MPI's own error unwrapped
+/// (`CollectivesError::Mpi(e)` as `e`; any other error as `MpiError::Backend`), for checks
+/// that name the MPI error.
+pub fn mpi_err(r: Result<(), relaycc_collectives::CollectivesError>) -> Result<(), MpiError> {
+    r.map_err(|e| match e {
+        relaycc_collectives::CollectivesError::Mpi(m) => *m,
+        other => MpiError::Backend(other),
+    })
 }

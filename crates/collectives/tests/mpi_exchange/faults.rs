@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use relaycc_collectives::Collectives;
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{Choice, MpiCommunicator, MpiError, NeighborExchange, TransferMode};
 use relaycc_collectives::{Backend, ByteRegion, HostBackend};
@@ -17,7 +18,7 @@ use crate::planned::run_on_backend;
 use crate::value;
 
 pub(crate) fn fault_counts(comm: &MpiCommunicator, rep: &mut Report) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 3).collect();
     let mut recv = send.clone();
     if me == 0 {
@@ -56,7 +57,7 @@ pub(crate) fn fault_elem(
     rep: &mut Report,
 ) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let elem = if me == 0 { 4 } else { 8 };
     let mismatch = |r: Result<NeighborExchange, MpiError>, what: &str| {
         if let Err(e) = &r {
@@ -155,7 +156,7 @@ pub(crate) fn fault_elem(
 /// at once from a second run and from a new build.
 pub(crate) fn fault_stop(world: &rsmpi::topology::SimpleCommunicator, comm: &mut MpiCommunicator) {
     use relaycc_route::{Collective, DType, PlanOptions, Request, path::RelayPolicy};
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let timeout = Duration::from_secs(3);
     comm.set_timeout(timeout);
     let elems = 8192u64; // 64 KiB of u64 per peer
@@ -370,7 +371,7 @@ pub(crate) fn fault_stop_early(world: &rsmpi::topology::SimpleCommunicator) {
 
 /// Returns true when this rank left early (and must not take part in anything else).
 pub(crate) fn fault_exit(comm: &mut MpiCommunicator, strategy: Strategy) -> bool {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     comm.set_timeout(Duration::from_secs(3));
     let send: Vec<u64> = (0..n).map(|d| u64::from(d != me) * 4).collect();
     let ex = NeighborExchange::all_to_all_v(comm, &send, &send, 8, Choice::Forced(strategy));

@@ -1,6 +1,7 @@
 //! Neighbour exchanges (`NeighborExchange`, by counts and by index lists) against MPI's own
 //! `MPI_Alltoallv` and `MPI_Allgatherv`, for every strategy and the model's choice.
 
+use relaycc_collectives::Collectives;
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, NeighborExchange};
 use rsmpi::datatype::{Partition, PartitionMut};
@@ -10,7 +11,7 @@ use crate::mpi_common::Report;
 use crate::{choices, displs, rng};
 
 pub(crate) fn correctness(comm: &MpiCommunicator, rep: &mut Report) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let world = comm.comm();
     let k = comm.node_ranks().len();
     for seed in 0..3u64 {
@@ -90,7 +91,7 @@ pub(crate) fn correctness(comm: &MpiCommunicator, rep: &mut Report) {
 /// repeated indices, and a last rank with no neighbours at all (it sends and receives
 /// nothing); packed and with a random placement; two runs per build.
 pub(crate) fn index_lists(comm: &MpiCommunicator, rep: &mut Report) {
-    let (me, n) = (comm.rank() as usize, comm.size() as usize);
+    let (me, n) = (comm.rank(), comm.ranks());
     let world = comm.comm();
     let k = comm.node_ranks().len();
     for seed in 0..3u64 {

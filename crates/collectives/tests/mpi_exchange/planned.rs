@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use relaycc_collectives::Collectives;
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, MpiError, TransferMode};
 use relaycc_collectives::{Backend, ByteRegion, HostBackend};
@@ -247,8 +248,8 @@ pub(crate) fn backend_plans(
     )],
 ) {
     use relaycc_route::Collective;
-    let me = comm.rank();
-    let n = comm.size() as usize;
+    let me = comm.rank() as u32;
+    let n = comm.ranks();
     for (req, plan, input, host_out) in plans {
         let coll = req.collective;
         // MPI's own collective on the same input, where MPI has one.

@@ -1,5 +1,5 @@
-//! MPI tests of the typed per-rank collectives of `MpiCommunicator`; run under mpirun by
-//! `scripts/test-mpi`:
+//! MPI tests of the per-rank collectives of `MpiCommunicator` (its `Collectives` on host
+//! slices); run under mpirun by `scripts/test-mpi`:
 //!
 //! ```text
 //! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_typed [typed|typed-faults|split|typed-stop]
@@ -35,12 +35,14 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "../mpi_common/mod.rs"]
 mod mpi_common;
+mod shared_buffers;
 
-use mpi_common::{Report, fill};
+use mpi_common::{Report, fill, mpi_err};
 
 use relaycc_collectives::mpi::rsmpi;
-use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu, SharedHostBuffer};
+use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu};
 use relaycc_collectives::{Collectives, CollectivesError, Element, PlanCacheLimits, ReduceOp};
 use rsmpi::collective::SystemOperation;
 use rsmpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -99,9 +101,14 @@ fn avg_of<T: Element>(x: T, n: u32) -> T {
 }
 
 /// Every typed collective for element type `T` at `c` elements per rank.
-fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, name: &str, c: usize) {
+fn typed<T: Element + Equivalence>(
+    mut comm: &MpiCommunicator,
+    rep: &mut Report,
+    name: &str,
+    c: usize,
+) {
     let world = comm.comm();
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let nu = n as usize;
     let float = T::DTYPE.is_float();
     let ops: Vec<ReduceOp> = [
@@ -144,7 +151,7 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
         }
         let want = finish(want, op, n);
         let mut got = zeros::<T>(if is_root { c } else { 0 });
-        let r = comm.reduce(&input, &mut got, root, op);
+        let r = comm.reduce(&input, Some(&mut got), root as usize, op);
         rep.check(
             &tag(&format!("reduce {op:?}")),
             r.is_ok() && bytes(&got) == bytes(&want),
@@ -165,8 +172,14 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
     let mut want = if is_root { input.clone() } else { zeros(c) };
     rootp.broadcast_into(&mut want[..]);
     let mut got = if is_root { input.clone() } else { zeros(c) };
-    let r = comm.broadcast(&mut got, root);
-    rep.check(&tag("broadcast"), r.is_ok() && bytes(&got) == bytes(&want));
+    let r = comm.broadcast_in_place(&mut got, root as usize);
+    // Out of place: the root's input is a buffer of its own.
+    let mut apart = zeros::<T>(c);
+    let r2 = comm.broadcast(Some(&input).filter(|_| is_root), &mut apart, root as usize);
+    rep.check(
+        &tag("broadcast"),
+        r.is_ok() && r2.is_ok() && bytes(&got) == bytes(&want) && bytes(&apart) == bytes(&want),
+    );
     // all_gather, out of place and in place.
     let mut want = zeros::<T>(c * nu);
     world.all_gather_into(&input[..], &mut want[..]);
@@ -237,7 +250,7 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
         rootp.gather_into(&input[..]);
     }
     let mut got = zeros::<T>(if is_root { c * nu } else { 0 });
-    let r = comm.gather(&input, &mut got, root);
+    let r = comm.gather(&input, Some(&mut got), root as usize);
     rep.check(&tag("gather"), r.is_ok() && bytes(&got) == bytes(&want));
     let whole: Vec<T> = if is_root {
         fill(me, c * nu)
@@ -251,7 +264,7 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
         rootp.scatter_into(&mut want[..]);
     }
     let mut got = zeros::<T>(c);
-    let r = comm.scatter(&whole, &mut got, root);
+    let r = comm.scatter(Some(&whole), &mut got, root as usize);
     rep.check(&tag("scatter"), r.is_ok() && bytes(&got) == bytes(&want));
     // send/recv around the ring: even ranks send first, odd ranks receive first.
     let next = (me + 1) % n;
@@ -260,11 +273,11 @@ fn typed<T: Element + Equivalence>(comm: &MpiCommunicator, rep: &mut Report, nam
     let r = if n == 1 {
         Ok(())
     } else if me % 2 == 0 {
-        comm.send(&input, next)
-            .and_then(|()| comm.recv(&mut got, prev))
+        comm.send(&input, next as usize)
+            .and_then(|()| comm.recv(&mut got, prev as usize))
     } else {
-        comm.recv(&mut got, prev)
-            .and_then(|()| comm.send(&input, next))
+        comm.recv(&mut got, prev as usize)
+            .and_then(|()| comm.send(&input, next as usize))
     };
     let want: Vec<T> = fill(prev, c);
     rep.check(
@@ -283,7 +296,7 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
         max_scratch_bytes: u64::MAX,
     };
     if let Err(e) = comm.set_plan_cache_limits(roomy) {
-        println!("rank {}: plan cache limits: {e}", comm.rank());
+        println!("rank {}: plan cache limits: {e}", comm.rank() as u32);
         rep.check("plan cache limits", false);
     }
     typed::<f32>(comm, rep, "f32", 37);
@@ -299,7 +312,7 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
     typed::<u8>(comm, rep, "u8", 5003);
     // Messages of 64 KiB and more: single copies where the ranks may read each other's
     // memory (`host_transport` says which transport ran).
-    if comm.rank() == 0 {
+    if (comm.rank() as u32) == 0 {
         println!("transport: {}", comm.host_transport());
     }
     typed::<f32>(comm, rep, "f32 large", 262_147);
@@ -310,10 +323,10 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
             typed::<i64>(&zc, rep, "i64 zero copy", 37);
             typed::<f32>(&zc, rep, "f32 zero copy", 3001);
             typed::<f32>(&zc, rep, "f32 zero copy large", 262_147);
-            shared_buffers(&zc, rep);
+            shared_buffers::shared_buffers(&zc, rep);
         }
         other => {
-            println!("rank {}: split: {other:?}", comm.rank());
+            println!("rank {}: split: {other:?}", comm.rank() as u32);
             rep.check("zero-copy communicator", false);
         }
     }
@@ -325,81 +338,15 @@ fn typed_all(comm: &MpiCommunicator, rep: &mut Report) {
     );
 }
 
-/// `len` elements of [`fill`]`(rank, len)` in a [`SharedHostBuffer`].
-fn shared_fill(rank: u32, len: usize) -> SharedHostBuffer<f32> {
-    let mut b = SharedHostBuffer::zeroed(len).expect("memfd");
-    b.copy_from_slice(&fill::<f32>(rank, len));
-    b
-}
-
-/// Collectives whose messages come from [`SharedHostBuffer`]s (zero-copy `comm`): receivers
-/// map the senders' buffers and copy in user space where the transport says so. Each result
-/// equals MPI's on the same buffers; 70 rounds of all_to_all from new buffers each time pass
-/// the receivers' cache of mappings (64), so evicted and unmapped buffers are never read.
-fn shared_buffers(comm: &MpiCommunicator, rep: &mut Report) {
-    let world = comm.comm();
-    let (me, n) = (comm.rank(), comm.size() as usize);
-    if me == 0 {
-        println!("transport (shared buffers): {}", comm.host_transport());
-    }
-    // 65,644-byte blocks: single-copy messages.
-    let c = 16_411;
-    let mut all_ok = true;
-    for round in 0..70u32 {
-        let src = shared_fill(me + round, c * n);
-        let mut got = SharedHostBuffer::<f32>::zeroed(c * n).expect("memfd");
-        let mut want = zeros::<f32>(c * n);
-        world.all_to_all_into(&src[..], &mut want[..]);
-        let r = comm.all_to_all(&src, &mut got);
-        all_ok &= r.is_ok() && bytes(&got) == bytes(&want);
-    }
-    rep.check("shared buffers: 70 rounds of all_to_all", all_ok);
-    let c = 262_147;
-    let input = shared_fill(me, c);
-    let mut want = zeros::<f32>(c);
-    world.all_reduce_into(&input[..], &mut want[..], SystemOperation::sum());
-    let mut got = SharedHostBuffer::<f32>::zeroed(c).expect("memfd");
-    let r = comm.all_reduce(&input, &mut got, ReduceOp::Sum);
-    rep.check(
-        "shared buffers: all_reduce",
-        r.is_ok() && bytes(&got) == bytes(&want),
-    );
-    let counts: Vec<usize> = (0..n).map(|r| c - r * 1000).collect();
-    let counts_i: Vec<i32> = counts.iter().map(|x| *x as i32).collect();
-    let d = displs(&counts_i);
-    let total: usize = counts.iter().sum();
-    let mine = shared_fill(me, counts[me as usize]);
-    let mut want = zeros::<f32>(total);
-    {
-        let mut part = PartitionMut::new(&mut want[..], &counts_i[..], &d[..]);
-        world.all_gather_varcount_into(&mine[..], &mut part);
-    }
-    let mut got = SharedHostBuffer::<f32>::zeroed(total).expect("memfd");
-    let r = comm.all_gather_v(&mine, &mut got, &counts);
-    rep.check(
-        "shared buffers: all_gather_v",
-        r.is_ok() && bytes(&got) == bytes(&want),
-    );
-    // A message from the middle of a shared buffer.
-    let next = (me + 1) % n as u32;
-    let prev = (me + n as u32 - 1) % n as u32;
-    let mut got = zeros::<f32>(c / 2);
-    let r = if me % 2 == 0 {
-        comm.send(&input[c / 3..c / 3 + c / 2], next)
-            .and_then(|()| comm.recv(&mut got, prev))
-    } else {
-        comm.recv(&mut got, prev)
-            .and_then(|()| comm.send(&input[c / 3..c / 3 + c / 2], next))
-    };
-    let want = fill::<f32>(prev, c);
-    rep.check(
-        "shared buffers: send/recv of a slice",
-        r.is_ok() && bytes(&got) == bytes(&want[c / 3..c / 3 + c / 2]),
-    );
-}
-
 /// True when `r` is the error `want` names, within `bound` of `t`.
-fn expect(r: Result<(), MpiError>, want: &str, t: Instant, bound: Duration, me: u32) -> bool {
+fn expect(
+    r: Result<(), CollectivesError>,
+    want: &str,
+    t: Instant,
+    bound: Duration,
+    me: u32,
+) -> bool {
+    let r = mpi_err(r);
     let ok = matches!(
         (&r, want),
         (Err(MpiError::CountMismatch(_)), "count")
@@ -417,7 +364,7 @@ fn expect(r: Result<(), MpiError>, want: &str, t: Instant, bound: Duration, me: 
 }
 
 fn typed_faults(comm: &mut MpiCommunicator, rep: &mut Report) {
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let timeout = Duration::from_secs(5);
     comm.set_timeout(timeout);
     let odd = me == n - 1;
@@ -467,7 +414,7 @@ fn typed_faults(comm: &mut MpiCommunicator, rep: &mut Report) {
     // Another root.
     let t = Instant::now();
     let mut b = input.clone();
-    let r = comm.broadcast(&mut b, if odd { 1 } else { 0 });
+    let r = comm.broadcast_in_place(&mut b, if odd { 1 } else { 0 });
     rep.check("mismatched root", expect(r, "call", t, timeout, me));
     // Another order: all_gather then all_reduce on one rank, the reverse elsewhere.
     let mut g = zeros::<f32>(c * n as usize);
@@ -519,7 +466,7 @@ fn typed_faults(comm: &mut MpiCommunicator, rep: &mut Report) {
                 let mut o = zeros::<f32>(c + 2);
                 comm.recv(&mut o, 0)
             }
-            _ => Err(MpiError::CountMismatch("not in the pair".into())),
+            _ => Err(MpiError::CountMismatch("not in the pair".into()).into()),
         };
         rep.check(
             "mismatched send/recv counts",
@@ -539,16 +486,16 @@ fn typed_faults(comm: &mut MpiCommunicator, rep: &mut Report) {
 }
 
 fn split(comm: &MpiCommunicator, rep: &mut Report) {
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let half = n.div_ceil(2);
     let parity = comm.split(Some(me % 2), me as i32);
     let halves = comm.split(Some(me / half), -(me as i32));
-    let (Ok(Some(a)), Ok(Some(b))) = (parity, halves) else {
+    let (Ok(Some(mut a)), Ok(Some(mut b))) = (parity, halves) else {
         rep.check("split", false);
         return;
     };
-    let members = |sub: &MpiCommunicator| -> Vec<u32> {
-        let mut all = vec![0u32; sub.size() as usize];
+    let members = |mut sub: &MpiCommunicator| -> Vec<u32> {
+        let mut all = vec![0u32; sub.ranks()];
         let r = sub.all_gather(&[me], &mut all);
         if r.is_err() { Vec::new() } else { all }
     };
@@ -557,8 +504,8 @@ fn split(comm: &MpiCommunicator, rep: &mut Report) {
         && ma.windows(2).all(|w| w[0] < w[1])
         && mb.iter().all(|r| r / half == me / half)
         && mb.windows(2).all(|w| w[0] > w[1])
-        && ma.get(a.rank() as usize) == Some(&me)
-        && mb.get(b.rank() as usize) == Some(&me);
+        && ma.get(a.rank()) == Some(&me)
+        && mb.get(b.rank()) == Some(&me);
     // Virtual nodes: members share a node in the sub-communicator iff they do here.
     for (sub, m) in [(&a, &ma), (&b, &mb)] {
         for (i, x) in m.iter().enumerate() {
@@ -598,16 +545,16 @@ fn split(comm: &MpiCommunicator, rep: &mut Report) {
     let none = comm.split(if me == 0 { None } else { Some(0) }, 0);
     let ok = match (&none, me) {
         (Ok(None), 0) => true,
-        (Ok(Some(s)), _) => s.size() == n - 1,
+        (Ok(Some(s)), _) => s.ranks() == (n - 1) as usize,
         _ => false,
     };
     rep.check("split with no color", ok);
 }
 
 fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let timeout = Duration::from_secs(2);
-    let Some(sub) = sub_with(comm, timeout) else {
+    let Some(mut sub) = sub_with(comm, timeout) else {
         return;
     };
     let input: Vec<f32> = fill(me, 256);
@@ -621,7 +568,7 @@ fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
         return;
     }
     let t = Instant::now();
-    let r = sub.all_reduce(&input, &mut out, ReduceOp::Sum);
+    let r = mpi_err(sub.all_reduce(&input, &mut out, ReduceOp::Sum));
     let took = t.elapsed();
     let timed_out = matches!(
         &r,
@@ -629,7 +576,7 @@ fn typed_stop(world: &SimpleCommunicator, comm: &MpiCommunicator) {
             if missing == &[n - 1]
     );
     let t = Instant::now();
-    let again = sub.all_reduce(&input, &mut out, ReduceOp::Sum);
+    let again = mpi_err(sub.all_reduce(&input, &mut out, ReduceOp::Sum));
     let failed = matches!(again, Err(MpiError::Failed(_))) && t.elapsed() < timeout;
     if timed_out && failed && took <= timeout + Duration::from_millis(500) {
         println!("rank {me}: FAULT-DETECTED: all_reduce timed out after {took:?}");
@@ -671,7 +618,10 @@ fn sub_with(comm: &MpiCommunicator, timeout: Duration) -> Option<MpiCommunicator
             Some(s)
         }
         other => {
-            println!("rank {}: FAULT-UNEXPECTED split: {other:?}", comm.rank());
+            println!(
+                "rank {}: FAULT-UNEXPECTED split: {other:?}",
+                comm.rank() as u32
+            );
             None
         }
     }
@@ -680,7 +630,7 @@ fn sub_with(comm: &MpiCommunicator, timeout: Duration) -> Option<MpiCommunicator
 /// The `typed-skip` mode (module docs): a typed call, a front-door call and a barrier that
 /// the last rank skips, each on a communicator of its own.
 fn typed_skip(world: &SimpleCommunicator, comm: &MpiCommunicator) {
-    let (me, n) = (comm.rank(), comm.size());
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
     let skipper = me == n - 1;
     let timeout = Duration::from_secs(2);
     // The roll call fits in the timeout; slack for an oversubscribed machine.
@@ -692,7 +642,7 @@ fn typed_skip(world: &SimpleCommunicator, comm: &MpiCommunicator) {
     let mut took = Vec::new();
     let mut ok = true;
     // A typed call: all_reduce #0 and all_gather #1 by all, broadcast #2 skipped.
-    if let Some(sub) = sub_with(comm, timeout) {
+    if let Some(mut sub) = sub_with(comm, timeout) {
         let first = sub
             .all_reduce(&input, &mut sum, ReduceOp::Sum)
             .and_then(|()| sub.all_gather(&input, &mut all));
@@ -701,7 +651,7 @@ fn typed_skip(world: &SimpleCommunicator, comm: &MpiCommunicator) {
             std::thread::sleep(bound);
         } else {
             let t = Instant::now();
-            let r = sub.broadcast(&mut sum, 0);
+            let r = sub.broadcast_in_place(&mut sum, 0);
             let text = r.err().map(|e| e.to_string()).unwrap_or_default();
             let want = skipped_text(me, n, "broadcast, call #2 of this communicator", timeout);
             took.push(named_once(
