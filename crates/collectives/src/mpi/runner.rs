@@ -12,41 +12,15 @@
 
 use std::time::Duration;
 
-use relaycc_route::{Collective, DType, ReduceOp};
+use relaycc_route::DType;
 
 #[cfg(feature = "cuda")]
 use super::gpu::MpiOnStream;
-use super::typed_call::{CheckedCall, InputAt, TypedCollective};
-use super::{MpiCommunicator, MpiError, MpiResult};
+use super::typed_call::{CheckedCall, Mapped};
+use super::{MpiCommunicator, MpiResult};
 use crate::error::{CollectivesError, Result};
 use crate::rank::collectives::sealed::{Runner, RunnerToken};
 use crate::rank::{Collectives, Departure, Lender, RankCallOp, RankGroup, View};
-
-/// An operation's shape on MPI: the checked call and the views it runs on (`vin` a separate
-/// input; `vout` the output, holding the input when in place).
-struct Mapped {
-    shape: CheckedCall,
-    vin: Option<View>,
-    vout: Option<View>,
-}
-
-/// Whether `a` and `b` are views of the same lent buffer.
-fn same_block(a: Option<View>, b: Option<View>) -> bool {
-    matches!((a, b), (Some(a), Some(b)) if a.block == b.block)
-}
-
-/// `s` refused on this rank: an in-place form MPI ranks cannot run (the output inside the
-/// input). The refusal is agreed like any local error, so ranks whose own views look like
-/// an ordinary call (a scatter's non-roots) fail with it instead of waiting.
-fn refused(mut s: CheckedCall, call: &'static str, form: &str) -> CheckedCall {
-    if s.local.is_ok() {
-        s.local = Err(MpiError::Unsupported(format!(
-            "{call}: {form} is not supported on MPI ranks (the output would lie inside the \
-             input buffer); pass separate send and receive buffers"
-        )));
-    }
-    s
-}
 
 /// An MPI rank that runs a group's operations one at a time: this process's host rank (the
 /// [`MpiCommunicator`], on host slices) or a GPU rank ([`MpiOnStream`]).
@@ -77,121 +51,6 @@ pub(super) trait MpiRank {
     ) -> MpiResult<()>;
 }
 
-/// The MPI shape of one collective with this rank's views.
-fn map(
-    comm: &MpiCommunicator,
-    desc: &crate::call::CallDesc,
-    input: Option<View>,
-    output: Option<View>,
-) -> Result<Mapped> {
-    let me = comm.rank as usize;
-    let root = u32::try_from(desc.root).unwrap_or(u32::MAX);
-    let (ilen, olen) = (
-        input.map_or(0, |v| v.len as usize),
-        output.map_or(0, |v| v.len as usize),
-    );
-    let in_place = same_block(input, output);
-    let op = desc.op;
-    let usize_counts = |c: &[u64]| -> Vec<usize> { c.iter().map(|&x| x as usize).collect() };
-    let (counts, recv_counts) = (usize_counts(&desc.counts), usize_counts(&desc.recv_counts));
-    let shape =
-        |kind: TypedCollective<'_>, i: usize, o: usize| comm.shape_of(desc.dtype, kind, i, o);
-    let separate = |s: CheckedCall| Mapped {
-        shape: s,
-        vin: input,
-        vout: output,
-    };
-    // In place: the output view holds the input; no separate input view.
-    let within = |s: CheckedCall| Mapped {
-        shape: s,
-        vin: None,
-        vout: output,
-    };
-    let m = match desc.collective {
-        Collective::AllReduce if in_place => {
-            within(shape(TypedCollective::AllReduceInPlace(op), olen, olen))
-        }
-        Collective::AllReduce => separate(shape(TypedCollective::AllReduce(op), ilen, olen)),
-        Collective::Reduce if in_place => {
-            let mut s = shape(TypedCollective::Reduce(root, op), ilen, olen);
-            s.input = InputAt::InOutput(0..olen);
-            within(s)
-        }
-        Collective::Reduce => separate(shape(TypedCollective::Reduce(root, op), ilen, olen)),
-        // A broadcast's input is the root's only; a separate one on the root is read there.
-        Collective::Broadcast if input.is_some() && !in_place => {
-            let mut s = shape(TypedCollective::Broadcast(root), olen, olen);
-            if s.local.is_ok() && ilen != olen {
-                s.local = Err(MpiError::Buffer {
-                    side: "input",
-                    got: ilen,
-                    needs: olen,
-                });
-            }
-            s.input = InputAt::Separate;
-            separate(s)
-        }
-        Collective::Broadcast => within(shape(TypedCollective::Broadcast(root), olen, olen)),
-        Collective::AllGather if in_place => {
-            within(shape(TypedCollective::AllGatherInPlace, olen, olen))
-        }
-        Collective::AllGather => separate(shape(TypedCollective::AllGather, ilen, olen)),
-        Collective::AllGatherV if in_place => within(shape(
-            TypedCollective::AllGatherVInPlace(&counts),
-            olen,
-            olen,
-        )),
-        Collective::AllGatherV => separate(shape(TypedCollective::AllGatherV(&counts), ilen, olen)),
-        Collective::ReduceScatter if in_place => {
-            let s = shape(
-                TypedCollective::ReduceScatter(op),
-                olen,
-                olen / comm.size.max(1) as usize,
-            );
-            within(refused(s, "reduce_scatter", "reduce_scatter_in_place"))
-        }
-        Collective::ReduceScatter => {
-            separate(shape(TypedCollective::ReduceScatter(op), ilen, olen))
-        }
-        Collective::ReduceScatterV if in_place => {
-            let kind = TypedCollective::ReduceScatterV(&counts, op);
-            let s = shape(kind, olen, counts.get(me).copied().unwrap_or(0));
-            within(refused(s, "reduce_scatter_v", "reduce_scatter_v_in_place"))
-        }
-        Collective::ReduceScatterV => separate(shape(
-            TypedCollective::ReduceScatterV(&counts, op),
-            ilen,
-            olen,
-        )),
-        Collective::AllToAll => separate(shape(TypedCollective::AllToAll, ilen, olen)),
-        Collective::AllToAllV => separate(shape(
-            TypedCollective::AllToAllV(&counts, &recv_counts),
-            ilen,
-            olen,
-        )),
-        Collective::Gather if in_place => {
-            // The root's buffer is the whole output; its input is block `root` of it.
-            let mut s = shape(TypedCollective::Gather(root), ilen, olen);
-            let at = me * ilen;
-            s.input = InputAt::InOutput(at..at + ilen);
-            within(s)
-        }
-        Collective::Gather => separate(shape(TypedCollective::Gather(root), ilen, olen)),
-        Collective::Scatter if in_place => {
-            let s = shape(TypedCollective::Scatter(root), ilen, olen);
-            within(refused(s, "scatter", "scatter_in_place on the root"))
-        }
-        Collective::Scatter => separate(shape(TypedCollective::Scatter(root), ilen, olen)),
-        other => {
-            return Err(CollectivesError::Setup(format!(
-                "{}: not a collective MPI ranks run",
-                other.name()
-            )));
-        }
-    };
-    Ok(m)
-}
-
 /// Run a group's operations in order; the first error stops the group.
 fn run_group<R: MpiRank>(
     rank: &mut R,
@@ -213,13 +72,7 @@ fn run_group<R: MpiRank>(
         // An argument error found while adding (nothing was added): agree it as a failed
         // call, so the other ranks fail too instead of waiting.
         if lender.has_error() {
-            let shape = rank.communicator().shape_of(
-                DType::U8,
-                TypedCollective::AllReduce(ReduceOp::Sum),
-                0,
-                0,
-            );
-            return Ok(rank.run_call(shape, lender, None, None)?);
+            return Ok(rank.run_call(CheckedCall::nothing(), lender, None, None)?);
         }
         return Ok(());
     }
@@ -230,12 +83,8 @@ fn run_group<R: MpiRank>(
                 input,
                 output,
             } => {
-                let Mapped {
-                    mut shape,
-                    vin,
-                    vout,
-                } = map(rank.communicator(), &desc, input, output)?;
-                shape.call.tag = desc.tag;
+                let Mapped { shape, vin, vout } =
+                    rank.communicator().check_op(&desc, input, output);
                 rank.run_call(shape, lender, vin, vout)?;
             }
             RankCallOp::P2p {

@@ -289,7 +289,11 @@ impl MpiCommunicator {
         let shm = self.shm.as_ref();
         let ran = (|| {
             if out.len() != schedule.output_len {
-                return Err(self.buffer("output", out.len(), schedule.output_len));
+                return Err(MpiError::Buffer {
+                    side: "output",
+                    got: out.len(),
+                    needs: schedule.output_len,
+                });
             }
             let src: &[u8] = match &input {
                 Input::Slice(s) => s,
@@ -302,7 +306,11 @@ impl MpiCommunicator {
                         needs: r.end * esize,
                     })?;
                     if src.len() != inb.len() {
-                        return Err(self.buffer("input", src.len(), inb.len()));
+                        return Err(MpiError::Buffer {
+                            side: "input",
+                            got: src.len(),
+                            needs: inb.len(),
+                        });
                     }
                     // In place: the input is copied first, as the output overwrites it.
                     inb.copy_from_slice(src);
@@ -311,7 +319,11 @@ impl MpiCommunicator {
             };
             let in_place = matches!(input, Input::InOutput(_));
             if !in_place && src.len() != schedule.input_len {
-                return Err(self.buffer("input", src.len(), schedule.input_len));
+                return Err(MpiError::Buffer {
+                    side: "input",
+                    got: src.len(),
+                    needs: schedule.input_len,
+                });
             }
             if !borrowed {
                 if !in_place {
