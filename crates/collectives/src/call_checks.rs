@@ -123,56 +123,21 @@ pub(crate) fn check(
     })
 }
 
-/// Where rank `r`'s input must sit for an in-place call, given its output (or the output,
-/// given the input, for the collectives whose output lies inside the input). `None` when the
-/// rank has no in-place form.
-fn in_place_input(
-    req: &Request,
-    r: u32,
-    input: &ByteRegion,
-    output: &ByteRegion,
-) -> Option<ByteRegion> {
+/// Where rank `r`'s input must sit for an in-place call, given its output: both in the one
+/// buffer as the request's in-place layout places them ([`Request::in_place`]). `None` when
+/// the rank has no in-place form.
+fn in_place_input(req: &Request, r: u32, output: &ByteRegion) -> Option<ByteRegion> {
+    let at = req.in_place(r)?;
     let esize = req.dtype.size();
-    let c = req.count.checked_mul(esize)?;
-    let at = |base: &ByteRegion, off: u64, bytes: u64| ByteRegion {
-        mem: base.mem,
-        offset: base.offset + off,
-        bytes,
-    };
-    match req.collective {
-        Collective::AllReduce => Some(*output),
-        Collective::Broadcast | Collective::Reduce if r == req.root => Some(*output),
-        Collective::AllGather => Some(at(output, c * u64::from(r), c)),
-        Collective::Gather if r == req.root => Some(at(output, c * u64::from(r), c)),
-        Collective::AllGatherV => {
-            let before = req.counts[..r as usize]
-                .iter()
-                .try_fold(0u64, |a, &c| a.checked_add(c))?;
-            let displ = before.checked_mul(esize)?;
-            Some(at(
-                output,
-                displ,
-                req.counts[r as usize].checked_mul(esize)?,
-            ))
-        }
-        // The output lies inside the input: compare the other way round.
-        Collective::ReduceScatter => (at(input, c * u64::from(r), c) == *output).then_some(*input),
-        Collective::ReduceScatterV => {
-            let before = req.counts[..r as usize]
-                .iter()
-                .try_fold(0u64, |a, &c| a.checked_add(c))?;
-            let block = at(
-                input,
-                before.checked_mul(esize)?,
-                req.counts[r as usize].checked_mul(esize)?,
-            );
-            (block == *output).then_some(*input)
-        }
-        Collective::Scatter if r == req.root => {
-            (at(input, c * u64::from(r), c) == *output).then_some(*input)
-        }
-        _ => None,
-    }
+    // The buffer's start, from where the output lies in it.
+    let start = output
+        .offset
+        .checked_sub(at.output_at.checked_mul(esize)?)?;
+    Some(ByteRegion {
+        mem: output.mem,
+        offset: start.checked_add(at.input_at.checked_mul(esize)?)?,
+        bytes: req.input_len(r).ok()?.checked_mul(esize)?,
+    })
 }
 
 /// Decide whether the call is in place: every rank whose input and output share memory must
@@ -194,7 +159,7 @@ fn in_place_mode(
             continue;
         }
         let exact = has_in_place(req.collective)
-            && in_place_input(req, r as u32, &i.region, &o.region) == Some(i.region);
+            && in_place_input(req, r as u32, &o.region) == Some(i.region);
         if !exact {
             return Err(CollectivesError::Overlap {
                 call,

@@ -67,7 +67,7 @@ pub use plan::{
 };
 pub use reach::{require_reachable, require_relays_exist};
 pub use relaycc_topo::rates::Protocol;
-pub use request::{Collective, ExpectedPiece, MAX_ELEMENTS, Request, Transfer};
+pub use request::{Collective, ExpectedPiece, InPlace, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
     CandidateTime, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner,
     SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,

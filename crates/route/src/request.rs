@@ -195,6 +195,16 @@ pub struct Request {
 /// and offsets exact in the f64 arithmetic of the simulator (2^50 elements, 8 PiB of u64).
 pub const MAX_ELEMENTS: u64 = 1 << 50;
 
+/// Where a rank's input and output lie in its one buffer when a call runs in place
+/// ([`Request::in_place`]), in elements from the buffer's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InPlace {
+    /// The input's first element.
+    pub input_at: u64,
+    /// The output's first element.
+    pub output_at: u64,
+}
+
 impl Request {
     /// A collective of `count` elements per rank over `gpus`.
     pub fn new(collective: Collective, gpus: Vec<u32>, count: u64, dtype: DType) -> Self {
@@ -302,6 +312,35 @@ impl Request {
             what,
             self.counts.iter().try_fold(0u64, |a, b| a.checked_add(*b)),
         )
+    }
+
+    /// Where rank `r`'s input and output lie in its one buffer when the call runs in place;
+    /// `None` where the rank has no in-place form (its input and output are buffers of their
+    /// own), or where the offset overflows. The one home of the in-place layout: the
+    /// builder's and the checker's memories and the front door's overlap checks read it.
+    pub fn in_place(&self, r: u32) -> Option<InPlace> {
+        let block = || self.count.checked_mul(u64::from(r));
+        let before = || {
+            let counts = self.counts.get(..r as usize)?;
+            counts.iter().try_fold(0u64, |a, c| a.checked_add(*c))
+        };
+        let root = r == self.root;
+        let (input_at, output_at) = match self.collective {
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (0, 0),
+            // The input is the rank's block of the output.
+            Collective::AllGather => (block()?, 0),
+            Collective::AllGatherV => (before()?, 0),
+            Collective::Gather if root => (block()?, 0),
+            // The output is the rank's block of the input.
+            Collective::ReduceScatter => (0, block()?),
+            Collective::ReduceScatterV => (0, before()?),
+            Collective::Scatter if root => (0, block()?),
+            _ => return None,
+        };
+        Some(InPlace {
+            input_at,
+            output_at,
+        })
     }
 
     /// Elements in rank `r`'s input buffer.
@@ -529,6 +568,50 @@ pub struct ExpectedPiece {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The in-place layout: the input is the rank's block of the output (gathers), the
+    /// output the rank's block of the input (scatters), and each lies inside the buffer.
+    #[test]
+    fn in_place_layouts_keep_each_side_inside_the_buffer() {
+        let at = |input_at, output_at| {
+            Some(InPlace {
+                input_at,
+                output_at,
+            })
+        };
+        let req = |c: Collective| Request::new(c, vec![0, 1, 2], 5, DType::F32).with_root(2);
+        assert_eq!(req(Collective::AllReduce).in_place(1), at(0, 0));
+        assert_eq!(req(Collective::AllGather).in_place(1), at(5, 0));
+        assert_eq!(req(Collective::ReduceScatter).in_place(2), at(0, 10));
+        assert_eq!(req(Collective::Gather).in_place(2), at(10, 0));
+        assert_eq!(req(Collective::Gather).in_place(1), None);
+        assert_eq!(req(Collective::Scatter).in_place(2), at(0, 10));
+        assert_eq!(req(Collective::AllToAll).in_place(0), None);
+        let mut v = req(Collective::AllGatherV);
+        v.counts = vec![3, 0, 4];
+        assert_eq!(v.in_place(2), at(3, 0));
+        v.collective = Collective::ReduceScatterV;
+        assert_eq!(v.in_place(2), at(0, 3));
+        for c in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::AllGatherV,
+            Collective::ReduceScatter,
+            Collective::ReduceScatterV,
+            Collective::Gather,
+            Collective::Scatter,
+        ] {
+            let mut r = req(c);
+            r.counts = vec![3, 0, 4];
+            let at = r.in_place(2).expect("an in-place form on the root");
+            let (i, o) = (r.input_len(2).unwrap(), r.output_len(2).unwrap());
+            let buffer = (at.input_at + i).max(at.output_at + o);
+            assert_eq!(buffer, i.max(o), "{c:?}: one side lies past the buffer");
+        }
+        let mut big = req(Collective::AllGather);
+        big.count = u64::MAX;
+        assert_eq!(big.in_place(2), None, "an offset past u64");
+    }
 
     #[test]
     fn layouts_follow_nccl() {

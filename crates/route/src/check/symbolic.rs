@@ -131,7 +131,6 @@ impl Checker<'_> {
 fn memory_of(plan: &Plan, b: BufferRef, in_place: bool) -> Option<(usize, u64)> {
     let n = plan.request.gpus.len();
     let req = &plan.request;
-    let c = req.count;
     Some(match b {
         BufferRef::Input(r) | BufferRef::Output(r) if r as usize >= n => return None,
         BufferRef::Scratch(i) => (2 * n + i as usize, 0),
@@ -142,25 +141,9 @@ fn memory_of(plan: &Plan, b: BufferRef, in_place: bool) -> Option<(usize, u64)> 
         BufferRef::Input(r) | BufferRef::Output(r) => {
             let is_out = matches!(b, BufferRef::Output(_));
             let mem = 2 * r as usize;
-            let own = |v: u64| v.checked_mul(u64::from(r));
-            match req.collective {
-                Collective::AllReduce => (mem, 0),
-                Collective::Broadcast | Collective::Reduce => (mem, 0),
-                // Input sits inside the output at the rank's block.
-                Collective::AllGather => (mem, if is_out { 0 } else { own(c)? }),
-                Collective::AllGatherV => {
-                    let displ: u64 = req.counts.get(..r as usize)?.iter().sum();
-                    (mem, if is_out { 0 } else { displ })
-                }
-                Collective::Gather if r == req.root => (mem, if is_out { 0 } else { own(c)? }),
-                // Output sits inside the input at the rank's block.
-                Collective::ReduceScatter => (mem, if is_out { own(c)? } else { 0 }),
-                Collective::ReduceScatterV => {
-                    let displ: u64 = req.counts.get(..r as usize)?.iter().sum();
-                    (mem, if is_out { displ } else { 0 })
-                }
-                Collective::Scatter if r == req.root => (mem, if is_out { own(c)? } else { 0 }),
-                _ => (mem + usize::from(is_out), 0),
+            match req.in_place(r) {
+                Some(at) => (mem, if is_out { at.output_at } else { at.input_at }),
+                None => (mem + usize::from(is_out), 0),
             }
         }
     })

@@ -21,7 +21,7 @@ use super::connect::Connection;
 
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, Plan, Region};
-use crate::request::{Collective, Request};
+use crate::request::Request;
 use crate::route_pipeline::{LaneMap, emit_transfer};
 use crate::template::window::{UserMem, Window};
 
@@ -46,30 +46,15 @@ pub(crate) enum Mem {
 /// Where a buffer sits in the in-place layout (memory and base offset), as the checker's
 /// in-place mode places it.
 pub(crate) fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
-    let c = req.count;
     let (r, out) = match b {
         BufferRef::Scratch(i) => return (Mem::Scratch(i), 0),
         BufferRef::Input(r) => (r, false),
         BufferRef::Output(r) => (r, true),
     };
-    let own = c.saturating_mul(u64::from(r));
-    let root = r == req.root;
-    match req.collective {
-        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (Mem::Rank(r), 0),
-        Collective::AllGather => (Mem::Rank(r), if out { 0 } else { own }),
-        Collective::AllGatherV => {
-            let displ = req.counts.iter().take(r as usize).sum::<u64>();
-            (Mem::Rank(r), if out { 0 } else { displ })
-        }
-        Collective::Gather if root => (Mem::Rank(r), if out { 0 } else { own }),
-        Collective::ReduceScatter => (Mem::Rank(r), if out { own } else { 0 }),
-        Collective::ReduceScatterV => {
-            let displ = req.counts.iter().take(r as usize).sum::<u64>();
-            (Mem::Rank(r), if out { displ } else { 0 })
-        }
-        Collective::Scatter if root => (Mem::Rank(r), if out { own } else { 0 }),
-        _ if out => (Mem::RankOut(r), 0),
-        _ => (Mem::Rank(r), 0),
+    match req.in_place(r) {
+        Some(at) => (Mem::Rank(r), if out { at.output_at } else { at.input_at }),
+        None if out => (Mem::RankOut(r), 0),
+        None => (Mem::Rank(r), 0),
     }
 }
 
