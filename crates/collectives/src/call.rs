@@ -68,8 +68,8 @@ impl CallDesc {
         }
         match self.collective {
             // A descriptor MPI ranks decode from words carries no counts (only their hash).
-            Collective::AllGatherV | Collective::ReduceScatterV if self.counts.is_empty() => {}
-            Collective::AllGatherV | Collective::ReduceScatterV => {
+            c if c.counts_per_rank() && self.counts.is_empty() => {}
+            c if c.counts_per_rank() => {
                 let _ = write!(s, ", counts {:?}", self.counts);
             }
             Collective::AllToAllV => {}
@@ -92,7 +92,7 @@ impl CallDesc {
             .with_op(self.op)
             .with_root(u32::try_from(self.root).unwrap_or(u32::MAX));
         match self.collective {
-            Collective::AllGatherV | Collective::ReduceScatterV => {
+            c if c.counts_per_rank() => {
                 r.count = 0;
                 r.counts = self.counts.clone();
             }
@@ -121,9 +121,9 @@ impl CallDesc {
                 Field::Op
             } else if self.collective.rooted() && self.root != other.root {
                 Field::Root
-            } else if shares_counts(self.collective) && self.counts != other.counts {
+            } else if self.collective.counts_per_rank() && self.counts != other.counts {
                 Field::Counts
-            } else if !shares_counts(self.collective)
+            } else if !self.collective.counts_per_rank()
                 && self.collective != Collective::AllToAllV
                 && self.count != other.count
             {
@@ -144,12 +144,6 @@ impl CallDesc {
             other.show()
         ))
     }
-}
-
-/// Whether every rank of `c` gives the same list of every rank's count (all_gather_v,
-/// reduce_scatter_v).
-pub(crate) fn shares_counts(c: Collective) -> bool {
-    matches!(c, Collective::AllGatherV | Collective::ReduceScatterV)
 }
 
 /// A field of a call descriptor that ranks can disagree on.

@@ -82,6 +82,11 @@ impl Collective {
                 | Collective::ReduceScatterV
         )
     }
+    /// True when every rank's call gives the list of every rank's count
+    /// ([`Request::counts`]: all_gather_v, reduce_scatter_v).
+    pub const fn counts_per_rank(self) -> bool {
+        matches!(self, Collective::AllGatherV | Collective::ReduceScatterV)
+    }
     /// True when a root rank matters.
     pub const fn rooted(self) -> bool {
         matches!(

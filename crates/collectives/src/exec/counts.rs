@@ -61,6 +61,18 @@ pub enum VCollective {
     ReduceScatterV,
 }
 
+impl VCollective {
+    /// The v-collective `c` is, if any.
+    pub fn of(c: Collective) -> Option<Self> {
+        match c {
+            Collective::AllGatherV => Some(VCollective::AllGatherV),
+            Collective::AllToAllV => Some(VCollective::AllToAllV),
+            Collective::ReduceScatterV => Some(VCollective::ReduceScatterV),
+            _ => None,
+        }
+    }
+}
+
 /// A v-collective over `ranks` ranks with every count replaced by `capacity` elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CountLayout {
@@ -89,14 +101,10 @@ impl CountLayout {
     /// reduce_scatter_v's `counts`, all_to_all_v's `matrix` flattened row by row); `None` for
     /// any other collective.
     pub fn of_request(req: &Request) -> Option<(CountLayout, Vec<u64>)> {
-        let (collective, counts) = match req.collective {
-            Collective::AllGatherV => (VCollective::AllGatherV, req.counts.clone()),
-            Collective::ReduceScatterV => (VCollective::ReduceScatterV, req.counts.clone()),
-            Collective::AllToAllV => (
-                VCollective::AllToAllV,
-                req.matrix.iter().flatten().copied().collect(),
-            ),
-            _ => return None,
+        let collective = VCollective::of(req.collective)?;
+        let counts = match collective {
+            VCollective::AllGatherV | VCollective::ReduceScatterV => req.counts.clone(),
+            VCollective::AllToAllV => req.matrix.iter().flatten().copied().collect(),
         };
         let largest = counts.iter().copied().max().unwrap_or(0);
         let layout = CountLayout {

@@ -204,7 +204,7 @@ fn verdict(all: &[i64], row: usize, local: MpiResult<()>) -> MpiResult<Vec<i64>>
             }
         });
     }
-    if crate::call::shares_counts(d0.collective) {
+    if d0.collective.counts_per_rank() {
         let contributions: Vec<u64> = rows.iter().map(|d| d[COUNT] as u64).collect();
         let want = hash(&contributions);
         if let Some(r) = rows.iter().position(|d| d[VHASH] != want) {

@@ -17,7 +17,7 @@
 //! that schedule as it is: no gather, no binding, as an exact plan is reused on the same
 //! hashes.
 
-use relaycc_route::{Collective, Plan};
+use relaycc_route::Plan;
 
 use super::call_agreement::{COUNT, LARGEST, WORDS, row_words};
 use super::schedule::RankSchedule;
@@ -200,12 +200,7 @@ impl MpiCommunicator {
     /// (`all`: every rank's descriptor), the same on every rank; `None` for any other
     /// collective.
     pub(super) fn agreed_shape(&self, call: &CallDesc, all: &[i64]) -> Option<VShape> {
-        let collective = match call.collective {
-            Collective::AllGatherV => VCollective::AllGatherV,
-            Collective::ReduceScatterV => VCollective::ReduceScatterV,
-            Collective::AllToAllV => VCollective::AllToAllV,
-            _ => return None,
-        };
+        let collective = VCollective::of(call.collective)?;
         let largest = all
             .chunks(row_words(self.size as usize))
             .map(|d| u64::try_from(d[LARGEST]).unwrap_or(0))

@@ -472,7 +472,7 @@ impl MpiCommunicator {
     ) -> MpiResult<Request> {
         let n = self.size as usize;
         let mut req = call.request((0..n as u32).collect(), matrix);
-        if crate::call::shares_counts(call.collective) {
+        if call.collective.counts_per_rank() {
             // The own counts as every rank sent them, word for word: each rank's list was
             // compared with them by its hash only.
             req.counts = contributions(all, n).collect();

@@ -73,7 +73,7 @@ impl MpiCommunicator {
     ) -> Mapped {
         let me = self.rank as usize;
         let mut call = desc.clone();
-        if crate::call::shares_counts(call.collective) {
+        if call.collective.counts_per_rank() {
             // The agreement carries each rank's own count beside the list's hash.
             call.count = call.counts.get(me).copied().unwrap_or(0);
         }
