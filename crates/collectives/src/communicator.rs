@@ -75,7 +75,8 @@ pub(crate) fn refuse_host_arenas(topo: &Topology, devices: &[u32]) -> Result<()>
     )))
 }
 
-/// One-shot calls, each a group of one operation: `name (arguments);` makes
+/// One-shot calls, each a group of one operation, from the table of all-ranks collectives
+/// (`group.rs`, `all_rank_collectives!`): `name (arguments);` makes
 /// `pub fn name<T: Element, I: AsView<T>, O: AsView<T>>(&self, arguments) ->
 /// Result<Pending<'_>>`, which adds [`Group`]'s `name` with the arguments and launches it.
 macro_rules! one_shot {
@@ -388,40 +389,7 @@ impl Communicator {
         Group::new(self)
     }
 
-    one_shot! {
-        /// `outputs[r] = op(inputs[0..n])` on every rank (`ncclAllReduce`, `MPI_Allreduce`).
-        /// In place when `inputs[r]` and `outputs[r]` are the same memory.
-        all_reduce(inputs: &[I], outputs: &[O], op: ReduceOp);
-        /// `output = op(inputs[0..n])` on rank `root` (`ncclReduce`, `MPI_Reduce`).
-        reduce(inputs: &[I], output: &O, root: usize, op: ReduceOp);
-        /// Rank `root`'s `input` to every rank's output (`ncclBroadcast`, `MPI_Bcast`).
-        broadcast(input: &I, outputs: &[O], root: usize);
-        /// Every rank's input, concatenated in rank order, to every rank (`ncclAllGather`,
-        /// `MPI_Allgather`). In place when `inputs[r]` is block `r` of `outputs[r]`.
-        all_gather(inputs: &[I], outputs: &[O]);
-        /// As all_gather with per-rank counts, taken from the inputs' lengths (`MPI_Allgatherv`;
-        /// NCCL has none).
-        all_gather_v(inputs: &[I], outputs: &[O]);
-        /// Block `r` of the reduction to rank `r` (`ncclReduceScatter`,
-        /// `MPI_Reduce_scatter_block`). In place when `outputs[r]` is block `r` of `inputs[r]`.
-        reduce_scatter(inputs: &[I], outputs: &[O], op: ReduceOp);
-        /// As reduce_scatter with per-rank counts, taken from the outputs' lengths: block `r`
-        /// of the inputs (at the sum of the counts before it) to rank `r`
-        /// (`MPI_Reduce_scatter`; NCCL has none). In place when `outputs[r]` is block `r` of
-        /// `inputs[r]`.
-        reduce_scatter_v(inputs: &[I], outputs: &[O], op: ReduceOp);
-        /// Block `d` of rank `s`'s input to block `s` of rank `d`'s output (`MPI_Alltoall`; NCCL
-        /// users write it as grouped send/recv). Out of place only.
-        all_to_all(inputs: &[I], outputs: &[O]);
-        /// As all_to_all with `matrix[s][d]` elements from rank `s` to rank `d` (`MPI_Alltoallv`).
-        all_to_all_v(inputs: &[I], outputs: &[O], matrix: &[Vec<u64>]);
-        /// Every rank's input, concatenated in rank order, to `output` on rank `root`
-        /// (`MPI_Gather`). In place when `inputs[root]` is block `root` of `output`.
-        gather(inputs: &[I], output: &O, root: usize);
-        /// Block `r` of `input` on rank `root` to rank `r` (`MPI_Scatter`). In place when
-        /// `outputs[root]` is block `root` of `input`.
-        scatter(input: &I, outputs: &[O], root: usize);
-    }
+    crate::group::all_rank_collectives!(one_shot);
 
     /// Run a [`Request`] as given, with one optional buffer per rank and side (`None` where
     /// the request gives the rank no buffer). The typed calls above build their request and

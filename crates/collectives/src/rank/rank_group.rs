@@ -59,6 +59,76 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     }
 }
 
+/// The one table of per-rank collectives: each entry names a [`RankGroup`] method (written
+/// below), the call it runs as, its buffers (`io`: a send and a receive buffer; `buf`: one
+/// buffer, in place) and its other arguments, with the docs of the single call. `$m!`
+/// receives the table: the [`Collectives`] trait makes its single calls from it, so a new
+/// collective is its entry here and its method below.
+macro_rules! rank_collectives {
+    ($m:ident) => {
+        $m! {
+            /// `recv = op(every rank's send)` (`ncclAllReduce`, `MPI_Allreduce`).
+            all_reduce "all_reduce" io (send: &S, recv: &mut R, op: ReduceOp);
+            /// `buf = op(every rank's buf)`, in place.
+            all_reduce_in_place "all_reduce" buf (buf: &mut R, op: ReduceOp);
+            /// `recv = op(every rank's send)` on rank `root` (`ncclReduce`, `MPI_Reduce`); `recv`
+            /// is used only on the root, which must give it.
+            reduce "reduce" io (send: &S, recv: Option<&mut R>, root: usize, op: ReduceOp);
+            /// As `reduce`, in place: the root's `buf` is its input and the result; the others'
+            /// `buf` is their input.
+            reduce_in_place "reduce" buf (buf: &mut R, root: usize, op: ReduceOp);
+            /// The root's `send` to every rank's `recv` (`ncclBroadcast`, `MPI_Bcast`); `send` is
+            /// used only on the root, which must give it.
+            broadcast "broadcast" io (send: Option<&S>, recv: &mut R, root: usize);
+            /// The root's `buf` to every rank's `buf`, in place.
+            broadcast_in_place "broadcast" buf (buf: &mut R, root: usize);
+            /// Every rank's `send`, concatenated in rank order, into `recv` (`ncclAllGather`,
+            /// `MPI_Allgather`).
+            all_gather "all_gather" io (send: &S, recv: &mut R);
+            /// As `all_gather`, in place: this rank's input is block `rank` of `buf` (its length a
+            /// multiple of the rank count).
+            all_gather_in_place "all_gather" buf (buf: &mut R);
+            /// As `all_gather` with rank `r` giving `counts[r]` elements (`MPI_Allgatherv`); every
+            /// rank gives the same `counts`.
+            all_gather_v "all_gather_v" io (send: &S, recv: &mut R, counts: &[usize]);
+            /// As `all_gather_v`, in place: this rank's input is its block of `buf`.
+            all_gather_v_in_place "all_gather_v" buf (buf: &mut R, counts: &[usize]);
+            /// Block `rank` of `op(every rank's send)` into `recv` (`ncclReduceScatter`,
+            /// `MPI_Reduce_scatter_block`).
+            reduce_scatter "reduce_scatter" io (send: &S, recv: &mut R, op: ReduceOp);
+            /// As `reduce_scatter`, in place: the result lands in block `rank` of `buf`.
+            reduce_scatter_in_place "reduce_scatter" buf (buf: &mut R, op: ReduceOp);
+            /// As `reduce_scatter` with block `r` of `counts[r]` elements, the blocks in rank
+            /// order (`MPI_Reduce_scatter`): `recv` takes block `rank`; every rank gives the
+            /// same `counts`.
+            reduce_scatter_v "reduce_scatter_v" io
+                (send: &S, recv: &mut R, counts: &[usize], op: ReduceOp);
+            /// As `reduce_scatter_v`, in place: the result lands in this rank's block of `buf`.
+            reduce_scatter_v_in_place "reduce_scatter_v" buf
+                (buf: &mut R, counts: &[usize], op: ReduceOp);
+            /// Block `d` of `send` to block `rank` of rank `d`'s `recv` (`MPI_Alltoall`).
+            all_to_all "all_to_all" io (send: &S, recv: &mut R);
+            /// `send_counts[d]` elements to rank `d` (blocks in rank order), `recv_counts[s]` from
+            /// rank `s` (`MPI_Alltoallv`); the counts must agree across ranks.
+            all_to_all_v "all_to_all_v" io
+                (send: &S, send_counts: &[usize], recv: &mut R, recv_counts: &[usize]);
+            /// Every rank's `send`, concatenated in rank order, into `recv` on rank `root`
+            /// (`MPI_Gather`); `recv` is used only on the root, which must give it.
+            gather "gather" io (send: &S, recv: Option<&mut R>, root: usize);
+            /// As `gather`, in place: the root's `buf` is the whole output with its own input as
+            /// block `root`; the others' `buf` is their input.
+            gather_in_place "gather" buf (buf: &mut R, root: usize);
+            /// Block `rank` of the root's `send` into `recv` (`MPI_Scatter`); `send` is used only
+            /// on the root, which must give it.
+            scatter "scatter" io (send: Option<&S>, recv: &mut R, root: usize);
+            /// As `scatter`, in place: the root's `buf` is the whole input and keeps block `root`
+            /// as its output; the others' `buf` is their output.
+            scatter_in_place "scatter" buf (buf: &mut R, root: usize);
+        }
+    };
+}
+pub(crate) use rank_collectives;
+
 fn counts_u64(c: &[usize]) -> Vec<u64> {
     c.iter().map(|&x| x as u64).collect()
 }
