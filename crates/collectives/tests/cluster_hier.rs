@@ -10,7 +10,7 @@ use common::{TestElem, input, verify};
 use proptest::prelude::*;
 use relaycc_collectives::{Backend, ByteRegion, HostBackend, Launch, bf16, exec};
 use relaycc_route::path::RelayPolicy;
-use relaycc_route::planner::{ConnCache, Ctx, LinkMode, PlannerFn, cluster};
+use relaycc_route::planner::{ConnCache, LinkMode, PlannerContext, PlannerFn, cluster};
 use relaycc_route::{Collective, Location, Plan, ReduceOp, Request};
 
 const PRESETS: [&str; 3] = [
@@ -23,7 +23,7 @@ const PRESETS: [&str; 3] = [
 fn plan(spec: &str, req: &Request, chunk: u64) -> Plan {
     let topo = relaycc_topo::preset(spec).unwrap();
     let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Any);
-    let ctx = Ctx::new(&cache, LinkMode::Single, chunk, 1);
+    let ctx = PlannerContext::new(&cache, LinkMode::Single, chunk, 1);
     let planner: PlannerFn = match req.collective {
         Collective::AllReduce => cluster::all_reduce,
         Collective::ReduceScatter => cluster::reduce_scatter,

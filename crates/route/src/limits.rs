@@ -12,7 +12,7 @@
 //! ([`drop_off_thread`]): freeing millions of ops takes longer than the budget leaves.
 //!
 //! The limit is an argument, as a template's window is: the selection hands each build its
-//! [`Limit`], and the build passes it to its builders in [`crate::planner::Ctx::limit`] (and to
+//! [`Limit`], and the build passes it to its builders in [`crate::planner::PlannerContext::limit`] (and to
 //! the template's fold and the staging fit), so builds run in parallel ([`crate::planner`]'s
 //! channels) share it without any per-thread state. `None` builds without a limit.
 

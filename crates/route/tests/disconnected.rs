@@ -9,7 +9,7 @@ mod common;
 use proptest::prelude::*;
 use relaycc_route::path::RelayPolicy;
 use relaycc_route::planner::{
-    ConnCache, Ctx, LinkMode, baseline_plan, planners_for, shared_memory,
+    ConnCache, LinkMode, PlannerContext, baseline_plan, planners_for, shared_memory,
 };
 use relaycc_route::{
     Collective, DType, Plan, PlanOptions, ReduceOp, Request, RouteError, check, check_routes, plan,
@@ -176,7 +176,7 @@ proptest! {
             ] {
                 let cache = ConnCache::new(&topo, &gpus, &cache_relay);
                 for (planner, channels) in planners_for(c, gpus.len()) {
-                    let ctx = Ctx::new(&cache, mode, 500, channels);
+                    let ctx = PlannerContext::new(&cache, mode, 500, channels);
                     match planner(&topo, &req, &ctx) {
                         Ok(p) => proved(&p, &req, &topo, &format!("{what} {mode:?}"))?,
                         Err(e) => clear(&e, &what)?,

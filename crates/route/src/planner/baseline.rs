@@ -33,7 +33,7 @@ use crate::request::{Collective, Request};
 use super::builder::PlanBuilder;
 use super::ring;
 use super::ring_order::ring_order;
-use super::{ConnCache, Ctx, LinkMode, chunks, direct};
+use super::{ConnCache, LinkMode, PlannerContext, chunks, direct};
 
 /// NCCL's chunk: the Simple protocol's step size, bytes (the floor of
 /// [`super::pipeline_chunk_elems`], which the baseline pipelines with) (`NCCL_STEPS` slices of a 4
@@ -88,7 +88,7 @@ pub struct BaselineOptions<'a> {
     /// a limit.
     pub limit: Option<&'a crate::limits::Limit>,
     /// Build only this many of the steps that repeat (ring steps per phase, tree chunks per
-    /// channel, all_to_all rounds; [`super::Ctx::sample_steps`]): a sample for a step-sampled
+    /// channel, all_to_all rounds; [`super::PlannerContext::sample_steps`]): a sample for a step-sampled
     /// baseline ([`crate::step_samples`]), which delivers nothing. `None` builds every step.
     pub sample_steps: Option<u64>,
 }
@@ -313,8 +313,8 @@ fn nccl_ctx<'c>(
     chunk_elems: u64,
     window: Option<&'c crate::template::Window>,
     options: &BaselineOptions<'c>,
-) -> Ctx<'c> {
-    Ctx {
+) -> PlannerContext<'c> {
+    PlannerContext {
         cache,
         mode: LinkMode::Nccl,
         chunk_elems: chunk_elems.max(1),
@@ -330,11 +330,11 @@ fn algorithm_plan(
     topo: &Topology,
     req: &Request,
     algo: Option<super::baseline_net::tuner::Algo>,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
 ) -> Result<Plan> {
     let ctx = *ctx;
     // NCCL runs its rings as channels, each found over what the others left of the links.
-    let packed = Ctx {
+    let packed = PlannerContext {
         channels: super::PACKED_RINGS,
         ..ctx
     };
@@ -373,7 +373,7 @@ fn algorithm_plan(
 
 /// all_gather_v as NCCL users write it: for each rank in turn, a ring broadcast (a pipelined
 /// chain from that rank) of its block, each broadcast starting when the previous one ended.
-fn broadcasts(req: &Request, ctx: &Ctx) -> Result<Plan> {
+fn broadcasts(req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let order = ring_order(ctx, req, false)?;
     let n = order.len();
     let mut b = PlanBuilder::new(req, ctx, "broadcast series");
@@ -411,7 +411,7 @@ fn broadcasts(req: &Request, ctx: &Ctx) -> Result<Plan> {
 /// chain into that rank) of its block, each reduce starting when the previous one ended. A
 /// position's partial sums of one chunk are received into, and built in, two staging slots of
 /// a chunk, reused chunk after chunk (the builder orders each reuse after its reads).
-fn reduces(req: &Request, ctx: &Ctx) -> Result<Plan> {
+fn reduces(req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let order = ring_order(ctx, req, false)?;
     let n = order.len();
     let chunk = ctx.chunk_elems.max(1);

@@ -25,7 +25,7 @@ use crate::request::Request;
 use crate::route_pipeline::{LaneMap, emit_transfer};
 use crate::template::window::{UserMem, Window};
 
-use super::Ctx;
+use super::PlannerContext;
 
 /// Marks a lane with no op since the last fence.
 const NO_OP: u32 = u32::MAX;
@@ -97,7 +97,7 @@ impl Mems {
 pub(crate) struct PlanBuilder<'a, 't> {
     /// The plan being built.
     pub plan: Plan,
-    ctx: &'a Ctx<'t>,
+    ctx: &'a PlannerContext<'t>,
     lanes: LaneMap,
     mems: Mems,
     /// Ops every lane's first op after the last fence waits for.
@@ -114,7 +114,7 @@ pub(crate) struct PlanBuilder<'a, 't> {
     chunk: Option<u64>,
     /// The window of a windowed build ([`crate::template`]); `None` emits every op.
     window: Option<&'t Window>,
-    /// The limit every op written is charged to ([`Ctx::limit`]).
+    /// The limit every op written is charged to ([`PlannerContext::limit`]).
     limit: Option<&'t crate::limits::Limit>,
 }
 
@@ -139,7 +139,7 @@ impl Drop for PlanBuilder<'_, '_> {
 
 impl<'a, 't> PlanBuilder<'a, 't> {
     /// A builder for `req`, named `algorithm`.
-    pub fn new(req: &Request, ctx: &'a Ctx<'t>, algorithm: impl Into<String>) -> Self {
+    pub fn new(req: &Request, ctx: &'a PlannerContext<'t>, algorithm: impl Into<String>) -> Self {
         PlanBuilder {
             plan: Plan::new(req.clone(), algorithm),
             ctx,
@@ -156,7 +156,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
     }
     /// How many of `steps` repeating steps (a ring phase's steps, a tree channel's chunks, an
     /// all_to_all's rounds) to build: all of them, or the context's step sample
-    /// ([`Ctx::sample_steps`]) where it is fewer.
+    /// ([`PlannerContext::sample_steps`]) where it is fewer.
     pub fn sample_steps(&self, steps: usize) -> usize {
         self.ctx.sample_steps.map_or(steps, |k| {
             steps.min(usize::try_from(k).unwrap_or(usize::MAX))

@@ -17,17 +17,17 @@ use crate::error::Result;
 use crate::plan::{BufferRef, OpKind, Plan, Region};
 use crate::request::Request;
 
-use super::Ctx;
+use super::PlannerContext;
 use super::builder::PlanBuilder;
 
 /// Build channels `0..channels` of a plan named `algorithm`, each by `part` with a builder of
 /// its own, concatenated in channel order. They are built in parallel where there are two or
 /// more, the calling thread's rayon pool has two threads or more (on one, concatenating
-/// buys nothing), and the build is not windowed ([`Ctx::window`]: a windowed builder's
+/// buys nothing), and the build is not windowed ([`PlannerContext::window`]: a windowed builder's
 /// record of the lanes it made is its own, which concatenation would not merge).
 pub(crate) fn build_channels(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     algorithm: &str,
     channels: usize,
     part: impl Fn(&mut PlanBuilder, usize) -> Result<()> + Sync,
@@ -55,7 +55,7 @@ pub(crate) fn build_channels(
 /// The same plan built channel after channel by one builder.
 fn build_in_turn(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     algorithm: &str,
     channels: usize,
     part: impl Fn(&mut PlanBuilder, usize) -> Result<()>,

@@ -1,4 +1,4 @@
-//! What every planner takes and shares: the context of a planning call ([`Ctx`]: connections,
+//! What every planner takes and shares: the context of a planning call ([`PlannerContext`]: connections,
 //! link mode, chunk, channels), the planner signature, the pipelining chunk, and the chunking
 //! and naming helpers. The planners build on it, and so does `planner/mod.rs`, which gathers
 //! the planners and re-exports these.
@@ -20,7 +20,7 @@ pub const RECV_SLOTS: u64 = 4;
 
 /// What a candidate planner needs besides the topology and the request.
 #[derive(Debug, Clone, Copy)]
-pub struct Ctx<'c> {
+pub struct PlannerContext<'c> {
     /// Connections of this planning call (carries the topology, members and relay policy).
     pub cache: &'c ConnCache<'c>,
     /// Which routes connections use.
@@ -47,11 +47,11 @@ pub struct Ctx<'c> {
     pub sample_steps: Option<u64>,
 }
 
-impl<'c> Ctx<'c> {
+impl<'c> PlannerContext<'c> {
     /// A context of `cache`'s connections in `mode`, pipelined in chunks of `chunk_elems`
     /// (at least 1) over `channels`: every op built (no window), no limit, every ring step.
     pub fn new(cache: &'c ConnCache<'c>, mode: LinkMode, chunk_elems: u64, channels: u32) -> Self {
-        Ctx {
+        PlannerContext {
             cache,
             mode,
             chunk_elems: chunk_elems.max(1),
@@ -63,11 +63,11 @@ impl<'c> Ctx<'c> {
     }
 }
 
-/// `Ctx::channels` asking ring planners for packed rings ([`super::ring_pack`]).
+/// `PlannerContext::channels` asking ring planners for packed rings ([`super::ring_pack`]).
 pub const PACKED_RINGS: u32 = 0;
 
 /// A candidate planner.
-pub type PlannerFn = fn(&Topology, &Request, &Ctx) -> Result<Plan>;
+pub type PlannerFn = fn(&Topology, &Request, &PlannerContext) -> Result<Plan>;
 
 /// `len` elements in chunks of `chunk`: `(offset, len)` pairs.
 pub(crate) fn chunks(len: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
@@ -91,12 +91,12 @@ pub(crate) fn split_even(len: u64, parts: u64) -> Vec<(u64, u64)> {
 }
 
 /// A display name: `ring x2 multipath chunk 131072`.
-pub(crate) fn name(algo: &str, ctx: &Ctx) -> String {
+pub(crate) fn name(algo: &str, ctx: &PlannerContext) -> String {
     format!("{algo} x{} {}", ctx.channels, links_and_chunk(ctx))
 }
 
 /// The link mode and chunk part of a display name: `multipath chunk 131072`.
-pub(crate) fn links_and_chunk(ctx: &Ctx) -> String {
+pub(crate) fn links_and_chunk(ctx: &PlannerContext) -> String {
     let mode = match ctx.mode {
         LinkMode::Nccl => "nccl-links",
         LinkMode::Single => "single",

@@ -14,7 +14,7 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::Request;
 
 use super::builder::PlanBuilder;
-use super::{Ctx, RECV_SLOTS, chunks, name};
+use super::{PlannerContext, RECV_SLOTS, chunks, name};
 
 /// Remote terms of a piece, the staging ring at its owner, and the ring's slot length.
 type Staging = (Vec<(u32, u64)>, Option<BufferRef>, u64);
@@ -34,7 +34,7 @@ type Staging = (Vec<(u32, u64)>, Option<BufferRef>, u64);
 /// chunks x routes x hops copies; reductions add one op per chunk per owner.
 ///
 /// Source: NCCL's grouped send/recv (all_to_all) and the latency-optimal one-step all_reduce.
-pub fn plan(_topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn plan(_topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let mut b = PlanBuilder::new(req, ctx, name("direct", ctx));
     let pieces = req.expected()?;
     if !req.collective.reduces() {
@@ -111,7 +111,7 @@ mod tests {
     fn one_rank_and_irregular_counts() {
         let topo = relaycc_topo::preset("pcie-4gpu").unwrap();
         let cache = ConnCache::new(&topo, &[2], &RelayPolicy::None);
-        let ctx = Ctx::new(&cache, LinkMode::Single, 4, 1);
+        let ctx = PlannerContext::new(&cache, LinkMode::Single, 4, 1);
         // One rank: Avg divides by one, in a single local reduction per chunk.
         let req =
             Request::new(Collective::AllReduce, vec![2], 9, DType::F32).with_op(ReduceOp::Avg);
@@ -121,7 +121,7 @@ mod tests {
         // all_to_all_v with empty rows and columns moves only what the matrix asks.
         let gpus = vec![0, 1, 3];
         let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::None);
-        let ctx = Ctx::new(&cache, LinkMode::Single, 4, 1);
+        let ctx = PlannerContext::new(&cache, LinkMode::Single, 4, 1);
         let mut req = Request::new(Collective::AllToAllV, gpus, 0, DType::U8);
         req.matrix = vec![vec![0, 5, 0], vec![0, 0, 0], vec![2, 0, 1]];
         let p = plan(&topo, &req, &ctx).unwrap();
@@ -154,7 +154,7 @@ mod tests {
             }
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
             for mode in [LinkMode::Nccl, LinkMode::Single, LinkMode::Multipath] {
-                let ctx = Ctx::new(&cache, mode, 8, 1);
+                let ctx = PlannerContext::new(&cache, mode, 8, 1);
                 let p = plan(&topo, &req, &ctx).unwrap();
                 check(&p).unwrap_or_else(|e| panic!("{c} {mode:?}: {e}"));
                 check_routes(&p, &topo).unwrap();

@@ -15,7 +15,7 @@ use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
 
 use super::builder::PlanBuilder;
-use super::{Ctx, RECV_SLOTS, chunks, direct, name};
+use super::{PlannerContext, RECV_SLOTS, chunks, direct, name};
 
 /// Lane channels of the three steps (intra-socket reduce, leader exchange, broadcast back).
 const CH_INTRA: u32 = 1;
@@ -58,7 +58,7 @@ pub fn socket_groups(topo: &Topology, req: &Request) -> Result<Vec<Vec<u32>>> {
 /// Source: [Temucin-2021], "Hierarchical Allreduce with Multi-Path Copy": 1. intra-socket
 /// multi-path reduce, 2. inter-socket leaders exchange and reduce, 3. intra-socket multi-path
 /// broadcast; steps 1-3 pipelined.
-pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_reduce(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     if req.nranks() < 2 || req.collective != Collective::AllReduce {
         return direct::plan(topo, req, ctx);
     }
@@ -153,7 +153,7 @@ mod tests {
         );
         let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Any);
         for mode in [LinkMode::Single, LinkMode::Multipath] {
-            let ctx = Ctx::new(&cache, mode, 100, 1);
+            let ctx = PlannerContext::new(&cache, mode, 100, 1);
             let p = all_reduce(&topo, &req, &ctx).unwrap();
             check(&p).unwrap();
             check_routes(&p, &topo).unwrap();

@@ -1,4 +1,4 @@
-//! Collective planners: one algorithm per file, each a `fn(&Topology, &Request, &Ctx) ->
+//! Collective planners: one algorithm per file, each a `fn(&Topology, &Request, &PlannerContext) ->
 //! Result<Plan>` producing a complete [`Plan`], plus the NCCL-like baseline.
 //!
 //! | collective | candidates |
@@ -53,7 +53,7 @@ pub use baseline::{BaselineOptions, baseline_plan};
 pub use builder::CH_STRIDE;
 pub use connect::{ConnCache, Connection, LinkMode, connect};
 pub use context::{
-    CHUNKS_PER_BLOCK, Ctx, DEFAULT_CHUNK_BYTES, PACKED_RINGS, PlannerFn, RECV_SLOTS,
+    CHUNKS_PER_BLOCK, DEFAULT_CHUNK_BYTES, PACKED_RINGS, PlannerContext, PlannerFn, RECV_SLOTS,
     pipeline_chunk_elems,
 };
 pub(crate) use context::{chunks, links_and_chunk, name, split_even};
@@ -332,7 +332,7 @@ impl<'t> Candidates<'t> {
         let &(mode, planner, channels) = self.jobs.get(i).ok_or_else(|| {
             RouteError::BadRequest(format!("candidate {i} of {}", self.jobs.len()))
         })?;
-        let ctx = Ctx {
+        let ctx = PlannerContext {
             cache: &self.cache,
             mode,
             chunk_elems: chunk_elems.max(1),

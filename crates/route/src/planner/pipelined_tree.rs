@@ -16,7 +16,7 @@ use crate::request::{Collective, Request};
 
 use super::builder::PlanBuilder;
 use super::ring_order::ring_order;
-use super::{Ctx, RECV_SLOTS, chunks, direct, name, split_even};
+use super::{PlannerContext, RECV_SLOTS, chunks, direct, name, split_even};
 
 /// Lane channel of the reduce-up pass, apart from the broadcast's (channel c uses
 /// `c + UP_CHANNEL`), so that a node's reductions never queue behind its forwarding.
@@ -112,7 +112,7 @@ pub(crate) fn reduce_pass(
 pub(crate) fn pipelined(
     topo: &Topology,
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     ord: &[u32],
     arity: usize,
     label: &str,
@@ -182,14 +182,14 @@ pub(crate) fn pipelined(
 pub(crate) fn chain_plan(
     topo: &Topology,
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     ord: &[u32],
     label: &str,
 ) -> Result<Plan> {
     pipelined(topo, req, ctx, ord, 1, label)
 }
 
-fn binary(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+fn binary(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let order = ring_order(ctx, req, false)?;
     let root = if req.collective == Collective::AllReduce {
         0
@@ -215,17 +215,17 @@ fn binary(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 ///
 /// Source: NCCL's pipelined trees; relayed and split tree edges from [Ranganath-2019] and
 /// [Temucin-2021].
-pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn broadcast(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     binary(topo, req, ctx)
 }
 
 /// Pipelined binary-tree reduce into the root; arguments and returns as [`broadcast`].
-pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn reduce(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     binary(topo, req, ctx)
 }
 
 /// Pipelined binary-tree all_reduce: reduce up to rank 0, broadcast back down, every chunk of
 /// both passes in flight at once; arguments and returns as [`broadcast`].
-pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_reduce(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     binary(topo, req, ctx)
 }

@@ -23,7 +23,8 @@ use crate::route_pipeline::split_shares;
 use super::connect::Connection;
 use super::ring_order::ring_order;
 use super::{
-    Ctx, PACKED_RINGS, chunks, direct, links_and_chunk, name, pipelined_tree, ring_pack, split_even,
+    PACKED_RINGS, PlannerContext, chunks, direct, links_and_chunk, name, pipelined_tree, ring_pack,
+    split_even,
 };
 
 /// The order of channel `c`: odd channels run backwards.
@@ -116,7 +117,7 @@ pub(super) fn reduce_scatter_steps(
     // Under a window only the hops touching it are walked (a pass touches the buffers of a
     // hop's two ranks and their hosts' relays), so a template's build costs its own ops.
     let hops = live_hops(b, ord);
-    // A step sample builds the last steps only (`Ctx::sample_steps`).
+    // A step sample builds the last steps only (`PlannerContext::sample_steps`).
     let first = n - 1 - b.sample_steps(n - 1);
     for s in first..n - 1 {
         let last = s == n - 2;
@@ -166,7 +167,7 @@ pub(super) fn all_gather_pass(
     b.set_chunk_elems(chunk);
     let n = ord.len();
     let hops = live_hops(b, ord);
-    // A step sample builds the first steps only (`Ctx::sample_steps`).
+    // A step sample builds the first steps only (`PlannerContext::sample_steps`).
     for t in 0..b.sample_steps(n.saturating_sub(1)) {
         for &p in &hops {
             let q = (p + n - t) % n;
@@ -182,7 +183,7 @@ pub(super) fn all_gather_pass(
     Ok(())
 }
 
-fn prepare(req: &Request, ctx: &Ctx) -> Result<(Vec<u32>, u32, u64)> {
+fn prepare(req: &Request, ctx: &PlannerContext) -> Result<(Vec<u32>, u32, u64)> {
     let channels = ctx.channels.max(1);
     Ok((
         ring_order(ctx, req, channels > 1)?,
@@ -202,7 +203,7 @@ struct Channel {
 /// The rings of a ring plan: `ctx.channels` copies of the best ring (odd ones reversed), equal
 /// shares; or with [`PACKED_RINGS`], the packed set ([`ring_pack::packed_rings`]), shares in
 /// proportion to each ring's bandwidth. Also the plan's name.
-fn channels(req: &Request, ctx: &Ctx, algo: &str) -> Result<(Vec<Channel>, String)> {
+fn channels(req: &Request, ctx: &PlannerContext, algo: &str) -> Result<(Vec<Channel>, String)> {
     if ctx.channels == PACKED_RINGS {
         let rings = ring_pack::packed_rings(ctx, req)?;
         let label = format!("{algo} x{} packed {}", rings.len(), links_and_chunk(ctx));
@@ -389,7 +390,7 @@ pub(super) fn all_gather_channel(
 /// Ring all_reduce: reduce-scatter then all-gather, pipelined in chunks, over `ctx.channels`
 /// rings. Arguments, returns and complexity as [`direct::plan`]; 2(n-1) steps, each moving
 /// S/n per rank. Source: NCCL's ring all_reduce; relayed ring links from [Ranganath-2019].
-pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_reduce(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let n = req.nranks();
     if n < 2 {
         return direct::plan(topo, req, ctx);
@@ -407,7 +408,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 /// Ring all_gather and all_gather_v (irregular counts, zeros included): each rank copies its
 /// input into its output block and the blocks travel n-1 steps around the rings.
 /// Source: NCCL's ring all_gather; all_gather_v as [Rolinger-2017] asks.
-pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_gather(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let n = req.nranks();
     if n < 2
         || !matches!(
@@ -450,7 +451,7 @@ pub(super) const CH_LOCAL: u32 = 1 << 16;
 /// Ring reduce_scatter and reduce_scatter_v (irregular counts, zeros included): n-1 reduce
 /// steps around the rings; block r completes at rank r.
 /// Source: NCCL's ring reduce_scatter; reduce_scatter_v as the mirror of all_gather_v's ring.
-pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let n = req.nranks();
     if n < 2
         || !matches!(
@@ -520,13 +521,13 @@ fn rooted(order: &[u32], root: u32) -> Vec<u32> {
 }
 
 /// Broadcast as a pipelined chain along the ring from the root (NCCL's ring broadcast).
-pub fn broadcast(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn broadcast(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let (order, _, _) = prepare(req, ctx)?;
     pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }
 
 /// Reduce as a pipelined chain along the ring into the root (NCCL's ring reduce).
-pub fn reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn reduce(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let (order, _, _) = prepare(req, ctx)?;
     pipelined_tree::chain_plan(topo, req, ctx, &rooted(&order, req.root), "ring chain")
 }

@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::request::Request;
 
-use super::Ctx;
+use super::PlannerContext;
 
 /// Ring orders evaluated exhaustively at most (7! = every order of 8 ranks with rank 0 fixed);
 /// larger rings, or rings whose order count exceeds it, are built greedily.
@@ -30,7 +30,7 @@ pub const RING_SEARCH_BUDGET: u64 = 5040;
 ///
 /// Source: NCCL's ring search (`src/graph/search.cc`) maximises the ring's bandwidth the same
 /// way, over its own link rules.
-pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Result<Vec<u32>> {
+pub fn ring_order(ctx: &PlannerContext, req: &Request, both: bool) -> Result<Vec<u32>> {
     if req.gpus == ctx.cache.members() {
         ctx.cache
             .ring_order(ctx.mode, both, || search_ring_order(ctx, req, both))
@@ -39,7 +39,7 @@ pub fn ring_order(ctx: &Ctx, req: &Request, both: bool) -> Result<Vec<u32>> {
     }
 }
 
-fn search_ring_order(ctx: &Ctx, req: &Request, both: bool) -> Result<Vec<u32>> {
+fn search_ring_order(ctx: &PlannerContext, req: &Request, both: bool) -> Result<Vec<u32>> {
     let n = req.nranks();
     let g = &req.gpus;
     let rate = |a: usize, b: usize| ctx.cache.gbps(ctx.mode, g[a], g[b]);
@@ -198,9 +198,9 @@ mod tests {
             what: "a candidate",
             large: None,
         };
-        let ctx = Ctx {
+        let ctx = PlannerContext {
             limit: Some(&passed),
-            ..Ctx::new(&cache, LinkMode::Single, 1, 1)
+            ..PlannerContext::new(&cache, LinkMode::Single, 1, 1)
         };
         match ring_order(&ctx, &req, false) {
             Err(crate::RouteError::OverLimit { what, .. }) => {
@@ -208,12 +208,12 @@ mod tests {
             }
             other => panic!("a search past its deadline went on: {other:?}"),
         }
-        let free = Ctx::new(&cache, LinkMode::Single, 1, 1);
+        let free = PlannerContext::new(&cache, LinkMode::Single, 1, 1);
         assert_eq!(ring_order(&free, &req, false).unwrap().len(), 32);
     }
 
     /// The slowest connection of a ring order, GB/s (both directions when `both`).
-    fn slowest(ctx: &Ctx, req: &Request, ord: &[u32], both: bool) -> f64 {
+    fn slowest(ctx: &PlannerContext, req: &Request, ord: &[u32], both: bool) -> f64 {
         let g = |p: usize| req.gpus[ord[p % ord.len()] as usize];
         (0..ord.len())
             .map(|p| {
@@ -235,7 +235,7 @@ mod tests {
             let req = Request::new(Collective::AllReduce, gpus.clone(), 1, DType::F32);
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
             let rate = |mode| {
-                let ctx = Ctx::new(&cache, mode, 1, 2);
+                let ctx = PlannerContext::new(&cache, mode, 1, 2);
                 let ord = ring_order(&ctx, &req, true).unwrap();
                 slowest(&ctx, &req, &ord, true)
             };

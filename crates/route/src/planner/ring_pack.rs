@@ -23,7 +23,7 @@ use crate::path::direct_route;
 
 use super::connect::Connection;
 use super::ring_order::best_order;
-use super::{Ctx, LinkMode};
+use super::{LinkMode, PlannerContext};
 
 /// Rings searched at most (NCCL allows 32 channels; past a handful the shares are small and
 /// each ring only adds ops and latency).
@@ -118,7 +118,7 @@ pub struct PackedRing {
 ///
 /// Source: NCCL's channel search (`src/graph/search.cc`, `ncclTopoCompute`), which subtracts
 /// each ring's bandwidth from the links it uses before searching the next.
-pub fn packed_rings(ctx: &Ctx, req: &Request) -> Result<Vec<PackedRing>> {
+pub fn packed_rings(ctx: &PlannerContext, req: &Request) -> Result<Vec<PackedRing>> {
     let n = req.nranks();
     let topo = ctx.cache.topo();
     let g = &req.gpus;
@@ -243,7 +243,7 @@ mod tests {
             _ => RelayPolicy::Any,
         };
         let cache = ConnCache::new(&topo, &gpus, &relay);
-        let ctx = Ctx::new(&cache, mode, 1, 1);
+        let ctx = PlannerContext::new(&cache, mode, 1, 1);
         packed_rings(&ctx, &req).unwrap()
     }
 
@@ -269,7 +269,7 @@ mod tests {
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();
         for gpus in [vec![0, 2, 5, 7], vec![0, 1, 2, 3, 4], (0..8).collect()] {
             let cache = ConnCache::new(&topo, &gpus, &RelayPolicy::Any);
-            let ctx = Ctx::new(&cache, LinkMode::Single, 1, 1);
+            let ctx = PlannerContext::new(&cache, LinkMode::Single, 1, 1);
             let req = Request::new(Collective::AllReduce, gpus.clone(), 8, DType::F32);
             let mut carried: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();
             for ring in packed_rings(&ctx, &req).unwrap() {

@@ -51,7 +51,7 @@ pub const MAX_PASSES: usize = 6;
 
 /// Build a template of the plan `build` makes (a planner that writes through the builder),
 /// folded by `shift`: `build` runs with a window (module docs), which it passes to its
-/// builders in [`crate::planner::Ctx::window`], until the window settles. `build` charges its
+/// builders in [`crate::planner::PlannerContext::window`], until the window settles. `build` charges its
 /// ops to `limit` (the build's, [`crate::Limit`]); each window's build gives its ops back
 /// once folded, the template charges its own, and the fold stops at the limit's deadline.
 ///

@@ -24,7 +24,7 @@ type Ranges = Vec<(u64, u64)>;
 
 /// The window of one windowed build (see the module docs): made by
 /// [`crate::template::build_template`] for each pass and handed to the planner, which passes
-/// it to its builders through [`crate::planner::Ctx::window`].
+/// it to its builders through [`crate::planner::PlannerContext::window`].
 #[derive(Debug, Clone)]
 pub struct Window {
     gpu: Vec<bool>,

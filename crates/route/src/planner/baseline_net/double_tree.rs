@@ -15,7 +15,7 @@
 use crate::error::Result;
 use crate::plan::{BufferRef, Plan, Region};
 use crate::planner::channels::build_channels;
-use crate::planner::{Ctx, RECV_SLOTS, chunks, split_even};
+use crate::planner::{PlannerContext, RECV_SLOTS, chunks, split_even};
 use crate::request::Request;
 
 use super::links::NetLinks;
@@ -76,7 +76,7 @@ const SOURCES: u64 = 3;
 /// The double-binary-tree all_reduce over the channels of `rings` (their rails).
 pub(super) fn all_reduce(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {
@@ -133,7 +133,7 @@ pub(super) fn all_reduce(
             .collect();
         let at =
             |r: u32, buf: fn(u32) -> BufferRef, rel: u64, l: u64| Region::new(buf(r), lo + rel, l);
-        // A step sample builds the first chunks only (`Ctx::sample_steps`): each chunk goes
+        // A step sample builds the first chunks only (`PlannerContext::sample_steps`): each chunk goes
         // up and down the same trees, so the pipeline's time grows by one chunk's per chunk.
         let kept = b.sample_steps(usize::try_from(len.div_ceil(chunk)).unwrap_or(usize::MAX));
         for (k, (rel, l)) in chunks(len, chunk).take(kept).enumerate() {

@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::plan::Plan;
 use crate::request::{Collective, Request};
 
-use super::Ctx;
+use super::PlannerContext;
 use links::NetLinks;
 
 /// True when the members of `req` sit on more than one node of `topo`.
@@ -49,7 +49,7 @@ pub fn spans_nodes(topo: &Topology, req: &Request) -> bool {
 ///
 /// # Complexity
 /// O(nodes x members per node^2) connection look-ups for the rings, O(ops) to build.
-pub fn plan(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Option<Plan>> {
+pub fn plan(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Option<Plan>> {
     plan_algo(topo, req, ctx, None)
 }
 
@@ -58,7 +58,7 @@ pub fn plan(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Option<Plan>> {
 pub fn plan_algo(
     topo: &Topology,
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     algo: Option<tuner::Algo>,
 ) -> Result<Option<Plan>> {
     if req.nranks() < 2 || !spans_nodes(topo, req) {

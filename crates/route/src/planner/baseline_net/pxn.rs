@@ -30,7 +30,7 @@ use crate::path::Route;
 use crate::plan::{BufferRef, Location, Plan, Region};
 use crate::planner::builder::PlanBuilder;
 use crate::planner::connect::Legs;
-use crate::planner::{Connection, Ctx, chunks};
+use crate::planner::{Connection, PlannerContext, chunks};
 use crate::request::{Collective, Request};
 
 use super::links::NetLinks;
@@ -61,7 +61,7 @@ struct Piece {
 /// The PXN all_to_all (or any data-movement collective whose pieces are point to point):
 /// every expected piece sent over its rail-aligned connection, relayed pieces through their
 /// proxy's shared ring.
-pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
+pub(super) fn plan(req: &Request, ctx: &PlannerContext, links: &NetLinks) -> Result<Plan> {
     let mut b = PlanBuilder::new(req, ctx, "grouped send/recv pxn");
     let n = req.nranks() as u32;
     let mut rings: BTreeMap<(u32, usize), ProxyRing> = BTreeMap::new();
@@ -77,7 +77,7 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
             return Ok(b.finish());
         }
         let slot = ctx.chunk_elems.min(c).max(1);
-        // A step sample builds the first rounds only (`Ctx::sample_steps`). (Rounds spread
+        // A step sample builds the first rounds only (`PlannerContext::sample_steps`). (Rounds spread
         // evenly over all of them would alias with the node size: every 8th round of a DGX
         // cluster pairs GPUs on one rail, which need no proxy.)
         let rounds = u32::try_from(b.sample_steps(n as usize)).unwrap_or(n);
@@ -124,7 +124,7 @@ pub(super) fn plan(req: &Request, ctx: &Ctx, links: &NetLinks) -> Result<Plan> {
 /// `slot`-element slots.
 fn send_piece(
     b: &mut PlanBuilder,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &mut BTreeMap<(u32, usize), ProxyRing>,
     slot: u64,

@@ -30,7 +30,7 @@ use crate::planner::pipelined_tree::{UP_CHANNEL, broadcast_pass, reduce_pass};
 use crate::planner::ring::{
     CH_LOCAL, all_gather_channel, all_reduce_channel, pin_hops, reduce_scatter_channel,
 };
-use crate::planner::{Ctx, split_even};
+use crate::planner::{PlannerContext, split_even};
 use crate::request::{Collective, Request};
 
 use super::links::NetLinks;
@@ -156,7 +156,7 @@ fn pin(b: &mut PlanBuilder, links: &NetLinks, c: u32, ring: &RailRing) {
 /// lanes and staging of its own, so the channels are built at once ([`build_channels`]).
 fn on_rings(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &[RailRing],
     count: u64,
@@ -173,7 +173,7 @@ fn on_rings(
 /// share of the buffer.
 pub(super) fn all_reduce(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {
@@ -186,7 +186,7 @@ pub(super) fn all_reduce(
 /// Ring all_gather over the rail rings: every block travels n-1 steps around each channel.
 pub(super) fn all_gather(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {
@@ -215,7 +215,7 @@ pub(super) fn all_gather(
 /// Ring reduce_scatter over the rail rings: n-1 reduce steps around each channel.
 pub(super) fn reduce_scatter(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {
@@ -234,7 +234,7 @@ pub(super) fn reduce_scatter(
 /// (a flat ring order over thousands of ranks would rate every pair).
 pub(super) fn rooted(
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     links: &NetLinks,
     rings: &[RailRing],
 ) -> Result<Plan> {

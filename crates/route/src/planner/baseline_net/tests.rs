@@ -179,7 +179,8 @@ fn subsets_odd_node_counts_and_other_machines_plan_and_prove() {
         let req = Request::new(Collective::AllReduce, gpus.clone(), 777, DType::F32);
         let cache =
             crate::planner::ConnCache::new(&topo, &req.gpus, &crate::path::RelayPolicy::Members);
-        let ctx = crate::planner::Ctx::new(&cache, crate::planner::LinkMode::Nccl, 100, 1);
+        let ctx =
+            crate::planner::PlannerContext::new(&cache, crate::planner::LinkMode::Nccl, 100, 1);
         let links = super::links::NetLinks::new(&topo, &req.gpus, &cache, None).unwrap();
         let rings = super::rings::rail_rings(&links, None).unwrap();
         let p = super::double_tree::all_reduce(&req, &ctx, &links, &rings).unwrap();

@@ -11,7 +11,7 @@ use crate::request::{Collective, Request};
 
 use super::super::builder::PlanBuilder;
 use super::super::ring::{self, RsStaging};
-use super::super::{CHUNKS_PER_BLOCK, Ctx, direct, split_even};
+use super::super::{CHUNKS_PER_BLOCK, PlannerContext, direct, split_even};
 use super::halving;
 use super::phases::{
     CH_BACK, CH_INTRA, CH_RAIL, LOOP_CHUNKS, RailHops, even_pieces, label, phase_chunk,
@@ -37,7 +37,7 @@ struct PieceChunks {
 
 /// Cut `piece` elements over `g` GPUs per node and `nn` nodes (shared by the halving and
 /// the ring all_reduce, whose phases must cut alike for their templates to fold).
-fn piece_chunks(ctx: &Ctx, piece: u64, g: usize, nn: usize) -> PieceChunks {
+fn piece_chunks(ctx: &PlannerContext, piece: u64, g: usize, nn: usize) -> PieceChunks {
     let blocks = split_even(piece, g as u64);
     let most = blocks.iter().map(|x| x.1).max().unwrap_or(0);
     // The intra-node phases cut blocks at the rail channels' halves (or not at all): a
@@ -62,7 +62,7 @@ fn piece_chunks(ctx: &Ctx, piece: u64, g: usize, nn: usize) -> PieceChunks {
 /// The rail phase's chunk for node blocks of at most `most` elements over `nn` nodes: a rail
 /// ring over N nodes moves a different sub-block at every step, so from [`CHUNKS_PER_BLOCK`]
 /// nodes on the steps themselves pipeline and whole sub-blocks suffice.
-fn rail_chunk(ctx: &Ctx, most: u64, nn: usize) -> u64 {
+fn rail_chunk(ctx: &PlannerContext, most: u64, nn: usize) -> u64 {
     let sub = most.div_ceil(CH_RAILS.len() as u64).div_ceil(nn as u64);
     if nn as u64 >= CHUNKS_PER_BLOCK {
         sub.max(ctx.chunk_elems).max(1)
@@ -92,7 +92,7 @@ const MAX_BLOCK_CHUNKS: u64 = 256;
 /// can be.
 fn start<'a, 't>(
     req: &Request,
-    ctx: &'a Ctx<'t>,
+    ctx: &'a PlannerContext<'t>,
     shape: &ClusterShape,
     rail_phase: &str,
 ) -> (PlanBuilder<'a, 't>, LoopCut) {
@@ -175,7 +175,7 @@ fn gather_in_nodes(
 }
 
 /// Loop counts the orchestrator tries for a cluster all_reduce (each a candidate, passed as
-/// [`Ctx::channels`]): more loops shorten the fill and drain of the overlapped phases (about one
+/// [`PlannerContext::channels`]): more loops shorten the fill and drain of the overlapped phases (about one
 /// loop's intra-node phases) but cut every rail step smaller, and each step pays a copy's start
 /// and a reduction's launch. Which wins depends on the node count and the message: simulated at
 /// 1 GiB on DGX H100 clusters, 4 loops are fastest on 2 and 16 nodes, 8 on 4 and 8 nodes;
@@ -188,7 +188,7 @@ pub const PIPELINE_LOOPS: [u32; 4] = [1, 4, 8, 16];
 /// nodes at 1 GiB: 12,682 us with 256 KiB steps, 9,509 with 512 KiB, 8,341 with 1 MiB).
 const MIN_RAIL_STEP_BYTES: u64 = 512 << 10;
 
-/// Loops an all_reduce is cut into: `asked` ([`Ctx::channels`]), fewer where a rail step would
+/// Loops an all_reduce is cut into: `asked` ([`PlannerContext::channels`]), fewer where a rail step would
 /// fall below [`MIN_RAIL_STEP_BYTES`], at least one.
 fn pipeline_loops(req: &Request, nn: usize, g: usize, asked: u32) -> u64 {
     let min_step = if nn >= HALVING_MIN_NODES {
@@ -237,7 +237,7 @@ pub fn all_reduce_loops(req: &Request, shape: &ClusterShape) -> Vec<u32> {
 /// Source: the hierarchical all_reduce of [Temucin-2021] with nodes for sockets and one
 /// inter-node ring per rail, as NCCL's rings leave every node on the NIC of the GPU they
 /// entered by ([NCCL-src], `src/graph/search.cc`).
-pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_reduce(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let Some(shape) =
         ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllReduce)
     else {
@@ -353,7 +353,7 @@ pub fn all_reduce(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
 fn all_reduce_rings(
     topo: &Topology,
     req: &Request,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     shape: ClusterShape,
 ) -> Result<Plan> {
     let (nn, g) = (shape.nodes(), shape.per_node());
@@ -441,7 +441,7 @@ fn pin_halving(
     topo: &Topology,
     req: &Request,
     shape: &ClusterShape,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     chs: &[u32],
     c: u32,
 ) -> Result<()> {
@@ -494,7 +494,7 @@ mod tests {
         );
         let shape = ClusterShape::of(&topo, &req).unwrap().unwrap();
         let cache = ConnCache::new(&topo, &req.gpus, &RelayPolicy::Members);
-        let ctx = Ctx::new(&cache, LinkMode::Single, chunk, 1);
+        let ctx = PlannerContext::new(&cache, LinkMode::Single, chunk, 1);
         start(&req, &ctx, &shape, "halving").1.most_all
     }
 

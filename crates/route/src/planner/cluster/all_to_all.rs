@@ -30,7 +30,7 @@ use crate::request::{Collective, Request};
 
 use super::super::baseline_net::links::NetLinks;
 use super::super::builder::PlanBuilder;
-use super::super::{Ctx, direct, links_and_chunk};
+use super::super::{PlannerContext, direct, links_and_chunk};
 use super::shape::ClusterShape;
 
 /// Lane channels: the NVLink gather, the network sends, the pieces within a node.
@@ -52,7 +52,7 @@ const MAX_IN_FLIGHT: u64 = 16;
 /// # Complexity
 /// Per GPU and loop: (g-1) (N-1) NVLink copies of one piece part, N-1 network sends (g (N-1)
 /// when loops cut the pieces), g-1 local pieces: O(n (g N)) ops in all.
-pub fn all_to_all(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_to_all(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let Some(shape) =
         ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllToAll)
     else {

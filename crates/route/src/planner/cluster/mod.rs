@@ -35,7 +35,7 @@ use crate::request::{Collective, Request};
 
 use super::builder::PlanBuilder;
 use super::ring;
-use super::{CHUNKS_PER_BLOCK, Ctx, direct};
+use super::{CHUNKS_PER_BLOCK, PlannerContext, direct};
 
 mod all_reduce;
 mod all_to_all;
@@ -58,7 +58,7 @@ pub use shape::ClusterShape;
 ///
 /// # Complexity
 /// N (g-1) intra steps of one block per rank and N-1 rail steps: O(n N g) copies.
-pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let Some(shape) =
         ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::ReduceScatter)
     else {
@@ -138,7 +138,7 @@ pub fn reduce_scatter(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan>
 ///
 /// # Complexity
 /// N-1 rail steps and N (g-1) intra steps of one block per rank: O(n N g) copies.
-pub fn all_gather(topo: &Topology, req: &Request, ctx: &Ctx) -> Result<Plan> {
+pub fn all_gather(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Plan> {
     let Some(shape) =
         ClusterShape::of(topo, req)?.filter(|_| req.collective == Collective::AllGather)
     else {
@@ -203,7 +203,7 @@ mod tests {
 
     fn prove(topo: &Topology, req: &Request, planner: super::super::PlannerFn, chunk: u64) -> Plan {
         let cache = ConnCache::new(topo, &req.gpus, &RelayPolicy::Any);
-        let ctx = Ctx::new(&cache, LinkMode::Single, chunk, 1);
+        let ctx = PlannerContext::new(&cache, LinkMode::Single, chunk, 1);
         let p = planner(topo, req, &ctx).unwrap();
         check(&p).unwrap();
         check_routes(&p, topo).unwrap();

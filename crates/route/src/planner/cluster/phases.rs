@@ -11,7 +11,7 @@ use crate::request::Request;
 use super::super::baseline_net::links::NetLinks;
 use super::super::builder::PlanBuilder;
 use super::super::ring::RsStaging;
-use super::super::{CHUNKS_PER_BLOCK, Ctx, links_and_chunk, split_even};
+use super::super::{CHUNKS_PER_BLOCK, PlannerContext, links_and_chunk, split_even};
 use super::shape::ClusterShape;
 
 /// Lane channels of the phases: intra-node first phase, inter-node, intra-node last phase,
@@ -31,7 +31,7 @@ pub(super) fn pin_rails(
     topo: &Topology,
     req: &Request,
     shape: &ClusterShape,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     ch: u32,
     c: u32,
 ) -> Result<()> {
@@ -62,7 +62,7 @@ pub(super) fn pin_rail_hops(
     topo: &Topology,
     req: &Request,
     shape: &ClusterShape,
-    ctx: &Ctx,
+    ctx: &PlannerContext,
     hops: &RailHops,
 ) -> Result<()> {
     let links = NetLinks::new(topo, &req.gpus, ctx.cache, ctx.limit)?;
@@ -137,7 +137,7 @@ pub(super) fn ring_staging(
 /// pipelining chunk, or a [`CHUNKS_PER_BLOCK`]th of the block where that is larger. The
 /// request's chunk is sized for n blocks of a flat ring; intra-node phases move blocks N times
 /// larger, which the request's chunk would cut into N times more ops than pipelining needs.
-pub(super) fn phase_chunk(ctx: &Ctx, most: u64) -> u64 {
+pub(super) fn phase_chunk(ctx: &PlannerContext, most: u64) -> u64 {
     ctx.chunk_elems.max(most.div_ceil(CHUNKS_PER_BLOCK)).max(1)
 }
 
@@ -165,7 +165,7 @@ pub(super) fn even_pieces(count: u64, per: u64) -> Vec<(u64, u64)> {
 }
 
 /// The plan's display name: `rail-hier multi-node ...`.
-pub(super) fn label(ctx: &Ctx, shape: &ClusterShape) -> String {
+pub(super) fn label(ctx: &PlannerContext, shape: &ClusterShape) -> String {
     format!(
         "rail-hier {}x{} {}",
         shape.nodes(),
