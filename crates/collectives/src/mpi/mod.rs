@@ -269,6 +269,9 @@ pub struct MpiCommunicator {
     plan_limits: Cell<PlanCacheLimits>,
     /// Per (peer, sending), send/recv calls made so far with that peer.
     p2p_seq: RefCell<HashMap<(u32, bool), u64>>,
+    /// The layout of this rank's next call, for its local checks (`typed_call.rs`): kept so
+    /// that a call allocates nothing once it has grown to the call's shape.
+    layout_request: RefCell<relaycc_route::Request>,
     /// The algorithm of the last typed collective's plan.
     last_algorithm: RefCell<String>,
     /// Typed collectives run in the caller's buffers ([`MpiCommunicator::set_zero_copy`]).
@@ -394,6 +397,12 @@ impl MpiCommunicator {
             p2p_plans: RefCell::default(),
             plan_limits: Cell::new(PlanCacheLimits::default()),
             p2p_seq: RefCell::default(),
+            layout_request: RefCell::new(relaycc_route::Request::new(
+                relaycc_route::Collective::AllReduce,
+                (0..size as u32).collect(),
+                0,
+                relaycc_route::DType::U8,
+            )),
             last_algorithm: RefCell::default(),
             zero_copy: std::env::var("RELAYCC_MPI_ZERO_COPY").is_ok_and(|v| v.trim() == "1"),
             shm,

@@ -83,8 +83,7 @@ fn run_group<R: MpiRank>(
                 input,
                 output,
             } => {
-                let Mapped { shape, vin, vout } =
-                    rank.communicator().check_op(&desc, input, output);
+                let Mapped { shape, vin, vout } = rank.communicator().check_op(desc, input, output);
                 rank.run_call(shape, lender, vin, vout)?;
             }
             RankCallOp::P2p {

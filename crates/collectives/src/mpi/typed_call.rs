@@ -67,12 +67,11 @@ impl MpiCommunicator {
     /// call (a scatter's non-roots) fail with it instead of waiting.
     pub(super) fn check_op(
         &self,
-        desc: &CallDesc,
+        mut call: CallDesc,
         input: Option<View>,
         output: Option<View>,
     ) -> Mapped {
         let me = self.rank as usize;
-        let mut call = desc.clone();
         if call.collective.counts_per_rank() {
             // The agreement carries each rank's own count beside the list's hash.
             call.count = call.counts.get(me).copied().unwrap_or(0);
@@ -101,7 +100,7 @@ impl MpiCommunicator {
                 local = Err(MpiError::Unsupported(format!(
                     "{}: the in-place form is not supported on MPI ranks (the output would \
                      lie inside the input buffer); pass separate send and receive buffers",
-                    desc.call
+                    m.shape.call.call
                 )));
             }
             m.vin = None;
@@ -144,18 +143,28 @@ impl MpiCommunicator {
                 call.counts[me], call.recv_counts[me]
             )));
         }
-        // This rank's row and column of an all_to_all_v's matrix are all it knows.
-        let matrix = if all_to_all_v {
-            let mut m = vec![vec![0u64; n]; n];
-            for (s, row) in m.iter_mut().enumerate() {
+        // The call's layout in a request this communicator keeps, so a call allocates nothing
+        // once the request has grown to its shape. An all_to_all_v rank knows its own row and
+        // column of the matrix, which is all its lengths read.
+        let mut req = self.layout_request.borrow_mut();
+        req.collective = call.collective;
+        req.dtype = call.dtype;
+        req.count = call.count;
+        req.root = u32::try_from(call.root).unwrap_or(u32::MAX);
+        req.counts.clear();
+        req.matrix.iter_mut().for_each(Vec::clear);
+        if call.collective.counts_per_rank() {
+            req.count = 0;
+            req.counts.extend_from_slice(&call.counts);
+        } else if all_to_all_v {
+            req.count = 0;
+            req.matrix.resize_with(n, Vec::new);
+            for (s, row) in req.matrix.iter_mut().enumerate() {
+                row.resize(n, 0);
                 row[me] = call.recv_counts[s];
             }
-            m[me].clone_from(&call.counts);
-            m
-        } else {
-            Vec::new()
-        };
-        let req = call.request((0..n as u32).collect(), matrix);
+            req.matrix[me].copy_from_slice(&call.counts);
+        }
         let lens = req
             .input_len(me as u32)
             .and_then(|i| Ok((i, req.output_len(me as u32)?)));
