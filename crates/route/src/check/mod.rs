@@ -27,9 +27,11 @@
 //! }
 //! ```
 
+mod rounds;
 mod routes;
 mod symbolic;
 
+pub use rounds::check_rounds;
 pub use routes::check_routes;
 pub(crate) use symbolic::check_single;
 pub use symbolic::{CheckOptions, check_structure_only, check_template, clock_bytes};
@@ -44,7 +46,7 @@ pub fn check(plan: &Plan) -> Result<()> {
 
 /// Check that `plan` delivers its request under `opts`: one plan by symbolic execution
 /// (`check_single`, in named passes), a plan of rounds ([`Plan::rounds`]) through its body and
-/// tail ([`crate::rounds::check_rounds`]). A step-sampled plan ([`Plan::step_samples`])
+/// tail ([`check_rounds`]). A step-sampled plan ([`Plan::step_samples`])
 /// delivers nothing (its samples end their phases early) and is refused.
 pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
     if plan.step_samples.is_some() {
@@ -58,7 +60,7 @@ pub fn check_with(plan: &Plan, opts: CheckOptions) -> Result<()> {
         });
     }
     if plan.rounds.is_some() {
-        return crate::rounds::check_rounds(plan, opts);
+        return check_rounds(plan, opts);
     }
     check_single(plan, opts)
 }

@@ -40,11 +40,9 @@
 //! slower. Each round pays its own pipeline fill and drain: above the round size the
 //! predicted bandwidth is about that of one round.
 
-mod check;
 mod expand;
 mod split;
 
-pub use check::check_rounds;
 pub use expand::{MAX_EXPANDED_OPS, expand};
 pub(crate) use split::rounds_us;
 pub use split::{

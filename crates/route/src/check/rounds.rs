@@ -2,10 +2,10 @@
 //! proofs, and that every region of a segment maps onto one run of the full buffer. The
 //! argument that these prove the plan is in the module docs of [`crate::rounds`].
 
-use super::{RegionMap, split_into};
-use crate::check::{CheckOptions, check_single};
+use super::{CheckOptions, check_single};
 use crate::error::{Result, RouteError};
 use crate::plan::{OpKind, Plan, Rounds};
+use crate::rounds::{RegionMap, split_into};
 
 fn fail(message: impl Into<String>) -> RouteError {
     RouteError::PlanCheck {
