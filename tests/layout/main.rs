@@ -216,6 +216,52 @@ fn no_file_imports_from_a_file_that_imports_it_back() {
     );
 }
 
+/// Route's top-level modules (`plan`, `check`, `rounds`, `sim`, `planner`, `template`,
+/// `select`, ...) import one another without a loop, so they stack in layers, each importing
+/// only from those below it: the order crates along the spine would take them in. `lib.rs`
+/// re-exports, so it is left out.
+#[test]
+fn no_top_level_module_of_route_imports_one_that_imports_it_back() {
+    let src = root().join("crates/route/src");
+    let prefix = relative(&src);
+    let top = |file: &str| -> String {
+        let rel = file
+            .strip_prefix(&prefix)
+            .unwrap_or(file)
+            .trim_start_matches('/');
+        let first = rel.split('/').next().unwrap_or(rel);
+        first.trim_end_matches(".rs").to_string()
+    };
+    let mut modules: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, tos) in import_graph(&src) {
+        let from = top(&from);
+        if from == "lib" {
+            continue;
+        }
+        let entry = modules.entry(from.clone()).or_default();
+        entry.extend(
+            tos.iter()
+                .map(|t| top(t))
+                .filter(|t| *t != from && t != "lib"),
+        );
+    }
+    assert!(
+        modules.len() > 10,
+        "route's modules were not found: {:?}",
+        modules.keys()
+    );
+    let bad: Vec<String> = loops(&modules)
+        .into_iter()
+        .map(|g| g.join(" <-> "))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "route's top-level modules in an import loop (move what they share into the lower \
+         one):\n{}",
+        bad.join("\n")
+    );
+}
+
 #[test]
 fn every_source_file_is_on_the_architecture_map() {
     let map = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap_or_default();

@@ -585,3 +585,27 @@ impl Plan {
         serde_json::from_str(text).map_err(|e| crate::RouteError::PlanJson(e.to_string()))
     }
 }
+
+/// A memory as the in-place call lays it out: a rank's input and output share one memory for
+/// collectives with an in-place form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Mem {
+    Rank(u32),
+    RankOut(u32),
+    Scratch(u32),
+}
+
+/// Where a buffer sits in the in-place layout (memory and base offset), as the checker's
+/// in-place mode places it.
+pub(crate) fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
+    let (r, out) = match b {
+        BufferRef::Scratch(i) => return (Mem::Scratch(i), 0),
+        BufferRef::Input(r) => (r, false),
+        BufferRef::Output(r) => (r, true),
+    };
+    match req.in_place(r) {
+        Some(at) => (Mem::Rank(r), if out { at.output_at } else { at.input_at }),
+        None if out => (Mem::RankOut(r), 0),
+        None => (Mem::Rank(r), 0),
+    }
+}

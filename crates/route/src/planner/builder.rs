@@ -20,7 +20,7 @@ use super::access::AccessTrack;
 use super::connect::Connection;
 
 use crate::error::{Result, RouteError};
-use crate::plan::{BufferRef, Location, Plan, Region};
+use crate::plan::{BufferRef, Location, Mem, Plan, Region, mem_of};
 use crate::request::Request;
 use crate::route_pipeline::{LaneMap, emit_transfer};
 use crate::template::window::{UserMem, Window};
@@ -33,30 +33,6 @@ const NO_OP: u32 = u32::MAX;
 /// Lane channels reserved per planner channel: each route of a split connection gets its own
 /// lanes (`channel * CH_STRIDE + route`), more than [`crate::path::MAX_FLOW_PATHS`] routes.
 pub const CH_STRIDE: u32 = 64;
-
-/// A memory as the in-place call lays it out: a rank's input and output share one memory for
-/// collectives with an in-place form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Mem {
-    Rank(u32),
-    RankOut(u32),
-    Scratch(u32),
-}
-
-/// Where a buffer sits in the in-place layout (memory and base offset), as the checker's
-/// in-place mode places it.
-pub(crate) fn mem_of(req: &Request, b: BufferRef) -> (Mem, u64) {
-    let (r, out) = match b {
-        BufferRef::Scratch(i) => return (Mem::Scratch(i), 0),
-        BufferRef::Input(r) => (r, false),
-        BufferRef::Output(r) => (r, true),
-    };
-    match req.in_place(r) {
-        Some(at) => (Mem::Rank(r), if out { at.output_at } else { at.input_at }),
-        None if out => (Mem::RankOut(r), 0),
-        None => (Mem::Rank(r), 0),
-    }
-}
 
 impl Mem {
     /// The user buffer memory, for a rank's memory (not a staging buffer).

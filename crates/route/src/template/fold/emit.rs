@@ -2,8 +2,8 @@
 //! the domain, the period offsets and region shifts expansion needs, and what the window lacks.
 
 use crate::error::Result;
+use crate::plan::mem_of;
 use crate::plan::{BufferRef, Location, OffsetAt, Op, PeriodOffset, RegionShift};
-use crate::planner::builder::mem_of;
 use crate::template::window::UserMem;
 
 use super::images::{Folding, ShiftAt, asym, region_count, region_mut};
