@@ -5,7 +5,7 @@ use relaycc_route::{Collective, MAX_ELEMENTS, ReduceOp, Request, RouteError};
 
 use crate::backend::ByteRegion;
 use crate::buffer::RawView;
-use crate::communicator::{Communicator, has_in_place};
+use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
 use crate::exec::counts::CountLayout;
 use crate::group::{Checked, Counted};
@@ -158,17 +158,15 @@ fn in_place_mode(
             apart += 1;
             continue;
         }
-        let exact = has_in_place(req.collective)
-            && in_place_input(req, r as u32, &o.region) == Some(i.region);
-        if !exact {
+        if in_place_input(req, r as u32, &o.region) != Some(i.region) {
             return Err(CollectivesError::Overlap {
                 call,
                 what: format!(
                     "input and output of rank {r} overlap{}",
-                    if has_in_place(req.collective) {
+                    if req.in_place(r as u32).is_some() {
                         " but are not in the in-place layout"
                     } else {
-                        " and the call has no in-place form"
+                        " and the call has no in-place form on this rank"
                     }
                 ),
             });

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use relaycc_route::{Collective, Location, MAX_ELEMENTS, ReduceOp, Request, RouteError};
+use relaycc_route::{Location, MAX_ELEMENTS, ReduceOp, Request, RouteError};
 use relaycc_topo::Topology;
 
 use crate::backend::host::HostBackend;
@@ -506,12 +506,4 @@ impl Drop for Communicator {
         self.cache.clear_all(self.backend.as_ref());
         self.backend.free(self.null);
     }
-}
-
-/// True when the collective has an in-place form.
-pub(crate) fn has_in_place(c: Collective) -> bool {
-    !matches!(
-        c,
-        Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv
-    )
 }

@@ -51,7 +51,7 @@ pub mod template;
 
 pub use bound::collective_bound_gbps;
 pub use check::{
-    CheckOptions, CheckedPlan, check, check_routes, check_template, check_with,
+    CheckOptions, CheckedPlan, check, check_rounds, check_routes, check_template, check_with,
     clock_bytes as check_clock_bytes,
 };
 pub use dtype::{DType, ReduceOp};
