@@ -10,7 +10,9 @@
 //! | `Copy` | below the SM-copy threshold ([`CudaBackend::set_sm_copy_below`]) between device memories the lane's GPU reaches: the `relaycc_forward` kernel on the lane's stream; otherwise `cuMemcpyPeerAsync` between two GPUs (copy engines), `cuMemcpyAsync` on one GPU or with host memory |
 //! | `Reduce` | one launch of the `relaycc_reduce_<type>_<op>` kernel of [`crate::cuda::KernelCache`] (k sources, the copies of its result that follow it on the lane as further destinations), on the lane's stream |
 //!
-//! Launches run one after another, as the protocol asks, without a host round trip: the
+//! Launches of one backend run one after another, as the protocol asks, without a host
+//! round trip (a [`CudaBackend::sibling`] has an order of its own, so a sub-communicator's
+//! launches do not wait for its parent's or its siblings'): the
 //! streams of a launch that touch memory before they hear from another of its streams first
 //! wait for the tail events recorded at the end of the previous launch (one of them waits for
 //! each tail, the others for one join event it records). What each launch enqueues is worked
@@ -111,6 +113,9 @@ pub(super) struct State {
     pub(super) scratch: CallScratch,
     /// Copies of fewer bytes run on SMs where they may ([`CudaBackend::set_sm_copy_below`]).
     pub(super) sm_copy_below: u64,
+    /// Launches on one device may be captured and replayed as graphs
+    /// ([`CudaBackend::set_graph_replay`]).
+    pub(super) graph_replay: bool,
 }
 
 /// The CUDA backend (see the module docs).
@@ -126,7 +131,8 @@ pub struct CudaBackend {
     /// `reach[a][b]`: kernels on device `a` reach device `b`'s memory (the same device, or
     /// peer access enabled).
     pub(super) reach: Vec<Vec<bool>>,
-    pub(super) kernels: KernelCache,
+    /// Compiled PTX, shared with this backend's siblings ([`CudaBackend::sibling`]).
+    pub(super) kernels: Arc<KernelCache>,
     pub(super) state: Mutex<State>,
     /// An error met where it could not be returned (`free`, `Drop`, an asynchronous failure).
     pending: Mutex<Option<String>>,
@@ -240,7 +246,7 @@ impl CudaBackend {
             host_dev,
             ordinals,
             reach,
-            kernels: KernelCache::from_env(),
+            kernels: Arc::new(KernelCache::from_env()),
             state: Mutex::new(State {
                 devices,
                 allocs: HashMap::new(),
@@ -249,9 +255,36 @@ impl CudaBackend {
                 schedules: LaunchCache::default(),
                 scratch: CallScratch::default(),
                 sm_copy_below: SM_COPY_BELOW_BYTES,
+                graph_replay: true,
             }),
             pending: Mutex::new(None),
         })
+    }
+
+    /// A backend on the same devices (the same device map, primary contexts and peer access)
+    /// with streams, events, launch order and kept schedules of its own: a communicator on
+    /// it is ordered against this one's only through its callers' streams, as two NCCL
+    /// communicators are. `split` gives each sub-communicator of a GPU communicator one, so
+    /// a data-parallel and a tensor-parallel group run concurrently. The kernels this
+    /// backend has loaded and its compiled PTX are shared, not built again; the SM-copy
+    /// threshold carries over. Memory allocated by one is unknown to the other.
+    ///
+    /// Errors: as [`CudaBackend::for_gpus`] (a stream that cannot be made, say).
+    pub fn sibling(&self) -> Result<CudaBackend> {
+        let mut sibling = Self::for_gpus(self.device_map())?;
+        sibling.kernels = Arc::clone(&self.kernels);
+        let st = lock(&self.state);
+        let theirs = sibling.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        theirs.sm_copy_below = st.sm_copy_below;
+        theirs.graph_replay = st.graph_replay;
+        // The same map makes the same devices in the same order.
+        for (mine, its) in st.devices.iter().zip(theirs.devices.iter_mut()) {
+            if let KernelState::Loaded(k) = &mine.kernels {
+                its.kernels = KernelState::Loaded(Arc::clone(k));
+            }
+        }
+        drop(st);
+        Ok(sibling)
     }
 
     /// One logical GPU per visible CUDA device (`Location::Gpu(i)` on device `i`).
@@ -293,6 +326,23 @@ impl CudaBackend {
         let mut st = lock(&self.state);
         st.sm_copy_below = bytes;
         st.schedules.clear();
+    }
+
+    /// Whether a launch on one device whose addresses repeat is captured into a CUDA graph
+    /// and replayed (on by default; see the CUDA layer's README). Off, every launch makes its
+    /// driver calls one by one, as a profiler or a debugger may want; the graphs captured so
+    /// far are dropped. Applies from the next launch on.
+    pub fn set_graph_replay(&self, on: bool) {
+        let mut st = lock(&self.state);
+        st.graph_replay = on;
+        if !on {
+            st.schedules.clear();
+        }
+    }
+
+    /// Whether launches may be replayed as graphs ([`CudaBackend::set_graph_replay`]).
+    pub fn graph_replay(&self) -> bool {
+        lock(&self.state).graph_replay
     }
 
     /// The SM-copy threshold in bytes ([`CudaBackend::set_sm_copy_below`]).

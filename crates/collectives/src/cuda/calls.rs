@@ -36,6 +36,8 @@ pub(crate) enum Call<'a> {
     RecordTail { stream: OnDevice },
     /// `cuStreamWaitEvent(caller, tail of stream tail)`: a caller waits for the launch.
     CallerWait { caller: usize, tail: OnDevice },
+    /// `cuGraphLaunch` of the schedule's captured graph on `stream` (a replayed launch).
+    GraphLaunch { stream: OnDevice },
 }
 
 /// What a launch is ordered against: the previous launch's sinks, and the callers' streams
@@ -119,6 +121,57 @@ pub(crate) fn walk<'s>(
     Ok(())
 }
 
+/// The stream a replayed launch of `s` runs its graph on: the first to touch memory.
+pub(crate) fn replay_hub(s: &LaunchSchedule) -> Option<OnDevice> {
+    s.frame_at.first().map(|&(_, stream)| stream)
+}
+
+/// Calls `f` with every driver call of a replayed launch of `s` (its steps captured in a
+/// graph, `graph.rs`), in order: the callers record their forks, the hub waits for the
+/// previous launch's tails and the forks, launches the graph (which ends when every step has)
+/// and records its tail, which the callers wait for. Nothing when `s` has no step.
+pub(crate) fn walk_replay<'s>(
+    s: &'s LaunchSchedule,
+    around: Around<'_>,
+    f: &mut dyn FnMut(Call<'s>) -> Result<()>,
+) -> Result<()> {
+    let Some(hub) = replay_hub(s) else {
+        return Ok(());
+    };
+    let mut current: Option<usize> = None;
+    let mut on = |dev: usize, call: Call<'s>, f: &mut dyn FnMut(Call<'s>) -> Result<()>| {
+        if current != Some(dev) {
+            current = Some(dev);
+            f(Call::Bind(dev))?;
+        }
+        f(call)
+    };
+    for (caller, &dev) in around.callers.iter().enumerate() {
+        on(
+            dev,
+            Call::RecordFork {
+                caller,
+                fork: caller,
+            },
+            f,
+        )?;
+    }
+    for &tail in around.previous {
+        if tail != hub {
+            on(hub.0, Call::WaitTail { stream: hub, tail }, f)?;
+        }
+    }
+    for fork in 0..around.callers.len() {
+        on(hub.0, Call::WaitFork { stream: hub, fork }, f)?;
+    }
+    on(hub.0, Call::GraphLaunch { stream: hub }, f)?;
+    on(hub.0, Call::RecordTail { stream: hub }, f)?;
+    for (caller, &dev) in around.callers.iter().enumerate() {
+        on(dev, Call::CallerWait { caller, tail: hub }, f)?;
+    }
+    Ok(())
+}
+
 /// The driver calls of one launch by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DriverCalls {
@@ -134,6 +187,8 @@ pub struct DriverCalls {
     pub stream_waits: u32,
     /// `cuCtxSetCurrent`, once per change of device.
     pub context_binds: u32,
+    /// `cuGraphLaunch`: a replayed launch's captured steps.
+    pub graph_launches: u32,
 }
 
 impl DriverCalls {
@@ -141,27 +196,44 @@ impl DriverCalls {
     pub(crate) fn of(s: &LaunchSchedule, around: Around<'_>) -> DriverCalls {
         let mut n = DriverCalls::default();
         let counted = walk(s, around, &mut |c| {
-            match c {
-                Call::Bind(_) => n.context_binds += 1,
-                Call::Step(Step::Copy { by: CopyBy::Sm, .. } | Step::CopyBatch { .. }) => {
-                    n.sm_copies += 1
-                }
-                Call::Step(Step::Copy { .. }) => n.copies += 1,
-                Call::Step(Step::Reduce { .. }) => n.reduce_kernels += 1,
-                Call::Step(Step::Record { .. })
-                | Call::RecordFork { .. }
-                | Call::RecordJoin { .. }
-                | Call::RecordTail { .. } => n.event_records += 1,
-                Call::Step(Step::Wait { .. })
-                | Call::WaitTail { .. }
-                | Call::WaitFork { .. }
-                | Call::WaitJoin { .. }
-                | Call::CallerWait { .. } => n.stream_waits += 1,
-            }
+            n.count(c);
             Ok(())
         });
         debug_assert!(counted.is_ok());
         n
+    }
+
+    /// Every call of [`walk_replay`] over `s` in `around`, counted.
+    pub(crate) fn of_replay(s: &LaunchSchedule, around: Around<'_>) -> DriverCalls {
+        let mut n = DriverCalls::default();
+        let counted = walk_replay(s, around, &mut |c| {
+            n.count(c);
+            Ok(())
+        });
+        debug_assert!(counted.is_ok());
+        n
+    }
+
+    fn count(&mut self, c: Call<'_>) {
+        let n = self;
+        match c {
+            Call::Bind(_) => n.context_binds += 1,
+            Call::Step(Step::Copy { by: CopyBy::Sm, .. } | Step::CopyBatch { .. }) => {
+                n.sm_copies += 1
+            }
+            Call::Step(Step::Copy { .. }) => n.copies += 1,
+            Call::Step(Step::Reduce { .. }) => n.reduce_kernels += 1,
+            Call::Step(Step::Record { .. })
+            | Call::RecordFork { .. }
+            | Call::RecordJoin { .. }
+            | Call::RecordTail { .. } => n.event_records += 1,
+            Call::Step(Step::Wait { .. })
+            | Call::WaitTail { .. }
+            | Call::WaitFork { .. }
+            | Call::WaitJoin { .. }
+            | Call::CallerWait { .. } => n.stream_waits += 1,
+            Call::GraphLaunch { .. } => n.graph_launches += 1,
+        }
     }
 
     /// All of them.
@@ -172,6 +244,7 @@ impl DriverCalls {
             + self.event_records
             + self.stream_waits
             + self.context_binds
+            + self.graph_launches
     }
 }
 
@@ -180,14 +253,15 @@ impl std::fmt::Display for DriverCalls {
         write!(
             f,
             "{} calls: {} copies, {} SM copies, {} reduce kernels, {} event records, {} stream \
-             waits, {} context binds",
+             waits, {} context binds, {} graph launches",
             self.total(),
             self.copies,
             self.sm_copies,
             self.reduce_kernels,
             self.event_records,
             self.stream_waits,
-            self.context_binds
+            self.context_binds,
+            self.graph_launches
         )
     }
 }
@@ -205,15 +279,57 @@ pub struct CallCountSetup<'a> {
     pub sm_copy_below: u64,
 }
 
-/// The driver calls the CUDA backend makes to run `program` with [`crate::Backend::submit`],
-/// counted without a GPU, from the same schedule and call sequence the backend executes:
-/// every call after the first of a run of calls of the same program (ordered after the
-/// previous one, as the backend orders launches), with every binding its own allocation,
-/// kernels loaded and peer access between all devices (as on NVLink and NVSwitch machines).
+/// The driver calls the CUDA backend makes to run `program` with [`crate::Backend::submit`]
+/// directly (its steps one by one), counted without a GPU, from the same schedule and call
+/// sequence the backend executes: a call after the first of a run of calls of the same
+/// program (ordered after the previous one, as the backend orders launches), with every
+/// binding its own allocation, kernels loaded and peer access between all devices (as on
+/// NVLink and NVSwitch machines). A launch on several devices always runs so; one on a single
+/// device runs so until its addresses repeat, and is replayed as a graph after
+/// ([`replay_driver_calls`]).
 ///
 /// Errors: a program the backend would refuse (the shared validation), a lane or binding on a
 /// logical GPU the device map lacks.
 pub fn driver_calls(program: &Program, setup: &CallCountSetup<'_>) -> Result<DriverCalls> {
+    let s = schedule_for_count(program, setup)?;
+    let previous = s.sinks.clone();
+    Ok(DriverCalls::of(
+        &s,
+        Around {
+            previous: &previous,
+            callers: &[],
+        },
+    ))
+}
+
+/// The driver calls of a replayed launch of `program` (its steps captured once in a CUDA
+/// graph, `cuGraphLaunch` after), counted as [`driver_calls`] counts: the steady state of a
+/// program called again and again on the same buffers. `None` where the launch spans several
+/// devices (such launches are never captured) or has no step.
+///
+/// Errors: as [`driver_calls`].
+pub fn replay_driver_calls(
+    program: &Program,
+    setup: &CallCountSetup<'_>,
+) -> Result<Option<DriverCalls>> {
+    let s = schedule_for_count(program, setup)?;
+    let Some(hub) = replay_hub(&s) else {
+        return Ok(None);
+    };
+    if !s.used.iter().all(|&(d, _)| d == hub.0) {
+        return Ok(None);
+    }
+    Ok(Some(DriverCalls::of_replay(
+        &s,
+        Around {
+            previous: &[hub],
+            callers: &[],
+        },
+    )))
+}
+
+/// The schedule the backend makes for `program` in `setup` (see [`driver_calls`]).
+fn schedule_for_count(program: &Program, setup: &CallCountSetup<'_>) -> Result<LaunchSchedule> {
     let mut ordinals: Vec<usize> = Vec::new();
     let dense: Vec<usize> = setup
         .device_map
@@ -274,13 +390,5 @@ pub fn driver_calls(program: &Program, setup: &CallCountSetup<'_>) -> Result<Dri
         sm_copy_below: setup.sm_copy_below,
         devices,
     };
-    let s = schedule::build(&[program], &[0], &place, &facts)?;
-    let previous = s.sinks.clone();
-    Ok(DriverCalls::of(
-        &s,
-        Around {
-            previous: &previous,
-            callers: &[],
-        },
-    ))
+    schedule::build(&[program], &[0], &place, &facts)
 }

@@ -17,7 +17,8 @@ use super::nvrtc::Arch;
 /// The driver functions relaycc calls through cudarc, directly or inside cudarc's safe types
 /// (contexts, streams, events, allocations, modules, launches, copies, error formatting); the
 /// probe checks each one resolves, since cudarc panics on a missing symbol. Every one exists
-/// in any driver new enough for CUDA 12 (`cuMemAllocAsync` since 11.2).
+/// in any driver new enough for CUDA 12 (`cuMemAllocAsync` since 11.2, `cuGraphInstantiateWithFlags`
+/// since 11.4).
 const DRIVER_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuDriverGetVersion",
@@ -61,6 +62,12 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleUnload",
     "cuLaunchKernel",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
 ];
 
 /// The loaded CUDA driver.

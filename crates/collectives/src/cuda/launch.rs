@@ -9,6 +9,9 @@
 //! kernels loaded since) builds the schedule anew after the full validation, so a kept
 //! schedule runs only where [`schedule::build`] would make the same one.
 //!
+//! A kept schedule on one device whose addresses repeat is captured into a CUDA graph and
+//! replayed (`graph.rs`); the framing around it is `calls.rs`'s `walk_replay`.
+//!
 //! Function handles are resolved once per device, when its kernels are loaded.
 
 use std::ffi::c_void;
@@ -19,7 +22,8 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use super::backend::{CudaBackend, State, drv, err};
-use super::calls::{Around, Call, walk};
+use super::calls::{Around, Call, walk, walk_replay};
+use super::graph::GraphReplay;
 use super::kernel_sources::{
     BLOCKS_PER_SM, CopyBatchArgs, FORWARD_BATCH_ENTRY, FORWARD_ENTRY, LaunchShape,
     MAX_BATCH_COPIES, MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES, ReduceArgs,
@@ -67,6 +71,8 @@ struct Kept {
     facts: Vec<Fact>,
     schedule: Arc<LaunchSchedule>,
     used: u64,
+    /// Its captured graph, and when to capture one (`graph.rs`).
+    replay: GraphReplay,
 }
 
 /// Schedules of recent launches (module docs).
@@ -103,6 +109,11 @@ impl LaunchCache {
     fn find_programs(&self, programs: &[Program]) -> Option<usize> {
         self.kept.iter().position(|k| k.programs == programs)
     }
+
+    /// The graph state of kept schedule `i`.
+    pub(super) fn replay_mut(&mut self, i: usize) -> Option<&mut GraphReplay> {
+        self.kept.get_mut(i).map(|k| &mut k.replay)
+    }
 }
 
 /// Buffers of one call, kept in the state so that a call allocates nothing it could keep.
@@ -124,6 +135,13 @@ pub(super) struct CallScratch {
     forks: Vec<Option<OnDevice>>,
 }
 
+impl CallScratch {
+    /// This call's binding addresses, in launch order.
+    pub(super) fn addrs(&self) -> impl Iterator<Item = u64> + Clone + '_ {
+        self.bound.iter().map(|b| b.addr)
+    }
+}
+
 impl CudaBackend {
     /// Check, schedule and enqueue a launch after the previous one; with `callers`, ordered
     /// within those streams too (`submit_on`). An error before the first driver call leaves
@@ -134,7 +152,7 @@ impl CudaBackend {
         launches: &[Launch<'_>],
         callers: &[&CudaStream],
     ) -> Result<()> {
-        let schedule = self.prepare(st, launches)?;
+        let (schedule, kept) = self.prepare(st, launches)?;
         if schedule.steps.is_empty() {
             return Ok(());
         }
@@ -148,6 +166,8 @@ impl CudaBackend {
                 st.dirty.push(s);
             }
         }
+        // SAFETY: as the calls below.
+        let graph = unsafe { self.graph_for(st, kept, &schedule) };
         // A panic part way leaves part of the launch enqueued with no tail recorded: the
         // launch is finished before the panic goes on, so nothing later can race it.
         let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -156,18 +176,31 @@ impl CudaBackend {
                 previous: &st.last,
                 callers: &st.scratch.callers,
             };
-            walk(&schedule, around, &mut |c| {
-                // SAFETY: the launch passed the shared validation against live allocations
-                // (or matched a launch that did, `prepare`), the caller of `submit` promised no
-                // data race, and every handle used is a live stream, event or function of this
-                // backend (reserved above) or a caller's stream.
-                unsafe { self.call(st, &schedule, c, callers, &extra) }
-            })
+            // Every call below is safe to make: the launch passed the shared validation
+            // against live allocations (or matched a launch that did, `prepare`), the caller
+            // of `submit` promised no data race, and every handle used is a live stream, event
+            // or function of this backend (reserved above), a caller's stream, or the graph
+            // captured from this schedule with these addresses (`graph_for`).
+            let mut call = |c: Call<'_>| match (c, graph) {
+                // SAFETY: see above.
+                (Call::GraphLaunch { stream }, Some((exec, _))) => unsafe {
+                    Self::launch_graph(st, exec, stream)
+                },
+                // SAFETY: see above.
+                (other, _) => unsafe { self.call(st, &schedule, other, callers, &extra) },
+            };
+            match graph {
+                Some(_) => walk_replay(&schedule, around, &mut call),
+                None => walk(&schedule, around, &mut call),
+            }
         }));
         match walked {
             Ok(Ok(())) => {
                 st.last.clear();
-                st.last.extend_from_slice(&schedule.sinks);
+                match graph {
+                    Some((_, hub)) => st.last.push(hub),
+                    None => st.last.extend_from_slice(&schedule.sinks),
+                }
                 Ok(())
             }
             Ok(Err(e)) => {
@@ -219,9 +252,13 @@ impl CudaBackend {
         launched
     }
 
-    /// The schedule of a launch: the kept one when the call matches it, else built anew.
-    /// Leaves the bound addresses in `st.scratch`.
-    fn prepare(&self, st: &mut State, launches: &[Launch<'_>]) -> Result<Arc<LaunchSchedule>> {
+    /// The schedule of a launch: the kept one when the call matches it (with its index among
+    /// the kept), else built anew. Leaves the bound addresses in `st.scratch`.
+    fn prepare(
+        &self,
+        st: &mut State,
+        launches: &[Launch<'_>],
+    ) -> Result<(Arc<LaunchSchedule>, Option<usize>)> {
         let sc = &mut st.scratch;
         sc.bound.clear();
         sc.devs.clear();
@@ -246,9 +283,9 @@ impl CudaBackend {
             let c = &mut st.schedules;
             c.clock += 1;
             c.kept[i].used = c.clock;
-            return Ok(c.kept[i].schedule.clone());
+            return Ok((c.kept[i].schedule.clone(), Some(i)));
         }
-        self.build(st, launches)
+        Ok((self.build(st, launches)?, None))
     }
 
     /// Whether kept schedule `i` (of these programs) is the one `build` would make now.
@@ -266,6 +303,11 @@ impl CudaBackend {
         });
         if !fits {
             return false;
+        }
+        // The facts depend on the programs and the addresses only, and were checked for the
+        // addresses of this schedule's graph when it was captured.
+        if k.replay.captured_at(sc.addrs()) {
+            return true;
         }
         let mut kept = k.facts.iter();
         let addr = |b: u32| sc.bound.get(b as usize).map_or(0, |x| x.addr);
@@ -320,6 +362,7 @@ impl CudaBackend {
             facts,
             schedule: schedule.clone(),
             used: st.schedules.clock + 1,
+            replay: GraphReplay::after(sc.addrs()),
         };
         st.schedules.clock += 1;
         st.schedules.insert(kept);
@@ -449,7 +492,7 @@ impl CudaBackend {
     ///
     /// `s` is the schedule of a launch that passed the shared validation with the bindings in
     /// `st.scratch`, reserved (`reserve`, `forks`), whose memory no other work races.
-    unsafe fn call(
+    pub(super) unsafe fn call(
         &self,
         st: &State,
         s: &LaunchSchedule,
@@ -512,6 +555,7 @@ impl CudaBackend {
                 Call::CallerWait { caller, tail: t } => {
                     sys::cuStreamWaitEvent(callers[caller].cu_stream(), tail(t), 0)
                 }
+                Call::GraphLaunch { .. } => return Err(err("a graph launch outside a replay")),
             }
         };
         let name = match c {
@@ -528,7 +572,7 @@ impl CudaBackend {
     /// # Safety
     ///
     /// As [`CudaBackend::call`].
-    unsafe fn step(&self, st: &State, s: &LaunchSchedule, step: &Step) -> Result<()> {
+    pub(super) unsafe fn step(&self, st: &State, s: &LaunchSchedule, step: &Step) -> Result<()> {
         let bound = &st.scratch.bound;
         let at = |a: LaunchAddr| -> Result<u64> {
             bound

@@ -6,7 +6,7 @@
 //! | is a driver / NVRTC present at all | [`driver`], [`nvrtc()`] |
 //! | the kernels' PTX for a GPU (cached in memory and on disk, or precompiled) | [`KernelCache`] |
 //! | the entry point for a type and operator, the reduce kernels' argument | [`reduce_entry`], [`FORWARD_ENTRY`], [`ReduceArgs`], [`FORWARD_BATCH_ENTRY`], [`CopyBatchArgs`] |
-//! | the driver calls the CUDA backend makes for a program, counted without a GPU | [`driver_calls`] |
+//! | the driver calls the CUDA backend makes for a program, counted without a GPU | [`driver_calls`] (made directly), [`replay_driver_calls`] (a captured graph replayed) |
 //! | compile once, no cache (what `scripts/check-kernels` checks) | [`compile_ptx`] |
 //! | NCCL on the same GPUs, for comparisons (`relaycc bench --vs-nccl`) | `nccl::NcclComms`, `nccl::nccl` (feature `nccl`) |
 //!
@@ -25,6 +25,7 @@ mod copy_batch;
 mod driver;
 mod error;
 mod fan_out;
+mod graph;
 mod kernel_sources;
 mod launch;
 mod libs;
@@ -43,7 +44,7 @@ mod schedule_tests;
 
 pub use backend::{CUDA_OP_ISSUE_US, CudaBackend, Rejected};
 pub use cache::{CacheConfig, KernelCache, KernelPtx, PtxOrigin, ptx_file_name};
-pub use calls::{CallCountSetup, DriverCalls, driver_calls};
+pub use calls::{CallCountSetup, DriverCalls, driver_calls, replay_driver_calls};
 pub use driver::{DeviceInfo, DriverInfo, devices, driver};
 pub use error::CudaError;
 pub use kernel_sources::{

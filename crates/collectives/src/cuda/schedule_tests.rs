@@ -5,7 +5,7 @@ use relaycc_route::{Collective, DType, Location, ReduceOp, Request};
 
 use super::calls::{Around, DriverCalls, walk};
 use super::schedule::{self, CopyBy, LaunchPlacement, LaunchSchedule, Step};
-use super::{CallCountSetup, driver_calls};
+use super::{CallCountSetup, driver_calls, replay_driver_calls};
 use crate::backend::{Command, Program, Slot};
 use crate::exec;
 
@@ -114,6 +114,7 @@ const RECORDED_DGX: DriverCalls = DriverCalls {
     event_records: 169,
     stream_waits: 278,
     context_binds: 120,
+    graph_launches: 0,
 };
 /// Recorded as above, for `shared-gpu-4`: one kernel reads the four inputs and writes the
 /// four outputs (the in-place copies of the result fuse into it), one event records its end
@@ -125,6 +126,7 @@ const RECORDED_ONE_GPU: DriverCalls = DriverCalls {
     event_records: 1,
     stream_waits: 0,
     context_binds: 1,
+    graph_launches: 0,
 };
 /// Recorded as above, for `nvswitch-4` on one GPU.
 const RECORDED_SHARED: DriverCalls = DriverCalls {
@@ -134,7 +136,39 @@ const RECORDED_SHARED: DriverCalls = DriverCalls {
     event_records: 61,
     stream_waits: 166,
     context_binds: 1,
+    graph_launches: 0,
 };
+
+/// Replayed as a captured graph (the steady state of a call repeated on the same buffers), a
+/// launch on one device is its hub binding its context, one graph launch and the tail it
+/// records: the 288 calls of a 64 MiB all_reduce on `nvswitch-4` on one GPU become 3. A
+/// launch on several devices is never captured.
+#[test]
+fn a_replayed_launch_on_one_device_is_one_graph_launch() {
+    let replayed = |topo: &str, map: &[usize]| {
+        let (program, bindings) = collective_program(topo, Collective::AllReduce, 64 << 20, true);
+        let setup = CallCountSetup {
+            device_map: map,
+            bindings: &bindings,
+            sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
+        };
+        replay_driver_calls(&program, &setup).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let want = DriverCalls {
+        event_records: 1,
+        context_binds: 1,
+        graph_launches: 1,
+        ..DriverCalls::default()
+    };
+    for topo in ["nvswitch-4", "shared-gpu-4"] {
+        let got = replayed(topo, &[0, 0, 0, 0]);
+        eprintln!("{topo} on one GPU, replayed: {got:?}");
+        assert_eq!(got, Some(want), "{topo}");
+    }
+    assert_eq!(replayed("dgx-h100", &[0, 1, 2, 3, 4, 5, 6, 7]), None);
+    // Several logical GPUs of a DGX on one device: one device, so a graph.
+    assert_eq!(replayed("dgx-h100", &[0; 8]), Some(want));
+}
 
 /// Ranks on one GPU: a broadcast is one kernel that reads the root's input once and writes
 /// every output; an all_gather one such kernel per rank (every other rank's output in place,

@@ -357,7 +357,10 @@ impl RankComm {
     /// the ranks that give the same `color` form a new communicator, ranked by `key` and then
     /// by their rank here. A rank that gives `None` opts out and gets `None`. The new
     /// handles inherit this handle's timeout, and their communicators this communicator's
-    /// relays (idle relays included), staging budget and plan-cache limits.
+    /// relays (idle relays included), staging budget and plan-cache limits. Each new
+    /// communicator runs on a backend of its own (on CUDA a sibling of this one's:
+    /// `CudaBackend::sibling`), so sub-communicators run concurrently with each other
+    /// and with this one, ordered only by their callers (threads; streams on CUDA).
     pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<RankComm>> {
         let payload = self.meet("split", vec![RankCallOp::Split { color, key }])?;
         let Payload::Split(v) = payload else {

@@ -33,15 +33,11 @@ pub(crate) fn run(parent: &Shared, arrivals: &[RankArrival]) -> Outcome {
     for members in colors.values_mut() {
         members.sort_unstable();
         let devices: Vec<u32> = members.iter().map(|&(_, r)| comm.devices()[r]).collect();
-        // Host slices are lent per call, so a host communicator needs no memory of the
-        // parent's backend: a backend of its own keeps its launches and waits apart from the
-        // parent's. Device communicators share the parent's backend (its contexts and
-        // streams); their calls are ordered by the callers' streams, not by host waits.
-        let backend: Arc<dyn crate::backend::Backend> = if host {
-            Arc::new(HostBackend::new())
-        } else {
-            comm.backend_arc()
-        };
+        // Buffers are lent per call, so a sub-communicator needs no memory of the parent's
+        // backend: a backend of its own keeps its launches apart from the parent's and its
+        // siblings', so sub-communicators run concurrently, each ordered only by its callers'
+        // (host calls: threads; CUDA: streams).
+        let backend = own_backend(comm, host).map_err(|e| Failure::Failed(Arc::new(e)))?;
         let mut child =
             Communicator::new(comm.topology().clone(), &devices, comm.relays(), backend)
                 .map_err(|e| Failure::Failed(Arc::new(e)))?;
@@ -55,4 +51,21 @@ pub(crate) fn run(parent: &Shared, arrivals: &[RankArrival]) -> Outcome {
         }
     }
     Ok(Payload::Split(out))
+}
+
+/// A backend for a sub-communicator of `comm`: a host backend of its own for host slices, a
+/// sibling of the parent's CUDA backend (the same devices, streams and launch order of its
+/// own) for CUDA ranks, the parent's own otherwise.
+fn own_backend(
+    comm: &Communicator,
+    host: bool,
+) -> crate::error::Result<Arc<dyn crate::backend::Backend>> {
+    if host {
+        return Ok(Arc::new(HostBackend::new()));
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = comm.backend().as_cuda(Private) {
+        return Ok(Arc::new(cuda.sibling()?));
+    }
+    Ok(comm.backend_arc())
 }
