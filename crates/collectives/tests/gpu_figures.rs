@@ -13,9 +13,8 @@ use std::time::Instant;
 
 use relaycc_collectives::cudarc::driver::sys::CUevent_flags;
 use relaycc_collectives::cudarc::driver::{
-    CudaContext, CudaEvent, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
-use relaycc_collectives::cudarc::nvrtc::Ptx;
 use relaycc_collectives::{
     Backend, ByteRegion, Collectives, Communicator, CudaBackend, RankComm, ReduceOp, exec,
     shared_gpu_topology,
@@ -212,7 +211,7 @@ extern "C" __global__ void spin(unsigned long long ns) {
 "#;
 
 /// How long the gate holds the ranks' streams while every call is enqueued.
-const GATE_NS: u64 = 200_000_000;
+const GATE_NS: u64 = 50_000_000;
 /// Calls per sub-communicator, and elements per call (f32): small all_reduces, each one
 /// reduction kernel that does not fill the GPU.
 const CALLS: usize = 50;
@@ -240,7 +239,7 @@ struct PairCalls {
 /// `CALLS` all_reduces each: from the gate's end to the last call's end, everything enqueued
 /// behind the gate first. `serial`: the second pair's streams wait for the first pair's last
 /// calls (one after the other); else the pairs run as they may.
-fn pair_calls_us(ranks: Vec<RankComm>, serial: bool, spin: &Ptx) -> PairCalls {
+fn pair_calls_us(ranks: Vec<RankComm>, serial: bool, gate: &Gate) -> PairCalls {
     let meet = Meet {
         barrier: Barrier::new(ranks.len()),
         gate: Mutex::new(None),
@@ -252,7 +251,7 @@ fn pair_calls_us(ranks: Vec<RankComm>, serial: bool, spin: &Ptx) -> PairCalls {
             .into_iter()
             .enumerate()
             .map(|(r, mut rank)| {
-                let (meet, ptx) = (&meet, spin.clone());
+                let meet = &meet;
                 s.spawn(move || {
                     let ctx = CudaContext::new(0).expect("context");
                     let stream = ctx.new_stream().expect("stream");
@@ -267,8 +266,7 @@ fn pair_calls_us(ranks: Vec<RankComm>, serial: bool, spin: &Ptx) -> PairCalls {
                     meet.barrier.wait();
                     if r == 0 {
                         let launched = Instant::now();
-                        let gate = gate_event(&ctx, ptx);
-                        *meet.gate.lock().expect("gate") = Some((gate, launched));
+                        *meet.gate.lock().expect("gate") = Some((gate.start(), launched));
                     }
                     meet.barrier.wait();
                     let (gate, launched) = meet.gate.lock().expect("gate").clone().expect("gate");
@@ -322,29 +320,44 @@ fn pair_calls_us(ranks: Vec<RankComm>, serial: bool, spin: &Ptx) -> PairCalls {
     }
 }
 
-/// Launch the spin kernel on a stream of its own; the event its end records.
-fn gate_event(ctx: &Arc<CudaContext>, ptx: Ptx) -> Arc<CudaEvent> {
-    let f = ctx
-        .load_module(ptx)
-        .expect("module")
-        .load_function("spin")
-        .expect("function");
-    let stream: Arc<CudaStream> = ctx.new_stream().expect("stream");
-    let ns = GATE_NS;
-    let mut b = stream.launch_builder(&f);
-    b.arg(&ns);
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: `spin` takes one 64-bit integer and touches no memory.
-    unsafe { b.launch(one) }.expect("launch");
-    Arc::new(
-        stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .expect("event"),
-    )
+/// The spin kernel, loaded once, and the stream the gate runs on: both outlive every
+/// measurement (unloading a module while its kernel runs would wait for it).
+struct Gate {
+    spin: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let ctx = CudaContext::new(0).expect("context");
+        let ptx = relaycc_collectives::cudarc::nvrtc::compile_ptx(SPIN).expect("nvrtc");
+        let spin = ctx
+            .load_module(ptx)
+            .expect("module")
+            .load_function("spin")
+            .expect("function");
+        let stream = ctx.new_stream().expect("stream");
+        Gate { spin, stream }
+    }
+
+    /// Launch the spin kernel; the event its end records.
+    fn start(&self) -> Arc<CudaEvent> {
+        let ns = GATE_NS;
+        let mut b = self.stream.launch_builder(&self.spin);
+        b.arg(&ns);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `spin` takes one 64-bit integer and touches no memory.
+        unsafe { b.launch(one) }.expect("launch");
+        Arc::new(
+            self.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .expect("event"),
+        )
+    }
 }
 
 /// Four ranks on one GPU split into two pairs; each pair makes `CALLS` small all_reduces on
@@ -382,12 +395,12 @@ fn sub_communicators_of_split_run_concurrently() {
                 .into_ranks()
         })
         .collect();
-    let spin = relaycc_collectives::cudarc::nvrtc::compile_ptx(SPIN).expect("nvrtc");
+    let gate = Gate::new();
     let mut pairs = [split, one_order];
     // Warm-up: plans, kernels and kept schedules (the host's pace, not measured).
     for serial in [false, true] {
         for p in &mut pairs {
-            *p = pair_calls_us(std::mem::take(p), serial, &spin).ranks;
+            *p = pair_calls_us(std::mem::take(p), serial, &gate).ranks;
         }
     }
     // best[2 * p + serial]: together and one after the other, per kind of pair, alternating.
@@ -395,7 +408,7 @@ fn sub_communicators_of_split_run_concurrently() {
     for _ in 0..3 {
         for (p, ranks) in pairs.iter_mut().enumerate() {
             for serial in [false, true] {
-                let m = pair_calls_us(std::mem::take(ranks), serial, &spin);
+                let m = pair_calls_us(std::mem::take(ranks), serial, &gate);
                 assert!(
                     m.behind_gate,
                     "enqueuing took longer than the gate's {} us: the GPU time would not be \
