@@ -304,8 +304,9 @@ pub fn driver_calls(program: &Program, setup: &CallCountSetup<'_>) -> Result<Dri
 
 /// The driver calls of a replayed launch of `program` (its steps captured once in a CUDA
 /// graph, `cuGraphLaunch` after), counted as [`driver_calls`] counts: the steady state of a
-/// program called again and again on the same buffers. `None` where the launch spans several
-/// devices (such launches are never captured) or has no step.
+/// program called again and again on the same buffers. `None` where the launch is never
+/// captured: it spans several devices, has one step or none, or copies more than 256 MiB at
+/// once.
 ///
 /// Errors: as [`driver_calls`].
 pub fn replay_driver_calls(
@@ -316,7 +317,7 @@ pub fn replay_driver_calls(
     let Some(hub) = replay_hub(&s) else {
         return Ok(None);
     };
-    if !s.used.iter().all(|&(d, _)| d == hub.0) {
+    if !s.used.iter().all(|&(d, _)| d == hub.0) || !super::graph::worth_capturing(&s) {
         return Ok(None);
     }
     Ok(Some(DriverCalls::of_replay(
