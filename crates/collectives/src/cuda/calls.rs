@@ -305,8 +305,7 @@ pub fn driver_calls(program: &Program, setup: &CallCountSetup<'_>) -> Result<Dri
 /// The driver calls of a replayed launch of `program` (its steps captured once in a CUDA
 /// graph, `cuGraphLaunch` after), counted as [`driver_calls`] counts: the steady state of a
 /// program called again and again on the same buffers. `None` where the launch is never
-/// captured: it spans several devices, has one step or none, or copies more than 256 MiB at
-/// once.
+/// captured: it spans several devices, has no step, or copies more than 256 MiB at once.
 ///
 /// Errors: as [`driver_calls`].
 pub fn replay_driver_calls(

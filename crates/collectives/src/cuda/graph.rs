@@ -7,8 +7,8 @@
 //!
 //! When a graph is used ([`GraphReplay::mode`]; never with `CudaBackend::set_graph_replay(false)`):
 //! - the launch spans one device (capture across devices is left out: every such launch runs
-//!   directly, as before), has more than one step, and copies no more than
-//!   [`GRAPH_COPY_MAX_BYTES`] at a time ([`worth_capturing`]);
+//!   directly, as before) and copies no more than [`GRAPH_COPY_MAX_BYTES`] at a time
+//!   ([`worth_capturing`]);
 //! - its addresses equal the graph's: replay; else, equal to the previous call's (a training
 //!   loop's buffers, the second time round): capture anew, replacing the graph; else direct.
 //!   So buffers that change every call cost one comparison of addresses and no capture.
@@ -32,19 +32,16 @@ use crate::error::Result;
 
 /// Copies above this many bytes keep a launch out of graphs: a single 1 GiB copy-engine copy
 /// replayed from a graph ran slower than made directly, while copies of up to 256 MiB ran as
-/// fast either way (`docs/MEASUREMENTS.md`); beside a copy this long the driver calls a graph
-/// saves are nothing.
+/// fast or faster replayed (`docs/MEASUREMENTS.md`); beside a copy this long the driver calls
+/// a graph saves are nothing.
 pub(super) const GRAPH_COPY_MAX_BYTES: u64 = 256 << 20;
 
-/// Whether capturing `s` can pay: it has more than one step to make (a graph replaces
-/// driver calls; one step is one call either way) and no copy above
-/// [`GRAPH_COPY_MAX_BYTES`].
+/// Whether capturing `s` can pay: no copy above [`GRAPH_COPY_MAX_BYTES`].
 pub(super) fn worth_capturing(s: &LaunchSchedule) -> bool {
-    s.steps.len() > 1
-        && s.steps.iter().all(|step| match *step {
-            Step::Copy { bytes, .. } => bytes <= GRAPH_COPY_MAX_BYTES,
-            _ => true,
-        })
+    s.steps.iter().all(|step| match *step {
+        Step::Copy { bytes, .. } => bytes <= GRAPH_COPY_MAX_BYTES,
+        _ => true,
+    })
 }
 
 /// An instantiated graph of one kept schedule, and the addresses it was captured with.

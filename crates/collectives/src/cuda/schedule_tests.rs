@@ -142,8 +142,7 @@ const RECORDED_SHARED: DriverCalls = DriverCalls {
 /// Replayed as a captured graph (the steady state of a call repeated on the same buffers), a
 /// launch on one device is its hub binding its context, one graph launch and the tail it
 /// records: the 288 calls of a 64 MiB all_reduce on `nvswitch-4` on one GPU become 3. A
-/// launch on several devices, or of one step (`shared-gpu-4`'s one kernel), is never
-/// captured.
+/// launch on several devices is never captured, nor one with a copy above 256 MiB.
 #[test]
 fn a_replayed_launch_on_one_device_is_one_graph_launch() {
     let replayed = |topo: &str, map: &[usize]| {
@@ -161,12 +160,33 @@ fn a_replayed_launch_on_one_device_is_one_graph_launch() {
         graph_launches: 1,
         ..DriverCalls::default()
     };
-    let got = replayed("nvswitch-4", &[0, 0, 0, 0]);
-    eprintln!("nvswitch-4 on one GPU, replayed: {got:?}");
-    assert_eq!(got, Some(want));
-    // One kernel: one driver call either way, so no graph.
-    assert_eq!(replayed("shared-gpu-4", &[0, 0, 0, 0]), None);
+    for topo in ["nvswitch-4", "shared-gpu-4"] {
+        let got = replayed(topo, &[0, 0, 0, 0]);
+        eprintln!("{topo} on one GPU, replayed: {got:?}");
+        assert_eq!(got, Some(want), "{topo}");
+    }
     assert_eq!(replayed("dgx-h100", &[0, 1, 2, 3, 4, 5, 6, 7]), None);
+    // One rank's 1 GiB all_reduce out of place is one 1 GiB copy: never captured.
+    let (program, bindings) =
+        collective_program("shared-gpu-1", Collective::AllReduce, 1 << 30, false);
+    let setup = CallCountSetup {
+        device_map: &[0],
+        bindings: &bindings,
+        sm_copy_below: relaycc_topo::rates::SM_COPY_BELOW_BYTES,
+    };
+    assert_eq!(replay_driver_calls(&program, &setup).ok().flatten(), None);
+    let (program, bindings) =
+        collective_program("shared-gpu-1", Collective::AllReduce, 256 << 20, false);
+    assert!(
+        replay_driver_calls(
+            &program,
+            &CallCountSetup {
+                bindings: &bindings,
+                ..setup
+            }
+        )
+        .is_ok_and(|c| c.is_some())
+    );
     // Several logical GPUs of a DGX on one device: one device, so a graph.
     assert_eq!(replayed("dgx-h100", &[0; 8]), Some(want));
 }
