@@ -50,6 +50,55 @@ pub(crate) struct Around<'a> {
     pub callers: &'a [usize],
 }
 
+/// Passes driver calls on to `f`, binding a device's context first whenever the next call
+/// runs on another device than the last; the framing calls both walks make.
+struct Issuer<'s, 'f> {
+    current: Option<usize>,
+    f: &'f mut dyn FnMut(Call<'s>) -> Result<()>,
+}
+
+impl<'s> Issuer<'s, '_> {
+    fn on(&mut self, dev: usize, call: Call<'s>) -> Result<()> {
+        if self.current != Some(dev) {
+            self.current = Some(dev);
+            (self.f)(Call::Bind(dev))?;
+        }
+        (self.f)(call)
+    }
+
+    /// Each caller records its fork event.
+    fn record_forks(&mut self, around: Around<'_>) -> Result<()> {
+        for (caller, &dev) in around.callers.iter().enumerate() {
+            let fork = caller;
+            self.on(dev, Call::RecordFork { caller, fork })?;
+        }
+        Ok(())
+    }
+
+    /// The hub waits for the previous launch's tails (but its own stream's) and the forks.
+    fn hub_waits(&mut self, hub: OnDevice, around: Around<'_>) -> Result<()> {
+        for &tail in around.previous {
+            if tail != hub {
+                self.on(hub.0, Call::WaitTail { stream: hub, tail })?;
+            }
+        }
+        for fork in 0..around.callers.len() {
+            self.on(hub.0, Call::WaitFork { stream: hub, fork })?;
+        }
+        Ok(())
+    }
+
+    /// Each caller waits for each of `tails`.
+    fn caller_waits(&mut self, around: Around<'_>, tails: &[OnDevice]) -> Result<()> {
+        for (caller, &dev) in around.callers.iter().enumerate() {
+            for &tail in tails {
+                self.on(dev, Call::CallerWait { caller, tail })?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Calls `f` with every driver call of a launch of `s` in order, stopping at its first error.
 ///
 /// Ordering: callers record their fork events; the first stream that touches memory before it
@@ -62,27 +111,11 @@ pub(crate) fn walk<'s>(
     around: Around<'_>,
     f: &mut dyn FnMut(Call<'s>) -> Result<()>,
 ) -> Result<()> {
-    let mut current: Option<usize> = None;
-    let mut on = |dev: usize, call: Call<'s>, f: &mut dyn FnMut(Call<'s>) -> Result<()>| {
-        if current != Some(dev) {
-            current = Some(dev);
-            f(Call::Bind(dev))?;
-        }
-        f(call)
-    };
-    for (caller, &dev) in around.callers.iter().enumerate() {
-        on(
-            dev,
-            Call::RecordFork {
-                caller,
-                fork: caller,
-            },
-            f,
-        )?;
-    }
+    let mut out = Issuer { current: None, f };
+    out.record_forks(around)?;
     let framing = !around.previous.is_empty() || !around.callers.is_empty();
     let mut frames = s.frame_at.iter().peekable();
-    let hub = s.frame_at.first().map(|&(_, st)| st);
+    let hub = replay_hub(s);
     for (i, step) in s.steps.iter().enumerate() {
         while let Some(&&(at, stream)) = frames.peek() {
             if at != i {
@@ -93,35 +126,24 @@ pub(crate) fn walk<'s>(
                 continue;
             }
             if Some(stream) == hub {
-                for &tail in around.previous {
-                    if tail != stream {
-                        on(stream.0, Call::WaitTail { stream, tail }, f)?;
-                    }
-                }
-                for fork in 0..around.callers.len() {
-                    on(stream.0, Call::WaitFork { stream, fork }, f)?;
-                }
+                out.hub_waits(stream, around)?;
                 if s.frame_at.len() > 1 {
-                    on(stream.0, Call::RecordJoin { stream }, f)?;
+                    out.on(stream.0, Call::RecordJoin { stream })?;
                 }
             } else if let Some(h) = hub {
-                on(stream.0, Call::WaitJoin { stream, hub: h.0 }, f)?;
+                out.on(stream.0, Call::WaitJoin { stream, hub: h.0 })?;
             }
         }
-        on(step.stream().0, Call::Step(step), f)?;
+        out.on(step.stream().0, Call::Step(step))?;
     }
     for &stream in &s.sinks {
-        on(stream.0, Call::RecordTail { stream }, f)?;
+        out.on(stream.0, Call::RecordTail { stream })?;
     }
-    for (caller, &dev) in around.callers.iter().enumerate() {
-        for &tail in &s.sinks {
-            on(dev, Call::CallerWait { caller, tail }, f)?;
-        }
-    }
-    Ok(())
+    out.caller_waits(around, &s.sinks)
 }
 
-/// The stream a replayed launch of `s` runs its graph on: the first to touch memory.
+/// The stream a replayed launch of `s` runs its graph on: the first to touch memory (the
+/// hub of a direct launch).
 pub(crate) fn replay_hub(s: &LaunchSchedule) -> Option<OnDevice> {
     s.frame_at.first().map(|&(_, stream)| stream)
 }
@@ -138,39 +160,17 @@ pub(crate) fn walk_replay<'s>(
     let Some(hub) = replay_hub(s) else {
         return Ok(());
     };
-    let mut current: Option<usize> = None;
-    let mut on = |dev: usize, call: Call<'s>, f: &mut dyn FnMut(Call<'s>) -> Result<()>| {
-        if current != Some(dev) {
-            current = Some(dev);
-            f(Call::Bind(dev))?;
-        }
-        f(call)
-    };
-    for (caller, &dev) in around.callers.iter().enumerate() {
-        on(
-            dev,
-            Call::RecordFork {
-                caller,
-                fork: caller,
-            },
-            f,
-        )?;
-    }
-    for &tail in around.previous {
-        if tail != hub {
-            on(hub.0, Call::WaitTail { stream: hub, tail }, f)?;
-        }
-    }
-    for fork in 0..around.callers.len() {
-        on(hub.0, Call::WaitFork { stream: hub, fork }, f)?;
-    }
-    on(hub.0, Call::GraphLaunch { stream: hub }, f)?;
-    on(hub.0, Call::RecordTail { stream: hub }, f)?;
-    for (caller, &dev) in around.callers.iter().enumerate() {
-        on(dev, Call::CallerWait { caller, tail: hub }, f)?;
-    }
-    Ok(())
+    let mut out = Issuer { current: None, f };
+    out.record_forks(around)?;
+    out.hub_waits(hub, around)?;
+    out.on(hub.0, Call::GraphLaunch { stream: hub })?;
+    out.on(hub.0, Call::RecordTail { stream: hub })?;
+    out.caller_waits(around, &[hub])
 }
+
+/// [`walk`] or [`walk_replay`].
+pub(crate) type Walker<'s> =
+    fn(&'s LaunchSchedule, Around<'_>, &mut dyn FnMut(Call<'s>) -> Result<()>) -> Result<()>;
 
 /// The driver calls of one launch by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -194,19 +194,17 @@ pub struct DriverCalls {
 impl DriverCalls {
     /// Every call of [`walk`] over `s` in `around`, counted.
     pub(crate) fn of(s: &LaunchSchedule, around: Around<'_>) -> DriverCalls {
-        let mut n = DriverCalls::default();
-        let counted = walk(s, around, &mut |c| {
-            n.count(c);
-            Ok(())
-        });
-        debug_assert!(counted.is_ok());
-        n
+        Self::of_walk(walk, s, around)
     }
 
     /// Every call of [`walk_replay`] over `s` in `around`, counted.
     pub(crate) fn of_replay(s: &LaunchSchedule, around: Around<'_>) -> DriverCalls {
+        Self::of_walk(walk_replay, s, around)
+    }
+
+    fn of_walk<'s>(walker: Walker<'s>, s: &'s LaunchSchedule, around: Around<'_>) -> DriverCalls {
         let mut n = DriverCalls::default();
-        let counted = walk_replay(s, around, &mut |c| {
+        let counted = walker(s, around, &mut |c| {
             n.count(c);
             Ok(())
         });

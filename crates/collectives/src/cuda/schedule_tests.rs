@@ -3,7 +3,7 @@
 
 use relaycc_route::{Collective, DType, Location, ReduceOp, Request};
 
-use super::calls::{Around, DriverCalls, walk};
+use super::calls::{Around, DriverCalls, Walker, walk, walk_replay};
 use super::schedule::{self, CopyBy, LaunchPlacement, LaunchSchedule, Step};
 use super::{CallCountSetup, driver_calls, replay_driver_calls};
 use crate::backend::{Command, Program, Slot};
@@ -670,46 +670,34 @@ fn copies_run_on_sms_below_the_threshold_and_overlapping_ones_in_chunks() {
     ));
 }
 
+/// Two independent copies of 1 MiB, within binding 0 on lane 0 (GPU 0) and within binding
+/// 1 on lane 1 (`second`).
+fn two_independent_copies(second: Location) -> Program {
+    let copy = |b: u32| Command::Copy {
+        lane: b,
+        src: slot(b, 0, MIB),
+        dst: slot(b, MIB, MIB),
+    };
+    program(
+        vec![Location::Gpu(0), second],
+        2,
+        vec![copy(0), copy(1)],
+        Vec::new(),
+    )
+}
+
 #[test]
 fn the_walk_frames_once_through_a_hub_and_binds_contexts_on_device_changes() {
     // Two GPUs, a copy each, independent.
-    let p = program(
-        vec![Location::Gpu(0), Location::Gpu(1)],
-        2,
-        vec![
-            Command::Copy {
-                lane: 0,
-                src: slot(0, 0, MIB),
-                dst: slot(0, MIB, MIB),
-            },
-            Command::Copy {
-                lane: 1,
-                src: slot(1, 0, MIB),
-                dst: slot(1, MIB, MIB),
-            },
-        ],
-        Vec::new(),
-    );
+    let p = two_independent_copies(Location::Gpu(1));
     let s = schedule_of(&p, &[Some(0), Some(1)], &|_, _| true, 0, &apart);
     assert_eq!(s.sinks.len(), 2);
-    let mut calls = Vec::new();
     let previous = s.sinks.clone();
-    walk(
-        &s,
-        Around {
-            previous: &previous,
-            callers: &[1],
-        },
-        &mut |c| {
-            calls.push(format!("{c:?}"));
-            Ok(())
-        },
-    )
-    .unwrap();
-    let kinds: Vec<&str> = calls
-        .iter()
-        .map(|c| c.split([' ', '(']).next().unwrap())
-        .collect();
+    let around = Around {
+        previous: &previous,
+        callers: &[1],
+    };
+    let kinds = call_kinds(walk, &s, around);
     assert_eq!(
         kinds,
         vec![
@@ -731,12 +719,49 @@ fn the_walk_frames_once_through_a_hub_and_binds_contexts_on_device_changes() {
             "CallerWait"
         ]
     );
-    let n = DriverCalls::of(
-        &s,
-        Around {
-            previous: &previous,
-            callers: &[1],
-        },
+    assert_eq!(DriverCalls::of(&s, around).total() as usize, kinds.len());
+}
+
+/// The kind of each call `walker` makes over `s`, in order.
+fn call_kinds<'s>(walker: Walker<'s>, s: &'s LaunchSchedule, around: Around<'_>) -> Vec<String> {
+    let mut kinds = Vec::new();
+    walker(s, around, &mut |c| {
+        let call = format!("{c:?}");
+        kinds.push(call.split([' ', '(']).next().unwrap_or_default().to_owned());
+        Ok(())
+    })
+    .unwrap();
+    kinds
+}
+
+/// A replayed launch (one device, two streams): the caller's fork, the hub's wait for the
+/// previous launch's other tail and for the fork, the graph, the hub's tail, the caller's wait
+/// for it; one context bind, as every call runs on the one device.
+#[test]
+fn the_replay_walk_frames_one_graph_launch_on_the_hub() {
+    let p = two_independent_copies(Location::Gpu(0));
+    let s = schedule_of(&p, &[Some(0), Some(0)], &|_, _| true, 0, &apart);
+    assert_eq!(s.sinks.len(), 2);
+    let previous = s.sinks.clone();
+    let around = Around {
+        previous: &previous,
+        callers: &[0],
+    };
+    let kinds = call_kinds(walk_replay, &s, around);
+    assert_eq!(
+        kinds,
+        vec![
+            "Bind",
+            "RecordFork",
+            "WaitTail",
+            "WaitFork",
+            "GraphLaunch",
+            "RecordTail",
+            "CallerWait"
+        ]
     );
-    assert_eq!(n.total() as usize, calls.len());
+    assert_eq!(
+        DriverCalls::of_replay(&s, around).total() as usize,
+        kinds.len()
+    );
 }

@@ -195,25 +195,6 @@ impl MpiRank for &MpiCommunicator {
     }
 }
 
-/// This process's rank on host slices (`&[T]`, `&mut [T]`, `Vec<T>`) through a shared
-/// reference, as `std` implements `Write` for `&File`: the calls of a communicator that a GPU
-/// rank ([`super::MpiGpu`]) also holds (`let mut host = &comm; host.all_reduce(..)`). Its
-/// state lives in cells, so a shared reference suffices; the communicator is not `Sync`.
-impl Collectives for &MpiCommunicator {
-    fn timeout(&self) -> Duration {
-        self.timeout.get()
-    }
-    fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout.set(timeout);
-    }
-    fn tag_next(&mut self, tag: u64) {
-        self.next_tag.set(tag);
-    }
-    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
-        RankGroup::new(self, Lender::default())
-    }
-}
-
 impl Runner for MpiCommunicator {
     fn me(&self) -> usize {
         self.rank as usize
@@ -246,21 +227,37 @@ impl Runner for MpiCommunicator {
     }
 }
 
-/// This process's rank on host slices (`&[T]`, `&mut [T]`, `Vec<T>`): the calls every surface
-/// makes, run with MPI messages (or this host's shared memory) between the processes.
-impl Collectives for MpiCommunicator {
-    fn timeout(&self) -> Duration {
-        self.timeout.get()
-    }
-    fn set_timeout(&mut self, timeout: Duration) {
-        self.timeout.set(timeout);
-    }
-    fn tag_next(&mut self, tag: u64) {
-        self.next_tag.set(tag);
-    }
-    fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
-        RankGroup::new(self, Lender::default())
-    }
+/// `Collectives` for the communicator and for a shared reference to it, alike: the trait's
+/// state (the timeout, the next call's tag) lives in cells.
+macro_rules! host_collectives {
+    ($($(#[$doc:meta])* $ty:ty;)*) => {$(
+        $(#[$doc])*
+        impl Collectives for $ty {
+            fn timeout(&self) -> Duration {
+                self.timeout.get()
+            }
+            fn set_timeout(&mut self, timeout: Duration) {
+                self.timeout.set(timeout);
+            }
+            fn tag_next(&mut self, tag: u64) {
+                self.next_tag.set(tag);
+            }
+            fn group<'b>(&'b mut self) -> RankGroup<'b, 'b> {
+                RankGroup::new(self, Lender::default())
+            }
+        }
+    )*};
+}
+host_collectives! {
+    /// This process's rank on host slices (`&[T]`, `&mut [T]`, `Vec<T>`): the calls every
+    /// surface makes, run with MPI messages (or this host's shared memory) between the
+    /// processes.
+    MpiCommunicator;
+    /// This process's rank on host slices through a shared reference, as `std` implements
+    /// `Write` for `&File`: the calls of a communicator that a GPU rank
+    /// ([`super::MpiGpu`]) also holds (`let mut host = &comm; host.all_reduce(..)`). Its
+    /// state lives in cells, so a shared reference suffices; the communicator is not `Sync`.
+    &MpiCommunicator;
 }
 
 #[cfg(feature = "cuda")]
