@@ -1,7 +1,8 @@
 //! The per-rank API ([`RankComm`]) with one thread per rank on the host backend: every
 //! collective x element type x op x in place or not against a reference written here
 //! (property-tested, exact for integers), send/recv and mixed groups, every kind of mismatch
-//! failing on every rank, a missing rank timing out, and split (`split.rs`).
+//! failing on every rank, a missing rank timing out, ranks arriving at successive calls in
+//! random order after random delays, and split (`split.rs`).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -280,33 +281,17 @@ fn compare<T: Element>(c: &Case, r: usize, got: &Option<Vec<T>>) -> Result<(), S
 }
 
 /// Run case `c` on fresh ranks, one thread each, and compare every rank's output.
-fn run_typed<T: Element>(c: &Case, ranks: Vec<RankComm>) -> Result<Vec<RankComm>, String> {
+fn run_case(c: &Case, ranks: Vec<RankComm>) -> Result<Vec<RankComm>, String> {
     let results = on_ranks(ranks, |mut rank| {
-        let got = rank_call::<T>(c, &mut rank);
-        (rank, got)
+        let checked = call_and_compare(c, &mut rank);
+        (rank, checked)
     });
     let mut back = Vec::new();
-    for (r, (rank, got)) in results.into_iter().enumerate() {
-        let got = got.map_err(|e| format!("rank {r}: {e}"))?;
-        compare(c, r, &got)?;
+    for (rank, checked) in results {
+        checked?;
         back.push(rank);
     }
     Ok(back)
-}
-
-fn run_case(c: &Case, ranks: Vec<RankComm>) -> Result<Vec<RankComm>, String> {
-    match c.dtype {
-        DType::F32 => run_typed::<f32>(c, ranks),
-        DType::F64 => run_typed::<f64>(c, ranks),
-        DType::F16 => run_typed::<f16>(c, ranks),
-        DType::Bf16 => run_typed::<bf16>(c, ranks),
-        DType::I8 => run_typed::<i8>(c, ranks),
-        DType::U8 => run_typed::<u8>(c, ranks),
-        DType::I32 => run_typed::<i32>(c, ranks),
-        DType::U32 => run_typed::<u32>(c, ranks),
-        DType::I64 => run_typed::<i64>(c, ranks),
-        DType::U64 => run_typed::<u64>(c, ranks),
-    }
 }
 
 const COLLECTIVES: [Collective; 12] = Collective::ALL;
@@ -321,16 +306,20 @@ fn has_in_place(c: Collective) -> bool {
 }
 
 fn case_strategy() -> impl Strategy<Value = Case> {
+    (1usize..=5).prop_flat_map(case_on)
+}
+
+/// A case on `n` ranks.
+fn case_on(n: usize) -> impl Strategy<Value = Case> {
     (
         0..COLLECTIVES.len(),
         0..DTYPES.len(),
         0..OPS.len(),
         any::<bool>(),
-        1usize..=5,
         0usize..24,
         any::<u64>(),
     )
-        .prop_map(|(ci, di, oi, in_place, n, count, seed)| {
+        .prop_map(move |(ci, di, oi, in_place, count, seed)| {
             let coll = COLLECTIVES[ci];
             let dtype = DTYPES[di];
             let mut op = OPS[oi];
@@ -369,6 +358,64 @@ proptest! {
         if let Err(e) = run_case(&c, ranks) {
             prop_assert!(false, "{c:?}: {e}");
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Three calls in a row on the same ranks, each rank arriving at each call after a delay
+    /// of its own (0 to 2 ms, so ranks arrive in every order): every output is exact.
+    #[test]
+    fn ranks_arriving_in_random_order_get_exact_results(
+        (calls, delays) in (2usize..=5).prop_flat_map(|n| {
+            (
+                proptest::collection::vec(case_on(n), 3),
+                proptest::collection::vec(0u64..2000, 3 * n),
+            )
+        })
+    ) {
+        let n = calls[0].n;
+        let ranks = RankComm::host(n as u32).expect("host ranks");
+        let errors: Vec<String> = on_ranks(ranks, |mut rank| {
+            let r = rank.rank();
+            for (k, c) in calls.iter().enumerate() {
+                thread::sleep(Duration::from_micros(delays[k * n + r]));
+                if let Err(e) = call_and_compare(c, &mut rank) {
+                    return Some(format!("call {k} ({c:?}): {e}"));
+                }
+            }
+            None
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        prop_assert!(errors.is_empty(), "{errors:?}");
+    }
+}
+
+/// One rank's call of `c` in `c`'s element type, its output compared with the reference.
+fn call_and_compare(c: &Case, rank: &mut RankComm) -> Result<(), String> {
+    fn typed<T: Element>(c: &Case, rank: &mut RankComm) -> Result<(), String> {
+        let r = rank.rank();
+        let got = rank_call::<T>(c, rank).map_err(|e| format!("rank {r}: {e}"))?;
+        compare(c, r, &got)
+    }
+    match c.dtype {
+        DType::F32 => typed::<f32>(c, rank),
+        DType::F64 => typed::<f64>(c, rank),
+        DType::F16 => typed::<f16>(c, rank),
+        DType::Bf16 => typed::<bf16>(c, rank),
+        DType::I8 => typed::<i8>(c, rank),
+        DType::U8 => typed::<u8>(c, rank),
+        DType::I32 => typed::<i32>(c, rank),
+        DType::U32 => typed::<u32>(c, rank),
+        DType::I64 => typed::<i64>(c, rank),
+        DType::U64 => typed::<u64>(c, rank),
     }
 }
 
