@@ -311,12 +311,9 @@ pub fn replay_driver_calls(
     setup: &CallCountSetup<'_>,
 ) -> Result<Option<DriverCalls>> {
     let s = schedule_for_count(program, setup)?;
-    let Some(hub) = replay_hub(&s) else {
+    let Some(hub) = replay_hub(&s).filter(|_| super::graph::capturable(&s)) else {
         return Ok(None);
     };
-    if !s.used.iter().all(|&(d, _)| d == hub.0) || !super::graph::worth_capturing(&s) {
-        return Ok(None);
-    }
     Ok(Some(DriverCalls::of_replay(
         &s,
         Around {

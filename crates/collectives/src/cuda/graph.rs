@@ -8,7 +8,7 @@
 //! When a graph is used ([`GraphReplay::mode`]; never with `CudaBackend::set_graph_replay(false)`):
 //! - the launch spans one device (capture across devices is left out: every such launch runs
 //!   directly, as before) and copies no more than [`GRAPH_COPY_MAX_BYTES`] at a time
-//!   ([`worth_capturing`]);
+//!   ([`capturable`], worked out once per kept schedule);
 //! - its addresses equal the graph's: replay; else, equal to the previous call's (a training
 //!   loop's buffers, the second time round): capture anew, replacing the graph; else direct.
 //!   So buffers that change every call cost one comparison of addresses and no capture.
@@ -36,11 +36,16 @@ use crate::error::Result;
 /// a graph saves are nothing.
 pub(super) const GRAPH_COPY_MAX_BYTES: u64 = 256 << 20;
 
-/// Whether capturing `s` can pay: no copy above [`GRAPH_COPY_MAX_BYTES`].
-pub(super) fn worth_capturing(s: &LaunchSchedule) -> bool {
-    s.steps.iter().all(|step| match *step {
-        Step::Copy { bytes, .. } => bytes <= GRAPH_COPY_MAX_BYTES,
-        _ => true,
+/// Whether a launch of `s` may be captured: it has a step, every stream it uses is on the hub's
+/// device, and it copies no more than [`GRAPH_COPY_MAX_BYTES`] at a time. Worked out once
+/// per kept schedule.
+pub(super) fn capturable(s: &LaunchSchedule) -> bool {
+    replay_hub(s).is_some_and(|hub| {
+        s.used.iter().all(|&(d, _)| d == hub.0)
+            && s.steps.iter().all(|step| match *step {
+                Step::Copy { bytes, .. } => bytes <= GRAPH_COPY_MAX_BYTES,
+                _ => true,
+            })
     })
 }
 
@@ -82,32 +87,30 @@ pub(super) enum RunMode {
 }
 
 /// A kept schedule's graph and what decides when to capture one (module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct GraphReplay {
     /// The previous call's addresses.
     last: Vec<u64>,
     graph: Option<Graph>,
-    /// A capture failed: this schedule runs directly.
-    refused: bool,
+    /// The schedule may be captured ([`capturable`]) and no capture of it has failed.
+    capturable: bool,
 }
 
 impl GraphReplay {
-    /// A replay state whose previous call had `addrs`.
-    pub(super) fn after(addrs: impl Iterator<Item = u64>) -> GraphReplay {
+    /// A replay state of a schedule that may be captured or not, whose previous call had
+    /// `addrs`.
+    pub(super) fn after(addrs: impl Iterator<Item = u64>, capturable: bool) -> GraphReplay {
         GraphReplay {
             last: addrs.collect(),
-            ..GraphReplay::default()
+            graph: None,
+            capturable,
         }
     }
 
-    /// How a call with binding addresses `addrs` runs; `one_device`: every step of the
-    /// schedule runs on one device. Remembers `addrs` as the previous call's.
-    pub(super) fn mode(
-        &mut self,
-        addrs: impl Iterator<Item = u64> + Clone,
-        one_device: bool,
-    ) -> RunMode {
-        if !one_device || self.refused {
+    /// How a call with binding addresses `addrs` runs. Remembers `addrs` as the previous
+    /// call's.
+    pub(super) fn mode(&mut self, addrs: impl Iterator<Item = u64> + Clone) -> RunMode {
+        if !self.capturable {
             return RunMode::Direct;
         }
         if self.captured_at(addrs.clone()) {
@@ -133,7 +136,7 @@ impl GraphReplay {
 
     /// Keep a captured graph, or, when the capture failed, run directly from now on.
     pub(super) fn captured(&mut self, graph: Option<Graph>) {
-        self.refused = graph.is_none();
+        self.capturable = graph.is_some();
         self.graph = graph;
     }
 }
@@ -156,11 +159,7 @@ impl CudaBackend {
             return None;
         }
         let (i, hub) = (kept?, replay_hub(s)?);
-        let one_device = s.used.iter().all(|&(d, _)| d == hub.0) && worth_capturing(s);
-        let mode = st
-            .schedules
-            .replay_mut(i)?
-            .mode(st.scratch.addrs(), one_device);
+        let mode = st.schedules.replay_mut(i)?.mode(st.scratch.addrs());
         if mode == RunMode::Capture {
             // SAFETY: the caller's contract.
             let graph = unsafe { self.capture(st, s, hub) };
@@ -281,19 +280,16 @@ mod tests {
     #[test]
     fn a_graph_is_captured_when_addresses_repeat_and_replayed_while_they_stay() {
         let at = |a: &'static [u64]| a.iter().copied();
-        let mut r = GraphReplay::after(at(&[1, 2]));
-        assert_eq!(r.mode(at(&[3, 4]), true), RunMode::Direct);
-        assert_eq!(r.mode(at(&[3, 4]), true), RunMode::Capture);
+        let mut r = GraphReplay::after(at(&[1, 2]), true);
+        assert_eq!(r.mode(at(&[3, 4])), RunMode::Direct);
+        assert_eq!(r.mode(at(&[3, 4])), RunMode::Capture);
         // A failed capture leaves the schedule direct for good.
         r.captured(None);
-        assert_eq!(r.mode(at(&[3, 4]), true), RunMode::Direct);
+        assert_eq!(r.mode(at(&[3, 4])), RunMode::Direct);
         assert_eq!(r.exec(), None);
-        let mut r = GraphReplay::after(at(&[1, 2]));
-        assert_eq!(
-            r.mode(at(&[1, 2]), false),
-            RunMode::Direct,
-            "several devices"
-        );
-        assert_eq!(r.mode(at(&[1, 2]), true), RunMode::Capture);
+        let mut r = GraphReplay::after(at(&[1, 2]), false);
+        assert_eq!(r.mode(at(&[1, 2])), RunMode::Direct, "not capturable");
+        let mut r = GraphReplay::after(at(&[1, 2]), true);
+        assert_eq!(r.mode(at(&[1, 2])), RunMode::Capture);
     }
 }

@@ -23,7 +23,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::backend::{CudaBackend, State, drv, err};
 use super::calls::{Around, Call, walk, walk_replay};
-use super::graph::GraphReplay;
+use super::graph::{self, GraphReplay};
 use super::kernel_sources::{
     BLOCKS_PER_SM, CopyBatchArgs, FORWARD_BATCH_ENTRY, FORWARD_ENTRY, LaunchShape,
     MAX_BATCH_COPIES, MAX_REDUCE_DSTS, MAX_REDUCE_SRCS, REDUCE_ENTRIES, ReduceArgs,
@@ -362,7 +362,7 @@ impl CudaBackend {
             facts,
             schedule: schedule.clone(),
             used: st.schedules.clock + 1,
-            replay: GraphReplay::after(sc.addrs()),
+            replay: GraphReplay::after(sc.addrs(), graph::capturable(&schedule)),
         };
         st.schedules.clock += 1;
         st.schedules.insert(kept);

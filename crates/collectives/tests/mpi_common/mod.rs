@@ -105,3 +105,15 @@ pub fn mpi_err(r: Result<(), relaycc_collectives::CollectivesError>) -> Result<(
         other => MpiError::Backend(other),
     })
 }
+
+/// Displacements of blocks of `counts` laid end to end (`MPI_Alltoallv`'s `sdispls`).
+pub fn displs(counts: &[i32]) -> Vec<i32> {
+    counts
+        .iter()
+        .scan(0, |acc, c| {
+            let d = *acc;
+            *acc += c;
+            Some(d)
+        })
+        .collect()
+}

@@ -51,7 +51,7 @@ mod neighbor;
 mod planned;
 
 use faults::{fault_backend, fault_counts, fault_elem, fault_exit, fault_stop, fault_stop_early};
-use mpi_common::Report;
+use mpi_common::{Report, displs};
 use neighbor::{correctness, index_lists};
 use planned::{BACKEND_COLLECTIVES, foreign_handles, planner_plans};
 use relaycc_collectives::mpi::Choice;
@@ -65,17 +65,6 @@ fn rng(seed: u64) -> impl FnMut() -> u64 {
         s ^= s << 17;
         s
     }
-}
-
-fn displs(counts: &[i32]) -> Vec<i32> {
-    counts
-        .iter()
-        .scan(0, |acc, c| {
-            let d = *acc;
-            *acc += c;
-            Some(d)
-        })
-        .collect()
 }
 
 fn choices() -> Vec<(String, Choice)> {

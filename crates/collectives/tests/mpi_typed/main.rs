@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 mod mpi_common;
 mod shared_buffers;
 
-use mpi_common::{Report, fill, mpi_err};
+use mpi_common::{Report, displs, fill, mpi_err};
 
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, MpiError, MpiGpu};
@@ -55,17 +55,6 @@ fn zeros<T: Element>(len: usize) -> Vec<T> {
 
 fn bytes<T: Element>(v: &[T]) -> &[u8] {
     bytemuck::cast_slice(v)
-}
-
-fn displs(counts: &[i32]) -> Vec<i32> {
-    counts
-        .iter()
-        .scan(0, |acc, c| {
-            let d = *acc;
-            *acc += c;
-            Some(d)
-        })
-        .collect()
 }
 
 fn system(op: ReduceOp) -> SystemOperation {
