@@ -235,6 +235,8 @@ struct State {
 #[derive(Debug, Default)]
 pub(crate) struct PlanCache {
     state: Mutex<State>,
+    /// Held while a miss plans, checks and lowers.
+    planning: Mutex<()>,
 }
 
 impl PlanCache {
@@ -250,13 +252,22 @@ impl PlanCache {
         in_place: bool,
     ) -> Result<Arc<Cached>> {
         let key = (request.clone(), in_place);
-        {
-            let mut st = self.lock();
-            if st.plans.touch(&key)
-                && let Some(p) = st.plans.peek(&key)
-            {
-                return Ok(p.clone());
+        let hit = |cache: &Self| {
+            let mut st = cache.lock();
+            if st.plans.touch(&key) {
+                st.plans.peek(&key).cloned()
+            } else {
+                None
             }
+        };
+        if let Some(p) = hit(self) {
+            return Ok(p);
+        }
+        // One miss plans at a time: ranks that call per rank miss the same shape together,
+        // and a thousand of them planning it at once would hold a thousand proofs in memory.
+        let _planning = self.planning.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = hit(self) {
+            return Ok(p);
         }
         let plan = make_plan(
             source.topo,
@@ -279,23 +290,12 @@ impl PlanCache {
         // The first set now, so that a plan whose scratch does not fit fails here.
         let first = allocate_set(&exec, backend)?;
         let cached = Arc::new(Cached::new(exec, first));
-        // Another thread may have planned the same shape meanwhile: keep one, free the other.
-        let kept = {
-            let mut st = self.lock();
-            let earlier = if st.plans.touch(&key) {
-                st.plans.peek(&key).cloned()
-            } else {
-                None
-            };
-            earlier.unwrap_or_else(|| {
-                st.plans.insert(key, cached.clone());
-                cached.clone()
-            })
-        };
-        if !Arc::ptr_eq(&kept, &cached) {
-            cached.free(backend);
+        // No other miss planned meanwhile (`planning` is held), so the shape is new here.
+        let mut st = self.lock();
+        if let Some(old) = st.plans.insert(key, cached.clone()) {
+            st.retired.push(old);
         }
-        Ok(kept)
+        Ok(cached)
     }
 
     /// Evict least recently used plans until `plans` more plans holding `bytes` more scratch
@@ -386,6 +386,7 @@ impl PlanCache {
                 limits,
                 ..State::default()
             }),
+            planning: Mutex::new(()),
         }
     }
 
