@@ -175,6 +175,20 @@ pub enum CollectivesError {
         #[source]
         source: std::sync::Arc<CollectivesError>,
     },
+    /// The communicator of a per-rank call was aborted by the failure of an earlier call
+    /// (`cause`, from call `seq`): ranks that share one host memory run their calls without
+    /// a rendezvous, so after a mismatch, a missing rank or a failed run no later call of
+    /// the communicator runs (as after `ncclCommAbort`).
+    #[error("{call}: the communicator was aborted at call {seq}: {cause}")]
+    Aborted {
+        /// The call on the rank that reports it.
+        call: &'static str,
+        /// The call that failed.
+        seq: u64,
+        /// Its error.
+        #[source]
+        cause: std::sync::Arc<CollectivesError>,
+    },
     /// A CUDA call failed, or CUDA is absent ([`crate::cuda::CudaError::NoDriver`] on a
     /// machine without an NVIDIA driver).
     #[cfg(feature = "cuda")]

@@ -269,6 +269,60 @@ impl HostBackend {
     }
 }
 
+/// One resolved command as a lane task of a launch whose events start at `event0` and whose
+/// reduction sources start at `src0`. A copy streams its stores (non-temporal) where it is
+/// large, its ranges do not overlap, and its destination binding is memory a caller lent
+/// (`lent`), which the launch does not read back soon. Returns the command's lane too.
+pub(super) fn task_of(
+    c: Resolved,
+    p: &super::Program,
+    (event0, src0): (usize, usize),
+    lent: impl Fn(usize) -> bool,
+) -> (usize, Task) {
+    match c {
+        Resolved::Copy {
+            lane,
+            src,
+            dst,
+            dst_binding,
+            bytes,
+        } => (
+            lane,
+            Task::Copy {
+                src: src as usize,
+                dst: dst as usize,
+                bytes: bytes as usize,
+                stream: bytes >= STREAM_MIN_BYTES
+                    && (src + bytes <= dst || dst + bytes <= src)
+                    && lent(dst_binding),
+            },
+        ),
+        Resolved::Reduce {
+            lane,
+            first,
+            count,
+            dst,
+            len,
+            divisor,
+        } => (
+            lane,
+            Task::Reduce {
+                first: src0 + first,
+                count,
+                dst: dst as usize,
+                len: len as usize,
+                dtype: p.dtype,
+                op: p.op,
+                divisor,
+                outs: 0,
+                fan: 0,
+            },
+        ),
+        Resolved::Record { lane, event } => (lane, Task::Record(event0 + event)),
+        Resolved::Wait { lane, event } => (lane, Task::Wait(event0 + event)),
+    }
+}
+
 impl Backend for HostBackend {
     fn name(&self) -> &'static str {
         "host"
@@ -384,58 +438,19 @@ impl Backend for HostBackend {
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let resolved = validate::resolve("host", pi, l, &bound)?;
+                let resolved = validate::resolve("host", pi, l.program, &bound)?;
                 let p = l.program;
                 let (lane0, event0, src0) = (lanes.len(), events, srcs.len());
                 lanes.resize_with(lane0 + p.lanes.len(), Vec::new);
                 events += p.events as usize;
                 srcs.extend(resolved.srcs.iter().map(|&a| a as usize));
                 for c in resolved.commands {
-                    let (lane, task) = match c {
-                        Resolved::Copy {
-                            lane,
-                            src,
-                            dst,
-                            dst_binding,
-                            bytes,
-                            ..
-                        } => (
-                            lane,
-                            Task::Copy {
-                                src: src as usize,
-                                dst: dst as usize,
-                                bytes: bytes as usize,
-                                stream: bytes >= STREAM_MIN_BYTES
-                                    && (src + bytes <= dst || dst + bytes <= src)
-                                    && l.bindings.get(dst_binding).is_some_and(|r| {
-                                        blocks.get(&r.mem.id()).is_some_and(|b| b.lent)
-                                    }),
-                            },
-                        ),
-                        Resolved::Reduce {
-                            lane,
-                            first,
-                            count,
-                            dst,
-                            len,
-                            divisor,
-                        } => (
-                            lane,
-                            Task::Reduce {
-                                first: src0 + first,
-                                count,
-                                dst: dst as usize,
-                                len: len as usize,
-                                dtype: p.dtype,
-                                op: p.op,
-                                divisor,
-                                outs: 0,
-                                fan: 0,
-                            },
-                        ),
-                        Resolved::Record { lane, event } => (lane, Task::Record(event0 + event)),
-                        Resolved::Wait { lane, event } => (lane, Task::Wait(event0 + event)),
+                    let lent = |b: usize| {
+                        l.bindings
+                            .get(b)
+                            .is_some_and(|r| blocks.get(&r.mem.id()).is_some_and(|b| b.lent))
                     };
+                    let (lane, task) = task_of(c, p, (event0, src0), lent);
                     lanes[lane0 + lane].push(task);
                 }
             }

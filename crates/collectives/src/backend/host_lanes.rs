@@ -112,6 +112,116 @@ pub(super) struct LaunchState {
     cv: Condvar,
 }
 
+/// Run a copy or reduction task (a `Record` or `Wait` does nothing here): the data half of a
+/// lane, shared by the pool's lanes and by [`run_here`].
+///
+/// # Safety
+/// The task's addresses (and its sources in `srcs`, its fused destinations in `outs`) were
+/// resolved and checked by `validate::resolve` against live memory that nothing else touches
+/// while the task runs: both copy ranges inside live blocks (a streamed copy only where they
+/// do not overlap); reduction operands inside live blocks, aligned for the type, the
+/// destination equal to or apart from each source; fused destinations apart from every
+/// source, from the destination and from each other (`fuse_fan_out`).
+unsafe fn run_data_task(task: &Task, srcs: &[usize], outs: &[(usize, bool)]) {
+    match *task {
+        Task::Copy {
+            src,
+            dst,
+            bytes,
+            stream,
+        } => {
+            // SAFETY: the caller's contract; `copy` allows overlap.
+            unsafe {
+                if stream {
+                    stream_copy(src as *const u8, dst as *mut u8, bytes);
+                } else {
+                    std::ptr::copy(src as *const u8, dst as *mut u8, bytes);
+                }
+            }
+        }
+        Task::Reduce {
+            first,
+            count,
+            dst,
+            len,
+            dtype,
+            op,
+            divisor,
+            outs: at,
+            fan,
+        } => {
+            let srcs = &srcs[first..first + count];
+            // SAFETY: `usize` and `*const u8` have the same layout; the addresses were
+            // produced from pointers into live blocks.
+            let ptrs: &[*const u8] = unsafe {
+                std::slice::from_raw_parts(srcs.as_ptr() as *const *const u8, srcs.len())
+            };
+            if fan == 0 {
+                // SAFETY: the caller's contract.
+                unsafe { host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor) };
+            } else {
+                // SAFETY: the caller's contract, fused destinations included.
+                unsafe {
+                    host_reduce::reduce_fan_out(
+                        dtype,
+                        op,
+                        ptrs,
+                        (dst, fan_stream(len, dtype)),
+                        &outs[at..at + fan],
+                        len,
+                        divisor,
+                    )
+                };
+            }
+        }
+        Task::Record(_) | Task::Wait(_) => {}
+    }
+}
+
+/// Run `lanes` to their end on the calling thread, lane by lane: a lane runs until it ends
+/// or reaches a `Wait` on an event not yet recorded, then the next lane with work runs. This
+/// is how one rank runs its own lanes in a per-rank call (`rank/direct.rs`), on its own
+/// thread instead of the pool. Every event waited for must be recorded by one of `lanes`;
+/// where none can go on, the run stops with an error instead of waiting forever.
+///
+/// # Safety
+/// As [`run_data_task`], for every task of `lanes`.
+pub(super) unsafe fn run_here(
+    lanes: &[Vec<Task>],
+    srcs: &[usize],
+    outs: &[(usize, bool)],
+    events: &mut [bool],
+) -> Result<(), String> {
+    let mut at = vec![0usize; lanes.len()];
+    loop {
+        let mut moved = false;
+        for (l, tasks) in lanes.iter().enumerate() {
+            while let Some(task) = tasks.get(at[l]) {
+                match *task {
+                    Task::Record(e) => {
+                        store_fence();
+                        if let Some(s) = events.get_mut(e) {
+                            *s = true;
+                        }
+                    }
+                    Task::Wait(e) if !events.get(e).copied().unwrap_or(false) => break,
+                    Task::Wait(_) => {}
+                    // SAFETY: the caller's contract.
+                    _ => unsafe { run_data_task(task, srcs, outs) },
+                }
+                at[l] += 1;
+                moved = true;
+            }
+        }
+        if at.iter().zip(lanes).all(|(a, t)| *a == t.len()) {
+            return Ok(());
+        }
+        if !moved {
+            return Err("every lane left waits for an event none of them records".into());
+        }
+    }
+}
+
 impl LaunchState {
     /// A launch of `lanes` (tasks resolved by `submit`) with `events` events; `busy` lanes
     /// have tasks.
@@ -154,64 +264,11 @@ impl LaunchState {
                 return LaneEnd::Done;
             }
             match *task {
-                Task::Copy {
-                    src,
-                    dst,
-                    bytes,
-                    stream,
-                } => {
-                    // SAFETY: `submit` checked both ranges lie inside live blocks, which `free`
-                    // cannot release before this launch ends; the caller of `submit` promised no
-                    // other lane touches them concurrently. `copy` allows overlap; a streamed
-                    // copy is only chosen where the two ranges do not overlap.
-                    unsafe {
-                        if stream {
-                            stream_copy(src as *const u8, dst as *mut u8, bytes);
-                        } else {
-                            std::ptr::copy(src as *const u8, dst as *mut u8, bytes);
-                        }
-                    }
-                }
-                Task::Reduce {
-                    first,
-                    count,
-                    dst,
-                    len,
-                    dtype,
-                    op,
-                    divisor,
-                    outs,
-                    fan,
-                } => {
-                    let srcs = &self.srcs[first..first + count];
-                    // SAFETY: `usize` and `*const u8` have the same layout; the addresses
-                    // were produced from pointers into live blocks.
-                    let ptrs: &[*const u8] = unsafe {
-                        std::slice::from_raw_parts(srcs.as_ptr() as *const *const u8, srcs.len())
-                    };
-                    if fan == 0 {
-                        // SAFETY: `submit` checked every range is inside a live block, aligned
-                        // for `dtype`, and that `dst` equals or avoids each source; the caller
-                        // of `submit` promised no concurrent writer.
-                        unsafe {
-                            host_reduce::reduce(dtype, op, ptrs, dst as *mut u8, len, divisor)
-                        };
-                    } else {
-                        // SAFETY: as above for `dst`; `fuse_fan_out` only fused copies whose
-                        // destinations are inside live blocks, apart from every source, from
-                        // `dst` and from each other, and written by nothing else meanwhile.
-                        unsafe {
-                            host_reduce::reduce_fan_out(
-                                dtype,
-                                op,
-                                ptrs,
-                                (dst, fan_stream(len, dtype)),
-                                &self.outs[outs..outs + fan],
-                                len,
-                                divisor,
-                            )
-                        };
-                    }
+                Task::Copy { .. } | Task::Reduce { .. } => {
+                    // SAFETY: `submit` resolved and checked every address of the launch (see
+                    // `run_data_task`), and its caller promised no other lane touches them
+                    // concurrently.
+                    unsafe { run_data_task(task, &self.srcs, &self.outs) }
                 }
                 Task::Record(e) => {
                     // The lane's streamed stores are visible to whoever sees the event.

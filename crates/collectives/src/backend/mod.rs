@@ -31,6 +31,7 @@
 //! `unsafe`); the executor keeps it for programs compiled from a checked plan.
 
 pub mod host;
+pub(crate) mod host_here;
 mod host_lanes;
 mod host_peephole;
 pub(crate) mod host_reduce;

@@ -9,8 +9,8 @@ use relaycc_route::Location;
 
 use super::backend::err;
 use super::schedule::{self, CopyBy, LaunchPlacement, LaunchSchedule, OnDevice, Step};
+use crate::backend::Program;
 use crate::backend::validate::{self, Bound};
-use crate::backend::{Launch, Program};
 use crate::error::Result;
 
 /// One driver call.
@@ -361,12 +361,7 @@ fn schedule_for_count(program: &Program, setup: &CallCountSetup<'_>) -> Result<L
             bytes: SPACING / 2,
         })
         .collect();
-    let regions: Vec<crate::backend::ByteRegion> = Vec::new();
-    let launch = Launch {
-        program,
-        bindings: &regions,
-    };
-    validate::resolve("cuda", 0, &launch, &bound)?;
+    validate::resolve("cuda", 0, program, &bound)?;
     let mut facts = Vec::new();
     let addr = |b: u32| bound.get(b as usize).map_or(0, |x| x.addr);
     schedule::facts([program], &[0], &addr, &mut |f| {

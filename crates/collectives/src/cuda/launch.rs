@@ -322,7 +322,7 @@ impl CudaBackend {
         for (pi, l) in launches.iter().enumerate() {
             let b = st.scratch.bases[pi] as usize;
             let bound = &st.scratch.bound[b..b + l.bindings.len()];
-            validate::resolve("cuda", pi, l, bound)?;
+            validate::resolve("cuda", pi, l.program, bound)?;
         }
         let programs: Vec<&Program> = launches.iter().map(|l| l.program).collect();
         if wants_sm_copies(&programs, st.sm_copy_below) {

@@ -82,6 +82,7 @@ fn run_group<R: MpiRank>(
                 desc,
                 input,
                 output,
+                ..
             } => {
                 let Mapped { shape, vin, vout } = rank.communicator().check_op(desc, input, output);
                 rank.run_call(shape, lender, vin, vout)?;

@@ -204,7 +204,7 @@ impl sealed::Runner for RankComm {
         ops: Vec<RankCallOp>,
         _: RunnerToken,
     ) -> Departure<'b> {
-        self.depart_meeting(lender, ops)
+        self.depart_rank(lender, ops)
     }
     fn point_to_point(
         &mut self,

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::board::Board;
 use super::op::{Failure, Outcome, RankArrival};
 
 /// Lock ignoring poisoning: every critical section here is a single consistent update.
@@ -45,6 +46,9 @@ pub(crate) struct Meeting {
     gone: Arc<[AtomicBool]>,
     rounds: Mutex<HashMap<u64, Round>>,
     cv: Condvar,
+    /// The communicator's board of direct calls: once it is aborted, a round still
+    /// gathering closes with its failure (a rank that ran a call directly never comes here).
+    board: Arc<Board>,
 }
 
 impl std::fmt::Debug for Meeting {
@@ -56,12 +60,13 @@ impl std::fmt::Debug for Meeting {
 }
 
 impl Meeting {
-    pub fn new(members: Vec<usize>, gone: Arc<[AtomicBool]>) -> Self {
+    pub fn new(members: Vec<usize>, gone: Arc<[AtomicBool]>, board: Arc<Board>) -> Self {
         Meeting {
             members,
             gone,
             rounds: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
+            board,
         }
     }
 
@@ -209,13 +214,14 @@ impl Meeting {
                         .iter()
                         .any(|&r| self.gone.get(r).is_some_and(|g| g.load(Ordering::Acquire)));
                     let now = Instant::now();
-                    if gone || now >= deadline {
-                        let o = Arc::new(Err(Failure::Timeout {
+                    let aborted = self.board.failure();
+                    if aborted.is_some() || gone || now >= deadline {
+                        let o = Arc::new(Err(aborted.unwrap_or(Failure::Timeout {
                             seq,
                             missing,
                             waited_ms: now.duration_since(start).as_millis() as u64,
                             gone,
-                        }));
+                        })));
                         round.phase = Phase::Done(o.clone());
                         // Nobody runs these arrivals: their memory goes back untouched.
                         round.arrivals.iter_mut().for_each(|a| *a = None);
@@ -255,7 +261,11 @@ mod tests {
     #[test]
     fn rounds_closed_by_a_dropped_rank_do_not_pile_up() {
         let gone: Arc<[AtomicBool]> = (0..3).map(|_| AtomicBool::new(false)).collect();
-        let m = Arc::new(Meeting::new(vec![0, 1, 2], gone.clone()));
+        let m = Arc::new(Meeting::new(
+            vec![0, 1, 2],
+            gone.clone(),
+            Arc::new(Board::new(3)),
+        ));
         gone[2].store(true, Ordering::Release);
         let never = |_: Vec<RankArrival>| -> Outcome { panic!("a round with a dropped rank ran") };
         for seq in 0..20 {
@@ -280,7 +290,7 @@ mod tests {
     #[test]
     fn a_timed_out_round_waits_for_live_ranks_and_leaves_when_they_are_gone() {
         let gone: Arc<[AtomicBool]> = (0..3).map(|_| AtomicBool::new(false)).collect();
-        let m = Meeting::new(vec![0, 1, 2], gone.clone());
+        let m = Meeting::new(vec![0, 1, 2], gone.clone(), Arc::new(Board::new(3)));
         let never = |_: Vec<RankArrival>| -> Outcome { panic!("a timed-out round ran") };
         let o = m.meet(0, 0, arrival(0), Duration::from_millis(5), never);
         assert!(matches!(&*o, Err(Failure::Timeout { gone: false, .. })));

@@ -2,17 +2,26 @@
 //! collectives on its own borrowed slices, as engines call `ncclAllReduce` from one thread
 //! per GPU.
 //!
-//! How a call runs: every call of a handle has a sequence number; the ranks' calls with one
-//! number meet (`meeting.rs`), their descriptors (collective, element type, count or counts,
-//! op, root, order) are compared (`op.rs`), and the last rank to arrive runs the operation
-//! for all (`group_run.rs`): it lends every rank's slices to the communicator's host backend for
-//! the call, builds one checked group on the all-ranks [`Communicator`] (the same checks,
-//! plan cache, checker and executor), launches it, waits, and gives the slices back. A
-//! mismatch or a failure is an error on every rank; a rank that does not come within the
-//! timeout makes the others fail with [`CollectivesError::RankTimeout`]. Calls block until
-//! the operation is done, so the borrows end when the call returns: an input is a `&[T]`,
-//! an output a `&mut [T]`, and an in-place call takes one `&mut [T]`, so the borrow checker
-//! rules out aliasing.
+//! How a call runs: every call of a handle has a sequence number. Where the ranks share one
+//! host memory (`RankComm::host`, `host-N` on the host backend), a single collective of fixed
+//! counts runs without a rendezvous (`direct.rs`): each rank plans from the communicator's
+//! cache, runs the part of the plan on its own lanes on its own thread, reading and writing
+//! the other ranks' posted slices in place, and waits for another rank only where it needs
+//! that rank's memory or that rank needs its own. A failure there (a mismatch, a missing
+//! rank, a failed check) aborts the communicator: the call fails on every rank that is in it
+//! and every later call fails with [`CollectivesError::Aborted`]. Anything else (groups of
+//! several operations, the `_v` collectives, sends and receives, split, and every call on
+//! other communicators) meets (`meeting.rs`): the ranks' descriptors (collective, element
+//! type, count or counts, op, root, order) are compared (`op.rs`), and the last rank to
+//! arrive runs the operation for all (`group_run.rs`): it lends every rank's slices to the
+//! communicator's backend for the call, builds one checked group on the all-ranks
+//! [`Communicator`] (the same checks, plan cache, checker and executor), launches it, waits,
+//! and gives the slices back. A mismatch or a failure is an error on every rank; a rank that
+//! does not come within the timeout makes the others fail with
+//! [`CollectivesError::RankTimeout`]. Calls block until this rank's part is done and no
+//! other rank uses its memory, so the borrows end when the call returns: an input is a
+//! `&[T]`, an output a `&mut [T]`, and an in-place call takes one `&mut [T]`, so the borrow
+//! checker rules out aliasing.
 //!
 //! On the CUDA backend the calls take cudarc buffers on the caller's stream instead
 //! (`RankComm::on`): the run lends their device pointers and enqueues the group ordered
@@ -24,14 +33,21 @@
 //! of per-rank calls, and its runner for ranks on threads and, with feature `cuda`,
 //! `OnStream`), `rank_group.rs` ([`RankGroup`], what each collective describes and lends),
 //! `buffers.rs` (the buffer traits [`SendBuf`] and [`RecvBuf`]), `op.rs` (descriptors, lent
-//! memory, outcomes), `meeting.rs` (the rendezvous), `group_run.rs` (the run), `split.rs`
+//! memory, outcomes), `direct.rs` (calls without a rendezvous on one host memory, on the
+//! `board.rs` of posts, with each rank's part cut in `direct_part.rs` and its steps in
+//! `direct_drive.rs`, where one thread advances several ranks' calls together),
+//! `meeting.rs` (the rendezvous), `group_run.rs` (the run), `split.rs`
 //! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
 //! on GPUs).
 
+mod board;
 mod buffers;
 pub(crate) mod collectives;
 #[cfg(feature = "cuda")]
 mod cuda_ranks;
+mod direct;
+mod direct_drive;
+mod direct_part;
 mod group_run;
 mod meeting;
 mod op;
@@ -45,6 +61,9 @@ use std::time::{Duration, Instant};
 
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
+use board::Board;
+use direct::DirectCall;
+use direct_part::KeptParts;
 
 pub(crate) use buffers::Lender;
 pub use buffers::{RecvBuf, SendBuf};
@@ -73,18 +92,29 @@ pub(crate) struct Shared {
     meeting: Meeting,
     /// Point-to-point meetings, per (lower rank, higher rank).
     pairs: Mutex<HashMap<(usize, usize), Arc<Meeting>>>,
+    /// The ranks share one host memory: single collectives run without a rendezvous
+    /// (`direct.rs`), on `board`, each rank's parts kept in `kept[rank]`.
+    direct: bool,
+    board: Arc<Board>,
+    kept: Vec<Mutex<KeptParts>>,
 }
 
 impl Shared {
     pub(crate) fn new(comm: Communicator) -> Self {
         let n = comm.ranks();
         let gone: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
-        Shared {
-            meeting: Meeting::new((0..n).collect(), gone.clone()),
+        let board = Arc::new(Board::new(n));
+        let mut shared = Shared {
+            meeting: Meeting::new((0..n).collect(), gone.clone(), board.clone()),
             gone,
             comm,
             pairs: Mutex::new(HashMap::new()),
-        }
+            direct: false,
+            board,
+            kept: (0..n).map(|_| Mutex::default()).collect(),
+        };
+        shared.direct = direct::eligible(&shared);
+        shared
     }
 
     fn pair(&self, a: usize, b: usize) -> Arc<Meeting> {
@@ -93,7 +123,13 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(key)
-            .or_insert_with(|| Arc::new(Meeting::new(vec![key.0, key.1], self.gone.clone())))
+            .or_insert_with(|| {
+                Arc::new(Meeting::new(
+                    vec![key.0, key.1],
+                    self.gone.clone(),
+                    self.board.clone(),
+                ))
+            })
             .clone()
     }
 
@@ -118,6 +154,12 @@ impl Shared {
         if let Some(g) = self.gone.get(rank) {
             g.store(true, Ordering::Release);
         }
+        self.board.poke();
+        self.poke_meetings();
+    }
+
+    /// Wake the meetings' waiters, so they notice a rank that left or an abort.
+    fn poke_meetings(&self) {
         self.meeting.poke();
         let pairs: Vec<Arc<Meeting>> = self
             .pairs
@@ -147,9 +189,14 @@ impl Shared {
 /// count, op, root, order) is [`CollectivesError::RankMismatch`]; a buffer of the wrong length
 /// on any rank, a plan or backend failure is [`CollectivesError::RankFailed`] with the error as
 /// its source; a rank missing for longer than the timeout (or whose handle was dropped) is
-/// [`CollectivesError::RankTimeout`]. After a mismatch or a timeout nothing has run and no
-/// slice has changed; after a `RankFailed` from the backend during the run, output slices
-/// may be partly written (shared input slices never are).
+/// [`CollectivesError::RankTimeout`], naming the missing ranks and the call's number. Calls
+/// that meet run nothing after a mismatch or a timeout; after a `RankFailed` from the
+/// backend during the run, output slices may be partly written (shared input slices never
+/// are). Single collectives on ranks of one host memory run without meeting (module docs):
+/// a rank's part may have written its outputs before another rank's mismatch is found, a
+/// rank whose part needed nothing from the failing rank may return `Ok` with a valid result,
+/// and the failure aborts the communicator, so every later call of every rank returns
+/// [`CollectivesError::Aborted`] naming it.
 ///
 /// Calls are in place when they take one `&mut [T]` (the `_in_place` calls). In place or not
 /// is a per-call choice every rank makes alike.
@@ -274,8 +321,72 @@ impl RankComm {
         (arrival, kept)
     }
 
+    /// Leave a group's operations (or the error its arguments gave) with the other ranks'
+    /// ([`Runner::depart`]): one collective of fixed counts on ranks that share one host
+    /// memory runs directly (`direct.rs`), anything else at the communicator's meeting.
+    fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
+        if self.shared.direct {
+            let single = matches!(ops.as_slice(), [] | [RankCallOp::Coll { .. }]);
+            if single && let Some(e) = lender.error.take() {
+                // The others may be waiting for this rank's post: fail the call for all.
+                let e = Arc::new(e);
+                self.shared.board.fail(self.seq, e.clone());
+                self.shared.poke_meetings();
+                self.seq += 1;
+                return Departure::of(Left::Failed(e), lender);
+            }
+            if let Some(call) = self.direct_call(&lender, &ops) {
+                return Departure::of(Left::Direct(Box::new(call)), lender);
+            }
+        }
+        if let Some(e) = self.shared.board.aborted("group", self.seq) {
+            self.seq += 1;
+            return Departure::of(Left::Ran(Err(e)), lender);
+        }
+        self.depart_meeting(lender, ops)
+    }
+
+    /// The direct call of `ops` when they are one collective of fixed counts on host slices.
+    fn direct_call(&mut self, lender: &Lender<'_>, ops: &[RankCallOp]) -> Option<DirectCall> {
+        let [
+            RankCallOp::Coll {
+                desc,
+                input,
+                output,
+                in_place,
+            },
+        ] = ops
+        else {
+            return None;
+        };
+        let c = desc.collective;
+        if c.counts_per_rank() || c == relaycc_route::Collective::AllToAllV {
+            return None;
+        }
+        let esize = desc.dtype.size();
+        let span = |v: &Option<op::View>| -> Option<Option<(usize, u64)>> {
+            let Some(v) = v else { return Some(None) };
+            let b = lender.blocks.get(v.block).filter(|b| b.device.is_none())?;
+            let at = usize::try_from(v.offset.checked_mul(esize)?).ok()?;
+            Some(Some((b.addr.checked_add(at)?, v.len.checked_mul(esize)?)))
+        };
+        let (input, output) = (span(input)?, span(output)?);
+        let seq = self.seq;
+        self.seq += 1;
+        Some(DirectCall {
+            shared: self.shared.clone(),
+            me: self.rank,
+            seq,
+            timeout: self.timeout,
+            desc: desc.clone(),
+            in_place: *in_place,
+            input,
+            output,
+        })
+    }
+
     /// Leave a group's operations (or the error its arguments gave) at the communicator's
-    /// meeting ([`Runner::depart`]).
+    /// meeting.
     fn depart_meeting<'b>(&mut self, lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
         let (arrival, guards) = self.arrival_of(lender, ops);
         Departure {
@@ -443,9 +554,13 @@ type LentGuards<'b> = std::marker::PhantomData<&'b ()>;
 enum Left {
     /// At the in-process meeting.
     Meeting(Ticket),
-    /// Known already: the runner ran the group before it returned (MPI ranks).
-    #[cfg(feature = "mpi")]
+    /// Known already: the runner ran the group before it returned (MPI ranks), or refused
+    /// it (an aborted communicator).
     Ran(Result<()>),
+    /// A collective to run directly when waited for (`direct.rs`).
+    Direct(Box<DirectCall>),
+    /// A direct call whose arguments failed (which aborted the communicator).
+    Failed(Arc<CollectivesError>),
 }
 
 impl<'b> Departure<'b> {
@@ -453,8 +568,25 @@ impl<'b> Departure<'b> {
     /// the outcome is read, so the buffers' events follow what the run enqueued).
     #[cfg(feature = "mpi")]
     pub(crate) fn ran(outcome: Result<()>, lender: Lender<'b>) -> Self {
+        Self::of(Left::Ran(outcome), lender)
+    }
+
+    /// The direct call this departure holds, taken out to run elsewhere (the departure
+    /// then waits for nothing).
+    fn take_direct(&mut self) -> Option<Box<DirectCall>> {
+        match std::mem::replace(&mut self.outcome, Left::Ran(Ok(()))) {
+            Left::Direct(c) => Some(c),
+            other => {
+                self.outcome = other;
+                None
+            }
+        }
+    }
+
+    /// A departure to `outcome`, keeping `lender`'s guards.
+    fn of(outcome: Left, lender: Lender<'b>) -> Self {
         Departure {
-            outcome: Left::Ran(outcome),
+            outcome,
             #[cfg(feature = "cuda")]
             _guards: lender.guards,
             #[cfg(not(feature = "cuda"))]
@@ -468,8 +600,9 @@ impl<'b> Departure<'b> {
         let Departure { outcome, _guards } = self;
         match outcome {
             Left::Meeting(t) => RankComm::result(call, t.wait()).map(|_| ()),
-            #[cfg(feature = "mpi")]
             Left::Ran(r) => r,
+            Left::Direct(d) => d.run(),
+            Left::Failed(source) => Err(CollectivesError::RankFailed { call, source }),
         }
     }
 }
@@ -480,7 +613,10 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// groups exactly as its own [`RankGroup::launch`] would (the same checks, the same
     /// errors on every rank), but the thread leaves every group at its meeting before it
     /// waits for any, so a few threads can drive any number of ranks. The last rank to
-    /// arrive runs the operation, on whichever thread that is. Returns when every group is
+    /// arrive runs the operation, on whichever thread that is. Single collectives of ranks in
+    /// one host memory run directly (module docs): every one posts first, and they advance
+    /// together on this thread, each part running once the posts it needs are there.
+    /// Returns when every group is
     /// done: `Ok` when all succeeded, else the first failed group's error (in the order
     /// given). The groups' slices stay borrowed until then; a timeout counts from each
     /// group's arrival.
@@ -511,10 +647,21 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     pub fn launch_all(groups: impl IntoIterator<Item = RankGroup<'r, 'b>>) -> Result<()> {
         // Every departure waits for its outcome when dropped, also while unwinding, so no
         // slice is given back while a run may use it.
-        let departed: Vec<Departure<'b>> = groups.into_iter().map(RankGroup::depart).collect();
+        let mut departed: Vec<Departure<'b>> = groups.into_iter().map(RankGroup::depart).collect();
+        // Direct calls advance together on this thread (`direct_drive.rs`).
+        let (at, calls): (Vec<usize>, Vec<DirectCall>) = departed
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, d)| d.take_direct().map(|c| (i, *c)))
+            .unzip();
+        let mut results: Vec<Result<()>> = (0..departed.len()).map(|_| Ok(())).collect();
+        for (i, r) in at.into_iter().zip(direct_drive::drive(calls)) {
+            results[i] = r;
+        }
         let mut first = Ok(());
-        for d in departed {
-            if let Err(e) = d.wait("group")
+        for (d, r) in departed.into_iter().zip(results) {
+            let r = r.and_then(|()| d.wait("group"));
+            if let Err(e) = r
                 && first.is_ok()
             {
                 first = Err(e);

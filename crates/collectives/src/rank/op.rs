@@ -41,6 +41,9 @@ pub enum RankCallOp {
         desc: Desc,
         input: Option<View>,
         output: Option<View>,
+        /// Made by an `_in_place` call (the same on every rank, which a rank without both
+        /// buffers cannot tell from its views).
+        in_place: bool,
     },
     /// A send to `peer`, or a receive from it.
     P2p {

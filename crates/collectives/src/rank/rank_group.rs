@@ -167,7 +167,22 @@ impl<'r, 'b> RankGroup<'r, 'b> {
             desc,
             input,
             output,
+            in_place: false,
         });
+        self
+    }
+
+    /// [`Self::push`] of an `_in_place` call.
+    fn push_in_place(
+        &mut self,
+        desc: Desc,
+        input: Option<View>,
+        output: Option<View>,
+    ) -> &mut Self {
+        self.push(desc, input, output);
+        if let Some(RankCallOp::Coll { in_place, .. }) = self.ops.last_mut() {
+            *in_place = true;
+        }
         self
     }
 
@@ -224,7 +239,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         let count = RecvBuf::<T>::elems(buf);
         let v = self.lend_mut(buf);
         let d = Self::desc::<T>(c, count, op, root);
-        self.push(d, input.then_some(v), output.then_some(v))
+        self.push_in_place(d, input.then_some(v), output.then_some(v))
     }
 
     /// An in-place collective whose buffer is `n` blocks: block `at` is the input (and the
@@ -249,9 +264,9 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         };
         let d = Self::desc::<T>(c, count, op, root);
         if block_is_input {
-            self.push(d, Some(block), Some(whole))
+            self.push_in_place(d, Some(block), Some(whole))
         } else {
-            self.push(d, Some(whole), Some(block))
+            self.push_in_place(d, Some(whole), Some(block))
         }
     }
 
@@ -384,7 +399,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         let o = self.lend_mut(buf);
         let i = View { offset, len, ..o };
         let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
-        self.push(d, Some(i), Some(o))
+        self.push_in_place(d, Some(i), Some(o))
     }
 
     /// This rank's block of a v-collective's buffer of `counts` in rank order: its offset (the
@@ -463,7 +478,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
             op,
             ..Self::desc_v(Collective::ReduceScatterV, T::DTYPE, counts_u64(counts))
         };
-        self.push(d, Some(i), Some(o))
+        self.push_in_place(d, Some(i), Some(o))
     }
 
     /// Add [`Collectives::all_to_all`].

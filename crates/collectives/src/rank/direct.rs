@@ -1,0 +1,256 @@
+//! Per-rank calls without a rendezvous, for ranks that share one host memory (`host-N` on
+//! the host backend): each rank runs its own part of the cached plan on its own thread, and
+//! waits for another rank only where it needs that rank's memory or that rank needs its own.
+//!
+//! The shared-memory plans give every op the lane of one rank and order nothing across
+//! lanes, so a rank's part is the commands of its lanes ([`DirectPart`], cut once per plan
+//! and rank). What crosses ranks is memory: a rank's commands read other ranks' inputs and
+//! write their outputs in place. The protocol, on one [`Board`] per communicator (a lock
+//! and a condition variable; the host's counterpart of flags in device memory):
+//!
+//! 1. **Post.** Rank `r` at call `k` posts its call (descriptor, in place or not) and the
+//!    addresses of its input and output, and waits for nobody.
+//! 2. **Take.** For each rank `p` whose memory its part touches (`reads`), it waits until `p`
+//!    has posted call `k`, compares the calls (a different descriptor, in-place choice or
+//!    call number is a mismatch) and counts itself among `p`'s users. Then it runs its part
+//!    on the posted addresses.
+//! 3. **Give back.** It marks itself done with call `k` and leaves the users of the ranks
+//!    it took. It returns once no rank uses its memory and every rank whose part touches it
+//!    (`touched_by`) is done with call `k`; then it withdraws its post, so nothing reaches
+//!    its memory after the call returns.
+//!
+//! Why it is sound: a rank's memory is touched only by ranks counted as its users, counted
+//! under the board's lock while its post stands, and the post is withdrawn under the same
+//! lock only once the count is zero, so no rank reaches memory its owner has given back.
+//! Every rank's own scratch is touched by its own lanes only (checked when the part is cut),
+//! one call after another. Why it ends: a rank waits for posts (made without waiting) and
+//! for parts of ranks that already took its memory (bounded work); every wait that depends
+//! on another rank arriving has the rank's timeout.
+//!
+//! A failure (a mismatch, a rank missing past the timeout or gone, a failed check or run)
+//! aborts the communicator: ranks in the same call return the same error (`RankMismatch`,
+//! `RankTimeout` naming the missing rank and the call, or `RankFailed`), and every later
+//! call of every rank returns [`CollectivesError::Aborted`] with that cause. A rank whose
+//! part needed nothing from the failed one may already have returned with a valid result.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use relaycc_route::ReduceOp;
+
+use super::Shared;
+use super::board::{Board, Post, Posted, lock};
+use super::direct_drive::{Running, drive};
+use super::direct_part::KeptPart;
+use super::op::Desc;
+use crate::backend::sealed::{Lending, Private};
+use crate::backend::validate::Bound;
+use crate::error::{CollectivesError, Result};
+use crate::plan_cache::Cached;
+
+/// Address of a zero-byte binding: any address aligned for every element type serves.
+pub(super) const EMPTY_ADDR: u64 = 256;
+
+/// Whether the ranks of `shared`'s communicator run their calls directly: host slices on the
+/// host backend, every rank on a device of its own, the devices arenas of one host memory.
+pub(crate) fn eligible(shared: &Shared) -> bool {
+    let comm = &shared.comm;
+    let devices = comm.devices();
+    let distinct = devices
+        .iter()
+        .enumerate()
+        .all(|(i, d)| !devices[..i].contains(d));
+    matches!(comm.backend().lending(Private), Lending::HostSlices)
+        && distinct
+        && comm.topology().shares_host_memory(devices)
+}
+
+/// One rank's collective call, left to run directly (module docs).
+#[derive(Debug)]
+pub(crate) struct DirectCall {
+    pub shared: Arc<Shared>,
+    pub me: usize,
+    pub seq: u64,
+    pub timeout: Duration,
+    pub desc: Desc,
+    pub in_place: bool,
+    /// Address and bytes of the rank's input and output (`None` where it has none).
+    pub input: Option<(usize, u64)>,
+    pub output: Option<(usize, u64)>,
+}
+
+fn bound_of(span: Option<(usize, u64)>) -> Bound {
+    match span {
+        Some((addr, bytes)) if bytes > 0 => Bound {
+            addr: addr as u64,
+            bytes,
+        },
+        _ => Bound {
+            addr: EMPTY_ADDR,
+            bytes: 0,
+        },
+    }
+}
+
+fn overlap(a: Bound, b: Bound) -> bool {
+    a.bytes > 0 && b.bytes > 0 && a.addr < b.addr + b.bytes && b.addr < a.addr + a.bytes
+}
+
+impl DirectCall {
+    /// Run the call: this rank's checks and plan, then the protocol of the module docs.
+    /// Returns when this rank's part is done and no rank uses its memory any more.
+    pub(crate) fn run(self) -> Result<()> {
+        drive(vec![self]).pop().unwrap_or(Ok(()))
+    }
+
+    /// Step 1 and what comes before it: this rank's checks and plan, its part, its post.
+    /// A failure aborts the communicator (the others may wait for this rank's post).
+    pub(super) fn begin(self) -> Result<Running> {
+        let call = self.desc.call;
+        let board = &self.shared.board;
+        if let Some(e) = board.aborted(call, self.seq) {
+            return Err(e);
+        }
+        let k = self.checked_plan().and_then(|cached| {
+            lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me)
+        });
+        let k = match k {
+            Ok(k) => k,
+            Err(e) => {
+                let e = Arc::new(e);
+                board.fail(self.seq, e.clone());
+                self.shared.poke_meetings();
+                return Err(CollectivesError::RankFailed { call, source: e });
+            }
+        };
+        self.post(k)
+    }
+
+    /// Post this call and this rank's slices (step 1), and lay out the bindings its part
+    /// runs on: its own slices and scratch now, the others' once taken.
+    fn post(self, k: KeptPart) -> Result<Running> {
+        let board = &self.shared.board;
+        let (me, seq) = (self.me, self.seq);
+        let n = self.shared.comm.ranks();
+        let mine = (bound_of(self.input), bound_of(self.output));
+        {
+            let mut st = lock(&board.state);
+            if let Some(a) = &st.abort {
+                let e = Board::error_of(a, self.desc.call, seq);
+                drop(st);
+                lock(&self.shared.kept[me]).put(k);
+                return Err(e);
+            }
+            let old = &mut st.posts[me];
+            let before = match (old.seq, old.call.take()) {
+                (Some(s), Some(c)) => Some((s, c.desc, c.in_place)),
+                _ => None,
+            };
+            *old = Post {
+                seq: Some(seq),
+                call: Some(Posted {
+                    desc: self.desc.clone(),
+                    in_place: self.in_place,
+                    input: mine.0,
+                    output: mine.1,
+                }),
+                open: true,
+                before,
+                done: false,
+                users: 0,
+                watchers: std::mem::take(&mut old.watchers),
+            };
+            board.changed(&mut st, me);
+        }
+        let mut bound = vec![bound_of(None); k.part.program.bindings as usize];
+        let mut fill = |b: usize, v: Bound| {
+            if let Some(x) = bound.get_mut(b) {
+                *x = v;
+            }
+        };
+        fill(me, mine.0);
+        fill(n + me, mine.1);
+        for (i, s) in k.scratch.iter().enumerate() {
+            fill(2 * n + i, *s);
+        }
+        Ok(Running::new(self, k, bound))
+    }
+
+    /// This rank's own checks (lengths, in-place layout, op and type, root), then the
+    /// communicator's cached plan of the call.
+    fn checked_plan(&self) -> Result<Arc<Cached>> {
+        let comm = &self.shared.comm;
+        let d = &self.desc;
+        let n = comm.ranks();
+        if d.root >= n {
+            return Err(CollectivesError::BadRank {
+                call: d.call,
+                rank: d.root,
+                ranks: n,
+            });
+        }
+        if d.collective.reduces() && d.op == ReduceOp::Avg && !d.dtype.is_float() {
+            return Err(CollectivesError::UnsupportedOp {
+                call: d.call,
+                op: d.op,
+                dtype: d.dtype,
+            });
+        }
+        let request = d.request(comm.devices().to_vec(), Vec::new());
+        request
+            .validate()
+            .map_err(|source| CollectivesError::Plan {
+                call: d.call,
+                source,
+            })?;
+        let esize = d.dtype.size();
+        let me = self.me as u32;
+        let overflow = |e: relaycc_route::RouteError| CollectivesError::Overflow {
+            call: d.call,
+            what: e.to_string(),
+        };
+        for (side, span, needs) in [
+            (
+                "input",
+                self.input,
+                request.input_len(me).map_err(overflow)?,
+            ),
+            (
+                "output",
+                self.output,
+                request.output_len(me).map_err(overflow)?,
+            ),
+        ] {
+            let got = span.map_or(0, |(_, b)| b / esize);
+            if got != needs || (span.is_none() && needs > 0) {
+                return Err(CollectivesError::CountMismatch {
+                    call: d.call,
+                    rank: self.me,
+                    side,
+                    got,
+                    needs,
+                });
+            }
+        }
+        let (i, o) = (bound_of(self.input), bound_of(self.output));
+        if overlap(i, o) {
+            let laid_out = self.in_place
+                && request.in_place(me).is_some_and(|at| {
+                    o.addr
+                        .checked_sub(at.output_at * esize)
+                        .map(|s| s + at.input_at * esize)
+                        == Some(i.addr)
+                });
+            if !laid_out {
+                return Err(CollectivesError::Overlap {
+                    call: d.call,
+                    what: format!(
+                        "input and output of rank {} overlap outside the in-place layout",
+                        self.me
+                    ),
+                });
+            }
+        }
+        comm.plan_for(d.call, &request, self.in_place)
+    }
+}

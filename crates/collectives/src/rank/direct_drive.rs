@@ -1,0 +1,413 @@
+//! Steps 2 and 3 of a direct call (`direct.rs`) as a state machine over the board, so that
+//! one thread drives any number of its ranks' calls at once, as one thread drives several
+//! GPUs between `ncclGroupStart` and `ncclGroupEnd`: every call posts first, then the calls
+//! advance together under the board's lock, their parts run outside it, and where none can
+//! advance the thread sleeps until a post one of them waits for changes. No step blocks on
+//! another rank while holding the thread, so ranks driven by one thread never wait for each
+//! other's thread.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::board::{Board, BoardState, lock};
+use super::direct::DirectCall;
+use super::direct_part::{DirectPart, KeptPart};
+use super::op::{Desc, Failure};
+use crate::backend::validate::Bound;
+use crate::error::{CollectivesError, Result};
+
+/// Where a call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for the posts of the ranks whose memory its part touches (step 2).
+    Take,
+    /// Its part is to run, outside the board's lock.
+    Run,
+    /// Its part ran (or could not): mark it done and leave its users (step 3).
+    Release,
+    /// Waiting until no rank uses its memory and the ranks touching it are done.
+    Finish,
+    /// Over: its result is final.
+    Done,
+}
+
+/// What a call needs before it can go on.
+enum Step {
+    /// Its part is to run outside the board's lock.
+    Run,
+    /// A change of one of these ranks' posts, at the latest by the instant.
+    Wait(Vec<usize>, Instant),
+    /// Nothing: it is over.
+    Finished,
+}
+
+/// A direct call under way (module docs).
+#[derive(Debug)]
+pub(crate) struct Running {
+    call: DirectCall,
+    k: KeptPart,
+    stage: Stage,
+    start: Instant,
+    /// The part's bindings: this rank's, its scratch, and those it took.
+    bound: Vec<Bound>,
+    /// This rank counts among the users of its reads.
+    took: bool,
+    /// The outcome so far (the run's; the call's once `Done`).
+    result: Result<()>,
+}
+
+/// The ranks whose parts touch `part`'s rank's memory and that have not finished call
+/// `seq` (none once the communicator is aborted: then only users are waited for).
+fn unfinished<'a>(
+    part: &'a DirectPart,
+    st: &'a BoardState,
+    seq: u64,
+) -> impl Iterator<Item = usize> + 'a {
+    let waits = st.abort.is_none();
+    part.touched_by
+        .iter()
+        .copied()
+        .filter(move |&q| waits && !st.posts[q].finished(seq))
+}
+
+impl Running {
+    pub(super) fn new(call: DirectCall, k: KeptPart, bound: Vec<Bound>) -> Self {
+        Running {
+            call,
+            k,
+            stage: Stage::Take,
+            start: Instant::now(),
+            bound,
+            took: false,
+            result: Ok(()),
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.start + self.call.timeout
+    }
+
+    /// Advance under the board's lock as far as the posts allow.
+    fn advance(&mut self, board: &Board, st: &mut BoardState) -> Step {
+        loop {
+            match self.stage {
+                Stage::Take => match self.try_take(board, st) {
+                    Ok(None) => {
+                        self.took = true;
+                        self.stage = Stage::Run;
+                    }
+                    Ok(Some(missing)) => return Step::Wait(missing, self.deadline()),
+                    Err(e) => {
+                        self.result = Err(e);
+                        self.stage = Stage::Release;
+                    }
+                },
+                Stage::Run => return Step::Run,
+                Stage::Release => {
+                    self.release(board, st);
+                    self.stage = Stage::Finish;
+                }
+                Stage::Finish => match self.try_finish(board, st) {
+                    Some(watch) => {
+                        // Past the deadline a rank that has come is still waited for: its
+                        // part touches this rank's memory and ends (or stops at the abort).
+                        let until = self
+                            .deadline()
+                            .max(Instant::now() + Duration::from_millis(10));
+                        return Step::Wait(watch, until);
+                    }
+                    None => {
+                        let (me, seq) = (self.call.me, self.call.seq);
+                        st.posts[me].open = false;
+                        board.changed(st, me);
+                        self.result = match &st.abort {
+                            Some(a) => Err(Board::error_of(a, self.call.desc.call, seq)),
+                            None => Ok(()),
+                        };
+                        self.stage = Stage::Done;
+                    }
+                },
+                Stage::Done => return Step::Finished,
+            }
+        }
+    }
+
+    /// Run the part, outside the board's lock, with the tasks kept from the last call where
+    /// the addresses are the same.
+    fn run(&mut self) {
+        if self.stage != Stage::Run {
+            return;
+        }
+        let n = self.call.shared.comm.ranks();
+        let k = &mut self.k;
+        let fresh = !matches!(&k.tasks, Some((b, _)) if *b == self.bound);
+        let ran = if fresh {
+            // Inputs and outputs are the callers' memory; scratch is the plan's.
+            crate::backend::host_here::HereTasks::resolve(&k.part.program, &self.bound, |b| {
+                b < 2 * n
+            })
+            .map(|tasks| k.tasks = Some((self.bound.clone(), tasks)))
+        } else {
+            Ok(())
+        };
+        self.result = ran.and_then(|()| match k.tasks.as_mut() {
+            // SAFETY: every address is a posted binding of this call (this rank's own, or
+            // of a rank among whose users this rank counts, whose post stays open until that
+            // count is zero) or this rank's scratch of a plan it holds; inputs of calls that
+            // are not in place are never written (`exec::check`); every output and scratch
+            // buffer is written by one rank's part only where no other part touches it at
+            // the same time (the checker's proof of the plan: its lanes are unordered, so
+            // they touch disjoint elements wherever one writes); and each rank's slices stay
+            // borrowed by its call until its memory has no user.
+            Some((_, tasks)) => unsafe { tasks.run() },
+            None => Err(CollectivesError::Unmatched("no resolved tasks".into())),
+        });
+        // This part's streamed stores are visible before its end is.
+        crate::backend::host::store_fence();
+        self.stage = Stage::Release;
+    }
+
+    /// Step 2, without waiting: `None` once every rank of the part's reads has posted this
+    /// call (compared with this rank's, this rank counted among their users, their bindings
+    /// filled in); the ranks still missing otherwise. A mismatch, or a missing rank gone or
+    /// past the deadline, aborts.
+    fn try_take(&mut self, board: &Board, st: &mut BoardState) -> Result<Option<Vec<usize>>> {
+        let c = &self.call;
+        let (me, seq, call) = (c.me, c.seq, c.desc.call);
+        let n = c.shared.comm.ranks();
+        if let Some(a) = &st.abort {
+            return Err(Board::error_of(a, call, seq));
+        }
+        let mut missing = Vec::new();
+        let mut wrong = None;
+        for &p in &self.k.part.reads {
+            let post = &st.posts[p];
+            let posted = match (post.seq, &post.call, &post.before) {
+                (Some(s), Some(x), _) if s == seq => (&x.desc, x.in_place, post.open),
+                (Some(s), _, Some((b, d, i))) if s > seq && *b == seq => (d, *i, false),
+                (Some(s), _, _) if s > seq => {
+                    wrong = wrong.or_else(|| {
+                        Some(format!(
+                            "rank {p} is at call {s} while rank {me} makes call {seq} ({})",
+                            c.desc.show()
+                        ))
+                    });
+                    continue;
+                }
+                _ => {
+                    missing.push(p);
+                    continue;
+                }
+            };
+            let (desc, in_place, open) = posted;
+            wrong = wrong.or_else(|| differs(c, p, desc, in_place)).or_else(|| {
+                (!open).then(|| {
+                    format!(
+                        "rank {p} has left call {seq} while rank {me} needs its memory in it \
+                         ({})",
+                        c.desc.show()
+                    )
+                })
+            });
+        }
+        if let Some(m) = wrong {
+            board.abort(st, seq, call, Failure::Mismatch(m));
+            return Err(Board::error_of(
+                st.abort.as_ref().expect("just set"),
+                call,
+                seq,
+            ));
+        }
+        if missing.is_empty() {
+            for &p in &self.k.part.reads {
+                let post = &mut st.posts[p];
+                post.users += 1;
+                if let Some(x) = &post.call {
+                    self.bound[p] = x.input;
+                    self.bound[n + p] = x.output;
+                }
+            }
+            return Ok(None);
+        }
+        let gone = missing
+            .iter()
+            .any(|&p| c.shared.gone[p].load(Ordering::Acquire));
+        let now = Instant::now();
+        if gone || now >= self.deadline() {
+            let failure = Failure::Timeout {
+                seq,
+                missing,
+                waited_ms: now.duration_since(self.start).as_millis() as u64,
+                gone,
+            };
+            board.abort(st, seq, call, failure);
+            return Err(Board::error_of(
+                st.abort.as_ref().expect("just set"),
+                call,
+                seq,
+            ));
+        }
+        Ok(Some(missing))
+    }
+
+    /// The start of step 3: a failed run aborts; mark this rank done and leave the users of
+    /// the ranks it took.
+    fn release(&mut self, board: &Board, st: &mut BoardState) {
+        let (me, seq, call) = (self.call.me, self.call.seq, self.call.desc.call);
+        if let Err(e) = std::mem::replace(&mut self.result, Ok(()))
+            && st.abort.is_none()
+        {
+            board.abort(st, seq, call, Failure::Failed(Arc::new(e)));
+        }
+        st.posts[me].done = true;
+        board.changed(st, me);
+        if self.took {
+            for &p in &self.k.part.reads {
+                st.posts[p].users = st.posts[p].users.saturating_sub(1);
+                if st.posts[p].users == 0 {
+                    board.changed(st, p);
+                }
+            }
+        }
+    }
+
+    /// The rest of step 3, without waiting: `None` once no rank uses this rank's memory and
+    /// (unless aborted) every rank whose part touches it is done with this call; the posts to
+    /// watch otherwise. A rank that touches it and has not come aborts once gone or past the
+    /// deadline.
+    fn try_finish(&mut self, board: &Board, st: &mut BoardState) -> Option<Vec<usize>> {
+        let c = &self.call;
+        let (me, seq, call) = (c.me, c.seq, c.desc.call);
+        let part = &self.k.part;
+        loop {
+            let users = st.posts[me].users > 0;
+            if !users && unfinished(part, st, seq).next().is_none() {
+                return None;
+            }
+            let now = Instant::now();
+            let absent = |q: &usize| st.posts[*q].seq.is_none_or(|s| s < seq);
+            let late = now >= self.deadline();
+            let gone = unfinished(part, st, seq)
+                .filter(absent)
+                .find(|&q| late || c.shared.gone[q].load(Ordering::Acquire));
+            if gone.is_some() {
+                let failure = Failure::Timeout {
+                    seq,
+                    missing: unfinished(part, st, seq).filter(absent).collect(),
+                    waited_ms: now.duration_since(self.start).as_millis() as u64,
+                    gone: !late,
+                };
+                board.abort(st, seq, call, failure);
+                continue;
+            }
+            return Some(
+                users
+                    .then_some(me)
+                    .into_iter()
+                    .chain(unfinished(part, st, seq))
+                    .collect(),
+            );
+        }
+    }
+}
+
+/// How rank `p`'s posted call (`desc`, in place or not) differs from `c`'s, if it does.
+fn differs(c: &DirectCall, p: usize, desc: &Desc, in_place: bool) -> Option<String> {
+    let mine = &c.desc;
+    if let Some(why) = mine.differs(c.me, desc, p) {
+        return Some(format!("{why} (call {})", c.seq));
+    }
+    (in_place != c.in_place).then(|| {
+        let how = |x: bool| if x { "in place" } else { "on separate buffers" };
+        format!(
+            "call {}: rank {} calls {} {}, rank {p} {}",
+            c.seq,
+            c.me,
+            mine.show(),
+            how(c.in_place),
+            how(in_place)
+        )
+    })
+}
+
+/// Run direct calls of distinct ranks from this thread to their ends, and return their
+/// results in order. Every call begins (checks, plan, post) before any waits; the calls of
+/// one communicator then advance together, the communicators one after another (a call
+/// waits only for ranks of its own communicator, which have all posted or will without
+/// this thread).
+pub(crate) fn drive(calls: Vec<DirectCall>) -> Vec<Result<()>> {
+    let mut results: Vec<Option<Result<()>>> = (0..calls.len()).map(|_| None).collect();
+    let mut running: Vec<(usize, Running)> = Vec::with_capacity(calls.len());
+    for (i, c) in calls.into_iter().enumerate() {
+        match c.begin() {
+            Ok(r) => running.push((i, r)),
+            Err(e) => results[i] = Some(Err(e)),
+        }
+    }
+    while let Some((_, first)) = running.first() {
+        let shared = first.call.shared.clone();
+        let (mine, rest): (Vec<_>, Vec<_>) = running
+            .into_iter()
+            .partition(|(_, r)| Arc::ptr_eq(&r.call.shared, &shared));
+        running = rest;
+        for (i, r) in advance_together(&shared.board, mine) {
+            let Running {
+                call, k, result, ..
+            } = r;
+            lock(&call.shared.kept[call.me]).put(k);
+            if result.is_err() {
+                // Ranks of this call that did not come directly wait at a meeting.
+                call.shared.poke_meetings();
+            }
+            results[i] = Some(result);
+        }
+    }
+    results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+}
+
+/// Advance the calls (of one board) until every one is done.
+fn advance_together(board: &Board, mut calls: Vec<(usize, Running)>) -> Vec<(usize, Running)> {
+    // The thread sleeps on the condition of the lowest rank it drives here.
+    let waiter = calls.iter().map(|(_, r)| r.call.me).min().unwrap_or(0);
+    let mut to_run: Vec<usize> = Vec::new();
+    let mut watch: Vec<usize> = Vec::new();
+    loop {
+        let mut st = lock(&board.state);
+        to_run.clear();
+        watch.clear();
+        let mut until: Option<Instant> = None;
+        let mut waiting = 0;
+        // A call's step may free another's on this thread: sleep only after a pass in which
+        // no call moved (nobody else would wake this thread for what it did itself).
+        let mut moved = false;
+        for (j, (_, r)) in calls.iter_mut().enumerate() {
+            let was = r.stage;
+            let step = r.advance(board, &mut st);
+            moved |= r.stage != was;
+            match step {
+                Step::Run => to_run.push(j),
+                Step::Wait(ranks, by) => {
+                    watch.extend(ranks);
+                    until = Some(until.map_or(by, |u| u.min(by)));
+                    waiting += 1;
+                }
+                Step::Finished => {}
+            }
+        }
+        if !to_run.is_empty() || (moved && waiting > 0) {
+            drop(st);
+            for &j in &to_run {
+                calls[j].1.run();
+            }
+            continue;
+        }
+        let Some(until) = until else {
+            return calls;
+        };
+        let limit = until.saturating_duration_since(Instant::now());
+        // One waiting call sleeps until every post it watches has changed; several wake at
+        // the first change, since any of them may be able to go on.
+        drop(board.watch(st, waiter, watch.drain(..), waiting == 1, limit));
+    }
+}

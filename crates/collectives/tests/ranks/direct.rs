@@ -1,0 +1,205 @@
+//! Ranks in one host memory run their collectives without a rendezvous: a rank waits only
+//! for the ranks whose memory its part touches or that touch its own, and one thread drives
+//! several ranks with `launch_all`.
+
+use std::sync::{Condvar, Mutex};
+
+use relaycc_collectives::RankGroup;
+
+use super::*;
+
+/// A flag one thread raises and others wait for, with a deadline.
+#[derive(Default)]
+struct Flag {
+    up: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Flag {
+    fn raise(&self) {
+        *self.up.lock().expect("flag") = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self, limit: Duration) -> bool {
+        let g = self.up.lock().expect("flag");
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, limit, |up| !*up)
+            .expect("flag");
+        *g
+    }
+}
+
+/// Broadcast from rank 0 on four ranks: rank 3 starts its call only once rank 1 has
+/// returned from its own. Rank 1 reads only the root's buffer, so it returns without rank 3;
+/// a rendezvous of every rank would hold rank 1 until rank 3 came, and rank 3 would never
+/// come.
+#[test]
+fn a_rank_waits_only_for_the_ranks_its_part_touches() {
+    let ranks = RankComm::host(4).expect("host ranks");
+    let one_returned = Flag::default();
+    let got = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let r = rank.rank();
+        if r == 3 && !one_returned.wait(Duration::from_secs(10)) {
+            return Err("rank 1 did not return before rank 3 called".to_string());
+        }
+        let src: Vec<u32> = (0..1000).map(|i| i * 7 + 1).collect();
+        let mut out = vec![0u32; 1000];
+        let send = (r == 0).then_some(&src[..]);
+        let res = rank.broadcast(send, &mut out[..], 0);
+        if r == 1 {
+            one_returned.raise();
+        }
+        res.map_err(|e| format!("rank {r}: {e}"))?;
+        if out != src {
+            return Err(format!("rank {r}: wrong broadcast"));
+        }
+        Ok(())
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        g.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+/// One thread drives all four ranks of a communicator through `launch_all`, call after
+/// call, in place and not: every rank's part runs, each on a thread of its own.
+#[test]
+fn one_thread_drives_every_rank_with_launch_all() {
+    let mut ranks = RankComm::host(4).expect("host ranks");
+    let mut bufs: Vec<Vec<f64>> = (0..4).map(|r| vec![r as f64 + 1.0; 5000]).collect();
+    for round in 0..3 {
+        let groups = ranks.iter_mut().zip(bufs.iter_mut()).map(|(rank, b)| {
+            let mut g = rank.group();
+            g.all_reduce_in_place(&mut b[..], ReduceOp::Sum);
+            g
+        });
+        RankGroup::launch_all(groups).expect("all_reduce");
+        let want = 10.0 * 4f64.powi(round);
+        for (r, b) in bufs.iter().enumerate() {
+            assert!(
+                b.iter().all(|&x| x == want),
+                "round {round}, rank {r}: {}",
+                b[0]
+            );
+        }
+    }
+    let mut outs: Vec<Vec<f64>> = vec![vec![0.0; 4 * 5000]; 4];
+    let groups = ranks
+        .iter_mut()
+        .zip(bufs.iter())
+        .zip(outs.iter_mut())
+        .map(|((rank, b), o)| {
+            let mut g = rank.group();
+            g.all_gather(&b[..], &mut o[..]);
+            g
+        });
+    RankGroup::launch_all(groups).expect("all_gather");
+    assert!(outs.iter().all(|o| o.iter().all(|&x| x == 160.0)));
+}
+
+/// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
+/// rank, and the communicator stays aborted: the next call of every rank names the cause.
+#[test]
+fn a_rank_whose_arguments_fail_aborts_the_communicator() {
+    let ranks = RankComm::host(3).expect("host ranks");
+    let got = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let n = if rank.rank() == 1 { 9 } else { 8 };
+        let first = rank.all_reduce(&vec![1i32; 8][..], &mut vec![0i32; n][..], ReduceOp::Sum);
+        let second = rank.all_reduce_in_place(&mut [1i32; 8][..], ReduceOp::Sum);
+        (first, second)
+    });
+    for (r, (first, second)) in got.into_iter().enumerate() {
+        let e = first.expect_err("the first call fails");
+        assert!(e.to_string().contains("rank 1 output"), "rank {r}: {e}");
+        match second {
+            Err(CollectivesError::Aborted { seq: 0, .. }) => {}
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+/// One thread's ranks, each with its buffers, through three calls launched together:
+/// all_reduce in place, all_gather, broadcast from `root`. The first wrong element, if any.
+fn drive_share(mine: &mut [RankComm], n: usize, count: usize, root: usize) -> Result<(), String> {
+    let mut bufs: Vec<Vec<i64>> = mine
+        .iter()
+        .map(|r| vec![r.rank() as i64 + 1; count])
+        .collect();
+    let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(r, b)| {
+        let mut g = r.group();
+        g.all_reduce_in_place(&mut b[..], ReduceOp::Sum);
+        g
+    });
+    RankGroup::launch_all(groups).map_err(|e| format!("all_reduce: {e}"))?;
+    let sum = (n * (n + 1) / 2) as i64;
+    if bufs.iter().flatten().any(|&x| x != sum) {
+        return Err("all_reduce: wrong sum".into());
+    }
+    let sends: Vec<Vec<i64>> = mine.iter().map(|r| vec![r.rank() as i64; count]).collect();
+    let mut outs: Vec<Vec<i64>> = vec![vec![-1; n * count]; mine.len()];
+    let groups = mine
+        .iter_mut()
+        .zip(sends.iter())
+        .zip(outs.iter_mut())
+        .map(|((r, s), o)| {
+            let mut g = r.group();
+            g.all_gather(&s[..], &mut o[..]);
+            g
+        });
+    RankGroup::launch_all(groups).map_err(|e| format!("all_gather: {e}"))?;
+    for o in &outs {
+        if o.iter().enumerate().any(|(i, &x)| x != (i / count) as i64) {
+            return Err("all_gather: a wrong block".into());
+        }
+    }
+    let src: Vec<i64> = (0..count as i64).map(|i| 3 * i + 1).collect();
+    let mut got: Vec<Vec<i64>> = vec![vec![0; count]; mine.len()];
+    let groups = mine.iter_mut().zip(got.iter_mut()).map(|(r, o)| {
+        let send = (r.rank() == root).then_some(&src[..]);
+        let mut g = r.group();
+        g.broadcast(send, &mut o[..], root);
+        g
+    });
+    RankGroup::launch_all(groups).map_err(|e| format!("broadcast: {e}"))?;
+    if got.iter().any(|o| *o != src) {
+        return Err("broadcast: a wrong copy".into());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 32,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Ranks given to threads at random (one thread may drive every rank, or each its own),
+    /// each thread launching its ranks' calls together: every result is exact.
+    #[test]
+    fn ranks_driven_by_any_number_of_threads_get_exact_results(
+        (n, owner, count, root) in (2usize..=6).prop_flat_map(|n| {
+            (Just(n), proptest::collection::vec(0..n, n), 1usize..3000, 0..n)
+        })
+    ) {
+        let mut shares: Vec<Vec<RankComm>> = (0..n).map(|_| Vec::new()).collect();
+        for rank in RankComm::host(n as u32).expect("host ranks") {
+            let t = owner[rank.rank()];
+            shares[t].push(rank);
+        }
+        let errors: Vec<String> = thread::scope(|s| {
+            let hs: Vec<_> = shares
+                .into_iter()
+                .filter(|m| !m.is_empty())
+                .map(|mut mine| s.spawn(move || drive_share(&mut mine, n, count, root)))
+                .collect();
+            hs.into_iter()
+                .filter_map(|h| h.join().expect("driving thread").err())
+                .collect()
+        });
+        prop_assert!(errors.is_empty(), "{errors:?}");
+    }
+}
