@@ -31,6 +31,47 @@ pub(crate) fn check(
             });
         }
     }
+    let lens = check_request(call, &request)?;
+    for r in 0..n {
+        let rank = ranks.and_then(|m| m.get(r).copied()).unwrap_or(r);
+        for (side, view, needs) in [
+            ("input", &inputs[r], lens[r].0),
+            ("output", &outputs[r], lens[r].1),
+        ] {
+            if let Some(v) = view {
+                comm.owns(call, rank, side, v)?;
+            }
+            check_len(call, rank, side, view.as_ref().map(|v| v.len), needs)?;
+        }
+    }
+    let in_place = in_place_mode(call, &request, &inputs, &outputs)?;
+    // A v-collective runs its capacity plan with this call's counts bound to it.
+    let (request, counts) = match CountLayout::of_request(&request) {
+        Some((layout, counts)) => (
+            layout.capacity_request(&request),
+            Some(Counted {
+                layout,
+                counts,
+                exact: request,
+            }),
+        ),
+        None => (request, None),
+    };
+    Ok(Checked {
+        call,
+        request,
+        in_place,
+        inputs,
+        outputs,
+        counts,
+    })
+}
+
+/// The checks of a request on its own, before any rank's buffers: the op for the type, the
+/// count matrix's shape, every rank's lengths (no overflow, at most [`MAX_ELEMENTS`]), and
+/// the request's own rules. Returns each rank's input and output lengths, in elements.
+pub(crate) fn check_request(call: &'static str, request: &Request) -> Result<Vec<(u64, u64)>> {
+    let n = request.nranks();
     let coll = request.collective;
     if coll.reduces() && request.op == ReduceOp::Avg && !request.dtype.is_float() {
         return Err(CollectivesError::UnsupportedOp {
@@ -68,75 +109,49 @@ pub(crate) fn check(
     request
         .validate()
         .map_err(|source| CollectivesError::Plan { call, source })?;
-    for r in 0..n {
-        let rank = ranks.and_then(|m| m.get(r).copied()).unwrap_or(r);
-        for (side, view, needs) in [
-            ("input", &inputs[r], lens[r].0),
-            ("output", &outputs[r], lens[r].1),
-        ] {
-            match view {
-                Some(v) => {
-                    comm.owns(call, rank, side, v)?;
-                    if v.len != needs {
-                        return Err(CollectivesError::CountMismatch {
-                            call,
-                            rank,
-                            side,
-                            got: v.len,
-                            needs,
-                        });
-                    }
-                }
-                None if needs > 0 => {
-                    return Err(CollectivesError::CountMismatch {
-                        call,
-                        rank,
-                        side,
-                        got: 0,
-                        needs,
-                    });
-                }
-                None => {}
-            }
-        }
+    Ok(lens)
+}
+
+/// Rank `rank`'s `side` buffer holds `got` elements (`None`: it gave none) where the call
+/// needs `needs`.
+pub(crate) fn check_len(
+    call: &'static str,
+    rank: usize,
+    side: &'static str,
+    got: Option<u64>,
+    needs: u64,
+) -> Result<()> {
+    if got.unwrap_or(0) == needs {
+        return Ok(());
     }
-    let in_place = in_place_mode(call, &request, &inputs, &outputs)?;
-    // A v-collective runs its capacity plan with this call's counts bound to it.
-    let (request, counts) = match CountLayout::of_request(&request) {
-        Some((layout, counts)) => (
-            layout.capacity_request(&request),
-            Some(Counted {
-                layout,
-                counts,
-                exact: request,
-            }),
-        ),
-        None => (request, None),
-    };
-    Ok(Checked {
+    Err(CollectivesError::CountMismatch {
         call,
-        request,
-        in_place,
-        inputs,
-        outputs,
-        counts,
+        rank,
+        side,
+        got: got.unwrap_or(0),
+        needs,
     })
 }
 
-/// Where rank `r`'s input must sit for an in-place call, given its output: both in the one
-/// buffer as the request's in-place layout places them ([`Request::in_place`]). `None` when
-/// the rank has no in-place form.
-fn in_place_input(req: &Request, r: u32, output: &ByteRegion) -> Option<ByteRegion> {
+/// Where rank `r`'s input must start for an in-place call whose output starts at
+/// `output_at` (an offset or an address, in bytes): both in the one buffer as the request's
+/// in-place layout places them ([`Request::in_place`]). `None` when the rank has no in-place
+/// form.
+pub(crate) fn in_place_input_at(req: &Request, r: u32, output_at: u64) -> Option<u64> {
     let at = req.in_place(r)?;
     let esize = req.dtype.size();
     // The buffer's start, from where the output lies in it.
-    let start = output
-        .offset
-        .checked_sub(at.output_at.checked_mul(esize)?)?;
+    let start = output_at.checked_sub(at.output_at.checked_mul(esize)?)?;
+    start.checked_add(at.input_at.checked_mul(esize)?)
+}
+
+/// Where rank `r`'s input must sit for an in-place call, given its output
+/// ([`in_place_input_at`]).
+fn in_place_input(req: &Request, r: u32, output: &ByteRegion) -> Option<ByteRegion> {
     Some(ByteRegion {
         mem: output.mem,
-        offset: start.checked_add(at.input_at.checked_mul(esize)?)?,
-        bytes: req.input_len(r).ok()?.checked_mul(esize)?,
+        offset: in_place_input_at(req, r, output.offset)?,
+        bytes: req.input_len(r).ok()?.checked_mul(req.dtype.size())?,
     })
 }
 

@@ -21,7 +21,7 @@ use relaycc_collectives::{
 };
 use relaycc_route::BufferRef::{Input, Output};
 use relaycc_route::path::{Route, hop, relay_routes};
-use relaycc_route::route_pipeline::{LaneMap, emit_transfer};
+use relaycc_route::route_pipeline::{Chunks, LaneMap, emit_transfer};
 use relaycc_route::{Location, Plan, Region, Request};
 
 /// Bytes moved by the relay figure: large enough that launches are a small part of it.
@@ -40,7 +40,7 @@ fn transfer_plan(src: u32, dst: u32, route: &Route, chunk: u64) -> Plan {
         Region::new(Output(1), 0, RELAY_BYTES),
         std::slice::from_ref(route),
         &[RELAY_BYTES],
-        chunk,
+        Chunks::Each(chunk),
         0,
         &[],
     );

@@ -13,7 +13,7 @@ use crate::path::{
 };
 use crate::plan::{BufferRef, Plan, Region};
 use crate::request::{Collective, Request};
-use crate::route_pipeline::{LaneMap, emit_transfer_chunked, split_shares};
+use crate::route_pipeline::{Chunks, LaneMap, emit_transfer, split_shares};
 
 /// Which kinds of point-to-point route the planner may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -218,37 +218,25 @@ fn single_transfer(req: &Request) -> Result<(u32, u32, u64)> {
     Ok((a, b, t.count))
 }
 
-/// Build the plan of one transfer over `routes` with `shares` and `chunk` elements.
+/// Build the plan of one transfer over `routes` with `shares`, in `chunks`.
 fn build(
     req: &Request,
     name: String,
     routes: Vec<Route>,
     shares: Vec<u64>,
-    chunk: u64,
-) -> P2pCandidate {
-    let chunks = vec![chunk; routes.len()];
-    build_chunked(req, name, routes, shares, chunks)
-}
-
-/// Build the plan of one transfer with a chunk size per route.
-fn build_chunked(
-    req: &Request,
-    name: String,
-    routes: Vec<Route>,
-    shares: Vec<u64>,
-    chunks: Vec<u64>,
+    chunks: Chunks<'_>,
 ) -> P2pCandidate {
     let t = req.transfers[0];
     let mut plan = Plan::new(req.clone(), name);
     let mut lanes = LaneMap::default();
-    emit_transfer_chunked(
+    emit_transfer(
         &mut plan,
         &mut lanes,
         Region::new(BufferRef::Input(t.src), 0, t.count),
         Region::new(BufferRef::Output(t.dst), 0, t.count),
         &routes,
         &shares,
-        &chunks,
+        chunks,
         0,
         &[],
     );
@@ -305,7 +293,7 @@ pub(crate) fn p2p_candidates_until(
             "direct".into(),
             vec![r],
             vec![count],
-            count.max(1),
+            Chunks::Each(count),
         ));
     }
     let mut host = Vec::new();
@@ -313,7 +301,13 @@ pub(crate) fn p2p_candidates_until(
         for r in host_staged_routes(topo, a, b) {
             let name = format!("host-staged via {}", r.names(topo)[1]);
             for &c in &chunks {
-                host.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
+                host.push(build(
+                    req,
+                    name.clone(),
+                    vec![r.clone()],
+                    vec![count],
+                    Chunks::Each(c),
+                ));
             }
         }
     }
@@ -325,12 +319,12 @@ pub(crate) fn p2p_candidates_until(
         if routes.len() > 1 {
             let (shares, per_route) =
                 tuned_shares(count, &routes, esize, topo.costs().copy_engine_launch_us);
-            multipath.push(build_chunked(
+            multipath.push(build(
                 req,
                 format!("multipath x{} (tuned chunks)", routes.len()),
                 routes.clone(),
                 shares,
-                per_route,
+                Chunks::PerRoute(&per_route),
             ));
             for &c in &chunks {
                 let shares = balanced_shares(count, &routes, esize, c);
@@ -339,7 +333,7 @@ pub(crate) fn p2p_candidates_until(
                     format!("multipath x{}", routes.len()),
                     routes.clone(),
                     shares,
-                    c,
+                    Chunks::Each(c),
                 ));
             }
         }
@@ -359,7 +353,13 @@ pub(crate) fn p2p_candidates_until(
         {
             let name = format!("relay via {}", r.names(topo)[1]);
             for &c in &chunks {
-                relayed.push(build(req, name.clone(), vec![r.clone()], vec![count], c));
+                relayed.push(build(
+                    req,
+                    name.clone(),
+                    vec![r.clone()],
+                    vec![count],
+                    Chunks::Each(c),
+                ));
             }
         }
     }

@@ -185,8 +185,29 @@ pub fn split_shares(len: u64, weights: &[f64]) -> Vec<u64> {
     shares
 }
 
+/// The chunk sizes (elements) of a transfer's routes: one for all, or one per route (a
+/// route past the list's end moves its share in one chunk).
+#[derive(Debug, Clone, Copy)]
+pub enum Chunks<'a> {
+    /// Every route in chunks of this many elements.
+    Each(u64),
+    /// Route `i` in chunks of `[i]` elements.
+    PerRoute(&'a [u64]),
+}
+
+impl Chunks<'_> {
+    /// The chunk of route `ri`, whose share is `share` elements (at least 1).
+    fn of(self, ri: usize, share: u64) -> u64 {
+        match self {
+            Chunks::Each(c) => c,
+            Chunks::PerRoute(cs) => cs.get(ri).copied().unwrap_or(share),
+        }
+        .max(1)
+    }
+}
+
 /// Emit the ops that move `src` to `dst` (same length) over `routes`, each taking the share
-/// `shares[i]` (elements, summing to the length), in chunks of at most `chunk` elements.
+/// `shares[i]` (elements, summing to the length), in chunks of at most `chunks` elements.
 /// `channel` numbers the first route's lanes; route i uses `channel + i`. Every first-hop copy
 /// waits for `deps`. Returns the arrivals at `dst`, in order of destination offset per route.
 #[allow(clippy::too_many_arguments)]
@@ -197,26 +218,7 @@ pub fn emit_transfer(
     dst: Region,
     routes: &[Route],
     shares: &[u64],
-    chunk: u64,
-    channel: u32,
-    deps: &[u32],
-) -> Vec<ArrivedPiece> {
-    let chunks = vec![chunk; routes.len()];
-    emit_transfer_chunked(
-        plan, lanes, src, dst, routes, shares, &chunks, channel, deps,
-    )
-}
-
-/// As [`emit_transfer`], with its own chunk size (elements) for each route.
-#[allow(clippy::too_many_arguments)]
-pub fn emit_transfer_chunked(
-    plan: &mut Plan,
-    lanes: &mut LaneMap,
-    src: Region,
-    dst: Region,
-    routes: &[Route],
-    shares: &[u64],
-    chunks: &[u64],
+    chunks: Chunks<'_>,
     channel: u32,
     deps: &[u32],
 ) -> Vec<ArrivedPiece> {
@@ -227,7 +229,7 @@ pub fn emit_transfer_chunked(
             continue;
         }
         let ch = channel + ri as u32;
-        let chunk = chunks.get(ri).copied().unwrap_or(share).max(1);
+        let chunk = chunks.of(ri, share);
         let hops = route.hops.len();
         // The relays' staging rings; a chunk moves in pieces no larger than their slots.
         let keys: Vec<(Location, Location, Location)> = (0..hops.saturating_sub(1))
@@ -341,7 +343,7 @@ mod tests {
                     Region::new(Output(1), 0, len),
                     &routes,
                     &shares,
-                    97,
+                    Chunks::Each(97),
                     0,
                     &[],
                 );

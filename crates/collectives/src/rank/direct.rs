@@ -36,8 +36,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use relaycc_route::ReduceOp;
-
 use super::Shared;
 use super::board::{Board, Post, Posted, lock};
 use super::direct_drive::{Running, drive};
@@ -45,6 +43,7 @@ use super::direct_part::KeptPart;
 use super::op::Desc;
 use crate::backend::sealed::{Lending, Private};
 use crate::backend::validate::Bound;
+use crate::call_checks;
 use crate::error::{CollectivesError, Result};
 use crate::plan_cache::Cached;
 
@@ -189,67 +188,30 @@ impl DirectCall {
                 ranks: n,
             });
         }
-        if d.collective.reduces() && d.op == ReduceOp::Avg && !d.dtype.is_float() {
-            return Err(CollectivesError::UnsupportedOp {
-                call: d.call,
-                op: d.op,
-                dtype: d.dtype,
-            });
-        }
         let request = d.request(comm.devices().to_vec(), Vec::new());
-        request
-            .validate()
-            .map_err(|source| CollectivesError::Plan {
-                call: d.call,
-                source,
-            })?;
+        let lens = call_checks::check_request(d.call, &request)?;
         let esize = d.dtype.size();
         let me = self.me as u32;
-        let overflow = |e: relaycc_route::RouteError| CollectivesError::Overflow {
-            call: d.call,
-            what: e.to_string(),
-        };
+        let (needs_in, needs_out) = lens.get(self.me).copied().unwrap_or((0, 0));
         for (side, span, needs) in [
-            (
-                "input",
-                self.input,
-                request.input_len(me).map_err(overflow)?,
-            ),
-            (
-                "output",
-                self.output,
-                request.output_len(me).map_err(overflow)?,
-            ),
+            ("input", self.input, needs_in),
+            ("output", self.output, needs_out),
         ] {
-            let got = span.map_or(0, |(_, b)| b / esize);
-            if got != needs || (span.is_none() && needs > 0) {
-                return Err(CollectivesError::CountMismatch {
-                    call: d.call,
-                    rank: self.me,
-                    side,
-                    got,
-                    needs,
-                });
-            }
+            let got = span.map(|(_, b)| b / esize);
+            call_checks::check_len(d.call, self.me, side, got, needs)?;
         }
         let (i, o) = (bound_of(self.input), bound_of(self.output));
-        if overlap(i, o) {
-            let laid_out = self.in_place
-                && request.in_place(me).is_some_and(|at| {
-                    o.addr
-                        .checked_sub(at.output_at * esize)
-                        .map(|s| s + at.input_at * esize)
-                        == Some(i.addr)
-                });
-            if !laid_out {
-                return Err(CollectivesError::Overlap {
-                    call: d.call,
-                    what: format!(
-                        "input and output of rank {} overlap outside the in-place layout",
-                        self.me
-                    ),
-                });
-            }
+        if overlap(i, o)
+            && !(self.in_place
+                && call_checks::in_place_input_at(&request, me, o.addr) == Some(i.addr))
+        {
+            return Err(CollectivesError::Overlap {
+                call: d.call,
+                what: format!(
+                    "input and output of rank {} overlap outside the in-place layout",
+                    self.me
+                ),
+            });
         }
         comm.plan_for(d.call, &request, self.in_place)
     }

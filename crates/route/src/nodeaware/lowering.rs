@@ -9,7 +9,7 @@ use relaycc_topo::{NodeId, Topology};
 use crate::error::{Result, RouteError};
 use crate::path::{Hop, Route, hop, host_staged_routes, location_node, nearest_host};
 use crate::plan::{BufferRef, Location, Plan, Region};
-use crate::route_pipeline::{LaneMap, emit_transfer};
+use crate::route_pipeline::{Chunks, LaneMap, emit_transfer};
 pub(super) use crate::staging::Slots;
 
 /// Where a region sits and which ops must finish before it may be read.
@@ -150,7 +150,7 @@ impl<'a> NodeAwarePlanBuilder<'a> {
             dst,
             std::slice::from_ref(route),
             &[len],
-            len.max(1),
+            Chunks::Each(len),
             channel,
             deps,
         );

@@ -339,7 +339,7 @@ fn algorithm_plan(
         ..ctx
     };
     // Members on several nodes: NCCL's rail-aligned rings, trees and PXN.
-    if let Some(plan) = super::baseline_net::plan_algo(topo, req, &ctx, algo)? {
+    if let Some(plan) = super::baseline_net::plan(topo, req, &ctx, algo)? {
         return Ok(plan);
     }
     let mut plan = match req.collective {

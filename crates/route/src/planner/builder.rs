@@ -22,7 +22,7 @@ use super::connect::Connection;
 use crate::error::{Result, RouteError};
 use crate::plan::{BufferRef, Location, Mem, Plan, Region, mem_of};
 use crate::request::Request;
-use crate::route_pipeline::{LaneMap, emit_transfer};
+use crate::route_pipeline::{Chunks, LaneMap, emit_transfer};
 use crate::template::window::{UserMem, Window};
 
 use super::PlannerContext;
@@ -358,7 +358,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             dst,
             &conn.routes,
             &shares,
-            self.chunk.unwrap_or(self.ctx.chunk_elems).max(1),
+            Chunks::Each(self.chunk.unwrap_or(self.ctx.chunk_elems)),
             ch * CH_STRIDE,
             &deps,
         );

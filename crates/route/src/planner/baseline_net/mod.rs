@@ -45,17 +45,13 @@ pub fn spans_nodes(topo: &Topology, req: &Request) -> bool {
 /// # Arguments
 /// - `topo`: the masked topology;
 /// - `req`: the request;
-/// - `ctx`: NCCL's link rule, the baseline's chunk, the connection cache of the call.
+/// - `ctx`: NCCL's link rule, the baseline's chunk, the connection cache of the call;
+/// - `algo`: the all_reduce algorithm forced (as `NCCL_ALGO` forces it), or `None` for the
+///   tuner's choice.
 ///
 /// # Complexity
 /// O(nodes x members per node^2) connection look-ups for the rings, O(ops) to build.
-pub fn plan(topo: &Topology, req: &Request, ctx: &PlannerContext) -> Result<Option<Plan>> {
-    plan_algo(topo, req, ctx, None)
-}
-
-/// [`plan`] with the all_reduce algorithm forced (as `NCCL_ALGO` forces it) instead of the
-/// tuner's choice; `None` lets the tuner choose.
-pub fn plan_algo(
+pub fn plan(
     topo: &Topology,
     req: &Request,
     ctx: &PlannerContext,
