@@ -113,7 +113,9 @@ macro_rules! single {
 /// count, op, root, tag, order) is [`crate::CollectivesError::RankMismatch`], a rank missing
 /// for longer than the timeout is [`crate::CollectivesError::RankTimeout`], naming it and the
 /// call (on MPI processes the same facts come as `CollectivesError::Mpi` holding
-/// `MpiError::Absent`).
+/// `MpiError::Absent`). Ranks in one host memory run single collectives without a rendezvous
+/// ([`RankComm`]): there a rank whose own part needed nothing from the ranks that failed may
+/// finish its call, and gets the error, as [`crate::CollectivesError::Aborted`], at its next.
 ///
 /// An engine writes its step once, generic over the surface:
 ///
@@ -161,8 +163,8 @@ pub trait Collectives: sealed::Runner {
     /// the same shape (the next layer's all_reduce of the same size, say) it pairs silently
     /// with the wrong call and returns wrong results. Tags catch that: every rank's call must
     /// carry the same tag (a step or layer number, say), else every rank gets
-    /// [`crate::CollectivesError::RankMismatch`] and nothing moves. The tag applies to one
-    /// call.
+    /// [`crate::CollectivesError::RankMismatch`] (ranks that run directly: before they touch
+    /// another rank's memory). The tag applies to one call.
     fn tag_next(&mut self, tag: u64);
     /// Start a group of this rank's calls ([`RankGroup`]): `ncclGroupStart`.
     fn group<'b>(&'b mut self) -> RankGroup<'b, 'b>;

@@ -6,6 +6,7 @@
 //! another rank while holding the thread, so ranks driven by one thread never wait for each
 //! other's thread.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -151,16 +152,29 @@ impl Running {
         } else {
             Ok(())
         };
+        let me = self.call.me;
         self.result = ran.and_then(|()| match k.tasks.as_mut() {
-            // SAFETY: every address is a posted binding of this call (this rank's own, or
-            // of a rank among whose users this rank counts, whose post stays open until that
-            // count is zero) or this rank's scratch of a plan it holds; inputs of calls that
-            // are not in place are never written (`exec::check`); every output and scratch
-            // buffer is written by one rank's part only where no other part touches it at
-            // the same time (the checker's proof of the plan: its lanes are unordered, so
-            // they touch disjoint elements wherever one writes); and each rank's slices stay
-            // borrowed by its call until its memory has no user.
-            Some((_, tasks)) => unsafe { tasks.run() },
+            // A panic must not leave this rank counted among the users of other ranks'
+            // memory, or they would wait for this part forever: it fails the call (and
+            // aborts) like an error.
+            Some((_, tasks)) => catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: every address is a posted binding of this call (this rank's own,
+                // or of a rank among whose users this rank counts, whose post stays open
+                // until that count is zero) or this rank's scratch of a plan it holds;
+                // inputs of calls that are not in place are never written (`exec::check`);
+                // every output and scratch buffer is written by one rank's part only where
+                // no other part touches it at the same time (the checker's proof of the
+                // plan: its lanes are unordered, so they touch disjoint elements wherever
+                // one writes); and each rank's slices stay borrowed by its call until its
+                // memory has no user.
+                unsafe { tasks.run() }
+            }))
+            .unwrap_or_else(|_| {
+                Err(CollectivesError::Backend {
+                    backend: "host",
+                    message: format!("rank {me}: its part of the plan panicked"),
+                })
+            }),
             None => Err(CollectivesError::Unmatched("no resolved tasks".into())),
         });
         // This part's streamed stores are visible before its end is.
