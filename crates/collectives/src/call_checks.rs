@@ -1,7 +1,7 @@
 //! The checks every operation passes before any byte moves: rank counts, ownership, element
 //! counts and their overflow, reduce ops per type, and the overlap of input and output.
 
-use relaycc_route::{Collective, MAX_ELEMENTS, ReduceOp, Request, RouteError};
+use relaycc_route::{Collective, InPlace, MAX_ELEMENTS, ReduceOp, Request, RouteError};
 
 use crate::backend::ByteRegion;
 use crate::buffer::RawView;
@@ -138,8 +138,11 @@ pub(crate) fn check_len(
 /// in-place layout places them ([`Request::in_place`]). `None` when the rank has no in-place
 /// form.
 pub(crate) fn in_place_input_at(req: &Request, r: u32, output_at: u64) -> Option<u64> {
-    let at = req.in_place(r)?;
-    let esize = req.dtype.size();
+    input_start(req.in_place(r)?, req.dtype.size(), output_at)
+}
+
+/// [`in_place_input_at`] for a rank's layout `at`, in elements of `esize` bytes.
+pub(crate) fn input_start(at: InPlace, esize: u64, output_at: u64) -> Option<u64> {
     // The buffer's start, from where the output lies in it.
     let start = output_at.checked_sub(at.output_at.checked_mul(esize)?)?;
     start.checked_add(at.input_at.checked_mul(esize)?)

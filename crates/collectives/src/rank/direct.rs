@@ -39,7 +39,7 @@ use std::time::Duration;
 use super::Shared;
 use super::board::{Board, Post, Posted, lock};
 use super::direct_drive::{Running, drive};
-use super::direct_part::KeptPart;
+use super::direct_part::{CallShape, KeptPart};
 use super::op::Desc;
 use crate::backend::sealed::{Lending, Private};
 use crate::backend::validate::Bound;
@@ -110,9 +110,22 @@ impl DirectCall {
         if let Some(e) = board.aborted(call, self.seq) {
             return Err(e);
         }
-        let k = self.checked_plan().and_then(|cached| {
-            lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me)
-        });
+        let kept = lock(&self.shared.kept[self.me]).take_shape(&self.desc, self.in_place);
+        let k = match kept {
+            Some(k) => match k.shape.as_ref().map(|s| self.check_slices(s)) {
+                Some(Err(e)) => {
+                    lock(&self.shared.kept[self.me]).put(k);
+                    Err(e)
+                }
+                _ => Ok(k),
+            },
+            None => self.checked_plan().and_then(|(cached, shape)| {
+                let mut k =
+                    lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me)?;
+                k.shape = Some(shape);
+                Ok(k)
+            }),
+        };
         let k = match k {
             Ok(k) => k,
             Err(e) => {
@@ -127,7 +140,7 @@ impl DirectCall {
 
     /// Post this call and this rank's slices (step 1), and lay out the bindings its part
     /// runs on: its own slices and scratch now, the others' once taken.
-    fn post(self, k: KeptPart) -> Result<Running> {
+    fn post(self, mut k: KeptPart) -> Result<Running> {
         let board = &self.shared.board;
         let (me, seq) = (self.me, self.seq);
         let n = self.shared.comm.ranks();
@@ -161,7 +174,9 @@ impl DirectCall {
             };
             board.changed(&mut st, me);
         }
-        let mut bound = vec![bound_of(None); k.part.program.bindings as usize];
+        let mut bound = std::mem::take(&mut k.bindings);
+        bound.clear();
+        bound.resize(k.part.program.bindings as usize, bound_of(None));
         let mut fill = |b: usize, v: Bound| {
             if let Some(x) = bound.get_mut(b) {
                 *x = v;
@@ -175,9 +190,9 @@ impl DirectCall {
         Ok(Running::new(self, k, bound))
     }
 
-    /// This rank's own checks (lengths, in-place layout, op and type, root), then the
-    /// communicator's cached plan of the call.
-    fn checked_plan(&self) -> Result<Arc<Cached>> {
+    /// The checks of the call's shape (op and type, root, the request's rules) and of this
+    /// rank's slices, then the communicator's cached plan of the call.
+    fn checked_plan(&self) -> Result<(Arc<Cached>, CallShape)> {
         let comm = &self.shared.comm;
         let d = &self.desc;
         let n = comm.ranks();
@@ -190,29 +205,45 @@ impl DirectCall {
         }
         let request = d.request(comm.devices().to_vec(), Vec::new());
         let lens = call_checks::check_request(d.call, &request)?;
-        let esize = d.dtype.size();
-        let me = self.me as u32;
-        let (needs_in, needs_out) = lens.get(self.me).copied().unwrap_or((0, 0));
+        let shape = CallShape {
+            desc: d.clone(),
+            in_place: self.in_place,
+            needs: lens.get(self.me).copied().unwrap_or((0, 0)),
+            layout: request.in_place(self.me as u32),
+        };
+        self.check_slices(&shape)?;
+        let cached = comm.plan_for(d.call, &request, self.in_place)?;
+        Ok((cached, shape))
+    }
+
+    /// This rank's slices for a call of `shape`: their lengths, and input and output apart
+    /// or exactly in the in-place layout.
+    fn check_slices(&self, shape: &CallShape) -> Result<()> {
+        let call = self.desc.call;
+        let esize = self.desc.dtype.size();
         for (side, span, needs) in [
-            ("input", self.input, needs_in),
-            ("output", self.output, needs_out),
+            ("input", self.input, shape.needs.0),
+            ("output", self.output, shape.needs.1),
         ] {
             let got = span.map(|(_, b)| b / esize);
-            call_checks::check_len(d.call, self.me, side, got, needs)?;
+            call_checks::check_len(call, self.me, side, got, needs)?;
         }
         let (i, o) = (bound_of(self.input), bound_of(self.output));
-        if overlap(i, o)
-            && !(self.in_place
-                && call_checks::in_place_input_at(&request, me, o.addr) == Some(i.addr))
-        {
+        let laid_out = || {
+            shape
+                .layout
+                .and_then(|at| call_checks::input_start(at, esize, o.addr))
+                == Some(i.addr)
+        };
+        if overlap(i, o) && !(self.in_place && laid_out()) {
             return Err(CollectivesError::Overlap {
-                call: d.call,
+                call,
                 what: format!(
                     "input and output of rank {} overlap outside the in-place layout",
                     self.me
                 ),
             });
         }
-        comm.plan_for(d.call, &request, self.in_place)
+        Ok(())
     }
 }

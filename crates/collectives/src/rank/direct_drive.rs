@@ -367,8 +367,13 @@ pub(crate) fn drive(calls: Vec<DirectCall>) -> Vec<Result<()>> {
         running = rest;
         for (i, r) in advance_together(&shared.board, mine) {
             let Running {
-                call, k, result, ..
+                call,
+                mut k,
+                result,
+                bound,
+                ..
             } = r;
+            k.bindings = bound;
             lock(&call.shared.kept[call.me]).put(k);
             if result.is_err() {
                 // Ranks of this call that did not come directly wait at a meeting.

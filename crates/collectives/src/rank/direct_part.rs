@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use relaycc_route::Location;
+use relaycc_route::{InPlace, Location};
 
 use super::Shared;
+use super::op::Desc;
 use crate::backend::Program;
 use crate::backend::host_here::HereTasks;
 use crate::backend::sealed::Private;
@@ -165,6 +166,37 @@ pub(super) struct KeptPart {
     pub part: DirectPart,
     pub scratch: Vec<Bound>,
     pub tasks: Option<(Vec<Bound>, HereTasks)>,
+    /// The call shape this part was taken for, with its checks' results for this rank: a
+    /// call of the same shape skips the request, its checks and the cache's look-up.
+    pub shape: Option<CallShape>,
+    /// The last call's bindings, kept for the next call to fill.
+    pub bindings: Vec<Bound>,
+}
+
+/// What a rank's checks of a call shape found: the call, in place or not, its buffers'
+/// lengths (elements) and, in place, where its input lies in its output's buffer.
+#[derive(Debug, Clone)]
+pub(super) struct CallShape {
+    pub desc: Desc,
+    pub in_place: bool,
+    pub needs: (u64, u64),
+    pub layout: Option<InPlace>,
+}
+
+impl CallShape {
+    /// `desc` (in place or not) is a call of this shape: every field but the tag agrees.
+    pub fn fits(&self, desc: &Desc, in_place: bool) -> bool {
+        let d = &self.desc;
+        self.in_place == in_place
+            && d.call == desc.call
+            && d.collective == desc.collective
+            && d.dtype == desc.dtype
+            && d.op == desc.op
+            && d.root == desc.root
+            && d.count == desc.count
+            && d.counts == desc.counts
+            && d.recv_counts == desc.recv_counts
+    }
 }
 
 /// The parts one rank keeps ([`KEPT_PARTS`], most recently used last); only that rank's
@@ -226,7 +258,18 @@ impl KeptParts {
             part,
             scratch,
             tasks: None,
+            shape: None,
+            bindings: Vec::new(),
         })
+    }
+
+    /// Take out the kept part last taken for a call of `desc`'s shape, if there is one.
+    pub(super) fn take_shape(&mut self, desc: &Desc, in_place: bool) -> Option<KeptPart> {
+        let i = self
+            .parts
+            .iter()
+            .rposition(|k| k.shape.as_ref().is_some_and(|s| s.fits(desc, in_place)))?;
+        Some(self.parts.remove(i))
     }
 
     /// Keep `k` as the most recently used part, dropping the least recently used past

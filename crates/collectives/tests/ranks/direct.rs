@@ -101,22 +101,37 @@ fn one_thread_drives_every_rank_with_launch_all() {
 
 /// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
 /// rank, and the communicator stays aborted: the next call of every rank names the cause.
+/// The wrong call comes first on a fresh communicator (its shape checked with the plan), or
+/// after a right call of the same shape (its shape's checks kept, the slices checked again).
 #[test]
 fn a_rank_whose_arguments_fail_aborts_the_communicator() {
-    let ranks = RankComm::host(3).expect("host ranks");
-    let got = on_ranks(ranks, |mut rank| {
-        rank.set_timeout(Duration::from_secs(20));
-        let n = if rank.rank() == 1 { 9 } else { 8 };
-        let first = rank.all_reduce(&vec![1i32; 8][..], &mut vec![0i32; n][..], ReduceOp::Sum);
-        let second = rank.all_reduce_in_place(&mut [1i32; 8][..], ReduceOp::Sum);
-        (first, second)
-    });
-    for (r, (first, second)) in got.into_iter().enumerate() {
-        let e = first.expect_err("the first call fails");
-        assert!(e.to_string().contains("rank 1 output"), "rank {r}: {e}");
-        match second {
-            Err(CollectivesError::Aborted { seq: 0, .. }) => {}
-            other => panic!("rank {r}: {other:?}"),
+    for warm in [false, true] {
+        let ranks = RankComm::host(3).expect("host ranks");
+        let got = on_ranks(ranks, |mut rank| {
+            rank.set_timeout(Duration::from_secs(20));
+            let mut calls = 0u64;
+            if warm {
+                let mut out = [0i32; 8];
+                rank.all_reduce(&[1i32; 8][..], &mut out[..], ReduceOp::Sum)
+                    .expect("a right call");
+                assert_eq!(out, [3; 8]);
+                calls += 1;
+            }
+            let n = if rank.rank() == 1 { 9 } else { 8 };
+            let wrong = rank.all_reduce(&[1i32; 8][..], &mut vec![0i32; n][..], ReduceOp::Sum);
+            let next = rank.all_reduce_in_place(&mut [1i32; 8][..], ReduceOp::Sum);
+            (calls, wrong, next)
+        });
+        for (r, (calls, wrong, next)) in got.into_iter().enumerate() {
+            let e = wrong.expect_err("the wrong call fails");
+            assert!(
+                e.to_string().contains("rank 1 output"),
+                "warm {warm}, rank {r}: {e}"
+            );
+            match next {
+                Err(CollectivesError::Aborted { seq, .. }) if seq == calls => {}
+                other => panic!("warm {warm}, rank {r}: {other:?}"),
+            }
         }
     }
 }
