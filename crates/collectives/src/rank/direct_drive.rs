@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::Shared;
 use super::board::{Board, BoardState, lock};
 use super::direct::DirectCall;
 use super::direct_part::{DirectPart, KeptPart};
@@ -345,62 +346,105 @@ fn differs(c: &DirectCall, p: usize, desc: &Desc, in_place: bool) -> Option<Stri
     })
 }
 
+/// How long a thread driving calls of several communicators sleeps on one of them before it
+/// looks at the others again: it cannot sleep on several boards at once, and a call of one
+/// communicator may wait for a rank whose thread waits for this thread's call of another.
+const OTHER_BOARDS_POLL: Duration = Duration::from_millis(1);
+
 /// Run direct calls of distinct ranks from this thread to their ends, and return their
-/// results in order. Every call begins (checks, plan, post) before any waits; the calls of
-/// one communicator then advance together, the communicators one after another (a call
-/// waits only for ranks of its own communicator, which have all posted or will without
-/// this thread).
+/// results in order. Every call begins (checks, plan, post) before any waits; then they
+/// advance together, as their posts allow.
 pub(crate) fn drive(calls: Vec<DirectCall>) -> Vec<Result<()>> {
     let mut results: Vec<Option<Result<()>>> = (0..calls.len()).map(|_| None).collect();
-    let mut running: Vec<(usize, Running)> = Vec::with_capacity(calls.len());
+    // The calls by communicator, in order of first appearance.
+    let mut driven: Vec<Driven> = Vec::new();
     for (i, c) in calls.into_iter().enumerate() {
         match c.begin() {
-            Ok(r) => running.push((i, r)),
+            Ok(r) => match driven
+                .iter_mut()
+                .find(|b| Arc::ptr_eq(&b.shared, &r.call.shared))
+            {
+                Some(b) => b.calls.push((i, r)),
+                None => driven.push(Driven {
+                    shared: r.call.shared.clone(),
+                    calls: vec![(i, r)],
+                    done: false,
+                }),
+            },
             Err(e) => results[i] = Some(Err(e)),
         }
     }
-    while let Some((_, first)) = running.first() {
-        let shared = first.call.shared.clone();
-        let (mine, rest): (Vec<_>, Vec<_>) = running
-            .into_iter()
-            .partition(|(_, r)| Arc::ptr_eq(&r.call.shared, &shared));
-        running = rest;
-        for (i, r) in advance_together(&shared.board, mine) {
-            let Running {
-                call,
-                mut k,
-                result,
-                bound,
-                ..
-            } = r;
-            k.bindings = bound;
-            lock(&call.shared.kept[call.me]).put(k);
-            if result.is_err() {
-                // Ranks of this call that did not come directly wait at a meeting.
-                call.shared.poke_meetings();
+    let single = driven.len() == 1;
+    while driven.iter().any(|b| !b.done) {
+        let mut moved = false;
+        for b in driven.iter_mut().filter(|b| !b.done) {
+            match b.pass(single.then_some(Duration::MAX)) {
+                Pass::Done => b.done = true,
+                Pass::Moved => moved = true,
+                Pass::Waiting => {}
             }
-            results[i] = Some(result);
         }
+        if !single
+            && !moved
+            && let Some(b) = driven.iter_mut().find(|b| !b.done)
+            && matches!(b.pass(Some(OTHER_BOARDS_POLL)), Pass::Done)
+        {
+            b.done = true;
+        }
+    }
+    for (i, r) in driven.into_iter().flat_map(|b| b.calls) {
+        let Running {
+            call,
+            mut k,
+            result,
+            bound,
+            ..
+        } = r;
+        k.bindings = bound;
+        lock(&call.shared.kept[call.me]).put(k);
+        if result.is_err() {
+            // Ranks of this call that did not come directly wait at a meeting.
+            call.shared.poke_meetings();
+        }
+        results[i] = Some(result);
     }
     results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
 }
 
-/// Advance the calls (of one board) until every one is done.
-fn advance_together(board: &Board, mut calls: Vec<(usize, Running)>) -> Vec<(usize, Running)> {
-    // The thread sleeps on the condition of the lowest rank it drives here.
-    let waiter = calls.iter().map(|(_, r)| r.call.me).min().unwrap_or(0);
-    let mut to_run: Vec<usize> = Vec::new();
-    let mut watch: Vec<usize> = Vec::new();
-    loop {
+/// One communicator's calls driven by this thread.
+struct Driven {
+    shared: Arc<Shared>,
+    calls: Vec<(usize, Running)>,
+    done: bool,
+}
+
+/// What a pass over one communicator's calls did.
+enum Pass {
+    /// Every call is over.
+    Done,
+    /// Some call moved or ran its part.
+    Moved,
+    /// Every call left waits for other ranks.
+    Waiting,
+}
+
+impl Driven {
+    /// Advance every call as far as the posts allow, run the parts that may run (outside the
+    /// lock); where none moved and `sleep` is given, sleep until a watched post changes, at
+    /// most `sleep`.
+    fn pass(&mut self, sleep: Option<Duration>) -> Pass {
+        let board = &self.shared.board;
+        // The thread sleeps on the condition of the lowest rank it drives here.
+        let waiter = self.calls.iter().map(|(_, r)| r.call.me).min().unwrap_or(0);
         let mut st = lock(&board.state);
-        to_run.clear();
-        watch.clear();
+        let mut to_run: Vec<usize> = Vec::new();
+        let mut watch: Vec<usize> = Vec::new();
         let mut until: Option<Instant> = None;
         let mut waiting = 0;
         // A call's step may free another's on this thread: sleep only after a pass in which
         // no call moved (nobody else would wake this thread for what it did itself).
         let mut moved = false;
-        for (j, (_, r)) in calls.iter_mut().enumerate() {
+        for (j, (_, r)) in self.calls.iter_mut().enumerate() {
             let was = r.stage;
             let step = r.advance(board, &mut st);
             moved |= r.stage != was;
@@ -417,16 +461,19 @@ fn advance_together(board: &Board, mut calls: Vec<(usize, Running)>) -> Vec<(usi
         if !to_run.is_empty() || (moved && waiting > 0) {
             drop(st);
             for &j in &to_run {
-                calls[j].1.run();
+                self.calls[j].1.run();
             }
-            continue;
+            return Pass::Moved;
         }
         let Some(until) = until else {
-            return calls;
+            return Pass::Done;
         };
-        let limit = until.saturating_duration_since(Instant::now());
-        // One waiting call sleeps until every post it watches has changed; several wake at
-        // the first change, since any of them may be able to go on.
-        drop(board.watch(st, waiter, watch.drain(..), waiting == 1, limit));
+        if let Some(cap) = sleep {
+            let limit = until.saturating_duration_since(Instant::now()).min(cap);
+            // One waiting call sleeps until every post it watches has changed; several wake
+            // at the first change, since any of them may be able to go on.
+            drop(board.watch(st, waiter, watch.into_iter(), waiting == 1, limit));
+        }
+        Pass::Waiting
     }
 }

@@ -99,6 +99,44 @@ fn one_thread_drives_every_rank_with_launch_all() {
     assert!(outs.iter().all(|o| o.iter().all(|&x| x == 160.0)));
 }
 
+/// Two threads each drive one rank of two communicators in one `launch_all`, in opposite
+/// orders: a call of one communicator waits for a rank whose thread also drives a call of
+/// the other, so neither thread may finish one communicator's calls before it advances the
+/// other's.
+#[test]
+fn one_launch_may_drive_ranks_of_several_communicators() {
+    let mut x = RankComm::host(2).expect("host ranks");
+    let mut y = RankComm::host(2).expect("host ranks");
+    let (x1, y1) = (x.pop().expect("x1"), y.pop().expect("y1"));
+    let (x0, y0) = (x.pop().expect("x0"), y.pop().expect("y0"));
+    // Each thread adds its x call and its y call to one launch, in the order given.
+    let drive = |mut xr: RankComm, mut yr: RankComm, x_first: bool| {
+        thread::spawn(move || {
+            xr.set_timeout(Duration::from_secs(20));
+            yr.set_timeout(Duration::from_secs(20));
+            let mut a = vec![xr.rank() as u64 + 1; 100_000];
+            let mut b = vec![yr.rank() as u64 + 10; 100_000];
+            for _ in 0..5 {
+                let mut gx = xr.group();
+                gx.all_reduce_in_place(&mut a[..], ReduceOp::Sum);
+                let mut gy = yr.group();
+                gy.all_reduce_in_place(&mut b[..], ReduceOp::Sum);
+                let groups = if x_first { [gx, gy] } else { [gy, gx] };
+                RankGroup::launch_all(groups)?;
+            }
+            Ok::<_, CollectivesError>((a[0], b[0]))
+        })
+    };
+    let started = Instant::now();
+    let (t0, t1) = (drive(x0, y0, true), drive(x1, y1, false));
+    let r0 = t0.join().expect("thread 0").expect("thread 0's calls");
+    let r1 = t1.join().expect("thread 1").expect("thread 1's calls");
+    // x: 1 + 2 = 3, doubled four more times; y: 10 + 11 = 21, likewise.
+    assert_eq!(r0, (3 << 4, 21 << 4));
+    assert_eq!(r1, (3 << 4, 21 << 4));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
 /// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
 /// rank, and the communicator stays aborted: the next call of every rank names the cause.
 /// The wrong call comes first on a fresh communicator (its shape checked with the plan), or
