@@ -134,6 +134,31 @@ impl CallDesc {
         )
     }
 
+    /// `other` is a call of this one's shape: every field but the tag is equal (a plan, and
+    /// a rank's checks of its buffers' lengths, depend on these fields only).
+    pub(crate) fn same_shape(&self, other: &CallDesc) -> bool {
+        // Destructured whole, so a new field is a decision here, not a silent omission.
+        let CallDesc {
+            call,
+            collective,
+            dtype,
+            op,
+            root,
+            count,
+            counts,
+            recv_counts,
+            tag: _,
+        } = self;
+        *call == other.call
+            && *collective == other.collective
+            && *dtype == other.dtype
+            && *op == other.op
+            && *root == other.root
+            && *count == other.count
+            && *counts == other.counts
+            && *recv_counts == other.recv_counts
+    }
+
     /// Why `other` (of rank `b`) does not match `self` (of rank `a`), if it does not.
     pub fn differs(&self, a: usize, other: &CallDesc, b: usize) -> Option<String> {
         let field = self.first_difference(other)?;

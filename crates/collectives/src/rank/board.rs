@@ -51,7 +51,7 @@ impl Post {
 }
 
 /// Why the communicator was aborted: the failure, and the call it came from.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(super) struct Abort {
     seq: u64,
     call: &'static str,
@@ -105,21 +105,18 @@ impl Board {
     /// Rank `r`'s post just changed: count it off for the ranks watching it, and wake those
     /// with nothing left to wait for.
     pub(super) fn changed(&self, st: &mut BoardState, r: usize) {
-        let watchers = std::mem::take(&mut st.posts[r].watchers);
-        for &w in &watchers {
-            if let Some(c) = st.countdown.get_mut(w) {
+        let BoardState {
+            posts, countdown, ..
+        } = st;
+        for &w in &posts[r].watchers {
+            if let Some(c) = countdown.get_mut(w) {
                 *c = c.saturating_sub(1);
                 if *c == 0 {
                     self.cvs[w].notify_one();
                 }
             }
         }
-        // Keep the list's memory for the next watchers.
-        let mut watchers = watchers;
-        watchers.clear();
-        if st.posts[r].watchers.is_empty() {
-            st.posts[r].watchers = watchers;
-        }
+        posts[r].watchers.clear();
     }
 
     /// Wait on rank `me`'s condition until every post of `ranks` has changed (`all`: one
@@ -138,8 +135,8 @@ impl Board {
             let w = &mut st.posts[r].watchers;
             if !w.contains(&me) {
                 w.push(me);
-                count += 1;
             }
+            count += 1;
         }
         st.countdown[me] = if all { count } else { count.min(1) };
         self.cvs[me]
@@ -168,27 +165,30 @@ impl Board {
         st.abort.as_ref().map(|a| Self::error_of(a, call, seq))
     }
 
-    /// Abort at call `seq`, failed by a rank's arguments (`error`).
-    pub(crate) fn fail(&self, seq: u64, error: Arc<CollectivesError>) {
+    /// Abort at call `seq` (`call`), failed by a rank's arguments or checks (`error`).
+    pub(crate) fn fail(&self, seq: u64, call: &'static str, error: Arc<CollectivesError>) {
         let mut st = lock(&self.state);
-        self.abort(&mut st, seq, "group", Failure::Failed(error));
+        self.abort(&mut st, seq, call, Failure::Failed(error));
     }
 
-    /// Abort with `failure` at call `seq` (the first abort stays), waking every waiter.
+    /// Abort with `failure` at call `seq` (the first abort stays), waking every waiter;
+    /// returns the error of call `call` (number `seq`) under the abort that stands.
     pub(super) fn abort(
         &self,
         st: &mut BoardState,
         seq: u64,
         call: &'static str,
         failure: Failure,
-    ) {
-        st.abort.get_or_insert(Abort {
+    ) -> CollectivesError {
+        let a = st.abort.get_or_insert(Abort {
             seq,
             call,
             failure: Arc::new(failure),
         });
+        let e = Self::error_of(a, call, seq);
         self.aborted.store(true, Ordering::Release);
         self.wake_all();
+        e
     }
 
     /// The abort's cause as the failure of a call at a meeting, once aborted.

@@ -44,16 +44,16 @@ use super::op::Desc;
 use crate::backend::sealed::{Lending, Private};
 use crate::backend::validate::Bound;
 use crate::call_checks;
+use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
 use crate::plan_cache::Cached;
 
 /// Address of a zero-byte binding: any address aligned for every element type serves.
-pub(super) const EMPTY_ADDR: u64 = 256;
+const EMPTY_ADDR: u64 = 256;
 
-/// Whether the ranks of `shared`'s communicator run their calls directly: host slices on the
-/// host backend, every rank on a device of its own, the devices arenas of one host memory.
-pub(crate) fn eligible(shared: &Shared) -> bool {
-    let comm = &shared.comm;
+/// Whether the ranks of `comm` run their calls directly: host slices on the host backend,
+/// every rank on a device of its own, the devices arenas of one host memory.
+pub(crate) fn eligible(comm: &Communicator) -> bool {
     let devices = comm.devices();
     let distinct = devices
         .iter()
@@ -78,7 +78,8 @@ pub(crate) struct DirectCall {
     pub output: Option<(usize, u64)>,
 }
 
-fn bound_of(span: Option<(usize, u64)>) -> Bound {
+/// The binding of a span (address, bytes); an empty one where there is none.
+pub(super) fn bound_of(span: Option<(usize, u64)>) -> Bound {
     match span {
         Some((addr, bytes)) if bytes > 0 => Bound {
             addr: addr as u64,
@@ -112,25 +113,22 @@ impl DirectCall {
         }
         let kept = lock(&self.shared.kept[self.me]).take_shape(&self.desc, self.in_place);
         let k = match kept {
-            Some(k) => match k.shape.as_ref().map(|s| self.check_slices(s)) {
-                Some(Err(e)) => {
+            Some(k) => match self.check_slices(&k.shape) {
+                Ok(()) => Ok(k),
+                Err(e) => {
                     lock(&self.shared.kept[self.me]).put(k);
                     Err(e)
                 }
-                _ => Ok(k),
             },
             None => self.checked_plan().and_then(|(cached, shape)| {
-                let mut k =
-                    lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me)?;
-                k.shape = Some(shape);
-                Ok(k)
+                lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me, shape)
             }),
         };
         let k = match k {
             Ok(k) => k,
             Err(e) => {
                 let e = Arc::new(e);
-                board.fail(self.seq, e.clone());
+                board.fail(self.seq, call, e.clone());
                 self.shared.poke_meetings();
                 return Err(CollectivesError::RankFailed { call, source: e });
             }

@@ -227,12 +227,7 @@ impl Running {
             });
         }
         if let Some(m) = wrong {
-            board.abort(st, seq, call, Failure::Mismatch(m));
-            return Err(Board::error_of(
-                st.abort.as_ref().expect("just set"),
-                call,
-                seq,
-            ));
+            return Err(board.abort(st, seq, call, Failure::Mismatch(m)));
         }
         if missing.is_empty() {
             for &p in &self.k.part.reads {
@@ -256,12 +251,7 @@ impl Running {
                 waited_ms: now.duration_since(self.start).as_millis() as u64,
                 gone,
             };
-            board.abort(st, seq, call, failure);
-            return Err(Board::error_of(
-                st.abort.as_ref().expect("just set"),
-                call,
-                seq,
-            ));
+            return Err(board.abort(st, seq, call, failure));
         }
         Ok(Some(missing))
     }

@@ -16,7 +16,7 @@ use crate::backend::{ByteRegion, Command};
 use crate::error::{CollectivesError, Result};
 use crate::plan_cache::Cached;
 
-use super::direct::EMPTY_ADDR;
+use super::direct::bound_of;
 
 /// Plans whose parts a rank keeps (most recently used kept, resolved tasks with them).
 const KEPT_PARTS: usize = 4;
@@ -168,7 +168,7 @@ pub(super) struct KeptPart {
     pub tasks: Option<(Vec<Bound>, HereTasks)>,
     /// The call shape this part was taken for, with its checks' results for this rank: a
     /// call of the same shape skips the request, its checks and the cache's look-up.
-    pub shape: Option<CallShape>,
+    pub shape: CallShape,
     /// The last call's bindings, kept for the next call to fill.
     pub bindings: Vec<Bound>,
 }
@@ -184,18 +184,9 @@ pub(super) struct CallShape {
 }
 
 impl CallShape {
-    /// `desc` (in place or not) is a call of this shape: every field but the tag agrees.
+    /// `desc` (in place or not) is a call of this shape.
     pub fn fits(&self, desc: &Desc, in_place: bool) -> bool {
-        let d = &self.desc;
-        self.in_place == in_place
-            && d.call == desc.call
-            && d.collective == desc.collective
-            && d.dtype == desc.dtype
-            && d.op == desc.op
-            && d.root == desc.root
-            && d.count == desc.count
-            && d.counts == desc.counts
-            && d.recv_counts == desc.recv_counts
+        self.in_place == in_place && self.desc.same_shape(desc)
     }
 }
 
@@ -207,21 +198,23 @@ pub(crate) struct KeptParts {
 }
 
 impl KeptParts {
-    /// The kept part of `cached` for rank `me`, cut on first use.
-    /// Take out the kept part of `cached` for rank `me` (cut on first use), to give back
-    /// with [`KeptParts::put`] once the call is over.
+    /// Take out the kept part of `cached` for rank `me` (cut on first use), now for calls of
+    /// `shape`, to give back with [`KeptParts::put`] once the call is over.
     pub(super) fn take(
         &mut self,
         shared: &Shared,
         cached: &Arc<Cached>,
         me: usize,
+        shape: CallShape,
     ) -> Result<KeptPart> {
         if let Some(i) = self
             .parts
             .iter()
             .position(|k| Arc::ptr_eq(&k.cached, cached))
         {
-            return Ok(self.parts.remove(i));
+            let mut k = self.parts.remove(i);
+            k.shape = shape;
+            return Ok(k);
         }
         let comm = &shared.comm;
         let part = cut_part(cached.exec.program(), comm.devices(), me).map_err(|m| {
@@ -242,23 +235,14 @@ impl KeptParts {
                 bytes: m.bytes(),
             };
             let raw = backend.raw_region(region, Private)?;
-            scratch.push(raw.map_or(
-                Bound {
-                    addr: EMPTY_ADDR,
-                    bytes: 0,
-                },
-                |r| Bound {
-                    addr: r.addr as u64,
-                    bytes: r.bytes,
-                },
-            ));
+            scratch.push(bound_of(raw.map(|r| (r.addr, r.bytes))));
         }
         Ok(KeptPart {
             cached: cached.clone(),
             part,
             scratch,
             tasks: None,
-            shape: None,
+            shape,
             bindings: Vec::new(),
         })
     }
@@ -268,7 +252,7 @@ impl KeptParts {
         let i = self
             .parts
             .iter()
-            .rposition(|k| k.shape.as_ref().is_some_and(|s| s.fits(desc, in_place)))?;
+            .rposition(|k| k.shape.fits(desc, in_place))?;
         Some(self.parts.remove(i))
     }
 

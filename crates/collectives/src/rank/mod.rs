@@ -104,17 +104,15 @@ impl Shared {
         let n = comm.ranks();
         let gone: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(false)).collect();
         let board = Arc::new(Board::new(n));
-        let mut shared = Shared {
+        Shared {
             meeting: Meeting::new((0..n).collect(), gone.clone(), board.clone()),
             gone,
+            direct: direct::eligible(&comm),
             comm,
             pairs: Mutex::new(HashMap::new()),
-            direct: false,
             board,
             kept: (0..n).map(|_| Mutex::default()).collect(),
-        };
-        shared.direct = direct::eligible(&shared);
-        shared
+        }
     }
 
     fn pair(&self, a: usize, b: usize) -> Arc<Meeting> {
@@ -330,7 +328,7 @@ impl RankComm {
             if single && let Some(e) = lender.error.take() {
                 // The others may be waiting for this rank's post: fail the call for all.
                 let e = Arc::new(e);
-                self.shared.board.fail(self.seq, e.clone());
+                self.shared.board.fail(self.seq, "group", e.clone());
                 self.shared.poke_meetings();
                 self.seq += 1;
                 return Departure::of(Left::Failed(e), lender);

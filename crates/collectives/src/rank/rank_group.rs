@@ -161,28 +161,19 @@ impl<'r, 'b> RankGroup<'r, 'b> {
 
     /// The one path every collective of a group ends in: its descriptor and this rank's
     /// input and output views (`None` where the rank has none).
-    fn push(&mut self, mut desc: Desc, input: Option<View>, output: Option<View>) -> &mut Self {
+    fn push(
+        &mut self,
+        mut desc: Desc,
+        (input, output): (Option<View>, Option<View>),
+        in_place: bool,
+    ) -> &mut Self {
         desc.tag = self.comm.tag();
         self.ops.push(RankCallOp::Coll {
             desc,
             input,
             output,
-            in_place: false,
+            in_place,
         });
-        self
-    }
-
-    /// [`Self::push`] of an `_in_place` call.
-    fn push_in_place(
-        &mut self,
-        desc: Desc,
-        input: Option<View>,
-        output: Option<View>,
-    ) -> &mut Self {
-        self.push(desc, input, output);
-        if let Some(RankCallOp::Coll { in_place, .. }) = self.ops.last_mut() {
-            *in_place = true;
-        }
         self
     }
 
@@ -196,7 +187,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     ) -> &mut Self {
         let i = send.map(|s| self.lend(s));
         let o = recv.map(|r| self.lend_mut(r));
-        self.push(desc, i, o)
+        self.push(desc, (i, o), false)
     }
 
     /// A rooted collective whose input is the root's `send` (ignored elsewhere) and whose
@@ -239,7 +230,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         let count = RecvBuf::<T>::elems(buf);
         let v = self.lend_mut(buf);
         let d = Self::desc::<T>(c, count, op, root);
-        self.push_in_place(d, input.then_some(v), output.then_some(v))
+        self.push(d, (input.then_some(v), output.then_some(v)), true)
     }
 
     /// An in-place collective whose buffer is `n` blocks: block `at` is the input (and the
@@ -264,9 +255,9 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         };
         let d = Self::desc::<T>(c, count, op, root);
         if block_is_input {
-            self.push_in_place(d, Some(block), Some(whole))
+            self.push(d, (Some(block), Some(whole)), true)
         } else {
-            self.push_in_place(d, Some(whole), Some(block))
+            self.push(d, (Some(whole), Some(block)), true)
         }
     }
 
@@ -399,7 +390,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         let o = self.lend_mut(buf);
         let i = View { offset, len, ..o };
         let d = Self::desc_v(Collective::AllGatherV, T::DTYPE, counts_u64(counts));
-        self.push_in_place(d, Some(i), Some(o))
+        self.push(d, (Some(i), Some(o)), true)
     }
 
     /// This rank's block of a v-collective's buffer of `counts` in rank order: its offset (the
@@ -478,7 +469,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
             op,
             ..Self::desc_v(Collective::ReduceScatterV, T::DTYPE, counts_u64(counts))
         };
-        self.push_in_place(d, Some(i), Some(o))
+        self.push(d, (Some(i), Some(o)), true)
     }
 
     /// Add [`Collectives::all_to_all`].
