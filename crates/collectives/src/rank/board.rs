@@ -63,7 +63,16 @@ pub(super) struct BoardState {
     pub posts: Vec<Post>,
     /// Per rank: changes of watched posts it still waits for before it is woken.
     countdown: Vec<usize>,
-    pub abort: Option<Abort>,
+    /// The earliest failed call, if any: it and every later call fail.
+    abort: Option<Abort>,
+}
+
+impl BoardState {
+    /// The abort that fails call `seq`: one at that call or an earlier one. A rank still in
+    /// an earlier call goes on: the ranks it works with are in that call too, or past it.
+    pub fn abort_at(&self, seq: u64) -> Option<&Abort> {
+        self.abort.as_ref().filter(|a| a.seq <= seq)
+    }
 }
 
 /// Where the ranks of a communicator post their direct calls (module docs).
@@ -159,10 +168,10 @@ impl Board {
         }
     }
 
-    /// `Aborted` when the communicator was aborted (for calls that do not run directly).
+    /// The error of call `call` (number `seq`) when an abort fails it.
     pub(crate) fn aborted(&self, call: &'static str, seq: u64) -> Option<CollectivesError> {
         let st = lock(&self.state);
-        st.abort.as_ref().map(|a| Self::error_of(a, call, seq))
+        st.abort_at(seq).map(|a| Self::error_of(a, call, seq))
     }
 
     /// Abort at call `seq` (`call`), failed by a rank's arguments or checks (`error`).
@@ -171,8 +180,9 @@ impl Board {
         self.abort(&mut st, seq, call, Failure::Failed(error));
     }
 
-    /// Abort with `failure` at call `seq` (the first abort stays), waking every waiter;
-    /// returns the error of call `call` (number `seq`) under the abort that stands.
+    /// Abort with `failure` at call `seq` (the earliest failed call's abort stays), waking
+    /// every waiter; returns the error of call `call` (number `seq`) under the abort that
+    /// stands.
     pub(super) fn abort(
         &self,
         st: &mut BoardState,
@@ -180,24 +190,29 @@ impl Board {
         call: &'static str,
         failure: Failure,
     ) -> CollectivesError {
-        let a = st.abort.get_or_insert(Abort {
-            seq,
-            call,
-            failure: Arc::new(failure),
-        });
-        let e = Self::error_of(a, call, seq);
+        let a = st
+            .abort
+            .take()
+            .filter(|a| a.seq <= seq)
+            .unwrap_or_else(|| Abort {
+                seq,
+                call,
+                failure: Arc::new(failure),
+            });
+        let e = Self::error_of(&a, call, seq);
+        st.abort = Some(a);
         self.aborted.store(true, Ordering::Release);
         self.wake_all();
         e
     }
 
-    /// The abort's cause as the failure of a call at a meeting, once aborted.
-    pub(crate) fn failure(&self) -> Option<Failure> {
+    /// The abort's cause as the failure of meeting round `seq`, once an abort fails it.
+    pub(crate) fn failure(&self, seq: u64) -> Option<Failure> {
         if !self.aborted.load(Ordering::Acquire) {
             return None;
         }
         let st = lock(&self.state);
-        let a = st.abort.as_ref()?;
+        let a = st.abort_at(seq)?;
         Some(Failure::Failed(Arc::new(a.failure.to_error(a.call))))
     }
 }

@@ -31,7 +31,8 @@
 //! aborts the communicator: ranks in the same call return the same error (`RankMismatch`,
 //! `RankTimeout` naming the missing rank and the call, or `RankFailed`), and every later
 //! call of every rank returns [`CollectivesError::Aborted`] with that cause. A rank whose
-//! part needed nothing from the failed one may already have returned with a valid result.
+//! part needed nothing from the failed one may already have returned with a valid result,
+//! and ranks still in an earlier call finish it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,7 +146,7 @@ impl DirectCall {
         let mine = (bound_of(self.input), bound_of(self.output));
         {
             let mut st = lock(&board.state);
-            if let Some(a) = &st.abort {
+            if let Some(a) = st.abort_at(seq) {
                 let e = Board::error_of(a, self.desc.call, seq);
                 drop(st);
                 lock(&self.shared.kept[me]).put(k);

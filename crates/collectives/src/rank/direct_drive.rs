@@ -60,13 +60,13 @@ pub(crate) struct Running {
 }
 
 /// The ranks whose parts touch `part`'s rank's memory and that have not finished call
-/// `seq` (none once the communicator is aborted: then only users are waited for).
+/// `seq` (none once an abort fails the call: then only users are waited for).
 fn unfinished<'a>(
     part: &'a DirectPart,
     st: &'a BoardState,
     seq: u64,
 ) -> impl Iterator<Item = usize> + 'a {
-    let waits = st.abort.is_none();
+    let waits = st.abort_at(seq).is_none();
     part.touched_by
         .iter()
         .copied()
@@ -123,7 +123,7 @@ impl Running {
                         let (me, seq) = (self.call.me, self.call.seq);
                         st.posts[me].open = false;
                         board.changed(st, me);
-                        self.result = match &st.abort {
+                        self.result = match st.abort_at(seq) {
                             Some(a) => Err(Board::error_of(a, self.call.desc.call, seq)),
                             None => Ok(()),
                         };
@@ -191,7 +191,7 @@ impl Running {
         let c = &self.call;
         let (me, seq, call) = (c.me, c.seq, c.desc.call);
         let n = c.shared.comm.ranks();
-        if let Some(a) = &st.abort {
+        if let Some(a) = st.abort_at(seq) {
             return Err(Board::error_of(a, call, seq));
         }
         let mut missing = Vec::new();
@@ -261,7 +261,7 @@ impl Running {
     fn release(&mut self, board: &Board, st: &mut BoardState) {
         let (me, seq, call) = (self.call.me, self.call.seq, self.call.desc.call);
         if let Err(e) = std::mem::replace(&mut self.result, Ok(()))
-            && st.abort.is_none()
+            && st.abort_at(seq).is_none()
         {
             board.abort(st, seq, call, Failure::Failed(Arc::new(e)));
         }

@@ -214,7 +214,7 @@ impl Meeting {
                         .iter()
                         .any(|&r| self.gone.get(r).is_some_and(|g| g.load(Ordering::Acquire)));
                     let now = Instant::now();
-                    let aborted = self.board.failure();
+                    let aborted = self.board.failure(seq);
                     if aborted.is_some() || gone || now >= deadline {
                         let o = Arc::new(Err(aborted.unwrap_or(Failure::Timeout {
                             seq,

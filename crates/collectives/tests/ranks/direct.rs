@@ -137,6 +137,47 @@ fn one_launch_may_drive_ranks_of_several_communicators() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+/// An abort fails the call it comes from and every later one, not earlier calls still under
+/// way: rank 1 receives a broadcast (needing only the root), fails its next call with a
+/// wrong buffer, and only then rank 2 makes the broadcast. The root and rank 2 finish the
+/// broadcast with the right data and fail the next call with rank 1's error.
+#[test]
+fn an_abort_leaves_earlier_calls_to_finish() {
+    let ranks = RankComm::host(3).expect("host ranks");
+    let failed = Flag::default();
+    let src: Vec<u32> = (0..4096).collect();
+    let got = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let r = rank.rank();
+        if r == 2 && !failed.wait(Duration::from_secs(10)) {
+            return Err("rank 1 did not fail its second call first".to_string());
+        }
+        let mut out = vec![0u32; 4096];
+        let send = (r == 0).then_some(&src[..]);
+        rank.broadcast(send, &mut out[..], 0)
+            .map_err(|e| format!("rank {r}: broadcast: {e}"))?;
+        if out != src {
+            return Err(format!("rank {r}: wrong broadcast"));
+        }
+        let n = if r == 1 { 7 } else { 8 };
+        let next = rank.all_reduce(&[1u32; 8][..], &mut vec![0u32; n][..], ReduceOp::Sum);
+        if r == 1 {
+            failed.raise();
+        }
+        match next {
+            Err(CollectivesError::RankFailed { source, .. })
+                if matches!(*source, CollectivesError::CountMismatch { rank: 1, .. }) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("rank {r}: second call: {other:?}")),
+        }
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        g.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
 /// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
 /// rank, and the communicator stays aborted: the next call of every rank names the cause.
 /// The wrong call comes first on a fresh communicator (its shape checked with the plan), or
