@@ -6,7 +6,7 @@
 //! | module | crate | owns |
 //! |---|---|---|
 //! | [`topo`] | relaycc-topo | the machine as a graph; presets, importers, exporters |
-//! | [`route`] | relaycc-route | the Plan IR, planners, the flow simulator, bounds |
+//! | [`route`] | relaycc-route | choosing a plan, and at its door the Plan IR and checker (relaycc-plan), the flow simulator and bounds (relaycc-sim), the planners (relaycc-planners) |
 //! | [`collectives`] | relaycc-collectives | the safe API, the executor, the backends |
 //!
 //! | at the root | for |

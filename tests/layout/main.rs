@@ -216,48 +216,118 @@ fn no_file_imports_from_a_file_that_imports_it_back() {
     );
 }
 
-/// Route's top-level modules (`plan`, `check`, `rounds`, `sim`, `planner`, `template`,
-/// `select`, ...) import one another without a loop, so they stack in layers, each importing
-/// only from those below it: the order crates along the spine would take them in. `lib.rs`
-/// re-exports, so it is left out.
-#[test]
-fn no_top_level_module_of_route_imports_one_that_imports_it_back() {
-    let src = root().join("crates/route/src");
-    let prefix = relative(&src);
-    let top = |file: &str| -> String {
-        let rel = file
-            .strip_prefix(&prefix)
-            .unwrap_or(file)
-            .trim_start_matches('/');
-        let first = rel.split('/').next().unwrap_or(rel);
-        first.trim_end_matches(".rs").to_string()
-    };
-    let mut modules: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (from, tos) in import_graph(&src) {
-        let from = top(&from);
-        if from == "lib" {
+/// The crates in layers, lowest first: each may depend only on crates before it.
+const LAYERS: &[(&str, &str)] = &[
+    ("crates/topo", "relaycc-topo"),
+    ("crates/plan", "relaycc-plan"),
+    ("crates/sim", "relaycc-sim"),
+    ("crates/planners", "relaycc-planners"),
+    ("crates/route", "relaycc-route"),
+    ("crates/collectives", "relaycc-collectives"),
+    ("crates/cli", "relaycc-cli"),
+];
+
+/// The relaycc crates a manifest's `[dependencies]` name (not dev-dependencies: a test may
+/// use a crate above).
+fn relaycc_dependencies(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_deps = t == "[dependencies]";
             continue;
         }
-        let entry = modules.entry(from.clone()).or_default();
-        entry.extend(
-            tos.iter()
-                .map(|t| top(t))
-                .filter(|t| *t != from && t != "lib"),
+        if in_deps && t.starts_with("relaycc-") {
+            let name: String = t
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '_')
+                .collect();
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Each crate depends only on crates of lower layers: the routing crates stack as
+/// plan <- sim <- planners <- route, so nothing in the IR knows a planner, and nothing
+/// below the selection knows it. Cargo refuses cycles; this keeps the order itself.
+#[test]
+fn every_crate_depends_only_on_the_layers_below_it() {
+    let mut bad = Vec::new();
+    for (i, (dir, name)) in LAYERS.iter().enumerate() {
+        let manifest = std::fs::read_to_string(root().join(dir).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("{dir}/Cargo.toml: {e}"));
+        assert!(
+            manifest.contains(&format!("name = \"{name}\"")),
+            "{dir} is not {name}"
+        );
+        for dep in relaycc_dependencies(&manifest) {
+            let below = LAYERS[..i].iter().any(|(_, n)| *n == dep);
+            if !below && dep != "relaycc-kernels" {
+                bad.push(format!("{name} depends on {dep}, which is not below it"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    let routing = relaycc_dependencies(
+        &std::fs::read_to_string(root().join("crates/planners/Cargo.toml")).unwrap_or_default(),
+    );
+    assert!(
+        routing.contains(&"relaycc-sim".to_string()),
+        "the reader of manifests found nothing: {routing:?}"
+    );
+}
+
+/// Within each routing crate, the top-level modules import one another without a loop, so
+/// they stack in layers too. `lib.rs` re-exports, so it is left out.
+#[test]
+fn no_top_level_module_of_a_routing_crate_imports_one_that_imports_it_back() {
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for dir in [
+        "crates/plan",
+        "crates/sim",
+        "crates/planners",
+        "crates/route",
+    ] {
+        let src = root().join(dir).join("src");
+        let prefix = relative(&src);
+        let top = |file: &str| -> String {
+            let rel = file
+                .strip_prefix(&prefix)
+                .unwrap_or(file)
+                .trim_start_matches('/');
+            let first = rel.split('/').next().unwrap_or(rel);
+            first.trim_end_matches(".rs").to_string()
+        };
+        let mut modules: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, tos) in import_graph(&src) {
+            let from = top(&from);
+            if from == "lib" {
+                continue;
+            }
+            let entry = modules.entry(from.clone()).or_default();
+            entry.extend(
+                tos.iter()
+                    .map(|t| top(t))
+                    .filter(|t| *t != from && t != "lib"),
+            );
+        }
+        seen += modules.len();
+        bad.extend(
+            loops(&modules)
+                .into_iter()
+                .map(|g| format!("{dir}: {}", g.join(" <-> "))),
         );
     }
     assert!(
-        modules.len() > 10,
-        "route's modules were not found: {:?}",
-        modules.keys()
+        seen > 30,
+        "the routing crates' modules were not found ({seen})"
     );
-    let bad: Vec<String> = loops(&modules)
-        .into_iter()
-        .map(|g| g.join(" <-> "))
-        .collect();
     assert!(
         bad.is_empty(),
-        "route's top-level modules in an import loop (move what they share into the lower \
-         one):\n{}",
+        "top-level modules in an import loop (move what they share into the lower one):\n{}",
         bad.join("\n")
     );
 }
@@ -392,9 +462,9 @@ fn visible_type_names(file: &Path) -> Vec<(String, usize)> {
 }
 
 #[test]
-fn no_two_visible_types_of_route_collectives_and_topo_share_a_name() {
+fn no_two_visible_types_of_the_library_crates_share_a_name() {
     let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for krate in ["route", "collectives", "topo"] {
+    for krate in ["topo", "plan", "sim", "planners", "route", "collectives"] {
         let mut files = Vec::new();
         walk(
             &root().join("crates").join(krate).join("src"),

@@ -4,6 +4,11 @@
 //! relaycc-route produces the fastest [`Plan`] it can find and says how fast it is, beside the
 //! NCCL-like baseline and the bound.
 //!
+//! It is the top of four crates that stack, each depending only on those below it:
+//! relaycc-plan (the IR, paths, the checker), relaycc-sim (the simulator, the bounds),
+//! relaycc-planners (every way to build a plan) and this one (the choice). It re-exports what
+//! their users need, so this crate is the routing layer's one door:
+//!
 //! | what | where |
 //! |---|---|
 //! | the request and its buffer layouts | [`Request`], [`Collective`], [`DType`], [`ReduceOp`] |
@@ -26,55 +31,30 @@
 
 #![deny(missing_docs)]
 
-mod bound;
-mod check;
-mod dtype;
-mod error;
 pub mod fidelity;
-mod limits;
-pub mod nodeaware;
-pub(crate) mod nvls_support;
-mod order;
-pub mod p2p;
-pub mod path;
-mod plan;
-pub mod planner;
-mod reach;
-mod request;
-pub mod rounds;
-pub mod route_pipeline;
 mod select;
-pub mod sim;
-pub mod staging;
-pub mod step_samples;
-pub mod template;
 
-pub use bound::collective_bound_gbps;
-pub use check::{
-    CheckOptions, CheckedPlan, check, check_rounds, check_routes, check_template, check_with,
-    clock_bytes as check_clock_bytes,
+pub use relaycc_plan::{
+    BufferRef, CheckOptions, CheckedPlan, Collective, DType, DepGraph, EdgeScale, ExpectedPiece,
+    InPlace, Lane, LaneKey, Location, MAX_ELEMENTS, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset,
+    Plan, Protocol, ReduceOp, Region, RegionShift, Request, Result, Rounds, RouteError, Scratch,
+    StepSamples, Template, Transfer, check, check_rounds, check_routes, check_template, check_with,
+    clock_bytes as check_clock_bytes, path, rounds, step_samples,
 };
-pub use dtype::{DType, ReduceOp};
-pub use error::{Result, RouteError};
-pub use limits::{
+pub use relaycc_planners as planner;
+pub use relaycc_planners::{
     CANDIDATE_OPS, CallOps, DEFAULT_BUDGET, LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE, LargeBuild,
-    Limit, MAX_CALL_OPS,
+    Limit, MAX_CALL_OPS, nodeaware, p2p, require_reachable, require_relays_exist, route_pipeline,
+    staging, template,
 };
-pub use order::DepGraph;
-pub use plan::{
-    BufferRef, EdgeScale, Lane, LaneKey, Location, NvlsShare, OffsetAt, Op, OpKind, PeriodOffset,
-    Plan, Region, RegionShift, Rounds, Scratch, StepSamples, Template,
+pub use relaycc_sim as sim;
+pub use relaycc_sim::{
+    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,
+    Perf, PreparedSim, SimConfig, SimResult, chrome_trace, collective_bound_gbps, simulate,
 };
-pub use reach::{require_reachable, require_relays_exist};
-pub use relaycc_topo::rates::Protocol;
-pub use request::{Collective, ExpectedPiece, InPlace, MAX_ELEMENTS, Request, Transfer};
 pub use select::{
     CandidateTime, EXPAND_MAX_RANKS, PlanOptions, Planned, Planner,
     SAMPLED_PROOF_ABOVE_CLOCK_BYTES, plan, proved_by_checker,
-};
-pub use sim::{
-    DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, DEFAULT_OP_OVERHEAD_US, EdgeUse, MemUse, OpSpan,
-    Perf, PreparedSim, SimConfig, SimResult, chrome_trace, simulate,
 };
 
 /// The README's example, compiled and run as a doctest.

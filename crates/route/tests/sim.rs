@@ -2,7 +2,7 @@
 //!
 //! Modules: `fixtures` (topologies and plan builders), then one module per area: single
 //! flows, sharing, ordering and pipelining, memories, reports, and properties. Bad plans are
-//! tested beside the checks, in `src/sim/model.rs`.
+//! tested beside the checks, in `crates/sim/src/model.rs`.
 
 mod fixtures {
     use relaycc_route::{BufferRef, DType, Location, Plan, Region, Request};
@@ -511,7 +511,7 @@ mod memory {
     }
 }
 
-/// nccl-tests figures (the Chrome trace is tested in `src/sim/trace.rs`).
+/// nccl-tests figures (the Chrome trace is tested in `crates/sim/src/trace.rs`).
 mod reports {
     use super::fixtures::*;
     use relaycc_route::Location::Gpu;

@@ -5,13 +5,13 @@ use relaycc_topo::{Calibration, Topology};
 use serde::Serialize;
 
 use super::rows::{CopyMethod, Gpus, Measure, ROWS, Row};
-use crate::dtype::DType;
-use crate::error::{Result, RouteError};
-use crate::p2p::P2pStrategy;
-use crate::path::RelayPolicy;
-use crate::request::{Request, Transfer};
 use crate::select::{PlanOptions, plan};
-use crate::sim::{SimConfig, simulate};
+use relaycc_plan::DType;
+use relaycc_plan::path::RelayPolicy;
+use relaycc_plan::{Request, Transfer};
+use relaycc_plan::{Result, RouteError};
+use relaycc_planners::p2p::P2pStrategy;
+use relaycc_sim::{SimConfig, simulate};
 
 /// Largest relative error one row may have and still pass.
 pub const ROW_TOLERANCE: f64 = 0.15;
@@ -151,13 +151,15 @@ fn members(topo: &Topology, g: &Gpus) -> Vec<u32> {
 }
 
 /// An f32 collective of nccl-tests' `size` (bytes per rank's buffer, as nccl-tests counts it).
-fn collective(c: crate::Collective, gpus: Vec<u32>, bytes: u64) -> Request {
+fn collective(c: relaycc_plan::Collective, gpus: Vec<u32>, bytes: u64) -> Request {
     let n = gpus.len() as u64;
     // nccl-tests' size is the whole buffer for all_reduce, and n blocks for all_gather; relaycc's
     // count is per rank (per block for all_gather), so the size they print is the same.
     let elements = bytes / DType::F32.size();
     let count = match c {
-        crate::Collective::AllGather | crate::Collective::ReduceScatter => elements / n.max(1),
+        relaycc_plan::Collective::AllGather | relaycc_plan::Collective::ReduceScatter => {
+            elements / n.max(1)
+        }
         _ => elements,
     };
     Request::new(c, gpus, count.max(1), DType::F32)
@@ -165,7 +167,7 @@ fn collective(c: crate::Collective, gpus: Vec<u32>, bytes: u64) -> Request {
 
 /// The NCCL-like baseline's simulated time of `req`, microseconds.
 fn baseline_us(topo: &Topology, req: &Request) -> Result<f64> {
-    let p = crate::planner::baseline_plan(topo, req)?;
+    let p = relaycc_planners::baseline_plan(topo, req)?;
     Ok(simulate(topo, &p, &SimConfig::default())?.time_us)
 }
 
@@ -196,7 +198,8 @@ pub fn predict(row: &Row, topo: &Topology) -> Result<f64> {
             Ok(gbps(bytes, us))
         }
         Measure::CopyBothWays { a, b, bytes } => {
-            let mut req = Request::new(crate::Collective::SendRecv, vec![a, b], 0, DType::U8);
+            let mut req =
+                Request::new(relaycc_plan::Collective::SendRecv, vec![a, b], 0, DType::U8);
             req.transfers = vec![
                 Transfer {
                     src: 0,
@@ -218,7 +221,7 @@ pub fn predict(row: &Row, topo: &Topology) -> Result<f64> {
         } => {
             let req = collective(c, members(topo, &gpus), bytes);
             let us = baseline_us(topo, &req)?;
-            Ok(crate::Perf::from_time(&req, us).busbw_gbps)
+            Ok(relaycc_sim::Perf::from_time(&req, us).busbw_gbps)
         }
         Measure::Time {
             collective: c,

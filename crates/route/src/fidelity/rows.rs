@@ -6,7 +6,7 @@
 //! generation), [`Row::note`] says how. A row the model cannot meet carries its reason in
 //! [`Row::gap`]; it stays in the table.
 
-use crate::request::Collective;
+use relaycc_plan::Collective;
 
 /// Which GPUs of a preset take part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

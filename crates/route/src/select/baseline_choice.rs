@@ -1,5 +1,5 @@
 //! How a planning call builds and times the NCCL-like baseline: step-sampled where its rings,
-//! its tree or its all_to_all's rounds are too large to build ([`crate::step_samples`]), as a
+//! its tree or its all_to_all's rounds are too large to build ([`relaycc_plan::step_samples`]), as a
 //! template where its window is smaller than the plan (NCCL's rings where its tree does not
 //! fold), or in full
 //! ([`baseline_template`]); simulated to the end, within the budget, or taken from the tuner's
@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use relaycc_topo::Topology;
 
-use crate::error::{Result, RouteError};
-use crate::limits::LEAST_SIMULATION_GRACE;
-use crate::plan::Plan;
-use crate::request::{Collective, Request};
-use crate::sim::{PreparedSim, SimConfig, SimCut, simulate};
-use crate::step_samples::{
+use relaycc_plan::Plan;
+use relaycc_plan::step_samples::{
     LONG_STEPS, SAMPLE_FROM_STEPS, SHORT_STEPS, TREE_LONG_CHUNKS, TREE_SHORT_CHUNKS,
 };
+use relaycc_plan::{Collective, Request};
+use relaycc_plan::{Result, RouteError};
+use relaycc_planners::limits::LEAST_SIMULATION_GRACE;
+use relaycc_sim::{PreparedSim, SimConfig, SimCut, simulate};
 
 use super::deadline::{Deadline, GRACE_ABOVE_OPS};
 use super::options::PlanOptions;
@@ -35,7 +35,7 @@ pub(super) fn simulate_baseline(
     topo: &Topology,
     plan: &Plan,
     opts: &PlanOptions,
-    tuned: Option<crate::planner::baseline::TunedTime>,
+    tuned: Option<relaycc_planners::baseline::TunedTime>,
     deadline: &Deadline,
 ) -> Result<(f64, Option<SimCut>)> {
     if let Some(t) = tuned
@@ -71,7 +71,7 @@ pub(super) fn simulate_baseline(
 /// as that bound.
 fn simulate_sampled_baseline(
     topo: &Topology,
-    samples: &crate::plan::StepSamples,
+    samples: &relaycc_plan::StepSamples,
     opts: &PlanOptions,
     deadline: &Deadline,
 ) -> Result<(f64, Option<SimCut>)> {
@@ -90,14 +90,18 @@ fn simulate_sampled_baseline(
             }
         }
     }
-    let (time_us, _) = crate::step_samples::extrapolate_us(samples, time_us[1], time_us[0]);
+    let (time_us, _) = relaycc_plan::step_samples::extrapolate_us(samples, time_us[1], time_us[0]);
     Ok((time_us, None))
 }
 
 /// Whether the tuner's simulation `t` of a baseline of `ops` ops stands for the planner's, which
 /// could run for `could_run`: it ran to the end, or, for a plan large enough to be cut at all
 /// ([`GRACE_ABOVE_OPS`]), it ran at least as long.
-fn tuned_stands(t: &crate::planner::baseline::TunedTime, ops: usize, could_run: Duration) -> bool {
+fn tuned_stands(
+    t: &relaycc_planners::baseline::TunedTime,
+    ops: usize,
+    could_run: Duration,
+) -> bool {
     t.cut.is_none() || (ops >= GRACE_ABOVE_OPS && t.spent >= could_run)
 }
 
@@ -111,7 +115,7 @@ pub const TREE_IN_FULL_MAX_OPS: u64 = 300_000;
 /// edge (at most 4), over every chunk of the pipelining size plus one partial chunk for each of
 /// up to 32 channels.
 fn tree_ops_estimate(req: &Request) -> u64 {
-    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let chunk = relaycc_planners::pipeline_chunk_elems(req).max(1);
     req.nranks() as u64 * 4 * (req.count.div_ceil(chunk) + 32)
 }
 
@@ -122,12 +126,12 @@ fn tree_ops_estimate(req: &Request) -> u64 {
 /// units, or hosts that do not fold). Zero where the members sit on one node, so that the
 /// rings are always tried there.
 fn ring_ops_estimate(topo: &Topology, req: &Request, periods: u32) -> u64 {
-    let Ok(Some(channels)) = crate::planner::baseline_net::ring_channels(topo, req) else {
+    let Ok(Some(channels)) = relaycc_planners::baseline_net::ring_channels(topo, req) else {
         return 0;
     };
     let n = req.nranks() as u64;
     let channels = channels.max(1) as u64;
-    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let chunk = relaycc_planners::pipeline_chunk_elems(req).max(1);
     let per_block = req.count.div_ceil(n * channels).div_ceil(chunk).max(1);
     let full = 3 * n * n.saturating_sub(1) * channels * per_block;
     let periods = u64::from(periods).max(1);
@@ -164,7 +168,7 @@ fn rings_to_sample(
     (ops > RING_IN_FULL_MAX_OPS).then_some((steps, ops))
 }
 
-/// NCCL's rail-aligned rings for `req` step-sampled ([`crate::step_samples`]) where they are
+/// NCCL's rail-aligned rings for `req` step-sampled ([`relaycc_plan::step_samples`]) where they are
 /// too large to build: more than [`RING_IN_FULL_MAX_OPS`] ops (as a template folded by
 /// `shift` where it has more than two periods, else in full) and at least
 /// [`SAMPLE_FROM_STEPS`] steps per phase. Where the tuner chooses the double binary tree for an
@@ -175,8 +179,8 @@ fn rings_to_sample(
 fn sampled_rings(
     s: &Sampling,
     skipped: &mut Vec<String>,
-) -> Option<Result<crate::planner::baseline::TunedPlan>> {
-    use crate::planner::baseline_net::tuner::Algo;
+) -> Option<Result<relaycc_planners::baseline::TunedPlan>> {
+    use relaycc_planners::baseline_net::tuner::Algo;
     let (topo, req, budget, until, shift, tuner, limit) =
         (s.topo, s.req, s.budget, s.until, s.shift, s.tuner, s.limit);
     let (steps, ops) = rings_to_sample(topo, req, shift)?;
@@ -200,10 +204,10 @@ fn sampled_rings(
         }
     }
     let build = |k| {
-        crate::planner::BaselineOptions {
+        relaycc_planners::BaselineOptions {
             algo: (req.collective == Collective::AllReduce).then_some(Algo::Ring),
             staging_budget: Some(budget),
-            template: sym.map(|s| s as &dyn crate::template::HostShift),
+            template: sym.map(|s| s as &dyn relaycc_planners::template::HostShift),
             until,
             limit,
             sample_steps: Some(k),
@@ -233,7 +237,7 @@ fn sampled_rings(
 
 /// NCCL's tuner's all_reduce algorithm for the request, asked at most once per planning call
 /// (it lays out the rail rings): `None` off a multi-node all_reduce.
-type TunerChoice<'a> = dyn Fn() -> Result<Option<crate::planner::baseline_net::tuner::Algo>> + 'a;
+type TunerChoice<'a> = dyn Fn() -> Result<Option<relaycc_planners::baseline_net::tuner::Algo>> + 'a;
 
 /// What every sampler of the baseline reads ([`baseline_template`]): the request on its
 /// topology, the staging budget, the call's deadline, the hosts' symmetry, the tuner's choice
@@ -246,24 +250,24 @@ struct Sampling<'a> {
     until: Option<Instant>,
     shift: Option<&'a relaycc_topo::HostSymmetry>,
     tuner: &'a TunerChoice<'a>,
-    limit: Option<&'a crate::limits::Limit>,
+    limit: Option<&'a relaycc_planners::limits::Limit>,
 }
 
 /// One way to sample the baseline: its step-sampled plan, `None` where it does not apply (the
 /// reason for a sample goes to the list).
 type Sampler =
-    fn(&Sampling, &mut Vec<String>) -> Option<Result<crate::planner::baseline::TunedPlan>>;
+    fn(&Sampling, &mut Vec<String>) -> Option<Result<relaycc_planners::baseline::TunedPlan>>;
 
-/// The step-sampled plan of `full` repeating steps of `what` ([`crate::step_samples`]) from
+/// The step-sampled plan of `full` repeating steps of `what` ([`relaycc_plan::step_samples`]) from
 /// `short`, a build of `short_kept` of them, and `build(long_kept)`, with the long sample's
 /// protocol.
 fn step_sampled(
     what: &str,
     full: u64,
-    (short_kept, short): (u64, crate::planner::baseline::TunedPlan),
+    (short_kept, short): (u64, relaycc_planners::baseline::TunedPlan),
     long_kept: u64,
-    build: impl Fn(u64) -> Result<crate::planner::baseline::TunedPlan>,
-) -> Result<crate::planner::baseline::TunedPlan> {
+    build: impl Fn(u64) -> Result<relaycc_planners::baseline::TunedPlan>,
+) -> Result<relaycc_planners::baseline::TunedPlan> {
     let long = build(long_kept)?;
     // The tuner's simulations of both samples, where it ran them to the end with the
     // protocol the long sample took, time the sampled plan as `simulate` would: the planner
@@ -279,20 +283,21 @@ fn step_sampled(
     let mut short = short.plan;
     short.protocol = long.plan.protocol;
     let samples = ((short_kept, short), (long_kept, long.plan));
-    let plan = crate::step_samples::assemble(what, full, samples.0, samples.1)?;
+    let plan = relaycc_plan::step_samples::assemble(what, full, samples.0, samples.1)?;
     let tuned = tuned.and_then(|(s, l)| {
         let sampled = plan.step_samples.as_deref()?;
-        let (time_us, _) = crate::step_samples::extrapolate_us(sampled, s.time_us, l.time_us);
-        Some(crate::planner::baseline::TunedTime {
+        let (time_us, _) =
+            relaycc_plan::step_samples::extrapolate_us(sampled, s.time_us, l.time_us);
+        Some(relaycc_planners::baseline::TunedTime {
             time_us,
             cut: None,
             spent: s.spent + l.spent,
         })
     });
-    Ok(crate::planner::baseline::TunedPlan { plan, tuned })
+    Ok(relaycc_planners::baseline::TunedPlan { plan, tuned })
 }
 
-/// NCCL's double binary tree all_reduce for `req`, chunk-sampled ([`crate::step_samples`])
+/// NCCL's double binary tree all_reduce for `req`, chunk-sampled ([`relaycc_plan::step_samples`])
 /// where it would otherwise be built in full with more than [`TREE_IN_FULL_MAX_OPS`] ops: the
 /// tuner chooses the tree (`tuner`), no rings stand for it ([`sampled_rings`],
 /// [`baseline_template`]), each channel pipelines at least 4 x [`TREE_LONG_CHUNKS`] chunks of
@@ -303,8 +308,8 @@ fn step_sampled(
 fn sampled_tree(
     s: &Sampling,
     skipped: &mut Vec<String>,
-) -> Option<Result<crate::planner::baseline::TunedPlan>> {
-    use crate::planner::baseline_net::tuner::Algo;
+) -> Option<Result<relaycc_planners::baseline::TunedPlan>> {
+    use relaycc_planners::baseline_net::tuner::Algo;
     let (topo, req, budget, until, shift, tuner, limit) =
         (s.topo, s.req, s.budget, s.until, s.shift, s.tuner, s.limit);
     let tree_ops = tree_ops_estimate(req);
@@ -323,12 +328,12 @@ fn sampled_tree(
     {
         return None;
     }
-    let channels = match crate::planner::baseline_net::ring_channels(topo, req) {
+    let channels = match relaycc_planners::baseline_net::ring_channels(topo, req) {
         Ok(Some(c)) => c.max(1) as u64,
         Ok(None) => return None,
         Err(e) => return Some(Err(e)),
     };
-    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let chunk = relaycc_planners::pipeline_chunk_elems(req).max(1);
     let full = req.count.div_ceil(channels).div_ceil(chunk);
     // About 3 ops per rank, channel and chunk (a reduction and a send up, a send down).
     let sampled_ops = 3 * req.nranks() as u64 * channels * (TREE_SHORT_CHUNKS + TREE_LONG_CHUNKS);
@@ -336,7 +341,7 @@ fn sampled_tree(
         return None;
     }
     let build = |k| {
-        crate::planner::BaselineOptions {
+        relaycc_planners::BaselineOptions {
             algo: Some(Algo::Tree),
             chunk_elems: Some(chunk),
             until,
@@ -351,8 +356,8 @@ fn sampled_tree(
         Err(e) => return Some(Err(e)),
     };
     // Past the budget at this chunk: the tree is built in full, its chunk fitted.
-    if crate::staging::over_budget(&short.plan, budget).is_some() {
-        crate::limits::refund(limit, short.plan.ops.len() as u64);
+    if relaycc_planners::staging::over_budget(&short.plan, budget).is_some() {
+        relaycc_planners::limits::refund(limit, short.plan.ops.len() as u64);
         return None;
     }
     skipped.push(format!(
@@ -384,7 +389,7 @@ pub const EXCHANGE_IN_FULL_MAX_OPS: u64 = 300_000;
 /// DGX H100 nodes at 1 GiB, where the build holds 511,648).
 fn exchange_ops_estimate(req: &Request, periods: u32) -> u64 {
     let n = req.nranks() as u64;
-    let chunk = crate::planner::pipeline_chunk_elems(req).max(1);
+    let chunk = relaycc_planners::pipeline_chunk_elems(req).max(1);
     let full = n
         .saturating_mul(n)
         .saturating_mul(2 * req.count.div_ceil(chunk).max(1));
@@ -392,7 +397,7 @@ fn exchange_ops_estimate(req: &Request, periods: u32) -> u64 {
     full.saturating_mul(4.min(periods)) / periods
 }
 
-/// NCCL's grouped send/recv all_to_all across nodes, round-sampled ([`crate::step_samples`])
+/// NCCL's grouped send/recv all_to_all across nodes, round-sampled ([`relaycc_plan::step_samples`])
 /// where it would hold more than [`EXCHANGE_IN_FULL_MAX_OPS`] ops (in a template's window
 /// where its hosts fold in more than two periods, else in full) over at least
 /// [`SAMPLE_FROM_STEPS`] rounds: round k sends from every rank `r` to `r + k`, so past the
@@ -401,11 +406,11 @@ fn exchange_ops_estimate(req: &Request, periods: u32) -> u64 {
 fn sampled_exchange(
     s: &Sampling,
     skipped: &mut Vec<String>,
-) -> Option<Result<crate::planner::baseline::TunedPlan>> {
+) -> Option<Result<relaycc_planners::baseline::TunedPlan>> {
     let (topo, req, budget, until, shift, limit) =
         (s.topo, s.req, s.budget, s.until, s.shift, s.limit);
     if req.collective != Collective::AllToAll
-        || !crate::planner::baseline_net::spans_nodes(topo, req)
+        || !relaycc_planners::baseline_net::spans_nodes(topo, req)
     {
         return None;
     }
@@ -416,9 +421,9 @@ fn sampled_exchange(
     }
     let sym = shift.filter(|s| s.periods() > 2);
     let build = |k| {
-        crate::planner::BaselineOptions {
+        relaycc_planners::BaselineOptions {
             staging_budget: Some(budget),
-            template: sym.map(|s| s as &dyn crate::template::HostShift),
+            template: sym.map(|s| s as &dyn relaycc_planners::template::HostShift),
             until,
             limit,
             sample_steps: Some(k),
@@ -448,9 +453,9 @@ pub(super) fn baseline_template(
     budget: u64,
     shift: Option<&relaycc_topo::HostSymmetry>,
     until: Option<Instant>,
-    limit: Option<&crate::limits::Limit>,
+    limit: Option<&relaycc_planners::limits::Limit>,
 ) -> (
-    Option<Result<crate::planner::baseline::TunedPlan>>,
+    Option<Result<relaycc_planners::baseline::TunedPlan>>,
     Vec<String>,
 ) {
     let mut skipped = Vec::new();
@@ -458,7 +463,7 @@ pub(super) fn baseline_template(
     let tuner = || match asked.get() {
         Some(algo) => Ok(*algo),
         None => {
-            let algo = crate::planner::baseline_net::tuner_choice(topo, req, limit)?;
+            let algo = relaycc_planners::baseline_net::tuner_choice(topo, req, limit)?;
             Ok(*asked.get_or_init(|| algo))
         }
     };
@@ -491,7 +496,7 @@ pub(super) fn baseline_template(
         }
         Some(sym) => {
             let within = |algo| {
-                crate::planner::BaselineOptions {
+                relaycc_planners::BaselineOptions {
                     algo,
                     staging_budget: Some(budget),
                     template: Some(sym),
@@ -518,7 +523,7 @@ pub(super) fn baseline_template(
                         ));
                         return (None, skipped);
                     }
-                    match within(Some(crate::planner::baseline_net::tuner::Algo::Ring)) {
+                    match within(Some(relaycc_planners::baseline_net::tuner::Algo::Ring)) {
                         Ok(mut t) => {
                             skipped.push(format!(
                                 "the tuner's baseline as a template: {why}; its tree would take \
@@ -560,7 +565,7 @@ mod tests {
             Collective::AllReduce,
             (0..gpus).collect(),
             bytes / 4,
-            crate::DType::F32,
+            relaycc_plan::DType::F32,
         )
     }
 
@@ -572,8 +577,8 @@ mod tests {
         assert_eq!(sym.periods(), 2);
         for bytes in [1 << 20, 1 << 26, 1 << 30] {
             let req = all_reduce(16, bytes);
-            let ring = crate::planner::BaselineOptions {
-                algo: Some(crate::planner::baseline_net::tuner::Algo::Ring),
+            let ring = relaycc_planners::BaselineOptions {
+                algo: Some(relaycc_planners::baseline_net::tuner::Algo::Ring),
                 ..Default::default()
             }
             .plan(&topo, &req)
@@ -618,7 +623,7 @@ mod tests {
         let (folded, why) = baseline_template(
             &topo,
             &all_reduce(16, 1 << 20),
-            crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+            relaycc_planners::staging::DEFAULT_STAGING_BUDGET_BYTES,
             Some(&sym),
             None,
             None,
@@ -647,7 +652,7 @@ mod tests {
     fn large_trees_and_exchanges_are_step_sampled() {
         let topo = relaycc_topo::preset("cluster:64xdgx-h100:ib-ndr:rail").unwrap();
         let sym = topo.host_symmetry();
-        let budget = crate::staging::DEFAULT_STAGING_BUDGET_BYTES;
+        let budget = relaycc_planners::staging::DEFAULT_STAGING_BUDGET_BYTES;
         let sampled = |req: &Request| {
             let (got, why) = baseline_template(&topo, req, budget, Some(&sym), None, None);
             (got.map(|t| t.unwrap().plan), why)
@@ -682,15 +687,15 @@ mod tests {
     /// planner would make, and the plan is simulated again where it does not.
     #[test]
     fn the_tuners_simulation_of_the_baseline_is_reused_where_it_stands_for_the_planners() {
-        use crate::planner::baseline::{TUNE_SIMULATION_CAP, TunedTime};
+        use relaycc_planners::baseline::{TUNE_SIMULATION_CAP, TunedTime};
         let topo = relaycc_topo::preset("dgx1-v100").unwrap();
         let req = Request::new(
             Collective::AllReduce,
             (0..8).collect(),
             1 << 20,
-            crate::DType::F32,
+            relaycc_plan::DType::F32,
         );
-        let plan = crate::planner::baseline_plan(&topo, &req).unwrap();
+        let plan = relaycc_planners::baseline_plan(&topo, &req).unwrap();
         let real = simulate(&topo, &plan, &SimConfig::default())
             .unwrap()
             .time_us;

@@ -4,10 +4,10 @@
 use rayon::prelude::*;
 use relaycc_topo::Topology;
 
-use crate::error::{Result, RouteError};
-use crate::plan::Plan;
-use crate::request::Request;
-use crate::sim::PreparedSim;
+use relaycc_plan::Plan;
+use relaycc_plan::Request;
+use relaycc_plan::{Result, RouteError};
+use relaycc_sim::PreparedSim;
 
 use super::deadline::{CANDIDATES, Deadline, GRACE_ABOVE_OPS};
 use super::options::PlanOptions;
@@ -28,9 +28,9 @@ pub(super) fn fastest_templates(
     deadline: &Deadline,
 ) -> Result<Fastest> {
     let set =
-        crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
+        relaycc_planners::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
     let mut skipped = set.skipped().to_vec();
-    let fine = crate::planner::pipeline_chunk_elems(req).max(1);
+    let fine = relaycc_planners::pipeline_chunk_elems(req).max(1);
     // The first candidate (built under `limited_first`: the one that must give a plan of
     // relaycc's) is simulated, with its grace, as soon as it is built: waiting for the others'
     // builds took that time from it (on 64 rail-optimized nodes a second template built for
@@ -38,8 +38,9 @@ pub(super) fn fastest_templates(
     let prepared: Vec<Result<Prepared>> = (0..set.len())
         .into_par_iter()
         .map(|i| {
-            let build =
-                |limit: &crate::limits::Limit| set.build_template(i, fine, shift, Some(limit));
+            let build = |limit: &relaycc_planners::limits::Limit| {
+                set.build_template(i, fine, shift, Some(limit))
+            };
             let plan = if i == 0 {
                 deadline.limited_first(build)?
             } else {
@@ -142,11 +143,11 @@ pub(super) type Fastest = (Vec<Simulated>, Vec<String>, Option<RouteError>);
 /// left out and the selection run again without it.
 ///
 /// Two stages keep planning cheap without changing the winner. First every candidate is built
-/// with whole blocks as chunks ([`crate::planner::whole_block_chunk_elems`]): the same bytes
+/// with whole blocks as chunks ([`relaycc_planners::whole_block_chunk_elems`]): the same bytes
 /// cross the same resources as in the finely chunked plan, so its busiest resource bounds the
 /// fine plan's time, at a quarter of the ops or less. Candidates whose bound cannot beat
 /// `to_beat_us` are dropped; the rest are built at the pipelining chunk
-/// ([`crate::planner::pipeline_chunk_elems`]), most promising first, and simulated unless
+/// ([`relaycc_planners::pipeline_chunk_elems`]), most promising first, and simulated unless
 /// their full lower bound (busiest resource, longest op) already loses to the best so far. A
 /// candidate is skipped only when it cannot be faster than one that was simulated and proved,
 /// so the fastest correct candidate is always found. Both builds run in parallel. The passes:
@@ -163,8 +164,8 @@ pub(super) fn fastest_collectives(
     deadline: &Deadline,
 ) -> Result<Fastest> {
     let set =
-        crate::planner::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
-    let fine = crate::planner::pipeline_chunk_elems(req).max(1);
+        relaycc_planners::Candidates::new(topo, req, &opts.relay)?.with_budget(opts.staging_budget);
+    let fine = relaycc_planners::pipeline_chunk_elems(req).max(1);
     let search = CollectiveSearch {
         topo,
         req,
@@ -172,7 +173,7 @@ pub(super) fn fastest_collectives(
         deadline,
         set: &set,
         fine,
-        coarse: crate::planner::whole_block_chunk_elems(req).max(fine),
+        coarse: relaycc_planners::whole_block_chunk_elems(req).max(fine),
     };
     let mut left = LeftOut {
         skipped: set.skipped().to_vec(),
@@ -202,7 +203,7 @@ struct CollectiveSearch<'a> {
     req: &'a Request,
     opts: &'a PlanOptions,
     deadline: &'a Deadline,
-    set: &'a crate::planner::Candidates<'a>,
+    set: &'a relaycc_planners::Candidates<'a>,
     fine: u64,
     coarse: u64,
 }
@@ -242,7 +243,7 @@ impl CollectiveSearch<'_> {
     /// lower it for the simulator. The first candidate's builds must give a plan of
     /// relaycc's (`first`): they get a deadline of their own.
     fn prepare(&self, i: usize, chunk: u64, first: bool, fitted: bool) -> Result<Built> {
-        let build = |limit: &crate::limits::Limit| {
+        let build = |limit: &relaycc_planners::limits::Limit| {
             if fitted {
                 self.set.build(i, chunk, Some(limit))
             } else {
@@ -326,7 +327,7 @@ impl CollectiveSearch<'_> {
                     return vec![(i, fine, built)];
                 }
                 let fits = built.filter(|(plan, _)| {
-                    crate::staging::over_budget(plan, self.opts.staging_budget).is_none()
+                    relaycc_planners::staging::over_budget(plan, self.opts.staging_budget).is_none()
                 });
                 vec![(i, fine, None), (i, coarse, fits)]
             })

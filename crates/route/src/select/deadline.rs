@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 
 use relaycc_topo::Topology;
 
-use crate::error::Result;
-use crate::limits::{LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE};
-use crate::plan::Plan;
-use crate::sim::{PreparedSim, SimCut};
+use relaycc_plan::Plan;
+use relaycc_plan::Result;
+use relaycc_planners::limits::{LEAST_BUILD_TIME, LEAST_SIMULATION_GRACE};
+use relaycc_sim::{PreparedSim, SimCut};
 
-/// What the baseline's builds are called in a limit's error ([`crate::limits`]).
+/// What the baseline's builds are called in a limit's error ([`relaycc_planners::limits`]).
 pub(super) const BASELINE: &str = "the NCCL-like baseline";
 /// Share of the budget the baseline's build may take: past the deadline, since every call
 /// reports it, and a quarter of the budget before 1.5 times it, for its capped simulation and
-/// its proof. A baseline still building then is refused ([`crate::RouteError::OverLimit`]).
+/// its proof. A baseline still building then is refused ([`relaycc_plan::RouteError::OverLimit`]).
 const BASELINE_BUILD_SHARE: f64 = 1.25;
 /// Share of the budget kept for what a call does after its builds and simulations stop (the
 /// baseline's simulation where it was cut, the bound, the choice, the winner's proof and the
@@ -44,10 +44,10 @@ pub(super) const GRACE_ABOVE_OPS: usize = 200_000;
 /// When planning must stop, and whether it had to.
 pub(super) struct Deadline {
     started: Instant,
-    /// The ops the call's builds hold ([`crate::limits::MAX_CALL_OPS`]).
-    call_ops: Arc<crate::limits::CallOps>,
-    /// The ops relaycc's candidates hold among them ([`crate::limits::CANDIDATE_OPS`]).
-    candidate_ops: Arc<crate::limits::CallOps>,
+    /// The ops the call's builds hold ([`relaycc_planners::limits::MAX_CALL_OPS`]).
+    call_ops: Arc<relaycc_planners::limits::CallOps>,
+    /// The ops relaycc's candidates hold among them ([`relaycc_planners::limits::CANDIDATE_OPS`]).
+    candidate_ops: Arc<relaycc_planners::limits::CallOps>,
     /// When the baseline was built (as a template or in full).
     baseline_done: std::sync::OnceLock<Instant>,
     at: Option<Instant>,
@@ -65,8 +65,12 @@ impl Deadline {
         let budget = budget.saturating_sub(budget.mul_f64(WRAP_UP_SHARE).min(WRAP_UP_MAX));
         Deadline {
             started,
-            call_ops: crate::limits::CallOps::new(crate::limits::MAX_CALL_OPS),
-            candidate_ops: crate::limits::CallOps::new(crate::limits::CANDIDATE_OPS),
+            call_ops: relaycc_planners::limits::CallOps::new(
+                relaycc_planners::limits::MAX_CALL_OPS,
+            ),
+            candidate_ops: relaycc_planners::limits::CallOps::new(
+                relaycc_planners::limits::CANDIDATE_OPS,
+            ),
             baseline_done: std::sync::OnceLock::new(),
             at: started.checked_add(budget),
             last: started.checked_add(
@@ -144,7 +148,7 @@ impl Deadline {
         topo: &Topology,
         plan: &Plan,
         prepared: &PreparedSim,
-    ) -> Result<Option<crate::sim::SimResult>> {
+    ) -> Result<Option<relaycc_sim::SimResult>> {
         if plan.ops.len() < GRACE_ABOVE_OPS {
             return prepared.simulate(topo).map(Some);
         }
@@ -153,11 +157,11 @@ impl Deadline {
             .simulate_watched(topo, &|progress| self.grace_goes_on(&projection, progress))?
             .ok())
     }
-    /// The limit a build of this call runs under ([`crate::limits`]): the call's ops, and a
+    /// The limit a build of this call runs under ([`relaycc_planners::limits`]): the call's ops, and a
     /// deadline: `share` of the budget after the start, or [`LEAST_BUILD_TIME`] where that is
     /// later (a budget of zero still builds the small plans every request of a few GPUs
     /// needs); none without a deadline.
-    fn build_limit(&self, what: &'static str, share: f64) -> crate::limits::Limit {
+    fn build_limit(&self, what: &'static str, share: f64) -> relaycc_planners::limits::Limit {
         let until = self.at.and_then(|_| {
             let t = self.budget.mul_f64(share).max(LEAST_BUILD_TIME);
             self.started.checked_add(t)
@@ -167,14 +171,14 @@ impl Deadline {
         let large = (what == BASELINE)
             .then(|| {
                 let at = self.at?.max(self.started.checked_add(LEAST_BUILD_TIME)?);
-                Some(crate::limits::LargeBuild {
+                Some(relaycc_planners::limits::LargeBuild {
                     ops: GRACE_ABOVE_OPS as u64,
                     at,
                     written: Arc::default(),
                 })
             })
             .flatten();
-        crate::limits::Limit {
+        relaycc_planners::limits::Limit {
             ops: Arc::clone(&self.call_ops),
             share: (what != BASELINE).then(|| Arc::clone(&self.candidate_ops)),
             until,
@@ -188,7 +192,7 @@ impl Deadline {
     pub(super) fn limited<T>(
         &self,
         what: &'static str,
-        f: impl FnOnce(&crate::limits::Limit) -> T,
+        f: impl FnOnce(&relaycc_planners::limits::Limit) -> T,
     ) -> T {
         let share = if what == BASELINE {
             BASELINE_BUILD_SHARE
@@ -203,7 +207,10 @@ impl Deadline {
     /// the baseline spent still leaves relaycc a plan, as its simulation's grace does; never
     /// past the baseline's (1.25 times the budget), unless that leaves it less than
     /// [`LEAST_BUILD_TIME`].
-    pub(super) fn limited_first<T>(&self, f: impl FnOnce(&crate::limits::Limit) -> T) -> T {
+    pub(super) fn limited_first<T>(
+        &self,
+        f: impl FnOnce(&relaycc_planners::limits::Limit) -> T,
+    ) -> T {
         let mut limit = self.build_limit(CANDIDATES, 1.0);
         let now = Instant::now();
         let own = now.checked_add((self.budget / 2).max(LEAST_BUILD_TIME));

@@ -22,14 +22,14 @@ use std::time::{Duration, Instant};
 use relaycc_topo::{HostSymmetry, Topology};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, RouteError};
-use crate::p2p::{P2pStrategy, RouteShare, p2p_bound_gbps, p2p_candidates_until};
-use crate::path::RelayPolicy;
-use crate::plan::Plan;
-use crate::planner::baseline::{TunedPlan, TunedTime};
-use crate::request::{Collective, Request};
-use crate::rounds::{Split, assemble, rounds_us};
-use crate::sim::{Perf, SimConfig, SimCut, simulate};
+use relaycc_plan::Plan;
+use relaycc_plan::path::RelayPolicy;
+use relaycc_plan::rounds::{Split, assemble, rounds_us};
+use relaycc_plan::{Collective, Request};
+use relaycc_plan::{Result, RouteError};
+use relaycc_planners::baseline::{TunedPlan, TunedTime};
+use relaycc_planners::p2p::{P2pStrategy, RouteShare, p2p_bound_gbps, p2p_candidates_until};
+use relaycc_sim::{Perf, SimConfig, SimCut, simulate};
 
 use baseline_choice::{baseline_template, simulate_baseline};
 use candidates::{Fastest, fastest_collectives, fastest_templates};
@@ -60,7 +60,7 @@ pub struct Planned {
     /// ([`Planned::baseline_cut`]), a bound: its time at least this, its bandwidth at most.
     pub baseline: Perf,
     /// Set when the baseline's simulation was given up at the budget (a baseline of 200,000
-    /// ops or more is simulated until the deadline, or for [`crate::LEAST_SIMULATION_GRACE`] where
+    /// ops or more is simulated until the deadline, or for [`relaycc_planners::LEAST_SIMULATION_GRACE`] where
     /// it passed): how far it got. Its time is then known only from below
     /// (the simulated time reached, the busiest resource's load and the bound), so a plan of
     /// relaycc's wins only if it is no slower than that; otherwise the baseline is the plan,
@@ -92,20 +92,20 @@ fn is_p2p(req: &Request) -> bool {
 /// Plan `req` on `topo`: the fastest candidate by simulation, the baseline and the bound.
 ///
 /// The baseline plan is itself among the candidates, so relaycc is never predicted slower
-/// than the NCCL-like planner. A step-sampled baseline ([`crate::step_samples`]: NCCL's rings
+/// than the NCCL-like planner. A step-sampled baseline ([`relaycc_plan::step_samples`]: NCCL's rings
 /// too large to build, timed from samples of their steps) competes by its extrapolated time;
 /// where it wins, the answer is that NCCL's rings are the fastest known, and its plan, like a
 /// template, is for prediction only (the checker refuses it, no executor runs it). Ties go to
 /// the earlier candidate, which keeps planning deterministic. When every rank is an arena of one memory
 /// ([`Topology::shares_memory`]: one host's, the `host-N` preset, or one GPU's, the
 /// `shared-gpu-N` preset), the plan is the shared-memory
-/// planner's ([`crate::planner::shared_memory`]). No plan is returned unproved: the checker
-/// ([`crate::check()`] and [`crate::check_routes`]) passes the winner and the baseline before
+/// planner's ([`relaycc_planners::shared_memory`]). No plan is returned unproved: the checker
+/// ([`relaycc_plan::check()`] and [`relaycc_plan::check_routes`]) passes the winner and the baseline before
 /// they are returned. A candidate that fails is dropped, and the next fastest is proved in its
 /// place (for collectives the pruned selection runs again without it).
 ///
 /// # Errors
-/// - those of [`crate::require_reachable`]: a malformed request, an unknown relay GPU, a
+/// - those of [`relaycc_planners::require_reachable`]: a malformed request, an unknown relay GPU, a
 ///   masked member, a member pair no path joins;
 /// - [`RouteError::NoRoute`] when no candidate finds routes;
 /// - [`RouteError::PlanCheck`] when no candidate passes the checker (a planner bug);
@@ -114,11 +114,11 @@ fn is_p2p(req: &Request) -> bool {
 ///   that do not fit are skipped; the NCCL-like baseline is then still reported, built without
 ///   the budget, but never chosen).
 pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planned> {
-    if let Some(split) = crate::rounds::split(req, opts.round_bytes)? {
+    if let Some(split) = relaycc_plan::rounds::split(req, opts.round_bytes)? {
         return plan_rounds(topo, req, opts, split);
     }
     let deadline = Deadline::new(opts.budget);
-    crate::reach::require_reachable(topo, req, &opts.relay)?;
+    relaycc_planners::require_reachable(topo, req, &opts.relay)?;
     let shift = fold_shift(topo, req).filter(|_| !opts.expand);
     refuse_past_the_call_ops(req, shift.as_ref())?;
     let selection = Selection {
@@ -176,7 +176,7 @@ pub fn plan(topo: &Topology, req: &Request, opts: &PlanOptions) -> Result<Planne
 }
 
 /// Share of the budget a point-to-point request may spend searching relays
-/// ([`crate::p2p::p2p_candidates`]).
+/// ([`relaycc_planners::p2p::p2p_candidates`]).
 const RELAY_SEARCH_SHARE: f64 = 0.5;
 
 /// One planning call as its phases see it: the request, its options, its clock and the shift
@@ -261,7 +261,7 @@ impl Selection<'_> {
             Err(e @ RouteError::StagingBudget { .. }) => {
                 *first_failure = Some(e);
                 let unfitted = self.deadline.limited(BASELINE, |limit| {
-                    crate::planner::BaselineOptions {
+                    relaycc_planners::BaselineOptions {
                         limit: Some(limit),
                         ..Default::default()
                     }
@@ -302,7 +302,7 @@ impl Selection<'_> {
         let built = match folded {
             Some(built) => built,
             None => self.deadline.limited(BASELINE, |limit| {
-                crate::planner::BaselineOptions {
+                relaycc_planners::BaselineOptions {
                     staging_budget: Some(budget),
                     until,
                     limit: Some(limit),
@@ -317,7 +317,7 @@ impl Selection<'_> {
             // simulated past the budget, so the call stops as if its build had.
             Ok(t) if t.plan.ops.len() >= GRACE_ABOVE_OPS && self.deadline.baseline_late() => {
                 let ops = t.plan.ops.len();
-                crate::limits::drop_off_thread(t);
+                relaycc_planners::limits::drop_off_thread(t);
                 Err(RouteError::OverLimit {
                     what: format!(
                         "{BASELINE} was built past its deadline ({ops} ops), too late to prove \
@@ -397,12 +397,14 @@ impl Selection<'_> {
         let bound_gbps = if is_p2p(req) {
             p2p_bound_gbps(topo, req, &opts.relay)?
         } else {
-            crate::planner::bound_gbps(topo, req, &opts.relay)?
+            relaycc_planners::bound_gbps(topo, req, &opts.relay)?
         };
-        let p = crate::planner::shared_memory::plan(topo, req, false)?;
+        let p = relaycc_planners::shared_memory::plan(topo, req, false)?;
         let budget = opts.staging_budget;
-        if let Some((at, needed)) = crate::staging::over_budget(&p, budget) {
-            return Err(crate::staging::budget_error(&p, at, needed, budget));
+        if let Some((at, needed)) = relaycc_planners::staging::over_budget(&p, budget) {
+            return Err(relaycc_planners::staging::budget_error(
+                &p, at, needed, budget,
+            ));
         }
         let t = simulate(topo, &p, &opts.sim)?.time_us;
         Ok((bound_gbps, vec![(p, Vec::new(), t, false)]))
@@ -433,9 +435,9 @@ impl Selection<'_> {
         };
         let mut fits = Vec::with_capacity(cands.len());
         for c in cands {
-            match crate::staging::over_budget(&c.plan, budget) {
+            match relaycc_planners::staging::over_budget(&c.plan, budget) {
                 Some((at, needed)) => {
-                    let e = crate::staging::budget_error(&c.plan, at, needed, budget);
+                    let e = relaycc_planners::staging::budget_error(&c.plan, at, needed, budget);
                     first_failure.get_or_insert(e);
                 }
                 None => fits.push(c),
@@ -445,7 +447,7 @@ impl Selection<'_> {
         // bottleneck rate), so that a deadline that stops them keeps the most promising; the
         // first is always simulated, and the plans keep the candidates' order.
         let esize = req.dtype.size() as f64;
-        let route_bound_us = |c: &crate::p2p::P2pCandidate| {
+        let route_bound_us = |c: &relaycc_planners::p2p::P2pCandidate| {
             c.routes
                 .iter()
                 .map(|r| r.elements as f64 * esize / (r.route.gbps() * 1e3))
@@ -480,7 +482,7 @@ impl Selection<'_> {
         first_failure: &mut Option<RouteError>,
     ) -> Result<(f64, Vec<Found>)> {
         let (topo, req, opts) = (self.topo, self.req, self.opts);
-        let bound_gbps = crate::planner::bound_gbps(topo, req, &opts.relay)?;
+        let bound_gbps = relaycc_planners::bound_gbps(topo, req, &opts.relay)?;
         let (fast, left_out, unfit) = match self.shift {
             Some(sym) => match templates {
                 Some(r) => r?,
@@ -595,7 +597,7 @@ impl Selection<'_> {
 }
 
 /// Refuse at once a request that no plan could hold within the ops of one planning call
-/// ([`crate::limits::MAX_CALL_OPS`]), before anything is built: an all_to_all's n(n - 1)
+/// ([`relaycc_planners::limits::MAX_CALL_OPS`]), before anything is built: an all_to_all's n(n - 1)
 /// pieces (per period of hosts, for a template) each start in their own place and move at
 /// least once, so every plan of it, the baseline's too, holds at least that many copies.
 fn refuse_past_the_call_ops(req: &Request, shift: Option<&HostSymmetry>) -> Result<()> {
@@ -606,7 +608,7 @@ fn refuse_past_the_call_ops(req: &Request, shift: Option<&HostSymmetry>) -> Resu
     let pieces = n.saturating_mul(n.saturating_sub(1));
     let periods = shift.map_or(1, |s| u64::from(s.periods()).max(1));
     let ops = pieces / periods;
-    let max = crate::limits::MAX_CALL_OPS;
+    let max = relaycc_planners::limits::MAX_CALL_OPS;
     if ops <= max {
         return Ok(());
     }
@@ -648,7 +650,8 @@ fn fold_shift(topo: &Topology, req: &Request) -> Option<HostSymmetry> {
         return None;
     }
     let sym = topo.host_symmetry();
-    (!sym.is_trivial() && crate::template::ranks_invariant(&sym, &req.gpus)).then_some(sym)
+    (!sym.is_trivial() && relaycc_planners::template::ranks_invariant(&sym, &req.gpus))
+        .then_some(sym)
 }
 
 /// What a cached plan is keyed by: the request and the options that change the plan.
@@ -706,7 +709,7 @@ impl Planner {
 
 /// Plan `req` as the rounds of `split`: the body's request and the tail's planned with
 /// [`crate::plan()`] under `opts` (side by side, each within the budget), combined:
-/// the plan and the baseline are plans of rounds of theirs ([`crate::rounds::assemble`]), every figure
+/// the plan and the baseline are plans of rounds of theirs ([`relaycc_plan::rounds::assemble`]), every figure
 /// `count` times the body's plus the tail's, each candidate of the body with the tail's
 /// winner. A baseline cut by the budget in either segment is cut here, and reported by the
 /// body's cut where the body's was (else the tail's).

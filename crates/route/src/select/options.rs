@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use crate::limits::DEFAULT_BUDGET;
-use crate::p2p::P2pStrategy;
-use crate::path::RelayPolicy;
-use crate::sim::SimConfig;
+use relaycc_plan::path::RelayPolicy;
+use relaycc_planners::limits::DEFAULT_BUDGET;
+use relaycc_planners::p2p::P2pStrategy;
+use relaycc_sim::SimConfig;
 
 /// How to plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,28 +20,28 @@ pub struct PlanOptions {
     /// yet built or simulated are left out and the best plan found so far is returned, with
     /// [`crate::Planned::budget_exhausted`] set. The baseline and the most promising candidate are
     /// always simulated, so a budget of zero still plans: those of 200,000 ops or more, the
-    /// baseline until the deadline or for [`crate::LEAST_SIMULATION_GRACE`] of its own where it
+    /// baseline until the deadline or for [`relaycc_planners::LEAST_SIMULATION_GRACE`] of its own where it
     /// passed (cut there, it is reported as a lower bound, [`crate::Planned::baseline_cut`]), relaycc's
     /// most promising candidate for a budget's time of its own (at least that grace), unless
     /// its progress shows it cannot end by then. Builds stop at their deadline
-    /// ([`crate::LEAST_BUILD_TIME`] at least): relaycc's candidates at the budget's, left out then;
+    /// ([`relaycc_planners::LEAST_BUILD_TIME`] at least): relaycc's candidates at the budget's, left out then;
     /// the baseline at 1.25 times the budget, the call then an error saying so
-    /// ([`crate::RouteError::OverLimit`]). Every call's builds hold at most [`crate::MAX_CALL_OPS`]
+    /// ([`relaycc_plan::RouteError::OverLimit`]). Every call's builds hold at most [`relaycc_planners::MAX_CALL_OPS`]
     /// ops at once, and a request no plan could hold within them is refused at once.
     pub budget: Duration,
     /// Staging memory a plan may allocate on each device (GPU or host socket), bytes. Default:
-    /// [`crate::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`crate::staging::UNBOUNDED_STAGING`]
+    /// [`relaycc_planners::staging::DEFAULT_STAGING_BUDGET_BYTES`]; [`relaycc_planners::staging::UNBOUNDED_STAGING`]
     /// bounds nothing.
     pub staging_budget: u64,
-    /// Build every plan in full, never as a template ([`crate::template`]), whatever the
+    /// Build every plan in full, never as a template ([`relaycc_planners::template`]), whatever the
     /// ranks: what an executor asks for, since only a full plan can be proved and run.
     /// Default: false (templates above [`crate::EXPAND_MAX_RANKS`] ranks where the hosts repeat).
     pub expand: bool,
     /// Largest slice of one piece (a block of `count` elements, a `v` count, a transfer) one
     /// round moves, bytes: a request with a longer piece is planned as a plan of rounds
-    /// ([`crate::rounds`]), one round's plan repeated over successive slices and a tail's for
+    /// ([`relaycc_plan::rounds`]), one round's plan repeated over successive slices and a tail's for
     /// the remainder, so neither its op count nor its planning time grows with the message.
-    /// Default: [`crate::rounds::DEFAULT_ROUND_BYTES`]; [`u64::MAX`] plans every request as
+    /// Default: [`relaycc_plan::rounds::DEFAULT_ROUND_BYTES`]; [`u64::MAX`] plans every request as
     /// one plan.
     pub round_bytes: u64,
 }
@@ -53,9 +53,9 @@ impl Default for PlanOptions {
             strategy: P2pStrategy::default(),
             sim: SimConfig::default(),
             budget: DEFAULT_BUDGET,
-            staging_budget: crate::staging::DEFAULT_STAGING_BUDGET_BYTES,
+            staging_budget: relaycc_planners::staging::DEFAULT_STAGING_BUDGET_BYTES,
             expand: false,
-            round_bytes: crate::rounds::DEFAULT_ROUND_BYTES,
+            round_bytes: relaycc_plan::rounds::DEFAULT_ROUND_BYTES,
         }
     }
 }

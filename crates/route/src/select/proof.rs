@@ -4,21 +4,21 @@
 
 use relaycc_topo::Topology;
 
-use crate::error::{Result, RouteError};
-use crate::plan::Plan;
-use crate::request::Request;
+use relaycc_plan::Plan;
+use relaycc_plan::Request;
+use relaycc_plan::{Result, RouteError};
 
 /// Largest request (ranks) whose plans are built in full and proved by the checker on a
 /// topology whose hosts repeat. Above it, where the topology's host symmetry folds and the
 /// ranks are the same on every period of hosts, candidates are built as templates of one
-/// domain of hosts ([`crate::template`]), checked by [`crate::check_template`] and
-/// [`crate::check_routes`] and timed by the simulator on the template.
+/// domain of hosts ([`relaycc_planners::template`]), checked by [`relaycc_plan::check_template`] and
+/// [`relaycc_plan::check_routes`] and timed by the simulator on the template.
 pub const EXPAND_MAX_RANKS: usize = 64;
 
 /// Above [`EXPAND_MAX_RANKS`] ranks, a plan built in full (its hosts do not repeat, so it
 /// cannot be a template) whose proof's vector clocks would take more than this many bytes is
-/// proved by its structure, sampled execution ([`crate::template::check_sampled`]) and
-/// [`crate::check_routes`], as templates are, instead of by [`crate::check()`]: 512 MiB keeps
+/// proved by its structure, sampled execution ([`relaycc_planners::template::check_sampled`]) and
+/// [`relaycc_plan::check_routes`], as templates are, instead of by [`relaycc_plan::check()`]: 512 MiB keeps
 /// planning a 1,024-GPU cluster's peak memory under 1 GiB.
 pub const SAMPLED_PROOF_ABOVE_CLOCK_BYTES: u64 = 512 << 20;
 
@@ -38,14 +38,14 @@ pub fn proved_by_checker(p: &Plan) -> bool {
     }
     !p.is_template()
         && (p.request.nranks() <= EXPAND_MAX_RANKS
-            || crate::check::clock_bytes(p) <= SAMPLED_PROOF_ABOVE_CLOCK_BYTES)
+            || relaycc_plan::clock_bytes(p) <= SAMPLED_PROOF_ABOVE_CLOCK_BYTES)
 }
 
 /// Prove that `plan` delivers `req` on `topo`: it is a plan of this request, every output
-/// element holds exactly its inputs without a race ([`crate::check()`]), and every copy follows
-/// usable links through GPUs the job may use ([`crate::check_routes`]). A step-sampled
-/// baseline ([`crate::step_samples`]) delivers nothing: its shape and samples are checked. A template
-/// ([`crate::template`]) passes [`crate::check_template`] instead (its routes were checked on
+/// element holds exactly its inputs without a race ([`relaycc_plan::check()`]), and every copy follows
+/// usable links through GPUs the job may use ([`relaycc_plan::check_routes`]). A step-sampled
+/// baseline ([`relaycc_plan::step_samples`]) delivers nothing: its shape and samples are checked. A template
+/// ([`relaycc_planners::template`]) passes [`relaycc_plan::check_template`] instead (its routes were checked on
 /// the windowed build it was folded from).
 pub(super) fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
     if plan.request != *req {
@@ -65,24 +65,24 @@ pub(super) fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
         other => other,
     };
     if plan.is_template() {
-        return crate::check::check_template(plan).map_err(named);
+        return relaycc_plan::check_template(plan).map_err(named);
     }
     if let Some(s) = &plan.step_samples {
         // Samples deliver nothing: their shape, their copies' links and, for templates,
         // their folds are checked (the baseline is reported, never chosen).
-        crate::step_samples::check_step_samples(plan)?;
+        relaycc_plan::step_samples::check_step_samples(plan)?;
         for sample in [&s.short, &s.long] {
             if sample.is_template() {
                 // Its routes were checked on the windowed build it was folded from.
-                crate::check::check_template(sample).map_err(named)?;
+                relaycc_plan::check_template(sample).map_err(named)?;
             } else {
-                crate::check::check_routes(sample, topo).map_err(named)?;
+                relaycc_plan::check_routes(sample, topo).map_err(named)?;
             }
         }
         return Ok(());
     }
     if plan.request.nranks() > EXPAND_MAX_RANKS
-        && crate::check::clock_bytes(plan) > SAMPLED_PROOF_ABOVE_CLOCK_BYTES
+        && relaycc_plan::clock_bytes(plan) > SAMPLED_PROOF_ABOVE_CLOCK_BYTES
     {
         // A full plan of a cluster whose hosts do not repeat: vector clocks would take
         // gigabytes, so it is proved as a template is, on its structure and by sampled
@@ -90,17 +90,17 @@ pub(super) fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
         // the plan only, so they run at once (about a second each for NCCL's 3M-op tree on
         // 64 nodes); errors are reported in that order.
         let (structure, (sampled, routes)) = rayon::join(
-            || crate::check::check_structure_only(plan),
+            || relaycc_plan::check_structure_only(plan),
             || {
                 rayon::join(
                     || {
-                        crate::template::check_sampled(
+                        relaycc_planners::template::check_sampled(
                             plan,
                             topo,
-                            &crate::template::SampleOptions::default(),
+                            &relaycc_planners::template::SampleOptions::default(),
                         )
                     },
-                    || crate::check::check_routes(plan, topo),
+                    || relaycc_plan::check_routes(plan, topo),
                 )
             },
         );
@@ -108,6 +108,6 @@ pub(super) fn prove(topo: &Topology, req: &Request, plan: &Plan) -> Result<()> {
         sampled.map_err(named)?;
         return routes.map_err(named);
     }
-    crate::check::check(plan).map_err(named)?;
-    crate::check::check_routes(plan, topo).map_err(named)
+    relaycc_plan::check(plan).map_err(named)?;
+    relaycc_plan::check_routes(plan, topo).map_err(named)
 }

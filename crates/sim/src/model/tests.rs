@@ -1,0 +1,164 @@
+//! Tests of the lowering: loads, latencies, waits, resource names and the checks it makes.
+use relaycc_topo::{Mask, Topology};
+
+use super::*;
+use relaycc_plan::Request;
+use relaycc_plan::{Location::Gpu, Region};
+
+fn dgx1() -> Topology {
+    relaycc_topo::preset("dgx1-v100").unwrap()
+}
+
+/// Two 1 MiB copies GPU0 -> GPU1 on two lanes; the caller breaks one.
+fn two(topo: &Topology) -> Plan {
+    let (g0, g1) = (topo.gpu(0).unwrap(), topo.gpu(1).unwrap());
+    let e = topo.link_between(g0, g1).unwrap().index() as u32;
+    let mut p = Plan::new(Request::point_to_point(0, 1, 1 << 20), "test");
+    for l in 0..2 {
+        let lane = p.add_lane(Gpu(0), "l");
+        let src = Region::new(p.add_scratch(Gpu(0), 1 << 20), 0, 1 << 20);
+        let dst = Region::new(p.add_scratch(Gpu(1), 1 << 20), 0, 1 << 20);
+        assert_eq!(p.copy(lane, src, dst, vec![e], vec![]), l);
+    }
+    p
+}
+
+/// Building (and simulating) `p` fails at op `op` with a message holding `words`.
+fn check(topo: &Topology, p: &Plan, op: usize, words: &str) {
+    match crate::simulate(topo, p, &SimConfig::default()) {
+        Err(RouteError::PlanCheck { op: got, message }) => {
+            assert_eq!(got, op, "{message}");
+            assert!(message.contains(words), "{message:?} lacks {words:?}");
+        }
+        other => panic!("expected a plan check error, got {other:?}"),
+    }
+}
+
+/// A protocol share at zero's edge (set past `CostModel::set`'s floor) would put
+/// infinite bytes on the wire and stall the run: it is refused with the share named (and
+/// an infinite latency too).
+#[test]
+fn a_degenerate_cost_model_is_named_not_taken_for_a_cycle() {
+    let mut topo = dgx1();
+    let mut costs = *topo.costs();
+    costs.bw_fraction[2] = 5e-324;
+    topo.set_costs(costs);
+    let mut p = two(&topo);
+    p.protocol = Some(relaycc_topo::rates::Protocol::Simple);
+    check(&topo, &p, usize::MAX, "share of a link");
+    let mut costs = *topo.costs();
+    costs.bw_fraction[2] = 1.0;
+    costs.nvlink_step_us[2] = f64::INFINITY;
+    topo.set_costs(costs);
+    check(&topo, &p, 0, "latency of inf");
+}
+
+#[test]
+fn lowering_counts_loads_latency_and_waits() {
+    let topo = dgx1();
+    let mut p = two(&topo);
+    p.ops[1].lane = 0;
+    p.ops[1].deps = vec![0, 0];
+    let m = Model::build(&topo, &p, &SimConfig::default()).unwrap();
+    assert_eq!(m.deps.in_degrees(), &[0, 3]);
+    assert_eq!(m.deps.successors(0), &[1, 1, 1]);
+    assert_eq!(m.deps.lane_predecessor(1), Some(0));
+    // A copy-engine launch and the NVLink's latency; no extra overhead by default.
+    let ce = rates::COPY_ENGINE_LAUNCH_US;
+    assert_eq!(m.latency_us, vec![ce + 0.6, ce + 0.6]);
+    assert_eq!(m.start_us, 0.0);
+    assert_eq!(m.bytes, vec![1048576.0, 1048576.0]);
+    assert_eq!(m.uses.of(0).1, &[1.0]);
+    // Only what the ops load is a resource: two copies over one NVLink, no memory.
+    assert_eq!(m.caps.len(), 1);
+    assert!(m.edge_of(0).is_some() && m.memory_of(0).is_none());
+    let mut caps = Vec::new();
+    let (mem_loc, _) = memory_resources(&topo, &mut caps);
+    assert_eq!((mem_loc[0], caps[0]), (Gpu(0), 900e3), "GPU0 is a V100");
+    // Named by the topology's edge, not the resource's place among the plan's.
+    let e = m.edge_of(0).unwrap();
+    assert_ne!(e, 0);
+    assert_eq!(
+        m.resource_name(&topo, 0),
+        format!("edge {e} (GPU0 -> GPU1)")
+    );
+}
+
+#[test]
+fn a_dependency_cycle() {
+    let topo = dgx1();
+    let mut p = two(&topo);
+    (p.ops[0].deps, p.ops[1].deps) = (vec![1], vec![0]);
+    check(&topo, &p, 0, "cycle");
+    // A dep on a later op of the same lane is a cycle through lane order.
+    let mut p = two(&topo);
+    (p.ops[1].lane, p.ops[0].deps) = (0, vec![1]);
+    check(&topo, &p, 0, "cycle");
+    let mut p = two(&topo);
+    p.ops[1].deps = vec![1];
+    check(&topo, &p, 1, "cycle");
+}
+
+#[test]
+fn a_missing_dependency_or_lane() {
+    let topo = dgx1();
+    let mut p = two(&topo);
+    p.ops[1].deps = vec![7];
+    check(&topo, &p, 1, "op 7");
+    let mut p = two(&topo);
+    p.ops[1].lane = 9;
+    check(&topo, &p, 1, "lane 9");
+}
+
+#[test]
+fn a_missing_or_masked_edge() {
+    let topo = dgx1();
+    let mut p = two(&topo);
+    p.ops[0].edges = vec![u32::MAX];
+    check(&topo, &p, 0, "edge");
+    let mut mask = Mask::default();
+    mask.link_down("GPU0", "GPU1");
+    check(&topo.with_mask(mask).unwrap(), &two(&topo), 0, "masked");
+    let mut mask = Mask::default();
+    mask.absent_gpus.insert(1);
+    check(&topo.with_mask(mask).unwrap(), &two(&topo), 0, "masked");
+}
+
+#[test]
+fn missing_buffers_locations_and_edges() {
+    let topo = dgx1();
+    let set = |p: &mut Plan, f: &dyn Fn(&mut Region, &mut Region)| {
+        if let OpKind::Copy { src, dst } = &mut p.ops[1].kind {
+            f(src, dst);
+        }
+    };
+    let mut p = two(&topo);
+    set(&mut p, &|src, _| src.buffer = BufferRef::Scratch(99));
+    check(&topo, &p, 1, "buffer");
+    let mut p = two(&topo);
+    let far = p.add_scratch(Gpu(9), 1 << 20);
+    set(&mut p, &|_, dst| dst.buffer = far);
+    check(&topo, &p, 1, "GPU9");
+    let mut p = two(&topo);
+    let not_cpu = topo.gpu(1).unwrap().index() as u32;
+    let host = p.add_scratch(Location::Host(not_cpu), 1 << 20);
+    set(&mut p, &|_, dst| dst.buffer = host);
+    check(&topo, &p, 1, "not a CPU");
+    let mut p = two(&topo);
+    p.ops[1].edges.clear();
+    check(&topo, &p, 1, "no edges");
+}
+
+#[test]
+fn a_bad_overhead() {
+    let topo = dgx1();
+    let cfg = SimConfig {
+        op_overhead_us: f64::NAN,
+        ..SimConfig::default()
+    };
+    let r = Model::build(&topo, &two(&topo), &cfg);
+    assert!(matches!(
+        r,
+        Err(RouteError::PlanCheck { op: usize::MAX, .. })
+    ));
+}
