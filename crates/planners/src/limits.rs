@@ -247,7 +247,7 @@ static DROPS: OnceLock<Option<SyncSender<Box<dyn Send>>>> = OnceLock::new();
 
 /// Drop `value` on a thread of the library's own, so that the call that let go of it
 /// returns now. A large build freed where it stops (millions of small allocations: the
-/// baseline's dependency tracks and connection cache over 512 GPUs take 1.3 s to free) would
+/// baseline's dependency tracks and connection cache over 512 GPUs take seconds to free) would
 /// spend the time past its deadline that the budget promises the caller. At most
 /// `QUEUED_DROPS` values wait; past that, and where the thread cannot be started, `value`
 /// is dropped here.

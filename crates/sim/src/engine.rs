@@ -91,8 +91,8 @@ struct Flow {
 /// (scanned for the next end), `C` the flows that share resources (transitively) with a flow
 /// that started or ended, `k` their resources each, `R` those resources and `b` the number of
 /// distinct bottleneck levels among them. Memory `O(n + d + r)` for `r` resources; the event
-/// loop allocates nothing once its buffers reach the plan's peak concurrency. Measured: a
-/// 100k-op chunked ring on dgx1-v100 (`benches/simulator.rs`) in about 20 ms.
+/// loop allocates nothing once its buffers reach the plan's peak concurrency.
+/// `benches/simulator.rs` times a 100k-op chunked ring on dgx1-v100.
 ///
 /// # Example
 /// ```

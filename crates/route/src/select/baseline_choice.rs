@@ -140,8 +140,9 @@ fn ring_ops_estimate(topo: &Topology, req: &Request, periods: u32) -> u64 {
 
 /// Most ops of NCCL's rings the baseline builds, in full or as a template's window: above,
 /// with at least [`SAMPLE_FROM_STEPS`] steps per phase, they are step-sampled (a 1,024-node
-/// DGX H100 cluster's rings fold to 1.6M ops from a window of 3.3M, about 26 s of build and
-/// fold; sampled, two windows of a few tens of thousands).
+/// DGX H100 cluster's rings fold to 1.6M ops from a window of 3.3M, far past the default
+/// budget to build and fold; sampled, two windows of a few tens of thousands; the timings are
+/// in `docs/MEASUREMENTS.md`).
 pub const RING_IN_FULL_MAX_OPS: u64 = 300_000;
 
 /// Where NCCL's ring collective `req` would hold more than [`RING_IN_FULL_MAX_OPS`] ops (as a
@@ -372,9 +373,9 @@ fn sampled_tree(
 
 /// Most ops the two samples of a chunk-sampled tree hold together, by 3 per rank, channel and
 /// chunk: they build and simulate within a default budget with time left for relaycc's
-/// candidates (885k on 64 DGX H100 nodes, 564k and 282k built, in about 2.9 s); 128 nodes'
-/// samples (1.8M) took the call to 7.7 s, so past this the tree is built in full, which the
-/// call's op limit refuses.
+/// candidates (885k on 64 DGX H100 nodes, 564k and 282k built); 128 nodes' samples (1.8M)
+/// took the call past its budget, so past this the tree is built in full, which the call's
+/// op limit refuses (`docs/MEASUREMENTS.md` has the timings).
 pub const TREE_SAMPLES_MAX_OPS: u64 = 900_000;
 
 /// Most ops of NCCL's grouped send/recv all_to_all across nodes built in full or as a
