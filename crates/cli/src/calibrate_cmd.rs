@@ -14,16 +14,28 @@
 //! rate cannot be pinned on one link without guessing which one limits it; the same holds for
 //! host links, whose path also crosses switches. Those figures go into the file's `notes`
 //! object (kept by the parser, never applied), so nothing false enters the model and nothing
-//! measured is lost; so do the device-memory rates, which no entry of the format takes. No kind
-//! override is written: one measured path says nothing certain about every link of its kind.
-//! Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are left out
-//! with a warning on stderr.
+//! measured is lost. No kind override is written: one measured path says nothing certain about
+//! every link of its kind.
+//!
+//! What this executor pays on each GPU goes where the simulator reads it:
+//! - `memories`: each GPU's device-memory rate, its copy engines' device-to-device rate (bytes
+//!   read plus written), which the simulator charges copies within the GPU and reductions;
+//! - `costs`: `copy_engine_launch_us`, the time of one small copy-engine copy issued back to
+//!   back on a stream, and `kernel_launch_us`, the same for one small reduce-kernel launch;
+//!   the simulator charges them per copy and per reduction of relaycc's plans. Over several
+//!   GPUs the slowest GPU's figure is taken, so no op is predicted cheaper than measured.
+//!
+//! The SM-copy and reduce-kernel rates stay in `notes`: the simulator has no entry for them
+//! (the CUDA backend's SM-copy threshold, `CudaBackend::set_sm_copy_below`, is where they
+//! matter). Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are
+//! left out with a warning on stderr.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{Context, Result, bail};
 use relaycc_collectives::cuda::{self, measure};
-use relaycc_topo::{Calibration, LinkRate, Topology};
+use relaycc_topo::{Calibration, LinkRate, MemoryRate, Topology};
 use serde::Serialize;
 
 use crate::args::CalibrateArgs;
@@ -49,7 +61,53 @@ struct File {
     source: String,
     kinds: Vec<relaycc_topo::KindRate>,
     links: Vec<LinkRate>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    memories: Vec<MemoryRate>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    costs: BTreeMap<String, f64>,
     notes: Vec<Measured>,
+}
+
+/// The device-memory entries of GPU `gpu` (its node name) from its measured rates: the copy
+/// engines' rate as the memory's, every rate in `notes`.
+fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>) -> MemoryRate {
+    for (mechanism, r) in [
+        ("copy_engine", d.copy_engine),
+        ("sm_copy", d.sm_copy),
+        ("reduce_kernel", d.reduce),
+    ] {
+        notes.push(Measured {
+            from: gpu.to_string(),
+            to: gpu.to_string(),
+            mechanism,
+            gbps: r.gbps,
+            latency_us: r.latency_us,
+            why: "device memory of one GPU, bytes read plus written (no link)",
+        });
+    }
+    MemoryRate {
+        gpu: gpu.to_string(),
+        gbps: d.copy_engine.gbps,
+    }
+}
+
+/// The cost-model entries the measured GPUs give: per copy-engine copy and per reduce
+/// kernel, the slowest GPU's time of one small operation back to back; none without a GPU.
+fn measured_costs(devices: &[measure::DeviceRates]) -> BTreeMap<String, f64> {
+    let slowest = |f: fn(&measure::DeviceRates) -> f64| {
+        devices
+            .iter()
+            .map(f)
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+    };
+    let mut costs = BTreeMap::new();
+    if let Some(us) = slowest(|d| d.copy_engine.latency_us) {
+        costs.insert("copy_engine_launch_us".to_string(), us);
+    }
+    if let Some(us) = slowest(|d| d.reduce.latency_us) {
+        costs.insert("kernel_launch_us".to_string(), us);
+    }
+    costs
 }
 
 /// The topology GPU of CUDA device `info`: by PCI address when the topology has them, else by
@@ -85,6 +143,8 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
         .collect::<Result<_>>()?;
     let mut links = Vec::new();
     let mut notes = Vec::new();
+    let mut memories = Vec::new();
+    let mut device_rates = Vec::new();
     for (a, ia) in infos.iter().enumerate() {
         for (b, ib) in infos.iter().enumerate() {
             if a == b {
@@ -131,20 +191,8 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
         }
         match measure::measure_device(ia.ordinal, bytes, args.reps) {
             Ok(d) => {
-                for (mechanism, r) in [
-                    ("copy_engine", d.copy_engine),
-                    ("sm_copy", d.sm_copy),
-                    ("reduce_kernel", d.reduce),
-                ] {
-                    notes.push(Measured {
-                        from: names[a].1.clone(),
-                        to: names[a].1.clone(),
-                        mechanism,
-                        gbps: r.gbps,
-                        latency_us: r.latency_us,
-                        why: "device memory of one GPU, bytes read plus written (no link)",
-                    });
-                }
+                memories.push(device_entries(&names[a].1, &d, &mut notes));
+                device_rates.push(d);
             }
             Err(e) => eprintln!(
                 "relaycc calibrate: GPU {}: device-memory rates left out: {e}",
@@ -165,6 +213,8 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
         ),
         kinds: Vec::new(),
         links,
+        memories,
+        costs: measured_costs(&device_rates),
         notes,
     };
     let text = serde_json::to_string_pretty(&file)?;
@@ -183,13 +233,38 @@ pub fn run(args: &CalibrateArgs, out: &mut Vec<u8>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use relaycc_collectives::cuda::measure::{DeviceRates, MeasuredRate};
 
-    /// The file shape with notes parses as a calibration and applies to a preset.
+    fn rates(copy_us: f64, reduce_us: f64, copy_gbps: f64) -> DeviceRates {
+        let r = |gbps, latency_us| MeasuredRate { gbps, latency_us };
+        DeviceRates {
+            copy_engine: r(copy_gbps, copy_us),
+            sm_copy: r(copy_gbps * 0.9, 3.0),
+            reduce: r(copy_gbps * 0.8, reduce_us),
+        }
+    }
+
+    /// The file a calibration makes, from measurements of two GPUs (no GPU needed): links,
+    /// device memories and per-op costs parse, apply to the topology, and reach the model; the
+    /// other figures stay in the notes.
     #[test]
-    fn files_with_notes_parse_and_apply() {
+    fn measured_files_parse_apply_and_reach_the_model() {
         let topo = relaycc_topo::load("dgx1-v100").expect("preset");
         let (a, b) = (topo.gpu(0).expect("gpu"), topo.gpu(1).expect("gpu"));
         assert!(topo.link_between(a, b).is_some());
+        let mut notes = vec![Measured {
+            from: "host".into(),
+            to: "GPU0".into(),
+            mechanism: "copy_engine",
+            gbps: 20.0,
+            latency_us: 9.0,
+            why: "test",
+        }];
+        let devices = [rates(2.5, 4.0, 780.0), rates(3.5, 3.0, 760.0)];
+        let memories = vec![
+            device_entries("GPU0", &devices[0], &mut notes),
+            device_entries("GPU1", &devices[1], &mut notes),
+        ];
         let file = File {
             source: "test".into(),
             kinds: Vec::new(),
@@ -199,18 +274,20 @@ mod tests {
                 gbps: 40.0,
                 latency_us: Some(2.0),
             }],
-            notes: vec![Measured {
-                from: "host".into(),
-                to: "GPU0".into(),
-                mechanism: "copy_engine",
-                gbps: 20.0,
-                latency_us: 9.0,
-                why: "test",
-            }],
+            memories,
+            costs: measured_costs(&devices),
+            notes,
         };
         let text = serde_json::to_string(&file).expect("json");
         let cal = Calibration::parse(&text, "t").expect("parses");
         assert_eq!(cal.links.len(), 1);
-        assert!(cal.apply(&topo).is_ok());
+        assert_eq!(cal.notes.as_array().map(Vec::len), Some(7));
+        let t = cal.apply(&topo).expect("applies");
+        assert_eq!(t.gpu_info(0).expect("gpu").mem_gbps(), 780.0);
+        assert_eq!(t.gpu_info(1).expect("gpu").mem_gbps(), 760.0);
+        // The slowest GPU's per-op times.
+        assert_eq!(t.costs().copy_engine_launch_us, 3.5);
+        assert_eq!(t.costs().kernel_launch_us, 4.0);
+        assert!(measured_costs(&[]).is_empty());
     }
 }

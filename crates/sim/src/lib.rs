@@ -24,7 +24,8 @@
 //! - **Flow.** Then its bytes (elements x dtype size) flow as a fluid. Zero-byte ops end when
 //!   their latency does.
 //! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s
-//!   = 1e3 bytes/us); so is each memory: a GPU's device memory at
+//!   = 1e3 bytes/us); so is each memory: a GPU's device memory at its calibrated rate
+//!   (a calibration file's `memories`, measured by `relaycc calibrate`) or else
 //!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, a CPU socket's host
 //!   memory at its `host_mem_gbps`. A simulation keeps only the resources some op loads, in
 //!   the topology's order, so its state is sized by the plan, not by the machine.

@@ -359,19 +359,17 @@ impl EdgeResources {
 }
 
 /// The memories of `topo` as resources after the edges already in `caps`: each GPU's at its
-/// generation's rate, then each CPU socket's. Returns their locations and the map from plan
-/// locations to them.
+/// calibrated or table rate ([`relaycc_topo::GpuInfo::mem_gbps`]), then each CPU socket's.
+/// Returns their locations and the map from plan locations to them.
 fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (Vec<Location>, Memories) {
     let n_edges = caps.len();
     let n_gpus = topo.gpu_count() as usize;
     let mut mem_loc = Vec::with_capacity(n_gpus + 2);
     for i in 0..n_gpus as u32 {
-        let sm = topo
+        let gbps = topo
             .gpu_info(i)
-            .ok()
-            .and_then(|info| info.compute_capability)
-            .map(|cc| cc.sm());
-        caps.push(rates::gpu_mem_gbps(sm) * BYTES_PER_US_PER_GBPS);
+            .map_or(rates::gpu_mem_gbps(None), |info| info.mem_gbps());
+        caps.push(gbps * BYTES_PER_US_PER_GBPS);
         mem_loc.push(Location::Gpu(i));
     }
     let mut host = vec![None; topo.graph().node_count()];

@@ -6,12 +6,15 @@
 //!   "source": "relaycc calibrate on dgx01",
 //!   "kinds": [ { "kind": "nvlink", "generation": 2, "gbps_per_lane": 23.1, "latency_us": 0.9 },
 //!              { "kind": "pcie", "generation": 3, "gbps_per_x16": 11.2 } ],
-//!   "links": [ { "from": "GPU0", "to": "GPU1", "gbps": 22.4, "latency_us": 1.1 } ]
+//!   "links": [ { "from": "GPU0", "to": "GPU1", "gbps": 22.4, "latency_us": 1.1 } ],
+//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5 } ]
 //! }
 //! ```
 //! Kind entries apply first (`kind` is `nvlink`, `pcie`, `inter_socket`, `c2c` or `network`;
 //! `generation` narrows NVLink/PCIe entries; NVLink rates scale with lanes, PCIe with width).
-//! Link entries then set one directed link each and must name two adjacent nodes. `notes` holds
+//! Link entries then set one directed link each and must name two adjacent nodes. Memory
+//! entries set a GPU's device-memory rate (bytes read plus written per second), which the
+//! simulator charges copies within one GPU and reductions. `notes` holds
 //! figures for people (what `relaycc calibrate` measured on multi-link paths) and changes no
 //! rate. `costs` replaces entries of the cost model ([`crate::rates::CostModel`]) by name:
 //! NCCL's protocol fractions and step latencies, NVLS, and relaycc's copy and kernel launches
@@ -41,6 +44,9 @@ pub const MAX_LINK_GBPS: f64 = MAX_NVLINK_LANES as f64 * MAX_NVLINK_LANE_GBPS;
 /// direction), the narrowest, oldest link a GPU or NIC attaches by. Slower figures are a unit
 /// mistake (Gb/s for GB/s) or a failed measurement.
 pub const MIN_LINK_GBPS: f64 = 0.25;
+/// The fastest device memory accepted, GB/s: B200's HBM3e, the fastest in the rates table
+/// ([`rates::HBM_B200_GBPS`]). A measurement above it is a measuring error.
+pub const MAX_DEVICE_MEM_GBPS: f64 = rates::HBM_B200_GBPS;
 /// The longest latency accepted for one link traversal, microseconds. Modelled hops take 0.5 to
 /// 2.5 us ([`rates::NETWORK_HOP_LATENCY_US`] is the longest); 1 ms leaves room for software
 /// overhead in a measurement while refusing figures off by the factor of a unit (ms for us).
@@ -84,6 +90,17 @@ pub struct LinkRate {
     pub latency_us: Option<f64>,
 }
 
+/// A calibration override for one GPU's device memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryRate {
+    /// The GPU's node name (`GPU0`).
+    pub gpu: String,
+    /// Measured GB/s, bytes read plus written per second (a device-to-device copy of `b`
+    /// bytes moves `2b`).
+    pub gbps: f64,
+}
+
 /// Measured rates for a machine.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,6 +114,9 @@ pub struct Calibration {
     /// Per-link overrides.
     #[serde(default)]
     pub links: Vec<LinkRate>,
+    /// Per-GPU device-memory overrides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memories: Vec<MemoryRate>,
     /// Cost-model entries by name ([`rates::CostModel::names`]): fractions from
     /// [`rates::MIN_CALIBRATED_FRACTION`] to 1,
     /// latencies in microseconds.
@@ -216,6 +236,16 @@ impl Calibration {
             };
             out.set_link_rate(id, gbps, latency_us);
         }
+        for (i, m) in self.memories.iter().enumerate() {
+            let id = topo
+                .node_by_name(&m.gpu)
+                .map_err(|e| err(format!("memories[{i}]: {e}")))?;
+            if topo.node(id).gpu().is_none() {
+                return Err(err(format!("memories[{i}]: {} is not a GPU", m.gpu)));
+            }
+            let gbps = in_range("memories: gbps", m.gbps, MAX_DEVICE_MEM_GBPS)?;
+            out.set_gpu_mem_gbps(id, gbps);
+        }
         let mut costs = *out.costs();
         for (name, &value) in &self.costs {
             costs
@@ -287,6 +317,13 @@ mod tests {
                 r#"{"links":[{"from":"GPU0","to":"GPU1","gbps":20,"latency_us":1e9}]}"#,
                 "latency_us must be from 0 to 1000",
             ),
+            (r#"{"memories":[{"gpu":"CPU0","gbps":700}]}"#, "not a GPU"),
+            (r#"{"memories":[{"gpu":"GPU9","gbps":700}]}"#, "GPU9"),
+            (
+                r#"{"memories":[{"gpu":"GPU0","gbps":9000}]}"#,
+                "to 8000 GB/s",
+            ),
+            (r#"{"memories":[{"gpu":"GPU0","gbps":0}]}"#, "from 0.25"),
         ] {
             let err = Calibration::parse(json, "t")
                 .unwrap()
@@ -339,6 +376,21 @@ mod tests {
                 .to_string();
             assert!(err.contains(needle), "{json}: {err}");
         }
+    }
+
+    #[test]
+    fn memories_set_a_gpus_device_memory_rate_and_survive_export() {
+        let topo = crate::preset("dgx-h100").unwrap();
+        let cal =
+            Calibration::parse(r#"{"memories":[{"gpu":"GPU3","gbps":2710.5}]}"#, "t").unwrap();
+        let t = cal.apply(&topo).unwrap();
+        assert_eq!(t.gpu_info(3).unwrap().mem_gbps(), 2710.5);
+        // The others keep the table's rate for sm90, as the uncalibrated topology has it.
+        assert_eq!(t.gpu_info(2).unwrap().mem_gbps(), rates::HBM_H100_GBPS);
+        assert_eq!(topo.gpu_info(3).unwrap().mem_gbps(), rates::HBM_H100_GBPS);
+        let back = crate::import::json::parse(&crate::export::json::to_json(&t), "t").unwrap();
+        assert_eq!(back.gpu_info(3).unwrap().mem_gbps(), 2710.5);
+        assert_eq!(back.gpu_info(2).unwrap().measured_mem_gbps, None);
     }
 
     #[test]

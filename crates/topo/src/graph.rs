@@ -80,6 +80,11 @@ pub struct GpuInfo {
     /// is staged through host memory; NVLink peers are unaffected. In JSON only when false.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub pcie_p2p: bool,
+    /// Device-memory rate measured on this GPU (bytes read plus written per second, GB/s), from
+    /// a calibration file's `memories`; `None` takes the rates table's figure for its compute
+    /// capability ([`GpuInfo::mem_gbps`]). In JSON only when set.
+    #[serde(default, rename = "mem_gbps", skip_serializing_if = "Option::is_none")]
+    pub measured_mem_gbps: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -103,7 +108,16 @@ impl GpuInfo {
             host_arena: false,
             device_arena: None,
             pcie_p2p: true,
+            measured_mem_gbps: None,
         }
+    }
+    /// The rate of this GPU's device memory, GB/s (bytes read plus written per second): the
+    /// calibrated one where a calibration file measured it, otherwise the rates table's for
+    /// its compute capability ([`crate::rates::gpu_mem_gbps`]).
+    pub fn mem_gbps(&self) -> f64 {
+        self.measured_mem_gbps.unwrap_or_else(|| {
+            crate::rates::gpu_mem_gbps(self.compute_capability.map(|cc| cc.sm()))
+        })
     }
 }
 
@@ -552,6 +566,13 @@ impl Topology {
             l.latency_us = latency_us;
         }
         self.forget_link_tables();
+    }
+    /// Set GPU node `id`'s measured device-memory rate (a calibration's `memories`); no-op on
+    /// a node that is not a GPU.
+    pub(crate) fn set_gpu_mem_gbps(&mut self, id: NodeId, gbps: f64) {
+        if let Some(NodeKind::Gpu(g)) = self.graph.node_weight_mut(id).map(|n| &mut n.kind) {
+            g.measured_mem_gbps = Some(gbps);
+        }
     }
     /// Rename the topology.
     pub fn set_name(&mut self, name: impl Into<String>) {

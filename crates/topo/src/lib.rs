@@ -51,8 +51,8 @@ mod symmetry;
 mod topology_builder;
 
 pub use calibration::{
-    Calibration, KindRate, LinkRate, MAX_LATENCY_US, MAX_LINK_GBPS, MAX_NVLINK_LANE_GBPS,
-    MAX_NVLINK_LANES, MAX_PCIE_X16_GBPS, MIN_LINK_GBPS,
+    Calibration, KindRate, LinkRate, MAX_DEVICE_MEM_GBPS, MAX_LATENCY_US, MAX_LINK_GBPS,
+    MAX_NVLINK_LANE_GBPS, MAX_NVLINK_LANES, MAX_PCIE_X16_GBPS, MIN_LINK_GBPS, MemoryRate,
 };
 pub use classify::PathClass;
 pub use error::{Result, TopoError};

@@ -162,3 +162,35 @@ fn a_bad_overhead() {
         Err(RouteError::PlanCheck { op: usize::MAX, .. })
     ));
 }
+
+/// A copy inside one GPU's memory loads it twice per byte (read and write) at its rate: the
+/// table's for its generation, or the rate a calibration file measured (`memories`).
+#[test]
+fn a_calibrated_device_memory_rate_times_copies_within_a_gpu() {
+    let topo = dgx1();
+    // A point-to-point request moves bytes: one element is one byte.
+    let elems: u64 = 1 << 30;
+    let bytes = elems;
+    let mut p = Plan::new(Request::point_to_point(0, 0, elems), "local");
+    let lane = p.add_lane(Gpu(0), "l");
+    let src = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+    let dst = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+    p.copy(lane, src, dst, vec![], vec![]);
+    let flow_us = |topo: &Topology| {
+        let r = crate::simulate(topo, &p, &SimConfig::default()).unwrap();
+        r.time_us - topo.costs().copy_engine_launch_us
+    };
+    // V100's HBM2: 900 GB/s for the 2 GiB read and written.
+    let table = flow_us(&topo);
+    assert!(
+        (table - 2.0 * bytes as f64 / 900e3).abs() < 1e-6 * table,
+        "{table}"
+    );
+    let cal = relaycc_topo::Calibration::parse(r#"{"memories":[{"gpu":"GPU0","gbps":450}]}"#, "t")
+        .unwrap();
+    let measured = flow_us(&cal.apply(&topo).unwrap());
+    assert!(
+        (measured / table - 2.0).abs() < 1e-9,
+        "{measured} vs {table}"
+    );
+}
