@@ -1,76 +1,36 @@
-//! The plan builder every collective planner writes through: it sends regions over cached
-//! connections, reduces locally, and derives every dependency itself.
+//! The plan builder the collective planners write through: it sends regions over cached
+//! connections and reduces locally, and writes every op through the one [`PlanWriter`],
+//! which derives every dependency.
 //!
-//! Planners describe only data movement; the builder tracks, per memory, which op last wrote
-//! each run of elements and which ops read it since, and gives each new op the dependencies
-//! that order it after the writes it reads (read-after-write) and after the reads and writes of
-//! what it overwrites (write-after-read, write-after-write). The checker's race rule therefore
-//! holds by construction. Inputs and outputs are tracked as they alias in NCCL's in-place
-//! calls (the layout [`relaycc_plan::CheckOptions::in_place`] describes), so a plan built here is
-//! ordered for both the in-place and the out-of-place call.
-//!
-//! Under a window ([`crate::template`]) the builder emits only the ops that touch a window
-//! memory and skips every other `send` and `reduce` before tracking anything: dependencies on
-//! window memories stay complete, and a lane of a window device gets all its ops in order.
+//! Planners describe only data movement. Under a window ([`crate::template`]) the builder
+//! emits only the ops that touch a window memory and skips every other `send` and `reduce`
+//! before tracking anything: dependencies on window memories stay complete, and a lane of a
+//! window device gets all its ops in order.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::access::AccessTrack;
 use super::connect::Connection;
 
-use crate::route_pipeline::{Chunks, LaneMap, emit_transfer};
+use crate::plan_writer::PlanWriter;
+use crate::route_pipeline::{Chunks, LaneMap};
 use crate::template::window::{UserMem, Window};
 use relaycc_plan::Request;
-use relaycc_plan::{BufferRef, Location, Mem, Plan, Region, mem_of};
+use relaycc_plan::{BufferRef, Location, Plan, Region, mem_of};
 use relaycc_plan::{Result, RouteError};
 
 use super::PlannerContext;
-
-/// Marks a lane with no op since the last fence.
-const NO_OP: u32 = u32::MAX;
 
 /// Lane channels reserved per planner channel: each route of a split connection gets its own
 /// lanes (`channel * CH_STRIDE + route`), more than [`relaycc_plan::path::MAX_FLOW_PATHS`] routes.
 pub const CH_STRIDE: u32 = 64;
 
-/// Access tracks of every memory a plan touches, indexed directly (plans have thousands of
-/// scratch buffers, so a map lookup per access shows up in planning time).
-#[derive(Debug, Default)]
-struct Mems {
-    rank: Vec<AccessTrack>,
-    rank_out: Vec<AccessTrack>,
-    scratch: Vec<AccessTrack>,
-}
-
-impl Mems {
-    fn track(&mut self, m: Mem) -> &mut AccessTrack {
-        let (v, i) = match m {
-            Mem::Rank(i) => (&mut self.rank, i),
-            Mem::RankOut(i) => (&mut self.rank_out, i),
-            Mem::Scratch(i) => (&mut self.scratch, i),
-        };
-        let i = i as usize;
-        if v.len() <= i {
-            v.resize_with(i + 1, AccessTrack::default);
-        }
-        &mut v[i]
-    }
-}
-
 /// Writes a plan through cached connections, deriving dependencies (see the module docs).
 pub(crate) struct PlanBuilder<'a, 't> {
-    /// The plan being built.
-    pub plan: Plan,
+    /// The plan being built, with the writer that derives its dependencies.
+    pub w: PlanWriter<'t>,
     ctx: &'a PlannerContext<'t>,
     lanes: LaneMap,
-    mems: Mems,
-    /// Ops every lane's first op after the last fence waits for.
-    fence: Vec<u32>,
-    /// Per lane: whether its first op since the last fence has been given the fence.
-    fenced: Vec<bool>,
-    /// Per lane: its last op since the last fence, or `NO_OP`.
-    lane_last: Vec<u32>,
     /// Connections chosen by the planner for (channel, from GPU, to GPU), used instead of the
     /// cache's (packed rings pick their own per ring).
     pinned: BTreeMap<(u32, u32, u32), Arc<Connection>>,
@@ -79,8 +39,6 @@ pub(crate) struct PlanBuilder<'a, 't> {
     chunk: Option<u64>,
     /// The window of a windowed build ([`crate::template`]); `None` emits every op.
     window: Option<&'t Window>,
-    /// The limit every op written is charged to ([`PlannerContext::limit`]).
-    limit: Option<&'t crate::limits::Limit>,
 }
 
 /// Ops past which a builder's plan and dependency tracks are freed off the planning thread
@@ -90,10 +48,10 @@ const OPS_FREED_OFF_THREAD: usize = 100_000;
 
 impl Drop for PlanBuilder<'_, '_> {
     fn drop(&mut self) {
-        if self.plan.ops.len() >= OPS_FREED_OFF_THREAD {
+        if self.w.plan.ops.len() >= OPS_FREED_OFF_THREAD {
             let held = (
-                std::mem::take(&mut self.plan.ops),
-                std::mem::take(&mut self.mems),
+                std::mem::take(&mut self.w.plan.ops),
+                std::mem::take(&mut self.w.mems),
                 std::mem::take(&mut self.lanes),
                 std::mem::take(&mut self.pinned),
             );
@@ -106,17 +64,12 @@ impl<'a, 't> PlanBuilder<'a, 't> {
     /// A builder for `req`, named `algorithm`.
     pub fn new(req: &Request, ctx: &'a PlannerContext<'t>, algorithm: impl Into<String>) -> Self {
         PlanBuilder {
-            plan: Plan::new(req.clone(), algorithm),
+            w: PlanWriter::new(Plan::new(req.clone(), algorithm), ctx.limit),
             ctx,
             lanes: LaneMap::default(),
-            mems: Mems::default(),
-            fence: Vec::new(),
-            fenced: Vec::new(),
-            lane_last: Vec::new(),
             pinned: BTreeMap::new(),
             chunk: None,
             window: ctx.window,
-            limit: ctx.limit,
         }
     }
     /// How many of `steps` repeating steps (a ring phase's steps, a tree channel's chunks, an
@@ -129,73 +82,23 @@ impl<'a, 't> PlanBuilder<'a, 't> {
     }
     /// The GPU of rank `r`.
     pub fn gpu(&self, r: u32) -> u32 {
-        self.plan.request.gpus.get(r as usize).copied().unwrap_or(0)
+        self.w
+            .plan
+            .request
+            .gpus
+            .get(r as usize)
+            .copied()
+            .unwrap_or(0)
     }
     /// A staging buffer of `len` elements on rank `r`'s GPU.
     pub fn scratch(&mut self, r: u32, len: u64) -> BufferRef {
         let g = self.gpu(r);
-        self.plan.add_scratch(Location::Gpu(g), len)
-    }
-    fn location(&self, b: BufferRef) -> Result<Location> {
-        self.plan
-            .location(b)
-            .ok_or_else(|| RouteError::BadRequest(format!("planner named a missing buffer {b:?}")))
-    }
-    fn deps_of(&mut self, reads: &[Region], write: Option<Region>) -> Vec<u32> {
-        let mut d = Vec::new();
-        for (r, w) in reads
-            .iter()
-            .map(|r| (r, false))
-            .chain(write.iter().map(|r| (r, true)))
-        {
-            let (m, base) = mem_of(&self.plan.request, r.buffer);
-            let a = base + r.offset;
-            self.mems.track(m).deps(a, a + r.len, w, &mut d);
-        }
-        d.sort_unstable();
-        d.dedup();
-        d
-    }
-    fn record(&mut self, r: Region, op: u32, write: bool) {
-        let (m, base) = mem_of(&self.plan.request, r.buffer);
-        let a = base + r.offset;
-        let t = self.mems.track(m);
-        if write {
-            t.write(a, a + r.len, op);
-        } else {
-            t.read(a, a + r.len, op);
-        }
-    }
-    /// Apply the fence to new ops `from..` and note each lane's last op.
-    fn settle(&mut self, from: usize) {
-        let lanes = self.plan.lanes.len();
-        if self.lane_last.len() < lanes {
-            self.lane_last.resize(lanes, NO_OP);
-            self.fenced.resize(lanes, false);
-        }
-        for id in from..self.plan.ops.len() {
-            let lane = self.plan.ops[id].lane as usize;
-            if !self.fence.is_empty() && !self.fenced[lane] {
-                self.fenced[lane] = true;
-                self.plan.ops[id].deps.extend_from_slice(&self.fence);
-            }
-            self.lane_last[lane] = id as u32;
-        }
+        self.w.plan.add_scratch(Location::Gpu(g), len)
     }
     /// Order everything emitted after this call after everything emitted before it (one
     /// collective call after another on one stream).
     pub fn fence(&mut self) {
-        if self.lane_last.iter().all(|&op| op == NO_OP) {
-            return;
-        }
-        self.fence = self
-            .lane_last
-            .iter()
-            .copied()
-            .filter(|&op| op != NO_OP)
-            .collect();
-        self.lane_last.fill(NO_OP);
-        self.fenced.fill(false);
+        self.w.fence();
     }
     /// Cut the copies sent from now on into chunks of `elems` elements instead of the
     /// context's chunk (hierarchical plans pipeline each phase at its own block size).
@@ -235,7 +138,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
     }
     /// True when `r` overlaps a window range of a user buffer.
     fn region_in_window(&self, w: &Window, r: Region) -> bool {
-        let (m, base) = mem_of(&self.plan.request, r.buffer);
+        let (m, base) = mem_of(&self.w.plan.request, r.buffer);
         UserMem::of(m).is_some_and(|u| w.overlaps(u, base + r.offset, base + r.offset + r.len))
     }
     /// The connection a send from GPU `a` to GPU `b` on channel `ch` takes.
@@ -313,21 +216,16 @@ impl<'a, 't> PlanBuilder<'a, 't> {
         if src.len == 0 {
             return Ok(());
         }
-        let (from, to) = (self.location(src.buffer)?, self.location(dst.buffer)?);
+        let (from, to) = (self.w.location(src.buffer)?, self.w.location(dst.buffer)?);
         if let Some(w) = &self.window
             && !self.send_in_window(w, src, dst, from, to, ch, over)?
         {
             return Ok(());
         }
-        let deps = self.deps_of(&[src], Some(dst));
-        let start = self.plan.ops.len();
         if from == to {
-            let lane = self.lanes.local(&mut self.plan, from, ch);
-            let id = self.plan.copy(lane, src, dst, Vec::new(), deps);
-            self.record(src, id, false);
-            self.record(dst, id, true);
-            self.settle(start);
-            return crate::limits::charge(self.limit, 1);
+            let lane = self.lanes.local(&mut self.w.plan, from, ch);
+            self.w.copy(lane, src, dst, Vec::new(), &[])?;
+            return Ok(());
         }
         let (Location::Gpu(a), Location::Gpu(b)) = (from, to) else {
             return Err(RouteError::BadRequest(
@@ -339,28 +237,18 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             None => self.connection(ch, a, b)?,
         };
         let shares = conn.shares(src.len);
-        let arrivals = emit_transfer(
-            &mut self.plan,
+        let chunk = self.chunk.unwrap_or(self.ctx.chunk_elems);
+        self.w.transfer(
             &mut self.lanes,
             src,
             dst,
             &conn.routes,
             &shares,
-            Chunks::Each(self.chunk.unwrap_or(self.ctx.chunk_elems)),
+            Chunks::Each(chunk),
             ch * CH_STRIDE,
-            &deps,
-        );
-        for arr in arrivals {
-            let rel = arr.dst.offset - dst.offset;
-            self.record(
-                Region::new(src.buffer, src.offset + rel, arr.dst.len),
-                arr.op,
-                false,
-            );
-            self.record(arr.dst, arr.op, true);
-        }
-        self.settle(start);
-        crate::limits::charge(self.limit, (self.plan.ops.len() - start) as u64)
+            &[],
+        )?;
+        Ok(())
     }
     /// `dst = op(srcs...)` on `dst`'s device, lane channel `ch`; `finalize` applies the Avg
     /// division (only passed on when the request's op is Avg).
@@ -374,7 +262,7 @@ impl<'a, 't> PlanBuilder<'a, 't> {
         if dst.len == 0 {
             return Ok(());
         }
-        let at = self.location(dst.buffer)?;
+        let at = self.w.location(dst.buffer)?;
         if let Some(w) = &self.window
             && !w.has(at)
             && !srcs
@@ -384,26 +272,23 @@ impl<'a, 't> PlanBuilder<'a, 't> {
         {
             return Ok(());
         }
-        let deps = self.deps_of(&srcs, Some(dst));
-        let start = self.plan.ops.len();
-        let lane = self.lanes.local(&mut self.plan, at, ch);
-        let fin = finalize && self.plan.request.op == relaycc_plan::ReduceOp::Avg;
-        let id = self.plan.reduce(lane, srcs.clone(), dst, fin, deps);
-        for s in srcs {
-            self.record(s, id, false);
-        }
-        self.record(dst, id, true);
-        self.settle(start);
-        crate::limits::charge(self.limit, 1)
+        let lane = self.lanes.local(&mut self.w.plan, at, ch);
+        self.w.reduce(lane, srcs, dst, finalize, &[])?;
+        Ok(())
     }
     /// The finished plan.
     pub fn finish(mut self) -> Plan {
         // An empty plan in its place: what the builder frees when it drops.
         let empty = Plan::new(
-            Request::new(self.plan.request.collective, Vec::new(), 0, self.plan.dtype),
+            Request::new(
+                self.w.plan.request.collective,
+                Vec::new(),
+                0,
+                self.w.plan.dtype,
+            ),
             String::new(),
         );
-        let mut plan = std::mem::replace(&mut self.plan, empty);
+        let mut plan = std::mem::replace(&mut self.w.plan, empty);
         if self.window.is_some() {
             // The fold maps lanes to their images by these keys.
             plan.template = Some(relaycc_plan::Template {

@@ -64,6 +64,7 @@ pub mod direct;
 pub mod hierarchical;
 pub mod nvls;
 pub mod pipelined_tree;
+mod plan_writer;
 pub mod ranks;
 pub mod ring;
 pub mod ring_order;

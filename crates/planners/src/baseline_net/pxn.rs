@@ -161,7 +161,7 @@ fn send_piece(
         Legs::Relayed { first, last, via } => (first, last, via),
     };
     let ring = rings.entry((gp, rail)).or_insert_with(|| ProxyRing {
-        buffer: b.plan.add_scratch(Location::Gpu(gp), PXN_SLOTS * slot),
+        buffer: b.w.plan.add_scratch(Location::Gpu(gp), PXN_SLOTS * slot),
         next: 0,
     });
     for (rel, len) in chunks(p.len, slot) {
