@@ -273,7 +273,8 @@ impl<'a, 't> PlanBuilder<'a, 't> {
             return Ok(());
         }
         let lane = self.lanes.local(&mut self.w.plan, at, ch);
-        self.w.reduce(lane, srcs, dst, finalize, &[])?;
+        let fin = finalize && self.w.plan.request.op == relaycc_plan::ReduceOp::Avg;
+        self.w.reduce(lane, srcs, dst, fin, &[])?;
         Ok(())
     }
     /// The finished plan.

@@ -8,7 +8,9 @@
 //! write-after-write), so the checker's race rule holds by construction. Inputs and outputs
 //! are tracked as they alias in NCCL's in-place calls (the layout
 //! [`relaycc_plan::CheckOptions::in_place`] describes), so a plan written here is ordered for
-//! both the in-place and the out-of-place call.
+//! both the in-place and the out-of-place call; a planner that writes a plan for the
+//! out-of-place call only (its ops would be wrong in place) asks for separate memories
+//! instead ([`PlanWriter::out_of_place`]).
 //!
 //! A planner may also order an op after others for reasons other than data (a round of
 //! staging slots after the round that last used them, pacing): it names those ops, and the
@@ -16,7 +18,7 @@
 //! by the pipeline that lays it out (`route_pipeline`), which knows each slot's occupant.
 
 use relaycc_plan::path::Route;
-use relaycc_plan::{BufferRef, Location, Mem, Plan, ReduceOp, Region, Result, RouteError, mem_of};
+use relaycc_plan::{BufferRef, Location, Mem, Plan, Region, Result, RouteError, mem_of};
 
 use crate::access::AccessTrack;
 use crate::limits::Limit;
@@ -63,6 +65,9 @@ pub(crate) struct PlanWriter<'t> {
     lane_last: Vec<u32>,
     /// The limit every op written is charged to (`PlannerContext::limit`).
     limit: Option<&'t Limit>,
+    /// Inputs and outputs tracked as separate memories (a plan for the out-of-place call
+    /// only), not as they alias in place.
+    separate: bool,
 }
 
 impl<'t> PlanWriter<'t> {
@@ -75,6 +80,25 @@ impl<'t> PlanWriter<'t> {
             fenced: Vec::new(),
             lane_last: Vec::new(),
             limit,
+            separate: false,
+        }
+    }
+
+    /// A writer of a plan for the out-of-place call only: every rank's input and output are
+    /// separate memories, so ops that would clash only in place are not ordered.
+    pub fn out_of_place(plan: Plan, limit: Option<&'t Limit>) -> Self {
+        PlanWriter {
+            separate: true,
+            ..PlanWriter::new(plan, limit)
+        }
+    }
+
+    /// The memory buffer `b` lies in and its base offset there, in the layout tracked.
+    fn mem_at(&self, b: BufferRef) -> (Mem, u64) {
+        match b {
+            BufferRef::Input(r) if self.separate => (Mem::Rank(r), 0),
+            BufferRef::Output(r) if self.separate => (Mem::RankOut(r), 0),
+            _ => mem_of(&self.plan.request, b),
         }
     }
 
@@ -86,7 +110,7 @@ impl<'t> PlanWriter<'t> {
             .map(|r| (r, false))
             .chain(write.iter().map(|r| (r, true)))
         {
-            let (m, base) = mem_of(&self.plan.request, r.buffer);
+            let (m, base) = self.mem_at(r.buffer);
             let a = base + r.offset;
             self.mems.track(m).deps(a, a + r.len, w, &mut d);
         }
@@ -96,7 +120,7 @@ impl<'t> PlanWriter<'t> {
     }
 
     fn record(&mut self, r: Region, op: u32, write: bool) {
-        let (m, base) = mem_of(&self.plan.request, r.buffer);
+        let (m, base) = self.mem_at(r.buffer);
         let a = base + r.offset;
         let t = self.mems.track(m);
         if write {
@@ -167,7 +191,7 @@ impl<'t> PlanWriter<'t> {
     }
 
     /// `dst = op(srcs...)` on `lane`, after the ops the data needs and after `after`;
-    /// `finalize` applies the Avg division (only where the request's op is Avg). Returns the op.
+    /// `finalize` marks the reduction that applies an Avg's division. Returns the op.
     pub fn reduce(
         &mut self,
         lane: u32,
@@ -178,8 +202,7 @@ impl<'t> PlanWriter<'t> {
     ) -> Result<u32> {
         let deps = self.deps_of(&srcs, Some(dst), after);
         let start = self.plan.ops.len();
-        let fin = finalize && self.plan.request.op == ReduceOp::Avg;
-        let id = self.plan.reduce(lane, srcs.clone(), dst, fin, deps);
+        let id = self.plan.reduce(lane, srcs.clone(), dst, finalize, deps);
         for s in srcs {
             self.record(s, id, false);
         }

@@ -35,12 +35,16 @@
 //!   In-place calls skip the copies whose source already sits where the output wants it.
 //!
 //! Every op of a rank runs on that rank's lane, and no two lanes touch the same element while
-//! one writes it, so the plans need no cross-lane dependencies.
+//! one writes it, so the plans need no cross-lane dependencies: the ops are written through
+//! the plan writer (`plan_writer.rs`), whose derived dependencies then order ops of one lane
+//! only (a test holds every planner here to it).
 
 use std::collections::{HashMap, VecDeque};
 
 use relaycc_plan::{BufferRef, Collective, Location, Plan, Region, Request, Result, RouteError};
 use relaycc_topo::{NodeId, Topology};
+
+use crate::plan_writer::PlanWriter;
 
 /// Bytes per chunk of a reduction: small enough that a chunk of every rank (8 x 64 KiB)
 /// stays in a core's L2 cache between the copy-in and the reduction, large enough that the
@@ -197,7 +201,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
             }
         }
     }
-    Ok(b.plan)
+    Ok(b.w.plan)
 }
 
 /// Slice `o` of `n` of `count` elements: `[o*count/n, (o+1)*count/n)`.
@@ -215,12 +219,12 @@ enum Dest {
     Root(u32, u64),
 }
 
-/// A plan of ranks in one memory under construction: the topology, the plan, the route
-/// cached per pair of ranks, and whether reductions read every rank's input where it lies
-/// (ranks on one GPU) instead of copying chunks into the owner's scratch first (one host).
+/// A plan of ranks in one memory under construction: the topology, the plan's writer, the
+/// route cached per pair of ranks, and whether reductions read every rank's input where it
+/// lies (ranks on one GPU) instead of copying chunks into the owner's scratch first (one host).
 struct SharedMemoryPlanBuilder<'a> {
     topo: &'a Topology,
-    plan: Plan,
+    w: PlanWriter<'static>,
     routes: HashMap<(u32, u32), Vec<u32>>,
     direct_reads: bool,
 }
@@ -243,14 +247,20 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
         plan.one_device_memory = direct_reads;
         Ok(SharedMemoryPlanBuilder {
             topo,
-            plan,
+            // An in-place plan is tracked in the in-place layout, an out-of-place plan (whose
+            // copies would clash in place) with inputs and outputs apart.
+            w: if in_place {
+                PlanWriter::new(plan, None)
+            } else {
+                PlanWriter::out_of_place(plan, None)
+            },
             routes: HashMap::new(),
             direct_reads,
         })
     }
 
     fn gpu_of(&self, b: BufferRef) -> Result<u32> {
-        match self.plan.location(b) {
+        match self.w.plan.location(b) {
             Some(Location::Gpu(g)) => Ok(g),
             _ => Err(RouteError::BadRequest(format!("{b:?} has no GPU"))),
         }
@@ -304,7 +314,7 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             return Ok(());
         }
         let edges = self.route(self.gpu_of(src.buffer)?, self.gpu_of(dst.buffer)?)?;
-        self.plan.copy(rank, src, dst, edges, Vec::new());
+        self.w.copy(rank, src, dst, edges, &[])?;
         Ok(())
     }
 
@@ -323,12 +333,12 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
         if len == 0 {
             return Ok(());
         }
-        let n = self.plan.request.nranks() as u32;
+        let n = self.w.plan.request.nranks() as u32;
         let direct = self.direct_reads;
         let chunk = if direct {
             len
         } else {
-            (REDUCE_CHUNK_BYTES / self.plan.dtype.size())
+            (REDUCE_CHUNK_BYTES / self.w.plan.dtype.size())
                 .max(1)
                 .min(len)
         };
@@ -338,10 +348,11 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
             Dest::Root(..) => n,
             Dest::Own(_) => n - 1,
         };
-        let g = self.plan.request.gpus[o as usize];
+        let g = self.w.plan.request.gpus[o as usize];
         let scratch = if slots > 0 {
             Some(
-                self.plan
+                self.w
+                    .plan
                     .add_scratch(Location::Gpu(g), u64::from(slots) * chunk),
             )
         } else {
@@ -372,7 +383,7 @@ impl<'a> SharedMemoryPlanBuilder<'a> {
                     return Err(RouteError::BadRequest("reduce without scratch".into()));
                 }
             };
-            self.plan.reduce(o, srcs, dst, true, Vec::new());
+            self.w.reduce(o, srcs, dst, true, &[])?;
             if let (Dest::Root(root, _), false) = (dest, direct) {
                 self.copy(o, dst, Region::new(BufferRef::Output(root), out_at, l))?;
             }
@@ -425,6 +436,15 @@ mod tests {
                     relaycc_plan::check_with(&p, CheckOptions { in_place })
                         .unwrap_or_else(|e| panic!("{preset} {coll} {in_place}: {e}"));
                     relaycc_plan::check_routes(&p, &topo).unwrap();
+                    // Ranks in one memory run their lanes with nothing ordered across them.
+                    for (i, op) in p.ops.iter().enumerate() {
+                        for &d in &op.deps {
+                            assert_eq!(
+                                p.ops[d as usize].lane, op.lane,
+                                "{preset} {coll} {in_place}: op {i} waits on another lane"
+                            );
+                        }
+                    }
                 }
             }
         }
