@@ -37,9 +37,10 @@
 //!
 //! Every candidate is built in each [`LinkMode`] relaycc may use ([`LinkMode::Single`],
 //! [`LinkMode::Multipath`]) and each chunk size asked for; the orchestrator simulates them and
-//! keeps the fastest (direct only up to [`DIRECT_SMALL_BYTES`] where other candidates exist). Plans are built through one builder that derives all dependencies, so
-//! every plan is race-free for the out-of-place call; [`supports_in_place`] says whether it also
-//! serves the in-place call.
+//! keeps the fastest (direct only up to [`DIRECT_SMALL_BYTES`] where other candidates
+//! exist). Every op enters its plan through one writer (`plan_writer.rs`) that derives all
+//! data dependencies, so every plan is race-free for the out-of-place call;
+//! [`supports_in_place`] says whether it also serves the in-place call.
 
 #![deny(missing_docs)]
 

@@ -17,6 +17,7 @@
 //! algorithm (`src/device/all_reduce.h`, `multimem.ld_reduce` then `multimem.st`) and its
 //! tuning (`src/graph/tuning.cc`).
 
+use crate::plan_writer::PlanWriter;
 use relaycc_topo::{LinkId, NodeId, Topology};
 
 pub use relaycc_plan::nvls_support::{nvls_reduces, nvls_switch, nvls_switch_for};
@@ -88,7 +89,9 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
         .iter()
         .map(|&g| edge(topo, sw, g))
         .collect::<Result<_>>()?;
-    let mut plan = Plan::new(req.clone(), "nvls");
+    // Every op names what it waits for (`free`, `arrived`, `reduced`); see
+    // `PlanWriter::ordered` for why nothing is derived here.
+    let mut w = PlanWriter::ordered(Plan::new(req.clone(), "nvls"), None);
     let shards = split_even(count, n as u64);
     let mut group = 0u32;
     for (k, &(shard_off, shard_len)) in shards.iter().enumerate() {
@@ -96,16 +99,25 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
         // One lane per source into the owner and per destination out of it, so that a group's
         // copies run side by side and chunks follow each other on each lane.
         let in_lanes: Vec<u32> = (0..n)
-            .map(|j| plan.add_lane(owner, format!("nvls shard {k} from rank {j}")))
+            .map(|j| {
+                w.plan
+                    .add_lane(owner, format!("nvls shard {k} from rank {j}"))
+            })
             .collect();
         let out_lanes: Vec<u32> = (0..n)
-            .map(|j| plan.add_lane(owner, format!("nvls shard {k} to rank {j}")))
+            .map(|j| {
+                w.plan
+                    .add_lane(owner, format!("nvls shard {k} to rank {j}"))
+            })
             .collect();
-        let reduce_lane = plan.add_lane(owner, format!("nvls shard {k} reduce"));
+        let reduce_lane = w.plan.add_lane(owner, format!("nvls shard {k} reduce"));
         let chunk = chunk_elems.max(1);
         let slot_elems = chunk.min(shard_len);
         let staging: Vec<BufferRef> = (0..n)
-            .map(|_| plan.add_scratch(owner, NVLS_STAGING_SLOTS.saturating_mul(slot_elems)))
+            .map(|_| {
+                w.plan
+                    .add_scratch(owner, NVLS_STAGING_SLOTS.saturating_mul(slot_elems))
+            })
             .collect();
         // The reduction of each chunk, so that the chunk reusing its slot waits for it.
         let mut reductions: Vec<u32> = Vec::new();
@@ -123,18 +135,18 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
             group += 1;
             let mut arrived = Vec::with_capacity(n);
             for j in 0..n {
-                arrived.push(plan.nvls_copy(
+                arrived.push(w.nvls_copy(
                     in_lanes[j],
                     Region::new(BufferRef::Input(j as u32), at, len),
                     Region::new(staging[j], slot, len),
                     vec![up[j], down[k]],
-                    free.clone(),
+                    &free,
                     red,
-                ));
+                )?);
             }
             let srcs = staging.iter().map(|&s| Region::new(s, slot, len)).collect();
             let result = Region::new(BufferRef::Output(k as u32), at, len);
-            let reduced = plan.reduce(reduce_lane, srcs, result, true, arrived);
+            let reduced = w.reduce(reduce_lane, srcs, result, true, &arrived)?;
             reductions.push(reduced);
             let cast = NvlsShare {
                 group,
@@ -142,18 +154,18 @@ pub fn all_reduce(topo: &Topology, req: &Request, chunk_elems: u64) -> Result<Pl
             };
             group += 1;
             for j in (0..n).filter(|&j| j != k) {
-                plan.nvls_copy(
+                w.nvls_copy(
                     out_lanes[j],
                     result,
                     Region::new(BufferRef::Output(j as u32), at, len),
                     vec![up[k], down[j]],
-                    vec![reduced],
+                    &[reduced],
                     cast,
-                );
+                )?;
             }
         }
     }
-    Ok(plan)
+    Ok(w.plan)
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 use relaycc_topo::Topology;
 use serde::{Deserialize, Serialize};
 
-use crate::route_pipeline::{Chunks, LaneMap, emit_transfer, split_shares};
+use crate::plan_writer::PlanWriter;
+use crate::route_pipeline::{Chunks, LaneMap, split_shares};
 use relaycc_plan::path::{
     RelayPolicy, Route, direct_route, host_staged_routes, max_flow_routes, relay_routes,
 };
@@ -225,12 +226,11 @@ fn build(
     routes: Vec<Route>,
     shares: Vec<u64>,
     chunks: Chunks<'_>,
-) -> P2pCandidate {
+) -> Result<P2pCandidate> {
     let t = req.transfers[0];
-    let mut plan = Plan::new(req.clone(), name);
+    let mut w = PlanWriter::new(Plan::new(req.clone(), name), None);
     let mut lanes = LaneMap::default();
-    emit_transfer(
-        &mut plan,
+    w.transfer(
         &mut lanes,
         Region::new(BufferRef::Input(t.src), 0, t.count),
         Region::new(BufferRef::Output(t.dst), 0, t.count),
@@ -239,14 +239,15 @@ fn build(
         chunks,
         0,
         &[],
-    );
+    )?;
+    let plan = w.plan;
     let routes = routes
         .into_iter()
         .zip(shares)
         .filter(|(_, s)| *s > 0 || t.count == 0)
         .map(|(route, elements)| RouteShare { route, elements })
         .collect();
-    P2pCandidate { plan, routes }
+    Ok(P2pCandidate { plan, routes })
 }
 
 /// Candidate plans for a one-transfer send_recv request.
@@ -294,7 +295,7 @@ pub fn p2p_candidates_until(
             vec![r],
             vec![count],
             Chunks::Each(count),
-        ));
+        )?);
     }
     let mut host = Vec::new();
     if want(P2pStrategy::Host) {
@@ -307,7 +308,7 @@ pub fn p2p_candidates_until(
                     vec![r.clone()],
                     vec![count],
                     Chunks::Each(c),
-                ));
+                )?);
             }
         }
     }
@@ -325,7 +326,7 @@ pub fn p2p_candidates_until(
                 routes.clone(),
                 shares,
                 Chunks::PerRoute(&per_route),
-            ));
+            )?);
             for &c in &chunks {
                 let shares = balanced_shares(count, &routes, esize, c);
                 multipath.push(build(
@@ -334,7 +335,7 @@ pub fn p2p_candidates_until(
                     routes.clone(),
                     shares,
                     Chunks::Each(c),
-                ));
+                )?);
             }
         }
     }
@@ -359,7 +360,7 @@ pub fn p2p_candidates_until(
                     vec![r.clone()],
                     vec![count],
                     Chunks::Each(c),
-                ));
+                )?);
             }
         }
     }

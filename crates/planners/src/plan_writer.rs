@@ -16,9 +16,14 @@
 //! staging slots after the round that last used them, pacing): it names those ops, and the
 //! writer adds them to what it derived. A relay's staging ring inside a transfer is ordered
 //! by the pipeline that lays it out (`route_pipeline`), which knows each slot's occupant.
+//!
+//! One planner orders every op itself and has the writer derive nothing
+//! ([`PlanWriter::ordered`]): NVLS, the model of NCCL's NVLink SHARP algorithm, whose plan is
+//! timed, not run, and whose tracking on 72 GPUs costs more than the rest of its planning
+//! (`docs/MEASUREMENTS.md`). The checker proves its ordering as it proves every plan's.
 
 use relaycc_plan::path::Route;
-use relaycc_plan::{BufferRef, Location, Mem, Plan, Region, Result, RouteError, mem_of};
+use relaycc_plan::{BufferRef, Location, Mem, NvlsShare, Plan, Region, Result, RouteError, mem_of};
 
 use crate::access::AccessTrack;
 use crate::limits::Limit;
@@ -68,6 +73,9 @@ pub(crate) struct PlanWriter<'t> {
     /// Inputs and outputs tracked as separate memories (a plan for the out-of-place call
     /// only), not as they alias in place.
     separate: bool,
+    /// Data dependencies derived from accesses; off for a planner that orders every op
+    /// itself ([`PlanWriter::ordered`]).
+    derive: bool,
 }
 
 impl<'t> PlanWriter<'t> {
@@ -81,6 +89,17 @@ impl<'t> PlanWriter<'t> {
             lane_last: Vec::new(),
             limit,
             separate: false,
+            derive: true,
+        }
+    }
+
+    /// A writer that derives nothing: every op waits only on the ops its planner names
+    /// (`after`). For a planner whose explicit order is complete and whose tracking would cost
+    /// more than its planning (see the module docs); the checker still proves the order.
+    pub fn ordered(plan: Plan, limit: Option<&'t Limit>) -> Self {
+        PlanWriter {
+            derive: false,
+            ..PlanWriter::new(plan, limit)
         }
     }
 
@@ -105,6 +124,11 @@ impl<'t> PlanWriter<'t> {
     /// The ops a new op reading `reads` and writing `write` must follow for the data.
     fn deps_of(&mut self, reads: &[Region], write: Option<Region>, after: &[u32]) -> Vec<u32> {
         let mut d = after.to_vec();
+        if !self.derive {
+            d.sort_unstable();
+            d.dedup();
+            return d;
+        }
         for (r, w) in reads
             .iter()
             .map(|r| (r, false))
@@ -120,6 +144,9 @@ impl<'t> PlanWriter<'t> {
     }
 
     fn record(&mut self, r: Region, op: u32, write: bool) {
+        if !self.derive {
+            return;
+        }
         let (m, base) = self.mem_at(r.buffer);
         let a = base + r.offset;
         let t = self.mems.track(m);
@@ -184,6 +211,25 @@ impl<'t> PlanWriter<'t> {
         let deps = self.deps_of(&[src], Some(dst), after);
         let start = self.plan.ops.len();
         let id = self.plan.copy(lane, src, dst, edges, deps);
+        self.record(src, id, false);
+        self.record(dst, id, true);
+        self.settle(start)?;
+        Ok(id)
+    }
+
+    /// [`PlanWriter::copy`] as a member of NVLS group `share` (copies an NVSwitch combines).
+    pub fn nvls_copy(
+        &mut self,
+        lane: u32,
+        src: Region,
+        dst: Region,
+        edges: Vec<u32>,
+        after: &[u32],
+        share: NvlsShare,
+    ) -> Result<u32> {
+        let deps = self.deps_of(&[src], Some(dst), after);
+        let start = self.plan.ops.len();
+        let id = self.plan.nvls_copy(lane, src, dst, edges, deps, share);
         self.record(src, id, false);
         self.record(dst, id, true);
         self.settle(start)?;

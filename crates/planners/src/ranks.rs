@@ -21,6 +21,8 @@ use crate::nodeaware::{
     ClusterCounts, ExchangeMessage, MessageCostModel, Pattern, Staging, Strategy, model_time,
     rank_space_plan,
 };
+use crate::plan_writer::PlanWriter;
+use crate::staging::Slots;
 use relaycc_plan::DType;
 use relaycc_plan::{BufferRef, Location, Plan, Region};
 use relaycc_plan::{Collective, Request};
@@ -224,11 +226,17 @@ pub fn direct_plan(req: &Request, budget: u64) -> Result<Plan> {
 fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
     let chunk = chunk.max(1);
     let n = req.nranks() as u32;
-    let mut plan = Plan::new(req.clone(), "rank-space direct");
+    let mut w = PlanWriter::new(Plan::new(req.clone(), "rank-space direct"), None);
     let mut slots = crate::staging::Slots::default();
-    let copy = |plan: &mut Plan, from: u32, src: Region, dst: Region, deps: Vec<u32>| {
-        let lane = plan.add_lane(Location::Gpu(from), format!("rank{from}"));
-        plan.copy(lane, src, dst, Vec::new(), deps)
+    // Every op on a lane of its own, ordered by its data and its round's gate only.
+    let copy = |w: &mut PlanWriter<'_>,
+                slots: &Slots,
+                from: u32,
+                src: Region,
+                dst: Region,
+                deps: &[u32]| {
+        let lane = w.plan.add_lane(Location::Gpu(from), format!("rank{from}"));
+        w.copy(lane, src, dst, Vec::new(), &slots.gated(deps))
     };
     // Reductions grouped by (terms, length): destinations (rank, output offset) in order.
     let mut reductions: BTreeMap<(Terms, u64), Vec<(u32, u64)>> = BTreeMap::new();
@@ -237,7 +245,7 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
             [(s, soff)] if !req.collective.reduces() => {
                 let src = Region::new(BufferRef::Input(*s), *soff, p.len);
                 let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
-                copy(&mut plan, *s, src, dst, Vec::new());
+                copy(&mut w, &slots, *s, src, dst, &[])?;
             }
             _ => reductions
                 .entry((p.terms.clone(), p.len))
@@ -248,7 +256,7 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
     let groups = reductions.len();
     let longest = reductions.keys().map(|k| k.1).max().unwrap_or(0);
     for k in 0..longest.div_ceil(chunk) {
-        slots.begin(&plan, k);
+        slots.begin(&w.plan, k);
         for ((terms, full), dests) in &reductions {
             let base = k * chunk;
             if base >= *full {
@@ -276,27 +284,27 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
                     if k == o {
                         srcs.push(part);
                     } else {
-                        let s = slots.slot(&mut plan, Location::Gpu(o), m);
+                        let s = slots.slot(&mut w.plan, Location::Gpu(o), m);
                         let into = Region::new(s, 0, m);
-                        deps.push(copy(&mut plan, k, part, into, Vec::new()));
+                        deps.push(copy(&mut w, &slots, k, part, into, &[])?);
                         srcs.push(into);
                     }
                 }
                 let result = match dests.iter().find(|(d, _)| *d == o) {
                     Some(&(_, out)) => Region::new(BufferRef::Output(o), out + lo, m),
-                    None => Region::new(slots.slot(&mut plan, Location::Gpu(o), m), 0, m),
+                    None => Region::new(slots.slot(&mut w.plan, Location::Gpu(o), m), 0, m),
                 };
-                let lane = plan.add_lane(Location::Gpu(o), format!("rank{o} reduce"));
-                let red = plan.reduce(lane, srcs, result, true, deps);
+                let lane = w.plan.add_lane(Location::Gpu(o), format!("rank{o} reduce"));
+                let red = w.reduce(lane, srcs, result, true, &slots.gated(&deps))?;
                 for &(d, out) in dests.iter().filter(|(d, _)| *d != o) {
                     let dst = Region::new(BufferRef::Output(d), out + lo, m);
-                    copy(&mut plan, o, result, dst, vec![red]);
+                    copy(&mut w, &slots, o, result, dst, &[red])?;
                 }
             }
         }
-        slots.end(&mut plan);
+        slots.end(&w.plan);
     }
-    Ok(plan)
+    Ok(w.plan)
 }
 
 /// The all_to_all_v plan of `req` over ranks `0..n` in pairwise-exchange order: step `k`
@@ -324,7 +332,7 @@ pub fn pairwise_all_to_all_v(req: &Request) -> Result<Plan> {
     // Offsets of block (s, d) in s's input and in d's output.
     let send_off = |s: usize, d: usize| -> u64 { m[s][..d].iter().sum() };
     let recv_off = |s: usize, d: usize| -> u64 { (0..s).map(|q| m[q][d]).sum() };
-    let mut plan = Plan::new(req.clone(), "rank-space pairwise");
+    let mut w = PlanWriter::new(Plan::new(req.clone(), "rank-space pairwise"), None);
     for k in 0..n {
         for (s, row) in m.iter().enumerate() {
             let d = (s + k) % n;
@@ -335,11 +343,13 @@ pub fn pairwise_all_to_all_v(req: &Request) -> Result<Plan> {
             let (s32, d32) = (s as u32, d as u32);
             let src = Region::new(BufferRef::Input(s32), send_off(s, d), len);
             let dst = Region::new(BufferRef::Output(d32), recv_off(s, d), len);
-            let lane = plan.add_lane(Location::Gpu(s32), format!("rank{s} to {d}"));
-            plan.copy(lane, src, dst, Vec::new(), Vec::new());
+            let lane = w
+                .plan
+                .add_lane(Location::Gpu(s32), format!("rank{s} to {d}"));
+            w.copy(lane, src, dst, Vec::new(), &[])?;
         }
     }
-    Ok(plan)
+    Ok(w.plan)
 }
 
 /// Slice `o` of `n` of `len` elements: `[lo, hi)`, sizes differing by at most one.

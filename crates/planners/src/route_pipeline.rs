@@ -210,6 +210,8 @@ impl Chunks<'_> {
 /// `shares[i]` (elements, summing to the length), in chunks of at most `chunks` elements.
 /// `channel` numbers the first route's lanes; route i uses `channel + i`. Every first-hop copy
 /// waits for `deps`. Returns the arrivals at `dst`, in order of destination offset per route.
+/// Planners reach it through `PlanWriter::transfer`, which derives `deps` from the data and
+/// tracks what the arrivals read and write; a bare call orders nothing but the relays' slots.
 #[allow(clippy::too_many_arguments)]
 pub fn emit_transfer(
     plan: &mut Plan,

@@ -212,9 +212,10 @@ pub fn fit<P: std::borrow::Borrow<Plan>>(
 
 /// Staging slots shared by the rounds of a plan that moves its message one chunk per round:
 /// the buffers of round `k` are those of round `k - 2` (two slot sets, so one round's transfers
-/// overlap the next's), and every op of round `k` that waits on nothing else waits on the last
-/// ops of round `k - 2`, so a slot is rewritten only after its previous occupant was consumed
-/// (the checker proves each reuse). Staging is then two rounds' worth, whatever the message.
+/// overlap the next's), and every op of round `k` that the planner orders after nothing else
+/// waits on the last ops of round `k - 2` ([`Slots::gated`]), so a slot is rewritten only after
+/// its previous occupant was consumed and a round runs at most two ahead (the checker proves
+/// each reuse). Staging is then two rounds' worth, whatever the message.
 #[derive(Debug, Default)]
 pub struct Slots {
     /// Buffers by (round parity, location), in allocation order within a round.
@@ -227,6 +228,8 @@ pub struct Slots {
     round_start: u32,
     /// Ops that end each parity's last round (nothing of that round depends on them).
     gates: [Vec<u32>; 2],
+    /// The ops that end round `k - 2`, which this round's first ops wait on.
+    gate: Vec<u32>,
 }
 
 impl Slots {
@@ -235,6 +238,17 @@ impl Slots {
         self.parity = (k % 2) as u32;
         self.used.clear();
         self.round_start = plan.ops.len() as u32;
+        self.gate = std::mem::take(&mut self.gates[self.parity as usize]);
+    }
+
+    /// What an op of this round that the planner orders after `deps` waits on besides its
+    /// data: `deps`, or where it names none, the ops that end round `k - 2`.
+    pub fn gated(&self, deps: &[u32]) -> Vec<u32> {
+        if deps.is_empty() {
+            self.gate.clone()
+        } else {
+            deps.to_vec()
+        }
     }
 
     /// A staging slot of at least `len` elements in `loc` for this round: the next unused
@@ -256,19 +270,15 @@ impl Slots {
         buf
     }
 
-    /// End the round: every op of it that waits on nothing waits on the last ops of the round
-    /// two before (the previous occupants' readers of this round's slots), so every op of
-    /// this round follows every op of that one.
-    pub fn end(&mut self, plan: &mut Plan) {
+    /// End the round: its ops that no op of it depends on become the gate of round `k + 2`,
+    /// so that, with every op the planner ordered after nothing waiting on it
+    /// ([`Slots::gated`]), every op of that round follows every op of this one.
+    pub fn end(&mut self, plan: &Plan) {
         let start = self.round_start as usize;
         let p = self.parity as usize;
-        let gate = std::mem::take(&mut self.gates[p]);
         let end = plan.ops.len();
         let mut has_dependent = vec![false; end - start];
-        for op in &mut plan.ops[start..end] {
-            if op.deps.is_empty() {
-                op.deps.clone_from(&gate);
-            }
+        for op in &plan.ops[start..end] {
             for &d in &op.deps {
                 if let Some(i) = (d as usize).checked_sub(start) {
                     has_dependent[i] = true;

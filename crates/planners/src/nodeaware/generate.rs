@@ -292,7 +292,7 @@ fn aggregate(
 /// own them. MD gathers each message from the ranks' host staging (extra on-node messages);
 /// DD copies it straight from the GPUs (duplicate device pointers) and back to them.
 fn split(b: &mut NodeAwarePlanBuilder, remote: &[Piece], md: bool) -> Result<()> {
-    let size = b.plan.dtype.size().max(1);
+    let size = b.w.plan.dtype.size().max(1);
     let cap = (ModelParams::LASSEN.split_cap_bytes / size).max(1);
     let ppn = u64::from(ClusterCounts::of(b.topo).procs_per_node.max(1));
     let mut node_volume: BTreeMap<u32, u64> = BTreeMap::new();
@@ -366,7 +366,7 @@ fn split(b: &mut NodeAwarePlanBuilder, remote: &[Piece], md: bool) -> Result<()>
                 Region::new(recv_buf, 0, n),
                 &deps,
                 j,
-            );
+            )?;
             for &(p, start, within, n) in &overlap {
                 let off = start + within - lo;
                 let from = Side {

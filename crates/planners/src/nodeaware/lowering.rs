@@ -1,12 +1,14 @@
 //! The building blocks of the node-aware plan generators: where each rank lives, its staging
 //! buffers in host memory, and moves between memories (local copies, single hops, host-staged
-//! fallbacks, and network hops pinned to a chosen NIC pair).
+//! fallbacks, and network hops pinned to a chosen NIC pair), every op written through the one
+//! `PlanWriter`, which derives its data dependencies.
 
 use std::collections::BTreeMap;
 
 use relaycc_topo::{NodeId, Topology};
 
-use crate::route_pipeline::{Chunks, LaneMap, emit_transfer};
+use crate::plan_writer::PlanWriter;
+use crate::route_pipeline::{Chunks, LaneMap};
 pub(super) use crate::staging::Slots;
 use relaycc_plan::path::{Hop, Route, hop, host_staged_routes, location_node, nearest_host};
 use relaycc_plan::{BufferRef, Location, Plan, Region};
@@ -35,7 +37,8 @@ struct Stage {
 /// A plan under construction with the cluster facts every generator needs.
 pub(super) struct NodeAwarePlanBuilder<'a> {
     pub topo: &'a Topology,
-    pub plan: Plan,
+    /// The plan under construction, written through the one writer.
+    pub w: PlanWriter<'static>,
     pub lanes: LaneMap,
     /// Node (host) of each rank.
     pub node: Vec<u32>,
@@ -67,7 +70,7 @@ impl<'a> NodeAwarePlanBuilder<'a> {
         let stages = (0..node.len()).map(|_| Stage::default()).collect();
         Ok(NodeAwarePlanBuilder {
             topo,
-            plan,
+            w: PlanWriter::new(plan, None),
             lanes: LaneMap::default(),
             node,
             host,
@@ -80,7 +83,7 @@ impl<'a> NodeAwarePlanBuilder<'a> {
 
     /// Start round `k`: fresh per-rank staging, the slot set of parity `k % 2`.
     pub fn begin_round(&mut self, k: u64) {
-        self.slots.begin(&self.plan, k);
+        self.slots.begin(&self.w.plan, k);
         for st in &mut self.stages {
             *st = Stage::default();
         }
@@ -88,24 +91,25 @@ impl<'a> NodeAwarePlanBuilder<'a> {
 
     /// A staging slot of at least `len` elements in `loc` for this round ([`Slots::slot`]).
     pub fn slot(&mut self, loc: Location, len: u64) -> BufferRef {
-        self.slots.slot(&mut self.plan, loc, len)
+        self.slots.slot(&mut self.w.plan, loc, len)
     }
 
-    /// End the round: copy the received staging to the GPU outputs, then order the round
-    /// after the round two before ([`Slots::end`]).
+    /// End the round: copy the received staging to the GPU outputs, then note the ops that
+    /// end it, which round `k + 2` waits on ([`Slots::end`]).
     pub fn end_round(&mut self) -> Result<()> {
         self.flush_received()?;
-        self.slots.end(&mut self.plan);
+        self.slots.end(&self.w.plan);
         Ok(())
     }
 
     /// The GPU memory of rank `r`.
     pub fn gpu(&self, r: u32) -> Location {
-        Location::Gpu(self.plan.request.gpus[r as usize])
+        Location::Gpu(self.w.plan.request.gpus[r as usize])
     }
 
-    /// Move `src` (in `from`) to `dst` (in `to`) after `deps`: a local copy when both are the
-    /// same memory, else one hop, else (GPU to GPU) through host memory. Returns the ops whose
+    /// Move `src` (in `from`) to `dst` (in `to`) after its data and `deps` (where `deps` is
+    /// empty, after the round's gate, [`Slots::gated`]): a local copy when both are the same
+    /// memory, else one hop, else (GPU to GPU) through host memory. Returns the ops whose
     /// completion makes `dst` readable (`deps` when there is nothing to move).
     pub fn mv(
         &mut self,
@@ -120,20 +124,16 @@ impl<'a> NodeAwarePlanBuilder<'a> {
             return Ok(deps.to_vec());
         }
         if from == to {
-            let lane = self.lanes.local(&mut self.plan, from, channel);
-            return Ok(vec![self.plan.copy(
-                lane,
-                src,
-                dst,
-                Vec::new(),
-                deps.to_vec(),
-            )]);
+            let lane = self.lanes.local(&mut self.w.plan, from, channel);
+            let after = self.slots.gated(deps);
+            return Ok(vec![self.w.copy(lane, src, dst, Vec::new(), &after)?]);
         }
         let route = self.route(from, to)?;
-        Ok(self.send(&route, src, dst, deps, channel))
+        self.send(&route, src, dst, deps, channel)
     }
 
-    /// One message over `route` (a single chunk per hop, as MPI sends one message).
+    /// One message over `route` (a single chunk per hop, as MPI sends one message), after its
+    /// data and `deps` (or the round's gate, as [`NodeAwarePlanBuilder::mv`]).
     pub fn send(
         &mut self,
         route: &Route,
@@ -141,10 +141,10 @@ impl<'a> NodeAwarePlanBuilder<'a> {
         dst: Region,
         deps: &[u32],
         channel: u32,
-    ) -> Vec<u32> {
+    ) -> Result<Vec<u32>> {
         let len = src.len;
-        let arrivals = emit_transfer(
-            &mut self.plan,
+        let after = self.slots.gated(deps);
+        let arrivals = self.w.transfer(
             &mut self.lanes,
             src,
             dst,
@@ -152,9 +152,9 @@ impl<'a> NodeAwarePlanBuilder<'a> {
             &[len],
             Chunks::Each(len),
             channel,
-            deps,
-        );
-        arrivals.iter().map(|a| a.op).collect()
+            &after,
+        )?;
+        Ok(arrivals.iter().map(|a| a.op).collect())
     }
 
     /// A route between two memories: one hop, or for two GPUs without one, through host.
@@ -289,7 +289,7 @@ impl<'a> NodeAwarePlanBuilder<'a> {
         let at = st.recv_used;
         st.recv_used += len;
         let used = st.recv_used;
-        crate::staging::grow(&mut self.plan, buf, used);
+        crate::staging::grow(&mut self.w.plan, buf, used);
         Ok(Side {
             loc: self.host[d as usize],
             region: Region::new(buf, at, len),
@@ -343,7 +343,7 @@ impl<'a> NodeAwarePlanBuilder<'a> {
 
     /// The finished plan (after the last [`NodeAwarePlanBuilder::end_round`]).
     pub fn finish(self) -> Plan {
-        self.plan
+        self.w.plan
     }
 }
 

@@ -19,6 +19,7 @@ use super::messages::{
     Piece, aggregates, group_by, pick, pieces, ranks_of_nodes, rounds, split_chunk,
 };
 use super::strategy::{Strategy, exchange_only};
+use crate::plan_writer::PlanWriter;
 use crate::staging::{fit, min_chunk_elems};
 use relaycc_plan::Request;
 use relaycc_plan::{BufferRef, Location, Plan, Region};
@@ -27,19 +28,22 @@ use relaycc_plan::{Result, RouteError};
 /// A rank-space plan under construction (every op on a lane of its own), with the node of
 /// each rank, the ranks of each node and the relay slots of the split strategies.
 struct RankSpacePlanBuilder<'a> {
-    plan: Plan,
+    w: PlanWriter<'static>,
     node_of: &'a [u32],
     ranks_of: BTreeMap<u32, Vec<u32>>,
     slots: Slots,
 }
 
 impl RankSpacePlanBuilder<'_> {
-    /// A copy on a lane of its own (so that only `deps` order it).
-    fn copy(&mut self, from: u32, src: Region, dst: Region, deps: Vec<u32>) -> u32 {
+    /// A copy on a lane of its own, so that only its data, `deps` and (where `deps` is empty)
+    /// its round's gate order it.
+    fn copy(&mut self, from: u32, src: Region, dst: Region, deps: Vec<u32>) -> Result<u32> {
         let lane = self
+            .w
             .plan
             .add_lane(Location::Gpu(from), format!("rank{from}"));
-        self.plan.copy(lane, src, dst, Vec::new(), deps)
+        let after = self.slots.gated(&deps);
+        self.w.copy(lane, src, dst, Vec::new(), &after)
     }
 
     /// The `k`-th rank of `node`, round robin (every rank of a node stays busy,
@@ -57,13 +61,13 @@ impl RankSpacePlanBuilder<'_> {
     /// the sender unless the parts already lie contiguously in its input, unpacked at the
     /// receiver unless they go contiguously to its output. Adjacent parts of one source (one
     /// destination) become one gather (one redistribution) copy.
-    fn bundle(&mut self, parts: &[Piece], sender: u32, receiver: u32) {
+    fn bundle(&mut self, parts: &[Piece], sender: u32, receiver: u32) -> Result<()> {
         let total: u64 = parts.iter().map(|p| p.len).sum();
         let Some(first) = parts.first().copied() else {
-            return;
+            return Ok(());
         };
         if total == 0 {
-            return;
+            return Ok(());
         }
         let contiguous = |f: &dyn Fn(&Piece) -> (u32, u64)| {
             parts.windows(2).all(|w| {
@@ -81,29 +85,30 @@ impl RankSpacePlanBuilder<'_> {
         } else {
             let g = self
                 .slots
-                .slot(&mut self.plan, Location::Gpu(sender), total);
+                .slot(&mut self.w.plan, Location::Gpu(sender), total);
             let mut deps = Vec::new();
             for (off, run) in runs(parts, |p| (p.src, p.src_off)) {
                 let n: u64 = run.iter().map(|p| p.len).sum();
                 let s = Region::new(BufferRef::Input(run[0].src), run[0].src_off, n);
-                deps.push(self.copy(run[0].src, s, Region::new(g, off, n), Vec::new()));
+                deps.push(self.copy(run[0].src, s, Region::new(g, off, n), Vec::new())?);
             }
             (Region::new(g, 0, total), deps)
         };
         if recv_direct {
             let dst = Region::new(BufferRef::Output(receiver), first.dst_off, total);
-            self.copy(sender, src, dst, deps);
-            return;
+            self.copy(sender, src, dst, deps)?;
+            return Ok(());
         }
         let rbuf = self
             .slots
-            .slot(&mut self.plan, Location::Gpu(receiver), total);
-        let arrived = self.copy(sender, src, Region::new(rbuf, 0, total), deps);
+            .slot(&mut self.w.plan, Location::Gpu(receiver), total);
+        let arrived = self.copy(sender, src, Region::new(rbuf, 0, total), deps)?;
         for (off, run) in runs(parts, |p| (p.dst, p.dst_off)) {
             let n: u64 = run.iter().map(|p| p.len).sum();
             let d = Region::new(BufferRef::Output(run[0].dst), run[0].dst_off, n);
-            self.copy(receiver, Region::new(rbuf, off, n), d, vec![arrived]);
+            self.copy(receiver, Region::new(rbuf, off, n), d, vec![arrived])?;
         }
+        Ok(())
     }
 }
 
@@ -174,7 +179,7 @@ pub fn rank_space_plan(
     let all: Vec<Piece> = pieces(req)?.into_iter().filter(|p| p.len > 0).collect();
     let longest = all.iter().map(|p| p.len).max().unwrap_or(0).max(1);
     fit(longest, min_chunk_elems(req), budget, None, |chunk| {
-        Ok(in_rounds(req, node_of, &all, strategy, split_cap, chunk))
+        in_rounds(req, node_of, &all, strategy, split_cap, chunk)
     })
 }
 
@@ -188,19 +193,22 @@ fn in_rounds(
     strategy: Strategy,
     split_cap: u64,
     chunk: u64,
-) -> Plan {
+) -> Result<Plan> {
     let mut g = RankSpacePlanBuilder {
-        plan: Plan::new(req.clone(), format!("rank-space {strategy}")),
+        w: PlanWriter::new(
+            Plan::new(req.clone(), format!("rank-space {strategy}")),
+            None,
+        ),
         node_of,
         ranks_of: ranks_of_nodes(node_of),
         slots: Slots::default(),
     };
     for (k, slice) in rounds(all, chunk, 0) {
-        g.slots.begin(&g.plan, k);
-        rank_space_round(&mut g, &slice, strategy, split_cap);
-        g.slots.end(&mut g.plan);
+        g.slots.begin(&g.w.plan, k);
+        rank_space_round(&mut g, &slice, strategy, split_cap)?;
+        g.slots.end(&g.w.plan);
     }
-    g.plan
+    Ok(g.w.plan)
 }
 
 /// One round of a rank-space plan: every piece of `all` (a slice of each of the request's
@@ -210,7 +218,7 @@ fn rank_space_round(
     all: &[Piece],
     strategy: Strategy,
     split_cap: u64,
-) {
+) -> Result<()> {
     let node_of = g.node_of;
     let node = |r: u32| node_of[r as usize];
     let mut remote = Vec::new();
@@ -218,7 +226,7 @@ fn rank_space_round(
         if node(p.src) == node(p.dst) || strategy == Strategy::Standard {
             let s = Region::new(BufferRef::Input(p.src), p.src_off, p.len);
             let d = Region::new(BufferRef::Output(p.dst), p.dst_off, p.len);
-            g.copy(p.src, s, d, Vec::new());
+            g.copy(p.src, s, d, Vec::new())?;
         } else {
             remote.push(*p);
         }
@@ -226,12 +234,13 @@ fn rank_space_round(
     // Sources in rank order, so that one source's parts are adjacent (one gather copy each).
     remote.sort_by_key(|p| (p.src, p.src_off));
     match strategy {
-        Strategy::Standard | Strategy::SplitDd => {}
+        Strategy::Standard | Strategy::SplitDd => Ok(()),
         Strategy::ThreeStep | Strategy::TwoStep => {
             let by_source = strategy == Strategy::TwoStep;
             for m in aggregates(&remote, node_of, &g.ranks_of, by_source) {
-                g.bundle(&m.pieces, m.sender, m.receiver);
+                g.bundle(&m.pieces, m.sender, m.receiver)?;
             }
+            Ok(())
         }
         Strategy::SplitMd => split(g, &remote, split_cap.max(1)),
     }
@@ -241,7 +250,7 @@ fn rank_space_round(
 /// the cap (raised to volume / ranks-per-node when more messages than ranks would result); sends
 /// are dealt to the node's ranks from the last local rank down, receives from local rank 0
 /// up, so that every rank of a node takes part.
-fn split(g: &mut RankSpacePlanBuilder, remote: &[Piece], cap: u64) {
+fn split(g: &mut RankSpacePlanBuilder, remote: &[Piece], cap: u64) -> Result<()> {
     let node = |r: u32| g.node_of[r as usize];
     let mut volume: BTreeMap<u32, u64> = BTreeMap::new();
     for p in remote {
@@ -280,10 +289,11 @@ fn split(g: &mut RankSpacePlanBuilder, remote: &[Piece], cap: u64) {
             *r += 1;
             let sender = g.pick(na, sender_idx);
             let receiver = g.pick(nb, receiver_idx);
-            g.bundle(&parts, sender, receiver);
+            g.bundle(&parts, sender, receiver)?;
             lo = hi;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -334,7 +344,7 @@ mod tests {
                     check(&p).unwrap_or_else(|e| panic!("{s} n={n} k={k}: {e}"));
                     // Rounds of a few bytes reuse two slot sets: still exact, and a process
                     // stages at most two sets of (pack + unpack) slots of one chunk per piece.
-                    let r = in_rounds(&req, &node_of, &all, s, cap, chunk);
+                    let r = in_rounds(&req, &node_of, &all, s, cap, chunk).unwrap();
                     check(&r).unwrap_or_else(|e| panic!("{s} n={n} k={k} chunk={chunk}: {e}"));
                     let bound = 4 * all.len() as u64 * chunk;
                     for (loc, b) in r.staging_per_location() {
