@@ -154,6 +154,9 @@ pub fn packed_rings(ctx: &PlannerContext, req: &Request) -> Result<Vec<PackedRin
             if a == b {
                 continue;
             }
+            // Each pair may search a path (n^2 of them: a million on 1,024 ranks, minutes in
+            // all), so the clock is read before each, as the ring order's search does.
+            crate::limits::check_deadline_now(ctx.limit, "packed into rings")?;
             // A pair joined by a link uses it, as NCCL's rings do: a relayed route that suits
             // one ring takes its relay's links from every later ring. (NCCL-like connections
             // already follow NCCL's own preference order.)

@@ -173,3 +173,26 @@ fn a_baseline_cut_by_the_budget_is_reported_as_a_lower_bound() {
         None => eprintln!("the baseline simulated within its grace"),
     }
 }
+
+/// NCCL's packed rings over 1,024 ranks in one memory search a path for each of a million
+/// ordered pairs (minutes); the search stops at the call's deadline and says where, instead of
+/// running past the budget.
+#[test]
+fn packing_rings_over_a_thousand_ranks_stops_at_the_deadline() {
+    let topo = relaycc_topo::preset("host-1024").unwrap();
+    let r = req(Collective::AllReduce, 1024, 1 << 20);
+    let opts = PlanOptions {
+        budget: Duration::from_secs(1),
+        ..PlanOptions::default()
+    };
+    match plan(&topo, &r, &opts) {
+        Err(e) => {
+            let m = e.to_string();
+            assert!(
+                m.contains("packed into rings") && m.contains("--budget"),
+                "{m}"
+            );
+        }
+        Ok(p) => assert!(p.budget_exhausted, "{}", p.plan.algorithm),
+    }
+}
