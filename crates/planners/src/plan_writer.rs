@@ -208,13 +208,7 @@ impl<'t> PlanWriter<'t> {
         edges: Vec<u32>,
         after: &[u32],
     ) -> Result<u32> {
-        let deps = self.deps_of(&[src], Some(dst), after);
-        let start = self.plan.ops.len();
-        let id = self.plan.copy(lane, src, dst, edges, deps);
-        self.record(src, id, false);
-        self.record(dst, id, true);
-        self.settle(start)?;
-        Ok(id)
+        self.copy_in(lane, (src, dst), edges, after, None)
     }
 
     /// [`PlanWriter::copy`] as a member of NVLS group `share` (copies an NVSwitch combines).
@@ -227,9 +221,21 @@ impl<'t> PlanWriter<'t> {
         after: &[u32],
         share: NvlsShare,
     ) -> Result<u32> {
+        self.copy_in(lane, (src, dst), edges, after, Some(share))
+    }
+
+    fn copy_in(
+        &mut self,
+        lane: u32,
+        (src, dst): (Region, Region),
+        edges: Vec<u32>,
+        after: &[u32],
+        share: Option<NvlsShare>,
+    ) -> Result<u32> {
         let deps = self.deps_of(&[src], Some(dst), after);
         let start = self.plan.ops.len();
-        let id = self.plan.nvls_copy(lane, src, dst, edges, deps, share);
+        let id = self.plan.copy(lane, src, dst, edges, deps);
+        self.plan.ops[id as usize].nvls = share;
         self.record(src, id, false);
         self.record(dst, id, true);
         self.settle(start)?;
