@@ -285,6 +285,19 @@ pub fn p2p_candidates_until(
     let allowed = |g: u32| relay.allows(topo, &req.gpus, g) && g != a && g != b;
     let chunks: Vec<u64> = P2P_CHUNK_BYTES.iter().map(|c| (c / esize).max(1)).collect();
     let want = |s: P2pStrategy| strategy == P2pStrategy::Auto || strategy == s;
+    // One route's candidates, one per chunk size (host-staged and relayed routes).
+    let per_chunk = |name: String, r: &Route, out: &mut Vec<P2pCandidate>| -> Result<()> {
+        for &c in &chunks {
+            out.push(build(
+                req,
+                name.clone(),
+                vec![r.clone()],
+                vec![count],
+                Chunks::Each(c),
+            )?);
+        }
+        Ok(())
+    };
     let mut direct = Vec::new();
     if want(P2pStrategy::Direct)
         && let Some(r) = direct_route(topo, a, b)
@@ -300,16 +313,11 @@ pub fn p2p_candidates_until(
     let mut host = Vec::new();
     if want(P2pStrategy::Host) {
         for r in host_staged_routes(topo, a, b) {
-            let name = format!("host-staged via {}", r.names(topo)[1]);
-            for &c in &chunks {
-                host.push(build(
-                    req,
-                    name.clone(),
-                    vec![r.clone()],
-                    vec![count],
-                    Chunks::Each(c),
-                )?);
-            }
+            per_chunk(
+                format!("host-staged via {}", r.names(topo)[1]),
+                &r,
+                &mut host,
+            )?;
         }
     }
     // The multi-path split before the relays, whose search may stop at `until`.
@@ -352,16 +360,7 @@ pub fn p2p_candidates_until(
             .into_iter()
             .take(MAX_SINGLE_RELAYS)
         {
-            let name = format!("relay via {}", r.names(topo)[1]);
-            for &c in &chunks {
-                relayed.push(build(
-                    req,
-                    name.clone(),
-                    vec![r.clone()],
-                    vec![count],
-                    Chunks::Each(c),
-                )?);
-            }
+            per_chunk(format!("relay via {}", r.names(topo)[1]), &r, &mut relayed)?;
         }
     }
     let out: Vec<P2pCandidate> = [direct, host, relayed, multipath]
