@@ -94,12 +94,7 @@ fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>
 /// The cost-model entries the measured GPUs give: per copy-engine copy and per reduce
 /// kernel, the slowest GPU's time of one small operation back to back; none without a GPU.
 fn measured_costs(devices: &[measure::DeviceRates]) -> BTreeMap<String, f64> {
-    let slowest = |f: fn(&measure::DeviceRates) -> f64| {
-        devices
-            .iter()
-            .map(f)
-            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
-    };
+    let slowest = |f: fn(&measure::DeviceRates) -> f64| devices.iter().map(f).reduce(f64::max);
     let mut costs = BTreeMap::new();
     if let Some(us) = slowest(|d| d.copy_engine.latency_us) {
         costs.insert("copy_engine_launch_us".to_string(), us);

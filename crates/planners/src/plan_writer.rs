@@ -56,6 +56,17 @@ impl Mems {
     }
 }
 
+/// How a writer tracks accesses to derive data dependencies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tracking {
+    /// Inputs and outputs as they alias in the in-place call (a plan for both calls).
+    InPlaceLayout,
+    /// Inputs and outputs as separate memories (a plan for the out-of-place call only).
+    Separate,
+    /// Nothing derived: the planner orders every op itself ([`PlanWriter::ordered`]).
+    Off,
+}
+
 /// Writes ops into a plan, deriving their data dependencies (see the module docs).
 #[derive(Debug)]
 pub(crate) struct PlanWriter<'t> {
@@ -70,12 +81,8 @@ pub(crate) struct PlanWriter<'t> {
     lane_last: Vec<u32>,
     /// The limit every op written is charged to (`PlannerContext::limit`).
     limit: Option<&'t Limit>,
-    /// Inputs and outputs tracked as separate memories (a plan for the out-of-place call
-    /// only), not as they alias in place.
-    separate: bool,
-    /// Data dependencies derived from accesses; off for a planner that orders every op
-    /// itself ([`PlanWriter::ordered`]).
-    derive: bool,
+    /// How accesses are tracked.
+    tracking: Tracking,
 }
 
 impl<'t> PlanWriter<'t> {
@@ -88,8 +95,7 @@ impl<'t> PlanWriter<'t> {
             fenced: Vec::new(),
             lane_last: Vec::new(),
             limit,
-            separate: false,
-            derive: true,
+            tracking: Tracking::InPlaceLayout,
         }
     }
 
@@ -98,7 +104,7 @@ impl<'t> PlanWriter<'t> {
     /// more than its planning (see the module docs); the checker still proves the order.
     pub fn ordered(plan: Plan, limit: Option<&'t Limit>) -> Self {
         PlanWriter {
-            derive: false,
+            tracking: Tracking::Off,
             ..PlanWriter::new(plan, limit)
         }
     }
@@ -107,16 +113,16 @@ impl<'t> PlanWriter<'t> {
     /// separate memories, so ops that would clash only in place are not ordered.
     pub fn out_of_place(plan: Plan, limit: Option<&'t Limit>) -> Self {
         PlanWriter {
-            separate: true,
+            tracking: Tracking::Separate,
             ..PlanWriter::new(plan, limit)
         }
     }
 
     /// The memory buffer `b` lies in and its base offset there, in the layout tracked.
     fn mem_at(&self, b: BufferRef) -> (Mem, u64) {
-        match b {
-            BufferRef::Input(r) if self.separate => (Mem::Rank(r), 0),
-            BufferRef::Output(r) if self.separate => (Mem::RankOut(r), 0),
+        match (self.tracking, b) {
+            (Tracking::Separate, BufferRef::Input(r)) => (Mem::Rank(r), 0),
+            (Tracking::Separate, BufferRef::Output(r)) => (Mem::RankOut(r), 0),
             _ => mem_of(&self.plan.request, b),
         }
     }
@@ -124,19 +130,16 @@ impl<'t> PlanWriter<'t> {
     /// The ops a new op reading `reads` and writing `write` must follow for the data.
     fn deps_of(&mut self, reads: &[Region], write: Option<Region>, after: &[u32]) -> Vec<u32> {
         let mut d = after.to_vec();
-        if !self.derive {
-            d.sort_unstable();
-            d.dedup();
-            return d;
-        }
-        for (r, w) in reads
-            .iter()
-            .map(|r| (r, false))
-            .chain(write.iter().map(|r| (r, true)))
-        {
-            let (m, base) = self.mem_at(r.buffer);
-            let a = base + r.offset;
-            self.mems.track(m).deps(a, a + r.len, w, &mut d);
+        if self.tracking != Tracking::Off {
+            for (r, w) in reads
+                .iter()
+                .map(|r| (r, false))
+                .chain(write.iter().map(|r| (r, true)))
+            {
+                let (m, base) = self.mem_at(r.buffer);
+                let a = base + r.offset;
+                self.mems.track(m).deps(a, a + r.len, w, &mut d);
+            }
         }
         d.sort_unstable();
         d.dedup();
@@ -144,7 +147,7 @@ impl<'t> PlanWriter<'t> {
     }
 
     fn record(&mut self, r: Region, op: u32, write: bool) {
-        if !self.derive {
+        if self.tracking == Tracking::Off {
             return;
         }
         let (m, base) = self.mem_at(r.buffer);
