@@ -14,7 +14,7 @@
 //! | [`Topology`], [`preset`], [`load`], [`Mask`] | describing the machine |
 //! | [`plan`], [`PlanOptions`], [`Request`], [`Collective`], [`DType`], [`Plan`], [`Planned`], [`check`] | planning a collective |
 //! | [`simulate`], [`SimConfig`], [`SimResult`] | timing a plan on the model |
-//! | [`Collectives`], [`RankComm`], [`RankGroup`], [`SendBuf`], [`RecvBuf`], [`ReduceOp`], [`DEFAULT_RANK_TIMEOUT`] | per-rank collectives, one thread (or process) per rank, each on its own buffers: the same calls on every transport |
+//! | [`Collectives`], [`RankComm`], [`RankGroup`], [`RankCalls`], [`SendBuf`], [`RecvBuf`], [`ReduceOp`], [`DEFAULT_RANK_TIMEOUT`] | per-rank collectives, one thread (or process) per rank, each on its own buffers: the same calls on every transport |
 //! | `RankComm::cuda`, `OnStream`, `CudaBackend`, `Rejected`, `CudaError`, `cudarc` (feature `cuda`) | GPU ranks, their calls on the caller's CUDA stream |
 //! | `MpiCommunicator`, `MpiError`, `MpiResult`, `NeighborExchange`, `TransferMode`, `DevicePlan`, `SharedHostBuffer`, `rsmpi` (feature `mpi`); `MpiGpu`, `MpiOnStream`, `GpuTransport` (features `mpi` and `cuda`) | one rank per process over MPI, on host or GPU memory |
 //! | [`Communicator`], [`DeviceBuffer`], [`BufferView`], [`Element`], [`Group`], [`Pending`], [`PlanCacheLimits`] | all ranks' collectives from one thread, on buffers the communicator allocates |
@@ -144,9 +144,9 @@ pub use relaycc_collectives::mpi::{
 pub use relaycc_collectives::mpi::{GpuTransport, MpiGpu, MpiOnStream};
 pub use relaycc_collectives::{
     Backend, BufferView, Collectives, CollectivesError, Communicator, DEFAULT_RANK_TIMEOUT,
-    DeviceBuffer, Element, Group, HostBackend, HostTransfers, Pending, PlanCacheLimits, RankComm,
-    RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, flat_topology_for_devices, host_topology,
-    nvswitch_topology, shared_gpu_topology,
+    DeviceBuffer, Element, Group, HostBackend, HostTransfers, Pending, PlanCacheLimits, RankCalls,
+    RankComm, RankGroup, RecvBuf, ReduceOp, SendBuf, bf16, f16, flat_topology_for_devices,
+    host_topology, nvswitch_topology, shared_gpu_topology,
 };
 /// The CUDA backend and GPU ranks on the caller's stream (feature `cuda`), and cudarc at the
 /// version they are built on.

@@ -21,7 +21,10 @@ pub(crate) fn check(
     ranks: Option<&[usize]>,
 ) -> Result<Checked> {
     let n = request.nranks();
-    for (side, got) in [("input", inputs.len()), ("output", outputs.len())] {
+    for (side, got) in [
+        ("input buffers", inputs.len()),
+        ("output buffers", outputs.len()),
+    ] {
         if got != n {
             return Err(CollectivesError::RankCount {
                 call,
@@ -80,15 +83,21 @@ pub(crate) fn check_request(call: &'static str, request: &Request) -> Result<Vec
             dtype: request.dtype,
         });
     }
-    if coll == Collective::AllToAllV
-        && (request.matrix.len() != n || request.matrix.iter().any(|r| r.len() != n))
-    {
-        return Err(CollectivesError::RankCount {
-            call,
-            side: "count matrix",
-            expected: n,
-            got: request.matrix.len(),
-        });
+    if coll == Collective::AllToAllV {
+        let bad = if request.matrix.len() != n {
+            Some(("count matrix rows", request.matrix.len()))
+        } else {
+            let short = request.matrix.iter().find(|row| row.len() != n);
+            short.map(|row| ("counts in a count matrix row", row.len()))
+        };
+        if let Some((side, got)) = bad {
+            return Err(CollectivesError::RankCount {
+                call,
+                side,
+                expected: n,
+                got,
+            });
+        }
     }
     let mut lens = Vec::with_capacity(n);
     for r in 0..n as u32 {

@@ -16,15 +16,16 @@ pub enum CollectivesError {
     #[error("cannot build communicator: {0}")]
     Setup(String),
     /// A call got a number of per-rank buffers other than the number of ranks.
-    #[error("{call}: expected {expected} {side} buffers (one per rank), got {got}")]
+    #[error("{call}: expected {expected} {side} (one per rank), got {got}")]
     RankCount {
         /// The call.
         call: &'static str,
-        /// `input` or `output`.
+        /// What was given per rank: `input buffers`, `output buffers`, `counts`, `count
+        /// matrix rows`, `counts in a count matrix row`.
         side: &'static str,
         /// The number of ranks.
         expected: usize,
-        /// The number of buffers given.
+        /// The number given.
         got: usize,
     },
     /// A buffer holds a number of elements other than the call needs.

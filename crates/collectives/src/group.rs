@@ -13,12 +13,14 @@ use relaycc_route::{Collective, DType, ReduceOp, Request, Transfer};
 use crate::backend::ByteRegion;
 use crate::backend::Program;
 use crate::buffer::{AsView, RawView};
+use crate::call::CallDesc;
 use crate::communicator::Communicator;
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 use crate::exec;
 use crate::exec::counts::{CallCounts, CountLayout};
 use crate::plan_cache::Cached;
+use crate::rank::{HeldView, Lender, RankCalls};
 
 /// One checked operation of a group: its request and its per-rank buffers.
 #[derive(Debug)]
@@ -85,16 +87,43 @@ impl Pending<'_> {
     }
 }
 
-fn raw_all<T: Element, V: AsView<T>>(views: &[V]) -> Vec<Option<RawView>> {
-    views.iter().map(|v| Some(v.as_view().raw())).collect()
+/// Every rank's view of `views` (one per rank, else the error naming `side`), as each rank's
+/// calls lend it.
+fn held_all<T: Element, V: AsView<T>>(
+    call: &'static str,
+    side: &'static str,
+    n: usize,
+    views: &[V],
+) -> Result<Vec<Option<HeldView<T>>>> {
+    if views.len() != n {
+        return Err(CollectivesError::RankCount {
+            call,
+            side,
+            expected: n,
+            got: views.len(),
+        });
+    }
+    Ok(views.iter().map(|v| Some(held(v))).collect())
 }
 
-fn one_at<T: Element, V: AsView<T>>(n: usize, at: usize, view: &V) -> Vec<Option<RawView>> {
-    let mut v = vec![None; n];
-    if let Some(slot) = v.get_mut(at) {
-        *slot = Some(view.as_view().raw());
+/// `view` at rank `at` only (a root's one input or output).
+fn held_at<T: Element, V: AsView<T>>(n: usize, at: usize, view: &V) -> Vec<Option<HeldView<T>>> {
+    (0..n).map(|r| (r == at).then(|| held(view))).collect()
+}
+
+fn held<T: Element, V: AsView<T>>(view: &V) -> HeldView<T> {
+    HeldView {
+        view: view.as_view().raw(),
+        _t: std::marker::PhantomData,
     }
-    v
+}
+
+/// The lengths of `views` as a v-collective's counts (`None` is 0).
+fn lengths<T>(views: &[Option<HeldView<T>>]) -> Vec<usize> {
+    views
+        .iter()
+        .map(|v| v.as_ref().map_or(0, |v| v.view.len as usize))
+        .collect()
 }
 
 /// The one table of all-ranks collectives: each entry names a [`Group`] method (written below)
@@ -151,6 +180,7 @@ impl<'c> Group<'c> {
         }
     }
 
+    /// Add an operation checked elsewhere (`Communicator::launch_request`).
     pub(crate) fn push_checked(&mut self, c: Checked) {
         self.ops.push(c);
     }
@@ -171,40 +201,69 @@ impl<'c> Group<'c> {
         }
     }
 
-    fn count_of(call: &'static str, len: Option<usize>) -> u64 {
-        let _ = call;
-        len.unwrap_or(0) as u64
-    }
-
-    /// A request of this communicator's ranks.
-    fn request<T: Element>(
-        &self,
-        collective: Collective,
-        count: u64,
-        op: ReduceOp,
-        root: u32,
-    ) -> Request {
-        Request::new(collective, self.comm.devices().to_vec(), count, T::DTYPE)
-            .with_op(op)
-            .with_root(root)
-    }
-
-    fn push(
+    /// Add a collective described by `desc` (the ranks' agreed descriptor) on the ranks'
+    /// `inputs` and `outputs` (`None` where a rank has none), with all_to_all_v's `matrix` of
+    /// every rank's send counts (empty for the others): the one path from descriptors to a
+    /// checked operation, for the per-rank meeting and the all-ranks calls alike.
+    pub(crate) fn push_desc(
         &mut self,
-        call: &'static str,
-        mut request: Request,
+        desc: &CallDesc,
+        matrix: Vec<Vec<u64>>,
         inputs: Vec<Option<RawView>>,
         outputs: Vec<Option<RawView>>,
-    ) -> Result<&mut Self> {
-        let collective = request.collective;
-        if collective == Collective::AllGatherV {
-            request.counts = inputs.iter().map(|v| v.map_or(0, |v| v.len)).collect();
+    ) -> Result<()> {
+        let n = self.n();
+        if desc.root >= n {
+            return Err(CollectivesError::BadRank {
+                call: desc.call,
+                rank: desc.root,
+                ranks: n,
+            });
         }
-        if collective == Collective::ReduceScatterV {
-            request.counts = outputs.iter().map(|v| v.map_or(0, |v| v.len)).collect();
-        }
-        let checked = self.comm.check(call, request, inputs, outputs, None)?;
+        let request = desc.request(self.comm.devices().to_vec(), matrix);
+        let checked = self.comm.check(desc.call, request, inputs, outputs, None)?;
         self.ops.push(checked);
+        Ok(())
+    }
+
+    /// Add one collective as every rank calls it: `add(calls, rank, input, output)` adds rank
+    /// `rank`'s call with its views of `inputs` and `outputs` through [`RankCalls`], the one
+    /// place a collective's per-rank meaning is written. Rank 0's descriptor is the request
+    /// (every rank's is derived from the same arguments), and the checks then hold every
+    /// rank's buffers to it, so a rank's wrong length is that rank's error. `matrix` is
+    /// all_to_all_v's as the caller gave it (the checks hold its shape), empty for the others.
+    fn each_rank<T: Element>(
+        &mut self,
+        matrix: Vec<Vec<u64>>,
+        inputs: Vec<Option<HeldView<T>>>,
+        mut outputs: Vec<Option<HeldView<T>>>,
+        add: impl for<'b> Fn(
+            &mut RankCalls<'b>,
+            usize,
+            Option<&'b HeldView<T>>,
+            Option<&'b mut HeldView<T>>,
+        ),
+    ) -> Result<&mut Self> {
+        let n = self.n();
+        let mut desc = None;
+        let (mut ins, mut outs) = (vec![None; n], vec![None; n]);
+        let mut calls = RankCalls::new(0, n, 0, Lender::default());
+        for (rank, (input, output)) in inputs.iter().zip(outputs.iter_mut()).enumerate() {
+            add(&mut calls, rank, input.as_ref(), output.as_mut());
+            let Some(call) = calls.take_held(rank + 1)? else {
+                return Err(CollectivesError::Backend {
+                    backend: "group",
+                    message: format!("rank {rank} added no collective"),
+                });
+            };
+            ins[rank] = call.input;
+            outs[rank] = call.output;
+            desc.get_or_insert(call.desc);
+        }
+        let Some(desc) = desc else {
+            return Err(CollectivesError::Setup("a communicator of no ranks".into()));
+        };
+        self.push_desc(&desc, matrix, ins, outs)?;
         Ok(self)
     }
 
@@ -215,9 +274,14 @@ impl<'c> Group<'c> {
         outputs: &[O],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let c = Self::count_of("all_reduce", inputs.first().map(|v| v.as_view().len()));
-        let req = self.request::<T>(Collective::AllReduce, c, op, 0);
-        self.push("all_reduce", req, raw_all(inputs), raw_all(outputs))
+        let n = self.n();
+        let ins = held_all("all_reduce", "input buffers", n, inputs)?;
+        let outs = held_all("all_reduce", "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                c.all_reduce(i, o, op);
+            }
+        })
     }
 
     /// Add [`Communicator::reduce`].
@@ -228,11 +292,13 @@ impl<'c> Group<'c> {
         root: usize,
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let r = self.rank_ok("reduce", root)?;
-        let c = Self::count_of("reduce", inputs.first().map(|v| v.as_view().len()));
-        let outs = one_at(self.n(), root, output);
-        let req = self.request::<T>(Collective::Reduce, c, op, r);
-        self.push("reduce", req, raw_all(inputs), outs)
+        let n = self.n();
+        let ins = held_all("reduce", "input buffers", n, inputs)?;
+        self.each_rank(Vec::new(), ins, held_at(n, root, output), |c, _, i, o| {
+            if let Some(i) = i {
+                c.reduce(i, o, root, op);
+            }
+        })
     }
 
     /// Add [`Communicator::broadcast`].
@@ -242,11 +308,13 @@ impl<'c> Group<'c> {
         outputs: &[O],
         root: usize,
     ) -> Result<&mut Self> {
-        let r = self.rank_ok("broadcast", root)?;
-        let c = input.as_view().len() as u64;
-        let ins = one_at(self.n(), root, input);
-        let req = self.request::<T>(Collective::Broadcast, c, ReduceOp::Sum, r);
-        self.push("broadcast", req, ins, raw_all(outputs))
+        let n = self.n();
+        let outs = held_all("broadcast", "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), held_at(n, root, input), outs, |c, _, i, o| {
+            if let Some(o) = o {
+                c.broadcast(i, o, root);
+            }
+        })
     }
 
     /// Add [`Communicator::all_gather`].
@@ -255,9 +323,14 @@ impl<'c> Group<'c> {
         inputs: &[I],
         outputs: &[O],
     ) -> Result<&mut Self> {
-        let c = Self::count_of("all_gather", inputs.first().map(|v| v.as_view().len()));
-        let req = self.request::<T>(Collective::AllGather, c, ReduceOp::Sum, 0);
-        self.push("all_gather", req, raw_all(inputs), raw_all(outputs))
+        let n = self.n();
+        let ins = held_all("all_gather", "input buffers", n, inputs)?;
+        let outs = held_all("all_gather", "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                c.all_gather(i, o);
+            }
+        })
     }
 
     /// Add [`Communicator::all_gather_v`].
@@ -266,8 +339,15 @@ impl<'c> Group<'c> {
         inputs: &[I],
         outputs: &[O],
     ) -> Result<&mut Self> {
-        let req = self.request::<T>(Collective::AllGatherV, 0, ReduceOp::Sum, 0);
-        self.push("all_gather_v", req, raw_all(inputs), raw_all(outputs))
+        let n = self.n();
+        let ins = held_all("all_gather_v", "input buffers", n, inputs)?;
+        let outs = held_all("all_gather_v", "output buffers", n, outputs)?;
+        let counts = lengths(&ins);
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                c.all_gather_v(i, o, &counts);
+            }
+        })
     }
 
     /// Add [`Communicator::reduce_scatter`].
@@ -277,9 +357,14 @@ impl<'c> Group<'c> {
         outputs: &[O],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let c = Self::count_of("reduce_scatter", outputs.first().map(|v| v.as_view().len()));
-        let req = self.request::<T>(Collective::ReduceScatter, c, op, 0);
-        self.push("reduce_scatter", req, raw_all(inputs), raw_all(outputs))
+        let n = self.n();
+        let ins = held_all("reduce_scatter", "input buffers", n, inputs)?;
+        let outs = held_all("reduce_scatter", "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                c.reduce_scatter(i, o, op);
+            }
+        })
     }
 
     /// Add [`Communicator::reduce_scatter_v`].
@@ -289,8 +374,15 @@ impl<'c> Group<'c> {
         outputs: &[O],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let req = self.request::<T>(Collective::ReduceScatterV, 0, op, 0);
-        self.push("reduce_scatter_v", req, raw_all(inputs), raw_all(outputs))
+        let n = self.n();
+        let ins = held_all("reduce_scatter_v", "input buffers", n, inputs)?;
+        let outs = held_all("reduce_scatter_v", "output buffers", n, outputs)?;
+        let counts = lengths(&outs);
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                c.reduce_scatter_v(i, o, &counts, op);
+            }
+        })
     }
 
     /// Add [`Communicator::all_to_all`].
@@ -299,10 +391,14 @@ impl<'c> Group<'c> {
         inputs: &[I],
         outputs: &[O],
     ) -> Result<&mut Self> {
-        let total = inputs.first().map_or(0, |v| v.as_view().len());
-        let c = (total / self.n().max(1)) as u64;
-        let req = self.request::<T>(Collective::AllToAll, c, ReduceOp::Sum, 0);
-        self.push("all_to_all", req, raw_all(inputs), raw_all(outputs))
+        let n = self.n();
+        let ins = held_all("all_to_all", "input buffers", n, inputs)?;
+        let outs = held_all("all_to_all", "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                c.all_to_all(i, o);
+            }
+        })
     }
 
     /// Add [`Communicator::all_to_all_v`].
@@ -312,22 +408,26 @@ impl<'c> Group<'c> {
         outputs: &[O],
         matrix: &[Vec<u64>],
     ) -> Result<&mut Self> {
-        let mut request = Request::new(
-            Collective::AllToAllV,
-            self.comm.devices().to_vec(),
-            0,
-            T::DTYPE,
-        );
-        request.matrix = matrix.to_vec();
-        let checked = self.comm.check(
-            "all_to_all_v",
-            request,
-            raw_all(inputs),
-            raw_all(outputs),
-            None,
-        )?;
-        self.ops.push(checked);
-        Ok(self)
+        let n = self.n();
+        let ins = held_all("all_to_all_v", "input buffers", n, inputs)?;
+        let outs = held_all("all_to_all_v", "output buffers", n, outputs)?;
+        let as_usize = |row: &[u64]| -> Vec<usize> { row.iter().map(|&c| c as usize).collect() };
+        // Rank r sends row r and receives column r; the checks hold the matrix's shape.
+        let recv: Vec<Vec<usize>> = (0..n)
+            .map(|d| {
+                matrix
+                    .iter()
+                    .map(|row| row.get(d).map_or(0, |&c| c as usize))
+                    .collect()
+            })
+            .collect();
+        let empty = Vec::new();
+        self.each_rank(matrix.to_vec(), ins, outs, |c, rank, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                let send = matrix.get(rank).map_or_else(Vec::new, |row| as_usize(row));
+                c.all_to_all_v(i, &send, o, recv.get(rank).unwrap_or(&empty));
+            }
+        })
     }
 
     /// Add [`Communicator::gather`].
@@ -337,11 +437,13 @@ impl<'c> Group<'c> {
         output: &O,
         root: usize,
     ) -> Result<&mut Self> {
-        let r = self.rank_ok("gather", root)?;
-        let c = Self::count_of("gather", inputs.first().map(|v| v.as_view().len()));
-        let outs = one_at(self.n(), root, output);
-        let req = self.request::<T>(Collective::Gather, c, ReduceOp::Sum, r);
-        self.push("gather", req, raw_all(inputs), outs)
+        let n = self.n();
+        let ins = held_all("gather", "input buffers", n, inputs)?;
+        self.each_rank(Vec::new(), ins, held_at(n, root, output), |c, _, i, o| {
+            if let Some(i) = i {
+                c.gather(i, o, root);
+            }
+        })
     }
 
     /// Add [`Communicator::scatter`].
@@ -351,11 +453,13 @@ impl<'c> Group<'c> {
         outputs: &[O],
         root: usize,
     ) -> Result<&mut Self> {
-        let r = self.rank_ok("scatter", root)?;
-        let c = Self::count_of("scatter", outputs.first().map(|v| v.as_view().len()));
-        let ins = one_at(self.n(), root, input);
-        let req = self.request::<T>(Collective::Scatter, c, ReduceOp::Sum, r);
-        self.push("scatter", req, ins, raw_all(outputs))
+        let n = self.n();
+        let outs = held_all("scatter", "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), held_at(n, root, input), outs, |c, _, i, o| {
+            if let Some(o) = o {
+                c.scatter(i, o, root);
+            }
+        })
     }
 
     /// Post a send of `buf` (on rank `from`'s device) to rank `to` (`ncclSend` on `from`).

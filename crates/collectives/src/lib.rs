@@ -112,7 +112,9 @@ pub use plan_cache::PlanCacheLimits;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub use rank::OnStream;
-pub use rank::{Collectives, DEFAULT_RANK_TIMEOUT, RankComm, RankGroup, RecvBuf, SendBuf};
+pub use rank::{
+    Collectives, DEFAULT_RANK_TIMEOUT, RankCalls, RankComm, RankGroup, RecvBuf, SendBuf,
+};
 pub use relaycc_route::ReduceOp;
 /// Presets of relaycc-topo: `host-N`, the topology of [`Communicator::host`]; `nvswitch-N`,
 /// the flat machine for CUDA ranks when no description of the real one is at hand, and

@@ -125,7 +125,7 @@ impl MpiCommunicator {
         if let Some(list) = lists.iter().find(|l| l.len() != n) {
             return Err(MpiError::Backend(CollectivesError::RankCount {
                 call: name,
-                side: "count",
+                side: "counts",
                 expected: n,
                 got: list.len(),
             }));

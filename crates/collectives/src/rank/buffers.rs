@@ -54,7 +54,6 @@ impl<'b> Lender<'b> {
     }
 
     /// The first error met while lending (a buffer of another device, no stream).
-    #[cfg(feature = "mpi")]
     pub(crate) fn take_error(&mut self) -> Option<CollectivesError> {
         self.error.take()
     }
@@ -115,6 +114,7 @@ fn host_span<T>(addr: usize, s: &[T]) -> Span {
         addr,
         bytes: std::mem::size_of_val(s) as u64,
         device: None,
+        held: None,
     }
 }
 
@@ -138,6 +138,46 @@ impl<T: Element> sealed::LendMut<T> for [T] {
 }
 impl<T: Element> SendBuf<T> for [T] {}
 impl<T: Element> RecvBuf<T> for [T] {}
+
+/// A view of a buffer the communicator's backend holds ([`crate::DeviceBuffer`]), as the
+/// all-ranks [`crate::Group`] lends it to each rank's [`super::RankCalls`]. Crate-private:
+/// only `Group` makes one, and its calls never reach a meeting, the direct path or MPI,
+/// which take addresses.
+#[derive(Debug)]
+pub(crate) struct HeldView<T> {
+    pub view: crate::buffer::RawView,
+    pub _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> HeldView<T> {
+    fn span(&self) -> Span {
+        Span {
+            addr: 0,
+            bytes: self.view.region.bytes,
+            device: None,
+            held: Some(self.view),
+        }
+    }
+}
+
+impl<T: Element> sealed::Lend<T> for HeldView<T> {
+    fn lend<'b>(&'b self, l: &mut Lender<'b>) -> View {
+        l.push(self.span(), self.view.len as usize)
+    }
+    fn elems(&self) -> usize {
+        self.view.len as usize
+    }
+}
+impl<T: Element> sealed::LendMut<T> for HeldView<T> {
+    fn lend_mut<'b>(&'b mut self, l: &mut Lender<'b>) -> View {
+        l.push(self.span(), self.view.len as usize)
+    }
+    fn elems(&self) -> usize {
+        self.view.len as usize
+    }
+}
+impl<T: Element> SendBuf<T> for HeldView<T> {}
+impl<T: Element> RecvBuf<T> for HeldView<T> {}
 
 macro_rules! host_container {
     ([$($gen:tt)*] $ty:ty) => {
@@ -224,6 +264,7 @@ mod device {
                         addr: ptr as usize,
                         bytes: self.num_bytes() as u64,
                         device: Some(device),
+                        held: None,
                     };
                     l.push(span, self.len())
                 }
@@ -250,6 +291,7 @@ mod device {
                         addr: ptr as usize,
                         bytes,
                         device: Some(device),
+                        held: None,
                     };
                     l.push(span, len)
                 }

@@ -251,19 +251,11 @@ fn build<'c>(
     let ncoll = descs.first().map_or(0, Vec::len);
     for k in 0..ncoll {
         let d = descs[0][k];
-        if d.root >= n {
-            return Err(failed(CollectivesError::BadRank {
-                call: d.call,
-                rank: d.root,
-                ranks: n,
-            }));
-        }
         let m = if d.collective == Collective::AllToAllV {
             matrix(arrivals, descs, k)?
         } else {
             Vec::new()
         };
-        let req = d.request(comm.devices().to_vec(), m);
         let esize = d.dtype.size();
         let (mut ins, mut outs) = (vec![None; n], vec![None; n]);
         for (i, a) in arrivals.iter().enumerate() {
@@ -289,8 +281,7 @@ fn build<'c>(
                 .transpose()
                 .map_err(failed)?;
         }
-        let checked = comm.check(d.call, req, ins, outs, None).map_err(failed)?;
-        group.push_checked(checked);
+        group.push_desc(d, m, ins, outs).map_err(failed)?;
     }
     for (i, a) in arrivals.iter().enumerate() {
         for op in a.ops.as_deref().unwrap_or(&[]) {

@@ -65,18 +65,17 @@ use board::Board;
 use direct::DirectCall;
 use direct_part::KeptParts;
 
-pub(crate) use buffers::Lender;
+pub(crate) use buffers::{HeldView, Lender};
 pub use buffers::{RecvBuf, SendBuf};
 pub use collectives::Collectives;
 #[cfg(feature = "cuda")]
 pub use collectives::OnStream;
 use meeting::Meeting;
-#[cfg(not(feature = "mpi"))]
-use op::RankCallOp;
-use op::{Failure, Payload, RankArrival};
+pub(crate) use op::RankCallOp;
 #[cfg(feature = "mpi")]
-pub(crate) use op::{RankCallOp, View};
-pub use rank_group::RankGroup;
+pub(crate) use op::View;
+use op::{Failure, Payload, RankArrival};
+pub use rank_group::{RankCalls, RankGroup};
 
 /// How long a rank waits for the others to join a call before it fails with
 /// [`CollectivesError::RankTimeout`], unless [`Collectives::set_timeout`] says otherwise.

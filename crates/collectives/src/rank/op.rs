@@ -15,12 +15,14 @@ use crate::error::CollectivesError;
 use super::Shared;
 
 /// A slice a rank lends for the duration of its call: its address and size, and for device
-/// memory the CUDA device it lives on.
+/// memory the CUDA device it lives on; or, for the all-ranks [`crate::Group`]'s calls only,
+/// a buffer the communicator's backend already holds (`held`; `addr` is unused then).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Span {
     pub addr: usize,
     pub bytes: u64,
     pub device: Option<usize>,
+    pub held: Option<crate::buffer::RawView>,
 }
 
 /// Elements `offset..offset + len` (in elements of the call's type) of lent block `block`.
@@ -29,6 +31,24 @@ pub struct View {
     pub(crate) block: usize,
     pub(crate) offset: u64,
     pub(crate) len: u64,
+}
+
+impl View {
+    /// The view as a buffer the backend holds, where its block is one (`spans`, by block:
+    /// the all-ranks calls' lending); `None` for a block of lent addresses.
+    pub(crate) fn held_in(self, spans: &[Span], dtype: DType) -> Option<crate::buffer::RawView> {
+        let whole = spans.get(self.block)?.held?;
+        let esize = dtype.size();
+        Some(crate::buffer::RawView {
+            region: crate::backend::ByteRegion {
+                offset: whole.region.offset + self.offset * esize,
+                bytes: self.len * esize,
+                ..whole.region
+            },
+            len: self.len,
+            ..whole
+        })
+    }
 }
 
 /// One operation of a rank's call, as the rank brings it to a meeting: a collective with its

@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 
 use relaycc_route::{Collective, DType, ReduceOp};
 
+use crate::buffer::RawView;
 use crate::element::Element;
 use crate::error::{CollectivesError, Result};
 
@@ -22,7 +23,8 @@ use super::op::{Desc, RankCallOp, View};
 
 /// Calls of one rank collected to run as one launch (`ncclGroupStart` / `ncclGroupEnd`):
 /// collectives, sends and receives, on buffers borrowed until [`RankGroup::launch`]. Made by
-/// [`Collectives::group`] on any surface (threads, CUDA streams, MPI processes).
+/// [`Collectives::group`] on any surface (threads, CUDA streams, MPI processes). Its calls
+/// are [`RankCalls`]'s, reached through `Deref`.
 ///
 /// Launching a group is a call every rank makes (an empty group where a rank has nothing to
 /// add): the ranks' collectives must match in order, and sends pair with receives in posting
@@ -32,16 +34,42 @@ use super::op::{Desc, RankCallOp, View};
 /// rank.
 #[must_use = "a group does nothing until launched"]
 pub struct RankGroup<'r, 'b> {
-    pub(super) comm: &'r mut dyn Runner,
+    comm: &'r mut dyn Runner,
+    calls: RankCalls<'b>,
+}
+
+/// One rank's calls as a group collects them: each collective's descriptor and this rank's
+/// views of the memory it lends. This is the one place a collective's per-rank meaning is
+/// written (which buffer is its input and output, where its count comes from, what an
+/// in-place call lends); every surface reaches it, the per-rank ones through [`RankGroup`]
+/// and the all-ranks [`crate::Group`] once per rank.
+pub struct RankCalls<'b> {
+    me: usize,
+    n: usize,
+    /// The caller's tag of this call ([`Collectives::tag_next`]), 0 for none.
+    tag: u64,
     pub(super) lender: Lender<'b>,
     pub(super) ops: Vec<RankCallOp>,
-    pub(super) _borrows: PhantomData<&'b mut [u8]>,
+    _borrows: PhantomData<&'b mut [u8]>,
+}
+
+/// One rank's collective on held buffers, as [`RankCalls::take_held`] gives it.
+pub(crate) struct HeldCall {
+    pub desc: Desc,
+    pub input: Option<RawView>,
+    pub output: Option<RawView>,
 }
 
 impl std::fmt::Debug for RankGroup<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RankGroup")
-            .field("rank", &self.comm.me())
+        self.calls.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for RankCalls<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankCalls")
+            .field("rank", &self.me)
             .field("ops", &self.ops)
             .finish_non_exhaustive()
     }
@@ -50,11 +78,70 @@ impl std::fmt::Debug for RankGroup<'_, '_> {
 impl<'r, 'b> RankGroup<'r, 'b> {
     /// A group of `comm`'s next call, lending through `lender`.
     pub(crate) fn new(comm: &'r mut dyn Runner, lender: Lender<'b>) -> Self {
-        RankGroup {
-            comm,
+        let calls = RankCalls::new(comm.me(), comm.n(), comm.tag(), lender);
+        RankGroup { comm, calls }
+    }
+}
+
+impl<'b> std::ops::Deref for RankGroup<'_, 'b> {
+    type Target = RankCalls<'b>;
+    fn deref(&self) -> &RankCalls<'b> {
+        &self.calls
+    }
+}
+
+impl<'b> std::ops::DerefMut for RankGroup<'_, 'b> {
+    fn deref_mut(&mut self) -> &mut RankCalls<'b> {
+        &mut self.calls
+    }
+}
+
+impl<'b> RankCalls<'b> {
+    /// Rank `me` of `n` ranks' calls, tagged `tag`, lending through `lender`.
+    pub(crate) fn new(me: usize, n: usize, tag: u64, lender: Lender<'b>) -> Self {
+        RankCalls {
+            me,
+            n,
+            tag,
             lender,
             ops: Vec::new(),
             _borrows: PhantomData,
+        }
+    }
+
+    /// What was added: the operations in order, what they lend, and the first argument
+    /// error met while adding, if any.
+    pub(crate) fn into_parts(self) -> (Vec<RankCallOp>, Lender<'b>) {
+        (self.ops, self.lender)
+    }
+
+    /// The collective added last, with its input and output as the views of held buffers
+    /// they were lent from (`HeldView`), or the first argument error met; then start over
+    /// as rank `next`'s calls, keeping the lists' memory. The all-ranks calls add every
+    /// rank's part through one `RankCalls` this way.
+    pub(crate) fn take_held(&mut self, next: usize) -> Result<Option<HeldCall>> {
+        let op = self.ops.pop();
+        self.ops.clear();
+        self.me = next;
+        let error = self.lender.take_error();
+        let spans = &self.lender.blocks;
+        let call = match op {
+            Some(RankCallOp::Coll {
+                desc,
+                input,
+                output,
+                ..
+            }) => Some(HeldCall {
+                input: input.and_then(|v| v.held_in(spans, desc.dtype)),
+                output: output.and_then(|v| v.held_in(spans, desc.dtype)),
+                desc,
+            }),
+            _ => None,
+        };
+        self.lender.blocks.clear();
+        match error {
+            Some(e) => Err(e),
+            None => Ok(call),
         }
     }
 }
@@ -133,12 +220,12 @@ fn counts_u64(c: &[usize]) -> Vec<u64> {
     c.iter().map(|&x| x as u64).collect()
 }
 
-impl<'r, 'b> RankGroup<'r, 'b> {
+impl<'b> RankCalls<'b> {
     fn me(&self) -> usize {
-        self.comm.me()
+        self.me
     }
     fn n(&self) -> usize {
-        self.comm.n()
+        self.n
     }
 
     fn lend<T: Element, S: SendBuf<T> + ?Sized>(&mut self, s: &'b S) -> View {
@@ -167,7 +254,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         (input, output): (Option<View>, Option<View>),
         in_place: bool,
     ) -> &mut Self {
-        desc.tag = self.comm.tag();
+        desc.tag = self.tag;
         self.ops.push(RankCallOp::Coll {
             desc,
             input,
@@ -400,7 +487,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         let Some(&mine) = counts.get(me) else {
             return Err(CollectivesError::RankCount {
                 call,
-                side: "count",
+                side: "counts",
                 expected: self.n(),
                 got: counts.len(),
             });
@@ -574,13 +661,14 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         });
         self
     }
+}
 
+impl<'b> RankGroup<'_, 'b> {
     /// Leave the group with its runner without waiting for the other ranks (the in-process
     /// meeting), or run it (a runner that cannot leave a call behind).
     pub(super) fn depart(self) -> Departure<'b> {
-        let RankGroup {
-            comm, lender, ops, ..
-        } = self;
+        let RankGroup { comm, calls } = self;
+        let (ops, lender) = calls.into_parts();
         // The tag is this call's only.
         comm.clear_tag(RunnerToken::new());
         comm.depart(lender, ops, RunnerToken::new())
@@ -594,12 +682,8 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// Run the group's one send or receive with its peer only (the single calls `send` and
     /// `recv`).
     pub(super) fn finish_point_to_point(self, call: &'static str) -> Result<()> {
-        let RankGroup {
-            comm,
-            lender,
-            mut ops,
-            ..
-        } = self;
+        let RankGroup { comm, calls } = self;
+        let (mut ops, lender) = calls.into_parts();
         comm.clear_tag(RunnerToken::new());
         match (ops.pop(), ops.is_empty()) {
             (Some(op @ RankCallOp::P2p { .. }), true) => {

@@ -65,6 +65,38 @@ fn mismatched_rank_count() {
 }
 
 #[test]
+fn a_count_matrix_of_the_wrong_shape_says_what_is_short() {
+    let (comm, ins, outs) = setup(3, 3);
+    let rows = comm.all_to_all_v(&ins, &outs, &[vec![1, 1, 1]]).err();
+    assert!(
+        matches!(
+            &rows,
+            Some(CollectivesError::RankCount {
+                side: "count matrix rows",
+                expected: 3,
+                got: 1,
+                ..
+            })
+        ),
+        "{rows:?}"
+    );
+    let short = [vec![1, 1, 1], vec![1, 2], vec![1, 1, 1]];
+    let row = comm.all_to_all_v(&ins, &outs, &short).err();
+    assert!(
+        matches!(
+            &row,
+            Some(CollectivesError::RankCount {
+                side: "counts in a count matrix row",
+                got: 2,
+                ..
+            })
+        ),
+        "{row:?}"
+    );
+    unchanged(&ins, &outs);
+}
+
+#[test]
 fn mismatched_types_in_a_send_recv_pair() {
     let (comm, ins, outs) = setup(2, 8);
     let wrong = comm.alloc::<i32>(1, 8).unwrap_or_else(|e| panic!("{e}"));
