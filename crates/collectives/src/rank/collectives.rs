@@ -76,7 +76,7 @@ pub(crate) mod sealed {
 /// (`rank_group.rs`, `rank_collectives!`): `name "call" io (arguments);` makes
 /// `fn name<T: Element, S: SendBuf<T> + ?Sized, R: RecvBuf<T> + ?Sized>(&mut self,
 /// arguments) -> Result<()>` (`buf` in place of `io`: only `R: RecvBuf<T> + ?Sized`), which
-/// adds [`RankGroup`]'s `name` with the arguments and runs it as call `call`.
+/// adds [`RankCalls`](super::RankCalls)'s `name` with the arguments and runs it as call `call`.
 macro_rules! single {
     () => {};
     ($(#[$doc:meta])* $name:ident $call:literal io ($($a:ident: $t:ty),*); $($rest:tt)*) => {

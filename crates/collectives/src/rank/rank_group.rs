@@ -1,6 +1,7 @@
-//! [`RankGroup`]: the calls of one rank collected to run as one launch, and the one table of
-//! what each collective lends and describes (its descriptor, this rank's input and output
-//! views), which every surface's single calls ([`super::Collectives`]) go through.
+//! [`RankCalls`]: what each collective lends and describes (its descriptor, this rank's input
+//! and output views), written once for every surface: the single calls
+//! ([`super::Collectives`]), [`RankGroup`] (a runner's calls collected to run as one launch)
+//! and the all-ranks [`crate::Group`], which adds each rank's part through it.
 //!
 //! A rank's own argument errors (an in-place buffer whose length is not a multiple of the
 //! rank count, a count list too short) travel to the rendezvous with the call, so they fail
@@ -146,7 +147,7 @@ impl<'b> RankCalls<'b> {
     }
 }
 
-/// The one table of per-rank collectives: each entry names a [`RankGroup`] method (written
+/// The one table of per-rank collectives: each entry names a [`RankCalls`] method (written
 /// below), the call it runs as, its buffers (`io`: a send and a receive buffer; `buf`: one
 /// buffer, in place) and its other arguments, with the docs of the single call. `$m!`
 /// receives the table: the [`Collectives`] trait makes its single calls from it, so a new
