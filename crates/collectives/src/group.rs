@@ -118,14 +118,6 @@ fn held<T: Element, V: AsView<T>>(view: &V) -> HeldView<T> {
     }
 }
 
-/// The lengths of `views` as a v-collective's counts (`None` is 0).
-fn lengths<T>(views: &[Option<HeldView<T>>]) -> Vec<usize> {
-    views
-        .iter()
-        .map(|v| v.as_ref().map_or(0, |v| v.view.len as usize))
-        .collect()
-}
-
 /// The one table of all-ranks collectives: each entry names a [`Group`] method (written below)
 /// and its arguments, with the docs of the one-shot call. `$m!` receives the table:
 /// [`Communicator`] makes its one-shot calls from it, so a new collective is its entry here
@@ -267,6 +259,24 @@ impl<'c> Group<'c> {
         Ok(self)
     }
 
+    /// [`Self::each_rank`] for a collective in which every rank has an input and an output
+    /// (`inputs[r]` and `outputs[r]`, one per rank, else the error naming the side).
+    fn every_rank<T: Element, I: AsView<T>, O: AsView<T>>(
+        &mut self,
+        call: &'static str,
+        (inputs, outputs): (&[I], &[O]),
+        add: impl for<'b> Fn(&mut RankCalls<'b>, &'b HeldView<T>, &'b mut HeldView<T>),
+    ) -> Result<&mut Self> {
+        let n = self.n();
+        let ins = held_all(call, "input buffers", n, inputs)?;
+        let outs = held_all(call, "output buffers", n, outputs)?;
+        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+            if let (Some(i), Some(o)) = (i, o) {
+                add(c, i, o);
+            }
+        })
+    }
+
     /// Add [`Communicator::all_reduce`].
     pub fn all_reduce<T: Element, I: AsView<T>, O: AsView<T>>(
         &mut self,
@@ -274,13 +284,8 @@ impl<'c> Group<'c> {
         outputs: &[O],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let n = self.n();
-        let ins = held_all("all_reduce", "input buffers", n, inputs)?;
-        let outs = held_all("all_reduce", "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
-            if let (Some(i), Some(o)) = (i, o) {
-                c.all_reduce(i, o, op);
-            }
+        self.every_rank("all_reduce", (inputs, outputs), |c, i, o| {
+            c.all_reduce(i, o, op);
         })
     }
 
@@ -323,13 +328,8 @@ impl<'c> Group<'c> {
         inputs: &[I],
         outputs: &[O],
     ) -> Result<&mut Self> {
-        let n = self.n();
-        let ins = held_all("all_gather", "input buffers", n, inputs)?;
-        let outs = held_all("all_gather", "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
-            if let (Some(i), Some(o)) = (i, o) {
-                c.all_gather(i, o);
-            }
+        self.every_rank("all_gather", (inputs, outputs), |c, i, o| {
+            c.all_gather(i, o);
         })
     }
 
@@ -339,14 +339,9 @@ impl<'c> Group<'c> {
         inputs: &[I],
         outputs: &[O],
     ) -> Result<&mut Self> {
-        let n = self.n();
-        let ins = held_all("all_gather_v", "input buffers", n, inputs)?;
-        let outs = held_all("all_gather_v", "output buffers", n, outputs)?;
-        let counts = lengths(&ins);
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
-            if let (Some(i), Some(o)) = (i, o) {
-                c.all_gather_v(i, o, &counts);
-            }
+        let counts: Vec<usize> = inputs.iter().map(|v| v.as_view().len()).collect();
+        self.every_rank("all_gather_v", (inputs, outputs), |c, i, o| {
+            c.all_gather_v(i, o, &counts);
         })
     }
 
@@ -357,13 +352,8 @@ impl<'c> Group<'c> {
         outputs: &[O],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let n = self.n();
-        let ins = held_all("reduce_scatter", "input buffers", n, inputs)?;
-        let outs = held_all("reduce_scatter", "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
-            if let (Some(i), Some(o)) = (i, o) {
-                c.reduce_scatter(i, o, op);
-            }
+        self.every_rank("reduce_scatter", (inputs, outputs), |c, i, o| {
+            c.reduce_scatter(i, o, op);
         })
     }
 
@@ -374,14 +364,9 @@ impl<'c> Group<'c> {
         outputs: &[O],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let n = self.n();
-        let ins = held_all("reduce_scatter_v", "input buffers", n, inputs)?;
-        let outs = held_all("reduce_scatter_v", "output buffers", n, outputs)?;
-        let counts = lengths(&outs);
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
-            if let (Some(i), Some(o)) = (i, o) {
-                c.reduce_scatter_v(i, o, &counts, op);
-            }
+        let counts: Vec<usize> = outputs.iter().map(|v| v.as_view().len()).collect();
+        self.every_rank("reduce_scatter_v", (inputs, outputs), |c, i, o| {
+            c.reduce_scatter_v(i, o, &counts, op);
         })
     }
 
@@ -391,13 +376,8 @@ impl<'c> Group<'c> {
         inputs: &[I],
         outputs: &[O],
     ) -> Result<&mut Self> {
-        let n = self.n();
-        let ins = held_all("all_to_all", "input buffers", n, inputs)?;
-        let outs = held_all("all_to_all", "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
-            if let (Some(i), Some(o)) = (i, o) {
-                c.all_to_all(i, o);
-            }
+        self.every_rank("all_to_all", (inputs, outputs), |c, i, o| {
+            c.all_to_all(i, o);
         })
     }
 
@@ -409,8 +389,6 @@ impl<'c> Group<'c> {
         matrix: &[Vec<u64>],
     ) -> Result<&mut Self> {
         let n = self.n();
-        let ins = held_all("all_to_all_v", "input buffers", n, inputs)?;
-        let outs = held_all("all_to_all_v", "output buffers", n, outputs)?;
         let as_usize = |row: &[u64]| -> Vec<usize> { row.iter().map(|&c| c as usize).collect() };
         // Rank r sends row r and receives column r; the checks hold the matrix's shape.
         let recv: Vec<Vec<usize>> = (0..n)
@@ -422,6 +400,8 @@ impl<'c> Group<'c> {
             })
             .collect();
         let empty = Vec::new();
+        let ins = held_all("all_to_all_v", "input buffers", n, inputs)?;
+        let outs = held_all("all_to_all_v", "output buffers", n, outputs)?;
         self.each_rank(matrix.to_vec(), ins, outs, |c, rank, i, o| {
             if let (Some(i), Some(o)) = (i, o) {
                 let send = matrix.get(rank).map_or_else(Vec::new, |row| as_usize(row));
