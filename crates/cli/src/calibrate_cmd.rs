@@ -19,15 +19,17 @@
 //!
 //! What this executor pays on each GPU goes where the simulator reads it:
 //! - `memories`: each GPU's device-memory rate, its copy engines' device-to-device rate (bytes
-//!   read plus written), which the simulator charges copies within the GPU and reductions;
+//!   read plus written), which the simulator charges copies within the GPU and reductions,
+//!   and its reduce kernel's rate (`reduce_gbps`, the same unit), at which the simulator runs
+//!   a reduction alone on that GPU;
 //! - `costs`: `copy_engine_launch_us`, the time of one small copy-engine copy issued back to
 //!   back on a stream, and `kernel_launch_us`, the same for one small reduce-kernel launch;
 //!   the simulator charges them per copy and per reduction of relaycc's plans. Over several
 //!   GPUs the slowest GPU's figure is taken, so no op is predicted cheaper than measured.
 //!
-//! The SM-copy and reduce-kernel rates stay in `notes`: the simulator has no entry for them
-//! (the CUDA backend's SM-copy threshold, `CudaBackend::set_sm_copy_below`, is where they
-//! matter). Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are
+//! The SM-copy rate stays in `notes`: the simulator has no entry for it (the CUDA backend's
+//! SM-copy threshold, `CudaBackend::set_sm_copy_below`, is where it matters). Every device
+//! rate is in `notes` too. Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are
 //! left out with a warning on stderr.
 
 use std::collections::BTreeMap;
@@ -69,7 +71,8 @@ struct File {
 }
 
 /// The device-memory entries of GPU `gpu` (its node name) from its measured rates: the copy
-/// engines' rate as the memory's, every rate in `notes`.
+/// engines' rate as the memory's, the reduce kernel's as its reductions', every rate in
+/// `notes`.
 fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>) -> MemoryRate {
     for (mechanism, r) in [
         ("copy_engine", d.copy_engine),
@@ -88,6 +91,7 @@ fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>
     MemoryRate {
         gpu: gpu.to_string(),
         gbps: d.copy_engine.gbps,
+        reduce_gbps: Some(d.reduce.gbps),
     }
 }
 
@@ -280,6 +284,9 @@ mod tests {
         let t = cal.apply(&topo).expect("applies");
         assert_eq!(t.gpu_info(0).expect("gpu").mem_gbps(), 780.0);
         assert_eq!(t.gpu_info(1).expect("gpu").mem_gbps(), 760.0);
+        // The reduce kernel's rate (0.8 of the copy engines' in `rates`).
+        let reduce = t.gpu_info(1).expect("gpu").measured_reduce_gbps;
+        assert_eq!(reduce, Some(760.0 * 0.8));
         // The slowest GPU's per-op times.
         assert_eq!(t.costs().copy_engine_launch_us, 3.5);
         assert_eq!(t.costs().kernel_launch_us, 4.0);

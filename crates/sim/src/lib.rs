@@ -39,7 +39,9 @@
 //!   that lies in host memory (device memory outruns every link, so GPU ends are not charged);
 //!   a copy inside one memory (no edges) loads that memory twice per byte (read and write). A
 //!   reduction loads its destination's memory `srcs + 1` times per byte (read every source,
-//!   write the result); edges named by a reduction (a result written onward) load once.
+//!   write the result), scaled by the memory's rate over the reduce kernel's where a
+//!   calibration measured that kernel on the GPU (`memories`' `reduce_gbps`), so that alone it
+//!   runs at the kernel's rate; edges named by a reduction (a result written onward) load once.
 //! - **Sharing.** Concurrent flows share every resource max-min fairly (progressive filling):
 //!   a flow's rate is the largest it can have without lowering a flow that is no faster. Rates
 //!   are recomputed whenever a flow starts or ends, only for the flows that share resources

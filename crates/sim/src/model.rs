@@ -560,7 +560,9 @@ impl OpLowering<'_> {
     /// The memories op `i` loads, added to its row at `row`: a copy inside one memory reads
     /// and writes it; a copy across links loads only host memory (device memory outruns
     /// every link); a reduction reads every source and writes the result in its
-    /// destination's memory.
+    /// destination's memory, at its GPU's reduce kernel's measured rate where a calibration
+    /// gave one (charged as more or fewer bytes of that memory, so that alone it takes what
+    /// the kernel took).
     fn memory_uses(
         &self,
         m: &mut Model,
@@ -592,8 +594,16 @@ impl OpLowering<'_> {
                 }
             }
             OpKind::Reduce { srcs, dst, .. } => {
-                let r = self.mems.resource(i, location(dst.buffer)?)?;
-                m.push_use(row, r, srcs.len() as f64 + 1.0);
+                let at = location(dst.buffer)?;
+                let r = self.mems.resource(i, at)?;
+                let kernel =
+                    match at {
+                        Location::Gpu(g) => self.topo.gpu_info(g).ok().and_then(|info| {
+                            info.measured_reduce_gbps.map(|k| info.mem_gbps() / k)
+                        }),
+                        Location::Host(_) => None,
+                    };
+                m.push_use(row, r, (srcs.len() as f64 + 1.0) * kernel.unwrap_or(1.0));
             }
         }
         Ok(())

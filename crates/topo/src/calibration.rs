@@ -7,14 +7,16 @@
 //!   "kinds": [ { "kind": "nvlink", "generation": 2, "gbps_per_lane": 23.1, "latency_us": 0.9 },
 //!              { "kind": "pcie", "generation": 3, "gbps_per_x16": 11.2 } ],
 //!   "links": [ { "from": "GPU0", "to": "GPU1", "gbps": 22.4, "latency_us": 1.1 } ],
-//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5 } ]
+//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5, "reduce_gbps": 702.0 } ]
 //! }
 //! ```
 //! Kind entries apply first (`kind` is `nvlink`, `pcie`, `inter_socket`, `c2c` or `network`;
 //! `generation` narrows NVLink/PCIe entries; NVLink rates scale with lanes, PCIe with width).
 //! Link entries then set one directed link each and must name two adjacent nodes. Memory
 //! entries set a GPU's device-memory rate (bytes read plus written per second), which the
-//! simulator charges copies within one GPU and reductions. `notes` holds
+//! simulator charges copies within one GPU and reductions, and optionally the rate of
+//! relaycc's reduce kernel there (`reduce_gbps`, the same unit), at which the simulator runs
+//! a reduction alone on that GPU. `notes` holds
 //! figures for people (what `relaycc calibrate` measured on multi-link paths) and changes no
 //! rate. `costs` replaces entries of the cost model ([`crate::rates::CostModel`]) by name:
 //! NCCL's protocol fractions and step latencies, NVLS, and relaycc's copy and kernel launches
@@ -99,6 +101,10 @@ pub struct MemoryRate {
     /// Measured GB/s, bytes read plus written per second (a device-to-device copy of `b`
     /// bytes moves `2b`).
     pub gbps: f64,
+    /// The reduce kernel's measured GB/s on this GPU, bytes read plus written per second (a
+    /// reduction of `k` sources of `b` bytes moves `(k + 1) b`); absent where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_gbps: Option<f64>,
 }
 
 /// Measured rates for a machine.
@@ -244,7 +250,11 @@ impl Calibration {
                 return Err(err(format!("memories[{i}]: {} is not a GPU", m.gpu)));
             }
             let gbps = in_range("memories: gbps", m.gbps, MAX_DEVICE_MEM_GBPS)?;
-            out.set_gpu_mem_gbps(id, gbps);
+            let reduce_gbps = m
+                .reduce_gbps
+                .map(|r| in_range("memories: reduce_gbps", r, MAX_DEVICE_MEM_GBPS))
+                .transpose()?;
+            out.set_gpu_mem_gbps(id, gbps, reduce_gbps);
         }
         let mut costs = *out.costs();
         for (name, &value) in &self.costs {
@@ -324,6 +334,10 @@ mod tests {
                 "to 8000 GB/s",
             ),
             (r#"{"memories":[{"gpu":"GPU0","gbps":0}]}"#, "from 0.25"),
+            (
+                r#"{"memories":[{"gpu":"GPU0","gbps":700,"reduce_gbps":9000}]}"#,
+                "reduce_gbps must be",
+            ),
         ] {
             let err = Calibration::parse(json, "t")
                 .unwrap()
@@ -391,6 +405,22 @@ mod tests {
         let back = crate::import::json::parse(&crate::export::json::to_json(&t), "t").unwrap();
         assert_eq!(back.gpu_info(3).unwrap().mem_gbps(), 2710.5);
         assert_eq!(back.gpu_info(2).unwrap().measured_mem_gbps, None);
+        assert_eq!(back.gpu_info(3).unwrap().measured_reduce_gbps, None);
+    }
+
+    #[test]
+    fn a_memory_entry_carries_the_reduce_kernels_rate_through_export() {
+        let topo = crate::preset("dgx-h100").unwrap();
+        let json = r#"{"memories":[{"gpu":"GPU1","gbps":2800,"reduce_gbps":2240.5}]}"#;
+        let t = Calibration::parse(json, "t").unwrap().apply(&topo).unwrap();
+        let info = t.gpu_info(1).unwrap();
+        assert_eq!(
+            (info.mem_gbps(), info.measured_reduce_gbps),
+            (2800.0, Some(2240.5))
+        );
+        assert_eq!(t.gpu_info(0).unwrap().measured_reduce_gbps, None);
+        let back = crate::import::json::parse(&crate::export::json::to_json(&t), "t").unwrap();
+        assert_eq!(back.gpu_info(1).unwrap().measured_reduce_gbps, Some(2240.5));
     }
 
     #[test]

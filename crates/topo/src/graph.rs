@@ -85,6 +85,15 @@ pub struct GpuInfo {
     /// capability ([`GpuInfo::mem_gbps`]). In JSON only when set.
     #[serde(default, rename = "mem_gbps", skip_serializing_if = "Option::is_none")]
     pub measured_mem_gbps: Option<f64>,
+    /// The rate of relaycc's reduce kernel measured on this GPU (bytes read plus written per
+    /// second, GB/s), from a calibration file's `memories`; `None` where unmeasured, when a
+    /// reduction is taken to run at the memory's rate. In JSON only when set.
+    #[serde(
+        default,
+        rename = "reduce_gbps",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub measured_reduce_gbps: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -109,6 +118,7 @@ impl GpuInfo {
             device_arena: None,
             pcie_p2p: true,
             measured_mem_gbps: None,
+            measured_reduce_gbps: None,
         }
     }
     /// The rate of this GPU's device memory, GB/s (bytes read plus written per second): the
@@ -567,11 +577,12 @@ impl Topology {
         }
         self.forget_link_tables();
     }
-    /// Set GPU node `id`'s measured device-memory rate (a calibration's `memories`); no-op on
-    /// a node that is not a GPU.
-    pub(crate) fn set_gpu_mem_gbps(&mut self, id: NodeId, gbps: f64) {
+    /// Set GPU node `id`'s measured device-memory rate and, where measured, its reduce
+    /// kernel's (a calibration's `memories`); no-op on a node that is not a GPU.
+    pub(crate) fn set_gpu_mem_gbps(&mut self, id: NodeId, gbps: f64, reduce_gbps: Option<f64>) {
         if let Some(NodeKind::Gpu(g)) = self.graph.node_weight_mut(id).map(|n| &mut n.kind) {
             g.measured_mem_gbps = Some(gbps);
+            g.measured_reduce_gbps = reduce_gbps;
         }
     }
     /// Rename the topology.

@@ -194,3 +194,47 @@ fn a_calibrated_device_memory_rate_times_copies_within_a_gpu() {
         "{measured} vs {table}"
     );
 }
+
+/// A reduction loads its GPU's memory once per source and once for the result; where a
+/// calibration measured the reduce kernel (`memories`' `reduce_gbps`), it alone takes what the
+/// kernel took on those bytes.
+#[test]
+fn a_calibrated_reduce_kernel_rate_times_reductions_on_its_gpu() {
+    let topo = dgx1();
+    let elems: u64 = 1 << 28;
+    let mut p = Plan::new(Request::point_to_point(0, 0, elems), "local");
+    let lane = p.add_lane(Gpu(0), "l");
+    let a = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+    let b = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+    let out = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+    p.reduce(lane, vec![a, b], out, false, vec![]);
+    let flow_us = |topo: &Topology| {
+        let r = crate::simulate(topo, &p, &SimConfig::default()).unwrap();
+        r.time_us - topo.costs().kernel_launch_us
+    };
+    // Two sources read and one result written at V100's 900 GB/s.
+    let table = flow_us(&topo);
+    let moved = 3.0 * elems as f64;
+    assert!((table - moved / 900e3).abs() < 1e-6 * table, "{table}");
+    for (json, want) in [
+        // The kernel at half the memory's rate: twice the time.
+        (
+            r#"{"memories":[{"gpu":"GPU0","gbps":900,"reduce_gbps":450}]}"#,
+            2.0,
+        ),
+        // Memory measured slower, the kernel unmeasured: the memory's rate.
+        (r#"{"memories":[{"gpu":"GPU0","gbps":600}]}"#, 1.5),
+        // On another GPU, no change here.
+        (
+            r#"{"memories":[{"gpu":"GPU1","gbps":900,"reduce_gbps":300}]}"#,
+            1.0,
+        ),
+    ] {
+        let cal = relaycc_topo::Calibration::parse(json, "t").unwrap();
+        let measured = flow_us(&cal.apply(&topo).unwrap());
+        assert!(
+            (measured / table - want).abs() < 1e-9,
+            "{json}: {measured} vs {table}"
+        );
+    }
+}
