@@ -218,8 +218,8 @@ impl<'c> Group<'c> {
         Ok(())
     }
 
-    /// Add one collective as every rank calls it: `add(calls, rank, input, output)` adds rank
-    /// `rank`'s call with its views of `inputs` and `outputs` through [`RankCalls`], the one
+    /// Add one collective as every rank calls it: `add(calls, input, output)` adds each rank's
+    /// call with its views of `inputs` and `outputs` through [`RankCalls`], the one
     /// place a collective's per-rank meaning is written. Rank 0's descriptor is the request
     /// (every rank's is derived from the same arguments), and the checks then hold every
     /// rank's buffers to it, so a rank's wrong length is that rank's error. `matrix` is
@@ -229,19 +229,14 @@ impl<'c> Group<'c> {
         matrix: Vec<Vec<u64>>,
         inputs: Vec<Option<HeldView<T>>>,
         mut outputs: Vec<Option<HeldView<T>>>,
-        add: impl for<'b> Fn(
-            &mut RankCalls<'b>,
-            usize,
-            Option<&'b HeldView<T>>,
-            Option<&'b mut HeldView<T>>,
-        ),
+        add: impl for<'b> Fn(&mut RankCalls<'b>, Option<&'b HeldView<T>>, Option<&'b mut HeldView<T>>),
     ) -> Result<&mut Self> {
         let n = self.n();
         let mut desc = None;
         let (mut ins, mut outs) = (vec![None; n], vec![None; n]);
         let mut calls = RankCalls::new(0, n, 0, Lender::default());
         for (rank, (input, output)) in inputs.iter().zip(outputs.iter_mut()).enumerate() {
-            add(&mut calls, rank, input.as_ref(), output.as_mut());
+            add(&mut calls, input.as_ref(), output.as_mut());
             let Some(call) = calls.take_held(rank + 1)? else {
                 return Err(CollectivesError::Backend {
                     backend: "group",
@@ -270,7 +265,7 @@ impl<'c> Group<'c> {
         let n = self.n();
         let ins = held_all(call, "input buffers", n, inputs)?;
         let outs = held_all(call, "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), ins, outs, |c, _, i, o| {
+        self.each_rank(Vec::new(), ins, outs, |c, i, o| {
             if let (Some(i), Some(o)) = (i, o) {
                 add(c, i, o);
             }
@@ -299,7 +294,7 @@ impl<'c> Group<'c> {
     ) -> Result<&mut Self> {
         let n = self.n();
         let ins = held_all("reduce", "input buffers", n, inputs)?;
-        self.each_rank(Vec::new(), ins, held_at(n, root, output), |c, _, i, o| {
+        self.each_rank(Vec::new(), ins, held_at(n, root, output), |c, i, o| {
             if let Some(i) = i {
                 c.reduce(i, o, root, op);
             }
@@ -315,7 +310,7 @@ impl<'c> Group<'c> {
     ) -> Result<&mut Self> {
         let n = self.n();
         let outs = held_all("broadcast", "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), held_at(n, root, input), outs, |c, _, i, o| {
+        self.each_rank(Vec::new(), held_at(n, root, input), outs, |c, i, o| {
             if let Some(o) = o {
                 c.broadcast(i, o, root);
             }
@@ -389,23 +384,13 @@ impl<'c> Group<'c> {
         matrix: &[Vec<u64>],
     ) -> Result<&mut Self> {
         let n = self.n();
-        let as_usize = |row: &[u64]| -> Vec<usize> { row.iter().map(|&c| c as usize).collect() };
-        // Rank r sends row r and receives column r; the checks hold the matrix's shape.
-        let recv: Vec<Vec<usize>> = (0..n)
-            .map(|d| {
-                matrix
-                    .iter()
-                    .map(|row| row.get(d).map_or(0, |&c| c as usize))
-                    .collect()
-            })
-            .collect();
-        let empty = Vec::new();
         let ins = held_all("all_to_all_v", "input buffers", n, inputs)?;
         let outs = held_all("all_to_all_v", "output buffers", n, outputs)?;
-        self.each_rank(matrix.to_vec(), ins, outs, |c, rank, i, o| {
+        // The request carries the caller's whole matrix (the checks hold its shape), so the
+        // per-rank send and receive counts, which ranks that meet pair up, stay empty here.
+        self.each_rank(matrix.to_vec(), ins, outs, |c, i, o| {
             if let (Some(i), Some(o)) = (i, o) {
-                let send = matrix.get(rank).map_or_else(Vec::new, |row| as_usize(row));
-                c.all_to_all_v(i, &send, o, recv.get(rank).unwrap_or(&empty));
+                c.all_to_all_v(i, &[], o, &[]);
             }
         })
     }
@@ -419,7 +404,7 @@ impl<'c> Group<'c> {
     ) -> Result<&mut Self> {
         let n = self.n();
         let ins = held_all("gather", "input buffers", n, inputs)?;
-        self.each_rank(Vec::new(), ins, held_at(n, root, output), |c, _, i, o| {
+        self.each_rank(Vec::new(), ins, held_at(n, root, output), |c, i, o| {
             if let Some(i) = i {
                 c.gather(i, o, root);
             }
@@ -435,7 +420,7 @@ impl<'c> Group<'c> {
     ) -> Result<&mut Self> {
         let n = self.n();
         let outs = held_all("scatter", "output buffers", n, outputs)?;
-        self.each_rank(Vec::new(), held_at(n, root, input), outs, |c, _, i, o| {
+        self.each_rank(Vec::new(), held_at(n, root, input), outs, |c, i, o| {
             if let Some(o) = o {
                 c.scatter(i, o, root);
             }
