@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use super::Shared;
 use super::board::{Board, Post, Posted, lock};
-use super::direct_drive::{Running, drive};
+use super::direct_drive::Running;
 use super::direct_part::{CallShape, KeptPart};
 use super::op::Desc;
 use crate::backend::sealed::{Lending, Private};
@@ -98,12 +98,6 @@ fn overlap(a: Bound, b: Bound) -> bool {
 }
 
 impl DirectCall {
-    /// Run the call: this rank's checks and plan, then the protocol of the module docs.
-    /// Returns when this rank's part is done and no rank uses its memory any more.
-    pub(crate) fn run(self) -> Result<()> {
-        drive(vec![self]).pop().unwrap_or(Ok(()))
-    }
-
     /// Step 1 and what comes before it: this rank's checks and plan, its part, its post.
     /// A failure aborts the communicator (the others may wait for this rank's post).
     pub(super) fn begin(self) -> Result<Running> {

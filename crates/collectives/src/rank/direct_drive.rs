@@ -341,71 +341,120 @@ fn differs(c: &DirectCall, p: usize, desc: &Desc, in_place: bool) -> Option<Stri
 /// communicator may wait for a rank whose thread waits for this thread's call of another.
 const OTHER_BOARDS_POLL: Duration = Duration::from_millis(1);
 
-/// Run direct calls of distinct ranks from this thread to their ends, and return their
-/// results in order. Every call begins (checks, plan, post) before any waits; then they
-/// advance together, as their posts allow.
-pub(crate) fn drive(calls: Vec<DirectCall>) -> Vec<Result<()>> {
-    let mut results: Vec<Option<Result<()>>> = (0..calls.len()).map(|_| None).collect();
+/// Run chains of direct calls of distinct ranks from this thread to their ends, and return
+/// each chain's result in order: `Ok` when every call of it succeeded, else its first error
+/// (a failure aborts the communicator, so the chain's later calls are not begun: they would
+/// only return [`CollectivesError::Aborted`]). A chain is one rank's group of collectives, its
+/// calls one after the other. Every chain's first call begins (checks, plan, post) before
+/// any waits; then the calls advance together, as their posts allow, and a chain's next call
+/// begins as soon as the one before it is over.
+pub(crate) fn drive(chains: Vec<Vec<DirectCall>>) -> Vec<Result<()>> {
+    let mut results: Vec<Result<()>> = (0..chains.len()).map(|_| Ok(())).collect();
+    let mut rest: Vec<std::vec::IntoIter<DirectCall>> =
+        chains.into_iter().map(Vec::into_iter).collect();
     // The calls by communicator, in order of first appearance.
     let mut driven: Vec<Driven> = Vec::new();
-    for (i, c) in calls.into_iter().enumerate() {
-        match c.begin() {
-            Ok(r) => match driven
-                .iter_mut()
-                .find(|b| Arc::ptr_eq(&b.shared, &r.call.shared))
-            {
-                Some(b) => b.calls.push((i, r)),
-                None => driven.push(Driven {
-                    shared: r.call.shared.clone(),
-                    calls: vec![(i, r)],
-                    done: false,
-                }),
-            },
-            Err(e) => results[i] = Some(Err(e)),
-        }
+    for i in 0..rest.len() {
+        begin_next(i, &mut rest, &mut driven, &mut results);
     }
     let single = driven.len() == 1;
-    while driven.iter().any(|b| !b.done) {
+    while driven.iter().any(|b| !b.calls.is_empty()) {
         let mut moved = false;
-        for b in driven.iter_mut().filter(|b| !b.done) {
+        for b in driven.iter_mut().filter(|b| !b.calls.is_empty()) {
             match b.pass(single.then_some(Duration::MAX)) {
-                Pass::Done => b.done = true,
-                Pass::Moved => moved = true,
+                Pass::Done | Pass::Moved => moved = true,
                 Pass::Waiting => {}
             }
         }
+        moved |= settle(&mut driven, &mut rest, &mut results);
         if !single
             && !moved
-            && let Some(b) = driven.iter_mut().find(|b| !b.done)
-            && matches!(b.pass(Some(OTHER_BOARDS_POLL)), Pass::Done)
+            && let Some(b) = driven.iter_mut().find(|b| !b.calls.is_empty())
         {
-            b.done = true;
+            b.pass(Some(OTHER_BOARDS_POLL));
+            settle(&mut driven, &mut rest, &mut results);
         }
     }
-    for (i, r) in driven.into_iter().flat_map(|b| b.calls) {
-        let Running {
-            call,
-            mut k,
-            result,
-            bound,
-            ..
-        } = r;
-        k.bindings = bound;
-        lock(&call.shared.kept[call.me]).put(k);
-        if result.is_err() {
-            // Ranks of this call that did not come directly wait at a meeting.
-            call.shared.poke_meetings();
+    results
+}
+
+/// Begin chain `i`'s next call, if it has one, among the calls driven here; a call that
+/// fails to begin ends its chain with its error.
+fn begin_next(
+    i: usize,
+    rest: &mut [std::vec::IntoIter<DirectCall>],
+    driven: &mut Vec<Driven>,
+    results: &mut [Result<()>],
+) {
+    let Some(c) = rest.get_mut(i).and_then(Iterator::next) else {
+        return;
+    };
+    match c.begin() {
+        Ok(r) => match driven
+            .iter_mut()
+            .find(|b| Arc::ptr_eq(&b.shared, &r.call.shared))
+        {
+            Some(b) => b.calls.push((i, r)),
+            None => driven.push(Driven {
+                shared: r.call.shared.clone(),
+                calls: vec![(i, r)],
+            }),
+        },
+        Err(e) => {
+            results[i] = Err(e);
+            rest[i] = Vec::new().into_iter();
         }
-        results[i] = Some(result);
     }
-    results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+}
+
+/// Take the calls that are over out of `driven`: give each rank's part back to its kept
+/// parts, record the result, and begin the chain's next call (or, after a failure, end the
+/// chain). True when any call was over.
+fn settle(
+    driven: &mut Vec<Driven>,
+    rest: &mut [std::vec::IntoIter<DirectCall>],
+    results: &mut [Result<()>],
+) -> bool {
+    let mut any = false;
+    for b in 0..driven.len() {
+        let mut j = 0;
+        // A chain's next call joins the same list (one communicator) behind the others, not
+        // over yet, so the walk passes it by.
+        while j < driven[b].calls.len() {
+            if driven[b].calls[j].1.stage != Stage::Done {
+                j += 1;
+                continue;
+            }
+            any = true;
+            let (i, r) = driven[b].calls.swap_remove(j);
+            let Running {
+                call,
+                mut k,
+                result,
+                bound,
+                ..
+            } = r;
+            k.bindings = bound;
+            lock(&call.shared.kept[call.me]).put(k);
+            match result {
+                Ok(()) => begin_next(i, rest, driven, results),
+                Err(e) => {
+                    // Ranks of this call that did not come directly wait at a meeting.
+                    call.shared.poke_meetings();
+                    results[i] = Err(e);
+                    rest[i] = Vec::new().into_iter();
+                }
+            }
+        }
+    }
+    any
 }
 
 /// One communicator's calls driven by this thread.
 struct Driven {
     shared: Arc<Shared>,
+    /// The calls under way, each with the index of its chain.
     calls: Vec<(usize, Running)>,
-    done: bool,
 }
 
 /// What a pass over one communicator's calls did.

@@ -3,15 +3,16 @@
 //! per GPU.
 //!
 //! How a call runs: every call of a handle has a sequence number. Where the ranks share one
-//! host memory (`RankComm::host`, `host-N` on the host backend), a single collective of fixed
-//! counts runs without a rendezvous (`direct.rs`): each rank plans from the communicator's
+//! host memory (`RankComm::host`, `host-N` on the host backend), a collective of fixed counts
+//! runs without a rendezvous (`direct.rs`), and a group of them runs as that many such calls,
+//! one after the other, each with its own number: each rank plans from the communicator's
 //! cache, runs the part of the plan on its own lanes on its own thread, reading and writing
 //! the other ranks' posted slices in place, and waits for another rank only where it needs
 //! that rank's memory or that rank needs its own. A failure there (a mismatch, a missing
 //! rank, a failed check) aborts the communicator: the call fails on every rank that is in it
-//! and every later call fails with [`CollectivesError::Aborted`]. Anything else (groups of
-//! several operations, the `_v` collectives, sends and receives, split, and every call on
-//! other communicators) meets (`meeting.rs`): the ranks' descriptors (collective, element
+//! and every later call fails with [`CollectivesError::Aborted`]. Anything else (groups that
+//! hold a send, a receive, a split or a `_v` collective, the `_v` collectives, and every call
+//! on other communicators) meets (`meeting.rs`): the ranks' descriptors (collective, element
 //! type, count or counts, op, root, order) are compared (`op.rs`), and the last rank to
 //! arrive runs the operation for all (`group_run.rs`): it lends every rank's slices to the
 //! communicator's backend for the call, builds one checked group on the all-ranks
@@ -91,7 +92,7 @@ pub(crate) struct Shared {
     meeting: Meeting,
     /// Point-to-point meetings, per (lower rank, higher rank).
     pairs: Mutex<HashMap<(usize, usize), Arc<Meeting>>>,
-    /// The ranks share one host memory: single collectives run without a rendezvous
+    /// The ranks share one host memory: collectives of fixed counts run without a rendezvous
     /// (`direct.rs`), on `board`, each rank's parts kept in `kept[rank]`.
     direct: bool,
     board: Arc<Board>,
@@ -189,7 +190,8 @@ impl Shared {
 /// [`CollectivesError::RankTimeout`], naming the missing ranks and the call's number. Calls
 /// that meet run nothing after a mismatch or a timeout; after a `RankFailed` from the
 /// backend during the run, output slices may be partly written (shared input slices never
-/// are). Single collectives on ranks of one host memory run without meeting (module docs):
+/// are). Collectives of fixed counts on ranks of one host memory run without meeting, a
+/// group of them one call after another (module docs):
 /// a rank's part may have written its outputs before another rank's mismatch is found, a
 /// rank whose part needed nothing from the failing rank may return `Ok` with a valid result,
 /// and the failure aborts the communicator, so every later call of every rank returns
@@ -319,21 +321,23 @@ impl RankComm {
     }
 
     /// Leave a group's operations (or the error its arguments gave) with the other ranks'
-    /// ([`Runner::depart`]): one collective of fixed counts on ranks that share one host
-    /// memory runs directly (`direct.rs`), anything else at the communicator's meeting.
+    /// ([`Runner::depart`]): collectives of fixed counts on ranks that share one host memory
+    /// run directly (`direct.rs`), one after the other; anything else meets at the
+    /// communicator's meeting.
     fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
         if self.shared.direct {
-            let single = matches!(ops.as_slice(), [] | [RankCallOp::Coll { .. }]);
-            if single && let Some(e) = lender.error.take() {
+            let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));
+            if collectives && let Some(e) = lender.error.take() {
                 // The others may be waiting for this rank's post: fail the call for all.
                 let e = Arc::new(e);
                 self.shared.board.fail(self.seq, "group", e.clone());
                 self.shared.poke_meetings();
-                self.seq += 1;
+                // The numbers the group's calls would have taken, as on the other ranks.
+                self.seq += ops.len().max(1) as u64;
                 return Departure::of(Left::Failed(e), lender);
             }
-            if let Some(call) = self.direct_call(&lender, &ops) {
-                return Departure::of(Left::Direct(Box::new(call)), lender);
+            if let Some(calls) = self.direct_calls(&lender, &ops) {
+                return Departure::of(Left::Direct(calls), lender);
             }
         }
         if let Some(e) = self.shared.board.aborted("group", self.seq) {
@@ -343,43 +347,48 @@ impl RankComm {
         self.depart_meeting(lender, ops)
     }
 
-    /// The direct call of `ops` when they are one collective of fixed counts on host slices.
-    fn direct_call(&mut self, lender: &Lender<'_>, ops: &[RankCallOp]) -> Option<DirectCall> {
-        let [
-            RankCallOp::Coll {
+    /// The direct calls of `ops`, one per operation and call number, when every one is a
+    /// collective of fixed counts on host slices.
+    fn direct_calls(&mut self, lender: &Lender<'_>, ops: &[RankCallOp]) -> Option<Vec<DirectCall>> {
+        if ops.is_empty() {
+            return None;
+        }
+        let mut calls = Vec::with_capacity(ops.len());
+        for (k, op) in ops.iter().enumerate() {
+            let RankCallOp::Coll {
                 desc,
                 input,
                 output,
                 in_place,
-            },
-        ] = ops
-        else {
-            return None;
-        };
-        let c = desc.collective;
-        if c.counts_per_rank() || c == relaycc_route::Collective::AllToAllV {
-            return None;
+            } = op
+            else {
+                return None;
+            };
+            let c = desc.collective;
+            if c.counts_per_rank() || c == relaycc_route::Collective::AllToAllV {
+                return None;
+            }
+            let esize = desc.dtype.size();
+            let span = |v: &Option<op::View>| -> Option<Option<(usize, u64)>> {
+                let Some(v) = v else { return Some(None) };
+                let b = lender.blocks.get(v.block).filter(|b| b.device.is_none())?;
+                let at = usize::try_from(v.offset.checked_mul(esize)?).ok()?;
+                Some(Some((b.addr.checked_add(at)?, v.len.checked_mul(esize)?)))
+            };
+            let (input, output) = (span(input)?, span(output)?);
+            calls.push(DirectCall {
+                shared: self.shared.clone(),
+                me: self.rank,
+                seq: self.seq + k as u64,
+                timeout: self.timeout,
+                desc: desc.clone(),
+                in_place: *in_place,
+                input,
+                output,
+            });
         }
-        let esize = desc.dtype.size();
-        let span = |v: &Option<op::View>| -> Option<Option<(usize, u64)>> {
-            let Some(v) = v else { return Some(None) };
-            let b = lender.blocks.get(v.block).filter(|b| b.device.is_none())?;
-            let at = usize::try_from(v.offset.checked_mul(esize)?).ok()?;
-            Some(Some((b.addr.checked_add(at)?, v.len.checked_mul(esize)?)))
-        };
-        let (input, output) = (span(input)?, span(output)?);
-        let seq = self.seq;
-        self.seq += 1;
-        Some(DirectCall {
-            shared: self.shared.clone(),
-            me: self.rank,
-            seq,
-            timeout: self.timeout,
-            desc: desc.clone(),
-            in_place: *in_place,
-            input,
-            output,
-        })
+        self.seq += calls.len() as u64;
+        Some(calls)
     }
 
     /// Leave a group's operations (or the error its arguments gave) at the communicator's
@@ -554,8 +563,8 @@ enum Left {
     /// Known already: the runner ran the group before it returned (MPI ranks), or refused
     /// it (an aborted communicator).
     Ran(Result<()>),
-    /// A collective to run directly when waited for (`direct.rs`).
-    Direct(Box<DirectCall>),
+    /// Collectives to run directly, one after the other, when waited for (`direct.rs`).
+    Direct(Vec<DirectCall>),
     /// A direct call whose arguments failed (which aborted the communicator).
     Failed(Arc<CollectivesError>),
 }
@@ -570,7 +579,7 @@ impl<'b> Departure<'b> {
 
     /// The direct call this departure holds, taken out to run elsewhere (the departure
     /// then waits for nothing).
-    fn take_direct(&mut self) -> Option<Box<DirectCall>> {
+    fn take_direct(&mut self) -> Option<Vec<DirectCall>> {
         match std::mem::replace(&mut self.outcome, Left::Ran(Ok(()))) {
             Left::Direct(c) => Some(c),
             other => {
@@ -598,7 +607,7 @@ impl<'b> Departure<'b> {
         match outcome {
             Left::Meeting(t) => RankComm::result(call, t.wait()).map(|_| ()),
             Left::Ran(r) => r,
-            Left::Direct(d) => d.run(),
+            Left::Direct(d) => direct_drive::drive(vec![d]).pop().unwrap_or(Ok(())),
             Left::Failed(source) => Err(CollectivesError::RankFailed { call, source }),
         }
     }
@@ -610,9 +619,10 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// groups exactly as its own [`RankGroup::launch`] would (the same checks, the same
     /// errors on every rank), but the thread leaves every group at its meeting before it
     /// waits for any, so a few threads can drive any number of ranks. The last rank to
-    /// arrive runs the operation, on whichever thread that is. Single collectives of ranks in
-    /// one host memory run directly (module docs): every one posts first, and they advance
-    /// together on this thread, each part running once the posts it needs are there.
+    /// arrive runs the operation, on whichever thread that is. Groups of collectives of fixed
+    /// counts of ranks in one host memory run directly (module docs): every group's first call
+    /// posts first, and they advance together on this thread, each part running once the posts
+    /// it needs are there and each group's next call posting once the one before it is over.
     /// Returns when every group is
     /// done: `Ok` when all succeeded, else the first failed group's error (in the order
     /// given). The groups' slices stay borrowed until then; a timeout counts from each
@@ -646,10 +656,10 @@ impl<'r, 'b> RankGroup<'r, 'b> {
         // slice is given back while a run may use it.
         let mut departed: Vec<Departure<'b>> = groups.into_iter().map(RankGroup::depart).collect();
         // Direct calls advance together on this thread (`direct_drive.rs`).
-        let (at, calls): (Vec<usize>, Vec<DirectCall>) = departed
+        let (at, calls): (Vec<usize>, Vec<Vec<DirectCall>>) = departed
             .iter_mut()
             .enumerate()
-            .filter_map(|(i, d)| d.take_direct().map(|c| (i, *c)))
+            .filter_map(|(i, d)| d.take_direct().map(|c| (i, c)))
             .unzip();
         let mut results: Vec<Result<()>> = (0..departed.len()).map(|_| Ok(())).collect();
         for (i, r) in at.into_iter().zip(direct_drive::drive(calls)) {

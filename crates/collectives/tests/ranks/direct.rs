@@ -1,6 +1,7 @@
 //! Ranks in one host memory run their collectives without a rendezvous: a rank waits only
-//! for the ranks whose memory its part touches or that touch its own, and one thread drives
-//! several ranks with `launch_all`.
+//! for the ranks whose memory its part touches or that touch its own, one thread drives
+//! several ranks with `launch_all`, and a group of collectives runs as one call after
+//! another.
 
 use std::sync::{Condvar, Mutex};
 
@@ -215,53 +216,136 @@ fn a_rank_whose_arguments_fail_aborts_the_communicator() {
     }
 }
 
-/// One thread's ranks, each with its buffers, through three calls launched together:
-/// all_reduce in place, all_gather, broadcast from `root`. The first wrong element, if any.
-fn drive_share(mine: &mut [RankComm], n: usize, count: usize, root: usize) -> Result<(), String> {
+/// One thread's ranks, each with its buffers, through three calls: all_reduce in place,
+/// all_gather, broadcast from `root`, launched together one collective at a time, or
+/// (`grouped`) as one group of all three per rank. The first wrong element, if any.
+fn drive_share(
+    mine: &mut [RankComm],
+    n: usize,
+    count: usize,
+    root: usize,
+    grouped: bool,
+) -> Result<(), String> {
     let mut bufs: Vec<Vec<i64>> = mine
         .iter()
         .map(|r| vec![r.rank() as i64 + 1; count])
         .collect();
-    let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(r, b)| {
-        let mut g = r.group();
-        g.all_reduce_in_place(&mut b[..], ReduceOp::Sum);
-        g
-    });
-    RankGroup::launch_all(groups).map_err(|e| format!("all_reduce: {e}"))?;
-    let sum = (n * (n + 1) / 2) as i64;
-    if bufs.iter().flatten().any(|&x| x != sum) {
-        return Err("all_reduce: wrong sum".into());
-    }
     let sends: Vec<Vec<i64>> = mine.iter().map(|r| vec![r.rank() as i64; count]).collect();
     let mut outs: Vec<Vec<i64>> = vec![vec![-1; n * count]; mine.len()];
-    let groups = mine
+    let src: Vec<i64> = (0..count as i64).map(|i| 3 * i + 1).collect();
+    let mut got: Vec<Vec<i64>> = vec![vec![0; count]; mine.len()];
+    type Row<'a> = (
+        &'a mut RankComm,
+        &'a mut Vec<i64>,
+        &'a Vec<i64>,
+        &'a mut Vec<i64>,
+        &'a mut Vec<i64>,
+    );
+    let mut rows: Vec<Row<'_>> = mine
         .iter_mut()
-        .zip(sends.iter())
-        .zip(outs.iter_mut())
-        .map(|((r, s), o)| {
+        .zip(bufs.iter_mut())
+        .zip(sends.iter().zip(outs.iter_mut()))
+        .zip(got.iter_mut())
+        .map(|(((r, b), (s, o)), g)| (r, b, s, o, g))
+        .collect();
+    if grouped {
+        let groups = rows.iter_mut().map(|(r, b, s, o, g_out)| {
+            let send = (r.rank() == root).then_some(&src[..]);
+            let mut g = r.group();
+            g.all_reduce_in_place(&mut b[..], ReduceOp::Sum)
+                .all_gather(&s[..], &mut o[..])
+                .broadcast(send, &mut g_out[..], root);
+            g
+        });
+        RankGroup::launch_all(groups).map_err(|e| format!("group: {e}"))?;
+    } else {
+        let groups = rows.iter_mut().map(|(r, b, ..)| {
+            let mut g = r.group();
+            g.all_reduce_in_place(&mut b[..], ReduceOp::Sum);
+            g
+        });
+        RankGroup::launch_all(groups).map_err(|e| format!("all_reduce: {e}"))?;
+        let groups = rows.iter_mut().map(|(r, _, s, o, _)| {
             let mut g = r.group();
             g.all_gather(&s[..], &mut o[..]);
             g
         });
-    RankGroup::launch_all(groups).map_err(|e| format!("all_gather: {e}"))?;
+        RankGroup::launch_all(groups).map_err(|e| format!("all_gather: {e}"))?;
+        let groups = rows.iter_mut().map(|(r, .., o)| {
+            let send = (r.rank() == root).then_some(&src[..]);
+            let mut g = r.group();
+            g.broadcast(send, &mut o[..], root);
+            g
+        });
+        RankGroup::launch_all(groups).map_err(|e| format!("broadcast: {e}"))?;
+    }
+    drop(rows);
+    let sum = (n * (n + 1) / 2) as i64;
+    if bufs.iter().flatten().any(|&x| x != sum) {
+        return Err("all_reduce: wrong sum".into());
+    }
     for o in &outs {
         if o.iter().enumerate().any(|(i, &x)| x != (i / count) as i64) {
             return Err("all_gather: a wrong block".into());
         }
     }
-    let src: Vec<i64> = (0..count as i64).map(|i| 3 * i + 1).collect();
-    let mut got: Vec<Vec<i64>> = vec![vec![0; count]; mine.len()];
-    let groups = mine.iter_mut().zip(got.iter_mut()).map(|(r, o)| {
-        let send = (r.rank() == root).then_some(&src[..]);
-        let mut g = r.group();
-        g.broadcast(send, &mut o[..], root);
-        g
-    });
-    RankGroup::launch_all(groups).map_err(|e| format!("broadcast: {e}"))?;
     if got.iter().any(|o| *o != src) {
         return Err("broadcast: a wrong copy".into());
     }
     Ok(())
+}
+
+/// A group of collectives on ranks of one host memory runs as that many direct calls, one
+/// after the other, each with its own number: a count mismatch in a group's second
+/// collective fails the group on every rank after its first collective delivered, and
+/// aborts the communicator from that second call's number on (a group that met would have
+/// one number and leave the communicator usable).
+#[test]
+fn a_group_of_collectives_runs_as_calls_one_after_another() {
+    let ranks = RankComm::host(4).expect("host ranks");
+    let got = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let r = rank.rank();
+        let mut a = vec![r as u32 + 1; 1000];
+        let mut all = vec![0u32; 4 * 3];
+        let mut b = vec![if r == 2 { 7.5f64 } else { 0.0 }; 300];
+        let mine = [r as u32; 3];
+        let mut g = rank.group();
+        g.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+            .all_gather(&mine[..], &mut all[..])
+            .broadcast_in_place(&mut b[..], 2);
+        g.launch()
+            .map_err(|e| format!("rank {r}: first group: {e}"))?;
+        let gathered: Vec<u32> = (0..12).map(|i| i / 3).collect();
+        if a.iter().any(|&x| x != 10) || all != gathered || b.iter().any(|&x| x != 7.5) {
+            return Err(format!("rank {r}: a wrong result in the first group"));
+        }
+        let mut c = vec![1i64; 64];
+        let mut d = vec![1i64; if r == 1 { 63 } else { 64 }];
+        let mut g = rank.group();
+        g.all_reduce_in_place(&mut c[..], ReduceOp::Sum)
+            .all_reduce_in_place(&mut d[..], ReduceOp::Sum);
+        let wrong = g.launch();
+        let next = rank.all_reduce_in_place(&mut [1u8; 4][..], ReduceOp::Sum);
+        Ok((c, wrong, next))
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        let (c, wrong, next) = g.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            c.iter().all(|&x| x == 4),
+            "rank {r}: the group's first call"
+        );
+        match wrong {
+            Err(CollectivesError::RankMismatch { message, .. }) => {
+                assert!(message.contains("count differs"), "rank {r}: {message}")
+            }
+            other => panic!("rank {r}: the mismatched group gave {other:?}"),
+        }
+        match next {
+            Err(CollectivesError::Aborted { seq: 4, .. }) => {}
+            other => panic!("rank {r}: the call after it gave {other:?}"),
+        }
+    }
 }
 
 proptest! {
@@ -272,11 +356,12 @@ proptest! {
     })]
 
     /// Ranks given to threads at random (one thread may drive every rank, or each its own),
-    /// each thread launching its ranks' calls together: every result is exact.
+    /// each thread launching its ranks' calls together, one collective at a time or as one
+    /// group of three per rank: every result is exact.
     #[test]
     fn ranks_driven_by_any_number_of_threads_get_exact_results(
-        (n, owner, count, root) in (2usize..=6).prop_flat_map(|n| {
-            (Just(n), proptest::collection::vec(0..n, n), 1usize..3000, 0..n)
+        (n, owner, count, root, grouped) in (2usize..=6).prop_flat_map(|n| {
+            (Just(n), proptest::collection::vec(0..n, n), 1usize..3000, 0..n, any::<bool>())
         })
     ) {
         let mut shares: Vec<Vec<RankComm>> = (0..n).map(|_| Vec::new()).collect();
@@ -288,7 +373,7 @@ proptest! {
             let hs: Vec<_> = shares
                 .into_iter()
                 .filter(|m| !m.is_empty())
-                .map(|mut mine| s.spawn(move || drive_share(&mut mine, n, count, root)))
+                .map(|mut mine| s.spawn(move || drive_share(&mut mine, n, count, root, grouped)))
                 .collect();
             hs.into_iter()
                 .filter_map(|h| h.join().expect("driving thread").err())
