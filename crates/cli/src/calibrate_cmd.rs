@@ -20,16 +20,16 @@
 //! What this executor pays on each GPU goes where the simulator reads it:
 //! - `memories`: each GPU's device-memory rate, its copy engines' device-to-device rate (bytes
 //!   read plus written), which the simulator charges copies within the GPU and reductions,
-//!   and its reduce kernel's rate (`reduce_gbps`, the same unit), at which the simulator runs
-//!   a reduction alone on that GPU;
+//!   its reduce kernel's rate (`reduce_gbps`, the same unit), at which the simulator runs a
+//!   reduction alone on that GPU, and its SM copy's (`sm_copy_gbps`, the forward kernel's),
+//!   at which it runs a copy within that GPU that the executor makes on SMs;
 //! - `costs`: `copy_engine_launch_us`, the time of one small copy-engine copy issued back to
 //!   back on a stream, and `kernel_launch_us`, the same for one small reduce-kernel launch;
-//!   the simulator charges them per copy and per reduction of relaycc's plans. Over several
-//!   GPUs the slowest GPU's figure is taken, so no op is predicted cheaper than measured.
+//!   the simulator charges them per launch of relaycc's plans (a copy on a copy engine, a
+//!   reduction or a launch of copies on SMs). Over several GPUs the slowest GPU's figure is
+//!   taken, so no op is predicted cheaper than measured.
 //!
-//! The SM-copy rate stays in `notes`: the simulator has no entry for it (the CUDA backend's
-//! SM-copy threshold, `CudaBackend::set_sm_copy_below`, is where it matters). Every device
-//! rate is in `notes` too. Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are
+//! Every device rate is in `notes` too. Device rates need the kernels (NVRTC or `RELAYCC_PTX_DIR`); without them they are
 //! left out with a warning on stderr.
 
 use std::collections::BTreeMap;
@@ -71,8 +71,8 @@ struct File {
 }
 
 /// The device-memory entries of GPU `gpu` (its node name) from its measured rates: the copy
-/// engines' rate as the memory's, the reduce kernel's as its reductions', every rate in
-/// `notes`.
+/// engines' rate as the memory's, the reduce kernel's as its reductions', the forward
+/// kernel's as its SM copies', every rate in `notes`.
 fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>) -> MemoryRate {
     for (mechanism, r) in [
         ("copy_engine", d.copy_engine),
@@ -92,18 +92,20 @@ fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>
         gpu: gpu.to_string(),
         gbps: d.copy_engine.gbps,
         reduce_gbps: Some(d.reduce.gbps),
+        sm_copy_gbps: Some(d.sm_copy.gbps),
     }
 }
 
-/// The cost-model entries the measured GPUs give: per copy-engine copy and per reduce
-/// kernel, the slowest GPU's time of one small operation back to back; none without a GPU.
+/// The cost-model entries the measured GPUs give: per copy-engine copy and per kernel launch
+/// (the reduce kernel's or the forward kernel's, whichever is slower), the slowest GPU's time
+/// of one small operation back to back; none without a GPU.
 fn measured_costs(devices: &[measure::DeviceRates]) -> BTreeMap<String, f64> {
     let slowest = |f: fn(&measure::DeviceRates) -> f64| devices.iter().map(f).reduce(f64::max);
     let mut costs = BTreeMap::new();
     if let Some(us) = slowest(|d| d.copy_engine.latency_us) {
         costs.insert("copy_engine_launch_us".to_string(), us);
     }
-    if let Some(us) = slowest(|d| d.reduce.latency_us) {
+    if let Some(us) = slowest(|d| d.reduce.latency_us.max(d.sm_copy.latency_us)) {
         costs.insert("kernel_launch_us".to_string(), us);
     }
     costs
@@ -284,12 +286,20 @@ mod tests {
         let t = cal.apply(&topo).expect("applies");
         assert_eq!(t.gpu_info(0).expect("gpu").mem_gbps(), 780.0);
         assert_eq!(t.gpu_info(1).expect("gpu").mem_gbps(), 760.0);
-        // The reduce kernel's rate (0.8 of the copy engines' in `rates`).
-        let reduce = t.gpu_info(1).expect("gpu").measured_reduce_gbps;
-        assert_eq!(reduce, Some(760.0 * 0.8));
-        // The slowest GPU's per-op times.
+        // The reduce kernel's and the forward kernel's rates (0.8 and 0.9 of the copy
+        // engines' in `rates`).
+        let info = t.gpu_info(1).expect("gpu");
+        assert_eq!(info.measured_reduce_gbps, Some(760.0 * 0.8));
+        assert_eq!(info.measured_sm_copy_gbps, Some(760.0 * 0.9));
+        // The slowest GPU's per-op times: a kernel launch is the slower kernel's.
         assert_eq!(t.costs().copy_engine_launch_us, 3.5);
         assert_eq!(t.costs().kernel_launch_us, 4.0);
+        let slow_forward = [rates(2.5, 4.0, 780.0), {
+            let mut d = rates(3.5, 3.0, 760.0);
+            d.sm_copy.latency_us = 6.5;
+            d
+        }];
+        assert_eq!(measured_costs(&slow_forward)["kernel_launch_us"], 6.5);
         assert!(measured_costs(&[]).is_empty());
     }
 }

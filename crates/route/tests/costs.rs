@@ -125,24 +125,52 @@ fn nvls_is_the_baseline_where_the_switch_reduces() {
     assert!(!p.algorithm.contains("nvls"), "{}", p.algorithm);
 }
 
+/// relaycc's copies pay the launch the CUDA executor makes for them: a small copy to an
+/// NVLink peer runs on SMs and pays a kernel launch, the next small copy on its lane joins that
+/// launch, and a copy of 8 MiB or more pays a copy-engine launch; each then crosses its link.
 #[test]
-fn relaycc_copies_pay_a_copy_engine_launch_and_reductions_a_kernel() {
+fn relaycc_copies_pay_the_launch_the_executor_makes() {
     let topo = preset("dgx1-v100").unwrap();
-    let req = Request::point_to_point(0, 1, 4);
     let (g0, g1) = (topo.gpu(0).unwrap(), topo.gpu(1).unwrap());
     let e = topo.link_between(g0, g1).unwrap();
-    let mut p = Plan::new(req, "test");
-    let lane = p.add_lane(relaycc_route::Location::Gpu(0), "l");
-    let src = relaycc_route::Region::new(relaycc_route::BufferRef::Input(0), 0, 4);
-    let dst = relaycc_route::Region::new(relaycc_route::BufferRef::Output(1), 0, 4);
-    p.copy(lane, src, dst, vec![e.index() as u32], vec![]);
-    let t0 = time_us(&topo, &p);
     let link = topo.link(e);
-    let ce = topo.costs().copy_engine_launch_us;
-    assert!((t0 - (ce + link.latency_us + 4.0 / (link.gbps * 1e3))).abs() < 1e-9);
-    let cal = calibrated("dgx1-v100", r#"{"costs":{"copy_engine_launch_us":1.5}}"#);
-    let t1 = time_us(&cal, &p);
-    assert!((t0 - t1 - (ce - 1.5)).abs() < 1e-9, "{t0} {t1}");
+    let cross = |bytes: u64| link.latency_us + bytes as f64 / (link.gbps * 1e3);
+    let plan = |sizes: &[u64]| {
+        let total = sizes.iter().sum();
+        let mut p = Plan::new(Request::point_to_point(0, 1, total), "test");
+        let lane = p.add_lane(relaycc_route::Location::Gpu(0), "l");
+        let mut at = 0;
+        for &n in sizes {
+            let src = relaycc_route::Region::new(relaycc_route::BufferRef::Input(0), at, n);
+            let dst = relaycc_route::Region::new(relaycc_route::BufferRef::Output(1), at, n);
+            p.copy(lane, src, dst, vec![e.index() as u32], vec![]);
+            at += n;
+        }
+        p
+    };
+    let costs = topo.costs();
+    let small = time_us(&topo, &plan(&[4]));
+    assert!(
+        (small - (costs.kernel_launch_us + cross(4))).abs() < 1e-9,
+        "{small}"
+    );
+    let two = time_us(&topo, &plan(&[4, 4]));
+    assert!(
+        (two - (costs.kernel_launch_us + 2.0 * cross(4))).abs() < 1e-9,
+        "{two}"
+    );
+    let big = 16 << 20;
+    let large = time_us(&topo, &plan(&[big]));
+    let want = costs.copy_engine_launch_us + cross(big);
+    assert!((large - want).abs() < 1e-6 * want, "{large} vs {want}");
+    let cal = calibrated(
+        "dgx1-v100",
+        r#"{"costs":{"copy_engine_launch_us":1.5,"kernel_launch_us":0.5}}"#,
+    );
+    let small_cal = time_us(&cal, &plan(&[4]));
+    assert!((small - small_cal - (costs.kernel_launch_us - 0.5)).abs() < 1e-9);
+    let large_cal = time_us(&cal, &plan(&[big]));
+    assert!((large - large_cal - (costs.copy_engine_launch_us - 1.5)).abs() < 1e-6);
 }
 
 proptest! {

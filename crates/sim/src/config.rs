@@ -14,10 +14,12 @@ pub struct SimConfig {
     /// mechanism's cost from the topology's cost model, microseconds. Default
     /// [`DEFAULT_OP_OVERHEAD_US`] (0).
     pub op_overhead_us: f64,
-    /// Host time to enqueue one op, microseconds, paid one op after another in op order: op
-    /// `i` cannot start before `(i + 1) x issue_us`. An executor that launches a plan from one
-    /// thread, a copy or kernel launch and its event records and waits per op, pays it on a
-    /// GPU backend (see `relaycc_collectives::Backend::op_issue_us`). Default 0: the simulator's
+    /// Host time to enqueue one launch, microseconds, paid one launch after another in op
+    /// order: the op of launch `k` cannot start before `(k + 1) x issue_us`, and an op that
+    /// joins the launch before it on its lane (a batch of small copies on SMs) is issued with
+    /// it. An executor that launches a plan from one thread, a copy or kernel launch and its
+    /// event records and waits per launch, pays it on a GPU backend (see
+    /// `relaycc_collectives::Backend::op_issue_us`). Default 0: the simulator's
     /// figures for NCCL-like plans model NCCL's persistent kernels, which pay no such cost.
     pub issue_us: f64,
 }

@@ -108,7 +108,8 @@ struct Flow {
 /// let dst = Region::new(BufferRef::Output(1), 0, bytes);
 /// plan.copy(lane, src, dst, vec![edge], vec![]);
 /// let sim = simulate(&topo, &plan, &SimConfig::default()).unwrap();
-/// let launch = topo.costs().copy_engine_launch_us; // 5 us, [Wu-2026]
+/// // Below 8 MiB, to an NVLink peer: the executor's forward kernel, one launch.
+/// let launch = topo.costs().kernel_launch_us; // 3 us
 /// let expected = launch + 0.6 + bytes as f64 / 24.2e3; // launch + NVLink latency + transfer
 /// assert!((sim.time_us - expected).abs() < 1e-9 * expected);
 /// ```

@@ -10,17 +10,24 @@
 //! - **Latency.** A ready op first waits a fixed time, its mechanism's cost from the topology's
 //!   cost model ([`relaycc_topo::rates::CostModel`], replaceable by a calibration file), plus
 //!   [`SimConfig::op_overhead_us`] (default 0):
-//!   - relaycc's own plans (no [`relaycc_plan::Plan::protocol`]): a copy runs on a copy engine and
-//!     pays `copy_engine_launch_us` (5 us) plus the `latency_us` of each edge it names; a
-//!     reduction is a kernel and pays `kernel_launch_us` (3 us). A relay hop is a copy, so
-//!     every hop of every chunk pays a launch; a copy-engine relay takes no SMs from its GPU.
+//!   - relaycc's own plans (no [`relaycc_plan::Plan::protocol`]): each op pays the launch
+//!     the CUDA executor makes for it, plus, for a copy, the `latency_us` of each edge it
+//!     names. A reduction is a kernel and pays `kernel_launch_us` (3 us). A copy below
+//!     [`relaycc_topo::rates::SM_COPY_BELOW_BYTES`] (8 MiB) between memories its lane's GPU
+//!     reaches with its own loads and stores (its own, another arena of the same device, a
+//!     peer over NVLink or peer-to-peer PCIe) runs on SMs and pays `kernel_launch_us`, or
+//!     nothing when it joins the launch before it on its lane (a batch of small copies, the
+//!     copies of a reduction's result, a fan-out of one source: `model/launches.rs`); any
+//!     other copy runs on a copy engine and pays `copy_engine_launch_us` (5 us). A relay hop
+//!     is a copy, so every hop of every chunk pays its launch.
 //!   - a plan with an NCCL protocol (the baseline): the plan starts after the protocol's launch
 //!     latency (`baseLat`; NVLS's 25 us for an NVLS plan), each copy is one step and pays the
 //!     protocol's step latency for the path class it crosses (NVLink, PCIe or host memory,
 //!     network: NCCL's `hwLat`), and reductions are fused into the steps (no latency).
-//! - **Issue.** With [`SimConfig::issue_us`] set (default 0), op `i` also waits until the host
-//!   has issued it, at `(i + 1) x issue_us`: an executor that enqueues a plan's ops one by one
-//!   from one thread pays that per op on a GPU backend.
+//! - **Issue.** With [`SimConfig::issue_us`] set (default 0), the op of launch `k` (ops in
+//!   order, an op that joins the launch before it on its lane counted with it) also waits
+//!   until the host has issued it, at `(k + 1) x issue_us`: an executor that enqueues a
+//!   plan's launches one by one from one thread pays that per launch on a GPU backend.
 //! - **Flow.** Then its bytes (elements x dtype size) flow as a fluid. Zero-byte ops end when
 //!   their latency does.
 //! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s
@@ -37,7 +44,9 @@
 //!   group crosses it once (one upload the switch multicasts, or one reduced result).
 //! - **Loads.** A copy loads each of its edges once per byte, plus the host memory of each end
 //!   that lies in host memory (device memory outruns every link, so GPU ends are not charged);
-//!   a copy inside one memory (no edges) loads that memory twice per byte (read and write). A
+//!   a copy inside one memory (no edges) loads that memory twice per byte (read and write),
+//!   scaled by the memory's rate over the SM copy's where the copy runs on SMs and a
+//!   calibration measured the SM copy on the GPU (`memories`' `sm_copy_gbps`). A
 //!   reduction loads its destination's memory `srcs + 1` times per byte (read every source,
 //!   write the result), scaled by the memory's rate over the reduce kernel's where a
 //!   calibration measured that kernel on the GPU (`memories`' `reduce_gbps`), so that alone it

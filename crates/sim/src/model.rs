@@ -12,6 +12,7 @@ use relaycc_plan::{BufferRef, Location, OpKind, Plan};
 use relaycc_plan::{Result, RouteError};
 
 use super::config::{BYTES_PER_US_PER_GBPS, SimConfig};
+use launches::OpLaunch;
 
 /// Marks "no op" in index vectors (an op with no active flow).
 pub(super) const NONE: u32 = u32::MAX;
@@ -87,8 +88,11 @@ pub(super) struct Model {
     /// When the first ops may start, microseconds: an NCCL-like plan's launch latency (its
     /// protocol's, or NVLS's); 0 for relaycc's plans, whose ops pay their own launches.
     pub start_us: f64,
-    /// Host time to issue one op ([`SimConfig::issue_us`]).
+    /// Host time to issue one launch ([`SimConfig::issue_us`]).
     pub issue_us: f64,
+    /// Each op's launch in issue order: ops that join the launch before them on their lane
+    /// ([`launches::launches`]) are issued with it.
+    pub issue_order: Vec<u32>,
     /// Bytes of each op's flow.
     pub bytes: Vec<f64>,
     /// Resources of each op.
@@ -139,12 +143,14 @@ impl Memories {
 }
 
 impl Model {
-    /// When the host has issued op `op`: ops are issued one after another in op order.
+    /// When the host has issued op `op`: launches are issued one after another in op order,
+    /// an op that joins a launch with it.
     pub(super) fn issued_at_us(&self, op: u32) -> f64 {
         if self.issue_us == 0.0 {
             return 0.0;
         }
-        (f64::from(op) + 1.0) * self.issue_us
+        let k = self.issue_order.get(op as usize).copied().unwrap_or(op);
+        (f64::from(k) + 1.0) * self.issue_us
     }
 
     /// Check `plan` against `topo` and lower it, in passes: the settings
@@ -158,6 +164,8 @@ impl Model {
         let n = plan.ops.len();
         let deps = plan.dependency_graph()?;
         let protocol = ProtocolCosts::new(topo, plan)?;
+        let launches = launches::launches(topo, plan);
+        let issue_order = launches::issue_order(plan, &launches);
         let mut m = Model {
             caps,
             res_orig: Vec::new(),
@@ -165,6 +173,7 @@ impl Model {
             mem_loc,
             start_us: protocol.start_us,
             issue_us,
+            issue_order,
             latency_us: Vec::with_capacity(n),
             bytes: Vec::with_capacity(n),
             uses: Uses::default(),
@@ -178,6 +187,7 @@ impl Model {
             edges: &edges,
             mems: &mems,
             protocol: &protocol,
+            launches: &launches,
             overhead,
         };
         let elem = plan.dtype.size() as f64;
@@ -436,6 +446,8 @@ struct OpLowering<'a> {
     edges: &'a EdgeResources,
     mems: &'a Memories,
     protocol: &'a ProtocolCosts,
+    /// How the executor runs each op ([`launches::launches`]).
+    launches: &'a [OpLaunch],
     /// Fixed cost of every op, microseconds ([`SimConfig::op_overhead_us`]).
     overhead: f64,
 }
@@ -481,7 +493,7 @@ impl OpLowering<'_> {
             };
             m.push_use(row, self.edges.edge_res[e as usize], c);
         }
-        let latency = self.overhead + self.latency(op, class, link_latency);
+        let latency = self.overhead + self.latency(i, op, class, link_latency);
         self.memory_uses(m, row, i, op)?;
         for (&r, _) in m.uses.res[row..].iter().zip(&m.uses.coef[row..]) {
             let cap = m.caps[r as usize];
@@ -540,20 +552,34 @@ impl OpLowering<'_> {
         Ok((coef * self.protocol.wire, shared))
     }
 
-    /// The fixed latency of `op` beyond the overhead, whose links' slowest step class is
+    /// The fixed latency of op `i` beyond the overhead, whose links' slowest step class is
     /// `class` and whose links' latencies sum to `link_latency`: NCCL's steps pay one step
     /// latency per copy (a chunk handed to the next GPU), reductions fused into the step,
-    /// NVLS latency paid once at the start; relaycc's copy-engine copy crosses its links, its
-    /// reduction is a kernel.
-    fn latency(&self, op: &relaycc_plan::Op, class: Option<StepClass>, link_latency: f64) -> f64 {
+    /// NVLS latency paid once at the start; relaycc's copy crosses its links after the launch
+    /// the executor makes for it ([`launches::launches`]: a copy engine's, a kernel's, or none
+    /// inside the launch before it), its reduction is a kernel.
+    fn latency(
+        &self,
+        i: usize,
+        op: &relaycc_plan::Op,
+        class: Option<StepClass>,
+        link_latency: f64,
+    ) -> f64 {
         let costs = self.topo.costs();
         let is_copy = matches!(op.kind, OpKind::Copy { .. });
-        match (self.plan.protocol, is_copy) {
-            (Some(_), true) if op.nvls.is_some() => 0.0,
-            (Some(p), true) => class.map_or(0.0, |c| costs.step_us(p, c)),
-            (Some(_), false) => 0.0,
-            (None, true) => costs.copy_engine_launch_us + link_latency,
-            (None, false) => costs.kernel_launch_us,
+        let launch = self
+            .launches
+            .get(i)
+            .copied()
+            .unwrap_or(OpLaunch::CopyEngine);
+        match (self.plan.protocol, is_copy, launch) {
+            (Some(_), true, _) if op.nvls.is_some() => 0.0,
+            (Some(p), true, _) => class.map_or(0.0, |c| costs.step_us(p, c)),
+            (Some(_), false, _) => 0.0,
+            (None, true, OpLaunch::CopyEngine) => costs.copy_engine_launch_us + link_latency,
+            (None, true, OpLaunch::Kernel) => costs.kernel_launch_us + link_latency,
+            (None, true, OpLaunch::Joined) => link_latency,
+            (None, false, _) => costs.kernel_launch_us,
         }
     }
 
@@ -583,7 +609,17 @@ impl OpLowering<'_> {
                     if ls != ld {
                         return Err(check(i, format!("copies {ls:?} -> {ld:?} over no edges")));
                     }
-                    m.push_use(row, rs, 2.0);
+                    let on_sms = self
+                        .launches
+                        .get(i)
+                        .is_some_and(|l| *l != OpLaunch::CopyEngine);
+                    let kernel = match ls {
+                        Location::Gpu(g) if on_sms => self.topo.gpu_info(g).ok().and_then(|info| {
+                            info.measured_sm_copy_gbps.map(|k| info.mem_gbps() / k)
+                        }),
+                        _ => None,
+                    };
+                    m.push_use(row, rs, 2.0 * kernel.unwrap_or(1.0));
                 } else {
                     if matches!(ls, Location::Host(_)) {
                         m.push_use(row, rs, 1.0);
@@ -657,5 +693,6 @@ pub(super) fn location_name(topo: &Topology, loc: Location) -> String {
     }
 }
 
+mod launches;
 #[cfg(test)]
 mod tests;

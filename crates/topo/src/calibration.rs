@@ -7,7 +7,7 @@
 //!   "kinds": [ { "kind": "nvlink", "generation": 2, "gbps_per_lane": 23.1, "latency_us": 0.9 },
 //!              { "kind": "pcie", "generation": 3, "gbps_per_x16": 11.2 } ],
 //!   "links": [ { "from": "GPU0", "to": "GPU1", "gbps": 22.4, "latency_us": 1.1 } ],
-//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5, "reduce_gbps": 702.0 } ]
+//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5, "reduce_gbps": 702.0, "sm_copy_gbps": 760.0 } ]
 //! }
 //! ```
 //! Kind entries apply first (`kind` is `nvlink`, `pcie`, `inter_socket`, `c2c` or `network`;
@@ -16,7 +16,8 @@
 //! entries set a GPU's device-memory rate (bytes read plus written per second), which the
 //! simulator charges copies within one GPU and reductions, and optionally the rate of
 //! relaycc's reduce kernel there (`reduce_gbps`, the same unit), at which the simulator runs
-//! a reduction alone on that GPU. `notes` holds
+//! a reduction alone on that GPU, and of its SM copy (`sm_copy_gbps`), at which it runs a copy
+//! within that GPU's memory that the executor makes on SMs. `notes` holds
 //! figures for people (what `relaycc calibrate` measured on multi-link paths) and changes no
 //! rate. `costs` replaces entries of the cost model ([`crate::rates::CostModel`]) by name:
 //! NCCL's protocol fractions and step latencies, NVLS, and relaycc's copy and kernel launches
@@ -105,6 +106,10 @@ pub struct MemoryRate {
     /// reduction of `k` sources of `b` bytes moves `(k + 1) b`); absent where not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reduce_gbps: Option<f64>,
+    /// relaycc's SM copy's (the forward kernel's) measured GB/s within this GPU's memory,
+    /// bytes read plus written per second; absent where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_copy_gbps: Option<f64>,
 }
 
 /// Measured rates for a machine.
@@ -250,11 +255,13 @@ impl Calibration {
                 return Err(err(format!("memories[{i}]: {} is not a GPU", m.gpu)));
             }
             let gbps = in_range("memories: gbps", m.gbps, MAX_DEVICE_MEM_GBPS)?;
-            let reduce_gbps = m
-                .reduce_gbps
-                .map(|r| in_range("memories: reduce_gbps", r, MAX_DEVICE_MEM_GBPS))
-                .transpose()?;
-            out.set_gpu_mem_gbps(id, gbps, reduce_gbps);
+            let kernel = |what: &str, rate: Option<f64>| {
+                rate.map(|r| in_range(what, r, MAX_DEVICE_MEM_GBPS))
+                    .transpose()
+            };
+            let reduce_gbps = kernel("memories: reduce_gbps", m.reduce_gbps)?;
+            let sm_copy_gbps = kernel("memories: sm_copy_gbps", m.sm_copy_gbps)?;
+            out.set_gpu_mem_gbps(id, gbps, (reduce_gbps, sm_copy_gbps));
         }
         let mut costs = *out.costs();
         for (name, &value) in &self.costs {
@@ -338,6 +345,10 @@ mod tests {
                 r#"{"memories":[{"gpu":"GPU0","gbps":700,"reduce_gbps":9000}]}"#,
                 "reduce_gbps must be",
             ),
+            (
+                r#"{"memories":[{"gpu":"GPU0","gbps":700,"sm_copy_gbps":0.1}]}"#,
+                "sm_copy_gbps must be",
+            ),
         ] {
             let err = Calibration::parse(json, "t")
                 .unwrap()
@@ -409,18 +420,21 @@ mod tests {
     }
 
     #[test]
-    fn a_memory_entry_carries_the_reduce_kernels_rate_through_export() {
+    fn a_memory_entry_carries_the_kernels_rates_through_export() {
         let topo = crate::preset("dgx-h100").unwrap();
-        let json = r#"{"memories":[{"gpu":"GPU1","gbps":2800,"reduce_gbps":2240.5}]}"#;
+        let json = r#"{"memories":[{"gpu":"GPU1","gbps":2800,"reduce_gbps":2240.5,
+                                    "sm_copy_gbps":2600.25}]}"#;
         let t = Calibration::parse(json, "t").unwrap().apply(&topo).unwrap();
-        let info = t.gpu_info(1).unwrap();
-        assert_eq!(
-            (info.mem_gbps(), info.measured_reduce_gbps),
-            (2800.0, Some(2240.5))
-        );
-        assert_eq!(t.gpu_info(0).unwrap().measured_reduce_gbps, None);
+        let kernels = |t: &Topology, g: u32| {
+            let info = t.gpu_info(g).unwrap();
+            (info.measured_reduce_gbps, info.measured_sm_copy_gbps)
+        };
+        assert_eq!(t.gpu_info(1).unwrap().mem_gbps(), 2800.0);
+        assert_eq!(kernels(&t, 1), (Some(2240.5), Some(2600.25)));
+        assert_eq!(kernels(&t, 0), (None, None));
         let back = crate::import::json::parse(&crate::export::json::to_json(&t), "t").unwrap();
-        assert_eq!(back.gpu_info(1).unwrap().measured_reduce_gbps, Some(2240.5));
+        assert_eq!(kernels(&back, 1), (Some(2240.5), Some(2600.25)));
+        assert_eq!(kernels(&back, 0), (None, None));
     }
 
     #[test]

@@ -94,6 +94,16 @@ pub struct GpuInfo {
         skip_serializing_if = "Option::is_none"
     )]
     pub measured_reduce_gbps: Option<f64>,
+    /// The rate of relaycc's SM copy (the forward kernel) measured on this GPU, within its
+    /// memory (bytes read plus written per second, GB/s), from a calibration file's
+    /// `memories`; `None` where unmeasured, when an SM copy is taken to run at the memory's
+    /// rate. In JSON only when set.
+    #[serde(
+        default,
+        rename = "sm_copy_gbps",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub measured_sm_copy_gbps: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -119,6 +129,7 @@ impl GpuInfo {
             pcie_p2p: true,
             measured_mem_gbps: None,
             measured_reduce_gbps: None,
+            measured_sm_copy_gbps: None,
         }
     }
     /// The rate of this GPU's device memory, GB/s (bytes read plus written per second): the
@@ -578,11 +589,18 @@ impl Topology {
         self.forget_link_tables();
     }
     /// Set GPU node `id`'s measured device-memory rate and, where measured, its reduce
-    /// kernel's (a calibration's `memories`); no-op on a node that is not a GPU.
-    pub(crate) fn set_gpu_mem_gbps(&mut self, id: NodeId, gbps: f64, reduce_gbps: Option<f64>) {
+    /// kernel's and its SM copy's (a calibration's `memories`); no-op on a node that is not a
+    /// GPU.
+    pub(crate) fn set_gpu_mem_gbps(
+        &mut self,
+        id: NodeId,
+        gbps: f64,
+        (reduce_gbps, sm_copy_gbps): (Option<f64>, Option<f64>),
+    ) {
         if let Some(NodeKind::Gpu(g)) = self.graph.node_weight_mut(id).map(|n| &mut n.kind) {
             g.measured_mem_gbps = Some(gbps);
             g.measured_reduce_gbps = reduce_gbps;
+            g.measured_sm_copy_gbps = sm_copy_gbps;
         }
     }
     /// Rename the topology.

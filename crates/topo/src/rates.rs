@@ -283,6 +283,12 @@ pub const KERNEL_LAUNCH_US: f64 = 3.0;
 /// at 67% of H200's), which a copy kernel exceeds, so a job whose SMs are idle during its
 /// collectives may set the threshold higher; `relaycc calibrate` measures both rates.
 pub const SM_COPY_BELOW_BYTES: u64 = 8 << 20;
+/// Most copies one launch of the CUDA backend's batched forward kernel makes, as the
+/// simulator charges them (`RELAYCC_MAX_COPIES` in `kernels/forward.cu`).
+pub const SM_COPY_BATCH_MAX: usize = 16;
+/// Most destinations one reduce-kernel launch writes: a reduction's own and the copies of its
+/// result or of one fan-out's source (`RELAYCC_MAX_DSTS` in `kernels/reduce.cu`).
+pub const REDUCE_KERNEL_DSTS_MAX: usize = 8;
 /// Streaming multiprocessors a relay takes from the GPU that hosts it when it forwards with a
 /// kernel: one thread block per channel, as NCCL's forwarding runs ([NCCL-src],
 /// src/enqueue.cc, one block per channel). A copy-engine relay takes none.

@@ -21,8 +21,9 @@ pub const FORWARD_ENTRY: &str = "relaycc_forward";
 /// [`MAX_BATCH_COPIES`] independent copies in one launch ([`CopyBatchArgs`]).
 pub const FORWARD_BATCH_ENTRY: &str = "relaycc_forward_batch";
 
-/// Most copies one batched forward launch makes (`RELAYCC_MAX_COPIES` in `kernels/forward.cu`).
-pub const MAX_BATCH_COPIES: usize = 16;
+/// Most copies one batched forward launch makes (`RELAYCC_MAX_COPIES` in `kernels/forward.cu`;
+/// the simulator's [`relaycc_topo::rates::SM_COPY_BATCH_MAX`], which it is).
+pub const MAX_BATCH_COPIES: usize = relaycc_topo::rates::SM_COPY_BATCH_MAX;
 
 /// The one parameter of the batched forward kernel, `RelayccCopyBatch` in
 /// `kernels/forward.cu`, passed by value: copy `bytes[e]` bytes from `srcs[e]` to `dsts[e]` for
@@ -93,8 +94,9 @@ pub fn reduce_entry(dtype: DType, op: ReduceOp) -> Result<&'static str, CudaErro
 /// reduction of more is a chain of launches.
 pub const MAX_REDUCE_SRCS: usize = 16;
 /// Most destinations one reduce launch writes (`RELAYCC_MAX_DSTS`): the reduction's own and
-/// the copies of its result fused into it.
-pub const MAX_REDUCE_DSTS: usize = 8;
+/// the copies of its result fused into it (the simulator's
+/// [`relaycc_topo::rates::REDUCE_KERNEL_DSTS_MAX`], which it is).
+pub const MAX_REDUCE_DSTS: usize = relaycc_topo::rates::REDUCE_KERNEL_DSTS_MAX;
 
 /// The one parameter of every reduce kernel, `RelayccReduceArgs` in `kernels/reduce.cu`, passed
 /// by value: `dsts[j][i] = op(srcs[0][i], ..., srcs[nsrcs - 1][i])` for `i < n` and

@@ -388,7 +388,7 @@ pub const ROWS: &[Row] = &[
         source: "[Ranganath-2019]",
         note: "the re-routing copy 0 -> 3 -> 7 over NVLink, peak (\"near 18 GB/s\")",
         gap: Some(
-            "the published figure is WOTIR's forwarding kernel (one warp) inside NCCL's ring; the model times relaycc's copy-engine relay at the NVLink 2 rate less per-chunk launches, and the forward kernel's throughput is not in the rates table",
+            "the published figure is WOTIR's forwarding kernel (one warp) inside NCCL's ring; the model times relaycc's relay, whose chunks below 8 MiB run on the forward kernel, at the NVLink 2 rate less a kernel launch per chunk, and a one-warp kernel's throughput is not in the rates table",
         ),
     },
     Row {

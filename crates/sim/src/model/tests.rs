@@ -63,9 +63,10 @@ fn lowering_counts_loads_latency_and_waits() {
     assert_eq!(m.deps.in_degrees(), &[0, 3]);
     assert_eq!(m.deps.successors(0), &[1, 1, 1]);
     assert_eq!(m.deps.lane_predecessor(1), Some(0));
-    // A copy-engine launch and the NVLink's latency; no extra overhead by default.
-    let ce = rates::COPY_ENGINE_LAUNCH_US;
-    assert_eq!(m.latency_us, vec![ce + 0.6, ce + 0.6]);
+    // 1 MiB to an NVLink peer runs on SMs: a kernel launch each (the second waits for the
+    // first, so it joins no batch) and the NVLink's latency; no extra overhead by default.
+    let k = rates::KERNEL_LAUNCH_US;
+    assert_eq!(m.latency_us, vec![k + 0.6, k + 0.6]);
     assert_eq!(m.start_us, 0.0);
     assert_eq!(m.bytes, vec![1048576.0, 1048576.0]);
     assert_eq!(m.uses.of(0).1, &[1.0]);
@@ -237,4 +238,81 @@ fn a_calibrated_reduce_kernel_rate_times_reductions_on_its_gpu() {
             "{json}: {measured} vs {table}"
         );
     }
+}
+
+/// A copy within one GPU loads its memory twice per byte; where the executor makes it on SMs
+/// (a small one) and a calibration measured the SM copy there (`memories`' `sm_copy_gbps`),
+/// it alone takes what the forward kernel took on those bytes. A copy-engine copy keeps the
+/// memory's rate.
+#[test]
+fn a_calibrated_sm_copy_rate_times_small_copies_within_its_gpu() {
+    let topo = dgx1();
+    for (elems, on_sms) in [(1u64 << 20, true), (1 << 26, false)] {
+        let mut p = Plan::new(Request::point_to_point(0, 0, elems), "local");
+        let lane = p.add_lane(Gpu(0), "l");
+        let a = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+        let b = Region::new(p.add_scratch(Gpu(0), elems), 0, elems);
+        p.copy(lane, a, b, vec![], vec![]);
+        let flow_us = |topo: &Topology| {
+            let r = crate::simulate(topo, &p, &SimConfig::default()).unwrap();
+            let c = topo.costs();
+            let launch = if on_sms {
+                c.kernel_launch_us
+            } else {
+                c.copy_engine_launch_us
+            };
+            r.time_us - launch
+        };
+        let table = flow_us(&topo);
+        assert!(
+            (table - 2.0 * elems as f64 / 900e3).abs() < 1e-6 * table,
+            "{elems}: {table}"
+        );
+        let json = r#"{"memories":[{"gpu":"GPU0","gbps":900,"sm_copy_gbps":450}]}"#;
+        let cal = relaycc_topo::Calibration::parse(json, "t").unwrap();
+        let measured = flow_us(&cal.apply(&topo).unwrap());
+        let want = if on_sms { 2.0 } else { 1.0 };
+        assert!(
+            (measured / table - want).abs() < 1e-9,
+            "{elems}: {measured} vs {table}"
+        );
+    }
+}
+
+/// The host issues launches, not ops: small copies that join a batch are issued with its
+/// first copy. With 10 us per launch, three batched 1 MiB copies of one lane are issued at
+/// 10 us, another lane's copy between them in op order at 20 us, and a 16 MiB copy after
+/// them on the first lane (a copy engine's launch) at 30 us.
+#[test]
+fn ops_in_one_launch_are_issued_together() {
+    let topo = dgx1();
+    let e = topo
+        .link_between(topo.gpu(0).unwrap(), topo.gpu(1).unwrap())
+        .unwrap()
+        .index() as u32;
+    let mut p = Plan::new(Request::point_to_point(0, 1, 1 << 24), "batched");
+    let lane = p.add_lane(Gpu(0), "l");
+    let other = p.add_lane(Gpu(0), "other");
+    for (l, len) in [
+        (lane, 1u64 << 20),
+        (other, 1 << 20),
+        (lane, 1 << 20),
+        (lane, 1 << 20),
+        (lane, 1 << 24),
+    ] {
+        let src = Region::new(p.add_scratch(Gpu(0), len), 0, len);
+        let dst = Region::new(p.add_scratch(Gpu(1), len), 0, len);
+        p.copy(l, src, dst, vec![e], vec![]);
+    }
+    let cfg = SimConfig {
+        issue_us: 10.0,
+        ..SimConfig::default()
+    };
+    let m = Model::build(&topo, &p, &cfg).unwrap();
+    assert_eq!(m.issue_order, [0, 1, 0, 0, 2]);
+    let at: Vec<f64> = (0..5).map(|i| m.issued_at_us(i)).collect();
+    assert_eq!(at, [10.0, 20.0, 10.0, 10.0, 30.0]);
+    let k = rates::KERNEL_LAUNCH_US;
+    let ce = rates::COPY_ENGINE_LAUNCH_US;
+    assert_eq!(m.latency_us, [k + 0.6, k + 0.6, 0.6, 0.6, ce + 0.6]);
 }

@@ -329,6 +329,7 @@ fn gpu_info(index: u32, name: &str, sm: u32, bus: &str, numa: u32, memory_gib: u
         pcie_p2p: true,
         measured_mem_gbps: None,
         measured_reduce_gbps: None,
+        measured_sm_copy_gbps: None,
     }
 }
 
