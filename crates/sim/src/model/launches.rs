@@ -60,9 +60,12 @@ pub(crate) fn launches(topo: &Topology, plan: &Plan) -> Vec<OpLaunch> {
         }
     }
     let elem = plan.dtype.size();
-    // A copy that waits for no other lane and whose lane's GPU reaches both its memories.
-    let free =
-        |i: usize| plan.protocol.is_none() && ops[i].deps.is_empty() && reachable(topo, plan, i);
+    // Whether each copy's lane GPU reaches both its memories, found once per op.
+    let reach: Vec<bool> = (0..ops.len())
+        .map(|i| plan.protocol.is_none() && reachable(topo, plan, i))
+        .collect();
+    // A reachable copy that waits for no other lane.
+    let free = |i: usize| reach[i] && ops[i].deps.is_empty();
     let mut out = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let Some(lane) = open.get_mut(op.lane as usize) else {
@@ -92,7 +95,7 @@ pub(crate) fn launches(topo: &Topology, plan: &Plan) -> Vec<OpLaunch> {
                 (OpLaunch::Joined, Open::Batch { left: left - 1 })
             }
             _ => {
-                let reach = plan.protocol.is_none() && reachable(topo, plan, i);
+                let reach = reach[i];
                 let fans_out = reach
                     && next_on_lane[i].is_some_and(|k| {
                         matches!(ops[k].kind, OpKind::Copy { src: s, .. } if s == src) && free(k)
