@@ -42,11 +42,13 @@ use super::board::{Board, Post, Posted, lock};
 use super::direct_drive::Running;
 use super::direct_part::{CallShape, KeptPart};
 use super::op::Desc;
+use crate::backend::Program;
 use crate::backend::sealed::{Lending, Private};
 use crate::backend::validate::Bound;
 use crate::call_checks;
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
+use crate::exec::counts::{CallCounts, CountLayout};
 use crate::plan_cache::Cached;
 
 /// Address of a zero-byte binding: any address aligned for every element type serves.
@@ -115,8 +117,18 @@ impl DirectCall {
                     Err(e)
                 }
             },
-            None => self.checked_plan().and_then(|(cached, shape)| {
-                lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me, shape)
+            None => self.checked_plan().and_then(|(cached, shape, bound)| {
+                let k = lock(&self.shared.kept[self.me]).take(
+                    &self.shared,
+                    &cached,
+                    self.me,
+                    shape,
+                    bound.as_ref(),
+                );
+                if let Some(p) = bound {
+                    cached.give_bound(p);
+                }
+                k
             }),
         };
         let k = match k {
@@ -184,8 +196,11 @@ impl DirectCall {
     }
 
     /// The checks of the call's shape (op and type, root, the request's rules) and of this
-    /// rank's slices, then the communicator's cached plan of the call.
-    fn checked_plan(&self) -> Result<(Arc<Cached>, CallShape)> {
+    /// rank's slices, then the communicator's cached plan of the call, and for all_gather_v
+    /// and reduce_scatter_v its capacity plan's program bound to the call's counts (`None`
+    /// where the plan is of the exact counts: the capacity plan cannot be bound, or the
+    /// collective has fixed counts).
+    fn checked_plan(&self) -> Result<(Arc<Cached>, CallShape, Option<Program>)> {
         let comm = &self.shared.comm;
         let d = &self.desc;
         let n = comm.ranks();
@@ -205,8 +220,23 @@ impl DirectCall {
             layout: request.in_place(self.me as u32),
         };
         self.check_slices(&shape)?;
+        if let Some((layout, counts)) = CountLayout::of_request(&request) {
+            let capacity = layout.capacity_request(&request);
+            let cached = comm.plan_for(d.call, &capacity, self.in_place)?;
+            if let Some(pieces) = cached.count_pieces(layout) {
+                let counts = CallCounts::new(&layout, &counts)?;
+                let mut program = cached.take_bound();
+                match cached.exec.bind_counts(pieces, &counts, &mut program) {
+                    Ok(()) => return Ok((cached, shape, Some(program))),
+                    Err(e) => {
+                        cached.give_bound(program);
+                        return Err(e);
+                    }
+                }
+            }
+        }
         let cached = comm.plan_for(d.call, &request, self.in_place)?;
-        Ok((cached, shape))
+        Ok((cached, shape, None))
     }
 
     /// This rank's slices for a call of `shape`: their lengths, and input and output apart

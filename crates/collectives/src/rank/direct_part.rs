@@ -199,33 +199,43 @@ pub(crate) struct KeptParts {
 
 impl KeptParts {
     /// Take out the kept part of `cached` for rank `me` (cut on first use), now for calls of
-    /// `shape`, to give back with [`KeptParts::put`] once the call is over.
+    /// `shape`, to give back with [`KeptParts::put`] once the call is over. With `bound` (a
+    /// v-collective's capacity plan bound to the call's counts) the part is cut from that
+    /// program, for calls of these counts.
     pub(super) fn take(
         &mut self,
         shared: &Shared,
         cached: &Arc<Cached>,
         me: usize,
         shape: CallShape,
+        bound: Option<&Program>,
     ) -> Result<KeptPart> {
+        let comm = &shared.comm;
+        let cut = || {
+            let program = bound.unwrap_or_else(|| cached.exec.program());
+            cut_part(program, comm.devices(), me).map_err(|m| CollectivesError::InvalidPlan {
+                op: None,
+                message: format!(
+                    "plan `{}` cannot run per rank: {m}",
+                    cached.exec.plan().algorithm
+                ),
+            })
+        };
         if let Some(i) = self
             .parts
             .iter()
             .position(|k| Arc::ptr_eq(&k.cached, cached))
         {
             let mut k = self.parts.remove(i);
+            if bound.is_some() {
+                // Other counts: another part, and no task resolved for it yet.
+                k.part = cut()?;
+                k.tasks = None;
+            }
             k.shape = shape;
             return Ok(k);
         }
-        let comm = &shared.comm;
-        let part = cut_part(cached.exec.program(), comm.devices(), me).map_err(|m| {
-            CollectivesError::InvalidPlan {
-                op: None,
-                message: format!(
-                    "plan `{}` cannot run per rank: {m}",
-                    cached.exec.plan().algorithm
-                ),
-            }
-        })?;
+        let part = cut()?;
         let backend = comm.backend();
         let mut scratch = Vec::new();
         for m in cached.scratch_set(0, backend)? {

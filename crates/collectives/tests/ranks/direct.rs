@@ -179,6 +179,72 @@ fn an_abort_leaves_earlier_calls_to_finish() {
     }
 }
 
+/// all_gather_v and reduce_scatter_v run directly: on one communicator, counts that change
+/// from call to call, come back, and hold a zero give exact results, in place and not (each
+/// rank binds the call's counts to the capacity plan and cuts its part of it); then a rank
+/// with other counts fails the call on every rank and aborts the communicator (a meeting
+/// would have left it usable).
+#[test]
+fn v_collectives_run_directly_with_new_counts_every_call() {
+    let ranks = RankComm::host(3).expect("host ranks");
+    let lists: [[usize; 3]; 5] = [[1, 2, 3], [4, 0, 2], [1, 2, 3], [300, 7, 129], [4, 0, 2]];
+    let got = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let r = rank.rank();
+        for (k, counts) in lists.iter().enumerate() {
+            let total: usize = counts.iter().sum();
+            let at: usize = counts[..r].iter().sum();
+            // all_gather_v: rank s sends counts[s] copies of 100 s + k.
+            let mine = vec![(100 * r + k) as u64; counts[r]];
+            let mut all = vec![0u64; total];
+            rank.all_gather_v(&mine[..], &mut all[..], counts)
+                .map_err(|e| format!("rank {r}, call {k}: all_gather_v: {e}"))?;
+            let want: Vec<u64> = (0..3)
+                .flat_map(|s| std::iter::repeat_n((100 * s + k) as u64, counts[s]))
+                .collect();
+            if all != want {
+                return Err(format!("rank {r}, call {k}: wrong all_gather_v"));
+            }
+            // reduce_scatter_v in place: every rank holds r + 1 everywhere; block b sums 6.
+            let mut buf = vec![r as i32 + 1; total];
+            rank.reduce_scatter_v_in_place(&mut buf[..], counts, ReduceOp::Sum)
+                .map_err(|e| format!("rank {r}, call {k}: reduce_scatter_v: {e}"))?;
+            if buf[at..at + counts[r]].iter().any(|&x| x != 6) {
+                return Err(format!("rank {r}, call {k}: wrong reduce_scatter_v"));
+            }
+        }
+        let counts = if r == 2 { [1, 1, 2] } else { [1, 1, 1] };
+        let total: usize = counts.iter().sum();
+        let wrong = rank.all_gather_v(
+            &vec![1u8; counts[r]][..],
+            &mut vec![0u8; total][..],
+            &counts,
+        );
+        let next = rank.all_reduce_in_place(&mut [1u8; 4][..], ReduceOp::Sum);
+        Ok((wrong, next))
+    });
+    let calls = 2 * lists.len() as u64;
+    for (r, g) in got.into_iter().enumerate() {
+        let (wrong, next) = g.unwrap_or_else(|e| panic!("{e}"));
+        match wrong {
+            Err(CollectivesError::RankMismatch { message, .. }) => {
+                assert!(message.contains("counts differ"), "rank {r}: {message}")
+            }
+            Err(CollectivesError::Aborted { cause, .. }) => {
+                assert!(
+                    cause.to_string().contains("counts differ"),
+                    "rank {r}: {cause}"
+                )
+            }
+            other => panic!("rank {r}: the mismatched call gave {other:?}"),
+        }
+        match next {
+            Err(CollectivesError::Aborted { seq, .. }) if seq == calls => {}
+            other => panic!("rank {r}: the call after it gave {other:?}"),
+        }
+    }
+}
+
 /// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
 /// rank, and the communicator stays aborted: the next call of every rank names the cause.
 /// The wrong call comes first on a fresh communicator (its shape checked with the plan), or
