@@ -50,6 +50,10 @@ impl Executable {
     pub fn program(&self) -> &Program {
         &self.program
     }
+    /// The plan op of each command of [`Executable::program`] ([`lower::NO_OP`] for events).
+    pub(crate) fn command_ops(&self) -> &[u32] {
+        &self.command_ops
+    }
     /// Location and bytes of each scratch buffer, in the plan's order (for a plan of rounds,
     /// its expansion's arenas: one per device, the larger of the body's and tail's staging).
     pub fn scratch(&self) -> &[(Location, u64)] {

@@ -42,7 +42,6 @@ use super::board::{Board, Post, Posted, lock};
 use super::direct_drive::Running;
 use super::direct_part::{CallShape, KeptPart};
 use super::op::Desc;
-use crate::backend::Program;
 use crate::backend::sealed::{Lending, Private};
 use crate::backend::validate::Bound;
 use crate::call_checks;
@@ -95,6 +94,26 @@ pub(super) fn bound_of(span: Option<(usize, u64)>) -> Bound {
     }
 }
 
+/// A v-collective call's counts, to bind into its capacity plan's layout.
+type CountsToBind = (CountLayout, CallCounts);
+
+/// Bind `k`'s part of a v-collective's capacity plan to a call's `counts` (its own commands
+/// only, into the program it keeps for that), for calls of `k`'s shape; the tasks resolved
+/// for other counts go.
+fn bind_part(k: &mut KeptPart, (layout, counts): CountsToBind) -> Result<()> {
+    let Some(pieces) = k.cached.count_pieces(layout) else {
+        return Err(CollectivesError::InvalidPlan {
+            op: None,
+            message: "a capacity plan that could be bound no longer can".into(),
+        });
+    };
+    let out = k.bound.get_or_insert_with(|| k.part.program.clone());
+    let plan = k.cached.exec.plan();
+    pieces.bind_program(plan, &k.part.program, &k.part.command_ops, &counts, out)?;
+    k.tasks = None;
+    Ok(())
+}
+
 fn overlap(a: Bound, b: Bound) -> bool {
     a.bytes > 0 && b.bytes > 0 && a.addr < b.addr + b.bytes && b.addr < a.addr + a.bytes
 }
@@ -117,18 +136,16 @@ impl DirectCall {
                     Err(e)
                 }
             },
-            None => self.checked_plan().and_then(|(cached, shape, bound)| {
-                let k = lock(&self.shared.kept[self.me]).take(
-                    &self.shared,
-                    &cached,
-                    self.me,
-                    shape,
-                    bound.as_ref(),
-                );
-                if let Some(p) = bound {
-                    cached.give_bound(p);
+            None => self.checked_plan().and_then(|(cached, shape, counts)| {
+                let mut k =
+                    lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me, shape)?;
+                match counts.map(|c| bind_part(&mut k, c)) {
+                    Some(Err(e)) => {
+                        lock(&self.shared.kept[self.me]).put(k);
+                        Err(e)
+                    }
+                    _ => Ok(k),
                 }
-                k
             }),
         };
         let k = match k {
@@ -181,7 +198,7 @@ impl DirectCall {
         }
         let mut bound = std::mem::take(&mut k.bindings);
         bound.clear();
-        bound.resize(k.part.program.bindings as usize, bound_of(None));
+        bound.resize(k.program().bindings as usize, bound_of(None));
         let mut fill = |b: usize, v: Bound| {
             if let Some(x) = bound.get_mut(b) {
                 *x = v;
@@ -196,11 +213,11 @@ impl DirectCall {
     }
 
     /// The checks of the call's shape (op and type, root, the request's rules) and of this
-    /// rank's slices, then the communicator's cached plan of the call, and for all_gather_v
-    /// and reduce_scatter_v its capacity plan's program bound to the call's counts (`None`
-    /// where the plan is of the exact counts: the capacity plan cannot be bound, or the
-    /// collective has fixed counts).
-    fn checked_plan(&self) -> Result<(Arc<Cached>, CallShape, Option<Program>)> {
+    /// rank's slices, then the communicator's cached plan of the call: for all_gather_v and
+    /// reduce_scatter_v their capacity plan, with the layout and the call's counts to bind
+    /// into it (`None` where the plan is of the exact counts: the capacity plan cannot be
+    /// bound, or the collective has fixed counts).
+    fn checked_plan(&self) -> Result<(Arc<Cached>, CallShape, Option<CountsToBind>)> {
         let comm = &self.shared.comm;
         let d = &self.desc;
         let n = comm.ranks();
@@ -223,16 +240,9 @@ impl DirectCall {
         if let Some((layout, counts)) = CountLayout::of_request(&request) {
             let capacity = layout.capacity_request(&request);
             let cached = comm.plan_for(d.call, &capacity, self.in_place)?;
-            if let Some(pieces) = cached.count_pieces(layout) {
+            if cached.count_pieces(layout).is_some() {
                 let counts = CallCounts::new(&layout, &counts)?;
-                let mut program = cached.take_bound();
-                match cached.exec.bind_counts(pieces, &counts, &mut program) {
-                    Ok(()) => return Ok((cached, shape, Some(program))),
-                    Err(e) => {
-                        cached.give_bound(program);
-                        return Err(e);
-                    }
-                }
+                return Ok((cached, shape, Some((layout, counts))));
             }
         }
         let cached = comm.plan_for(d.call, &request, self.in_place)?;

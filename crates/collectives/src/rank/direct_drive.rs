@@ -146,10 +146,8 @@ impl Running {
         let fresh = !matches!(&k.tasks, Some((b, _)) if *b == self.bound);
         let ran = if fresh {
             // Inputs and outputs are the callers' memory; scratch is the plan's.
-            crate::backend::host_here::HereTasks::resolve(&k.part.program, &self.bound, |b| {
-                b < 2 * n
-            })
-            .map(|tasks| k.tasks = Some((self.bound.clone(), tasks)))
+            crate::backend::host_here::HereTasks::resolve(k.program(), &self.bound, |b| b < 2 * n)
+                .map(|tasks| k.tasks = Some((self.bound.clone(), tasks)))
         } else {
             Ok(())
         };

@@ -26,6 +26,8 @@ const KEPT_PARTS: usize = 4;
 #[derive(Debug)]
 pub(super) struct DirectPart {
     pub program: Program,
+    /// The plan op of each command of `program` (binding a v-collective's counts reads it).
+    pub command_ops: Vec<u32>,
     pub reads: Vec<usize>,
     pub touched_by: Vec<usize>,
 }
@@ -48,7 +50,12 @@ fn lane_ranks(p: &Program, devices: &[u32]) -> std::result::Result<Vec<usize>, S
 /// commands, and who touches whose memory. Refused where a scratch buffer is touched by
 /// two ranks' lanes or an event crosses ranks: such a plan needs an order across ranks that
 /// this protocol does not carry.
-fn cut_part(p: &Program, devices: &[u32], me: usize) -> std::result::Result<DirectPart, String> {
+fn cut_part(
+    p: &Program,
+    ops: &[u32],
+    devices: &[u32],
+    me: usize,
+) -> std::result::Result<DirectPart, String> {
     let n = devices.len();
     let rank_of_lane = lane_ranks(p, devices)?;
     let lane_of = |c: &Command| match c {
@@ -67,7 +74,8 @@ fn cut_part(p: &Program, devices: &[u32], me: usize) -> std::result::Result<Dire
         srcs: Vec::new(),
         ..*p
     };
-    for c in &p.commands {
+    let mut command_ops = Vec::new();
+    for (ci, c) in p.commands.iter().enumerate() {
         let rank = *rank_of_lane
             .get(lane_of(c))
             .ok_or_else(|| "a command on a lane the program lacks".to_string())?;
@@ -142,6 +150,7 @@ fn cut_part(p: &Program, devices: &[u32], me: usize) -> std::result::Result<Dire
                 _ => c.clone(),
             };
             part.commands.push(c);
+            command_ops.push(ops.get(ci).copied().unwrap_or(crate::exec::lower::NO_OP));
         }
     }
     let listed = |v: Vec<bool>| {
@@ -153,6 +162,7 @@ fn cut_part(p: &Program, devices: &[u32], me: usize) -> std::result::Result<Dire
     };
     Ok(DirectPart {
         program: part,
+        command_ops,
         reads: listed(reads),
         touched_by: listed(touched_by),
     })
@@ -171,6 +181,16 @@ pub(super) struct KeptPart {
     pub shape: CallShape,
     /// The last call's bindings, kept for the next call to fill.
     pub bindings: Vec<Bound>,
+    /// A v-collective's part bound to `shape`'s counts (the part of its capacity plan is
+    /// `part`); `None` for the other collectives, which run `part` itself.
+    pub bound: Option<Program>,
+}
+
+impl KeptPart {
+    /// The program this rank runs for a call of `shape`.
+    pub fn program(&self) -> &Program {
+        self.bound.as_ref().unwrap_or(&self.part.program)
+    }
 }
 
 /// What a rank's checks of a call shape found: the call, in place or not, its buffers'
@@ -199,43 +219,32 @@ pub(crate) struct KeptParts {
 
 impl KeptParts {
     /// Take out the kept part of `cached` for rank `me` (cut on first use), now for calls of
-    /// `shape`, to give back with [`KeptParts::put`] once the call is over. With `bound` (a
-    /// v-collective's capacity plan bound to the call's counts) the part is cut from that
-    /// program, for calls of these counts.
+    /// `shape`, to give back with [`KeptParts::put`] once the call is over.
     pub(super) fn take(
         &mut self,
         shared: &Shared,
         cached: &Arc<Cached>,
         me: usize,
         shape: CallShape,
-        bound: Option<&Program>,
     ) -> Result<KeptPart> {
-        let comm = &shared.comm;
-        let cut = || {
-            let program = bound.unwrap_or_else(|| cached.exec.program());
-            cut_part(program, comm.devices(), me).map_err(|m| CollectivesError::InvalidPlan {
-                op: None,
-                message: format!(
-                    "plan `{}` cannot run per rank: {m}",
-                    cached.exec.plan().algorithm
-                ),
-            })
-        };
         if let Some(i) = self
             .parts
             .iter()
             .position(|k| Arc::ptr_eq(&k.cached, cached))
         {
             let mut k = self.parts.remove(i);
-            if bound.is_some() {
-                // Other counts: another part, and no task resolved for it yet.
-                k.part = cut()?;
-                k.tasks = None;
-            }
             k.shape = shape;
             return Ok(k);
         }
-        let part = cut()?;
+        let comm = &shared.comm;
+        let exec = &cached.exec;
+        let part =
+            cut_part(exec.program(), exec.command_ops(), comm.devices(), me).map_err(|m| {
+                CollectivesError::InvalidPlan {
+                    op: None,
+                    message: format!("plan `{}` cannot run per rank: {m}", exec.plan().algorithm),
+                }
+            })?;
         let backend = comm.backend();
         let mut scratch = Vec::new();
         for m in cached.scratch_set(0, backend)? {
@@ -254,6 +263,7 @@ impl KeptParts {
             tasks: None,
             shape,
             bindings: Vec::new(),
+            bound: None,
         })
     }
 
