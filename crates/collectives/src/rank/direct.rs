@@ -140,10 +140,8 @@ impl DirectCall {
                 let mut k =
                     lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me, shape)?;
                 match counts.map(|c| bind_part(&mut k, c)) {
-                    Some(Err(e)) => {
-                        lock(&self.shared.kept[self.me]).put(k);
-                        Err(e)
-                    }
+                    // Not kept: its shape names counts its program does not hold.
+                    Some(Err(e)) => Err(e),
                     _ => Ok(k),
                 }
             }),

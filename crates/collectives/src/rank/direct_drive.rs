@@ -164,7 +164,9 @@ impl Running {
                 // every output and scratch buffer is written by one rank's part only where
                 // no other part touches it at the same time (the checker's proof of the
                 // plan: its lanes are unordered, so they touch disjoint elements wherever
-                // one writes); and each rank's slices stay borrowed by its call until its
+                // one writes; a v-collective's part bound to its counts keeps that proof,
+                // `exec::counts`, and every rank binds the same counts, which the take
+                // compared); and each rank's slices stay borrowed by its call until its
                 // memory has no user.
                 unsafe { tasks.run() }
             }))
