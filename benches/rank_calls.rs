@@ -1,0 +1,140 @@
+//! Per-rank calls on 8 host ranks, driven by two threads with `RankGroup::launch_all` (four
+//! ranks each), after the plans are cached. Each time is one call of every rank, the slower
+//! thread's:
+//! - `rank_groups_8_ranks_4x64KiB`: each rank's group is four in-place all_reduces of 64 KiB
+//!   of f32, as an engine launches its gradient buckets;
+//! - `rank_v_calls_8_ranks_all_gather_v`: one all_gather_v of up to 16,384 f32 per rank,
+//!   with the same counts every call (`repeated_counts`) or other counts every call
+//!   (`fresh_counts`: 64 count lists in turn, every list under one capacity).
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use relaycc::{Collectives, RankComm, RankGroup, ReduceOp};
+
+const RANKS: usize = 8;
+const THREADS: usize = 2;
+const BUCKETS: usize = 4;
+const BUCKET_ELEMS: usize = 16 << 10;
+const LISTS: usize = 64;
+const MOST: usize = 16 << 10;
+
+/// The ranks, dealt to [`THREADS`] threads.
+fn shares() -> Option<Vec<Vec<RankComm>>> {
+    let ranks = RankComm::host(RANKS as u32).ok()?;
+    let mut shares: Vec<Vec<RankComm>> = (0..THREADS).map(|_| Vec::new()).collect();
+    for (i, r) in ranks.into_iter().enumerate() {
+        shares[i % THREADS].push(r);
+    }
+    Some(shares)
+}
+
+/// `run(mine, state, iters)` on one thread per share, all started together; the slowest
+/// thread's time.
+fn on_threads<S: Send>(
+    shares: &mut [Vec<RankComm>],
+    states: &mut [S],
+    iters: u64,
+    run: impl Fn(&mut [RankComm], &mut S, u64) + Sync,
+) -> Duration {
+    let start = Barrier::new(shares.len());
+    std::thread::scope(|s| {
+        let hs: Vec<_> = shares
+            .iter_mut()
+            .zip(states.iter_mut())
+            .map(|(mine, state)| {
+                let (start, run) = (&start, &run);
+                s.spawn(move || {
+                    start.wait();
+                    let t = Instant::now();
+                    run(mine, state, iters);
+                    t.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .max()
+            .unwrap_or_default()
+    })
+}
+
+fn rank_groups(c: &mut Criterion) {
+    let Some(mut shares) = shares() else {
+        eprintln!("cannot build {RANKS} host ranks");
+        return;
+    };
+    // Small values keep every sum finite over any number of iterations.
+    let mut bufs: Vec<Vec<Vec<Vec<f32>>>> = shares
+        .iter()
+        .map(|m| vec![vec![vec![0.0; BUCKET_ELEMS]; BUCKETS]; m.len()])
+        .collect();
+    let mut g = c.benchmark_group("rank_groups_8_ranks_4x64KiB");
+    g.throughput(Throughput::Bytes((BUCKETS * BUCKET_ELEMS * 4) as u64));
+    g.bench_function("launch_all_2_threads", |b| {
+        b.iter_custom(|iters| {
+            on_threads(&mut shares, &mut bufs, iters, |mine, bufs, iters| {
+                for _ in 0..iters {
+                    let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(rank, buckets)| {
+                        let mut g = rank.group();
+                        for b in buckets.iter_mut() {
+                            g.all_reduce_in_place(&mut b[..], ReduceOp::Sum);
+                        }
+                        g
+                    });
+                    if let Err(e) = RankGroup::launch_all(groups) {
+                        eprintln!("launch failed: {e}");
+                    }
+                }
+            })
+        })
+    });
+    g.finish();
+}
+
+/// Count list `k`: rank `r` sends between half of [`MOST`] and all of it.
+fn counts(k: usize) -> Vec<usize> {
+    (0..RANKS)
+        .map(|r| MOST / 2 + (k * 7919 + r * 104_729) % (MOST / 2 + 1))
+        .collect()
+}
+
+fn rank_v_calls(c: &mut Criterion) {
+    let Some(mut shares) = shares() else {
+        eprintln!("cannot build {RANKS} host ranks");
+        return;
+    };
+    let lists: Vec<Vec<usize>> = (0..LISTS).map(counts).collect();
+    let send = vec![1.0f32; MOST];
+    let mut recvs: Vec<Vec<Vec<f32>>> = shares
+        .iter()
+        .map(|m| vec![vec![0.0; RANKS * MOST]; m.len()])
+        .collect();
+    let mut g = c.benchmark_group("rank_v_calls_8_ranks_all_gather_v");
+    for (name, fresh) in [("repeated_counts", false), ("fresh_counts", true)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                on_threads(&mut shares, &mut recvs, iters, |mine, recv, iters| {
+                    for i in 0..iters {
+                        let c = &lists[if fresh { i as usize % LISTS } else { 0 }];
+                        let total: usize = c.iter().sum();
+                        let groups = mine.iter_mut().zip(recv.iter_mut()).map(|(rank, out)| {
+                            let own = c[rank.rank()];
+                            let mut g = rank.group();
+                            g.all_gather_v(&send[..own], &mut out[..total], c);
+                            g
+                        });
+                        if let Err(e) = RankGroup::launch_all(groups) {
+                            eprintln!("all_gather_v failed: {e}");
+                        }
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, rank_groups, rank_v_calls);
+criterion_main!(benches);
