@@ -74,6 +74,7 @@
 //! | [`Perf`], [`SimResult::perf`] | nccl-tests' algbw and busbw |
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
 //! | [`collective_bound_gbps`] | the bandwidth bound of a collective on a topology |
+//! | [`executor_launches`], [`LaunchCounts`] | the launches the simulator charges a plan: the CUDA executor's copy-engine copies and kernels |
 //!
 //! Invariant: this crate imports nothing from relaycc-planners or relaycc-route; Cargo
 //! enforces it.
@@ -94,5 +95,6 @@ pub use config::{DEFAULT_OP_OVERHEAD_US, SimConfig};
 pub use engine::{
     DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, PreparedSim, SimCut, lower_bound_us, simulate,
 };
+pub use model::{LaunchCounts, executor_launches};
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;

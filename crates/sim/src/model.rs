@@ -696,3 +696,29 @@ pub(super) fn location_name(topo: &Topology, loc: Location) -> String {
 mod launches;
 #[cfg(test)]
 mod tests;
+
+/// The launches the simulator charges one of relaycc's plans ([`executor_launches`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchCounts {
+    /// Copies on a copy engine.
+    pub copy_engine: u32,
+    /// Kernel launches: reductions, and copies on SMs that start a launch.
+    pub kernels: u32,
+    /// Copies on SMs inside the launch before them on their lane.
+    pub joined: u32,
+}
+
+/// How many launches of each kind the CUDA executor makes for `plan` on `topo`, as the
+/// simulator charges them (the rules of `model/launches.rs`): what a test of the executor's
+/// own lowering compares with, so the map and the territory cannot drift apart unseen.
+pub fn executor_launches(topo: &Topology, plan: &Plan) -> LaunchCounts {
+    let mut c = LaunchCounts::default();
+    for l in launches::launches(topo, plan) {
+        match l {
+            OpLaunch::CopyEngine => c.copy_engine += 1,
+            OpLaunch::Kernel => c.kernels += 1,
+            OpLaunch::Joined => c.joined += 1,
+        }
+    }
+    c
+}

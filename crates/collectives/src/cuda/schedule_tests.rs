@@ -765,3 +765,5 @@ fn the_replay_walk_frames_one_graph_launch_on_the_hub() {
         kinds.len()
     );
 }
+
+mod launch_model;

@@ -46,8 +46,9 @@ enum Open {
     Batch { left: usize },
 }
 
-/// How the executor runs each op of `plan` on `topo`. For a plan with an NCCL protocol, which
-/// this model does not describe, every copy is on a copy engine.
+/// How the executor runs each op of `plan` on `topo`. A plan with an NCCL protocol is timed as
+/// NCCL's steps, not by these launches; they still say how this executor would run it (its
+/// host issue order).
 pub(crate) fn launches(topo: &Topology, plan: &Plan) -> Vec<OpLaunch> {
     let ops = &plan.ops;
     let mut open = vec![Open::Closed; plan.lanes.len()];
@@ -61,11 +62,17 @@ pub(crate) fn launches(topo: &Topology, plan: &Plan) -> Vec<OpLaunch> {
     }
     let elem = plan.dtype.size();
     // Whether each copy's lane GPU reaches both its memories, found once per op.
-    let reach: Vec<bool> = (0..ops.len())
-        .map(|i| plan.protocol.is_none() && reachable(topo, plan, i))
-        .collect();
-    // A reachable copy that waits for no other lane.
-    let free = |i: usize| reach[i] && ops[i].deps.is_empty();
+    let reach: Vec<bool> = (0..ops.len()).map(|i| reachable(topo, plan, i)).collect();
+    // A reachable copy that waits for no other lane (a dependency on an op of its own lane
+    // is its lane's order, which the executor keeps without a wait).
+    let free = |i: usize| {
+        let lane = ops[i].lane;
+        reach[i]
+            && ops[i]
+                .deps
+                .iter()
+                .all(|&d| ops.get(d as usize).is_some_and(|o| o.lane == lane))
+    };
     let mut out = Vec::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let Some(lane) = open.get_mut(op.lane as usize) else {
@@ -254,6 +261,11 @@ mod tests {
         }
         // After the copy-engine copy the first starts a kernel; the next waits for GPU3's.
         want.extend([OpLaunch::Kernel, OpLaunch::Kernel]);
+        // A dependency on an op of its own lane is that lane's order: no wait, it joins.
+        let (src, dst) = (scratch(&mut p, 0, SMALL), scratch(&mut p, 1, SMALL));
+        let last = p.ops.len() as u32 - 1;
+        p.copy(lane, src, dst, nvlink(&topo, 0, 1), vec![last]);
+        want.push(OpLaunch::Joined);
         assert_eq!(launches(&topo, &p), want);
     }
 
@@ -286,9 +298,9 @@ mod tests {
     }
 
     /// Copies a GPU's own loads and stores do not reach run on copy engines: through host
-    /// memory, between PCIe GPUs whose driver refuses peer access (GeForce), from a lane on
-    /// a GPU that is neither end, and every copy of a plan with an NCCL protocol. PCIe GPUs
-    /// with peer access (L40S) run small copies on SMs.
+    /// memory, between PCIe GPUs whose driver refuses peer access (GeForce), and from a lane
+    /// on a GPU that is neither end. PCIe GPUs with peer access (L40S) run small copies on
+    /// SMs; a plan with an NCCL protocol is run alike.
     #[test]
     fn copies_a_gpu_cannot_reach_run_on_copy_engines() {
         let dgx1 = relaycc_topo::preset("dgx1-v100").unwrap();
@@ -317,7 +329,7 @@ mod tests {
             };
             assert_eq!(launches(&topo, &p), [want], "{name}");
             p.protocol = Some(rates::Protocol::Simple);
-            assert_eq!(launches(&topo, &p), [OpLaunch::CopyEngine], "{name}");
+            assert_eq!(launches(&topo, &p), [want], "{name}: under a protocol");
         }
         let (mut p, _) = plan_on_gpu0();
         let third = p.add_lane(Gpu(2), "third");
