@@ -165,7 +165,12 @@ impl Model {
         let deps = plan.dependency_graph()?;
         let protocol = ProtocolCosts::new(topo, plan)?;
         let launches = launches::launches(topo, plan);
-        let issue_order = launches::issue_order(plan, &launches);
+        // Read only when the host's issue costs time (`issued_at_us`).
+        let issue_order = if issue_us > 0.0 {
+            launches::issue_order(plan, &launches)
+        } else {
+            Vec::new()
+        };
         let mut m = Model {
             caps,
             res_orig: Vec::new(),
@@ -613,13 +618,12 @@ impl OpLowering<'_> {
                         .launches
                         .get(i)
                         .is_some_and(|l| *l != OpLaunch::CopyEngine);
-                    let kernel = match ls {
-                        Location::Gpu(g) if on_sms => self.topo.gpu_info(g).ok().and_then(|info| {
-                            info.measured_sm_copy_gbps.map(|k| info.mem_gbps() / k)
-                        }),
-                        _ => None,
+                    let kernel = if on_sms {
+                        self.kernel_factor(ls, |g| g.measured_sm_copy_gbps)
+                    } else {
+                        1.0
                     };
-                    m.push_use(row, rs, 2.0 * kernel.unwrap_or(1.0));
+                    m.push_use(row, rs, 2.0 * kernel);
                 } else {
                     if matches!(ls, Location::Host(_)) {
                         m.push_use(row, rs, 1.0);
@@ -632,17 +636,30 @@ impl OpLowering<'_> {
             OpKind::Reduce { srcs, dst, .. } => {
                 let at = location(dst.buffer)?;
                 let r = self.mems.resource(i, at)?;
-                let kernel =
-                    match at {
-                        Location::Gpu(g) => self.topo.gpu_info(g).ok().and_then(|info| {
-                            info.measured_reduce_gbps.map(|k| info.mem_gbps() / k)
-                        }),
-                        Location::Host(_) => None,
-                    };
-                m.push_use(row, r, (srcs.len() as f64 + 1.0) * kernel.unwrap_or(1.0));
+                let kernel = self.kernel_factor(at, |g| g.measured_reduce_gbps);
+                m.push_use(row, r, (srcs.len() as f64 + 1.0) * kernel);
             }
         }
         Ok(())
+    }
+
+    /// Bytes of memory `at` a kernel's byte counts for: the memory's rate over the kernel's
+    /// where a calibration measured the kernel (`measured`) on that GPU, so that alone it
+    /// takes what the kernel took; 1 elsewhere.
+    fn kernel_factor(
+        &self,
+        at: Location,
+        measured: impl Fn(&relaycc_topo::GpuInfo) -> Option<f64>,
+    ) -> f64 {
+        match at {
+            Location::Gpu(g) => self
+                .topo
+                .gpu_info(g)
+                .ok()
+                .and_then(|info| measured(info).map(|k| info.mem_gbps() / k)),
+            Location::Host(_) => None,
+        }
+        .unwrap_or(1.0)
     }
 }
 

@@ -400,11 +400,19 @@ fn begin_next(
                 calls: vec![(i, r)],
             }),
         },
-        Err(e) => {
-            results[i] = Err(e);
-            rest[i] = Vec::new().into_iter();
-        }
+        Err(e) => end_chain(i, e, rest, results),
     }
+}
+
+/// End chain `i` with error `e`: its later calls are not begun.
+fn end_chain(
+    i: usize,
+    e: CollectivesError,
+    rest: &mut [std::vec::IntoIter<DirectCall>],
+    results: &mut [Result<()>],
+) {
+    results[i] = Err(e);
+    rest[i] = Vec::new().into_iter();
 }
 
 /// Take the calls that are over out of `driven`: give each rank's part back to its kept
@@ -441,8 +449,7 @@ fn settle(
                 Err(e) => {
                     // Ranks of this call that did not come directly wait at a meeting.
                     call.shared.poke_meetings();
-                    results[i] = Err(e);
-                    rest[i] = Vec::new().into_iter();
+                    end_chain(i, e, rest, results);
                 }
             }
         }
