@@ -5,7 +5,10 @@
 //!   of f32, as an engine launches its gradient buckets;
 //! - `rank_v_calls_8_ranks_all_gather_v`: one all_gather_v of up to 16,384 f32 per rank,
 //!   with the same counts every call (`repeated_counts`) or other counts every call
-//!   (`fresh_counts`: 64 count lists in turn, every list under one capacity).
+//!   (`fresh_counts`: 64 count lists in turn, every list under one capacity);
+//! - `rank_v_calls_8_ranks_all_to_all_v`: one all_to_all_v of up to 2,048 f32 per pair,
+//!   with the same matrix every call (`repeated_matrix`) or another every call
+//!   (`fresh_matrix`: 64 matrices in turn, every one under one capacity).
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -136,5 +139,65 @@ fn rank_v_calls(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, rank_groups, rank_v_calls);
+/// Count matrix `k`, row by row: rank `s` sends rank `d` between half of [`MOST_PAIR`] and
+/// all of it.
+fn matrix(k: usize) -> Vec<Vec<usize>> {
+    (0..RANKS)
+        .map(|s| {
+            let at = |d: usize| (k * 7919 + s * 104_729 + d * 1_299_709) % (MOST_PAIR / 2 + 1);
+            (0..RANKS).map(|d| MOST_PAIR / 2 + at(d)).collect()
+        })
+        .collect()
+}
+
+/// Elements one rank sends another at most in `rank_v_calls_all_to_all_v`.
+const MOST_PAIR: usize = 2 << 10;
+
+fn rank_v_calls_all_to_all_v(c: &mut Criterion) {
+    let Some(mut shares) = shares() else {
+        eprintln!("cannot build {RANKS} host ranks");
+        return;
+    };
+    let matrices: Vec<Vec<Vec<usize>>> = (0..LISTS).map(matrix).collect();
+    let send = vec![1.0f32; RANKS * MOST_PAIR];
+    let mut recvs: Vec<Vec<Vec<f32>>> = shares
+        .iter()
+        .map(|m| vec![vec![0.0; RANKS * MOST_PAIR]; m.len()])
+        .collect();
+    let mut g = c.benchmark_group("rank_v_calls_8_ranks_all_to_all_v");
+    for (name, fresh) in [("repeated_matrix", false), ("fresh_matrix", true)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                on_threads(&mut shares, &mut recvs, iters, |mine, recv, iters| {
+                    let mut column = vec![0; RANKS];
+                    for i in 0..iters {
+                        let m = &matrices[if fresh { i as usize % LISTS } else { 0 }];
+                        let groups = mine.iter_mut().zip(recv.iter_mut()).map(|(rank, out)| {
+                            let r = rank.rank();
+                            let sent: usize = m[r].iter().sum();
+                            for (c, row) in column.iter_mut().zip(m) {
+                                *c = row[r];
+                            }
+                            let got: usize = column.iter().sum();
+                            let mut g = rank.group();
+                            g.all_to_all_v(&send[..sent], &m[r], &mut out[..got], &column);
+                            g
+                        });
+                        if let Err(e) = RankGroup::launch_all(groups) {
+                            eprintln!("all_to_all_v failed: {e}");
+                        }
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    rank_groups,
+    rank_v_calls,
+    rank_v_calls_all_to_all_v
+);
 criterion_main!(benches);

@@ -113,7 +113,7 @@ macro_rules! single {
 /// count, op, root, tag, order) is [`crate::CollectivesError::RankMismatch`], a rank missing
 /// for longer than the timeout is [`crate::CollectivesError::RankTimeout`], naming it and the
 /// call (on MPI processes the same facts come as `CollectivesError::Mpi` holding
-/// `MpiError::Absent`). Ranks in one host memory run collectives but all_to_all_v without a
+/// `MpiError::Absent`). Ranks in one host memory run collectives without a
 /// rendezvous ([`RankComm`]): there a rank whose own part needed nothing from the ranks that failed may
 /// finish its call, and gets the error, as [`crate::CollectivesError::Aborted`], at its next.
 ///

@@ -19,6 +19,17 @@
 //!    (`touched_by`) is done with call `k`; then it withdraws its post, so nothing reaches
 //!    its memory after the call returns.
 //!
+//! all_to_all_v adds a step between 1 and 2, since each rank holds only its own row (send
+//! counts) and column (receive counts) of the count matrix, and its plan and binding need
+//! the whole: it posts after checking its slices against its own counts, then **agrees**:
+//! it waits for every rank's post of call `k`, compares the descriptors and checks that the
+//! counts pair up (`call::matrix`: every rank judges the same posts, so a mismatch is the
+//! same verdict everywhere), and only then plans, cuts and binds its part. Its part takes
+//! and is touched by every other rank, so no rank leaves the call (and posts its next)
+//! before every other has read its post. Every rank binds the same agreed matrix, whose
+//! row and column each rank checked its own slices against, so the bound parts keep the
+//! checker's proof as the other v-collectives' do.
+//!
 //! Why it is sound: a rank's memory is touched only by ranks counted as its users, counted
 //! under the board's lock while its post stands, and the post is withdrawn under the same
 //! lock only once the count is zero, so no rank reaches memory its owner has given back.
@@ -37,6 +48,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use relaycc_route::{Collective, MAX_ELEMENTS};
+
 use super::Shared;
 use super::board::{Board, Post, Posted, lock};
 use super::direct_drive::Running;
@@ -47,7 +60,7 @@ use crate::backend::validate::Bound;
 use crate::call_checks;
 use crate::communicator::Communicator;
 use crate::error::{CollectivesError, Result};
-use crate::exec::counts::{CallCounts, CountLayout};
+use crate::exec::counts::{CallCounts, CountLayout, VCollective};
 use crate::plan_cache::Cached;
 
 /// Address of a zero-byte binding: any address aligned for every element type serves.
@@ -120,57 +133,153 @@ fn overlap(a: Bound, b: Bound) -> bool {
 
 impl DirectCall {
     /// Step 1 and what comes before it: this rank's checks and plan, its part, its post.
-    /// A failure aborts the communicator (the others may wait for this rank's post).
+    /// An all_to_all_v posts after its own checks alone: its plan needs every rank's counts,
+    /// which it agrees on from the posts (`direct_drive.rs`). A failure aborts the
+    /// communicator (the others may wait for this rank's post).
     pub(super) fn begin(self) -> Result<Running> {
-        let call = self.desc.call;
-        let board = &self.shared.board;
-        if let Some(e) = board.aborted(call, self.seq) {
+        if let Some(e) = self.shared.board.aborted(self.desc.call, self.seq) {
             return Err(e);
         }
-        let kept = lock(&self.shared.kept[self.me]).take_shape(&self.desc, self.in_place);
-        let k = match kept {
-            Some(k) => match self.check_slices(&k.shape) {
+        let k = if self.desc.collective == Collective::AllToAllV {
+            self.check_own_counts().map(|()| None)
+        } else {
+            self.part(Vec::new()).map(Some)
+        };
+        match k {
+            Ok(k) => self.post(k),
+            Err(e) => {
+                let (call, e) = (self.desc.call, Arc::new(e));
+                self.shared.board.fail(self.seq, call, e.clone());
+                self.shared.poke_meetings();
+                Err(CollectivesError::RankFailed { call, source: e })
+            }
+        }
+    }
+
+    /// This rank's part of the call (its checks passed): the one kept for a call of this
+    /// shape, else cut from the communicator's cached plan (bound to the call's counts for
+    /// a v-collective). `matrix`: all_to_all_v's counts, agreed by every rank; empty for the
+    /// other collectives.
+    pub(super) fn part(&self, mut matrix: Vec<Vec<u64>>) -> Result<KeptPart> {
+        let kept = lock(&self.shared.kept[self.me]).take_shape(&self.desc, self.in_place, &matrix);
+        if let Some(k) = kept {
+            return match self.check_slices(&k.shape) {
                 Ok(()) => Ok(k),
                 Err(e) => {
                     lock(&self.shared.kept[self.me]).put(k);
                     Err(e)
                 }
-            },
-            None => self.checked_plan().and_then(|(cached, shape, counts)| {
-                let mut k =
-                    lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me, shape)?;
-                match counts.map(|c| bind_part(&mut k, c)) {
-                    // Not kept: its shape names counts its program does not hold.
-                    Some(Err(e)) => Err(e),
-                    _ => Ok(k),
-                }
-            }),
-        };
-        let k = match k {
-            Ok(k) => k,
-            Err(e) => {
-                let e = Arc::new(e);
-                board.fail(self.seq, call, e.clone());
-                self.shared.poke_meetings();
-                return Err(CollectivesError::RankFailed { call, source: e });
-            }
-        };
-        self.post(k)
+            };
+        }
+        if !matrix.is_empty()
+            && let Some(k) = self.rebound(&mut matrix)?
+        {
+            return Ok(k);
+        }
+        let (cached, shape, counts) = self.checked_plan(matrix)?;
+        let mut k = lock(&self.shared.kept[self.me]).take(&self.shared, &cached, self.me, shape)?;
+        match counts.map(|c| bind_part(&mut k, c)) {
+            // Not kept: its shape names counts its program does not hold.
+            Some(Err(e)) => Err(e),
+            _ => Ok(k),
+        }
     }
 
-    /// Post this call and this rank's slices (step 1), and lay out the bindings its part
-    /// runs on: its own slices and scratch now, the others' once taken.
-    fn post(self, mut k: KeptPart) -> Result<Running> {
+    /// An all_to_all_v's checks that need no other rank: both count lists hold a count per
+    /// rank, and this rank's slices hold their sums (the slices are checked before they are
+    /// posted: other ranks write to the output the post lends). The rest of the request's
+    /// checks wait for the agreed matrix.
+    fn check_own_counts(&self) -> Result<()> {
+        let (d, n) = (&self.desc, self.shared.comm.ranks());
+        let mut needs = [0; 2];
+        let sides = [
+            ("send counts", &d.counts),
+            ("receive counts", &d.recv_counts),
+        ];
+        for (need, (side, list)) in needs.iter_mut().zip(sides) {
+            if list.len() != n {
+                return Err(CollectivesError::RankCount {
+                    call: d.call,
+                    side,
+                    expected: n,
+                    got: list.len(),
+                });
+            }
+            *need = list
+                .iter()
+                .try_fold(0u64, |a, &c| a.checked_add(c))
+                .filter(|&t| t <= MAX_ELEMENTS)
+                .ok_or_else(|| CollectivesError::Overflow {
+                    call: d.call,
+                    what: format!("rank {}'s {side} sum past {MAX_ELEMENTS} elements", self.me),
+                })?;
+        }
+        self.check_slices(&CallShape {
+            desc: d.clone(),
+            in_place: self.in_place,
+            needs: (needs[0], needs[1]),
+            layout: None,
+            matrix: Vec::new(),
+        })
+    }
+
+    /// An all_to_all_v's kept part of the capacity plan that serves `matrix`, bound to it:
+    /// of a call like this one but for the counts, its matrix under the same capacity. The
+    /// request's checks are the agreement's (every rank checked its own counts and slices
+    /// before it posted, and the counts pair up), so neither the request nor the plan
+    /// cache is looked at again. `Ok(None)` where no kept part serves.
+    fn rebound(&self, matrix: &mut Vec<Vec<u64>>) -> Result<Option<KeptPart>> {
+        let (n, me) = (self.shared.comm.ranks(), self.me);
+        let largest = matrix.iter().flatten().copied().max().unwrap_or(0);
+        let layout = CountLayout {
+            collective: VCollective::AllToAllV,
+            ranks: n as u32,
+            capacity: CountLayout::capacity_for(largest),
+        };
+        let kept = lock(&self.shared.kept[me]).take_rebindable(&self.desc, self.in_place, |m| {
+            let most = m.iter().flatten().copied().max().unwrap_or(0);
+            CountLayout::capacity_for(most) == layout.capacity
+        });
+        let Some(mut k) = kept else {
+            return Ok(None);
+        };
+        let flat: Vec<u64> = matrix.iter().flatten().copied().collect();
+        // Sums of the row and column this rank checked its slices against: no overflow.
+        let needs = (
+            matrix[me].iter().sum(),
+            matrix.iter().map(|row| row[me]).sum(),
+        );
+        let shape = CallShape {
+            desc: self.desc.clone(),
+            in_place: self.in_place,
+            needs,
+            layout: None,
+            matrix: std::mem::take(matrix),
+        };
+        if let Err(e) = self.check_slices(&shape) {
+            lock(&self.shared.kept[me]).put(k);
+            return Err(e);
+        }
+        // Not kept on failure: its shape would name counts its program does not hold.
+        bind_part(&mut k, (layout, CallCounts::new(&layout, &flat)?))?;
+        k.shape = shape;
+        Ok(Some(k))
+    }
+
+    /// Post this call and this rank's slices (step 1); with its part, lay out the bindings
+    /// the part runs on: its own slices and scratch now, the others' once taken.
+    fn post(self, k: Option<KeptPart>) -> Result<Running> {
         let board = &self.shared.board;
         let (me, seq) = (self.me, self.seq);
-        let n = self.shared.comm.ranks();
         let mine = (bound_of(self.input), bound_of(self.output));
         {
             let mut st = lock(&board.state);
             if let Some(a) = st.abort_at(seq) {
                 let e = Board::error_of(a, self.desc.call, seq);
                 drop(st);
-                lock(&self.shared.kept[me]).put(k);
+                if let Some(k) = k {
+                    lock(&self.shared.kept[me]).put(k);
+                }
                 return Err(e);
             }
             let old = &mut st.posts[me];
@@ -194,6 +303,13 @@ impl DirectCall {
             };
             board.changed(&mut st, me);
         }
+        Ok(Running::new(self, k))
+    }
+
+    /// The bindings `k` runs on for this call: this rank's slices and scratch, the others'
+    /// empty until taken.
+    pub(super) fn bindings(&self, k: &mut KeptPart) -> Vec<Bound> {
+        let (me, n) = (self.me, self.shared.comm.ranks());
         let mut bound = std::mem::take(&mut k.bindings);
         bound.clear();
         bound.resize(k.program().bindings as usize, bound_of(None));
@@ -202,20 +318,23 @@ impl DirectCall {
                 *x = v;
             }
         };
-        fill(me, mine.0);
-        fill(n + me, mine.1);
+        fill(me, bound_of(self.input));
+        fill(n + me, bound_of(self.output));
         for (i, s) in k.scratch.iter().enumerate() {
             fill(2 * n + i, *s);
         }
-        Ok(Running::new(self, k, bound))
+        bound
     }
 
     /// The checks of the call's shape (op and type, root, the request's rules) and of this
-    /// rank's slices, then the communicator's cached plan of the call: for all_gather_v and
-    /// reduce_scatter_v their capacity plan, with the layout and the call's counts to bind
-    /// into it (`None` where the plan is of the exact counts: the capacity plan cannot be
-    /// bound, or the collective has fixed counts).
-    fn checked_plan(&self) -> Result<(Arc<Cached>, CallShape, Option<CountsToBind>)> {
+    /// rank's slices, then the communicator's cached plan of the call: for the v-collectives
+    /// their capacity plan, with the layout and the call's counts to bind into it (`None`
+    /// where the plan is of the exact counts: the capacity plan cannot be bound, or the
+    /// collective has fixed counts). `matrix`: all_to_all_v's counts, empty for the others.
+    fn checked_plan(
+        &self,
+        matrix: Vec<Vec<u64>>,
+    ) -> Result<(Arc<Cached>, CallShape, Option<CountsToBind>)> {
         let comm = &self.shared.comm;
         let d = &self.desc;
         let n = comm.ranks();
@@ -226,13 +345,14 @@ impl DirectCall {
                 ranks: n,
             });
         }
-        let request = d.request(comm.devices().to_vec(), Vec::new());
+        let request = d.request(comm.devices().to_vec(), matrix);
         let lens = call_checks::check_request(d.call, &request)?;
         let shape = CallShape {
             desc: d.clone(),
             in_place: self.in_place,
             needs: lens.get(self.me).copied().unwrap_or((0, 0)),
             layout: request.in_place(self.me as u32),
+            matrix: request.matrix.clone(),
         };
         self.check_slices(&shape)?;
         if let Some((layout, counts)) = CountLayout::of_request(&request) {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::Shared;
 use super::board::{Board, BoardState, lock};
 use super::direct::DirectCall;
-use super::direct_part::{DirectPart, KeptPart};
+use super::direct_part::KeptPart;
 use super::op::{Desc, Failure};
 use crate::backend::validate::Bound;
 use crate::error::{CollectivesError, Result};
@@ -22,6 +22,12 @@ use crate::error::{CollectivesError, Result};
 /// Where a call is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    /// all_to_all_v: waiting for every rank's post of the call, to agree on the count
+    /// matrix from their counts (no rank holds it alone).
+    Agree,
+    /// all_to_all_v: the matrix agreed, its part is to be planned and cut, outside the
+    /// board's lock.
+    Plan,
     /// Waiting for the posts of the ranks whose memory its part touches (step 2).
     Take,
     /// Its part is to run, outside the board's lock.
@@ -36,7 +42,7 @@ enum Stage {
 
 /// What a call needs before it can go on.
 enum Step {
-    /// Its part is to run outside the board's lock.
+    /// Its part is to plan or run outside the board's lock.
     Run,
     /// A change of one of these ranks' posts, at the latest by the instant.
     Wait(Vec<usize>, Instant),
@@ -48,7 +54,10 @@ enum Step {
 #[derive(Debug)]
 pub(crate) struct Running {
     call: DirectCall,
-    k: KeptPart,
+    /// Its part: `None` while an all_to_all_v agrees on its matrix and plans.
+    k: Option<KeptPart>,
+    /// all_to_all_v's agreed count matrix, until its part is planned.
+    matrix: Vec<Vec<u64>>,
     stage: Stage,
     start: Instant,
     /// The part's bindings: this rank's, its scratch, and those it took.
@@ -59,31 +68,67 @@ pub(crate) struct Running {
     result: Result<()>,
 }
 
-/// The ranks whose parts touch `part`'s rank's memory and that have not finished call
-/// `seq` (none once an abort fails the call: then only users are waited for).
+/// Of the ranks `touched_by` (whose parts touch a rank's memory), those that have not
+/// finished call `seq` (none once an abort fails the call: then only users are waited for).
 fn unfinished<'a>(
-    part: &'a DirectPart,
+    touched_by: &'a [usize],
     st: &'a BoardState,
     seq: u64,
 ) -> impl Iterator<Item = usize> + 'a {
     let waits = st.abort_at(seq).is_none();
-    part.touched_by
+    touched_by
         .iter()
         .copied()
         .filter(move |&q| waits && !st.posts[q].finished(seq))
 }
 
+/// Rank `p`'s posted call `seq` (descriptor, in place or not, and whether its post is still
+/// open), `Ok(None)` where it has not posted it yet, or the mismatch where it is past it.
+fn posted_call<'a>(
+    st: &'a BoardState,
+    p: usize,
+    c: &DirectCall,
+) -> std::result::Result<Option<(&'a Desc, bool, bool)>, String> {
+    let seq = c.seq;
+    let post = &st.posts[p];
+    Ok(match (post.seq, &post.call, &post.before) {
+        (Some(s), Some(x), _) if s == seq => Some((&x.desc, x.in_place, post.open)),
+        (Some(s), _, Some((b, d, i))) if s > seq && *b == seq => Some((d, *i, false)),
+        (Some(s), _, _) if s > seq => {
+            return Err(format!(
+                "rank {p} is at call {s} while rank {} makes call {seq} ({})",
+                c.me,
+                c.desc.show()
+            ));
+        }
+        _ => None,
+    })
+}
+
 impl Running {
-    pub(super) fn new(call: DirectCall, k: KeptPart, bound: Vec<Bound>) -> Self {
+    /// A posted call, with its part (to take next) or without (an all_to_all_v, to agree
+    /// on its matrix first).
+    pub(super) fn new(call: DirectCall, mut k: Option<KeptPart>) -> Self {
+        let bound = k.as_mut().map_or_else(Vec::new, |k| call.bindings(k));
         Running {
+            stage: if k.is_some() {
+                Stage::Take
+            } else {
+                Stage::Agree
+            },
             call,
             k,
-            stage: Stage::Take,
+            matrix: Vec::new(),
             start: Instant::now(),
             bound,
             took: false,
             result: Ok(()),
         }
+    }
+
+    /// The ranks its part touches, none without a part.
+    fn reads(&self) -> &[usize] {
+        self.k.as_ref().map_or(&[], |k| &k.part.reads)
     }
 
     fn deadline(&self) -> Instant {
@@ -94,6 +139,14 @@ impl Running {
     fn advance(&mut self, board: &Board, st: &mut BoardState) -> Step {
         loop {
             match self.stage {
+                Stage::Agree => match self.try_agree(board, st) {
+                    Ok(None) => self.stage = Stage::Plan,
+                    Ok(Some(missing)) => return Step::Wait(missing, self.deadline()),
+                    Err(e) => {
+                        self.result = Err(e);
+                        self.stage = Stage::Release;
+                    }
+                },
                 Stage::Take => match self.try_take(board, st) {
                     Ok(None) => {
                         self.took = true;
@@ -105,7 +158,7 @@ impl Running {
                         self.stage = Stage::Release;
                     }
                 },
-                Stage::Run => return Step::Run,
+                Stage::Plan | Stage::Run => return Step::Run,
                 Stage::Release => {
                     self.release(board, st);
                     self.stage = Stage::Finish;
@@ -135,14 +188,42 @@ impl Running {
         }
     }
 
-    /// Run the part, outside the board's lock, with the tasks kept from the last call where
-    /// the addresses are the same.
+    /// Outside the board's lock: plan an all_to_all_v's part, or run the part.
     fn run(&mut self) {
-        if self.stage != Stage::Run {
-            return;
+        match self.stage {
+            Stage::Plan => self.plan(),
+            Stage::Run => self.run_part(),
+            _ => {}
         }
+    }
+
+    /// An all_to_all_v's part of the plan of its agreed matrix, bound to its counts, then
+    /// taken as any other call's (a failure aborts at the release).
+    fn plan(&mut self) {
+        match self.call.part(std::mem::take(&mut self.matrix)) {
+            Ok(mut k) => {
+                self.bound = self.call.bindings(&mut k);
+                self.k = Some(k);
+                self.stage = Stage::Take;
+            }
+            Err(e) => {
+                self.result = Err(e);
+                self.stage = Stage::Release;
+            }
+        }
+    }
+
+    /// Run the part with the tasks kept from the last call where the addresses are the
+    /// same.
+    fn run_part(&mut self) {
         let n = self.call.shared.comm.ranks();
-        let k = &mut self.k;
+        let Some(k) = self.k.as_mut() else {
+            self.result = Err(CollectivesError::Unmatched(
+                "a call run without its part".into(),
+            ));
+            self.stage = Stage::Release;
+            return;
+        };
         let fresh = !matches!(&k.tasks, Some((b, _)) if *b == self.bound);
         let ran = if fresh {
             // Inputs and outputs are the callers' memory; scratch is the plan's.
@@ -196,26 +277,18 @@ impl Running {
         }
         let mut missing = Vec::new();
         let mut wrong = None;
-        for &p in &self.k.part.reads {
-            let post = &st.posts[p];
-            let posted = match (post.seq, &post.call, &post.before) {
-                (Some(s), Some(x), _) if s == seq => (&x.desc, x.in_place, post.open),
-                (Some(s), _, Some((b, d, i))) if s > seq && *b == seq => (d, *i, false),
-                (Some(s), _, _) if s > seq => {
-                    wrong = wrong.or_else(|| {
-                        Some(format!(
-                            "rank {p} is at call {s} while rank {me} makes call {seq} ({})",
-                            c.desc.show()
-                        ))
-                    });
-                    continue;
-                }
-                _ => {
+        for &p in self.reads() {
+            let (desc, in_place, open) = match posted_call(st, p, c) {
+                Ok(Some(posted)) => posted,
+                Ok(None) => {
                     missing.push(p);
                     continue;
                 }
+                Err(m) => {
+                    wrong = wrong.or(Some(m));
+                    continue;
+                }
             };
-            let (desc, in_place, open) = posted;
             wrong = wrong.or_else(|| differs(c, p, desc, in_place)).or_else(|| {
                 (!open).then(|| {
                     format!(
@@ -230,7 +303,10 @@ impl Running {
             return Err(board.abort(st, seq, call, Failure::Mismatch(m)));
         }
         if missing.is_empty() {
-            for &p in &self.k.part.reads {
+            let Some(k) = &self.k else {
+                return Ok(None);
+            };
+            for &p in &k.part.reads {
                 let post = &mut st.posts[p];
                 post.users += 1;
                 if let Some(x) = &post.call {
@@ -240,6 +316,64 @@ impl Running {
             }
             return Ok(None);
         }
+        self.missing(board, st, missing)
+    }
+
+    /// The all_to_all_v agreement, without waiting: `None` once every rank has posted this
+    /// call, with matching descriptors and counts that pair up (the matrix kept for the
+    /// plan); the ranks still missing otherwise. Every rank judges the same posts, so a
+    /// mismatch is the same message on every rank; it aborts, as a missing rank gone or past
+    /// the deadline does.
+    fn try_agree(&mut self, board: &Board, st: &mut BoardState) -> Result<Option<Vec<usize>>> {
+        let c = &self.call;
+        let (me, seq, call) = (c.me, c.seq, c.desc.call);
+        if let Some(a) = st.abort_at(seq) {
+            return Err(Board::error_of(a, call, seq));
+        }
+        let n = c.shared.comm.ranks();
+        let mut missing = Vec::new();
+        let mut wrong = None;
+        let mut rows: Vec<crate::call::RankDescs<'_>> = Vec::with_capacity(n);
+        for p in 0..n {
+            if p == me {
+                rows.push((p, Some(vec![&c.desc])));
+                continue;
+            }
+            match posted_call(st, p, c) {
+                Ok(Some((desc, in_place, _))) => {
+                    wrong = wrong.or_else(|| differs(c, p, desc, in_place));
+                    rows.push((p, Some(vec![desc])));
+                }
+                Ok(None) => missing.push(p),
+                Err(m) => wrong = wrong.or(Some(m)),
+            }
+        }
+        if wrong.is_none() && missing.is_empty() {
+            match crate::call::matrix(&rows, 0) {
+                Ok(m) => self.matrix = m,
+                Err(m) => wrong = Some(format!("{m} (call {seq})")),
+            }
+        }
+        drop(rows);
+        if let Some(m) = wrong {
+            return Err(board.abort(st, seq, call, Failure::Mismatch(m)));
+        }
+        if missing.is_empty() {
+            return Ok(None);
+        }
+        self.missing(board, st, missing)
+    }
+
+    /// Ranks `missing` have not posted this call: the ranks to wait for, or the timeout
+    /// (aborting) once one of them is gone or the deadline is past.
+    fn missing(
+        &self,
+        board: &Board,
+        st: &mut BoardState,
+        missing: Vec<usize>,
+    ) -> Result<Option<Vec<usize>>> {
+        let c = &self.call;
+        let (seq, call) = (c.seq, c.desc.call);
         let gone = missing
             .iter()
             .any(|&p| c.shared.gone[p].load(Ordering::Acquire));
@@ -267,8 +401,10 @@ impl Running {
         }
         st.posts[me].done = true;
         board.changed(st, me);
-        if self.took {
-            for &p in &self.k.part.reads {
+        if self.took
+            && let Some(k) = &self.k
+        {
+            for &p in &k.part.reads {
                 st.posts[p].users = st.posts[p].users.saturating_sub(1);
                 if st.posts[p].users == 0 {
                     board.changed(st, p);
@@ -284,7 +420,7 @@ impl Running {
     fn try_finish(&mut self, board: &Board, st: &mut BoardState) -> Option<Vec<usize>> {
         let c = &self.call;
         let (me, seq, call) = (c.me, c.seq, c.desc.call);
-        let part = &self.k.part;
+        let part = self.k.as_ref().map_or(&[][..], |k| &k.part.touched_by);
         loop {
             let users = st.posts[me].users > 0;
             if !users && unfinished(part, st, seq).next().is_none() {
@@ -437,13 +573,15 @@ fn settle(
             let (i, r) = driven[b].calls.swap_remove(j);
             let Running {
                 call,
-                mut k,
+                k,
                 result,
                 bound,
                 ..
             } = r;
-            k.bindings = bound;
-            lock(&call.shared.kept[call.me]).put(k);
+            if let Some(mut k) = k {
+                k.bindings = bound;
+                lock(&call.shared.kept[call.me]).put(k);
+            }
             match result {
                 Ok(()) => begin_next(i, rest, driven, results),
                 Err(e) => {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use relaycc_route::{InPlace, Location};
+use relaycc_route::{Collective, InPlace, Location};
 
 use super::Shared;
 use super::op::Desc;
@@ -201,12 +201,16 @@ pub(super) struct CallShape {
     pub in_place: bool,
     pub needs: (u64, u64),
     pub layout: Option<InPlace>,
+    /// all_to_all_v's count matrix (its part's binding depends on every rank's counts, the
+    /// descriptor holds this rank's only); empty for the other collectives.
+    pub matrix: Vec<Vec<u64>>,
 }
 
 impl CallShape {
-    /// `desc` (in place or not) is a call of this shape.
-    pub fn fits(&self, desc: &Desc, in_place: bool) -> bool {
-        self.in_place == in_place && self.desc.same_shape(desc)
+    /// `desc` (in place or not, of all_to_all_v count matrix `matrix`) is a call of this
+    /// shape.
+    pub fn fits(&self, desc: &Desc, in_place: bool, matrix: &[Vec<u64>]) -> bool {
+        self.in_place == in_place && self.desc.same_shape(desc) && self.matrix == matrix
     }
 }
 
@@ -238,13 +242,21 @@ impl KeptParts {
         }
         let comm = &shared.comm;
         let exec = &cached.exec;
-        let part =
+        let mut part =
             cut_part(exec.program(), exec.command_ops(), comm.devices(), me).map_err(|m| {
                 CollectivesError::InvalidPlan {
                     op: None,
                     message: format!("plan `{}` cannot run per rank: {m}", exec.plan().algorithm),
                 }
             })?;
+        if shape.desc.collective == Collective::AllToAllV {
+            // Every rank read every post to agree on the matrix: no rank may leave the call
+            // (and post its next) before every other has read its post, so each waits for
+            // all.
+            let others: Vec<usize> = (0..comm.ranks()).filter(|&r| r != me).collect();
+            part.reads.clone_from(&others);
+            part.touched_by = others;
+        }
         let backend = comm.backend();
         let mut scratch = Vec::new();
         for m in cached.scratch_set(0, backend)? {
@@ -267,12 +279,38 @@ impl KeptParts {
         })
     }
 
-    /// Take out the kept part last taken for a call of `desc`'s shape, if there is one.
-    pub(super) fn take_shape(&mut self, desc: &Desc, in_place: bool) -> Option<KeptPart> {
+    /// Take out the kept part last taken for a call of `desc`'s shape (and all_to_all_v
+    /// count matrix), if there is one.
+    pub(super) fn take_shape(
+        &mut self,
+        desc: &Desc,
+        in_place: bool,
+        matrix: &[Vec<u64>],
+    ) -> Option<KeptPart> {
         let i = self
             .parts
             .iter()
-            .rposition(|k| k.shape.fits(desc, in_place))?;
+            .rposition(|k| k.shape.fits(desc, in_place, matrix))?;
+        Some(self.parts.remove(i))
+    }
+
+    /// Take out the kept part last bound to an all_to_all_v's counts for a call like `desc`
+    /// but for its counts (the same collective, element type and in-place choice) whose
+    /// count matrix `serves` the call (a matrix under the same capacity), if there is one.
+    pub(super) fn take_rebindable(
+        &mut self,
+        desc: &Desc,
+        in_place: bool,
+        serves: impl Fn(&[Vec<u64>]) -> bool,
+    ) -> Option<KeptPart> {
+        let i = self.parts.iter().rposition(|k| {
+            let d = &k.shape.desc;
+            k.bound.is_some()
+                && k.shape.in_place == in_place
+                && (d.call, d.collective, d.dtype) == (desc.call, desc.collective, desc.dtype)
+                && d.collective == Collective::AllToAllV
+                && serves(&k.shape.matrix)
+        })?;
         Some(self.parts.remove(i))
     }
 

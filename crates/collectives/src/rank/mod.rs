@@ -4,16 +4,16 @@
 //!
 //! How a call runs: every call of a handle has a sequence number. Where the ranks share one
 //! host memory (`RankComm::host`, `host-N` on the host backend), a collective runs without a
-//! rendezvous (`direct.rs`; all_gather_v and reduce_scatter_v on their capacity plan with the
-//! call's counts bound by each rank, all_to_all_v not: no rank holds the whole count matrix),
-//! and a group of them runs as that many such calls, one after the other, each with its own
+//! rendezvous (`direct.rs`; the v-collectives on their capacity plan with the call's counts
+//! bound by each rank, all_to_all_v once every rank has read the count matrix off the
+//! others' posts), and a group of them runs as that many such calls, one after the other, each with its own
 //! number: each rank plans from the communicator's cache, runs the part of the plan on its
 //! own lanes on its own thread, reading and writing
 //! the other ranks' posted slices in place, and waits for another rank only where it needs
 //! that rank's memory or that rank needs its own. A failure there (a mismatch, a missing
 //! rank, a failed check) aborts the communicator: the call fails on every rank that is in it
-//! and every later call fails with [`CollectivesError::Aborted`]. Anything else (all_to_all_v,
-//! sends and receives, split, groups that hold any of them, and every call on other
+//! and every later call fails with [`CollectivesError::Aborted`]. Anything else (sends and
+//! receives, split, groups that hold any of them, and every call on other
 //! communicators) meets (`meeting.rs`): the ranks' descriptors (collective, element
 //! type, count or counts, op, root, order) are compared (`op.rs`), and the last rank to
 //! arrive runs the operation for all (`group_run.rs`): it lends every rank's slices to the
@@ -94,8 +94,7 @@ pub(crate) struct Shared {
     meeting: Meeting,
     /// Point-to-point meetings, per (lower rank, higher rank).
     pairs: Mutex<HashMap<(usize, usize), Arc<Meeting>>>,
-    /// The ranks share one host memory: collectives but all_to_all_v run without a rendezvous
-    /// (`direct.rs`), on `board`, each rank's parts kept in `kept[rank]`.
+    /// The ranks share one host memory: collectives run without a rendezvous (`direct.rs`), on `board`, each rank's parts kept in `kept[rank]`.
     direct: bool,
     board: Arc<Board>,
     kept: Vec<Mutex<KeptParts>>,
@@ -192,7 +191,7 @@ impl Shared {
 /// [`CollectivesError::RankTimeout`], naming the missing ranks and the call's number. Calls
 /// that meet run nothing after a mismatch or a timeout; after a `RankFailed` from the
 /// backend during the run, output slices may be partly written (shared input slices never
-/// are). Collectives but all_to_all_v on ranks of one host memory run without meeting, a
+/// are). Collectives on ranks of one host memory run without meeting, a
 /// group of them one call after another (module docs):
 /// a rank's part may have written its outputs before another rank's mismatch is found, a
 /// rank whose part needed nothing from the failing rank may return `Ok` with a valid result,
@@ -323,8 +322,7 @@ impl RankComm {
     }
 
     /// Leave a group's operations (or the error its arguments gave) with the other ranks'
-    /// ([`Runner::depart`]): collectives but all_to_all_v on ranks that share one host memory
-    /// run directly (`direct.rs`), one after the other; anything else meets at the
+    /// ([`Runner::depart`]): collectives on ranks that share one host memory run directly (`direct.rs`), one after the other; anything else meets at the
     /// communicator's meeting.
     fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
         if self.shared.direct {
@@ -350,7 +348,7 @@ impl RankComm {
     }
 
     /// The direct calls of `ops`, one per operation and call number, when every one is a
-    /// collective but all_to_all_v on host slices.
+    /// collective on host slices.
     fn direct_calls(&mut self, lender: &Lender<'_>, ops: &[RankCallOp]) -> Option<Vec<DirectCall>> {
         if ops.is_empty() {
             return None;
@@ -366,10 +364,6 @@ impl RankComm {
             else {
                 return None;
             };
-            // all_to_all_v's binding needs every rank's counts, which no rank holds alone.
-            if desc.collective == relaycc_route::Collective::AllToAllV {
-                return None;
-            }
             let esize = desc.dtype.size();
             let span = |v: &Option<op::View>| -> Option<Option<(usize, u64)>> {
                 let Some(v) = v else { return Some(None) };
@@ -621,8 +615,8 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// groups exactly as its own [`RankGroup::launch`] would (the same checks, the same
     /// errors on every rank), but the thread leaves every group at its meeting before it
     /// waits for any, so a few threads can drive any number of ranks. The last rank to
-    /// arrive runs the operation, on whichever thread that is. Groups of collectives (but
-    /// all_to_all_v) of ranks in one host memory run directly (module docs): every group's first call
+    /// arrive runs the operation, on whichever thread that is. Groups of collectives of
+    /// ranks in one host memory run directly (module docs): every group's first call
     /// posts first, and they advance together on this thread, each part running once the posts
     /// it needs are there and each group's next call posting once the one before it is over.
     /// Returns when every group is

@@ -1,7 +1,7 @@
 //! Ranks in one host memory run their collectives without a rendezvous: a rank waits only
 //! for the ranks whose memory its part touches or that touch its own, one thread drives
-//! several ranks with `launch_all`, and a group of collectives runs as one call after
-//! another.
+//! several ranks with `launch_all`, a group of collectives runs as one call after another,
+//! and the v-collectives bind each call's counts, all_to_all_v after agreeing on its matrix.
 
 use std::sync::{Condvar, Mutex};
 
@@ -65,7 +65,8 @@ fn a_rank_waits_only_for_the_ranks_its_part_touches() {
 }
 
 /// One thread drives all four ranks of a communicator through `launch_all`, call after
-/// call, in place and not: every rank's part runs, each on a thread of its own.
+/// call, in place and not, all_to_all_v with a new matrix every call among them: every
+/// rank's part runs, all on that thread.
 #[test]
 fn one_thread_drives_every_rank_with_launch_all() {
     let mut ranks = RankComm::host(4).expect("host ranks");
@@ -98,6 +99,35 @@ fn one_thread_drives_every_rank_with_launch_all() {
         });
     RankGroup::launch_all(groups).expect("all_gather");
     assert!(outs.iter().all(|o| o.iter().all(|&x| x == 160.0)));
+    // all_to_all_v, a new matrix each round: rank s sends rank d (s + 2 d + round) % 5
+    // elements of value 10 s + d.
+    for round in 0..3 {
+        let m: Vec<Vec<usize>> = (0..4)
+            .map(|s| (0..4).map(|d| (s + 2 * d + round) % 5).collect())
+            .collect();
+        let sends: Vec<Vec<f64>> = (0..4)
+            .map(|s| {
+                (0..4)
+                    .flat_map(|d| std::iter::repeat_n((10 * s + d) as f64, m[s][d]))
+                    .collect()
+            })
+            .collect();
+        let columns: Vec<Vec<usize>> = (0..4).map(|d| (0..4).map(|s| m[s][d]).collect()).collect();
+        let mut recvs: Vec<Vec<f64>> = columns.iter().map(|c| vec![-1.0; c.iter().sum()]).collect();
+        let groups = ranks.iter_mut().zip(recvs.iter_mut()).map(|(rank, out)| {
+            let r = rank.rank();
+            let mut g = rank.group();
+            g.all_to_all_v(&sends[r][..], &m[r], &mut out[..], &columns[r]);
+            g
+        });
+        RankGroup::launch_all(groups).expect("all_to_all_v");
+        for (d, out) in recvs.iter().enumerate() {
+            let want: Vec<f64> = (0..4)
+                .flat_map(|s| std::iter::repeat_n((10 * s + d) as f64, m[s][d]))
+                .collect();
+            assert_eq!(out, &want, "round {round}, rank {d}");
+        }
+    }
 }
 
 /// Two threads each drive one rank of two communicators in one `launch_all`, in opposite
@@ -235,6 +265,62 @@ fn v_collectives_run_directly_with_new_counts_every_call() {
                     cause.to_string().contains("counts differ"),
                     "rank {r}: {cause}"
                 )
+            }
+            other => panic!("rank {r}: the mismatched call gave {other:?}"),
+        }
+        match next {
+            Err(CollectivesError::Aborted { seq, .. }) if seq == calls => {}
+            other => panic!("rank {r}: the call after it gave {other:?}"),
+        }
+    }
+}
+
+/// all_to_all_v runs directly: every rank posts its counts, agrees on the matrix from
+/// every rank's post, binds it to the capacity plan and runs its part. Matrices that change
+/// from call to call, come back and hold zeros give exact results; then counts that do not
+/// pair up fail the call on every rank and abort the communicator (a meeting would have
+/// left it usable).
+#[test]
+fn all_to_all_v_runs_directly_with_a_new_matrix_every_call() {
+    let ranks = RankComm::host(3).expect("host ranks");
+    let matrices: [[[usize; 3]; 3]; 4] = [
+        [[1, 2, 3], [4, 0, 2], [0, 0, 5]],
+        [[300, 7, 0], [1, 129, 2], [64, 64, 64]],
+        [[1, 2, 3], [4, 0, 2], [0, 0, 5]],
+        [[0; 3]; 3],
+    ];
+    let got = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let r = rank.rank();
+        for (k, m) in matrices.iter().enumerate() {
+            // Block r -> d holds m[r][d] copies of 100 r + 10 d + k.
+            let send: Vec<u32> = (0..3)
+                .flat_map(|d| std::iter::repeat_n((100 * r + 10 * d + k) as u32, m[r][d]))
+                .collect();
+            let recv_counts: Vec<usize> = (0..3).map(|s| m[s][r]).collect();
+            let mut out = vec![u32::MAX; recv_counts.iter().sum()];
+            rank.all_to_all_v(&send[..], &m[r], &mut out[..], &recv_counts)
+                .map_err(|e| format!("rank {r}, call {k}: {e}"))?;
+            let want: Vec<u32> = (0..3)
+                .flat_map(|s| std::iter::repeat_n((100 * s + 10 * r + k) as u32, m[s][r]))
+                .collect();
+            if out != want {
+                return Err(format!("rank {r}, call {k}: wrong all_to_all_v"));
+            }
+        }
+        // Rank 2 expects two elements from rank 0, which sends it one.
+        let recv_counts = if r == 2 { [2, 1, 1] } else { [1, 1, 1] };
+        let mut out = vec![0u8; recv_counts.iter().sum()];
+        let wrong = rank.all_to_all_v(&[1u8; 3][..], &[1, 1, 1], &mut out[..], &recv_counts);
+        let next = rank.all_reduce_in_place(&mut [1u8; 4][..], ReduceOp::Sum);
+        Ok((wrong, next))
+    });
+    let calls = matrices.len() as u64;
+    for (r, g) in got.into_iter().enumerate() {
+        let (wrong, next) = g.unwrap_or_else(|e| panic!("{e}"));
+        match wrong {
+            Err(CollectivesError::RankMismatch { message, .. }) => {
+                assert!(message.contains("counts differ"), "rank {r}: {message}")
             }
             other => panic!("rank {r}: the mismatched call gave {other:?}"),
         }

@@ -477,8 +477,8 @@ fn send_and_recv_between_two_ranks() {
 
 /// Every rank's error from `f` run on every rank of a fresh `n`-rank communicator with
 /// timeout `t`. A rank whose own part needed nothing from the ranks that called otherwise
-/// may finish its call (ranks in one host memory run their collectives, all_to_all_v aside,
-/// without a rendezvous); the abort then reaches it at its next call, which is made here.
+/// may finish its call (ranks in one host memory run their collectives without a
+/// rendezvous); the abort then reaches it at its next call, which is made here.
 fn errors(
     n: u32,
     t: Duration,
