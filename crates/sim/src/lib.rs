@@ -29,11 +29,16 @@
 //!   until the host has issued it, at `(k + 1) x issue_us`: an executor that enqueues a
 //!   plan's launches one by one from one thread pays that per launch on a GPU backend.
 //! - **Flow.** Then its bytes (elements x dtype size) flow as a fluid. Zero-byte ops end when
-//!   their latency does.
+//!   their latency does. A copy of relaycc's plans that joins a fan-out (the copies of a
+//!   reduction's result, or of a fan-out's source, in that launch's kernel) moves no bytes of
+//!   its own: the op whose launch it joins carries its loads, per byte of its own, since the
+//!   executor's kernel writes every destination as it reads the source; it ends after that op.
 //! - **Resources.** Each directed topology edge is a resource of capacity `link.gbps` (1 GB/s
 //!   = 1e3 bytes/us); so is each memory: a GPU's device memory at its calibrated rate
 //!   (a calibration file's `memories`, measured by `relaycc calibrate`) or else
-//!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, a CPU socket's host
+//!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, bytes read plus
+//!   written, one resource for all the arenas of one device (ranks sharing a GPU), with a
+//!   second of its writes alone at [`DEVICE_WRITE_SHARE`] of that rate; a CPU socket's host
 //!   memory at its `host_mem_gbps`. A simulation keeps only the resources some op loads, in
 //!   the topology's order, so its state is sized by the plan, not by the machine.
 //! - **Protocol share.** A plan with a protocol loads each edge `1 / bw_fraction` times per
@@ -44,11 +49,13 @@
 //!   group crosses it once (one upload the switch multicasts, or one reduced result).
 //! - **Loads.** A copy loads each of its edges once per byte, plus the host memory of each end
 //!   that lies in host memory (device memory outruns every link, so GPU ends are not charged);
-//!   a copy inside one memory (no edges) loads that memory twice per byte (read and write),
+//!   a copy inside one memory (its own, or between two arenas of one device, whose edges it
+//!   then does not load) loads that memory twice per byte (read and write; once, a write,
+//!   when it joins a fan-out, whose source the launch already reads) and its writes once,
 //!   scaled by the memory's rate over the SM copy's where the copy runs on SMs and a
 //!   calibration measured the SM copy on the GPU (`memories`' `sm_copy_gbps`). A
 //!   reduction loads its destination's memory `srcs + 1` times per byte (read every source,
-//!   write the result), scaled by the memory's rate over the reduce kernel's where a
+//!   write the result) and its writes once, scaled by the memory's rate over the reduce kernel's where a
 //!   calibration measured that kernel on the GPU (`memories`' `reduce_gbps`), so that alone it
 //!   runs at the kernel's rate; edges named by a reduction (a result written onward) load once.
 //! - **Sharing.** Concurrent flows share every resource max-min fairly (progressive filling):
@@ -75,6 +82,7 @@
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
 //! | [`collective_bound_gbps`] | the bandwidth bound of a collective on a topology |
 //! | [`executor_launches`], [`LaunchCounts`] | the launches the simulator charges a plan: the CUDA executor's copy-engine copies and kernels |
+//! | [`DEVICE_WRITE_SHARE`] | the share of a device memory's rate its writes alone reach |
 //!
 //! Invariant: this crate imports nothing from relaycc-planners or relaycc-route; Cargo
 //! enforces it.
@@ -95,6 +103,6 @@ pub use config::{DEFAULT_OP_OVERHEAD_US, SimConfig};
 pub use engine::{
     DEADLINE_CHECK_BATCHES, DEADLINE_CHECK_WORK, PreparedSim, SimCut, lower_bound_us, simulate,
 };
-pub use model::{LaunchCounts, executor_launches};
+pub use model::{DEVICE_WRITE_SHARE, LaunchCounts, executor_launches};
 pub use result::{EdgeUse, MemUse, OpSpan, Perf, SimResult};
 pub use trace::chrome_trace;

@@ -5,14 +5,16 @@
 //! ops that never run, named by [`relaycc_plan::DepGraph::cycle_error`].
 
 use relaycc_topo::rates::StepClass;
-use relaycc_topo::{NodeId, Topology, rates};
+use relaycc_topo::{NodeId, Topology};
 
 use relaycc_plan::DepGraph;
-use relaycc_plan::{BufferRef, Location, OpKind, Plan};
+use relaycc_plan::{Location, OpKind, Plan};
 use relaycc_plan::{Result, RouteError};
 
 use super::config::{BYTES_PER_US_PER_GBPS, SimConfig};
 use launches::OpLaunch;
+pub use memories::DEVICE_WRITE_SHARE;
+use memories::Memories;
 
 /// Marks "no op" in index vectors (an op with no active flow).
 pub(super) const NONE: u32 = u32::MAX;
@@ -82,6 +84,8 @@ pub(super) struct Model {
     pub n_edges: usize,
     /// The location of each memory resource.
     pub mem_loc: Vec<Location>,
+    /// The location of each device memory's writes' resource, placed after the memories.
+    pub write_loc: Vec<Location>,
     /// Fixed latency of each op (its mechanism's launch or step cost, plus for relaycc's copies
     /// its edges' latencies), microseconds.
     pub latency_us: Vec<f64>,
@@ -107,41 +111,6 @@ fn check(op: usize, message: String) -> RouteError {
     RouteError::PlanCheck { op, message }
 }
 
-/// Maps plan locations to memory resources.
-struct Memories {
-    n_edges: usize,
-    n_gpus: usize,
-    /// The memory resource (offset from the first memory) of each topology node that is a CPU.
-    host: Vec<Option<u32>>,
-}
-
-impl Memories {
-    fn resource(&self, op: usize, loc: Location) -> Result<u32> {
-        let k = match loc {
-            Location::Gpu(g) if (g as usize) < self.n_gpus => g as usize,
-            Location::Gpu(g) => {
-                return Err(check(
-                    op,
-                    format!(
-                        "names GPU{g}, which the topology lacks ({} GPUs)",
-                        self.n_gpus
-                    ),
-                ));
-            }
-            Location::Host(n) => match self.host.get(n as usize).copied().flatten() {
-                Some(k) => k as usize,
-                None => {
-                    return Err(check(
-                        op,
-                        format!("names host memory of node {n}, which is not a CPU socket"),
-                    ));
-                }
-            },
-        };
-        Ok((self.n_edges + k) as u32)
-    }
-}
-
 impl Model {
     /// When the host has issued op `op`: launches are issued one after another in op order,
     /// an op that joins a launch with it.
@@ -160,7 +129,7 @@ impl Model {
     pub(super) fn build(topo: &Topology, plan: &Plan, cfg: &SimConfig) -> Result<Model> {
         let (overhead, issue_us) = check_settings(plan, cfg)?;
         let (edges, mut caps) = EdgeResources::new(topo, plan)?;
-        let (mem_loc, mems) = memory_resources(topo, &mut caps);
+        let (places, mems) = memories::memory_resources(topo, &mut caps);
         let n = plan.ops.len();
         let deps = plan.dependency_graph()?;
         let protocol = ProtocolCosts::new(topo, plan)?;
@@ -175,7 +144,8 @@ impl Model {
             caps,
             res_orig: Vec::new(),
             n_edges: edges.usable.len(),
-            mem_loc,
+            mem_loc: places.mem_loc,
+            write_loc: places.write_loc,
             start_us: protocol.start_us,
             issue_us,
             issue_order,
@@ -202,8 +172,45 @@ impl Model {
             m.latency_us.push(latency);
             m.bytes.push(op.len() as f64 * elem);
         }
+        if plan.protocol.is_none() {
+            m.fuse_fan_outs(&launches::fan_out_heads(plan, &launches));
+        }
         m.keep_used_resources();
         Ok(m)
+    }
+
+    /// Move each op that joins a fan-out (`heads[op]`: the launch it joins) into its head's
+    /// flow: the executor's kernel writes every destination as it reads the source, so the
+    /// head carries the joined ops' loads (per byte of its own) and they carry no bytes of
+    /// their own, ending once it does.
+    fn fuse_fan_outs(&mut self, heads: &[Option<u32>]) {
+        if heads.iter().all(Option::is_none) {
+            return;
+        }
+        let mut joined: Vec<Vec<(u32, f64)>> = vec![Vec::new(); self.bytes.len()];
+        for (j, h) in heads.iter().enumerate() {
+            let Some(h) = h.map(|h| h as usize).filter(|&h| self.bytes[h] > 0.0) else {
+                continue;
+            };
+            let scale = self.bytes[j] / self.bytes[h];
+            let (res, coef) = self.uses.of(j as u32);
+            joined[h].extend(res.iter().zip(coef).map(|(&r, &c)| (r, c * scale)));
+            self.bytes[j] = 0.0;
+        }
+        let old = std::mem::take(&mut self.uses);
+        self.uses.start.push(0);
+        for (op, extra) in joined.iter().enumerate() {
+            let row = self.uses.res.len();
+            if self.bytes[op] > 0.0 || heads[op].is_none() {
+                let (res, coef) = old.of(op as u32);
+                self.uses.res.extend_from_slice(res);
+                self.uses.coef.extend_from_slice(coef);
+            }
+            for &(r, c) in extra {
+                self.push_use(row, r, c);
+            }
+            self.uses.start.push(self.uses.res.len() as u32);
+        }
     }
 
     /// Keep only the resources some op uses, in their order (so every tie broken by resource
@@ -261,9 +268,15 @@ impl Model {
             let (a, b) = topo.link_ends(relaycc_topo::LinkId::new(e as usize));
             format!("edge {e} ({} -> {})", name(topo, a), name(topo, b))
         } else {
-            match self.memory_of(r) {
-                Some(loc) => format!("{} memory", location_name(topo, loc)),
-                None => format!("resource {r}"),
+            let place = self.res_orig.get(r).map_or(usize::MAX, |&p| p as usize);
+            let writes = place
+                .checked_sub(self.n_edges + self.mem_loc.len())
+                .and_then(|k| self.write_loc.get(k))
+                .map(|&loc| format!("{} memory writes", location_name(topo, loc)));
+            match (self.memory_of(r), writes) {
+                (Some(loc), _) => format!("{} memory", location_name(topo, loc)),
+                (None, Some(name)) => name,
+                (None, None) => format!("resource {r}"),
             }
         }
     }
@@ -373,34 +386,6 @@ impl EdgeResources {
     }
 }
 
-/// The memories of `topo` as resources after the edges already in `caps`: each GPU's at its
-/// calibrated or table rate ([`relaycc_topo::GpuInfo::mem_gbps`]), then each CPU socket's.
-/// Returns their locations and the map from plan locations to them.
-fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (Vec<Location>, Memories) {
-    let n_edges = caps.len();
-    let n_gpus = topo.gpu_count() as usize;
-    let mut mem_loc = Vec::with_capacity(n_gpus + 2);
-    for i in 0..n_gpus as u32 {
-        let gbps = topo
-            .gpu_info(i)
-            .map_or(rates::gpu_mem_gbps(None), |info| info.mem_gbps());
-        caps.push(gbps * BYTES_PER_US_PER_GBPS);
-        mem_loc.push(Location::Gpu(i));
-    }
-    let mut host = vec![None; topo.graph().node_count()];
-    for (id, cpu) in topo.cpus() {
-        host[id.index()] = Some(mem_loc.len() as u32);
-        caps.push(cpu.host_mem_gbps * BYTES_PER_US_PER_GBPS);
-        mem_loc.push(Location::Host(id.index() as u32));
-    }
-    let mems = Memories {
-        n_edges,
-        n_gpus,
-        host,
-    };
-    (mem_loc, mems)
-}
-
 /// What an NCCL-like plan's protocol costs: when its first ops may start, its bytes on the
 /// wire per data byte, and its NVLS groups' sizes.
 struct ProtocolCosts {
@@ -460,14 +445,16 @@ struct OpLowering<'a> {
 impl OpLowering<'_> {
     /// Lower op `i` into `m`'s next row of uses: the edges it crosses (at its bytes on the
     /// wire per byte, [`OpLowering::wire_coef`]), the memories it reads and writes
-    /// ([`OpLowering::memory_uses`]), every resource checked to have a capacity. Returns its
-    /// fixed latency ([`OpLowering::latency`]).
+    /// (`Memories::loads`, `model/memories.rs`), every resource checked to have a capacity.
+    /// Returns its fixed latency ([`OpLowering::latency`]).
     fn lower(&self, m: &mut Model, i: usize, op: &relaycc_plan::Op) -> Result<f64> {
         let row = m.uses.res.len();
         let (coef, shared) = self.wire_coef(i, op)?;
         let mut class = None;
         let mut link_latency = 0.0;
         let n_edges = self.edges.usable.len();
+        // A copy between arenas of one device loads that memory, not the links of its path.
+        let on_links = !self.mems.between_arenas(self.plan, i, op)?;
         for &e in &op.edges {
             let Some(link) = self
                 .topo
@@ -496,10 +483,15 @@ impl OpLowering<'_> {
                 Some((se, size)) if se == e => coef / size,
                 _ => coef,
             };
-            m.push_use(row, self.edges.edge_res[e as usize], c);
+            if on_links {
+                m.push_use(row, self.edges.edge_res[e as usize], c);
+            }
         }
         let latency = self.overhead + self.latency(i, op, class, link_latency);
-        self.memory_uses(m, row, i, op)?;
+        let launch = self.launches.get(i).copied();
+        let (topo, plan) = (self.topo, self.plan);
+        self.mems
+            .loads(topo, plan, (i, op, launch), |r, c| m.push_use(row, r, c))?;
         for (&r, _) in m.uses.res[row..].iter().zip(&m.uses.coef[row..]) {
             let cap = m.caps[r as usize];
             if !(cap.is_finite() && cap > 0.0) {
@@ -583,83 +575,9 @@ impl OpLowering<'_> {
             (Some(_), false, _) => 0.0,
             (None, true, OpLaunch::CopyEngine) => costs.copy_engine_launch_us + link_latency,
             (None, true, OpLaunch::Kernel) => costs.kernel_launch_us + link_latency,
-            (None, true, OpLaunch::Joined) => link_latency,
+            (None, true, OpLaunch::Joined | OpLaunch::JoinedFanOut) => link_latency,
             (None, false, _) => costs.kernel_launch_us,
         }
-    }
-
-    /// The memories op `i` loads, added to its row at `row`: a copy inside one memory reads
-    /// and writes it; a copy across links loads only host memory (device memory outruns
-    /// every link); a reduction reads every source and writes the result in its
-    /// destination's memory, at its GPU's reduce kernel's measured rate where a calibration
-    /// gave one (charged as more or fewer bytes of that memory, so that alone it takes what
-    /// the kernel took).
-    fn memory_uses(
-        &self,
-        m: &mut Model,
-        row: usize,
-        i: usize,
-        op: &relaycc_plan::Op,
-    ) -> Result<()> {
-        let location = |b: BufferRef| {
-            self.plan
-                .location(b)
-                .ok_or_else(|| check(i, format!("names buffer {b:?}, which the plan lacks")))
-        };
-        match &op.kind {
-            OpKind::Copy { src, dst } => {
-                let (ls, ld) = (location(src.buffer)?, location(dst.buffer)?);
-                let (rs, rd) = (self.mems.resource(i, ls)?, self.mems.resource(i, ld)?);
-                if op.edges.is_empty() {
-                    if ls != ld {
-                        return Err(check(i, format!("copies {ls:?} -> {ld:?} over no edges")));
-                    }
-                    let on_sms = self
-                        .launches
-                        .get(i)
-                        .is_some_and(|l| *l != OpLaunch::CopyEngine);
-                    let kernel = if on_sms {
-                        self.kernel_factor(ls, |g| g.measured_sm_copy_gbps)
-                    } else {
-                        1.0
-                    };
-                    m.push_use(row, rs, 2.0 * kernel);
-                } else {
-                    if matches!(ls, Location::Host(_)) {
-                        m.push_use(row, rs, 1.0);
-                    }
-                    if matches!(ld, Location::Host(_)) {
-                        m.push_use(row, rd, 1.0);
-                    }
-                }
-            }
-            OpKind::Reduce { srcs, dst, .. } => {
-                let at = location(dst.buffer)?;
-                let r = self.mems.resource(i, at)?;
-                let kernel = self.kernel_factor(at, |g| g.measured_reduce_gbps);
-                m.push_use(row, r, (srcs.len() as f64 + 1.0) * kernel);
-            }
-        }
-        Ok(())
-    }
-
-    /// Bytes of memory `at` a kernel's byte counts for: the memory's rate over the kernel's
-    /// where a calibration measured the kernel (`measured`) on that GPU, so that alone it
-    /// takes what the kernel took; 1 elsewhere.
-    fn kernel_factor(
-        &self,
-        at: Location,
-        measured: impl Fn(&relaycc_topo::GpuInfo) -> Option<f64>,
-    ) -> f64 {
-        match at {
-            Location::Gpu(g) => self
-                .topo
-                .gpu_info(g)
-                .ok()
-                .and_then(|info| measured(info).map(|k| info.mem_gbps() / k)),
-            Location::Host(_) => None,
-        }
-        .unwrap_or(1.0)
     }
 }
 
@@ -711,6 +629,7 @@ pub(super) fn location_name(topo: &Topology, loc: Location) -> String {
 }
 
 mod launches;
+mod memories;
 #[cfg(test)]
 mod tests;
 
@@ -734,7 +653,7 @@ pub fn executor_launches(topo: &Topology, plan: &Plan) -> LaunchCounts {
         match l {
             OpLaunch::CopyEngine => c.copy_engine += 1,
             OpLaunch::Kernel => c.kernels += 1,
-            OpLaunch::Joined => c.joined += 1,
+            OpLaunch::Joined | OpLaunch::JoinedFanOut => c.joined += 1,
         }
     }
     c

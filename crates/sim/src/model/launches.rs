@@ -31,8 +31,13 @@ pub(crate) enum OpLaunch {
     CopyEngine,
     /// A reduction, or a copy on SMs that starts a kernel: one kernel launch.
     Kernel,
-    /// A copy on SMs inside the launch of the op before it on its lane: no launch of its own.
+    /// A copy on SMs inside the launch of the op before it on its lane (a batch of small
+    /// copies, each reading its own source): no launch of its own.
     Joined,
+    /// A copy of the source that the launch before it on its lane already reads (a
+    /// reduction's result, or a fan-out's source) inside that launch: no launch of its own,
+    /// and no read of its own (the kernel writes the bytes it holds once more).
+    JoinedFanOut,
 }
 
 /// What the launch of a lane's last op can still take in.
@@ -92,7 +97,7 @@ pub(crate) fn launches(topo: &Topology, plan: &Plan) -> Vec<OpLaunch> {
         let ok = free(i);
         let (launch, next) = match *lane {
             Open::CopiesOf { src: s, left } if ok && s == src && left > 0 => (
-                OpLaunch::Joined,
+                OpLaunch::JoinedFanOut,
                 Open::CopiesOf {
                     src: s,
                     left: left - 1,
@@ -124,6 +129,32 @@ pub(crate) fn launches(topo: &Topology, plan: &Plan) -> Vec<OpLaunch> {
     out
 }
 
+/// The op whose launch each op of `plan` joins as [`OpLaunch::JoinedFanOut`]: the kernel
+/// before it on its lane (a reduction, or a fan-out's head), whose source it writes once
+/// more; `None` for every other op.
+pub(crate) fn fan_out_heads(plan: &Plan, launches: &[OpLaunch]) -> Vec<Option<u32>> {
+    let mut kernel_on_lane: Vec<Option<u32>> = vec![None; plan.lanes.len()];
+    plan.ops
+        .iter()
+        .zip(launches)
+        .enumerate()
+        .map(|(i, (op, launch))| {
+            let last = kernel_on_lane.get_mut(op.lane as usize)?;
+            match launch {
+                OpLaunch::JoinedFanOut => *last,
+                OpLaunch::Kernel => {
+                    *last = Some(i as u32);
+                    None
+                }
+                OpLaunch::CopyEngine | OpLaunch::Joined => {
+                    *last = None;
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
 /// Each op's launch in the order the host issues them (launches one after another in op
 /// order): an op that joins the launch before it on its lane takes that launch's place.
 pub(crate) fn issue_order(plan: &Plan, launches: &[OpLaunch]) -> Vec<u32> {
@@ -135,7 +166,7 @@ pub(crate) fn issue_order(plan: &Plan, launches: &[OpLaunch]) -> Vec<u32> {
         .map(|(op, l)| {
             let lane = last_on_lane.get_mut(op.lane as usize);
             match (l, lane) {
-                (OpLaunch::Joined, Some(at)) => *at,
+                (OpLaunch::Joined | OpLaunch::JoinedFanOut, Some(at)) => *at,
                 (_, lane) => {
                     let at = issued;
                     issued = issued.saturating_add(1);
@@ -285,9 +316,9 @@ mod tests {
             p.copy(lane, out, dst, nvlink(&topo, 0, 1 + k % 4), vec![]);
             // Seven join the reduction; the eighth heads a fan-out the ninth joins.
             want.push(match k {
-                0..7 => OpLaunch::Joined,
+                0..7 => OpLaunch::JoinedFanOut,
                 7 => OpLaunch::Kernel,
-                _ => OpLaunch::Joined,
+                _ => OpLaunch::JoinedFanOut,
             });
         }
         // A large copy of another source with no copy of it after: a copy engine.

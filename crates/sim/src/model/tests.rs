@@ -2,8 +2,9 @@
 use relaycc_topo::{Mask, Topology};
 
 use super::*;
-use relaycc_plan::Request;
+use relaycc_plan::{BufferRef, Request};
 use relaycc_plan::{Location::Gpu, Region};
+use relaycc_topo::rates;
 
 fn dgx1() -> Topology {
     relaycc_topo::preset("dgx1-v100").unwrap()
@@ -75,8 +76,12 @@ fn lowering_counts_loads_latency_and_waits() {
     assert_eq!(m.caps.len(), 1);
     assert!(m.edge_of(0).is_some() && m.memory_of(0).is_none());
     let mut caps = Vec::new();
-    let (mem_loc, _) = memory_resources(&topo, &mut caps);
-    assert_eq!((mem_loc[0], caps[0]), (Gpu(0), 900e3), "GPU0 is a V100");
+    let (places, _) = memories::memory_resources(&topo, &mut caps);
+    assert_eq!(
+        (places.mem_loc[0], caps[0]),
+        (Gpu(0), 900e3),
+        "GPU0 is a V100"
+    );
     // Named by the topology's edge, not the resource's place among the plan's.
     let e = m.edge_of(0).unwrap();
     assert_ne!(e, 0);
@@ -316,4 +321,51 @@ fn ops_in_one_launch_are_issued_together() {
     let k = rates::KERNEL_LAUNCH_US;
     let ce = rates::COPY_ENGINE_LAUNCH_US;
     assert_eq!(m.latency_us, [k + 0.6, k + 0.6, 0.6, 0.6, ce + 0.6]);
+}
+
+/// Four ranks of one GPU (`shared-gpu-4`): the all_reduce the shared-memory planner gives
+/// them is one reduction of every rank's input into rank 0's output and three copies of that
+/// result to the other outputs, which the executor runs as one kernel. The four arenas are one
+/// memory; the copies between arenas load it, not their path's links; the joined copies move
+/// no bytes of their own and their writes are the reduction's: 4 reads and 4 writes per byte,
+/// of which the writes bind at half the memory's rate, so the whole takes 8 bytes per byte at
+/// the memory's rate (the copies after it took 6 more on their own).
+#[test]
+fn arenas_of_one_gpu_share_its_memory_and_a_fan_out_is_one_flow() {
+    let topo = relaycc_topo::preset("shared-gpu-4").unwrap();
+    let len = 64u64 << 20;
+    let mut p = Plan::new(Request::point_to_point(0, 1, len), "test");
+    let lane = p.add_lane(Gpu(0), "l");
+    let region = |p: &mut Plan, g: u32| Region::new(p.add_scratch(Gpu(g), len), 0, len);
+    let srcs: Vec<Region> = (0..4).map(|g| region(&mut p, g)).collect();
+    let out = region(&mut p, 0);
+    p.reduce(lane, srcs, out, false, vec![]);
+    // The node standing for the memory, every arena's one neighbour.
+    let hub = topo.graph().neighbors(topo.gpu(0).unwrap()).next().unwrap();
+    for g in 1..4 {
+        let dst = region(&mut p, g);
+        let path = [topo.gpu(0).unwrap(), hub, topo.gpu(g).unwrap()];
+        let edges = path
+            .windows(2)
+            .map(|w| topo.link_between(w[0], w[1]).unwrap().index() as u32)
+            .collect();
+        p.copy(lane, out, dst, edges, vec![]);
+    }
+    let m = Model::build(&topo, &p, &SimConfig::default()).unwrap();
+    // The memory and its writes, nothing else.
+    assert_eq!(m.caps.len(), 2, "{:?}", m.res_orig);
+    assert!(m.edge_of(0).is_none() && m.edge_of(1).is_none());
+    assert_eq!(m.memory_of(0), Some(Gpu(0)));
+    assert_eq!(m.resource_name(&topo, 1), "GPU0 memory writes");
+    assert_eq!(m.uses.of(0), (&[0, 1][..], &[8.0, 4.0][..]));
+    assert_eq!(&m.bytes[1..], &[0.0; 3]);
+    let mem = rates::HBM_H100_GBPS * 1e3;
+    assert_eq!(m.caps, [mem, mem * crate::DEVICE_WRITE_SHARE]);
+    let r = crate::simulate(&topo, &p, &SimConfig::default()).unwrap();
+    let want = rates::KERNEL_LAUNCH_US + 8.0 * len as f64 / mem;
+    assert!(
+        (r.time_us - want).abs() < 1e-6 * want,
+        "{} vs {want}",
+        r.time_us
+    );
 }

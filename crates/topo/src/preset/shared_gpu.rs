@@ -12,14 +12,16 @@ pub const MAX_SHARED_GPU_RANKS: u32 = 1024;
 /// one physical GPU (an H100-class device, compute capability 9.0), each an arena of its
 /// memory ([`GpuInfo::device_arena`] `= Some(0)`), joined to one node that stands for that
 /// memory at half its bandwidth in each direction ([`HBM_H100_GBPS`] / 2: a copy from one
-/// arena to another reads and writes the same memory). The node is a switch of the PCIe kind:
-/// a hub that offers nothing of its own, where an NVSwitch node would let the baseline model
-/// NVLink SHARP reductions that one GPU's memory does not do.
+/// arena to another reads and writes the same memory), so that every arena has a path to
+/// every other. The node is a switch of the PCIe kind: a hub that offers nothing of its own,
+/// where an NVSwitch node would let the baseline model NVLink SHARP reductions that one GPU's
+/// memory does not do.
 ///
 /// The links are not what a plan pays for here: the planner sees the shared memory
 /// ([`Topology::shared_device`]) and gives these ranks the shared-memory algorithms that read
 /// every rank's buffer where it lies, so an all_reduce moves what it must (each input read
-/// once, each output written once) in a handful of kernels. This is the topology of several
+/// once, each output written once) in a handful of kernels; the simulator charges a copy
+/// between two arenas to the one device memory they share, not to these links. This is the topology of several
 /// CUDA ranks on one GPU (`relaycc bench --backend cuda --gpus 0,0,0,0`).
 ///
 /// Errors: `n` outside `1..=`[`MAX_SHARED_GPU_RANKS`].
