@@ -184,32 +184,49 @@ impl Model {
     /// head carries the joined ops' loads (per byte of its own) and they carry no bytes of
     /// their own, ending once it does.
     fn fuse_fan_outs(&mut self, heads: &[Option<u32>]) {
-        if heads.iter().all(Option::is_none) {
-            return;
-        }
-        let mut joined: Vec<Vec<(u32, f64)>> = vec![Vec::new(); self.bytes.len()];
+        let n = self.bytes.len();
+        // Each head's joined ops in op order, as a chain: `first[h]`, then `next[j]`.
+        let (mut first, mut next, mut last) = (vec![NONE; n], vec![NONE; n], vec![NONE; n]);
+        let mut joined = vec![false; n];
         for (j, h) in heads.iter().enumerate() {
             let Some(h) = h.map(|h| h as usize).filter(|&h| self.bytes[h] > 0.0) else {
                 continue;
             };
-            let scale = self.bytes[j] / self.bytes[h];
-            let (res, coef) = self.uses.of(j as u32);
-            joined[h].extend(res.iter().zip(coef).map(|(&r, &c)| (r, c * scale)));
-            self.bytes[j] = 0.0;
+            match last[h] {
+                NONE => first[h] = j as u32,
+                l => next[l as usize] = j as u32,
+            }
+            last[h] = j as u32;
+            joined[j] = true;
+        }
+        if !joined.contains(&true) {
+            return;
         }
         let old = std::mem::take(&mut self.uses);
+        self.uses.start.reserve(n + 1);
+        self.uses.res.reserve(old.res.len());
+        self.uses.coef.reserve(old.coef.len());
         self.uses.start.push(0);
-        for (op, extra) in joined.iter().enumerate() {
+        for op in 0..n {
             let row = self.uses.res.len();
-            if self.bytes[op] > 0.0 || heads[op].is_none() {
+            if !joined[op] {
                 let (res, coef) = old.of(op as u32);
                 self.uses.res.extend_from_slice(res);
                 self.uses.coef.extend_from_slice(coef);
-            }
-            for &(r, c) in extra {
-                self.push_use(row, r, c);
+                let mut j = first[op];
+                while j != NONE {
+                    let scale = self.bytes[j as usize] / self.bytes[op];
+                    let (res, coef) = old.of(j);
+                    for (&r, &c) in res.iter().zip(coef) {
+                        self.push_use(row, r, c * scale);
+                    }
+                    j = next[j as usize];
+                }
             }
             self.uses.start.push(self.uses.res.len() as u32);
+        }
+        for (b, _) in self.bytes.iter_mut().zip(&joined).filter(|(_, j)| **j) {
+            *b = 0.0;
         }
     }
 

@@ -42,6 +42,8 @@ pub(super) struct Memories {
     gpu_writes: Vec<u32>,
     /// The memory resource of each topology node that is a CPU.
     host: Vec<Option<u32>>,
+    /// Some device memory has several arenas.
+    arenas: bool,
 }
 
 /// Where the memory resources stand among all resources: the location of each memory
@@ -93,11 +95,14 @@ pub(super) fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (MemoryP
         write_loc.push(mem_loc[k]);
     }
     let gpu_writes = gpu.iter().map(|&k| first_write + k).collect();
+    // Fewer device memories than GPUs: some GPUs are arenas of one device.
+    let arenas = gpu.len() > rates.len();
     let mems = Memories {
         n_edges,
         gpu,
         gpu_writes,
         host,
+        arenas,
     };
     (MemoryPlaces { mem_loc, write_loc }, mems)
 }
@@ -148,6 +153,9 @@ impl Memories {
         let OpKind::Copy { src, dst } = &op.kind else {
             return Ok(false);
         };
+        if !self.arenas {
+            return Ok(false);
+        }
         let (ls, ld) = (
             location(plan, i, src.buffer)?,
             location(plan, i, dst.buffer)?,
