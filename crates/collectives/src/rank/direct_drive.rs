@@ -247,8 +247,9 @@ impl Running {
                 // plan: its lanes are unordered, so they touch disjoint elements wherever
                 // one writes; a v-collective's part bound to its counts keeps that proof,
                 // `exec::counts`, and every rank binds the same counts, which the take
-                // compared); and each rank's slices stay borrowed by its call until its
-                // memory has no user.
+                // compared, or for all_to_all_v the matrix every rank agreed from the same
+                // posts); and each rank's slices stay borrowed by its call until its memory
+                // has no user.
                 unsafe { tasks.run() }
             }))
             .unwrap_or_else(|_| {

@@ -331,6 +331,44 @@ fn all_to_all_v_runs_directly_with_a_new_matrix_every_call() {
     }
 }
 
+/// An all_to_all_v rank that comes past the others' timeout: they wait for its post to agree
+/// on the matrix, time out naming it and the call, and abort the communicator, so its own
+/// call fails too and the next call of every rank is `Aborted`.
+#[test]
+fn an_all_to_all_v_waits_for_every_post_and_times_out_naming_the_missing_rank() {
+    let mut ranks = RankComm::host(3).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_millis(300));
+    }
+    let started = std::time::Instant::now();
+    let res = on_ranks(ranks, |mut rank| {
+        if rank.rank() == 2 {
+            thread::sleep(Duration::from_millis(900));
+        }
+        let mut out = [0u32; 3];
+        let first = rank.all_to_all_v(&[7u32; 3][..], &[1, 1, 1], &mut out[..], &[1, 1, 1]);
+        rank.set_timeout(Duration::from_secs(30));
+        let second = rank.all_to_all_v(&[7u32; 3][..], &[1, 1, 1], &mut out[..], &[1, 1, 1]);
+        (first, second)
+    });
+    assert!(started.elapsed() < Duration::from_secs(20));
+    for (r, (first, second)) in res.iter().enumerate() {
+        match first {
+            Err(CollectivesError::RankTimeout {
+                missing,
+                seq: 0,
+                call: "all_to_all_v",
+                ..
+            }) => assert_eq!(missing, &vec![2], "rank {r}"),
+            other => panic!("rank {r}: {other:?}"),
+        }
+        match second {
+            Err(CollectivesError::Aborted { seq: 0, .. }) => {}
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
 /// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
 /// rank, and the communicator stays aborted: the next call of every rank names the cause.
 /// The wrong call comes first on a fresh communicator (its shape checked with the plan), or
