@@ -246,8 +246,8 @@ impl DirectCall {
         let flat: Vec<u64> = matrix.iter().flatten().copied().collect();
         // Sums of the row and column this rank checked its slices against: no overflow.
         let needs = (
-            matrix[me].iter().sum(),
-            matrix.iter().map(|row| row[me]).sum(),
+            matrix.get(me).map_or(0, |row| row.iter().sum()),
+            matrix.iter().filter_map(|row| row.get(me)).sum(),
         );
         let shape = CallShape {
             desc: self.desc.clone(),
