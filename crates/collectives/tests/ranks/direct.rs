@@ -352,21 +352,7 @@ fn an_all_to_all_v_waits_for_every_post_and_times_out_naming_the_missing_rank() 
         (first, second)
     });
     assert!(started.elapsed() < Duration::from_secs(20));
-    for (r, (first, second)) in res.iter().enumerate() {
-        match first {
-            Err(CollectivesError::RankTimeout {
-                missing,
-                seq: 0,
-                call: "all_to_all_v",
-                ..
-            }) => assert_eq!(missing, &vec![2], "rank {r}"),
-            other => panic!("rank {r}: {other:?}"),
-        }
-        match second {
-            Err(CollectivesError::Aborted { seq: 0, .. }) => {}
-            other => panic!("rank {r}: {other:?}"),
-        }
-    }
+    assert_rank_2_timed_out(&res, "all_to_all_v");
 }
 
 /// A rank whose own arguments fail (a buffer of the wrong length) fails the call on every
