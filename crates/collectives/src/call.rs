@@ -247,24 +247,29 @@ pub(crate) fn judge(rows: &[RankDescs<'_>]) -> Result<(), String> {
     }
     for (k, d) in d0.iter().enumerate() {
         if d.collective == Collective::AllToAllV {
-            matrix(rows, k)?;
+            let of_k: Vec<RankDesc<'_>> = rows
+                .iter()
+                .map(|(r, d)| (*r, d.as_ref().and_then(|d| d.get(k)).copied()))
+                .collect();
+            matrix(&of_k)?;
         }
     }
     Ok(())
 }
 
-/// The all_to_all_v matrix of operation `k` from every rank's send counts (`matrix[s][d]`),
+/// One rank's descriptor of one operation: its rank, and the descriptor (`None` where its
+/// own checks failed).
+pub(crate) type RankDesc<'a> = (usize, Option<&'a CallDesc>);
+
+/// The all_to_all_v matrix of one operation from every rank's send counts (`matrix[s][d]`),
 /// checked against every rank's receive counts.
-pub(crate) fn matrix<'a>(rows: &[RankDescs<'a>], k: usize) -> Result<Vec<Vec<u64>>, String> {
-    let desc = |r: &RankDescs<'a>| -> Option<&'a CallDesc> {
-        r.1.as_ref().and_then(|d| d.get(k)).copied()
-    };
+pub(crate) fn matrix(rows: &[RankDesc<'_>]) -> Result<Vec<Vec<u64>>, String> {
     let m: Vec<Vec<u64>> = rows
         .iter()
-        .map(|r| desc(r).map(|d| d.counts.clone()).unwrap_or_default())
+        .map(|r| r.1.map(|d| d.counts.clone()).unwrap_or_default())
         .collect();
     for row in rows {
-        let Some(d) = desc(row) else { continue };
+        let Some(d) = row.1 else { continue };
         let col: Vec<u64> = m
             .iter()
             .map(|s| s.get(row.0).copied().unwrap_or(0))
@@ -319,7 +324,10 @@ mod tests {
         let (a, b) = (mk(vec![1, 2], vec![1, 3]), mk(vec![3, 4], vec![2, 4]));
         let rows = [(0, Some(vec![&a])), (1, Some(vec![&b]))];
         assert_eq!(judge(&rows), Ok(()));
-        assert_eq!(matrix(&rows, 0), Ok(vec![vec![1, 2], vec![3, 4]]));
+        assert_eq!(
+            matrix(&[(0, Some(&a)), (1, Some(&b))]),
+            Ok(vec![vec![1, 2], vec![3, 4]])
+        );
         let bad = mk(vec![3, 4], vec![9, 4]);
         assert!(judge(&[(0, Some(vec![&a])), (1, Some(vec![&bad]))]).is_err());
     }

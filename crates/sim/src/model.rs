@@ -471,7 +471,7 @@ impl OpLowering<'_> {
         let mut link_latency = 0.0;
         let n_edges = self.edges.usable.len();
         // A copy between arenas of one device loads that memory, not the links of its path.
-        let on_links = !self.mems.between_arenas(self.plan, i, op)?;
+        let arenas = self.mems.between_arenas(self.plan, i, op)?;
         for &e in &op.edges {
             let Some(link) = self
                 .topo
@@ -500,7 +500,7 @@ impl OpLowering<'_> {
                 Some((se, size)) if se == e => coef / size,
                 _ => coef,
             };
-            if on_links {
+            if !arenas {
                 m.push_use(row, self.edges.edge_res[e as usize], c);
             }
         }
@@ -508,7 +508,9 @@ impl OpLowering<'_> {
         let launch = self.launches.get(i).copied();
         let (topo, plan) = (self.topo, self.plan);
         self.mems
-            .loads(topo, plan, (i, op, launch), |r, c| m.push_use(row, r, c))?;
+            .loads(topo, plan, (i, op, launch, arenas), |r, c| {
+                m.push_use(row, r, c)
+            })?;
         for (&r, _) in m.uses.res[row..].iter().zip(&m.uses.coef[row..]) {
             let cap = m.caps[r as usize];
             if !(cap.is_finite() && cap > 0.0) {

@@ -53,7 +53,7 @@ use super::roll_call::WaitPoint;
 use super::schedule::{RankSchedule, RunBuffers};
 use super::typed_call::{CheckedCall, InputAt};
 use super::{MpiCommunicator, MpiError, MpiResult};
-use crate::call::{CallDesc, RankDescs};
+use crate::call::{CallDesc, RankDesc};
 use crate::plan_cache::lru::{Held, Lru};
 use crate::rank::{Lender, View};
 
@@ -455,12 +455,12 @@ impl MpiCommunicator {
                 ..call.clone()
             })
             .collect();
-        let rows: Vec<RankDescs<'_>> = descs
+        let rows: Vec<RankDesc<'_>> = descs
             .iter()
             .enumerate()
-            .map(|(r, d)| (r, Some(vec![d])))
+            .map(|(r, d)| (r, Some(d)))
             .collect();
-        crate::call::matrix(&rows, 0).map_err(MpiError::CountMismatch)
+        crate::call::matrix(&rows).map_err(MpiError::CountMismatch)
     }
 
     /// The agreed request with an all_to_all_v's `matrix` (empty for other collectives).

@@ -190,6 +190,18 @@ impl DirectCall {
     /// posted: other ranks write to the output the post lends). The rest of the request's
     /// checks wait for the agreed matrix.
     fn check_own_counts(&self) -> Result<()> {
+        self.check_slices(&CallShape {
+            desc: self.desc.clone(),
+            in_place: self.in_place,
+            needs: self.own_needs()?,
+            layout: None,
+            matrix: Vec::new(),
+        })
+    }
+
+    /// An all_to_all_v's input and output lengths from its own counts: the sums of its send
+    /// and receive counts, each list holding a count per rank.
+    fn own_needs(&self) -> Result<(u64, u64)> {
         let (d, n) = (&self.desc, self.shared.comm.ranks());
         let mut needs = [0; 2];
         let sides = [
@@ -214,22 +226,18 @@ impl DirectCall {
                     what: format!("rank {}'s {side} sum past {MAX_ELEMENTS} elements", self.me),
                 })?;
         }
-        self.check_slices(&CallShape {
-            desc: d.clone(),
-            in_place: self.in_place,
-            needs: (needs[0], needs[1]),
-            layout: None,
-            matrix: Vec::new(),
-        })
+        Ok((needs[0], needs[1]))
     }
 
     /// An all_to_all_v's kept part of the capacity plan that serves `matrix`, bound to it:
     /// of a call like this one but for the counts, its matrix under the same capacity. The
-    /// request's checks are the agreement's (every rank checked its own counts and slices
-    /// before it posted, and the counts pair up), so neither the request nor the plan
-    /// cache is looked at again. `Ok(None)` where no kept part serves.
+    /// request's checks are the agreement's, and this rank's slices were checked against its
+    /// own counts before it posted (every rank checked its own, and the counts pair up), so
+    /// neither the request, the slices nor the plan cache is looked at again. `Ok(None)`
+    /// where no kept part serves.
     fn rebound(&self, matrix: &mut Vec<Vec<u64>>) -> Result<Option<KeptPart>> {
         let (n, me) = (self.shared.comm.ranks(), self.me);
+        let needs = self.own_needs()?;
         let largest = matrix.iter().flatten().copied().max().unwrap_or(0);
         let layout = CountLayout {
             collective: VCollective::AllToAllV,
@@ -244,11 +252,6 @@ impl DirectCall {
             return Ok(None);
         };
         let flat: Vec<u64> = matrix.iter().flatten().copied().collect();
-        // Sums of the row and column this rank checked its slices against: no overflow.
-        let needs = (
-            matrix.get(me).map_or(0, |row| row.iter().sum()),
-            matrix.iter().filter_map(|row| row.get(me)).sum(),
-        );
         let shape = CallShape {
             desc: self.desc.clone(),
             in_place: self.in_place,
@@ -256,10 +259,6 @@ impl DirectCall {
             layout: None,
             matrix: std::mem::take(matrix),
         };
-        if let Err(e) = self.check_slices(&shape) {
-            lock(&self.shared.kept[me]).put(k);
-            return Err(e);
-        }
         // Not kept on failure: its shape would name counts its program does not hold.
         bind_part(&mut k, (layout, CallCounts::new(&layout, &flat)?))?;
         k.shape = shape;

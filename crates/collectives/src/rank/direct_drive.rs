@@ -334,28 +334,27 @@ impl Running {
         let n = c.shared.comm.ranks();
         let mut missing = Vec::new();
         let mut wrong = None;
-        let mut rows: Vec<crate::call::RankDescs<'_>> = Vec::with_capacity(n);
+        let mut rows: Vec<crate::call::RankDesc<'_>> = Vec::with_capacity(n);
         for p in 0..n {
             if p == me {
-                rows.push((p, Some(vec![&c.desc])));
+                rows.push((p, Some(&c.desc)));
                 continue;
             }
             match posted_call(st, p, c) {
                 Ok(Some((desc, in_place, _))) => {
                     wrong = wrong.or_else(|| differs(c, p, desc, in_place));
-                    rows.push((p, Some(vec![desc])));
+                    rows.push((p, Some(desc)));
                 }
                 Ok(None) => missing.push(p),
                 Err(m) => wrong = wrong.or(Some(m)),
             }
         }
         if wrong.is_none() && missing.is_empty() {
-            match crate::call::matrix(&rows, 0) {
+            match crate::call::matrix(&rows) {
                 Ok(m) => self.matrix = m,
                 Err(m) => wrong = Some(format!("{m} (call {seq})")),
             }
         }
-        drop(rows);
         if let Some(m) = wrong {
             return Err(board.abort(st, seq, call, Failure::Mismatch(m)));
         }

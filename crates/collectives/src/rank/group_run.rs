@@ -106,12 +106,12 @@ fn matrix(
     descs: &[Vec<&Desc>],
     k: usize,
 ) -> Result<Vec<Vec<u64>>, Failure> {
-    let rows: Vec<crate::call::RankDescs<'_>> = arrivals
+    let rows: Vec<crate::call::RankDesc<'_>> = arrivals
         .iter()
         .zip(descs)
-        .map(|(a, d)| (a.rank, Some(d.clone())))
+        .map(|(a, d)| (a.rank, d.get(k).copied()))
         .collect();
-    let mut m = crate::call::matrix(&rows, k).map_err(Failure::Mismatch)?;
+    let mut m = crate::call::matrix(&rows).map_err(Failure::Mismatch)?;
     // Rows in rank order (arrivals come in rank order already; this keeps it so).
     let mut order: Vec<usize> = (0..arrivals.len()).collect();
     order.sort_by_key(|&i| arrivals[i].rank);

@@ -6,10 +6,10 @@
 //! host memory (`RankComm::host`, `host-N` on the host backend), a collective runs without a
 //! rendezvous (`direct.rs`; the v-collectives on their capacity plan with the call's counts
 //! bound by each rank, all_to_all_v once every rank has read the count matrix off the
-//! others' posts), and a group of them runs as that many such calls, one after the other, each with its own
-//! number: each rank plans from the communicator's cache, runs the part of the plan on its
-//! own lanes on its own thread, reading and writing
-//! the other ranks' posted slices in place, and waits for another rank only where it needs
+//! others' posts), and a group of them runs as that many such calls, one after the other,
+//! each with its own number: each rank plans from the communicator's cache, runs the part of
+//! the plan on its own lanes on its own thread, reading and writing the other ranks' posted
+//! slices in place, and waits for another rank only where it needs
 //! that rank's memory or that rank needs its own. A failure there (a mismatch, a missing
 //! rank, a failed check) aborts the communicator: the call fails on every rank that is in it
 //! and every later call fails with [`CollectivesError::Aborted`]. Anything else (sends and
@@ -94,7 +94,8 @@ pub(crate) struct Shared {
     meeting: Meeting,
     /// Point-to-point meetings, per (lower rank, higher rank).
     pairs: Mutex<HashMap<(usize, usize), Arc<Meeting>>>,
-    /// The ranks share one host memory: collectives run without a rendezvous (`direct.rs`), on `board`, each rank's parts kept in `kept[rank]`.
+    /// The ranks share one host memory: collectives run without a rendezvous (`direct.rs`),
+    /// on `board`, each rank's parts kept in `kept[rank]`.
     direct: bool,
     board: Arc<Board>,
     kept: Vec<Mutex<KeptParts>>,
@@ -322,8 +323,9 @@ impl RankComm {
     }
 
     /// Leave a group's operations (or the error its arguments gave) with the other ranks'
-    /// ([`Runner::depart`]): collectives on ranks that share one host memory run directly (`direct.rs`), one after the other; anything else meets at the
-    /// communicator's meeting.
+    /// ([`Runner::depart`]): collectives on ranks that share one host memory run directly
+    /// (`direct.rs`), one after the other; anything else meets at the communicator's
+    /// meeting.
     fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
         if self.shared.direct {
             let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));

@@ -61,24 +61,25 @@ pub(super) fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (MemoryP
     let n_edges = caps.len();
     let n_gpus = topo.gpu_count() as usize;
     let mut mem_loc = Vec::with_capacity(n_gpus + 2);
-    let mut rates = Vec::with_capacity(n_gpus);
+    // The rate of each device memory, and each GPU's memory.
+    let mut mem_gbps = Vec::with_capacity(n_gpus);
     let mut gpu = Vec::with_capacity(n_gpus);
-    // The resource of each device arena met so far.
-    let mut arenas: Vec<(u32, u32)> = Vec::new();
+    // The memory of each device arena met so far.
+    let mut arena_mem: Vec<(u32, u32)> = Vec::new();
     for i in 0..n_gpus as u32 {
         let info = topo.gpu_info(i).ok();
         let arena = info.and_then(|x| x.device_arena);
-        if let Some(&(_, k)) = arena.and_then(|a| arenas.iter().find(|(d, _)| *d == a)) {
+        if let Some(&(_, k)) = arena.and_then(|a| arena_mem.iter().find(|(d, _)| *d == a)) {
             gpu.push(k);
             continue;
         }
         let gbps = info.map_or(relaycc_topo::rates::gpu_mem_gbps(None), |x| x.mem_gbps());
         let k = mem_loc.len() as u32;
         if let Some(a) = arena {
-            arenas.push((a, k));
+            arena_mem.push((a, k));
         }
         caps.push(gbps * BYTES_PER_US_PER_GBPS);
-        rates.push(gbps);
+        mem_gbps.push(gbps);
         mem_loc.push(Location::Gpu(i));
         gpu.push(k);
     }
@@ -89,14 +90,14 @@ pub(super) fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (MemoryP
         mem_loc.push(Location::Host(id.index() as u32));
     }
     let first_write = mem_loc.len() as u32;
-    let mut write_loc = Vec::with_capacity(rates.len());
-    for (k, gbps) in rates.iter().enumerate() {
+    let mut write_loc = Vec::with_capacity(mem_gbps.len());
+    for (k, gbps) in mem_gbps.iter().enumerate() {
         caps.push(gbps * DEVICE_WRITE_SHARE * BYTES_PER_US_PER_GBPS);
         write_loc.push(mem_loc[k]);
     }
     let gpu_writes = gpu.iter().map(|&k| first_write + k).collect();
     // Fewer device memories than GPUs: some GPUs are arenas of one device.
-    let arenas = gpu.len() > rates.len();
+    let arenas = gpu.len() > mem_gbps.len();
     let mems = Memories {
         n_edges,
         gpu,
@@ -166,12 +167,13 @@ impl Memories {
     }
 
     /// The memories op `i` of `plan` loads (module docs), each given to `load` with its
-    /// bytes per byte of the op; `launch` is how the executor runs the op.
+    /// bytes per byte of the op; `launch` is how the executor runs the op, `arenas` whether it
+    /// is a copy between arenas ([`Memories::between_arenas`]).
     pub(super) fn loads(
         &self,
         topo: &Topology,
         plan: &Plan,
-        (i, op, launch): (usize, &Op, Option<OpLaunch>),
+        (i, op, launch, arenas): (usize, &Op, Option<OpLaunch>, bool),
         mut load: impl FnMut(u32, f64),
     ) -> Result<()> {
         match &op.kind {
@@ -181,7 +183,7 @@ impl Memories {
                     location(plan, i, dst.buffer)?,
                 );
                 let (rs, rd) = (self.resource(i, ls)?, self.resource(i, ld)?);
-                if op.edges.is_empty() || self.between_arenas(plan, i, op)? {
+                if op.edges.is_empty() || arenas {
                     if rs != rd {
                         return Err(check(i, format!("copies {ls:?} -> {ld:?} over no edges")));
                     }
