@@ -258,7 +258,8 @@ unsafe fn run_avx2<E: Elem, O: BinOp>(
 }
 
 /// The loop: block by block, the first source into the accumulator, the others folded in
-/// four at a time, then the block stored to every destination.
+/// four at a time, then the block stored to its destination; a result that goes to several
+/// destinations or with streaming stores takes [`fan_out`] instead.
 ///
 /// # Safety
 /// As [`run`].
@@ -269,12 +270,27 @@ unsafe fn body<E: Elem, O: BinOp>(
     len: usize,
     divisor: Option<u32>,
 ) {
+    let size = std::mem::size_of::<E>();
+    let fans = !sinks.outs.is_empty() || sinks.dst.1;
+    if let Some(head) = line_phase(sinks, size).filter(|_| fans) {
+        let head = head.min(len);
+        // SAFETY: forwarded; the line holds a whole number of elements of every type, and
+        // every destination's lines start `head` elements in.
+        unsafe {
+            match size {
+                1 => fan_out::<E, O, { LINE_BYTES }>(srcs, sinks, len, head, divisor),
+                2 => fan_out::<E, O, { LINE_BYTES / 2 }>(srcs, sinks, len, head, divisor),
+                4 => fan_out::<E, O, { LINE_BYTES / 4 }>(srcs, sinks, len, head, divisor),
+                _ => fan_out::<E, O, { LINE_BYTES / 8 }>(srcs, sinks, len, head, divisor),
+            }
+        }
+        return;
+    }
     let Some((&first, rest)) = srcs.split_first() else {
         return;
     };
-    let mut acc = [E::Acc::default(); BLOCK];
     let mut out = [E::store(E::Acc::default()); BLOCK];
-    let size = std::mem::size_of::<E>();
+    let mut acc = [E::Acc::default(); BLOCK];
     let mut start = 0;
     while start < len {
         let n = BLOCK.min(len - start);
@@ -327,6 +343,196 @@ unsafe fn body<E: Elem, O: BinOp>(
             }
         }
         start += n;
+    }
+}
+
+/// Where the cache lines of every destination of `sinks` start, in elements of `size`
+/// bytes from the first: the same for all of them (buffers from one allocator usually lie
+/// alike), or `None` when they differ or a line boundary falls inside an element.
+fn line_phase(sinks: Sinks<'_>, size: usize) -> Option<usize> {
+    let phase = |to: usize| (LINE_BYTES - to % LINE_BYTES) % LINE_BYTES;
+    let first = phase(sinks.dst.0);
+    let same = sinks.outs.iter().all(|&(to, _)| phase(to) == first);
+    (same && first.is_multiple_of(size)).then_some(first / size)
+}
+
+/// Bytes of a cache line: [`fan_out`] writes a line to each destination at a time.
+const LINE_BYTES: usize = 64;
+
+/// The loop of a result that goes to several destinations, or streams: software pipelined,
+/// so that the core reads and writes main memory at once, as a copy does. The first `head`
+/// elements are reduced and written plainly, so that the lines that follow start at every
+/// destination's cache line ([`line_phase`]). Then block `b`'s result is computed a line
+/// (`L` elements, [`LINE_BYTES`]) at a time into one of two stack buffers, and after each
+/// line of it, the same line of block `b - 1`'s result (in the other buffer) is written to
+/// every destination. Computing a block first and then
+/// writing it everywhere alternates phases that only read and only write, which on a 2-core
+/// EPYC ran at 0.6 of a copy's rate against 0.9 for this loop (`docs/MEASUREMENTS.md`).
+/// Whole lines to each destination in turn keep one write-combining buffer busy per stream;
+/// a vector per destination in turn leaves eight half-written lines open and ran 5x slower,
+/// and so did lines that straddle two of a destination's cache lines.
+///
+/// # Safety
+/// As [`run`], with `head <= len`. A destination equal to a source is written a block
+/// behind the reads, so every element is read before it is overwritten.
+#[inline(always)]
+unsafe fn fan_out<E: Elem, O: BinOp, const L: usize>(
+    srcs: &[*const u8],
+    sinks: Sinks<'_>,
+    len: usize,
+    head: usize,
+    divisor: Option<u32>,
+) {
+    let Some((&first, rest)) = srcs.split_first() else {
+        return;
+    };
+    let size = std::mem::size_of::<E>();
+    let mut bufs = [[E::store(E::Acc::default()); BLOCK]; 2];
+    if head > 0 {
+        let line = &mut bufs[0][..head];
+        // SAFETY: `head <= len` elements of every source (the caller).
+        unsafe { reduce_line::<E, O, L>(first, rest, 0, divisor, head, line) };
+        for &(to, _) in std::iter::once(&sinks.dst).chain(sinks.outs) {
+            // SAFETY: every destination holds `len >= head` elements that nothing else
+            // touches (the caller); the line is on the stack.
+            unsafe {
+                std::ptr::copy_nonoverlapping(line.as_ptr().cast(), to as *mut u8, head * size);
+            }
+        }
+    }
+    // The block whose result waits in the other buffer: its first element and length.
+    let mut written: Option<(usize, usize)> = None;
+    let mut start = head;
+    let mut flip = false;
+    loop {
+        let n = BLOCK.min(len - start);
+        let [a, b] = &mut bufs;
+        let (now, done) = if flip { (b, &*a) } else { (a, &*b) };
+        let lines = n.div_ceil(L).max(written.map_or(0, |(_, w)| w.div_ceil(L)));
+        for j in 0..lines {
+            let lo = j * L;
+            if lo + L <= n {
+                // SAFETY: `start + lo + L <= len` elements of every source (the caller). The
+                // length is the constant `L`, so the loops are unrolled and vectorised.
+                unsafe {
+                    reduce_line::<E, O, L>(first, rest, start + lo, divisor, L, &mut now[lo..]);
+                }
+            } else if lo < n {
+                // SAFETY: as above, for the block's last, partial line.
+                unsafe {
+                    reduce_line::<E, O, L>(
+                        first,
+                        rest,
+                        start + lo,
+                        divisor,
+                        n - lo,
+                        &mut now[lo..],
+                    );
+                }
+            }
+            let Some((at, w)) = written.filter(|&(_, w)| lo < w) else {
+                continue;
+            };
+            let line = &done[lo..(lo + L).min(w)];
+            let bytes = std::mem::size_of_val(line);
+            for &(to, stream) in std::iter::once(&sinks.dst).chain(sinks.outs) {
+                let dst = (to + (at + lo) * size) as *mut u8;
+                // SAFETY: every destination holds `len` elements that nothing else touches
+                // (the caller) and `at + lo + line.len() <= len`; the line is on the stack.
+                // `store_fence` orders streamed stores before the lane's next event.
+                unsafe {
+                    match (stream, bytes == LINE_BYTES) {
+                        (true, true) => stream_line(line.as_ptr().cast(), dst),
+                        (true, false) => {
+                            super::host::stream_copy(line.as_ptr().cast(), dst, bytes);
+                        }
+                        (false, true) => {
+                            std::ptr::copy_nonoverlapping(line.as_ptr().cast(), dst, LINE_BYTES);
+                        }
+                        (false, false) => {
+                            std::ptr::copy_nonoverlapping(line.as_ptr().cast(), dst, bytes);
+                        }
+                    }
+                }
+            }
+        }
+        if n == 0 {
+            return;
+        }
+        written = Some((start, n));
+        start += n;
+        flip = !flip;
+    }
+}
+
+/// Write the 64 bytes at `src` to `dst` with streaming stores: 16-byte ones where `dst` is
+/// 16-byte aligned (a whole line then leaves the write-combining buffer at once), else
+/// [`super::host::stream_copy`]'s plain head and streamed rest.
+///
+/// # Safety
+/// `src` holds 64 readable bytes and `dst` 64 writable ones that nothing else touches, not
+/// overlapping.
+#[inline(always)]
+unsafe fn stream_line(src: *const u8, dst: *mut u8) {
+    #[cfg(target_arch = "x86_64")]
+    if (dst as usize).is_multiple_of(16) {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let (s, d) = (src as *const __m128i, dst as *mut __m128i);
+        // SAFETY: 64 bytes at both (the caller's contract); `d` is 16-byte aligned.
+        unsafe {
+            let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
+            let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+        }
+        return;
+    }
+    // SAFETY: forwarded.
+    unsafe { super::host::stream_copy(src, dst, LINE_BYTES) };
+}
+
+/// `out[i] = op(first[at + i], rest[0][at + i], ...)` for the first `m <= L` elements of
+/// `out` (one line), folded left in source order as [`body`] folds, divided by `divisor`
+/// before the one rounding to `E`.
+///
+/// # Safety
+/// Every source holds `at + m` valid, aligned elements of `E` that no thread writes during
+/// the call; `m <= out.len()`.
+#[inline(always)]
+unsafe fn reduce_line<E: Elem, O: BinOp, const L: usize>(
+    first: *const u8,
+    rest: &[*const u8],
+    at: usize,
+    divisor: Option<u32>,
+    m: usize,
+    out: &mut [E],
+) {
+    let m = m.min(L);
+    let mut acc = [E::Acc::default(); L];
+    let acc = &mut acc[..m];
+    // SAFETY: the caller's contract.
+    let s0 = unsafe { slice::from_raw_parts((first as *const E).add(at), m) };
+    for (a, s) in acc.iter_mut().zip(s0) {
+        *a = s.load();
+    }
+    // One source at a time over a line that fits in registers: the accumulator stays in
+    // them across the sources.
+    for &p in rest {
+        // SAFETY: as above, for another source.
+        let s = unsafe { slice::from_raw_parts((p as *const E).add(at), m) };
+        for (a, s) in acc.iter_mut().zip(s) {
+            *a = O::apply(*a, s.load());
+        }
+    }
+    if let Some(d) = divisor {
+        for a in acc.iter_mut() {
+            *a = a.div(d);
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc.iter()) {
+        *o = E::store(*a);
     }
 }
 
@@ -413,142 +619,4 @@ unsafe fn dispatch(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reduce_vec<T: Copy + Default>(
-        dtype: DType,
-        op: ReduceOp,
-        srcs: &[Vec<T>],
-        div: Option<u32>,
-    ) -> Vec<T> {
-        let len = srcs[0].len();
-        let mut out = vec![T::default(); len];
-        let ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr() as *const u8).collect();
-        // SAFETY: every vector holds `len` elements of the right type and lives to the end.
-        unsafe { reduce(dtype, op, &ptrs, out.as_mut_ptr() as *mut u8, len, div) };
-        out
-    }
-
-    #[test]
-    fn integer_sum_wraps() {
-        let out = reduce_vec(
-            DType::U8,
-            ReduceOp::Sum,
-            &[vec![200u8; 3000], vec![100u8; 3000]],
-            None,
-        );
-        assert!(out.iter().all(|v| *v == 44));
-        let out = reduce_vec(
-            DType::I32,
-            ReduceOp::Prod,
-            &[vec![i32::MAX; 5], vec![2; 5]],
-            None,
-        );
-        assert!(out.iter().all(|v| *v == -2));
-    }
-
-    #[test]
-    fn half_types_accumulate_in_f32() {
-        // 2048 + 1 + 1 is not representable step by step in f16 (2049 rounds to 2048), but is
-        // exact when accumulated in f32 and rounded once (2050).
-        let a = vec![f16::from_f32(2048.0); 7];
-        let b = vec![f16::from_f32(1.0); 7];
-        let out = reduce_vec(DType::F16, ReduceOp::Sum, &[a, b.clone(), b], None);
-        assert!(out.iter().all(|v| v.to_f32() == 2050.0));
-        let out = reduce_vec(
-            DType::Bf16,
-            ReduceOp::Avg,
-            &[vec![bf16::from_f32(3.0); 2], vec![bf16::from_f32(6.0); 2]],
-            Some(2),
-        );
-        assert!(out.iter().all(|v| v.to_f32() == 4.5));
-    }
-
-    /// Nine sources (a pass of four, another of four, one of one) and lengths around the
-    /// block size give bit for bit the left-to-right fold, where float association matters.
-    #[test]
-    fn grouped_passes_fold_left_to_right() {
-        let vals = [1e8f32, 1.0, -1e8, 0.5, 3.0e-3, -7.0, 1e7, 0.25, -1e7];
-        for len in [1usize, BLOCK - 1, BLOCK + 3, 3 * BLOCK] {
-            let srcs: Vec<Vec<f32>> = (0..vals.len())
-                .map(|k| (0..len).map(|i| vals[(k + i) % vals.len()]).collect())
-                .collect();
-            let want: Vec<f32> = (0..len)
-                .map(|i| srcs[1..].iter().fold(srcs[0][i], |a, s| a + s[i]))
-                .collect();
-            let got = reduce_vec(DType::F32, ReduceOp::Sum, &srcs, None);
-            assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(g, w)| g.to_bits() == w.to_bits()),
-                "len {len}"
-            );
-        }
-    }
-
-    /// The fan-out writes the reduction's bits to every destination, streamed or not, for
-    /// lengths around the block size and in place.
-    #[test]
-    fn fan_out_writes_the_result_everywhere() {
-        for len in [1usize, BLOCK - 1, BLOCK + 5, 3 * BLOCK + 17] {
-            let srcs: Vec<Vec<f32>> = (0..6)
-                .map(|k| {
-                    (0..len)
-                        .map(|i| ((k * 31 + i) % 13) as f32 * 0.37)
-                        .collect()
-                })
-                .collect();
-            let want = reduce_vec(DType::F32, ReduceOp::Avg, &srcs, Some(6));
-            let mut own = srcs[0].clone();
-            let mut x = vec![0f32; len];
-            let mut y = vec![0f32; len];
-            let mut ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr().cast()).collect();
-            ptrs[0] = own.as_ptr().cast();
-            let outs = [
-                (x.as_mut_ptr() as usize, true),
-                (y.as_mut_ptr() as usize, false),
-            ];
-            // SAFETY: every vector holds `len` f32; `own` is the first source exactly (in
-            // place) and the further destinations overlap nothing.
-            unsafe {
-                reduce_fan_out(
-                    DType::F32,
-                    ReduceOp::Avg,
-                    &ptrs,
-                    (own.as_mut_ptr() as usize, true),
-                    &outs,
-                    len,
-                    Some(6),
-                )
-            };
-            super::super::host::store_fence();
-            for got in [&own, &x, &y] {
-                assert!(
-                    got.iter()
-                        .zip(&want)
-                        .all(|(g, w)| g.to_bits() == w.to_bits()),
-                    "len {len}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn min_max_and_in_place() {
-        let mut a = vec![1.0f64, 5.0, -3.0];
-        let b = [2.0f64, 4.0, -4.0];
-        let pa = a.as_mut_ptr() as *mut u8;
-        let ptrs = [pa as *const u8, b.as_ptr() as *const u8];
-        // SAFETY: both hold 3 f64; the destination is the first source exactly.
-        unsafe { reduce(DType::F64, ReduceOp::Max, &ptrs, pa, 3, None) };
-        assert_eq!(a, vec![2.0, 5.0, -3.0]);
-        let out = reduce_vec(
-            DType::I64,
-            ReduceOp::Min,
-            &[vec![3i64, -9], vec![-1, 7]],
-            None,
-        );
-        assert_eq!(out, vec![-1, -9]);
-    }
-}
+mod tests;
