@@ -1,8 +1,10 @@
 //! The collective steps before a run or a build: agreement on every rank's local result and
 //! on values that must be equal on all ranks (element size, element type, a plan's hash), and
-//! the exchanges of counts. Each is one nonblocking MPI collective polled against the
-//! communicator's timeout, so a peer that stopped or hangs before the step makes it fail
-//! instead of hanging: with [`MpiError::Absent`] naming the ranks that did not come and where
+//! the exchanges of counts. Each is one nonblocking MPI collective, or on a communicator whose
+//! ranks share one host's memory one step of the shared window's board (`shm_board.rs`: an
+//! all-gather in shared memory, with the minimum or the all-to-all's blocks taken from it
+//! here), polled against the communicator's timeout, so a peer that stopped or hangs before
+//! the step makes it fail instead of hanging: with [`MpiError::Absent`] naming the ranks that did not come and where
 //! they wait instead, found by a roll call (`roll_call.rs`), or [`MpiError::Timeout`] when
 //! every rank came. A collective request cannot be cancelled: on a timeout it goes, with its
 //! buffers, to the communicator's graveyard, and the communicator is failed.
@@ -15,6 +17,7 @@ use ::mpi::traits::AsRaw;
 
 use super::requests::SPINS_BEFORE_YIELD;
 use super::roll_call::{self, WaitPoint};
+use super::shm_board::ShmBoard;
 use super::{MpiCommunicator, MpiError, MpiResult};
 
 /// The nonblocking collective of [`collective`].
@@ -30,11 +33,35 @@ pub(super) enum AgreementCollective {
 }
 
 impl AgreementCollective {
+    const ALL: [AgreementCollective; 3] = [
+        AgreementCollective::Min,
+        AgreementCollective::AllToAll,
+        AgreementCollective::AllGather,
+    ];
+
     fn call(self) -> &'static str {
         match self {
             AgreementCollective::Min => "MPI_Iallreduce",
             AgreementCollective::AllToAll => "MPI_Ialltoall",
             AgreementCollective::AllGather => "MPI_Iallgather",
+        }
+    }
+
+    /// The step's kind on the board.
+    fn code(self) -> u64 {
+        match self {
+            AgreementCollective::Min => 1,
+            AgreementCollective::AllToAll => 2,
+            AgreementCollective::AllGather => 3,
+        }
+    }
+
+    /// What the step computes, in errors.
+    fn what(self) -> &'static str {
+        match self {
+            AgreementCollective::Min => "a minimum",
+            AgreementCollective::AllToAll => "an all-to-all",
+            AgreementCollective::AllGather => "an all-gather",
         }
     }
 }
@@ -70,6 +97,9 @@ pub(super) fn collective(
         }
         AgreementCollective::AllGather => (send.len(), send.len().saturating_mul(n)),
     };
+    if let Some(seg) = comm.shm.as_ref().filter(|_| ShmBoard::fits(send.len())) {
+        return on_board(comm, seg.board(), &at, op, &send, count);
+    }
     let count = c_int::try_from(count).map_err(|_| {
         MpiError::Unsupported(format!("{step}: {count} words, over MPI's int count"))
     })?;
@@ -111,6 +141,64 @@ pub(super) fn collective(
     }
 }
 
+/// [`collective`] on the shared window's board: this rank's `send` posted, every rank's
+/// gathered once all posted (polled as an MPI step is, with the roll call), then reduced to
+/// `op`'s result; `count`: words per all-to-all block. Errors fail the communicator (peers may
+/// wait at this step for ever, as in an MPI collective); nothing is left to bury.
+fn on_board(
+    comm: &MpiCommunicator,
+    board: &ShmBoard,
+    at: &WaitPoint,
+    op: AgreementCollective,
+    send: &[i64],
+    count: usize,
+) -> MpiResult<Vec<i64>> {
+    let n = comm.size as usize;
+    let posted = board.post(op.code(), send);
+    let mut all = vec![0i64; send.len() * n];
+    let gathered = wait_polling(comm, at, || {
+        board.gather(&posted, &mut all).map_err(|other| {
+            let theirs = AgreementCollective::ALL
+                .into_iter()
+                .find(|c| c.code() == other.kind)
+                .map_or("another step", AgreementCollective::what);
+            MpiError::CallMismatch(format!(
+                "{}: rank {} takes {theirs} of {} words where rank {} takes {} of {} words: \
+                 ranks call this communicator's collectives in different orders",
+                at.step,
+                other.rank,
+                other.words,
+                comm.rank,
+                op.what(),
+                send.len()
+            ))
+        })
+    });
+    if let Err(e) = gathered {
+        comm.health().fail(&e);
+        return Err(e);
+    }
+    Ok(match op {
+        AgreementCollective::AllGather => all,
+        AgreementCollective::Min => {
+            let mut least = send.to_vec();
+            for row in all.chunks(send.len().max(1)) {
+                for (l, v) in least.iter_mut().zip(row) {
+                    *l = (*l).min(*v);
+                }
+            }
+            least
+        }
+        AgreementCollective::AllToAll => {
+            // Block `me` of every rank's words, in rank order.
+            let me = comm.rank as usize;
+            all.chunks(send.len().max(1))
+                .flat_map(|row| row.iter().skip(me * count).take(count).copied())
+                .collect()
+        }
+    })
+}
+
 use super::requests::call_error as mpi_err;
 
 /// `MPI_Test` the live request `req` once: whether it completed (MPI then nulls it).
@@ -125,10 +213,7 @@ fn test(rank: u32, req: &mut ffi::MPI_Request) -> MpiResult<bool> {
 }
 
 /// Check the return code `rc` of the call posting `req` on `comm`, then poll `MPI_Test`
-/// until it completes (MPI then nulls it). A wait that lasts serves roll calls
-/// (`roll_call.rs`); at the communicator's timeout less the roll call's grace, or once a
-/// peer gave up on this very place, it calls the roll and returns what that found, within
-/// the timeout.
+/// until it completes (MPI then nulls it), as [`wait_polling`] waits.
 fn wait_at(
     comm: &MpiCommunicator,
     at: &WaitPoint,
@@ -140,12 +225,24 @@ fn wait_at(
     if rc != ffi::MPI_SUCCESS as c_int {
         return Err(mpi_err(rank, call, rc));
     }
+    wait_polling(comm, at, || test(rank, req))
+}
+
+/// Poll `done` until it says the step at `at` completed. A wait that lasts serves roll calls
+/// (`roll_call.rs`); at the communicator's timeout less the roll call's grace, or once a peer
+/// gave up on this very place, it calls the roll and returns what that found, within the
+/// timeout.
+fn wait_polling(
+    comm: &MpiCommunicator,
+    at: &WaitPoint,
+    mut done: impl FnMut() -> MpiResult<bool>,
+) -> MpiResult<()> {
     let timeout = comm.timeout.get();
     let patience = timeout.saturating_sub(roll_call::grace(timeout));
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        if test(rank, req)? {
+        if done()? {
             return Ok(());
         }
         let waited = start.elapsed();

@@ -36,6 +36,7 @@ mod runner;
 mod schedule;
 mod setup;
 mod shared_buffer;
+mod shm_board;
 mod shm_transport;
 mod shm_window;
 mod transport;

@@ -74,6 +74,7 @@ use ::mpi::topology::SimpleCommunicator;
 use super::MpiError;
 use super::requests::SPINS_BEFORE_YIELD;
 use super::shared_buffer::{self, PeerMappings};
+use super::shm_board::ShmBoard;
 use super::shm_window::{LINE_BYTES, SLOT_BYTES, SLOTS, ShmWindow, channel_bytes, read_peer};
 use crate::backend::AddressSpace;
 use crate::exec::run::Transport;
@@ -115,6 +116,8 @@ pub(crate) struct ShmSegment {
     /// Peers' shared buffers mapped here.
     peer_mappings: RefCell<PeerMappings>,
     lists: RefCell<Lists>,
+    /// The agreement board in the same window.
+    board: ShmBoard,
 }
 
 impl std::fmt::Debug for ShmSegment {
@@ -166,6 +169,7 @@ impl ShmSegment {
     pub(crate) fn new(comm: &SimpleCommunicator) -> Option<Self> {
         let w = ShmWindow::open(comm)?;
         Some(ShmSegment {
+            board: ShmBoard::new(&w.bases, w.rank),
             _local: w.local,
             bases: w.bases,
             rank: w.rank,
@@ -174,6 +178,11 @@ impl ShmSegment {
             peer_mappings: RefCell::default(),
             lists: RefCell::default(),
         })
+    }
+
+    /// The communicator's agreement board, in the same window.
+    pub(crate) fn board(&self) -> &ShmBoard {
+        &self.board
     }
 
     /// Whether peers may map this rank's shared buffers: run buffers are worth making

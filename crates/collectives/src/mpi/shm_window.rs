@@ -1,6 +1,7 @@
-//! The shared window of the shared-memory transport ([`super::shm_transport`]): its layout
-//! (a channel of slots per ordered pair of ranks, each rank's channels in its own part of the
-//! window), its collective creation over the `MPI_COMM_TYPE_SHARED` split, and the setup
+//! The shared window of the shared-memory transport ([`super::shm_transport`]) and the
+//! agreement board ([`super::shm_board`]): its layout (each rank's part of the window holds
+//! its channels of slots, one per receiving rank, then its two board posts), its collective
+//! creation over the `MPI_COMM_TYPE_SHARED` split, and the setup
 //! probes: single copies with `process_vm_readv` ([`read_peer`]) and mapping peers'
 //! [`SharedHostBuffer`]s.
 
@@ -31,6 +32,22 @@ const MAX_RANKS: i32 = 64;
 /// Bytes of one channel: `head`, `tail`, one header line per slot, the slots.
 pub(super) const fn channel_bytes() -> usize {
     2 * LINE_BYTES + SLOTS * LINE_BYTES + SLOTS * SLOT_BYTES
+}
+
+/// Words one board post carries: a step's words per rank (a typed call's descriptor with its
+/// all_to_all_v counts inline is at most 43; an all-to-all of counts on 64 ranks is 64, the
+/// all_to_all_v matrix beyond 16 ranks `2 x ranks`). Longer steps go through MPI.
+pub(super) const BOARD_WORDS_MAX: usize = 128;
+/// Bytes of one board post: a header line (the step it is for, the kind of step, its length
+/// in words), then the words.
+pub(super) const BOARD_POST_BYTES: usize = LINE_BYTES + BOARD_WORDS_MAX * 8;
+/// Bytes of a rank's board: two posts, for even and odd steps.
+const BOARD_BYTES: usize = 2 * BOARD_POST_BYTES;
+
+/// Offset of the board in a rank's part of the window on a communicator of `ranks`: after
+/// the rank's channels.
+pub(super) const fn board_offset(ranks: usize) -> usize {
+    ranks * channel_bytes()
 }
 
 /// A window made by [`ShmWindow::open`], with what setup probed.
@@ -68,7 +85,7 @@ impl ShmWindow {
         if !all(comm, ok) {
             return None;
         }
-        let mine = channel_bytes() * size as usize;
+        let mine = board_offset(size as usize) + BOARD_BYTES;
         // MPI aligns a rank's part to 8 bytes only: ask for a page more and start at the next
         // page boundary, which every process computes alike from the part's address.
         let asked = mine + PAGE_BYTES;
@@ -106,10 +123,19 @@ impl ShmWindow {
         }
         if ok {
             // Counters start at zero; every rank clears its own part before anyone uses it.
+            let part = (base as usize).next_multiple_of(PAGE_BYTES);
             for d in 0..size as usize {
-                let ch = (base as usize).next_multiple_of(PAGE_BYTES) + d * channel_bytes();
+                let ch = part + d * channel_bytes();
                 // SAFETY: `ch..ch + 2 * LINE_BYTES` lies inside this rank's part (`mine` bytes).
                 unsafe { std::ptr::write_bytes(ch as *mut u8, 0, 2 * LINE_BYTES) };
+            }
+            // SAFETY: the board is the last `BOARD_BYTES` of this rank's part.
+            unsafe {
+                std::ptr::write_bytes(
+                    (part + board_offset(size as usize)) as *mut u8,
+                    0,
+                    BOARD_BYTES,
+                );
             }
         }
         // Every rank learns whether all succeeded, and no rank uses the window before all
