@@ -12,9 +12,12 @@
 //! slices in place, and waits for another rank only where it needs
 //! that rank's memory or that rank needs its own. A failure there (a mismatch, a missing
 //! rank, a failed check) aborts the communicator: the call fails on every rank that is in it
-//! and every later call fails with [`CollectivesError::Aborted`]. Anything else (sends and
-//! receives, split, groups that hold any of them, and every call on other
-//! communicators) meets (`meeting.rs`): the ranks' descriptors (collective, element
+//! and every later call fails with [`CollectivesError::Aborted`]. A send, a receive, and a
+//! group of sends and receives to and from other ranks involve only their peers: each pair
+//! of ranks has a meeting of its own (`pair_group.rs` for groups), where a group arrives at
+//! each of its peers' pairs before it waits for any, and an empty group is done at once.
+//! Anything else (split, groups that mix sends or receives with collectives, and collectives
+//! on other communicators) meets (`meeting.rs`): the ranks' descriptors (collective, element
 //! type, count or counts, op, root, order) are compared (`op.rs`), and the last rank to
 //! arrive runs the operation for all (`group_run.rs`): it lends every rank's slices to the
 //! communicator's backend for the call, builds one checked group on the all-ranks
@@ -39,7 +42,8 @@
 //! memory, outcomes), `direct.rs` (calls without a rendezvous on one host memory, on the
 //! `board.rs` of posts, with each rank's part cut in `direct_part.rs` and its steps in
 //! `direct_drive.rs`, where one thread advances several ranks' calls together),
-//! `meeting.rs` (the rendezvous), `group_run.rs` (the run), `split.rs`
+//! `meeting.rs` (the rendezvous), `pair_group.rs` (groups of sends and receives at their
+//! pairs' meetings), `group_run.rs` (the run), `split.rs`
 //! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
 //! on GPUs).
 
@@ -54,6 +58,7 @@ mod direct_part;
 mod group_run;
 mod meeting;
 mod op;
+mod pair_group;
 mod rank_group;
 mod split;
 
@@ -323,10 +328,22 @@ impl RankComm {
     }
 
     /// Leave a group's operations (or the error its arguments gave) with the other ranks'
-    /// ([`Runner::depart`]): collectives on ranks that share one host memory run directly
-    /// (`direct.rs`), one after the other; anything else meets at the communicator's
-    /// meeting.
+    /// ([`Runner::depart`]): an empty group is done at once; sends and receives alone, to
+    /// and from other ranks, go to their peers' pair meetings (`pair_group.rs`); collectives on ranks that share one
+    /// host memory run directly (`direct.rs`), one after the other; anything else meets at
+    /// the communicator's meeting.
     fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
+        if ops.is_empty() && lender.error.is_none() {
+            // An empty group names no rank, as NCCL's: nothing to meet for. (A group whose
+            // one call failed its own checks has no ops either, and meets to fail the call
+            // on every rank.)
+            return Departure::of(Left::Ran(Ok(())), lender);
+        }
+        let me = self.rank;
+        let to_others = |o: &RankCallOp| matches!(o, RankCallOp::P2p { peer, .. } if *peer != me);
+        if !ops.is_empty() && ops.iter().all(to_others) {
+            return self.depart_pairs(lender, ops);
+        }
         if self.shared.direct {
             let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));
             if collectives && let Some(e) = lender.error.take() {
@@ -565,6 +582,9 @@ enum Left {
     Direct(Vec<DirectCall>),
     /// A direct call whose arguments failed (which aborted the communicator).
     Failed(Arc<CollectivesError>),
+    /// A group of sends and receives at its peers' pair meetings (`pair_group.rs`), and
+    /// this rank's own error, returned once the pairs are done.
+    Pairs(Vec<pair_group::PairTicket>, Option<CollectivesError>),
 }
 
 impl<'b> Departure<'b> {
@@ -607,6 +627,7 @@ impl<'b> Departure<'b> {
             Left::Ran(r) => r,
             Left::Direct(d) => direct_drive::drive(vec![d]).pop().unwrap_or(Ok(())),
             Left::Failed(source) => Err(CollectivesError::RankFailed { call, source }),
+            Left::Pairs(tickets, own) => pair_group::wait_pairs(call, tickets, own),
         }
     }
 }

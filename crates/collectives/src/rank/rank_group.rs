@@ -697,7 +697,8 @@ impl<'b> RankGroup<'_, 'b> {
         }
     }
 
-    /// Run the group with the other ranks' groups; returns when it is done on every rank.
+    /// Run the group with the other ranks' groups (a group of sends and receives alone, with
+    /// its peers' only); returns when it is done on every rank it involves.
     pub fn launch(self) -> Result<()> {
         self.finish("group")
     }

@@ -1,8 +1,9 @@
 //! The per-rank API ([`RankComm`]) with one thread per rank on the host backend: every
 //! collective x element type x op x in place or not against a reference written here
-//! (property-tested, exact for integers), send/recv and mixed groups, every kind of mismatch
-//! failing on every rank, a missing rank timing out, ranks arriving at successive calls in
-//! random order after random delays, and split (`split.rs`).
+//! (property-tested, exact for integers), send/recv, every kind of mismatch failing on every
+//! rank, a missing rank timing out, ranks arriving at successive calls in random order after
+//! random delays, groups of sends and receives and mixed groups (`pairs.rs`), and split
+//! (`split.rs`).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use relaycc_collectives::{Collectives, CollectivesError, Element, RankComm, Redu
 use relaycc_route::{Collective, DType};
 
 mod direct;
+mod pairs;
 mod split;
 
 /// Run `f` on every rank, one thread each; the results in rank order.
@@ -727,49 +729,6 @@ fn all_ranks_in_place_broadcast_on_the_host() {
         .expect("in-place broadcast");
     for b in &bufs {
         assert_eq!(b.to_vec().expect("read back"), vec![2; 6]);
-    }
-}
-
-/// A group mixing a collective and a ring of sends and receives runs as one launch on every
-/// rank; a group whose receive has no matching send fails on every rank.
-#[test]
-fn groups_mix_collectives_and_point_to_point() {
-    let ranks = RankComm::host(4).expect("host ranks");
-    let res = on_ranks(
-        ranks,
-        |mut rank| -> Result<(Vec<i32>, Vec<i32>), CollectivesError> {
-            let (r, n) = (rank.rank(), rank.ranks());
-            let mut sum = vec![r as i32; 10];
-            let send = vec![100 + r as i32; 3];
-            let mut recv = vec![0i32; 3];
-            let mut g = rank.group();
-            g.all_reduce_in_place(&mut sum, ReduceOp::Sum)
-                .send(&send, (r + 1) % n)
-                .recv(&mut recv, (r + n - 1) % n);
-            g.launch()?;
-            Ok((sum, recv))
-        },
-    );
-    for (r, got) in res.into_iter().enumerate() {
-        let (sum, recv) = got.expect("group");
-        assert_eq!(sum, vec![6; 10], "rank {r}");
-        assert_eq!(recv, vec![100 + ((r + 3) % 4) as i32; 3], "rank {r}");
-    }
-    let errs = errors(2, Duration::from_secs(30), |rank| {
-        let mut b = [0u8; 4];
-        let me = rank.rank();
-        let mut g = rank.group();
-        if me == 1 {
-            g.recv(&mut b, 0);
-        }
-        g.launch()
-    });
-    for (r, e) in errs.iter().enumerate() {
-        assert!(
-            matches!(e, CollectivesError::RankFailed { source, .. }
-                if matches!(**source, CollectivesError::Unmatched(_))),
-            "rank {r}: {e}"
-        );
     }
 }
 

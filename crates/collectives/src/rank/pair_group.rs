@@ -1,0 +1,219 @@
+//! Groups of sends and receives only (`ncclGroupStart`, sends and receives, `ncclGroupEnd`):
+//! they involve only the peers they name. A rank's group arrives at each of its peers' pair
+//! meetings (the meetings of standalone `send` and `recv`) with the operations it has with
+//! that peer, and waits for all of them afterwards, so a ring of sends and receives cannot
+//! deadlock (every rank arrives everywhere before it waits anywhere), one thread can leave
+//! several ranks' groups before it waits ([`RankGroup::launch_all`](super::RankGroup)), and
+//! ranks the group does not name neither call nor wait.
+//!
+//! Each pair matches the group's operations with that peer against the peer's, in one round
+//! of the pair's sequence (shared with standalone `send` and `recv`): a group and a single
+//! call each take one round with each peer they name.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::buffers::Lender;
+use super::meeting::Meeting;
+use super::op::{Outcome, RankArrival, RankCallOp, Span, View};
+use super::{Departure, Left, RankComm, Shared};
+use crate::error::{CollectivesError, Result};
+
+/// This rank's arrival at one pair meeting of a group, whose outcome it has still to take.
+pub(super) struct PairTicket {
+    shared: Arc<Shared>,
+    /// The pair's meeting, held until the outcome is taken.
+    meeting: Option<Arc<Meeting>>,
+    /// This rank's place in the pair (0: the lower rank).
+    me: usize,
+    seq: u64,
+    start: Instant,
+    timeout: Duration,
+    /// The outcome, where it was known on arrival.
+    done: Option<Arc<Outcome>>,
+}
+
+impl PairTicket {
+    /// The pair's outcome, once both came and it ran, or once the timeout passed.
+    pub(super) fn wait(mut self) -> Arc<Outcome> {
+        self.take()
+    }
+
+    fn take(&mut self) -> Arc<Outcome> {
+        let o = match (self.done.take(), &self.meeting) {
+            (Some(o), _) => o,
+            (None, Some(m)) => m.wait(self.me, self.seq, self.start, self.timeout),
+            (None, None) => unreachable_outcome(),
+        };
+        // Taken: a second `take` (from `drop`) returns at once.
+        self.done = Some(o.clone());
+        o
+    }
+}
+
+/// What a ticket without its meeting gives: never reached (the meeting goes only in `drop`,
+/// after the outcome was taken).
+fn unreachable_outcome() -> Arc<Outcome> {
+    Arc::new(Err(super::op::Failure::Internal(
+        "a pair's outcome taken after its meeting was let go".into(),
+    )))
+}
+
+impl Drop for PairTicket {
+    /// A ticket dropped untaken (a caller unwinding) still waits for its outcome: until then
+    /// the pair may run on the memory it lent. Then its hold on the pair meeting goes, and
+    /// the meeting with it once no call holds it.
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            self.take();
+        }
+        drop(self.meeting.take());
+        self.shared.prune_pairs();
+    }
+}
+
+/// A group's operations with one peer: the peer, the operations, the spans their views name.
+type PairPart = (usize, Vec<RankCallOp>, Vec<Span>);
+
+/// `ops` (sends and receives only) split by peer, in the order peers first appear, each with
+/// the spans its views name (renumbered from 0), and the first peer that is not another rank
+/// of `ranks` (its operations are left out).
+fn by_peer(
+    ops: Vec<RankCallOp>,
+    blocks: &[Span],
+    me: usize,
+    ranks: usize,
+) -> (Vec<PairPart>, Option<usize>) {
+    let mut parts: Vec<PairPart> = Vec::new();
+    let mut bad = None;
+    // Per pair, where each of this rank's blocks went (block index -> the pair's index).
+    let mut renumbered: Vec<Vec<Option<usize>>> = Vec::new();
+    for op in ops {
+        let RankCallOp::P2p {
+            send,
+            peer,
+            view,
+            dtype,
+        } = op
+        else {
+            continue;
+        };
+        if peer >= ranks || peer == me {
+            bad.get_or_insert(peer);
+            continue;
+        }
+        let at = match parts.iter().position(|p| p.0 == peer) {
+            Some(at) => at,
+            None => {
+                parts.push((peer, Vec::new(), Vec::new()));
+                renumbered.push(vec![None; blocks.len()]);
+                parts.len() - 1
+            }
+        };
+        let (_, pair_ops, spans) = &mut parts[at];
+        let block = match renumbered[at].get(view.block).copied().flatten() {
+            Some(b) => b,
+            None => {
+                // A view of a block the lender does not hold fails when the pair runs, as
+                // it would at the communicator's meeting.
+                let Some(span) = blocks.get(view.block) else {
+                    pair_ops.push(op);
+                    continue;
+                };
+                spans.push(*span);
+                renumbered[at][view.block] = Some(spans.len() - 1);
+                spans.len() - 1
+            }
+        };
+        pair_ops.push(RankCallOp::P2p {
+            send,
+            peer,
+            view: View { block, ..view },
+            dtype,
+        });
+    }
+    (parts, bad)
+}
+
+impl RankComm {
+    /// Leave a group of sends and receives (`ops`, none of another kind, none to or from
+    /// this rank itself, which the communicator's meeting runs) at each of its
+    /// peers' pair meetings, without waiting (module docs). A group whose own checks failed,
+    /// or that names a peer that is not another rank, still arrives at every pair it can
+    /// name, with an error, so those peers fail at once instead of at their timeout; this
+    /// rank returns its own error ([`CollectivesError::RankFailed`] with it, as the pair's run
+    /// would, or [`CollectivesError::BadRank`]).
+    pub(super) fn depart_pairs<'b>(
+        &mut self,
+        mut lender: Lender<'b>,
+        ops: Vec<RankCallOp>,
+    ) -> Departure<'b> {
+        let n = self.ranks();
+        let (parts, bad) = by_peer(ops, &lender.blocks, self.rank, n);
+        let own = match (lender.error.take(), bad) {
+            (Some(e), _) => Some(CollectivesError::RankFailed {
+                call: "group",
+                source: Arc::new(e),
+            }),
+            (None, Some(peer)) => Some(CollectivesError::BadRank {
+                call: "group",
+                rank: peer,
+                ranks: n,
+            }),
+            (None, None) => None,
+        };
+        let mut tickets = Vec::with_capacity(parts.len());
+        for (peer, pair_ops, spans) in parts {
+            let ops = match &own {
+                Some(e) => Err(CollectivesError::Unmatched(format!(
+                    "rank {}'s group with rank {peer} failed its own checks: {e}",
+                    self.rank
+                ))),
+                None => Ok(pair_ops),
+            };
+            let arrival = RankArrival {
+                rank: self.rank,
+                blocks: spans,
+                ops,
+                #[cfg(feature = "cuda")]
+                stream: lender.stream.cloned(),
+            };
+            let seq = self.pair_seq.entry(peer).or_insert(0);
+            let s = *seq;
+            *seq += 1;
+            let meeting = self.shared.pair(self.rank, peer);
+            let me = usize::from(self.rank > peer);
+            let shared = self.shared.clone();
+            let start = Instant::now();
+            let done = meeting.arrive(me, s, arrival, |a| super::group_run::run(&shared, a));
+            tickets.push(PairTicket {
+                shared: self.shared.clone(),
+                meeting: Some(meeting),
+                me,
+                seq: s,
+                start,
+                timeout: self.timeout,
+                done,
+            });
+        }
+        Departure::of(Left::Pairs(tickets, own), lender)
+    }
+}
+
+/// The outcome of a group left at pair meetings, as call `call`, once every pair is done:
+/// this rank's own error (`own`) if it had one, else the first pair's error in the order the
+/// group named its peers.
+pub(super) fn wait_pairs(
+    call: &'static str,
+    tickets: Vec<PairTicket>,
+    own: Option<CollectivesError>,
+) -> Result<()> {
+    let mut first = own.map_or(Ok(()), Err);
+    for t in tickets {
+        let r = RankComm::result(call, t.wait()).map(|_| ());
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}

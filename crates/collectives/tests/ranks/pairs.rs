@@ -1,0 +1,186 @@
+//! Groups of sends and receives: only the ranks they name take part, a ring driven by one
+//! thread does not deadlock, and errors reach the peers at once; groups that mix collectives
+//! with sends and receives.
+
+use relaycc_collectives::RankGroup;
+
+use super::*;
+
+/// A group mixing a collective and a ring of sends and receives runs as one launch on every
+/// rank.
+#[test]
+fn groups_mix_collectives_and_point_to_point() {
+    let ranks = RankComm::host(4).expect("host ranks");
+    let res = on_ranks(
+        ranks,
+        |mut rank| -> Result<(Vec<i32>, Vec<i32>), CollectivesError> {
+            let (r, n) = (rank.rank(), rank.ranks());
+            let mut sum = vec![r as i32; 10];
+            let send = vec![100 + r as i32; 3];
+            let mut recv = vec![0i32; 3];
+            let mut g = rank.group();
+            g.all_reduce_in_place(&mut sum, ReduceOp::Sum)
+                .send(&send, (r + 1) % n)
+                .recv(&mut recv, (r + n - 1) % n);
+            g.launch()?;
+            Ok((sum, recv))
+        },
+    );
+    for (r, got) in res.into_iter().enumerate() {
+        let (sum, recv) = got.expect("group");
+        assert_eq!(sum, vec![6; 10], "rank {r}");
+        assert_eq!(recv, vec![100 + ((r + 3) % 4) as i32; 3], "rank {r}");
+    }
+}
+
+/// Groups of sends and receives take only the ranks they name: ranks 0 and 1 swap, rank 2
+/// sends two messages to rank 3 in one group, then 0 and 1 swap again; nobody else calls,
+/// and an empty group is done at once.
+#[test]
+fn a_group_of_sends_and_receives_involves_only_its_peers() {
+    let mut ranks = RankComm::host(4).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_secs(20));
+    }
+    let res = on_ranks(ranks, |mut rank| -> Result<Vec<u32>, CollectivesError> {
+        let r = rank.rank();
+        let mine = [r as u32 * 10, r as u32 * 10 + 1];
+        let (mut a, mut b) = ([0u32; 2], [0u32; 2]);
+        rank.group().launch()?;
+        match r {
+            0 | 1 => {
+                for (round, seen) in (0u32..).zip(b.iter_mut()) {
+                    let peer = 1 - r;
+                    let out = mine.map(|v| v + 100 * round);
+                    let mut g = rank.group();
+                    g.send(&out[..], peer).recv(&mut a[..], peer);
+                    g.launch()?;
+                    *seen = a[0];
+                }
+            }
+            2 => {
+                let mut g = rank.group();
+                g.send(&mine[..1], 3).send(&mine[1..], 3);
+                g.launch()?;
+            }
+            _ => {
+                let mut g = rank.group();
+                g.recv(&mut a[..1], 2).recv(&mut b[..1], 2);
+                g.launch()?;
+            }
+        }
+        Ok(vec![a[0], a[1], b[0], b[1]])
+    });
+    let got: Vec<Vec<u32>> = res.into_iter().map(|r| r.expect("group")).collect();
+    assert_eq!(got[0], vec![110, 111, 10, 110]);
+    assert_eq!(got[1], vec![100, 101, 0, 100]);
+    assert_eq!(got[3][0], 20);
+    assert_eq!(got[3][2], 21);
+}
+
+/// One thread drives every rank of a ring of sends and receives with `launch_all`: each
+/// group arrives at both its pairs before any waits, so the ring completes.
+#[test]
+fn one_thread_drives_a_ring_of_sends_and_receives() {
+    let mut ranks = RankComm::host(5).expect("host ranks");
+    let n = ranks.len();
+    let sends: Vec<Vec<u64>> = (0..n).map(|r| vec![r as u64 + 1; 7]).collect();
+    let mut recvs = vec![vec![0u64; 7]; n];
+    for round in 0..3 {
+        let groups = ranks
+            .iter_mut()
+            .zip(&sends)
+            .zip(recvs.iter_mut())
+            .map(|((rank, s), d)| {
+                let r = rank.rank();
+                let mut g = rank.group();
+                g.send(&s[..], (r + 1) % n)
+                    .recv(&mut d[..], (r + n - 1) % n);
+                g
+            });
+        RankGroup::launch_all(groups).expect("ring");
+        for (r, d) in recvs.iter().enumerate() {
+            assert_eq!(
+                d,
+                &vec![((r + n - 1) % n) as u64 + 1; 7],
+                "round {round}, rank {r}"
+            );
+        }
+    }
+}
+
+/// A group that names no other rank fails on its own rank with `BadRank`, and its valid
+/// peer fails at once with the reason, not at its timeout; a receive whose sender's group
+/// is empty times out naming the sender; a count mismatch fails both ranks.
+#[test]
+fn pair_group_errors_reach_the_peers() {
+    let mut ranks = RankComm::host(3).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_secs(20));
+    }
+    let start = Instant::now();
+    let res = on_ranks(ranks, |mut rank| {
+        let mut buf = [0u8; 4];
+        let me = rank.rank();
+        let mut g = rank.group();
+        match me {
+            0 => g.send(&[1u8; 4][..], 1).send(&[2u8; 4][..], 7),
+            1 => g.recv(&mut buf[..], 0),
+            _ => &mut g,
+        };
+        g.launch()
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "a peer waited for its timeout"
+    );
+    assert!(
+        matches!(&res[0], Err(CollectivesError::BadRank { rank: 7, .. })),
+        "{:?}",
+        res[0]
+    );
+    assert!(
+        matches!(&res[1], Err(e) if e.to_string().contains("rank 0's group with rank 1 failed")),
+        "{:?}",
+        res[1]
+    );
+    assert!(res[2].is_ok());
+
+    let mut ranks = RankComm::host(2).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_millis(300));
+    }
+    let res = on_ranks(ranks, |mut rank| {
+        let mut buf = [0u8; 4];
+        let me = rank.rank();
+        let mut g = rank.group();
+        if me == 1 {
+            g.recv(&mut buf[..], 0);
+        }
+        g.launch()
+    });
+    assert!(res[0].is_ok());
+    assert!(
+        matches!(&res[1], Err(CollectivesError::RankTimeout { missing, .. }) if missing == &[0]),
+        "{:?}",
+        res[1]
+    );
+
+    let res = on_ranks(RankComm::host(2).expect("host ranks"), |mut rank| {
+        let (three, mut four) = ([5u32; 3], [0u32; 4]);
+        let me = rank.rank();
+        let mut g = rank.group();
+        if me == 0 {
+            g.send(&three[..], 1);
+        } else {
+            g.recv(&mut four[..], 0);
+        }
+        g.launch()
+    });
+    for (r, e) in res.iter().enumerate() {
+        assert!(
+            e.is_err(),
+            "rank {r}: a 3-element send matched a 4-element receive"
+        );
+    }
+}
