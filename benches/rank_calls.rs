@@ -8,7 +8,9 @@
 //!   (`fresh_counts`: 64 count lists in turn, every list under one capacity);
 //! - `rank_v_calls_8_ranks_all_to_all_v`: one all_to_all_v of up to 2,048 f32 per pair,
 //!   with the same matrix every call (`repeated_matrix`) or another every call
-//!   (`fresh_matrix`: 64 matrices in turn, every one under one capacity).
+//!   (`fresh_matrix`: 64 matrices in turn, every one under one capacity);
+//! - `rank_p2p_ring_8_ranks_64KiB`: each rank's group sends 64 KiB of f32 to the next rank
+//!   and receives 64 KiB from the previous one, as a pipeline's stages hand activations on.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -194,10 +196,44 @@ fn rank_v_calls_all_to_all_v(c: &mut Criterion) {
     g.finish();
 }
 
+fn rank_p2p_ring(c: &mut Criterion) {
+    let Some(mut shares) = shares() else {
+        eprintln!("cannot build {RANKS} host ranks");
+        return;
+    };
+    // Per thread, per rank: what it sends and where it receives.
+    let mut bufs: Vec<Vec<(Vec<f32>, Vec<f32>)>> = shares
+        .iter()
+        .map(|m| vec![(vec![1.0; BUCKET_ELEMS], vec![0.0; BUCKET_ELEMS]); m.len()])
+        .collect();
+    let mut g = c.benchmark_group("rank_p2p_ring_8_ranks_64KiB");
+    g.throughput(Throughput::Bytes((BUCKET_ELEMS * 4) as u64));
+    g.bench_function("launch_all_2_threads", |b| {
+        b.iter_custom(|iters| {
+            on_threads(&mut shares, &mut bufs, iters, |mine, bufs, iters| {
+                for _ in 0..iters {
+                    let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(rank, (s, d))| {
+                        let r = rank.rank();
+                        let mut g = rank.group();
+                        g.send(&s[..], (r + 1) % RANKS)
+                            .recv(&mut d[..], (r + RANKS - 1) % RANKS);
+                        g
+                    });
+                    if let Err(e) = RankGroup::launch_all(groups) {
+                        eprintln!("launch failed: {e}");
+                    }
+                }
+            })
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     rank_groups,
     rank_v_calls,
-    rank_v_calls_all_to_all_v
+    rank_v_calls_all_to_all_v,
+    rank_p2p_ring
 );
 criterion_main!(benches);

@@ -10,7 +10,10 @@
 //!   and kept between launches, however many lanes a launch has (a 1,024-rank communicator
 //!   has 1,024): a lane that reaches a `Wait` on an event not yet recorded parks and gives
 //!   its worker back, and the `Record` queues it again, so a waiting lane never holds a
-//!   thread another lane needs.
+//!   thread another lane needs. A launch with work on one lane only (a send and its
+//!   receive, one rank's copy) runs on the submitting thread instead, under the gate: handing
+//!   it to a worker and waiting for it back costs two thread switches, more than a small
+//!   copy.
 //! - Copies into lent memory (a rank's own slices) of a page or more use non-temporal stores
 //!   (`stream_copy`), and a copy into memory that only a reduction of the same lane reads
 //!   before the lane overwrites it is dropped, the reduction reading the copy's source
@@ -35,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use relaycc_route::Location;
 
-use super::host_lanes::{LanePool, LaunchState, Task};
+use super::host_lanes::{LanePool, LaunchState, Task, run_here};
 use super::host_peephole::{forward_copies, fuse_fan_out};
 use super::sealed::{Lending, Loan, Private, Trusted};
 use super::validate::{self, Bound, Resolved};
@@ -462,6 +465,27 @@ impl Backend for HostBackend {
         }
         let busy: Vec<usize> = (0..lanes.len()).filter(|l| !lanes[*l].is_empty()).collect();
         if busy.is_empty() {
+            return Ok(());
+        }
+        if busy.len() == 1 {
+            // One lane (a send and its receive, one rank's copy): run it on this thread,
+            // under the gate, instead of handing it to a worker and back, two thread
+            // switches that cost more than a small copy. Its error waits for `synchronize`
+            // as a worker's would.
+            let mut set = vec![false; events];
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: every task's ranges lie in blocks resolved above under the gate,
+                // which this thread holds until the run ends, so none leaves meanwhile.
+                unsafe { run_here(&lanes, &srcs, &outs, &mut set) }
+            }));
+            store_fence();
+            let failed = match ran {
+                Ok(r) => r.err(),
+                Err(_) => Some("a lane run on the submitting thread panicked".into()),
+            };
+            if let Some(e) = failed {
+                lock(&self.pending).get_or_insert(e);
+            }
             return Ok(());
         }
         // No worker at all is an error before anything starts; fewer than wanted share lanes.
