@@ -67,7 +67,6 @@ pub(super) const STREAM_MIN_BYTES: u64 = 4096;
 pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         // Bytes up to the first 16-byte aligned destination address, copied plainly.
         let head = dst.align_offset(16).min(bytes);
         // SAFETY: inside both ranges (the caller's contract); `head <= bytes`.
@@ -76,17 +75,8 @@ pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
         let mut i = head;
         while i < head + body {
             // SAFETY: `i + 64 <= bytes`; `dst + i` is 16-byte aligned (`head` aligned it and
-            // `i - head` is a multiple of 64); unaligned loads have no alignment need.
-            unsafe {
-                let s = src.add(i) as *const __m128i;
-                let d = dst.add(i) as *mut __m128i;
-                let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
-                let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
-                _mm_stream_si128(d, a);
-                _mm_stream_si128(d.add(1), b);
-                _mm_stream_si128(d.add(2), c);
-                _mm_stream_si128(d.add(3), e);
-            }
+            // `i - head` is a multiple of 64).
+            unsafe { stream_line_aligned(src.add(i), dst.add(i)) };
             i += 64;
         }
         // SAFETY: the tail `i..bytes` lies inside both ranges.
@@ -97,6 +87,28 @@ pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, bytes: usize) {
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, bytes)
     };
+}
+
+/// Stream the 64 bytes at `src` to `dst` with four 16-byte non-temporal stores.
+///
+/// # Safety
+/// `src` holds 64 readable bytes and `dst` 64 writable ones, 16-byte aligned, that nothing
+/// else touches during the call, not overlapping.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn stream_line_aligned(src: *const u8, dst: *mut u8) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let (s, d) = (src as *const __m128i, dst as *mut __m128i);
+    // SAFETY: 64 bytes at both (the caller's contract); `d` is 16-byte aligned; unaligned
+    // loads have no alignment need.
+    unsafe {
+        let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
+        let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+        _mm_stream_si128(d, a);
+        _mm_stream_si128(d.add(1), b);
+        _mm_stream_si128(d.add(2), c);
+        _mm_stream_si128(d.add(3), e);
+    }
 }
 
 /// Order this thread's earlier non-temporal stores before its later stores (x86-64's

@@ -476,17 +476,8 @@ unsafe fn fan_out<E: Elem, O: BinOp, const L: usize>(
 unsafe fn stream_line(src: *const u8, dst: *mut u8) {
     #[cfg(target_arch = "x86_64")]
     if (dst as usize).is_multiple_of(16) {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        let (s, d) = (src as *const __m128i, dst as *mut __m128i);
-        // SAFETY: 64 bytes at both (the caller's contract); `d` is 16-byte aligned.
-        unsafe {
-            let (a, b) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)));
-            let (c, e) = (_mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
-            _mm_stream_si128(d, a);
-            _mm_stream_si128(d.add(1), b);
-            _mm_stream_si128(d.add(2), c);
-            _mm_stream_si128(d.add(3), e);
-        }
+        // SAFETY: the caller's contract; `dst` is 16-byte aligned.
+        unsafe { super::host::stream_line_aligned(src, dst) };
         return;
     }
     // SAFETY: forwarded.
