@@ -4,9 +4,9 @@
 //! ranks share one host's memory one step of the shared window's board (`shm_board.rs`: an
 //! all-gather in shared memory, with the minimum or the all-to-all's blocks taken from it
 //! here), polled against the communicator's timeout, so a peer that stopped or hangs before
-//! the step makes it fail instead of hanging: with [`MpiError::Absent`] naming the ranks that did not come and where
-//! they wait instead, found by a roll call (`roll_call.rs`), or [`MpiError::Timeout`] when
-//! every rank came. A collective request cannot be cancelled: on a timeout it goes, with its
+//! the step makes it fail instead of hanging: with [`MpiError::Absent`] naming the ranks
+//! that did not come and where they wait instead, found by a roll call (`roll_call.rs`), or
+//! [`MpiError::Timeout`] when every rank came. A collective request cannot be cancelled: on a timeout it goes, with its
 //! buffers, to the communicator's graveyard, and the communicator is failed.
 
 use std::os::raw::c_int;

@@ -329,9 +329,9 @@ impl RankComm {
 
     /// Leave a group's operations (or the error its arguments gave) with the other ranks'
     /// ([`Runner::depart`]): an empty group is done at once; sends and receives alone, to
-    /// and from other ranks, go to their peers' pair meetings (`pair_group.rs`); collectives on ranks that share one
-    /// host memory run directly (`direct.rs`), one after the other; anything else meets at
-    /// the communicator's meeting.
+    /// and from other ranks, go to their peers' pair meetings (`pair_group.rs`); collectives
+    /// on ranks that share one host memory run directly (`direct.rs`), one after the other;
+    /// anything else meets at the communicator's meeting.
     fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
         if ops.is_empty() && lender.error.is_none() {
             // An empty group names no rank, as NCCL's: nothing to meet for. (A group whose

@@ -276,10 +276,10 @@ proptest! {
             if let Err(e) = g.launch() {
                 return Some(format!("rank {r}: {e}"));
             }
-            mine.iter()
-                .filter(|(_, send)| !send)
-                .find(|&&(k, _)| ins[k] != outs[k])
-                .map(|&(k, _)| format!("rank {r}: message {k} {:?} arrived as {:?}", messages[k], ins[k]))
+            let wrong = mine
+                .iter()
+                .find(|&&(k, send)| !send && ins[k] != outs[k]);
+            wrong.map(|&(k, _)| format!("rank {r}: message {k} {:?} got {:?}", messages[k], ins[k]))
         })
         .into_iter()
         .flatten()
