@@ -235,7 +235,7 @@ proptest! {
         let ranks = RankComm::host(n as u32).expect("host ranks");
         let errors: Vec<String> = on_ranks(ranks, |mut rank| {
             let r = rank.rank();
-            // This rank's operations, in message order, then shuffled by its own seed.
+            // This rank's operations, in message order, then shuffled by its own random key.
             let mut mine: Vec<(usize, bool)> = messages
                 .iter()
                 .enumerate()
@@ -249,7 +249,7 @@ proptest! {
                 return None;
             }
             // A stable shuffle keeps each peer's sends, and each peer's receives, in message
-            // order: the seed only interleaves the lists of different peers and kinds.
+            // order: the random key only interleaves the lists of different peers and kinds.
             let key = |&(k, send): &(usize, bool)| {
                 let m = messages[k];
                 let peer = if send { m.dst } else { m.src };
