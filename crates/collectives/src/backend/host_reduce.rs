@@ -439,7 +439,9 @@ unsafe fn fan_out<E: Elem, O: BinOp, const L: usize>(
                 let dst = (to + (at + lo) * size) as *mut u8;
                 // SAFETY: every destination holds `len` elements that nothing else touches
                 // (the caller) and `at + lo + line.len() <= len`; the line is on the stack.
-                // `store_fence` orders streamed stores before the lane's next event.
+                // A whole line starts on a line boundary of every destination (`head`,
+                // `line_phase`). `store_fence` orders streamed stores before the lane's next
+                // event.
                 unsafe {
                     match (stream, bytes == LINE_BYTES) {
                         (true, true) => stream_line(line.as_ptr().cast(), dst),
@@ -465,23 +467,24 @@ unsafe fn fan_out<E: Elem, O: BinOp, const L: usize>(
     }
 }
 
-/// Write the 64 bytes at `src` to `dst` with streaming stores: 16-byte ones where `dst` is
-/// 16-byte aligned (a whole line then leaves the write-combining buffer at once), else
-/// [`super::host::stream_copy`]'s plain head and streamed rest.
+/// Write the 64 bytes at `src` to the cache line at `dst` with streaming stores (a whole line
+/// then leaves the write-combining buffer at once); a plain copy on other targets.
 ///
 /// # Safety
-/// `src` holds 64 readable bytes and `dst` 64 writable ones that nothing else touches, not
-/// overlapping.
+/// `src` holds 64 readable bytes and `dst` 64 writable ones, on a 64-byte boundary, that
+/// nothing else touches, not overlapping.
 #[inline(always)]
 unsafe fn stream_line(src: *const u8, dst: *mut u8) {
+    // SAFETY: the caller's contract (a line boundary is 16-byte aligned).
     #[cfg(target_arch = "x86_64")]
-    if (dst as usize).is_multiple_of(16) {
-        // SAFETY: the caller's contract; `dst` is 16-byte aligned.
-        unsafe { super::host::stream_line_aligned(src, dst) };
-        return;
-    }
-    // SAFETY: forwarded.
-    unsafe { super::host::stream_copy(src, dst, LINE_BYTES) };
+    unsafe {
+        super::host::stream_line_aligned(src, dst)
+    };
+    // SAFETY: the caller's contract.
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, LINE_BYTES)
+    };
 }
 
 /// `out[i] = op(first[at + i], rest[0][at + i], ...)` for the first `m <= L` elements of

@@ -22,8 +22,7 @@ use crate::error::{CollectivesError, Result};
 /// This rank's arrival at one pair meeting of a group, whose outcome it has still to take.
 pub(super) struct PairTicket {
     shared: Arc<Shared>,
-    /// The pair's meeting, held until the outcome is taken.
-    meeting: Option<Arc<Meeting>>,
+    meeting: Arc<Meeting>,
     /// This rank's place in the pair (0: the lower rank).
     me: usize,
     seq: u64,
@@ -40,10 +39,11 @@ impl PairTicket {
     }
 
     fn take(&mut self) -> Arc<Outcome> {
-        let o = match (self.done.take(), &self.meeting) {
-            (Some(o), _) => o,
-            (None, Some(m)) => m.wait(self.me, self.seq, self.start, self.timeout),
-            (None, None) => unreachable_outcome(),
+        let o = match self.done.take() {
+            Some(o) => o,
+            None => self
+                .meeting
+                .wait(self.me, self.seq, self.start, self.timeout),
         };
         // Taken: a second `take` (from `drop`) returns at once.
         self.done = Some(o.clone());
@@ -51,24 +51,13 @@ impl PairTicket {
     }
 }
 
-/// What a ticket without its meeting gives: never reached (the meeting goes only in `drop`,
-/// after the outcome was taken).
-fn unreachable_outcome() -> Arc<Outcome> {
-    Arc::new(Err(super::op::Failure::Internal(
-        "a pair's outcome taken after its meeting was let go".into(),
-    )))
-}
-
 impl Drop for PairTicket {
     /// A ticket dropped untaken (a caller unwinding) still waits for its outcome: until then
-    /// the pair may run on the memory it lent. Then its hold on the pair meeting goes, and
-    /// the meeting with it once no call holds it.
+    /// the pair may run on the memory it lent.
     fn drop(&mut self) {
         if self.done.is_none() {
             self.take();
         }
-        drop(self.meeting.take());
-        self.shared.prune_pairs();
     }
 }
 
@@ -188,7 +177,7 @@ impl RankComm {
             let done = meeting.arrive(me, s, arrival, |a| super::group_run::run(&shared, a));
             tickets.push(PairTicket {
                 shared: self.shared.clone(),
-                meeting: Some(meeting),
+                meeting,
                 me,
                 seq: s,
                 start,
@@ -202,18 +191,23 @@ impl RankComm {
 
 /// The outcome of a group left at pair meetings, as call `call`, once every pair is done:
 /// this rank's own error (`own`) if it had one, else the first pair's error in the order the
-/// group named its peers.
+/// group named its peers. The pair meetings no call holds any more then go, as after a
+/// standalone send or receive.
 pub(super) fn wait_pairs(
     call: &'static str,
     tickets: Vec<PairTicket>,
     own: Option<CollectivesError>,
 ) -> Result<()> {
+    let shared = tickets.first().map(|t| t.shared.clone());
     let mut first = own.map_or(Ok(()), Err);
     for t in tickets {
         let r = RankComm::result(call, t.wait()).map(|_| ());
         if first.is_ok() {
             first = r;
         }
+    }
+    if let Some(shared) = shared {
+        shared.prune_pairs();
     }
     first
 }
