@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use relaycc_collectives::mpi::rsmpi;
 use relaycc_collectives::mpi::{MpiCommunicator, SharedHostBuffer};
 use relaycc_collectives::{Collectives, Element};
@@ -77,9 +77,10 @@ pub fn run(args: &BenchArgs, sizes: &[u64], out: &mut Vec<u8>) -> Result<()> {
             "--shared-buffers allocates host buffers; with --gpus the buffers are on GPUs",
         ));
     }
-    if args.collective == Collective::SendRecv {
+    if on_gpus && args.collective == Collective::SendRecv {
         return Err(usage(
-            "--backend mpi times collectives; send_recv is not among them",
+            "GPU ranks over MPI run sends and receives one at a time: send_recv (a ring of \
+             them in one group per rank) is timed on host ranks only",
         ));
     }
     let n = world.size() as u32;
@@ -270,7 +271,13 @@ fn relaycc_call<T: Element>(
         Collective::AllToAllV => comm.all_to_all_v(i, &b.counts, o, &b.counts)?,
         Collective::Gather => comm.gather(i, Some(o).filter(|_| is_root), root)?,
         Collective::Scatter => comm.scatter(Some(i).filter(|_| is_root), o, root)?,
-        Collective::SendRecv => bail!("send_recv is not timed over MPI"),
+        Collective::SendRecv => {
+            // nccl-tests' sendrecv: a ring, each rank's send and receive in one group.
+            let (me, n) = (comm.rank(), comm.ranks());
+            let mut g = comm.group();
+            g.send(i, (me + 1) % n).recv(o, (me + n - 1) % n);
+            g.launch()?
+        }
     }
     Ok(())
 }
@@ -327,7 +334,13 @@ fn mpi_call<T: Element + Equivalence>(
         Collective::Gather => root.gather_into(i),
         Collective::Scatter if is_root => root.scatter_into_root(i, out),
         Collective::Scatter => root.scatter_into(out),
-        Collective::SendRecv => {}
+        Collective::SendRecv => {
+            let n = world.size();
+            let me = world.rank();
+            let next = world.process_at_rank((me + 1) % n);
+            let prev = world.process_at_rank((me + n - 1) % n);
+            rsmpi::point_to_point::send_receive_into(i, &next, out, &prev);
+        }
     }
 }
 

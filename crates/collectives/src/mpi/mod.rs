@@ -28,6 +28,7 @@ mod gpu;
 #[cfg(feature = "cuda")]
 mod gpu_run;
 mod indexed;
+mod p2p_group;
 mod point_to_point;
 mod requests;
 mod roll_call;
@@ -262,9 +263,8 @@ pub struct MpiCommunicator {
     /// shapes on every rank: keys, weights and limits are agreed, and the eviction rule is
     /// deterministic ([`Lru`]).
     calls: RefCell<Lru<Vec<i64>, typed::PreparedShape>>,
-    /// Per (source, destination, count, element type), the send/recv schedule (a pair's
-    /// ranks may keep different ones: preparing a pair's shape is local).
-    p2p_plans: RefCell<Lru<(u32, u32, u64, relaycc_route::DType), typed::PreparedShape>>,
+    /// What groups of sends and receives keep between calls (`p2p_group.rs`).
+    pair_scratch: RefCell<p2p_group::PairScratch>,
     /// The limits of every plan cache of this communicator and of its GPU ranks, the same on
     /// every rank ([`MpiCommunicator::set_plan_cache_limits`]).
     plan_limits: Cell<PlanCacheLimits>,
@@ -395,7 +395,7 @@ impl MpiCommunicator {
             roll,
             seq: Cell::new(0),
             calls: RefCell::default(),
-            p2p_plans: RefCell::default(),
+            pair_scratch: RefCell::default(),
             plan_limits: Cell::new(PlanCacheLimits::default()),
             p2p_seq: RefCell::default(),
             layout_request: RefCell::new(relaycc_route::Request::new(

@@ -1,6 +1,8 @@
-//! Point to point between two ranks of an [`MpiCommunicator`] (`send`, `recv`): the pair
-//! agrees pairwise on a communicator of its own (the receiver answers whether the sender's
-//! descriptor matches), then the data moves as a one-op plan, prepared once per pair shape.
+//! The pairwise agreement of point to point between two ranks of an [`MpiCommunicator`]
+//! (`send`, `recv`), on a communicator of its own: the sender sends its descriptor, the
+//! receiver answers whether it matches its own. GPU ranks then move the data as a one-op
+//! plan, prepared once per pair shape (`gpu.rs`); host ranks post the same messages for
+//! every operation of a group at once (`p2p_group.rs`).
 
 use std::os::raw::c_int;
 use std::time::Instant;
@@ -11,98 +13,17 @@ use ::mpi::traits::AsRaw;
 use relaycc_route::{Collective, DType, Request, Transfer};
 
 use super::requests::Requests;
-use super::typed::{host_bytes, lent, lent_mut};
 use super::{MpiCommunicator, MpiError, MpiResult};
-use crate::rank::{Lender, View};
 
 /// The step name of the point-to-point handshake, in errors.
-const HANDSHAKE: &str = "agree on a send/recv pair";
+pub(super) const HANDSHAKE: &str = "agree on a send/recv pair";
 
 /// Point-to-point tags on the pair communicator: the descriptor and the answer. The data
 /// message is op 0 of its plan, tag 0.
-const TAG_DESC: c_int = 1;
-const TAG_ACK: c_int = 2;
+pub(super) const TAG_DESC: c_int = 1;
+pub(super) const TAG_ACK: c_int = 2;
 
 impl MpiCommunicator {
-    /// One send (`sending`) or receive of `view` (elements of `dtype`, host memory lent by
-    /// `lender`) with `peer`: a call of [`crate::Collectives::send`] or `recv` on this
-    /// communicator. A buffer that is not host memory fails on this rank and is agreed as an
-    /// impossible count, so the peer fails with [`MpiError::CountMismatch`] instead of
-    /// waiting.
-    pub(super) fn host_point_to_point(
-        &self,
-        lender: &mut Lender<'_>,
-        view: View,
-        sending: bool,
-        peer: u32,
-        dtype: DType,
-    ) -> MpiResult<()> {
-        let esize = dtype.size() as usize;
-        let local = match lender.take_error() {
-            Some(e) => Err(MpiError::Backend(e)),
-            None => host_bytes(lender, view, esize, self.rank),
-        };
-        let (addr, bytes) = match local {
-            Ok(at) => at,
-            Err(e) => {
-                // The peer sees a count it cannot match and fails too.
-                let _ = self.p2p_agree(peer, sending, i64::MAX as u64, dtype, false);
-                return Err(e);
-            }
-        };
-        let count = view.len;
-        let (input, output): (&[u8], &mut [u8]) = if sending {
-            // SAFETY: a host span the caller lent for this call (`host_bytes` checked the
-            // view against it), borrowed by the call, shared, for longer than this runs.
-            let input = unsafe { lent((addr, bytes)) };
-            (input, &mut [])
-        } else {
-            // SAFETY: as above, borrowed uniquely (a receive's buffer).
-            let output = unsafe { lent_mut((addr, bytes)) };
-            (&[], output)
-        };
-        self.point_to_point(peer, sending, (count, dtype), input, output)
-            .map_err(|e| match e {
-                MpiError::Buffer { .. } if !sending => MpiError::CountMismatch(format!(
-                    "rank {} receives {count} elements from rank {peer}, which sends another \
-                     count",
-                    self.rank
-                )),
-                e => e,
-            })
-    }
-
-    fn point_to_point(
-        &self,
-        peer: u32,
-        sending: bool,
-        (count, dtype): (u64, DType),
-        input: &[u8],
-        output: &mut [u8],
-    ) -> MpiResult<()> {
-        // Preparing a pair's shape is local here, so the two ranks' caches need not agree.
-        let (src, dst, _) = self.p2p_agree(peer, sending, count, dtype, false)?;
-        let key = (src, dst, count, dtype);
-        let mut plans = self.p2p_plans.borrow_mut();
-        if !plans.touch(&key) {
-            let req = self.p2p_request(src, dst, count, dtype);
-            let p = self.prepare_request(&req, self.p2p.as_raw())?;
-            drop(plans.evict_to_fit(self.plan_cache_limits(), 1, p.weight));
-            plans.insert(key, p);
-        }
-        let Some(p) = plans.peek_mut(&key) else {
-            return Err(MpiError::Unsupported(
-                "a prepared send/recv vanished".into(),
-            ));
-        };
-        let ran = p
-            .schedule
-            .run(&mut p.reqs, input, output, &mut p.bufs, self.timeout.get());
-        let bufs = &mut p.bufs;
-        self.health
-            .settle(ran, &mut p.reqs, || Box::new(std::mem::take(bufs)))
-    }
-
     /// The pairwise agreement of a send (`sending`) or a receive of `count` elements of
     /// `dtype` with `peer`, on the pair communicator within the timeout. `fresh`: this rank
     /// must prepare the pair's shape (it is not in its cache). Returns the pair as (source,
@@ -143,18 +64,7 @@ impl MpiCommunicator {
         ];
         let (verdict, prepare) = self.handshake(peer, sending, mine)?;
         if verdict != 0 {
-            let what = match verdict {
-                2 => MpiError::ElementMismatch(format!(
-                    "ranks {me} and {peer} pass different element types to a send/recv pair"
-                )),
-                3 => MpiError::CallMismatch(format!(
-                    "ranks {me} and {peer} are at different send/recv calls of their pair"
-                )),
-                _ => MpiError::CountMismatch(format!(
-                    "ranks {me} and {peer} pass different counts to a send/recv pair"
-                )),
-            };
-            return Err(what);
+            return Err(verdict_error(verdict, me, peer));
         }
         let (src, dst) = if sending { (me, peer) } else { (peer, me) };
         Ok((src, dst, prepare))
@@ -200,16 +110,7 @@ impl MpiCommunicator {
                 // SAFETY: as above.
                 unsafe { reqs.irecv(desc.as_mut_ptr().cast(), desc_bytes, p, TAG_DESC)? };
                 reqs.wait(0, Instant::now() + self.timeout.get(), self.timeout.get())?;
-                ack[0] = if desc[1] != mine[1] || desc[2] != mine[2] {
-                    2
-                } else if desc[0] != mine[0] {
-                    1
-                } else if desc[3] != mine[3] {
-                    3
-                } else {
-                    0
-                };
-                ack[1] = i64::from(desc[4] != 0 || mine[4] != 0);
+                *ack = pair_verdict(&desc, &mine);
                 reqs.clear();
                 // SAFETY: as above.
                 unsafe { reqs.isend(ack.as_ptr().cast(), ack_bytes, p, TAG_ACK)? };
@@ -220,27 +121,65 @@ impl MpiCommunicator {
         match posted {
             Ok(v) => Ok(v),
             Err(e) => {
-                let e = match e {
-                    MpiError::Timeout {
-                        rank,
-                        level,
-                        pending,
-                        after,
-                        ..
-                    } => MpiError::Timeout {
-                        rank,
-                        step: HANDSHAKE,
-                        level,
-                        pending,
-                        after,
-                    },
-                    e => e,
-                };
                 let r = self
                     .health
-                    .settle(Err(e), &mut reqs, || Box::new((desc, ack)));
+                    .settle(Err(at_step(e, HANDSHAKE)), &mut reqs, || {
+                        Box::new((desc, ack))
+                    });
                 r.map(|()| (0, false))
             }
         }
+    }
+}
+
+/// The receiver's answer to a sender's descriptor `theirs`, given its own `mine`: the
+/// verdict, 0 (match), 1 (count), 2 (element) or 3 (sequence), and whether either side must
+/// prepare the pair's shape.
+pub(super) fn pair_verdict(theirs: &[i64; 5], mine: &[i64; 5]) -> [i64; 2] {
+    let verdict = if theirs[1] != mine[1] || theirs[2] != mine[2] {
+        2
+    } else if theirs[0] != mine[0] {
+        1
+    } else if theirs[3] != mine[3] {
+        3
+    } else {
+        0
+    };
+    [verdict, i64::from(theirs[4] != 0 || mine[4] != 0)]
+}
+
+/// The error of a failed verdict ([`pair_verdict`]) between ranks `me` and `peer`.
+pub(super) fn verdict_error(verdict: i64, me: u32, peer: u32) -> MpiError {
+    match verdict {
+        2 => MpiError::ElementMismatch(format!(
+            "ranks {me} and {peer} pass different element types to a send/recv pair"
+        )),
+        3 => MpiError::CallMismatch(format!(
+            "ranks {me} and {peer} are at different send/recv calls of their pair"
+        )),
+        _ => MpiError::CountMismatch(format!(
+            "ranks {me} and {peer} pass different counts to a send/recv pair"
+        )),
+    }
+}
+
+/// A timeout of the requests' wait, named as the point-to-point step `step` it happened in;
+/// other errors as they are.
+pub(super) fn at_step(e: MpiError, step: &'static str) -> MpiError {
+    match e {
+        MpiError::Timeout {
+            rank,
+            level,
+            pending,
+            after,
+            ..
+        } => MpiError::Timeout {
+            rank,
+            step,
+            level,
+            pending,
+            after,
+        },
+        e => e,
     }
 }

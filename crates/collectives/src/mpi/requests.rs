@@ -195,6 +195,63 @@ impl Requests {
         }
     }
 
+    /// How many requests were posted since the last [`Requests::clear`] (the index the next
+    /// one gets, for [`Requests::done`]).
+    pub(crate) fn posted(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// `MPI_Test` every pending request once; a completed one becomes null. Returns how many
+    /// are still pending. An error in a request (a truncated receive) cancels what is
+    /// pending and is returned.
+    pub(crate) fn poll(&mut self) -> Result<usize, MpiError> {
+        // SAFETY: reading an MPI constant initialised by the library.
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let mut left = 0;
+        for k in 0..self.reqs.len() {
+            if self.reqs[k] == null {
+                continue;
+            }
+            let mut flag: c_int = 0;
+            // SAFETY: a live request from MPI_Irecv/MPI_Isend; the status is ignored.
+            let rc =
+                unsafe { ffi::MPI_Test(&mut self.reqs[k], &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            self.check(rc, "MPI_Test")?;
+            if flag != 0 {
+                self.reqs[k] = null;
+            } else {
+                left += 1;
+            }
+        }
+        Ok(left)
+    }
+
+    /// Whether request `i` (counted from the last [`Requests::clear`]) is known complete
+    /// (by [`Requests::poll`] or a wait).
+    pub(crate) fn done(&self, i: usize) -> bool {
+        // SAFETY: reading an MPI constant initialised by the library.
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        self.reqs.get(i).is_none_or(|r| *r == null)
+    }
+
+    /// The timeout of a poll loop ([`Requests::poll`]) at `level`, after `timeout`: what is
+    /// pending is cancelled, as [`Requests::wait`] does past its deadline.
+    pub(crate) fn time_out(
+        &mut self,
+        step: &'static str,
+        level: usize,
+        timeout: Duration,
+    ) -> MpiError {
+        let err = MpiError::Timeout {
+            rank: self.rank,
+            step,
+            level,
+            pending: pending(&self.reqs),
+            after: timeout,
+        };
+        self.fail(err)
+    }
+
     /// Cancel every pending request and give them a grace second to complete; then return
     /// `err`. Requests still pending after that stay here ([`Requests::take_stuck`]).
     pub(crate) fn fail(&mut self, err: MpiError) -> MpiError {

@@ -6,23 +6,23 @@
 //! A group's operations arrive here as the same descriptors and lent views every surface
 //! makes ([`crate::rank::RankGroup`]); each collective is mapped onto the MPI call shape
 //! (its local checks, then the agreement every rank takes part in) and run before the next,
-//! in order, so every rank runs the same sequence. Point-to-point operations run alone (a
-//! single `send` or `recv`): MPI ranks pair them with a handshake of their own, which a
-//! group of concurrent operations would deadlock.
+//! in order, so every rank runs the same sequence. A group of only sends and receives runs
+//! at once with the peers it names (`p2p_group.rs` on host ranks; GPU ranks take one at a
+//! time); a group mixing them with collectives is refused.
 
 use std::time::Duration;
 
-use relaycc_route::DType;
-
 #[cfg(feature = "cuda")]
 use super::gpu::MpiOnStream;
+use super::p2p_group::PairOp;
 use super::typed_call::{CheckedCall, Mapped};
 use super::{MpiCommunicator, MpiResult};
 use crate::error::{CollectivesError, Result};
 use crate::rank::collectives::sealed::{Runner, RunnerToken};
 use crate::rank::{Collectives, Departure, Lender, RankCallOp, RankGroup, View};
 
-/// An MPI rank that runs a group's operations one at a time: this process's host rank (the
+/// An MPI rank that runs a group's collectives one at a time, or its sends and receives at
+/// once: this process's host rank (the
 /// [`MpiCommunicator`], on host slices) or a GPU rank ([`MpiOnStream`]).
 pub(super) trait MpiRank {
     /// The communicator.
@@ -40,15 +40,26 @@ pub(super) trait MpiRank {
         vin: Option<View>,
         vout: Option<View>,
     ) -> MpiResult<()>;
-    /// One send (`send`) or receive of `view` (elements of `dtype`) with `peer`.
-    fn run_p2p(
-        &mut self,
-        lender: &mut Lender<'_>,
-        view: View,
-        send: bool,
-        peer: u32,
-        dtype: DType,
-    ) -> MpiResult<()>;
+    /// A group of sends and receives, `ops`, whose buffers `lender` lent.
+    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()>;
+}
+
+/// A send or receive as the MPI ranks run it (`None` for another operation).
+fn pair_op(op: &RankCallOp) -> Option<PairOp> {
+    match *op {
+        RankCallOp::P2p {
+            send,
+            peer,
+            view,
+            dtype,
+        } => Some(PairOp {
+            view,
+            sending: send,
+            peer,
+            dtype,
+        }),
+        _ => None,
+    }
 }
 
 /// Run a group's operations in order; the first error stops the group.
@@ -57,16 +68,13 @@ fn run_group<R: MpiRank>(
     lender: &mut Lender<'_>,
     ops: Vec<RankCallOp>,
 ) -> Result<()> {
-    let collectives = ops
-        .iter()
-        .filter(|o| matches!(o, RankCallOp::Coll { .. }))
-        .count();
-    if collectives != ops.len() && ops.len() > 1 {
-        return Err(CollectivesError::Unmatched(
-            "MPI ranks run sends and receives one at a time, not in a group with other \
-             operations: call send/recv on their own"
-                .into(),
-        ));
+    let pairs = ops.iter().filter_map(pair_op).count();
+    if pairs == ops.len() && pairs > 0 {
+        let pairs: Vec<PairOp> = ops.iter().filter_map(pair_op).collect();
+        return Ok(rank.run_pairs(lender, &pairs)?);
+    }
+    if pairs > 0 {
+        return Err(mixed_group());
     }
     if ops.is_empty() {
         // An argument error found while adding (nothing was added): agree it as a failed
@@ -87,15 +95,7 @@ fn run_group<R: MpiRank>(
                 let Mapped { shape, vin, vout } = rank.communicator().check_op(desc, input, output);
                 rank.run_call(shape, lender, vin, vout)?;
             }
-            RankCallOp::P2p {
-                send,
-                peer,
-                view,
-                dtype,
-            } => {
-                let peer = u32::try_from(peer).unwrap_or(u32::MAX);
-                rank.run_p2p(lender, view, send, peer, dtype)?;
-            }
+            RankCallOp::P2p { .. } => return Err(mixed_group()),
             RankCallOp::Split { .. } => {
                 return Err(CollectivesError::Setup(
                     "split: MPI ranks split their communicator with MpiCommunicator::split".into(),
@@ -106,25 +106,27 @@ fn run_group<R: MpiRank>(
     Ok(())
 }
 
+/// A group mixing sends and receives with collectives, which MPI ranks refuse.
+fn mixed_group() -> CollectivesError {
+    CollectivesError::Unmatched(
+        "MPI ranks run a group of sends and receives, or of collectives, not of both: launch \
+         them as two groups"
+            .into(),
+    )
+}
+
 /// One send or receive alone (`op`, a `RankCallOp::P2p`) with its peer.
 fn run_point_to_point<R: MpiRank>(
     rank: &mut R,
     mut lender: Lender<'_>,
     op: RankCallOp,
 ) -> Result<()> {
-    let RankCallOp::P2p {
-        send,
-        peer,
-        view,
-        dtype,
-    } = op
-    else {
+    let Some(op) = pair_op(&op) else {
         return Err(CollectivesError::Unmatched(
             "a point-to-point call holds one send or receive".into(),
         ));
     };
-    let peer = u32::try_from(peer).unwrap_or(u32::MAX);
-    let r = rank.run_p2p(&mut lender, view, send, peer, dtype);
+    let r = rank.run_pairs(&mut lender, &[op]);
     drop(lender);
     Ok(r?)
 }
@@ -184,15 +186,8 @@ impl MpiRank for &MpiCommunicator {
     ) -> MpiResult<()> {
         self.host_call(shape, lender, vin, vout)
     }
-    fn run_p2p(
-        &mut self,
-        lender: &mut Lender<'_>,
-        view: View,
-        send: bool,
-        peer: u32,
-        dtype: DType,
-    ) -> MpiResult<()> {
-        self.host_point_to_point(lender, view, send, peer, dtype)
+    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()> {
+        self.host_pairs(lender, ops)
     }
 }
 
@@ -282,17 +277,24 @@ impl MpiRank for MpiOnStream<'_, '_> {
         let stream = self.stream_ref();
         self.gpu_mut().call(shape, lender, vin, vout, stream)
     }
-    fn run_p2p(
-        &mut self,
-        lender: &mut Lender<'_>,
-        view: View,
-        send: bool,
-        peer: u32,
-        dtype: DType,
-    ) -> MpiResult<()> {
+    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()> {
+        let [op] = ops else {
+            return Err(super::MpiError::Unsupported(
+                "GPU ranks over MPI run sends and receives one at a time: call send/recv on \
+                 their own"
+                    .into(),
+            ));
+        };
+        let peer = u32::try_from(op.peer).unwrap_or(u32::MAX);
         let stream = self.stream_ref();
-        self.gpu_mut()
-            .p2p(lender, view, send, peer, (view.len, dtype), stream)
+        self.gpu_mut().p2p(
+            lender,
+            op.view,
+            op.sending,
+            peer,
+            (op.view.len, op.dtype),
+            stream,
+        )
     }
 }
 

@@ -212,12 +212,6 @@ impl MpiCommunicator {
         self.calls.borrow().len()
     }
 
-    /// Send/recv shapes kept planned (at most [`MpiCommunicator::plan_cache_limits`]'
-    /// `max_plans`).
-    pub fn cached_pairs(&self) -> usize {
-        self.p2p_plans.borrow().len()
-    }
-
     /// Steps 1 to 4 of the module docs for one call.
     fn collective(
         &self,

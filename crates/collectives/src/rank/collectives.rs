@@ -103,9 +103,9 @@ macro_rules! single {
 /// `mpi::MpiCommunicator` (feature `mpi`: one rank per process on host slices; also through
 /// `&MpiCommunicator`), `mpi::MpiOnStream` (features `mpi` and `cuda`: one rank per process,
 /// from `MpiGpu::on(&stream)` on cudarc buffers or `MpiGpu::on_host()` on host slices
-/// through a backend). On MPI processes a group runs its collectives one after another,
-/// sends and receives alone, and `scatter_in_place` / `reduce_scatter_in_place` are refused
-/// on every rank. Each rank
+/// through a backend). On MPI processes a group runs its collectives one after another, or
+/// its sends and receives at once (GPU ranks: alone), not both kinds in one group, and
+/// `scatter_in_place` / `reduce_scatter_in_place` are refused on every rank. Each rank
 /// calls the same collectives in the same order, each on its own buffers; a call returns
 /// when the operation is done on this rank (or, on a stream, enqueued there).
 ///

@@ -27,12 +27,14 @@ use super::op::{Desc, RankCallOp, View};
 /// [`Collectives::group`] on any surface (threads, CUDA streams, MPI processes). Its calls
 /// are [`RankCalls`]'s, reached through `Deref`.
 ///
-/// Launching a group is a call every rank makes (an empty group where a rank has nothing to
-/// add): the ranks' collectives must match in order, and sends pair with receives in posting
-/// order per (sender, receiver). The operations of a group run concurrently on threads; MPI
-/// processes run its collectives one after another, and refuse point-to-point operations in
-/// a group. Argument errors found while adding are kept and returned by `launch`, on every
-/// rank.
+/// A group with a collective is a call every rank makes (an empty group where a rank has
+/// nothing to add): the ranks' collectives must match in order. A group of only sends and
+/// receives involves only the peers it names; sends pair with receives in posting order per
+/// (sender, receiver), and an empty group is done at once. The operations of a group run
+/// concurrently on threads; MPI processes run its collectives one after another, run a
+/// group of sends and receives at once (GPU ranks over MPI: one at a time), and refuse a
+/// group that mixes the two. Argument errors found while adding are kept and returned by
+/// `launch`, on every rank the group involves.
 #[must_use = "a group does nothing until launched"]
 pub struct RankGroup<'r, 'b> {
     comm: &'r mut dyn Runner,

@@ -2,7 +2,7 @@
 //! slices); run under mpirun by `scripts/test-mpi`:
 //!
 //! ```text
-//! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_typed [typed|typed-faults|split|typed-stop]
+//! mpirun -n 8 -x RELAYCC_RANKS_PER_NODE=2 mpi_typed [typed|typed-faults|split|groups|typed-stop]
 //! ```
 //!
 //! - `typed`: every collective (all_reduce, reduce, broadcast, all_gather, all_gather_v,
@@ -22,6 +22,7 @@
 //! - `split`: two overlapping sub-communicators (even/odd ranks, and the lower/upper half
 //!   numbered in reverse) used in alternation give the right results, and each keeps its
 //!   members' virtual nodes; a rank passing no color gets none.
+//! - `groups`: groups of sends and receives (`p2p_groups.rs`).
 //! - `typed-stop`: the last rank never makes an all_reduce the others make: every other rank
 //!   must get `Absent` naming it and the call within the timeout and slack, then `Failed` at
 //!   once.
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 
 #[path = "../mpi_common/mod.rs"]
 mod mpi_common;
+mod p2p_groups;
 mod shared_buffers;
 
 use mpi_common::{Report, displs, fill, mpi_err};
@@ -728,6 +730,7 @@ fn main() {
         "typed" => typed_all(&comm, &mut rep),
         "typed-faults" => typed_faults(&mut comm, &mut rep),
         "split" => split(&comm, &mut rep),
+        "groups" => p2p_groups::p2p_groups(&mut comm, &mut rep),
         other => {
             eprintln!("unknown mode {other}");
             std::process::exit(2);
