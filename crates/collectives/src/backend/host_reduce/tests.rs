@@ -163,7 +163,8 @@ fn fan_out_at<T: Copy + Default + PartialEq + std::fmt::Debug>(
 /// The line loop (destinations at one phase of a cache line: a plain head, then whole
 /// lines) and the block loop (phases that differ) give the plain reduction's bits, for
 /// every line length (1, 2, 4 and 8-byte elements), lengths shorter than the head and
-/// around blocks and lines, in place.
+/// around blocks and lines, in place, with fewer, as many and more destinations than
+/// sources.
 #[test]
 fn fan_out_lines_match_the_plain_reduction_at_every_phase() {
     for len in [1usize, 5, 40, BLOCK - 3, BLOCK + 1, 2 * BLOCK + 37] {
@@ -180,11 +181,26 @@ fn fan_out_lines_match_the_plain_reduction_at_every_phase() {
         let u8s: Vec<Vec<u8>> = (0..5)
             .map(|k| (0..len).map(|i| (make(k, i) as i32 * 17) as u8).collect())
             .collect();
-        for phases in [[0, 0, 0], [16, 16, 16], [56, 56, 56], [0, 24, 48]] {
-            fan_out_at(DType::F32, &f32s, &phases);
-            fan_out_at(DType::F16, &f16s, &phases);
-            fan_out_at(DType::F64, &f64s, &phases.map(|p| p / 8 * 8));
-            fan_out_at(DType::U8, &u8s, &phases.map(|p| p + 3));
+        let phase_sets: [&[usize]; 7] = [
+            &[0, 0, 0],
+            &[16, 16, 16],
+            &[56, 56, 56],
+            &[0, 24, 48],
+            // One destination (fewer than the sources) and eight (more), whose writes
+            // the sources' steps share out unevenly.
+            &[0],
+            &[32; 8],
+            &[0, 0, 0, 0, 0],
+        ];
+        for phases in phase_sets {
+            fan_out_at(DType::F32, &f32s, phases);
+            fan_out_at(DType::F16, &f16s, phases);
+            let p8: Vec<usize> = phases.iter().map(|p| p / 8 * 8).collect();
+            fan_out_at(DType::F64, &f64s, &p8);
+            let p1: Vec<usize> = phases.iter().map(|p| p + 3).collect();
+            fan_out_at(DType::U8, &u8s, &p1);
+            // Two sources: each step writes several destinations.
+            fan_out_at(DType::F32, &f32s[..2], phases);
         }
     }
 }
