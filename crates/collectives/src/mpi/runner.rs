@@ -70,7 +70,8 @@ fn run_group<R: MpiRank>(
 ) -> Result<()> {
     let pairs = ops.iter().filter_map(pair_op).count();
     if pairs == ops.len() && pairs > 0 {
-        let pairs: Vec<PairOp> = ops.iter().filter_map(pair_op).collect();
+        // std collects this in place, into the group's own allocation.
+        let pairs: Vec<PairOp> = ops.into_iter().filter_map(|o| pair_op(&o)).collect();
         return Ok(rank.run_pairs(lender, &pairs)?);
     }
     if pairs > 0 {
