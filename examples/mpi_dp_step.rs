@@ -14,6 +14,11 @@
 //!    activations) and into groups of ranks with the same position in their pair (the
 //!    data-parallel groups: they average the gradient of their half with `all_reduce`). The
 //!    two sub-communicators overlap and are used in alternation.
+//! 3. **Pipeline parallel.** Every rank is a stage: at each tick it receives a microbatch's
+//!    activations from the stage before and sends the previous tick's output to the stage
+//!    after, both in one group (`ncclGroupStart` ... `ncclGroupEnd`), so no stage has to
+//!    order its send and receive against its neighbours'. The last stage checks every
+//!    microbatch against the whole pipeline computed locally.
 //!
 //! Errors end the job through `MpiCommunicator::abort`: after a failed call the peers may be
 //! gone, so nothing waits in another collective.
@@ -105,6 +110,61 @@ fn run(comm: &mut MpiCommunicator, params: usize, steps: usize) -> Result<(), Co
             n.div_ceil(2),
             tp.ranks(),
             dp.ranks()
+        );
+    }
+    pipeline(comm, half.max(1), 2 * n)
+}
+
+/// Stage `s`'s layer: exact in `f32` for the small integers the pipeline carries.
+fn stage(s: usize, x: &[f32], out: &mut [f32]) {
+    for (o, x) in out.iter_mut().zip(x) {
+        *o = x * 2.0 + s as f32;
+    }
+}
+
+/// `micro` microbatches of `width` activations through one stage per rank (module docs, 3).
+fn pipeline(
+    comm: &mut MpiCommunicator,
+    width: usize,
+    micro: usize,
+) -> Result<(), CollectivesError> {
+    let (me, n) = (comm.rank(), comm.ranks());
+    let input = |m: usize| -> Vec<f32> { (0..width).map(|i| ((m + i) % 5) as f32).collect() };
+    let (mut x, mut y, mut out) = (vec![0f32; width], vec![0f32; width], vec![0f32; width]);
+    let mut wrong = 0usize;
+    // At tick t this stage works on microbatch t - me; its output goes on at tick t + 1.
+    for t in 0..micro + n {
+        let (m, sent) = (t.checked_sub(me), t.checked_sub(me + 1));
+        let mut g = comm.group();
+        if me + 1 < n && sent.is_some_and(|m| m < micro) {
+            g.send(&y, me + 1);
+        }
+        if me > 0 && m.is_some_and(|m| m < micro) {
+            g.recv(&mut x, me - 1);
+        }
+        g.launch()?;
+        let Some(m) = m.filter(|&m| m < micro) else {
+            continue;
+        };
+        if me == 0 {
+            x = input(m);
+        }
+        stage(me, &x, &mut out);
+        std::mem::swap(&mut y, &mut out);
+        if me + 1 == n {
+            // The whole pipeline, locally.
+            let mut want = input(m);
+            for s in 0..n {
+                stage(s, &want, &mut out);
+                want.copy_from_slice(&out);
+            }
+            wrong += usize::from(want != y);
+        }
+    }
+    if me + 1 == n {
+        println!(
+            "pipeline: {n} stages, {micro} microbatches of {width} activations, a group of a \
+             send and a receive per stage and tick: {wrong} wrong"
         );
     }
     Ok(())
