@@ -328,8 +328,8 @@ impl RankComm {
     }
 
     /// Leave a group's operations (or the error its arguments gave) with the other ranks'
-    /// ([`Runner::depart`]): an empty group is done at once; sends and receives alone, to
-    /// and from other ranks, go to their peers' pair meetings (`pair_group.rs`); collectives
+    /// ([`Runner::depart`]): an empty group is done at once; sends and receives alone go to
+    /// their peers' pair meetings, or run at once with this rank itself (`pair_group.rs`); collectives
     /// on ranks that share one host memory run directly (`direct.rs`), one after the other;
     /// anything else meets at the communicator's meeting.
     fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
@@ -339,9 +339,7 @@ impl RankComm {
             // on every rank.)
             return Departure::of(Left::Ran(Ok(())), lender);
         }
-        let me = self.rank;
-        let to_others = |o: &RankCallOp| matches!(o, RankCallOp::P2p { peer, .. } if *peer != me);
-        if !ops.is_empty() && ops.iter().all(to_others) {
+        if !ops.is_empty() && ops.iter().all(|o| matches!(o, RankCallOp::P2p { .. })) {
             return self.depart_pairs(lender, ops);
         }
         if self.shared.direct {

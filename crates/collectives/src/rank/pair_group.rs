@@ -8,7 +8,9 @@
 //!
 //! Each pair matches the group's operations with that peer against the peer's, in one round
 //! of the pair's sequence (shared with standalone `send` and `recv`): a group and a single
-//! call each take one round with each peer they name.
+//! call each take one round with each peer they name. The group's sends to this rank itself
+//! and its receives from itself pair up among themselves and run at once, on this rank
+//! alone, as NCCL runs them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,15 +66,10 @@ impl Drop for PairTicket {
 /// A group's operations with one peer: the peer, the operations, the spans their views name.
 type PairPart = (usize, Vec<RankCallOp>, Vec<Span>);
 
-/// `ops` (sends and receives only) split by peer, in the order peers first appear, each with
-/// the spans its views name (renumbered from 0), and the first peer that is not another rank
-/// of `ranks` (its operations are left out).
-fn by_peer(
-    ops: Vec<RankCallOp>,
-    blocks: &[Span],
-    me: usize,
-    ranks: usize,
-) -> (Vec<PairPart>, Option<usize>) {
+/// `ops` (sends and receives only) split by peer (this rank itself included), in the order
+/// peers first appear, each with the spans its views name (renumbered from 0), and the first
+/// peer that is not a rank of `ranks` (its operations are left out).
+fn by_peer(ops: Vec<RankCallOp>, blocks: &[Span], ranks: usize) -> (Vec<PairPart>, Option<usize>) {
     let mut parts: Vec<PairPart> = Vec::new();
     let mut bad = None;
     // Per pair, where each of this rank's blocks went (block index -> the pair's index).
@@ -87,7 +84,7 @@ fn by_peer(
         else {
             continue;
         };
-        if peer >= ranks || peer == me {
+        if peer >= ranks {
             bad.get_or_insert(peer);
             continue;
         }
@@ -125,9 +122,9 @@ fn by_peer(
 }
 
 impl RankComm {
-    /// Leave a group of sends and receives (`ops`, none of another kind, none to or from
-    /// this rank itself, which the communicator's meeting runs) at each of its
-    /// peers' pair meetings, without waiting (module docs). A group whose own checks failed,
+    /// Leave a group of sends and receives (`ops`, none of another kind) at each of its
+    /// peers' pair meetings, without waiting, after running its operations with this rank
+    /// itself (module docs), whose error, if any, the group returns. A group whose own checks failed,
     /// or that names a peer that is not another rank, still arrives at every pair it can
     /// name, with an error, so those peers fail at once instead of at their timeout; this
     /// rank returns its own error ([`CollectivesError::RankFailed`] with it, as the pair's run
@@ -138,7 +135,7 @@ impl RankComm {
         ops: Vec<RankCallOp>,
     ) -> Departure<'b> {
         let n = self.ranks();
-        let (parts, bad) = by_peer(ops, &lender.blocks, self.rank, n);
+        let (parts, bad) = by_peer(ops, &lender.blocks, n);
         let own = match (lender.error.take(), bad) {
             (Some(e), _) => Some(CollectivesError::RankFailed {
                 call: "group",
@@ -152,7 +149,15 @@ impl RankComm {
             (None, None) => None,
         };
         let mut tickets = Vec::with_capacity(parts.len());
+        // Its error fails this rank's group, not its pairs with other ranks.
+        let mut with_itself = None;
         for (peer, pair_ops, spans) in parts {
+            if peer == self.rank {
+                if own.is_none() {
+                    with_itself = self.run_with_itself(pair_ops, spans, &lender).err();
+                }
+                continue;
+            }
             let ops = match &own {
                 Some(e) => Err(CollectivesError::Unmatched(format!(
                     "rank {}'s group with rank {peer} failed its own checks: {e}",
@@ -185,7 +190,28 @@ impl RankComm {
                 done,
             });
         }
-        Departure::of(Left::Pairs(tickets, own), lender)
+        Departure::of(Left::Pairs(tickets, own.or(with_itself)), lender)
+    }
+
+    /// Run a group's sends to this rank itself and receives from itself (`ops`, on `spans`)
+    /// now, on this rank alone: they pair up in group order as any pair's do.
+    fn run_with_itself(
+        &self,
+        ops: Vec<RankCallOp>,
+        spans: Vec<Span>,
+        lender: &Lender<'_>,
+    ) -> Result<()> {
+        let arrival = RankArrival {
+            rank: self.rank,
+            blocks: spans,
+            ops: Ok(ops),
+            #[cfg(feature = "cuda")]
+            stream: lender.stream.cloned(),
+        };
+        #[cfg(not(feature = "cuda"))]
+        let _ = lender;
+        let outcome = super::group_run::run(&self.shared, vec![arrival]);
+        RankComm::result("group", Arc::new(outcome)).map(|_| ())
     }
 }
 

@@ -109,6 +109,49 @@ fn one_thread_drives_a_ring_of_sends_and_receives() {
     }
 }
 
+/// A group's sends to its own rank pair with its receives from itself, in group order, and
+/// run on that rank alone: no other rank calls, or only the peer the group also names. A
+/// send to itself with no receive fails on that rank, and the group's pair with another
+/// rank still delivers.
+#[test]
+fn sends_to_the_rank_itself_need_no_other_rank() {
+    let mut ranks = RankComm::host(3).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_secs(20));
+    }
+    let res = on_ranks(ranks, |mut rank| -> Result<Vec<i64>, CollectivesError> {
+        let (x, y) = ([1i64, 2, 3], [4i64, 5]);
+        let (mut gx, mut gy) = ([0i64; 3], [0i64; 2]);
+        match rank.rank() {
+            0 => {
+                let mut g = rank.group();
+                g.send(&x[..], 0)
+                    .recv(&mut gx[..], 0)
+                    .send(&y[..], 0)
+                    .recv(&mut gy[..], 0);
+                g.launch()?;
+                // Then one left over, beside a pair with rank 1.
+                let mut g = rank.group();
+                g.send(&x[..], 0).send(&y[..], 1);
+                let err = g.launch().expect_err("a send to itself with no receive");
+                assert!(
+                    matches!(&err, CollectivesError::RankFailed { source, .. }
+                        if matches!(**source, CollectivesError::Unmatched(_))),
+                    "{err:?}"
+                );
+            }
+            1 => {
+                rank.recv(&mut gy[..], 0)?;
+            }
+            _ => {}
+        }
+        Ok(gx.iter().chain(&gy).copied().collect())
+    });
+    let got: Vec<Vec<i64>> = res.into_iter().map(|r| r.expect("ranks")).collect();
+    assert_eq!(got[0], vec![1, 2, 3, 4, 5]);
+    assert_eq!(got[1], vec![0, 0, 0, 4, 5]);
+}
+
 /// A group that names no other rank fails on its own rank with `BadRank`, and its valid
 /// peer fails at once with the reason, not at its timeout; a receive whose sender's group
 /// is empty times out naming the sender; a count mismatch fails both ranks.
@@ -198,12 +241,12 @@ fn payload(m: usize, i: usize) -> u32 {
     (m as u32) << 16 | i as u32
 }
 
-/// `n` ranks and a round of up to eight messages between distinct ranks (zero-length ones
-/// included), each rank's group in a random order of its sends and receives, and a delay
-/// per rank.
+/// `n` ranks and a round of up to eight messages between ranks, some from a rank to itself
+/// (zero-length ones included), each rank's group in a random order of its sends and
+/// receives, and a delay per rank.
 fn round_strategy() -> impl Strategy<Value = (usize, Vec<Message>, Vec<u64>, Vec<u64>)> {
     (2usize..=5).prop_flat_map(|n| {
-        let message = (0..n, 1..n, 0usize..40).prop_map(move |(src, hop, len)| Message {
+        let message = (0..n, 0..n, 0usize..40).prop_map(move |(src, hop, len)| Message {
             src,
             dst: (src + hop) % n,
             len,
