@@ -2,7 +2,8 @@
 //! one group each, whatever the order of its operations; groups that name only some ranks;
 //! a group meeting lone sends and receives; sends to the rank itself; a mismatched operation
 //! failing on both of its ranks while the group's other operations still deliver; a group
-//! mixing sends with a collective refused on every rank; random groups.
+//! mixing sends with a collective refused on every rank; random groups; a group whose peer
+//! never comes.
 
 use std::time::{Duration, Instant};
 
@@ -274,6 +275,37 @@ fn random_groups(mut comm: &MpiCommunicator, rep: &mut Report) {
     );
 }
 
+/// Rank 1 never makes the group rank 0 makes with it: rank 0's group times out within the
+/// timeout and a second, naming its step, and the communicator is failed from then on.
+/// Last in the mode, as it leaves rank 0's communicator failed.
+fn peer_missing(comm: &mut MpiCommunicator, rep: &mut Report) {
+    let me = comm.rank();
+    let timeout = Duration::from_secs(2);
+    comm.set_timeout(timeout);
+    let t = Instant::now();
+    let (out, mut back) = ([1.5f64; 4], [0f64; 4]);
+    let ok = if me == 0 {
+        let mut g = comm.group();
+        g.send(&out[..], 1).recv(&mut back[..], 1);
+        let r = mpi_err(g.launch());
+        let took = t.elapsed();
+        let then = mpi_err(comm.send(&out[..], 2));
+        let ok = matches!(&r, Err(MpiError::Timeout { step, .. }) if step.contains("send/recv"))
+            && took < timeout + Duration::from_secs(1)
+            && matches!(then, Err(MpiError::Failed(_)));
+        if !ok {
+            println!("rank 0: group with a missing peer: {r:?} after {took:?}, then {then:?}");
+        }
+        ok
+    } else {
+        true
+    };
+    rep.check(
+        "group: a peer that never comes fails the group within the timeout, then the communicator",
+        ok,
+    );
+}
+
 /// The `groups` mode.
 pub(crate) fn p2p_groups(comm: &mut MpiCommunicator, rep: &mut Report) {
     if comm.ranks() < 4 {
@@ -290,4 +322,5 @@ pub(crate) fn p2p_groups(comm: &mut MpiCommunicator, rep: &mut Report) {
     mismatched(comm, rep);
     // Groups still pair after the failures.
     ring(comm, rep, 3);
+    peer_missing(comm, rep);
 }
