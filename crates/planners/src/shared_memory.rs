@@ -33,6 +33,8 @@
 //!   one source then follow each other on one lane, and the CUDA executor makes them one
 //!   kernel that reads the source once.
 //!   In-place calls skip the copies whose source already sits where the output wants it.
+//! - **one rank**: a reduction's result is the rank's input, so it is one copy of the input
+//!   into the output, and nothing in place.
 //!
 //! Every op of a rank runs on that rank's lane, and no two lanes touch the same element while
 //! one writes it, so the plans need no cross-lane dependencies: the ops are written through
@@ -83,6 +85,25 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
     let c = request.count;
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
     let direct = b.direct_reads;
+    let reduction = matches!(
+        request.collective,
+        Collective::AllReduce
+            | Collective::Reduce
+            | Collective::ReduceScatter
+            | Collective::ReduceScatterV
+    );
+    if reduction && n == 1 {
+        // One rank's result is its input, bit for bit under every op and type (a half type
+        // widened and rounded back, divided by one): one copy, or nothing in place.
+        let len = match request.collective {
+            Collective::ReduceScatterV => request.counts.first().copied().unwrap_or(0),
+            _ => c,
+        };
+        if !in_place && len > 0 {
+            b.copy(0, Region::new(inp(0), 0, len), Region::new(out(0), 0, len))?;
+        }
+        return Ok(b.w.plan);
+    }
     match request.collective {
         Collective::AllReduce => {
             let m = owners(c, request.dtype.size(), n, direct);
@@ -231,14 +252,13 @@ struct SharedMemoryPlanBuilder<'a> {
 
 impl<'a> SharedMemoryPlanBuilder<'a> {
     fn new(topo: &'a Topology, request: &Request, in_place: bool) -> Result<Self> {
-        let mut plan = Plan::new(
-            request.clone(),
-            if in_place {
-                "fallback direct (in place)"
-            } else {
-                "fallback direct"
-            },
-        );
+        let name = match (request.gpus.len() == 1, in_place) {
+            (true, false) => "one rank",
+            (true, true) => "one rank (in place)",
+            (false, false) => "fallback direct",
+            (false, true) => "fallback direct (in place)",
+        };
+        let mut plan = Plan::new(request.clone(), name);
         for (r, g) in request.gpus.iter().enumerate() {
             topo.gpu(*g)?;
             plan.add_lane(Location::Gpu(*g), format!("rank{r} GPU{g}"));
@@ -445,6 +465,41 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// One rank's reductions, in host memory and in a GPU's: one copy of the whole input
+    /// into the output (no chunks, no scratch), and nothing in place; the checker proves
+    /// both.
+    #[test]
+    fn one_rank_reductions_are_one_copy_or_nothing() {
+        for preset in ["host-1", "shared-gpu-1", "host-4"] {
+            let topo = relaycc_topo::preset(preset).unwrap();
+            for coll in [
+                Collective::AllReduce,
+                Collective::Reduce,
+                Collective::ReduceScatter,
+                Collective::ReduceScatterV,
+            ] {
+                let mut r = Request::new(coll, vec![0], 1 << 20, DType::F16).with_op(ReduceOp::Avg);
+                r.counts = vec![1 << 20];
+                for in_place in [false, true] {
+                    let p = plan(&topo, &r, in_place).unwrap();
+                    relaycc_plan::check_with(&p, CheckOptions { in_place })
+                        .unwrap_or_else(|e| panic!("{preset} {coll} {in_place}: {e}"));
+                    let what = format!("{preset} {coll} in place {in_place}");
+                    assert!(p.scratch.is_empty(), "{what}");
+                    if in_place {
+                        assert!(p.ops.is_empty(), "{what}");
+                        continue;
+                    }
+                    assert_eq!(p.ops.len(), 1, "{what}");
+                    let relaycc_plan::OpKind::Copy { src, dst } = &p.ops[0].kind else {
+                        panic!("{what}: {:?}", p.ops[0].kind);
+                    };
+                    assert_eq!((src.len, dst.len), (1 << 20, 1 << 20), "{what}");
                 }
             }
         }

@@ -38,3 +38,35 @@ fn the_planner_picks_shared_memory_plans_from_the_topology() {
     let chosen = plan(&pcie, &req, &PlanOptions::default()).unwrap();
     assert!(chosen.candidates.len() > 1);
 }
+
+/// One rank on any machine takes the shared-memory planner's plan: a collective of one GPU
+/// is one copy of its input into its output (NCCL's single `cudaMemcpyAsync`), whatever
+/// the size, and the checker proves it.
+#[test]
+fn one_rank_is_one_copy_on_every_machine() {
+    for preset in ["dgx-h100", "nvswitch-1", "dgx1-v100", "host-1"] {
+        let topo = relaycc_topo::preset(preset).unwrap();
+        let gpu = topo.gpu_count() - 1;
+        for coll in [
+            Collective::AllReduce,
+            Collective::Broadcast,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+        ] {
+            let req = Request::new(coll, vec![gpu], 1 << 24, DType::F32);
+            let chosen = plan(&topo, &req, &PlanOptions::default()).unwrap();
+            let what = format!("{preset} {coll}");
+            assert_eq!(
+                chosen.plan.ops.len(),
+                1,
+                "{what}: {}",
+                chosen.plan.algorithm
+            );
+            assert!(
+                matches!(chosen.plan.ops[0].kind, relaycc_route::OpKind::Copy { .. }),
+                "{what}"
+            );
+            relaycc_route::check(&chosen.plan).unwrap();
+        }
+    }
+}

@@ -559,7 +559,8 @@ impl Checker<'_> {
                         ),
                     ));
                 }
-                if avg && !s.finalized {
+                // An average of one term is that term: a copy needs no division by one.
+                if avg && !s.finalized && want.len() > 1 {
                     return Err(fail(
                         usize::MAX,
                         format!(

@@ -98,7 +98,7 @@ fn is_p2p(req: &Request) -> bool {
 /// template, is for prediction only (the checker refuses it, no executor runs it). Ties go to
 /// the earlier candidate, which keeps planning deterministic. When every rank is an arena of one memory
 /// ([`Topology::shares_memory`]: one host's, the `host-N` preset, or one GPU's, the
-/// `shared-gpu-N` preset), the plan is the shared-memory
+/// `shared-gpu-N` preset), or there is one rank, the plan is the shared-memory
 /// planner's ([`relaycc_planners::shared_memory`]). No plan is returned unproved: the checker
 /// ([`relaycc_plan::check()`] and [`relaycc_plan::check_routes`]) passes the winner and the baseline before
 /// they are returned. A candidate that fails is dropped, and the next fastest is proved in its
@@ -242,7 +242,7 @@ impl Selection<'_> {
     ) -> Result<BaselinePhase> {
         let templated = self
             .shift
-            .filter(|_| !self.topo.shares_memory(&self.req.gpus) && !is_p2p(self.req));
+            .filter(|_| !self.one_memory() && !is_p2p(self.req));
         let ((folded, why, early_proof), templates) = rayon::join(
             || self.build_baseline(templated.is_some()),
             || {
@@ -363,7 +363,7 @@ impl Selection<'_> {
         // models links, not one shared memory and its caches, so it cannot rank algorithms
         // there; the shared-memory planner is used directly, and still reported beside
         // baseline and bound.
-        let shared_memory = self.topo.shares_memory(&self.req.gpus);
+        let shared_memory = self.one_memory();
         let (bound_gbps, plans) = if shared_memory {
             self.shared_memory_plan()?
         } else if is_p2p(self.req) {
@@ -388,6 +388,13 @@ impl Selection<'_> {
             shared_memory,
             bound_gbps,
         })
+    }
+
+    /// Whether the request's ranks are arenas of one memory, or one rank: the shared-memory
+    /// planner's case, whose one-rank plans are a single copy (or nothing) whatever the
+    /// machine.
+    fn one_memory(&self) -> bool {
+        self.req.gpus.len() == 1 || self.topo.shares_memory(&self.req.gpus)
     }
 
     /// The bound and the shared-memory planner's plan, for ranks in one host's memory; over
