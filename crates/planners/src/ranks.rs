@@ -181,8 +181,9 @@ type Terms = Vec<(u32, u64)>;
 
 /// The direct plan of a request over ranks `0..n` (ranks are processes).
 ///
-/// - A piece with one term (data movement) is one copy from the source rank's input to the
-///   destination rank's output: one message, or a local copy when both are one rank.
+/// - A piece with one term (data movement, or any collective of one rank) is one copy from
+///   the source rank's input to the destination rank's output: one message, or a local copy
+///   when both are one rank.
 /// - Pieces with several terms (reductions) that share their terms and length are one
 ///   reduction, split into `n` slices, slice `o` reduced on rank `o`: every other rank sends
 ///   its part of the slice to a scratch buffer on `o` (level 0), `o` reduces them with its own
@@ -206,7 +207,7 @@ pub fn direct_plan(req: &Request, budget: u64) -> Result<Plan> {
     let longest = req
         .expected()?
         .iter()
-        .filter(|p| p.terms.len() > 1 || req.collective.reduces())
+        .filter(|p| p.terms.len() > 1 || (req.collective.reduces() && req.nranks() > 1))
         .map(|p| p.len)
         .max()
         .unwrap_or(0)
@@ -242,7 +243,8 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
     let mut reductions: BTreeMap<(Terms, u64), Vec<(u32, u64)>> = BTreeMap::new();
     for p in req.expected()? {
         match p.terms.as_slice() {
-            [(s, soff)] if !req.collective.reduces() => {
+            // One rank's reduction is its input: a copy, as a move is.
+            [(s, soff)] if !req.collective.reduces() || n == 1 => {
                 let src = Region::new(BufferRef::Input(*s), *soff, p.len);
                 let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
                 copy(&mut w, &slots, *s, src, dst, &[])?;
@@ -400,6 +402,27 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// One process's reductions are one local copy each, with no scratch, as MPI's own
+    /// one-process all_reduce is a memcpy.
+    #[test]
+    fn one_rank_reductions_are_one_copy() {
+        for c in [
+            Collective::AllReduce,
+            Collective::Reduce,
+            Collective::ReduceScatter,
+            Collective::ReduceScatterV,
+        ] {
+            let mut req = Request::new(c, vec![0], 1 << 20, DType::F32).with_op(ReduceOp::Avg);
+            req.counts = vec![1 << 20];
+            let plan =
+                direct_plan(&req, crate::staging::DEFAULT_STAGING_BUDGET_BYTES).expect("plans");
+            relaycc_plan::check(&plan).unwrap_or_else(|e| panic!("{c}: {e}"));
+            assert!(plan.scratch.is_empty(), "{c}");
+            assert_eq!(plan.ops.len(), 1, "{c}");
+            assert!(matches!(plan.ops[0].kind, OpKind::Copy { .. }), "{c}");
         }
     }
 
