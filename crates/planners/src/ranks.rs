@@ -207,7 +207,7 @@ pub fn direct_plan(req: &Request, budget: u64) -> Result<Plan> {
     let longest = req
         .expected()?
         .iter()
-        .filter(|p| p.terms.len() > 1 || (req.collective.reduces() && req.nranks() > 1))
+        .filter(|p| p.terms.len() > 1)
         .map(|p| p.len)
         .max()
         .unwrap_or(0)
@@ -243,8 +243,8 @@ fn direct_in_rounds(req: &Request, chunk: u64) -> Result<Plan> {
     let mut reductions: BTreeMap<(Terms, u64), Vec<(u32, u64)>> = BTreeMap::new();
     for p in req.expected()? {
         match p.terms.as_slice() {
-            // One rank's reduction is its input: a copy, as a move is.
-            [(s, soff)] if !req.collective.reduces() || n == 1 => {
+            // One term (a move, or one rank's reduction, which is its input): a copy.
+            [(s, soff)] => {
                 let src = Region::new(BufferRef::Input(*s), *soff, p.len);
                 let dst = Region::new(BufferRef::Output(p.rank), p.out_offset, p.len);
                 copy(&mut w, &slots, *s, src, dst, &[])?;

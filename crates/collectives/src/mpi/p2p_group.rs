@@ -26,14 +26,12 @@ use std::collections::HashSet;
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
-use ::mpi::traits::AsRaw;
-use relaycc_route::DType;
-
 use super::point_to_point::{HANDSHAKE, TAG_ACK, TAG_DESC, at_step, pair_verdict, verdict_error};
 use super::requests::{Requests, SPINS_BEFORE_YIELD};
 use super::typed::host_bytes;
 use super::{MpiCommunicator, MpiError, MpiResult};
-use crate::rank::{Lender, View};
+use crate::rank::{Lender, P2pOp};
+use ::mpi::traits::AsRaw;
 
 /// The tags of a group's data messages on the pair communicator: those that wait for their
 /// verdict, and small sends' that go with their descriptor ([`early_bytes`]). Each keeps the
@@ -54,23 +52,10 @@ const CHUNK: usize = 1 << 30;
 /// The step name of a group's data, in errors.
 const DATA: &str = "move a send/recv group's data";
 
-/// One send or receive of a group: `view` of elements of `dtype`, with rank `peer`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct PairOp {
-    /// The lent buffer's view.
-    pub(super) view: View,
-    /// A send (else a receive).
-    pub(super) sending: bool,
-    /// The other rank, as the caller named it.
-    pub(super) peer: usize,
-    /// The element type.
-    pub(super) dtype: DType,
-}
-
 /// One operation as the group runs it.
 #[derive(Clone, Copy, Debug)]
 struct Leg {
-    op: PairOp,
+    op: P2pOp,
     /// The caller's bytes (address, length), or `None` when this rank's checks failed (the
     /// peer is then told an impossible count, so it fails too).
     at: Option<(usize, usize)>,
@@ -143,7 +128,7 @@ impl MpiCommunicator {
     /// [`MpiError::CallMismatch`] on both ranks of a pair whose calls differ, or for sends
     /// and receives to this rank that do not pair up; [`MpiError::Timeout`] (which fails the
     /// communicator).
-    pub(super) fn host_pairs(&self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()> {
+    pub(super) fn host_pairs(&self, lender: &mut Lender<'_>, ops: &[P2pOp]) -> MpiResult<()> {
         self.health.check()?;
         let mut scratch = self.pair_scratch.borrow_mut();
         let s = &mut *scratch;
@@ -198,7 +183,7 @@ impl MpiCommunicator {
 
     /// The caller's bytes of `op`, checked: its peer is a rank, its view lies in a host
     /// buffer the call lent.
-    fn leg_bytes(&self, lender: &Lender<'_>, op: PairOp) -> MpiResult<(usize, usize)> {
+    fn leg_bytes(&self, lender: &Lender<'_>, op: P2pOp) -> MpiResult<(usize, usize)> {
         if op.peer >= self.size as usize {
             return Err(MpiError::Unsupported(format!(
                 "rank {}: peer {} is not a rank (0..{})",
@@ -214,7 +199,7 @@ impl MpiCommunicator {
     fn pair_self(&self, legs: &mut [Leg]) -> MpiResult<()> {
         let me = self.rank as usize;
         let mut result = Ok(());
-        let is = |l: &Leg, sending: bool| l.op.peer == me && l.op.sending == sending;
+        let is = |l: &Leg, sending: bool| l.op.peer == me && l.op.send == sending;
         let (mut s, mut r) = (0, 0);
         loop {
             while s < legs.len() && !is(&legs[s], true) {
@@ -286,9 +271,7 @@ impl MpiCommunicator {
                 if leg.op.peer == me {
                     continue;
                 }
-                let seq = seqs
-                    .entry((leg.op.peer as u32, leg.op.sending))
-                    .or_insert(0);
+                let seq = seqs.entry((leg.op.peer as u32, leg.op.send)).or_insert(0);
                 *seq += 1;
                 leg.seq = *seq;
                 *d = leg_desc(leg, leg.seq);
@@ -385,7 +368,7 @@ impl MpiCommunicator {
             // caller promises.
             unsafe {
                 let (d, a) = (at.dp.add(i).cast::<u8>(), at.ap.add(i).cast::<u8>());
-                if leg.op.sending {
+                if leg.op.send {
                     reqs.irecv(a, ACK_BYTES, p, TAG_ACK)?;
                     reqs.isend(d, DESC_BYTES, p, TAG_DESC)?;
                 } else {
@@ -393,7 +376,7 @@ impl MpiCommunicator {
                 }
             }
             leg.state = LegState::Agreeing;
-            if leg.op.sending
+            if leg.op.send
                 && let Some((_, n)) = leg.at
             {
                 leg.early = early_bytes(n as i64, 1).is_some();
@@ -441,7 +424,7 @@ impl MpiCommunicator {
         let mut agreeing = false;
         blocked.clear();
         for (i, leg) in legs.iter_mut().enumerate() {
-            let key = (leg.op.peer, leg.op.sending);
+            let key = (leg.op.peer, leg.op.send);
             match leg.state {
                 // A pair's data messages go in the order of its legs, which MPI matches in
                 // order: a leg whose agreement completed waits for the earlier legs of its
@@ -462,7 +445,7 @@ impl MpiCommunicator {
                 LegState::Moving if (leg.data..leg.data_end).all(|i| reqs.done(i)) => {
                     leg.state = LegState::Done;
                     if let (false, false, 0, Some((addr, n))) =
-                        (self.zero_copy, leg.op.sending, leg.verdict, leg.at)
+                        (self.zero_copy, leg.op.send, leg.verdict, leg.at)
                     {
                         // SAFETY: the receive's span, lent uniquely to this call, and its
                         // staged bytes, which the completed requests wrote.
@@ -501,7 +484,7 @@ impl MpiCommunicator {
     ) -> MpiResult<()> {
         let p = leg.op.peer as c_int;
         let mut sent_early = None;
-        if !leg.op.sending {
+        if !leg.op.send {
             // SAFETY: the caller's contract: the peer's descriptor arrived, `ack` is free.
             unsafe {
                 let theirs = desc.read();
@@ -514,7 +497,7 @@ impl MpiCommunicator {
         // SAFETY: the caller's contract (a pending send only reads it).
         leg.verdict = unsafe { ack.read() }[0];
         leg.state = LegState::Done;
-        if leg.op.sending && leg.early {
+        if leg.op.send && leg.early {
             // Its data is on its way since the start.
             leg.state = LegState::Moving;
         } else if leg.verdict == 0 {
@@ -553,7 +536,7 @@ impl MpiCommunicator {
         } else {
             // SAFETY: the leg's `n` bytes at `staged` lie in the staging memory.
             let at = unsafe { base.add(leg.staged) };
-            if leg.op.sending {
+            if leg.op.send {
                 // SAFETY: the caller's span, lent to this call, and the leg's staging bytes.
                 unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, at, n) };
             }
@@ -569,7 +552,7 @@ impl MpiCommunicator {
             // SAFETY: the caller keeps the staging memory until the requests complete; each
             // leg's range is its own.
             unsafe {
-                if leg.op.sending {
+                if leg.op.send {
                     reqs.isend(at.add(off), len, p, tag)?;
                 } else {
                     reqs.irecv(at.add(off), len, p, tag)?;

@@ -14,12 +14,11 @@ use std::time::Duration;
 
 #[cfg(feature = "cuda")]
 use super::gpu::MpiOnStream;
-use super::p2p_group::PairOp;
 use super::typed_call::{CheckedCall, Mapped};
 use super::{MpiCommunicator, MpiResult};
 use crate::error::{CollectivesError, Result};
 use crate::rank::collectives::sealed::{Runner, RunnerToken};
-use crate::rank::{Collectives, Departure, Lender, RankCallOp, RankGroup, View};
+use crate::rank::{Collectives, Departure, Lender, P2pOp, RankCallOp, RankGroup, View};
 
 /// An MPI rank that runs a group's collectives one at a time, or its sends and receives at
 /// once: this process's host rank (the
@@ -41,23 +40,13 @@ pub(super) trait MpiRank {
         vout: Option<View>,
     ) -> MpiResult<()>;
     /// A group of sends and receives, `ops`, whose buffers `lender` lent.
-    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()>;
+    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[P2pOp]) -> MpiResult<()>;
 }
 
-/// A send or receive as the MPI ranks run it (`None` for another operation).
-fn pair_op(op: &RankCallOp) -> Option<PairOp> {
-    match *op {
-        RankCallOp::P2p {
-            send,
-            peer,
-            view,
-            dtype,
-        } => Some(PairOp {
-            view,
-            sending: send,
-            peer,
-            dtype,
-        }),
+/// A send or receive (`None` for another operation).
+fn pair_op(op: &RankCallOp) -> Option<P2pOp> {
+    match op {
+        RankCallOp::P2p(p) => Some(*p),
         _ => None,
     }
 }
@@ -71,7 +60,7 @@ fn run_group<R: MpiRank>(
     let pairs = ops.iter().filter_map(pair_op).count();
     if pairs == ops.len() && pairs > 0 {
         // std collects this in place, into the group's own allocation.
-        let pairs: Vec<PairOp> = ops.into_iter().filter_map(|o| pair_op(&o)).collect();
+        let pairs: Vec<P2pOp> = ops.into_iter().filter_map(|o| pair_op(&o)).collect();
         return Ok(rank.run_pairs(lender, &pairs)?);
     }
     if pairs > 0 {
@@ -96,7 +85,7 @@ fn run_group<R: MpiRank>(
                 let Mapped { shape, vin, vout } = rank.communicator().check_op(desc, input, output);
                 rank.run_call(shape, lender, vin, vout)?;
             }
-            RankCallOp::P2p { .. } => return Err(mixed_group()),
+            RankCallOp::P2p(_) => return Err(mixed_group()),
             RankCallOp::Split { .. } => {
                 return Err(CollectivesError::Setup(
                     "split: MPI ranks split their communicator with MpiCommunicator::split".into(),
@@ -187,7 +176,7 @@ impl MpiRank for &MpiCommunicator {
     ) -> MpiResult<()> {
         self.host_call(shape, lender, vin, vout)
     }
-    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()> {
+    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[P2pOp]) -> MpiResult<()> {
         self.host_pairs(lender, ops)
     }
 }
@@ -278,7 +267,7 @@ impl MpiRank for MpiOnStream<'_, '_> {
         let stream = self.stream_ref();
         self.gpu_mut().call(shape, lender, vin, vout, stream)
     }
-    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[PairOp]) -> MpiResult<()> {
+    fn run_pairs(&mut self, lender: &mut Lender<'_>, ops: &[P2pOp]) -> MpiResult<()> {
         let [op] = ops else {
             return Err(super::MpiError::Unsupported(
                 "GPU ranks over MPI run sends and receives one at a time: call send/recv on \
@@ -291,7 +280,7 @@ impl MpiRank for MpiOnStream<'_, '_> {
         self.gpu_mut().p2p(
             lender,
             op.view,
-            op.sending,
+            op.send,
             peer,
             (op.view.len, op.dtype),
             stream,

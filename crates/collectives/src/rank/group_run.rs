@@ -15,7 +15,7 @@ use crate::error::{CollectivesError, Result};
 use crate::group::Group;
 
 use super::Shared;
-use super::op::{Desc, Failure, Outcome, Payload, RankArrival, RankCallOp, View};
+use super::op::{Desc, Failure, Outcome, P2pOp, Payload, RankArrival, RankCallOp, View};
 
 /// Lent slices, given back (taken out of the backend's table, `Trusted::unlend`) when dropped,
 /// also while unwinding. The host backend's `unlend` waits for the launches in flight, so no
@@ -285,12 +285,12 @@ fn build<'c>(
     }
     for (i, a) in arrivals.iter().enumerate() {
         for op in a.ops.as_deref().unwrap_or(&[]) {
-            if let RankCallOp::P2p {
+            if let RankCallOp::P2p(P2pOp {
                 send,
                 peer,
                 view,
                 dtype,
-            } = *op
+            }) = *op
             {
                 let v = raw(i, view, dtype.size()).map_err(failed)?;
                 group

@@ -79,10 +79,10 @@ pub use collectives::Collectives;
 #[cfg(feature = "cuda")]
 pub use collectives::OnStream;
 use meeting::Meeting;
-pub(crate) use op::RankCallOp;
 #[cfg(feature = "mpi")]
 pub(crate) use op::View;
 use op::{Failure, Payload, RankArrival};
+pub(crate) use op::{P2pOp, RankCallOp};
 pub use rank_group::{RankCalls, RankGroup};
 
 /// How long a rank waits for the others to join a call before it fails with
@@ -339,7 +339,7 @@ impl RankComm {
             // on every rank.)
             return Departure::of(Left::Ran(Ok(())), lender);
         }
-        if !ops.is_empty() && ops.iter().all(|o| matches!(o, RankCallOp::P2p { .. })) {
+        if !ops.is_empty() && ops.iter().all(|o| matches!(o, RankCallOp::P2p(_))) {
             return self.depart_pairs(lender, ops);
         }
         if self.shared.direct {
@@ -444,7 +444,7 @@ impl RankComm {
         lender: Lender<'_>,
         op: RankCallOp,
     ) -> Result<()> {
-        let RankCallOp::P2p { peer, .. } = op else {
+        let RankCallOp::P2p(P2pOp { peer, .. }) = op else {
             return Err(
                 Failure::Internal("a point-to-point call of another kind".into()).to_error(call),
             );

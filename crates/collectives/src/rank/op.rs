@@ -66,14 +66,23 @@ pub enum RankCallOp {
         in_place: bool,
     },
     /// A send to `peer`, or a receive from it.
-    P2p {
-        send: bool,
-        peer: usize,
-        view: View,
-        dtype: DType,
-    },
+    P2p(P2pOp),
     /// `split(color, key)`.
     Split { color: Option<u32>, key: i64 },
+}
+
+/// A send of `view` (elements of `dtype`) to rank `peer`, or a receive into it from `peer`:
+/// one operation of a group, as every surface (threads, CUDA streams, MPI ranks) runs it.
+#[derive(Clone, Copy, Debug)]
+pub struct P2pOp {
+    /// A send (else a receive).
+    pub send: bool,
+    /// The other rank, as the caller named it.
+    pub peer: usize,
+    /// The lent buffer's view.
+    pub view: View,
+    /// The element type.
+    pub dtype: DType,
 }
 
 /// A rank's arrival at a meeting: its communicator rank, the slices it lends, its operations

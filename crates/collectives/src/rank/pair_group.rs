@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::buffers::Lender;
 use super::meeting::Meeting;
-use super::op::{Outcome, RankArrival, RankCallOp, Span, View};
+use super::op::{Outcome, P2pOp, RankArrival, RankCallOp, Span, View};
 use super::{Departure, Left, RankComm, Shared};
 use crate::error::{CollectivesError, Result};
 
@@ -75,13 +75,7 @@ fn by_peer(ops: Vec<RankCallOp>, blocks: &[Span], ranks: usize) -> (Vec<PairPart
     // Per pair, where each of this rank's blocks went (block index -> the pair's index).
     let mut renumbered: Vec<Vec<Option<usize>>> = Vec::new();
     for op in ops {
-        let RankCallOp::P2p {
-            send,
-            peer,
-            view,
-            dtype,
-        } = op
-        else {
+        let RankCallOp::P2p(p2p @ P2pOp { peer, view, .. }) = op else {
             continue;
         };
         if peer >= ranks {
@@ -111,12 +105,10 @@ fn by_peer(ops: Vec<RankCallOp>, blocks: &[Span], ranks: usize) -> (Vec<PairPart
                 spans.len() - 1
             }
         };
-        pair_ops.push(RankCallOp::P2p {
-            send,
-            peer,
+        pair_ops.push(RankCallOp::P2p(P2pOp {
             view: View { block, ..view },
-            dtype,
-        });
+            ..p2p
+        }));
     }
     (parts, bad)
 }

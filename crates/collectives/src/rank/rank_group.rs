@@ -20,7 +20,7 @@ use super::Collectives;
 use super::Departure;
 use super::buffers::{Lender, RecvBuf, SendBuf};
 use super::collectives::sealed::{Runner, RunnerToken};
-use super::op::{Desc, RankCallOp, View};
+use super::op::{Desc, P2pOp, RankCallOp, View};
 
 /// Calls of one rank collected to run as one launch (`ncclGroupStart` / `ncclGroupEnd`):
 /// collectives, sends and receives, on buffers borrowed until [`RankGroup::launch`]. Made by
@@ -640,12 +640,12 @@ impl<'b> RankCalls<'b> {
         peer: usize,
     ) -> &mut Self {
         let view = self.lend(buf);
-        self.ops.push(RankCallOp::P2p {
+        self.ops.push(RankCallOp::P2p(P2pOp {
             send: true,
             peer,
             view,
             dtype: T::DTYPE,
-        });
+        }));
         self
     }
 
@@ -656,12 +656,12 @@ impl<'b> RankCalls<'b> {
         peer: usize,
     ) -> &mut Self {
         let view = self.lend_mut(buf);
-        self.ops.push(RankCallOp::P2p {
+        self.ops.push(RankCallOp::P2p(P2pOp {
             send: false,
             peer,
             view,
             dtype: T::DTYPE,
-        });
+        }));
         self
     }
 }
@@ -689,7 +689,7 @@ impl<'b> RankGroup<'_, 'b> {
         let (mut ops, lender) = calls.into_parts();
         comm.clear_tag(RunnerToken::new());
         match (ops.pop(), ops.is_empty()) {
-            (Some(op @ RankCallOp::P2p { .. }), true) => {
+            (Some(op @ RankCallOp::P2p(_)), true) => {
                 comm.point_to_point(call, lender, op, RunnerToken::new())
             }
             _ => Err(CollectivesError::Unmatched(format!(
