@@ -21,8 +21,11 @@
 //! - `memories`: each GPU's device-memory rate, its copy engines' device-to-device rate (bytes
 //!   read plus written), which the simulator charges copies within the GPU and reductions,
 //!   its reduce kernel's rate (`reduce_gbps`, the same unit), at which the simulator runs a
-//!   reduction alone on that GPU, and its SM copy's (`sm_copy_gbps`, the forward kernel's),
-//!   at which it runs a copy within that GPU that the executor makes on SMs;
+//!   reduction alone on that GPU, its SM copy's (`sm_copy_gbps`, the forward kernel's),
+//!   at which it runs a copy within that GPU that the executor makes on SMs, and the share
+//!   of the memory's rate its writes alone reach (`write_share`: a memset's bytes written per
+//!   second over the copy engines' rate, at most 1), at which the simulator caps the writes
+//!   of fan-outs and reductions;
 //! - `costs`: `copy_engine_launch_us`, the time of one small copy-engine copy issued back to
 //!   back on a stream, and `kernel_launch_us`, the same for one small reduce-kernel launch;
 //!   the simulator charges them per launch of relaycc's plans (a copy on a copy engine, a
@@ -47,7 +50,8 @@ use crate::args::CalibrateArgs;
 struct Measured {
     from: String,
     to: String,
-    /// What moved the bytes: `copy_engine`, `sm_copy` (the forward kernel) or `reduce_kernel`.
+    /// What moved the bytes: `copy_engine`, `sm_copy` (the forward kernel), `reduce_kernel` or
+    /// `memset` (bytes written alone).
     mechanism: &'static str,
     /// GB/s: bytes copied per second between two memories; within one GPU's memory, bytes
     /// read plus written per second.
@@ -72,12 +76,14 @@ struct File {
 
 /// The device-memory entries of GPU `gpu` (its node name) from its measured rates: the copy
 /// engines' rate as the memory's, the reduce kernel's as its reductions', the forward
-/// kernel's as its SM copies', every rate in `notes`.
+/// kernel's as its SM copies', the memset's over the copy engines' as its write share, every
+/// rate in `notes`.
 fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>) -> MemoryRate {
     for (mechanism, r) in [
         ("copy_engine", d.copy_engine),
         ("sm_copy", d.sm_copy),
         ("reduce_kernel", d.reduce),
+        ("memset", d.write),
     ] {
         notes.push(Measured {
             from: gpu.to_string(),
@@ -93,6 +99,7 @@ fn device_entries(gpu: &str, d: &measure::DeviceRates, notes: &mut Vec<Measured>
         gbps: d.copy_engine.gbps,
         reduce_gbps: Some(d.reduce.gbps),
         sm_copy_gbps: Some(d.sm_copy.gbps),
+        write_share: Some(d.write_share()),
     }
 }
 
@@ -242,6 +249,7 @@ mod tests {
             copy_engine: r(copy_gbps, copy_us),
             sm_copy: r(copy_gbps * 0.9, 3.0),
             reduce: r(copy_gbps * 0.8, reduce_us),
+            write: r(copy_gbps * 0.6, 2.0),
         }
     }
 
@@ -282,7 +290,7 @@ mod tests {
         let text = serde_json::to_string(&file).expect("json");
         let cal = Calibration::parse(&text, "t").expect("parses");
         assert_eq!(cal.links.len(), 1);
-        assert_eq!(cal.notes.as_array().map(Vec::len), Some(7));
+        assert_eq!(cal.notes.as_array().map(Vec::len), Some(9));
         let t = cal.apply(&topo).expect("applies");
         assert_eq!(t.gpu_info(0).expect("gpu").mem_gbps(), 780.0);
         assert_eq!(t.gpu_info(1).expect("gpu").mem_gbps(), 760.0);
@@ -291,6 +299,11 @@ mod tests {
         let info = t.gpu_info(1).expect("gpu");
         assert_eq!(info.measured_reduce_gbps, Some(760.0 * 0.8));
         assert_eq!(info.measured_sm_copy_gbps, Some(760.0 * 0.9));
+        // The memset's share of the copy engines' rate (0.6 in `rates`), capped at 1.
+        assert!((info.measured_write_share.expect("measured") - 0.6).abs() < 1e-12);
+        let mut fast_writes = devices[0];
+        fast_writes.write.gbps = 2.0 * fast_writes.copy_engine.gbps;
+        assert_eq!(fast_writes.write_share(), 1.0);
         // The slowest GPU's per-op times: a kernel launch is the slower kernel's.
         assert_eq!(t.costs().copy_engine_launch_us, 3.5);
         assert_eq!(t.costs().kernel_launch_us, 4.0);

@@ -38,7 +38,8 @@
 //!   (a calibration file's `memories`, measured by `relaycc calibrate`) or else
 //!   [`relaycc_topo::rates::gpu_mem_gbps`] of its compute capability, bytes read plus
 //!   written, one resource for all the arenas of one device (ranks sharing a GPU), with a
-//!   second of its writes alone at [`DEVICE_WRITE_SHARE`] of that rate; a CPU socket's host
+//!   second of its writes alone at the share of that rate a calibration measured
+//!   (`write_share`), or [`DEVICE_WRITE_SHARE`] where none did; a CPU socket's host
 //!   memory at its `host_mem_gbps`. A simulation keeps only the resources some op loads, in
 //!   the topology's order, so its state is sized by the plan, not by the machine.
 //! - **Protocol share.** A plan with a protocol loads each edge `1 / bw_fraction` times per
@@ -82,7 +83,7 @@
 //! | [`chrome_trace`] | the timeline as Chrome trace-event JSON (Perfetto) |
 //! | [`collective_bound_gbps`] | the bandwidth bound of a collective on a topology |
 //! | [`executor_launches`], [`LaunchCounts`] | the launches the simulator charges a plan: the CUDA executor's copy-engine copies and kernels |
-//! | [`DEVICE_WRITE_SHARE`] | the share of a device memory's rate its writes alone reach |
+//! | [`DEVICE_WRITE_SHARE`] | the share of a device memory's rate its writes alone reach, where no calibration measured it |
 //!
 //! Invariant: this crate imports nothing from relaycc-planners or relaycc-route; Cargo
 //! enforces it.

@@ -7,7 +7,8 @@
 //!   "kinds": [ { "kind": "nvlink", "generation": 2, "gbps_per_lane": 23.1, "latency_us": 0.9 },
 //!              { "kind": "pcie", "generation": 3, "gbps_per_x16": 11.2 } ],
 //!   "links": [ { "from": "GPU0", "to": "GPU1", "gbps": 22.4, "latency_us": 1.1 } ],
-//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5, "reduce_gbps": 702.0, "sm_copy_gbps": 760.0 } ]
+//!   "memories": [ { "gpu": "GPU0", "gbps": 780.5, "reduce_gbps": 702.0, "sm_copy_gbps": 760.0,
+//!                   "write_share": 0.55 } ]
 //! }
 //! ```
 //! Kind entries apply first (`kind` is `nvlink`, `pcie`, `inter_socket`, `c2c` or `network`;
@@ -17,7 +18,9 @@
 //! simulator charges copies within one GPU and reductions, and optionally the rate of
 //! relaycc's reduce kernel there (`reduce_gbps`, the same unit), at which the simulator runs
 //! a reduction alone on that GPU, and of its SM copy (`sm_copy_gbps`), at which it runs a copy
-//! within that GPU's memory that the executor makes on SMs. `notes` holds
+//! within that GPU's memory that the executor makes on SMs, and the share of its rate that its
+//! writes alone reach (`write_share`, a fraction from [`rates::MIN_CALIBRATED_FRACTION`] to
+//! 1), which the simulator caps a memory's writes at. `notes` holds
 //! figures for people (what `relaycc calibrate` measured on multi-link paths) and changes no
 //! rate. `costs` replaces entries of the cost model ([`crate::rates::CostModel`]) by name:
 //! NCCL's protocol fractions and step latencies, NVLS, and relaycc's copy and kernel launches
@@ -27,7 +30,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TopoError};
-use crate::graph::{LinkKind, Topology};
+use crate::graph::{LinkKind, MemoryMeasures, Topology};
 use crate::rates;
 
 /// NVLink lanes (links) one GPU has at most: 18 on H100, H200 and B200 ([NVIDIA-H100]: 18
@@ -110,6 +113,10 @@ pub struct MemoryRate {
     /// bytes read plus written per second; absent where not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sm_copy_gbps: Option<f64>,
+    /// The share of `gbps` this GPU's writes alone reach: a memset's bytes written per second
+    /// over `gbps`, from [`rates::MIN_CALIBRATED_FRACTION`] to 1; absent where not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_share: Option<f64>,
 }
 
 /// Measured rates for a machine.
@@ -261,7 +268,25 @@ impl Calibration {
             };
             let reduce_gbps = kernel("memories: reduce_gbps", m.reduce_gbps)?;
             let sm_copy_gbps = kernel("memories: sm_copy_gbps", m.sm_copy_gbps)?;
-            out.set_gpu_mem_gbps(id, gbps, (reduce_gbps, sm_copy_gbps));
+            let write_share = m
+                .write_share
+                .map(|f| {
+                    if (rates::MIN_CALIBRATED_FRACTION..=1.0).contains(&f) {
+                        Ok(f)
+                    } else {
+                        Err(err(format!(
+                            "memories[{i}]: write_share must be a fraction from {} to 1, got {f}",
+                            rates::MIN_CALIBRATED_FRACTION
+                        )))
+                    }
+                })
+                .transpose()?;
+            let measures = MemoryMeasures {
+                reduce_gbps,
+                sm_copy_gbps,
+                write_share,
+            };
+            out.set_gpu_mem_gbps(id, gbps, measures);
         }
         let mut costs = *out.costs();
         for (name, &value) in &self.costs {
@@ -349,6 +374,14 @@ mod tests {
                 r#"{"memories":[{"gpu":"GPU0","gbps":700,"sm_copy_gbps":0.1}]}"#,
                 "sm_copy_gbps must be",
             ),
+            (
+                r#"{"memories":[{"gpu":"GPU0","gbps":700,"write_share":1.5}]}"#,
+                "write_share must be a fraction from 0.05 to 1",
+            ),
+            (
+                r#"{"memories":[{"gpu":"GPU0","gbps":700,"write_share":0}]}"#,
+                "write_share must be",
+            ),
         ] {
             let err = Calibration::parse(json, "t")
                 .unwrap()
@@ -423,18 +456,23 @@ mod tests {
     fn a_memory_entry_carries_the_kernels_rates_through_export() {
         let topo = crate::preset("dgx-h100").unwrap();
         let json = r#"{"memories":[{"gpu":"GPU1","gbps":2800,"reduce_gbps":2240.5,
-                                    "sm_copy_gbps":2600.25}]}"#;
+                                    "sm_copy_gbps":2600.25,"write_share":0.625}]}"#;
         let t = Calibration::parse(json, "t").unwrap().apply(&topo).unwrap();
         let kernels = |t: &Topology, g: u32| {
             let info = t.gpu_info(g).unwrap();
-            (info.measured_reduce_gbps, info.measured_sm_copy_gbps)
+            (
+                info.measured_reduce_gbps,
+                info.measured_sm_copy_gbps,
+                info.measured_write_share,
+            )
         };
+        let measured = (Some(2240.5), Some(2600.25), Some(0.625));
         assert_eq!(t.gpu_info(1).unwrap().mem_gbps(), 2800.0);
-        assert_eq!(kernels(&t, 1), (Some(2240.5), Some(2600.25)));
-        assert_eq!(kernels(&t, 0), (None, None));
+        assert_eq!(kernels(&t, 1), measured);
+        assert_eq!(kernels(&t, 0), (None, None, None));
         let back = crate::import::json::parse(&crate::export::json::to_json(&t), "t").unwrap();
-        assert_eq!(kernels(&back, 1), (Some(2240.5), Some(2600.25)));
-        assert_eq!(kernels(&back, 0), (None, None));
+        assert_eq!(kernels(&back, 1), measured);
+        assert_eq!(kernels(&back, 0), (None, None, None));
     }
 
     #[test]

@@ -104,6 +104,26 @@ pub struct GpuInfo {
         skip_serializing_if = "Option::is_none"
     )]
     pub measured_sm_copy_gbps: Option<f64>,
+    /// The share of this GPU's device-memory rate that its writes alone reach (a memset's
+    /// bytes written per second over a device-to-device copy's bytes read plus written),
+    /// measured from a calibration file's `memories`; `None` where unmeasured, when the
+    /// simulator takes its fitted default. In JSON only when set.
+    #[serde(
+        default,
+        rename = "write_share",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub measured_write_share: Option<f64>,
+}
+
+/// What a calibration measured of one GPU's memory beside its rate: its reduce kernel's and
+/// its SM copy's rates (GB/s, bytes read plus written) and the share of the rate its writes
+/// alone reach; each `None` where not measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct MemoryMeasures {
+    pub reduce_gbps: Option<f64>,
+    pub sm_copy_gbps: Option<f64>,
+    pub write_share: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -130,6 +150,7 @@ impl GpuInfo {
             measured_mem_gbps: None,
             measured_reduce_gbps: None,
             measured_sm_copy_gbps: None,
+            measured_write_share: None,
         }
     }
     /// The rate of this GPU's device memory, GB/s (bytes read plus written per second): the
@@ -588,19 +609,14 @@ impl Topology {
         }
         self.forget_link_tables();
     }
-    /// Set GPU node `id`'s measured device-memory rate and, where measured, its reduce
-    /// kernel's and its SM copy's (a calibration's `memories`); no-op on a node that is not a
-    /// GPU.
-    pub(crate) fn set_gpu_mem_gbps(
-        &mut self,
-        id: NodeId,
-        gbps: f64,
-        (reduce_gbps, sm_copy_gbps): (Option<f64>, Option<f64>),
-    ) {
+    /// Set GPU node `id`'s measured device-memory rate and what else a calibration's
+    /// `memories` measured of it (`measures`); no-op on a node that is not a GPU.
+    pub(crate) fn set_gpu_mem_gbps(&mut self, id: NodeId, gbps: f64, measures: MemoryMeasures) {
         if let Some(NodeKind::Gpu(g)) = self.graph.node_weight_mut(id).map(|n| &mut n.kind) {
             g.measured_mem_gbps = Some(gbps);
-            g.measured_reduce_gbps = reduce_gbps;
-            g.measured_sm_copy_gbps = sm_copy_gbps;
+            g.measured_reduce_gbps = measures.reduce_gbps;
+            g.measured_sm_copy_gbps = measures.sm_copy_gbps;
+            g.measured_write_share = measures.write_share;
         }
     }
     /// Rename the topology.

@@ -217,11 +217,12 @@ pub const LL128_BW_FRACTION: f64 = 0.92;
 /// (no reduction for Simple).
 pub const SIMPLE_BW_FRACTION: f64 = 1.0;
 /// The smallest share of a link's rate a calibration may give a protocol or NVLS
-/// ([`CostModel::set`]): a tenth of LL's, the lowest share any NCCL protocol is designed for
-/// ([NCCL-src], LL's 4 data bytes per 8-byte store). A measured share below it is a failed
-/// measurement; towards zero, the bytes a plan puts on the wire (data over the share) and so
-/// every predicted time grow without bound, until they overflow to infinity and no plan can
-/// be timed.
+/// ([`CostModel::set`]), and of a device memory's rate its writes alone
+/// (`crate::MemoryRate::write_share`): a tenth of LL's, the lowest share any NCCL protocol is
+/// designed for ([NCCL-src], LL's 4 data bytes per 8-byte store). A measured share below it is
+/// a failed measurement; towards zero, the bytes a plan puts on the wire (data over the share)
+/// or a memory's writes take and so every predicted time grow without bound, until they
+/// overflow to infinity and no plan can be timed.
 pub const MIN_CALIBRATED_FRACTION: f64 = LL_BW_FRACTION / 10.0;
 /// Launch latency of an NCCL ring collective with LL, microseconds: `baseLat` Ring/LL.
 /// Source: [NCCL-src], src/graph/tuning.cc (2.19 and later).

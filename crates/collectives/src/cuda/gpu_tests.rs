@@ -5,8 +5,9 @@
 //! Expectations are exact: the kernels are compiled with `--fmad=false`, fold sources left in
 //! order as the host backend does, accumulate f16/bf16 in f32 and round once to nearest-even
 //! (what the `half` crate does on the host), divide Avg once, and wrap integer sums and
-//! products. `bandwidth_of_the_reduce_and_forward_kernels_against_a_device_copy` prints rates
-//! that `scripts/gpu-check` reads.
+//! products. `bandwidth_of_the_reduce_and_forward_kernels_against_a_device_copy` and
+//! `calibrate_measures_the_device_rates_and_the_write_share` print rates that
+//! `scripts/gpu-check` reads.
 
 use std::sync::Arc;
 
@@ -473,4 +474,35 @@ fn devices_report_a_gpu_with_a_supported_arch() {
             "{d:?}"
         );
     }
+}
+
+/// What `relaycc calibrate` measures of one GPU's memory: every rate positive and finite,
+/// every small operation's time positive, and the write share (a memset's rate over the copy
+/// engines') a fraction the calibration file accepts. One `gpu-check: write_share` line for
+/// `scripts/gpu-check`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn calibrate_measures_the_device_rates_and_the_write_share() {
+    let d = super::measure::measure_device(0, 64 << 20, 5).unwrap_or_else(|e| panic!("{e}"));
+    for (what, r) in [
+        ("copy engine", d.copy_engine),
+        ("sm copy", d.sm_copy),
+        ("reduce", d.reduce),
+        ("memset", d.write),
+    ] {
+        assert!(r.gbps.is_finite() && r.gbps > 0.0, "{what}: {r:?}");
+        assert!(
+            r.latency_us.is_finite() && r.latency_us > 0.0,
+            "{what}: {r:?}"
+        );
+    }
+    let share = d.write_share();
+    assert!(
+        (relaycc_topo::rates::MIN_CALIBRATED_FRACTION..=1.0).contains(&share),
+        "{d:?}"
+    );
+    println!(
+        "gpu-check: write_share={share:.3} memset_gbps={:.1} device_copy_gbps={:.1}",
+        d.write.gbps, d.copy_engine.gbps
+    );
 }

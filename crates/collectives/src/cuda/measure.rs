@@ -1,7 +1,7 @@
 //! Measurements for `relaycc calibrate`, timed with CUDA events: peer copy bandwidth and
 //! latency between two GPUs, pinned host-to-device / device-to-host rates, and on one GPU the
-//! rates of its three ways to move device memory: a copy-engine copy, the forward kernel (a
-//! copy on SMs) and the reduce kernel.
+//! rates of its three ways to move device memory (a copy-engine copy, the forward kernel, a
+//! copy on SMs, and the reduce kernel) and of its writes alone (a memset).
 
 use std::sync::Arc;
 
@@ -171,6 +171,17 @@ pub struct DeviceRates {
     pub sm_copy: MeasuredRate,
     /// The reduce kernel, two f32 sources summed into one destination.
     pub reduce: MeasuredRate,
+    /// `cuMemsetD32Async`: bytes written per second, nothing read.
+    pub write: MeasuredRate,
+}
+
+impl DeviceRates {
+    /// The share of the memory's rate (the copy engines' bytes read plus written per second)
+    /// that its writes alone reach: the memset's rate over the copy's, at most 1 (a memory
+    /// whose writes alone outrun a copy's reads and writes is bound by the rate alone).
+    pub fn write_share(&self) -> f64 {
+        (self.write.gbps / self.copy_engine.gbps).min(1.0)
+    }
 }
 
 /// GPU `dev`'s device-memory rates ([`DeviceRates`]) on buffers of `bytes` bytes, `reps`
@@ -244,6 +255,13 @@ pub fn measure_device(dev: usize, bytes: usize, reps: u32) -> Result<DeviceRates
         let mut params: [*mut std::ffi::c_void; 1] = [(&mut args as *mut ReduceArgs).cast()];
         launch(&reduce, n as u64, &mut params)
     };
+    let memset = |n: usize| {
+        // SAFETY: the buffer holds at least `n` bytes of this device (`n` is a multiple of 4:
+        // `bytes` is rounded down to one, and 8 is one).
+        unsafe { sys::cuMemsetD32Async(po, 0x5a5a_5a5a, n / 4, stream.cu_stream()) }
+            .result()
+            .map_err(drv("cuMemsetD32Async"))
+    };
     let rate = |moved: usize, ms: f64, lat_ms: f64| MeasuredRate {
         gbps: moved as f64 / (ms * 1e-3) / 1e9,
         latency_us: lat_ms * 1e3,
@@ -263,6 +281,11 @@ pub fn measure_device(dev: usize, bytes: usize, reps: u32) -> Result<DeviceRates
             3 * bytes,
             time(&stream, reps, || reduce_two(bytes))?,
             time(&stream, LATENCY_REPS, || reduce_two(8))?,
+        ),
+        write: rate(
+            bytes,
+            time(&stream, reps, || memset(bytes))?,
+            time(&stream, LATENCY_REPS, || memset(8))?,
         ),
     };
     stream.synchronize().map_err(drv("cuStreamSynchronize"))?;

@@ -3,7 +3,9 @@
 //! Each GPU's device memory is one resource at its rate ([`relaycc_topo::GpuInfo::mem_gbps`]:
 //! bytes read plus written per second), shared by every arena of it (ranks that share one
 //! GPU, [`relaycc_topo::GpuInfo::device_arena`]), and a second resource of its writes alone,
-//! at [`DEVICE_WRITE_SHARE`] of that rate. Each CPU socket's memory is one resource.
+//! at the share of that rate a calibration measured
+//! ([`relaycc_topo::GpuInfo::measured_write_share`]), or [`DEVICE_WRITE_SHARE`] where none
+//! did. Each CPU socket's memory is one resource.
 //!
 //! What an op loads:
 //! - a copy inside one device memory (its own, or between two arenas of one device, whose
@@ -25,7 +27,7 @@ use super::launches::OpLaunch;
 use crate::config::BYTES_PER_US_PER_GBPS;
 
 /// The share of a device memory's rate (bytes read plus written) that its writes alone
-/// reach. Fit to one H200 ("CUDA collectives on one H200" in `docs/MEASUREMENTS.md`, run 4,
+/// reach, where no calibration measured it. Fit to one H200 ("CUDA collectives on one H200" in `docs/MEASUREMENTS.md`, run 4,
 /// 4 ranks of one GPU at 256 MiB): the collectives that write four times what they read
 /// (all_gather's and broadcast's fan-outs, 525 and 528 us) take as long as copies that read
 /// what they write (all_to_all 527 us, the device-to-device memcpy of the same bytes), while
@@ -61,7 +63,8 @@ pub(super) fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (MemoryP
     let n_edges = caps.len();
     let n_gpus = topo.gpu_count() as usize;
     let mut mem_loc = Vec::with_capacity(n_gpus + 2);
-    // The rate of each device memory, and each GPU's memory.
+    // The rate of each device memory and the share its writes alone reach, and each GPU's
+    // memory.
     let mut mem_gbps = Vec::with_capacity(n_gpus);
     let mut gpu = Vec::with_capacity(n_gpus);
     // The memory of each device arena met so far.
@@ -74,12 +77,15 @@ pub(super) fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (MemoryP
             continue;
         }
         let gbps = info.map_or(relaycc_topo::rates::gpu_mem_gbps(None), |x| x.mem_gbps());
+        let write_share = info
+            .and_then(|x| x.measured_write_share)
+            .unwrap_or(DEVICE_WRITE_SHARE);
         let k = mem_loc.len() as u32;
         if let Some(a) = arena {
             arena_mem.push((a, k));
         }
         caps.push(gbps * BYTES_PER_US_PER_GBPS);
-        mem_gbps.push(gbps);
+        mem_gbps.push((gbps, write_share));
         mem_loc.push(Location::Gpu(i));
         gpu.push(k);
     }
@@ -91,8 +97,8 @@ pub(super) fn memory_resources(topo: &Topology, caps: &mut Vec<f64>) -> (MemoryP
     }
     let first_write = mem_loc.len() as u32;
     let mut write_loc = Vec::with_capacity(mem_gbps.len());
-    for (k, gbps) in mem_gbps.iter().enumerate() {
-        caps.push(gbps * DEVICE_WRITE_SHARE * BYTES_PER_US_PER_GBPS);
+    for (k, (gbps, write_share)) in mem_gbps.iter().enumerate() {
+        caps.push(gbps * write_share * BYTES_PER_US_PER_GBPS);
         write_loc.push(mem_loc[k]);
     }
     let gpu_writes = gpu.iter().map(|&k| first_write + k).collect();

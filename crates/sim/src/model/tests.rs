@@ -329,7 +329,8 @@ fn ops_in_one_launch_are_issued_together() {
 /// memory; the copies between arenas load it, not their path's links; the joined copies move
 /// no bytes of their own and their writes are the reduction's: 4 reads and 4 writes per byte,
 /// of which the writes bind at half the memory's rate, so the whole takes 8 bytes per byte at
-/// the memory's rate (the copies after it took 6 more on their own).
+/// the memory's rate (the copies after it took 6 more on their own). A calibrated write share
+/// moves the writes' cap, and with it which of the two binds.
 #[test]
 fn arenas_of_one_gpu_share_its_memory_and_a_fan_out_is_one_flow() {
     let topo = relaycc_topo::preset("shared-gpu-4").unwrap();
@@ -351,6 +352,7 @@ fn arenas_of_one_gpu_share_its_memory_and_a_fan_out_is_one_flow() {
             .collect();
         p.copy(lane, out, dst, edges, vec![]);
     }
+    let fan_out = p.clone();
     let m = Model::build(&topo, &p, &SimConfig::default()).unwrap();
     // The memory and its writes, nothing else.
     assert_eq!(m.caps.len(), 2, "{:?}", m.res_orig);
@@ -368,4 +370,23 @@ fn arenas_of_one_gpu_share_its_memory_and_a_fan_out_is_one_flow() {
         "{} vs {want}",
         r.time_us
     );
+    // A calibrated write share caps the writes instead: at 0.25 of the rate the four writes
+    // per byte bind, 16 bytes per byte at the memory's rate; at 0.8 the 8 reads and writes do.
+    for (share, per_byte) in [(0.25, 16.0), (0.8, 8.0)] {
+        let json = format!(
+            r#"{{"memories":[{{"gpu":"GPU0","gbps":{},"write_share":{share}}}]}}"#,
+            rates::HBM_H100_GBPS
+        );
+        let cal = relaycc_topo::Calibration::parse(&json, "t").unwrap();
+        let t = cal.apply(&topo).unwrap();
+        let m = Model::build(&t, &fan_out, &SimConfig::default()).unwrap();
+        assert_eq!(m.caps, [mem, mem * share]);
+        let r = crate::simulate(&t, &fan_out, &SimConfig::default()).unwrap();
+        let want = rates::KERNEL_LAUNCH_US + per_byte * len as f64 / mem;
+        assert!(
+            (r.time_us - want).abs() < 1e-6 * want,
+            "{share}: {} vs {want}",
+            r.time_us
+        );
+    }
 }

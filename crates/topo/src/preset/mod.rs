@@ -330,6 +330,7 @@ fn gpu_info(index: u32, name: &str, sm: u32, bus: &str, numa: u32, memory_gib: u
         measured_mem_gbps: None,
         measured_reduce_gbps: None,
         measured_sm_copy_gbps: None,
+        measured_write_share: None,
     }
 }
 
