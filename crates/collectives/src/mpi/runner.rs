@@ -6,9 +6,12 @@
 //! A group's operations arrive here as the same descriptors and lent views every surface
 //! makes ([`crate::rank::RankGroup`]); each collective is mapped onto the MPI call shape
 //! (its local checks, then the agreement every rank takes part in) and run before the next,
-//! in order, so every rank runs the same sequence. A group of only sends and receives runs
-//! at once with the peers it names (`p2p_group.rs` on host ranks; GPU ranks take one at a
-//! time); a group mixing them with collectives is refused.
+//! in order, so every rank runs the same sequence. A group's sends and receives run together
+//! with the peers they name (`p2p_group.rs` on host ranks; GPU ranks take one at a time),
+//! after its collectives when it has both: every rank of a group with collectives calls it
+//! (as on threads, where such a group meets every rank), so each meets its peers' sends and
+//! receives once every rank is past the collectives, and a collective that fails fails on
+//! every rank, none of which then posts its sends and receives.
 
 use std::time::Duration;
 
@@ -51,11 +54,12 @@ fn pair_op(op: &RankCallOp) -> Option<P2pOp> {
     }
 }
 
-/// Run a group's operations in order; the first error stops the group.
+/// Run a group's collectives in order, then its sends and receives together (module docs);
+/// the first error stops the group.
 fn run_group<R: MpiRank>(
     rank: &mut R,
     lender: &mut Lender<'_>,
-    ops: Vec<RankCallOp>,
+    mut ops: Vec<RankCallOp>,
 ) -> Result<()> {
     let pairs = ops.iter().filter_map(pair_op).count();
     if pairs == ops.len() && pairs > 0 {
@@ -63,9 +67,27 @@ fn run_group<R: MpiRank>(
         let pairs: Vec<P2pOp> = ops.into_iter().filter_map(|o| pair_op(&o)).collect();
         return Ok(rank.run_pairs(lender, &pairs)?);
     }
-    if pairs > 0 {
-        return Err(mixed_group());
+    let mut pairs: Vec<P2pOp> = Vec::with_capacity(pairs);
+    ops.retain(|op| match pair_op(op) {
+        Some(p) => {
+            pairs.push(p);
+            false
+        }
+        None => true,
+    });
+    run_collectives(rank, lender, ops)?;
+    if !pairs.is_empty() {
+        rank.run_pairs(lender, &pairs)?;
     }
+    Ok(())
+}
+
+/// A group's collectives (no send or receive among `ops`), in order.
+fn run_collectives<R: MpiRank>(
+    rank: &mut R,
+    lender: &mut Lender<'_>,
+    ops: Vec<RankCallOp>,
+) -> Result<()> {
     if ops.is_empty() {
         // An argument error found while adding (nothing was added): agree it as a failed
         // call, so the other ranks fail too instead of waiting.
@@ -85,7 +107,11 @@ fn run_group<R: MpiRank>(
                 let Mapped { shape, vin, vout } = rank.communicator().check_op(desc, input, output);
                 rank.run_call(shape, lender, vin, vout)?;
             }
-            RankCallOp::P2p(_) => return Err(mixed_group()),
+            RankCallOp::P2p(_) => {
+                return Err(CollectivesError::Unmatched(
+                    "a send or receive among a group's collectives".into(),
+                ));
+            }
             RankCallOp::Split { .. } => {
                 return Err(CollectivesError::Setup(
                     "split: MPI ranks split their communicator with MpiCommunicator::split".into(),
@@ -94,15 +120,6 @@ fn run_group<R: MpiRank>(
         }
     }
     Ok(())
-}
-
-/// A group mixing sends and receives with collectives, which MPI ranks refuse.
-fn mixed_group() -> CollectivesError {
-    CollectivesError::Unmatched(
-        "MPI ranks run a group of sends and receives, or of collectives, not of both: launch \
-         them as two groups"
-            .into(),
-    )
 }
 
 /// One send or receive alone (`op`, a `RankCallOp::P2p`) with its peer.

@@ -1,9 +1,9 @@
 //! Groups of sends and receives on MPI host ranks (`groups` mode): rings and all-to-alls in
 //! one group each, whatever the order of its operations; groups that name only some ranks;
 //! a group meeting lone sends and receives; sends to the rank itself; a mismatched operation
-//! failing on both of its ranks while the group's other operations still deliver; a group
-//! mixing sends with a collective refused on every rank; random groups; a group whose peer
-//! never comes.
+//! failing on both of its ranks while the group's other operations still deliver; groups
+//! mixing sends and receives with collectives (as on threads); a group of collectives failing
+//! on every rank before any of its sends; random groups; a group whose peer never comes.
 
 use std::time::{Duration, Instant};
 
@@ -139,9 +139,9 @@ fn to_itself(mut comm: &MpiCommunicator, rep: &mut Report) {
 
 /// Rank 0 sends 3 then 4 elements to rank 1 in one group; rank 1 receives 3 then 5: the
 /// first pair delivers, the second fails with a count mismatch on both ranks, well within
-/// the timeout. A group mixing a send with a collective is refused on every rank at once.
+/// the timeout.
 fn mismatched(comm: &mut MpiCommunicator, rep: &mut Report) {
-    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
+    let me = comm.rank() as u32;
     let timeout = Duration::from_secs(10);
     comm.set_timeout(timeout);
     let t = Instant::now();
@@ -171,16 +171,76 @@ fn mismatched(comm: &mut MpiCommunicator, rep: &mut Report) {
         "group: a mismatched pair fails on both ranks, the other delivers",
         ok,
     );
-    let t = Instant::now();
-    let v = [me as f32; 4];
-    let mut sum = [0f32; 4];
-    let mut g = comm.group();
-    g.all_reduce(&v[..], &mut sum[..], ReduceOp::Sum)
-        .send(&v[..], ((me + 1) % n) as usize);
-    let r = g.launch();
+}
+
+/// Groups mixing collectives with a ring of sends and receives, as the threads' test
+/// `groups_mix_collectives_and_point_to_point` makes them: an all_reduce, the ring's two
+/// operations (in an order of the rank's own) and an all_gather in one group, 3 rounds, each
+/// result equal to MPI's. Then a group whose all_reduce fails on every rank (rank 0 passes a
+/// different count): every rank gets the mismatch within the timeout, and its send and
+/// receive never post (the next round's ring pairs afresh).
+fn mixed(mut comm: &MpiCommunicator, rep: &mut Report) {
+    let (me, n) = (comm.rank() as u32, comm.ranks() as u32);
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let mut ok = true;
+    for round in 0..3u32 {
+        let c = [7usize, 70_001, 1][round as usize];
+        let input = fill::<f32>(me + 10 * round, c);
+        let mut want_sum = zeros::<f32>(c);
+        comm.comm().all_reduce_into(
+            &input[..],
+            &mut want_sum[..],
+            rsmpi::collective::SystemOperation::sum(),
+        );
+        let mut want_all = zeros::<f32>(c * n as usize);
+        comm.comm().all_gather_into(&input[..], &mut want_all[..]);
+        let (mut sum, mut all, mut got) = (
+            zeros::<f32>(c),
+            zeros::<f32>(c * n as usize),
+            zeros::<f32>(c),
+        );
+        let mut g = comm.group();
+        g.all_reduce(&input[..], &mut sum[..], ReduceOp::Sum);
+        if me % 2 == 0 {
+            g.send(&input, next as usize).recv(&mut got, prev as usize);
+        } else {
+            g.recv(&mut got, prev as usize).send(&input, next as usize);
+        }
+        g.all_gather(&input[..], &mut all[..]);
+        let r = g.launch();
+        if let Err(e) = &r {
+            println!("rank {me}: mixed group of {c}, round {round}: {e}");
+        }
+        ok &= r.is_ok()
+            && bytes(&sum) == bytes(&want_sum)
+            && bytes(&all) == bytes(&want_all)
+            && bytes(&got) == bytes(&fill::<f32>(prev + 10 * round, c));
+    }
     rep.check(
-        "group: sends mixed with a collective are refused on every rank",
-        r.is_err() && t.elapsed() < timeout / 2,
+        "group: an all_reduce, a ring's send and receive and an all_gather in one group, 3 rounds, equal MPI's",
+        ok,
+    );
+    let timeout = comm.timeout();
+    let t = Instant::now();
+    let v = [me as f32; 5];
+    let mut sum = [0f32; 5];
+    let mut got = [0f32; 4];
+    let c = if me == 0 { 5 } else { 4 };
+    let mut g = comm.group();
+    g.all_reduce(&v[..c], &mut sum[..c], ReduceOp::Sum)
+        .send(&v[..4], next as usize)
+        .recv(&mut got[..], prev as usize);
+    let r = mpi_err(g.launch());
+    let failed = matches!(r, Err(MpiError::CountMismatch(_))) && t.elapsed() < timeout / 2;
+    if !failed {
+        println!(
+            "rank {me}: mixed group with a mismatched all_reduce: {r:?} after {:?}",
+            t.elapsed()
+        );
+    }
+    rep.check(
+        "group: a mismatched collective fails a mixed group on every rank, before its sends",
+        failed && got == [0.0; 4],
     );
 }
 
@@ -320,6 +380,7 @@ pub(crate) fn p2p_groups(comm: &mut MpiCommunicator, rep: &mut Report) {
     random_groups(comm, rep);
     to_itself(comm, rep);
     mismatched(comm, rep);
+    mixed(comm, rep);
     // Groups still pair after the failures.
     ring(comm, rep, 3);
     peer_missing(comm, rep);
