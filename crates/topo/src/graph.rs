@@ -34,9 +34,10 @@ impl ComputeCapability {
             minor: sm % 10,
         }
     }
-    /// NCCL's `sm` number (7.0 -> 70).
+    /// NCCL's `sm` number (7.0 -> 70); `u32::MAX` for a capability past it (a file may give
+    /// any numbers), which no table knows.
     pub fn sm(self) -> u32 {
-        self.major * 10 + self.minor
+        self.major.saturating_mul(10).saturating_add(self.minor)
     }
 }
 

@@ -420,11 +420,6 @@ impl<'a> Prep<'a> {
             return None;
         }
         let nn = g.node_count();
-        // Every host needs a node for all to hold the same number; a file may name hosts far
-        // beyond its nodes, which must not size the tables below.
-        if hosts as usize > nn {
-            return None;
-        }
         let host: Vec<u32> = g
             .node_weights()
             .map(|n| if is_fabric(n) { NONE } else { n.host })

@@ -181,7 +181,10 @@ impl TopologyBuilder {
     ///
     /// Rules: node names are unique and not empty; GPU indices are exactly 0..n; no link joins a
     /// node to itself; every rate is finite and positive and every latency finite and >= 0.
-    pub fn build(self) -> Result<Topology> {
+    /// Hosts come out numbered 0..h in the order of the numbers given (a file's hosts 3 and
+    /// 4,000,000,000 are hosts 0 and 1), so what is sized per host stays sized by the machine.
+    pub fn build(mut self) -> Result<Topology> {
+        renumber_hosts(&mut self.graph);
         let invalid = |message: String| TopoError::Invalid {
             topology: self.name.clone(),
             message,
@@ -244,6 +247,23 @@ impl TopologyBuilder {
             costs: crate::rates::CostModel::default(),
             link_tables: Default::default(),
         })
+    }
+}
+
+/// Number the hosts of `graph`'s nodes 0..h, keeping their order (a no-op when they already
+/// are).
+fn renumber_hosts(graph: &mut DiGraph<Node, Link>) {
+    let mut hosts: Vec<u32> = graph.node_weights().map(|n| n.host).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    if hosts
+        .last()
+        .is_none_or(|&last| last as usize + 1 == hosts.len())
+    {
+        return;
+    }
+    for n in graph.node_weights_mut() {
+        n.host = hosts.binary_search(&n.host).unwrap_or_else(|i| i) as u32;
     }
 }
 
