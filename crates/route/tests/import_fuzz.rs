@@ -1,17 +1,20 @@
-//! Property test: relaycc JSON topologies with mutated values (a number, string or flag
-//! replaced by an extreme or a wrong one, an entry removed or repeated) never make the
-//! importer or the planner panic, nor size anything by a number the file gives: the importer
-//! returns `Ok` or `Err`; an `Ok` topology exports JSON that imports again, and DOT and the
-//! nvidia-smi matrix; a collective over
-//! its GPUs plans within the budget to a plan the checker proves, with a finite prediction,
-//! or gives an error.
+//! Property tests: topology files with mutations never make an importer or the planner
+//! panic, nor size anything by a number the file gives. The files are relaycc JSON with
+//! mutated values (a number, string or flag replaced by an extreme or a wrong one, an entry
+//! removed or repeated), and the real nvidia-smi and NCCL XML samples of
+//! `crates/topo/tests/data` with tokens inserted, replaced or deleted. An importer returns
+//! `Ok` or `Err`; an `Ok` topology exports JSON that imports again, and DOT and the
+//! nvidia-smi matrix; a collective over its GPUs plans within the budget to a plan the checker
+//! proves, with a finite prediction, or gives an error. (The importers' own fuzzers in
+//! `crates/topo/tests` mutate the samples more ways and check the import alone.)
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 use relaycc_route::{Collective, DType, PlanOptions, ReduceOp, Request, check, plan};
+use relaycc_topo::Topology;
 use relaycc_topo::export::{to_dot, to_json, to_smi};
-use relaycc_topo::import::json;
+use relaycc_topo::import::{json, nccl_xml, smi};
 use serde_json::{Value, json};
 
 /// Small machines of every kind the JSON carries: NVLink, PCIe switches, host memory arenas,
@@ -144,10 +147,13 @@ fn mutate(v: &mut Value, at: &mut usize, op: u64) -> bool {
     false
 }
 
-/// Plan `c` over every GPU of the topology `text` describes, if it imports; the checks of the
-/// module docs.
-fn import_and_plan(text: &str, c: Collective, count: u64) -> Result<(), TestCaseError> {
-    let Ok(t) = json::parse(text, "mutated.json") else {
+/// Plan `c` over every GPU of `imported`, if it imported; the checks of the module docs.
+fn plan_imported(
+    imported: relaycc_topo::Result<Topology>,
+    c: Collective,
+    count: u64,
+) -> Result<(), TestCaseError> {
+    let Ok(t) = imported else {
         return Ok(());
     };
     let back = json::parse(&to_json(&t), "exported.json");
@@ -195,9 +201,87 @@ proptest! {
             let mut at = at % values(&v);
             mutate(&mut v, &mut at, op);
         }
-        import_and_plan(&v.to_string(), Collective::ALL[coll], count)?;
+        plan_imported(json::parse(&v.to_string(), "mutated.json"), Collective::ALL[coll], count)?;
+    }
+
+    #[test]
+    fn mutated_smi_and_xml_samples_import_and_plan_or_fail_cleanly(
+        sample in any::<usize>(),
+        edits in proptest::collection::vec((any::<usize>(), 0..EDIT_TOKENS.len(), 0usize..12, 0u8..3), 1..4),
+        coll in 0..Collective::ALL.len(),
+        count in 0u64..5000,
+    ) {
+        thread_local!(static FILES: Vec<(String, String)> = samples());
+        let (name, text) = FILES.with(|f| f[sample % f.len()].clone());
+        let mut bytes = text.into_bytes();
+        for (at, token, len, kind) in edits {
+            let a = at % (bytes.len() + 1);
+            let b = (a + len).min(bytes.len());
+            match kind {
+                0 => drop(bytes.splice(a..b, EDIT_TOKENS[token].bytes())),
+                1 => drop(bytes.splice(a..a, EDIT_TOKENS[token].bytes())),
+                _ => drop(bytes.drain(a..b)),
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let imported = if name.ends_with(".xml") {
+            nccl_xml::parse(&text, &name)
+        } else {
+            smi::parse(&text, &name)
+        };
+        plan_imported(imported, Collective::ALL[coll], count)?;
     }
 }
+
+/// The real samples the importers' tests read: (file name, text).
+fn samples() -> Vec<(String, String)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../topo/tests/data");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "xml" || x == "txt"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 8, "{dir}: {} samples", files.len());
+    files
+}
+
+/// Tokens spliced into the samples: matrix cells and labels, XML tags and attributes, and
+/// numbers past every range (a GPU index, an SM version, a link count, a rate).
+const EDIT_TOKENS: [&str; 28] = [
+    "X",
+    "NV1",
+    "NV18",
+    "PIX",
+    "PXB",
+    "SYS",
+    "NODE",
+    "GPU0",
+    "GPU9",
+    "NIC0",
+    "N/A",
+    " ",
+    "\n",
+    "<",
+    "/>",
+    "</pci>",
+    "<gpu dev=\"0\" sm=\"80\">",
+    "</gpu>",
+    "<nvlink target=\"0000:13:00.0\" count=\"2\"/>",
+    "\"",
+    "=",
+    "-1",
+    "99999999999",
+    "sm=\"1000000000\"",
+    "count=\"4000000000\"",
+    "numaid=\"99999\"",
+    "bw=\"1e300\"",
+    "dev=\"7\"",
+];
 
 /// The case the fuzzing above found: a node on host 4,294,967,295 of a one-host machine
 /// made the bound allocate per host number. Its host is host 1 once imported.
@@ -209,6 +293,6 @@ fn a_host_numbered_far_past_the_nodes_is_host_one() {
     let t = json::parse(&v.to_string(), "far.json").unwrap();
     assert_eq!(t.host_count(), 2);
     for c in Collective::ALL {
-        import_and_plan(&v.to_string(), c, 1000).unwrap();
+        plan_imported(Ok(t.clone()), c, 1000).unwrap();
     }
 }
