@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Shared;
-use super::board::{Board, BoardState, lock};
+use super::board::{Board, BoardState, SPIN_FOR, lock};
 use super::direct::DirectCall;
 use super::direct_part::KeptPart;
 use super::op::{Desc, Failure};
@@ -476,13 +476,6 @@ fn differs(c: &DirectCall, p: usize, desc: &Desc, in_place: bool) -> Option<Stri
 /// looks at the others again: it cannot sleep on several boards at once, and a call of one
 /// communicator may wait for a rank whose thread waits for this thread's call of another.
 const OTHER_BOARDS_POLL: Duration = Duration::from_millis(1);
-
-/// How long a thread that finds every call waiting yields its core (`yield_now`) and looks
-/// again, pass after pass, before it sleeps on the board. A small call's wait is often
-/// shorter than a sleep and its wake-up (futex calls and a context switch, the waker's too):
-/// 8 host ranks on two threads took 40 to 56 us per 4 KiB all_reduce sleeping at once, 15 to
-/// 26 us looking again first (`docs/MEASUREMENTS.md`). Bounded in time, not in passes.
-const SPIN_FOR: Duration = Duration::from_micros(25);
 
 /// Most calls of one board a thread drives and still looks again before it sleeps: a pass
 /// over more holds the board's lock long enough to slow the other threads' passes (1,024

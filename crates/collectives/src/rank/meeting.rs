@@ -13,13 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::board::Board;
+use super::board::{Board, SPIN_FOR, lock};
 use super::op::{Failure, Outcome, RankArrival};
-
-/// Lock ignoring poisoning: every critical section here is a single consistent update.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 enum Phase {
     Gathering,
@@ -182,13 +177,25 @@ impl Meeting {
         None
     }
 
+    /// Let go of the rounds, yield the core, and take them again.
+    fn look_again<'a>(
+        &'a self,
+        rounds: MutexGuard<'a, HashMap<u64, Round>>,
+    ) -> MutexGuard<'a, HashMap<u64, Round>> {
+        drop(rounds);
+        std::thread::yield_now();
+        lock(&self.rounds)
+    }
+
     /// The second half of [`Meeting::meet`]: wait for the outcome of round `seq`, at which
     /// participant `me` arrived at `start`; once `timeout` has passed since then, while
     /// someone is still missing, close the round with a timeout (once everyone came, the run
-    /// goes on to its end).
+    /// goes on to its end). Before it sleeps, it yields its core and looks again for
+    /// [`SPIN_FOR`].
     pub fn wait(&self, me: usize, seq: u64, start: Instant, timeout: Duration) -> Arc<Outcome> {
         let n = self.members.len();
         let deadline = start + timeout;
+        let spin_until = Instant::now() + SPIN_FOR;
         let mut rounds = lock(&self.rounds);
         loop {
             let Some(round) = rounds.get_mut(&seq) else {
@@ -201,6 +208,9 @@ impl Meeting {
                     let o = o.clone();
                     self.collect(&mut rounds, seq, me);
                     return o;
+                }
+                Phase::Running if Instant::now() < spin_until => {
+                    rounds = self.look_again(rounds);
                 }
                 Phase::Running => {
                     rounds = self.cv.wait(rounds).unwrap_or_else(|p| p.into_inner());
@@ -228,6 +238,10 @@ impl Meeting {
                         self.cv.notify_all();
                         self.collect(&mut rounds, seq, me);
                         return o;
+                    }
+                    if now < spin_until {
+                        rounds = self.look_again(rounds);
+                        continue;
                     }
                     rounds = self
                         .cv
