@@ -85,14 +85,7 @@ pub fn plan(topo: &Topology, request: &Request, in_place: bool) -> Result<Plan> 
     let c = request.count;
     let (inp, out) = (BufferRef::Input, BufferRef::Output);
     let direct = b.direct_reads;
-    let reduction = matches!(
-        request.collective,
-        Collective::AllReduce
-            | Collective::Reduce
-            | Collective::ReduceScatter
-            | Collective::ReduceScatterV
-    );
-    if reduction && n == 1 {
+    if request.collective.reduces() && n == 1 {
         // One rank's result is its input, bit for bit under every op and type (a half type
         // widened and rounded back, divided by one): one copy, or nothing in place.
         let len = match request.collective {

@@ -61,13 +61,7 @@ fn run_group<R: MpiRank>(
     lender: &mut Lender<'_>,
     mut ops: Vec<RankCallOp>,
 ) -> Result<()> {
-    let pairs = ops.iter().filter_map(pair_op).count();
-    if pairs == ops.len() && pairs > 0 {
-        // std collects this in place, into the group's own allocation.
-        let pairs: Vec<P2pOp> = ops.into_iter().filter_map(|o| pair_op(&o)).collect();
-        return Ok(rank.run_pairs(lender, &pairs)?);
-    }
-    let mut pairs: Vec<P2pOp> = Vec::with_capacity(pairs);
+    let mut pairs: Vec<P2pOp> = Vec::new();
     ops.retain(|op| match pair_op(op) {
         Some(p) => {
             pairs.push(p);
@@ -75,7 +69,10 @@ fn run_group<R: MpiRank>(
         }
         None => true,
     });
-    run_collectives(rank, lender, ops)?;
+    // An empty group still goes to `run_collectives`, which agrees an argument error.
+    if pairs.is_empty() || !ops.is_empty() {
+        run_collectives(rank, lender, ops)?;
+    }
     if !pairs.is_empty() {
         rank.run_pairs(lender, &pairs)?;
     }

@@ -678,7 +678,7 @@ impl Driven {
                 return Pass::Waiting;
             }
             self.idle_since = None;
-            let limit = until.saturating_duration_since(Instant::now()).min(cap);
+            let limit = until.saturating_duration_since(now).min(cap);
             // One waiting call sleeps until every post it watches has changed; several wake
             // at the first change, since any of them may be able to go on.
             drop(board.watch(st, waiter, self.watch.iter().copied(), waiting == 1, limit));

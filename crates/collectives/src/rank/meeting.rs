@@ -177,6 +177,18 @@ impl Meeting {
         None
     }
 
+    /// The members (communicator ranks) that have not arrived at a round of `arrivals`.
+    fn missing<'a>(
+        &'a self,
+        arrivals: &'a [Option<RankArrival>],
+    ) -> impl Iterator<Item = usize> + 'a {
+        arrivals
+            .iter()
+            .zip(&self.members)
+            .filter(|(a, _)| a.is_none())
+            .map(|(_, &m)| m)
+    }
+
     /// Let go of the rounds, yield the core, and take them again.
     fn look_again<'a>(
         &'a self,
@@ -193,7 +205,6 @@ impl Meeting {
     /// goes on to its end). Before it sleeps, it yields its core and looks again for
     /// [`SPIN_FOR`].
     pub fn wait(&self, me: usize, seq: u64, start: Instant, timeout: Duration) -> Arc<Outcome> {
-        let n = self.members.len();
         let deadline = start + timeout;
         let spin_until = Instant::now() + SPIN_FOR;
         let mut rounds = lock(&self.rounds);
@@ -216,19 +227,17 @@ impl Meeting {
                     rounds = self.cv.wait(rounds).unwrap_or_else(|p| p.into_inner());
                 }
                 Phase::Gathering => {
-                    let missing: Vec<usize> = (0..n)
-                        .filter(|&i| round.arrivals[i].is_none())
-                        .map(|i| self.members[i])
-                        .collect();
-                    let gone = missing
-                        .iter()
-                        .any(|&r| self.gone.get(r).is_some_and(|g| g.load(Ordering::Acquire)));
+                    // The missing members are listed only for the outcome: a waiter looks here
+                    // many times.
+                    let gone = self
+                        .missing(&round.arrivals)
+                        .any(|r| self.gone.get(r).is_some_and(|g| g.load(Ordering::Acquire)));
                     let now = Instant::now();
                     let aborted = self.board.failure(seq);
                     if aborted.is_some() || gone || now >= deadline {
                         let o = Arc::new(Err(aborted.unwrap_or(Failure::Timeout {
                             seq,
-                            missing,
+                            missing: self.missing(&round.arrivals).collect(),
                             waited_ms: now.duration_since(start).as_millis() as u64,
                             gone,
                         })));

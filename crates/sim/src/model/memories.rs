@@ -27,8 +27,8 @@ use super::launches::OpLaunch;
 use crate::config::BYTES_PER_US_PER_GBPS;
 
 /// The share of a device memory's rate (bytes read plus written) that its writes alone
-/// reach, where no calibration measured it. Fit to one H200 ("CUDA collectives on one H200" in `docs/MEASUREMENTS.md`, run 4,
-/// 4 ranks of one GPU at 256 MiB): the collectives that write four times what they read
+/// reach, where no calibration measured it. Fit to one H200 ("CUDA collectives on one H200"
+/// in `docs/MEASUREMENTS.md`, run 4, 4 ranks of one GPU at 256 MiB): the collectives that write four times what they read
 /// (all_gather's and broadcast's fan-outs, 525 and 528 us) take as long as copies that read
 /// what they write (all_to_all 527 us, the device-to-device memcpy of the same bytes), while
 /// reduce_scatter, which reads four times what it writes, moves its bytes 1.6x as fast.
