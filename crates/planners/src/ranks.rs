@@ -409,12 +409,7 @@ mod tests {
     /// one-process all_reduce is a memcpy.
     #[test]
     fn one_rank_reductions_are_one_copy() {
-        for c in [
-            Collective::AllReduce,
-            Collective::Reduce,
-            Collective::ReduceScatter,
-            Collective::ReduceScatterV,
-        ] {
+        for c in Collective::ALL.into_iter().filter(|c| c.reduces()) {
             let mut req = Request::new(c, vec![0], 1 << 20, DType::F32).with_op(ReduceOp::Avg);
             req.counts = vec![1 << 20];
             let plan =

@@ -470,12 +470,7 @@ mod tests {
     fn one_rank_reductions_are_one_copy_or_nothing() {
         for preset in ["host-1", "shared-gpu-1", "host-4"] {
             let topo = relaycc_topo::preset(preset).unwrap();
-            for coll in [
-                Collective::AllReduce,
-                Collective::Reduce,
-                Collective::ReduceScatter,
-                Collective::ReduceScatterV,
-            ] {
+            for coll in Collective::ALL.into_iter().filter(|c| c.reduces()) {
                 let mut r = Request::new(coll, vec![0], 1 << 20, DType::F16).with_op(ReduceOp::Avg);
                 r.counts = vec![1 << 20];
                 for in_place in [false, true] {

@@ -6,6 +6,15 @@ use relaycc_collectives::RankGroup;
 
 use super::*;
 
+/// `n` host ranks whose calls give up after 20 s, so a test that fails does not hang.
+fn host_ranks(n: u32) -> Vec<RankComm> {
+    let mut ranks = RankComm::host(n).expect("host ranks");
+    for r in &mut ranks {
+        r.set_timeout(Duration::from_secs(20));
+    }
+    ranks
+}
+
 /// A group mixing a collective and a ring of sends and receives runs as one launch on every
 /// rank.
 #[test]
@@ -38,10 +47,7 @@ fn groups_mix_collectives_and_point_to_point() {
 /// and an empty group is done at once.
 #[test]
 fn a_group_of_sends_and_receives_involves_only_its_peers() {
-    let mut ranks = RankComm::host(4).expect("host ranks");
-    for r in &mut ranks {
-        r.set_timeout(Duration::from_secs(20));
-    }
+    let ranks = host_ranks(4);
     let res = on_ranks(ranks, |mut rank| -> Result<Vec<u32>, CollectivesError> {
         let r = rank.rank();
         let mine = [r as u32 * 10, r as u32 * 10 + 1];
@@ -115,10 +121,7 @@ fn one_thread_drives_a_ring_of_sends_and_receives() {
 /// rank still delivers.
 #[test]
 fn sends_to_the_rank_itself_need_no_other_rank() {
-    let mut ranks = RankComm::host(3).expect("host ranks");
-    for r in &mut ranks {
-        r.set_timeout(Duration::from_secs(20));
-    }
+    let ranks = host_ranks(3);
     let res = on_ranks(ranks, |mut rank| -> Result<Vec<i64>, CollectivesError> {
         let (x, y) = ([1i64, 2, 3], [4i64, 5]);
         let (mut gx, mut gy) = ([0i64; 3], [0i64; 2]);
@@ -157,10 +160,7 @@ fn sends_to_the_rank_itself_need_no_other_rank() {
 /// is empty times out naming the sender; a count mismatch fails both ranks.
 #[test]
 fn pair_group_errors_reach_the_peers() {
-    let mut ranks = RankComm::host(3).expect("host ranks");
-    for r in &mut ranks {
-        r.set_timeout(Duration::from_secs(20));
-    }
+    let ranks = host_ranks(3);
     let start = Instant::now();
     let res = on_ranks(ranks, |mut rank| {
         let mut buf = [0u8; 4];
