@@ -6,6 +6,8 @@
 //! deadlock).
 
 pub mod counts;
+pub mod flag_host;
+pub mod flag_transport;
 pub mod lower;
 #[cfg(feature = "nccl")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]

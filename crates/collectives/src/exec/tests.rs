@@ -109,7 +109,7 @@ fn a_plan_that_writes_an_input_is_refused_unless_in_place() {
     );
 }
 
-mod per_rank {
+pub(super) mod per_rank {
     //! Per-rank lowering: every op lands on exactly one rank, messages pair up, and the plan
     //! run per rank over threads (in-process transport) equals the whole plan on the host
     //! backend byte for byte.
@@ -129,7 +129,7 @@ mod per_rank {
 
     /// Rank of a memory: a GPU's request rank; host memory belongs to rank 0 (the lowest rank
     /// of the machine, as across processes).
-    fn owner(plan: &Plan, b: BufferRef) -> Option<u32> {
+    pub(in crate::exec) fn owner(plan: &Plan, b: BufferRef) -> Option<u32> {
         match plan.location(b)? {
             Location::Gpu(g) => plan
                 .request
@@ -142,7 +142,7 @@ mod per_rank {
     }
 
     /// Rank `me`'s lowering: input 0, output 1, then the scratch buffers it holds.
-    fn lower_rank(plan: &Plan, me: u32, lanes: Lanes) -> RankProgram {
+    pub(in crate::exec) fn lower_rank(plan: &Plan, me: u32, lanes: Lanes) -> RankProgram {
         let esize = plan.dtype.size();
         let mut scratch = vec![None; plan.scratch.len()];
         let mut bytes = vec![
@@ -171,7 +171,7 @@ mod per_rank {
     }
 
     /// Plans of route's planners (the winner and the NCCL-like baseline) on small presets.
-    fn plans() -> Vec<Plan> {
+    pub(in crate::exec) fn plans() -> Vec<Plan> {
         let mut out = Vec::new();
         for (preset, n) in [("dgx1-v100", 8u32), ("ac922", 4), ("host-4", 4)] {
             let topo = relaycc_topo::preset(preset).unwrap();
@@ -254,7 +254,7 @@ mod per_rank {
     }
 
     /// Input bytes of rank `r`: small integers as f32, so every sum is exact.
-    fn input(plan: &Plan, r: u32) -> Vec<u8> {
+    pub(in crate::exec) fn input(plan: &Plan, r: u32) -> Vec<u8> {
         let len = plan.request.input_len(r).unwrap() as usize;
         (0..len)
             .flat_map(|i| (((i * 7 + r as usize * 13) % 61) as f32).to_le_bytes())
@@ -262,7 +262,7 @@ mod per_rank {
     }
 
     /// The whole plan on the host backend: each rank's output bytes.
-    fn whole(plan: &Plan) -> Vec<Vec<u8>> {
+    pub(in crate::exec) fn whole(plan: &Plan) -> Vec<Vec<u8>> {
         let exe = compile(check(plan.clone(), false).unwrap()).unwrap();
         let backend = HostBackend::new();
         let n = plan.request.nranks() as u32;
@@ -348,7 +348,7 @@ mod per_rank {
 
     /// What `req` expects of each rank's output for [`input`]'s values (exact f32 sums of
     /// small integers), as bytes.
-    fn reference(plan: &Plan) -> Vec<Vec<u8>> {
+    pub(in crate::exec) fn reference(plan: &Plan) -> Vec<Vec<u8>> {
         let req = &plan.request;
         let n = req.nranks() as u32;
         let inputs: Vec<Vec<f32>> = (0..n)

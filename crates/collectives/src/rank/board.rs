@@ -13,7 +13,7 @@ use crate::error::CollectivesError;
 
 /// Lock ignoring poisoning: every critical section of the board and the meetings is a single
 /// consistent update.
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -23,7 +23,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// switch, the waker's too): 8 host ranks on two threads took 40 to 56 us per 4 KiB
 /// all_reduce sleeping at once, 15 to 26 us looking again first (`docs/MEASUREMENTS.md`).
 /// Bounded in time, not in looks.
-pub(super) const SPIN_FOR: Duration = Duration::from_micros(25);
+pub(crate) const SPIN_FOR: Duration = Duration::from_micros(25);
 
 /// What a rank posts for a call: the call, and where its input and output are.
 #[derive(Debug)]

@@ -47,7 +47,7 @@
 //! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
 //! on GPUs).
 
-mod board;
+pub(crate) mod board;
 mod buffers;
 pub(crate) mod collectives;
 #[cfg(feature = "cuda")]

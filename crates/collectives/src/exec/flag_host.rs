@@ -1,0 +1,390 @@
+//! The flag transport's lanes on host threads: each channel's ring is host memory and its
+//! counters are atomics (a `Signal` is a release store, a `Wait` an acquire load looked at
+//! until it reaches its value), so ranks on threads run exactly the steps GPU ranks enqueue
+//! on their streams ([`super::flag_transport`]).
+//!
+//! A wait that does not reach its value within the timeout aborts every lane of the group and
+//! names the rank it waited for, the stage and the chunk; a lane that finds the group aborted
+//! stops at its next wait with the first failure's words. Rings are made on a channel's first
+//! use, so memory grows with the pairs that exchange data, a ring each.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use super::flag_transport::{Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport};
+use crate::backend::AddressSpace;
+use crate::error::CollectivesError;
+use crate::rank::board::{SPIN_FOR, lock};
+
+/// What [`HostFlagChannels`]' `waiting_for` holds for a lane that waits for no one.
+const NOT_WAITING: u32 = u32::MAX;
+
+/// One channel: its ring and its two counters.
+#[derive(Debug)]
+struct HostRing {
+    ring: NonNull<u8>,
+    bytes: usize,
+    posted: AtomicU32,
+    freed: AtomicU32,
+}
+
+// SAFETY: the ring is written only by `Put`s of its sender's lane into a slot the protocol
+// says is empty, and read by `Take`s of its receiver's lane of a slot it says is full; the
+// counters' release stores and acquire loads order the two.
+unsafe impl Send for HostRing {}
+// SAFETY: as above.
+unsafe impl Sync for HostRing {}
+
+impl HostRing {
+    fn new(bytes: usize) -> HostRing {
+        let ring = Box::into_raw(vec![0u8; bytes].into_boxed_slice()).cast::<u8>();
+        HostRing {
+            // A boxed slice's pointer is never null (dangling but aligned when empty).
+            ring: NonNull::new(ring).unwrap_or(NonNull::dangling()),
+            bytes,
+            posted: AtomicU32::new(0),
+            freed: AtomicU32::new(0),
+        }
+    }
+
+    fn counter(&self, c: Counter) -> &AtomicU32 {
+        match c {
+            Counter::Posted => &self.posted,
+            Counter::Freed => &self.freed,
+        }
+    }
+}
+
+impl Drop for HostRing {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ring.as_ptr(), self.bytes);
+        // SAFETY: `ring` came from `Box::into_raw` of a boxed slice of `bytes` bytes, and
+        // nothing uses it once the last lane holding this channel is gone.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+/// The channels of one group of ranks on host threads, and its abort.
+#[derive(Debug)]
+pub struct HostFlagChannels {
+    ranks: u32,
+    shape: FlagShape,
+    timeout: Duration,
+    rings: Mutex<HashMap<(u32, u32), Arc<HostRing>>>,
+    /// The rank each rank's lane is waiting for ([`NOT_WAITING`] when none), to name the rank
+    /// a chain of waits ends at.
+    waiting_for: Vec<AtomicU32>,
+    /// The thread each rank's lane last slept on, which a signal it waits for unparks.
+    sleepers: Vec<Mutex<Option<Thread>>>,
+    aborted: AtomicBool,
+    failure: OnceLock<String>,
+}
+
+impl HostFlagChannels {
+    /// Ends for ranks `0..ranks` whose channels have `shape`; a wait fails (and aborts the
+    /// group) after `timeout`.
+    pub fn group(
+        ranks: u32,
+        shape: FlagShape,
+        timeout: Duration,
+    ) -> Vec<FlagTransport<HostFlagLane>> {
+        let shared = Arc::new(HostFlagChannels {
+            ranks,
+            shape,
+            timeout,
+            rings: Mutex::new(HashMap::new()),
+            waiting_for: (0..ranks).map(|_| AtomicU32::new(NOT_WAITING)).collect(),
+            sleepers: (0..ranks).map(|_| Mutex::new(None)).collect(),
+            aborted: AtomicBool::new(false),
+            failure: OnceLock::new(),
+        });
+        (0..ranks)
+            .map(|me| {
+                let lane = HostFlagLane {
+                    me,
+                    shared: Arc::clone(&shared),
+                    outgoing: vec![None; ranks as usize],
+                    incoming: vec![None; ranks as usize],
+                };
+                FlagTransport::new(me, ranks, shape, lane)
+            })
+            .collect()
+    }
+
+    /// Whether a lane of the group failed, and with what.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// Abort the group with `why` (the first abort's words are kept); every sleeping lane
+    /// wakes to see it.
+    pub fn abort(&self, why: String) {
+        let _ = self.failure.set(why);
+        self.aborted.store(true, Ordering::SeqCst);
+        for sleeper in &self.sleepers {
+            if let Some(t) = lock(sleeper).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Unpark `waiter`'s lane if it waits for rank `by`.
+    fn wake(&self, waiter: u32, by: u32) {
+        let Some(w) = self.waiting_for.get(waiter as usize) else {
+            return;
+        };
+        if w.load(Ordering::SeqCst) == by
+            && let Some(t) = lock(&self.sleepers[waiter as usize]).as_ref()
+        {
+            t.unpark();
+        }
+    }
+
+    /// `peer`, and the ranks a chain of waits leads to from it: each waits for the next, and
+    /// the last waits for none (it never came, or is busy elsewhere), so it is the one to name.
+    fn chain_from(&self, peer: u32) -> Vec<u32> {
+        let mut chain = vec![peer];
+        let mut at = peer;
+        while let Some(next) = self.waiting_for.get(at as usize) {
+            let next = next.load(Ordering::Acquire);
+            if next == NOT_WAITING || chain.contains(&next) {
+                break;
+            }
+            chain.push(next);
+            at = next;
+        }
+        chain
+    }
+
+    fn ring(&self, src: u32, dst: u32) -> Arc<HostRing> {
+        let mut rings = lock(&self.rings);
+        Arc::clone(
+            rings
+                .entry((src, dst))
+                .or_insert_with(|| Arc::new(HostRing::new(self.shape.ring_bytes()))),
+        )
+    }
+}
+
+/// One rank's lane on its own thread: the channels it uses, found once.
+#[derive(Debug)]
+pub struct HostFlagLane {
+    me: u32,
+    shared: Arc<HostFlagChannels>,
+    /// The channel to each peer, once used.
+    outgoing: Vec<Option<Arc<HostRing>>>,
+    /// The channel from each peer, once used.
+    incoming: Vec<Option<Arc<HostRing>>>,
+}
+
+impl HostFlagLane {
+    /// The group's channels.
+    pub fn channels(&self) -> &Arc<HostFlagChannels> {
+        &self.shared
+    }
+
+    /// The channel of `flag` (one of this rank's), made on first use.
+    fn ring_of(&mut self, src: u32, dst: u32) -> Result<&HostRing, CollectivesError> {
+        let (me, n) = (self.me, self.shared.ranks);
+        let (peer, table) = if src == me {
+            (dst, &mut self.outgoing)
+        } else if dst == me {
+            (src, &mut self.incoming)
+        } else {
+            return Err(flag_error(format!(
+                "rank {me}: a step on the channel from rank {src} to rank {dst}, not its own"
+            )));
+        };
+        let Some(entry) = table
+            .get_mut(peer as usize)
+            .filter(|_| peer < n && peer != me)
+        else {
+            return Err(flag_error(format!(
+                "rank {me}: no channel with rank {peer} of {n}"
+            )));
+        };
+        let shared = &self.shared;
+        Ok(entry.get_or_insert_with(|| shared.ring(src, dst)))
+    }
+
+    /// Wait until `flag` reaches `at`, or fail at `deadline` (aborting the group) or when
+    /// another lane aborted it.
+    fn wait(
+        &mut self,
+        flag: FlagRef,
+        at: u32,
+        stage: usize,
+        deadline: Instant,
+    ) -> Result<(), CollectivesError> {
+        let me = self.me;
+        let shared = Arc::clone(&self.shared);
+        let counter = self.ring_of(flag.src, flag.dst)?.counter(flag.counter);
+        if super::flag_transport::reached(counter.load(Ordering::Acquire), at) {
+            return Ok(());
+        }
+        let peer = match flag.counter {
+            Counter::Posted => flag.src,
+            Counter::Freed => flag.dst,
+        };
+        let waiting_for = &shared.waiting_for[me as usize];
+        waiting_for.store(peer, Ordering::SeqCst);
+        let waited = wait_for(counter, at, &shared, me, deadline);
+        waiting_for.store(NOT_WAITING, Ordering::Release);
+        match waited {
+            Waited::Reached => Ok(()),
+            Waited::Aborted => Err(flag_error(format!(
+                "rank {me}: stage {stage}: the group was aborted: {}",
+                shared.failure().unwrap_or("no reason given")
+            ))),
+            Waited::TimedOut => {
+                let what = match flag.counter {
+                    Counter::Posted => "to put chunk",
+                    Counter::Freed => "to take out chunk",
+                };
+                let chain = shared.chain_from(peer);
+                let mut why = format!(
+                    "rank {me}: stage {stage}: waited {:?} for rank {peer} {what} {} of their \
+                     channel",
+                    shared.timeout,
+                    at.wrapping_sub(1)
+                );
+                if let [_, rest @ ..] = &chain[..] {
+                    for r in rest {
+                        why.push_str(&format!(", which waits for rank {r}"));
+                    }
+                }
+                if let Some(last) = chain.last().filter(|_| chain.len() > 1) {
+                    why.push_str(&format!(" (rank {last} is the one missing)"));
+                }
+                shared.abort(why.clone());
+                Err(flag_error(why))
+            }
+        }
+    }
+}
+
+/// How a wait ended.
+enum Waited {
+    Reached,
+    Aborted,
+    TimedOut,
+}
+
+/// Look at `counter` until it reaches `at` (yielding for [`SPIN_FOR`], then sleeping a little
+/// longer each time), the group is aborted, or `deadline` passes.
+fn wait_for(
+    counter: &AtomicU32,
+    at: u32,
+    shared: &HostFlagChannels,
+    me: u32,
+    deadline: Instant,
+) -> Waited {
+    let mut spin_until = Instant::now() + SPIN_FOR;
+    let mut nap = Duration::from_micros(20);
+    loop {
+        if super::flag_transport::reached(counter.load(Ordering::Acquire), at) {
+            return Waited::Reached;
+        }
+        if shared.aborted.load(Ordering::Acquire) {
+            return Waited::Aborted;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Waited::TimedOut;
+        }
+        if now < spin_until {
+            std::thread::yield_now();
+        } else {
+            // A signal this lane waits for unparks it (`wake`); the park's token keeps a
+            // wake-up that comes before the park, and the nap bounds a missed one.
+            *lock(&shared.sleepers[me as usize]) = Some(std::thread::current());
+            if super::flag_transport::reached(counter.load(Ordering::SeqCst), at) {
+                return Waited::Reached;
+            }
+            std::thread::park_timeout(nap.min(deadline - now));
+            nap = (nap * 2).min(Duration::from_micros(500));
+            spin_until = Instant::now() + SPIN_FOR;
+        }
+    }
+}
+
+fn flag_error(message: String) -> CollectivesError {
+    CollectivesError::Backend {
+        backend: "flag transport",
+        message,
+    }
+}
+
+/// Bounds of a chunk in a slot: inside the ring whatever the step says.
+fn slot_range(shape: FlagShape, slot: u32, bytes: usize) -> Result<usize, CollectivesError> {
+    if slot >= shape.slots || bytes > shape.slot_bytes {
+        return Err(flag_error(format!(
+            "a chunk of {bytes} bytes in slot {slot} of a ring of {} slots of {} bytes",
+            shape.slots, shape.slot_bytes
+        )));
+    }
+    Ok(slot as usize * shape.slot_bytes)
+}
+
+// SAFETY: steps run in order on the calling thread; copies stay inside their ring's slot
+// (`slot_range`), the protocol's counters (release stores after copies, acquire loads before)
+// keep a slot's put and take apart, and every step is done when `run` returns.
+unsafe impl FlagLane for HostFlagLane {
+    fn reaches(&self, space: AddressSpace) -> bool {
+        space == AddressSpace::Host
+    }
+
+    unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError> {
+        let shape = self.shared.shape;
+        let deadline = Instant::now() + self.shared.timeout;
+        for step in steps {
+            match *step {
+                FlagStep::Wait { flag, at } => self.wait(flag, at, stage, deadline)?,
+                FlagStep::Put {
+                    to,
+                    slot,
+                    src,
+                    bytes,
+                } => {
+                    let off = slot_range(shape, slot, bytes)?;
+                    let ring = self.ring_of(self.me, to)?;
+                    // SAFETY: `src` holds `bytes` readable bytes (the caller's contract); the
+                    // slot is inside the ring and empty (the wait before this step).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src, ring.ring.as_ptr().add(off), bytes)
+                    };
+                }
+                FlagStep::Take {
+                    from,
+                    slot,
+                    dst,
+                    bytes,
+                } => {
+                    let off = slot_range(shape, slot, bytes)?;
+                    let ring = self.ring_of(from, self.me)?;
+                    // SAFETY: `dst` holds `bytes` writable bytes nothing else touches; the slot
+                    // is inside the ring and full (the wait before this step).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(ring.ring.as_ptr().add(off), dst, bytes)
+                    };
+                }
+                FlagStep::Signal { flag, value } => {
+                    let ring = self.ring_of(flag.src, flag.dst)?;
+                    // Sequentially consistent with the waiter's `waiting_for` store and its
+                    // look before parking, so one of the two sees the other.
+                    ring.counter(flag.counter).store(value, Ordering::SeqCst);
+                    let waiter = match flag.counter {
+                        Counter::Posted => flag.dst,
+                        Counter::Freed => flag.src,
+                    };
+                    self.shared.wake(waiter, self.me);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,360 @@
+//! The flag transport: the executor's cross-rank steps as copies through rings of slots and
+//! sequence-numbered flags, so each rank enqueues its own part and only the data it needs
+//! orders it after its peers. It is the protocol GPU ranks carry on the device (copies and
+//! `cuStreamWaitValue32`/`cuStreamWriteValue32` on a rank's stream, `crate::cuda::flags`), and
+//! the host runs the very same steps with atomics for flags ([`super::flag_host`]), which is
+//! how machines without a GPU exercise it.
+//!
+//! Per ordered pair of ranks (sender, receiver) there is one *channel*: a ring of
+//! [`FlagShape::slots`] slots of [`FlagShape::slot_bytes`] bytes in the receiver's memory, and
+//! two 32-bit counters that only grow (modulo 2^32): `posted`, the chunks the sender has put
+//! into the ring, written by the sender's lane, and `freed`, the chunks the receiver has taken
+//! out, written by the receiver's lane. A message of `b` bytes is `max(1, ceil(b / slot_bytes))`
+//! chunks; chunk `c` of a channel (counted over every message the channel ever carried) goes
+//! through slot `c mod slots`. Putting chunk `c` waits for `freed >= c + 1 - slots` (its slot
+//! is empty); taking it waits for `posted >= c + 1`. Counters compare cyclically, as
+//! `CU_STREAM_WAIT_VALUE_GEQ` does: `value` has reached `at` when `(value - at) as i32 >= 0`.
+//!
+//! A rank's lane runs its steps one after another (a CUDA stream, a thread). A stage's
+//! messages are interleaved chunk by chunk: in round `k`, first chunk `k` of every send, then
+//! chunk `k` of every receive. This cannot deadlock, whatever order the ranks arrive in:
+//! order every step by (dependency level of its message, round, puts before takes). A put of
+//! round `k` waits only for takes of round `k - slots` or earlier levels, a take of round `k`
+//! only for puts of round `k` and earlier, and everything before a step on its own lane is
+//! earlier in that order, so by induction every step runs. (Both ends of a message are at the
+//! same dependency level of the plan, so their stages line up; the lowering posts one pair's
+//! messages in op-id order on both sides, so the chunks of a channel pair up without tags.)
+//!
+//! The transport does not see sizes its peer meant: two ends that disagree on a message's
+//! bytes (calls nobody agreed on) drift apart and a wait times out, or bytes land garbled, but
+//! every copy stays inside the ring's slots and the ranks' own buffers.
+
+use super::run::Transport;
+use crate::backend::AddressSpace;
+use crate::error::CollectivesError;
+
+/// The rings of a flag transport's channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlagShape {
+    /// Slots per channel: at least 1; 2 or more let a sender put a chunk while its receiver
+    /// takes the previous one.
+    pub slots: u32,
+    /// Bytes per slot, at least 1: a message's chunk.
+    pub slot_bytes: usize,
+}
+
+impl FlagShape {
+    /// The shape, or an error naming the field that is zero.
+    pub fn new(slots: u32, slot_bytes: usize) -> Result<FlagShape, CollectivesError> {
+        if slots == 0 || slot_bytes == 0 {
+            return Err(CollectivesError::Setup(format!(
+                "a flag transport needs at least one slot of at least one byte per channel \
+                 (asked {slots} slots of {slot_bytes} bytes)"
+            )));
+        }
+        Ok(FlagShape { slots, slot_bytes })
+    }
+
+    /// Bytes of one channel's ring.
+    pub fn ring_bytes(&self) -> usize {
+        self.slots as usize * self.slot_bytes
+    }
+
+    /// The chunks of a message of `bytes` bytes (an empty message is one empty chunk, so its
+    /// two ends still pair up).
+    pub fn chunks(&self, bytes: usize) -> u64 {
+        bytes.div_ceil(self.slot_bytes).max(1) as u64
+    }
+}
+
+/// Which counter of a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Chunks the sender has put into the ring.
+    Posted,
+    /// Chunks the receiver has taken out.
+    Freed,
+}
+
+/// One counter of the channel from rank `src` to rank `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlagRef {
+    /// The sending rank.
+    pub src: u32,
+    /// The receiving rank.
+    pub dst: u32,
+    /// Which of the channel's counters.
+    pub counter: Counter,
+}
+
+/// One step of a rank's lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagStep {
+    /// Wait until `flag` has reached `at` (cyclically).
+    Wait {
+        /// The counter.
+        flag: FlagRef,
+        /// The value it must reach.
+        at: u32,
+    },
+    /// Copy `bytes` bytes from `src` into slot `slot` of this rank's channel to `to`.
+    Put {
+        /// The receiving rank.
+        to: u32,
+        /// The slot.
+        slot: u32,
+        /// The chunk's bytes, in this rank's memory.
+        src: *const u8,
+        /// Its length, at most a slot.
+        bytes: usize,
+    },
+    /// Copy `bytes` bytes out of slot `slot` of the channel from `from` into `dst`.
+    Take {
+        /// The sending rank.
+        from: u32,
+        /// The slot.
+        slot: u32,
+        /// Where the chunk goes, in this rank's memory.
+        dst: *mut u8,
+        /// Its length, at most a slot.
+        bytes: usize,
+    },
+    /// Set `flag` to `value` once every earlier step of the lane is done (and visible).
+    Signal {
+        /// The counter.
+        flag: FlagRef,
+        /// Its new value.
+        value: u32,
+    },
+}
+
+/// Whether counter value `value` has reached `at`, comparing cyclically as
+/// `CU_STREAM_WAIT_VALUE_GEQ` does (`(int32_t)(value - at) >= 0`).
+pub fn reached(value: u32, at: u32) -> bool {
+    (value.wrapping_sub(at) as i32) >= 0
+}
+
+/// What one rank of a flag transport runs its steps on: a thread with host memory, or a CUDA
+/// stream. The rings and counters belong to it; the [`FlagTransport`] only decides the steps.
+///
+/// # Safety
+/// An implementation runs a lane's steps in order, each after the previous one is done and
+/// visible to every rank's lane (a `Signal` publishes the copies before it), and keeps every
+/// `Put`/`Take` inside its channel's ring, which no one else uses; `run` may return before the
+/// steps are done only when whoever runs this rank's program orders every later use of the
+/// `Put` sources and `Take` destinations after them (the stream they are enqueued on).
+pub unsafe trait FlagLane {
+    /// Whether the lane's copies can read and write memory of `space` in place.
+    fn reaches(&self, space: AddressSpace) -> bool;
+    /// Run (or enqueue) `steps` of stage `stage` in order.
+    ///
+    /// # Safety
+    /// Every `Put` source and `Take` destination is a live range of the given bytes that stays
+    /// as the [`Transport`] contract says.
+    unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError>;
+}
+
+/// A message of the stage: its peer, where it is in this rank's memory, its bytes.
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    peer: u32,
+    at: *mut u8,
+    bytes: usize,
+}
+
+/// One rank's end of a flag transport: the steps of each stage, decided from the channel
+/// counters this rank has advanced so far, run on its [`FlagLane`].
+#[derive(Debug)]
+pub struct FlagTransport<L> {
+    me: u32,
+    shape: FlagShape,
+    /// Chunks put so far into each peer's channel from this rank.
+    sent: Vec<u64>,
+    /// Chunks taken so far from each peer's channel to this rank.
+    taken: Vec<u64>,
+    sends: Vec<Message>,
+    recvs: Vec<Message>,
+    steps: Vec<FlagStep>,
+    lane: L,
+}
+
+// SAFETY: the raw addresses held between posting and `wait` are the runner's, used only by
+// this value's owner (the `Transport` contract keeps them valid until `wait`).
+unsafe impl<L: Send> Send for FlagTransport<L> {}
+
+impl<L: FlagLane> FlagTransport<L> {
+    /// Rank `me` of `ranks`, on `lane`, whose channels have `shape`.
+    pub fn new(me: u32, ranks: u32, shape: FlagShape, lane: L) -> FlagTransport<L> {
+        FlagTransport {
+            me,
+            shape,
+            sent: vec![0; ranks as usize],
+            taken: vec![0; ranks as usize],
+            sends: Vec::new(),
+            recvs: Vec::new(),
+            steps: Vec::new(),
+            lane,
+        }
+    }
+
+    /// The lane.
+    pub fn lane(&self) -> &L {
+        &self.lane
+    }
+
+    /// The lane, this end given up (its channel counts go with it, so only a fresh end's lane
+    /// may start a new transport).
+    pub fn into_lane(self) -> L {
+        self.lane
+    }
+
+    /// The steps of the stage's posted messages (module docs), into `self.steps`.
+    fn stage_steps(&mut self) {
+        let (me, shape) = (self.me, self.shape);
+        let slots = u64::from(shape.slots);
+        self.steps.clear();
+        let rounds = self
+            .sends
+            .iter()
+            .chain(&self.recvs)
+            .map(|m| shape.chunks(m.bytes))
+            .max()
+            .unwrap_or(0);
+        for k in 0..rounds {
+            for m in self.sends.iter().filter(|m| shape.chunks(m.bytes) > k) {
+                let c = self.sent[m.peer as usize];
+                self.sent[m.peer as usize] = c + 1;
+                let posted = FlagRef {
+                    src: me,
+                    dst: m.peer,
+                    counter: Counter::Posted,
+                };
+                if c >= slots {
+                    self.steps.push(FlagStep::Wait {
+                        flag: FlagRef {
+                            counter: Counter::Freed,
+                            ..posted
+                        },
+                        at: (c + 1 - slots) as u32,
+                    });
+                }
+                let (off, bytes) = chunk(shape, m.bytes, k);
+                self.steps.push(FlagStep::Put {
+                    to: m.peer,
+                    slot: (c % slots) as u32,
+                    src: m.at.wrapping_add(off).cast_const(),
+                    bytes,
+                });
+                self.steps.push(FlagStep::Signal {
+                    flag: posted,
+                    value: (c + 1) as u32,
+                });
+            }
+            for m in self.recvs.iter().filter(|m| shape.chunks(m.bytes) > k) {
+                let c = self.taken[m.peer as usize];
+                self.taken[m.peer as usize] = c + 1;
+                let posted = FlagRef {
+                    src: m.peer,
+                    dst: me,
+                    counter: Counter::Posted,
+                };
+                self.steps.push(FlagStep::Wait {
+                    flag: posted,
+                    at: (c + 1) as u32,
+                });
+                let (off, bytes) = chunk(shape, m.bytes, k);
+                self.steps.push(FlagStep::Take {
+                    from: m.peer,
+                    slot: (c % slots) as u32,
+                    dst: m.at.wrapping_add(off),
+                    bytes,
+                });
+                self.steps.push(FlagStep::Signal {
+                    flag: FlagRef {
+                        counter: Counter::Freed,
+                        ..posted
+                    },
+                    value: (c + 1) as u32,
+                });
+            }
+        }
+    }
+
+    fn peer_ok(&self, peer: u32, what: &str) -> Result<(), CollectivesError> {
+        if peer as usize >= self.sent.len() || peer == self.me {
+            return Err(CollectivesError::Backend {
+                backend: "flag transport",
+                message: format!(
+                    "rank {}: a {what} with rank {peer} of {} (a channel joins two ranks)",
+                    self.me,
+                    self.sent.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Offset and length of chunk `k` of a message of `bytes` bytes.
+fn chunk(shape: FlagShape, bytes: usize, k: u64) -> (usize, usize) {
+    let off = (k as usize).saturating_mul(shape.slot_bytes).min(bytes);
+    (off, (bytes - off).min(shape.slot_bytes))
+}
+
+impl<L: FlagLane> Transport for FlagTransport<L> {
+    type Error = CollectivesError;
+
+    fn reaches(&self, space: AddressSpace) -> bool {
+        self.lane.reaches(space)
+    }
+
+    fn begin(&mut self, _stage: usize) {
+        self.sends.clear();
+        self.recvs.clear();
+    }
+
+    unsafe fn recv(
+        &mut self,
+        peer: u32,
+        _tag: u32,
+        dst: *mut u8,
+        bytes: usize,
+    ) -> Result<(), CollectivesError> {
+        self.peer_ok(peer, "receive")?;
+        self.recvs.push(Message {
+            peer,
+            at: dst,
+            bytes,
+        });
+        Ok(())
+    }
+
+    unsafe fn send(
+        &mut self,
+        peer: u32,
+        _tag: u32,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<(), CollectivesError> {
+        self.peer_ok(peer, "send")?;
+        self.sends.push(Message {
+            peer,
+            at: src.cast_mut(),
+            bytes,
+        });
+        Ok(())
+    }
+
+    fn wait(&mut self, stage: usize) -> Result<(), CollectivesError> {
+        self.stage_steps();
+        self.sends.clear();
+        self.recvs.clear();
+        // SAFETY: every step's source and destination is a chunk of a message the runner
+        // posted in this stage, under the `Transport` contract.
+        unsafe { self.lane.run(&self.steps, stage) }
+    }
+}
+
+#[cfg(test)]
+#[path = "flag_transport/tests.rs"]
+mod tests;

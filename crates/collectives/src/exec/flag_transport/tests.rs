@@ -1,0 +1,296 @@
+//! The flag transport's steps, and plans run per rank on host threads over it: ranks arriving
+//! in random order with random delays before every stage give the whole plan's bytes on the
+//! host backend, whatever the rings' shape; a rank that never comes is named.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use relaycc_route::{BufferRef, Collective, DType, Plan, PlanOptions, ReduceOp, Request};
+
+use super::super::flag_host::HostFlagChannels;
+use super::super::lower::Lanes;
+use super::super::run::{Transport, run_on_host_vectors};
+use super::super::tests::per_rank::{input, lower_rank, owner, plans, whole};
+use super::{Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, reached};
+use crate::backend::AddressSpace;
+use crate::error::CollectivesError;
+
+/// A lane that keeps the steps it is given.
+#[derive(Debug, Default)]
+struct Recorder(Vec<Vec<FlagStep>>);
+
+// SAFETY: it runs nothing.
+unsafe impl FlagLane for Recorder {
+    fn reaches(&self, space: AddressSpace) -> bool {
+        space == AddressSpace::Host
+    }
+    unsafe fn run(&mut self, steps: &[FlagStep], _: usize) -> Result<(), CollectivesError> {
+        self.0.push(steps.to_vec());
+        Ok(())
+    }
+}
+
+fn flag(src: u32, dst: u32, counter: Counter) -> FlagRef {
+    FlagRef { src, dst, counter }
+}
+
+/// What a stage's steps say, without addresses: (kind, peer, slot or value).
+fn shape_of(steps: &[FlagStep]) -> Vec<(char, u32, u32)> {
+    steps
+        .iter()
+        .map(|s| match *s {
+            FlagStep::Wait { flag, at } => match flag.counter {
+                Counter::Posted => ('p', flag.src, at),
+                Counter::Freed => ('f', flag.dst, at),
+            },
+            FlagStep::Put { to, slot, .. } => ('>', to, slot),
+            FlagStep::Take { from, slot, .. } => ('<', from, slot),
+            FlagStep::Signal { flag, value } => match flag.counter {
+                Counter::Posted => ('P', flag.dst, value),
+                Counter::Freed => ('F', flag.src, value),
+            },
+        })
+        .collect()
+}
+
+#[test]
+fn a_stage_puts_each_round_before_it_takes_and_waits_for_empty_slots() {
+    let shape = FlagShape::new(2, 4).unwrap();
+    let mut t = FlagTransport::new(0, 2, shape, Recorder::default());
+    let mut out = [0u8; 8];
+    let src = [7u8; 20];
+    t.begin(0);
+    // SAFETY: the recorder never touches the addresses.
+    unsafe {
+        t.recv(1, 3, out.as_mut_ptr(), 8).unwrap();
+        t.send(1, 3, src.as_ptr(), 20).unwrap();
+    }
+    t.wait(0).unwrap();
+    let want = vec![
+        // Round 0: put chunk 0, then take chunk 0.
+        ('>', 1, 0),
+        ('P', 1, 1),
+        ('p', 1, 1),
+        ('<', 1, 0),
+        ('F', 1, 1),
+        // Round 1.
+        ('>', 1, 1),
+        ('P', 1, 2),
+        ('p', 1, 2),
+        ('<', 1, 1),
+        ('F', 1, 2),
+        // Rounds 2 to 4: only the send, each waiting for its slot to be taken out.
+        ('f', 1, 1),
+        ('>', 1, 0),
+        ('P', 1, 3),
+        ('f', 1, 2),
+        ('>', 1, 1),
+        ('P', 1, 4),
+        ('f', 1, 3),
+        ('>', 1, 0),
+        ('P', 1, 5),
+    ];
+    assert_eq!(shape_of(&t.lane().0[0]), want);
+    // The last chunk is the message's remainder, at its offset.
+    let FlagStep::Put { src: at, bytes, .. } = t.lane().0[0][17] else {
+        panic!("a put");
+    };
+    assert_eq!((at, bytes), (src.as_ptr().wrapping_add(16), 4));
+    // The channel's counts go on from there in the next stage; an empty message is one chunk.
+    t.begin(1);
+    // SAFETY: as above.
+    unsafe { t.send(1, 0, src.as_ptr(), 0).unwrap() };
+    t.wait(1).unwrap();
+    assert_eq!(
+        shape_of(&t.lane().0[1]),
+        vec![('f', 1, 4), ('>', 1, 1), ('P', 1, 6)]
+    );
+    assert!(matches!(
+        t.lane().0[1][0],
+        FlagStep::Wait { flag: f, .. } if f == flag(0, 1, Counter::Freed)
+    ));
+    // A message to oneself or past the last rank is refused when posted.
+    // SAFETY: as above.
+    unsafe {
+        assert!(t.send(0, 0, src.as_ptr(), 4).is_err());
+        assert!(t.recv(2, 0, out.as_mut_ptr(), 4).is_err());
+    }
+}
+
+#[test]
+fn counters_compare_cyclically_and_shapes_need_a_slot_of_a_byte() {
+    assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
+    assert!(reached(2, u32::MAX), "2 is 3 past u32::MAX, modulo 2^32");
+    assert!(!reached(u32::MAX, 1));
+    assert!(FlagShape::new(0, 8).is_err() && FlagShape::new(2, 0).is_err());
+    let s = FlagShape::new(3, 10).unwrap();
+    assert_eq!(
+        (s.chunks(0), s.chunks(10), s.chunks(11), s.ring_bytes()),
+        (1, 1, 2, 30)
+    );
+}
+
+/// A lane that sleeps a while before each stage (a thread scheduled late, a slow stream).
+struct Jittered<L> {
+    inner: L,
+    state: u64,
+    max_us: u64,
+}
+
+// SAFETY: it runs the inner lane's steps unchanged.
+unsafe impl<L: FlagLane> FlagLane for Jittered<L> {
+    fn reaches(&self, space: AddressSpace) -> bool {
+        self.inner.reaches(space)
+    }
+    unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError> {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        std::thread::sleep(Duration::from_micros(self.state % (self.max_us + 1)));
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.run(steps, stage) }
+    }
+}
+
+/// `plan` per rank on threads over host flags of `shape`, each rank starting after a delay
+/// of its own and sleeping up to `max_us` before each stage.
+fn over_flags(plan: &Plan, shape: FlagShape, seed: u64, max_us: u64) -> Vec<Vec<u8>> {
+    let n = plan.request.nranks() as u32;
+    let ends = HostFlagChannels::group(n, shape, Duration::from_secs(60));
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ends
+            .into_iter()
+            .enumerate()
+            .map(|(r, end)| {
+                let lanes = Lanes::Fold {
+                    count: 1 + r as u32 % 2,
+                    at: relaycc_route::Location::Host(0),
+                };
+                s.spawn(move || {
+                    let state = (seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+                    std::thread::sleep(Duration::from_micros(state % (4 * max_us + 1)));
+                    let mut t = FlagTransport::new(
+                        r as u32,
+                        n,
+                        shape,
+                        Jittered {
+                            inner: end.into_lane(),
+                            state,
+                            max_us,
+                        },
+                    );
+                    let prog = lower_rank(plan, r as u32, lanes);
+                    run_on_host_vectors(&prog, &input(plan, r as u32), &mut t).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn route_plans_per_rank_over_host_flags_equal_the_whole_plan() {
+    for (i, plan) in plans().iter().enumerate() {
+        let want = whole(plan);
+        for (slots, slot_bytes) in [(1, 40), (2, 100), (4, 1 << 20)] {
+            let shape = FlagShape::new(slots, slot_bytes).unwrap();
+            let got = over_flags(plan, shape, i as u64 * 31 + 7, 50);
+            assert_eq!(got, want, "{} with {shape:?}", plan.algorithm);
+        }
+    }
+}
+
+/// Presets and the ranks a property case picks among.
+const MACHINES: [(&str, u32); 5] = [
+    ("dgx1-v100", 8),
+    ("ac922", 4),
+    ("host-4", 4),
+    ("dgx-a100", 8),
+    ("pcie-4gpu", 4),
+];
+
+const COLLECTIVES: [Collective; 7] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::AllToAll,
+    Collective::Gather,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random machines, subsets of their GPUs, collectives, ops, counts and ring shapes: the
+    /// winner and the baseline per rank over host flags equal the whole plan byte for byte.
+    #[test]
+    fn random_plans_over_host_flags_equal_the_whole_plan(
+        machine in 0..MACHINES.len(),
+        pick in any::<u64>(),
+        c in 0..COLLECTIVES.len(),
+        op in prop::sample::select(vec![ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]),
+        count in 1u64..600,
+        slots in 1u32..4,
+        slot_bytes in prop::sample::select(vec![256usize, 1024, 1 << 16]),
+        seed in any::<u64>(),
+    ) {
+        let (name, gpus) = MACHINES[machine];
+        let topo = relaycc_topo::preset(name).unwrap();
+        let members: Vec<u32> = (0..gpus).filter(|g| pick >> g & 1 == 1).collect();
+        prop_assume!(members.len() >= 2);
+        let root = ((pick >> 16) % members.len() as u64) as u32;
+        let mut req = Request::new(COLLECTIVES[c], members, count, DType::F32).with_root(root);
+        req.op = op;
+        let planned = relaycc_route::plan(&topo, &req, &PlanOptions::default()).unwrap();
+        let shape = FlagShape::new(slots, slot_bytes).unwrap();
+        for plan in [planned.plan, planned.baseline_plan] {
+            // A relay through a GPU outside the ranks is a one-process plan: no rank holds it.
+            if (0..plan.scratch.len()).any(|i| owner(&plan, BufferRef::Scratch(i as u32)).is_none()) {
+                continue;
+            }
+            prop_assert_eq!(over_flags(&plan, shape, seed, 30), whole(&plan), "{}", plan.algorithm);
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_never_comes_is_named_and_the_group_aborted() {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+    let req = Request::new(Collective::AllReduce, vec![0, 1, 2, 3], 4096, DType::F32);
+    let plan = relaycc_route::plan(&topo, &req, &PlanOptions::default())
+        .unwrap()
+        .plan;
+    let timeout = Duration::from_millis(300);
+    let shape = FlagShape::new(2, 1024).unwrap();
+    let mut ends = HostFlagChannels::group(4, shape, timeout);
+    let absent = ends.pop().unwrap();
+    let channels = std::sync::Arc::clone(absent.lane().channels());
+    let start = Instant::now();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = ends
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut t)| {
+                let prog = lower_rank(&plan, r as u32, Lanes::Plan);
+                let plan = &plan;
+                s.spawn(move || {
+                    run_on_host_vectors(&prog, &input(plan, r as u32), &mut t)
+                        .unwrap_err()
+                        .to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Each of the three fails within about one timeout: by its own wait, or by the abort.
+    assert!(start.elapsed() < 4 * timeout, "{:?}", start.elapsed());
+    let first = channels
+        .failure()
+        .expect("the group is aborted")
+        .to_string();
+    assert!(first.contains("for rank 3"), "{first}");
+    for e in &errors {
+        assert!(e.contains("for rank 3") || e.contains("aborted"), "{e}");
+    }
+}
