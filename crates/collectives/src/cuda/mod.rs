@@ -25,6 +25,7 @@ mod copy_batch;
 mod driver;
 mod error;
 mod fan_out;
+pub mod flags;
 mod graph;
 mod kernel_sources;
 mod launch;
