@@ -7,10 +7,11 @@
 //!
 //! Counters live in one allocation of pinned host memory mapped into every device, so the
 //! host sees them without a device call: a watchdog thread per group drops the waits that
-//! were reached and, when a rank's oldest waiting one is older than the timeout, aborts the
-//! group, naming the rank the chain of waits ends at. An abort keeps setting every awaited
-//! counter to the value its last enqueued wait needs until no wait is left, so no stream
-//! waits forever; every later step of the group fails, and bytes the released streams
+//! were reached and, when a rank's oldest waiting one was enqueued longer ago than the
+//! timeout (counted from the enqueue, as a host rank's timeout counts from its call), aborts
+//! the group, naming the rank the chain of waits ends at. An abort keeps setting every
+//! awaited counter to the value its last enqueued wait needs until the rank's stream is
+//! idle, so no stream waits forever; every later step of the group fails, and bytes the released streams
 //! copied are garbage: nothing reports them as a result. Rings (slots in the receiving
 //! rank's device memory) are allocated on a channel's first use and freed with the group,
 //! after every lane's stream has drained.
@@ -127,17 +128,16 @@ impl CudaFlagChannels {
         streams: Vec<Arc<CudaStream>>,
         shape: FlagShape,
         timeout: Duration,
-    ) -> Result<Vec<FlagTransport<CudaFlagLane>>, CudaError> {
+    ) -> Result<Vec<FlagTransport<CudaFlagLane>>, CollectivesError> {
         driver()?;
         let n = u32::try_from(streams.len())
             .ok()
             .filter(|n| (2..=MAX_FLAG_RANKS).contains(n))
-            .ok_or_else(|| CudaError::Driver {
-                call: "flag transport",
-                status: format!(
-                    "{} ranks: a group holds 2 to {MAX_FLAG_RANKS}",
+            .ok_or_else(|| {
+                CollectivesError::Setup(format!(
+                    "a flag transport of {} ranks: a group holds 2 to {MAX_FLAG_RANKS}",
                     streams.len()
-                ),
+                ))
             })?;
         let words = 2 * (n as usize) * (n as usize);
         streams[0]
@@ -157,7 +157,7 @@ impl CudaFlagChannels {
         if let Err(e) = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }.result() {
             // SAFETY: allocated above, used by nothing yet.
             let _ = unsafe { sys::cuMemFreeHost(host) };
-            return Err(driver_err("cuMemHostGetDevicePointer")(e));
+            return Err(driver_err("cuMemHostGetDevicePointer")(e).into());
         }
         let shared = Arc::new(CudaFlagChannels {
             ranks: n,
@@ -180,9 +180,10 @@ impl CudaFlagChannels {
         std::thread::Builder::new()
             .name("relaycc-flag-watchdog".into())
             .spawn(move || watchdog(watched))
-            .map_err(|e| CudaError::Driver {
-                call: "flag transport",
-                status: format!("could not start its watchdog thread: {e}"),
+            .map_err(|e| {
+                CollectivesError::Setup(format!(
+                    "a flag transport could not start its watchdog thread: {e}"
+                ))
             })?;
         Ok((0..n)
             .map(|me| {
@@ -215,18 +216,21 @@ impl CudaFlagChannels {
     }
 
     /// One look: drop reached waits; abort on one older than the timeout; after an abort,
-    /// set every awaited counter to what its last enqueued wait needs.
+    /// set every awaited counter to what its last enqueued wait needs, again at every look
+    /// until the rank's stream is idle (a released stream's later signal may set a counter
+    /// back below a wait it has not reached yet).
     fn watch(&self) {
-        let aborted = self.aborted.load(Ordering::SeqCst);
+        if self.aborted.load(Ordering::SeqCst) {
+            self.release();
+            return;
+        }
         let mut late: Option<(u32, PendingWait)> = None;
         for (r, pending) in self.pending.iter().enumerate() {
             let mut q = lock(pending);
             while let Some(w) = q.front() {
+                // Without an abort a counter only grows, so a wait reached now stays reached.
                 if reached(self.counters.word(w.word).load(Ordering::SeqCst), w.at) {
                     q.pop_front();
-                } else if aborted {
-                    let need = self.last_wait[w.word].load(Ordering::SeqCst);
-                    self.counters.word(w.word).store(need, Ordering::SeqCst);
                 } else {
                     if w.since.elapsed() > self.timeout && late.is_none() {
                         late = Some((r as u32, *w));
@@ -252,6 +256,30 @@ impl CudaFlagChannels {
             }
             why.push_str(&format!(" (rank {at} is the one missing)"));
             self.abort(why);
+        }
+    }
+
+    /// After an abort: every awaited counter of a rank whose stream is not idle set to what
+    /// its last enqueued wait needs; an idle rank's waits forgotten.
+    fn release(&self) {
+        for (r, pending) in self.pending.iter().enumerate() {
+            let mut q = lock(pending);
+            if q.is_empty() {
+                continue;
+            }
+            let stream = &self.streams[r];
+            let busy = stream.context().bind_to_thread().is_ok()
+                // SAFETY: a query of a live stream.
+                && unsafe { sys::cuStreamQuery(stream.cu_stream()) }
+                    == sys::CUresult::CUDA_ERROR_NOT_READY;
+            if !busy {
+                q.clear();
+                continue;
+            }
+            for w in q.iter() {
+                let need = self.last_wait[w.word].load(Ordering::SeqCst);
+                self.counters.word(w.word).store(need, Ordering::SeqCst);
+            }
         }
     }
 
