@@ -24,7 +24,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
@@ -36,7 +36,7 @@ use super::error::CudaError;
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
 use crate::exec::flag_transport::{
-    Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, reached,
+    Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings, reached,
 };
 
 /// The most ranks one group holds: its counters are two words per ordered pair.
@@ -49,13 +49,6 @@ fn driver_err(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Cud
     move |e| CudaError::Driver {
         call,
         status: format!("{e:?}"),
-    }
-}
-
-fn flag_error(message: String) -> CollectivesError {
-    CollectivesError::Backend {
-        backend: "cuda flag transport",
-        message,
     }
 }
 
@@ -107,8 +100,7 @@ pub struct CudaFlagChannels {
     last_wait: Vec<AtomicU32>,
     rings: Mutex<HashMap<(u32, u32), Ring>>,
     pending: Vec<Mutex<VecDeque<PendingWait>>>,
-    aborted: AtomicBool,
-    failure: OnceLock<String>,
+    abort: GroupAbort,
     /// A lane's stream did not drain: its rings and counters are leaked, not freed.
     leak: AtomicBool,
 }
@@ -171,8 +163,7 @@ impl CudaFlagChannels {
             last_wait: (0..words).map(|_| AtomicU32::new(0)).collect(),
             rings: Mutex::new(HashMap::new()),
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
-            aborted: AtomicBool::new(false),
-            failure: OnceLock::new(),
+            abort: GroupAbort::default(),
             leak: AtomicBool::new(false),
             streams,
         });
@@ -190,8 +181,7 @@ impl CudaFlagChannels {
                 let lane = CudaFlagLane {
                     me,
                     shared: Arc::clone(&shared),
-                    outgoing: vec![None; n as usize],
-                    incoming: vec![None; n as usize],
+                    rings: LaneRings::new(me, n),
                 };
                 FlagTransport::new(me, n, shape, lane)
             })
@@ -200,14 +190,13 @@ impl CudaFlagChannels {
 
     /// Whether the group was aborted, and why.
     pub fn failure(&self) -> Option<&str> {
-        self.failure.get().map(String::as_str)
+        self.abort.failure()
     }
 
     /// Abort the group with `why` (the first abort's words are kept): no lane enqueues
     /// another step, and the watchdog releases every enqueued wait.
     pub fn abort(&self, why: String) {
-        let _ = self.failure.set(why);
-        self.aborted.store(true, Ordering::SeqCst);
+        self.abort.abort(why);
     }
 
     fn word(&self, f: FlagRef) -> usize {
@@ -220,7 +209,7 @@ impl CudaFlagChannels {
     /// until the rank's stream is idle (a released stream's later signal may set a counter
     /// back below a wait it has not reached yet).
     fn watch(&self) {
-        if self.aborted.load(Ordering::SeqCst) {
+        if self.abort.is_aborted() {
             self.release();
             return;
         }
@@ -334,8 +323,7 @@ fn watchdog(group: Weak<CudaFlagChannels>) {
 pub struct CudaFlagLane {
     me: u32,
     shared: Arc<CudaFlagChannels>,
-    outgoing: Vec<Option<u64>>,
-    incoming: Vec<Option<u64>>,
+    rings: LaneRings<u64>,
 }
 
 impl CudaFlagLane {
@@ -354,47 +342,25 @@ impl CudaFlagLane {
         Ok(())
     }
 
-    fn ring_to(&mut self, to: u32) -> Result<u64, CollectivesError> {
-        let slot = self
-            .outgoing
-            .get_mut(to as usize)
-            .ok_or_else(|| flag_error(format!("rank {}: no channel to rank {to}", self.me)))?;
-        if let Some(p) = slot {
-            return Ok(*p);
+    /// The ring of the channel from `src` to `dst` (one of this rank's), allocated on first
+    /// use (with this rank's device current again after it).
+    fn ring(&mut self, src: u32, dst: u32) -> Result<u64, CollectivesError> {
+        let (shared, mut made) = (&self.shared, false);
+        let ring = *self.rings.get(src, dst, || {
+            made = true;
+            shared.ring(src, dst)
+        })?;
+        if made {
+            self.bind()?;
         }
-        let p = self.shared.ring(self.me, to)?;
-        *slot = Some(p);
-        self.bind()?;
-        Ok(p)
-    }
-
-    fn ring_from(&mut self, from: u32) -> Result<u64, CollectivesError> {
-        let slot = self
-            .incoming
-            .get_mut(from as usize)
-            .ok_or_else(|| flag_error(format!("rank {}: no channel from rank {from}", self.me)))?;
-        if let Some(p) = slot {
-            return Ok(*p);
-        }
-        let p = self.shared.ring(from, self.me)?;
-        *slot = Some(p);
-        self.bind()?;
-        Ok(p)
+        Ok(ring)
     }
 
     /// Enqueue one step on the lane's stream.
     fn enqueue(&mut self, step: FlagStep, stage: usize) -> Result<(), CollectivesError> {
         let sh = Arc::clone(&self.shared);
         let stream = sh.streams[self.me as usize].cu_stream();
-        let slot_at = |slot: u32, bytes: usize| -> Result<u64, CollectivesError> {
-            if slot >= sh.shape.slots || bytes > sh.shape.slot_bytes {
-                return Err(flag_error(format!(
-                    "a chunk of {bytes} bytes in slot {slot} of a ring of {} slots of {} bytes",
-                    sh.shape.slots, sh.shape.slot_bytes
-                )));
-            }
-            Ok(slot as u64 * sh.shape.slot_bytes as u64)
-        };
+        let slot_at = |slot: u32, bytes: usize| sh.shape.slot_offset(slot, bytes).map(|o| o as u64);
         let (r, call) = match step {
             FlagStep::Wait { flag, at } => {
                 let word = sh.word(flag);
@@ -431,7 +397,7 @@ impl CudaFlagLane {
                 src,
                 bytes,
             } => {
-                let dst = self.ring_to(to)? + slot_at(slot, bytes)?;
+                let dst = self.ring(self.me, to)? + slot_at(slot, bytes)?;
                 let (mine, theirs) = (
                     sh.streams[self.me as usize].context(),
                     &sh.streams[to as usize].context(),
@@ -460,7 +426,7 @@ impl CudaFlagLane {
                 dst,
                 bytes,
             } => {
-                let src = self.ring_from(from)? + slot_at(slot, bytes)?;
+                let src = self.ring(from, self.me)? + slot_at(slot, bytes)?;
                 // SAFETY: the slot lies inside this rank's ring (checked) and is full (the
                 // wait before); `dst` holds `bytes` device bytes nothing else touches.
                 let r = unsafe { sys::cuMemcpyAsync(dst as u64, src, bytes, stream) };
@@ -507,19 +473,18 @@ impl Drop for CudaFlagLane {
 
 // SAFETY: steps go onto the rank's one stream in order; a `Signal` (with the driver's default
 // memory barrier) follows the copies before it; copies stay inside their ring's slot
-// (`slot_at`); the rings and counters outlive the stream's steps (`Drop` waits for it).
+// (`FlagShape::slot_offset`); the rings and counters outlive the stream's steps (`Drop` waits for it).
 unsafe impl FlagLane for CudaFlagLane {
     fn reaches(&self, space: AddressSpace) -> bool {
         space == AddressSpace::Device
     }
 
     unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError> {
-        if self.shared.aborted.load(Ordering::SeqCst) {
-            return Err(flag_error(format!(
-                "rank {}: stage {stage}: the group was aborted: {}",
-                self.me,
-                self.shared.failure().unwrap_or("no reason given")
-            )));
+        if self.shared.abort.is_aborted() {
+            return Err(self
+                .shared
+                .abort
+                .error("cuda flag transport", self.me, stage));
         }
         self.bind()?;
         for step in steps {

@@ -10,12 +10,14 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use super::flag_transport::{Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport};
+use super::flag_transport::{
+    Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings,
+};
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
 use crate::rank::board::{SPIN_FOR, lock};
@@ -71,7 +73,6 @@ impl Drop for HostRing {
 /// The channels of one group of ranks on host threads, and its abort.
 #[derive(Debug)]
 pub struct HostFlagChannels {
-    ranks: u32,
     shape: FlagShape,
     timeout: Duration,
     rings: Mutex<HashMap<(u32, u32), Arc<HostRing>>>,
@@ -80,8 +81,7 @@ pub struct HostFlagChannels {
     waiting_for: Vec<AtomicU32>,
     /// The thread each rank's lane last slept on, which a signal it waits for unparks.
     sleepers: Vec<Mutex<Option<Thread>>>,
-    aborted: AtomicBool,
-    failure: OnceLock<String>,
+    abort: GroupAbort,
 }
 
 impl HostFlagChannels {
@@ -93,22 +93,19 @@ impl HostFlagChannels {
         timeout: Duration,
     ) -> Vec<FlagTransport<HostFlagLane>> {
         let shared = Arc::new(HostFlagChannels {
-            ranks,
             shape,
             timeout,
             rings: Mutex::new(HashMap::new()),
             waiting_for: (0..ranks).map(|_| AtomicU32::new(NOT_WAITING)).collect(),
             sleepers: (0..ranks).map(|_| Mutex::new(None)).collect(),
-            aborted: AtomicBool::new(false),
-            failure: OnceLock::new(),
+            abort: GroupAbort::default(),
         });
         (0..ranks)
             .map(|me| {
                 let lane = HostFlagLane {
                     me,
                     shared: Arc::clone(&shared),
-                    outgoing: vec![None; ranks as usize],
-                    incoming: vec![None; ranks as usize],
+                    rings: LaneRings::new(me, ranks),
                 };
                 FlagTransport::new(me, ranks, shape, lane)
             })
@@ -117,14 +114,13 @@ impl HostFlagChannels {
 
     /// Whether a lane of the group failed, and with what.
     pub fn failure(&self) -> Option<&str> {
-        self.failure.get().map(String::as_str)
+        self.abort.failure()
     }
 
     /// Abort the group with `why` (the first abort's words are kept); every sleeping lane
     /// wakes to see it.
     pub fn abort(&self, why: String) {
-        let _ = self.failure.set(why);
-        self.aborted.store(true, Ordering::SeqCst);
+        self.abort.abort(why);
         for sleeper in &self.sleepers {
             if let Some(t) = lock(sleeper).as_ref() {
                 t.unpark();
@@ -175,10 +171,7 @@ impl HostFlagChannels {
 pub struct HostFlagLane {
     me: u32,
     shared: Arc<HostFlagChannels>,
-    /// The channel to each peer, once used.
-    outgoing: Vec<Option<Arc<HostRing>>>,
-    /// The channel from each peer, once used.
-    incoming: Vec<Option<Arc<HostRing>>>,
+    rings: LaneRings<Arc<HostRing>>,
 }
 
 impl HostFlagLane {
@@ -187,28 +180,11 @@ impl HostFlagLane {
         &self.shared
     }
 
-    /// The channel of `flag` (one of this rank's), made on first use.
+    /// The channel from `src` to `dst` (one of this rank's), made on first use.
     fn ring_of(&mut self, src: u32, dst: u32) -> Result<&HostRing, CollectivesError> {
-        let (me, n) = (self.me, self.shared.ranks);
-        let (peer, table) = if src == me {
-            (dst, &mut self.outgoing)
-        } else if dst == me {
-            (src, &mut self.incoming)
-        } else {
-            return Err(flag_error(format!(
-                "rank {me}: a step on the channel from rank {src} to rank {dst}, not its own"
-            )));
-        };
-        let Some(entry) = table
-            .get_mut(peer as usize)
-            .filter(|_| peer < n && peer != me)
-        else {
-            return Err(flag_error(format!(
-                "rank {me}: no channel with rank {peer} of {n}"
-            )));
-        };
         let shared = &self.shared;
-        Ok(entry.get_or_insert_with(|| shared.ring(src, dst)))
+        let ring = self.rings.get(src, dst, || Ok(shared.ring(src, dst)))?;
+        Ok(ring)
     }
 
     /// Wait until `flag` reaches `at`, or fail at `deadline` (aborting the group) or when
@@ -236,10 +212,7 @@ impl HostFlagLane {
         waiting_for.store(NOT_WAITING, Ordering::Release);
         match waited {
             Waited::Reached => Ok(()),
-            Waited::Aborted => Err(flag_error(format!(
-                "rank {me}: stage {stage}: the group was aborted: {}",
-                shared.failure().unwrap_or("no reason given")
-            ))),
+            Waited::Aborted => Err(shared.abort.error("flag transport", me, stage)),
             Waited::TimedOut => {
                 let what = match flag.counter {
                     Counter::Posted => "to put chunk",
@@ -289,7 +262,7 @@ fn wait_for(
         if super::flag_transport::reached(counter.load(Ordering::Acquire), at) {
             return Waited::Reached;
         }
-        if shared.aborted.load(Ordering::Acquire) {
+        if shared.abort.is_aborted() {
             return Waited::Aborted;
         }
         let now = Instant::now();
@@ -319,19 +292,8 @@ fn flag_error(message: String) -> CollectivesError {
     }
 }
 
-/// Bounds of a chunk in a slot: inside the ring whatever the step says.
-fn slot_range(shape: FlagShape, slot: u32, bytes: usize) -> Result<usize, CollectivesError> {
-    if slot >= shape.slots || bytes > shape.slot_bytes {
-        return Err(flag_error(format!(
-            "a chunk of {bytes} bytes in slot {slot} of a ring of {} slots of {} bytes",
-            shape.slots, shape.slot_bytes
-        )));
-    }
-    Ok(slot as usize * shape.slot_bytes)
-}
-
 // SAFETY: steps run in order on the calling thread; copies stay inside their ring's slot
-// (`slot_range`), the protocol's counters (release stores after copies, acquire loads before)
+// (`FlagShape::slot_offset`), the protocol's counters (release stores after copies, acquire loads before)
 // keep a slot's put and take apart, and every step is done when `run` returns.
 unsafe impl FlagLane for HostFlagLane {
     fn reaches(&self, space: AddressSpace) -> bool {
@@ -350,7 +312,7 @@ unsafe impl FlagLane for HostFlagLane {
                     src,
                     bytes,
                 } => {
-                    let off = slot_range(shape, slot, bytes)?;
+                    let off = shape.slot_offset(slot, bytes)?;
                     let ring = self.ring_of(self.me, to)?;
                     // SAFETY: `src` holds `bytes` readable bytes (the caller's contract); the
                     // slot is inside the ring and empty (the wait before this step).
@@ -364,7 +326,7 @@ unsafe impl FlagLane for HostFlagLane {
                     dst,
                     bytes,
                 } => {
-                    let off = slot_range(shape, slot, bytes)?;
+                    let off = shape.slot_offset(slot, bytes)?;
                     let ring = self.ring_of(from, self.me)?;
                     // SAFETY: `dst` holds `bytes` writable bytes nothing else touches; the slot
                     // is inside the ring and full (the wait before this step).

@@ -15,19 +15,27 @@
 //! is empty); taking it waits for `posted >= c + 1`. Counters compare cyclically, as
 //! `CU_STREAM_WAIT_VALUE_GEQ` does: `value` has reached `at` when `(value - at) as i32 >= 0`.
 //!
-//! A rank's lane runs its steps one after another (a CUDA stream, a thread). A stage's
-//! messages are interleaved chunk by chunk: in round `k`, first chunk `k` of every send, then
-//! chunk `k` of every receive. This cannot deadlock, whatever order the ranks arrive in:
-//! order every step by (dependency level of its message, round, puts before takes). A put of
-//! round `k` waits only for takes of round `k - slots` or earlier levels, a take of round `k`
-//! only for puts of round `k` and earlier, and everything before a step on its own lane is
-//! earlier in that order, so by induction every step runs. (Both ends of a message are at the
-//! same dependency level of the plan, so their stages line up; the lowering posts one pair's
-//! messages in op-id order on both sides, so the chunks of a channel pair up without tags.)
+//! A rank's lane runs its steps one after another (a CUDA stream, a thread). In a stage, the
+//! messages on one channel, in posting order, make one sequence of chunks, and the channels
+//! are interleaved chunk by chunk: in round `k`, first chunk `k` of every channel to a peer,
+//! then chunk `k` of every channel from one, so a channel carries at most one chunk each way
+//! per round. This cannot deadlock, whatever order the ranks arrive in: order every step by
+//! (dependency level of its stage, round, puts before takes). A put of round `k` waits only
+//! for the take of its channel's chunk `slots` earlier (round `k - slots`, or an earlier
+//! level), a take of round `k` only for its channel's put of round `k`, and everything before
+//! a step on its own lane is earlier in that order, so by induction every step runs. (Both
+//! ends of a message are at the same dependency level of the plan, so their stages line up;
+//! the lowering posts one pair's messages in op-id order on both sides, so a channel's chunks
+//! pair up without tags. Putting every message's chunk `k` in round `k` instead would put two
+//! chunks of one channel in a round when a stage sends a peer two messages, and with one
+//! slot two ranks doing so would each wait for the other to take.)
 //!
 //! The transport does not see sizes its peer meant: two ends that disagree on a message's
 //! bytes (calls nobody agreed on) drift apart and a wait times out, or bytes land garbled, but
 //! every copy stays inside the ring's slots and the ranks' own buffers.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::run::Transport;
 use crate::backend::AddressSpace;
@@ -58,6 +66,22 @@ impl FlagShape {
     /// Bytes of one channel's ring.
     pub fn ring_bytes(&self) -> usize {
         self.slots as usize * self.slot_bytes
+    }
+
+    /// Where a chunk of `bytes` bytes in slot `slot` starts in its ring, or an error when it
+    /// would not lie inside the ring (a lane checks every copy with this, whatever the step
+    /// says).
+    pub fn slot_offset(&self, slot: u32, bytes: usize) -> Result<usize, CollectivesError> {
+        if slot >= self.slots || bytes > self.slot_bytes {
+            return Err(CollectivesError::Backend {
+                backend: "flag transport",
+                message: format!(
+                    "a chunk of {bytes} bytes in slot {slot} of a ring of {} slots of {} bytes",
+                    self.slots, self.slot_bytes
+                ),
+            });
+        }
+        Ok(slot as usize * self.slot_bytes)
     }
 
     /// The chunks of a message of `bytes` bytes (an empty message is one empty chunk, so its
@@ -154,12 +178,146 @@ pub unsafe trait FlagLane {
     unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError>;
 }
 
+/// A group's abort: set once, keeping the first failure's words, and seen by every lane.
+#[derive(Debug, Default)]
+pub struct GroupAbort {
+    aborted: AtomicBool,
+    failure: OnceLock<String>,
+}
+
+impl GroupAbort {
+    /// Abort with `why` (a second abort keeps the first one's words).
+    pub fn abort(&self, why: String) {
+        let _ = self.failure.set(why);
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the group was aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Why the group was aborted, once it was.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// What rank `me`'s lane of `backend` returns at stage `stage` once the group is aborted.
+    pub fn error(&self, backend: &'static str, me: u32, stage: usize) -> CollectivesError {
+        CollectivesError::Backend {
+            backend,
+            message: format!(
+                "rank {me}: stage {stage}: the group was aborted: {}",
+                self.failure().unwrap_or("no reason given")
+            ),
+        }
+    }
+}
+
+/// The rings a lane uses, found once per peer: the channel to it and the channel from it.
+#[derive(Debug)]
+pub struct LaneRings<T> {
+    me: u32,
+    outgoing: Vec<Option<T>>,
+    incoming: Vec<Option<T>>,
+}
+
+impl<T> LaneRings<T> {
+    /// None yet, for rank `me` of `ranks`.
+    pub fn new(me: u32, ranks: u32) -> LaneRings<T> {
+        let none = || (0..ranks).map(|_| None).collect();
+        LaneRings {
+            me,
+            outgoing: none(),
+            incoming: none(),
+        }
+    }
+
+    /// The ring of the channel from `src` to `dst`, one of them this lane's rank and the
+    /// other a peer, made by `make` on its first use.
+    pub fn get(
+        &mut self,
+        src: u32,
+        dst: u32,
+        make: impl FnOnce() -> Result<T, CollectivesError>,
+    ) -> Result<&T, CollectivesError> {
+        let me = self.me;
+        let n = self.outgoing.len();
+        let (peer, table) = match (src == me, dst == me) {
+            (true, false) => (dst, &mut self.outgoing),
+            (false, true) => (src, &mut self.incoming),
+            _ => {
+                return Err(CollectivesError::Backend {
+                    backend: "flag transport",
+                    message: format!(
+                        "rank {me}: a step on the channel from rank {src} to rank {dst}, not one \
+                         of its own with a peer"
+                    ),
+                });
+            }
+        };
+        let Some(entry) = table.get_mut(peer as usize) else {
+            return Err(CollectivesError::Backend {
+                backend: "flag transport",
+                message: format!("rank {me}: no channel with rank {peer} of {n}"),
+            });
+        };
+        let ring = match entry.take() {
+            Some(r) => r,
+            None => make()?,
+        };
+        Ok(entry.insert(ring))
+    }
+}
+
 /// A message of the stage: its peer, where it is in this rank's memory, its bytes.
 #[derive(Debug, Clone, Copy)]
 struct Message {
     peer: u32,
+    /// Its place among the stage's posts.
+    seq: u32,
     at: *mut u8,
     bytes: usize,
+}
+
+/// Where one channel's sequence of chunks stands in a stage: its messages are
+/// `first..end` of the stage's sorted messages, and the next chunk is chunk `chunk` of
+/// message `at`.
+#[derive(Debug, Clone, Copy)]
+struct ChannelCursor {
+    at: usize,
+    end: usize,
+    chunk: u64,
+}
+
+impl ChannelCursor {
+    /// The channel's next chunk: its message, offset and bytes.
+    fn next(&mut self, msgs: &[Message], shape: FlagShape) -> Option<(Message, usize, usize)> {
+        let m = *msgs.get(self.at).filter(|_| self.at < self.end)?;
+        let (off, bytes) = chunk(shape, m.bytes, self.chunk);
+        self.chunk += 1;
+        if self.chunk >= shape.chunks(m.bytes) {
+            self.at += 1;
+            self.chunk = 0;
+        }
+        Some((m, off, bytes))
+    }
+}
+
+/// One cursor per peer of `msgs` (sorted by peer), into `out`.
+fn open_channels(msgs: &[Message], out: &mut Vec<ChannelCursor>) {
+    out.clear();
+    let mut i = 0;
+    while i < msgs.len() {
+        let peer = msgs[i].peer;
+        let end = i + msgs[i..].iter().take_while(|m| m.peer == peer).count();
+        out.push(ChannelCursor {
+            at: i,
+            end,
+            chunk: 0,
+        });
+        i = end;
+    }
 }
 
 /// One rank's end of a flag transport: the steps of each stage, decided from the channel
@@ -174,6 +332,8 @@ pub struct FlagTransport<L> {
     taken: Vec<u64>,
     sends: Vec<Message>,
     recvs: Vec<Message>,
+    send_cursors: Vec<ChannelCursor>,
+    recv_cursors: Vec<ChannelCursor>,
     steps: Vec<FlagStep>,
     lane: L,
 }
@@ -192,6 +352,8 @@ impl<L: FlagLane> FlagTransport<L> {
             taken: vec![0; ranks as usize],
             sends: Vec::new(),
             recvs: Vec::new(),
+            send_cursors: Vec::new(),
+            recv_cursors: Vec::new(),
             steps: Vec::new(),
             lane,
         }
@@ -208,20 +370,25 @@ impl<L: FlagLane> FlagTransport<L> {
         self.lane
     }
 
-    /// The steps of the stage's posted messages (module docs), into `self.steps`.
+    /// The steps of the stage's posted messages (module docs), into `self.steps`: each
+    /// channel's messages in posting order make one sequence of chunks, and round `k` puts
+    /// chunk `k` of every channel to a peer, then takes chunk `k` of every channel from one.
     fn stage_steps(&mut self) {
         let (me, shape) = (self.me, self.shape);
-        let slots = u64::from(shape.slots);
         self.steps.clear();
-        let rounds = self
-            .sends
-            .iter()
-            .chain(&self.recvs)
-            .map(|m| shape.chunks(m.bytes))
-            .max()
-            .unwrap_or(0);
-        for k in 0..rounds {
-            for m in self.sends.iter().filter(|m| shape.chunks(m.bytes) > k) {
+        // Messages by peer, each peer's in posting order (the order both ends agree on).
+        self.sends.sort_unstable_by_key(|m| (m.peer, m.seq));
+        self.recvs.sort_unstable_by_key(|m| (m.peer, m.seq));
+        open_channels(&self.sends, &mut self.send_cursors);
+        open_channels(&self.recvs, &mut self.recv_cursors);
+        let slots = u64::from(shape.slots);
+        loop {
+            let mut any = false;
+            for cur in self.send_cursors.iter_mut() {
+                let Some((m, off, bytes)) = cur.next(&self.sends, shape) else {
+                    continue;
+                };
+                any = true;
                 let c = self.sent[m.peer as usize];
                 self.sent[m.peer as usize] = c + 1;
                 let posted = FlagRef {
@@ -238,7 +405,6 @@ impl<L: FlagLane> FlagTransport<L> {
                         at: (c + 1 - slots) as u32,
                     });
                 }
-                let (off, bytes) = chunk(shape, m.bytes, k);
                 self.steps.push(FlagStep::Put {
                     to: m.peer,
                     slot: (c % slots) as u32,
@@ -250,7 +416,11 @@ impl<L: FlagLane> FlagTransport<L> {
                     value: (c + 1) as u32,
                 });
             }
-            for m in self.recvs.iter().filter(|m| shape.chunks(m.bytes) > k) {
+            for cur in self.recv_cursors.iter_mut() {
+                let Some((m, off, bytes)) = cur.next(&self.recvs, shape) else {
+                    continue;
+                };
+                any = true;
                 let c = self.taken[m.peer as usize];
                 self.taken[m.peer as usize] = c + 1;
                 let posted = FlagRef {
@@ -262,7 +432,6 @@ impl<L: FlagLane> FlagTransport<L> {
                     flag: posted,
                     at: (c + 1) as u32,
                 });
-                let (off, bytes) = chunk(shape, m.bytes, k);
                 self.steps.push(FlagStep::Take {
                     from: m.peer,
                     slot: (c % slots) as u32,
@@ -276,6 +445,9 @@ impl<L: FlagLane> FlagTransport<L> {
                     },
                     value: (c + 1) as u32,
                 });
+            }
+            if !any {
+                break;
             }
         }
     }
@@ -323,6 +495,7 @@ impl<L: FlagLane> Transport for FlagTransport<L> {
         self.peer_ok(peer, "receive")?;
         self.recvs.push(Message {
             peer,
+            seq: self.recvs.len() as u32,
             at: dst,
             bytes,
         });
@@ -339,6 +512,7 @@ impl<L: FlagLane> Transport for FlagTransport<L> {
         self.peer_ok(peer, "send")?;
         self.sends.push(Message {
             peer,
+            seq: self.sends.len() as u32,
             at: src.cast_mut(),
             bytes,
         });
