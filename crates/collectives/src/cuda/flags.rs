@@ -449,6 +449,8 @@ impl Drop for CudaFlagLane {
         // the timeout, and leak them if it never drains.
         let sh = &self.shared;
         let stream = sh.streams[self.me as usize].cu_stream();
+        // Queries go to the stream's own context.
+        let _ = sh.streams[self.me as usize].context().bind_to_thread();
         let start = Instant::now();
         loop {
             // SAFETY: a query of a live stream.

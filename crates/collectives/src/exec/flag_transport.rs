@@ -280,9 +280,9 @@ struct Message {
     bytes: usize,
 }
 
-/// Where one channel's sequence of chunks stands in a stage: its messages are
-/// `first..end` of the stage's sorted messages, and the next chunk is chunk `chunk` of
-/// message `at`.
+/// Where one channel's sequence of chunks stands in a stage: its messages not yet done are
+/// `at..end` of the stage's sorted messages, and the next chunk is chunk `chunk` of message
+/// `at`.
 #[derive(Debug, Clone, Copy)]
 struct ChannelCursor {
     at: usize,
