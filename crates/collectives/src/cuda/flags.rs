@@ -37,6 +37,7 @@ use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
 use crate::exec::flag_transport::{
     Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings, reached,
+    wait_chain_words,
 };
 
 /// The most ranks one group holds: its counters are two words per ordered pair.
@@ -176,16 +177,11 @@ impl CudaFlagChannels {
                     "a flag transport could not start its watchdog thread: {e}"
                 ))
             })?;
-        Ok((0..n)
-            .map(|me| {
-                let lane = CudaFlagLane {
-                    me,
-                    shared: Arc::clone(&shared),
-                    rings: LaneRings::new(me, n),
-                };
-                FlagTransport::new(me, n, shape, lane)
-            })
-            .collect())
+        Ok(FlagTransport::group(n, shape, |me| CudaFlagLane {
+            me,
+            shared: Arc::clone(&shared),
+            rings: LaneRings::new(me, n),
+        }))
     }
 
     /// Whether the group was aborted, and why.
@@ -229,22 +225,13 @@ impl CudaFlagChannels {
             }
         }
         if let Some((r, w)) = late {
-            let mut why = format!(
-                "rank {r}: stage {}: its stream waited {:?} for rank {}",
+            let chain = wait_chain_words(r, w.peer, |at| {
+                lock(&self.pending[at as usize]).front().map(|w| w.peer)
+            });
+            self.abort(format!(
+                "rank {r}: stage {}: its stream waited {:?} for rank {}{chain}",
                 w.stage, self.timeout, w.peer
-            );
-            let mut chain = vec![r, w.peer];
-            let mut at = w.peer;
-            while let Some(next) = lock(&self.pending[at as usize]).front().map(|w| w.peer) {
-                if chain.contains(&next) {
-                    break;
-                }
-                why.push_str(&format!(", which waits for rank {next}"));
-                chain.push(next);
-                at = next;
-            }
-            why.push_str(&format!(" (rank {at} is the one missing)"));
-            self.abort(why);
+            ));
         }
     }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::flag_transport::{
     Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings,
+    wait_chain_words,
 };
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
@@ -100,16 +101,11 @@ impl HostFlagChannels {
             sleepers: (0..ranks).map(|_| Mutex::new(None)).collect(),
             abort: GroupAbort::default(),
         });
-        (0..ranks)
-            .map(|me| {
-                let lane = HostFlagLane {
-                    me,
-                    shared: Arc::clone(&shared),
-                    rings: LaneRings::new(me, ranks),
-                };
-                FlagTransport::new(me, ranks, shape, lane)
-            })
-            .collect()
+        FlagTransport::group(ranks, shape, |me| HostFlagLane {
+            me,
+            shared: Arc::clone(&shared),
+            rings: LaneRings::new(me, ranks),
+        })
     }
 
     /// Whether a lane of the group failed, and with what.
@@ -140,20 +136,10 @@ impl HostFlagChannels {
         }
     }
 
-    /// `peer`, and the ranks a chain of waits leads to from it: each waits for the next, and
-    /// the last waits for none (it never came, or is busy elsewhere), so it is the one to name.
-    fn chain_from(&self, peer: u32) -> Vec<u32> {
-        let mut chain = vec![peer];
-        let mut at = peer;
-        while let Some(next) = self.waiting_for.get(at as usize) {
-            let next = next.load(Ordering::Acquire);
-            if next == NOT_WAITING || chain.contains(&next) {
-                break;
-            }
-            chain.push(next);
-            at = next;
-        }
-        chain
+    /// The rank `rank`'s lane is waiting for, if any.
+    fn waits_for(&self, rank: u32) -> Option<u32> {
+        let w = self.waiting_for.get(rank as usize)?.load(Ordering::Acquire);
+        (w != NOT_WAITING).then_some(w)
     }
 
     fn ring(&self, src: u32, dst: u32) -> Arc<HostRing> {
@@ -218,21 +204,13 @@ impl HostFlagLane {
                     Counter::Posted => "to put chunk",
                     Counter::Freed => "to take out chunk",
                 };
-                let chain = shared.chain_from(peer);
-                let mut why = format!(
+                let why = format!(
                     "rank {me}: stage {stage}: waited {:?} for rank {peer} {what} {} of their \
-                     channel",
+                     channel{}",
                     shared.timeout,
-                    at.wrapping_sub(1)
+                    at.wrapping_sub(1),
+                    wait_chain_words(me, peer, |r| shared.waits_for(r))
                 );
-                if let [_, rest @ ..] = &chain[..] {
-                    for r in rest {
-                        why.push_str(&format!(", which waits for rank {r}"));
-                    }
-                }
-                if let Some(last) = chain.last().filter(|_| chain.len() > 1) {
-                    why.push_str(&format!(" (rank {last} is the one missing)"));
-                }
                 shared.abort(why.clone());
                 Err(flag_error(why))
             }

@@ -270,6 +270,26 @@ impl<T> LaneRings<T> {
     }
 }
 
+/// The words that follow "rank `me` waited for rank `peer`": the chain of waits from `peer`
+/// (`waits_for` gives the rank a rank's lane waits for, if any) and the rank it ends at, the
+/// one to name; or the cycle it closes, when ranks disagree on their messages.
+pub fn wait_chain_words(me: u32, peer: u32, waits_for: impl Fn(u32) -> Option<u32>) -> String {
+    let mut words = String::new();
+    let mut seen = vec![me, peer];
+    let mut at = peer;
+    while let Some(next) = waits_for(at) {
+        words.push_str(&format!(", which waits for rank {next}"));
+        if seen.contains(&next) {
+            words.push_str(": a cycle of waits (the ranks disagree on their messages)");
+            return words;
+        }
+        seen.push(next);
+        at = next;
+    }
+    words.push_str(&format!(" (rank {at} is the one missing)"));
+    words
+}
+
 /// A message of the stage: its peer, where it is in this rank's memory, its bytes.
 #[derive(Debug, Clone, Copy)]
 struct Message {
@@ -357,6 +377,13 @@ impl<L: FlagLane> FlagTransport<L> {
             steps: Vec::new(),
             lane,
         }
+    }
+
+    /// Ends for ranks `0..ranks`, rank `me`'s on `lane(me)`.
+    pub fn group(ranks: u32, shape: FlagShape, lane: impl Fn(u32) -> L) -> Vec<FlagTransport<L>> {
+        (0..ranks)
+            .map(|me| FlagTransport::new(me, ranks, shape, lane(me)))
+            .collect()
     }
 
     /// The lane.

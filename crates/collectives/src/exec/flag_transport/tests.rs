@@ -163,6 +163,26 @@ fn several_messages_to_one_peer_in_a_stage_share_its_channel() {
 }
 
 #[test]
+fn a_chain_of_waits_names_the_rank_it_ends_at_or_the_cycle_it_closes() {
+    // Rank 0 waits for 1, which waits for 2, which waits for none.
+    let chain = |r: u32| [Some(1), Some(2), None, Some(0)][r as usize];
+    assert_eq!(
+        super::wait_chain_words(0, 1, chain),
+        ", which waits for rank 2 (rank 2 is the one missing)"
+    );
+    assert_eq!(
+        super::wait_chain_words(1, 2, chain),
+        " (rank 2 is the one missing)"
+    );
+    // Rank 3 waits for 0, 0 for 1, 1 for 2: a chain; 2 waiting for 3 would close a cycle.
+    let cycle = |r: u32| [Some(1), Some(2), Some(3), Some(0)][r as usize];
+    assert!(
+        super::wait_chain_words(3, 0, cycle)
+            .ends_with("rank 3: a cycle of waits (the ranks disagree on their messages)")
+    );
+}
+
+#[test]
 fn counters_compare_cyclically_and_shapes_need_a_slot_of_a_byte() {
     assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
     assert!(reached(2, u32::MAX), "2 is 3 past u32::MAX, modulo 2^32");
