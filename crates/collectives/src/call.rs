@@ -159,6 +159,17 @@ impl CallDesc {
             && *recv_counts == other.recv_counts
     }
 
+    /// [`fnv62`] of the counts' little-endian bytes, send counts then receive counts: what
+    /// words that cannot hold the counts carry of them.
+    pub(crate) fn counts_hash(&self) -> i64 {
+        fnv62(
+            self.counts
+                .iter()
+                .chain(&self.recv_counts)
+                .flat_map(|w| w.to_le_bytes()),
+        )
+    }
+
     /// Why `other` (of rank `b`) does not match `self` (of rank `a`), if it does not.
     pub fn differs(&self, a: usize, other: &CallDesc, b: usize) -> Option<String> {
         let field = self.first_difference(other)?;
@@ -169,6 +180,16 @@ impl CallDesc {
             other.show()
         ))
     }
+}
+
+/// The one hash of what ranks compare as words (MPI's agreement words, a flag transport's
+/// call records): a 62-bit FNV-1a hash of `bytes`, the same on every rank for the same bytes,
+/// and non-negative, so it negates and compares as `i64`.
+pub(crate) fn fnv62(bytes: impl IntoIterator<Item = u8>) -> i64 {
+    let h = bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (h >> 2) as i64
 }
 
 /// A field of a call descriptor that ranks can disagree on.

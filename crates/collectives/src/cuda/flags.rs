@@ -35,6 +35,7 @@ use super::driver::driver;
 use super::error::CudaError;
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
+use crate::exec::call_book::CallBook;
 use crate::exec::flag_transport::{
     Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings, reached,
     wait_chain_words,
@@ -102,6 +103,7 @@ pub struct CudaFlagChannels {
     rings: Mutex<HashMap<(u32, u32), Ring>>,
     pending: Vec<Mutex<VecDeque<PendingWait>>>,
     abort: GroupAbort,
+    calls: CallBook,
     /// A lane's stream did not drain: its rings and counters are leaked, not freed.
     leak: AtomicBool,
 }
@@ -165,6 +167,7 @@ impl CudaFlagChannels {
             rings: Mutex::new(HashMap::new()),
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             abort: GroupAbort::default(),
+            calls: CallBook::new(n, timeout),
             leak: AtomicBool::new(false),
             streams,
         });
@@ -225,9 +228,12 @@ impl CudaFlagChannels {
             }
         }
         if let Some((r, w)) = late {
-            let chain = wait_chain_words(r, w.peer, |at| {
-                lock(&self.pending[at as usize]).front().map(|w| w.peer)
-            });
+            let chain = wait_chain_words(
+                r,
+                w.peer,
+                |at| lock(&self.pending[at as usize]).front().map(|w| w.peer),
+                &self.calls,
+            );
             self.abort(format!(
                 "rank {r}: stage {}: its stream waited {:?} for rank {}{chain}",
                 w.stage, self.timeout, w.peer
@@ -485,6 +491,18 @@ unsafe impl FlagLane for CudaFlagLane {
             }
         }
         Ok(())
+    }
+
+    fn calls(&self) -> &CallBook {
+        &self.shared.calls
+    }
+
+    fn abort(&self, why: String) {
+        self.shared.abort(why);
+    }
+
+    fn group_abort(&self) -> &GroupAbort {
+        &self.shared.abort
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use super::call_book::CallBook;
 use super::flag_transport::{
     Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings,
     wait_chain_words,
@@ -83,6 +84,7 @@ pub struct HostFlagChannels {
     /// The thread each rank's lane last slept on, which a signal it waits for unparks.
     sleepers: Vec<Mutex<Option<Thread>>>,
     abort: GroupAbort,
+    calls: CallBook,
 }
 
 impl HostFlagChannels {
@@ -100,6 +102,7 @@ impl HostFlagChannels {
             waiting_for: (0..ranks).map(|_| AtomicU32::new(NOT_WAITING)).collect(),
             sleepers: (0..ranks).map(|_| Mutex::new(None)).collect(),
             abort: GroupAbort::default(),
+            calls: CallBook::new(ranks, timeout),
         });
         FlagTransport::group(ranks, shape, |me| HostFlagLane {
             me,
@@ -209,7 +212,7 @@ impl HostFlagLane {
                      channel{}",
                     shared.timeout,
                     at.wrapping_sub(1),
-                    wait_chain_words(me, peer, |r| shared.waits_for(r))
+                    wait_chain_words(me, peer, |r| shared.waits_for(r), &shared.calls)
                 );
                 shared.abort(why.clone());
                 Err(flag_error(why))
@@ -326,5 +329,17 @@ unsafe impl FlagLane for HostFlagLane {
             }
         }
         Ok(())
+    }
+
+    fn calls(&self) -> &CallBook {
+        &self.shared.calls
+    }
+
+    fn abort(&self, why: String) {
+        self.shared.abort(why);
+    }
+
+    fn group_abort(&self) -> &GroupAbort {
+        &self.shared.abort
     }
 }

@@ -31,14 +31,22 @@
 //! slot two ranks doing so would each wait for the other to take.)
 //!
 //! The transport does not see sizes its peer meant: two ends that disagree on a message's
-//! bytes (calls nobody agreed on) drift apart and a wait times out, or bytes land garbled, but
-//! every copy stays inside the ring's slots and the ranks' own buffers.
+//! bytes drift apart and a wait times out, or bytes land garbled, but every copy stays inside
+//! the ring's slots and the ranks' own buffers. What keeps disagreeing calls from running is
+//! the group's book of calls ([`super::call_book`]): a rank begins each call with
+//! [`FlagTransport::begin_call`], which posts its descriptor before the call's first step and
+//! compares it with the peers' records of that call, so the rank that begins a call second
+//! finds a mismatch and aborts the group before it enqueues anything, and no rank waits for
+//! another to compare. A rank's later steps that wait for the one that refused then stop at
+//! the abort.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::call_book::{CallBook, CallRecord, PostRefused};
 use super::run::Transport;
 use crate::backend::AddressSpace;
+use crate::call::CallDesc;
 use crate::error::CollectivesError;
 
 /// The rings of a flag transport's channels.
@@ -176,6 +184,13 @@ pub unsafe trait FlagLane {
     /// Every `Put` source and `Take` destination is a live range of the given bytes that stays
     /// as the [`Transport`] contract says.
     unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError>;
+    /// The group's book of calls, one for every lane of the group.
+    fn calls(&self) -> &CallBook;
+    /// Abort the group with `why` (the first abort's words are kept): every lane stops at its
+    /// next wait, and no step waits forever.
+    fn abort(&self, why: String);
+    /// The group's abort, seen by every lane.
+    fn group_abort(&self) -> &GroupAbort;
 }
 
 /// A group's abort: set once, keeping the first failure's words, and seen by every lane.
@@ -272,8 +287,14 @@ impl<T> LaneRings<T> {
 
 /// The words that follow "rank `me` waited for rank `peer`": the chain of waits from `peer`
 /// (`waits_for` gives the rank a rank's lane waits for, if any) and the rank it ends at, the
-/// one to name; or the cycle it closes, when ranks disagree on their messages.
-pub fn wait_chain_words(me: u32, peer: u32, waits_for: impl Fn(u32) -> Option<u32>) -> String {
+/// one to name, with the call `me` is in and the last call that rank began (from `calls`); or
+/// the cycle it closes, when ranks disagree on their messages.
+pub fn wait_chain_words(
+    me: u32,
+    peer: u32,
+    waits_for: impl Fn(u32) -> Option<u32>,
+    calls: &CallBook,
+) -> String {
     let mut words = String::new();
     let mut seen = vec![me, peer];
     let mut at = peer;
@@ -286,7 +307,13 @@ pub fn wait_chain_words(me: u32, peer: u32, waits_for: impl Fn(u32) -> Option<u3
         seen.push(next);
         at = next;
     }
-    words.push_str(&format!(" (rank {at} is the one missing)"));
+    let current = calls
+        .last_call(me)
+        .map_or_else(|| "no call".into(), |c| c.show());
+    words.push_str(&format!(
+        " (rank {at} is the one missing: rank {me} is in {current}, {})",
+        calls.last_call_words(at)
+    ));
     words
 }
 
@@ -355,6 +382,8 @@ pub struct FlagTransport<L> {
     send_cursors: Vec<ChannelCursor>,
     recv_cursors: Vec<ChannelCursor>,
     steps: Vec<FlagStep>,
+    /// Calls begun so far ([`FlagTransport::begin_call`]).
+    calls: u64,
     lane: L,
 }
 
@@ -375,6 +404,7 @@ impl<L: FlagLane> FlagTransport<L> {
             send_cursors: Vec::new(),
             recv_cursors: Vec::new(),
             steps: Vec::new(),
+            calls: 0,
             lane,
         }
     }
@@ -384,6 +414,59 @@ impl<L: FlagLane> FlagTransport<L> {
         (0..ranks)
             .map(|me| FlagTransport::new(me, ranks, shape, lane(me)))
             .collect()
+    }
+
+    /// Begin this rank's next call, described by `desc`, before its first stage: post it in
+    /// the group's book of calls and compare it with the peers' records of the same call
+    /// ([`super::call_book`]). Returns the call's number. A mismatch with a peer that began
+    /// the call first, or a peer a whole window of calls behind past the timeout, aborts the
+    /// group; after an abort every call fails with its words.
+    ///
+    /// Errors: [`CollectivesError::RankMismatch`] naming the call and the field that differs;
+    /// otherwise the abort's words.
+    pub fn begin_call(&mut self, desc: &CallDesc) -> Result<u64, CollectivesError> {
+        let seq = self.calls;
+        let abort = self.lane.group_abort();
+        if abort.is_aborted() {
+            return Err(self.call_aborted(seq));
+        }
+        let posted = self
+            .lane
+            .calls()
+            .post(self.me, CallRecord::new(seq, desc), &|| abort.is_aborted());
+        match posted {
+            Ok(()) => {
+                self.calls += 1;
+                Ok(seq)
+            }
+            Err(PostRefused::Mismatch(why)) => {
+                self.lane.abort(why.clone());
+                Err(CollectivesError::RankMismatch {
+                    call: desc.call,
+                    message: why,
+                })
+            }
+            Err(PostRefused::Missing(why)) => {
+                self.lane.abort(why);
+                Err(self.call_aborted(seq))
+            }
+            Err(PostRefused::Aborted) => Err(self.call_aborted(seq)),
+        }
+    }
+
+    /// What call `seq` returns once the group is aborted.
+    fn call_aborted(&self, seq: u64) -> CollectivesError {
+        CollectivesError::Backend {
+            backend: "flag transport",
+            message: format!(
+                "rank {}: call #{seq}: the group was aborted: {}",
+                self.me,
+                self.lane
+                    .group_abort()
+                    .failure()
+                    .unwrap_or("no reason given")
+            ),
+        }
     }
 
     /// The lane.

@@ -5,6 +5,7 @@
 //! `README.md` beside this file for the protocol (lanes, events, stages, why it cannot
 //! deadlock).
 
+pub mod call_book;
 pub mod counts;
 pub mod flag_host;
 pub mod flag_transport;

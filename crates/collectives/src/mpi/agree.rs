@@ -366,15 +366,7 @@ pub(super) fn barrier(comm: &MpiCommunicator, step: &'static str) -> MpiResult<(
     }
 }
 
-/// The one hash of what ranks compare in agreement words: a 62-bit FNV-1a hash of `bytes`,
-/// the same on every rank for the same bytes, and non-negative, so it negates and compares
-/// as `i64`.
-pub(super) fn fnv62(bytes: impl IntoIterator<Item = u8>) -> i64 {
-    let h = bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (h >> 2) as i64
-}
+pub(super) use crate::call::fnv62;
 
 /// [`fnv62`] of `words`' bytes, each word ended by a zero byte.
 pub(super) fn text_hash<'a>(words: impl Iterator<Item = &'a str>) -> i64 {

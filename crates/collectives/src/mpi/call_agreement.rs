@@ -48,11 +48,6 @@ pub(super) fn row_words(ranks: usize) -> usize {
     }
 }
 
-/// [`agree::fnv62`] of words' little-endian bytes: a call's per-rank counts in one word.
-fn hash<'a>(words: impl IntoIterator<Item = &'a u64>) -> i64 {
-    agree::fnv62(words.into_iter().flat_map(|w| w.to_le_bytes()))
-}
-
 impl MpiCommunicator {
     /// Step 2 of the module docs for a call whose local checks gave `local`: every rank's
     /// descriptor all-gathered and judged alike. Returns the cache key (the descriptors
@@ -87,6 +82,12 @@ impl MpiCommunicator {
     }
 }
 
+/// [`agree::fnv62`] of words' little-endian bytes, as [`CallDesc::counts_hash`] hashes a
+/// call's counts.
+fn hash<'a>(words: impl IntoIterator<Item = &'a u64>) -> i64 {
+    agree::fnv62(words.into_iter().flat_map(|w| w.to_le_bytes()))
+}
+
 /// This rank's descriptor words: the op and root as -1 where the collective has none, the
 /// counts (all_gather_v, reduce_scatter_v: every rank's; all_to_all_v: this rank's send
 /// counts, then its
@@ -109,7 +110,7 @@ fn descriptor(call: &CallDesc, seq: u64, failed: bool) -> [i64; WORDS] {
         -1
     };
     d[COUNT] = call.count as i64;
-    d[VHASH] = hash(call.counts.iter().chain(&call.recv_counts));
+    d[VHASH] = call.counts_hash();
     d[TAG] = call.tag as i64;
     d[LARGEST] = call
         .counts

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
+use relaycc_route::{Collective, DType, ReduceOp};
+
 use super::{CudaFlagChannels, CudaFlagLane};
+use crate::call::CallDesc;
 use crate::exec::flag_transport::{FlagShape, FlagTransport};
 use crate::exec::run::Transport;
 
@@ -147,7 +150,9 @@ fn a_rank_that_never_enqueues_is_named_and_the_streams_released() {
             )
         })
         .collect();
+    let desc = CallDesc::new(Collective::AllGather, DType::U8, 1, ReduceOp::Sum, 0);
     for (r, t) in ends.iter_mut().enumerate() {
+        assert_eq!(t.begin_call(&desc).unwrap_or_else(|e| panic!("{e}")), 0);
         ring_exchange(t, &streams[r], (r as u32, 3), &bufs[r].0, &bufs[r].1, 1);
     }
     while channels.failure().is_none() && start.elapsed() < 10 * timeout {
@@ -158,6 +163,11 @@ fn a_rank_that_never_enqueues_is_named_and_the_streams_released() {
         .expect("the watchdog aborts the group")
         .to_string();
     assert!(why.contains("rank 2 is the one missing"), "{why}");
+    assert!(why.contains("rank 2 has begun no call"), "{why}");
+    assert!(
+        why.contains("is in call #0 (all_gather of u8, count 1)"),
+        "{why}"
+    );
     for s in &streams[..2] {
         s.synchronize().expect("the abort releases every wait");
     }

@@ -7,17 +7,29 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use relaycc_route::{BufferRef, Collective, DType, Plan, PlanOptions, ReduceOp, Request};
 
+use super::super::call_book::{CallBook, CallRecord};
 use super::super::flag_host::HostFlagChannels;
 use super::super::lower::Lanes;
 use super::super::run::{Transport, run_on_host_vectors};
 use super::super::tests::per_rank::{input, lower_rank, owner, plans, whole};
-use super::{Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, reached};
+use super::{Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, reached};
 use crate::backend::AddressSpace;
+use crate::call::CallDesc;
 use crate::error::CollectivesError;
 
 /// A lane that keeps the steps it is given.
-#[derive(Debug, Default)]
-struct Recorder(Vec<Vec<FlagStep>>);
+#[derive(Debug)]
+struct Recorder(Vec<Vec<FlagStep>>, CallBook, GroupAbort);
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder(
+            Vec::new(),
+            CallBook::new(2, Duration::from_secs(1)),
+            GroupAbort::default(),
+        )
+    }
+}
 
 // SAFETY: it runs nothing.
 unsafe impl FlagLane for Recorder {
@@ -27,6 +39,15 @@ unsafe impl FlagLane for Recorder {
     unsafe fn run(&mut self, steps: &[FlagStep], _: usize) -> Result<(), CollectivesError> {
         self.0.push(steps.to_vec());
         Ok(())
+    }
+    fn calls(&self) -> &CallBook {
+        &self.1
+    }
+    fn abort(&self, why: String) {
+        self.2.abort(why);
+    }
+    fn group_abort(&self) -> &GroupAbort {
+        &self.2
     }
 }
 
@@ -166,18 +187,27 @@ fn several_messages_to_one_peer_in_a_stage_share_its_channel() {
 fn a_chain_of_waits_names_the_rank_it_ends_at_or_the_cycle_it_closes() {
     // Rank 0 waits for 1, which waits for 2, which waits for none.
     let chain = |r: u32| [Some(1), Some(2), None, Some(0)][r as usize];
+    // Ranks 0 and 1 began calls #0 and #1, rank 2 only #0.
+    let calls = CallBook::new(4, Duration::from_secs(1));
+    let d = CallDesc::new(Collective::AllReduce, DType::F32, 96, ReduceOp::Sum, 0);
+    for (r, n) in [(0, 2), (1, 2), (2, 1)] {
+        for seq in 0..n {
+            calls.post(r, CallRecord::new(seq, &d), &|| false).unwrap();
+        }
+    }
     assert_eq!(
-        super::wait_chain_words(0, 1, chain),
-        ", which waits for rank 2 (rank 2 is the one missing)"
+        super::wait_chain_words(0, 1, chain, &calls),
+        ", which waits for rank 2 (rank 2 is the one missing: rank 0 is in call #1 (all_reduce \
+         of f32, op sum, count 96), rank 2's last call is call #0 (all_reduce of f32, op sum, \
+         count 96))"
     );
-    assert_eq!(
-        super::wait_chain_words(1, 2, chain),
-        " (rank 2 is the one missing)"
-    );
+    assert!(super::wait_chain_words(3, 2, chain, &calls).ends_with(
+        "rank 3 is in no call, rank 2's last call is call #0 (all_reduce of f32, op sum, count 96))"
+    ));
     // Rank 3 waits for 0, 0 for 1, 1 for 2: a chain; 2 waiting for 3 would close a cycle.
     let cycle = |r: u32| [Some(1), Some(2), Some(3), Some(0)][r as usize];
     assert!(
-        super::wait_chain_words(3, 0, cycle)
+        super::wait_chain_words(3, 0, cycle, &calls)
             .ends_with("rank 3: a cycle of waits (the ranks disagree on their messages)")
     );
 }
@@ -214,6 +244,15 @@ unsafe impl<L: FlagLane> FlagLane for Jittered<L> {
         std::thread::sleep(Duration::from_micros(self.state % (self.max_us + 1)));
         // SAFETY: the caller's contract, passed on.
         unsafe { self.inner.run(steps, stage) }
+    }
+    fn calls(&self) -> &CallBook {
+        self.inner.calls()
+    }
+    fn abort(&self, why: String) {
+        self.inner.abort(why);
+    }
+    fn group_abort(&self) -> &GroupAbort {
+        self.inner.group_abort()
     }
 }
 
@@ -357,5 +396,123 @@ fn a_rank_that_never_comes_is_named_and_the_group_aborted() {
     assert!(first.contains("for rank 3"), "{first}");
     for e in &errors {
         assert!(e.contains("for rank 3") || e.contains("aborted"), "{e}");
+    }
+}
+
+/// Ranks on threads run `calls` calls of `plan` each over host flags, each call begun with
+/// the descriptor `desc(rank, call)` gives (or not begun at all where it gives `None`, and
+/// the rank stops there); returns each rank's first error with the call it came at.
+fn calls_over_flags(
+    plan: &Plan,
+    calls: u64,
+    timeout: Duration,
+    desc: impl Fn(u32, u64) -> Option<CallDesc> + Sync,
+) -> Vec<Option<(u64, String)>> {
+    let n = plan.request.nranks() as u32;
+    let shape = FlagShape::new(2, 256).unwrap();
+    let ends = HostFlagChannels::group(n, shape, timeout);
+    let desc = &desc;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ends
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut t)| {
+                let prog = lower_rank(plan, r as u32, Lanes::Plan);
+                s.spawn(move || {
+                    for call in 0..calls {
+                        let d = desc(r as u32, call)?;
+                        let ran = t.begin_call(&d).and_then(|seq| {
+                            assert_eq!(seq, call);
+                            run_on_host_vectors(&prog, &input(plan, r as u32), &mut t)
+                        });
+                        if let Err(e) = ran {
+                            return Some((call, e.to_string()));
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn ring_all_reduce(ranks: u32) -> Plan {
+    let topo = relaycc_topo::preset("dgx1-v100").unwrap();
+    let req = Request::new(
+        Collective::AllReduce,
+        (0..ranks).collect(),
+        4096,
+        DType::F32,
+    );
+    relaycc_route::plan(&topo, &req, &PlanOptions::default())
+        .unwrap()
+        .plan
+}
+
+/// A rank whose call differs from its peers' (here its op, with the very same messages, so
+/// no byte count gives it away) fails that call on every rank, whichever rank begins it
+/// first, and the words name the call, the field and both calls.
+#[test]
+fn a_mismatched_call_fails_on_every_rank_and_is_named() {
+    let plan = ring_all_reduce(3);
+    for odd in 0..3u32 {
+        let errors = calls_over_flags(&plan, 4, Duration::from_secs(20), |r, call| {
+            let op = if r == odd && call == 2 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
+            Some(CallDesc::new(
+                Collective::AllReduce,
+                DType::F32,
+                4096,
+                op,
+                0,
+            ))
+        });
+        for (r, e) in errors.iter().enumerate() {
+            let Some((call, words)) = e else {
+                panic!("rank {r} saw no error");
+            };
+            assert_eq!(*call, 2, "rank {r}: {words}");
+            assert!(
+                words.contains("call #2: the op differs: rank"),
+                "rank {r}: {words}"
+            );
+            assert!(words.contains(&format!("rank {odd} calls all_reduce of f32, op max")));
+        }
+    }
+}
+
+/// A rank that stops calling is named with its last call, and the call every other rank is
+/// in, within about one timeout.
+#[test]
+fn a_rank_that_stops_calling_is_named_with_its_last_call() {
+    let plan = ring_all_reduce(4);
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let errors = calls_over_flags(&plan, 3, timeout, |r, call| {
+        (r != 3 || call < 1)
+            .then(|| CallDesc::new(Collective::AllReduce, DType::F32, 4096, ReduceOp::Sum, 0))
+    });
+    assert!(start.elapsed() < 4 * timeout, "{:?}", start.elapsed());
+    assert!(errors[3].is_none());
+    for (r, e) in errors.iter().take(3).enumerate() {
+        let Some((call, words)) = e else {
+            panic!("rank {r} saw no error");
+        };
+        assert_eq!(*call, 1, "rank {r}: {words}");
+        assert!(
+            words.contains("(rank 3 is the one missing: rank "),
+            "rank {r}: {words}"
+        );
+        assert!(
+            words.contains(
+                " is in call #1 (all_reduce of f32, op sum, count 4096), rank 3's last \
+                            call is call #0 (all_reduce of f32, op sum, count 4096))"
+            ),
+            "rank {r}: {words}"
+        );
     }
 }
