@@ -87,6 +87,8 @@ struct PendingWait {
     peer: u32,
     stage: usize,
     since: Instant,
+    /// Its lane's timeout when it was enqueued.
+    timeout: Duration,
 }
 
 /// The channels of one group of ranks on CUDA streams, its watchdog's view and its abort.
@@ -94,7 +96,6 @@ struct PendingWait {
 pub struct CudaFlagChannels {
     ranks: u32,
     shape: FlagShape,
-    timeout: Duration,
     /// Each rank's stream (its device is the stream's).
     streams: Vec<Arc<CudaStream>>,
     counters: Counters,
@@ -157,7 +158,6 @@ impl CudaFlagChannels {
         let shared = Arc::new(CudaFlagChannels {
             ranks: n,
             shape,
-            timeout,
             counters: Counters {
                 host: host.cast(),
                 dev,
@@ -167,7 +167,7 @@ impl CudaFlagChannels {
             rings: Mutex::new(HashMap::new()),
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             abort: GroupAbort::default(),
-            calls: CallBook::new(n, timeout),
+            calls: CallBook::new(n),
             leak: AtomicBool::new(false),
             streams,
         });
@@ -182,6 +182,7 @@ impl CudaFlagChannels {
             })?;
         Ok(FlagTransport::group(n, shape, |me| CudaFlagLane {
             me,
+            timeout,
             shared: Arc::clone(&shared),
             rings: LaneRings::new(me, n),
         }))
@@ -220,7 +221,7 @@ impl CudaFlagChannels {
                 if reached(self.counters.word(w.word).load(Ordering::SeqCst), w.at) {
                     q.pop_front();
                 } else {
-                    if w.since.elapsed() > self.timeout && late.is_none() {
+                    if w.since.elapsed() > w.timeout && late.is_none() {
                         late = Some((r as u32, *w));
                     }
                     break;
@@ -236,7 +237,7 @@ impl CudaFlagChannels {
             );
             self.abort(format!(
                 "rank {r}: stage {}: its stream waited {:?} for rank {}{chain}",
-                w.stage, self.timeout, w.peer
+                w.stage, w.timeout, w.peer
             ));
         }
     }
@@ -315,6 +316,7 @@ fn watchdog(group: Weak<CudaFlagChannels>) {
 #[derive(Debug)]
 pub struct CudaFlagLane {
     me: u32,
+    timeout: Duration,
     shared: Arc<CudaFlagChannels>,
     rings: LaneRings<u64>,
 }
@@ -369,6 +371,7 @@ impl CudaFlagLane {
                     peer,
                     stage,
                     since: Instant::now(),
+                    timeout: self.timeout,
                 });
                 let addr = sh.counters.dev + 4 * word as u64;
                 let geq = sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32;
@@ -451,13 +454,13 @@ impl Drop for CudaFlagLane {
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
                 _ => return,
             }
-            if start.elapsed() > sh.timeout {
+            if start.elapsed() > self.timeout {
                 sh.abort(format!(
                     "rank {}: its lane was dropped with steps still waiting after {:?}",
-                    self.me, sh.timeout
+                    self.me, self.timeout
                 ));
             }
-            if start.elapsed() > 2 * sh.timeout + Duration::from_secs(1) {
+            if start.elapsed() > 2 * self.timeout + Duration::from_secs(1) {
                 sh.leak.store(true, Ordering::SeqCst);
                 return;
             }
@@ -491,6 +494,14 @@ unsafe impl FlagLane for CudaFlagLane {
             }
         }
         Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     fn calls(&self) -> &CallBook {

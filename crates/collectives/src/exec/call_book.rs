@@ -21,6 +21,7 @@
 //! before any rank can run.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use relaycc_route::{Collective, DType, ReduceOp};
@@ -136,12 +137,13 @@ impl Row {
 #[derive(Debug)]
 pub struct CallBook {
     rows: Mutex<Box<[Row]>>,
-    timeout: Duration,
+    /// Per rank: its handle is gone, so it begins no further call.
+    gone: Box<[AtomicBool]>,
 }
 
 impl CallBook {
-    /// A book for ranks `0..ranks`; a post that waits for a peer gives up after `timeout`.
-    pub fn new(ranks: u32, timeout: Duration) -> CallBook {
+    /// A book for ranks `0..ranks`.
+    pub fn new(ranks: u32) -> CallBook {
         CallBook {
             rows: Mutex::new(
                 (0..ranks)
@@ -151,21 +153,37 @@ impl CallBook {
                     })
                     .collect(),
             ),
-            timeout,
+            gone: (0..ranks).map(|_| AtomicBool::new(false)).collect(),
         }
+    }
+
+    /// Rank `rank` begins no further call (its handle is gone): a peer that begins a call
+    /// it never began, or waits for it, fails at once.
+    pub fn leave(&self, rank: u32) {
+        if let Some(g) = self.gone.get(rank as usize) {
+            g.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `rank` left ([`CallBook::leave`]).
+    pub fn is_gone(&self, rank: u32) -> bool {
+        self.gone
+            .get(rank as usize)
+            .is_some_and(|g| g.load(Ordering::SeqCst))
     }
 
     /// Post rank `me`'s record of its next call, `rec` (whose `seq` must be that call's
     /// number), and compare it with every peer's record of the same call already posted.
-    /// Waits, within the timeout and while `aborted` says no, only where a peer is
+    /// Waits, within `timeout` and while `aborted` says no, only where a peer is
     /// [`CALL_WINDOW`] calls behind. Allocates nothing unless it refuses.
     pub fn post(
         &self,
         me: u32,
         rec: CallRecord,
+        timeout: Duration,
         aborted: &dyn Fn() -> bool,
     ) -> Result<(), PostRefused> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + timeout;
         let mut nap = Duration::from_micros(20);
         loop {
             let mut rows = lock(&self.rows);
@@ -183,6 +201,16 @@ impl CallBook {
             }
             // The entry this post overwrites, call `seq - CALL_WINDOW`, must have been posted
             // (and so compared) by every peer, or a later peer would not find it.
+            let left = (0..n)
+                .find(|&p| p != me as usize && rows[p].posted <= rec.seq && self.is_gone(p as u32));
+            if let Some(p) = left {
+                return Err(PostRefused::Missing(format!(
+                    "rank {me} began call #{}, which rank {p} never will: its handle was \
+                     dropped ({}; rank {p} is the one missing)",
+                    rec.seq,
+                    last_call_words(p as u32, &rows[p])
+                )));
+            }
             let behind = rec.seq.checked_sub(CALL_WINDOW as u64).and_then(|evicted| {
                 (0..n).find(|&p| p != me as usize && rows[p].posted <= evicted)
             });
@@ -207,7 +235,7 @@ impl CallBook {
                 return Err(PostRefused::Missing(format!(
                     "rank {me} waited {:?} to begin call #{}, {CALL_WINDOW} calls ahead of rank \
                      {p} ({last}; rank {p} is the one missing)",
-                    self.timeout, rec.seq
+                    timeout, rec.seq
                 )));
             }
             std::thread::sleep(nap.min(deadline - now));

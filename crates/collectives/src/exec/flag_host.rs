@@ -76,7 +76,6 @@ impl Drop for HostRing {
 #[derive(Debug)]
 pub struct HostFlagChannels {
     shape: FlagShape,
-    timeout: Duration,
     rings: Mutex<HashMap<(u32, u32), Arc<HostRing>>>,
     /// The rank each rank's lane is waiting for ([`NOT_WAITING`] when none), to name the rank
     /// a chain of waits ends at.
@@ -97,15 +96,15 @@ impl HostFlagChannels {
     ) -> Vec<FlagTransport<HostFlagLane>> {
         let shared = Arc::new(HostFlagChannels {
             shape,
-            timeout,
             rings: Mutex::new(HashMap::new()),
             waiting_for: (0..ranks).map(|_| AtomicU32::new(NOT_WAITING)).collect(),
             sleepers: (0..ranks).map(|_| Mutex::new(None)).collect(),
             abort: GroupAbort::default(),
-            calls: CallBook::new(ranks, timeout),
+            calls: CallBook::new(ranks),
         });
         FlagTransport::group(ranks, shape, |me| HostFlagLane {
             me,
+            timeout,
             shared: Arc::clone(&shared),
             rings: LaneRings::new(me, ranks),
         })
@@ -139,6 +138,17 @@ impl HostFlagChannels {
         }
     }
 
+    /// Rank `rank` begins no further call (its handle is gone): every lane that waits for
+    /// it, or begins a call it never began, fails at once.
+    pub fn leave(&self, rank: u32) {
+        self.calls.leave(rank);
+        for sleeper in &self.sleepers {
+            if let Some(t) = lock(sleeper).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
     /// The rank `rank`'s lane is waiting for, if any.
     fn waits_for(&self, rank: u32) -> Option<u32> {
         let w = self.waiting_for.get(rank as usize)?.load(Ordering::Acquire);
@@ -159,6 +169,7 @@ impl HostFlagChannels {
 #[derive(Debug)]
 pub struct HostFlagLane {
     me: u32,
+    timeout: Duration,
     shared: Arc<HostFlagChannels>,
     rings: LaneRings<Arc<HostRing>>,
 }
@@ -197,20 +208,30 @@ impl HostFlagLane {
         };
         let waiting_for = &shared.waiting_for[me as usize];
         waiting_for.store(peer, Ordering::SeqCst);
-        let waited = wait_for(counter, at, &shared, me, deadline);
+        let waited = wait_for(counter, at, (&shared, peer), me, deadline);
         waiting_for.store(NOT_WAITING, Ordering::Release);
+        let what = match flag.counter {
+            Counter::Posted => "to put chunk",
+            Counter::Freed => "to take out chunk",
+        };
         match waited {
             Waited::Reached => Ok(()),
+            Waited::Gone => {
+                let why = format!(
+                    "rank {me}: stage {stage}: rank {peer}'s handle was dropped while rank {me} \
+                     waited for it {what} {} of their channel ({})",
+                    at.wrapping_sub(1),
+                    shared.calls.last_call_words(peer)
+                );
+                shared.abort(why.clone());
+                Err(flag_error(why))
+            }
             Waited::Aborted => Err(shared.abort.error("flag transport", me, stage)),
             Waited::TimedOut => {
-                let what = match flag.counter {
-                    Counter::Posted => "to put chunk",
-                    Counter::Freed => "to take out chunk",
-                };
                 let why = format!(
                     "rank {me}: stage {stage}: waited {:?} for rank {peer} {what} {} of their \
                      channel{}",
-                    shared.timeout,
+                    self.timeout,
                     at.wrapping_sub(1),
                     wait_chain_words(me, peer, |r| shared.waits_for(r), &shared.calls)
                 );
@@ -225,15 +246,18 @@ impl HostFlagLane {
 enum Waited {
     Reached,
     Aborted,
+    /// The rank waited for left.
+    Gone,
     TimedOut,
 }
 
-/// Look at `counter` until it reaches `at` (yielding for [`SPIN_FOR`], then sleeping a little
-/// longer each time), the group is aborted, or `deadline` passes.
+/// Look at `counter`, which `peer` advances, until it reaches `at` (yielding for
+/// [`SPIN_FOR`], then sleeping a little longer each time), the group is aborted, `peer`
+/// left, or `deadline` passes.
 fn wait_for(
     counter: &AtomicU32,
     at: u32,
-    shared: &HostFlagChannels,
+    (shared, peer): (&HostFlagChannels, u32),
     me: u32,
     deadline: Instant,
 ) -> Waited {
@@ -245,6 +269,13 @@ fn wait_for(
         }
         if shared.abort.is_aborted() {
             return Waited::Aborted;
+        }
+        if shared.calls.is_gone(peer) {
+            // A rank leaves between calls: what it put or took before then has landed.
+            if super::flag_transport::reached(counter.load(Ordering::SeqCst), at) {
+                return Waited::Reached;
+            }
+            return Waited::Gone;
         }
         let now = Instant::now();
         if now >= deadline {
@@ -283,7 +314,7 @@ unsafe impl FlagLane for HostFlagLane {
 
     unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError> {
         let shape = self.shared.shape;
-        let deadline = Instant::now() + self.shared.timeout;
+        let deadline = Instant::now() + self.timeout;
         for step in steps {
             match *step {
                 FlagStep::Wait { flag, at } => self.wait(flag, at, stage, deadline)?,
@@ -329,6 +360,14 @@ unsafe impl FlagLane for HostFlagLane {
             }
         }
         Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     fn calls(&self) -> &CallBook {

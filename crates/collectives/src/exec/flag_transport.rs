@@ -42,6 +42,7 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use super::call_book::{CallBook, CallRecord, PostRefused};
 use super::run::Transport;
@@ -184,6 +185,11 @@ pub unsafe trait FlagLane {
     /// Every `Put` source and `Take` destination is a live range of the given bytes that stays
     /// as the [`Transport`] contract says.
     unsafe fn run(&mut self, steps: &[FlagStep], stage: usize) -> Result<(), CollectivesError>;
+    /// How long a wait of this lane, or its post in the book of calls, may take before it
+    /// aborts the group.
+    fn timeout(&self) -> Duration;
+    /// Set [`FlagLane::timeout`] for this lane's later calls.
+    fn set_timeout(&mut self, timeout: Duration);
     /// The group's book of calls, one for every lane of the group.
     fn calls(&self) -> &CallBook;
     /// Abort the group with `why` (the first abort's words are kept): every lane stops at its
@@ -430,10 +436,12 @@ impl<L: FlagLane> FlagTransport<L> {
         if abort.is_aborted() {
             return Err(self.call_aborted(seq));
         }
-        let posted = self
-            .lane
-            .calls()
-            .post(self.me, CallRecord::new(seq, desc), &|| abort.is_aborted());
+        let posted = self.lane.calls().post(
+            self.me,
+            CallRecord::new(seq, desc),
+            self.lane.timeout(),
+            &|| abort.is_aborted(),
+        );
         match posted {
             Ok(()) => {
                 self.calls += 1;
@@ -467,6 +475,11 @@ impl<L: FlagLane> FlagTransport<L> {
                     .unwrap_or("no reason given")
             ),
         }
+    }
+
+    /// The lane, to change.
+    pub fn lane_mut(&mut self) -> &mut L {
+        &mut self.lane
     }
 
     /// The lane.

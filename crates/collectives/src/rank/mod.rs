@@ -29,6 +29,11 @@
 //! `&[T]`, an output a `&mut [T]`, and an in-place call takes one `&mut [T]`, so the borrow
 //! checker rules out aliasing.
 //!
+//! Ranks made by [`Communicator::into_flag_ranks`] run their collectives of fixed counts
+//! over the flag transport instead (`flag_calls.rs`): each rank runs only its own part of
+//! the plan, its messages through rings of slots ordered by counters, each call's descriptor
+//! posted in the group's book of calls, so no rank meets the others or runs their parts.
+//!
 //! On the CUDA backend the calls take cudarc buffers on the caller's stream instead
 //! (`RankComm::on`): the run lends their device pointers and enqueues the group ordered
 //! within every rank's stream (the sealed `Trusted::submit_on_streams`, the CUDA backend's
@@ -43,7 +48,8 @@
 //! `board.rs` of posts, with each rank's part cut in `direct_part.rs` and its steps in
 //! `direct_drive.rs`, where one thread advances several ranks' calls together),
 //! `meeting.rs` (the rendezvous), `pair_group.rs` (groups of sends and receives at their
-//! pairs' meetings), `group_run.rs` (the run), `split.rs`
+//! pairs' meetings), `group_run.rs` (the run), `flag_calls.rs` (calls over the flag
+//! transport), `split.rs`
 //! (`split`), `cuda_ranks.rs` (feature `cuda`: `RankComm::cuda` and the constructors of ranks
 //! on GPUs).
 
@@ -55,6 +61,7 @@ mod cuda_ranks;
 mod direct;
 mod direct_drive;
 mod direct_part;
+mod flag_calls;
 mod group_run;
 mod meeting;
 mod op;
@@ -104,6 +111,8 @@ pub(crate) struct Shared {
     direct: bool,
     board: Arc<Board>,
     kept: Vec<Mutex<KeptParts>>,
+    /// Collectives over the flag transport (`flag_calls.rs`), where the ranks were made so.
+    flags: Option<flag_calls::FlagRanks>,
 }
 
 impl Shared {
@@ -119,6 +128,7 @@ impl Shared {
             pairs: Mutex::new(HashMap::new()),
             board,
             kept: (0..n).map(|_| Mutex::default()).collect(),
+            flags: None,
         }
     }
 
@@ -158,6 +168,9 @@ impl Shared {
     fn leave(&self, rank: usize) {
         if let Some(g) = self.gone.get(rank) {
             g.store(true, Ordering::Release);
+        }
+        if let Some(flags) = &self.flags {
+            flags.leave(rank);
         }
         self.board.poke();
         self.poke_meetings();
@@ -245,9 +258,14 @@ impl Communicator {
     /// the calls take host slices; on the CUDA backend, cudarc buffers on the caller's
     /// stream (`RankComm::on`, feature `cuda`). Other backends refuse every call.
     pub fn into_ranks(self) -> Vec<RankComm> {
-        let n = self.ranks();
-        let shared = Arc::new(Shared::new(self));
-        (0..n)
+        RankComm::handles(Arc::new(Shared::new(self)))
+    }
+}
+
+impl RankComm {
+    /// A handle for each rank of `shared`.
+    fn handles(shared: Arc<Shared>) -> Vec<RankComm> {
+        (0..shared.comm.ranks())
             .map(|rank| RankComm {
                 shared: shared.clone(),
                 rank,
@@ -258,9 +276,7 @@ impl Communicator {
             })
             .collect()
     }
-}
 
-impl RankComm {
     /// `n` ranks on `n` logical devices of this host's memory ([`Communicator::host`]), one
     /// handle each.
     pub fn host(n: u32) -> Result<Vec<RankComm>> {
@@ -341,6 +357,21 @@ impl RankComm {
         }
         if !ops.is_empty() && ops.iter().all(|o| matches!(o, RankCallOp::P2p(_))) {
             return self.depart_pairs(lender, ops);
+        }
+        if let Some(flags) = &self.shared.flags {
+            let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));
+            if collectives && let Some(e) = lender.error.take() {
+                // The others may be waiting for this rank's part: fail the group for all.
+                flags.abort(format!("rank {}: {e}", self.rank));
+                return Departure::of(Left::Ran(Err(e)), lender);
+            }
+            if flag_calls::eligible(&lender, &ops) {
+                let (comm, me, timeout) = (&self.shared.comm, self.rank, self.timeout);
+                let ran = ops
+                    .iter()
+                    .try_for_each(|op| flag_calls::call(comm, flags, me, timeout, &lender, op));
+                return Departure::of(Left::Ran(ran), lender);
+            }
         }
         if self.shared.direct {
             let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));

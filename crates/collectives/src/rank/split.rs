@@ -45,7 +45,10 @@ pub(crate) fn run(parent: &Shared, arrivals: &[RankArrival]) -> Outcome {
         // it was made `with_idle_relays`), its staging budget and its plan-cache limits.
         child.set_staging_budget(comm.staging_budget());
         child.set_plan_cache_limits(comm.plan_cache_limits());
-        let shared = Arc::new(Shared::new(child));
+        let shared = Arc::new(match &parent.flags {
+            Some(f) => Shared::with_flags(child, f.shape()),
+            None => Shared::new(child),
+        });
         for (i, &(_, r)) in members.iter().enumerate() {
             out[r] = Some((shared.clone(), i));
         }

@@ -13,6 +13,7 @@ use relaycc_collectives::{Collectives, CollectivesError, Element, RankComm, Redu
 use relaycc_route::{Collective, DType};
 
 mod direct;
+mod flags;
 mod pairs;
 mod split;
 

@@ -23,11 +23,7 @@ struct Recorder(Vec<Vec<FlagStep>>, CallBook, GroupAbort);
 
 impl Default for Recorder {
     fn default() -> Self {
-        Recorder(
-            Vec::new(),
-            CallBook::new(2, Duration::from_secs(1)),
-            GroupAbort::default(),
-        )
+        Recorder(Vec::new(), CallBook::new(2), GroupAbort::default())
     }
 }
 
@@ -40,6 +36,10 @@ unsafe impl FlagLane for Recorder {
         self.0.push(steps.to_vec());
         Ok(())
     }
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn set_timeout(&mut self, _: Duration) {}
     fn calls(&self) -> &CallBook {
         &self.1
     }
@@ -188,11 +188,15 @@ fn a_chain_of_waits_names_the_rank_it_ends_at_or_the_cycle_it_closes() {
     // Rank 0 waits for 1, which waits for 2, which waits for none.
     let chain = |r: u32| [Some(1), Some(2), None, Some(0)][r as usize];
     // Ranks 0 and 1 began calls #0 and #1, rank 2 only #0.
-    let calls = CallBook::new(4, Duration::from_secs(1));
+    let calls = CallBook::new(4);
     let d = CallDesc::new(Collective::AllReduce, DType::F32, 96, ReduceOp::Sum, 0);
     for (r, n) in [(0, 2), (1, 2), (2, 1)] {
         for seq in 0..n {
-            calls.post(r, CallRecord::new(seq, &d), &|| false).unwrap();
+            calls
+                .post(r, CallRecord::new(seq, &d), Duration::from_secs(1), &|| {
+                    false
+                })
+                .unwrap();
         }
     }
     assert_eq!(
@@ -244,6 +248,12 @@ unsafe impl<L: FlagLane> FlagLane for Jittered<L> {
         std::thread::sleep(Duration::from_micros(self.state % (self.max_us + 1)));
         // SAFETY: the caller's contract, passed on.
         unsafe { self.inner.run(steps, stage) }
+    }
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.inner.set_timeout(timeout);
     }
     fn calls(&self) -> &CallBook {
         self.inner.calls()

@@ -1,0 +1,190 @@
+//! Per-rank calls over the flag transport (`Communicator::into_flag_ranks`): the reference
+//! cases of `main.rs` with ranks arriving in random order, on a host's memory and on a
+//! machine's GPUs emulated by the host backend; a rank that returns before its peers call;
+//! a mismatched call and a rank that stops calling, named; split communicators at once.
+
+use std::sync::{Arc, Barrier};
+
+use relaycc_collectives::exec::flag_transport::FlagShape;
+use relaycc_collectives::{Communicator, HostBackend};
+
+use super::*;
+
+/// `n` ranks over flags of `shape`: on `host-n`, or on the first `n` GPUs of a DGX-1 V100
+/// (rings, trees and relays among them, each rank's memory its own) emulated on the host.
+fn flag_ranks(n: usize, shape: FlagShape, gpus: bool) -> Vec<RankComm> {
+    let comm = if gpus {
+        let topo = relaycc_topo::preset("dgx1-v100").expect("preset");
+        let devices: Vec<u32> = (0..n as u32).collect();
+        Communicator::new(topo, &devices, &[], Arc::new(HostBackend::new())).expect("comm")
+    } else {
+        Communicator::host(n as u32).expect("host")
+    };
+    comm.into_flag_ranks(shape).expect("flag ranks")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 32,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Three calls in a row (any collective, type, op, in place or not; the v-collectives
+    /// meet), each rank arriving after a delay of its own, on rings of 1 to 3 slots of 64 B
+    /// to 64 KiB: every output is exact.
+    #[test]
+    fn calls_over_flags_match_the_reference(
+        (calls, delays) in (2usize..=5).prop_flat_map(|n| {
+            (
+                proptest::collection::vec(case_on(n), 3),
+                proptest::collection::vec(0u64..1500, 3 * n),
+            )
+        }),
+        slots in 1u32..4,
+        slot_bytes in prop::sample::select(vec![64usize, 1024, 1 << 16]),
+        gpus in any::<bool>(),
+    ) {
+        let n = calls[0].n;
+        let shape = FlagShape::new(slots, slot_bytes).expect("shape");
+        let errors: Vec<String> = on_ranks(flag_ranks(n, shape, gpus), |mut rank| {
+            let r = rank.rank();
+            for (k, c) in calls.iter().enumerate() {
+                thread::sleep(Duration::from_micros(delays[k * n + r]));
+                if let Err(e) = call_and_compare(c, &mut rank) {
+                    return Some(format!("call {k} ({c:?}): {e}"));
+                }
+            }
+            None
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        prop_assert!(errors.is_empty(), "{errors:?}");
+    }
+}
+
+/// A broadcast's root runs its own part, puts its input into its peers' rings, and returns
+/// before any peer has called: no rank meets another (over a meeting the root would wait
+/// for the others, which here wait for it, until the timeout).
+#[test]
+fn a_root_returns_before_its_peers_call() {
+    let shape = FlagShape::new(4, 4096).expect("shape");
+    let root_done = Barrier::new(3);
+    let got = on_ranks(flag_ranks(3, shape, true), |mut rank| {
+        rank.set_timeout(Duration::from_secs(20));
+        let mut buf = vec![rank.rank() as u32 + 7; 1000];
+        if rank.rank() == 1 {
+            rank.broadcast_in_place(&mut buf[..], 1).expect("root");
+            root_done.wait();
+        } else {
+            root_done.wait();
+            rank.broadcast_in_place(&mut buf[..], 1).expect("peer");
+        }
+        buf
+    });
+    for (r, b) in got.iter().enumerate() {
+        assert!(b.iter().all(|&v| v == 8), "rank {r}");
+    }
+}
+
+/// A rank whose op differs fails the call on every rank, which names the call and the op;
+/// the ranks' later calls fail with the same words.
+#[test]
+fn a_mismatched_call_over_flags_fails_on_every_rank() {
+    let shape = FlagShape::new(2, 1024).expect("shape");
+    let errs = on_ranks(flag_ranks(3, shape, false), |mut rank| {
+        let mut a = vec![1.0f32; 300];
+        rank.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+            .expect("call #0");
+        let op = if rank.rank() == 2 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Sum
+        };
+        let first = rank.all_reduce_in_place(&mut a[..], op);
+        let later = rank.all_reduce_in_place(&mut a[..], ReduceOp::Sum);
+        (
+            first.map_err(|e| e.to_string()),
+            later.map_err(|e| e.to_string()),
+        )
+    });
+    for (r, (first, later)) in errs.iter().enumerate() {
+        for e in [first, later] {
+            let e = e.as_ref().expect_err("fails");
+            assert!(e.contains("call #1: the op differs"), "rank {r}: {e}");
+            assert!(
+                e.contains("rank 2 calls all_reduce of f32, op max"),
+                "rank {r}: {e}"
+            );
+        }
+    }
+}
+
+/// A rank that stops calling is named with its last call by every other rank, within about
+/// one timeout.
+#[test]
+fn a_rank_that_stops_calling_over_flags_is_named() {
+    let shape = FlagShape::new(2, 1024).expect("shape");
+    let start = Instant::now();
+    let errs = on_ranks(flag_ranks(4, shape, true), |mut rank| {
+        rank.set_timeout(Duration::from_millis(400));
+        let mut a = vec![1u64; 500];
+        rank.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+            .expect("call #0");
+        if rank.rank() == 3 {
+            // Stays away from call #1, then leaves (the others have given up by then).
+            thread::sleep(Duration::from_millis(1500));
+            return None;
+        }
+        rank.all_reduce_in_place(&mut a[..], ReduceOp::Sum).err()
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    for (r, e) in errs.iter().take(3).enumerate() {
+        let e = e.as_ref().map(|e| e.to_string()).expect("fails");
+        assert!(e.contains("rank 3 is the one missing"), "rank {r}: {e}");
+        assert!(
+            e.contains("rank 3's last call is call #0 (all_reduce of u64, op sum, count 500)"),
+            "rank {r}: {e}"
+        );
+    }
+}
+
+/// Two sub-communicators of a split, each over flags of its own, run their calls at once:
+/// the even ranks' all_reduce and the odd ranks' all_gather, twenty calls each.
+#[test]
+fn split_communicators_over_flags_run_at_once() {
+    let shape = FlagShape::new(2, 4096).expect("shape");
+    let sums = on_ranks(flag_ranks(4, shape, true), |mut rank| {
+        let r = rank.rank();
+        let mut half = rank
+            .split(Some(r as u32 % 2), 0)
+            .expect("split")
+            .expect("member");
+        let mut out = Vec::new();
+        for k in 0..20u32 {
+            if r % 2 == 0 {
+                let mut a = vec![r as u32 + k; 700];
+                half.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+                    .expect("even");
+                out.push(a[699]);
+            } else {
+                let mut g = vec![0u32; 2 * 700];
+                half.all_gather(&vec![r as u32 + k; 700][..], &mut g[..])
+                    .expect("odd");
+                out.push(g[0] + g[700]);
+            }
+        }
+        out
+    });
+    for (r, got) in sums.iter().enumerate() {
+        let want: Vec<u32> = (0..20)
+            .map(|k| if r % 2 == 0 { 2 + 2 * k } else { 4 + 2 * k })
+            .collect();
+        assert_eq!(got, &want, "rank {r}");
+    }
+}
