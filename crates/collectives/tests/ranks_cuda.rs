@@ -327,3 +327,97 @@ fn all_reduce_on_streams(ranks: Vec<RankComm>) -> Vec<(usize, Vec<f32>)> {
             .collect()
     })
 }
+
+/// Four ranks over CUDA flag lanes (`Communicator::into_flag_ranks`), on one GPU by
+/// default, each on a stream of its own: an in-place all_reduce, an all_gather and a
+/// broadcast enqueued back to back with no host synchronization, then a kernel doubling the
+/// all_reduce's result, then 100 all_reduces of 64 KiB timed on the host (each call's
+/// enqueue) on a second stream of each rank's, which the lane joins. Every result is exact.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ranks_over_flag_lanes_enqueue_their_own_parts_on_their_streams() {
+    use relaycc_collectives::exec::flag_transport::FlagShape;
+    const N: usize = (1 << 18) + 3;
+    const SMALL: usize = 16 << 10;
+    const CALLS: usize = 100;
+    let map = device_map(4);
+    let backend = Arc::new(CudaBackend::new(map.clone()).unwrap_or_else(|e| panic!("{e}")));
+    let topo = nvswitch_topology(4).expect("topology");
+    let comm = Communicator::new(topo, &[0, 1, 2, 3], &[], backend).expect("communicator");
+    let shape = FlagShape::new(2, 256 << 10).expect("shape");
+    let ranks = comm
+        .into_flag_ranks(shape)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ptx = relaycc_collectives::cudarc::nvrtc::compile_ptx(TWICE).expect("nvrtc");
+    // Per rank: the all_reduce doubled, the all_gather, the broadcast, the last small
+    // all_reduce, and the host time per small call.
+    type Got = (Vec<f32>, Vec<u32>, Vec<u32>, Vec<f32>, f64);
+    let got: Vec<Got> = thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|mut rank| {
+                let ordinal = map[rank.rank()];
+                let ptx = ptx.clone();
+                s.spawn(move || {
+                    let r = rank.rank();
+                    let ctx = CudaContext::new(ordinal).expect("context");
+                    let stream = ctx.new_stream().expect("stream");
+                    let f = ctx
+                        .load_module(ptx)
+                        .expect("module")
+                        .load_function("twice")
+                        .expect("function");
+                    let mut x = stream.clone_htod(&vec![r as f32 + 1.0; N]).expect("upload");
+                    let mine = stream
+                        .clone_htod(&vec![r as u32 * 10; 1000])
+                        .expect("upload");
+                    let mut all = stream.alloc_zeros::<u32>(4000).expect("alloc");
+                    let mut b = stream.clone_htod(&vec![r as u32; 777]).expect("upload");
+                    let mut on = rank.on(&stream);
+                    on.all_reduce_in_place(&mut x, ReduceOp::Sum)
+                        .expect("all_reduce");
+                    on.all_gather(&mine, &mut all).expect("all_gather");
+                    on.broadcast_in_place(&mut b, 2).expect("broadcast");
+                    let n = N as i32;
+                    let mut launch = stream.launch_builder(&f);
+                    launch.arg(&mut x).arg(&n);
+                    // SAFETY: `twice` takes a float pointer of `n` elements and an int.
+                    unsafe { launch.launch(LaunchConfig::for_num_elems(N as u32)) }
+                        .expect("launch");
+                    let second = ctx.new_stream().expect("stream");
+                    let mut small = second.clone_htod(&vec![1.0f32; SMALL]).expect("upload");
+                    second.synchronize().expect("upload done");
+                    let start = std::time::Instant::now();
+                    for _ in 0..CALLS {
+                        rank.on(&second)
+                            .all_reduce_in_place(&mut small, ReduceOp::Max)
+                            .expect("small all_reduce");
+                    }
+                    let per_call_us = start.elapsed().as_secs_f64() * 1e6 / CALLS as f64;
+                    (
+                        stream.clone_dtoh(&x).expect("download"),
+                        stream.clone_dtoh(&all).expect("download"),
+                        stream.clone_dtoh(&b).expect("download"),
+                        second.clone_dtoh(&small).expect("download"),
+                        per_call_us,
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
+    let mut worst_us = 0f64;
+    for (r, (x, all, b, small, us)) in got.iter().enumerate() {
+        assert!(x.iter().all(|&e| e == 20.0), "rank {r}: {:?}", &x[..4]);
+        let want: Vec<u32> = (0..4000).map(|i| (i / 1000) as u32 * 10).collect();
+        assert!(all == &want, "rank {r}: all_gather");
+        assert!(b.iter().all(|&e| e == 2), "rank {r}: broadcast");
+        assert!(small.iter().all(|&e| e == 1.0), "rank {r}: max");
+        worst_us = worst_us.max(*us);
+    }
+    println!(
+        "gpu-check: flag_rank_call_host_us {worst_us:.1} (4 ranks, {CALLS} all_reduces of 64 KiB back to back)"
+    );
+}

@@ -80,8 +80,10 @@ struct Ring {
 }
 
 /// A wait a lane enqueued and the watchdog has not yet seen reached.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PendingWait {
+    /// The stream it was enqueued on.
+    stream: Arc<CudaStream>,
     word: usize,
     at: u32,
     peer: u32,
@@ -128,10 +130,10 @@ impl CudaFlagChannels {
         driver()?;
         let n = u32::try_from(streams.len())
             .ok()
-            .filter(|n| (2..=MAX_FLAG_RANKS).contains(n))
+            .filter(|n| (1..=MAX_FLAG_RANKS).contains(n))
             .ok_or_else(|| {
                 CollectivesError::Setup(format!(
-                    "a flag transport of {} ranks: a group holds 2 to {MAX_FLAG_RANKS}",
+                    "a flag transport of {} ranks: a group holds 1 to {MAX_FLAG_RANKS}",
                     streams.len()
                 ))
             })?;
@@ -183,9 +185,16 @@ impl CudaFlagChannels {
         Ok(FlagTransport::group(n, shape, |me| CudaFlagLane {
             me,
             timeout,
+            stream: Arc::clone(&shared.streams[me as usize]),
             shared: Arc::clone(&shared),
             rings: LaneRings::new(me, n),
         }))
+    }
+
+    /// Rank `rank` begins no further call (its handle is gone): a lane that begins a call it
+    /// never began fails at once. (Its stream's steps still run, so waits for it stand.)
+    pub fn leave(&self, rank: u32) {
+        self.calls.leave(rank);
     }
 
     /// Whether the group was aborted, and why.
@@ -213,7 +222,7 @@ impl CudaFlagChannels {
             self.release();
             return;
         }
-        let mut late: Option<(u32, PendingWait)> = None;
+        let mut late: Option<(u32, usize, u32, Duration)> = None;
         for (r, pending) in self.pending.iter().enumerate() {
             let mut q = lock(pending);
             while let Some(w) = q.front() {
@@ -222,47 +231,38 @@ impl CudaFlagChannels {
                     q.pop_front();
                 } else {
                     if w.since.elapsed() > w.timeout && late.is_none() {
-                        late = Some((r as u32, *w));
+                        late = Some((r as u32, w.stage, w.peer, w.timeout));
                     }
                     break;
                 }
             }
         }
-        if let Some((r, w)) = late {
+        if let Some((r, stage, peer, timeout)) = late {
             let chain = wait_chain_words(
                 r,
-                w.peer,
+                peer,
                 |at| lock(&self.pending[at as usize]).front().map(|w| w.peer),
                 &self.calls,
             );
             self.abort(format!(
                 "rank {r}: stage {}: its stream waited {:?} for rank {}{chain}",
-                w.stage, w.timeout, w.peer
+                stage, timeout, peer
             ));
         }
     }
 
-    /// After an abort: every awaited counter of a rank whose stream is not idle set to what
-    /// its last enqueued wait needs; an idle rank's waits forgotten.
+    /// After an abort: every awaited counter of a wait whose stream is not idle set to what
+    /// its last enqueued wait needs; a wait on an idle stream forgotten.
     fn release(&self) {
-        for (r, pending) in self.pending.iter().enumerate() {
-            let mut q = lock(pending);
-            if q.is_empty() {
-                continue;
-            }
-            let stream = &self.streams[r];
-            let busy = stream.context().bind_to_thread().is_ok()
-                // SAFETY: a query of a live stream.
-                && unsafe { sys::cuStreamQuery(stream.cu_stream()) }
-                    == sys::CUresult::CUDA_ERROR_NOT_READY;
-            if !busy {
-                q.clear();
-                continue;
-            }
-            for w in q.iter() {
+        for pending in &self.pending {
+            lock(pending).retain(|w| {
+                if !busy(&w.stream) {
+                    return false;
+                }
                 let need = self.last_wait[w.word].load(Ordering::SeqCst);
                 self.counters.word(w.word).store(need, Ordering::SeqCst);
-            }
+                true
+            });
         }
     }
 
@@ -303,6 +303,13 @@ impl Drop for CudaFlagChannels {
     }
 }
 
+/// Whether `stream` still has work (a failed query counts as idle: nothing more will run).
+fn busy(stream: &CudaStream) -> bool {
+    stream.context().bind_to_thread().is_ok()
+        // SAFETY: a query of a live stream.
+        && unsafe { sys::cuStreamQuery(stream.cu_stream()) } == sys::CUresult::CUDA_ERROR_NOT_READY
+}
+
 /// The watchdog of a group: it looks every [`WATCH_EVERY`] until the group is gone.
 fn watchdog(group: Weak<CudaFlagChannels>) {
     while let Some(g) = group.upgrade() {
@@ -312,13 +319,15 @@ fn watchdog(group: Weak<CudaFlagChannels>) {
     }
 }
 
-/// One rank's lane: its stream, and the rings it uses, found once.
+/// One rank's lane: the stream it enqueues on (the rank's stream of the group until a call
+/// gives another, [`CudaFlagLane::use_stream`]), and the rings it uses, found once.
 #[derive(Debug)]
 pub struct CudaFlagLane {
     me: u32,
     timeout: Duration,
     shared: Arc<CudaFlagChannels>,
     rings: LaneRings<u64>,
+    stream: Arc<CudaStream>,
 }
 
 impl CudaFlagLane {
@@ -327,10 +336,44 @@ impl CudaFlagLane {
         &self.shared
     }
 
-    /// Make this rank's device current on the calling thread (a ring's allocation made its
-    /// receiver's current).
+    /// Enqueue the next steps on `stream` (a caller's stream for its call, as NCCL's calls
+    /// take one): they follow the work the caller enqueued there before, and the caller's
+    /// later work follows them. A new stream first waits for the lane's previous one (an
+    /// event recorded there), so the lane's steps stay in order across streams, as the
+    /// protocol needs, and the previous stream's steps are done once this one's are.
+    /// Errors: a stream of another device than the rank's, a driver status.
+    pub fn use_stream(&mut self, stream: &Arc<CudaStream>) -> Result<(), CollectivesError> {
+        let home = self.shared.streams[self.me as usize].context().ordinal();
+        if stream.context().ordinal() != home {
+            return Err(CollectivesError::Setup(format!(
+                "rank {}: a stream of CUDA device {}, for a rank on device {home}",
+                self.me,
+                stream.context().ordinal()
+            )));
+        }
+        if Arc::ptr_eq(stream, &self.stream) {
+            return Ok(());
+        }
+        stream
+            .join(&self.stream)
+            .map_err(driver_err("cuStreamWaitEvent"))?;
+        self.stream = Arc::clone(stream);
+        Ok(())
+    }
+
+    /// Wait on the host until every step this lane enqueued is done (its stream waited for
+    /// each earlier one).
+    pub fn synchronize(&self) -> Result<(), CollectivesError> {
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(())
+    }
+
+    /// Make this lane's stream's device current on the calling thread (a ring's allocation
+    /// made its receiver's current).
     fn bind(&self) -> Result<(), CollectivesError> {
-        self.shared.streams[self.me as usize]
+        self.stream
             .context()
             .bind_to_thread()
             .map_err(driver_err("cuCtxSetCurrent"))?;
@@ -354,7 +397,7 @@ impl CudaFlagLane {
     /// Enqueue one step on the lane's stream.
     fn enqueue(&mut self, step: FlagStep, stage: usize) -> Result<(), CollectivesError> {
         let sh = Arc::clone(&self.shared);
-        let stream = sh.streams[self.me as usize].cu_stream();
+        let stream = self.stream.cu_stream();
         let slot_at = |slot: u32, bytes: usize| sh.shape.slot_offset(slot, bytes).map(|o| o as u64);
         let (r, call) = match step {
             FlagStep::Wait { flag, at } => {
@@ -366,6 +409,7 @@ impl CudaFlagLane {
                     flag.dst
                 };
                 lock(&sh.pending[self.me as usize]).push_back(PendingWait {
+                    stream: Arc::clone(&self.stream),
                     word,
                     at,
                     peer,
@@ -394,14 +438,11 @@ impl CudaFlagLane {
                 bytes,
             } => {
                 let dst = self.ring(self.me, to)? + slot_at(slot, bytes)?;
-                let (mine, theirs) = (
-                    sh.streams[self.me as usize].context(),
-                    &sh.streams[to as usize].context(),
-                );
+                let (mine, theirs) = (self.stream.context(), sh.streams[to as usize].context());
                 // SAFETY: the slot lies inside the ring (checked) and is empty (the wait
                 // before); `src` holds `bytes` device bytes (the caller's contract).
                 let r = unsafe {
-                    if Arc::ptr_eq(mine, theirs) {
+                    if mine.cu_ctx() == theirs.cu_ctx() {
                         sys::cuMemcpyAsync(dst, src as u64, bytes, stream)
                     } else {
                         sys::cuMemcpyPeerAsync(
@@ -440,20 +481,13 @@ impl CudaFlagLane {
 
 impl Drop for CudaFlagLane {
     fn drop(&mut self) {
-        // The rings and counters outlive every step this lane enqueued: wait for its stream,
-        // aborting the group (so the watchdog releases its waits) if it is still waiting after
-        // the timeout, and leak them if it never drains.
+        // The rings and counters outlive every step this lane enqueued: wait for its stream
+        // (which waited for every earlier one, `use_stream`), aborting the group (so the
+        // watchdog releases its waits) if it is still busy after the timeout, and leak them
+        // if it never drains.
         let sh = &self.shared;
-        let stream = sh.streams[self.me as usize].cu_stream();
-        // Queries go to the stream's own context.
-        let _ = sh.streams[self.me as usize].context().bind_to_thread();
         let start = Instant::now();
-        loop {
-            // SAFETY: a query of a live stream.
-            match unsafe { sys::cuStreamQuery(stream) } {
-                sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                _ => return,
-            }
+        while busy(&self.stream) {
             if start.elapsed() > self.timeout {
                 sh.abort(format!(
                     "rank {}: its lane was dropped with steps still waiting after {:?}",

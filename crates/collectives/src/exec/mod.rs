@@ -14,6 +14,8 @@ pub mod lower;
 #[cfg_attr(docsrs, doc(cfg(feature = "nccl")))]
 pub mod nccl_transport;
 pub mod run;
+#[cfg(any(feature = "mpi", feature = "cuda"))]
+pub(crate) mod run_memory;
 pub mod sampled_cone;
 pub mod thread_transport;
 

@@ -7,16 +7,24 @@
 //! plan: the plan lowered for this rank with its scratch), then the call's descriptor posted
 //! in the group's book of calls (`begin_call`: the rank that begins a call second finds a
 //! mismatch, without waiting), then this rank's own checks of its slices, then the part run
-//! on its slices and scratch over its end of the transport. Any failure aborts the group, so
-//! a peer's later waits stop with the same words and every later call fails; a rank that
-//! stops calling is named with its last call within the timeout.
+//! on its memory and scratch over its end of the transport: on host slices, by this thread
+//! over a host lane before the call returns; on cudarc buffers, enqueued on the caller's
+//! stream over a CUDA lane (`flag_streams.rs`), the call returning once it is enqueued. Any
+//! failure aborts the group, so a peer's later waits stop with the same words and every
+//! later call fails; a rank that stops calling is named with its last call within the
+//! timeout.
 //!
 //! What takes this path: collectives with fixed counts. The v-collectives (whose plans bind
 //! each call's counts, and all_to_all_v's need every rank's counts first), sends and
-//! receives, splits, groups that mix them, and plans a rank cannot run alone (a relay through
-//! a GPU no rank holds) meet as on every communicator (`meeting.rs`). In-place calls run on
-//! the out-of-place plan with the input copied aside first, so the part's memory is two
-//! disjoint buffers, as the runner's memory promises.
+//! receives, splits and groups that mix them meet as on every communicator (`meeting.rs`).
+//! A plan that needs a GPU no rank holds (a relay through an idle GPU) cannot run per rank:
+//! its calls fail with the lowering's words. In-place calls run on the out-of-place plan
+//! with the input copied aside first, so the part's memory is two disjoint buffers, as the
+//! runner's memory promises.
+//!
+//! A part's scratch is the cached plan's, which the part holds; a CUDA rank waits for its
+//! lane's stream before it lets go of a part (a call of a ninth shape), so the scratch is
+//! never freed under steps still to run.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,10 +34,12 @@ use relaycc_route::{BufferRef, Collective, InPlace, Location, Plan};
 use super::board::lock;
 use super::op::{Desc, RankCallOp, View};
 use super::{Lender, RankComm, Shared};
-use crate::backend::ByteRegion;
 use crate::backend::sealed::{Lending, Private};
+use crate::backend::{AddressSpace, ByteRegion, DeviceMem};
 use crate::call_checks;
 use crate::communicator::Communicator;
+#[cfg(feature = "cuda")]
+use crate::cuda::flags::{CudaFlagChannels, CudaFlagLane};
 use crate::error::{CollectivesError, Result};
 use crate::exec::flag_host::{HostFlagChannels, HostFlagLane};
 use crate::exec::flag_transport::{FlagLane, FlagShape, FlagTransport};
@@ -48,47 +58,166 @@ pub(crate) struct FlagRanks {
     ranks: Box<[Mutex<FlagRank>]>,
     /// The group's channels, to abort it without a rank's lock (which its rank holds for
     /// the whole of a call).
-    channels: Option<Arc<HostFlagChannels>>,
+    channels: Channels,
+}
+
+/// A group's channels: host threads' or CUDA streams'.
+#[derive(Debug)]
+enum Channels {
+    Host(Arc<HostFlagChannels>),
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<CudaFlagChannels>),
+}
+
+/// A rank's end of its group's transport.
+#[derive(Debug)]
+pub(super) enum FlagEnd {
+    /// A host thread's: the call runs its steps before it returns.
+    Host(FlagTransport<HostFlagLane>),
+    /// A CUDA stream's: the call enqueues its steps on the caller's stream.
+    #[cfg(feature = "cuda")]
+    Cuda(FlagTransport<CudaFlagLane>),
+}
+
+impl FlagEnd {
+    fn begin_call(&mut self, desc: &Desc) -> Result<u64> {
+        match self {
+            FlagEnd::Host(t) => t.begin_call(desc),
+            #[cfg(feature = "cuda")]
+            FlagEnd::Cuda(t) => t.begin_call(desc),
+        }
+    }
+
+    fn set_timeout(&mut self, timeout: Duration) {
+        match self {
+            FlagEnd::Host(t) => t.lane_mut().set_timeout(timeout),
+            #[cfg(feature = "cuda")]
+            FlagEnd::Cuda(t) => t.lane_mut().set_timeout(timeout),
+        }
+    }
+
+    /// Wait until every step this end enqueued is done (host lanes run them before a call
+    /// returns).
+    fn drain(&self) -> Result<()> {
+        match self {
+            FlagEnd::Host(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            FlagEnd::Cuda(t) => t.lane().synchronize(),
+        }
+    }
+
+    fn abort(&self, why: String) {
+        match self {
+            FlagEnd::Host(t) => t.lane().abort(why),
+            #[cfg(feature = "cuda")]
+            FlagEnd::Cuda(t) => t.lane().abort(why),
+        }
+    }
 }
 
 /// One rank's end of the transport, its kept parts and its staging memory.
 #[derive(Debug)]
 struct FlagRank {
-    end: FlagTransport<HostFlagLane>,
+    end: FlagEnd,
     /// Least recently used first.
     parts: Vec<FlagPart>,
     staging: Vec<u128>,
 }
 
 /// A rank's part of one call shape's plan: the plan lowered for the rank (input binding 0,
-/// output 1, then the scratch it holds), the scratch's addresses, and the input's copy for
-/// in-place calls.
+/// output 1, then the scratch it holds), the scratch, and the input's copy for in-place
+/// calls.
 #[derive(Debug)]
-struct FlagPart {
-    desc: Desc,
+pub(super) struct FlagPart {
+    pub(super) desc: Desc,
     in_place: bool,
     /// Elements of this rank's input and output.
     needs: (u64, u64),
     /// Where an in-place call's input and output lie in their one buffer.
     layout: Option<InPlace>,
-    program: RankProgram,
-    /// Address and bytes of each scratch binding, in the cached plan's scratch (held by
-    /// `cached`).
-    scratch: Vec<(usize, usize)>,
+    pub(super) program: RankProgram,
+    /// The scratch buffers the rank holds, in binding order (held by `cached`).
+    pub(super) scratch: Vec<DeviceMem>,
+    /// Their host addresses and bytes, on a host backend.
+    scratch_at: Vec<(usize, usize)>,
     _cached: Arc<Cached>,
-    /// The input of an in-place call, copied here before the run.
+    /// The input of an in-place call, copied here before the run (host slices).
     aside: Vec<u128>,
+    /// What a run on a CUDA stream keeps (made on the first).
+    #[cfg(feature = "cuda")]
+    pub(super) device: Option<Box<super::flag_streams::PartOnStream>>,
+}
+
+/// A call's input and output as the rank lends them (addresses of host slices or device
+/// buffers, and bytes), checked against its part, and whether the input must be copied
+/// aside first (an in-place call whose input lies in its output).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CallSpans {
+    pub(super) input: (usize, usize),
+    pub(super) output: (usize, usize),
+    pub(super) aside: bool,
 }
 
 impl FlagRanks {
     /// Host lanes for the ranks of `comm`, whose channels have `shape`.
-    pub(crate) fn host(comm: &Communicator, shape: FlagShape, timeout: Duration) -> FlagRanks {
+    pub(crate) fn host(
+        comm: &Communicator,
+        shape: FlagShape,
+        timeout: Duration,
+    ) -> Result<FlagRanks> {
         let ends = HostFlagChannels::group(comm.ranks() as u32, shape, timeout);
+        let channels = ends
+            .first()
+            .map(|e| Arc::clone(e.lane().channels()))
+            .ok_or_else(|| CollectivesError::Setup("a flag group of no ranks".into()))?;
+        Ok(FlagRanks::of(
+            shape,
+            Channels::Host(channels),
+            ends.into_iter().map(FlagEnd::Host),
+        ))
+    }
+
+    /// CUDA lanes for the ranks of `comm` on `cuda`, each starting on a stream of its own
+    /// GPU (each call then enqueues on the caller's stream).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(
+        comm: &Communicator,
+        cuda: &crate::cuda::CudaBackend,
+        shape: FlagShape,
+        timeout: Duration,
+    ) -> Result<FlagRanks> {
+        let mut streams = Vec::with_capacity(comm.ranks());
+        for &gpu in comm.devices() {
+            let ordinal = cuda.physical_device(gpu).ok_or_else(|| {
+                CollectivesError::Setup(format!("GPU {gpu} has no CUDA device on this backend"))
+            })?;
+            let stream = cudarc::driver::CudaContext::new(ordinal)
+                .and_then(|ctx| ctx.new_stream())
+                .map_err(|e| {
+                    CollectivesError::Cuda(crate::cuda::CudaError::Driver {
+                        call: "cuStreamCreate",
+                        status: format!("{e:?}"),
+                    })
+                })?;
+            streams.push(stream);
+        }
+        let ends = CudaFlagChannels::group(streams, shape, timeout)?;
+        let channels = ends
+            .first()
+            .map(|e| Arc::clone(e.lane().channels()))
+            .ok_or_else(|| CollectivesError::Setup("a flag group of no ranks".into()))?;
+        Ok(FlagRanks::of(
+            shape,
+            Channels::Cuda(channels),
+            ends.into_iter().map(FlagEnd::Cuda),
+        ))
+    }
+
+    fn of(shape: FlagShape, channels: Channels, ends: impl Iterator<Item = FlagEnd>) -> FlagRanks {
         FlagRanks {
             shape,
-            channels: ends.first().map(|e| Arc::clone(e.lane().channels())),
+            channels,
             ranks: ends
-                .into_iter()
                 .map(|end| {
                     Mutex::new(FlagRank {
                         end,
@@ -107,43 +236,65 @@ impl FlagRanks {
 
     /// Abort the group with `why`: every rank's later waits and calls fail with it.
     pub(crate) fn abort(&self, why: String) {
-        if let Some(c) = &self.channels {
-            c.abort(why);
+        match &self.channels {
+            Channels::Host(c) => c.abort(why),
+            #[cfg(feature = "cuda")]
+            Channels::Cuda(c) => c.abort(why),
         }
     }
 
-    /// Rank `rank`'s handle is gone: a peer that needs it fails at once, naming it.
+    /// Rank `rank`'s handle is gone: a peer that begins a call it never began fails at
+    /// once, naming it, and on host lanes so does a peer that waits for it.
     pub(crate) fn leave(&self, rank: usize) {
-        if let Some(c) = &self.channels {
-            c.leave(rank as u32);
+        match &self.channels {
+            Channels::Host(c) => c.leave(rank as u32),
+            #[cfg(feature = "cuda")]
+            Channels::Cuda(c) => c.leave(rank as u32),
         }
     }
 }
 
 impl Shared {
-    /// What the ranks of `comm` share, their collectives over host flag lanes of `shape`.
-    pub(crate) fn with_flags(comm: Communicator, shape: FlagShape) -> Shared {
-        let flags = FlagRanks::host(&comm, shape, super::DEFAULT_RANK_TIMEOUT);
+    /// What the ranks of `comm` share, their collectives over flag lanes of `shape`: host
+    /// threads for a backend of host slices, the ranks' CUDA streams for the CUDA backend.
+    pub(crate) fn with_flags(comm: Communicator, shape: FlagShape) -> Result<Shared> {
+        let timeout = super::DEFAULT_RANK_TIMEOUT;
+        let flags = match comm.backend().lending(Private) {
+            Lending::HostSlices => FlagRanks::host(&comm, shape, timeout)?,
+            #[cfg(feature = "cuda")]
+            Lending::DeviceBuffers => {
+                let cuda = comm.backend().as_cuda(Private).ok_or_else(|| {
+                    CollectivesError::Setup(format!(
+                        "flag lanes on device buffers need the CUDA backend, not the {} backend",
+                        comm.backend().name()
+                    ))
+                })?;
+                FlagRanks::cuda(&comm, cuda, shape, timeout)?
+            }
+        };
         let mut shared = Shared::new(comm);
         shared.flags = Some(flags);
-        shared
+        Ok(shared)
     }
 }
 
 impl Communicator {
     /// One handle per rank, as [`Communicator::into_ranks`] makes them, whose collectives
     /// run over the flag transport ([`crate::exec::flag_transport`]) with channels of
-    /// `shape`: each rank runs only its own part of the plan on its own thread, its messages
-    /// through rings of slots ordered by counters, and waits for another rank only for the
-    /// data it needs (module docs of `rank/flag_calls.rs`: which calls take this path; the
-    /// others meet as on any communicator). Each call's descriptor is posted in the group's
-    /// book of calls, so ranks whose calls differ fail without any rank waiting to compare,
-    /// and a rank that stops calling is named with its last call within the timeout. Every
-    /// failure aborts the group: later calls fail with its words. A split's communicators
-    /// run over flags of their own.
+    /// `shape`: each rank runs only its own part of the plan, its messages through rings of
+    /// slots ordered by counters, and waits for another rank only for the data it needs. On
+    /// host slices a rank's part runs on its own thread before the call returns; on the CUDA
+    /// backend (calls through `RankComm::on(&stream)`) the call enqueues the part on the
+    /// caller's stream and returns, the counters waited for and written by stream memory
+    /// operations, the rings in the receiving GPU's memory (`cuda::flags`). Which calls take
+    /// this path is in the module docs of `rank/flag_calls.rs`; the others meet as on any
+    /// communicator. Each call's descriptor is posted in the group's book of calls, so ranks
+    /// whose calls differ fail without any rank waiting to compare, and a rank that stops
+    /// calling is named with its last call within the timeout. Every failure aborts the
+    /// group: later calls fail with its words. A split's communicators run over flags of
+    /// their own.
     ///
-    /// Errors: a communicator whose backend does not lend host slices (the flag lanes here
-    /// are host threads).
+    /// Errors: no CUDA driver or stream for a communicator on the CUDA backend.
     ///
     /// ```
     /// use relaycc_collectives::exec::flag_transport::FlagShape;
@@ -165,25 +316,27 @@ impl Communicator {
     /// # Ok::<(), relaycc_collectives::CollectivesError>(())
     /// ```
     pub fn into_flag_ranks(self, shape: FlagShape) -> Result<Vec<RankComm>> {
-        if self.backend().lending(Private) != Lending::HostSlices {
-            return Err(CollectivesError::Setup(format!(
-                "per-rank calls over host flag lanes need a communicator on host slices, not \
-                 one on the {} backend",
-                self.backend().name()
-            )));
-        }
-        Ok(RankComm::handles(Arc::new(Shared::with_flags(self, shape))))
+        Ok(RankComm::handles(Arc::new(Shared::with_flags(
+            self, shape,
+        )?)))
     }
 }
 
 /// Whether `ops` run over the flag transport: every one a collective with fixed counts, on
-/// host slices.
-pub(crate) fn eligible(lender: &Lender<'_>, ops: &[RankCallOp]) -> bool {
+/// host slices for host lanes, on device buffers on a stream for CUDA lanes.
+pub(crate) fn eligible(flags: &FlagRanks, lender: &Lender<'_>, ops: &[RankCallOp]) -> bool {
+    let on_device = match flags.channels {
+        Channels::Host(_) => false,
+        #[cfg(feature = "cuda")]
+        Channels::Cuda(_) if lender.stream.is_none() => return false,
+        #[cfg(feature = "cuda")]
+        Channels::Cuda(_) => true,
+    };
     !ops.is_empty()
         && lender
             .blocks
             .iter()
-            .all(|b| b.device.is_none() && b.held.is_none())
+            .all(|b| b.device.is_some() == on_device && b.held.is_none())
         && ops.iter().all(|op| match op {
             RankCallOp::Coll { desc, .. } => {
                 !desc.collective.counts_per_rank() && desc.collective != Collective::AllToAllV
@@ -192,7 +345,8 @@ pub(crate) fn eligible(lender: &Lender<'_>, ops: &[RankCallOp]) -> bool {
         })
 }
 
-/// One call of rank `me`: its collective `op` over `lender`'s slices (module docs).
+/// One call of rank `me`: its collective `op` over `lender`'s slices or buffers (module
+/// docs).
 pub(crate) fn call(
     comm: &Communicator,
     flags: &FlagRanks,
@@ -225,22 +379,30 @@ pub(crate) fn call(
         parts,
         staging,
     } = &mut *rank;
-    end.lane_mut().set_timeout(timeout);
+    end.set_timeout(timeout);
     let part = take_part(parts, desc, *in_place).map_or_else(|| cut(comm, me, desc, *in_place), Ok);
     // Posted whatever the part gave, so that a call that differs from the peers' is named
     // as a mismatch, not as this rank's own error.
     end.begin_call(desc)?;
     let ran = part.and_then(|mut p| {
-        let ran = run_part(&mut p, end, staging, lender, (*input, *output), me);
+        let ran = check_spans(&p, lender, (*input, *output), me).and_then(|spans| match end {
+            FlagEnd::Host(t) => run_on_host(&mut p, t, staging, spans),
+            #[cfg(feature = "cuda")]
+            FlagEnd::Cuda(t) => {
+                super::flag_streams::run_on_stream(comm, me, &mut p, t, lender, spans)
+            }
+        });
         parts.push(p);
-        if parts.len() > KEPT_PARTS {
+        // An evicted part's scratch may be freed once it goes, so its steps must be done
+        // first (on a CUDA stream, a wait: the one host wait of this path, once per call
+        // shape evicted).
+        if parts.len() > KEPT_PARTS && end.drain().is_ok() {
             parts.remove(0);
         }
         ran
     });
     ran.map_err(|e| {
-        let why = format!("rank {me}: {}: {e}", desc.call);
-        end.lane().abort(why);
+        end.abort(format!("rank {me}: {}: {e}", desc.call));
         match e {
             e @ CollectivesError::RankMismatch { .. } => e,
             e => CollectivesError::RankFailed {
@@ -289,24 +451,23 @@ fn cut(comm: &Communicator, me: usize, desc: &Desc, in_place: bool) -> Result<Fl
     let backend = comm.backend();
     let set = cached.scratch_set(0, backend)?;
     let mut scratch = Vec::with_capacity(held.len());
+    let mut scratch_at = Vec::with_capacity(held.len());
     for i in held {
         let mem = *set.get(i).ok_or_else(|| CollectivesError::InvalidPlan {
             op: None,
             message: format!("scratch buffer {i} of a plan that holds {}", set.len()),
         })?;
+        scratch.push(mem);
         let whole = ByteRegion {
             mem,
             offset: 0,
             bytes: mem.bytes(),
         };
-        let raw =
-            backend
-                .raw_region(whole, Private)?
-                .ok_or_else(|| CollectivesError::InvalidPlan {
-                    op: None,
-                    message: "a scratch buffer without a host address".into(),
-                })?;
-        scratch.push((raw.addr, raw.bytes as usize));
+        if let Some(r) = backend.raw_region(whole, Private)?
+            && r.space == AddressSpace::Host
+        {
+            scratch_at.push((r.addr, r.bytes as usize));
+        }
     }
     Ok(FlagPart {
         desc: desc.clone(),
@@ -315,8 +476,11 @@ fn cut(comm: &Communicator, me: usize, desc: &Desc, in_place: bool) -> Result<Fl
         layout,
         program,
         scratch,
+        scratch_at,
         _cached: cached,
         aside: Vec::new(),
+        #[cfg(feature = "cuda")]
+        device: None,
     })
 }
 
@@ -361,7 +525,7 @@ fn lower_for(plan: &Plan, comm: &Communicator, me: usize) -> Result<(RankProgram
     Ok((lower(plan, &layout)?, held))
 }
 
-/// The address and bytes of `view` of `lender`'s host slices, `None` where there is none.
+/// The address and bytes of `view` of `lender`'s memory, `None` where there is none.
 fn span_of(lender: &Lender<'_>, view: Option<View>, esize: u64) -> Result<Option<(usize, u64)>> {
     let Some(v) = view else { return Ok(None) };
     let bad = || CollectivesError::Unmatched("a view outside the memory its call lends".into());
@@ -374,43 +538,55 @@ fn span_of(lender: &Lender<'_>, view: Option<View>, esize: u64) -> Result<Option
     )))
 }
 
-/// Check this rank's slices against `p` and run it over `end`.
-fn run_part(
-    p: &mut FlagPart,
-    end: &mut FlagTransport<HostFlagLane>,
-    staging: &mut Vec<u128>,
+/// This rank's input and output checked against `p`: their lengths, and apart, or (an
+/// in-place call) the input exactly where the in-place layout puts it in the output, to be
+/// copied aside, as the out-of-place plan expects.
+fn check_spans(
+    p: &FlagPart,
     lender: &Lender<'_>,
     (input, output): (Option<View>, Option<View>),
     me: usize,
-) -> Result<()> {
+) -> Result<CallSpans> {
     let (call, esize) = (p.desc.call, p.desc.dtype.size());
     let input = span_of(lender, input, esize)?;
     let output = span_of(lender, output, esize)?;
     call_checks::check_len(call, me, "input", input.map(|s| s.1 / esize), p.needs.0)?;
     call_checks::check_len(call, me, "output", output.map(|s| s.1 / esize), p.needs.1)?;
-    let empty = (
-        std::ptr::NonNull::<u128>::dangling().as_ptr().cast::<u8>(),
-        0,
+    let (inp, out) = (
+        input.map_or((0, 0), |(a, b)| (a, b as usize)),
+        output.map_or((0, 0), |(a, b)| (a, b as usize)),
     );
-    let out = output.map_or(empty, |(a, b)| (a as *mut u8, b as usize));
-    let mut inp = input.map_or(empty, |(a, b)| (a as *mut u8, b as usize));
-    let overlaps = inp.1 > 0
-        && out.1 > 0
-        && (inp.0 as usize) < out.0 as usize + out.1
-        && (out.0 as usize) < inp.0 as usize + inp.1;
-    if overlaps {
-        // Only an in-place call's input may lie in its output, and only where the layout
-        // puts it; the run then reads a copy of it, as the out-of-place plan expects.
-        let laid_out = p
-            .layout
+    let overlaps = inp.1 > 0 && out.1 > 0 && inp.0 < out.0 + out.1 && out.0 < inp.0 + inp.1;
+    let laid_out = || {
+        p.layout
             .and_then(|at| call_checks::input_start(at, esize, out.0 as u64))
-            == Some(inp.0 as u64);
-        if !laid_out {
-            return Err(CollectivesError::Overlap {
-                call,
-                what: format!("input and output of rank {me} overlap outside the in-place layout"),
-            });
-        }
+            == Some(inp.0 as u64)
+    };
+    if overlaps && !laid_out() {
+        return Err(CollectivesError::Overlap {
+            call,
+            what: format!("input and output of rank {me} overlap outside the in-place layout"),
+        });
+    }
+    Ok(CallSpans {
+        input: inp,
+        output: out,
+        aside: overlaps,
+    })
+}
+
+/// Run `p` on host slices over a host lane.
+fn run_on_host(
+    p: &mut FlagPart,
+    end: &mut FlagTransport<HostFlagLane>,
+    staging: &mut Vec<u128>,
+    spans: CallSpans,
+) -> Result<()> {
+    // An empty binding's address: any aligned one serves, nothing reads or writes it.
+    let empty = std::ptr::NonNull::<u128>::dangling().as_ptr().cast::<u8>();
+    let at = |(a, b): (usize, usize)| (if b == 0 { empty } else { a as *mut u8 }, b);
+    let (mut inp, out) = (at(spans.input), at(spans.output));
+    if spans.aside {
         let words = inp.1.div_ceil(16);
         if p.aside.len() < words {
             p.aside.resize(words, 0);
@@ -421,15 +597,21 @@ fn run_part(
         unsafe { std::ptr::copy_nonoverlapping(inp.0.cast_const(), aside, inp.1) };
         inp.0 = aside;
     }
-    let mut bufs: Vec<(*mut u8, usize)> = Vec::with_capacity(2 + p.scratch.len());
+    if p.scratch_at.len() != p.scratch.len() {
+        return Err(CollectivesError::InvalidPlan {
+            op: None,
+            message: "a scratch buffer without a host address, for a rank on host slices".into(),
+        });
+    }
+    let mut bufs: Vec<(*mut u8, usize)> = Vec::with_capacity(2 + p.scratch_at.len());
     bufs.push(inp);
     bufs.push(out);
-    bufs.extend(p.scratch.iter().map(|&(a, b)| (a as *mut u8, b)));
+    bufs.extend(p.scratch_at.iter().map(|&(a, b)| (a as *mut u8, b)));
     // SAFETY: the input is the caller's shared slice (or this part's copy of it) and only
     // read (the cached plan was checked out of place, so no op writes an input); the output
     // is the caller's exclusive slice; the scratch buffers are the cached plan's, held by
     // this part, and of them only this rank's (each scratch buffer has one owner, so no
-    // other rank's part touches them); all are disjoint (checked above) and stay borrowed
+    // other rank's part touches them); all are disjoint (`check_spans`) and stay borrowed
     // until the run returns, which waits for every step of the flag lane (host lanes run
     // their steps on this thread).
     let mut mem = unsafe { HostMemory::new(&p.program, &bufs, staging)? };

@@ -62,6 +62,8 @@ mod direct;
 mod direct_drive;
 mod direct_part;
 mod flag_calls;
+#[cfg(feature = "cuda")]
+mod flag_streams;
 mod group_run;
 mod meeting;
 mod op;
@@ -100,6 +102,10 @@ pub const DEFAULT_RANK_TIMEOUT: Duration = Duration::from_secs(60);
 /// calls, and where the calls meet.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// Collectives over the flag transport (`flag_calls.rs`), where the ranks were made so.
+    /// Dropped first: its CUDA lanes wait for their streams before the communicator frees
+    /// the scratch their steps use.
+    flags: Option<flag_calls::FlagRanks>,
     comm: Communicator,
     /// Per rank: its handle was dropped.
     gone: Arc<[AtomicBool]>,
@@ -111,8 +117,6 @@ pub(crate) struct Shared {
     direct: bool,
     board: Arc<Board>,
     kept: Vec<Mutex<KeptParts>>,
-    /// Collectives over the flag transport (`flag_calls.rs`), where the ranks were made so.
-    flags: Option<flag_calls::FlagRanks>,
 }
 
 impl Shared {
@@ -365,7 +369,7 @@ impl RankComm {
                 flags.abort(format!("rank {}: {e}", self.rank));
                 return Departure::of(Left::Ran(Err(e)), lender);
             }
-            if flag_calls::eligible(&lender, &ops) {
+            if flag_calls::eligible(flags, &lender, &ops) {
                 let (comm, me, timeout) = (&self.shared.comm, self.rank, self.timeout);
                 let ran = ops
                     .iter()

@@ -46,7 +46,9 @@ pub(crate) fn run(parent: &Shared, arrivals: &[RankArrival]) -> Outcome {
         child.set_staging_budget(comm.staging_budget());
         child.set_plan_cache_limits(comm.plan_cache_limits());
         let shared = Arc::new(match &parent.flags {
-            Some(f) => Shared::with_flags(child, f.shape()),
+            Some(f) => {
+                Shared::with_flags(child, f.shape()).map_err(|e| Failure::Failed(Arc::new(e)))?
+            }
             None => Shared::new(child),
         });
         for (i, &(_, r)) in members.iter().enumerate() {
