@@ -300,6 +300,35 @@ pub fn driver_calls(program: &Program, setup: &CallCountSetup<'_>) -> Result<Dri
     ))
 }
 
+/// The driver calls of `program` launched ordered within one caller's stream on the device
+/// of logical GPU `caller` (`CudaBackend::submit_on`, as a rank's part over CUDA flag lanes
+/// launches each of its segments), counted as [`driver_calls`] counts.
+#[cfg(test)]
+pub(crate) fn driver_calls_within_stream(
+    program: &Program,
+    setup: &CallCountSetup<'_>,
+    caller: u32,
+) -> Result<DriverCalls> {
+    let s = schedule_for_count(program, setup)?;
+    // The dense device index `schedule_for_count` gives the caller's CUDA device.
+    let ordinal = setup.device_map.get(caller as usize).copied().unwrap_or(0);
+    let mut seen: Vec<usize> = Vec::new();
+    for &o in setup.device_map {
+        if !seen.contains(&o) {
+            seen.push(o);
+        }
+    }
+    let dev = seen.iter().position(|&o| o == ordinal).unwrap_or(0);
+    let previous = s.sinks.clone();
+    Ok(DriverCalls::of(
+        &s,
+        Around {
+            previous: &previous,
+            callers: &[dev],
+        },
+    ))
+}
+
 /// The driver calls of a replayed launch of `program` (its steps captured once in a CUDA
 /// graph, `cuGraphLaunch` after), counted as [`driver_calls`] counts: the steady state of a
 /// program called again and again on the same buffers. `None` where the launch is never

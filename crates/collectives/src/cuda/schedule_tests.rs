@@ -766,4 +766,5 @@ fn the_replay_walk_frames_one_graph_launch_on_the_hub() {
     );
 }
 
+mod flag_calls;
 mod launch_model;

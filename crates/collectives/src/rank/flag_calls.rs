@@ -447,7 +447,7 @@ fn cut(comm: &Communicator, me: usize, desc: &Desc, in_place: bool) -> Result<Fl
             })?;
         plan = &expanded;
     }
-    let (program, held) = lower_for(plan, comm, me)?;
+    let (program, held) = lower_part(plan, comm.devices(), me)?;
     let backend = comm.backend();
     let set = cached.scratch_set(0, backend)?;
     let mut scratch = Vec::with_capacity(held.len());
@@ -484,10 +484,14 @@ fn cut(comm: &Communicator, me: usize, desc: &Desc, in_place: bool) -> Result<Fl
     })
 }
 
-/// `plan` lowered for rank `me` of `comm` onto one lane: input binding 0, output 1, then the
-/// scratch buffers it holds, whose plan indices come back with the program.
-fn lower_for(plan: &Plan, comm: &Communicator, me: usize) -> Result<(RankProgram, Vec<usize>)> {
-    let devices = comm.devices();
+/// `plan` lowered for rank `me` of ranks on `devices` (rank `r` on GPU `devices[r]`) onto
+/// one lane: input binding 0, output 1, then the scratch buffers it holds, whose plan indices
+/// come back with the program.
+pub(crate) fn lower_part(
+    plan: &Plan,
+    devices: &[u32],
+    me: usize,
+) -> Result<(RankProgram, Vec<usize>)> {
     let owner = |b: BufferRef| match plan.location(b)? {
         Location::Gpu(g) => devices.iter().position(|d| *d == g).map(|r| r as u32),
         Location::Host(_) => None,

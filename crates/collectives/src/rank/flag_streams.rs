@@ -182,7 +182,7 @@ pub(super) fn run_on_stream(
     }
     dev.run.bind(cuda, [input, output], scratch, true)?;
     let launcher = StreamLauncher { cuda, stream };
-    // SAFETY: the program was lowered onto one lane (`flag_calls::lower_for`) with the
+    // SAFETY: the program was lowered onto one lane (`flag_calls::lower_part`) with the
     // bindings at its sizes: the caller's input (or its copy aside) and output, checked by
     // `check_spans` (lengths, and apart unless copied aside), then this rank's scratch
     // buffers of the cached plan, which the part holds and no other rank's part touches;

@@ -87,6 +87,8 @@ pub use buffers::{RecvBuf, SendBuf};
 pub use collectives::Collectives;
 #[cfg(feature = "cuda")]
 pub use collectives::OnStream;
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) use flag_calls::lower_part;
 use meeting::Meeting;
 #[cfg(feature = "mpi")]
 pub(crate) use op::View;
