@@ -10,7 +10,10 @@
 //!   with the same matrix every call (`repeated_matrix`) or another every call
 //!   (`fresh_matrix`: 64 matrices in turn, every one under one capacity);
 //! - `rank_p2p_ring_8_ranks_64KiB`: each rank's group sends 64 KiB of f32 to the next rank
-//!   and receives 64 KiB from the previous one, as a pipeline's stages hand activations on.
+//!   and receives 64 KiB from the previous one, as a pipeline's stages hand activations on;
+//! - `rank_flags_2_ranks_all_reduce`: two ranks on a thread each, one in-place all_reduce of
+//!   64 KiB or 4 MiB per call, run directly on each other's memory or over the flag transport
+//!   (each rank its own part, its messages through rings of slots).
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -229,11 +232,52 @@ fn rank_p2p_ring(c: &mut Criterion) {
     g.finish();
 }
 
+/// Two host ranks, a thread each, one in-place all_reduce of `elems` f32 per call: directly
+/// on each other's memory (`RankComm::host`) against over the flag transport
+/// (`Communicator::into_flag_ranks`, rings of 2 slots of 256 KiB).
+fn rank_flags(c: &mut Criterion) {
+    const ELEMS: [usize; 2] = [16 << 10, 1 << 20];
+    let shape = match relaycc::collectives::exec::flag_transport::FlagShape::new(2, 256 << 10) {
+        Ok(s) => s,
+        Err(e) => return eprintln!("{e}"),
+    };
+    let made = (
+        RankComm::host(2),
+        relaycc::Communicator::host(2).and_then(|c| c.into_flag_ranks(shape)),
+    );
+    let (Ok(direct), Ok(flags)) = made else {
+        return eprintln!("cannot build 2 host ranks");
+    };
+    let one_each = |ranks: Vec<RankComm>| ranks.into_iter().map(|r| vec![r]).collect::<Vec<_>>();
+    let mut ways = [("direct", one_each(direct)), ("flags", one_each(flags))];
+    let mut g = c.benchmark_group("rank_flags_2_ranks_all_reduce");
+    for elems in ELEMS {
+        g.throughput(Throughput::Bytes((elems * 4) as u64));
+        for (name, shares) in &mut ways {
+            let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; elems]; 2];
+            g.bench_function(format!("{name}_{}KiB", (elems * 4) >> 10), |b| {
+                b.iter_custom(|iters| {
+                    on_threads(shares, &mut bufs, iters, |mine, buf, iters| {
+                        for _ in 0..iters {
+                            if let Err(e) = mine[0].all_reduce_in_place(&mut buf[..], ReduceOp::Sum)
+                            {
+                                eprintln!("all_reduce failed: {e}");
+                            }
+                        }
+                    })
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     rank_groups,
     rank_v_calls,
     rank_v_calls_all_to_all_v,
-    rank_p2p_ring
+    rank_p2p_ring,
+    rank_flags
 );
 criterion_main!(benches);

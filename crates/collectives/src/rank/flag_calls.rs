@@ -382,8 +382,14 @@ pub(crate) fn call(
     end.set_timeout(timeout);
     let part = take_part(parts, desc, *in_place).map_or_else(|| cut(comm, me, desc, *in_place), Ok);
     // Posted whatever the part gave, so that a call that differs from the peers' is named
-    // as a mismatch, not as this rank's own error.
-    end.begin_call(desc)?;
+    // as a mismatch, not as this rank's own error. A kept part stays kept: earlier calls'
+    // steps on a CUDA stream may still use its memory.
+    if let Err(e) = end.begin_call(desc) {
+        if let Ok(p) = part {
+            keep(parts, p, end);
+        }
+        return Err(e);
+    }
     let ran = part.and_then(|mut p| {
         let ran = check_spans(&p, lender, (*input, *output), me).and_then(|spans| match end {
             FlagEnd::Host(t) => run_on_host(&mut p, t, staging, spans),
@@ -392,13 +398,7 @@ pub(crate) fn call(
                 super::flag_streams::run_on_stream(comm, me, &mut p, t, lender, spans)
             }
         });
-        parts.push(p);
-        // An evicted part's scratch may be freed once it goes, so its steps must be done
-        // first (on a CUDA stream, a wait: the one host wait of this path, once per call
-        // shape evicted).
-        if parts.len() > KEPT_PARTS && end.drain().is_ok() {
-            parts.remove(0);
-        }
+        keep(parts, p, end);
         ran
     });
     ran.map_err(|e| {
@@ -411,6 +411,17 @@ pub(crate) fn call(
             },
         }
     })
+}
+
+/// Keep `p` as the most recently used part, letting the least recently used go past
+/// [`KEPT_PARTS`]. An evicted part's scratch may be freed once it goes, so its steps must be
+/// done first: on a CUDA stream, a wait on the host (the one of this path, once per call
+/// shape evicted); where that fails the part stays.
+fn keep(parts: &mut Vec<FlagPart>, p: FlagPart, end: &FlagEnd) {
+    parts.push(p);
+    if parts.len() > KEPT_PARTS && end.drain().is_ok() {
+        parts.remove(0);
+    }
 }
 
 /// The kept part of a call of `desc`'s shape, taken out.

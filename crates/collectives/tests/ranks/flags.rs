@@ -188,3 +188,28 @@ fn split_communicators_over_flags_run_at_once() {
         assert_eq!(got, &want, "rank {r}");
     }
 }
+
+/// Twelve call shapes in turn, twice, more than a rank keeps parts of: evicted parts are cut
+/// again and every result stays exact.
+#[test]
+fn more_shapes_than_a_rank_keeps_parts_of() {
+    let shape = FlagShape::new(2, 512).expect("shape");
+    let got = on_ranks(flag_ranks(3, shape, true), |mut rank| {
+        let mut sums = Vec::new();
+        for round in 0..2u64 {
+            for count in 1..=12usize {
+                let mut a = vec![rank.rank() as u64 + round; count * 37];
+                rank.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+                    .expect("all_reduce");
+                sums.push((a[0], a.len()));
+            }
+        }
+        sums
+    });
+    for (r, sums) in got.iter().enumerate() {
+        let want: Vec<(u64, usize)> = (0..2u64)
+            .flat_map(|round| (1..=12).map(move |c| (3 + 3 * round, c * 37)))
+            .collect();
+        assert_eq!(sums, &want, "rank {r}");
+    }
+}
