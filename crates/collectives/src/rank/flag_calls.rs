@@ -32,8 +32,8 @@ use std::time::Duration;
 use relaycc_route::{BufferRef, Collective, InPlace, Location, Plan};
 
 use super::board::lock;
-use super::op::{Desc, RankCallOp, View};
-use super::{Lender, RankComm, Shared};
+use super::op::{Desc, RankCallOp, Span, View};
+use super::{Departure, Left, Lender, RankComm, Shared};
 use crate::backend::sealed::{Lending, Private};
 use crate::backend::{AddressSpace, ByteRegion, DeviceMem};
 use crate::call_checks;
@@ -322,9 +322,115 @@ impl Communicator {
     }
 }
 
+impl RankComm {
+    /// Where this rank's communicator runs `ops` over the flag transport (module docs),
+    /// where they went: on CUDA lanes enqueued now, on host lanes left to run when the
+    /// departure is waited for (the slices' spans taken out of `lender`). `None` where they
+    /// do not go there.
+    pub(super) fn depart_flags(
+        &mut self,
+        lender: &mut Lender<'_>,
+        ops: &mut Vec<RankCallOp>,
+    ) -> Option<Left> {
+        let flags = self.shared.flags.as_ref()?;
+        let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));
+        if collectives && let Some(e) = lender.error.take() {
+            // The others may be waiting for this rank's part: fail the group for all.
+            flags.abort(format!("rank {}: {e}", self.rank));
+            return Some(Left::Ran(Err(e)));
+        }
+        if !eligible(flags, lender, ops) {
+            return None;
+        }
+        let deferred = Deferred {
+            shared: Arc::clone(&self.shared),
+            me: self.rank,
+            timeout: self.timeout,
+            blocks: Vec::new(),
+            ops: std::mem::take(ops),
+        };
+        if matches!(flags.channels, Channels::Host(_)) {
+            let blocks = std::mem::take(&mut lender.blocks);
+            return Some(Left::Flags(Deferred { blocks, ..deferred }));
+        }
+        Some(Left::Ran(deferred.run_with(lender)))
+    }
+}
+
+impl Departure<'_> {
+    /// The host flag calls this departure holds, taken out to run elsewhere (the departure
+    /// then waits for nothing).
+    pub(super) fn take_flags(&mut self) -> Option<Deferred> {
+        match std::mem::replace(&mut self.outcome, Left::Ran(Ok(()))) {
+            Left::Flags(f) => Some(f),
+            other => {
+                self.outcome = other;
+                None
+            }
+        }
+    }
+}
+
+/// A rank's collectives on host lanes, left to run when its departure is waited for: a host
+/// lane runs its rank's steps on the calling thread, so one thread cannot run two ranks'
+/// calls one after another ([`run_apart`] runs several ranks' at once). The spans are of
+/// slices the departure keeps borrowed until then.
+#[derive(Debug)]
+pub(crate) struct Deferred {
+    shared: Arc<Shared>,
+    me: usize,
+    timeout: Duration,
+    ops: Vec<RankCallOp>,
+    blocks: Vec<Span>,
+}
+
+impl Deferred {
+    /// Run the calls on this thread, one after the other.
+    pub(super) fn run(mut self) -> Result<()> {
+        let lender = Lender {
+            blocks: std::mem::take(&mut self.blocks),
+            ..Lender::default()
+        };
+        self.run_with(&lender)
+    }
+
+    fn run_with(&self, lender: &Lender<'_>) -> Result<()> {
+        let Some(flags) = &self.shared.flags else {
+            return Err(CollectivesError::Unmatched(
+                "flag calls on a communicator without flags".into(),
+            ));
+        };
+        let (comm, me, timeout) = (&self.shared.comm, self.me, self.timeout);
+        self.ops
+            .iter()
+            .try_for_each(|op| call(comm, flags, me, timeout, lender, op))
+    }
+}
+
+/// Run several ranks' deferred calls at once, each on a thread of its own (the first on
+/// this one); their results in order.
+pub(super) fn run_apart(groups: Vec<Deferred>) -> Vec<Result<()>> {
+    let mut groups = groups.into_iter();
+    let Some(first) = groups.next() else {
+        return Vec::new();
+    };
+    std::thread::scope(|s| {
+        let others: Vec<_> = groups.map(|g| s.spawn(move || g.run())).collect();
+        let mut out = vec![first.run()];
+        out.extend(others.into_iter().map(|h| {
+            h.join().unwrap_or_else(|_| {
+                Err(CollectivesError::Unmatched(
+                    "a rank's thread of a group panicked".into(),
+                ))
+            })
+        }));
+        out
+    })
+}
+
 /// Whether `ops` run over the flag transport: every one a collective with fixed counts, on
 /// host slices for host lanes, on device buffers on a stream for CUDA lanes.
-pub(crate) fn eligible(flags: &FlagRanks, lender: &Lender<'_>, ops: &[RankCallOp]) -> bool {
+fn eligible(flags: &FlagRanks, lender: &Lender<'_>, ops: &[RankCallOp]) -> bool {
     let on_device = match flags.channels {
         Channels::Host(_) => false,
         #[cfg(feature = "cuda")]

@@ -354,7 +354,11 @@ impl RankComm {
     /// their peers' pair meetings, or run at once with this rank itself (`pair_group.rs`); collectives
     /// on ranks that share one host memory run directly (`direct.rs`), one after the other;
     /// anything else meets at the communicator's meeting.
-    fn depart_rank<'b>(&mut self, mut lender: Lender<'b>, ops: Vec<RankCallOp>) -> Departure<'b> {
+    fn depart_rank<'b>(
+        &mut self,
+        mut lender: Lender<'b>,
+        mut ops: Vec<RankCallOp>,
+    ) -> Departure<'b> {
         if ops.is_empty() && lender.error.is_none() {
             // An empty group names no rank, as NCCL's: nothing to meet for. (A group whose
             // one call failed its own checks has no ops either, and meets to fail the call
@@ -364,20 +368,8 @@ impl RankComm {
         if !ops.is_empty() && ops.iter().all(|o| matches!(o, RankCallOp::P2p(_))) {
             return self.depart_pairs(lender, ops);
         }
-        if let Some(flags) = &self.shared.flags {
-            let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));
-            if collectives && let Some(e) = lender.error.take() {
-                // The others may be waiting for this rank's part: fail the group for all.
-                flags.abort(format!("rank {}: {e}", self.rank));
-                return Departure::of(Left::Ran(Err(e)), lender);
-            }
-            if flag_calls::eligible(flags, &lender, &ops) {
-                let (comm, me, timeout) = (&self.shared.comm, self.rank, self.timeout);
-                let ran = ops
-                    .iter()
-                    .try_for_each(|op| flag_calls::call(comm, flags, me, timeout, &lender, op));
-                return Departure::of(Left::Ran(ran), lender);
-            }
+        if let Some(left) = self.depart_flags(&mut lender, &mut ops) {
+            return Departure::of(left, lender);
         }
         if self.shared.direct {
             let collectives = ops.iter().all(|o| matches!(o, RankCallOp::Coll { .. }));
@@ -615,6 +607,8 @@ enum Left {
     Ran(Result<()>),
     /// Collectives to run directly, one after the other, when waited for (`direct.rs`).
     Direct(Vec<DirectCall>),
+    /// Collectives over host flag lanes, to run when waited for (`flag_calls.rs`).
+    Flags(flag_calls::Deferred),
     /// A direct call whose arguments failed (which aborted the communicator).
     Failed(Arc<CollectivesError>),
     /// A group of sends and receives at its peers' pair meetings (`pair_group.rs`), and
@@ -661,6 +655,7 @@ impl<'b> Departure<'b> {
             Left::Meeting(t) => RankComm::result(call, t.wait()).map(|_| ()),
             Left::Ran(r) => r,
             Left::Direct(d) => direct_drive::drive(vec![d]).pop().unwrap_or(Ok(())),
+            Left::Flags(f) => f.run(),
             Left::Failed(source) => Err(CollectivesError::RankFailed { call, source }),
             Left::Pairs(tickets, own) => pair_group::wait_pairs(call, tickets, own),
         }
@@ -677,6 +672,7 @@ impl<'r, 'b> RankGroup<'r, 'b> {
     /// ranks in one host memory run directly (module docs): every group's first call
     /// posts first, and they advance together on this thread, each part running once the posts
     /// it needs are there and each group's next call posting once the one before it is over.
+    /// Groups over host flag lanes (`Communicator::into_flag_ranks`) run on a thread each.
     /// Returns when every group is
     /// done: `Ok` when all succeeded, else the first failed group's error (in the order
     /// given). The groups' slices stay borrowed until then; a timeout counts from each
@@ -717,6 +713,15 @@ impl<'r, 'b> RankGroup<'r, 'b> {
             .unzip();
         let mut results: Vec<Result<()>> = (0..departed.len()).map(|_| Ok(())).collect();
         for (i, r) in at.into_iter().zip(direct_drive::drive(calls)) {
+            results[i] = r;
+        }
+        // Host flag lanes run a rank's steps on its thread: each rank's group on its own.
+        let (at, flags): (Vec<usize>, Vec<flag_calls::Deferred>) = departed
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, d)| d.take_flags().map(|f| (i, f)))
+            .unzip();
+        for (i, r) in at.into_iter().zip(flag_calls::run_apart(flags)) {
             results[i] = r;
         }
         let mut first = Ok(());

@@ -213,3 +213,41 @@ fn more_shapes_than_a_rank_keeps_parts_of() {
         assert_eq!(sums, &want, "rank {r}");
     }
 }
+
+/// Two threads drive four ranks over host flags with `RankGroup::launch_all`, two ranks
+/// each, every group two in-place all_reduces: each rank's group runs on a thread of its own
+/// within the launch, so no rank waits on a thread busy with another.
+#[test]
+fn launch_all_drives_several_ranks_over_flags_from_one_thread() {
+    use relaycc_collectives::RankGroup;
+    let shape = FlagShape::new(2, 1024).expect("shape");
+    let mut ranks = flag_ranks(4, shape, true);
+    let right = ranks.split_off(2);
+    let drive = |mut mine: Vec<RankComm>| {
+        thread::spawn(move || {
+            let mut bufs: Vec<[Vec<u32>; 2]> = mine
+                .iter()
+                .map(|r| [vec![r.rank() as u32; 3000], vec![1; 10]])
+                .collect();
+            for _ in 0..3 {
+                let groups = mine.iter_mut().zip(bufs.iter_mut()).map(|(r, [a, b])| {
+                    let mut g = r.group();
+                    g.all_reduce_in_place(&mut a[..], ReduceOp::Sum);
+                    g.all_reduce_in_place(&mut b[..], ReduceOp::Max);
+                    g
+                });
+                RankGroup::launch_all(groups)?;
+            }
+            Ok::<_, CollectivesError>(
+                bufs.iter()
+                    .map(|[a, b]| (a[2999], b[9]))
+                    .collect::<Vec<_>>(),
+            )
+        })
+    };
+    let (a, b) = (drive(ranks), drive(right));
+    for got in [a.join().expect("thread"), b.join().expect("thread")] {
+        // 0+1+2+3 = 6, then 4 x 6 = 24, then 96.
+        assert_eq!(got.expect("launch_all"), vec![(96, 1); 2]);
+    }
+}
