@@ -60,6 +60,18 @@ pub struct FlagShape {
     pub slot_bytes: usize,
 }
 
+impl Default for FlagShape {
+    /// NCCL's buffer per connection (`NCCL_BUFFSIZE`, 4 MiB, [NCCL-env]) as 4 slots of 1 MiB:
+    /// a sender fills a slot while its receiver empties another, and a chunk's three driver
+    /// calls a side (on CUDA lanes) come once per MiB.
+    fn default() -> FlagShape {
+        FlagShape {
+            slots: 4,
+            slot_bytes: (relaycc_route::staging::NCCL_BUFFSIZE_BYTES / 4) as usize,
+        }
+    }
+}
+
 impl FlagShape {
     /// The shape, or an error naming the field that is zero.
     pub fn new(slots: u32, slot_bytes: usize) -> Result<FlagShape, CollectivesError> {

@@ -281,7 +281,7 @@ impl Shared {
 impl Communicator {
     /// One handle per rank, as [`Communicator::into_ranks`] makes them, whose collectives
     /// run over the flag transport ([`crate::exec::flag_transport`]) with channels of
-    /// `shape`: each rank runs only its own part of the plan, its messages through rings of
+    /// `shape` (`FlagShape::default()`: NCCL's 4 MiB per connection, as 4 slots): each rank runs only its own part of the plan, its messages through rings of
     /// slots ordered by counters, and waits for another rank only for the data it needs. On
     /// host slices a rank's part runs on its own thread before the call returns; on the CUDA
     /// backend (calls through `RankComm::on(&stream)`) the call enqueues the part on the
@@ -300,7 +300,7 @@ impl Communicator {
     /// use relaycc_collectives::exec::flag_transport::FlagShape;
     /// use relaycc_collectives::{Collectives, Communicator, ReduceOp};
     ///
-    /// let ranks = Communicator::host(4)?.into_flag_ranks(FlagShape::new(2, 64 << 10)?)?;
+    /// let ranks = Communicator::host(4)?.into_flag_ranks(FlagShape::default())?;
     /// let threads: Vec<_> = ranks
     ///     .into_iter()
     ///     .map(|mut rank| {

@@ -222,6 +222,9 @@ fn counters_compare_cyclically_and_shapes_need_a_slot_of_a_byte() {
     assert!(reached(2, u32::MAX), "2 is 3 past u32::MAX, modulo 2^32");
     assert!(!reached(u32::MAX, 1));
     assert!(FlagShape::new(0, 8).is_err() && FlagShape::new(2, 0).is_err());
+    let d = FlagShape::default();
+    assert_eq!(FlagShape::new(d.slots, d.slot_bytes).ok(), Some(d));
+    assert_eq!(d.ring_bytes(), 4 << 20);
     let s = FlagShape::new(3, 10).unwrap();
     assert_eq!(
         (s.chunks(0), s.chunks(10), s.chunks(11), s.ring_bytes()),
