@@ -103,6 +103,23 @@ fn parse_size(s: &str) -> Result<u64, String> {
     crate::size::parse_size(s)
 }
 
+/// A flag transport's rings as people write them: `SLOTSxSIZE` (`4x1MiB`, `2x256K`).
+fn parse_flag_shape(
+    s: &str,
+) -> Result<relaycc_collectives::exec::flag_transport::FlagShape, String> {
+    let (slots, size) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("`{s}`: give SLOTSxSIZE, as 4x1MiB"))?;
+    let slots: u32 = slots
+        .trim()
+        .parse()
+        .map_err(|e| format!("`{s}`: slots: {e}"))?;
+    let bytes = usize::try_from(crate::size::parse_size(size.trim())?)
+        .map_err(|_| format!("`{s}`: a slot larger than this machine addresses"))?;
+    relaycc_collectives::exec::flag_transport::FlagShape::new(slots, bytes)
+        .map_err(|e| format!("`{s}`: {e}"))
+}
+
 /// A planning budget as people write it: `5` or `5s` (seconds), `500ms`, `2m`, `1.5s`.
 pub fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
@@ -491,6 +508,11 @@ pub struct BenchArgs {
     /// GPUs; several processes may share one GPU (MPI transport).
     #[arg(long, value_enum)]
     pub transport: Option<TransportKind>,
+    /// `--backend host`: run the ranks' calls over the flag transport, each rank its own part
+    /// of the plan, its messages through a ring of SLOTS slots of SIZE bytes per pair of ranks
+    /// (`SLOTSxSIZE`, as `4x1MiB`, NCCL's 4 MiB per connection, when given bare).
+    #[arg(long, value_parser = parse_flag_shape, num_args = 0..=1, default_missing_value = "4x1MiB")]
+    pub flags: Option<relaycc_collectives::exec::flag_transport::FlagShape>,
     /// Element type and reduce operator.
     #[command(flatten)]
     pub element: ElementArgs,

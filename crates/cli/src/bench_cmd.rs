@@ -28,6 +28,11 @@ pub fn run(args: &BenchArgs, out: &mut Vec<u8>) -> Result<()> {
             "--shared-buffers needs --backend mpi (buffers other processes map)",
         ));
     }
+    if args.flags.is_some() && args.backend != BackendKind::Host {
+        return Err(usage(
+            "--flags needs --backend host (the per-rank calls of host ranks)",
+        ));
+    }
     if args.transport.is_some() && args.backend != BackendKind::Mpi {
         return Err(usage(
             "--transport needs --backend mpi (GPU ranks across processes)",

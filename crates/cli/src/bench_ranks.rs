@@ -1,6 +1,7 @@
 //! `relaycc bench --backend host` through the per-rank API: each rank has its own host
 //! vectors and calls the collective on its [`RankComm`] as an engine's rank would (out of
-//! place; send_recv is a ring in one group). The ranks run on a bounded pool of threads, one
+//! place; send_recv is a ring in one group), directly on the other ranks' memory or, with
+//! `--flags`, over the flag transport (each rank its own part, messages through rings). The ranks run on a bounded pool of threads, one
 //! per core and at most one per rank, each driving its share of the ranks as one thread
 //! drives several GPUs in NCCL: it adds every rank's call to that rank's group and launches
 //! them together ([`RankGroup::launch_all`]), so 1,024 ranks need no 1,024 threads. A thread
@@ -52,9 +53,21 @@ pub fn open(args: &BenchArgs, sizes: &[u64]) -> Result<RanksDriver> {
     let nccl_unavailable = args
         .vs_nccl
         .then(|| "NCCL runs on GPUs: use --backend cuda".to_owned());
+    let (backend, ranks) = match args.flags {
+        Some(shape) => (
+            format!(
+                "{}, ranks over flags ({} slots of {} bytes per pair)",
+                comm.backend().name(),
+                shape.slots,
+                shape.slot_bytes
+            ),
+            comm.into_flag_ranks(shape)?,
+        ),
+        None => (comm.backend().name().into(), comm.into_ranks()),
+    };
     Ok(RanksDriver {
-        backend: comm.backend().name().into(),
-        ranks: comm.into_ranks(),
+        backend,
+        ranks,
         devices,
         nccl_unavailable,
     })

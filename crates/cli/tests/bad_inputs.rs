@@ -359,3 +359,30 @@ fn parser_errors_are_one_line_with_exit_two() {
         refused(&relaycc(args), 2, needle, &format!("{args:?}"));
     }
 }
+
+/// `bench --flags` runs the host ranks' calls over the flag transport, every output checked,
+/// and names it in the report; a shape that is no SLOTSxSIZE, or `--flags` on another
+/// backend, is a usage error.
+#[test]
+fn bench_flags_run_host_ranks_over_the_flag_transport() {
+    for flags in ["--flags", "--flags=2x256"] {
+        let line = format!(
+            "bench all_reduce --backend host --ranks 3 -b 1K -e 64K -f 8 -n 2 -w 1 --check \
+             --format json {flags}"
+        );
+        let o = relaycc(&words(&line));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench JSON");
+        let backend = v["backend"].as_str().unwrap_or_default();
+        assert!(backend.contains("ranks over flags"), "{v}");
+        for r in v["results"].as_array().expect("results") {
+            assert_eq!(r["wrong"], 0, "{v}");
+        }
+    }
+    let o = relaycc(&words("bench all_reduce --ranks 2 --flags=4"));
+    refused(&o, 2, "SLOTSxSIZE", "--flags=4");
+    let o = relaycc(&words("bench all_reduce --ranks 2 --flags=0x1K"));
+    refused(&o, 2, "at least one slot", "--flags=0x1K");
+    let o = relaycc(&words("bench all_reduce --backend mpi --ranks 2 --flags"));
+    refused(&o, 2, "--flags needs --backend host", "--flags on mpi");
+}

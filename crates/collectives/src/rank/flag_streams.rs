@@ -76,12 +76,13 @@ impl Launcher for StreamLauncher<'_> {
 /// not wait: the caller's stream orders the memory's reuse after the call's work).
 struct Lent<'a> {
     cuda: &'a CudaBackend,
-    mems: Vec<DeviceMem>,
+    /// The input's and the output's handles.
+    mems: [Option<DeviceMem>; 2],
 }
 
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
-        for m in self.mems.drain(..) {
+        for m in self.mems.iter_mut().filter_map(Option::take) {
             self.cuda.unlend(m, Private);
         }
     }
@@ -117,9 +118,10 @@ pub(super) fn run_on_stream(
     let ordinal = stream.context().ordinal();
     let mut lent = Lent {
         cuda,
-        mems: Vec::with_capacity(2),
+        mems: [None, None],
     };
-    for (addr, bytes) in [spans.input, spans.output] {
+    let mut handles = [None, None];
+    for (k, (addr, bytes)) in [spans.input, spans.output].into_iter().enumerate() {
         let loan = Loan::Device {
             ordinal,
             ptr: addr as u64,
@@ -128,8 +130,14 @@ pub(super) fn run_on_stream(
         // SAFETY: a cudarc buffer of the caller's, borrowed for the call and taken on its
         // stream (the lender's guards record its events there once the call's work is
         // enqueued), or zero bytes; checked to be on the stream's device by the backend.
-        lent.mems.push(unsafe { cuda.lend(at, loan, Private) }?);
+        let mem = unsafe { cuda.lend(at, loan, Private) }?;
+        (lent.mems[k], handles[k]) = (Some(mem), Some(mem));
     }
+    let [Some(input_mem), Some(output_mem)] = handles else {
+        return Err(CollectivesError::Unmatched(
+            "a call's buffers just lent".into(),
+        ));
+    };
     let FlagPart {
         desc: p_desc,
         program,
@@ -146,8 +154,8 @@ pub(super) fn run_on_stream(
             recv_stage: HostBuf::None,
         })
     });
-    let mut input = whole(lent.mems[0], spans.input.1 as u64);
-    let output = whole(lent.mems[1], spans.output.1 as u64);
+    let mut input = whole(input_mem, spans.input.1 as u64);
+    let output = whole(output_mem, spans.output.1 as u64);
     if spans.aside {
         let bytes = input.bytes;
         if dev.aside.as_ref().is_none_or(|(m, _)| m.bytes() < bytes) {
