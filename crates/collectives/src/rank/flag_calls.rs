@@ -508,7 +508,7 @@ pub(crate) fn call(
         ran
     });
     ran.map_err(|e| {
-        end.abort(format!("rank {me}: {}: {e}", desc.call));
+        end.abort(format!("rank {me} failed: {e}"));
         match e {
             e @ CollectivesError::RankMismatch { .. } => e,
             e => CollectivesError::RankFailed {

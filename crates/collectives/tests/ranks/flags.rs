@@ -252,3 +252,40 @@ fn launch_all_drives_several_ranks_over_flags_from_one_thread() {
         assert_eq!(got.expect("launch_all"), vec![(96, 1); 2]);
     }
 }
+
+/// A rank whose own buffer is wrong (an all_gather output one element short) fails its call
+/// with the reason, and the group's abort fails the peers' call with the same words: no
+/// rank waits for its timeout, and every later call fails too.
+#[test]
+fn a_wrong_buffer_on_one_rank_fails_every_rank_over_flags() {
+    let shape = FlagShape::new(2, 1024).expect("shape");
+    let start = Instant::now();
+    let errs = on_ranks(flag_ranks(3, shape, true), |mut rank| {
+        rank.set_timeout(Duration::from_secs(30));
+        let short = usize::from(rank.rank() == 1);
+        let mut out = vec![0u32; 3 * 500 - short];
+        let first = rank.all_gather(&vec![7u32; 500][..], &mut out[..]);
+        let later = rank.all_reduce_in_place(&mut [1u32; 4][..], ReduceOp::Sum);
+        (
+            first.map_err(|e| e.to_string()),
+            later.map_err(|e| e.to_string()),
+        )
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    for (r, (first, later)) in errs.iter().enumerate() {
+        let first = first.as_ref().expect_err("the call fails on every rank");
+        assert!(
+            first.contains("rank 1") && first.contains("output"),
+            "rank {r}: {first}"
+        );
+        let later = later.as_ref().expect_err("the group is aborted");
+        assert!(
+            later.contains("aborted") && later.contains("rank 1"),
+            "rank {r}: {later}"
+        );
+    }
+}
