@@ -96,6 +96,15 @@ impl FlagEnd {
         }
     }
 
+    /// The group's channels.
+    fn channels(&self) -> Channels {
+        match self {
+            FlagEnd::Host(t) => Channels::Host(Arc::clone(t.lane().channels())),
+            #[cfg(feature = "cuda")]
+            FlagEnd::Cuda(t) => Channels::Cuda(Arc::clone(t.lane().channels())),
+        }
+    }
+
     /// Wait until every step this end enqueued is done (host lanes run them before a call
     /// returns).
     fn drain(&self) -> Result<()> {
@@ -166,15 +175,7 @@ impl FlagRanks {
         timeout: Duration,
     ) -> Result<FlagRanks> {
         let ends = HostFlagChannels::group(comm.ranks() as u32, shape, timeout);
-        let channels = ends
-            .first()
-            .map(|e| Arc::clone(e.lane().channels()))
-            .ok_or_else(|| CollectivesError::Setup("a flag group of no ranks".into()))?;
-        Ok(FlagRanks::of(
-            shape,
-            Channels::Host(channels),
-            ends.into_iter().map(FlagEnd::Host),
-        ))
+        FlagRanks::of(shape, ends.into_iter().map(FlagEnd::Host).collect())
     }
 
     /// CUDA lanes for the ranks of `comm` on `cuda`, each starting on a stream of its own
@@ -202,22 +203,20 @@ impl FlagRanks {
             streams.push(stream);
         }
         let ends = CudaFlagChannels::group(streams, shape, timeout)?;
-        let channels = ends
-            .first()
-            .map(|e| Arc::clone(e.lane().channels()))
-            .ok_or_else(|| CollectivesError::Setup("a flag group of no ranks".into()))?;
-        Ok(FlagRanks::of(
-            shape,
-            Channels::Cuda(channels),
-            ends.into_iter().map(FlagEnd::Cuda),
-        ))
+        FlagRanks::of(shape, ends.into_iter().map(FlagEnd::Cuda).collect())
     }
 
-    fn of(shape: FlagShape, channels: Channels, ends: impl Iterator<Item = FlagEnd>) -> FlagRanks {
-        FlagRanks {
+    /// The ranks of `ends`, one group's, in rank order.
+    fn of(shape: FlagShape, ends: Vec<FlagEnd>) -> Result<FlagRanks> {
+        let channels = ends
+            .first()
+            .map(FlagEnd::channels)
+            .ok_or_else(|| CollectivesError::Setup("a flag group of no ranks".into()))?;
+        Ok(FlagRanks {
             shape,
             channels,
             ranks: ends
+                .into_iter()
                 .map(|end| {
                     Mutex::new(FlagRank {
                         end,
@@ -226,7 +225,7 @@ impl FlagRanks {
                     })
                 })
                 .collect(),
-        }
+        })
     }
 
     /// The channels' shape.
