@@ -21,7 +21,7 @@
 //! queue). The watchdog bounds that too; `scripts/gpu-check` runs more ranks on one GPU than
 //! it has queues to find out whether it happens.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -37,8 +37,8 @@ use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
 use crate::exec::call_book::CallBook;
 use crate::exec::flag_transport::{
-    Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings, reached,
-    wait_chain_words,
+    Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings,
+    RingTable, reached, wait_chain_words,
 };
 
 /// The most ranks one group holds: its counters are two words per ordered pair.
@@ -103,7 +103,7 @@ pub struct CudaFlagChannels {
     counters: Counters,
     /// Per counter word, the value its waiter's last enqueued wait needs.
     last_wait: Vec<AtomicU32>,
-    rings: Mutex<HashMap<(u32, u32), Ring>>,
+    rings: Mutex<RingTable<Ring>>,
     pending: Vec<Mutex<VecDeque<PendingWait>>>,
     abort: GroupAbort,
     calls: CallBook,
@@ -119,13 +119,15 @@ unsafe impl Sync for CudaFlagChannels {}
 
 impl CudaFlagChannels {
     /// Ends for ranks `0..streams.len()`, rank `r` enqueueing on `streams[r]` (ranks may
-    /// share a device); channels have `shape`; a wait unreached after `timeout` aborts the
-    /// group. Errors: no driver (probed first), more than [`MAX_FLAG_RANKS`] ranks, a driver
-    /// status.
+    /// share a device); channels have `shape`, at most `ring_budget` bytes of rings in any
+    /// one rank's memory (a channel whose ring would pass it fails its first step); a wait
+    /// unreached after `timeout` aborts the group. Errors: no driver (probed first), more
+    /// than [`MAX_FLAG_RANKS`] ranks, a driver status.
     pub fn group(
         streams: Vec<Arc<CudaStream>>,
         shape: FlagShape,
         timeout: Duration,
+        ring_budget: u64,
     ) -> Result<Vec<FlagTransport<CudaFlagLane>>, CollectivesError> {
         driver()?;
         let n = u32::try_from(streams.len())
@@ -166,7 +168,7 @@ impl CudaFlagChannels {
                 words,
             },
             last_wait: (0..words).map(|_| AtomicU32::new(0)).collect(),
-            rings: Mutex::new(HashMap::new()),
+            rings: Mutex::new(RingTable::new(n, shape, ring_budget)),
             pending: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
             abort: GroupAbort::default(),
             calls: CallBook::new(n),
@@ -270,19 +272,19 @@ impl CudaFlagChannels {
     /// first use.
     fn ring(&self, src: u32, dst: u32) -> Result<u64, CollectivesError> {
         let mut rings = lock(&self.rings);
-        if let Some(r) = rings.get(&(src, dst)) {
-            return Ok(r.ptr);
-        }
-        let ctx = Arc::clone(self.streams[dst as usize].context());
-        ctx.bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: a plain allocation into `ptr` on `dst`'s context.
-        unsafe { sys::cuMemAlloc_v2(&mut ptr, self.shape.ring_bytes()) }
-            .result()
-            .map_err(driver_err("cuMemAlloc"))?;
-        rings.insert((src, dst), Ring { ptr, ctx });
-        Ok(ptr)
+        let (bytes, streams) = (self.shape.ring_bytes(), &self.streams);
+        let ring = rings.get_or_make(src, dst, || {
+            let ctx = Arc::clone(streams[dst as usize].context());
+            ctx.bind_to_thread()
+                .map_err(driver_err("cuCtxSetCurrent"))?;
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: a plain allocation into `ptr` on `dst`'s context.
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }
+                .result()
+                .map_err(driver_err("cuMemAlloc"))?;
+            Ok(Ring { ptr, ctx })
+        })?;
+        Ok(ring.ptr)
     }
 }
 
@@ -292,7 +294,7 @@ impl Drop for CudaFlagChannels {
         if self.leak.load(Ordering::SeqCst) {
             return;
         }
-        for ring in lock(&self.rings).values() {
+        for ring in lock(&self.rings).rings() {
             if ring.ctx.bind_to_thread().is_ok() {
                 // SAFETY: allocated by `ring`, used by no stream any more.
                 let _ = unsafe { sys::cuMemFree_v2(ring.ptr) };

@@ -8,7 +8,6 @@
 //! stops at its next wait with the first failure's words. Rings are made on a channel's first
 //! use, so memory grows with the pairs that exchange data, a ring each.
 
-use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::call_book::CallBook;
 use super::flag_transport::{
     Counter, FlagLane, FlagRef, FlagShape, FlagStep, FlagTransport, GroupAbort, LaneRings,
-    wait_chain_words,
+    RingTable, wait_chain_words,
 };
 use crate::backend::AddressSpace;
 use crate::error::CollectivesError;
@@ -44,15 +43,23 @@ unsafe impl Send for HostRing {}
 unsafe impl Sync for HostRing {}
 
 impl HostRing {
-    fn new(bytes: usize) -> HostRing {
-        let ring = Box::into_raw(vec![0u8; bytes].into_boxed_slice()).cast::<u8>();
-        HostRing {
-            // A boxed slice's pointer is never null (dangling but aligned when empty).
-            ring: NonNull::new(ring).unwrap_or(NonNull::dangling()),
+    /// A ring of `bytes` zeroed bytes (pages the allocator gives zeroed, not written here);
+    /// an error, not an abort, where the host has no room.
+    fn new(bytes: usize) -> Result<HostRing, CollectivesError> {
+        let ring = match std::alloc::Layout::array::<u8>(bytes) {
+            Ok(_) if bytes == 0 => NonNull::dangling(),
+            // SAFETY: a layout of `bytes > 0` bytes, the layout of a `Box<[u8]>` of that
+            // length, as which `Drop` gives it back.
+            Ok(layout) => NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+                .ok_or_else(|| no_room(bytes))?,
+            Err(_) => return Err(no_room(bytes)),
+        };
+        Ok(HostRing {
+            ring,
             bytes,
             posted: AtomicU32::new(0),
             freed: AtomicU32::new(0),
-        }
+        })
     }
 
     fn counter(&self, c: Counter) -> &AtomicU32 {
@@ -66,9 +73,17 @@ impl HostRing {
 impl Drop for HostRing {
     fn drop(&mut self) {
         let slice = std::ptr::slice_from_raw_parts_mut(self.ring.as_ptr(), self.bytes);
-        // SAFETY: `ring` came from `Box::into_raw` of a boxed slice of `bytes` bytes, and
-        // nothing uses it once the last lane holding this channel is gone.
+        // SAFETY: `ring` is `bytes` bytes allocated with the layout a `Box<[u8]>` of that
+        // length has (or dangling for none, which a box of no bytes never frees), and nothing
+        // uses it once the last lane holding this channel is gone.
         drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+fn no_room(bytes: usize) -> CollectivesError {
+    CollectivesError::Backend {
+        backend: "flag transport",
+        message: format!("no room for a ring of {bytes} bytes of host memory"),
     }
 }
 
@@ -76,7 +91,7 @@ impl Drop for HostRing {
 #[derive(Debug)]
 pub struct HostFlagChannels {
     shape: FlagShape,
-    rings: Mutex<HashMap<(u32, u32), Arc<HostRing>>>,
+    rings: Mutex<RingTable<Arc<HostRing>>>,
     /// The rank each rank's lane is waiting for ([`NOT_WAITING`] when none), to name the rank
     /// a chain of waits ends at.
     waiting_for: Vec<AtomicU32>,
@@ -87,16 +102,18 @@ pub struct HostFlagChannels {
 }
 
 impl HostFlagChannels {
-    /// Ends for ranks `0..ranks` whose channels have `shape`; a wait fails (and aborts the
-    /// group) after `timeout`.
+    /// Ends for ranks `0..ranks` whose channels have `shape`, at most `ring_budget` bytes of
+    /// rings in any one rank's memory (a channel whose ring would pass it fails its first
+    /// step); a wait fails (and aborts the group) after `timeout`.
     pub fn group(
         ranks: u32,
         shape: FlagShape,
         timeout: Duration,
+        ring_budget: u64,
     ) -> Vec<FlagTransport<HostFlagLane>> {
         let shared = Arc::new(HostFlagChannels {
             shape,
-            rings: Mutex::new(HashMap::new()),
+            rings: Mutex::new(RingTable::new(ranks, shape, ring_budget)),
             waiting_for: (0..ranks).map(|_| AtomicU32::new(NOT_WAITING)).collect(),
             sleepers: (0..ranks).map(|_| Mutex::new(None)).collect(),
             abort: GroupAbort::default(),
@@ -155,13 +172,11 @@ impl HostFlagChannels {
         (w != NOT_WAITING).then_some(w)
     }
 
-    fn ring(&self, src: u32, dst: u32) -> Arc<HostRing> {
+    fn ring(&self, src: u32, dst: u32) -> Result<Arc<HostRing>, CollectivesError> {
         let mut rings = lock(&self.rings);
-        Arc::clone(
-            rings
-                .entry((src, dst))
-                .or_insert_with(|| Arc::new(HostRing::new(self.shape.ring_bytes()))),
-        )
+        let bytes = self.shape.ring_bytes();
+        let ring = rings.get_or_make(src, dst, || HostRing::new(bytes).map(Arc::new))?;
+        Ok(Arc::clone(ring))
     }
 }
 
@@ -183,7 +198,7 @@ impl HostFlagLane {
     /// The channel from `src` to `dst` (one of this rank's), made on first use.
     fn ring_of(&mut self, src: u32, dst: u32) -> Result<&HostRing, CollectivesError> {
         let shared = &self.shared;
-        let ring = self.rings.get(src, dst, || Ok(shared.ring(src, dst)))?;
+        let ring = self.rings.get(src, dst, || shared.ring(src, dst))?;
         Ok(ring)
     }
 

@@ -30,6 +30,10 @@
 //! chunks of one channel in a round when a stage sends a peer two messages, and with one
 //! slot two ranks doing so would each wait for the other to take.)
 //!
+//! Rings are made on a channel's first use, in the receiver's memory, and a group holds at
+//! most a budget of ring bytes per rank ([`RingTable`]; ranks over flags give it the
+//! communicator's staging budget): a channel whose ring would pass it fails its first step.
+//!
 //! The transport does not see sizes its peer meant: two ends that disagree on a message's
 //! bytes drift apart and a wait times out, or bytes land garbled, but every copy stays inside
 //! the ring's slots and the ranks' own buffers. What keeps disagreeing calls from running is
@@ -40,6 +44,7 @@
 //! another to compare. A rank's later steps that wait for the one that refused then stop at
 //! the abort.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -244,6 +249,79 @@ impl GroupAbort {
                 self.failure().unwrap_or("no reason given")
             ),
         }
+    }
+}
+
+/// A group's rings, each made on its channel's first use and held in its receiver's memory,
+/// at most `budget` bytes of them in any one rank's memory: a group whose every rank
+/// exchanges data with every other holds `ranks - 1` rings per rank, so the budget (the
+/// communicator's staging budget per device) bounds what a group allocates at any size.
+#[derive(Debug)]
+pub struct RingTable<T> {
+    rings: HashMap<(u32, u32), T>,
+    /// Rings held in each rank's memory.
+    incoming: Vec<u64>,
+    ring_bytes: u64,
+    budget: u64,
+}
+
+impl<T> RingTable<T> {
+    /// No ring yet, for `ranks` ranks whose channels have `shape`, within `budget` bytes of
+    /// rings per rank.
+    pub fn new(ranks: u32, shape: FlagShape, budget: u64) -> RingTable<T> {
+        RingTable {
+            rings: HashMap::new(),
+            incoming: vec![0; ranks as usize],
+            ring_bytes: shape.ring_bytes() as u64,
+            budget,
+        }
+    }
+
+    /// The ring of the channel from `src` to `dst`, made by `make` on its first use. Errors:
+    /// a rank outside the group, one more ring past the budget of `dst`'s memory (nothing is
+    /// made then), and `make`'s.
+    pub fn get_or_make(
+        &mut self,
+        src: u32,
+        dst: u32,
+        make: impl FnOnce() -> Result<T, CollectivesError>,
+    ) -> Result<&T, CollectivesError> {
+        let held = match self.incoming.get(dst as usize) {
+            Some(&h) if (src as usize) < self.incoming.len() => h,
+            _ => {
+                return Err(CollectivesError::Backend {
+                    backend: "flag transport",
+                    message: format!(
+                        "a channel from rank {src} to rank {dst} in a group of {} ranks",
+                        self.incoming.len()
+                    ),
+                });
+            }
+        };
+        if !self.rings.contains_key(&(src, dst)) {
+            let after = (held + 1).saturating_mul(self.ring_bytes);
+            if after > self.budget {
+                return Err(CollectivesError::Setup(format!(
+                    "rank {dst}'s flag channels would hold {} rings of {} bytes ({after} bytes), \
+                     past the budget of {} bytes per rank (the communicator's staging budget): \
+                     give the rings fewer or smaller slots, or raise the budget",
+                    held + 1,
+                    self.ring_bytes,
+                    self.budget
+                )));
+            }
+            let ring = make()?;
+            self.rings.insert((src, dst), ring);
+            self.incoming[dst as usize] = held + 1;
+        }
+        self.rings
+            .get(&(src, dst))
+            .ok_or_else(|| CollectivesError::Unmatched("a ring just made".into()))
+    }
+
+    /// Every ring made.
+    pub fn rings(&self) -> impl Iterator<Item = &T> {
+        self.rings.values()
     }
 }
 

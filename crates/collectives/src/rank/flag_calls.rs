@@ -22,6 +22,9 @@
 //! with the input copied aside first, so the part's memory is two disjoint buffers, as the
 //! runner's memory promises.
 //!
+//! The group's rings are staging: at most the communicator's staging budget of them in any
+//! one rank's memory, a call needing more failing on every rank, naming the budget.
+//!
 //! A part's scratch is the cached plan's, which the part holds; a CUDA rank waits for its
 //! lane's stream before it lets go of a part (a call of a ninth shape), so the scratch is
 //! never freed under steps still to run.
@@ -174,7 +177,8 @@ impl FlagRanks {
         shape: FlagShape,
         timeout: Duration,
     ) -> Result<FlagRanks> {
-        let ends = HostFlagChannels::group(comm.ranks() as u32, shape, timeout);
+        let budget = comm.staging_budget();
+        let ends = HostFlagChannels::group(comm.ranks() as u32, shape, timeout, budget);
         FlagRanks::of(shape, ends.into_iter().map(FlagEnd::Host).collect())
     }
 
@@ -202,7 +206,7 @@ impl FlagRanks {
                 })?;
             streams.push(stream);
         }
-        let ends = CudaFlagChannels::group(streams, shape, timeout)?;
+        let ends = CudaFlagChannels::group(streams, shape, timeout, comm.staging_budget())?;
         FlagRanks::of(shape, ends.into_iter().map(FlagEnd::Cuda).collect())
     }
 

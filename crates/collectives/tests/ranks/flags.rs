@@ -289,3 +289,27 @@ fn a_wrong_buffer_on_one_rank_fails_every_rank_over_flags() {
         );
     }
 }
+
+/// Rings are staging: a group whose ranks would hold more ring memory than the
+/// communicator's staging budget fails its call on every rank, naming the budget, instead
+/// of allocating past it.
+#[test]
+fn rings_past_the_staging_budget_fail_every_rank() {
+    let shape = FlagShape::new(2, 512 << 10).expect("shape");
+    let mut comm = Communicator::host(6).expect("host");
+    comm.set_staging_budget(3 << 20);
+    let ranks = comm.into_flag_ranks(shape).expect("flag ranks");
+    let errs = on_ranks(ranks, |mut rank| {
+        rank.set_timeout(Duration::from_secs(30));
+        let mut a = vec![1.0f32; 1 << 18];
+        rank.all_reduce_in_place(&mut a[..], ReduceOp::Sum)
+            .map_err(|e| e.to_string())
+    });
+    for (r, e) in errs.iter().enumerate() {
+        let e = e.as_ref().expect_err("past the budget");
+        assert!(
+            e.contains("past the budget of 3145728 bytes per rank"),
+            "rank {r}: {e}"
+        );
+    }
+}

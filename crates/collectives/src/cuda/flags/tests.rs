@@ -61,8 +61,9 @@ fn flag_lanes_carry_a_ring_exchange_between_streams_of_one_gpu() {
     for n in [2usize, 4, 12, 32] {
         let streams = streams(n);
         let shape = FlagShape::new(2, 256 << 10).unwrap();
-        let ends = CudaFlagChannels::group(streams.clone(), shape, Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let ends =
+            CudaFlagChannels::group(streams.clone(), shape, Duration::from_secs(20), u64::MAX)
+                .unwrap_or_else(|e| panic!("{e}"));
         let start = Instant::now();
         std::thread::scope(|s| {
             for (r, mut t) in ends.into_iter().enumerate() {
@@ -95,7 +96,7 @@ fn flag_lanes_cost_per_chunk() {
     let streams = streams(2);
     let chunks = 4096usize;
     let shape = FlagShape::new(2, 64).unwrap();
-    let ends = CudaFlagChannels::group(streams.clone(), shape, Duration::from_secs(20))
+    let ends = CudaFlagChannels::group(streams.clone(), shape, Duration::from_secs(20), u64::MAX)
         .unwrap_or_else(|e| panic!("{e}"));
     // One warm-up stage of one chunk, then `chunks` chunks each way in one stage.
     let elapsed: Vec<f64> = std::thread::scope(|s| {
@@ -136,8 +137,8 @@ fn a_rank_that_never_enqueues_is_named_and_the_streams_released() {
     let streams = streams(3);
     let shape = FlagShape::new(2, 4096).unwrap();
     let timeout = Duration::from_millis(500);
-    let mut ends =
-        CudaFlagChannels::group(streams.clone(), shape, timeout).unwrap_or_else(|e| panic!("{e}"));
+    let mut ends = CudaFlagChannels::group(streams.clone(), shape, timeout, u64::MAX)
+        .unwrap_or_else(|e| panic!("{e}"));
     let absent = ends.pop().unwrap();
     let channels = Arc::clone(absent.lane().channels());
     let bytes = 64 << 10;

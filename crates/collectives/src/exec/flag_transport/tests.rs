@@ -145,7 +145,7 @@ fn a_stage_puts_each_round_before_it_takes_and_waits_for_empty_slots() {
 fn several_messages_to_one_peer_in_a_stage_share_its_channel() {
     for (slots, slot_bytes) in [(1, 4), (1, 64), (2, 3)] {
         let shape = FlagShape::new(slots, slot_bytes).unwrap();
-        let ends = HostFlagChannels::group(2, shape, Duration::from_secs(20));
+        let ends = HostFlagChannels::group(2, shape, Duration::from_secs(20), u64::MAX);
         let sizes = [5usize, 0, 9];
         let got: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
             let handles: Vec<_> = ends
@@ -273,7 +273,7 @@ unsafe impl<L: FlagLane> FlagLane for Jittered<L> {
 /// of its own and sleeping up to `max_us` before each stage.
 fn over_flags(plan: &Plan, shape: FlagShape, seed: u64, max_us: u64) -> Vec<Vec<u8>> {
     let n = plan.request.nranks() as u32;
-    let ends = HostFlagChannels::group(n, shape, Duration::from_secs(20));
+    let ends = HostFlagChannels::group(n, shape, Duration::from_secs(20), u64::MAX);
     std::thread::scope(|s| {
         let handles: Vec<_> = ends
             .into_iter()
@@ -380,7 +380,7 @@ fn a_rank_that_never_comes_is_named_and_the_group_aborted() {
         .plan;
     let timeout = Duration::from_millis(300);
     let shape = FlagShape::new(2, 1024).unwrap();
-    let mut ends = HostFlagChannels::group(4, shape, timeout);
+    let mut ends = HostFlagChannels::group(4, shape, timeout, u64::MAX);
     let absent = ends.pop().unwrap();
     let channels = std::sync::Arc::clone(absent.lane().channels());
     let start = Instant::now();
@@ -423,7 +423,7 @@ fn calls_over_flags(
 ) -> Vec<Option<(u64, String)>> {
     let n = plan.request.nranks() as u32;
     let shape = FlagShape::new(2, 256).unwrap();
-    let ends = HostFlagChannels::group(n, shape, timeout);
+    let ends = HostFlagChannels::group(n, shape, timeout, u64::MAX);
     let desc = &desc;
     std::thread::scope(|s| {
         let handles: Vec<_> = ends
@@ -528,4 +528,32 @@ fn a_rank_that_stops_calling_is_named_with_its_last_call() {
             "rank {r}: {words}"
         );
     }
+}
+
+/// A group's rings stay within the budget of each receiver's memory: a ring past it is
+/// refused, naming the rank and the budget, and nothing is made; rings to other ranks and
+/// rings already made are not affected.
+#[test]
+fn rings_past_a_receivers_budget_are_refused() {
+    let shape = FlagShape::new(2, 100).unwrap();
+    let mut table: super::RingTable<u32> = super::RingTable::new(4, shape, 450);
+    let mut made = 0;
+    for src in [1, 2] {
+        table
+            .get_or_make(src, 0, || {
+                made += 1;
+                Ok(src)
+            })
+            .unwrap();
+    }
+    let e = table.get_or_make(3, 0, || Ok(3)).unwrap_err().to_string();
+    assert!(
+        e.contains("rank 0's flag channels would hold 3 rings of 200 bytes"),
+        "{e}"
+    );
+    assert!(e.contains("budget of 450 bytes"), "{e}");
+    assert_eq!(*table.get_or_make(2, 0, || Ok(99)).unwrap(), 2);
+    assert_eq!(*table.get_or_make(3, 1, || Ok(31)).unwrap(), 31);
+    assert!(table.get_or_make(4, 1, || Ok(0)).is_err(), "rank 4 of 4");
+    assert_eq!((made, table.rings().count()), (2, 3));
 }
