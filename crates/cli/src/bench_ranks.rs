@@ -58,8 +58,8 @@ pub fn open(args: &BenchArgs, sizes: &[u64]) -> Result<RanksDriver> {
             format!(
                 "{}, ranks over flags ({} slots of {} bytes per pair)",
                 comm.backend().name(),
-                shape.slots,
-                shape.slot_bytes
+                shape.slots(),
+                shape.slot_bytes()
             ),
             comm.into_flag_ranks(shape)?,
         ),

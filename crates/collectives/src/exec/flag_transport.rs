@@ -55,14 +55,13 @@ use crate::backend::AddressSpace;
 use crate::call::CallDesc;
 use crate::error::CollectivesError;
 
-/// The rings of a flag transport's channels.
+/// The rings of a flag transport's channels: made by [`FlagShape::new`], which checks them,
+/// so every shape holds at least one slot of at least one byte, and a ring's bytes fit an
+/// allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagShape {
-    /// Slots per channel: at least 1; 2 or more let a sender put a chunk while its receiver
-    /// takes the previous one.
-    pub slots: u32,
-    /// Bytes per slot, at least 1: a message's chunk.
-    pub slot_bytes: usize,
+    slots: u32,
+    slot_bytes: usize,
 }
 
 impl Default for FlagShape {
@@ -78,7 +77,8 @@ impl Default for FlagShape {
 }
 
 impl FlagShape {
-    /// The shape, or an error naming the field that is zero.
+    /// `slots` slots of `slot_bytes` bytes per channel, or an error where either is zero or
+    /// a ring's bytes would pass what one allocation may hold (`isize::MAX`).
     pub fn new(slots: u32, slot_bytes: usize) -> Result<FlagShape, CollectivesError> {
         if slots == 0 || slot_bytes == 0 {
             return Err(CollectivesError::Setup(format!(
@@ -86,7 +86,25 @@ impl FlagShape {
                  (asked {slots} slots of {slot_bytes} bytes)"
             )));
         }
+        let ring = (slots as usize).checked_mul(slot_bytes);
+        if ring.is_none_or(|r| r > isize::MAX as usize) {
+            return Err(CollectivesError::Setup(format!(
+                "a ring of {slots} slots of {slot_bytes} bytes is past what one allocation \
+                 holds"
+            )));
+        }
         Ok(FlagShape { slots, slot_bytes })
+    }
+
+    /// Slots per channel, at least 1: 2 or more let a sender put a chunk while its receiver
+    /// takes the previous one.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Bytes per slot, at least 1: a message's chunk.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
     }
 
     /// Bytes of one channel's ring.

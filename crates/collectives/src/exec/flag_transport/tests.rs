@@ -223,7 +223,11 @@ fn counters_compare_cyclically_and_shapes_need_a_slot_of_a_byte() {
     assert!(!reached(u32::MAX, 1));
     assert!(FlagShape::new(0, 8).is_err() && FlagShape::new(2, 0).is_err());
     let d = FlagShape::default();
-    assert_eq!(FlagShape::new(d.slots, d.slot_bytes).ok(), Some(d));
+    assert_eq!(FlagShape::new(d.slots(), d.slot_bytes()).ok(), Some(d));
+    assert!(
+        FlagShape::new(u32::MAX, usize::MAX / 2).is_err(),
+        "a ring past an allocation"
+    );
     assert_eq!(d.ring_bytes(), 4 << 20);
     let s = FlagShape::new(3, 10).unwrap();
     assert_eq!(
