@@ -237,6 +237,15 @@ impl FlagRanks {
         self.shape
     }
 
+    /// Why the group was aborted, once it was.
+    fn failure(&self) -> Option<String> {
+        match &self.channels {
+            Channels::Host(c) => c.failure().map(str::to_owned),
+            #[cfg(feature = "cuda")]
+            Channels::Cuda(c) => c.failure().map(str::to_owned),
+        }
+    }
+
     /// Abort the group with `why`: every rank's later waits and calls fail with it.
     pub(crate) fn abort(&self, why: String) {
         match &self.channels {
@@ -296,6 +305,15 @@ impl Communicator {
     /// calling is named with its last call within the timeout. Every failure aborts the
     /// group: later calls fail with its words. A split's communicators run over flags of
     /// their own.
+    ///
+    /// The calls' errors: the rank that finds its call differing from a peer's gets
+    /// [`CollectivesError::RankMismatch`] naming the call number and the field; every other
+    /// failure of a call over flags, on that rank and on the ranks its abort reaches (a
+    /// mismatch found elsewhere, a rank missing past the timeout or gone, a buffer of the
+    /// wrong length, rings past the staging budget), is [`CollectivesError::RankFailed`]
+    /// whose source says what and where, and a missing rank is named with its last call.
+    /// On a GPU a call returns once enqueued, so a failure found later on the stream comes
+    /// with the next call, as NCCL's asynchronous errors do.
     ///
     /// Errors: no CUDA driver or stream for a communicator on the CUDA backend.
     ///
@@ -357,6 +375,24 @@ impl RankComm {
             return Some(Left::Flags(Deferred { blocks, ..deferred }));
         }
         Some(Left::Ran(deferred.run_with(lender)))
+    }
+}
+
+impl RankComm {
+    /// Why this rank's communicator was aborted after its calls returned, if it was
+    /// (`ncclCommGetAsyncError`): over flags on a GPU a call returns once enqueued, and one
+    /// whose peer's call differed, or whose peer never came, has a result nobody should
+    /// read; on host slices a rank whose part needed nothing from a failing peer may have
+    /// returned before the failure. `None` while nothing failed; the next call fails with
+    /// the same cause.
+    pub fn async_error(&self) -> Option<CollectivesError> {
+        if let Some(why) = self.shared.flags.as_ref().and_then(FlagRanks::failure) {
+            return Some(CollectivesError::Backend {
+                backend: "flag transport",
+                message: format!("the group was aborted: {why}"),
+            });
+        }
+        self.shared.board.aborted("async_error", self.seq)
     }
 }
 

@@ -313,3 +313,49 @@ fn rings_past_the_staging_budget_fail_every_rank() {
         );
     }
 }
+
+/// A broadcast's root returns before its peers call; when a peer's call then differs, the
+/// root learns of it from `async_error` without calling again, and its next call fails.
+#[test]
+fn a_rank_that_returned_learns_of_a_later_failure_from_async_error() {
+    let shape = FlagShape::new(4, 4096).expect("shape");
+    let root_done = Barrier::new(3);
+    let failed = Barrier::new(3);
+    let got = on_ranks(flag_ranks(3, shape, false), |mut rank| {
+        let mut buf = vec![5u32; 100];
+        if rank.rank() == 0 {
+            rank.broadcast_in_place(&mut buf[..], 0).expect("root");
+            assert!(rank.async_error().is_none(), "nothing failed yet");
+            root_done.wait();
+            failed.wait();
+            let seen = rank.async_error().map(|e| e.to_string());
+            let next = rank
+                .broadcast_in_place(&mut buf[..], 0)
+                .err()
+                .map(|e| e.to_string());
+            (seen, next)
+        } else {
+            root_done.wait();
+            // Rank 2 names another root, and finds it at once: the root's call is posted.
+            let root = if rank.rank() == 2 { 1 } else { 0 };
+            let e = rank
+                .broadcast_in_place(&mut buf[..], root)
+                .err()
+                .map(|e| e.to_string());
+            failed.wait();
+            (e, None)
+        }
+    });
+    let (seen, next) = &got[0];
+    let seen = seen.as_ref().expect("the root sees the abort");
+    assert!(seen.contains("call #0: the root differs"), "{seen}");
+    let next = next.as_ref().expect("the root's next call fails");
+    assert!(next.contains("the root differs"), "{next}");
+    let e = got[2].0.as_ref().expect("rank 2 fails");
+    assert!(e.contains("the root differs"), "rank 2: {e}");
+    // Rank 1's part needs only the root's input, which may be in its ring before rank 2
+    // begins: it returns Ok, or fails with the same words.
+    if let Some(e) = &got[1].0 {
+        assert!(e.contains("the root differs"), "rank 1: {e}");
+    }
+}
