@@ -136,6 +136,11 @@ impl HostFlagChannels {
     /// wakes to see it.
     pub fn abort(&self, why: String) {
         self.abort.abort(why);
+        self.wake_all();
+    }
+
+    /// Unpark every sleeping lane, so it looks again at what it waits for.
+    fn wake_all(&self) {
         for sleeper in &self.sleepers {
             if let Some(t) = lock(sleeper).as_ref() {
                 t.unpark();
@@ -159,11 +164,7 @@ impl HostFlagChannels {
     /// it, or begins a call it never began, fails at once.
     pub fn leave(&self, rank: u32) {
         self.calls.leave(rank);
-        for sleeper in &self.sleepers {
-            if let Some(t) = lock(sleeper).as_ref() {
-                t.unpark();
-            }
-        }
+        self.wake_all();
     }
 
     /// The rank `rank`'s lane is waiting for, if any.

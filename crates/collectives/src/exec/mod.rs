@@ -142,20 +142,9 @@ pub fn input_write(plan: &Plan) -> Option<(usize, u32)> {
 /// Errors: a region or scratch buffer whose size in bytes overflows, naming the op or the
 /// scratch buffer; an expansion past its limit; nothing has run then.
 pub fn compile(checked: CheckedPlan) -> Result<Executable> {
-    let expanded;
-    let plan = match checked.plan().rounds {
-        Some(_) => {
-            expanded = relaycc_route::rounds::expand(
-                checked.plan(),
-                relaycc_route::rounds::MAX_EXPANDED_OPS,
-            )
-            .map_err(from_route)?;
-            &expanded
-        }
-        None => checked.plan(),
-    };
-    let scratch = scratch_bytes(plan)?;
-    let rank = lower::lower_whole(plan)?;
+    let plan = runnable(checked.plan())?;
+    let scratch = scratch_bytes(&plan)?;
+    let rank = lower::lower_whole(&plan)?;
     if !rank.stages.is_empty() {
         return Err(invalid(None, "a plan on one rank lowered to messages"));
     }
@@ -165,6 +154,17 @@ pub fn compile(checked: CheckedPlan) -> Result<Executable> {
         command_ops: rank.tail.command_ops,
         scratch,
     })
+}
+
+/// `plan` as the executor runs it: a plan of rounds as its expansion (see [`compile`]),
+/// any other as it is.
+pub(crate) fn runnable(plan: &Plan) -> Result<std::borrow::Cow<'_, Plan>> {
+    if plan.rounds.is_none() {
+        return Ok(std::borrow::Cow::Borrowed(plan));
+    }
+    relaycc_route::rounds::expand(plan, relaycc_route::rounds::MAX_EXPANDED_OPS)
+        .map(std::borrow::Cow::Owned)
+        .map_err(from_route)
 }
 
 /// A checker or dependency-order error as an invalid plan at the same op.

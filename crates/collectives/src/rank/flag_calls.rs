@@ -127,14 +127,28 @@ impl FlagEnd {
     }
 }
 
-/// One rank's end of the transport, its kept parts and its staging memory.
+/// One rank's end of the transport, its kept parts and what its host runs reuse.
 #[derive(Debug)]
 struct FlagRank {
     end: FlagEnd,
     /// Least recently used first.
     parts: Vec<FlagPart>,
-    staging: Vec<u128>,
+    host: HostRunMemory,
 }
+
+/// What a host run reuses from call to call, so that it allocates nothing once warm: the
+/// staging memory and the list of its bindings' addresses.
+#[derive(Debug, Default)]
+struct HostRunMemory {
+    staging: Vec<u128>,
+    /// Empty between calls: filled, used and cleared within one run.
+    bufs: Vec<(*mut u8, usize)>,
+}
+
+// SAFETY: `bufs` holds addresses only during a run on the thread that holds the rank's lock
+// (`run_on_host` clears it before it returns); between calls it is empty, so moving the
+// value to another thread moves no address.
+unsafe impl Send for HostRunMemory {}
 
 /// A rank's part of one call shape's plan: the plan lowered for the rank (input binding 0,
 /// output 1, then the scratch it holds), the scratch, and the input's copy for in-place
@@ -225,7 +239,7 @@ impl FlagRanks {
                     Mutex::new(FlagRank {
                         end,
                         parts: Vec::new(),
-                        staging: Vec::new(),
+                        host: HostRunMemory::default(),
                     })
                 })
                 .collect(),
@@ -519,11 +533,7 @@ pub(crate) fn call(
         });
     };
     let mut rank = lock(rank);
-    let FlagRank {
-        end,
-        parts,
-        staging,
-    } = &mut *rank;
+    let FlagRank { end, parts, host } = &mut *rank;
     end.set_timeout(timeout);
     let part = take_part(parts, desc, *in_place).map_or_else(|| cut(comm, me, desc, *in_place), Ok);
     // Posted whatever the part gave, so that a call that differs from the peers' is named
@@ -537,7 +547,7 @@ pub(crate) fn call(
     }
     let ran = part.and_then(|mut p| {
         let ran = check_spans(&p, lender, (*input, *output), me).and_then(|spans| match end {
-            FlagEnd::Host(t) => run_on_host(&mut p, t, staging, spans),
+            FlagEnd::Host(t) => run_on_host(&mut p, t, host, spans),
             #[cfg(feature = "cuda")]
             FlagEnd::Cuda(t) => {
                 super::flag_streams::run_on_stream(comm, me, &mut p, t, lender, spans)
@@ -593,17 +603,8 @@ fn cut(comm: &Communicator, me: usize, desc: &Desc, in_place: bool) -> Result<Fl
     let needs = lens.get(me).copied().unwrap_or((0, 0));
     let layout = request.in_place(me as u32).filter(|_| in_place);
     let cached = comm.plan_for(desc.call, &request, false)?;
-    let expanded;
-    let mut plan = cached.exec.plan();
-    if plan.is_rounds() {
-        expanded = relaycc_route::rounds::expand(plan, relaycc_route::rounds::MAX_EXPANDED_OPS)
-            .map_err(|e| CollectivesError::InvalidPlan {
-                op: None,
-                message: e.to_string(),
-            })?;
-        plan = &expanded;
-    }
-    let (program, held) = lower_part(plan, comm.devices(), me)?;
+    let plan = crate::exec::runnable(cached.exec.plan())?;
+    let (program, held) = lower_part(&plan, comm.devices(), me)?;
     let backend = comm.backend();
     let set = cached.scratch_set(0, backend)?;
     let mut scratch = Vec::with_capacity(held.len());
@@ -687,15 +688,12 @@ pub(crate) fn lower_part(
 
 /// The address and bytes of `view` of `lender`'s memory, `None` where there is none.
 fn span_of(lender: &Lender<'_>, view: Option<View>, esize: u64) -> Result<Option<(usize, u64)>> {
-    let Some(v) = view else { return Ok(None) };
-    let bad = || CollectivesError::Unmatched("a view outside the memory its call lends".into());
-    let b = lender.blocks.get(v.block).ok_or_else(bad)?;
-    let at = v.offset.checked_mul(esize).ok_or_else(bad)?;
-    let addr = b.addr.checked_add(usize::try_from(at).map_err(|_| bad())?);
-    Ok(Some((
-        addr.ok_or_else(bad)?,
-        v.len.checked_mul(esize).ok_or_else(bad)?,
-    )))
+    view.map(|v| {
+        v.address_in(&lender.blocks, esize).ok_or_else(|| {
+            CollectivesError::Unmatched("a view outside the memory its call lends".into())
+        })
+    })
+    .transpose()
 }
 
 /// This rank's input and output checked against `p`: their lengths, and apart, or (an
@@ -739,7 +737,7 @@ fn check_spans(
 fn run_on_host(
     p: &mut FlagPart,
     end: &mut FlagTransport<HostFlagLane>,
-    staging: &mut Vec<u128>,
+    host: &mut HostRunMemory,
     spans: CallSpans,
 ) -> Result<()> {
     // An empty binding's address: any aligned one serves, nothing reads or writes it.
@@ -763,7 +761,8 @@ fn run_on_host(
             message: "a scratch buffer without a host address, for a rank on host slices".into(),
         });
     }
-    let mut bufs: Vec<(*mut u8, usize)> = Vec::with_capacity(2 + p.scratch_at.len());
+    let HostRunMemory { staging, bufs } = host;
+    bufs.clear();
     bufs.push(inp);
     bufs.push(out);
     bufs.extend(p.scratch_at.iter().map(|&(a, b)| (a as *mut u8, b)));
@@ -774,6 +773,10 @@ fn run_on_host(
     // other rank's part touches them); all are disjoint (`check_spans`) and stay borrowed
     // until the run returns, which waits for every step of the flag lane (host lanes run
     // their steps on this thread).
-    let mut mem = unsafe { HostMemory::new(&p.program, &bufs, staging)? };
-    run(&p.program, &mut mem, end)
+    let ran = match unsafe { HostMemory::new(&p.program, bufs, staging) } {
+        Ok(mut mem) => run(&p.program, &mut mem, end),
+        Err(e) => Err(e),
+    };
+    bufs.clear();
+    ran
 }

@@ -413,9 +413,8 @@ impl RankComm {
             let esize = desc.dtype.size();
             let span = |v: &Option<op::View>| -> Option<Option<(usize, u64)>> {
                 let Some(v) = v else { return Some(None) };
-                let b = lender.blocks.get(v.block).filter(|b| b.device.is_none())?;
-                let at = usize::try_from(v.offset.checked_mul(esize)?).ok()?;
-                Some(Some((b.addr.checked_add(at)?, v.len.checked_mul(esize)?)))
+                lender.blocks.get(v.block).filter(|b| b.device.is_none())?;
+                v.address_in(&lender.blocks, esize).map(Some)
             };
             let (input, output) = (span(input)?, span(output)?);
             calls.push(DirectCall {

@@ -34,6 +34,15 @@ pub struct View {
 }
 
 impl View {
+    /// The address and bytes of this view of elements of `esize` bytes in its block of
+    /// `spans` (lent addresses, by block); `None` where the block is not there or the
+    /// address overflows.
+    pub(crate) fn address_in(self, spans: &[Span], esize: u64) -> Option<(usize, u64)> {
+        let b = spans.get(self.block)?;
+        let at = usize::try_from(self.offset.checked_mul(esize)?).ok()?;
+        Some((b.addr.checked_add(at)?, self.len.checked_mul(esize)?))
+    }
+
     /// The view as a buffer the backend holds, where its block is one (`spans`, by block:
     /// the all-ranks calls' lending); `None` for a block of lent addresses.
     pub(crate) fn held_in(self, spans: &[Span], dtype: DType) -> Option<crate::buffer::RawView> {
